@@ -1,0 +1,82 @@
+//! Approvals: the [`Approver`] trait through which every non-ReadOnly call
+//! passes, in one place.
+//!
+//! The policy (enforced by the turn, not by approvers): ReadOnly runs;
+//! Write asks unless allowlisted; Destructive always asks an *interactive*
+//! approver and is never allowlisted. Interactive approvers (a y/N prompt,
+//! a 9P approval file) live in hosts; the core only receives them through
+//! this trait.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::tool::{Preview, Risk};
+
+/// What an approver is asked about.
+#[derive(Debug, Clone, Copy)]
+pub struct ApprovalRequest<'a> {
+    /// cairn's invocation id.
+    pub invocation_id: &'a str,
+    /// Tool name.
+    pub tool: &'a str,
+    /// The risk of this call.
+    pub risk: Risk,
+    /// The validated arguments.
+    pub arguments: &'a Value,
+    /// A preview a person can judge (diff, command, paths).
+    pub preview: Option<&'a Preview>,
+    /// The session's working directory.
+    pub cwd: &'a Path,
+    /// For a sandbox bypass request: what access outside the rules is asked.
+    pub bypass: Option<&'a str>,
+}
+
+/// An approver's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "camelCase")]
+pub enum Decision {
+    /// Run this call.
+    Approve,
+    /// Run this call and allow the same tool for the rest of the session
+    /// (honoured for Write tools only; Destructive is never remembered).
+    ApproveForSession,
+    /// Do not run; the model is told the reason and replans.
+    Deny {
+        /// Why, shown to the model.
+        reason: String,
+    },
+}
+
+/// A decision and who made it (a rule, a person, a policy), for the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verdict {
+    /// The decision.
+    #[serde(flatten)]
+    pub decision: Decision,
+    /// Which rule or who decided (e.g. "allowlist:shell(ls *)", "user:tty").
+    pub by: String,
+}
+
+/// Why an approver could not answer. The turn settles the call as
+/// `Rejected` with this reason; it never aborts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApprovalError {
+    /// The approver has no way to ask (e.g. no terminal).
+    #[error("no interactive approver is available: {0}")]
+    Unavailable(String),
+    /// The approver failed.
+    #[error("approver failed: {0}")]
+    Failed(String),
+}
+
+/// Decides whether a call may run.
+pub trait Approver {
+    /// Whether a person answers (required for Destructive calls).
+    fn is_interactive(&self) -> bool;
+    /// Decide on one request.
+    fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError>;
+}

@@ -1,0 +1,28 @@
+//! cairn-core: the pure heart of cairn.
+//!
+//! It owns the durable session store, the neutral message model, the
+//! provider/tool/approver contracts and the turn loop that drives them. It
+//! performs no terminal I/O, no HTTP, no process spawning and never panics:
+//! every fallible operation returns a `Result` with a per-module error enum.
+//! Hosts (the CLI, a 9P server, an embedder) inject providers, tools and
+//! approvers through the traits defined here.
+//!
+//! # Layout
+//! - [`storage`]: the session file (records, the `Storage` trait, backends).
+//! - [`message`]: the neutral conversation model every provider converts from.
+//! - [`provider`]: the `Provider` trait (one model call, streamed).
+//! - [`tool`]: the tool contract (Correx vocabulary: request, receipt, risk,
+//!   capabilities, replay policy).
+//! - [`approval`]: the `Approver` trait and the allowlist.
+//! - [`cancel`]: the cooperative cancellation token.
+#![deny(missing_docs)]
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+pub mod approval;
+pub mod cancel;
+pub mod message;
+pub mod provider;
+pub mod storage;
+pub mod tool;
+
+pub use cancel::CancelToken;

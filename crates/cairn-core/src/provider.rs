@@ -1,0 +1,185 @@
+//! The `Provider` trait: one model call, streamed to an observer, settled as
+//! one assistant message.
+//!
+//! The core treats a provider call as an effect: the turn commits the intent
+//! before calling [`Provider::complete`] and the settled [`ModelResponse`]
+//! after it. Only the settled message is ever committed; streamed deltas are
+//! for observers (a terminal, a 9P `event` file). Providers never see storage
+//! types, and they must be replay-safe: asked the same request again after a
+//! crash, they may answer differently, but nothing they did is half-recorded.
+
+use serde::{Deserialize, Serialize};
+
+use crate::CancelToken;
+use crate::message::Message;
+use crate::tool::ToolSpec;
+
+/// What the turn asks a provider for.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelRequest<'a> {
+    /// The system prompt, if any.
+    pub system: Option<&'a str>,
+    /// The conversation so far, oldest first (path from the root to the
+    /// current head of the lane).
+    pub messages: &'a [Message],
+    /// Tools the model may call.
+    pub tools: &'a [ToolSpec],
+    /// Upper bound for generated tokens, if the host sets one.
+    pub max_output_tokens: Option<u32>,
+}
+
+/// A streamed piece of the answer, delivered while the call runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum StreamEvent {
+    /// A new attempt started (1-based); a retry restarts the stream, so an
+    /// observer should discard deltas of the previous attempt.
+    AttemptStarted {
+        /// Attempt number, 1-based.
+        attempt: u32,
+    },
+    /// Visible text.
+    TextDelta {
+        /// The new text.
+        text: String,
+    },
+    /// Reasoning text.
+    ReasoningDelta {
+        /// The new reasoning text.
+        text: String,
+    },
+    /// The model began a tool call.
+    ToolCallStarted {
+        /// Call id.
+        id: String,
+        /// Tool name.
+        name: String,
+    },
+    /// More argument text for a tool call.
+    ToolCallDelta {
+        /// Call id.
+        id: String,
+        /// Raw JSON text fragment.
+        arguments: String,
+    },
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StopReason {
+    /// The model finished its answer.
+    EndTurn,
+    /// The model asked for tool calls.
+    ToolUse,
+    /// The output token limit was reached.
+    MaxTokens,
+    /// Any other reason the provider gave.
+    Other,
+}
+
+/// Token accounting for one attempt (one HTTP request, or one local
+/// generation). Every attempt, retries included, becomes one usage row.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptUsage {
+    /// Provider name (e.g. "openai", "anthropic", "local").
+    pub provider: String,
+    /// Model name.
+    pub model: String,
+    /// Attempt number, 1-based.
+    pub attempt: u32,
+    /// Input tokens, when reported.
+    pub input_tokens: u64,
+    /// Output tokens, when reported.
+    pub output_tokens: u64,
+    /// Cached input tokens, when reported.
+    #[serde(default)]
+    pub cached_input_tokens: u64,
+    /// Wall time of the attempt in milliseconds.
+    pub duration_ms: u64,
+    /// HTTP status (or none for local inference / connection errors).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Why the attempt failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A settled model answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelResponse {
+    /// The assistant message (role `Assistant`).
+    pub message: Message,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// One row per attempt, the successful one last.
+    pub attempts: Vec<AttemptUsage>,
+}
+
+/// What kind of failure a provider call ended in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub enum ProviderErrorKind {
+    /// Could not connect, or the connection broke.
+    Connection,
+    /// Connect, first-byte or idle timeout.
+    Timeout,
+    /// The server answered with an error status.
+    Http,
+    /// The stream was malformed (bad SSE, bad JSON, cut mid-event).
+    Protocol,
+    /// Missing key, unknown model, bad configuration.
+    Config,
+    /// The call was cancelled through the token.
+    Cancelled,
+    /// The scripted provider ran out of lines, or another local failure.
+    Exhausted,
+    /// Anything else (local inference failures included).
+    Other,
+}
+
+/// A failed provider call, after retries. Carries the usage rows of every
+/// attempt so they can be accounted even though nothing is settled.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ProviderError {
+    /// Failure class.
+    pub kind: ProviderErrorKind,
+    /// A message for a person: the provider's own message and, for HTTP
+    /// errors, the status. Never contains a secret.
+    pub message: String,
+    /// HTTP status of the last attempt, if any.
+    pub status: Option<u16>,
+    /// Usage rows of every attempt made.
+    pub attempts: Vec<AttemptUsage>,
+}
+
+impl ProviderError {
+    /// A new error with no attempts recorded.
+    pub fn new(kind: ProviderErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), status: None, attempts: Vec::new() }
+    }
+}
+
+/// A language model behind one module boundary.
+///
+/// Implementations live outside the core (HTTP adapters, the scripted
+/// provider, the embedded local model). `complete` blocks until the answer
+/// is settled or fails; it delivers deltas to `observer` as they arrive and
+/// checks `cancel` between chunks.
+pub trait Provider {
+    /// The provider's name as users type it (e.g. "openai", "scripted").
+    fn name(&self) -> &str;
+    /// The model this provider will ask.
+    fn model(&self) -> &str;
+    /// Make one model call (with the provider's own retries).
+    fn complete(
+        &self,
+        request: &ModelRequest<'_>,
+        observer: &mut dyn FnMut(&StreamEvent),
+        cancel: &CancelToken,
+    ) -> Result<ModelResponse, ProviderError>;
+}

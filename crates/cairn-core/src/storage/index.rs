@@ -1,0 +1,243 @@
+//! The in-memory index of a session: what a replay of the log builds and
+//! what every query reads.
+//!
+//! It owns the single place where a transaction is validated
+//! ([`SessionIndex::plan`]) and where a record is applied
+//! ([`SessionIndex::apply`]), for every backend and for replay alike, so the
+//! in-memory state always equals a replay of the log. It does no I/O.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::record::{
+    Entry, NamespaceRoot, RawJson, Record, RegisterOp, RegisterRecord, State, Transaction, TxOp, UsageRow,
+};
+use super::{Committed, StorageError};
+
+/// Entries, registers, usage and state of one session, in memory.
+#[derive(Debug, Default, Clone)]
+pub struct SessionIndex {
+    entries: Vec<Entry>,
+    by_id: HashMap<String, usize>,
+    /// Children of each entry (index into `entries`), roots under `None`.
+    children: HashMap<Option<usize>, Vec<usize>>,
+    registers: BTreeMap<String, BTreeMap<String, RawJson>>,
+    usage: Vec<UsageRow>,
+    state: Option<State>,
+    last_seq: u64,
+    /// Register records that no longer contribute to the live state
+    /// (overwritten sets, deletes and the sets they removed).
+    dead_records: u64,
+}
+
+impl SessionIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Validate `tx` against the current state and turn it into records with
+    /// seqs `last_seq + 1 ..` and the given timestamp. Changes nothing.
+    pub fn plan(&self, tx: Transaction, timestamp: i64) -> Result<Vec<Record>, StorageError> {
+        if tx.ops.is_empty() {
+            return Err(StorageError::Invalid("empty transaction".to_owned()));
+        }
+        let mut seq = self.last_seq;
+        let mut new_ids: HashSet<String> = HashSet::new();
+        let mut state_seq = self.state.as_ref().map_or(0, |s| s.seq);
+        let mut records = Vec::with_capacity(tx.ops.len());
+        for op in tx.ops {
+            seq += 1;
+            let record = match op {
+                TxOp::Entry { id, parent_id, entry_type, payload } => {
+                    if id.is_empty() {
+                        return Err(StorageError::Invalid("entry id is empty".to_owned()));
+                    }
+                    if self.by_id.contains_key(&id) || new_ids.contains(&id) {
+                        return Err(StorageError::Invalid(format!(
+                            "duplicate entry id {id:?} (entries are write-once)"
+                        )));
+                    }
+                    if let Some(parent) = &parent_id
+                        && !self.by_id.contains_key(parent)
+                        && !new_ids.contains(parent)
+                    {
+                        return Err(StorageError::Invalid(format!("entry {id:?} has unknown parent {parent:?}")));
+                    }
+                    new_ids.insert(id.clone());
+                    Record::Entry(Entry { id, parent_id, seq, timestamp, entry_type, payload })
+                }
+                TxOp::Set { namespace, key, value } => {
+                    check_namespace(&namespace)?;
+                    Record::Register(RegisterRecord { op: RegisterOp::Set, seq, namespace, key, value: Some(value) })
+                }
+                TxOp::Delete { namespace, key } => {
+                    check_namespace(&namespace)?;
+                    Record::Register(RegisterRecord { op: RegisterOp::Delete, seq, namespace, key, value: None })
+                }
+                TxOp::Usage { id, entry_id, usage } => Record::Usage(UsageRow { seq, id, entry_id, usage }),
+                TxOp::State { expected, pc } => {
+                    if expected != state_seq {
+                        return Err(StorageError::StateConflict { expected, actual: state_seq });
+                    }
+                    state_seq = seq;
+                    Record::State(State { seq, pc })
+                }
+            };
+            records.push(record);
+        }
+        Ok(records)
+    }
+
+    /// Apply one record (from a commit just made durable, or from replay).
+    /// Re-checks the invariants a file written by someone else might break.
+    pub fn apply(&mut self, record: Record) -> Result<(), String> {
+        let seq = record.seq();
+        if seq <= self.last_seq {
+            return Err(format!("seq {seq} is not greater than the previous seq {}", self.last_seq));
+        }
+        match record {
+            Record::Entry(entry) => {
+                if self.by_id.contains_key(&entry.id) {
+                    return Err(format!("duplicate entry id {:?} (entries are write-once)", entry.id));
+                }
+                let parent = match &entry.parent_id {
+                    None => None,
+                    Some(parent) => match self.by_id.get(parent) {
+                        Some(&index) => Some(index),
+                        None => return Err(format!("entry {:?} has unknown parent {parent:?}", entry.id)),
+                    },
+                };
+                let index = self.entries.len();
+                self.by_id.insert(entry.id.clone(), index);
+                self.children.entry(parent).or_default().push(index);
+                self.entries.push(entry);
+            }
+            Record::Register(register) => {
+                if NamespaceRoot::of(&register.namespace).is_none() {
+                    return Err(format!("unknown register namespace {:?}", register.namespace));
+                }
+                let namespace = self.registers.entry(register.namespace).or_default();
+                match (register.op, register.value) {
+                    (RegisterOp::Set, Some(value)) => {
+                        if namespace.insert(register.key, value).is_some() {
+                            self.dead_records += 1;
+                        }
+                    }
+                    (RegisterOp::Set, None) => return Err("register set without a value".to_owned()),
+                    (RegisterOp::Delete, _) => {
+                        // The delete itself is dead once applied; so is the set it removes.
+                        self.dead_records += 1 + u64::from(namespace.remove(&register.key).is_some());
+                    }
+                }
+            }
+            Record::Usage(row) => self.usage.push(row),
+            Record::State(state) => {
+                if self.state.is_some() {
+                    self.dead_records += 1;
+                }
+                self.state = Some(state);
+            }
+        }
+        self.last_seq = seq;
+        Ok(())
+    }
+
+    /// The seq range a list of planned records covers.
+    pub fn committed(records: &[Record]) -> Committed {
+        let first_seq = records.first().map_or(0, Record::seq);
+        let last_seq = records.last().map_or(0, Record::seq);
+        let state_seq = records.iter().rev().find_map(|r| match r {
+            Record::State(s) => Some(s.seq),
+            _ => None,
+        });
+        Committed { first_seq, last_seq, state_seq }
+    }
+
+    /// Highest seq applied.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Register records (and state records) that a compaction would drop.
+    pub fn dead_records(&self) -> u64 {
+        self.dead_records
+    }
+
+    /// One entry by id.
+    pub fn entry(&self, id: &str) -> Option<&Entry> {
+        self.by_id.get(id).map(|&i| &self.entries[i])
+    }
+
+    /// Children of `parent` (roots for `None`), in seq order.
+    pub fn children(&self, parent: Option<&str>) -> Vec<&Entry> {
+        let key = match parent {
+            None => None,
+            Some(id) => match self.by_id.get(id) {
+                Some(&i) => Some(i),
+                None => return Vec::new(),
+            },
+        };
+        self.children.get(&key).map(|v| v.iter().map(|&i| &self.entries[i]).collect()).unwrap_or_default()
+    }
+
+    /// Root-first path to `leaf`.
+    pub fn path_to(&self, leaf: &str) -> Result<Vec<&Entry>, StorageError> {
+        let mut path = Vec::new();
+        let mut current = self.entry(leaf).ok_or_else(|| StorageError::NoSuchEntry(leaf.to_owned()))?;
+        loop {
+            path.push(current);
+            match &current.parent_id {
+                None => break,
+                Some(parent) => {
+                    current = self.entry(parent).ok_or_else(|| StorageError::NoSuchEntry(parent.clone()))?;
+                }
+            }
+        }
+        path.reverse();
+        Ok(path)
+    }
+
+    /// All entries in seq order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// A register's value.
+    pub fn register(&self, namespace: &str, key: &str) -> Option<&RawJson> {
+        self.registers.get(namespace)?.get(key)
+    }
+
+    /// Live keys of a namespace, sorted.
+    pub fn registers(&self, namespace: &str) -> impl Iterator<Item = (&str, &RawJson)> {
+        self.registers.get(namespace).into_iter().flat_map(|m| m.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+
+    /// All live registers: (namespace, key, value).
+    pub fn all_registers(&self) -> impl Iterator<Item = (&str, &str, &RawJson)> {
+        self.registers.iter().flat_map(|(ns, m)| m.iter().map(move |(k, v)| (ns.as_str(), k.as_str(), v)))
+    }
+
+    /// Number of live registers.
+    pub fn register_count(&self) -> usize {
+        self.registers.values().map(BTreeMap::len).sum()
+    }
+
+    /// The usage ledger.
+    pub fn usage(&self) -> &[UsageRow] {
+        &self.usage
+    }
+
+    /// The state.
+    pub fn state(&self) -> Option<&State> {
+        self.state.as_ref()
+    }
+}
+
+fn check_namespace(namespace: &str) -> Result<(), StorageError> {
+    match NamespaceRoot::of(namespace) {
+        Some(_) => Ok(()),
+        None => Err(StorageError::Invalid(format!(
+            "unknown register namespace {namespace:?}: use lane, op, pending or fact (optionally with a .suffix)"
+        ))),
+    }
+}

@@ -1,0 +1,156 @@
+//! The durable session store: one append-only session file is the single
+//! source of truth for everything a session did.
+//!
+//! This module owns the record model (header, entries, registers, usage,
+//! state), the [`Storage`] trait every backend implements, and the
+//! [`SessionIndex`]: the in-memory maps that a replay of the log builds and
+//! that every query reads. Backends differ only in how they make a
+//! [`Transaction`] durable; validation of a transaction (seq order, write-once
+//! entries, known parents, namespaces, the CAS on the state) happens in one
+//! place, [`SessionIndex::check`], for all of them.
+//!
+//! It must not know what entries *mean* (messages, tool events): that belongs
+//! to the turn. Payloads stay raw JSON text until someone asks.
+
+mod index;
+mod memory;
+mod record;
+
+pub use index::SessionIndex;
+pub use memory::MemStore;
+pub use record::{
+    Committed, Entry, Header, NamespaceRoot, RawJson, Record, RegisterOp, RegisterRecord, STORAGE_VERSION, State,
+    Transaction, TxOp, UsageRow, now_millis, to_raw,
+};
+
+/// Errors of the session store. Every message says what was wrong and, where
+/// a person can act, what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// An I/O failure on the session file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Another writer holds the session.
+    #[error(
+        "session is busy: {path} is open for writing by another process{}; wait for it to finish or open the session read-only",
+        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    Busy {
+        /// The session file.
+        path: String,
+        /// The holder's pid, when known.
+        pid: Option<u32>,
+    },
+    /// A line in the middle of the file is not a valid record.
+    #[error(
+        "{path}: line {line} (byte offset {offset}) is corrupt: {reason}; the file was not changed — run `cairn check` for details"
+    )]
+    Corrupt {
+        /// The session file.
+        path: String,
+        /// 1-based line number.
+        line: u64,
+        /// Byte offset of the line's start.
+        offset: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The file has no valid header line.
+    #[error("{path}: missing or invalid header line: {reason}")]
+    BadHeader {
+        /// The session file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The file was written by a newer cairn.
+    #[error(
+        "{path}: storage version {found} is newer than this cairn supports (version {supported}); upgrade cairn to open it"
+    )]
+    NewerVersion {
+        /// The session file.
+        path: String,
+        /// Version found in the header.
+        found: u32,
+        /// Newest version this build reads.
+        supported: u32,
+    },
+    /// A transaction broke an invariant of the log; nothing was written.
+    #[error("invalid transaction: {0}")]
+    Invalid(String),
+    /// The compare-and-swap on the state failed: someone else moved it.
+    #[error("state changed concurrently: expected state seq {expected}, found {actual}")]
+    StateConflict {
+        /// The seq the caller expected.
+        expected: u64,
+        /// The seq found.
+        actual: u64,
+    },
+    /// The store was opened read-only.
+    #[error("{path}: session is open read-only")]
+    ReadOnly {
+        /// The session file.
+        path: String,
+    },
+    /// A value could not be encoded as JSON.
+    #[error("cannot encode value: {0}")]
+    Encode(String),
+    /// The entry asked for does not exist.
+    #[error("no entry with id {0:?}")]
+    NoSuchEntry(String),
+}
+
+/// The logical model of a session, identical across backends.
+///
+/// Reads return owned values so that backends which do not keep everything
+/// in memory (SQLite) can implement them; the JSONL backend answers from its
+/// [`SessionIndex`].
+pub trait Storage {
+    /// The session's header.
+    fn header(&self) -> &Header;
+
+    /// Append one transaction atomically: either every record of it becomes
+    /// part of the log, or none does. Assigns strictly increasing seqs and
+    /// timestamps. Fails with [`StorageError::StateConflict`] when the
+    /// transaction sets the state and the expected seq is stale.
+    fn commit(&mut self, tx: Transaction) -> Result<Committed, StorageError>;
+
+    /// The highest seq in the log (0 for an empty session).
+    fn last_seq(&self) -> u64;
+
+    /// One entry by id.
+    fn entry(&self, id: &str) -> Option<Entry>;
+
+    /// Entries whose parent is `parent` (roots when `None`), in seq order.
+    fn children(&self, parent: Option<&str>) -> Vec<Entry>;
+
+    /// The path from the root to `leaf`, root first.
+    fn path_to(&self, leaf: &str) -> Result<Vec<Entry>, StorageError>;
+
+    /// Every entry, in seq order.
+    fn entries(&self) -> Vec<Entry>;
+
+    /// Number of entries.
+    fn entry_count(&self) -> usize;
+
+    /// A register's current value.
+    fn register(&self, namespace: &str, key: &str) -> Option<RawJson>;
+
+    /// Every live key of a namespace with its value, sorted by key.
+    fn registers(&self, namespace: &str) -> Vec<(String, RawJson)>;
+
+    /// The usage ledger, in seq order.
+    fn usage(&self) -> Vec<UsageRow>;
+
+    /// The singleton state, once set.
+    fn state(&self) -> Option<State>;
+
+    /// Make every commit so far durable (for grouped or no durability).
+    fn sync(&mut self) -> Result<(), StorageError>;
+}
