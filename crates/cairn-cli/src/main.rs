@@ -1,6 +1,16 @@
-//! The `cairn` binary: argument parsing and wiring only; all logic lives in
-//! the library crates.
+//! The `cairn` binary: argument parsing, configuration and wiring only. All
+//! logic lives in the library crates (cairn-core drives the turn; this crate
+//! supplies the provider, the tools, the terminal approver and the output).
 
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("cairn: no commands yet")
+mod approver;
+mod commands;
+mod cli;
+mod config;
+mod paths;
+mod style;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    cli::main()
 }

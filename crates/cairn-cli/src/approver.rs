@@ -1,0 +1,127 @@
+//! The interactive approver: a y/N prompt on the terminal, default No,
+//! showing the tool, its risk and a preview a person can judge.
+//!
+//! This is the host side of the approval boundary; the policy (what needs
+//! asking, what an allowlist may approve) lives in cairn-core and is
+//! enforced there. `--yes` approves Write calls only: a Destructive call is
+//! always put to a person, and without a terminal it is refused.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use cairn_core::approval::{ApprovalError, ApprovalRequest, Approver, Decision, Verdict};
+use cairn_core::tool::{Preview, Risk};
+
+use crate::style::Style;
+
+/// Asks on the controlling terminal (stdin/stderr).
+#[derive(Debug)]
+pub struct TerminalApprover {
+    style: Style,
+    yes: bool,
+    interactive: bool,
+}
+
+impl TerminalApprover {
+    /// `yes`: approve Write calls without asking (never Destructive).
+    pub fn new(style: Style, yes: bool) -> Self {
+        Self { style, yes, interactive: std::io::stdin().is_terminal() }
+    }
+}
+
+impl Approver for TerminalApprover {
+    fn is_interactive(&self) -> bool {
+        self.interactive
+    }
+
+    fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
+        if self.yes && request.risk == Risk::Write && request.bypass.is_none() {
+            return Ok(Verdict { decision: Decision::Approve, by: "flag:--yes".to_owned() });
+        }
+        if !self.interactive {
+            let reason = match request.risk {
+                Risk::Destructive => format!(
+                    "{} is Destructive and needs a person to approve it, but there is no terminal to ask; \
+                     run cairn interactively in a terminal (--yes and --allow never approve Destructive calls)",
+                    request.tool
+                ),
+                _ => format!(
+                    "{} needs approval and there is no terminal to ask; run cairn in a terminal, \
+                     or allow it with --allow '{}' or --yes",
+                    request.tool, request.tool
+                ),
+            };
+            return Ok(Verdict { decision: Decision::Deny { reason }, by: "host:no-terminal".to_owned() });
+        }
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err);
+        let risk = match request.risk {
+            Risk::ReadOnly => self.style.dim("read-only"),
+            Risk::Write => self.style.yellow("write"),
+            Risk::Destructive => self.style.red_bold("DESTRUCTIVE"),
+        };
+        let _ = writeln!(err, "{} {} ({risk})", self.style.bold("approve"), self.style.bold(request.tool));
+        if let Some(bypass) = request.bypass {
+            let _ = writeln!(err, "  {} {bypass}", self.style.red_bold("sandbox bypass:"));
+        }
+        match request.preview {
+            Some(preview) => write_preview(&mut err, &self.style, preview),
+            None => {
+                let args = serde_json::to_string_pretty(request.arguments).unwrap_or_default();
+                for line in args.lines() {
+                    let _ = writeln!(err, "  {line}");
+                }
+            }
+        }
+        let always = request.risk == Risk::Write && request.bypass.is_none();
+        let choices = if always { "[y/N/a=always this session]" } else { "[y/N]" };
+        let _ = write!(err, "Run it? {choices} ");
+        let _ = err.flush();
+        let mut line = String::new();
+        let read = std::io::stdin().lock().read_line(&mut line).map_err(|e| ApprovalError::Failed(e.to_string()))?;
+        let answer = line.trim().to_ascii_lowercase();
+        let decision = match answer.as_str() {
+            "y" | "yes" => Decision::Approve,
+            "a" | "always" if always => Decision::ApproveForSession,
+            _ if read == 0 => Decision::Deny { reason: "the user closed the terminal input (EOF)".to_owned() },
+            _ => Decision::Deny { reason: "the user declined".to_owned() },
+        };
+        Ok(Verdict { decision, by: "user:terminal".to_owned() })
+    }
+}
+
+/// Print a preview (shared by the approver and `cairn show`).
+pub fn write_preview(out: &mut dyn Write, style: &Style, preview: &Preview) {
+    match preview {
+        Preview::Diff { path, diff } => {
+            let _ = writeln!(out, "  {}", style.bold(path));
+            for line in diff.lines() {
+                let coloured = if line.starts_with("+++") || line.starts_with("---") {
+                    style.bold(line)
+                } else if line.starts_with('+') {
+                    style.green(line)
+                } else if line.starts_with('-') {
+                    style.red(line)
+                } else if line.starts_with("@@") {
+                    style.cyan(line)
+                } else {
+                    line.to_owned()
+                };
+                let _ = writeln!(out, "  {coloured}");
+            }
+        }
+        Preview::Command { command, cwd } => {
+            let _ = writeln!(out, "  {} {}", style.dim("$"), style.bold(command));
+            let _ = writeln!(out, "  {} {cwd}", style.dim("in"));
+        }
+        Preview::Paths { paths } => {
+            for path in paths {
+                let _ = writeln!(out, "  {} {path}", style.dim("writes"));
+            }
+        }
+        Preview::Text { text } => {
+            for line in text.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+    }
+}

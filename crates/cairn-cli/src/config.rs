@@ -1,0 +1,320 @@
+//! cairn's configuration: the TOML file, environment variables and command
+//! line flags merged into one [`Settings`], remembering where each value
+//! came from so `cairn config` can show it.
+//!
+//! Precedence, lowest first: built-in default, config file, environment,
+//! command-line flag. This module reads the file; it never writes it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Built into cairn.
+    Default,
+    /// The configuration file.
+    File(PathBuf),
+    /// An environment variable.
+    Env(&'static str),
+    /// A command-line flag.
+    Flag(&'static str),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => write!(f, "default"),
+            Source::File(path) => write!(f, "{}", path.display()),
+            Source::Env(name) => write!(f, "env {name}"),
+            Source::Flag(name) => write!(f, "flag {name}"),
+        }
+    }
+}
+
+/// A value and its origin.
+#[derive(Debug, Clone)]
+pub struct Setting<T> {
+    /// The value.
+    pub value: T,
+    /// Where it came from.
+    pub source: Source,
+}
+
+impl<T> Setting<T> {
+    fn default(value: T) -> Self {
+        Self { value, source: Source::Default }
+    }
+
+    fn set(&mut self, value: T, source: Source) {
+        self.value = value;
+        self.source = source;
+    }
+}
+
+/// The configuration file as written by a person.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Default provider name.
+    pub provider: Option<String>,
+    /// Default model.
+    pub model: Option<String>,
+    /// System prompt.
+    pub system_prompt: Option<String>,
+    /// Named providers: `[providers.NAME]` with kind, base_url, model, api_key_env.
+    #[serde(default)]
+    pub providers: BTreeMap<String, toml::Value>,
+    /// Approval rules.
+    #[serde(default)]
+    pub approvals: ApprovalsConfig,
+    /// Turn limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Tool settings.
+    #[serde(default)]
+    pub tools: ToolsFileConfig,
+    /// Embedded model settings.
+    #[serde(default)]
+    pub local: LocalConfig,
+}
+
+/// `[approvals]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsConfig {
+    /// Allow patterns for Write tools (never Destructive).
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Model steps per turn.
+    pub max_steps: Option<u32>,
+    /// Bytes of tool output the model sees.
+    pub tool_output_cap: Option<usize>,
+    /// Per-tool timeout in seconds.
+    pub tool_timeout_secs: Option<u64>,
+}
+
+/// `[tools]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsFileConfig {
+    /// Extra command shapes treated as Destructive by `shell`.
+    #[serde(default)]
+    pub destructive_patterns: Vec<String>,
+}
+
+/// `[local]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalConfig {
+    /// Inference threads.
+    pub threads: Option<usize>,
+    /// Faster, less exact weights.
+    pub fast: Option<bool>,
+    /// Path of the .gguf file.
+    pub model_path: Option<PathBuf>,
+}
+
+/// Flags that override configuration.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--provider`.
+    pub provider: Option<String>,
+    /// `--model`.
+    pub model: Option<String>,
+    /// `--script` (implies the scripted provider).
+    pub script: Option<PathBuf>,
+    /// `--allow`.
+    pub allow: Vec<String>,
+}
+
+/// The resolved configuration.
+#[derive(Debug)]
+pub struct Settings {
+    /// The file that was read, if it exists.
+    pub config_file: PathBuf,
+    /// Whether the file exists.
+    pub config_file_found: bool,
+    /// Provider name.
+    pub provider: Setting<String>,
+    /// Model (None: the provider's default).
+    pub model: Setting<Option<String>>,
+    /// Script for the scripted provider.
+    pub script: Setting<Option<PathBuf>>,
+    /// System prompt.
+    pub system_prompt: Setting<Option<String>>,
+    /// Allow patterns (file and flags together).
+    pub allow: Setting<Vec<String>>,
+    /// Model steps per turn.
+    pub max_steps: Setting<u32>,
+    /// Tool output cap in bytes.
+    pub tool_output_cap: Setting<usize>,
+    /// Tool timeout in seconds.
+    pub tool_timeout_secs: Setting<u64>,
+    /// Extra destructive shapes.
+    pub destructive_patterns: Setting<Vec<String>>,
+    /// Local model threads.
+    pub local_threads: Setting<usize>,
+    /// Local model fast mode.
+    pub local_fast: Setting<bool>,
+    /// Local model path override.
+    pub local_model_path: Setting<Option<PathBuf>>,
+    /// Named provider tables from the file.
+    pub providers: BTreeMap<String, toml::Value>,
+}
+
+/// Default model steps per turn.
+pub const DEFAULT_MAX_STEPS: u32 = 24;
+/// Default bytes of tool output shown to the model.
+pub const DEFAULT_TOOL_OUTPUT_CAP: usize = 16 * 1024;
+/// Default per-tool timeout.
+pub const DEFAULT_TOOL_TIMEOUT_SECS: u64 = 120;
+
+impl Settings {
+    /// Read the file (if present), then apply environment and flags.
+    pub fn load(config_file: &Path, overrides: &Overrides) -> Result<Self> {
+        let (file, found) = match std::fs::read_to_string(config_file) {
+            Ok(text) => {
+                let parsed: FileConfig = toml::from_str(&text).with_context(|| {
+                    format!("{} is not a valid cairn configuration; fix it or move it away", config_file.display())
+                })?;
+                (parsed, true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (FileConfig::default(), false),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", config_file.display())),
+        };
+        let from_file = || Source::File(config_file.to_path_buf());
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+
+        let mut provider = Setting::default("local".to_owned());
+        let mut model = Setting::default(None);
+        let mut script = Setting::default(None);
+        let mut system_prompt = Setting::default(None);
+        let mut allow = Setting::default(Vec::new());
+        let mut max_steps = Setting::default(DEFAULT_MAX_STEPS);
+        let mut tool_output_cap = Setting::default(DEFAULT_TOOL_OUTPUT_CAP);
+        let mut tool_timeout_secs = Setting::default(DEFAULT_TOOL_TIMEOUT_SECS);
+        let mut destructive_patterns = Setting::default(Vec::new());
+        let mut local_threads = Setting::default(1);
+        let mut local_fast = Setting::default(false);
+        let mut local_model_path = Setting::default(None);
+
+        if let Some(v) = file.provider {
+            provider.set(v, from_file());
+        }
+        if let Some(v) = file.model {
+            model.set(Some(v), from_file());
+        }
+        if let Some(v) = file.system_prompt {
+            system_prompt.set(Some(v), from_file());
+        }
+        if !file.approvals.allow.is_empty() {
+            allow.set(file.approvals.allow, from_file());
+        }
+        if let Some(v) = file.limits.max_steps {
+            max_steps.set(v, from_file());
+        }
+        if let Some(v) = file.limits.tool_output_cap {
+            tool_output_cap.set(v, from_file());
+        }
+        if let Some(v) = file.limits.tool_timeout_secs {
+            tool_timeout_secs.set(v, from_file());
+        }
+        if !file.tools.destructive_patterns.is_empty() {
+            destructive_patterns.set(file.tools.destructive_patterns, from_file());
+        }
+        if let Some(v) = file.local.threads {
+            local_threads.set(v, from_file());
+        }
+        if let Some(v) = file.local.fast {
+            local_fast.set(v, from_file());
+        }
+        if let Some(v) = file.local.model_path {
+            local_model_path.set(Some(v), from_file());
+        }
+
+        if let Some(v) = env("CAIRN_PROVIDER") {
+            provider.set(v, Source::Env("CAIRN_PROVIDER"));
+        }
+        if let Some(v) = env("CAIRN_MODEL") {
+            model.set(Some(v), Source::Env("CAIRN_MODEL"));
+        }
+        if let Some(v) = env("CAIRN_LOCAL_MODEL") {
+            local_model_path.set(Some(PathBuf::from(v)), Source::Env("CAIRN_LOCAL_MODEL"));
+        }
+
+        if let Some(path) = &overrides.script {
+            script.set(Some(path.clone()), Source::Flag("--script"));
+            provider.set("scripted".to_owned(), Source::Flag("--script"));
+        }
+        if let Some(v) = &overrides.provider {
+            provider.set(v.clone(), Source::Flag("--provider"));
+        }
+        if let Some(v) = &overrides.model {
+            model.set(Some(v.clone()), Source::Flag("--model"));
+        }
+        if !overrides.allow.is_empty() {
+            let mut all = allow.value.clone();
+            all.extend(overrides.allow.iter().cloned());
+            allow.set(all, Source::Flag("--allow"));
+        }
+
+        Ok(Self {
+            config_file: config_file.to_path_buf(),
+            config_file_found: found,
+            provider,
+            model,
+            script,
+            system_prompt,
+            allow,
+            max_steps,
+            tool_output_cap,
+            tool_timeout_secs,
+            destructive_patterns,
+            local_threads,
+            local_fast,
+            local_model_path,
+            providers: file.providers,
+        })
+    }
+
+    /// `(key, value, source)` rows for `cairn config`.
+    pub fn rows(&self) -> Vec<(&'static str, String, String)> {
+        fn opt<T: fmt::Display>(v: &Option<T>) -> String {
+            v.as_ref().map_or_else(|| "(none)".to_owned(), ToString::to_string)
+        }
+        let path = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "(none)".to_owned(), |p| p.display().to_string());
+        vec![
+            ("provider", self.provider.value.clone(), self.provider.source.to_string()),
+            ("model", opt(&self.model.value), self.model.source.to_string()),
+            ("script", path(&self.script.value), self.script.source.to_string()),
+            ("system_prompt", opt(&self.system_prompt.value), self.system_prompt.source.to_string()),
+            ("approvals.allow", format!("{:?}", self.allow.value), self.allow.source.to_string()),
+            ("limits.max_steps", self.max_steps.value.to_string(), self.max_steps.source.to_string()),
+            ("limits.tool_output_cap", self.tool_output_cap.value.to_string(), self.tool_output_cap.source.to_string()),
+            (
+                "limits.tool_timeout_secs",
+                self.tool_timeout_secs.value.to_string(),
+                self.tool_timeout_secs.source.to_string(),
+            ),
+            (
+                "tools.destructive_patterns",
+                format!("{:?}", self.destructive_patterns.value),
+                self.destructive_patterns.source.to_string(),
+            ),
+            ("local.threads", self.local_threads.value.to_string(), self.local_threads.source.to_string()),
+            ("local.fast", self.local_fast.value.to_string(), self.local_fast.source.to_string()),
+            ("local.model_path", path(&self.local_model_path.value), self.local_model_path.source.to_string()),
+        ]
+    }
+}

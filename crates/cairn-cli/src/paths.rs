@@ -1,0 +1,58 @@
+//! Where cairn keeps things: the data directory (sessions, installed model,
+//! tools) and the configuration file, following the XDG base directories,
+//! with `CAIRN_HOME` overriding both.
+//!
+//! This module only computes paths; it creates nothing.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+/// The directories cairn uses.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// Data directory (`$CAIRN_HOME`, else `$XDG_DATA_HOME/cairn`, else
+    /// `~/.local/share/cairn`).
+    pub data: PathBuf,
+    /// The configuration file (`$CAIRN_HOME/config.toml`, else
+    /// `$XDG_CONFIG_HOME/cairn/config.toml`, else `~/.config/cairn/config.toml`).
+    pub config_file: PathBuf,
+    /// The configuration directory (holds `tools/` too).
+    pub config_dir: PathBuf,
+}
+
+impl Paths {
+    /// Resolve from the environment.
+    pub fn from_env() -> Result<Self> {
+        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        if let Some(home) = var("CAIRN_HOME") {
+            return Ok(Self { data: home.clone(), config_file: home.join("config.toml"), config_dir: home });
+        }
+        let home = var("HOME").context("neither CAIRN_HOME nor HOME is set: set CAIRN_HOME to a directory for cairn's data")?;
+        let data = var("XDG_DATA_HOME").unwrap_or_else(|| home.join(".local/share")).join("cairn");
+        let config_dir = var("XDG_CONFIG_HOME").unwrap_or_else(|| home.join(".config")).join("cairn");
+        Ok(Self { data, config_file: config_dir.join("config.toml"), config_dir })
+    }
+
+    /// Where session files live.
+    pub fn sessions(&self) -> PathBuf {
+        self.data.join("sessions")
+    }
+
+    /// Where the embedded model is installed.
+    pub fn models(&self) -> PathBuf {
+        self.data.join("models")
+    }
+
+    /// Directories searched for external tools, lowest precedence first:
+    /// the data directory, the config directory, then `.cairn/tools` in the
+    /// working directory.
+    pub fn tool_dirs(&self, cwd: &std::path::Path) -> Vec<PathBuf> {
+        let mut dirs = vec![self.data.join("tools")];
+        if self.config_dir != self.data {
+            dirs.push(self.config_dir.join("tools"));
+        }
+        dirs.push(cwd.join(".cairn/tools"));
+        dirs
+    }
+}
