@@ -3,8 +3,8 @@
 //! supplies the provider, the tools, the terminal approver and the output).
 
 mod approver;
-mod commands;
 mod cli;
+mod commands;
 mod config;
 mod paths;
 mod style;

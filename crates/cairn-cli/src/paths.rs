@@ -28,7 +28,8 @@ impl Paths {
         if let Some(home) = var("CAIRN_HOME") {
             return Ok(Self { data: home.clone(), config_file: home.join("config.toml"), config_dir: home });
         }
-        let home = var("HOME").context("neither CAIRN_HOME nor HOME is set: set CAIRN_HOME to a directory for cairn's data")?;
+        let home = var("HOME")
+            .context("neither CAIRN_HOME nor HOME is set: set CAIRN_HOME to a directory for cairn's data")?;
         let data = var("XDG_DATA_HOME").unwrap_or_else(|| home.join(".local/share")).join("cairn");
         let config_dir = var("XDG_CONFIG_HOME").unwrap_or_else(|| home.join(".config")).join("cairn");
         Ok(Self { data, config_file: config_dir.join("config.toml"), config_dir })

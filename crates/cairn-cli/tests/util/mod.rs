@@ -1,0 +1,62 @@
+//! Helpers for the CLI tests: a private `CAIRN_HOME` and a command builder
+//! with a clean environment (no provider keys, no colours).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A private home and working directory for one test.
+pub struct Env {
+    _dir: tempfile::TempDir,
+    pub home: PathBuf,
+    pub cwd: PathBuf,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let cwd = dir.path().join("work");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&cwd).unwrap();
+        Self { _dir: dir, home, cwd }
+    }
+
+    /// `cairn ARGS` with this env.
+    pub fn cairn(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("cairn"));
+        cmd.args(args)
+            .current_dir(&self.cwd)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", self.home.join("fakehome"))
+            .env("CAIRN_HOME", &self.home)
+            .env("NO_COLOR", "1");
+        if let Some(model) = std::env::var_os("CAIRN_LOCAL_MODEL") {
+            cmd.env("CAIRN_LOCAL_MODEL", model);
+        }
+        cmd
+    }
+
+    /// Write a scripted-provider file and return its path.
+    pub fn script(&self, lines: &[serde_json::Value]) -> PathBuf {
+        let path = self.home.join("script.jsonl");
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Session files under this home.
+    pub fn session_files(&self) -> Vec<PathBuf> {
+        let dir = self.home.join("sessions");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| is_jsonl(p)).collect())
+            .unwrap_or_default();
+        files.sort();
+        files
+    }
+}
+
+fn is_jsonl(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "jsonl")
+}
