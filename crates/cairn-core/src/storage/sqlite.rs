@@ -115,48 +115,7 @@ impl SqliteStore {
                 supported: STORAGE_VERSION,
             });
         }
-        let mut records: Vec<Record> = Vec::new();
-        let mut stmt = conn
-            .prepare("SELECT id, parent_id, seq, timestamp, type, payload FROM entries ORDER BY seq")
-            .map_err(&e)?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get::<_, String>(5)?)))
-            .map_err(&e)?;
-        for row in rows {
-            let (id, parent_id, seq, timestamp, entry_type, payload) = row.map_err(&e)?;
-            records.push(Record::Entry(Entry {
-                id,
-                parent_id,
-                seq,
-                timestamp,
-                entry_type,
-                payload: raw(path, payload)?,
-            }));
-        }
-        let mut stmt = conn.prepare("SELECT namespace, key, seq, value FROM registers").map_err(&e)?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)?))).map_err(&e)?;
-        for row in rows {
-            let (namespace, key, seq, value) = row.map_err(&e)?;
-            records.push(Record::Register(RegisterRecord {
-                op: RegisterOp::Set,
-                seq,
-                namespace,
-                key,
-                value: Some(raw(path, value)?),
-            }));
-        }
-        let mut stmt = conn.prepare("SELECT seq, id, entry_id, usage FROM usage_ledger").map_err(&e)?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)?))).map_err(&e)?;
-        for row in rows {
-            let (seq, id, entry_id, usage) = row.map_err(&e)?;
-            records.push(Record::Usage(UsageRow { seq, id, entry_id, usage: raw(path, usage)? }));
-        }
-        let state: Option<(u64, String)> =
-            conn.query_row("SELECT seq, pc FROM state", [], |r| Ok((r.get(0)?, r.get(1)?))).optional().map_err(&e)?;
-        if let Some((seq, pc)) = state {
-            records.push(Record::State(State { seq, pc: raw(path, pc)? }));
-        }
-        drop(stmt);
+        let mut records = load_records(&conn, path)?;
         records.sort_by_key(Record::seq);
         let mut index = SessionIndex::new();
         for record in records {
@@ -191,22 +150,22 @@ impl SqliteStore {
             match record {
                 Record::Entry(en) => tx.execute(
                     "INSERT INTO entries (id, parent_id, seq, timestamp, type, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    params![en.id, en.parent_id, en.seq, en.timestamp, en.entry_type, en.payload.get()],
+                    params![en.id, en.parent_id, signed(en.seq), en.timestamp, en.entry_type, en.payload.get()],
                 ),
                 Record::Register(r) => match &r.value {
                     Some(value) if r.op == RegisterOp::Set => tx.execute(
                         "INSERT OR REPLACE INTO registers (namespace, key, seq, value) VALUES (?1, ?2, ?3, ?4)",
-                        params![r.namespace, r.key, r.seq, value.get()],
+                        params![r.namespace, r.key, signed(r.seq), value.get()],
                     ),
                     _ => tx.execute("DELETE FROM registers WHERE namespace = ?1 AND key = ?2", params![r.namespace, r.key]),
                 },
                 Record::Usage(u) => tx.execute(
                     "INSERT INTO usage_ledger (seq, id, entry_id, usage) VALUES (?1, ?2, ?3, ?4)",
-                    params![u.seq, u.id, u.entry_id, u.usage.get()],
+                    params![signed(u.seq), u.id, u.entry_id, u.usage.get()],
                 ),
                 Record::State(s) => tx.execute(
                     "INSERT OR REPLACE INTO state (one, seq, pc) VALUES (1, ?1, ?2)",
-                    params![s.seq, s.pc.get()],
+                    params![signed(s.seq), s.pc.get()],
                 ),
             }
             .map_err(&e)?;
@@ -215,6 +174,65 @@ impl SqliteStore {
         tx.execute("UPDATE meta SET value = ?1 WHERE key = 'lastSeq'", params![last.to_string()]).map_err(&e)?;
         tx.commit().map_err(&e)
     }
+}
+
+/// Every stored record (entries, live registers, usage, state), unsorted.
+fn load_records(conn: &Connection, path: &Path) -> Result<Vec<Record>, StorageError> {
+    let e = db_err(path);
+    let mut records: Vec<Record> = Vec::new();
+    let mut stmt =
+        conn.prepare("SELECT id, parent_id, seq, timestamp, type, payload FROM entries ORDER BY seq").map_err(&e)?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?, r.get(3)?, r.get(4)?, r.get::<_, String>(5)?))
+        })
+        .map_err(&e)?;
+    for row in rows {
+        let (id, parent_id, seq, timestamp, entry_type, payload) = row.map_err(&e)?;
+        records.push(Record::Entry(Entry {
+            id,
+            parent_id,
+            seq: unsigned(seq),
+            timestamp,
+            entry_type,
+            payload: raw(path, payload)?,
+        }));
+    }
+    let mut stmt = conn.prepare("SELECT namespace, key, seq, value FROM registers").map_err(&e)?;
+    let rows =
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))).map_err(&e)?;
+    for row in rows {
+        let (namespace, key, seq, value) = row.map_err(&e)?;
+        records.push(Record::Register(RegisterRecord {
+            op: RegisterOp::Set,
+            seq: unsigned(seq),
+            namespace,
+            key,
+            value: Some(raw(path, value)?),
+        }));
+    }
+    let mut stmt = conn.prepare("SELECT seq, id, entry_id, usage FROM usage_ledger").map_err(&e)?;
+    let rows =
+        stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)?))).map_err(&e)?;
+    for row in rows {
+        let (seq, id, entry_id, usage) = row.map_err(&e)?;
+        records.push(Record::Usage(UsageRow { seq: unsigned(seq), id, entry_id, usage: raw(path, usage)? }));
+    }
+    let state: Option<(i64, String)> =
+        conn.query_row("SELECT seq, pc FROM state", [], |r| Ok((r.get(0)?, r.get(1)?))).optional().map_err(&e)?;
+    if let Some((seq, pc)) = state {
+        records.push(Record::State(State { seq: unsigned(seq), pc: raw(path, pc)? }));
+    }
+    Ok(records)
+}
+
+/// SQLite integers are signed; seqs never come near `i64::MAX`.
+fn signed(seq: u64) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+fn unsigned(seq: i64) -> u64 {
+    u64::try_from(seq).unwrap_or(0)
 }
 
 fn stored_last_seq(conn: &Connection) -> rusqlite::Result<u64> {
