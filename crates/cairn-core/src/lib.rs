@@ -15,14 +15,28 @@
 //!   capabilities, replay policy).
 //! - [`approval`]: the `Approver` trait and the allowlist.
 //! - [`cancel`]: the cooperative cancellation token.
+//! - [`schema`]: argument validation against a tool's JSON schema (subset).
+//! - [`registry`]: the tools a session offers, by name.
+//! - [`events`]: lifecycle entry payloads and the observer's [`TurnEvent`]s.
+//! - [`projection`]: the `ToolState` reducer over the log.
+//! - [`turn`]: the [`Session`], its state machine, the effect sandwich and
+//!   resume.
 #![deny(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod approval;
 pub mod cancel;
+pub mod events;
 pub mod message;
+pub mod projection;
 pub mod provider;
+pub mod registry;
+pub mod schema;
 pub mod storage;
 pub mod tool;
+pub mod turn;
 
 pub use cancel::CancelToken;
+pub use events::TurnEvent;
+pub use registry::ToolRegistry;
+pub use turn::{Session, SessionConfig, TurnEnv, TurnError, TurnOutcome, TurnStop};

@@ -153,6 +153,13 @@ impl SessionIndex {
         Committed { first_seq, last_seq, state_seq }
     }
 
+    /// Raise the last seq to `seq` without a record (a backend whose log
+    /// kept a higher seq than its live records, e.g. after the last record
+    /// was a delete). Never lowers it.
+    pub fn advance_seq(&mut self, seq: u64) {
+        self.last_seq = self.last_seq.max(seq);
+    }
+
     /// Highest seq applied.
     pub fn last_seq(&self) -> u64 {
         self.last_seq

@@ -7,14 +7,35 @@
 //! that every query reads. Backends differ only in how they make a
 //! [`Transaction`] durable; validation of a transaction (seq order, write-once
 //! entries, known parents, namespaces, the CAS on the state) happens in one
-//! place, [`SessionIndex::check`], for all of them.
+//! place, [`SessionIndex::plan`], for all of them, and replay applies records
+//! through [`SessionIndex::apply`], so in-memory state equals a replay of the log.
+//!
+//! What hosts call: [`JsonlStore::create`] / [`JsonlStore::open`] /
+//! [`JsonlStore::open_read_only`], [`new_session_id`], [`check_file`] (for
+//! `cairn check`), [`Tail`] and [`format_record`] (for `cairn log [--follow]`),
+//! and the [`Storage`] trait. The file format, the commit protocol and what a
+//! crash does at each step are in `docs/storage-format.md`.
 //!
 //! It must not know what entries *mean* (messages, tool events): that belongs
 //! to the turn. Payloads stay raw JSON text until someone asks.
 
+mod check;
 mod index;
+mod jsonl;
+mod line;
 mod memory;
 mod record;
+mod replay;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod tail;
+
+pub use check::{CheckReport, check_file};
+pub use jsonl::{CompactStep, Durability, JsonlStore, StoreOptions, lock_path, new_session_id};
+pub use line::{LineError, decode_header, decode_line, encode_header, encode_line, format_record};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
+pub use tail::Tail;
 
 pub use index::SessionIndex;
 pub use memory::MemStore;
@@ -38,7 +59,7 @@ pub enum StorageError {
     },
     /// Another writer holds the session.
     #[error(
-        "session is busy: {path} is open for writing by another process{}; wait for it to finish or open the session read-only",
+        "session is busy: {path} is open for writing by another writer{}; wait for it to finish or open the session read-only",
         pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
     )]
     Busy {
@@ -101,6 +122,20 @@ pub enum StorageError {
     /// A value could not be encoded as JSON.
     #[error("cannot encode value: {0}")]
     Encode(String),
+    /// A session with this id already exists.
+    #[error("{path}: a session with this id already exists; open it instead, or create one with a new id")]
+    Exists {
+        /// The session file.
+        path: String,
+    },
+    /// A database backend (SQLite) failed.
+    #[error("{path}: database error: {reason}")]
+    Backend {
+        /// The database file.
+        path: String,
+        /// What the database said.
+        reason: String,
+    },
     /// The entry asked for does not exist.
     #[error("no entry with id {0:?}")]
     NoSuchEntry(String),

@@ -6,6 +6,14 @@
 //! approver and is never allowlisted. Interactive approvers (a y/N prompt,
 //! a 9P approval file) live in hosts; the core only receives them through
 //! this trait.
+//!
+//! Layout: [`cmdline`] parses shell command lines for [`allowlist`], whose
+//! rules and [`AllowlistApprover`] answer without asking anyone;
+//! [`PolicyApprover`] combines an allowlist with an interactive approver.
+
+pub mod allowlist;
+pub mod cmdline;
+mod policy;
 
 use std::path::Path;
 
@@ -79,4 +87,17 @@ pub trait Approver {
     fn is_interactive(&self) -> bool;
     /// Decide on one request.
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError>;
+
+    /// A verdict available without asking anyone (a matching allow rule,
+    /// the ReadOnly policy). When it returns `Some`, the turn commits the
+    /// intent and the start of the call in one line; when `None`, it
+    /// commits the intent first (`AwaitingApproval`) and then calls
+    /// [`Approver::decide`]. The default knows nothing.
+    fn pre_approve(&mut self, request: &ApprovalRequest<'_>) -> Option<Verdict> {
+        let _ = request;
+        None
+    }
 }
+
+pub use allowlist::{AllowRule, AllowRuleError, Allowlist, AllowlistApprover};
+pub use policy::PolicyApprover;

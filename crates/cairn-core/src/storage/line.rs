@@ -1,0 +1,270 @@
+//! The line codec of the JSONL session file: one physical line in, the
+//! records it holds out, and records back to one line.
+//!
+//! It owns the byte-level format of a line (a single record object or an
+//! array of records, see `docs/storage-format.md`) and nothing else: it does
+//! no I/O and does not check invariants between records (seq order, parents,
+//! duplicates) — that is [`SessionIndex::apply`](super::SessionIndex::apply).
+//!
+//! `Record`'s derived `Serialize` is an internally tagged enum, and
+//! `Box<RawValue>` cannot be deserialized through serde's buffered content,
+//! so decoding goes through [`FlatRecord`]: one flat struct with every field
+//! optional, payloads kept as raw JSON text without being re-parsed.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+use super::record::{Entry, Header, RawJson, Record, RegisterOp, RegisterRecord, State, UsageRow};
+
+/// Why a line is not a valid record line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LineError {
+    /// The bytes are not one JSON value (a torn write, garbage, non-UTF-8).
+    #[error("not valid JSON: {0}")]
+    Syntax(String),
+    /// Valid JSON, but not a record or an array of records.
+    #[error("{0}")]
+    Shape(String),
+}
+
+impl LineError {
+    /// Whether the line is not JSON at all (as opposed to JSON of the wrong
+    /// shape). Only such a final line counts as torn.
+    pub fn is_syntax(&self) -> bool {
+        matches!(self, LineError::Syntax(_))
+    }
+}
+
+/// Every field any record kind may carry, all optional. Unknown fields are
+/// ignored (forward compatibility within a storage version).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FlatRecord<'a> {
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    seq: Option<u64>,
+    timestamp: Option<i64>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    parent_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "type")]
+    entry_type: Option<Cow<'a, str>>,
+    #[serde(default, deserialize_with = "present")]
+    payload: Option<Box<RawValue>>,
+    op: Option<RegisterOp>,
+    #[serde(borrow, default)]
+    namespace: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    key: Option<Cow<'a, str>>,
+    #[serde(default, deserialize_with = "present")]
+    value: Option<Box<RawValue>>,
+    #[serde(borrow, default)]
+    entry_id: Option<Cow<'a, str>>,
+    #[serde(default, deserialize_with = "present")]
+    usage: Option<Box<RawValue>>,
+    #[serde(default, deserialize_with = "present")]
+    pc: Option<Box<RawValue>>,
+}
+
+/// A raw field that is present (even as `null`) becomes `Some`.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
+}
+
+fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, LineError> {
+    value.ok_or_else(|| LineError::Shape(format!("{kind} record lacks `{field}`")))
+}
+
+impl FlatRecord<'_> {
+    fn into_record(self) -> Result<Record, LineError> {
+        let kind = self.kind.as_ref();
+        let seq = need(self.seq, kind, "seq")?;
+        match kind {
+            "entry" => Ok(Record::Entry(Entry {
+                id: need(self.id, kind, "id")?.into_owned(),
+                parent_id: self.parent_id.map(Cow::into_owned),
+                seq,
+                timestamp: need(self.timestamp, kind, "timestamp")?,
+                entry_type: need(self.entry_type, kind, "type")?.into_owned(),
+                payload: RawJson(need(self.payload, kind, "payload")?),
+            })),
+            "register" => {
+                let op = need(self.op, kind, "op")?;
+                let value = match op {
+                    RegisterOp::Set => Some(RawJson(need(self.value, kind, "value")?)),
+                    RegisterOp::Delete => None,
+                };
+                Ok(Record::Register(RegisterRecord {
+                    op,
+                    seq,
+                    namespace: need(self.namespace, kind, "namespace")?.into_owned(),
+                    key: need(self.key, kind, "key")?.into_owned(),
+                    value,
+                }))
+            }
+            "usage" => Ok(Record::Usage(UsageRow {
+                seq,
+                id: need(self.id, kind, "id")?.into_owned(),
+                entry_id: self.entry_id.map(Cow::into_owned),
+                usage: RawJson(need(self.usage, kind, "usage")?),
+            })),
+            "state" => Ok(Record::State(State { seq, pc: RawJson(need(self.pc, kind, "pc")?) })),
+            "header" => Err(LineError::Shape("a header line may only be the first line".to_owned())),
+            other => Err(LineError::Shape(format!("unknown record kind {other:?}"))),
+        }
+    }
+}
+
+fn syntax_or_shape(e: serde_json::Error) -> LineError {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Syntax | Category::Eof | Category::Io => LineError::Syntax(e.to_string()),
+        Category::Data => LineError::Shape(e.to_string()),
+    }
+}
+
+/// Decode one line (without its trailing newline) into its records, each
+/// with its encoded size in bytes (used to account dead bytes).
+///
+/// A line is either one record object or a non-empty array of them.
+pub(super) fn decode_line_sized(line: &[u8]) -> Result<Vec<(Record, u64)>, LineError> {
+    let text = std::str::from_utf8(line).map_err(|e| LineError::Syntax(format!("not UTF-8: {e}")))?;
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('[') {
+        let items: Vec<&RawValue> = serde_json::from_str(text).map_err(syntax_or_shape)?;
+        if items.is_empty() {
+            return Err(LineError::Shape("empty transaction array".to_owned()));
+        }
+        items
+            .into_iter()
+            .map(|raw| {
+                let flat: FlatRecord<'_> = serde_json::from_str(raw.get()).map_err(syntax_or_shape)?;
+                Ok((flat.into_record()?, raw.get().len() as u64))
+            })
+            .collect()
+    } else {
+        let flat: FlatRecord<'_> = serde_json::from_str(text).map_err(syntax_or_shape)?;
+        Ok(vec![(flat.into_record()?, line.len() as u64)])
+    }
+}
+
+/// Decode one line (without its trailing newline) into its records.
+pub fn decode_line(line: &[u8]) -> Result<Vec<Record>, LineError> {
+    decode_line_sized(line).map(|v| v.into_iter().map(|(r, _)| r).collect())
+}
+
+/// Decode the header line (without its trailing newline).
+pub fn decode_header(line: &[u8]) -> Result<Header, LineError> {
+    let header: Header = serde_json::from_slice(line).map_err(syntax_or_shape)?;
+    if header.kind != "header" {
+        return Err(LineError::Shape(format!("first line has kind {:?}, expected \"header\"", header.kind)));
+    }
+    Ok(header)
+}
+
+/// Encode records as one line, trailing newline included: a lone record as
+/// an object, several as an array.
+pub fn encode_line(records: &[Record]) -> Result<Vec<u8>, serde_json::Error> {
+    encode_line_sized(records).map(|(line, _)| line)
+}
+
+/// Like [`encode_line`], also returning each record's encoded size (the
+/// same sizes [`decode_line_sized`] reports for the line).
+pub(super) fn encode_line_sized(records: &[Record]) -> Result<(Vec<u8>, Vec<u64>), serde_json::Error> {
+    let mut out = Vec::new();
+    let mut sizes = Vec::with_capacity(records.len());
+    let array = records.len() != 1;
+    if array {
+        out.push(b'[');
+    }
+    for (i, record) in records.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let start = out.len();
+        serde_json::to_writer(&mut out, record)?;
+        sizes.push((out.len() - start) as u64);
+    }
+    if array {
+        out.push(b']');
+    }
+    out.push(b'\n');
+    Ok((out, sizes))
+}
+
+/// Encode the header line, trailing newline included.
+pub fn encode_header(header: &Header) -> Result<Vec<u8>, serde_json::Error> {
+    let mut out = serde_json::to_vec(header)?;
+    out.push(b'\n');
+    Ok(out)
+}
+
+/// One record as a line of text (no newline), as `cairn log` prints it.
+pub fn format_record(record: &Record) -> String {
+    // Serializing our own types to a String cannot fail (no maps with
+    // non-string keys, raw values are already valid JSON).
+    serde_json::to_string(record).unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::record::to_raw;
+
+    fn entry(seq: u64) -> Record {
+        Record::Entry(Entry {
+            id: format!("e{seq}"),
+            parent_id: None,
+            seq,
+            timestamp: 7,
+            entry_type: "message".into(),
+            payload: to_raw(&serde_json::json!({"text": "hé \"x\"\n"})).unwrap(),
+        })
+    }
+
+    #[test]
+    fn round_trips_single_and_array_lines() {
+        let set = Record::Register(RegisterRecord {
+            op: RegisterOp::Set,
+            seq: 2,
+            namespace: "fact".into(),
+            key: "k".into(),
+            value: Some(RawJson::from_json("null").unwrap()),
+        });
+        let del = Record::Register(RegisterRecord {
+            op: RegisterOp::Delete,
+            seq: 3,
+            namespace: "op".into(),
+            key: "k".into(),
+            value: None,
+        });
+        let usage = Record::Usage(UsageRow {
+            seq: 4,
+            id: "u".into(),
+            entry_id: Some("e1".into()),
+            usage: RawJson::from_json("{\"in\":1}").unwrap(),
+        });
+        let state = Record::State(State { seq: 5, pc: RawJson::from_json("\"idle\"").unwrap() });
+        let one = encode_line(&[entry(1)]).unwrap();
+        assert!(one.starts_with(b"{\"kind\":\"entry\""));
+        assert_eq!(decode_line(&one[..one.len() - 1]).unwrap(), vec![entry(1)]);
+        let all = vec![entry(1), set, del, usage, state];
+        let line = encode_line(&all).unwrap();
+        assert_eq!(*line.last().unwrap(), b'\n');
+        assert_eq!(decode_line(&line[..line.len() - 1]).unwrap(), all);
+    }
+
+    #[test]
+    fn classifies_errors() {
+        assert!(decode_line(b"{\"kind\":\"entry\"").unwrap_err().is_syntax());
+        assert!(decode_line(b"\xff\xfe").unwrap_err().is_syntax());
+        assert!(!decode_line(b"{\"kind\":\"entry\",\"seq\":1}").unwrap_err().is_syntax());
+        assert!(!decode_line(b"[]").unwrap_err().is_syntax());
+        assert!(!decode_line(b"42").unwrap_err().is_syntax());
+        assert!(!decode_line(b"{\"kind\":\"nope\",\"seq\":1}").unwrap_err().is_syntax());
+    }
+}

@@ -1,0 +1,149 @@
+//! Replay of a JSONL session file into a [`SessionIndex`], streaming one
+//! line at a time (memory stays bounded by the largest line plus the index).
+//!
+//! It owns the replay rules: the header check (missing, invalid, newer
+//! storage version), the torn-tail rule (a final line without its newline,
+//! or a final line that is not JSON, is discarded whole; anything invalid
+//! before the final line is an error naming line and byte offset), and the
+//! accounting of dead bytes used to decide compaction. It never writes: the
+//! caller decides whether to truncate a torn tail.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+
+use super::StorageError;
+use super::index::SessionIndex;
+use super::line::{decode_header, decode_line_sized};
+use super::record::{Header, Record, RegisterOp, RegisterRecord, STORAGE_VERSION};
+
+/// A register's live record: its seq and encoded size.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LiveRecord {
+    pub(crate) seq: u64,
+    pub(crate) size: u64,
+}
+
+/// Which bytes of the file still contribute to the live state.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Liveness {
+    /// Live register records, by namespace then key.
+    pub(crate) registers: HashMap<String, HashMap<String, LiveRecord>>,
+    /// The live state record.
+    pub(crate) state: Option<LiveRecord>,
+    /// Bytes of records that no longer contribute (overwritten or deleted
+    /// registers, deletes, superseded states).
+    pub(crate) dead_bytes: u64,
+    /// The record with the highest seq, when it is a register delete: a
+    /// compaction keeps it so that the last seq survives.
+    pub(crate) last_delete: Option<RegisterRecord>,
+}
+
+impl Liveness {
+    /// Account for `record` (of `size` encoded bytes) before it is applied.
+    pub(crate) fn account(&mut self, record: &Record, size: u64) {
+        self.last_delete = None;
+        match record {
+            Record::Entry(_) | Record::Usage(_) => {}
+            Record::State(s) => {
+                if let Some(old) = self.state.replace(LiveRecord { seq: s.seq, size }) {
+                    self.dead_bytes += old.size;
+                }
+            }
+            Record::Register(r) => {
+                let namespace = self.registers.entry(r.namespace.clone()).or_default();
+                match r.op {
+                    RegisterOp::Set => {
+                        if let Some(old) = namespace.insert(r.key.clone(), LiveRecord { seq: r.seq, size }) {
+                            self.dead_bytes += old.size;
+                        }
+                    }
+                    RegisterOp::Delete => {
+                        if let Some(old) = namespace.remove(&r.key) {
+                            self.dead_bytes += old.size;
+                        }
+                        self.dead_bytes += size;
+                        self.last_delete = Some(r.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The live register record of `namespace`/`key`.
+    pub(crate) fn register(&self, namespace: &str, key: &str) -> Option<LiveRecord> {
+        self.registers.get(namespace)?.get(key).copied()
+    }
+}
+
+/// What a replay found.
+#[derive(Debug)]
+pub(crate) struct Replayed {
+    pub(crate) header: Header,
+    pub(crate) index: SessionIndex,
+    pub(crate) liveness: Liveness,
+    /// Bytes up to the end of the last valid line (the header included).
+    pub(crate) valid_len: u64,
+    /// Bytes of a discarded torn final line (0 when there was none).
+    pub(crate) torn_bytes: u64,
+}
+
+/// Replay a whole session file from `reader`. `path` is only for messages.
+pub(crate) fn replay(path: &str, reader: impl Read) -> Result<Replayed, StorageError> {
+    let mut reader = BufReader::with_capacity(1 << 20, reader);
+    let io = |source| StorageError::Io { path: path.to_owned(), source };
+    let bad_header = |reason: String| StorageError::BadHeader { path: path.to_owned(), reason };
+    let mut buf = Vec::new();
+    let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
+    if n == 0 {
+        return Err(bad_header("the file is empty (not a cairn session, or its creation never finished)".to_owned()));
+    }
+    if buf.last() != Some(&b'\n') {
+        return Err(bad_header("the header line is incomplete (its creation never finished)".to_owned()));
+    }
+    let header = decode_header(&buf[..buf.len() - 1]).map_err(|e| bad_header(e.to_string()))?;
+    if header.storage_version > STORAGE_VERSION {
+        return Err(StorageError::NewerVersion {
+            path: path.to_owned(),
+            found: header.storage_version,
+            supported: STORAGE_VERSION,
+        });
+    }
+    let mut valid_len = n as u64;
+    let mut lines = 1;
+    let mut index = SessionIndex::new();
+    let mut liveness = Liveness::default();
+    let mut torn_bytes = 0;
+    loop {
+        buf.clear();
+        let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        let line_no = lines + 1;
+        let corrupt =
+            |reason: String| StorageError::Corrupt { path: path.to_owned(), line: line_no, offset: valid_len, reason };
+        if buf.last() != Some(&b'\n') {
+            // Only possible at end of file: a commit whose write never finished.
+            torn_bytes = n as u64;
+            break;
+        }
+        let decoded = match decode_line_sized(&buf[..buf.len() - 1]) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                let at_end = reader.fill_buf().map_err(io)?.is_empty();
+                if at_end && e.is_syntax() {
+                    torn_bytes = n as u64;
+                    break;
+                }
+                return Err(corrupt(e.to_string()));
+            }
+        };
+        for (record, size) in decoded {
+            liveness.account(&record, size);
+            index.apply(record).map_err(corrupt)?;
+        }
+        valid_len += n as u64;
+        lines += 1;
+    }
+    Ok(Replayed { header, index, liveness, valid_len, torn_bytes })
+}

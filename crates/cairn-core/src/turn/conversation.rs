@@ -1,0 +1,55 @@
+//! Entries to messages: the conversation a provider sees is the lane's path
+//! from the root, where `message` entries are messages and each tool
+//! settlement becomes a tool-result message. Other entries (intents,
+//! starts, turn marks) are bookkeeping the model does not see.
+//!
+//! It must not write: the session keeps a cache built incrementally from the
+//! same function, so the cache always equals a rebuild.
+
+use crate::events::{MESSAGE, TOOL_COMPLETED, TOOL_FAILED, TOOL_REJECTED, ToolCompleted, ToolFailed, ToolRejected};
+use crate::message::{ContentPart, Message, Role};
+use crate::storage::{Entry, RawJson, Storage};
+
+use super::TurnError;
+
+fn tool_result(call_id: String, content: String, is_error: bool) -> Message {
+    Message { role: Role::Tool, content: vec![ContentPart::ToolResult { call_id, content, is_error }] }
+}
+
+/// The message an entry contributes to the conversation, if any.
+pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message> {
+    match entry_type {
+        MESSAGE => payload.parse::<Message>().ok(),
+        TOOL_COMPLETED => payload.parse::<ToolCompleted>().ok().map(|p| {
+            let is_error = p.receipt.exit_code != 0;
+            tool_result(p.call_id, p.receipt.output_summary, is_error)
+        }),
+        TOOL_FAILED => payload.parse::<ToolFailed>().ok().map(|p| {
+            let text = if p.uncertain {
+                format!("error (uncertain whether the effect happened): {}", p.reason)
+            } else {
+                format!("error: {}", p.reason)
+            };
+            tool_result(p.call_id, text, true)
+        }),
+        TOOL_REJECTED => payload
+            .parse::<ToolRejected>()
+            .ok()
+            .map(|p| tool_result(p.call_id, format!("rejected: {}", p.reason), true)),
+        _ => None,
+    }
+}
+
+/// The message an entry contributes, for readers of the log.
+pub fn entry_message(entry: &Entry) -> Option<Message> {
+    message_of(&entry.entry_type, &entry.payload)
+}
+
+/// The conversation ending at `head` (empty for none).
+pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Vec<Message>, TurnError> {
+    let Some(head) = head else {
+        return Ok(Vec::new());
+    };
+    let path = store.path_to(head)?;
+    Ok(path.iter().filter_map(entry_message).collect())
+}

@@ -1,0 +1,176 @@
+//! Running one tool effect with the session's limits: a per-call
+//! cancellation token that a watchdog thread sets on the timeout or when the
+//! host cancels, output chunks streamed to the observer (never buffered),
+//! sandbox-bypass requests put to the approver and recorded, and the output
+//! cap applied to the receipt.
+//!
+//! Timeouts are cooperative: a tool must honour its token (cairn-tools
+//! kills the process group). It must not commit anything: the caller
+//! settles.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::CancelToken;
+use crate::approval::{ApprovalRequest, Approver, Decision};
+use crate::events::{BypassRecord, TurnEvent, VerdictRecord};
+use crate::storage::now_millis;
+use crate::tool::{Risk, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest};
+
+/// What running an effect gave.
+pub(crate) struct EffectResult {
+    pub(crate) result: Result<ToolReceipt, ToolError>,
+    pub(crate) bypasses: Vec<BypassRecord>,
+    pub(crate) timed_out: bool,
+}
+
+/// Run `tool` once.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    tool: &dyn Tool,
+    request: &ToolRequest,
+    risk: Risk,
+    cwd: &Path,
+    limits: ToolLimits,
+    outer: &CancelToken,
+    observer: &mut dyn FnMut(&TurnEvent),
+    approver: &mut dyn Approver,
+) -> EffectResult {
+    let call_cancel = CancelToken::new();
+    let timed_out = AtomicBool::new(false);
+    let mut bypasses = Vec::new();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let deadline = Instant::now() + limits.timeout;
+    let result = std::thread::scope(|scope| {
+        let watchdog_cancel = call_cancel.clone();
+        let timed_out = &timed_out;
+        scope.spawn(move || {
+            loop {
+                let now = Instant::now();
+                if now >= deadline {
+                    timed_out.store(true, Ordering::SeqCst);
+                    watchdog_cancel.cancel();
+                    // Keep waiting for the tool to return.
+                    let _ = done_rx.recv();
+                    return;
+                }
+                match done_rx.recv_timeout((deadline - now).min(Duration::from_millis(10))) {
+                    Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        if outer.is_cancelled() {
+                            watchdog_cancel.cancel();
+                        }
+                    }
+                }
+            }
+        });
+        let invocation_id = request.invocation_id.clone();
+        let mut output = |chunk: &[u8]| {
+            observer(&TurnEvent::ToolOutput {
+                invocation_id: invocation_id.clone(),
+                chunk: String::from_utf8_lossy(chunk).into_owned(),
+            });
+        };
+        let mut approve_bypass = |what: &str| -> bool {
+            let at = now_millis();
+            let verdict = if !approver.is_interactive() {
+                VerdictRecord {
+                    decision: Decision::Deny {
+                        reason: "a sandbox bypass needs a person's approval; none is available".to_owned(),
+                    },
+                    by: "policy:headless".to_owned(),
+                    at,
+                }
+            } else {
+                let ask = ApprovalRequest {
+                    invocation_id: &request.invocation_id,
+                    tool: &request.tool,
+                    risk,
+                    arguments: &request.arguments,
+                    preview: None,
+                    cwd,
+                    bypass: Some(what),
+                };
+                match approver.decide(&ask) {
+                    Ok(v) => VerdictRecord { decision: v.decision, by: v.by, at },
+                    Err(e) => VerdictRecord {
+                        decision: Decision::Deny { reason: e.to_string() },
+                        by: "approver:error".to_owned(),
+                        at,
+                    },
+                }
+            };
+            let approved = !matches!(verdict.decision, Decision::Deny { .. });
+            bypasses.push(BypassRecord { what: what.to_owned(), verdict });
+            approved
+        };
+        let mut ctx =
+            ToolContext { cwd, cancel: &call_cancel, limits, output: &mut output, approve_bypass: &mut approve_bypass };
+        let result = tool.execute(request, &mut ctx);
+        let _ = done_tx.send(());
+        result
+    });
+    EffectResult { result, bypasses, timed_out: timed_out.load(Ordering::SeqCst) }
+}
+
+/// The largest char boundary ≤ `at`.
+fn floor_boundary(s: &str, at: usize) -> usize {
+    if at >= s.len() {
+        return s.len();
+    }
+    let mut i = at;
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Cut the receipt's summary at `cap` bytes with a marker; return the full
+/// output (itself cut at `stored_cap`) to keep outside the prompt.
+pub(crate) fn apply_cap(receipt: &mut ToolReceipt, cap: usize, stored_cap: usize) -> Option<String> {
+    if receipt.output_summary.len() <= cap {
+        return None;
+    }
+    let mut full = std::mem::take(&mut receipt.output_summary);
+    let total = full.len();
+    let cut = floor_boundary(&full, cap);
+    receipt.output_summary = format!(
+        "{}\n[output truncated: {cut} of {total} bytes shown; the full output is kept out of the prompt in this call's toolCompleted entry (fullOutput)]",
+        &full[..cut]
+    );
+    receipt.truncated = true;
+    if total > stored_cap {
+        let keep = floor_boundary(&full, stored_cap);
+        full.truncate(keep);
+        full.push_str(&format!("\n[stored output cut at {keep} of {total} bytes]"));
+    }
+    Some(full)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_marks_truncation_on_a_char_boundary() {
+        let mut receipt = ToolReceipt {
+            exit_code: 0,
+            output_summary: "é".repeat(10),
+            structured_output: None,
+            affected_entities: vec![],
+            duration_ms: 0,
+            tier: Risk::ReadOnly,
+            timestamp: 0,
+            truncated: false,
+        };
+        let full = apply_cap(&mut receipt, 5, 7).unwrap();
+        assert!(receipt.truncated);
+        assert!(receipt.output_summary.starts_with("éé\n[output truncated: 4 of 20 bytes"));
+        assert!(full.starts_with("ééé\n[stored output cut at 6 of 20 bytes]"));
+        let mut small = receipt.clone();
+        small.output_summary = "ok".to_owned();
+        assert!(apply_cap(&mut small, 5, 7).is_none());
+    }
+}

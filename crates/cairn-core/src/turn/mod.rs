@@ -1,0 +1,560 @@
+//! The agent turn: a [`Session`] drives the tole state machine over a
+//! [`Storage`], committing every step of the loop as one line.
+//!
+//! One turn: `run_turn` commits the user message and the provider-call
+//! intent (pc `Planning`); the provider's settled answer is committed with
+//! its usage rows (pc `ToolCall` or `Final`); each tool call then goes
+//! through the effect sandwich — intent (`toolRequested` + `pending`
+//! register), verdict (`toolStarted` or `toolRejected`), effect, settlement
+//! (`toolCompleted`/`toolFailed` + delete `pending` + pc advance) — and the
+//! loop asks the provider again. Every pc move is a CAS on the state's seq
+//! made in the same commit as the entries that justify it, so the log alone
+//! says where a killed turn stood; [`Session::resume`] continues from there.
+//!
+//! Invariants:
+//! - a `pending` key is live exactly while its invocation's pc is
+//!   `AwaitingApproval` or `Executing` (or a cancelled pc that resumes there);
+//! - each invocation gets exactly one settlement entry;
+//! - the in-memory conversation equals a rebuild from the lane's path.
+//!
+//! Layout: [`pc`] (phases and legal moves), `drive` (the loop and the
+//! sandwich), `effect` (running a tool with limits), `conversation` (entries
+//! to messages). This module must not print, spawn or talk HTTP: providers,
+//! tools and approvers are injected through [`TurnEnv`].
+
+mod conversation;
+mod drive;
+mod effect;
+pub mod pc;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use conversation::entry_message;
+pub use pc::{Pc, Phase, TransitionError};
+
+use crate::CancelToken;
+use crate::approval::{AllowRule, AllowRuleError, Allowlist, Approver};
+use crate::events::{MESSAGE, TurnEvent};
+use crate::message::Message;
+use crate::projection::{LifecycleError, ToolState};
+use crate::provider::{Provider, ProviderError};
+use crate::registry::ToolRegistry;
+use crate::storage::{RawJson, Storage, StorageError, Transaction, to_raw};
+
+/// Register namespace of lane heads.
+pub const LANE_NS: &str = "lane";
+/// Register namespace of in-flight operations (the provider-call intent).
+pub const OP_NS: &str = "op";
+/// Register namespace of committed, unsettled tool intents.
+pub const PENDING_NS: &str = "pending";
+/// Register namespace of durable facts (session allow rules: `allow:<rule>`).
+pub const FACT_NS: &str = "fact";
+/// The default lane.
+pub const DEFAULT_LANE: &str = "main";
+
+/// Limits and settings of a session's turns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionConfig {
+    /// Lane new turns run on (default "main").
+    pub lane: String,
+    /// System prompt sent with every provider call.
+    pub system: Option<String>,
+    /// Provider calls per turn before it stops (default 50).
+    pub max_steps: u32,
+    /// Bytes of a tool's output the model sees (default 16 KiB); more is
+    /// cut with a marker and kept out of the prompt.
+    pub output_cap: usize,
+    /// Bytes of the full output kept in the log beyond the cap (default 1 MiB).
+    pub stored_output_cap: usize,
+    /// Wall-clock limit of one tool call (default 120 s).
+    pub tool_timeout: Duration,
+    /// Output token limit passed to the provider.
+    pub max_output_tokens: Option<u32>,
+    /// Working directory for tools (default: the session header's `cwd`).
+    pub cwd: Option<PathBuf>,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            lane: DEFAULT_LANE.to_owned(),
+            system: None,
+            max_steps: 50,
+            output_cap: 16 * 1024,
+            stored_output_cap: 1024 * 1024,
+            tool_timeout: Duration::from_secs(120),
+            max_output_tokens: None,
+            cwd: None,
+        }
+    }
+}
+
+/// What a turn needs from its host.
+pub struct TurnEnv<'a> {
+    /// The model.
+    pub provider: &'a dyn Provider,
+    /// The tools offered.
+    pub tools: &'a ToolRegistry,
+    /// Who approves Write and Destructive calls.
+    pub approver: &'a mut dyn Approver,
+    /// Receives every [`TurnEvent`].
+    pub observer: &'a mut dyn FnMut(&TurnEvent),
+    /// Cancellation, checked at every checkpoint.
+    pub cancel: &'a CancelToken,
+}
+
+impl std::fmt::Debug for TurnEnv<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TurnEnv")
+            .field("provider", &self.provider.name())
+            .field("tools", self.tools)
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum TurnStop {
+    /// The model gave a final answer.
+    Answered,
+    /// The step limit was reached.
+    StepLimit,
+    /// Cancelled through the token (durably; `resume` continues it).
+    Cancelled,
+}
+
+/// The result of a turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnOutcome {
+    /// The turn's id.
+    pub turn_id: String,
+    /// How it ended.
+    pub stop: TurnStop,
+    /// The final answer's text (empty unless `Answered`).
+    pub text: String,
+    /// The final answer's entry id.
+    pub entry_id: Option<String>,
+    /// Provider calls made.
+    pub steps: u32,
+}
+
+/// Errors of the turn. Tool failures, rejections and denials are not
+/// errors: they are settled in the log and the model replans.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TurnError {
+    /// The session store failed (the turn stopped; the log is consistent).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A turn is in progress; resume it before starting another.
+    #[error("a turn is in progress (phase {0:?}); resume it first (`cairn resume`)")]
+    NeedsResume(Phase),
+    /// The state machine refused a move.
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    /// The provider call failed after its retries; the turn stays resumable.
+    #[error("provider call failed: {0}; the turn is saved — resume it to ask again")]
+    Provider(ProviderError),
+    /// The log's turn data is not what cairn writes.
+    #[error("session log is inconsistent: {0}")]
+    Corrupt(String),
+    /// The tool registry refused a tool.
+    #[error("{0}")]
+    Registry(String),
+    /// No lane of that name.
+    #[error("no lane named {0:?}; list lanes with `cairn show`")]
+    NoSuchLane(String),
+    /// The lane already exists.
+    #[error("a lane named {0:?} already exists; pick another name")]
+    LaneExists(String),
+    /// No entry of that id.
+    #[error("no entry with id {0:?}")]
+    NoSuchEntry(String),
+    /// A stored allow rule does not parse.
+    #[error(transparent)]
+    AllowRule(#[from] AllowRuleError),
+}
+
+impl From<LifecycleError> for TurnError {
+    fn from(e: LifecycleError) -> Self {
+        TurnError::Corrupt(e.to_string())
+    }
+}
+
+/// The value of a `pending` register.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PendingValue {
+    /// The `toolRequested` entry.
+    pub(crate) request_entry: String,
+    /// The turn.
+    pub(crate) turn_id: String,
+}
+
+/// A transaction under construction: assigns entry ids from the seqs the
+/// records will get and chains entries on the lane.
+pub(crate) struct TxBuilder {
+    tx: Transaction,
+    next_seq: u64,
+    head: Option<String>,
+    lane: String,
+    lane_moved: bool,
+    new_messages: Vec<Message>,
+}
+
+impl TxBuilder {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tx.is_empty()
+    }
+
+    pub(crate) fn next_id(&self, prefix: &str) -> String {
+        format!("{prefix}{}", self.next_seq)
+    }
+
+    /// Append an entry on the lane; returns its id.
+    pub(crate) fn entry<T: Serialize>(&mut self, entry_type: &str, payload: &T) -> Result<String, TurnError> {
+        let id = self.next_id("e");
+        let raw = to_raw(payload)?;
+        let tx = std::mem::take(&mut self.tx);
+        if let Some(message) = conversation::message_of(entry_type, &raw) {
+            self.new_messages.push(message);
+        }
+        self.tx = tx.entry(id.clone(), self.head.as_deref(), entry_type, raw);
+        self.next_seq += 1;
+        self.head = Some(id.clone());
+        self.lane_moved = true;
+        Ok(id)
+    }
+
+    pub(crate) fn set<T: Serialize>(&mut self, namespace: &str, key: &str, value: &T) -> Result<(), TurnError> {
+        let raw = to_raw(value)?;
+        self.tx = std::mem::take(&mut self.tx).set(namespace, key, raw);
+        self.next_seq += 1;
+        Ok(())
+    }
+
+    pub(crate) fn delete(&mut self, namespace: &str, key: &str) {
+        self.tx = std::mem::take(&mut self.tx).delete(namespace, key);
+        self.next_seq += 1;
+    }
+
+    pub(crate) fn usage<T: Serialize>(&mut self, entry_id: Option<&str>, usage: &T) -> Result<(), TurnError> {
+        let id = self.next_id("u");
+        let raw = to_raw(usage)?;
+        self.tx = std::mem::take(&mut self.tx).usage(id, entry_id, raw);
+        self.next_seq += 1;
+        Ok(())
+    }
+}
+
+/// A session: the store plus the turn's view of it.
+pub struct Session<S: Storage> {
+    store: S,
+    config: SessionConfig,
+    pc: Pc,
+    state_seq: u64,
+    lane: String,
+    head: Option<String>,
+    messages: Vec<Message>,
+    session_allow: Allowlist,
+    cwd: PathBuf,
+    /// The invocation whose `toolStarted` this process committed (so its
+    /// effect has not run yet); any other `Executing` pc is a resume.
+    started_here: Option<String>,
+}
+
+impl<S: Storage> std::fmt::Debug for Session<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.store.header().id)
+            .field("pc", &self.pc)
+            .field("lane", &self.lane)
+            .field("head", &self.head)
+            .finish_non_exhaustive()
+    }
+}
+
+fn parse_register<T: for<'a> Deserialize<'a>>(raw: &RawJson, what: &str) -> Result<T, TurnError> {
+    raw.parse().map_err(|e| TurnError::Corrupt(format!("{what}: {e}")))
+}
+
+impl<S: Storage> Session<S> {
+    /// Open a session over `store`: read the pc, re-check the tool
+    /// lifecycle and the pending registers against it, and rebuild the
+    /// conversation of the lane.
+    pub fn open(store: S, config: SessionConfig) -> Result<Self, TurnError> {
+        let (pc, state_seq) = match store.state() {
+            None => (Pc::idle(&config.lane), 0),
+            Some(state) => {
+                (Pc::decode(&state.pc).map_err(|e| TurnError::Corrupt(format!("state pc: {e}")))?, state.seq)
+            }
+        };
+        let entries = store.entries();
+        let tools = ToolState::replay_strict(&entries)?;
+        drop(entries);
+        check_pending(&store, &pc, &tools)?;
+        let lane = if pc.in_progress() { pc.lane.clone() } else { config.lane.clone() };
+        let head = match store.register(LANE_NS, &lane) {
+            Some(raw) => Some(parse_register::<String>(&raw, "lane register")?),
+            None if lane == DEFAULT_LANE => None,
+            None => return Err(TurnError::NoSuchLane(lane)),
+        };
+        let messages = conversation::rebuild(&store, head.as_deref())?;
+        let mut session_allow = Allowlist::new();
+        for (key, _) in store.registers(FACT_NS) {
+            if let Some(rule) = key.strip_prefix("allow:") {
+                session_allow.push(AllowRule::parse(rule)?);
+            }
+        }
+        let cwd = config.cwd.clone().unwrap_or_else(|| PathBuf::from(&store.header().cwd));
+        Ok(Self { store, config, pc, state_seq, lane, head, messages, session_allow, cwd, started_here: None })
+    }
+
+    /// Whether a turn was interrupted (crash, provider failure) or cancelled
+    /// and can be continued with [`Session::resume`].
+    pub fn needs_resume(&self) -> bool {
+        self.pc.in_progress()
+    }
+
+    /// The program counter.
+    pub fn pc(&self) -> &Pc {
+        &self.pc
+    }
+
+    /// The current lane.
+    pub fn lane(&self) -> &str {
+        &self.lane
+    }
+
+    /// The head entry of the current lane.
+    pub fn head(&self) -> Option<&str> {
+        self.head.as_deref()
+    }
+
+    /// The conversation of the current lane, as providers see it.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// The conversation of any lane, rebuilt from the log.
+    pub fn conversation(&self, lane: &str) -> Result<Vec<Message>, TurnError> {
+        let head = self.lane_head(lane)?;
+        conversation::rebuild(&self.store, head.as_deref())
+    }
+
+    /// Every lane and its head entry, sorted by name.
+    pub fn lanes(&self) -> Vec<(String, String)> {
+        self.store
+            .registers(LANE_NS)
+            .into_iter()
+            .filter_map(|(k, v)| v.parse::<String>().ok().map(|head| (k, head)))
+            .collect()
+    }
+
+    /// What happened to every tool invocation, from the log alone.
+    pub fn tool_state(&self) -> ToolState {
+        ToolState::replay(&self.store.entries())
+    }
+
+    /// The session's allow rules stored by "approve for this session".
+    pub fn session_allow(&self) -> &Allowlist {
+        &self.session_allow
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Give the store back.
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
+    fn lane_head(&self, lane: &str) -> Result<Option<String>, TurnError> {
+        match self.store.register(LANE_NS, lane) {
+            Some(raw) => Ok(Some(parse_register(&raw, "lane register")?)),
+            None if lane == DEFAULT_LANE => Ok(None),
+            None => Err(TurnError::NoSuchLane(lane.to_owned())),
+        }
+    }
+
+    /// A new lane `lane` whose head is the existing entry `at_entry` (no
+    /// copy). Does not switch to it.
+    pub fn fork(&mut self, lane: &str, at_entry: &str) -> Result<(), TurnError> {
+        if lane.is_empty() || lane.contains(char::is_whitespace) {
+            return Err(TurnError::Corrupt(format!("lane name {lane:?} must be a non-empty word")));
+        }
+        if self.store.register(LANE_NS, lane).is_some() {
+            return Err(TurnError::LaneExists(lane.to_owned()));
+        }
+        if self.store.entry(at_entry).is_none() {
+            return Err(TurnError::NoSuchEntry(at_entry.to_owned()));
+        }
+        self.store.commit(Transaction::new().set(LANE_NS, lane, to_raw(at_entry)?))?;
+        Ok(())
+    }
+
+    /// Make `lane` the one new turns run on.
+    pub fn switch_lane(&mut self, lane: &str) -> Result<(), TurnError> {
+        if self.pc.in_progress() {
+            return Err(TurnError::NeedsResume(self.pc.phase));
+        }
+        let head = self.lane_head(lane)?;
+        self.messages = conversation::rebuild(&self.store, head.as_deref())?;
+        self.head = head;
+        self.lane = lane.to_owned();
+        self.config.lane = lane.to_owned();
+        Ok(())
+    }
+
+    pub(crate) fn tx(&self) -> TxBuilder {
+        TxBuilder {
+            tx: Transaction::new(),
+            next_seq: self.store.last_seq() + 1,
+            head: self.head.clone(),
+            lane: self.lane.clone(),
+            lane_moved: false,
+            new_messages: Vec::new(),
+        }
+    }
+
+    /// Commit `b`, moving the pc to `pc` by CAS on the state's seq.
+    pub(crate) fn commit(&mut self, b: TxBuilder, pc: Option<Pc>) -> Result<(), TurnError> {
+        let mut tx = b.tx;
+        if b.lane_moved
+            && let Some(head) = &b.head
+        {
+            tx = tx.set(LANE_NS, b.lane.clone(), to_raw(head)?);
+        }
+        if let Some(pc) = &pc {
+            tx = tx.state(self.state_seq, to_raw(pc)?);
+        }
+        let committed = self.store.commit(tx)?;
+        if let Some(pc) = pc {
+            self.state_seq = committed.state_seq.unwrap_or(self.state_seq);
+            self.pc = pc;
+        }
+        self.head = b.head;
+        self.messages.extend(b.new_messages);
+        Ok(())
+    }
+
+    /// Start a turn with `user_text` on the current lane and drive it to
+    /// Final (or Cancelled). A cancelled earlier turn is abandoned (its
+    /// unrun calls are settled as rejected); any other unfinished turn must
+    /// be resumed first.
+    pub fn run_turn(&mut self, user_text: &str, env: &mut TurnEnv<'_>) -> Result<TurnOutcome, TurnError> {
+        self.started_here = None;
+        let mut b = self.tx();
+        match self.pc.phase {
+            Phase::Idle | Phase::Final => {}
+            Phase::Cancelled => self.abandon_cancelled(&mut b, env)?,
+            phase => return Err(TurnError::NeedsResume(phase)),
+        }
+        let turn_id = b.next_id("t");
+        let user = Message::text(crate::message::Role::User, user_text);
+        b.entry(MESSAGE, &user)?;
+        b.set(OP_NS, "provider", &serde_json::json!({"turnId": turn_id, "step": 1}))?;
+        let mut pc = self.pc.to(Phase::Planning)?;
+        pc.turn = Some(turn_id.clone());
+        pc.lane = self.lane.clone();
+        pc.step = 1;
+        pc.assistant = None;
+        pc.call = 0;
+        pc.invocation = None;
+        self.commit(b, Some(pc))?;
+        (env.observer)(&TurnEvent::TurnStarted { turn_id, lane: self.lane.clone(), resumed: false });
+        self.drive(env)
+    }
+
+    /// Continue an interrupted or cancelled turn: settle the pending intent
+    /// per its replay policy, re-ask an unsettled provider call, and drive
+    /// the turn to Final. `None` when there is nothing to resume.
+    pub fn resume(&mut self, env: &mut TurnEnv<'_>) -> Result<Option<TurnOutcome>, TurnError> {
+        self.started_here = None;
+        self.settle_orphans(env)?;
+        if !self.pc.in_progress() {
+            return Ok(None);
+        }
+        if self.pc.phase == Phase::Cancelled {
+            let inner = match &self.pc.resume {
+                Some(inner) => (**inner).clone(),
+                None => return Err(TurnError::Corrupt("cancelled pc without a resume point".to_owned())),
+            };
+            let next = self.pc.to(inner.phase)?;
+            let next = Pc { phase: next.phase, resume: None, ..inner };
+            let b = self.tx();
+            self.commit(b, Some(next))?;
+        }
+        let turn_id = self.pc.turn.clone().unwrap_or_default();
+        (env.observer)(&TurnEvent::TurnStarted { turn_id, lane: self.lane.clone(), resumed: true });
+        self.drive(env).map(Some)
+    }
+
+    pub(crate) fn pending_request(&self, invocation: &str) -> Result<crate::events::ToolRequested, TurnError> {
+        let raw = self
+            .store
+            .register(PENDING_NS, invocation)
+            .ok_or_else(|| TurnError::Corrupt(format!("pc names invocation {invocation} but no pending register")))?;
+        let pending: PendingValue = parse_register(&raw, "pending register")?;
+        let entry = self
+            .store
+            .entry(&pending.request_entry)
+            .ok_or_else(|| TurnError::Corrupt(format!("pending {invocation}: no entry {}", pending.request_entry)))?;
+        entry.payload.parse().map_err(|e| TurnError::Corrupt(format!("toolRequested {}: {e}", entry.id)))
+    }
+
+    pub(crate) fn assistant_calls(&self, entry_id: &str) -> Result<Vec<crate::message::ToolCall>, TurnError> {
+        let entry = self.store.entry(entry_id).ok_or_else(|| TurnError::NoSuchEntry(entry_id.to_owned()))?;
+        let message: Message =
+            entry.payload.parse().map_err(|e| TurnError::Corrupt(format!("assistant message {entry_id}: {e}")))?;
+        Ok(message.tool_calls().cloned().collect())
+    }
+
+    pub(crate) fn allow_rule_for(tool: &str, arguments: &Value) -> Option<String> {
+        match arguments.get("command").and_then(Value::as_str) {
+            None => Some(tool.to_owned()),
+            Some(line) => match crate::approval::cmdline::parse(line) {
+                Ok(commands) if commands.len() == 1 => {
+                    let word = commands[0].first()?;
+                    word.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+                        .then(|| format!("{tool}({word} *)"))
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Every live `pending` key must be the invocation the pc is at.
+fn check_pending<S: Storage>(store: &S, pc: &Pc, tools: &ToolState) -> Result<(), TurnError> {
+    let at = match pc.phase {
+        Phase::AwaitingApproval | Phase::Executing => pc.invocation.as_deref(),
+        Phase::Cancelled => pc
+            .resume
+            .as_deref()
+            .filter(|r| matches!(r.phase, Phase::AwaitingApproval | Phase::Executing))
+            .and_then(|r| r.invocation.as_deref()),
+        _ => None,
+    };
+    if let Some(inv) = at {
+        if store.register(PENDING_NS, inv).is_none() {
+            return Err(TurnError::Corrupt(format!("pc is at invocation {inv} but it has no pending register")));
+        }
+        match tools.get(inv) {
+            Some(record) if !record.status.is_settled() => {}
+            Some(_) => return Err(TurnError::Corrupt(format!("pc is at invocation {inv}, which is already settled"))),
+            None => return Err(TurnError::Corrupt(format!("pc is at invocation {inv}, which was never requested"))),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,675 @@
+//! Tier A and adversarial tests of the session store: one conformance suite
+//! written once and run against every backend (MemStore, JsonlStore and,
+//! with `--features sqlite`, SqliteStore), then the JSONL replay rules, the
+//! writer lock, the tail API, compaction and `check_file`.
+
+// Helpers outside #[test] fns unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use cairn_core::storage::{
+    Durability, Header, JsonlStore, MemStore, RawJson, Record, Storage, StorageError, StoreOptions, Tail, Transaction,
+    check_file, new_session_id, to_raw,
+};
+use serde_json::json;
+
+fn raw(v: serde_json::Value) -> RawJson {
+    to_raw(&v).unwrap()
+}
+
+fn fast() -> StoreOptions {
+    StoreOptions::with_durability(Durability::None)
+}
+
+/// Every namespace the tests use (the trait lists registers per namespace).
+const NAMESPACES: &[&str] = &["lane", "op", "pending", "fact", "lane.leaf", "op.state"];
+
+/// The observable state of a store, timestamps left out (each backend
+/// stamps its own commits).
+fn snapshot(s: &impl Storage) -> String {
+    let entries: Vec<_> = s
+        .entries()
+        .into_iter()
+        .map(|e| format!("{}<{:?}#{}:{}={}", e.id, e.parent_id, e.seq, e.entry_type, e.payload.get()))
+        .collect();
+    let registers: Vec<_> = NAMESPACES.iter().map(|ns| (ns, s.registers(ns))).collect();
+    format!(
+        "entries={entries:?}\nregisters={registers:?}\nusage={:?}\nstate={:?}\nlast_seq={}",
+        s.usage(),
+        s.state(),
+        s.last_seq()
+    )
+}
+
+/// A backend under test: makes fresh stores and reopens them from durable
+/// storage.
+trait Backend {
+    type S: Storage;
+    fn fresh(&mut self) -> Self::S;
+    fn reopen(&mut self, store: Self::S) -> Self::S;
+}
+
+struct Mem;
+impl Backend for Mem {
+    type S = MemStore;
+    fn fresh(&mut self) -> MemStore {
+        MemStore::new(Header::new("mem", "/"))
+    }
+    fn reopen(&mut self, store: MemStore) -> MemStore {
+        store
+    }
+}
+
+struct Jsonl(tempfile::TempDir);
+impl Jsonl {
+    fn new() -> Self {
+        Jsonl(tempfile::tempdir().unwrap())
+    }
+}
+impl Backend for Jsonl {
+    type S = JsonlStore;
+    fn fresh(&mut self) -> JsonlStore {
+        JsonlStore::create(self.0.path(), Header::new(new_session_id(), "/"), StoreOptions::default()).unwrap()
+    }
+    fn reopen(&mut self, store: JsonlStore) -> JsonlStore {
+        let path = store.path().to_owned();
+        drop(store);
+        let again = JsonlStore::open(&path, StoreOptions::default()).unwrap();
+        // A read-only replay must see the same state as the writer.
+        assert_eq!(snapshot(&JsonlStore::open_read_only(&path).unwrap()), snapshot(&again));
+        again
+    }
+}
+
+#[cfg(feature = "sqlite")]
+struct Sqlite(tempfile::TempDir);
+#[cfg(feature = "sqlite")]
+impl Backend for Sqlite {
+    type S = cairn_core::storage::SqliteStore;
+    fn fresh(&mut self) -> Self::S {
+        cairn_core::storage::SqliteStore::create(self.0.path(), Header::new(new_session_id(), "/")).unwrap()
+    }
+    fn reopen(&mut self, store: Self::S) -> Self::S {
+        let path = store.path().to_owned();
+        drop(store);
+        cairn_core::storage::SqliteStore::open(&path).unwrap()
+    }
+}
+
+/// The conformance suite: each function checks one part of the logical
+/// model and is run against every backend by `conformance!`.
+mod conformance {
+    use super::*;
+
+    pub(super) fn entry_tree<B: Backend>(mut b: B) {
+        let mut s = b.fresh();
+        assert_eq!(s.last_seq(), 0);
+        let c = s.commit(Transaction::new().entry("a", None, "message", raw(json!({"text": "hi"})))).unwrap();
+        assert_eq!((c.first_seq, c.last_seq, c.state_seq), (1, 1, None));
+        let c = s
+            .commit(Transaction::new().entry("b", Some("a"), "message", raw(json!(1))).entry(
+                "c",
+                Some("b"),
+                "message",
+                raw(json!([1, 2])),
+            ))
+            .unwrap();
+        assert_eq!((c.first_seq, c.last_seq), (2, 3));
+        s.commit(Transaction::new().entry("d", Some("a"), "fork", raw(json!(null)))).unwrap();
+        let ids = |v: Vec<cairn_core::storage::Entry>| v.into_iter().map(|e| e.id).collect::<Vec<_>>();
+        assert_eq!(ids(s.children(Some("a"))), ["b", "d"]);
+        assert_eq!(ids(s.children(None)), ["a"]);
+        assert_eq!(ids(s.path_to("c").unwrap()), ["a", "b", "c"]);
+        assert_eq!(ids(s.path_to("d").unwrap()), ["a", "d"]);
+        assert!(matches!(s.path_to("zz"), Err(StorageError::NoSuchEntry(_))));
+        assert_eq!(s.entry("c").unwrap().payload.get(), "[1,2]");
+        assert_eq!(s.entry("c").unwrap().seq, 3);
+        assert_eq!(s.entry_count(), 4);
+        let before = snapshot(&s);
+        let s = b.reopen(s);
+        assert_eq!(snapshot(&s), before);
+        assert_eq!(ids(s.path_to("c").unwrap()), ["a", "b", "c"]);
+    }
+
+    pub(super) fn entries_are_write_once<B: Backend>(mut b: B) {
+        let mut s = b.fresh();
+        s.commit(Transaction::new().entry("a", None, "m", raw(json!(1)))).unwrap();
+        let err = s.commit(Transaction::new().entry("a", None, "m", raw(json!(2)))).unwrap_err();
+        assert!(err.to_string().contains("duplicate entry id"), "{err}");
+        let err = s
+            .commit(Transaction::new().entry("x", None, "m", raw(json!(1))).entry("x", None, "m", raw(json!(1))))
+            .unwrap_err();
+        assert!(matches!(err, StorageError::Invalid(_)));
+        let err = s.commit(Transaction::new().entry("y", Some("nope"), "m", raw(json!(1)))).unwrap_err();
+        assert!(err.to_string().contains("unknown parent"), "{err}");
+        assert!(s.commit(Transaction::new()).is_err(), "an empty transaction is refused");
+        assert_eq!(s.last_seq(), 1);
+        assert_eq!(s.entry("a").unwrap().payload.get(), "1");
+        let s = b.reopen(s);
+        assert_eq!(s.entry_count(), 1);
+        assert_eq!(s.last_seq(), 1);
+    }
+
+    pub(super) fn transactions_are_atomic<B: Backend>(mut b: B) {
+        let mut s = b.fresh();
+        s.commit(Transaction::new().state(0, raw(json!("idle")))).unwrap();
+        // A valid entry and register followed by a stale CAS: nothing lands.
+        let err = s
+            .commit(
+                Transaction::new()
+                    .entry("a", None, "m", raw(json!(1)))
+                    .set("fact", "k", raw(json!(1)))
+                    .state(0, raw(json!("planning"))),
+            )
+            .unwrap_err();
+        assert!(matches!(err, StorageError::StateConflict { expected: 0, actual: 1 }), "{err}");
+        let err = s
+            .commit(Transaction::new().entry("a", None, "m", raw(json!(1))).set("nonsense", "k", raw(json!(1))))
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown register namespace"), "{err}");
+        assert_eq!(s.entry_count(), 0);
+        assert_eq!(s.register("fact", "k"), None);
+        assert_eq!(s.last_seq(), 1);
+        let s = b.reopen(s);
+        assert_eq!(s.entry_count(), 0);
+        assert_eq!(s.last_seq(), 1);
+    }
+
+    pub(super) fn registers_per_namespace<B: Backend>(mut b: B) {
+        let mut s = b.fresh();
+        s.commit(Transaction::new().entry("e1", None, "m", raw(json!(1))).set("lane", "main", raw(json!("e1"))))
+            .unwrap();
+        // A fork is a new lane pointing at an existing entry.
+        s.commit(Transaction::new().set("lane", "alt", raw(json!("e1")))).unwrap();
+        s.commit(Transaction::new().entry("e2", Some("e1"), "m", raw(json!(2))).set("lane", "main", raw(json!("e2"))))
+            .unwrap();
+        s.commit(Transaction::new().set("op", "op_9", raw(json!({"step": 1}))).set("pending", "t1", raw(json!({}))))
+            .unwrap();
+        s.commit(Transaction::new().delete("pending", "t1").delete("op", "op_9")).unwrap();
+        s.commit(Transaction::new().set("fact", "name", raw(json!("x"))).set("fact", "model", raw(json!(null))))
+            .unwrap();
+        s.commit(Transaction::new().set("lane.leaf", "main", raw(json!("e2")))).unwrap();
+        // Deleting an absent key is legal and changes nothing visible.
+        s.commit(Transaction::new().delete("fact", "absent")).unwrap();
+        let check = |s: &B::S| {
+            assert_eq!(
+                s.registers("lane"),
+                vec![("alt".to_owned(), raw(json!("e1"))), ("main".to_owned(), raw(json!("e2")))]
+            );
+            assert!(s.registers("pending").is_empty());
+            assert!(s.registers("op").is_empty());
+            assert_eq!(s.register("fact", "model"), Some(raw(json!(null))));
+            assert_eq!(s.register("fact", "name"), Some(raw(json!("x"))));
+            assert_eq!(s.register("lane.leaf", "main"), Some(raw(json!("e2"))));
+            assert_eq!(s.register("lane", "none"), None);
+            assert_eq!(s.last_seq(), 13);
+        };
+        check(&s);
+        let s = b.reopen(s);
+        check(&s);
+    }
+
+    pub(super) fn state_moves_by_cas<B: Backend>(mut b: B) {
+        let mut s = b.fresh();
+        assert_eq!(s.state(), None);
+        let c = s.commit(Transaction::new().state(0, raw(json!("idle")))).unwrap();
+        assert_eq!(c.state_seq, Some(1));
+        let err = s.commit(Transaction::new().state(0, raw(json!("x")))).unwrap_err();
+        assert!(matches!(err, StorageError::StateConflict { expected: 0, actual: 1 }));
+        s.commit(Transaction::new().entry("a", None, "m", raw(json!(1)))).unwrap();
+        // Two moves in one transaction chain: the second expects the first.
+        let c =
+            s.commit(Transaction::new().state(1, raw(json!("planning"))).state(3, raw(json!({"pc": "tool"})))).unwrap();
+        assert_eq!(c.state_seq, Some(4));
+        let s = b.reopen(s);
+        let state = s.state().unwrap();
+        assert_eq!((state.seq, state.pc.get()), (4, r#"{"pc":"tool"}"#));
+    }
+
+    pub(super) fn usage_ledger<B: Backend>(mut b: B) {
+        let mut s = b.fresh();
+        s.commit(Transaction::new().entry("a", None, "m", raw(json!(1))).usage("u1", Some("a"), raw(json!({"in": 3}))))
+            .unwrap();
+        s.commit(Transaction::new().usage("u2", None, raw(json!({"out": 4})))).unwrap();
+        let s = b.reopen(s);
+        let usage = s.usage();
+        assert_eq!(usage.len(), 2);
+        assert_eq!((usage[0].id.as_str(), usage[0].entry_id.as_deref(), usage[0].seq), ("u1", Some("a"), 2));
+        assert_eq!(
+            (usage[1].id.as_str(), usage[1].entry_id.as_deref(), usage[1].usage.get()),
+            ("u2", None, r#"{"out":4}"#)
+        );
+    }
+
+    pub(super) fn payloads_keep_their_text<B: Backend>(mut b: B) {
+        let mut s = b.fresh();
+        let text = "quote \" backslash \\ newline \n tab \t unicode é 🦀 nul \u{0}";
+        let payload = raw(json!({"text": text, "n": 1.5e300, "deep": [[[{"k": null}]]]}));
+        s.commit(Transaction::new().entry("a", None, "m", payload.clone()).set("fact", "t", raw(json!(text)))).unwrap();
+        let s = b.reopen(s);
+        assert_eq!(s.entry("a").unwrap().payload, payload);
+        assert_eq!(s.register("fact", "t").unwrap().parse::<String>().unwrap(), text);
+    }
+}
+
+macro_rules! conformance {
+    ($name:ident, $backend:expr) => {
+        mod $name {
+            use super::*;
+            #[test]
+            fn entry_tree() {
+                conformance::entry_tree($backend)
+            }
+            #[test]
+            fn entries_are_write_once() {
+                conformance::entries_are_write_once($backend)
+            }
+            #[test]
+            fn transactions_are_atomic() {
+                conformance::transactions_are_atomic($backend)
+            }
+            #[test]
+            fn registers_per_namespace() {
+                conformance::registers_per_namespace($backend)
+            }
+            #[test]
+            fn state_moves_by_cas() {
+                conformance::state_moves_by_cas($backend)
+            }
+            #[test]
+            fn usage_ledger() {
+                conformance::usage_ledger($backend)
+            }
+            #[test]
+            fn payloads_keep_their_text() {
+                conformance::payloads_keep_their_text($backend)
+            }
+        }
+    };
+}
+
+conformance!(mem, Mem);
+conformance!(jsonl, Jsonl::new());
+#[cfg(feature = "sqlite")]
+conformance!(sqlite, Sqlite(tempfile::tempdir().unwrap()));
+
+// ---------------------------------------------------------------------------
+// JSONL replay rules.
+
+fn new_store(dir: &Path) -> JsonlStore {
+    JsonlStore::create(dir, Header::new(new_session_id(), "/work"), fast()).unwrap()
+}
+
+fn append(path: &Path, bytes: &[u8]) {
+    std::fs::OpenOptions::new().append(true).open(path).unwrap().write_all(bytes).unwrap();
+}
+
+/// A session with three commits; returns its path.
+fn three_commits(dir: &Path) -> PathBuf {
+    let mut s = new_store(dir);
+    s.commit(Transaction::new().entry("a", None, "m", raw(json!(1)))).unwrap();
+    s.commit(Transaction::new().entry("b", Some("a"), "m", raw(json!(2))).set("lane", "main", raw(json!("b"))))
+        .unwrap();
+    s.commit(Transaction::new().state(0, raw(json!("idle")))).unwrap();
+    s.path().to_owned()
+}
+
+#[test]
+fn file_layout_is_the_seed_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4);
+    let header: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(header["v"], 1);
+    assert_eq!(header["kind"], "header");
+    assert_eq!(header["storageVersion"], 1);
+    assert_eq!(header["cwd"], "/work");
+    assert!(header["createdAt"].is_i64());
+    assert_eq!(path.file_name().unwrap().to_str().unwrap(), format!("{}.jsonl", header["id"].as_str().unwrap()));
+    let one: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(one["kind"], "entry");
+    assert_eq!(one["parentId"], serde_json::Value::Null);
+    assert_eq!(one["type"], "m");
+    let two: serde_json::Value = serde_json::from_str(lines[2]).unwrap();
+    assert_eq!(two[0]["parentId"], "a");
+    assert_eq!(two[1]["kind"], "register");
+    assert_eq!(two[1]["op"], "set");
+    assert_eq!(two[1]["namespace"], "lane");
+    assert_eq!(two[1]["seq"], 3);
+    let three: serde_json::Value = serde_json::from_str(lines[3]).unwrap();
+    assert_eq!(three, json!({"kind": "state", "seq": 4, "pc": "idle"}));
+    assert!(text.ends_with('\n'));
+}
+
+#[test]
+fn torn_final_line_is_discarded_and_cut_before_the_next_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    let good = std::fs::read(&path).unwrap();
+    let expected = snapshot(&JsonlStore::open_read_only(&path).unwrap());
+    append(&path, br#"[{"kind":"entry","seq":5,"id":"c","parentId":"b","timestamp":1,"type":"m","payload":{"#);
+    // Read-only: skipped, reported, file untouched.
+    let ro = JsonlStore::open_read_only(&path).unwrap();
+    assert_eq!(snapshot(&ro), expected);
+    assert!(ro.torn_tail_bytes() > 0);
+    let report = check_file(&path);
+    assert!(report.ok && report.torn_tail, "{report:?}");
+    assert_ne!(std::fs::read(&path).unwrap(), good, "read-only open must not modify the file");
+    // Writable: cut off, and the next commit starts on a fresh line.
+    let mut s = JsonlStore::open(&path, fast()).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), good);
+    s.commit(Transaction::new().entry("c", Some("b"), "m", raw(json!(3)))).unwrap();
+    drop(s);
+    let s = JsonlStore::open_read_only(&path).unwrap();
+    assert_eq!(s.torn_tail_bytes(), 0);
+    assert_eq!(s.entry("c").unwrap().seq, 5);
+}
+
+#[test]
+fn final_line_with_newline_but_not_json_is_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    append(&path, b"\0\0\0\0\n");
+    let s = JsonlStore::open_read_only(&path).unwrap();
+    assert_eq!(s.last_seq(), 4);
+    assert_eq!(s.torn_tail_bytes(), 5);
+}
+
+#[test]
+fn invalid_middle_line_is_an_error_with_line_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    let text = std::fs::read(&path).unwrap();
+    let header_len = text.iter().position(|&b| b == b'\n').unwrap() + 1;
+    let mut broken = text[..header_len].to_vec();
+    broken.extend_from_slice(b"{garbage\n");
+    broken.extend_from_slice(&text[header_len..]);
+    std::fs::write(&path, &broken).unwrap();
+    for result in [JsonlStore::open_read_only(&path).map(|_| ()), JsonlStore::open(&path, fast()).map(|_| ())] {
+        match result {
+            Err(StorageError::Corrupt { line, offset, .. }) => {
+                assert_eq!(line, 2);
+                assert_eq!(offset, header_len as u64);
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), broken, "a failed open must not change the file");
+    let report = check_file(&path);
+    assert!(!report.ok);
+    assert!(report.error.as_deref().unwrap().contains("line 2"), "{report:?}");
+}
+
+#[test]
+fn non_utf8_middle_line_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    let mut text = std::fs::read(&path).unwrap();
+    text.extend_from_slice(b"\xff\xfe\xfd\n");
+    text.extend_from_slice(br#"{"kind":"usage","seq":9,"id":"u","usage":{}}"#);
+    text.push(b'\n');
+    std::fs::write(&path, &text).unwrap();
+    let err = JsonlStore::open_read_only(&path).unwrap_err();
+    assert!(matches!(err, StorageError::Corrupt { line: 5, .. }), "{err}");
+}
+
+#[test]
+fn valid_json_that_breaks_an_invariant_is_an_error_even_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    // seq 4 again: a seq collision (two writers that both appended).
+    append(&path, br#"{"kind":"usage","seq":4,"id":"u","usage":{}}"#);
+    append(&path, b"\n");
+    let err = JsonlStore::open_read_only(&path).unwrap_err();
+    assert!(err.to_string().contains("seq 4 is not greater"), "{err}");
+    assert!(matches!(err, StorageError::Corrupt { line: 5, .. }));
+}
+
+#[test]
+fn duplicate_entry_id_in_the_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    append(&path, br#"{"kind":"entry","seq":9,"id":"a","parentId":null,"timestamp":1,"type":"m","payload":2}"#);
+    append(&path, b"\n");
+    let err = JsonlStore::open(&path, fast()).unwrap_err();
+    assert!(err.to_string().contains("duplicate entry id \"a\""), "{err}");
+}
+
+#[test]
+fn seq_gaps_are_legal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    append(&path, br#"{"kind":"usage","seq":100,"id":"u","usage":{}}"#);
+    append(&path, b"\n");
+    let mut s = JsonlStore::open(&path, fast()).unwrap();
+    assert_eq!(s.last_seq(), 100);
+    let c = s.commit(Transaction::new().usage("u2", None, raw(json!(1)))).unwrap();
+    assert_eq!(c.first_seq, 101);
+}
+
+#[test]
+fn newer_storage_version_is_refused_naming_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.jsonl");
+    std::fs::write(
+        &path,
+        "{\"v\":1,\"kind\":\"header\",\"id\":\"s\",\"storageVersion\":7,\"createdAt\":0,\"cwd\":\"/\"}\n",
+    )
+    .unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let err = JsonlStore::open(&path, fast()).unwrap_err();
+    assert!(matches!(err, StorageError::NewerVersion { found: 7, supported: 1, .. }));
+    let msg = err.to_string();
+    assert!(msg.contains("storage version 7") && msg.contains("version 1"), "{msg}");
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    assert!(!check_file(&path).ok);
+}
+
+#[test]
+fn empty_file_and_missing_header_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let err = JsonlStore::open_read_only(&empty).unwrap_err();
+    assert!(matches!(err, StorageError::BadHeader { .. }) && err.to_string().contains("empty"), "{err}");
+    let headless = dir.path().join("headless.jsonl");
+    std::fs::write(&headless, "{\"kind\":\"usage\",\"seq\":1,\"id\":\"u\",\"usage\":{}}\n").unwrap();
+    let err = JsonlStore::open(&headless, fast()).unwrap_err();
+    assert!(matches!(err, StorageError::BadHeader { .. }), "{err}");
+    let torn_header = dir.path().join("torn.jsonl");
+    std::fs::write(&torn_header, "{\"v\":1,\"kind\":\"hea").unwrap();
+    assert!(matches!(JsonlStore::open_read_only(&torn_header), Err(StorageError::BadHeader { .. })));
+    let report = check_file(&headless);
+    assert!(!report.ok && report.error.is_some());
+}
+
+#[test]
+fn create_refuses_an_existing_session_and_bad_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = Header::new("same", "/");
+    let s = JsonlStore::create(dir.path(), header.clone(), fast()).unwrap();
+    drop(s);
+    let err = JsonlStore::create(dir.path(), header, fast()).unwrap_err();
+    assert!(matches!(err, StorageError::Exists { .. }), "{err}");
+    for bad in ["", "../x", "a/b", ".hidden"] {
+        assert!(JsonlStore::create(dir.path(), Header::new(bad, "/"), fast()).is_err(), "{bad:?}");
+    }
+    // No temp files left behind.
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(names.iter().all(|n| !n.to_string_lossy().ends_with(".new")), "{names:?}");
+}
+
+#[test]
+fn session_ids_are_time_ordered_and_unique() {
+    let ids: Vec<String> = (0..100).map(|_| new_session_id()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 100);
+    assert_eq!(ids[0].len(), 36);
+    assert!(ids[0] <= ids[99]);
+}
+
+#[test]
+fn one_writer_per_session_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = new_store(dir.path());
+    let path = a.path().to_owned();
+    let err = JsonlStore::open(&path, fast()).unwrap_err();
+    match &err {
+        StorageError::Busy { pid, .. } => assert_eq!(*pid, Some(std::process::id())),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    assert!(err.to_string().contains("session is busy"), "{err}");
+    // Readers are welcome while the writer writes.
+    let mut reader = JsonlStore::open_read_only(&path).unwrap();
+    a.commit(Transaction::new().entry("x", None, "m", raw(json!(1)))).unwrap();
+    assert!(matches!(
+        reader.commit(Transaction::new().usage("u", None, raw(json!(1)))),
+        Err(StorageError::ReadOnly { .. })
+    ));
+    drop(a);
+    let b = JsonlStore::open(&path, fast()).unwrap();
+    assert_eq!(b.entry_count(), 1);
+}
+
+#[test]
+fn tail_returns_complete_lines_only_and_survives_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    let mut tail = Tail::open(&path).unwrap();
+    let first = tail.poll().unwrap();
+    assert_eq!(first.iter().map(Record::seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert!(tail.poll().unwrap().is_empty());
+    // A half-written line is not returned until its newline arrives.
+    let line = br#"{"kind":"usage","seq":5,"id":"u","usage":{"n":1}}"#;
+    append(&path, &line[..20]);
+    assert!(tail.poll().unwrap().is_empty());
+    append(&path, &line[20..]);
+    assert!(tail.poll().unwrap().is_empty());
+    append(&path, b"\n");
+    let got = tail.poll().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(cairn_core::storage::format_record(&got[0]), std::str::from_utf8(line).unwrap());
+    // Compaction renames a new file over the path: nothing is returned twice.
+    let mut s = JsonlStore::open(&path, fast()).unwrap();
+    for i in 0..5 {
+        s.commit(Transaction::new().set("fact", "k", raw(json!(i)))).unwrap();
+    }
+    s.compact().unwrap();
+    s.commit(Transaction::new().entry("after", None, "m", raw(json!(0)))).unwrap();
+    let got: Vec<u64> = tail.poll().unwrap().iter().map(Record::seq).collect();
+    assert_eq!(got, [10, 11], "only the live register write after seq 5 and the new entry");
+}
+
+#[test]
+fn compaction_keeps_entries_and_live_state_and_drops_dead_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    let mut s = JsonlStore::open(&path, fast()).unwrap();
+    for i in 0..50 {
+        s.commit(
+            Transaction::new()
+                .set("fact", "counter", raw(json!(i)))
+                .set("op", format!("op{i}"), raw(json!({"i": i})))
+                .state(s.state().unwrap().seq, raw(json!({"i": i}))),
+        )
+        .unwrap();
+        s.commit(Transaction::new().delete("op", format!("op{i}"))).unwrap();
+    }
+    s.commit(Transaction::new().delete("fact", "gone")).unwrap();
+    let before = snapshot(&s);
+    let ratio = s.dead_bytes_ratio();
+    assert!(ratio > 0.5, "{ratio}");
+    let len = std::fs::metadata(&path).unwrap().len();
+    s.compact().unwrap();
+    assert!(std::fs::metadata(&path).unwrap().len() < len / 3);
+    assert!(s.dead_bytes_ratio() < 0.2, "{}", s.dead_bytes_ratio());
+    assert_eq!(snapshot(&s), before);
+    // Still writable after the rename, and the last seq survived.
+    let c = s.commit(Transaction::new().entry("c", Some("b"), "m", raw(json!(3)))).unwrap();
+    assert_eq!(c.first_seq, 206);
+    let after = snapshot(&s);
+    drop(s);
+    let s = JsonlStore::open(&path, fast()).unwrap();
+    assert_eq!(snapshot(&s), after);
+    assert!(!dir.path().read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".compact")));
+}
+
+#[test]
+fn automatic_compaction_past_the_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions { compact_ratio: Some(0.5), compact_min_bytes: 4096, ..fast() };
+    let mut s = JsonlStore::create(dir.path(), Header::new("auto", "/"), opts).unwrap();
+    s.commit(Transaction::new().entry("a", None, "m", raw(json!("x".repeat(100))))).unwrap();
+    for i in 0..400 {
+        s.commit(Transaction::new().set("fact", "k", raw(json!({"i": i, "pad": "y".repeat(50)})))).unwrap();
+        assert!(s.dead_bytes_ratio() <= 0.5 + 1e-9 || s.len_bytes() < 4096);
+    }
+    assert!(std::fs::metadata(s.path()).unwrap().len() < 20_000);
+    let expected = snapshot(&s);
+    let path = s.path().to_owned();
+    drop(s);
+    assert_eq!(snapshot(&JsonlStore::open_read_only(&path).unwrap()), expected);
+}
+
+#[test]
+fn check_report_json_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = three_commits(dir.path());
+    let report = check_file(&path);
+    let value = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        value,
+        json!({"ok": true, "entries": 2, "registers": 1, "usage": 0, "lastSeq": 4, "tornTail": false,
+               "deadBytesRatio": 0.0, "error": null})
+    );
+    assert!(report.to_string().starts_with("ok: 2 entries"));
+}
+
+#[test]
+fn durability_policies_all_commit_and_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, durability) in [
+        Durability::EveryCommit,
+        Durability::Grouped { max_commits: 3, max_delay: std::time::Duration::from_secs(60) },
+        Durability::None,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut s = JsonlStore::create(
+            dir.path(),
+            Header::new(format!("d{i}"), "/"),
+            StoreOptions::with_durability(durability),
+        )
+        .unwrap();
+        for j in 0..7 {
+            s.commit(Transaction::new().usage(format!("u{j}"), None, raw(json!(j)))).unwrap();
+        }
+        s.sync().unwrap();
+        let path = s.path().to_owned();
+        drop(s);
+        assert_eq!(JsonlStore::open_read_only(&path).unwrap().usage().len(), 7);
+    }
+}
+
+#[test]
+fn a_100_mb_register_value_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = new_store(dir.path());
+    let big = "z".repeat(100 << 20);
+    s.commit(Transaction::new().set("fact", "big", raw(json!(big)))).unwrap();
+    s.commit(Transaction::new().set("fact", "small", raw(json!(1)))).unwrap();
+    let path = s.path().to_owned();
+    drop(s);
+    let s = JsonlStore::open(&path, fast()).unwrap();
+    let value = s.register("fact", "big").unwrap();
+    assert_eq!(value.get().len(), big.len() + 2);
+    assert!(value.get()[1..].starts_with("zzzz"));
+    assert_eq!(s.register("fact", "small"), Some(raw(json!(1))));
+}
