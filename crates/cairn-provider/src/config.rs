@@ -1,0 +1,449 @@
+//! Provider configuration: the built-in names users type, `[providers.NAME]`
+//! tables of cairn's config file, and [`build`], which turns a config into a
+//! ready [`Provider`].
+//!
+//! This module owns name resolution, defaults and the ecosystem's
+//! environment conventions (`OPENAI_API_KEY` / `OPENAI_BASE_URL`,
+//! `ANTHROPIC_API_KEY` / `ANTHROPIC_BASE_URL`). It reads the environment only
+//! through the `env` function the host passes in, never `std::env`, so hosts
+//! and tests control it. It must not parse cairn's whole config file (the CLI
+//! does) and must never put a key's value into an error.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cairn_core::provider::Provider;
+use serde::Deserialize;
+
+use crate::http::HttpProvider;
+use crate::retry::RetryPolicy;
+use crate::scripted::ScriptedProvider;
+
+/// The wire API a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum ProviderKind {
+    /// OpenAI Chat Completions (also Ollama, llama.cpp, vLLM, LM Studio).
+    #[serde(rename = "openai-chat", alias = "openai", alias = "chat-completions")]
+    OpenAiChat,
+    /// OpenAI Responses.
+    #[serde(rename = "openai-responses", alias = "responses")]
+    OpenAiResponses,
+    /// Anthropic Messages.
+    Anthropic,
+    /// Replays a JSONL script (tests, demos).
+    Scripted,
+    /// The embedded local model, built by the host (`cairn-local`).
+    Local,
+}
+
+impl ProviderKind {
+    /// The tag stored in `Reasoning { provider }` parts this kind produces,
+    /// and the one whose opaque reasoning it accepts back.
+    pub fn reasoning_tag(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAiChat => "openai-chat",
+            ProviderKind::OpenAiResponses => "openai-responses",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Scripted => "scripted",
+            ProviderKind::Local => "local",
+        }
+    }
+}
+
+/// Timeouts of one HTTP attempt. Each one that fires ends the attempt with
+/// a `Timeout` error, which is retried like a connection error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeouts {
+    /// TCP (and TLS) connection setup.
+    pub connect: Duration,
+    /// From the request being sent to the response headers.
+    pub first_byte: Duration,
+    /// Longest silence between two pieces of a streamed body.
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self { connect: Duration::from_secs(10), first_byte: Duration::from_secs(120), idle: Duration::from_secs(90) }
+    }
+}
+
+/// A resolved provider configuration.
+///
+/// Built from a built-in name ([`ProviderConfig::builtin`]) or a
+/// `[providers.NAME]` table ([`ProviderConfig::from_toml`]); fields are public
+/// so hosts and tests may adjust them before [`build`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderConfig {
+    /// The name users type (`openai`, `anthropic`, or a config table name).
+    pub name: String,
+    /// The wire API.
+    pub kind: ProviderKind,
+    /// Base URL; `None` uses the kind's environment variable, then the
+    /// public endpoint. Chat Completions and Responses append
+    /// `/chat/completions` and `/responses`; Anthropic appends `/v1/messages`.
+    pub base_url: Option<String>,
+    /// Model name; `None` uses the kind's default.
+    pub model: Option<String>,
+    /// Name of the environment variable holding the key (never the key).
+    pub api_key_env: Option<String>,
+    /// Retry policy (attempt limit, backoff).
+    pub retry: RetryPolicy,
+    /// Per-attempt timeouts.
+    pub timeouts: Timeouts,
+    /// Script file for the scripted provider.
+    pub script: Option<PathBuf>,
+    /// Output token bound sent when the request has none (Anthropic requires
+    /// one).
+    pub default_max_output_tokens: u32,
+    /// The largest single server-sent event accepted, in bytes.
+    pub max_event_bytes: usize,
+    /// How often a blocked call checks the cancel token.
+    pub cancel_poll: Duration,
+}
+
+/// The names users can type without any config file.
+pub const BUILTIN_NAMES: &[&str] = &["openai", "openai-responses", "anthropic", "scripted", "local"];
+
+const DEFAULT_OPENAI_BASE: &str = "https://api.openai.com/v1";
+const DEFAULT_ANTHROPIC_BASE: &str = "https://api.anthropic.com";
+
+impl ProviderConfig {
+    /// A config of `kind` under `name` with every default.
+    pub fn new(name: impl Into<String>, kind: ProviderKind) -> Self {
+        Self {
+            name: name.into(),
+            kind,
+            base_url: None,
+            model: None,
+            api_key_env: None,
+            retry: RetryPolicy::default(),
+            timeouts: Timeouts::default(),
+            script: None,
+            default_max_output_tokens: 8192,
+            max_event_bytes: 16 << 20,
+            cancel_poll: Duration::from_millis(20),
+        }
+    }
+
+    /// The built-in provider called `name`, if there is one.
+    pub fn builtin(name: &str) -> Option<Self> {
+        let kind = match name {
+            "openai" => ProviderKind::OpenAiChat,
+            "openai-responses" => ProviderKind::OpenAiResponses,
+            "anthropic" => ProviderKind::Anthropic,
+            "scripted" => ProviderKind::Scripted,
+            "local" => ProviderKind::Local,
+            _ => return None,
+        };
+        Some(Self::new(name, kind))
+    }
+
+    /// Resolve `name`: a `[providers.NAME]` table from the config file when
+    /// the host has one (`table`), else the built-in of that name.
+    pub fn resolve(name: &str, table: Option<&toml::Value>) -> Result<Self, ConfigError> {
+        match table {
+            Some(table) => Self::from_toml(name, table),
+            None => Self::builtin(name).ok_or_else(|| ConfigError::UnknownProvider { name: name.to_owned() }),
+        }
+    }
+
+    /// Read one `[providers.NAME]` table. Keys: `kind`, `base_url`, `model`,
+    /// `api_key_env`, `script`, `max_attempts`, `connect_timeout_ms`,
+    /// `first_byte_timeout_ms`, `idle_timeout_ms`, `initial_backoff_ms`,
+    /// `max_backoff_ms`, `max_output_tokens`. `kind` may be left out when
+    /// NAME is a built-in name (the table then adjusts the built-in).
+    pub fn from_toml(name: &str, table: &toml::Value) -> Result<Self, ConfigError> {
+        let raw: RawTable = table
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid { name: name.to_owned(), reason: e.message().to_owned() })?;
+        let mut config = match (raw.kind, Self::builtin(name)) {
+            (Some(kind), _) => Self::new(name, kind),
+            (None, Some(builtin)) => builtin,
+            (None, None) => {
+                return Err(ConfigError::Invalid {
+                    name: name.to_owned(),
+                    reason: "missing `kind` (one of openai-chat, openai-responses, anthropic, scripted, local)"
+                        .to_owned(),
+                });
+            }
+        };
+        config.base_url = raw.base_url.or(config.base_url);
+        config.model = raw.model.or(config.model);
+        config.api_key_env = raw.api_key_env.or(config.api_key_env);
+        config.script = raw.script.or(config.script);
+        if let Some(n) = raw.max_attempts {
+            if n == 0 {
+                return Err(ConfigError::Invalid {
+                    name: name.to_owned(),
+                    reason: "`max_attempts` must be at least 1".to_owned(),
+                });
+            }
+            config.retry.max_attempts = n;
+        }
+        let ms = Duration::from_millis;
+        if let Some(v) = raw.connect_timeout_ms {
+            config.timeouts.connect = ms(v);
+        }
+        if let Some(v) = raw.first_byte_timeout_ms {
+            config.timeouts.first_byte = ms(v);
+        }
+        if let Some(v) = raw.idle_timeout_ms {
+            config.timeouts.idle = ms(v);
+        }
+        if let Some(v) = raw.initial_backoff_ms {
+            config.retry.initial_backoff = ms(v);
+        }
+        if let Some(v) = raw.max_backoff_ms {
+            config.retry.max_backoff = ms(v);
+        }
+        if let Some(v) = raw.max_output_tokens {
+            config.default_max_output_tokens = v;
+        }
+        Ok(config)
+    }
+
+    /// The base URL this config will call, after the environment fallback.
+    pub fn effective_base_url(&self, env: &dyn Fn(&str) -> Option<String>) -> String {
+        let (var, default) = match self.kind {
+            ProviderKind::Anthropic => ("ANTHROPIC_BASE_URL", DEFAULT_ANTHROPIC_BASE),
+            _ => ("OPENAI_BASE_URL", DEFAULT_OPENAI_BASE),
+        };
+        let url = self.base_url.clone().or_else(|| env(var).filter(|v| !v.trim().is_empty()));
+        url.unwrap_or_else(|| default.to_owned()).trim_end_matches('/').to_owned()
+    }
+
+    /// The environment variable holding the key.
+    pub fn effective_key_env(&self) -> &str {
+        match (&self.api_key_env, self.kind) {
+            (Some(var), _) => var,
+            (None, ProviderKind::Anthropic) => "ANTHROPIC_API_KEY",
+            (None, _) => "OPENAI_API_KEY",
+        }
+    }
+
+    /// The model this config will ask for.
+    pub fn effective_model(&self) -> String {
+        if let Some(model) = &self.model {
+            return model.clone();
+        }
+        match self.kind {
+            ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses => "gpt-5-mini".to_owned(),
+            ProviderKind::Anthropic => "claude-sonnet-4-5".to_owned(),
+            ProviderKind::Scripted => "script".to_owned(),
+            ProviderKind::Local => "local".to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTable {
+    kind: Option<ProviderKind>,
+    base_url: Option<String>,
+    model: Option<String>,
+    api_key_env: Option<String>,
+    script: Option<PathBuf>,
+    max_attempts: Option<u32>,
+    connect_timeout_ms: Option<u64>,
+    first_byte_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    initial_backoff_ms: Option<u64>,
+    max_backoff_ms: Option<u64>,
+    max_output_tokens: Option<u32>,
+}
+
+/// Why a provider could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No built-in and no config table of that name.
+    #[error(
+        "unknown provider `{name}`: use one of openai, openai-responses, anthropic, scripted, local, or add a [providers.{name}] table to the config file"
+    )]
+    UnknownProvider {
+        /// The name asked for.
+        name: String,
+    },
+    /// A config table is malformed.
+    #[error("invalid [providers.{name}] table: {reason}")]
+    Invalid {
+        /// The provider name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The key's environment variable is not set.
+    #[error("provider `{name}` needs an API key: set the environment variable {var}")]
+    MissingKey {
+        /// The provider name.
+        name: String,
+        /// The variable to set.
+        var: String,
+    },
+    /// The scripted provider has no script.
+    #[error("provider `{name}` replays a script: set `script = \"path/to/turns.jsonl\"` in [providers.{name}]")]
+    MissingScript {
+        /// The provider name.
+        name: String,
+    },
+    /// The script file could not be read or has a malformed line.
+    #[error("script {path}: {reason}")]
+    Script {
+        /// The script file.
+        path: PathBuf,
+        /// What is wrong (line number included).
+        reason: String,
+    },
+    /// `local` is built by the host from `cairn-local`, not here.
+    #[error("provider `{name}` is the embedded local model: the host builds it with cairn-local, not cairn-provider")]
+    LocalModel {
+        /// The provider name.
+        name: String,
+    },
+    /// The HTTP client could not be set up.
+    #[error("provider `{name}`: cannot set up the HTTP client: {reason}")]
+    Client {
+        /// The provider name.
+        name: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// Build the provider `config` describes. `env` looks up environment
+/// variables (pass `&|k| std::env::var(k).ok()` in a host).
+///
+/// A key is required when `api_key_env` is set explicitly, or when the base
+/// URL is the public OpenAI / Anthropic endpoint; a local server (Ollama,
+/// llama.cpp) at a custom base URL may run without one. `Local` returns
+/// [`ConfigError::LocalModel`]: the host builds it from `cairn-local`.
+pub fn build(
+    config: &ProviderConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Box<dyn Provider + Send>, ConfigError> {
+    match config.kind {
+        ProviderKind::Local => Err(ConfigError::LocalModel { name: config.name.clone() }),
+        ProviderKind::Scripted => {
+            let path = config
+                .script
+                .clone()
+                .or_else(|| env("CAIRN_SCRIPT").map(PathBuf::from))
+                .ok_or_else(|| ConfigError::MissingScript { name: config.name.clone() })?;
+            Ok(Box::new(ScriptedProvider::from_file(&config.name, &path)?))
+        }
+        ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses | ProviderKind::Anthropic => {
+            let base_url = config.effective_base_url(env);
+            let var = config.effective_key_env();
+            let key = env(var).filter(|k| !k.trim().is_empty()).map(|k| crate::Secret::new(k.trim()));
+            let public = base_url.starts_with(DEFAULT_OPENAI_BASE) || base_url.starts_with(DEFAULT_ANTHROPIC_BASE);
+            if key.is_none() && (config.api_key_env.is_some() || public) {
+                return Err(ConfigError::MissingKey { name: config.name.clone(), var: var.to_owned() });
+            }
+            Ok(Box::new(HttpProvider::new(config, base_url, key)?))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn builtins_and_unknown_names() {
+        for name in BUILTIN_NAMES {
+            assert!(ProviderConfig::builtin(name).is_some(), "{name}");
+        }
+        let err = ProviderConfig::resolve("gpt", None).unwrap_err();
+        assert!(err.to_string().contains("[providers.gpt]"), "{err}");
+    }
+
+    #[test]
+    fn table_for_a_custom_server() {
+        let table: toml::Value = toml::from_str(
+            r#"kind = "openai-chat"
+base_url = "http://127.0.0.1:11434/v1/"
+model = "qwen3:8b"
+max_attempts = 2
+idle_timeout_ms = 1500"#,
+        )
+        .unwrap();
+        let c = ProviderConfig::from_toml("ollama", &table).unwrap();
+        assert_eq!(c.kind, ProviderKind::OpenAiChat);
+        assert_eq!(c.retry.max_attempts, 2);
+        assert_eq!(c.timeouts.idle, Duration::from_millis(1500));
+        assert_eq!(c.effective_base_url(&no_env), "http://127.0.0.1:11434/v1");
+        assert_eq!(c.effective_model(), "qwen3:8b");
+        // No key needed for a local server.
+        let p = build(&c, &no_env).unwrap();
+        assert_eq!(p.name(), "ollama");
+        assert_eq!(p.model(), "qwen3:8b");
+    }
+
+    #[test]
+    fn table_errors_are_clear() {
+        let table: toml::Value = toml::from_str("model = \"m\"").unwrap();
+        let err = ProviderConfig::from_toml("mine", &table).unwrap_err();
+        assert!(err.to_string().contains("missing `kind`"), "{err}");
+        let table: toml::Value = toml::from_str("kind = \"anthropic\"\napi_key = \"sk-x\"").unwrap();
+        let err = ProviderConfig::from_toml("mine", &table).unwrap_err();
+        assert!(err.to_string().contains("api_key"), "{err}");
+        // A builtin name may be adjusted without a kind.
+        let table: toml::Value = toml::from_str("model = \"claude-opus-4-1\"").unwrap();
+        let c = ProviderConfig::from_toml("anthropic", &table).unwrap();
+        assert_eq!(c.kind, ProviderKind::Anthropic);
+    }
+
+    #[test]
+    fn env_conventions() {
+        let env = |k: &str| match k {
+            "OPENAI_BASE_URL" => Some("http://localhost:8080/v1".to_owned()),
+            "ANTHROPIC_API_KEY" => Some("sk-ant-secret-value".to_owned()),
+            _ => None,
+        };
+        let openai = ProviderConfig::builtin("openai").unwrap();
+        assert_eq!(openai.effective_base_url(&env), "http://localhost:8080/v1");
+        assert_eq!(openai.effective_base_url(&no_env), DEFAULT_OPENAI_BASE);
+        let anthropic = ProviderConfig::builtin("anthropic").unwrap();
+        assert_eq!(anthropic.effective_base_url(&env), DEFAULT_ANTHROPIC_BASE);
+        let p = build(&anthropic, &env).unwrap();
+        assert_eq!(p.name(), "anthropic");
+    }
+
+    #[test]
+    fn missing_key_names_the_variable() {
+        let openai = ProviderConfig::builtin("openai").unwrap();
+        let err = build(&openai, &no_env).err().unwrap();
+        assert_eq!(err, ConfigError::MissingKey { name: "openai".into(), var: "OPENAI_API_KEY".into() });
+        assert!(err.to_string().contains("set the environment variable OPENAI_API_KEY"));
+        let mut custom = ProviderConfig::new("corp", ProviderKind::OpenAiResponses);
+        custom.base_url = Some("http://127.0.0.1:9/v1".into());
+        custom.api_key_env = Some("CORP_LLM_KEY".into());
+        let err = build(&custom, &no_env).err().unwrap();
+        assert!(err.to_string().contains("CORP_LLM_KEY"), "{err}");
+    }
+
+    #[test]
+    fn local_and_scripted_need_the_host() {
+        let err = build(&ProviderConfig::builtin("local").unwrap(), &no_env).err().unwrap();
+        assert!(matches!(err, ConfigError::LocalModel { .. }));
+        let err = build(&ProviderConfig::builtin("scripted").unwrap(), &no_env).err().unwrap();
+        assert!(err.to_string().contains("script = "), "{err}");
+    }
+
+    #[test]
+    fn key_value_never_appears_in_debug_output() {
+        let env = |k: &str| (k == "OPENAI_API_KEY").then(|| "sk-live-topsecret-42".to_owned());
+        let p = build(&ProviderConfig::builtin("openai").unwrap(), &env).unwrap();
+        let _ = &p;
+        let c = ProviderConfig::builtin("openai").unwrap();
+        assert!(!format!("{c:?}").contains("topsecret"));
+    }
+}

@@ -1,0 +1,462 @@
+//! [`HttpProvider`]: one adapter type for the three HTTP APIs, with the
+//! attempt loop (retries, backoff, usage rows), timeouts and cancellation.
+//!
+//! This module owns the control flow of a call: build the body once, run
+//! attempts, classify each failure (retryable or not), wait, and settle.
+//! It must not know any API's JSON (see `wire`) and must never let the key
+//! out: headers are built here, and every error text passes through
+//! [`Secret::scrub`] before it leaves.
+
+use std::fmt;
+use std::time::{Duration, Instant, SystemTime};
+
+use cairn_core::CancelToken;
+use cairn_core::provider::{
+    AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, StreamEvent,
+};
+
+use crate::config::{ConfigError, ProviderConfig, ProviderKind};
+use crate::retry::{RetryPolicy, is_retryable_status, parse_retry_after};
+use crate::secret::Secret;
+use crate::sse::{SseError, SseEvent, SseParser};
+use crate::transport::{self, Exchange, FailKind, Head, Limits, Outgoing, Piece};
+use crate::wire::{self, Decoder, Settled, StreamError, Usage};
+
+/// The most of an error body read and shown.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// A provider speaking one of the HTTP APIs.
+pub struct HttpProvider {
+    name: String,
+    model: String,
+    kind: ProviderKind,
+    endpoint: String,
+    key: Option<Secret>,
+    retry: RetryPolicy,
+    limits: Limits,
+    agent: ureq::Agent,
+    default_max_output_tokens: u32,
+    max_event_bytes: usize,
+}
+
+impl fmt::Debug for HttpProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpProvider")
+            .field("name", &self.name)
+            .field("model", &self.model)
+            .field("kind", &self.kind)
+            .field("endpoint", &self.endpoint)
+            .field("key", &self.key)
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How one attempt ended.
+struct Failure {
+    kind: ProviderErrorKind,
+    message: String,
+    retryable: bool,
+    retry_after: Option<Duration>,
+}
+
+impl From<StreamError> for Failure {
+    fn from(e: StreamError) -> Self {
+        Self { kind: e.kind, message: e.message, retryable: e.retryable, retry_after: None }
+    }
+}
+
+impl From<transport::Failure> for Failure {
+    fn from(f: transport::Failure) -> Self {
+        let (kind, retryable) = match f.kind {
+            FailKind::Connection => (ProviderErrorKind::Connection, true),
+            FailKind::Timeout => (ProviderErrorKind::Timeout, true),
+            FailKind::Cancelled => (ProviderErrorKind::Cancelled, false),
+        };
+        Self { kind, message: f.message, retryable, retry_after: None }
+    }
+}
+
+struct Attempt {
+    status: Option<u16>,
+    usage: Usage,
+    result: Result<Settled, Failure>,
+}
+
+impl HttpProvider {
+    /// An adapter for `config` calling `base_url` (already resolved) with
+    /// `key` (if any). Used by [`crate::build`]; public for hosts that
+    /// resolve base URL and key themselves.
+    pub fn new(config: &ProviderConfig, base_url: String, key: Option<Secret>) -> Result<Self, ConfigError> {
+        let base = base_url.trim_end_matches('/');
+        let endpoint = match config.kind {
+            ProviderKind::OpenAiChat => format!("{base}/chat/completions"),
+            ProviderKind::OpenAiResponses => format!("{base}/responses"),
+            ProviderKind::Anthropic => format!("{base}/v1/messages"),
+            ProviderKind::Scripted | ProviderKind::Local => {
+                return Err(ConfigError::Invalid {
+                    name: config.name.clone(),
+                    reason: "not an HTTP provider kind".to_owned(),
+                });
+            }
+        };
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(ConfigError::Invalid {
+                name: config.name.clone(),
+                reason: format!("base URL `{base}` must start with http:// or https://"),
+            });
+        }
+        let loopback = ["http://127.", "http://localhost", "http://[::1]"].iter().any(|p| endpoint.starts_with(p));
+        let limits = Limits {
+            connect: config.timeouts.connect,
+            first_byte: config.timeouts.first_byte,
+            idle: config.timeouts.idle,
+            poll: config.cancel_poll.max(Duration::from_millis(1)),
+        };
+        Ok(Self {
+            name: config.name.clone(),
+            model: config.effective_model(),
+            kind: config.kind,
+            endpoint,
+            key,
+            retry: config.retry.clone(),
+            agent: transport::agent(&limits, loopback),
+            limits,
+            default_max_output_tokens: config.default_max_output_tokens,
+            max_event_bytes: config.max_event_bytes,
+        })
+    }
+
+    /// The URL requests go to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn body(&self, request: &ModelRequest<'_>) -> Vec<u8> {
+        let value = match self.kind {
+            ProviderKind::Anthropic => wire::anthropic::body(&self.model, request, self.default_max_output_tokens),
+            ProviderKind::OpenAiResponses => wire::responses::body(&self.model, request),
+            _ => wire::chat::body(&self.model, request),
+        };
+        value.to_string().into_bytes()
+    }
+
+    fn headers(&self) -> Vec<(String, String)> {
+        let mut h = vec![
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("accept".to_owned(), "text/event-stream".to_owned()),
+        ];
+        match (self.kind, &self.key) {
+            (ProviderKind::Anthropic, key) => {
+                h.push(("anthropic-version".to_owned(), wire::anthropic::VERSION.to_owned()));
+                if let Some(key) = key {
+                    h.push(("x-api-key".to_owned(), key.expose().to_owned()));
+                }
+            }
+            (_, Some(key)) => h.push(("authorization".to_owned(), format!("Bearer {}", key.expose()))),
+            (_, None) => {}
+        }
+        h
+    }
+
+    fn decoder(&self) -> Box<dyn Decoder> {
+        match self.kind {
+            ProviderKind::Anthropic => Box::<wire::anthropic::AnthropicDecoder>::default(),
+            ProviderKind::OpenAiResponses => Box::<wire::responses::ResponsesDecoder>::default(),
+            _ => Box::<wire::chat::ChatDecoder>::default(),
+        }
+    }
+
+    fn scrub(&self, text: &str) -> String {
+        match &self.key {
+            Some(key) => key.scrub(text),
+            None => text.to_owned(),
+        }
+    }
+
+    fn attempt(&self, body: &[u8], observer: &mut dyn FnMut(&StreamEvent), cancel: &CancelToken) -> Attempt {
+        let outgoing = Outgoing { url: self.endpoint.clone(), headers: self.headers(), body: body.to_vec() };
+        let mut exchange = transport::start(&self.agent, outgoing, self.limits.poll);
+        let head = match exchange.head(&self.limits, cancel) {
+            Ok(head) => head,
+            Err(f) => return Attempt { status: None, usage: Usage::default(), result: Err(f.into()) },
+        };
+        let status = Some(head.status);
+        if !(200..300).contains(&head.status) {
+            let result = Err(self.http_failure(&head, &mut exchange, cancel));
+            return Attempt { status, usage: Usage::default(), result };
+        }
+        let content_type = head.header("content-type").unwrap_or("").to_ascii_lowercase();
+        if content_type.contains("text/html") || content_type.contains("application/json") {
+            let body = read_bounded(&mut exchange, &self.limits, cancel);
+            let what = describe_body(&content_type, &body);
+            let result = Err(Failure {
+                kind: ProviderErrorKind::Protocol,
+                message: format!("expected an event stream but the server sent {what}; check the base URL"),
+                retryable: false,
+                retry_after: None,
+            });
+            return Attempt { status, usage: Usage::default(), result };
+        }
+        let mut decoder = self.decoder();
+        let result = self.stream(&mut exchange, decoder.as_mut(), observer, cancel);
+        Attempt { status, usage: decoder.usage(), result }
+    }
+
+    fn stream(
+        &self,
+        exchange: &mut Exchange,
+        decoder: &mut dyn Decoder,
+        observer: &mut dyn FnMut(&StreamEvent),
+        cancel: &CancelToken,
+    ) -> Result<Settled, Failure> {
+        let mut parser = SseParser::new(self.max_event_bytes);
+        let mut events: Vec<SseEvent> = Vec::new();
+        let mut emit = |e: StreamEvent| observer(&e);
+        loop {
+            match exchange.piece(&self.limits, cancel)? {
+                Piece::Bytes(bytes) => {
+                    parser.feed(&bytes, &mut events).map_err(sse_failure)?;
+                    for event in events.drain(..) {
+                        if decoder.event(&event, &mut emit)? {
+                            return Ok(decoder.finish(true)?);
+                        }
+                    }
+                }
+                Piece::End => {
+                    parser.finish().map_err(sse_failure)?;
+                    return Ok(decoder.finish(false)?);
+                }
+            }
+        }
+    }
+
+    fn http_failure(&self, head: &Head, exchange: &mut Exchange, cancel: &CancelToken) -> Failure {
+        let body = read_bounded(exchange, &self.limits, cancel);
+        let content_type = head.header("content-type").unwrap_or("").to_ascii_lowercase();
+        let what = describe_body(&content_type, &body);
+        let retry_after =
+            parse_retry_after(head.header("retry-after-ms"), head.header("retry-after"), SystemTime::now());
+        Failure {
+            kind: ProviderErrorKind::Http,
+            message: format!("HTTP {} {}: {what}", head.status, reason(head.status)),
+            retryable: is_retryable_status(head.status),
+            retry_after,
+        }
+    }
+
+    fn row(&self, attempt: u32, started: Instant, outcome: &Attempt) -> AttemptUsage {
+        AttemptUsage {
+            provider: self.name.clone(),
+            model: self.model.clone(),
+            attempt,
+            input_tokens: outcome.usage.input,
+            output_tokens: outcome.usage.output,
+            cached_input_tokens: outcome.usage.cached,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            status: outcome.status,
+            error: outcome.result.as_ref().err().map(|f| self.scrub(&f.message)),
+        }
+    }
+
+    fn give_up(&self, f: &Failure, status: Option<u16>, attempts: Vec<AttemptUsage>, note: &str) -> ProviderError {
+        let message = self.scrub(&format!("{} ({}): {}{note}", self.name, self.endpoint, f.message));
+        ProviderError { kind: f.kind, message, status, attempts }
+    }
+}
+
+/// Sleep `delay`, waking to check the token. Returns false if cancelled.
+fn wait(delay: Duration, poll: Duration, cancel: &CancelToken) -> bool {
+    let end = Instant::now() + delay;
+    loop {
+        if cancel.is_cancelled() {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= end {
+            return true;
+        }
+        std::thread::sleep(poll.min(end - now));
+    }
+}
+
+fn sse_failure(e: SseError) -> Failure {
+    match e {
+        // A cut stream is a broken connection: worth another attempt.
+        SseError::Truncated { .. } => Failure {
+            kind: ProviderErrorKind::Connection,
+            message: e.to_string(),
+            retryable: true,
+            retry_after: None,
+        },
+        _ => Failure { kind: ProviderErrorKind::Protocol, message: e.to_string(), retryable: false, retry_after: None },
+    }
+}
+
+/// Read at most [`MAX_ERROR_BODY`] bytes of a body (best effort).
+fn read_bounded(exchange: &mut Exchange, limits: &Limits, cancel: &CancelToken) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match exchange.piece(limits, cancel) {
+            Ok(Piece::Bytes(bytes)) => body.extend_from_slice(&bytes),
+            Ok(Piece::End) | Err(_) => break,
+        }
+    }
+    body.truncate(MAX_ERROR_BODY);
+    body
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        413 => "Payload Too Large",
+        422 => "Unprocessable Entity",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        529 => "Overloaded",
+        _ => "",
+    }
+}
+
+/// A one-line account of a (usually error) body: the provider's own message
+/// from a JSON error object, an HTML page's title, or the start of the text.
+pub(crate) fn describe_body(content_type: &str, body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return "an empty body".to_owned();
+    }
+    if let Ok(value) = serde_json::from_str::<serde_json::Value>(trimmed)
+        && let Some(message) = wire::error_object_text(&value)
+    {
+        return message;
+    }
+    let lower = trimmed.to_ascii_lowercase();
+    if content_type.contains("html") || lower.starts_with("<!doctype html") || lower.starts_with("<html") {
+        let title = lower
+            .find("<title>")
+            .and_then(|start| {
+                let rest = &trimmed[start + 7..];
+                rest.to_ascii_lowercase().find("</title>").map(|end| rest[..end].trim().to_owned())
+            })
+            .filter(|t| !t.is_empty());
+        return match title {
+            Some(title) => format!("an HTML page titled \"{}\" (not an API response)", clip(&title, 200)),
+            None => "an HTML page (not an API response)".to_owned(),
+        };
+    }
+    clip(&trimmed.split_whitespace().collect::<Vec<_>>().join(" "), 300)
+}
+
+fn clip(text: &str, max_chars: usize) -> String {
+    let mut out: String = text.chars().take(max_chars).collect();
+    if out.len() < text.len() {
+        out.push('…');
+    }
+    out
+}
+
+impl Provider for HttpProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn complete(
+        &self,
+        request: &ModelRequest<'_>,
+        observer: &mut dyn FnMut(&StreamEvent),
+        cancel: &CancelToken,
+    ) -> Result<ModelResponse, ProviderError> {
+        let body = self.body(request);
+        let max = self.retry.max_attempts.max(1);
+        let mut attempts: Vec<AttemptUsage> = Vec::new();
+        for attempt in 1..=max {
+            if cancel.is_cancelled() {
+                let mut e = ProviderError::new(ProviderErrorKind::Cancelled, "the call was cancelled");
+                e.attempts = attempts;
+                return Err(e);
+            }
+            observer(&StreamEvent::AttemptStarted { attempt });
+            let started = Instant::now();
+            let outcome = self.attempt(&body, observer, cancel);
+            attempts.push(self.row(attempt, started, &outcome));
+            let failure = match outcome.result {
+                Ok(settled) => {
+                    return Ok(ModelResponse { message: settled.message, stop: settled.stop, attempts });
+                }
+                Err(failure) => failure,
+            };
+            if !failure.retryable || cancel.is_cancelled() {
+                let note = if attempt > 1 { format!(" (attempt {attempt} of {max})") } else { String::new() };
+                return Err(self.give_up(&failure, outcome.status, attempts, &note));
+            }
+            if attempt == max {
+                let note = format!(" (gave up after {max} attempts)");
+                return Err(self.give_up(&failure, outcome.status, attempts, &note));
+            }
+            if let Some(asked) = failure.retry_after
+                && asked > self.retry.max_retry_after
+            {
+                let note = format!(
+                    " (the server asked to retry after {}s, longer than the {}s cairn waits)",
+                    asked.as_secs(),
+                    self.retry.max_retry_after.as_secs()
+                );
+                return Err(self.give_up(&failure, outcome.status, attempts, &note));
+            }
+            let delay = self.retry.delay(attempt + 1, failure.retry_after, fastrand::f64());
+            tracing::debug!(
+                provider = %self.name,
+                attempt,
+                delay_ms = delay.as_millis() as u64,
+                error = %self.scrub(&failure.message),
+                "provider attempt failed; retrying"
+            );
+            if !wait(delay, self.limits.poll, cancel) {
+                let mut e = ProviderError::new(ProviderErrorKind::Cancelled, "the call was cancelled");
+                e.attempts = attempts;
+                return Err(e);
+            }
+        }
+        // Unreachable in practice: the loop returns on the last attempt.
+        Err(ProviderError::new(ProviderErrorKind::Other, "no attempt was made"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describes_bodies() {
+        assert_eq!(describe_body("", b""), "an empty body");
+        assert_eq!(
+            describe_body("application/json", br#"{"error":{"message":"model not found","type":"invalid_request_error"}}"#),
+            "model not found (invalid_request_error)"
+        );
+        let html = b"<!DOCTYPE html><html><head><TITLE>502 Bad Gateway</TITLE></head><body>nginx</body></html>";
+        assert_eq!(describe_body("text/html", html), "an HTML page titled \"502 Bad Gateway\" (not an API response)");
+        assert_eq!(describe_body("text/plain", b"  upstream   connect\nerror "), "upstream connect error");
+    }
+
+    #[test]
+    fn debug_hides_the_key() {
+        let mut config = ProviderConfig::new("x", ProviderKind::Anthropic);
+        config.model = Some("m".into());
+        let p = HttpProvider::new(&config, "http://127.0.0.1:9".into(), Some(Secret::new("sk-ant-hidden-999"))).unwrap();
+        let shown = format!("{p:?}");
+        assert!(shown.contains("[redacted]") && !shown.contains("hidden-999"), "{shown}");
+    }
+}

@@ -1,0 +1,167 @@
+//! [`ScriptedProvider`]: replays a JSONL script, one model turn per line,
+//! for tests and demos.
+//!
+//! Line format: `{"text": "…", "toolCalls": [{"id": "…", "name": "…",
+//! "arguments": {…}}]}` (both keys optional; blank lines are skipped). Request
+//! k is answered with line k, where k is the number of assistant messages
+//! already in the request, so a resumed session gets exactly the line it
+//! would have got. This module owns the script format; it must not keep any
+//! state between calls (that is what makes resume exact).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use cairn_core::CancelToken;
+use cairn_core::message::{ContentPart, Message, Role, ToolCall};
+use cairn_core::provider::{
+    AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, StopReason, StreamEvent,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::ConfigError;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Line {
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    tool_calls: Vec<ScriptCall>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptCall {
+    id: String,
+    name: String,
+    #[serde(default = "empty_object")]
+    arguments: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+/// A provider that answers from a script file.
+#[derive(Debug, Clone)]
+pub struct ScriptedProvider {
+    name: String,
+    model: String,
+    path: PathBuf,
+    turns: Vec<Line>,
+}
+
+impl ScriptedProvider {
+    /// Load and check the whole script; a malformed line is an error that
+    /// names the file and the line number.
+    pub fn from_file(name: &str, path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Script {
+            path: path.to_owned(),
+            reason: format!("cannot read the script: {e}"),
+        })?;
+        Self::from_str(name, path, &text)
+    }
+
+    /// Parse a script held in memory (`path` is used in messages only).
+    pub fn from_str(name: &str, path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let mut turns = Vec::new();
+        for (number, raw) in text.lines().enumerate() {
+            if raw.trim().is_empty() {
+                continue;
+            }
+            let line: Line = serde_json::from_str(raw).map_err(|e| ConfigError::Script {
+                path: path.to_owned(),
+                reason: format!(
+                    "line {} is not a turn ({e}); expected {{\"text\": \"…\", \"toolCalls\": [{{\"id\", \"name\", \"arguments\"}}]}}",
+                    number + 1
+                ),
+            })?;
+            turns.push(line);
+        }
+        let model = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "script".to_owned());
+        Ok(Self { name: name.to_owned(), model, path: path.to_owned(), turns })
+    }
+
+    /// How many turns the script holds.
+    pub fn len(&self) -> usize {
+        self.turns.len()
+    }
+
+    /// Whether the script holds no turn.
+    pub fn is_empty(&self) -> bool {
+        self.turns.is_empty()
+    }
+}
+
+/// A rough token estimate (4 bytes a token) so usage ledgers have numbers.
+fn estimate_tokens(bytes: usize) -> u64 {
+    bytes.div_ceil(4) as u64
+}
+
+impl Provider for ScriptedProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn complete(
+        &self,
+        request: &ModelRequest<'_>,
+        observer: &mut dyn FnMut(&StreamEvent),
+        cancel: &CancelToken,
+    ) -> Result<ModelResponse, ProviderError> {
+        let started = Instant::now();
+        let k = request.messages.iter().filter(|m| m.role == Role::Assistant).count();
+        let mut row = AttemptUsage {
+            provider: self.name.clone(),
+            model: self.model.clone(),
+            attempt: 1,
+            input_tokens: estimate_tokens(request.messages.iter().map(|m| m.joined_text().len()).sum()),
+            ..AttemptUsage::default()
+        };
+        let fail = |kind, message: String, mut row: AttemptUsage| {
+            row.error = Some(message.clone());
+            row.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            ProviderError { kind, message, status: None, attempts: vec![row] }
+        };
+        let Some(line) = self.turns.get(k) else {
+            let message = format!(
+                "script {} ran out: it has {} turn(s) but this is request {} ({k} assistant message(s) already in the session); add lines to the script",
+                self.path.display(),
+                self.turns.len(),
+                k + 1
+            );
+            return Err(fail(ProviderErrorKind::Exhausted, message, row));
+        };
+        observer(&StreamEvent::AttemptStarted { attempt: 1 });
+        // Stream the text in word-sized pieces, like a model would.
+        for piece in line.text.split_inclusive(' ') {
+            if cancel.is_cancelled() {
+                return Err(fail(ProviderErrorKind::Cancelled, "the call was cancelled".to_owned(), row));
+            }
+            observer(&StreamEvent::TextDelta { text: piece.to_owned() });
+        }
+        let mut content = Vec::new();
+        if !line.text.is_empty() {
+            content.push(ContentPart::Text { text: line.text.clone() });
+        }
+        for call in &line.tool_calls {
+            observer(&StreamEvent::ToolCallStarted { id: call.id.clone(), name: call.name.clone() });
+            observer(&StreamEvent::ToolCallDelta { id: call.id.clone(), arguments: call.arguments.to_string() });
+            content.push(ContentPart::ToolCall(ToolCall {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            }));
+        }
+        let stop = if line.tool_calls.is_empty() { StopReason::EndTurn } else { StopReason::ToolUse };
+        let message = Message { role: Role::Assistant, content };
+        row.output_tokens = estimate_tokens(serde_json::to_string(&message.content).map(|s| s.len()).unwrap_or(0));
+        row.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Ok(ModelResponse { message, stop, attempts: vec![row] })
+    }
+}

@@ -1,0 +1,277 @@
+//! Anthropic Messages (`POST {base}/v1/messages`, streamed).
+//!
+//! Owns the request body (system, alternating user/assistant messages,
+//! `tool_use` / `tool_result` blocks, thinking blocks with their signatures
+//! passed back verbatim) and the event decoder (`message_start`,
+//! `content_block_start/delta/stop` with `text_delta`, `input_json_delta`,
+//! `thinking_delta`, `signature_delta`, `message_delta`, `message_stop`,
+//! `ping`, `error`). Tool-call ids from other providers are mapped to the
+//! characters this API accepts.
+
+use cairn_core::message::{ContentPart, Message, Role, ToolCall};
+use cairn_core::provider::{ModelRequest, ProviderErrorKind, StopReason, StreamEvent};
+use serde_json::{Map, Value, json};
+
+use super::{Decoder, Settled, StreamError, Usage, json, parse_arguments, str_of, text_of, u64_of};
+use crate::sse::SseEvent;
+
+/// The tag of reasoning this API produces and accepts back.
+pub(crate) const TAG: &str = "anthropic";
+
+/// The `anthropic-version` header value.
+pub(crate) const VERSION: &str = "2023-06-01";
+
+/// Tool-use ids must match `^[a-zA-Z0-9_-]+$`.
+fn tool_id(id: &str) -> String {
+    let cleaned: String =
+        id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
+    if cleaned.is_empty() { "toolu_unnamed".to_owned() } else { cleaned }
+}
+
+/// The request body. `default_max` is used when the request sets no bound
+/// (the API requires one).
+pub(crate) fn body(model: &str, request: &ModelRequest<'_>, default_max: u32) -> Value {
+    let mut system: Vec<String> = request.system.map(str::to_owned).into_iter().collect();
+    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for message in request.messages {
+        let (role, blocks) = match message.role {
+            Role::System => {
+                system.push(text_of(&message.content));
+                continue;
+            }
+            Role::User | Role::Tool => ("user", blocks_of(message)),
+            Role::Assistant => ("assistant", blocks_of(message)),
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match turns.last_mut() {
+            // The API wants alternating roles: merge neighbours.
+            Some((last, existing)) if *last == role => existing.extend(blocks),
+            _ => turns.push((role, blocks)),
+        }
+    }
+    let messages: Vec<Value> = turns
+        .into_iter()
+        .map(|(role, mut blocks)| {
+            if role == "user" {
+                // tool_result blocks must come first in a user turn.
+                blocks.sort_by_key(|b| str_of(b, "type") != "tool_result");
+            }
+            json!({"role": role, "content": blocks})
+        })
+        .collect();
+    let mut body = json!({
+        "model": model,
+        "max_tokens": request.max_output_tokens.unwrap_or(default_max),
+        "messages": messages,
+        "stream": true,
+    });
+    let system: Vec<String> = system.into_iter().filter(|s| !s.is_empty()).collect();
+    if !system.is_empty() {
+        body["system"] = json!(system.join("\n\n"));
+    }
+    if !request.tools.is_empty() {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
+            .collect();
+        body["tools"] = Value::Array(tools);
+    }
+    body
+}
+
+fn blocks_of(message: &Message) -> Vec<Value> {
+    let mut blocks = Vec::new();
+    for part in &message.content {
+        match part {
+            ContentPart::Text { text } if !text.trim().is_empty() => blocks.push(json!({"type": "text", "text": text})),
+            ContentPart::Text { .. } => {}
+            ContentPart::ToolCall(call) => {
+                let input = match &call.arguments {
+                    Value::Object(_) => call.arguments.clone(),
+                    // The API needs an object; keep what the model produced.
+                    other => json!({ "arguments": other }),
+                };
+                blocks.push(json!({"type": "tool_use", "id": tool_id(&call.id), "name": call.name, "input": input}));
+            }
+            ContentPart::ToolResult { call_id, content, is_error } => blocks.push(json!({
+                "type": "tool_result", "tool_use_id": tool_id(call_id), "content": content, "is_error": is_error})),
+            ContentPart::Reasoning { provider, opaque: Some(block), .. } if provider == TAG => blocks.push(block.clone()),
+            ContentPart::Reasoning { .. } => {}
+        }
+    }
+    blocks
+}
+
+#[derive(Debug)]
+enum Block {
+    Text(String),
+    ToolUse { id: String, name: String, json: String },
+    Thinking { thinking: String, signature: String },
+    Redacted(Value),
+    Other,
+}
+
+/// Decoder state for one attempt.
+#[derive(Debug, Default)]
+pub(crate) struct AnthropicDecoder {
+    blocks: Vec<(u64, Block)>,
+    stop_reason: Option<String>,
+    input: u64,
+    cache_read: u64,
+    cache_write: u64,
+    output: u64,
+}
+
+impl AnthropicDecoder {
+    fn block(&mut self, index: u64) -> Result<&mut Block, StreamError> {
+        self.blocks
+            .iter_mut()
+            .find(|(i, _)| *i == index)
+            .map(|(_, b)| b)
+            .ok_or_else(|| StreamError::protocol(format!("a delta arrived for content block {index}, which never started")))
+    }
+
+    fn read_usage(&mut self, usage: &Value) {
+        // message_delta repeats cumulative counts; keep the largest seen.
+        self.input = self.input.max(u64_of(usage, "input_tokens"));
+        self.cache_read = self.cache_read.max(u64_of(usage, "cache_read_input_tokens"));
+        self.cache_write = self.cache_write.max(u64_of(usage, "cache_creation_input_tokens"));
+        self.output = self.output.max(u64_of(usage, "output_tokens"));
+    }
+}
+
+impl Decoder for AnthropicDecoder {
+    fn event(&mut self, event: &SseEvent, emit: &mut dyn FnMut(StreamEvent)) -> Result<bool, StreamError> {
+        let v = json(event)?;
+        let kind = v.get("type").and_then(Value::as_str).unwrap_or(&event.event);
+        match kind {
+            "message_start" => {
+                if let Some(usage) = v.get("message").and_then(|m| m.get("usage")) {
+                    self.read_usage(usage);
+                }
+            }
+            "content_block_start" => {
+                let index = u64_of(&v, "index");
+                let cb = v.get("content_block").cloned().unwrap_or(Value::Null);
+                let block = match str_of(&cb, "type") {
+                    "text" => {
+                        let text = str_of(&cb, "text").to_owned();
+                        if !text.is_empty() {
+                            emit(StreamEvent::TextDelta { text: text.clone() });
+                        }
+                        Block::Text(text)
+                    }
+                    "tool_use" => {
+                        let (id, name) = (str_of(&cb, "id").to_owned(), str_of(&cb, "name").to_owned());
+                        emit(StreamEvent::ToolCallStarted { id: id.clone(), name: name.clone() });
+                        Block::ToolUse { id, name, json: String::new() }
+                    }
+                    "thinking" => Block::Thinking {
+                        thinking: str_of(&cb, "thinking").to_owned(),
+                        signature: str_of(&cb, "signature").to_owned(),
+                    },
+                    "redacted_thinking" => Block::Redacted(cb),
+                    _ => Block::Other,
+                };
+                self.blocks.push((index, block));
+            }
+            "content_block_delta" => {
+                let index = u64_of(&v, "index");
+                let delta = v.get("delta").cloned().unwrap_or(Value::Null);
+                let block = self.block(index)?;
+                match (str_of(&delta, "type"), block) {
+                    ("text_delta", Block::Text(text)) => {
+                        let piece = str_of(&delta, "text");
+                        text.push_str(piece);
+                        emit(StreamEvent::TextDelta { text: piece.to_owned() });
+                    }
+                    ("input_json_delta", Block::ToolUse { id, json, .. }) => {
+                        let piece = str_of(&delta, "partial_json");
+                        json.push_str(piece);
+                        emit(StreamEvent::ToolCallDelta { id: id.clone(), arguments: piece.to_owned() });
+                    }
+                    ("thinking_delta", Block::Thinking { thinking, .. }) => {
+                        let piece = str_of(&delta, "thinking");
+                        thinking.push_str(piece);
+                        emit(StreamEvent::ReasoningDelta { text: piece.to_owned() });
+                    }
+                    ("signature_delta", Block::Thinking { signature, .. }) => {
+                        signature.push_str(str_of(&delta, "signature"));
+                    }
+                    // citations and deltas of blocks cairn does not model.
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = v.get("delta").and_then(|d| d.get("stop_reason")).and_then(Value::as_str) {
+                    self.stop_reason = Some(reason.to_owned());
+                }
+                if let Some(usage) = v.get("usage") {
+                    self.read_usage(usage);
+                }
+            }
+            "message_stop" => return Ok(true),
+            "error" => {
+                let error = v.get("error").cloned().unwrap_or(Value::Null);
+                let retryable =
+                    matches!(str_of(&error, "type"), "overloaded_error" | "api_error" | "rate_limit_error");
+                let message = super::error_object_text(&v).unwrap_or_else(|| v.to_string());
+                return Err(StreamError {
+                    kind: ProviderErrorKind::Http,
+                    message: format!("the server reported an error mid-stream: {message}"),
+                    retryable,
+                });
+            }
+            // ping, content_block_stop, unknown future events.
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn finish(&mut self, terminal: bool) -> Result<Settled, StreamError> {
+        if !terminal {
+            return Err(StreamError::cut("the stream ended before message_stop"));
+        }
+        self.blocks.sort_by_key(|(i, _)| *i);
+        let mut content = Vec::new();
+        for (_, block) in self.blocks.drain(..) {
+            match block {
+                Block::Text(text) if !text.is_empty() => content.push(ContentPart::Text { text }),
+                Block::ToolUse { id, name, json } => {
+                    content.push(ContentPart::ToolCall(ToolCall { id, name, arguments: parse_arguments(&json) }))
+                }
+                Block::Thinking { thinking, signature } => {
+                    let mut opaque = Map::new();
+                    opaque.insert("type".into(), json!("thinking"));
+                    opaque.insert("thinking".into(), json!(thinking));
+                    opaque.insert("signature".into(), json!(signature));
+                    content.push(ContentPart::Reasoning {
+                        text: thinking,
+                        provider: TAG.to_owned(),
+                        opaque: Some(Value::Object(opaque)),
+                    });
+                }
+                Block::Redacted(block) => {
+                    content.push(ContentPart::Reasoning { text: String::new(), provider: TAG.to_owned(), opaque: Some(block) })
+                }
+                Block::Text(_) | Block::Other => {}
+            }
+        }
+        let stop = match self.stop_reason.as_deref() {
+            Some("end_turn") | Some("stop_sequence") | None => StopReason::EndTurn,
+            Some("tool_use") => StopReason::ToolUse,
+            Some("max_tokens") => StopReason::MaxTokens,
+            Some(_) => StopReason::Other,
+        };
+        Ok(Settled { message: Message { role: Role::Assistant, content }, stop })
+    }
+
+    fn usage(&self) -> Usage {
+        // Anthropic counts cache reads and writes apart from `input_tokens`;
+        // cairn's rows count all input, cached reads included, like OpenAI.
+        Usage { input: self.input + self.cache_read + self.cache_write, output: self.output, cached: self.cache_read }
+    }
+}
