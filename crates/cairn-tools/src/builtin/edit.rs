@@ -1,0 +1,343 @@
+//! The writing built-ins: `write_file {path, content}` and `edit_file
+//! {path, old, new}` / `{path, patch}`.
+//!
+//! Both confine the path to the working directory, write atomically
+//! (temp file + rename, permissions kept), preview as a unified diff and
+//! carry that diff in the receipt. Both are `Guarded`: on resume the guard
+//! compares the file with what the call would produce. They never run a
+//! process.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use cairn_core::tool::{
+    Capability, GuardVerdict, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest,
+    ToolSpec, Validation,
+};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{caps, denied, io, parse_args, receipt};
+use crate::paths::{display_rel, resolve_in_cwd};
+
+fn unified_diff(rel: &str, old: &str, new: &str) -> String {
+    let mut options = diffy::DiffOptions::new();
+    options.set_original_filename(format!("a/{rel}")).set_modified_filename(format!("b/{rel}"));
+    options.create_patch(old, new).to_string()
+}
+
+/// Current text of `path`, `None` when it does not exist.
+fn current_text(path: &Path, shown: &str) -> Result<Option<String>, ToolError> {
+    match std::fs::read(path) {
+        Ok(bytes) => String::from_utf8(bytes).map(Some).map_err(|_| {
+            ToolError::InvalidArguments(format!("{shown} is not UTF-8 text: cairn edits text files only"))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
+            Err(ToolError::InvalidArguments(format!("{shown} is a directory")))
+        }
+        Err(source) => Err(ToolError::Io { context: format!("cannot read {shown}"), source }),
+    }
+}
+
+/// Replace `path` with `content` atomically, keeping its permissions.
+fn write_atomic(path: &Path, content: &str, shown: &str) -> Result<(), ToolError> {
+    let parent = path.parent().ok_or_else(|| ToolError::InvalidArguments(format!("{shown} has no parent")))?;
+    std::fs::create_dir_all(parent).map_err(io(format!("cannot create the directories of {shown}")))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(parent).map_err(io(format!("cannot write next to {shown}")))?;
+    std::io::Write::write_all(&mut tmp, content.as_bytes()).map_err(io(format!("cannot write {shown}")))?;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let _ = std::fs::set_permissions(tmp.path(), meta.permissions());
+    }
+    tmp.persist(path).map_err(|e| ToolError::Io { context: format!("cannot replace {shown}"), source: e.error })?;
+    Ok(())
+}
+
+/// `write_file {path, content}`.
+#[derive(Debug)]
+pub struct WriteFile {
+    spec: ToolSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    path: String,
+    content: String,
+}
+
+impl Default for WriteFile {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WriteFile {
+    /// The tool.
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "write_file".into(),
+                description: "Create or overwrite a text file in the working directory with the given content \
+                              (parent directories are created)."
+                    .into(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "File path relative to the working directory"},
+                        "content": {"type": "string", "description": "The complete new content"}
+                    },
+                    "required": ["path", "content"],
+                    "additionalProperties": false
+                }),
+                risk: Risk::Write,
+                capabilities: caps(&[Capability::FileRead, Capability::FileWrite]),
+                replay: ReplayPolicy::Guarded,
+            },
+        }
+    }
+
+    fn plan(&self, request: &ToolRequest, cwd: &Path) -> Result<(PathBuf, String, Option<String>, String), ToolError> {
+        let args: WriteArgs = parse_args(request).map_err(ToolError::InvalidArguments)?;
+        let path = resolve_in_cwd(cwd, &args.path).map_err(denied)?;
+        let rel = display_rel(cwd, &path);
+        let old = current_text(&path, &rel)?;
+        Ok((path, rel, old, args.content))
+    }
+}
+
+impl Tool for WriteFile {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn validate(&self, request: &ToolRequest) -> Validation {
+        match parse_args::<WriteArgs>(request) {
+            Ok(a) if a.path.trim().is_empty() => Validation::Invalid("path is empty".into()),
+            Ok(_) => Validation::Valid,
+            Err(e) => Validation::Invalid(e),
+        }
+    }
+
+    fn preview(&self, request: &ToolRequest, cwd: &Path) -> Option<Preview> {
+        match self.plan(request, cwd) {
+            Ok((_, rel, old, new)) => {
+                Some(Preview::Diff { diff: unified_diff(&rel, old.as_deref().unwrap_or(""), &new), path: rel })
+            }
+            Err(e) => Some(Preview::Text { text: format!("write_file will fail: {e}") }),
+        }
+    }
+
+    fn guard(&self, request: &ToolRequest, cwd: &Path) -> GuardVerdict {
+        match self.plan(request, cwd) {
+            Ok((_, rel, Some(old), new)) if old == new => GuardVerdict::AlreadyDone(ToolReceipt {
+                exit_code: 0,
+                output_summary: format!("{rel} already has the requested content"),
+                structured_output: Some(json!({"path": rel, "diff": ""})),
+                affected_entities: vec![rel],
+                duration_ms: 0,
+                tier: Risk::Write,
+                timestamp: crate::now_ms(),
+                truncated: false,
+            }),
+            Ok(_) => GuardVerdict::NotDone,
+            Err(_) => GuardVerdict::Unknown,
+        }
+    }
+
+    fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+        let start = Instant::now();
+        let (path, rel, old, new) = self.plan(request, ctx.cwd)?;
+        if ctx.cancel.is_cancelled() {
+            return Err(ToolError::Cancelled);
+        }
+        let diff = unified_diff(&rel, old.as_deref().unwrap_or(""), &new);
+        write_atomic(&path, &new, &rel)?;
+        let verb = if old.is_some() { "updated" } else { "created" };
+        let summary = format!("{verb} {rel} ({} bytes)\n{diff}", new.len());
+        (ctx.output)(summary.as_bytes());
+        let structured = json!({"path": rel, "created": old.is_none(), "bytes": new.len(), "diff": diff});
+        Ok(receipt(start, Risk::Write, summary, ctx.limits.output_cap, Some(structured), vec![rel]))
+    }
+}
+
+/// `edit_file {path, old, new}` (exact text, must match once) or
+/// `{path, patch}` (a unified diff).
+#[derive(Debug)]
+pub struct EditFile {
+    spec: ToolSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EditArgs {
+    path: String,
+    old: Option<String>,
+    new: Option<String>,
+    patch: Option<String>,
+}
+
+enum Edit {
+    Replace { old: String, new: String },
+    Patch(String),
+}
+
+fn edit_of(args: EditArgs) -> Result<(String, Edit), String> {
+    match (args.old, args.new, args.patch) {
+        (Some(old), Some(new), None) => {
+            if old.is_empty() {
+                Err("old is empty: give the exact text to replace (use write_file to create a file)".into())
+            } else if old == new {
+                Err("old and new are identical: nothing would change".into())
+            } else {
+                Ok((args.path, Edit::Replace { old, new }))
+            }
+        }
+        (None, None, Some(patch)) => Ok((args.path, Edit::Patch(patch))),
+        _ => {
+            Err("give either {path, old, new} (exact replacement) or {path, patch} (a unified diff), not a mix".into())
+        }
+    }
+}
+
+impl Default for EditFile {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EditFile {
+    /// The tool.
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "edit_file".into(),
+                description: "Edit a text file in the working directory. Either replace the exact text `old` \
+                              (which must occur exactly once, whitespace included) with `new`, or apply `patch`, \
+                              a unified diff against the file's current content."
+                    .into(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "File path relative to the working directory"},
+                        "old": {"type": "string", "description": "Exact text to replace (must occur exactly once)"},
+                        "new": {"type": "string", "description": "Replacement text"},
+                        "patch": {"type": "string", "description": "A unified diff to apply instead of old/new"}
+                    },
+                    "required": ["path"],
+                    "oneOf": [{"required": ["old", "new"]}, {"required": ["patch"]}],
+                    "additionalProperties": false
+                }),
+                risk: Risk::Write,
+                capabilities: caps(&[Capability::FileRead, Capability::FileWrite]),
+                replay: ReplayPolicy::Guarded,
+            },
+        }
+    }
+
+    /// Path, relative name, current content and the edited content.
+    fn plan(&self, request: &ToolRequest, cwd: &Path) -> Result<(PathBuf, String, String, String), ToolError> {
+        let args: EditArgs = parse_args(request).map_err(ToolError::InvalidArguments)?;
+        let (given, edit) = edit_of(args).map_err(ToolError::InvalidArguments)?;
+        let path = resolve_in_cwd(cwd, &given).map_err(denied)?;
+        let rel = display_rel(cwd, &path);
+        let current = current_text(&path, &rel)?
+            .ok_or_else(|| ToolError::InvalidArguments(format!("{rel} does not exist: use write_file to create it")))?;
+        let edited = match edit {
+            Edit::Replace { old, new } => match current.matches(old.as_str()).count() {
+                1 => current.replacen(old.as_str(), &new, 1),
+                0 => {
+                    return Err(ToolError::InvalidArguments(format!(
+                        "the old text was not found in {rel}: read the file and copy the exact text, whitespace included"
+                    )));
+                }
+                n => {
+                    return Err(ToolError::InvalidArguments(format!(
+                        "the old text occurs {n} times in {rel}: include more surrounding lines so it matches exactly once"
+                    )));
+                }
+            },
+            Edit::Patch(text) => {
+                let patch = diffy::Patch::from_str(&text)
+                    .map_err(|e| ToolError::InvalidArguments(format!("the patch is not a valid unified diff: {e}")))?;
+                diffy::apply(&current, &patch).map_err(|e| {
+                    ToolError::InvalidArguments(format!(
+                        "the patch does not apply to {rel} ({e}): read the file again and make the diff against its current content"
+                    ))
+                })?
+            }
+        };
+        Ok((path, rel, current, edited))
+    }
+}
+
+impl Tool for EditFile {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn validate(&self, request: &ToolRequest) -> Validation {
+        match parse_args::<EditArgs>(request).and_then(edit_of) {
+            Ok((path, _)) if path.trim().is_empty() => Validation::Invalid("path is empty".into()),
+            Ok((_, Edit::Patch(p))) => match diffy::Patch::from_str(&p) {
+                Ok(_) => Validation::Valid,
+                Err(e) => Validation::Invalid(format!("the patch is not a valid unified diff: {e}")),
+            },
+            Ok(_) => Validation::Valid,
+            Err(e) => Validation::Invalid(e),
+        }
+    }
+
+    fn preview(&self, request: &ToolRequest, cwd: &Path) -> Option<Preview> {
+        match self.plan(request, cwd) {
+            Ok((_, rel, old, new)) => Some(Preview::Diff { diff: unified_diff(&rel, &old, &new), path: rel }),
+            Err(e) => Some(Preview::Text { text: format!("edit_file will fail: {e}") }),
+        }
+    }
+
+    fn guard(&self, request: &ToolRequest, cwd: &Path) -> GuardVerdict {
+        if self.plan(request, cwd).is_ok() {
+            // The edit still applies to the current content: not done yet.
+            return GuardVerdict::NotDone;
+        }
+        let Ok(args) = parse_args::<EditArgs>(request) else { return GuardVerdict::Unknown };
+        let Ok((given, edit)) = edit_of(args) else { return GuardVerdict::Unknown };
+        let Ok(path) = resolve_in_cwd(cwd, &given) else { return GuardVerdict::Unknown };
+        let rel = display_rel(cwd, &path);
+        let Ok(Some(current)) = current_text(&path, &rel) else { return GuardVerdict::Unknown };
+        let done = match edit {
+            Edit::Replace { old, new } => !current.contains(old.as_str()) && current.contains(new.as_str()),
+            Edit::Patch(text) => {
+                diffy::Patch::from_str(&text).ok().is_some_and(|p| diffy::apply(&current, &p.reverse()).is_ok())
+            }
+        };
+        if done {
+            GuardVerdict::AlreadyDone(ToolReceipt {
+                exit_code: 0,
+                output_summary: format!("{rel} already contains the edit"),
+                structured_output: Some(json!({"path": rel})),
+                affected_entities: vec![rel],
+                duration_ms: 0,
+                tier: Risk::Write,
+                timestamp: crate::now_ms(),
+                truncated: false,
+            })
+        } else {
+            GuardVerdict::Unknown
+        }
+    }
+
+    fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+        let start = Instant::now();
+        let (path, rel, old, new) = self.plan(request, ctx.cwd)?;
+        if ctx.cancel.is_cancelled() {
+            return Err(ToolError::Cancelled);
+        }
+        let diff = unified_diff(&rel, &old, &new);
+        write_atomic(&path, &new, &rel)?;
+        let summary = format!("edited {rel}\n{diff}");
+        (ctx.output)(summary.as_bytes());
+        let structured = json!({"path": rel, "diff": diff});
+        Ok(receipt(start, Risk::Write, summary, ctx.limits.output_cap, Some(structured), vec![rel]))
+    }
+}

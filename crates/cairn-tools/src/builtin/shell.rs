@@ -1,0 +1,328 @@
+//! `shell {command, timeout?}`: a command line run by `bash -c` in the
+//! session's working directory, in its own process group, under the
+//! sandbox, with a timeout, capped and streamed output and cancellation.
+//!
+//! This module owns the shell's risk rule (Write, raised to Destructive when
+//! the command matches a configured destructive shape) and the runtime
+//! bypass: when a sandboxed command fails with a permission error, the user
+//! may approve, through `ToolContext::approve_bypass`, one more run of that
+//! exact command without the sandbox. Nothing else ever lifts the sandbox.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cairn_core::tool::{
+    Capability, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec,
+    Validation,
+};
+use regex::{Regex, RegexBuilder};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{caps, parse_args};
+use crate::ToolsConfig;
+use crate::process::{self, End, RunOutcome, RunSpec};
+use crate::sandbox::{self, Decision, SandboxPolicy};
+
+/// Command shapes that make a shell call Destructive (case-insensitive
+/// regexes; the CLI may replace or extend the list).
+pub const DEFAULT_DESTRUCTIVE_PATTERNS: &[&str] = &[
+    // recursive or forced deletes
+    r"\brm\s+(-\S+\s+)*-[a-z]*r",
+    r"\brm\s+(-\S+\s+)*--recursive",
+    r"\bfind\b.*\s-delete\b",
+    r"\bfind\b.*-exec\s+rm\b",
+    r"\bshred\b",
+    r"\btruncate\b",
+    // git history rewrites and lost work
+    r"\bgit\s+push\b.*(\s-f\b|--force|\s\+\S)",
+    r"\bgit\s+reset\s+--hard\b",
+    r"\bgit\s+clean\b.*\s-[a-z]*f",
+    r"\bgit\s+(checkout|restore)\b.*\s--?\s*\.(\s|$)",
+    r"\bgit\s+branch\s+-D\b",
+    r"\bgit\s+filter-(branch|repo)\b",
+    // disks and file systems
+    r"\bdd\b.*\bof=",
+    r"\bmkfs(\.\w+)?\b",
+    r"\b(fdisk|sfdisk|gdisk|parted|wipefs|blkdiscard|mkswap|cryptsetup|losetup)\b",
+    r">\s*/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk)",
+    // permissions, ownership, the machine itself
+    r"\bchmod\s+(-\S+\s+)*-[a-z]*R",
+    r"\bchown\s+(-\S+\s+)*-[a-z]*R",
+    r"\b(shutdown|reboot|halt|poweroff)\b",
+    r"\bkill(all)?\s+(-\S+\s+)*-?1\b",
+    r":\(\)\s*\{",
+    r"\bmv\s+.*\s/dev/null\b",
+];
+
+/// A destructive pattern that is not a valid regex.
+#[derive(Debug, thiserror::Error)]
+#[error("destructive pattern {pattern:?} is not a valid regex ({reason}): fix it in the tools config")]
+pub struct PatternError {
+    /// The pattern.
+    pub pattern: String,
+    /// Why it failed.
+    pub reason: String,
+}
+
+/// The `shell` tool.
+#[derive(Debug)]
+pub struct Shell {
+    spec: ToolSpec,
+    destructive: Vec<Regex>,
+    network: bool,
+    allow_unsandboxed: bool,
+    offer_bypass: bool,
+    max_processes: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShellArgs {
+    command: String,
+    timeout: Option<f64>,
+}
+
+/// Longest timeout a call may ask for.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+impl Shell {
+    /// The tool with the configured patterns and sandbox settings.
+    pub fn new(config: &ToolsConfig) -> Result<Self, PatternError> {
+        let destructive = config
+            .destructive_patterns
+            .iter()
+            .map(|p| {
+                RegexBuilder::new(p)
+                    .case_insensitive(true)
+                    .build()
+                    .map_err(|e| PatternError { pattern: p.clone(), reason: e.to_string() })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut capabilities =
+            caps(&[Capability::FileRead, Capability::FileWrite, Capability::ShellExec, Capability::ProcessSpawn]);
+        if config.shell_network {
+            capabilities.insert(Capability::Network);
+        }
+        let spec = ToolSpec {
+            name: "shell".into(),
+            description: "Run a command line with bash in the working directory. It runs in a sandbox: it can read \
+                          and write the working directory and a private TMPDIR, read system directories, and has \
+                          no network unless configured. Output is capped. timeout is in seconds."
+                .into(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The command line (bash syntax)"},
+                    "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the command is killed"}
+                },
+                "required": ["command"],
+                "additionalProperties": false
+            }),
+            risk: Risk::Write,
+            capabilities,
+            replay: ReplayPolicy::Never,
+        };
+        Ok(Self {
+            spec,
+            destructive,
+            network: config.shell_network,
+            allow_unsandboxed: config.allow_unsandboxed,
+            offer_bypass: config.offer_bypass_on_denial,
+            max_processes: config.max_processes,
+        })
+    }
+
+    /// The destructive pattern `command` matches, if any.
+    pub fn destructive_match(&self, command: &str) -> Option<&str> {
+        self.destructive.iter().find(|r| r.is_match(command)).map(|r| r.as_str())
+    }
+
+    fn spec_for(&self, command: &str, cwd: &Path, timeout: Duration, sandboxed: bool) -> RunSpec {
+        let policy = SandboxPolicy {
+            cwd: cwd.to_path_buf(),
+            read_cwd: true,
+            write_cwd: true,
+            network: self.network,
+            process_spawn: true,
+            ..SandboxPolicy::default()
+        };
+        RunSpec {
+            argv: vec![OsString::from("bash"), OsString::from("-c"), OsString::from(command)],
+            cwd: cwd.to_path_buf(),
+            stdin: Vec::new(),
+            env: crate::env::scrubbed_env(),
+            sandbox: sandboxed.then_some(policy),
+            timeout,
+            output_cap: 0,
+            max_processes: self.max_processes,
+        }
+    }
+}
+
+/// Whether a failed run looks like the sandbox said no.
+fn looks_denied(outcome: &RunOutcome) -> bool {
+    if outcome.exit_code == 0 || outcome.end != End::Exited {
+        return false;
+    }
+    let text = [&outcome.stderr.kept, &outcome.stdout.kept]
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect::<String>();
+    ["Permission denied", "Operation not permitted", "Read-only file system"].iter().any(|m| text.contains(m))
+}
+
+/// Combined text of stdout and stderr for the model.
+pub(crate) fn outcome_text(outcome: &RunOutcome) -> String {
+    let mut text = process::capped_text(&outcome.stdout);
+    if outcome.stderr.total > 0 {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str("[stderr]\n");
+        text.push_str(&process::capped_text(&outcome.stderr));
+    }
+    text
+}
+
+impl Tool for Shell {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn risk(&self, arguments: &Value) -> Risk {
+        match arguments.get("command").and_then(Value::as_str) {
+            Some(command) if self.destructive_match(command).is_some() => Risk::Destructive,
+            _ => Risk::Write,
+        }
+    }
+
+    fn validate(&self, request: &ToolRequest) -> Validation {
+        match parse_args::<ShellArgs>(request) {
+            Ok(a) if a.command.trim().is_empty() => Validation::Invalid("command is empty".into()),
+            Ok(a) if a.timeout.is_some_and(|t| !(t > 0.0 && t.is_finite())) => {
+                Validation::Invalid("timeout must be a positive number of seconds".into())
+            }
+            Ok(_) => Validation::Valid,
+            Err(e) => Validation::Invalid(e),
+        }
+    }
+
+    fn preview(&self, request: &ToolRequest, cwd: &Path) -> Option<Preview> {
+        let command = request.arguments.get("command").and_then(Value::as_str)?.to_string();
+        Some(Preview::Command { command, cwd: cwd.display().to_string() })
+    }
+
+    fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+        let start = Instant::now();
+        let args: ShellArgs = parse_args(request).map_err(ToolError::InvalidArguments)?;
+        let tier = self.risk(&request.arguments);
+        let timeout = args
+            .timeout
+            .map(|t| Duration::from_secs_f64(t.clamp(0.001, MAX_TIMEOUT.as_secs_f64())))
+            .unwrap_or(ctx.limits.timeout);
+        let mut notes = Vec::new();
+        let sandboxed = match sandbox::decide(&sandbox::landlock_status(), tier, self.allow_unsandboxed) {
+            Decision::Sandboxed => true,
+            Decision::Unsandboxed(note) => {
+                notes.push(note);
+                false
+            }
+            Decision::Refuse(why) => return Err(ToolError::Sandbox(why)),
+        };
+        let mut spec = self.spec_for(&args.command, ctx.cwd, timeout, sandboxed);
+        spec.output_cap = ctx.limits.output_cap;
+        let mut outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
+        let mut bypassed = false;
+        if sandboxed && self.offer_bypass && looks_denied(&outcome) {
+            let question = format!(
+                "The sandbox denied part of `{}` (exit code {}). Run this exact command once more WITHOUT the \
+                 sandbox (full file-system and network access for this one call)?",
+                args.command, outcome.exit_code
+            );
+            if (ctx.approve_bypass)(&question) {
+                notes.push("[cairn: re-ran once without the sandbox after an approved bypass]".into());
+                let mut again = self.spec_for(&args.command, ctx.cwd, timeout, false);
+                again.output_cap = ctx.limits.output_cap;
+                outcome = process::run(&again, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
+                bypassed = true;
+            }
+        }
+        match outcome.end {
+            End::TimedOut => return Err(ToolError::Timeout(timeout)),
+            End::Cancelled => return Err(ToolError::Cancelled),
+            End::Exited => {}
+        }
+        let mut text = outcome_text(&outcome);
+        if outcome.exit_code != 0 {
+            text.push_str(&format!("[exit code {}]\n", outcome.exit_code));
+        }
+        for note in &notes {
+            text.push_str(note);
+            text.push('\n');
+        }
+        let (output_summary, cut) = crate::cap_text(text, ctx.limits.output_cap + 256);
+        Ok(ToolReceipt {
+            exit_code: outcome.exit_code,
+            output_summary,
+            structured_output: Some(json!({
+                "exitCode": outcome.exit_code,
+                "stdoutBytes": outcome.stdout.total,
+                "stderrBytes": outcome.stderr.total,
+                "sandboxed": sandboxed && !bypassed,
+                "bypassApproved": bypassed,
+            })),
+            affected_entities: Vec::new(),
+            duration_ms: start.elapsed().as_millis() as u64,
+            tier,
+            timestamp: crate::now_ms(),
+            truncated: cut || outcome.stdout.truncated() || outcome.stderr.truncated(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destructive_shapes_are_recognised() {
+        let shell = Shell::new(&ToolsConfig::default()).unwrap();
+        for cmd in [
+            "rm -rf /",
+            "rm -r build",
+            "rm -f -r x",
+            "rm -v -R x",
+            "/bin/rm --recursive x",
+            "sudo rm -fr ~",
+            "git push --force origin main",
+            "git push -f",
+            "git reset --hard HEAD~3",
+            "git clean -fdx",
+            "dd if=/dev/zero of=/dev/sda",
+            "mkfs.ext4 /dev/sdb1",
+            "wipefs -a /dev/sdb",
+            "echo x > /dev/sda",
+            "find . -name '*.o' -delete",
+            ":(){ :|:& };:",
+            "chmod -R 777 /",
+        ] {
+            assert!(shell.destructive_match(cmd).is_some(), "{cmd} should be Destructive");
+            assert_eq!(shell.risk(&json!({"command": cmd})), Risk::Destructive);
+        }
+        for cmd in
+            ["ls -la", "cargo build", "git push origin main", "grep -rn foo .", "rm file.txt", "rm -f a.o", "echo rm"]
+        {
+            assert!(shell.destructive_match(cmd).is_none(), "{cmd} should stay Write");
+            assert_eq!(shell.risk(&json!({"command": cmd})), Risk::Write);
+        }
+    }
+
+    #[test]
+    fn a_bad_pattern_is_reported() {
+        let config = ToolsConfig { destructive_patterns: vec!["(".into()], ..ToolsConfig::default() };
+        let err = Shell::new(&config).unwrap_err();
+        assert!(err.to_string().contains("not a valid regex"));
+    }
+}

@@ -1,0 +1,414 @@
+//! External tools, Ollie's model: an executable plus `NAME.toml` metadata in
+//! a tools directory, discovered lazily, run as a sandboxed child process.
+//!
+//! This module owns the metadata format, the registry (scan names cheaply,
+//! parse a tool's metadata on first use, report broken metadata with the
+//! file and the reason without failing the other tools) and the invocation
+//! protocol: arguments as JSON on stdin; stdout is the result (JSON becomes
+//! structured output, anything else is text); stderr is captured; the exit
+//! code lands in the receipt. It does not decide which directories to scan
+//! (the CLI passes them) and never lifts the sandbox without a per-call
+//! approval through `ToolContext::approve_bypass`.
+//!
+//! Metadata (`NAME.toml`, next to the executable `NAME`):
+//! ```toml
+//! description = "What the tool does, for the model"
+//! risk = "readOnly"            # readOnly | write | destructive
+//! capabilities = ["fileRead"]  # fileRead fileWrite network shellExec processSpawn
+//! replay = "idempotent"        # idempotent | never
+//! timeout = 30                 # seconds (optional; default: the turn's limit)
+//! executable = "NAME"          # optional, relative to the metadata's directory
+//! [parameters]                 # JSON Schema of the arguments object
+//! type = "object"
+//! properties = { query = { type = "string" } }
+//! required = ["query"]
+//! [bypass]                     # optional: access outside the rules, asked per call
+//! reason = "fills the cargo cache"
+//! read = ["~/.cargo"]
+//! write = ["~/.cargo/registry"]
+//! network = true
+//! ```
+
+use std::collections::{BTreeSet, HashSet};
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use cairn_core::tool::{
+    Capability, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::builtin::BUILTIN_NAMES;
+use crate::process::{self, End, RunSpec};
+use crate::sandbox::{self, Decision, SandboxPolicy};
+use crate::{ToolEntry, ToolOrigin, ToolsConfig};
+
+/// Broken metadata: which file and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {reason}", file.display())]
+pub struct MetadataError {
+    /// The metadata file (or the directory, for scan errors).
+    pub file: PathBuf,
+    /// What is wrong and what to do.
+    pub reason: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawMetadata {
+    description: String,
+    parameters: toml::Value,
+    risk: Risk,
+    #[serde(default)]
+    capabilities: BTreeSet<Capability>,
+    replay: ReplayPolicy,
+    timeout: Option<f64>,
+    executable: Option<String>,
+    bypass: Option<Bypass>,
+}
+
+/// Access outside a tool's rules that it may ask for, one call at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bypass {
+    /// Why the tool needs it (shown to the person asked).
+    pub reason: String,
+    /// Extra readable paths (absolute or `~/…`).
+    #[serde(default)]
+    pub read: Vec<String>,
+    /// Extra writable paths (absolute or `~/…`).
+    #[serde(default)]
+    pub write: Vec<String>,
+    /// Network access.
+    #[serde(default)]
+    pub network: bool,
+}
+
+impl Bypass {
+    fn describe(&self, tool: &str) -> String {
+        let mut parts = Vec::new();
+        if !self.read.is_empty() {
+            parts.push(format!("read {}", self.read.join(", ")));
+        }
+        if !self.write.is_empty() {
+            parts.push(format!("write {}", self.write.join(", ")));
+        }
+        if self.network {
+            parts.push("use the network".to_string());
+        }
+        format!(
+            "Tool `{tool}` asks, for this one call, to go outside its sandbox: {} (reason: {}). Allow?",
+            parts.join("; "),
+            self.reason
+        )
+    }
+}
+
+fn expand(path: &str) -> Option<PathBuf> {
+    if let Some(rest) = path.strip_prefix("~/") {
+        return std::env::var_os("HOME").map(|h| PathBuf::from(h).join(rest));
+    }
+    let p = PathBuf::from(path);
+    p.is_absolute().then_some(p)
+}
+
+/// A loaded external tool.
+#[derive(Debug)]
+pub struct ExternalTool {
+    spec: ToolSpec,
+    metadata: PathBuf,
+    executable: PathBuf,
+    timeout: Option<Duration>,
+    bypass: Option<Bypass>,
+    allow_unsandboxed: bool,
+    max_processes: u32,
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+impl ExternalTool {
+    /// Parse and check `NAME.toml`.
+    pub fn load(metadata: &Path, config: &ToolsConfig) -> Result<Self, MetadataError> {
+        let err = |reason: String| MetadataError { file: metadata.to_path_buf(), reason };
+        let name = metadata
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .ok_or_else(|| err("the file name is not valid UTF-8".into()))?
+            .to_string();
+        if !valid_name(&name) {
+            return Err(err(format!(
+                "'{name}' is not a valid tool name: use letters, digits, '_' and '-' (at most 64)"
+            )));
+        }
+        if BUILTIN_NAMES.contains(&name.as_str()) {
+            return Err(err(format!("'{name}' is the name of a built-in tool: rename the file")));
+        }
+        let text = std::fs::read_to_string(metadata).map_err(|e| err(format!("cannot read it: {e}")))?;
+        let raw: RawMetadata = toml::from_str(&text).map_err(|e| err(format!("invalid metadata: {e}")))?;
+        if raw.description.trim().is_empty() {
+            return Err(err("description is empty: say what the tool does, for the model".into()));
+        }
+        let schema = serde_json::to_value(&raw.parameters).map_err(|e| err(format!("parameters: {e}")))?;
+        if schema.get("type").and_then(Value::as_str) != Some("object") {
+            return Err(err("parameters must be a JSON Schema with type = \"object\"".into()));
+        }
+        if raw.replay == ReplayPolicy::Guarded {
+            return Err(err(
+                "replay = \"guarded\" needs a guard, which external tools cannot provide yet: use \"idempotent\" or \"never\""
+                    .into(),
+            ));
+        }
+        let timeout = match raw.timeout {
+            Some(t) if t > 0.0 && t <= 86_400.0 => Some(Duration::from_secs_f64(t)),
+            Some(t) => return Err(err(format!("timeout {t} is out of range: give seconds between 0 and 86400"))),
+            None => None,
+        };
+        if let Some(bad) = raw.bypass.iter().flat_map(|b| b.read.iter().chain(&b.write)).find(|p| expand(p).is_none()) {
+            return Err(err(format!("bypass path '{bad}' must be absolute or start with '~/'")));
+        }
+        let dir = metadata.parent().unwrap_or(Path::new("."));
+        let executable = dir.join(raw.executable.as_deref().unwrap_or(&name));
+        let meta = std::fs::metadata(&executable).map_err(|e| {
+            err(format!("executable {} is missing ({e}): install it next to the metadata", executable.display()))
+        })?;
+        if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+            return Err(err(format!("{} is not an executable file: chmod +x it", executable.display())));
+        }
+        Ok(Self {
+            spec: ToolSpec {
+                name,
+                description: raw.description,
+                input_schema: schema,
+                risk: raw.risk,
+                capabilities: raw.capabilities,
+                replay: raw.replay,
+            },
+            metadata: metadata.to_path_buf(),
+            executable,
+            timeout,
+            bypass: raw.bypass,
+            allow_unsandboxed: config.allow_unsandboxed,
+            max_processes: config.max_processes,
+        })
+    }
+
+    /// Where it came from.
+    pub fn origin(&self) -> ToolOrigin {
+        ToolOrigin::External { metadata: self.metadata.clone(), executable: self.executable.clone() }
+    }
+
+    /// The bypass it may ask for, if any.
+    pub fn bypass(&self) -> Option<&Bypass> {
+        self.bypass.as_ref()
+    }
+
+    fn policy(&self, cwd: &Path) -> SandboxPolicy {
+        let has = |c| self.spec.capabilities.contains(&c);
+        let mut extra_read = Vec::new();
+        if let Some(dir) = self.executable.parent() {
+            extra_read.push(dir.to_path_buf());
+        }
+        SandboxPolicy {
+            cwd: cwd.to_path_buf(),
+            read_cwd: has(Capability::FileRead),
+            write_cwd: has(Capability::FileWrite),
+            network: has(Capability::Network),
+            process_spawn: has(Capability::ProcessSpawn),
+            extra_read,
+            ..SandboxPolicy::default()
+        }
+    }
+}
+
+impl Tool for ExternalTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn validate(&self, request: &ToolRequest) -> Validation {
+        if request.arguments.is_object() {
+            Validation::Valid
+        } else {
+            Validation::Invalid(format!("{} takes a JSON object of arguments", self.spec.name))
+        }
+    }
+
+    fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+        let start = Instant::now();
+        let mut note = None;
+        let sandboxed = match sandbox::decide(&sandbox::landlock_status(), self.spec.risk, self.allow_unsandboxed) {
+            Decision::Sandboxed => true,
+            Decision::Unsandboxed(n) => {
+                note = Some(n);
+                false
+            }
+            Decision::Refuse(why) => return Err(ToolError::Sandbox(why)),
+        };
+        let mut policy = self.policy(ctx.cwd);
+        if let Some(bypass) = &self.bypass {
+            if !(ctx.approve_bypass)(&bypass.describe(&self.spec.name)) {
+                return Err(ToolError::AccessDenied(format!(
+                    "the sandbox bypass for {} was not approved, so the tool did not run",
+                    self.spec.name
+                )));
+            }
+            policy.extra_read.extend(bypass.read.iter().filter_map(|p| expand(p)));
+            policy.extra_write.extend(bypass.write.iter().filter_map(|p| expand(p)));
+            policy.network |= bypass.network;
+        }
+        let stdin = serde_json::to_vec(&request.arguments).map_err(|e| ToolError::Other(e.to_string()))?;
+        let mut env = crate::env::scrubbed_env();
+        env.push(("CAIRN_TOOL_NAME".into(), self.spec.name.clone()));
+        env.push(("CAIRN_INVOCATION_ID".into(), request.invocation_id.clone()));
+        let timeout = self.timeout.unwrap_or(ctx.limits.timeout);
+        let spec = RunSpec {
+            argv: vec![OsString::from(&self.executable)],
+            cwd: ctx.cwd.to_path_buf(),
+            stdin,
+            env,
+            sandbox: sandboxed.then_some(policy),
+            timeout,
+            output_cap: ctx.limits.output_cap,
+            max_processes: self.max_processes,
+        };
+        let outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
+        match outcome.end {
+            End::TimedOut => return Err(ToolError::Timeout(timeout)),
+            End::Cancelled => return Err(ToolError::Cancelled),
+            End::Exited => {}
+        }
+        let structured =
+            if outcome.stdout.truncated() { None } else { serde_json::from_slice::<Value>(&outcome.stdout.kept).ok() };
+        let mut text = crate::builtin::shell::outcome_text(&outcome);
+        if outcome.exit_code != 0 {
+            text.push_str(&format!("[exit code {}]\n", outcome.exit_code));
+        }
+        if let Some(n) = note {
+            text.push_str(&n);
+            text.push('\n');
+        }
+        let (output_summary, cut) = crate::cap_text(text, ctx.limits.output_cap + 256);
+        Ok(ToolReceipt {
+            exit_code: outcome.exit_code,
+            output_summary,
+            structured_output: structured.or_else(|| {
+                Some(json!({"exitCode": outcome.exit_code, "stdoutBytes": outcome.stdout.total, "stderrBytes": outcome.stderr.total}))
+            }),
+            affected_entities: Vec::new(),
+            duration_ms: start.elapsed().as_millis() as u64,
+            tier: self.spec.risk,
+            timestamp: crate::now_ms(),
+            truncated: cut || outcome.stdout.truncated() || outcome.stderr.truncated(),
+        })
+    }
+}
+
+struct Slot {
+    name: String,
+    metadata: PathBuf,
+    loaded: OnceLock<Result<Arc<ExternalTool>, MetadataError>>,
+}
+
+/// The external tools found in some directories; metadata is parsed on
+/// first use.
+pub struct ToolRegistry {
+    slots: Vec<Slot>,
+    scan_errors: Vec<MetadataError>,
+    config: ToolsConfig,
+}
+
+impl std::fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolRegistry")
+            .field("tools", &self.slots.iter().map(|s| &s.name).collect::<Vec<_>>())
+            .field("scan_errors", &self.scan_errors)
+            .finish()
+    }
+}
+
+impl ToolRegistry {
+    /// List `*.toml` files in `dirs` (missing directories are skipped). The
+    /// first directory that has a name wins; later ones are reported as
+    /// shadowed. Nothing is parsed yet.
+    pub fn scan(dirs: &[PathBuf], config: &ToolsConfig) -> Self {
+        let mut slots: Vec<Slot> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut scan_errors = Vec::new();
+        for dir in dirs {
+            let read = match std::fs::read_dir(dir) {
+                Ok(r) => r,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    scan_errors.push(MetadataError {
+                        file: dir.clone(),
+                        reason: format!("cannot list the tools directory: {e}"),
+                    });
+                    continue;
+                }
+            };
+            let mut files: Vec<PathBuf> =
+                read.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect();
+            files.sort();
+            for metadata in files {
+                let name = metadata.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+                if !seen.insert(name.clone()) {
+                    scan_errors.push(MetadataError {
+                        file: metadata,
+                        reason: format!(
+                            "ignored: a tool named '{name}' was already found in an earlier tools directory"
+                        ),
+                    });
+                    continue;
+                }
+                slots.push(Slot { name, metadata, loaded: OnceLock::new() });
+            }
+        }
+        Self { slots, scan_errors, config: config.clone() }
+    }
+
+    /// Names found, in scan order.
+    pub fn names(&self) -> Vec<&str> {
+        self.slots.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Problems found while scanning (unlistable directories, shadowed names).
+    pub fn scan_errors(&self) -> &[MetadataError] {
+        &self.scan_errors
+    }
+
+    /// The tool `name`, loading its metadata now if needed; `None` if no
+    /// such file was found.
+    pub fn get(&self, name: &str) -> Option<Result<Arc<ExternalTool>, MetadataError>> {
+        let slot = self.slots.iter().find(|s| s.name == name)?;
+        Some(slot.loaded.get_or_init(|| ExternalTool::load(&slot.metadata, &self.config).map(Arc::new)).clone())
+    }
+
+    /// Load every tool: the good ones, and one error per broken file (scan
+    /// errors included).
+    pub fn load_all(&self) -> (Vec<ToolEntry>, Vec<MetadataError>) {
+        let mut tools = Vec::new();
+        let mut errors = self.scan_errors.clone();
+        for slot in &self.slots {
+            match self.get(&slot.name) {
+                Some(Ok(tool)) => {
+                    let origin = tool.origin();
+                    tools.push(ToolEntry { tool, origin });
+                }
+                Some(Err(e)) => errors.push(e),
+                None => {}
+            }
+        }
+        (tools, errors)
+    }
+}
+
+/// Scan `dirs` and load every external tool (see [`ToolRegistry`]).
+pub fn discover(dirs: &[PathBuf], config: &ToolsConfig) -> (Vec<ToolEntry>, Vec<MetadataError>) {
+    ToolRegistry::scan(dirs, config).load_all()
+}

@@ -1,0 +1,144 @@
+//! cairn-tools: the tools an agent calls, and the fence around them.
+//!
+//! Built-in tools (`read_file`, `list_dir`, `search`, `write_file`,
+//! `edit_file`, `shell`) and external tools (an executable plus `NAME.toml`
+//! metadata, Ollie's model) all implement [`cairn_core::tool::Tool`]. Every
+//! process a tool starts (`shell`, every external tool) runs in its own
+//! process group, with a scrubbed environment, a timeout, an output cap and a
+//! Landlock + seccomp sandbox derived from the tool's declared capabilities:
+//! what a tool declares is exactly what its sandbox allows. Built-ins that
+//! run in-process confine their paths to the working directory instead.
+//!
+//! The crate performs no approvals itself: it asks the turn through
+//! `ToolContext::approve_bypass` when one call needs access outside its
+//! rules, and the turn records the verdict.
+//!
+//! # Layout
+//! - [`paths`]: resolve a path inside the working directory or refuse it.
+//! - [`env`]: environment scrubbing (no keys, tokens, secrets, passwords).
+//! - [`sandbox`]: capabilities → Landlock ruleset + seccomp filters + pids
+//!   cgroup; [`landlock_status`] reports what the kernel enforces.
+//! - [`process`]: spawn, stream, cap, time out, cancel, kill the group.
+//! - [`builtin`]: the six built-in tools.
+//! - [`external`]: the metadata registry and the external tool.
+#![deny(missing_docs)]
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+pub mod builtin;
+pub mod env;
+pub mod external;
+pub mod paths;
+pub mod process;
+pub mod sandbox;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cairn_core::tool::Tool;
+
+pub use builtin::builtin_tools;
+pub use external::{ExternalTool, MetadataError, ToolRegistry, discover};
+pub use sandbox::{SandboxStatus, landlock_status};
+
+/// Settings for the tools of one session (the CLI fills it from its config
+/// and flags).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolsConfig {
+    /// Regexes of shell command shapes that make a `shell` call Destructive.
+    pub destructive_patterns: Vec<String>,
+    /// Run Write/Destructive process tools even where the kernel cannot
+    /// sandbox them. Off by default; an explicit per-session opt-in.
+    pub allow_unsandboxed: bool,
+    /// Give `shell` network access (off by default: the sandbox denies it).
+    pub shell_network: bool,
+    /// When a sandboxed `shell` command fails with a permission error, ask
+    /// (through the bypass broker) whether to run it once more unsandboxed.
+    pub offer_bypass_on_denial: bool,
+    /// Largest file `read_file` reads whole (bytes); larger files need a
+    /// line range.
+    pub read_max_bytes: u64,
+    /// Default number of lines `read_file` returns.
+    pub read_default_lines: usize,
+    /// Most matches `search` reports.
+    pub search_max_matches: usize,
+    /// Most entries `list_dir` reports.
+    pub list_max_entries: usize,
+    /// Most processes one call may have at once (pids cgroup, when cairn
+    /// can create one).
+    pub max_processes: u32,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        Self {
+            destructive_patterns: builtin::shell::DEFAULT_DESTRUCTIVE_PATTERNS.iter().map(|s| s.to_string()).collect(),
+            allow_unsandboxed: false,
+            shell_network: false,
+            offer_bypass_on_denial: true,
+            read_max_bytes: 4 * 1024 * 1024,
+            read_default_lines: 2000,
+            search_max_matches: 200,
+            list_max_entries: 1000,
+            max_processes: 256,
+        }
+    }
+}
+
+/// Where a tool came from, for `cairn tools`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolOrigin {
+    /// Compiled into cairn.
+    Builtin,
+    /// An executable with a metadata file.
+    External {
+        /// The `NAME.toml` file.
+        metadata: PathBuf,
+        /// The executable.
+        executable: PathBuf,
+    },
+}
+
+impl std::fmt::Display for ToolOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ToolOrigin::Builtin => f.write_str("builtin"),
+            ToolOrigin::External { metadata, .. } => write!(f, "{}", metadata.display()),
+        }
+    }
+}
+
+/// A tool and where it came from.
+#[derive(Clone)]
+pub struct ToolEntry {
+    /// The tool.
+    pub tool: Arc<dyn Tool>,
+    /// Its origin.
+    pub origin: ToolOrigin,
+}
+
+impl std::fmt::Debug for ToolEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolEntry").field("name", &self.tool.spec().name).field("origin", &self.origin).finish()
+    }
+}
+
+/// Now in ms since the Unix epoch (receipt timestamps).
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Cut `text` to at most `cap` bytes (on a char boundary) and append the
+/// truncation marker; returns the text and whether it was cut.
+pub(crate) fn cap_text(text: String, cap: usize) -> (String, bool) {
+    if text.len() <= cap {
+        return (text, false);
+    }
+    let mut end = cap;
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = text[..end].to_string();
+    out.push_str(&process::truncation_marker(end as u64, text.len() as u64));
+    (out, true)
+}

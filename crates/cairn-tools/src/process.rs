@@ -1,0 +1,286 @@
+//! Process lifecycle for every tool that runs a program (`shell` and the
+//! external tools): spawn in its own process group (and pids cgroup when
+//! available) under the sandbox, feed stdin, capture stdout/stderr up to a
+//! cap while streaming them, and kill the whole group on timeout, on
+//! cancellation and when the leader exits.
+//!
+//! This module owns the invariant "a call's processes do not outlive the
+//! call, and its output never costs more memory than the cap". It does not
+//! decide policy (which sandbox, which environment): callers pass it in.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use cairn_core::CancelToken;
+
+use crate::sandbox::{Prepared, SandboxError, SandboxPolicy};
+
+/// What to run and under which limits.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Program and arguments.
+    pub argv: Vec<OsString>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// Bytes written to stdin (then closed).
+    pub stdin: Vec<u8>,
+    /// The complete environment (already scrubbed); `TMPDIR` is added.
+    pub env: Vec<(String, String)>,
+    /// The sandbox; `None` runs unsandboxed (explicit opt-in only).
+    pub sandbox: Option<SandboxPolicy>,
+    /// Wall-clock limit.
+    pub timeout: Duration,
+    /// Bytes kept (and streamed) per stream.
+    pub output_cap: usize,
+    /// Process cap (pids cgroup) for this call.
+    pub max_processes: u32,
+}
+
+/// Output of one stream: the kept prefix and how many bytes there were.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Captured {
+    /// The first `cap` bytes.
+    pub kept: Vec<u8>,
+    /// Every byte the stream produced.
+    pub total: u64,
+}
+
+impl Captured {
+    /// Whether bytes were dropped.
+    pub fn truncated(&self) -> bool {
+        self.total > self.kept.len() as u64
+    }
+}
+
+/// How the call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The leader exited by itself.
+    Exited,
+    /// The timeout fired and the group was killed.
+    TimedOut,
+    /// The cancel token fired and the group was killed.
+    Cancelled,
+}
+
+/// The result of a run.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// Exit code (128 + signal when killed by a signal).
+    pub exit_code: i32,
+    /// Standard output.
+    pub stdout: Captured,
+    /// Standard error.
+    pub stderr: Captured,
+    /// How it ended.
+    pub end: End,
+    /// Wall time.
+    pub duration: Duration,
+    /// The leader's pid (= process group id).
+    pub pid: u32,
+}
+
+/// Why a program could not be run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The sandbox could not be prepared.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The private temp directory could not be made.
+    #[error("cannot create the private temp directory: {0}")]
+    TempDir(std::io::Error),
+    /// Spawning failed (program missing, not executable, sandbox refused).
+    #[error("cannot start '{program}': {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Waiting on the child failed.
+    #[error("waiting for the tool process failed: {0}")]
+    Wait(std::io::Error),
+}
+
+enum Msg {
+    Chunk(usize, Vec<u8>),
+    Done(usize, u64),
+}
+
+const CHUNK: usize = 64 * 1024;
+
+fn reader(mut src: impl Read, idx: usize, cap: usize, tx: mpsc::SyncSender<Msg>) {
+    let mut buf = vec![0u8; CHUNK];
+    let mut total: u64 = 0;
+    let mut sent: usize = 0;
+    loop {
+        match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                total += n as u64;
+                if sent < cap {
+                    let take = n.min(cap - sent);
+                    sent += take;
+                    if tx.send(Msg::Chunk(idx, buf[..take].to_vec())).is_err() {
+                        // The caller gave up; keep draining so the writer is
+                        // not blocked on a full pipe.
+                        sent = cap;
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let _ = tx.send(Msg::Done(idx, total));
+}
+
+/// Kill the process group `pgid` and every process of the call's cgroup,
+/// until none is left (bounded).
+pub fn kill_group(pgid: u32, prepared: &Prepared) {
+    for _ in 0..200 {
+        // SAFETY: kill(2) on the negative pgid of a group we created.
+        let rc = unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) };
+        let group_gone = rc == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        let cgroup_empty = prepared.cgroup().is_none_or(|c| c.kill_all());
+        if group_gone && cgroup_empty {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Run `spec`, streaming output chunks to `output`, until it exits, times
+/// out or `cancel` fires.
+pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) -> Result<RunOutcome, RunError> {
+    let tmp = tempfile::Builder::new().prefix("cairn-tool-").tempdir().map_err(RunError::TempDir)?;
+    let prepared = match &spec.sandbox {
+        Some(policy) => {
+            let mut policy = policy.clone();
+            policy.tmp_dir = Some(tmp.path().to_path_buf());
+            policy.max_processes = spec.max_processes;
+            Prepared::new(&policy)?
+        }
+        None => Prepared::unsandboxed(spec.max_processes),
+    };
+    let hook = prepared.hook();
+
+    let program = spec.argv.first().cloned().unwrap_or_default();
+    let mut cmd = Command::new(&program);
+    cmd.args(spec.argv.iter().skip(1))
+        .current_dir(&spec.cwd)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .env("TMPDIR", tmp.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: the hook only issues raw syscalls (no allocation, no locks),
+    // which is what is allowed between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || hook.apply());
+    }
+    let start = Instant::now();
+    let mut child =
+        cmd.spawn().map_err(|source| RunError::Spawn { program: Path::new(&program).display().to_string(), source })?;
+    let pid = child.id();
+
+    let (tx, rx) = mpsc::sync_channel::<Msg>(16);
+    let mut readers = 0;
+    if let Some(out) = child.stdout.take() {
+        let tx = tx.clone();
+        let cap = spec.output_cap;
+        std::thread::spawn(move || reader(out, 0, cap, tx));
+        readers += 1;
+    }
+    if let Some(err) = child.stderr.take() {
+        let tx = tx.clone();
+        let cap = spec.output_cap;
+        std::thread::spawn(move || reader(err, 1, cap, tx));
+        readers += 1;
+    }
+    drop(tx);
+    if let Some(mut stdin) = child.stdin.take() {
+        let data = spec.stdin.clone();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&data);
+        });
+    }
+
+    let mut captured = [Captured::default(), Captured::default()];
+    let mut done = 0;
+    let mut status = None;
+    let mut end = End::Exited;
+    let deadline = start + spec.timeout;
+    let mut handle = |msg: Msg, captured: &mut [Captured; 2], done: &mut usize| match msg {
+        Msg::Chunk(i, bytes) => {
+            output(&bytes);
+            captured[i].kept.extend_from_slice(&bytes);
+        }
+        Msg::Done(i, total) => {
+            captured[i].total = total;
+            *done += 1;
+        }
+    };
+    // Phase 1: until the leader exits, the deadline passes or cancel fires.
+    loop {
+        match rx.recv_timeout(Duration::from_millis(10)) {
+            Ok(msg) => handle(msg, &mut captured, &mut done),
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+        }
+        if let Some(s) = child.try_wait().map_err(RunError::Wait)? {
+            status = Some(s);
+            break;
+        }
+        if cancel.is_cancelled() {
+            end = End::Cancelled;
+            break;
+        }
+        if Instant::now() >= deadline {
+            end = End::TimedOut;
+            break;
+        }
+    }
+    // Phase 2: nothing of the call outlives it.
+    kill_group(pid, &prepared);
+    let status = match status {
+        Some(s) => s,
+        None => child.wait().map_err(RunError::Wait)?,
+    };
+    kill_group(pid, &prepared);
+    // Phase 3: drain what the pipes still hold (bounded wait: a process that
+    // escaped both the group and the cgroup must not hang the turn).
+    let grace = Instant::now() + Duration::from_secs(2);
+    while done < readers && Instant::now() < grace {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(msg) => handle(msg, &mut captured, &mut done),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let [stdout, stderr] = captured;
+    drop(prepared);
+    Ok(RunOutcome { exit_code, stdout, stderr, end, duration: start.elapsed(), pid })
+}
+
+/// Text of a capture with a clear truncation marker when bytes were dropped.
+pub fn capped_text(c: &Captured) -> String {
+    let mut s = String::from_utf8_lossy(&c.kept).into_owned();
+    if c.truncated() {
+        s.push_str(&truncation_marker(c.kept.len() as u64, c.total));
+    }
+    s
+}
+
+/// The marker appended when output was cut.
+pub fn truncation_marker(kept: u64, total: u64) -> String {
+    format!("\n[cairn: output truncated: kept the first {kept} of {total} bytes]\n")
+}
