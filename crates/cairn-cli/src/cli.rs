@@ -220,8 +220,31 @@ fn run(cli: Cli) -> Result<u8> {
     };
     let settings = Settings::load(&paths.config_file, &overrides)?;
     let ctx = Context { common: cli.common, paths, settings, err_style: Style::stderr(), out_style: Style::stdout() };
+    use crate::{commands, host, local, sessions};
+    let resolve = |target: &str| sessions::resolve(&ctx.paths, target);
     match cli.command {
-        Command::Config => crate::commands::config(&ctx),
-        _ => anyhow::bail!("not yet wired"),
+        Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
+        Command::Chat { id } => {
+            let path = id.as_deref().map(resolve).transpose()?;
+            host::chat(&ctx, path.as_deref())
+        }
+        Command::Resume { id, last, prompt } => {
+            let path = match (id, last) {
+                (Some(id), _) => resolve(&id)?,
+                (None, true) => sessions::last(&ctx.paths)?,
+                (None, false) => anyhow::bail!("which session? give an id or name, or --last for the most recent"),
+            };
+            host::resume(&ctx, &path, prompt)
+        }
+        Command::Sessions => commands::sessions(&ctx),
+        Command::Show { id } => commands::show(&ctx, &resolve(&id)?),
+        Command::Log { id, follow } => commands::log(&ctx, &resolve(&id)?, follow),
+        Command::Fork { id, entry, lane } => commands::fork(&ctx, &resolve(&id)?, &entry, lane),
+        Command::Compact { id } => commands::compact(&ctx, &resolve(&id)?),
+        Command::Check { target } => commands::check(&ctx, &resolve(&target)?),
+        Command::Tools => commands::tools(&ctx),
+        Command::Config => commands::config(&ctx),
+        Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
+        Command::Model { action: ModelAction::Path } => local::path(&ctx),
     }
 }

@@ -40,11 +40,6 @@ impl Paths {
         self.data.join("sessions")
     }
 
-    /// Where the embedded model is installed.
-    pub fn models(&self) -> PathBuf {
-        self.data.join("models")
-    }
-
     /// Directories searched for external tools, lowest precedence first:
     /// the data directory, the config directory, then `.cairn/tools` in the
     /// working directory.

@@ -20,11 +20,6 @@ impl Style {
         Self { color: colour_allowed() && std::io::stdout().is_terminal() }
     }
 
-    /// Whether colours are on.
-    pub fn enabled(&self) -> bool {
-        self.color
-    }
-
     fn paint(&self, code: &str, text: &str) -> String {
         if self.color { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
     }

@@ -1,6 +1,6 @@
 //! Helpers for the CLI tests: a private `CAIRN_HOME` and a command builder
 //! with a clean environment (no provider keys, no colours).
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

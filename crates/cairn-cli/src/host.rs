@@ -1,0 +1,389 @@
+//! Wiring a turn: the provider, the tools, the approver and the session
+//! store, built from the resolved configuration, then `run`, `chat` and
+//! `resume`, which hand them to `cairn_core::Session`.
+//!
+//! The turn itself (state machine, effect sandwich, approval policy) lives in
+//! cairn-core; this module only assembles the parts and maps outcomes to
+//! exit codes.
+
+use std::io::{BufRead, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use cairn_core::approval::{Allowlist, Approver, PolicyApprover};
+use cairn_core::provider::Provider;
+use cairn_core::storage::Storage;
+use cairn_core::storage::{Header, JsonlStore, StoreOptions, Transaction, new_session_id, to_raw};
+use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent, TurnOutcome, TurnStop};
+use cairn_provider::{ProviderConfig, ProviderKind};
+use cairn_tools::{ToolEntry, ToolsConfig};
+use serde_json::json;
+
+use crate::approver::TerminalApprover;
+use crate::cli::{Context, exit};
+use crate::render::{Mode, Renderer};
+use crate::sessions::NAME_KEY;
+
+/// The system prompt when none is configured.
+const DEFAULT_SYSTEM: &str = "You are cairn, a careful agent working in the user's directory. \
+Use the tools to look before you change anything, keep changes small, and answer concisely.";
+
+/// The parts a turn needs, built once per command.
+pub struct Wiring {
+    provider: Box<dyn Provider + Send>,
+    registry: ToolRegistry,
+    approver: PolicyApprover,
+}
+
+impl std::fmt::Debug for Wiring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wiring").field("provider", &self.provider.name()).finish_non_exhaustive()
+    }
+}
+
+/// Build the configured provider.
+pub fn build_provider(ctx: &Context) -> Result<Box<dyn Provider + Send>> {
+    let name = &ctx.settings.provider.value;
+    let mut config = ProviderConfig::resolve(name, ctx.settings.providers.get(name))?;
+    if let Some(model) = &ctx.settings.model.value {
+        config.model = Some(model.clone());
+    }
+    if let Some(script) = &ctx.settings.script.value {
+        config.script = Some(script.clone());
+    }
+    if config.kind == ProviderKind::Local {
+        return crate::local::provider(ctx);
+    }
+    Ok(cairn_provider::build(&config, &|k| std::env::var(k).ok())?)
+}
+
+/// The tools settings from configuration and flags.
+pub fn tools_config(ctx: &Context) -> ToolsConfig {
+    let mut config = ToolsConfig::default();
+    config.destructive_patterns.extend(ctx.settings.destructive_patterns.value.iter().cloned());
+    config.allow_unsandboxed = ctx.common.allow_unsandboxed;
+    config
+}
+
+/// Built-in and external tools for `cwd`, and notes about tools that could
+/// not be loaded.
+pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<(Vec<ToolEntry>, Vec<String>)> {
+    let config = tools_config(ctx);
+    let mut entries = cairn_tools::builtin_tools(&config).context("invalid [tools] destructive_patterns")?;
+    let (external, errors) = cairn_tools::discover(&ctx.paths.tool_dirs(cwd), &config);
+    let mut notes: Vec<String> = errors.iter().map(|e| format!("tool skipped: {e}")).collect();
+    for entry in external {
+        let name = entry.tool.spec().name.clone();
+        if entries.iter().any(|e| e.tool.spec().name == name) {
+            notes.push(format!("tool skipped: {} ({}) has the same name as an earlier tool", name, entry.origin));
+        } else {
+            entries.push(entry);
+        }
+    }
+    Ok((entries, notes))
+}
+
+/// Build provider, tools and approver for a session in `cwd`.
+pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring> {
+    let provider = build_provider(ctx)?;
+    let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
+        .context("invalid allow pattern (from --allow or [approvals] allow)")?;
+    let terminal = TerminalApprover::new(ctx.err_style, ctx.common.yes);
+    let approver = PolicyApprover::new(allow, Some(Box::new(terminal)));
+    let mut registry = ToolRegistry::new(approver.is_interactive());
+    let (entries, mut notes) = tool_entries(ctx, cwd)?;
+    for entry in entries {
+        let name = entry.tool.spec().name.clone();
+        if let Err(e) = registry.register(entry.tool) {
+            notes.push(format!("tool {name} not offered: {e}"));
+        }
+    }
+    for note in notes {
+        renderer.notice(&note);
+    }
+    Ok(Wiring { provider, registry, approver })
+}
+
+/// The session settings from configuration.
+pub fn session_config(ctx: &Context) -> SessionConfig {
+    SessionConfig {
+        system: Some(ctx.settings.system_prompt.value.clone().unwrap_or_else(|| DEFAULT_SYSTEM.to_owned())),
+        max_steps: ctx.settings.max_steps.value,
+        output_cap: ctx.settings.tool_output_cap.value,
+        tool_timeout: Duration::from_secs(ctx.settings.tool_timeout_secs.value),
+        ..SessionConfig::default()
+    }
+}
+
+/// The working directory for a new session.
+fn new_session_cwd(ctx: &Context) -> Result<PathBuf> {
+    let cwd = match &ctx.common.cwd {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    cwd.canonicalize().with_context(|| format!("--cwd {}: no such directory", cwd.display()))
+}
+
+/// Create a new session file (named with `--name` if given).
+pub fn create_session(ctx: &Context) -> Result<(JsonlStore, PathBuf)> {
+    let cwd = new_session_cwd(ctx)?;
+    let header = Header::new(new_session_id(), cwd.display().to_string());
+    let mut store = JsonlStore::create(&ctx.paths.sessions(), header, StoreOptions::default())
+        .with_context(|| format!("cannot create a session in {}", ctx.paths.sessions().display()))?;
+    if let Some(name) = &ctx.common.name {
+        store.commit(Transaction::new().set("fact", NAME_KEY, to_raw(name)?))?;
+    }
+    Ok((store, cwd))
+}
+
+/// Open an existing session for writing.
+pub fn open_session(path: &Path) -> Result<JsonlStore> {
+    Ok(JsonlStore::open(path, StoreOptions::default())?)
+}
+
+/// Ctrl-C handling shared by every turn of this process: the first press
+/// cancels the running turn (settled durably by the core); a press with no
+/// turn running, or a second press, leaves.
+struct Interrupts {
+    current: Mutex<Option<CancelToken>>,
+    in_turn: AtomicBool,
+}
+
+fn interrupts() -> &'static Arc<Interrupts> {
+    static CELL: OnceLock<Arc<Interrupts>> = OnceLock::new();
+    CELL.get_or_init(|| {
+        let state = Arc::new(Interrupts { current: Mutex::new(None), in_turn: AtomicBool::new(false) });
+        let handler_state = Arc::clone(&state);
+        // If the handler cannot be installed Ctrl-C keeps its default
+        // behaviour (kill): the session file stays valid and resumable.
+        let _ = ctrlc::set_handler(move || {
+            let token = handler_state.current.lock().ok().and_then(|g| g.clone());
+            match token {
+                Some(token) if handler_state.in_turn.load(Ordering::SeqCst) && !token.is_cancelled() => {
+                    let _ = writeln!(std::io::stderr(), "\ninterrupting… (press Ctrl-C again to leave)");
+                    token.cancel();
+                }
+                Some(_) => std::process::exit(i32::from(exit::CANCELLED)),
+                None => std::process::exit(i32::from(exit::SUCCESS)),
+            }
+        });
+        state
+    })
+}
+
+fn arm(token: &CancelToken) {
+    let state = interrupts();
+    if let Ok(mut current) = state.current.lock() {
+        *current = Some(token.clone());
+    }
+    state.in_turn.store(true, Ordering::SeqCst);
+}
+
+fn disarm() {
+    interrupts().in_turn.store(false, Ordering::SeqCst);
+}
+
+/// Run one turn (a new prompt) or resume the interrupted one (`prompt` None).
+fn drive(
+    session: &mut Session<JsonlStore>,
+    wiring: &mut Wiring,
+    renderer: &mut Renderer,
+    prompt: Option<&str>,
+) -> Result<Option<TurnOutcome>> {
+    let cancel = CancelToken::new();
+    arm(&cancel);
+    renderer.begin();
+    let result = {
+        let mut observer = |event: &TurnEvent| renderer.event(event);
+        let mut env = TurnEnv {
+            provider: &*wiring.provider,
+            tools: &wiring.registry,
+            approver: &mut wiring.approver,
+            observer: &mut observer,
+            cancel: &cancel,
+        };
+        match prompt {
+            Some(text) => session.run_turn(text, &mut env).map(Some),
+            None => session.resume(&mut env),
+        }
+    };
+    disarm();
+    let id = session.store().header().id.clone();
+    renderer.finish(&id);
+    if let Some(e) = renderer.write_error.take() {
+        return Err(e.into());
+    }
+    result.with_context(|| format!("session {id}"))
+}
+
+/// The exit code for a finished turn, with a hint on stderr.
+fn outcome_code(outcome: &TurnOutcome, renderer: &mut Renderer, session_id: &str) -> u8 {
+    let code = match outcome.stop {
+        TurnStop::Answered if renderer.totals.denied > 0 => exit::DENIED,
+        TurnStop::Answered => exit::SUCCESS,
+        TurnStop::Cancelled => {
+            renderer.notice(&format!("the turn is saved; continue it with `cairn resume {session_id}`"));
+            exit::CANCELLED
+        }
+        TurnStop::StepLimit => {
+            renderer.notice(&format!(
+                "the turn reached its step limit; raise [limits] max_steps or continue with `cairn resume {session_id} --prompt …`"
+            ));
+            exit::ERROR
+        }
+    };
+    renderer.json_line(&json!({"type": "turnEnd", "stop": outcome.stop, "exitCode": code, "sessionId": session_id}));
+    code
+}
+
+fn mode(ctx: &Context) -> Mode {
+    if ctx.common.json {
+        Mode::Json
+    } else if ctx.common.quiet {
+        Mode::Quiet
+    } else {
+        Mode::Human
+    }
+}
+
+fn announce(renderer: &mut Renderer, store: &JsonlStore) {
+    let header = store.header();
+    renderer.json_line(&json!({"type": "session", "id": header.id, "path": store.path(), "cwd": header.cwd}));
+}
+
+/// Read the prompt of `cairn run`.
+fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String> {
+    let text = match (prompt, file) {
+        (Some(p), _) => p,
+        (None, Some(path)) if path == Path::new("-") => {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text).context("cannot read the prompt from stdin")?;
+            text
+        }
+        (None, Some(path)) => {
+            std::fs::read_to_string(path).with_context(|| format!("cannot read the prompt file {}", path.display()))?
+        }
+        (None, None) => {
+            bail!("no prompt: give one (`cairn run \"…\"`), or --prompt-file FILE, or --prompt-file - for stdin")
+        }
+    };
+    if text.trim().is_empty() {
+        bail!("the prompt is empty");
+    }
+    Ok(text)
+}
+
+/// `cairn run`.
+pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
+    let prompt = read_prompt(prompt, prompt_file)?;
+    let mut renderer = Renderer::new(mode(ctx));
+    let (store, cwd) = create_session(ctx)?;
+    let mut wiring = wire(ctx, &cwd, &mut renderer)?;
+    announce(&mut renderer, &store);
+    let id = store.header().id.clone();
+    let mut session = Session::open(store, session_config(ctx))?;
+    let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&prompt))?;
+    Ok(outcome.map_or(exit::SUCCESS, |o| outcome_code(&o, &mut renderer, &id)))
+}
+
+/// `cairn resume`.
+pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> {
+    let mut renderer = Renderer::new(mode(ctx));
+    let store = open_session(path)?;
+    let cwd = PathBuf::from(&store.header().cwd);
+    let mut wiring = wire(ctx, &cwd, &mut renderer)?;
+    announce(&mut renderer, &store);
+    let id = store.header().id.clone();
+    let mut session = Session::open(store, session_config(ctx))?;
+    let mut code = exit::SUCCESS;
+    let interrupted = session.needs_resume();
+    if interrupted {
+        renderer.notice(&format!("resuming the interrupted turn of session {id}"));
+        if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
+            code = outcome_code(&outcome, &mut renderer, &id);
+            if outcome.stop != TurnStop::Answered {
+                return Ok(code);
+            }
+        }
+    }
+    match prompt {
+        Some(text) => {
+            let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&text))?;
+            Ok(outcome.map_or(code, |o| outcome_code(&o, &mut renderer, &id)))
+        }
+        None if !interrupted && std::io::stdin().is_terminal() => {
+            chat_loop(ctx, &mut session, &mut wiring, &mut renderer)
+        }
+        None => {
+            if !interrupted {
+                renderer.notice(&format!(
+                    "nothing to resume in session {id}; start a new turn with `cairn resume {id} --prompt \"…\"`"
+                ));
+            }
+            Ok(code)
+        }
+    }
+}
+
+/// `cairn chat`.
+pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
+    let mut renderer = Renderer::new(mode(ctx));
+    let (store, cwd) = match existing {
+        Some(path) => {
+            let store = open_session(path)?;
+            let cwd = PathBuf::from(&store.header().cwd);
+            (store, cwd)
+        }
+        None => create_session(ctx)?,
+    };
+    let mut wiring = wire(ctx, &cwd, &mut renderer)?;
+    announce(&mut renderer, &store);
+    let id = store.header().id.clone();
+    let mut session = Session::open(store, session_config(ctx))?;
+    renderer.notice(&format!("session {id} in {} — Ctrl-C interrupts a turn, Ctrl-D leaves", cwd.display()));
+    if session.needs_resume() {
+        renderer.notice("finishing the interrupted turn first");
+        if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
+            outcome_code(&outcome, &mut renderer, &id);
+        }
+    }
+    chat_loop(ctx, &mut session, &mut wiring, &mut renderer)
+}
+
+fn chat_loop(
+    ctx: &Context,
+    session: &mut Session<JsonlStore>,
+    wiring: &mut Wiring,
+    renderer: &mut Renderer,
+) -> Result<u8> {
+    // Make sure Ctrl-C at the prompt leaves instead of killing mid-write.
+    let _ = interrupts();
+    let id = session.store().header().id.clone();
+    let interactive = std::io::stdin().is_terminal();
+    let mut last = exit::SUCCESS;
+    loop {
+        if interactive && ctx.common.json.eq(&false) {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "{} ", ctx.err_style.bold("›"));
+            let _ = err.flush();
+        }
+        let mut line = String::new();
+        let read = std::io::stdin().lock().read_line(&mut line).context("cannot read from stdin")?;
+        if read == 0 {
+            if interactive {
+                let _ = writeln!(std::io::stderr());
+            }
+            return Ok(last);
+        }
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if let Some(outcome) = drive(session, wiring, renderer, Some(text))? {
+            last = outcome_code(&outcome, renderer, &id);
+        }
+    }
+}
