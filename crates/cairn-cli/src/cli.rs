@@ -81,6 +81,9 @@ pub struct Common {
     /// Print only the answer.
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// The lane (branch) a resumed or continued session runs on (see `cairn fork`).
+    #[arg(long, global = true, value_name = "LANE")]
+    pub lane: Option<String>,
     /// Run external tools unsandboxed when the kernel cannot sandbox them (this session only).
     #[arg(long, global = true)]
     pub allow_unsandboxed: bool,

@@ -114,6 +114,7 @@ pub fn session_config(ctx: &Context) -> SessionConfig {
         max_steps: ctx.settings.max_steps.value,
         output_cap: ctx.settings.tool_output_cap.value,
         tool_timeout: Duration::from_secs(ctx.settings.tool_timeout_secs.value),
+        lane: ctx.common.lane.clone().unwrap_or_else(|| cairn_core::turn::DEFAULT_LANE.to_owned()),
         ..SessionConfig::default()
     }
 }

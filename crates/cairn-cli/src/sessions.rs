@@ -176,6 +176,6 @@ mod tests {
     #[test]
     fn formats_utc_times() {
         assert_eq!(format_time(0), "1970-01-01 00:00:00Z");
-        assert_eq!(format_time(1_796_000_000_000), "2026-11-30 01:33:20Z");
+        assert_eq!(format_time(1_796_000_000_000), "2026-11-30 00:53:20Z");
     }
 }
