@@ -3,6 +3,8 @@
 //! forks, sessions, and a SIGKILL in the middle of a tool call followed by
 //! `cairn resume --last`.
 
+#![allow(clippy::unwrap_used)]
+
 mod util;
 
 use std::io::Read;
