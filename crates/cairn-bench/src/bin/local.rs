@@ -1,0 +1,128 @@
+//! Benchmark of the embedded local model (`cairn-local`): load time, prompt
+//! and generation throughput and peak RSS for the default (f32) and the fast
+//! (Q8_0) weights, and the cost of constrained decoding against free
+//! generation of the same prompt (a ratio measured in the same run).
+//!
+//! Run: `CAIRN_LOCAL_MODEL=/path/SmolLM2-135M-Instruct.Q4_1.gguf cargo run
+//! --release -p cairn-bench --bin local`. Each precision runs in its own
+//! child process so that its peak RSS is its own.
+#![allow(clippy::print_stdout)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use cairn_bench::{median, peak_rss_bytes, report};
+use cairn_core::CancelToken;
+use cairn_core::message::{Message, Role};
+use cairn_core::tool::{ReplayPolicy, Risk, ToolSpec};
+use cairn_local::chat::{example_turns, fit_prompt, system_prompt, to_turns};
+use cairn_local::{Grammar, LocalModel, LocalOptions, MODEL_ENV, Precision};
+use serde_json::json;
+
+const SAMPLES: usize = 3;
+const GEN_TOKENS: usize = 48;
+
+fn tools() -> Vec<ToolSpec> {
+    let spec = |name: &str, description: &str, schema: serde_json::Value| ToolSpec {
+        name: name.into(),
+        description: description.into(),
+        input_schema: schema,
+        risk: Risk::ReadOnly,
+        capabilities: Default::default(),
+        replay: ReplayPolicy::Idempotent,
+    };
+    vec![
+        spec(
+            "read_file",
+            "Read a text file.",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        ),
+        spec("list_dir", "List a directory.", json!({"type": "object", "properties": {"path": {"type": "string"}}})),
+        spec(
+            "shell",
+            "Run a shell command.",
+            json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+        ),
+    ]
+}
+
+fn run_mode(path: &PathBuf, precision: Precision) -> Result<()> {
+    let t = Instant::now();
+    let model = LocalModel::load(path, LocalOptions { precision, ..LocalOptions::default() })?;
+    let load = t.elapsed();
+    let cancel = CancelToken::new();
+    let tools = tools();
+    let messages = vec![Message::text(Role::User, "Read the file src/main.rs and tell me what it does.")];
+    let tok = model.tokenizer();
+    let mut count = |s: &str| tok.encode(s).map_or(0, |v| v.len());
+    let (prompt, _) =
+        fit_prompt(&to_turns(&system_prompt(None, &tools), &example_turns(&tools), &messages), 1500, &mut count);
+    let grammar = Grammar::new(tools.iter().map(|t| (t.name.as_str(), &t.input_schema)));
+    // A free-text prompt that generates many tokens.
+    let story = vec![Message::text(Role::User, "Write a long story about a lighthouse keeper.")];
+    let (story_prompt, _) = fit_prompt(&to_turns(&system_prompt(None, &[]), &[], &story), 1500, &mut count);
+
+    let mut prompt_rates = Vec::new();
+    let mut gen_rates = Vec::new();
+    let mut free_per_tok = Vec::new();
+    let mut constrained_per_tok = Vec::new();
+    let mut prompt_tokens = 0;
+    for _ in 0..SAMPLES {
+        let g = model.generate(&story_prompt, GEN_TOKENS, None, &cancel, &mut |_| {})?;
+        gen_rates.push(g.tokens.len() as f64 / g.generate_time.as_secs_f64());
+        let free = model.generate(&prompt, GEN_TOKENS, None, &cancel, &mut |_| {})?;
+        prompt_tokens = free.prompt_tokens;
+        prompt_rates.push(free.prompt_tokens as f64 / free.prompt_time.as_secs_f64());
+        free_per_tok.push(free.generate_time / free.tokens.len().max(1) as u32);
+        let con = model.generate(&prompt, GEN_TOKENS, Some(&grammar), &cancel, &mut |_| {})?;
+        constrained_per_tok.push(con.generate_time / con.tokens.len().max(1) as u32);
+        println!(
+            "  sample: free {} tokens {:?}, constrained {} tokens ({:?}) {:?}",
+            free.tokens.len(),
+            free.stop,
+            con.tokens.len(),
+            con.mode,
+            con.text()
+        );
+    }
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or_default()
+    };
+    println!("mode {precision:?}:");
+    println!("  load time: {load:?}");
+    println!("  prompt: {prompt_tokens} tokens, median {:.1} tokens/s", med(prompt_rates));
+    println!("  generation: median {:.1} tokens/s ({GEN_TOKENS} tokens max)", med(gen_rates));
+    report(
+        "  per generated token, constrained (tools offered) vs free",
+        median(constrained_per_tok),
+        median(free_per_tok),
+    );
+    let rss = peak_rss_bytes().map_or_else(|| "unknown".to_string(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
+    println!("  peak RSS: {rss}");
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let path = std::env::var_os(MODEL_ENV)
+        .map(PathBuf::from)
+        .context("set CAIRN_LOCAL_MODEL to the SmolLM2 .gguf (see `cairn model install`)")?;
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(mode) = args.get(1) {
+        let precision: Precision = mode.parse()?;
+        return run_mode(&path, precision);
+    }
+    // Baseline for the load time: reading the file's bytes.
+    let read = median(cairn_bench::sample(SAMPLES, || {
+        let _ = std::fs::read(&path).map(|b| b.len());
+    }));
+    println!("baseline: reading the {} MB file takes {read:?}", std::fs::metadata(&path)?.len() / 1_000_000);
+    for mode in ["f32", "q8_0"] {
+        let status = std::process::Command::new(std::env::current_exe()?).arg(mode).status()?;
+        if !status.success() {
+            bail!("mode {mode} failed: {status}");
+        }
+    }
+    Ok(())
+}

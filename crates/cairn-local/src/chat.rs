@@ -1,0 +1,315 @@
+//! The neutral conversation → ChatML prompt, and a tool call parsed back.
+//!
+//! SmolLM2's chat template (in the GGUF metadata) is ChatML:
+//! `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
+//! `<|im_start|>assistant\n` for the answer, with a default system prompt
+//! when the conversation has none. Offered tools are described in the system
+//! prompt; the model's earlier tool calls are rendered as the JSON object the
+//! grammar produces, and tool results as user turns (the template has no tool
+//! role). When the prompt does not fit the context, whole old messages are
+//! dropped (oldest first, never the last one), then the last message's text
+//! is cut from its start, so a long session keeps working.
+//!
+//! This module must not touch the model; it works on strings and counts.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use cairn_core::message::{ContentPart, Message, Role};
+use cairn_core::tool::ToolSpec;
+use serde_json::Value;
+
+/// The system prompt of SmolLM2's chat template, used when the host gives none.
+pub const DEFAULT_SYSTEM: &str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+
+/// The system prompt: the host's (or the template's default) plus, when
+/// tools are offered, their description and how to call them.
+pub fn system_prompt(system: Option<&str>, tools: &[ToolSpec]) -> String {
+    let mut out = system.filter(|s| !s.trim().is_empty()).unwrap_or(DEFAULT_SYSTEM).to_string();
+    if tools.is_empty() {
+        return out;
+    }
+    out.push_str("\n\nYou can call these tools:\n");
+    for tool in tools {
+        let _ = writeln!(
+            out,
+            "- {}: {} Arguments: {}",
+            tool.name,
+            tool.description.trim(),
+            describe_args(&tool.input_schema)
+        );
+    }
+    out.push_str(
+        "When the user asks for something a tool can do, call the tool: answer with only a JSON object \
+         {\"name\": \"<tool name>\", \"arguments\": {...}} and nothing else. \
+         For example, to read the file notes.txt answer:\n",
+    );
+    if let Some(first) = tools.first() {
+        let example = example_args(&first.input_schema);
+        out.push_str(&render_call(&first.name, &example));
+        out.push('\n');
+    }
+    out.push_str("Answer in plain text only when no tool is needed.");
+    out
+}
+
+/// Example arguments for the system prompt: each required string gets a
+/// plausible value.
+fn example_args(schema: &Value) -> Value {
+    let mut args = serde_json::Map::new();
+    for key in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+        let value = match key {
+            "path" | "file" | "filename" => "notes.txt",
+            "command" | "cmd" => "cat notes.txt",
+            _ => "value",
+        };
+        args.insert(key.to_string(), Value::String(value.to_string()));
+    }
+    Value::Object(args)
+}
+
+/// A compact, readable description of an arguments schema.
+fn describe_args(schema: &Value) -> String {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return "{}".to_string();
+    };
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let parts: Vec<String> = props
+        .iter()
+        .map(|(k, v)| {
+            let ty = v.get("type").map_or_else(|| "any".to_string(), |t| t.to_string().replace('"', ""));
+            let opt = if required.contains(&k.as_str()) { "" } else { ", optional" };
+            format!("\"{k}\": {ty}{opt}")
+        })
+        .collect();
+    format!("{{{}}}", parts.join(", "))
+}
+
+/// One ChatML turn before rendering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn {
+    /// `system`, `user` or `assistant`.
+    pub role: &'static str,
+    /// The text of the turn.
+    pub content: String,
+}
+
+impl Turn {
+    /// Render the turn in ChatML.
+    pub fn render(&self) -> String {
+        format!("<|im_start|>{}\n{}<|im_end|>\n", self.role, self.content)
+    }
+}
+
+/// The header that opens the model's answer.
+pub const ASSISTANT_HEADER: &str = "<|im_start|>assistant\n";
+
+/// Render a tool call the way the grammar lets the model write one.
+pub fn render_call(name: &str, arguments: &Value) -> String {
+    let call = serde_json::json!({"name": name, "arguments": arguments});
+    // Keep "name" first as the grammar requires.
+    format!(
+        "{{\"name\": {}, \"arguments\": {}}}",
+        serde_json::to_string(&call["name"]).unwrap_or_default(),
+        serde_json::to_string(&call["arguments"]).unwrap_or_default()
+    )
+}
+
+/// A short example exchange shown before the conversation when tools are
+/// offered: a small model copies the form of earlier turns far more readily
+/// than it follows instructions. Empty when no tools are offered.
+pub fn example_turns(tools: &[ToolSpec]) -> Vec<Turn> {
+    let Some(first) = tools.first() else { return Vec::new() };
+    vec![
+        Turn { role: "user", content: "Hello!".to_string() },
+        Turn { role: "assistant", content: "Hello! How can I help you?".to_string() },
+        Turn { role: "user", content: format!("Use {} on notes.txt.", first.name) },
+        Turn { role: "assistant", content: render_call(&first.name, &example_args(&first.input_schema)) },
+    ]
+}
+
+/// Turn the neutral conversation into ChatML turns (system first, then the
+/// `examples`, then the messages).
+pub fn to_turns(system: &str, examples: &[Turn], messages: &[Message]) -> Vec<Turn> {
+    let mut turns = vec![Turn { role: "system", content: system.to_string() }];
+    turns.extend(examples.iter().cloned());
+    let mut names: HashMap<&str, &str> = HashMap::new();
+    for msg in messages {
+        let mut text = String::new();
+        let mut push = |t: &str| {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(t);
+        };
+        for part in &msg.content {
+            match part {
+                ContentPart::Text { text: t } => push(t),
+                ContentPart::ToolCall(call) => {
+                    names.insert(&call.id, &call.name);
+                    push(&render_call(&call.name, &call.arguments));
+                }
+                ContentPart::ToolResult { call_id, content, is_error } => {
+                    let name = names.get(call_id.as_str()).copied().unwrap_or("the tool");
+                    let what = if *is_error { "Error from" } else { "Result of" };
+                    push(&format!("{what} {name}:\n{content}"));
+                }
+                ContentPart::Reasoning { .. } => {}
+            }
+        }
+        let role = match msg.role {
+            Role::System => {
+                // A system message inside the conversation joins the system prompt.
+                if let Some(first) = turns.first_mut() {
+                    first.content.push_str("\n\n");
+                    first.content.push_str(&text);
+                }
+                continue;
+            }
+            Role::User | Role::Tool => "user",
+            Role::Assistant => "assistant",
+        };
+        // Consecutive turns of one role (e.g. a tool result after a user
+        // message) are merged: ChatML models expect alternation.
+        let n = turns.len();
+        match turns.last_mut() {
+            Some(last) if last.role == role && n > 1 => {
+                last.content.push_str("\n\n");
+                last.content.push_str(&text);
+            }
+            _ => turns.push(Turn { role, content: text }),
+        }
+    }
+    turns
+}
+
+/// Render the turns as a prompt that fits `budget` tokens, as counted by
+/// `count`. Drops the oldest non-system turns first (never the last), then
+/// cuts the last turn's text from its start. Returns the prompt and how many
+/// turns were dropped. Turns are counted one by one: each starts with a
+/// control token, so the counts add up.
+pub fn fit_prompt(turns: &[Turn], budget: usize, count: &mut dyn FnMut(&str) -> usize) -> (String, usize) {
+    let render = |ts: &[Turn]| {
+        let mut s: String = ts.iter().map(Turn::render).collect();
+        s.push_str(ASSISTANT_HEADER);
+        s
+    };
+    let Some((system, rest)) = turns.split_first() else { return (ASSISTANT_HEADER.to_string(), 0) };
+    let fixed = count(&system.render()) + count(ASSISTANT_HEADER);
+    let costs: Vec<usize> = rest.iter().map(|t| count(&t.render())).collect();
+    let mut start = 0;
+    let mut total: usize = fixed + costs.iter().sum::<usize>();
+    while total > budget && start + 1 < rest.len() {
+        total -= costs.get(start).copied().unwrap_or_default();
+        start += 1;
+    }
+    let mut kept = vec![system.clone()];
+    kept.extend(rest.iter().skip(start).cloned());
+    if total <= budget {
+        return (render(&kept), start);
+    }
+    // Only the last turn is left and it is too long: keep its tail, halving
+    // until it fits.
+    let full = rest.last().map(|t| t.content.clone()).unwrap_or_default();
+    let mut keep_chars = full.chars().count();
+    loop {
+        keep_chars /= 2;
+        let skip = full.chars().count().saturating_sub(keep_chars);
+        if let Some(last) = kept.last_mut() {
+            last.content = format!("[…] {}", full.chars().skip(skip).collect::<String>());
+        }
+        let prompt = render(&kept);
+        if count(&prompt) <= budget || keep_chars == 0 {
+            return (prompt, start);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::message::ToolCall;
+    use serde_json::json;
+
+    #[test]
+    fn renders_chatml_with_default_system() {
+        let msgs = vec![Message::text(Role::User, "What is the capital of France?")];
+        let turns = to_turns(&system_prompt(None, &[]), &[], &msgs);
+        let (prompt, dropped) = fit_prompt(&turns, 1000, &mut |s| s.len());
+        assert_eq!(dropped, 0);
+        assert_eq!(
+            prompt,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn renders_tool_calls_and_results() {
+        let msgs = vec![
+            Message::text(Role::User, "show main"),
+            Message {
+                role: Role::Assistant,
+                content: vec![ContentPart::ToolCall(ToolCall {
+                    id: "c1".into(),
+                    name: "read_file".into(),
+                    arguments: json!({"path": "main.rs"}),
+                })],
+            },
+            Message {
+                role: Role::Tool,
+                content: vec![ContentPart::ToolResult {
+                    call_id: "c1".into(),
+                    content: "fn main() {}".into(),
+                    is_error: false,
+                }],
+            },
+        ];
+        let turns = to_turns("sys", &[], &msgs);
+        assert_eq!(turns.len(), 4);
+        assert_eq!(turns[2].content, r#"{"name": "read_file", "arguments": {"path":"main.rs"}}"#);
+        assert_eq!(turns[3], Turn { role: "user", content: "Result of read_file:\nfn main() {}".into() });
+    }
+
+    #[test]
+    fn trims_old_turns_then_the_last_one() {
+        let msgs: Vec<Message> =
+            (0..10).map(|i| Message::text(Role::User, format!("message {i} {}", "x".repeat(50)))).collect();
+        let turns = to_turns("sys", &[], &msgs);
+        // Merged into one user turn (same role): make them alternate instead.
+        assert_eq!(turns.len(), 2);
+        let alternating: Vec<Message> = (0..10)
+            .map(|i| {
+                Message::text(if i % 2 == 0 { Role::User } else { Role::Assistant }, format!("m{i} {}", "x".repeat(50)))
+            })
+            .collect();
+        let turns = to_turns("sys", &[], &alternating);
+        let (prompt, dropped) = fit_prompt(&turns, 300, &mut |s| s.len());
+        assert!(prompt.len() <= 300, "{}", prompt.len());
+        assert!(dropped > 0);
+        assert!(prompt.contains("m9"), "the last message stays");
+        assert!(prompt.starts_with("<|im_start|>system\nsys"));
+        let (prompt, _) = fit_prompt(&turns, 120, &mut |s| s.len());
+        assert!(prompt.len() <= 120, "{prompt}");
+        assert!(prompt.contains("[…]"));
+    }
+
+    #[test]
+    fn describes_tools_in_the_system_prompt() {
+        let spec = ToolSpec {
+            name: "read_file".into(),
+            description: "Read a file.".into(),
+            input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+            risk: cairn_core::tool::Risk::ReadOnly,
+            capabilities: Default::default(),
+            replay: cairn_core::tool::ReplayPolicy::Idempotent,
+        };
+        let s = system_prompt(Some("Be brief."), &[spec]);
+        assert!(s.starts_with("Be brief."));
+        assert!(s.contains(r#"- read_file: Read a file. Arguments: {"path": string}"#), "{s}");
+    }
+}

@@ -1,0 +1,257 @@
+//! `LocalProvider`: the embedded model behind cairn's `Provider` trait
+//! (name "local").
+//!
+//! A call renders the neutral conversation as ChatML (trimmed to the
+//! context), generates greedily, and streams visible text as
+//! `StreamEvent::TextDelta`. With tools offered, generation is masked by the
+//! tool-call grammar; an answer that is a complete call becomes one
+//! `ContentPart::ToolCall` with a fresh id and `StopReason::ToolUse`. Text is
+//! streamed only once the answer is known to be text (its first non-space
+//! byte is not `{`), so an observer never sees the raw JSON of a call.
+//!
+//! This module must not load models or talk to the network; it adapts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use cairn_core::CancelToken;
+use cairn_core::message::{ContentPart, Message, Role, ToolCall};
+use cairn_core::provider::{
+    AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, StopReason, StreamEvent,
+};
+use serde_json::Value;
+
+use crate::LocalError;
+use crate::chat::{example_turns, fit_prompt, system_prompt, to_turns};
+use crate::grammar::{Grammar, Mode};
+use crate::model::{GenStop, LocalModel};
+
+/// Default cap on generated tokens when the request sets none.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 512;
+
+/// The embedded model as a [`Provider`].
+#[derive(Debug, Clone)]
+pub struct LocalProvider {
+    model: Arc<LocalModel>,
+    max_output_tokens: u32,
+}
+
+impl LocalProvider {
+    /// A provider over a loaded model (share one model between providers).
+    pub fn new(model: Arc<LocalModel>) -> Self {
+        Self { model, max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS }
+    }
+
+    /// Cap generated tokens when the request sets no limit.
+    pub fn with_max_output_tokens(mut self, n: u32) -> Self {
+        self.max_output_tokens = n.max(1);
+        self
+    }
+
+    /// The model behind this provider.
+    pub fn local_model(&self) -> &Arc<LocalModel> {
+        &self.model
+    }
+}
+
+/// Streams bytes as UTF-8 text, holding back an incomplete final sequence.
+#[derive(Debug, Default)]
+struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let (valid, rest) = self.pending.split_at(e.valid_up_to());
+                    out.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                    match e.error_len() {
+                        None => {
+                            self.pending = rest.to_vec();
+                            return out;
+                        }
+                        Some(n) => {
+                            out.push('\u{FFFD}');
+                            self.pending = rest.get(n..).unwrap_or_default().to_vec();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) -> String {
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        out
+    }
+}
+
+fn new_call_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+    format!("call_{:x}{:04x}", nanos as u64, COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff)
+}
+
+/// Parse a complete call produced under the grammar.
+fn parse_call(bytes: &[u8], grammar: &Grammar) -> Option<(String, Value)> {
+    let text = String::from_utf8_lossy(bytes);
+    let value: Value = serde_json::from_str(text.trim()).ok()?;
+    let name = value.get("name")?.as_str()?.to_string();
+    if !grammar.tool_names().contains(&name) {
+        return None;
+    }
+    let arguments = value.get("arguments")?.clone();
+    Some((name, arguments))
+}
+
+impl Provider for LocalProvider {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    fn model(&self) -> &str {
+        self.model.name()
+    }
+
+    fn complete(
+        &self,
+        request: &ModelRequest<'_>,
+        observer: &mut dyn FnMut(&StreamEvent),
+        cancel: &CancelToken,
+    ) -> Result<ModelResponse, ProviderError> {
+        let started = Instant::now();
+        observer(&StreamEvent::AttemptStarted { attempt: 1 });
+        let ctx = self.model.options().context_tokens;
+        let max_new = request.max_output_tokens.unwrap_or(self.max_output_tokens).max(1) as usize;
+        // Keep at least half the context for the prompt.
+        let max_new = max_new.min(ctx / 2);
+        let system = system_prompt(request.system, request.tools);
+        let turns = to_turns(&system, &example_turns(request.tools), request.messages);
+        let tokenizer = self.model.tokenizer();
+        let mut count = |s: &str| tokenizer.encode(s).map_or(s.len(), |ids| ids.len());
+        let (prompt, _dropped) = fit_prompt(&turns, ctx - max_new, &mut count);
+        let grammar = (!request.tools.is_empty())
+            .then(|| Grammar::new(request.tools.iter().map(|t| (t.name.as_str(), &t.input_schema))));
+
+        let mut stream = Utf8Stream::default();
+        let mut text = String::new();
+        let mut on_token = |ev: crate::model::TokenEvent<'_>| {
+            // Before the answer is known to be text, only spaces were seen
+            // (dropped); a call is reported whole at the end.
+            if ev.mode == Mode::Text {
+                let mut piece = stream.push(ev.bytes);
+                if text.is_empty() {
+                    piece = piece.trim_start().to_string();
+                }
+                if !piece.is_empty() {
+                    text.push_str(&piece);
+                    observer(&StreamEvent::TextDelta { text: piece });
+                }
+            }
+        };
+        let result = self.model.generate(&prompt, max_new, grammar.as_ref(), cancel, &mut on_token);
+        let mut usage = AttemptUsage {
+            provider: "local".into(),
+            model: self.model.name().to_string(),
+            attempt: 1,
+            ..AttemptUsage::default()
+        };
+        let generation = match result {
+            Ok(g) => g,
+            Err(e) => {
+                usage.duration_ms = started.elapsed().as_millis() as u64;
+                usage.error = Some(e.to_string());
+                let kind = match e {
+                    LocalError::Cancelled => ProviderErrorKind::Cancelled,
+                    LocalError::InvalidOption(_) => ProviderErrorKind::Config,
+                    _ => ProviderErrorKind::Other,
+                };
+                let mut err = ProviderError::new(kind, e.to_string());
+                err.attempts.push(usage);
+                return Err(err);
+            }
+        };
+        usage.input_tokens = generation.prompt_tokens as u64;
+        usage.output_tokens = generation.tokens.len() as u64;
+        usage.duration_ms = started.elapsed().as_millis() as u64;
+
+        let call = match (&grammar, generation.stop) {
+            (Some(g), GenStop::CallComplete) => parse_call(&generation.bytes, g),
+            _ => None,
+        };
+        let (content, stop) = if let Some((name, arguments)) = call {
+            let id = new_call_id();
+            observer(&StreamEvent::ToolCallStarted { id: id.clone(), name: name.clone() });
+            observer(&StreamEvent::ToolCallDelta { id: id.clone(), arguments: arguments.to_string() });
+            (vec![ContentPart::ToolCall(ToolCall { id, name, arguments })], StopReason::ToolUse)
+        } else {
+            // Text (streamed already), or an unfinished call kept as text.
+            if generation.mode == Mode::Text {
+                let rest = stream.finish();
+                if !rest.is_empty() {
+                    text.push_str(&rest);
+                    observer(&StreamEvent::TextDelta { text: rest });
+                }
+            } else {
+                let raw = generation.text().trim_start().to_string();
+                if !raw.is_empty() {
+                    observer(&StreamEvent::TextDelta { text: raw.clone() });
+                }
+                text = raw;
+            }
+            let stop = match generation.stop {
+                GenStop::EndOfTurn | GenStop::CallComplete => StopReason::EndTurn,
+                GenStop::MaxTokens => StopReason::MaxTokens,
+                GenStop::NoAllowedToken => StopReason::Other,
+            };
+            (vec![ContentPart::Text { text }], stop)
+        };
+        Ok(ModelResponse { message: Message { role: Role::Assistant, content }, stop, attempts: vec![usage] })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_stream_holds_back_split_sequences() {
+        let mut s = Utf8Stream::default();
+        let bytes = "é✓".as_bytes();
+        assert_eq!(s.push(&bytes[..1]), "");
+        assert_eq!(s.push(&bytes[1..3]), "é");
+        assert_eq!(s.push(&bytes[3..]), "✓");
+        assert_eq!(s.push(&[0xff, b'a']), "\u{FFFD}a");
+        assert_eq!(s.push(&[0xe2]), "");
+        assert_eq!(s.finish(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn call_ids_are_unique() {
+        let a = new_call_id();
+        let b = new_call_id();
+        assert_ne!(a, b);
+        assert!(a.starts_with("call_"));
+    }
+
+    #[test]
+    fn parses_only_offered_tools() {
+        let schema = serde_json::json!({"type": "object"});
+        let g = Grammar::new([("read_file", &schema)]);
+        let (name, args) = parse_call(br#"{"name": "read_file", "arguments": {"path": "a"}}"#, &g).unwrap();
+        assert_eq!(name, "read_file");
+        assert_eq!(args, serde_json::json!({"path": "a"}));
+        assert!(parse_call(br#"{"name": "rm", "arguments": {}}"#, &g).is_none());
+    }
+}

