@@ -3,10 +3,69 @@
 //! itself (candle inference, constrained decoding) lives in cairn-local,
 //! behind the `local` feature so the rest builds without candle.
 
+#[cfg(not(feature = "local"))]
 use anyhow::Result;
+#[cfg(not(feature = "local"))]
 use cairn_core::provider::Provider;
 
+#[cfg(not(feature = "local"))]
 use crate::cli::Context;
+
+#[cfg(feature = "local")]
+mod embedded {
+    use std::io::Write;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    use anyhow::{Context as _, Result};
+    use cairn_core::provider::Provider;
+    use cairn_local::{LocalModel, LocalOptions, LocalProvider, Precision};
+
+    use crate::cli::{Context, exit};
+
+    /// Where the model file is: the configured path, else the data directory.
+    fn model_path(ctx: &Context) -> PathBuf {
+        ctx.settings.local_model_path.value.clone().unwrap_or_else(|| cairn_local::default_model_path(&ctx.paths.data))
+    }
+
+    /// Build the `local` provider (loads the model once per process).
+    pub fn provider(ctx: &Context) -> Result<Box<dyn Provider + Send>> {
+        let path = model_path(ctx);
+        if !path.is_file() {
+            anyhow::bail!(
+                "the embedded model is not installed (expected {}); run `cairn model install` \
+                 (or ./scripts/quickstart), or choose another provider with --provider",
+                path.display()
+            );
+        }
+        let options = LocalOptions {
+            precision: if ctx.settings.local_fast.value { Precision::Q8_0 } else { Precision::F32 },
+            threads: ctx.settings.local_threads.value.max(1),
+            ..LocalOptions::default()
+        };
+        let model: Arc<LocalModel> = LocalModel::shared(&path, options)
+            .with_context(|| format!("cannot load the embedded model from {}", path.display()))?;
+        Ok(Box::new(LocalProvider::new(model)))
+    }
+
+    /// `cairn model install [--from PATH]`.
+    pub fn install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
+        let installed = cairn_local::install_model(&ctx.paths.data, from)?;
+        writeln!(std::io::stdout(), "installed {} (sha256 verified)", installed.display())?;
+        Ok(exit::SUCCESS)
+    }
+
+    /// `cairn model path`.
+    pub fn path(ctx: &Context) -> Result<u8> {
+        let path = model_path(ctx);
+        let state = if path.is_file() { "installed" } else { "missing: run `cairn model install`" };
+        writeln!(std::io::stdout(), "{} ({state})", path.display())?;
+        Ok(if path.is_file() { exit::SUCCESS } else { exit::ERROR })
+    }
+}
+
+#[cfg(feature = "local")]
+pub use embedded::{install, path, provider};
 
 #[cfg(not(feature = "local"))]
 const NOT_BUILT: &str = "this cairn was built without the embedded model (cargo feature `local`); \
