@@ -628,8 +628,7 @@ fn the_projection_reads_a_recorded_jsonl_log_alone() {
     assert_eq!(state.invocations[0].receipt.as_ref().unwrap().output_summary, "a");
     assert_eq!(state.invocations[0].request.arguments, json!({"text": "a"}));
 
-    // A hand-written log with a second settlement: the strict replay refuses
-    // it, and the turn refuses to open it.
+    // A hand-written log with a second settlement: the strict replay refuses it.
     let mut bad = mem("/tmp");
     let request = json!({"invocationId": "i1", "turnId": "t1", "request": {"invocationId": "i1", "callId": "c", "sessionId": "s", "tool": "echo", "arguments": {}}});
     let failed = json!({"invocationId": "i1", "callId": "c", "tool": "echo", "reason": "x"});
@@ -638,7 +637,66 @@ fn the_projection_reads_a_recorded_jsonl_log_alone() {
     bad.commit(Transaction::new().entry("e3", Some("e2"), "toolFailed", to_raw(&failed).unwrap())).unwrap();
     let err = ToolState::replay_strict(&bad.entries()).unwrap_err();
     assert!(err.to_string().contains("settled twice"), "{err}");
-    assert!(matches!(Session::open(bad, SessionConfig::default()), Err(TurnError::Corrupt(_))));
+}
+
+#[test]
+fn open_rechecks_the_stored_pc_against_the_log() {
+    // Record a session whose single call is in flight (pc Executing).
+    let provider = ScriptProvider::new(vec![
+        line("", vec![call("c1", "append_never", json!({"path": "f", "text": "x"}))]),
+        line("ok", vec![]),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut session =
+        Session::open(RecordingStore::new(mem(dir.path().to_str().unwrap())), SessionConfig::default()).unwrap();
+    let mut approver = PolicyApprover::new(Allowlist::parse(["append_never"]).unwrap(), None);
+    run(&mut session, &provider, &registry(false, None), &mut approver);
+    let executing = session
+        .into_store()
+        .snapshots
+        .into_iter()
+        .find(|s| Session::open(s.clone(), SessionConfig::default()).unwrap().pc().phase == Phase::Executing)
+        .unwrap();
+    let state = executing.state().unwrap();
+    let pc: serde_json::Value = state.pc.parse().unwrap();
+    let inv = pc["invocation"].as_str().unwrap().to_owned();
+    let head = executing.entries().last().unwrap().id.clone();
+    let corrupt = |store: MemStore, what: &str| match Session::open(store, SessionConfig::default()) {
+        Err(e @ (TurnError::Corrupt(_) | TurnError::Transition(_))) => {
+            assert!(e.to_string().contains(what), "{what}: {e}")
+        }
+        other => panic!("{what}: expected an error, got {other:?}"),
+    };
+
+    let mut no_pending = executing.clone();
+    no_pending.commit(Transaction::new().delete("pending", inv.clone())).unwrap();
+    corrupt(no_pending, "no pending register");
+
+    let mut settled = executing.clone();
+    let failed = json!({"invocationId": inv, "callId": "c1", "tool": "append_never", "reason": "x"});
+    settled.commit(Transaction::new().entry("zz", Some(&head), "toolFailed", to_raw(&failed).unwrap())).unwrap();
+    corrupt(settled, "already settled");
+
+    let mut settling = executing.clone();
+    let mut bad_pc = pc.clone();
+    bad_pc["phase"] = json!("settling");
+    settling.commit(Transaction::new().state(state.seq, to_raw(&bad_pc).unwrap())).unwrap();
+    corrupt(settling, "Settling");
+
+    let mut cancelled = executing.clone();
+    let cancelled_pc = json!({"phase": "cancelled", "lane": "main", "turn": pc["turn"], "resume": pc});
+    cancelled.commit(Transaction::new().state(state.seq, to_raw(&cancelled_pc).unwrap())).unwrap();
+    corrupt(cancelled, "illegal turn transition Cancelled → Executing");
+
+    // The untouched log opens and resumes (Never: settled as uncertain).
+    let mut session = Session::open(executing, SessionConfig::default()).unwrap();
+    let mut events = Vec::new();
+    let outcome =
+        drive(&mut session, &provider, &registry(false, None), &mut approver, &mut events, &CancelToken::new(), None)
+            .unwrap()
+            .unwrap();
+    assert_eq!(outcome.text, "ok");
+    assert!(assert_healthy(session.store()).invocations[0].uncertain);
 }
 
 #[test]

@@ -30,8 +30,10 @@ const STEPS: u32 = 10;
 const SAMPLES: usize = 25;
 
 fn echo_line() -> ScriptLine {
-    serde_json::from_value(json!({"text": "", "toolCalls": [{"id": "c", "name": "echo", "arguments": {"text": "hello"}}]}))
-        .unwrap_or_default()
+    serde_json::from_value(
+        json!({"text": "", "toolCalls": [{"id": "c", "name": "echo", "arguments": {"text": "hello"}}]}),
+    )
+    .unwrap_or_default()
 }
 
 /// A session file with 10,000 entries of history (user/assistant pairs).
@@ -42,15 +44,22 @@ fn history(dir: &Path, durability: Durability) -> anyhow::Result<std::path::Path
         StoreOptions::with_durability(Durability::None),
     )?;
     let path = store.path().to_owned();
-    let answer: ScriptLine = serde_json::from_value(json!({"text": "an answer of ordinary length, some forty words or so, to make the history look like a real conversation rather than empty lines"}))?;
+    let answer: ScriptLine = serde_json::from_value(
+        json!({"text": "an answer of ordinary length, some forty words or so, to make the history look like a real conversation rather than empty lines"}),
+    )?;
     let provider = ScriptProvider::new(vec![answer]).cycling();
     let tools = ToolRegistry::new(false);
     let mut approver = PolicyApprover::new(Allowlist::new(), None);
     let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = CancelToken::new();
     let mut session = Session::open(store, SessionConfig::default())?;
-    let mut env =
-        TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &cancel };
+    let mut env = TurnEnv {
+        provider: &provider,
+        tools: &tools,
+        approver: &mut approver,
+        observer: &mut observer,
+        cancel: &cancel,
+    };
     for i in 0..HISTORY_TURNS {
         session.run_turn(&format!("question number {i} about the project"), &mut env)?;
     }
@@ -69,8 +78,13 @@ fn turn_steps(path: &Path, durability: Durability) -> anyhow::Result<(Duration, 
     let cancel = CancelToken::new();
     let config = SessionConfig { max_steps: STEPS, ..SessionConfig::default() };
     let mut session = Session::open(store, config)?;
-    let mut env =
-        TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &cancel };
+    let mut env = TurnEnv {
+        provider: &provider,
+        tools: &tools,
+        approver: &mut approver,
+        observer: &mut observer,
+        cancel: &cancel,
+    };
     let mut failed = None;
     let samples = sample(SAMPLES, || match session.run_turn("run echo", &mut env) {
         Ok(outcome) if outcome.stop == TurnStop::StepLimit && outcome.steps == STEPS => {}
