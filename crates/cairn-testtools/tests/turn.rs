@@ -742,3 +742,40 @@ fn turn_events_are_tagged_camel_case_json() {
     let replay = serde_json::to_value(ReplayPolicy::Guarded).unwrap();
     assert_eq!(replay, json!("guarded"));
 }
+
+/// A tool that panics inside its effect.
+struct PanicTool(cairn_core::tool::ToolSpec);
+
+impl cairn_core::tool::Tool for PanicTool {
+    fn spec(&self) -> &cairn_core::tool::ToolSpec {
+        &self.0
+    }
+    fn execute(
+        &self,
+        _request: &cairn_core::tool::ToolRequest,
+        _ctx: &mut cairn_core::tool::ToolContext<'_>,
+    ) -> Result<cairn_core::tool::ToolReceipt, cairn_core::tool::ToolError> {
+        panic!("boom");
+    }
+}
+
+#[test]
+fn a_panicking_tool_is_settled_as_failed() {
+    let spec = cairn_core::tool::ToolSpec {
+        name: "panics".into(),
+        description: "d".into(),
+        input_schema: json!({"type": "object"}),
+        risk: cairn_core::tool::Risk::ReadOnly,
+        capabilities: Default::default(),
+        replay: ReplayPolicy::Idempotent,
+    };
+    let mut tools = ToolRegistry::new(false);
+    tools.register(Arc::new(PanicTool(spec))).unwrap();
+    let provider = ScriptProvider::new(vec![line("", vec![call("c1", "panics", json!({}))]), line("ok", vec![])]);
+    let mut session = Session::open(mem("/tmp"), SessionConfig::default()).unwrap();
+    let (outcome, _) = run(&mut session, &provider, &tools, &mut headless());
+    assert_eq!(outcome.text, "ok");
+    let state = assert_healthy(session.store());
+    assert_eq!(state.invocations[0].status, ToolInvocationStatus::Failed);
+    assert!(state.invocations[0].reason.as_ref().unwrap().contains("panicked: boom"));
+}

@@ -4,7 +4,7 @@
 //! sandbox-bypass requests put to the approver and recorded, and the output
 //! cap applied to the receipt.
 //!
-//! Timeouts are cooperative: a tool must honour its token (cairn-tools
+//! A panicking tool is caught and settled as failed. Timeouts are cooperative: a tool must honour its token (cairn-tools
 //! kills the process group). It must not commit anything: the caller
 //! settles.
 
@@ -108,7 +108,16 @@ pub(crate) fn run(
         };
         let mut ctx =
             ToolContext { cwd, cancel: &call_cancel, limits, output: &mut output, approve_bypass: &mut approve_bypass };
-        let result = tool.execute(request, &mut ctx);
+        // A tool that panics is settled as failed; the turn goes on.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.execute(request, &mut ctx)))
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_owned());
+                Err(ToolError::Other(format!("the tool panicked: {what}")))
+            });
         let _ = done_tx.send(());
         result
     });
