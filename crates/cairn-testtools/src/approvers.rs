@@ -1,5 +1,5 @@
 //! Test approvers: one that answers from a script (and counts what it was
-//! asked), and one that always fails.
+//! asked), one that always approves, and one that always fails.
 
 use std::collections::VecDeque;
 
@@ -54,5 +54,24 @@ impl Approver for ErrApprover {
     fn decide(&mut self, _request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         self.asked += 1;
         Err(ApprovalError::Failed("the approval channel closed".to_owned()))
+    }
+}
+
+/// Approves everything, standing for a person who always says yes (used by
+/// crash tests to separate the intent commit from the start commit).
+#[derive(Debug, Default)]
+pub struct YesApprover {
+    /// How many times it was asked.
+    pub asked: usize,
+}
+
+impl Approver for YesApprover {
+    fn is_interactive(&self) -> bool {
+        true
+    }
+
+    fn decide(&mut self, _request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
+        self.asked += 1;
+        Ok(Verdict { decision: Decision::Approve, by: "user:yes".to_owned() })
     }
 }

@@ -22,7 +22,7 @@ pub mod hooks;
 pub mod provider;
 pub mod tools;
 
-pub use approvers::{ErrApprover, ScriptedApprover};
+pub use approvers::{ErrApprover, ScriptedApprover, YesApprover};
 pub use provider::{ScriptLine, ScriptProvider};
 pub use tools::{AppendLineTool, EchoTool, FailingTool, GiantOutputTool, RejectedTool, SleepTool};
 

@@ -40,7 +40,7 @@ impl Case {
         if mode == "run" {
             cmd.arg("go");
         }
-        cmd.env_remove("CAIRN_CRASH_AT").env_remove("CAIRN_CRASH_SIGNAL");
+        cmd.env_remove("CAIRN_CRASH_AT").env_remove("CAIRN_CRASH_SIGNAL").env_remove("CAIRN_APPROVER");
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd
     }
@@ -51,9 +51,18 @@ impl Case {
 
     /// Start a run that stops at `point`; wait until it is there.
     fn run_until(&self, point: &str) -> Child {
+        self.run_until_with(point, "allowlist")
+    }
+
+    fn run_until_with(&self, point: &str, approver: &str) -> Child {
         let _ = std::fs::remove_file(self.signal());
-        let mut child =
-            self.cmd("run").env("CAIRN_CRASH_AT", point).env("CAIRN_CRASH_SIGNAL", self.signal()).spawn().unwrap();
+        let mut child = self
+            .cmd("run")
+            .env("CAIRN_APPROVER", approver)
+            .env("CAIRN_CRASH_AT", point)
+            .env("CAIRN_CRASH_SIGNAL", self.signal())
+            .spawn()
+            .unwrap();
         wait_for(&self.signal(), &mut child);
         child
     }
@@ -169,6 +178,28 @@ impl Rng {
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0 % n
+    }
+}
+
+#[test]
+fn sigkill_after_an_intent_awaiting_a_person_reasks_and_runs_once() {
+    // With a person to ask, the intent commit (pc awaitingApproval) comes
+    // before the start: nothing can have run, so every policy runs once.
+    for tool in ["append_idempotent", "append_guarded", "append_never"] {
+        let case = Case::new(&one_append(tool));
+        let child = case.run_until_with("after_intent", "yes");
+        let before = case.reader();
+        assert_eq!(pc(&before).phase, Phase::AwaitingApproval, "{tool}");
+        kill(child);
+        assert_eq!(case.lines("out.txt"), 0);
+        let out = case.cmd("resume").env("CAIRN_APPROVER", "yes").output().unwrap();
+        assert!(out.status.success(), "{tool}: {}", String::from_utf8_lossy(&out.stderr));
+        let store = case.reader();
+        let state = ToolState::replay_strict(&store.entries()).unwrap();
+        let record = &state.invocations[0];
+        assert_eq!((record.settlements, record.status), (1, ToolInvocationStatus::Completed), "{tool}");
+        assert_eq!(record.verdict.as_ref().unwrap().by, "user:yes");
+        assert_eq!(case.lines("out.txt"), 1, "{tool}");
     }
 }
 

@@ -9,10 +9,12 @@
 //!   or `commit:N` — where to stop;
 //! - `CAIRN_CRASH_SIGNAL`: a file created when the point is reached (the
 //!   process then sleeps until killed);
-//! - `CAIRN_DURABILITY`: `every` (fsync each commit) or `none` (default).
+//! - `CAIRN_DURABILITY`: `every` (fsync each commit) or `none` (default);
+//! - `CAIRN_APPROVER`: `allowlist` (default: a headless policy allowlisting
+//!   the three append tools) or `yes` (an interactive approver that always
+//!   approves, so the intent and the start are separate commits).
 //!
-//! Tools: the cairn-testtools registry (headless), approver: a policy that
-//! allowlists the three append tools. Prints the outcome as JSON; exit 0 on
+//! Tools: the cairn-testtools registry. Prints the outcome as JSON; exit 0 on
 //! success, 3 when the session is busy, 1 on any other error.
 
 use std::path::{Path, PathBuf};
@@ -24,7 +26,7 @@ use cairn_core::approval::{Allowlist, PolicyApprover};
 use cairn_core::storage::{Durability, Header, JsonlStore, StorageError, StoreOptions};
 use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv, TurnError};
 use cairn_testtools::hooks::{CrashPoint, HookStore};
-use cairn_testtools::{ScriptProvider, registry};
+use cairn_testtools::{ScriptProvider, YesApprover, registry};
 
 fn pause_forever(signal: Option<&Path>, point: &str) {
     if let Some(signal) = signal {
@@ -79,8 +81,10 @@ fn run() -> anyhow::Result<i32> {
 
     let provider = ScriptProvider::from_jsonl(&std::fs::read_to_string(script)?).map_err(anyhow::Error::msg)?;
     let tools = registry(false, tool_hook);
-    let mut approver =
-        PolicyApprover::new(Allowlist::parse(["append_idempotent", "append_guarded", "append_never"])?, None);
+    let mut approver = match std::env::var("CAIRN_APPROVER").as_deref() {
+        Ok("yes") => PolicyApprover::new(Allowlist::new(), Some(Box::new(YesApprover::default()))),
+        _ => PolicyApprover::new(Allowlist::parse(["append_idempotent", "append_guarded", "append_never"])?, None),
+    };
     let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = CancelToken::new();
     let mut env = TurnEnv {
