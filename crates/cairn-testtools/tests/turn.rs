@@ -152,6 +152,11 @@ fn echo_turn_commits_the_lifecycle_and_answers() {
             "final"
         ]
     );
+    // Streamed deltas reach the observer; only the settled message is in the log.
+    assert!(events.iter().any(|e| matches!(
+        e,
+        TurnEvent::Delta { event: cairn_core::provider::StreamEvent::TextDelta { text } } if text == "done: hi"
+    )));
     // Reopening gives the same view.
     let store = session.into_store();
     let reopened = Session::open(store, SessionConfig::default()).unwrap();

@@ -42,21 +42,23 @@ pub(crate) fn run(
     let timed_out = AtomicBool::new(false);
     let mut bypasses = Vec::new();
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let deadline = Instant::now() + limits.timeout;
+    // A timeout too large to represent means no deadline.
+    let deadline = Instant::now().checked_add(limits.timeout);
     let result = std::thread::scope(|scope| {
         let watchdog_cancel = call_cancel.clone();
         let timed_out = &timed_out;
         scope.spawn(move || {
             loop {
                 let now = Instant::now();
-                if now >= deadline {
+                if deadline.is_some_and(|d| now >= d) {
                     timed_out.store(true, Ordering::SeqCst);
                     watchdog_cancel.cancel();
                     // Keep waiting for the tool to return.
                     let _ = done_rx.recv();
                     return;
                 }
-                match done_rx.recv_timeout((deadline - now).min(Duration::from_millis(10))) {
+                let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+                match done_rx.recv_timeout(left.min(Duration::from_millis(10))) {
                     Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         if outer.is_cancelled() {
