@@ -22,6 +22,8 @@ struct Case {
     dir: tempfile::TempDir,
     session: PathBuf,
     script: PathBuf,
+    /// fsync every commit (the default of real sessions) instead of none.
+    durable: bool,
 }
 
 impl Case {
@@ -31,7 +33,7 @@ impl Case {
         let script = dir.path().join("script.jsonl");
         let text: String = script_lines.iter().map(|l| format!("{l}\n")).collect();
         std::fs::write(&script, text).unwrap();
-        Self { dir, session, script }
+        Self { dir, session, script, durable: false }
     }
 
     fn cmd(&self, mode: &str) -> Command {
@@ -40,6 +42,7 @@ impl Case {
         if mode == "run" {
             cmd.arg("go");
         }
+        cmd.env("CAIRN_DURABILITY", if self.durable { "every" } else { "none" });
         cmd.env_remove("CAIRN_CRASH_AT").env_remove("CAIRN_CRASH_SIGNAL").env_remove("CAIRN_APPROVER");
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd
@@ -128,7 +131,8 @@ fn sigkill_at_each_sandwich_point_then_resume_settles_exactly_once() {
         ("append_never", "before_settlement", 1, Failed, true),
     ];
     for (tool, point, lines, status, uncertain) in table {
-        let case = Case::new(&one_append(tool));
+        let mut case = Case::new(&one_append(tool));
+        case.durable = true;
         let child = case.run_until(point);
         // The intent is durable before the kill at every point.
         let before = case.reader();
