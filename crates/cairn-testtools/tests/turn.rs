@@ -619,6 +619,12 @@ fn the_projection_reads_a_recorded_jsonl_log_alone() {
     for kind in ["\"toolRequested\"", "\"toolStarted\"", "\"toolCompleted\"", "\"toolRejected\"", "\"pending\""] {
         assert!(text.contains(kind), "log lacks {kind}");
     }
+    // Following the file record by record gives the same projection.
+    let mut tail = cairn_core::storage::Tail::open(&path).unwrap();
+    let mut followed = ToolState::default();
+    for record in tail.poll().unwrap() {
+        followed.apply_record(&record);
+    }
     let reader = JsonlStore::open_read_only(&path).unwrap();
     let state = ToolState::replay_strict(&reader.entries()).unwrap();
     let statuses: Vec<_> = state.invocations.iter().map(|r| (r.tool.as_str(), r.status)).collect();
@@ -631,6 +637,7 @@ fn the_projection_reads_a_recorded_jsonl_log_alone() {
         ]
     );
     assert_eq!(state.invocations[0].receipt.as_ref().unwrap().output_summary, "a");
+    assert_eq!(followed.invocations, state.invocations);
     assert_eq!(state.invocations[0].request.arguments, json!({"text": "a"}));
 
     // A hand-written log with a second settlement: the strict replay refuses it.
