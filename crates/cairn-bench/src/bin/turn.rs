@@ -161,6 +161,18 @@ fn main() -> anyhow::Result<()> {
     report("step, durability off (vs. provider+tool called directly)", step_off, raw);
     println!("  overhead per step (durability off): {:?} (target ≤ 1 ms)", step_off.saturating_sub(raw));
 
+    // Opening: the store's replay alone vs. replay + Session::open (pc
+    // re-check, conversation rebuild of the 10,000-entry lane).
+    let store_open = median(sample(9, || {
+        let _ = JsonlStore::open_read_only(&off);
+    }));
+    let session_open = median(sample(9, || {
+        if let Ok(store) = JsonlStore::open_read_only(&off) {
+            let _ = Session::open(store, SessionConfig::default());
+        }
+    }));
+    report("open, store + Session::open (vs. store open alone)", session_open, store_open);
+
     // Bytes a step commits, from the file growth of the durability-off run.
     let grown = std::fs::metadata(&off)?.len() - size_before;
     let per_step_bytes = (grown as usize) / (SAMPLES * STEPS as usize);
