@@ -16,7 +16,7 @@ use crate::events::{
     TOOL_COMPLETED, TOOL_FAILED, TOOL_REJECTED, TOOL_REQUESTED, TOOL_STARTED, ToolCompleted, ToolFailed, ToolRejected,
     ToolRequested, ToolStarted, VerdictRecord,
 };
-use crate::storage::Entry;
+use crate::storage::{Entry, Record};
 use crate::tool::{Risk, ToolReceipt, ToolRequest};
 
 /// Where an invocation is in its lifecycle.
@@ -116,6 +116,14 @@ impl ToolState {
     /// Invocations not settled yet.
     pub fn unsettled(&self) -> impl Iterator<Item = &ToolInvocationRecord> {
         self.invocations.iter().filter(|r| !r.status.is_settled())
+    }
+
+    /// Fold one record of the log as it is read or tailed: entries are
+    /// folded, registers, usage rows and the state pass through.
+    pub fn apply_record(&mut self, record: &Record) {
+        if let Record::Entry(entry) = record {
+            self.apply(entry);
+        }
     }
 
     /// Fold one entry (unrelated entries and undecodable payloads of

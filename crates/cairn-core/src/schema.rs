@@ -216,4 +216,43 @@ mod tests {
         assert!(validate(&json!(false), &json!(1)).is_err());
         assert!(validate(&json!({"anyOf": [{"type": "string"}, {"type": "null"}]}), &json!(1)).is_err());
     }
+
+    fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let keys = prop_oneof![
+            Just("type".to_owned()),
+            Just("properties".to_owned()),
+            Just("required".to_owned()),
+            Just("items".to_owned()),
+            Just("enum".to_owned()),
+            Just("minimum".to_owned()),
+            Just("maxLength".to_owned()),
+            Just("additionalProperties".to_owned()),
+            Just("anyOf".to_owned()),
+            "[a-z]{1,3}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i32>().prop_map(|i| json!(i)),
+            any::<f64>().prop_map(|f| json!(f)),
+            prop_oneof![Just("object"), Just("string"), Just("integer"), Just("array"), Just("x")]
+                .prop_map(|s| json!(s)),
+        ];
+        leaf.prop_recursive(4, 32, 5, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(keys.clone(), inner, 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Any schema against any value: an answer, never a panic.
+        #[test]
+        fn never_panics(schema in any_json(), value in any_json()) {
+            let _ = validate(&schema, &value);
+        }
+    }
 }

@@ -276,4 +276,33 @@ mod tests {
             assert!(parse(line).is_err(), "{line:?} should be refused");
         }
     }
+
+    proptest::proptest! {
+        /// Whatever the line, parsing never panics, and a line it accepts has
+        /// no shape that could hide a command.
+        #[test]
+        fn accepted_lines_hide_nothing(line in "[ -~\n\t]{0,40}") {
+            if let Ok(commands) = parse(&line) {
+                for c in ['$', '`', '>', '<', '(', ')'] {
+                    proptest::prop_assert!(!line.contains(c) || line.contains('\'') || line.contains('\\') || line.contains('"') || line.contains('#'));
+                }
+                for command in commands {
+                    proptest::prop_assert!(!command.is_empty());
+                    proptest::prop_assert!(!INDIRECTION.contains(&command[0].rsplit('/').next().unwrap_or("")));
+                }
+            }
+        }
+
+        /// An `ls *` rule never approves a line with a command other than ls.
+        #[test]
+        fn an_ls_rule_covers_only_ls(tail in "[ -~]{0,30}") {
+            let line = format!("ls {tail}");
+            let list = crate::approval::Allowlist::parse(["shell(ls *)"]).unwrap();
+            let args = serde_json::json!({"command": line});
+            if list.check("shell", crate::tool::Risk::Write, &args).is_ok() {
+                let commands = parse(&line).unwrap();
+                proptest::prop_assert!(commands.iter().all(|c| c[0] == "ls"));
+            }
+        }
+    }
 }

@@ -222,9 +222,9 @@ impl<S: Storage> Session<S> {
             p.assistant = None;
             p
         } else {
-            b.set(OP_NS, "provider", &json!({"turnId": self.turn_id(), "step": base.step + 1}))?;
+            b.set(OP_NS, "provider", &json!({"turnId": self.turn_id(), "step": base.step.saturating_add(1)}))?;
             let mut p = base.to(Phase::Planning)?;
-            p.step += 1;
+            p.step = p.step.saturating_add(1);
             p.assistant = None;
             p.call = 0;
             p

@@ -4,7 +4,7 @@
 //! sandbox-bypass requests put to the approver and recorded, and the output
 //! cap applied to the receipt.
 //!
-//! Timeouts are cooperative: a tool must honour its token (cairn-tools
+//! A panicking tool is caught and settled as failed. Timeouts are cooperative: a tool must honour its token (cairn-tools
 //! kills the process group). It must not commit anything: the caller
 //! settles.
 
@@ -42,21 +42,23 @@ pub(crate) fn run(
     let timed_out = AtomicBool::new(false);
     let mut bypasses = Vec::new();
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let deadline = Instant::now() + limits.timeout;
+    // A timeout too large to represent means no deadline.
+    let deadline = Instant::now().checked_add(limits.timeout);
     let result = std::thread::scope(|scope| {
         let watchdog_cancel = call_cancel.clone();
         let timed_out = &timed_out;
         scope.spawn(move || {
             loop {
                 let now = Instant::now();
-                if now >= deadline {
+                if deadline.is_some_and(|d| now >= d) {
                     timed_out.store(true, Ordering::SeqCst);
                     watchdog_cancel.cancel();
                     // Keep waiting for the tool to return.
                     let _ = done_rx.recv();
                     return;
                 }
-                match done_rx.recv_timeout((deadline - now).min(Duration::from_millis(10))) {
+                let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+                match done_rx.recv_timeout(left.min(Duration::from_millis(10))) {
                     Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         if outer.is_cancelled() {
@@ -108,7 +110,16 @@ pub(crate) fn run(
         };
         let mut ctx =
             ToolContext { cwd, cancel: &call_cancel, limits, output: &mut output, approve_bypass: &mut approve_bypass };
-        let result = tool.execute(request, &mut ctx);
+        // A tool that panics is settled as failed; the turn goes on.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.execute(request, &mut ctx)))
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_owned());
+                Err(ToolError::Other(format!("the tool panicked: {what}")))
+            });
         let _ = done_tx.send(());
         result
     });

@@ -296,10 +296,7 @@ impl<S: Storage> Session<S> {
                 (Pc::decode(&state.pc).map_err(|e| TurnError::Corrupt(format!("state pc: {e}")))?, state.seq)
             }
         };
-        let entries = store.entries();
-        let tools = ToolState::replay_strict(&entries)?;
-        drop(entries);
-        check_pending(&store, &pc, &tools)?;
+        check_pc(&store, &pc)?;
         let lane = if pc.in_progress() { pc.lane.clone() } else { config.lane.clone() };
         let head = match store.register(LANE_NS, &lane) {
             Some(raw) => Some(parse_register::<String>(&raw, "lane register")?),
@@ -535,26 +532,79 @@ impl<S: Storage> Session<S> {
     }
 }
 
-/// Every live `pending` key must be the invocation the pc is at.
-fn check_pending<S: Storage>(store: &S, pc: &Pc, tools: &ToolState) -> Result<(), TurnError> {
+/// Re-check the stored pc against the log at open: its phase must be one
+/// the machine stores, a cancelled pc must resume to a legal phase, the
+/// message and invocation it names must exist, and an invocation in flight
+/// must have its `pending` register and no settlement yet. Reads only the
+/// entries the pc names (open stays cheap on long sessions).
+fn check_pc<S: Storage>(store: &S, pc: &Pc) -> Result<(), TurnError> {
+    let corrupt = |what: String| Err(TurnError::Corrupt(what));
     let at = match pc.phase {
-        Phase::AwaitingApproval | Phase::Executing => pc.invocation.as_deref(),
-        Phase::Cancelled => pc
-            .resume
-            .as_deref()
-            .filter(|r| matches!(r.phase, Phase::AwaitingApproval | Phase::Executing))
-            .and_then(|r| r.invocation.as_deref()),
-        _ => None,
+        Phase::Settling => return corrupt("the stored pc is Settling, which is never stored".to_owned()),
+        Phase::Cancelled => match pc.resume.as_deref() {
+            None => return corrupt("a cancelled pc without a resume point".to_owned()),
+            Some(inner) if !pc::legal(Phase::Cancelled, inner.phase) => {
+                return Err(TransitionError { from: Phase::Cancelled, to: inner.phase }.into());
+            }
+            Some(inner) => inner,
+        },
+        _ => pc,
     };
-    if let Some(inv) = at {
-        if store.register(PENDING_NS, inv).is_none() {
-            return Err(TurnError::Corrupt(format!("pc is at invocation {inv} but it has no pending register")));
+    if matches!(at.phase, Phase::Planning | Phase::ToolCall | Phase::AwaitingApproval | Phase::Executing)
+        && at.turn.is_none()
+    {
+        return corrupt(format!("a {:?} pc without a turn id", at.phase));
+    }
+    if matches!(at.phase, Phase::ToolCall | Phase::AwaitingApproval | Phase::Executing) {
+        let Some(assistant) = &at.assistant else {
+            return corrupt(format!("a {:?} pc without an assistant message", at.phase));
+        };
+        let entry = store.entry(assistant).ok_or_else(|| TurnError::NoSuchEntry(assistant.clone()))?;
+        let message: Message =
+            entry.payload.parse().map_err(|e| TurnError::Corrupt(format!("assistant message {assistant}: {e}")))?;
+        let calls = message.tool_calls().count();
+        if at.call > calls || (at.phase != Phase::ToolCall && at.call >= calls) {
+            return corrupt(format!("the pc is at call {} of a message with {calls} tool calls", at.call));
         }
-        match tools.get(inv) {
-            Some(record) if !record.status.is_settled() => {}
-            Some(_) => return Err(TurnError::Corrupt(format!("pc is at invocation {inv}, which is already settled"))),
-            None => return Err(TurnError::Corrupt(format!("pc is at invocation {inv}, which was never requested"))),
+    }
+    if !matches!(at.phase, Phase::AwaitingApproval | Phase::Executing) {
+        return Ok(());
+    }
+    let Some(inv) = at.invocation.as_deref() else {
+        return corrupt(format!("a {:?} pc without an invocation", at.phase));
+    };
+    let Some(raw) = store.register(PENDING_NS, inv) else {
+        return corrupt(format!("the pc is at invocation {inv} but it has no pending register"));
+    };
+    let pending: PendingValue = parse_register(&raw, "pending register")?;
+    let Some(request) = store.entry(&pending.request_entry) else {
+        return corrupt(format!("pending {inv} names a missing entry {}", pending.request_entry));
+    };
+    if request.entry_type != crate::events::TOOL_REQUESTED {
+        return corrupt(format!("pending {inv} names entry {} of type {}", request.id, request.entry_type));
+    }
+    // The lifecycle entries of one invocation follow each other on the lane.
+    let mut frontier = store.children(Some(&request.id));
+    for _ in 0..2 {
+        let mut next = Vec::new();
+        for entry in frontier {
+            let settled = matches!(
+                entry.entry_type.as_str(),
+                crate::events::TOOL_COMPLETED | crate::events::TOOL_FAILED | crate::events::TOOL_REJECTED
+            );
+            let same = || {
+                entry.payload.parse::<Value>().ok().and_then(|v| v.get("invocationId").cloned())
+                    == Some(Value::String(inv.to_owned()))
+            };
+            if settled && same() {
+                return corrupt(format!(
+                    "the pc is at invocation {inv}, which is already settled (entry {})",
+                    entry.id
+                ));
+            }
+            next.extend(store.children(Some(&entry.id)));
         }
+        frontier = next;
     }
     Ok(())
 }
