@@ -126,6 +126,7 @@ pub struct ExternalTool {
     bypass: Option<Bypass>,
     allow_unsandboxed: bool,
     max_processes: u32,
+    read_paths: Vec<std::path::PathBuf>,
 }
 
 fn valid_name(name: &str) -> bool {
@@ -195,6 +196,7 @@ impl ExternalTool {
             bypass: raw.bypass,
             allow_unsandboxed: config.allow_unsandboxed,
             max_processes: config.max_processes,
+            read_paths: config.sandbox_read_paths.clone(),
         })
     }
 
@@ -210,7 +212,7 @@ impl ExternalTool {
 
     fn policy(&self, cwd: &Path) -> SandboxPolicy {
         let has = |c| self.spec.capabilities.contains(&c);
-        let mut extra_read = Vec::new();
+        let mut extra_read = self.read_paths.clone();
         if let Some(dir) = self.executable.parent() {
             extra_read.push(dir.to_path_buf());
         }

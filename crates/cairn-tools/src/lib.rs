@@ -67,6 +67,11 @@ pub struct ToolsConfig {
     /// Most processes one call may have at once (pids cgroup, when cairn
     /// can create one).
     pub max_processes: u32,
+    /// Extra read-only (and executable) paths every sandboxed process gets,
+    /// e.g. toolchains under `$HOME` (`~/.cargo/bin`, `~/.pyenv`). Part of
+    /// the rules the user configured, shown by `cairn tools`; never a
+    /// write, never a bypass.
+    pub sandbox_read_paths: Vec<PathBuf>,
 }
 
 impl Default for ToolsConfig {
@@ -81,6 +86,7 @@ impl Default for ToolsConfig {
             search_max_matches: 200,
             list_max_entries: 1000,
             max_processes: 256,
+            sandbox_read_paths: Vec::new(),
         }
     }
 }

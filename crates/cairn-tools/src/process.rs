@@ -267,6 +267,8 @@ pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) 
     }
     let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     let [stdout, stderr] = captured;
+    // The hook's raw pointers into `prepared` die with `cmd`, first.
+    drop(cmd);
     drop(prepared);
     Ok(RunOutcome { exit_code, stdout, stderr, end, duration: start.elapsed(), pid })
 }

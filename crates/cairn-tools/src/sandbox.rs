@@ -280,12 +280,15 @@ pub struct PidsCgroup {
     procs: File,
 }
 
+/// The cgroup v1 `pids` hierarchy when cairn may create groups in it
+/// (probed once per process).
 fn pids_cgroup_root() -> Option<PathBuf> {
-    let v1 = Path::new("/sys/fs/cgroup/pids");
-    if v1.join("cgroup.procs").exists() && is_writable_dir(v1) {
-        return Some(v1.to_path_buf());
-    }
-    None
+    static ROOT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let v1 = Path::new("/sys/fs/cgroup/pids");
+        (v1.join("cgroup.procs").exists() && is_writable_dir(v1)).then(|| v1.to_path_buf())
+    })
+    .clone()
 }
 
 fn is_writable_dir(dir: &Path) -> bool {

@@ -38,8 +38,20 @@ fn secrets_in_the_environment_are_absent_inside_tools() {
     let r = util::run(&t, json!({}), root.path()).unwrap();
     let sh = Shell::new(&ToolsConfig::default()).unwrap();
     let s = util::run(&sh, json!({"command": "env"}), root.path()).unwrap();
+    // Nor can a tool read them from cairn's own process: Landlock forbids
+    // ptrace-class access (/proc/PID/environ, /proc/PID/mem) to processes
+    // outside the sandbox.
+    let proc = util::run(
+        &sh,
+        json!({"command": "for p in $PPID 1; do tr '\\0' '\\n' < /proc/$p/environ; done; echo END"}),
+        root.path(),
+    )
+    .unwrap();
+    assert!(proc.output_summary.contains("Permission denied"), "{}", proc.output_summary);
     for out in [&r.output_summary, &s.output_summary] {
         assert!(out.contains("CAIRN_TEST_HARMLESS"), "the environment is passed at all: {out}");
+    }
+    for out in [&r.output_summary, &s.output_summary, &proc.output_summary] {
         for (k, v) in planted {
             assert!(!out.contains(k) && !out.contains(v), "{k} leaked: {out}");
         }

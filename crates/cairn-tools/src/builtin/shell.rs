@@ -75,6 +75,7 @@ pub struct Shell {
     allow_unsandboxed: bool,
     offer_bypass: bool,
     max_processes: u32,
+    read_paths: Vec<std::path::PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -131,6 +132,7 @@ impl Shell {
             allow_unsandboxed: config.allow_unsandboxed,
             offer_bypass: config.offer_bypass_on_denial,
             max_processes: config.max_processes,
+            read_paths: config.sandbox_read_paths.clone(),
         })
     }
 
@@ -146,6 +148,7 @@ impl Shell {
             write_cwd: true,
             network: self.network,
             process_spawn: true,
+            extra_read: self.read_paths.clone(),
             ..SandboxPolicy::default()
         };
         RunSpec {

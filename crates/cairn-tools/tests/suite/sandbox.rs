@@ -204,3 +204,26 @@ fn without_process_spawn_a_tool_cannot_start_processes() {
     assert!(r.output_summary.contains("CHILD") && r.output_summary.contains("EXTERNAL"), "{}", r.output_summary);
     assert!(r.output_summary.contains("DONE"));
 }
+
+#[test]
+fn configured_read_paths_are_readable_but_not_writable() {
+    let root = tempfile::tempdir().unwrap();
+    let cwd = root.path().join("work");
+    let toolchain = root.path().join("toolchain");
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::create_dir_all(&toolchain).unwrap();
+    std::fs::write(toolchain.join("version"), "1.0\n").unwrap();
+    let cmd = format!("cat {t}/version; echo x > {t}/new", t = toolchain.display());
+    let plain = shell(&ToolsConfig { offer_bypass_on_denial: false, ..Default::default() });
+    let r = run(&plain, json!({"command": cmd}), &cwd).unwrap();
+    assert!(!r.output_summary.contains("1.0"), "{}", r.output_summary);
+    let config = ToolsConfig {
+        offer_bypass_on_denial: false,
+        sandbox_read_paths: vec![toolchain.clone()],
+        ..Default::default()
+    };
+    let r = run(&shell(&config), json!({"command": cmd}), &cwd).unwrap();
+    assert!(r.output_summary.starts_with("1.0\n"), "{}", r.output_summary);
+    assert!(r.output_summary.contains("Permission denied"));
+    assert!(!toolchain.join("new").exists());
+}
