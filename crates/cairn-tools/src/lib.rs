@@ -129,6 +129,26 @@ impl std::fmt::Debug for ToolEntry {
     }
 }
 
+/// The tools directories in cairn's order: cairn's data dir, its config dir,
+/// then `.cairn/tools/` in the working directory (first wins on a name
+/// clash, so a project cannot shadow a tool the user installed).
+pub fn tool_dirs(data_dir: &std::path::Path, config_dir: &std::path::Path, cwd: &std::path::Path) -> Vec<PathBuf> {
+    vec![data_dir.join("tools"), config_dir.join("tools"), cwd.join(".cairn").join("tools")]
+}
+
+/// Every tool of a session: the built-ins, then the external tools found in
+/// `dirs`, with the metadata errors to show the user. Fails only on an
+/// invalid destructive pattern in `config`.
+pub fn load_tools(
+    config: &ToolsConfig,
+    dirs: &[PathBuf],
+) -> Result<(Vec<ToolEntry>, Vec<MetadataError>), builtin::shell::PatternError> {
+    let mut tools = builtin_tools(config)?;
+    let (external, errors) = discover(dirs, config);
+    tools.extend(external);
+    Ok((tools, errors))
+}
+
 /// Now in ms since the Unix epoch (receipt timestamps).
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)

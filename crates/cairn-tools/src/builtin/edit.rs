@@ -222,10 +222,9 @@ impl EditFile {
                         "path": {"type": "string", "description": "File path relative to the working directory"},
                         "old": {"type": "string", "description": "Exact text to replace (must occur exactly once)"},
                         "new": {"type": "string", "description": "Replacement text"},
-                        "patch": {"type": "string", "description": "A unified diff to apply instead of old/new"}
+                        "patch": {"type": "string", "description": "A unified diff to apply instead of old/new (give either old and new, or patch)"}
                     },
                     "required": ["path"],
-                    "oneOf": [{"required": ["old", "new"]}, {"required": ["patch"]}],
                     "additionalProperties": false
                 }),
                 risk: Risk::Write,

@@ -105,3 +105,21 @@ fn arguments_arrive_on_stdin_and_json_stdout_becomes_structured_output() {
     assert!(r.output_summary.contains("[exit code 3]"));
     assert!(text.validate(&super::util::request("fails", json!([1]))) != cairn_core::tool::Validation::Valid);
 }
+
+#[test]
+fn load_tools_gives_builtins_then_external_tools_from_the_standard_dirs() {
+    let root = tempfile::tempdir().unwrap();
+    let (data, config, cwd) = (root.path().join("data"), root.path().join("config"), root.path().join("work"));
+    let dirs = cairn_tools::tool_dirs(&data, &config, &cwd);
+    install_tool(&cwd.join(".cairn/tools"), "projtool", "#!/bin/bash\ncat\n", &metadata("readOnly", &[], ""));
+    install_tool(&config.join("tools"), "projtool", "#!/bin/bash\ncat\n", &metadata("write", &[], ""));
+    let (tools, errors) = cairn_tools::load_tools(&ToolsConfig::default(), &dirs).unwrap();
+    assert_eq!(tools.len(), 7);
+    let last = tools.last().unwrap();
+    assert_eq!(last.tool.spec().name, "projtool");
+    assert_eq!(last.tool.spec().risk, Risk::Write, "the user's tool wins over the project's");
+    assert!(
+        matches!(&last.origin, cairn_tools::ToolOrigin::External { executable, .. } if executable.starts_with(&config))
+    );
+    assert_eq!(errors.len(), 1);
+}
