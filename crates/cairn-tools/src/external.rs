@@ -221,7 +221,8 @@ impl ExternalTool {
             read_cwd: has(Capability::FileRead),
             write_cwd: has(Capability::FileWrite),
             network: has(Capability::Network),
-            process_spawn: has(Capability::ProcessSpawn),
+            // Running a shell means starting processes.
+            process_spawn: has(Capability::ProcessSpawn) || has(Capability::ShellExec),
             extra_read,
             ..SandboxPolicy::default()
         }

@@ -15,7 +15,7 @@
 //!
 //! # Layout
 //! - [`paths`]: resolve a path inside the working directory or refuse it.
-//! - [`env`]: environment scrubbing (no keys, tokens, secrets, passwords).
+//! - [`mod@env`]: environment scrubbing (no keys, tokens, secrets, passwords).
 //! - [`sandbox`]: capabilities → Landlock ruleset + seccomp filters + pids
 //!   cgroup; [`landlock_status`] reports what the kernel enforces.
 //! - [`process`]: spawn, stream, cap, time out, cancel, kill the group.

@@ -37,6 +37,10 @@ fn read_file_reads_ranges_and_refuses_binary_and_huge_files() {
     assert!(r.output_summary.contains("6 more lines; read on with offset=5"));
     assert_eq!(r.structured_output.unwrap()["totalLines"], 10);
 
+    std::fs::write(dir.path().join("long.txt"), format!("{}\nshort\n", "é".repeat(3000))).unwrap();
+    let r = run(&*read, json!({"path": "long.txt"}), dir.path()).unwrap();
+    assert!(r.output_summary.contains("… [line cut at 2000 of 6000 bytes]\n     2\tshort"), "{}", r.output_summary);
+
     std::fs::write(dir.path().join("bin.dat"), b"\x7fELF\x00\x01\x02").unwrap();
     let err = run(&*read, json!({"path": "bin.dat"}), dir.path()).unwrap_err();
     assert!(err.to_string().contains("binary file"), "{err}");
