@@ -269,7 +269,8 @@ impl Tool for ExternalTool {
         let mut env = crate::env::scrubbed_env();
         env.push(("CAIRN_TOOL_NAME".into(), self.spec.name.clone()));
         env.push(("CAIRN_INVOCATION_ID".into(), request.invocation_id.clone()));
-        let timeout = self.timeout.unwrap_or(ctx.limits.timeout);
+        // The metadata's timeout can only shorten the turn's limit.
+        let timeout = self.timeout.map_or(ctx.limits.timeout, |t| t.min(ctx.limits.timeout));
         let spec = RunSpec {
             argv: vec![OsString::from(&self.executable)],
             cwd: ctx.cwd.to_path_buf(),
