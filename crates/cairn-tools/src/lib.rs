@@ -39,11 +39,13 @@ use cairn_core::tool::Tool;
 
 pub use builtin::builtin_tools;
 pub use external::{ExternalTool, MetadataError, ToolRegistry, discover};
-pub use sandbox::{SandboxStatus, landlock_status};
+pub use sandbox::{SandboxStatus, describe_rules, landlock_abi, landlock_status};
 
 /// Settings for the tools of one session (the CLI fills it from its config
-/// and flags).
-#[derive(Debug, Clone, PartialEq)]
+/// and flags; it deserializes from a `[tools]` table with every field
+/// optional).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ToolsConfig {
     /// Regexes of shell command shapes that make a `shell` call Destructive.
     pub destructive_patterns: Vec<String>,

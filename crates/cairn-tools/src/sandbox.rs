@@ -292,9 +292,43 @@ fn pids_cgroup_root() -> Option<PathBuf> {
     static ROOT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
     ROOT.get_or_init(|| {
         let v1 = Path::new("/sys/fs/cgroup/pids");
-        (v1.join("cgroup.procs").exists() && is_writable_dir(v1)).then(|| v1.to_path_buf())
+        let usable = v1.join("cgroup.procs").exists() && is_writable_dir(v1);
+        if usable {
+            sweep_stale(v1);
+        }
+        usable.then(|| v1.to_path_buf())
     })
     .clone()
+}
+
+/// Remove empty `cairn-<pid>-<n>` groups left by cairn processes that died
+/// before cleaning up.
+fn sweep_stale(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("cairn-").and_then(|r| r.split('-').next()) else { continue };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            // rmdir fails (harmlessly) while the group still has processes.
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
+/// The rules a tool with `capabilities` runs under, in words (for
+/// `cairn tools` and approval prompts).
+pub fn describe_rules(capabilities: &std::collections::BTreeSet<cairn_core::tool::Capability>) -> String {
+    use cairn_core::tool::Capability as C;
+    let has = |c| capabilities.contains(&c);
+    let files = match (has(C::FileRead), has(C::FileWrite)) {
+        (_, true) => "read+write the working directory and a private TMPDIR",
+        (true, false) => "read the working directory",
+        (false, false) => "no access to the working directory",
+    };
+    let net = if has(C::Network) { "network allowed" } else { "no network" };
+    let spawn =
+        if has(C::ProcessSpawn) || has(C::ShellExec) { "may start processes (capped)" } else { "no new processes" };
+    format!("{files}; system directories read-only; {net}; {spawn}")
 }
 
 fn is_writable_dir(dir: &Path) -> bool {
@@ -534,6 +568,20 @@ mod tests {
         assert!(matches!(decide(&none, Risk::ReadOnly, false), Decision::Unsandboxed(_)));
         let full = SandboxStatus { landlock_abi: 7, filesystem: true, network_landlock: true, scoping: true, ..none };
         assert_eq!(decide(&full, Risk::Destructive, false), Decision::Sandboxed);
+    }
+
+    #[test]
+    fn rules_are_described_from_capabilities() {
+        use cairn_core::tool::Capability;
+        let none = describe_rules(&Default::default());
+        assert_eq!(
+            none,
+            "no access to the working directory; system directories read-only; no network; no new processes"
+        );
+        let shell: std::collections::BTreeSet<_> =
+            [Capability::FileRead, Capability::FileWrite, Capability::ProcessSpawn].into_iter().collect();
+        assert!(describe_rules(&shell).starts_with("read+write the working directory"));
+        assert!(describe_rules(&shell).ends_with("may start processes (capped)"));
     }
 
     #[test]

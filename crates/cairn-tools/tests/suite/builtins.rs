@@ -179,3 +179,12 @@ fn builtins_refuse_dotdot_absolute_symlink_and_proc_escapes() {
     let r = run(&*tool("search"), json!({"pattern": "SECRET"}), &cwd).unwrap();
     assert!(!r.output_summary.contains("TOP SECRET"), "{}", r.output_summary);
 }
+
+#[test]
+fn tools_config_reads_from_a_partial_table() {
+    let config: ToolsConfig = toml::from_str("allow_unsandboxed = true\nsearch_max_matches = 5\n").unwrap();
+    assert!(config.allow_unsandboxed);
+    assert_eq!(config.search_max_matches, 5);
+    assert_eq!(config.destructive_patterns, ToolsConfig::default().destructive_patterns);
+    assert!(toml::from_str::<ToolsConfig>("alow_unsandboxed = true").is_err());
+}
