@@ -82,6 +82,12 @@ fn background_processes_do_not_outlive_the_call() {
 
 #[test]
 fn a_fork_bomb_is_contained() {
+    if !landlock_status().pids_cgroup {
+        // Without a pids cgroup only the timeout bounds a bomb: do not set
+        // one off on a machine that cannot cap it.
+        eprintln!("skipped: cairn cannot create a pids cgroup here");
+        return;
+    }
     let cwd = tempfile::tempdir().unwrap();
     let spec = RunSpec {
         argv: ["bash", "-c", ":(){ :|:& };: ; sleep 2"].iter().map(OsString::from).collect(),
@@ -104,10 +110,8 @@ fn a_fork_bomb_is_contained() {
     // the leader may be stopped by the timeout rather than exit by itself.
     assert!(matches!(outcome.end, End::Exited | End::TimedOut));
     assert!(live_in_group(outcome.pid as i32).is_empty(), "bomb processes survived");
-    if landlock_status().pids_cgroup {
-        let err = String::from_utf8_lossy(&outcome.stderr.kept);
-        assert!(err.contains("fork") || err.contains("Resource temporarily unavailable"), "{err}");
-    }
+    let err = String::from_utf8_lossy(&outcome.stderr.kept);
+    assert!(err.contains("fork") || err.contains("Resource temporarily unavailable"), "{err}");
 }
 
 #[test]
