@@ -15,7 +15,9 @@
 //! - read (and execute) the working directory only with `FileRead`;
 //! - write the working directory and a private temp directory (`TMPDIR`)
 //!   only with `FileWrite`;
-//! - TCP bind/connect only with `Network` (Landlock ABI ≥ 4), and without it
+//! - TCP bind/connect only with `Network` (Landlock ABI ≥ 4; with it, the
+//!   name-resolution files `/etc/resolv.conf`, `/etc/hosts`, … are readable
+//!   even when they link into `/run`), and without it
 //!   a seccomp filter refuses `socket()` for every family but `AF_UNIX`, and
 //!   `io_uring_setup`;
 //! - without `ProcessSpawn`, a seccomp filter refuses `fork`, `vfork`,
@@ -415,6 +417,7 @@ mod linux {
         &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys"];
     const DEV_RW: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
     const DEV_R: &[&str] = &["/dev/urandom", "/dev/random"];
+    const NET_CONFIG: &[&str] = &["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf"];
 
     fn ll(e: impl std::fmt::Display) -> SandboxError {
         SandboxError::Landlock(e.to_string())
@@ -446,6 +449,13 @@ mod linux {
         }
         for p in DEV_R {
             add(Path::new(p), AccessFs::ReadFile.into())?;
+        }
+        if policy.network {
+            // Name resolution: these are often symlinks into /run (systemd
+            // resolved); the rule lands on the file they point to.
+            for p in NET_CONFIG {
+                add(Path::new(p), AccessFs::ReadFile.into())?;
+            }
         }
         if policy.write_cwd {
             add(&policy.cwd, read_write_dir)?;
