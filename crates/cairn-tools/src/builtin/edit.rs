@@ -28,6 +28,15 @@ fn unified_diff(rel: &str, old: &str, new: &str) -> String {
 
 /// Current text of `path`, `None` when it does not exist.
 fn current_text(path: &Path, shown: &str) -> Result<Option<String>, ToolError> {
+    // Never open a pipe or a device: reading one can block forever.
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && !meta.is_file()
+        && !meta.is_dir()
+    {
+        return Err(ToolError::InvalidArguments(format!(
+            "{shown} is not a regular file (a pipe, socket, device or link): cairn edits regular files only"
+        )));
+    }
     match std::fs::read(path) {
         Ok(bytes) => String::from_utf8(bytes).map(Some).map_err(|_| {
             ToolError::InvalidArguments(format!("{shown} is not UTF-8 text: cairn edits text files only"))

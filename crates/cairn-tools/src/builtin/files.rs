@@ -111,6 +111,12 @@ impl Tool for ReadFile {
         if meta.is_dir() {
             return Err(ToolError::InvalidArguments(format!("{} is a directory: use list_dir", args.path)));
         }
+        if !meta.is_file() {
+            return Err(ToolError::InvalidArguments(format!(
+                "{} is not a regular file (a pipe, socket or device): read_file reads regular files only",
+                args.path
+            )));
+        }
         let ranged = args.offset.is_some() || args.limit.is_some();
         if !ranged && meta.len() > self.max_bytes {
             return Err(ToolError::InvalidArguments(format!(

@@ -188,3 +188,17 @@ fn tools_config_reads_from_a_partial_table() {
     assert_eq!(config.destructive_patterns, ToolsConfig::default().destructive_patterns);
     assert!(toml::from_str::<ToolsConfig>("alow_unsandboxed = true").is_err());
 }
+
+#[test]
+fn pipes_and_devices_are_refused_instead_of_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let status = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(status.success());
+    let err = run(&*tool("read_file"), json!({"path": "fifo"}), dir.path()).unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    let err = run(&*tool("write_file"), json!({"path": "fifo", "content": "x"}), dir.path()).unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    let err = run(&*tool("edit_file"), json!({"path": "fifo", "old": "a", "new": "b"}), dir.path()).unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+}

@@ -108,6 +108,8 @@ fn no_tool_reads_outside_its_rules() {
         "cat /proc/self/cwd/../home/secret.txt".to_string(),
         format!("cd {} && cat secret.txt", home.display()),
         format!("ln -s {} l2 && cat l2", secret.display()),
+        format!("ln {} hardlink && cat hardlink", secret.display()),
+        format!("cp {} copy && cat copy", secret.display()),
     ] {
         let r = run(&sh, json!({"command": cmd}), &cwd).unwrap();
         assert_ne!(r.exit_code, 0, "{cmd}: {}", r.output_summary);
@@ -115,6 +117,15 @@ fn no_tool_reads_outside_its_rules() {
     }
     let r = run(&sh, json!({"command": "cat mine.txt"}), &cwd).unwrap();
     assert_eq!(r.output_summary, "MINE\n");
+    // Writing is confined the same way: not beside the working directory,
+    // not into the fake home, not by moving a file out.
+    for cmd in ["cd .. && echo x > escaped.txt", "echo x > ../home/planted.txt", "mv mine.txt ../moved.txt"] {
+        let r = run(&sh, json!({"command": cmd}), &cwd).unwrap();
+        assert_ne!(r.exit_code, 0, "{cmd}: {}", r.output_summary);
+    }
+    assert!(!root.path().join("escaped.txt").exists());
+    assert!(!home.join("planted.txt").exists());
+    assert!(!root.path().join("moved.txt").exists() && cwd.join("mine.txt").exists());
 }
 
 #[test]
