@@ -238,3 +238,25 @@ fn configured_read_paths_are_readable_but_not_writable() {
     assert!(r.output_summary.contains("Permission denied"));
     assert!(!toolchain.join("new").exists());
 }
+
+#[test]
+fn without_network_udp_datagrams_do_not_leave_either() {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    let cwd = tempfile::tempdir().unwrap();
+    let cmd = format!("echo datagram > /dev/udp/127.0.0.1/{port} && echo SENT");
+    let sh = shell(&ToolsConfig { offer_bypass_on_denial: false, ..Default::default() });
+    let r = run(&sh, json!({"command": cmd}), cwd.path()).unwrap();
+    assert!(!r.output_summary.contains("SENT"), "{}", r.output_summary);
+    assert!(r.output_summary.contains("Operation not permitted"), "seccomp refuses the socket: {}", r.output_summary);
+    let mut buf = [0u8; 64];
+    assert!(socket.recv(&mut buf).is_err(), "no datagram may arrive");
+    // Control: with network the datagram arrives.
+    let sh = shell(&ToolsConfig { shell_network: true, ..Default::default() });
+    let r = run(&sh, json!({"command": cmd}), cwd.path()).unwrap();
+    assert!(r.output_summary.contains("SENT"), "{}", r.output_summary);
+    socket.set_nonblocking(false).unwrap();
+    let n = socket.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"datagram\n");
+}
