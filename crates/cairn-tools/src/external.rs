@@ -126,6 +126,7 @@ pub struct ExternalTool {
     bypass: Option<Bypass>,
     allow_unsandboxed: bool,
     max_processes: u32,
+    read_paths: Vec<std::path::PathBuf>,
 }
 
 fn valid_name(name: &str) -> bool {
@@ -195,6 +196,7 @@ impl ExternalTool {
             bypass: raw.bypass,
             allow_unsandboxed: config.allow_unsandboxed,
             max_processes: config.max_processes,
+            read_paths: config.sandbox_read_paths.clone(),
         })
     }
 
@@ -210,7 +212,7 @@ impl ExternalTool {
 
     fn policy(&self, cwd: &Path) -> SandboxPolicy {
         let has = |c| self.spec.capabilities.contains(&c);
-        let mut extra_read = Vec::new();
+        let mut extra_read = self.read_paths.clone();
         if let Some(dir) = self.executable.parent() {
             extra_read.push(dir.to_path_buf());
         }
@@ -219,7 +221,8 @@ impl ExternalTool {
             read_cwd: has(Capability::FileRead),
             write_cwd: has(Capability::FileWrite),
             network: has(Capability::Network),
-            process_spawn: has(Capability::ProcessSpawn),
+            // Running a shell means starting processes.
+            process_spawn: has(Capability::ProcessSpawn) || has(Capability::ShellExec),
             extra_read,
             ..SandboxPolicy::default()
         }
@@ -266,7 +269,8 @@ impl Tool for ExternalTool {
         let mut env = crate::env::scrubbed_env();
         env.push(("CAIRN_TOOL_NAME".into(), self.spec.name.clone()));
         env.push(("CAIRN_INVOCATION_ID".into(), request.invocation_id.clone()));
-        let timeout = self.timeout.unwrap_or(ctx.limits.timeout);
+        // The metadata's timeout can only shorten the turn's limit.
+        let timeout = self.timeout.map_or(ctx.limits.timeout, |t| t.min(ctx.limits.timeout));
         let spec = RunSpec {
             argv: vec![OsString::from(&self.executable)],
             cwd: ctx.cwd.to_path_buf(),

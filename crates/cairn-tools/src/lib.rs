@@ -15,7 +15,7 @@
 //!
 //! # Layout
 //! - [`paths`]: resolve a path inside the working directory or refuse it.
-//! - [`env`]: environment scrubbing (no keys, tokens, secrets, passwords).
+//! - [`mod@env`]: environment scrubbing (no keys, tokens, secrets, passwords).
 //! - [`sandbox`]: capabilities → Landlock ruleset + seccomp filters + pids
 //!   cgroup; [`landlock_status`] reports what the kernel enforces.
 //! - [`process`]: spawn, stream, cap, time out, cancel, kill the group.
@@ -39,11 +39,13 @@ use cairn_core::tool::Tool;
 
 pub use builtin::builtin_tools;
 pub use external::{ExternalTool, MetadataError, ToolRegistry, discover};
-pub use sandbox::{SandboxStatus, landlock_status};
+pub use sandbox::{SandboxStatus, describe_rules, landlock_abi, landlock_status};
 
 /// Settings for the tools of one session (the CLI fills it from its config
-/// and flags).
-#[derive(Debug, Clone, PartialEq)]
+/// and flags; it deserializes from a `[tools]` table with every field
+/// optional).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ToolsConfig {
     /// Regexes of shell command shapes that make a `shell` call Destructive.
     pub destructive_patterns: Vec<String>,
@@ -67,6 +69,11 @@ pub struct ToolsConfig {
     /// Most processes one call may have at once (pids cgroup, when cairn
     /// can create one).
     pub max_processes: u32,
+    /// Extra read-only (and executable) paths every sandboxed process gets,
+    /// e.g. toolchains under `$HOME` (`~/.cargo/bin`, `~/.pyenv`). Part of
+    /// the rules the user configured, shown by `cairn tools`; never a
+    /// write, never a bypass.
+    pub sandbox_read_paths: Vec<PathBuf>,
 }
 
 impl Default for ToolsConfig {
@@ -81,6 +88,7 @@ impl Default for ToolsConfig {
             search_max_matches: 200,
             list_max_entries: 1000,
             max_processes: 256,
+            sandbox_read_paths: Vec::new(),
         }
     }
 }
@@ -121,6 +129,26 @@ impl std::fmt::Debug for ToolEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ToolEntry").field("name", &self.tool.spec().name).field("origin", &self.origin).finish()
     }
+}
+
+/// The tools directories in cairn's order: cairn's data dir, its config dir,
+/// then `.cairn/tools/` in the working directory (first wins on a name
+/// clash, so a project cannot shadow a tool the user installed).
+pub fn tool_dirs(data_dir: &std::path::Path, config_dir: &std::path::Path, cwd: &std::path::Path) -> Vec<PathBuf> {
+    vec![data_dir.join("tools"), config_dir.join("tools"), cwd.join(".cairn").join("tools")]
+}
+
+/// Every tool of a session: the built-ins, then the external tools found in
+/// `dirs`, with the metadata errors to show the user. Fails only on an
+/// invalid destructive pattern in `config`.
+pub fn load_tools(
+    config: &ToolsConfig,
+    dirs: &[PathBuf],
+) -> Result<(Vec<ToolEntry>, Vec<MetadataError>), builtin::shell::PatternError> {
+    let mut tools = builtin_tools(config)?;
+    let (external, errors) = discover(dirs, config);
+    tools.extend(external);
+    Ok((tools, errors))
 }
 
 /// Now in ms since the Unix epoch (receipt timestamps).

@@ -219,12 +219,25 @@ pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) 
     let mut status = None;
     let mut end = End::Exited;
     let deadline = start + spec.timeout;
+    // Observers get whole UTF-8 characters: a sequence cut by a chunk
+    // boundary waits for the next chunk of its stream.
+    let mut pending: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
     let mut handle = |msg: Msg, captured: &mut [Captured; 2], done: &mut usize| match msg {
         Msg::Chunk(i, bytes) => {
-            output(&bytes);
             captured[i].kept.extend_from_slice(&bytes);
+            let buf = &mut pending[i];
+            buf.extend_from_slice(&bytes);
+            let ready = utf8_ready(buf);
+            if ready > 0 {
+                output(&buf[..ready]);
+                buf.drain(..ready);
+            }
         }
         Msg::Done(i, total) => {
+            if !pending[i].is_empty() {
+                output(&pending[i]);
+                pending[i].clear();
+            }
             captured[i].total = total;
             *done += 1;
         }
@@ -267,8 +280,27 @@ pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) 
     }
     let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     let [stdout, stderr] = captured;
+    // The hook's raw pointers into `prepared` die with `cmd`, first.
+    drop(cmd);
     drop(prepared);
     Ok(RunOutcome { exit_code, stdout, stderr, end, duration: start.elapsed(), pid })
+}
+
+/// How many leading bytes of `buf` can go out without cutting a UTF-8
+/// sequence (invalid bytes go out as they are; only an incomplete sequence
+/// at the very end is held back).
+fn utf8_ready(buf: &[u8]) -> usize {
+    match std::str::from_utf8(buf) {
+        Ok(_) => buf.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        Err(_) => {
+            // Invalid somewhere: hold back at most an incomplete tail (< 4 bytes).
+            let tail_start = buf.len().saturating_sub(3);
+            (tail_start..buf.len())
+                .find(|&i| buf[i] >= 0xC0 && std::str::from_utf8(&buf[i..]).is_err_and(|e| e.error_len().is_none()))
+                .unwrap_or(buf.len())
+        }
+    }
 }
 
 /// Text of a capture with a clear truncation marker when bytes were dropped.
@@ -283,4 +315,19 @@ pub fn capped_text(c: &Captured) -> String {
 /// The marker appended when output was cut.
 pub fn truncation_marker(kept: u64, total: u64) -> String {
     format!("\n[cairn: output truncated: kept the first {kept} of {total} bytes]\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utf8_ready;
+
+    #[test]
+    fn utf8_sequences_are_not_cut_for_observers() {
+        let e = "é".as_bytes();
+        assert_eq!(utf8_ready(b"abc"), 3);
+        assert_eq!(utf8_ready(&[b'a', e[0]]), 1);
+        assert_eq!(utf8_ready(&[b'a', e[0], e[1]]), 3);
+        assert_eq!(utf8_ready(&[0xff, b'a', e[0]]), 2);
+        assert_eq!(utf8_ready(&[0xff, b'a']), 2);
+    }
 }

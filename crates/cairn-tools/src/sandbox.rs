@@ -15,7 +15,9 @@
 //! - read (and execute) the working directory only with `FileRead`;
 //! - write the working directory and a private temp directory (`TMPDIR`)
 //!   only with `FileWrite`;
-//! - TCP bind/connect only with `Network` (Landlock ABI ≥ 4), and without it
+//! - TCP bind/connect only with `Network` (Landlock ABI ≥ 4; with it, the
+//!   name-resolution files `/etc/resolv.conf`, `/etc/hosts`, … are readable
+//!   even when they link into `/run`), and without it
 //!   a seccomp filter refuses `socket()` for every family but `AF_UNIX`, and
 //!   `io_uring_setup`;
 //! - without `ProcessSpawn`, a seccomp filter refuses `fork`, `vfork`,
@@ -26,6 +28,11 @@
 //!   number of processes of the call;
 //! - signals and abstract unix sockets are scoped to the sandbox (ABI ≥ 6);
 //! - nothing else: `$HOME`, `/tmp`, other users' files are invisible.
+//!
+//! Known gap: connecting to a *pathname* unix socket (e.g.
+//! `/var/run/docker.sock`) is not a file access Landlock checks before ABI 9
+//! (`ResolveUnix`), and `AF_UNIX` sockets stay allowed by seccomp; cairn asks
+//! for ABI 6 rights (the newest it was tested with).
 
 use std::fs::File;
 use std::io::Write as _;
@@ -35,6 +42,7 @@ use std::path::{Path, PathBuf};
 /// What the running kernel can enforce, for `cairn tools` and for the
 /// "refuse unsandboxed writes" decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SandboxStatus {
     /// The Landlock ABI version the kernel offers (0 = none).
     pub landlock_abi: u32,
@@ -280,12 +288,49 @@ pub struct PidsCgroup {
     procs: File,
 }
 
+/// The cgroup v1 `pids` hierarchy when cairn may create groups in it
+/// (probed once per process).
 fn pids_cgroup_root() -> Option<PathBuf> {
-    let v1 = Path::new("/sys/fs/cgroup/pids");
-    if v1.join("cgroup.procs").exists() && is_writable_dir(v1) {
-        return Some(v1.to_path_buf());
+    static ROOT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let v1 = Path::new("/sys/fs/cgroup/pids");
+        let usable = v1.join("cgroup.procs").exists() && is_writable_dir(v1);
+        if usable {
+            sweep_stale(v1);
+        }
+        usable.then(|| v1.to_path_buf())
+    })
+    .clone()
+}
+
+/// Remove empty `cairn-<pid>-<n>` groups left by cairn processes that died
+/// before cleaning up.
+fn sweep_stale(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("cairn-").and_then(|r| r.split('-').next()) else { continue };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            // rmdir fails (harmlessly) while the group still has processes.
+            let _ = std::fs::remove_dir(entry.path());
+        }
     }
-    None
+}
+
+/// The rules a tool with `capabilities` runs under, in words (for
+/// `cairn tools` and approval prompts).
+pub fn describe_rules(capabilities: &std::collections::BTreeSet<cairn_core::tool::Capability>) -> String {
+    use cairn_core::tool::Capability as C;
+    let has = |c| capabilities.contains(&c);
+    let files = match (has(C::FileRead), has(C::FileWrite)) {
+        (_, true) => "read+write the working directory and a private TMPDIR",
+        (true, false) => "read the working directory",
+        (false, false) => "no access to the working directory",
+    };
+    let net = if has(C::Network) { "network allowed" } else { "no network" };
+    let spawn =
+        if has(C::ProcessSpawn) || has(C::ShellExec) { "may start processes (capped)" } else { "no new processes" };
+    format!("{files}; system directories read-only; {net}; {spawn}")
 }
 
 fn is_writable_dir(dir: &Path) -> bool {
@@ -372,6 +417,7 @@ mod linux {
         &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys"];
     const DEV_RW: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
     const DEV_R: &[&str] = &["/dev/urandom", "/dev/random"];
+    const NET_CONFIG: &[&str] = &["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf"];
 
     fn ll(e: impl std::fmt::Display) -> SandboxError {
         SandboxError::Landlock(e.to_string())
@@ -403,6 +449,13 @@ mod linux {
         }
         for p in DEV_R {
             add(Path::new(p), AccessFs::ReadFile.into())?;
+        }
+        if policy.network {
+            // Name resolution: these are often symlinks into /run (systemd
+            // resolved); the rule lands on the file they point to.
+            for p in NET_CONFIG {
+                add(Path::new(p), AccessFs::ReadFile.into())?;
+            }
         }
         if policy.write_cwd {
             add(&policy.cwd, read_write_dir)?;
@@ -525,6 +578,20 @@ mod tests {
         assert!(matches!(decide(&none, Risk::ReadOnly, false), Decision::Unsandboxed(_)));
         let full = SandboxStatus { landlock_abi: 7, filesystem: true, network_landlock: true, scoping: true, ..none };
         assert_eq!(decide(&full, Risk::Destructive, false), Decision::Sandboxed);
+    }
+
+    #[test]
+    fn rules_are_described_from_capabilities() {
+        use cairn_core::tool::Capability;
+        let none = describe_rules(&Default::default());
+        assert_eq!(
+            none,
+            "no access to the working directory; system directories read-only; no network; no new processes"
+        );
+        let shell: std::collections::BTreeSet<_> =
+            [Capability::FileRead, Capability::FileWrite, Capability::ProcessSpawn].into_iter().collect();
+        assert!(describe_rules(&shell).starts_with("read+write the working directory"));
+        assert!(describe_rules(&shell).ends_with("may start processes (capped)"));
     }
 
     #[test]

@@ -28,6 +28,15 @@ fn unified_diff(rel: &str, old: &str, new: &str) -> String {
 
 /// Current text of `path`, `None` when it does not exist.
 fn current_text(path: &Path, shown: &str) -> Result<Option<String>, ToolError> {
+    // Never open a pipe or a device: reading one can block forever.
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && !meta.is_file()
+        && !meta.is_dir()
+    {
+        return Err(ToolError::InvalidArguments(format!(
+            "{shown} is not a regular file (a pipe, socket, device or link): cairn edits regular files only"
+        )));
+    }
     match std::fs::read(path) {
         Ok(bytes) => String::from_utf8(bytes).map(Some).map_err(|_| {
             ToolError::InvalidArguments(format!("{shown} is not UTF-8 text: cairn edits text files only"))
@@ -222,10 +231,9 @@ impl EditFile {
                         "path": {"type": "string", "description": "File path relative to the working directory"},
                         "old": {"type": "string", "description": "Exact text to replace (must occur exactly once)"},
                         "new": {"type": "string", "description": "Replacement text"},
-                        "patch": {"type": "string", "description": "A unified diff to apply instead of old/new"}
+                        "patch": {"type": "string", "description": "A unified diff to apply instead of old/new (give either old and new, or patch)"}
                     },
                     "required": ["path"],
-                    "oneOf": [{"required": ["old", "new"]}, {"required": ["patch"]}],
                     "additionalProperties": false
                 }),
                 risk: Risk::Write,

@@ -42,6 +42,9 @@ fn open_nofollow(path: &Path) -> Result<File, ToolError> {
         .map_err(io(format!("cannot open {}", path.display())))
 }
 
+/// Longest line `read_file` shows whole (bytes).
+const MAX_READ_LINE: usize = 2000;
+
 /// `read_file {path, offset?, limit?}`.
 #[derive(Debug)]
 pub struct ReadFile {
@@ -108,6 +111,12 @@ impl Tool for ReadFile {
         if meta.is_dir() {
             return Err(ToolError::InvalidArguments(format!("{} is a directory: use list_dir", args.path)));
         }
+        if !meta.is_file() {
+            return Err(ToolError::InvalidArguments(format!(
+                "{} is not a regular file (a pipe, socket or device): read_file reads regular files only",
+                args.path
+            )));
+        }
         let ranged = args.offset.is_some() || args.limit.is_some();
         if !ranged && meta.len() > self.max_bytes {
             return Err(ToolError::InvalidArguments(format!(
@@ -144,7 +153,16 @@ impl Tool for ReadFile {
                 continue;
             }
             let text = std::str::from_utf8(&line).map_err(|_| binary_refusal(&args.path))?;
-            out.push_str(&format!("{number:>6}\t{}", text.trim_end_matches(['\n', '\r'])));
+            let text = text.trim_end_matches(['\n', '\r']);
+            if text.len() > MAX_READ_LINE {
+                let mut end = MAX_READ_LINE;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                out.push_str(&format!("{number:>6}\t{}… [line cut at {end} of {} bytes]", &text[..end], text.len()));
+            } else {
+                out.push_str(&format!("{number:>6}\t{text}"));
+            }
             out.push('\n');
             shown += 1;
         }

@@ -75,6 +75,7 @@ pub struct Shell {
     allow_unsandboxed: bool,
     offer_bypass: bool,
     max_processes: u32,
+    read_paths: Vec<std::path::PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -131,6 +132,7 @@ impl Shell {
             allow_unsandboxed: config.allow_unsandboxed,
             offer_bypass: config.offer_bypass_on_denial,
             max_processes: config.max_processes,
+            read_paths: config.sandbox_read_paths.clone(),
         })
     }
 
@@ -146,6 +148,7 @@ impl Shell {
             write_cwd: true,
             network: self.network,
             process_spawn: true,
+            extra_read: self.read_paths.clone(),
             ..SandboxPolicy::default()
         };
         RunSpec {
@@ -218,10 +221,12 @@ impl Tool for Shell {
         let start = Instant::now();
         let args: ShellArgs = parse_args(request).map_err(ToolError::InvalidArguments)?;
         let tier = self.risk(&request.arguments);
+        // The call's `timeout` can only shorten the turn's limit (the turn
+        // cancels at `ctx.limits.timeout` anyway).
         let timeout = args
             .timeout
             .map(|t| Duration::from_secs_f64(t.clamp(0.001, MAX_TIMEOUT.as_secs_f64())))
-            .unwrap_or(ctx.limits.timeout);
+            .map_or(ctx.limits.timeout, |t| t.min(ctx.limits.timeout));
         let mut notes = Vec::new();
         let sandboxed = match sandbox::decide(&sandbox::landlock_status(), tier, self.allow_unsandboxed) {
             Decision::Sandboxed => true,

@@ -1,0 +1,6 @@
+//! Integration suites: built-ins, the sandbox, external tools, limits.
+mod builtins;
+mod external;
+mod limits;
+mod sandbox;
+pub(crate) mod util;
