@@ -156,10 +156,10 @@ impl ProviderConfig {
     /// `max_backoff_ms`, `max_output_tokens`. `kind` may be left out when
     /// NAME is a built-in name (the table then adjusts the built-in).
     pub fn from_toml(name: &str, table: &toml::Value) -> Result<Self, ConfigError> {
-        let raw: RawTable = table
-            .clone()
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Invalid { name: name.to_owned(), reason: e.message().to_owned() })?;
+        let raw: RawTable = table.clone().try_into().map_err(|e: toml::de::Error| ConfigError::Invalid {
+            name: name.to_owned(),
+            reason: e.message().to_owned(),
+        })?;
         let mut config = match (raw.kind, Self::builtin(name)) {
             (Some(kind), _) => Self::new(name, kind),
             (None, Some(builtin)) => builtin,

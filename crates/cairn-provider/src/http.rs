@@ -283,12 +283,9 @@ fn wait(delay: Duration, poll: Duration, cancel: &CancelToken) -> bool {
 fn sse_failure(e: SseError) -> Failure {
     match e {
         // A cut stream is a broken connection: worth another attempt.
-        SseError::Truncated { .. } => Failure {
-            kind: ProviderErrorKind::Connection,
-            message: e.to_string(),
-            retryable: true,
-            retry_after: None,
-        },
+        SseError::Truncated { .. } => {
+            Failure { kind: ProviderErrorKind::Connection, message: e.to_string(), retryable: true, retry_after: None }
+        }
         _ => Failure { kind: ProviderErrorKind::Protocol, message: e.to_string(), retryable: false, retry_after: None },
     }
 }
@@ -443,7 +440,10 @@ mod tests {
     fn describes_bodies() {
         assert_eq!(describe_body("", b""), "an empty body");
         assert_eq!(
-            describe_body("application/json", br#"{"error":{"message":"model not found","type":"invalid_request_error"}}"#),
+            describe_body(
+                "application/json",
+                br#"{"error":{"message":"model not found","type":"invalid_request_error"}}"#
+            ),
             "model not found (invalid_request_error)"
         );
         let html = b"<!DOCTYPE html><html><head><TITLE>502 Bad Gateway</TITLE></head><body>nginx</body></html>";
@@ -455,7 +455,8 @@ mod tests {
     fn debug_hides_the_key() {
         let mut config = ProviderConfig::new("x", ProviderKind::Anthropic);
         config.model = Some("m".into());
-        let p = HttpProvider::new(&config, "http://127.0.0.1:9".into(), Some(Secret::new("sk-ant-hidden-999"))).unwrap();
+        let p =
+            HttpProvider::new(&config, "http://127.0.0.1:9".into(), Some(Secret::new("sk-ant-hidden-999"))).unwrap();
         let shown = format!("{p:?}");
         assert!(shown.contains("[redacted]") && !shown.contains("hidden-999"), "{shown}");
     }

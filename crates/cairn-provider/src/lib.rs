@@ -30,7 +30,7 @@
 //! - [`sse`]: server-sent events framing.
 //! - `wire`: request bodies and stream decoders of the three APIs.
 //! - `scripted`: [`ScriptedProvider`].
-//! - [`secret`]: [`Secret`].
+//! - [`secret`]: the [`Secret`] type for keys.
 #![deny(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 

@@ -150,8 +150,12 @@ fn run(agent: &ureq::Agent, request: Outgoing, tx: &SyncSender<Msg>) {
                 }
             }
             Err(e) => {
-                let kind = if e.kind() == std::io::ErrorKind::TimedOut { FailKind::Timeout } else { FailKind::Connection };
-                let _ = tx.send(Msg::Failed { kind, message: format!("the connection broke while reading the response: {e}") });
+                let kind =
+                    if e.kind() == std::io::ErrorKind::TimedOut { FailKind::Timeout } else { FailKind::Connection };
+                let _ = tx.send(Msg::Failed {
+                    kind,
+                    message: format!("the connection broke while reading the response: {e}"),
+                });
                 return;
             }
         }
@@ -169,7 +173,9 @@ fn failed(e: &ureq::Error) -> Msg {
         ureq::Error::Timeout(ureq::Timeout::RecvResponse) => "timed out waiting for the response headers".to_owned(),
         ureq::Error::Timeout(t) => format!("timed out ({t:?})"),
         ureq::Error::HostNotFound => "host not found (check the base URL)".to_owned(),
-        ureq::Error::ConnectionFailed => "could not connect to the server (is it running? check the base URL)".to_owned(),
+        ureq::Error::ConnectionFailed => {
+            "could not connect to the server (is it running? check the base URL)".to_owned()
+        }
         other => format!("request failed: {other}"),
     };
     Msg::Failed { kind, message }

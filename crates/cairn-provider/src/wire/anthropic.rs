@@ -98,7 +98,9 @@ fn blocks_of(message: &Message) -> Vec<Value> {
             }
             ContentPart::ToolResult { call_id, content, is_error } => blocks.push(json!({
                 "type": "tool_result", "tool_use_id": tool_id(call_id), "content": content, "is_error": is_error})),
-            ContentPart::Reasoning { provider, opaque: Some(block), .. } if provider == TAG => blocks.push(block.clone()),
+            ContentPart::Reasoning { provider, opaque: Some(block), .. } if provider == TAG => {
+                blocks.push(block.clone())
+            }
             ContentPart::Reasoning { .. } => {}
         }
     }
@@ -127,11 +129,9 @@ pub(crate) struct AnthropicDecoder {
 
 impl AnthropicDecoder {
     fn block(&mut self, index: u64) -> Result<&mut Block, StreamError> {
-        self.blocks
-            .iter_mut()
-            .find(|(i, _)| *i == index)
-            .map(|(_, b)| b)
-            .ok_or_else(|| StreamError::protocol(format!("a delta arrived for content block {index}, which never started")))
+        self.blocks.iter_mut().find(|(i, _)| *i == index).map(|(_, b)| b).ok_or_else(|| {
+            StreamError::protocol(format!("a delta arrived for content block {index}, which never started"))
+        })
     }
 
     fn read_usage(&mut self, usage: &Value) {
@@ -216,8 +216,7 @@ impl Decoder for AnthropicDecoder {
             "message_stop" => return Ok(true),
             "error" => {
                 let error = v.get("error").cloned().unwrap_or(Value::Null);
-                let retryable =
-                    matches!(str_of(&error, "type"), "overloaded_error" | "api_error" | "rate_limit_error");
+                let retryable = matches!(str_of(&error, "type"), "overloaded_error" | "api_error" | "rate_limit_error");
                 let message = super::error_object_text(&v).unwrap_or_else(|| v.to_string());
                 return Err(StreamError {
                     kind: ProviderErrorKind::Http,
@@ -254,9 +253,11 @@ impl Decoder for AnthropicDecoder {
                         opaque: Some(Value::Object(opaque)),
                     });
                 }
-                Block::Redacted(block) => {
-                    content.push(ContentPart::Reasoning { text: String::new(), provider: TAG.to_owned(), opaque: Some(block) })
-                }
+                Block::Redacted(block) => content.push(ContentPart::Reasoning {
+                    text: String::new(),
+                    provider: TAG.to_owned(),
+                    opaque: Some(block),
+                }),
                 Block::Text(_) | Block::Other => {}
             }
         }

@@ -68,7 +68,8 @@ fn push_message(out: &mut Vec<Value>, message: &Message) {
             if text.is_empty() && calls.is_empty() {
                 return;
             }
-            let mut m = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
+            let mut m =
+                json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
             if !calls.is_empty() {
                 m["tool_calls"] = Value::Array(calls);
             }
