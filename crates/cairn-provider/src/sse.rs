@@ -50,7 +50,8 @@ pub struct SseParser {
     /// The previous chunk ended in CR: skip one LF at the start of the next.
     skip_lf: bool,
     event: String,
-    data: String,
+    /// Raw bytes of the data lines; validated as UTF-8 once, at dispatch.
+    data: Vec<u8>,
     id: Option<String>,
     /// Whether any field line was seen for the current event.
     started: bool,
@@ -64,7 +65,7 @@ impl SseParser {
             line: Vec::new(),
             skip_lf: false,
             event: String::new(),
-            data: String::new(),
+            data: Vec::new(),
             id: None,
             started: false,
             max_event_bytes,
@@ -80,7 +81,7 @@ impl SseParser {
             }
         }
         while !chunk.is_empty() {
-            let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') else {
+            let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) else {
                 self.line.extend_from_slice(chunk);
                 self.check_size()?;
                 return Ok(());
@@ -149,8 +150,8 @@ impl SseParser {
         match field {
             b"data" => {
                 self.started = true;
-                self.data.push_str(&String::from_utf8_lossy(value));
-                self.data.push('\n');
+                self.data.extend_from_slice(value);
+                self.data.push(b'\n');
                 if self.data.len() > self.max_event_bytes {
                     return Err(SseError::EventTooLarge { limit: self.max_event_bytes });
                 }
@@ -182,6 +183,11 @@ impl SseParser {
         }
         let mut data = std::mem::take(&mut self.data);
         data.pop(); // the trailing '\n' added after the last data line
+        let data = match String::from_utf8(data) {
+            Ok(text) => text,
+            // The spec decodes with replacement characters.
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        };
         out.push(SseEvent { event, data, id });
     }
 }
