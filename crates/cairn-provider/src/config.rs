@@ -102,6 +102,17 @@ pub struct ProviderConfig {
     pub max_event_bytes: usize,
     /// How often a blocked call checks the cancel token.
     pub cancel_poll: Duration,
+    /// Reasoning effort for reasoning models (`low`, `medium`, `high`…):
+    /// Responses `reasoning.effort` (with `summary: "auto"`), Chat
+    /// Completions `reasoning_effort`. `None` leaves the server's default.
+    pub reasoning_effort: Option<String>,
+    /// Anthropic extended thinking: `thinking.budget_tokens`. `None` leaves
+    /// thinking off.
+    pub thinking_budget_tokens: Option<u32>,
+    /// Responses: ask for `reasoning.encrypted_content` so reasoning can be
+    /// passed back with `store: false` (default on; turn it off for models
+    /// without reasoning, which refuse the include).
+    pub encrypted_reasoning: bool,
 }
 
 /// The names users can type without any config file.
@@ -125,6 +136,9 @@ impl ProviderConfig {
             default_max_output_tokens: 8192,
             max_event_bytes: 16 << 20,
             cancel_poll: Duration::from_millis(20),
+            reasoning_effort: None,
+            thinking_budget_tokens: None,
+            encrypted_reasoning: true,
         }
     }
 
@@ -153,7 +167,8 @@ impl ProviderConfig {
     /// Read one `[providers.NAME]` table. Keys: `kind`, `base_url`, `model`,
     /// `api_key_env`, `script`, `max_attempts`, `connect_timeout_ms`,
     /// `first_byte_timeout_ms`, `idle_timeout_ms`, `initial_backoff_ms`,
-    /// `max_backoff_ms`, `max_output_tokens`. `kind` may be left out when
+    /// `max_backoff_ms`, `max_output_tokens`, `reasoning_effort`,
+    /// `thinking_budget_tokens`, `encrypted_reasoning`. `kind` may be left out when
     /// NAME is a built-in name (the table then adjusts the built-in).
     pub fn from_toml(name: &str, table: &toml::Value) -> Result<Self, ConfigError> {
         let raw: RawTable = table.clone().try_into().map_err(|e: toml::de::Error| ConfigError::Invalid {
@@ -202,6 +217,11 @@ impl ProviderConfig {
         }
         if let Some(v) = raw.max_output_tokens {
             config.default_max_output_tokens = v;
+        }
+        config.reasoning_effort = raw.reasoning_effort.or(config.reasoning_effort);
+        config.thinking_budget_tokens = raw.thinking_budget_tokens.or(config.thinking_budget_tokens);
+        if let Some(v) = raw.encrypted_reasoning {
+            config.encrypted_reasoning = v;
         }
         Ok(config)
     }
@@ -254,6 +274,9 @@ struct RawTable {
     initial_backoff_ms: Option<u64>,
     max_backoff_ms: Option<u64>,
     max_output_tokens: Option<u32>,
+    reasoning_effort: Option<String>,
+    thinking_budget_tokens: Option<u32>,
+    encrypted_reasoning: Option<bool>,
 }
 
 /// Why a provider could not be built.

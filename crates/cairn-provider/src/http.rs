@@ -35,7 +35,7 @@ pub struct HttpProvider {
     retry: RetryPolicy,
     limits: Limits,
     agent: ureq::Agent,
-    default_max_output_tokens: u32,
+    options: wire::Options,
     max_event_bytes: usize,
 }
 
@@ -122,7 +122,12 @@ impl HttpProvider {
             retry: config.retry.clone(),
             agent: transport::agent(&limits, loopback),
             limits,
-            default_max_output_tokens: config.default_max_output_tokens,
+            options: wire::Options {
+                default_max: config.default_max_output_tokens,
+                reasoning_effort: config.reasoning_effort.clone(),
+                thinking_budget: config.thinking_budget_tokens,
+                encrypted_reasoning: config.encrypted_reasoning,
+            },
             max_event_bytes: config.max_event_bytes,
         })
     }
@@ -134,9 +139,9 @@ impl HttpProvider {
 
     fn body(&self, request: &ModelRequest<'_>) -> Vec<u8> {
         let value = match self.kind {
-            ProviderKind::Anthropic => wire::anthropic::body(&self.model, request, self.default_max_output_tokens),
-            ProviderKind::OpenAiResponses => wire::responses::body(&self.model, request),
-            _ => wire::chat::body(&self.model, request),
+            ProviderKind::Anthropic => wire::anthropic::body(&self.model, request, &self.options),
+            ProviderKind::OpenAiResponses => wire::responses::body(&self.model, request, &self.options),
+            _ => wire::chat::body(&self.model, request, &self.options),
         };
         value.to_string().into_bytes()
     }

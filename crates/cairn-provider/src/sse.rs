@@ -290,4 +290,47 @@ mod tests {
         }
         assert!(matches!(res, Err(SseError::EventTooLarge { .. })));
     }
+
+    /// Random streams (field order, line ends, comments, multi-line data,
+    /// unicode) cut at random points parse to the events they were built from.
+    #[test]
+    fn random_streams_and_random_splits_match_the_model() {
+        let mut rng = fastrand::Rng::with_seed(0x5eed);
+        let pieces = ["a", "{\"k\": 1}", "é€😀", " lead", "x:y", "", "[DONE]"];
+        for _ in 0..300 {
+            let mut bytes = Vec::new();
+            let mut expected = Vec::new();
+            for _ in 0..rng.usize(1..6) {
+                let eol: &[u8] = [&b"\n"[..], b"\r\n", b"\r"][rng.usize(..3)];
+                if rng.bool() {
+                    bytes.extend_from_slice(b": comment");
+                    bytes.extend_from_slice(eol);
+                }
+                let name = if rng.bool() { "delta" } else { "" };
+                if !name.is_empty() {
+                    bytes.extend_from_slice(format!("event: {name}").as_bytes());
+                    bytes.extend_from_slice(eol);
+                }
+                let lines: Vec<&str> = (0..rng.usize(1..4)).map(|_| pieces[rng.usize(..pieces.len())]).collect();
+                for line in &lines {
+                    // "data:" with or without the optional space.
+                    let sep = if line.starts_with(' ') || rng.bool() { "data: " } else { "data:" };
+                    bytes.extend_from_slice(format!("{sep}{line}").as_bytes());
+                    bytes.extend_from_slice(eol);
+                }
+                bytes.extend_from_slice(eol);
+                expected.push(SseEvent { event: name.into(), data: lines.join("\n"), id: None });
+            }
+            let mut p = SseParser::new(1 << 20);
+            let mut out = Vec::new();
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let n = rng.usize(1..=rest.len().min(9));
+                p.feed(&rest[..n], &mut out).unwrap();
+                rest = &rest[n..];
+            }
+            p.finish().unwrap();
+            assert_eq!(out, expected, "stream {:?}", String::from_utf8_lossy(&bytes));
+        }
+    }
 }

@@ -693,6 +693,50 @@ fn an_already_cancelled_token_sends_nothing() {
     assert!(server.requests().is_empty());
 }
 
+#[test]
+fn reasoning_options_reach_each_request_body() {
+    let table: toml::Value = toml::from_str(
+        "reasoning_effort = \"high\"\nthinking_budget_tokens = 10000\nmax_output_tokens = 4096\nencrypted_reasoning = false",
+    )
+    .unwrap();
+    for (kind, fixture) in [
+        (ProviderKind::OpenAiChat, "chat_text.sse"),
+        (ProviderKind::OpenAiResponses, "responses_text.sse"),
+        (ProviderKind::Anthropic, "anthropic_text.sse"),
+    ] {
+        let mut c = ProviderConfig::from_toml(
+            "r",
+            &toml::Value::Table({
+                let mut t = table.as_table().unwrap().clone();
+                let kind_name = match kind {
+                    ProviderKind::OpenAiChat => "openai-chat",
+                    ProviderKind::OpenAiResponses => "openai-responses",
+                    _ => "anthropic",
+                };
+                t.insert("kind".into(), toml::Value::String(kind_name.into()));
+                t
+            }),
+        )
+        .unwrap();
+        c.model = Some("m".into());
+        let server = TestServer::start(vec![Reply::sse(data(fixture))]).unwrap();
+        let (r, _) = call(&provider_with(&c, &server), &[user("x")]);
+        r.unwrap();
+        let body = server.requests()[0].json();
+        match kind {
+            ProviderKind::OpenAiChat => assert_eq!(body["reasoning_effort"], "high"),
+            ProviderKind::OpenAiResponses => {
+                assert_eq!(body["reasoning"], json!({"effort": "high", "summary": "auto"}));
+                assert!(body.get("include").is_none(), "encrypted_reasoning = false drops the include");
+            }
+            _ => {
+                assert_eq!(body["thinking"], json!({"type": "enabled", "budget_tokens": 10000}));
+                assert_eq!(body["max_tokens"], 11024, "raised above the thinking budget");
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------- config → build → call
 
 #[test]

@@ -12,7 +12,7 @@ use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{ModelRequest, ProviderErrorKind, StopReason, StreamEvent};
 use serde_json::{Map, Value, json};
 
-use super::{Decoder, Settled, StreamError, Usage, json, parse_arguments, str_of, text_of, u64_of};
+use super::{Decoder, Options, Settled, StreamError, Usage, json, parse_arguments, str_of, text_of, u64_of};
 use crate::sse::SseEvent;
 
 /// The tag of reasoning this API produces and accepts back.
@@ -28,9 +28,10 @@ fn tool_id(id: &str) -> String {
     if cleaned.is_empty() { "toolu_unnamed".to_owned() } else { cleaned }
 }
 
-/// The request body. `default_max` is used when the request sets no bound
-/// (the API requires one).
-pub(crate) fn body(model: &str, request: &ModelRequest<'_>, default_max: u32) -> Value {
+/// The request body. `options.default_max` is used when the request sets no
+/// bound (the API requires one); with a thinking budget, `max_tokens` is
+/// raised above it as the API requires.
+pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -> Value {
     let mut system: Vec<String> = request.system.map(str::to_owned).into_iter().collect();
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
     for message in request.messages {
@@ -61,15 +62,22 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>, default_max: u32) ->
             json!({"role": role, "content": blocks})
         })
         .collect();
+    let mut max_tokens = request.max_output_tokens.unwrap_or(options.default_max);
+    if let Some(budget) = options.thinking_budget {
+        max_tokens = max_tokens.max(budget.saturating_add(1024));
+    }
     let mut body = json!({
         "model": model,
-        "max_tokens": request.max_output_tokens.unwrap_or(default_max),
+        "max_tokens": max_tokens,
         "messages": messages,
         "stream": true,
     });
     let system: Vec<String> = system.into_iter().filter(|s| !s.is_empty()).collect();
     if !system.is_empty() {
         body["system"] = json!(system.join("\n\n"));
+    }
+    if let Some(budget) = options.thinking_budget {
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
     }
     if !request.tools.is_empty() {
         let tools: Vec<Value> = request

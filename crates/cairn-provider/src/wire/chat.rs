@@ -10,11 +10,13 @@ use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{ModelRequest, StopReason, StreamEvent};
 use serde_json::{Value, json};
 
-use super::{Decoder, Settled, StreamError, Usage, arguments_text, json, parse_arguments, str_of, text_of, u64_of};
+use super::{
+    Decoder, Options, Settled, StreamError, Usage, arguments_text, json, parse_arguments, str_of, text_of, u64_of,
+};
 use crate::sse::SseEvent;
 
 /// The request body.
-pub(crate) fn body(model: &str, request: &ModelRequest<'_>) -> Value {
+pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -> Value {
     let mut messages = Vec::new();
     if let Some(system) = request.system {
         messages.push(json!({"role": "system", "content": system}));
@@ -41,6 +43,9 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>) -> Value {
     }
     if let Some(max) = request.max_output_tokens {
         body["max_completion_tokens"] = json!(max);
+    }
+    if let Some(effort) = &options.reasoning_effort {
+        body["reasoning_effort"] = json!(effort);
     }
     body
 }
