@@ -682,6 +682,45 @@ fn cancellation_aborts_a_stalled_request() {
 }
 
 #[test]
+fn cancelling_mid_stream_closes_the_connection() {
+    // A slow model: one event every 50 ms, many events to go.
+    let body: String = (0..200)
+        .map(|i| streams::event("", &format!("{{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i} \"}}}}]}}")))
+        .collect();
+    let server = TestServer::start(vec![Reply::sse(body).pace(Duration::from_millis(50))]).unwrap();
+    let p = provider(ProviderKind::OpenAiChat, &server);
+    let cancel = CancelToken::new();
+    let messages = [user("x")];
+    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: None };
+    let mut seen = 0;
+    // The observer cancels after the second delta: no clock involved.
+    let e = p
+        .complete(
+            &request,
+            &mut |e| {
+                if matches!(e, StreamEvent::TextDelta { .. }) {
+                    seen += 1;
+                    if seen == 2 {
+                        cancel.cancel();
+                    }
+                }
+            },
+            &cancel,
+        )
+        .unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Cancelled);
+    assert_eq!(seen, 2);
+    // The server notices the closed connection on its next writes (bounded wait).
+    for _ in 0..200 {
+        if server.client_aborts() == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_eq!(server.client_aborts(), 1, "the connection was not closed after cancellation");
+}
+
+#[test]
 fn an_already_cancelled_token_sends_nothing() {
     let server = TestServer::start(vec![Reply::sse(data("chat_text.sse"))]).unwrap();
     let cancel = CancelToken::new();

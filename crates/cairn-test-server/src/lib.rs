@@ -75,6 +75,8 @@ pub struct Reply {
     pub framing: Framing,
     /// How the reply ends.
     pub ending: Ending,
+    /// A pause before each write after the first (a slowly generating model).
+    pub pace: Option<Duration>,
 }
 
 impl Reply {
@@ -90,6 +92,7 @@ impl Reply {
             split: Split::PerEvent,
             framing: Framing::Chunked,
             ending: Ending::Complete,
+            pace: None,
         }
     }
 
@@ -102,6 +105,7 @@ impl Reply {
             split: Split::Whole,
             framing: Framing::Length,
             ending: Ending::Complete,
+            pace: None,
         }
     }
 
@@ -138,6 +142,12 @@ impl Reply {
         self.ending = ending;
         self
     }
+
+    /// Pause this long before each write after the first.
+    pub fn pace(mut self, pause: Duration) -> Self {
+        self.pace = Some(pause);
+        self
+    }
 }
 
 /// A request the server received.
@@ -169,6 +179,8 @@ impl Recorded {
 struct State {
     replies: VecDeque<Reply>,
     requests: Vec<Recorded>,
+    /// Replies whose writing failed because the client went away.
+    aborted: usize,
 }
 
 /// The running server. Dropping it stops accepting and ends stalls.
@@ -186,7 +198,7 @@ impl TestServer {
     pub fn start(replies: Vec<Reply>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(Mutex::new(State { replies: replies.into(), requests: Vec::new() }));
+        let state = Arc::new(Mutex::new(State { replies: replies.into(), requests: Vec::new(), aborted: 0 }));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, sp) = (state.clone(), stop.clone());
         let accept = thread::Builder::new().name("test-server".into()).spawn(move || {
@@ -210,6 +222,12 @@ impl TestServer {
     /// Every request received so far.
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).requests.clone()
+    }
+
+    /// How many replies were cut short because the client closed the
+    /// connection (a cancelled or abandoned request).
+    pub fn client_aborts(&self) -> usize {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).aborted
     }
 
     /// Queue more replies.
@@ -273,7 +291,9 @@ fn serve(conn: TcpStream, state: &Mutex<State>, stop: &AtomicBool) {
         )
     });
     let _ = conn.set_nodelay(true);
-    let _ = write_reply(conn, &reply, stop);
+    if write_reply(conn, &reply, stop).is_err() {
+        state.lock().unwrap_or_else(PoisonError::into_inner).aborted += 1;
+    }
 }
 
 fn pieces(body: &[u8], split: Split) -> Vec<&[u8]> {
@@ -339,9 +359,12 @@ fn write_reply(mut conn: TcpStream, reply: &Reply, stop: &AtomicBool) -> std::io
         Ending::CutAt(n) => &reply.body[..n.min(reply.body.len())],
         _ => &reply.body[..],
     };
-    for piece in pieces(body, reply.split) {
+    for (i, piece) in pieces(body, reply.split).into_iter().enumerate() {
         if stop.load(Ordering::SeqCst) {
             return Ok(());
+        }
+        if let (Some(d), true) = (reply.pace, i > 0) {
+            pause(d, stop);
         }
         if piece.is_empty() {
             continue;
