@@ -678,7 +678,7 @@ fn cancellation_aborts_a_stalled_request() {
     canceller.join().unwrap();
     assert_eq!(e.kind, ProviderErrorKind::Cancelled);
     assert_eq!(e.attempts.len(), 1);
-    assert_eq!(server.requests()[0].json()["max_completion_tokens"], 5);
+    assert_eq!(server.requests()[0].json()["max_tokens"], 5, "a local server gets max_tokens");
 }
 
 #[test]

@@ -42,7 +42,8 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -
         body["tools"] = Value::Array(tools);
     }
     if let Some(max) = request.max_output_tokens {
-        body["max_completion_tokens"] = json!(max);
+        let key = if options.legacy_max_tokens { "max_tokens" } else { "max_completion_tokens" };
+        body[key] = json!(max);
     }
     if let Some(effort) = &options.reasoning_effort {
         body["reasoning_effort"] = json!(effort);

@@ -25,6 +25,9 @@ pub(crate) struct Options {
     pub(crate) reasoning_effort: Option<String>,
     pub(crate) thinking_budget: Option<u32>,
     pub(crate) encrypted_reasoning: bool,
+    /// Chat Completions: send `max_tokens` (what local servers know) instead
+    /// of OpenAI's `max_completion_tokens`.
+    pub(crate) legacy_max_tokens: bool,
 }
 
 /// Token counts reported by the server for one attempt.
