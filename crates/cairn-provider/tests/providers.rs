@@ -16,14 +16,14 @@ use cairn_core::provider::{
 };
 use cairn_core::tool::{ReplayPolicy, Risk, ToolSpec};
 use cairn_provider::{HttpProvider, ProviderConfig, ProviderKind, ScriptedProvider, Secret, build};
-use cairn_test_server::{Ending, Framing, Reply, Split, TestServer, streams};
+use cairn_test_server::{Ending, Framing, Reply, Split, TestServer, fixtures, streams};
 use serde_json::json;
 
 const KEY: &str = "sk-test-0123456789abcdef-SECRET";
 
+/// A recorded stream from the test-support crate's fixtures.
 fn data(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    fixtures::by_name(name).unwrap_or_else(|| panic!("no fixture {name}")).to_owned()
 }
 
 fn config(kind: ProviderKind) -> ProviderConfig {

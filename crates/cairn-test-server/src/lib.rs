@@ -414,6 +414,44 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// Recorded streams in each API's real wire format (written from the public
+/// API references; the files live in `tests/data/`). Tests of any crate can
+/// serve them with [`Reply::sse`].
+pub mod fixtures {
+    /// Chat Completions: text deltas, `finish_reason: stop`, the usage chunk
+    /// (19 in, 10 out) and `[DONE]`. Text: "Hello! How can I help — café? ☕".
+    pub const CHAT_TEXT: &str = include_str!("../tests/data/chat_text.sse");
+    /// Chat Completions: "Let me look." then two parallel tool calls
+    /// (`read_file {"path": "src/main.rs"}`, `shell {"argv": ["ls", "-la"]}`)
+    /// with arguments split across chunks; 210 in (128 cached), 48 out.
+    pub const CHAT_TOOL_CALLS: &str = include_str!("../tests/data/chat_tool_calls.sse");
+    /// Responses: a reasoning item with `encrypted_content` and a summary,
+    /// a message "Checking Paris now.", a `get_weather` function call;
+    /// `response.completed` with 75 in, 140 out.
+    pub const RESPONSES_REASONING_TOOL: &str = include_str!("../tests/data/responses_reasoning_tool.sse");
+    /// Responses: one message "It is 18°C in Paris."; 310 in (256 cached), 12 out.
+    pub const RESPONSES_TEXT: &str = include_str!("../tests/data/responses_text.sse");
+    /// Anthropic Messages: a thinking block with its signature, text "I'll
+    /// list the directory.", a `shell {"argv": ["ls"]}` tool_use, `ping`s;
+    /// stop reason `tool_use`.
+    pub const ANTHROPIC_THINKING_TOOL: &str = include_str!("../tests/data/anthropic_thinking_tool.sse");
+    /// Anthropic Messages: text "The directory holds two files.", `end_turn`.
+    pub const ANTHROPIC_TEXT: &str = include_str!("../tests/data/anthropic_text.sse");
+
+    /// A fixture by its file name (`"chat_text.sse"`).
+    pub fn by_name(name: &str) -> Option<&'static str> {
+        Some(match name {
+            "chat_text.sse" => CHAT_TEXT,
+            "chat_tool_calls.sse" => CHAT_TOOL_CALLS,
+            "responses_reasoning_tool.sse" => RESPONSES_REASONING_TOOL,
+            "responses_text.sse" => RESPONSES_TEXT,
+            "anthropic_thinking_tool.sse" => ANTHROPIC_THINKING_TOOL,
+            "anthropic_text.sse" => ANTHROPIC_TEXT,
+            _ => return None,
+        })
+    }
+}
+
 /// SSE body helpers for building hostile streams.
 pub mod streams {
     /// One `data:` event (`event:` line too when `name` is not empty).
@@ -484,6 +522,40 @@ mod tests {
         let p = pieces(body, Split::PerEvent);
         assert_eq!(p, vec![&b"data: a\n\n"[..], &b"data: b\r\n\r\n"[..], &b"tail"[..]]);
         assert_eq!(pieces(b"abc", Split::EveryByte).len(), 3);
+    }
+
+    #[test]
+    fn every_fixture_is_well_formed_sse_with_json_data() {
+        for name in [
+            "chat_text.sse",
+            "chat_tool_calls.sse",
+            "responses_reasoning_tool.sse",
+            "responses_text.sse",
+            "anthropic_thinking_tool.sse",
+            "anthropic_text.sse",
+        ] {
+            let body = fixtures::by_name(name).unwrap();
+            assert!(body.ends_with("\n\n"), "{name} must end with a blank line");
+            let mut events = 0;
+            for line in body.lines().filter(|l| l.starts_with("data:")) {
+                let data = line["data:".len()..].trim();
+                events += 1;
+                if data != "[DONE]" {
+                    let v: Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{name}: {e}: {data}"));
+                    assert!(v.is_object(), "{name}: {data}");
+                }
+            }
+            assert!(events >= 5, "{name}");
+            // Named events agree with the JSON type (Responses, Anthropic).
+            let mut lines = body.lines().peekable();
+            while let Some(line) = lines.next() {
+                if let Some(name_field) = line.strip_prefix("event: ") {
+                    let data = lines.next().unwrap().trim_start_matches("data: ");
+                    let v: Value = serde_json::from_str(data).unwrap();
+                    assert_eq!(v["type"], name_field, "{name}");
+                }
+            }
+        }
     }
 
     #[test]
