@@ -43,7 +43,7 @@ pub mod sse;
 mod transport;
 mod wire;
 
-pub use config::{BUILTIN_NAMES, ConfigError, ProviderConfig, ProviderKind, Timeouts, build};
+pub use config::{BUILTIN_NAMES, ConfigError, ProviderConfig, ProviderKind, ProviderTable, Timeouts, build};
 pub use http::HttpProvider;
 pub use retry::RetryPolicy;
 pub use scripted::ScriptedProvider;
