@@ -5,9 +5,12 @@
 //! every request it received, so tests assert on both sides of the wire.
 //! Hand-written on `std::net` and threads so every byte and every timing of a
 //! reply is under the test's control (split at every byte, cut mid-event,
-//! stall after the headers). It must only ever bind to 127.0.0.1, and it is
-//! test support: no TLS, no keep-alive (every reply says
-//! `Connection: close`), request bodies by `Content-Length` only.
+//! stall after the headers, pace a slow model, notice a client that hung
+//! up). [`fixtures`] holds recorded streams of the three APIs (files in
+//! `tests/data/`) for any crate's tests; [`streams`] builds hostile ones.
+//! It must only ever bind to 127.0.0.1, and it is test support: no TLS, no
+//! keep-alive (every reply says `Connection: close`), request bodies by
+//! `Content-Length` only.
 #![deny(missing_docs)]
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
