@@ -176,6 +176,26 @@ fn chunks_split_at_every_byte_give_the_same_answer() {
     assert_eq!(x.unwrap().message, y.unwrap().message);
 }
 
+#[test]
+fn tool_calls_without_ids_from_local_servers_get_unique_ones() {
+    // llama.cpp-style: the whole call in one chunk, no id.
+    let chunk = r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"shell","arguments":"{\"argv\":[\"pwd\"]}"}}]},"finish_reason":null}]}"#;
+    let body = format!(
+        "{}{}{}",
+        streams::event("", chunk),
+        streams::event("", r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#),
+        streams::event("", "[DONE]")
+    );
+    let server = TestServer::start(vec![Reply::sse(body.clone()), Reply::sse(body)]).unwrap();
+    let p = provider(ProviderKind::OpenAiChat, &server);
+    let (a, _) = call(&p, &[user("x")]);
+    let (b, _) = call(&p, &[user("x")]);
+    let (a, b) = (calls(&a.unwrap().message), calls(&b.unwrap().message));
+    assert_eq!(a[0].arguments, json!({"argv": ["pwd"]}));
+    assert!(a[0].id.starts_with("call_0_") && a[0].id.len() > 10, "{}", a[0].id);
+    assert_ne!(a[0].id, b[0].id);
+}
+
 // ---------------------------------------------------------------- Responses
 
 #[test]

@@ -126,8 +126,11 @@ impl ChatDecoder {
         }
         if !slot.announced && !slot.name.is_empty() {
             if slot.id.is_empty() {
-                // Some servers omit ids; make a stable one so results can refer to it.
-                slot.id = format!("call_{index}");
+                // Some local servers omit ids; make one unique in the session
+                // (Anthropic refuses duplicate tool_use ids if the session
+                // moves there) so results can refer to it.
+                let suffix: String = std::iter::repeat_with(fastrand::alphanumeric).take(12).collect();
+                slot.id = format!("call_{index}_{suffix}");
             }
             slot.announced = true;
             emit(StreamEvent::ToolCallStarted { id: slot.id.clone(), name: slot.name.clone() });
