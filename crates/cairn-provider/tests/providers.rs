@@ -382,6 +382,26 @@ fn anthropic_overloaded_529_then_success_and_error_event_retried() {
     assert_eq!(starts.len(), 3);
 }
 
+#[test]
+fn anthropic_tool_input_given_whole_in_block_start_is_kept() {
+    let body = [
+        streams::event("message_start", r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":3,"output_tokens":1}}}"#),
+        streams::event(
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"shell","input":{"argv":["id"]}}}"#,
+        ),
+        streams::event("content_block_stop", r#"{"type":"content_block_stop","index":0}"#),
+        streams::event("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":7}}"#),
+        streams::event("message_stop", r#"{"type":"message_stop"}"#),
+    ]
+    .concat();
+    let server = TestServer::start(vec![Reply::sse(body)]).unwrap();
+    let (r, _) = call(&provider(ProviderKind::Anthropic, &server), &[user("x")]);
+    let r = r.unwrap();
+    assert_eq!(calls(&r.message)[0].arguments, json!({"argv": ["id"]}));
+    assert_eq!(r.stop, StopReason::ToolUse);
+}
+
 // ---------------------------------------------------------------- switching provider
 
 #[test]

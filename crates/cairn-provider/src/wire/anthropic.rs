@@ -118,8 +118,18 @@ fn blocks_of(message: &Message) -> Vec<Value> {
 #[derive(Debug)]
 enum Block {
     Text(String),
-    ToolUse { id: String, name: String, json: String },
-    Thinking { thinking: String, signature: String },
+    /// `start` is the input given in `content_block_start` (used when no
+    /// `input_json_delta` follows, as some compatible servers do).
+    ToolUse {
+        id: String,
+        name: String,
+        json: String,
+        start: Value,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
     Redacted(Value),
     Other,
 }
@@ -175,7 +185,8 @@ impl Decoder for AnthropicDecoder {
                     "tool_use" => {
                         let (id, name) = (str_of(&cb, "id").to_owned(), str_of(&cb, "name").to_owned());
                         emit(StreamEvent::ToolCallStarted { id: id.clone(), name: name.clone() });
-                        Block::ToolUse { id, name, json: String::new() }
+                        let start = cb.get("input").cloned().unwrap_or(Value::Null);
+                        Block::ToolUse { id, name, json: String::new(), start }
                     }
                     "thinking" => Block::Thinking {
                         thinking: str_of(&cb, "thinking").to_owned(),
@@ -247,8 +258,12 @@ impl Decoder for AnthropicDecoder {
         for (_, block) in self.blocks.drain(..) {
             match block {
                 Block::Text(text) if !text.is_empty() => content.push(ContentPart::Text { text }),
-                Block::ToolUse { id, name, json } => {
-                    content.push(ContentPart::ToolCall(ToolCall { id, name, arguments: parse_arguments(&json) }))
+                Block::ToolUse { id, name, json, start } => {
+                    let arguments = match start {
+                        Value::Object(map) if json.trim().is_empty() && !map.is_empty() => Value::Object(map),
+                        _ => parse_arguments(&json),
+                    };
+                    content.push(ContentPart::ToolCall(ToolCall { id, name, arguments }))
                 }
                 Block::Thinking { thinking, signature } => {
                     let mut opaque = Map::new();
