@@ -102,6 +102,17 @@ pub struct ProviderConfig {
     pub max_event_bytes: usize,
     /// How often a blocked call checks the cancel token.
     pub cancel_poll: Duration,
+    /// Reasoning effort for reasoning models (`low`, `medium`, `high`…):
+    /// Responses `reasoning.effort` (with `summary: "auto"`), Chat
+    /// Completions `reasoning_effort`. `None` leaves the server's default.
+    pub reasoning_effort: Option<String>,
+    /// Anthropic extended thinking: `thinking.budget_tokens`. `None` leaves
+    /// thinking off.
+    pub thinking_budget_tokens: Option<u32>,
+    /// Responses: ask for `reasoning.encrypted_content` so reasoning can be
+    /// passed back with `store: false` (default on; turn it off for models
+    /// without reasoning, which refuse the include).
+    pub encrypted_reasoning: bool,
 }
 
 /// The names users can type without any config file.
@@ -125,6 +136,9 @@ impl ProviderConfig {
             default_max_output_tokens: 8192,
             max_event_bytes: 16 << 20,
             cancel_poll: Duration::from_millis(20),
+            reasoning_effort: None,
+            thinking_budget_tokens: None,
+            encrypted_reasoning: true,
         }
     }
 
@@ -153,13 +167,20 @@ impl ProviderConfig {
     /// Read one `[providers.NAME]` table. Keys: `kind`, `base_url`, `model`,
     /// `api_key_env`, `script`, `max_attempts`, `connect_timeout_ms`,
     /// `first_byte_timeout_ms`, `idle_timeout_ms`, `initial_backoff_ms`,
-    /// `max_backoff_ms`, `max_output_tokens`. `kind` may be left out when
+    /// `max_backoff_ms`, `max_output_tokens`, `reasoning_effort`,
+    /// `thinking_budget_tokens`, `encrypted_reasoning`. `kind` may be left out when
     /// NAME is a built-in name (the table then adjusts the built-in).
     pub fn from_toml(name: &str, table: &toml::Value) -> Result<Self, ConfigError> {
-        let raw: RawTable = table.clone().try_into().map_err(|e: toml::de::Error| ConfigError::Invalid {
+        let raw: ProviderTable = table.clone().try_into().map_err(|e: toml::de::Error| ConfigError::Invalid {
             name: name.to_owned(),
             reason: e.message().to_owned(),
         })?;
+        Self::from_table(name, raw)
+    }
+
+    /// The config of provider `name` from its already-deserialized table
+    /// (see [`ProviderTable`]); missing keys take the defaults.
+    pub fn from_table(name: &str, raw: ProviderTable) -> Result<Self, ConfigError> {
         let mut config = match (raw.kind, Self::builtin(name)) {
             (Some(kind), _) => Self::new(name, kind),
             (None, Some(builtin)) => builtin,
@@ -203,6 +224,11 @@ impl ProviderConfig {
         if let Some(v) = raw.max_output_tokens {
             config.default_max_output_tokens = v;
         }
+        config.reasoning_effort = raw.reasoning_effort.or(config.reasoning_effort);
+        config.thinking_budget_tokens = raw.thinking_budget_tokens.or(config.thinking_budget_tokens);
+        if let Some(v) = raw.encrypted_reasoning {
+            config.encrypted_reasoning = v;
+        }
         Ok(config)
     }
 
@@ -239,21 +265,44 @@ impl ProviderConfig {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// One `[providers.NAME]` table of cairn's config file, as written. Hosts
+/// that parse the config file with their own TOML (or other serde) crate
+/// can deserialize a `BTreeMap<String, ProviderTable>` and hand each entry
+/// to [`ProviderConfig::from_table`]. Unknown keys are refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawTable {
-    kind: Option<ProviderKind>,
-    base_url: Option<String>,
-    model: Option<String>,
-    api_key_env: Option<String>,
-    script: Option<PathBuf>,
-    max_attempts: Option<u32>,
-    connect_timeout_ms: Option<u64>,
-    first_byte_timeout_ms: Option<u64>,
-    idle_timeout_ms: Option<u64>,
-    initial_backoff_ms: Option<u64>,
-    max_backoff_ms: Option<u64>,
-    max_output_tokens: Option<u32>,
+pub struct ProviderTable {
+    /// `openai-chat` (alias `openai`), `openai-responses`, `anthropic`,
+    /// `scripted` or `local`; may be left out for a built-in name.
+    pub kind: Option<ProviderKind>,
+    /// Base URL (e.g. `http://127.0.0.1:11434/v1` for Ollama).
+    pub base_url: Option<String>,
+    /// Model name.
+    pub model: Option<String>,
+    /// Name of the environment variable holding the key.
+    pub api_key_env: Option<String>,
+    /// Script file (scripted provider).
+    pub script: Option<PathBuf>,
+    /// Total attempts per call (at least 1).
+    pub max_attempts: Option<u32>,
+    /// Connect timeout in milliseconds.
+    pub connect_timeout_ms: Option<u64>,
+    /// First-byte timeout in milliseconds.
+    pub first_byte_timeout_ms: Option<u64>,
+    /// Idle-stream timeout in milliseconds.
+    pub idle_timeout_ms: Option<u64>,
+    /// First retry backoff in milliseconds.
+    pub initial_backoff_ms: Option<u64>,
+    /// Backoff cap in milliseconds.
+    pub max_backoff_ms: Option<u64>,
+    /// Output token bound when the turn sets none.
+    pub max_output_tokens: Option<u32>,
+    /// Reasoning effort (`low`, `medium`, `high`, …).
+    pub reasoning_effort: Option<String>,
+    /// Anthropic thinking budget in tokens.
+    pub thinking_budget_tokens: Option<u32>,
+    /// Responses: request encrypted reasoning (default true).
+    pub encrypted_reasoning: Option<bool>,
 }
 
 /// Why a provider could not be built.
@@ -385,6 +434,21 @@ idle_timeout_ms = 1500"#,
         let p = build(&c, &no_env).unwrap();
         assert_eq!(p.name(), "ollama");
         assert_eq!(p.model(), "qwen3:8b");
+    }
+
+    #[test]
+    fn tables_deserialize_with_any_serde_format() {
+        let tables: std::collections::BTreeMap<String, ProviderTable> = serde_json::from_str(
+            r#"{"lmstudio": {"kind": "openai", "base_url": "http://127.0.0.1:1234/v1", "model": "qwen"},
+                "scripted": {"script": "demo.jsonl"}}"#,
+        )
+        .unwrap();
+        let lm = ProviderConfig::from_table("lmstudio", tables["lmstudio"].clone()).unwrap();
+        assert_eq!((lm.kind, lm.effective_model()), (ProviderKind::OpenAiChat, "qwen".to_owned()));
+        let s = ProviderConfig::from_table("scripted", tables["scripted"].clone()).unwrap();
+        assert_eq!(s.script.as_deref(), Some(std::path::Path::new("demo.jsonl")));
+        let bad = ProviderConfig::from_table("x", ProviderTable { max_attempts: Some(0), ..Default::default() });
+        assert!(bad.is_err());
     }
 
     #[test]

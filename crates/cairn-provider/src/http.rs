@@ -31,11 +31,13 @@ pub struct HttpProvider {
     model: String,
     kind: ProviderKind,
     endpoint: String,
+    /// The endpoint as shown in errors and Debug: no userinfo, no query.
+    shown_endpoint: String,
     key: Option<Secret>,
     retry: RetryPolicy,
     limits: Limits,
     agent: ureq::Agent,
-    default_max_output_tokens: u32,
+    options: wire::Options,
     max_event_bytes: usize,
 }
 
@@ -45,7 +47,7 @@ impl fmt::Debug for HttpProvider {
             .field("name", &self.name)
             .field("model", &self.model)
             .field("kind", &self.kind)
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &self.shown_endpoint)
             .field("key", &self.key)
             .field("retry", &self.retry)
             .finish_non_exhaustive()
@@ -113,16 +115,24 @@ impl HttpProvider {
             idle: config.timeouts.idle,
             poll: config.cancel_poll.max(Duration::from_millis(1)),
         };
+        let legacy_max_tokens = !endpoint.starts_with("https://api.openai.com/");
         Ok(Self {
             name: config.name.clone(),
             model: config.effective_model(),
             kind: config.kind,
+            shown_endpoint: shown_url(&endpoint),
             endpoint,
             key,
             retry: config.retry.clone(),
             agent: transport::agent(&limits, loopback),
             limits,
-            default_max_output_tokens: config.default_max_output_tokens,
+            options: wire::Options {
+                default_max: config.default_max_output_tokens,
+                reasoning_effort: config.reasoning_effort.clone(),
+                thinking_budget: config.thinking_budget_tokens,
+                legacy_max_tokens,
+                encrypted_reasoning: config.encrypted_reasoning,
+            },
             max_event_bytes: config.max_event_bytes,
         })
     }
@@ -134,9 +144,9 @@ impl HttpProvider {
 
     fn body(&self, request: &ModelRequest<'_>) -> Vec<u8> {
         let value = match self.kind {
-            ProviderKind::Anthropic => wire::anthropic::body(&self.model, request, self.default_max_output_tokens),
-            ProviderKind::OpenAiResponses => wire::responses::body(&self.model, request),
-            _ => wire::chat::body(&self.model, request),
+            ProviderKind::Anthropic => wire::anthropic::body(&self.model, request, &self.options),
+            ProviderKind::OpenAiResponses => wire::responses::body(&self.model, request, &self.options),
+            _ => wire::chat::body(&self.model, request, &self.options),
         };
         value.to_string().into_bytes()
     }
@@ -168,10 +178,11 @@ impl HttpProvider {
     }
 
     fn scrub(&self, text: &str) -> String {
-        match &self.key {
+        let text = match &self.key {
             Some(key) => key.scrub(text),
             None => text.to_owned(),
-        }
+        };
+        if self.endpoint == self.shown_endpoint { text } else { text.replace(&self.endpoint, &self.shown_endpoint) }
     }
 
     fn attempt(&self, body: &[u8], observer: &mut dyn FnMut(&StreamEvent), cancel: &CancelToken) -> Attempt {
@@ -260,9 +271,29 @@ impl HttpProvider {
     }
 
     fn give_up(&self, f: &Failure, status: Option<u16>, attempts: Vec<AttemptUsage>, note: &str) -> ProviderError {
-        let message = self.scrub(&format!("{} ({}): {}{note}", self.name, self.endpoint, f.message));
+        let message = self.scrub(&format!("{} ({}): {}{note}", self.name, self.shown_endpoint, f.message));
         ProviderError { kind: f.kind, message, status, attempts }
     }
+}
+
+/// A URL fit for messages: userinfo and query (where credentials hide in
+/// some deployments) are replaced by `[redacted]`.
+fn shown_url(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, _)) => (base, "?[redacted]"),
+        None => (url, ""),
+    };
+    let shown = match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rsplit_once('@') {
+                Some((_, host)) => format!("{scheme}://[redacted]@{host}{path}"),
+                None => base.to_owned(),
+            }
+        }
+        None => base.to_owned(),
+    };
+    format!("{shown}{query}")
 }
 
 /// Sleep `delay`, waking to check the token. Returns false if cancelled.
@@ -449,6 +480,12 @@ mod tests {
         let html = b"<!DOCTYPE html><html><head><TITLE>502 Bad Gateway</TITLE></head><body>nginx</body></html>";
         assert_eq!(describe_body("text/html", html), "an HTML page titled \"502 Bad Gateway\" (not an API response)");
         assert_eq!(describe_body("text/plain", b"  upstream   connect\nerror "), "upstream connect error");
+    }
+
+    #[test]
+    fn urls_lose_credentials_when_shown() {
+        assert_eq!(shown_url("https://u:p@host:1/v1/x?api-key=k"), "https://[redacted]@host:1/v1/x?[redacted]");
+        assert_eq!(shown_url("http://127.0.0.1:9/v1/chat/completions"), "http://127.0.0.1:9/v1/chat/completions");
     }
 
     #[test]

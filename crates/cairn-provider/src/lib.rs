@@ -30,7 +30,7 @@
 //! - [`sse`]: server-sent events framing.
 //! - `wire`: request bodies and stream decoders of the three APIs.
 //! - `scripted`: [`ScriptedProvider`].
-//! - [`secret`]: [`Secret`].
+//! - [`secret`]: the [`Secret`] type for keys.
 #![deny(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
@@ -43,7 +43,7 @@ pub mod sse;
 mod transport;
 mod wire;
 
-pub use config::{BUILTIN_NAMES, ConfigError, ProviderConfig, ProviderKind, Timeouts, build};
+pub use config::{BUILTIN_NAMES, ConfigError, ProviderConfig, ProviderKind, ProviderTable, Timeouts, build};
 pub use http::HttpProvider;
 pub use retry::RetryPolicy;
 pub use scripted::ScriptedProvider;

@@ -50,7 +50,8 @@ pub struct SseParser {
     /// The previous chunk ended in CR: skip one LF at the start of the next.
     skip_lf: bool,
     event: String,
-    data: String,
+    /// Raw bytes of the data lines; validated as UTF-8 once, at dispatch.
+    data: Vec<u8>,
     id: Option<String>,
     /// Whether any field line was seen for the current event.
     started: bool,
@@ -64,7 +65,7 @@ impl SseParser {
             line: Vec::new(),
             skip_lf: false,
             event: String::new(),
-            data: String::new(),
+            data: Vec::new(),
             id: None,
             started: false,
             max_event_bytes,
@@ -80,7 +81,7 @@ impl SseParser {
             }
         }
         while !chunk.is_empty() {
-            let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') else {
+            let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) else {
                 self.line.extend_from_slice(chunk);
                 self.check_size()?;
                 return Ok(());
@@ -149,8 +150,8 @@ impl SseParser {
         match field {
             b"data" => {
                 self.started = true;
-                self.data.push_str(&String::from_utf8_lossy(value));
-                self.data.push('\n');
+                self.data.extend_from_slice(value);
+                self.data.push(b'\n');
                 if self.data.len() > self.max_event_bytes {
                     return Err(SseError::EventTooLarge { limit: self.max_event_bytes });
                 }
@@ -182,6 +183,11 @@ impl SseParser {
         }
         let mut data = std::mem::take(&mut self.data);
         data.pop(); // the trailing '\n' added after the last data line
+        let data = match String::from_utf8(data) {
+            Ok(text) => text,
+            // The spec decodes with replacement characters.
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        };
         out.push(SseEvent { event, data, id });
     }
 }
@@ -283,5 +289,48 @@ mod tests {
             }
         }
         assert!(matches!(res, Err(SseError::EventTooLarge { .. })));
+    }
+
+    /// Random streams (field order, line ends, comments, multi-line data,
+    /// unicode) cut at random points parse to the events they were built from.
+    #[test]
+    fn random_streams_and_random_splits_match_the_model() {
+        let mut rng = fastrand::Rng::with_seed(0x5eed);
+        let pieces = ["a", "{\"k\": 1}", "é€😀", " lead", "x:y", "", "[DONE]"];
+        for _ in 0..300 {
+            let mut bytes = Vec::new();
+            let mut expected = Vec::new();
+            for _ in 0..rng.usize(1..6) {
+                let eol: &[u8] = [&b"\n"[..], b"\r\n", b"\r"][rng.usize(..3)];
+                if rng.bool() {
+                    bytes.extend_from_slice(b": comment");
+                    bytes.extend_from_slice(eol);
+                }
+                let name = if rng.bool() { "delta" } else { "" };
+                if !name.is_empty() {
+                    bytes.extend_from_slice(format!("event: {name}").as_bytes());
+                    bytes.extend_from_slice(eol);
+                }
+                let lines: Vec<&str> = (0..rng.usize(1..4)).map(|_| pieces[rng.usize(..pieces.len())]).collect();
+                for line in &lines {
+                    // "data:" with or without the optional space.
+                    let sep = if line.starts_with(' ') || rng.bool() { "data: " } else { "data:" };
+                    bytes.extend_from_slice(format!("{sep}{line}").as_bytes());
+                    bytes.extend_from_slice(eol);
+                }
+                bytes.extend_from_slice(eol);
+                expected.push(SseEvent { event: name.into(), data: lines.join("\n"), id: None });
+            }
+            let mut p = SseParser::new(1 << 20);
+            let mut out = Vec::new();
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let n = rng.usize(1..=rest.len().min(9));
+                p.feed(&rest[..n], &mut out).unwrap();
+                rest = &rest[n..];
+            }
+            p.finish().unwrap();
+            assert_eq!(out, expected, "stream {:?}", String::from_utf8_lossy(&bytes));
+        }
     }
 }

@@ -4,9 +4,12 @@
 //!
 //! This module owns the blocking client (`ureq`) and the thread. It must not
 //! interpret bodies (SSE and JSON belong to the adapters) nor decide retries.
-//! Dropping the [`Exchange`] abandons the request: the worker notices at its
-//! next chunk (the channel is closed) or when ureq's per-read timeout fires,
-//! and closes the connection.
+//! Dropping the [`Exchange`] (cancellation, a timeout, a decoded error)
+//! aborts the request: the worker's next hand-over fails because the channel
+//! is closed, it drops the response and the connection is closed, so a
+//! server still generating stops at once (tested). A server that sends
+//! nothing at all keeps the worker blocked in `read` until ureq's per-read
+//! timeout (the larger of the first-byte and idle timeouts) closes it.
 
 use std::io::Read;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};

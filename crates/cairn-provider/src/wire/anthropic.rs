@@ -12,7 +12,7 @@ use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{ModelRequest, ProviderErrorKind, StopReason, StreamEvent};
 use serde_json::{Map, Value, json};
 
-use super::{Decoder, Settled, StreamError, Usage, json, parse_arguments, str_of, text_of, u64_of};
+use super::{Decoder, Options, Settled, StreamError, Usage, json, parse_arguments, str_of, text_of, u64_of};
 use crate::sse::SseEvent;
 
 /// The tag of reasoning this API produces and accepts back.
@@ -28,9 +28,10 @@ fn tool_id(id: &str) -> String {
     if cleaned.is_empty() { "toolu_unnamed".to_owned() } else { cleaned }
 }
 
-/// The request body. `default_max` is used when the request sets no bound
-/// (the API requires one).
-pub(crate) fn body(model: &str, request: &ModelRequest<'_>, default_max: u32) -> Value {
+/// The request body. `options.default_max` is used when the request sets no
+/// bound (the API requires one); with a thinking budget, `max_tokens` is
+/// raised above it as the API requires.
+pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -> Value {
     let mut system: Vec<String> = request.system.map(str::to_owned).into_iter().collect();
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
     for message in request.messages {
@@ -61,15 +62,22 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>, default_max: u32) ->
             json!({"role": role, "content": blocks})
         })
         .collect();
+    let mut max_tokens = request.max_output_tokens.unwrap_or(options.default_max);
+    if let Some(budget) = options.thinking_budget {
+        max_tokens = max_tokens.max(budget.saturating_add(1024));
+    }
     let mut body = json!({
         "model": model,
-        "max_tokens": request.max_output_tokens.unwrap_or(default_max),
+        "max_tokens": max_tokens,
         "messages": messages,
         "stream": true,
     });
     let system: Vec<String> = system.into_iter().filter(|s| !s.is_empty()).collect();
     if !system.is_empty() {
         body["system"] = json!(system.join("\n\n"));
+    }
+    if let Some(budget) = options.thinking_budget {
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
     }
     if !request.tools.is_empty() {
         let tools: Vec<Value> = request
@@ -110,8 +118,18 @@ fn blocks_of(message: &Message) -> Vec<Value> {
 #[derive(Debug)]
 enum Block {
     Text(String),
-    ToolUse { id: String, name: String, json: String },
-    Thinking { thinking: String, signature: String },
+    /// `start` is the input given in `content_block_start` (used when no
+    /// `input_json_delta` follows, as some compatible servers do).
+    ToolUse {
+        id: String,
+        name: String,
+        json: String,
+        start: Value,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
     Redacted(Value),
     Other,
 }
@@ -167,7 +185,8 @@ impl Decoder for AnthropicDecoder {
                     "tool_use" => {
                         let (id, name) = (str_of(&cb, "id").to_owned(), str_of(&cb, "name").to_owned());
                         emit(StreamEvent::ToolCallStarted { id: id.clone(), name: name.clone() });
-                        Block::ToolUse { id, name, json: String::new() }
+                        let start = cb.get("input").cloned().unwrap_or(Value::Null);
+                        Block::ToolUse { id, name, json: String::new(), start }
                     }
                     "thinking" => Block::Thinking {
                         thinking: str_of(&cb, "thinking").to_owned(),
@@ -239,8 +258,12 @@ impl Decoder for AnthropicDecoder {
         for (_, block) in self.blocks.drain(..) {
             match block {
                 Block::Text(text) if !text.is_empty() => content.push(ContentPart::Text { text }),
-                Block::ToolUse { id, name, json } => {
-                    content.push(ContentPart::ToolCall(ToolCall { id, name, arguments: parse_arguments(&json) }))
+                Block::ToolUse { id, name, json, start } => {
+                    let arguments = match start {
+                        Value::Object(map) if json.trim().is_empty() && !map.is_empty() => Value::Object(map),
+                        _ => parse_arguments(&json),
+                    };
+                    content.push(ContentPart::ToolCall(ToolCall { id, name, arguments }))
                 }
                 Block::Thinking { thinking, signature } => {
                     let mut opaque = Map::new();

@@ -10,11 +10,13 @@ use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{ModelRequest, StopReason, StreamEvent};
 use serde_json::{Value, json};
 
-use super::{Decoder, Settled, StreamError, Usage, arguments_text, json, parse_arguments, str_of, text_of, u64_of};
+use super::{
+    Decoder, Options, Settled, StreamError, Usage, arguments_text, json, parse_arguments, str_of, text_of, u64_of,
+};
 use crate::sse::SseEvent;
 
 /// The request body.
-pub(crate) fn body(model: &str, request: &ModelRequest<'_>) -> Value {
+pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -> Value {
     let mut messages = Vec::new();
     if let Some(system) = request.system {
         messages.push(json!({"role": "system", "content": system}));
@@ -40,7 +42,11 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>) -> Value {
         body["tools"] = Value::Array(tools);
     }
     if let Some(max) = request.max_output_tokens {
-        body["max_completion_tokens"] = json!(max);
+        let key = if options.legacy_max_tokens { "max_tokens" } else { "max_completion_tokens" };
+        body[key] = json!(max);
+    }
+    if let Some(effort) = &options.reasoning_effort {
+        body["reasoning_effort"] = json!(effort);
     }
     body
 }
@@ -120,8 +126,11 @@ impl ChatDecoder {
         }
         if !slot.announced && !slot.name.is_empty() {
             if slot.id.is_empty() {
-                // Some servers omit ids; make a stable one so results can refer to it.
-                slot.id = format!("call_{index}");
+                // Some local servers omit ids; make one unique in the session
+                // (Anthropic refuses duplicate tool_use ids if the session
+                // moves there) so results can refer to it.
+                let suffix: String = std::iter::repeat_with(fastrand::alphanumeric).take(12).collect();
+                slot.id = format!("call_{index}_{suffix}");
             }
             slot.announced = true;
             emit(StreamEvent::ToolCallStarted { id: slot.id.clone(), name: slot.name.clone() });

@@ -17,6 +17,19 @@ use serde_json::Value;
 
 use crate::sse::SseEvent;
 
+/// Request options that come from the provider's configuration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Options {
+    /// Output bound when the request has none (Anthropic requires one).
+    pub(crate) default_max: u32,
+    pub(crate) reasoning_effort: Option<String>,
+    pub(crate) thinking_budget: Option<u32>,
+    pub(crate) encrypted_reasoning: bool,
+    /// Chat Completions: send `max_tokens` (what local servers know) instead
+    /// of OpenAI's `max_completion_tokens`.
+    pub(crate) legacy_max_tokens: bool,
+}
+
 /// Token counts reported by the server for one attempt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Usage {

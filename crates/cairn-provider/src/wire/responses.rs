@@ -12,14 +12,14 @@ use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{ModelRequest, ProviderErrorKind, StopReason, StreamEvent};
 use serde_json::{Value, json};
 
-use super::{Decoder, Settled, StreamError, Usage, arguments_text, json, parse_arguments, str_of, u64_of};
+use super::{Decoder, Options, Settled, StreamError, Usage, arguments_text, json, parse_arguments, str_of, u64_of};
 use crate::sse::SseEvent;
 
 /// The tag of reasoning this API produces and accepts back.
 pub(crate) const TAG: &str = "openai-responses";
 
 /// The request body.
-pub(crate) fn body(model: &str, request: &ModelRequest<'_>) -> Value {
+pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -> Value {
     let mut input = Vec::new();
     for message in request.messages {
         push_items(&mut input, message);
@@ -29,8 +29,13 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>) -> Value {
         "input": input,
         "stream": true,
         "store": false,
-        "include": ["reasoning.encrypted_content"],
     });
+    if options.encrypted_reasoning {
+        body["include"] = json!(["reasoning.encrypted_content"]);
+    }
+    if let Some(effort) = &options.reasoning_effort {
+        body["reasoning"] = json!({"effort": effort, "summary": "auto"});
+    }
     if let Some(system) = request.system {
         body["instructions"] = json!(system);
     }
