@@ -76,6 +76,8 @@ impl Approver for TerminalApprover {
         let choices = if always { "[y/N/a=always this session]" } else { "[y/N]" };
         let _ = write!(err, "Run it? {choices} ");
         let _ = err.flush();
+        // Release stderr while waiting: the Ctrl-C handler writes to it.
+        drop(err);
         let mut line = String::new();
         let read = std::io::stdin().lock().read_line(&mut line).map_err(|e| ApprovalError::Failed(e.to_string()))?;
         let answer = line.trim().to_ascii_lowercase();

@@ -164,8 +164,9 @@ fn interrupts() -> &'static Arc<Interrupts> {
             let token = handler_state.current.lock().ok().and_then(|g| g.clone());
             match token {
                 Some(token) if handler_state.in_turn.load(Ordering::SeqCst) && !token.is_cancelled() => {
-                    let _ = writeln!(std::io::stderr(), "\ninterrupting… (press Ctrl-C again to leave)");
+                    // Cancel first: writing may wait for the stderr lock.
                     token.cancel();
+                    let _ = writeln!(std::io::stderr(), "\ninterrupting… (press Ctrl-C again to leave)");
                 }
                 Some(_) => std::process::exit(i32::from(exit::CANCELLED)),
                 None => std::process::exit(i32::from(exit::SUCCESS)),
@@ -184,7 +185,12 @@ fn arm(token: &CancelToken) {
 }
 
 fn disarm() {
-    interrupts().in_turn.store(false, Ordering::SeqCst);
+    let state = interrupts();
+    state.in_turn.store(false, Ordering::SeqCst);
+    // No turn is running: a Ctrl-C now leaves (exit 0), it cancels nothing.
+    if let Ok(mut current) = state.current.lock() {
+        *current = None;
+    }
 }
 
 /// Run one turn (a new prompt) or resume the interrupted one (`prompt` None).

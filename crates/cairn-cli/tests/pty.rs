@@ -1,0 +1,348 @@
+//! The CLI as a person uses it: the real `cairn` binary in a real
+//! pseudo-terminal (rexpect), with the scripted provider. Approval prompts
+//! answered with y, n, Enter and a; a Destructive call under `--yes`; Ctrl-C
+//! during a tool call and at the approval prompt, then `cairn resume`;
+//! `cairn chat` left with Ctrl-D and with Ctrl-C.
+//!
+//! Every test checks what a person would check afterwards: files on disk,
+//! the session file and the exit status, not only what was printed.
+
+#![allow(clippy::unwrap_used)]
+
+mod util;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rexpect::process::WaitStatus;
+use rexpect::session::PtySession;
+use serde_json::{Value, json};
+use util::Env;
+
+/// Bound on every expectation (the tests never wait on the clock otherwise).
+const TIMEOUT_MS: u64 = 20_000;
+
+/// Spawn `cmd` with its stdin, stdout and stderr on a new pty.
+fn spawn(cmd: Command) -> PtySession {
+    rexpect::session::spawn_command(cmd, Some(TIMEOUT_MS)).unwrap()
+}
+
+/// `text` as rexpect sees it: it reads the pty byte by byte, one `char`
+/// per byte, so non-ASCII needles must be spelled that way.
+fn raw(text: &str) -> String {
+    text.bytes().map(char::from).collect()
+}
+
+/// Type a line, as a person pressing Enter.
+fn answer(p: &mut PtySession, line: &str) {
+    p.send_line(line).unwrap();
+    p.flush().unwrap();
+}
+
+/// Wait for the process to end; return the rest of its output and its exit code.
+fn finish(p: &mut PtySession) -> (String, i32) {
+    let rest = p.exp_eof().unwrap();
+    match p.process().wait().unwrap() {
+        WaitStatus::Exited(_, code) => (rest, code),
+        other => panic!("cairn did not exit normally: {other:?}; output: {rest}"),
+    }
+}
+
+/// Every record of a session file (array lines flattened), header skipped.
+fn records(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        match serde_json::from_str(line).unwrap() {
+            Value::Array(items) => out.extend(items),
+            one => out.push(one),
+        }
+    }
+    out
+}
+
+/// The entries of a session file, in order.
+fn entries(path: &Path) -> Vec<Value> {
+    records(path).into_iter().filter(|r| r["kind"] == "entry").collect()
+}
+
+fn entries_of_type(path: &Path, entry_type: &str) -> Vec<Value> {
+    entries(path).into_iter().filter(|e| e["type"] == entry_type).collect()
+}
+
+/// Keys of the `pending` registers still set at the end of the file.
+fn live_pending(path: &Path) -> Vec<String> {
+    let mut live: Vec<String> = Vec::new();
+    for r in records(path).into_iter().filter(|r| r["kind"] == "register" && r["namespace"] == "pending") {
+        let key = r["key"].as_str().unwrap().to_owned();
+        if r["op"] == "set" {
+            live.push(key);
+        } else {
+            live.retain(|k| *k != key);
+        }
+    }
+    live
+}
+
+/// Settlements (completed, failed, rejected) of one invocation.
+fn settlements(path: &Path, invocation: &str) -> usize {
+    entries(path)
+        .iter()
+        .filter(|e| ["toolCompleted", "toolFailed", "toolRejected"].contains(&e["type"].as_str().unwrap()))
+        .filter(|e| e["payload"]["invocationId"] == invocation)
+        .count()
+}
+
+/// The only session file of `env`.
+fn session(env: &Env) -> std::path::PathBuf {
+    let files = env.session_files();
+    assert_eq!(files.len(), 1, "one session: {files:?}");
+    files[0].clone()
+}
+
+fn write_call(id: &str, path: &str, content: &str) -> Value {
+    json!({"text": "", "toolCalls": [{"id": id, "name": "write_file", "arguments": {"path": path, "content": content}}]})
+}
+
+fn shell_call(command: &str) -> Value {
+    json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": command}}]})
+}
+
+/// Run `cairn --script S ARGS` in a pty.
+fn cairn_pty(env: &Env, script: &Path, args: &[&str]) -> PtySession {
+    let mut all = vec!["--script", script.to_str().unwrap()];
+    all.extend_from_slice(args);
+    spawn(env.cairn(&all))
+}
+
+#[test]
+fn approving_a_write_with_y_writes_the_file() {
+    let env = Env::new();
+    let script = env.script(&[write_call("c1", "out.txt", "hello\n"), json!({"text": "Wrote it."})]);
+    let mut p = cairn_pty(&env, &script, &["run", "write hello to out.txt"]);
+    let shown = p.exp_string("Run it? [y/N/a=always this session] ").unwrap();
+    assert!(shown.contains("approve write_file (write)"), "tool and risk: {shown}");
+    assert!(shown.contains("out.txt") && shown.contains("+hello"), "a diff preview: {shown}");
+    assert!(!env.cwd.join("out.txt").exists(), "nothing written before the answer");
+    answer(&mut p, "y");
+    p.exp_string("Wrote it.").unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out.txt")).unwrap(), "hello\n");
+    let file = session(&env);
+    let started = entries_of_type(&file, "toolStarted");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["payload"]["verdict"]["by"], "user:terminal");
+    assert_eq!(started[0]["payload"]["verdict"]["decision"], "approve");
+    assert_eq!(settlements(&file, started[0]["payload"]["invocationId"].as_str().unwrap()), 1);
+    assert!(live_pending(&file).is_empty());
+}
+
+#[test]
+fn declining_a_write_with_n_or_enter_leaves_the_disk_alone() {
+    for reply in ["n", ""] {
+        let env = Env::new();
+        let script = env.script(&[write_call("c1", "out.txt", "hello\n"), json!({"text": "Not written."})]);
+        let mut p = cairn_pty(&env, &script, &["run", "write hello to out.txt"]);
+        p.exp_string("Run it? [y/N/a=always this session] ").unwrap();
+        answer(&mut p, reply);
+        let (rest, code) = finish(&mut p);
+        assert_eq!(code, 4, "denied → exit 4 (reply {reply:?}): {rest}");
+        assert!(rest.contains("Not written."), "the turn still finishes: {rest}");
+        assert!(!env.cwd.join("out.txt").exists(), "reply {reply:?} wrote the file");
+        let file = session(&env);
+        assert!(entries_of_type(&file, "toolStarted").is_empty());
+        let rejected = entries_of_type(&file, "toolRejected");
+        assert_eq!(rejected.len(), 1, "reply {reply:?}");
+        assert_eq!(rejected[0]["payload"]["verdict"]["by"], "user:terminal");
+        assert!(live_pending(&file).is_empty());
+    }
+}
+
+#[test]
+fn always_for_this_session_stops_asking_for_that_tool() {
+    let env = Env::new();
+    let script = env.script(&[
+        write_call("c1", "a.txt", "one\n"),
+        write_call("c2", "b.txt", "two\n"),
+        json!({"text": "Both written."}),
+    ]);
+    let mut p = cairn_pty(&env, &script, &["run", "write two files"]);
+    p.exp_string("Run it? [y/N/a=always this session] ").unwrap();
+    answer(&mut p, "a");
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    assert!(!rest.contains("Run it?"), "the second write was not asked: {rest}");
+    assert!(rest.contains("Both written."), "{rest}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("a.txt")).unwrap(), "one\n");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("b.txt")).unwrap(), "two\n");
+    let file = session(&env);
+    let by: Vec<String> = entries_of_type(&file, "toolStarted")
+        .iter()
+        .map(|e| e["payload"]["verdict"]["by"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(by, ["user:terminal", "session:write_file"], "who approved each write");
+    let rule = records(&file).into_iter().any(|r| r["kind"] == "register" && r["key"] == "allow:write_file");
+    assert!(rule, "the session rule is recorded");
+}
+
+#[test]
+fn destructive_still_asks_under_yes_and_n_keeps_the_directory() {
+    let env = Env::new();
+    std::fs::create_dir(env.cwd.join("somedir")).unwrap();
+    std::fs::write(env.cwd.join("somedir/data"), "keep me").unwrap();
+    let script = env.script(&[shell_call("rm -rf somedir"), json!({"text": "Kept it."})]);
+    let mut p = cairn_pty(&env, &script, &["--yes", "run", "clean up"]);
+    let shown = p.exp_string("Run it? [y/N] ").unwrap();
+    assert!(shown.contains("approve shell (DESTRUCTIVE)"), "{shown}");
+    assert!(shown.contains("$ rm -rf somedir"), "the exact command: {shown}");
+    assert!(shown.contains(&format!("in {}", env.cwd.display())), "the working directory: {shown}");
+    assert!(!shown.contains("always"), "no 'always' for Destructive: {shown}");
+    answer(&mut p, "n");
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 4, "{rest}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("somedir/data")).unwrap(), "keep me");
+    let file = session(&env);
+    assert!(entries_of_type(&file, "toolStarted").is_empty());
+    let rejected = entries_of_type(&file, "toolRejected");
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0]["payload"]["verdict"]["by"], "user:terminal");
+    assert_eq!(rejected[0]["payload"]["tier"], "destructive");
+}
+
+#[test]
+fn ctrl_c_during_a_tool_call_settles_it_and_resume_finishes_the_turn() {
+    let env = Env::new();
+    let marker = env.cwd.join("marker");
+    let script =
+        env.script(&[shell_call("echo started >> marker; sleep 30"), json!({"text": "Finished after resume."})]);
+    let mut p = cairn_pty(&env, &script, &["--yes", "run", "do the long thing"]);
+    let deadline = Instant::now() + Duration::from_millis(TIMEOUT_MS);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline, "the tool never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    p.send_control('c').unwrap();
+    p.exp_string("interrupting").unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 3, "cancelled → exit 3: {rest}");
+    assert!(rest.contains("cairn resume"), "says how to continue: {rest}");
+
+    let file = session(&env);
+    let started = entries_of_type(&file, "toolStarted");
+    assert_eq!(started.len(), 1);
+    let invocation = started[0]["payload"]["invocationId"].as_str().unwrap().to_owned();
+    assert!(live_pending(&file).is_empty(), "no pending register left live");
+    assert_eq!(settlements(&file, &invocation), 1, "settled exactly once");
+    assert_eq!(entries_of_type(&file, "turnCancelled").len(), 1);
+
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "resume", "--last"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("Finished after resume."), "{stdout}");
+    assert_eq!(settlements(&file, &invocation), 1, "still settled exactly once");
+    assert_eq!(entries_of_type(&file, "toolStarted").len(), 1, "not started again");
+    assert!(live_pending(&file).is_empty());
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "started\n", "the command ran once");
+    let last = entries(&file).pop().unwrap();
+    assert_eq!(last["payload"]["role"], "assistant", "the turn ends with the answer: {last}");
+}
+
+#[test]
+fn ctrl_c_at_the_approval_prompt_interrupts_at_once_and_nothing_runs() {
+    let env = Env::new();
+    let script = env.script(&[write_call("c1", "out.txt", "hello\n"), json!({"text": "Wrote it."})]);
+    let mut p = cairn_pty(&env, &script, &["run", "write hello"]);
+    p.exp_string("Run it? [y/N/a=always this session] ").unwrap();
+    p.send_control('c').unwrap();
+    // Shown while the prompt still waits for its answer.
+    p.exp_string("interrupting").unwrap();
+    answer(&mut p, "y");
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 3, "cancelled → exit 3: {rest}");
+    assert!(!env.cwd.join("out.txt").exists(), "a cancelled turn runs nothing");
+    let file = session(&env);
+    assert!(entries_of_type(&file, "toolStarted").is_empty());
+    let rejected = entries_of_type(&file, "toolRejected");
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0]["payload"]["verdict"]["by"], "host:cancel");
+    assert!(live_pending(&file).is_empty());
+}
+
+#[test]
+fn a_second_ctrl_c_at_the_approval_prompt_leaves_and_resume_asks_again() {
+    let env = Env::new();
+    let script = env.script(&[write_call("c1", "out.txt", "hello\n"), json!({"text": "Wrote it."})]);
+    let mut p = cairn_pty(&env, &script, &["run", "write hello"]);
+    p.exp_string("Run it? [y/N/a=always this session] ").unwrap();
+    p.send_control('c').unwrap();
+    p.exp_string("interrupting").unwrap();
+    p.send_control('c').unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 3, "{rest}");
+    assert!(!env.cwd.join("out.txt").exists());
+
+    let mut p = cairn_pty(&env, &script, &["resume", "--last"]);
+    p.exp_string("Run it? [y/N/a=always this session] ").unwrap();
+    answer(&mut p, "y");
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    assert!(rest.contains("Wrote it."), "{rest}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out.txt")).unwrap(), "hello\n");
+    let file = session(&env);
+    let started = entries_of_type(&file, "toolStarted");
+    assert_eq!(started.len(), 1);
+    assert_eq!(settlements(&file, started[0]["payload"]["invocationId"].as_str().unwrap()), 1);
+    assert!(live_pending(&file).is_empty());
+}
+
+#[test]
+fn chat_answers_two_prompts_and_ctrl_d_leaves() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "first reply"}), json!({"text": "second reply"})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string("Ctrl-D leaves").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "hello there");
+    p.exp_string("first reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "and again");
+    p.exp_string("second reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    let file = session(&env);
+    let messages = entries_of_type(&file, "message");
+    let said = |role: &str| -> Vec<String> {
+        messages
+            .iter()
+            .filter(|m| m["payload"]["role"] == role)
+            .map(|m| m["payload"]["content"][0]["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(said("user"), ["hello there", "and again"]);
+    assert_eq!(said("assistant"), ["first reply", "second reply"]);
+}
+
+#[test]
+fn ctrl_c_at_an_idle_chat_prompt_leaves_with_success() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "only reply"})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "hello");
+    p.exp_string("only reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('c').unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "nothing was cancelled: {rest}");
+    let file = session(&env);
+    assert!(entries_of_type(&file, "turnCancelled").is_empty());
+    assert_eq!(entries_of_type(&file, "message").len(), 2);
+}
