@@ -53,7 +53,7 @@ fn commit_i(s: &mut impl Storage, i: u64) -> Result<(), StorageError> {
     if i > 1 {
         tx = tx.delete("op", format!("op{}", i - 1));
     }
-    if i % 7 == 0 {
+    if i.is_multiple_of(7) {
         tx = tx.usage(format!("u{i}"), Some(&format!("e{i}")), to_raw(&json!({"in": i, "out": 2 * i}))?);
     }
     let expected = s.state().map_or(0, |st| st.seq);
