@@ -121,7 +121,7 @@ fn opts() -> StoreOptions {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     #[test]
     fn jsonl_replay_equals_the_model(txs in proptest::collection::vec(proptest::collection::vec(gen_op(), 1..5), 1..25)) {

@@ -132,18 +132,48 @@ fn syntax_or_shape(e: serde_json::Error) -> LineError {
 /// A line is either one record object or a non-empty array of them. The
 /// line is parsed once; payloads are copied as raw text, not re-parsed.
 pub fn decode_line(line: &[u8]) -> Result<Vec<Record>, LineError> {
+    let mut out = Vec::new();
+    decode_line_into(line, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`decode_line`], appending to `out` (replay reuses one vector for
+/// every line: no per-line allocation besides the records themselves, which
+/// keeps the heap from fragmenting on large files). On error, `out` may
+/// hold some records of the line.
+pub fn decode_line_into(line: &[u8], out: &mut Vec<Record>) -> Result<(), LineError> {
     // from_slice checks UTF-8 inside strings as it parses (everything else
     // in JSON is ASCII), sparing a separate pass over the line.
+    let mut de = serde_json::Deserializer::from_slice(line);
     let first = line.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'[') {
-        let items: Vec<FlatRecord<'_>> = serde_json::from_slice(line).map_err(syntax_or_shape)?;
-        if items.is_empty() {
+        let before = out.len();
+        de.deserialize_seq(Sink(out)).map_err(syntax_or_shape)?;
+        if out.len() == before {
             return Err(LineError::Shape("empty transaction array".to_owned()));
         }
-        items.into_iter().map(FlatRecord::into_record).collect()
     } else {
-        let flat: FlatRecord<'_> = serde_json::from_slice(line).map_err(syntax_or_shape)?;
-        Ok(vec![flat.into_record()?])
+        let flat = FlatRecord::deserialize(&mut de).map_err(syntax_or_shape)?;
+        out.push(flat.into_record()?);
+    }
+    de.end().map_err(syntax_or_shape)
+}
+
+/// Pushes each element of an array line, as a record, onto a vector.
+struct Sink<'v>(&'v mut Vec<Record>);
+
+impl<'de> serde::de::Visitor<'de> for Sink<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of records")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(flat) = seq.next_element::<FlatRecord<'de>>()? {
+            self.0.push(flat.into_record().map_err(serde::de::Error::custom)?);
+        }
+        Ok(())
     }
 }
 

@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read};
 
 use super::StorageError;
 use super::index::SessionIndex;
-use super::line::{decode_header, decode_line, encoded_len};
+use super::line::{decode_header, decode_line_into, encoded_len};
 use super::record::{Header, Record, RegisterOp, RegisterRecord, STORAGE_VERSION};
 
 /// A register's live record: its seq and encoded size.
@@ -119,6 +119,7 @@ pub(crate) fn replay(path: &str, reader: impl Read) -> Result<Replayed, StorageE
     let mut index = SessionIndex::new();
     let mut liveness = Liveness::default();
     let mut torn_bytes = 0;
+    let mut records = Vec::new();
     loop {
         buf.clear();
         let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
@@ -133,18 +134,16 @@ pub(crate) fn replay(path: &str, reader: impl Read) -> Result<Replayed, StorageE
             torn_bytes = n as u64;
             break;
         }
-        let decoded = match decode_line(&buf[..buf.len() - 1]) {
-            Ok(decoded) => decoded,
-            Err(e) => {
-                let at_end = reader.fill_buf().map_err(io)?.is_empty();
-                if at_end && e.is_syntax() {
-                    torn_bytes = n as u64;
-                    break;
-                }
-                return Err(corrupt(e.to_string()));
+        records.clear();
+        if let Err(e) = decode_line_into(&buf[..buf.len() - 1], &mut records) {
+            let at_end = reader.fill_buf().map_err(io)?.is_empty();
+            if at_end && e.is_syntax() {
+                torn_bytes = n as u64;
+                break;
             }
-        };
-        for record in decoded {
+            return Err(corrupt(e.to_string()));
+        }
+        for record in records.drain(..) {
             liveness.account(&record);
             index.apply(record).map_err(corrupt)?;
         }
