@@ -8,6 +8,23 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// Ids come from the session's own file, so a fast seeded hasher is enough
+/// (replay of a large session spends a visible share of its time hashing).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// No entry (in [`Links`]).
+const NONE: usize = usize::MAX;
+
+/// Tree links of one entry, by index into `entries`: its first and last
+/// child and its next sibling. A flat vector instead of a map of child
+/// lists: no allocation per entry.
+#[derive(Debug, Clone, Copy)]
+struct Links {
+    first_child: usize,
+    last_child: usize,
+    next_sibling: usize,
+}
+
 use super::record::{
     Entry, NamespaceRoot, RawJson, Record, RegisterOp, RegisterRecord, State, Transaction, TxOp, UsageRow,
 };
@@ -17,9 +34,11 @@ use super::{Committed, StorageError};
 #[derive(Debug, Default, Clone)]
 pub struct SessionIndex {
     entries: Vec<Entry>,
-    by_id: HashMap<String, usize>,
-    /// Children of each entry (index into `entries`), roots under `None`.
-    children: HashMap<Option<usize>, Vec<usize>>,
+    by_id: FastMap<String, usize>,
+    /// Tree links, parallel to `entries`.
+    links: Vec<Links>,
+    /// Root entries (no parent), in seq order.
+    roots: Vec<usize>,
     registers: BTreeMap<String, BTreeMap<String, RawJson>>,
     usage: Vec<UsageRow>,
     state: Option<State>,
@@ -109,7 +128,19 @@ impl SessionIndex {
                 };
                 let index = self.entries.len();
                 self.by_id.insert(entry.id.clone(), index);
-                self.children.entry(parent).or_default().push(index);
+                self.links.push(Links { first_child: NONE, last_child: NONE, next_sibling: NONE });
+                match parent {
+                    None => self.roots.push(index),
+                    Some(p) => {
+                        let last = self.links[p].last_child;
+                        if last == NONE {
+                            self.links[p].first_child = index;
+                        } else {
+                            self.links[last].next_sibling = index;
+                        }
+                        self.links[p].last_child = index;
+                    }
+                }
                 self.entries.push(entry);
             }
             Record::Register(register) => {
@@ -177,14 +208,17 @@ impl SessionIndex {
 
     /// Children of `parent` (roots for `None`), in seq order.
     pub fn children(&self, parent: Option<&str>) -> Vec<&Entry> {
-        let key = match parent {
-            None => None,
-            Some(id) => match self.by_id.get(id) {
-                Some(&i) => Some(i),
-                None => return Vec::new(),
-            },
+        let Some(id) = parent else {
+            return self.roots.iter().map(|&i| &self.entries[i]).collect();
         };
-        self.children.get(&key).map(|v| v.iter().map(|&i| &self.entries[i]).collect()).unwrap_or_default()
+        let Some(&p) = self.by_id.get(id) else { return Vec::new() };
+        let mut out = Vec::new();
+        let mut child = self.links[p].first_child;
+        while child != NONE {
+            out.push(&self.entries[child]);
+            child = self.links[child].next_sibling;
+        }
+        out
     }
 
     /// Root-first path to `leaf`.

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::index::SessionIndex;
-use super::line::{encode_header, encode_line_sized};
+use super::line::{encode_header, encode_line, encoded_len};
 use super::record::{
     Committed, Entry, Header, RawJson, Record, RegisterOp, RegisterRecord, State, Transaction, UsageRow, now_millis,
 };
@@ -337,16 +337,9 @@ impl JsonlStore {
         sync_dir(parent_dir(&self.path))?;
         step(CompactStep::DirSynced);
         self.len = written;
-        self.liveness.dead_bytes = self.liveness.last_delete.as_ref().map_or(0, |_| self.last_delete_size());
+        self.liveness.dead_bytes =
+            self.liveness.last_delete.as_ref().map_or(0, |d| encoded_len(&Record::Register(d.clone())));
         Ok(())
-    }
-
-    fn last_delete_size(&self) -> u64 {
-        self.liveness
-            .last_delete
-            .as_ref()
-            .and_then(|r| serde_json::to_vec(&Record::Register(r.clone())).ok())
-            .map_or(0, |v| v.len() as u64)
     }
 
     /// Write header and live records, one per line in seq order, to `temp`.
@@ -393,8 +386,7 @@ impl JsonlStore {
                 Live::State(s) => Record::State(s.clone()),
                 Live::Delete(d) => Record::Register(d.clone()),
             };
-            let (line, _) =
-                encode_line_sized(std::slice::from_ref(&record)).map_err(|e| StorageError::Encode(e.to_string()))?;
+            let line = encode_line(std::slice::from_ref(&record)).map_err(|e| StorageError::Encode(e.to_string()))?;
             out.write_all(&line).map_err(&io)?;
             written += line.len() as u64;
         }
@@ -433,7 +425,7 @@ impl Storage for JsonlStore {
         self.writer()?;
         let records = self.index.plan(tx, now_millis())?;
         let committed = SessionIndex::committed(&records);
-        let (line, sizes) = encode_line_sized(&records).map_err(|e| StorageError::Encode(e.to_string()))?;
+        let line = encode_line(&records).map_err(|e| StorageError::Encode(e.to_string()))?;
         let durability = self.opts.durability;
         let writer = self.writer()?;
         let mut failed = writer.file.write_all(&line).err().map(|e| (e, false));
@@ -460,8 +452,8 @@ impl Storage for JsonlStore {
             return Err(io_err(&self.path)(e));
         }
         self.len += line.len() as u64;
-        for (record, size) in records.into_iter().zip(sizes) {
-            self.liveness.account(&record, size);
+        for record in records {
+            self.liveness.account(&record);
             if let Err(e) = self.index.apply(record) {
                 self.poisoned = Some(e.clone());
                 return Err(StorageError::Invalid(e));

@@ -127,34 +127,74 @@ fn syntax_or_shape(e: serde_json::Error) -> LineError {
     }
 }
 
-/// Decode one line (without its trailing newline) into its records, each
-/// with its encoded size in bytes (used to account dead bytes).
+/// Decode one line (without its trailing newline) into its records.
 ///
-/// A line is either one record object or a non-empty array of them.
-pub(super) fn decode_line_sized(line: &[u8]) -> Result<Vec<(Record, u64)>, LineError> {
-    let text = std::str::from_utf8(line).map_err(|e| LineError::Syntax(format!("not UTF-8: {e}")))?;
-    let trimmed = text.trim_start();
-    if trimmed.starts_with('[') {
-        let items: Vec<&RawValue> = serde_json::from_str(text).map_err(syntax_or_shape)?;
-        if items.is_empty() {
+/// A line is either one record object or a non-empty array of them. The
+/// line is parsed once; payloads are copied as raw text, not re-parsed.
+pub fn decode_line(line: &[u8]) -> Result<Vec<Record>, LineError> {
+    let mut out = Vec::new();
+    decode_line_into(line, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`decode_line`], appending to `out` (replay reuses one vector for
+/// every line: no per-line allocation besides the records themselves, which
+/// keeps the heap from fragmenting on large files). On error, `out` may
+/// hold some records of the line.
+pub fn decode_line_into(line: &[u8], out: &mut Vec<Record>) -> Result<(), LineError> {
+    // from_slice checks UTF-8 inside strings as it parses (everything else
+    // in JSON is ASCII), sparing a separate pass over the line.
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let first = line.iter().find(|b| !b.is_ascii_whitespace());
+    if first == Some(&b'[') {
+        let before = out.len();
+        de.deserialize_seq(Sink(out)).map_err(syntax_or_shape)?;
+        if out.len() == before {
             return Err(LineError::Shape("empty transaction array".to_owned()));
         }
-        items
-            .into_iter()
-            .map(|raw| {
-                let flat: FlatRecord<'_> = serde_json::from_str(raw.get()).map_err(syntax_or_shape)?;
-                Ok((flat.into_record()?, raw.get().len() as u64))
-            })
-            .collect()
     } else {
-        let flat: FlatRecord<'_> = serde_json::from_str(text).map_err(syntax_or_shape)?;
-        Ok(vec![(flat.into_record()?, line.len() as u64)])
+        let flat = FlatRecord::deserialize(&mut de).map_err(syntax_or_shape)?;
+        out.push(flat.into_record()?);
+    }
+    de.end().map_err(syntax_or_shape)
+}
+
+/// Pushes each element of an array line, as a record, onto a vector.
+struct Sink<'v>(&'v mut Vec<Record>);
+
+impl<'de> serde::de::Visitor<'de> for Sink<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of records")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(flat) = seq.next_element::<FlatRecord<'de>>()? {
+            self.0.push(flat.into_record().map_err(serde::de::Error::custom)?);
+        }
+        Ok(())
     }
 }
 
-/// Decode one line (without its trailing newline) into its records.
-pub fn decode_line(line: &[u8]) -> Result<Vec<Record>, LineError> {
-    decode_line_sized(line).map(|v| v.into_iter().map(|(r, _)| r).collect())
+/// Bytes a record takes when encoded (as an object, or as an element of an
+/// array line), computed without allocating the encoding.
+pub(super) fn encoded_len(record: &Record) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, record) {
+        Ok(()) => count.0,
+        Err(_) => 0,
+    }
 }
 
 /// Decode the header line (without its trailing newline).
@@ -169,31 +209,12 @@ pub fn decode_header(line: &[u8]) -> Result<Header, LineError> {
 /// Encode records as one line, trailing newline included: a lone record as
 /// an object, several as an array.
 pub fn encode_line(records: &[Record]) -> Result<Vec<u8>, serde_json::Error> {
-    encode_line_sized(records).map(|(line, _)| line)
-}
-
-/// Like [`encode_line`], also returning each record's encoded size (the
-/// same sizes [`decode_line_sized`] reports for the line).
-pub(super) fn encode_line_sized(records: &[Record]) -> Result<(Vec<u8>, Vec<u64>), serde_json::Error> {
-    let mut out = Vec::new();
-    let mut sizes = Vec::with_capacity(records.len());
-    let array = records.len() != 1;
-    if array {
-        out.push(b'[');
-    }
-    for (i, record) in records.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        let start = out.len();
-        serde_json::to_writer(&mut out, record)?;
-        sizes.push((out.len() - start) as u64);
-    }
-    if array {
-        out.push(b']');
-    }
+    let mut out = match records {
+        [one] => serde_json::to_vec(one)?,
+        many => serde_json::to_vec(many)?,
+    };
     out.push(b'\n');
-    Ok((out, sizes))
+    Ok(out)
 }
 
 /// Encode the header line, trailing newline included.
@@ -256,6 +277,8 @@ mod tests {
         let line = encode_line(&all).unwrap();
         assert_eq!(*line.last().unwrap(), b'\n');
         assert_eq!(decode_line(&line[..line.len() - 1]).unwrap(), all);
+        let sizes: u64 = all.iter().map(encoded_len).sum();
+        assert_eq!(sizes + 4 + 2 + 1, line.len() as u64, "elements, commas, brackets, newline");
     }
 
     #[test]

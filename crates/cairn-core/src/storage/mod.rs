@@ -32,7 +32,7 @@ mod tail;
 
 pub use check::{CheckReport, check_file};
 pub use jsonl::{CompactStep, Durability, JsonlStore, StoreOptions, lock_path, new_session_id};
-pub use line::{LineError, decode_header, decode_line, encode_header, encode_line, format_record};
+pub use line::{LineError, decode_header, decode_line, decode_line_into, encode_header, encode_line, format_record};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tail::Tail;

@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read};
 
 use super::StorageError;
 use super::index::SessionIndex;
-use super::line::{decode_header, decode_line_sized};
+use super::line::{decode_header, decode_line_into, encoded_len};
 use super::record::{Header, Record, RegisterOp, RegisterRecord, STORAGE_VERSION};
 
 /// A register's live record: its seq and encoded size.
@@ -39,18 +39,24 @@ pub(crate) struct Liveness {
 }
 
 impl Liveness {
-    /// Account for `record` (of `size` encoded bytes) before it is applied.
-    pub(crate) fn account(&mut self, record: &Record, size: u64) {
+    /// Account for `record` before it is applied. Only register and state
+    /// records can die, so only their sizes are computed.
+    pub(crate) fn account(&mut self, record: &Record) {
         self.last_delete = None;
         match record {
             Record::Entry(_) | Record::Usage(_) => {}
             Record::State(s) => {
+                let size = encoded_len(record);
                 if let Some(old) = self.state.replace(LiveRecord { seq: s.seq, size }) {
                     self.dead_bytes += old.size;
                 }
             }
             Record::Register(r) => {
-                let namespace = self.registers.entry(r.namespace.clone()).or_default();
+                let size = encoded_len(record);
+                if !self.registers.contains_key(&r.namespace) {
+                    self.registers.insert(r.namespace.clone(), HashMap::new());
+                }
+                let Some(namespace) = self.registers.get_mut(&r.namespace) else { return };
                 match r.op {
                     RegisterOp::Set => {
                         if let Some(old) = namespace.insert(r.key.clone(), LiveRecord { seq: r.seq, size }) {
@@ -113,6 +119,7 @@ pub(crate) fn replay(path: &str, reader: impl Read) -> Result<Replayed, StorageE
     let mut index = SessionIndex::new();
     let mut liveness = Liveness::default();
     let mut torn_bytes = 0;
+    let mut records = Vec::new();
     loop {
         buf.clear();
         let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
@@ -127,19 +134,17 @@ pub(crate) fn replay(path: &str, reader: impl Read) -> Result<Replayed, StorageE
             torn_bytes = n as u64;
             break;
         }
-        let decoded = match decode_line_sized(&buf[..buf.len() - 1]) {
-            Ok(decoded) => decoded,
-            Err(e) => {
-                let at_end = reader.fill_buf().map_err(io)?.is_empty();
-                if at_end && e.is_syntax() {
-                    torn_bytes = n as u64;
-                    break;
-                }
-                return Err(corrupt(e.to_string()));
+        records.clear();
+        if let Err(e) = decode_line_into(&buf[..buf.len() - 1], &mut records) {
+            let at_end = reader.fill_buf().map_err(io)?.is_empty();
+            if at_end && e.is_syntax() {
+                torn_bytes = n as u64;
+                break;
             }
-        };
-        for (record, size) in decoded {
-            liveness.account(&record, size);
+            return Err(corrupt(e.to_string()));
+        }
+        for record in records.drain(..) {
+            liveness.account(&record);
             index.apply(record).map_err(corrupt)?;
         }
         valid_len += n as u64;
