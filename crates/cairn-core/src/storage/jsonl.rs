@@ -318,9 +318,20 @@ impl JsonlStore {
                 hook(s);
             }
         };
-        let written = self.write_compacted(&temp)?;
+        // Until the rename, a failure leaves the old file as it was; the
+        // temp file is removed here or by the next writer's open.
+        let written = match self.write_compacted(&temp) {
+            Ok(written) => written,
+            Err(e) => {
+                let _ = std::fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
         step(CompactStep::TempWritten);
-        File::open(&temp).and_then(|f| f.sync_all()).map_err(io_err(&temp))?;
+        if let Err(e) = File::open(&temp).and_then(|f| f.sync_all()) {
+            let _ = std::fs::remove_file(&temp);
+            return Err(io_err(&temp)(e));
+        }
         step(CompactStep::TempSynced);
         std::fs::rename(&temp, &self.path).map_err(io_err(&self.path))?;
         // From here on the old inode is gone: the writer must reopen.
