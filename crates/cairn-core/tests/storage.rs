@@ -740,3 +740,13 @@ fn garbage_lines_of_every_kind_are_refused_in_the_middle() {
         }
     }
 }
+
+#[test]
+fn opening_a_missing_session_is_an_io_error_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nope.jsonl");
+    assert!(matches!(JsonlStore::open(&path, fast()), Err(StorageError::Io { .. })));
+    assert!(matches!(JsonlStore::open_read_only(&path), Err(StorageError::Io { .. })));
+    assert!(!check_file(&path).ok);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

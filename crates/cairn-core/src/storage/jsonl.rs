@@ -220,13 +220,18 @@ impl JsonlStore {
     /// the file, and cut a torn final line off (synced) so the next append
     /// starts on a fresh line.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Self, StorageError> {
+        let io = io_err(path);
+        // Open first, so a wrong path leaves no lock file behind.
+        let file = OpenOptions::new().read(true).append(true).open(path).map_err(&io)?;
         let lock = lock(path)?;
         // A compaction that died before its rename leaves its temp file.
         let temp = sidecar(path, ".compact");
         if temp.exists() {
             std::fs::remove_file(&temp).map_err(io_err(&temp))?;
         }
-        let io = io_err(path);
+        // Reopen after taking the lock: a compaction by the previous holder
+        // may have renamed a new file over the path in between.
+        drop(file);
         let file = OpenOptions::new().read(true).append(true).open(path).map_err(&io)?;
         let replayed = replay(&path.display().to_string(), &file)?;
         if replayed.torn_bytes > 0 {
