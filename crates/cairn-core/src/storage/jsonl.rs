@@ -109,7 +109,7 @@ pub fn lock_path(path: &Path) -> PathBuf {
 }
 
 /// Take the exclusive writer lock of `path`, or fail with `Busy`.
-fn lock(path: &Path) -> Result<File, StorageError> {
+pub(super) fn lock(path: &Path) -> Result<File, StorageError> {
     let lock_path = lock_path(path);
     let io = io_err(&lock_path);
     let mut file =
