@@ -339,10 +339,18 @@ impl JsonlStore {
         }
         step(CompactStep::TempSynced);
         std::fs::rename(&temp, &self.path).map_err(io_err(&self.path))?;
-        // From here on the old inode is gone: the writer must reopen.
+        // From here on the path names the new file (already synced): account
+        // for it before anything else can fail, and reopen the writer on it.
+        self.len = written;
+        self.liveness.dead_bytes =
+            self.liveness.last_delete.as_ref().map_or(0, |d| encoded_len(&Record::Register(d.clone())));
         let reopened = OpenOptions::new().append(true).open(&self.path);
         match (reopened, self.writer.as_mut()) {
-            (Ok(file), Some(writer)) => writer.file = file,
+            (Ok(file), Some(writer)) => {
+                writer.file = file;
+                writer.unsynced = 0;
+                writer.last_sync = Instant::now();
+            }
             (Err(e), _) => {
                 self.poisoned = Some(format!("cannot reopen after compaction: {e}"));
                 return Err(io_err(&self.path)(e));
@@ -352,9 +360,6 @@ impl JsonlStore {
         step(CompactStep::Renamed);
         sync_dir(parent_dir(&self.path))?;
         step(CompactStep::DirSynced);
-        self.len = written;
-        self.liveness.dead_bytes =
-            self.liveness.last_delete.as_ref().map_or(0, |d| encoded_len(&Record::Register(d.clone())));
         Ok(())
     }
 
