@@ -676,12 +676,33 @@ fn a_100_mb_register_value_round_trips() {
 
 #[cfg(feature = "sqlite")]
 #[test]
-fn sqlite_seq_collision_between_two_handles_is_refused() {
+fn sqlite_second_writer_is_busy() {
     use cairn_core::storage::SqliteStore;
     let dir = tempfile::tempdir().unwrap();
     let mut a = SqliteStore::create(dir.path(), Header::new("s", "/")).unwrap();
     a.commit(Transaction::new().entry("x", None, "m", raw(json!(1)))).unwrap();
     let path = a.path().to_owned();
+    match SqliteStore::open(&path) {
+        Err(StorageError::Busy { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    a.commit(Transaction::new().state(0, raw(json!("a")))).unwrap();
+    drop(a);
+    let s = SqliteStore::open(&path).unwrap();
+    assert_eq!(s.state().unwrap().pc, raw(json!("a")));
+    assert_eq!(s.last_seq(), 2);
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_seq_collision_when_the_lock_is_bypassed_is_refused() {
+    use cairn_core::storage::{SqliteStore, lock_path};
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = SqliteStore::create(dir.path(), Header::new("s", "/")).unwrap();
+    a.commit(Transaction::new().entry("x", None, "m", raw(json!(1)))).unwrap();
+    let path = a.path().to_owned();
+    // Someone deletes the lock file: a second handle gets in.
+    std::fs::remove_file(lock_path(&path)).unwrap();
     let mut b = SqliteStore::open(&path).unwrap();
     a.commit(Transaction::new().state(0, raw(json!("a")))).unwrap();
     // b still believes seq 1 is the last: its commit would reuse seq 2.
@@ -690,7 +711,6 @@ fn sqlite_seq_collision_between_two_handles_is_refused() {
     drop((a, b));
     let s = SqliteStore::open(&path).unwrap();
     assert_eq!(s.state().unwrap().pc, raw(json!("a")));
-    assert_eq!(s.last_seq(), 2);
 }
 
 #[test]
@@ -739,4 +759,14 @@ fn garbage_lines_of_every_kind_are_refused_in_the_middle() {
             other => panic!("{:?}: expected Corrupt at line 5, got {other:?}", String::from_utf8_lossy(garbage)),
         }
     }
+}
+
+#[test]
+fn opening_a_missing_session_is_an_io_error_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nope.jsonl");
+    assert!(matches!(JsonlStore::open(&path, fast()), Err(StorageError::Io { .. })));
+    assert!(matches!(JsonlStore::open_read_only(&path), Err(StorageError::Io { .. })));
+    assert!(!check_file(&path).ok);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }

@@ -109,7 +109,7 @@ pub fn lock_path(path: &Path) -> PathBuf {
 }
 
 /// Take the exclusive writer lock of `path`, or fail with `Busy`.
-fn lock(path: &Path) -> Result<File, StorageError> {
+pub(super) fn lock(path: &Path) -> Result<File, StorageError> {
     let lock_path = lock_path(path);
     let io = io_err(&lock_path);
     let mut file =
@@ -220,13 +220,18 @@ impl JsonlStore {
     /// the file, and cut a torn final line off (synced) so the next append
     /// starts on a fresh line.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Self, StorageError> {
+        let io = io_err(path);
+        // Open first, so a wrong path leaves no lock file behind.
+        let file = OpenOptions::new().read(true).append(true).open(path).map_err(&io)?;
         let lock = lock(path)?;
         // A compaction that died before its rename leaves its temp file.
         let temp = sidecar(path, ".compact");
         if temp.exists() {
             std::fs::remove_file(&temp).map_err(io_err(&temp))?;
         }
-        let io = io_err(path);
+        // Reopen after taking the lock: a compaction by the previous holder
+        // may have renamed a new file over the path in between.
+        drop(file);
         let file = OpenOptions::new().read(true).append(true).open(path).map_err(&io)?;
         let replayed = replay(&path.display().to_string(), &file)?;
         if replayed.torn_bytes > 0 {
@@ -318,15 +323,34 @@ impl JsonlStore {
                 hook(s);
             }
         };
-        let written = self.write_compacted(&temp)?;
+        // Until the rename, a failure leaves the old file as it was; the
+        // temp file is removed here or by the next writer's open.
+        let written = match self.write_compacted(&temp) {
+            Ok(written) => written,
+            Err(e) => {
+                let _ = std::fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
         step(CompactStep::TempWritten);
-        File::open(&temp).and_then(|f| f.sync_all()).map_err(io_err(&temp))?;
+        if let Err(e) = File::open(&temp).and_then(|f| f.sync_all()) {
+            let _ = std::fs::remove_file(&temp);
+            return Err(io_err(&temp)(e));
+        }
         step(CompactStep::TempSynced);
         std::fs::rename(&temp, &self.path).map_err(io_err(&self.path))?;
-        // From here on the old inode is gone: the writer must reopen.
+        // From here on the path names the new file (already synced): account
+        // for it before anything else can fail, and reopen the writer on it.
+        self.len = written;
+        self.liveness.dead_bytes =
+            self.liveness.last_delete.as_ref().map_or(0, |d| encoded_len(&Record::Register(d.clone())));
         let reopened = OpenOptions::new().append(true).open(&self.path);
         match (reopened, self.writer.as_mut()) {
-            (Ok(file), Some(writer)) => writer.file = file,
+            (Ok(file), Some(writer)) => {
+                writer.file = file;
+                writer.unsynced = 0;
+                writer.last_sync = Instant::now();
+            }
             (Err(e), _) => {
                 self.poisoned = Some(format!("cannot reopen after compaction: {e}"));
                 return Err(io_err(&self.path)(e));
@@ -336,9 +360,6 @@ impl JsonlStore {
         step(CompactStep::Renamed);
         sync_dir(parent_dir(&self.path))?;
         step(CompactStep::DirSynced);
-        self.len = written;
-        self.liveness.dead_bytes =
-            self.liveness.last_delete.as_ref().map_or(0, |d| encoded_len(&Record::Register(d.clone())));
         Ok(())
     }
 

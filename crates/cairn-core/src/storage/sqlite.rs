@@ -6,9 +6,10 @@
 //! It owns only the mapping of records to tables. Validation goes through
 //! [`SessionIndex::plan`] like every backend, and the in-memory index is
 //! rebuilt at open by applying the stored records in seq order through
-//! [`SessionIndex::apply`]. Inside each write transaction it re-reads the
-//! stored last seq, so a second writer (another process) that committed in
-//! between is caught instead of overwritten.
+//! [`SessionIndex::apply`]. One writer per session, as for JSONL: the same
+//! `<file>.lock` sidecar. As a second line of defence, each write
+//! transaction re-reads the stored last seq, so a writer that bypassed the
+//! lock and committed in between is caught instead of overwritten.
 
 use std::path::{Path, PathBuf};
 
@@ -44,6 +45,8 @@ CREATE TABLE IF NOT EXISTS state (
 pub struct SqliteStore {
     path: PathBuf,
     conn: Connection,
+    /// The one-writer lock (`<file>.lock`), as for JSONL.
+    _lock: std::fs::File,
     header: Header,
     index: SessionIndex,
 }
@@ -77,6 +80,7 @@ impl SqliteStore {
         if path.exists() {
             return Err(StorageError::Exists { path: path.display().to_string() });
         }
+        let lock = super::jsonl::lock(&path)?;
         let mut conn = connect(&path)?;
         let text = serde_json::to_string(&header).map_err(|e| StorageError::Encode(e.to_string()))?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err(&path))?;
@@ -84,7 +88,7 @@ impl SqliteStore {
         tx.execute("INSERT INTO meta (key, value) VALUES ('header', ?1), ('lastSeq', '0')", params![text])
             .map_err(db_err(&path))?;
         tx.commit().map_err(db_err(&path))?;
-        Ok(Self { path, conn, header, index: SessionIndex::new() })
+        Ok(Self { path, conn, _lock: lock, header, index: SessionIndex::new() })
     }
 
     /// Open an existing session database and rebuild its index.
@@ -95,6 +99,7 @@ impl SqliteStore {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such session database"),
             });
         }
+        let lock = super::jsonl::lock(path)?;
         let conn = connect(path)?;
         let e = db_err(path);
         let header_text: Option<String> =
@@ -127,7 +132,7 @@ impl SqliteStore {
             })?;
         }
         index.advance_seq(stored_last_seq(&conn).map_err(&e)?);
-        Ok(Self { path: path.to_owned(), conn, header, index })
+        Ok(Self { path: path.to_owned(), conn, _lock: lock, header, index })
     }
 
     /// The database file.
