@@ -486,45 +486,7 @@ impl Storage for JsonlStore {
         Ok(committed)
     }
 
-    fn last_seq(&self) -> u64 {
-        self.index.last_seq()
-    }
-
-    fn entry(&self, id: &str) -> Option<Entry> {
-        self.index.entry(id).cloned()
-    }
-
-    fn children(&self, parent: Option<&str>) -> Vec<Entry> {
-        self.index.children(parent).into_iter().cloned().collect()
-    }
-
-    fn path_to(&self, leaf: &str) -> Result<Vec<Entry>, StorageError> {
-        Ok(self.index.path_to(leaf)?.into_iter().cloned().collect())
-    }
-
-    fn entries(&self) -> Vec<Entry> {
-        self.index.entries().to_vec()
-    }
-
-    fn entry_count(&self) -> usize {
-        self.index.entries().len()
-    }
-
-    fn register(&self, namespace: &str, key: &str) -> Option<RawJson> {
-        self.index.register(namespace, key).cloned()
-    }
-
-    fn registers(&self, namespace: &str) -> Vec<(String, RawJson)> {
-        self.index.registers(namespace).map(|(k, v)| (k.to_owned(), v.clone())).collect()
-    }
-
-    fn usage(&self) -> Vec<UsageRow> {
-        self.index.usage().to_vec()
-    }
-
-    fn state(&self) -> Option<State> {
-        self.index.state().cloned()
-    }
+    super::reads_from_index!();
 
     fn sync(&mut self) -> Result<(), StorageError> {
         let path = self.path.clone();
