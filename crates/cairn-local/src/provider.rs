@@ -184,6 +184,7 @@ impl Provider for LocalProvider {
         };
         usage.input_tokens = generation.prompt_tokens as u64;
         usage.output_tokens = generation.tokens.len() as u64;
+        usage.cached_input_tokens = generation.cached_tokens as u64;
         usage.duration_ms = started.elapsed().as_millis() as u64;
 
         let call = match (&grammar, generation.stop) {
