@@ -13,7 +13,8 @@ use cairn_core::CancelToken;
 use cairn_core::message::{ContentPart, Message, Role};
 use cairn_core::provider::{ModelRequest, Provider, StopReason, StreamEvent};
 use cairn_core::tool::{ReplayPolicy, Risk, ToolSpec};
-use cairn_local::{LocalModel, LocalOptions, LocalProvider, MODEL_ENV};
+use cairn_local::grammar::{Mode, State};
+use cairn_local::{Grammar, LocalModel, LocalOptions, LocalProvider, MODEL_ENV};
 use serde_json::{Value, json};
 
 fn model() -> Arc<LocalModel> {
@@ -283,4 +284,117 @@ fn long_conversations_are_trimmed_not_refused() {
     let usage = &response.attempts[0];
     assert!(usage.input_tokens as usize <= model.options().context_tokens - 16, "{usage:?}");
     assert!(usage.input_tokens > 500, "history was kept as far as it fits: {usage:?}");
+}
+
+/// A validator for the schema subset the grammar supports: type (one or a
+/// list), properties + required (no undeclared keys), enum, items.
+fn conforms(schema: &Value, v: &Value) -> Result<(), String> {
+    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+        return if options.contains(v) { Ok(()) } else { Err(format!("{v} not in {options:?}")) };
+    }
+    let types: Vec<&str> = match schema.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => return Ok(()),
+    };
+    let ok = types.iter().any(|t| match *t {
+        "string" => v.is_string(),
+        "integer" => v.is_i64() || v.is_u64(),
+        "number" => v.is_number(),
+        "boolean" => v.is_boolean(),
+        "null" => v.is_null(),
+        "array" => v.is_array(),
+        "object" => v.is_object(),
+        _ => true,
+    });
+    if !ok {
+        return Err(format!("{v} is not of type {types:?}"));
+    }
+    if let (Some(obj), Some(props)) = (v.as_object(), schema.get("properties").and_then(Value::as_object)) {
+        for key in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+            if !obj.contains_key(key) {
+                return Err(format!("required key {key} missing in {v}"));
+            }
+        }
+        for (k, val) in obj {
+            let sub = props.get(k).ok_or_else(|| format!("undeclared key {k}"))?;
+            conforms(sub, val)?;
+        }
+    }
+    if let (Some(items), Some(schema_items)) = (v.as_array(), schema.get("items")) {
+        for item in items {
+            conforms(schema_items, item)?;
+        }
+    }
+    Ok(())
+}
+
+/// Drive the mask with random choices instead of the model: whatever token
+/// is picked among the allowed ones, a finished call parses and fits its
+/// schema. This covers the whole real vocabulary, multi-byte tokens and all.
+#[test]
+fn any_path_through_the_mask_is_a_valid_call() {
+    let model = model();
+    let tok = model.tokenizer();
+    let search = json!({"type": "object", "properties": {
+        "query": {"type": "string"},
+        "limit": {"type": "integer"},
+        "mode": {"enum": ["fast", "exact", 3]},
+        "case_sensitive": {"type": "boolean"},
+        "paths": {"type": "array", "items": {"type": "string"}},
+        "range": {"type": "object", "properties": {"from": {"type": "number"}, "to": {"type": ["number", "null"]}}, "required": ["from"]}
+    }, "required": ["query", "limit", "mode"]});
+    let read = json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]});
+    let schemas = [("search", &search), ("read_file", &read)];
+    let grammar = Grammar::new(schemas);
+    let mut rng: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    let mut mask = Vec::new();
+    let mut finished = 0;
+    for walk in 0..12 {
+        let mut state = State::new();
+        let mut out = Vec::new();
+        for step in 0..300 {
+            model.token_mask(&grammar, &state, &mut mask);
+            let mut allowed: Vec<u32> = (0..mask.len() as u32).filter(|&i| mask[i as usize]).collect();
+            assert!(!allowed.is_empty(), "walk {walk}: dead end after {:?}", String::from_utf8_lossy(&out));
+            if step == 0 {
+                allowed.retain(|&t| tok.token_bytes(t).first() == Some(&b'{'));
+            } else if next(3) == 0 {
+                // Lean towards structure so walks finish.
+                let structural: Vec<u32> = allowed
+                    .iter()
+                    .copied()
+                    .filter(|&t| tok.token_bytes(t).iter().any(|b| b"\"}],:".contains(b)))
+                    .collect();
+                if !structural.is_empty() {
+                    allowed = structural;
+                }
+            }
+            let pick = allowed[next(allowed.len())];
+            assert!(state.feed_all(&grammar, tok.token_bytes(pick)), "the mask allowed a refused token");
+            out.extend_from_slice(tok.token_bytes(pick));
+            assert_eq!(state.mode(), if state.mode() == Mode::Done { Mode::Done } else { Mode::Call });
+            if state.mode() == Mode::Done {
+                break;
+            }
+        }
+        if state.mode() != Mode::Done {
+            continue;
+        }
+        finished += 1;
+        let text = String::from_utf8_lossy(&out);
+        let call: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("walk {walk}: {text} does not parse: {e}"));
+        let name = call["name"].as_str().unwrap_or_else(|| panic!("walk {walk}: no name in {text}"));
+        let (_, schema) = schemas.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("unknown tool {name}"));
+        conforms(schema, &call["arguments"]).unwrap_or_else(|e| panic!("walk {walk}: {text}: {e}"));
+        eprintln!("walk {walk}: {text}");
+    }
+    assert!(finished >= 6, "only {finished} of 12 random walks reached the closing brace");
 }

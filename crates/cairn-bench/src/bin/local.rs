@@ -5,7 +5,8 @@
 //!
 //! Run: `CAIRN_LOCAL_MODEL=/path/SmolLM2-135M-Instruct.Q4_1.gguf cargo run
 //! --release -p cairn-bench --bin local`. Each precision runs in its own
-//! child process so that its peak RSS is its own.
+//! child process so that its peak RSS is its own; children get
+//! `CANDLE_NUM_THREADS=1` unless it is set (see `Precision::Q8_0`).
 #![allow(clippy::print_stdout)]
 
 use std::path::PathBuf;
@@ -47,7 +48,7 @@ fn tools() -> Vec<ToolSpec> {
     ]
 }
 
-fn run_mode(path: &PathBuf, precision: Precision) -> Result<()> {
+fn run_mode(path: &std::path::Path, precision: Precision) -> Result<()> {
     let t = Instant::now();
     let model = LocalModel::load(path, LocalOptions { precision, ..LocalOptions::default() })?;
     let load = t.elapsed();
@@ -71,6 +72,8 @@ fn run_mode(path: &PathBuf, precision: Precision) -> Result<()> {
     let mut cpu_prompt = Vec::new();
     let mut cpu_gen = Vec::new();
     let mut cached = Vec::new();
+    let mut mask_share = Vec::new();
+    let mut mask_per_tok = Vec::new();
     for _ in 0..SAMPLES {
         model.clear_cache();
         let c0 = cpu_time();
@@ -90,6 +93,8 @@ fn run_mode(path: &PathBuf, precision: Precision) -> Result<()> {
         let con = model.generate(&prompt, GEN_TOKENS, Some(&grammar), &cancel, &mut |_| {})?;
         cached.push(con.cached_tokens);
         constrained_per_tok.push(con.generate_time / con.tokens.len().max(1) as u32);
+        mask_share.push(con.mask_time.as_secs_f64() / con.generate_time.as_secs_f64().max(1e-9));
+        mask_per_tok.push(con.mask_time / con.tokens.len().max(1) as u32);
         println!(
             "  sample: free {} tokens {:?}, constrained {} tokens ({:?}) {:?}",
             free.tokens.len(),
@@ -121,9 +126,24 @@ fn run_mode(path: &PathBuf, precision: Precision) -> Result<()> {
         median(constrained_per_tok),
         median(free_per_tok),
     );
+    println!(
+        "  grammar masks: median {:?} per constrained token, {:.1}% of constrained generation time",
+        median(mask_per_tok),
+        100.0 * med(mask_share)
+    );
+    println!("  resident after the runs: {}", rss_now());
     let rss = peak_rss_bytes().map_or_else(|| "unknown".to_string(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
     println!("  peak RSS: {rss}");
     Ok(())
+}
+
+/// Current resident set size (`VmRSS`), for a person to read.
+fn rss_now() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .map_or("unknown".into(), |l| l.trim_start_matches("VmRSS:").trim().to_string())
 }
 
 /// CPU time (user + system) of this process so far, in seconds, from
@@ -159,7 +179,14 @@ fn main() -> Result<()> {
     }));
     println!("baseline: reading the {} MB file takes {read:?}", std::fs::metadata(&path)?.len() / 1_000_000);
     for mode in ["f32", "q8_0"] {
-        let status = std::process::Command::new(std::env::current_exe()?).arg(mode).status()?;
+        let mut child = std::process::Command::new(std::env::current_exe()?);
+        child.arg(mode);
+        // candle's quantized kernels size their own spinning pool from this
+        // variable (default: all cores); match the one inference thread.
+        if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+            child.env("CANDLE_NUM_THREADS", "1");
+        }
+        let status = child.status()?;
         if !status.success() {
             bail!("mode {mode} failed: {status}");
         }
