@@ -38,10 +38,13 @@
 //! `minimum`/`maximum`, `minItems`/`maxItems`, `uniqueItems`,
 //! `additionalProperties` (declared keys only, even when it is `true`),
 //! `anyOf`/`oneOf`/`allOf`/`not`, `$ref`. An object schema without
-//! `properties`, a missing or unknown `type`, or one of the ignored
-//! combinators compiles to "any JSON value" (still well-formed JSON, nesting
-//! at most [`MAX_DEPTH`] deep). Schemas deeper than 8 levels become "any
-//! value" below that depth. Only the first 64 offered tools can be called.
+//! `properties` (or with more than 64, or with a key of 125 bytes or more),
+//! a missing or unknown `type`, an `enum` of more than 64 values or with a
+//! value longer than 250 bytes, or one of the ignored combinators compiles
+//! to "any JSON value" (still well-formed JSON, nesting at most
+//! [`MAX_DEPTH`] deep). Schemas deeper than 8 levels become "any value"
+//! below that depth. Only the first 64 offered tools (with names shorter
+//! than 125 bytes) can be called.
 //! Object keys and enum values are matched on their exact `serde_json`
 //! spelling (no alternative escapes). Strings are checked byte by byte, so a
 //! model that emits a broken UTF-8 sequence inside a string gets it replaced
@@ -60,6 +63,9 @@ const MAX_WS: u8 = 1;
 const MAX_NUMBER_LEN: u8 = 20;
 /// Most properties, enum values or tools one set may hold (bitmask width).
 const MAX_SET: usize = 64;
+/// Longest enum value or tool name (JSON-encoded) the grammar matches;
+/// object keys must be shorter than half of it (escapes may double them).
+const MAX_LITERAL: usize = 250;
 /// Schemas deeper than this compile to "any value".
 const MAX_SCHEMA_DEPTH: usize = 8;
 
@@ -103,7 +109,7 @@ impl Grammar {
             tool_names: Vec::new(),
         };
         let mut names = Vec::new();
-        for (name, schema) in tools.into_iter().take(MAX_SET) {
+        for (name, schema) in tools.into_iter().filter(|(n, _)| n.len() < MAX_LITERAL / 2).take(MAX_SET) {
             if g.tool_names.iter().any(|n| n == name) {
                 continue;
             }
@@ -193,7 +199,7 @@ impl Grammar {
                 self.push(Node::Array { items })
             }
             "object" => match obj.get("properties").and_then(Value::as_object) {
-                Some(props) if props.len() <= MAX_SET => {
+                Some(props) if props.len() <= MAX_SET && props.keys().all(|k| k.len() < MAX_LITERAL / 2) => {
                     let required: Vec<&str> = obj
                         .get("required")
                         .and_then(Value::as_array)
@@ -223,7 +229,11 @@ impl Grammar {
         if values.is_empty() || values.len() > MAX_SET {
             return ANY;
         }
-        let lits = values.iter().map(|v| serde_json::to_vec(v).unwrap_or_default()).collect();
+        let lits: Vec<Vec<u8>> = values.iter().map(|v| serde_json::to_vec(v).unwrap_or_default()).collect();
+        // Match positions are counted in a byte.
+        if lits.iter().any(|l| l.len() > MAX_LITERAL) {
+            return ANY;
+        }
         self.push(Node::Literals(lits))
     }
 }
@@ -960,6 +970,16 @@ mod tests {
         assert!(complete(&g, r#"{"name": "b", "arguments": {}}"#));
         assert!(accepts(&g, r#"{"name": "a", "arguments": ["#).is_none());
         assert!(accepts(&g, r#"{"name": "b", "arguments": 3"#).is_none());
+    }
+
+    #[test]
+    fn oversized_literals_fall_back_to_any_value() {
+        let long = "x".repeat(300);
+        let schema = json!({"type": "object", "properties": {"v": {"enum": [long.clone()]}}, "required": ["v"]});
+        let g = Grammar::new([("a", &schema)]);
+        let call = format!(r#"{{"name": "a", "arguments": {{"v": "{long}"}}}}"#);
+        assert!(complete(&g, &call));
+        assert!(complete(&g, r#"{"name": "a", "arguments": {"v": 1}}"#), "any value is accepted instead");
     }
 
     #[test]
