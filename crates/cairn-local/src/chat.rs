@@ -156,7 +156,7 @@ pub fn to_turns(system: &str, examples: &[Turn], messages: &[Message]) -> Vec<Tu
                 ContentPart::ToolResult { call_id, content, is_error } => {
                     let name = names.get(call_id.as_str()).copied().unwrap_or("the tool");
                     let what = if *is_error { "Error from" } else { "Result of" };
-                    push(&format!("{what} {name}:\n{content}"));
+                    push(&format!("{what} {name}:\n{content}\n\nUse this result to answer my request."));
                 }
                 ContentPart::Reasoning { .. } => {}
             }
@@ -272,7 +272,13 @@ mod tests {
         let turns = to_turns("sys", &[], &msgs);
         assert_eq!(turns.len(), 4);
         assert_eq!(turns[2].content, r#"{"name": "read_file", "arguments": {"path":"main.rs"}}"#);
-        assert_eq!(turns[3], Turn { role: "user", content: "Result of read_file:\nfn main() {}".into() });
+        assert_eq!(
+            turns[3],
+            Turn {
+                role: "user",
+                content: "Result of read_file:\nfn main() {}\n\nUse this result to answer my request.".into()
+            }
+        );
     }
 
     #[test]

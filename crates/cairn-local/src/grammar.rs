@@ -12,6 +12,9 @@
 //!   offered names and `<value>` fits that tool's `input_schema`. The answer
 //!   ends at the closing brace (no byte may follow it).
 //!
+//! With no tools (`Grammar::new` of nothing) only plain text is allowed, and
+//! it may not start with `{`.
+//!
 //! Keys appear in that order (`name` first). Between tokens at most one space
 //! is allowed (no newlines, no space before `:`), which keeps the model from
 //! padding forever.
@@ -477,6 +480,10 @@ impl State {
                     return false;
                 }
                 if b == b'{' {
+                    if g.tool_names.is_empty() {
+                        // No tools: text only, and text may not look like a call.
+                        return false;
+                    }
                     self.mode = Mode::Call;
                     self.ws = 0;
                     self.push(Frame::Call { st: CallSt::Open, tool: 0 });
@@ -980,6 +987,15 @@ mod tests {
         let call = format!(r#"{{"name": "a", "arguments": {{"v": "{long}"}}}}"#);
         assert!(complete(&g, &call));
         assert!(complete(&g, r#"{"name": "a", "arguments": {"v": 1}}"#), "any value is accepted instead");
+    }
+
+    #[test]
+    fn no_tools_means_text_that_does_not_start_with_a_brace() {
+        let g = Grammar::new(std::iter::empty());
+        assert!(accepts(&g, " {").is_none());
+        assert!(accepts(&g, "{").is_none());
+        let s = accepts(&g, "Sure {x}").unwrap();
+        assert_eq!(s.mode(), Mode::Text);
     }
 
     #[test]

