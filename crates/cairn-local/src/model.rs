@@ -497,6 +497,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_model_can_be_shared_across_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<LocalModel>();
+        send_sync::<crate::LocalProvider>();
+    }
+
+    #[test]
     fn argmax_respects_the_mask() {
         assert_eq!(argmax_masked(&[1.0, 5.0, 3.0], &[true, false, true]), Some(2));
         assert_eq!(argmax_masked(&[1.0, 5.0, 3.0], &[false, false, false]), None);
