@@ -19,6 +19,7 @@
 //!   (`grammar.rs`) walked by a byte-level pushdown machine
 //!   (`grammar/machine.rs`); its module doc lists what is supported.
 //! - `constrain`: turning grammar states into token masks.
+//! - `convert`: weights converted tensor by tensor while candle loads them.
 //! - [`chat`]: the neutral conversation rendered as ChatML, trimmed to fit.
 //! - [`provider`]: [`LocalProvider`], the `cairn_core::provider::Provider`
 //!   named "local".
@@ -42,6 +43,7 @@
 
 pub mod chat;
 mod constrain;
+mod convert;
 mod error;
 pub mod grammar;
 pub mod install;

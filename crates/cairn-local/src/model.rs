@@ -4,8 +4,8 @@
 //! At load the Q4_1 weights are converted once: to f32 by default (exact;
 //! candle's Q4_1 kernels quantize activations and change this model's
 //! answers), or to Q8_0 with [`Precision::Q8_0`] (faster, less exact). The
-//! converted tensors go through an in-memory GGUF into candle's quantized
-//! llama loader, so the model code is candle's own. Every forward pass runs
+//! tensors are converted one at a time while candle's quantized llama loader
+//! reads them (see `convert.rs`), so the model code is candle's own. Every forward pass runs
 //! in a rayon pool of [`LocalOptions::threads`] threads (one by default),
 //! which bounds candle's f32 matmuls; candle's Q8_0 kernels use their own
 //! pool, sized by the `CANDLE_NUM_THREADS` environment variable.
@@ -20,13 +20,13 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Cursor};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cairn_core::CancelToken;
-use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+use candle_core::quantized::{GgmlDType, gguf_file};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::{MAX_SEQ_LEN, ModelWeights};
 
@@ -203,7 +203,11 @@ impl LocalModel {
             .map_or_else(|| "smollm2".to_string(), Clone::clone);
         let name = if name.eq_ignore_ascii_case("smollm2") { "SmolLM2-135M-Instruct".to_string() } else { name };
         let tokenizer = LocalTokenizer::from_gguf(&ct)?;
-        let weights = convert_and_load(&ct, &mut reader, options.precision).map_err(|e| bad(path, e))?;
+        let target = match options.precision {
+            Precision::F32 => GgmlDType::F32,
+            Precision::Q8_0 => GgmlDType::Q8_0,
+        };
+        let weights = crate::convert::load_converted(&ct, &mut reader, target).map_err(|e| bad(path, e))?;
         let index = TokenIndex::new(tokenizer.all_bytes(), |id| tokenizer.is_control(id));
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads)
@@ -453,43 +457,6 @@ fn argmax_masked(scores: &[f32], mask: &[bool]) -> Option<u32> {
         }
     }
     best.map(|(i, _)| i)
-}
-
-/// Convert every weight to the target precision, write an in-memory GGUF
-/// and load it with candle's llama loader.
-fn convert_and_load(
-    ct: &gguf_file::Content,
-    reader: &mut BufReader<File>,
-    precision: Precision,
-) -> candle_core::Result<ModelWeights> {
-    let dev = Device::Cpu;
-    let target = match precision {
-        Precision::F32 => GgmlDType::F32,
-        Precision::Q8_0 => GgmlDType::Q8_0,
-    };
-    let mut names: Vec<&String> = ct.tensor_infos.keys().collect();
-    names.sort();
-    let mut tensors = Vec::with_capacity(names.len());
-    for name in &names {
-        let q = ct.tensor(reader, name, &dev)?;
-        let keep = matches!(q.dtype(), GgmlDType::F32) || q.shape().rank() < 2 || q.dtype() == target;
-        let q = if keep { q } else { QTensor::quantize(&q.dequantize(&dev)?, target)? };
-        tensors.push((name.as_str(), q));
-    }
-    let metadata: Vec<(&str, &gguf_file::Value)> = ct
-        .metadata
-        .iter()
-        .filter(|(k, _)| k.starts_with("llama.") || k.as_str() == "general.architecture")
-        .map(|(k, v)| (k.as_str(), v))
-        .collect();
-    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, q)| (*n, q)).collect();
-    let mut buf = Cursor::new(Vec::new());
-    gguf_file::write(&mut buf, &metadata, &refs)?;
-    drop(refs);
-    drop(tensors);
-    buf.set_position(0);
-    let converted = gguf_file::Content::read(&mut buf)?;
-    ModelWeights::from_gguf(converted, &mut buf, &dev)
 }
 
 #[cfg(test)]
