@@ -225,3 +225,58 @@ impl<R: Read + Seek> Seek for ConvertingReader<'_, R> {
         Ok(new)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Tensor;
+    use std::io::Cursor;
+
+    /// A small GGUF with a Q4_1 matrix, an odd-sized f32 vector (so padding
+    /// is exercised) and some metadata, read back through the converter.
+    #[test]
+    fn converted_stream_is_a_gguf_with_the_same_values() {
+        let dev = Device::Cpu;
+        let values: Vec<f32> = (0..64 * 32).map(|i| ((i % 37) as f32 - 18.0) / 7.0).collect();
+        let matrix = Tensor::from_vec(values, (64, 32), &dev).unwrap();
+        let q = QTensor::quantize(&matrix, GgmlDType::Q4_1).unwrap();
+        let norm = QTensor::quantize(&Tensor::from_vec(vec![0.5f32; 5], 5, &dev).unwrap(), GgmlDType::F32).unwrap();
+        let arch = gguf_file::Value::String("llama".into());
+        let heads = gguf_file::Value::U32(9);
+        let eps = gguf_file::Value::F32(1e-5);
+        let other = gguf_file::Value::String("ignored".into());
+        let mut file = Cursor::new(Vec::new());
+        gguf_file::write(
+            &mut file,
+            &[
+                ("general.architecture", &arch),
+                ("llama.attention.head_count", &heads),
+                ("llama.eps", &eps),
+                ("x.y", &other),
+            ],
+            &[("blk.0.w", &q), ("norm", &norm)],
+        )
+        .unwrap();
+        file.set_position(0);
+        let ct = gguf_file::Content::read(&mut file).unwrap();
+        for target in [GgmlDType::F32, GgmlDType::Q8_0] {
+            let mut reader = ConvertingReader::new(&ct, &mut file, target).unwrap();
+            let converted = gguf_file::Content::read(&mut reader).unwrap();
+            assert_eq!(converted.metadata.len(), 3, "only llama.* and the architecture are carried");
+            assert_eq!(converted.metadata["llama.attention.head_count"].to_u32().unwrap(), 9);
+            let w = converted.tensor(&mut reader, "blk.0.w", &dev).unwrap();
+            assert_eq!(w.dtype(), target);
+            assert_eq!(w.shape().dims(), &[64, 32]);
+            let n = converted.tensor(&mut reader, "norm", &dev).unwrap();
+            assert_eq!(n.dtype(), GgmlDType::F32);
+            let got: Vec<f32> = n.dequantize(&dev).unwrap().to_vec1().unwrap();
+            assert_eq!(got, vec![0.5; 5]);
+            let want: Vec<Vec<f32>> = q.dequantize(&dev).unwrap().to_vec2().unwrap();
+            let have: Vec<Vec<f32>> = w.dequantize(&dev).unwrap().to_vec2().unwrap();
+            for (a, b) in want.iter().flatten().zip(have.iter().flatten()) {
+                let tol = if target == GgmlDType::F32 { 0.0 } else { 0.03 };
+                assert!((a - b).abs() <= tol, "{target:?}: {a} vs {b}");
+            }
+        }
+    }
+}
