@@ -1,6 +1,7 @@
 //! Ask the local model a few prompts with the three standard tools offered
 //! and print what it answers (a manual check of tool-call behaviour).
 //! Usage: `CAIRN_LOCAL_MODEL=... cargo run -p cairn-local --example probe -- "prompt" ...`
+//! (`PROBE_THREADS=2`, `PROBE_PRECISION=q8_0` to try other options).
 #![allow(clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -14,7 +15,10 @@ use serde_json::json;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::var(MODEL_ENV).map_err(|_| format!("set {MODEL_ENV}"))?;
-    let model = Arc::new(LocalModel::load(path.as_ref(), LocalOptions::default())?);
+    let threads = std::env::var("PROBE_THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(1);
+    let precision = std::env::var("PROBE_PRECISION").unwrap_or_else(|_| "f32".into()).parse()?;
+    let options = LocalOptions { threads, precision, ..LocalOptions::default() };
+    let model = Arc::new(LocalModel::load(path.as_ref(), options)?);
     let provider = LocalProvider::new(model);
     let spec = |name: &str, description: &str, schema: serde_json::Value| ToolSpec {
         name: name.into(),

@@ -41,16 +41,16 @@ pub fn system_prompt(system: Option<&str>, tools: &[ToolSpec]) -> String {
     }
     out.push_str(
         "When the user asks for something a tool can do, call the tool: answer with only a JSON object \
-         {\"name\": \"<tool name>\", \"arguments\": {...}} and nothing else. \
-         For example, to read the file notes.txt answer:\n",
+         {\"name\": \"<tool name>\", \"arguments\": {...}} and nothing else, taking the argument values \
+         from the user's request. Answer in plain text only when no tool is needed.",
     );
-    if let Some(first) = tools.first() {
-        let example = example_args(&first.input_schema);
-        out.push_str(&render_call(&first.name, &example));
-        out.push('\n');
-    }
-    out.push_str("Answer in plain text only when no tool is needed.");
     out
+}
+
+/// The tool used in examples: the first read-only one (examples get copied),
+/// else the first.
+fn example_tool(tools: &[ToolSpec]) -> Option<&ToolSpec> {
+    tools.iter().find(|t| t.risk == cairn_core::tool::Risk::ReadOnly).or(tools.first())
 }
 
 /// Example arguments for the system prompt: each required string gets a
@@ -59,8 +59,8 @@ fn example_args(schema: &Value) -> Value {
     let mut args = serde_json::Map::new();
     for key in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
         let value = match key {
-            "path" | "file" | "filename" => "notes.txt",
-            "command" | "cmd" => "cat notes.txt",
+            "path" | "file" | "filename" => "hello.txt",
+            "command" | "cmd" => "cat hello.txt",
             _ => "value",
         };
         args.insert(key.to_string(), Value::String(value.to_string()));
@@ -123,11 +123,11 @@ pub fn render_call(name: &str, arguments: &Value) -> String {
 /// offered: a small model copies the form of earlier turns far more readily
 /// than it follows instructions. Empty when no tools are offered.
 pub fn example_turns(tools: &[ToolSpec]) -> Vec<Turn> {
-    let Some(first) = tools.first() else { return Vec::new() };
+    let Some(first) = example_tool(tools) else { return Vec::new() };
     vec![
         Turn { role: "user", content: "Hello!".to_string() },
         Turn { role: "assistant", content: "Hello! How can I help you?".to_string() },
-        Turn { role: "user", content: format!("Use {} on notes.txt.", first.name) },
+        Turn { role: "user", content: format!("Use {} with hello.txt.", first.name) },
         Turn { role: "assistant", content: render_call(&first.name, &example_args(&first.input_schema)) },
     ]
 }
@@ -156,7 +156,7 @@ pub fn to_turns(system: &str, examples: &[Turn], messages: &[Message]) -> Vec<Tu
                 ContentPart::ToolResult { call_id, content, is_error } => {
                     let name = names.get(call_id.as_str()).copied().unwrap_or("the tool");
                     let what = if *is_error { "Error from" } else { "Result of" };
-                    push(&format!("{what} {name}:\n{content}"));
+                    push(&format!("{what} {name}:\n{content}\n\nUse this result to answer my request."));
                 }
                 ContentPart::Reasoning { .. } => {}
             }
@@ -272,7 +272,13 @@ mod tests {
         let turns = to_turns("sys", &[], &msgs);
         assert_eq!(turns.len(), 4);
         assert_eq!(turns[2].content, r#"{"name": "read_file", "arguments": {"path":"main.rs"}}"#);
-        assert_eq!(turns[3], Turn { role: "user", content: "Result of read_file:\nfn main() {}".into() });
+        assert_eq!(
+            turns[3],
+            Turn {
+                role: "user",
+                content: "Result of read_file:\nfn main() {}\n\nUse this result to answer my request.".into()
+            }
+        );
     }
 
     #[test]

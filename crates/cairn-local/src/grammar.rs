@@ -12,6 +12,9 @@
 //!   offered names and `<value>` fits that tool's `input_schema`. The answer
 //!   ends at the closing brace (no byte may follow it).
 //!
+//! With no tools (`Grammar::new` of nothing) only plain text is allowed, and
+//! it may not start with `{`.
+//!
 //! Keys appear in that order (`name` first). Between tokens at most one space
 //! is allowed (no newlines, no space before `:`), which keeps the model from
 //! padding forever.
@@ -38,40 +41,46 @@
 //! `minimum`/`maximum`, `minItems`/`maxItems`, `uniqueItems`,
 //! `additionalProperties` (declared keys only, even when it is `true`),
 //! `anyOf`/`oneOf`/`allOf`/`not`, `$ref`. An object schema without
-//! `properties`, a missing or unknown `type`, or one of the ignored
-//! combinators compiles to "any JSON value" (still well-formed JSON, nesting
-//! at most [`MAX_DEPTH`] deep). Schemas deeper than 8 levels become "any
-//! value" below that depth. Only the first 64 offered tools can be called.
+//! `properties` (or with more than 64, or with a key of 125 bytes or more),
+//! a missing or unknown `type`, an `enum` of more than 64 values or with a
+//! value longer than 250 bytes, or one of the ignored combinators compiles
+//! to "any JSON value" (still well-formed JSON, nesting at most
+//! [`MAX_DEPTH`] deep). Schemas deeper than 8 levels become "any value"
+//! below that depth. Only the first 64 offered tools (with names shorter
+//! than 125 bytes) can be called.
 //! Object keys and enum values are matched on their exact `serde_json`
 //! spelling (no alternative escapes). Strings are checked byte by byte, so a
 //! model that emits a broken UTF-8 sequence inside a string gets it replaced
 //! by U+FFFD when decoded.
 //!
-//! This module must stay free of model and tokenizer types: it sees bytes.
-//! Token masking lives in `constrain.rs`.
+//! This file compiles schemas into nodes; the byte-level machine that walks
+//! them is `grammar/machine.rs` ([`State`]). Both must stay free of model and
+//! tokenizer types: they see bytes. Token masking lives in `constrain.rs`.
 
 use serde_json::Value;
 
+mod machine;
+pub use machine::{Mode, State};
+
 /// Deepest nesting of frames (containers plus the scalar inside).
 pub const MAX_DEPTH: usize = 16;
-/// Spaces allowed in a row between tokens of the call.
-const MAX_WS: u8 = 1;
-/// Bytes allowed in one number.
-const MAX_NUMBER_LEN: u8 = 20;
 /// Most properties, enum values or tools one set may hold (bitmask width).
 const MAX_SET: usize = 64;
+/// Longest enum value or tool name (JSON-encoded) the grammar matches;
+/// object keys must be shorter than half of it (escapes may double them).
+const MAX_LITERAL: usize = 250;
 /// Schemas deeper than this compile to "any value".
 const MAX_SCHEMA_DEPTH: usize = 8;
 
-type NodeId = u16;
+pub(crate) type NodeId = u16;
 
 /// The node that accepts any JSON value.
-const ANY: NodeId = 0;
+pub(crate) const ANY: NodeId = 0;
 /// The node that accepts `true`, `false` or `null` (used inside "any").
-const KEYWORDS: NodeId = 1;
+pub(crate) const KEYWORDS: NodeId = 1;
 
 #[derive(Debug, Clone)]
-enum Node {
+pub(crate) enum Node {
     Any,
     Object { props: Vec<(Vec<u8>, NodeId)>, required: u64 },
     Array { items: NodeId },
@@ -86,9 +95,9 @@ enum Node {
 pub struct Grammar {
     nodes: Vec<Node>,
     /// Node of the tool-name literal set (quoted names).
-    names: NodeId,
+    pub(crate) names: NodeId,
     /// The argument schema node of each tool, in offer order.
-    tool_args: Vec<NodeId>,
+    pub(crate) tool_args: Vec<NodeId>,
     /// Tool names, in offer order.
     tool_names: Vec<String>,
 }
@@ -103,7 +112,7 @@ impl Grammar {
             tool_names: Vec::new(),
         };
         let mut names = Vec::new();
-        for (name, schema) in tools.into_iter().take(MAX_SET) {
+        for (name, schema) in tools.into_iter().filter(|(n, _)| n.len() < MAX_LITERAL / 2).take(MAX_SET) {
             if g.tool_names.iter().any(|n| n == name) {
                 continue;
             }
@@ -126,7 +135,7 @@ impl Grammar {
         (self.nodes.len() - 1) as NodeId
     }
 
-    fn node(&self, id: NodeId) -> &Node {
+    pub(crate) fn node(&self, id: NodeId) -> &Node {
         self.nodes.get(id as usize).unwrap_or(&Node::Any)
     }
 
@@ -193,7 +202,7 @@ impl Grammar {
                 self.push(Node::Array { items })
             }
             "object" => match obj.get("properties").and_then(Value::as_object) {
-                Some(props) if props.len() <= MAX_SET => {
+                Some(props) if props.len() <= MAX_SET && props.keys().all(|k| k.len() < MAX_LITERAL / 2) => {
                     let required: Vec<&str> = obj
                         .get("required")
                         .and_then(Value::as_array)
@@ -223,623 +232,12 @@ impl Grammar {
         if values.is_empty() || values.len() > MAX_SET {
             return ANY;
         }
-        let lits = values.iter().map(|v| serde_json::to_vec(v).unwrap_or_default()).collect();
+        let lits: Vec<Vec<u8>> = values.iter().map(|v| serde_json::to_vec(v).unwrap_or_default()).collect();
+        // Match positions are counted in a byte.
+        if lits.iter().any(|l| l.len() > MAX_LITERAL) {
+            return ANY;
+        }
         self.push(Node::Literals(lits))
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Esc {
-    None,
-    Backslash,
-    Hex(u8),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NumPh {
-    Start,
-    Minus,
-    Zero,
-    Int,
-    Dot,
-    Frac,
-    Exp,
-    ExpSign,
-    ExpDigits,
-}
-
-impl NumPh {
-    fn can_end(self) -> bool {
-        matches!(self, NumPh::Zero | NumPh::Int | NumPh::Frac | NumPh::ExpDigits)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ObjSt {
-    /// After `{`: a key or `}`.
-    Open,
-    /// Inside a declared key: candidates and bytes matched.
-    Key { cand: u64, pos: u8 },
-    /// After a key's closing quote: `:`.
-    Colon,
-    /// After a value: `,` or `}`.
-    AfterValue,
-    /// After `,`: a key.
-    Comma,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ArrSt {
-    Open,
-    AfterValue,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CallSt {
-    /// Expect `{`.
-    Open,
-    /// Matching `"name"`.
-    NameKey(u8),
-    /// Expect `:` after `"name"`.
-    NameColon,
-    /// The name value is being matched (a literal frame above).
-    NameValue,
-    /// After the name: `,`.
-    AfterName,
-    /// Matching `"arguments"`.
-    ArgsKey(u8),
-    /// Expect `:` after `"arguments"`.
-    ArgsColon,
-    /// After the arguments value: `}`.
-    AfterArgs,
-}
-
-const NAME_KEY: &[u8] = b"\"name\"";
-const ARGS_KEY: &[u8] = b"\"arguments\"";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Frame {
-    Call {
-        st: CallSt,
-        tool: u8,
-    },
-    /// A value of this node is expected next.
-    Value {
-        node: NodeId,
-    },
-    Object {
-        node: NodeId,
-        used: u64,
-        st: ObjSt,
-        cur: u8,
-    },
-    /// An object with any keys and values.
-    AnyObject {
-        st: ObjSt,
-    },
-    Array {
-        items: NodeId,
-        st: ArrSt,
-    },
-    Str {
-        esc: Esc,
-    },
-    Lit {
-        node: NodeId,
-        cand: u64,
-        pos: u8,
-    },
-    Num {
-        integer: bool,
-        ph: NumPh,
-        len: u8,
-    },
-}
-
-/// Where the answer stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Nothing but spaces yet.
-    Start,
-    /// Plain text: unconstrained.
-    Text,
-    /// Inside the tool-call object.
-    Call,
-    /// The call's closing brace was emitted: nothing may follow.
-    Done,
-}
-
-/// The parser's state after some bytes. Small and `Copy`, so trying a token
-/// is a copy plus a few byte steps.
-#[derive(Debug, Clone, Copy)]
-pub struct State {
-    mode: Mode,
-    ws: u8,
-    len: u8,
-    /// The tool chosen once the name is complete.
-    tool: Option<u8>,
-    stack: [Frame; MAX_DEPTH],
-}
-
-enum Step {
-    Accept,
-    Reject,
-    /// The top frame completed without consuming the byte: pop it and offer
-    /// the byte to the frame below, passing the matched literal index.
-    PopRefeed(Option<u8>),
-}
-
-fn is_ws(b: u8) -> bool {
-    b == b' '
-}
-
-impl Default for State {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl State {
-    /// The state before any output.
-    pub fn new() -> Self {
-        Self { mode: Mode::Start, ws: 0, len: 0, tool: None, stack: [Frame::Str { esc: Esc::None }; MAX_DEPTH] }
-    }
-
-    /// Where the answer stands.
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
-    /// The index (offer order) of the called tool, once its name is complete.
-    pub fn tool(&self) -> Option<usize> {
-        self.tool.map(usize::from)
-    }
-
-    /// Whether the parser is inside a string with no escape pending, where
-    /// every byte but `"`, `\` and control bytes keeps the state unchanged.
-    pub fn in_free_string(&self) -> bool {
-        self.mode == Mode::Call && matches!(self.top(), Some(Frame::Str { esc: Esc::None }))
-    }
-
-    /// Whether the answer may end here (end-of-turn token).
-    pub fn can_end(&self) -> bool {
-        matches!(self.mode, Mode::Text | Mode::Done)
-    }
-
-    fn top(&self) -> Option<Frame> {
-        (self.len as usize).checked_sub(1).and_then(|i| self.stack.get(i)).copied()
-    }
-
-    fn set_top(&mut self, f: Frame) {
-        if let Some(slot) = (self.len as usize).checked_sub(1).and_then(|i| self.stack.get_mut(i)) {
-            *slot = f;
-        }
-    }
-
-    fn push(&mut self, f: Frame) -> bool {
-        match self.stack.get_mut(self.len as usize) {
-            Some(slot) => {
-                *slot = f;
-                self.len += 1;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn take_ws(&mut self, b: u8) -> Option<bool> {
-        if !is_ws(b) {
-            return None;
-        }
-        if self.ws < MAX_WS {
-            self.ws += 1;
-            Some(true)
-        } else {
-            Some(false)
-        }
-    }
-
-    /// Feed all bytes; false as soon as one is refused (the state is then
-    /// unspecified and must be discarded).
-    pub fn feed_all(&mut self, g: &Grammar, bytes: &[u8]) -> bool {
-        for &b in bytes {
-            if self.mode == Mode::Text {
-                return true;
-            }
-            if !self.feed(g, b) {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Feed one byte; false when it cannot continue a valid answer.
-    pub fn feed(&mut self, g: &Grammar, b: u8) -> bool {
-        match self.mode {
-            Mode::Text => true,
-            Mode::Done => false,
-            Mode::Start => {
-                if b == b' ' || b == b'\n' {
-                    if self.ws < 2 {
-                        self.ws += 1;
-                        return true;
-                    }
-                    return false;
-                }
-                if b == b'{' {
-                    self.mode = Mode::Call;
-                    self.ws = 0;
-                    self.push(Frame::Call { st: CallSt::Open, tool: 0 });
-                    self.feed_call(g, b)
-                } else {
-                    self.mode = Mode::Text;
-                    true
-                }
-            }
-            Mode::Call => self.feed_call(g, b),
-        }
-    }
-
-    fn feed_call(&mut self, g: &Grammar, b: u8) -> bool {
-        let mut result = None;
-        loop {
-            let Some(top) = self.top() else { return false };
-            let step = self.step(g, top, b, result);
-            match step {
-                Step::Accept => {
-                    if !is_ws(b) {
-                        self.ws = 0;
-                    }
-                    return true;
-                }
-                Step::Reject => return false,
-                Step::PopRefeed(r) => {
-                    self.len -= 1;
-                    result = r;
-                }
-            }
-        }
-    }
-
-    fn pop_done(&mut self) -> Step {
-        self.len -= 1;
-        if self.len == 0 {
-            self.mode = Mode::Done;
-        }
-        Step::Accept
-    }
-
-    fn step(&mut self, g: &Grammar, top: Frame, b: u8, result: Option<u8>) -> Step {
-        match top {
-            Frame::Call { st, tool } => self.step_call(g, st, tool, b, result),
-            Frame::Value { node } => self.step_value(g, node, b),
-            Frame::Object { node, used, st, cur } => self.step_object(g, node, used, st, cur, b),
-            Frame::AnyObject { st } => self.step_any_object(st, b),
-            Frame::Array { items, st } => match st {
-                ArrSt::Open if b == b']' => self.pop_done(),
-                ArrSt::Open | ArrSt::AfterValue if is_ws(b) => accept(self.take_ws(b)),
-                ArrSt::Open => {
-                    self.set_top(Frame::Array { items, st: ArrSt::AfterValue });
-                    if !self.push(Frame::Value { node: items }) {
-                        return Step::Reject;
-                    }
-                    self.step_value(g, items, b)
-                }
-                ArrSt::AfterValue if b == b']' => self.pop_done(),
-                ArrSt::AfterValue if b == b',' => {
-                    if self.push(Frame::Value { node: items }) {
-                        Step::Accept
-                    } else {
-                        Step::Reject
-                    }
-                }
-                ArrSt::AfterValue => Step::Reject,
-            },
-            Frame::Str { esc } => {
-                let next = match esc {
-                    Esc::None => match b {
-                        b'"' => return self.pop_done(),
-                        b'\\' => Esc::Backslash,
-                        0..=0x1f => return Step::Reject,
-                        _ => Esc::None,
-                    },
-                    Esc::Backslash => match b {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Esc::None,
-                        b'u' => Esc::Hex(4),
-                        _ => return Step::Reject,
-                    },
-                    Esc::Hex(n) => {
-                        if !b.is_ascii_hexdigit() {
-                            return Step::Reject;
-                        }
-                        if n <= 1 { Esc::None } else { Esc::Hex(n - 1) }
-                    }
-                };
-                self.set_top(Frame::Str { esc: next });
-                Step::Accept
-            }
-            Frame::Lit { node, cand, pos } => {
-                let Node::Literals(lits) = g.node(node) else { return Step::Reject };
-                let mut next = 0u64;
-                let mut exact = None;
-                for (i, lit) in lits.iter().enumerate() {
-                    if cand & (1 << i) == 0 {
-                        continue;
-                    }
-                    if lit.len() == pos as usize {
-                        exact = Some(i as u8);
-                    } else if lit.get(pos as usize) == Some(&b) {
-                        next |= 1 << i;
-                    }
-                }
-                if next != 0 {
-                    self.set_top(Frame::Lit { node, cand: next, pos: pos.saturating_add(1) });
-                    Step::Accept
-                } else if exact.is_some() {
-                    Step::PopRefeed(exact)
-                } else {
-                    Step::Reject
-                }
-            }
-            Frame::Num { integer, ph, len } => {
-                let next = match (ph, b) {
-                    (NumPh::Start, b'-') => Some(NumPh::Minus),
-                    (NumPh::Start | NumPh::Minus, b'0') => Some(NumPh::Zero),
-                    (NumPh::Start | NumPh::Minus, b'1'..=b'9') => Some(NumPh::Int),
-                    (NumPh::Int, b'0'..=b'9') => Some(NumPh::Int),
-                    (NumPh::Zero | NumPh::Int, b'.') if !integer => Some(NumPh::Dot),
-                    (NumPh::Dot | NumPh::Frac, b'0'..=b'9') => Some(NumPh::Frac),
-                    (NumPh::Zero | NumPh::Int | NumPh::Frac, b'e' | b'E') if !integer => Some(NumPh::Exp),
-                    (NumPh::Exp, b'+' | b'-') => Some(NumPh::ExpSign),
-                    (NumPh::Exp | NumPh::ExpSign | NumPh::ExpDigits, b'0'..=b'9') => Some(NumPh::ExpDigits),
-                    _ => None,
-                };
-                match next {
-                    Some(ph) if len < MAX_NUMBER_LEN => {
-                        self.set_top(Frame::Num { integer, ph, len: len + 1 });
-                        Step::Accept
-                    }
-                    Some(_) => {
-                        if ph.can_end() {
-                            Step::PopRefeed(None)
-                        } else {
-                            Step::Reject
-                        }
-                    }
-                    None if ph.can_end() => Step::PopRefeed(None),
-                    None => Step::Reject,
-                }
-            }
-        }
-    }
-
-    fn step_call(&mut self, g: &Grammar, st: CallSt, tool: u8, b: u8, result: Option<u8>) -> Step {
-        let set = |s: &mut Self, st| s.set_top(Frame::Call { st, tool });
-        match st {
-            CallSt::Open if b == b'{' => {
-                set(self, CallSt::NameKey(0));
-                Step::Accept
-            }
-            CallSt::Open => Step::Reject,
-            CallSt::NameKey(0) if is_ws(b) => accept(self.take_ws(b)),
-            CallSt::NameKey(pos) => {
-                if NAME_KEY.get(pos as usize) != Some(&b) {
-                    return Step::Reject;
-                }
-                let pos = pos + 1;
-                set(self, if pos as usize == NAME_KEY.len() { CallSt::NameColon } else { CallSt::NameKey(pos) });
-                Step::Accept
-            }
-            CallSt::NameColon if b == b':' => {
-                set(self, CallSt::NameValue);
-                if self.push(Frame::Value { node: g.names }) { Step::Accept } else { Step::Reject }
-            }
-            CallSt::NameColon => Step::Reject,
-            CallSt::NameValue => {
-                // The literal frame above completed: record the tool.
-                let Some(idx) = result else { return Step::Reject };
-                self.tool = Some(idx);
-                self.set_top(Frame::Call { st: CallSt::AfterName, tool: idx });
-                self.step_call(g, CallSt::AfterName, idx, b, None)
-            }
-            CallSt::AfterName if is_ws(b) => accept(self.take_ws(b)),
-            CallSt::AfterName if b == b',' => {
-                set(self, CallSt::ArgsKey(0));
-                Step::Accept
-            }
-            CallSt::AfterName => Step::Reject,
-            CallSt::ArgsKey(0) if is_ws(b) => accept(self.take_ws(b)),
-            CallSt::ArgsKey(pos) => {
-                if ARGS_KEY.get(pos as usize) != Some(&b) {
-                    return Step::Reject;
-                }
-                let pos = pos + 1;
-                set(self, if pos as usize == ARGS_KEY.len() { CallSt::ArgsColon } else { CallSt::ArgsKey(pos) });
-                Step::Accept
-            }
-            CallSt::ArgsColon if b == b':' => {
-                set(self, CallSt::AfterArgs);
-                let Some(&node) = g.tool_args.get(tool as usize) else { return Step::Reject };
-                if self.push(Frame::Value { node }) { Step::Accept } else { Step::Reject }
-            }
-            CallSt::ArgsColon => Step::Reject,
-            CallSt::AfterArgs if is_ws(b) => accept(self.take_ws(b)),
-            CallSt::AfterArgs if b == b'}' => self.pop_done(),
-            CallSt::AfterArgs => Step::Reject,
-        }
-    }
-
-    fn step_value(&mut self, g: &Grammar, node: NodeId, b: u8) -> Step {
-        if is_ws(b) {
-            return accept(self.take_ws(b));
-        }
-        let room = (self.len as usize) + 2 <= MAX_DEPTH;
-        let replace = |s: &mut Self, f: Frame| s.set_top(f);
-        match g.node(node) {
-            Node::Any => match b {
-                b'"' => {
-                    replace(self, Frame::Str { esc: Esc::None });
-                    Step::Accept
-                }
-                b'-' | b'0'..=b'9' => {
-                    replace(self, Frame::Num { integer: false, ph: NumPh::Start, len: 0 });
-                    self.feed_top(g, b)
-                }
-                b't' | b'f' | b'n' => {
-                    replace(self, Frame::Lit { node: KEYWORDS, cand: u64::MAX, pos: 0 });
-                    self.feed_top(g, b)
-                }
-                b'{' if room => {
-                    replace(self, Frame::AnyObject { st: ObjSt::Open });
-                    Step::Accept
-                }
-                b'[' if room => {
-                    replace(self, Frame::Array { items: ANY, st: ArrSt::Open });
-                    Step::Accept
-                }
-                _ => Step::Reject,
-            },
-            Node::Object { .. } if b == b'{' => {
-                replace(self, Frame::Object { node, used: 0, st: ObjSt::Open, cur: 0 });
-                Step::Accept
-            }
-            Node::Array { items } if b == b'[' && room => {
-                replace(self, Frame::Array { items: *items, st: ArrSt::Open });
-                Step::Accept
-            }
-            Node::String if b == b'"' => {
-                replace(self, Frame::Str { esc: Esc::None });
-                Step::Accept
-            }
-            Node::Number { integer } if b == b'-' || b.is_ascii_digit() => {
-                replace(self, Frame::Num { integer: *integer, ph: NumPh::Start, len: 0 });
-                self.feed_top(g, b)
-            }
-            Node::Literals(_) => {
-                replace(self, Frame::Lit { node, cand: u64::MAX, pos: 0 });
-                self.feed_top(g, b)
-            }
-            Node::OneOf(alts) => {
-                for &alt in alts {
-                    if starts(g, alt, b) {
-                        // "Any" inside a OneOf stands for "any object".
-                        if alt == ANY && b != b'{' {
-                            continue;
-                        }
-                        replace(self, Frame::Value { node: alt });
-                        return self.step_value(g, alt, b);
-                    }
-                }
-                Step::Reject
-            }
-            _ => Step::Reject,
-        }
-    }
-
-    fn feed_top(&mut self, g: &Grammar, b: u8) -> Step {
-        match self.top() {
-            Some(top) => match self.step(g, top, b, None) {
-                // A fresh scalar cannot complete on its first byte.
-                Step::PopRefeed(_) => Step::Reject,
-                s => s,
-            },
-            None => Step::Reject,
-        }
-    }
-
-    fn step_object(&mut self, g: &Grammar, node: NodeId, used: u64, st: ObjSt, cur: u8, b: u8) -> Step {
-        let Node::Object { props, required } = g.node(node) else { return Step::Reject };
-        let all: u64 = if props.len() >= 64 { u64::MAX } else { (1u64 << props.len()) - 1 };
-        let unused = all & !used;
-        let set = |s: &mut Self, used: u64, st: ObjSt, cur: u8| s.set_top(Frame::Object { node, used, st, cur });
-        match st {
-            ObjSt::Open | ObjSt::AfterValue | ObjSt::Comma if is_ws(b) => accept(self.take_ws(b)),
-            ObjSt::Open | ObjSt::AfterValue if b == b'}' => {
-                if used & required == *required {
-                    self.pop_done()
-                } else {
-                    Step::Reject
-                }
-            }
-            ObjSt::Open | ObjSt::Comma if b == b'"' => {
-                if unused == 0 {
-                    return Step::Reject;
-                }
-                set(self, used, ObjSt::Key { cand: unused, pos: 0 }, cur);
-                Step::Accept
-            }
-            ObjSt::AfterValue if b == b',' => {
-                if unused == 0 {
-                    return Step::Reject;
-                }
-                set(self, used, ObjSt::Comma, cur);
-                Step::Accept
-            }
-            ObjSt::Key { cand, pos } => {
-                let mut next = 0u64;
-                for (i, (key, _)) in props.iter().enumerate() {
-                    if cand & (1 << i) == 0 {
-                        continue;
-                    }
-                    if b == b'"' && key.len() == pos as usize {
-                        set(self, used | (1 << i), ObjSt::Colon, i as u8);
-                        return Step::Accept;
-                    }
-                    if key.get(pos as usize) == Some(&b) {
-                        next |= 1 << i;
-                    }
-                }
-                if next == 0 {
-                    return Step::Reject;
-                }
-                set(self, used, ObjSt::Key { cand: next, pos: pos.saturating_add(1) }, cur);
-                Step::Accept
-            }
-            ObjSt::Colon if b == b':' => {
-                let Some(&(_, child)) = props.get(cur as usize) else { return Step::Reject };
-                set(self, used, ObjSt::AfterValue, cur);
-                if self.push(Frame::Value { node: child }) { Step::Accept } else { Step::Reject }
-            }
-            _ => Step::Reject,
-        }
-    }
-
-    fn step_any_object(&mut self, st: ObjSt, b: u8) -> Step {
-        let set = |s: &mut Self, st| s.set_top(Frame::AnyObject { st });
-        match st {
-            ObjSt::Open | ObjSt::AfterValue | ObjSt::Comma if is_ws(b) => accept(self.take_ws(b)),
-            ObjSt::Open | ObjSt::AfterValue if b == b'}' => self.pop_done(),
-            ObjSt::Open | ObjSt::Comma if b == b'"' => {
-                set(self, ObjSt::Colon);
-                if self.push(Frame::Str { esc: Esc::None }) { Step::Accept } else { Step::Reject }
-            }
-            ObjSt::AfterValue if b == b',' => {
-                set(self, ObjSt::Comma);
-                Step::Accept
-            }
-            ObjSt::Colon if b == b':' => {
-                set(self, ObjSt::AfterValue);
-                if self.push(Frame::Value { node: ANY }) { Step::Accept } else { Step::Reject }
-            }
-            _ => Step::Reject,
-        }
-    }
-}
-
-fn accept(ws: Option<bool>) -> Step {
-    if ws == Some(true) { Step::Accept } else { Step::Reject }
-}
-
-/// Whether a value of `node` may start with byte `b`.
-fn starts(g: &Grammar, node: NodeId, b: u8) -> bool {
-    match g.node(node) {
-        Node::Any => b"\"-0123456789tfn{[".contains(&b),
-        Node::Object { .. } => b == b'{',
-        Node::Array { .. } => b == b'[',
-        Node::String => b == b'"',
-        Node::Number { .. } => b == b'-' || b.is_ascii_digit(),
-        Node::Literals(lits) => lits.iter().any(|l| l.first() == Some(&b)),
-        Node::OneOf(alts) => alts.iter().any(|&a| starts(g, a, b)),
     }
 }
 
@@ -960,6 +358,25 @@ mod tests {
         assert!(complete(&g, r#"{"name": "b", "arguments": {}}"#));
         assert!(accepts(&g, r#"{"name": "a", "arguments": ["#).is_none());
         assert!(accepts(&g, r#"{"name": "b", "arguments": 3"#).is_none());
+    }
+
+    #[test]
+    fn oversized_literals_fall_back_to_any_value() {
+        let long = "x".repeat(300);
+        let schema = json!({"type": "object", "properties": {"v": {"enum": [long.clone()]}}, "required": ["v"]});
+        let g = Grammar::new([("a", &schema)]);
+        let call = format!(r#"{{"name": "a", "arguments": {{"v": "{long}"}}}}"#);
+        assert!(complete(&g, &call));
+        assert!(complete(&g, r#"{"name": "a", "arguments": {"v": 1}}"#), "any value is accepted instead");
+    }
+
+    #[test]
+    fn no_tools_means_text_that_does_not_start_with_a_brace() {
+        let g = Grammar::new(std::iter::empty());
+        assert!(accepts(&g, " {").is_none());
+        assert!(accepts(&g, "{").is_none());
+        let s = accepts(&g, "Sure {x}").unwrap();
+        assert_eq!(s.mode(), Mode::Text);
     }
 
     #[test]

