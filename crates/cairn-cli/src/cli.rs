@@ -222,6 +222,14 @@ fn run(cli: Cli) -> Result<u8> {
         allow: cli.common.allow.clone(),
     };
     let settings = Settings::load(&paths.config_file, &overrides)?;
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // candle sizes its kernel thread pool from this variable (default:
+        // every core); the embedded model is configured for `local.threads`.
+        // SAFETY: no other thread exists yet (ctrl-c handler, spinner and
+        // provider workers all start later), so nothing reads the
+        // environment concurrently.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", settings.local_threads.value.max(1).to_string()) };
+    }
     let ctx = Context { common: cli.common, paths, settings, err_style: Style::stderr(), out_style: Style::stdout() };
     use crate::{commands, host, local, sessions};
     let resolve = |target: &str| sessions::resolve(&ctx.paths, target);
