@@ -45,3 +45,35 @@ fn local_model_reads_a_file_and_answers() {
     let usage = events.iter().filter(|e| e["type"] == "usage").count();
     assert!(usage >= 2, "a provider call before and after the tool: {stdout}");
 }
+
+#[test]
+fn model_install_from_the_gguf_verifies_and_installs_it() {
+    let model = model_path();
+    let env = Env::new();
+    let out = env.cairn(&["model", "path"]).env_remove("CAIRN_LOCAL_MODEL").output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "not installed yet");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("run `cairn model install`"));
+
+    let out = env
+        .cairn(&["model", "install", "--from", model.to_str().unwrap()])
+        .env_remove("CAIRN_LOCAL_MODEL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("sha256 verified"));
+    let installed = env.home.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(std::fs::metadata(&installed).unwrap().len(), std::fs::metadata(&model).unwrap().len());
+    let out = env.cairn(&["model", "path"]).env_remove("CAIRN_LOCAL_MODEL").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+
+    // A file that is not the model is refused, and nothing is replaced.
+    let fake = env.home.join("fake.gguf");
+    std::fs::write(&fake, b"GGUF but not the model").unwrap();
+    let out = env
+        .cairn(&["model", "install", "--from", fake.to_str().unwrap()])
+        .env_remove("CAIRN_LOCAL_MODEL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::metadata(&installed).unwrap().len(), std::fs::metadata(&model).unwrap().len());
+}
