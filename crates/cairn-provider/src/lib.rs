@@ -37,7 +37,7 @@
 pub mod config;
 mod http;
 pub mod retry;
-mod scripted;
+pub mod scripted;
 pub mod secret;
 pub mod sse;
 mod transport;

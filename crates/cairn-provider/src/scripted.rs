@@ -21,26 +21,56 @@ use serde_json::Value;
 
 use crate::config::ConfigError;
 
-#[derive(Debug, Clone, Deserialize)]
+/// One model turn of a script.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Line {
+pub struct ScriptLine {
+    /// Visible text.
     #[serde(default)]
-    text: String,
+    pub text: String,
+    /// Tool calls, in order.
     #[serde(default)]
-    tool_calls: Vec<ScriptCall>,
+    pub tool_calls: Vec<ScriptCall>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// One tool call of a script line.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ScriptCall {
-    id: String,
-    name: String,
+pub struct ScriptCall {
+    /// The call id.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments (any JSON; a string stands for text that was not JSON).
     #[serde(default = "empty_object")]
-    arguments: Value,
+    pub arguments: Value,
 }
 
 fn empty_object() -> Value {
     Value::Object(Default::default())
+}
+
+impl ScriptLine {
+    /// The settled assistant message of this turn and why it stops. Tells
+    /// `observer` about each tool call (text deltas are the caller's: how
+    /// text is streamed is a choice of each scripted provider).
+    pub fn reply(&self, observer: &mut dyn FnMut(&StreamEvent)) -> (Message, StopReason) {
+        let mut content = Vec::new();
+        if !self.text.is_empty() {
+            content.push(ContentPart::Text { text: self.text.clone() });
+        }
+        for call in &self.tool_calls {
+            observer(&StreamEvent::ToolCallStarted { id: call.id.clone(), name: call.name.clone() });
+            observer(&StreamEvent::ToolCallDelta { id: call.id.clone(), arguments: call.arguments.to_string() });
+            content.push(ContentPart::ToolCall(ToolCall {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            }));
+        }
+        let stop = if self.tool_calls.is_empty() { StopReason::EndTurn } else { StopReason::ToolUse };
+        (Message { role: Role::Assistant, content }, stop)
+    }
 }
 
 /// A provider that answers from a script file.
@@ -49,7 +79,7 @@ pub struct ScriptedProvider {
     name: String,
     model: String,
     path: PathBuf,
-    turns: Vec<Line>,
+    turns: Vec<ScriptLine>,
 }
 
 impl ScriptedProvider {
@@ -70,7 +100,7 @@ impl ScriptedProvider {
             if raw.trim().is_empty() {
                 continue;
             }
-            let line: Line = serde_json::from_str(raw).map_err(|e| ConfigError::Script {
+            let line: ScriptLine = serde_json::from_str(raw).map_err(|e| ConfigError::Script {
                 path: path.to_owned(),
                 reason: format!(
                     "line {} is not a turn ({e}); expected {{\"text\": \"…\", \"toolCalls\": [{{\"id\", \"name\", \"arguments\"}}]}}",
@@ -145,21 +175,7 @@ impl Provider for ScriptedProvider {
             }
             observer(&StreamEvent::TextDelta { text: piece.to_owned() });
         }
-        let mut content = Vec::new();
-        if !line.text.is_empty() {
-            content.push(ContentPart::Text { text: line.text.clone() });
-        }
-        for call in &line.tool_calls {
-            observer(&StreamEvent::ToolCallStarted { id: call.id.clone(), name: call.name.clone() });
-            observer(&StreamEvent::ToolCallDelta { id: call.id.clone(), arguments: call.arguments.to_string() });
-            content.push(ContentPart::ToolCall(ToolCall {
-                id: call.id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-            }));
-        }
-        let stop = if line.tool_calls.is_empty() { StopReason::EndTurn } else { StopReason::ToolUse };
-        let message = Message { role: Role::Assistant, content };
+        let (message, stop) = line.reply(observer);
         row.output_tokens = estimate_tokens(serde_json::to_string(&message.content).map(|s| s.len()).unwrap_or(0));
         row.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         Ok(ModelResponse { message, stop, attempts: vec![row] })

@@ -4,43 +4,19 @@
 //! `{"text": "…", "toolCalls": [{"id": "…", "name": "…", "arguments": {…}}]}`.
 //! Request k is answered with line k, where k is the number of assistant
 //! messages already in the request — so a resumed session gets exactly the
-//! line it would have got (the rule of cairn-provider's scripted provider).
+//! line it would have got (the rule of cairn-provider's scripted provider,
+//! whose script types and reply building it shares).
 //! It records every request's messages so tests can check what the model saw.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use cairn_core::CancelToken;
-use cairn_core::message::{ContentPart, Message, Role, ToolCall};
+use cairn_core::message::{Message, Role};
 use cairn_core::provider::{
-    AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, StopReason, StreamEvent,
+    AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, StreamEvent,
 };
-use serde::Deserialize;
-use serde_json::Value;
-
-/// One tool call of a script line.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct ScriptCall {
-    /// Call id.
-    pub id: String,
-    /// Tool name.
-    pub name: String,
-    /// Arguments (any JSON; a string stands for text that was not JSON).
-    #[serde(default)]
-    pub arguments: Value,
-}
-
-/// One canned model turn.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ScriptLine {
-    /// Visible text.
-    #[serde(default)]
-    pub text: String,
-    /// Tool calls.
-    #[serde(default)]
-    pub tool_calls: Vec<ScriptCall>,
-}
+pub use cairn_provider::scripted::{ScriptCall, ScriptLine};
 
 /// The in-process scripted provider.
 #[derive(Debug, Default)]
@@ -140,25 +116,10 @@ impl Provider for ScriptProvider {
                 format!("the script has {} lines and request {} needs line {}", self.lines.len(), k + 1, k + 1),
             ));
         };
-        let mut content = Vec::new();
         if !line.text.is_empty() {
             observer(&StreamEvent::TextDelta { text: line.text.clone() });
-            content.push(ContentPart::Text { text: line.text.clone() });
         }
-        for call in &line.tool_calls {
-            observer(&StreamEvent::ToolCallStarted { id: call.id.clone(), name: call.name.clone() });
-            observer(&StreamEvent::ToolCallDelta { id: call.id.clone(), arguments: call.arguments.to_string() });
-            content.push(ContentPart::ToolCall(ToolCall {
-                id: call.id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-            }));
-        }
-        let stop = if line.tool_calls.is_empty() { StopReason::EndTurn } else { StopReason::ToolUse };
-        Ok(ModelResponse {
-            message: Message { role: Role::Assistant, content },
-            stop,
-            attempts: vec![self.attempt(request, line.text.len(), None)],
-        })
+        let (message, stop) = line.reply(observer);
+        Ok(ModelResponse { message, stop, attempts: vec![self.attempt(request, line.text.len(), None)] })
     }
 }
