@@ -270,3 +270,34 @@ fn sigkill_during_a_tool_call_then_resume_settles_it_once() {
     let check = env.cairn(&["--json", "check", "--", env.session_files()[0].to_str().unwrap()]).output().unwrap();
     assert!(stdout(&check).contains("\"ok\":true"), "{}", stdout(&check));
 }
+
+#[test]
+fn check_reports_a_torn_tail_without_failing_and_never_changes_the_file() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "fine"})]);
+    let out = env.cairn(&["--script", script.to_str().unwrap(), "run", "hi"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let path = env.session_files()[0].clone();
+    let before = env.cairn(&["--json", "check", path.to_str().unwrap()]).output().unwrap();
+    let before: Value = serde_json::from_str(stdout(&before).trim()).unwrap();
+    // A crash in the middle of an append leaves half a line at the end.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(b"{\"kind\":\"usage\",\"seq\":99999,\"id\":\"u_torn\",\"us");
+    std::fs::write(&path, &bytes).unwrap();
+    let out = env.cairn(&["--json", "check", path.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "a torn tail is reported, not an error");
+    let report: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(report["tornTail"], true);
+    assert_eq!(report["entries"], before["entries"]);
+    assert_eq!(report["lastSeq"], before["lastSeq"]);
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "check never modifies the file");
+    // The session still continues: the next append does not glue onto the torn bytes.
+    let script = env.script(&[json!({"text": "fine"}), json!({"text": "still fine"})]);
+    let out =
+        env.cairn(&["--script", script.to_str().unwrap(), "resume", "--last", "--prompt", "again"]).output().unwrap();
+    assert!(stdout(&out).contains("still fine"), "{}", stderr(&out));
+    let after = env.cairn(&["--json", "check", path.to_str().unwrap()]).output().unwrap();
+    let after: Value = serde_json::from_str(stdout(&after).trim()).unwrap();
+    assert_eq!(after["ok"], true);
+    assert_eq!(after["tornTail"], false);
+}
