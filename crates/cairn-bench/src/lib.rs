@@ -2,6 +2,7 @@
 //! ratio against a baseline measured in the same run. Machines here are
 //! shared and noisy, so every figure is a median of several samples and every
 //! claim is a ratio, never an absolute time compared with a constant.
+#![deny(missing_docs)]
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
