@@ -161,6 +161,24 @@ pub struct ToolRejected {
     pub verdict: Option<VerdictRecord>,
 }
 
+impl ToolRejected {
+    /// The rejection of a call by an approver's verdict; the reason the
+    /// model sees is the denial's.
+    pub fn by_verdict(
+        invocation_id: String,
+        call_id: String,
+        tool: String,
+        tier: Risk,
+        verdict: VerdictRecord,
+    ) -> Self {
+        let reason = match &verdict.decision {
+            Decision::Deny { reason } => reason.clone(),
+            _ => String::new(),
+        };
+        Self { invocation_id, call_id, tool, tier: Some(tier), reason, verdict: Some(verdict) }
+    }
+}
+
 /// Payload of `turnCancelled` / `turnEnded`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -380,21 +380,15 @@ impl<S: Storage> Session<S> {
                 (env.observer)(&TurnEvent::ToolStarted { invocation_id, tool: call.name, risk });
             }
             Some(v) => {
-                let reason = match &v.decision {
-                    Decision::Deny { reason } => reason.clone(),
-                    _ => String::new(),
-                };
-                b.entry(
-                    TOOL_REJECTED,
-                    &ToolRejected {
-                        invocation_id: invocation_id.clone(),
-                        call_id: call.id.clone(),
-                        tool: call.name.clone(),
-                        tier: Some(risk),
-                        reason: reason.clone(),
-                        verdict: Some(v.clone()),
-                    },
-                )?;
+                let rejected = ToolRejected::by_verdict(
+                    invocation_id.clone(),
+                    call.id.clone(),
+                    call.name.clone(),
+                    risk,
+                    v.clone(),
+                );
+                let reason = rejected.reason.clone();
+                b.entry(TOOL_REJECTED, &rejected)?;
                 let pc = self.after_call(&mut b, calls.len())?;
                 self.commit(b, Some(pc))?;
                 (env.observer)(&requested_event);
@@ -492,21 +486,10 @@ impl<S: Storage> Session<S> {
             self.started_here = Some(invocation_id.clone());
             (env.observer)(&TurnEvent::ToolStarted { invocation_id, tool: request.tool, risk });
         } else {
-            let reason = match &v.decision {
-                Decision::Deny { reason } => reason.clone(),
-                _ => String::new(),
-            };
-            b.entry(
-                TOOL_REJECTED,
-                &ToolRejected {
-                    invocation_id: invocation_id.clone(),
-                    call_id: request.call_id.clone(),
-                    tool: request.tool.clone(),
-                    tier: Some(risk),
-                    reason: reason.clone(),
-                    verdict: Some(v),
-                },
-            )?;
+            let rejected =
+                ToolRejected::by_verdict(invocation_id.clone(), request.call_id.clone(), request.tool.clone(), risk, v);
+            let reason = rejected.reason.clone();
+            b.entry(TOOL_REJECTED, &rejected)?;
             b.delete(PENDING_NS, &invocation_id);
             let pc = self.after_call(&mut b, calls)?;
             self.commit(b, Some(pc))?;
