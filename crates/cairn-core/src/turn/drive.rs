@@ -20,7 +20,7 @@ use crate::events::{
     MESSAGE, TOOL_COMPLETED, TOOL_FAILED, TOOL_REJECTED, TOOL_REQUESTED, TOOL_STARTED, TURN_CANCELLED, TURN_ENDED,
     ToolCompleted, ToolFailed, ToolRejected, ToolRequested, ToolStarted, TurnEvent, TurnMark, VerdictRecord,
 };
-use crate::message::{Message, Role};
+use crate::message::{Message, Role, ToolCall};
 use crate::provider::{ModelRequest, ProviderErrorKind, StreamEvent};
 use crate::registry::ToolRegistry;
 use crate::schema;
@@ -283,13 +283,7 @@ impl<S: Storage> Session<S> {
         };
         let request_entry = b.next_id("e");
         let invocation_id = b.next_id("i");
-        let request = ToolRequest {
-            invocation_id: invocation_id.clone(),
-            call_id: call.id.clone(),
-            session_id: self.store.header().id.clone(),
-            tool: call.name.clone(),
-            arguments: call.arguments.clone(),
-        };
+        let request = self.tool_request(&invocation_id, &call);
         let tool = env.tools.get(&request.tool).cloned();
         let requested = ToolRequested {
             invocation_id: invocation_id.clone(),
@@ -405,6 +399,17 @@ impl<S: Storage> Session<S> {
             }
         }
         Ok(())
+    }
+
+    /// The Correx request for one of the model's tool calls.
+    fn tool_request(&self, invocation_id: &str, call: &ToolCall) -> ToolRequest {
+        ToolRequest {
+            invocation_id: invocation_id.to_owned(),
+            call_id: call.id.clone(),
+            session_id: self.store.header().id.clone(),
+            tool: call.name.clone(),
+            arguments: call.arguments.clone(),
+        }
     }
 
     fn current_invocation(&self) -> Result<String, TurnError> {
@@ -716,13 +721,7 @@ impl<S: Storage> Session<S> {
         }
         for call in calls.iter().skip(start) {
             let invocation_id = b.next_id("i");
-            let request = ToolRequest {
-                invocation_id: invocation_id.clone(),
-                call_id: call.id.clone(),
-                session_id: self.store.header().id.clone(),
-                tool: call.name.clone(),
-                arguments: call.arguments.clone(),
-            };
+            let request = self.tool_request(&invocation_id, call);
             b.entry(
                 TOOL_REQUESTED,
                 &ToolRequested {
