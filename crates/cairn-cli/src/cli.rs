@@ -6,25 +6,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 use crate::config::{Overrides, Settings};
+use crate::context::{Common, Context, exit};
 use crate::paths::Paths;
 use crate::style::Style;
-
-/// Exit codes, documented in `--help`.
-pub mod exit {
-    /// The command did what was asked.
-    pub const SUCCESS: u8 = 0;
-    /// Something failed (the message says what to do).
-    pub const ERROR: u8 = 1;
-    /// The command line was wrong.
-    pub const USAGE: u8 = 2;
-    /// The turn was cancelled (Ctrl-C) and can be resumed with `cairn resume`.
-    pub const CANCELLED: u8 = 3;
-    /// The turn finished, but a tool call was denied or refused.
-    pub const DENIED: u8 = 4;
-}
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -49,44 +36,6 @@ pub struct Cli {
     pub common: Common,
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Flags shared by every command.
-#[derive(Debug, Args, Clone, Default)]
-pub struct Common {
-    /// Provider: local (default), openai, openai-responses, anthropic, scripted, or a name from the config file.
-    #[arg(long, global = true, value_name = "NAME")]
-    pub provider: Option<String>,
-    /// Model name for the provider.
-    #[arg(long, global = true, value_name = "M")]
-    pub model: Option<String>,
-    /// Use the scripted provider with this JSONL script (one model turn per line).
-    #[arg(long, global = true, value_name = "FILE")]
-    pub script: Option<PathBuf>,
-    /// Working directory of a new session (default: the current directory).
-    #[arg(long, global = true, value_name = "DIR")]
-    pub cwd: Option<PathBuf>,
-    /// A name for the session (usable instead of its id).
-    #[arg(long, global = true, value_name = "ALIAS")]
-    pub name: Option<String>,
-    /// Allow Write tool calls matching PATTERN without asking, e.g. 'shell(ls *)' or 'write_file'. Never Destructive.
-    #[arg(long, global = true, value_name = "PATTERN")]
-    pub allow: Vec<String>,
-    /// Approve every Write call without asking. Destructive calls still ask.
-    #[arg(long, global = true)]
-    pub yes: bool,
-    /// One JSON event per line on stdout (deltas, tool lifecycle, approvals, usage, final).
-    #[arg(long, global = true)]
-    pub json: bool,
-    /// Print only the answer.
-    #[arg(long, short, global = true)]
-    pub quiet: bool,
-    /// The lane (branch) a resumed or continued session runs on (see `cairn fork`).
-    #[arg(long, global = true, value_name = "LANE")]
-    pub lane: Option<String>,
-    /// Run external tools unsandboxed when the kernel cannot sandbox them (this session only).
-    #[arg(long, global = true)]
-    pub allow_unsandboxed: bool,
 }
 
 /// The commands.
@@ -173,16 +122,6 @@ pub enum ModelAction {
     },
     /// Print where the model is expected and whether it is installed.
     Path,
-}
-
-/// Everything a command needs from the environment.
-#[derive(Debug)]
-pub struct Context {
-    pub common: Common,
-    pub paths: Paths,
-    pub settings: Settings,
-    pub err_style: Style,
-    pub out_style: Style,
 }
 
 /// Parse, run, map the result to an exit code.

@@ -7,7 +7,7 @@ use anyhow::Result;
 use cairn_core::storage::Storage;
 use cairn_core::storage::{Entry, JsonlStore, Tail, check_file, format_record};
 
-use crate::cli::{Context, exit};
+use crate::context::{Context, exit};
 use crate::sessions::format_time;
 
 /// `cairn config`: every setting, its value and where it came from.

@@ -23,7 +23,7 @@ use cairn_tools::{ToolEntry, ToolsConfig};
 use serde_json::json;
 
 use crate::approver::TerminalApprover;
-use crate::cli::{Context, exit};
+use crate::context::{Context, exit};
 use crate::render::{Mode, Renderer};
 use crate::sessions::NAME_KEY;
 

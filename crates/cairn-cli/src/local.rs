@@ -9,7 +9,7 @@ use anyhow::Result;
 use cairn_core::provider::Provider;
 
 #[cfg(not(feature = "local"))]
-use crate::cli::Context;
+use crate::context::Context;
 
 #[cfg(feature = "local")]
 mod embedded {
@@ -21,7 +21,7 @@ mod embedded {
     use cairn_core::provider::Provider;
     use cairn_local::{LocalModel, LocalOptions, LocalProvider, Precision};
 
-    use crate::cli::{Context, exit};
+    use crate::context::{Context, exit};
 
     /// Where the model file is: the configured path, else the data directory.
     fn model_path(ctx: &Context) -> PathBuf {

@@ -9,6 +9,7 @@ mod approver;
 mod cli;
 mod commands;
 mod config;
+mod context;
 mod host;
 mod local;
 mod paths;
