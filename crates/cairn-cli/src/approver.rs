@@ -11,6 +11,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use cairn_core::approval::{ApprovalError, ApprovalRequest, Approver, Decision, Verdict};
 use cairn_core::tool::{Preview, Risk};
 
+use crate::render::{escape_controls as esc, escape_json};
 use crate::style::Style;
 
 /// Asks on the controlling terminal (stdin/stderr).
@@ -59,15 +60,16 @@ impl Approver for TerminalApprover {
             Risk::Write => self.style.yellow("write"),
             Risk::Destructive => self.style.red_bold("DESTRUCTIVE"),
         };
-        let _ = writeln!(err, "{} {} ({risk})", self.style.bold("approve"), self.style.bold(request.tool));
+        // Everything shown here comes from the model or a tool: escaped.
+        let _ = writeln!(err, "{} {} ({risk})", self.style.bold("approve"), self.style.bold(&esc(request.tool)));
         if let Some(bypass) = request.bypass {
-            let _ = writeln!(err, "  {} {bypass}", self.style.red_bold("sandbox bypass:"));
+            let _ = writeln!(err, "  {} {}", self.style.red_bold("sandbox bypass:"), esc(bypass));
         }
         match request.preview {
             Some(preview) => write_preview(&mut err, &self.style, preview),
             None => {
                 let args = serde_json::to_string_pretty(request.arguments).unwrap_or_default();
-                for line in args.lines() {
+                for line in escape_json(&args).lines() {
                     let _ = writeln!(err, "  {line}");
                 }
             }
@@ -91,11 +93,13 @@ impl Approver for TerminalApprover {
     }
 }
 
-/// Print a preview (shared by the approver and `cairn show`).
+/// Print a preview (shared by the approver and `cairn show`), its text
+/// escaped (it comes from the model's arguments).
 pub fn write_preview(out: &mut dyn Write, style: &Style, preview: &Preview) {
     match preview {
         Preview::Diff { path, diff } => {
-            let _ = writeln!(out, "  {}", style.bold(path));
+            let _ = writeln!(out, "  {}", style.bold(&esc(path)));
+            let diff = esc(diff);
             for line in diff.lines() {
                 let coloured = if line.starts_with("+++") || line.starts_with("---") {
                     style.bold(line)
@@ -112,16 +116,16 @@ pub fn write_preview(out: &mut dyn Write, style: &Style, preview: &Preview) {
             }
         }
         Preview::Command { command, cwd } => {
-            let _ = writeln!(out, "  {} {}", style.dim("$"), style.bold(command));
-            let _ = writeln!(out, "  {} {cwd}", style.dim("in"));
+            let _ = writeln!(out, "  {} {}", style.dim("$"), style.bold(&esc(command)));
+            let _ = writeln!(out, "  {} {}", style.dim("in"), esc(cwd));
         }
         Preview::Paths { paths } => {
             for path in paths {
-                let _ = writeln!(out, "  {} {path}", style.dim("writes"));
+                let _ = writeln!(out, "  {} {}", style.dim("writes"), esc(path));
             }
         }
         Preview::Text { text } => {
-            for line in text.lines() {
+            for line in esc(text).lines() {
                 let _ = writeln!(out, "  {line}");
             }
         }

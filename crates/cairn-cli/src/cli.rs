@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use crate::config::{Overrides, Settings};
 use crate::context::{Common, Context, exit};
 use crate::paths::Paths;
+use crate::render::escape_controls;
 use crate::style::Style;
 
 const AFTER_HELP: &str = "\
@@ -71,6 +72,9 @@ pub enum Command {
     Show {
         /// Session id, unique prefix, name or path.
         id: String,
+        /// List every tool call instead: status, verdict, timings and receipt (one JSON object each with --json).
+        #[arg(long)]
+        tools: bool,
     },
     /// Print a session's records, one per line.
     Log {
@@ -139,9 +143,10 @@ pub fn main() -> ExitCode {
         Err(e) => {
             let style = Style::stderr();
             let mut err = std::io::stderr().lock();
-            let _ = writeln!(err, "{} {e}", style.red_bold("error:"));
+            // Errors may quote a session file or a provider's answer.
+            let _ = writeln!(err, "{} {}", style.red_bold("error:"), escape_controls(&e.to_string()));
             for cause in e.chain().skip(1) {
-                let _ = writeln!(err, "  {} {cause}", style.dim("caused by:"));
+                let _ = writeln!(err, "  {} {}", style.dim("caused by:"), escape_controls(&cause.to_string()));
             }
             ExitCode::from(exit::ERROR)
         }
@@ -187,7 +192,8 @@ fn run(cli: Cli) -> Result<u8> {
             host::resume(&ctx, &path, prompt)
         }
         Command::Sessions => commands::sessions(&ctx),
-        Command::Show { id } => commands::show(&ctx, &resolve(&id)?),
+        Command::Show { id, tools: false } => commands::show(&ctx, &resolve(&id)?),
+        Command::Show { id, tools: true } => commands::show_tools(&ctx, &resolve(&id)?),
         Command::Log { id, follow } => commands::log(&ctx, &resolve(&id)?, follow),
         Command::Fork { id, entry, lane } => commands::fork(&ctx, &resolve(&id)?, &entry, lane),
         Command::Compact { id } => commands::compact(&ctx, &resolve(&id)?),

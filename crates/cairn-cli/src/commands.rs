@@ -1,13 +1,20 @@
 //! The commands that inspect or configure rather than run a turn.
+//!
+//! Everything they print from a session file (ids, names, paths, messages,
+//! arguments, tool output) passes through `render::escape_controls` (or
+//! `escape_json` for JSON), like the live output of a turn.
 
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::Result;
+use cairn_core::approval::Decision;
+use cairn_core::projection::{ToolInvocationRecord, ToolInvocationStatus, ToolState};
 use cairn_core::storage::Storage;
 use cairn_core::storage::{Entry, JsonlStore, Tail, check_file, format_record};
 
 use crate::context::{Context, exit};
+use crate::render::{escape_controls as esc, escape_json};
 use crate::sessions::format_time;
 
 /// `cairn config`: every setting, its value and where it came from.
@@ -39,7 +46,7 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
                 "id": s.id, "name": s.name, "cwd": s.cwd, "createdAt": s.created_at,
                 "lastActivity": modified, "state": s.state, "size": s.size, "path": s.path,
             });
-            writeln!(out, "{line}")?;
+            writeln!(out, "{}", escape_json(&line.to_string()))?;
         }
         return Ok(exit::SUCCESS);
     }
@@ -60,13 +67,13 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
         writeln!(
             out,
             "{:<36}  {:<12}  {:<20}  {:<20}  {:<22}  {:>9}  {}",
-            s.id,
-            s.name.as_deref().unwrap_or("-"),
+            esc(&s.id),
+            esc(s.name.as_deref().unwrap_or("-")),
             format_time(s.created_at),
             format_time(modified),
-            s.state,
+            esc(&s.state),
             human_size(s.size),
-            s.cwd
+            esc(&s.cwd)
         )?;
     }
     Ok(exit::SUCCESS)
@@ -147,13 +154,13 @@ pub fn show(ctx: &Context, path: &Path) -> Result<u8> {
     }
     let mut out = std::io::stdout().lock();
     let s = &ctx.out_style;
-    writeln!(out, "{} {}", s.bold("session"), header.id)?;
-    writeln!(out, "  cwd {}  created {}", header.cwd, format_time(header.created_at))?;
+    writeln!(out, "{} {}", s.bold("session"), esc(&header.id))?;
+    writeln!(out, "  cwd {}  created {}", esc(&header.cwd), format_time(header.created_at))?;
     let mut lanes: Vec<(String, String)> =
         index.registers("lane").map(|(k, v)| (k.to_owned(), v.parse::<String>().unwrap_or_default())).collect();
     lanes.sort();
     for (lane, head) in &lanes {
-        writeln!(out, "  lane {} → {}", s.bold(lane), head)?;
+        writeln!(out, "  lane {} → {}", s.bold(&esc(lane)), esc(head))?;
     }
     writeln!(out)?;
     // Walk the tree depth-first; a chain continues at the same indent, and
@@ -162,9 +169,11 @@ pub fn show(ctx: &Context, path: &Path) -> Result<u8> {
         index.children(None).into_iter().rev().map(|e| (e, String::new(), false)).collect();
     while let Some((entry, indent, branch)) = stack.pop() {
         let marker = if branch { "├─ " } else { "" };
-        let lanes_here =
-            heads.get(&entry.id).map(|l| format!("  {}", s.green(&format!("◀ {}", l.join(", "))))).unwrap_or_default();
-        writeln!(out, "{indent}{marker}{} {}{lanes_here}", s.dim(&entry.id), describe_entry(entry))?;
+        let lanes_here = heads
+            .get(&entry.id)
+            .map(|l| format!("  {}", s.green(&format!("◀ {}", esc(&l.join(", "))))))
+            .unwrap_or_default();
+        writeln!(out, "{indent}{marker}{} {}{lanes_here}", s.dim(&esc(&entry.id)), esc(&describe_entry(entry)))?;
         let children = index.children(Some(&entry.id));
         let child_indent = if branch { format!("{indent}│  ") } else { indent.clone() };
         if children.len() == 1 {
@@ -178,24 +187,106 @@ pub fn show(ctx: &Context, path: &Path) -> Result<u8> {
     Ok(exit::SUCCESS)
 }
 
+/// `cairn show --tools`: every tool invocation of the session with its
+/// status, verdict, timings and receipt summary. The lifecycle comes from
+/// core's `ToolState` projection of the log; nothing is re-derived here.
+pub fn show_tools(ctx: &Context, path: &Path) -> Result<u8> {
+    let store = JsonlStore::open_read_only(path)?;
+    let id = store.header().id.clone();
+    let state = ToolState::replay(store.index().entries());
+    let mut out = std::io::stdout().lock();
+    if ctx.common.json {
+        for invocation in &state.invocations {
+            writeln!(out, "{}", escape_json(&serde_json::to_string(invocation)?))?;
+        }
+        for anomaly in &state.anomalies {
+            writeln!(out, "{}", escape_json(&serde_json::json!({ "anomaly": anomaly }).to_string()))?;
+        }
+        return Ok(exit::SUCCESS);
+    }
+    let s = &ctx.out_style;
+    if state.invocations.is_empty() {
+        writeln!(out, "no tool calls in session {}", esc(&id))?;
+    }
+    for (n, invocation) in state.invocations.iter().enumerate() {
+        if n > 0 {
+            writeln!(out)?;
+        }
+        for (i, line) in describe_invocation(invocation).into_iter().enumerate() {
+            let line = esc(&line);
+            if i == 0 { writeln!(out, "{}", s.bold(&line))? } else { writeln!(out, "  {line}")? }
+        }
+    }
+    for anomaly in &state.anomalies {
+        writeln!(out, "{}", s.yellow(&format!("anomaly: {}", esc(anomaly))))?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// The lines `show --tools` prints for one invocation (unescaped).
+fn describe_invocation(r: &ToolInvocationRecord) -> Vec<String> {
+    let text = |t: &str| crate::render::short(t, 100);
+    let status = match r.status {
+        ToolInvocationStatus::Requested => "requested, never started",
+        ToolInvocationStatus::Started => "started, never settled",
+        ToolInvocationStatus::Completed => "completed",
+        ToolInvocationStatus::Failed if r.uncertain => "failed, uncertain whether its effect happened",
+        ToolInvocationStatus::Failed => "failed",
+        ToolInvocationStatus::Rejected => "rejected",
+    };
+    let tier = r.tier.map(|t| format!(" ({t:?})")).unwrap_or_default();
+    let mut lines = vec![format!("{} {}{tier}: {status}", r.invocation_id, r.tool)];
+    lines.push(format!("arguments {}", text(&r.request.arguments.to_string())));
+    lines.push(format!("requested {}", format_time(r.requested_at)));
+    if let Some(v) = &r.verdict {
+        let decision = match &v.decision {
+            Decision::Approve => "approved".to_owned(),
+            Decision::ApproveForSession => "approved for the session".to_owned(),
+            Decision::Deny { reason } => format!("denied ({})", text(reason)),
+        };
+        lines.push(format!("verdict   {decision} by {} after {} ms", v.by, v.at - r.requested_at));
+    }
+    if let Some(done) = r.completed_at {
+        lines.push(format!("settled   after {} ms", done - r.requested_at));
+    }
+    if let Some(receipt) = &r.receipt {
+        let cut = if receipt.truncated { ", output truncated" } else { "" };
+        lines.push(format!(
+            "receipt   exit {} in {} ms{cut}: {}",
+            receipt.exit_code,
+            receipt.duration_ms,
+            text(receipt.output_summary.trim())
+        ));
+        if !receipt.affected_entities.is_empty() {
+            lines.push(format!("affected  {}", text(&receipt.affected_entities.join(", "))));
+        }
+    }
+    if let Some(reason) = &r.reason {
+        lines.push(format!("reason    {}", text(reason)));
+    }
+    if r.settlements > 1 {
+        lines.push(format!("settled {} times (the log is inconsistent)", r.settlements));
+    }
+    lines
+}
+
 /// `cairn log`: every record, one per line; `--follow` keeps printing.
 pub fn log(ctx: &Context, path: &Path, follow: bool) -> Result<u8> {
     let mut tail = Tail::open(path)?;
     let mut out = std::io::stdout().lock();
     if !ctx.common.json {
         let h = tail.header().clone();
-        writeln!(
-            out,
-            "{}",
-            ctx.out_style.dim(&format!("# session {} cwd {} created {}", h.id, h.cwd, format_time(h.created_at)))
-        )?;
+        let line = format!("# session {} cwd {} created {}", h.id, h.cwd, format_time(h.created_at));
+        writeln!(out, "{}", ctx.out_style.dim(&esc(&line)))?;
     }
     loop {
         for record in tail.poll()? {
+            // Both forms are JSON text; escaping keeps their value and keeps
+            // what a hand-edited file holds away from the terminal.
             if ctx.common.json {
-                writeln!(out, "{}", serde_json::to_string(&record)?)?;
+                writeln!(out, "{}", escape_json(&serde_json::to_string(&record)?))?;
             } else {
-                writeln!(out, "{}", format_record(&record))?;
+                writeln!(out, "{}", escape_json(&format_record(&record)))?;
             }
         }
         out.flush()?;

@@ -4,7 +4,14 @@
 //! on stdout.
 //!
 //! It only renders; it never decides anything about the turn.
+//!
+//! It also owns the one rule for putting untrusted text on a terminal
+//! ([`escape_controls`], and [`escape_json`] for JSON lines): model text,
+//! tool output, arguments and anything read back from a session file go
+//! through it, so no control sequence they carry reaches the terminal raw.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -103,7 +110,7 @@ impl Renderer {
     /// Write a JSON line describing something outside the turn (the session).
     pub fn json_line(&mut self, value: &serde_json::Value) {
         if self.mode == Mode::Json {
-            self.write_out(&format!("{value}\n"));
+            self.write_out(&format!("{}\n", escape_json(&value.to_string())));
         }
     }
 
@@ -123,7 +130,7 @@ impl Renderer {
         match self.mode {
             Mode::Json => self.json_line(&json!({"type": "notice", "message": text})),
             Mode::Human => {
-                let line = self.err.dim(text);
+                let line = self.err.dim(&escape_controls(text));
                 self.note(&line);
             }
             Mode::Quiet => {}
@@ -148,7 +155,7 @@ impl Renderer {
         self.count(event);
         if self.mode == Mode::Json {
             match serde_json::to_string(event) {
-                Ok(line) => self.write_out(&format!("{line}\n")),
+                Ok(line) => self.write_out(&format!("{}\n", escape_json(&line))),
                 Err(e) => self.write_out(&format!("{}\n", json!({"type": "renderError", "message": e.to_string()}))),
             }
             return;
@@ -157,7 +164,7 @@ impl Renderer {
             TurnEvent::Delta { event: StreamEvent::TextDelta { text } } => {
                 self.stop_spinner();
                 self.open_line = !text.ends_with('\n');
-                self.write_out(text);
+                self.write_out(&escape_controls(text));
             }
             TurnEvent::Delta { event: StreamEvent::AttemptStarted { attempt } } if *attempt > 1 => {
                 self.note(
@@ -165,36 +172,42 @@ impl Renderer {
                 );
             }
             TurnEvent::ToolRequested { tool, arguments, .. } => {
-                let args = short(&arguments.to_string(), 120);
-                self.note(&format!("{} {} {}", self.err.cyan("●"), self.err.bold(tool), self.err.dim(&args)));
+                let args = escape_controls(&short(&arguments.to_string(), 120)).into_owned();
+                let tool = escape_controls(tool);
+                self.note(&format!("{} {} {}", self.err.cyan("●"), self.err.bold(&tool), self.err.dim(&args)));
             }
             TurnEvent::ToolOutput { chunk, .. } if self.mode == Mode::Human => {
                 self.stop_spinner();
                 let mut err = std::io::stderr().lock();
-                let _ = write!(err, "{}", self.err.dim(chunk));
+                let _ = write!(err, "{}", self.err.dim(&escape_controls(chunk)));
             }
             TurnEvent::ToolCompleted { tool, exit_code, truncated, .. } => {
                 let cut = if *truncated { ", output truncated for the model" } else { "" };
+                let tool = escape_controls(tool);
                 self.note(&format!("  {} {tool} (exit {exit_code}{cut})", self.err.green("✓")));
                 self.start_spinner("thinking");
             }
             TurnEvent::ToolFailed { tool, reason, uncertain, .. } => {
                 let what = if *uncertain { "uncertain" } else { "failed" };
-                self.note(&format!("  {} {tool} {what}: {}", self.err.red("✗"), short(reason, 300)));
+                let (tool, reason) = (escape_controls(tool), escape_controls(&short(reason, 300)).into_owned());
+                self.note(&format!("  {} {tool} {what}: {reason}", self.err.red("✗")));
                 self.start_spinner("thinking");
             }
             TurnEvent::ToolRejected { tool, reason, .. } => {
-                self.note(&format!("  {} {tool} rejected: {}", self.err.yellow("⊘"), short(reason, 300)));
+                let (tool, reason) = (escape_controls(tool), escape_controls(&short(reason, 300)).into_owned());
+                self.note(&format!("  {} {tool} rejected: {reason}", self.err.yellow("⊘")));
                 self.start_spinner("thinking");
             }
             TurnEvent::ApprovalAsked { .. } => self.stop_spinner(),
             TurnEvent::ApprovalVerdict { verdict, .. } => {
                 if let Decision::Deny { reason } = &verdict.decision {
-                    self.note(&format!("  {} denied by {}: {}", self.err.yellow("⊘"), verdict.by, short(reason, 300)));
+                    let (by, reason) =
+                        (escape_controls(&verdict.by), escape_controls(&short(reason, 300)).into_owned());
+                    self.note(&format!("  {} denied by {by}: {reason}", self.err.yellow("⊘")));
                 }
             }
             TurnEvent::ProviderFailed { message, .. } => {
-                self.note(&format!("{} {message}", self.err.red("provider error:")));
+                self.note(&format!("{} {}", self.err.red("provider error:"), escape_controls(message)));
             }
             TurnEvent::Final { .. } => {
                 self.stop_spinner();
@@ -246,7 +259,7 @@ impl Renderer {
                 if t.tools == 1 { "" } else { "s" },
                 self.started.elapsed().as_secs_f64()
             );
-            let _ = writeln!(std::io::stderr(), "{}", self.err.dim(&line));
+            let _ = writeln!(std::io::stderr(), "{}", self.err.dim(&escape_controls(&line)));
         }
         let _ = &self.out;
     }
@@ -260,5 +273,102 @@ pub fn short(text: &str, max: usize) -> String {
     } else {
         let cut: String = flat.chars().take(max).collect();
         format!("{cut}…")
+    }
+}
+
+/// Whether `c` must not reach a terminal raw: C0 controls other than
+/// newline and tab (ESC starts every escape sequence; CR and BS overwrite
+/// what was shown), DEL, the C1 controls (U+009B is a one-character CSI on
+/// some terminals), and the bidi marks, embeddings, overrides and isolates
+/// that reorder what a line appears to say.
+fn is_unsafe_char(c: char) -> bool {
+    matches!(
+        c,
+        '\u{0}'..='\u{8}'
+            | '\u{b}'..='\u{1f}'
+            | '\u{7f}'..='\u{9f}'
+            | '\u{61c}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}'
+    )
+}
+
+/// Untrusted text (model text, tool output, arguments, anything read back
+/// from a session file) made safe to print: newlines and tabs stay, every
+/// other control character, DEL, C1 control and bidi control is shown as
+/// `\u{1b}`-style text. It works character by character, so it is equally
+/// safe on a stream cut anywhere (an escape sequence split across deltas
+/// loses its ESC in whichever delta carries it).
+pub fn escape_controls(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if is_unsafe_char(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A JSON text made safe for a terminal without changing its value.
+/// serde_json already escapes C0 controls inside strings but leaves DEL, C1
+/// and bidi controls raw; those (which valid JSON can hold only inside
+/// strings) become `\uXXXX` escapes, and a CR (valid JSON holds it only as
+/// whitespace between tokens) becomes a space.
+pub fn escape_json(json: &str) -> Cow<'_, str> {
+    if !json.chars().any(is_unsafe_char) {
+        return Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        match c {
+            '\r' => out.push(' '),
+            c if is_unsafe_char(c) => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controls_are_shown_not_sent() {
+        let hostile = "a\u{1b}]0;pwned\u{7}b\u{1b}[2J\u{9b}31m\r\u{8}\u{7f}\u{202e}txt.exe\u{2066}\u{0}";
+        let safe = escape_controls(hostile);
+        assert!(!safe.chars().any(is_unsafe_char), "{safe:?}");
+        assert_eq!(
+            safe,
+            "a\\u{1b}]0;pwned\\u{7}b\\u{1b}[2J\\u{9b}31m\\u{d}\\u{8}\\u{7f}\\u{202e}txt.exe\\u{2066}\\u{0}"
+        );
+        assert_eq!(escape_controls("line\n\tindented é ✓"), "line\n\tindented é ✓");
+        assert!(matches!(escape_controls("plain"), Cow::Borrowed(_)));
+        // Every code point below U+00A0 other than newline, tab and the
+        // printable ASCII range is escaped.
+        for c in (0u32..0xa0).filter_map(char::from_u32) {
+            let printable = c == '\n' || c == '\t' || (' '..='~').contains(&c);
+            assert_eq!(escape_controls(&c.to_string()) == c.to_string(), printable, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn json_stays_the_same_value() {
+        let value = serde_json::json!({"text": "x\u{1b}[2J\u{9b}\u{7f}\u{202e}\r\n", "n": 1});
+        let line = value.to_string();
+        let safe = escape_json(&line);
+        assert!(!safe.chars().any(is_unsafe_char), "{safe}");
+        let back: serde_json::Value = serde_json::from_str(&safe).unwrap();
+        assert_eq!(back, value);
+        assert_eq!(escape_json("{\"a\":\r1}"), "{\"a\": 1}");
     }
 }
