@@ -1,8 +1,9 @@
 //! What a user's terminal is protected from, through the real `cairn`
 //! binary: control sequences in model text, tool output and stored entries
 //! are shown escaped by `run`, `show` and `log` (and stay exact JSON values
-//! with `--json`); `show --tools` lists every invocation from the log; and
-//! `--allow 'shell(ls *)'` never runs a hostile spelling of another command.
+//! with `--json`), as is the approval prompt in a real pty; `show --tools`
+//! lists every invocation from the log; and `--allow 'shell(ls *)'` never
+//! runs a hostile spelling of another command.
 
 #![allow(clippy::unwrap_used)]
 
@@ -316,4 +317,34 @@ fn an_ls_allow_rule_never_runs_a_hostile_spelling() {
         );
         assert_eq!(out.status.code(), Some(4), "{spelling:?}: exit 4 (a call was refused)\n{}", text(&out));
     }
+}
+
+#[test]
+fn the_approval_prompt_shows_hostile_arguments_escaped() {
+    let env = Env::new();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "write_file", "arguments": {"path": format!("f{HOSTILE}.txt"), "content": format!("{HOSTILE}\n")}},
+            {"id": "c2", "name": "shell", "arguments": {"command": format!("echo {HOSTILE}")}},
+        ]}),
+        json!({"text": "ok"}),
+    ]);
+    let mut p = rexpect::session::spawn_command(
+        env.cairn(&["--script", script.to_str().unwrap(), "--allow-unsandboxed", "run", "go"]),
+        Some(20_000),
+    )
+    .unwrap();
+    // rexpect hands over the pty's bytes one `char` per byte; the pty
+    // itself turns each newline into CR LF.
+    let bytes = |shown: &str| -> Vec<u8> { shown.replace("\r\n", "\n").chars().map(|c| c as u8).collect() };
+    for _ in 0..2 {
+        let shown = p.exp_string("Run it? [y/N/a=always this session] ").unwrap();
+        assert_no_raw("the approval prompt", &bytes(&shown));
+        assert!(shown.contains("\\u{1b}]0;pwned\\u{7}"), "shown escaped: {shown}");
+        p.send_line("n").unwrap();
+        p.flush().unwrap();
+    }
+    let rest = p.exp_eof().unwrap();
+    assert_no_raw("the rest of the run", &bytes(&rest));
+    assert!(!env.cwd.read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with('f')));
 }
