@@ -111,6 +111,25 @@ fn control_sequences_from_model_tools_and_the_log_are_shown_escaped() {
         .collect();
     assert!(streamed.contains(&format!("final {HOSTILE} done")), "the JSON values are exact: {streamed:?}");
 
+    // `chat` renders the same way (a line from stdin, no terminal).
+    let mut child = env
+        .cairn(&["--script", script, "--allow", "shell(printf *)", "--allow-unsandboxed", "chat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_no_raw("chat's stdout", &out.stdout);
+    assert_no_raw("chat's stderr", &out.stderr);
+    assert!(text(&out).contains("final A\\u{1b}]0;pwned"), "{}", text(&out));
+
     // Reading the session back: show, show --tools, log, in both forms.
     let path = session.to_str().unwrap();
     for args in [
