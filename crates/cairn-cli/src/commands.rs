@@ -242,7 +242,8 @@ fn describe_invocation(r: &ToolInvocationRecord) -> Vec<String> {
         let decision = match &v.decision {
             Decision::Approve => "approved".to_owned(),
             Decision::ApproveForSession => "approved for the session".to_owned(),
-            Decision::Deny { reason } => format!("denied ({})", text(reason)),
+            // The reason is the rejection's, printed below.
+            Decision::Deny { .. } => "denied".to_owned(),
         };
         lines.push(format!("verdict   {decision} by {} after {} ms", v.by, v.at - r.requested_at));
     }
@@ -262,7 +263,7 @@ fn describe_invocation(r: &ToolInvocationRecord) -> Vec<String> {
         }
     }
     if let Some(reason) = &r.reason {
-        lines.push(format!("reason    {}", text(reason)));
+        lines.push(format!("reason    {}", crate::render::short(reason, 300)));
     }
     if r.settlements > 1 {
         lines.push(format!("settled {} times (the log is inconsistent)", r.settlements));

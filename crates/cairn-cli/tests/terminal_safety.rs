@@ -235,7 +235,8 @@ fn show_tools_lists_every_invocation_from_the_log() {
         assert!(shown.contains(expected), "{expected:?} in:\n{shown}");
     }
     assert!(shown.contains("verdict   approved by policy:readOnly"), "{shown}");
-    assert!(shown.contains("verdict   denied ("), "{shown}");
+    assert!(shown.contains("verdict   denied by host:no-terminal"), "{shown}");
+    assert!(shown.contains("reason    write_file needs approval and there is no terminal"), "{shown}");
     assert!(shown.contains("receipt   exit 0"), "{shown}");
 
     // A session without tool calls says so.
