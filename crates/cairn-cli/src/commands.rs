@@ -85,7 +85,9 @@ fn human_size(bytes: u64) -> String {
 
 /// One line describing an entry for `cairn show`.
 fn describe_entry(entry: &Entry) -> String {
-    use cairn_core::events::{ToolCompleted, ToolFailed, ToolRejected, ToolRequested, ToolStarted};
+    use cairn_core::events::{
+        ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload, ToolStartedPayload,
+    };
     let text = |t: &str| crate::render::short(t, 100);
     match entry.entry_type.as_str() {
         "message" => match cairn_core::turn::entry_message(entry) {
@@ -101,7 +103,7 @@ fn describe_entry(entry: &Entry) -> String {
             }
             None => "message".to_owned(),
         },
-        "toolRequested" => match entry.payload.parse::<ToolRequested>() {
+        "toolRequested" => match entry.payload.parse::<ToolRequestedPayload>() {
             Ok(p) => format!(
                 "tool requested: {} {} ({})",
                 p.request.tool,
@@ -110,23 +112,23 @@ fn describe_entry(entry: &Entry) -> String {
             ),
             Err(_) => "tool requested".to_owned(),
         },
-        "toolStarted" => match entry.payload.parse::<ToolStarted>() {
+        "toolStarted" => match entry.payload.parse::<ToolStartedPayload>() {
             Ok(p) => format!("tool started: {} (approved by {})", p.tool, p.verdict.by),
             Err(_) => "tool started".to_owned(),
         },
-        "toolCompleted" => match entry.payload.parse::<ToolCompleted>() {
+        "toolCompleted" => match entry.payload.parse::<ToolCompletedPayload>() {
             Ok(p) => {
                 format!("tool completed: {} exit {} — {}", p.tool, p.receipt.exit_code, text(&p.receipt.output_summary))
             }
             Err(_) => "tool completed".to_owned(),
         },
-        "toolFailed" => match entry.payload.parse::<ToolFailed>() {
+        "toolFailed" => match entry.payload.parse::<ToolFailedPayload>() {
             Ok(p) => {
                 format!("tool {}: {} — {}", if p.uncertain { "uncertain" } else { "failed" }, p.tool, text(&p.reason))
             }
             Err(_) => "tool failed".to_owned(),
         },
-        "toolRejected" => match entry.payload.parse::<ToolRejected>() {
+        "toolRejected" => match entry.payload.parse::<ToolRejectedPayload>() {
             Ok(p) => format!("tool rejected: {} — {}", p.tool, text(&p.reason)),
             Err(_) => "tool rejected".to_owned(),
         },

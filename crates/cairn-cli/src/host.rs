@@ -25,7 +25,6 @@ use serde_json::json;
 use crate::approver::TerminalApprover;
 use crate::cli::{Context, exit};
 use crate::render::{Mode, Renderer};
-use crate::sessions::NAME_KEY;
 
 /// The system prompt when none is configured.
 const DEFAULT_SYSTEM: &str = "You are cairn, a careful agent working in the user's directory. \
@@ -135,7 +134,7 @@ pub fn create_session(ctx: &Context) -> Result<(JsonlStore, PathBuf)> {
     let mut store = JsonlStore::create(&ctx.paths.sessions(), header, StoreOptions::default())
         .with_context(|| format!("cannot create a session in {}", ctx.paths.sessions().display()))?;
     if let Some(name) = &ctx.common.name {
-        store.commit(Transaction::new().set("fact", NAME_KEY, to_raw(name)?))?;
+        store.commit(Transaction::new().set_session_name(name)?)?;
     }
     Ok((store, cwd))
 }

@@ -9,7 +9,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use cairn_core::TurnEvent;
-use cairn_core::approval::Decision;
+use cairn_core::approval::Answer;
 use cairn_core::provider::StreamEvent;
 use serde_json::json;
 
@@ -189,7 +189,7 @@ impl Renderer {
             }
             TurnEvent::ApprovalAsked { .. } => self.stop_spinner(),
             TurnEvent::ApprovalVerdict { verdict, .. } => {
-                if let Decision::Deny { reason } = &verdict.decision {
+                if let Answer::Deny { reason } = &verdict.decision {
                     self.note(&format!("  {} denied by {}: {}", self.err.yellow("⊘"), verdict.by, short(reason, 300)));
                 }
             }

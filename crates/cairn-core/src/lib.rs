@@ -38,5 +38,5 @@ pub mod turn;
 
 pub use cancel::CancelToken;
 pub use events::TurnEvent;
-pub use registry::ToolRegistry;
+pub use registry::{RegistryError, ToolRegistry};
 pub use turn::{Session, SessionConfig, TurnEnv, TurnError, TurnOutcome, TurnStop};
