@@ -625,11 +625,8 @@ mod tests {
             tool: "shell".into(),
             arguments: serde_json::json!({"command": "rm -rf /"}),
         };
-        let verdict = VerdictRecord {
-            decision: Answer::Deny { reason: "no \"way\"".into() },
-            by: "user:tty".into(),
-            at: 7,
-        };
+        let verdict =
+            VerdictRecord { decision: Answer::Deny { reason: "no \"way\"".into() }, by: "user:tty".into(), at: 7 };
         let rejected = ToolRejectedPayload::by_verdict(&request, Risk::Destructive, verdict);
         assert_eq!(rejected.reason, "no \"way\"");
         let json = serde_json::to_string(&rejected).unwrap();

@@ -69,7 +69,9 @@ impl<S: Storage> Storage for HookStore<S> {
     }
 
     fn commit(&mut self, tx: Transaction) -> Result<Committed, StorageError> {
-        if self.point == Some(CrashPoint::BeforeSettlement) && has_entry(&tx, &[EntryType::ToolCompleted, EntryType::ToolFailed]) {
+        if self.point == Some(CrashPoint::BeforeSettlement)
+            && has_entry(&tx, &[EntryType::ToolCompleted, EntryType::ToolFailed])
+        {
             (self.hook)("before_settlement");
         }
         let intent = has_entry(&tx, &[EntryType::ToolRequested])

@@ -427,8 +427,7 @@ fn a_crash_at_every_commit_boundary_resumes_to_final_with_one_settlement_each() 
     for (i, snapshot) in snapshots.into_iter().enumerate() {
         let mut session = Session::open(snapshot, SessionConfig::default()).unwrap();
         phases.insert(format!("{:?}", session.pc().phase));
-        let mut approver =
-            PolicyApprover::new(allow(), Some(Box::new(ScriptedApprover::new(true, [Answer::Approve]))));
+        let mut approver = PolicyApprover::new(allow(), Some(Box::new(ScriptedApprover::new(true, [Answer::Approve]))));
         let mut events = Vec::new();
         let provider = ScriptProvider::new(lines());
         let resumed = drive(&mut session, &provider, &tools, &mut approver, &mut events, &CancelToken::new(), None)
@@ -805,7 +804,10 @@ fn entries_of(store: &Shared, invocation: &str) -> Vec<String> {
     store
         .entries()
         .into_iter()
-        .filter(|e| e.payload.parse::<Value>().ok().and_then(|v| v["invocationId"].as_str().map(str::to_owned)).as_deref() == Some(invocation))
+        .filter(|e| {
+            e.payload.parse::<Value>().ok().and_then(|v| v["invocationId"].as_str().map(str::to_owned)).as_deref()
+                == Some(invocation)
+        })
         .map(|e| e.entry_type)
         .collect()
 }
@@ -848,7 +850,7 @@ fn observers_hear_of_each_entry_only_after_its_commit() {
                 call("c4", "echo", json!({"text": "never run"})),
             ],
         ),
-        line("unused", vec![]),
+        // Asked once more, by the second turn (the cancelled one never was).
         line("after", vec![]),
     ]);
     let dir = tempfile::tempdir().unwrap();
@@ -869,8 +871,13 @@ fn observers_hear_of_each_entry_only_after_its_commit() {
             told.push(e.clone());
         };
         let mut person = ScriptedApprover::new(true, [Answer::Deny { reason: "not now".into() }]);
-        let mut env =
-            TurnEnv { provider: &provider, tools: &tools, approver: &mut person, observer: &mut observer, cancel: &cancel };
+        let mut env = TurnEnv {
+            provider: &provider,
+            tools: &tools,
+            approver: &mut person,
+            observer: &mut observer,
+            cancel: &cancel,
+        };
         assert_eq!(session.run_turn("go", &mut env).unwrap().stop, TurnStop::Cancelled);
     }
     let fresh = CancelToken::new();
@@ -881,8 +888,13 @@ fn observers_hear_of_each_entry_only_after_its_commit() {
             told.push(e.clone());
         };
         let mut approver = headless();
-        let mut env =
-            TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &fresh };
+        let mut env = TurnEnv {
+            provider: &provider,
+            tools: &tools,
+            approver: &mut approver,
+            observer: &mut observer,
+            cancel: &fresh,
+        };
         assert_eq!(session.run_turn("next", &mut env).unwrap().text, "after");
     }
     let state = assert_healthy(&shared);
@@ -892,7 +904,9 @@ fn observers_hear_of_each_entry_only_after_its_commit() {
     // Each settlement was told exactly once.
     let settled = told
         .iter()
-        .filter(|e| matches!(e, TurnEvent::ToolCompleted { .. } | TurnEvent::ToolFailed { .. } | TurnEvent::ToolRejected { .. }))
+        .filter(|e| {
+            matches!(e, TurnEvent::ToolCompleted { .. } | TurnEvent::ToolFailed { .. } | TurnEvent::ToolRejected { .. })
+        })
         .count();
     assert_eq!(settled, 4);
 }
@@ -923,7 +937,13 @@ fn a_turn_cancelled_while_planning_ends_its_provider_op_and_resume_starts_it_aga
     };
     let fresh = CancelToken::new();
     let mut approver = headless();
-    let mut env = TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &fresh };
+    let mut env = TurnEnv {
+        provider: &provider,
+        tools: &tools,
+        approver: &mut approver,
+        observer: &mut observer,
+        cancel: &fresh,
+    };
     assert_eq!(session.resume(&mut env).unwrap().unwrap().text, "answer");
     assert_eq!(seen_op, 1);
     assert!(shared.registers("op").is_empty());
@@ -946,13 +966,16 @@ fn orphaned_pending_keys_are_settled_before_a_new_turn_too() {
         tool: "append_never".into(),
         arguments: json!({"path": "f", "text": "x"}),
     };
+    let verdict = cairn_core::events::VerdictRecord { decision: Answer::Approve, by: "other".into(), at: 1 };
+    let started = cairn_core::events::ToolStartedPayload::new(&request, verdict);
     let intent = cairn_core::events::ToolRequestedPayload::new("t0".into(), request, None, None);
     store
         .commit(
             Transaction::new()
                 .entry("orphan", Some(&head), "toolRequested", to_raw(&intent).unwrap())
+                .entry("orphan-start", Some("orphan"), "toolStarted", to_raw(&started).unwrap())
                 .set("pending", "i999", to_raw(&json!({"requestEntry": "orphan", "turnId": "t0"})).unwrap())
-                .set("lane", "main", to_raw("orphan").unwrap())
+                .set("lane", "main", to_raw("orphan-start").unwrap())
                 .state(state.seq, state.pc.clone()),
         )
         .unwrap();

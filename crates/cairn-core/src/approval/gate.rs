@@ -137,7 +137,8 @@ mod tests {
         assert_eq!(session_rule("shell", Risk::Write, &cmd("ls -la")).as_deref(), Some("shell(ls *)"));
         assert_eq!(session_rule("shell", Risk::Destructive, &cmd("rm x")), None);
         assert_eq!(session_rule("shell", Risk::ReadOnly, &cmd("ls")), None);
-        for hostile in ["ls; rm -rf /", "ls && rm x", "$(rm x)", "`rm x`", "ls | sh", "", "x=1 ls", "sh -c ls", "./x*y"] {
+        for hostile in ["ls; rm -rf /", "ls && rm x", "$(rm x)", "`rm x`", "ls | sh", "", "x=1 ls", "sh -c ls", "./x*y"]
+        {
             assert_eq!(session_rule("shell", Risk::Write, &cmd(hostile)), None, "{hostile:?}");
         }
         // Quoting and escapes are resolved: these are the command `ls`.

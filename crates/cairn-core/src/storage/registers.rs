@@ -256,7 +256,11 @@ mod tests {
         refused(&mut s, Transaction::new().set(PENDING, "i1", raw(json!({}))).state(seq, raw(json!("x"))), "intent");
         refused(
             &mut s,
-            Transaction::new().entry("r0", Some("e1"), "toolRequested", raw(json!({}))).set(PENDING, "i1", raw(json!({}))),
+            Transaction::new().entry("r0", Some("e1"), "toolRequested", raw(json!({}))).set(
+                PENDING,
+                "i1",
+                raw(json!({})),
+            ),
             "intent",
         );
         s.commit(intent("r1", seq)).unwrap();

@@ -366,9 +366,7 @@ impl<S: Storage> Session<S> {
             Ok(Need::Nothing) => Some(record(Verdict { decision: Answer::Approve, by: READ_ONLY.to_owned() })),
             Ok(Need::Person) => None,
             Ok(Need::RuleOrVerdict) => match self.session_allow.check(&request.tool, risk, &request.arguments) {
-                Ok(rule) => {
-                    Some(record(Verdict { decision: Answer::Approve, by: format!("session:{}", rule.text()) }))
-                }
+                Ok(rule) => Some(record(Verdict { decision: Answer::Approve, by: format!("session:{}", rule.text()) })),
                 Err(_) => {
                     let ask = ApprovalRequest {
                         invocation_id: &invocation_id,

@@ -101,9 +101,11 @@ mod tests {
     fn pending_keys_are_exactly_the_invocation_at_the_pc() {
         let mut store = MemStore::new(Header::new("s", "/"));
         let intent = |key: &str| {
-            Transaction::new()
-                .entry(format!("r{key}"), None, "toolRequested", to_raw(&json!({})).unwrap())
-                .set(PENDING_NS, key, to_raw(&json!({})).unwrap())
+            Transaction::new().entry(format!("r{key}"), None, "toolRequested", to_raw(&json!({})).unwrap()).set(
+                PENDING_NS,
+                key,
+                to_raw(&json!({})).unwrap(),
+            )
         };
         assert!(check(&store, &intent("i1"), &pc(Phase::Executing, Some("i1"))).is_ok());
         assert!(check(&store, &intent("i1"), &pc(Phase::AwaitingApproval, Some("i1"))).is_ok());
