@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, bail};
 use cairn_core::approval::{Allowlist, Approver, PolicyApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::Storage;
-use cairn_core::storage::{Header, JsonlStore, StoreOptions, Transaction, new_session_id, to_raw};
+use cairn_core::storage::{Header, JsonlStore, StoreOptions, Transaction, new_session_id};
 use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent, TurnOutcome, TurnStop};
 use cairn_provider::{ProviderConfig, ProviderKind};
 use cairn_tools::{ToolEntry, ToolsConfig};

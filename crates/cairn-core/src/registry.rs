@@ -23,7 +23,7 @@ pub enum RegistryError {
     Duplicate(String),
     /// The tool needs a person's approval and no interactive approver is
     /// wired, so it is not offered.
-    #[error("tool {tool:?} is not offered: {reason}")]
+    #[error("{reason}")]
     NeedsPerson {
         /// The tool.
         tool: String,

@@ -744,6 +744,16 @@ fn forks_are_lanes_pointing_at_existing_entries() {
     let reopened =
         Session::open(session.into_store(), SessionConfig { lane: "alt".into(), ..SessionConfig::default() }).unwrap();
     assert_eq!(reopened.messages(), alt.as_slice());
+    // A person removes a lane: never the current one; the entries stay.
+    let mut session = reopened;
+    let entries = session.store().entry_count();
+    assert!(matches!(session.remove_lane("alt"), Err(TurnError::LaneInUse(_))));
+    assert!(matches!(session.remove_lane("ghost"), Err(TurnError::NoSuchLane(_))));
+    session.switch_lane("main").unwrap();
+    session.remove_lane("alt").unwrap();
+    assert_eq!(session.lanes().into_iter().map(|(l, _)| l).collect::<Vec<_>>(), ["main"]);
+    assert_eq!(session.store().entry_count(), entries);
+    assert!(matches!(session.switch_lane("alt"), Err(TurnError::NoSuchLane(_))));
     assert!(matches!(
         Session::open(mem("/tmp"), SessionConfig { lane: "ghost".into(), ..SessionConfig::default() }),
         Err(TurnError::NoSuchLane(_))

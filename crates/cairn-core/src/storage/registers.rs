@@ -7,7 +7,9 @@
 //! The namespaces (a namespace may carry a `.suffix`; the root decides):
 //! - `lane`: branch heads. Created and moved by a set whose value is the id
 //!   of an entry that exists or is appended earlier in the same
-//!   transaction; never deleted.
+//!   transaction; deleted only when a person removes a lane: a delete of a
+//!   live key, alone in its transaction (never a side effect of a turn's
+//!   line). Its entries stay.
 //! - `op`: in-flight operations of the state machine (the turn's provider
 //!   call). Set and deleted only in a transaction that also moves the state
 //!   (a CAS), so an operation starts and ends with a pc move; a delete names
@@ -85,7 +87,14 @@ pub(super) fn check(index: &SessionIndex, tx: &Transaction) -> Result<(), Storag
         let is_live = live(&changed, namespace, key);
         match (root, value) {
             (NamespaceRoot::Lane, None) => {
-                return refuse(format!("lane {key:?} cannot be deleted: lanes are never deleted"));
+                if index.register(namespace, key).is_none() {
+                    return refuse(format!("lane {key:?} is deleted but does not exist"));
+                }
+                if tx.ops.len() != 1 {
+                    return refuse(format!(
+                        "lane {key:?} is deleted with other changes: a lane is removed only alone in its line"
+                    ));
+                }
             }
             (NamespaceRoot::Lane, Some(value)) => {
                 let head = value.parse::<String>().map_err(|_| {
@@ -198,7 +207,7 @@ mod tests {
     }
 
     #[test]
-    fn lane_heads_name_existing_entries_and_are_never_deleted() {
+    fn lane_heads_name_existing_entries_and_are_removed_only_alone() {
         let mut s = store();
         s.commit(Transaction::new().set(LANE, "main", raw(json!("e1")))).unwrap();
         // A head appended in the same line is fine; one appended later is not.
@@ -212,11 +221,20 @@ mod tests {
         refused(&mut s, Transaction::new().set(LANE, "alt", raw(json!("nope"))), "does not exist");
         refused(&mut s, Transaction::new().set("lane.leaf", "alt", raw(json!({"id": "e1"}))), "JSON string");
         refused(&mut s, Transaction::new().set(LANE, "alt", raw(json!(null))), "JSON string");
-        refused(&mut s, Transaction::new().delete(LANE, "main"), "never deleted");
-        refused(&mut s, Transaction::new().delete("lane.leaf", "absent"), "never deleted");
+        refused(&mut s, Transaction::new().delete("lane.leaf", "absent"), "does not exist");
+        refused(&mut s, Transaction::new().delete(LANE, "absent"), "does not exist");
         refused(&mut s, Transaction::new().set(LANE, "", raw(json!("e1"))), "empty");
+        // Removed only alone: never with an entry, another lane or a state move.
+        s.commit(Transaction::new().set(LANE, "alt", raw(json!("e1")))).unwrap();
+        refused(&mut s, Transaction::new().entry("e9", Some("e2"), "m", raw(json!(9))).delete(LANE, "alt"), "alone");
+        refused(&mut s, Transaction::new().delete(LANE, "alt").set(LANE, "main", raw(json!("e1"))), "alone");
+        let seq = state_seq(&s);
+        refused(&mut s, Transaction::new().delete(LANE, "alt").state(seq, raw(json!("x"))), "alone");
+        refused(&mut s, Transaction::new().delete(LANE, "alt").delete(LANE, "alt"), "alone");
+        s.commit(Transaction::new().delete(LANE, "alt")).unwrap();
         assert_eq!(s.register(LANE, "main"), Some(raw(json!("e2"))));
         assert_eq!(s.registers(LANE).len(), 1);
+        assert_eq!(s.entry_count(), 2, "a removed lane's entries stay");
     }
 
     #[test]

@@ -176,6 +176,9 @@ pub enum TurnError {
     /// The lane already exists.
     #[error("a lane named {0:?} already exists; pick another name")]
     LaneExists(String),
+    /// The lane is the one this session is on (a turn may run on it).
+    #[error("lane {0:?} is the current lane; switch to another lane before removing it")]
+    LaneInUse(String),
     /// No entry of that id.
     #[error("no entry with id {0:?}")]
     NoSuchEntry(String),
@@ -422,6 +425,20 @@ impl<S: Storage> Session<S> {
             return Err(TurnError::NoSuchEntry(at_entry.to_owned()));
         }
         self.store.commit(Transaction::new().set(LANE_NS, lane, to_raw(at_entry)?))?;
+        Ok(())
+    }
+
+    /// Remove the lane `lane` (a person's decision): its head register goes,
+    /// its entries stay in the log (other lanes may share them). Refuses the
+    /// current lane, on which a turn may be in progress.
+    pub fn remove_lane(&mut self, lane: &str) -> Result<(), TurnError> {
+        if lane == self.lane || (self.pc.in_progress() && lane == self.pc.lane) {
+            return Err(TurnError::LaneInUse(lane.to_owned()));
+        }
+        if self.store.register(LANE_NS, lane).is_none() {
+            return Err(TurnError::NoSuchLane(lane.to_owned()));
+        }
+        self.store.commit(Transaction::new().delete(LANE_NS, lane))?;
         Ok(())
     }
 
