@@ -8,7 +8,7 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use cairn_core::approval::{ApprovalError, ApprovalRequest, Approver, Decision, Verdict};
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, Verdict};
 use cairn_core::tool::{Preview, Risk};
 
 use crate::render::{escape_controls as esc, escape_json};
@@ -36,7 +36,7 @@ impl Approver for TerminalApprover {
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         if self.yes && request.risk == Risk::Write && request.bypass.is_none() {
-            return Ok(Verdict { decision: Decision::Approve, by: "flag:--yes".to_owned() });
+            return Ok(Verdict { decision: Answer::Approve, by: "flag:--yes".to_owned() });
         }
         if !self.interactive {
             let reason = match request.risk {
@@ -51,7 +51,7 @@ impl Approver for TerminalApprover {
                     request.tool, request.tool
                 ),
             };
-            return Ok(Verdict { decision: Decision::Deny { reason }, by: "host:no-terminal".to_owned() });
+            return Ok(Verdict { decision: Answer::Deny { reason }, by: "host:no-terminal".to_owned() });
         }
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err);
@@ -84,10 +84,10 @@ impl Approver for TerminalApprover {
         let read = std::io::stdin().lock().read_line(&mut line).map_err(|e| ApprovalError::Failed(e.to_string()))?;
         let answer = line.trim().to_ascii_lowercase();
         let decision = match answer.as_str() {
-            "y" | "yes" => Decision::Approve,
-            "a" | "always" if always => Decision::ApproveForSession,
-            _ if read == 0 => Decision::Deny { reason: "the user closed the terminal input (EOF)".to_owned() },
-            _ => Decision::Deny { reason: "the user declined".to_owned() },
+            "y" | "yes" => Answer::Approve,
+            "a" | "always" if always => Answer::ApproveForSession,
+            _ if read == 0 => Answer::Deny { reason: "the user closed the terminal input (EOF)".to_owned() },
+            _ => Answer::Deny { reason: "the user declined".to_owned() },
         };
         Ok(Verdict { decision, by: "user:terminal".to_owned() })
     }

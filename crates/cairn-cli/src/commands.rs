@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::Result;
-use cairn_core::approval::Decision;
+use cairn_core::approval::Answer;
 use cairn_core::projection::{ToolInvocationRecord, ToolInvocationStatus, ToolState};
 use cairn_core::storage::Storage;
 use cairn_core::storage::{Entry, JsonlStore, Tail, check_file, format_record};
@@ -92,7 +92,9 @@ fn human_size(bytes: u64) -> String {
 
 /// One line describing an entry for `cairn show`.
 fn describe_entry(entry: &Entry) -> String {
-    use cairn_core::events::{ToolCompleted, ToolFailed, ToolRejected, ToolRequested, ToolStarted};
+    use cairn_core::events::{
+        ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload, ToolStartedPayload,
+    };
     let text = |t: &str| crate::render::short(t, 100);
     match entry.entry_type.as_str() {
         "message" => match cairn_core::turn::entry_message(entry) {
@@ -108,7 +110,7 @@ fn describe_entry(entry: &Entry) -> String {
             }
             None => "message".to_owned(),
         },
-        "toolRequested" => match entry.payload.parse::<ToolRequested>() {
+        "toolRequested" => match entry.payload.parse::<ToolRequestedPayload>() {
             Ok(p) => format!(
                 "tool requested: {} {} ({})",
                 p.request.tool,
@@ -117,23 +119,23 @@ fn describe_entry(entry: &Entry) -> String {
             ),
             Err(_) => "tool requested".to_owned(),
         },
-        "toolStarted" => match entry.payload.parse::<ToolStarted>() {
+        "toolStarted" => match entry.payload.parse::<ToolStartedPayload>() {
             Ok(p) => format!("tool started: {} (approved by {})", p.tool, p.verdict.by),
             Err(_) => "tool started".to_owned(),
         },
-        "toolCompleted" => match entry.payload.parse::<ToolCompleted>() {
+        "toolCompleted" => match entry.payload.parse::<ToolCompletedPayload>() {
             Ok(p) => {
                 format!("tool completed: {} exit {} — {}", p.tool, p.receipt.exit_code, text(&p.receipt.output_summary))
             }
             Err(_) => "tool completed".to_owned(),
         },
-        "toolFailed" => match entry.payload.parse::<ToolFailed>() {
+        "toolFailed" => match entry.payload.parse::<ToolFailedPayload>() {
             Ok(p) => {
                 format!("tool {}: {} — {}", if p.uncertain { "uncertain" } else { "failed" }, p.tool, text(&p.reason))
             }
             Err(_) => "tool failed".to_owned(),
         },
-        "toolRejected" => match entry.payload.parse::<ToolRejected>() {
+        "toolRejected" => match entry.payload.parse::<ToolRejectedPayload>() {
             Ok(p) => format!("tool rejected: {} — {}", p.tool, text(&p.reason)),
             Err(_) => "tool rejected".to_owned(),
         },
@@ -240,10 +242,10 @@ fn describe_invocation(r: &ToolInvocationRecord) -> Vec<String> {
     lines.push(format!("requested {}", format_time(r.requested_at)));
     if let Some(v) = &r.verdict {
         let decision = match &v.decision {
-            Decision::Approve => "approved".to_owned(),
-            Decision::ApproveForSession => "approved for the session".to_owned(),
+            Answer::Approve => "approved".to_owned(),
+            Answer::ApproveForSession => "approved for the session".to_owned(),
             // The reason is the rejection's, printed below.
-            Decision::Deny { .. } => "denied".to_owned(),
+            Answer::Deny { .. } => "denied".to_owned(),
         };
         lines.push(format!("verdict   {decision} by {} after {} ms", v.by, v.at - r.requested_at));
     }

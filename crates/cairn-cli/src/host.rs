@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, bail};
 use cairn_core::approval::{Allowlist, Approver, PolicyApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::Storage;
-use cairn_core::storage::{Header, JsonlStore, StoreOptions, Transaction, new_session_id, to_raw};
+use cairn_core::storage::{Header, JsonlStore, StoreOptions, Transaction, new_session_id};
 use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent, TurnOutcome, TurnStop};
 use cairn_provider::{ProviderConfig, ProviderKind};
 use cairn_tools::{ToolEntry, ToolsConfig};
@@ -25,7 +25,6 @@ use serde_json::json;
 use crate::approver::TerminalApprover;
 use crate::context::{Context, exit};
 use crate::render::{Mode, Renderer};
-use crate::sessions::NAME_KEY;
 
 /// The system prompt when none is configured.
 const DEFAULT_SYSTEM: &str = "You are cairn, a careful agent working in the user's directory. \
@@ -135,7 +134,7 @@ pub fn create_session(ctx: &Context) -> Result<(JsonlStore, PathBuf)> {
     let mut store = JsonlStore::create(&ctx.paths.sessions(), header, StoreOptions::default())
         .with_context(|| format!("cannot create a session in {}", ctx.paths.sessions().display()))?;
     if let Some(name) = &ctx.common.name {
-        store.commit(Transaction::new().set("fact", NAME_KEY, to_raw(name)?))?;
+        store.commit(Transaction::new().set_session_name(name)?)?;
     }
     Ok((store, cwd))
 }

@@ -16,7 +16,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use cairn_core::TurnEvent;
-use cairn_core::approval::Decision;
+use cairn_core::approval::Answer;
 use cairn_core::provider::StreamEvent;
 use serde_json::json;
 
@@ -200,7 +200,7 @@ impl Renderer {
             }
             TurnEvent::ApprovalAsked { .. } => self.stop_spinner(),
             TurnEvent::ApprovalVerdict { verdict, .. } => {
-                if let Decision::Deny { reason } = &verdict.decision {
+                if let Answer::Deny { reason } = &verdict.decision {
                     let (by, reason) =
                         (escape_controls(&verdict.by), escape_controls(&short(reason, 300)).into_owned());
                     self.note(&format!("  {} denied by {by}: {reason}", self.err.yellow("⊘")));

@@ -14,9 +14,6 @@ use cairn_core::turn::Pc;
 
 use crate::paths::Paths;
 
-/// The `fact` register key holding a session's name.
-pub const NAME_KEY: &str = "name";
-
 /// What `cairn sessions` shows of one session.
 #[derive(Debug, Clone)]
 pub struct SessionSummary {
@@ -65,7 +62,7 @@ pub fn summarise(path: &Path) -> SessionSummary {
     match JsonlStore::open_read_only(path) {
         Ok(store) => {
             let header = store.header();
-            let name = store.register("fact", NAME_KEY).and_then(|raw| raw.parse::<String>().ok());
+            let name = cairn_core::storage::registers::session_name(&store);
             let state = match store.state() {
                 None => "new".to_owned(),
                 Some(state) => match Pc::decode(&state.pc) {

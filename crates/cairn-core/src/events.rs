@@ -2,52 +2,121 @@
 //! commits to the log (Correx's five tool events plus the turn's own), and
 //! the [`TurnEvent`]s it streams to observers.
 //!
-//! Log entry types (`Entry::entry_type`), all camelCase:
+//! Log entry types ([`EntryType`], the tag in `Entry::entry_type`), each
+//! with its own payload type ([`EntryPayload`] ties the two, so a payload
+//! is never written under another type's tag):
 //! - `message`: a [`crate::message::Message`] (user or assistant).
-//! - `toolRequested` ([`ToolRequested`]): the intent; set with the `pending`
-//!   register in the same line.
-//! - `toolStarted` ([`ToolStarted`]): approved, the effect may run; carries
-//!   the verdict (what, by whom, when).
-//! - `toolCompleted` ([`ToolCompleted`]) / `toolFailed` ([`ToolFailed`]): the
-//!   settlement; the `pending` register is deleted in the same line.
-//! - `toolRejected` ([`ToolRejected`]): refused before running (unknown
-//!   tool, malformed arguments, failed validation, denial); also a settlement.
-//! - `turnCancelled`, `turnEnded` ([`TurnMark`]).
+//! - `toolRequested` ([`ToolRequestedPayload`]): the intent; set with the
+//!   `pending` register in the same line.
+//! - `toolStarted` ([`ToolStartedPayload`]): approved, the effect may run;
+//!   carries the verdict (what, by whom, when).
+//! - `toolBypass` ([`ToolBypassPayload`]): a sandbox bypass asked during the
+//!   effect and its verdict, committed when the verdict is given.
+//! - `toolCompleted` ([`ToolCompletedPayload`]) / `toolFailed`
+//!   ([`ToolFailedPayload`]): the settlement; the `pending` register is
+//!   deleted in the same line.
+//! - `toolRejected` ([`ToolRejectedPayload`]): refused before running
+//!   (unknown tool, malformed arguments, failed validation, denial); also a
+//!   settlement.
+//! - `turnCancelled` ([`TurnCancelledPayload`]), `turnEnded`
+//!   ([`TurnEndedPayload`]).
+//!
+//! Each tool payload is built by its one constructor from the call's
+//! [`ToolRequest`], and each settlement says which [`TurnEvent`] tells it,
+//! so the log and the observers cannot disagree on what a settlement says.
 //!
 //! This module only defines shapes; it must not write or decide anything.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::approval::Decision;
+use crate::approval::Answer;
+use crate::message::Message;
 use crate::provider::{AttemptUsage, StopReason, StreamEvent};
 use crate::tool::{Preview, ReplayPolicy, Risk, ToolReceipt, ToolRequest};
 
-/// Entry type of a conversation message.
-pub const MESSAGE: &str = "message";
-/// Entry type of a tool intent.
-pub const TOOL_REQUESTED: &str = "toolRequested";
-/// Entry type of an approved start.
-pub const TOOL_STARTED: &str = "toolStarted";
-/// Entry type of a successful settlement.
-pub const TOOL_COMPLETED: &str = "toolCompleted";
-/// Entry type of a failed settlement.
-pub const TOOL_FAILED: &str = "toolFailed";
-/// Entry type of a rejection (also a settlement).
-pub const TOOL_REJECTED: &str = "toolRejected";
-/// Entry type marking a cancelled turn.
-pub const TURN_CANCELLED: &str = "turnCancelled";
-/// Entry type marking a turn that ended without an answer (step limit).
-pub const TURN_ENDED: &str = "turnEnded";
+/// The type of an entry the turn writes (its tag is `Entry::entry_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryType {
+    /// `message`.
+    Message,
+    /// `toolRequested`.
+    ToolRequested,
+    /// `toolStarted`.
+    ToolStarted,
+    /// `toolBypass`.
+    ToolBypass,
+    /// `toolCompleted`.
+    ToolCompleted,
+    /// `toolFailed`.
+    ToolFailed,
+    /// `toolRejected`.
+    ToolRejected,
+    /// `turnCancelled`.
+    TurnCancelled,
+    /// `turnEnded`.
+    TurnEnded,
+}
+
+impl EntryType {
+    /// Every entry type.
+    pub const ALL: [EntryType; 9] = [
+        Self::Message,
+        Self::ToolRequested,
+        Self::ToolStarted,
+        Self::ToolBypass,
+        Self::ToolCompleted,
+        Self::ToolFailed,
+        Self::ToolRejected,
+        Self::TurnCancelled,
+        Self::TurnEnded,
+    ];
+
+    /// The tag stored in the log.
+    pub const fn tag(self) -> &'static str {
+        match self {
+            Self::Message => "message",
+            Self::ToolRequested => "toolRequested",
+            Self::ToolStarted => "toolStarted",
+            Self::ToolBypass => "toolBypass",
+            Self::ToolCompleted => "toolCompleted",
+            Self::ToolFailed => "toolFailed",
+            Self::ToolRejected => "toolRejected",
+            Self::TurnCancelled => "turnCancelled",
+            Self::TurnEnded => "turnEnded",
+        }
+    }
+
+    /// The type of a stored tag (`None` for a tag the turn does not write).
+    pub fn of(tag: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.tag() == tag)
+    }
+
+    /// Whether entries of this type settle an invocation.
+    pub fn is_settlement(self) -> bool {
+        matches!(self, Self::ToolCompleted | Self::ToolFailed | Self::ToolRejected)
+    }
+}
+
+/// A payload of an entry: its Rust type fixes its entry type.
+pub trait EntryPayload: Serialize + DeserializeOwned {
+    /// The entry type this payload is written under.
+    const TYPE: EntryType;
+}
+
+impl EntryPayload for Message {
+    const TYPE: EntryType = EntryType::Message;
+}
 
 /// A recorded approval verdict: what was decided, by which rule or whom,
 /// and when.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VerdictRecord {
-    /// The decision.
+    /// The answer.
     #[serde(flatten)]
-    pub decision: Decision,
+    pub decision: Answer,
     /// Which rule or who decided (`policy:readOnly`, `allowlist:…`,
     /// `session:…`, `user:tty`, …).
     pub by: String,
@@ -58,7 +127,7 @@ pub struct VerdictRecord {
 /// Payload of `toolRequested` (Correx `ToolInvocationRequestedEvent`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ToolRequested {
+pub struct ToolRequestedPayload {
     /// cairn's invocation id.
     pub invocation_id: String,
     /// The turn it belongs to.
@@ -76,7 +145,7 @@ pub struct ToolRequested {
 /// Payload of `toolStarted` (Correx `ToolExecutionStartedEvent`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ToolStarted {
+pub struct ToolStartedPayload {
     /// cairn's invocation id.
     pub invocation_id: String,
     /// The model's call id.
@@ -100,7 +169,7 @@ pub struct BypassRecord {
 /// Payload of `toolCompleted` (Correx `ToolExecutionCompletedEvent`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ToolCompleted {
+pub struct ToolCompletedPayload {
     /// cairn's invocation id.
     pub invocation_id: String,
     /// The model's call id.
@@ -124,7 +193,7 @@ pub struct ToolCompleted {
 /// Payload of `toolFailed` (Correx `ToolExecutionFailedEvent`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ToolFailed {
+pub struct ToolFailedPayload {
     /// cairn's invocation id.
     pub invocation_id: String,
     /// The model's call id.
@@ -144,7 +213,7 @@ pub struct ToolFailed {
 /// Payload of `toolRejected` (Correx `ToolExecutionRejectedEvent`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ToolRejected {
+pub struct ToolRejectedPayload {
     /// cairn's invocation id.
     pub invocation_id: String,
     /// The model's call id.
@@ -161,32 +230,194 @@ pub struct ToolRejected {
     pub verdict: Option<VerdictRecord>,
 }
 
-impl ToolRejected {
-    /// The rejection of a call by an approver's verdict; the reason the
-    /// model sees is the denial's.
-    pub fn by_verdict(
-        invocation_id: String,
-        call_id: String,
-        tool: String,
-        tier: Risk,
-        verdict: VerdictRecord,
-    ) -> Self {
-        let reason = match &verdict.decision {
-            Decision::Deny { reason } => reason.clone(),
-            _ => String::new(),
-        };
-        Self { invocation_id, call_id, tool, tier: Some(tier), reason, verdict: Some(verdict) }
-    }
-}
-
-/// Payload of `turnCancelled` / `turnEnded`.
+/// Payload of `toolBypass`: a sandbox bypass asked by a running call and
+/// the verdict on it, committed as soon as the verdict is given (so a crash
+/// later in the effect keeps it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TurnMark {
+pub struct ToolBypassPayload {
+    /// cairn's invocation id.
+    pub invocation_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// The access asked and its verdict.
+    pub bypass: BypassRecord,
+}
+
+/// Payload of `turnCancelled`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnCancelledPayload {
     /// The turn.
     pub turn_id: String,
     /// Why it stopped.
     pub reason: String,
+}
+
+/// Payload of `turnEnded` (a turn that ended without an answer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnEndedPayload {
+    /// The turn.
+    pub turn_id: String,
+    /// Why it stopped.
+    pub reason: String,
+}
+
+impl EntryPayload for ToolRequestedPayload {
+    const TYPE: EntryType = EntryType::ToolRequested;
+}
+impl EntryPayload for ToolStartedPayload {
+    const TYPE: EntryType = EntryType::ToolStarted;
+}
+impl EntryPayload for ToolBypassPayload {
+    const TYPE: EntryType = EntryType::ToolBypass;
+}
+impl EntryPayload for ToolCompletedPayload {
+    const TYPE: EntryType = EntryType::ToolCompleted;
+}
+impl EntryPayload for ToolFailedPayload {
+    const TYPE: EntryType = EntryType::ToolFailed;
+}
+impl EntryPayload for ToolRejectedPayload {
+    const TYPE: EntryType = EntryType::ToolRejected;
+}
+impl EntryPayload for TurnCancelledPayload {
+    const TYPE: EntryType = EntryType::TurnCancelled;
+}
+impl EntryPayload for TurnEndedPayload {
+    const TYPE: EntryType = EntryType::TurnEnded;
+}
+
+impl ToolRequestedPayload {
+    /// The intent of `request` in turn `turn_id`; `tier` and `replay` are
+    /// `None` when the tool is unknown.
+    pub fn new(turn_id: String, request: ToolRequest, tier: Option<Risk>, replay: Option<ReplayPolicy>) -> Self {
+        Self { invocation_id: request.invocation_id.clone(), turn_id, request, tier, replay }
+    }
+
+    /// What observers are told once the intent is committed.
+    pub fn event(&self) -> TurnEvent {
+        TurnEvent::ToolRequested {
+            invocation_id: self.invocation_id.clone(),
+            call_id: self.request.call_id.clone(),
+            tool: self.request.tool.clone(),
+            risk: self.tier,
+            arguments: self.request.arguments.clone(),
+        }
+    }
+}
+
+impl ToolStartedPayload {
+    /// The approved start of `request`.
+    pub fn new(request: &ToolRequest, verdict: VerdictRecord) -> Self {
+        Self {
+            invocation_id: request.invocation_id.clone(),
+            call_id: request.call_id.clone(),
+            tool: request.tool.clone(),
+            verdict,
+        }
+    }
+}
+
+impl ToolBypassPayload {
+    /// The bypass `bypass` asked by `request`.
+    pub fn new(request: &ToolRequest, bypass: BypassRecord) -> Self {
+        Self { invocation_id: request.invocation_id.clone(), tool: request.tool.clone(), bypass }
+    }
+}
+
+impl ToolCompletedPayload {
+    /// The successful settlement of `request`. `settled_by` says how it was
+    /// settled when not by running now (`guard` on resume).
+    pub fn new(
+        request: &ToolRequest,
+        receipt: ToolReceipt,
+        full_output: Option<String>,
+        settled_by: Option<String>,
+        bypasses: Vec<BypassRecord>,
+    ) -> Self {
+        Self {
+            invocation_id: request.invocation_id.clone(),
+            call_id: request.call_id.clone(),
+            tool: request.tool.clone(),
+            receipt,
+            full_output,
+            settled_by,
+            bypasses,
+        }
+    }
+
+    /// What observers are told once it is committed.
+    pub fn event(&self) -> TurnEvent {
+        TurnEvent::ToolCompleted {
+            invocation_id: self.invocation_id.clone(),
+            tool: self.tool.clone(),
+            exit_code: self.receipt.exit_code,
+            output_summary: self.receipt.output_summary.clone(),
+            truncated: self.receipt.truncated,
+        }
+    }
+}
+
+impl ToolFailedPayload {
+    /// The failed settlement of `request`; `uncertain` when the effect may
+    /// or may not have happened.
+    pub fn new(request: &ToolRequest, reason: String, uncertain: bool, bypasses: Vec<BypassRecord>) -> Self {
+        Self {
+            invocation_id: request.invocation_id.clone(),
+            call_id: request.call_id.clone(),
+            tool: request.tool.clone(),
+            reason,
+            uncertain,
+            bypasses,
+        }
+    }
+
+    /// What observers are told once it is committed.
+    pub fn event(&self) -> TurnEvent {
+        TurnEvent::ToolFailed {
+            invocation_id: self.invocation_id.clone(),
+            tool: self.tool.clone(),
+            reason: self.reason.clone(),
+            uncertain: self.uncertain,
+        }
+    }
+}
+
+impl ToolRejectedPayload {
+    /// The rejection of `request` before any verdict (unknown tool, bad
+    /// arguments, a cancelled turn).
+    pub fn new(request: &ToolRequest, tier: Option<Risk>, reason: String) -> Self {
+        Self {
+            invocation_id: request.invocation_id.clone(),
+            call_id: request.call_id.clone(),
+            tool: request.tool.clone(),
+            tier,
+            reason,
+            verdict: None,
+        }
+    }
+
+    /// The rejection of `request` by an approver's verdict; the reason the
+    /// model sees is the denial's.
+    pub fn by_verdict(request: &ToolRequest, tier: Risk, verdict: VerdictRecord) -> Self {
+        let reason = match &verdict.decision {
+            Answer::Deny { reason } => reason.clone(),
+            Answer::Approve | Answer::ApproveForSession => String::new(),
+        };
+        Self { verdict: Some(verdict), ..Self::new(request, Some(tier), reason) }
+    }
+
+    /// What observers are told once it is committed.
+    pub fn event(&self) -> TurnEvent {
+        TurnEvent::ToolRejected {
+            invocation_id: self.invocation_id.clone(),
+            tool: self.tool.clone(),
+            risk: self.tier,
+            reason: self.reason.clone(),
+        }
+    }
 }
 
 /// What the turn tells observers while it runs (the CLI prints each as one
@@ -340,4 +571,77 @@ pub enum TurnEvent {
         /// Turn id.
         turn_id: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_entry_type_has_one_tag_and_back() {
+        // The tags as they stand in existing session files (the oracle).
+        let written = [
+            "message",
+            "toolRequested",
+            "toolStarted",
+            "toolBypass",
+            "toolCompleted",
+            "toolFailed",
+            "toolRejected",
+            "turnCancelled",
+            "turnEnded",
+        ];
+        let tags: Vec<&str> = EntryType::ALL.iter().map(|t| t.tag()).collect();
+        assert_eq!(tags, written);
+        for t in EntryType::ALL {
+            assert_eq!(EntryType::of(t.tag()), Some(t));
+        }
+        for foreign in ["", "Message", "toolrequested", "tool_requested", "toolRequested ", "fork"] {
+            assert_eq!(EntryType::of(foreign), None, "{foreign:?}");
+        }
+        let settlements: Vec<EntryType> = EntryType::ALL.into_iter().filter(|t| t.is_settlement()).collect();
+        assert_eq!(settlements, [EntryType::ToolCompleted, EntryType::ToolFailed, EntryType::ToolRejected]);
+    }
+
+    #[test]
+    fn payloads_are_written_under_their_own_type() {
+        assert_eq!(<Message as EntryPayload>::TYPE, EntryType::Message);
+        assert_eq!(ToolRequestedPayload::TYPE, EntryType::ToolRequested);
+        assert_eq!(ToolStartedPayload::TYPE, EntryType::ToolStarted);
+        assert_eq!(ToolBypassPayload::TYPE, EntryType::ToolBypass);
+        assert_eq!(ToolCompletedPayload::TYPE, EntryType::ToolCompleted);
+        assert_eq!(ToolFailedPayload::TYPE, EntryType::ToolFailed);
+        assert_eq!(ToolRejectedPayload::TYPE, EntryType::ToolRejected);
+        assert_eq!(TurnCancelledPayload::TYPE, EntryType::TurnCancelled);
+        assert_eq!(TurnEndedPayload::TYPE, EntryType::TurnEnded);
+    }
+
+    #[test]
+    fn a_rejection_by_verdict_tells_the_denial_and_keys_stay_as_written() {
+        let request = ToolRequest {
+            invocation_id: "i3".into(),
+            call_id: "c1".into(),
+            session_id: "s".into(),
+            tool: "shell".into(),
+            arguments: serde_json::json!({"command": "rm -rf /"}),
+        };
+        let verdict =
+            VerdictRecord { decision: Answer::Deny { reason: "no \"way\"".into() }, by: "user:tty".into(), at: 7 };
+        let rejected = ToolRejectedPayload::by_verdict(&request, Risk::Destructive, verdict);
+        assert_eq!(rejected.reason, "no \"way\"");
+        let json = serde_json::to_string(&rejected).unwrap();
+        assert_eq!(
+            json,
+            r#"{"invocationId":"i3","callId":"c1","tool":"shell","tier":"destructive","reason":"no \"way\"","verdict":{"decision":"deny","reason":"no \"way\"","by":"user:tty","at":7}}"#
+        );
+        assert_eq!(
+            rejected.event(),
+            TurnEvent::ToolRejected {
+                invocation_id: "i3".into(),
+                tool: "shell".into(),
+                risk: Some(Risk::Destructive),
+                reason: "no \"way\"".into()
+            }
+        );
+    }
 }

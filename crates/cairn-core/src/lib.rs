@@ -13,7 +13,7 @@
 //! - [`provider`]: the `Provider` trait (one model call, streamed).
 //! - [`tool`]: the tool contract (Correx vocabulary: request, receipt, risk,
 //!   capabilities, replay policy).
-//! - [`approval`]: the `Approver` trait and the allowlist.
+//! - [`approval`]: the `Approver` trait, the approval gate and the allowlist.
 //! - [`cancel`]: the cooperative cancellation token.
 //! - [`schema`]: argument validation against a tool's JSON schema (subset).
 //! - [`registry`]: the tools a session offers, by name.
@@ -38,5 +38,5 @@ pub mod turn;
 
 pub use cancel::CancelToken;
 pub use events::TurnEvent;
-pub use registry::ToolRegistry;
+pub use registry::{RegistryError, ToolRegistry};
 pub use turn::{Session, SessionConfig, TurnEnv, TurnError, TurnOutcome, TurnStop};

@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::events::{
-    TOOL_COMPLETED, TOOL_FAILED, TOOL_REJECTED, TOOL_REQUESTED, TOOL_STARTED, ToolCompleted, ToolFailed, ToolRejected,
-    ToolRequested, ToolStarted, VerdictRecord,
+    BypassRecord, EntryType, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload,
+    ToolRequestedPayload, ToolStartedPayload, VerdictRecord,
 };
 use crate::storage::{Entry, Record};
 use crate::tool::{Risk, ToolReceipt, ToolRequest};
@@ -70,6 +70,10 @@ pub struct ToolInvocationRecord {
     pub completed_at: Option<i64>,
     /// How many settlement entries the log holds for it (1 when healthy).
     pub settlements: u32,
+    /// Sandbox bypasses asked while it ran, with their verdicts (from the
+    /// `toolBypass` entries, or from the settlement in logs without them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bypasses: Vec<BypassRecord>,
 }
 
 /// The projection: every invocation, in the order of their intents.
@@ -130,8 +134,9 @@ impl ToolState {
     /// unrelated types pass through).
     pub fn apply(&mut self, entry: &Entry) {
         let at = entry.timestamp;
-        match entry.entry_type.as_str() {
-            TOOL_REQUESTED => match entry.payload.parse::<ToolRequested>() {
+        let Some(entry_type) = EntryType::of(&entry.entry_type) else { return };
+        match entry_type {
+            EntryType::ToolRequested => match entry.payload.parse::<ToolRequestedPayload>() {
                 Ok(p) => {
                     if self.index.contains_key(&p.invocation_id) {
                         self.anomalies.push(format!("invocation {} requested twice", p.invocation_id));
@@ -151,11 +156,12 @@ impl ToolState {
                         requested_at: at,
                         completed_at: None,
                         settlements: 0,
+                        bypasses: Vec::new(),
                     });
                 }
                 Err(e) => self.anomalies.push(format!("entry {}: bad toolRequested payload: {e}", entry.id)),
             },
-            TOOL_STARTED => match entry.payload.parse::<ToolStarted>() {
+            EntryType::ToolStarted => match entry.payload.parse::<ToolStartedPayload>() {
                 Ok(p) => self.update(&entry.id, &p.invocation_id, |r, anomalies| {
                     if r.status != ToolInvocationStatus::Requested {
                         anomalies.push(format!("invocation {} started while {:?}", r.invocation_id, r.status));
@@ -166,22 +172,34 @@ impl ToolState {
                 }),
                 Err(e) => self.anomalies.push(format!("entry {}: bad toolStarted payload: {e}", entry.id)),
             },
-            TOOL_COMPLETED => match entry.payload.parse::<ToolCompleted>() {
+            EntryType::ToolBypass => match entry.payload.parse::<ToolBypassPayload>() {
+                Ok(p) => self.update(&entry.id, &p.invocation_id, |r, anomalies| {
+                    if r.status != ToolInvocationStatus::Started {
+                        anomalies.push(format!("invocation {} asked a bypass while {:?}", r.invocation_id, r.status));
+                        return;
+                    }
+                    r.bypasses.push(p.bypass);
+                }),
+                Err(e) => self.anomalies.push(format!("entry {}: bad toolBypass payload: {e}", entry.id)),
+            },
+            EntryType::ToolCompleted => match entry.payload.parse::<ToolCompletedPayload>() {
                 Ok(p) => self.settle(&entry.id, &p.invocation_id, at, true, |r| {
                     r.status = ToolInvocationStatus::Completed;
                     r.receipt = Some(p.receipt);
+                    keep_bypasses(r, p.bypasses);
                 }),
                 Err(e) => self.anomalies.push(format!("entry {}: bad toolCompleted payload: {e}", entry.id)),
             },
-            TOOL_FAILED => match entry.payload.parse::<ToolFailed>() {
+            EntryType::ToolFailed => match entry.payload.parse::<ToolFailedPayload>() {
                 Ok(p) => self.settle(&entry.id, &p.invocation_id, at, true, |r| {
                     r.status = ToolInvocationStatus::Failed;
                     r.reason = Some(p.reason);
                     r.uncertain = p.uncertain;
+                    keep_bypasses(r, p.bypasses);
                 }),
                 Err(e) => self.anomalies.push(format!("entry {}: bad toolFailed payload: {e}", entry.id)),
             },
-            TOOL_REJECTED => match entry.payload.parse::<ToolRejected>() {
+            EntryType::ToolRejected => match entry.payload.parse::<ToolRejectedPayload>() {
                 Ok(p) => self.settle(&entry.id, &p.invocation_id, at, false, |r| {
                     r.status = ToolInvocationStatus::Rejected;
                     r.reason = Some(p.reason);
@@ -191,7 +209,7 @@ impl ToolState {
                 }),
                 Err(e) => self.anomalies.push(format!("entry {}: bad toolRejected payload: {e}", entry.id)),
             },
-            _ => {}
+            EntryType::Message | EntryType::TurnCancelled | EntryType::TurnEnded => {}
         }
     }
 
@@ -227,5 +245,13 @@ impl ToolState {
             r.completed_at = Some(at);
             f(r);
         });
+    }
+}
+
+/// The settlement repeats the bypasses its `toolBypass` entries already
+/// recorded; a log written before those entries existed has them only here.
+fn keep_bypasses(r: &mut ToolInvocationRecord, settled: Vec<BypassRecord>) {
+    if r.bypasses.is_empty() {
+        r.bypasses = settled;
     }
 }

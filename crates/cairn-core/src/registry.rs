@@ -2,14 +2,35 @@
 //! order they were registered.
 //!
 //! It enforces one structural rule of the approval policy: a tool whose
-//! declared risk is Destructive cannot be registered when no interactive
-//! approver is wired. It must not run tools or decide approvals.
+//! declared risk needs a person (Destructive) cannot be registered when no
+//! interactive approver is wired — the approval gate
+//! ([`crate::approval::gate::gate`]) says so, as for every call. It must not
+//! run tools or decide approvals, and sits below the turn (it has its own
+//! error).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::tool::{Risk, Tool, ToolSpec};
-use crate::turn::TurnError;
+use crate::approval::{Answer, gate};
+use crate::tool::{Tool, ToolSpec};
+
+/// Why the registry refused a tool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// A tool of that name is already registered.
+    #[error("a tool named {0:?} is already registered")]
+    Duplicate(String),
+    /// The tool needs a person's approval and no interactive approver is
+    /// wired, so it is not offered.
+    #[error("{reason}")]
+    NeedsPerson {
+        /// The tool.
+        tool: String,
+        /// The approval gate's refusal.
+        reason: String,
+    },
+}
 
 /// Tools by name.
 pub struct ToolRegistry {
@@ -37,16 +58,17 @@ impl ToolRegistry {
 
     /// Add a tool. Refuses a duplicate name, and a Destructive tool when no
     /// interactive approver is wired.
-    pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), TurnError> {
+    pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
         let spec = tool.spec().clone();
         if self.by_name.contains_key(&spec.name) {
-            return Err(TurnError::Registry(format!("a tool named {:?} is already registered", spec.name)));
+            return Err(RegistryError::Duplicate(spec.name));
         }
-        if spec.risk == Risk::Destructive && !self.interactive {
-            return Err(TurnError::Registry(format!(
-                "tool {:?} is Destructive and needs an interactive approver; none is wired (headless), so it is not offered",
-                spec.name
-            )));
+        if let Err(refusal) = gate(&spec.name, spec.risk, None, self.interactive) {
+            let reason = match refusal.decision {
+                Answer::Deny { reason } => reason,
+                Answer::Approve | Answer::ApproveForSession => String::new(),
+            };
+            return Err(RegistryError::NeedsPerson { tool: spec.name, reason });
         }
         self.by_name.insert(spec.name.clone(), self.tools.len());
         self.tools.push(tool);

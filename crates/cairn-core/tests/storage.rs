@@ -185,9 +185,24 @@ mod conformance {
         s.commit(Transaction::new().set("lane", "alt", raw(json!("e1")))).unwrap();
         s.commit(Transaction::new().entry("e2", Some("e1"), "m", raw(json!(2))).set("lane", "main", raw(json!("e2"))))
             .unwrap();
-        s.commit(Transaction::new().set("op", "op_9", raw(json!({"step": 1}))).set("pending", "t1", raw(json!({}))))
-            .unwrap();
-        s.commit(Transaction::new().delete("pending", "t1").delete("op", "op_9")).unwrap();
+        // An op and an intent start with a state move and an entry (the intent)…
+        s.commit(
+            Transaction::new()
+                .entry("r1", Some("e2"), "m", raw(json!(3)))
+                .set("op", "op_9", raw(json!({"step": 1})))
+                .set("pending", "t1", raw(json!({})))
+                .state(0, raw(json!("a"))),
+        )
+        .unwrap();
+        // …and end with one (the settlement).
+        s.commit(
+            Transaction::new()
+                .entry("s1", Some("r1"), "m", raw(json!(4)))
+                .delete("pending", "t1")
+                .delete("op", "op_9")
+                .state(9, raw(json!("b"))),
+        )
+        .unwrap();
         s.commit(Transaction::new().set("fact", "name", raw(json!("x"))).set("fact", "model", raw(json!(null))))
             .unwrap();
         s.commit(Transaction::new().set("lane.leaf", "main", raw(json!("e2")))).unwrap();
@@ -204,7 +219,7 @@ mod conformance {
             assert_eq!(s.register("fact", "name"), Some(raw(json!("x"))));
             assert_eq!(s.register("lane.leaf", "main"), Some(raw(json!("e2"))));
             assert_eq!(s.register("lane", "none"), None);
-            assert_eq!(s.last_seq(), 13);
+            assert_eq!(s.last_seq(), 17);
         };
         check(&s);
         let s = b.reopen(s);
@@ -579,7 +594,8 @@ fn compaction_keeps_entries_and_live_state_and_drops_dead_bytes() {
                 .state(s.state().unwrap().seq, raw(json!({"i": i}))),
         )
         .unwrap();
-        s.commit(Transaction::new().delete("op", format!("op{i}"))).unwrap();
+        s.commit(Transaction::new().delete("op", format!("op{i}")).state(s.state().unwrap().seq, raw(json!({"i": i}))))
+            .unwrap();
     }
     s.commit(Transaction::new().delete("fact", "gone")).unwrap();
     let before = snapshot(&s);
@@ -592,7 +608,7 @@ fn compaction_keeps_entries_and_live_state_and_drops_dead_bytes() {
     assert_eq!(snapshot(&s), before);
     // Still writable after the rename, and the last seq survived.
     let c = s.commit(Transaction::new().entry("c", Some("b"), "m", raw(json!(3)))).unwrap();
-    assert_eq!(c.first_seq, 206);
+    assert_eq!(c.first_seq, 256);
     let after = snapshot(&s);
     drop(s);
     let s = JsonlStore::open(&path, fast()).unwrap();

@@ -3,12 +3,12 @@
 
 use std::collections::VecDeque;
 
-use cairn_core::approval::{ApprovalError, ApprovalRequest, Approver, Decision, Verdict};
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, Verdict};
 
 /// Answers from a queue of decisions (then denies), recording every ask.
 #[derive(Debug, Default)]
 pub struct ScriptedApprover {
-    answers: VecDeque<Decision>,
+    answers: VecDeque<Answer>,
     interactive: bool,
     /// Tool names asked about, in order.
     pub asked: Vec<String>,
@@ -17,7 +17,7 @@ pub struct ScriptedApprover {
 impl ScriptedApprover {
     /// An approver giving `answers` in order; `interactive` says whether it
     /// stands for a person.
-    pub fn new(interactive: bool, answers: impl IntoIterator<Item = Decision>) -> Self {
+    pub fn new(interactive: bool, answers: impl IntoIterator<Item = Answer>) -> Self {
         Self { answers: answers.into_iter().collect(), interactive, asked: Vec::new() }
     }
 }
@@ -32,7 +32,7 @@ impl Approver for ScriptedApprover {
         let decision = self
             .answers
             .pop_front()
-            .unwrap_or(Decision::Deny { reason: "the test approver ran out of answers".to_owned() });
+            .unwrap_or(Answer::Deny { reason: "the test approver ran out of answers".to_owned() });
         Ok(Verdict { decision, by: "user:test".to_owned() })
     }
 }
@@ -72,6 +72,6 @@ impl Approver for YesApprover {
 
     fn decide(&mut self, _request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         self.asked += 1;
-        Ok(Verdict { decision: Decision::Approve, by: "user:yes".to_owned() })
+        Ok(Verdict { decision: Answer::Approve, by: "user:yes".to_owned() })
     }
 }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cairn_core::events::{TOOL_COMPLETED, TOOL_FAILED, TOOL_REQUESTED};
+use cairn_core::events::EntryType;
 use cairn_core::storage::{
     Committed, Entry, Header, MemStore, RawJson, State, Storage, StorageError, Transaction, TxOp, UsageRow,
 };
@@ -36,8 +36,10 @@ impl CrashPoint {
     }
 }
 
-fn has_entry(tx: &Transaction, wanted: &[&str]) -> bool {
-    tx.ops.iter().any(|op| matches!(op, TxOp::Entry { entry_type, .. } if wanted.contains(&entry_type.as_str())))
+fn has_entry(tx: &Transaction, wanted: &[EntryType]) -> bool {
+    tx.ops.iter().any(
+        |op| matches!(op, TxOp::Entry { entry_type, .. } if EntryType::of(entry_type).is_some_and(|t| wanted.contains(&t))),
+    )
 }
 
 /// A store that calls `hook` at its crash point.
@@ -67,10 +69,12 @@ impl<S: Storage> Storage for HookStore<S> {
     }
 
     fn commit(&mut self, tx: Transaction) -> Result<Committed, StorageError> {
-        if self.point == Some(CrashPoint::BeforeSettlement) && has_entry(&tx, &[TOOL_COMPLETED, TOOL_FAILED]) {
+        if self.point == Some(CrashPoint::BeforeSettlement)
+            && has_entry(&tx, &[EntryType::ToolCompleted, EntryType::ToolFailed])
+        {
             (self.hook)("before_settlement");
         }
-        let intent = has_entry(&tx, &[TOOL_REQUESTED])
+        let intent = has_entry(&tx, &[EntryType::ToolRequested])
             && tx.ops.iter().any(|op| matches!(op, TxOp::Set { namespace, .. } if namespace == "pending"));
         let committed = self.inner.commit(tx)?;
         self.commits += 1;

@@ -4,7 +4,8 @@
 //! # Layout
 //! - [`tools`]: echo (ReadOnly), failing validation (Write), rejected
 //!   (Destructive), append-a-line tools with each replay policy (so
-//!   exactly-once is checked on a real file), giant output and sleep.
+//!   exactly-once is checked on a real file), giant output and sleep, and
+//!   [`HookedTool`], which stops any real tool as its effect begins.
 //! - [`provider`]: [`ScriptProvider`], an in-process provider that answers
 //!   request k with script line k, k = assistant messages already in the
 //!   request (the rule of cairn-provider's scripted provider).
@@ -24,7 +25,7 @@ pub mod tools;
 
 pub use approvers::{ErrApprover, ScriptedApprover, YesApprover};
 pub use provider::{ScriptLine, ScriptProvider};
-pub use tools::{AppendLineTool, EchoTool, FailingTool, GiantOutputTool, RejectedTool, SleepTool};
+pub use tools::{AppendLineTool, EchoTool, FailingTool, GiantOutputTool, HookedTool, RejectedTool, SleepTool};
 
 use std::sync::Arc;
 

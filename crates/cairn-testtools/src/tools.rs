@@ -351,3 +351,48 @@ impl Tool for SleepTool {
         Ok(receipt(format!("slept {ms} ms"), Risk::ReadOnly, started))
     }
 }
+
+/// Any tool with a hook called as its effect begins (`"during_effect"`),
+/// so a crash test can stop a real tool (a cairn-tools built-in) there;
+/// everything else is the wrapped tool's own.
+pub struct HookedTool {
+    inner: Arc<dyn Tool>,
+    hook: Option<Hook>,
+}
+
+impl std::fmt::Debug for HookedTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookedTool").field("name", &self.inner.spec().name).finish()
+    }
+}
+
+impl HookedTool {
+    /// Wrap `inner`.
+    pub fn new(inner: Arc<dyn Tool>, hook: Option<Hook>) -> Self {
+        Self { inner, hook }
+    }
+}
+
+impl Tool for HookedTool {
+    fn spec(&self) -> &ToolSpec {
+        self.inner.spec()
+    }
+    fn risk(&self, arguments: &Value) -> Risk {
+        self.inner.risk(arguments)
+    }
+    fn validate(&self, request: &ToolRequest) -> Validation {
+        self.inner.validate(request)
+    }
+    fn preview(&self, request: &ToolRequest, cwd: &Path) -> Option<cairn_core::tool::Preview> {
+        self.inner.preview(request, cwd)
+    }
+    fn guard(&self, request: &ToolRequest, cwd: &Path) -> GuardVerdict {
+        self.inner.guard(request, cwd)
+    }
+    fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+        if let Some(hook) = &self.hook {
+            hook("during_effect");
+        }
+        self.inner.execute(request, ctx)
+    }
+}

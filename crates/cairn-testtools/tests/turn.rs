@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use cairn_core::approval::{Allowlist, Approver, Decision, PolicyApprover};
-use cairn_core::events::{ToolCompleted, TurnEvent};
+use cairn_core::approval::{Allowlist, Answer, Approver, PolicyApprover};
+use cairn_core::events::{ToolCompletedPayload, TurnEvent};
 use cairn_core::message::{ContentPart, Message, Role};
 use cairn_core::projection::{ToolInvocationStatus, ToolState};
 use cairn_core::storage::{
@@ -20,7 +20,9 @@ use cairn_core::storage::{
 };
 use cairn_core::tool::ReplayPolicy;
 use cairn_core::turn::Phase;
-use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError, TurnOutcome, TurnStop};
+use cairn_core::{
+    CancelToken, RegistryError, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError, TurnOutcome, TurnStop,
+};
 use cairn_testtools::hooks::RecordingStore;
 use cairn_testtools::provider::ScriptCall;
 use cairn_testtools::{ErrApprover, RejectedTool, ScriptLine, ScriptProvider, ScriptedApprover, registry};
@@ -232,7 +234,7 @@ fn write_needs_a_rule_or_a_verdict_and_session_rules_survive_reopen() {
         line("ok", vec![]),
     ]);
     let mut session = Session::open(mem(cwd), SessionConfig::default()).unwrap();
-    let mut person = ScriptedApprover::new(true, [Decision::ApproveForSession]);
+    let mut person = ScriptedApprover::new(true, [Answer::ApproveForSession]);
     run(&mut session, &provider, &tools, &mut person);
     assert_eq!(person.asked, ["append_guarded"]);
     let state = assert_healthy(session.store());
@@ -250,7 +252,10 @@ fn write_needs_a_rule_or_a_verdict_and_session_rules_survive_reopen() {
 fn destructive_needs_a_person_and_is_never_remembered() {
     let mut headless_registry = ToolRegistry::new(false);
     let refused = headless_registry.register(Arc::new(RejectedTool::new()));
-    assert!(matches!(refused, Err(TurnError::Registry(ref m)) if m.contains("Destructive")));
+    assert!(
+        matches!(refused, Err(RegistryError::NeedsPerson { ref tool, ref reason }) if tool == "rejected" && reason.contains("Destructive")),
+        "{refused:?}"
+    );
 
     let rejected = Arc::new(RejectedTool::new());
     let mut tools = ToolRegistry::new(true);
@@ -272,7 +277,7 @@ fn destructive_needs_a_person_and_is_never_remembered() {
 
     // A person approving "for the session" approves once only.
     let mut session = Session::open(mem("/tmp"), SessionConfig::default()).unwrap();
-    let mut person = ScriptedApprover::new(true, [Decision::ApproveForSession, Decision::Deny { reason: "no".into() }]);
+    let mut person = ScriptedApprover::new(true, [Answer::ApproveForSession, Answer::Deny { reason: "no".into() }]);
     run(&mut session, &script(), &tools, &mut person);
     assert_eq!(person.asked.len(), 2);
     assert_eq!(rejected.runs.load(Ordering::SeqCst), 1);
@@ -410,7 +415,7 @@ fn a_crash_at_every_commit_boundary_resumes_to_final_with_one_settlement_each() 
     let tools = registry(false, None);
     let allow = || Allowlist::parse(["append_idempotent", "append_guarded", "append_never(text=n)"]).unwrap();
     // The last append is not covered by a rule (text "asked"), so a person is asked.
-    let mut approver = PolicyApprover::new(allow(), Some(Box::new(ScriptedApprover::new(true, [Decision::Approve]))));
+    let mut approver = PolicyApprover::new(allow(), Some(Box::new(ScriptedApprover::new(true, [Answer::Approve]))));
     let mut session = Session::open(RecordingStore::new(mem(&cwd)), SessionConfig::default()).unwrap();
     let (outcome, _) = run(&mut session, &ScriptProvider::new(lines()), &tools, &mut approver);
     assert_eq!(outcome.stop, TurnStop::Answered);
@@ -422,8 +427,7 @@ fn a_crash_at_every_commit_boundary_resumes_to_final_with_one_settlement_each() 
     for (i, snapshot) in snapshots.into_iter().enumerate() {
         let mut session = Session::open(snapshot, SessionConfig::default()).unwrap();
         phases.insert(format!("{:?}", session.pc().phase));
-        let mut approver =
-            PolicyApprover::new(allow(), Some(Box::new(ScriptedApprover::new(true, [Decision::Approve]))));
+        let mut approver = PolicyApprover::new(allow(), Some(Box::new(ScriptedApprover::new(true, [Answer::Approve]))));
         let mut events = Vec::new();
         let provider = ScriptProvider::new(lines());
         let resumed = drive(&mut session, &provider, &tools, &mut approver, &mut events, &CancelToken::new(), None)
@@ -540,7 +544,7 @@ fn giant_output_is_capped_for_the_model_and_kept_outside_the_prompt() {
     let (summary, _) = &tool_results(session.messages())[0];
     assert!(summary.len() < 1300 && summary.contains("[output truncated: 1000 of 2000 bytes shown"));
     let completed = session.store().entries().into_iter().find(|e| e.entry_type == "toolCompleted").unwrap();
-    let payload: ToolCompleted = completed.payload.parse().unwrap();
+    let payload: ToolCompletedPayload = completed.payload.parse().unwrap();
     assert!(payload.receipt.truncated);
     assert!(payload.full_output.unwrap().starts_with(&"x".repeat(1500)));
 }
@@ -680,8 +684,11 @@ fn open_rechecks_the_stored_pc_against_the_log() {
         other => panic!("{what}: expected an error, got {other:?}"),
     };
 
+    // (A foreign writer: storage lets a pending key go only with an entry.)
     let mut no_pending = executing.clone();
-    no_pending.commit(Transaction::new().delete("pending", inv.clone())).unwrap();
+    no_pending
+        .commit(Transaction::new().entry("yy", Some(&head), "note", to_raw(&1).unwrap()).delete("pending", inv.clone()))
+        .unwrap();
     corrupt(no_pending, "no pending register");
 
     let mut settled = executing.clone();
@@ -737,6 +744,16 @@ fn forks_are_lanes_pointing_at_existing_entries() {
     let reopened =
         Session::open(session.into_store(), SessionConfig { lane: "alt".into(), ..SessionConfig::default() }).unwrap();
     assert_eq!(reopened.messages(), alt.as_slice());
+    // A person removes a lane: never the current one; the entries stay.
+    let mut session = reopened;
+    let entries = session.store().entry_count();
+    assert!(matches!(session.remove_lane("alt"), Err(TurnError::LaneInUse(_))));
+    assert!(matches!(session.remove_lane("ghost"), Err(TurnError::NoSuchLane(_))));
+    session.switch_lane("main").unwrap();
+    session.remove_lane("alt").unwrap();
+    assert_eq!(session.lanes().into_iter().map(|(l, _)| l).collect::<Vec<_>>(), ["main"]);
+    assert_eq!(session.store().entry_count(), entries);
+    assert!(matches!(session.switch_lane("alt"), Err(TurnError::NoSuchLane(_))));
     assert!(matches!(
         Session::open(mem("/tmp"), SessionConfig { lane: "ghost".into(), ..SessionConfig::default() }),
         Err(TurnError::NoSuchLane(_))
@@ -790,4 +807,292 @@ fn a_panicking_tool_is_settled_as_failed() {
     let state = assert_healthy(session.store());
     assert_eq!(state.invocations[0].status, ToolInvocationStatus::Failed);
     assert!(state.invocations[0].reason.as_ref().unwrap().contains("panicked: boom"));
+}
+
+/// The entry types of the shared store's log that name `invocation`.
+fn entries_of(store: &Shared, invocation: &str) -> Vec<String> {
+    store
+        .entries()
+        .into_iter()
+        .filter(|e| {
+            e.payload.parse::<Value>().ok().and_then(|v| v["invocationId"].as_str().map(str::to_owned)).as_deref()
+                == Some(invocation)
+        })
+        .map(|e| e.entry_type)
+        .collect()
+}
+
+/// Every event about an entry must find that entry already committed.
+fn assert_committed_before_told(shared: &Shared, event: &TurnEvent) {
+    let (invocation, wanted) = match event {
+        TurnEvent::ToolRequested { invocation_id, .. } => (invocation_id, "toolRequested"),
+        TurnEvent::ToolStarted { invocation_id, .. } => (invocation_id, "toolStarted"),
+        TurnEvent::ToolCompleted { invocation_id, .. } => (invocation_id, "toolCompleted"),
+        TurnEvent::ToolFailed { invocation_id, .. } => (invocation_id, "toolFailed"),
+        TurnEvent::ToolRejected { invocation_id, .. } => (invocation_id, "toolRejected"),
+        TurnEvent::ApprovalVerdict { invocation_id, verdict } => {
+            let found = entries_of(shared, invocation_id);
+            let kind = if matches!(verdict.decision, Answer::Deny { .. }) { "toolRejected" } else { "toolStarted" };
+            assert!(found.iter().any(|t| t == kind), "verdict on {invocation_id} told before its {kind}: {found:?}");
+            return;
+        }
+        TurnEvent::TurnCancelled { .. } => {
+            assert!(types(shared).iter().any(|t| t == "turnCancelled"), "cancel told before it was committed");
+            return;
+        }
+        _ => return,
+    };
+    let found = entries_of(shared, invocation);
+    assert!(found.iter().any(|t| t == wanted), "{wanted} of {invocation} told before commit: {found:?}");
+}
+
+#[test]
+fn observers_hear_of_each_entry_only_after_its_commit() {
+    // Rejections (unknown tool, a person's denial), runs, a cancel, and the
+    // new turn that abandons the cancelled one's calls.
+    let provider = ScriptProvider::new(vec![
+        line(
+            "",
+            vec![
+                call("c1", "nope", json!({})),
+                call("c2", "append_idempotent", json!({"path": "f", "text": "x"})),
+                call("c3", "echo", json!({"text": "e"})),
+                call("c4", "echo", json!({"text": "never run"})),
+            ],
+        ),
+        // Asked once more, by the second turn (the cancelled one never was).
+        line("after", vec![]),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Shared(Rc::new(RefCell::new(mem(dir.path().to_str().unwrap()))));
+    let tools = registry(false, None);
+    let mut session = Session::open(shared.clone(), SessionConfig::default()).unwrap();
+    let cancel = CancelToken::new();
+    let mut told = Vec::new();
+    {
+        let token = cancel.clone();
+        let watcher = shared.clone();
+        let mut observer = |e: &TurnEvent| {
+            assert_committed_before_told(&watcher, e);
+            // Cancel once the echo ran, so c4 is left for the next turn.
+            if matches!(e, TurnEvent::ToolCompleted { tool, .. } if tool == "echo") {
+                token.cancel();
+            }
+            told.push(e.clone());
+        };
+        let mut person = ScriptedApprover::new(true, [Answer::Deny { reason: "not now".into() }]);
+        let mut env = TurnEnv {
+            provider: &provider,
+            tools: &tools,
+            approver: &mut person,
+            observer: &mut observer,
+            cancel: &cancel,
+        };
+        assert_eq!(session.run_turn("go", &mut env).unwrap().stop, TurnStop::Cancelled);
+    }
+    let fresh = CancelToken::new();
+    {
+        let watcher = shared.clone();
+        let mut observer = |e: &TurnEvent| {
+            assert_committed_before_told(&watcher, e);
+            told.push(e.clone());
+        };
+        let mut approver = headless();
+        let mut env = TurnEnv {
+            provider: &provider,
+            tools: &tools,
+            approver: &mut approver,
+            observer: &mut observer,
+            cancel: &fresh,
+        };
+        assert_eq!(session.run_turn("next", &mut env).unwrap().text, "after");
+    }
+    let state = assert_healthy(&shared);
+    let statuses: Vec<_> = state.invocations.iter().map(|r| r.status).collect();
+    use ToolInvocationStatus::{Completed, Rejected};
+    assert_eq!(statuses, [Rejected, Rejected, Completed, Rejected]);
+    // Each settlement was told exactly once.
+    let settled = told
+        .iter()
+        .filter(|e| {
+            matches!(e, TurnEvent::ToolCompleted { .. } | TurnEvent::ToolFailed { .. } | TurnEvent::ToolRejected { .. })
+        })
+        .count();
+    assert_eq!(settled, 4);
+}
+
+#[test]
+fn a_turn_cancelled_while_planning_ends_its_provider_op_and_resume_starts_it_again() {
+    let shared = Shared(Rc::new(RefCell::new(mem("/tmp"))));
+    let provider = ScriptProvider::new(vec![line("answer", vec![])]);
+    let tools = registry(false, None);
+    let mut session = Session::open(shared.clone(), SessionConfig::default()).unwrap();
+    let cancelled = CancelToken::new();
+    cancelled.cancel();
+    let mut events = Vec::new();
+    let outcome =
+        drive(&mut session, &provider, &tools, &mut headless(), &mut events, &cancelled, Some("go")).unwrap().unwrap();
+    assert_eq!(outcome.stop, TurnStop::Cancelled);
+    assert_eq!(session.pc().resume.as_ref().unwrap().phase, Phase::Planning);
+    assert!(shared.registers("op").is_empty(), "op/provider survived the cancel: {:?}", shared.registers("op"));
+    // On resume the provider call is in flight again while it is asked.
+    let watcher = shared.clone();
+    let mut seen_op = 0;
+    let mut observer = |e: &TurnEvent| {
+        if matches!(e, TurnEvent::ProviderRequested { .. }) {
+            let op = watcher.register("op", "provider").expect("op/provider while the provider is asked");
+            assert_eq!(op.parse::<Value>().unwrap()["step"], 1);
+            seen_op += 1;
+        }
+    };
+    let fresh = CancelToken::new();
+    let mut approver = headless();
+    let mut env = TurnEnv {
+        provider: &provider,
+        tools: &tools,
+        approver: &mut approver,
+        observer: &mut observer,
+        cancel: &fresh,
+    };
+    assert_eq!(session.resume(&mut env).unwrap().unwrap().text, "answer");
+    assert_eq!(seen_op, 1);
+    assert!(shared.registers("op").is_empty());
+}
+
+#[test]
+fn orphaned_pending_keys_are_settled_before_a_new_turn_too() {
+    let provider = ScriptProvider::new(vec![line("one", vec![]), line("two", vec![])]);
+    let tools = registry(false, None);
+    let mut session = Session::open(mem("/tmp"), SessionConfig::default()).unwrap();
+    run(&mut session, &provider, &tools, &mut headless());
+    // Another writer leaves an intent the pc does not point at.
+    let mut store = session.into_store();
+    let head = store.entries().last().unwrap().id.clone();
+    let state = store.state().unwrap();
+    let request = cairn_core::tool::ToolRequest {
+        invocation_id: "i999".into(),
+        call_id: "cx".into(),
+        session_id: "s1".into(),
+        tool: "append_never".into(),
+        arguments: json!({"path": "f", "text": "x"}),
+    };
+    let verdict = cairn_core::events::VerdictRecord { decision: Answer::Approve, by: "other".into(), at: 1 };
+    let started = cairn_core::events::ToolStartedPayload::new(&request, verdict);
+    let intent = cairn_core::events::ToolRequestedPayload::new("t0".into(), request, None, None);
+    store
+        .commit(
+            Transaction::new()
+                .entry("orphan", Some(&head), "toolRequested", to_raw(&intent).unwrap())
+                .entry("orphan-start", Some("orphan"), "toolStarted", to_raw(&started).unwrap())
+                .set("pending", "i999", to_raw(&json!({"requestEntry": "orphan", "turnId": "t0"})).unwrap())
+                .set("lane", "main", to_raw("orphan-start").unwrap())
+                .state(state.seq, state.pc.clone()),
+        )
+        .unwrap();
+    let mut session = Session::open(store, SessionConfig::default()).unwrap();
+    let (outcome, events) = run(&mut session, &provider, &tools, &mut headless());
+    assert_eq!(outcome.text, "two");
+    let state = assert_healthy(session.store());
+    let orphan = state.get("i999").unwrap();
+    assert_eq!((orphan.status, orphan.uncertain), (ToolInvocationStatus::Failed, true));
+    assert!(events.iter().any(|e| matches!(e, TurnEvent::ToolFailed { invocation_id, .. } if invocation_id == "i999")));
+}
+
+/// A Write tool (never replayed) that asks for a sandbox bypass and runs
+/// only when it is granted.
+struct BypassTool(cairn_core::tool::ToolSpec);
+
+impl BypassTool {
+    fn new() -> Self {
+        Self(cairn_core::tool::ToolSpec {
+            name: "bypass".into(),
+            description: "asks to write outside the sandbox".into(),
+            input_schema: json!({"type": "object"}),
+            risk: cairn_core::tool::Risk::Write,
+            capabilities: Default::default(),
+            replay: ReplayPolicy::Never,
+        })
+    }
+}
+
+impl cairn_core::tool::Tool for BypassTool {
+    fn spec(&self) -> &cairn_core::tool::ToolSpec {
+        &self.0
+    }
+    fn execute(
+        &self,
+        _request: &cairn_core::tool::ToolRequest,
+        ctx: &mut cairn_core::tool::ToolContext<'_>,
+    ) -> Result<cairn_core::tool::ToolReceipt, cairn_core::tool::ToolError> {
+        if !(ctx.approve_bypass)("write /etc/cairn-test") {
+            return Err(cairn_core::tool::ToolError::Sandbox("the bypass was not granted".into()));
+        }
+        Ok(cairn_core::tool::ToolReceipt {
+            exit_code: 0,
+            output_summary: "wrote outside".into(),
+            structured_output: None,
+            affected_entities: vec![],
+            duration_ms: 0,
+            tier: cairn_core::tool::Risk::Write,
+            timestamp: 0,
+            truncated: false,
+        })
+    }
+}
+
+#[test]
+fn a_bypass_verdict_is_committed_when_given_and_survives_a_crash_before_the_settlement() {
+    let lines = || vec![line("", vec![call("c1", "bypass", json!({}))]), line("ok", vec![])];
+    let mut tools = ToolRegistry::new(true);
+    tools.register(Arc::new(BypassTool::new())).unwrap();
+    // A person approves the call and then the bypass ("for the session",
+    // which a bypass never keeps).
+    let mut person = ScriptedApprover::new(true, [Answer::Approve, Answer::ApproveForSession]);
+    let mut session = Session::open(RecordingStore::new(mem("/tmp")), SessionConfig::default()).unwrap();
+    let (outcome, _) = run(&mut session, &ScriptProvider::new(lines()), &tools, &mut person);
+    assert_eq!(outcome.text, "ok");
+    let recorded = session.into_store();
+    let state = assert_healthy(&recorded);
+    let bypasses = &state.invocations[0].bypasses;
+    assert_eq!(bypasses.len(), 1);
+    assert_eq!(bypasses[0].what, "write /etc/cairn-test");
+    assert_eq!(bypasses[0].verdict.decision, Answer::Approve);
+    assert!(recorded.registers("fact").is_empty(), "a bypass approval was remembered");
+    // The commit right after the bypass verdict: the effect had been granted
+    // but not settled. A crash there keeps the verdict in the log.
+    let crashed = recorded
+        .snapshots
+        .iter()
+        .find(|s| s.entries().last().is_some_and(|e| e.entry_type == "toolBypass"))
+        .expect("a commit ending with the toolBypass entry")
+        .clone();
+    let mut session = Session::open(crashed, SessionConfig::default()).unwrap();
+    assert_eq!(session.pc().phase, Phase::Executing);
+    let before = session.tool_state();
+    assert_eq!(before.invocations[0].bypasses[0].verdict.by, "user:test");
+    let mut events = Vec::new();
+    let provider = ScriptProvider::new(lines());
+    let mut nobody = ScriptedApprover::new(true, []);
+    drive(&mut session, &provider, &tools, &mut nobody, &mut events, &CancelToken::new(), None).unwrap();
+    let state = assert_healthy(session.store());
+    let record = &state.invocations[0];
+    assert_eq!((record.status, record.uncertain), (ToolInvocationStatus::Failed, true));
+    assert_eq!(record.bypasses.len(), 1, "the verdict given before the crash is kept");
+    assert!(nobody.asked.is_empty(), "resume asked again: {:?}", nobody.asked);
+}
+
+#[test]
+fn headless_a_bypass_is_refused_by_the_gate_and_the_refusal_recorded() {
+    let mut tools = ToolRegistry::new(false);
+    tools.register(Arc::new(BypassTool::new())).unwrap();
+    let provider = ScriptProvider::new(vec![line("", vec![call("c1", "bypass", json!({}))]), line("ok", vec![])]);
+    let mut approver = PolicyApprover::new(Allowlist::parse(["bypass"]).unwrap(), None);
+    let mut session = Session::open(mem("/tmp"), SessionConfig::default()).unwrap();
+    run(&mut session, &provider, &tools, &mut approver);
+    let state = assert_healthy(session.store());
+    let record = &state.invocations[0];
+    assert_eq!(record.status, ToolInvocationStatus::Failed);
+    assert_eq!(record.bypasses[0].verdict.by, "policy:headless");
+    assert!(matches!(record.bypasses[0].verdict.decision, Answer::Deny { .. }));
+    assert_eq!(types(session.store()).iter().filter(|t| *t == "toolBypass").count(), 1);
 }

@@ -23,7 +23,8 @@
 use serde_json::Value;
 
 use super::cmdline;
-use super::{ApprovalError, ApprovalRequest, Approver, Decision, Verdict};
+use super::gate::{READ_ONLY, gate};
+use super::{Answer, ApprovalError, ApprovalRequest, Approver, Need, Verdict};
 use crate::tool::Risk;
 
 /// A rule that could not be parsed.
@@ -279,12 +280,12 @@ impl AllowlistApprover {
             return None;
         }
         match request.risk {
-            Risk::ReadOnly => Some(Verdict { decision: Decision::Approve, by: "policy:readOnly".to_owned() }),
+            Risk::ReadOnly => Some(Verdict { decision: Answer::Approve, by: READ_ONLY.to_owned() }),
             risk => self
                 .list
                 .check(request.tool, risk, request.arguments)
                 .ok()
-                .map(|rule| Verdict { decision: Decision::Approve, by: format!("allowlist:{}", rule.text()) }),
+                .map(|rule| Verdict { decision: Answer::Approve, by: format!("allowlist:{}", rule.text()) }),
         }
     }
 }
@@ -295,18 +296,15 @@ impl Approver for AllowlistApprover {
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
-        if request.bypass.is_some() {
-            return Ok(Verdict {
-                decision: Decision::Deny { reason: "sandbox bypasses need a person's approval".to_owned() },
-                by: "allowlist".to_owned(),
-            });
-        }
-        if request.risk == Risk::ReadOnly {
-            return Ok(Verdict { decision: Decision::Approve, by: "policy:readOnly".to_owned() });
+        // Not interactive: the gate refuses bypasses and Destructive calls.
+        match gate(request.tool, request.risk, request.bypass, self.is_interactive()) {
+            Err(refusal) => return Ok(refusal),
+            Ok(Need::Nothing) => return Ok(Verdict { decision: Answer::Approve, by: READ_ONLY.to_owned() }),
+            Ok(Need::RuleOrVerdict | Need::Person) => {}
         }
         Ok(match self.list.check(request.tool, request.risk, request.arguments) {
-            Ok(rule) => Verdict { decision: Decision::Approve, by: format!("allowlist:{}", rule.text()) },
-            Err(reason) => Verdict { decision: Decision::Deny { reason }, by: "allowlist".to_owned() },
+            Ok(rule) => Verdict { decision: Answer::Approve, by: format!("allowlist:{}", rule.text()) },
+            Err(reason) => Verdict { decision: Answer::Deny { reason }, by: "allowlist".to_owned() },
         })
     }
 
@@ -415,9 +413,13 @@ mod tests {
             cwd,
             bypass: None,
         };
-        assert_eq!(approver.decide(&request).unwrap().decision, Decision::Approve);
+        assert_eq!(approver.decide(&request).unwrap().decision, Answer::Approve);
         request.risk = Risk::Destructive;
-        assert!(matches!(approver.decide(&request).unwrap().decision, Decision::Deny { .. }));
+        assert!(matches!(approver.decide(&request).unwrap().decision, Answer::Deny { .. }));
+        assert!(approver.pre_approve(&request).is_none());
+        request.risk = Risk::Write;
+        request.bypass = Some("write /etc");
+        assert_eq!(approver.decide(&request).unwrap().by, super::super::gate::HEADLESS);
         assert!(approver.pre_approve(&request).is_none());
     }
 }

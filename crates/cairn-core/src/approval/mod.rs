@@ -1,18 +1,22 @@
 //! Approvals: the [`Approver`] trait through which every non-ReadOnly call
 //! passes, in one place.
 //!
-//! The policy (enforced by the turn, not by approvers): ReadOnly runs;
-//! Write asks unless allowlisted; Destructive always asks an *interactive*
-//! approver and is never allowlisted. Interactive approvers (a y/N prompt,
-//! a 9P approval file) live in hosts; the core only receives them through
-//! this trait.
+//! The policy: ReadOnly runs; Write asks unless allowlisted; Destructive
+//! always asks an *interactive* approver and is never allowlisted, and so
+//! does a sandbox bypass. What a request needs, and the refusal when no
+//! person can answer, is decided in one function, [`gate::gate`], which the
+//! registry, the turn, the effect and the approvers all call. Interactive
+//! approvers (a y/N prompt, a 9P approval file) live in hosts; the core
+//! only receives them through this trait.
 //!
-//! Layout: [`cmdline`] parses shell command lines for [`allowlist`], whose
-//! rules and [`AllowlistApprover`] answer without asking anyone;
-//! [`PolicyApprover`] combines an allowlist with an interactive approver.
+//! Layout: [`gate`] (the approval gate and what a session may remember),
+//! [`cmdline`] parses shell command lines for [`allowlist`], whose rules and
+//! [`AllowlistApprover`] answer without asking anyone; [`PolicyApprover`]
+//! combines an allowlist with an interactive approver.
 
 pub mod allowlist;
 pub mod cmdline;
+pub mod gate;
 mod policy;
 
 use std::path::Path;
@@ -41,10 +45,12 @@ pub struct ApprovalRequest<'a> {
     pub bypass: Option<&'a str>,
 }
 
-/// An approver's answer.
+/// An approver's answer (recorded under the key `decision`). Not to be
+/// confused with the sandbox's decision in cairn-tools, which says how a
+/// process is confined.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "decision", rename_all = "camelCase")]
-pub enum Decision {
+pub enum Answer {
     /// Run this call.
     Approve,
     /// Run this call and allow the same tool for the rest of the session
@@ -57,13 +63,13 @@ pub enum Decision {
     },
 }
 
-/// A decision and who made it (a rule, a person, a policy), for the log.
+/// An answer and who gave it (a rule, a person, a policy), for the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Verdict {
-    /// The decision.
+    /// The answer.
     #[serde(flatten)]
-    pub decision: Decision,
+    pub decision: Answer,
     /// Which rule or who decided (e.g. "allowlist:shell(ls *)", "user:tty").
     pub by: String,
 }
@@ -100,4 +106,5 @@ pub trait Approver {
 }
 
 pub use allowlist::{AllowRule, AllowRuleError, Allowlist, AllowlistApprover};
+pub use gate::{Need, gate};
 pub use policy::PolicyApprover;

@@ -3,13 +3,13 @@
 //! ReadOnly runs; Write is approved by an allow rule, else asked of the
 //! interactive approver, else denied; Destructive is asked of the
 //! interactive approver only, never allowlisted, and denied when no person
-//! can answer. The turn enforces the Destructive rules again on its own, so
-//! a wrong wiring cannot unlock them.
+//! can answer (the refusal is [`super::gate::gate`]'s, as everywhere). The
+//! turn asks the same gate on its own, so a wrong wiring cannot unlock them.
 //!
 //! It must not prompt by itself: the interactive part is injected.
 
-use super::{Allowlist, AllowlistApprover, ApprovalError, ApprovalRequest, Approver, Decision, Verdict};
-use crate::tool::Risk;
+use super::gate::{HEADLESS, gate};
+use super::{Allowlist, AllowlistApprover, Answer, ApprovalError, ApprovalRequest, Approver, Need, Verdict};
 
 /// The policy over an allowlist and an optional interactive approver.
 pub struct PolicyApprover {
@@ -35,7 +35,7 @@ impl PolicyApprover {
     fn ask(&mut self, request: &ApprovalRequest<'_>, why: String) -> Result<Verdict, ApprovalError> {
         match &mut self.interactive {
             Some(inner) => inner.decide(request),
-            None => Ok(Verdict { decision: Decision::Deny { reason: why }, by: "policy:headless".to_owned() }),
+            None => Ok(Verdict { decision: Answer::Deny { reason: why }, by: HEADLESS.to_owned() }),
         }
     }
 }
@@ -46,23 +46,10 @@ impl Approver for PolicyApprover {
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
-        if request.bypass.is_some() || request.risk == Risk::Destructive {
-            if !self.is_interactive() {
-                return Ok(Verdict {
-                    decision: Decision::Deny {
-                        reason: format!(
-                            "{} needs a person's approval and no interactive approver is available; run cairn in a terminal to approve it",
-                            request.tool
-                        ),
-                    },
-                    by: "policy:headless".to_owned(),
-                });
-            }
-            let mut verdict = self.ask(request, String::new())?;
-            if verdict.decision == Decision::ApproveForSession {
-                verdict.decision = Decision::Approve;
-            }
-            return Ok(verdict);
+        match gate(request.tool, request.risk, request.bypass, self.is_interactive()) {
+            Err(refusal) => return Ok(refusal),
+            Ok(Need::Person) => return Ok(Need::Person.bound(self.ask(request, String::new())?)),
+            Ok(Need::Nothing | Need::RuleOrVerdict) => {}
         }
         if let Some(verdict) = self.allow.lookup(request) {
             return Ok(verdict);

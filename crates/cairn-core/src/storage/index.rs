@@ -2,7 +2,8 @@
 //! what every query reads.
 //!
 //! It owns the single place where a transaction is validated
-//! ([`SessionIndex::plan`]) and where a record is applied
+//! ([`SessionIndex::plan`], which also checks each register namespace's
+//! lifecycle through `registers.rs`) and where a record is applied
 //! ([`SessionIndex::apply`]), for every backend and for replay alike, so the
 //! in-memory state always equals a replay of the log. It does no I/O.
 
@@ -89,6 +90,8 @@ impl SessionIndex {
         if tx.ops.is_empty() {
             return Err(StorageError::Invalid("empty transaction".to_owned()));
         }
+        // Each register namespace's lifecycle (lane, op, pending, fact).
+        super::registers::check(self, &tx)?;
         let mut seq = self.last_seq;
         let mut new_ids: HashSet<String> = HashSet::new();
         let mut state_seq = self.state.as_ref().map_or(0, |s| s.seq);

@@ -6,9 +6,10 @@
 //! [`SessionIndex`]: the in-memory maps that a replay of the log builds and
 //! that every query reads. Backends differ only in how they make a
 //! [`Transaction`] durable; validation of a transaction (seq order, write-once
-//! entries, known parents, namespaces, the CAS on the state) happens in one
-//! place, [`SessionIndex::plan`], for all of them, and replay applies records
-//! through [`SessionIndex::apply`], so in-memory state equals a replay of the log.
+//! entries, known parents, namespaces and their lifecycles, the CAS on the
+//! state) happens in one place, [`SessionIndex::plan`], for all of them, and
+//! replay applies records through [`SessionIndex::apply`], so in-memory state
+//! equals a replay of the log.
 //!
 //! What hosts call: [`JsonlStore::create`] / [`JsonlStore::open`] /
 //! [`JsonlStore::open_read_only`], [`new_session_id`], [`check_file`] (for
@@ -73,6 +74,7 @@ mod jsonl;
 mod line;
 mod memory;
 mod record;
+pub mod registers;
 mod replay;
 #[cfg(feature = "sqlite")]
 mod sqlite;

@@ -6,7 +6,7 @@
 //! It must not write: the session keeps a cache built incrementally from the
 //! same function, so the cache always equals a rebuild.
 
-use crate::events::{MESSAGE, TOOL_COMPLETED, TOOL_FAILED, TOOL_REJECTED, ToolCompleted, ToolFailed, ToolRejected};
+use crate::events::{EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload};
 use crate::message::{ContentPart, Message, Role};
 use crate::storage::{Entry, RawJson, Storage};
 
@@ -18,13 +18,13 @@ fn tool_result(call_id: String, content: String, is_error: bool) -> Message {
 
 /// The message an entry contributes to the conversation, if any.
 pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message> {
-    match entry_type {
-        MESSAGE => payload.parse::<Message>().ok(),
-        TOOL_COMPLETED => payload.parse::<ToolCompleted>().ok().map(|p| {
+    match EntryType::of(entry_type)? {
+        EntryType::Message => payload.parse::<Message>().ok(),
+        EntryType::ToolCompleted => payload.parse::<ToolCompletedPayload>().ok().map(|p| {
             let is_error = p.receipt.exit_code != 0;
             tool_result(p.call_id, p.receipt.output_summary, is_error)
         }),
-        TOOL_FAILED => payload.parse::<ToolFailed>().ok().map(|p| {
+        EntryType::ToolFailed => payload.parse::<ToolFailedPayload>().ok().map(|p| {
             let text = if p.uncertain {
                 format!("error (uncertain whether the effect happened): {}", p.reason)
             } else {
@@ -32,11 +32,15 @@ pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message>
             };
             tool_result(p.call_id, text, true)
         }),
-        TOOL_REJECTED => payload
-            .parse::<ToolRejected>()
+        EntryType::ToolRejected => payload
+            .parse::<ToolRejectedPayload>()
             .ok()
             .map(|p| tool_result(p.call_id, format!("rejected: {}", p.reason), true)),
-        _ => None,
+        EntryType::ToolRequested
+        | EntryType::ToolStarted
+        | EntryType::ToolBypass
+        | EntryType::TurnCancelled
+        | EntryType::TurnEnded => None,
     }
 }
 

@@ -2,56 +2,88 @@
 //! making exactly one durable move (a commit with a CAS on the pc), so the
 //! same loop serves a fresh turn and a resumed one.
 //!
-//! It must not decide policy beyond the tole rules written here (ReadOnly
-//! runs; Write needs a rule or a verdict; Destructive needs an interactive
-//! verdict and is refused headless), and must not hold anything in memory
-//! that the log does not also say.
+//! It must not decide policy itself: what a call needs before it runs, and
+//! the refusal of what needs a person when none can answer, come from the
+//! approval gate ([`crate::approval::gate::gate`]). It must not hold
+//! anything in memory that the log does not also say, and it tells
+//! observers of an entry only through the [`TxBuilder`] that commits it.
+//! Each settlement is written in one place ([`TxBuilder::settle`]).
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::effect;
 use super::{
-    FACT_NS, OP_NS, PENDING_NS, PendingValue, Phase, Session, TurnEnv, TurnError, TurnOutcome, TurnStop, TxBuilder,
+    OP_NS, PENDING_NS, PROVIDER_OP, PendingValue, Phase, ProviderOp, Session, TurnEnv, TurnError, TurnOutcome,
+    TurnStop, TxBuilder,
 };
-use crate::approval::{AllowRule, ApprovalRequest, Decision};
+use crate::approval::gate::{self, READ_ONLY};
+use crate::approval::{AllowRule, Answer, ApprovalRequest, Need, Verdict};
 use crate::events::{
-    MESSAGE, TOOL_COMPLETED, TOOL_FAILED, TOOL_REJECTED, TOOL_REQUESTED, TOOL_STARTED, TURN_CANCELLED, TURN_ENDED,
-    ToolCompleted, ToolFailed, ToolRejected, ToolRequested, ToolStarted, TurnEvent, TurnMark, VerdictRecord,
+    BypassRecord, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload,
+    ToolRequestedPayload, ToolStartedPayload, TurnCancelledPayload, TurnEndedPayload, TurnEvent, VerdictRecord,
 };
 use crate::message::{Message, Role, ToolCall};
 use crate::provider::{ModelRequest, ProviderErrorKind, StreamEvent};
 use crate::registry::ToolRegistry;
 use crate::schema;
+use crate::storage::registers::AllowFact;
 use crate::storage::{Storage, now_millis};
 use crate::tool::{GuardVerdict, ReplayPolicy, Risk, Tool, ToolError, ToolLimits, ToolRequest, Validation};
 
 /// How an invocation is settled.
 enum Settlement {
-    Completed(ToolCompleted),
-    Failed(ToolFailed),
+    Completed(ToolCompletedPayload),
+    Failed(ToolFailedPayload),
+    Rejected(ToolRejectedPayload),
 }
 
-fn verdict(decision: Decision, by: &str) -> VerdictRecord {
-    VerdictRecord { decision, by: by.to_owned(), at: now_millis() }
+impl TxBuilder {
+    /// Settle an invocation: its settlement entry, the event that tells it,
+    /// and (when it has one) the end of its `pending` register, in one line.
+    fn settle(&mut self, settlement: &Settlement, pending: bool) -> Result<(), TurnError> {
+        let invocation_id = match settlement {
+            Settlement::Completed(p) => {
+                self.entry(p)?;
+                self.tell(p.event());
+                &p.invocation_id
+            }
+            Settlement::Failed(p) => {
+                self.entry(p)?;
+                self.tell(p.event());
+                &p.invocation_id
+            }
+            Settlement::Rejected(p) => {
+                self.entry(p)?;
+                self.tell(p.event());
+                &p.invocation_id
+            }
+        };
+        if pending {
+            self.delete(PENDING_NS, invocation_id);
+        }
+        Ok(())
+    }
+}
+
+/// An approver's verdict as recorded now.
+fn record(verdict: Verdict) -> VerdictRecord {
+    VerdictRecord { decision: verdict.decision, by: verdict.by, at: now_millis() }
 }
 
 fn deny(reason: String, by: &str) -> VerdictRecord {
-    verdict(Decision::Deny { reason }, by)
+    record(Verdict { decision: Answer::Deny { reason }, by: by.to_owned() })
 }
 
 fn is_approve(v: &VerdictRecord) -> bool {
-    !matches!(v.decision, Decision::Deny { .. })
+    !matches!(v.decision, Answer::Deny { .. })
 }
 
-fn headless_denial(tool: &str) -> VerdictRecord {
-    deny(
-        format!(
-            "{tool} is Destructive here and needs a person's approval, but no interactive approver is available; the call was not run (run cairn in a terminal to approve such calls)"
-        ),
-        "policy:headless",
-    )
+/// The risk of one call of `tool`: the declared one, or higher for these
+/// arguments.
+fn call_risk(tool: &Arc<dyn Tool>, request: &ToolRequest) -> Risk {
+    tool.risk(&request.arguments).max(tool.spec().risk)
 }
 
 /// Schema, validation and risk of a call, or why it is rejected.
@@ -78,7 +110,7 @@ fn check_call(tool: Option<&Arc<dyn Tool>>, request: &ToolRequest, registry: &To
     if let Validation::Invalid(reason) = tool.validate(request) {
         return Err(format!("validation failed: {reason}"));
     }
-    Ok(tool.risk(&request.arguments).max(spec.risk))
+    Ok(call_risk(tool, request))
 }
 
 impl<S: Storage> Session<S> {
@@ -119,15 +151,18 @@ impl<S: Storage> Session<S> {
         TurnOutcome { turn_id: self.turn_id(), stop, text, entry_id, steps: self.pc.step }
     }
 
-    /// Settle the turn as cancelled (resumable from the current pc).
+    /// Settle the turn as cancelled (resumable from the current pc). A
+    /// provider call in flight ends with it (`resume` starts it again).
     fn cancel_turn(&mut self, env: &mut TurnEnv<'_>, mut b: TxBuilder) -> Result<(), TurnError> {
         let turn_id = self.turn_id();
-        b.entry(TURN_CANCELLED, &TurnMark { turn_id: turn_id.clone(), reason: "cancelled by the host".to_owned() })?;
+        b.entry(&TurnCancelledPayload { turn_id: turn_id.clone(), reason: "cancelled by the host".to_owned() })?;
+        if self.pc.phase == Phase::Planning {
+            b.delete(OP_NS, PROVIDER_OP);
+        }
         let mut pc = self.pc.to(Phase::Cancelled)?;
         pc.resume = Some(Box::new(self.pc.clone()));
-        self.commit(b, Some(pc))?;
-        (env.observer)(&TurnEvent::TurnCancelled { turn_id });
-        Ok(())
+        b.tell(TurnEvent::TurnCancelled { turn_id });
+        self.commit(b, Some(pc), env.observer)
     }
 
     /// The provider call: intent is the `Planning` pc (+ `op/provider`);
@@ -156,41 +191,34 @@ impl<S: Storage> Session<S> {
                 let mut message = response.message;
                 message.role = Role::Assistant;
                 let calls = message.tool_calls().count();
-                let id = b.entry(MESSAGE, &message)?;
+                let id = b.entry(&message)?;
                 for attempt in &response.attempts {
                     b.usage(Some(&id), attempt)?;
                 }
-                b.delete(OP_NS, "provider");
+                b.delete(OP_NS, PROVIDER_OP);
                 let mut pc = self.pc.to(if calls == 0 { Phase::Final } else { Phase::ToolCall })?;
                 pc.assistant = Some(id.clone());
                 pc.call = 0;
-                self.commit(b, Some(pc))?;
                 for usage in response.attempts {
-                    (env.observer)(&TurnEvent::Usage { usage });
+                    b.tell(TurnEvent::Usage { usage });
                 }
-                (env.observer)(&TurnEvent::ProviderSettled {
-                    entry_id: id.clone(),
-                    stop: response.stop,
-                    tool_calls: calls,
-                });
+                b.tell(TurnEvent::ProviderSettled { entry_id: id.clone(), stop: response.stop, tool_calls: calls });
                 if calls == 0 {
-                    (env.observer)(&TurnEvent::Final { turn_id, text: message.joined_text(), entry_id: id });
+                    b.tell(TurnEvent::Final { turn_id, text: message.joined_text(), entry_id: id });
                 }
-                Ok(())
+                self.commit(b, Some(pc), env.observer)
             }
             Err(error) => {
                 let mut b = self.tx();
                 for attempt in &error.attempts {
                     b.usage(None, attempt)?;
-                }
-                for usage in error.attempts.iter().cloned() {
-                    (env.observer)(&TurnEvent::Usage { usage });
+                    b.tell(TurnEvent::Usage { usage: attempt.clone() });
                 }
                 if error.kind == ProviderErrorKind::Cancelled || env.cancel.is_cancelled() {
                     return self.cancel_turn(env, b);
                 }
                 if !b.is_empty() {
-                    self.commit(b, None)?;
+                    self.commit(b, None, env.observer)?;
                 }
                 let kind = serde_json::to_value(error.kind)
                     .ok()
@@ -211,20 +239,19 @@ impl<S: Storage> Session<S> {
             p.call = self.pc.call + 1;
             p
         } else if base.step >= self.config.max_steps {
-            b.entry(
-                TURN_ENDED,
-                &TurnMark {
-                    turn_id: self.turn_id(),
-                    reason: format!("step limit of {} provider calls reached", self.config.max_steps),
-                },
-            )?;
+            b.entry(&TurnEndedPayload {
+                turn_id: self.turn_id(),
+                reason: format!("step limit of {} provider calls reached", self.config.max_steps),
+            })?;
+            b.tell(TurnEvent::StepLimit { turn_id: self.turn_id(), max_steps: self.config.max_steps });
             let mut p = base.to(Phase::Final)?;
             p.assistant = None;
             p
         } else {
-            b.set(OP_NS, "provider", &json!({"turnId": self.turn_id(), "step": base.step.saturating_add(1)}))?;
+            let step = base.step.saturating_add(1);
+            b.set(OP_NS, PROVIDER_OP, &ProviderOp { step, turn_id: self.turn_id() })?;
             let mut p = base.to(Phase::Planning)?;
-            p.step = p.step.saturating_add(1);
+            p.step = step;
             p.assistant = None;
             p.call = 0;
             p
@@ -233,12 +260,22 @@ impl<S: Storage> Session<S> {
         Ok(next)
     }
 
-    fn after_commit_events(&self, env: &mut TurnEnv<'_>) {
-        if self.pc.phase == Phase::Final && self.pc.assistant.is_none() {
-            (env.observer)(&TurnEvent::StepLimit { turn_id: self.turn_id(), max_steps: self.config.max_steps });
-        }
+    /// Commit the settlement of the current call and move the pc past it.
+    fn settle_call(
+        &mut self,
+        env: &mut TurnEnv<'_>,
+        mut b: TxBuilder,
+        settlement: &Settlement,
+        pending: bool,
+        calls: usize,
+    ) -> Result<(), TurnError> {
+        b.settle(settlement, pending)?;
+        let pc = self.after_call(&mut b, calls)?;
+        self.commit(b, Some(pc), env.observer)
     }
 
+    /// Remember a Write call approved "for this session" as an allow rule
+    /// (a `fact`); the gate says what may be remembered.
     fn remember(
         &self,
         b: &mut TxBuilder,
@@ -246,19 +283,45 @@ impl<S: Storage> Session<S> {
         risk: Risk,
         request: &ToolRequest,
     ) -> Result<Option<AllowRule>, TurnError> {
-        if v.decision != Decision::ApproveForSession || risk != Risk::Write {
+        if v.decision != Answer::ApproveForSession {
             return Ok(None);
         }
-        let Some(rule) = Self::allow_rule_for(&request.tool, &request.arguments) else {
+        let Some(rule) = gate::session_rule(&request.tool, risk, &request.arguments) else {
             return Ok(None);
         };
         let parsed = AllowRule::parse(&rule)?;
-        b.set(
-            FACT_NS,
-            &format!("allow:{rule}"),
-            &json!({"by": v.by, "at": v.at, "invocationId": request.invocation_id}),
-        )?;
+        let fact = AllowFact { at: v.at, by: v.by.clone(), invocation_id: request.invocation_id.clone() };
+        b.allow_fact(&rule, &fact)?;
         Ok(Some(parsed))
+    }
+
+    /// Commit the approved start of `request` (with its intent's `pending`
+    /// register when the intent is in the same line) and move to Executing.
+    fn start(
+        &mut self,
+        env: &mut TurnEnv<'_>,
+        mut b: TxBuilder,
+        request: &ToolRequest,
+        risk: Risk,
+        v: VerdictRecord,
+        pending: Option<PendingValue>,
+    ) -> Result<(), TurnError> {
+        let invocation_id = request.invocation_id.clone();
+        b.entry(&ToolStartedPayload::new(request, v.clone()))?;
+        let rule = self.remember(&mut b, &v, risk, request)?;
+        if let Some(pending) = &pending {
+            b.set(PENDING_NS, &invocation_id, pending)?;
+        }
+        let mut pc = self.pc.to(Phase::Executing)?;
+        pc.invocation = Some(invocation_id.clone());
+        b.tell(TurnEvent::ApprovalVerdict { invocation_id: invocation_id.clone(), verdict: v });
+        b.tell(TurnEvent::ToolStarted { invocation_id: invocation_id.clone(), tool: request.tool.clone(), risk });
+        self.commit(b, Some(pc), env.observer)?;
+        if let Some(rule) = rule {
+            self.session_allow.push(rule);
+        }
+        self.started_here = Some(invocation_id);
+        Ok(())
     }
 
     /// The next call of the assistant message: check it, then commit its
@@ -277,62 +340,33 @@ impl<S: Storage> Session<S> {
         let mut b = self.tx();
         let Some(call) = calls.get(self.pc.call).cloned() else {
             let pc = self.after_call(&mut b, calls.len())?;
-            self.commit(b, Some(pc))?;
-            self.after_commit_events(env);
-            return Ok(());
+            return self.commit(b, Some(pc), env.observer);
         };
         let request_entry = b.next_id("e");
         let invocation_id = b.next_id("i");
         let request = self.tool_request(&invocation_id, &call);
         let tool = env.tools.get(&request.tool).cloned();
-        let requested = ToolRequested {
-            invocation_id: invocation_id.clone(),
-            turn_id: self.turn_id(),
-            request: request.clone(),
-            tier: tool.as_ref().map(|t| t.risk(&request.arguments).max(t.spec().risk)),
-            replay: tool.as_ref().map(|t| t.spec().replay),
-        };
-        let requested_event = TurnEvent::ToolRequested {
-            invocation_id: invocation_id.clone(),
-            call_id: call.id.clone(),
-            tool: call.name.clone(),
-            risk: requested.tier,
-            arguments: call.arguments.clone(),
-        };
+        let requested = ToolRequestedPayload::new(
+            self.turn_id(),
+            request.clone(),
+            tool.as_ref().map(|t| call_risk(t, &request)),
+            tool.as_ref().map(|t| t.spec().replay),
+        );
+        b.entry(&requested)?;
+        b.tell(requested.event());
         let risk = match check_call(tool.as_ref(), &request, env.tools) {
             Ok(risk) => risk,
             Err(reason) => {
-                b.entry(TOOL_REQUESTED, &requested)?;
-                b.entry(
-                    TOOL_REJECTED,
-                    &ToolRejected {
-                        invocation_id: invocation_id.clone(),
-                        call_id: call.id.clone(),
-                        tool: call.name.clone(),
-                        tier: requested.tier,
-                        reason: reason.clone(),
-                        verdict: None,
-                    },
-                )?;
-                let pc = self.after_call(&mut b, calls.len())?;
-                self.commit(b, Some(pc))?;
-                (env.observer)(&requested_event);
-                (env.observer)(&TurnEvent::ToolRejected {
-                    invocation_id,
-                    tool: call.name,
-                    risk: requested.tier,
-                    reason,
-                });
-                self.after_commit_events(env);
-                return Ok(());
+                let rejected = ToolRejectedPayload::new(&request, requested.tier, reason);
+                return self.settle_call(env, b, &Settlement::Rejected(rejected), false, calls.len());
             }
         };
-        let quick = match risk {
-            Risk::ReadOnly => Some(verdict(Decision::Approve, "policy:readOnly")),
-            Risk::Destructive if !env.approver.is_interactive() => Some(headless_denial(&request.tool)),
-            Risk::Destructive => None,
-            Risk::Write => match self.session_allow.check(&request.tool, risk, &request.arguments) {
-                Ok(rule) => Some(verdict(Decision::Approve, &format!("session:{}", rule.text()))),
+        let quick = match gate::gate(&request.tool, risk, None, env.approver.is_interactive()) {
+            Err(refusal) => Some(record(refusal)),
+            Ok(Need::Nothing) => Some(record(Verdict { decision: Answer::Approve, by: READ_ONLY.to_owned() })),
+            Ok(Need::Person) => None,
+            Ok(Need::RuleOrVerdict) => match self.session_allow.check(&request.tool, risk, &request.arguments) {
+                Ok(rule) => Some(record(Verdict { decision: Answer::Approve, by: format!("session:{}", rule.text()) })),
                 Err(_) => {
                     let ask = ApprovalRequest {
                         invocation_id: &invocation_id,
@@ -343,62 +377,25 @@ impl<S: Storage> Session<S> {
                         cwd: &self.cwd,
                         bypass: None,
                     };
-                    env.approver.pre_approve(&ask).map(|v| verdict(v.decision, &v.by))
+                    env.approver.pre_approve(&ask).map(record)
                 }
             },
         };
-        b.entry(TOOL_REQUESTED, &requested)?;
         let pending = PendingValue { request_entry, turn_id: self.turn_id() };
         match quick {
-            Some(v) if is_approve(&v) => {
-                b.entry(
-                    TOOL_STARTED,
-                    &ToolStarted {
-                        invocation_id: invocation_id.clone(),
-                        call_id: call.id.clone(),
-                        tool: call.name.clone(),
-                        verdict: v.clone(),
-                    },
-                )?;
-                let rule = self.remember(&mut b, &v, risk, &request)?;
-                b.set(PENDING_NS, &invocation_id, &pending)?;
-                let mut pc = self.pc.to(Phase::Executing)?;
-                pc.invocation = Some(invocation_id.clone());
-                self.commit(b, Some(pc))?;
-                if let Some(rule) = rule {
-                    self.session_allow.push(rule);
-                }
-                self.started_here = Some(invocation_id.clone());
-                (env.observer)(&requested_event);
-                (env.observer)(&TurnEvent::ApprovalVerdict { invocation_id: invocation_id.clone(), verdict: v });
-                (env.observer)(&TurnEvent::ToolStarted { invocation_id, tool: call.name, risk });
-            }
+            Some(v) if is_approve(&v) => self.start(env, b, &request, risk, v, Some(pending)),
             Some(v) => {
-                let rejected = ToolRejected::by_verdict(
-                    invocation_id.clone(),
-                    call.id.clone(),
-                    call.name.clone(),
-                    risk,
-                    v.clone(),
-                );
-                let reason = rejected.reason.clone();
-                b.entry(TOOL_REJECTED, &rejected)?;
-                let pc = self.after_call(&mut b, calls.len())?;
-                self.commit(b, Some(pc))?;
-                (env.observer)(&requested_event);
-                (env.observer)(&TurnEvent::ApprovalVerdict { invocation_id: invocation_id.clone(), verdict: v });
-                (env.observer)(&TurnEvent::ToolRejected { invocation_id, tool: call.name, risk: Some(risk), reason });
-                self.after_commit_events(env);
+                b.tell(TurnEvent::ApprovalVerdict { invocation_id, verdict: v.clone() });
+                let rejected = ToolRejectedPayload::by_verdict(&request, risk, v);
+                self.settle_call(env, b, &Settlement::Rejected(rejected), false, calls.len())
             }
             None => {
                 b.set(PENDING_NS, &invocation_id, &pending)?;
                 let mut pc = self.pc.to(Phase::AwaitingApproval)?;
                 pc.invocation = Some(invocation_id);
-                self.commit(b, Some(pc))?;
-                (env.observer)(&requested_event);
+                self.commit(b, Some(pc), env.observer)
             }
         }
-        Ok(())
     }
 
     /// The Correx request for one of the model's tool calls.
@@ -440,68 +437,44 @@ impl<S: Storage> Session<S> {
         let tool = env.tools.get(&request.tool).cloned();
         let mut v = match &tool {
             None => deny(format!("tool {:?} is no longer available", request.tool), "policy:unavailable"),
-            Some(_) if risk == Risk::Destructive && !env.approver.is_interactive() => headless_denial(&request.tool),
-            Some(tool) => {
-                let preview = tool.preview(&request, &self.cwd);
-                (env.observer)(&TurnEvent::ApprovalAsked {
-                    invocation_id: invocation_id.clone(),
-                    tool: request.tool.clone(),
-                    risk,
-                    preview: preview.clone(),
-                });
-                let ask = ApprovalRequest {
-                    invocation_id: &invocation_id,
-                    tool: &request.tool,
-                    risk,
-                    arguments: &request.arguments,
-                    preview: preview.as_ref(),
-                    cwd: &self.cwd,
-                    bypass: None,
-                };
-                match env.approver.decide(&ask) {
-                    Ok(answer) => verdict(answer.decision, &answer.by),
-                    Err(e) => deny(format!("the approver failed ({e}); the call was not run"), "approver:error"),
+            Some(tool) => match gate::gate(&request.tool, risk, None, env.approver.is_interactive()) {
+                Err(refusal) => record(refusal),
+                Ok(need) => {
+                    let preview = tool.preview(&request, &self.cwd);
+                    // Not an entry: a person is being asked right now.
+                    (env.observer)(&TurnEvent::ApprovalAsked {
+                        invocation_id: invocation_id.clone(),
+                        tool: request.tool.clone(),
+                        risk,
+                        preview: preview.clone(),
+                    });
+                    let ask = ApprovalRequest {
+                        invocation_id: &invocation_id,
+                        tool: &request.tool,
+                        risk,
+                        arguments: &request.arguments,
+                        preview: preview.as_ref(),
+                        cwd: &self.cwd,
+                        bypass: None,
+                    };
+                    match env.approver.decide(&ask) {
+                        Ok(answer) => record(need.bound(answer)),
+                        Err(e) => deny(format!("the approver failed ({e}); the call was not run"), "approver:error"),
+                    }
                 }
-            }
+            },
         };
-        if risk == Risk::Destructive && v.decision == Decision::ApproveForSession {
-            v.decision = Decision::Approve;
-        }
         if is_approve(&v) && env.cancel.is_cancelled() {
             v = deny("the turn was cancelled while this call awaited approval".to_owned(), "host:cancel");
         }
         let mut b = self.tx();
-        (env.observer)(&TurnEvent::ApprovalVerdict { invocation_id: invocation_id.clone(), verdict: v.clone() });
         if is_approve(&v) {
-            b.entry(
-                TOOL_STARTED,
-                &ToolStarted {
-                    invocation_id: invocation_id.clone(),
-                    call_id: request.call_id.clone(),
-                    tool: request.tool.clone(),
-                    verdict: v.clone(),
-                },
-            )?;
-            let rule = self.remember(&mut b, &v, risk, &request)?;
-            let pc = self.pc.to(Phase::Executing)?;
-            self.commit(b, Some(pc))?;
-            if let Some(rule) = rule {
-                self.session_allow.push(rule);
-            }
-            self.started_here = Some(invocation_id.clone());
-            (env.observer)(&TurnEvent::ToolStarted { invocation_id, tool: request.tool, risk });
+            self.start(env, b, &request, risk, v, None)
         } else {
-            let rejected =
-                ToolRejected::by_verdict(invocation_id.clone(), request.call_id.clone(), request.tool.clone(), risk, v);
-            let reason = rejected.reason.clone();
-            b.entry(TOOL_REJECTED, &rejected)?;
-            b.delete(PENDING_NS, &invocation_id);
-            let pc = self.after_call(&mut b, calls)?;
-            self.commit(b, Some(pc))?;
-            (env.observer)(&TurnEvent::ToolRejected { invocation_id, tool: request.tool, risk: Some(risk), reason });
-            self.after_commit_events(env);
+            b.tell(TurnEvent::ApprovalVerdict { invocation_id, verdict: v.clone() });
+            let rejected = ToolRejectedPayload::by_verdict(&request, risk, v);
+            self.settle_call(env, b, &Settlement::Rejected(rejected), true, calls)
         }
-        Ok(())
     }
 
     /// Run the effect (fresh) or apply the replay policy (resume), then
@@ -514,105 +487,80 @@ impl<S: Storage> Session<S> {
         let request = requested.request;
         let risk = requested.tier.unwrap_or(Risk::Write);
         let tool = env.tools.get(&request.tool).cloned();
-        let failed = |reason: String, uncertain: bool| {
-            Settlement::Failed(ToolFailed {
-                invocation_id: invocation_id.clone(),
-                call_id: request.call_id.clone(),
-                tool: request.tool.clone(),
-                reason,
-                uncertain,
-                bypasses: Vec::new(),
-            })
-        };
+        let uncertain = |reason: String| Settlement::Failed(ToolFailedPayload::new(&request, reason, true, Vec::new()));
         let settlement = match (&tool, fresh, requested.replay.unwrap_or(ReplayPolicy::Never)) {
-            (None, _, _) => failed(
-                format!(
-                    "interrupted: cairn stopped while {} ran and the tool is no longer registered, so it was not re-run; whether its effect happened is unknown",
-                    request.tool
-                ),
-                true,
-            ),
+            (None, _, _) => uncertain(format!(
+                "interrupted: cairn stopped while {} ran and the tool is no longer registered, so it was not re-run; whether its effect happened is unknown",
+                request.tool
+            )),
             (Some(tool), true, _) | (Some(tool), false, ReplayPolicy::Idempotent) => {
-                self.run_effect(tool.as_ref(), &request, risk, env)
+                self.run_effect(tool.as_ref(), &request, risk, env)?
             }
             (Some(tool), false, ReplayPolicy::Guarded) => match tool.guard(&request, &self.cwd) {
                 GuardVerdict::AlreadyDone(mut receipt) => {
                     let full_output =
                         effect::apply_cap(&mut receipt, self.config.output_cap, self.config.stored_output_cap);
-                    Settlement::Completed(ToolCompleted {
-                        invocation_id: invocation_id.clone(),
-                        call_id: request.call_id.clone(),
-                        tool: request.tool.clone(),
+                    Settlement::Completed(ToolCompletedPayload::new(
+                        &request,
                         receipt,
                         full_output,
-                        settled_by: Some("guard".to_owned()),
-                        bypasses: Vec::new(),
-                    })
+                        Some("guard".to_owned()),
+                        Vec::new(),
+                    ))
                 }
-                GuardVerdict::NotDone => self.run_effect(tool.as_ref(), &request, risk, env),
-                GuardVerdict::Unknown => failed(
-                    format!(
-                        "interrupted: cairn stopped while {} ran and its guard cannot tell whether the effect happened; it was not re-run — check before retrying",
-                        request.tool
-                    ),
-                    true,
-                ),
-            },
-            (Some(_), false, ReplayPolicy::Never) => failed(
-                format!(
-                    "interrupted: cairn stopped while {} ran; it is not safe to re-run, so it was not, and whether its effect happened is unknown — check before retrying",
+                GuardVerdict::NotDone => self.run_effect(tool.as_ref(), &request, risk, env)?,
+                GuardVerdict::Unknown => uncertain(format!(
+                    "interrupted: cairn stopped while {} ran and its guard cannot tell whether the effect happened; it was not re-run — check before retrying",
                     request.tool
-                ),
-                true,
-            ),
+                )),
+            },
+            (Some(_), false, ReplayPolicy::Never) => uncertain(format!(
+                "interrupted: cairn stopped while {} ran; it is not safe to re-run, so it was not, and whether its effect happened is unknown — check before retrying",
+                request.tool
+            )),
         };
-        let mut b = self.tx();
-        let event = match &settlement {
-            Settlement::Completed(done) => {
-                b.entry(TOOL_COMPLETED, done)?;
-                TurnEvent::ToolCompleted {
-                    invocation_id: invocation_id.clone(),
-                    tool: request.tool.clone(),
-                    exit_code: done.receipt.exit_code,
-                    output_summary: done.receipt.output_summary.clone(),
-                    truncated: done.receipt.truncated,
-                }
-            }
-            Settlement::Failed(failure) => {
-                b.entry(TOOL_FAILED, failure)?;
-                TurnEvent::ToolFailed {
-                    invocation_id: invocation_id.clone(),
-                    tool: request.tool.clone(),
-                    reason: failure.reason.clone(),
-                    uncertain: failure.uncertain,
-                }
-            }
-        };
-        b.delete(PENDING_NS, &invocation_id);
-        let pc = self.after_call(&mut b, calls)?;
-        self.commit(b, Some(pc))?;
-        (env.observer)(&event);
-        self.after_commit_events(env);
-        Ok(())
+        let b = self.tx();
+        self.settle_call(env, b, &settlement, true, calls)
     }
 
-    fn run_effect(&self, tool: &dyn Tool, request: &ToolRequest, risk: Risk, env: &mut TurnEnv<'_>) -> Settlement {
+    /// Run the effect once. Each sandbox bypass verdict is committed as its
+    /// own `toolBypass` entry the moment it is given; a bypass whose verdict
+    /// cannot be recorded is refused, and the turn then stops with the
+    /// storage error (the call stays unsettled and resume applies its
+    /// replay policy).
+    fn run_effect(
+        &mut self,
+        tool: &dyn Tool,
+        request: &ToolRequest,
+        risk: Risk,
+        env: &mut TurnEnv<'_>,
+    ) -> Result<Settlement, TurnError> {
         let limits = ToolLimits { timeout: self.config.tool_timeout, output_cap: self.config.output_cap };
-        let ran =
-            effect::run(tool, request, risk, &self.cwd, limits, env.cancel, &mut *env.observer, &mut *env.approver);
-        match ran.result {
+        let cwd = self.cwd.clone();
+        let mut commit_bypass = |bypass: &BypassRecord| -> Result<(), TurnError> {
+            let mut b = self.tx();
+            b.entry(&ToolBypassPayload::new(request, bypass.clone()))?;
+            self.commit(b, None, &mut |_: &TurnEvent| {})
+        };
+        let ran = effect::run(
+            tool,
+            request,
+            risk,
+            &cwd,
+            limits,
+            env.cancel,
+            &mut *env.observer,
+            &mut *env.approver,
+            &mut commit_bypass,
+        );
+        if let Some(error) = ran.record_error {
+            return Err(error);
+        }
+        Ok(match ran.result {
             Ok(mut receipt) => {
                 let full_output =
                     effect::apply_cap(&mut receipt, self.config.output_cap, self.config.stored_output_cap);
-                Settlement::Completed(ToolCompleted {
-                    invocation_id: request.invocation_id.clone(),
-                    call_id: request.call_id.clone(),
-                    tool: request.tool.clone(),
-                    receipt,
-                    full_output,
-                    settled_by: None,
-                    bypasses: ran.bypasses,
-                })
+                Settlement::Completed(ToolCompletedPayload::new(request, receipt, full_output, None, ran.bypasses))
             }
             Err(error) => {
                 let reason = match error {
@@ -622,21 +570,14 @@ impl<S: Storage> Session<S> {
                     ToolError::Cancelled => "cancelled by the host".to_owned(),
                     other => other.to_string(),
                 };
-                Settlement::Failed(ToolFailed {
-                    invocation_id: request.invocation_id.clone(),
-                    call_id: request.call_id.clone(),
-                    tool: request.tool.clone(),
-                    reason,
-                    uncertain: false,
-                    bypasses: ran.bypasses,
-                })
+                Settlement::Failed(ToolFailedPayload::new(request, reason, false, ran.bypasses))
             }
-        }
+        })
     }
 
     /// Settle `pending` keys the pc does not point at (only a log written by
     /// something else has them) as failed-uncertain, so nothing is left
-    /// without a way forward.
+    /// without a way forward. Runs before every resume and every new turn.
     pub(super) fn settle_orphans(&mut self, env: &mut TurnEnv<'_>) -> Result<(), TurnError> {
         let current = match self.pc.phase {
             Phase::AwaitingApproval | Phase::Executing => self.pc.invocation.clone(),
@@ -644,7 +585,6 @@ impl<S: Storage> Session<S> {
             _ => None,
         };
         let mut b = self.tx();
-        let mut events = Vec::new();
         for (key, _) in self.store.registers(PENDING_NS) {
             if Some(&key) == current.as_ref() {
                 continue;
@@ -652,37 +592,19 @@ impl<S: Storage> Session<S> {
             let requested = self.pending_request(&key)?;
             let reason =
                 "found unsettled on resume and not at the turn's position; not re-run, effect unknown".to_owned();
-            b.entry(
-                TOOL_FAILED,
-                &ToolFailed {
-                    invocation_id: key.clone(),
-                    call_id: requested.request.call_id.clone(),
-                    tool: requested.request.tool.clone(),
-                    reason: reason.clone(),
-                    uncertain: true,
-                    bypasses: Vec::new(),
-                },
-            )?;
-            b.delete(PENDING_NS, &key);
-            events.push(TurnEvent::ToolFailed {
-                invocation_id: key,
-                tool: requested.request.tool,
-                reason,
-                uncertain: true,
-            });
+            let failed = ToolFailedPayload::new(&requested.request, reason, true, Vec::new());
+            b.settle(&Settlement::Failed(failed), true)?;
         }
         if !b.is_empty() {
-            self.commit(b, None)?;
-            for event in events {
-                (env.observer)(&event);
-            }
+            self.commit(b, None, env.observer)?;
         }
         Ok(())
     }
 
     /// Before a new turn replaces a cancelled one: settle the calls the
     /// cancelled turn never ran as rejected, so every call has a result.
-    pub(super) fn abandon_cancelled(&mut self, b: &mut TxBuilder, env: &mut TurnEnv<'_>) -> Result<(), TurnError> {
+    /// Adds to `b`; observers are told once `b` is committed.
+    pub(super) fn abandon_cancelled(&mut self, b: &mut TxBuilder) -> Result<(), TurnError> {
         let Some(inner) = self.pc.resume.clone() else {
             return Ok(());
         };
@@ -699,52 +621,16 @@ impl<S: Storage> Session<S> {
         {
             let requested = self.pending_request(inv)?;
             let reason = "the turn was cancelled before this call was approved; it was not run".to_owned();
-            b.entry(
-                TOOL_REJECTED,
-                &ToolRejected {
-                    invocation_id: inv.clone(),
-                    call_id: requested.request.call_id.clone(),
-                    tool: requested.request.tool.clone(),
-                    tier: requested.tier,
-                    reason: reason.clone(),
-                    verdict: None,
-                },
-            )?;
-            b.delete(PENDING_NS, inv);
-            (env.observer)(&TurnEvent::ToolRejected {
-                invocation_id: inv.clone(),
-                tool: requested.request.tool,
-                risk: requested.tier,
-                reason,
-            });
+            let rejected = ToolRejectedPayload::new(&requested.request, requested.tier, reason);
+            b.settle(&Settlement::Rejected(rejected), true)?;
             start += 1;
         }
         for call in calls.iter().skip(start) {
             let invocation_id = b.next_id("i");
             let request = self.tool_request(&invocation_id, call);
-            b.entry(
-                TOOL_REQUESTED,
-                &ToolRequested {
-                    invocation_id: invocation_id.clone(),
-                    turn_id: inner.turn.clone().unwrap_or_default(),
-                    request,
-                    tier: None,
-                    replay: None,
-                },
-            )?;
+            b.entry(&ToolRequestedPayload::new(inner.turn.clone().unwrap_or_default(), request.clone(), None, None))?;
             let reason = "the turn was cancelled before this call ran; it was not run".to_owned();
-            b.entry(
-                TOOL_REJECTED,
-                &ToolRejected {
-                    invocation_id: invocation_id.clone(),
-                    call_id: call.id.clone(),
-                    tool: call.name.clone(),
-                    tier: None,
-                    reason: reason.clone(),
-                    verdict: None,
-                },
-            )?;
-            (env.observer)(&TurnEvent::ToolRejected { invocation_id, tool: call.name.clone(), risk: None, reason });
+            b.settle(&Settlement::Rejected(ToolRejectedPayload::new(&request, None, reason)), false)?;
         }
         Ok(())
     }

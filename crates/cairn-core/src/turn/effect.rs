@@ -1,20 +1,23 @@
 //! Running one tool effect with the session's limits: a per-call
 //! cancellation token that a watchdog thread sets on the timeout or when the
 //! host cancels, output chunks streamed to the observer (never buffered),
-//! sandbox-bypass requests put to the approver and recorded, and the output
-//! cap applied to the receipt.
+//! sandbox-bypass requests put through the approval gate and the approver,
+//! each verdict handed to the caller to commit before the tool learns it,
+//! and the output cap applied to the receipt.
 //!
-//! A panicking tool is caught and settled as failed. Timeouts are cooperative: a tool must honour its token (cairn-tools
-//! kills the process group). It must not commit anything: the caller
-//! settles.
+//! A panicking tool is caught and settled as failed. Timeouts are
+//! cooperative: a tool must honour its token (cairn-tools kills the process
+//! group). It must not commit anything itself: the caller records bypass
+//! verdicts and settles.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::TurnError;
 use crate::CancelToken;
-use crate::approval::{ApprovalRequest, Approver, Decision};
+use crate::approval::{Answer, ApprovalRequest, Approver, gate};
 use crate::events::{BypassRecord, TurnEvent, VerdictRecord};
 use crate::storage::now_millis;
 use crate::tool::{Risk, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest};
@@ -24,9 +27,12 @@ pub(crate) struct EffectResult {
     pub(crate) result: Result<ToolReceipt, ToolError>,
     pub(crate) bypasses: Vec<BypassRecord>,
     pub(crate) timed_out: bool,
+    /// A bypass verdict could not be recorded (the bypass was refused).
+    pub(crate) record_error: Option<TurnError>,
 }
 
-/// Run `tool` once.
+/// Run `tool` once. `record` commits each bypass verdict; the tool learns
+/// the answer only after it returned `Ok`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     tool: &dyn Tool,
@@ -37,10 +43,12 @@ pub(crate) fn run(
     outer: &CancelToken,
     observer: &mut dyn FnMut(&TurnEvent),
     approver: &mut dyn Approver,
+    record: &mut dyn FnMut(&BypassRecord) -> Result<(), TurnError>,
 ) -> EffectResult {
     let call_cancel = CancelToken::new();
     let timed_out = AtomicBool::new(false);
     let mut bypasses = Vec::new();
+    let mut record_error = None;
     let (done_tx, done_rx) = mpsc::channel::<()>();
     // A timeout too large to represent means no deadline.
     let deadline = Instant::now().checked_add(limits.timeout);
@@ -76,36 +84,43 @@ pub(crate) fn run(
             });
         };
         let mut approve_bypass = |what: &str| -> bool {
+            if record_error.is_some() {
+                // Nothing more can be recorded: nothing more is granted.
+                return false;
+            }
             let at = now_millis();
-            let verdict = if !approver.is_interactive() {
-                VerdictRecord {
-                    decision: Decision::Deny {
-                        reason: "a sandbox bypass needs a person's approval; none is available".to_owned(),
-                    },
-                    by: "policy:headless".to_owned(),
-                    at,
-                }
-            } else {
-                let ask = ApprovalRequest {
-                    invocation_id: &request.invocation_id,
-                    tool: &request.tool,
-                    risk,
-                    arguments: &request.arguments,
-                    preview: None,
-                    cwd,
-                    bypass: Some(what),
-                };
-                match approver.decide(&ask) {
-                    Ok(v) => VerdictRecord { decision: v.decision, by: v.by, at },
-                    Err(e) => VerdictRecord {
-                        decision: Decision::Deny { reason: e.to_string() },
-                        by: "approver:error".to_owned(),
-                        at,
-                    },
+            let verdict = match gate(&request.tool, risk, Some(what), approver.is_interactive()) {
+                Err(refusal) => VerdictRecord { decision: refusal.decision, by: refusal.by, at },
+                Ok(need) => {
+                    let ask = ApprovalRequest {
+                        invocation_id: &request.invocation_id,
+                        tool: &request.tool,
+                        risk,
+                        arguments: &request.arguments,
+                        preview: None,
+                        cwd,
+                        bypass: Some(what),
+                    };
+                    match approver.decide(&ask) {
+                        Ok(v) => {
+                            let v = need.bound(v);
+                            VerdictRecord { decision: v.decision, by: v.by, at }
+                        }
+                        Err(e) => VerdictRecord {
+                            decision: Answer::Deny { reason: e.to_string() },
+                            by: "approver:error".to_owned(),
+                            at,
+                        },
+                    }
                 }
             };
-            let approved = !matches!(verdict.decision, Decision::Deny { .. });
-            bypasses.push(BypassRecord { what: what.to_owned(), verdict });
+            let bypass = BypassRecord { what: what.to_owned(), verdict };
+            if let Err(e) = record(&bypass) {
+                record_error = Some(e);
+                return false;
+            }
+            let approved = !matches!(bypass.verdict.decision, Answer::Deny { .. });
+            bypasses.push(bypass);
             approved
         };
         let mut ctx =
@@ -123,7 +138,7 @@ pub(crate) fn run(
         let _ = done_tx.send(());
         result
     });
-    EffectResult { result, bypasses, timed_out: timed_out.load(Ordering::SeqCst) }
+    EffectResult { result, bypasses, timed_out: timed_out.load(Ordering::SeqCst), record_error }
 }
 
 /// The largest char boundary ≤ `at`.

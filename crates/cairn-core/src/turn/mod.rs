@@ -13,18 +13,23 @@
 //!
 //! Invariants:
 //! - a `pending` key is live exactly while its invocation's pc is
-//!   `AwaitingApproval` or `Executing` (or a cancelled pc that resumes there);
+//!   `AwaitingApproval` or `Executing` (or a cancelled pc that resumes
+//!   there), and `op/provider` exactly while the pc is `Planning`; both are
+//!   checked before every commit that moves the pc (`lifecycle`);
 //! - each invocation gets exactly one settlement entry;
+//! - observers are told of an entry only after the line holding it is
+//!   committed (events travel in the [`TxBuilder`] with their entries);
 //! - the in-memory conversation equals a rebuild from the lane's path.
 //!
 //! Layout: [`pc`] (phases and legal moves), `drive` (the loop and the
 //! sandwich), `effect` (running a tool with limits), `conversation` (entries
-//! to messages). This module must not print, spawn or talk HTTP: providers,
+//! to messages), `lifecycle` (the turn's half of the register lifecycles). This module must not print, spawn or talk HTTP: providers,
 //! tools and approvers are injected through [`TurnEnv`].
 
 mod conversation;
 mod drive;
 mod effect;
+mod lifecycle;
 pub mod pc;
 
 use std::path::PathBuf;
@@ -38,21 +43,21 @@ pub use pc::{Pc, Phase, TransitionError};
 
 use crate::CancelToken;
 use crate::approval::{AllowRule, AllowRuleError, Allowlist, Approver};
-use crate::events::{MESSAGE, TurnEvent};
+use crate::events::{EntryPayload, EntryType, TurnEvent};
 use crate::message::Message;
 use crate::projection::{LifecycleError, ToolState};
 use crate::provider::{Provider, ProviderError};
 use crate::registry::ToolRegistry;
-use crate::storage::{RawJson, Storage, StorageError, Transaction, to_raw};
+use crate::storage::{RawJson, Storage, StorageError, Transaction, registers, to_raw};
 
 /// Register namespace of lane heads.
-pub const LANE_NS: &str = "lane";
+pub const LANE_NS: &str = registers::LANE;
 /// Register namespace of in-flight operations (the provider-call intent).
-pub const OP_NS: &str = "op";
+pub const OP_NS: &str = registers::OP;
 /// Register namespace of committed, unsettled tool intents.
-pub const PENDING_NS: &str = "pending";
-/// Register namespace of durable facts (session allow rules: `allow:<rule>`).
-pub const FACT_NS: &str = "fact";
+pub const PENDING_NS: &str = registers::PENDING;
+/// The `op` key of the outstanding provider call.
+pub(crate) const PROVIDER_OP: &str = "provider";
 /// The default lane.
 pub const DEFAULT_LANE: &str = "main";
 
@@ -165,15 +170,15 @@ pub enum TurnError {
     /// The log's turn data is not what cairn writes.
     #[error("session log is inconsistent: {0}")]
     Corrupt(String),
-    /// The tool registry refused a tool.
-    #[error("{0}")]
-    Registry(String),
     /// No lane of that name.
     #[error("no lane named {0:?}; list lanes with `cairn show`")]
     NoSuchLane(String),
     /// The lane already exists.
     #[error("a lane named {0:?} already exists; pick another name")]
     LaneExists(String),
+    /// The lane is the one this session is on (a turn may run on it).
+    #[error("lane {0:?} is the current lane; switch to another lane before removing it")]
+    LaneInUse(String),
     /// No entry of that id.
     #[error("no entry with id {0:?}")]
     NoSuchEntry(String),
@@ -198,8 +203,20 @@ pub(crate) struct PendingValue {
     pub(crate) turn_id: String,
 }
 
+/// The value of the `op/provider` register: the outstanding provider call
+/// (fields in the key order earlier versions wrote).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ProviderOp {
+    /// The step (1-based provider call within the turn).
+    pub(crate) step: u32,
+    /// The turn.
+    pub(crate) turn_id: String,
+}
+
 /// A transaction under construction: assigns entry ids from the seqs the
-/// records will get and chains entries on the lane.
+/// records will get, chains entries on the lane, and holds the events to
+/// tell once (and only if) it is committed.
 pub(crate) struct TxBuilder {
     tx: Transaction,
     next_seq: u64,
@@ -207,6 +224,7 @@ pub(crate) struct TxBuilder {
     lane: String,
     lane_moved: bool,
     new_messages: Vec<Message>,
+    events: Vec<TurnEvent>,
 }
 
 impl TxBuilder {
@@ -218,10 +236,16 @@ impl TxBuilder {
         format!("{prefix}{}", self.next_seq)
     }
 
-    /// Append an entry on the lane; returns its id.
-    pub(crate) fn entry<T: Serialize>(&mut self, entry_type: &str, payload: &T) -> Result<String, TurnError> {
+    /// Tell observers `event` once this transaction is committed.
+    pub(crate) fn tell(&mut self, event: TurnEvent) {
+        self.events.push(event);
+    }
+
+    /// Append an entry on the lane, under its payload's type; returns its id.
+    pub(crate) fn entry<P: EntryPayload>(&mut self, payload: &P) -> Result<String, TurnError> {
         let id = self.next_id("e");
         let raw = to_raw(payload)?;
+        let entry_type = P::TYPE.tag();
         let tx = std::mem::take(&mut self.tx);
         if let Some(message) = conversation::message_of(entry_type, &raw) {
             self.new_messages.push(message);
@@ -236,6 +260,13 @@ impl TxBuilder {
     pub(crate) fn set<T: Serialize>(&mut self, namespace: &str, key: &str, value: &T) -> Result<(), TurnError> {
         let raw = to_raw(value)?;
         self.tx = std::mem::take(&mut self.tx).set(namespace, key, raw);
+        self.next_seq += 1;
+        Ok(())
+    }
+
+    /// Store a session allow rule (a `fact`).
+    pub(crate) fn allow_fact(&mut self, rule: &str, fact: &registers::AllowFact) -> Result<(), TurnError> {
+        self.tx = std::mem::take(&mut self.tx).set_session_allow_rule(rule, fact)?;
         self.next_seq += 1;
         Ok(())
     }
@@ -305,10 +336,8 @@ impl<S: Storage> Session<S> {
         };
         let messages = conversation::rebuild(&store, head.as_deref())?;
         let mut session_allow = Allowlist::new();
-        for (key, _) in store.registers(FACT_NS) {
-            if let Some(rule) = key.strip_prefix("allow:") {
-                session_allow.push(AllowRule::parse(rule)?);
-            }
+        for rule in registers::session_allow_rules(&store) {
+            session_allow.push(AllowRule::parse(&rule)?);
         }
         let cwd = config.cwd.clone().unwrap_or_else(|| PathBuf::from(&store.header().cwd));
         Ok(Self { store, config, pc, state_seq, lane, head, messages, session_allow, cwd, started_here: None })
@@ -399,6 +428,20 @@ impl<S: Storage> Session<S> {
         Ok(())
     }
 
+    /// Remove the lane `lane` (a person's decision): its head register goes,
+    /// its entries stay in the log (other lanes may share them). Refuses the
+    /// current lane, on which a turn may be in progress.
+    pub fn remove_lane(&mut self, lane: &str) -> Result<(), TurnError> {
+        if lane == self.lane || (self.pc.in_progress() && lane == self.pc.lane) {
+            return Err(TurnError::LaneInUse(lane.to_owned()));
+        }
+        if self.store.register(LANE_NS, lane).is_none() {
+            return Err(TurnError::NoSuchLane(lane.to_owned()));
+        }
+        self.store.commit(Transaction::new().delete(LANE_NS, lane))?;
+        Ok(())
+    }
+
     /// Make `lane` the one new turns run on.
     pub fn switch_lane(&mut self, lane: &str) -> Result<(), TurnError> {
         if self.pc.in_progress() {
@@ -420,11 +463,20 @@ impl<S: Storage> Session<S> {
             lane: self.lane.clone(),
             lane_moved: false,
             new_messages: Vec::new(),
+            events: Vec::new(),
         }
     }
 
-    /// Commit `b`, moving the pc to `pc` by CAS on the state's seq.
-    pub(crate) fn commit(&mut self, b: TxBuilder, pc: Option<Pc>) -> Result<(), TurnError> {
+    /// Commit `b`, moving the pc to `pc` by CAS on the state's seq, then
+    /// tell `observer` the events `b` holds. A move of the pc is refused
+    /// before anything is written if it would leave the `op` or `pending`
+    /// registers out of step with it.
+    pub(crate) fn commit(
+        &mut self,
+        b: TxBuilder,
+        pc: Option<Pc>,
+        observer: &mut dyn FnMut(&TurnEvent),
+    ) -> Result<(), TurnError> {
         let mut tx = b.tx;
         if b.lane_moved
             && let Some(head) = &b.head
@@ -432,6 +484,7 @@ impl<S: Storage> Session<S> {
             tx = tx.set(LANE_NS, b.lane.clone(), to_raw(head)?);
         }
         if let Some(pc) = &pc {
+            lifecycle::check(&self.store, &tx, pc)?;
             tx = tx.state(self.state_seq, to_raw(pc)?);
         }
         let committed = self.store.commit(tx)?;
@@ -441,25 +494,32 @@ impl<S: Storage> Session<S> {
         }
         self.head = b.head;
         self.messages.extend(b.new_messages);
+        for event in &b.events {
+            observer(event);
+        }
         Ok(())
     }
 
     /// Start a turn with `user_text` on the current lane and drive it to
     /// Final (or Cancelled). A cancelled earlier turn is abandoned (its
     /// unrun calls are settled as rejected); any other unfinished turn must
-    /// be resumed first.
+    /// be resumed first. `pending` keys the pc does not point at (a log
+    /// written by something else) are settled first, as on resume.
     pub fn run_turn(&mut self, user_text: &str, env: &mut TurnEnv<'_>) -> Result<TurnOutcome, TurnError> {
         self.started_here = None;
-        let mut b = self.tx();
         match self.pc.phase {
-            Phase::Idle | Phase::Final => {}
-            Phase::Cancelled => self.abandon_cancelled(&mut b, env)?,
+            Phase::Idle | Phase::Final | Phase::Cancelled => {}
             phase => return Err(TurnError::NeedsResume(phase)),
+        }
+        self.settle_orphans(env)?;
+        let mut b = self.tx();
+        if self.pc.phase == Phase::Cancelled {
+            self.abandon_cancelled(&mut b)?;
         }
         let turn_id = b.next_id("t");
         let user = Message::text(crate::message::Role::User, user_text);
-        b.entry(MESSAGE, &user)?;
-        b.set(OP_NS, "provider", &serde_json::json!({"turnId": turn_id, "step": 1}))?;
+        b.entry(&user)?;
+        b.set(OP_NS, PROVIDER_OP, &ProviderOp { turn_id: turn_id.clone(), step: 1 })?;
         let mut pc = self.pc.to(Phase::Planning)?;
         pc.turn = Some(turn_id.clone());
         pc.lane = self.lane.clone();
@@ -467,8 +527,8 @@ impl<S: Storage> Session<S> {
         pc.assistant = None;
         pc.call = 0;
         pc.invocation = None;
-        self.commit(b, Some(pc))?;
-        (env.observer)(&TurnEvent::TurnStarted { turn_id, lane: self.lane.clone(), resumed: false });
+        b.tell(TurnEvent::TurnStarted { turn_id, lane: self.lane.clone(), resumed: false });
+        self.commit(b, Some(pc), env.observer)?;
         self.drive(env)
     }
 
@@ -481,6 +541,8 @@ impl<S: Storage> Session<S> {
         if !self.pc.in_progress() {
             return Ok(None);
         }
+        let turn_id = self.pc.turn.clone().unwrap_or_default();
+        let started = TurnEvent::TurnStarted { turn_id: turn_id.clone(), lane: self.lane.clone(), resumed: true };
         if self.pc.phase == Phase::Cancelled {
             let inner = match &self.pc.resume {
                 Some(inner) => (**inner).clone(),
@@ -488,15 +550,20 @@ impl<S: Storage> Session<S> {
             };
             let next = self.pc.to(inner.phase)?;
             let next = Pc { phase: next.phase, resume: None, ..inner };
-            let b = self.tx();
-            self.commit(b, Some(next))?;
+            let mut b = self.tx();
+            if next.phase == Phase::Planning {
+                // The provider call is in flight again (a cancel ended it).
+                b.set(OP_NS, PROVIDER_OP, &ProviderOp { turn_id, step: next.step })?;
+            }
+            b.tell(started);
+            self.commit(b, Some(next), env.observer)?;
+        } else {
+            (env.observer)(&started);
         }
-        let turn_id = self.pc.turn.clone().unwrap_or_default();
-        (env.observer)(&TurnEvent::TurnStarted { turn_id, lane: self.lane.clone(), resumed: true });
         self.drive(env).map(Some)
     }
 
-    pub(crate) fn pending_request(&self, invocation: &str) -> Result<crate::events::ToolRequested, TurnError> {
+    pub(crate) fn pending_request(&self, invocation: &str) -> Result<crate::events::ToolRequestedPayload, TurnError> {
         let raw = self
             .store
             .register(PENDING_NS, invocation)
@@ -514,21 +581,6 @@ impl<S: Storage> Session<S> {
         let message: Message =
             entry.payload.parse().map_err(|e| TurnError::Corrupt(format!("assistant message {entry_id}: {e}")))?;
         Ok(message.tool_calls().cloned().collect())
-    }
-
-    pub(crate) fn allow_rule_for(tool: &str, arguments: &Value) -> Option<String> {
-        match arguments.get("command").and_then(Value::as_str) {
-            None => Some(tool.to_owned()),
-            Some(line) => match crate::approval::cmdline::parse(line) {
-                Ok(commands) if commands.len() == 1 => {
-                    let word = commands[0].first()?;
-                    word.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
-                        .then(|| format!("{tool}({word} *)"))
-                }
-                _ => None,
-            },
-        }
     }
 }
 
@@ -580,29 +632,31 @@ fn check_pc<S: Storage>(store: &S, pc: &Pc) -> Result<(), TurnError> {
     let Some(request) = store.entry(&pending.request_entry) else {
         return corrupt(format!("pending {inv} names a missing entry {}", pending.request_entry));
     };
-    if request.entry_type != crate::events::TOOL_REQUESTED {
+    if request.entry_type != EntryType::ToolRequested.tag() {
         return corrupt(format!("pending {inv} names entry {} of type {}", request.id, request.entry_type));
     }
-    // The lifecycle entries of one invocation follow each other on the lane.
+    // The lifecycle entries of one invocation follow each other on the lane:
+    // intent, start, bypasses, settlement.
     let mut frontier = store.children(Some(&request.id));
-    for _ in 0..2 {
+    while !frontier.is_empty() {
         let mut next = Vec::new();
         for entry in frontier {
-            let settled = matches!(
-                entry.entry_type.as_str(),
-                crate::events::TOOL_COMPLETED | crate::events::TOOL_FAILED | crate::events::TOOL_REJECTED
-            );
             let same = || {
                 entry.payload.parse::<Value>().ok().and_then(|v| v.get("invocationId").cloned())
                     == Some(Value::String(inv.to_owned()))
             };
-            if settled && same() {
-                return corrupt(format!(
-                    "the pc is at invocation {inv}, which is already settled (entry {})",
-                    entry.id
-                ));
+            match EntryType::of(&entry.entry_type) {
+                Some(t) if t.is_settlement() && same() => {
+                    return corrupt(format!(
+                        "the pc is at invocation {inv}, which is already settled (entry {})",
+                        entry.id
+                    ));
+                }
+                Some(EntryType::ToolStarted | EntryType::ToolBypass) if same() => {
+                    next.extend(store.children(Some(&entry.id)));
+                }
+                _ => {}
             }
-            next.extend(store.children(Some(&entry.id)));
         }
         frontier = next;
     }

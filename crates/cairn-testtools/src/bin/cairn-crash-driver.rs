@@ -6,15 +6,19 @@
 //!
 //! Environment:
 //! - `CAIRN_CRASH_AT`: `after_intent`, `during_effect`, `before_settlement`
-//!   or `commit:N` — where to stop;
+//!   or `commit:N` — where to stop; or `mark:` followed by one of these —
+//!   where to create the signal file and go on (a test then kills at a
+//!   random moment after that point);
 //! - `CAIRN_CRASH_SIGNAL`: a file created when the point is reached (the
 //!   process then sleeps until killed);
 //! - `CAIRN_DURABILITY`: `every` (fsync each commit) or `none` (default);
 //! - `CAIRN_APPROVER`: `allowlist` (default: a headless policy allowlisting
-//!   the three append tools) or `yes` (an interactive approver that always
-//!   approves, so the intent and the start are separate commits).
+//!   the three append tools and the two writing built-ins) or `yes` (an
+//!   interactive approver that always approves, so the intent and the start
+//!   are separate commits).
 //!
-//! Tools: the cairn-testtools registry. Prints the outcome as JSON; exit 0 on
+//! Tools: the cairn-testtools registry, plus cairn-tools' real `write_file`
+//! and `edit_file` (Guarded) with the `during_effect` hook. Prints the outcome as JSON; exit 0 on
 //! success, 3 when the session is busy, 1 on any other error.
 
 use std::path::{Path, PathBuf};
@@ -26,15 +30,20 @@ use cairn_core::approval::{Allowlist, PolicyApprover};
 use cairn_core::storage::{Durability, Header, JsonlStore, StorageError, StoreOptions};
 use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv, TurnError};
 use cairn_testtools::hooks::{CrashPoint, HookStore};
-use cairn_testtools::{ScriptProvider, YesApprover, registry};
+use cairn_testtools::{HookedTool, ScriptProvider, YesApprover, registry};
+use cairn_tools::builtin::edit::{EditFile, WriteFile};
 
-fn pause_forever(signal: Option<&Path>, point: &str) {
+fn signal_point(signal: Option<&Path>, point: &str) {
     if let Some(signal) = signal {
         let temp = signal.with_extension("tmp");
         if std::fs::write(&temp, point).is_ok() {
             let _ = std::fs::rename(&temp, signal);
         }
     }
+}
+
+fn pause_forever(signal: Option<&Path>, point: &str) {
+    signal_point(signal, point);
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
@@ -45,14 +54,24 @@ fn run() -> anyhow::Result<i32> {
     let [session, cwd, script, mode, rest @ ..] = args.as_slice() else {
         bail!("usage: cairn-crash-driver SESSION_FILE CWD SCRIPT run PROMPT | resume");
     };
-    let point = std::env::var("CAIRN_CRASH_AT").ok().and_then(|p| CrashPoint::parse(&p));
+    let at = std::env::var("CAIRN_CRASH_AT").unwrap_or_default();
+    let (mark_only, point) = match at.strip_prefix("mark:") {
+        Some(rest) => (true, CrashPoint::parse(rest)),
+        None => (false, CrashPoint::parse(&at)),
+    };
     let signal: Option<PathBuf> = std::env::var_os("CAIRN_CRASH_SIGNAL").map(PathBuf::from);
     let durability = match std::env::var("CAIRN_DURABILITY").as_deref() {
         Ok("every") => Durability::EveryCommit,
         _ => Durability::None,
     };
     let hook_signal = signal.clone();
-    let hook: Arc<dyn Fn(&str) + Send + Sync> = Arc::new(move |name: &str| pause_forever(hook_signal.as_deref(), name));
+    let hook: Arc<dyn Fn(&str) + Send + Sync> = Arc::new(move |name: &str| {
+        if mark_only {
+            signal_point(hook_signal.as_deref(), name);
+        } else {
+            pause_forever(hook_signal.as_deref(), name);
+        }
+    });
     let tool_hook: Option<cairn_testtools::tools::Hook> = match point {
         Some(CrashPoint::DuringEffect) => Some(hook.clone()),
         _ => None,
@@ -80,10 +99,15 @@ fn run() -> anyhow::Result<i32> {
     let mut session = Session::open(store, config)?;
 
     let provider = ScriptProvider::from_jsonl(&std::fs::read_to_string(script)?).map_err(anyhow::Error::msg)?;
-    let tools = registry(false, tool_hook);
+    let mut tools = registry(false, tool_hook.clone());
+    tools.register(Arc::new(HookedTool::new(Arc::new(WriteFile::new()), tool_hook.clone())))?;
+    tools.register(Arc::new(HookedTool::new(Arc::new(EditFile::new()), tool_hook)))?;
     let mut approver = match std::env::var("CAIRN_APPROVER").as_deref() {
         Ok("yes") => PolicyApprover::new(Allowlist::new(), Some(Box::new(YesApprover::default()))),
-        _ => PolicyApprover::new(Allowlist::parse(["append_idempotent", "append_guarded", "append_never"])?, None),
+        _ => PolicyApprover::new(
+            Allowlist::parse(["append_idempotent", "append_guarded", "append_never", "write_file", "edit_file"])?,
+            None,
+        ),
     };
     let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = CancelToken::new();
