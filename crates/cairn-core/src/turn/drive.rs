@@ -21,7 +21,7 @@ use crate::events::{
     ToolCompleted, ToolFailed, ToolRejected, ToolRequested, ToolStarted, TurnEvent, TurnMark, VerdictRecord,
 };
 use crate::message::{Message, Role, ToolCall};
-use crate::provider::{ModelRequest, ProviderErrorKind, StreamEvent};
+use crate::provider::{ModelRequest, ModelResponse, ProviderErrorKind, StreamEvent};
 use crate::registry::ToolRegistry;
 use crate::schema;
 use crate::storage::{Storage, now_millis};
@@ -148,7 +148,7 @@ impl<S: Storage> Session<S> {
             };
             let observer = &mut *env.observer;
             let mut forward = |event: &StreamEvent| observer(&TurnEvent::Delta { event: event.clone() });
-            env.provider.complete(&request, &mut forward, env.cancel)
+            env.provider.complete(&request, &mut forward, env.cancel).and_then(ModelResponse::refuse_duplicate_call_ids)
         };
         match result {
             Ok(response) => {
@@ -281,6 +281,10 @@ impl<S: Storage> Session<S> {
             self.after_commit_events(env);
             return Ok(());
         };
+        let max_calls = env.provider.max_tool_calls().max(1);
+        if self.pc.call >= max_calls {
+            return self.refuse_excess_calls(env, b, &calls, max_calls);
+        }
         let request_entry = b.next_id("e");
         let invocation_id = b.next_id("i");
         let request = self.tool_request(&invocation_id, &call);
@@ -746,6 +750,60 @@ impl<S: Storage> Session<S> {
             )?;
             (env.observer)(&TurnEvent::ToolRejected { invocation_id, tool: call.name.clone(), risk: None, reason });
         }
+        Ok(())
+    }
+    /// The model asked for more tool calls in one message than the provider
+    /// allows (`max_tool_calls`): the calls from `self.pc.call` on are not
+    /// run; each is settled as rejected, with the reason the model sees, in
+    /// one commit (a flood of calls is one line, not one line per call).
+    fn refuse_excess_calls(
+        &mut self,
+        env: &mut TurnEnv<'_>,
+        mut b: TxBuilder,
+        calls: &[ToolCall],
+        max_calls: usize,
+    ) -> Result<(), TurnError> {
+        let reason = format!(
+            "not run: this message asked for {} tool calls and at most {max_calls} run per message; ask for the rest in a later message",
+            calls.len()
+        );
+        let mut events = Vec::new();
+        for call in calls.iter().skip(self.pc.call) {
+            let invocation_id = b.next_id("i");
+            let request = self.tool_request(&invocation_id, call);
+            let requested = ToolRequested {
+                invocation_id: invocation_id.clone(),
+                turn_id: self.turn_id(),
+                request,
+                tier: None,
+                replay: None,
+            };
+            b.entry(TOOL_REQUESTED, &requested)?;
+            b.entry(
+                TOOL_REJECTED,
+                &ToolRejected {
+                    invocation_id: invocation_id.clone(),
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    tier: None,
+                    reason: reason.clone(),
+                    verdict: None,
+                },
+            )?;
+            events.push(TurnEvent::ToolRejected {
+                invocation_id,
+                tool: call.name.clone(),
+                risk: None,
+                reason: reason.clone(),
+            });
+        }
+        // Every remaining call is settled: move on as after the message's last call.
+        let pc = self.after_call(&mut b, self.pc.call + 1)?;
+        self.commit(b, Some(pc))?;
+        for event in &events {
+            (env.observer)(event);
+        }
+        self.after_commit_events(env);
         Ok(())
     }
 }
