@@ -212,7 +212,7 @@ impl HttpProvider {
             ),
             FailKind::Timeout,
         );
-        let head = match exchange.head(&first_byte.earliest(call), cancel) {
+        let head = match exchange.head(first_byte.earliest(call), cancel) {
             Ok(head) => head,
             Err(f) => return Attempt { status: None, usage: Usage::default(), result: Err(f.into()) },
         };
@@ -273,7 +273,7 @@ impl HttpProvider {
         );
         let mut streamed = 0usize;
         loop {
-            match exchange.piece(&idle.earliest(call), cancel)? {
+            match exchange.piece(idle.earliest(call), cancel)? {
                 Piece::Bytes(bytes) => {
                     parser.feed(&bytes, &mut events).map_err(sse_failure)?;
                     for event in events.drain(..) {
@@ -416,7 +416,7 @@ fn read_bounded(exchange: &mut Exchange, limits: &Limits, cancel: &CancelToken, 
     while body.len() < MAX_ERROR_BODY {
         let idle =
             Deadline::after(limits.idle, "timed out reading the body (idle timeout)".to_owned(), FailKind::Timeout);
-        match exchange.piece(&idle.earliest(call), cancel) {
+        match exchange.piece(idle.earliest(call), cancel) {
             Ok(Piece::Bytes(bytes)) => body.extend_from_slice(&bytes),
             Ok(Piece::End) | Err(_) => break,
         }

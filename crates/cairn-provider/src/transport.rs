@@ -63,8 +63,8 @@ impl Deadline {
     }
 
     /// Whichever of the two passes first.
-    pub(crate) fn earliest(&self, other: &Deadline) -> Deadline {
-        if other.at < self.at { other.clone() } else { self.clone() }
+    pub(crate) fn earliest<'a>(&'a self, other: &'a Deadline) -> &'a Deadline {
+        if other.at < self.at { other } else { self }
     }
 
     /// The failure of a wait cut off by this deadline.
