@@ -84,7 +84,7 @@ impl Default for Timeouts {
 ///
 /// Built from a built-in name ([`ProviderConfig::builtin`]) or a
 /// `[providers.NAME]` table ([`ProviderConfig::from_toml`]); fields are public
-/// so hosts and tests may adjust them before [`build`].
+/// so hosts and tests may adjust them before `build`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderConfig {
     /// The name users type (`openai`, `anthropic`, or a config table name).
