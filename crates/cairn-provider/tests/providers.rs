@@ -1098,3 +1098,17 @@ fn duplicate_tool_call_ids_are_asked_again_then_refused() {
     assert_eq!(e.kind, ProviderErrorKind::Protocol);
     assert!(e.message.contains("for more than one call") && e.message.contains("gave up after 3"), "{}", e.message);
 }
+
+#[test]
+fn limits_too_large_for_the_clock_mean_no_limit_not_a_panic() {
+    let table: toml::Value = toml::from_str(&format!(
+        "kind = \"openai-chat\"\nmodel = \"m\"\ntotal_timeout_ms = {max}\nidle_timeout_ms = {max}\nfirst_byte_timeout_ms = {max}\nconnect_timeout_ms = {max}\nmax_backoff_ms = {max}",
+        max = i64::MAX
+    ))
+    .unwrap();
+    let c = ProviderConfig::from_toml("big", &table).unwrap();
+    let server = TestServer::start(vec![cut_reply("chat_text.sse"), Reply::sse(data("chat_text.sse"))]).unwrap();
+    let (result, _) = call(&provider_with(&c, &server), &[user("x")]);
+    let r = result.unwrap();
+    assert_eq!(r.attempts.len(), 2, "the cut attempt was retried");
+}
