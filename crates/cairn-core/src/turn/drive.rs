@@ -752,6 +752,7 @@ impl<S: Storage> Session<S> {
         }
         Ok(())
     }
+
     /// The model asked for more tool calls in one message than the provider
     /// allows (`max_tool_calls`): the calls from `self.pc.call` on are not
     /// run; each is settled as rejected, with the reason the model sees, in
