@@ -19,6 +19,7 @@ use cairn_core::turn::Phase;
 use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError, TurnOutcome, TurnStop};
 use cairn_provider::{HttpProvider, ProviderConfig, ProviderKind};
 use cairn_test_server::{Reply, TestServer, fixtures, streams};
+use cairn_testtools::hooks::RecordingStore;
 use cairn_testtools::provider::ScriptCall;
 use cairn_testtools::{EchoTool, ScriptLine, ScriptProvider};
 use serde_json::{Value, json};
@@ -41,8 +42,8 @@ fn http(server: &TestServer, max_tool_calls: Option<usize>) -> HttpProvider {
     HttpProvider::new(&c, format!("{}/v1", server.url()), None).unwrap()
 }
 
-fn turn(
-    session: &mut Session<MemStore>,
+fn turn<S: Storage>(
+    session: &mut Session<S>,
     provider: &dyn Provider,
     tools: &ToolRegistry,
     prompt: Option<&str>,
@@ -59,11 +60,11 @@ fn turn(
     (result, events)
 }
 
-fn count(store: &MemStore, entry_type: &str) -> usize {
+fn count<S: Storage>(store: &S, entry_type: &str) -> usize {
     store.entries().iter().filter(|e| e.entry_type == entry_type).count()
 }
 
-fn healthy(store: &MemStore) -> ToolState {
+fn healthy<S: Storage>(store: &S) -> ToolState {
     let state = ToolState::replay(&store.entries());
     assert!(state.anomalies.is_empty(), "anomalies: {:?}", state.anomalies);
     assert!(state.invocations.iter().all(|r| r.settlements == 1));
@@ -118,7 +119,8 @@ fn a_configured_cap_refuses_the_rest_in_one_commit_and_the_turn_goes_on() {
     let calls = streams::chat_tool_calls(5, "echo", r#"{"text":"x"}"#, |k| format!("call_{k}"));
     let server = TestServer::start(vec![Reply::sse(calls), Reply::sse(fixtures::CHAT_TEXT)]).unwrap();
     let (tools, echo) = echo_registry();
-    let mut session = Session::open(MemStore::new(Header::new("s", "/tmp")), SessionConfig::default()).unwrap();
+    let store = RecordingStore::new(MemStore::new(Header::new("s", "/tmp")));
+    let mut session = Session::open(store, SessionConfig::default()).unwrap();
     let (result, _) = turn(&mut session, &http(&server, Some(2)), &tools, Some("go"));
     assert_eq!(result.unwrap().unwrap().stop, TurnStop::Answered);
     assert_eq!(echo.runs.load(Ordering::SeqCst), 2);
@@ -130,6 +132,9 @@ fn a_configured_cap_refuses_the_rest_in_one_commit_and_the_turn_goes_on() {
     assert_eq!(ids, ["call_2", "call_3", "call_4"]);
     assert!(payloads.iter().all(|p| p["reason"].as_str().unwrap().contains("at most 2 run per message")));
     healthy(store);
+    // The three refusals landed in one commit.
+    let rejected_after: Vec<usize> = store.snapshots.iter().map(|s| count(s, "toolRejected")).collect();
+    assert!(rejected_after.windows(2).any(|w| w == [0, 3]), "{rejected_after:?}");
     assert_eq!(results_sent(&server, 1).len(), 5);
 }
 
