@@ -57,6 +57,12 @@ impl Message {
             _ => None,
         })
     }
+
+    /// The first tool-call id this message uses for more than one call.
+    pub fn duplicate_tool_call_id(&self) -> Option<&str> {
+        let mut seen = std::collections::HashSet::new();
+        self.tool_calls().map(|c| c.id.as_str()).find(|id| !seen.insert(*id))
+    }
 }
 
 /// A call the model asks cairn to make.

@@ -14,6 +14,11 @@ use crate::CancelToken;
 use crate::message::Message;
 use crate::tool::ToolSpec;
 
+/// Tool calls of one assistant message that the turn runs when the provider
+/// sets no other bound ([`Provider::max_tool_calls`]); the calls past it are
+/// settled as rejected, with the reason, so the model sees why.
+pub const DEFAULT_MAX_TOOL_CALLS: usize = 64;
+
 /// What the turn asks a provider for.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelRequest<'a> {
@@ -125,7 +130,7 @@ pub struct ModelResponse {
 pub enum ProviderErrorKind {
     /// Could not connect, or the connection broke.
     Connection,
-    /// Connect, first-byte or idle timeout.
+    /// Connect, first-byte, idle or total-time timeout.
     Timeout,
     /// The server answered with an error status.
     Http,
@@ -164,6 +169,24 @@ impl ProviderError {
     }
 }
 
+impl ModelResponse {
+    /// Refuse an answer that uses one tool-call id twice: such a message
+    /// cannot enter the log, because each result names its call by id and
+    /// the APIs refuse a history with duplicate ids, so every later request
+    /// of the session would fail. The whole answer is refused as a
+    /// `Protocol` error (keeping its usage rows) rather than the duplicates
+    /// alone, since the ids are in the assistant message itself.
+    pub fn refuse_duplicate_call_ids(self) -> Result<Self, ProviderError> {
+        let Some(id) = self.message.duplicate_tool_call_id() else {
+            return Ok(self);
+        };
+        let message = format!(
+            "the model's answer uses the tool-call id {id:?} for more than one call; it was not used (ids must be unique within a message) — resume to ask again"
+        );
+        Err(ProviderError { kind: ProviderErrorKind::Protocol, message, status: None, attempts: self.attempts })
+    }
+}
+
 /// A language model behind one module boundary.
 ///
 /// Implementations live outside the core (HTTP adapters, the scripted
@@ -175,6 +198,11 @@ pub trait Provider {
     fn name(&self) -> &str;
     /// The model this provider will ask.
     fn model(&self) -> &str;
+    /// The most tool calls of one answer the turn runs; the turn settles
+    /// the calls past it as rejected, with the reason, without running them.
+    fn max_tool_calls(&self) -> usize {
+        DEFAULT_MAX_TOOL_CALLS
+    }
     /// Make one model call (with the provider's own retries).
     fn complete(
         &self,

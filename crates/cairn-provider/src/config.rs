@@ -1,23 +1,20 @@
 //! Provider configuration: the built-in names users type, `[providers.NAME]`
-//! tables of cairn's config file, and [`build`], which turns a config into a
-//! ready [`Provider`].
+//! tables of cairn's config file, defaults and limits.
 //!
 //! This module owns name resolution, defaults and the ecosystem's
 //! environment conventions (`OPENAI_API_KEY` / `OPENAI_BASE_URL`,
 //! `ANTHROPIC_API_KEY` / `ANTHROPIC_BASE_URL`). It reads the environment only
 //! through the `env` function the host passes in, never `std::env`, so hosts
-//! and tests control it. It must not parse cairn's whole config file (the CLI
-//! does) and must never put a key's value into an error.
+//! and tests control it. It sits below the providers: it must not know how
+//! a provider is built (that is `factory`), must not parse cairn's whole
+//! config file (the CLI does) and must never put a key's value into an error.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cairn_core::provider::Provider;
 use serde::Deserialize;
 
-use crate::http::HttpProvider;
 use crate::retry::RetryPolicy;
-use crate::scripted::ScriptedProvider;
 
 /// The wire API a provider speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -52,21 +49,34 @@ impl ProviderKind {
     }
 }
 
-/// Timeouts of one HTTP attempt. Each one that fires ends the attempt with
-/// a `Timeout` error, which is retried like a connection error.
+/// Timeouts of a call. `connect`, `first_byte` and `idle` bound one HTTP
+/// attempt: each that fires ends the attempt with a `Timeout` error, which
+/// is retried like a connection error. `total` bounds the whole call, every
+/// attempt and backoff included, and is not retried.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Timeouts {
     /// TCP (and TLS) connection setup.
     pub connect: Duration,
     /// From the request being sent to the response headers.
     pub first_byte: Duration,
-    /// Longest silence between two pieces of a streamed body.
+    /// Longest time a streamed body may go without content (text,
+    /// reasoning, a tool call or its arguments). Keepalive comments and
+    /// events that carry no content do not count, so a server that only
+    /// keeps the connection alive times out.
     pub idle: Duration,
+    /// Longest time one call may take, all attempts included: bounds a
+    /// server that trickles content forever.
+    pub total: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Self { connect: Duration::from_secs(10), first_byte: Duration::from_secs(120), idle: Duration::from_secs(90) }
+        Self {
+            connect: Duration::from_secs(10),
+            first_byte: Duration::from_secs(120),
+            idle: Duration::from_secs(90),
+            total: Duration::from_secs(600),
+        }
     }
 }
 
@@ -74,7 +84,7 @@ impl Default for Timeouts {
 ///
 /// Built from a built-in name ([`ProviderConfig::builtin`]) or a
 /// `[providers.NAME]` table ([`ProviderConfig::from_toml`]); fields are public
-/// so hosts and tests may adjust them before [`build`].
+/// so hosts and tests may adjust them before `build`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderConfig {
     /// The name users type (`openai`, `anthropic`, or a config table name).
@@ -98,8 +108,16 @@ pub struct ProviderConfig {
     /// Output token bound sent when the request has none (Anthropic requires
     /// one).
     pub default_max_output_tokens: u32,
-    /// The largest single server-sent event accepted, in bytes.
+    /// The largest single server-sent event (or line) accepted, in bytes.
     pub max_event_bytes: usize,
+    /// The most content one attempt may stream, in bytes: text, reasoning,
+    /// tool-call ids, names and arguments together. A larger answer is a
+    /// `Protocol` error (not retried), so a runaway server cannot fill
+    /// memory or the session file.
+    pub max_response_bytes: usize,
+    /// The most tool calls of one answer the turn runs; the turn settles
+    /// the rest as rejected, with the reason, so the model sees why.
+    pub max_tool_calls: usize,
     /// How often a blocked call checks the cancel token.
     pub cancel_poll: Duration,
     /// Reasoning effort for reasoning models (`low`, `medium`, `high`…):
@@ -118,8 +136,10 @@ pub struct ProviderConfig {
 /// The names users can type without any config file.
 pub const BUILTIN_NAMES: &[&str] = &["openai", "openai-responses", "anthropic", "scripted", "local"];
 
-const DEFAULT_OPENAI_BASE: &str = "https://api.openai.com/v1";
-const DEFAULT_ANTHROPIC_BASE: &str = "https://api.anthropic.com";
+/// The public OpenAI endpoint (Chat Completions and Responses).
+pub(crate) const DEFAULT_OPENAI_BASE: &str = "https://api.openai.com/v1";
+/// The public Anthropic endpoint.
+pub(crate) const DEFAULT_ANTHROPIC_BASE: &str = "https://api.anthropic.com";
 
 impl ProviderConfig {
     /// A config of `kind` under `name` with every default.
@@ -135,6 +155,8 @@ impl ProviderConfig {
             script: None,
             default_max_output_tokens: 8192,
             max_event_bytes: 16 << 20,
+            max_response_bytes: 8 << 20,
+            max_tool_calls: cairn_core::provider::DEFAULT_MAX_TOOL_CALLS,
             cancel_poll: Duration::from_millis(20),
             reasoning_effort: None,
             thinking_budget_tokens: None,
@@ -166,10 +188,12 @@ impl ProviderConfig {
 
     /// Read one `[providers.NAME]` table. Keys: `kind`, `base_url`, `model`,
     /// `api_key_env`, `script`, `max_attempts`, `connect_timeout_ms`,
-    /// `first_byte_timeout_ms`, `idle_timeout_ms`, `initial_backoff_ms`,
-    /// `max_backoff_ms`, `max_output_tokens`, `reasoning_effort`,
-    /// `thinking_budget_tokens`, `encrypted_reasoning`. `kind` may be left out when
-    /// NAME is a built-in name (the table then adjusts the built-in).
+    /// `first_byte_timeout_ms`, `idle_timeout_ms`, `total_timeout_ms`,
+    /// `initial_backoff_ms`, `max_backoff_ms`, `max_output_tokens`,
+    /// `max_response_bytes`, `max_event_bytes`, `max_tool_calls`,
+    /// `reasoning_effort`, `thinking_budget_tokens`, `encrypted_reasoning`.
+    /// `kind` may be left out when NAME is a built-in name (the table then
+    /// adjusts the built-in).
     pub fn from_toml(name: &str, table: &toml::Value) -> Result<Self, ConfigError> {
         let raw: ProviderTable = table.clone().try_into().map_err(|e: toml::de::Error| ConfigError::Invalid {
             name: name.to_owned(),
@@ -205,7 +229,29 @@ impl ProviderConfig {
             }
             config.retry.max_attempts = n;
         }
+        // A zero limit would refuse every call; say so instead.
+        let positive = |key: &str, v: u64| -> Result<u64, ConfigError> {
+            if v == 0 {
+                return Err(ConfigError::Invalid {
+                    name: name.to_owned(),
+                    reason: format!("`{key}` must be at least 1"),
+                });
+            }
+            Ok(v)
+        };
         let ms = Duration::from_millis;
+        if let Some(v) = raw.total_timeout_ms {
+            config.timeouts.total = ms(positive("total_timeout_ms", v)?);
+        }
+        if let Some(v) = raw.max_response_bytes {
+            config.max_response_bytes = usize::try_from(positive("max_response_bytes", v)?).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = raw.max_event_bytes {
+            config.max_event_bytes = usize::try_from(positive("max_event_bytes", v)?).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = raw.max_tool_calls {
+            config.max_tool_calls = usize::try_from(positive("max_tool_calls", v)?).unwrap_or(usize::MAX);
+        }
         if let Some(v) = raw.connect_timeout_ms {
             config.timeouts.connect = ms(v);
         }
@@ -289,14 +335,22 @@ pub struct ProviderTable {
     pub connect_timeout_ms: Option<u64>,
     /// First-byte timeout in milliseconds.
     pub first_byte_timeout_ms: Option<u64>,
-    /// Idle-stream timeout in milliseconds.
+    /// Idle-stream timeout in milliseconds (time without content).
     pub idle_timeout_ms: Option<u64>,
+    /// Total time limit of one call, all attempts included, in milliseconds.
+    pub total_timeout_ms: Option<u64>,
     /// First retry backoff in milliseconds.
     pub initial_backoff_ms: Option<u64>,
     /// Backoff cap in milliseconds.
     pub max_backoff_ms: Option<u64>,
     /// Output token bound when the turn sets none.
     pub max_output_tokens: Option<u32>,
+    /// Content bytes one attempt may stream (text, reasoning, tool calls).
+    pub max_response_bytes: Option<u64>,
+    /// The largest server-sent event in bytes.
+    pub max_event_bytes: Option<u64>,
+    /// Tool calls of one answer the turn runs (the rest are rejected).
+    pub max_tool_calls: Option<u64>,
     /// Reasoning effort (`low`, `medium`, `high`, …).
     pub reasoning_effort: Option<String>,
     /// Anthropic thinking budget in tokens.
@@ -363,40 +417,6 @@ pub enum ConfigError {
     },
 }
 
-/// Build the provider `config` describes. `env` looks up environment
-/// variables (pass `&|k| std::env::var(k).ok()` in a host).
-///
-/// A key is required when `api_key_env` is set explicitly, or when the base
-/// URL is the public OpenAI / Anthropic endpoint; a local server (Ollama,
-/// llama.cpp) at a custom base URL may run without one. `Local` returns
-/// [`ConfigError::LocalModel`]: the host builds it from `cairn-local`.
-pub fn build(
-    config: &ProviderConfig,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Box<dyn Provider + Send>, ConfigError> {
-    match config.kind {
-        ProviderKind::Local => Err(ConfigError::LocalModel { name: config.name.clone() }),
-        ProviderKind::Scripted => {
-            let path = config
-                .script
-                .clone()
-                .or_else(|| env("CAIRN_SCRIPT").map(PathBuf::from))
-                .ok_or_else(|| ConfigError::MissingScript { name: config.name.clone() })?;
-            Ok(Box::new(ScriptedProvider::from_file(&config.name, &path)?))
-        }
-        ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses | ProviderKind::Anthropic => {
-            let base_url = config.effective_base_url(env);
-            let var = config.effective_key_env();
-            let key = env(var).filter(|k| !k.trim().is_empty()).map(|k| crate::Secret::new(k.trim()));
-            let public = base_url.starts_with(DEFAULT_OPENAI_BASE) || base_url.starts_with(DEFAULT_ANTHROPIC_BASE);
-            if key.is_none() && (config.api_key_env.is_some() || public) {
-                return Err(ConfigError::MissingKey { name: config.name.clone(), var: var.to_owned() });
-            }
-            Ok(Box::new(HttpProvider::new(config, base_url, key)?))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,10 +450,26 @@ idle_timeout_ms = 1500"#,
         assert_eq!(c.timeouts.idle, Duration::from_millis(1500));
         assert_eq!(c.effective_base_url(&no_env), "http://127.0.0.1:11434/v1");
         assert_eq!(c.effective_model(), "qwen3:8b");
-        // No key needed for a local server.
-        let p = build(&c, &no_env).unwrap();
-        assert_eq!(p.name(), "ollama");
-        assert_eq!(p.model(), "qwen3:8b");
+    }
+
+    #[test]
+    fn limits_are_configurable_and_zero_is_refused() {
+        let table: toml::Value = toml::from_str(
+            "kind = \"anthropic\"\ntotal_timeout_ms = 2500\nmax_response_bytes = 4096\nmax_event_bytes = 2048\nmax_tool_calls = 3",
+        )
+        .unwrap();
+        let c = ProviderConfig::from_toml("a", &table).unwrap();
+        assert_eq!(c.timeouts.total, Duration::from_millis(2500));
+        assert_eq!((c.max_response_bytes, c.max_event_bytes, c.max_tool_calls), (4096, 2048, 3));
+        let defaults = ProviderConfig::new("d", ProviderKind::OpenAiChat);
+        assert_eq!(defaults.timeouts.total, Duration::from_secs(600));
+        assert_eq!(defaults.max_response_bytes, 8 << 20);
+        assert_eq!(defaults.max_tool_calls, cairn_core::provider::DEFAULT_MAX_TOOL_CALLS);
+        for key in ["total_timeout_ms", "max_response_bytes", "max_event_bytes", "max_tool_calls"] {
+            let table: toml::Value = toml::from_str(&format!("kind = \"anthropic\"\n{key} = 0")).unwrap();
+            let err = ProviderConfig::from_toml("a", &table).unwrap_err();
+            assert!(err.to_string().contains(&format!("`{key}` must be at least 1")), "{err}");
+        }
     }
 
     #[test]
@@ -477,36 +513,10 @@ idle_timeout_ms = 1500"#,
         assert_eq!(openai.effective_base_url(&no_env), DEFAULT_OPENAI_BASE);
         let anthropic = ProviderConfig::builtin("anthropic").unwrap();
         assert_eq!(anthropic.effective_base_url(&env), DEFAULT_ANTHROPIC_BASE);
-        let p = build(&anthropic, &env).unwrap();
-        assert_eq!(p.name(), "anthropic");
-    }
-
-    #[test]
-    fn missing_key_names_the_variable() {
-        let openai = ProviderConfig::builtin("openai").unwrap();
-        let err = build(&openai, &no_env).err().unwrap();
-        assert_eq!(err, ConfigError::MissingKey { name: "openai".into(), var: "OPENAI_API_KEY".into() });
-        assert!(err.to_string().contains("set the environment variable OPENAI_API_KEY"));
-        let mut custom = ProviderConfig::new("corp", ProviderKind::OpenAiResponses);
-        custom.base_url = Some("http://127.0.0.1:9/v1".into());
-        custom.api_key_env = Some("CORP_LLM_KEY".into());
-        let err = build(&custom, &no_env).err().unwrap();
-        assert!(err.to_string().contains("CORP_LLM_KEY"), "{err}");
-    }
-
-    #[test]
-    fn local_and_scripted_need_the_host() {
-        let err = build(&ProviderConfig::builtin("local").unwrap(), &no_env).err().unwrap();
-        assert!(matches!(err, ConfigError::LocalModel { .. }));
-        let err = build(&ProviderConfig::builtin("scripted").unwrap(), &no_env).err().unwrap();
-        assert!(err.to_string().contains("script = "), "{err}");
     }
 
     #[test]
     fn key_value_never_appears_in_debug_output() {
-        let env = |k: &str| (k == "OPENAI_API_KEY").then(|| "sk-live-topsecret-42".to_owned());
-        let p = build(&ProviderConfig::builtin("openai").unwrap(), &env).unwrap();
-        let _ = &p;
         let c = ProviderConfig::builtin("openai").unwrap();
         assert!(!format!("{c:?}").contains("topsecret"));
     }

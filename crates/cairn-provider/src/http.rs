@@ -1,8 +1,12 @@
 //! [`HttpProvider`]: one adapter type for the three HTTP APIs, with the
-//! attempt loop (retries, backoff, usage rows), timeouts and cancellation.
+//! attempt loop (retries, backoff, usage rows), timeouts, limits and
+//! cancellation.
 //!
 //! This module owns the control flow of a call: build the body once, run
 //! attempts, classify each failure (retryable or not), wait, and settle.
+//! It owns the limits on a hostile server too: the call's total deadline,
+//! the idle deadline that only content resets, and the cap on an answer's
+//! content bytes.
 //! It must not know any API's JSON (see `wire`) and must never let the key
 //! out: headers are built here, and every error text passes through
 //! [`Secret::scrub`] before it leaves.
@@ -19,7 +23,7 @@ use crate::config::{ConfigError, ProviderConfig, ProviderKind};
 use crate::retry::{RetryPolicy, is_retryable_status, parse_retry_after};
 use crate::secret::Secret;
 use crate::sse::{SseError, SseEvent, SseParser};
-use crate::transport::{self, Exchange, FailKind, Head, Limits, Outgoing, Piece};
+use crate::transport::{self, Deadline, Exchange, FailKind, Head, Limits, Outgoing, Piece};
 use crate::wire::{self, Decoder, Settled, StreamError, Usage};
 
 /// The most of an error body read and shown.
@@ -39,6 +43,8 @@ pub struct HttpProvider {
     agent: ureq::Agent,
     options: wire::Options,
     max_event_bytes: usize,
+    max_response_bytes: usize,
+    max_tool_calls: usize,
 }
 
 impl fmt::Debug for HttpProvider {
@@ -73,6 +79,7 @@ impl From<transport::Failure> for Failure {
         let (kind, retryable) = match f.kind {
             FailKind::Connection => (ProviderErrorKind::Connection, true),
             FailKind::Timeout => (ProviderErrorKind::Timeout, true),
+            FailKind::OutOfTime => (ProviderErrorKind::Timeout, false),
             FailKind::Cancelled => (ProviderErrorKind::Cancelled, false),
         };
         Self { kind, message: f.message, retryable, retry_after: None }
@@ -113,6 +120,7 @@ impl HttpProvider {
             connect: config.timeouts.connect,
             first_byte: config.timeouts.first_byte,
             idle: config.timeouts.idle,
+            total: config.timeouts.total,
             poll: config.cancel_poll.max(Duration::from_millis(1)),
         };
         let legacy_max_tokens = !endpoint.starts_with("https://api.openai.com/");
@@ -134,6 +142,8 @@ impl HttpProvider {
                 encrypted_reasoning: config.encrypted_reasoning,
             },
             max_event_bytes: config.max_event_bytes,
+            max_response_bytes: config.max_response_bytes,
+            max_tool_calls: config.max_tool_calls,
         })
     }
 
@@ -185,21 +195,35 @@ impl HttpProvider {
         if self.endpoint == self.shown_endpoint { text } else { text.replace(&self.endpoint, &self.shown_endpoint) }
     }
 
-    fn attempt(&self, body: &[u8], observer: &mut dyn FnMut(&StreamEvent), cancel: &CancelToken) -> Attempt {
+    fn attempt(
+        &self,
+        body: &[u8],
+        observer: &mut dyn FnMut(&StreamEvent),
+        cancel: &CancelToken,
+        call: &Deadline,
+    ) -> Attempt {
         let outgoing = Outgoing { url: self.endpoint.clone(), headers: self.headers(), body: body.to_vec() };
         let mut exchange = transport::start(&self.agent, outgoing, self.limits.poll);
-        let head = match exchange.head(&self.limits, cancel) {
+        let first_byte = Deadline::after(
+            self.limits.connect.saturating_add(self.limits.first_byte),
+            format!(
+                "timed out waiting for the response headers (first-byte timeout, {})",
+                shown(self.limits.first_byte)
+            ),
+            FailKind::Timeout,
+        );
+        let head = match exchange.head(first_byte.earliest(call), cancel) {
             Ok(head) => head,
             Err(f) => return Attempt { status: None, usage: Usage::default(), result: Err(f.into()) },
         };
         let status = Some(head.status);
         if !(200..300).contains(&head.status) {
-            let result = Err(self.http_failure(&head, &mut exchange, cancel));
+            let result = Err(self.http_failure(&head, &mut exchange, cancel, call));
             return Attempt { status, usage: Usage::default(), result };
         }
         let content_type = head.header("content-type").unwrap_or("").to_ascii_lowercase();
         if content_type.contains("text/html") || content_type.contains("application/json") {
-            let body = read_bounded(&mut exchange, &self.limits, cancel);
+            let body = read_bounded(&mut exchange, &self.limits, cancel, call);
             let what = describe_body(&content_type, &body);
             let result = Err(Failure {
                 kind: ProviderErrorKind::Protocol,
@@ -210,26 +234,70 @@ impl HttpProvider {
             return Attempt { status, usage: Usage::default(), result };
         }
         let mut decoder = self.decoder();
-        let result = self.stream(&mut exchange, decoder.as_mut(), observer, cancel);
+        let result = self.stream(&mut exchange, decoder.as_mut(), observer, cancel, call);
+        let result = result.and_then(|settled| match settled.message.duplicate_tool_call_id() {
+            // Such a message cannot enter the log (the turn refuses it too):
+            // ask the model again, it may well answer properly.
+            Some(id) => Err(Failure {
+                kind: ProviderErrorKind::Protocol,
+                message: format!("the model used the tool-call id {id:?} for more than one call"),
+                retryable: true,
+                retry_after: None,
+            }),
+            None => Ok(settled),
+        });
         Attempt { status, usage: decoder.usage(), result }
     }
 
+    /// Decode the event stream. Only content (what the decoder turns into
+    /// text, reasoning or tool-call events) resets the idle deadline; the
+    /// content streamed and the content the decoder holds are each capped
+    /// at `max_response_bytes`.
     fn stream(
         &self,
         exchange: &mut Exchange,
         decoder: &mut dyn Decoder,
         observer: &mut dyn FnMut(&StreamEvent),
         cancel: &CancelToken,
+        call: &Deadline,
     ) -> Result<Settled, Failure> {
         let mut parser = SseParser::new(self.max_event_bytes);
         let mut events: Vec<SseEvent> = Vec::new();
-        let mut emit = |e: StreamEvent| observer(&e);
+        let mut idle = Deadline::after(
+            self.limits.idle,
+            format!(
+                "timed out waiting for content: none came for {} (idle timeout; keepalives and events without content do not count)",
+                shown(self.limits.idle)
+            ),
+            FailKind::Timeout,
+        );
+        let mut streamed = 0usize;
         loop {
-            match exchange.piece(&self.limits, cancel)? {
+            match exchange.piece(idle.earliest(call), cancel)? {
                 Piece::Bytes(bytes) => {
                     parser.feed(&bytes, &mut events).map_err(sse_failure)?;
                     for event in events.drain(..) {
-                        if decoder.event(&event, &mut emit)? {
+                        let mut content = 0usize;
+                        let terminal = decoder.event(&event, &mut |e: StreamEvent| {
+                            content = content.saturating_add(content_len(&e));
+                            observer(&e);
+                        })?;
+                        if content > 0 {
+                            idle.at = transport::later(self.limits.idle);
+                            streamed = streamed.saturating_add(content);
+                        }
+                        if streamed.max(decoder.held_bytes()) > self.max_response_bytes {
+                            return Err(Failure {
+                                kind: ProviderErrorKind::Protocol,
+                                message: format!(
+                                    "the answer grew past {} bytes of content (text, reasoning and tool calls; raise `max_response_bytes` if this is expected); it was not used",
+                                    self.max_response_bytes
+                                ),
+                                retryable: false,
+                                retry_after: None,
+                            });
+                        }
+                        if terminal {
                             return Ok(decoder.finish(true)?);
                         }
                     }
@@ -242,8 +310,8 @@ impl HttpProvider {
         }
     }
 
-    fn http_failure(&self, head: &Head, exchange: &mut Exchange, cancel: &CancelToken) -> Failure {
-        let body = read_bounded(exchange, &self.limits, cancel);
+    fn http_failure(&self, head: &Head, exchange: &mut Exchange, cancel: &CancelToken, call: &Deadline) -> Failure {
+        let body = read_bounded(exchange, &self.limits, cancel, call);
         let content_type = head.header("content-type").unwrap_or("").to_ascii_lowercase();
         let what = describe_body(&content_type, &body);
         let retry_after =
@@ -298,7 +366,7 @@ fn shown_url(url: &str) -> String {
 
 /// Sleep `delay`, waking to check the token. Returns false if cancelled.
 fn wait(delay: Duration, poll: Duration, cancel: &CancelToken) -> bool {
-    let end = Instant::now() + delay;
+    let end = transport::later(delay);
     loop {
         if cancel.is_cancelled() {
             return false;
@@ -321,11 +389,34 @@ fn sse_failure(e: SseError) -> Failure {
     }
 }
 
-/// Read at most [`MAX_ERROR_BODY`] bytes of a body (best effort).
-fn read_bounded(exchange: &mut Exchange, limits: &Limits, cancel: &CancelToken) -> Vec<u8> {
+/// The content bytes a stream event carries (what `max_response_bytes`
+/// counts, and what resets the idle deadline).
+fn content_len(event: &StreamEvent) -> usize {
+    match event {
+        StreamEvent::TextDelta { text } | StreamEvent::ReasoningDelta { text } => text.len(),
+        StreamEvent::ToolCallStarted { id, name } => id.len() + name.len(),
+        StreamEvent::ToolCallDelta { arguments, .. } => arguments.len(),
+        StreamEvent::AttemptStarted { .. } => 0,
+    }
+}
+
+/// A duration as people read it in a message ("90 s", "250 ms").
+fn shown(d: Duration) -> String {
+    if d.subsec_millis() == 0 && d.as_secs() > 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+/// Read at most [`MAX_ERROR_BODY`] bytes of a body (best effort), each
+/// piece within the idle timeout and all of it within the call's deadline.
+fn read_bounded(exchange: &mut Exchange, limits: &Limits, cancel: &CancelToken, call: &Deadline) -> Vec<u8> {
     let mut body = Vec::new();
     while body.len() < MAX_ERROR_BODY {
-        match exchange.piece(limits, cancel) {
+        let idle =
+            Deadline::after(limits.idle, "timed out reading the body (idle timeout)".to_owned(), FailKind::Timeout);
+        match exchange.piece(idle.earliest(call), cancel) {
             Ok(Piece::Bytes(bytes)) => body.extend_from_slice(&bytes),
             Ok(Piece::End) | Err(_) => break,
         }
@@ -401,12 +492,24 @@ impl Provider for HttpProvider {
         &self.model
     }
 
+    fn max_tool_calls(&self) -> usize {
+        self.max_tool_calls
+    }
+
     fn complete(
         &self,
         request: &ModelRequest<'_>,
         observer: &mut dyn FnMut(&StreamEvent),
         cancel: &CancelToken,
     ) -> Result<ModelResponse, ProviderError> {
+        let call = Deadline::after(
+            self.limits.total,
+            format!(
+                "timed out: the call ran past its total time limit of {} (`total_timeout_ms`); a server this slow is not waited for",
+                shown(self.limits.total)
+            ),
+            FailKind::OutOfTime,
+        );
         let body = self.body(request);
         let max = self.retry.max_attempts.max(1);
         let mut attempts: Vec<AttemptUsage> = Vec::new();
@@ -418,7 +521,7 @@ impl Provider for HttpProvider {
             }
             observer(&StreamEvent::AttemptStarted { attempt });
             let started = Instant::now();
-            let outcome = self.attempt(&body, observer, cancel);
+            let outcome = self.attempt(&body, observer, cancel, &call);
             attempts.push(self.row(attempt, started, &outcome));
             let failure = match outcome.result {
                 Ok(settled) => {
@@ -445,6 +548,13 @@ impl Provider for HttpProvider {
                 return Err(self.give_up(&failure, outcome.status, attempts, &note));
             }
             let delay = self.retry.delay(attempt + 1, failure.retry_after, fastrand::f64());
+            if transport::later(delay) >= call.at {
+                let note = format!(
+                    " (attempt {attempt} of {max}; no time is left for another within the total time limit of {})",
+                    shown(self.limits.total)
+                );
+                return Err(self.give_up(&failure, outcome.status, attempts, &note));
+            }
             tracing::debug!(
                 provider = %self.name,
                 attempt,

@@ -3,7 +3,8 @@
 //! One adapter type, [`HttpProvider`], speaks the three HTTP APIs users
 //! already have: OpenAI Chat Completions (and every server that speaks it:
 //! Ollama, llama.cpp, vLLM, LM Studio), OpenAI Responses and Anthropic
-//! Messages. [`ScriptedProvider`] replays a JSONL script for tests and demos.
+//! Messages. [`ScriptFileProvider`] replays a JSONL script file for tests and
+//! demos.
 //! Hosts turn a name into a provider with [`ProviderConfig::resolve`] and
 //! [`build`].
 //!
@@ -11,8 +12,13 @@
 //! - `Provider::complete` is blocking, so the HTTP client is the blocking
 //!   `ureq` (rustls): no async runtime. The socket is read on a worker
 //!   thread and handed over a channel, so the calling thread can poll the
-//!   cancel token and enforce first-byte and idle timeouts while the socket
-//!   blocks.
+//!   cancel token and enforce the first-byte, idle and total deadlines while
+//!   the socket blocks.
+//! - A hostile or broken server is bounded: the idle timeout counts only
+//!   content (keepalive comments and empty events do not reset it), a total
+//!   deadline bounds each call, the content of one answer is capped
+//!   (`max_response_bytes`) and so is each server-sent event; the turn runs
+//!   at most [`ProviderConfig::max_tool_calls`] calls of one answer.
 //! - SSE framing is parsed here ([`sse`]), incrementally and bounded, because
 //!   every failure mode of a hostile stream must map to a clear error.
 //! - The settled message is built only after the API's terminal event, so a
@@ -23,28 +29,31 @@
 //!
 //! # Layout
 //! - [`config`]: names, `[providers.NAME]` tables, environment conventions,
-//!   [`build`].
+//!   defaults and limits (the bottom layer).
+//! - `factory`: [`build`], a config to a ready provider (the top layer).
 //! - `http`: [`HttpProvider`] and the attempt loop (retries, backoff, rows).
 //! - `transport`: the blocking request on its worker thread.
 //! - [`retry`]: retryable statuses, backoff with jitter, `retry-after`.
 //! - [`sse`]: server-sent events framing.
 //! - `wire`: request bodies and stream decoders of the three APIs.
-//! - `scripted`: [`ScriptedProvider`].
+//! - [`script_file`]: [`ScriptFileProvider`] and the script line format.
 //! - [`secret`]: the [`Secret`] type for keys.
 #![deny(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod config;
+mod factory;
 mod http;
 pub mod retry;
-pub mod scripted;
+pub mod script_file;
 pub mod secret;
 pub mod sse;
 mod transport;
 mod wire;
 
-pub use config::{BUILTIN_NAMES, ConfigError, ProviderConfig, ProviderKind, ProviderTable, Timeouts, build};
+pub use config::{BUILTIN_NAMES, ConfigError, ProviderConfig, ProviderKind, ProviderTable, Timeouts};
+pub use factory::build;
 pub use http::HttpProvider;
 pub use retry::RetryPolicy;
-pub use scripted::ScriptedProvider;
+pub use script_file::ScriptFileProvider;
 pub use secret::Secret;

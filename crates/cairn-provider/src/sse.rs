@@ -5,7 +5,8 @@
 //! (a CR at the end of one chunk and an LF at the start of the next are one
 //! line end), `:` comments, `event:`/`data:`/`id:` fields, multi-line `data`
 //! joined with `\n`, dispatch on a blank line, and a bound on the size of one
-//! event. It must not interpret the data (JSON belongs to the API adapters)
+//! event (a line counts with the data of its event, whole or in pieces, so
+//! how the stream is split never changes the outcome; `fuzz/` checks that). It must not interpret the data (JSON belongs to the API adapters)
 //! and must not allocate per byte: whole lines inside a chunk are parsed in
 //! place.
 
@@ -94,6 +95,11 @@ impl SseParser {
                     Some(_) => {}
                     None => self.skip_lf = true,
                 }
+            }
+            // The same bound as for a partial line (see `check_size`), so
+            // where the chunks split never changes the outcome.
+            if self.line.len() + end + self.data.len() > self.max_event_bytes {
+                return Err(SseError::EventTooLarge { limit: self.max_event_bytes });
             }
             if self.line.is_empty() {
                 self.process_line(&chunk[..end], out)?;
@@ -289,6 +295,18 @@ mod tests {
             }
         }
         assert!(matches!(res, Err(SseError::EventTooLarge { .. })));
+    }
+
+    #[test]
+    fn a_long_complete_line_is_refused_like_a_long_partial_one() {
+        let line = format!("event: {}\n\n", "e".repeat(100));
+        let mut whole = SseParser::new(64);
+        assert_eq!(whole.feed(line.as_bytes(), &mut Vec::new()), Err(SseError::EventTooLarge { limit: 64 }));
+        let mut split = SseParser::new(64);
+        let res = split.feed(&line.as_bytes()[..80], &mut Vec::new());
+        assert_eq!(res, Err(SseError::EventTooLarge { limit: 64 }));
+        let comment = format!(": {}\n", "k".repeat(100));
+        assert!(SseParser::new(64).feed(comment.as_bytes(), &mut Vec::new()).is_err());
     }
 
     /// Random streams (field order, line ends, comments, multi-line data,

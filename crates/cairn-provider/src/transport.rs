@@ -1,6 +1,6 @@
 //! One HTTP exchange on a worker thread, delivered to the caller as messages
-//! on a channel so the caller can poll its cancel token and enforce the
-//! first-byte and idle timeouts while the socket blocks.
+//! on a channel so the caller can poll its cancel token and enforce its
+//! deadlines (first byte, idle, the call's total) while the socket blocks.
 //!
 //! This module owns the blocking client (`ureq`) and the thread. It must not
 //! interpret bodies (SSE and JSON belong to the adapters) nor decide retries.
@@ -9,7 +9,8 @@
 //! is closed, it drops the response and the connection is closed, so a
 //! server still generating stops at once (tested). A server that sends
 //! nothing at all keeps the worker blocked in `read` until ureq's per-read
-//! timeout (the larger of the first-byte and idle timeouts) closes it.
+//! timeout (the larger of the first-byte and idle timeouts) closes it, and
+//! ureq's global timeout (the call's total) bounds even a trickling one.
 
 use std::io::Read;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
@@ -38,8 +39,47 @@ enum Msg {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FailKind {
     Connection,
+    /// A per-attempt timeout (connect, first byte, idle): worth a retry.
     Timeout,
+    /// The call's total time limit passed: nothing is left to retry with.
+    OutOfTime,
     Cancelled,
+}
+
+/// When a wait must end, what to say when it does, and which failure that is.
+#[derive(Debug, Clone)]
+pub(crate) struct Deadline {
+    pub(crate) at: Instant,
+    /// The message of the failure (it starts with "timed out").
+    pub(crate) what: String,
+    pub(crate) kind: FailKind,
+}
+
+impl Deadline {
+    /// A deadline `after` from now (a limit too large for the clock means
+    /// "a century", never a panic).
+    pub(crate) fn after(after: Duration, what: String, kind: FailKind) -> Self {
+        Self { at: later(after), what, kind }
+    }
+
+    /// Whichever of the two passes first.
+    pub(crate) fn earliest<'a>(&'a self, other: &'a Deadline) -> &'a Deadline {
+        if other.at < self.at { other } else { self }
+    }
+
+    /// The failure of a wait cut off by this deadline.
+    pub(crate) fn failure(&self) -> Failure {
+        Failure { kind: self.kind, message: self.what.clone() }
+    }
+}
+
+/// A century: the stand-in for a limit the clock cannot represent.
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `now + after`, saturating at a century from now.
+pub(crate) fn later(after: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(after.min(CENTURY)).unwrap_or(now)
 }
 
 /// A transport failure, already free of secrets (ureq errors name the URL,
@@ -82,6 +122,8 @@ pub(crate) struct Limits {
     pub(crate) connect: Duration,
     pub(crate) first_byte: Duration,
     pub(crate) idle: Duration,
+    /// The whole call, every attempt included.
+    pub(crate) total: Duration,
     pub(crate) poll: Duration,
 }
 
@@ -89,11 +131,15 @@ pub(crate) struct Limits {
 /// read and shown. The per-read timeout is a backstop that lets an abandoned
 /// worker close its socket; the caller enforces the real idle timeout.
 pub(crate) fn agent(limits: &Limits, loopback: bool) -> ureq::Agent {
+    // Clamped so that no configured value can overflow ureq's clock sums.
+    let cap = |d: Duration| d.min(CENTURY);
+    let second = Duration::from_secs(1);
     let mut builder = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_connect(Some(limits.connect))
-        .timeout_recv_response(Some(limits.connect + limits.first_byte))
-        .timeout_per_read(Some(limits.first_byte.max(limits.idle) + Duration::from_secs(1)))
+        .timeout_connect(Some(cap(limits.connect)))
+        .timeout_recv_response(Some(cap(limits.connect.saturating_add(limits.first_byte))))
+        .timeout_per_read(Some(cap(limits.first_byte.max(limits.idle).saturating_add(second))))
+        .timeout_global(Some(cap(limits.total.saturating_add(second))))
         .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")));
     if loopback {
         // A proxy from the environment must never see loopback traffic.
@@ -185,10 +231,9 @@ fn failed(e: &ureq::Error) -> Msg {
 }
 
 impl Exchange {
-    /// Wait for the response head.
-    pub(crate) fn head(&mut self, limits: &Limits, cancel: &CancelToken) -> Result<Head, Failure> {
-        let deadline = Instant::now() + limits.connect + limits.first_byte;
-        match self.next(deadline, cancel, "waiting for the response headers (first-byte timeout)")? {
+    /// Wait for the response head until `deadline`.
+    pub(crate) fn head(&mut self, deadline: &Deadline, cancel: &CancelToken) -> Result<Head, Failure> {
+        match self.next(deadline, cancel)? {
             Msg::Head { status, headers } => Ok(Head { status, headers }),
             Msg::Failed { kind, message } => Err(Failure { kind, message }),
             Msg::Chunk(_) | Msg::End => {
@@ -197,10 +242,9 @@ impl Exchange {
         }
     }
 
-    /// Wait for the next body piece, at most `limits.idle`.
-    pub(crate) fn piece(&mut self, limits: &Limits, cancel: &CancelToken) -> Result<Piece, Failure> {
-        let deadline = Instant::now() + limits.idle;
-        match self.next(deadline, cancel, "the stream went silent (idle timeout)")? {
+    /// Wait for the next body piece until `deadline`.
+    pub(crate) fn piece(&mut self, deadline: &Deadline, cancel: &CancelToken) -> Result<Piece, Failure> {
+        match self.next(deadline, cancel)? {
             Msg::Chunk(bytes) => Ok(Piece::Bytes(bytes)),
             Msg::End => Ok(Piece::End),
             Msg::Failed { kind, message } => Err(Failure { kind, message }),
@@ -210,16 +254,16 @@ impl Exchange {
         }
     }
 
-    fn next(&mut self, deadline: Instant, cancel: &CancelToken, what: &str) -> Result<Msg, Failure> {
+    fn next(&mut self, deadline: &Deadline, cancel: &CancelToken) -> Result<Msg, Failure> {
         loop {
             if cancel.is_cancelled() {
                 return Err(Failure { kind: FailKind::Cancelled, message: "the call was cancelled".to_owned() });
             }
             let now = Instant::now();
-            if now >= deadline {
-                return Err(Failure { kind: FailKind::Timeout, message: format!("timed out {what}") });
+            if now >= deadline.at {
+                return Err(deadline.failure());
             }
-            match self.rx.recv_timeout(self.poll.min(deadline - now)) {
+            match self.rx.recv_timeout(self.poll.min(deadline.at - now)) {
                 Ok(msg) => return Ok(msg),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {

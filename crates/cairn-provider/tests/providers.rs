@@ -15,7 +15,7 @@ use cairn_core::provider::{
     ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, StopReason, StreamEvent,
 };
 use cairn_core::tool::{ReplayPolicy, Risk, ToolSpec};
-use cairn_provider::{HttpProvider, ProviderConfig, ProviderKind, ScriptedProvider, Secret, build};
+use cairn_provider::{HttpProvider, ProviderConfig, ProviderKind, ScriptFileProvider, Secret, build};
 use cairn_test_server::{Ending, Framing, Reply, Split, TestServer, fixtures, streams};
 use serde_json::json;
 
@@ -861,7 +861,7 @@ fn script_path() -> PathBuf {
 
 #[test]
 fn scripted_answers_line_k_for_k_assistant_messages() {
-    let p = ScriptedProvider::from_file("scripted", &script_path()).unwrap();
+    let p = ScriptFileProvider::from_file("scripted", &script_path()).unwrap();
     assert_eq!(p.len(), 3);
     let (r, events) = call(&p, &[user("go")]);
     let r = r.unwrap();
@@ -908,7 +908,7 @@ fn scripted_malformed_line_names_file_and_line() {
     std::fs::write(&path, "{\"txt\": \"typo\"}\n").unwrap();
     let e = build(&c, &|_| None).err().unwrap();
     assert!(e.to_string().contains("line 1"), "{e}");
-    let missing = ScriptedProvider::from_file("s", &dir.join("nope.jsonl")).unwrap_err();
+    let missing = ScriptFileProvider::from_file("s", &dir.join("nope.jsonl")).unwrap_err();
     assert!(missing.to_string().contains("cannot read"), "{missing}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -921,4 +921,194 @@ fn scripted_is_built_from_its_config() {
     assert_eq!(p.name(), "scripted");
     let (r, _) = call(p.as_ref(), &[user("go")]);
     assert_eq!(r.unwrap().message.joined_text(), "I'll look at the files.");
+}
+
+// ---------------------------------------------------------------- limits on hostile servers
+
+/// A config whose attempt timeouts are short, for servers that never answer.
+fn hostile_config(kind: ProviderKind) -> ProviderConfig {
+    let mut c = config(kind);
+    c.retry.max_attempts = 2;
+    c.timeouts.idle = Duration::from_millis(600);
+    c
+}
+
+#[test]
+fn keepalives_and_events_without_content_do_not_reset_the_idle_timeout() {
+    // Each server sends something every 100 ms for a minute, never content.
+    let paced = |body: String| Reply::sse(body).pace(Duration::from_millis(100));
+    for (kind, body) in [
+        (ProviderKind::OpenAiChat, streams::keepalives(600)),
+        (ProviderKind::OpenAiChat, streams::chat_empty_chunks(600)),
+        (ProviderKind::Anthropic, streams::anthropic_pings(600)),
+    ] {
+        let server = TestServer::start(vec![paced(body.clone()), paced(body)]).unwrap();
+        let started = std::time::Instant::now();
+        let (result, events) = call(&provider_with(&hostile_config(kind), &server), &[user("x")]);
+        let e = result.unwrap_err();
+        assert_eq!(e.kind, ProviderErrorKind::Timeout, "{kind:?}: {e}");
+        assert!(e.message.contains("idle timeout") && e.message.contains("keepalives"), "{}", e.message);
+        assert_eq!(e.attempts.len(), 2, "an idle timeout is retried");
+        assert!(events.iter().all(|e| matches!(e, StreamEvent::AttemptStarted { .. })), "{events:?}");
+        // Sanity only (the streams last a minute each): the keepalives did not keep the call open.
+        assert!(started.elapsed() < Duration::from_secs(50), "{:?}", started.elapsed());
+    }
+}
+
+#[test]
+fn a_byte_every_two_seconds_is_cut_by_the_total_time_limit_and_not_retried() {
+    let mut c = config(ProviderKind::OpenAiChat);
+    c.timeouts.idle = Duration::from_secs(60);
+    c.timeouts.total = Duration::from_secs(3);
+    let trickle = || Reply::sse(data("chat_text.sse")).split(Split::EveryByte).pace(Duration::from_secs(2));
+    let server = TestServer::start(vec![trickle(), trickle(), trickle()]).unwrap();
+    let (result, _) = call(&provider_with(&c, &server), &[user("x")]);
+    let e = result.unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Timeout);
+    assert!(e.message.contains("total time limit of 3 s"), "{}", e.message);
+    assert_eq!(e.attempts.len(), 1, "the total limit leaves nothing to retry with");
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[test]
+fn content_that_keeps_trickling_in_is_still_bounded_by_the_total_time_limit() {
+    // A byte of text every 100 ms satisfies the idle timeout forever.
+    let mut c = config(ProviderKind::OpenAiChat);
+    c.timeouts.idle = Duration::from_secs(2);
+    c.timeouts.total = Duration::from_millis(2500);
+    let server =
+        TestServer::start(vec![Reply::sse(streams::chat_text_deltas(100_000, 1)).pace(Duration::from_millis(100))])
+            .unwrap();
+    let (result, events) = call(&provider_with(&c, &server), &[user("x")]);
+    let e = result.unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Timeout);
+    assert!(e.message.contains("total time limit"), "{}", e.message);
+    assert!(text_deltas(&events).len() > 2, "content was flowing: {}", text_deltas(&events).len());
+}
+
+#[test]
+fn a_server_that_trickles_an_error_body_is_bounded_too() {
+    let mut c = config(ProviderKind::OpenAiChat);
+    c.timeouts.total = Duration::from_secs(2);
+    let body = "x".repeat(50_000);
+    let server = TestServer::start(vec![
+        Reply::body(500, "text/plain", body).split(Split::EveryByte).pace(Duration::from_millis(50)),
+    ])
+    .unwrap();
+    let (result, _) = call(&provider_with(&c, &server), &[user("x")]);
+    let e = result.unwrap_err();
+    assert_eq!(e.status, Some(500));
+    assert!(e.message.contains("no time is left"), "{}", e.message);
+}
+
+#[test]
+fn an_answer_past_max_response_bytes_is_refused_without_retry() {
+    let mut c = config(ProviderKind::OpenAiChat);
+    c.max_response_bytes = 64 * 1024;
+    // 200 deltas of 1 KiB: each event is small, the answer is not.
+    let body = streams::chat_text_deltas(200, 1024);
+    let server = TestServer::start(vec![Reply::sse(body.clone()), Reply::sse(body)]).unwrap();
+    let (result, events) = call(&provider_with(&c, &server), &[user("x")]);
+    let e = result.unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Protocol);
+    assert!(e.message.contains("max_response_bytes"), "{}", e.message);
+    assert_eq!(server.requests().len(), 1, "not retried");
+    let seen = text_deltas(&events).len();
+    assert!(seen <= 64 * 1024 + 1024, "the observer got {seen} bytes");
+}
+
+#[test]
+fn content_held_but_not_streamed_counts_too() {
+    // Responses: whole output items without deltas.
+    let item = |i: usize| {
+        streams::event(
+            "response.output_item.done",
+            &json!({"type": "response.output_item.done", "output_index": i,
+                "item": {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "b".repeat(1000)}]}})
+            .to_string(),
+        )
+    };
+    let body: String = (0..100).map(item).collect();
+    let mut c = config(ProviderKind::OpenAiResponses);
+    c.max_response_bytes = 16 * 1024;
+    let server = TestServer::start(vec![Reply::sse(body)]).unwrap();
+    let (result, _) = call(&provider_with(&c, &server), &[user("x")]);
+    let e = result.unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Protocol);
+    assert!(e.message.contains("max_response_bytes"), "{}", e.message);
+    // Anthropic: signature deltas are kept, never streamed.
+    let mut body = streams::event(
+        "content_block_start",
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}"#,
+    );
+    for _ in 0..100 {
+        let delta = json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "s".repeat(1000)}});
+        body.push_str(&streams::event("content_block_delta", &delta.to_string()));
+    }
+    let mut c = config(ProviderKind::Anthropic);
+    c.max_response_bytes = 16 * 1024;
+    let server = TestServer::start(vec![Reply::sse(body)]).unwrap();
+    let (result, _) = call(&provider_with(&c, &server), &[user("x")]);
+    assert!(result.unwrap_err().message.contains("max_response_bytes"));
+}
+
+#[test]
+fn one_huge_delta_is_refused_by_the_event_cap() {
+    let mut c = config(ProviderKind::OpenAiChat);
+    c.max_event_bytes = 1 << 20;
+    let server =
+        TestServer::start(vec![Reply::sse(streams::huge_chat_delta(4 << 20)).split(Split::Every(64 * 1024))]).unwrap();
+    let (result, events) = call(&provider_with(&c, &server), &[user("x")]);
+    let e = result.unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Protocol);
+    assert!(e.message.contains("max_event_bytes"), "{}", e.message);
+    assert_eq!(text_deltas(&events), "");
+}
+
+#[test]
+fn ten_thousand_tool_calls_settle_and_the_cap_is_reported_to_the_turn() {
+    let body = streams::chat_tool_calls(10_000, "shell", r#"{"argv":["true"]}"#, |k| format!("call_{k}"));
+    let server = TestServer::start(vec![Reply::sse(body)]).unwrap();
+    let mut c = config(ProviderKind::OpenAiChat);
+    c.max_tool_calls = 5;
+    let p = provider_with(&c, &server);
+    assert_eq!(p.max_tool_calls(), 5);
+    let (result, _) = call(&p, &[user("x")]);
+    let r = result.unwrap();
+    // The provider settles what the model said; the turn runs at most 5 (see
+    // cairn-testtools' hostile_provider tests).
+    assert_eq!(calls(&r.message).len(), 10_000);
+    assert_eq!(r.stop, StopReason::ToolUse);
+}
+
+#[test]
+fn duplicate_tool_call_ids_are_asked_again_then_refused() {
+    let dup = || Reply::sse(streams::chat_tool_calls(3, "shell", "{}", |k| format!("call_{}", k.min(1))));
+    let good = Reply::sse(streams::chat_tool_calls(3, "shell", "{}", |k| format!("call_{k}")));
+    let server = TestServer::start(vec![dup(), good]).unwrap();
+    let (result, _) = call(&provider(ProviderKind::OpenAiChat, &server), &[user("x")]);
+    let r = result.unwrap();
+    assert_eq!(r.attempts.len(), 2);
+    assert!(r.attempts[0].error.as_deref().unwrap().contains("\"call_1\" for more than one call"));
+    assert_eq!(calls(&r.message).len(), 3);
+
+    let server = TestServer::start(vec![dup(), dup(), dup()]).unwrap();
+    let (result, _) = call(&provider(ProviderKind::OpenAiChat, &server), &[user("x")]);
+    let e = result.unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Protocol);
+    assert!(e.message.contains("for more than one call") && e.message.contains("gave up after 3"), "{}", e.message);
+}
+
+#[test]
+fn limits_too_large_for_the_clock_mean_no_limit_not_a_panic() {
+    let table: toml::Value = toml::from_str(&format!(
+        "kind = \"openai-chat\"\nmodel = \"m\"\ntotal_timeout_ms = {max}\nidle_timeout_ms = {max}\nfirst_byte_timeout_ms = {max}\nconnect_timeout_ms = {max}\nmax_backoff_ms = {max}",
+        max = i64::MAX
+    ))
+    .unwrap();
+    let c = ProviderConfig::from_toml("big", &table).unwrap();
+    let server = TestServer::start(vec![cut_reply("chat_text.sse"), Reply::sse(data("chat_text.sse"))]).unwrap();
+    let (result, _) = call(&provider_with(&c, &server), &[user("x")]);
+    let r = result.unwrap();
+    assert_eq!(r.attempts.len(), 2, "the cut attempt was retried");
 }

@@ -462,6 +462,68 @@ pub mod streams {
         if name.is_empty() { format!("data: {data}\n\n") } else { format!("event: {name}\ndata: {data}\n\n") }
     }
 
+    /// `n` keepalive comments (`: keepalive`), each its own event-sized
+    /// write under [`crate::Split::PerEvent`]: a server that keeps the
+    /// connection alive and never answers.
+    pub fn keepalives(n: usize) -> String {
+        ": keepalive\n\n".repeat(n)
+    }
+
+    /// A Chat Completions stream of `n` chunks that carry no content (the
+    /// role chunk, then empty deltas), never finishing.
+    pub fn chat_empty_chunks(n: usize) -> String {
+        let mut out = event("", r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#);
+        for _ in 1..n {
+            out.push_str(&event("", r#"{"choices":[{"index":0,"delta":{}}]}"#));
+        }
+        out
+    }
+
+    /// An Anthropic stream that starts a message and then only pings.
+    pub fn anthropic_pings(n: usize) -> String {
+        let mut out = event(
+            "message_start",
+            r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":3,"output_tokens":1}}}"#,
+        );
+        for _ in 0..n {
+            out.push_str(&event("ping", r#"{"type":"ping"}"#));
+        }
+        out
+    }
+
+    /// A complete Chat Completions stream of `n` text deltas of `size` bytes
+    /// each (`a`…), then `finish_reason: stop` and `[DONE]`.
+    pub fn chat_text_deltas(n: usize, size: usize) -> String {
+        let piece = "a".repeat(size);
+        let mut out = String::with_capacity(n * (size + 64) + 128);
+        for _ in 0..n {
+            out.push_str(&event("", &format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"{piece}"}}}}]}}"#)));
+        }
+        out.push_str(&event("", r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#));
+        out.push_str(&event("", "[DONE]"));
+        out
+    }
+
+    /// A complete Chat Completions stream asking for `n` tool calls of
+    /// `tool` with `arguments` (JSON text), call k with id `id(k)`, each
+    /// call whole in one chunk; `finish_reason: tool_calls` and `[DONE]`.
+    pub fn chat_tool_calls(n: usize, tool: &str, arguments: &str, id: impl Fn(usize) -> String) -> String {
+        let args = serde_json::Value::String(arguments.to_owned()).to_string();
+        let mut out = String::new();
+        for k in 0..n {
+            out.push_str(&event(
+                "",
+                &format!(
+                    r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":{k},"id":"{}","type":"function","function":{{"name":"{tool}","arguments":{args}}}}}]}}}}]}}"#,
+                    id(k)
+                ),
+            ));
+        }
+        out.push_str(&event("", r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#));
+        out.push_str(&event("", "[DONE]"));
+        out
+    }
+
     /// A Chat Completions stream whose single text delta is `bytes` long.
     pub fn huge_chat_delta(bytes: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(bytes + 512);
@@ -559,6 +621,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn hostile_stream_builders_are_well_formed() {
+        let count = |body: &str| body.matches("\n\n").count();
+        assert_eq!(count(&streams::keepalives(5)), 5);
+        assert_eq!(count(&streams::chat_empty_chunks(4)), 4);
+        assert_eq!(count(&streams::anthropic_pings(3)), 4);
+        let text = streams::chat_text_deltas(3, 10);
+        assert_eq!(text.matches(&"a".repeat(10)).count(), 3);
+        assert!(text.ends_with("data: [DONE]\n\n"));
+        let calls = streams::chat_tool_calls(3, "echo", r#"{"text":"x"}"#, |k| format!("c{k}"));
+        for line in calls.lines().filter(|l| l.starts_with("data: {")) {
+            let v: Value = serde_json::from_str(&line[6..]).unwrap();
+            if let Some(call) = v["choices"][0]["delta"]["tool_calls"].get(0) {
+                assert_eq!(call["function"]["arguments"], r#"{"text":"x"}"#);
+            }
+        }
+        assert!(calls.contains(r#""id":"c2""#));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `{"text": "…", "toolCalls": [{"id": "…", "name": "…", "arguments": {…}}]}`.
 //! Request k is answered with line k, where k is the number of assistant
 //! messages already in the request — so a resumed session gets exactly the
-//! line it would have got (the rule of cairn-provider's scripted provider,
+//! line it would have got (the rule of cairn-provider's `ScriptFileProvider`,
 //! whose script types and reply building it shares).
 //! It records every request's messages so tests can check what the model saw.
 
@@ -16,7 +16,7 @@ use cairn_core::message::{Message, Role};
 use cairn_core::provider::{
     AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, StreamEvent,
 };
-pub use cairn_provider::scripted::{ScriptCall, ScriptLine};
+pub use cairn_provider::script_file::{ScriptCall, ScriptLine};
 
 /// The in-process scripted provider.
 #[derive(Debug, Default)]

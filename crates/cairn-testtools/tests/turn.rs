@@ -316,12 +316,14 @@ fn approval_spam_settles_every_call_once() {
     let mut person = ScriptedApprover::new(true, []);
     let (outcome, events) = run(&mut session, &provider, &tools, &mut person);
     assert_eq!(outcome.stop, TurnStop::Answered);
-    assert_eq!(person.asked.len(), 200);
+    // The person is asked up to the per-message cap; the rest are refused unasked.
+    let cap = cairn_core::provider::DEFAULT_MAX_TOOL_CALLS;
+    assert_eq!(person.asked.len(), cap);
     let state = assert_healthy(session.store());
     assert_eq!(state.invocations.len(), 200);
     assert!(state.invocations.iter().all(|r| r.status == ToolInvocationStatus::Rejected));
     let asked = events.iter().filter(|e| matches!(e, TurnEvent::ApprovalAsked { .. })).count();
-    assert_eq!(asked, 200);
+    assert_eq!(asked, cap);
 }
 
 /// Two sessions over one store: a store shared through `Rc<RefCell<…>>`.

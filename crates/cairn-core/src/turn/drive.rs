@@ -25,7 +25,7 @@ use crate::events::{
     ToolRequestedPayload, ToolStartedPayload, TurnCancelledPayload, TurnEndedPayload, TurnEvent, VerdictRecord,
 };
 use crate::message::{Message, Role, ToolCall};
-use crate::provider::{ModelRequest, ProviderErrorKind, StreamEvent};
+use crate::provider::{ModelRequest, ModelResponse, ProviderErrorKind, StreamEvent};
 use crate::registry::ToolRegistry;
 use crate::schema;
 use crate::storage::registers::AllowFact;
@@ -183,7 +183,7 @@ impl<S: Storage> Session<S> {
             };
             let observer = &mut *env.observer;
             let mut forward = |event: &StreamEvent| observer(&TurnEvent::Delta { event: event.clone() });
-            env.provider.complete(&request, &mut forward, env.cancel)
+            env.provider.complete(&request, &mut forward, env.cancel).and_then(ModelResponse::refuse_duplicate_call_ids)
         };
         match result {
             Ok(response) => {
@@ -342,6 +342,10 @@ impl<S: Storage> Session<S> {
             let pc = self.after_call(&mut b, calls.len())?;
             return self.commit(b, Some(pc), env.observer);
         };
+        let max_calls = env.provider.max_tool_calls().max(1);
+        if self.pc.call >= max_calls {
+            return self.refuse_excess_calls(env, b, &calls, max_calls);
+        }
         let request_entry = b.next_id("e");
         let invocation_id = b.next_id("i");
         let request = self.tool_request(&invocation_id, &call);
@@ -632,6 +636,33 @@ impl<S: Storage> Session<S> {
             let reason = "the turn was cancelled before this call ran; it was not run".to_owned();
             b.settle(&Settlement::Rejected(ToolRejectedPayload::new(&request, None, reason)), false)?;
         }
+        Ok(())
+    }
+
+    /// The model asked for more tool calls in one message than the provider
+    /// allows (`max_tool_calls`): the calls from `self.pc.call` on are not
+    /// run; each is settled as rejected, with the reason the model sees, in
+    /// one commit (a flood of calls is one line, not one line per call).
+    fn refuse_excess_calls(
+        &mut self,
+        env: &mut TurnEnv<'_>,
+        mut b: TxBuilder,
+        calls: &[ToolCall],
+        max_calls: usize,
+    ) -> Result<(), TurnError> {
+        let reason = format!(
+            "not run: this message asked for {} tool calls and at most {max_calls} run per message; ask for the rest in a later message",
+            calls.len()
+        );
+        for call in calls.iter().skip(self.pc.call) {
+            let invocation_id = b.next_id("i");
+            let request = self.tool_request(&invocation_id, call);
+            b.entry(&ToolRequestedPayload::new(self.turn_id(), request.clone(), None, None))?;
+            b.settle(&Settlement::Rejected(ToolRejectedPayload::new(&request, None, reason.clone())), false)?;
+        }
+        // Every remaining call is settled: move on as after the message's last call.
+        let pc = self.after_call(&mut b, self.pc.call + 1)?;
+        self.commit(b, Some(pc), env.observer)?;
         Ok(())
     }
 }

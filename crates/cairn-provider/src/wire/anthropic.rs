@@ -143,6 +143,8 @@ pub(crate) struct AnthropicDecoder {
     cache_read: u64,
     cache_write: u64,
     output: u64,
+    /// Bytes of block starts and deltas kept in `blocks`.
+    held: usize,
 }
 
 impl AnthropicDecoder {
@@ -172,6 +174,8 @@ impl Decoder for AnthropicDecoder {
                 }
             }
             "content_block_start" => {
+                // The whole event bounds what the block holds at its start.
+                self.held = self.held.saturating_add(event.data.len());
                 let index = u64_of(&v, "index");
                 let cb = v.get("content_block").cloned().unwrap_or(Value::Null);
                 let block = match str_of(&cb, "type") {
@@ -200,6 +204,11 @@ impl Decoder for AnthropicDecoder {
             "content_block_delta" => {
                 let index = u64_of(&v, "index");
                 let delta = v.get("delta").cloned().unwrap_or(Value::Null);
+                let piece_len = ["text", "partial_json", "thinking", "signature"]
+                    .iter()
+                    .map(|k| str_of(&delta, k).len())
+                    .fold(0usize, usize::saturating_add);
+                self.held = self.held.saturating_add(piece_len);
                 let block = self.block(index)?;
                 match (str_of(&delta, "type"), block) {
                     ("text_delta", Block::Text(text)) => {
@@ -297,5 +306,9 @@ impl Decoder for AnthropicDecoder {
         // Anthropic counts cache reads and writes apart from `input_tokens`;
         // cairn's rows count all input, cached reads included, like OpenAI.
         Usage { input: self.input + self.cache_read + self.cache_write, output: self.output, cached: self.cache_read }
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.held
     }
 }

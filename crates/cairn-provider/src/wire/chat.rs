@@ -102,6 +102,8 @@ pub(crate) struct ChatDecoder {
     slots: Vec<(u64, Slot)>,
     finish: Option<String>,
     usage: Usage,
+    /// Bytes pushed into `text`, `reasoning` and the slots.
+    held: usize,
 }
 
 impl ChatDecoder {
@@ -124,6 +126,8 @@ impl ChatDecoder {
         if !name.is_empty() {
             slot.name.push_str(name);
         }
+        let args = str_of(&function, "arguments");
+        self.held = self.held.saturating_add(id.len() + name.len() + args.len());
         if !slot.announced && !slot.name.is_empty() {
             if slot.id.is_empty() {
                 // Some local servers omit ids; make one unique in the session
@@ -138,7 +142,6 @@ impl ChatDecoder {
                 emit(StreamEvent::ToolCallDelta { id: slot.id.clone(), arguments: slot.arguments.clone() });
             }
         }
-        let args = str_of(&function, "arguments");
         if !args.is_empty() {
             slot.arguments.push_str(args);
             if slot.announced {
@@ -170,12 +173,14 @@ impl Decoder for ChatDecoder {
         if let Some(delta) = choice.get("delta") {
             if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
                 self.text.push_str(text);
+                self.held = self.held.saturating_add(text.len());
                 emit(StreamEvent::TextDelta { text: text.to_owned() });
             }
             // llama.cpp, vLLM and DeepSeek stream reasoning under one of these.
             for key in ["reasoning_content", "reasoning"] {
                 if let Some(text) = delta.get(key).and_then(Value::as_str).filter(|t| !t.is_empty()) {
                     self.reasoning.push_str(text);
+                    self.held = self.held.saturating_add(text.len());
                     emit(StreamEvent::ReasoningDelta { text: text.to_owned() });
                 }
             }
@@ -232,5 +237,9 @@ impl Decoder for ChatDecoder {
 
     fn usage(&self) -> Usage {
         self.usage
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.held
     }
 }

@@ -73,6 +73,10 @@ pub(crate) trait Decoder {
     fn finish(&mut self, terminal: bool) -> Result<Settled, StreamError>;
     /// Usage seen so far (also for failed attempts).
     fn usage(&self) -> Usage;
+    /// Bytes of content held for the settled message so far (an upper
+    /// bound: text, reasoning, tool-call ids, names and arguments, whole
+    /// items where the API sends whole items), so the caller can cap it.
+    fn held_bytes(&self) -> usize;
 }
 
 /// Parse one event's data as JSON, with a clear error naming the event.

@@ -92,6 +92,8 @@ pub(crate) struct ResponsesDecoder {
     status: String,
     incomplete_reason: String,
     usage: Usage,
+    /// Bytes of the events whose items are kept in `items`.
+    held: usize,
 }
 
 fn failure(what: &str, error: &Value) -> StreamError {
@@ -151,11 +153,16 @@ impl Decoder for ResponsesDecoder {
             "response.output_item.done" => {
                 let index = v.get("output_index").and_then(Value::as_u64).unwrap_or(self.items.len() as u64);
                 if let Some(item) = v.get("item") {
+                    self.held = self.held.saturating_add(event.data.len());
                     self.items.retain(|(i, _)| *i != index);
                     self.items.push((index, item.clone()));
                 }
             }
             "response.completed" | "response.incomplete" => {
+                if self.items.is_empty() {
+                    // The items will be taken from this event's output.
+                    self.held = self.held.saturating_add(event.data.len());
+                }
                 if let Some(response) = v.get("response") {
                     self.read_response(response);
                 }
@@ -238,5 +245,9 @@ impl Decoder for ResponsesDecoder {
 
     fn usage(&self) -> Usage {
         self.usage
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.held
     }
 }

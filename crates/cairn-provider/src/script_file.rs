@@ -1,5 +1,7 @@
-//! [`ScriptedProvider`]: replays a JSONL script, one model turn per line,
-//! for tests and demos.
+//! [`ScriptFileProvider`]: the `scripted` provider kind, which replays a
+//! JSONL script file, one model turn per line, for demos and tests of the
+//! whole program. (cairn-testtools' `ScriptProvider` is the in-process test
+//! double over the same [`ScriptLine`]s, with failure and recording hooks.)
 //!
 //! Line format: `{"text": "…", "toolCalls": [{"id": "…", "name": "…",
 //! "arguments": {…}}]}` (both keys optional; blank lines are skipped). Request
@@ -75,14 +77,15 @@ impl ScriptLine {
 
 /// A provider that answers from a script file.
 #[derive(Debug, Clone)]
-pub struct ScriptedProvider {
+pub struct ScriptFileProvider {
     name: String,
     model: String,
     path: PathBuf,
     turns: Vec<ScriptLine>,
+    max_tool_calls: usize,
 }
 
-impl ScriptedProvider {
+impl ScriptFileProvider {
     /// Load and check the whole script; a malformed line is an error that
     /// names the file and the line number.
     pub fn from_file(name: &str, path: &Path) -> Result<Self, ConfigError> {
@@ -110,7 +113,20 @@ impl ScriptedProvider {
             turns.push(line);
         }
         let model = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "script".to_owned());
-        Ok(Self { name: name.to_owned(), model, path: path.to_owned(), turns })
+        Ok(Self {
+            name: name.to_owned(),
+            model,
+            path: path.to_owned(),
+            turns,
+            max_tool_calls: cairn_core::provider::DEFAULT_MAX_TOOL_CALLS,
+        })
+    }
+
+    /// Set the most tool calls of one answer the turn runs
+    /// ([`Provider::max_tool_calls`]).
+    pub fn with_max_tool_calls(mut self, max: usize) -> Self {
+        self.max_tool_calls = max;
+        self
     }
 
     /// How many turns the script holds.
@@ -129,13 +145,17 @@ fn estimate_tokens(bytes: usize) -> u64 {
     bytes.div_ceil(4) as u64
 }
 
-impl Provider for ScriptedProvider {
+impl Provider for ScriptFileProvider {
     fn name(&self) -> &str {
         &self.name
     }
 
     fn model(&self) -> &str {
         &self.model
+    }
+
+    fn max_tool_calls(&self) -> usize {
+        self.max_tool_calls
     }
 
     fn complete(
