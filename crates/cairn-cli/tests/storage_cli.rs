@@ -98,7 +98,8 @@ fn bad_files_in_the_sessions_directory_neither_hang_nor_abort_any_command() {
     }
 
     // `resume --last` skips the newer bad files and resumes the good one.
-    let script = env.script(&[json!({"text": "resumed fine"})]);
+    // The scripted provider answers by position in the session: line 2.
+    let script = env.script(&[json!({"text": "an answer"}), json!({"text": "resumed fine"})]);
     let out = run(env.cairn(&["--script", script.to_str().unwrap(), "resume", "--last", "--prompt", "again"]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("resumed fine"));
