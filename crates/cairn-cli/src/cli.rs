@@ -94,10 +94,13 @@ pub enum Command {
         #[arg(long)]
         lane: Option<String>,
     },
-    /// Rewrite a session file without its dead register lines.
+    /// Rewrite a session file without its dead register lines, when its dead-bytes share is over storage.compact_ratio.
     Compact {
         /// Session id, unique prefix, name or path.
         id: String,
+        /// Compact even when the dead-bytes share is under the threshold.
+        #[arg(long)]
+        force: bool,
     },
     /// Validate a session file and print a summary.
     Check {
@@ -176,7 +179,8 @@ fn run(cli: Cli) -> Result<u8> {
     }
     let ctx = Context { common: cli.common, paths, settings, err_style: Style::stderr(), out_style: Style::stdout() };
     use crate::{commands, host, local, sessions};
-    let resolve = |target: &str| sessions::resolve(&ctx.paths, target);
+    let store_options = ctx.settings.store_options();
+    let resolve = |target: &str| sessions::resolve(&ctx.paths, target, &store_options);
     match cli.command {
         Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
         Command::Chat { id } => {
@@ -186,7 +190,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Resume { id, last, prompt } => {
             let path = match (id, last) {
                 (Some(id), _) => resolve(&id)?,
-                (None, true) => sessions::last(&ctx.paths)?,
+                (None, true) => sessions::last(&ctx.paths, &store_options)?,
                 (None, false) => anyhow::bail!("which session? give an id or name, or --last for the most recent"),
             };
             host::resume(&ctx, &path, prompt)
@@ -196,7 +200,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Show { id, tools: true } => commands::show_tools(&ctx, &resolve(&id)?),
         Command::Log { id, follow } => commands::log(&ctx, &resolve(&id)?, follow),
         Command::Fork { id, entry, lane } => commands::fork(&ctx, &resolve(&id)?, &entry, lane),
-        Command::Compact { id } => commands::compact(&ctx, &resolve(&id)?),
+        Command::Compact { id, force } => commands::compact(&ctx, &resolve(&id)?, force),
         Command::Check { target } => commands::check(&ctx, &resolve(&target)?),
         Command::Tools => commands::tools(&ctx),
         Command::Config => commands::config(&ctx),

@@ -11,7 +11,7 @@ use anyhow::Result;
 use cairn_core::approval::Answer;
 use cairn_core::projection::{ToolInvocationRecord, ToolInvocationStatus, ToolState};
 use cairn_core::storage::Storage;
-use cairn_core::storage::{Entry, JsonlStore, Tail, check_file, format_record};
+use cairn_core::storage::{Entry, JsonlStore, Tail, check_file_with, format_record};
 
 use crate::context::{Context, exit};
 use crate::render::{escape_controls as esc, escape_json};
@@ -37,13 +37,13 @@ pub fn config(ctx: &Context) -> Result<u8> {
 
 /// `cairn sessions`: newest first.
 pub fn sessions(ctx: &Context) -> Result<u8> {
-    let all = crate::sessions::list(&ctx.paths)?;
+    let all = crate::sessions::list(&ctx.paths, &ctx.settings.store_options())?;
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
         for s in &all {
             let modified = s.modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
             let line = serde_json::json!({
-                "id": s.id, "name": s.name, "cwd": s.cwd, "createdAt": s.created_at,
+                "id": s.id, "headerId": s.header_id, "name": s.name, "cwd": s.cwd, "createdAt": s.created_at,
                 "lastActivity": modified, "state": s.state, "size": s.size, "path": s.path,
             });
             writeln!(out, "{}", escape_json(&line.to_string()))?;
@@ -145,7 +145,7 @@ fn describe_entry(entry: &Entry) -> String {
 
 /// `cairn show`: the tree, its branches, and each lane's head.
 pub fn show(ctx: &Context, path: &Path) -> Result<u8> {
-    let store = JsonlStore::open_read_only(path)?;
+    let store = JsonlStore::open_read_only_with(path, ctx.settings.store_options())?;
     let header = store.header().clone();
     let index = store.index();
     let mut heads: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
@@ -274,8 +274,13 @@ fn describe_invocation(r: &ToolInvocationRecord) -> Vec<String> {
 }
 
 /// `cairn log`: every record, one per line; `--follow` keeps printing.
+/// The file is validated by a full read-only replay first, so a corrupt
+/// file or one of a newer storage version is an error (exit 1), not a
+/// partial listing.
 pub fn log(ctx: &Context, path: &Path, follow: bool) -> Result<u8> {
-    let mut tail = Tail::open(path)?;
+    let opts = ctx.settings.store_options();
+    drop(JsonlStore::open_read_only_with(path, opts)?);
+    let mut tail = Tail::open_with(path, opts.max_line_bytes)?;
     let mut out = std::io::stdout().lock();
     if !ctx.common.json {
         let h = tail.header().clone();
@@ -302,7 +307,7 @@ pub fn log(ctx: &Context, path: &Path, follow: bool) -> Result<u8> {
 
 /// `cairn fork`: a new lane at an entry.
 pub fn fork(ctx: &Context, path: &Path, entry: &str, lane: Option<String>) -> Result<u8> {
-    let store = crate::host::open_session(path)?;
+    let store = crate::host::open_session(ctx, path)?;
     let mut session = cairn_core::Session::open(store, cairn_core::SessionConfig::default())?;
     let lane = match lane {
         Some(lane) => lane,
@@ -322,16 +327,42 @@ pub fn fork(ctx: &Context, path: &Path, entry: &str, lane: Option<String>) -> Re
     Ok(exit::SUCCESS)
 }
 
-/// `cairn compact`.
-pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
-    let mut store = crate::host::open_session(path)?;
+/// `cairn compact`: compacts when the automatic rule would
+/// (`storage.compact_ratio`, files of at least 1 MiB), or always with `--force`.
+pub fn compact(ctx: &Context, path: &Path, force: bool) -> Result<u8> {
+    let mut store = crate::host::open_session(ctx, path)?;
     let before = store.len_bytes();
     let ratio = store.dead_bytes_ratio();
+    let opts = *store.options();
+    if !force && !opts.compaction_due(before, ratio) {
+        let threshold = opts.compact_ratio.unwrap_or(cairn_core::storage::DEFAULT_COMPACT_RATIO);
+        let mut out = std::io::stdout().lock();
+        if ctx.common.json {
+            let line = serde_json::json!({
+                "compacted": false, "before": before, "after": before, "deadBytesRatio": ratio,
+                "threshold": threshold, "minBytes": opts.compact_min_bytes,
+            });
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(
+                out,
+                "{}: not compacted: dead bytes ratio {ratio:.3} (size {}) is not over the threshold {threshold} for files of at least {}; use --force to compact anyway",
+                path.display(),
+                human_size(before),
+                human_size(opts.compact_min_bytes)
+            )?;
+        }
+        return Ok(exit::SUCCESS);
+    }
     store.compact()?;
     let after = store.len_bytes();
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
-        writeln!(out, "{}", serde_json::json!({"before": before, "after": after, "deadBytesRatio": ratio}))?;
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"compacted": true, "before": before, "after": after, "deadBytesRatio": ratio})
+        )?;
     } else {
         writeln!(
             out,
@@ -346,7 +377,11 @@ pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
 
 /// `cairn check`.
 pub fn check(ctx: &Context, path: &Path) -> Result<u8> {
-    let report = check_file(path);
+    // Beside the storage invariants, the tool lifecycle the turn relies on:
+    // exactly one settlement per invocation, none without a request.
+    let report = check_file_with(path, ctx.settings.store_options(), |store| {
+        ToolState::replay_strict(store.index().entries()).map(drop).map_err(|e| e.to_string())
+    });
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
         writeln!(out, "{}", serde_json::to_string(&report)?)?;

@@ -81,6 +81,19 @@ pub struct FileConfig {
     /// Embedded model settings.
     #[serde(default)]
     pub local: LocalConfig,
+    /// Session store settings.
+    #[serde(default)]
+    pub storage: StorageConfig,
+}
+
+/// `[storage]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Automatic compaction threshold (share of dead bytes, 0..1).
+    pub compact_ratio: Option<f64>,
+    /// Longest session-file line read or written, in bytes.
+    pub max_line_bytes: Option<u64>,
 }
 
 /// `[approvals]`.
@@ -169,6 +182,10 @@ pub struct Settings {
     pub local_fast: Setting<bool>,
     /// Local model path override.
     pub local_model_path: Setting<Option<PathBuf>>,
+    /// Automatic compaction threshold of session files.
+    pub compact_ratio: Setting<f64>,
+    /// Longest session-file line, in bytes.
+    pub max_line_bytes: Setting<u64>,
     /// Named provider tables from the file.
     pub providers: BTreeMap<String, toml::Value>,
 }
@@ -208,6 +225,8 @@ impl Settings {
         let mut local_threads = Setting::default(1);
         let mut local_fast = Setting::default(false);
         let mut local_model_path = Setting::default(None);
+        let mut compact_ratio = Setting::default(cairn_core::storage::DEFAULT_COMPACT_RATIO);
+        let mut max_line_bytes = Setting::default(cairn_core::storage::DEFAULT_MAX_LINE_BYTES);
 
         if let Some(v) = file.provider {
             provider.set(v, from_file());
@@ -241,6 +260,26 @@ impl Settings {
         }
         if let Some(v) = file.local.model_path {
             local_model_path.set(Some(v), from_file());
+        }
+        if let Some(v) = file.storage.compact_ratio {
+            if !(v > 0.0 && v < 1.0) {
+                anyhow::bail!(
+                    "{}: storage.compact_ratio = {v} is out of range; use a share of dead bytes between 0 and 1 (default {})",
+                    config_file.display(),
+                    cairn_core::storage::DEFAULT_COMPACT_RATIO
+                );
+            }
+            compact_ratio.set(v, from_file());
+        }
+        if let Some(v) = file.storage.max_line_bytes {
+            if v < 4096 {
+                anyhow::bail!(
+                    "{}: storage.max_line_bytes = {v} is too small; use at least 4096 (default {})",
+                    config_file.display(),
+                    cairn_core::storage::DEFAULT_MAX_LINE_BYTES
+                );
+            }
+            max_line_bytes.set(v, from_file());
         }
 
         if let Some(v) = env("CAIRN_PROVIDER") {
@@ -284,8 +323,19 @@ impl Settings {
             local_threads,
             local_fast,
             local_model_path,
+            compact_ratio,
+            max_line_bytes,
             providers: file.providers,
         })
+    }
+
+    /// The session store options these settings give.
+    pub fn store_options(&self) -> cairn_core::storage::StoreOptions {
+        cairn_core::storage::StoreOptions {
+            compact_ratio: Some(self.compact_ratio.value),
+            max_line_bytes: self.max_line_bytes.value,
+            ..cairn_core::storage::StoreOptions::default()
+        }
     }
 
     /// `(key, value, source)` rows for `cairn config`.
@@ -315,6 +365,8 @@ impl Settings {
             ("local.threads", self.local_threads.value.to_string(), self.local_threads.source.to_string()),
             ("local.fast", self.local_fast.value.to_string(), self.local_fast.source.to_string()),
             ("local.model_path", path(&self.local_model_path.value), self.local_model_path.source.to_string()),
+            ("storage.compact_ratio", self.compact_ratio.value.to_string(), self.compact_ratio.source.to_string()),
+            ("storage.max_line_bytes", self.max_line_bytes.value.to_string(), self.max_line_bytes.source.to_string()),
         ]
     }
 }

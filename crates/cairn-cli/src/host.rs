@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, bail};
 use cairn_core::approval::{Allowlist, Approver, PolicyApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::Storage;
-use cairn_core::storage::{Header, JsonlStore, StoreOptions, Transaction, new_session_id};
+use cairn_core::storage::{Header, JsonlStore, Transaction, new_session_id};
 use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent, TurnOutcome, TurnStop};
 use cairn_provider::{ProviderConfig, ProviderKind};
 use cairn_tools::{ToolEntry, ToolsConfig};
@@ -131,7 +131,7 @@ fn new_session_cwd(ctx: &Context) -> Result<PathBuf> {
 pub fn create_session(ctx: &Context) -> Result<(JsonlStore, PathBuf)> {
     let cwd = new_session_cwd(ctx)?;
     let header = Header::new(new_session_id(), cwd.display().to_string());
-    let mut store = JsonlStore::create(&ctx.paths.sessions(), header, StoreOptions::default())
+    let mut store = JsonlStore::create(&ctx.paths.sessions(), header, ctx.settings.store_options())
         .with_context(|| format!("cannot create a session in {}", ctx.paths.sessions().display()))?;
     if let Some(name) = &ctx.common.name {
         store.commit(Transaction::new().set_session_name(name)?)?;
@@ -139,9 +139,10 @@ pub fn create_session(ctx: &Context) -> Result<(JsonlStore, PathBuf)> {
     Ok((store, cwd))
 }
 
-/// Open an existing session for writing.
-pub fn open_session(path: &Path) -> Result<JsonlStore> {
-    Ok(JsonlStore::open(path, StoreOptions::default())?)
+/// Open an existing session for writing, with the configured store
+/// options (automatic compaction, line limit).
+pub fn open_session(ctx: &Context, path: &Path) -> Result<JsonlStore> {
+    Ok(JsonlStore::open(path, ctx.settings.store_options())?)
 }
 
 /// Ctrl-C handling shared by every turn of this process: the first press
@@ -298,7 +299,7 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
 /// `cairn resume`.
 pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
-    let store = open_session(path)?;
+    let store = open_session(ctx, path)?;
     let cwd = PathBuf::from(&store.header().cwd);
     let mut wiring = wire(ctx, &cwd, &mut renderer)?;
     announce(&mut renderer, &store);
@@ -339,7 +340,7 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
     let (store, cwd) = match existing {
         Some(path) => {
-            let store = open_session(path)?;
+            let store = open_session(ctx, path)?;
             let cwd = PathBuf::from(&store.header().cwd);
             (store, cwd)
         }

@@ -1,24 +1,33 @@
 //! Finding sessions on disk: resolve what a user typed (a path, an id, a
 //! unique id prefix, or a name given with `--name`) to a session file, and
-//! summarise sessions for `cairn sessions`.
+//! summarise sessions for `cairn sessions` and `resume --last`.
 //!
-//! Everything here opens session files read-only; it never writes.
+//! A listing reads only what it shows (header, name, last state) through
+//! `read_summary`'s backward scan, never a full replay. A file that is not a
+//! readable session (a FIFO, a device, a bad header, an over-long line) is
+//! skipped with a warning on stderr instead of failing or hanging the
+//! listing; a header id that differs from the file name is listed under the
+//! file name (the id lookups use) with a warning. Everything here opens
+//! session files read-only; it never writes.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use anyhow::{Context, Result, bail};
-use cairn_core::storage::JsonlStore;
-use cairn_core::storage::Storage;
+use cairn_core::storage::{StoreOptions, header_id_mismatch, read_summary, registers};
 use cairn_core::turn::Pc;
 
 use crate::paths::Paths;
+use crate::style::Style;
 
 /// What `cairn sessions` shows of one session.
 #[derive(Debug, Clone)]
 pub struct SessionSummary {
-    /// Session id.
+    /// Session id as lookups know it: the file name without `.jsonl`.
     pub id: String,
+    /// The id the header declares (normally equal to `id`).
+    pub header_id: String,
     /// The session file.
     pub path: PathBuf,
     /// Name given with `--name`.
@@ -29,13 +38,19 @@ pub struct SessionSummary {
     pub created_at: i64,
     /// Last modification of the file.
     pub modified: SystemTime,
-    /// The turn's phase, or the reason the file does not open.
+    /// The turn's phase ("new" before the first turn).
     pub state: String,
     /// File size in bytes.
     pub size: u64,
 }
 
-/// Every `*.jsonl` file in the sessions directory.
+/// Print a warning on stderr (listing problems that do not stop a command).
+pub fn warn(text: &str) {
+    let style = Style::stderr();
+    let _ = writeln!(std::io::stderr().lock(), "{} {text}", style.yellow("warning:"));
+}
+
+/// Every `*.jsonl` file in the sessions directory (not opened).
 pub fn session_files(paths: &Paths) -> Result<Vec<PathBuf>> {
     let dir = paths.sessions();
     let entries = match std::fs::read_dir(&dir) {
@@ -53,63 +68,76 @@ pub fn session_files(paths: &Paths) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Summarise one session file (read-only).
-pub fn summarise(path: &Path) -> SessionSummary {
-    let meta = std::fs::metadata(path).ok();
-    let modified = meta.as_ref().and_then(|m| m.modified().ok()).unwrap_or(SystemTime::UNIX_EPOCH);
-    let size = meta.map_or(0, |m| m.len());
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    match JsonlStore::open_read_only(path) {
-        Ok(store) => {
-            let header = store.header();
-            let name = cairn_core::storage::registers::session_name(&store);
-            let state = match store.state() {
-                None => "new".to_owned(),
-                Some(state) => match Pc::decode(&state.pc) {
-                    Ok(pc) if pc.in_progress() => format!("interrupted ({:?})", pc.phase).to_lowercase(),
-                    Ok(pc) => format!("{:?}", pc.phase).to_lowercase(),
-                    Err(_) => "unknown".to_owned(),
-                },
-            };
-            SessionSummary {
-                id: header.id.clone(),
-                path: path.to_path_buf(),
-                name,
-                cwd: header.cwd.clone(),
-                created_at: header.created_at,
-                modified,
-                state,
-                size,
-            }
-        }
-        Err(e) => SessionSummary {
-            id: stem,
-            path: path.to_path_buf(),
-            name: None,
-            cwd: String::new(),
-            created_at: 0,
-            modified,
-            state: format!("unreadable: {e}"),
-            size,
-        },
-    }
+fn stem(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-/// All sessions, most recently active first.
-pub fn list(paths: &Paths) -> Result<Vec<SessionSummary>> {
-    let mut all: Vec<SessionSummary> = session_files(paths)?.iter().map(|p| summarise(p)).collect();
+/// Summarise one session file (read-only, header + backward scan). The
+/// second value is a warning to show (a header id that is not the file name).
+pub fn summarise(path: &Path, opts: &StoreOptions) -> Result<(SessionSummary, Option<String>)> {
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+    let summary = read_summary(path, &[(registers::FACT, registers::NAME_FACT)], opts.max_line_bytes)?;
+    let name = summary.registers.first().cloned().flatten().and_then(|raw| raw.parse::<String>().ok());
+    let state = match &summary.state {
+        None => "new".to_owned(),
+        Some(state) => match Pc::decode(&state.pc) {
+            Ok(pc) if pc.in_progress() => format!("interrupted ({:?})", pc.phase).to_lowercase(),
+            Ok(pc) => format!("{:?}", pc.phase).to_lowercase(),
+            Err(_) => "unknown".to_owned(),
+        },
+    };
+    let warning = header_id_mismatch(path, &summary.header.id);
+    let header = summary.header;
+    Ok((
+        SessionSummary {
+            id: stem(path),
+            header_id: header.id,
+            path: path.to_path_buf(),
+            name,
+            cwd: header.cwd,
+            created_at: header.created_at,
+            modified,
+            state,
+            size: meta.len(),
+        },
+        warning,
+    ))
+}
+
+/// Summarise `files`, skipping (with a warning) those that are not
+/// readable sessions.
+fn summarise_all(files: &[PathBuf], opts: &StoreOptions) -> Vec<SessionSummary> {
+    let mut all = Vec::with_capacity(files.len());
+    for path in files {
+        match summarise(path, opts) {
+            Ok((summary, warning)) => {
+                if let Some(warning) = warning {
+                    warn(&warning);
+                }
+                all.push(summary);
+            }
+            Err(e) => warn(&format!("skipping {}: {e:#}", path.display())),
+        }
+    }
+    all
+}
+
+/// All readable sessions, most recently active first; unreadable files are
+/// skipped with a warning.
+pub fn list(paths: &Paths, opts: &StoreOptions) -> Result<Vec<SessionSummary>> {
+    let mut all = summarise_all(&session_files(paths)?, opts);
     all.sort_by(|a, b| b.modified.cmp(&a.modified).then_with(|| b.id.cmp(&a.id)));
     Ok(all)
 }
 
 /// Resolve a path, id, unique id prefix or name to a session file.
-pub fn resolve(paths: &Paths, target: &str) -> Result<PathBuf> {
+pub fn resolve(paths: &Paths, target: &str, opts: &StoreOptions) -> Result<PathBuf> {
     let as_path = Path::new(target);
     if as_path.is_file() {
         return Ok(as_path.to_path_buf());
     }
     let files = session_files(paths)?;
-    let stem = |p: &PathBuf| p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     if let Some(exact) = files.iter().find(|p| stem(p) == target) {
         return Ok(exact.clone());
     }
@@ -124,7 +152,7 @@ pub fn resolve(paths: &Paths, target: &str) -> Result<PathBuf> {
         ),
     }
     let named: Vec<SessionSummary> =
-        files.iter().map(|p| summarise(p)).filter(|s| s.name.as_deref() == Some(target)).collect();
+        summarise_all(&files, opts).into_iter().filter(|s| s.name.as_deref() == Some(target)).collect();
     match named.as_slice() {
         [one] => Ok(one.path.clone()),
         [] => bail!("no session {target:?} in {}; list them with `cairn sessions`", paths.sessions().display()),
@@ -134,13 +162,27 @@ pub fn resolve(paths: &Paths, target: &str) -> Result<PathBuf> {
     }
 }
 
-/// The most recently active session.
-pub fn last(paths: &Paths) -> Result<PathBuf> {
-    list(paths)?
+/// The most recently active readable session: files are tried newest
+/// first, and only until one reads (unreadable ones are skipped with a
+/// warning).
+pub fn last(paths: &Paths, opts: &StoreOptions) -> Result<PathBuf> {
+    let mut files: Vec<(SystemTime, PathBuf)> = session_files(paths)?
         .into_iter()
-        .next()
-        .map(|s| s.path)
-        .with_context(|| format!("no sessions yet in {}; start one with `cairn run`", paths.sessions().display()))
+        .map(|p| (std::fs::metadata(&p).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH), p))
+        .collect();
+    files.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| stem(&b.1).cmp(&stem(&a.1))));
+    for (_, path) in files {
+        match summarise(&path, opts) {
+            Ok((summary, warning)) => {
+                if let Some(warning) = warning {
+                    warn(&warning);
+                }
+                return Ok(summary.path);
+            }
+            Err(e) => warn(&format!("skipping {}: {e:#}", path.display())),
+        }
+    }
+    bail!("no sessions yet in {}; start one with `cairn run`", paths.sessions().display())
 }
 
 /// A short local-time-free rendering of a ms timestamp (UTC).

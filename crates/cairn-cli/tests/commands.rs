@@ -66,7 +66,7 @@ fn compact_keeps_every_entry() {
     let before: Value = serde_json::from_str(stdout(&before).trim()).unwrap();
     assert!(before["deadBytesRatio"].as_f64().unwrap() > 0.0);
 
-    let out = env.cairn(&["--json", "compact", "c"]).output().unwrap();
+    let out = env.cairn(&["--json", "compact", "--force", "c"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let sizes: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert!(sizes["after"].as_u64().unwrap() < sizes["before"].as_u64().unwrap(), "{sizes}");

@@ -105,10 +105,14 @@ impl ToolState {
 
     /// The projection, failing on the first anomaly.
     pub fn replay_strict<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Result<Self, LifecycleError> {
-        let state = Self::replay(entries);
-        match state.anomalies.first() {
+        Self::replay(entries).into_strict()
+    }
+
+    /// This projection, or its first anomaly as an error.
+    pub fn into_strict(self) -> Result<Self, LifecycleError> {
+        match self.anomalies.first() {
             Some(first) => Err(LifecycleError(first.clone())),
-            None => Ok(state),
+            None => Ok(self),
         }
     }
 

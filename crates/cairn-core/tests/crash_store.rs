@@ -94,6 +94,7 @@ fn child_options() -> StoreOptions {
         compact_ratio: if std::env::var("CAIRN_CRASH_STEP").is_ok() { None } else { Some(0.4) },
         compact_min_bytes: 8 << 10,
         on_compact_step: Some(stop_at_step),
+        ..StoreOptions::default()
     }
 }
 
@@ -218,6 +219,7 @@ fn sigkill_at_random_moments_leaves_a_committed_prefix() {
     let mut models = Model::new();
     let mut total = 0;
     let mut torn_seen = 0;
+    let mut torn_expected = 0;
     for round in 0..120 {
         let sync = if round % 3 == 0 { "1" } else { "0" };
         let (mut child, mut out) = spawn(dir.path(), &[("CAIRN_CRASH_SYNC", sync)]);
@@ -231,13 +233,27 @@ fn sigkill_at_random_moments_leaves_a_committed_prefix() {
         child.wait().unwrap();
         // Acks printed before death count as acknowledged.
         read_until(&mut out, "\u{0}never", &mut acked);
-        if JsonlStore::open_read_only(&path).map(|s| s.torn_tail_bytes() > 0).unwrap_or(false) {
-            torn_seen += 1;
-        }
+        // Oracle, independent of the replay code: a kill can only leave a
+        // prefix of one line, so the torn bytes are exactly those after the
+        // file's last newline.
+        let bytes = std::fs::read(&path).unwrap();
+        let trailing = bytes.len() - bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let torn = JsonlStore::open_read_only(&path).unwrap().torn_tail_bytes();
+        assert_eq!(
+            torn, trailing as u64,
+            "round {round}: replay's torn tail differs from the bytes after the last newline"
+        );
+        torn_expected += u64::from(trailing > 0);
+        torn_seen += u64::from(torn > 0);
         total = verify(&path, acked, &mut models);
+        // The next writer cuts the torn bytes off before appending.
+        drop(JsonlStore::open(&path, StoreOptions::with_durability(Durability::None)).unwrap());
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(len, (bytes.len() - trailing) as u64, "round {round}: a writable open did not cut the torn tail");
     }
     assert!(total >= 120, "only {total} commits in 120 rounds");
-    eprintln!("120 kills, {total} commits, {torn_seen} torn tails seen");
+    assert_eq!(torn_seen, torn_expected, "torn tails seen by replay differ from the oracle's count");
+    eprintln!("120 kills, {total} commits, {torn_seen} torn tails seen ({torn_expected} expected)");
 }
 
 #[test]

@@ -642,7 +642,7 @@ fn check_report_json_shape() {
     assert_eq!(
         value,
         json!({"ok": true, "entries": 2, "registers": 1, "usage": 0, "lastSeq": 4, "tornTail": false,
-               "deadBytesRatio": 0.0, "error": null})
+               "deadBytesRatio": 0.0, "storageVersion": 1, "warnings": [], "error": null})
     );
     assert!(report.to_string().starts_with("ok: 2 entries"));
 }
@@ -677,13 +677,19 @@ fn durability_policies_all_commit_and_sync() {
 #[test]
 fn a_100_mb_register_value_round_trips() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = new_store(dir.path());
+    // Above the default line limit (64 MiB): refused unless the limit is raised.
+    let opts = StoreOptions { max_line_bytes: 128 << 20, ..fast() };
+    let mut s = JsonlStore::create(dir.path(), Header::new(new_session_id(), "/"), opts).unwrap();
     let big = "z".repeat(100 << 20);
+    let mut default = JsonlStore::create(dir.path(), Header::new("default", "/"), fast()).unwrap();
+    let err = default.commit(Transaction::new().set("fact", "big", raw(json!(big)))).unwrap_err();
+    assert!(err.to_string().contains("longer than the limit of 67108864 bytes"), "{err}");
     s.commit(Transaction::new().set("fact", "big", raw(json!(big)))).unwrap();
     s.commit(Transaction::new().set("fact", "small", raw(json!(1)))).unwrap();
     let path = s.path().to_owned();
     drop(s);
-    let s = JsonlStore::open(&path, fast()).unwrap();
+    assert!(matches!(JsonlStore::open(&path, fast()), Err(StorageError::LineTooLong { line: 2, .. })));
+    let s = JsonlStore::open(&path, opts).unwrap();
     let value = s.register("fact", "big").unwrap();
     assert_eq!(value.get().len(), big.len() + 2);
     assert!(value.get()[1..].starts_with("zzzz"));

@@ -11,7 +11,17 @@
 //! - the same for a ~1 GB session (streaming replay, bounded memory);
 //! - durable commit latency (fdatasync every commit) vs. a raw `write` +
 //!   `fdatasync` of the same bytes, interleaved;
-//! - commit throughput with durability off.
+//! - commit throughput with durability off;
+//! - `--strict`: opening a session with tool calls for writing, alone vs.
+//!   followed by the lifecycle check `Session::open` runs
+//!   (`ToolState` strict replay), and `Session::open` itself;
+//! - `--listing`: what `cairn sessions` reads per file (`read_summary`: the
+//!   header, then a backward scan) vs. the old listing (a full read-only
+//!   replay per file), over 2,000 small sessions and over one ~200 MB one.
+//!
+//! The rows measured before automatic compaction became the default keep
+//! `compact_ratio: None`, so they measure the same work as before.
+//! `--strict` or `--listing` run only those rows.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -20,7 +30,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use cairn_bench::{median, peak_rss_bytes, report, sample};
-use cairn_core::storage::{Durability, Header, JsonlStore, RawJson, Storage, StoreOptions, Transaction, to_raw};
+use cairn_core::storage::{
+    DEFAULT_MAX_LINE_BYTES, Durability, Header, JsonlStore, RawJson, Storage, StoreOptions, Transaction, read_summary,
+    to_raw,
+};
+
+/// Durability off, no automatic compaction (the rows' original setting).
+fn bench_options(durability: Durability) -> StoreOptions {
+    StoreOptions { compact_ratio: None, ..StoreOptions::with_durability(durability) }
+}
 
 const TEXT: &str = "The quick brown fox jumps over the lazy dog; tool output, code and prose of a long agent session. ";
 
@@ -43,7 +61,7 @@ fn payload(i: u64, size: usize) -> Result<RawJson> {
 /// ~`size`-byte payload chained to the previous one, and the lane head).
 /// Returns the path and the time taken.
 fn generate(dir: &Path, id: &str, entries: u64, size: usize) -> Result<(PathBuf, Duration)> {
-    let opts = StoreOptions::with_durability(Durability::None);
+    let opts = bench_options(Durability::None);
     let mut store = JsonlStore::create(dir, Header::new(id, "/bench"), opts)?;
     let start = Instant::now();
     for i in 1..=entries {
@@ -177,7 +195,7 @@ fn big_bench(dir: &Path) -> Result<()> {
 
 fn commit_bench(dir: &Path) -> Result<()> {
     const N: usize = 200;
-    let mut store = JsonlStore::create(dir, Header::new("latency", "/bench"), StoreOptions::default())?;
+    let mut store = JsonlStore::create(dir, Header::new("latency", "/bench"), bench_options(Durability::EveryCommit))?;
     let raw_path = dir.join("raw.bin");
     let mut raw = std::fs::OpenOptions::new().create(true).append(true).open(&raw_path)?;
     let mut ours = Vec::with_capacity(N);
@@ -210,8 +228,7 @@ fn commit_bench(dir: &Path) -> Result<()> {
     std::fs::remove_file(&raw_path)?;
 
     // Throughput with durability off, small commits.
-    let mut store =
-        JsonlStore::create(dir, Header::new("throughput", "/bench"), StoreOptions::with_durability(Durability::None))?;
+    let mut store = JsonlStore::create(dir, Header::new("throughput", "/bench"), bench_options(Durability::None))?;
     let n = 50_000;
     let start = Instant::now();
     for i in 0..n {
@@ -229,6 +246,173 @@ fn commit_bench(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Median and spread (min..max) of some samples, as text.
+fn spread(samples: &[Duration]) -> String {
+    let min = samples.iter().min().copied().unwrap_or_default();
+    let max = samples.iter().max().copied().unwrap_or_default();
+    format!("median {:?} (min {min:?}, max {max:?}, n={})", median(samples.to_vec()), samples.len())
+}
+
+/// Print a measured row against its baseline: medians, spreads, ratio.
+fn row(name: &str, ours: &[Duration], base: &[Duration]) {
+    let ratio = median(ours.to_vec()).as_secs_f64() / median(base.to_vec()).as_secs_f64().max(f64::MIN_POSITIVE);
+    println!("{name}:\n  new      {}\n  baseline {}\n  ratio of medians {ratio:.4}", spread(ours), spread(base));
+}
+
+/// A session written by the real turn: `turns` turns, each one `echo`
+/// tool call (request, start, completion) and a final answer.
+fn tool_session(dir: &Path, turns: usize) -> Result<PathBuf> {
+    use cairn_core::approval::{Allowlist, PolicyApprover};
+    use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv};
+    use cairn_testtools::{EchoTool, ScriptLine, ScriptProvider};
+    let store = JsonlStore::create(dir, Header::new("tools", "/bench"), bench_options(Durability::None))?;
+    let path = store.path().to_owned();
+    let call: ScriptLine = serde_json::from_value(serde_json::json!({
+        "text": "", "toolCalls": [{"id": "c", "name": "echo", "arguments": {"text": TEXT}}]
+    }))?;
+    let answer: ScriptLine = serde_json::from_value(serde_json::json!({"text": TEXT}))?;
+    let provider = ScriptProvider::new(vec![call, answer]).cycling();
+    let mut tools = ToolRegistry::new(false);
+    tools.register(std::sync::Arc::new(EchoTool::new()))?;
+    let mut approver = PolicyApprover::new(Allowlist::new(), None);
+    let mut observer = |_: &cairn_core::TurnEvent| {};
+    let cancel = CancelToken::new();
+    let mut session = Session::open(store, SessionConfig::default())?;
+    let mut env = TurnEnv {
+        provider: &provider,
+        tools: &tools,
+        approver: &mut approver,
+        observer: &mut observer,
+        cancel: &cancel,
+    };
+    for i in 0..turns {
+        session.run_turn(&format!("question {i}"), &mut env)?;
+    }
+    Ok(path)
+}
+
+/// `--strict`: the cost of the lifecycle check at a writable open.
+fn strict_bench(dir: &Path) -> Result<()> {
+    use cairn_core::projection::ToolState;
+    let path = tool_session(dir, 5_000)?;
+    let size = std::fs::metadata(&path)?.len();
+    let opts = bench_options(Durability::None);
+    let probe = JsonlStore::open(&path, opts)?;
+    let entries = probe.entry_count();
+    let invocations = ToolState::replay_strict(probe.index().entries())?.invocations.len();
+    drop(probe);
+    println!("session with tool calls: {entries} entries, {invocations} invocations, {:.1} MiB", mib(size));
+    let (mut open, mut checked, mut check_only, mut session) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..7 {
+        let mut kept = None;
+        open.extend(sample(1, || kept = JsonlStore::open(&path, opts).ok()));
+        anyhow::ensure!(kept.is_some(), "open failed");
+        drop(kept.take());
+        checked.extend(sample(1, || {
+            kept = JsonlStore::open(&path, opts).ok().filter(|s| ToolState::replay_strict(s.index().entries()).is_ok());
+        }));
+        anyhow::ensure!(kept.is_some(), "open + check failed");
+        let store = kept.take().context("store")?;
+        check_only.extend(sample(1, || assert!(ToolState::replay_strict(store.index().entries()).is_ok())));
+        drop(store);
+        let mut opened = None;
+        session.extend(sample(1, || {
+            opened = JsonlStore::open(&path, opts)
+                .ok()
+                .and_then(|s| cairn_core::Session::open(s, cairn_core::SessionConfig::default()).ok());
+        }));
+        anyhow::ensure!(opened.is_some(), "Session::open failed");
+    }
+    row("open for writing + tool lifecycle check (strict ToolState replay) vs open alone", &checked, &open);
+    println!("  the check alone: {}", spread(&check_only));
+    row("Session::open (replay, lifecycle check, pc check, conversation) vs open alone", &session, &open);
+    std::fs::remove_file(&path)?;
+    Ok(())
+}
+
+/// A small session like the CLI writes: a name, then `commits` commits of
+/// an entry, the lane head and the state.
+fn small_session(dir: &Path, id: &str, commits: u64) -> Result<()> {
+    let mut store = JsonlStore::create(dir, Header::new(id, "/bench"), bench_options(Durability::None))?;
+    store.commit(Transaction::new().set("fact", "name", to_raw(&format!("name-{id}"))?))?;
+    for i in 1..=commits {
+        let parent = (i > 1).then(|| format!("e{}", i - 1));
+        let expected = store.state().map_or(0, |s| s.seq);
+        store.commit(
+            Transaction::new()
+                .entry(format!("e{i}"), parent.as_deref(), "message", payload(i, 600)?)
+                .set("lane", "main", to_raw(&format!("e{i}"))?)
+                .state(expected, to_raw(&serde_json::json!({"phase": "final", "i": i}))?),
+        )?;
+    }
+    Ok(())
+}
+
+/// The old listing: a full read-only replay per file.
+fn list_by_replay(files: &[PathBuf]) -> usize {
+    files
+        .iter()
+        .filter_map(|p| JsonlStore::open_read_only(p).ok())
+        .filter(|s| s.register("fact", "name").is_some() && s.state().is_some())
+        .count()
+}
+
+/// The new listing: header + backward scan per file.
+fn list_by_summary(files: &[PathBuf]) -> usize {
+    files
+        .iter()
+        .filter_map(|p| read_summary(p, &[("fact", "name")], DEFAULT_MAX_LINE_BYTES).ok())
+        .filter(|s| s.registers[0].is_some() && s.state.is_some())
+        .count()
+}
+
+/// `--listing`: what a listing reads, 2,000 sessions and one ~200 MB one.
+fn listing_bench(dir: &Path) -> Result<()> {
+    let many = dir.join("many");
+    std::fs::create_dir_all(&many)?;
+    for i in 0..2_000 {
+        small_session(&many, &format!("s{i:04}"), 20)?;
+    }
+    let files: Vec<PathBuf> = std::fs::read_dir(&many)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    let total: u64 = files.iter().map(|p| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
+    println!("{} sessions of 20 commits, {:.1} MiB in all", files.len(), mib(total));
+    let (mut ours, mut base) = (Vec::new(), Vec::new());
+    list_by_replay(&files); // warm the page cache
+    for _ in 0..7 {
+        let mut n = 0;
+        ours.extend(sample(1, || n = list_by_summary(&files)));
+        anyhow::ensure!(n == files.len(), "summary listed {n}");
+        base.extend(sample(1, || n = list_by_replay(&files)));
+        anyhow::ensure!(n == files.len(), "replay listed {n}");
+    }
+    row("listing 2,000 sessions: read_summary vs full replay per file", &ours, &base);
+    std::fs::remove_dir_all(&many)?;
+
+    // One large session: the name set first (so the backward scan must
+    // reach the top for it), the state moved by every commit.
+    let big = dir.join("big");
+    std::fs::create_dir_all(&big)?;
+    small_session(&big, "big", 190_000)?;
+    let files = vec![big.join("big.jsonl")];
+    let size = std::fs::metadata(&files[0])?.len();
+    println!("one session of 190,000 commits, {:.1} MiB", mib(size));
+    let (mut ours, mut base) = (Vec::new(), Vec::new());
+    list_by_replay(&files);
+    for _ in 0..5 {
+        let mut n = 0;
+        ours.extend(sample(1, || n = list_by_summary(&files)));
+        anyhow::ensure!(n == 1, "summary failed");
+        base.extend(sample(1, || n = list_by_replay(&files)));
+        anyhow::ensure!(n == 1, "replay failed");
+    }
+    row("listing one ~200 MB session: read_summary vs full replay", &ours, &base);
+    std::fs::remove_dir_all(&big)?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--open") {
@@ -239,6 +423,17 @@ fn main() -> Result<()> {
     }
     let skip_big = args.iter().any(|a| a == "--skip-1gb");
     let dir = tempfile::tempdir()?;
+    let strict = args.iter().any(|a| a == "--strict");
+    let listing = args.iter().any(|a| a == "--listing");
+    if strict || listing {
+        if strict {
+            strict_bench(dir.path())?;
+        }
+        if listing {
+            listing_bench(dir.path())?;
+        }
+        return Ok(());
+    }
     replay_bench(dir.path())?;
     commit_bench(dir.path())?;
     if skip_big {

@@ -97,7 +97,14 @@ impl SessionIndex {
         let mut state_seq = self.state.as_ref().map_or(0, |s| s.seq);
         let mut records = Vec::with_capacity(tx.ops.len());
         for op in tx.ops {
-            seq += 1;
+            // A wrapped seq would be written (and then refused by every
+            // replay): refuse before anything reaches the file.
+            seq = seq.checked_add(1).ok_or_else(|| {
+                StorageError::Invalid(format!(
+                    "the session's seqs are exhausted (last seq {}): it cannot take another commit; nothing was written — continue in a new session",
+                    self.last_seq
+                ))
+            })?;
             let record = match op {
                 TxOp::Entry { id, parent_id, entry_type, payload } => {
                     if id.is_empty() {

@@ -56,16 +56,30 @@ pub enum CompactStep {
     DirSynced,
 }
 
+/// The default [`StoreOptions::compact_ratio`]: compact once more than half
+/// of a file's bytes are dead, so a file is at most about twice its live size.
+pub const DEFAULT_COMPACT_RATIO: f64 = 0.5;
+
+/// The default [`StoreOptions::max_line_bytes`] (64 MiB): far above any line
+/// the turn writes (a tool's stored output is capped at 1 MiB, at most 6 MiB
+/// once JSON-escaped), far below what would exhaust memory.
+pub const DEFAULT_MAX_LINE_BYTES: u64 = 64 << 20;
+
 /// Options of a [`JsonlStore`].
 #[derive(Debug, Clone, Copy)]
 pub struct StoreOptions {
     /// Fsync policy.
     pub durability: Durability,
     /// Compact automatically after a commit when the dead-bytes ratio is
-    /// above this (e.g. `Some(0.5)`); `None` never compacts by itself.
+    /// above this; `None` never compacts by itself. Default
+    /// [`DEFAULT_COMPACT_RATIO`].
     pub compact_ratio: Option<f64>,
-    /// Files smaller than this are never compacted automatically.
+    /// Files smaller than this are never compacted automatically (default 1 MiB).
     pub compact_min_bytes: u64,
+    /// Longest line (newline included) a read accepts and a commit writes:
+    /// a longer line is refused with an error naming it instead of being
+    /// buffered whole. Default [`DEFAULT_MAX_LINE_BYTES`].
+    pub max_line_bytes: u64,
     /// Called at each step of a compaction (observability, crash tests).
     pub on_compact_step: Option<fn(CompactStep)>,
 }
@@ -74,8 +88,9 @@ impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             durability: Durability::EveryCommit,
-            compact_ratio: None,
+            compact_ratio: Some(DEFAULT_COMPACT_RATIO),
             compact_min_bytes: 1 << 20,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             on_compact_step: None,
         }
     }
@@ -86,6 +101,13 @@ impl StoreOptions {
     pub fn with_durability(durability: Durability) -> Self {
         Self { durability, ..Self::default() }
     }
+
+    /// Whether the automatic compaction rule says a file of `len` bytes
+    /// with this share of dead bytes is due (what `cairn compact` honours
+    /// unless forced).
+    pub fn compaction_due(&self, len: u64, dead_bytes_ratio: f64) -> bool {
+        self.compact_ratio.is_some_and(|ratio| len >= self.compact_min_bytes && dead_bytes_ratio > ratio)
+    }
 }
 
 /// A new time-ordered session id (UUID v7, text form).
@@ -95,6 +117,86 @@ pub fn new_session_id() -> String {
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> StorageError + '_ {
     move |source| StorageError::Io { path: path.display().to_string(), source }
+}
+
+/// How a session file is opened by [`open_regular`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Access {
+    /// Read only; a symlink to a regular file is followed.
+    Read,
+    /// Read and append; the path itself must not be a symlink.
+    Append,
+}
+
+/// Open a session file, accepting only a regular file: a FIFO, a device, a
+/// socket or a directory (directly or behind a symlink) is refused without
+/// blocking or reading from it, and an [`Access::Append`] open refuses a
+/// symlink so that nothing is ever written through one.
+pub(super) fn open_regular(path: &Path, access: Access) -> Result<File, StorageError> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    if access == Access::Append {
+        options.append(true);
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_NONBLOCK: opening a FIFO must not wait for a writer (it has no
+        // effect on regular files). O_NOFOLLOW: fail on a final symlink.
+        let nofollow = if access == Access::Append { libc::O_NOFOLLOW } else { 0 };
+        options.custom_flags(libc::O_NONBLOCK | nofollow);
+    }
+    #[cfg(not(unix))]
+    if access == Access::Append && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(StorageError::Symlink { path: path.display().to_string() });
+    }
+    let file = match options.open(path) {
+        Ok(file) => file,
+        #[cfg(unix)]
+        Err(e) if access == Access::Append && e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(StorageError::Symlink { path: path.display().to_string() });
+        }
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let kind = file.metadata().map_err(io_err(path))?.file_type();
+    if !kind.is_file() {
+        return Err(StorageError::NotRegular { path: path.display().to_string(), what: describe_kind(&kind) });
+    }
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // Back to blocking I/O for the regular file (harmless either way).
+        // SAFETY: fcntl on a descriptor this function owns, with integer
+        // arguments only.
+        unsafe {
+            let fd = file.as_raw_fd();
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            }
+        }
+    }
+    Ok(file)
+}
+
+fn describe_kind(kind: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO";
+        }
+        if kind.is_char_device() {
+            return "a character device";
+        }
+        if kind.is_block_device() {
+            return "a block device";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+    }
+    if kind.is_dir() { "a directory" } else { "not a regular file" }
 }
 
 fn sidecar(path: &Path, suffix: &str) -> PathBuf {
@@ -112,8 +214,19 @@ pub fn lock_path(path: &Path) -> PathBuf {
 pub(super) fn lock(path: &Path) -> Result<File, StorageError> {
     let lock_path = lock_path(path);
     let io = io_err(&lock_path);
-    let mut file =
-        OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock_path).map_err(&io)?;
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // The pid is written into the lock file: never through a symlink,
+        // and a FIFO planted under its name must not block the open.
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let mut file = options.open(&lock_path).map_err(&io)?;
+    if !file.metadata().map_err(&io)?.is_file() {
+        return Err(StorageError::NotRegular { path: lock_path.display().to_string(), what: "not a regular file" });
+    }
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -160,6 +273,9 @@ struct Writer {
 pub struct JsonlStore {
     path: PathBuf,
     header: Header,
+    /// The storage version the file's header declares (older ones are
+    /// migrated in memory at open; see `migrate.rs`).
+    file_version: u32,
     index: SessionIndex,
     liveness: Liveness,
     /// Bytes of valid data in the file.
@@ -205,6 +321,7 @@ impl JsonlStore {
         let file = OpenOptions::new().append(true).open(&path).map_err(io_err(&path))?;
         Ok(Self {
             path,
+            file_version: header.storage_version,
             header,
             index: SessionIndex::new(),
             liveness: Liveness::default(),
@@ -218,11 +335,12 @@ impl JsonlStore {
 
     /// Open an existing session for writing: take the writer lock, replay
     /// the file, and cut a torn final line off (synced) so the next append
-    /// starts on a fresh line.
+    /// starts on a fresh line. Only a regular file is opened, never through
+    /// a symlink ([`StorageError::Symlink`]).
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Self, StorageError> {
         let io = io_err(path);
         // Open first, so a wrong path leaves no lock file behind.
-        let file = OpenOptions::new().read(true).append(true).open(path).map_err(&io)?;
+        let file = open_regular(path, Access::Append)?;
         let lock = lock(path)?;
         // A compaction that died before its rename leaves its temp file.
         let temp = sidecar(path, ".compact");
@@ -232,14 +350,15 @@ impl JsonlStore {
         // Reopen after taking the lock: a compaction by the previous holder
         // may have renamed a new file over the path in between.
         drop(file);
-        let file = OpenOptions::new().read(true).append(true).open(path).map_err(&io)?;
-        let replayed = replay(&path.display().to_string(), &file)?;
+        let file = open_regular(path, Access::Append)?;
+        let replayed = replay(&path.display().to_string(), &file, opts.max_line_bytes)?;
         if replayed.torn_bytes > 0 {
             file.set_len(replayed.valid_len).map_err(&io)?;
             file.sync_data().map_err(&io)?;
         }
         Ok(Self {
             path: path.to_owned(),
+            file_version: replayed.file_version,
             header: replayed.header,
             index: replayed.index,
             liveness: replayed.liveness,
@@ -254,16 +373,23 @@ impl JsonlStore {
     /// Open a session for reading only. Takes no lock (a writer may be
     /// appending) and never modifies the file; a torn tail is skipped.
     pub fn open_read_only(path: &Path) -> Result<Self, StorageError> {
-        let file = File::open(path).map_err(io_err(path))?;
-        let replayed = replay(&path.display().to_string(), file)?;
+        Self::open_read_only_with(path, StoreOptions::default())
+    }
+
+    /// [`open_read_only`](Self::open_read_only) with options (the line
+    /// limit is the one that matters to a reader).
+    pub fn open_read_only_with(path: &Path, opts: StoreOptions) -> Result<Self, StorageError> {
+        let file = open_regular(path, Access::Read)?;
+        let replayed = replay(&path.display().to_string(), file, opts.max_line_bytes)?;
         Ok(Self {
             path: path.to_owned(),
+            file_version: replayed.file_version,
             header: replayed.header,
             index: replayed.index,
             liveness: replayed.liveness,
             len: replayed.valid_len,
             torn_bytes: replayed.torn_bytes,
-            opts: StoreOptions::default(),
+            opts,
             writer: None,
             poisoned: None,
         })
@@ -277,6 +403,18 @@ impl JsonlStore {
     /// The in-memory index (for comparisons and read-heavy callers).
     pub fn index(&self) -> &SessionIndex {
         &self.index
+    }
+
+    /// The storage version the file's header declares. [`Storage::header`]
+    /// shows the session as this build reads it (the current version); an
+    /// older file is migrated in memory and rewritten only by a compaction.
+    pub fn file_storage_version(&self) -> u32 {
+        self.file_version
+    }
+
+    /// The options this handle was opened with.
+    pub fn options(&self) -> &StoreOptions {
+        &self.opts
     }
 
     /// Whether this handle may commit.
@@ -342,6 +480,7 @@ impl JsonlStore {
         // From here on the path names the new file (already synced): account
         // for it before anything else can fail, and reopen the writer on it.
         self.len = written;
+        self.file_version = self.header.storage_version;
         self.liveness.dead_bytes =
             self.liveness.last_delete.as_ref().map_or(0, |d| encoded_len(&Record::Register(d.clone())));
         let reopened = OpenOptions::new().append(true).open(&self.path);
@@ -416,10 +555,7 @@ impl JsonlStore {
     }
 
     fn maybe_compact(&mut self) -> Result<(), StorageError> {
-        if let Some(ratio) = self.opts.compact_ratio
-            && self.len >= self.opts.compact_min_bytes
-            && self.dead_bytes_ratio() > ratio
-        {
+        if self.opts.compaction_due(self.len, self.dead_bytes_ratio()) {
             self.compact()?;
         }
         Ok(())
@@ -447,6 +583,14 @@ impl Storage for JsonlStore {
         let records = self.index.plan(tx, now_millis())?;
         let committed = SessionIndex::committed(&records);
         let line = encode_line(&records).map_err(|e| StorageError::Encode(e.to_string()))?;
+        if line.len() as u64 > self.opts.max_line_bytes {
+            // Written, it would make the file unreadable under the same limit.
+            return Err(StorageError::Invalid(format!(
+                "the commit would be a line of {} bytes, longer than the limit of {} bytes (StoreOptions::max_line_bytes); nothing was written",
+                line.len(),
+                self.opts.max_line_bytes
+            )));
+        }
         let durability = self.opts.durability;
         let writer = self.writer()?;
         let mut failed = writer.file.write_all(&line).err().map(|e| (e, false));

@@ -45,6 +45,10 @@ macro_rules! reads_from_index {
             self.index.entries().to_vec()
         }
 
+        fn visit_entries(&self, f: &mut dyn FnMut(&Entry)) {
+            self.index.entries().iter().for_each(f);
+        }
+
         fn entry_count(&self) -> usize {
             self.index.entries().len()
         }
@@ -73,18 +77,24 @@ mod index;
 mod jsonl;
 mod line;
 mod memory;
+mod migrate;
 mod record;
 pub mod registers;
 mod replay;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod summary;
 mod tail;
 
-pub use check::{CheckReport, check_file};
-pub use jsonl::{CompactStep, Durability, JsonlStore, StoreOptions, lock_path, new_session_id};
+pub use check::{CheckReport, check_file, check_file_with, header_id_mismatch};
+pub use jsonl::{
+    CompactStep, DEFAULT_COMPACT_RATIO, DEFAULT_MAX_LINE_BYTES, Durability, JsonlStore, StoreOptions, lock_path,
+    new_session_id,
+};
 pub use line::{LineError, decode_header, decode_line, decode_line_into, encode_header, encode_line, format_record};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
+pub use summary::{FileSummary, read_summary};
 pub use tail::Tail;
 
 pub use index::SessionIndex;
@@ -189,6 +199,39 @@ pub enum StorageError {
     /// The entry asked for does not exist.
     #[error("no entry with id {0:?}")]
     NoSuchEntry(String),
+    /// The path names something other than a regular file (a FIFO, a
+    /// device, a directory, a socket), directly or through a symlink.
+    #[error(
+        "{path}: is {what}, not a regular file; a session file is a plain file — move it out of the sessions directory"
+    )]
+    NotRegular {
+        /// The path.
+        path: String,
+        /// What it is ("a FIFO", "a character device", …).
+        what: &'static str,
+    },
+    /// A writable open met a symlink where the session file should be.
+    #[error(
+        "{path}: is a symlink; cairn refuses to write a session through a symlink — open the file it points to by its own path, or replace the link with the file"
+    )]
+    Symlink {
+        /// The path.
+        path: String,
+    },
+    /// A line is longer than the configured limit.
+    #[error(
+        "{path}: line {line} (byte offset {offset}) is longer than the limit of {limit} bytes; the file was not changed — if the session is genuine, raise the limit (StoreOptions::max_line_bytes, `storage.max_line_bytes` in cairn's config)"
+    )]
+    LineTooLong {
+        /// The session file.
+        path: String,
+        /// 1-based line number (0 when reading backwards, where it is unknown).
+        line: u64,
+        /// Byte offset of the line's start.
+        offset: u64,
+        /// The limit in bytes.
+        limit: u64,
+    },
 }
 
 /// The logical model of a session, identical across backends.
@@ -220,6 +263,15 @@ pub trait Storage {
 
     /// Every entry, in seq order.
     fn entries(&self) -> Vec<Entry>;
+
+    /// Call `f` on every entry, in seq order, without copying them (the
+    /// backends that hold entries in memory override the default, which
+    /// copies through [`entries`](Self::entries)).
+    fn visit_entries(&self, f: &mut dyn FnMut(&Entry)) {
+        for entry in self.entries() {
+            f(&entry);
+        }
+    }
 
     /// Number of entries.
     fn entry_count(&self) -> usize;

@@ -70,7 +70,9 @@ pub struct Header {
     pub kind: String,
     /// Session id.
     pub id: String,
-    /// Storage version of the file.
+    /// Storage version of the file. A header without the field is storage
+    /// version 0 (migrated at open, see `migrate.rs`).
+    #[serde(default)]
     pub storage_version: u32,
     /// Creation time, ms since the Unix epoch.
     pub created_at: i64,
@@ -93,17 +95,21 @@ impl Header {
 }
 
 /// An immutable node of the conversation tree.
+///
+/// The field order is the on-disk key order of the seed's line format
+/// (`kind, seq, timestamp, id, parentId, type, payload`; `kind` comes from
+/// [`Record`]'s tag): serde writes fields in declaration order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Entry {
-    /// Unique, write-once id.
-    pub id: String,
-    /// Parent entry (`None` for a root).
-    pub parent_id: Option<String>,
     /// Seq of the record that created it.
     pub seq: u64,
     /// Commit time, ms since the Unix epoch.
     pub timestamp: i64,
+    /// Unique, write-once id.
+    pub id: String,
+    /// Parent entry (`None` for a root).
+    pub parent_id: Option<String>,
     /// What the entry is (e.g. "message", "toolRequested").
     #[serde(rename = "type")]
     pub entry_type: String,

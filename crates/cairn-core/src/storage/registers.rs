@@ -47,7 +47,7 @@ pub const PENDING: &str = "pending";
 pub const FACT: &str = "fact";
 
 /// The `fact` key of the session's name.
-const NAME_FACT: &str = "name";
+pub const NAME_FACT: &str = "name";
 /// The prefix of `fact` keys holding a session allow rule.
 const ALLOW_FACT: &str = "allow:";
 

@@ -4,9 +4,11 @@
 //! It owns the replay rules: the header check (missing, invalid, newer
 //! storage version), the torn-tail rule (a final line without its newline,
 //! or a final line that is not JSON, is discarded whole; anything invalid
-//! before the final line is an error naming line and byte offset), and the
-//! accounting of dead bytes used to decide compaction. It never writes: the
-//! caller decides whether to truncate a torn tail.
+//! before the final line is an error naming line and byte offset), the line
+//! length limit (a longer line is an error, never buffered whole), the
+//! forward migration of older storage versions (through `migrate.rs`), and
+//! the accounting of dead bytes used to decide compaction. It never writes:
+//! the caller decides whether to truncate a torn tail.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
@@ -14,7 +16,8 @@ use std::io::{BufRead, BufReader, Read};
 use super::StorageError;
 use super::index::SessionIndex;
 use super::line::{decode_header, decode_line_into, encoded_len};
-use super::record::{Header, Record, RegisterOp, RegisterRecord, STORAGE_VERSION};
+use super::migrate;
+use super::record::{Header, Record, RegisterOp, RegisterRecord};
 
 /// A register's live record: its seq and encoded size.
 #[derive(Debug, Clone, Copy)]
@@ -84,7 +87,10 @@ impl Liveness {
 /// What a replay found.
 #[derive(Debug)]
 pub(crate) struct Replayed {
+    /// The header as this build reads it (migrated to the current version).
     pub(crate) header: Header,
+    /// The storage version the file declares.
+    pub(crate) file_version: u32,
     pub(crate) index: SessionIndex,
     pub(crate) liveness: Liveness,
     /// Bytes up to the end of the last valid line (the header included).
@@ -93,27 +99,40 @@ pub(crate) struct Replayed {
     pub(crate) torn_bytes: u64,
 }
 
-/// Replay a whole session file from `reader`. `path` is only for messages.
-pub(crate) fn replay(path: &str, reader: impl Read) -> Result<Replayed, StorageError> {
+/// Read one line (up to and including its `\n`) into `buf`, reading at most
+/// `limit` bytes. Returns the bytes read and whether the line is longer than
+/// `limit` (then `buf` holds only its first `limit` bytes, without a `\n`).
+pub(crate) fn read_line_capped(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    limit: u64,
+) -> std::io::Result<(usize, bool)> {
+    let n = Read::take(&mut *reader, limit).read_until(b'\n', buf)?;
+    let too_long = n as u64 == limit && buf.last() != Some(&b'\n') && !reader.fill_buf()?.is_empty();
+    Ok((n, too_long))
+}
+
+/// Replay a whole session file from `reader`, refusing lines longer than
+/// `max_line` bytes. `path` is only for messages.
+pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64) -> Result<Replayed, StorageError> {
     let mut reader = BufReader::with_capacity(1 << 20, reader);
     let io = |source| StorageError::Io { path: path.to_owned(), source };
     let bad_header = |reason: String| StorageError::BadHeader { path: path.to_owned(), reason };
+    let too_long =
+        |line: u64, offset: u64| StorageError::LineTooLong { path: path.to_owned(), line, offset, limit: max_line };
     let mut buf = Vec::new();
-    let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
+    let (n, long) = read_line_capped(&mut reader, &mut buf, max_line).map_err(io)?;
+    if long {
+        return Err(too_long(1, 0));
+    }
     if n == 0 {
         return Err(bad_header("the file is empty (not a cairn session, or its creation never finished)".to_owned()));
     }
     if buf.last() != Some(&b'\n') {
         return Err(bad_header("the header line is incomplete (its creation never finished)".to_owned()));
     }
-    let header = decode_header(&buf[..buf.len() - 1]).map_err(|e| bad_header(e.to_string()))?;
-    if header.storage_version > STORAGE_VERSION {
-        return Err(StorageError::NewerVersion {
-            path: path.to_owned(),
-            found: header.storage_version,
-            supported: STORAGE_VERSION,
-        });
-    }
+    let mut header = decode_header(&buf[..buf.len() - 1]).map_err(|e| bad_header(e.to_string()))?;
+    let file_version = migrate::header(path, &mut header)?;
     let mut valid_len = n as u64;
     let mut lines = 1;
     let mut index = SessionIndex::new();
@@ -122,11 +141,14 @@ pub(crate) fn replay(path: &str, reader: impl Read) -> Result<Replayed, StorageE
     let mut records = Vec::new();
     loop {
         buf.clear();
-        let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
+        let line_no = lines + 1;
+        let (n, long) = read_line_capped(&mut reader, &mut buf, max_line).map_err(io)?;
+        if long {
+            return Err(too_long(line_no, valid_len));
+        }
         if n == 0 {
             break;
         }
-        let line_no = lines + 1;
         let corrupt =
             |reason: String| StorageError::Corrupt { path: path.to_owned(), line: line_no, offset: valid_len, reason };
         if buf.last() != Some(&b'\n') {
@@ -143,6 +165,7 @@ pub(crate) fn replay(path: &str, reader: impl Read) -> Result<Replayed, StorageE
             }
             return Err(corrupt(e.to_string()));
         }
+        migrate::records(file_version, &mut records).map_err(corrupt)?;
         for record in records.drain(..) {
             liveness.account(&record);
             index.apply(record).map_err(corrupt)?;
@@ -150,5 +173,5 @@ pub(crate) fn replay(path: &str, reader: impl Read) -> Result<Replayed, StorageE
         valid_len += n as u64;
         lines += 1;
     }
-    Ok(Replayed { header, index, liveness, valid_len, torn_bytes })
+    Ok(Replayed { header, file_version, index, liveness, valid_len, torn_bytes })
 }

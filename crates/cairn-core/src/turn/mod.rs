@@ -251,7 +251,7 @@ impl TxBuilder {
             self.new_messages.push(message);
         }
         self.tx = tx.entry(id.clone(), self.head.as_deref(), entry_type, raw);
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
         self.head = Some(id.clone());
         self.lane_moved = true;
         Ok(id)
@@ -260,7 +260,7 @@ impl TxBuilder {
     pub(crate) fn set<T: Serialize>(&mut self, namespace: &str, key: &str, value: &T) -> Result<(), TurnError> {
         let raw = to_raw(value)?;
         self.tx = std::mem::take(&mut self.tx).set(namespace, key, raw);
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
         Ok(())
     }
 
@@ -273,14 +273,14 @@ impl TxBuilder {
 
     pub(crate) fn delete(&mut self, namespace: &str, key: &str) {
         self.tx = std::mem::take(&mut self.tx).delete(namespace, key);
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
     }
 
     pub(crate) fn usage<T: Serialize>(&mut self, entry_id: Option<&str>, usage: &T) -> Result<(), TurnError> {
         let id = self.next_id("u");
         let raw = to_raw(usage)?;
         self.tx = std::mem::take(&mut self.tx).usage(id, entry_id, raw);
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
         Ok(())
     }
 }
@@ -327,6 +327,12 @@ impl<S: Storage> Session<S> {
                 (Pc::decode(&state.pc).map_err(|e| TurnError::Corrupt(format!("state pc: {e}")))?, state.seq)
             }
         };
+        // The log's tool lifecycle must be what the turn writes (exactly one
+        // settlement per invocation, none without a request) before the
+        // turn acts on it.
+        let mut tools = ToolState::default();
+        store.visit_entries(&mut |entry| tools.apply(entry));
+        tools.into_strict()?;
         check_pc(&store, &pc)?;
         let lane = if pc.in_progress() { pc.lane.clone() } else { config.lane.clone() };
         let head = match store.register(LANE_NS, &lane) {
@@ -458,7 +464,8 @@ impl<S: Storage> Session<S> {
     pub(crate) fn tx(&self) -> TxBuilder {
         TxBuilder {
             tx: Transaction::new(),
-            next_seq: self.store.last_seq() + 1,
+            // Wrapping: ids only; the store refuses an exhausted seq space.
+            next_seq: self.store.last_seq().wrapping_add(1),
             head: self.head.clone(),
             lane: self.lane.clone(),
             lane_moved: false,
