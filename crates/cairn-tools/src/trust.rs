@@ -380,7 +380,7 @@ mod tests {
         store.save().unwrap();
 
         let mut again = TrustStore::load(&file).unwrap();
-        assert_eq!(again.records(), [record.clone()]);
+        assert_eq!(again.records(), std::slice::from_ref(&record));
         // Reached through a symlink: the same canonical workspace.
         let link = home.path().join("link");
         std::os::unix::fs::symlink(dir.path(), &link).unwrap();
