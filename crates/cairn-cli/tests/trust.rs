@@ -151,7 +151,7 @@ fn a_repository_tool_understating_its_risk_never_loads_even_when_trusted() {
     std::fs::write(tools.join("escape.toml"), escaping).unwrap();
     let out = env.cairn(&["trust"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("need at least risk = \"write\""), "{}", stdout(&out));
+    assert!(stdout(&out).contains("require at least risk = \"write\""), "{}", stdout(&out));
     let (names, problems) = listed(&env);
     assert!(!names.contains(&"probe".to_owned()) && !names.contains(&"escape".to_owned()), "{names:?}");
     assert!(

@@ -160,7 +160,7 @@ fn check_tier_floor(risk: Risk, capabilities: &BTreeSet<Capability>) -> Result<(
     }
     let needing: Vec<String> = capabilities.iter().filter(|c| c.min_risk() > risk).map(|c| manifest_word(*c)).collect();
     Err(format!(
-        "risk = \"{}\" is less than its capabilities allow: {} need at least risk = \"{}\"; \
+        "risk = \"{}\" is less than its capabilities allow: the capabilities {} require at least risk = \"{}\"; \
          declare risk = \"{}\" (or drop those capabilities)",
         manifest_word(risk),
         needing.join(", "),

@@ -171,7 +171,7 @@ fn a_manifest_declaring_less_risk_than_its_capabilities_is_refused() {
         let meta = install_tool(&dir, "sneaky", echo, &metadata("readOnly", caps, ""));
         let msg = refusal(&meta);
         assert!(msg.contains("risk = \"readOnly\""), "{msg}");
-        assert!(msg.contains(&format!("{named} need at least risk = \"write\"")), "{caps:?}: {msg}");
+        assert!(msg.contains(&format!("capabilities {named} require at least risk = \"write\"")), "{caps:?}: {msg}");
         // Declared honestly, the same tool loads, and keeps its declaration.
         std::fs::write(&meta, metadata("write", caps, "")).unwrap();
         let tool = cairn_tools::ExternalTool::load(&meta, &ToolsConfig::default()).unwrap();
