@@ -109,6 +109,20 @@ pub enum Command {
     },
     /// List the tools available here (name, risk, capabilities, source) and the sandbox in use.
     Tools,
+    /// Trust the tools a directory ships in .cairn/tools/ (default: the current directory) after reading them.
+    ///
+    /// A working directory's own tools load only once trusted, and again only after re-trusting whenever any file
+    /// in .cairn/tools/ changes. The record is kept in cairn's data directory.
+    Trust {
+        /// The working directory (default: --cwd, else the current directory).
+        dir: Option<PathBuf>,
+        /// Forget the directory instead: its tools stop loading.
+        #[arg(long, conflicts_with = "list")]
+        revoke: bool,
+        /// List the trusted directories and whether their tools changed since.
+        #[arg(long, conflicts_with = "dir")]
+        list: bool,
+    },
     /// Show the resolved configuration and where each value came from.
     Config,
     /// Manage the embedded local model.
@@ -178,7 +192,7 @@ fn run(cli: Cli) -> Result<u8> {
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", settings.local_threads.value.max(1).to_string()) };
     }
     let ctx = Context { common: cli.common, paths, settings, err_style: Style::stderr(), out_style: Style::stdout() };
-    use crate::{commands, host, local, sessions};
+    use crate::{commands, host, local, sessions, trust};
     let store_options = ctx.settings.store_options();
     let resolve = |target: &str| sessions::resolve(&ctx.paths, target, &store_options);
     match cli.command {
@@ -203,6 +217,14 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Compact { id, force } => commands::compact(&ctx, &resolve(&id)?, force),
         Command::Check { target } => commands::check(&ctx, &resolve(&target)?),
         Command::Tools => commands::tools(&ctx),
+        Command::Trust { dir, revoke, list } => {
+            let action = match (revoke, list) {
+                (true, _) => trust::Action::Revoke,
+                (_, true) => trust::Action::List,
+                _ => trust::Action::Trust,
+            };
+            trust::run(&ctx, dir, action)
+        }
         Command::Config => commands::config(&ctx),
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),

@@ -395,7 +395,8 @@ pub fn check(ctx: &Context, path: &Path) -> Result<u8> {
 pub fn tools(ctx: &Context) -> Result<u8> {
     let cwd = std::env::current_dir()?;
     let cwd = ctx.common.cwd.clone().unwrap_or(cwd);
-    let (entries, notes) = crate::host::tool_entries(ctx, &cwd)?;
+    let crate::host::HostTools { entries, mut notes, untrusted } = crate::host::tool_entries(ctx, &cwd)?;
+    notes.extend(untrusted);
     let status = cairn_tools::landlock_status();
     let mut out = std::io::stdout().lock();
     if ctx.common.json {

@@ -19,7 +19,7 @@ use cairn_core::storage::Storage;
 use cairn_core::storage::{Header, JsonlStore, Transaction, new_session_id};
 use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent, TurnOutcome, TurnStop};
 use cairn_provider::{ProviderConfig, ProviderKind};
-use cairn_tools::{ToolEntry, ToolsConfig};
+use cairn_tools::{ToolEntry, ToolsConfig, TrustState, TrustStore};
 use serde_json::json;
 
 use crate::approver::TerminalApprover;
@@ -67,22 +67,37 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     config
 }
 
-/// Built-in and external tools for `cwd`, and notes about tools that could
-/// not be loaded.
-pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<(Vec<ToolEntry>, Vec<String>)> {
+/// The tools of a session in `cwd`, and what to tell the user about the
+/// ones left out.
+#[derive(Debug)]
+pub struct HostTools {
+    /// Built-ins, then external tools (`cairn_tools::load_tools`).
+    pub entries: Vec<ToolEntry>,
+    /// Broken metadata, shadowed names.
+    pub notes: Vec<String>,
+    /// Workspace tools not loaded because the directory is not trusted, and
+    /// how to trust it. Always said on stderr, even headless.
+    pub untrusted: Vec<String>,
+}
+
+/// Built-in and external tools for `cwd` (directories, precedence and trust
+/// as `cairn_tools::tool_dirs` and `load_tools` define them).
+pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
     let config = tools_config(ctx);
-    let mut entries = cairn_tools::builtin_tools(&config).context("invalid [tools] destructive_patterns")?;
-    let (external, errors) = cairn_tools::discover(&ctx.paths.tool_dirs(cwd), &config);
-    let mut notes: Vec<String> = errors.iter().map(|e| format!("tool skipped: {e}")).collect();
-    for entry in external {
-        let name = entry.tool.spec().name.clone();
-        if entries.iter().any(|e| e.tool.spec().name == name) {
-            notes.push(format!("tool skipped: {} ({}) has the same name as an earlier tool", name, entry.origin));
-        } else {
-            entries.push(entry);
-        }
-    }
-    Ok((entries, notes))
+    let mut untrusted = Vec::new();
+    // An unreadable trust file trusts nothing (fails closed) and is said.
+    let trust = TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|e| {
+        untrusted.push(format!("no workspace tools loaded: {e}"));
+        TrustStore::empty()
+    });
+    let loaded = cairn_tools::load_tools(&config, &ctx.paths.tool_dirs(cwd), &trust)
+        .context("invalid [tools] destructive_patterns")?;
+    let notes = loaded.errors.iter().map(|e| format!("tool skipped: {e}")).collect();
+    untrusted.extend(loaded.untrusted.iter().map(|u| {
+        let again = if u.state == TrustState::Changed { " again" } else { "" };
+        format!("{u}; review them, then run `cairn trust {}`{again} to load them", crate::trust::quoted(&u.workspace))
+    }));
+    Ok(HostTools { entries: loaded.tools, notes, untrusted })
 }
 
 /// Build provider, tools and approver for a session in `cwd`.
@@ -93,8 +108,9 @@ pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring
     let terminal = TerminalApprover::new(ctx.err_style, ctx.common.yes);
     let approver = PolicyApprover::new(allow, Some(Box::new(terminal)));
     let mut registry = ToolRegistry::new(approver.is_interactive());
-    let (entries, mut notes) = tool_entries(ctx, cwd)?;
-    for entry in entries {
+    let tools = tool_entries(ctx, cwd)?;
+    let mut notes = tools.notes;
+    for entry in tools.entries {
         let name = entry.tool.spec().name.clone();
         if let Err(e) = registry.register(entry.tool) {
             notes.push(format!("tool {name} not offered: {e}"));
@@ -102,6 +118,14 @@ pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring
     }
     for note in notes {
         renderer.notice(&note);
+    }
+    for note in tools.untrusted {
+        renderer.notice(&note);
+        // --json and --quiet keep stderr for what a person must know: tools
+        // they expected are missing.
+        if mode(ctx) != Mode::Human {
+            let _ = writeln!(std::io::stderr(), "cairn: {note}");
+        }
     }
     Ok(Wiring { provider, registry, approver })
 }

@@ -16,6 +16,7 @@ mod paths;
 mod render;
 mod sessions;
 mod style;
+mod trust;
 
 use std::process::ExitCode;
 

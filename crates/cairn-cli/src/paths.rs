@@ -1,6 +1,6 @@
 //! Where cairn keeps things: the data directory (sessions, installed model,
-//! tools) and the configuration file, following the XDG base directories,
-//! with `CAIRN_HOME` overriding both.
+//! tools, trusted workspaces) and the configuration file, following the XDG
+//! base directories, with `CAIRN_HOME` overriding both.
 //!
 //! This module only computes paths; it creates nothing.
 
@@ -40,15 +40,16 @@ impl Paths {
         self.data.join("sessions")
     }
 
-    /// Directories searched for external tools, lowest precedence first:
-    /// the data directory, the config directory, then `.cairn/tools` in the
-    /// working directory.
-    pub fn tool_dirs(&self, cwd: &std::path::Path) -> Vec<PathBuf> {
-        let mut dirs = vec![self.data.join("tools")];
-        if self.config_dir != self.data {
-            dirs.push(self.config_dir.join("tools"));
-        }
-        dirs.push(cwd.join(".cairn/tools"));
-        dirs
+    /// The record of trusted workspaces (whose `.cairn/tools/` may load;
+    /// see `cairn_tools::trust`). In the data directory, like direnv's
+    /// allow list: it is state cairn writes, not configuration.
+    pub fn trust_file(&self) -> PathBuf {
+        self.data.join("trust.json")
+    }
+
+    /// Directories searched for external tools (precedence and trust:
+    /// `cairn_tools::tool_dirs`).
+    pub fn tool_dirs(&self, cwd: &std::path::Path) -> Vec<cairn_tools::ToolDir> {
+        cairn_tools::tool_dirs(&self.data, &self.config_dir, cwd)
     }
 }

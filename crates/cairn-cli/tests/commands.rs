@@ -99,6 +99,13 @@ fn tools_lists_builtins_externals_and_broken_metadata() {
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(dir.join("broken.toml"), "this is = = not toml").unwrap();
 
+    // The working directory's own tools load once it is trusted.
+    let out = env.cairn(&["tools"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("greet.toml"), "untrusted workspace tool listed: {}", stdout(&out));
+    assert!(stdout(&out).contains("cairn trust"), "says how to trust: {}", stdout(&out));
+    assert!(env.cairn(&["trust"]).output().unwrap().status.success());
+
     let out = env.cairn(&["tools"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);

@@ -1,9 +1,11 @@
 //! The [`ToolRegistry`]: the tools a session may call, by name, in the
 //! order they were registered.
 //!
-//! It enforces one structural rule of the approval policy: a tool whose
-//! declared risk needs a person (Destructive) cannot be registered when no
-//! interactive approver is wired — the approval gate
+//! It enforces two structural rules of the approval policy: a tool whose
+//! declared risk is below the tier floor of its capabilities
+//! ([`crate::tool::Capability::min_risk`]) is never registered, and a tool
+//! whose declared risk needs a person (Destructive) cannot be registered
+//! when no interactive approver is wired — the approval gate
 //! ([`crate::approval::gate::gate`]) says so, as for every call. It must not
 //! run tools or decide approvals, and sits below the turn (it has its own
 //! error).
@@ -12,12 +14,24 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::approval::{Answer, gate};
-use crate::tool::{Tool, ToolSpec};
+use crate::tool::{Capability, Risk, Tool, ToolSpec};
 
 /// Why the registry refused a tool.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegistryError {
+    /// The tool declares less risk than its capabilities imply.
+    #[error(
+        "tool {tool:?} declares risk {declared:?} but its capabilities need at least {floor:?} (see Capability::min_risk)"
+    )]
+    BelowFloor {
+        /// The tool.
+        tool: String,
+        /// The risk it declares.
+        declared: Risk,
+        /// The least risk its capabilities allow.
+        floor: Risk,
+    },
     /// A tool of that name is already registered.
     #[error("a tool named {0:?} is already registered")]
     Duplicate(String),
@@ -56,12 +70,17 @@ impl ToolRegistry {
         Self { interactive: approver_is_interactive, tools: Vec::new(), specs: Vec::new(), by_name: HashMap::new() }
     }
 
-    /// Add a tool. Refuses a duplicate name, and a Destructive tool when no
-    /// interactive approver is wired.
+    /// Add a tool. Refuses a duplicate name, a tool declaring less risk than
+    /// its capabilities imply, and a Destructive tool when no interactive
+    /// approver is wired.
     pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
         let spec = tool.spec().clone();
         if self.by_name.contains_key(&spec.name) {
             return Err(RegistryError::Duplicate(spec.name));
+        }
+        let floor = Capability::floor(&spec.capabilities);
+        if spec.risk < floor {
+            return Err(RegistryError::BelowFloor { tool: spec.name, declared: spec.risk, floor });
         }
         if let Err(refusal) = gate(&spec.name, spec.risk, None, self.interactive) {
             let reason = match refusal.decision {
@@ -99,5 +118,55 @@ impl ToolRegistry {
     /// Whether no tool is registered.
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::tool::{Capability, ReplayPolicy, ToolContext, ToolError, ToolReceipt, ToolRequest};
+
+    #[derive(Debug)]
+    struct Declared(ToolSpec);
+
+    impl Tool for Declared {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        fn execute(&self, _: &ToolRequest, _: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+            Err(ToolError::Other("never run in these tests".into()))
+        }
+    }
+
+    fn tool(risk: Risk, caps: &[Capability]) -> Arc<dyn Tool> {
+        Arc::new(Declared(ToolSpec {
+            name: format!("t{risk:?}{caps:?}"),
+            description: "d".into(),
+            input_schema: json!({"type": "object"}),
+            risk,
+            capabilities: caps.iter().copied().collect::<BTreeSet<_>>(),
+            replay: ReplayPolicy::Never,
+        }))
+    }
+
+    #[test]
+    fn a_tool_declaring_less_than_its_capabilities_is_refused() {
+        use Capability::*;
+        for cap in [FileWrite, Network, ShellExec, ProcessSpawn] {
+            let mut registry = ToolRegistry::new(true);
+            let err = registry.register(tool(Risk::ReadOnly, &[FileRead, cap])).unwrap_err().to_string();
+            assert!(err.contains("at least Write"), "{cap:?}: {err}");
+            assert!(registry.is_empty());
+            registry.register(tool(Risk::Write, &[FileRead, cap])).unwrap();
+            registry.register(tool(Risk::Destructive, &[FileRead, cap])).unwrap();
+        }
+        let mut registry = ToolRegistry::new(false);
+        registry.register(tool(Risk::ReadOnly, &[FileRead])).unwrap();
+        registry.register(tool(Risk::ReadOnly, &[])).unwrap();
+        assert_eq!(registry.len(), 2);
     }
 }

@@ -54,6 +54,36 @@ pub enum Capability {
     ProcessSpawn,
 }
 
+impl Capability {
+    /// The lowest risk tier a tool holding this capability may declare (the
+    /// tier floor): a tool is never less risky than what it may do.
+    ///
+    /// - FileRead → ReadOnly: reading the working directory changes nothing.
+    /// - FileWrite → Write: it changes files.
+    /// - ShellExec, ProcessSpawn → Write: a shell or a started program can
+    ///   do anything the rest of the sandbox allows, repeatedly, and a
+    ///   process tree is an effect of its own (without a pids cgroup only
+    ///   the timeout bounds it).
+    /// - Network → Write: a call that can reach the network can leave an
+    ///   effect outside this machine that cairn cannot see or undo, and can
+    ///   carry away whatever it was given or can read (exfiltration), so it
+    ///   must be approved like a write.
+    pub fn min_risk(self) -> Risk {
+        match self {
+            Capability::FileRead => Risk::ReadOnly,
+            Capability::FileWrite | Capability::Network | Capability::ShellExec | Capability::ProcessSpawn => {
+                Risk::Write
+            }
+        }
+    }
+
+    /// The tier floor of a set of capabilities: the highest
+    /// [`Capability::min_risk`] among them (ReadOnly for none).
+    pub fn floor<'a>(capabilities: impl IntoIterator<Item = &'a Capability>) -> Risk {
+        capabilities.into_iter().map(|c| c.min_risk()).max().unwrap_or(Risk::ReadOnly)
+    }
+}
+
 /// What resuming after a crash may do with an invocation whose intent was
 /// committed but whose settlement was not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

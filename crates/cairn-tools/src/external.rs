@@ -1,14 +1,27 @@
 //! External tools, Ollie's model: an executable plus `NAME.toml` metadata in
 //! a tools directory, discovered lazily, run as a sandboxed child process.
 //!
-//! This module owns the metadata format, the registry (scan names cheaply,
-//! parse a tool's metadata on first use, report broken metadata with the
-//! file and the reason without failing the other tools) and the invocation
-//! protocol: arguments as JSON on stdin; stdout is the result (JSON becomes
-//! structured output, anything else is text); stderr is captured; the exit
-//! code lands in the receipt. It does not decide which directories to scan
-//! (the CLI passes them) and never lifts the sandbox without a per-call
-//! approval through `ToolContext::approve_bypass`.
+//! This module owns the metadata format and its checks, the scan of the
+//! tools directories ([`ToolDirScan`]: list names cheaply, parse a tool's
+//! metadata on first use, report broken metadata with the file and the
+//! reason without failing the other tools, skip workspace directories that
+//! are not trusted) and the invocation protocol: arguments as JSON on stdin;
+//! stdout is the result (JSON becomes structured output, anything else is
+//! text); stderr is captured; the exit code lands in the receipt. It does
+//! not decide which directories to scan (`crate::tool_dirs` does, the host
+//! passes them) nor who is trusted (`crate::trust`), and never lifts the
+//! sandbox without a per-call approval through `ToolContext::approve_bypass`.
+//!
+//! A manifest is refused (never silently adjusted) when:
+//! - its `risk` is below the tier floor of its capabilities
+//!   ([`Capability::min_risk`]: fileWrite, network, shellExec and
+//!   processSpawn need at least `write`), so a tool is never less than its
+//!   capabilities say and never runs without the approval they call for;
+//! - its executable does not live inside its tool directory: absolute
+//!   paths, `..` components and symlinks resolving outside are refused, and
+//!   the manifest itself must not be a link leading outside either, so what
+//!   runs is what the directory holds (and what workspace trust
+//!   fingerprints).
 //!
 //! Metadata (`NAME.toml`, next to the executable `NAME`):
 //! ```toml
@@ -17,7 +30,7 @@
 //! capabilities = ["fileRead"]  # fileRead fileWrite network shellExec processSpawn
 //! replay = "idempotent"        # idempotent | never
 //! timeout = 30                 # seconds (optional; default: the turn's limit)
-//! executable = "NAME"          # optional, relative to the metadata's directory
+//! executable = "NAME"          # optional, a path inside the metadata's directory
 //! [parameters]                 # JSON Schema of the arguments object
 //! type = "object"
 //! properties = { query = { type = "string" } }
@@ -45,7 +58,8 @@ use serde_json::{Value, json};
 use crate::builtin::BUILTIN_NAMES;
 use crate::process::{self, End, RunSpec};
 use crate::sandbox::{self, Decision, SandboxPolicy};
-use crate::{ToolEntry, ToolOrigin, ToolsConfig};
+use crate::trust::{TrustState, TrustStore};
+use crate::{ToolDir, ToolEntry, ToolOrigin, ToolScope, ToolsConfig};
 
 /// Broken metadata: which file and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -133,6 +147,62 @@ fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
+/// How the manifest spells a risk or capability (`readOnly`, `fileWrite`).
+fn manifest_word(value: impl serde::Serialize) -> String {
+    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// Refuse a declared risk below the tier floor of the capabilities.
+fn check_tier_floor(risk: Risk, capabilities: &BTreeSet<Capability>) -> Result<(), String> {
+    let floor = Capability::floor(capabilities);
+    if risk >= floor {
+        return Ok(());
+    }
+    let needing: Vec<String> = capabilities.iter().filter(|c| c.min_risk() > risk).map(|c| manifest_word(*c)).collect();
+    Err(format!(
+        "risk = \"{}\" is less than its capabilities allow: the capabilities {} require at least risk = \"{}\"; \
+         declare risk = \"{}\" (or drop those capabilities)",
+        manifest_word(risk),
+        needing.join(", "),
+        manifest_word(floor),
+        manifest_word(floor)
+    ))
+}
+
+/// The executable `declared` in the manifest (or the tool's name), resolved
+/// inside `dir`: relative, no `..`, and its canonical path (symlinks
+/// followed) must stay inside the canonical `dir`. Returns the canonical
+/// path, so what is checked is what runs.
+fn resolve_executable(dir: &Path, declared: &str) -> Result<PathBuf, String> {
+    use std::path::Component;
+    let rel = Path::new(declared);
+    let inside = "an external tool's executable must live inside its tool directory; \
+                  to run another program, put a script there that runs it";
+    if declared.is_empty() {
+        return Err("executable is empty: name a file in the tool directory".into());
+    }
+    if rel.is_absolute() {
+        return Err(format!("executable = {declared:?} is an absolute path: {inside}"));
+    }
+    if rel.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(format!("executable = {declared:?} uses '..': {inside}"));
+    }
+    let dir = dir.canonicalize().map_err(|e| format!("cannot resolve the tool directory {}: {e}", dir.display()))?;
+    let path = dir.join(rel);
+    let canonical = path
+        .canonicalize()
+        .map_err(|e| format!("executable {} is missing ({e}): install it next to the metadata", path.display()))?;
+    if !canonical.starts_with(&dir) {
+        return Err(format!(
+            "executable {} resolves to {}, outside its tool directory {}: {inside}",
+            path.display(),
+            canonical.display(),
+            dir.display()
+        ));
+    }
+    Ok(canonical)
+}
+
 impl ExternalTool {
     /// Parse and check `NAME.toml`.
     pub fn load(metadata: &Path, config: &ToolsConfig) -> Result<Self, MetadataError> {
@@ -150,8 +220,19 @@ impl ExternalTool {
         if BUILTIN_NAMES.contains(&name.as_str()) {
             return Err(err(format!("'{name}' is the name of a built-in tool: rename the file")));
         }
+        let dir = metadata.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if let (Ok(real), Ok(real_dir)) = (metadata.canonicalize(), dir.canonicalize())
+            && !real.starts_with(&real_dir)
+        {
+            return Err(err(format!(
+                "the metadata file is a link to {}, outside its tool directory: copy the file into {}",
+                real.display(),
+                dir.display()
+            )));
+        }
         let text = std::fs::read_to_string(metadata).map_err(|e| err(format!("cannot read it: {e}")))?;
         let raw: RawMetadata = toml::from_str(&text).map_err(|e| err(format!("invalid metadata: {e}")))?;
+        check_tier_floor(raw.risk, &raw.capabilities).map_err(err)?;
         if raw.description.trim().is_empty() {
             return Err(err("description is empty: say what the tool does, for the model".into()));
         }
@@ -173,8 +254,7 @@ impl ExternalTool {
         if let Some(bad) = raw.bypass.iter().flat_map(|b| b.read.iter().chain(&b.write)).find(|p| expand(p).is_none()) {
             return Err(err(format!("bypass path '{bad}' must be absolute or start with '~/'")));
         }
-        let dir = metadata.parent().unwrap_or(Path::new("."));
-        let executable = dir.join(raw.executable.as_deref().unwrap_or(&name));
+        let executable = resolve_executable(dir, raw.executable.as_deref().unwrap_or(&name)).map_err(err)?;
         let meta = std::fs::metadata(&executable).map_err(|e| {
             err(format!("executable {} is missing ({e}): install it next to the metadata", executable.display()))
         })?;
@@ -319,32 +399,72 @@ struct Slot {
     loaded: OnceLock<Result<Arc<ExternalTool>, MetadataError>>,
 }
 
-/// The external tools found in some directories; metadata is parsed on
-/// first use.
-pub struct ToolRegistry {
+/// Workspace tools that were found but not loaded because their directory
+/// is not trusted (see [`crate::trust`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UntrustedTools {
+    /// The working directory that ships them.
+    pub workspace: PathBuf,
+    /// Its tools directory.
+    pub dir: PathBuf,
+    /// The tool names found there (`*.toml` stems), sorted.
+    pub names: Vec<String>,
+    /// Never trusted, or changed since it was trusted.
+    pub state: TrustState,
+}
+
+impl std::fmt::Display for UntrustedTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let why = match self.state {
+            TrustState::Changed => "its tools changed since it was trusted",
+            _ => "this directory is not trusted",
+        };
+        write!(
+            f,
+            "{} workspace tool(s) in {} not loaded ({}): {why}",
+            self.names.len(),
+            self.dir.display(),
+            self.names.join(", ")
+        )
+    }
+}
+
+/// What scanning the tools directories found: names, lazily parsed
+/// metadata, scan problems, and the workspace tools left out because their
+/// directory is not trusted. (The tools a session offers the model are
+/// `cairn_core::ToolRegistry`; this is only where external tools come from.)
+pub struct ToolDirScan {
     slots: Vec<Slot>,
     scan_errors: Vec<MetadataError>,
+    untrusted: Vec<UntrustedTools>,
     config: ToolsConfig,
 }
 
-impl std::fmt::Debug for ToolRegistry {
+impl std::fmt::Debug for ToolDirScan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ToolRegistry")
+        f.debug_struct("ToolDirScan")
             .field("tools", &self.slots.iter().map(|s| &s.name).collect::<Vec<_>>())
             .field("scan_errors", &self.scan_errors)
+            .field("untrusted", &self.untrusted)
             .finish()
     }
 }
 
-impl ToolRegistry {
+impl ToolDirScan {
     /// List `*.toml` files in `dirs` (missing directories are skipped). The
     /// first directory that has a name wins; later ones are reported as
-    /// shadowed. Nothing is parsed yet.
-    pub fn scan(dirs: &[PathBuf], config: &ToolsConfig) -> Self {
+    /// shadowed. A [`ToolScope::Workspace`] directory with tools is listed
+    /// only when `trust` says its workspace is trusted with exactly these
+    /// files; otherwise its names are reported in
+    /// [`ToolDirScan::untrusted`] and none of its tools can be loaded.
+    /// Nothing is parsed yet.
+    pub fn scan(dirs: &[ToolDir], config: &ToolsConfig, trust: &TrustStore) -> Self {
         let mut slots: Vec<Slot> = Vec::new();
         let mut seen: HashSet<String> = HashSet::new();
         let mut scan_errors = Vec::new();
-        for dir in dirs {
+        let mut untrusted = Vec::new();
+        for tool_dir in dirs {
+            let dir = &tool_dir.path;
             let read = match std::fs::read_dir(dir) {
                 Ok(r) => r,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -359,6 +479,33 @@ impl ToolRegistry {
             let mut files: Vec<PathBuf> =
                 read.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect();
             files.sort();
+            if files.is_empty() {
+                continue;
+            }
+            if let ToolScope::Workspace { root } = &tool_dir.scope {
+                let state = match trust.check(root, dir) {
+                    Ok(state) => state,
+                    Err(e) => {
+                        scan_errors.push(MetadataError {
+                            file: dir.clone(),
+                            reason: format!("workspace tools not loaded: {e}"),
+                        });
+                        continue;
+                    }
+                };
+                if state != TrustState::Trusted {
+                    let names = files
+                        .iter()
+                        .map(|m| m.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+                    untrusted.push(UntrustedTools {
+                        workspace: root.clone(),
+                        dir: dir.clone(),
+                        names: names.collect(),
+                        state,
+                    });
+                    continue;
+                }
+            }
             for metadata in files {
                 let name = metadata.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
                 if !seen.insert(name.clone()) {
@@ -373,7 +520,7 @@ impl ToolRegistry {
                 slots.push(Slot { name, metadata, loaded: OnceLock::new() });
             }
         }
-        Self { slots, scan_errors, config: config.clone() }
+        Self { slots, scan_errors, untrusted, config: config.clone() }
     }
 
     /// Names found, in scan order.
@@ -384,6 +531,11 @@ impl ToolRegistry {
     /// Problems found while scanning (unlistable directories, shadowed names).
     pub fn scan_errors(&self) -> &[MetadataError] {
         &self.scan_errors
+    }
+
+    /// Workspace tools left out because their directory is not trusted.
+    pub fn untrusted(&self) -> &[UntrustedTools] {
+        &self.untrusted
     }
 
     /// The tool `name`, loading its metadata now if needed; `None` if no
@@ -410,9 +562,4 @@ impl ToolRegistry {
         }
         (tools, errors)
     }
-}
-
-/// Scan `dirs` and load every external tool (see [`ToolRegistry`]).
-pub fn discover(dirs: &[PathBuf], config: &ToolsConfig) -> (Vec<ToolEntry>, Vec<MetadataError>) {
-    ToolRegistry::scan(dirs, config).load_all()
 }

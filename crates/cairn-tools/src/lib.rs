@@ -20,7 +20,12 @@
 //!   cgroup; [`landlock_status`] reports what the kernel enforces.
 //! - [`process`]: spawn, stream, cap, time out, cancel, kill the group.
 //! - [`builtin`]: the six built-in tools.
-//! - [`external`]: the metadata registry and the external tool.
+//! - [`external`]: the metadata format and its checks, the scan of the
+//!   tools directories and the external tool.
+//! - [`trust`]: which working directories' own tools may be loaded.
+//!
+//! Where tools come from: [`tool_dirs`] (the one precedence) and
+//! [`load_tools`] (built-ins, then every external tool that may load).
 #![deny(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
@@ -30,16 +35,18 @@ pub mod external;
 pub mod paths;
 pub mod process;
 pub mod sandbox;
+pub mod trust;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cairn_core::tool::Tool;
 
 pub use builtin::builtin_tools;
-pub use external::{ExternalTool, MetadataError, ToolRegistry, discover};
+pub use external::{ExternalTool, MetadataError, ToolDirScan, UntrustedTools};
 pub use sandbox::{SandboxStatus, describe_rules, landlock_abi, landlock_status};
+pub use trust::{TrustState, TrustStore};
 
 /// Settings for the tools of one session (the CLI fills it from its config
 /// and flags; it deserializes from a `[tools]` table with every field
@@ -131,24 +138,85 @@ impl std::fmt::Debug for ToolEntry {
     }
 }
 
-/// The tools directories in cairn's order: cairn's data dir, its config dir,
-/// then `.cairn/tools/` in the working directory (first wins on a name
-/// clash, so a project cannot shadow a tool the user installed).
-pub fn tool_dirs(data_dir: &std::path::Path, config_dir: &std::path::Path, cwd: &std::path::Path) -> Vec<PathBuf> {
-    vec![data_dir.join("tools"), config_dir.join("tools"), cwd.join(".cairn").join("tools")]
+/// Who put a tools directory where it is, which decides whether its tools
+/// may load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolScope {
+    /// The user's own directories (cairn's data and config directories):
+    /// always trusted.
+    User,
+    /// `.cairn/tools/` of a working directory, which may come from anyone
+    /// who can commit to it: loaded only while a person trusts `root` with
+    /// exactly these files (see [`trust`]).
+    Workspace {
+        /// The working directory.
+        root: PathBuf,
+    },
+}
+
+/// A directory to scan for external tools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolDir {
+    /// The directory.
+    pub path: PathBuf,
+    /// Whose it is.
+    pub scope: ToolScope,
+}
+
+impl ToolDir {
+    /// One of the user's own tools directories (trusted).
+    pub fn user(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into(), scope: ToolScope::User }
+    }
+
+    /// The tools a working directory ships: `ROOT/.cairn/tools/`
+    /// (untrusted until trusted).
+    pub fn workspace(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        Self { path: root.join(trust::WORKSPACE_TOOLS_DIR), scope: ToolScope::Workspace { root } }
+    }
+}
+
+/// The tools directories in cairn's order of precedence, highest first:
+/// `DATA/tools`, `CONFIG/tools` (once, when both are the same directory, as
+/// with `CAIRN_HOME`), then the working directory's `.cairn/tools/`. On a
+/// name clash the first directory wins and the later file is reported as
+/// shadowed, so a project can never replace a tool the user installed.
+pub fn tool_dirs(data_dir: &Path, config_dir: &Path, cwd: &Path) -> Vec<ToolDir> {
+    let mut dirs = vec![ToolDir::user(data_dir.join("tools"))];
+    if config_dir != data_dir {
+        dirs.push(ToolDir::user(config_dir.join("tools")));
+    }
+    dirs.push(ToolDir::workspace(cwd));
+    dirs
+}
+
+/// Every tool a session may offer, and why others are missing.
+#[derive(Debug, Clone)]
+pub struct LoadedTools {
+    /// The built-ins, then the external tools in scan order.
+    pub tools: Vec<ToolEntry>,
+    /// Broken metadata, shadowed names and unreadable directories, one per
+    /// file: show them to the user.
+    pub errors: Vec<MetadataError>,
+    /// Workspace tools not loaded because their directory is not trusted:
+    /// tell the user how to trust it.
+    pub untrusted: Vec<UntrustedTools>,
 }
 
 /// Every tool of a session: the built-ins, then the external tools found in
-/// `dirs`, with the metadata errors to show the user. Fails only on an
+/// `dirs` (see [`tool_dirs`]) that may load under `trust`. Fails only on an
 /// invalid destructive pattern in `config`.
 pub fn load_tools(
     config: &ToolsConfig,
-    dirs: &[PathBuf],
-) -> Result<(Vec<ToolEntry>, Vec<MetadataError>), builtin::shell::PatternError> {
+    dirs: &[ToolDir],
+    trust: &TrustStore,
+) -> Result<LoadedTools, builtin::shell::PatternError> {
     let mut tools = builtin_tools(config)?;
-    let (external, errors) = discover(dirs, config);
+    let scan = ToolDirScan::scan(dirs, config, trust);
+    let (external, errors) = scan.load_all();
     tools.extend(external);
-    Ok((tools, errors))
+    Ok(LoadedTools { tools, errors, untrusted: scan.untrusted().to_vec() })
 }
 
 /// Now in ms since the Unix epoch (receipt timestamps).

@@ -26,7 +26,7 @@ fn pids_in(streamed: &[u8], key: &str) -> Vec<i32> {
 fn a_hanging_tool_is_killed_at_the_timeout_with_its_grandchildren() {
     let root = tempfile::tempdir().unwrap();
     let script = "#!/bin/bash\nsleep 1000 &\necho \"grandchild=$!\"\nsetsid sleep 1000 &\necho \"escaped=$!\"\nwait\n";
-    let t = load(&install_tool(root.path(), "hang", script, &metadata("readOnly", &["processSpawn"], "timeout = 1.5")));
+    let t = load(&install_tool(root.path(), "hang", script, &metadata("write", &["processSpawn"], "timeout = 1.5")));
     let (r, seen) = run_with(&t, json!({}), root.path(), super::util::limits(), false, &CancelToken::new());
     assert!(matches!(r, Err(ToolError::Timeout(_))), "{r:?}");
     let grandchildren = pids_in(&seen.streamed, "grandchild=");
@@ -118,7 +118,7 @@ fn a_fork_bomb_is_contained() {
 fn a_tool_printing_100_mb_is_truncated_with_bounded_memory() {
     let root = tempfile::tempdir().unwrap();
     let script = "#!/bin/bash\nhead -c 104857600 /dev/zero | tr '\\0' 'x'\n";
-    let t = load(&install_tool(root.path(), "flood", script, &metadata("readOnly", &["processSpawn"], "")));
+    let t = load(&install_tool(root.path(), "flood", script, &metadata("write", &["processSpawn"], "")));
     let before = cairn_bench_free_rss();
     let cap = 64 * 1024;
     let (r, seen) = run_with(

@@ -155,7 +155,7 @@ fn without_network_connecting_to_a_loopback_listener_fails() {
     assert!(listener.accept().is_err());
 
     // Control: with Network declared the same tool connects.
-    let t = load(&install_tool(&root.path().join("n2"), "net", &script, &metadata("readOnly", &["network"], "")));
+    let t = load(&install_tool(&root.path().join("n2"), "net", &script, &metadata("write", &["network"], "")));
     let r = run(&t, json!({}), cwd.path()).unwrap();
     assert!(r.output_summary.contains("CONNECTED"), "{}", r.output_summary);
     listener.set_nonblocking(false).unwrap();
@@ -210,7 +210,7 @@ fn without_process_spawn_a_tool_cannot_start_processes() {
     // bash gives up when fork fails: the seccomp filter answered EPERM.
     assert!(r.output_summary.contains("fork: Operation not permitted"), "{}", r.output_summary);
     assert!(!r.output_summary.contains("DONE"));
-    let t = load(&install_tool(&root.path().join("b"), "forker", script, &metadata("readOnly", &["processSpawn"], "")));
+    let t = load(&install_tool(&root.path().join("b"), "forker", script, &metadata("write", &["processSpawn"], "")));
     let r = run(&t, json!({}), root.path()).unwrap();
     assert!(r.output_summary.contains("CHILD") && r.output_summary.contains("EXTERNAL"), "{}", r.output_summary);
     assert!(r.output_summary.contains("DONE"));
