@@ -65,7 +65,9 @@ fn wait_for(path: &Path, what: &str, child: &mut std::process::Child) {
 
 #[test]
 fn tools_cannot_read_cairns_keys_by_any_route() {
-    let shell_call = tool_call_sse("call_shell", "shell", &json!({"command": attack(true)}));
+    // One line, as a model would send it.
+    let command = attack(true).trim_end().replace('\n', "; ");
+    let shell_call = tool_call_sse("call_shell", "shell", &json!({"command": command}));
     let external_call = tool_call_sse("call_ext", "attack", &json!({}));
     let server =
         TestServer::start(vec![Reply::sse(shell_call), Reply::sse(external_call), Reply::sse(fixtures::CHAT_TEXT)])
@@ -94,7 +96,7 @@ fn tools_cannot_read_cairns_keys_by_any_route() {
     let out_path = env.home.join("stdout");
     let err_path = env.home.join("stderr");
     let mut child = env
-        .cairn(&["--allow", "shell", "run", "look around"])
+        .cairn(&["--yes", "run", "look around"])
         .env("LLM_PAT", KEY)
         .env("OPENAI_API_KEY", OPENAI_KEY)
         .env("COPY", KEY)
@@ -174,14 +176,15 @@ fn a_tools_children_die_with_cairn_on_sigkill() {
     let env = Env::new();
     let child_marker = format!("cairn-sigkill-child-{}", std::process::id());
     let escaped_marker = format!("cairn-sigkill-escaped-{}", std::process::id());
+    // One line, as a model would send it.
     let command = format!(
-        "(exec -a {child_marker} sleep 1000) &\nsetsid bash -c 'exec -a {escaped_marker} sleep 1000' &\n\
-         nohup bash -c 'exec -a {escaped_marker}-nohup sleep 1000' > /dev/null 2>&1 &\nwait\n"
+        "(exec -a {child_marker} sleep 1000) & setsid bash -c 'exec -a {escaped_marker} sleep 1000' & \
+         nohup bash -c 'exec -a {escaped_marker}-nohup sleep 1000' > /dev/null 2>&1 & wait"
     );
     let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": command}}]});
     let script = env.script(&[call, json!({"text": "never reached"})]);
     let mut cairn = env
-        .cairn(&["--script", script.to_str().unwrap(), "--allow", "shell", "run", "start things"])
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "start things"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
