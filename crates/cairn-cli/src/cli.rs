@@ -183,6 +183,8 @@ fn run(cli: Cli) -> Result<u8> {
         allow: cli.common.allow.clone(),
     };
     let settings = Settings::load(&paths.config_file, &overrides)?;
+    // SAFETY: no other thread exists yet (see CANDLE_NUM_THREADS below).
+    unsafe { crate::secrets::take_provider_keys(&settings.providers) };
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         // candle sizes its kernel thread pool from this variable (default:
         // every core); the embedded model is configured for `local.threads`.

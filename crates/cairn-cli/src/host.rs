@@ -56,7 +56,7 @@ pub fn build_provider(ctx: &Context) -> Result<Box<dyn Provider + Send>> {
     if config.kind == ProviderKind::Local {
         return crate::local::provider(ctx);
     }
-    Ok(cairn_provider::build(&config, &|k| std::env::var(k).ok())?)
+    Ok(cairn_provider::build(&config, &|k| crate::secrets::var(k))?)
 }
 
 /// The tools settings from configuration and flags.
@@ -64,6 +64,7 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     let mut config = ToolsConfig::default();
     config.destructive_patterns.extend(ctx.settings.destructive_patterns.value.iter().cloned());
     config.allow_unsandboxed = ctx.common.allow_unsandboxed;
+    config.secrets = crate::secrets::values();
     config
 }
 

@@ -14,6 +14,7 @@ mod host;
 mod local;
 mod paths;
 mod render;
+mod secrets;
 mod sessions;
 mod style;
 mod trust;
@@ -21,5 +22,11 @@ mod trust;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // SAFETY: the first statement of `main`: cairn has a single thread, so
+    // nothing reads the environment while credentials are taken out of it.
+    if let Err(e) = unsafe { secrets::take_at_startup() } {
+        eprintln!("error: cannot make cairn non-dumpable ({e}); refusing to run tools that could read its keys");
+        return ExitCode::from(1);
+    }
     cli::main()
 }

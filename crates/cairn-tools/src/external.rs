@@ -141,6 +141,7 @@ pub struct ExternalTool {
     allow_unsandboxed: bool,
     max_processes: u32,
     read_paths: Vec<std::path::PathBuf>,
+    secrets: crate::env::SecretValues,
 }
 
 fn valid_name(name: &str) -> bool {
@@ -277,6 +278,7 @@ impl ExternalTool {
             allow_unsandboxed: config.allow_unsandboxed,
             max_processes: config.max_processes,
             read_paths: config.sandbox_read_paths.clone(),
+            secrets: config.secrets.clone(),
         })
     }
 
@@ -346,7 +348,7 @@ impl Tool for ExternalTool {
             policy.network |= bypass.network;
         }
         let stdin = serde_json::to_vec(&request.arguments).map_err(|e| ToolError::Other(e.to_string()))?;
-        let mut env = crate::env::scrubbed_env();
+        let mut env = crate::env::scrubbed_env(&self.secrets);
         env.push(("CAIRN_TOOL_NAME".into(), self.spec.name.clone()));
         env.push(("CAIRN_INVOCATION_ID".into(), request.invocation_id.clone()));
         // The metadata's timeout can only shorten the turn's limit.
@@ -360,6 +362,7 @@ impl Tool for ExternalTool {
             timeout,
             output_cap: ctx.limits.output_cap,
             max_processes: self.max_processes,
+            pid_namespace: true,
         };
         let outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
         match outcome.end {

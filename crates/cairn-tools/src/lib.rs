@@ -15,7 +15,8 @@
 //!
 //! # Layout
 //! - [`paths`]: resolve a path inside the working directory or refuse it.
-//! - [`mod@env`]: environment scrubbing (no keys, tokens, secrets, passwords).
+//! - [`mod@env`]: environment scrubbing (no keys, tokens, secrets, passwords,
+//!   by name and by value).
 //! - [`sandbox`]: capabilities → Landlock ruleset + seccomp filters + pids
 //!   cgroup; [`landlock_status`] reports what the kernel enforces.
 //! - [`process`]: spawn, stream, cap, time out, cancel, kill the group.
@@ -81,6 +82,11 @@ pub struct ToolsConfig {
     /// the rules the user configured, shown by `cairn tools`; never a
     /// write, never a bypass.
     pub sandbox_read_paths: Vec<PathBuf>,
+    /// Secret values the host holds (provider keys): no tool's environment
+    /// carries a variable whose value equals or contains one, whatever its
+    /// name. Filled by the host, never read from or written to a file.
+    #[serde(skip)]
+    pub secrets: env::SecretValues,
 }
 
 impl Default for ToolsConfig {
@@ -96,6 +102,7 @@ impl Default for ToolsConfig {
             list_max_entries: 1000,
             max_processes: 256,
             sandbox_read_paths: Vec::new(),
+            secrets: env::SecretValues::new(),
         }
     }
 }

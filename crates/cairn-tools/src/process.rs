@@ -1,8 +1,10 @@
 //! Process lifecycle for every tool that runs a program (`shell` and the
-//! external tools): spawn in its own process group (and pids cgroup when
-//! available) under the sandbox, feed stdin, capture stdout/stderr up to a
-//! cap while streaming them, and kill the whole group on timeout, on
-//! cancellation and when the leader exits.
+//! external tools): spawn in its own process group (and pids cgroup, and
+//! PID namespace, when available) under the sandbox, feed stdin, capture
+//! stdout/stderr up to a cap while streaming them, and kill the whole group
+//! on timeout, on cancellation and when the leader exits. Every process it
+//! starts dies with cairn, even on SIGKILL: `PR_SET_PDEATHSIG` on the
+//! leader, and the PID namespace's teardown for everything under it.
 //!
 //! This module owns the invariant "a call's processes do not outlive the
 //! call, and its output never costs more memory than the cap". It does not
@@ -39,6 +41,10 @@ pub struct RunSpec {
     pub output_cap: usize,
     /// Process cap (pids cgroup) for this call.
     pub max_processes: u32,
+    /// Run in a PID and mount namespace of its own with a fresh `/proc`
+    /// where the kernel allows it (see `sandbox::isolation_status`); the
+    /// tools always ask for it. Off only to test the other layers alone.
+    pub pid_namespace: bool,
 }
 
 /// Output of one stream: the kept prefix and how many bytes there were.
@@ -165,9 +171,9 @@ pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) 
             let mut policy = policy.clone();
             policy.tmp_dir = Some(tmp.path().to_path_buf());
             policy.max_processes = spec.max_processes;
-            Prepared::new(&policy)?
+            Prepared::new(&policy, spec.pid_namespace)?
         }
-        None => Prepared::unsandboxed(spec.max_processes),
+        None => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?,
     };
     let hook = prepared.hook();
 

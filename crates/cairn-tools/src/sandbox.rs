@@ -24,10 +24,19 @@
 //!   `clone` without `CLONE_THREAD` (threads stay allowed) and `clone3`
 //!   (answered `ENOSYS` so libc falls back to `clone`); `execve` stays
 //!   allowed because it replaces the process rather than adding one;
-//! - with `ProcessSpawn`, a pids cgroup (when cairn may create one) caps the
-//!   number of processes of the call;
+//! - with `ProcessSpawn`, a pids cgroup (when cairn may create one: cgroup v1
+//!   `pids`, else a delegated cgroup v2 group) caps the number of processes
+//!   of the call;
 //! - signals and abstract unix sockets are scoped to the sandbox (ABI ≥ 6);
 //! - nothing else: `$HOME`, `/tmp`, other users' files are invisible.
+//!
+//! Every tool process, sandboxed or not (see [`ChildHook::apply`]): no
+//! capabilities at all, seccomp refusing `ptrace`, `process_vm_readv`,
+//! `process_vm_writev`, `pidfd_getfd` and device `mknod`, and where the
+//! kernel allows ([`isolation_status`]) its own PID and mount namespace with
+//! a fresh `/proc`. Cairn itself is made non-dumpable
+//! ([`protect_host_process`]). Together: a tool cannot read cairn's
+//! `/proc/PID/environ`, `maps` or `mem`, nor any other process's.
 //!
 //! Known gap: connecting to a *pathname* unix socket (e.g.
 //! `/var/run/docker.sock`) is not a file access Landlock checks before ABI 9
@@ -54,8 +63,15 @@ pub struct SandboxStatus {
     pub seccomp: bool,
     /// A pids cgroup can be created to cap process counts.
     pub pids_cgroup: bool,
+    /// Which pids cgroup (v1 or v2, where), or why there is none.
+    pub pids_cgroup_note: String,
     /// Signal and abstract-socket scoping (ABI ≥ 6).
     pub scoping: bool,
+    /// Tool processes get their own PID and mount namespace with a fresh
+    /// `/proc` (see [`isolation_status`]).
+    pub pid_namespace: bool,
+    /// Why there is no PID namespace (empty when there is one).
+    pub pid_namespace_note: String,
 }
 
 impl SandboxStatus {
@@ -69,13 +85,16 @@ impl SandboxStatus {
         if !self.filesystem {
             return "Landlock unavailable: tools cannot be sandboxed on this kernel".to_string();
         }
+        let pidns = if self.pid_namespace { "yes".to_string() } else { format!("no ({})", self.pid_namespace_note) };
         format!(
-            "Landlock ABI {} (filesystem: yes, TCP rules: {}, scoping: {}), seccomp: {}, pids cgroup: {}",
+            "Landlock ABI {} (filesystem: yes, TCP rules: {}, scoping: {}), seccomp: {}, pids cgroup: {} ({}), \
+             pid namespace: {pidns}",
             self.landlock_abi,
             yes(self.network_landlock),
             yes(self.scoping),
             yes(self.seccomp),
-            yes(self.pids_cgroup)
+            yes(self.pids_cgroup),
+            self.pids_cgroup_note,
         )
     }
 }
@@ -115,9 +134,153 @@ pub fn landlock_status() -> SandboxStatus {
         filesystem: abi >= 1,
         network_landlock: abi >= 4,
         seccomp: cfg!(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))),
-        pids_cgroup: pids_cgroup_root().is_some(),
+        pids_cgroup: pids_cgroup_root().is_ok(),
+        pids_cgroup_note: match pids_cgroup_root() {
+            Ok(root) => root.describe(),
+            Err(why) => why,
+        },
         scoping: abi >= 6,
+        pid_namespace: isolation_status().is_ok(),
+        pid_namespace_note: isolation_status().err().unwrap_or_default(),
     }
+}
+
+/// Whether tool processes can get their own PID namespace and a fresh
+/// `/proc` here (probed once per process: a throwaway child tries
+/// `unshare(CLONE_NEWPID | CLONE_NEWNS)` and a grandchild mounts `/proc`),
+/// or why not. Needs `CAP_SYS_ADMIN` (cairn running as root, or in a user
+/// namespace that grants it); elsewhere the other layers stand alone.
+pub fn isolation_status() -> Result<(), String> {
+    static PROBE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    PROBE.get_or_init(probe_pid_namespace).clone()
+}
+
+/// Make the calling process (cairn itself) non-dumpable: other processes of
+/// the same user, tools included, can no longer open its `/proc/PID/environ`,
+/// `maps` or `mem`, nor ptrace it, unless they hold `CAP_SYS_PTRACE` (which
+/// every tool process drops, see [`ChildHook::apply`]). Also turns off core
+/// dumps, which would hold the same secrets. Call it first thing in `main`.
+pub fn protect_host_process() -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes a flag of the
+        // calling process.
+        if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Whether the calling process is dumpable (`PR_GET_DUMPABLE`).
+pub fn host_process_dumpable() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_GET_DUMPABLE reads a flag of the calling process.
+        unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        true
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn probe_pid_namespace() -> Result<(), String> {
+    // SAFETY: the forked children issue only raw, async-signal-safe
+    // syscalls and leave with _exit; the parent only waits.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return Err(format!("cannot fork a probe: {}", std::io::Error::last_os_error()));
+        }
+        if pid == 0 {
+            if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
+                libc::_exit(1);
+            }
+            let inner = libc::fork();
+            if inner < 0 {
+                libc::_exit(2);
+            }
+            if inner == 0 {
+                libc::_exit(mount_fresh_proc().map_or(3, |_| 0));
+            }
+            let code = wait_exit_code(inner);
+            libc::_exit(code);
+        }
+        match wait_exit_code(pid) {
+            0 => Ok(()),
+            1 => Err("the kernel refused a new PID namespace (needs CAP_SYS_ADMIN)".into()),
+            2 => Err("cannot fork into a new PID namespace".into()),
+            3 => Err("cannot mount a fresh /proc in a new mount namespace".into()),
+            n => Err(format!("the namespace probe ended with status {n}")),
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn probe_pid_namespace() -> Result<(), String> {
+    Err("PID namespaces exist only on Linux".into())
+}
+
+/// Wait for `pid`; its exit code, or 128 + the signal that killed it.
+///
+/// # Safety
+/// Async-signal-safe (raw waitpid only); `pid` must be a child.
+#[cfg(target_os = "linux")]
+unsafe fn wait_exit_code(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid on our own child with a valid status pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return 127;
+        }
+    }
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        127
+    }
+}
+
+/// In a new mount namespace: stop mount events from propagating back to the
+/// host (`/` private, recursively) and mount a `/proc` that shows only the
+/// calling process's PID namespace.
+///
+/// # Safety
+/// Raw syscalls only; call between `fork` and `exec`.
+#[cfg(target_os = "linux")]
+unsafe fn mount_fresh_proc() -> std::io::Result<()> {
+    // SAFETY: NUL-terminated literals and null pointers as mount(2) allows.
+    unsafe {
+        if libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// The rules of one sandboxed call, derived from capabilities.
@@ -162,6 +325,8 @@ pub struct Prepared {
     ruleset: Option<OwnedFd>,
     filters: Vec<Vec<RawFilter>>,
     cgroup: Option<PidsCgroup>,
+    pid_namespace: bool,
+    proc_access: u64,
 }
 
 /// One BPF instruction (layout of `struct sock_filter`).
@@ -180,6 +345,8 @@ pub struct ChildHook {
     ruleset_fd: i32,
     cgroup_fd: i32,
     filters: Vec<(u16, *const RawFilter)>,
+    pid_namespace: bool,
+    proc_access: u64,
 }
 
 // SAFETY: the pointers point into `Prepared::filters`, which the caller keeps
@@ -190,26 +357,51 @@ unsafe impl Send for ChildHook {}
 unsafe impl Sync for ChildHook {}
 
 impl Prepared {
-    /// Build the ruleset, filters and cgroup for `policy`.
-    pub fn new(policy: &SandboxPolicy) -> Result<Self, SandboxError> {
+    /// Build the ruleset, filters and cgroup for `policy`; with
+    /// `pid_namespace`, the child also gets its own PID namespace and
+    /// `/proc` when this kernel allows it ([`isolation_status`]).
+    pub fn new(policy: &SandboxPolicy, pid_namespace: bool) -> Result<Self, SandboxError> {
         #[cfg(target_os = "linux")]
         {
             let ruleset = Some(linux::ruleset(policy)?);
-            let filters = linux::filters(policy)?;
+            let filters = linux::filters(Some(policy))?;
             let cgroup = if policy.process_spawn { PidsCgroup::create(policy.max_processes) } else { None };
-            Ok(Self { ruleset, filters, cgroup })
+            Ok(Self {
+                ruleset,
+                filters,
+                cgroup,
+                pid_namespace: pid_namespace && isolation_status().is_ok(),
+                proc_access: linux::proc_access(),
+            })
         }
         #[cfg(not(target_os = "linux"))]
         {
-            let _ = policy;
+            let _ = (policy, pid_namespace);
             Err(SandboxError::Landlock("Landlock exists only on Linux".into()))
         }
     }
 
-    /// Only process bookkeeping (a pids cgroup), no Landlock or seccomp: for
-    /// explicitly unsandboxed runs.
-    pub fn unsandboxed(max_processes: u32) -> Self {
-        Self { ruleset: None, filters: Vec::new(), cgroup: PidsCgroup::create(max_processes) }
+    /// No file or network rules, for explicitly unsandboxed runs (an
+    /// approved bypass, `allow_unsandboxed`): the process still gets its
+    /// pids cgroup, drops every capability, keeps the seccomp filter against
+    /// reading other processes' memory, gets its own PID namespace when
+    /// asked and possible, and (where Landlock exists) a Landlock domain
+    /// that only refuses block-device creation: being in any domain denies
+    /// ptrace-class access (`/proc/PID/environ`, `mem`) to processes outside
+    /// it, cairn and the user's shell included. Cairn's secrets are not part
+    /// of what a bypass grants.
+    pub fn unsandboxed(max_processes: u32, pid_namespace: bool) -> Result<Self, SandboxError> {
+        #[cfg(target_os = "linux")]
+        let (ruleset, filters) = (linux::scope_only_ruleset(), linux::filters(None)?);
+        #[cfg(not(target_os = "linux"))]
+        let (ruleset, filters) = (None, Vec::new());
+        Ok(Self {
+            ruleset,
+            filters,
+            cgroup: PidsCgroup::create(max_processes),
+            pid_namespace: pid_namespace && isolation_status().is_ok(),
+            proc_access: 0,
+        })
     }
 
     /// The raw values for the child hook.
@@ -218,6 +410,8 @@ impl Prepared {
             ruleset_fd: self.ruleset.as_ref().map_or(-1, |f| f.as_raw_fd()),
             cgroup_fd: self.cgroup.as_ref().map_or(-1, |c| c.procs.as_raw_fd()),
             filters: self.filters.iter().map(|f| (f.len() as u16, f.as_ptr())).collect(),
+            pid_namespace: self.pid_namespace,
+            proc_access: self.proc_access,
         }
     }
 
@@ -225,10 +419,28 @@ impl Prepared {
     pub fn cgroup(&self) -> Option<&PidsCgroup> {
         self.cgroup.as_ref()
     }
+
+    /// Whether the call runs in its own PID namespace.
+    pub fn pid_namespace(&self) -> bool {
+        self.pid_namespace
+    }
 }
 
 impl ChildHook {
-    /// Apply the sandbox to the calling (forked, single-threaded) process.
+    /// Apply the sandbox to the calling (forked, single-threaded) process,
+    /// in this order:
+    /// 1. die with cairn (`PR_SET_PDEATHSIG`), join the call's pids cgroup;
+    /// 2. with a PID namespace: `unshare(CLONE_NEWPID | CLONE_NEWNS)` and
+    ///    fork; this process stays outside as a waiter that closes every fd
+    ///    and exits with the tool's status, the new child (PID 1 inside)
+    ///    makes mounts private, mounts a fresh `/proc` (only the call's own
+    ///    processes are visible; cairn is not) and goes on;
+    /// 3. drop every capability: securebits `NOROOT` (locked) so a root tool
+    ///    gains none at `exec`, the bounding set, the ambient set, then
+    ///    effective/permitted/inheritable via `capset`;
+    /// 4. `PR_SET_NO_NEW_PRIVS`, the Landlock ruleset (when sandboxed), the
+    ///    seccomp filters (always at least `ptrace`, `process_vm_readv`,
+    ///    `process_vm_writev`, `pidfd_getfd` and device `mknod` refused).
     ///
     /// # Safety
     /// Call only in the child between `fork` and `exec` (`pre_exec`): it
@@ -248,9 +460,10 @@ impl ChildHook {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                if self.ruleset_fd < 0 && self.filters.is_empty() {
-                    return Ok(());
+                if self.pid_namespace {
+                    self.enter_pid_namespace()?;
                 }
+                drop_capabilities()?;
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -277,40 +490,293 @@ impl ChildHook {
             Ok(())
         }
     }
+
+    /// Step 2 of [`ChildHook::apply`]: returns only in the new namespace's
+    /// first process; the process that called it waits and exits.
+    ///
+    /// # Safety
+    /// As [`ChildHook::apply`].
+    #[cfg(target_os = "linux")]
+    unsafe fn enter_pid_namespace(&self) -> std::io::Result<()> {
+        // SAFETY: raw syscalls only; the waiter never returns into the
+        // caller's code (it leaves with _exit).
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let pid = libc::fork();
+            if pid < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if pid > 0 {
+                // The waiter (the process cairn sees, the group leader):
+                // hold no pipe end the tool's readers or the spawn's error
+                // pipe wait on, then pass the tool's status on. It keeps
+                // PR_SET_PDEATHSIG; when it dies, PID 1 inside gets SIGKILL
+                // and the kernel kills the whole namespace.
+                if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+                    for fd in 0..1024 {
+                        libc::close(fd);
+                    }
+                }
+                let code = wait_exit_code(pid);
+                libc::_exit(code);
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            mount_fresh_proc()?;
+            // The ruleset's /proc rule names the host's procfs; the fresh
+            // one is another filesystem and needs its own rule.
+            if self.ruleset_fd >= 0 && self.proc_access != 0 {
+                let fd = libc::open(c"/proc".as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let attr = LandlockPathBeneath { allowed_access: self.proc_access, parent_fd: fd };
+                const LANDLOCK_RULE_PATH_BENEATH: u32 = 1;
+                let r = libc::syscall(
+                    libc::SYS_landlock_add_rule,
+                    self.ruleset_fd,
+                    LANDLOCK_RULE_PATH_BENEATH,
+                    &attr as *const LandlockPathBeneath,
+                    0u32,
+                );
+                libc::close(fd);
+                if r != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
-/// A per-call pids cgroup (cgroup v1 `pids` controller or cgroup v2 with
-/// `pids` enabled): caps the process count and lists every process of the
-/// call, even those that left its process group.
+/// `struct landlock_path_beneath_attr` (packed in the kernel's ABI).
+#[cfg(target_os = "linux")]
+#[repr(C, packed)]
+struct LandlockPathBeneath {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+/// `struct __user_cap_header_struct`.
+#[cfg(target_os = "linux")]
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+/// `struct __user_cap_data_struct` (two of them for 64 capabilities).
+#[cfg(target_os = "linux")]
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Step 3 of [`ChildHook::apply`]: leave the calling process (and what it
+/// executes) with no capability at all, even when it runs as root.
+///
+/// # Safety
+/// Raw syscalls only; call between `fork` and `exec`.
+#[cfg(target_os = "linux")]
+unsafe fn drop_capabilities() -> std::io::Result<()> {
+    const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    const CAP_SETPCAP: u32 = 8;
+    // SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE |
+    // SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED.
+    const SECUREBITS: libc::c_ulong = 0x01 | 0x02 | 0x40 | 0x80;
+    let err = std::io::Error::last_os_error;
+    // SAFETY: capget/capset/prctl with valid pointers to local structs.
+    unsafe {
+        let mut header = CapHeader { version: CAPABILITY_VERSION_3, pid: 0 };
+        let mut data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+        if libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, data.as_mut_ptr()) != 0 {
+            return Err(err());
+        }
+        // Without CAP_SETPCAP there is no bounding set to clear that could
+        // matter: NO_NEW_PRIVS (set next) keeps exec from adding any.
+        if data[0].effective & (1 << CAP_SETPCAP) != 0 {
+            if libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS, 0, 0, 0) != 0 {
+                return Err(err());
+            }
+            for cap in 0..64 {
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                    if err().raw_os_error() == Some(libc::EINVAL) {
+                        break; // past the last capability this kernel knows
+                    }
+                    return Err(err());
+                }
+            }
+        }
+        if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0
+            && err().raw_os_error() != Some(libc::EINVAL)
+        {
+            return Err(err());
+        }
+        let header = CapHeader { version: CAPABILITY_VERSION_3, pid: 0 };
+        let none = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+        if libc::syscall(libc::SYS_capset, &header as *const CapHeader, none.as_ptr()) != 0 {
+            return Err(err());
+        }
+    }
+    Ok(())
+}
+
+/// A per-call pids cgroup (cgroup v1 `pids` controller, or a cgroup v2
+/// child group with `pids` enabled): caps the process count and lists every
+/// process of the call, even those that left its process group.
 #[derive(Debug)]
 pub struct PidsCgroup {
     dir: PathBuf,
     procs: File,
 }
 
-/// The cgroup v1 `pids` hierarchy when cairn may create groups in it
-/// (probed once per process).
-fn pids_cgroup_root() -> Option<PathBuf> {
-    static ROOT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+/// Where cairn creates its per-call pids cgroups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PidsRoot {
+    /// The cgroup v1 `pids` hierarchy.
+    V1(PathBuf),
+    /// Cairn's own cgroup v2 group, with `pids` enabled for its children
+    /// (cairn itself moved into a `cairn-<pid>-host` leaf when it had to,
+    /// since a v2 group with processes cannot enable controllers).
+    V2(PathBuf),
+}
+
+impl PidsRoot {
+    /// The directory per-call groups go in.
+    pub fn dir(&self) -> &Path {
+        match self {
+            PidsRoot::V1(d) | PidsRoot::V2(d) => d,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            PidsRoot::V1(d) => format!("cgroup v1 at {}", d.display()),
+            PidsRoot::V2(d) => format!("cgroup v2 under {}", d.display()),
+        }
+    }
+}
+
+/// Where cairn may create pids cgroups, or why it may not (probed once per
+/// process): the cgroup v1 `pids` hierarchy when it is writable, else the
+/// cgroup v2 group cairn runs in when `pids` is available there and the
+/// group is delegated (writable).
+pub fn pids_cgroup_root() -> Result<PidsRoot, String> {
+    static ROOT: std::sync::OnceLock<Result<PidsRoot, String>> = std::sync::OnceLock::new();
     ROOT.get_or_init(|| {
         let v1 = Path::new("/sys/fs/cgroup/pids");
-        let usable = v1.join("cgroup.procs").exists() && is_writable_dir(v1);
-        if usable {
+        let v1_why = if !v1.join("cgroup.procs").exists() {
+            format!("no cgroup v1 pids hierarchy at {}", v1.display())
+        } else if !is_writable_dir(v1) {
+            format!("cannot create groups in {} (not root?)", v1.display())
+        } else {
             sweep_stale(v1);
+            return Ok(PidsRoot::V1(v1.to_path_buf()));
+        };
+        match v2_root() {
+            Ok(dir) => {
+                sweep_stale(&dir);
+                Ok(PidsRoot::V2(dir))
+            }
+            Err(v2_why) => Err(format!("{v1_why}; {v2_why}")),
         }
-        usable.then(|| v1.to_path_buf())
     })
     .clone()
 }
 
-/// Remove empty `cairn-<pid>-<n>` groups left by cairn processes that died
-/// before cleaning up.
+/// The mount point of the cgroup v2 hierarchy, from `/proc/self/mountinfo`
+/// text.
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        // "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPER"
+        let (before, after) = line.split_once(" - ")?;
+        let fstype = after.split_whitespace().next()?;
+        (fstype == "cgroup2").then(|| before.split_whitespace().nth(4).map(PathBuf::from)).flatten()
+    })
+}
+
+/// The calling process's cgroup v2 path (`0::/path` in `/proc/self/cgroup`).
+fn cgroup2_own_path(cgroup: &str) -> Option<String> {
+    cgroup.lines().find_map(|l| l.strip_prefix("0::")).map(|p| p.trim().to_string())
+}
+
+fn has_word(text: &str, word: &str) -> bool {
+    text.split_whitespace().any(|w| w == word)
+}
+
+/// Cairn's own cgroup v2 group, made ready for per-call child groups with
+/// `pids`, or why that is impossible.
+fn v2_root() -> Result<PathBuf, String> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mount = cgroup2_mount(&mountinfo).ok_or("no cgroup v2 hierarchy is mounted")?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let own = cgroup2_own_path(&own).ok_or("cairn is in no cgroup v2 group")?;
+    let dir = mount.join(own.trim_start_matches('/'));
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    if !has_word(&read("cgroup.controllers"), "pids") {
+        return Err(format!(
+            "the cgroup v2 group {} does not offer the pids controller (not delegated, or bound to cgroup v1)",
+            dir.display()
+        ));
+    }
+    if !is_writable_dir(&dir) {
+        return Err(format!("the cgroup v2 group {} is not delegated to cairn (not writable)", dir.display()));
+    }
+    if has_word(&read("cgroup.subtree_control"), "pids") {
+        return Ok(dir);
+    }
+    enable_v2_pids(&dir)
+        .map(|()| dir.clone())
+        .map_err(|e| format!("cannot enable pids for children of the cgroup v2 group {}: {e}", dir.display()))
+}
+
+/// Enable `pids` in `dir`'s `cgroup.subtree_control`. A v2 group with
+/// processes cannot enable controllers for its children, so cairn first
+/// moves itself into a leaf `cairn-<pid>-host` (and back when enabling
+/// fails, e.g. because other processes share the group).
+fn enable_v2_pids(dir: &Path) -> std::io::Result<()> {
+    let control = dir.join("cgroup.subtree_control");
+    if std::fs::write(&control, "+pids").is_ok() {
+        return Ok(());
+    }
+    let leaf = dir.join(format!("cairn-{}-host", std::process::id()));
+    std::fs::create_dir(&leaf)?;
+    let me = std::process::id().to_string();
+    if let Err(e) = std::fs::write(leaf.join("cgroup.procs"), &me) {
+        let _ = std::fs::remove_dir(&leaf);
+        return Err(e);
+    }
+    match std::fs::write(&control, "+pids") {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::write(dir.join("cgroup.procs"), &me);
+            let _ = std::fs::remove_dir(&leaf);
+            Err(e)
+        }
+    }
+}
+
+/// Remove the `cairn-<pid>-<n>` groups left by cairn processes that died
+/// without cleaning up (SIGKILL), killing what is still in them first: a
+/// tool's process that escaped its group where there was no PID namespace
+/// to take it down with cairn.
 fn sweep_stale(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(pid) = name.strip_prefix("cairn-").and_then(|r| r.split('-').next()) else { continue };
         if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let procs = std::fs::read_to_string(entry.path().join("cgroup.procs")).unwrap_or_default();
+            for p in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill(2) with a pid listed by a cgroup cairn made.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
             // rmdir fails (harmlessly) while the group still has processes.
             let _ = std::fs::remove_dir(entry.path());
         }
@@ -347,9 +813,9 @@ impl PidsCgroup {
     fn create(max: u32) -> Option<Self> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let root = pids_cgroup_root()?;
+        let root = pids_cgroup_root().ok()?;
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = root.join(format!("cairn-{}-{n}", std::process::id()));
+        let dir = root.dir().join(format!("cairn-{}-{n}", std::process::id()));
         std::fs::create_dir(&dir).ok()?;
         let ok = std::fs::write(dir.join("pids.max"), max.max(1).to_string()).is_ok();
         let procs = std::fs::OpenOptions::new().write(true).open(dir.join("cgroup.procs")).ok();
@@ -494,9 +960,58 @@ mod linux {
         Ok(prog.iter().map(|f| RawFilter { code: f.code, jt: f.jt, jf: f.jf, k: f.k }).collect())
     }
 
-    pub(super) fn filters(policy: &SandboxPolicy) -> Result<Vec<Vec<RawFilter>>, SandboxError> {
+    /// A ruleset that handles only `MakeBlock` and allows it nowhere: no
+    /// file or network rule in practice, but a Landlock domain, which scopes
+    /// ptrace-class access to the domain. `None` without Landlock.
+    pub(super) fn scope_only_ruleset() -> Option<OwnedFd> {
+        let created = Ruleset::default().handle_access(AccessFs::MakeBlock).ok()?.create().ok()?;
+        created.into()
+    }
+
+    /// The Landlock rights the system directories (and so `/proc`) get.
+    pub(super) fn proc_access() -> u64 {
+        AccessFs::from_read(ABI_TARGET).bits()
+    }
+
+    /// Rules every tool process gets, sandboxed or not: no reading or
+    /// writing another process's memory (`ptrace`, `process_vm_readv`,
+    /// `process_vm_writev`), no stealing its file descriptors
+    /// (`pidfd_getfd`), no device nodes (`mknod`/`mknodat` of a character
+    /// or block device; FIFOs and plain files stay allowed).
+    fn hardening(eperm: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<(), SandboxError> {
+        for nr in [libc::SYS_ptrace, libc::SYS_process_vm_readv, libc::SYS_process_vm_writev, libc::SYS_pidfd_getfd] {
+            eperm.insert(nr, vec![]);
+        }
+        let device = |arg: u8| -> Result<Vec<SeccompRule>, SandboxError> {
+            [libc::S_IFCHR, libc::S_IFBLK]
+                .into_iter()
+                .map(|kind| {
+                    let cond = SeccompCondition::new(
+                        arg,
+                        SeccompCmpArgLen::Dword,
+                        SeccompCmpOp::MaskedEq(libc::S_IFMT as u64),
+                        kind as u64,
+                    )
+                    .map_err(sc)?;
+                    SeccompRule::new(vec![cond]).map_err(sc)
+                })
+                .collect()
+        };
+        eperm.insert(libc::SYS_mknodat, device(2)?);
+        #[cfg(target_arch = "x86_64")]
+        eperm.insert(libc::SYS_mknod, device(1)?);
+        Ok(())
+    }
+
+    /// The seccomp programs for `policy` (`None`: unsandboxed, only the
+    /// hardening rules).
+    pub(super) fn filters(policy: Option<&SandboxPolicy>) -> Result<Vec<Vec<RawFilter>>, SandboxError> {
         let mut eperm: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
         let mut enosys: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+        hardening(&mut eperm)?;
+        let Some(policy) = policy else {
+            return Ok(vec![compile(eperm, libc::EPERM)?]);
+        };
         if !policy.network {
             let not_unix = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, libc::AF_UNIX as u64)
                 .map_err(sc)?;
@@ -570,7 +1085,10 @@ mod tests {
             network_landlock: false,
             seccomp: true,
             pids_cgroup: false,
+            pids_cgroup_note: String::new(),
             scoping: false,
+            pid_namespace: false,
+            pid_namespace_note: String::new(),
         };
         assert!(matches!(decide(&none, Risk::Write, false), Decision::Refuse(_)));
         assert!(matches!(decide(&none, Risk::Destructive, false), Decision::Refuse(_)));
@@ -592,6 +1110,18 @@ mod tests {
             [Capability::FileRead, Capability::FileWrite, Capability::ProcessSpawn].into_iter().collect();
         assert!(describe_rules(&shell).starts_with("read+write the working directory"));
         assert!(describe_rules(&shell).ends_with("may start processes (capped)"));
+    }
+
+    #[test]
+    fn the_cgroup_v2_group_is_found_from_proc_files() {
+        let mountinfo = "24 30 0:22 / /sys rw,nosuid shared:7 - sysfs sysfs rw\n\
+                         31 24 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n\
+                         32 24 0:28 / /sys/fs/cgroup/pids rw shared:10 - cgroup cgroup rw,pids\n";
+        assert_eq!(cgroup2_mount(mountinfo), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(cgroup2_mount("32 24 0:28 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"), None);
+        assert_eq!(cgroup2_own_path("8:pids:/\n0::/user.slice/cairn.scope\n"), Some("/user.slice/cairn.scope".into()));
+        assert_eq!(cgroup2_own_path("8:pids:/\n"), None);
+        assert!(has_word("cpu io pids", "pids") && !has_word("cpu pidsx", "pids"));
     }
 
     #[test]

@@ -23,11 +23,12 @@ fn spec(cwd: &std::path::Path, sandbox: Option<SandboxPolicy>) -> RunSpec {
         argv: vec![OsString::from("/bin/true")],
         cwd: cwd.to_path_buf(),
         stdin: Vec::new(),
-        env: cairn_tools::env::scrubbed_env(),
+        env: cairn_tools::env::scrubbed_env(&Default::default()),
         sandbox,
         timeout: Duration::from_secs(30),
         output_cap: 16 * 1024,
         max_processes: 256,
+        pid_namespace: true,
     }
 }
 

@@ -76,6 +76,7 @@ pub struct Shell {
     offer_bypass: bool,
     max_processes: u32,
     read_paths: Vec<std::path::PathBuf>,
+    secrets: crate::env::SecretValues,
 }
 
 #[derive(Deserialize)]
@@ -133,6 +134,7 @@ impl Shell {
             offer_bypass: config.offer_bypass_on_denial,
             max_processes: config.max_processes,
             read_paths: config.sandbox_read_paths.clone(),
+            secrets: config.secrets.clone(),
         })
     }
 
@@ -155,11 +157,12 @@ impl Shell {
             argv: vec![OsString::from("bash"), OsString::from("-c"), OsString::from(command)],
             cwd: cwd.to_path_buf(),
             stdin: Vec::new(),
-            env: crate::env::scrubbed_env(),
+            env: crate::env::scrubbed_env(&self.secrets),
             sandbox: sandboxed.then_some(policy),
             timeout,
             output_cap: 0,
             max_processes: self.max_processes,
+            pid_namespace: true,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Limits, from the outside: timeouts and cancellation kill the whole group
 //! (grandchildren included, even one that left the group), fork bombs and
-//! runaway output are contained.
+//! runaway output are contained. Processes are found by a marker in their
+//! command line, from the host's `/proc` (tools run in PID namespaces).
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -8,37 +9,89 @@ use std::time::Duration;
 use cairn_core::CancelToken;
 use cairn_core::tool::{ToolError, ToolLimits};
 use cairn_tools::process::{End, RunSpec, run as run_process};
-use cairn_tools::sandbox::SandboxPolicy;
+use cairn_tools::sandbox::{SandboxPolicy, pids_cgroup_root};
 use cairn_tools::{ToolsConfig, landlock_status};
 use serde_json::json;
 
-use super::util::{alive, install_tool, live_in_group, load, metadata, run, run_with};
+use super::util::{Watcher, install_tool, live_in_group, load, marker, metadata, run, run_with, with_marker};
 
-fn pids_in(streamed: &[u8], key: &str) -> Vec<i32> {
-    String::from_utf8_lossy(streamed)
-        .lines()
-        .filter_map(|l| l.strip_prefix(key))
-        .filter_map(|p| p.trim().parse().ok())
-        .collect()
+/// Why a call's escaped processes (`setsid`) may survive here, if they may:
+/// they die with the call's PID namespace, or with its pids cgroup.
+fn escape_containment() -> Result<(), String> {
+    let s = landlock_status();
+    if s.pid_namespace || s.pids_cgroup {
+        Ok(())
+    } else {
+        Err(format!(
+            "neither a PID namespace ({}) nor a pids cgroup ({}) is available: run as root or in a delegated cgroup v2",
+            s.pid_namespace_note, s.pids_cgroup_note
+        ))
+    }
 }
 
 #[test]
 fn a_hanging_tool_is_killed_at_the_timeout_with_its_grandchildren() {
+    escape_containment().unwrap();
     let root = tempfile::tempdir().unwrap();
-    let script = "#!/bin/bash\nsleep 1000 &\necho \"grandchild=$!\"\nsetsid sleep 1000 &\necho \"escaped=$!\"\nwait\n";
-    let t = load(&install_tool(root.path(), "hang", script, &metadata("write", &["processSpawn"], "timeout = 1.5")));
-    let (r, seen) = run_with(&t, json!({}), root.path(), super::util::limits(), false, &CancelToken::new());
+    let (child, escaped) = (marker("timeout-child"), marker("timeout-escaped"));
+    let script = format!(
+        "#!/bin/bash\n(exec -a {child} sleep 1000) &\nsetsid bash -c 'exec -a {escaped} sleep 1000' &\n\
+         until [ -e seen ]; do sleep 0.05; done\necho started\nwait\n"
+    );
+    let t = load(&install_tool(
+        &root.path().join("tools"),
+        "hang",
+        &script,
+        &metadata("write", &["processSpawn", "fileRead"], "timeout = 3"),
+    ));
+    let watcher = Watcher::start(&[child.clone(), escaped.clone()], Some(root.path().join("seen")));
+    let (r, _) = run_with(&t, json!({}), root.path(), super::util::limits(), false, &CancelToken::new());
+    let seen = watcher.stop();
+    assert_eq!(seen, [true, true], "both sleepers ran within the timeout (else this test proves nothing)");
     assert!(matches!(r, Err(ToolError::Timeout(_))), "{r:?}");
-    let grandchildren = pids_in(&seen.streamed, "grandchild=");
-    assert_eq!(grandchildren.len(), 1, "{}", String::from_utf8_lossy(&seen.streamed));
-    assert!(!alive(grandchildren[0]), "grandchild {} survived the timeout", grandchildren[0]);
-    // One that left the process group (setsid) is still in the call's pids
-    // cgroup, when cairn can make one.
-    if landlock_status().pids_cgroup {
-        let escaped = pids_in(&seen.streamed, "escaped=");
-        assert_eq!(escaped.len(), 1);
-        assert!(!alive(escaped[0]), "setsid grandchild {} survived", escaped[0]);
+    assert!(with_marker(&child).is_empty(), "grandchild survived the timeout");
+    assert!(with_marker(&escaped).is_empty(), "setsid grandchild survived the timeout");
+}
+
+#[test]
+fn an_escaped_grandchild_dies_with_the_call_through_the_cgroup_alone() {
+    if let Err(why) = pids_cgroup_root() {
+        panic!("cairn cannot create a pids cgroup here: {why}");
     }
+    let cwd = tempfile::tempdir().unwrap();
+    let escaped = marker("cgroup-escaped");
+    let spec = RunSpec {
+        argv: [
+            "bash",
+            "-c",
+            &format!(
+                "setsid bash -c 'exec -a {escaped} sleep 1000' & until [ -e seen ]; do sleep 0.05; done; echo done"
+            ),
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect(),
+        cwd: cwd.path().to_path_buf(),
+        stdin: Vec::new(),
+        env: cairn_tools::env::scrubbed_env(&Default::default()),
+        sandbox: Some(SandboxPolicy {
+            cwd: cwd.path().to_path_buf(),
+            read_cwd: true,
+            write_cwd: true,
+            process_spawn: true,
+            ..SandboxPolicy::default()
+        }),
+        timeout: Duration::from_secs(60),
+        output_cap: 4096,
+        max_processes: 48,
+        // Not in a PID namespace: only the cgroup can find the escapee.
+        pid_namespace: false,
+    };
+    let watcher = Watcher::start(std::slice::from_ref(&escaped), Some(cwd.path().join("seen")));
+    let outcome = run_process(&spec, &CancelToken::new(), &mut |_| {}).unwrap();
+    assert_eq!(watcher.stop(), [true], "the escapee ran");
+    assert_eq!(outcome.end, End::Exited);
+    assert!(with_marker(&escaped).is_empty(), "the setsid grandchild outlived the call");
 }
 
 #[test]
@@ -46,54 +99,63 @@ fn cancellation_kills_the_group() {
     let cwd = tempfile::tempdir().unwrap();
     let shell = cairn_tools::builtin::shell::Shell::new(&ToolsConfig::default()).unwrap();
     let cancel = CancelToken::new();
+    let child = marker("cancel-child");
+    let seen = Watcher::start(std::slice::from_ref(&child), Some(cwd.path().join("seen")));
+    // Cancel once the watcher has seen the child alive.
     let trigger = cancel.clone();
-    let flag = cwd.path().join("started");
-    let watcher_flag = flag.clone();
-    let watcher = std::thread::spawn(move || {
-        while !watcher_flag.exists() {
+    let ack = cwd.path().join("seen");
+    let canceller = std::thread::spawn(move || {
+        while !ack.exists() {
             std::thread::sleep(Duration::from_millis(10));
         }
         trigger.cancel();
     });
-    let (r, seen) = run_with(
+    let (r, _) = run_with(
         &shell,
-        json!({"command": "sleep 1000 & echo \"grandchild=$!\"; touch started; wait"}),
+        json!({"command": format!("(exec -a {child} sleep 1000) & wait")}),
         cwd.path(),
         super::util::limits(),
         false,
         &cancel,
     );
-    watcher.join().unwrap();
+    canceller.join().unwrap();
+    assert_eq!(seen.stop(), [true]);
     assert!(matches!(r, Err(ToolError::Cancelled)), "{r:?}");
-    let pids = pids_in(&seen.streamed, "grandchild=");
-    assert_eq!(pids.len(), 1);
-    assert!(!alive(pids[0]));
+    assert!(with_marker(&child).is_empty());
 }
 
 #[test]
 fn background_processes_do_not_outlive_the_call() {
     let cwd = tempfile::tempdir().unwrap();
     let shell = cairn_tools::builtin::shell::Shell::new(&ToolsConfig::default()).unwrap();
-    let r = run(&shell, json!({"command": "sleep 1000 > /dev/null 2>&1 & echo \"bg=$!\""}), cwd.path()).unwrap();
-    let pids = pids_in(r.output_summary.as_bytes(), "bg=");
-    assert_eq!(pids.len(), 1, "{}", r.output_summary);
-    assert!(!alive(pids[0]));
+    let bg = marker("background");
+    let seen = Watcher::start(std::slice::from_ref(&bg), Some(cwd.path().join("seen")));
+    let r = run(
+        &shell,
+        json!({"command": format!(
+            "(exec -a {bg} sleep 1000) > /dev/null 2>&1 & until [ -e seen ]; do sleep 0.05; done; echo \"started\""
+        )}),
+        cwd.path(),
+    )
+    .unwrap();
+    assert_eq!(seen.stop(), [true]);
+    assert!(r.output_summary.contains("started"), "{}", r.output_summary);
+    assert!(with_marker(&bg).is_empty());
 }
 
 #[test]
 fn a_fork_bomb_is_contained() {
-    if !landlock_status().pids_cgroup {
-        // Without a pids cgroup only the timeout bounds a bomb: do not set
-        // one off on a machine that cannot cap it.
-        eprintln!("skipped: cairn cannot create a pids cgroup here");
-        return;
+    // Without a pids cgroup only the timeout bounds a bomb: do not set one
+    // off on a machine that cannot cap it, and say so as a failure.
+    if let Err(why) = pids_cgroup_root() {
+        panic!("cairn cannot create a pids cgroup here, so a fork bomb would not be contained: {why}");
     }
     let cwd = tempfile::tempdir().unwrap();
     let spec = RunSpec {
         argv: ["bash", "-c", ":(){ :|:& };: ; sleep 2"].iter().map(OsString::from).collect(),
         cwd: cwd.path().to_path_buf(),
         stdin: Vec::new(),
-        env: cairn_tools::env::scrubbed_env(),
+        env: cairn_tools::env::scrubbed_env(&Default::default()),
         sandbox: Some(SandboxPolicy {
             cwd: cwd.path().to_path_buf(),
             read_cwd: true,
@@ -104,6 +166,7 @@ fn a_fork_bomb_is_contained() {
         timeout: Duration::from_secs(3),
         output_cap: 4096,
         max_processes: 48,
+        pid_namespace: true,
     };
     let outcome = run_process(&spec, &CancelToken::new(), &mut |_| {}).unwrap();
     // bash keeps retrying the fork of `sleep` while the cgroup is full, so

@@ -115,6 +115,65 @@ pub(crate) fn live_in_group(pgid: i32) -> Vec<i32> {
     out
 }
 
+/// Live (non-zombie) processes whose command line contains `marker`, seen
+/// from the host's `/proc` (a tool's own `$!` is a pid of its PID namespace,
+/// meaningless here; scripts name their children with `exec -a MARKER`).
+pub(crate) fn with_marker(marker: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        if String::from_utf8_lossy(&cmdline).contains(marker) && alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A marker no other test or process uses.
+pub(crate) fn marker(name: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!("cairn-test-{name}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Watches, from another thread, for live processes carrying each marker
+/// while a tool runs; `stop` says which markers were ever seen alive. Once
+/// all were seen it creates `ack` (when given), so a tool can wait for the
+/// watcher instead of for a length of time.
+pub(crate) struct Watcher {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<Vec<bool>>,
+}
+
+impl Watcher {
+    pub(crate) fn start(markers: &[String], ack: Option<PathBuf>) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let markers = markers.to_vec();
+        let handle = std::thread::spawn(move || {
+            let mut seen = vec![false; markers.len()];
+            while !flag.load(Ordering::Relaxed) {
+                for (i, m) in markers.iter().enumerate() {
+                    seen[i] |= !with_marker(m).is_empty();
+                }
+                if let Some(ack) = ack.as_ref().filter(|_| seen.iter().all(|s| *s)) {
+                    let _ = std::fs::write(ack, "seen");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            seen
+        });
+        Self { stop, handle }
+    }
+
+    pub(crate) fn stop(self) -> Vec<bool> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap()
+    }
+}
+
 /// Text of a receipt or error, for assertions.
 pub(crate) fn text(r: &Result<ToolReceipt, ToolError>) -> String {
     match r {
