@@ -128,8 +128,8 @@ impl Prefix {
     }
 
     /// The phase after `b` in the syntax of an unbounded number (exponent
-    /// allowed; no fraction or exponent when `integer`). Digits are not
-    /// tracked: only the phase changes.
+    /// allowed, at most two exponent digits; no fraction or exponent when
+    /// `integer`). Only the phase and the exponent's digits are tracked.
     pub(crate) fn next_unbounded(self, b: u8, integer: bool) -> Option<Prefix> {
         let ph = match (self.ph, b) {
             (NumPh::Start, b'-') => NumPh::Minus,
@@ -140,7 +140,14 @@ impl Prefix {
             (NumPh::Dot | NumPh::Frac, b'0'..=b'9') => NumPh::Frac,
             (NumPh::Zero | NumPh::Int | NumPh::Frac, b'e' | b'E') if !integer => NumPh::Exp,
             (NumPh::Exp, b'+' | b'-') => NumPh::ExpSign,
-            (NumPh::Exp | NumPh::ExpSign | NumPh::ExpDigits, b'0'..=b'9') => NumPh::ExpDigits,
+            // At most two exponent digits: serde_json refuses a value
+            // beyond the range of f64 ("number out of range").
+            (NumPh::Exp | NumPh::ExpSign, b'0'..=b'9') => {
+                return Some(Prefix { ph: NumPh::ExpDigits, digits: 1, ..self });
+            }
+            (NumPh::ExpDigits, b'0'..=b'9') if self.digits < 2 => {
+                return Some(Prefix { ph: NumPh::ExpDigits, digits: self.digits + 1, ..self });
+            }
             _ => return None,
         };
         Some(Prefix { ph, ..self })
