@@ -178,11 +178,10 @@ impl Ratio {
     /// commits each); the spread is that of the per-round ratios of
     /// medians, which is what a claim about the median ratio must beat.
     pub fn of_rounds(rounds: &[(Vec<Duration>, Vec<Duration>)]) -> Ratio {
-        let all = |side: fn(&(Vec<Duration>, Vec<Duration>)) -> &Vec<Duration>| -> Vec<Duration> {
-            rounds.iter().flat_map(|r| side(r).iter().copied()).collect()
-        };
-        let m = Spread::of_durations(&all(|r| &r.0)).median;
-        let b = Spread::of_durations(&all(|r| &r.1)).median;
+        let measured: Vec<Duration> = rounds.iter().flat_map(|r| r.0.iter().copied()).collect();
+        let baseline: Vec<Duration> = rounds.iter().flat_map(|r| r.1.iter().copied()).collect();
+        let m = Spread::of_durations(&measured).median;
+        let b = Spread::of_durations(&baseline).median;
         let per_round: Vec<f64> = rounds
             .iter()
             .map(|(m, b)| Spread::of_durations(m).median / Spread::of_durations(b).median.max(f64::MIN_POSITIVE))
