@@ -4,9 +4,10 @@
 //! Each token's bytes are known once (from the tokenizer); tokens are grouped
 //! by their first byte. At a step, a group whose first byte the grammar
 //! refuses is skipped whole; the others are tried by copying the small
-//! [`State`] and feeding the token's bytes. Inside a free JSON string every
-//! token without `"`, `\` or control bytes leaves the state unchanged, so
-//! those are allowed without simulation. In plain-text mode nothing is
+//! [`State`] and feeding the token's bytes. Inside a free JSON string (at a
+//! character boundary, no length limit left to check) every token of whole
+//! UTF-8 text without `"`, `\` or control bytes leaves the state unchanged,
+//! so those are allowed without simulation. In plain-text mode nothing is
 //! masked.
 //!
 //! This module must not run the model; it only fills a mask.
@@ -34,7 +35,14 @@ impl TokenIndex {
             let id = id as u32;
             let is_control = control(id);
             ctl.push(is_control);
-            string_safe.push(!is_control && !b.is_empty() && b.iter().all(|&c| c >= 0x20 && c != b'"' && c != b'\\'));
+            // Whole UTF-8 text only: a token that starts or ends inside a
+            // character changes the string's state.
+            string_safe.push(
+                !is_control
+                    && !b.is_empty()
+                    && std::str::from_utf8(b).is_ok()
+                    && b.iter().all(|&c| c >= 0x20 && c != b'"' && c != b'\\'),
+            );
             if let (false, Some(&first)) = (is_control, b.first())
                 && let Some(group) = by_first.get_mut(first as usize)
             {

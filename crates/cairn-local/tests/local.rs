@@ -1,5 +1,6 @@
 //! Tests against the real model file: the tokenizer rebuilt from the GGUF, a
-//! stable greedy answer, and constrained tool calls that always validate.
+//! stable greedy answer, and constrained tool calls that always pass core's
+//! schema check (`cairn_core::schema::validate`, the one the turn applies).
 //!
 //! The model is found through `CAIRN_LOCAL_MODEL` (path to the .gguf). When
 //! it is unset or the file is missing these tests fail, saying how to get it:
@@ -134,12 +135,19 @@ fn spec(name: &str, description: &str, schema: Value) -> ToolSpec {
     }
 }
 
+/// The offered tools, with the argument shapes of cairn's built-ins
+/// (`minLength`, `minimum`, `exclusiveMinimum` included): a call the grammar
+/// lets through must pass the check the turn applies.
 fn tools() -> Vec<ToolSpec> {
     vec![
         spec(
             "read_file",
             "Read a text file and return its content.",
-            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+            json!({"type": "object", "properties": {
+                "path": {"type": "string", "minLength": 1},
+                "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
+                "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read"}
+            }, "required": ["path"]}),
         ),
         spec(
             "list_dir",
@@ -149,29 +157,12 @@ fn tools() -> Vec<ToolSpec> {
         spec(
             "shell",
             "Run a shell command and return its output.",
-            json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+            json!({"type": "object", "properties": {
+                "command": {"type": "string", "minLength": 1},
+                "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the command is killed"}
+            }, "required": ["command"]}),
         ),
     ]
-}
-
-/// A small validator for the schemas above: object, declared keys only,
-/// required keys present, string values.
-fn validate(schema: &Value, args: &Value) -> Result<(), String> {
-    let obj = args.as_object().ok_or("arguments are not an object")?;
-    let props = schema["properties"].as_object().ok_or("schema without properties")?;
-    for key in schema["required"].as_array().into_iter().flatten() {
-        let key = key.as_str().unwrap_or_default();
-        if !obj.contains_key(key) {
-            return Err(format!("required key {key} missing"));
-        }
-    }
-    for (k, v) in obj {
-        let p = props.get(k).ok_or(format!("undeclared key {k}"))?;
-        if p["type"] == "string" && !v.is_string() {
-            return Err(format!("{k} is not a string"));
-        }
-    }
-    Ok(())
 }
 
 const PROMPTS: [&str; 20] = [
@@ -212,7 +203,8 @@ fn constrained_outputs_are_text_or_valid_calls() {
                 calls += 1;
                 let tool = tools.iter().find(|t| t.name == call.name);
                 let tool = tool.unwrap_or_else(|| panic!("{prompt}: called unoffered tool {}", call.name));
-                validate(&tool.input_schema, &call.arguments)
+                // The check the turn applies (crates/cairn-core/src/schema.rs).
+                cairn_core::schema::validate(&tool.input_schema, &call.arguments)
                     .unwrap_or_else(|e| panic!("{prompt}: invalid call {call:?}: {e}"));
                 assert_eq!(response.stop, StopReason::ToolUse);
                 assert!(
@@ -293,65 +285,29 @@ fn long_conversations_are_trimmed_not_refused() {
     assert!(usage.input_tokens > 500, "history was kept as far as it fits: {usage:?}");
 }
 
-/// A validator for the schema subset the grammar supports: type (one or a
-/// list), properties + required (no undeclared keys), enum, items.
-fn conforms(schema: &Value, v: &Value) -> Result<(), String> {
-    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
-        return if options.contains(v) { Ok(()) } else { Err(format!("{v} not in {options:?}")) };
-    }
-    let types: Vec<&str> = match schema.get("type") {
-        Some(Value::String(t)) => vec![t.as_str()],
-        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
-        _ => return Ok(()),
-    };
-    let ok = types.iter().any(|t| match *t {
-        "string" => v.is_string(),
-        "integer" => v.is_i64() || v.is_u64(),
-        "number" => v.is_number(),
-        "boolean" => v.is_boolean(),
-        "null" => v.is_null(),
-        "array" => v.is_array(),
-        "object" => v.is_object(),
-        _ => true,
-    });
-    if !ok {
-        return Err(format!("{v} is not of type {types:?}"));
-    }
-    if let (Some(obj), Some(props)) = (v.as_object(), schema.get("properties").and_then(Value::as_object)) {
-        for key in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
-            if !obj.contains_key(key) {
-                return Err(format!("required key {key} missing in {v}"));
-            }
-        }
-        for (k, val) in obj {
-            let sub = props.get(k).ok_or_else(|| format!("undeclared key {k}"))?;
-            conforms(sub, val)?;
-        }
-    }
-    if let (Some(items), Some(schema_items)) = (v.as_array(), schema.get("items")) {
-        for item in items {
-            conforms(schema_items, item)?;
-        }
-    }
-    Ok(())
-}
-
 /// Drive the mask with random choices instead of the model: whatever token
-/// is picked among the allowed ones, a finished call parses and fits its
-/// schema. This covers the whole real vocabulary, multi-byte tokens and all.
+/// is picked among the allowed ones, a finished call parses and passes
+/// core's schema check (lengths and ranges included). This covers the whole
+/// real vocabulary, multi-byte tokens and all.
 #[test]
 fn any_path_through_the_mask_is_a_valid_call() {
     let model = model();
     let tok = model.tokenizer();
     let search = json!({"type": "object", "properties": {
-        "query": {"type": "string"},
-        "limit": {"type": "integer"},
+        "query": {"type": "string", "minLength": 2, "maxLength": 12},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 50},
         "mode": {"enum": ["fast", "exact", 3]},
         "case_sensitive": {"type": "boolean"},
-        "paths": {"type": "array", "items": {"type": "string"}},
-        "range": {"type": "object", "properties": {"from": {"type": "number"}, "to": {"type": ["number", "null"]}}, "required": ["from"]}
+        "paths": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 2},
+        "range": {"type": "object", "properties": {
+            "from": {"type": "number", "minimum": -1, "exclusiveMaximum": 1},
+            "to": {"type": ["number", "null"], "exclusiveMinimum": 0}
+        }, "required": ["from"]}
     }, "required": ["query", "limit", "mode"]});
-    let read = json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]});
+    let read = json!({"type": "object", "properties": {
+        "path": {"type": "string", "minLength": 1},
+        "offset": {"type": "integer", "minimum": 1}
+    }, "required": ["path"]});
     let schemas = [("search", &search), ("read_file", &read)];
     let grammar = Grammar::new(schemas);
     let mut rng: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -400,7 +356,8 @@ fn any_path_through_the_mask_is_a_valid_call() {
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("walk {walk}: {text} does not parse: {e}"));
         let name = call["name"].as_str().unwrap_or_else(|| panic!("walk {walk}: no name in {text}"));
         let (_, schema) = schemas.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("unknown tool {name}"));
-        conforms(schema, &call["arguments"]).unwrap_or_else(|e| panic!("walk {walk}: {text}: {e}"));
+        cairn_core::schema::validate(schema, &call["arguments"])
+            .unwrap_or_else(|e| panic!("walk {walk}: core refuses {text}: {e}"));
         eprintln!("walk {walk}: {text}");
     }
     assert!(finished >= 6, "only {finished} of 12 random walks reached the closing brace");

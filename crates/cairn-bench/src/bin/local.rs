@@ -4,16 +4,18 @@
 //! generation of the same prompt (a ratio measured in the same run).
 //!
 //! Run: `CAIRN_LOCAL_MODEL=/path/SmolLM2-135M-Instruct.Q4_1.gguf cargo run
-//! --release -p cairn-bench --bin local`. Each precision runs in its own
-//! child process so that its peak RSS is its own; children get
-//! `CANDLE_NUM_THREADS=1` unless it is set (see `Precision::Q8_0`).
+//! --release -p cairn-bench --bin local` (`--smoke`: one sample of a few
+//! tokens, for `scripts/test`). Each precision runs in its own child process
+//! so that its peak RSS is its own; children get `CANDLE_NUM_THREADS=1`
+//! unless it is set (see `Precision::Q8_0`). Every figure is the median of 5
+//! samples with its range (the load too: the model is loaded 5 times).
 #![allow(clippy::print_stdout)]
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use cairn_bench::{median, peak_rss_bytes, report};
+use cairn_bench::{Table, describe, describe_values, peak_rss_bytes, size};
 use cairn_core::CancelToken;
 use cairn_core::message::{Message, Role};
 use cairn_core::tool::{ReplayPolicy, Risk, ToolSpec};
@@ -21,8 +23,14 @@ use cairn_local::chat::{example_turns, fit_prompt, system_prompt, to_turns};
 use cairn_local::{Grammar, LocalModel, LocalOptions, MODEL_ENV, Precision};
 use serde_json::json;
 
-const SAMPLES: usize = 3;
-const GEN_TOKENS: usize = 48;
+/// Samples of every figure.
+fn samples() -> usize {
+    size(5, 1)
+}
+/// Most tokens generated per sample.
+fn gen_tokens() -> usize {
+    size(48, 4)
+}
 
 fn tools() -> Vec<ToolSpec> {
     let spec = |name: &str, description: &str, schema: serde_json::Value| ToolSpec {
@@ -49,9 +57,18 @@ fn tools() -> Vec<ToolSpec> {
 }
 
 fn run_mode(path: &std::path::Path, precision: Precision) -> Result<()> {
-    let t = Instant::now();
-    let model = LocalModel::load(path, LocalOptions { precision, ..LocalOptions::default() })?;
-    let load = t.elapsed();
+    let mut table = Table::new(&format!("local model, {precision:?}"));
+    let mut loads = Vec::new();
+    let mut model = None;
+    for _ in 0..samples() {
+        // The previous model is freed first, so the peak is one model's.
+        drop(model.take());
+        let t = Instant::now();
+        model = Some(LocalModel::load(path, LocalOptions { precision, ..LocalOptions::default() })?);
+        loads.push(t.elapsed());
+    }
+    let model = model.context("no sample")?;
+    let gen_tokens = gen_tokens();
     let cancel = CancelToken::new();
     let tools = tools();
     let messages = vec![Message::text(Role::User, "Read the file src/main.rs and tell me what it does.")];
@@ -74,23 +91,23 @@ fn run_mode(path: &std::path::Path, precision: Precision) -> Result<()> {
     let mut cached = Vec::new();
     let mut mask_share = Vec::new();
     let mut mask_per_tok = Vec::new();
-    for _ in 0..SAMPLES {
+    for _ in 0..samples() {
         model.clear_cache();
         let c0 = cpu_time();
-        let g = model.generate(&story_prompt, GEN_TOKENS, None, &cancel, &mut |_| {})?;
+        let g = model.generate(&story_prompt, gen_tokens, None, &cancel, &mut |_| {})?;
         let c1 = cpu_time();
         gen_rates.push(g.tokens.len() as f64 / g.generate_time.as_secs_f64());
         cpu_gen.push(g.tokens.len() as f64 / cpu_share(c1 - c0, g.generate_time, g.prompt_time).max(1e-9));
         model.clear_cache();
         let c0 = cpu_time();
-        let free = model.generate(&prompt, GEN_TOKENS, None, &cancel, &mut |_| {})?;
+        let free = model.generate(&prompt, gen_tokens, None, &cancel, &mut |_| {})?;
         let c1 = cpu_time();
         prompt_tokens = free.prompt_tokens;
         prompt_rates.push(free.prompt_tokens as f64 / free.prompt_time.as_secs_f64());
         cpu_prompt.push(free.prompt_tokens as f64 / cpu_share(c1 - c0, free.prompt_time, free.generate_time).max(1e-9));
         free_per_tok.push(free.generate_time / free.tokens.len().max(1) as u32);
         // The same prompt again, now from the prefix cache.
-        let con = model.generate(&prompt, GEN_TOKENS, Some(&grammar), &cancel, &mut |_| {})?;
+        let con = model.generate(&prompt, gen_tokens, Some(&grammar), &cancel, &mut |_| {})?;
         cached.push(con.cached_tokens);
         constrained_per_tok.push(con.generate_time / con.tokens.len().max(1) as u32);
         mask_share.push(con.mask_time.as_secs_f64() / con.generate_time.as_secs_f64().max(1e-9));
@@ -104,36 +121,25 @@ fn run_mode(path: &std::path::Path, precision: Precision) -> Result<()> {
             con.text()
         );
     }
-    let med = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or_default()
-    };
-    println!("mode {precision:?}:");
-    println!("  load time: {load:?}");
-    println!(
-        "  prompt: {prompt_tokens} tokens, median {:.1} tokens/s wall, {:.1} tokens per CPU-second",
-        med(prompt_rates),
-        med(cpu_prompt)
+    table.figure("load time", &describe(&loads));
+    table.figure(&format!("prompt of {prompt_tokens} tokens, wall"), &describe_values(&prompt_rates, "tokens/s"));
+    table.figure("prompt, per CPU-second", &describe_values(&cpu_prompt, "tokens/s"));
+    table.figure(&format!("generation ({gen_tokens} tokens max), wall"), &describe_values(&gen_rates, "tokens/s"));
+    table.figure("generation, per CPU-second", &describe_values(&cpu_gen, "tokens/s"));
+    table.figure("prefix cache: prompt tokens reused on the repeat", &format!("{cached:?} of {prompt_tokens}"));
+    table.compare(
+        "per generated token, constrained (tools offered)",
+        &constrained_per_tok,
+        "free generation of the same prompt",
+        &free_per_tok,
     );
-    println!(
-        "  generation: median {:.1} tokens/s wall, {:.1} tokens per CPU-second ({GEN_TOKENS} tokens max)",
-        med(gen_rates),
-        med(cpu_gen)
-    );
-    println!("  prefix cache: the repeated prompt reused {cached:?} of {prompt_tokens} tokens");
-    report(
-        "  per generated token, constrained (tools offered) vs free",
-        median(constrained_per_tok),
-        median(free_per_tok),
-    );
-    println!(
-        "  grammar masks: median {:?} per constrained token, {:.1}% of constrained generation time",
-        median(mask_per_tok),
-        100.0 * med(mask_share)
-    );
-    println!("  resident after the runs: {}", rss_now());
+    table.figure("grammar mask per constrained token", &describe(&mask_per_tok));
+    let shares: Vec<f64> = mask_share.iter().map(|s| 100.0 * s).collect();
+    table.figure("grammar masks, share of constrained generation time", &describe_values(&shares, "%"));
+    table.figure("resident after the runs", &rss_now());
     let rss = peak_rss_bytes().map_or_else(|| "unknown".to_string(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
-    println!("  peak RSS: {rss}");
+    table.figure("peak RSS", &rss);
+    table.print();
     Ok(())
 }
 
@@ -168,16 +174,24 @@ fn main() -> Result<()> {
     let path = std::env::var_os(MODEL_ENV)
         .map(PathBuf::from)
         .context("set CAIRN_LOCAL_MODEL to the SmolLM2 .gguf (see `cairn model install`)")?;
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(mode) = args.get(1) {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--smoke").collect();
+    if let Some(mode) = args.first() {
         let precision: Precision = mode.parse()?;
         return run_mode(&path, precision);
     }
     // Baseline for the load time: reading the file's bytes.
-    let read = median(cairn_bench::sample(SAMPLES, || {
+    let read = cairn_bench::sample(samples().max(cairn_bench::MIN_SAMPLES), || {
         let _ = std::fs::read(&path).map(|b| b.len());
-    }));
-    println!("baseline: reading the {} MB file takes {read:?}", std::fs::metadata(&path)?.len() / 1_000_000);
+    });
+    let mut table = Table::new("local model, baseline");
+    table.figure(
+        &format!(
+            "reading the {} MB model file (baseline of the load time)",
+            std::fs::metadata(&path)?.len() / 1_000_000
+        ),
+        &describe(&read),
+    );
+    table.print();
     for mode in ["f32", "q8_0"] {
         let mut child = std::process::Command::new(std::env::current_exe()?);
         child.arg(mode);
@@ -185,6 +199,9 @@ fn main() -> Result<()> {
         // variable (default: all cores); match the one inference thread.
         if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
             child.env("CANDLE_NUM_THREADS", "1");
+        }
+        if cairn_bench::smoke() {
+            child.env("CAIRN_BENCH_SMOKE", "1");
         }
         let status = child.status()?;
         if !status.success() {

@@ -6,13 +6,17 @@
 //! about 32 MiB. Rows: the parser fed the whole buffer, fed 16 KiB chunks
 //! (what the HTTP worker hands it), fed 7-byte chunks (hostile splitting),
 //! and parse + `serde_json` of every event (to show where the time goes in a
-//! real call). Each row is a median of several samples; the ratio is against
-//! the line-split baseline (`memchr` line ends; std `split` shown too).
+//! real call). Each row is a median of 9 samples, interleaved with 9 of the
+//! line-split baseline (`memchr` line ends; std `split` shown too), with the
+//! spread of both and of the per-pair ratios.
+//!
+//! Run: `cargo run --release -p cairn-bench --bin sse` (`--smoke`: a 64 KiB
+//! corpus, for `scripts/test`).
 #![allow(clippy::print_stdout)]
 
 use std::hint::black_box;
 
-use cairn_bench::{median, report, sample};
+use cairn_bench::{Secs, Spread, Table, sample_pairs, size};
 use cairn_provider::sse::{SseEvent, SseParser};
 
 fn corpus(target: usize) -> Vec<u8> {
@@ -79,16 +83,14 @@ fn split_lines_std(bytes: &[u8]) -> usize {
 }
 
 fn main() {
-    let bytes = corpus(32 << 20);
+    let bytes = corpus(size(32 << 20, 64 << 10));
     let mib = bytes.len() as f64 / (1024.0 * 1024.0);
     let samples = 9;
-    println!("SSE corpus: {mib:.1} MiB, {samples} samples per row (median)");
+    let mut table = Table::new("sse");
+    println!("SSE corpus: {mib:.1} MiB, {samples} samples per row, each interleaved with one of the baseline");
     // Warm up caches and check every row sees the same stream.
     assert_eq!(parse(&bytes, bytes.len()), parse(&bytes, 7));
 
-    let baseline = median(sample(samples, || {
-        black_box(split_lines(black_box(&bytes)));
-    }));
     type Row<'a> = (&'static str, Box<dyn Fn() -> usize + 'a>);
     let rows: [Row<'_>; 5] = [
         ("lines via std slice::split (for scale)", Box::new(|| split_lines_std(&bytes))),
@@ -97,13 +99,27 @@ fn main() {
         ("sse parse, 7-byte chunks", Box::new(|| parse(&bytes, 7))),
         ("sse parse + serde_json per event", Box::new(|| parse_and_json(&bytes))),
     ];
-    let throughput = |d: std::time::Duration| mib / d.as_secs_f64().max(f64::MIN_POSITIVE);
-    println!("baseline (split into lines with memchr): median {baseline:?} = {:.0} MiB/s", throughput(baseline));
+    let throughput = |d: &[std::time::Duration]| mib / Spread::of_durations(d).median.max(f64::MIN_POSITIVE);
     for (name, f) in rows {
-        let m = median(sample(samples, || {
-            black_box(f());
-        }));
-        report(name, m, baseline);
-        println!("  = {:.0} MiB/s", throughput(m));
+        let (ours, base) = sample_pairs(
+            samples,
+            || {
+                black_box(f());
+            },
+            || {
+                black_box(split_lines(black_box(&bytes)));
+            },
+        );
+        table.compare(name, &ours, "line ends via memchr", &base);
+        table.figure(
+            &format!("  {name}, throughput"),
+            &format!(
+                "{:.0} MiB/s (baseline {:.0} MiB/s, {} per MiB)",
+                throughput(&ours),
+                throughput(&base),
+                Secs(Spread::of_durations(&ours).median / mib)
+            ),
+        );
     }
+    table.print();
 }

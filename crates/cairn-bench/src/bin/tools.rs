@@ -1,7 +1,12 @@
 //! Benchmark of cairn-tools: the cost of the sandbox (the same short command
 //! run sandboxed and unsandboxed through the same process runner, and raw
 //! `std::process::Command` as the floor), and the `search` built-in against
-//! `grep -rn` over the same generated tree.
+//! `grep -rn` over the same generated tree. Every row: median of at least 5
+//! samples (41 for the runner, 15 for search), interleaved with the
+//! baseline's samples, with the spread of both and of the per-pair ratios.
+//!
+//! Run: `cargo run --release -p cairn-bench --bin tools` (`--smoke`: few
+//! samples and a 20-file tree, for `scripts/test`).
 #![allow(clippy::print_stdout)]
 
 use std::ffi::OsString;
@@ -9,14 +14,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use cairn_bench::{median, report, sample};
+use cairn_bench::{Table, sample_pairs, size};
 use cairn_core::CancelToken;
 use cairn_tools::ToolsConfig;
 use cairn_tools::builtin::files::Search;
 use cairn_tools::process::{RunSpec, run};
 use cairn_tools::sandbox::SandboxPolicy;
-
-const SAMPLES: usize = 41;
 
 fn spec(cwd: &std::path::Path, sandbox: Option<SandboxPolicy>) -> RunSpec {
     RunSpec {
@@ -58,21 +61,33 @@ fn main() -> Result<()> {
     for s in [&unsandboxed, &sandboxed_shell, &sandboxed_readonly] {
         run_ok(s); // warm up
     }
-    let raw = median(sample(SAMPLES, || {
+    let samples = size(41, 5);
+    let mut table = Table::new("tools");
+    println!("# /bin/true, {samples} samples each");
+    let raw_true = || {
         let ok = Command::new("/bin/true").stdout(Stdio::null()).status().map(|s| s.success());
         assert!(matches!(ok, Ok(true)));
-    }));
-    let unsb = median(sample(SAMPLES, || run_ok(&unsandboxed)));
-    let sb_shell = median(sample(SAMPLES, || run_ok(&sandboxed_shell)));
-    let sb_ro = median(sample(SAMPLES, || run_ok(&sandboxed_readonly)));
-    println!("# /bin/true, {SAMPLES} samples each");
-    report("unsandboxed runner vs raw std Command", unsb, raw);
-    report("sandboxed (shell policy: rw cwd, spawn, no net) vs unsandboxed", sb_shell, unsb);
-    report("sandboxed (read-only tool: no write, no spawn, no net) vs unsandboxed", sb_ro, unsb);
+    };
+    let (unsb, raw) = sample_pairs(samples, || run_ok(&unsandboxed), raw_true);
+    table.compare("/bin/true through cairn's runner, unsandboxed", &unsb, "raw std::process::Command", &raw);
+    let (sb_shell, unsb) = sample_pairs(samples, || run_ok(&sandboxed_shell), || run_ok(&unsandboxed));
+    table.compare(
+        "/bin/true sandboxed (shell policy: rw cwd, spawn, no net)",
+        &sb_shell,
+        "the same runner unsandboxed",
+        &unsb,
+    );
+    let (sb_ro, unsb) = sample_pairs(samples, || run_ok(&sandboxed_readonly), || run_ok(&unsandboxed));
+    table.compare(
+        "/bin/true sandboxed (read-only tool: no write, no spawn, no net)",
+        &sb_ro,
+        "the same runner unsandboxed",
+        &unsb,
+    );
 
     // 2. search vs grep -rn over the same tree.
     let tree = tempfile::tempdir()?;
-    let files = 2000;
+    let files = size(2000, 20);
     for i in 0..files {
         let sub = tree.path().join(format!("d{}", i % 40));
         std::fs::create_dir_all(&sub)?;
@@ -101,20 +116,29 @@ fn main() -> Result<()> {
     if truncated || matches.len() != grep_lines {
         bail!("search found {} matches (truncated: {truncated}), grep {grep_lines}", matches.len());
     }
-    let search_t = median(sample(15, || {
-        let r = search.search(tree.path(), pattern, None);
-        assert!(matches!(r, Ok((ref m, _)) if m.len() == grep_lines));
-    }));
-    let grep_t = median(sample(15, || {
-        let ok = Command::new("grep")
-            .args(["-rnE", pattern, "."])
-            .current_dir(tree.path())
-            .stdout(Stdio::null())
-            .status()
-            .map(|s| s.success());
-        assert!(matches!(ok, Ok(true)));
-    }));
-    println!("# search over {files} files x 200 lines, {} matches, 15 samples each", matches.len());
-    report("search built-in vs grep -rnE", search_t, grep_t);
+    let search_samples = size(15, 5);
+    let (search_t, grep_t) = sample_pairs(
+        search_samples,
+        || {
+            let r = search.search(tree.path(), pattern, None);
+            assert!(matches!(r, Ok((ref m, _)) if m.len() == grep_lines));
+        },
+        || {
+            let ok = Command::new("grep")
+                .args(["-rnE", pattern, "."])
+                .current_dir(tree.path())
+                .stdout(Stdio::null())
+                .status()
+                .map(|s| s.success());
+            assert!(matches!(ok, Ok(true)));
+        },
+    );
+    table.compare(
+        &format!("search built-in, {files} files × 200 lines, {} matches", matches.len()),
+        &search_t,
+        "grep -rnE, same matches",
+        &grep_t,
+    );
+    table.print();
     Ok(())
 }

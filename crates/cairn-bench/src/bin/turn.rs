@@ -8,7 +8,11 @@
 //! provider call and tool execution made directly (no turn, no log), and a
 //! raw `write` + `fdatasync` of the same bytes the step commits.
 //!
-//! Run: `cargo run --release -p cairn-bench --bin turn`
+//! Every figure is a median of at least 5 samples with its spread; the
+//! step baselines are sampled as often as the turns.
+//!
+//! Run: `cargo run --release -p cairn-bench --bin turn` (`--smoke`: tiny
+//! sizes, for `scripts/test`).
 #![allow(clippy::print_stdout)]
 
 use std::io::Write;
@@ -16,7 +20,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use cairn_bench::{median, peak_rss_bytes, report, sample};
+use cairn_bench::{Table, peak_rss_bytes, sample, sample_pairs, size};
 use cairn_core::approval::{Allowlist, PolicyApprover};
 use cairn_core::provider::{ModelRequest, Provider};
 use cairn_core::storage::{Durability, Header, JsonlStore, StoreOptions};
@@ -25,9 +29,18 @@ use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, Tur
 use cairn_testtools::{EchoTool, ScriptLine, ScriptProvider};
 use serde_json::json;
 
-const HISTORY_TURNS: usize = 5_000; // 2 entries each: 10,000 entries
-const STEPS: u32 = 10;
-const SAMPLES: usize = 25;
+/// Turns of history (2 entries each: 10,000 entries).
+fn history_turns() -> usize {
+    size(5_000, 20)
+}
+/// Echo steps per measured turn.
+fn steps() -> u32 {
+    size(10, 2)
+}
+/// Measured turns.
+fn samples() -> usize {
+    size(25, 5)
+}
 
 fn echo_line() -> ScriptLine {
     serde_json::from_value(
@@ -60,14 +73,15 @@ fn history(dir: &Path, durability: Durability) -> anyhow::Result<std::path::Path
         observer: &mut observer,
         cancel: &cancel,
     };
-    for i in 0..HISTORY_TURNS {
+    for i in 0..history_turns() {
         session.run_turn(&format!("question number {i} about the project"), &mut env)?;
     }
     Ok(path)
 }
 
-/// Median time per step of turns that make `STEPS` echo steps each.
-fn turn_steps(path: &Path, durability: Durability) -> anyhow::Result<(Duration, usize)> {
+/// Time per step of turns that make `steps()` echo steps each, one sample a
+/// turn.
+fn turn_steps(path: &Path, durability: Durability) -> anyhow::Result<(Vec<Duration>, usize)> {
     let store = JsonlStore::open(path, StoreOptions::with_durability(durability))?;
     let entries_before = cairn_core::storage::Storage::entry_count(&store);
     let provider = ScriptProvider::new(vec![echo_line()]).cycling();
@@ -76,7 +90,8 @@ fn turn_steps(path: &Path, durability: Durability) -> anyhow::Result<(Duration, 
     let mut approver = PolicyApprover::new(Allowlist::new(), None);
     let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = CancelToken::new();
-    let config = SessionConfig { max_steps: STEPS, ..SessionConfig::default() };
+    let steps = steps();
+    let config = SessionConfig { max_steps: steps, ..SessionConfig::default() };
     let mut session = Session::open(store, config)?;
     let mut env = TurnEnv {
         provider: &provider,
@@ -86,19 +101,20 @@ fn turn_steps(path: &Path, durability: Durability) -> anyhow::Result<(Duration, 
         cancel: &cancel,
     };
     let mut failed = None;
-    let samples = sample(SAMPLES, || match session.run_turn("run echo", &mut env) {
-        Ok(outcome) if outcome.stop == TurnStop::StepLimit && outcome.steps == STEPS => {}
+    let samples = sample(samples(), || match session.run_turn("run echo", &mut env) {
+        Ok(outcome) if outcome.stop == TurnStop::StepLimit && outcome.steps == steps => {}
         Ok(outcome) => failed = Some(format!("unexpected outcome {outcome:?}")),
         Err(e) => failed = Some(e.to_string()),
     });
     if let Some(f) = failed {
         anyhow::bail!(f);
     }
-    Ok((median(samples) / STEPS, entries_before))
+    Ok((samples.into_iter().map(|d| d / steps).collect(), entries_before))
 }
 
-/// The same provider call and tool execution, without the turn and the log.
-fn raw_step(path: &Path) -> anyhow::Result<Duration> {
+/// The same provider call and tool execution, without the turn and the log:
+/// one sample per `steps()` calls, divided back to one step.
+fn raw_step(path: &Path) -> anyhow::Result<Vec<Duration>> {
     let store = JsonlStore::open_read_only(path)?;
     let session = Session::open(store, SessionConfig::default())?;
     let messages = session.messages().to_vec();
@@ -113,32 +129,36 @@ fn raw_step(path: &Path) -> anyhow::Result<Duration> {
         tool: "echo".into(),
         arguments: json!({"text": "hello"}),
     };
-    let samples = sample(SAMPLES * STEPS as usize, || {
-        let model = ModelRequest { system: None, messages: &messages, tools: &specs, max_output_tokens: None };
-        let _ = provider.complete(&model, &mut |_| {}, &cancel);
-        let mut output = |_: &[u8]| {};
-        let mut bypass = |_: &str| false;
-        let mut ctx = ToolContext {
-            cwd: Path::new("."),
-            cancel: &cancel,
-            limits: ToolLimits::default(),
-            output: &mut output,
-            approve_bypass: &mut bypass,
-        };
-        let _ = echo.execute(&request, &mut ctx);
+    let steps = steps();
+    let samples = sample(samples(), || {
+        for _ in 0..steps {
+            let model = ModelRequest { system: None, messages: &messages, tools: &specs, max_output_tokens: None };
+            let _ = provider.complete(&model, &mut |_| {}, &cancel);
+            let mut output = |_: &[u8]| {};
+            let mut bypass = |_: &str| false;
+            let mut ctx = ToolContext {
+                cwd: Path::new("."),
+                cancel: &cancel,
+                limits: ToolLimits::default(),
+                output: &mut output,
+                approve_bypass: &mut bypass,
+            };
+            let _ = echo.execute(&request, &mut ctx);
+        }
     });
-    Ok(median(samples))
+    Ok(samples.into_iter().map(|d| d / steps).collect())
 }
 
 /// A raw append + fdatasync of `bytes`, done `commits` times: the floor of a
-/// durable step.
-fn raw_durable(dir: &Path, bytes: usize, commits: usize) -> anyhow::Result<Duration> {
+/// durable step (one sample per `steps()` such steps, divided back).
+fn raw_durable(dir: &Path, bytes: usize, commits: usize) -> anyhow::Result<Vec<Duration>> {
     let path = dir.join("raw.bin");
     let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
     let line = vec![b'x'; bytes];
     let mut failed = None;
-    let samples = sample(SAMPLES * STEPS as usize, || {
-        for _ in 0..commits {
+    let steps = steps();
+    let samples = sample(samples(), || {
+        for _ in 0..commits * steps as usize {
             if let Err(e) = file.write_all(&line).and_then(|()| file.sync_data()) {
                 failed = Some(e);
             }
@@ -147,42 +167,61 @@ fn raw_durable(dir: &Path, bytes: usize, commits: usize) -> anyhow::Result<Durat
     if let Some(e) = failed {
         return Err(e).context("raw write");
     }
-    Ok(median(samples))
+    Ok(samples.into_iter().map(|d| d / steps).collect())
 }
 
 fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    println!("turn: {STEPS} echo steps per turn, {SAMPLES} turns, history of {} entries", HISTORY_TURNS * 2);
+    let mut table = Table::new("turn");
+    let (steps, samples) = (steps(), samples());
+    println!("turn: {steps} echo steps per turn, {samples} turns, history of {} entries", history_turns() * 2);
     let off = history(dir.path(), Durability::None)?;
     let size_before = std::fs::metadata(&off)?.len();
     let raw = raw_step(&off)?;
     let (step_off, entries) = turn_steps(&off, Durability::None)?;
     println!("history: {entries} entries, {size_before} bytes");
-    report("step, durability off (vs. provider+tool called directly)", step_off, raw);
-    println!("  overhead per step (durability off): {:?} (target ≤ 1 ms)", step_off.saturating_sub(raw));
+    let ratio = table.compare(
+        &format!("step, durability off, {entries} entries of history"),
+        &step_off,
+        "provider + tool called directly",
+        &raw,
+    );
+    let overhead = |d: &[Duration]| cairn_bench::Spread::of_durations(d).median;
+    table.figure(
+        "overhead per step, durability off (target ≤ 1 ms)",
+        &format!(
+            "{} (difference of the medians; ratio {:.2})",
+            cairn_bench::Secs(overhead(&step_off) - overhead(&raw)),
+            ratio.of_medians
+        ),
+    );
 
     // Opening: the store's replay alone vs. replay + Session::open (pc
-    // re-check, conversation rebuild of the 10,000-entry lane).
-    let store_open = median(sample(9, || {
-        let _ = JsonlStore::open_read_only(&off);
-    }));
-    let session_open = median(sample(9, || {
-        if let Ok(store) = JsonlStore::open_read_only(&off) {
-            let _ = Session::open(store, SessionConfig::default());
-        }
-    }));
-    report("open, store + Session::open (vs. store open alone)", session_open, store_open);
+    // re-check, conversation rebuild of the lane), interleaved.
+    let (session_open, store_open) = sample_pairs(
+        9,
+        || {
+            if let Ok(store) = JsonlStore::open_read_only(&off) {
+                let _ = Session::open(store, SessionConfig::default());
+            }
+        },
+        || {
+            let _ = JsonlStore::open_read_only(&off);
+        },
+    );
+    table.compare("open: store + Session::open", &session_open, "the store's open alone", &store_open);
 
     // Bytes a step commits, from the file growth of the durability-off run.
     let grown = std::fs::metadata(&off)?.len() - size_before;
-    let per_step_bytes = (grown as usize) / (SAMPLES * STEPS as usize);
+    let per_step_bytes = (grown as usize) / (samples * steps as usize);
     let durable_dir = tempfile::tempdir_in(dir.path())?;
     let on = history(durable_dir.path(), Durability::EveryCommit)?;
     let (step_on, _) = turn_steps(&on, Durability::EveryCommit)?;
     let floor = raw_durable(dir.path(), per_step_bytes / 3, 3)?;
-    report("step, fsync per commit (vs. 3 × raw write+fdatasync of the same bytes)", step_on, floor);
+    table.compare("step, fsync per commit", &step_on, "3 × raw write+fdatasync of the same bytes", &floor);
     if let Some(rss) = peak_rss_bytes() {
-        println!("peak RSS: {:.1} MiB", rss as f64 / (1024.0 * 1024.0));
+        table.figure("peak RSS", &format!("{:.1} MiB", rss as f64 / (1024.0 * 1024.0)));
     }
+    table.print();
     Ok(())
 }

@@ -6,37 +6,56 @@
 //! This module must not compile schemas (that is `grammar.rs`) nor know about
 //! tokens (that is `constrain.rs`).
 
-use super::{ANY, Grammar, KEYWORDS, MAX_DEPTH, Node, NodeId};
+use super::number::Prefix;
+use super::{ANY, ANY_ARRAY, Grammar, KEYWORDS, MAX_DEPTH, NUMBER, Node, NodeId, STRING};
 
 /// Spaces allowed in a row between tokens of the call.
 const MAX_WS: u8 = 1;
 /// Bytes allowed in one number.
 const MAX_NUMBER_LEN: u8 = 20;
 
+/// Where a string stands between its quotes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Esc {
+    /// At a character boundary.
     None,
+    /// After `\`.
     Backslash,
-    Hex(u8),
+    /// Inside `\uXXXX`: hex digits left and what the code unit is.
+    Hex {
+        left: u8,
+        unit: Unit,
+    },
+    /// After a high surrogate: its low half must follow as `\u`.
+    PairBackslash,
+    PairU,
+    /// Inside a multi-byte UTF-8 character: continuation bytes left and the
+    /// range the next one must fall in (which rules out overlong forms,
+    /// surrogates and code points above U+10FFFF).
+    Utf8 {
+        need: u8,
+        lo: u8,
+        hi: u8,
+    },
 }
 
+/// What the digits of a `\u` escape read so far make of its code unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NumPh {
-    Start,
-    Minus,
-    Zero,
-    Int,
-    Dot,
-    Frac,
-    Exp,
-    ExpSign,
-    ExpDigits,
-}
-
-impl NumPh {
-    fn can_end(self) -> bool {
-        matches!(self, NumPh::Zero | NumPh::Int | NumPh::Frac | NumPh::ExpDigits)
-    }
+enum Unit {
+    /// No digit yet (a first escape).
+    Unknown,
+    /// First digit `d`: a surrogate if the next is 8 to f.
+    D,
+    /// Not a surrogate.
+    Plain,
+    /// A high surrogate (U+D800–U+DBFF): a low one must follow.
+    High,
+    /// The escape after a high surrogate: no digit yet, must be `d`.
+    LowStart,
+    /// The escape after a high surrogate, first digit `d`.
+    LowD,
+    /// A low surrogate completing a pair.
+    Low,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,11 +122,18 @@ enum Frame {
         st: ObjSt,
     },
     Array {
-        items: NodeId,
+        node: NodeId,
         st: ArrSt,
+        /// Items started so far (saturating).
+        count: u32,
     },
+    /// A string: characters so far (Unicode scalar values of the decoded
+    /// string, saturating at the limit that still matters) and the limits.
     Str {
         esc: Esc,
+        count: u32,
+        min: u32,
+        max: u32,
     },
     Lit {
         node: NodeId,
@@ -115,10 +141,19 @@ enum Frame {
         pos: u8,
     },
     Num {
-        integer: bool,
-        ph: NumPh,
+        node: NodeId,
+        prefix: Prefix,
         len: u8,
     },
+}
+
+/// A fresh string frame for a string node.
+fn string_frame(g: &Grammar, node: NodeId) -> Frame {
+    let (min, max) = match g.node(node) {
+        Node::String { min, max } => (*min, *max),
+        _ => (0, u32::MAX),
+    };
+    Frame::Str { esc: Esc::None, count: 0, min, max }
 }
 
 /// Where the answer stands.
@@ -167,7 +202,7 @@ impl Default for State {
 impl State {
     /// The state before any output.
     pub fn new() -> Self {
-        Self { mode: Mode::Start, ws: 0, len: 0, tool: None, stack: [Frame::Str { esc: Esc::None }; MAX_DEPTH] }
+        Self { mode: Mode::Start, ws: 0, len: 0, tool: None, stack: [Frame::Value { node: ANY }; MAX_DEPTH] }
     }
 
     /// Where the answer stands.
@@ -180,10 +215,12 @@ impl State {
         self.tool.map(usize::from)
     }
 
-    /// Whether the parser is inside a string with no escape pending, where
-    /// every byte but `"`, `\` and control bytes keeps the state unchanged.
+    /// Whether the parser is inside a string at a character boundary with no
+    /// length limit left to check, where every whole UTF-8 text without `"`,
+    /// `\` and control bytes keeps the state unchanged.
     pub fn in_free_string(&self) -> bool {
-        self.mode == Mode::Call && matches!(self.top(), Some(Frame::Str { esc: Esc::None }))
+        self.mode == Mode::Call
+            && matches!(self.top(), Some(Frame::Str { esc: Esc::None, count, min, max: u32::MAX }) if count >= min)
     }
 
     /// Whether the answer may end here (end-of-turn token).
@@ -303,48 +340,58 @@ impl State {
             Frame::Call { st, tool } => self.step_call(g, st, tool, b, result),
             Frame::Value { node } => self.step_value(g, node, b),
             Frame::Object { node, used, st, cur } => self.step_object(g, node, used, st, cur, b),
-            Frame::AnyObject { st } => self.step_any_object(st, b),
-            Frame::Array { items, st } => match st {
-                ArrSt::Open if b == b']' => self.pop_done(),
-                ArrSt::Open | ArrSt::AfterValue if is_ws(b) => accept(self.take_ws(b)),
-                ArrSt::Open => {
-                    self.set_top(Frame::Array { items, st: ArrSt::AfterValue });
-                    if !self.push(Frame::Value { node: items }) {
-                        return Step::Reject;
+            Frame::AnyObject { st } => self.step_any_object(g, st, b),
+            Frame::Array { node, st, count } => {
+                let (items, min, max) = match g.node(node) {
+                    Node::Array { items, min, max } => (*items, *min, *max),
+                    _ => return Step::Reject,
+                };
+                match st {
+                    ArrSt::Open | ArrSt::AfterValue if is_ws(b) => accept(self.take_ws(b)),
+                    ArrSt::Open | ArrSt::AfterValue if b == b']' => {
+                        if count >= min {
+                            self.pop_done()
+                        } else {
+                            Step::Reject
+                        }
                     }
-                    self.step_value(g, items, b)
-                }
-                ArrSt::AfterValue if b == b']' => self.pop_done(),
-                ArrSt::AfterValue if b == b',' => {
-                    if self.push(Frame::Value { node: items }) {
-                        Step::Accept
-                    } else {
-                        Step::Reject
-                    }
-                }
-                ArrSt::AfterValue => Step::Reject,
-            },
-            Frame::Str { esc } => {
-                let next = match esc {
-                    Esc::None => match b {
-                        b'"' => return self.pop_done(),
-                        b'\\' => Esc::Backslash,
-                        0..=0x1f => return Step::Reject,
-                        _ => Esc::None,
-                    },
-                    Esc::Backslash => match b {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Esc::None,
-                        b'u' => Esc::Hex(4),
-                        _ => return Step::Reject,
-                    },
-                    Esc::Hex(n) => {
-                        if !b.is_ascii_hexdigit() {
+                    ArrSt::Open => {
+                        if count >= max {
                             return Step::Reject;
                         }
-                        if n <= 1 { Esc::None } else { Esc::Hex(n - 1) }
+                        self.set_top(Frame::Array { node, st: ArrSt::AfterValue, count: count.saturating_add(1) });
+                        if !self.push(Frame::Value { node: items }) {
+                            return Step::Reject;
+                        }
+                        self.step_value(g, items, b)
                     }
+                    ArrSt::AfterValue if b == b',' => {
+                        if count >= max {
+                            return Step::Reject;
+                        }
+                        self.set_top(Frame::Array { node, st: ArrSt::AfterValue, count: count.saturating_add(1) });
+                        if self.push(Frame::Value { node: items }) { Step::Accept } else { Step::Reject }
+                    }
+                    ArrSt::AfterValue => Step::Reject,
+                }
+            }
+            Frame::Str { esc, count, min, max } => {
+                let (esc, starts_char) = match string_step(esc, b, count >= min) {
+                    Some(StrStep::Close) => return self.pop_done(),
+                    Some(StrStep::Next { esc, starts_char }) => (esc, starts_char),
+                    None => return Step::Reject,
                 };
-                self.set_top(Frame::Str { esc: next });
+                let count = if starts_char {
+                    if count >= max {
+                        return Step::Reject;
+                    }
+                    // Past the minimum, without a maximum, counting further
+                    // changes nothing: saturate so the state stays the same.
+                    (count + 1).min(if max == u32::MAX { min } else { max })
+                } else {
+                    count
+                };
+                self.set_top(Frame::Str { esc, count, min, max });
                 Step::Accept
             }
             Frame::Lit { node, cand, pos } => {
@@ -370,33 +417,25 @@ impl State {
                     Step::Reject
                 }
             }
-            Frame::Num { integer, ph, len } => {
-                let next = match (ph, b) {
-                    (NumPh::Start, b'-') => Some(NumPh::Minus),
-                    (NumPh::Start | NumPh::Minus, b'0') => Some(NumPh::Zero),
-                    (NumPh::Start | NumPh::Minus, b'1'..=b'9') => Some(NumPh::Int),
-                    (NumPh::Int, b'0'..=b'9') => Some(NumPh::Int),
-                    (NumPh::Zero | NumPh::Int, b'.') if !integer => Some(NumPh::Dot),
-                    (NumPh::Dot | NumPh::Frac, b'0'..=b'9') => Some(NumPh::Frac),
-                    (NumPh::Zero | NumPh::Int | NumPh::Frac, b'e' | b'E') if !integer => Some(NumPh::Exp),
-                    (NumPh::Exp, b'+' | b'-') => Some(NumPh::ExpSign),
-                    (NumPh::Exp | NumPh::ExpSign | NumPh::ExpDigits, b'0'..=b'9') => Some(NumPh::ExpDigits),
-                    _ => None,
+            Frame::Num { node, prefix, len } => {
+                let (integer, bounds) = match g.node(node) {
+                    Node::Number { integer, bounds } => (*integer, *bounds),
+                    _ => return Step::Reject,
+                };
+                let next = match bounds {
+                    None => prefix.next_unbounded(b, integer),
+                    Some(bounds) => prefix.next_bounded(b, integer).filter(|p| p.feasible(integer, &bounds)),
                 };
                 match next {
-                    Some(ph) if len < MAX_NUMBER_LEN => {
-                        self.set_top(Frame::Num { integer, ph, len: len + 1 });
+                    // The last byte must leave a number that can end.
+                    Some(prefix) if len + 1 < MAX_NUMBER_LEN || (len < MAX_NUMBER_LEN && prefix.ph.can_end()) => {
+                        self.set_top(Frame::Num { node, prefix, len: len + 1 });
                         Step::Accept
                     }
-                    Some(_) => {
-                        if ph.can_end() {
-                            Step::PopRefeed(None)
-                        } else {
-                            Step::Reject
-                        }
+                    _ => {
+                        let complete = prefix.ph.can_end() && bounds.is_none_or(|bounds| bounds.admits(prefix.value()));
+                        if complete { Step::PopRefeed(None) } else { Step::Reject }
                     }
-                    None if ph.can_end() => Step::PopRefeed(None),
-                    None => Step::Reject,
                 }
             }
         }
@@ -467,11 +506,11 @@ impl State {
         match g.node(node) {
             Node::Any => match b {
                 b'"' => {
-                    replace(self, Frame::Str { esc: Esc::None });
+                    replace(self, string_frame(g, STRING));
                     Step::Accept
                 }
                 b'-' | b'0'..=b'9' => {
-                    replace(self, Frame::Num { integer: false, ph: NumPh::Start, len: 0 });
+                    replace(self, Frame::Num { node: NUMBER, prefix: Prefix::START, len: 0 });
                     self.feed_top(g, b)
                 }
                 b't' | b'f' | b'n' => {
@@ -483,7 +522,7 @@ impl State {
                     Step::Accept
                 }
                 b'[' if room => {
-                    replace(self, Frame::Array { items: ANY, st: ArrSt::Open });
+                    replace(self, Frame::Array { node: ANY_ARRAY, st: ArrSt::Open, count: 0 });
                     Step::Accept
                 }
                 _ => Step::Reject,
@@ -492,16 +531,16 @@ impl State {
                 replace(self, Frame::Object { node, used: 0, st: ObjSt::Open, cur: 0 });
                 Step::Accept
             }
-            Node::Array { items } if b == b'[' && room => {
-                replace(self, Frame::Array { items: *items, st: ArrSt::Open });
+            Node::Array { .. } if b == b'[' && room => {
+                replace(self, Frame::Array { node, st: ArrSt::Open, count: 0 });
                 Step::Accept
             }
-            Node::String if b == b'"' => {
-                replace(self, Frame::Str { esc: Esc::None });
+            Node::String { .. } if b == b'"' => {
+                replace(self, string_frame(g, node));
                 Step::Accept
             }
-            Node::Number { integer } if b == b'-' || b.is_ascii_digit() => {
-                replace(self, Frame::Num { integer: *integer, ph: NumPh::Start, len: 0 });
+            Node::Number { .. } if b == b'-' || b.is_ascii_digit() => {
+                replace(self, Frame::Num { node, prefix: Prefix::START, len: 0 });
                 self.feed_top(g, b)
             }
             Node::Literals(_) => {
@@ -593,14 +632,14 @@ impl State {
         }
     }
 
-    fn step_any_object(&mut self, st: ObjSt, b: u8) -> Step {
+    fn step_any_object(&mut self, g: &Grammar, st: ObjSt, b: u8) -> Step {
         let set = |s: &mut Self, st| s.set_top(Frame::AnyObject { st });
         match st {
             ObjSt::Open | ObjSt::AfterValue | ObjSt::Comma if is_ws(b) => accept(self.take_ws(b)),
             ObjSt::Open | ObjSt::AfterValue if b == b'}' => self.pop_done(),
             ObjSt::Open | ObjSt::Comma if b == b'"' => {
                 set(self, ObjSt::Colon);
-                if self.push(Frame::Str { esc: Esc::None }) { Step::Accept } else { Step::Reject }
+                if self.push(string_frame(g, STRING)) { Step::Accept } else { Step::Reject }
             }
             ObjSt::AfterValue if b == b',' => {
                 set(self, ObjSt::Comma);
@@ -623,11 +662,88 @@ fn accept(ws: Option<bool>) -> Step {
 fn starts(g: &Grammar, node: NodeId, b: u8) -> bool {
     match g.node(node) {
         Node::Any => b"\"-0123456789tfn{[".contains(&b),
+        Node::Never => false,
         Node::Object { .. } => b == b'{',
         Node::Array { .. } => b == b'[',
-        Node::String => b == b'"',
+        Node::String { .. } => b == b'"',
         Node::Number { .. } => b == b'-' || b.is_ascii_digit(),
         Node::Literals(lits) => lits.iter().any(|l| l.first() == Some(&b)),
         Node::OneOf(alts) => alts.iter().any(|&a| starts(g, a, b)),
+    }
+}
+
+/// What a byte does inside a string.
+enum StrStep {
+    /// The closing quote.
+    Close,
+    /// Still inside; `starts_char` when the byte begins a character of the
+    /// decoded string (a raw character's first byte or an escape's `\`,
+    /// the `\` of a surrogate pair's second half excepted).
+    Next { esc: Esc, starts_char: bool },
+}
+
+/// One byte of a string: `None` when it cannot continue a string that
+/// `serde_json` decodes (bad escape, lone surrogate, invalid UTF-8, raw
+/// control byte) or closes it before `long_enough`.
+fn string_step(esc: Esc, b: u8, long_enough: bool) -> Option<StrStep> {
+    let next = |esc: Esc, starts_char: bool| Some(StrStep::Next { esc, starts_char });
+    let utf8 = |need: u8, lo: u8| next(Esc::Utf8 { need, lo, hi: 0xBF }, true);
+    match esc {
+        Esc::None => match b {
+            b'"' if long_enough => Some(StrStep::Close),
+            b'"' | 0..=0x1f => None,
+            b'\\' => next(Esc::Backslash, true),
+            0x20..=0x7f => next(Esc::None, true),
+            0xC2..=0xDF => utf8(1, 0x80),
+            0xE0 => utf8(2, 0xA0),
+            0xE1..=0xEC | 0xEE..=0xEF => utf8(2, 0x80),
+            0xED => next(Esc::Utf8 { need: 2, lo: 0x80, hi: 0x9F }, true),
+            0xF0 => utf8(3, 0x90),
+            0xF1..=0xF3 => utf8(3, 0x80),
+            0xF4 => next(Esc::Utf8 { need: 3, lo: 0x80, hi: 0x8F }, true),
+            _ => None,
+        },
+        Esc::Utf8 { need, lo, hi } => {
+            if !(lo..=hi).contains(&b) {
+                return None;
+            }
+            next(if need <= 1 { Esc::None } else { Esc::Utf8 { need: need - 1, lo: 0x80, hi: 0xBF } }, false)
+        }
+        Esc::Backslash => match b {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => next(Esc::None, false),
+            b'u' => next(Esc::Hex { left: 4, unit: Unit::Unknown }, false),
+            _ => None,
+        },
+        Esc::PairBackslash if b == b'\\' => next(Esc::PairU, false),
+        Esc::PairU if b == b'u' => next(Esc::Hex { left: 4, unit: Unit::LowStart }, false),
+        Esc::PairBackslash | Esc::PairU => None,
+        Esc::Hex { left, unit } => {
+            if !b.is_ascii_hexdigit() {
+                return None;
+            }
+            let d = b.to_ascii_lowercase();
+            let unit = match (unit, left) {
+                (Unit::Unknown, 4) if d == b'd' => Unit::D,
+                (Unit::Unknown, 4) => Unit::Plain,
+                (Unit::LowStart, 4) if d == b'd' => Unit::LowD,
+                (Unit::LowStart, _) => return None,
+                (Unit::D, 3) => match d {
+                    b'8'..=b'b' => Unit::High,
+                    // A low surrogate with no high one before it.
+                    b'c'..=b'f' => return None,
+                    _ => Unit::Plain,
+                },
+                (Unit::LowD, 3) if (b'c'..=b'f').contains(&d) => Unit::Low,
+                (Unit::LowD, _) => return None,
+                (unit, _) => unit,
+            };
+            if left > 1 {
+                next(Esc::Hex { left: left - 1, unit }, false)
+            } else if unit == Unit::High {
+                next(Esc::PairBackslash, false)
+            } else {
+                next(Esc::None, false)
+            }
+        }
     }
 }
