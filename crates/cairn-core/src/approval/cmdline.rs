@@ -94,6 +94,10 @@ pub fn parse(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
     // unquoted `{` (brace expansion needs an unquoted `{…}`).
     let mut last_unquoted: Option<char> = None;
     let mut open_brace = false;
+    // Whether the word so far is an unquoted shell NAME (letters, digits,
+    // `_`): bash reads `NAME[` as the start of an array subscript, inside
+    // which blanks do not split words (`A[\t]` is one word to bash).
+    let mut plain_name = true;
     let mut chars = line.chars().peekable();
 
     fn finish_word(word: &mut String, in_word: &mut bool, current: &mut SimpleCommand) {
@@ -114,6 +118,7 @@ pub fn parse(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
         if !in_word {
             last_unquoted = None;
             open_brace = false;
+            plain_name = true;
         }
         match c {
             ' ' | '\t' => finish_word(&mut word, &mut in_word, &mut current),
@@ -176,12 +181,14 @@ pub fn parse(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
                     word.push(escaped);
                     in_word = true;
                     last_unquoted = None;
+                    plain_name = false;
                 }
                 None => return Err(Unsafe("trailing backslash".to_owned())),
             },
             '\'' => {
                 in_word = true;
                 last_unquoted = None;
+                plain_name = false;
                 loop {
                     match chars.next() {
                         Some('\'') => break,
@@ -193,6 +200,7 @@ pub fn parse(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
             '"' => {
                 in_word = true;
                 last_unquoted = None;
+                plain_name = false;
                 loop {
                     match chars.next() {
                         Some('"') => break,
@@ -215,11 +223,15 @@ pub fn parse(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
                     }
                 }
             }
+            '[' if in_word && plain_name => {
+                return Err(Unsafe("array subscript `NAME[…]` (quote the `[` to keep it literal)".to_owned()));
+            }
             other => {
                 word.push(other);
                 in_word = true;
                 last_unquoted = Some(other);
                 open_brace |= other == '{';
+                plain_name &= other.is_ascii_alphanumeric() || other == '_';
             }
         }
     }
@@ -284,6 +296,8 @@ mod tests {
     fn refuses_hidden_shapes() {
         for line in [
             "ls $(rm -rf ~)",
+            "A[\t]",
+            "ls x A[ ]=1",
             "ls `rm -rf ~`",
             "ls > /etc/passwd",
             "ls &",
