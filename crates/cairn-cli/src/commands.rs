@@ -384,9 +384,9 @@ pub fn check(ctx: &Context, path: &Path) -> Result<u8> {
     });
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
-        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+        writeln!(out, "{}", escape_json(&serde_json::to_string(&report)?))?;
     } else {
-        writeln!(out, "{}: {report}", path.display())?;
+        writeln!(out, "{}", esc(&format!("{}: {report}", path.display())))?;
     }
     Ok(if report.ok { exit::SUCCESS } else { exit::ERROR })
 }
@@ -406,9 +406,10 @@ pub fn tools(ctx: &Context) -> Result<u8> {
                 "name": spec.name, "risk": spec.risk, "capabilities": spec.capabilities,
                 "replay": spec.replay, "source": entry.origin.to_string(),
             });
-            writeln!(out, "{line}")?;
+            writeln!(out, "{}", escape_json(&line.to_string()))?;
         }
-        writeln!(out, "{}", serde_json::json!({"sandbox": status.describe(), "problems": notes}))?;
+        let summary = serde_json::json!({"sandbox": status.describe(), "problems": notes});
+        writeln!(out, "{}", escape_json(&summary.to_string()))?;
         return Ok(exit::SUCCESS);
     }
     writeln!(
@@ -419,18 +420,13 @@ pub fn tools(ctx: &Context) -> Result<u8> {
     for entry in &entries {
         let spec = entry.tool.spec();
         let caps: Vec<String> = spec.capabilities.iter().map(|c| format!("{c:?}")).collect();
-        writeln!(
-            out,
-            "{:<14}  {:<12}  {:<40}  {}",
-            spec.name,
-            format!("{:?}", spec.risk),
-            caps.join(","),
-            entry.origin
-        )?;
+        let row =
+            format!("{:<14}  {:<12}  {:<40}  {}", spec.name, format!("{:?}", spec.risk), caps.join(","), entry.origin);
+        writeln!(out, "{}", esc(&row))?;
     }
     writeln!(out, "\nsandbox: {}", status.describe())?;
     for note in notes {
-        writeln!(out, "{}", ctx.out_style.yellow(&note))?;
+        writeln!(out, "{}", ctx.out_style.yellow(&esc(&note)))?;
     }
     Ok(exit::SUCCESS)
 }

@@ -368,3 +368,20 @@ fn the_approval_prompt_shows_hostile_arguments_escaped() {
     assert_no_raw("the rest of the run", &bytes(&rest));
     assert!(!env.cwd.read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with('f')));
 }
+
+/// `cairn check` names the file it checked and quotes what is wrong with
+/// it: a hostile file name (and a corrupt line) must not reach the
+/// terminal raw, in text or JSON.
+#[test]
+fn check_shows_a_hostile_file_name_escaped() {
+    let env = Env::new();
+    let path = env.home.join(format!("s{}.jsonl", HOSTILE.replace(['\0', '/'], "")));
+    std::fs::write(&path, format!("not a header {HOSTILE}\n{{}}\n")).unwrap();
+    let p = path.to_str().unwrap();
+    for args in [vec!["check", p], vec!["--json", "check", p]] {
+        let out = run(&env, &args);
+        assert!(!out.status.success(), "a corrupt file must fail the check: {}", text(&out));
+        assert_no_raw(&format!("{args:?} stdout"), &out.stdout);
+        assert_no_raw(&format!("{args:?} stderr"), &out.stderr);
+    }
+}
