@@ -10,6 +10,7 @@ mod cli;
 mod commands;
 mod config;
 mod context;
+mod faces;
 mod host;
 mod local;
 mod paths;
