@@ -4,14 +4,13 @@
 //! session) and hands stdio to `cairn-faces`, which owns the protocols.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use cairn_core::SessionConfig;
 use cairn_core::approval::Allowlist;
 use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, new_session_id};
-use cairn_core::tool::Tool;
+use cairn_faces::HostTools;
 use cairn_faces::jsonrpc::Out;
 
 use crate::context::{Context, exit};
@@ -26,11 +25,11 @@ impl cairn_faces::Host for CliHost<'_> {
         host::build_provider(self.ctx)
     }
 
-    fn tools(&self, cwd: &Path) -> Result<(Vec<Arc<dyn Tool>>, Vec<String>)> {
+    fn tools(&self, cwd: &Path) -> Result<HostTools> {
         let tools = host::tool_entries(self.ctx, cwd)?;
         let mut notes = tools.notes;
         notes.extend(tools.untrusted);
-        Ok((tools.entries.into_iter().map(|e| e.tool).collect(), notes))
+        Ok(HostTools { tools: tools.entries.into_iter().map(|e| e.tool).collect(), notes })
     }
 
     fn allowlist(&self) -> Result<Allowlist> {

@@ -253,7 +253,8 @@ impl Agent<'_> {
 
     fn open(&self, store: JsonlStore) -> Result<Open, RpcError> {
         let cwd = PathBuf::from(&store.header().cwd);
-        let (tools, notes) = self.host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        let crate::HostTools { tools, notes } =
+            self.host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
         for note in notes {
             eprintln!("cairn acp: {note}");
         }

@@ -30,9 +30,8 @@ use cairn_core::tool::Tool;
 pub trait Host {
     /// The configured provider.
     fn provider(&self) -> anyhow::Result<Box<dyn Provider + Send>>;
-    /// The tools offered in `cwd` (built-ins, then external tools), and
-    /// notes about tools left out.
-    fn tools(&self, cwd: &Path) -> anyhow::Result<(Vec<Arc<dyn Tool>>, Vec<String>)>;
+    /// The tools offered in `cwd` (built-ins, then external tools).
+    fn tools(&self, cwd: &Path) -> anyhow::Result<HostTools>;
     /// The allow rules from `--allow` and the configuration.
     fn allowlist(&self) -> anyhow::Result<Allowlist>;
     /// Create a new session file whose working directory is `cwd`.
@@ -41,4 +40,18 @@ pub trait Host {
     fn open_session(&self, id: &str) -> anyhow::Result<JsonlStore>;
     /// Limits and settings of turns.
     fn session_config(&self) -> SessionConfig;
+}
+
+/// Tools a host offers in a directory.
+pub struct HostTools {
+    /// Built-ins, then external tools.
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// Tools left out and why (broken metadata, untrusted workspace).
+    pub notes: Vec<String>,
+}
+
+impl std::fmt::Debug for HostTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTools").field("tools", &self.tools.len()).field("notes", &self.notes).finish()
+    }
 }

@@ -71,7 +71,7 @@ struct Server<'h> {
 /// early.
 pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead, out: &Out) -> Result<()> {
     let allow = host.allowlist()?;
-    let (tools, notes) = host.tools(&options.root)?;
+    let crate::HostTools { tools, notes } = host.tools(&options.root)?;
     for note in notes {
         eprintln!("cairn mcp: {note}");
     }

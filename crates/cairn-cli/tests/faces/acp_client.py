@@ -1,0 +1,178 @@
+"""Drive `cairn acp` with the ACP Python SDK (PyPI `agent-client-protocol`).
+
+Usage: acp_client.py SCENARIO CAIRN HOME CWD SCRIPT [SESSION_ID]
+Each scenario asserts what an editor sees and exits non-zero on failure.
+"""
+import asyncio
+import os
+import sys
+
+from acp import text_block
+from acp.schema import AllowedOutcome, ClientCapabilities, DeniedOutcome, RequestPermissionResponse
+from acp.stdio import spawn_agent_process
+
+scenario, cairn, home, cwd, script, *rest = sys.argv[1:]
+
+
+class Editor:
+    """Records every update and permission question, in arrival order."""
+
+    def __init__(self, answer):
+        self.answer = answer  # "allow_once" | "allow_always" | "reject_once" | "cancel"
+        self.events = []
+        self.conn = None
+
+    def on_connect(self, conn):
+        self.conn = conn
+
+    async def session_update(self, session_id, update, **kwargs):
+        self.events.append(("update", session_id, update))
+
+    async def request_permission(self, options, session_id, tool_call, **kwargs):
+        self.events.append(("permission", session_id, (tool_call, options)))
+        if self.answer == "cancel":
+            await self.conn.cancel(session_id=session_id)
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        chosen = [o for o in options if o.kind == self.answer]
+        assert chosen, f"option {self.answer} not offered: {options}"
+        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=chosen[0].option_id))
+
+    def summary(self):
+        """Consecutive text chunks joined; tool calls and updates with their status."""
+        out, ids = [], {}
+        for kind, _, payload in self.events:
+            if kind == "permission":
+                tool_call, options = payload
+                assert tool_call.tool_call_id in ids, f"permission for an unannounced tool call {tool_call.tool_call_id}"
+                out.append(("permission", ids[tool_call.tool_call_id], tuple(o.kind for o in options)))
+                continue
+            u = payload
+            t = u.session_update
+            if t in ("agent_message_chunk", "user_message_chunk"):
+                if out and out[-1][0] == t:
+                    out[-1] = (t, out[-1][1] + u.content.text)
+                else:
+                    out.append((t, u.content.text))
+            elif t == "tool_call":
+                assert u.tool_call_id not in ids, f"tool call id reused: {u.tool_call_id}"
+                ids[u.tool_call_id] = u.kind
+                out.append(("tool_call", u.kind, u.status))
+            elif t == "tool_call_update":
+                assert u.tool_call_id in ids, f"update of an unannounced tool call {u.tool_call_id}"
+                out.append(("update", ids[u.tool_call_id], u.status))
+        return out
+
+    def texts(self):
+        return [
+            "".join(c.content.text for c in (p.content or []) if getattr(c.content, "text", None))
+            for k, _, p in self.events
+            if k == "update" and p.session_update == "tool_call_update" and p.status in ("completed", "failed")
+        ]
+
+
+def env():
+    return {"CAIRN_HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.path.join(home, "fakehome"), "NO_COLOR": "1"}
+
+
+async def connect(editor):
+    return spawn_agent_process(editor, cairn, "--provider", "scripted", "--script", script, "acp", env=env(), cwd=cwd)
+
+
+def expect(got, want):
+    assert got == want, f"\n got: {got}\nwant: {want}"
+
+
+async def start(conn):
+    init = await conn.initialize(protocol_version=1, client_capabilities=ClientCapabilities())
+    assert init.protocol_version == 1, init
+    assert init.agent_capabilities.load_session is True, init
+    return init
+
+
+async def main():
+    answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
+              "always": "allow_always", "cancel": "cancel", "load": "allow_once"}[scenario]
+    editor = Editor(answer)
+    async with await connect(editor) as (conn, proc):
+        await start(conn)
+        if scenario == "load":
+            sid = rest[0]
+            await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
+            expect(editor.summary(), [
+                ("user_message_chunk", "first"),
+                ("tool_call", "edit", "pending"),
+                ("update", "edit", "failed"),
+            ])
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("/resume")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [("agent_message_chunk", "Resumed.")])
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("again")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [("agent_message_chunk", "Second.")])
+            print("loaded and continued")
+            return
+        new = await conn.new_session(cwd=cwd, mcp_servers=[])
+        sid = new.session_id
+        if scenario == "cancel":
+            r = await conn.prompt(session_id=sid, prompt=[text_block("first")])
+            expect(r.stop_reason, "cancelled")
+            expect(editor.summary(), [
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "failed"),
+            ])
+            assert not os.path.exists(os.path.join(cwd, "b.txt"))
+            print("SESSION", sid)
+            return
+        r = await conn.prompt(session_id=sid, prompt=[text_block("hi")])
+        expect(r.stop_reason, "end_turn")
+        got = editor.summary()
+        if scenario == "prompt_allow":
+            expect(got, [
+                ("agent_message_chunk", "Let me look."),
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "completed"),
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "in_progress"), ("update", "edit", "completed"),
+                ("agent_message_chunk", "Done."),
+            ])
+            assert "hello" in editor.texts()[0], editor.texts()
+            with open(os.path.join(cwd, "b.txt")) as f:
+                expect(f.read(), "new\n")
+        elif scenario == "prompt_reject":
+            expect(got, [
+                ("agent_message_chunk", "Let me look."),
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "completed"),
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "failed"),
+                ("agent_message_chunk", "Done."),
+            ])
+            assert "rejected" in editor.texts()[1], editor.texts()
+            assert not os.path.exists(os.path.join(cwd, "b.txt")), "a rejected write happened"
+        elif scenario == "destructive":
+            expect(got, [
+                ("tool_call", "execute", "pending"),
+                ("permission", "execute", ("allow_once", "reject_once")),
+                ("update", "execute", "failed"),
+                ("agent_message_chunk", "Kept."),
+            ])
+            assert os.path.exists(os.path.join(cwd, "sub", "keep")), "a rejected destructive call ran"
+        elif scenario == "always":
+            # Two writes: the second is not asked again.
+            expect(got, [
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "in_progress"), ("update", "edit", "completed"),
+                ("tool_call", "edit", "pending"),
+                ("update", "edit", "in_progress"), ("update", "edit", "completed"),
+                ("agent_message_chunk", "Both."),
+            ])
+            for name in ("b.txt", "c.txt"):
+                assert os.path.exists(os.path.join(cwd, name)), name
+        print("ok", scenario)
+
+
+asyncio.run(main())
