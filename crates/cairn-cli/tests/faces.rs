@@ -413,3 +413,20 @@ fn acp_survives_hostile_input_and_answers_the_request_before_eof() {
         .collect();
     assert_eq!(text, "Fine.");
 }
+
+#[test]
+fn acp_reads_and_writes_through_the_editor_when_it_offers_fs() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+            json!({"toolCalls": [{"id": "c2", "name": "read_file", "arguments": {"path": "link-out"}}]}),
+            json!({"toolCalls": [{"id": "c3", "name": "write_file", "arguments": {"path": "b.txt", "content": "via the editor\n"}}]}),
+            json!({"text": "Edited."}),
+        ],
+    );
+    acp(&env, "client_fs", &script, &[]);
+    assert!(!env.cwd.join("b.txt").exists());
+    assert_eq!(std::fs::read_to_string(env.cwd.join("a.txt")).unwrap(), "hello from the root\n");
+}

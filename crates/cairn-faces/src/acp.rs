@@ -17,7 +17,10 @@
 //! unrun calls as rejected). Approvals are the core's: Write calls no
 //! allow rule covers, and every Destructive call, become
 //! `session/request_permission` (allow once, allow always for Write only,
-//! reject). This module must not run tools or decide approvals itself.
+//! reject). When the client offers `fs/read_text_file`/`fs/write_text_file`,
+//! `read_file` and `write_file` go through it (`client_fs`), so the model
+//! sees unsaved buffers and writes land in the editor. This module must not
+//! run tools or decide approvals itself.
 
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -38,6 +41,8 @@ use cairn_core::tool::{Preview, Risk};
 use cairn_core::turn::Phase;
 use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnError, TurnEvent, TurnStop};
 use serde_json::{Value, json};
+
+mod client_fs;
 
 use crate::Host;
 use crate::jsonrpc::{self, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
@@ -73,15 +78,36 @@ impl Shared {
             self.out.send(&jsonrpc::notification("session/update", json!({"sessionId": session_id, "update": update})));
     }
 
-    /// Send a request to the client and wait for its answer.
-    fn ask(&self, session_id: &str, method: &str, params: Value) -> Result<Reply, String> {
+    /// Send a request to the client and wait for its answer, or until
+    /// `cancel` (a tool's own token: timeout or cancel) is set.
+    fn ask_until(
+        &self,
+        session_id: &str,
+        method: &str,
+        params: Value,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Reply, String> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = mpsc::channel();
         if let Ok(mut pending) = self.pending.lock() {
             pending.insert(id, (session_id.to_owned(), tx));
         }
         self.out.send(&jsonrpc::request(id, method, params)).map_err(|e| format!("cannot write to the client: {e}"))?;
-        rx.recv().map_err(|_| "the client closed the connection before answering".to_owned())
+        let gone = || "the client closed the connection before answering".to_owned();
+        let Some(cancel) = cancel else { return rx.recv().map_err(|_| gone()) };
+        loop {
+            match rx.recv_timeout(std::time::Duration::from_millis(20)) {
+                Ok(reply) => return Ok(reply),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(gone()),
+                Err(mpsc::RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
+                    if let Ok(mut pending) = self.pending.lock() {
+                        pending.remove(&id);
+                    }
+                    return Ok(Reply::Cancelled);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
     }
 }
 
@@ -196,11 +222,19 @@ struct Agent<'h> {
     provider: Option<Box<dyn Provider + Send>>,
     sessions: HashMap<String, Open>,
     initialized: bool,
+    /// The client offers fs/read_text_file and fs/write_text_file.
+    client_fs: (bool, bool),
 }
 
 fn main_loop(host: &dyn Host, shared: &Arc<Shared>, work: &Receiver<Work>) {
-    let mut agent =
-        Agent { host, shared: Arc::clone(shared), provider: None, sessions: HashMap::new(), initialized: false };
+    let mut agent = Agent {
+        host,
+        shared: Arc::clone(shared),
+        provider: None,
+        sessions: HashMap::new(),
+        initialized: false,
+        client_fs: (false, false),
+    };
     while let Ok(Work::Request { id, method, params, cancel }) = work.recv() {
         let answer = match agent.handle(&method, &params, cancel) {
             Ok(result) => jsonrpc::response(&id, result),
@@ -237,6 +271,9 @@ impl Agent<'_> {
             return Err(RpcError::params("initialize needs an integer protocolVersion (this agent speaks 1)"));
         }
         self.initialized = true;
+        let fs = params.pointer("/clientCapabilities/fs");
+        let offers = |key: &str| fs.and_then(|f| f.get(key)).and_then(Value::as_bool).unwrap_or(false);
+        self.client_fs = (offers("readTextFile"), offers("writeTextFile"));
         // One version exists; a client asking for another gets ours and
         // decides whether it can go on.
         Ok(json!({
@@ -259,7 +296,22 @@ impl Agent<'_> {
             eprintln!("cairn acp: {note}");
         }
         let mut registry = ToolRegistry::new(true);
+        let session_id = store.header().id.clone();
         for tool in tools {
+            let op = match tool.spec().name.as_str() {
+                "read_file" if self.client_fs.0 => Some(client_fs::Op::Read),
+                "write_file" if self.client_fs.1 => Some(client_fs::Op::Write),
+                _ => None,
+            };
+            let tool: Arc<dyn cairn_core::tool::Tool> = match op {
+                Some(op) => Arc::new(client_fs::ClientFile {
+                    inner: tool,
+                    op,
+                    shared: Arc::clone(&self.shared),
+                    session_id: session_id.clone(),
+                }),
+                None => tool,
+            };
             let name = tool.spec().name.clone();
             if let Err(e) = registry.register(tool) {
                 eprintln!("cairn acp: tool {name} not offered: {e}");
@@ -623,7 +675,7 @@ impl Approver for PermissionAsker {
         });
         let by = "user:acp".to_owned();
         let deny = |reason: &str| Ok(Verdict { decision: Answer::Deny { reason: reason.to_owned() }, by: by.clone() });
-        match self.shared.ask(&self.session_id, "session/request_permission", params) {
+        match self.shared.ask_until(&self.session_id, "session/request_permission", params, None) {
             Err(why) => Err(ApprovalError::Unavailable(why)),
             Ok(Reply::Cancelled) => deny("the prompt was cancelled in the editor"),
             Ok(Reply::Error(e)) => {

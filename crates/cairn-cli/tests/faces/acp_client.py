@@ -8,7 +8,15 @@ import os
 import sys
 
 from acp import text_block
-from acp.schema import AllowedOutcome, ClientCapabilities, DeniedOutcome, RequestPermissionResponse
+from acp.schema import (
+    AllowedOutcome,
+    ClientCapabilities,
+    DeniedOutcome,
+    FileSystemCapabilities,
+    ReadTextFileResponse,
+    RequestPermissionResponse,
+    WriteTextFileResponse,
+)
 from acp.stdio import spawn_agent_process
 
 scenario, cairn, home, cwd, script, *rest = sys.argv[1:]
@@ -37,10 +45,21 @@ class Editor:
         assert chosen, f"option {self.answer} not offered: {options}"
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=chosen[0].option_id))
 
+    async def read_text_file(self, path, session_id, limit=None, line=None, **kwargs):
+        self.events.append(("fs_read", session_id, path))
+        return ReadTextFileResponse(content="unsaved buffer line\nsecond\n")
+
+    async def write_text_file(self, content, path, session_id, **kwargs):
+        self.events.append(("fs_write", session_id, (path, content)))
+        return WriteTextFileResponse()
+
     def summary(self):
         """Consecutive text chunks joined; tool calls and updates with their status."""
         out, ids = [], {}
         for kind, _, payload in self.events:
+            if kind in ("fs_read", "fs_write"):
+                out.append((kind, payload))
+                continue
             if kind == "permission":
                 tool_call, options = payload
                 assert tool_call.tool_call_id in ids, f"permission for an unannounced tool call {tool_call.tool_call_id}"
@@ -82,8 +101,9 @@ def expect(got, want):
     assert got == want, f"\n got: {got}\nwant: {want}"
 
 
-async def start(conn):
-    init = await conn.initialize(protocol_version=1, client_capabilities=ClientCapabilities())
+async def start(conn, fs=False):
+    caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=fs, write_text_file=fs))
+    init = await conn.initialize(protocol_version=1, client_capabilities=caps)
     assert init.protocol_version == 1, init
     assert init.agent_capabilities.load_session is True, init
     return init
@@ -91,10 +111,10 @@ async def start(conn):
 
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
-              "always": "allow_always", "cancel": "cancel", "load": "allow_once"}[scenario]
+              "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
-        await start(conn)
+        await start(conn, fs=scenario == "client_fs")
         if scenario == "load":
             sid = rest[0]
             await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
@@ -172,6 +192,25 @@ async def main():
             ])
             for name in ("b.txt", "c.txt"):
                 assert os.path.exists(os.path.join(cwd, name)), name
+        elif scenario == "client_fs":
+            b = os.path.join(cwd, "b.txt")
+            expect(got, [
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"),
+                ("fs_read", os.path.join(cwd, "a.txt")),
+                ("update", "read", "completed"),
+                # Outside the root: refused before the editor is asked.
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "failed"),
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "in_progress"),
+                ("fs_write", (b, "via the editor\n")),
+                ("update", "edit", "completed"),
+                ("agent_message_chunk", "Edited."),
+            ])
+            texts = editor.texts()
+            assert "unsaved buffer line" in texts[0] and "hello from the root" not in texts[0], texts
+            assert "outside" in texts[1] or ".." in texts[1], texts
+            assert not os.path.exists(b), "the editor holds the write; cairn must not write the disk itself"
         print("ok", scenario)
 
 
