@@ -329,7 +329,11 @@ fn by_id(answers: &[Value], id: i64) -> &Value {
 }
 
 fn null_id_codes(answers: &[Value]) -> Vec<i64> {
-    answers.iter().filter(|a| a["id"].is_null()).map(|a| a["error"]["code"].as_i64().unwrap()).collect()
+    answers
+        .iter()
+        .filter(|a| a.get("id").is_some_and(Value::is_null))
+        .map(|a| a["error"]["code"].as_i64().unwrap())
+        .collect()
 }
 
 #[test]
@@ -429,4 +433,20 @@ fn acp_reads_and_writes_through_the_editor_when_it_offers_fs() {
     acp(&env, "client_fs", &script, &[]);
     assert!(!env.cwd.join("b.txt").exists());
     assert_eq!(std::fs::read_to_string(env.cwd.join("a.txt")).unwrap(), "hello from the root\n");
+}
+
+#[test]
+fn acp_cancel_stops_a_running_tool_and_the_session_goes_on() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "sleep 300"}}]}),
+            json!({"text": "After."}),
+        ],
+    );
+    acp(&env, "cancel_running", &script, &[]);
+    let types = entry_types(&env.session_files()[0]);
+    assert!(types.iter().any(|t| t == "turnCancelled"), "{types:?}");
+    assert!(types.iter().any(|t| t == "toolFailed"), "{types:?}");
 }

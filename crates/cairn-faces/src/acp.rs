@@ -224,6 +224,8 @@ struct Agent<'h> {
     initialized: bool,
     /// The client offers fs/read_text_file and fs/write_text_file.
     client_fs: (bool, bool),
+    /// Updates to send once the current request is answered.
+    after: Vec<(String, Value)>,
 }
 
 fn main_loop(host: &dyn Host, shared: &Arc<Shared>, work: &Receiver<Work>) {
@@ -234,6 +236,7 @@ fn main_loop(host: &dyn Host, shared: &Arc<Shared>, work: &Receiver<Work>) {
         sessions: HashMap::new(),
         initialized: false,
         client_fs: (false, false),
+        after: Vec::new(),
     };
     while let Ok(Work::Request { id, method, params, cancel }) = work.recv() {
         let answer = match agent.handle(&method, &params, cancel) {
@@ -242,6 +245,9 @@ fn main_loop(host: &dyn Host, shared: &Arc<Shared>, work: &Receiver<Work>) {
         };
         if shared.out.send(&answer).is_err() {
             return;
+        }
+        for (sid, update) in agent.after.drain(..) {
+            shared.notify(&sid, update);
         }
     }
 }
@@ -339,6 +345,7 @@ impl Agent<'_> {
         let id = store.header().id.clone();
         let open = self.open(store)?;
         self.sessions.insert(id.clone(), open);
+        self.after.push((id.clone(), commands_update()));
         Ok(json!({"sessionId": id}))
     }
 
@@ -359,6 +366,7 @@ impl Agent<'_> {
         if let Some(open) = self.sessions.get(&id) {
             replay(&self.shared, &id, open);
         }
+        self.after.push((id, commands_update()));
         Ok(json!({}))
     }
 
@@ -435,6 +443,18 @@ impl Agent<'_> {
             Err(e) => Err(RpcError::internal(format!("{e}; the turn is saved, send {RESUME_COMMAND} to continue it"))),
         }
     }
+}
+
+/// The commands a person can type: `/resume` continues a cancelled or
+/// interrupted turn.
+fn commands_update() -> Value {
+    json!({
+        "sessionUpdate": "available_commands_update",
+        "availableCommands": [{
+            "name": RESUME_COMMAND.trim_start_matches('/'),
+            "description": "continue the cancelled or interrupted turn of this session",
+        }],
+    })
 }
 
 /// The text of an ACP prompt (text blocks, resource links, embedded text

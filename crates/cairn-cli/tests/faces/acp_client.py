@@ -28,6 +28,7 @@ class Editor:
     def __init__(self, answer):
         self.answer = answer  # "allow_once" | "allow_always" | "reject_once" | "cancel"
         self.events = []
+        self.commands = set()
         self.conn = None
 
     def on_connect(self, conn):
@@ -35,9 +36,17 @@ class Editor:
 
     async def session_update(self, session_id, update, **kwargs):
         self.events.append(("update", session_id, update))
+        if update.session_update == "available_commands_update":
+            self.commands.update(c.name for c in update.available_commands)
+        if (self.answer == "cancel_running" and update.session_update == "tool_call_update"
+                and update.status == "in_progress"):
+            # The tool is running: cancel the turn from the editor.
+            await self.conn.cancel(session_id=session_id)
 
     async def request_permission(self, options, session_id, tool_call, **kwargs):
         self.events.append(("permission", session_id, (tool_call, options)))
+        if self.answer == "cancel_running":
+            return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=options[0].option_id))
         if self.answer == "cancel":
             await self.conn.cancel(session_id=session_id)
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
@@ -111,7 +120,7 @@ async def start(conn, fs=False):
 
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
-              "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once"}[scenario]
+              "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -127,6 +136,7 @@ async def main():
             r = await conn.prompt(session_id=sid, prompt=[text_block("/resume")])
             expect(r.stop_reason, "end_turn")
             expect(editor.summary(), [("agent_message_chunk", "Resumed.")])
+            assert "resume" in editor.commands, editor.commands
             editor.events.clear()
             r = await conn.prompt(session_id=sid, prompt=[text_block("again")])
             expect(r.stop_reason, "end_turn")
@@ -145,6 +155,24 @@ async def main():
             ])
             assert not os.path.exists(os.path.join(cwd, "b.txt"))
             print("SESSION", sid)
+            return
+        if scenario == "cancel_running":
+            r = await conn.prompt(session_id=sid, prompt=[text_block("run it")])
+            expect(r.stop_reason, "cancelled")
+            expect(editor.summary(), [
+                ("tool_call", "execute", "pending"),
+                ("permission", "execute", ("allow_once", "allow_always", "reject_once")),
+                ("update", "execute", "in_progress"),
+                ("update", "execute", "failed"),
+            ])
+            texts = editor.texts()
+            assert "cancel" in texts[0] and "timed out" not in texts[0], texts
+            # The session goes on: a new prompt is a new turn.
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("next")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [("agent_message_chunk", "After.")])
+            print("ok", scenario)
             return
         r = await conn.prompt(session_id=sid, prompt=[text_block("hi")])
         expect(r.stop_reason, "end_turn")
