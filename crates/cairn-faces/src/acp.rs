@@ -25,7 +25,7 @@
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
@@ -70,6 +70,8 @@ struct Shared {
     pending: Mutex<HashMap<u64, (String, Sender<Reply>)>>,
     /// The cancel token of each session's latest prompt.
     cancels: Mutex<HashMap<String, CancelToken>>,
+    /// The input is closed: nobody will answer a question any more.
+    eof: AtomicBool,
 }
 
 impl Shared {
@@ -91,6 +93,14 @@ impl Shared {
         let (tx, rx) = mpsc::channel();
         if let Ok(mut pending) = self.pending.lock() {
             pending.insert(id, (session_id.to_owned(), tx));
+        }
+        // Checked after the insert: the reader sets `eof` before it drops
+        // every pending question, so one of the two sees the other.
+        if self.eof.load(Ordering::SeqCst) {
+            if let Ok(mut pending) = self.pending.lock() {
+                pending.remove(&id);
+            }
+            return Err("the client closed its input; nobody can answer".to_owned());
         }
         self.out.send(&jsonrpc::request(id, method, params)).map_err(|e| format!("cannot write to the client: {e}"))?;
         let gone = || "the client closed the connection before answering".to_owned();
@@ -124,6 +134,7 @@ pub fn serve(host: &dyn Host, input: impl BufRead + Send + 'static, out: Out) ->
         next_id: AtomicU64::new(0),
         pending: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
+        eof: AtomicBool::new(false),
     });
     let (tx, rx) = mpsc::channel();
     let reader_shared = Arc::clone(&shared);
@@ -202,7 +213,15 @@ fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
             }
         }
     }
-    // EOF: questions still open will never be answered.
+    // EOF: the client is gone. Turns running or queued are cancelled (saved
+    // and resumable, like an editor's cancel) rather than left to run with
+    // nobody to see them or answer their questions; open questions fail.
+    shared.eof.store(true, Ordering::SeqCst);
+    if let Ok(cancels) = shared.cancels.lock() {
+        for token in cancels.values() {
+            token.cancel();
+        }
+    }
     if let Ok(mut pending) = shared.pending.lock() {
         pending.clear();
     }

@@ -118,6 +118,20 @@ async def main():
                 r = await session.call_tool("list_dir", {"path": ".."})
                 assert r.is_error is True, r
                 print("outside refused")
+            elif scenario == "shell_pattern":
+                tools, _ = await all_tools(session)
+                by = {t.name: t for t in tools}
+                assert "shell" in by and by["shell"].annotations.read_only_hint is False, sorted(by)
+                r = await session.call_tool("shell", {"command": "ls"})
+                assert r.is_error is False and "a.txt" in text(r), r
+                # Named by the pattern's tool, but not covered by it: denied.
+                r = await session.call_tool("shell", {"command": "rm a.txt"})
+                assert r.is_error is True and "refused" in text(r), r
+                # A call that turns Destructive: refused, nobody can approve it here.
+                r = await session.call_tool("shell", {"command": "rm -rf sub"})
+                assert r.is_error is True, r
+                assert os.path.exists(os.path.join(cwd, "a.txt")) and os.path.exists(os.path.join(cwd, "sub", "keep"))
+                print("pattern enforced")
             else:
                 raise SystemExit(f"unknown scenario {scenario}")
 
