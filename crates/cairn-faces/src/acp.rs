@@ -736,3 +736,45 @@ impl Approver for PermissionAsker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn prompt_text_takes_text_links_and_text_resources_and_refuses_the_rest() {
+        let ok = prompt_text(&json!([
+            {"type": "text", "text": "look at "},
+            {"type": "resource_link", "uri": "file:///w/a.rs", "name": "a.rs"},
+            {"type": "resource", "resource": {"uri": "file:///w/b.rs", "text": "fn b() {}"}},
+        ]))
+        .unwrap();
+        assert_eq!(ok, "look at [a.rs](file:///w/a.rs)\n<context uri=\"file:///w/b.rs\">\nfn b() {}\n</context>\n");
+        for bad in [
+            json!(null),
+            json!("text"),
+            json!([]),
+            json!([{"type": "text", "text": "  \n"}]),
+            json!([{"text": "no type"}]),
+            json!([{"type": "image", "data": "", "mimeType": "image/png"}]),
+            json!([{"type": "audio", "data": "", "mimeType": "audio/wav"}]),
+            json!([{"type": "resource", "resource": {"uri": "file:///x", "blob": "AAAA"}}]),
+        ] {
+            let e = prompt_text(&bad).unwrap_err();
+            assert_eq!(e.code, jsonrpc::code::INVALID_PARAMS, "{bad}");
+        }
+    }
+
+    #[test]
+    fn tool_kinds_and_titles() {
+        assert_eq!(kind("read_file"), "read");
+        assert_eq!(kind("write_file"), "edit");
+        assert_eq!(kind("shell"), "execute");
+        assert_eq!(kind("my_external_tool"), "other");
+        assert_eq!(title("shell", &json!({"command": "ls"})), "shell: ls");
+        assert_eq!(title("x", &json!({"n": 1})), "x");
+        let long = "é".repeat(500);
+        assert_eq!(title("shell", &json!({"command": long})).chars().count(), "shell: ".len() + 120);
+    }
+}
