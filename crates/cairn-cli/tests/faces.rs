@@ -466,3 +466,23 @@ fn acp_cancel_stops_a_running_tool_and_the_session_goes_on() {
     assert!(types.iter().any(|t| t == "turnCancelled"), "{types:?}");
     assert!(types.iter().any(|t| t == "toolFailed"), "{types:?}");
 }
+
+#[test]
+fn acp_a_failed_provider_call_is_an_error_and_the_next_prompt_finishes_that_turn_first() {
+    let env = setup();
+    let short = write_script(
+        &env,
+        &[json!({"toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]})],
+    );
+    let out = acp(&env, "fail", &short, &[]);
+    let sid = out.lines().find_map(|l| l.strip_prefix("SESSION ")).unwrap().trim().to_owned();
+    // The script of the next process goes on where the first one ran out.
+    let full = env.home.join("full.jsonl");
+    let lines = [
+        json!({"toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+        json!({"text": "Recovered."}),
+        json!({"text": "Third."}),
+    ];
+    std::fs::write(&full, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    acp(&env, "recover", &full, &[&sid]);
+}

@@ -120,10 +120,22 @@ async def start(conn, fs=False):
 
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
-              "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running"}[scenario]
+              "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once",
+              "recover": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
+        if scenario == "recover":
+            sid = rest[0]
+            await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
+            editor.events.clear()
+            # The failed turn is finished first, then the new prompt runs.
+            r = await conn.prompt(session_id=sid, prompt=[text_block("next")])
+            expect(r.stop_reason, "end_turn")
+            # (consecutive chunks are joined by summary())
+            expect(editor.summary(), [("agent_message_chunk", "Recovered.Third.")])
+            print("recovered")
+            return
         if scenario == "load":
             sid = rest[0]
             await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
@@ -154,6 +166,19 @@ async def main():
                 ("update", "edit", "failed"),
             ])
             assert not os.path.exists(os.path.join(cwd, "b.txt"))
+            print("SESSION", sid)
+            return
+        if scenario == "fail":
+            from acp import RequestError
+            try:
+                await conn.prompt(session_id=sid, prompt=[text_block("go")])
+            except RequestError as e:
+                assert "/resume" in str(e.data) + str(e), e
+            else:
+                raise AssertionError("a prompt whose provider failed did not fail")
+            expect(editor.summary(), [
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "completed"),
+            ])
             print("SESSION", sid)
             return
         if scenario == "cancel_running":
