@@ -73,6 +73,7 @@ pub fn mcp(ctx: &Context, page_size: usize) -> Result<u8> {
     };
     let root = root.canonicalize().with_context(|| format!("--cwd {}: no such directory", root.display()))?;
     let options = cairn_faces::mcp::McpOptions { root, page_size };
-    cairn_faces::mcp::serve(&CliHost { ctx }, options, std::io::stdin().lock(), &stdout())?;
+    let stdin = std::io::BufReader::new(std::io::stdin());
+    cairn_faces::mcp::serve(&CliHost { ctx }, options, stdin, &stdout())?;
     Ok(exit::SUCCESS)
 }

@@ -486,3 +486,24 @@ fn acp_a_failed_provider_call_is_an_error_and_the_next_prompt_finishes_that_turn
     std::fs::write(&full, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
     acp(&env, "recover", &full, &[&sid]);
 }
+
+#[test]
+fn mcp_a_cancelled_call_is_stopped_recorded_and_not_answered() {
+    let env = setup();
+    let lines = [
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}),
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+        json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"shell","arguments":{"command":"sleep 300"}}}),
+        json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"the user gave up"}}),
+        json!({"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}),
+    ];
+    let input: Vec<u8> = lines.iter().flat_map(|l| format!("{l}\n").into_bytes()).collect();
+    let (answers, status) = raw(&env, &["mcp", "--allow", "shell(sleep *)"], input);
+    assert!(status.success(), "{status:?}");
+    assert!(answers.iter().all(|a| a["id"] != json!(7)), "a cancelled call is not answered: {answers:#?}");
+    assert_eq!(by_id(&answers, 8)["result"]["isError"], false, "{answers:#?}");
+    let types = entry_types(&env.session_files()[0]);
+    assert!(types.iter().any(|t| t == "turnCancelled"), "{types:?}");
+    let check = env.cairn(&["check", env.session_files()[0].to_str().unwrap()]).output().unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+}

@@ -19,12 +19,18 @@
 //! is a tool result with `isError`, not a protocol error; only an unknown or
 //! unexposed tool name is a JSON-RPC error (-32602), as the protocol says.
 //!
+//! A reader thread owns stdin and handles `notifications/cancelled`: the
+//! named call's turn is cancelled through the core (a running tool is
+//! killed; the session records the cancelled turn) and gets no answer.
+//! Calls themselves run one at a time, in order, on the main thread.
+//!
 //! This module must not run tools itself or decide approvals.
 
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 
 use anyhow::Result;
 use cairn_core::approval::PolicyApprover;
@@ -69,7 +75,7 @@ struct Server<'h> {
 /// Serve MCP on `input`/`out` until the input closes. Bad lines are
 /// answered and skipped; only a failed write (the client is gone) ends it
 /// early.
-pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead, out: &Out) -> Result<()> {
+pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 'static, out: &Out) -> Result<()> {
     let allow = host.allowlist()?;
     let crate::HostTools { tools, notes } = host.tools(&options.root)?;
     for note in notes {
@@ -110,34 +116,87 @@ pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead, out: &Ou
         client: "unknown".to_owned(),
         calls: 0,
     };
+    let calls: Arc<Mutex<HashMap<String, CancelToken>>> = Arc::default();
+    let (tx, rx) = mpsc::channel();
+    let reader_out = out.clone();
+    let reader_calls = Arc::clone(&calls);
+    std::thread::spawn(move || read_loop(input, &reader_out, &reader_calls, &tx));
+    while let Ok(Work { id, method, params, cancel }) = rx.recv() {
+        let answer = match server.handle(&method, params, &cancel) {
+            Ok(result) => jsonrpc::response(&id, result),
+            Err(error) => jsonrpc::error_response(&id, &error),
+        };
+        if let Ok(mut calls) = calls.lock() {
+            calls.remove(&id.to_string());
+        }
+        // A cancelled request gets no answer (the client has moved on).
+        if !cancel.is_cancelled() && out.send(&answer).is_err() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// A request for the main thread, with the token a
+/// `notifications/cancelled` naming it sets.
+struct Work {
+    id: Value,
+    method: String,
+    params: Value,
+    cancel: CancelToken,
+}
+
+/// Own the input: answer what is not a message, cancel calls the client
+/// cancels, queue requests in order. Ends at end of input (the requests
+/// already queued are still answered).
+fn read_loop(input: impl BufRead, out: &Out, calls: &Mutex<HashMap<String, CancelToken>>, work: &mpsc::Sender<Work>) {
     let mut reader = LineReader::new(input, MAX_MESSAGE_BYTES);
     loop {
-        let line = reader.next_line()?;
-        let answer = match &line {
-            Line::Eof => return Ok(()),
-            Line::TooLong(_) => jsonrpc::refusal(&line),
-            Line::Message(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => None,
-            Line::Message(bytes) => match Incoming::parse(bytes) {
-                Err((id, error)) => Some(jsonrpc::error_response(&id, &error)),
-                Ok(Incoming::Request { id, method, params }) => Some(match server.handle(&method, params) {
-                    Ok(result) => jsonrpc::response(&id, result),
-                    Err(error) => jsonrpc::error_response(&id, &error),
-                }),
-                // Notifications (initialized, cancelled, …) need no answer;
-                // calls run one at a time, so there is nothing to cancel.
-                Ok(Incoming::Notification { .. }) | Ok(Incoming::Response { .. }) => None,
-            },
+        let line = match reader.next_line() {
+            Ok(Line::Eof) | Err(_) => return,
+            Ok(line) => line,
         };
-        if let Some(answer) = answer
-            && out.send(&answer).is_err()
-        {
-            return Ok(());
+        let bytes = match &line {
+            Line::Message(bytes) => bytes,
+            _ => {
+                if let Some(answer) = jsonrpc::refusal(&line) {
+                    let _ = out.send(&answer);
+                }
+                continue;
+            }
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match Incoming::parse(bytes) {
+            Err((id, error)) => {
+                let _ = out.send(&jsonrpc::error_response(&id, &error));
+            }
+            Ok(Incoming::Request { id, method, params }) => {
+                // Registered when read, so a cancel right behind it is kept.
+                let cancel = CancelToken::new();
+                if let Ok(mut calls) = calls.lock() {
+                    calls.insert(id.to_string(), cancel.clone());
+                }
+                if work.send(Work { id, method, params, cancel }).is_err() {
+                    return;
+                }
+            }
+            Ok(Incoming::Notification { method, params }) if method == "notifications/cancelled" => {
+                let Some(request) = params.get("requestId") else { continue };
+                if let Some(token) = calls.lock().ok().and_then(|c| c.get(&request.to_string()).cloned()) {
+                    token.cancel();
+                }
+            }
+            // Other notifications (initialized, …) and stray responses
+            // need nothing.
+            Ok(Incoming::Notification { .. } | Incoming::Response { .. }) => {}
         }
     }
 }
 
 impl Server<'_> {
-    fn handle(&mut self, method: &str, params: Value) -> Result<Value, RpcError> {
+    fn handle(&mut self, method: &str, params: Value, cancel: &CancelToken) -> Result<Value, RpcError> {
         match method {
             "initialize" => Ok(self.initialize(&params)),
             "ping" => Ok(json!({})),
@@ -146,7 +205,7 @@ impl Server<'_> {
                 "the server is not initialized: send initialize first",
             )),
             "tools/list" => self.list(&params),
-            "tools/call" => self.call(&params),
+            "tools/call" => self.call(&params, cancel),
             other => Err(RpcError::no_method(other, "MCP")),
         }
     }
@@ -208,7 +267,7 @@ impl Server<'_> {
         Ok(result)
     }
 
-    fn call(&mut self, params: &Value) -> Result<Value, RpcError> {
+    fn call(&mut self, params: &Value, cancel: &CancelToken) -> Result<Value, RpcError> {
         let name = params
             .get("name")
             .and_then(Value::as_str)
@@ -248,19 +307,22 @@ impl Server<'_> {
             TurnEvent::ToolRejected { reason, .. } => settled = Some((true, format!("the call was refused: {reason}"))),
             _ => {}
         };
-        let cancel = CancelToken::new();
         let mut env = TurnEnv {
             provider: &provider,
             tools: &self.registry,
             approver: &mut self.approver,
             observer: &mut observer,
-            cancel: &cancel,
+            cancel,
         };
         let prompt = format!("MCP client {:?} called tools/call {name}", self.client);
         session
             .run_turn(&prompt, &mut env)
             .map_err(|e| RpcError::internal(format!("the call could not be recorded: {e}")))?;
-        let (is_error, text) = settled.unwrap_or((true, "the call was not settled".to_owned()));
+        let (is_error, text) = match settled {
+            Some(settled) => settled,
+            None if cancel.is_cancelled() => (true, "the call was cancelled before it ran".to_owned()),
+            None => (true, "the call was not settled".to_owned()),
+        };
         Ok(json!({"content": [{"type": "text", "text": text}], "isError": is_error}))
     }
 }
