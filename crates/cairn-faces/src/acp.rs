@@ -408,10 +408,9 @@ impl Agent<'_> {
             )));
         };
         let shared = Arc::clone(&self.shared);
-        let mut tools: HashMap<String, Value> = HashMap::new();
         let cwd = open.cwd.clone();
         let mut observer = |event: &TurnEvent| {
-            if let Some(update) = live_update(event, &cwd, &mut tools) {
+            if let Some(update) = live_update(event, &cwd) {
                 shared.notify(&sid, update);
             }
         };
@@ -572,7 +571,7 @@ fn tool_update(id: &str, status: &str, text: Option<&str>) -> Value {
 
 /// The update telling a live [`TurnEvent`], if any. Tool calls are named by
 /// cairn's invocation id (unique in the session, unlike model call ids).
-fn live_update(event: &TurnEvent, cwd: &Path, tools: &mut HashMap<String, Value>) -> Option<Value> {
+fn live_update(event: &TurnEvent, cwd: &Path) -> Option<Value> {
     match event {
         TurnEvent::Delta { event: StreamEvent::TextDelta { text } } => {
             Some(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}))
@@ -581,7 +580,6 @@ fn live_update(event: &TurnEvent, cwd: &Path, tools: &mut HashMap<String, Value>
             Some(json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": text}}))
         }
         TurnEvent::ToolRequested { invocation_id, tool, arguments, .. } => {
-            tools.insert(invocation_id.clone(), arguments.clone());
             Some(tool_call(invocation_id, tool, arguments, cwd))
         }
         TurnEvent::ToolStarted { invocation_id, .. } => Some(tool_update(invocation_id, "in_progress", None)),
@@ -674,6 +672,31 @@ fn preview_text(preview: &Preview) -> String {
     }
 }
 
+/// Editors render a `diff` content as a diff view: the whole new file of a
+/// `write_file` against what is on disk now (text up to 1 MiB, read only
+/// inside the working directory), or the replaced text of an `edit_file`.
+fn diff_content(request: &ApprovalRequest<'_>) -> Option<Value> {
+    let args = request.arguments;
+    let given = args.get("path").and_then(Value::as_str)?;
+    let path = cairn_tools::paths::resolve_in_cwd(request.cwd, given).ok()?;
+    let (old, new) = match request.tool {
+        "write_file" => {
+            let new = args.get("content").and_then(Value::as_str)?;
+            let old = std::fs::metadata(&path)
+                .ok()
+                .filter(|m| m.is_file() && m.len() <= 1024 * 1024)
+                .and_then(|_| std::fs::read_to_string(&path).ok());
+            (old, new.to_owned())
+        }
+        "edit_file" => {
+            let old = args.get("old").and_then(Value::as_str)?;
+            (Some(old.to_owned()), args.get("new").and_then(Value::as_str)?.to_owned())
+        }
+        _ => return None,
+    };
+    Some(json!({"type": "diff", "path": path, "oldText": old, "newText": new}))
+}
+
 impl Approver for PermissionAsker {
     fn is_interactive(&self) -> bool {
         true
@@ -700,6 +723,10 @@ impl Approver for PermissionAsker {
             Some(preview) => shown.push_str(&preview_text(preview)),
             None => shown.push_str(&serde_json::to_string_pretty(request.arguments).unwrap_or_default()),
         }
+        let mut content = text_content(&shown);
+        if let (Some(diff), Some(items)) = (diff_content(request), content.as_array_mut()) {
+            items.insert(0, diff);
+        }
         let params = json!({
             "sessionId": self.session_id,
             "toolCall": {
@@ -708,7 +735,7 @@ impl Approver for PermissionAsker {
                 "kind": kind(request.tool),
                 "status": "pending",
                 "rawInput": request.arguments,
-                "content": text_content(&shown),
+                "content": content,
             },
             "options": options,
         });

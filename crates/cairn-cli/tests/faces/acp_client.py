@@ -212,6 +212,11 @@ async def main():
                 ("agent_message_chunk", "Done."),
             ])
             assert "hello" in editor.texts()[0], editor.texts()
+            # The permission question shows the write as a diff view.
+            (tool_call, _), = [p for k, _, p in editor.events if k == "permission"]
+            diffs = [c for c in tool_call.content if c.type == "diff"]
+            assert len(diffs) == 1, tool_call.content
+            expect((diffs[0].path, diffs[0].old_text, diffs[0].new_text), (os.path.join(cwd, "b.txt"), None, "new\n"))
             with open(os.path.join(cwd, "b.txt")) as f:
                 expect(f.read(), "new\n")
         elif scenario == "prompt_reject":
