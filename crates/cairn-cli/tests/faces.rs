@@ -250,6 +250,20 @@ fn acp_destructive_call_offers_no_always_and_is_not_run_when_rejected() {
 }
 
 #[test]
+fn acp_an_answer_with_an_option_not_offered_is_a_rejection() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "rm -rf sub"}}]}),
+            json!({"text": "Kept."}),
+        ],
+    );
+    acp(&env, "forged", &script, &[]);
+    assert!(env.cwd.join("sub/keep").exists());
+}
+
+#[test]
 fn acp_allow_always_covers_later_write_calls_of_the_session() {
     let env = setup();
     let script = write_script(

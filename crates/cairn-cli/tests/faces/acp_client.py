@@ -45,6 +45,9 @@ class Editor:
 
     async def request_permission(self, options, session_id, tool_call, **kwargs):
         self.events.append(("permission", session_id, (tool_call, options)))
+        if self.answer == "forged":
+            # A client answering with an option that was not offered.
+            return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id="allow-always"))
         if self.answer == "cancel_running":
             return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=options[0].option_id))
         if self.answer == "cancel":
@@ -120,7 +123,7 @@ async def start(conn, fs=False):
 
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
-              "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once",
+              "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
               "recover": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
@@ -230,6 +233,15 @@ async def main():
             ])
             assert "rejected" in editor.texts()[1], editor.texts()
             assert not os.path.exists(os.path.join(cwd, "b.txt")), "a rejected write happened"
+        elif scenario == "forged":
+            expect(got, [
+                ("tool_call", "execute", "pending"),
+                ("permission", "execute", ("allow_once", "reject_once")),
+                ("update", "execute", "failed"),
+                ("agent_message_chunk", "Kept."),
+            ])
+            assert "not offered" in editor.texts()[0], editor.texts()
+            assert os.path.exists(os.path.join(cwd, "sub", "keep")), "a forged answer ran a destructive call"
         elif scenario == "destructive":
             expect(got, [
                 ("tool_call", "execute", "pending"),
