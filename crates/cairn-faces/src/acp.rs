@@ -68,8 +68,9 @@ struct Shared {
     next_id: AtomicU64,
     /// Our open requests: id → (session, where the answer goes).
     pending: Mutex<HashMap<u64, (String, Sender<Reply>)>>,
-    /// The cancel token of each session's latest prompt.
-    cancels: Mutex<HashMap<String, CancelToken>>,
+    /// The cancel tokens of each session's prompts read since its last
+    /// cancel (running or queued; finished ones are harmless to cancel).
+    cancels: Mutex<HashMap<String, Vec<CancelToken>>>,
     /// The input is closed: nobody will answer a question any more.
     eof: AtomicBool,
 }
@@ -177,7 +178,8 @@ fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
             }
             Ok(Incoming::Notification { method, params }) if method == "session/cancel" => {
                 let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else { continue };
-                if let Some(token) = shared.cancels.lock().ok().and_then(|c| c.get(session_id).cloned()) {
+                let tokens = shared.cancels.lock().ok().and_then(|mut c| c.remove(session_id)).unwrap_or_default();
+                for token in tokens {
                     token.cancel();
                 }
                 // Open questions of that session are answered "cancelled",
@@ -203,7 +205,7 @@ fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
                     .map(|sid| {
                         let token = CancelToken::new();
                         if let Ok(mut cancels) = shared.cancels.lock() {
-                            cancels.insert(sid.to_owned(), token.clone());
+                            cancels.entry(sid.to_owned()).or_default().push(token.clone());
                         }
                         token
                     });
@@ -218,7 +220,7 @@ fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
     // nobody to see them or answer their questions; open questions fail.
     shared.eof.store(true, Ordering::SeqCst);
     if let Ok(cancels) = shared.cancels.lock() {
-        for token in cancels.values() {
+        for token in cancels.values().flatten() {
             token.cancel();
         }
     }
