@@ -237,6 +237,10 @@ pub struct ToolContext<'a> {
     /// sandbox rules (the bypass broker). Returns `true` only when a person
     /// approved it; the verdict is recorded in the log by the turn.
     pub approve_bypass: &'a mut dyn FnMut(&str) -> bool,
+    /// Judges the change set of a staged run before it is applied (a
+    /// Destructive effect needs a person, through the approval gate); the
+    /// decision is recorded by the turn before the tool learns it.
+    pub review_staged: &'a mut dyn FnMut(&crate::staged::StagedReview<'_>) -> crate::staged::StagedDecision,
 }
 
 impl std::fmt::Debug for ToolContext<'_> {
@@ -280,6 +284,10 @@ pub enum ToolError {
     /// Anything else, as a message for the model.
     #[error("{0}")]
     Other(String),
+    /// The call's staged effect was discarded by the approval gate or a
+    /// person: nothing was applied; settled as Rejected with this reason.
+    #[error("{0}")]
+    Rejected(String),
 }
 
 /// A tool the turn can call.

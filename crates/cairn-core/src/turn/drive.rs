@@ -566,6 +566,9 @@ impl<S: Storage> Session<S> {
                     effect::apply_cap(&mut receipt, self.config.output_cap, self.config.stored_output_cap);
                 Settlement::Completed(ToolCompletedPayload::new(request, receipt, full_output, None, ran.bypasses))
             }
+            Err(ToolError::Rejected(reason)) => {
+                Settlement::Rejected(ToolRejectedPayload::new(request, Some(Risk::Destructive), reason))
+            }
             Err(error) => {
                 let reason = match error {
                     ToolError::Cancelled if ran.timed_out => {

@@ -19,8 +19,9 @@ use super::TurnError;
 use crate::CancelToken;
 use crate::approval::{Answer, ApprovalRequest, Approver, gate};
 use crate::events::{BypassRecord, TurnEvent, VerdictRecord};
+use crate::staged::{StagedDecision, StagedReview};
 use crate::storage::now_millis;
-use crate::tool::{Risk, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest};
+use crate::tool::{Preview, Risk, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest};
 
 /// What running an effect gave.
 pub(crate) struct EffectResult {
@@ -83,7 +84,10 @@ pub(crate) fn run(
                 chunk: String::from_utf8_lossy(chunk).into_owned(),
             });
         };
+        // Both brokers ask the one approver; a tool asks one at a time.
+        let approver = std::cell::RefCell::new(approver);
         let mut approve_bypass = |what: &str| -> bool {
+            let Ok(mut approver) = approver.try_borrow_mut() else { return false };
             if record_error.is_some() {
                 // Nothing more can be recorded: nothing more is granted.
                 return false;
@@ -123,8 +127,20 @@ pub(crate) fn run(
             bypasses.push(bypass);
             approved
         };
-        let mut ctx =
-            ToolContext { cwd, cancel: &call_cancel, limits, output: &mut output, approve_bypass: &mut approve_bypass };
+        let mut review_staged = |review: &StagedReview<'_>| -> StagedDecision {
+            match approver.try_borrow_mut() {
+                Ok(mut approver) => review_staged_effect(request, cwd, &mut **approver, review),
+                Err(_) => StagedDecision::Discard { reason: "the approver is busy".to_owned() },
+            }
+        };
+        let mut ctx = ToolContext {
+            cwd,
+            cancel: &call_cancel,
+            limits,
+            output: &mut output,
+            approve_bypass: &mut approve_bypass,
+            review_staged: &mut review_staged,
+        };
         // A tool that panics is settled as failed; the turn goes on.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.execute(request, &mut ctx)))
             .unwrap_or_else(|panic| {
@@ -139,6 +155,61 @@ pub(crate) fn run(
         result
     });
     EffectResult { result, bypasses, timed_out: timed_out.load(Ordering::SeqCst), record_error }
+}
+
+/// The approval of a staged effect: a Write effect was approved with the
+/// call (its pre-run verdict followed the Write rules); a Destructive one
+/// goes through the gate (refused headless, whatever `--yes` or a pattern
+/// said) and then to the interactive approver, who is shown the diff.
+fn review_staged_effect(
+    request: &ToolRequest,
+    cwd: &Path,
+    approver: &mut dyn Approver,
+    review: &StagedReview<'_>,
+) -> StagedDecision {
+    if review.judgement.risk != Risk::Destructive {
+        return StagedDecision::Apply { by: "policy:stagedWrite".to_owned() };
+    }
+    let staged = format!(
+        "its staged effect is Destructive ({}); nothing was applied, the working tree is unchanged. Staged changes:\n{}",
+        review.judgement.reasons.join("; "),
+        review.changes.listing()
+    );
+    let ask = match gate(&request.tool, Risk::Destructive, None, approver.is_interactive()) {
+        Err(_) => {
+            return StagedDecision::Discard {
+                reason: format!(
+                    "{} needs a person's approval because {staged}(no interactive approver is available: run cairn in a terminal to approve such effects)",
+                    request.tool
+                ),
+            };
+        }
+        Ok(need) => need,
+    };
+    let preview = Preview::Text {
+        text: format!(
+            "staged effect (Destructive: {})\n{}\n{}",
+            review.judgement.reasons.join("; "),
+            review.changes.listing(),
+            review.diff
+        ),
+    };
+    let question = ApprovalRequest {
+        invocation_id: &request.invocation_id,
+        tool: &request.tool,
+        risk: Risk::Destructive,
+        arguments: &request.arguments,
+        preview: Some(&preview),
+        cwd,
+        bypass: None,
+    };
+    match approver.decide(&question).map(|v| ask.bound(v)) {
+        Ok(v) => match v.decision {
+            Answer::Approve | Answer::ApproveForSession => StagedDecision::Apply { by: v.by },
+            Answer::Deny { reason } => StagedDecision::Discard { reason: format!("{reason}: {staged}") },
+        },
+        Err(e) => StagedDecision::Discard { reason: format!("{e}: {staged}") },
+    }
 }
 
 /// The largest char boundary ≤ `at`.
