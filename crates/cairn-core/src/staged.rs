@@ -6,7 +6,8 @@
 //! It owns the meaning of "destroys": deleting a file or directory that
 //! existed, truncating one (emptying it; for a binary file, making it
 //! shorter), overwriting a text file (fewer than half of its old lines
-//! kept), taking its owner's read or write permission away, or changing
+//! kept), taking its owner's read or write permission away (and search, for
+//! a directory), replacing it with another kind of entry, or changing
 //! more files than [`StagedRules::max_files`]. Inside `.git/` only deletion
 //! and emptying count (git rewrites its own files all the time).
 //!
@@ -127,6 +128,12 @@ impl Change {
         if before.kind != after.kind {
             return Some(format!("replaces {} with another kind of entry", self.path));
         }
+        // The owner's bits that matter: read and write a file, and also
+        // enter a directory.
+        let owner = if before.kind == EntryKind::Dir { 0o700 } else { 0o600 };
+        if !in_git && before.mode & owner & !after.mode != 0 {
+            return Some(format!("takes its owner's access to {} away (mode {:o})", self.path, after.mode));
+        }
         if before.kind != EntryKind::File {
             return None;
         }
@@ -135,9 +142,6 @@ impl Change {
         }
         if in_git {
             return None;
-        }
-        if before.mode & 0o600 != 0 && after.mode & 0o600 != before.mode & 0o600 && after.mode & 0o600 != 0o600 {
-            return Some(format!("takes its owner's access to {} away (mode {:o})", self.path, after.mode));
         }
         match self.lines {
             Some((old, kept)) if old > 0 && kept * 2 < old => {

@@ -94,6 +94,19 @@ pub fn overlay_status() -> Result<(), String> {
     PROBE.get_or_init(probe).clone()
 }
 
+/// What `cairn tools` says about staging here.
+pub fn describe() -> String {
+    match overlay_status() {
+        Ok(()) => "overlay (shell runs in an overlay of the working tree; its observed effect decides the tier, \
+                   and a Destructive effect is shown to a person before anything is applied)"
+            .to_owned(),
+        Err(why) => format!(
+            "unavailable ({why}): shell runs directly on the tree; the parsed classification alone decides, and \
+             a line it cannot classify needs a person (refused headless)"
+        ),
+    }
+}
+
 #[cfg(target_os = "linux")]
 fn probe() -> Result<(), String> {
     crate::sandbox::isolation_status().map_err(|why| format!("no private mount namespace: {why}"))?;

@@ -186,9 +186,10 @@ fn review_staged_effect(
         }
         Ok(need) => need,
     };
+    let command = request.arguments.get("command").and_then(|c| c.as_str()).unwrap_or("");
     let preview = Preview::Text {
         text: format!(
-            "staged effect (Destructive: {})\n{}\n{}",
+            "$ {command}\nstaged effect (Destructive: {})\n{}\n{}",
             review.judgement.reasons.join("; "),
             review.changes.listing(),
             review.diff
