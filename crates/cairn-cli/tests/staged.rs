@@ -187,7 +187,10 @@ fn entries(path: &Path) -> Vec<Value> {
 fn require_staging(env: &Env) {
     let out = env.cairn(&["tools"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(text.contains("staging: overlay"), "overlay staging is not available here, so this test cannot run:\n{text}");
+    assert!(
+        text.contains("staging: overlay"),
+        "overlay staging is not available here, so this test cannot run:\n{text}"
+    );
 }
 
 /// Run one shell call headless with `flags`; the session's entries.
@@ -282,8 +285,7 @@ fn adding_and_editing_apply_under_yes_with_the_diff_recorded() {
     assert!(std::fs::read_to_string(env.cwd.join("f.txt")).unwrap().contains("LINE3\nline4"));
     assert_eq!(std::fs::read_to_string(env.cwd.join("keep.txt")).unwrap(), "keep\nappended\n");
     // Nothing else changed.
-    let changed: Vec<&String> =
-        after.keys().chain(before.keys()).filter(|k| after.get(*k) != before.get(*k)).collect();
+    let changed: Vec<&String> = after.keys().chain(before.keys()).filter(|k| after.get(*k) != before.get(*k)).collect();
     let mut changed: Vec<&str> = changed.into_iter().map(String::as_str).collect();
     changed.sort();
     changed.dedup();

@@ -154,10 +154,7 @@ fn destructive_is_refused_headless_even_with_yes_and_allow() {
     // With overlay staging the command runs staged and its effect (the
     // deletion) is refused; without it, it never starts.
     let text = std::fs::read_to_string(&env.session_files()[0]).unwrap();
-    assert!(
-        !types.contains(&"toolStarted".to_owned()) || text.contains("Staged changes:"),
-        "{types:?} {text}"
-    );
+    assert!(!types.contains(&"toolStarted".to_owned()) || text.contains("Staged changes:"), "{types:?} {text}");
 }
 
 #[test]

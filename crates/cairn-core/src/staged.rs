@@ -209,6 +209,9 @@ pub struct StagedReview<'a> {
     /// What a person is shown: unified diffs of text files, sizes and
     /// hashes of binary ones, deletions.
     pub diff: &'a str,
+    /// The staging layer holding the new contents (recorded with the
+    /// change set, so a resumed session can finish applying it).
+    pub staging: &'a str,
 }
 
 /// The turn's answer to a [`StagedReview`].

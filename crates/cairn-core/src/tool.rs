@@ -176,6 +176,10 @@ pub enum GuardVerdict {
     NotDone,
     /// Cannot tell; settle as uncertain and tell the model.
     Unknown,
+    /// The effect certainly did not happen and must not be re-run (a staged
+    /// call stopped before its change set was committed): settled as failed,
+    /// not uncertain, with this reason.
+    NotApplied(String),
 }
 
 /// What an approver is shown so a person can judge a call.
@@ -317,6 +321,19 @@ pub trait Tool: Send + Sync {
     /// For `Guarded` tools: did the effect of `request` already happen?
     fn guard(&self, request: &ToolRequest, cwd: &Path) -> GuardVerdict {
         let _ = (request, cwd);
+        GuardVerdict::Unknown
+    }
+
+    /// For staged tools on resume: the invocation's change set was
+    /// committed (`staged`) but its settlement was not; finish applying it
+    /// (idempotently) and return the receipt, or say it cannot.
+    fn resume_staged(
+        &self,
+        request: &ToolRequest,
+        cwd: &Path,
+        staged: &crate::events::ToolStagedPayload,
+    ) -> GuardVerdict {
+        let _ = (request, cwd, staged);
         GuardVerdict::Unknown
     }
 

@@ -75,9 +75,42 @@ impl Staging {
         read_layer(&self.dirs.upper, lower)
     }
 
+    /// Fsync every created or modified file of `changes` in the staging
+    /// layer, and its directories.
+    pub fn sync(&self, changes: &ChangeSet) -> Result<(), StagingError> {
+        for c in &changes.changes {
+            if c.kind == ChangeKind::Deleted {
+                continue;
+            }
+            let path = self.dirs.upper.join(&c.path);
+            let is_file = c.after.as_ref().is_some_and(|a| a.kind == EntryKind::File);
+            if is_file || c.after.as_ref().is_some_and(|a| a.kind == EntryKind::Dir) {
+                let f = fs::File::open(&path).map_err(io(format!("cannot open {}", path.display())))?;
+                f.sync_all().map_err(io(format!("cannot fsync {}", path.display())))?;
+            }
+        }
+        let f = fs::File::open(&self.dirs.upper).map_err(io("cannot open the staging layer"))?;
+        f.sync_all().map_err(io("cannot fsync the staging layer"))?;
+        Ok(())
+    }
+
     /// Remove the staging directory (best effort: a leftover is only disk).
     pub fn remove(self) {
         let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Remove the staging directories of call `call` under `base` (after a
+/// resume; best effort).
+pub fn remove_leftovers(base: &Path, call: &str) {
+    let safe: String = call.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    let prefix = format!("stage-{safe}-");
+    if let Ok(entries) = fs::read_dir(base) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
     }
 }
 
@@ -94,8 +127,14 @@ pub fn overlay_status() -> Result<(), String> {
     PROBE.get_or_init(probe).clone()
 }
 
-/// What `cairn tools` says about staging here.
-pub fn describe() -> String {
+/// What `cairn tools` says about staging here (`enabled`: the `staged`
+/// setting).
+pub fn describe(enabled: bool) -> String {
+    if !enabled {
+        return "off (staged = false in [tools]): shell runs directly on the tree; the parsed classification alone \
+                decides, and a line it cannot classify needs a person (refused headless)"
+            .to_owned();
+    }
     match overlay_status() {
         Ok(()) => "overlay (shell runs in an overlay of the working tree; its observed effect decides the tier, \
                    and a Destructive effect is shown to a person before anything is applied)"

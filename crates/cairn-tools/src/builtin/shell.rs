@@ -12,9 +12,10 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use cairn_core::events::ToolStagedPayload;
 use cairn_core::tool::{
-    Capability, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec,
-    Validation,
+    Capability, GuardVerdict, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest,
+    ToolSpec, Validation,
 };
 use regex::{Regex, RegexBuilder};
 use serde::Deserialize;
@@ -107,7 +108,14 @@ impl Shell {
             }),
             risk: Risk::Write,
             capabilities,
-            replay: ReplayPolicy::Never,
+            // Staged, a call's file effect is committed as one change set
+            // before it is applied: resume finishes that apply or knows
+            // nothing was applied, and never re-runs the command.
+            replay: if config.staged && staging::overlay_status().is_ok() {
+                ReplayPolicy::Guarded
+            } else {
+                ReplayPolicy::Never
+            },
         };
         Ok(Self {
             spec,
@@ -240,6 +248,48 @@ impl Tool for Shell {
             }
             Ok(_) => Validation::Valid,
             Err(e) => Validation::Invalid(e),
+        }
+    }
+
+    fn guard(&self, request: &ToolRequest, cwd: &Path) -> GuardVerdict {
+        let _ = cwd;
+        // Reached only without a committed change set (the turn looks for
+        // one first): the command's writes went to its staging layer and
+        // nothing was applied.
+        staging::remove_leftovers(&self.staging_dir, &request.invocation_id);
+        GuardVerdict::NotApplied(
+            "interrupted: cairn stopped while the staged command ran, before its change set was committed; \
+             nothing was applied to the working tree, and the command was not re-run"
+                .to_owned(),
+        )
+    }
+
+    fn resume_staged(&self, request: &ToolRequest, cwd: &Path, staged: &ToolStagedPayload) -> GuardVerdict {
+        let upper = Path::new(&staged.staging);
+        match staging::apply(&staged.change_set, upper, cwd) {
+            Ok(()) => {
+                staging::remove_leftovers(&self.staging_dir, &request.invocation_id);
+                GuardVerdict::AlreadyDone(ToolReceipt {
+                    exit_code: 0,
+                    output_summary: format!(
+                        "[cairn: resumed after an interruption: the committed change set was applied; the command was \
+                         not re-run]\n{}",
+                        staged.change_set.listing()
+                    ),
+                    structured_output: Some(json!({
+                        "staging": StagingMode::Overlay,
+                        "changeSet": staged.change_set,
+                        "appliedBy": staged.verdict.by,
+                        "resumed": true,
+                    })),
+                    affected_entities: staged.change_set.affected(),
+                    duration_ms: 0,
+                    tier: staged.change_set.judge(&self.staged_rules).risk,
+                    timestamp: crate::now_ms(),
+                    truncated: false,
+                })
+            }
+            Err(_) => GuardVerdict::Unknown,
         }
     }
 
@@ -409,7 +459,14 @@ impl Shell {
         let mut applied_by = None;
         let diff = staging::render_diff(&changes, &staging.dirs().upper, ctx.cwd, 64 * 1024);
         if !changes.is_empty() {
-            let review = StagedReview { changes: &changes, judgement: &judgement, diff: &diff };
+            // The new contents are durable before the change set is
+            // recorded, so a resumed session can finish the apply.
+            if let Err(e) = staging.sync(&changes) {
+                staging.remove();
+                return Err(ToolError::Other(format!("cannot make the staged effect durable: {e}")));
+            }
+            let upper = staging.dirs().upper.display().to_string();
+            let review = StagedReview { changes: &changes, judgement: &judgement, diff: &diff, staging: &upper };
             match (ctx.review_staged)(&review) {
                 StagedDecision::Apply { by } => {
                     if let Err(e) = staging::apply(&changes, &staging.dirs().upper, ctx.cwd) {
