@@ -7,7 +7,8 @@
 //! [`ChangeSet`] (created and modified files, deletions from whiteouts and
 //! opaque directories), the diff a person is shown, and applying a change
 //! set to the real tree idempotently (each file written to a temporary
-//! name, fsynced, renamed; deletions; so applying twice equals once).
+//! name beside it, the file system synced, renamed, synced again;
+//! deletions; so applying twice equals once).
 //!
 //! It must not decide what an effect needs (that is
 //! `cairn_core::staged::ChangeSet::judge` and the approval gate) and never
@@ -34,6 +35,15 @@ pub enum StagingError {
         what: String,
         /// The failure.
         source: std::io::Error,
+    },
+    /// The real tree changed under the staged run: applying would
+    /// overwrite someone else's change, so nothing was applied.
+    #[error(
+        "{path} changed in the working tree while the command ran (it is neither as the command found it nor as it left it); nothing was applied"
+    )]
+    Conflict {
+        /// The path, relative to the tree.
+        path: String,
     },
 }
 
@@ -75,23 +85,10 @@ impl Staging {
         read_layer(&self.dirs.upper, lower)
     }
 
-    /// Fsync every created or modified file of `changes` in the staging
-    /// layer, and its directories.
-    pub fn sync(&self, changes: &ChangeSet) -> Result<(), StagingError> {
-        for c in &changes.changes {
-            if c.kind == ChangeKind::Deleted {
-                continue;
-            }
-            let path = self.dirs.upper.join(&c.path);
-            let is_file = c.after.as_ref().is_some_and(|a| a.kind == EntryKind::File);
-            if is_file || c.after.as_ref().is_some_and(|a| a.kind == EntryKind::Dir) {
-                let f = fs::File::open(&path).map_err(io(format!("cannot open {}", path.display())))?;
-                f.sync_all().map_err(io(format!("cannot fsync {}", path.display())))?;
-            }
-        }
-        let f = fs::File::open(&self.dirs.upper).map_err(io("cannot open the staging layer"))?;
-        f.sync_all().map_err(io("cannot fsync the staging layer"))?;
-        Ok(())
+    /// Make the staging layer durable (one `syncfs` of its file system
+    /// rather than an fsync per file), before its change set is recorded.
+    pub fn sync(&self, _changes: &ChangeSet) -> Result<(), StagingError> {
+        sync_fs(&self.dirs.upper)
     }
 
     /// Remove the staging directory (best effort: a leftover is only disk).
@@ -456,10 +453,20 @@ pub fn render_diff(changes: &ChangeSet, upper: &Path, lower: &Path, cap: usize) 
 
 /// Apply `changes` from the staging layer `upper` to the real tree `cwd`.
 /// Idempotent: a file already equal to its staged state is left alone,
-/// each write goes to a temporary name in the target directory, is fsynced
-/// and renamed over the target, deletions of missing paths are no-ops; so
-/// a crash during the apply is finished by applying again.
+/// each write goes to a temporary name in the target directory, made
+/// durable (`syncfs`) before it is renamed over the target, deletions of
+/// missing paths are no-ops; so a crash during the apply is finished by
+/// applying again.
 pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), StagingError> {
+    // First, before touching anything: every path must be as the command
+    // found it (not applied yet) or as it left it (applied already);
+    // anything else is a concurrent change that applying would destroy.
+    for c in &changes.changes {
+        let now = state(&cwd.join(&c.path))?;
+        if now != c.before && now != c.after {
+            return Err(StagingError::Conflict { path: c.path.clone() });
+        }
+    }
     // Deletions deepest first, then creations and modifications in path
     // order (parents before children).
     let mut deletions: Vec<&Change> = changes.changes.iter().filter(|c| c.kind == ChangeKind::Deleted).collect();
@@ -474,6 +481,11 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
             Err(_) => {}
         }
     }
+    // Files and symlinks are written to temporary names first, made
+    // durable with one `syncfs`, then renamed into place, and the renames
+    // made durable with another (a crash in between is finished by the
+    // next apply: the change set is in the log).
+    let mut renames: Vec<(PathBuf, PathBuf)> = Vec::new();
     for c in changes.changes.iter().filter(|c| c.kind != ChangeKind::Deleted) {
         let Some(after) = &c.after else { continue };
         let target = cwd.join(&c.path);
@@ -495,24 +507,48 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
                 let tmp = temp_name(&target);
                 let _ = fs::remove_file(&tmp);
                 std::os::unix::fs::symlink(&link, &tmp).map_err(io(format!("cannot create {}", tmp.display())))?;
-                replace(&tmp, &target)?;
+                renames.push((tmp, target));
             }
             EntryKind::File => {
                 let tmp = temp_name(&target);
-                {
-                    let mut src = fs::File::open(&source).map_err(io(format!("cannot read {}", source.display())))?;
-                    let mut dst = fs::File::create(&tmp).map_err(io(format!("cannot write {}", tmp.display())))?;
-                    std::io::copy(&mut src, &mut dst).map_err(io(format!("cannot write {}", tmp.display())))?;
-                    dst.set_permissions(fs::Permissions::from_mode(after.mode))
-                        .map_err(io(format!("cannot set the mode of {}", tmp.display())))?;
-                    dst.flush().map_err(io("flush"))?;
-                    dst.sync_all().map_err(io(format!("cannot fsync {}", tmp.display())))?;
-                }
-                replace(&tmp, &target)?;
+                let mut src = fs::File::open(&source).map_err(io(format!("cannot read {}", source.display())))?;
+                let mut dst = fs::File::create(&tmp).map_err(io(format!("cannot write {}", tmp.display())))?;
+                std::io::copy(&mut src, &mut dst).map_err(io(format!("cannot write {}", tmp.display())))?;
+                dst.set_permissions(fs::Permissions::from_mode(after.mode))
+                    .map_err(io(format!("cannot set the mode of {}", tmp.display())))?;
+                dst.flush().map_err(io("flush"))?;
+                renames.push((tmp, target));
             }
         }
     }
-    Ok(())
+    if renames.is_empty() && changes.changes.iter().all(|c| c.kind != ChangeKind::Deleted) {
+        return Ok(());
+    }
+    sync_fs(cwd)?;
+    for (tmp, target) in &renames {
+        replace(tmp, target)?;
+    }
+    sync_fs(cwd)
+}
+
+/// Flush the file system holding `path` (`syncfs`).
+fn sync_fs(path: &Path) -> Result<(), StagingError> {
+    let dir = fs::File::open(path).map_err(io(format!("cannot open {}", path.display())))?;
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: syncfs on a file descriptor we own.
+        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+            return Err(io(format!("cannot sync the file system of {}", path.display()))(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        dir.sync_all().map_err(io(format!("cannot sync {}", path.display())))
+    }
 }
 
 /// A temporary name beside `target` (same directory, so the rename is
@@ -526,11 +562,5 @@ fn replace(tmp: &Path, target: &Path) -> Result<(), StagingError> {
     if fs::symlink_metadata(target).is_ok_and(|m| m.is_dir()) {
         fs::remove_dir_all(target).map_err(io(format!("cannot replace {}", target.display())))?;
     }
-    fs::rename(tmp, target).map_err(io(format!("cannot rename onto {}", target.display())))?;
-    if let Some(parent) = target.parent()
-        && let Ok(dir) = fs::File::open(parent)
-    {
-        let _ = dir.sync_all();
-    }
-    Ok(())
+    fs::rename(tmp, target).map_err(io(format!("cannot rename onto {}", target.display())))
 }
