@@ -97,6 +97,96 @@ impl Staging {
     }
 }
 
+/// What the staged part of a call came to (it was applied, or there was
+/// nothing to apply).
+#[derive(Debug)]
+pub struct Settled {
+    /// The change set.
+    pub changes: ChangeSet,
+    /// Its tier (Write, or Destructive when a person approved it).
+    pub risk: cairn_core::tool::Risk,
+    /// The diff shown and recorded.
+    pub diff: String,
+    /// Who let it be applied (`None` for an empty change set).
+    pub applied_by: Option<String>,
+}
+
+/// After a staged process exited: read its change set, have the turn
+/// review it (`review`: the gate and the `toolStaged` record), apply it
+/// or discard it, and remove the staging directory in every case. A
+/// discarded effect is `ToolError::Rejected` with the reviewer's reason.
+pub fn settle(
+    staging: Staging,
+    cwd: &Path,
+    rules: &cairn_core::staged::StagedRules,
+    review: &mut dyn FnMut(&cairn_core::staged::StagedReview<'_>) -> cairn_core::staged::StagedDecision,
+) -> Result<Settled, cairn_core::tool::ToolError> {
+    use cairn_core::staged::{StagedDecision, StagedReview};
+    use cairn_core::tool::ToolError;
+    let result = (|| {
+        let changes = staging.read(cwd).map_err(|e| ToolError::Other(format!("cannot read the staged effect: {e}")))?;
+        let judgement = changes.judge(rules);
+        let diff = render_diff(&changes, &staging.dirs().upper, cwd, 64 * 1024);
+        if changes.is_empty() {
+            return Ok(Settled { changes, risk: judgement.risk, diff, applied_by: None });
+        }
+        // The new contents are durable before the change set is recorded,
+        // so a resumed session can finish the apply.
+        staging.sync(&changes).map_err(|e| ToolError::Other(format!("cannot make the staged effect durable: {e}")))?;
+        let upper = staging.dirs().upper.display().to_string();
+        let asked = StagedReview { changes: &changes, judgement: &judgement, diff: &diff, staging: &upper };
+        match review(&asked) {
+            StagedDecision::Apply { by } => {
+                apply(&changes, &staging.dirs().upper, cwd).map_err(|e| {
+                    ToolError::Other(format!("the staged change set was approved but applying it failed: {e}"))
+                })?;
+                Ok(Settled { changes, risk: judgement.risk, diff, applied_by: Some(by) })
+            }
+            StagedDecision::Discard { reason } => Err(ToolError::Rejected(reason)),
+        }
+    })();
+    staging.remove();
+    result
+}
+
+/// On resume, for a call whose change set was committed: apply it (again;
+/// idempotent) and the receipt to settle it with, or `Unknown` when it
+/// cannot be finished.
+pub fn resume(
+    staged: &cairn_core::events::ToolStagedPayload,
+    cwd: &Path,
+    base: &Path,
+    invocation: &str,
+    rules: &cairn_core::staged::StagedRules,
+) -> cairn_core::tool::GuardVerdict {
+    use cairn_core::tool::{GuardVerdict, ToolReceipt};
+    match apply(&staged.change_set, Path::new(&staged.staging), cwd) {
+        Ok(()) => {
+            remove_leftovers(base, invocation);
+            GuardVerdict::AlreadyDone(ToolReceipt {
+                exit_code: 0,
+                output_summary: format!(
+                    "[cairn: resumed after an interruption: the committed change set was applied; the command was \
+                     not re-run]\n{}",
+                    staged.change_set.listing()
+                ),
+                structured_output: Some(serde_json::json!({
+                    "staging": cairn_core::staged::StagingMode::Overlay,
+                    "changeSet": staged.change_set,
+                    "appliedBy": staged.verdict.by,
+                    "resumed": true,
+                })),
+                affected_entities: staged.change_set.affected(),
+                duration_ms: 0,
+                tier: staged.change_set.judge(rules).risk,
+                timestamp: crate::now_ms(),
+                truncated: false,
+            })
+        }
+        Err(_) => GuardVerdict::Unknown,
+    }
+}
+
 /// Remove the staging directories of call `call` under `base` (after a
 /// resume; best effort).
 pub fn remove_leftovers(base: &Path, call: &str) {

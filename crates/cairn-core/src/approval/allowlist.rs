@@ -378,7 +378,8 @@ mod tests {
     #[test]
     fn a_program_pattern_never_covers_options_that_run_other_commands() {
         let list = Allowlist::parse(["shell(git *)", "shell(rsync *)", "shell(tar *)", "shell(sed *)"]).unwrap();
-        for line in ["git status", "git -C sub log --oneline", "git push origin main", "rsync -a a b", "tar -xf a.tar"] {
+        for line in ["git status", "git -C sub log --oneline", "git push origin main", "rsync -a a b", "tar -xf a.tar"]
+        {
             assert!(list.check("shell", Risk::Write, &shell(line)).is_ok(), "{line:?} should be allowed");
         }
         for line in [

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use cairn_core::approval::classify::{Class, Reach, classify};
 use cairn_core::approval::cmdline;
-use cairn_core::staged::{StagedDecision, StagedReview, StagedRules, StagingMode};
+use cairn_core::staged::{StagedRules, StagingMode};
 
 use super::{caps, parse_args};
 use crate::ToolsConfig;
@@ -265,32 +265,7 @@ impl Tool for Shell {
     }
 
     fn resume_staged(&self, request: &ToolRequest, cwd: &Path, staged: &ToolStagedPayload) -> GuardVerdict {
-        let upper = Path::new(&staged.staging);
-        match staging::apply(&staged.change_set, upper, cwd) {
-            Ok(()) => {
-                staging::remove_leftovers(&self.staging_dir, &request.invocation_id);
-                GuardVerdict::AlreadyDone(ToolReceipt {
-                    exit_code: 0,
-                    output_summary: format!(
-                        "[cairn: resumed after an interruption: the committed change set was applied; the command was \
-                         not re-run]\n{}",
-                        staged.change_set.listing()
-                    ),
-                    structured_output: Some(json!({
-                        "staging": StagingMode::Overlay,
-                        "changeSet": staged.change_set,
-                        "appliedBy": staged.verdict.by,
-                        "resumed": true,
-                    })),
-                    affected_entities: staged.change_set.affected(),
-                    duration_ms: 0,
-                    tier: staged.change_set.judge(&self.staged_rules).risk,
-                    timestamp: crate::now_ms(),
-                    truncated: false,
-                })
-            }
-            Err(_) => GuardVerdict::Unknown,
-        }
+        staging::resume(staged, cwd, &self.staging_dir, &request.invocation_id, &self.staged_rules)
     }
 
     fn preview(&self, request: &ToolRequest, cwd: &Path) -> Option<Preview> {
@@ -444,46 +419,12 @@ impl Shell {
             }
             End::Exited => {}
         }
-        let changes = match staging.read(ctx.cwd) {
-            Ok(c) => c,
-            Err(e) => {
-                staging.remove();
-                return Err(ToolError::Other(format!("cannot read the staged effect: {e}")));
-            }
-        };
-        let judgement = changes.judge(&self.staged_rules);
         let mut text = outcome_text(&outcome);
         if outcome.exit_code != 0 {
             text.push_str(&format!("[exit code {}]\n", outcome.exit_code));
         }
-        let mut applied_by = None;
-        let diff = staging::render_diff(&changes, &staging.dirs().upper, ctx.cwd, 64 * 1024);
-        if !changes.is_empty() {
-            // The new contents are durable before the change set is
-            // recorded, so a resumed session can finish the apply.
-            if let Err(e) = staging.sync(&changes) {
-                staging.remove();
-                return Err(ToolError::Other(format!("cannot make the staged effect durable: {e}")));
-            }
-            let upper = staging.dirs().upper.display().to_string();
-            let review = StagedReview { changes: &changes, judgement: &judgement, diff: &diff, staging: &upper };
-            match (ctx.review_staged)(&review) {
-                StagedDecision::Apply { by } => {
-                    if let Err(e) = staging::apply(&changes, &staging.dirs().upper, ctx.cwd) {
-                        staging.remove();
-                        return Err(ToolError::Other(format!(
-                            "the staged change set was approved but applying it failed: {e}"
-                        )));
-                    }
-                    applied_by = Some(by);
-                }
-                StagedDecision::Discard { reason } => {
-                    staging.remove();
-                    return Err(ToolError::Rejected(reason));
-                }
-            }
-        }
-        staging.remove();
+        let settled = staging::settle(staging, ctx.cwd, &self.staged_rules, &mut *ctx.review_staged)?;
+        let staging::Settled { changes, risk, diff, applied_by } = settled;
         if bypassed {
             text.push_str("[cairn: re-ran once without the sandbox after an approved bypass]\n");
         }
@@ -507,7 +448,7 @@ impl Shell {
             })),
             affected_entities: changes.affected(),
             duration_ms: start.elapsed().as_millis() as u64,
-            tier: judgement.risk,
+            tier: risk,
             timestamp: crate::now_ms(),
             truncated: cut || outcome.stdout.truncated() || outcome.stderr.truncated(),
         })

@@ -14,7 +14,7 @@ use cairn_tools::ToolsConfig;
 use cairn_tools::builtin::shell::Shell;
 use serde_json::json;
 
-use super::util::{limits, request};
+use super::util::{install_tool, limits, metadata, request};
 
 fn require_staging() {
     if let Err(why) = cairn_tools::staging::overlay_status() {
@@ -26,11 +26,24 @@ fn require_staging() {
 fn staged_run(
     cwd: &Path,
     command: &str,
-    mut decide: impl FnMut(&ChangeSet) -> StagedDecision,
+    decide: impl FnMut(&ChangeSet) -> StagedDecision,
 ) -> (Result<ToolReceipt, ToolError>, Option<ChangeSet>) {
     let staging = tempfile::tempdir().unwrap();
     let shell =
         Shell::new(&ToolsConfig { staging_dir: Some(staging.path().to_path_buf()), ..ToolsConfig::default() }).unwrap();
+    let r = run_tool(&shell, cwd, json!({ "command": command }), decide);
+    // Every staging directory is gone afterwards, applied or not.
+    assert_eq!(std::fs::read_dir(staging.path()).unwrap().count(), 0, "staging left behind");
+    r
+}
+
+/// Run `tool` in `cwd`; `decide` sees the change set and answers.
+fn run_tool(
+    tool: &dyn Tool,
+    cwd: &Path,
+    arguments: serde_json::Value,
+    mut decide: impl FnMut(&ChangeSet) -> StagedDecision,
+) -> (Result<ToolReceipt, ToolError>, Option<ChangeSet>) {
     let mut seen = None;
     let result = {
         let mut output = |_: &[u8]| {};
@@ -48,10 +61,8 @@ fn staged_run(
             approve_bypass: &mut bypass,
             review_staged: &mut review,
         };
-        shell.execute(&request("shell", json!({ "command": command })), &mut ctx)
+        tool.execute(&request(&tool.spec().name, arguments), &mut ctx)
     };
-    // Every staging directory is gone afterwards, applied or not.
-    assert_eq!(std::fs::read_dir(staging.path()).unwrap().count(), 0, "staging left behind");
     (result, seen)
 }
 
@@ -160,4 +171,38 @@ fn applying_twice_equals_applying_once() {
     let twice = (std::fs::read(lower.join("d/old")).unwrap(), std::fs::read(lower.join("d/new")).unwrap());
     assert_eq!(once, twice);
     assert_eq!(twice, (b"old\nnew\n".to_vec(), b"new\n".to_vec()));
+}
+
+#[test]
+fn an_external_tool_that_declares_file_write_runs_staged_too() {
+    require_staging();
+    let root = tempfile::tempdir().unwrap();
+    let cwd = root.path().join("work");
+    std::fs::create_dir(&cwd).unwrap();
+    fixture(&cwd);
+    let meta = install_tool(
+        &root.path().join("tools"),
+        "cleaner",
+        "#!/bin/bash\nrm -f keep.txt\necho made > made.txt\necho '{\"ok\": true}'\n",
+        &metadata("write", &["fileRead", "fileWrite", "processSpawn"], ""),
+    );
+    let staging = tempfile::tempdir().unwrap();
+    let config = ToolsConfig { staging_dir: Some(staging.path().to_path_buf()), ..ToolsConfig::default() };
+    let tool = cairn_tools::ExternalTool::load(&meta, &config).unwrap();
+    // Discarded: the deletion never reaches the tree.
+    let (result, seen) = run_tool(&tool, &cwd, json!({}), |_| StagedDecision::Discard { reason: "no".into() });
+    assert!(matches!(result, Err(ToolError::Rejected(_))), "{result:?}");
+    let set = seen.expect("reviewed");
+    let paths: Vec<&str> = set.changes.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(paths, ["keep.txt", "made.txt"]);
+    assert!(cwd.join("keep.txt").exists() && !cwd.join("made.txt").exists());
+    // Approved: applied, and the settlement says how it ran.
+    let (result, _) = run_tool(&tool, &cwd, json!({}), |_| StagedDecision::Apply { by: "test".into() });
+    let receipt = result.unwrap();
+    assert!(!cwd.join("keep.txt").exists() && cwd.join("made.txt").exists());
+    let out = receipt.structured_output.unwrap();
+    assert_eq!(out["ok"], true, "the tool's own output is kept: {out}");
+    assert_eq!(out["staging"]["mode"], "overlay", "{out}");
+    assert_eq!(receipt.affected_entities, ["keep.txt", "made.txt"]);
+    assert_eq!(std::fs::read_dir(staging.path()).unwrap().count(), 0, "staging left behind");
 }
