@@ -111,7 +111,8 @@ impl Shell {
             // Staged, a call's file effect is committed as one change set
             // before it is applied: resume finishes that apply or knows
             // nothing was applied, and never re-runs the command.
-            replay: if config.staged && staging::overlay_status().is_ok() {
+            replay: if config.staged && staging::overlay_status().is_ok() && sandbox::landlock_status().fully_enforced()
+            {
                 ReplayPolicy::Guarded
             } else {
                 ReplayPolicy::Never
@@ -164,6 +165,15 @@ impl Shell {
     pub fn staging_mode(&self) -> StagingMode {
         if !self.staged {
             return StagingMode::Unstaged { why: "staging is turned off in the tools config (staged = false)".into() };
+        }
+        // Staging rides on the sandboxed spawn: where the sandbox cannot be
+        // enforced, calls run directly, and the classification before the
+        // run must know it.
+        let status = sandbox::landlock_status();
+        if !status.fully_enforced() {
+            return StagingMode::Unstaged {
+                why: format!("the sandbox cannot be enforced here ({}), and staging needs it", status.describe()),
+            };
         }
         match staging::overlay_status() {
             Ok(()) => StagingMode::Overlay,
