@@ -315,3 +315,31 @@ fn the_sandbox_still_holds_inside_the_overlay() {
     assert!(completed.contains("Permission denied") || completed.contains("denied"), "{completed}");
     assert_eq!(std::fs::read_to_string(env.cwd.join("in.txt")).unwrap(), "inside\n");
 }
+
+/// Damage staging cannot hold (remotes, disks, the machine) is Destructive
+/// before the run, whatever the spelling: refused headless, never started.
+#[test]
+fn damage_beyond_the_tree_is_refused_before_it_runs() {
+    let env = Env::new();
+    require_staging(&env);
+    for line in [
+        "git push -f origin main",
+        "git -C . push --force",
+        "'git' push -f",
+        "git -c user.name=x push --mirror",
+        "command git push origin +main",
+        "dd if=/dev/zero of=/dev/sda",
+        "mkfs.ext4 /dev/sdb1",
+        "sudo reboot",
+        "kill -9 -1",
+    ] {
+        for flags in [&["--yes"][..], &["--allow", "shell(*)"][..]] {
+            let log = run_call(&env, line, flags);
+            let types: Vec<&str> = log.iter().map(|e| e["type"].as_str().unwrap_or("")).collect();
+            assert!(
+                types.contains(&"toolRejected") && !types.contains(&"toolStarted"),
+                "{line:?} {flags:?}: {types:?}"
+            );
+        }
+    }
+}
