@@ -223,7 +223,7 @@ pub fn describe(enabled: bool) -> String {
             .to_owned();
     }
     match overlay_status() {
-        Ok(()) => "overlay (shell runs in an overlay of the working tree; its observed effect decides the tier, \
+        Ok(()) => "overlay (shell, and tools that declare fileWrite, run in an overlay of the working tree; their observed effect decides the tier, \
                    and a Destructive effect is shown to a person before anything is applied)"
             .to_owned(),
         Err(why) => format!(
