@@ -408,7 +408,9 @@ pub fn tools(ctx: &Context) -> Result<u8> {
             });
             writeln!(out, "{}", escape_json(&line.to_string()))?;
         }
-        let summary = serde_json::json!({"sandbox": status.describe(), "problems": notes});
+        let summary = serde_json::json!({
+            "sandbox": status.describe(), "staging": cairn_tools::staging::describe(ctx.settings.staged.value), "problems": notes,
+        });
         writeln!(out, "{}", escape_json(&summary.to_string()))?;
         return Ok(exit::SUCCESS);
     }
@@ -425,6 +427,7 @@ pub fn tools(ctx: &Context) -> Result<u8> {
         writeln!(out, "{}", esc(&row))?;
     }
     writeln!(out, "\nsandbox: {}", status.describe())?;
+    writeln!(out, "staging: {}", esc(&cairn_tools::staging::describe(ctx.settings.staged.value)))?;
     for note in notes {
         writeln!(out, "{}", ctx.out_style.yellow(&esc(&note)))?;
     }

@@ -124,6 +124,10 @@ pub struct ToolsFileConfig {
     /// Extra command shapes treated as Destructive by `shell`.
     #[serde(default)]
     pub destructive_patterns: Vec<String>,
+    /// Run `shell` staged in an overlay where the kernel allows it.
+    pub staged: Option<bool>,
+    /// A staged effect changing more paths than this is Destructive.
+    pub staged_max_files: Option<usize>,
 }
 
 /// `[local]`.
@@ -176,6 +180,10 @@ pub struct Settings {
     pub tool_timeout_secs: Setting<u64>,
     /// Extra destructive shapes.
     pub destructive_patterns: Setting<Vec<String>>,
+    /// Staged `shell` execution.
+    pub staged: Setting<bool>,
+    /// Most paths a staged effect may change before it is Destructive.
+    pub staged_max_files: Setting<usize>,
     /// Local model threads.
     pub local_threads: Setting<usize>,
     /// Local model fast mode.
@@ -222,6 +230,8 @@ impl Settings {
         let mut tool_output_cap = Setting::default(DEFAULT_TOOL_OUTPUT_CAP);
         let mut tool_timeout_secs = Setting::default(DEFAULT_TOOL_TIMEOUT_SECS);
         let mut destructive_patterns = Setting::default(Vec::new());
+        let mut staged = Setting::default(true);
+        let mut staged_max_files = Setting::default(cairn_core::staged::StagedRules::default().max_files);
         let mut local_threads = Setting::default(1);
         let mut local_fast = Setting::default(false);
         let mut local_model_path = Setting::default(None);
@@ -251,6 +261,12 @@ impl Settings {
         }
         if !file.tools.destructive_patterns.is_empty() {
             destructive_patterns.set(file.tools.destructive_patterns, from_file());
+        }
+        if let Some(v) = file.tools.staged {
+            staged.set(v, from_file());
+        }
+        if let Some(v) = file.tools.staged_max_files {
+            staged_max_files.set(v, from_file());
         }
         if let Some(v) = file.local.threads {
             local_threads.set(v, from_file());
@@ -320,6 +336,8 @@ impl Settings {
             tool_output_cap,
             tool_timeout_secs,
             destructive_patterns,
+            staged,
+            staged_max_files,
             local_threads,
             local_fast,
             local_model_path,
@@ -361,6 +379,12 @@ impl Settings {
                 "tools.destructive_patterns",
                 format!("{:?}", self.destructive_patterns.value),
                 self.destructive_patterns.source.to_string(),
+            ),
+            ("tools.staged", self.staged.value.to_string(), self.staged.source.to_string()),
+            (
+                "tools.staged_max_files",
+                self.staged_max_files.value.to_string(),
+                self.staged_max_files.source.to_string(),
             ),
             ("local.threads", self.local_threads.value.to_string(), self.local_threads.source.to_string()),
             ("local.fast", self.local_fast.value.to_string(), self.local_fast.source.to_string()),

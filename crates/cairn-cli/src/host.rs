@@ -65,6 +65,11 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     config.destructive_patterns.extend(ctx.settings.destructive_patterns.value.iter().cloned());
     config.allow_unsandboxed = ctx.common.allow_unsandboxed;
     config.secrets = crate::secrets::values();
+    // Staging layers live with cairn's data (they must outlive a crash
+    // until their change set is applied on resume).
+    config.staging_dir = Some(ctx.paths.data.join("staging"));
+    config.staged = ctx.settings.staged.value;
+    config.staged_max_files = ctx.settings.staged_max_files.value;
     config
 }
 

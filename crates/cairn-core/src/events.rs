@@ -12,6 +12,8 @@
 //!   carries the verdict (what, by whom, when).
 //! - `toolBypass` ([`ToolBypassPayload`]): a sandbox bypass asked during the
 //!   effect and its verdict, committed when the verdict is given.
+//! - `toolStaged` ([`ToolStagedPayload`]): a staged call's change set and
+//!   the verdict to apply it, committed before anything is applied.
 //! - `toolCompleted` ([`ToolCompletedPayload`]) / `toolFailed`
 //!   ([`ToolFailedPayload`]): the settlement; the `pending` register is
 //!   deleted in the same line.
@@ -47,6 +49,8 @@ pub enum EntryType {
     ToolStarted,
     /// `toolBypass`.
     ToolBypass,
+    /// `toolStaged`.
+    ToolStaged,
     /// `toolCompleted`.
     ToolCompleted,
     /// `toolFailed`.
@@ -61,11 +65,12 @@ pub enum EntryType {
 
 impl EntryType {
     /// Every entry type.
-    pub const ALL: [EntryType; 9] = [
+    pub const ALL: [EntryType; 10] = [
         Self::Message,
         Self::ToolRequested,
         Self::ToolStarted,
         Self::ToolBypass,
+        Self::ToolStaged,
         Self::ToolCompleted,
         Self::ToolFailed,
         Self::ToolRejected,
@@ -80,6 +85,7 @@ impl EntryType {
             Self::ToolRequested => "toolRequested",
             Self::ToolStarted => "toolStarted",
             Self::ToolBypass => "toolBypass",
+            Self::ToolStaged => "toolStaged",
             Self::ToolCompleted => "toolCompleted",
             Self::ToolFailed => "toolFailed",
             Self::ToolRejected => "toolRejected",
@@ -242,6 +248,43 @@ pub struct ToolBypassPayload {
     pub tool: String,
     /// The access asked and its verdict.
     pub bypass: BypassRecord,
+}
+
+/// Payload of `toolStaged`: the change set of a staged call and the
+/// verdict that lets it be applied, committed before any of it touches the
+/// working tree. On resume, an invocation with this entry has its change
+/// set applied (again: applying is idempotent) and is never re-run; one
+/// without it applied nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolStagedPayload {
+    /// cairn's invocation id.
+    pub invocation_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Every change, with sizes and hashes.
+    pub change_set: crate::staged::ChangeSet,
+    /// The staging layer holding the new contents (a host path).
+    pub staging: String,
+    /// Why it may be applied (`policy:stagedWrite`, or a person for a
+    /// Destructive effect).
+    pub verdict: VerdictRecord,
+}
+
+impl EntryPayload for ToolStagedPayload {
+    const TYPE: EntryType = EntryType::ToolStaged;
+}
+
+impl ToolStagedPayload {
+    /// The record of `request`'s approved change set.
+    pub fn new(
+        request: &ToolRequest,
+        change_set: crate::staged::ChangeSet,
+        staging: String,
+        verdict: VerdictRecord,
+    ) -> Self {
+        Self { invocation_id: request.invocation_id.clone(), tool: request.tool.clone(), change_set, staging, verdict }
+    }
 }
 
 /// Payload of `turnCancelled`.
@@ -585,6 +628,7 @@ mod tests {
             "toolRequested",
             "toolStarted",
             "toolBypass",
+            "toolStaged",
             "toolCompleted",
             "toolFailed",
             "toolRejected",
@@ -609,6 +653,7 @@ mod tests {
         assert_eq!(ToolRequestedPayload::TYPE, EntryType::ToolRequested);
         assert_eq!(ToolStartedPayload::TYPE, EntryType::ToolStarted);
         assert_eq!(ToolBypassPayload::TYPE, EntryType::ToolBypass);
+        assert_eq!(ToolStagedPayload::TYPE, EntryType::ToolStaged);
         assert_eq!(ToolCompletedPayload::TYPE, EntryType::ToolCompleted);
         assert_eq!(ToolFailedPayload::TYPE, EntryType::ToolFailed);
         assert_eq!(ToolRejectedPayload::TYPE, EntryType::ToolRejected);

@@ -32,6 +32,7 @@ pub mod projection;
 pub mod provider;
 pub mod registry;
 pub mod schema;
+pub mod staged;
 pub mod storage;
 pub mod tool;
 pub mod turn;

@@ -136,12 +136,16 @@ fn raw_step(path: &Path) -> anyhow::Result<Vec<Duration>> {
             let _ = provider.complete(&model, &mut |_| {}, &cancel);
             let mut output = |_: &[u8]| {};
             let mut bypass = |_: &str| false;
+            let mut review = |_: &cairn_core::staged::StagedReview<'_>| cairn_core::staged::StagedDecision::Discard {
+                reason: "benchmark".to_owned(),
+            };
             let mut ctx = ToolContext {
                 cwd: Path::new("."),
                 cancel: &cancel,
                 limits: ToolLimits::default(),
                 output: &mut output,
                 approve_bypass: &mut bypass,
+                review_staged: &mut review,
             };
             let _ = echo.execute(&request, &mut ctx);
         }

@@ -659,7 +659,7 @@ fn check_pc<S: Storage>(store: &S, pc: &Pc) -> Result<(), TurnError> {
                         entry.id
                     ));
                 }
-                Some(EntryType::ToolStarted | EntryType::ToolBypass) if same() => {
+                Some(EntryType::ToolStarted | EntryType::ToolBypass | EntryType::ToolStaged) if same() => {
                     next.extend(store.children(Some(&entry.id)));
                 }
                 _ => {}
