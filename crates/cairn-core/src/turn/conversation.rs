@@ -40,7 +40,8 @@ pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message>
         | EntryType::ToolStarted
         | EntryType::ToolBypass
         | EntryType::TurnCancelled
-        | EntryType::TurnEnded => None,
+        | EntryType::TurnEnded
+        | EntryType::Compaction => None,
     }
 }
 
