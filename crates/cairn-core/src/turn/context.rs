@@ -280,15 +280,21 @@ impl<S: Storage> Session<S> {
     }
 
     /// The request view for the next provider call, compacting first when
-    /// the conversation passed the threshold (or `rejected`: the provider
-    /// refused the last request as too long; the view then uses 60% of
-    /// the window). Finishes a compaction a crash interrupted.
-    pub(super) fn request_view(&mut self, env: &mut TurnEnv<'_>, rejected: bool) -> Result<View, TurnError> {
+    /// the conversation passed the threshold, or when `rejected` holds the
+    /// estimated tokens of a request the provider refused as too long: the
+    /// window is then taken to be 60% of that request (the provider's real
+    /// window is below what was sent). Finishes a compaction a crash
+    /// interrupted.
+    pub(super) fn request_view(&mut self, env: &mut TurnEnv<'_>, rejected: Option<u64>) -> Result<View, TurnError> {
         self.finish_compaction(env)?;
         let provider = env.provider;
         let tools = env.tools.specs();
-        let limits =
-            self.limits(provider).map(|l| if rejected { Limits { window: l.window * 6 / 10, ..l } } else { l });
+        let limits = match (self.limits(provider), rejected) {
+            (limits, None) => limits,
+            (Some(l), Some(sent)) => Some(Limits { window: l.window.min(sent) * 6 / 10, ..l }),
+            (None, Some(sent)) => Some(Limits { window: sent * 6 / 10, reserve: (sent / 10).min(4096) }),
+        };
+        let rejected = rejected.is_some();
         if let (Some(l), Some(threshold)) = (limits, self.config.compaction_threshold) {
             let cal = self.calibration(provider);
             let s = self.sizes(provider, tools);

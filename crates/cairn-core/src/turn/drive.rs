@@ -176,7 +176,7 @@ impl<S: Storage> Session<S> {
         // The request is the bounded view; a provider that still refuses
         // it as too long gets one compaction and one retry (its refused
         // attempts are recorded as usage rows first).
-        let mut rejected = false;
+        let mut rejected: Option<u64> = None;
         let (result, request_bytes) = loop {
             let view = self.request_view(env, rejected)?;
             if env.cancel.is_cancelled() {
@@ -200,7 +200,9 @@ impl<S: Storage> Session<S> {
                 .and_then(ModelResponse::refuse_duplicate_call_ids);
             match result {
                 Err(error)
-                    if error.kind == ProviderErrorKind::ContextLength && !rejected && !env.cancel.is_cancelled() =>
+                    if error.kind == ProviderErrorKind::ContextLength
+                        && rejected.is_none()
+                        && !env.cancel.is_cancelled() =>
                 {
                     let mut b = self.tx();
                     for mut attempt in error.attempts {
@@ -218,7 +220,7 @@ impl<S: Storage> Session<S> {
                             error.message, view.tokens
                         ),
                     });
-                    rejected = true;
+                    rejected = Some(view.tokens + view.max_output_tokens.map_or(0, u64::from));
                 }
                 other => break (other, view.request_bytes),
             }
