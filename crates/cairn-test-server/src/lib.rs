@@ -331,7 +331,11 @@ fn serve(conn: TcpStream, state: &Mutex<State>, stop: &AtomicBool) {
                     })
                 }
             }
-            None => s.replies.pop_front(),
+            // Unchecked: no count, so usage says 0 (a client ignores it).
+            None => s.replies.pop_front().map(|mut r| {
+                r.body = replace_bytes(&r.body, b"__PROMPT_TOKENS__", b"0");
+                r
+            }),
         }
     };
     let reply = reply.unwrap_or_else(|| {

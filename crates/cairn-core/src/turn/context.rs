@@ -88,8 +88,20 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<(Vec<
     let Some(head) = head else {
         return Ok((messages, state));
     };
-    for entry in store.path_to(head)? {
-        state.take(&entry, &mut messages);
+    // Walk the parent links one entry at a time (ids first, then forward)
+    // rather than cloning the whole path at once: the peak of an open stays
+    // near the size of the messages themselves.
+    let mut chain = Vec::new();
+    let mut at = Some(head.to_owned());
+    while let Some(id) = at {
+        let entry = store.entry(&id).ok_or_else(|| TurnError::NoSuchEntry(id.clone()))?;
+        at = entry.parent_id;
+        chain.push(id);
+    }
+    for id in chain.iter().rev() {
+        if let Some(entry) = store.entry(id) {
+            state.take(&entry, &mut messages);
+        }
     }
     Ok((messages, state))
 }
