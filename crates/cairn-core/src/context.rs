@@ -160,22 +160,33 @@ impl Default for Ledger {
 }
 
 impl Ledger {
-    /// Cost the messages not costed yet, in `unit` (starting over when the
-    /// unit changed); `count` counts tokens when the unit is tokens.
-    pub fn extend(&mut self, messages: &[Message], unit: &Unit, count: &dyn Fn(&str) -> Option<u64>) {
-        if &self.unit != unit || self.full.len() > messages.len() + 1 {
-            *self = Self { unit: unit.clone(), ..Self::default() };
-        }
-        let cost = |m: &Message| match unit {
+    /// Start over in `unit` (nothing costed).
+    pub fn reset(&mut self, unit: &Unit) {
+        *self = Self { unit: unit.clone(), ..Self::default() };
+    }
+
+    /// Cost the next message (in the ledger's unit; `count` counts tokens
+    /// when the unit is tokens).
+    pub fn push(&mut self, m: &Message, count: &dyn Fn(&str) -> Option<u64>) {
+        let cost = |m: &Message| match self.unit {
             Unit::Bytes => message_bytes(m),
             Unit::Tokens(..) => count(&message_text(m)).unwrap_or_else(|| message_bytes(m)) + MESSAGE_OVERHEAD_TOKENS,
         };
+        let full = cost(m);
+        let short = elided(m).map_or(full, |e| cost(&e));
+        let (f, e) = (self.last_full(), self.last_elided());
+        self.full.push(f.saturating_add(full));
+        self.elided.push(e.saturating_add(short));
+    }
+
+    /// Cost the messages not costed yet, in `unit` (starting over when the
+    /// unit changed or `messages` is shorter than what is costed).
+    pub fn extend(&mut self, messages: &[Message], unit: &Unit, count: &dyn Fn(&str) -> Option<u64>) {
+        if &self.unit != unit || self.full.len() > messages.len() + 1 {
+            self.reset(unit);
+        }
         for m in &messages[self.full.len() - 1..] {
-            let full = cost(m);
-            let short = elided(m).map_or(full, |e| cost(&e));
-            let (f, e) = (self.last_full(), self.last_elided());
-            self.full.push(f.saturating_add(full));
-            self.elided.push(e.saturating_add(short));
+            self.push(m, count);
         }
     }
 

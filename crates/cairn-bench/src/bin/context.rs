@@ -86,7 +86,8 @@ fn step(session: &mut Session<JsonlStore>, provider: &dyn Provider, i: usize) ->
     let mut approver = PolicyApprover::new(Allowlist::new(), None);
     let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = CancelToken::new();
-    let mut env = TurnEnv { provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &cancel };
+    let mut env =
+        TurnEnv { provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &cancel };
     let started = Instant::now();
     let outcome = session.run_turn(&format!("next question {i}"), &mut env)?;
     anyhow::ensure!(outcome.stop == TurnStop::Answered, "unexpected outcome {outcome:?}");
@@ -125,6 +126,12 @@ fn resume_sample(path: &Path, provider: &str, url: &str, bounded: bool) -> anyho
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--generate") {
+        // `--generate ENTRIES DIR`: leave a generated session for manual runs.
+        let path = generate(Path::new(&args[3]), args[2].parse()?)?;
+        println!("{}", path.display());
+        return Ok(());
+    }
     if args.get(1).map(String::as_str) == Some("--resume-child") {
         return resume_child(Path::new(&args[2]), &args[3], &args[4], args[5] == "bounded");
     }

@@ -69,11 +69,15 @@ pub(crate) struct Active {
     last_entry: String,
 }
 
-/// The turn's context bookkeeping, parallel to `Session::messages`.
+/// The turn's view of the lane's conversation: the entry id and role of
+/// each message (the messages themselves stay in the store and are read
+/// when a request needs them), the latest compaction, and the costs.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ContextState {
     /// The entry id of each message.
-    pub(crate) ids: Vec<String>,
+    ids: Vec<String>,
+    /// The role of each message.
+    roles: Vec<Role>,
     active: Option<Active>,
     ledger: Ledger,
     /// Prefix counts of assistant messages (`assistants[i]`: among `..i`).
@@ -81,16 +85,15 @@ pub(crate) struct ContextState {
     calibrations: BTreeMap<(String, String), Calibration>,
 }
 
-/// The conversation ending at `head` with its context bookkeeping.
-pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<(Vec<Message>, ContextState), TurnError> {
-    let mut messages = Vec::new();
-    let mut state = ContextState::default();
+/// The conversation ending at `head`, as context bookkeeping.
+pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<ContextState, TurnError> {
+    let mut state = ContextState { assistants: vec![0], ..ContextState::default() };
     let Some(head) = head else {
-        return Ok((messages, state));
+        return Ok(state);
     };
     // Walk the parent links one entry at a time (ids first, then forward)
     // rather than cloning the whole path at once: the peak of an open stays
-    // near the size of the messages themselves.
+    // near the store's own size.
     let mut chain = Vec::new();
     let mut at = Some(head.to_owned());
     while let Some(id) = at {
@@ -100,14 +103,14 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<(Vec<
     }
     for id in chain.iter().rev() {
         if let Some(entry) = store.entry(id) {
-            state.take(&entry, &mut messages);
+            state.take(&entry);
         }
     }
-    Ok((messages, state))
+    Ok(state)
 }
 
 impl ContextState {
-    fn take(&mut self, entry: &Entry, messages: &mut Vec<Message>) {
+    fn take(&mut self, entry: &Entry) {
         if entry.entry_type == EntryType::Compaction.tag() {
             if let Ok(p) = entry.payload.parse::<CompactionPayload>()
                 && let Some(at) = self.ids.iter().rposition(|id| *id == p.last_entry)
@@ -120,27 +123,50 @@ impl ContextState {
                 });
             }
         } else if let Some(m) = super::entry_message(entry) {
-            messages.push(m);
-            self.ids.push(entry.id.clone());
+            self.push(entry.id.clone(), m.role);
         }
+    }
+
+    fn push(&mut self, id: String, role: Role) {
+        self.ids.push(id);
+        self.roles.push(role);
+        let last = self.assistants.last().copied().unwrap_or(0);
+        self.assistants.push(last + usize::from(role == Role::Assistant));
+    }
+
+    /// Messages committed by the turn (in order, with their entry ids).
+    pub(crate) fn append(&mut self, messages: Vec<Message>, ids: Vec<String>) {
+        for (m, id) in messages.into_iter().zip(ids) {
+            self.push(id, m.role);
+        }
+    }
+
+    /// Message `i`, read from the store.
+    fn message<S: Storage>(&self, store: &S, i: usize) -> Option<Message> {
+        store.entry(self.ids.get(i)?).and_then(|e| super::entry_message(&e))
+    }
+
+    /// Every message of the lane, read from the store.
+    pub(crate) fn messages<S: Storage>(&self, store: &S) -> Vec<Message> {
+        (0..self.ids.len()).filter_map(|i| self.message(store, i)).collect()
     }
 
     fn covered(&self) -> usize {
         self.active.as_ref().map_or(0, |a| a.covered)
     }
 
-    fn extend(&mut self, messages: &[Message], provider: &dyn Provider) {
+    /// Cost the messages not costed yet (all of them when the unit changed).
+    fn extend<S: Storage>(&mut self, store: &S, provider: &dyn Provider) {
         let unit = match provider.count_tokens("") {
             Some(_) => Unit::Tokens(provider.name().to_owned(), provider.model().to_owned()),
             None => Unit::Bytes,
         };
-        self.ledger.extend(messages, &unit, &|t| provider.count_tokens(t));
-        if self.assistants.len() > messages.len() + 1 || self.assistants.is_empty() {
-            self.assistants = vec![0];
+        if self.ledger.unit() != &unit || self.ledger.len() > self.ids.len() {
+            self.ledger.reset(&unit);
         }
-        for m in &messages[self.assistants.len() - 1..] {
-            let last = self.assistants.last().copied().unwrap_or(0);
-            self.assistants.push(last + usize::from(m.role == Role::Assistant));
+        for i in self.ledger.len()..self.ids.len() {
+            let m = self.message(store, i).unwrap_or_else(|| Message { role: self.roles[i], content: Vec::new() });
+            self.ledger.push(&m, &|t| provider.count_tokens(t));
         }
     }
 }
@@ -213,9 +239,8 @@ fn role_label(role: Role) -> &'static str {
 impl<S: Storage> Session<S> {
     /// Install the conversation of `head` (open, lane switch).
     pub(super) fn load_conversation(&mut self, head: Option<&str>) -> Result<(), TurnError> {
-        let (messages, state) = rebuild(&self.store, head)?;
+        let state = rebuild(&self.store, head)?;
         let calibrations = std::mem::take(&mut self.ctx.calibrations);
-        self.messages = messages;
         self.ctx = ContextState { calibrations, ..state };
         Ok(())
     }
@@ -276,11 +301,10 @@ impl<S: Storage> Session<S> {
     }
 
     fn sizes(&mut self, provider: &dyn Provider, tools: &[ToolSpec]) -> Sizes {
-        self.ctx.extend(&self.messages, provider);
-        let n = self.messages.len();
+        self.ctx.extend(&self.store, provider);
+        let n = self.ctx.ids.len();
         let covered = self.ctx.covered().min(n);
-        let current =
-            self.messages[covered..].iter().rposition(|m| m.role == Role::User).map_or(covered, |i| covered + i);
+        let current = self.ctx.roles[covered..].iter().rposition(|r| *r == Role::User).map_or(covered, |i| covered + i);
         let mut fixed = self.text_units(provider, self.config.system.as_deref().unwrap_or(""));
         fixed += self.text_units(provider, &tools_text(tools));
         if let Some(a) = &self.ctx.active {
@@ -323,7 +347,7 @@ impl<S: Storage> Session<S> {
             let fixed = self.tokens_of(s.fixed, cal) + SLACK_TOKENS + l.reserve;
             let budget = self.units_of(l.window.saturating_sub(fixed), cal);
             start = self.ctx.ledger.fitting_start(s.covered, s.current, budget);
-            while start < s.n && self.messages[start].role == Role::Tool {
+            while start < s.n && self.ctx.roles[start] == Role::Tool {
                 start += 1;
             }
             if start >= s.n && s.n > s.covered || l.window <= fixed {
@@ -340,10 +364,13 @@ impl<S: Storage> Session<S> {
         } else if start > 0 {
             messages.push(left_out_message(start));
         }
-        for (i, m) in self.messages.iter().enumerate().skip(start) {
-            match (i < s.current).then(|| elided(m)).flatten() {
+        for i in start..s.n {
+            let m = self.ctx.message(&self.store, i).ok_or_else(|| {
+                TurnError::Corrupt(format!("message entry {} of the lane is missing", self.ctx.ids[i]))
+            })?;
+            match (i < s.current).then(|| elided(&m)).flatten() {
                 Some(e) => messages.push(e),
-                None => messages.push(m.clone()),
+                None => messages.push(m),
             }
         }
         let units = s.fixed + self.ctx.ledger.suffix(start, s.current);
@@ -411,13 +438,13 @@ impl<S: Storage> Session<S> {
         let mut keep = self.ctx.ledger.fitting_start(s.covered, s.current, keep_budget).min(s.current);
         // Start the kept part at a user message (a turn's start), else at
         // an assistant message of the current turn.
-        match self.messages[keep..s.current.max(keep)].iter().position(|m| m.role == Role::User) {
+        match self.ctx.roles[keep..s.current.max(keep)].iter().position(|r| *r == Role::User) {
             Some(i) => keep += i,
             None => keep = s.current,
         }
         if keep == s.current && s.current <= s.covered {
             keep = s.covered;
-            while keep < s.n && (keep == s.covered || self.messages[keep].role == Role::Tool) {
+            while keep < s.n && (keep == s.covered || self.ctx.roles[keep] == Role::Tool) {
                 keep += 1;
             }
             if keep >= s.n {
@@ -489,8 +516,9 @@ impl<S: Storage> Session<S> {
             ));
         }
         prompt.push_str("The conversation to fold into the summary:\n");
-        for m in &self.messages[read_start..keep] {
-            let m = elided(m).unwrap_or_else(|| m.clone());
+        for i in read_start..keep {
+            let Some(m) = self.ctx.message(&self.store, i) else { continue };
+            let m = elided(&m).unwrap_or(m);
             prompt.push_str(&format!("\n[{}]\n{}", role_label(m.role), message_text(&m)));
         }
         let provider = env.provider;

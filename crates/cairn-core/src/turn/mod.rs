@@ -310,7 +310,9 @@ pub struct Session<S: Storage> {
     state_seq: u64,
     lane: String,
     head: Option<String>,
-    messages: Vec<Message>,
+    /// The lane's conversation as entry ids, roles and costs; messages are
+    /// read from the store when a request needs them (memory stays near
+    /// the store's own).
     ctx: context::ContextState,
     session_allow: Allowlist,
     cwd: PathBuf,
@@ -358,13 +360,13 @@ impl<S: Storage> Session<S> {
             None if lane == DEFAULT_LANE => None,
             None => return Err(TurnError::NoSuchLane(lane)),
         };
-        let (messages, ctx) = context::rebuild(&store, head.as_deref())?;
+        let ctx = context::rebuild(&store, head.as_deref())?;
         let mut session_allow = Allowlist::new();
         for rule in registers::session_allow_rules(&store) {
             session_allow.push(AllowRule::parse(&rule)?);
         }
         let cwd = config.cwd.clone().unwrap_or_else(|| PathBuf::from(&store.header().cwd));
-        Ok(Self { store, config, pc, state_seq, lane, head, messages, ctx, session_allow, cwd, started_here: None })
+        Ok(Self { store, config, pc, state_seq, lane, head, ctx, session_allow, cwd, started_here: None })
     }
 
     /// Whether a turn was interrupted (crash, provider failure) or cancelled
@@ -389,8 +391,8 @@ impl<S: Storage> Session<S> {
     }
 
     /// The conversation of the current lane, as providers see it.
-    pub fn messages(&self) -> &[Message] {
-        &self.messages
+    pub fn messages(&self) -> Vec<Message> {
+        self.ctx.messages(&self.store)
     }
 
     /// The conversation of any lane, rebuilt from the log.
@@ -519,8 +521,7 @@ impl<S: Storage> Session<S> {
             self.pc = pc;
         }
         self.head = b.head;
-        self.messages.extend(b.new_messages);
-        self.ctx.ids.extend(b.new_message_ids);
+        self.ctx.append(b.new_messages, b.new_message_ids);
         for event in &b.events {
             observer(event);
         }
