@@ -132,6 +132,16 @@ fn main() -> anyhow::Result<()> {
         println!("{}", path.display());
         return Ok(());
     }
+    if args.get(1).map(String::as_str) == Some("--steps") {
+        // `--steps N PATH`: open once, N steps through the scripted
+        // provider with the window, print each step's time (for profiling).
+        let p = scripted()?;
+        let mut session = open(Path::new(&args[3]), true)?;
+        for i in 0..args[2].parse()? {
+            println!("{:?}", step(&mut session, &*p, i)?);
+        }
+        return Ok(());
+    }
     if args.get(1).map(String::as_str) == Some("--resume-child") {
         return resume_child(Path::new(&args[2]), &args[3], &args[4], args[5] == "bounded");
     }
