@@ -198,6 +198,14 @@ impl Ledger {
         self.elided.last().copied().unwrap_or(0)
     }
 
+    /// The full cost of message `i` (0 past the end).
+    pub fn cost(&self, i: usize) -> u64 {
+        match (self.full.get(i), self.full.get(i + 1)) {
+            (Some(a), Some(b)) => b - a,
+            _ => 0,
+        }
+    }
+
     /// The unit of the sums.
     pub fn unit(&self) -> &Unit {
         &self.unit

@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 
 use cairn_core::approval::{Allowlist, PolicyApprover};
-use cairn_core::message::{Message, Role};
+use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{
     AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, RequestPurpose, StopReason, StreamEvent,
 };
@@ -24,6 +24,8 @@ struct Recorder {
     requests: Mutex<Vec<(RequestPurpose, Option<u32>, Vec<Message>)>>,
     /// Count tokens as one per byte (a pessimistic tokenizer), when set.
     bytes_are_tokens: bool,
+    /// Answer this many turn requests with an `echo` call of 3000 bytes.
+    echo_calls: usize,
 }
 
 impl Provider for Recorder {
@@ -42,7 +44,21 @@ impl Provider for Recorder {
         _observer: &mut dyn FnMut(&StreamEvent),
         _cancel: &CancelToken,
     ) -> Result<ModelResponse, ProviderError> {
-        self.requests.lock().unwrap().push((request.purpose, request.max_output_tokens, request.messages.to_vec()));
+        let mut requests = self.requests.lock().unwrap();
+        requests.push((request.purpose, request.max_output_tokens, request.messages.to_vec()));
+        let turn_requests = requests.iter().filter(|r| r.0 == RequestPurpose::Turn).count();
+        if request.purpose == RequestPurpose::Turn && turn_requests <= self.echo_calls {
+            let call = ToolCall {
+                id: format!("c{turn_requests}"),
+                name: "echo".into(),
+                arguments: serde_json::json!({"text": format!("step {turn_requests} echoes ordinary words here. ").repeat(80)}),
+            };
+            return Ok(ModelResponse {
+                message: Message { role: Role::Assistant, content: vec![ContentPart::ToolCall(call)] },
+                stop: StopReason::ToolUse,
+                attempts: vec![AttemptUsage::default()],
+            });
+        }
         let text = match request.purpose {
             RequestPurpose::Compaction => "SUMMARY-991 of everything before",
             RequestPurpose::Turn => "ok",
@@ -67,7 +83,8 @@ fn session(turns: usize, config: SessionConfig) -> Session<MemStore> {
 }
 
 fn run(session: &mut Session<MemStore>, provider: &Recorder, prompt: &str) {
-    let tools = ToolRegistry::new(false);
+    let mut tools = ToolRegistry::new(false);
+    tools.register(std::sync::Arc::new(cairn_testtools::EchoTool::new())).unwrap();
     let mut approver = PolicyApprover::new(Allowlist::new(), None);
     let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = CancelToken::new();
@@ -161,4 +178,38 @@ fn compaction_covers_the_old_part_and_a_fork_from_before_sees_everything() {
     assert_eq!(before.len(), 300 * 4);
     assert!(before.iter().all(|m| !m.joined_text().contains("SUMMARY-991")));
     assert_eq!(before[0].joined_text(), history::question(0));
+}
+
+#[test]
+fn a_turn_longer_than_the_window_keeps_its_task_and_its_newest_steps() {
+    let config = SessionConfig {
+        context_window: Some(4096),
+        max_output_tokens: Some(512),
+        output_cap: 64 * 1024,
+        ..SessionConfig::default()
+    };
+    let mut s = session(5, config);
+    let provider = Recorder { echo_calls: 12, ..Recorder::default() };
+    run(&mut s, &provider, "TASK-77: echo a dozen times");
+    let requests = provider.requests.lock().unwrap();
+    let turns: Vec<_> = requests.iter().filter(|r| r.0 == RequestPurpose::Turn).collect();
+    assert_eq!(turns.len(), 13, "twelve echo steps and the answer");
+    for (purpose, max, messages) in requests.iter() {
+        assert!(oracle(messages, *max) <= 4096, "{purpose:?}: {}", oracle(messages, *max));
+    }
+    for (_, _, messages) in &turns {
+        assert!(messages.iter().any(|m| m.joined_text().contains("TASK-77")), "the task stays in every request");
+        // Every tool result has its call in the same request.
+        let calls: Vec<&str> = messages.iter().flat_map(|m| m.tool_calls().map(|c| c.id.as_str())).collect();
+        for m in messages.iter() {
+            for part in &m.content {
+                if let ContentPart::ToolResult { call_id, .. } = part {
+                    assert!(calls.contains(&call_id.as_str()), "result {call_id} without its call");
+                }
+            }
+        }
+    }
+    // The last request holds the newest step.
+    let last = &turns[12].2;
+    assert!(last.iter().any(|m| m.tool_calls().any(|c| c.id == "c12")));
 }

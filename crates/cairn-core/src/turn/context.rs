@@ -343,10 +343,19 @@ impl<S: Storage> Session<S> {
         let cal = self.calibration(provider);
         let s = self.sizes(provider, tools);
         let mut start = s.covered;
+        // When the cut falls inside the current turn, its user message is
+        // kept (pinned) ahead of the newest steps, so the model keeps the task.
+        let mut pinned = false;
         if let Some(l) = limits {
             let fixed = self.tokens_of(s.fixed, cal) + SLACK_TOKENS + l.reserve;
             let budget = self.units_of(l.window.saturating_sub(fixed), cal);
             start = self.ctx.ledger.fitting_start(s.covered, s.current, budget);
+            let user_turn = s.current < s.n && self.ctx.roles[s.current] == Role::User;
+            if start > s.current && user_turn {
+                let rest = budget.saturating_sub(self.ctx.ledger.cost(s.current));
+                start = self.ctx.ledger.fitting_start(s.current + 1, s.current, rest);
+                pinned = true;
+            }
             while start < s.n && self.ctx.roles[start] == Role::Tool {
                 start += 1;
             }
@@ -364,7 +373,8 @@ impl<S: Storage> Session<S> {
         } else if start > 0 {
             messages.push(left_out_message(start));
         }
-        for i in start..s.n {
+        let indices = pinned.then_some(s.current).into_iter().chain(start..s.n);
+        for i in indices {
             let m = self.ctx.message(&self.store, i).ok_or_else(|| {
                 TurnError::Corrupt(format!("message entry {} of the lane is missing", self.ctx.ids[i]))
             })?;
@@ -373,7 +383,9 @@ impl<S: Storage> Session<S> {
                 None => messages.push(m),
             }
         }
-        let units = s.fixed + self.ctx.ledger.suffix(start, s.current);
+        let units = s.fixed
+            + self.ctx.ledger.suffix(start, s.current)
+            + if pinned { self.ctx.ledger.cost(s.current) } else { 0 };
         Ok(View {
             messages,
             max_output_tokens: limits
@@ -436,21 +448,14 @@ impl<S: Storage> Session<S> {
         let room = limits.window.saturating_sub(self.tokens_of(s.fixed, cal) + limits.reserve + SLACK_TOKENS);
         let keep_budget = if reason == CompactionReason::Forced { 0 } else { self.units_of(room / 4, cal) };
         let mut keep = self.ctx.ledger.fitting_start(s.covered, s.current, keep_budget).min(s.current);
-        // Start the kept part at a user message (a turn's start), else at
-        // an assistant message of the current turn.
+        // Start the kept part at a user message (a turn's start), at the
+        // latest at the current turn's.
         match self.ctx.roles[keep..s.current.max(keep)].iter().position(|r| *r == Role::User) {
             Some(i) => keep += i,
             None => keep = s.current,
         }
-        if keep == s.current && s.current <= s.covered {
-            keep = s.covered;
-            while keep < s.n && (keep == s.covered || self.ctx.roles[keep] == Role::Tool) {
-                keep += 1;
-            }
-            if keep >= s.n {
-                keep = s.covered;
-            }
-        }
+        // Never into the current turn: its user message is the task (a
+        // turn longer than the window is cut by the view, which keeps it).
         if keep <= s.covered {
             return Ok(false);
         }
