@@ -132,6 +132,14 @@ pub enum Command {
     },
     /// Show the resolved configuration and where each value came from.
     Config,
+    /// Serve the Agent Client Protocol on stdio (for editors such as Zed); see README.
+    Acp,
+    /// Serve cairn's tools over the Model Context Protocol on stdio (Write tools only with --allow; never Destructive).
+    Mcp {
+        /// Tools per tools/list page.
+        #[arg(long, default_value_t = 100, value_name = "N")]
+        page_size: usize,
+    },
     /// Manage the embedded local model.
     Model {
         #[command(subcommand)]
@@ -236,6 +244,8 @@ fn run(cli: Cli) -> Result<u8> {
             trust::run(&ctx, dir, action)
         }
         Command::Config => commands::config(&ctx),
+        Command::Acp => crate::faces::acp(&ctx),
+        Command::Mcp { page_size } => crate::faces::mcp(&ctx, page_size),
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),
     }
