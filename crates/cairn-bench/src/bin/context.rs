@@ -179,7 +179,14 @@ fn main() -> anyhow::Result<()> {
             bytes_whole.extend(server.requests()[n..].iter().map(|r| r.body.len() as f64));
         }
         drop((s_bounded, s_whole));
-        let _ = std::fs::remove_file(&bounded_path);
+        // The same steps through the in-process scripted provider, with the
+        // window and nothing else running between them: the turn's own cost.
+        let scripted_steps = {
+            let p = scripted()?;
+            let mut session = open(&bounded_path, true)?;
+            step(&mut session, &*p, 0)?;
+            (1..=samples()).map(|i| step(&mut session, &*p, i)).collect::<anyhow::Result<Vec<_>>>()?
+        };
         table.figure(
             &format!("{entries} entries ({file} bytes): first step after open, window {WINDOW}"),
             &format!(
@@ -192,6 +199,11 @@ fn main() -> anyhow::Result<()> {
             &bounded,
             "no window (whole history)",
             &whole,
+        );
+        let _ = std::fs::remove_file(&bounded_path);
+        table.figure(
+            &format!("{entries} entries: one step, scripted provider, window {WINDOW}"),
+            &cairn_bench::describe(&scripted_steps),
         );
         table.figure(
             &format!("{entries} entries: bytes per request"),
