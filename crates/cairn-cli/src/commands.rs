@@ -187,7 +187,7 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
         index.children(None).into_iter().rev().map(|e| (e, String::new(), false)).collect();
     while let Some((entry, indent, branch)) = stack.pop() {
         let marker = if branch { "├─ " } else { "" };
-        if let Some(by) = covered.get(&entry.id) {
+        if covered.contains_key(&entry.id) {
             // Fold the covered chain, stopping at a branch point or a lane head.
             let (mut last, mut n) = (entry, 1usize);
             loop {
@@ -200,8 +200,9 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
                     _ => break,
                 }
             }
+            let by = covered.get(&last.id).map_or("", String::as_str);
             let line = format!(
-                "… {n} entries ({} to {}) covered by compaction {by} — `cairn show --all` lists them",
+                "… {n} entries ({} to {}) covered by compaction summaries (the latest: {by}) — `cairn show --all` lists them",
                 entry.id, last.id
             );
             writeln!(out, "{indent}{marker}{}", s.dim(&esc(&line)))?;

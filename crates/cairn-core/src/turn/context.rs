@@ -334,8 +334,12 @@ impl<S: Storage> Session<S> {
         if let (Some(l), Some(threshold)) = (limits, self.config.compaction_threshold) {
             let cal = self.calibration(provider);
             let s = self.sizes(provider, tools);
-            let total = self.tokens_of(s.fixed + self.ctx.ledger.suffix(s.covered, s.current), cal) + l.reserve;
-            if rejected || total.saturating_mul(100) > l.window.saturating_mul(u64::from(threshold)) {
+            // The conversation against the room the window leaves after the
+            // system prompt, tool definitions, summary and output reserve
+            // (when those are small, this is the share of the window).
+            let conversation = self.tokens_of(self.ctx.ledger.suffix(s.covered, s.current), cal);
+            let room = l.window.saturating_sub(self.tokens_of(s.fixed, cal) + l.reserve + SLACK_TOKENS);
+            if rejected || conversation.saturating_mul(100) > room.saturating_mul(u64::from(threshold)) {
                 let reason = if rejected { CompactionReason::ProviderRejected } else { CompactionReason::Threshold };
                 self.compact_with(env, reason, l)?;
             }
@@ -360,10 +364,15 @@ impl<S: Storage> Session<S> {
                 start += 1;
             }
             if start >= s.n && s.n > s.covered || l.window <= fixed {
+                let newest = self.tokens_of(self.ctx.ledger.cost(s.n.saturating_sub(1)), cal);
                 return Err(TurnError::ContextOverflow(format!(
-                    "the newest message alone does not fit the context window of {} tokens ({} reserved for output); \
+                    "the request does not fit the context window of {} tokens: {} are reserved for output, the \
+                     system prompt, tool definitions and summary take about {}, and the newest message about {}; \
                      raise `context_window` if the model allows more, or lower `max_output_tokens`",
-                    l.window, l.reserve
+                    l.window,
+                    l.reserve,
+                    self.tokens_of(s.fixed, cal),
+                    newest
                 )));
             }
         }
@@ -457,6 +466,15 @@ impl<S: Storage> Session<S> {
         // Never into the current turn: its user message is the task (a
         // turn longer than the window is cut by the view, which keeps it).
         if keep <= s.covered {
+            return Ok(false);
+        }
+        // A threshold compaction must be worth a summariser call: what it
+        // covers is at least an eighth of what the window leaves (else the
+        // fixed part — system prompt, tools, reserve — is what fills the
+        // window, and summarising would repeat every step).
+        if reason == CompactionReason::Threshold
+            && self.tokens_of(self.ctx.ledger.elided_range(s.covered, keep), cal) < room / 8
+        {
             return Ok(false);
         }
         let summariser = provider.compaction_provider().unwrap_or(provider);
