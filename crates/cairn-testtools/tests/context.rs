@@ -18,10 +18,13 @@ use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv};
 use cairn_test_server::tokens::count_text;
 use cairn_testtools::history;
 
+/// A recorded request: purpose, output bound, messages.
+type Recorded = (RequestPurpose, Option<u32>, Vec<Message>);
+
 /// Answers "ok" (a summary for compaction requests) and records requests.
 #[derive(Default)]
 struct Recorder {
-    requests: Mutex<Vec<(RequestPurpose, Option<u32>, Vec<Message>)>>,
+    requests: Mutex<Vec<Recorded>>,
     /// Count tokens as one per byte (a pessimistic tokenizer), when set.
     bytes_are_tokens: bool,
     /// Answer this many turn requests with an `echo` call of 3000 bytes.
