@@ -72,6 +72,9 @@ pub enum Command {
     Show {
         /// Session id, unique prefix, name or path.
         id: String,
+        /// List the entries compaction summaries cover too (by default they are folded into one line).
+        #[arg(long)]
+        all: bool,
         /// List every tool call instead: status, verdict, timings and receipt (one JSON object each with --json).
         #[arg(long)]
         tools: bool,
@@ -94,13 +97,17 @@ pub enum Command {
         #[arg(long)]
         lane: Option<String>,
     },
-    /// Rewrite a session file without its dead register lines, when its dead-bytes share is over storage.compact_ratio.
+    /// Rewrite a session file without its dead register lines, when its dead-bytes share is over storage.compact_ratio;
+    /// with --context, summarise the conversation instead (a `compaction` entry; nothing is deleted).
     Compact {
         /// Session id, unique prefix, name or path.
         id: String,
         /// Compact even when the dead-bytes share is under the threshold.
         #[arg(long)]
         force: bool,
+        /// Compact the conversation by summary now: the model summarises every message before the last user message.
+        #[arg(long, conflicts_with = "force")]
+        context: bool,
     },
     /// Validate a session file and print a summary.
     Check {
@@ -220,11 +227,12 @@ fn run(cli: Cli) -> Result<u8> {
             host::resume(&ctx, &path, prompt)
         }
         Command::Sessions => commands::sessions(&ctx),
-        Command::Show { id, tools: false } => commands::show(&ctx, &resolve(&id)?),
-        Command::Show { id, tools: true } => commands::show_tools(&ctx, &resolve(&id)?),
+        Command::Show { id, tools: false, all } => commands::show(&ctx, &resolve(&id)?, all),
+        Command::Show { id, tools: true, .. } => commands::show_tools(&ctx, &resolve(&id)?),
         Command::Log { id, follow } => commands::log(&ctx, &resolve(&id)?, follow),
         Command::Fork { id, entry, lane } => commands::fork(&ctx, &resolve(&id)?, &entry, lane),
-        Command::Compact { id, force } => commands::compact(&ctx, &resolve(&id)?, force),
+        Command::Compact { id, context: true, .. } => crate::compaction::compact(&ctx, &resolve(&id)?),
+        Command::Compact { id, force, .. } => commands::compact(&ctx, &resolve(&id)?, force),
         Command::Check { target } => commands::check(&ctx, &resolve(&target)?),
         Command::Tools => commands::tools(&ctx),
         Command::Trust { dir, revoke, list } => {

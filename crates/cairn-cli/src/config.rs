@@ -115,6 +115,9 @@ pub struct LimitsConfig {
     pub tool_output_cap: Option<usize>,
     /// Per-tool timeout in seconds.
     pub tool_timeout_secs: Option<u64>,
+    /// Compact the conversation by summary past this percent of the
+    /// model's context window (1–100; default 75).
+    pub compaction_threshold: Option<u8>,
 }
 
 /// `[tools]`.
@@ -178,6 +181,9 @@ pub struct Settings {
     pub tool_output_cap: Setting<usize>,
     /// Tool timeout in seconds.
     pub tool_timeout_secs: Setting<u64>,
+    /// Percent of the context window past which the conversation is
+    /// compacted by summary.
+    pub compaction_threshold: Setting<u8>,
     /// Extra destructive shapes.
     pub destructive_patterns: Setting<Vec<String>>,
     /// Staged `shell` execution.
@@ -232,6 +238,7 @@ impl Settings {
         let mut destructive_patterns = Setting::default(Vec::new());
         let mut staged = Setting::default(true);
         let mut staged_max_files = Setting::default(cairn_core::staged::StagedRules::default().max_files);
+        let mut compaction_threshold = Setting::default(75u8);
         let mut local_threads = Setting::default(1);
         let mut local_fast = Setting::default(false);
         let mut local_model_path = Setting::default(None);
@@ -258,6 +265,16 @@ impl Settings {
         }
         if let Some(v) = file.limits.tool_timeout_secs {
             tool_timeout_secs.set(v, from_file());
+        }
+        if let Some(v) = file.limits.compaction_threshold {
+            if !(1..=100).contains(&v) {
+                anyhow::bail!(
+                    "{}: [limits] compaction_threshold = {v} must be a percent of the context window between 1 and 100 \
+                     (use --no-compaction to turn compaction off)",
+                    config_file.display()
+                );
+            }
+            compaction_threshold.set(v, from_file());
         }
         if !file.tools.destructive_patterns.is_empty() {
             destructive_patterns.set(file.tools.destructive_patterns, from_file());
@@ -335,6 +352,7 @@ impl Settings {
             max_steps,
             tool_output_cap,
             tool_timeout_secs,
+            compaction_threshold,
             destructive_patterns,
             staged,
             staged_max_files,
@@ -374,6 +392,11 @@ impl Settings {
                 "limits.tool_timeout_secs",
                 self.tool_timeout_secs.value.to_string(),
                 self.tool_timeout_secs.source.to_string(),
+            ),
+            (
+                "limits.compaction_threshold",
+                self.compaction_threshold.value.to_string(),
+                self.compaction_threshold.source.to_string(),
             ),
             (
                 "tools.destructive_patterns",

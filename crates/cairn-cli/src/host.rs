@@ -43,6 +43,13 @@ impl std::fmt::Debug for Wiring {
     }
 }
 
+impl Wiring {
+    /// The provider, tools and approver a `TurnEnv` borrows.
+    pub fn parts(&mut self) -> (&dyn Provider, &ToolRegistry, &mut PolicyApprover) {
+        (&*self.provider, &self.registry, &mut self.approver)
+    }
+}
+
 /// Build the configured provider.
 pub fn build_provider(ctx: &Context) -> Result<Box<dyn Provider + Send>> {
     let name = &ctx.settings.provider.value;
@@ -144,6 +151,7 @@ pub fn session_config(ctx: &Context) -> SessionConfig {
         output_cap: ctx.settings.tool_output_cap.value,
         tool_timeout: Duration::from_secs(ctx.settings.tool_timeout_secs.value),
         lane: ctx.common.lane.clone().unwrap_or_else(|| cairn_core::turn::DEFAULT_LANE.to_owned()),
+        compaction_threshold: (!ctx.common.no_compaction).then_some(ctx.settings.compaction_threshold.value),
         ..SessionConfig::default()
     }
 }
@@ -276,7 +284,7 @@ fn outcome_code(outcome: &TurnOutcome, renderer: &mut Renderer, session_id: &str
     code
 }
 
-fn mode(ctx: &Context) -> Mode {
+pub fn mode(ctx: &Context) -> Mode {
     if ctx.common.json {
         Mode::Json
     } else if ctx.common.quiet {

@@ -8,6 +8,7 @@
 mod approver;
 mod cli;
 mod commands;
+mod compaction;
 mod config;
 mod context;
 mod faces;

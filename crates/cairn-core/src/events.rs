@@ -61,6 +61,9 @@ pub enum EntryType {
     TurnCancelled,
     /// `turnEnded`.
     TurnEnded,
+    /// `compaction`: a summary standing in for older entries of the lane
+    /// (they stay in the log).
+    Compaction,
 }
 
 impl EntryType {
@@ -76,6 +79,7 @@ impl EntryType {
         Self::ToolRejected,
         Self::TurnCancelled,
         Self::TurnEnded,
+        Self::Compaction,
     ];
 
     /// The tag stored in the log.
@@ -91,6 +95,7 @@ impl EntryType {
             Self::ToolRejected => "toolRejected",
             Self::TurnCancelled => "turnCancelled",
             Self::TurnEnded => "turnEnded",
+            Self::Compaction => "compaction",
         }
     }
 
@@ -330,6 +335,56 @@ impl EntryPayload for TurnCancelledPayload {
 }
 impl EntryPayload for TurnEndedPayload {
     const TYPE: EntryType = EntryType::TurnEnded;
+}
+impl EntryPayload for CompactionPayload {
+    const TYPE: EntryType = EntryType::Compaction;
+}
+
+/// Why a compaction was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CompactionReason {
+    /// The conversation passed the configured share of the window.
+    Threshold,
+    /// The provider refused a request as too long (the retry follows it).
+    ProviderRejected,
+    /// Asked for by a person (`cairn compact`).
+    Forced,
+}
+
+/// Payload of `compaction`: a summary that stands in, in the requests the
+/// turn builds, for the lane's messages from the start of the lane (or the
+/// previous compaction) through `last_entry`. Nothing is removed: the
+/// covered entries stay in the log, and a lane forked before this entry
+/// never sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactionPayload {
+    /// The summary the model sees in place of the covered messages. It
+    /// includes the previous compaction's summary, so the latest compaction
+    /// on a path is the only one a request needs.
+    pub summary: String,
+    /// The first entry covered (the lane's first entry, or the one after
+    /// the previous compaction's `last_entry`).
+    pub first_entry: String,
+    /// The last entry covered (inclusive).
+    pub last_entry: String,
+    /// Messages covered, the previous compaction's included.
+    pub messages: u64,
+    /// The previous compaction this one subsumes, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// The last entry of the covered range the summariser did not read
+    /// (the range was larger than its window; the newest part was read).
+    /// `None` when every covered message was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unread_through: Option<String>,
+    /// Why it was made.
+    pub reason: CompactionReason,
+    /// Provider that wrote the summary.
+    pub provider: String,
+    /// Model that wrote the summary.
+    pub model: String,
 }
 
 impl ToolRequestedPayload {
@@ -614,6 +669,16 @@ pub enum TurnEvent {
         /// Turn id.
         turn_id: String,
     },
+    /// A compaction summary was committed (the covered entries stay in
+    /// the log).
+    Compacted {
+        /// The `compaction` entry.
+        entry_id: String,
+        /// Messages it covers.
+        messages: u64,
+        /// Why it was made.
+        reason: CompactionReason,
+    },
 }
 
 #[cfg(test)]
@@ -634,6 +699,7 @@ mod tests {
             "toolRejected",
             "turnCancelled",
             "turnEnded",
+            "compaction",
         ];
         let tags: Vec<&str> = EntryType::ALL.iter().map(|t| t.tag()).collect();
         assert_eq!(tags, written);

@@ -26,6 +26,7 @@
 
 pub mod approval;
 pub mod cancel;
+pub mod context;
 pub mod events;
 pub mod message;
 pub mod projection;

@@ -221,7 +221,7 @@ impl ToolState {
                 }),
                 Err(e) => self.anomalies.push(format!("entry {}: bad toolRejected payload: {e}", entry.id)),
             },
-            EntryType::Message | EntryType::TurnCancelled | EntryType::TurnEnded => {}
+            EntryType::Message | EntryType::TurnCancelled | EntryType::TurnEnded | EntryType::Compaction => {}
         }
     }
 

@@ -171,6 +171,19 @@ impl Provider for LocalProvider {
         self.model.name()
     }
 
+    fn context_window(&self) -> Option<u32> {
+        u32::try_from(self.model.options().context_tokens).ok()
+    }
+
+    fn max_output_tokens(&self) -> Option<u32> {
+        Some(self.max_output_tokens)
+    }
+
+    /// The model's own tokenizer (rebuilt from the GGUF metadata).
+    fn count_tokens(&self, text: &str) -> Option<u64> {
+        self.model.tokenizer().encode(text).ok().map(|ids| ids.len() as u64)
+    }
+
     fn complete(
         &self,
         request: &ModelRequest<'_>,

@@ -91,7 +91,14 @@ fn ask(
     max: u32,
 ) -> (cairn_core::provider::ModelResponse, Vec<StreamEvent>) {
     let messages = vec![Message::text(Role::User, prompt)];
-    let request = ModelRequest { system: None, messages: &messages, tools, max_output_tokens: Some(max) };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools,
+        max_output_tokens: Some(max),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let mut events = Vec::new();
     let response = provider
         .complete(&request, &mut |e| events.push(e.clone()), &CancelToken::new())
@@ -242,7 +249,14 @@ fn constrained_outputs_are_text_or_valid_calls() {
 fn cancellation_stops_generation() {
     let provider = LocalProvider::new(model());
     let messages = vec![Message::text(Role::User, "Count from 1 to 100.")];
-    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: Some(200) };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &[],
+        max_output_tokens: Some(200),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let cancel = CancelToken::new();
     let mut deltas = 0;
     let err = provider
@@ -278,7 +292,14 @@ fn long_conversations_are_trimmed_not_refused() {
         messages.push(Message::text(Role::Assistant, "Noted."));
     }
     messages.push(Message::text(Role::User, "What is the capital of France?"));
-    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: Some(16) };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &[],
+        max_output_tokens: Some(16),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let response = provider.complete(&request, &mut |_| {}, &CancelToken::new()).unwrap();
     let usage = &response.attempts[0];
     assert!(usage.input_tokens as usize <= model.options().context_tokens - 16, "{usage:?}");
@@ -425,7 +446,14 @@ fn answers_from_a_tool_result() {
             }],
         },
     ];
-    let request = ModelRequest { system: None, messages: &messages, tools: &tools, max_output_tokens: Some(40) };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &tools,
+        max_output_tokens: Some(40),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let response = provider.complete(&request, &mut |_| {}, &CancelToken::new()).unwrap();
     eprintln!("{:?}", response.message);
     let text = response.message.joined_text();

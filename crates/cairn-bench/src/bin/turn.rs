@@ -132,7 +132,14 @@ fn raw_step(path: &Path) -> anyhow::Result<Vec<Duration>> {
     let steps = steps();
     let samples = sample(samples(), || {
         for _ in 0..steps {
-            let model = ModelRequest { system: None, messages: &messages, tools: &specs, max_output_tokens: None };
+            let model = ModelRequest {
+                system: None,
+                messages: &messages,
+                tools: &specs,
+                max_output_tokens: None,
+                earlier_assistant_messages: 0,
+                purpose: Default::default(),
+            };
             let _ = provider.complete(&model, &mut |_| {}, &cancel);
             let mut output = |_: &[u8]| {};
             let mut bypass = |_: &str| false;

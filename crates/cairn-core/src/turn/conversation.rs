@@ -41,7 +41,8 @@ pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message>
         | EntryType::ToolBypass
         | EntryType::ToolStaged
         | EntryType::TurnCancelled
-        | EntryType::TurnEnded => None,
+        | EntryType::TurnEnded
+        | EntryType::Compaction => None,
     }
 }
 

@@ -25,7 +25,7 @@ use crate::events::{
     ToolStagedPayload, ToolStartedPayload, TurnCancelledPayload, TurnEndedPayload, TurnEvent, VerdictRecord,
 };
 use crate::message::{Message, Role, ToolCall};
-use crate::provider::{ModelRequest, ModelResponse, ProviderErrorKind, StreamEvent};
+use crate::provider::{ModelRequest, ModelResponse, ProviderErrorKind, RequestPurpose, StreamEvent};
 use crate::registry::ToolRegistry;
 use crate::schema;
 use crate::storage::registers::AllowFact;
@@ -173,20 +173,67 @@ impl<S: Storage> Session<S> {
             return self.cancel_turn(env, b);
         }
         let turn_id = self.turn_id();
-        (env.observer)(&TurnEvent::ProviderRequested { turn_id: turn_id.clone(), step: self.pc.step });
-        let result = {
+        // The request is the bounded view; a provider that still refuses
+        // it as too long gets one compaction and one retry (its refused
+        // attempts are recorded as usage rows first).
+        let mut rejected: Option<u64> = None;
+        let (result, request_bytes) = loop {
+            let view = self.request_view(env, rejected)?;
+            if env.cancel.is_cancelled() {
+                let b = self.tx();
+                return self.cancel_turn(env, b);
+            }
+            (env.observer)(&TurnEvent::ProviderRequested { turn_id: turn_id.clone(), step: self.pc.step });
             let request = ModelRequest {
                 system: self.config.system.as_deref(),
-                messages: &self.messages,
+                messages: &view.messages,
                 tools: env.tools.specs(),
-                max_output_tokens: self.config.max_output_tokens,
+                max_output_tokens: view.max_output_tokens,
+                earlier_assistant_messages: view.earlier_assistant_messages,
+                purpose: RequestPurpose::Turn,
             };
             let observer = &mut *env.observer;
             let mut forward = |event: &StreamEvent| observer(&TurnEvent::Delta { event: event.clone() });
-            env.provider.complete(&request, &mut forward, env.cancel).and_then(ModelResponse::refuse_duplicate_call_ids)
+            let result = env
+                .provider
+                .complete(&request, &mut forward, env.cancel)
+                .and_then(ModelResponse::refuse_duplicate_call_ids);
+            match result {
+                Err(error)
+                    if error.kind == ProviderErrorKind::ContextLength
+                        && rejected.is_none()
+                        && !env.cancel.is_cancelled() =>
+                {
+                    let mut b = self.tx();
+                    for mut attempt in error.attempts {
+                        attempt.request_bytes = view.request_bytes;
+                        b.usage(None, &attempt)?;
+                        b.tell(TurnEvent::Usage { usage: attempt });
+                    }
+                    if !b.is_empty() {
+                        self.commit(b, None, env.observer)?;
+                    }
+                    (env.observer)(&TurnEvent::ProviderFailed {
+                        kind: "contextLength".to_owned(),
+                        message: format!(
+                            "{} (estimated {} tokens); compacting and retrying once",
+                            error.message, view.tokens
+                        ),
+                    });
+                    rejected = Some(view.tokens + view.max_output_tokens.map_or(0, u64::from));
+                }
+                other => break (other, view.request_bytes),
+            }
         };
         match result {
-            Ok(response) => {
+            Ok(mut response) => {
+                for attempt in &mut response.attempts {
+                    attempt.request_bytes = request_bytes;
+                }
+                if let (Some(bytes), Some(last)) = (request_bytes, response.attempts.last()) {
+                    let tokens = last.input_tokens;
+                    self.observe_usage(env.provider, bytes, tokens);
+                }
                 let mut b = self.tx();
                 let mut message = response.message;
                 message.role = Role::Assistant;
