@@ -68,7 +68,7 @@ pub enum EntryType {
 
 impl EntryType {
     /// Every entry type.
-    pub const ALL: [EntryType; 10] = [
+    pub const ALL: [EntryType; 11] = [
         Self::Message,
         Self::ToolRequested,
         Self::ToolStarted,
