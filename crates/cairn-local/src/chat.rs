@@ -47,25 +47,32 @@ pub fn system_prompt(system: Option<&str>, tools: &[ToolSpec]) -> String {
     out
 }
 
-/// The tool used in examples: the first read-only one (examples get copied),
-/// else the first.
-fn example_tool(tools: &[ToolSpec]) -> Option<&ToolSpec> {
-    tools.iter().find(|t| t.risk == cairn_core::tool::Risk::ReadOnly).or(tools.first())
+/// What the model is told about the session's working directory: where it
+/// is and a short listing, as a person would look first. Appended to the
+/// system prompt by the provider when it knows the directory.
+pub fn workdir_note(dir: &std::path::Path, listing: &[String], more: bool) -> String {
+    let mut out = format!("\n\nThe working directory is {}.", dir.display());
+    if listing.is_empty() {
+        out.push_str(" It is empty.");
+    } else {
+        out.push_str(" It contains: ");
+        out.push_str(&listing.join(", "));
+        out.push_str(if more { ", …" } else { "." });
+    }
+    out.push_str(" Paths are relative to it.");
+    out
 }
 
-/// Example arguments for the system prompt: each required string gets a
-/// plausible value.
-fn example_args(schema: &Value) -> Value {
-    let mut args = serde_json::Map::new();
-    for key in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
-        let value = match key {
-            "path" | "file" | "filename" => "hello.txt",
-            "command" | "cmd" => "cat hello.txt",
-            _ => "value",
-        };
-        args.insert(key.to_string(), Value::String(value.to_string()));
-    }
-    Value::Object(args)
+/// The tool used in the example exchange: one that takes no required
+/// argument (so the example holds no file name or command to copy), the
+/// read-only ones first.
+fn example_tool(tools: &[ToolSpec]) -> Option<&ToolSpec> {
+    let no_required = |t: &&ToolSpec| {
+        t.input_schema.get("required").and_then(Value::as_array).is_none_or(|r| r.is_empty())
+            && !matches!(t.input_schema.get("properties"), Some(Value::Object(p)) if p.is_empty())
+    };
+    let read_only = |t: &&ToolSpec| t.risk == cairn_core::tool::Risk::ReadOnly;
+    tools.iter().filter(no_required).find(read_only).or(tools.iter().find(no_required))
 }
 
 /// A compact, readable description of an arguments schema.
@@ -121,14 +128,17 @@ pub fn render_call(name: &str, arguments: &Value) -> String {
 
 /// A short example exchange shown before the conversation when tools are
 /// offered: a small model copies the form of earlier turns far more readily
-/// than it follows instructions. Empty when no tools are offered.
+/// than it follows instructions. The example calls a tool with no arguments
+/// at all: a file name or command in it would be copied into real calls
+/// (the earlier `hello.txt` example was). Empty when no offered tool can be
+/// called without arguments.
 pub fn example_turns(tools: &[ToolSpec]) -> Vec<Turn> {
-    let Some(first) = example_tool(tools) else { return Vec::new() };
+    let Some(tool) = example_tool(tools) else { return Vec::new() };
     vec![
         Turn { role: "user", content: "Hello!".to_string() },
         Turn { role: "assistant", content: "Hello! How can I help you?".to_string() },
-        Turn { role: "user", content: format!("Use {} with hello.txt.", first.name) },
-        Turn { role: "assistant", content: render_call(&first.name, &example_args(&first.input_schema)) },
+        Turn { role: "user", content: format!("Use {}.", tool.name) },
+        Turn { role: "assistant", content: render_call(&tool.name, &Value::Object(serde_json::Map::new())) },
     ]
 }
 

@@ -53,7 +53,8 @@ struct Task {
 
 fn load_tasks(path: &Path) -> Result<Vec<Task>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the task set {}", path.display()))?;
-    let tasks: Vec<Task> = serde_json::from_str(&text).with_context(|| format!("{} is not a task list", path.display()))?;
+    let tasks: Vec<Task> =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a task list", path.display()))?;
     for t in &tasks {
         let expect = t.expect.to_lowercase();
         if t.prompt.to_lowercase().contains(&expect) || t.files.keys().any(|f| f.to_lowercase().contains(&expect)) {
@@ -118,7 +119,8 @@ fn run_task(model: &Arc<LocalModel>, task: &Task, sessions: &Path) -> Result<Out
         ..SessionConfig::default()
     };
     let mut session = Session::open(store, config)?;
-    let provider = LocalProvider::new(Arc::clone(model));
+    // As the CLI builds it (crates/cairn-cli/src/local.rs): grounded in the session's cwd.
+    let provider = LocalProvider::new(Arc::clone(model)).with_workdir(&cwd);
     let mut tools = ToolRegistry::new(false);
     for entry in cairn_tools::builtin_tools(&cairn_tools::ToolsConfig::default())? {
         tools.register(entry.tool)?;
@@ -135,8 +137,13 @@ fn run_task(model: &Arc<LocalModel>, task: &Task, sessions: &Path) -> Result<Out
         _ => {}
     };
     let cancel = CancelToken::new();
-    let mut env =
-        TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &cancel };
+    let mut env = TurnEnv {
+        provider: &provider,
+        tools: &tools,
+        approver: &mut approver,
+        observer: &mut observer,
+        cancel: &cancel,
+    };
     let started = Instant::now();
     let outcome = session.run_turn(&task.prompt, &mut env)?;
     let time = started.elapsed();
