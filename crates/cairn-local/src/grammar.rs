@@ -53,6 +53,18 @@
 //!   optional key with it is never offered, an array with such `items` stays
 //!   empty, and a tool whose arguments cannot be satisfied is not offered.
 //!
+//! # Paths
+//!
+//! A string marked `"format": "path"` is a path in the working tree:
+//! - with `"x-exists"` (`"file"`, `"directory"`, or `true`/`"any"`) and
+//!   candidates given ([`Grammar::with_paths`], found by `crate::ground`),
+//!   it must be exactly one of the existing candidates of that kind (a trie,
+//!   `grammar/path.rs`; spelt as `serde_json` prints it, no alternative
+//!   escapes). A required one with no candidate makes its tool uncallable.
+//! - otherwise (write tools, or no candidates known) it has path syntax
+//!   only: relative, no empty, `.` or `..` component, no backslash. With
+//!   `minLength`/`maxLength` it is an ordinary string instead.
+//!
 //! # Limits
 //!
 //! Everything else is *ignored*, so the grammar may accept arguments that

@@ -235,7 +235,13 @@ impl Provider for LocalProvider {
             let listing = c.listing(LISTING_ENTRIES);
             system.push_str(&workdir_note(dir, &listing, c.len() - 1 > listing.len() || c.truncated()));
         }
-        let turns = to_turns(&system, &example_turns(request.tools), request.messages);
+        // The example's file name is one grounding refuses (absent from the
+        // tree), so the model cannot copy it into a real call.
+        let example_name = ["example.txt", "example-file.txt", "example-0.txt"]
+            .into_iter()
+            .find(|n| candidates.as_ref().is_none_or(|(_, c)| !c.files().iter().any(|f| f == n)))
+            .unwrap_or("example-0.txt");
+        let turns = to_turns(&system, &example_turns(request.tools, example_name), request.messages);
         let tokenizer = self.model.tokenizer();
         let mut count = |s: &str| tokenizer.encode(s).map_or(s.len(), |ids| ids.len());
         let (prompt, _dropped) = fit_prompt(&turns, ctx - max_new, &mut count);
