@@ -175,6 +175,8 @@ pub struct Grammar {
     tool_names: Vec<String>,
     /// Candidate tries of grounded path parameters (`Node::PathTrie`).
     pub(crate) tries: Vec<Trie>,
+    /// Whether the answer must be a tool call (no plain text).
+    pub(crate) call_only: bool,
     /// The existing paths grounded parameters may name, while compiling
     /// (`None`: not known, such parameters get path syntax only).
     candidates: Option<PathCandidates>,
@@ -216,6 +218,7 @@ impl Grammar {
             tool_args: Vec::new(),
             tool_names: Vec::new(),
             tries: Vec::new(),
+            call_only: false,
             candidates: candidates.cloned(),
         };
         let mut names = Vec::new();
@@ -264,6 +267,13 @@ impl Grammar {
         }
         let limited = obj.contains_key("minLength") || obj.contains_key("maxLength");
         (!limited).then(|| self.push(Node::PathSyntax))
+    }
+
+    /// Require the answer to be a tool call: plain text is refused. Has no
+    /// effect when no tool can be called.
+    pub fn require_call(mut self) -> Self {
+        self.call_only = !self.tool_names.is_empty();
+        self
     }
 
     /// The offered tool names that can be called, in order.
@@ -544,6 +554,17 @@ mod tests {
         ] {
             assert!(accepts(&g, bad).is_none(), "should refuse {bad}");
         }
+    }
+
+    #[test]
+    fn a_required_call_refuses_text() {
+        let g = tools().require_call();
+        assert!(accepts(&g, "The answer").is_none());
+        assert!(accepts(&g, " T").is_none());
+        assert!(complete(&g, r#"{"name": "list_dir", "arguments": {}}"#));
+        // Nothing callable: text stays allowed (no dead end).
+        let none = Grammar::new(std::iter::empty()).require_call();
+        assert!(accepts(&none, "Hi").is_some());
     }
 
     #[test]

@@ -188,6 +188,19 @@ fn conversation_paths(messages: &[Message]) -> Vec<String> {
     out
 }
 
+/// Whether the last message is the user's and names an existing path (a
+/// file or directory among the candidates, `.` aside).
+fn names_existing_path(messages: &[Message], candidates: &PathCandidates) -> bool {
+    let Some(last) = messages.last().filter(|m| m.role == Role::User) else { return false };
+    last.content.iter().any(|p| match p {
+        ContentPart::Text { text } => mentioned_paths(text).iter().any(|m| {
+            let m = m.trim_start_matches("./").trim_end_matches('/');
+            candidates.files().iter().any(|f| f == m) || candidates.dirs().iter().any(|d| d == m && d != ".")
+        }),
+        _ => false,
+    })
+}
+
 /// Whether the conversation already holds this exact call with its result.
 fn already_answered(messages: &[Message], name: &str, arguments: &Value) -> bool {
     let answered: Vec<&str> = messages
@@ -246,10 +259,14 @@ impl Provider for LocalProvider {
         let mut count = |s: &str| tokenizer.encode(s).map_or(s.len(), |ids| ids.len());
         let (prompt, _dropped) = fit_prompt(&turns, ctx - max_new, &mut count);
         let grammar = (!request.tools.is_empty()).then(|| {
-            Grammar::with_paths(
+            let g = Grammar::with_paths(
                 request.tools.iter().map(|t| (t.name.as_str(), &t.input_schema)),
                 candidates.as_ref().map(|(_, c)| c),
-            )
+            );
+            // The model cannot know a file it has not read: when the user's
+            // latest message names an existing path, look before answering.
+            let named = candidates.as_ref().is_some_and(|(_, c)| names_existing_path(request.messages, c));
+            if named { g.require_call() } else { g }
         });
 
         let mut stream = Utf8Stream::default();
@@ -360,6 +377,19 @@ mod tests {
         assert!(already_answered(&messages, "read_file", &args));
         assert!(!already_answered(&messages, "read_file", &serde_json::json!({"path": "b"})));
         assert!(!already_answered(&messages, "shell", &args));
+    }
+
+    #[test]
+    fn only_a_user_message_naming_an_existing_path_requires_a_call() {
+        let c =
+            PathCandidates::from_lists(vec!["notes.txt".into(), "docs/a.md".into()], vec![".".into(), "docs".into()]);
+        let user = |t: &str| vec![Message::text(Role::User, t)];
+        assert!(names_existing_path(&user("Read notes.txt and tell me the code."), &c));
+        assert!(names_existing_path(&user("what is in ./docs/a.md?"), &c));
+        assert!(names_existing_path(&user("list docs/ please"), &c));
+        assert!(!names_existing_path(&user("What is the capital of France?"), &c));
+        assert!(!names_existing_path(&user("Read launch.txt."), &c), "not an existing path");
+        assert!(!names_existing_path(&[Message::text(Role::Assistant, "notes.txt")], &c));
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //!
 //! Run: `CAIRN_LOCAL_MODEL=/path/model.gguf cargo run --release -p
 //! cairn-bench --bin grounding [-- --precision f32|q8_0] [--kind KIND]
-//! [--tasks FILE]`; `--smoke` runs the first task of each kind.
+//! [--tasks FILE] [--shard K/N]`; `--smoke` runs the first task of each
+//! kind.
 #![allow(clippy::print_stdout)]
 
 use std::collections::BTreeMap;
@@ -154,6 +155,8 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--smoke").collect();
     let mut precision = Precision::F32;
     let mut kind_filter = None;
+    // `--shard K/N`: every N-th task from the K-th, to split a run over processes.
+    let mut shard: Option<(usize, usize)> = None;
     let mut tasks_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tasks/grounding.json");
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -162,7 +165,15 @@ fn main() -> Result<()> {
             "--precision" => precision = value()?.parse()?,
             "--kind" => kind_filter = Some(value()?.clone()),
             "--tasks" => tasks_path = PathBuf::from(value()?),
-            other => bail!("unknown argument {other} (use --precision, --kind, --tasks, --smoke)"),
+            "--shard" => {
+                let v = value()?;
+                let parsed = v.split_once('/').and_then(|(k, n)| Some((k.parse().ok()?, n.parse().ok()?)));
+                match parsed {
+                    Some((k, n)) if k < n => shard = Some((k, n)),
+                    _ => bail!("--shard takes K/N with K < N (e.g. 0/2), not {v}"),
+                }
+            }
+            other => bail!("unknown argument {other} (use --precision, --kind, --shard, --tasks, --smoke)"),
         }
     }
     let model_path = std::env::var_os(MODEL_ENV)
@@ -171,6 +182,9 @@ fn main() -> Result<()> {
     let mut tasks = load_tasks(&tasks_path)?;
     if let Some(kind) = &kind_filter {
         tasks.retain(|t| &t.kind == kind);
+    }
+    if let Some((k, n)) = shard {
+        tasks = tasks.into_iter().enumerate().filter(|(i, _)| i % n == k).map(|(_, t)| t).collect();
     }
     if cairn_bench::smoke() {
         // The first task of each kind.

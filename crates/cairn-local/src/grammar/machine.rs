@@ -308,6 +308,9 @@ impl State {
                     self.ws = 0;
                     self.push(Frame::Call { st: CallSt::Open, tool: 0 });
                     self.feed_call(g, b)
+                } else if g.call_only {
+                    // The answer must be a call (see `Grammar::require_call`).
+                    false
                 } else {
                     self.mode = Mode::Text;
                     true
