@@ -141,10 +141,9 @@ fn result_text(name: &str, content: &str, is_error: bool) -> String {
 
 /// A short example exchange shown before the conversation when tools are
 /// offered: a small model copies the form of earlier turns far more readily
-/// than it follows instructions. It shows a request naming a file and the
-/// call, and stops there: an example result and answer were measured to be
-/// copied as the answer to real requests ("The colour is teal." after
-/// reading another file). Its file name must not be one the model
+/// than it follows instructions. It shows the whole loop: a request naming
+/// a file, the call, its result (in the exact form real results take) and
+/// an answer that copies the value. Its file name must not be one the model
 /// could copy into a real call: `example_name` is chosen by the caller to be
 /// absent from the working tree, where grounding makes it impossible to
 /// write (the former `hello.txt` example was copied into real calls). Empty
@@ -156,6 +155,8 @@ pub fn example_turns(tools: &[ToolSpec], example_name: &str) -> Vec<Turn> {
     vec![
         Turn { role: "user", content: format!("Read {example_name} and tell me the colour.") },
         Turn { role: "assistant", content: render_call(&tool.name, &Value::Object(args)) },
+        Turn { role: "user", content: result_text(&tool.name, "     1\tThe colour is teal.", false) },
+        Turn { role: "assistant", content: "The colour is teal.".to_string() },
     ]
 }
 
@@ -331,7 +332,7 @@ mod tests {
     }
 
     #[test]
-    fn the_example_names_only_the_given_file() {
+    fn the_example_names_only_the_given_file_and_shows_results_as_real_ones() {
         let spec = |schema: Value| ToolSpec {
             name: "read_file".into(),
             description: "Read a file.".into(),
@@ -343,7 +344,7 @@ mod tests {
         let grounded = spec(json!({"type": "object", "properties": {
             "path": {"type": "string", "format": "path", "x-exists": "file"}}, "required": ["path"]}));
         let ex = example_turns(std::slice::from_ref(&grounded), "example-0.txt");
-        assert_eq!(ex.len(), 2);
+        assert_eq!(ex.len(), 4);
         assert_eq!(ex[1].content, r#"{"name": "read_file", "arguments": {"path":"example-0.txt"}}"#);
         assert!(ex.iter().all(|t| !t.content.contains("hello")));
         // The result turn has exactly the form a real result gets.
@@ -365,11 +366,7 @@ mod tests {
                 }],
             },
         ];
-        assert_eq!(
-            to_turns("s", &[], &msgs)[2].content,
-            result_text("read_file", "     1\tThe colour is teal.", false),
-            "results are rendered in one place"
-        );
+        assert_eq!(to_turns("s", &[], &msgs)[2], ex[2]);
         // No grounded file parameter: no example (nothing to copy).
         let plain = spec(json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}));
         assert!(example_turns(&[plain], "example-0.txt").is_empty());
