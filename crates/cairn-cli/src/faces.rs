@@ -21,8 +21,8 @@ struct CliHost<'a> {
 }
 
 impl cairn_faces::Host for CliHost<'_> {
-    fn provider(&self) -> Result<Box<dyn Provider + Send>> {
-        host::build_provider(self.ctx)
+    fn provider(&self, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+        host::build_provider(self.ctx, cwd)
     }
 
     fn tools(&self, cwd: &Path) -> Result<HostTools> {

@@ -50,8 +50,9 @@ impl Wiring {
     }
 }
 
-/// Build the configured provider.
-pub fn build_provider(ctx: &Context) -> Result<Box<dyn Provider + Send>> {
+/// Build the configured provider (the `local` one grounds path arguments in
+/// the session's `cwd`).
+pub fn build_provider(ctx: &Context, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
     let name = &ctx.settings.provider.value;
     let mut config = ProviderConfig::resolve(name, ctx.settings.providers.get(name))?;
     if let Some(model) = &ctx.settings.model.value {
@@ -61,7 +62,7 @@ pub fn build_provider(ctx: &Context) -> Result<Box<dyn Provider + Send>> {
         config.script = Some(script.clone());
     }
     if config.kind == ProviderKind::Local {
-        return crate::local::provider(ctx);
+        return crate::local::provider(ctx, cwd);
     }
     Ok(cairn_provider::build(&config, &|k| crate::secrets::var(k))?)
 }
@@ -115,7 +116,7 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
 
 /// Build provider, tools and approver for a session in `cwd`.
 pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring> {
-    let provider = build_provider(ctx)?;
+    let provider = build_provider(ctx, cwd)?;
     let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
         .context("invalid allow pattern (from --allow or [approvals] allow)")?;
     let terminal = TerminalApprover::new(ctx.err_style, ctx.common.yes);

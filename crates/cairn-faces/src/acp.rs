@@ -240,7 +240,9 @@ struct Open {
 struct Agent<'h> {
     host: &'h dyn Host,
     shared: Arc<Shared>,
-    provider: Option<Box<dyn Provider + Send>>,
+    /// One provider per working tree (the local provider grounds path
+    /// arguments in its session's tree).
+    providers: std::collections::HashMap<std::path::PathBuf, Box<dyn Provider + Send>>,
     sessions: HashMap<String, Open>,
     initialized: bool,
     /// The client offers fs/read_text_file and fs/write_text_file.
@@ -253,7 +255,7 @@ fn main_loop(host: &dyn Host, shared: &Arc<Shared>, work: &Receiver<Work>) {
     let mut agent = Agent {
         host,
         shared: Arc::clone(shared),
-        provider: None,
+        providers: std::collections::HashMap::new(),
         sessions: HashMap::new(),
         initialized: false,
         client_fs: (false, false),
@@ -391,10 +393,10 @@ impl Agent<'_> {
         Ok(json!({}))
     }
 
-    fn provider(&mut self) -> Result<(), RpcError> {
-        if self.provider.is_none() {
-            let provider = self.host.provider().map_err(|e| RpcError::internal(format!("{e:#}")))?;
-            self.provider = Some(provider);
+    fn provider(&mut self, cwd: &std::path::Path) -> Result<(), RpcError> {
+        if !self.providers.contains_key(cwd) {
+            let provider = self.host.provider(cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+            self.providers.insert(cwd.to_path_buf(), provider);
         }
         Ok(())
     }
@@ -402,12 +404,17 @@ impl Agent<'_> {
     fn prompt(&mut self, params: &Value, cancel: CancelToken) -> Result<Value, RpcError> {
         let sid = str_param(params, "sessionId")?.to_owned();
         let text = prompt_text(params.get("prompt").unwrap_or(&Value::Null))?;
-        self.provider()?;
-        let Some(provider) = self.provider.as_deref() else { return Err(RpcError::internal("no provider")) };
-        let Some(open) = self.sessions.get_mut(&sid) else {
+        let Some(session_cwd) = self.sessions.get(&sid).map(|open| open.cwd.clone()) else {
             return Err(RpcError::params(format!(
                 "unknown session {sid:?}: create one with session/new or open it with session/load"
             )));
+        };
+        self.provider(&session_cwd)?;
+        let Some(provider) = self.providers.get(&session_cwd).map(|p| &**p) else {
+            return Err(RpcError::internal("no provider"));
+        };
+        let Some(open) = self.sessions.get_mut(&sid) else {
+            return Err(RpcError::internal(format!("session {sid:?} vanished while preparing its turn")));
         };
         let shared = Arc::clone(&self.shared);
         let cwd = open.cwd.clone();

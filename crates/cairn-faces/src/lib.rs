@@ -28,8 +28,8 @@ use cairn_core::tool::Tool;
 /// What a face needs from the program hosting it (configuration,
 /// providers, tools, where sessions live).
 pub trait Host {
-    /// The configured provider.
-    fn provider(&self) -> anyhow::Result<Box<dyn Provider + Send>>;
+    /// The configured provider for sessions working in `cwd`.
+    fn provider(&self, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>>;
     /// The tools offered in `cwd` (built-ins, then external tools).
     fn tools(&self, cwd: &Path) -> anyhow::Result<HostTools>;
     /// The allow rules from `--allow` and the configuration.
