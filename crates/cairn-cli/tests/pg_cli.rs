@@ -1,0 +1,133 @@
+//! The real `cairn` binary against a real PostgreSQL server (started for the
+//! test): `cairn submit` enqueues, `cairn worker` drives (an allowlisted
+//! Write runs; a Destructive shell call is refused, never run, headless),
+//! `cairn sessions/show/log --database` read the same data, `database = …`
+//! in the config works like the flag, `cairn export` writes a session file
+//! that `cairn check` accepts and `cairn import` copies back byte for byte.
+
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod util;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_pg::test_cluster::TestCluster;
+use serde_json::{Value, json};
+use util::Env;
+
+fn stdout(out: &std::process::Output) -> String {
+    assert!(out.status.success(), "failed: {}\n{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout));
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn statuses(env: &Env, url: &str) -> Vec<Value> {
+    let out = env.cairn(&["--database", url, "--json", "sessions"]).output().unwrap();
+    stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn stop(mut child: Child) -> String {
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn submit_worker_show_log_export_check_import() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    std::fs::write(env.cwd.join("precious"), "keep me").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "write_file", "arguments": {"path": "out.txt", "content": "hi\n"}},
+            {"id": "c2", "name": "shell", "arguments": {"command": "rm -rf precious"}}
+        ]}),
+        json!({"text": "all done", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+
+    // Nothing there yet, and a readable message says how to add work.
+    let empty = stdout(&env.cairn(&["--database", url, "sessions"]).output().unwrap());
+    assert!(empty.contains("no sessions in the database"), "{empty}");
+
+    let id = stdout(&env.cairn(&["--database", url, "submit", "write it"]).output().unwrap()).trim().to_owned();
+    assert_eq!(id.len(), 36, "{id}");
+    let listed = statuses(&env, url);
+    assert_eq!((listed[0]["id"].as_str(), listed[0]["status"].as_str()), (Some(id.as_str()), Some("queued")));
+
+    let worker = env
+        .cairn(&["--database", url, "--script", s, "--allow", "write_file", "worker", "--concurrency", "2", "--lease", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while statuses(&env, url)[0]["status"] != "idle" {
+        assert!(start.elapsed() < Duration::from_secs(120), "the worker never finished the session");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = stop(worker);
+    assert!(log.contains(&format!("claimed {id}")), "{log}");
+
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out.txt")).unwrap(), "hi\n");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("precious")).unwrap(), "keep me", "Destructive ran headless");
+
+    // show --tools reads the database: the write completed, the rm refused.
+    let tools = stdout(&env.cairn(&["--database", url, "--json", "show", "--tools", &id[..8]]).output().unwrap());
+    let calls: Vec<Value> = tools.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let status = |tool: &str| calls.iter().find(|c| c["tool"] == tool).map(|c| c["status"].clone()).unwrap();
+    assert_eq!(status("write_file"), "completed", "{tools}");
+    assert_eq!(status("shell"), "rejected", "{tools}");
+    let log = stdout(&env.cairn(&["--database", url, "log", &id]).output().unwrap());
+    assert!(log.contains("all done"), "{log}");
+
+    // The same through `database = …` in the config file.
+    std::fs::write(env.home.join("config.toml"), format!("database = {:?}\n", url)).unwrap();
+    let again = stdout(&env.cairn(&["--json", "sessions"]).output().unwrap());
+    assert!(again.contains(&id), "{again}");
+    let config = stdout(&env.cairn(&["config"]).output().unwrap());
+    assert!(config.contains("database"), "{config}");
+    std::fs::remove_file(env.home.join("config.toml")).unwrap();
+
+    // export → check passes → import into another database → identical export.
+    let exported = env.cairn(&["--database", url, "export", &id]).output().unwrap();
+    let bytes = exported.stdout.clone();
+    stdout(&exported);
+    let file = env.cwd.join(format!("{id}.jsonl"));
+    std::fs::write(&file, &bytes).unwrap();
+    let check = env.cairn(&["check", file.to_str().unwrap()]).output().unwrap();
+    stdout(&check);
+    let other = cluster.create_database("other").unwrap();
+    let imported = stdout(&env.cairn(&["--database", &other, "import", file.to_str().unwrap()]).output().unwrap());
+    assert_eq!(imported.trim(), id);
+    let back = env.cairn(&["--database", &other, "export", &id]).output().unwrap();
+    assert_eq!(back.stdout, bytes, "export after import differs");
+    // A second import of the same id is refused, nothing changed.
+    let twice = env.cairn(&["--database", &other, "import", file.to_str().unwrap()]).output().unwrap();
+    assert!(!twice.status.success());
+    assert!(String::from_utf8_lossy(&twice.stderr).contains("already exists"), "{}", String::from_utf8_lossy(&twice.stderr));
+
+    // A follow-up prompt for the same session goes to the inbox.
+    let queued =
+        stdout(&env.cairn(&["--database", url, "submit", "--session", &id[..8], "more"]).output().unwrap());
+    assert_eq!(queued.trim(), id);
+    assert_eq!(statuses(&env, url)[0]["queued"], 1);
+}
+
+#[test]
+fn a_bad_database_url_or_unknown_session_says_what_to_do() {
+    let env = Env::new();
+    let out = env.cairn(&["submit", "hello"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--database"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = env
+        .cairn(&["--database", "postgres://nobody:secret@127.0.0.1:1/none", "sessions"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot use the database"), "{err}");
+    assert!(!err.contains("secret"), "the password leaked: {err}");
+}
