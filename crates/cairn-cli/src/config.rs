@@ -384,7 +384,11 @@ impl Settings {
             ("local.model_path", path(&self.local_model_path.value), self.local_model_path.source.to_string()),
             ("storage.compact_ratio", self.compact_ratio.value.to_string(), self.compact_ratio.source.to_string()),
             ("storage.max_line_bytes", self.max_line_bytes.value.to_string(), self.max_line_bytes.source.to_string()),
-            ("database", self.database.value.as_deref().map_or_else(|| "(none)".to_owned(), crate::pg::redact), self.database.source.to_string()),
+            (
+                "database",
+                self.database.value.as_deref().map_or_else(|| "(none)".to_owned(), crate::pg::redact),
+                self.database.source.to_string(),
+            ),
         ]
     }
 }

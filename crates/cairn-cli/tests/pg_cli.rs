@@ -18,7 +18,12 @@ use serde_json::{Value, json};
 use util::Env;
 
 fn stdout(out: &std::process::Output) -> String {
-    assert!(out.status.success(), "failed: {}\n{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
@@ -58,7 +63,19 @@ fn submit_worker_show_log_export_check_import() {
     assert_eq!((listed[0]["id"].as_str(), listed[0]["status"].as_str()), (Some(id.as_str()), Some("queued")));
 
     let worker = env
-        .cairn(&["--database", url, "--script", s, "--allow", "write_file", "worker", "--concurrency", "2", "--lease", "2"])
+        .cairn(&[
+            "--database",
+            url,
+            "--script",
+            s,
+            "--allow",
+            "write_file",
+            "worker",
+            "--concurrency",
+            "2",
+            "--lease",
+            "2",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -107,11 +124,14 @@ fn submit_worker_show_log_export_check_import() {
     // A second import of the same id is refused, nothing changed.
     let twice = env.cairn(&["--database", &other, "import", file.to_str().unwrap()]).output().unwrap();
     assert!(!twice.status.success());
-    assert!(String::from_utf8_lossy(&twice.stderr).contains("already exists"), "{}", String::from_utf8_lossy(&twice.stderr));
+    assert!(
+        String::from_utf8_lossy(&twice.stderr).contains("already exists"),
+        "{}",
+        String::from_utf8_lossy(&twice.stderr)
+    );
 
     // A follow-up prompt for the same session goes to the inbox.
-    let queued =
-        stdout(&env.cairn(&["--database", url, "submit", "--session", &id[..8], "more"]).output().unwrap());
+    let queued = stdout(&env.cairn(&["--database", url, "submit", "--session", &id[..8], "more"]).output().unwrap());
     assert_eq!(queued.trim(), id);
     assert_eq!(statuses(&env, url)[0]["queued"], 1);
 }
@@ -122,10 +142,7 @@ fn a_bad_database_url_or_unknown_session_says_what_to_do() {
     let out = env.cairn(&["submit", "hello"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--database"), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = env
-        .cairn(&["--database", "postgres://nobody:secret@127.0.0.1:1/none", "sessions"])
-        .output()
-        .unwrap();
+    let out = env.cairn(&["--database", "postgres://nobody:secret@127.0.0.1:1/none", "sessions"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot use the database"), "{err}");

@@ -85,7 +85,13 @@ pub enum Release {
 
 /// Give up a lease we still hold (nothing happens when it is not ours any
 /// more). Wakes the other workers when work is left.
-pub fn release(client: &mut Client, session: &str, fence: &Fence, how: Release, note: Option<&str>) -> Result<bool, PgError> {
+pub fn release(
+    client: &mut Client,
+    session: &str,
+    fence: &Fence,
+    how: Release,
+    note: Option<&str>,
+) -> Result<bool, PgError> {
     let mut tx = client.transaction()?;
     // Lock the row first, so the inbox check below (a new statement, a new
     // snapshot) sees every prompt submitted before we got the lock.
@@ -115,6 +121,22 @@ pub fn release(client: &mut Client, session: &str, fence: &Fence, how: Release, 
     }
     tx.commit()?;
     Ok(true)
+}
+
+/// Start listening for work on this connection (see [`wait`]).
+pub fn listen(client: &mut Client) -> Result<(), PgError> {
+    client.batch_execute(&format!("LISTEN {CHANNEL}"))?;
+    Ok(())
+}
+
+/// Sleep until a `submit` or `release` notifies (true) or `timeout` passes
+/// (false); notifications already queued are drained.
+pub fn wait(client: &mut Client, timeout: Duration) -> Result<bool, PgError> {
+    use postgres::fallible_iterator::FallibleIterator as _;
+    let mut notes = client.notifications();
+    let woke = notes.timeout_iter(timeout).next()?.is_some();
+    while notes.iter().next()?.is_some() {}
+    Ok(woke)
 }
 
 /// The oldest prompt waiting for `session`: (inbox row id, text).

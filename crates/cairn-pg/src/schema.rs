@@ -15,7 +15,7 @@ use crate::PgError;
 pub const SCHEMA_VERSION: i32 = 1;
 
 /// Advisory lock key serialising migrations ("cairn" in ASCII).
-const MIGRATION_LOCK: i64 = 0x6361_6972_6e;
+const MIGRATION_LOCK: i64 = 0x0063_6169_726e;
 
 /// Version 1: sessions (header line, last seq, lease, status), lines (the
 /// JSONL lines of each commit, with the epoch and owner that wrote them),

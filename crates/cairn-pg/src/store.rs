@@ -86,7 +86,10 @@ impl PgStore {
         let line = encode_header(&header).map_err(|e| StorageError::Encode(e.to_string()))?;
         let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
         let inserted = client
-            .execute("INSERT INTO cairn_sessions (id, header) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING", &[&id, &text])
+            .execute(
+                "INSERT INTO cairn_sessions (id, header) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+                &[&id, &text],
+            )
             .map_err(|e| backend(&id, e))?;
         if inserted == 0 {
             return Err(StorageError::Exists { path: where_(&id) });
@@ -203,7 +206,8 @@ impl PgStore {
         )
         .map_err(e)?;
         if let Some(inbox) = take {
-            let n = tx.execute("DELETE FROM cairn_inbox WHERE id = $1 AND session_id = $2", &[&inbox, &id]).map_err(e)?;
+            let n =
+                tx.execute("DELETE FROM cairn_inbox WHERE id = $1 AND session_id = $2", &[&inbox, &id]).map_err(e)?;
             if n != 1 {
                 return Err(StorageError::Invalid(format!(
                     "{}: the submitted prompt (inbox row {inbox}) was already taken by another writer",
@@ -244,16 +248,13 @@ fn load(client: &mut Client, id: &str) -> Result<(Header, SessionIndex), Storage
     }
     let mut index = SessionIndex::new();
     let mut records = Vec::new();
-    let rows =
-        client.query("SELECT line, first_seq FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq", &[&id]).map_err(e)?;
+    let rows = client
+        .query("SELECT line, first_seq FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq", &[&id])
+        .map_err(e)?;
     for (n, row) in rows.iter().enumerate() {
         let line: &str = row.get(0);
-        let corrupt = |reason: String| StorageError::Corrupt {
-            path: where_(id),
-            line: n as u64 + 2,
-            offset: 0,
-            reason,
-        };
+        let corrupt =
+            |reason: String| StorageError::Corrupt { path: where_(id), line: n as u64 + 2, offset: 0, reason };
         records.clear();
         decode_line_into(line.as_bytes(), &mut records).map_err(|err| corrupt(err.to_string()))?;
         for record in records.drain(..) {
@@ -275,14 +276,18 @@ fn load(client: &mut Client, id: &str) -> Result<(Header, SessionIndex), Storage
 /// followed by a newline — byte for byte what the JSONL backend writes.
 pub fn export(client: &mut Client, id: &str) -> Result<Vec<u8>, StorageError> {
     let e = |err: postgres::Error| backend(id, err);
-    let mut tx = client.build_transaction().read_only(true).isolation_level(postgres::IsolationLevel::RepeatableRead).start().map_err(e)?;
-    let row = tx
-        .query_opt("SELECT header FROM cairn_sessions WHERE id = $1", &[&id])
-        .map_err(e)?
-        .ok_or_else(|| StorageError::Io {
+    let mut tx = client
+        .build_transaction()
+        .read_only(true)
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .map_err(e)?;
+    let row = tx.query_opt("SELECT header FROM cairn_sessions WHERE id = $1", &[&id]).map_err(e)?.ok_or_else(|| {
+        StorageError::Io {
             path: where_(id),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such session in the database"),
-        })?;
+        }
+    })?;
     let mut out: Vec<u8> = row.get::<_, String>(0).into_bytes();
     out.push(b'\n');
     for row in tx.query("SELECT line FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq", &[&id]).map_err(e)? {
@@ -315,7 +320,8 @@ pub fn import(client: &mut Client, bytes: &[u8]) -> Result<String, StorageError>
     let mut index = SessionIndex::new();
     let mut rows = Vec::new();
     for (n, line) in lines.enumerate() {
-        let corrupt = |reason: String| StorageError::Corrupt { path: "import".to_owned(), line: n as u64 + 2, offset: 0, reason };
+        let corrupt =
+            |reason: String| StorageError::Corrupt { path: "import".to_owned(), line: n as u64 + 2, offset: 0, reason };
         let mut records = Vec::new();
         decode_line_into(line.as_bytes(), &mut records).map_err(|err| corrupt(err.to_string()))?;
         let first = records.first().map_or(0, Record::seq);

@@ -55,7 +55,9 @@ fn user_ids(user: &str) -> Result<(u32, u32)> {
             return Ok((uid, gid));
         }
     }
-    bail!("running as root, and there is no `{user}` user to run PostgreSQL as (initdb refuses root); create it (useradd -r {user})")
+    bail!(
+        "running as root, and there is no `{user}` user to run PostgreSQL as (initdb refuses root); create it (useradd -r {user})"
+    )
 }
 
 fn is_root() -> bool {
@@ -87,10 +89,16 @@ impl TestCluster {
         if let Some((uid, gid)) = ids {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).context("cannot hand the temp dir to postgres")?;
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .context("cannot hand the temp dir to postgres")?;
         }
-        let mut cluster =
-            Self { url: format!("host={} port=5432 user=postgres dbname=cairn", dir.path().display()), dir, bin, ids, stopped: true };
+        let mut cluster = Self {
+            url: format!("host={} port=5432 user=postgres dbname=cairn", dir.path().display()),
+            dir,
+            bin,
+            ids,
+            stopped: true,
+        };
         let data = cluster.data();
         checked(
             cluster
@@ -172,7 +180,8 @@ impl TestCluster {
 
     /// Create another database in the cluster; its connection string.
     pub fn create_database(&self, name: &str) -> Result<String> {
-        let mut admin = postgres::Client::connect(&self.url.replace("dbname=cairn", "dbname=postgres"), postgres::NoTls)?;
+        let mut admin =
+            postgres::Client::connect(&self.url.replace("dbname=cairn", "dbname=postgres"), postgres::NoTls)?;
         admin.batch_execute(&format!("CREATE DATABASE \"{}\"", name.replace('"', "")))?;
         Ok(self.url.replace("dbname=cairn", &format!("dbname={name}")))
     }

@@ -20,7 +20,6 @@ use std::time::Duration;
 use cairn_core::storage::{Header, Storage};
 use cairn_core::{Session, SessionConfig, TurnError};
 use postgres::Client;
-use postgres::fallible_iterator::FallibleIterator;
 
 use crate::lease::{self, Claim, Release};
 use crate::store::{Fence, PgStore, connect};
@@ -93,8 +92,10 @@ fn renew_loop(opts: &WorkerOptions, held: &Held, stop: &AtomicBool) {
     let period = opts.lease / 3;
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(period);
-        let sessions: Vec<_> =
-            held.lock().map(|h| h.iter().map(|(k, (f, l))| (k.clone(), f.clone(), Arc::clone(l))).collect()).unwrap_or_default();
+        let sessions: Vec<_> = held
+            .lock()
+            .map(|h| h.iter().map(|(k, (f, l))| (k.clone(), f.clone(), Arc::clone(l))).collect())
+            .unwrap_or_default();
         if sessions.is_empty() {
             continue;
         }
@@ -110,7 +111,10 @@ fn renew_loop(opts: &WorkerOptions, held: &Held, stop: &AtomicBool) {
                     lost.store(true, Ordering::SeqCst);
                     say(
                         &fence.owner,
-                        &format!("lease on {session} (epoch {}) lost; its turn will stop at its next commit", fence.epoch),
+                        &format!(
+                            "lease on {session} (epoch {}) lost; its turn will stop at its next commit",
+                            fence.epoch
+                        ),
                     );
                 }
                 Err(_) => {
@@ -128,7 +132,8 @@ fn renew_loop(opts: &WorkerOptions, held: &Held, stop: &AtomicBool) {
 /// A pseudo-random backoff (no rand dependency: time and thread).
 fn backoff(base_ms: u64) -> Duration {
     static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     let jitter = (u64::from(nanos) ^ N.fetch_add(7919, Ordering::Relaxed)) % base_ms.max(1);
     Duration::from_millis(base_ms + jitter)
 }
@@ -139,7 +144,7 @@ fn worker_thread(opts: &WorkerOptions, n: usize, driver: &dyn Driver, held: &Hel
     while !stop.load(Ordering::SeqCst) {
         if control.as_ref().is_none_or(Client::is_closed) {
             match connect(&opts.url).and_then(|mut c| {
-                c.batch_execute(&format!("LISTEN {}", lease::CHANNEL))?;
+                lease::listen(&mut c)?;
                 Ok(c)
             }) {
                 Ok(c) => control = Some(c),
@@ -162,12 +167,9 @@ fn worker_thread(opts: &WorkerOptions, n: usize, driver: &dyn Driver, held: &Hel
             Ok(None) => {
                 // Sleep until a submit or release notifies, or until a lease
                 // may have expired (a dead worker sends no notification).
-                let wait = opts.lease / 2;
-                let mut notes = c.notifications();
-                let _ = notes.timeout_iter(wait).next();
-                // Drain what else arrived; the claim loop decides.
-                while let Ok(Some(_)) = notes.iter().next() {}
-                let _ = notes;
+                if lease::wait(c, opts.lease / 2).is_err() {
+                    control = None;
+                }
             }
             Err(e) => {
                 say(&owner, &format!("claim failed ({e}); reconnecting"));
@@ -244,13 +246,20 @@ fn drive_claim(
         Err(e) => {
             // A connection error is worth another try by anyone; anything
             // else marks the session failed with the reason.
-            let broken = control.is_closed() || e.contains("connection") || e.contains("db error") || e.contains("closed");
+            let broken =
+                control.is_closed() || e.contains("connection") || e.contains("db error") || e.contains("closed");
             let how = if broken { Release::Retry } else { Release::Failed };
             let released = match connect(&opts.url) {
                 Ok(mut c) => lease::release(&mut c, &id, &fence, how, Some(&e)).unwrap_or(false),
                 Err(_) => false,
             };
-            say(owner, &format!("turn on {id} failed: {e}; {}", if released { format!("released as {how:?}") } else { "lease left to expire".to_owned() }));
+            say(
+                owner,
+                &format!(
+                    "turn on {id} failed: {e}; {}",
+                    if released { format!("released as {how:?}") } else { "lease left to expire".to_owned() }
+                ),
+            );
             !broken
         }
     }

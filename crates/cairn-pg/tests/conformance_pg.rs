@@ -73,7 +73,8 @@ fn fill(s: &mut impl Storage) {
 fn a_jsonl_file_imports_and_exports_byte_for_byte() {
     let c = cluster();
     let dir = tempfile::tempdir().unwrap();
-    let mut file = JsonlStore::create(dir.path(), Header::new(new_session_id(), "/w"), StoreOptions::default()).unwrap();
+    let mut file =
+        JsonlStore::create(dir.path(), Header::new(new_session_id(), "/w"), StoreOptions::default()).unwrap();
     fill(&mut file);
     let path = file.path().to_owned();
     drop(file);
@@ -114,7 +115,8 @@ fn a_postgres_session_exports_as_a_valid_jsonl_file() {
 fn hostile_imports_are_refused_with_their_line() {
     let c = cluster();
     let mut client = connect(c.url()).unwrap();
-    let header = String::from_utf8(cairn_core::storage::encode_header(&Header::new(new_session_id(), "/")).unwrap()).unwrap();
+    let header =
+        String::from_utf8(cairn_core::storage::encode_header(&Header::new(new_session_id(), "/")).unwrap()).unwrap();
     for (bytes, want) in [
         (b"not json\n".to_vec(), "header"),
         (format!("{header}{{\"kind\":\"entry\"\n").into_bytes(), "line 2"),
@@ -124,7 +126,10 @@ fn hostile_imports_are_refused_with_their_line() {
         let err = cairn_pg::import(&mut client, &bytes).unwrap_err().to_string();
         assert!(err.contains(want), "{err}");
     }
-    let n: i64 = client.query_one("SELECT count(*) FROM cairn_sessions WHERE header = $1", &[&header.trim_end()]).unwrap().get(0);
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM cairn_sessions WHERE header = $1", &[&header.trim_end()])
+        .unwrap()
+        .get(0);
     assert_eq!(n, 0, "a refused import left a session behind");
 }
 
@@ -148,8 +153,7 @@ fn a_newer_schema_is_refused_and_an_older_one_migrated() {
     let c = cluster();
     let url = c.create_database(&format!("schema_{}", std::process::id())).unwrap();
     let mut client = connect(&url).unwrap();
-    let v: String =
-        client.query_one("SELECT value FROM cairn_meta WHERE key = 'schema_version'", &[]).unwrap().get(0);
+    let v: String = client.query_one("SELECT value FROM cairn_meta WHERE key = 'schema_version'", &[]).unwrap().get(0);
     assert_eq!(v, cairn_pg::schema::SCHEMA_VERSION.to_string());
     // Connecting again is a no-op.
     drop(connect(&url).unwrap());
@@ -184,7 +188,9 @@ fn a_fenced_commit_needs_the_live_lease_of_its_epoch() {
         Err(StorageError::Busy { .. })
     ));
     // The lease expires (set by the server's clock, not by sleeping).
-    control.execute("UPDATE cairn_sessions SET lease_expires = now() - interval '1 second' WHERE id = $1", &[&id]).unwrap();
+    control
+        .execute("UPDATE cairn_sessions SET lease_expires = now() - interval '1 second' WHERE id = $1", &[&id])
+        .unwrap();
     // Expired but not yet taken over: a's commit is refused, renewal too.
     assert!(!lease::renew(&mut control, &id, &a.fence).unwrap());
     let err = store_a.commit(Transaction::new().entry("y", None, "m", raw(json!(2)))).unwrap_err();

@@ -56,8 +56,13 @@ impl Driver for TestDriver {
         );
         let mut observer = |_: &cairn_core::TurnEvent| {};
         let cancel = CancelToken::new();
-        let mut env =
-            TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &cancel };
+        let mut env = TurnEnv {
+            provider: &provider,
+            tools: &tools,
+            approver: &mut approver,
+            observer: &mut observer,
+            cancel: &cancel,
+        };
         match prompt {
             Some(text) => session.run_turn(text, &mut env).map(drop),
             None => session.resume(&mut env).map(drop),
@@ -118,8 +123,9 @@ impl Rig {
         let cwd = self.dir.path().join(format!("s{n}"));
         std::fs::create_dir_all(&cwd).unwrap();
         let id = new_session_id();
-        let store = PgStore::create(connect(self.cluster.url()).unwrap(), Header::new(id.clone(), cwd.display().to_string()))
-            .unwrap();
+        let store =
+            PgStore::create(connect(self.cluster.url()).unwrap(), Header::new(id.clone(), cwd.display().to_string()))
+                .unwrap();
         drop(store);
         lease::submit(client, &id, "go").unwrap();
         (id, cwd)
@@ -185,13 +191,17 @@ fn check_epochs(client: &mut Client, id: &str) {
         .map(|r| (r.get(0), (r.get(1), r.get(2))))
         .collect();
     let lines = client
-        .query("SELECT first_seq, epoch, owner, committed_at FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq", &[&id])
+        .query(
+            "SELECT first_seq, epoch, owner, committed_at FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq",
+            &[&id],
+        )
         .unwrap();
     let mut last_epoch = 0;
     for line in &lines {
         let (seq, epoch, owner, at): (i64, i64, Option<String>, std::time::SystemTime) =
             (line.get(0), line.get(1), line.get(2), line.get(3));
-        let (claimer, _) = claims.get(&epoch).unwrap_or_else(|| panic!("{id}: line {seq} has epoch {epoch}, never claimed"));
+        let (claimer, _) =
+            claims.get(&epoch).unwrap_or_else(|| panic!("{id}: line {seq} has epoch {epoch}, never claimed"));
         assert_eq!(owner.as_deref(), Some(claimer.as_str()), "{id}: line {seq} written by a non-holder");
         assert!(epoch >= last_epoch, "{id}: line {seq} has epoch {epoch} after epoch {last_epoch}");
         last_epoch = epoch;

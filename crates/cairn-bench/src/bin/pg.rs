@@ -25,16 +25,16 @@ use cairn_core::storage::{Durability, Header, JsonlStore, Storage, StoreOptions,
 use cairn_pg::test_cluster::TestCluster;
 use cairn_pg::{PgStore, connect, lease};
 
-fn tx(n: usize) -> Transaction {
-    let payload = to_raw(&serde_json::json!({"text": "a message of an agent session", "n": n})).unwrap_or_default();
-    Transaction::new().entry(format!("e{n}"), None, "message", payload)
+fn tx(n: usize) -> Result<Transaction> {
+    let payload = to_raw(&serde_json::json!({"text": "a message of an agent session", "n": n}))?;
+    Ok(Transaction::new().entry(format!("e{n}"), None, "message", payload))
 }
 
 fn commit_all(store: &mut dyn Storage, commits: usize) -> Result<Vec<Duration>> {
     let mut lat = Vec::with_capacity(commits);
     for n in 0..commits {
         let start = Instant::now();
-        store.commit(tx(n))?;
+        store.commit(tx(n)?)?;
         lat.push(start.elapsed());
     }
     Ok(lat)
@@ -151,19 +151,19 @@ fn main() -> Result<()> {
         lease::submit(&mut c, &id, "bench")?;
         let claim = lease::claim(&mut c, "dying", lease_len)?.context("nothing to claim")?;
         let mut store = PgStore::open_fenced(c, &id, claim.fence)?;
-        store.commit(tx(0))?;
+        store.commit(tx(0)?)?;
         drop(store); // the connection closes; the lease stays until it expires
         let died = Instant::now();
         let mut other = connect(&url)?;
-        other.batch_execute(&format!("LISTEN {}", lease::CHANNEL))?;
+        lease::listen(&mut other)?;
         let claim = loop {
             if let Some(claim) = lease::claim(&mut other, "taker", lease_len)? {
                 break claim;
             }
-            let _ = other.notifications().timeout_iter(lease_len / 2).next();
+            lease::wait(&mut other, lease_len / 2)?;
         };
         let mut store = PgStore::open_fenced(other, &claim.session, claim.fence)?;
-        store.commit(tx(1))?;
+        store.commit(tx(1)?)?;
         failovers.push(died.elapsed());
         let mut c = store.into_client();
         c.execute("UPDATE cairn_sessions SET status = 'idle', lease_owner = NULL WHERE id = $1", &[&id])?;
