@@ -10,7 +10,7 @@
 
 mod util;
 
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use cairn_pg::test_cluster::TestCluster;
@@ -30,12 +30,6 @@ fn stdout(out: &std::process::Output) -> String {
 fn statuses(env: &Env, url: &str) -> Vec<Value> {
     let out = env.cairn(&["--database", url, "--json", "sessions"]).output().unwrap();
     stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-fn stop(mut child: Child) -> String {
-    let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
@@ -85,8 +79,15 @@ fn submit_worker_show_log_export_check_import() {
         assert!(start.elapsed() < Duration::from_secs(120), "the worker never finished the session");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let log = stop(worker);
-    assert!(log.contains(&format!("claimed {id}")), "{log}");
+    // Released on finishing: no holder. Ctrl-C (SIGINT) stops an idle
+    // worker cleanly.
+    assert_eq!(statuses(&env, url)[0]["holder"], Value::Null);
+    let int = std::process::Command::new("kill").args(["-INT", &worker.id().to_string()]).status().unwrap();
+    assert!(int.success());
+    let out = worker.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "the worker did not stop cleanly: {:?}\n{log}", out.status);
+    assert!(log.contains(&format!("claimed {id}")) && log.contains(&format!("released {id}")), "{log}");
 
     assert_eq!(std::fs::read_to_string(env.cwd.join("out.txt")).unwrap(), "hi\n");
     assert_eq!(std::fs::read_to_string(env.cwd.join("precious")).unwrap(), "keep me", "Destructive ran headless");
