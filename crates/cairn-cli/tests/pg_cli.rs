@@ -32,6 +32,18 @@ fn statuses(env: &Env, url: &str) -> Vec<Value> {
     stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// Kills the worker if the test fails before stopping it.
+struct Guard(Option<std::process::Child>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[test]
 fn submit_worker_show_log_export_check_import() {
     let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
@@ -56,6 +68,7 @@ fn submit_worker_show_log_export_check_import() {
     let listed = statuses(&env, url);
     assert_eq!((listed[0]["id"].as_str(), listed[0]["status"].as_str()), (Some(id.as_str()), Some("queued")));
 
+    let mut guard = Guard(None);
     let worker = env
         .cairn(&[
             "--database",
@@ -74,6 +87,8 @@ fn submit_worker_show_log_export_check_import() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let pid = worker.id();
+    guard.0 = Some(worker);
     let start = Instant::now();
     while statuses(&env, url)[0]["status"] != "idle" {
         assert!(start.elapsed() < Duration::from_secs(120), "the worker never finished the session");
@@ -82,9 +97,9 @@ fn submit_worker_show_log_export_check_import() {
     // Released on finishing: no holder. Ctrl-C (SIGINT) stops an idle
     // worker cleanly.
     assert_eq!(statuses(&env, url)[0]["holder"], Value::Null);
-    let int = std::process::Command::new("kill").args(["-INT", &worker.id().to_string()]).status().unwrap();
+    let int = std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap();
     assert!(int.success());
-    let out = worker.wait_with_output().unwrap();
+    let out = guard.0.take().unwrap().wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "the worker did not stop cleanly: {:?}\n{log}", out.status);
     assert!(log.contains(&format!("claimed {id}")) && log.contains(&format!("released {id}")), "{log}");

@@ -132,7 +132,7 @@ impl Rig {
         (id, cwd)
     }
 
-    fn worker(&self, name: &str, lease_ms: u64, concurrency: usize, pause: Option<&Path>) -> Child {
+    fn worker(&self, name: &str, lease_ms: u64, concurrency: usize, pause: Option<&Path>) -> Worker {
         let log = std::fs::File::create(self.dir.path().join(format!("{name}.log"))).unwrap();
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args(["--exact", "worker_process", "--ignored", "--nocapture", "--test-threads=1"])
@@ -146,7 +146,7 @@ impl Rig {
         if let Some(p) = pause {
             cmd.env("CAIRN_PG_PAUSE", p);
         }
-        cmd.spawn().unwrap()
+        Worker(cmd.spawn().unwrap())
     }
 
     fn log(&self, name: &str) -> String {
@@ -161,6 +161,17 @@ impl Rig {
             assert!(start.elapsed() < limit, "timed out waiting for {what}\nserver log:\n{}", self.cluster.log());
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// A worker process, SIGKILLed and reaped when dropped (also when a test
+/// fails half-way), so no worker outlives its test.
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -278,7 +289,7 @@ fn sigstop_past_the_lease_then_sigcont_the_commit_is_refused() {
     std::fs::create_dir_all(&pause).unwrap();
     let a = rig.worker("a", 1000, 1, Some(&pause));
     rig.wait("the worker to reach the effect", Duration::from_secs(120), || pause.join("paused").exists());
-    signal(&a, SIGSTOP);
+    signal(&a.0, SIGSTOP);
     // Past the lease: the database says it expired (no sleeping on a guess).
     // Nobody takes over, so no other commit moves the seq: only the fence
     // can refuse the stale commit (the seq CAS alone would accept it).
@@ -288,16 +299,14 @@ fn sigstop_past_the_lease_then_sigcont_the_commit_is_refused() {
     let expired: std::time::SystemTime =
         client.query_one("SELECT lease_expires FROM cairn_sessions WHERE id = $1", &[&id]).unwrap().get(0);
     std::fs::write(pause.join("continue"), "").unwrap();
-    signal(&a, SIGCONT);
+    signal(&a.0, SIGCONT);
     rig.wait("the worker to report the lost lease", Duration::from_secs(120), || rig.log("a").contains("backing off"));
     let log = rig.log("a");
     assert!(log.contains("lease lost on"), "{log}");
     // It backs off, claims the session again under a new epoch and finishes.
     rig.wait("the worker to finish the session", Duration::from_secs(120), || status_of(&mut client, &id) == "idle");
     let a_log = rig.log("a");
-    let mut a = a;
-    let _ = a.kill();
-    let _ = a.wait();
+    drop(a);
     let lines = client
         .query("SELECT epoch, committed_at FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq", &[&id])
         .unwrap();
@@ -327,7 +336,7 @@ fn chaos_sigkill_workers_and_restart_postgres() {
     let mut client = rig.client();
     let all: Vec<(String, PathBuf)> = (0..sessions).map(|n| rig.submit_new(&mut client, n)).collect();
     let lease_ms = 1500;
-    let mut workers: Vec<Child> = (0..3).map(|n| rig.worker(&format!("w{n}"), lease_ms, 4, None)).collect();
+    let mut workers: Vec<Worker> = (0..3).map(|n| rig.worker(&format!("w{n}"), lease_ms, 4, None)).collect();
     let mut started = 3;
     let mut kills = 0;
     let mut restarted = false;
@@ -357,8 +366,8 @@ fn chaos_sigkill_workers_and_restart_postgres() {
         }
         let victim = usize::try_from(next() % workers.len() as u64).unwrap();
         let mut child = workers.swap_remove(victim);
-        signal(&child, SIGKILL);
-        child.wait().unwrap();
+        signal(&child.0, SIGKILL);
+        child.0.wait().unwrap();
         kills += 1;
         workers.push(rig.worker(&format!("w{started}"), lease_ms, 4, None));
         started += 1;
@@ -369,10 +378,7 @@ fn chaos_sigkill_workers_and_restart_postgres() {
         }
     }
     rig.wait("every session to become final", Duration::from_secs(900), || busy(&mut client) == 0);
-    for mut child in workers {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    drop(workers);
     let failed: i64 =
         client.query_one("SELECT count(*) FROM cairn_sessions WHERE status = 'failed'", &[]).unwrap().get(0);
     assert_eq!(failed, 0);
