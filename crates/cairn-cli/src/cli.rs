@@ -142,6 +142,18 @@ pub enum Command {
         #[arg(long, value_name = "ID")]
         session: Option<String>,
     },
+    /// List the tool calls in PostgreSQL sessions waiting for a person's approval.
+    Approvals,
+    /// Answer a waiting approval (see `cairn approvals`): run the call, or --deny it.
+    Approve {
+        /// Session id or unique prefix.
+        session: String,
+        /// The call's invocation id.
+        invocation: String,
+        /// Refuse the call; the model is told this reason.
+        #[arg(long, value_name = "REASON")]
+        deny: Option<String>,
+    },
     /// Print a session kept in PostgreSQL as a JSONL session file (byte for byte what the file backend writes).
     Export {
         /// Session id or unique prefix.
@@ -230,6 +242,10 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
         Command::Submit { prompt, session } => crate::pg::submit(&ctx, session.as_deref(), &prompt),
         Command::Export { id } => crate::pg::export(&ctx, &id),
+        Command::Approvals => crate::pg::approvals(&ctx),
+        Command::Approve { session, invocation, deny } => {
+            crate::pg::approve(&ctx, &session, &invocation, deny.as_deref())
+        }
         Command::Import { file } => crate::pg::import(&ctx, &file),
         Command::Sessions if database => crate::pg::sessions(&ctx),
         Command::Show { id, tools } if database => crate::pg::show(&ctx, &id, tools),

@@ -1,12 +1,13 @@
 //! The commands over a PostgreSQL database (`--database URL`, or
 //! `database = "postgres://…"` in the config): `cairn worker`, `cairn
-//! submit`, `cairn sessions/show/log`, `cairn export` and `cairn import`.
+//! submit`, `cairn approvals`/`approve`, `cairn sessions/show/log`, `cairn
+//! export` and `cairn import`.
 //!
 //! It only wires: storage, leases and the worker loop are cairn-pg; the
 //! turn is cairn-core's, with this host's provider and tools (as `cairn
 //! run` builds them) and a headless approver — the allowlist from the
-//! config and flags, no person — so a Destructive call is never run by a
-//! worker. `show` and `log` export the session to a temporary JSONL file
+//! config and flags, then a durable question answered with `cairn approve`
+//! from any host — so a Destructive call is never run by a worker. `show` and `log` export the session to a temporary JSONL file
 //! and print it with the very same code as for a session file.
 
 use std::io::Write as _;
@@ -16,9 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use cairn_core::approval::{Allowlist, PolicyApprover};
+use cairn_core::approval::Allowlist;
 use cairn_core::storage::{Header, Storage, new_session_id};
 use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError};
+use cairn_pg::approvals::{self, DbApprover};
 use cairn_pg::worker::{Driver, WorkerOptions};
 use cairn_pg::{PgStore, lease};
 use postgres::Client;
@@ -92,7 +94,10 @@ impl Driver for HostDriver {
             }
             let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
                 .context("invalid allow pattern (from --allow or [approvals] allow)")?;
-            Ok((provider, registry, PolicyApprover::new(allow, None)))
+            // Allow rules, then a durable question any host can answer
+            // (`cairn approve`); Destructive calls are refused, never asked.
+            let approver = DbApprover::new(url(&self.ctx)?, id.clone(), allow, session.store().lease_lost());
+            Ok((provider, registry, approver))
         })();
         let (provider, registry, mut approver) = match wiring {
             Ok(w) => w,
@@ -290,5 +295,50 @@ pub fn import(ctx: &Context, file: &Path) -> Result<u8> {
     let mut client = client(ctx)?;
     let id = cairn_pg::import(&mut client, &bytes).with_context(|| format!("cannot import {}", file.display()))?;
     println!("{id}");
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn approvals`: the questions waiting for a person.
+pub fn approvals(ctx: &Context) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let all = approvals::pending(&mut client)?;
+    let mut out = std::io::stdout().lock();
+    if ctx.common.json {
+        for p in &all {
+            let line = serde_json::json!({"sessionId": p.session, "invocationId": p.invocation, "tool": p.tool,
+                "arguments": p.arguments, "askedAt": p.asked_at});
+            writeln!(out, "{}", crate::render::escape_json(&line.to_string()))?;
+        }
+        return Ok(exit::SUCCESS);
+    }
+    if all.is_empty() {
+        writeln!(out, "no approvals waiting")?;
+    }
+    for p in &all {
+        writeln!(
+            out,
+            "{}  {}  {}  {}({})\n    answer: cairn approve {} {} [--deny REASON]",
+            p.asked_at,
+            escape_controls(&p.session),
+            escape_controls(&p.invocation),
+            escape_controls(&p.tool),
+            escape_controls(&p.arguments),
+            escape_controls(&p.session),
+            escape_controls(&p.invocation)
+        )?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn approve SESSION INVOCATION [--deny REASON]`.
+pub fn approve(ctx: &Context, session: &str, invocation: &str, deny: Option<&str>) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let id = resolve(&mut client, session)?;
+    let by = std::env::var("USER").unwrap_or_else(|_| "cli".to_owned());
+    if !approvals::answer(&mut client, &id, invocation, deny.is_none(), deny, &format!("cli:{by}"))? {
+        bail!(
+            "no approval of {invocation:?} is waiting in session {id} (unknown, or answered already); list them with `cairn approvals`"
+        );
+    }
     Ok(exit::SUCCESS)
 }

@@ -40,3 +40,11 @@ pub fn export(_: &Context, _: &str) -> Result<u8> {
 pub fn import(_: &Context, _: &Path) -> Result<u8> {
     bail!(OFF)
 }
+
+pub fn approvals(_: &Context) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn approve(_: &Context, _: &str, _: &str, _: Option<&str>) -> Result<u8> {
+    bail!(OFF)
+}

@@ -164,3 +164,62 @@ fn a_bad_database_url_or_unknown_session_says_what_to_do() {
     assert!(err.contains("cannot use the database"), "{err}");
     assert!(!err.contains("secret"), "the password leaked: {err}");
 }
+
+#[test]
+fn a_pending_approval_is_data_that_survives_the_worker() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "write_file", "arguments": {"path": "asked.txt", "content": "yes\n"}}
+        ]}),
+        json!({"text": "written", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+    let id = stdout(&env.cairn(&["--database", url, "submit", "write it"]).output().unwrap()).trim().to_owned();
+    let worker = |g: &mut Guard| {
+        g.0 = Some(
+            env.cairn(&["--database", url, "--script", s, "worker", "--lease", "1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    };
+    let pending = || -> Vec<Value> {
+        let out = stdout(&env.cairn(&["--database", url, "--json", "approvals"]).output().unwrap());
+        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let wait = |what: &str, cond: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < Duration::from_secs(120), "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let mut first = Guard(None);
+    worker(&mut first);
+    wait("the question", &|| pending().len() == 1);
+    let question = pending().remove(0);
+    assert_eq!((question["sessionId"].as_str(), question["tool"].as_str()), (Some(id.as_str()), Some("write_file")));
+    // The worker dies while the question waits; nothing ran.
+    drop(first);
+    assert!(!env.cwd.join("asked.txt").exists());
+    let mut second = Guard(None);
+    worker(&mut second);
+    // Answer from another process (any host): the taken-over turn runs it.
+    let inv = question["invocationId"].as_str().unwrap();
+    stdout(&env.cairn(&["--database", url, "approve", &id, inv]).output().unwrap());
+    wait("the session to finish", &|| statuses(&env, url)[0]["status"] == "idle");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("asked.txt")).unwrap(), "yes\n");
+    assert!(pending().is_empty());
+    // A second answer is refused: the first one stands.
+    let again = env.cairn(&["--database", url, "approve", &id, inv, "--deny", "no"]).output().unwrap();
+    assert!(!again.status.success());
+    let tools = stdout(&env.cairn(&["--database", url, "--json", "show", "--tools", &id]).output().unwrap());
+    let call: Value = serde_json::from_str(tools.lines().next().unwrap()).unwrap();
+    assert_eq!(call["status"], "completed", "{tools}");
+    assert_eq!(call["settlements"], 1, "{tools}");
+    assert!(call["verdict"]["by"].as_str().unwrap().starts_with("user:cli:"), "{tools}");
+}

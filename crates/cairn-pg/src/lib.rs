@@ -1,13 +1,14 @@
 //! cairn's PostgreSQL backend and worker: sessions stored in PostgreSQL
 //! behind cairn-core's `Storage` trait ([`PgStore`]), the schema and its
 //! migrations ([`schema`]), leases with fencing epochs and the prompt inbox
-//! ([`lease`]), the worker loop that drives sessions ([`worker`]), and a
+//! ([`lease`]), approvals that wait durably ([`approvals`]), the worker loop that drives sessions ([`worker`]), and a
 //! throwaway server for tests ([`test_cluster`]).
 //!
 //! It is a host-side crate: it talks to a database and spawns processes,
 //! which cairn-core must not. It must not change what a turn does; it only
 //! decides where records live and who may commit them.
 
+pub mod approvals;
 pub mod lease;
 pub mod schema;
 pub mod store;

@@ -19,7 +19,8 @@ const MIGRATION_LOCK: i64 = 0x0063_6169_726e;
 
 /// Version 1: sessions (header line, last seq, lease, status), lines (the
 /// JSONL lines of each commit, with the epoch and owner that wrote them),
-/// the inbox of submitted prompts, and the claim history.
+/// the inbox of submitted prompts, approvals waiting for a person, and the
+/// claim history.
 const V1: &str = "
 CREATE TABLE cairn_sessions (
     id TEXT PRIMARY KEY,
@@ -51,6 +52,18 @@ CREATE TABLE cairn_inbox (
     submitted_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 CREATE INDEX cairn_inbox_session ON cairn_inbox (session_id, id);
+CREATE TABLE cairn_approvals (
+    session_id TEXT NOT NULL REFERENCES cairn_sessions (id),
+    invocation_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    asked_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    decision TEXT CHECK (decision IN ('approve', 'deny')),
+    reason TEXT,
+    answered_by TEXT,
+    answered_at TIMESTAMPTZ,
+    PRIMARY KEY (session_id, invocation_id)
+);
 CREATE TABLE cairn_claims (
     session_id TEXT NOT NULL REFERENCES cairn_sessions (id),
     epoch BIGINT NOT NULL,
