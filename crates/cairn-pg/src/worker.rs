@@ -192,15 +192,20 @@ fn drive_claim(
 ) -> bool {
     let Claim { session: id, fence } = claim;
     say(owner, &format!("claimed {id} (epoch {})", fence.epoch));
-    let store = connect(&opts.url)
-        .map_err(|e| e.to_string())
-        .and_then(|c| PgStore::open_fenced(c, &id, fence.clone()).map_err(|e| e.to_string()));
+    let store = match connect(&opts.url) {
+        Err(e) => Err((e.to_string(), true)),
+        // A session that does not open (corrupt rows, a newer version) will
+        // not open on the next try either: it is marked failed, with why.
+        Ok(c) => PgStore::open_fenced(c, &id, fence.clone())
+            .map_err(|e| (e.to_string(), matches!(e, cairn_core::storage::StorageError::Backend { .. }))),
+    };
     let store = match store {
         Ok(s) => s,
-        Err(e) => {
-            say(owner, &format!("cannot open {id}: {e}; handing it back"));
-            let _ = lease::release(control, &id, &fence, Release::Retry, Some(&e));
-            return false;
+        Err((e, transient)) => {
+            let how = if transient { Release::Retry } else { Release::Failed };
+            say(owner, &format!("cannot open {id}: {e}; released as {how:?}"));
+            let _ = lease::release(control, &id, &fence, how, Some(&e));
+            return !transient;
         }
     };
     let lost = store.lease_lost();
@@ -246,8 +251,10 @@ fn drive_claim(
         Err(e) => {
             // A connection error is worth another try by anyone; anything
             // else marks the session failed with the reason.
+            // (A restart cuts every connection: "terminating connection",
+            // "connection closed", "error communicating with the server".)
             let broken =
-                control.is_closed() || e.contains("connection") || e.contains("db error") || e.contains("closed");
+                control.is_closed() || e.contains("connection") || e.contains("communicating") || e.contains("closed");
             let how = if broken { Release::Retry } else { Release::Failed };
             let released = match connect(&opts.url) {
                 Ok(mut c) => lease::release(&mut c, &id, &fence, how, Some(&e)).unwrap_or(false),

@@ -410,3 +410,21 @@ fn chaos_sigkill_workers_and_restart_postgres() {
     );
     assert!(takeovers > 0, "no session was taken over: the kills never landed mid-turn");
 }
+
+#[test]
+fn a_session_that_cannot_open_is_marked_failed_and_the_worker_goes_on() {
+    let rig = Rig::new(&multi_tool_script());
+    let mut client = rig.client();
+    let (bad, _) = rig.submit_new(&mut client, 0);
+    let (good, good_cwd) = rig.submit_new(&mut client, 1);
+    client.execute("UPDATE cairn_sessions SET header = '{\"kind\":\"nope\"}' WHERE id = $1", &[&bad]).unwrap();
+    let _w = rig.worker("w", 2000, 1, None);
+    rig.wait("both sessions to be settled", Duration::from_secs(120), || {
+        status_of(&mut client, &bad) == "failed" && status_of(&mut client, &good) == "idle"
+    });
+    let note: Option<String> =
+        client.query_one("SELECT note FROM cairn_sessions WHERE id = $1", &[&bad]).unwrap().get(0);
+    assert!(note.as_deref().is_some_and(|n| n.contains("header")), "{note:?}");
+    let state = check_tools(&rig, &good, &good_cwd);
+    assert_eq!(state.invocations.len(), 4);
+}
