@@ -149,7 +149,13 @@ fn main() -> Result<()> {
         drop(PgStore::create(connect(&url)?, header)?);
         let mut c = connect(&url)?;
         lease::submit(&mut c, &id, "bench")?;
-        let claim = lease::claim(&mut c, "dying", lease_len)?.context("nothing to claim")?;
+        // Claim this very session (a claim takes any runnable one).
+        let claim = loop {
+            let claim = lease::claim(&mut c, "dying", lease_len)?.context("nothing to claim")?;
+            if claim.session == id {
+                break claim;
+            }
+        };
         let mut store = PgStore::open_fenced(c, &id, claim.fence)?;
         store.commit(tx(0)?)?;
         drop(store); // the connection closes; the lease stays until it expires
@@ -157,10 +163,13 @@ fn main() -> Result<()> {
         let mut other = connect(&url)?;
         lease::listen(&mut other)?;
         let claim = loop {
-            if let Some(claim) = lease::claim(&mut other, "taker", lease_len)? {
-                break claim;
+            match lease::claim(&mut other, "taker", lease_len)? {
+                Some(claim) if claim.session == id => break claim,
+                Some(_) => {}
+                None => {
+                    lease::wait(&mut other, lease_len / 2)?;
+                }
             }
-            lease::wait(&mut other, lease_len / 2)?;
         };
         let mut store = PgStore::open_fenced(other, &claim.session, claim.fence)?;
         store.commit(tx(1)?)?;
