@@ -140,6 +140,45 @@ pub enum Command {
         #[arg(long, default_value_t = 100, value_name = "N")]
         page_size: usize,
     },
+    /// Drive sessions kept in PostgreSQL (--database or `database` in the config): claim, run, release; many workers may run.
+    Worker {
+        /// Sessions driven at once.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        concurrency: usize,
+        /// Lease length in seconds (a stalled worker's sessions are taken over after it).
+        #[arg(long, default_value_t = 10, value_name = "SECS")]
+        lease: u64,
+    },
+    /// Enqueue a prompt in PostgreSQL for a worker: a new session (printing its id), or --session ID.
+    Submit {
+        /// The prompt.
+        prompt: String,
+        /// An existing session (id or unique prefix).
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+    },
+    /// List the tool calls in PostgreSQL sessions waiting for a person's approval.
+    Approvals,
+    /// Answer a waiting approval (see `cairn approvals`): run the call, or --deny it.
+    Approve {
+        /// Session id or unique prefix.
+        session: String,
+        /// The call's invocation id.
+        invocation: String,
+        /// Refuse the call; the model is told this reason.
+        #[arg(long, value_name = "REASON")]
+        deny: Option<String>,
+    },
+    /// Print a session kept in PostgreSQL as a JSONL session file (byte for byte what the file backend writes).
+    Export {
+        /// Session id or unique prefix.
+        id: String,
+    },
+    /// Copy a JSONL session file into PostgreSQL ('-' for stdin).
+    Import {
+        /// The session file.
+        file: PathBuf,
+    },
     /// Manage the embedded local model.
     Model {
         #[command(subcommand)]
@@ -196,6 +235,7 @@ fn run(cli: Cli) -> Result<u8> {
         model: cli.common.model.clone(),
         script: cli.common.script.clone(),
         allow: cli.common.allow.clone(),
+        database: cli.common.database.clone(),
     };
     let settings = Settings::load(&paths.config_file, &overrides)?;
     // SAFETY: no other thread exists yet (see CANDLE_NUM_THREADS below).
@@ -212,7 +252,19 @@ fn run(cli: Cli) -> Result<u8> {
     use crate::{commands, host, local, sessions, trust};
     let store_options = ctx.settings.store_options();
     let resolve = |target: &str| sessions::resolve(&ctx.paths, target, &store_options);
+    let database = ctx.settings.database.value.is_some();
     match cli.command {
+        Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
+        Command::Submit { prompt, session } => crate::pg::submit(&ctx, session.as_deref(), &prompt),
+        Command::Export { id } => crate::pg::export(&ctx, &id),
+        Command::Approvals => crate::pg::approvals(&ctx),
+        Command::Approve { session, invocation, deny } => {
+            crate::pg::approve(&ctx, &session, &invocation, deny.as_deref())
+        }
+        Command::Import { file } => crate::pg::import(&ctx, &file),
+        Command::Sessions if database => crate::pg::sessions(&ctx),
+        Command::Show { id, tools } if database => crate::pg::show(&ctx, &id, tools),
+        Command::Log { id, follow } if database => crate::pg::log(&ctx, &id, follow),
         Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
         Command::Chat { id } => {
             let path = id.as_deref().map(resolve).transpose()?;

@@ -84,6 +84,8 @@ pub struct FileConfig {
     /// Session store settings.
     #[serde(default)]
     pub storage: StorageConfig,
+    /// PostgreSQL URL: keep sessions in this database (`cairn worker`, `cairn submit`).
+    pub database: Option<String>,
 }
 
 /// `[storage]`.
@@ -156,6 +158,8 @@ pub struct Overrides {
     pub script: Option<PathBuf>,
     /// `--allow`.
     pub allow: Vec<String>,
+    /// `--database`.
+    pub database: Option<String>,
 }
 
 /// The resolved configuration.
@@ -200,6 +204,8 @@ pub struct Settings {
     pub compact_ratio: Setting<f64>,
     /// Longest session-file line, in bytes.
     pub max_line_bytes: Setting<u64>,
+    /// PostgreSQL URL (None: session files).
+    pub database: Setting<Option<String>>,
     /// Named provider tables from the file.
     pub providers: BTreeMap<String, toml::Value>,
 }
@@ -315,6 +321,16 @@ impl Settings {
             max_line_bytes.set(v, from_file());
         }
 
+        let mut database = Setting::default(None);
+        if let Some(v) = file.database {
+            database.set(Some(v), from_file());
+        }
+        if let Some(v) = env("CAIRN_DATABASE") {
+            database.set(Some(v), Source::Env("CAIRN_DATABASE"));
+        }
+        if let Some(v) = &overrides.database {
+            database.set(Some(v.clone()), Source::Flag("--database"));
+        }
         if let Some(v) = env("CAIRN_PROVIDER") {
             provider.set(v, Source::Env("CAIRN_PROVIDER"));
         }
@@ -361,6 +377,7 @@ impl Settings {
             local_model_path,
             compact_ratio,
             max_line_bytes,
+            database,
             providers: file.providers,
         })
     }
@@ -414,6 +431,11 @@ impl Settings {
             ("local.model_path", path(&self.local_model_path.value), self.local_model_path.source.to_string()),
             ("storage.compact_ratio", self.compact_ratio.value.to_string(), self.compact_ratio.source.to_string()),
             ("storage.max_line_bytes", self.max_line_bytes.value.to_string(), self.max_line_bytes.source.to_string()),
+            (
+                "database",
+                self.database.value.as_deref().map_or_else(|| "(none)".to_owned(), crate::pg::redact),
+                self.database.source.to_string(),
+            ),
         ]
     }
 }

@@ -61,6 +61,9 @@ pub struct Common {
     /// The lane (branch) a resumed or continued session runs on (see `cairn fork`).
     #[arg(long, global = true, value_name = "LANE")]
     pub lane: Option<String>,
+    /// Keep sessions in this PostgreSQL database (postgres://USER@HOST/DB) instead of files; also `database` in the config.
+    #[arg(long, global = true, value_name = "URL")]
+    pub database: Option<String>,
     /// Run external tools unsandboxed when the kernel cannot sandbox them (this session only).
     #[arg(long, global = true)]
     pub allow_unsandboxed: bool,

@@ -15,6 +15,11 @@ mod faces;
 mod host;
 mod local;
 mod paths;
+#[cfg(feature = "postgres")]
+mod pg;
+#[cfg(not(feature = "postgres"))]
+#[path = "pg_off.rs"]
+mod pg;
 mod render;
 mod secrets;
 mod sessions;
