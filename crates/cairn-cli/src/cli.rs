@@ -263,7 +263,7 @@ fn run(cli: Cli) -> Result<u8> {
         }
         Command::Import { file } => crate::pg::import(&ctx, &file),
         Command::Sessions if database => crate::pg::sessions(&ctx),
-        Command::Show { id, tools } if database => crate::pg::show(&ctx, &id, tools),
+        Command::Show { id, tools, all } if database => crate::pg::show(&ctx, &id, tools, all),
         Command::Log { id, follow } if database => crate::pg::log(&ctx, &id, follow),
         Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
         Command::Chat { id } => {

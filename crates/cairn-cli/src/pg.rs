@@ -255,10 +255,10 @@ fn exported(ctx: &Context, target: &str) -> Result<(tempfile::TempDir, PathBuf)>
     Ok((dir, path))
 }
 
-/// `cairn show --database` (and `--tools`).
-pub fn show(ctx: &Context, target: &str, tools: bool) -> Result<u8> {
+/// `cairn show --database` (and `--tools`, `--all`).
+pub fn show(ctx: &Context, target: &str, tools: bool, all: bool) -> Result<u8> {
     let (_dir, path) = exported(ctx, target)?;
-    if tools { crate::commands::show_tools(ctx, &path) } else { crate::commands::show(ctx, &path) }
+    if tools { crate::commands::show_tools(ctx, &path) } else { crate::commands::show(ctx, &path, all) }
 }
 
 /// `cairn log --database`.
