@@ -125,6 +125,15 @@ pub enum Command {
     },
     /// Show the resolved configuration and where each value came from.
     Config,
+    /// Serve the session tree over 9P (see `cat help` once connected) until SIGINT/SIGTERM.
+    Serve {
+        /// Dial string to listen on: unix!PATH (default $CAIRN_HOME/cairn.sock) or tcp!HOST!PORT; repeatable.
+        #[arg(long, value_name = "ADDR")]
+        listen: Vec<String>,
+        /// Allow TCP on a non-loopback address (9P has no authentication: anyone reaching it can run tools).
+        #[arg(long)]
+        listen_insecure: bool,
+    },
     /// Manage the embedded local model.
     Model {
         #[command(subcommand)]
@@ -197,7 +206,11 @@ fn run(cli: Cli) -> Result<u8> {
     use crate::{commands, host, local, sessions, trust};
     let store_options = ctx.settings.store_options();
     let resolve = |target: &str| sessions::resolve(&ctx.paths, target, &store_options);
+    if let Command::Serve { listen, listen_insecure } = &cli.command {
+        return crate::serve::run(ctx, listen, *listen_insecure);
+    }
     match cli.command {
+        Command::Serve { .. } => anyhow::bail!("serve is dispatched before the other commands"),
         Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
         Command::Chat { id } => {
             let path = id.as_deref().map(resolve).transpose()?;

@@ -15,6 +15,7 @@ mod local;
 mod paths;
 mod render;
 mod secrets;
+mod serve;
 mod sessions;
 mod style;
 mod trust;
