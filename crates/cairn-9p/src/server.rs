@@ -348,8 +348,24 @@ impl Connection {
                 f.open = Some((read, write));
                 Rdata::open(qid(&f.node), iounit)
             }
-            Tdata::Create { .. } => {
-                bail!("files cannot be created here: the tree is fixed (write s/new to create a session)")
+            Tdata::Create { fid, name, perm, mode } => {
+                // The tree is fixed; creating a file that exists opens it
+                // for writing (what shells, FUSE and fsspec do before a
+                // write), anything else is refused.
+                let iounit = self.msize - IOHDRSZ;
+                let rt = Arc::clone(&self.rt);
+                let f = self.fid(fid)?;
+                if f.open.is_some() {
+                    bail!("fid {fid} is already open");
+                }
+                let existing = tree::walk(&rt, &f.node, &name).ok().filter(|n| n.access().1 && name != "..");
+                let Some(node) = existing.filter(|_| perm & 0x8000_0000 == 0) else {
+                    bail!("{name}: files cannot be created here: the tree is fixed (write s/new to create a session)");
+                };
+                let read = matches!(mode & 3, 0 | 2 | 3) && node.access().0;
+                tree::open(&rt, &node, read, true)?;
+                *f = Fid { node, open: Some((read, true)), handle: Handle::default(), dir: None };
+                Rdata::create(qid(&f.node), iounit)
             }
             Tdata::Read { fid, offset, count } => return self.read(tag, fid, offset, count),
             Tdata::Write { fid, data, .. } => {

@@ -249,14 +249,18 @@ fn exists(rt: &Runtime, id: &str) -> Result<()> {
 /// Size and modification time as a stat reports them.
 pub fn size_and_mtime(rt: &Runtime, node: &Node) -> (u64, SystemTime) {
     let now = SystemTime::now();
-    let Some(id) = node.session() else { return (0, now) };
+    let Some(id) = node.session() else {
+        // Small files report their length so clients that read by size
+        // (fsspec, FUSE) see the content.
+        return (content(rt, node, None).and_then(Result::ok).map_or(0, |c| c.len() as u64), now);
+    };
     let Some(live) = rt.live(id) else { return (0, now) };
     let mtime = std::fs::metadata(&live.path).and_then(|m| m.modified()).unwrap_or(now);
     match node {
         Node::File(_, FileKind::Chat) => (rt.chat(id).map_or(0, |c| c.len() as u64), mtime),
         Node::File(_, FileKind::Log) => (std::fs::metadata(&live.path).map_or(0, |m| m.len()), mtime),
         Node::File(_, FileKind::Event) => (rt.events_len(id), mtime),
-        _ => (0, mtime),
+        _ => (content(rt, node, None).and_then(Result::ok).map_or(0, |c| c.len() as u64), mtime),
     }
 }
 
@@ -301,35 +305,39 @@ pub fn open(rt: &Runtime, node: &Node, read: bool, write: bool) -> Result<()> {
     Ok(())
 }
 
+/// The whole content of a small file read as one snapshot (`None` for
+/// the growing files, streams and write-only files).
+fn content(rt: &Runtime, node: &Node, created: Option<&str>) -> Option<Result<String>> {
+    Some(match node {
+        Node::Help => Ok(HELP.to_owned()),
+        Node::Providers => Ok(rt.host().providers_text()),
+        Node::Tools => Ok(rt.host().tools_text()),
+        Node::New => Ok(created.map_or_else(new_template, |id| format!("{id}\n"))),
+        Node::Idx => Ok(rt
+            .idx()
+            .into_iter()
+            .map(|r| format!("{} {} {} {} {} {}\n", r.id, r.state, r.cwd, r.provider, r.model, r.name))
+            .collect()),
+        Node::File(id, FileKind::State) => rt.state(id).map(|s| format!("{s}\n")),
+        Node::File(id, FileKind::Usage) => rt.usage(id),
+        Node::Approval(id, inv) => {
+            rt.approval_text(id, inv).ok_or_else(|| anyhow!("approval {inv} was answered or abandoned"))
+        }
+        _ => return None,
+    })
+}
+
 /// Read `count` bytes at `offset`.
 pub fn read(rt: &Runtime, node: &Node, handle: &mut Handle, offset: u64, count: usize) -> Result<ReadOutcome> {
-    let snapshot = |handle: &mut Handle, make: &dyn Fn() -> Result<String>| -> Result<ReadOutcome> {
-        if offset == 0 || handle.snapshot.is_none() {
-            handle.snapshot = Some(Arc::new(make()?.into_bytes()));
+    if offset == 0 || handle.snapshot.is_none() {
+        if let Some(made) = content(rt, node, handle.created.as_deref()) {
+            handle.snapshot = Some(Arc::new(made?.into_bytes()));
         }
-        let data = handle.snapshot.as_deref().map(|s| slice(s, offset, count)).unwrap_or_default();
-        Ok(ReadOutcome::Data(data))
-    };
+    }
+    if let Some(snapshot) = &handle.snapshot {
+        return Ok(ReadOutcome::Data(slice(snapshot, offset, count)));
+    }
     match node {
-        Node::Help => snapshot(handle, &|| Ok(HELP.to_owned())),
-        Node::Providers => snapshot(handle, &|| Ok(rt.host().providers_text())),
-        Node::Tools => snapshot(handle, &|| Ok(rt.host().tools_text())),
-        Node::New => {
-            let created = handle.created.clone();
-            snapshot(handle, &|| Ok(created.as_ref().map_or_else(new_template, |id| format!("{id}\n"))))
-        }
-        Node::Idx => snapshot(handle, &|| {
-            Ok(rt
-                .idx()
-                .into_iter()
-                .map(|r| format!("{} {} {} {} {} {}\n", r.id, r.state, r.cwd, r.provider, r.model, r.name))
-                .collect())
-        }),
-        Node::File(id, FileKind::State) => snapshot(handle, &|| Ok(format!("{}\n", rt.state(id)?))),
-        Node::File(id, FileKind::Usage) => snapshot(handle, &|| rt.usage(id)),
-        Node::Approval(id, inv) => snapshot(handle, &|| {
-            rt.approval_text(id, inv).ok_or_else(|| anyhow!("approval {inv} was answered or abandoned"))
-        }),
         Node::File(id, FileKind::Chat) => Ok(ReadOutcome::Data(slice(rt.chat(id)?.as_bytes(), offset, count))),
         Node::File(id, FileKind::Event) => {
             let data = rt.events(id, offset, count)?;

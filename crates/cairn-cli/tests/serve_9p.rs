@@ -496,3 +496,70 @@ fn hostile_clients_do_not_hurt_the_server_or_each_other() {
     drop(greedy);
     assert!(text(&mut c, "help").contains("s/new"), "the server stays up");
 }
+
+/// The interpreter of the pinned venv `name` (`scripts/venv`); a missing
+/// python or PyPI fails the test with the reason.
+fn venv_python(name: &str) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join("scripts/venv")).arg(name).output().expect("cannot run scripts/venv");
+    assert!(
+        out.status.success(),
+        "scripts/venv {name} failed (python3 with venv and PyPI are needed for this test): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn python_script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python").join(name)
+}
+
+#[test]
+fn pypi_python_9p_drives_the_tree_over_unix_and_tcp() {
+    let python = venv_python("ninep");
+    let env = Env::new();
+    let sock = env.home.join("run").join("py.sock");
+    let served = serve(&env, &[&format!("unix!{}", sock.display()), "tcp!127.0.0.1!0"]);
+    for (address, tag) in [(&served.addresses[0], "unix"), (&served.addresses[1], "tcp")] {
+        let script = env.home.join(format!("py-{tag}.jsonl"));
+        let lines = [
+            json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": format!("py-{tag}-yes.txt"), "content": "y\n"}}]}),
+            json!({"text": "", "toolCalls": [{"id": "c2", "name": "write_file", "arguments": {"path": format!("py-{tag}-no.txt"), "content": "n\n"}}]}),
+            json!({"text": format!("done {tag}")}),
+        ];
+        std::fs::write(&script, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+        let out = Command::new(&python)
+            .arg(python_script("ninep_py9p.py"))
+            .args([address.as_str(), env.cwd.to_str().unwrap(), script.to_str().unwrap(), tag])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("OK "),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(env.cwd.join(format!("py-{tag}-yes.txt")).is_file(), "approved write missing");
+        assert!(!env.cwd.join(format!("py-{tag}-no.txt")).exists(), "denied write ran");
+    }
+}
+
+#[test]
+fn pypi_p9fs_lists_creates_prompts_and_reads_over_tcp() {
+    let python = venv_python("ninep-p9fs");
+    let env = Env::new();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let port = served.addresses[0].rsplit('!').next().unwrap().to_owned();
+    let script = env.script(&[json!({"text": "hello from fsspec"})]);
+    let out = Command::new(&python)
+        .arg(python_script("ninep_p9fs.py"))
+        .args([port.as_str(), env.cwd.to_str().unwrap(), script.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("OK "),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
