@@ -329,10 +329,10 @@ fn content(rt: &Runtime, node: &Node, created: Option<&str>) -> Option<Result<St
 
 /// Read `count` bytes at `offset`.
 pub fn read(rt: &Runtime, node: &Node, handle: &mut Handle, offset: u64, count: usize) -> Result<ReadOutcome> {
-    if offset == 0 || handle.snapshot.is_none() {
-        if let Some(made) = content(rt, node, handle.created.as_deref()) {
-            handle.snapshot = Some(Arc::new(made?.into_bytes()));
-        }
+    if (offset == 0 || handle.snapshot.is_none())
+        && let Some(made) = content(rt, node, handle.created.as_deref())
+    {
+        handle.snapshot = Some(Arc::new(made?.into_bytes()));
     }
     if let Some(snapshot) = &handle.snapshot {
         return Ok(ReadOutcome::Data(slice(snapshot, offset, count)));
