@@ -14,6 +14,8 @@ pub mod client;
 pub mod dial;
 pub mod host;
 pub mod live;
+#[cfg(feature = "mount")]
+pub mod mount;
 pub mod server;
 pub mod tree;
 

@@ -134,6 +134,14 @@ pub enum Command {
         #[arg(long)]
         listen_insecure: bool,
     },
+    /// Mount the tree of a running `cairn serve` on DIR with FUSE until SIGINT (after a crash: fusermount3 -u DIR).
+    Mount {
+        /// An empty directory to mount on.
+        dir: PathBuf,
+        /// The server's dial string (default unix!$CAIRN_HOME/cairn.sock).
+        #[arg(long, value_name = "ADDR")]
+        address: Option<String>,
+    },
     /// Manage the embedded local model.
     Model {
         #[command(subcommand)]
@@ -241,6 +249,7 @@ fn run(cli: Cli) -> Result<u8> {
             trust::run(&ctx, dir, action)
         }
         Command::Config => commands::config(&ctx),
+        Command::Mount { dir, address } => crate::mount::run(&ctx, &dir, address.as_deref()),
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),
     }

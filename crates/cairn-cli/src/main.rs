@@ -12,6 +12,7 @@ mod config;
 mod context;
 mod host;
 mod local;
+mod mount;
 mod paths;
 mod render;
 mod secrets;
