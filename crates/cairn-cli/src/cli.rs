@@ -179,6 +179,23 @@ pub enum Command {
         /// The session file.
         file: PathBuf,
     },
+    /// Serve the session tree over 9P (see `cat help` once connected) until SIGINT/SIGTERM.
+    Serve {
+        /// Dial string to listen on: unix!PATH (default $CAIRN_HOME/cairn.sock) or tcp!HOST!PORT; repeatable.
+        #[arg(long, value_name = "ADDR")]
+        listen: Vec<String>,
+        /// Allow TCP on a non-loopback address (9P has no authentication: anyone reaching it can run tools).
+        #[arg(long)]
+        listen_insecure: bool,
+    },
+    /// Mount the tree of a running `cairn serve` on DIR with FUSE until SIGINT (after a crash: fusermount3 -u DIR).
+    Mount {
+        /// An empty directory to mount on.
+        dir: PathBuf,
+        /// The server's dial string (default unix!$CAIRN_HOME/cairn.sock).
+        #[arg(long, value_name = "ADDR")]
+        address: Option<String>,
+    },
     /// Manage the embedded local model.
     Model {
         #[command(subcommand)]
@@ -252,8 +269,12 @@ fn run(cli: Cli) -> Result<u8> {
     use crate::{commands, host, local, sessions, trust};
     let store_options = ctx.settings.store_options();
     let resolve = |target: &str| sessions::resolve(&ctx.paths, target, &store_options);
+    if let Command::Serve { listen, listen_insecure } = &cli.command {
+        return crate::serve::run(ctx, listen, *listen_insecure);
+    }
     let database = ctx.settings.database.value.is_some();
     match cli.command {
+        Command::Serve { .. } => anyhow::bail!("serve is dispatched before the other commands"),
         Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
         Command::Submit { prompt, session } => crate::pg::submit(&ctx, session.as_deref(), &prompt),
         Command::Export { id } => crate::pg::export(&ctx, &id),
@@ -298,6 +319,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Config => commands::config(&ctx),
         Command::Acp => crate::faces::acp(&ctx),
         Command::Mcp { page_size } => crate::faces::mcp(&ctx, page_size),
+        Command::Mount { dir, address } => crate::mount::run(&ctx, &dir, address.as_deref()),
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),
     }

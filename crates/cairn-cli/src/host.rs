@@ -53,13 +53,27 @@ impl Wiring {
 /// Build the configured provider (the `local` one grounds path arguments in
 /// the session's `cwd`).
 pub fn build_provider(ctx: &Context, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
-    let name = &ctx.settings.provider.value;
+    let s = &ctx.settings;
+    provider_for(ctx, &s.provider.value, s.model.value.as_deref(), s.script.value.as_deref(), cwd)
+}
+
+/// Build the provider `name` (a built-in or a `[providers.NAME]` table),
+/// with a model and script overriding its configuration (`cairn serve`
+/// builds each session's provider from what `s/new` was given), for a
+/// session working in `cwd`.
+pub fn provider_for(
+    ctx: &Context,
+    name: &str,
+    model: Option<&str>,
+    script: Option<&Path>,
+    cwd: &Path,
+) -> Result<Box<dyn Provider + Send>> {
     let mut config = ProviderConfig::resolve(name, ctx.settings.providers.get(name))?;
-    if let Some(model) = &ctx.settings.model.value {
-        config.model = Some(model.clone());
+    if let Some(model) = model {
+        config.model = Some(model.to_owned());
     }
-    if let Some(script) = &ctx.settings.script.value {
-        config.script = Some(script.clone());
+    if let Some(script) = script {
+        config.script = Some(script.to_path_buf());
     }
     if config.kind == ProviderKind::Local {
         return crate::local::provider(ctx, cwd);

@@ -14,6 +14,7 @@ mod context;
 mod faces;
 mod host;
 mod local;
+mod mount;
 mod paths;
 #[cfg(feature = "postgres")]
 mod pg;
@@ -22,6 +23,7 @@ mod pg;
 mod pg;
 mod render;
 mod secrets;
+mod serve;
 mod sessions;
 mod style;
 mod trust;
