@@ -76,6 +76,8 @@ fn wait_idle(rt: &Runtime, id: &str) {
 
 fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
+    // The server refuses a socket in a directory others can enter.
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     let rt = Runtime::new(Arc::new(BenchHost { dir: dir.path().to_owned() }));
     let server = Arc::new(Server::new(Arc::clone(&rt), Limits::default()));
     let sock = dir.path().join("bench.sock");
