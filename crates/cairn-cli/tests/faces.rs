@@ -235,18 +235,18 @@ fn acp_rejected_permission_leaves_the_file_unwritten() {
     assert!(text.contains("user:acp"), "the verdict is recorded with who gave it");
 }
 
+// A tool that declares itself Destructive, not `shell rm -rf`: where shell
+// runs staged, `rm -rf` is first asked as a Write call and its effect asks
+// again as Destructive, so the question sequence depends on the kernel.
 #[test]
 fn acp_destructive_call_offers_no_always_and_is_not_run_when_rejected() {
     let env = setup();
     let script = write_script(
         &env,
-        &[
-            json!({"toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "rm -rf sub"}}]}),
-            json!({"text": "Kept."}),
-        ],
+        &[json!({"toolCalls": [{"id": "c1", "name": "nuke", "arguments": {}}]}), json!({"text": "Kept."})],
     );
     acp(&env, "destructive", &script, &[]);
-    assert!(env.cwd.join("sub/keep").exists());
+    assert!(!env.cwd.join("nuked").exists());
 }
 
 #[test]
@@ -254,13 +254,10 @@ fn acp_an_answer_with_an_option_not_offered_is_a_rejection() {
     let env = setup();
     let script = write_script(
         &env,
-        &[
-            json!({"toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "rm -rf sub"}}]}),
-            json!({"text": "Kept."}),
-        ],
+        &[json!({"toolCalls": [{"id": "c1", "name": "nuke", "arguments": {}}]}), json!({"text": "Kept."})],
     );
     acp(&env, "forged", &script, &[]);
-    assert!(env.cwd.join("sub/keep").exists());
+    assert!(!env.cwd.join("nuked").exists());
 }
 
 #[test]

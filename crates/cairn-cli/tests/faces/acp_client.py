@@ -235,21 +235,21 @@ async def main():
             assert not os.path.exists(os.path.join(cwd, "b.txt")), "a rejected write happened"
         elif scenario == "forged":
             expect(got, [
-                ("tool_call", "execute", "pending"),
-                ("permission", "execute", ("allow_once", "reject_once")),
-                ("update", "execute", "failed"),
+                ("tool_call", "other", "pending"),
+                ("permission", "other", ("allow_once", "reject_once")),
+                ("update", "other", "failed"),
                 ("agent_message_chunk", "Kept."),
             ])
             assert "not offered" in editor.texts()[0], editor.texts()
-            assert os.path.exists(os.path.join(cwd, "sub", "keep")), "a forged answer ran a destructive call"
+            assert not os.path.exists(os.path.join(cwd, "nuked")), "a forged answer ran a destructive call"
         elif scenario == "destructive":
             expect(got, [
-                ("tool_call", "execute", "pending"),
-                ("permission", "execute", ("allow_once", "reject_once")),
-                ("update", "execute", "failed"),
+                ("tool_call", "other", "pending"),
+                ("permission", "other", ("allow_once", "reject_once")),
+                ("update", "other", "failed"),
                 ("agent_message_chunk", "Kept."),
             ])
-            assert os.path.exists(os.path.join(cwd, "sub", "keep")), "a rejected destructive call ran"
+            assert not os.path.exists(os.path.join(cwd, "nuked")), "a rejected destructive call ran"
         elif scenario == "always":
             # Two writes: the second is not asked again.
             expect(got, [
