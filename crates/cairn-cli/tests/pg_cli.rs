@@ -49,6 +49,9 @@ fn submit_worker_show_log_export_check_import() {
     let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
     let url = cluster.url();
     let env = Env::new();
+    // The headless worker refuses `rm -rf` before it runs only unstaged;
+    // staged, the call would wait for a person as a Write call first.
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
     std::fs::write(env.cwd.join("precious"), "keep me").unwrap();
     let script = env.script(&[
         json!({"text": "", "toolCalls": [

@@ -314,6 +314,9 @@ fn tflush_cancels_a_blocked_read_and_other_requests_go_on() {
 #[test]
 fn sigkill_of_serve_mid_tool_then_ctl_resume_settles_it_once() {
     let env = Env::new();
+    // These check the server's crash and shutdown handling with shell's
+    // unstaged replay policy; staging has its own kill tests (kill_staged).
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
     let marker = env.cwd.join("ran.txt");
     let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
         "arguments": {"command": "echo ran >> ran.txt; sleep 30"}}]});
@@ -350,6 +353,9 @@ fn sigkill_of_serve_mid_tool_then_ctl_resume_settles_it_once() {
 #[test]
 fn sigterm_cancels_a_running_turn_durably_and_the_cli_and_server_exclude_each_other() {
     let env = Env::new();
+    // These check the server's crash and shutdown handling with shell's
+    // unstaged replay policy; staging has its own kill tests (kill_staged).
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
     let marker = env.cwd.join("slow.txt");
     let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
         "arguments": {"command": "echo started >> slow.txt; sleep 30"}}]});
@@ -402,7 +408,7 @@ fn a_destructive_call_waits_for_a_person_even_with_yes() {
     });
     let path = format!("{dir}/{}", pending[0].name);
     let shown = text(&mut c, &path);
-    assert!(shown.contains("risk: DESTRUCTIVE") && shown.contains("command: rm -rf junk"), "{shown}");
+    assert!(shown.contains("risk: DESTRUCTIVE") && shown.contains("rm -rf junk"), "{shown}");
     assert!(env.cwd.join("junk").exists(), "ran before approval");
     let err = c.write_file(&path, b"a").unwrap_err().to_string();
     assert!(err.contains("only for Write"), "{err}");

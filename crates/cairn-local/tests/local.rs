@@ -172,7 +172,8 @@ fn tools() -> Vec<ToolSpec> {
     ]
 }
 
-const PROMPTS: [&str; 20] = [
+const PROMPTS: [&str; 21] = [
+    "Read notes.txt and tell me the launch code.",
     "Read the file src/main.rs.",
     "What files are in this directory?",
     "Run the command `ls -la`.",
@@ -197,7 +198,14 @@ const PROMPTS: [&str; 20] = [
 
 #[test]
 fn constrained_outputs_are_text_or_valid_calls() {
-    let provider = LocalProvider::new(model());
+    // A working tree holding the files some prompts name: a prompt naming
+    // an existing file must be answered by a call (grounding), so the call
+    // path is exercised whatever the model prefers elsewhere.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "The launch code is 7731.\n").unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    std::fs::write(dir.path().join("src/main.rs"), "fn main() {}\n").unwrap();
+    let provider = LocalProvider::new(model()).with_workdir(dir.path());
     let tools = tools();
     let mut calls = 0;
     let mut texts = 0;
