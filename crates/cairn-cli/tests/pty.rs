@@ -263,12 +263,7 @@ fn ctrl_c_during_a_tool_call_settles_it_and_resume_finishes_the_turn() {
     let deadline = Instant::now() + Duration::from_millis(TIMEOUT_MS);
     // Staged, the marker is in the call's staging layer until it applies.
     let staged = cairn_tools::staging::overlay_status().is_ok();
-    let staged_marker = || {
-        std::fs::read_dir(env.home.join("staging"))
-            .map(|rd| rd.flatten().any(|e| e.path().join("upper/marker").exists()))
-            .unwrap_or(false)
-    };
-    while !marker.exists() && !staged_marker() {
+    while !marker.exists() && !env.staged_file_exists("marker") {
         assert!(Instant::now() < deadline, "the tool never started");
         std::thread::sleep(Duration::from_millis(20));
     }
