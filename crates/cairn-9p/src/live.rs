@@ -87,8 +87,13 @@ struct Inner {
     /// The phase while a turn runs, or how the last one ended here.
     phase: Option<String>,
     approvals: BTreeMap<String, PendingApproval>,
-    /// `--json` lines of the turns this server ran.
+    /// `event`: the log's history re-told up to `retell.last_seq()`, then
+    /// the `--json` lines of the turns this server ran, as they happened.
     events: Vec<u8>,
+    /// What of the log `events` already tells.
+    retell: cairn_core::history::Retell,
+    /// (file length, mtime) when `events` last caught up with the file.
+    events_synced: Option<(u64, SystemTime)>,
     /// (file length, mtime, rendered chat).
     chat: Option<(u64, SystemTime, Arc<String>)>,
 }
@@ -114,6 +119,34 @@ impl Live {
     /// Forget a pending approval (answered or abandoned).
     pub(crate) fn remove_approval(&self, invocation_id: &str) {
         lock(&self.inner).approvals.remove(invocation_id);
+    }
+}
+
+impl Live {
+    /// Bring `event` up to the file: re-tell what was committed since it
+    /// last caught up (the session's history on first use, turns other
+    /// processes ran since). Only while no turn of this server runs in the
+    /// session: that turn tells its own events live.
+    fn sync_events(&self, inner: &mut Inner, options: cairn_core::storage::StoreOptions) -> Result<()> {
+        if inner.turn.is_some() {
+            return Ok(());
+        }
+        let meta = std::fs::metadata(&self.path).with_context(|| format!("cannot read {}", self.path.display()))?;
+        let key = (meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+        if inner.events_synced == Some(key) {
+            return Ok(());
+        }
+        let store = JsonlStore::open_read_only_with(&self.path, options)?;
+        let lane = store.index().state().and_then(|s| Pc::decode(&s.pc).ok()).map(|pc| pc.lane).unwrap_or_default();
+        let lane = if lane.is_empty() { "main".to_owned() } else { lane };
+        for event in inner.retell.records(store.index().entries(), store.index().usage(), &lane) {
+            let line = serde_json::to_string(&event)
+                .unwrap_or_else(|e| format!("{{\"type\":\"unencodable\",\"error\":{:?}}}", e.to_string()));
+            inner.events.extend_from_slice(line.as_bytes());
+            inner.events.push(b'\n');
+        }
+        inner.events_synced = Some(key);
+        Ok(())
     }
 }
 
@@ -330,6 +363,8 @@ impl Runtime {
         if self.stopping.load(Ordering::SeqCst) {
             bail!("the server is shutting down");
         }
+        // `event` tells the history before this turn's live events.
+        live.sync_events(&mut inner, self.host.store_options())?;
         let cancel = CancelToken::new();
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
         let runtime = Arc::clone(self);
@@ -423,10 +458,14 @@ impl Runtime {
             let result = session.run_turn(&text, &mut env).map(|o| Some(o.stop)).map_err(|e| format!("{e:#}"));
             end(result);
         }
+        // This turn's records were told live: `event` skips them.
+        let told_through = session.store().index().last_seq();
         drop(session);
         // The writer lock is released (the store dropped) before the
         // session reads as not running.
         let mut inner = lock(&live.inner);
+        inner.retell.skip_through(told_through);
+        inner.events_synced = None;
         inner.turn = None;
         inner.approvals.clear();
         drop(inner);
@@ -632,13 +671,20 @@ impl Runtime {
     /// Bytes of `event` from `offset` (at most `count`); empty at its end.
     pub fn events(&self, id: &str, offset: u64, count: usize) -> Result<Vec<u8>> {
         let live = self.require(id)?;
-        let inner = lock(&live.inner);
+        let mut inner = lock(&live.inner);
+        live.sync_events(&mut inner, self.host.store_options())?;
         Ok(slice(&inner.events, offset, count))
     }
 
-    /// The length of `event` so far.
+    /// The length of `event` so far (caught up with the file first).
     pub fn events_len(&self, id: &str) -> u64 {
-        self.live(id).map_or(0, |live| lock(&live.inner).events.len() as u64)
+        self.live(id).map_or(0, |live| {
+            let mut inner = lock(&live.inner);
+            // A file that cannot be read shows what is known; reading the
+            // data itself reports the error.
+            let _ = live.sync_events(&mut inner, self.host.store_options());
+            inner.events.len() as u64
+        })
     }
 
     /// Bytes of `log` (the session file's records) from `offset`.

@@ -193,6 +193,94 @@ fn a_session_is_created_prompted_followed_and_approved_over_unix_and_tcp() {
     assert!(listing.contains("n-unix") && listing.contains("n-tcp"), "{listing}");
 }
 
+/// `event` as it stands: everything up to its current length (a read at
+/// its end would block), as JSON values.
+fn events_so_far(c: &mut Conn, id: &str) -> Vec<serde_json::Value> {
+    let path = format!("s/{id}/event");
+    let length = c.stat(&path).unwrap().length;
+    let (fid, _) = c.walk(&path).unwrap();
+    c.open(fid, mode::READ).unwrap();
+    let mut got = Vec::new();
+    while (got.len() as u64) < length {
+        let chunk = c.read_at(fid, got.len() as u64, 8192).unwrap();
+        assert!(!chunk.is_empty(), "event shorter than its stat says");
+        got.extend(chunk);
+    }
+    c.clunk(fid).unwrap();
+    String::from_utf8(got).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn of_type<'a>(events: &'a [serde_json::Value], t: &str) -> Vec<&'a serde_json::Value> {
+    events.iter().filter(|e| e["type"] == t).collect()
+}
+
+/// `event` starts at the session's start: a server that did not run the
+/// earlier turns (a turn by `cairn resume` while it was up, a restart)
+/// re-tells them from the log, in the `--json` schema, each once.
+#[test]
+fn event_tells_the_session_from_its_start_across_cli_turns_and_restarts() {
+    let env = Env::new();
+    std::fs::write(env.cwd.join("a.txt"), "alpha\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+        json!({"text": "first answer"}),
+        json!({"text": "second answer"}),
+        json!({"text": "third answer"}),
+    ]);
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let id =
+        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    c.write_file(&format!("s/{id}/prompt"), b"first prompt").unwrap();
+    wait_for("the first answer", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: first answer"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    let live = events_so_far(&mut c, &id);
+    assert_eq!(of_type(&live, "turnStarted")[0]["prompt"], "first prompt", "{live:?}");
+
+    // A turn by the CLI while the server is up and idle.
+    let s = script.to_str().unwrap();
+    let out = env.cairn(&["--script", s, "resume", &id, "--prompt", "second prompt"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut now = Vec::new();
+    wait_for("the CLI's turn in event", || {
+        now = events_so_far(&mut c, &id);
+        of_type(&now, "final").len() == 2
+    });
+    assert_eq!(now[..live.len()], live[..], "what was told stays told");
+    let finals: Vec<&str> = of_type(&now, "final").iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(finals, ["first answer", "second answer"]);
+    assert_eq!(of_type(&now, "turnStarted")[1]["prompt"], "second prompt");
+    drop(c);
+    drop(served); // SIGKILL
+
+    // A restarted server re-tells both turns from the log alone.
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let told = events_so_far(&mut c, &id);
+    let types: Vec<&str> = told.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let prompts: Vec<&str> = of_type(&told, "turnStarted").iter().map(|e| e["prompt"].as_str().unwrap()).collect();
+    assert_eq!(prompts, ["first prompt", "second prompt"], "{types:?}");
+    let finals: Vec<&str> = of_type(&told, "final").iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(finals, ["first answer", "second answer"], "{types:?}");
+    let position = |t: &str| types.iter().position(|x| *x == t).unwrap_or_else(|| panic!("no {t} in {types:?}"));
+    assert!(position("turnStarted") < position("toolRequested"));
+    assert!(position("toolRequested") < position("toolStarted"));
+    assert!(position("toolStarted") < position("toolCompleted"));
+    assert!(position("toolCompleted") < position("final"));
+    assert_eq!(of_type(&told, "toolCompleted")[0]["tool"], "read_file");
+    assert_eq!(of_type(&told, "usage").len(), 3, "one usage per provider attempt: {types:?}");
+
+    // And a turn run here afterwards follows the history, live.
+    c.write_file(&format!("s/{id}/prompt"), b"third prompt").unwrap();
+    wait_for("the third answer", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: third answer"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    let after = events_so_far(&mut c, &id);
+    assert_eq!(after[..told.len()], told[..]);
+    let finals: Vec<&str> = of_type(&after, "final").iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(finals, ["first answer", "second answer", "third answer"]);
+    assert_eq!(of_type(&after, "turnEnd").len(), 1, "the live turn's end, once");
+}
+
 #[test]
 fn the_ninep_crate_client_reads_and_writes_the_tree() {
     let env = Env::new();

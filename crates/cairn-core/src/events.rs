@@ -532,6 +532,9 @@ pub enum TurnEvent {
         lane: String,
         /// Whether this is a resume.
         resumed: bool,
+        /// The person's prompt that starts it (`None` on a resume).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt: Option<String>,
     },
     /// A provider call is about to be made (its intent is committed).
     ProviderRequested {

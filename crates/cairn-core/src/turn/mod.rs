@@ -555,7 +555,12 @@ impl<S: Storage> Session<S> {
         pc.assistant = None;
         pc.call = 0;
         pc.invocation = None;
-        b.tell(TurnEvent::TurnStarted { turn_id, lane: self.lane.clone(), resumed: false });
+        b.tell(TurnEvent::TurnStarted {
+            turn_id,
+            lane: self.lane.clone(),
+            resumed: false,
+            prompt: Some(user_text.to_owned()),
+        });
         self.commit(b, Some(pc), env.observer)?;
         self.drive(env)
     }
@@ -570,7 +575,8 @@ impl<S: Storage> Session<S> {
             return Ok(None);
         }
         let turn_id = self.pc.turn.clone().unwrap_or_default();
-        let started = TurnEvent::TurnStarted { turn_id: turn_id.clone(), lane: self.lane.clone(), resumed: true };
+        let started =
+            TurnEvent::TurnStarted { turn_id: turn_id.clone(), lane: self.lane.clone(), resumed: true, prompt: None };
         if self.pc.phase == Phase::Cancelled {
             let inner = match &self.pc.resume {
                 Some(inner) => (**inner).clone(),
