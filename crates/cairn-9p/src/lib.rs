@@ -16,6 +16,7 @@ pub mod host;
 pub mod live;
 #[cfg(feature = "mount")]
 pub mod mount;
+pub mod queue;
 pub mod server;
 pub mod tree;
 

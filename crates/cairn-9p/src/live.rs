@@ -21,13 +21,14 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_core::approval::{Allowlist, Answer, PolicyApprover};
 use cairn_core::message::{ContentPart, Role};
 use cairn_core::provider::AttemptUsage;
-use cairn_core::storage::registers::{FACT, NAME_FACT};
+use cairn_core::storage::registers::{self, FACT, NAME_FACT};
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, new_session_id, read_summary, to_raw};
 use cairn_core::turn::Pc;
 use cairn_core::{CancelToken, Session, TurnEnv, TurnEvent, TurnStop};
 
 use crate::approver::TreeApprover;
 use crate::host::{Host, SPEC_FACT, SessionSpec};
+use crate::queue;
 
 /// Wakes blocked readers when anything changes (a bump per event).
 #[derive(Debug, Default)]
@@ -166,6 +167,17 @@ pub struct IdxRow {
     /// Name ("-" when none).
     pub name: String,
     created_at: i64,
+}
+
+/// What a turn thread is started for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Start {
+    /// A prompt written to `prompt` (after finishing an interrupted turn).
+    Prompt(String),
+    /// `ctl resume`: the interrupted or cancelled turn.
+    Resume,
+    /// The next queued prompt (`enqueue`).
+    Queue,
 }
 
 /// The sessions of one `$CAIRN_HOME` as a server drives them.
@@ -355,10 +367,16 @@ impl Runtime {
     /// runs; fails with "busy" while another turn (here or in another
     /// process) holds the session.
     pub fn start(self: &Arc<Self>, id: &str, prompt: Option<String>) -> Result<()> {
+        self.start_with(id, prompt.map_or(Start::Resume, Start::Prompt))
+    }
+
+    fn start_with(self: &Arc<Self>, id: &str, start: Start) -> Result<()> {
         let live = self.require(id)?;
         let mut inner = lock(&live.inner);
         if inner.turn.is_some() {
-            bail!("busy: a turn is running in session {id}; read state, or write stop to ctl");
+            bail!(
+                "busy: a turn is running in session {id}; write the prompt to enqueue to run it next, or stop to ctl"
+            );
         }
         if self.stopping.load(Ordering::SeqCst) {
             bail!("the server is shutting down");
@@ -372,7 +390,7 @@ impl Runtime {
         let thread_cancel = cancel.clone();
         let handle = std::thread::Builder::new()
             .name(format!("turn-{id}"))
-            .spawn(move || runtime.turn_thread(&thread_live, prompt, &thread_cancel, ready_tx))
+            .spawn(move || runtime.turn_thread(&thread_live, start, &thread_cancel, ready_tx))
             .context("cannot start a turn thread")?;
         match ready_rx.recv() {
             Ok(Ok(())) => {
@@ -396,7 +414,7 @@ impl Runtime {
     fn turn_thread(
         self: Arc<Self>,
         live: &Arc<Live>,
-        prompt: Option<String>,
+        start: Start,
         cancel: &CancelToken,
         ready: std::sync::mpsc::SyncSender<Result<(), String>>,
     ) {
@@ -410,8 +428,14 @@ impl Runtime {
             let registry = self.host.tools(&cwd)?;
             let allow = Allowlist::parse(spec.allow.iter().map(String::as_str))?;
             let session = Session::open(store, self.host.session_config())?;
-            if prompt.is_none() && !session.needs_resume() {
+            if start == Start::Resume && !session.needs_resume() {
                 bail!("nothing to resume in session {}: the last turn finished", live.id);
+            }
+            if start == Start::Queue && session.needs_resume() {
+                bail!(
+                    "session {} has an unfinished turn; its queued prompts wait until you write resume to ctl",
+                    live.id
+                );
             }
             Ok((spec, provider, registry, allow, session))
         })();
@@ -450,14 +474,33 @@ impl Runtime {
             matches!(stop, Ok(Some(TurnStop::Answered)) | Ok(None))
         };
         let mut go_on = true;
+        let mut ran = false;
         if session.needs_resume() {
             let result = session.resume(&mut env).map(|o| o.map(|o| o.stop)).map_err(|e| format!("{e:#}"));
             go_on = end(result);
+            ran = true;
         }
-        if let (true, Some(text)) = (go_on, prompt) {
-            let result = session.run_turn(&text, &mut env).map(|o| Some(o.stop)).map_err(|e| format!("{e:#}"));
-            end(result);
+        if let (true, Start::Prompt(text)) = (go_on, &start) {
+            let result = session.run_turn(text, &mut env).map(|o| Some(o.stop)).map_err(|e| format!("{e:#}"));
+            go_on = end(result);
+            ran = true;
         }
+        // Then the queued prompts, one turn each, while turns end well.
+        let journal = queue::journal_path(&self.host.sessions_dir(), &live.id);
+        while go_on && !cancel.is_cancelled() && !self.is_stopping() {
+            let arrived = {
+                let _inner = lock(&live.inner);
+                queue::read(&journal).unwrap_or_default()
+            };
+            match session.run_queued(&arrived, &mut env) {
+                Ok(None) => break,
+                Ok(Some(outcome)) => go_on = end(Ok(Some(outcome.stop))),
+                Err(e) => go_on = end(Err(format!("{e:#}"))),
+            }
+            ran = true;
+            self.forget_queued(live, &journal, registers::prompt_queue(session.store()).through);
+        }
+        let through = registers::prompt_queue(session.store()).through;
         // This turn's records were told live: `event` skips them.
         let told_through = session.store().index().last_seq();
         drop(session);
@@ -468,8 +511,94 @@ impl Runtime {
         inner.events_synced = None;
         inner.turn = None;
         inner.approvals.clear();
+        if !ran {
+            // Nothing was queued after all: the file says the state.
+            inner.phase = None;
+        }
+        // A prompt queued after the loop last looked (the queue writer
+        // holds this lock and saw a turn running) starts its own turn.
+        let waiting =
+            go_on && !cancel.is_cancelled() && queue::read(&journal).unwrap_or_default().iter().any(|q| q.n > through);
         drop(inner);
         self.pulse.bump();
+        if waiting {
+            let _ = self.start_with(&live.id, Start::Queue);
+        }
+    }
+
+    fn forget_queued(&self, live: &Live, journal: &Path, through: u64) {
+        let _inner = lock(&live.inner);
+        if let Err(e) = queue::forget_through(journal, through) {
+            // Harmless: the session's queue skips what it already has.
+            self.push_event(live, &serde_json::json!({"type": "error", "message": format!("{e:#}")}).to_string(), None);
+        }
+    }
+
+    /// `enqueue`: keep `prompt` durably for after the running turn (or
+    /// start it now when none runs). Returns its number.
+    pub fn enqueue(self: &Arc<Self>, id: &str, prompt: String) -> Result<u64> {
+        let live = self.require(id)?;
+        let inner = lock(&live.inner);
+        if self.is_stopping() {
+            bail!("the server is shutting down");
+        }
+        let journal = queue::journal_path(&self.host.sessions_dir(), id);
+        let journaled = queue::read(&journal)?;
+        let store = JsonlStore::open_read_only_with(&live.path, self.host.store_options())?;
+        let kept = registers::prompt_queue(&store);
+        let n = journaled.iter().map(|q| q.n).chain([kept.through]).max().unwrap_or(0) + 1;
+        queue::append(&journal, &registers::QueuedPrompt { n, prompt })?;
+        let running = inner.turn.is_some();
+        drop(inner);
+        self.pulse.bump();
+        if !running {
+            // Queued durably either way; a session that needs `ctl resume`
+            // first (or one another process is driving) keeps it waiting.
+            let _ = self.start_with(id, Start::Queue);
+        }
+        Ok(n)
+    }
+
+    /// What reading `enqueue` shows: the prompts waiting, oldest first,
+    /// `N: first line`.
+    pub fn queued(&self, id: &str) -> Result<String> {
+        let live = self.require(id)?;
+        let inner = lock(&live.inner);
+        let store = JsonlStore::open_read_only_with(&live.path, self.host.store_options())?;
+        let mut kept = registers::prompt_queue(&store);
+        kept.bring_in(&queue::read(&queue::journal_path(&self.host.sessions_dir(), id))?);
+        drop(inner);
+        Ok(kept
+            .items
+            .iter()
+            .map(|q| format!("{}: {}\n", q.n, one_line(q.prompt.lines().next().unwrap_or(""))))
+            .collect())
+    }
+
+    /// Start the queued prompts of every idle session that has some (a
+    /// server starting again after a crash or a stop).
+    pub fn start_queues(self: &Arc<Self>) {
+        let sessions = self.host.sessions_dir();
+        let max_line = self.host.store_options().max_line_bytes;
+        let mut ids = queue::journaled(&sessions);
+        for row in self.idx() {
+            let path = self.session_path(&row.id);
+            if read_summary(&path, &[(FACT, registers::QUEUE_FACT)], max_line)
+                .ok()
+                .and_then(|s| s.registers.first().cloned().flatten())
+                .and_then(|r| r.parse::<registers::PromptQueue>().ok())
+                .is_some_and(|q| !q.items.is_empty())
+            {
+                ids.push(row.id);
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        for id in ids {
+            if self.state(&id).is_ok_and(|s| s == "idle") {
+                let _ = self.start_with(&id, Start::Queue);
+            }
+        }
     }
 
     fn observe(&self, live: &Live, event: &TurnEvent) {
@@ -594,6 +723,13 @@ impl Runtime {
         }
         std::fs::rename(&live.path, &target)
             .with_context(|| format!("cannot move {} to {}", live.path.display(), target.display()))?;
+        // Prompts still queued go with it (nothing is ever deleted).
+        let journal = queue::journal_path(&self.host.sessions_dir(), id);
+        if journal.exists() {
+            let kept = archive.join(format!("{id}.queue.jsonl"));
+            std::fs::rename(&journal, &kept)
+                .with_context(|| format!("cannot move {} to {}", journal.display(), kept.display()))?;
+        }
         drop(store);
         let _ = std::fs::remove_file(cairn_core::storage::lock_path(&live.path));
         drop(inner);

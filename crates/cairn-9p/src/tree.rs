@@ -5,7 +5,7 @@
 //! ```text
 //! help providers tools
 //! s/new s/idx
-//! s/<id>/{prompt,chat,event,state,usage,ctl,log}
+//! s/<id>/{prompt,enqueue,chat,event,state,usage,ctl,log}
 //! s/<id>/approvals/<invocation>
 //! ```
 
@@ -21,6 +21,9 @@ use crate::live::{Runtime, new_template, slice, valid_id};
 pub enum FileKind {
     /// Write a prompt; the turn starts when the file is closed.
     Prompt,
+    /// Write a prompt to run after the running turn (durably queued when
+    /// the file is closed); read: the prompts waiting.
+    Enqueue,
     /// The transcript (a growing file).
     Chat,
     /// `--json` events (a stream).
@@ -37,13 +40,14 @@ pub enum FileKind {
 
 impl FileKind {
     /// Every file of a session directory, in listing order.
-    pub const ALL: [FileKind; 7] =
-        [Self::Prompt, Self::Chat, Self::Event, Self::State, Self::Usage, Self::Ctl, Self::Log];
+    pub const ALL: [FileKind; 8] =
+        [Self::Prompt, Self::Enqueue, Self::Chat, Self::Event, Self::State, Self::Usage, Self::Ctl, Self::Log];
 
     /// Its name.
     pub fn name(self) -> &'static str {
         match self {
             Self::Prompt => "prompt",
+            Self::Enqueue => "enqueue",
             Self::Chat => "chat",
             Self::Event => "event",
             Self::State => "state",
@@ -89,8 +93,9 @@ tools                 the tools (as `cairn tools`)
 s/new                 read: the template; write key=value pairs (cwd= required) to create a session; read again: its id
 s/idx                 one line per session, oldest first: id state cwd provider model name
 s/ID/prompt           write a prompt; the turn starts when the file is closed (fails with busy while a turn runs)
+s/ID/enqueue          write a prompt to run after the running turn (kept durably when closed); read: the prompts waiting
 s/ID/chat             the transcript: user:, assistant:, -> tool(args), = result; tail -f follows it
-s/ID/event            one JSON event a line (as --json) of the turns this server ran; blocks at the end like a pipe
+s/ID/event            one JSON event a line (as --json) from the session's start; blocks at the end like a pipe
 s/ID/state            idle, thinking, calling: TOOL, awaiting approval: TOOL, interrupted, cancelled
 s/ID/usage            token totals over every provider attempt
 s/ID/ctl              write: stop, resume, compact, rn NAME, model NAME, fork ENTRY [LANE]
@@ -169,7 +174,7 @@ impl Node {
     pub fn access(&self) -> (bool, bool) {
         match self {
             Self::File(_, FileKind::Prompt | FileKind::Ctl) => (false, true),
-            Self::New | Self::Approval(..) => (true, true),
+            Self::New | Self::Approval(..) | Self::File(_, FileKind::Enqueue) => (true, true),
             _ => (true, false),
         }
     }
@@ -300,7 +305,7 @@ pub fn open(rt: &Runtime, node: &Node, read: bool, write: bool) -> Result<()> {
     if let Node::File(id, FileKind::Prompt) = node
         && rt.is_running(id)
     {
-        bail!("busy: a turn is running in session {id}; read state, or write stop to ctl");
+        bail!("busy: a turn is running in session {id}; write the prompt to enqueue to run it next, or stop to ctl");
     }
     Ok(())
 }
@@ -320,6 +325,7 @@ fn content(rt: &Runtime, node: &Node, created: Option<&str>) -> Option<Result<St
             .collect()),
         Node::File(id, FileKind::State) => rt.state(id).map(|s| format!("{s}\n")),
         Node::File(id, FileKind::Usage) => rt.usage(id),
+        Node::File(id, FileKind::Enqueue) => rt.queued(id),
         Node::Approval(id, inv) => {
             rt.approval_text(id, inv).ok_or_else(|| anyhow!("approval {inv} was answered or abandoned"))
         }
@@ -370,8 +376,16 @@ pub fn write(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle, data: &[u8]) -
         }
         Node::File(id, FileKind::Prompt) => {
             if rt.is_running(id) {
-                bail!("busy: a turn is running in session {id}; read state, or write stop to ctl");
+                bail!(
+                    "busy: a turn is running in session {id}; write the prompt to enqueue to run it next, or stop to ctl"
+                );
             }
+            if handle.written.len() + data.len() > MAX_PROMPT {
+                bail!("the prompt is longer than {MAX_PROMPT} bytes");
+            }
+            handle.written.extend_from_slice(data);
+        }
+        Node::File(_, FileKind::Enqueue) => {
             if handle.written.len() + data.len() > MAX_PROMPT {
                 bail!("the prompt is longer than {MAX_PROMPT} bytes");
             }
@@ -386,18 +400,17 @@ pub fn write(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle, data: &[u8]) -
 
 /// The handle is closed: a written prompt starts its turn.
 pub fn close(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle) -> Result<()> {
-    if let Node::File(id, FileKind::Prompt) = node {
-        let written = std::mem::take(&mut handle.written);
-        if written.is_empty() {
-            return Ok(());
-        }
-        let text = String::from_utf8(written).map_err(|_| anyhow!("the prompt is not UTF-8"))?;
-        if text.trim().is_empty() {
-            bail!("the prompt is empty");
-        }
-        rt.start(id, Some(text.trim_end().to_owned()))?;
+    let Node::File(id, kind @ (FileKind::Prompt | FileKind::Enqueue)) = node else { return Ok(()) };
+    let written = std::mem::take(&mut handle.written);
+    if written.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let text = String::from_utf8(written).map_err(|_| anyhow!("the prompt is not UTF-8"))?;
+    if text.trim().is_empty() {
+        bail!("the prompt is empty");
+    }
+    let text = text.trim_end().to_owned();
+    if *kind == FileKind::Prompt { rt.start(id, Some(text)) } else { rt.enqueue(id, text).map(|_| ()) }
 }
 
 /// Remove `node` (a session directory: archive it).

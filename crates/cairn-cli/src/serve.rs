@@ -179,6 +179,8 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
         }
         out.flush()?;
     }
+    // Prompts queued before a crash or a stop run now, in idle sessions.
+    runtime.start_queues();
     let _ = stop_rx.recv();
     eprintln!("cairn serve: stopping; running turns are cancelled and saved (continue them with ctl resume)");
     runtime.shutdown();

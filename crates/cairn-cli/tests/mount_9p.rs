@@ -80,7 +80,7 @@ fn tail_f_on_chat_through_the_mount_sees_a_later_turn() {
     let ls = sh(&format!("ls {m}/s/{id}"));
     assert_eq!(
         String::from_utf8_lossy(&ls.stdout).split_whitespace().collect::<Vec<_>>(),
-        ["approvals", "chat", "ctl", "event", "log", "prompt", "state", "usage"]
+        ["approvals", "chat", "ctl", "enqueue", "event", "log", "prompt", "state", "usage"]
     );
 
     // tail -f first, the turn afterwards.

@@ -281,6 +281,109 @@ fn event_tells_the_session_from_its_start_across_cli_turns_and_restarts() {
     assert_eq!(of_type(&after, "turnEnd").len(), 1, "the live turn's end, once");
 }
 
+fn user_prompts(file: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in std::fs::read_to_string(file).unwrap().lines().skip(1) {
+        let records = match serde_json::from_str::<serde_json::Value>(line).unwrap() {
+            serde_json::Value::Array(items) => items,
+            one => vec![one],
+        };
+        for r in records.iter().filter(|r| r["type"] == "message" && r["payload"]["role"] == "user") {
+            out.push(r["payload"]["content"][0]["text"].as_str().unwrap().to_owned());
+        }
+    }
+    out
+}
+
+/// `enqueue` while a turn runs: kept durably (a SIGKILL of the server
+/// loses nothing), shown when read, and run in order once the turn is
+/// finished, each exactly once; `prompt` stays busy meanwhile.
+#[test]
+fn enqueued_prompts_survive_a_sigkill_and_run_once_in_order_after_the_turn() {
+    let env = Env::new();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "w.txt", "content": "w\n"}}]}),
+        json!({"text": "answer zero"}),
+        json!({"text": "answer one"}),
+        json!({"text": "answer two"}),
+    ]);
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let id =
+        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    c.write_file(&format!("s/{id}/prompt"), b"zero").unwrap();
+    let approvals = format!("s/{id}/approvals");
+    wait_for("the approval", || !c.list(&approvals).unwrap().is_empty());
+    // The turn waits for a person: a prompt is refused, enqueue takes it.
+    let err = c.write_file(&format!("s/{id}/prompt"), b"no").unwrap_err().to_string();
+    assert!(err.contains("busy") && err.contains("enqueue"), "{err}");
+    c.write_file(&format!("s/{id}/enqueue"), b"one\n").unwrap();
+    c.write_file(&format!("s/{id}/enqueue"), b"two\nsecond line").unwrap();
+    assert_eq!(text(&mut c, &format!("s/{id}/enqueue")), "1: one\n2: two\n");
+    drop(c);
+    drop(served); // SIGKILL while the turn waits and two prompts are queued
+
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    assert_eq!(text(&mut c, &format!("s/{id}/state")), "interrupted\n", "an unfinished turn is not skipped");
+    assert_eq!(text(&mut c, &format!("s/{id}/enqueue")), "1: one\n2: two\n", "still queued after the kill");
+    c.write_file(&format!("s/{id}/ctl"), b"resume").unwrap();
+    let mut pending = Vec::new();
+    wait_for("the approval again", || {
+        pending = c.list(&approvals).unwrap();
+        !pending.is_empty()
+    });
+    c.write_file(&format!("{approvals}/{}", pending[0].name), b"y").unwrap();
+    wait_for("both queued answers", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: answer two"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    assert_eq!(text(&mut c, &format!("s/{id}/enqueue")), "", "the queue is empty");
+    let file = env.home.join("sessions").join(format!("{id}.jsonl"));
+    assert_eq!(user_prompts(&file), ["zero", "one", "two\nsecond line"], "each prompt once, in order");
+    let chat = text(&mut c, &format!("s/{id}/chat"));
+    let at = |needle: &str| chat.find(needle).unwrap_or_else(|| panic!("{needle:?} not in {chat}"));
+    assert!(at("assistant: answer zero") < at("user: one") && at("user: one") < at("assistant: answer one"));
+    assert!(at("assistant: answer one") < at("user: two"));
+    assert!(!env.home.join("sessions/.queue").join(format!("{id}.jsonl")).exists(), "the journal is cleared");
+    let check = env.cairn(&["--json", "check", "--", file.to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&check.stdout).contains("\"ok\":true"));
+
+    // Idle: enqueue starts at once.
+    c.write_file(&format!("s/{id}/enqueue"), b"three").unwrap();
+    wait_for("the idle enqueue to run", || user_prompts(&file).len() == 4);
+}
+
+/// A prompt journaled just before a crash (the write was acknowledged, no
+/// turn started it yet) runs when the server starts again, once.
+#[test]
+fn a_journaled_prompt_of_an_idle_session_runs_when_the_server_starts() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "answer one"}), json!({"text": "answer two"})]);
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let id =
+        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    drop(c);
+    drop(served);
+    // What the server's journal holds after an acknowledged enqueue (its
+    // documented format), written here as a crash would leave it.
+    let journal = env.home.join("sessions/.queue").join(format!("{id}.jsonl"));
+    std::fs::create_dir_all(journal.parent().unwrap()).unwrap();
+    std::fs::write(&journal, "{\"n\":1,\"prompt\":\"one\"}\n{\"n\":2,\"prompt\":\"two\"}\n{\"n\":3,\"pro").unwrap();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    wait_for("both answers", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: answer two"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    let file = env.home.join("sessions").join(format!("{id}.jsonl"));
+    assert_eq!(user_prompts(&file), ["one", "two"], "a torn last line was never acknowledged");
+    drop(c);
+    drop(served);
+    // Started again: nothing runs twice.
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    assert_eq!(text(&mut c, &format!("s/{id}/state")), "idle\n");
+    assert_eq!(user_prompts(&file), ["one", "two"]);
+}
+
 #[test]
 fn the_ninep_crate_client_reads_and_writes_the_tree() {
     let env = Env::new();
@@ -304,7 +407,7 @@ fn the_ninep_crate_client_reads_and_writes_the_tree() {
     });
     let entries = client.read_dir(format!("s/{id}")).unwrap();
     let names: Vec<String> = entries.iter().map(|s| s.name.clone()).collect();
-    assert_eq!(names, ["prompt", "chat", "event", "state", "usage", "ctl", "log", "approvals"]);
+    assert_eq!(names, ["prompt", "enqueue", "chat", "event", "state", "usage", "ctl", "log", "approvals"]);
 }
 
 #[test]

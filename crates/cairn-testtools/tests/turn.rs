@@ -1098,3 +1098,66 @@ fn headless_a_bypass_is_refused_by_the_gate_and_the_refusal_recorded() {
     assert!(matches!(record.bypasses[0].verdict.decision, Answer::Deny { .. }));
     assert_eq!(types(session.store()).iter().filter(|t| *t == "toolBypass").count(), 1);
 }
+
+/// The prompt queue: prompts brought in once by their number, run in
+/// order, each leaving the queue in the very line that commits it as the
+/// user's message (so a crash can neither lose nor repeat one).
+#[test]
+fn queued_prompts_run_once_in_order_and_leave_the_queue_with_their_message() {
+    use cairn_core::storage::registers::{QueuedPrompt, prompt_queue};
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::create(dir.path(), Header::new("s1", "/tmp"), StoreOptions::default()).unwrap();
+    let path = store.path().to_path_buf();
+    let provider = ScriptProvider::new(vec![line("first done", vec![]), line("second done", vec![])]);
+    let tools = registry(false, None);
+    let mut session = Session::open(store, SessionConfig::default()).unwrap();
+    let q = |n: u64, p: &str| QueuedPrompt { n, prompt: p.to_owned() };
+    let mut approver = headless();
+    let mut observer = |_: &TurnEvent| {};
+    let cancel = CancelToken::new();
+    let mut env = TurnEnv {
+        provider: &provider,
+        tools: &tools,
+        approver: &mut approver,
+        observer: &mut observer,
+        cancel: &cancel,
+    };
+    // 2 arrives before 1 (a host's journal in any order); both come in.
+    let first = session.run_queued(&[q(2, "second"), q(1, "first")], &mut env).unwrap().unwrap();
+    assert_eq!(first.text, "first done");
+    let queue = prompt_queue(session.store());
+    assert_eq!((queue.through, queue.items), (2, vec![q(2, "second")]));
+    // The same journal again (a host that crashed before clearing it):
+    // nothing comes in twice.
+    let second = session.run_queued(&[q(1, "first"), q(2, "second")], &mut env).unwrap().unwrap();
+    assert_eq!(second.text, "second done");
+    assert!(session.run_queued(&[q(2, "second")], &mut env).unwrap().is_none(), "an empty queue runs nothing");
+    assert_eq!(prompt_queue(session.store()).items, vec![]);
+    let users: Vec<String> =
+        session.messages().iter().filter(|m| m.role == Role::User).map(Message::joined_text).collect();
+    assert_eq!(users, ["first", "second"]);
+    drop(session);
+    // Read from the file itself: each user message shares its line with
+    // the queue it left behind.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut seen = 0;
+    for l in text.lines().skip(1) {
+        let records: Vec<Value> = match serde_json::from_str(l).unwrap() {
+            Value::Array(items) => items,
+            one => vec![one],
+        };
+        let user = records.iter().find(|r| r["type"] == "message" && r["payload"]["role"] == "user");
+        if let Some(user) = user {
+            let prompt = user["payload"]["content"][0]["text"].as_str().unwrap();
+            let queue = records
+                .iter()
+                .find(|r| r["kind"] == "register" && r["namespace"] == "fact" && r["key"] == "queue")
+                .unwrap_or_else(|| panic!("the line of {prompt:?} does not update the queue: {l}"));
+            let left: Vec<&str> =
+                queue["value"]["items"].as_array().unwrap().iter().map(|i| i["prompt"].as_str().unwrap()).collect();
+            assert!(!left.contains(&prompt), "{prompt:?} still queued in its own line: {l}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2);
+}

@@ -19,7 +19,7 @@
 //!   deleted only when live, in a transaction that appends the settlement
 //!   entry.
 //! - `fact`: durable session facts (the session's name, "approve for this
-//!   session" rules). Set, overwritten or deleted at will; nothing else
+//!   session" rules, the prompt queue). Set, overwritten or deleted at will; nothing else
 //!   ever clears them.
 //!
 //! Every key is non-empty. Which `op` and `pending` keys may be live for a
@@ -48,6 +48,8 @@ pub const FACT: &str = "fact";
 
 /// The `fact` key of the session's name.
 pub const NAME_FACT: &str = "name";
+/// The `fact` key of the session's prompt queue ([`PromptQueue`]).
+pub const QUEUE_FACT: &str = "queue";
 /// The prefix of `fact` keys holding a session allow rule.
 const ALLOW_FACT: &str = "allow:";
 
@@ -165,7 +167,58 @@ pub struct AllowFact {
     pub invocation_id: String,
 }
 
+/// A prompt waiting for its turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuedPrompt {
+    /// Its number, increasing in the order prompts were queued; a host
+    /// that keeps prompts elsewhere before they reach the log uses it to
+    /// bring each in once.
+    pub n: u64,
+    /// The prompt.
+    pub prompt: String,
+}
+
+/// The session's durable prompt queue (`fact` `queue`): prompts queued
+/// while a turn ran, each started once, in order. A prompt leaves the
+/// queue in the very line that commits it as the user's message of its
+/// turn (`Session::run_queued`), so it is never run twice nor lost.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromptQueue {
+    /// The highest `n` ever brought into the queue (0: none).
+    pub through: u64,
+    /// Waiting prompts, oldest first.
+    pub items: Vec<QueuedPrompt>,
+}
+
+impl PromptQueue {
+    /// Bring in `arrived` prompts not seen before (`n` above
+    /// [`PromptQueue::through`]), in `n` order; returns how many came in.
+    pub fn bring_in(&mut self, arrived: &[QueuedPrompt]) -> usize {
+        let mut fresh: Vec<QueuedPrompt> = arrived.iter().filter(|q| q.n > self.through).cloned().collect();
+        fresh.sort_by_key(|q| q.n);
+        fresh.dedup_by_key(|q| q.n);
+        if let Some(last) = fresh.last() {
+            self.through = last.n;
+        }
+        let count = fresh.len();
+        self.items.extend(fresh);
+        count
+    }
+}
+
+/// The session's prompt queue (empty when none was ever kept).
+pub fn prompt_queue<S: Storage + ?Sized>(store: &S) -> PromptQueue {
+    store.register(FACT, QUEUE_FACT).and_then(|raw| raw.parse::<PromptQueue>().ok()).unwrap_or_default()
+}
+
 impl Transaction {
+    /// Store the prompt queue (`fact` `queue`).
+    pub fn set_prompt_queue(self, queue: &PromptQueue) -> Result<Self, StorageError> {
+        Ok(self.set(FACT, QUEUE_FACT, to_raw(queue)?))
+    }
+
     /// Name the session (`fact` `name`).
     pub fn set_session_name(self, name: &str) -> Result<Self, StorageError> {
         Ok(self.set(FACT, NAME_FACT, to_raw(name)?))

@@ -534,6 +534,38 @@ impl<S: Storage> Session<S> {
     /// be resumed first. `pending` keys the pc does not point at (a log
     /// written by something else) are settled first, as on resume.
     pub fn run_turn(&mut self, user_text: &str, env: &mut TurnEnv<'_>) -> Result<TurnOutcome, TurnError> {
+        self.start_turn(user_text, None, env)
+    }
+
+    /// Bring `arrived` prompts into the session's prompt queue (those not
+    /// brought in before, by their `n`) and run a turn with the oldest
+    /// queued prompt, which leaves the queue in the line that commits it as
+    /// the user's message. `None` when the queue is empty (nothing is
+    /// written). Like [`Session::run_turn`], an unfinished turn must be
+    /// resumed first.
+    pub fn run_queued(
+        &mut self,
+        arrived: &[registers::QueuedPrompt],
+        env: &mut TurnEnv<'_>,
+    ) -> Result<Option<TurnOutcome>, TurnError> {
+        let mut queue = registers::prompt_queue(&self.store);
+        queue.bring_in(arrived);
+        if queue.items.is_empty() {
+            return Ok(None);
+        }
+        let next = queue.items.remove(0);
+        self.start_turn(&next.prompt, Some(&queue), env).map(Some)
+    }
+
+    /// Start a turn with `user_text`; `queue`, when given, is the prompt
+    /// queue as it stands once this turn's prompt has left it, set in the
+    /// same line as the user's message.
+    fn start_turn(
+        &mut self,
+        user_text: &str,
+        queue: Option<&registers::PromptQueue>,
+        env: &mut TurnEnv<'_>,
+    ) -> Result<TurnOutcome, TurnError> {
         self.started_here = None;
         match self.pc.phase {
             Phase::Idle | Phase::Final | Phase::Cancelled => {}
@@ -547,6 +579,9 @@ impl<S: Storage> Session<S> {
         let turn_id = b.next_id("t");
         let user = Message::text(crate::message::Role::User, user_text);
         b.entry(&user)?;
+        if let Some(queue) = queue {
+            b.set(registers::FACT, registers::QUEUE_FACT, queue)?;
+        }
         b.set(OP_NS, PROVIDER_OP, &ProviderOp { turn_id: turn_id.clone(), step: 1 })?;
         let mut pc = self.pc.to(Phase::Planning)?;
         pc.turn = Some(turn_id.clone());
