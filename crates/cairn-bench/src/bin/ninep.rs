@@ -7,9 +7,14 @@
 //!   the turn has started, vs `Runtime::start` called directly. The turn
 //!   (scripted provider, one answer) is waited for outside the timing.
 //!
-//! Both sides run interleaved in the same run (`sample_pairs`). Not
-//! measured yet: how many concurrent sessions one server drives before a
-//! turn's step overhead doubles (reported as pending).
+//! - Concurrent sessions: N sessions each get a prompt over 9P at once
+//!   (scripted provider: one `echo` call, then an answer — two steps); a
+//!   turn's latency (prompt write to idle) at N against the same turn
+//!   alone, measured in alternating rounds; the largest N whose median
+//!   stays within 2× is reported (it is bounded by the cores: every turn
+//!   step is CPU work).
+//!
+//! Both sides run interleaved in the same run (`sample_pairs`).
 //!
 //! Run: `cargo run --release -p cairn-bench --bin ninep` (`--smoke`: tiny
 //! sizes, for `scripts/test`).
@@ -17,7 +22,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use cairn_9p::client::{Conn, mode};
@@ -51,14 +56,23 @@ impl Host for BenchHost {
         "scripted".to_owned()
     }
     fn check_provider(&self, _name: &str) -> Result<()> {
+        // Any name: the spec's `script` picks the bench script.
         Ok(())
     }
-    fn provider(&self, _spec: &SessionSpec, _cwd: &Path) -> Result<Box<dyn Provider + Send>> {
-        let line: ScriptLine = serde_json::from_value(serde_json::json!({"text": "ok"}))?;
-        Ok(Box::new(ScriptProvider::new(vec![line]).cycling()))
+    fn provider(&self, spec: &SessionSpec, _cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+        let lines: Vec<ScriptLine> = if spec.script.ends_with("echo.script") {
+            // Two steps: an `echo` call, then the answer.
+            serde_json::from_value(serde_json::json!([
+                {"text": "", "toolCalls": [{"id": "c1", "name": "echo", "arguments": {"text": "hi"}}]},
+                {"text": "ok"}
+            ]))?
+        } else {
+            serde_json::from_value(serde_json::json!([{"text": "ok"}]))?
+        };
+        Ok(Box::new(ScriptProvider::new(lines).cycling()))
     }
     fn tools(&self, _cwd: &Path) -> Result<ToolRegistry> {
-        Ok(ToolRegistry::new(true))
+        Ok(cairn_testtools::registry(true, None))
     }
     fn providers_text(&self) -> String {
         "scripted\n".to_owned()
@@ -134,7 +148,74 @@ fn main() -> Result<()> {
         direct.extend(b);
     }
     table.compare("prompt write over 9P + the turn (one answer)", &over_9p, "Runtime::start + the turn", &direct);
-    table.figure("concurrent sessions before a step's overhead doubles", "pending (not measured yet)");
+    concurrent_sessions(&mut conn, &rt, dir.path(), &mut table)?;
     table.print();
     Ok(())
+}
+
+/// Prompt every session in `ids` over 9P at once; each one's turn latency
+/// (its prompt write until it is idle again).
+fn round(conn: &mut Conn, rt: &Runtime, ids: &[String]) -> Result<Vec<Duration>> {
+    let mut started = Vec::with_capacity(ids.len());
+    for id in ids {
+        started.push(Instant::now());
+        conn.write_file(&format!("s/{id}/prompt"), b"go")?;
+    }
+    let mut done: Vec<Option<Duration>> = vec![None; ids.len()];
+    while done.iter().any(Option::is_none) {
+        for (i, id) in ids.iter().enumerate() {
+            if done[i].is_none() && !rt.is_running(id) {
+                done[i] = Some(started[i].elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    Ok(done.into_iter().flatten().collect())
+}
+
+fn concurrent_sessions(conn: &mut Conn, rt: &Runtime, dir: &Path, table: &mut Table) -> Result<()> {
+    let levels: Vec<usize> = size(vec![2, 4, 8, 16, 32, 64], vec![2, 4]);
+    let rounds = size(5, 2);
+    let max = levels.iter().copied().max().unwrap_or(1);
+    // `s/new` wants an existing script file; the host picks the bench
+    // script by its name.
+    let script = dir.join("echo.script");
+    std::fs::write(&script, "")?;
+    let mut ids = Vec::with_capacity(max);
+    for _ in 0..max {
+        ids.push(conn.create_session(&format!("cwd={} script={}", dir.display(), script.display()))?);
+    }
+    let mut largest_within = 1;
+    for &n in &levels {
+        let mut together = Vec::new();
+        let mut alone = Vec::new();
+        for r in 0..rounds {
+            // Alternate which goes first, so neither always runs warm.
+            if r % 2 == 0 {
+                together.extend(round(conn, rt, &ids[..n])?);
+                alone.extend(round(conn, rt, &ids[..1])?);
+            } else {
+                alone.extend(round(conn, rt, &ids[..1])?);
+                together.extend(round(conn, rt, &ids[..n])?);
+            }
+        }
+        let ratio = table.compare(
+            &format!("a two-step turn with {n} sessions prompted at once"),
+            &together,
+            "the same turn alone",
+            &alone,
+        );
+        if ratio.of_medians <= 2.0 && largest_within == n / 2 {
+            largest_within = n;
+        }
+    }
+    table.figure(
+        "most concurrent sessions with a turn's latency within 2× of one alone",
+        &format!("{largest_within} (levels tried: {levels:?}; {} cores)", cores()),
+    );
+    Ok(())
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
