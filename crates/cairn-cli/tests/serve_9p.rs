@@ -384,6 +384,48 @@ fn a_journaled_prompt_of_an_idle_session_runs_when_the_server_starts() {
     assert_eq!(user_prompts(&file), ["one", "two"]);
 }
 
+/// Turns of different sessions run at once: while one session's turn
+/// waits for a person, others run theirs to the end, each on its own.
+#[test]
+fn sessions_run_their_turns_concurrently_while_another_waits() {
+    let env = Env::new();
+    let waiting = env.home.join("waiting.jsonl");
+    std::fs::write(
+        &waiting,
+        format!(
+            "{}\n{}\n",
+            json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "w.txt", "content": "w\n"}}]}),
+            json!({"text": "written at last"})
+        ),
+    )
+    .unwrap();
+    let quick = env.home.join("quick.jsonl");
+    std::fs::write(&quick, format!("{}\n", json!({"text": "quick answer"}))).unwrap();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let spec =
+        |script: &std::path::Path| format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display());
+    let a = c.create_session(&spec(&waiting)).unwrap();
+    c.write_file(&format!("s/{a}/prompt"), b"write it").unwrap();
+    let approvals = format!("s/{a}/approvals");
+    wait_for("the approval", || !c.list(&approvals).unwrap().is_empty());
+    let others: Vec<String> = (0..5).map(|_| c.create_session(&spec(&quick)).unwrap()).collect();
+    for id in &others {
+        c.write_file(&format!("s/{id}/prompt"), b"quick").unwrap();
+    }
+    for id in &others {
+        wait_for("a quick answer", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: quick answer"));
+        wait_for("idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    }
+    assert_eq!(text(&mut c, &format!("s/{a}/state")), "awaiting approval: write_file\n", "still waiting");
+    let idx = text(&mut c, "s/idx");
+    assert_eq!(idx.lines().filter(|l| l.contains(" idle ")).count(), 5, "{idx}");
+    let pending = c.list(&approvals).unwrap();
+    c.write_file(&format!("{approvals}/{}", pending[0].name), b"y").unwrap();
+    wait_for("the waiting answer", || text(&mut c, &format!("s/{a}/chat")).contains("assistant: written at last"));
+    assert_eq!(std::fs::read_to_string(env.cwd.join("w.txt")).unwrap(), "w\n");
+}
+
 #[test]
 fn the_ninep_crate_client_reads_and_writes_the_tree() {
     let env = Env::new();
