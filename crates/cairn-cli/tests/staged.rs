@@ -251,12 +251,14 @@ fn destructive_lines_are_rejected_headless_and_the_tree_is_untouched() {
                     let reason = p["reason"].as_str().unwrap_or("");
                     let staged = payload_of(&log, "toolStarted").is_some();
                     // Run staged: the reason lists the staged changes.
-                    // Not run: the allowlist did not admit the line (it
-                    // cannot read it), and the reason says so.
+                    // Refused before it ran: only a line whose damage would
+                    // land beyond the tree (staging cannot show it), never
+                    // because a pattern could not read it (staged, the
+                    // effect decides).
                     let ok = if staged {
                         reason.contains("Staged changes:") && reason.contains("Destructive")
                     } else {
-                        flags[0] == "--allow" && reason.contains("needs approval")
+                        reason.contains("beyond") || reason.contains("outside the working tree")
                     };
                     if !ok {
                         failures.push(format!("{line:?} {flags:?}: reason without the staged list: {reason}"));

@@ -306,6 +306,15 @@ pub trait Tool: Send + Sync {
         self.spec().risk
     }
 
+    /// Whether this call runs staged: its file effect is held in a staging
+    /// layer, judged by what it actually did (a Destructive effect asks a
+    /// person, refused headless) and applied only then. A rule for the whole
+    /// tool may then approve running a line no pattern can read.
+    fn stages_effect(&self, arguments: &Value) -> bool {
+        let _ = arguments;
+        false
+    }
+
     /// Tool-specific checks after schema validation, before approval.
     fn validate(&self, request: &ToolRequest) -> Validation {
         let _ = request;

@@ -220,13 +220,34 @@ impl Allowlist {
     /// are denied on sight; ReadOnly calls need no rule but are reported as
     /// not covered (the policy lets them run anyway).
     pub fn check(&self, tool: &str, risk: Risk, arguments: &Value) -> Result<&AllowRule, String> {
+        self.check_call(tool, risk, arguments, false)
+    }
+
+    /// [`Allowlist::check`] for a call that may run staged: when `staged`,
+    /// a command line the parser cannot read (an expansion, a redirection,
+    /// `eval`, …) is covered by a rule for the whole tool (`shell`,
+    /// `shell(*)`) — its effect on the tree is judged after the run and a
+    /// Destructive one asks a person. Rules naming a program never cover
+    /// such a line: which program runs cannot be read from it.
+    pub fn check_call(&self, tool: &str, risk: Risk, arguments: &Value, staged: bool) -> Result<&AllowRule, String> {
         if risk == Risk::Destructive {
             return Err(format!("{tool} is Destructive here: destructive calls are never allowlisted"));
         }
         if let Some(line) = arguments.get("command").and_then(Value::as_str)
             && let Err(reason) = cmdline::parse(line)
         {
-            return Err(format!("the command line cannot be approved by a pattern: {reason}"));
+            let whole_tool = |rule: &&AllowRule| {
+                rule.tool == tool
+                    && match &rule.args {
+                        ArgPattern::Any => true,
+                        ArgPattern::Command(words) => words.len() == 1 && words[0] == "*",
+                        ArgPattern::Fields(_) => false,
+                    }
+            };
+            return match self.rules.iter().find(whole_tool) {
+                Some(rule) if staged => Ok(rule),
+                _ => Err(format!("the command line cannot be approved by a pattern: {reason}")),
+            };
         }
         if let Some(rule) = self.rules.iter().find(|rule| rule.matches(tool, arguments)) {
             return Ok(rule);
@@ -283,7 +304,7 @@ impl AllowlistApprover {
             Risk::ReadOnly => Some(Verdict { decision: Answer::Approve, by: READ_ONLY.to_owned() }),
             risk => self
                 .list
-                .check(request.tool, risk, request.arguments)
+                .check_call(request.tool, risk, request.arguments, request.staged)
                 .ok()
                 .map(|rule| Verdict { decision: Answer::Approve, by: format!("allowlist:{}", rule.text()) }),
         }
@@ -434,6 +455,24 @@ mod tests {
     }
 
     #[test]
+    fn an_unreadable_line_is_covered_only_staged_and_only_by_a_whole_tool_rule() {
+        let unreadable = ["echo x > f", "rm $X", "eval ls", "$(echo rm) -rf x", "ls `id`"];
+        let whole = Allowlist::parse(["shell(*)"]).unwrap();
+        let bare = Allowlist::parse(["shell"]).unwrap();
+        let narrow = Allowlist::parse(["shell(ls *)", "shell(echo *)", "shell(rm *)"]).unwrap();
+        for line in unreadable {
+            for list in [&whole, &bare, &narrow] {
+                assert!(list.check_call("shell", Risk::Write, &shell(line), false).is_err(), "{line:?} unstaged");
+            }
+            assert!(whole.check_call("shell", Risk::Write, &shell(line), true).is_ok(), "{line:?} staged, shell(*)");
+            assert!(bare.check_call("shell", Risk::Write, &shell(line), true).is_ok(), "{line:?} staged, shell");
+            assert!(narrow.check_call("shell", Risk::Write, &shell(line), true).is_err(), "{line:?} staged, narrow");
+            assert!(whole.check_call("shell", Risk::Destructive, &shell(line), true).is_err(), "never Destructive");
+            assert!(whole.check_call("other", Risk::Write, &shell(line), true).is_err(), "another tool's rule");
+        }
+    }
+
+    #[test]
     fn approver_answers_and_denies_destructive() {
         let mut approver = AllowlistApprover::new(Allowlist::parse(["shell(ls *)"]).unwrap());
         let args = shell("ls");
@@ -446,6 +485,7 @@ mod tests {
             preview: None,
             cwd,
             bypass: None,
+            staged: false,
         };
         assert_eq!(approver.decide(&request).unwrap().decision, Answer::Approve);
         request.risk = Risk::Destructive;

@@ -44,6 +44,11 @@ pub struct ApprovalRequest<'a> {
     pub cwd: &'a Path,
     /// For a sandbox bypass request: what access outside the rules is asked.
     pub bypass: Option<&'a str>,
+    /// The call runs staged (`Tool::stages_effect`): its file effect is
+    /// judged by what it did, and a Destructive effect asks a person, before
+    /// anything is applied. A rule naming the whole tool then covers a
+    /// command line no pattern can read.
+    pub staged: bool,
 }
 
 /// An approver's answer (recorded under the key `decision`). Not to be

@@ -412,25 +412,31 @@ impl<S: Storage> Session<S> {
                 return self.settle_call(env, b, &Settlement::Rejected(rejected), false, calls.len());
             }
         };
+        let staged = tool.as_ref().is_some_and(|t| t.stages_effect(&request.arguments));
         let quick = match gate::gate(&request.tool, risk, None, env.approver.is_interactive()) {
             Err(refusal) => Some(record(refusal)),
             Ok(Need::Nothing) => Some(record(Verdict { decision: Answer::Approve, by: READ_ONLY.to_owned() })),
             Ok(Need::Person) => None,
-            Ok(Need::RuleOrVerdict) => match self.session_allow.check(&request.tool, risk, &request.arguments) {
-                Ok(rule) => Some(record(Verdict { decision: Answer::Approve, by: format!("session:{}", rule.text()) })),
-                Err(_) => {
-                    let ask = ApprovalRequest {
-                        invocation_id: &invocation_id,
-                        tool: &request.tool,
-                        risk,
-                        arguments: &request.arguments,
-                        preview: None,
-                        cwd: &self.cwd,
-                        bypass: None,
-                    };
-                    env.approver.pre_approve(&ask).map(record)
+            Ok(Need::RuleOrVerdict) => {
+                match self.session_allow.check_call(&request.tool, risk, &request.arguments, staged) {
+                    Ok(rule) => {
+                        Some(record(Verdict { decision: Answer::Approve, by: format!("session:{}", rule.text()) }))
+                    }
+                    Err(_) => {
+                        let ask = ApprovalRequest {
+                            invocation_id: &invocation_id,
+                            tool: &request.tool,
+                            risk,
+                            arguments: &request.arguments,
+                            preview: None,
+                            cwd: &self.cwd,
+                            bypass: None,
+                            staged,
+                        };
+                        env.approver.pre_approve(&ask).map(record)
+                    }
                 }
-            },
+            }
         };
         let pending = PendingValue { request_entry, turn_id: self.turn_id() };
         match quick {
@@ -507,6 +513,7 @@ impl<S: Storage> Session<S> {
                         preview: preview.as_ref(),
                         cwd: &self.cwd,
                         bypass: None,
+                        staged: tool.stages_effect(&request.arguments),
                     };
                     match env.approver.decide(&ask) {
                         Ok(answer) => record(need.bound(answer)),

@@ -117,6 +117,8 @@ pub(crate) fn run(
                         preview: None,
                         cwd,
                         bypass: Some(what),
+                        // A bypass is never covered by a rule, staged or not.
+                        staged: false,
                     };
                     match approver.decide(&ask) {
                         Ok(v) => {
@@ -250,6 +252,7 @@ fn review_staged_effect(
         preview: Some(&preview),
         cwd,
         bypass: None,
+        staged: true,
     };
     match approver.decide(&question).map(|v| ask.bound(v)) {
         Ok(v) => match v.decision {

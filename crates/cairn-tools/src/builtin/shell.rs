@@ -250,6 +250,10 @@ impl Tool for Shell {
         }
     }
 
+    fn stages_effect(&self, _arguments: &Value) -> bool {
+        matches!(self.staging_mode(), StagingMode::Overlay)
+    }
+
     fn validate(&self, request: &ToolRequest) -> Validation {
         match parse_args::<ShellArgs>(request) {
             Ok(a) if a.command.trim().is_empty() => Validation::Invalid("command is empty".into()),
