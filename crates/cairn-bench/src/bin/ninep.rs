@@ -175,7 +175,7 @@ fn round(conn: &mut Conn, rt: &Runtime, ids: &[String]) -> Result<Vec<Duration>>
 
 fn concurrent_sessions(conn: &mut Conn, rt: &Runtime, dir: &Path, table: &mut Table) -> Result<()> {
     let levels: Vec<usize> = size(vec![2, 4, 8, 16, 32, 64], vec![2, 4]);
-    let rounds = size(5, 2);
+    let rounds = size(9, 2);
     let max = levels.iter().copied().max().unwrap_or(1);
     // `s/new` wants an existing script file; the host picks the bench
     // script by its name.
@@ -191,12 +191,16 @@ fn concurrent_sessions(conn: &mut Conn, rt: &Runtime, dir: &Path, table: &mut Ta
         let mut alone = Vec::new();
         for r in 0..rounds {
             // Alternate which goes first, so neither always runs warm.
-            if r % 2 == 0 {
-                together.extend(round(conn, rt, &ids[..n])?);
-                alone.extend(round(conn, rt, &ids[..1])?);
-            } else {
-                alone.extend(round(conn, rt, &ids[..1])?);
-                together.extend(round(conn, rt, &ids[..n])?);
+            // A lone turn is short: take three per round, so the baseline's
+            // median rests on as many rounds as the measured one.
+            for half in [r % 2, 1 - r % 2] {
+                if half == 0 {
+                    together.extend(round(conn, rt, &ids[..n])?);
+                } else {
+                    for _ in 0..3 {
+                        alone.extend(round(conn, rt, &ids[..1])?);
+                    }
+                }
             }
         }
         let ratio = table.compare(
