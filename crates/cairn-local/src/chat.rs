@@ -134,9 +134,15 @@ pub fn render_call(name: &str, arguments: &Value) -> String {
 
 /// The text of a tool result as the model sees it (a user turn: the
 /// template has no tool role).
-fn result_text(name: &str, content: &str, is_error: bool) -> String {
+/// `request` is the person's latest request, repeated right after the
+/// result: a small model answers what it read last, and otherwise copies
+/// the form (or the words) of an earlier answer.
+fn result_text(name: &str, content: &str, is_error: bool, request: Option<&str>) -> String {
     let what = if is_error { "Error from" } else { "Result of" };
-    format!("{what} {name}:\n{content}\n\nUse this result to answer my request.")
+    match request.map(str::trim).filter(|r| !r.is_empty()) {
+        Some(request) => format!("{what} {name}:\n{content}\n\nUse this result to answer my request: {request}"),
+        None => format!("{what} {name}:\n{content}\n\nUse this result to answer my request."),
+    }
 }
 
 /// A short example exchange shown before the conversation when tools are
@@ -152,10 +158,11 @@ pub fn example_turns(tools: &[ToolSpec], example_name: &str) -> Vec<Turn> {
     let Some((tool, param)) = example_tool(tools) else { return Vec::new() };
     let mut args = serde_json::Map::new();
     args.insert(param.to_string(), Value::String(example_name.to_string()));
+    let request = format!("Read {example_name} and tell me the colour.");
     vec![
-        Turn { role: "user", content: format!("Read {example_name} and tell me the colour.") },
+        Turn { role: "user", content: request.clone() },
         Turn { role: "assistant", content: render_call(&tool.name, &Value::Object(args)) },
-        Turn { role: "user", content: result_text(&tool.name, "     1\tThe colour is teal.", false) },
+        Turn { role: "user", content: result_text(&tool.name, "     1\tThe colour is teal.", false, Some(&request)) },
         Turn { role: "assistant", content: "The colour is teal.".to_string() },
     ]
 }
@@ -166,7 +173,14 @@ pub fn to_turns(system: &str, examples: &[Turn], messages: &[Message]) -> Vec<Tu
     let mut turns = vec![Turn { role: "system", content: system.to_string() }];
     turns.extend(examples.iter().cloned());
     let mut names: HashMap<&str, &str> = HashMap::new();
+    let mut request: Option<String> = None;
     for msg in messages {
+        if msg.role == Role::User {
+            let said = msg.joined_text();
+            if !said.trim().is_empty() {
+                request = Some(said);
+            }
+        }
         let mut text = String::new();
         let mut push = |t: &str| {
             if !text.is_empty() {
@@ -183,7 +197,7 @@ pub fn to_turns(system: &str, examples: &[Turn], messages: &[Message]) -> Vec<Tu
                 }
                 ContentPart::ToolResult { call_id, content, is_error } => {
                     let name = names.get(call_id.as_str()).copied().unwrap_or("the tool");
-                    push(&result_text(name, content, *is_error));
+                    push(&result_text(name, content, *is_error, request.as_deref()));
                 }
                 ContentPart::Reasoning { .. } => {}
             }
