@@ -139,10 +139,37 @@ pub fn render_call(name: &str, arguments: &Value) -> String {
 /// the form (or the words) of an earlier answer.
 fn result_text(name: &str, content: &str, is_error: bool, request: Option<&str>) -> String {
     let what = if is_error { "Error from" } else { "Result of" };
+    let content = without_line_numbers(content);
+    let content = content.as_str();
     match request.map(str::trim).filter(|r| !r.is_empty()) {
         Some(request) => format!("{what} {name}:\n{content}\n\nUse this result to answer my request: {request}"),
         None => format!("{what} {name}:\n{content}\n\nUse this result to answer my request."),
     }
+}
+
+/// A file shown with line numbers (`read_file`'s `{n:>6}\t{line}`, and its
+/// `[… more lines …]` notes) without them: a small model takes the numbers
+/// for values ("the price is 3" for the third line). Anything else is left
+/// as it is.
+fn without_line_numbers(content: &str) -> String {
+    let numbered = |line: &str| {
+        let t = line.trim_start_matches(' ');
+        let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+        digits > 0 && t.as_bytes().get(digits) == Some(&b'\t')
+    };
+    let lines: Vec<&str> = content.lines().collect();
+    let is_note = |l: &str| l.starts_with('[') && l.ends_with(']');
+    if !lines.iter().any(|l| numbered(l)) || !lines.iter().all(|l| numbered(l) || is_note(l) || l.is_empty()) {
+        return content.to_owned();
+    }
+    let mut out: Vec<&str> = lines
+        .into_iter()
+        .map(|line| if numbered(line) { line.split_once('\t').map_or(line, |(_, rest)| rest) } else { line })
+        .collect();
+    if content.ends_with('\n') {
+        out.push("");
+    }
+    out.join("\n")
 }
 
 /// A short example exchange shown before the conversation when tools are
@@ -271,6 +298,23 @@ pub fn fit_prompt(turns: &[Turn], budget: usize, count: &mut dyn FnMut(&str) -> 
 }
 
 #[cfg(test)]
+mod line_number_tests {
+    use super::without_line_numbers;
+
+    #[test]
+    fn numbered_files_lose_their_numbers_and_nothing_else_changes() {
+        assert_eq!(without_line_numbers("     1\titem,price\n     2\tcherry,12\n"), "item,price\ncherry,12\n");
+        assert_eq!(
+            without_line_numbers("     1\ta\t b\n[3 more lines; read on with offset=2]\n"),
+            "a\t b\n[3 more lines; read on with offset=2]\n"
+        );
+        for kept in ["plain text\n", "12\tx\nnot numbered\n", "[empty file]\n", "", "x  1\ty\n"] {
+            assert_eq!(without_line_numbers(kept), kept, "{kept:?}");
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use cairn_core::message::ToolCall;
@@ -317,7 +361,7 @@ mod tests {
             turns[3],
             Turn {
                 role: "user",
-                content: "Result of read_file:\nfn main() {}\n\nUse this result to answer my request.".into()
+                content: "Result of read_file:\nfn main() {}\n\nUse this result to answer my request: show main".into()
             }
         );
     }
@@ -363,6 +407,7 @@ mod tests {
         assert!(ex.iter().all(|t| !t.content.contains("hello")));
         // The result turn has exactly the form a real result gets.
         let msgs = vec![
+            Message::text(Role::User, "Read example-0.txt and tell me the colour."),
             Message {
                 role: Role::Assistant,
                 content: vec![ContentPart::ToolCall(ToolCall {
@@ -380,7 +425,9 @@ mod tests {
                 }],
             },
         ];
-        assert_eq!(to_turns("s", &[], &msgs)[2], ex[2]);
+        assert_eq!(to_turns("s", &[], &msgs)[3], ex[2]);
+        assert_eq!(ex[2].content.matches("teal").count(), 1, "shown once, without its line number: {ex:?}");
+        assert!(!ex[2].content.contains("1\t"));
         // No grounded file parameter: no example (nothing to copy).
         let plain = spec(json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}));
         assert!(example_turns(&[plain], "example-0.txt").is_empty());

@@ -27,6 +27,7 @@ use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{
     AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, StopReason, StreamEvent,
 };
+use cairn_core::tool::ToolSpec;
 use serde_json::Value;
 
 use crate::LocalError;
@@ -188,16 +189,38 @@ fn conversation_paths(messages: &[Message]) -> Vec<String> {
     out
 }
 
-/// Whether the last message is the user's and names an existing path (a
-/// file or directory among the candidates, `.` aside).
-fn names_existing_path(messages: &[Message], candidates: &PathCandidates) -> bool {
-    let Some(last) = messages.last().filter(|m| m.role == Role::User) else { return false };
-    last.content.iter().any(|p| match p {
-        ContentPart::Text { text } => mentioned_paths(text).iter().any(|m| {
-            let m = m.trim_start_matches("./").trim_end_matches('/');
-            candidates.files().iter().any(|f| f == m) || candidates.dirs().iter().any(|d| d == m && d != ".")
-        }),
-        _ => false,
+/// The existing paths (files, then directories; `.` aside) the last
+/// message names when it is the user's; empty otherwise.
+fn named_existing_paths(messages: &[Message], candidates: &PathCandidates) -> PathCandidates {
+    let (mut files, mut dirs) = (Vec::new(), Vec::new());
+    if let Some(last) = messages.last().filter(|m| m.role == Role::User) {
+        for part in &last.content {
+            let ContentPart::Text { text } = part else { continue };
+            for m in mentioned_paths(text) {
+                let m = m.trim_start_matches("./").trim_end_matches('/').to_owned();
+                if candidates.files().contains(&m) && !files.contains(&m) {
+                    files.push(m);
+                } else if m != "." && candidates.dirs().contains(&m) && !dirs.contains(&m) {
+                    dirs.push(m);
+                }
+            }
+        }
+    }
+    PathCandidates::from_lists(files, dirs)
+}
+
+/// Whether `tool` has a required parameter grounded to a path of `kind`
+/// (`"file"` or `"directory"`).
+fn reads_required(tool: &ToolSpec, kind: &str) -> bool {
+    let schema = &tool.input_schema;
+    let required = schema.get("required").and_then(Value::as_array);
+    let props = schema.get("properties").and_then(Value::as_object);
+    let (Some(required), Some(props)) = (required, props) else { return false };
+    required.iter().filter_map(Value::as_str).any(|name| {
+        props.get(name).is_some_and(|p| {
+            p.get("format").and_then(Value::as_str) == Some("path")
+                && p.get("x-exists").and_then(Value::as_str) == Some(kind)
+        })
     })
 }
 
@@ -272,14 +295,37 @@ impl Provider for LocalProvider {
         let mut count = |s: &str| tokenizer.encode(s).map_or(s.len(), |ids| ids.len());
         let (prompt, _dropped) = fit_prompt(&turns, ctx - max_new, &mut count);
         let grammar = (!request.tools.is_empty()).then(|| {
+            // The model cannot know a file it has not read: when the user's
+            // latest message names existing paths, its answer is a call of a
+            // tool that reads such a path (a file: `read_file`; a
+            // directory: `list_dir`), on one of the named paths — a small
+            // model otherwise wanders to a neighbour file or a listing.
+            let named = candidates
+                .as_ref()
+                .map(|(_, c)| named_existing_paths(request.messages, c))
+                .filter(|n| n.files().len() + n.dirs().len() > 0);
+            if let Some(named) = &named {
+                let readers: Vec<&ToolSpec> = request
+                    .tools
+                    .iter()
+                    .filter(|t| {
+                        (!named.files().is_empty() && reads_required(t, "file"))
+                            || (!named.dirs().is_empty() && reads_required(t, "directory"))
+                    })
+                    .collect();
+                if !readers.is_empty() {
+                    return Grammar::with_paths(
+                        readers.iter().map(|t| (t.name.as_str(), &t.input_schema)),
+                        Some(named),
+                    )
+                    .require_call();
+                }
+            }
             let g = Grammar::with_paths(
                 request.tools.iter().map(|t| (t.name.as_str(), &t.input_schema)),
                 candidates.as_ref().map(|(_, c)| c),
             );
-            // The model cannot know a file it has not read: when the user's
-            // latest message names an existing path, look before answering.
-            let named = candidates.as_ref().is_some_and(|(_, c)| names_existing_path(request.messages, c));
-            if named { g.require_call() } else { g }
+            if named.is_some() { g.require_call() } else { g }
         });
 
         let mut stream = Utf8Stream::default();
@@ -393,16 +439,42 @@ mod tests {
     }
 
     #[test]
-    fn only_a_user_message_naming_an_existing_path_requires_a_call() {
+    fn only_a_user_message_naming_an_existing_path_names_paths() {
         let c =
             PathCandidates::from_lists(vec!["notes.txt".into(), "docs/a.md".into()], vec![".".into(), "docs".into()]);
         let user = |t: &str| vec![Message::text(Role::User, t)];
-        assert!(names_existing_path(&user("Read notes.txt and tell me the code."), &c));
-        assert!(names_existing_path(&user("what is in ./docs/a.md?"), &c));
-        assert!(names_existing_path(&user("list docs/ please"), &c));
-        assert!(!names_existing_path(&user("What is the capital of France?"), &c));
-        assert!(!names_existing_path(&user("Read launch.txt."), &c), "not an existing path");
-        assert!(!names_existing_path(&[Message::text(Role::Assistant, "notes.txt")], &c));
+        let named = |m: &[Message]| {
+            let n = named_existing_paths(m, &c);
+            (n.files().to_vec(), n.dirs().to_vec())
+        };
+        assert_eq!(named(&user("Read notes.txt and tell me the code.")), (vec!["notes.txt".into()], vec![]));
+        assert_eq!(named(&user("what is in ./docs/a.md?")), (vec!["docs/a.md".into()], vec![]));
+        assert_eq!(named(&user("list docs/ please")), (vec![], vec!["docs".into()]));
+        assert_eq!(named(&user("What is the capital of France?")), (vec![], vec![]));
+        assert_eq!(named(&user("Read launch.txt.")), (vec![], vec![]), "not an existing path");
+        assert_eq!(named(&[Message::text(Role::Assistant, "notes.txt")]), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_named_file_is_read_by_a_tool_that_requires_a_file() {
+        let tool = |name: &str, schema: Value| ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            input_schema: schema,
+            risk: cairn_core::tool::Risk::ReadOnly,
+            capabilities: std::collections::BTreeSet::new(),
+            replay: cairn_core::tool::ReplayPolicy::Idempotent,
+        };
+        let read = tool(
+            "read_file",
+            serde_json::json!({"properties": {"path": {"type": "string", "format": "path", "x-exists": "file"}}, "required": ["path"]}),
+        );
+        let list = tool(
+            "list_dir",
+            serde_json::json!({"properties": {"path": {"type": "string", "format": "path", "x-exists": "directory"}}}),
+        );
+        assert!(reads_required(&read, "file") && !reads_required(&read, "directory"));
+        assert!(!reads_required(&list, "directory"), "an optional path does not make a reader");
     }
 
     #[test]
