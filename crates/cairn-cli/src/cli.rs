@@ -50,6 +50,11 @@ pub enum Command {
         #[arg(long, value_name = "F", conflicts_with = "prompt")]
         prompt_file: Option<PathBuf>,
     },
+    /// Answer one question headless with standard input as context; prints only the answer (for pipelines).
+    Ask {
+        /// The question.
+        question: String,
+    },
     /// A line-based conversation. Ctrl-C interrupts a running turn; a second Ctrl-C or Ctrl-D leaves.
     Chat {
         /// Continue this session instead of starting a new one.
@@ -287,6 +292,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Show { id, tools, all } if database => crate::pg::show(&ctx, &id, tools, all),
         Command::Log { id, follow } if database => crate::pg::log(&ctx, &id, follow),
         Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
+        Command::Ask { question } => crate::ask::ask(&ctx, &question),
         Command::Chat { id } => {
             let path = id.as_deref().map(resolve).transpose()?;
             host::chat(&ctx, path.as_deref())

@@ -6,6 +6,7 @@
 #![allow(unreachable_pub)]
 
 mod approver;
+mod ask;
 mod cli;
 mod commands;
 mod compaction;
@@ -26,6 +27,7 @@ mod secrets;
 mod serve;
 mod sessions;
 mod style;
+mod subagents;
 mod trust;
 
 use std::process::ExitCode;
