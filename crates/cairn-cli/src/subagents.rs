@@ -67,6 +67,11 @@ pub fn depth_of(id: &str) -> u32 {
     u32::try_from(id.matches(SEP).count()).unwrap_or(u32::MAX)
 }
 
+/// How `cairn sessions` shows an id: a child is marked `↳`.
+pub fn list_label(id: &str) -> String {
+    if is_child_id(id) { format!("↳ {id}") } else { id.to_owned() }
+}
+
 /// The parent of a child id.
 pub fn parent_of(id: &str) -> Option<&str> {
     id.rsplit_once(SEP).map(|(parent, _)| parent)
@@ -735,4 +740,119 @@ fn status(ctx: &Context, path: &Path) -> Result<ChildStatus> {
         return Ok(ChildStatus::Unfinished);
     }
     Ok(ChildStatus::Finished(ChildResult::Answered(last_answer(&session))))
+}
+
+/// Token totals of provider attempts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    /// Input tokens.
+    pub input: u64,
+    /// Output tokens.
+    pub output: u64,
+    /// Provider attempts.
+    pub attempts: u64,
+}
+
+impl Tokens {
+    fn add(&mut self, other: Tokens) {
+        self.input += other.input;
+        self.output += other.output;
+        self.attempts += other.attempts;
+    }
+}
+
+/// The usage ledger of one session.
+pub fn tokens_of<S: Storage>(store: &S) -> Tokens {
+    let mut total = Tokens::default();
+    for row in store.usage() {
+        if let Ok(u) = row.usage.parse::<cairn_core::provider::AttemptUsage>() {
+            total.add(Tokens { input: u.input_tokens, output: u.output_tokens, attempts: 1 });
+        }
+    }
+    total
+}
+
+/// Every descendant of session `id` (children, their children, …) in the
+/// sessions directory: files whose id starts with `id+`.
+pub fn descendants(ctx: &Context, id: &str) -> Vec<PathBuf> {
+    let prefix = format!("{id}{SEP}");
+    crate::sessions::session_files(&ctx.paths)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s.starts_with(&prefix)))
+        .collect()
+}
+
+/// `usage …` for `cairn show`: the session's own tokens and its
+/// descendants'.
+pub fn usage_line<S: Storage>(ctx: &Context, store: &S) -> String {
+    let own = tokens_of(store);
+    let family = descendants(ctx, &store.header().id);
+    let mut children = Tokens::default();
+    for path in &family {
+        if let Ok(child) = JsonlStore::open_read_only_with(path, ctx.settings.store_options()) {
+            children.add(tokens_of(&child));
+        }
+    }
+    let mut line = format!("usage: own {} in / {} out tokens ({} attempts)", own.input, own.output, own.attempts);
+    if !family.is_empty() {
+        line.push_str(&format!(
+            "; {} descendant sessions {} in / {} out ({} attempts); total {} in / {} out",
+            family.len(),
+            children.input,
+            children.output,
+            children.attempts,
+            own.input + children.input,
+            own.output + children.output
+        ));
+    }
+    line
+}
+
+/// For `cairn show`: under a `spawn_agent` intent of session `parent`, the
+/// child it names (and, indented, that child's own children): state,
+/// tokens and answer.
+pub fn child_lines(ctx: &Context, parent: &str, entry: &cairn_core::storage::Entry) -> Vec<String> {
+    let mut lines = Vec::new();
+    if entry.entry_type != "toolRequested" {
+        return lines;
+    }
+    let Ok(p) = entry.payload.parse::<cairn_core::events::ToolRequestedPayload>() else { return lines };
+    if p.request.tool != SPAWN {
+        return lines;
+    }
+    child_tree(ctx, &child_id(parent, &p.invocation_id), 0, &mut lines);
+    lines
+}
+
+fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
+    let pad = "   ".repeat(depth);
+    let path = ctx.paths.sessions().join(format!("{id}.jsonl"));
+    let Ok(store) = JsonlStore::open_read_only_with(&path, ctx.settings.store_options()) else {
+        lines.push(format!("{pad}└─ child {id}: not created"));
+        return;
+    };
+    let tokens = tokens_of(&store);
+    let state = match status(ctx, &path) {
+        Ok(ChildStatus::NotStarted) => "not started".to_owned(),
+        Ok(ChildStatus::Unfinished) => "interrupted (resumed by its parent)".to_owned(),
+        Ok(ChildStatus::Finished(ChildResult::Answered(a))) => {
+            format!("answered: {}", crate::render::short(a.trim(), 80))
+        }
+        Ok(ChildStatus::Finished(ChildResult::Failed(why))) => format!("failed: {why}"),
+        Err(e) => format!("unreadable: {e:#}"),
+    };
+    lines.push(format!("{pad}└─ child {id} — {} in / {} out tokens — {state}", tokens.input, tokens.output));
+    let mut grandchildren = Vec::new();
+    store.visit_entries(&mut |e| {
+        if e.entry_type == "toolRequested"
+            && let Ok(p) = e.payload.parse::<cairn_core::events::ToolRequestedPayload>()
+            && p.request.tool == SPAWN
+        {
+            grandchildren.push(child_id(id, &p.invocation_id));
+        }
+    });
+    for grandchild in grandchildren {
+        child_tree(ctx, &grandchild, depth + 1, lines);
+    }
 }

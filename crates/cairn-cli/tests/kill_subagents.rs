@@ -202,7 +202,10 @@ fn sigkill_of_a_parent_never_runs_a_child_twice_nor_loses_an_answer() {
         }
         for i in 1..=CHILDREN {
             let lines = std::fs::read_to_string(env.cwd.join(format!("child-{i}.log"))).unwrap_or_default();
-            assert!(lines.is_empty() || lines == "ran\n", "seed {seed}: child {i}'s tool ran more than once: {lines:?}");
+            assert!(
+                lines.is_empty() || lines == "ran\n",
+                "seed {seed}: child {i}'s tool ran more than once: {lines:?}"
+            );
             tool_runs += lines.lines().count();
         }
     }

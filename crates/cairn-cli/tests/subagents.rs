@@ -217,6 +217,33 @@ fn a_parent_fans_out_five_children_and_gathers_their_answers() {
     expected.sort();
     found.sort();
     assert_eq!(expected, found);
+    // `cairn show` draws each child under the call that spawned it and
+    // rolls the children's usage up; `cairn sessions` marks children.
+    let show = env.cairn(&["show", &parent_id]).output().unwrap();
+    let shown = stdout(&show);
+    assert!(show.status.success(), "{}", stderr(&show));
+    let lines: Vec<&str> = shown.lines().collect();
+    for (invocation, i) in invocations.iter().zip(1..) {
+        let at = lines
+            .iter()
+            .position(|l| l.contains("tool requested: spawn_agent") && l.contains(&format!("({invocation})")))
+            .unwrap_or_else(|| panic!("no intent {invocation} in {shown}"));
+        assert!(
+            lines[at + 1].contains(&format!("└─ child {parent_id}+{invocation}"))
+                && lines[at + 1].contains(&format!("answered: answer {i}")),
+            "child under its call: {shown}"
+        );
+    }
+    let usage = lines.iter().find(|l| l.contains("usage: own")).unwrap();
+    assert!(usage.contains("5 descendant sessions"), "{usage}");
+    let own: u64 = usage.split("own ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    let total: u64 = usage.split("total ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(total > own, "children's tokens are added: {usage}");
+    let listed = stdout(&env.cairn(&["sessions"]).output().unwrap());
+    assert_eq!(listed.lines().filter(|l| l.starts_with("↳ ")).count(), 5, "{listed}");
+    let json = stdout(&env.cairn(&["--json", "sessions"]).output().unwrap());
+    let with_parent = json.lines().filter(|l| l.contains(&format!("\"parent\":\"{parent_id}\""))).count();
+    assert_eq!(with_parent, 5, "{json}");
     // `cairn resume --last` names the parent, never a child.
     let last = env.cairn(&["--script", script.to_str().unwrap(), "resume", "--last"]).stdin(Stdio::null()).output();
     assert!(stderr(&last.unwrap()).contains(&parent_id));
