@@ -10,6 +10,7 @@
 //! right now.
 
 pub mod approver;
+pub mod batch;
 pub mod client;
 pub mod dial;
 pub mod host;

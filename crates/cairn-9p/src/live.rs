@@ -144,6 +144,8 @@ pub struct Runtime {
     /// Bumped on every change a reader may wait for.
     pub pulse: Pulse,
     stopping: AtomicBool,
+    /// The batch queue (`b/`), or why it could not be opened.
+    batch: std::result::Result<Arc<crate::batch::Batch>, String>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -172,12 +174,21 @@ pub fn valid_id(id: &str) -> bool {
 impl Runtime {
     /// A runtime over `host`'s sessions.
     pub fn new(host: Arc<dyn Host>) -> Arc<Self> {
+        // The queue continues its unfinished jobs as soon as it opens.
+        let batch = crate::batch::Batch::open(Arc::clone(&host), host.batch_dir(), host.batch_max_running())
+            .map_err(|e| format!("the batch queue is unavailable: {e:#}"));
         Arc::new(Self {
             host,
             lives: Mutex::new(HashMap::new()),
             pulse: Pulse::default(),
             stopping: AtomicBool::new(false),
+            batch,
         })
+    }
+
+    /// The batch queue.
+    pub fn batch(&self) -> Result<&Arc<crate::batch::Batch>> {
+        self.batch.as_ref().map_err(|e| anyhow!("{e}"))
     }
 
     /// The host.
@@ -705,6 +716,9 @@ impl Runtime {
     /// (clean shutdown). New turns are refused from here on.
     pub fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        if let Ok(batch) = &self.batch {
+            batch.shutdown();
+        }
         let lives: Vec<Arc<Live>> = lock(&self.lives).values().cloned().collect();
         let mut handles = Vec::new();
         for live in &lives {

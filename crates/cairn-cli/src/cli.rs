@@ -55,6 +55,12 @@ pub enum Command {
         /// The question.
         question: String,
     },
+    /// Run batch specs (key=value lines: cwd= required, provider, model, script, parallel=N, allow; `---`; the prompt)
+    /// through the durable queue; with no SPEC, finish the queued jobs.
+    Batch {
+        /// Spec files ('-' for stdin).
+        specs: Vec<PathBuf>,
+    },
     /// A line-based conversation. Ctrl-C interrupts a running turn; a second Ctrl-C or Ctrl-D leaves.
     Chat {
         /// Continue this session instead of starting a new one.
@@ -277,9 +283,12 @@ fn run(cli: Cli) -> Result<u8> {
     if let Command::Serve { listen, listen_insecure } = &cli.command {
         return crate::serve::run(ctx, listen, *listen_insecure);
     }
+    if let Command::Batch { specs } = &cli.command {
+        return crate::batch::run(ctx, specs);
+    }
     let database = ctx.settings.database.value.is_some();
     match cli.command {
-        Command::Serve { .. } => anyhow::bail!("serve is dispatched before the other commands"),
+        Command::Serve { .. } | Command::Batch { .. } => anyhow::bail!("dispatched before the other commands"),
         Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
         Command::Submit { prompt, session } => crate::pg::submit(&ctx, session.as_deref(), &prompt),
         Command::Export { id } => crate::pg::export(&ctx, &id),

@@ -89,6 +89,9 @@ pub struct FileConfig {
     /// Subagent limits (`[subagents]`, read by `subagents.rs`).
     #[serde(default)]
     pub subagents: Option<toml::Value>,
+    /// Batch queue settings (`[batch]`, read by `batch.rs`).
+    #[serde(default)]
+    pub batch: Option<toml::Value>,
 }
 
 /// `[storage]`.
@@ -213,6 +216,8 @@ pub struct Settings {
     pub providers: BTreeMap<String, toml::Value>,
     /// The `[subagents]` table as written (limits; parsed by `subagents.rs`).
     pub subagents: Option<toml::Value>,
+    /// The `[batch]` table as written (parsed by `batch.rs`).
+    pub batch: Option<toml::Value>,
 }
 
 /// Default model steps per turn.
@@ -385,6 +390,7 @@ impl Settings {
             database,
             providers: file.providers,
             subagents: file.subagents,
+            batch: file.batch,
         })
     }
 

@@ -7,6 +7,7 @@
 
 mod approver;
 mod ask;
+mod batch;
 mod cli;
 mod commands;
 mod compaction;
