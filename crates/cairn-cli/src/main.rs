@@ -18,6 +18,7 @@ mod host;
 mod local;
 mod mount;
 mod paths;
+mod peers;
 #[cfg(feature = "postgres")]
 mod pg;
 #[cfg(not(feature = "postgres"))]

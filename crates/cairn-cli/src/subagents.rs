@@ -129,6 +129,9 @@ pub struct ChildFact {
     pub model: Option<String>,
     #[serde(default)]
     pub script: Option<PathBuf>,
+    /// Whether it may message its siblings that have `peers` too.
+    #[serde(default)]
+    pub peers: bool,
 }
 
 /// The one approver of a session family: the parent's terminal approver,
@@ -260,7 +263,7 @@ pub fn offer(
         return Ok(());
     }
     let mut tools: Vec<String> = registry.specs().iter().map(|s| s.name.clone()).collect();
-    tools.extend([SPAWN.to_owned(), WAIT.to_owned()]);
+    tools.extend([SPAWN, WAIT, crate::peers::SEND, crate::peers::RECEIVE].map(str::to_owned));
     let provider = ctx.settings.provider.value.clone();
     let scope = Scope {
         cwd: cwd.to_path_buf(),
@@ -271,7 +274,7 @@ pub fn offer(
         model: ctx.settings.model.value.clone(),
         script: ctx.settings.script.value.clone(),
     };
-    register(family, registry, scope, notes);
+    register(family, registry, scope, notes, true);
     Ok(())
 }
 
@@ -280,11 +283,26 @@ fn is_scripted(ctx: &Context, provider: &str) -> bool {
         .is_ok_and(|c| c.kind == ProviderKind::Scripted)
 }
 
-fn register(family: &'static Family, registry: &mut ToolRegistry, scope: Scope, notes: &mut Vec<String>) {
+/// Offer what `scope.tools` names of the family's tools: `spawn_agent`
+/// and `wait_agents` only when `may_spawn` (below the depth limit), the
+/// peer tools (`peers.rs`) when named.
+fn register(
+    family: &'static Family,
+    registry: &mut ToolRegistry,
+    scope: Scope,
+    notes: &mut Vec<String>,
+    may_spawn: bool,
+) {
     let scope = Arc::new(scope);
     let spawn = SpawnAgent { spec: spawn_spec(scope.scripted), scope: Arc::clone(&scope), family };
     let wait = WaitAgents { spec: wait_spec(), family };
-    for tool in [Arc::new(spawn) as Arc<dyn Tool>, Arc::new(wait)] {
+    let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+    if may_spawn {
+        tools.extend([Arc::new(spawn) as Arc<dyn Tool>, Arc::new(wait)]);
+    }
+    let peers = crate::peers::tools(crate::peers::directory(&family.ctx.paths.sessions()));
+    tools.extend(peers.into_iter().filter(|t| scope.tools.contains(&t.spec().name)));
+    for tool in tools {
         let name = tool.spec().name.clone();
         if let Err(e) = registry.register(tool) {
             notes.push(format!("tool {name} not offered: {e}"));
@@ -298,7 +316,8 @@ fn spawn_spec(scripted: bool) -> ToolSpec {
         "cwd": {"type": "string", "description": "Its working directory, inside yours (default: yours)."},
         "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools it may use, a subset of yours (default: all of yours)."},
         "allow": {"type": "array", "items": {"type": "string"}, "description": "Allow patterns it gets, a subset of yours (default: all of yours)."},
-        "wait": {"type": "boolean", "description": "true (default): return its answer; false: return its id at once, collect it with wait_agents."}
+        "wait": {"type": "boolean", "description": "true (default): return its answer; false: return its id at once, collect it with wait_agents."},
+        "peers": {"type": "boolean", "description": "Let it message its siblings started with peers too (default false)."}
     });
     if scripted {
         properties["script"] = json!({"type": "string", "description": "The scripted provider's script for the child (relative to the parent's script)."});
@@ -343,6 +362,8 @@ struct SpawnArgs {
     wait: Option<bool>,
     #[serde(default)]
     script: Option<String>,
+    #[serde(default)]
+    peers: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -439,6 +460,7 @@ impl SpawnAgent {
             provider: scope.provider.clone(),
             model: scope.model.clone(),
             script,
+            peers: args.peers.unwrap_or(false),
         };
         Ok((fact, cwd))
     }
@@ -686,7 +708,7 @@ impl Family {
                 let _ = registry.register(entry.tool);
             }
         }
-        if fact.tools.iter().any(|t| t == SPAWN) && fact.depth < self.limits.max_depth {
+        {
             let scripted = is_scripted(ctx, &fact.provider);
             let scope = Scope {
                 cwd: cwd.clone(),
@@ -697,7 +719,8 @@ impl Family {
                 script: fact.script.clone(),
                 scripted,
             };
-            register(self, &mut registry, scope, &mut Vec::new());
+            let may_spawn = fact.tools.iter().any(|t| t == SPAWN) && fact.depth < self.limits.max_depth;
+            register(self, &mut registry, scope, &mut Vec::new(), may_spawn);
         }
         let mut config = crate::host::session_config(ctx);
         config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
@@ -855,4 +878,9 @@ fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
     for grandchild in grandchildren {
         child_tree(ctx, &grandchild, depth + 1, lines);
     }
+}
+
+/// The `subagent` fact of a session, if it is a child.
+pub fn child_fact<S: Storage>(store: &S) -> Option<ChildFact> {
+    store.register(FACT, FACT_KEY).and_then(|raw| raw.parse().ok())
 }

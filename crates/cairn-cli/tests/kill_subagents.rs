@@ -211,3 +211,100 @@ fn sigkill_of_a_parent_never_runs_a_child_twice_nor_loses_an_answer() {
     }
     println!("{kills} kills over {rounds} rounds; {tool_runs} child tool runs recorded; {busy_retries} busy retries");
 }
+
+fn peer_scripts(env: &Env) -> PathBuf {
+    write_script(
+        &env.home,
+        "child.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [{"id": "m1", "name": "send_message", "arguments": {"to": "parent", "text": "hello"}}]}),
+            json!({"text": "", "toolCalls": [{"id": "m2", "name": "wait_for_messages", "arguments": {}}]}),
+            json!({"text": "child got ack"}),
+        ],
+    );
+    write_script(
+        &env.home,
+        "parent.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [{"id": "s1", "name": "spawn_agent", "arguments": {"prompt": "talk", "wait": false, "script": "child.jsonl"}}]}),
+            json!({"text": "", "toolCalls": [{"id": "r1", "name": "wait_for_messages", "arguments": {}}]}),
+            json!({"text": "", "toolCalls": [{"id": "m1", "name": "send_message", "arguments": {"to": "children", "text": "ack"}}]}),
+            json!({"text": "", "toolCalls": [{"id": "w1", "name": "wait_agents", "arguments": {}}]}),
+            json!({"text": "all children answered"}),
+        ],
+    )
+}
+
+fn messages(log: &[Value], tool: &str, key: &str) -> Vec<Value> {
+    settled(log, tool)
+        .iter()
+        .filter(|e| e["type"] == "toolCompleted")
+        .flat_map(|e| {
+            let s = &e["payload"]["receipt"]["structuredOutput"];
+            if key.is_empty() { vec![s.clone()] } else { s[key].as_array().cloned().unwrap_or_default() }
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_during_a_message_exchange_never_loses_or_doubles_a_message() {
+    let seed = std::env::var("KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+    println!("KILL_SEED={seed}");
+    let mut rng = Rng(seed);
+    let (mut kills, mut rounds) = (0, 0);
+    while kills < 30 {
+        assert!(rounds < MAX_ROUNDS, "only {kills} kills landed in {rounds} rounds");
+        rounds += 1;
+        let env = Env::new();
+        let script = peer_scripts(&env);
+        let s = script.to_str().unwrap();
+        for _ in 0..3 {
+            let mut child = env
+                .cairn(&next_command(&env, s))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(rng.next() % 150));
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            child.kill().unwrap();
+            child.wait().unwrap();
+            kills += 1;
+        }
+        let mut busy = 0;
+        let out = loop {
+            let out = env.cairn(&next_command(&env, s)).stdin(Stdio::null()).output().unwrap();
+            if busy < 100 && String::from_utf8_lossy(&out.stderr).contains("session is busy") {
+                busy += 1;
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            break out;
+        };
+        assert!(out.status.success(), "seed {seed}: {}", String::from_utf8_lossy(&out.stderr));
+        let files = env.session_files();
+        let (parents, children): (Vec<PathBuf>, Vec<PathBuf>) =
+            files.iter().cloned().partition(|p| !stem(p).contains('+'));
+        assert_eq!((parents.len(), children.len()), (1, 1), "seed {seed}: {files:?}");
+        let (parent, child) = (entries(&parents[0]), entries(&children[0]));
+        let up = messages(&child, "send_message", "");
+        let down = messages(&parent, "send_message", "");
+        assert_eq!((up.len(), down.len()), (1, 1), "seed {seed}: each message sent once");
+        let got_up = messages(&parent, "wait_for_messages", "messages");
+        let got_down = messages(&child, "wait_for_messages", "messages");
+        assert_eq!(got_up.len(), 1, "seed {seed}: the parent received hello once: {got_up:?}");
+        assert_eq!(got_down.len(), 1, "seed {seed}: the child received ack once: {got_down:?}");
+        assert_eq!(got_up[0]["id"], up[0]["id"], "seed {seed}");
+        assert_eq!(got_down[0]["id"], down[0]["id"], "seed {seed}");
+        let gathered = settled(&parent, "wait_agents");
+        assert_eq!(gathered.len(), 1, "seed {seed}");
+        assert!(gathered[0].to_string().contains("child got ack"), "seed {seed}: {}", gathered[0]);
+    }
+    println!("{kills} kills over {rounds} rounds");
+}

@@ -397,3 +397,98 @@ fn depth_is_limited_by_configuration() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("[subagents]"), "{}", stderr(&out));
 }
+
+/// Every message of the settled `wait_for_messages` calls of a log.
+fn received(path: &Path) -> Vec<Value> {
+    entries(path)
+        .iter()
+        .filter(|e| e["type"] == "toolCompleted" && e["payload"]["tool"] == "wait_for_messages")
+        .flat_map(|e| e["payload"]["receipt"]["structuredOutput"]["messages"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// Every message of the settled `send_message` calls of a log.
+fn sent(path: &Path) -> Vec<Value> {
+    entries(path)
+        .iter()
+        .filter(|e| e["type"] == "toolCompleted" && e["payload"]["tool"] == "send_message")
+        .map(|e| e["payload"]["receipt"]["structuredOutput"].clone())
+        .collect()
+}
+
+fn peer_scripts(env: &Env) -> PathBuf {
+    write_script(
+        &env.home,
+        "child.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [{"id": "m1", "name": "send_message", "arguments": {"to": "parent", "text": "hello"}}]}),
+            json!({"text": "", "toolCalls": [{"id": "m2", "name": "wait_for_messages", "arguments": {}}]}),
+            json!({"text": "child got ack"}),
+        ],
+    );
+    write_script(
+        &env.home,
+        "parent.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [{"id": "s1", "name": "spawn_agent", "arguments": {"prompt": "talk", "wait": false, "script": "child.jsonl"}}]}),
+            json!({"text": "", "toolCalls": [{"id": "r1", "name": "wait_for_messages", "arguments": {}}]}),
+            json!({"text": "", "toolCalls": [{"id": "m1", "name": "send_message", "arguments": {"to": "children", "text": "ack"}}]}),
+            json!({"text": "", "toolCalls": [{"id": "w1", "name": "wait_agents", "arguments": {}}]}),
+            json!({"text": "conversation over"}),
+        ],
+    )
+}
+
+#[test]
+fn parent_and_child_exchange_messages_committed_in_both_logs() {
+    let env = Env::new();
+    let script = peer_scripts(&env);
+    let out = env.cairn(&["--script", script.to_str().unwrap(), "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (parents, children) = families(&env);
+    let (parent, child) = (&parents[0], &children[0]);
+    let (parent_id, child_id) = (stem(parent), stem(child));
+    let up = sent(child);
+    assert_eq!(up.len(), 1);
+    assert_eq!((up[0]["to"].as_str(), up[0]["text"].as_str()), (Some(parent_id.as_str()), Some("hello")));
+    let got = received(parent);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0]["id"].clone(), got[0]["from"].as_str()), (up[0]["id"].clone(), Some(child_id.as_str())));
+    let down = sent(parent);
+    assert_eq!(down.len(), 1);
+    let got = received(child);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0]["id"].clone(), got[0]["text"].as_str()), (down[0]["id"].clone(), Some("ack")));
+    let (answers, _) = gathered(parent);
+    assert_eq!(answers, ["child got ack"]);
+}
+
+#[test]
+fn messages_go_only_to_family() {
+    let env = Env::new();
+    let other = env.script(&[json!({"text": "other"})]);
+    let out = env.cairn(&["--script", other.to_str().unwrap(), "run", "x"]).output().unwrap();
+    assert!(out.status.success());
+    let stranger = stem(&env.session_files()[0]);
+    let script = write_script(
+        &env.home,
+        "parent.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [
+                {"id": "m1", "name": "send_message", "arguments": {"to": stranger, "text": "psst"}},
+                {"id": "m2", "name": "send_message", "arguments": {"to": "parent", "text": "up"}},
+                {"id": "m3", "name": "send_message", "arguments": {"to": "children", "text": "down"}}]}),
+            json!({"text": "done"}),
+        ],
+    );
+    let out = env.cairn(&["--script", script.to_str().unwrap(), "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let parent = env.session_files().into_iter().find(|p| stem(p) != stranger).unwrap();
+    let log = entries(&parent);
+    let rejected: Vec<String> =
+        log.iter().filter(|e| e["type"] == "toolRejected").map(|e| e["payload"]["reason"].to_string()).collect();
+    assert_eq!(rejected.len(), 3, "{log:?}");
+    assert!(rejected[0].contains("may message"), "{rejected:?}");
+    assert!(rejected[1].contains("no parent"), "{rejected:?}");
+    assert!(rejected[2].contains("no children"), "{rejected:?}");
+}
