@@ -236,7 +236,9 @@ pub fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::USAGE } else { exit::SUCCESS });
         }
     };
-    match run(cli) {
+    let result = run(cli);
+    crate::subagents::finish_running();
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) if is_broken_pipe(&e) => ExitCode::from(exit::SUCCESS),
         Err(e) => {

@@ -236,6 +236,22 @@ fn family(ctx: &Context, terminal: &SharedApprover, limits: Limits) -> &'static 
     })
 }
 
+/// Before the process exits: wait for the children still running on its
+/// threads (started with `wait: false` and never gathered), so they finish
+/// instead of stopping mid-turn. Ctrl-C leaves at once (a child stopped
+/// there is resumed when its parent re-attaches it).
+pub fn finish_running() {
+    let Some(family) = FAMILY.get() else { return };
+    let slots: Vec<Arc<Slot>> = family.slots.lock().map(|s| s.values().cloned().collect()).unwrap_or_default();
+    if slots.iter().any(|s| s.result().is_none()) {
+        eprintln!("cairn: waiting for running child sessions to finish (Ctrl-C leaves; they resume with their parent)");
+    }
+    let never = CancelToken::new();
+    for slot in slots {
+        slot.wait(None, &never);
+    }
+}
+
 /// What one session may hand down to its children.
 #[derive(Debug, Clone)]
 struct Scope {
@@ -259,12 +275,16 @@ pub fn offer(
 ) -> Result<()> {
     let limits = Limits::from_settings(ctx)?;
     let family = family(ctx, &terminal, limits);
-    if family.limits.max_depth == 0 {
+    let provider = ctx.settings.provider.value.clone();
+    // The embedded 135M model is not offered the family's tools: it cannot
+    // use them, and its prompt and decoding grammar stay as they were.
+    let local = ProviderConfig::resolve(&provider, ctx.settings.providers.get(&provider))
+        .is_ok_and(|c| c.kind == ProviderKind::Local);
+    if family.limits.max_depth == 0 || local {
         return Ok(());
     }
     let mut tools: Vec<String> = registry.specs().iter().map(|s| s.name.clone()).collect();
     tools.extend([SPAWN, WAIT, crate::peers::SEND, crate::peers::RECEIVE].map(str::to_owned));
-    let provider = ctx.settings.provider.value.clone();
     let scope = Scope {
         cwd: cwd.to_path_buf(),
         tools,

@@ -492,3 +492,23 @@ fn messages_go_only_to_family() {
     assert!(rejected[1].contains("no parent"), "{rejected:?}");
     assert!(rejected[2].contains("no children"), "{rejected:?}");
 }
+
+#[test]
+fn a_parent_that_never_gathers_still_lets_its_children_finish() {
+    let env = Env::new();
+    write_script(&env.home, "child.jsonl", &[json!({"text": "finished anyway"})]);
+    let script = write_script(
+        &env.home,
+        "parent.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [{"id": "s1", "name": "spawn_agent", "arguments": {"prompt": "p", "wait": false, "script": "child.jsonl"}}]}),
+            json!({"text": "not waiting"}),
+        ],
+    );
+    let out = env.cairn(&["--script", script.to_str().unwrap(), "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (_, children) = families(&env);
+    let log = entries(&children[0]);
+    let last = log.iter().rev().find(|e| e["type"] == "message").unwrap();
+    assert!(last["payload"].to_string().contains("finished anyway"), "{log:?}");
+}
