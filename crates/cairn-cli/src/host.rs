@@ -369,6 +369,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     let mut session = Session::open(store, session_config(ctx))?;
     let mut code = exit::SUCCESS;
     let interrupted = session.needs_resume();
+    crate::subagents::reattach_children(&id);
     if interrupted {
         renderer.notice(&format!("resuming the interrupted turn of session {id}"));
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {

@@ -252,6 +252,23 @@ pub fn finish_running() {
     }
 }
 
+/// `cairn resume` of a parent: resume its children a crash left
+/// unfinished, also those no pending call of the parent will re-attach
+/// (started with `wait: false`; `finish_running` waits for them).
+pub fn reattach_children(parent: &str) {
+    let Some(family) = FAMILY.get() else { return };
+    for id in family.children_of(parent).unwrap_or_default() {
+        // Without its fact the child was cut off while being created: only
+        // its `spawn_agent` call (pending, so re-run) can finish that.
+        let has_fact = JsonlStore::open_read_only(&family.path(&id)).is_ok_and(|s| child_fact(&s).is_some());
+        if has_fact && !matches!(status(&family.ctx, &family.path(&id)), Ok(ChildStatus::Finished(_))) {
+            // A child that cannot be re-attached is reported by the call
+            // that gathers it.
+            let _ = family.attach(&id, None);
+        }
+    }
+}
+
 /// What one session may hand down to its children.
 #[derive(Debug, Clone)]
 struct Scope {

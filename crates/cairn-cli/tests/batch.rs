@@ -227,3 +227,38 @@ fn removing_a_running_job_cancels_it_durably() {
     let names: Vec<String> = conn.list("b").unwrap().iter().map(|s| s.name.clone()).collect();
     assert!(!names.contains(&job), "{names:?}");
 }
+
+#[test]
+fn usage_over_9p_rolls_up_a_parents_children() {
+    let env = Env::new();
+    let child = env.home.join("child.jsonl");
+    write_script(&child, &[json!({"text": "child answer"})]);
+    let parent = env.home.join("parent.jsonl");
+    write_script(
+        &parent,
+        &[
+            json!({"text": "", "toolCalls": [{"id": "s1", "name": "spawn_agent", "arguments": {"prompt": "p", "script": "child.jsonl"}}]}),
+            json!({"text": "done"}),
+        ],
+    );
+    let out = env.cairn(&["--script", parent.to_str().unwrap(), "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = std::fs::read_dir(env.home.join("sessions"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".jsonl")).map(str::to_owned))
+        .find(|n| !n.contains('+'))
+        .unwrap();
+    let server = serve(&env);
+    let mut conn = connect(&server.address);
+    let usage = conn.read_text(&format!("s/{id}/usage")).unwrap();
+    let field = |name: &str| -> u64 {
+        usage.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap().parse().unwrap()
+    };
+    assert_eq!(field("children"), 1, "{usage}");
+    assert!(field("children_input") > 0 && field("children_output") > 0, "{usage}");
+    let child_id = format!("{id}+");
+    let listed: Vec<String> = conn.list("s").unwrap().iter().map(|s| s.name.clone()).collect();
+    let child_usage = conn.read_text(&format!("s/{}/usage", listed.iter().find(|n| n.starts_with(&child_id)).unwrap()));
+    assert!(child_usage.unwrap().contains("children 0"));
+}
