@@ -21,7 +21,7 @@ use util::Env;
 
 const CHILDREN: usize = 5;
 const MIN_KILLS: usize = 50;
-const MAX_ROUNDS: usize = 120;
+const MAX_ROUNDS: usize = 400;
 
 fn entries(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap();
@@ -141,7 +141,7 @@ fn sigkill_of_a_parent_never_runs_a_child_twice_nor_loses_an_answer() {
                 .stderr(Stdio::null())
                 .spawn()
                 .unwrap();
-            std::thread::sleep(Duration::from_millis(rng.next() % 200));
+            std::thread::sleep(Duration::from_millis(rng.next() % 150));
             if child.try_wait().unwrap().is_some() {
                 break; // finished before the kill
             }
