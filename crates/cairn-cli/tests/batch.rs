@@ -135,6 +135,14 @@ fn twenty_jobs_survive_a_sigkill_of_the_server_and_each_runs_once() {
     let mut server = serve(&env);
     let mut conn = connect(&server.address);
     assert!(conn.read_text("help").unwrap().contains("b/new"));
+    for bad in
+        ["no separator", "cwd=/nonexistent-dir\n---\nx", "cwd=/\nparallel=0\n---\nx", "cwd=/\ncolour=red\n---\nx"]
+    {
+        let (fid, _) = conn.walk("b/new").unwrap();
+        conn.open(fid, mode::RDWR).unwrap();
+        assert!(conn.write_at(fid, 0, bad.as_bytes()).is_err(), "b/new accepted {bad:?}");
+        conn.clunk(fid).unwrap();
+    }
     let mut jobs = Vec::new();
     for n in 0..20u32 {
         let dir = env.cwd.join(format!("job-{n}"));
@@ -261,4 +269,20 @@ fn usage_over_9p_rolls_up_a_parents_children() {
     let listed: Vec<String> = conn.list("s").unwrap().iter().map(|s| s.name.clone()).collect();
     let child_usage = conn.read_text(&format!("s/{}/usage", listed.iter().find(|n| n.starts_with(&child_id)).unwrap()));
     assert!(child_usage.unwrap().contains("children 0"));
+}
+
+#[test]
+fn a_unit_that_cannot_run_fails_the_job_with_its_reason() {
+    let env = Env::new();
+    let script = env.home.join("empty.jsonl");
+    std::fs::write(&script, "").unwrap();
+    let spec = format!("cwd={}\nprovider=scripted\nscript={}\n---\ngo\n", env.cwd.display(), script.display());
+    std::fs::write(env.home.join("a.spec"), &spec).unwrap();
+    let out = env.cairn(&["batch", env.home.join("a.spec").to_str().unwrap()]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(": failed: "), "{stdout}");
+    // A failed unit is not retried by the next runner.
+    let again = env.cairn(&["batch"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&again.stdout).contains(": failed: "));
 }
