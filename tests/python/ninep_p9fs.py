@@ -10,7 +10,7 @@ port, cwd, script = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 fs = P9FileSystem(host="127.0.0.1", port=port, username="tester", version="9P2000")
 # p9fs walks each part of a path, so paths are relative to the root.
 names = sorted(entry["name"] for entry in fs.ls("", detail=True))
-assert names == ["/help", "/providers", "/s/", "/tools"], names
+assert names == ["/b/", "/help", "/providers", "/s/", "/tools"], names
 assert b"s/new" in fs.cat("help")
 before = fs.cat("s/idx").decode().splitlines()
 with fs.open("s/new", "wb") as f:

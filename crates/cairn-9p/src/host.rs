@@ -66,4 +66,12 @@ pub trait Host: Send + Sync + 'static {
     /// The `tools` file: what `cairn tools` lists for the server's
     /// working directory, one tool a line.
     fn tools_text(&self) -> String;
+    /// The batch queue's directory (`batch.rs`).
+    fn batch_dir(&self) -> PathBuf {
+        self.sessions_dir().with_file_name("batch")
+    }
+    /// Batch sessions run at once.
+    fn batch_max_running(&self) -> usize {
+        2
+    }
 }

@@ -5,11 +5,12 @@
 //! This crate owns the shape and semantics of the tree and the protocol
 //! loop. It does not build providers or tools itself: the embedding binary
 //! supplies them through [`Host`], so configuration is read in one place
-//! (the CLI's). It keeps no state of its own beside the session files:
-//! everything a reader sees is derived from them or from the turn running
-//! right now.
+//! (the CLI's). It keeps no state of its own beside the session files and
+//! the batch queue's job directories (`batch`): everything a reader sees is
+//! derived from them or from the turn running right now.
 
 pub mod approver;
+pub mod batch;
 pub mod client;
 pub mod dial;
 pub mod host;

@@ -22,7 +22,9 @@ use cairn_core::approval::{Allowlist, Answer, PolicyApprover};
 use cairn_core::message::{ContentPart, Role};
 use cairn_core::provider::AttemptUsage;
 use cairn_core::storage::registers::{self, FACT, NAME_FACT};
-use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, new_session_id, read_summary, to_raw};
+use cairn_core::storage::{
+    Header, JsonlStore, Storage, StoreOptions, Transaction, new_session_id, read_summary, to_raw,
+};
 use cairn_core::turn::Pc;
 use cairn_core::{CancelToken, Session, TurnEnv, TurnEvent, TurnStop};
 
@@ -187,6 +189,8 @@ pub struct Runtime {
     /// Bumped on every change a reader may wait for.
     pub pulse: Pulse,
     stopping: AtomicBool,
+    /// The batch queue (`b/`), or why it could not be opened.
+    batch: std::result::Result<Arc<crate::batch::Batch>, String>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -209,18 +213,27 @@ pub fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
         && !id.starts_with('.')
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'+'))
 }
 
 impl Runtime {
     /// A runtime over `host`'s sessions.
     pub fn new(host: Arc<dyn Host>) -> Arc<Self> {
+        // The queue continues its unfinished jobs as soon as it opens.
+        let batch = crate::batch::Batch::open(Arc::clone(&host), host.batch_dir(), host.batch_max_running())
+            .map_err(|e| format!("the batch queue is unavailable: {e:#}"));
         Arc::new(Self {
             host,
             lives: Mutex::new(HashMap::new()),
             pulse: Pulse::default(),
             stopping: AtomicBool::new(false),
+            batch,
         })
+    }
+
+    /// The batch queue.
+    pub fn batch(&self) -> Result<&Arc<crate::batch::Batch>> {
+        self.batch.as_ref().map_err(|e| anyhow!("{e}"))
     }
 
     /// The host.
@@ -765,8 +778,10 @@ impl Runtime {
                 failed += u64::from(u.error.is_some());
             }
         }
+        let (children, child_input, child_output) = descendant_tokens(&live.path, id, self.host.store_options());
         Ok(format!(
-            "input {input}\noutput {output}\ncached {cached}\ntotal {}\nattempts {attempts}\nfailed {failed}\n",
+            "input {input}\noutput {output}\ncached {cached}\ntotal {}\nattempts {attempts}\nfailed {failed}\n\
+             children {children}\nchildren_input {child_input}\nchildren_output {child_output}\n",
             input + output
         ))
     }
@@ -883,6 +898,9 @@ impl Runtime {
     /// (clean shutdown). New turns are refused from here on.
     pub fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        if let Ok(batch) = &self.batch {
+            batch.shutdown();
+        }
         let lives: Vec<Arc<Live>> = lock(&self.lives).values().cloned().collect();
         let mut handles = Vec::new();
         for live in &lives {
@@ -929,4 +947,28 @@ pub(crate) fn slice(data: &[u8], offset: u64, count: usize) -> Vec<u8> {
     let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
     let end = start.saturating_add(count).min(data.len());
     data[start..end].to_vec()
+}
+
+/// Subagent sessions descending from `id` (files `<id>+…` beside its file,
+/// cairn-cli's `subagents.rs`): how many, and their input and output tokens.
+fn descendant_tokens(path: &Path, id: &str, opts: StoreOptions) -> (u64, u64, u64) {
+    let prefix = format!("{id}+");
+    let (mut n, mut input, mut output) = (0u64, 0u64, 0u64);
+    let Some(entries) = path.parent().and_then(|dir| std::fs::read_dir(dir).ok()) else { return (0, 0, 0) };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".jsonl")) else { continue };
+        if !stem.starts_with(&prefix) {
+            continue;
+        }
+        let Ok(store) = JsonlStore::open_read_only_with(&entry.path(), opts) else { continue };
+        n += 1;
+        for row in store.index().usage() {
+            if let Ok(u) = row.usage.parse::<AttemptUsage>() {
+                input += u.input_tokens;
+                output += u.output_tokens;
+            }
+        }
+    }
+    (n, input, output)
 }

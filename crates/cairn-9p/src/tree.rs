@@ -7,6 +7,7 @@
 //! s/new s/idx
 //! s/<id>/{prompt,enqueue,chat,event,state,usage,ctl,log}
 //! s/<id>/approvals/<invocation>
+//! b/new b/<job>/{status,result,usage,spec}
 //! ```
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use std::time::SystemTime;
 
 use anyhow::{Result, anyhow, bail};
 
+use crate::batch::{JobFile, valid_job};
 use crate::live::{Runtime, new_template, slice, valid_id};
 
 /// The files of a session directory.
@@ -83,6 +85,14 @@ pub enum Node {
     Approvals(String),
     /// `s/<id>/approvals/<invocation>`.
     Approval(String, String),
+    /// `b/`.
+    Batches,
+    /// `b/new`.
+    BatchNew,
+    /// `b/<job>/`.
+    Batch(String),
+    /// `b/<job>/<file>`.
+    JobFile(String, JobFile),
 }
 
 /// The `help` file.
@@ -102,12 +112,21 @@ s/ID/ctl              write: stop, resume, compact, rn NAME, model NAME, fork EN
 s/ID/log              the session file's records, one a line; blocks at the end like `cairn log --follow`
 s/ID/approvals/INV    one file per pending approval: read it, write y, n or a (a: allow this Write tool for the session)
 rm -r s/ID            archives the session file to $CAIRN_HOME/archive (refused while a turn runs)
+b/new                 write a batch spec (key=value lines: cwd= required, provider, model, script, parallel=N, allow; then ---; then the prompt); read again: the job id
+b/JOB/status          queued, running, done, failed: REASON
+b/JOB/result          the answers (parallel=N: one section per session)
+b/JOB/usage           token totals over the job's sessions (JOB-0 … JOB-N-1 in s/)
+b/JOB/spec            the spec as accepted
+rm -r b/JOB           cancels the job durably (running turns are cancelled, never resumed)
 ";
 
 impl Node {
     /// Whether it is a directory.
     pub fn is_dir(&self) -> bool {
-        matches!(self, Self::Root | Self::Sessions | Self::Session(_) | Self::Approvals(_))
+        matches!(
+            self,
+            Self::Root | Self::Sessions | Self::Session(_) | Self::Approvals(_) | Self::Batches | Self::Batch(_)
+        )
     }
 
     /// Its name in its parent ("/" for the root).
@@ -124,6 +143,10 @@ impl Node {
             Self::File(_, kind) => kind.name().to_owned(),
             Self::Approvals(_) => "approvals".to_owned(),
             Self::Approval(_, inv) => inv.clone(),
+            Self::Batches => "b".to_owned(),
+            Self::BatchNew => "new".to_owned(),
+            Self::Batch(job) => job.clone(),
+            Self::JobFile(_, file) => file.name().to_owned(),
         }
     }
 
@@ -134,6 +157,9 @@ impl Node {
             Self::New | Self::Idx | Self::Session(_) => Self::Sessions,
             Self::File(id, _) | Self::Approvals(id) => Self::Session(id.clone()),
             Self::Approval(id, _) => Self::Approvals(id.clone()),
+            Self::Batches => Self::Root,
+            Self::BatchNew | Self::Batch(_) => Self::Batches,
+            Self::JobFile(job, _) => Self::Batch(job.clone()),
         }
     }
 
@@ -174,7 +200,7 @@ impl Node {
     pub fn access(&self) -> (bool, bool) {
         match self {
             Self::File(_, FileKind::Prompt | FileKind::Ctl) => (false, true),
-            Self::New | Self::Approval(..) | Self::File(_, FileKind::Enqueue) => (true, true),
+            Self::New | Self::Approval(..) | Self::BatchNew | Self::File(_, FileKind::Enqueue) => (true, true),
             _ => (true, false),
         }
     }
@@ -213,6 +239,13 @@ pub fn walk(rt: &Runtime, dir: &Node, name: &str) -> Result<Node> {
         (Node::Root, "s") => Node::Sessions,
         (Node::Sessions, "new") => Node::New,
         (Node::Sessions, "idx") => Node::Idx,
+        (Node::Root, "b") => Node::Batches,
+        (Node::Batches, "new") => Node::BatchNew,
+        (Node::Batches, job) if valid_job(job) && rt.batch()?.exists(job) => Node::Batch(job.to_owned()),
+        (Node::Batch(job), file) => match JobFile::ALL.into_iter().find(|f| f.name() == file) {
+            Some(file) => Node::JobFile(job.clone(), file),
+            None => return Err(missing()),
+        },
         (Node::Sessions, id) if valid_id(id) && rt.live(id).is_some() => Node::Session(id.to_owned()),
         (Node::Session(id), "approvals") => Node::Approvals(id.clone()),
         (Node::Session(id), file) => match FileKind::ALL.into_iter().find(|k| k.name() == file) {
@@ -230,7 +263,13 @@ pub fn walk(rt: &Runtime, dir: &Node, name: &str) -> Result<Node> {
 /// The entries of a directory.
 pub fn list(rt: &Runtime, dir: &Node) -> Result<Vec<Node>> {
     Ok(match dir {
-        Node::Root => vec![Node::Help, Node::Providers, Node::Tools, Node::Sessions],
+        Node::Root => vec![Node::Help, Node::Providers, Node::Tools, Node::Sessions, Node::Batches],
+        Node::Batches => {
+            let mut nodes = vec![Node::BatchNew];
+            nodes.extend(rt.batch()?.jobs().into_iter().map(Node::Batch));
+            nodes
+        }
+        Node::Batch(job) => JobFile::ALL.into_iter().map(|f| Node::JobFile(job.clone(), f)).collect(),
         Node::Sessions => {
             let mut nodes = vec![Node::New, Node::Idx];
             nodes.extend(rt.idx().into_iter().map(|row| Node::Session(row.id)));
@@ -326,6 +365,8 @@ fn content(rt: &Runtime, node: &Node, created: Option<&str>) -> Option<Result<St
         Node::File(id, FileKind::State) => rt.state(id).map(|s| format!("{s}\n")),
         Node::File(id, FileKind::Usage) => rt.usage(id),
         Node::File(id, FileKind::Enqueue) => rt.queued(id),
+        Node::BatchNew => Ok(created.map_or_else(|| "cwd=\nparallel=1\n---\n".to_owned(), |job| format!("{job}\n"))),
+        Node::JobFile(job, file) => rt.batch().and_then(|b| b.file(job, *file)),
         Node::Approval(id, inv) => {
             rt.approval_text(id, inv).ok_or_else(|| anyhow!("approval {inv} was answered or abandoned"))
         }
@@ -392,6 +433,13 @@ pub fn write(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle, data: &[u8]) -
             handle.written.extend_from_slice(data);
         }
         Node::File(id, FileKind::Ctl) => rt.ctl(id, text()?)?,
+        Node::BatchNew => {
+            if let Some(job) = &handle.created {
+                bail!("this handle already created job {job}; open b/new again for another");
+            }
+            handle.created = Some(rt.batch()?.submit(text()?)?);
+            handle.snapshot = None;
+        }
         Node::Approval(id, inv) => rt.answer(id, inv, text()?)?,
         other => bail!("{}: permission denied (read-only)", other.path()),
     }
@@ -417,6 +465,10 @@ pub fn close(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle) -> Result<()> 
 pub fn remove(rt: &Runtime, node: &Node) -> Result<()> {
     match node {
         Node::Session(id) => rt.archive(id),
-        other => bail!("{}: cannot be removed (only a session directory can: it is archived)", other.path()),
+        Node::Batch(job) => rt.batch()?.cancel(job),
+        other => bail!(
+            "{}: cannot be removed (only a session directory, which is archived, or a batch job, which is cancelled)",
+            other.path()
+        ),
     }
 }

@@ -27,6 +27,12 @@ impl TerminalApprover {
     pub fn new(style: Style, yes: bool) -> Self {
         Self { style, yes, interactive: std::io::stdin().is_terminal() }
     }
+
+    /// Never ask, whatever stdin is (`cairn ask` runs headless).
+    pub fn headless(mut self) -> Self {
+        self.interactive = false;
+        self
+    }
 }
 
 impl Approver for TerminalApprover {

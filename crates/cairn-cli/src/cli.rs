@@ -50,6 +50,17 @@ pub enum Command {
         #[arg(long, value_name = "F", conflicts_with = "prompt")]
         prompt_file: Option<PathBuf>,
     },
+    /// Answer one question headless with standard input as context; prints only the answer (for pipelines).
+    Ask {
+        /// The question.
+        question: String,
+    },
+    /// Run batch specs (key=value lines: cwd= required, provider, model, script, parallel=N, allow; `---`; the prompt)
+    /// through the durable queue; with no SPEC, finish the queued jobs.
+    Batch {
+        /// Spec files ('-' for stdin).
+        specs: Vec<PathBuf>,
+    },
     /// A line-based conversation. Ctrl-C interrupts a running turn; a second Ctrl-C or Ctrl-D leaves.
     Chat {
         /// Continue this session instead of starting a new one.
@@ -225,7 +236,9 @@ pub fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::USAGE } else { exit::SUCCESS });
         }
     };
-    match run(cli) {
+    let result = run(cli);
+    crate::subagents::finish_running();
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) if is_broken_pipe(&e) => ExitCode::from(exit::SUCCESS),
         Err(e) => {
@@ -272,9 +285,12 @@ fn run(cli: Cli) -> Result<u8> {
     if let Command::Serve { listen, listen_insecure } = &cli.command {
         return crate::serve::run(ctx, listen, *listen_insecure);
     }
+    if let Command::Batch { specs } = &cli.command {
+        return crate::batch::run(ctx, specs);
+    }
     let database = ctx.settings.database.value.is_some();
     match cli.command {
-        Command::Serve { .. } => anyhow::bail!("serve is dispatched before the other commands"),
+        Command::Serve { .. } | Command::Batch { .. } => anyhow::bail!("dispatched before the other commands"),
         Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
         Command::Submit { prompt, session } => crate::pg::submit(&ctx, session.as_deref(), &prompt),
         Command::Export { id } => crate::pg::export(&ctx, &id),
@@ -287,6 +303,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Show { id, tools, all } if database => crate::pg::show(&ctx, &id, tools, all),
         Command::Log { id, follow } if database => crate::pg::log(&ctx, &id, follow),
         Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
+        Command::Ask { question } => crate::ask::ask(&ctx, &question),
         Command::Chat { id } => {
             let path = id.as_deref().map(resolve).transpose()?;
             host::chat(&ctx, path.as_deref())

@@ -45,6 +45,7 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
             let line = serde_json::json!({
                 "id": s.id, "headerId": s.header_id, "name": s.name, "cwd": s.cwd, "createdAt": s.created_at,
                 "lastActivity": modified, "state": s.state, "size": s.size, "path": s.path,
+                "parent": crate::subagents::parent_of(&s.id),
             });
             writeln!(out, "{}", escape_json(&line.to_string()))?;
         }
@@ -67,7 +68,7 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
         writeln!(
             out,
             "{:<36}  {:<12}  {:<20}  {:<20}  {:<22}  {:>9}  {}",
-            esc(&s.id),
+            esc(&crate::subagents::list_label(&s.id)),
             esc(s.name.as_deref().unwrap_or("-")),
             format_time(s.created_at),
             format_time(modified),
@@ -178,6 +179,7 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
     if let Some(line) = crate::compaction::context_line(ctx, &store) {
         writeln!(out, "  {}", esc(&line))?;
     }
+    writeln!(out, "  {}", esc(&crate::subagents::usage_line(ctx, &store)))?;
     writeln!(out)?;
     // Entries a compaction summary covers fold into one line unless --all.
     let covered = if all { Default::default() } else { crate::compaction::covered(index) };
@@ -222,6 +224,9 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
             .map(|l| format!("  {}", s.green(&format!("◀ {}", esc(&l.join(", "))))))
             .unwrap_or_default();
         writeln!(out, "{indent}{marker}{} {}{lanes_here}", s.dim(&esc(&entry.id)), esc(&describe_entry(entry)))?;
+        for line in crate::subagents::child_lines(ctx, &header.id, entry) {
+            writeln!(out, "{indent}   {}", esc(&line))?;
+        }
         let children = index.children(Some(&entry.id));
         let child_indent = if branch { format!("{indent}│  ") } else { indent.clone() };
         if children.len() == 1 {

@@ -86,6 +86,12 @@ pub struct FileConfig {
     pub storage: StorageConfig,
     /// PostgreSQL URL: keep sessions in this database (`cairn worker`, `cairn submit`).
     pub database: Option<String>,
+    /// Subagent limits (`[subagents]`, read by `subagents.rs`).
+    #[serde(default)]
+    pub subagents: Option<toml::Value>,
+    /// Batch queue settings (`[batch]`, read by `batch.rs`).
+    #[serde(default)]
+    pub batch: Option<toml::Value>,
 }
 
 /// `[storage]`.
@@ -163,7 +169,7 @@ pub struct Overrides {
 }
 
 /// The resolved configuration.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     /// The file that was read, if it exists.
     pub config_file: PathBuf,
@@ -208,6 +214,10 @@ pub struct Settings {
     pub database: Setting<Option<String>>,
     /// Named provider tables from the file.
     pub providers: BTreeMap<String, toml::Value>,
+    /// The `[subagents]` table as written (limits; parsed by `subagents.rs`).
+    pub subagents: Option<toml::Value>,
+    /// The `[batch]` table as written (parsed by `batch.rs`).
+    pub batch: Option<toml::Value>,
 }
 
 /// Default model steps per turn.
@@ -379,6 +389,8 @@ impl Settings {
             max_line_bytes,
             database,
             providers: file.providers,
+            subagents: file.subagents,
+            batch: file.batch,
         })
     }
 

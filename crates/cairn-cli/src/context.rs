@@ -70,7 +70,7 @@ pub struct Common {
 }
 
 /// Everything a command needs from the environment.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Context {
     pub common: Common,
     pub paths: Paths,

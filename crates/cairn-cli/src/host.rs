@@ -130,11 +130,19 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
 
 /// Build provider, tools and approver for a session in `cwd`.
 pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring> {
+    wire_with(ctx, cwd, renderer, true)
+}
+
+/// [`wire`], headless when `may_ask` is false (`cairn ask`): no person is
+/// asked even when stdin is a terminal.
+pub fn wire_with(ctx: &Context, cwd: &Path, renderer: &mut Renderer, may_ask: bool) -> Result<Wiring> {
     let provider = build_provider(ctx, cwd)?;
     let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
         .context("invalid allow pattern (from --allow or [approvals] allow)")?;
     let terminal = TerminalApprover::new(ctx.err_style, ctx.common.yes);
-    let approver = PolicyApprover::new(allow, Some(Box::new(terminal)));
+    // One approver for the session and its children (`subagents.rs`).
+    let terminal = crate::subagents::SharedApprover::new(if may_ask { terminal } else { terminal.headless() });
+    let approver = PolicyApprover::new(allow, Some(Box::new(terminal.clone())));
     let mut registry = ToolRegistry::new(approver.is_interactive());
     let tools = tool_entries(ctx, cwd)?;
     let mut notes = tools.notes;
@@ -144,6 +152,7 @@ pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring
             notes.push(format!("tool {name} not offered: {e}"));
         }
     }
+    crate::subagents::offer(ctx, cwd, &mut registry, terminal, &mut notes)?;
     for note in notes {
         renderer.notice(&note);
     }
@@ -360,6 +369,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     let mut session = Session::open(store, session_config(ctx))?;
     let mut code = exit::SUCCESS;
     let interrupted = session.needs_resume();
+    crate::subagents::reattach_children(&id);
     if interrupted {
         renderer.notice(&format!("resuming the interrupted turn of session {id}"));
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {

@@ -6,6 +6,8 @@
 #![allow(unreachable_pub)]
 
 mod approver;
+mod ask;
+mod batch;
 mod cli;
 mod commands;
 mod compaction;
@@ -16,6 +18,7 @@ mod host;
 mod local;
 mod mount;
 mod paths;
+mod peers;
 #[cfg(feature = "postgres")]
 mod pg;
 #[cfg(not(feature = "postgres"))]
@@ -26,6 +29,7 @@ mod secrets;
 mod serve;
 mod sessions;
 mod style;
+mod subagents;
 mod trust;
 
 use std::process::ExitCode;

@@ -22,8 +22,8 @@ use crate::context::{Context, exit};
 
 /// The CLI's configuration as the tree's [`Host`].
 #[derive(Debug)]
-struct CliHost {
-    ctx: Context,
+pub(crate) struct CliHost {
+    pub(crate) ctx: Context,
 }
 
 impl Host for CliHost {
@@ -82,6 +82,10 @@ impl Host for CliHost {
         names.iter().map(|n| if n == default { format!("{n} default\n") } else { format!("{n}\n") }).collect()
     }
 
+    fn batch_max_running(&self) -> usize {
+        crate::batch::max_running(&self.ctx)
+    }
+
     fn tools_text(&self) -> String {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         match crate::host::tool_entries(&self.ctx, &cwd) {
@@ -99,13 +103,14 @@ impl Host for CliHost {
     }
 }
 
-/// The one-server-per-home lock, held while serving.
-struct ServeLock {
+/// The one-server-per-home lock, held while serving (and by `cairn batch`,
+/// which runs the same queue).
+pub(crate) struct ServeLock {
     file: std::fs::File,
 }
 
 impl ServeLock {
-    fn take(data: &Path) -> Result<Self> {
+    pub(crate) fn take(data: &Path) -> Result<Self> {
         let path = data.join("serve.lock");
         let mut file = std::fs::OpenOptions::new()
             .read(true)

@@ -141,7 +141,9 @@ pub fn resolve(paths: &Paths, target: &str, opts: &StoreOptions) -> Result<PathB
     if let Some(exact) = files.iter().find(|p| stem(p) == target) {
         return Ok(exact.clone());
     }
-    let prefixed: Vec<&PathBuf> = files.iter().filter(|p| stem(p).starts_with(target)).collect();
+    // A parent's id prefix names the parent, not its children (`subagents.rs`).
+    let child = |p: &PathBuf| crate::subagents::is_child_id(&stem(p)) && !crate::subagents::is_child_id(target);
+    let prefixed: Vec<&PathBuf> = files.iter().filter(|p| stem(p).starts_with(target) && !child(p)).collect();
     match prefixed.as_slice() {
         [one] => return Ok((*one).clone()),
         [] => {}
@@ -168,6 +170,8 @@ pub fn resolve(paths: &Paths, target: &str, opts: &StoreOptions) -> Result<PathB
 pub fn last(paths: &Paths, opts: &StoreOptions) -> Result<PathBuf> {
     let mut files: Vec<(SystemTime, PathBuf)> = session_files(paths)?
         .into_iter()
+        // Children are resumed through their parent (`subagents.rs`).
+        .filter(|p| !crate::subagents::is_child_id(&stem(p)))
         .map(|p| (std::fs::metadata(&p).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH), p))
         .collect();
     files.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| stem(&b.1).cmp(&stem(&a.1))));

@@ -1,0 +1,923 @@
+//! Subagents: the built-in tools `spawn_agent` and `wait_agents`, through
+//! which a session (the parent) runs child sessions, and the host side of a
+//! session family.
+//!
+//! A child is an ordinary durable session file. Its id is a function of the
+//! spawning call, `<parent id>+<invocation id>` ([`child_id`]), so the
+//! parent's intent entry (`toolRequested`, holding the session and
+//! invocation ids) names the child before the child exists, and creating it
+//! twice is impossible: `JsonlStore::create` refuses an existing file. Its
+//! `fact` `subagent` ([`ChildFact`], committed right after the header) names
+//! the parent, the invocation, the depth, the prompt and the authority the
+//! child was given.
+//!
+//! Owns: the child id rule, creating a child once, re-attaching a child by
+//! id (finished → its answer is read; unfinished → it is resumed, never run
+//! anew), the authority checks (tools ⊆ parent's, allow patterns ⊆
+//! parent's, cwd inside the parent's working directory) and the limits
+//! (`[subagents]`: depth, children per session, children running at once).
+//! Children run on host threads of this process; cairn-core only sees two
+//! more tools (`spawn_agent` is `Guarded`, its guard being the child file).
+//! Must not: drive a child other than through `Session::run_turn` /
+//! `Session::resume`, or give a child an approver other than the parent's.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use cairn_core::approval::{Allowlist, ApprovalError, ApprovalRequest, Approver, PolicyApprover, Verdict};
+use cairn_core::message::Role;
+use cairn_core::storage::registers::FACT;
+use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, now_millis, to_raw};
+use cairn_core::tool::{
+    GuardVerdict, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
+};
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
+use cairn_provider::{ProviderConfig, ProviderKind};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::approver::TerminalApprover;
+use crate::context::Context;
+
+/// The tool that starts a child.
+pub const SPAWN: &str = "spawn_agent";
+/// The tool that collects children's answers.
+pub const WAIT: &str = "wait_agents";
+/// The `fact` key describing a child session.
+pub const FACT_KEY: &str = "subagent";
+/// Separates a parent's id from the spawning invocation in a child's id.
+pub const SEP: char = '+';
+
+/// The id of the child started by invocation `invocation` of `parent`.
+pub fn child_id(parent: &str, invocation: &str) -> String {
+    format!("{parent}{SEP}{invocation}")
+}
+
+/// Whether a session id names a child.
+pub fn is_child_id(id: &str) -> bool {
+    id.contains(SEP)
+}
+
+/// How deep a session is in its family (0: a top-level session).
+pub fn depth_of(id: &str) -> u32 {
+    u32::try_from(id.matches(SEP).count()).unwrap_or(u32::MAX)
+}
+
+/// How `cairn sessions` shows an id: a child is marked `↳`.
+pub fn list_label(id: &str) -> String {
+    if is_child_id(id) { format!("↳ {id}") } else { id.to_owned() }
+}
+
+/// The parent of a child id.
+pub fn parent_of(id: &str) -> Option<&str> {
+    id.rsplit_once(SEP).map(|(parent, _)| parent)
+}
+
+/// `[subagents]` in the configuration.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Deepest child (a top-level session is depth 0); 0 turns the tools off.
+    pub max_depth: u32,
+    /// Children one session may start.
+    pub max_children: usize,
+    /// Children running at once in this process.
+    pub max_running: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_depth: 3, max_children: 16, max_running: 8 }
+    }
+}
+
+impl Limits {
+    fn from_settings(ctx: &Context) -> Result<Self> {
+        match &ctx.settings.subagents {
+            None => Ok(Self::default()),
+            Some(table) => table
+                .clone()
+                .try_into()
+                .map_err(|e| anyhow!("[subagents] in {} is invalid: {e}", ctx.settings.config_file.display())),
+        }
+    }
+}
+
+/// What a child was given, committed as its `fact` `subagent`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildFact {
+    /// The parent session's id.
+    pub parent: String,
+    /// The parent's `spawn_agent` invocation.
+    pub invocation: String,
+    /// 1 for a child of a top-level session.
+    pub depth: u32,
+    /// The child's prompt.
+    pub prompt: String,
+    /// The tools offered to the child.
+    pub tools: Vec<String>,
+    /// The child's allow patterns.
+    pub allow: Vec<String>,
+    /// Provider name, model and script (for the scripted provider).
+    pub provider: String,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub script: Option<PathBuf>,
+    /// Whether it may message its siblings that have `peers` too.
+    #[serde(default)]
+    pub peers: bool,
+}
+
+/// The one approver of a session family: the parent's terminal approver,
+/// shared, so a child's call that needs a person goes to the same person
+/// (prompts never interleave), and is refused where the parent is headless.
+#[derive(Debug, Clone)]
+pub struct SharedApprover(Arc<Mutex<TerminalApprover>>);
+
+impl SharedApprover {
+    /// Share `terminal`.
+    pub fn new(terminal: TerminalApprover) -> Self {
+        Self(Arc::new(Mutex::new(terminal)))
+    }
+}
+
+impl Approver for SharedApprover {
+    fn is_interactive(&self) -> bool {
+        self.0.lock().map(|a| a.is_interactive()).unwrap_or(false)
+    }
+
+    fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
+        match self.0.lock() {
+            Ok(mut inner) => inner.decide(request),
+            Err(_) => Err(ApprovalError::Unavailable("the approver failed earlier in another session".to_owned())),
+        }
+    }
+}
+
+/// How a child ended, as the parent sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChildResult {
+    /// Its final answer.
+    Answered(String),
+    /// It could not finish (the reason).
+    Failed(String),
+}
+
+/// A child's state read from its file.
+#[derive(Debug, Clone, PartialEq)]
+enum ChildStatus {
+    NotStarted,
+    Unfinished,
+    Finished(ChildResult),
+}
+
+/// One child known to this process: running on a thread, or finished.
+#[derive(Debug, Default)]
+struct Slot {
+    done: Mutex<Option<ChildResult>>,
+    changed: Condvar,
+}
+
+impl Slot {
+    fn finish(&self, result: ChildResult) {
+        if let Ok(mut done) = self.done.lock() {
+            *done = Some(result);
+        }
+        self.changed.notify_all();
+    }
+
+    fn result(&self) -> Option<ChildResult> {
+        self.done.lock().ok().and_then(|d| d.clone())
+    }
+
+    /// Wait for the result until `deadline` (None: no deadline) or a cancel.
+    fn wait(&self, deadline: Option<Instant>, cancel: &CancelToken) -> Option<ChildResult> {
+        let Ok(mut done) = self.done.lock() else { return None };
+        loop {
+            if let Some(result) = done.clone() {
+                return Some(result);
+            }
+            if cancel.is_cancelled() || deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
+            }
+            // Wake regularly to see a cancel.
+            let step = Duration::from_millis(100);
+            let step = deadline.map_or(step, |d| step.min(d.saturating_duration_since(Instant::now())));
+            done = match self.changed.wait_timeout(done, step) {
+                Ok((guard, _)) => guard,
+                Err(_) => return None,
+            };
+        }
+    }
+}
+
+/// The children of this process (one family per `cairn` process).
+struct Family {
+    ctx: Context,
+    terminal: SharedApprover,
+    limits: Limits,
+    slots: Mutex<BTreeMap<String, Arc<Slot>>>,
+}
+
+static FAMILY: OnceLock<Family> = OnceLock::new();
+
+fn family(ctx: &Context, terminal: &SharedApprover, limits: Limits) -> &'static Family {
+    FAMILY.get_or_init(|| Family {
+        ctx: ctx.clone(),
+        terminal: terminal.clone(),
+        limits,
+        slots: Mutex::new(BTreeMap::new()),
+    })
+}
+
+/// Before the process exits: wait for the children still running on its
+/// threads (started with `wait: false` and never gathered), so they finish
+/// instead of stopping mid-turn. Ctrl-C leaves at once (a child stopped
+/// there is resumed when its parent re-attaches it).
+pub fn finish_running() {
+    let Some(family) = FAMILY.get() else { return };
+    let slots: Vec<Arc<Slot>> = family.slots.lock().map(|s| s.values().cloned().collect()).unwrap_or_default();
+    if slots.iter().any(|s| s.result().is_none()) {
+        eprintln!("cairn: waiting for running child sessions to finish (Ctrl-C leaves; they resume with their parent)");
+    }
+    let never = CancelToken::new();
+    for slot in slots {
+        slot.wait(None, &never);
+    }
+}
+
+/// `cairn resume` of a parent: resume its children a crash left
+/// unfinished, also those no pending call of the parent will re-attach
+/// (started with `wait: false`; `finish_running` waits for them).
+pub fn reattach_children(parent: &str) {
+    let Some(family) = FAMILY.get() else { return };
+    for id in family.children_of(parent).unwrap_or_default() {
+        // Without its fact the child was cut off while being created: only
+        // its `spawn_agent` call (pending, so re-run) can finish that.
+        let has_fact = JsonlStore::open_read_only(&family.path(&id)).is_ok_and(|s| child_fact(&s).is_some());
+        if has_fact && !matches!(status(&family.ctx, &family.path(&id)), Ok(ChildStatus::Finished(_))) {
+            // A child that cannot be re-attached is reported by the call
+            // that gathers it.
+            let _ = family.attach(&id, None);
+        }
+    }
+}
+
+/// What one session may hand down to its children.
+#[derive(Debug, Clone)]
+struct Scope {
+    cwd: PathBuf,
+    tools: Vec<String>,
+    allow: Vec<String>,
+    provider: String,
+    model: Option<String>,
+    script: Option<PathBuf>,
+    scripted: bool,
+}
+
+/// Offer `spawn_agent` and `wait_agents` to a top-level session in `cwd`
+/// whose other tools are already in `registry`.
+pub fn offer(
+    ctx: &Context,
+    cwd: &Path,
+    registry: &mut ToolRegistry,
+    terminal: SharedApprover,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let limits = Limits::from_settings(ctx)?;
+    let family = family(ctx, &terminal, limits);
+    let provider = ctx.settings.provider.value.clone();
+    // The embedded 135M model is not offered the family's tools: it cannot
+    // use them, and its prompt and decoding grammar stay as they were.
+    let local = ProviderConfig::resolve(&provider, ctx.settings.providers.get(&provider))
+        .is_ok_and(|c| c.kind == ProviderKind::Local);
+    if family.limits.max_depth == 0 || local {
+        return Ok(());
+    }
+    let mut tools: Vec<String> = registry.specs().iter().map(|s| s.name.clone()).collect();
+    tools.extend([SPAWN, WAIT, crate::peers::SEND, crate::peers::RECEIVE].map(str::to_owned));
+    let scope = Scope {
+        cwd: cwd.to_path_buf(),
+        tools,
+        allow: ctx.settings.allow.value.clone(),
+        scripted: is_scripted(ctx, &provider),
+        provider,
+        model: ctx.settings.model.value.clone(),
+        script: ctx.settings.script.value.clone(),
+    };
+    register(family, registry, scope, notes, true);
+    Ok(())
+}
+
+fn is_scripted(ctx: &Context, provider: &str) -> bool {
+    ProviderConfig::resolve(provider, ctx.settings.providers.get(provider))
+        .is_ok_and(|c| c.kind == ProviderKind::Scripted)
+}
+
+/// Offer what `scope.tools` names of the family's tools: `spawn_agent`
+/// and `wait_agents` only when `may_spawn` (below the depth limit), the
+/// peer tools (`peers.rs`) when named.
+fn register(
+    family: &'static Family,
+    registry: &mut ToolRegistry,
+    scope: Scope,
+    notes: &mut Vec<String>,
+    may_spawn: bool,
+) {
+    let scope = Arc::new(scope);
+    let spawn = SpawnAgent { spec: spawn_spec(scope.scripted), scope: Arc::clone(&scope), family };
+    let wait = WaitAgents { spec: wait_spec(), family };
+    let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+    if may_spawn {
+        tools.extend([Arc::new(spawn) as Arc<dyn Tool>, Arc::new(wait)]);
+    }
+    let peers = crate::peers::tools(crate::peers::directory(&family.ctx.paths.sessions()));
+    tools.extend(peers.into_iter().filter(|t| scope.tools.contains(&t.spec().name)));
+    for tool in tools {
+        let name = tool.spec().name.clone();
+        if let Err(e) = registry.register(tool) {
+            notes.push(format!("tool {name} not offered: {e}"));
+        }
+    }
+}
+
+fn spawn_spec(scripted: bool) -> ToolSpec {
+    let mut properties = json!({
+        "prompt": {"type": "string", "minLength": 1, "description": "The child's task."},
+        "cwd": {"type": "string", "description": "Its working directory, inside yours (default: yours)."},
+        "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools it may use, a subset of yours (default: all of yours)."},
+        "allow": {"type": "array", "items": {"type": "string"}, "description": "Allow patterns it gets, a subset of yours (default: all of yours)."},
+        "wait": {"type": "boolean", "description": "true (default): return its answer; false: return its id at once, collect it with wait_agents."},
+        "peers": {"type": "boolean", "description": "Let it message its siblings started with peers too (default false)."}
+    });
+    if scripted {
+        properties["script"] = json!({"type": "string", "description": "The scripted provider's script for the child (relative to the parent's script)."});
+    }
+    ToolSpec {
+        name: SPAWN.to_owned(),
+        description: "Start a child agent (its own durable session) on a task and get its final answer.".to_owned(),
+        input_schema: json!({"type": "object", "properties": properties, "required": ["prompt"]}),
+        risk: Risk::ReadOnly,
+        capabilities: BTreeSet::new(),
+        replay: ReplayPolicy::Guarded,
+    }
+}
+
+fn wait_spec() -> ToolSpec {
+    ToolSpec {
+        name: WAIT.to_owned(),
+        description: "Collect the final answers of children started with spawn_agent (wait: false).".to_owned(),
+        input_schema: json!({
+            "type": "object",
+            "properties": {
+                "ids": {"type": "array", "items": {"type": "string"}, "description": "Child ids spawn_agent returned (default: all your children)."},
+                "timeout": {"type": "integer", "minimum": 0, "description": "Seconds to wait at most (default: until all finish)."}
+            },
+        }),
+        risk: Risk::ReadOnly,
+        capabilities: BTreeSet::new(),
+        replay: ReplayPolicy::Idempotent,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct SpawnArgs {
+    prompt: String,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    tools: Option<Vec<String>>,
+    #[serde(default)]
+    allow: Option<Vec<String>>,
+    #[serde(default)]
+    wait: Option<bool>,
+    #[serde(default)]
+    script: Option<String>,
+    #[serde(default)]
+    peers: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WaitArgs {
+    #[serde(default)]
+    ids: Option<Vec<String>>,
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+struct SpawnAgent {
+    spec: ToolSpec,
+    scope: Arc<Scope>,
+    family: &'static Family,
+}
+
+struct WaitAgents {
+    spec: ToolSpec,
+    family: &'static Family,
+}
+
+impl SpawnAgent {
+    /// The child's fact and working directory, or why the call exceeds the
+    /// parent's authority or the limits.
+    fn plan(&self, request: &ToolRequest) -> Result<(ChildFact, PathBuf), String> {
+        let args: SpawnArgs = serde_json::from_value(request.arguments.clone()).map_err(|e| e.to_string())?;
+        let scope = &self.scope;
+        let depth = depth_of(&request.session_id) + 1;
+        if depth > self.family.limits.max_depth {
+            return Err(format!(
+                "a child here would be at depth {depth}, past the limit of {} ([subagents] max_depth)",
+                self.family.limits.max_depth
+            ));
+        }
+        let tools = match args.tools {
+            None => scope.tools.clone(),
+            Some(tools) => {
+                if let Some(extra) = tools.iter().find(|t| !scope.tools.contains(t)) {
+                    return Err(format!(
+                        "this session has no tool {extra:?}, so its child cannot have it (a child's tools are a subset of its parent's: {})",
+                        scope.tools.join(", ")
+                    ));
+                }
+                tools
+            }
+        };
+        let allow = match args.allow {
+            None => scope.allow.clone(),
+            Some(allow) => {
+                if let Some(extra) = allow.iter().find(|p| !scope.allow.contains(p)) {
+                    return Err(format!(
+                        "this session has no allow pattern {extra:?}, so its child cannot have it (a child's allow patterns are a subset of its parent's: {:?})",
+                        scope.allow
+                    ));
+                }
+                allow
+            }
+        };
+        let root = scope.cwd.canonicalize().map_err(|e| format!("{}: {e}", scope.cwd.display()))?;
+        let cwd = match &args.cwd {
+            None => root.clone(),
+            Some(dir) => {
+                let joined = root.join(dir);
+                let cwd = joined.canonicalize().map_err(|e| format!("cwd {dir:?}: {e}"))?;
+                if !cwd.starts_with(&root) || !cwd.is_dir() {
+                    return Err(format!(
+                        "cwd {dir:?} is not a directory inside this session's working directory {} (a child stays inside its parent's)",
+                        root.display()
+                    ));
+                }
+                cwd
+            }
+        };
+        let script = match (&args.script, scope.scripted) {
+            (Some(_), false) => return Err("`script` is only for the scripted provider".to_owned()),
+            (None, true) => {
+                return Err(
+                    "with the scripted provider a child needs its own `script` (one answer per line)".to_owned()
+                );
+            }
+            (Some(s), true) => {
+                let base = scope.script.as_deref().and_then(Path::parent).unwrap_or(&root);
+                Some(base.join(s))
+            }
+            (None, false) => None,
+        };
+        let fact = ChildFact {
+            parent: request.session_id.clone(),
+            invocation: request.invocation_id.clone(),
+            depth,
+            prompt: args.prompt,
+            tools,
+            allow,
+            provider: scope.provider.clone(),
+            model: scope.model.clone(),
+            script,
+            peers: args.peers.unwrap_or(false),
+        };
+        Ok((fact, cwd))
+    }
+
+    fn waits(request: &ToolRequest) -> bool {
+        serde_json::from_value::<SpawnArgs>(request.arguments.clone()).ok().and_then(|a| a.wait).unwrap_or(true)
+    }
+}
+
+impl Tool for SpawnAgent {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn validate(&self, request: &ToolRequest) -> Validation {
+        match self.plan(request) {
+            Ok(_) => Validation::Valid,
+            Err(reason) => Validation::Invalid(reason),
+        }
+    }
+
+    /// The child file is the guard: finished → its answer (a `wait: false`
+    /// call → its id); anything else → run again, which re-attaches the
+    /// existing child instead of creating one.
+    fn guard(&self, request: &ToolRequest, _cwd: &Path) -> GuardVerdict {
+        let id = child_id(&request.session_id, &request.invocation_id);
+        let path = self.family.path(&id);
+        if !path.exists() {
+            return GuardVerdict::NotDone;
+        }
+        match status(&self.family.ctx, &path) {
+            Ok(ChildStatus::Finished(result)) if Self::waits(request) => {
+                GuardVerdict::AlreadyDone(receipt(&id, Some(&result), Duration::ZERO))
+            }
+            _ => GuardVerdict::NotDone,
+        }
+    }
+
+    fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+        let started = Instant::now();
+        let (fact, cwd) = self.plan(request).map_err(ToolError::InvalidArguments)?;
+        let id = child_id(&request.session_id, &request.invocation_id);
+        let slot = self.family.attach(&id, Some((&fact, &cwd))).map_err(|e| ToolError::Other(format!("{e:#}")))?;
+        if !Self::waits(request) {
+            return Ok(receipt(&id, slot.result().as_ref(), started.elapsed()));
+        }
+        match slot.wait(None, ctx.cancel) {
+            Some(result) => Ok(receipt(&id, Some(&result), started.elapsed())),
+            None => Err(ToolError::Cancelled),
+        }
+    }
+}
+
+impl Tool for WaitAgents {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn validate(&self, request: &ToolRequest) -> Validation {
+        let Ok(args) = serde_json::from_value::<WaitArgs>(request.arguments.clone()) else {
+            return Validation::Invalid("ids is a list of child ids spawn_agent returned".to_owned());
+        };
+        match args.ids.unwrap_or_default().iter().find(|id| parent_of(id) != Some(request.session_id.as_str())) {
+            Some(id) => Validation::Invalid(format!("{id:?} is not a child of this session")),
+            None => Validation::Valid,
+        }
+    }
+
+    fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+        let started = Instant::now();
+        let args: WaitArgs = serde_json::from_value(request.arguments.clone())
+            .map_err(|e| ToolError::InvalidArguments(e.to_string()))?;
+        let deadline = args.timeout.map(|s| started + Duration::from_secs(s));
+        let ids = match args.ids {
+            Some(ids) => ids,
+            None => self.family.children_of(&request.session_id).map_err(|e| ToolError::Other(format!("{e:#}")))?,
+        };
+        let mut slots = Vec::new();
+        for id in &ids {
+            let slot = self.family.attach(id, None).map_err(|e| ToolError::Other(format!("{e:#}")))?;
+            slots.push((id, slot));
+        }
+        let mut text = String::new();
+        let mut children = Vec::new();
+        for (id, slot) in slots {
+            let result = slot.wait(deadline, ctx.cancel);
+            if result.is_none() && ctx.cancel.is_cancelled() {
+                return Err(ToolError::Cancelled);
+            }
+            let (status, answer) = describe(result.as_ref());
+            text.push_str(&format!("{id} ({status}): {answer}\n"));
+            children.push(json!({"id": id, "status": status, "answer": answer}));
+        }
+        Ok(ToolReceipt {
+            exit_code: 0,
+            output_summary: text,
+            structured_output: Some(json!({"children": children})),
+            affected_entities: Vec::new(),
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            tier: Risk::ReadOnly,
+            timestamp: now_millis(),
+            truncated: false,
+        })
+    }
+}
+
+fn describe(result: Option<&ChildResult>) -> (&'static str, String) {
+    match result {
+        None => ("running", String::new()),
+        Some(ChildResult::Answered(text)) => ("done", text.clone()),
+        Some(ChildResult::Failed(why)) => ("failed", why.clone()),
+    }
+}
+
+fn receipt(id: &str, result: Option<&ChildResult>, took: Duration) -> ToolReceipt {
+    let (status, answer) = describe(result);
+    let summary = match result {
+        None => format!("started child {id}; collect its answer with wait_agents"),
+        Some(ChildResult::Answered(text)) => text.clone(),
+        Some(ChildResult::Failed(why)) => format!("child {id} failed: {why}"),
+    };
+    ToolReceipt {
+        exit_code: i32::from(matches!(result, Some(ChildResult::Failed(_)))),
+        output_summary: summary,
+        structured_output: Some(json!({"childId": id, "status": status, "answer": answer})),
+        affected_entities: vec![id.to_owned()],
+        duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        tier: Risk::ReadOnly,
+        timestamp: now_millis(),
+        truncated: false,
+    }
+}
+
+impl Family {
+    fn path(&self, id: &str) -> PathBuf {
+        self.ctx.paths.sessions().join(format!("{id}.jsonl"))
+    }
+
+    /// The slot of child `id`: already known to this process, or read from
+    /// its file (finished), or started on a thread (unfinished: resumed).
+    /// With `create` the child is created when its file does not exist —
+    /// the only place a child is created, so never twice.
+    fn attach(&'static self, id: &str, create: Option<(&ChildFact, &Path)>) -> Result<Arc<Slot>> {
+        let mut slots = self.slots.lock().map_err(|_| anyhow!("the subagent table is poisoned"))?;
+        if let Some(slot) = slots.get(id) {
+            return Ok(Arc::clone(slot));
+        }
+        let path = self.path(id);
+        // A store opened for writing here is handed to the child's thread,
+        // never closed and reopened: a process forked meanwhile (a tool's
+        // namespace waiter) would hold the closed lock a while.
+        let mut writer = None;
+        match (path.exists(), create) {
+            (false, None) => bail!("no child session {id}"),
+            (false, Some((fact, cwd))) => {
+                self.check_limits(&fact.parent, &slots)?;
+                let header = Header::new(id, cwd.display().to_string());
+                let mut store =
+                    JsonlStore::create(&self.ctx.paths.sessions(), header, self.ctx.settings.store_options())
+                        .with_context(|| format!("cannot create child session {id}"))?;
+                store.commit(Transaction::new().set(FACT, FACT_KEY, to_raw(fact)?))?;
+                writer = Some(store);
+            }
+            (true, Some((fact, _))) => {
+                // Killed between the header and the fact: add the fact.
+                let missing = JsonlStore::open_read_only(&path)?.register(FACT, FACT_KEY).is_none();
+                if missing {
+                    let mut store = crate::host::open_session(&self.ctx, &path)?;
+                    store.commit(Transaction::new().set(FACT, FACT_KEY, to_raw(fact)?))?;
+                    writer = Some(store);
+                }
+            }
+            (true, None) => {}
+        }
+        let slot = Arc::new(Slot::default());
+        if let ChildStatus::Finished(result) = status(&self.ctx, &path)? {
+            slot.finish(result);
+        } else {
+            let (runner, child) = (Arc::clone(&slot), id.to_owned());
+            std::thread::Builder::new()
+                .name(format!("child {id}"))
+                .spawn(move || {
+                    let result = match self.run_child(&child, writer) {
+                        Ok(result) => result,
+                        Err(e) => ChildResult::Failed(format!("{e:#}")),
+                    };
+                    runner.finish(result);
+                })
+                .context("cannot start a thread for the child")?;
+        }
+        slots.insert(id.to_owned(), Arc::clone(&slot));
+        Ok(slot)
+    }
+
+    fn check_limits(&self, parent: &str, slots: &BTreeMap<String, Arc<Slot>>) -> Result<()> {
+        let running = slots.values().filter(|s| s.result().is_none()).count();
+        if running >= self.limits.max_running {
+            bail!(
+                "{running} children are running, the limit ([subagents] max_running); collect some with wait_agents first"
+            );
+        }
+        let mine = self.children_of(parent)?.len();
+        if mine >= self.limits.max_children {
+            bail!("this session has started {mine} children, the limit ([subagents] max_children)");
+        }
+        Ok(())
+    }
+
+    /// The ids of `parent`'s children, in the order they were started
+    /// (invocation ids grow with the log).
+    fn children_of(&self, parent: &str) -> Result<Vec<String>> {
+        let prefix = format!("{parent}{SEP}");
+        let mut ids: Vec<String> = crate::sessions::session_files(&self.ctx.paths)?
+            .iter()
+            .filter_map(|p| p.file_stem().and_then(|s| s.to_str()).map(str::to_owned))
+            .filter(|stem| stem.strip_prefix(&prefix).is_some_and(|rest| !rest.contains(SEP)))
+            .collect();
+        ids.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        Ok(ids)
+    }
+
+    /// Drive child `id` to its answer: its first turn, or the resumption of
+    /// an interrupted one. The file's writer lock keeps a second process out.
+    fn run_child(&'static self, id: &str, writer: Option<JsonlStore>) -> Result<ChildResult> {
+        let ctx = &self.ctx;
+        let store = match writer {
+            Some(store) => store,
+            None => crate::host::open_session(ctx, &self.path(id))?,
+        };
+        let fact: ChildFact = store
+            .register(FACT, FACT_KEY)
+            .ok_or_else(|| anyhow!("child session {id} has no `subagent` fact"))?
+            .parse()
+            .with_context(|| format!("child session {id}: unreadable `subagent` fact"))?;
+        let cwd = PathBuf::from(&store.header().cwd);
+        let provider =
+            crate::host::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
+        let allow = Allowlist::parse(fact.allow.iter().map(String::as_str)).context("child allow patterns")?;
+        let mut approver = PolicyApprover::new(allow, Some(Box::new(self.terminal.clone())));
+        let mut registry = ToolRegistry::new(approver.is_interactive());
+        for entry in crate::host::tool_entries(ctx, &cwd)?.entries {
+            if fact.tools.contains(&entry.tool.spec().name) {
+                // A tool the registry refuses here (Destructive, headless) is
+                // simply not offered, as for the parent.
+                let _ = registry.register(entry.tool);
+            }
+        }
+        {
+            let scripted = is_scripted(ctx, &fact.provider);
+            let scope = Scope {
+                cwd: cwd.clone(),
+                tools: fact.tools.clone(),
+                allow: fact.allow.clone(),
+                provider: fact.provider.clone(),
+                model: fact.model.clone(),
+                script: fact.script.clone(),
+                scripted,
+            };
+            let may_spawn = fact.tools.iter().any(|t| t == SPAWN) && fact.depth < self.limits.max_depth;
+            register(self, &mut registry, scope, &mut Vec::new(), may_spawn);
+        }
+        let mut config = crate::host::session_config(ctx);
+        config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
+        let mut session = Session::open(store, config)?;
+        let cancel = CancelToken::new();
+        let mut observer = |_: &TurnEvent| {};
+        let mut env = TurnEnv {
+            provider: &*provider,
+            tools: &registry,
+            approver: &mut approver,
+            observer: &mut observer,
+            cancel: &cancel,
+        };
+        let outcome = if session.store().entry_count() == 0 {
+            Some(session.run_turn(&fact.prompt, &mut env)?)
+        } else {
+            session.resume(&mut env)?
+        };
+        if outcome.is_some_and(|o| o.stop == TurnStop::StepLimit) {
+            return Ok(ChildResult::Failed("the child reached its step limit".to_owned()));
+        }
+        Ok(ChildResult::Answered(last_answer(&session)))
+    }
+}
+
+fn last_answer<S: Storage>(session: &Session<S>) -> String {
+    session.messages().iter().rev().find(|m| m.role == Role::Assistant).map(|m| m.joined_text()).unwrap_or_default()
+}
+
+/// A child's state as its file says (read-only).
+fn status(ctx: &Context, path: &Path) -> Result<ChildStatus> {
+    let store = JsonlStore::open_read_only(path)?;
+    if store.entry_count() == 0 {
+        return Ok(ChildStatus::NotStarted);
+    }
+    let mut config = crate::host::session_config(ctx);
+    config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
+    let session = Session::open(store, config)?;
+    if session.needs_resume() {
+        return Ok(ChildStatus::Unfinished);
+    }
+    Ok(ChildStatus::Finished(ChildResult::Answered(last_answer(&session))))
+}
+
+/// Token totals of provider attempts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    /// Input tokens.
+    pub input: u64,
+    /// Output tokens.
+    pub output: u64,
+    /// Provider attempts.
+    pub attempts: u64,
+}
+
+impl Tokens {
+    fn add(&mut self, other: Tokens) {
+        self.input += other.input;
+        self.output += other.output;
+        self.attempts += other.attempts;
+    }
+}
+
+/// The usage ledger of one session.
+pub fn tokens_of<S: Storage>(store: &S) -> Tokens {
+    let mut total = Tokens::default();
+    for row in store.usage() {
+        if let Ok(u) = row.usage.parse::<cairn_core::provider::AttemptUsage>() {
+            total.add(Tokens { input: u.input_tokens, output: u.output_tokens, attempts: 1 });
+        }
+    }
+    total
+}
+
+/// Every descendant of session `id` (children, their children, …) in the
+/// sessions directory: files whose id starts with `id+`.
+pub fn descendants(ctx: &Context, id: &str) -> Vec<PathBuf> {
+    let prefix = format!("{id}{SEP}");
+    crate::sessions::session_files(&ctx.paths)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s.starts_with(&prefix)))
+        .collect()
+}
+
+/// `usage …` for `cairn show`: the session's own tokens and its
+/// descendants'.
+pub fn usage_line<S: Storage>(ctx: &Context, store: &S) -> String {
+    let own = tokens_of(store);
+    let family = descendants(ctx, &store.header().id);
+    let mut children = Tokens::default();
+    for path in &family {
+        if let Ok(child) = JsonlStore::open_read_only_with(path, ctx.settings.store_options()) {
+            children.add(tokens_of(&child));
+        }
+    }
+    let mut line = format!("usage: own {} in / {} out tokens ({} attempts)", own.input, own.output, own.attempts);
+    if !family.is_empty() {
+        line.push_str(&format!(
+            "; {} descendant sessions {} in / {} out ({} attempts); total {} in / {} out",
+            family.len(),
+            children.input,
+            children.output,
+            children.attempts,
+            own.input + children.input,
+            own.output + children.output
+        ));
+    }
+    line
+}
+
+/// For `cairn show`: under a `spawn_agent` intent of session `parent`, the
+/// child it names (and, indented, that child's own children): state,
+/// tokens and answer.
+pub fn child_lines(ctx: &Context, parent: &str, entry: &cairn_core::storage::Entry) -> Vec<String> {
+    let mut lines = Vec::new();
+    if entry.entry_type != "toolRequested" {
+        return lines;
+    }
+    let Ok(p) = entry.payload.parse::<cairn_core::events::ToolRequestedPayload>() else { return lines };
+    if p.request.tool != SPAWN {
+        return lines;
+    }
+    child_tree(ctx, &child_id(parent, &p.invocation_id), 0, &mut lines);
+    lines
+}
+
+fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
+    let pad = "   ".repeat(depth);
+    let path = ctx.paths.sessions().join(format!("{id}.jsonl"));
+    let Ok(store) = JsonlStore::open_read_only_with(&path, ctx.settings.store_options()) else {
+        lines.push(format!("{pad}└─ child {id}: not created"));
+        return;
+    };
+    let tokens = tokens_of(&store);
+    let state = match status(ctx, &path) {
+        Ok(ChildStatus::NotStarted) => "not started".to_owned(),
+        Ok(ChildStatus::Unfinished) => "interrupted (resumed by its parent)".to_owned(),
+        Ok(ChildStatus::Finished(ChildResult::Answered(a))) => {
+            format!("answered: {}", crate::render::short(a.trim(), 80))
+        }
+        Ok(ChildStatus::Finished(ChildResult::Failed(why))) => format!("failed: {why}"),
+        Err(e) => format!("unreadable: {e:#}"),
+    };
+    lines.push(format!("{pad}└─ child {id} — {} in / {} out tokens — {state}", tokens.input, tokens.output));
+    let mut grandchildren = Vec::new();
+    store.visit_entries(&mut |e| {
+        if e.entry_type == "toolRequested"
+            && let Ok(p) = e.payload.parse::<cairn_core::events::ToolRequestedPayload>()
+            && p.request.tool == SPAWN
+        {
+            grandchildren.push(child_id(id, &p.invocation_id));
+        }
+    });
+    for grandchild in grandchildren {
+        child_tree(ctx, &grandchild, depth + 1, lines);
+    }
+}
+
+/// The `subagent` fact of a session, if it is a child.
+pub fn child_fact<S: Storage>(store: &S) -> Option<ChildFact> {
+    store.register(FACT, FACT_KEY).and_then(|raw| raw.parse().ok())
+}
