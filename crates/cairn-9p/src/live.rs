@@ -440,6 +440,11 @@ impl Runtime {
             let provider = self.host.provider(&spec, &cwd)?;
             let registry = self.host.tools(&cwd)?;
             let allow = Allowlist::parse(spec.allow.iter().map(String::as_str))?;
+            if store.register(FACT, registers::SUBAGENT_FACT).is_some() {
+                // Its authority is a subset of its parent's; the parent
+                // drives it (and re-attaches it on resume).
+                bail!("session {} is a child session; its parent drives it", live.id);
+            }
             let session = Session::open(store, self.host.session_config())?;
             if start == Start::Resume && !session.needs_resume() {
                 bail!("nothing to resume in session {}: the last turn finished", live.id);
@@ -558,6 +563,9 @@ impl Runtime {
         let journal = queue::journal_path(&self.host.sessions_dir(), id);
         let journaled = queue::read(&journal)?;
         let store = JsonlStore::open_read_only_with(&live.path, self.host.store_options())?;
+        if store.register(FACT, registers::SUBAGENT_FACT).is_some() {
+            bail!("session {id} is a child session; its parent drives it");
+        }
         let kept = registers::prompt_queue(&store);
         let n = journaled.iter().map(|q| q.n).chain([kept.through]).max().unwrap_or(0) + 1;
         queue::append(&journal, &registers::QueuedPrompt { n, prompt })?;

@@ -362,6 +362,17 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
 pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
     let store = open_session(ctx, path)?;
+    if let Some(child) = crate::subagents::child_fact(&store) {
+        // A child's authority is a subset of its parent's, recorded in its
+        // file; flags given here could exceed it. Its parent drives it.
+        anyhow::bail!(
+            "session {} is a child of session {} (spawned by {}); resume the parent with `cairn resume {}`, which re-attaches its unfinished children",
+            store.header().id,
+            child.parent,
+            child.invocation,
+            child.parent
+        );
+    }
     let cwd = PathBuf::from(&store.header().cwd);
     let mut wiring = wire(ctx, &cwd, &mut renderer)?;
     announce(&mut renderer, &store);

@@ -48,7 +48,7 @@ pub const SPAWN: &str = "spawn_agent";
 /// The tool that collects children's answers.
 pub const WAIT: &str = "wait_agents";
 /// The `fact` key describing a child session.
-pub const FACT_KEY: &str = "subagent";
+pub const FACT_KEY: &str = cairn_core::storage::registers::SUBAGENT_FACT;
 /// Separates a parent's id from the spawning invocation in a child's id.
 pub const SEP: char = '+';
 

@@ -426,6 +426,36 @@ fn sessions_run_their_turns_concurrently_while_another_waits() {
     assert_eq!(std::fs::read_to_string(env.cwd.join("w.txt")).unwrap(), "w\n");
 }
 
+/// A child session (a subagent, with its `subagent` fact) is driven by its
+/// parent only: a prompt, enqueue or resume over 9P is refused, since its
+/// authority is what its parent gave it.
+#[test]
+fn a_child_session_is_not_driven_over_9p() {
+    use cairn_core::storage::{JsonlStore, Storage, StoreOptions, Transaction, registers};
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "should not run"})]);
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let id =
+        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    drop(c);
+    drop(served);
+    let file = env.home.join("sessions").join(format!("{id}.jsonl"));
+    let mut store = JsonlStore::open(&file, StoreOptions::default()).unwrap();
+    let fact = cairn_core::storage::RawJson::from_json(r#"{"parent":"p","invocation":"i1","depth":1}"#).unwrap();
+    store.commit(Transaction::new().set(registers::FACT, registers::SUBAGENT_FACT, fact)).unwrap();
+    drop(store);
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let err = c.write_file(&format!("s/{id}/prompt"), b"go").unwrap_err().to_string();
+    assert!(err.contains("child session"), "{err}");
+    let err = c.write_file(&format!("s/{id}/enqueue"), b"later").unwrap_err().to_string();
+    assert!(err.contains("child session"), "{err}");
+    let err = c.write_file(&format!("s/{id}/ctl"), b"resume").unwrap_err().to_string();
+    assert!(err.contains("child session"), "{err}");
+    assert!(!std::fs::read_to_string(&file).unwrap().contains("should not run"));
+}
+
 #[test]
 fn the_ninep_crate_client_reads_and_writes_the_tree() {
     let env = Env::new();

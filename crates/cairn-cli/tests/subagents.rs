@@ -244,6 +244,30 @@ fn a_parent_fans_out_five_children_and_gathers_their_answers() {
     let json = stdout(&env.cairn(&["--json", "sessions"]).output().unwrap());
     let with_parent = json.lines().filter(|l| l.contains(&format!("\"parent\":\"{parent_id}\""))).count();
     assert_eq!(with_parent, 5, "{json}");
+    // A child is never resumed on its own (flags could exceed the
+    // authority its parent gave it): the error names the parent.
+    let direct = env
+        .cairn(&[
+            "--script",
+            script.to_str().unwrap(),
+            "--yes",
+            "--allow",
+            "shell(*)",
+            "resume",
+            &found[0],
+            "--prompt",
+            "x",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_ne!(direct.status.code(), Some(0));
+    assert!(
+        stderr(&direct).contains(&format!("resume the parent with `cairn resume {parent_id}`")),
+        "{}",
+        stderr(&direct)
+    );
+    assert_eq!(user_texts(&children[0]).len(), 1, "nothing ran in the child");
     // `cairn resume --last` names the parent, never a child.
     let last = env.cairn(&["--script", script.to_str().unwrap(), "resume", "--last"]).stdin(Stdio::null()).output();
     assert!(stderr(&last.unwrap()).contains(&parent_id));

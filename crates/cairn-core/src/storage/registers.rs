@@ -48,6 +48,11 @@ pub const FACT: &str = "fact";
 
 /// The `fact` key of the session's name.
 pub const NAME_FACT: &str = "name";
+/// The `fact` key a child session (a subagent) records its parent and the
+/// authority it was given under; its value's shape is the host's
+/// (`cairn-cli`'s `subagents.rs`). A session holding it is driven only by
+/// its parent.
+pub const SUBAGENT_FACT: &str = "subagent";
 /// The `fact` key of the session's prompt queue ([`PromptQueue`]).
 pub const QUEUE_FACT: &str = "queue";
 /// The prefix of `fact` keys holding a session allow rule.
