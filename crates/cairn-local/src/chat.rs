@@ -190,7 +190,7 @@ pub fn example_turns(tools: &[ToolSpec], example_name: &str) -> Vec<Turn> {
         Turn { role: "user", content: request.clone() },
         Turn { role: "assistant", content: render_call(&tool.name, &Value::Object(args)) },
         Turn { role: "user", content: result_text(&tool.name, "     1\tThe colour is teal.", false, Some(&request)) },
-        Turn { role: "assistant", content: "The colour is teal.".to_string() },
+        Turn { role: "assistant", content: "teal".to_string() },
     ]
 }
 

@@ -209,6 +209,23 @@ fn named_existing_paths(messages: &[Message], candidates: &PathCandidates) -> Pa
     PathCandidates::from_lists(files, dirs)
 }
 
+/// `schema` with only its required properties (and no others allowed).
+fn required_only(schema: &Value) -> Value {
+    let mut out = schema.clone();
+    let required: Vec<String> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default();
+    if let Some(props) = out.get_mut("properties").and_then(Value::as_object_mut) {
+        props.retain(|k, _| required.contains(k));
+    }
+    if let Some(obj) = out.as_object_mut() {
+        obj.insert("additionalProperties".to_owned(), Value::Bool(false));
+    }
+    out
+}
+
 /// Whether `tool` has a required parameter grounded to a path of `kind`
 /// (`"file"` or `"directory"`).
 fn reads_required(tool: &ToolSpec, kind: &str) -> bool {
@@ -314,11 +331,12 @@ impl Provider for LocalProvider {
                     })
                     .collect();
                 if !readers.is_empty() {
-                    return Grammar::with_paths(
-                        readers.iter().map(|t| (t.name.as_str(), &t.input_schema)),
-                        Some(named),
-                    )
-                    .require_call();
+                    // The first look reads the whole file: optional
+                    // arguments (`offset`, `limit`) only let a small model
+                    // cut away the line it needs.
+                    let schemas: Vec<(&str, Value)> =
+                        readers.iter().map(|t| (t.name.as_str(), required_only(&t.input_schema))).collect();
+                    return Grammar::with_paths(schemas.iter().map(|(n, s)| (*n, s)), Some(named)).require_call();
                 }
             }
             let g = Grammar::with_paths(
@@ -475,6 +493,11 @@ mod tests {
         );
         assert!(reads_required(&read, "file") && !reads_required(&read, "directory"));
         assert!(!reads_required(&list, "directory"), "an optional path does not make a reader");
+        let with_options = serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}}, "required": ["path"]});
+        assert_eq!(
+            required_only(&with_options),
+            serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false})
+        );
     }
 
     #[test]
