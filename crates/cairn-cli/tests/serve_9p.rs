@@ -63,6 +63,16 @@ fn connect(address: &str) -> Conn {
     Conn::dial(&Dial::parse(address).unwrap()).unwrap()
 }
 
+/// A server on TCP loopback, a connection, and a session on the scripted
+/// provider with `script` (plus `extra` `key=value` pairs for `s/new`).
+fn scripted_session(env: &Env, script: &std::path::Path, extra: &str) -> (Served, Conn, String) {
+    let served = serve(env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let spec = format!("cwd={} provider=scripted script={} {extra}", env.cwd.display(), script.display());
+    let id = c.create_session(spec.trim_end()).unwrap();
+    (served, c, id)
+}
+
 fn text(conn: &mut Conn, path: &str) -> String {
     conn.read_text(path).unwrap_or_else(|e| panic!("read {path}: {e:#}"))
 }
@@ -227,10 +237,7 @@ fn event_tells_the_session_from_its_start_across_cli_turns_and_restarts() {
         json!({"text": "second answer"}),
         json!({"text": "third answer"}),
     ]);
-    let served = serve(&env, &["tcp!127.0.0.1!0"]);
-    let mut c = connect(&served.addresses[0]);
-    let id =
-        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    let (served, mut c, id) = scripted_session(&env, &script, "");
     c.write_file(&format!("s/{id}/prompt"), b"first prompt").unwrap();
     wait_for("the first answer", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: first answer"));
     wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
@@ -307,10 +314,7 @@ fn enqueued_prompts_survive_a_sigkill_and_run_once_in_order_after_the_turn() {
         json!({"text": "answer one"}),
         json!({"text": "answer two"}),
     ]);
-    let served = serve(&env, &["tcp!127.0.0.1!0"]);
-    let mut c = connect(&served.addresses[0]);
-    let id =
-        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    let (served, mut c, id) = scripted_session(&env, &script, "");
     c.write_file(&format!("s/{id}/prompt"), b"zero").unwrap();
     let approvals = format!("s/{id}/approvals");
     wait_for("the approval", || !c.list(&approvals).unwrap().is_empty());
@@ -358,10 +362,7 @@ fn enqueued_prompts_survive_a_sigkill_and_run_once_in_order_after_the_turn() {
 fn a_journaled_prompt_of_an_idle_session_runs_when_the_server_starts() {
     let env = Env::new();
     let script = env.script(&[json!({"text": "answer one"}), json!({"text": "answer two"})]);
-    let served = serve(&env, &["tcp!127.0.0.1!0"]);
-    let mut c = connect(&served.addresses[0]);
-    let id =
-        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    let (served, c, id) = scripted_session(&env, &script, "");
     drop(c);
     drop(served);
     // What the server's journal holds after an acknowledged enqueue (its
@@ -434,10 +435,7 @@ fn a_child_session_is_not_driven_over_9p() {
     use cairn_core::storage::{JsonlStore, Storage, StoreOptions, Transaction, registers};
     let env = Env::new();
     let script = env.script(&[json!({"text": "should not run"})]);
-    let served = serve(&env, &["tcp!127.0.0.1!0"]);
-    let mut c = connect(&served.addresses[0]);
-    let id =
-        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    let (served, c, id) = scripted_session(&env, &script, "");
     drop(c);
     drop(served);
     let file = env.home.join("sessions").join(format!("{id}.jsonl"));
@@ -585,11 +583,7 @@ fn sigkill_of_serve_mid_tool_then_ctl_resume_settles_it_once() {
     let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
         "arguments": {"command": "echo ran >> ran.txt; sleep 30"}}]});
     let script = env.script(&[call, json!({"text": "after the interruption"})]);
-    let served = serve(&env, &["tcp!127.0.0.1!0"]);
-    let mut c = connect(&served.addresses[0]);
-    let id = c
-        .create_session(&format!("cwd={} provider=scripted script={} yes=1", env.cwd.display(), script.display()))
-        .unwrap();
+    let (served, mut c, id) = scripted_session(&env, &script, "yes=1");
     c.write_file(&format!("s/{id}/prompt"), b"go").unwrap();
     wait_for("the tool to start", || env.staged_file_exists("ran.txt"));
     assert_eq!(text(&mut c, &format!("s/{id}/state")), "calling: shell\n");
@@ -622,11 +616,7 @@ fn sigterm_cancels_a_running_turn_durably_and_the_cli_and_server_exclude_each_ot
     let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
         "arguments": {"command": "echo started >> slow.txt; sleep 30"}}]});
     let script = env.script(&[call, json!({"text": "resumed fine"})]);
-    let mut served = serve(&env, &["tcp!127.0.0.1!0"]);
-    let mut c = connect(&served.addresses[0]);
-    let id = c
-        .create_session(&format!("cwd={} provider=scripted script={} yes=1", env.cwd.display(), script.display()))
-        .unwrap();
+    let (mut served, mut c, id) = scripted_session(&env, &script, "yes=1");
     c.write_file(&format!("s/{id}/prompt"), b"go").unwrap();
     wait_for("the tool to start", || marker.exists() || env.staged_file_exists("slow.txt"));
     // While the server's turn holds the session, the CLI is refused.
@@ -656,11 +646,7 @@ fn a_destructive_call_waits_for_a_person_even_with_yes() {
     let call =
         json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "rm -rf junk"}}]});
     let script = env.script(&[call, json!({"text": "removed"})]);
-    let served = serve(&env, &["tcp!127.0.0.1!0"]);
-    let mut c = connect(&served.addresses[0]);
-    let id = c
-        .create_session(&format!("cwd={} provider=scripted script={} yes=1", env.cwd.display(), script.display()))
-        .unwrap();
+    let (_served, mut c, id) = scripted_session(&env, &script, "yes=1");
     c.write_file(&format!("s/{id}/prompt"), b"clean up").unwrap();
     let dir = format!("s/{id}/approvals");
     let mut pending = Vec::new();
