@@ -44,6 +44,7 @@
 pub mod chat;
 mod constrain;
 mod convert;
+pub mod describe;
 mod error;
 pub mod grammar;
 pub mod ground;

@@ -32,6 +32,7 @@ use serde_json::Value;
 
 use crate::LocalError;
 use crate::chat::{example_turns, fit_prompt, system_prompt, to_turns, workdir_note};
+use crate::describe::described_files;
 use crate::grammar::{Grammar, Mode};
 use crate::ground::{PathCandidates, mentioned_paths};
 use crate::model::{GenStop, LocalModel};
@@ -317,9 +318,21 @@ impl Provider for LocalProvider {
             // tool that reads such a path (a file: `read_file`; a
             // directory: `list_dir`), on one of the named paths — a small
             // model otherwise wanders to a neighbour file or a listing.
+            // A request that names no path but describes files ("my
+            // notes", "the config file") points at those the same way.
             let named = candidates
                 .as_ref()
-                .map(|(_, c)| named_existing_paths(request.messages, c))
+                .map(|(_, c)| {
+                    let named = named_existing_paths(request.messages, c);
+                    if named.files().len() + named.dirs().len() > 0 {
+                        return named;
+                    }
+                    let described = match request.messages.last() {
+                        Some(m) if m.role == Role::User => described_files(&m.joined_text(), c),
+                        _ => Vec::new(),
+                    };
+                    PathCandidates::from_lists(described, Vec::new())
+                })
                 .filter(|n| n.files().len() + n.dirs().len() > 0);
             if let Some(named) = &named {
                 let readers: Vec<&ToolSpec> = request
