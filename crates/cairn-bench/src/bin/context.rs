@@ -142,6 +142,34 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if args.get(1).map(String::as_str) == Some("--http-steps") {
+        // `--http-steps N PATH`: open once with the window, then N one-step
+        // turns through the HTTP provider and an in-process loopback server
+        // with nothing else running (the open, the first step and each
+        // later step timed apart).
+        let server = TestServer::start(Vec::new())?;
+        let p = http(&server.url(), Some(WINDOW))?;
+        let started = Instant::now();
+        let mut session = open(Path::new(&args[3]), true)?;
+        println!("open: {:?}", started.elapsed());
+        for i in 0..args[2].parse::<usize>()? + 1 {
+            for _ in 0..3 {
+                server.push(reply());
+            }
+            let t = step(&mut session, &*p, i)?;
+            println!("{} {t:?}", if i == 0 { "first step" } else { "step" });
+        }
+        return Ok(());
+    }
+    if args.get(1).map(String::as_str) == Some("--resume-self") {
+        // `--resume-self PATH http|scripted bounded|whole`: one resume with
+        // the loopback server in this process (for heap profilers).
+        let server = TestServer::start(Vec::new())?;
+        for _ in 0..3 {
+            server.push(reply());
+        }
+        return resume_child(Path::new(&args[2]), &args[3], &server.url(), args[4] == "bounded");
+    }
     if args.get(1).map(String::as_str) == Some("--resume-child") {
         return resume_child(Path::new(&args[2]), &args[3], &args[4], args[5] == "bounded");
     }
@@ -165,18 +193,22 @@ fn main() -> anyhow::Result<()> {
         for _ in 0..3 {
             server.push(reply());
         }
-        let before = server.requests().len();
+        // The server's record is read without copying it, and the bodies it
+        // holds are dropped after each step (a copy of the whole-history
+        // bodies, tens of MB each, would be timed into the next step).
+        let before = server.request_count();
         let first = step(&mut s_bounded, &*with_window, 0)?;
-        let first_requests = server.requests().len() - before;
+        let first_requests = server.request_count() - before;
+        server.take_body_sizes(before);
         for i in 0..samples() {
             server.push(reply());
             server.push(reply());
-            let n = server.requests().len();
+            let n = server.request_count();
             bounded.push(step(&mut s_bounded, &*with_window, i + 1)?);
-            bytes_bounded.extend(server.requests()[n..].iter().map(|r| r.body.len() as f64));
-            let n = server.requests().len();
+            bytes_bounded.extend(server.take_body_sizes(n).into_iter().map(|b| b as f64));
+            let n = server.request_count();
             whole.push(step(&mut s_whole, &*without, i)?);
-            bytes_whole.extend(server.requests()[n..].iter().map(|r| r.body.len() as f64));
+            bytes_whole.extend(server.take_body_sizes(n).into_iter().map(|b| b as f64));
         }
         drop((s_bounded, s_whole));
         // The same steps through the in-process scripted provider, with the
