@@ -8,9 +8,12 @@
 //! against the same work without a window (what cairn did before: the whole
 //! history every request), interleaved in the same run. The first request
 //! after opening a long session compacts once; it is reported apart.
-//! Then resume (open + one step) in a child process per sample: wall time
-//! and peak RSS against the file size, through the HTTP provider and the
-//! scripted provider.
+//! The same bounded steps are then timed in a row (no whole-history step in
+//! between). Then resume (open + one step) in a child process per sample:
+//! wall time and peak RSS against the file size, through the HTTP provider
+//! and the scripted provider. `--http-steps N FILE`, `--steps N FILE` and
+//! `--resume-self FILE http|scripted bounded|whole` time one history alone
+//! (the last for heap profilers).
 //!
 //! Run: `cargo run --release -p cairn-bench --bin context` (`--smoke`: tiny
 //! sizes, for `scripts/test`).
@@ -210,6 +213,16 @@ fn main() -> anyhow::Result<()> {
             whole.push(step(&mut s_whole, &*without, i)?);
             bytes_whole.extend(server.take_body_sizes(n).into_iter().map(|b| b as f64));
         }
+        // The same bounded steps in a row, with no whole-history step in
+        // between (whose tens of MB, allocated and freed, the interleaved
+        // steps above pay for): the per-step curve against history length.
+        let mut in_a_row = Vec::new();
+        for i in 0..samples() {
+            server.push(reply());
+            let n = server.request_count();
+            in_a_row.push(step(&mut s_bounded, &*with_window, samples() + 1 + i)?);
+            server.take_body_sizes(n);
+        }
         drop((s_bounded, s_whole));
         // The same steps through the in-process scripted provider, with the
         // window and nothing else running between them: the turn's own cost.
@@ -231,6 +244,10 @@ fn main() -> anyhow::Result<()> {
             &bounded,
             "no window (whole history)",
             &whole,
+        );
+        table.figure(
+            &format!("{entries} entries: one step, window {WINDOW}, steps in a row"),
+            &cairn_bench::describe(&in_a_row),
         );
         let _ = std::fs::remove_file(&bounded_path);
         table.figure(
@@ -261,10 +278,10 @@ fn main() -> anyhow::Result<()> {
             }
             let (t, r) = resume_sample(&path, provider, &server.url(), true)?;
             times.push(t);
-            rss.push(r as f64 / file as f64);
+            rss.push(r as f64 * 100.0 / file as f64);
             let (t, r) = resume_sample(&path, provider, &server.url(), false)?;
             base_times.push(t);
-            base_rss.push(r as f64 / file as f64);
+            base_rss.push(r as f64 * 100.0 / file as f64);
         }
         table.compare(
             &format!("resume {entries} entries ({file} bytes), {provider}, window {WINDOW}"),
@@ -273,11 +290,11 @@ fn main() -> anyhow::Result<()> {
             &base_times,
         );
         table.figure(
-            &format!("resume peak RSS / file size, {provider} (target ≤ 1.5)"),
+            &format!("resume peak RSS, % of the file size, {provider} (target ≤ 150%)"),
             &format!(
                 "window: {}; no window: {}",
-                cairn_bench::describe_values(&rss, "×"),
-                cairn_bench::describe_values(&base_rss, "×")
+                cairn_bench::describe_values(&rss, "%"),
+                cairn_bench::describe_values(&base_rss, "%")
             ),
         );
     }

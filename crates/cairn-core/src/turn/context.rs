@@ -145,8 +145,9 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Conte
 
 impl ContextState {
     /// Cost the message just pushed while it is at hand (what the turn
-    /// commits), so no step reads the history again to cost it. Only in bytes, the unit of every provider without its own
-    /// tokenizer; a tokenizer's ledger is filled by `extend`.
+    /// commits), so no step reads the history again to cost it. Only in
+    /// bytes, the unit of every provider without its own tokenizer; a
+    /// tokenizer's ledger is filled by `extend`.
     fn cost_in_bytes(&mut self, m: &Message) {
         if self.ledger.unit() == &Unit::Bytes && self.ledger.len() + 1 == self.ids.len() {
             self.ledger.push(m, &|_| None);
