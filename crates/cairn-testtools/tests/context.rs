@@ -29,6 +29,11 @@ struct Recorder {
     bytes_are_tokens: bool,
     /// Answer this many turn requests with an `echo` call of 3000 bytes.
     echo_calls: usize,
+    /// Report one input token per two bytes of message text (a dense
+    /// tokenizer), when set; else report 0.
+    dense_usage: bool,
+    /// The model's name (default "m").
+    model: Option<&'static str>,
 }
 
 impl Provider for Recorder {
@@ -36,7 +41,7 @@ impl Provider for Recorder {
         "recorder"
     }
     fn model(&self) -> &str {
-        "m"
+        self.model.unwrap_or("m")
     }
     fn count_tokens(&self, text: &str) -> Option<u64> {
         self.bytes_are_tokens.then_some(text.len() as u64)
@@ -71,8 +76,15 @@ impl Provider for Recorder {
             stop: StopReason::EndTurn,
             attempts: vec![AttemptUsage {
                 provider: "recorder".into(),
-                model: "m".into(),
+                model: self.model().into(),
                 attempt: 1,
+                input_tokens: if self.dense_usage {
+                    let bytes: usize =
+                        request.messages.iter().map(|m| cairn_core::context::message_text(m).len()).sum();
+                    bytes as u64 / 2
+                } else {
+                    0
+                },
                 ..Default::default()
             }],
         })
@@ -305,4 +317,32 @@ fn repeated_compactions_lose_no_message_and_a_reopened_session_sends_the_same_re
     let expected: Vec<String> = all[covered..all.len() - 1].iter().map(signature).collect();
     let got: Vec<String> = sent[1..].iter().map(signature).collect();
     assert_eq!(got, expected);
+}
+
+#[test]
+fn the_calibration_learnt_from_reported_usage_is_read_back_from_the_log() {
+    let config = SessionConfig {
+        context_window: Some(4096),
+        max_output_tokens: Some(512),
+        compaction_threshold: None,
+        ..SessionConfig::default()
+    };
+    let mut s = session(300, config.clone());
+    // The server reports about one token per two bytes: denser than the
+    // default estimate, so fewer messages fit once it is learnt.
+    run(&mut s, &Recorder { dense_usage: true, ..Recorder::default() }, "first");
+    let sent = |s: &mut Session<MemStore>, model: Option<&'static str>| {
+        let provider = Recorder { model, ..Recorder::default() };
+        run(s, &provider, "next");
+        let requests = provider.requests.lock().unwrap();
+        requests[0].2.len()
+    };
+    // Reopened from the log alone: the usage row is read back. Against
+    // another model of the same provider (nothing learnt: the default),
+    // and against the session that learnt it in memory.
+    let learnt = sent(&mut Session::open(s.store().clone(), config.clone()).unwrap(), None);
+    let default = sent(&mut Session::open(s.store().clone(), config.clone()).unwrap(), Some("other"));
+    let live = sent(&mut s, None);
+    assert!(learnt < default, "learnt {learnt} messages, default {default}");
+    assert_eq!(learnt, live);
 }

@@ -287,12 +287,17 @@ impl<S: Storage> Session<S> {
             return *c;
         }
         let mut c = Calibration::default();
-        let rows = self.store.usage();
-        let parsed = rows.iter().rev().filter_map(|r| r.usage.parse::<crate::provider::AttemptUsage>().ok());
-        if let Some(a) = parsed
-            .filter(|a| a.provider == key.0 && a.model == key.1 && a.error.is_none())
-            .find(|a| a.request_bytes.is_some())
-        {
+        // Newest first, without copying the ledger (a long session has a
+        // row per provider call).
+        let mut found = None;
+        self.store.visit_usage_newest_first(&mut |row| match row.usage.parse::<crate::provider::AttemptUsage>() {
+            Ok(a) if a.provider == key.0 && a.model == key.1 && a.error.is_none() && a.request_bytes.is_some() => {
+                found = Some(a);
+                false
+            }
+            _ => true,
+        });
+        if let Some(a) = found {
             c.observe(a.request_bytes.unwrap_or(0), a.input_tokens);
         }
         self.ctx.calibrations.insert(key, c);
