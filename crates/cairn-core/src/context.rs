@@ -179,6 +179,31 @@ impl Ledger {
         self.elided.push(e.saturating_add(short));
     }
 
+    /// What `m` costs in bytes, in full and with its large tool outputs
+    /// elided (what [`Ledger::push`] adds in [`Unit::Bytes`]).
+    pub fn byte_costs(m: &Message) -> (u64, u64) {
+        let full = message_bytes(m);
+        (full, elided(m).map_or(full, |e| message_bytes(&e)))
+    }
+
+    /// A ledger in bytes of messages whose costs ([`Ledger::byte_costs`])
+    /// are given in order.
+    pub fn from_byte_costs(costs: impl ExactSizeIterator<Item = (u64, u64)>) -> Self {
+        let mut ledger = Self {
+            unit: Unit::Bytes,
+            full: Vec::with_capacity(costs.len() + 1),
+            elided: Vec::with_capacity(costs.len() + 1),
+        };
+        ledger.full.push(0);
+        ledger.elided.push(0);
+        for (full, short) in costs {
+            let (f, e) = (ledger.last_full(), ledger.last_elided());
+            ledger.full.push(f.saturating_add(full));
+            ledger.elided.push(e.saturating_add(short));
+        }
+        ledger
+    }
+
     /// Cost the messages not costed yet, in `unit` (starting over when the
     /// unit changed or `messages` is shorter than what is costed).
     pub fn extend(&mut self, messages: &[Message], unit: &Unit, count: &dyn Fn(&str) -> Option<u64>) {

@@ -260,10 +260,212 @@ impl ToolState {
     }
 }
 
+/// The lifecycle check of [`ToolState`] without the projection: the same
+/// rules and the same anomaly texts, keeping only each invocation's status
+/// and settlement count (a session's open runs it over every entry; the
+/// full projection would hold every request and receipt a second time next
+/// to the store's own copy). Each payload is still parsed in full, so a
+/// malformed one is refused as [`ToolState`] refuses it.
+#[derive(Debug, Default)]
+pub struct LifecycleCheck {
+    status: HashMap<String, ToolInvocationStatus>,
+    first: Option<String>,
+}
+
+impl LifecycleCheck {
+    /// Fold one entry; after the first anomaly nothing more is looked at.
+    pub fn apply(&mut self, entry: &Entry) {
+        if self.first.is_some() {
+            return;
+        }
+        if let Err(anomaly) = self.step(entry) {
+            self.first = Some(anomaly);
+        }
+    }
+
+    /// The first anomaly as an error, or `Ok` for a healthy log.
+    pub fn finish(self) -> Result<(), LifecycleError> {
+        match self.first {
+            Some(first) => Err(LifecycleError(first)),
+            None => Ok(()),
+        }
+    }
+
+    fn step(&mut self, entry: &Entry) -> Result<(), String> {
+        use ToolInvocationStatus as S;
+        let Some(entry_type) = EntryType::of(&entry.entry_type) else { return Ok(()) };
+        let bad = |what: &str, e: &dyn std::fmt::Display| format!("entry {}: bad {what} payload: {e}", entry.id);
+        let (id, settle) = match entry_type {
+            EntryType::ToolRequested => {
+                let p = entry.payload.parse::<ToolRequestedPayload>().map_err(|e| bad("toolRequested", &e))?;
+                if self.status.contains_key(&p.invocation_id) {
+                    return Err(format!("invocation {} requested twice", p.invocation_id));
+                }
+                self.status.insert(p.invocation_id, S::Requested);
+                return Ok(());
+            }
+            EntryType::ToolStarted => {
+                let p = entry.payload.parse::<ToolStartedPayload>().map_err(|e| bad("toolStarted", &e))?;
+                let status = self.known(&entry.id, &p.invocation_id)?;
+                if *status != S::Requested {
+                    return Err(format!("invocation {} started while {:?}", p.invocation_id, status));
+                }
+                *status = S::Started;
+                return Ok(());
+            }
+            EntryType::ToolBypass => {
+                let p = entry.payload.parse::<ToolBypassPayload>().map_err(|e| bad("toolBypass", &e))?;
+                let status = self.known(&entry.id, &p.invocation_id)?;
+                if *status != S::Started {
+                    return Err(format!("invocation {} asked a bypass while {:?}", p.invocation_id, status));
+                }
+                return Ok(());
+            }
+            EntryType::ToolStaged => {
+                let p = entry.payload.parse::<crate::events::ToolStagedPayload>().map_err(|e| bad("toolStaged", &e))?;
+                let status = self.known(&entry.id, &p.invocation_id)?;
+                if *status != S::Started {
+                    return Err(format!("invocation {} staged while {:?}", p.invocation_id, status));
+                }
+                return Ok(());
+            }
+            EntryType::ToolCompleted => {
+                let p = entry.payload.parse::<ToolCompletedPayload>().map_err(|e| bad("toolCompleted", &e))?;
+                (p.invocation_id, (S::Completed, true))
+            }
+            EntryType::ToolFailed => {
+                let p = entry.payload.parse::<ToolFailedPayload>().map_err(|e| bad("toolFailed", &e))?;
+                (p.invocation_id, (S::Failed, true))
+            }
+            EntryType::ToolRejected => {
+                let p = entry.payload.parse::<ToolRejectedPayload>().map_err(|e| bad("toolRejected", &e))?;
+                (p.invocation_id, (S::Rejected, false))
+            }
+            EntryType::Message | EntryType::TurnCancelled | EntryType::TurnEnded | EntryType::Compaction => {
+                return Ok(());
+            }
+        };
+        let (settled, needs_start) = settle;
+        let status = self.known(&entry.id, &id)?;
+        if status.is_settled() {
+            return Err(format!("invocation {id} settled twice"));
+        }
+        if needs_start && *status != S::Started {
+            return Err(format!("invocation {id} settled without being started"));
+        }
+        *status = settled;
+        Ok(())
+    }
+
+    fn known(&mut self, entry_id: &str, invocation_id: &str) -> Result<&mut ToolInvocationStatus, String> {
+        self.status
+            .get_mut(invocation_id)
+            .ok_or_else(|| format!("entry {entry_id}: invocation {invocation_id} was never requested"))
+    }
+}
+
 /// The settlement repeats the bypasses its `toolBypass` entries already
 /// recorded; a log written before those entries existed has them only here.
 fn keep_bypasses(r: &mut ToolInvocationRecord, settled: Vec<BypassRecord>) {
     if r.bypasses.is_empty() {
         r.bypasses = settled;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::storage::to_raw;
+
+    fn entry(n: usize, entry_type: &str, payload: &serde_json::Value) -> Entry {
+        Entry {
+            seq: n as u64 + 1,
+            timestamp: n as i64,
+            id: format!("e{n}"),
+            parent_id: None,
+            entry_type: entry_type.to_owned(),
+            payload: to_raw(payload).unwrap(),
+        }
+    }
+
+    /// Entry `kind` (0–9) about invocation `inv`, with well-formed payloads
+    /// except kind 9 (a settlement missing its fields).
+    fn make(n: usize, kind: u64, inv: u64) -> Entry {
+        let id = format!("i{inv}");
+        let verdict = json!({"decision": "approve", "by": "policy:test", "at": 1});
+        let receipt = json!({"exitCode": 0, "outputSummary": "x".repeat(50), "durationMs": 1, "tier": "readOnly", "timestamp": 1});
+        match kind {
+            0 => entry(
+                n,
+                "toolRequested",
+                &json!({"invocationId": id, "turnId": "t", "request":
+                {"invocationId": id, "callId": "c", "sessionId": "s", "tool": "echo", "arguments": {"a": 1}}}),
+            ),
+            1 => {
+                entry(n, "toolStarted", &json!({"invocationId": id, "callId": "c", "tool": "echo", "verdict": verdict}))
+            }
+            2 => entry(
+                n,
+                "toolBypass",
+                &json!({"invocationId": id, "tool": "echo", "bypass": {"what": "net", "verdict": verdict}}),
+            ),
+            3 => entry(
+                n,
+                "toolStaged",
+                &json!({"invocationId": id, "tool": "echo", "changeSet": {"changes": []}, "staging": "/s", "verdict": verdict}),
+            ),
+            4 => entry(
+                n,
+                "toolCompleted",
+                &json!({"invocationId": id, "callId": "c", "tool": "echo", "receipt": receipt}),
+            ),
+            5 => entry(n, "toolFailed", &json!({"invocationId": id, "callId": "c", "tool": "echo", "reason": "r"})),
+            6 => entry(n, "toolRejected", &json!({"invocationId": id, "callId": "c", "tool": "echo", "reason": "r"})),
+            7 => entry(n, "message", &json!({"role": "user", "content": []})),
+            8 => entry(n, "somethingNew", &json!({"invocationId": id})),
+            _ => entry(
+                n,
+                ["toolCompleted", "toolStarted", "toolRequested"][inv as usize % 3],
+                &json!({"invocationId": id}),
+            ),
+        }
+    }
+
+    #[test]
+    fn the_lifecycle_check_finds_what_the_projection_finds() {
+        // Pseudo-random logs over three invocations, healthy and hostile:
+        // the check's verdict is the full projection's, anomaly text and all.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let (mut healthy, mut broken) = (0, 0);
+        for round in 0..20_000 {
+            let len = 1 + next(12) as usize;
+            let entries: Vec<Entry> = (0..len)
+                .map(|n| {
+                    // Mostly the legal order, so healthy logs occur too.
+                    let kind = if round % 2 == 0 { [0, 1, 4, 0, 1, 5, 0, 6, 7, 1][n % 10] } else { next(10) };
+                    make(n, kind, if round % 2 == 0 { n as u64 / 3 } else { next(3) })
+                })
+                .collect();
+            let mut check = LifecycleCheck::default();
+            for e in &entries {
+                check.apply(e);
+            }
+            let expected = ToolState::replay_strict(&entries).err();
+            if expected.is_some() {
+                broken += 1
+            } else {
+                healthy += 1
+            }
+            assert_eq!(check.finish().err(), expected, "{entries:#?}");
+        }
+        assert!(healthy > 1000 && broken > 1000, "{healthy} healthy, {broken} broken");
     }
 }

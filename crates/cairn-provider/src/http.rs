@@ -195,13 +195,16 @@ impl HttpProvider {
         &self.endpoint
     }
 
-    fn body(&self, request: &ModelRequest<'_>) -> Vec<u8> {
-        let value = match self.kind {
-            ProviderKind::Anthropic => wire::anthropic::body(&self.model, request, &self.options),
-            ProviderKind::OpenAiResponses => wire::responses::body(&self.model, request, &self.options),
-            _ => wire::chat::body(&self.model, request, &self.options),
-        };
-        value.to_string().into_bytes()
+    /// The request body, serialised straight from the borrowed request into
+    /// its bytes (no JSON tree of the history in between).
+    fn body(&self, request: &ModelRequest<'_>) -> Result<std::sync::Arc<Vec<u8>>, serde_json::Error> {
+        let (model, options) = (self.model.as_str(), &self.options);
+        match self.kind {
+            ProviderKind::Anthropic => exact_json(&wire::anthropic::Body { model, request, options }),
+            ProviderKind::OpenAiResponses => exact_json(&wire::responses::Body { model, request, options }),
+            _ => exact_json(&wire::chat::Body { model, request, options }),
+        }
+        .map(std::sync::Arc::new)
     }
 
     fn headers(&self) -> Vec<(String, String)> {
@@ -240,12 +243,12 @@ impl HttpProvider {
 
     fn attempt(
         &self,
-        body: &[u8],
+        body: &std::sync::Arc<Vec<u8>>,
         observer: &mut dyn FnMut(&StreamEvent),
         cancel: &CancelToken,
         call: &Deadline,
     ) -> Attempt {
-        let outgoing = Outgoing { url: self.endpoint.clone(), headers: self.headers(), body: body.to_vec() };
+        let outgoing = Outgoing { url: self.endpoint.clone(), headers: self.headers(), body: body.clone() };
         let mut exchange = transport::start(&self.agent, outgoing, self.limits.poll);
         let first_byte = Deadline::after(
             self.limits.connect.saturating_add(self.limits.first_byte),
@@ -391,6 +394,27 @@ impl HttpProvider {
 
 /// A URL fit for messages: userinfo and query (where credentials hide in
 /// some deployments) are replaced by `[redacted]`.
+/// `value` as JSON in a buffer of exactly its length: a counting pass
+/// first, so a long body is never held in a buffer grown to twice its size
+/// (nor copied while growing).
+fn exact_json(value: &impl serde::Serialize) -> Result<Vec<u8>, serde_json::Error> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value)?;
+    let mut out = Vec::with_capacity(count.0);
+    serde_json::to_writer(&mut out, value)?;
+    Ok(out)
+}
+
 fn shown_url(url: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, _)) => (base, "?[redacted]"),
@@ -575,7 +599,9 @@ impl Provider for HttpProvider {
             ),
             FailKind::OutOfTime,
         );
-        let body = self.body(request);
+        let body = self.body(request).map_err(|e| {
+            ProviderError::new(ProviderErrorKind::Other, format!("the request body could not be written: {e}"))
+        })?;
         let max = self.retry.max_attempts.max(1);
         let mut attempts: Vec<AttemptUsage> = Vec::new();
         for attempt in 1..=max {

@@ -24,7 +24,9 @@ use cairn_core::CancelToken;
 pub(crate) struct Outgoing {
     pub(crate) url: String,
     pub(crate) headers: Vec<(String, String)>,
-    pub(crate) body: Vec<u8>,
+    /// Shared with the caller: every attempt of a call sends the same
+    /// bytes, and a long body is not copied per attempt.
+    pub(crate) body: std::sync::Arc<Vec<u8>>,
 }
 
 /// What the worker reports.

@@ -235,6 +235,23 @@ impl TestServer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).requests.clone()
     }
 
+    /// How many requests were received so far (no copy of them: for
+    /// benchmarks that must not disturb what they time).
+    pub fn request_count(&self) -> usize {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).requests.len()
+    }
+
+    /// The body sizes of the requests from the `from`th on, dropping the
+    /// recorded requests (bodies and all) up to there.
+    pub fn take_body_sizes(&self, from: usize) -> Vec<usize> {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let sizes = s.requests.iter().skip(from).map(|r| r.body.len()).collect();
+        for r in &mut s.requests {
+            r.body = Vec::new();
+        }
+        sizes
+    }
+
     /// How many replies were cut short because the client closed the
     /// connection (a cancelled or abandoned request).
     pub fn client_aborts(&self) -> usize {

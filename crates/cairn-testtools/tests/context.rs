@@ -29,6 +29,11 @@ struct Recorder {
     bytes_are_tokens: bool,
     /// Answer this many turn requests with an `echo` call of 3000 bytes.
     echo_calls: usize,
+    /// Report one input token per two bytes of message text (a dense
+    /// tokenizer), when set; else report 0.
+    dense_usage: bool,
+    /// The model's name (default "m").
+    model: Option<&'static str>,
 }
 
 impl Provider for Recorder {
@@ -36,7 +41,7 @@ impl Provider for Recorder {
         "recorder"
     }
     fn model(&self) -> &str {
-        "m"
+        self.model.unwrap_or("m")
     }
     fn count_tokens(&self, text: &str) -> Option<u64> {
         self.bytes_are_tokens.then_some(text.len() as u64)
@@ -71,8 +76,15 @@ impl Provider for Recorder {
             stop: StopReason::EndTurn,
             attempts: vec![AttemptUsage {
                 provider: "recorder".into(),
-                model: "m".into(),
+                model: self.model().into(),
                 attempt: 1,
+                input_tokens: if self.dense_usage {
+                    let bytes: usize =
+                        request.messages.iter().map(|m| cairn_core::context::message_text(m).len()).sum();
+                    bytes as u64 / 2
+                } else {
+                    0
+                },
                 ..Default::default()
             }],
         })
@@ -215,4 +227,122 @@ fn a_turn_longer_than_the_window_keeps_its_task_and_its_newest_steps() {
     // The last request holds the newest step.
     let last = &turns[12].2;
     assert!(last.iter().any(|m| m.tool_calls().any(|c| c.id == "c12")));
+}
+
+/// What identifies a message in a request whatever elision did to it: its
+/// role, its text, and the ids of its calls and results.
+fn signature(m: &Message) -> String {
+    let mut s = format!("{:?}|{}", m.role, m.joined_text());
+    for part in &m.content {
+        match part {
+            ContentPart::ToolCall(c) => s.push_str(&format!("|call {}", c.id)),
+            ContentPart::ToolResult { call_id, .. } => s.push_str(&format!("|result {call_id}")),
+            _ => {}
+        }
+    }
+    s
+}
+
+/// The lane's message entry ids in order, and each compaction on the lane
+/// with the number of messages before it.
+fn lane(s: &Session<MemStore>) -> (Vec<String>, Vec<(usize, cairn_core::events::CompactionPayload)>) {
+    let path = s.store().path_to(s.head().unwrap()).unwrap();
+    let (mut ids, mut compactions) = (Vec::new(), Vec::new());
+    for e in &path {
+        if e.entry_type == "compaction" {
+            compactions.push((ids.len(), e.payload.parse().unwrap()));
+        } else if cairn_core::turn::entry_message(e).is_some() {
+            ids.push(e.id.clone());
+        }
+    }
+    (ids, compactions)
+}
+
+#[test]
+fn repeated_compactions_lose_no_message_and_a_reopened_session_sends_the_same_request() {
+    let config = SessionConfig {
+        context_window: Some(4096),
+        max_output_tokens: Some(512),
+        output_cap: 64 * 1024,
+        ..SessionConfig::default()
+    };
+    let mut s = session(40, config.clone());
+    let logged: Vec<(String, String)> =
+        s.store().entries().iter().map(|e| (e.id.clone(), e.payload.get().to_owned())).collect();
+    for round in 0..6 {
+        // Turns of several long steps: the window fills again and again.
+        let provider = Recorder { echo_calls: 3, ..Recorder::default() };
+        run(&mut s, &provider, &format!("round {round}: echo three times"));
+        for (purpose, max, messages) in provider.requests.lock().unwrap().iter() {
+            assert!(oracle(messages, *max) <= 4096, "round {round} {purpose:?}: {}", oracle(messages, *max));
+        }
+        // The session as it is now, reopened from its log alone, builds the
+        // same next request as the one that ran every step (the costs kept
+        // up to date step by step equal the costs of a fresh open).
+        let mut reopened = Session::open(s.store().clone(), config.clone()).unwrap();
+        let (live, fresh) = (Recorder::default(), Recorder::default());
+        run(&mut s, &live, &format!("probe {round}"));
+        run(&mut reopened, &fresh, &format!("probe {round}"));
+        assert_eq!(*live.requests.lock().unwrap(), *fresh.requests.lock().unwrap(), "round {round}");
+    }
+    // Nothing left the log: every generated entry is there, byte for byte.
+    let now: std::collections::HashMap<String, String> =
+        s.store().entries().iter().map(|e| (e.id.clone(), e.payload.get().to_owned())).collect();
+    for (id, payload) in &logged {
+        assert_eq!(now.get(id), Some(payload), "entry {id}");
+    }
+    // Each summary starts where the one before it ended (no message falls
+    // between two summaries) and covers only messages before it.
+    let (ids, compactions) = lane(&s);
+    assert!(compactions.len() >= 3, "{} compactions", compactions.len());
+    let mut next = 0;
+    for (before, p) in &compactions {
+        let first = ids.iter().position(|x| *x == p.first_entry).unwrap();
+        let last = ids.iter().position(|x| *x == p.last_entry).unwrap();
+        assert_eq!(first, next, "a summary starts at message {first}, the one before ended at {next}");
+        assert!(first <= last && last < *before, "{first}..={last} before {before}");
+        assert_eq!(p.messages as usize, last + 1);
+        next = last + 1;
+    }
+    // The last request: the summary, then every message after what it
+    // covers (none skipped), ending with the prompt.
+    let provider = Recorder::default();
+    run(&mut s, &provider, "last");
+    let (ids, compactions) = lane(&s);
+    let covered = compactions.last().map_or(0, |(_, p)| ids.iter().position(|x| *x == p.last_entry).unwrap() + 1);
+    let requests = provider.requests.lock().unwrap();
+    let (_, _, sent) = requests.iter().rfind(|r| r.0 == RequestPurpose::Turn).unwrap();
+    assert!(sent[0].joined_text().contains("SUMMARY-991"), "{}", sent[0].joined_text());
+    let all = s.messages();
+    let expected: Vec<String> = all[covered..all.len() - 1].iter().map(signature).collect();
+    let got: Vec<String> = sent[1..].iter().map(signature).collect();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn the_calibration_learnt_from_reported_usage_is_read_back_from_the_log() {
+    let config = SessionConfig {
+        context_window: Some(4096),
+        max_output_tokens: Some(512),
+        compaction_threshold: None,
+        ..SessionConfig::default()
+    };
+    let mut s = session(300, config.clone());
+    // The server reports about one token per two bytes: denser than the
+    // default estimate, so fewer messages fit once it is learnt.
+    run(&mut s, &Recorder { dense_usage: true, ..Recorder::default() }, "first");
+    let sent = |s: &mut Session<MemStore>, model: Option<&'static str>| {
+        let provider = Recorder { model, ..Recorder::default() };
+        run(s, &provider, "next");
+        let requests = provider.requests.lock().unwrap();
+        requests[0].2.len()
+    };
+    // Reopened from the log alone: the usage row is read back. Against
+    // another model of the same provider (nothing learnt: the default),
+    // and against the session that learnt it in memory.
+    let learnt = sent(&mut Session::open(s.store().clone(), config.clone()).unwrap(), None);
+    let default = sent(&mut Session::open(s.store().clone(), config.clone()).unwrap(), Some("other"));
+    let live = sent(&mut s, None);
+    assert!(learnt < default, "learnt {learnt} messages, default {default}");
+    assert_eq!(learnt, live);
 }

@@ -8,9 +8,12 @@
 //! against the same work without a window (what cairn did before: the whole
 //! history every request), interleaved in the same run. The first request
 //! after opening a long session compacts once; it is reported apart.
-//! Then resume (open + one step) in a child process per sample: wall time
-//! and peak RSS against the file size, through the HTTP provider and the
-//! scripted provider.
+//! The same bounded steps are then timed in a row (no whole-history step in
+//! between). Then resume (open + one step) in a child process per sample:
+//! wall time and peak RSS against the file size, through the HTTP provider
+//! and the scripted provider. `--http-steps N FILE`, `--steps N FILE` and
+//! `--resume-self FILE http|scripted bounded|whole` time one history alone
+//! (the last for heap profilers).
 //!
 //! Run: `cargo run --release -p cairn-bench --bin context` (`--smoke`: tiny
 //! sizes, for `scripts/test`).
@@ -142,6 +145,34 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if args.get(1).map(String::as_str) == Some("--http-steps") {
+        // `--http-steps N PATH`: open once with the window, then N one-step
+        // turns through the HTTP provider and an in-process loopback server
+        // with nothing else running (the open, the first step and each
+        // later step timed apart).
+        let server = TestServer::start(Vec::new())?;
+        let p = http(&server.url(), Some(WINDOW))?;
+        let started = Instant::now();
+        let mut session = open(Path::new(&args[3]), true)?;
+        println!("open: {:?}", started.elapsed());
+        for i in 0..args[2].parse::<usize>()? + 1 {
+            for _ in 0..3 {
+                server.push(reply());
+            }
+            let t = step(&mut session, &*p, i)?;
+            println!("{} {t:?}", if i == 0 { "first step" } else { "step" });
+        }
+        return Ok(());
+    }
+    if args.get(1).map(String::as_str) == Some("--resume-self") {
+        // `--resume-self PATH http|scripted bounded|whole`: one resume with
+        // the loopback server in this process (for heap profilers).
+        let server = TestServer::start(Vec::new())?;
+        for _ in 0..3 {
+            server.push(reply());
+        }
+        return resume_child(Path::new(&args[2]), &args[3], &server.url(), args[4] == "bounded");
+    }
     if args.get(1).map(String::as_str) == Some("--resume-child") {
         return resume_child(Path::new(&args[2]), &args[3], &args[4], args[5] == "bounded");
     }
@@ -165,18 +196,32 @@ fn main() -> anyhow::Result<()> {
         for _ in 0..3 {
             server.push(reply());
         }
-        let before = server.requests().len();
+        // The server's record is read without copying it, and the bodies it
+        // holds are dropped after each step (a copy of the whole-history
+        // bodies, tens of MB each, would be timed into the next step).
+        let before = server.request_count();
         let first = step(&mut s_bounded, &*with_window, 0)?;
-        let first_requests = server.requests().len() - before;
+        let first_requests = server.request_count() - before;
+        server.take_body_sizes(before);
         for i in 0..samples() {
             server.push(reply());
             server.push(reply());
-            let n = server.requests().len();
+            let n = server.request_count();
             bounded.push(step(&mut s_bounded, &*with_window, i + 1)?);
-            bytes_bounded.extend(server.requests()[n..].iter().map(|r| r.body.len() as f64));
-            let n = server.requests().len();
+            bytes_bounded.extend(server.take_body_sizes(n).into_iter().map(|b| b as f64));
+            let n = server.request_count();
             whole.push(step(&mut s_whole, &*without, i)?);
-            bytes_whole.extend(server.requests()[n..].iter().map(|r| r.body.len() as f64));
+            bytes_whole.extend(server.take_body_sizes(n).into_iter().map(|b| b as f64));
+        }
+        // The same bounded steps in a row, with no whole-history step in
+        // between (whose tens of MB, allocated and freed, the interleaved
+        // steps above pay for): the per-step curve against history length.
+        let mut in_a_row = Vec::new();
+        for i in 0..samples() {
+            server.push(reply());
+            let n = server.request_count();
+            in_a_row.push(step(&mut s_bounded, &*with_window, samples() + 1 + i)?);
+            server.take_body_sizes(n);
         }
         drop((s_bounded, s_whole));
         // The same steps through the in-process scripted provider, with the
@@ -199,6 +244,10 @@ fn main() -> anyhow::Result<()> {
             &bounded,
             "no window (whole history)",
             &whole,
+        );
+        table.figure(
+            &format!("{entries} entries: one step, window {WINDOW}, steps in a row"),
+            &cairn_bench::describe(&in_a_row),
         );
         let _ = std::fs::remove_file(&bounded_path);
         table.figure(
@@ -229,10 +278,10 @@ fn main() -> anyhow::Result<()> {
             }
             let (t, r) = resume_sample(&path, provider, &server.url(), true)?;
             times.push(t);
-            rss.push(r as f64 / file as f64);
+            rss.push(r as f64 * 100.0 / file as f64);
             let (t, r) = resume_sample(&path, provider, &server.url(), false)?;
             base_times.push(t);
-            base_rss.push(r as f64 / file as f64);
+            base_rss.push(r as f64 * 100.0 / file as f64);
         }
         table.compare(
             &format!("resume {entries} entries ({file} bytes), {provider}, window {WINDOW}"),
@@ -241,11 +290,11 @@ fn main() -> anyhow::Result<()> {
             &base_times,
         );
         table.figure(
-            &format!("resume peak RSS / file size, {provider} (target ≤ 1.5)"),
+            &format!("resume peak RSS, % of the file size, {provider} (target ≤ 150%)"),
             &format!(
                 "window: {}; no window: {}",
-                cairn_bench::describe_values(&rss, "×"),
-                cairn_bench::describe_values(&base_rss, "×")
+                cairn_bench::describe_values(&rss, "%"),
+                cairn_bench::describe_values(&base_rss, "%")
             ),
         );
     }

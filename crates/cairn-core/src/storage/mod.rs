@@ -65,6 +65,14 @@ macro_rules! reads_from_index {
             self.index.usage().to_vec()
         }
 
+        fn visit_usage_newest_first(&self, f: &mut dyn FnMut(&UsageRow) -> bool) {
+            for row in self.index.usage().iter().rev() {
+                if !f(row) {
+                    break;
+                }
+            }
+        }
+
         fn state(&self) -> Option<State> {
             self.index.state().cloned()
         }
@@ -284,6 +292,17 @@ pub trait Storage {
 
     /// The usage ledger, in seq order.
     fn usage(&self) -> Vec<UsageRow>;
+
+    /// Call `f` on the usage rows, newest first, until it returns `false`,
+    /// without copying the ledger (the backends that hold it in memory
+    /// override the default, which copies through [`usage`](Self::usage)).
+    fn visit_usage_newest_first(&self, f: &mut dyn FnMut(&UsageRow) -> bool) {
+        for row in self.usage().iter().rev() {
+            if !f(row) {
+                break;
+            }
+        }
+    }
 
     /// The singleton state, once set.
     fn state(&self) -> Option<State>;

@@ -28,7 +28,7 @@ use crate::context::{Calibration, Ledger, Unit, elided, message_text};
 use crate::events::{CompactionPayload, CompactionReason, EntryType, TurnEvent};
 use crate::message::{Message, Role};
 use crate::provider::{ModelRequest, Provider, ProviderErrorKind, RequestPurpose};
-use crate::storage::{Entry, Storage};
+use crate::storage::Storage;
 use crate::tool::ToolSpec;
 
 /// The `op` key of a compaction in flight.
@@ -86,44 +86,71 @@ pub(crate) struct ContextState {
 }
 
 /// The conversation ending at `head`, as context bookkeeping.
+///
+/// One walk down the parent links from the head, keeping of each message
+/// only its id, role and byte costs (the ledger is filled here, so the first
+/// step after an open does not read the history again), and of each
+/// compaction its position and range: no copy of the path, and the peak of
+/// an open stays near the store's own size.
 pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<ContextState, TurnError> {
     let mut state = ContextState { assistants: vec![0], ..ContextState::default() };
     let Some(head) = head else {
         return Ok(state);
     };
-    // Walk the parent links one entry at a time (ids first, then forward)
-    // rather than cloning the whole path at once: the peak of an open stays
-    // near the store's own size.
-    let mut chain = Vec::new();
+    let (mut ids, mut roles, mut costs) = (Vec::new(), Vec::new(), Vec::new());
+    // Compactions, newest first: (messages after it, its entry id, the
+    // last entry it covers).
+    let mut compactions: Vec<(usize, String, String)> = Vec::new();
     let mut at = Some(head.to_owned());
     while let Some(id) = at {
         let entry = store.entry(&id).ok_or_else(|| TurnError::NoSuchEntry(id.clone()))?;
+        if entry.entry_type == EntryType::Compaction.tag() {
+            if let Ok(p) = entry.payload.parse::<CompactionPayload>() {
+                compactions.push((ids.len(), id, p.last_entry));
+            }
+        } else if let Some(m) = super::entry_message(&entry) {
+            costs.push(Ledger::byte_costs(&m));
+            roles.push(m.role);
+            ids.push(id);
+        }
         at = entry.parent_id;
-        chain.push(id);
     }
-    for id in chain.iter().rev() {
-        if let Some(entry) = store.entry(id) {
-            state.take(&entry);
+    ids.reverse();
+    roles.reverse();
+    costs.reverse();
+    let n = ids.len();
+    state.ledger = Ledger::from_byte_costs(costs.into_iter());
+    state.assistants = Vec::with_capacity(n + 1);
+    state.assistants.push(0);
+    for role in &roles {
+        let last = state.assistants.last().copied().unwrap_or(0);
+        state.assistants.push(last + usize::from(*role == Role::Assistant));
+    }
+    // The active summary is the newest compaction whose range ends among
+    // the messages before it (as a forward replay would leave it).
+    for (after, entry_id, last_entry) in compactions {
+        let before = n - after;
+        if let Some(at) = ids[..before].iter().rposition(|id| *id == last_entry)
+            && let Some(entry) = store.entry(&entry_id)
+            && let Ok(p) = entry.payload.parse::<CompactionPayload>()
+        {
+            state.active = Some(Active { entry_id, summary: p.summary, covered: at + 1, last_entry });
+            break;
         }
     }
+    state.ids = ids;
+    state.roles = roles;
     Ok(state)
 }
 
 impl ContextState {
-    fn take(&mut self, entry: &Entry) {
-        if entry.entry_type == EntryType::Compaction.tag() {
-            if let Ok(p) = entry.payload.parse::<CompactionPayload>()
-                && let Some(at) = self.ids.iter().rposition(|id| *id == p.last_entry)
-            {
-                self.active = Some(Active {
-                    entry_id: entry.id.clone(),
-                    summary: p.summary,
-                    covered: at + 1,
-                    last_entry: p.last_entry,
-                });
-            }
-        } else if let Some(m) = super::entry_message(entry) {
-            self.push(entry.id.clone(), m.role);
+    /// Cost the message just pushed while it is at hand (what the turn
+    /// commits), so no step reads the history again to cost it. Only in
+    /// bytes, the unit of every provider without its own tokenizer; a
+    /// tokenizer's ledger is filled by `extend`.
+    fn cost_in_bytes(&mut self, m: &Message) {
+        if self.ledger.unit() == &Unit::Bytes && self.ledger.len() + 1 == self.ids.len() {
+            self.ledger.push(m, &|_| None);
         }
     }
 
@@ -138,6 +165,7 @@ impl ContextState {
     pub(crate) fn append(&mut self, messages: Vec<Message>, ids: Vec<String>) {
         for (m, id) in messages.into_iter().zip(ids) {
             self.push(id, m.role);
+            self.cost_in_bytes(&m);
         }
     }
 
@@ -259,12 +287,17 @@ impl<S: Storage> Session<S> {
             return *c;
         }
         let mut c = Calibration::default();
-        let rows = self.store.usage();
-        let parsed = rows.iter().rev().filter_map(|r| r.usage.parse::<crate::provider::AttemptUsage>().ok());
-        if let Some(a) = parsed
-            .filter(|a| a.provider == key.0 && a.model == key.1 && a.error.is_none())
-            .find(|a| a.request_bytes.is_some())
-        {
+        // Newest first, without copying the ledger (a long session has a
+        // row per provider call).
+        let mut found = None;
+        self.store.visit_usage_newest_first(&mut |row| match row.usage.parse::<crate::provider::AttemptUsage>() {
+            Ok(a) if a.provider == key.0 && a.model == key.1 && a.error.is_none() && a.request_bytes.is_some() => {
+                found = Some(a);
+                false
+            }
+            _ => true,
+        });
+        if let Some(a) = found {
             c.observe(a.request_bytes.unwrap_or(0), a.input_tokens);
         }
         self.ctx.calibrations.insert(key, c);

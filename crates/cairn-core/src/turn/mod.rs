@@ -350,9 +350,11 @@ impl<S: Storage> Session<S> {
         // The log's tool lifecycle must be what the turn writes (exactly one
         // settlement per invocation, none without a request) before the
         // turn acts on it.
-        let mut tools = ToolState::default();
+        // (The check keeps statuses only: the full projection would hold
+        // every request and receipt a second time while the session opens.)
+        let mut tools = crate::projection::LifecycleCheck::default();
         store.visit_entries(&mut |entry| tools.apply(entry));
-        tools.into_strict()?;
+        tools.finish()?;
         check_pc(&store, &pc)?;
         let lane = if pc.in_progress() { pc.lane.clone() } else { config.lane.clone() };
         let head = match store.register(LANE_NS, &lane) {

@@ -10,9 +10,10 @@
 
 use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{ModelRequest, ProviderErrorKind, StopReason, StreamEvent};
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value, json};
 
-use super::{Decoder, Options, Settled, StreamError, Usage, json, parse_arguments, str_of, text_of, u64_of};
+use super::{Decoder, Options, Seq, Settled, StreamError, Usage, json, parse_arguments, str_of, text_of, u64_of};
 use crate::sse::SseEvent;
 
 /// The tag of reasoning this API produces and accepts back.
@@ -22,15 +23,209 @@ pub(crate) const TAG: &str = "anthropic";
 pub(crate) const VERSION: &str = "2023-06-01";
 
 /// Tool-use ids must match `^[a-zA-Z0-9_-]+$`.
+#[cfg(test)]
 fn tool_id(id: &str) -> String {
     let cleaned: String =
         id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
     if cleaned.is_empty() { "toolu_unnamed".to_owned() } else { cleaned }
 }
 
-/// The request body. `options.default_max` is used when the request sets no
-/// bound (the API requires one); with a thinking budget, `max_tokens` is
-/// raised above it as the API requires.
+/// [`tool_id`] written straight into a body.
+struct ToolId<'a>(&'a str);
+
+impl Serialize for ToolId<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Cleaned<'a>(&'a str);
+        impl std::fmt::Display for Cleaned<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                use std::fmt::Write;
+                for c in self.0.chars() {
+                    f.write_char(if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })?;
+                }
+                Ok(())
+            }
+        }
+        if self.0.is_empty() { s.serialize_str("toolu_unnamed") } else { s.collect_str(&Cleaned(self.0)) }
+    }
+}
+
+/// The request body, serialised straight from the borrowed request (keys
+/// in sorted order, as a `serde_json::Value` prints them).
+/// `options.default_max` is used when the request sets no bound (the API
+/// requires one); with a thinking budget, `max_tokens` is raised above it
+/// as the API requires.
+pub(crate) struct Body<'a> {
+    pub(crate) model: &'a str,
+    pub(crate) request: &'a ModelRequest<'a>,
+    pub(crate) options: &'a Options,
+}
+
+/// One content block, borrowed from the history.
+enum OutBlock<'a> {
+    Text(&'a str),
+    ToolUse(&'a ToolCall),
+    ToolResult { call_id: &'a str, content: &'a str, is_error: bool },
+    Opaque(&'a Value),
+}
+
+impl OutBlock<'_> {
+    fn is_tool_result(&self) -> bool {
+        match self {
+            OutBlock::ToolResult { .. } => true,
+            OutBlock::Opaque(v) => str_of(v, "type") == "tool_result",
+            _ => false,
+        }
+    }
+}
+
+fn block_refs(message: &Message) -> impl Iterator<Item = OutBlock<'_>> {
+    message.content.iter().filter_map(|part| match part {
+        ContentPart::Text { text } if !text.trim().is_empty() => Some(OutBlock::Text(text)),
+        ContentPart::Text { .. } => None,
+        ContentPart::ToolCall(call) => Some(OutBlock::ToolUse(call)),
+        ContentPart::ToolResult { call_id, content, is_error } => {
+            Some(OutBlock::ToolResult { call_id, content, is_error: *is_error })
+        }
+        ContentPart::Reasoning { provider, opaque: Some(block), .. } if provider == TAG => {
+            Some(OutBlock::Opaque(block))
+        }
+        ContentPart::Reasoning { .. } => None,
+    })
+}
+
+impl Serialize for OutBlock<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Wrapped<'a>(&'a Value);
+        impl Serialize for Wrapped<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut map = s.serialize_map(Some(1))?;
+                map.serialize_entry("arguments", self.0)?;
+                map.end()
+            }
+        }
+        let mut map = match self {
+            OutBlock::Opaque(value) => return value.serialize(s),
+            _ => s.serialize_map(None)?,
+        };
+        match self {
+            OutBlock::Text(text) => {
+                map.serialize_entry("text", text)?;
+                map.serialize_entry("type", "text")?;
+            }
+            OutBlock::ToolUse(call) => {
+                map.serialize_entry("id", &ToolId(&call.id))?;
+                match &call.arguments {
+                    Value::Object(_) => map.serialize_entry("input", &call.arguments)?,
+                    // The API needs an object; keep what the model produced.
+                    other => map.serialize_entry("input", &Wrapped(other))?,
+                }
+                map.serialize_entry("name", &call.name)?;
+                map.serialize_entry("type", "tool_use")?;
+            }
+            OutBlock::ToolResult { call_id, content, is_error } => {
+                map.serialize_entry("content", content)?;
+                map.serialize_entry("is_error", is_error)?;
+                map.serialize_entry("tool_use_id", &ToolId(call_id))?;
+                map.serialize_entry("type", "tool_result")?;
+            }
+            OutBlock::Opaque(_) => {}
+        }
+        map.end()
+    }
+}
+
+struct Turn<'a>(&'static str, Vec<OutBlock<'a>>);
+
+impl Serialize for Turn<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("content", &self.1)?;
+        map.serialize_entry("role", self.0)?;
+        map.end()
+    }
+}
+
+struct Thinking(u32);
+
+impl Serialize for Thinking {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("budget_tokens", &self.0)?;
+        map.serialize_entry("type", "enabled")?;
+        map.end()
+    }
+}
+
+struct FunctionTool<'a>(&'a cairn_core::tool::ToolSpec);
+
+impl Serialize for FunctionTool<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(3))?;
+        map.serialize_entry("description", &self.0.description)?;
+        map.serialize_entry("input_schema", &self.0.input_schema)?;
+        map.serialize_entry("name", &self.0.name)?;
+        map.end()
+    }
+}
+
+impl Serialize for Body<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (request, options) = (self.request, self.options);
+        let mut system: Vec<String> = request.system.map(str::to_owned).into_iter().collect();
+        // Only references to the history's parts: the turns are regrouped
+        // (neighbours of one role merged, results first), never copied.
+        let mut turns: Vec<Turn<'_>> = Vec::new();
+        for message in request.messages {
+            let role = match message.role {
+                Role::System => {
+                    system.push(text_of(&message.content));
+                    continue;
+                }
+                Role::User | Role::Tool => "user",
+                Role::Assistant => "assistant",
+            };
+            let blocks: Vec<OutBlock<'_>> = block_refs(message).collect();
+            if blocks.is_empty() {
+                continue;
+            }
+            match turns.last_mut() {
+                // The API wants alternating roles: merge neighbours.
+                Some(Turn(last, existing)) if *last == role => existing.extend(blocks),
+                _ => turns.push(Turn(role, blocks)),
+            }
+        }
+        for Turn(role, blocks) in &mut turns {
+            if *role == "user" {
+                // tool_result blocks must come first in a user turn.
+                blocks.sort_by_key(|b| !b.is_tool_result());
+            }
+        }
+        let mut max_tokens = request.max_output_tokens.unwrap_or(options.default_max);
+        if let Some(budget) = options.thinking_budget {
+            max_tokens = max_tokens.max(budget.saturating_add(1024));
+        }
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("max_tokens", &max_tokens)?;
+        map.serialize_entry("messages", &turns)?;
+        map.serialize_entry("model", self.model)?;
+        map.serialize_entry("stream", &true)?;
+        let system: Vec<String> = system.into_iter().filter(|s| !s.is_empty()).collect();
+        if !system.is_empty() {
+            map.serialize_entry("system", &system.join("\n\n"))?;
+        }
+        if let Some(budget) = options.thinking_budget {
+            map.serialize_entry("thinking", &Thinking(budget))?;
+        }
+        if !request.tools.is_empty() {
+            map.serialize_entry("tools", &Seq::new(request.tools.iter().map(FunctionTool)))?;
+        }
+        map.end()
+    }
+}
+
+/// The request body as a JSON tree, built the way it was before [`Body`]
+/// (kept as the tests' independent oracle).
+#[cfg(test)]
 pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -> Value {
     let mut system: Vec<String> = request.system.map(str::to_owned).into_iter().collect();
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
@@ -90,6 +285,7 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -
     body
 }
 
+#[cfg(test)]
 fn blocks_of(message: &Message) -> Vec<Value> {
     let mut blocks = Vec::new();
     for part in &message.content {

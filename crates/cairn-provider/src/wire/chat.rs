@@ -8,14 +8,168 @@
 
 use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{ModelRequest, StopReason, StreamEvent};
-use serde_json::{Value, json};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::Value;
+#[cfg(test)]
+use serde_json::json;
 
 use super::{
-    Decoder, Options, Settled, StreamError, Usage, arguments_text, json, parse_arguments, str_of, text_of, u64_of,
+    ArgumentsText, Decoder, Joined, Options, ResultText, Seq, Settled, StreamError, Usage, has_text, json,
+    parse_arguments, str_of, u64_of,
 };
+#[cfg(test)]
+use super::{arguments_text, text_of};
 use crate::sse::SseEvent;
 
-/// The request body.
+/// The request body, serialised straight from the borrowed request (no
+/// intermediate JSON tree: a long history is not held twice). Keys are
+/// written in sorted order, as a `serde_json::Value` would print them.
+pub(crate) struct Body<'a> {
+    pub(crate) model: &'a str,
+    pub(crate) request: &'a ModelRequest<'a>,
+    pub(crate) options: &'a Options,
+}
+
+impl Serialize for Body<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (request, options) = (self.request, self.options);
+        let mut map = s.serialize_map(None)?;
+        // Always bounded: the turn reserves this much of the window for it.
+        let max = request.max_output_tokens.unwrap_or(options.default_max);
+        let key = if options.legacy_max_tokens { "max_tokens" } else { "max_completion_tokens" };
+        map.serialize_entry(key, &max)?;
+        let system = request.system.map(ChatMessage::System);
+        let rest = request.messages.iter().flat_map(chat_messages);
+        map.serialize_entry("messages", &Seq::new(system.into_iter().chain(rest)))?;
+        map.serialize_entry("model", self.model)?;
+        if let Some(effort) = &options.reasoning_effort {
+            map.serialize_entry("reasoning_effort", effort)?;
+        }
+        map.serialize_entry("stream", &true)?;
+        map.serialize_entry("stream_options", &IncludeUsage)?;
+        if !request.tools.is_empty() {
+            map.serialize_entry("tools", &Seq::new(request.tools.iter().map(FunctionTool)))?;
+        }
+        map.end()
+    }
+}
+
+struct IncludeUsage;
+
+impl Serialize for IncludeUsage {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(1))?;
+        map.serialize_entry("include_usage", &true)?;
+        map.end()
+    }
+}
+
+struct FunctionTool<'a>(&'a cairn_core::tool::ToolSpec);
+
+impl Serialize for FunctionTool<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Function<'a>(&'a cairn_core::tool::ToolSpec);
+        impl Serialize for Function<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut map = s.serialize_map(Some(3))?;
+                map.serialize_entry("description", &self.0.description)?;
+                map.serialize_entry("name", &self.0.name)?;
+                map.serialize_entry("parameters", &self.0.input_schema)?;
+                map.end()
+            }
+        }
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("function", &Function(self.0))?;
+        map.serialize_entry("type", "function")?;
+        map.end()
+    }
+}
+
+/// One message of the body, borrowed from the history.
+enum ChatMessage<'a> {
+    System(&'a str),
+    Tool { call_id: &'a str, content: &'a str, is_error: bool },
+    Text { role: &'static str, parts: &'a [ContentPart] },
+    Assistant(&'a Message),
+}
+
+/// The body's messages for one history message: its tool results as
+/// `tool` messages (whatever role carries them), then its text or calls.
+fn chat_messages(message: &Message) -> impl Iterator<Item = ChatMessage<'_>> {
+    let results = message.content.iter().filter_map(|part| match part {
+        ContentPart::ToolResult { call_id, content, is_error } => {
+            Some(ChatMessage::Tool { call_id, content, is_error: *is_error })
+        }
+        _ => None,
+    });
+    let text = has_text(&message.content);
+    let main = match message.role {
+        Role::System if text => Some(ChatMessage::Text { role: "system", parts: &message.content }),
+        Role::User if text => Some(ChatMessage::Text { role: "user", parts: &message.content }),
+        Role::Assistant if text || message.tool_calls().next().is_some() => Some(ChatMessage::Assistant(message)),
+        _ => None,
+    };
+    results.chain(main)
+}
+
+impl Serialize for ChatMessage<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        match self {
+            ChatMessage::System(text) => {
+                map.serialize_entry("content", text)?;
+                map.serialize_entry("role", "system")?;
+            }
+            ChatMessage::Tool { call_id, content, is_error } => {
+                map.serialize_entry("content", &ResultText { content, is_error: *is_error })?;
+                map.serialize_entry("role", "tool")?;
+                map.serialize_entry("tool_call_id", call_id)?;
+            }
+            ChatMessage::Text { role, parts } => {
+                map.serialize_entry("content", &Joined(parts))?;
+                map.serialize_entry("role", role)?;
+            }
+            ChatMessage::Assistant(message) => {
+                if has_text(&message.content) {
+                    map.serialize_entry("content", &Joined(&message.content))?;
+                } else {
+                    map.serialize_entry("content", &())?;
+                }
+                map.serialize_entry("role", "assistant")?;
+                if message.tool_calls().next().is_some() {
+                    let calls = message.tool_calls().map(ChatCall);
+                    map.serialize_entry("tool_calls", &Seq::new(calls))?;
+                }
+            }
+        }
+        map.end()
+    }
+}
+
+struct ChatCall<'a>(&'a ToolCall);
+
+impl Serialize for ChatCall<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Function<'a>(&'a ToolCall);
+        impl Serialize for Function<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut map = s.serialize_map(Some(2))?;
+                map.serialize_entry("arguments", &ArgumentsText(&self.0.arguments))?;
+                map.serialize_entry("name", &self.0.name)?;
+                map.end()
+            }
+        }
+        let mut map = s.serialize_map(Some(3))?;
+        map.serialize_entry("function", &Function(self.0))?;
+        map.serialize_entry("id", &self.0.id)?;
+        map.serialize_entry("type", "function")?;
+        map.end()
+    }
+}
+
+/// The request body as a JSON tree: the shape [`Body`] writes, built the
+/// way it was before (kept as the tests' independent oracle).
+#[cfg(test)]
 pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -> Value {
     let mut messages = Vec::new();
     if let Some(system) = request.system {
@@ -51,6 +205,7 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -
     body
 }
 
+#[cfg(test)]
 fn push_message(out: &mut Vec<Value>, message: &Message) {
     // Tool results become `tool` messages whatever role carries them.
     for part in &message.content {

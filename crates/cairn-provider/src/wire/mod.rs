@@ -101,6 +101,7 @@ pub(crate) fn parse_arguments(raw: &str) -> Value {
 }
 
 /// Arguments as the JSON text the OpenAI APIs expect (raw text kept as is).
+#[cfg(test)]
 pub(crate) fn arguments_text(arguments: &Value) -> String {
     match arguments {
         Value::String(raw) => raw.clone(),
@@ -120,8 +121,83 @@ pub(crate) fn u64_of(v: &Value, key: &str) -> u64 {
 
 /// The text a tool result shows the model; failures are marked because
 /// the OpenAI APIs have no error flag.
+#[cfg(test)]
 pub(crate) fn tool_result_text(content: &str, is_error: bool) -> String {
     if is_error { format!("[error] {content}") } else { content.to_owned() }
+}
+
+/// The text parts of a message, joined, written straight into a body
+/// (no joined copy).
+pub(crate) struct Joined<'a>(pub(crate) &'a [ContentPart]);
+
+impl std::fmt::Display for Joined<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for part in self.0 {
+            if let ContentPart::Text { text } = part {
+                f.write_str(text)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl serde::Serialize for Joined<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Whether the joined text parts are non-empty.
+pub(crate) fn has_text(parts: &[ContentPart]) -> bool {
+    parts.iter().any(|p| matches!(p, ContentPart::Text { text } if !text.is_empty()))
+}
+
+/// [`tool_result_text`] written straight into a body.
+pub(crate) struct ResultText<'a> {
+    pub(crate) content: &'a str,
+    pub(crate) is_error: bool,
+}
+
+impl serde::Serialize for ResultText<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.is_error {
+            s.collect_str(&format_args!("[error] {}", self.content))
+        } else {
+            s.serialize_str(self.content)
+        }
+    }
+}
+
+/// [`arguments_text`] written straight into a body (a JSON string holding
+/// the arguments' JSON text).
+pub(crate) struct ArgumentsText<'a>(pub(crate) &'a Value);
+
+impl serde::Serialize for ArgumentsText<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::String(raw) => s.serialize_str(raw),
+            other => s.collect_str(other),
+        }
+    }
+}
+
+/// A sequence written from an iterator, for bodies serialised straight
+/// from borrowed records (the iterator is taken by the one write).
+pub(crate) struct Seq<I>(std::cell::Cell<Option<I>>);
+
+impl<I> Seq<I> {
+    pub(crate) fn new(items: I) -> Self {
+        Self(std::cell::Cell::new(Some(items)))
+    }
+}
+
+impl<I: Iterator<Item = T>, T: serde::Serialize> serde::Serialize for Seq<I> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.take() {
+            Some(items) => s.collect_seq(items),
+            None => Err(serde::ser::Error::custom("a body sequence was written twice")),
+        }
+    }
 }
 
 /// Text parts joined, other parts ignored.
@@ -167,6 +243,127 @@ mod tests {
         assert_eq!(parse_arguments("{\"a\":"), Value::String("{\"a\":".into()));
         assert_eq!(arguments_text(&serde_json::json!({"a": 1})), "{\"a\":1}");
         assert_eq!(arguments_text(&Value::String("{\"a\":".into())), "{\"a\":");
+    }
+
+    /// A pseudo-random history of hostile parts: escapes, control
+    /// characters, non-ASCII, empty and blank texts, ids the APIs refuse,
+    /// arguments that are not objects, reasoning of every provider tag,
+    /// neighbours of one role, system messages among the turns.
+    fn hostile_messages(seed: u64, n: usize) -> Vec<Message> {
+        use cairn_core::message::{Role, ToolCall};
+        use serde_json::json;
+        let mut x = seed | 1;
+        let mut next = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let texts =
+            ["", "  \n", "plain", "quote \" back \\ slash", "ctl \u{1}\u{1f}\t\r\n", "é 漢字 🦀 \u{2028}", "</script>"];
+        let ids = ["call_1", "", "id with spaces/and:colons", "tool-ü-1", "toolu_01A"];
+        let args = [
+            json!({"a": [1, 2, {"b": null}], "z": "é"}),
+            json!("{\"raw\": "),
+            json!(7),
+            json!([1, "x"]),
+            json!(null),
+            json!({}),
+        ];
+        (0..n)
+            .map(|_| {
+                let role = [Role::User, Role::Assistant, Role::Tool, Role::System][next(4) as usize];
+                let content = (0..next(4))
+                    .map(|_| match next(5) {
+                        0 | 1 => ContentPart::Text { text: texts[next(texts.len() as u64) as usize].to_owned() },
+                        2 => ContentPart::ToolCall(ToolCall {
+                            id: ids[next(ids.len() as u64) as usize].to_owned(),
+                            name: ["read_file", "sh\"ell"][next(2) as usize].to_owned(),
+                            arguments: args[next(args.len() as u64) as usize].clone(),
+                        }),
+                        3 => ContentPart::ToolResult {
+                            call_id: ids[next(ids.len() as u64) as usize].to_owned(),
+                            content: texts[next(texts.len() as u64) as usize].repeat(3),
+                            is_error: next(2) == 0,
+                        },
+                        _ => ContentPart::Reasoning {
+                            text: "thinking \"".to_owned(),
+                            provider: ["anthropic", "openai-responses", "openai-chat"][next(3) as usize].to_owned(),
+                            opaque: [
+                                None,
+                                Some(json!({"type": "thinking", "thinking": "t", "signature": "s=="})),
+                                Some(json!({"type": "reasoning", "id": "rs_1", "encrypted_content": "e"})),
+                                Some(json!({"type": "tool_result", "tool_use_id": "x", "content": "odd"})),
+                            ][next(4) as usize]
+                                .clone(),
+                        },
+                    })
+                    .collect();
+                Message { role, content }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bodies_written_straight_equal_the_json_trees() {
+        use cairn_core::provider::{ModelRequest, RequestPurpose};
+        use cairn_core::tool::{ReplayPolicy, Risk, ToolSpec};
+        use serde_json::json;
+        // Byte for byte when `serde_json` sorts object keys (its default);
+        // as JSON values otherwise.
+        let probe = json!({"b": 1, "a": 2}).to_string();
+        let sorted = probe.starts_with(r#"{"a""#);
+        let tools = vec![ToolSpec {
+            name: "shell".into(),
+            description: "Run \"it\"".into(),
+            input_schema: json!({"type": "object", "properties": {"argv": {"type": "array"}}}),
+            risk: Risk::Write,
+            capabilities: Default::default(),
+            replay: ReplayPolicy::Never,
+        }];
+        let mut compared = 0;
+        for seed in 1..400u64 {
+            let messages = hostile_messages(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), (seed % 17) as usize);
+            let options = Options {
+                default_max: 1000 + seed as u32,
+                reasoning_effort: (seed % 3 == 0).then(|| "high".to_owned()),
+                thinking_budget: (seed % 4 == 0).then_some(2048),
+                encrypted_reasoning: seed % 2 == 0,
+                legacy_max_tokens: seed % 5 < 2,
+            };
+            let request = ModelRequest {
+                system: [None, Some(""), Some("Be \"terse\".\n")][(seed % 3) as usize],
+                messages: &messages,
+                tools: if seed % 2 == 0 { &tools } else { &[] },
+                max_output_tokens: (seed % 3 == 1).then_some(512),
+                earlier_assistant_messages: 0,
+                purpose: RequestPurpose::Turn,
+            };
+            let model = "m\"odel";
+            let pairs: [(Vec<u8>, Value); 3] = [
+                (
+                    serde_json::to_vec(&chat::Body { model, request: &request, options: &options }).unwrap(),
+                    chat::body(model, &request, &options),
+                ),
+                (
+                    serde_json::to_vec(&anthropic::Body { model, request: &request, options: &options }).unwrap(),
+                    anthropic::body(model, &request, &options),
+                ),
+                (
+                    serde_json::to_vec(&responses::Body { model, request: &request, options: &options }).unwrap(),
+                    responses::body(model, &request, &options),
+                ),
+            ];
+            for (kind, (bytes, tree)) in pairs.into_iter().enumerate() {
+                let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+                assert_eq!(parsed, tree, "kind {kind}, seed {seed}");
+                if sorted {
+                    assert_eq!(String::from_utf8(bytes).unwrap(), tree.to_string(), "kind {kind}, seed {seed}");
+                }
+                compared += 1;
+            }
+        }
+        assert_eq!(compared, 399 * 3);
     }
 
     #[test]

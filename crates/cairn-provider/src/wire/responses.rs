@@ -10,15 +10,149 @@
 
 use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{ModelRequest, ProviderErrorKind, StopReason, StreamEvent};
-use serde_json::{Value, json};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::Value;
+#[cfg(test)]
+use serde_json::json;
 
-use super::{Decoder, Options, Settled, StreamError, Usage, arguments_text, json, parse_arguments, str_of, u64_of};
+#[cfg(test)]
+use super::arguments_text;
+use super::{
+    ArgumentsText, Decoder, Options, ResultText, Seq, Settled, StreamError, Usage, json, parse_arguments, str_of,
+    u64_of,
+};
 use crate::sse::SseEvent;
 
 /// The tag of reasoning this API produces and accepts back.
 pub(crate) const TAG: &str = "openai-responses";
 
-/// The request body.
+/// The request body, serialised straight from the borrowed request (keys
+/// in sorted order, as a `serde_json::Value` prints them).
+pub(crate) struct Body<'a> {
+    pub(crate) model: &'a str,
+    pub(crate) request: &'a ModelRequest<'a>,
+    pub(crate) options: &'a Options,
+}
+
+impl Serialize for Body<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (request, options) = (self.request, self.options);
+        let mut map = s.serialize_map(None)?;
+        if options.encrypted_reasoning {
+            map.serialize_entry("include", &["reasoning.encrypted_content"])?;
+        }
+        map.serialize_entry("input", &Seq::new(request.messages.iter().flat_map(items)))?;
+        if let Some(system) = request.system {
+            map.serialize_entry("instructions", system)?;
+        }
+        // Always bounded: the turn reserves this much of the window for it.
+        map.serialize_entry("max_output_tokens", &request.max_output_tokens.unwrap_or(options.default_max))?;
+        map.serialize_entry("model", self.model)?;
+        if let Some(effort) = &options.reasoning_effort {
+            map.serialize_entry("reasoning", &Effort(effort))?;
+        }
+        map.serialize_entry("store", &false)?;
+        map.serialize_entry("stream", &true)?;
+        if !request.tools.is_empty() {
+            map.serialize_entry("tools", &Seq::new(request.tools.iter().map(FunctionTool)))?;
+        }
+        map.end()
+    }
+}
+
+struct Effort<'a>(&'a str);
+
+impl Serialize for Effort<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("effort", self.0)?;
+        map.serialize_entry("summary", "auto")?;
+        map.end()
+    }
+}
+
+struct FunctionTool<'a>(&'a cairn_core::tool::ToolSpec);
+
+impl Serialize for FunctionTool<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(5))?;
+        map.serialize_entry("description", &self.0.description)?;
+        map.serialize_entry("name", &self.0.name)?;
+        map.serialize_entry("parameters", &self.0.input_schema)?;
+        map.serialize_entry("strict", &false)?;
+        map.serialize_entry("type", "function")?;
+        map.end()
+    }
+}
+
+/// One input item, borrowed from the history.
+enum Item<'a> {
+    Text { role: &'static str, kind: &'static str, text: &'a str },
+    Call(&'a ToolCall),
+    Output { call_id: &'a str, content: &'a str, is_error: bool },
+    Opaque(&'a Value),
+}
+
+fn items(message: &Message) -> impl Iterator<Item = Item<'_>> {
+    let (role, kind) = match message.role {
+        Role::System => ("developer", "input_text"),
+        Role::User | Role::Tool => ("user", "input_text"),
+        Role::Assistant => ("assistant", "output_text"),
+    };
+    message.content.iter().filter_map(move |part| match part {
+        ContentPart::Text { text } if !text.is_empty() => Some(Item::Text { role, kind, text }),
+        ContentPart::Text { .. } => None,
+        ContentPart::ToolCall(call) => Some(Item::Call(call)),
+        ContentPart::ToolResult { call_id, content, is_error } => {
+            Some(Item::Output { call_id, content, is_error: *is_error })
+        }
+        ContentPart::Reasoning { provider, opaque: Some(item), .. } if provider == TAG => Some(Item::Opaque(item)),
+        // Reasoning of another provider kind cannot be passed back.
+        ContentPart::Reasoning { .. } => None,
+    })
+}
+
+impl Serialize for Item<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Part<'a>(&'static str, &'a str);
+        impl Serialize for Part<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut map = s.serialize_map(Some(2))?;
+                map.serialize_entry("text", self.1)?;
+                map.serialize_entry("type", self.0)?;
+                map.end()
+            }
+        }
+        let mut map = match self {
+            Item::Opaque(value) => return value.serialize(s),
+            _ => s.serialize_map(None)?,
+        };
+        match self {
+            Item::Text { role, kind, text } => {
+                map.serialize_entry("content", &[Part(kind, text)])?;
+                map.serialize_entry("role", role)?;
+                map.serialize_entry("type", "message")?;
+            }
+            Item::Call(call) => {
+                map.serialize_entry("arguments", &ArgumentsText(&call.arguments))?;
+                map.serialize_entry("call_id", &call.id)?;
+                map.serialize_entry("name", &call.name)?;
+                map.serialize_entry("type", "function_call")?;
+            }
+            Item::Output { call_id, content, is_error } => {
+                map.serialize_entry("call_id", call_id)?;
+                map.serialize_entry("output", &ResultText { content, is_error: *is_error })?;
+                map.serialize_entry("type", "function_call_output")?;
+            }
+            Item::Opaque(_) => {}
+        }
+        map.end()
+    }
+}
+
+/// The request body as a JSON tree, built the way it was before [`Body`]
+/// (kept as the tests' independent oracle).
+#[cfg(test)]
 pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -> Value {
     let mut input = Vec::new();
     for message in request.messages {
@@ -55,10 +189,12 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -
     body
 }
 
+#[cfg(test)]
 fn text_message(role: &str, kind: &str, text: &str) -> Value {
     json!({"type": "message", "role": role, "content": [{"type": kind, "text": text}]})
 }
 
+#[cfg(test)]
 fn push_items(out: &mut Vec<Value>, message: &Message) {
     let (role, kind) = match message.role {
         Role::System => ("developer", "input_text"),
