@@ -100,3 +100,124 @@ pub fn metrics(expected: &[String], rankings: &[Ranking], k: usize) -> Metrics {
     }
     Metrics { recall_at_k: hits as f64 / n as f64, mrr: rr / n as f64, queries: n }
 }
+
+/// Requests that need no tool: what selection should leave empty.
+pub const OFF_TOPIC: &[&str] = &[
+    "hi there, how are you today?",
+    "tell me a joke about penguins",
+    "thanks, that was helpful",
+    "what is the meaning of life",
+    "write a haiku about autumn",
+    "explain recursion like I'm five",
+    "who won the world cup in 1998",
+    "good night",
+];
+
+/// One method's result on the evaluation set.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct MethodResult {
+    /// The method.
+    pub method: crate::Method,
+    /// recall@5 and MRR.
+    pub metrics: Metrics,
+}
+
+/// Selection quality at one threshold.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ThresholdRow {
+    /// The threshold.
+    pub threshold: f32,
+    /// Fraction of queries whose expected tool is among the injected (≤ 5).
+    pub selected_recall: f64,
+    /// Mean number of tools injected per query.
+    pub mean_injected: f64,
+    /// Mean number of tools injected for [`OFF_TOPIC`] requests.
+    pub off_topic_injected: f64,
+}
+
+/// Everything the evaluation reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// Tools in the set.
+    pub tools: usize,
+    /// Queries in the set.
+    pub queries: usize,
+    /// MiniLM, BM25 and combined (the shipped weight).
+    pub methods: Vec<MethodResult>,
+    /// Combined recall@5/MRR for other BM25 weights.
+    pub weight_sweep: Vec<(f32, Metrics)>,
+    /// The shipped ranking ([`crate::SHIPPED_METHOD`]) at several thresholds.
+    pub thresholds: Vec<ThresholdRow>,
+}
+
+/// Run the evaluation with `embedder` (every number is deterministic).
+pub fn run(set: &EvalSet, embedder: &crate::Embedder) -> Result<Report, DiscoveryError> {
+    use crate::{Index, Method, SelectionPolicy};
+    let (index, _) = Index::with_embeddings(set.tools.clone(), embedder, None)?;
+    let texts: Vec<&str> = set.queries.iter().map(|(_, q)| q.as_str()).collect();
+    let vectors = embedder.embed(&texts)?;
+    let expected: Vec<String> = set.queries.iter().map(|(t, _)| t.clone()).collect();
+    let rank_all = |method: Method, weight: f32| -> Vec<Ranking> {
+        texts.iter().zip(&vectors).map(|(q, v)| index.rank_weighted(q, Some(v), method, weight)).collect()
+    };
+    let mut methods = Vec::new();
+    for method in [Method::Minilm, Method::Bm25, Method::Combined] {
+        let rankings = if method == Method::Bm25 {
+            texts.iter().map(|q| index.rank(q, None, Method::Bm25)).collect()
+        } else {
+            rank_all(method, crate::COMBINED_BM25_WEIGHT)
+        };
+        methods.push(MethodResult { method, metrics: metrics(&expected, &rankings, 5) });
+    }
+    let weight_sweep = [0.0f32, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5]
+        .iter()
+        .map(|&w| (w, metrics(&expected, &rank_all(Method::Combined, w), 5)))
+        .collect();
+    let shipped = rank_all(crate::SHIPPED_METHOD, crate::COMBINED_BM25_WEIGHT);
+    let off_vectors = embedder.embed(OFF_TOPIC)?;
+    let off: Vec<Ranking> =
+        OFF_TOPIC.iter().zip(&off_vectors).map(|(q, v)| index.rank(q, Some(v), crate::SHIPPED_METHOD)).collect();
+    let mut thresholds = Vec::new();
+    for t in [0.15f32, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5] {
+        let policy = SelectionPolicy { threshold: t, ..SelectionPolicy::default() };
+        let mut hit = 0usize;
+        let mut injected = 0usize;
+        for (want, r) in expected.iter().zip(&shipped) {
+            let sel = policy.select(r);
+            injected += sel.tools.len();
+            hit += usize::from(sel.tools.contains(want));
+        }
+        let off_injected: usize = off.iter().map(|r| policy.select(r).tools.len()).sum();
+        let n = expected.len().max(1) as f64;
+        thresholds.push(ThresholdRow {
+            threshold: t,
+            selected_recall: hit as f64 / n,
+            mean_injected: injected as f64 / n,
+            off_topic_injected: off_injected as f64 / OFF_TOPIC.len() as f64,
+        });
+    }
+    Ok(Report { tools: set.tools.len(), queries: set.queries.len(), methods, weight_sweep, thresholds })
+}
+
+impl Report {
+    /// The report as Markdown tables (what BENCHMARKS.md quotes).
+    pub fn markdown(&self) -> String {
+        let mut s =
+            format!("{} tools, {} queries\n\n| method | recall@5 | MRR |\n|---|---|---|\n", self.tools, self.queries);
+        for m in &self.methods {
+            s.push_str(&format!("| {} | {:.3} | {:.3} |\n", m.method.as_str(), m.metrics.recall_at_k, m.metrics.mrr));
+        }
+        s.push_str("\n| BM25 weight in combined | recall@5 | MRR |\n|---|---|---|\n");
+        for (w, m) in &self.weight_sweep {
+            s.push_str(&format!("| {w:.2} | {:.3} | {:.3} |\n", m.recall_at_k, m.mrr));
+        }
+        s.push_str("\n| threshold | expected tool injected | tools injected per query | tools injected off-topic |\n|---|---|---|---|\n");
+        for t in &self.thresholds {
+            s.push_str(&format!(
+                "| {:.2} | {:.3} | {:.2} | {:.2} |\n",
+                t.threshold, t.selected_recall, t.mean_injected, t.off_topic_injected
+            ));
+        }
+        s
+    }
+}

@@ -27,4 +27,4 @@ pub use model::{
     MODEL_DIR_NAME, MODEL_FILES, MODEL_PACKAGE, MODEL_PACKAGE_VERSION, WHEEL_SHA256, default_model_dir,
     model_dir_from_env, verify_model_dir,
 };
-pub use rank::{COMBINED_BM25_WEIGHT, Candidate, Index, Method, Ranking, Selection, SelectionPolicy};
+pub use rank::{COMBINED_BM25_WEIGHT, Candidate, Index, Method, Ranking, SHIPPED_METHOD, Selection, SelectionPolicy};

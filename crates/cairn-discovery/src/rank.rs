@@ -16,18 +16,24 @@ use crate::doc::{DocKind, Document};
 use crate::embed::dot;
 use crate::{DiscoveryError, Embedder};
 
-/// Weight of the scaled BM25 score in [`Method::Combined`].
-pub const COMBINED_BM25_WEIGHT: f32 = 0.15;
+/// Weight of the scaled BM25 score in [`Method::Combined`]. The evaluation
+/// (BENCHMARKS.md) found every positive weight worse than MiniLM alone on
+/// requests phrased without the tools' words, so cairn ships
+/// [`SHIPPED_METHOD`] = MiniLM and keeps the combination for comparison.
+pub const COMBINED_BM25_WEIGHT: f32 = 0.05;
+
+/// The method hosts use when the model is installed (BM25 otherwise).
+pub const SHIPPED_METHOD: Method = Method::Minilm;
 
 /// How documents are scored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
-    /// Cosine of MiniLM embeddings.
+    /// Cosine of MiniLM embeddings (what cairn ships).
     Minilm,
     /// BM25 over the same text.
     Bm25,
-    /// Cosine plus weighted, per-query-scaled BM25 (what cairn ships).
+    /// Cosine plus weighted, per-query-scaled BM25.
     Combined,
 }
 
@@ -110,6 +116,18 @@ impl Index {
     /// request's embedding; without it (or without document embeddings) the
     /// ranking is BM25 whatever `method` asked for, and says so.
     pub fn rank(&self, query: &str, query_vector: Option<&[f32]>, method: Method) -> Ranking {
+        self.rank_weighted(query, query_vector, method, COMBINED_BM25_WEIGHT)
+    }
+
+    /// [`Index::rank`] with another weight of BM25 in [`Method::Combined`]
+    /// (the evaluation sweeps it).
+    pub fn rank_weighted(
+        &self,
+        query: &str,
+        query_vector: Option<&[f32]>,
+        method: Method,
+        bm25_weight: f32,
+    ) -> Ranking {
         let bm25 = self.bm25.scores(query);
         let best = bm25.iter().copied().fold(0.0f32, f32::max);
         let cosines: Option<Vec<f32>> = match (&self.vectors, query_vector) {
@@ -126,7 +144,7 @@ impl Index {
                 let scaled = if best > 0.0 { bm25[i] / best } else { 0.0 };
                 let score = match (method, cosine) {
                     (Method::Minilm, Some(c)) => c,
-                    (Method::Combined, Some(c)) => c + COMBINED_BM25_WEIGHT * scaled,
+                    (Method::Combined, Some(c)) => c + bm25_weight * scaled,
                     _ => bm25[i],
                 };
                 Candidate { name: d.name.clone(), kind: d.kind, score, cosine, bm25: bm25[i] }
