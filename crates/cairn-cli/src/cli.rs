@@ -115,7 +115,14 @@ pub enum Command {
         target: String,
     },
     /// List the tools available here (name, risk, capabilities, source) and the sandbox in use.
-    Tools,
+    Tools {
+        /// Rank the installed tools and skills against this request instead, showing scores and which a turn would
+        /// be offered.
+        #[arg(long, value_name = "QUERY")]
+        discover: Option<String>,
+    },
+    /// List the skills (sk/NAME/SKILL.md under the config, data and project .cairn/ directories).
+    Skills,
     /// Trust the tools a directory ships in .cairn/tools/ (default: the current directory) after reading them.
     ///
     /// A working directory's own tools load only once trusted, and again only after re-trusting whenever any file
@@ -307,7 +314,9 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Compact { id, context: true, .. } => crate::compaction::compact(&ctx, &resolve(&id)?),
         Command::Compact { id, force, .. } => commands::compact(&ctx, &resolve(&id)?, force),
         Command::Check { target } => commands::check(&ctx, &resolve(&target)?),
-        Command::Tools => commands::tools(&ctx),
+        Command::Tools { discover: None } => commands::tools(&ctx),
+        Command::Tools { discover: Some(query) } => crate::discover::discover_command(&ctx, &query),
+        Command::Skills => crate::discover::skills_command(&ctx),
         Command::Trust { dir, revoke, list } => {
             let action = match (revoke, list) {
                 (true, _) => trust::Action::Revoke,

@@ -86,6 +86,9 @@ pub struct FileConfig {
     pub storage: StorageConfig,
     /// PostgreSQL URL: keep sessions in this database (`cairn worker`, `cairn submit`).
     pub database: Option<String>,
+    /// `[discovery]`: read by `discover.rs` (threshold, max_tools, max_skills).
+    #[serde(default)]
+    pub discovery: toml::Table,
 }
 
 /// `[storage]`.
@@ -208,6 +211,8 @@ pub struct Settings {
     pub database: Setting<Option<String>>,
     /// Named provider tables from the file.
     pub providers: BTreeMap<String, toml::Value>,
+    /// The `[discovery]` table as written (parsed by `discover.rs`).
+    pub discovery: toml::Table,
 }
 
 /// Default model steps per turn.
@@ -379,6 +384,7 @@ impl Settings {
             max_line_bytes,
             database,
             providers: file.providers,
+            discovery: file.discovery,
         })
     }
 

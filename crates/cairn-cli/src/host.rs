@@ -130,6 +130,17 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
 
 /// Build provider, tools and approver for a session in `cwd`.
 pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring> {
+    wire_with(ctx, cwd, renderer, None)
+}
+
+/// [`wire`] offering only the built-ins and the tools in `keep` (discovery's
+/// choice for the turn, `crate::discover`); `None` offers every tool.
+pub fn wire_with(
+    ctx: &Context,
+    cwd: &Path,
+    renderer: &mut Renderer,
+    keep: Option<&std::collections::BTreeSet<String>>,
+) -> Result<Wiring> {
     let provider = build_provider(ctx, cwd)?;
     let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
         .context("invalid allow pattern (from --allow or [approvals] allow)")?;
@@ -140,6 +151,9 @@ pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring
     let mut notes = tools.notes;
     for entry in tools.entries {
         let name = entry.tool.spec().name.clone();
+        if keep.is_some_and(|k| entry.origin != cairn_tools::ToolOrigin::Builtin && !k.contains(&name)) {
+            continue;
+        }
         if let Err(e) = registry.register(entry.tool) {
             notes.push(format!("tool {name} not offered: {e}"));
         }
@@ -340,11 +354,12 @@ fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String> {
 pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
     let prompt = read_prompt(prompt, prompt_file)?;
     let mut renderer = Renderer::new(mode(ctx));
-    let (store, cwd) = create_session(ctx)?;
-    let mut wiring = wire(ctx, &cwd, &mut renderer)?;
+    let (mut store, cwd) = create_session(ctx)?;
+    let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(&prompt))?;
+    let mut wiring = wire_with(ctx, &cwd, &mut renderer, choice.keep.as_ref())?;
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
-    let mut session = Session::open(store, session_config(ctx))?;
+    let mut session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
     let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&prompt))?;
     Ok(outcome.map_or(exit::SUCCESS, |o| outcome_code(&o, &mut renderer, &id)))
 }
@@ -354,10 +369,20 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     let mut renderer = Renderer::new(mode(ctx));
     let store = open_session(ctx, path)?;
     let cwd = PathBuf::from(&store.header().cwd);
-    let mut wiring = wire(ctx, &cwd, &mut renderer)?;
+    // An interrupted turn is offered what discovery recorded for it; a new
+    // prompt gets a new choice (see `crate::discover`).
+    let opened = Session::open(store, session_config(ctx))?;
+    let interrupted_before = opened.needs_resume();
+    let mut store = opened.into_store();
+    let choice = match (interrupted_before, prompt.as_deref()) {
+        (false, None) => crate::discover::TurnChoice::default(),
+        (true, _) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, None)?,
+        (false, Some(text)) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text))?,
+    };
+    let mut wiring = wire_with(ctx, &cwd, &mut renderer, choice.keep.as_ref())?;
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
-    let mut session = Session::open(store, session_config(ctx))?;
+    let mut session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
     let mut code = exit::SUCCESS;
     let interrupted = session.needs_resume();
     if interrupted {
