@@ -228,3 +228,39 @@ fn resuming_a_killed_turn_offers_the_tools_recorded_for_it() {
     assert!(!log.contains("ran git_log"), "{log}");
     assert_eq!(log.matches("\"discovery\"").count(), 1, "the choice is recorded once: {log}");
 }
+
+#[test]
+fn few_tools_are_all_offered_and_nothing_is_recorded_and_bad_config_is_refused() {
+    let env = Env::new();
+    install_tools(&env, 5);
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "fs_write", "arguments": {}}]}),
+        json!({"text": "Done."}),
+    ]);
+    // No model needed: with at most max_tools external tools nothing is ranked.
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "hello"])
+        .env("CAIRN_MINILM_DIR", env.home.join("no-model-here"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(log.contains("ran fs_write"), "{log}");
+    assert!(!log.contains("\"discovery\""), "nothing recorded: {log}");
+    assert!(!stderr(&out).contains("BM25"), "no ranking, no fallback notice: {}", stderr(&out));
+
+    for bad in ["[discovery]\nthreshold = 7.0\n", "[discovery]\nmax_tools = -1\n", "[discovery]\nthresold = 0.3\n"] {
+        std::fs::write(env.home.join("config.toml"), bad).unwrap();
+        let out = env.cairn(&["tools", "--discover", "x"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        assert!(stderr(&out).contains("[discovery]") && stderr(&out).contains("max_tools"), "{}", stderr(&out));
+    }
+    std::fs::write(env.home.join("config.toml"), "[discovery]\nmax_tools = 2\nthreshold = 0.0\n").unwrap();
+    let out = env
+        .cairn(&["--json", "tools", "--discover", "write a file"])
+        .env("CAIRN_MINILM_DIR", env.home.join("no-model-here"))
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert!(v["selected"]["tools"].as_array().unwrap().len() <= 2, "{v}");
+}
