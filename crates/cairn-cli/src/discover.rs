@@ -43,7 +43,7 @@ pub fn policy(ctx: &Context) -> Result<SelectionPolicy> {
             ("max_skills", toml::Value::Integer(v)) if (0..=16).contains(v) => p.max_skills = *v as usize,
             _ => anyhow::bail!(
                 "{file}: [discovery] {key} = {value} is not valid; use threshold (cosine, -1..1, default 0.25), \
-                 bm25_threshold (>= 0), max_tools (0..64, default 5) or max_skills (0..16, default 3)"
+                 bm25_threshold (>= 0, default 3), max_tools (0..64, default 5) or max_skills (0..16, default 3)"
             ),
         }
     }
@@ -222,6 +222,15 @@ pub fn skills_command(ctx: &Context) -> Result<u8> {
         writeln!(err, "cairn: skill skipped: {}", escape_controls(&e.to_string()))?;
     }
     Ok(exit::SUCCESS)
+}
+
+/// Whether discovery chooses anything in `cwd`: more than `max_tools`
+/// non-core tools, or skills to choose from.
+pub fn applies(ctx: &Context, cwd: &Path) -> Result<bool> {
+    let policy = policy(ctx)?;
+    let extra = crate::host::tool_entries(ctx, cwd)?.entries.iter().filter(|e| !is_core(e)).count();
+    let (skills, _) = load_skills(&skill_roots(ctx, cwd));
+    Ok(extra > policy.max_tools || (!skills.is_empty() && policy.max_skills > 0))
 }
 
 /// What a turn is offered.

@@ -44,6 +44,26 @@ impl std::fmt::Debug for Wiring {
 }
 
 impl Wiring {
+    /// Offer only the built-ins and the tools in `keep` from now on
+    /// (discovery's choice for a chat turn; `None`: every tool).
+    pub fn offer_only(
+        &mut self,
+        ctx: &Context,
+        cwd: &Path,
+        keep: Option<&std::collections::BTreeSet<String>>,
+    ) -> Result<()> {
+        let mut registry = ToolRegistry::new(self.approver.is_interactive());
+        for entry in tool_entries(ctx, cwd)?.entries {
+            let name = entry.tool.spec().name.clone();
+            if keep.is_none_or(|k| entry.origin == cairn_tools::ToolOrigin::Builtin || k.contains(&name)) {
+                // Conflicts were reported when the chat was wired.
+                let _ = registry.register(entry.tool);
+            }
+        }
+        self.registry = registry;
+        Ok(())
+    }
+
     /// The provider, tools and approver a `TurnEnv` borrows.
     pub fn parts(&mut self) -> (&dyn Provider, &ToolRegistry, &mut PolicyApprover) {
         (&*self.provider, &self.registry, &mut self.approver)
@@ -399,9 +419,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
             let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&text))?;
             Ok(outcome.map_or(code, |o| outcome_code(&o, &mut renderer, &id)))
         }
-        None if !interrupted && std::io::stdin().is_terminal() => {
-            chat_loop(ctx, &mut session, &mut wiring, &mut renderer)
-        }
+        None if !interrupted && std::io::stdin().is_terminal() => chat_loop(ctx, session, &mut wiring, &mut renderer),
         None => {
             if !interrupted {
                 renderer.notice(&format!(
@@ -431,19 +449,28 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     renderer.notice(&format!("session {id} in {} — Ctrl-C interrupts a turn, Ctrl-D leaves", cwd.display()));
     if session.needs_resume() {
         renderer.notice("finishing the interrupted turn first");
+        // The interrupted turn is offered what discovery recorded for it.
+        let mut store = session.into_store();
+        let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, None)?;
+        wiring.offer_only(ctx, &cwd, choice.keep.as_ref())?;
+        session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
             outcome_code(&outcome, &mut renderer, &id);
         }
     }
-    chat_loop(ctx, &mut session, &mut wiring, &mut renderer)
+    chat_loop(ctx, session, &mut wiring, &mut renderer)
 }
 
 fn chat_loop(
     ctx: &Context,
-    session: &mut Session<JsonlStore>,
+    mut session: Session<JsonlStore>,
     wiring: &mut Wiring,
     renderer: &mut Renderer,
 ) -> Result<u8> {
+    let cwd = PathBuf::from(&session.store().header().cwd);
+    // Discovery re-chooses the tools and skills for every prompt (and
+    // records the choice) when it applies here; see `crate::discover`.
+    let rechoose = crate::discover::applies(ctx, &cwd)?;
     // Make sure Ctrl-C at the prompt leaves instead of killing mid-write.
     let _ = interrupts();
     let id = session.store().header().id.clone();
@@ -467,7 +494,13 @@ fn chat_loop(
         if text.is_empty() {
             continue;
         }
-        if let Some(outcome) = drive(session, wiring, renderer, Some(text))? {
+        if rechoose {
+            let mut store = session.into_store();
+            let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text))?;
+            wiring.offer_only(ctx, &cwd, choice.keep.as_ref())?;
+            session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, renderer))?;
+        }
+        if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {
             last = outcome_code(&outcome, renderer, &id);
         }
     }

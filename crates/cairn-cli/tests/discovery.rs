@@ -176,6 +176,8 @@ fn resuming_a_killed_turn_offers_the_tools_recorded_for_it() {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
     let env = Env::new();
+    // Unstaged, so the tool's marker reaches the working tree at once.
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
     install_tools(&env, 222);
     // image_resize blocks the first time (the agent is killed meanwhile).
     let marker = env.cwd.join("resize-started");
@@ -214,6 +216,8 @@ fn resuming_a_killed_turn_offers_the_tools_recorded_for_it() {
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
+    let before = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(before.contains("toolStarted") && !before.contains("toolCompleted"), "killed mid-call: {before}");
     // A fresh ranking of an empty resume would offer everything; the
     // recorded choice keeps git_log out.
     let out = env
@@ -223,7 +227,7 @@ fn resuming_a_killed_turn_offers_the_tools_recorded_for_it() {
         .output()
         .unwrap();
     let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
-    assert!(stdout(&out).contains("end"), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("end"), "{}\n{}\n{log}", stdout(&out), stderr(&out));
     assert!(log.contains("unknown tool \\\"git_log\\\""), "{log}");
     assert!(!log.contains("ran git_log"), "{log}");
     assert_eq!(log.matches("\"discovery\"").count(), 1, "the choice is recorded once: {log}");
@@ -263,4 +267,43 @@ fn few_tools_are_all_offered_and_nothing_is_recorded_and_bad_config_is_refused()
         .unwrap();
     let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert!(v["selected"]["tools"].as_array().unwrap().len() <= 2, "{v}");
+}
+
+#[test]
+fn chat_chooses_again_for_every_prompt_and_records_each_choice() {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let env = Env::new();
+    install_tools(&env, 222);
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "image_resize", "arguments": {}}]}),
+        json!({"text": "first done"}),
+        json!({"text": "", "toolCalls": [
+            {"id": "c2", "name": "git_log", "arguments": {}},
+            {"id": "c3", "name": "image_resize", "arguments": {}}
+        ]}),
+        json!({"text": "second done"}),
+    ]);
+    let mut child = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "chat"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"make this photo smaller, 800 wide\nlist the last ten commits of the repository\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(stdout(&out).contains("second done"), "{}\n{}", stdout(&out), stderr(&out));
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    // Turn 1 offered image_resize; turn 2 offered git_log and no longer image_resize.
+    assert_eq!(log.matches("ran image_resize").count(), 1, "{log}");
+    assert!(log.contains("ran git_log"), "{log}");
+    assert!(log.contains("unknown tool \\\"image_resize\\\""), "{log}");
+    assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
 }

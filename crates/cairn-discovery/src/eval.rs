@@ -148,6 +148,8 @@ pub struct Report {
     pub weight_sweep: Vec<(f32, Metrics)>,
     /// The shipped ranking ([`crate::SHIPPED_METHOD`]) at several thresholds.
     pub thresholds: Vec<ThresholdRow>,
+    /// The BM25 fallback at several thresholds (raw BM25 score).
+    pub bm25_thresholds: Vec<ThresholdRow>,
 }
 
 /// Run the evaluation with `embedder` (every number is deterministic).
@@ -177,26 +179,50 @@ pub fn run(set: &EvalSet, embedder: &crate::Embedder) -> Result<Report, Discover
     let off_vectors = embedder.embed(OFF_TOPIC)?;
     let off: Vec<Ranking> =
         OFF_TOPIC.iter().zip(&off_vectors).map(|(q, v)| index.rank(q, Some(v), crate::SHIPPED_METHOD)).collect();
-    let mut thresholds = Vec::new();
-    for t in [0.15f32, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5] {
-        let policy = SelectionPolicy { threshold: t, ..SelectionPolicy::default() };
-        let mut hit = 0usize;
-        let mut injected = 0usize;
-        for (want, r) in expected.iter().zip(&shipped) {
-            let sel = policy.select(r);
-            injected += sel.tools.len();
-            hit += usize::from(sel.tools.contains(want));
-        }
-        let off_injected: usize = off.iter().map(|r| policy.select(r).tools.len()).sum();
-        let n = expected.len().max(1) as f64;
-        thresholds.push(ThresholdRow {
-            threshold: t,
-            selected_recall: hit as f64 / n,
-            mean_injected: injected as f64 / n,
-            off_topic_injected: off_injected as f64 / OFF_TOPIC.len() as f64,
-        });
-    }
-    Ok(Report { tools: set.tools.len(), queries: set.queries.len(), methods, weight_sweep, thresholds })
+    let sweep = |policy_at: &dyn Fn(f32) -> SelectionPolicy, ts: &[f32], on: &[Ranking], off: &[Ranking]| {
+        ts.iter()
+            .map(|&t| {
+                let policy = policy_at(t);
+                let mut hit = 0usize;
+                let mut injected = 0usize;
+                for (want, r) in expected.iter().zip(on) {
+                    let sel = policy.select(r);
+                    injected += sel.tools.len();
+                    hit += usize::from(sel.tools.contains(want));
+                }
+                let off_injected: usize = off.iter().map(|r| policy.select(r).tools.len()).sum();
+                let n = expected.len().max(1) as f64;
+                ThresholdRow {
+                    threshold: t,
+                    selected_recall: hit as f64 / n,
+                    mean_injected: injected as f64 / n,
+                    off_topic_injected: off_injected as f64 / OFF_TOPIC.len() as f64,
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    let thresholds = sweep(
+        &|t| SelectionPolicy { threshold: t, ..SelectionPolicy::default() },
+        &[0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5],
+        &shipped,
+        &off,
+    );
+    let bm25_on: Vec<Ranking> = texts.iter().map(|q| index.rank(q, None, Method::Bm25)).collect();
+    let bm25_off: Vec<Ranking> = OFF_TOPIC.iter().map(|q| index.rank(q, None, Method::Bm25)).collect();
+    let bm25_thresholds = sweep(
+        &|t| SelectionPolicy { bm25_threshold: t, ..SelectionPolicy::default() },
+        &[0.5, 1.0, 2.0, 3.0, 4.0, 6.0],
+        &bm25_on,
+        &bm25_off,
+    );
+    Ok(Report {
+        tools: set.tools.len(),
+        queries: set.queries.len(),
+        methods,
+        weight_sweep,
+        thresholds,
+        bm25_thresholds,
+    })
 }
 
 impl Report {
@@ -215,6 +241,13 @@ impl Report {
         for t in &self.thresholds {
             s.push_str(&format!(
                 "| {:.2} | {:.3} | {:.2} | {:.2} |\n",
+                t.threshold, t.selected_recall, t.mean_injected, t.off_topic_injected
+            ));
+        }
+        s.push_str("\n| BM25 fallback threshold | expected tool injected | tools injected per query | tools injected off-topic |\n|---|---|---|---|\n");
+        for t in &self.bm25_thresholds {
+            s.push_str(&format!(
+                "| {:.1} | {:.3} | {:.2} | {:.2} |\n",
                 t.threshold, t.selected_recall, t.mean_injected, t.off_topic_injected
             ));
         }

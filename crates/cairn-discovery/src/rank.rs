@@ -171,7 +171,7 @@ pub struct SelectionPolicy {
 impl Default for SelectionPolicy {
     /// 5 tools, 3 skills; thresholds from the evaluation (BENCHMARKS.md).
     fn default() -> Self {
-        SelectionPolicy { max_tools: 5, max_skills: 3, threshold: 0.25, bm25_threshold: 1.0 }
+        SelectionPolicy { max_tools: 5, max_skills: 3, threshold: 0.25, bm25_threshold: 3.0 }
     }
 }
 
