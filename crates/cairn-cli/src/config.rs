@@ -92,6 +92,9 @@ pub struct FileConfig {
     /// Batch queue settings (`[batch]`, read by `batch.rs`).
     #[serde(default)]
     pub batch: Option<toml::Value>,
+    /// `[discovery]`: read by `discover.rs` (threshold, max_tools, max_skills).
+    #[serde(default)]
+    pub discovery: toml::Table,
 }
 
 /// `[storage]`.
@@ -218,6 +221,8 @@ pub struct Settings {
     pub subagents: Option<toml::Value>,
     /// The `[batch]` table as written (parsed by `batch.rs`).
     pub batch: Option<toml::Value>,
+    /// The `[discovery]` table as written (parsed by `discover.rs`).
+    pub discovery: toml::Table,
 }
 
 /// Default model steps per turn.
@@ -391,6 +396,7 @@ impl Settings {
             providers: file.providers,
             subagents: file.subagents,
             batch: file.batch,
+            discovery: file.discovery,
         })
     }
 

@@ -44,6 +44,26 @@ impl std::fmt::Debug for Wiring {
 }
 
 impl Wiring {
+    /// Offer only the built-ins and the tools in `keep` from now on
+    /// (discovery's choice for a chat turn; `None`: every tool).
+    pub fn offer_only(
+        &mut self,
+        ctx: &Context,
+        cwd: &Path,
+        keep: Option<&std::collections::BTreeSet<String>>,
+    ) -> Result<()> {
+        let mut registry = ToolRegistry::new(self.approver.is_interactive());
+        for entry in tool_entries(ctx, cwd)?.entries {
+            let name = entry.tool.spec().name.clone();
+            if keep.is_none_or(|k| entry.origin == cairn_tools::ToolOrigin::Builtin || k.contains(&name)) {
+                // Conflicts were reported when the chat was wired.
+                let _ = registry.register(entry.tool);
+            }
+        }
+        self.registry = registry;
+        Ok(())
+    }
+
     /// The provider, tools and approver a `TurnEnv` borrows.
     pub fn parts(&mut self) -> (&dyn Provider, &ToolRegistry, &mut PolicyApprover) {
         (&*self.provider, &self.registry, &mut self.approver)
@@ -130,12 +150,20 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
 
 /// Build provider, tools and approver for a session in `cwd`.
 pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring> {
-    wire_with(ctx, cwd, renderer, true)
+    wire_with(ctx, cwd, renderer, true, None)
 }
 
-/// [`wire`], headless when `may_ask` is false (`cairn ask`): no person is
-/// asked even when stdin is a terminal.
-pub fn wire_with(ctx: &Context, cwd: &Path, renderer: &mut Renderer, may_ask: bool) -> Result<Wiring> {
+/// [`wire`], headless when `may_ask` is false (`cairn ask`: no person is
+/// asked even when stdin is a terminal), offering only the built-ins and
+/// the tools in `keep` when given (discovery's choice for the turn,
+/// `crate::discover`; `None` offers every tool).
+pub fn wire_with(
+    ctx: &Context,
+    cwd: &Path,
+    renderer: &mut Renderer,
+    may_ask: bool,
+    keep: Option<&std::collections::BTreeSet<String>>,
+) -> Result<Wiring> {
     let provider = build_provider(ctx, cwd)?;
     let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
         .context("invalid allow pattern (from --allow or [approvals] allow)")?;
@@ -148,6 +176,9 @@ pub fn wire_with(ctx: &Context, cwd: &Path, renderer: &mut Renderer, may_ask: bo
     let mut notes = tools.notes;
     for entry in tools.entries {
         let name = entry.tool.spec().name.clone();
+        if keep.is_some_and(|k| entry.origin != cairn_tools::ToolOrigin::Builtin && !k.contains(&name)) {
+            continue;
+        }
         if let Err(e) = registry.register(entry.tool) {
             notes.push(format!("tool {name} not offered: {e}"));
         }
@@ -349,11 +380,12 @@ fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String> {
 pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
     let prompt = read_prompt(prompt, prompt_file)?;
     let mut renderer = Renderer::new(mode(ctx));
-    let (store, cwd) = create_session(ctx)?;
-    let mut wiring = wire(ctx, &cwd, &mut renderer)?;
+    let (mut store, cwd) = create_session(ctx)?;
+    let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(&prompt))?;
+    let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, choice.keep.as_ref())?;
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
-    let mut session = Session::open(store, session_config(ctx))?;
+    let mut session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
     let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&prompt))?;
     Ok(outcome.map_or(exit::SUCCESS, |o| outcome_code(&o, &mut renderer, &id)))
 }
@@ -374,10 +406,20 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
         );
     }
     let cwd = PathBuf::from(&store.header().cwd);
-    let mut wiring = wire(ctx, &cwd, &mut renderer)?;
+    // An interrupted turn is offered what discovery recorded for it; a new
+    // prompt gets a new choice (see `crate::discover`).
+    let opened = Session::open(store, session_config(ctx))?;
+    let interrupted_before = opened.needs_resume();
+    let mut store = opened.into_store();
+    let choice = match (interrupted_before, prompt.as_deref()) {
+        (false, None) => crate::discover::TurnChoice::default(),
+        (true, _) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, None)?,
+        (false, Some(text)) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text))?,
+    };
+    let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, choice.keep.as_ref())?;
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
-    let mut session = Session::open(store, session_config(ctx))?;
+    let mut session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
     let mut code = exit::SUCCESS;
     let interrupted = session.needs_resume();
     crate::subagents::reattach_children(&id);
@@ -395,9 +437,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
             let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&text))?;
             Ok(outcome.map_or(code, |o| outcome_code(&o, &mut renderer, &id)))
         }
-        None if !interrupted && std::io::stdin().is_terminal() => {
-            chat_loop(ctx, &mut session, &mut wiring, &mut renderer)
-        }
+        None if !interrupted && std::io::stdin().is_terminal() => chat_loop(ctx, session, &mut wiring, &mut renderer),
         None => {
             if !interrupted {
                 renderer.notice(&format!(
@@ -427,19 +467,28 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     renderer.notice(&format!("session {id} in {} — Ctrl-C interrupts a turn, Ctrl-D leaves", cwd.display()));
     if session.needs_resume() {
         renderer.notice("finishing the interrupted turn first");
+        // The interrupted turn is offered what discovery recorded for it.
+        let mut store = session.into_store();
+        let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, None)?;
+        wiring.offer_only(ctx, &cwd, choice.keep.as_ref())?;
+        session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
             outcome_code(&outcome, &mut renderer, &id);
         }
     }
-    chat_loop(ctx, &mut session, &mut wiring, &mut renderer)
+    chat_loop(ctx, session, &mut wiring, &mut renderer)
 }
 
 fn chat_loop(
     ctx: &Context,
-    session: &mut Session<JsonlStore>,
+    mut session: Session<JsonlStore>,
     wiring: &mut Wiring,
     renderer: &mut Renderer,
 ) -> Result<u8> {
+    let cwd = PathBuf::from(&session.store().header().cwd);
+    // Discovery re-chooses the tools and skills for every prompt (and
+    // records the choice) when it applies here; see `crate::discover`.
+    let rechoose = crate::discover::applies(ctx, &cwd)?;
     // Make sure Ctrl-C at the prompt leaves instead of killing mid-write.
     let _ = interrupts();
     let id = session.store().header().id.clone();
@@ -463,7 +512,13 @@ fn chat_loop(
         if text.is_empty() {
             continue;
         }
-        if let Some(outcome) = drive(session, wiring, renderer, Some(text))? {
+        if rechoose {
+            let mut store = session.into_store();
+            let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text))?;
+            wiring.offer_only(ctx, &cwd, choice.keep.as_ref())?;
+            session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, renderer))?;
+        }
+        if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {
             last = outcome_code(&outcome, renderer, &id);
         }
     }

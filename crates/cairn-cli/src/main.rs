@@ -13,6 +13,7 @@ mod commands;
 mod compaction;
 mod config;
 mod context;
+mod discover;
 mod faces;
 mod host;
 mod local;

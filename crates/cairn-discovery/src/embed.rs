@@ -1,0 +1,128 @@
+//! all-MiniLM-L6-v2 sentence embeddings on the CPU with candle: BERT
+//! (candle-transformers), mean pooling over the attention mask, L2
+//! normalisation — the model card's pipeline (Transformer → Pooling(mean) →
+//! Normalize), with its `max_seq_length` of 256 tokens.
+//!
+//! This module must not cache or rank; it maps sentences to unit vectors.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use tokenizers::Tokenizer;
+
+use crate::DiscoveryError;
+use crate::model::verify_model_dir;
+
+/// Width of an embedding.
+pub const EMBEDDING_DIM: usize = 384;
+/// Longest input in tokens (including `[CLS]` and `[SEP]`); longer text is
+/// truncated, as sentence-transformers does for this model.
+pub const MAX_TOKENS: usize = 256;
+/// Sentences run through the model together.
+const BATCH: usize = 16;
+
+/// The loaded model and tokenizer.
+pub struct Embedder {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    sep: u32,
+    pool: rayon::ThreadPool,
+}
+
+impl std::fmt::Debug for Embedder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedder").field("threads", &self.pool.current_num_threads()).finish_non_exhaustive()
+    }
+}
+
+fn embed_err(e: candle_core::Error) -> DiscoveryError {
+    DiscoveryError::Embed(e.to_string())
+}
+
+impl Embedder {
+    /// Load the model from `dir` (checked against the expected sha256s
+    /// first), running forward passes on `threads` threads.
+    pub fn load(dir: &Path, threads: usize) -> Result<Self, DiscoveryError> {
+        verify_model_dir(dir)?;
+        let config_path = dir.join("config.json");
+        let config_text = std::fs::read_to_string(&config_path)
+            .map_err(|e| DiscoveryError::io(format!("cannot read {}", config_path.display()), e))?;
+        let config: Config = serde_json::from_str(&config_text)
+            .map_err(|e| DiscoveryError::Load(format!("{}: {e}", config_path.display())))?;
+        let weights_path = dir.join("model.safetensors");
+        let weights = std::fs::read(&weights_path)
+            .map_err(|e| DiscoveryError::io(format!("cannot read {}", weights_path.display()), e))?;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)
+            .map_err(|e| DiscoveryError::Load(format!("{}: {e}", weights_path.display())))?;
+        let model = BertModel::load(vb, &config).map_err(|e| DiscoveryError::Load(e.to_string()))?;
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| DiscoveryError::Load(format!("tokenizer.json: {e}")))?;
+        // The file pads and truncates to 128; pooling needs the real tokens
+        // and sentence-transformers truncates at 256 (done below).
+        tokenizer.with_padding(None);
+        tokenizer.with_truncation(None).map_err(|e| DiscoveryError::Load(format!("tokenizer.json: {e}")))?;
+        let sep = tokenizer
+            .token_to_id("[SEP]")
+            .ok_or_else(|| DiscoveryError::Load("tokenizer.json has no [SEP] token".into()))?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .build()
+            .map_err(|e| DiscoveryError::Load(format!("cannot start the embedding threads: {e}")))?;
+        Ok(Embedder { model, tokenizer, sep, pool })
+    }
+
+    /// Token ids of `text` as the model sees them (`[CLS] … [SEP]`, at most
+    /// [`MAX_TOKENS`]).
+    pub fn token_ids(&self, text: &str) -> Result<Vec<u32>, DiscoveryError> {
+        let enc = self.tokenizer.encode(text, true).map_err(|e| DiscoveryError::Embed(format!("tokenizer: {e}")))?;
+        let mut ids = enc.get_ids().to_vec();
+        if ids.len() > MAX_TOKENS {
+            ids.truncate(MAX_TOKENS - 1);
+            ids.push(self.sep);
+        }
+        Ok(ids)
+    }
+
+    /// Unit-length embeddings of `texts`, in order.
+    pub fn embed<S: AsRef<str>>(&self, texts: &[S]) -> Result<Vec<Vec<f32>>, DiscoveryError> {
+        let mut out = Vec::with_capacity(texts.len());
+        for chunk in texts.chunks(BATCH) {
+            let ids = chunk.iter().map(|t| self.token_ids(t.as_ref())).collect::<Result<Vec<_>, _>>()?;
+            out.extend(self.pool.install(|| self.embed_batch(&ids)).map_err(embed_err)?);
+        }
+        Ok(out)
+    }
+
+    fn embed_batch(&self, ids: &[Vec<u32>]) -> candle_core::Result<Vec<Vec<f32>>> {
+        let width = ids.iter().map(Vec::len).max().unwrap_or(0);
+        if width == 0 {
+            return Ok(Vec::new());
+        }
+        let mut flat_ids = Vec::with_capacity(ids.len() * width);
+        let mut flat_mask = Vec::with_capacity(ids.len() * width);
+        for row in ids {
+            flat_ids.extend(row.iter().copied());
+            flat_ids.extend(std::iter::repeat_n(0u32, width - row.len()));
+            flat_mask.extend(std::iter::repeat_n(1u32, row.len()));
+            flat_mask.extend(std::iter::repeat_n(0u32, width - row.len()));
+        }
+        let device = Device::Cpu;
+        let input = Tensor::from_vec(flat_ids, (ids.len(), width), &device)?;
+        let mask = Tensor::from_vec(flat_mask, (ids.len(), width), &device)?;
+        let types = input.zeros_like()?;
+        let hidden = self.model.forward(&input, &types, Some(&mask))?; // (n, width, 384)
+        let maskf = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (n, width, 1)
+        let summed = hidden.broadcast_mul(&maskf)?.sum(1)?; // (n, 384)
+        let counts = maskf.sum(1)?; // (n, 1)
+        let mean = summed.broadcast_div(&counts)?;
+        let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12f32, f32::MAX)?;
+        mean.broadcast_div(&norm)?.to_vec2::<f32>()
+    }
+}
+
+/// Cosine similarity of two unit vectors (their dot product).
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
