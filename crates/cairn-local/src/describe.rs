@@ -183,6 +183,54 @@ pub fn described_files(request: &str, candidates: &PathCandidates) -> Vec<String
     scored.into_iter().filter(|(s, _)| *s == best).map(|(_, f)| f.clone()).collect()
 }
 
+/// Words that ask for something to be found in the tree rather than in a
+/// file the request points at.
+const FIND_WORDS: &[&str] = &["find", "search", "somewhere", "locate", "grep", "codebase", "anywhere"];
+
+/// What a request asks to search the tree for, when it asks that: the
+/// identifiers it names (`RETRY_LIMIT`, `buffer_size`, `maxClients`), else
+/// — when it says to find or search — its runs of uncommon words ("pass
+/// phrase", "magic number"). Empty when it asks nothing of the kind. Each
+/// is a literal a `search` pattern may take (regex metacharacters cannot
+/// occur: only letters, digits, `_` and single spaces).
+pub fn search_terms(request: &str) -> Vec<String> {
+    let raw: Vec<&str> = request.split(|c: char| !c.is_alphanumeric() && c != '_').filter(|w| !w.is_empty()).collect();
+    let identifier = |w: &str| {
+        let has_upper = w.chars().any(|c| c.is_ascii_uppercase());
+        let has_lower = w.chars().any(|c| c.is_ascii_lowercase());
+        w.len() > 3
+            && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !w.starts_with(|c: char| c.is_ascii_digit())
+            && (w.contains('_')
+                || (has_upper && !has_lower && w.len() > 4)
+                || (has_lower && w[1..].chars().any(|c| c.is_ascii_uppercase())))
+    };
+    let mut out: Vec<String> = raw.iter().filter(|w| identifier(w)).map(|w| (*w).to_owned()).collect();
+    out.dedup();
+    if !out.is_empty() {
+        return out;
+    }
+    let lower: Vec<String> = raw.iter().map(|w| w.to_lowercase()).collect();
+    if !lower.iter().any(|w| FIND_WORDS.contains(&w.as_str())) {
+        return Vec::new();
+    }
+    let mut run: Vec<&str> = Vec::new();
+    for w in lower.iter().map(String::as_str).chain([""]) {
+        if !w.is_empty() && !COMMON.contains(&w) && !FIND_WORDS.contains(&w) && w.len() > 2 {
+            run.push(w);
+            continue;
+        }
+        if !run.is_empty() {
+            let phrase = run.join(" ");
+            if !out.contains(&phrase) {
+                out.push(phrase);
+            }
+            run.clear();
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +258,21 @@ mod tests {
         ];
         for (request, list, want) in cases {
             assert_eq!(described_files(request, &files(list)), *want, "{request:?}");
+        }
+    }
+
+    #[test]
+    fn identifiers_and_things_to_find_become_search_terms() {
+        assert_eq!(search_terms("What is RETRY_LIMIT set to in this codebase?"), ["RETRY_LIMIT"]);
+        assert_eq!(search_terms("Search the code for BUFFER_SIZE: what is its value?"), ["BUFFER_SIZE"]);
+        assert_eq!(search_terms("where is maxClients set"), ["maxClients"]);
+        assert_eq!(
+            search_terms("Find the file with the pass phrase and tell me the phrase."),
+            ["pass phrase", "phrase"]
+        );
+        assert_eq!(search_terms("Search these files for the magic number and tell me what it is."), ["magic number"]);
+        for nothing in ["What is the capital of France?", "Read notes.txt please", "Hello", "Tell me about NASA"] {
+            assert!(search_terms(nothing).is_empty(), "{nothing:?}");
         }
     }
 

@@ -32,7 +32,7 @@ use serde_json::Value;
 
 use crate::LocalError;
 use crate::chat::{example_turns, fit_prompt, system_prompt, to_turns, workdir_note};
-use crate::describe::described_files;
+use crate::describe::{described_files, search_terms};
 use crate::grammar::{Grammar, Mode};
 use crate::ground::{PathCandidates, mentioned_paths};
 use crate::model::{GenStop, LocalModel};
@@ -210,6 +210,15 @@ fn named_existing_paths(messages: &[Message], candidates: &PathCandidates) -> Pa
     PathCandidates::from_lists(files, dirs)
 }
 
+/// Whether `tool` searches file contents: a read-only tool whose one
+/// required parameter is a string `pattern` (the built-in `search`).
+fn takes_a_pattern(tool: &ToolSpec) -> bool {
+    let schema = &tool.input_schema;
+    tool.risk == cairn_core::tool::Risk::ReadOnly
+        && schema.get("required").and_then(Value::as_array).is_some_and(|r| r.len() == 1 && r[0] == "pattern")
+        && schema["properties"]["pattern"]["type"] == "string"
+}
+
 /// `schema` with only its required properties (and no others allowed).
 fn required_only(schema: &Value) -> Value {
     let mut out = schema.clone();
@@ -351,6 +360,20 @@ impl Provider for LocalProvider {
                         readers.iter().map(|t| (t.name.as_str(), required_only(&t.input_schema))).collect();
                     return Grammar::with_paths(schemas.iter().map(|(n, s)| (*n, s)), Some(named)).require_call();
                 }
+            }
+            // Nothing on disk pointed at, but the request names an
+            // identifier or asks to find something: search for it first.
+            let terms = match request.messages.last() {
+                Some(m) if m.role == Role::User && named.is_none() && candidates.is_some() => {
+                    search_terms(&m.joined_text())
+                }
+                _ => Vec::new(),
+            };
+            if let Some(search) = request.tools.iter().find(|t| takes_a_pattern(t)).filter(|_| !terms.is_empty()) {
+                let mut schema = required_only(&search.input_schema);
+                schema["properties"]["pattern"] = serde_json::json!({"type": "string", "enum": terms});
+                return Grammar::with_paths([(search.name.as_str(), &schema)], candidates.as_ref().map(|(_, c)| c))
+                    .require_call();
             }
             let g = Grammar::with_paths(
                 request.tools.iter().map(|t| (t.name.as_str(), &t.input_schema)),
