@@ -25,7 +25,7 @@ pub fn sessions(_: &Context) -> Result<u8> {
     bail!(OFF)
 }
 
-pub fn show(_: &Context, _: &str, _: bool) -> Result<u8> {
+pub fn show(_: &Context, _: &str, _: bool, _: bool) -> Result<u8> {
     bail!(OFF)
 }
 
