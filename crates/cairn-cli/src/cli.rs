@@ -125,6 +125,12 @@ pub enum Command {
     },
     /// Show the resolved configuration and where each value came from.
     Config,
+    /// A world of WASM actors: `cairn world init|run [DIR]`.
+    #[cfg(feature = "actors")]
+    World {
+        #[command(subcommand)]
+        action: crate::world::WorldAction,
+    },
     /// Manage the embedded local model.
     Model {
         #[command(subcommand)]
@@ -230,5 +236,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Config => commands::config(&ctx),
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),
+        #[cfg(feature = "actors")]
+        Command::World { action } => crate::world::run(action),
     }
 }

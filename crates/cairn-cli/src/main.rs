@@ -18,6 +18,8 @@ mod secrets;
 mod sessions;
 mod style;
 mod trust;
+#[cfg(feature = "actors")]
+mod world;
 
 use std::process::ExitCode;
 
