@@ -38,7 +38,6 @@ enum Ev {
 }
 
 /// What a candidate run needs.
-#[derive(Debug)]
 pub struct Candidate<'a> {
     /// Engine.
     pub rt: &'a Runtime,
@@ -54,6 +53,14 @@ pub struct Candidate<'a> {
     pub scratch: PathBuf,
     /// Limits as for the live actor.
     pub limits: Limits,
+}
+
+impl std::fmt::Debug for Candidate<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Candidate")
+            .field("scratch", &self.scratch)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Runs every transcript in `tests_dir` (or the smoke test if there are
