@@ -238,11 +238,14 @@ impl World {
 
     fn stop_all(&mut self) {
         let (tx, rx) = mpsc::channel();
-        if self.tx.send(Event::Quit(tx)).is_ok() {
-            let _ = rx.recv_timeout(KILL_AFTER + Duration::from_secs(10));
-        }
+        let done =
+            self.tx.send(Event::Quit(tx)).is_ok() && rx.recv_timeout(KILL_AFTER + Duration::from_secs(10)).is_ok();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // A guest stuck in a host call past its kill would block the
+            // join forever: leave the broker thread behind instead.
+            if done {
+                let _ = t.join();
+            }
         }
     }
 }

@@ -57,9 +57,7 @@ pub struct Candidate<'a> {
 
 impl std::fmt::Debug for Candidate<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Candidate")
-            .field("scratch", &self.scratch)
-            .finish_non_exhaustive()
+        f.debug_struct("Candidate").field("scratch", &self.scratch).finish_non_exhaustive()
     }
 }
 
