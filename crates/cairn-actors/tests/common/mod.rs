@@ -1,6 +1,6 @@
 //! Test actors written in WAT (WASI p1 modules, adapted by the broker) and a
 //! world helper. The oracles here parse raw JSON lines themselves.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub, missing_debug_implementations, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
