@@ -72,6 +72,9 @@ pub enum Command {
     Show {
         /// Session id, unique prefix, name or path.
         id: String,
+        /// List the entries compaction summaries cover too (by default they are folded into one line).
+        #[arg(long)]
+        all: bool,
         /// List every tool call instead: status, verdict, timings and receipt (one JSON object each with --json).
         #[arg(long)]
         tools: bool,
@@ -94,13 +97,17 @@ pub enum Command {
         #[arg(long)]
         lane: Option<String>,
     },
-    /// Rewrite a session file without its dead register lines, when its dead-bytes share is over storage.compact_ratio.
+    /// Rewrite a session file without its dead register lines, when its dead-bytes share is over storage.compact_ratio;
+    /// with --context, summarise the conversation instead (a `compaction` entry; nothing is deleted).
     Compact {
         /// Session id, unique prefix, name or path.
         id: String,
         /// Compact even when the dead-bytes share is under the threshold.
         #[arg(long)]
         force: bool,
+        /// Compact the conversation by summary now: the model summarises every message before the last user message.
+        #[arg(long, conflicts_with = "force")]
+        context: bool,
     },
     /// Validate a session file and print a summary.
     Check {
@@ -125,6 +132,70 @@ pub enum Command {
     },
     /// Show the resolved configuration and where each value came from.
     Config,
+    /// Serve the Agent Client Protocol on stdio (for editors such as Zed); see README.
+    Acp,
+    /// Serve cairn's tools over the Model Context Protocol on stdio (Write tools only with --allow; never Destructive).
+    Mcp {
+        /// Tools per tools/list page.
+        #[arg(long, default_value_t = 100, value_name = "N")]
+        page_size: usize,
+    },
+    /// Drive sessions kept in PostgreSQL (--database or `database` in the config): claim, run, release; many workers may run.
+    Worker {
+        /// Sessions driven at once.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        concurrency: usize,
+        /// Lease length in seconds (a stalled worker's sessions are taken over after it).
+        #[arg(long, default_value_t = 10, value_name = "SECS")]
+        lease: u64,
+    },
+    /// Enqueue a prompt in PostgreSQL for a worker: a new session (printing its id), or --session ID.
+    Submit {
+        /// The prompt.
+        prompt: String,
+        /// An existing session (id or unique prefix).
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+    },
+    /// List the tool calls in PostgreSQL sessions waiting for a person's approval.
+    Approvals,
+    /// Answer a waiting approval (see `cairn approvals`): run the call, or --deny it.
+    Approve {
+        /// Session id or unique prefix.
+        session: String,
+        /// The call's invocation id.
+        invocation: String,
+        /// Refuse the call; the model is told this reason.
+        #[arg(long, value_name = "REASON")]
+        deny: Option<String>,
+    },
+    /// Print a session kept in PostgreSQL as a JSONL session file (byte for byte what the file backend writes).
+    Export {
+        /// Session id or unique prefix.
+        id: String,
+    },
+    /// Copy a JSONL session file into PostgreSQL ('-' for stdin).
+    Import {
+        /// The session file.
+        file: PathBuf,
+    },
+    /// Serve the session tree over 9P (see `cat help` once connected) until SIGINT/SIGTERM.
+    Serve {
+        /// Dial string to listen on: unix!PATH (default $CAIRN_HOME/cairn.sock) or tcp!HOST!PORT; repeatable.
+        #[arg(long, value_name = "ADDR")]
+        listen: Vec<String>,
+        /// Allow TCP on a non-loopback address (9P has no authentication: anyone reaching it can run tools).
+        #[arg(long)]
+        listen_insecure: bool,
+    },
+    /// Mount the tree of a running `cairn serve` on DIR with FUSE until SIGINT (after a crash: fusermount3 -u DIR).
+    Mount {
+        /// An empty directory to mount on.
+        dir: PathBuf,
+        /// The server's dial string (default unix!$CAIRN_HOME/cairn.sock).
+        #[arg(long, value_name = "ADDR")]
+        address: Option<String>,
+    },
     /// A world of WASM actors: `cairn world init|run [DIR]`.
     #[cfg(feature = "actors")]
     World {
@@ -187,6 +258,7 @@ fn run(cli: Cli) -> Result<u8> {
         model: cli.common.model.clone(),
         script: cli.common.script.clone(),
         allow: cli.common.allow.clone(),
+        database: cli.common.database.clone(),
     };
     let settings = Settings::load(&paths.config_file, &overrides)?;
     // SAFETY: no other thread exists yet (see CANDLE_NUM_THREADS below).
@@ -203,7 +275,23 @@ fn run(cli: Cli) -> Result<u8> {
     use crate::{commands, host, local, sessions, trust};
     let store_options = ctx.settings.store_options();
     let resolve = |target: &str| sessions::resolve(&ctx.paths, target, &store_options);
+    if let Command::Serve { listen, listen_insecure } = &cli.command {
+        return crate::serve::run(ctx, listen, *listen_insecure);
+    }
+    let database = ctx.settings.database.value.is_some();
     match cli.command {
+        Command::Serve { .. } => anyhow::bail!("serve is dispatched before the other commands"),
+        Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
+        Command::Submit { prompt, session } => crate::pg::submit(&ctx, session.as_deref(), &prompt),
+        Command::Export { id } => crate::pg::export(&ctx, &id),
+        Command::Approvals => crate::pg::approvals(&ctx),
+        Command::Approve { session, invocation, deny } => {
+            crate::pg::approve(&ctx, &session, &invocation, deny.as_deref())
+        }
+        Command::Import { file } => crate::pg::import(&ctx, &file),
+        Command::Sessions if database => crate::pg::sessions(&ctx),
+        Command::Show { id, tools, all } if database => crate::pg::show(&ctx, &id, tools, all),
+        Command::Log { id, follow } if database => crate::pg::log(&ctx, &id, follow),
         Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
         Command::Chat { id } => {
             let path = id.as_deref().map(resolve).transpose()?;
@@ -218,11 +306,12 @@ fn run(cli: Cli) -> Result<u8> {
             host::resume(&ctx, &path, prompt)
         }
         Command::Sessions => commands::sessions(&ctx),
-        Command::Show { id, tools: false } => commands::show(&ctx, &resolve(&id)?),
-        Command::Show { id, tools: true } => commands::show_tools(&ctx, &resolve(&id)?),
+        Command::Show { id, tools: false, all } => commands::show(&ctx, &resolve(&id)?, all),
+        Command::Show { id, tools: true, .. } => commands::show_tools(&ctx, &resolve(&id)?),
         Command::Log { id, follow } => commands::log(&ctx, &resolve(&id)?, follow),
         Command::Fork { id, entry, lane } => commands::fork(&ctx, &resolve(&id)?, &entry, lane),
-        Command::Compact { id, force } => commands::compact(&ctx, &resolve(&id)?, force),
+        Command::Compact { id, context: true, .. } => crate::compaction::compact(&ctx, &resolve(&id)?),
+        Command::Compact { id, force, .. } => commands::compact(&ctx, &resolve(&id)?, force),
         Command::Check { target } => commands::check(&ctx, &resolve(&target)?),
         Command::Tools => commands::tools(&ctx),
         Command::Trust { dir, revoke, list } => {
@@ -234,6 +323,9 @@ fn run(cli: Cli) -> Result<u8> {
             trust::run(&ctx, dir, action)
         }
         Command::Config => commands::config(&ctx),
+        Command::Acp => crate::faces::acp(&ctx),
+        Command::Mcp { page_size } => crate::faces::mcp(&ctx, page_size),
+        Command::Mount { dir, address } => crate::mount::run(&ctx, &dir, address.as_deref()),
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),
         #[cfg(feature = "actors")]

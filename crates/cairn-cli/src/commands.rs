@@ -110,6 +110,17 @@ fn describe_entry(entry: &Entry) -> String {
             }
             None => "message".to_owned(),
         },
+        "compaction" => match entry.payload.parse::<cairn_core::events::CompactionPayload>() {
+            Ok(p) => format!(
+                "compaction: summary of {} messages through {} by {}/{}: {}",
+                p.messages,
+                p.last_entry,
+                p.provider,
+                p.model,
+                text(p.summary.trim())
+            ),
+            Err(_) => "compaction".to_owned(),
+        },
         "toolRequested" => match entry.payload.parse::<ToolRequestedPayload>() {
             Ok(p) => format!(
                 "tool requested: {} {} ({})",
@@ -144,7 +155,7 @@ fn describe_entry(entry: &Entry) -> String {
 }
 
 /// `cairn show`: the tree, its branches, and each lane's head.
-pub fn show(ctx: &Context, path: &Path) -> Result<u8> {
+pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
     let store = JsonlStore::open_read_only_with(path, ctx.settings.store_options())?;
     let header = store.header().clone();
     let index = store.index();
@@ -164,13 +175,48 @@ pub fn show(ctx: &Context, path: &Path) -> Result<u8> {
     for (lane, head) in &lanes {
         writeln!(out, "  lane {} → {}", s.bold(&esc(lane)), esc(head))?;
     }
+    if let Some(line) = crate::compaction::context_line(ctx, &store) {
+        writeln!(out, "  {}", esc(&line))?;
+    }
     writeln!(out)?;
+    // Entries a compaction summary covers fold into one line unless --all.
+    let covered = if all { Default::default() } else { crate::compaction::covered(index) };
     // Walk the tree depth-first; a chain continues at the same indent, and
     // only a branch point indents, so long linear sessions stay flat.
     let mut stack: Vec<(&Entry, String, bool)> =
         index.children(None).into_iter().rev().map(|e| (e, String::new(), false)).collect();
     while let Some((entry, indent, branch)) = stack.pop() {
         let marker = if branch { "├─ " } else { "" };
+        if covered.contains_key(&entry.id) {
+            // Fold the covered chain, stopping at a branch point or a lane head.
+            let (mut last, mut n) = (entry, 1usize);
+            loop {
+                let children = index.children(Some(&last.id));
+                match children.as_slice() {
+                    [only] if covered.contains_key(&only.id) && !heads.contains_key(&last.id) => {
+                        last = only;
+                        n += 1;
+                    }
+                    _ => break,
+                }
+            }
+            let by = covered.get(&last.id).map_or("", String::as_str);
+            let line = format!(
+                "… {n} entries ({} to {}) covered by compaction summaries (the latest: {by}) — `cairn show --all` lists them",
+                entry.id, last.id
+            );
+            writeln!(out, "{indent}{marker}{}", s.dim(&esc(&line)))?;
+            let children = index.children(Some(&last.id));
+            let child_indent = if branch { format!("{indent}│  ") } else { indent.clone() };
+            if children.len() == 1 {
+                stack.push((children[0], child_indent, false));
+            } else {
+                for child in children.into_iter().rev() {
+                    stack.push((child, child_indent.clone(), true));
+                }
+            }
+            continue;
+        }
         let lanes_here = heads
             .get(&entry.id)
             .map(|l| format!("  {}", s.green(&format!("◀ {}", esc(&l.join(", "))))))
@@ -408,7 +454,9 @@ pub fn tools(ctx: &Context) -> Result<u8> {
             });
             writeln!(out, "{}", escape_json(&line.to_string()))?;
         }
-        let summary = serde_json::json!({"sandbox": status.describe(), "problems": notes});
+        let summary = serde_json::json!({
+            "sandbox": status.describe(), "staging": cairn_tools::staging::describe(ctx.settings.staged.value), "problems": notes,
+        });
         writeln!(out, "{}", escape_json(&summary.to_string()))?;
         return Ok(exit::SUCCESS);
     }
@@ -425,6 +473,7 @@ pub fn tools(ctx: &Context) -> Result<u8> {
         writeln!(out, "{}", esc(&row))?;
     }
     writeln!(out, "\nsandbox: {}", status.describe())?;
+    writeln!(out, "staging: {}", esc(&cairn_tools::staging::describe(ctx.settings.staged.value)))?;
     for note in notes {
         writeln!(out, "{}", ctx.out_style.yellow(&esc(&note)))?;
     }

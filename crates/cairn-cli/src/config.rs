@@ -84,6 +84,8 @@ pub struct FileConfig {
     /// Session store settings.
     #[serde(default)]
     pub storage: StorageConfig,
+    /// PostgreSQL URL: keep sessions in this database (`cairn worker`, `cairn submit`).
+    pub database: Option<String>,
 }
 
 /// `[storage]`.
@@ -115,6 +117,9 @@ pub struct LimitsConfig {
     pub tool_output_cap: Option<usize>,
     /// Per-tool timeout in seconds.
     pub tool_timeout_secs: Option<u64>,
+    /// Compact the conversation by summary past this percent of the
+    /// model's context window (1–100; default 75).
+    pub compaction_threshold: Option<u8>,
 }
 
 /// `[tools]`.
@@ -124,6 +129,10 @@ pub struct ToolsFileConfig {
     /// Extra command shapes treated as Destructive by `shell`.
     #[serde(default)]
     pub destructive_patterns: Vec<String>,
+    /// Run `shell` staged in an overlay where the kernel allows it.
+    pub staged: Option<bool>,
+    /// A staged effect changing more paths than this is Destructive.
+    pub staged_max_files: Option<usize>,
 }
 
 /// `[local]`.
@@ -149,6 +158,8 @@ pub struct Overrides {
     pub script: Option<PathBuf>,
     /// `--allow`.
     pub allow: Vec<String>,
+    /// `--database`.
+    pub database: Option<String>,
 }
 
 /// The resolved configuration.
@@ -174,8 +185,15 @@ pub struct Settings {
     pub tool_output_cap: Setting<usize>,
     /// Tool timeout in seconds.
     pub tool_timeout_secs: Setting<u64>,
+    /// Percent of the context window past which the conversation is
+    /// compacted by summary.
+    pub compaction_threshold: Setting<u8>,
     /// Extra destructive shapes.
     pub destructive_patterns: Setting<Vec<String>>,
+    /// Staged `shell` execution.
+    pub staged: Setting<bool>,
+    /// Most paths a staged effect may change before it is Destructive.
+    pub staged_max_files: Setting<usize>,
     /// Local model threads.
     pub local_threads: Setting<usize>,
     /// Local model fast mode.
@@ -186,6 +204,8 @@ pub struct Settings {
     pub compact_ratio: Setting<f64>,
     /// Longest session-file line, in bytes.
     pub max_line_bytes: Setting<u64>,
+    /// PostgreSQL URL (None: session files).
+    pub database: Setting<Option<String>>,
     /// Named provider tables from the file.
     pub providers: BTreeMap<String, toml::Value>,
 }
@@ -222,6 +242,9 @@ impl Settings {
         let mut tool_output_cap = Setting::default(DEFAULT_TOOL_OUTPUT_CAP);
         let mut tool_timeout_secs = Setting::default(DEFAULT_TOOL_TIMEOUT_SECS);
         let mut destructive_patterns = Setting::default(Vec::new());
+        let mut staged = Setting::default(true);
+        let mut staged_max_files = Setting::default(cairn_core::staged::StagedRules::default().max_files);
+        let mut compaction_threshold = Setting::default(75u8);
         let mut local_threads = Setting::default(1);
         let mut local_fast = Setting::default(false);
         let mut local_model_path = Setting::default(None);
@@ -249,8 +272,24 @@ impl Settings {
         if let Some(v) = file.limits.tool_timeout_secs {
             tool_timeout_secs.set(v, from_file());
         }
+        if let Some(v) = file.limits.compaction_threshold {
+            if !(1..=100).contains(&v) {
+                anyhow::bail!(
+                    "{}: [limits] compaction_threshold = {v} must be a percent of the context window between 1 and 100 \
+                     (use --no-compaction to turn compaction off)",
+                    config_file.display()
+                );
+            }
+            compaction_threshold.set(v, from_file());
+        }
         if !file.tools.destructive_patterns.is_empty() {
             destructive_patterns.set(file.tools.destructive_patterns, from_file());
+        }
+        if let Some(v) = file.tools.staged {
+            staged.set(v, from_file());
+        }
+        if let Some(v) = file.tools.staged_max_files {
+            staged_max_files.set(v, from_file());
         }
         if let Some(v) = file.local.threads {
             local_threads.set(v, from_file());
@@ -282,6 +321,16 @@ impl Settings {
             max_line_bytes.set(v, from_file());
         }
 
+        let mut database = Setting::default(None);
+        if let Some(v) = file.database {
+            database.set(Some(v), from_file());
+        }
+        if let Some(v) = env("CAIRN_DATABASE") {
+            database.set(Some(v), Source::Env("CAIRN_DATABASE"));
+        }
+        if let Some(v) = &overrides.database {
+            database.set(Some(v.clone()), Source::Flag("--database"));
+        }
         if let Some(v) = env("CAIRN_PROVIDER") {
             provider.set(v, Source::Env("CAIRN_PROVIDER"));
         }
@@ -319,12 +368,16 @@ impl Settings {
             max_steps,
             tool_output_cap,
             tool_timeout_secs,
+            compaction_threshold,
             destructive_patterns,
+            staged,
+            staged_max_files,
             local_threads,
             local_fast,
             local_model_path,
             compact_ratio,
             max_line_bytes,
+            database,
             providers: file.providers,
         })
     }
@@ -358,15 +411,31 @@ impl Settings {
                 self.tool_timeout_secs.source.to_string(),
             ),
             (
+                "limits.compaction_threshold",
+                self.compaction_threshold.value.to_string(),
+                self.compaction_threshold.source.to_string(),
+            ),
+            (
                 "tools.destructive_patterns",
                 format!("{:?}", self.destructive_patterns.value),
                 self.destructive_patterns.source.to_string(),
+            ),
+            ("tools.staged", self.staged.value.to_string(), self.staged.source.to_string()),
+            (
+                "tools.staged_max_files",
+                self.staged_max_files.value.to_string(),
+                self.staged_max_files.source.to_string(),
             ),
             ("local.threads", self.local_threads.value.to_string(), self.local_threads.source.to_string()),
             ("local.fast", self.local_fast.value.to_string(), self.local_fast.source.to_string()),
             ("local.model_path", path(&self.local_model_path.value), self.local_model_path.source.to_string()),
             ("storage.compact_ratio", self.compact_ratio.value.to_string(), self.compact_ratio.source.to_string()),
             ("storage.max_line_bytes", self.max_line_bytes.value.to_string(), self.max_line_bytes.source.to_string()),
+            (
+                "database",
+                self.database.value.as_deref().map_or_else(|| "(none)".to_owned(), crate::pg::redact),
+                self.database.source.to_string(),
+            ),
         ]
     }
 }

@@ -55,9 +55,15 @@ pub struct Common {
     /// Print only the answer.
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// Never compact the conversation by summary (requests still fit the context window: the oldest messages are left out).
+    #[arg(long, global = true)]
+    pub no_compaction: bool,
     /// The lane (branch) a resumed or continued session runs on (see `cairn fork`).
     #[arg(long, global = true, value_name = "LANE")]
     pub lane: Option<String>,
+    /// Keep sessions in this PostgreSQL database (postgres://USER@HOST/DB) instead of files; also `database` in the config.
+    #[arg(long, global = true, value_name = "URL")]
+    pub database: Option<String>,
     /// Run external tools unsandboxed when the kernel cannot sandbox them (this session only).
     #[arg(long, global = true)]
     pub allow_unsandboxed: bool,

@@ -43,18 +43,40 @@ impl std::fmt::Debug for Wiring {
     }
 }
 
-/// Build the configured provider.
-pub fn build_provider(ctx: &Context) -> Result<Box<dyn Provider + Send>> {
-    let name = &ctx.settings.provider.value;
-    let mut config = ProviderConfig::resolve(name, ctx.settings.providers.get(name))?;
-    if let Some(model) = &ctx.settings.model.value {
-        config.model = Some(model.clone());
+impl Wiring {
+    /// The provider, tools and approver a `TurnEnv` borrows.
+    pub fn parts(&mut self) -> (&dyn Provider, &ToolRegistry, &mut PolicyApprover) {
+        (&*self.provider, &self.registry, &mut self.approver)
     }
-    if let Some(script) = &ctx.settings.script.value {
-        config.script = Some(script.clone());
+}
+
+/// Build the configured provider (the `local` one grounds path arguments in
+/// the session's `cwd`).
+pub fn build_provider(ctx: &Context, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+    let s = &ctx.settings;
+    provider_for(ctx, &s.provider.value, s.model.value.as_deref(), s.script.value.as_deref(), cwd)
+}
+
+/// Build the provider `name` (a built-in or a `[providers.NAME]` table),
+/// with a model and script overriding its configuration (`cairn serve`
+/// builds each session's provider from what `s/new` was given), for a
+/// session working in `cwd`.
+pub fn provider_for(
+    ctx: &Context,
+    name: &str,
+    model: Option<&str>,
+    script: Option<&Path>,
+    cwd: &Path,
+) -> Result<Box<dyn Provider + Send>> {
+    let mut config = ProviderConfig::resolve(name, ctx.settings.providers.get(name))?;
+    if let Some(model) = model {
+        config.model = Some(model.to_owned());
+    }
+    if let Some(script) = script {
+        config.script = Some(script.to_path_buf());
     }
     if config.kind == ProviderKind::Local {
-        return crate::local::provider(ctx);
+        return crate::local::provider(ctx, cwd);
     }
     Ok(cairn_provider::build(&config, &|k| crate::secrets::var(k))?)
 }
@@ -65,6 +87,11 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     config.destructive_patterns.extend(ctx.settings.destructive_patterns.value.iter().cloned());
     config.allow_unsandboxed = ctx.common.allow_unsandboxed;
     config.secrets = crate::secrets::values();
+    // Staging layers live with cairn's data (they must outlive a crash
+    // until their change set is applied on resume).
+    config.staging_dir = Some(ctx.paths.data.join("staging"));
+    config.staged = ctx.settings.staged.value;
+    config.staged_max_files = ctx.settings.staged_max_files.value;
     config
 }
 
@@ -103,7 +130,7 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
 
 /// Build provider, tools and approver for a session in `cwd`.
 pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring> {
-    let provider = build_provider(ctx)?;
+    let provider = build_provider(ctx, cwd)?;
     let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
         .context("invalid allow pattern (from --allow or [approvals] allow)")?;
     let terminal = TerminalApprover::new(ctx.err_style, ctx.common.yes);
@@ -139,6 +166,7 @@ pub fn session_config(ctx: &Context) -> SessionConfig {
         output_cap: ctx.settings.tool_output_cap.value,
         tool_timeout: Duration::from_secs(ctx.settings.tool_timeout_secs.value),
         lane: ctx.common.lane.clone().unwrap_or_else(|| cairn_core::turn::DEFAULT_LANE.to_owned()),
+        compaction_threshold: (!ctx.common.no_compaction).then_some(ctx.settings.compaction_threshold.value),
         ..SessionConfig::default()
     }
 }
@@ -271,7 +299,7 @@ fn outcome_code(outcome: &TurnOutcome, renderer: &mut Renderer, session_id: &str
     code
 }
 
-fn mode(ctx: &Context) -> Mode {
+pub fn mode(ctx: &Context) -> Mode {
     if ctx.common.json {
         Mode::Json
     } else if ctx.common.quiet {

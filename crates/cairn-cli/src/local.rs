@@ -28,8 +28,9 @@ mod embedded {
         ctx.settings.local_model_path.value.clone().unwrap_or_else(|| cairn_local::default_model_path(&ctx.paths.data))
     }
 
-    /// Build the `local` provider (loads the model once per process).
-    pub fn provider(ctx: &Context) -> Result<Box<dyn Provider + Send>> {
+    /// Build the `local` provider (loads the model once per process) for a
+    /// session in `cwd`.
+    pub fn provider(ctx: &Context, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
         let path = model_path(ctx);
         if !path.is_file() {
             anyhow::bail!(
@@ -45,7 +46,8 @@ mod embedded {
         };
         let model: Arc<LocalModel> = LocalModel::shared(&path, options)
             .with_context(|| format!("cannot load the embedded model from {}", path.display()))?;
-        Ok(Box::new(LocalProvider::new(model)))
+        // Path arguments are grounded in the session's working directory.
+        Ok(Box::new(LocalProvider::new(model).with_workdir(cwd)))
     }
 
     /// `cairn model install [--from PATH]`.
@@ -73,7 +75,7 @@ rebuild with default features, or choose a provider with --provider (see `cairn 
 
 /// Build the `local` provider.
 #[cfg(not(feature = "local"))]
-pub fn provider(_ctx: &Context) -> Result<Box<dyn Provider + Send>> {
+pub fn provider(_ctx: &Context, _cwd: &std::path::Path) -> Result<Box<dyn Provider + Send>> {
     anyhow::bail!(NOT_BUILT)
 }
 

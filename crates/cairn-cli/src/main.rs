@@ -8,13 +8,22 @@
 mod approver;
 mod cli;
 mod commands;
+mod compaction;
 mod config;
 mod context;
+mod faces;
 mod host;
 mod local;
+mod mount;
 mod paths;
+#[cfg(feature = "postgres")]
+mod pg;
+#[cfg(not(feature = "postgres"))]
+#[path = "pg_off.rs"]
+mod pg;
 mod render;
 mod secrets;
+mod serve;
 mod sessions;
 mod style;
 mod trust;

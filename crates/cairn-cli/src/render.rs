@@ -220,6 +220,12 @@ impl Renderer {
                 self.note(&self.err.yellow(&format!("step limit reached ({max_steps} model calls)")));
             }
             TurnEvent::TurnCancelled { .. } => self.note(&self.err.yellow("turn cancelled")),
+            TurnEvent::Compacted { entry_id, messages, .. } => {
+                let entry_id = escape_controls(entry_id);
+                self.note(&self.err.dim(&format!(
+                    "context compacted: {messages} earlier messages summarised (entry {entry_id}; the originals stay in the session)"
+                )));
+            }
             _ => {}
         }
     }

@@ -204,11 +204,53 @@ fn destructive_still_asks_under_yes_and_n_keeps_the_directory() {
     assert_eq!(code, 4, "{rest}");
     assert_eq!(std::fs::read_to_string(env.cwd.join("somedir/data")).unwrap(), "keep me");
     let file = session(&env);
-    assert!(entries_of_type(&file, "toolStarted").is_empty());
+    // Staged (overlay available), the command ran in its staging layer and
+    // the prompt shows its actual effect; unstaged, it never started.
+    let staged = cairn_tools::staging::overlay_status().is_ok();
+    if staged {
+        assert!(shown.contains("- somedir/data") && shown.contains("deleted: somedir"), "the staged list: {shown}");
+    } else {
+        assert!(entries_of_type(&file, "toolStarted").is_empty());
+    }
+    assert!(entries_of_type(&file, "toolStaged").is_empty(), "nothing committed to apply");
     let rejected = entries_of_type(&file, "toolRejected");
     assert_eq!(rejected.len(), 1);
     assert_eq!(rejected[0]["payload"]["verdict"]["by"], "user:terminal");
     assert_eq!(rejected[0]["payload"]["tier"], "destructive");
+}
+
+#[test]
+fn a_staged_destructive_effect_answered_y_applies_exactly_that_change() {
+    cairn_tools::staging::overlay_status().expect("overlay staging is needed for this test");
+    let env = Env::new();
+    std::fs::create_dir(env.cwd.join("somedir")).unwrap();
+    std::fs::write(env.cwd.join("somedir/data"), "old\n").unwrap();
+    std::fs::write(env.cwd.join("other.txt"), "line1\nline2\nline3\n").unwrap();
+    // Spelled so no word says `rm`: only the observed effect can tell.
+    let command = "R=r; ${R}m -r somedir; echo new > new.txt; sed -i s/line2/LINE2/ other.txt";
+    let script = env.script(&[shell_call(command), json!({"text": "Done."})]);
+    let mut p = cairn_pty(&env, &script, &["--yes", "run", "clean up"]);
+    let shown = p.exp_string("Run it? [y/N] ").unwrap();
+    assert!(shown.contains("approve shell (DESTRUCTIVE)"), "{shown}");
+    assert!(shown.contains("deletes somedir"), "the reason: {shown}");
+    assert!(shown.contains("+ new.txt") && shown.contains("-line2") && shown.contains("+LINE2"), "the diff: {shown}");
+    assert!(env.cwd.join("somedir/data").exists(), "nothing applied before the answer");
+    answer(&mut p, "y");
+    p.exp_string("Done.").unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+    assert!(!env.cwd.join("somedir").exists());
+    assert_eq!(std::fs::read_to_string(env.cwd.join("new.txt")).unwrap(), "new\n");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("other.txt")).unwrap(), "line1\nLINE2\nline3\n");
+    let mut names: Vec<String> =
+        std::fs::read_dir(&env.cwd).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["new.txt", "other.txt"], "exactly that change");
+    let file = session(&env);
+    let staged = entries_of_type(&file, "toolStaged");
+    assert_eq!(staged.len(), 1);
+    assert_eq!(staged[0]["payload"]["verdict"]["by"], "user:terminal");
+    assert_eq!(entries_of_type(&file, "toolCompleted").len(), 1);
 }
 
 #[test]
@@ -219,7 +261,9 @@ fn ctrl_c_during_a_tool_call_settles_it_and_resume_finishes_the_turn() {
         env.script(&[shell_call("echo started >> marker; sleep 30"), json!({"text": "Finished after resume."})]);
     let mut p = cairn_pty(&env, &script, &["--yes", "run", "do the long thing"]);
     let deadline = Instant::now() + Duration::from_millis(TIMEOUT_MS);
-    while !marker.exists() {
+    // Staged, the marker is in the call's staging layer until it applies.
+    let staged = cairn_tools::staging::overlay_status().is_ok();
+    while !marker.exists() && !env.staged_file_exists("marker") {
         assert!(Instant::now() < deadline, "the tool never started");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -248,7 +292,12 @@ fn ctrl_c_during_a_tool_call_settles_it_and_resume_finishes_the_turn() {
     assert_eq!(settlements(&file, &invocation), 1, "still settled exactly once");
     assert_eq!(entries_of_type(&file, "toolStarted").len(), 1, "not started again");
     assert!(live_pending(&file).is_empty());
-    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "started\n", "the command ran once");
+    if staged {
+        // A cancelled staged call applies nothing, and resume re-runs nothing.
+        assert!(!marker.exists(), "a cancelled staged call applied its effect");
+    } else {
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "started\n", "the command ran once");
+    }
     let last = entries(&file).pop().unwrap();
     assert_eq!(last["payload"]["role"], "assistant", "the turn ends with the answer: {last}");
 }

@@ -12,7 +12,7 @@
 mod util;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -39,9 +39,17 @@ fn tool_call_sse(id: &str, tool: &str, arguments: &serde_json::Value) -> String 
 }
 
 /// Prints cairn's environ, maps and every process's environ; waits for the
-/// test to look at cairn from outside (`ready` → `go`) when asked.
+/// test to look at cairn from outside (`ready` → `go`) when asked. The
+/// handshake files live in the call's private `$TMPDIR` (outside the
+/// working tree: a staged call's writes to the tree are only in its
+/// staging layer until it ends), named with this process's id.
 fn attack(handshake: bool) -> String {
-    let wait = if handshake { "touch ready; until [ -e go ]; do sleep 0.05; done\n" } else { "" };
+    let id = std::process::id();
+    let wait = if handshake {
+        format!("touch \"$TMPDIR/ready-{id}\"; until [ -e \"$TMPDIR/go-{id}\" ]; do sleep 0.05; done\n")
+    } else {
+        String::new()
+    };
     format!(
         "{wait}echo \"ppid=$PPID\"\n\
          tr '\\0' '\\n' < /proc/$PPID/environ\n\
@@ -52,13 +60,22 @@ fn attack(handshake: bool) -> String {
     )
 }
 
-fn wait_for(path: &Path, what: &str, child: &mut std::process::Child) {
+/// The path of `name` in a tool's private temp directory (`/tmp/cairn-tool-*`).
+fn wait_for_tmp(name: &str, child: &mut std::process::Child) -> std::path::PathBuf {
     let start = Instant::now();
-    while !path.exists() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("cairn exited ({status}) before {what}");
+    loop {
+        for base in [std::env::temp_dir(), std::path::PathBuf::from("/tmp")] {
+            for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+                let path = e.path().join(name);
+                if e.file_name().to_string_lossy().starts_with("cairn-tool-") && path.exists() {
+                    return path;
+                }
+            }
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "gave up waiting for {what}");
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("cairn exited ({status}) before the shell call started");
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "gave up waiting for the shell call");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -112,14 +129,14 @@ fn tools_cannot_read_cairns_keys_by_any_route() {
     // While the shell call waits, look at cairn from outside (this test
     // runs as root, so cairn being non-dumpable does not stop it): the keys
     // are gone from its environment block, the harmless variable is not.
-    wait_for(&env.cwd.join("ready"), "the shell call started", &mut child);
+    let ready = wait_for_tmp(&format!("ready-{}", std::process::id()), &mut child);
     let environ = std::fs::read(format!("/proc/{}/environ", child.id())).unwrap();
     let environ = String::from_utf8_lossy(&environ);
     assert!(environ.contains("CAIRN_TEST_HARMLESS=visible"), "the oracle reads cairn's environ: {environ}");
     for (what, needle) in [("key", KEY), ("openai key", OPENAI_KEY), ("LLM_PAT", "LLM_PAT="), ("COPY", "COPY=")] {
         assert!(!environ.contains(needle), "{what} is still in cairn's /proc/PID/environ: {environ}");
     }
-    std::fs::write(env.cwd.join("go"), "").unwrap();
+    std::fs::write(ready.with_file_name(format!("go-{}", std::process::id())), "").unwrap();
     let status = child.wait().unwrap();
     let stdout = std::fs::read_to_string(&out_path).unwrap();
     let stderr = std::fs::read_to_string(&err_path).unwrap();

@@ -271,9 +271,12 @@ fn an_ls_allow_rule_never_runs_a_hostile_spelling() {
     let (env, types, out) = shell_call("ls -la", "shell(ls *)");
     assert!(types.contains(&"toolCompleted".to_owned()), "ls runs: {types:?} {}", text(&out));
     assert!(env.cwd.join("victim").exists());
-    let (env, types, out) = shell_call("rm x", "shell(rm x)");
+    // An allowed call's file effect does reach the tree, so the checks
+    // below can fail. (Deleting an existing file is itself Destructive when
+    // shell runs staged, so the harness shows an allowed write instead.)
+    let (env, types, out) = shell_call("touch made", "shell(touch made)");
     assert!(types.contains(&"toolCompleted".to_owned()), "{types:?} {}", text(&out));
-    assert!(!env.cwd.join("x").exists(), "an allowed rm does delete, so the check below can fail");
+    assert!(env.cwd.join("made").exists(), "an allowed call does write");
 
     // `rm -rf` is Destructive anyway; the plain `rm` forms are Write calls
     // only the allowlist stands in front of.

@@ -151,7 +151,10 @@ fn destructive_is_refused_headless_even_with_yes_and_allow() {
     assert!(env.cwd.join("precious/data").exists(), "nothing was deleted");
     let types = entry_types(&env.session_files()[0]);
     assert!(types.contains(&"toolRejected".to_owned()), "{types:?}");
-    assert!(!types.contains(&"toolStarted".to_owned()), "{types:?}");
+    // With overlay staging the command runs staged and its effect (the
+    // deletion) is refused; without it, it never starts.
+    let text = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(!types.contains(&"toolStarted".to_owned()) || text.contains("Staged changes:"), "{types:?} {text}");
 }
 
 #[test]
@@ -242,18 +245,29 @@ fn provider_keys_never_reach_output_or_the_session_file() {
     }
 }
 
-#[test]
-fn sigkill_during_a_tool_call_then_resume_settles_it_once() {
+/// SIGKILL while `shell` runs, then `cairn resume --last`: the call is
+/// settled exactly once and the command never runs twice. Staged (the
+/// default where overlays work), the command writes into its staging layer
+/// and a killed call applies nothing; unstaged, it wrote the live tree once.
+fn sigkill_during_a_tool_call(staged: bool) {
     let env = Env::new();
+    if !staged {
+        std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    } else {
+        cairn_tools::staging::overlay_status()
+            .unwrap_or_else(|why| panic!("staged shell needs overlay staging, unavailable here: {why}"));
+    }
     let marker = env.cwd.join("ran.txt");
-    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
-        "arguments": {"command": "echo ran >> ran.txt; sleep 30"}}]});
+    // Unstaged, a redirection is unclassifiable and would need a person;
+    // `tee -a` appends the same line with plain words.
+    let command = if staged { "echo ran >> ran.txt; sleep 30" } else { "echo ran | tee -a ran.txt; sleep 30" };
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": command}}]});
     let script = env.script(&[call, json!({"text": "after the interruption"})]);
     let s = script.to_str().unwrap();
     let mut child =
         env.cairn(&["--script", s, "--yes", "run", "go"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !marker.exists() {
+    while !(if staged { env.staged_file_exists("ran.txt") } else { marker.exists() }) {
         assert!(Instant::now() < deadline, "the tool never started");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -266,9 +280,24 @@ fn sigkill_during_a_tool_call_then_resume_settles_it_once() {
     let settlements =
         types.iter().filter(|t| ["toolCompleted", "toolFailed", "toolRejected"].contains(&t.as_str())).count();
     assert_eq!(settlements, 1, "settled exactly once: {types:?}");
-    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n", "the command was not run twice");
+    assert_eq!(types.iter().filter(|t| *t == "toolStarted").count(), 1, "started once: {types:?}");
+    if staged {
+        assert!(!marker.exists(), "a staged call killed before its commit applied its effect");
+    } else {
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n", "the command was not run twice");
+    }
     let check = env.cairn(&["--json", "check", "--", env.session_files()[0].to_str().unwrap()]).output().unwrap();
     assert!(stdout(&check).contains("\"ok\":true"), "{}", stdout(&check));
+}
+
+#[test]
+fn sigkill_during_a_staged_tool_call_then_resume_settles_it_once() {
+    sigkill_during_a_tool_call(true);
+}
+
+#[test]
+fn sigkill_during_an_unstaged_tool_call_then_resume_settles_it_once() {
+    sigkill_during_a_tool_call(false);
 }
 
 #[test]

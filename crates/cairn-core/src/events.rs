@@ -12,6 +12,8 @@
 //!   carries the verdict (what, by whom, when).
 //! - `toolBypass` ([`ToolBypassPayload`]): a sandbox bypass asked during the
 //!   effect and its verdict, committed when the verdict is given.
+//! - `toolStaged` ([`ToolStagedPayload`]): a staged call's change set and
+//!   the verdict to apply it, committed before anything is applied.
 //! - `toolCompleted` ([`ToolCompletedPayload`]) / `toolFailed`
 //!   ([`ToolFailedPayload`]): the settlement; the `pending` register is
 //!   deleted in the same line.
@@ -47,6 +49,8 @@ pub enum EntryType {
     ToolStarted,
     /// `toolBypass`.
     ToolBypass,
+    /// `toolStaged`.
+    ToolStaged,
     /// `toolCompleted`.
     ToolCompleted,
     /// `toolFailed`.
@@ -57,20 +61,25 @@ pub enum EntryType {
     TurnCancelled,
     /// `turnEnded`.
     TurnEnded,
+    /// `compaction`: a summary standing in for older entries of the lane
+    /// (they stay in the log).
+    Compaction,
 }
 
 impl EntryType {
     /// Every entry type.
-    pub const ALL: [EntryType; 9] = [
+    pub const ALL: [EntryType; 11] = [
         Self::Message,
         Self::ToolRequested,
         Self::ToolStarted,
         Self::ToolBypass,
+        Self::ToolStaged,
         Self::ToolCompleted,
         Self::ToolFailed,
         Self::ToolRejected,
         Self::TurnCancelled,
         Self::TurnEnded,
+        Self::Compaction,
     ];
 
     /// The tag stored in the log.
@@ -80,11 +89,13 @@ impl EntryType {
             Self::ToolRequested => "toolRequested",
             Self::ToolStarted => "toolStarted",
             Self::ToolBypass => "toolBypass",
+            Self::ToolStaged => "toolStaged",
             Self::ToolCompleted => "toolCompleted",
             Self::ToolFailed => "toolFailed",
             Self::ToolRejected => "toolRejected",
             Self::TurnCancelled => "turnCancelled",
             Self::TurnEnded => "turnEnded",
+            Self::Compaction => "compaction",
         }
     }
 
@@ -244,6 +255,43 @@ pub struct ToolBypassPayload {
     pub bypass: BypassRecord,
 }
 
+/// Payload of `toolStaged`: the change set of a staged call and the
+/// verdict that lets it be applied, committed before any of it touches the
+/// working tree. On resume, an invocation with this entry has its change
+/// set applied (again: applying is idempotent) and is never re-run; one
+/// without it applied nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolStagedPayload {
+    /// cairn's invocation id.
+    pub invocation_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Every change, with sizes and hashes.
+    pub change_set: crate::staged::ChangeSet,
+    /// The staging layer holding the new contents (a host path).
+    pub staging: String,
+    /// Why it may be applied (`policy:stagedWrite`, or a person for a
+    /// Destructive effect).
+    pub verdict: VerdictRecord,
+}
+
+impl EntryPayload for ToolStagedPayload {
+    const TYPE: EntryType = EntryType::ToolStaged;
+}
+
+impl ToolStagedPayload {
+    /// The record of `request`'s approved change set.
+    pub fn new(
+        request: &ToolRequest,
+        change_set: crate::staged::ChangeSet,
+        staging: String,
+        verdict: VerdictRecord,
+    ) -> Self {
+        Self { invocation_id: request.invocation_id.clone(), tool: request.tool.clone(), change_set, staging, verdict }
+    }
+}
+
 /// Payload of `turnCancelled`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -287,6 +335,56 @@ impl EntryPayload for TurnCancelledPayload {
 }
 impl EntryPayload for TurnEndedPayload {
     const TYPE: EntryType = EntryType::TurnEnded;
+}
+impl EntryPayload for CompactionPayload {
+    const TYPE: EntryType = EntryType::Compaction;
+}
+
+/// Why a compaction was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CompactionReason {
+    /// The conversation passed the configured share of the window.
+    Threshold,
+    /// The provider refused a request as too long (the retry follows it).
+    ProviderRejected,
+    /// Asked for by a person (`cairn compact`).
+    Forced,
+}
+
+/// Payload of `compaction`: a summary that stands in, in the requests the
+/// turn builds, for the lane's messages from the start of the lane (or the
+/// previous compaction) through `last_entry`. Nothing is removed: the
+/// covered entries stay in the log, and a lane forked before this entry
+/// never sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactionPayload {
+    /// The summary the model sees in place of the covered messages. It
+    /// includes the previous compaction's summary, so the latest compaction
+    /// on a path is the only one a request needs.
+    pub summary: String,
+    /// The first entry covered (the lane's first entry, or the one after
+    /// the previous compaction's `last_entry`).
+    pub first_entry: String,
+    /// The last entry covered (inclusive).
+    pub last_entry: String,
+    /// Messages covered, the previous compaction's included.
+    pub messages: u64,
+    /// The previous compaction this one subsumes, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// The last entry of the covered range the summariser did not read
+    /// (the range was larger than its window; the newest part was read).
+    /// `None` when every covered message was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unread_through: Option<String>,
+    /// Why it was made.
+    pub reason: CompactionReason,
+    /// Provider that wrote the summary.
+    pub provider: String,
+    /// Model that wrote the summary.
+    pub model: String,
 }
 
 impl ToolRequestedPayload {
@@ -434,6 +532,9 @@ pub enum TurnEvent {
         lane: String,
         /// Whether this is a resume.
         resumed: bool,
+        /// The person's prompt that starts it (`None` on a resume).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt: Option<String>,
     },
     /// A provider call is about to be made (its intent is committed).
     ProviderRequested {
@@ -571,6 +672,16 @@ pub enum TurnEvent {
         /// Turn id.
         turn_id: String,
     },
+    /// A compaction summary was committed (the covered entries stay in
+    /// the log).
+    Compacted {
+        /// The `compaction` entry.
+        entry_id: String,
+        /// Messages it covers.
+        messages: u64,
+        /// Why it was made.
+        reason: CompactionReason,
+    },
 }
 
 #[cfg(test)]
@@ -585,11 +696,13 @@ mod tests {
             "toolRequested",
             "toolStarted",
             "toolBypass",
+            "toolStaged",
             "toolCompleted",
             "toolFailed",
             "toolRejected",
             "turnCancelled",
             "turnEnded",
+            "compaction",
         ];
         let tags: Vec<&str> = EntryType::ALL.iter().map(|t| t.tag()).collect();
         assert_eq!(tags, written);
@@ -609,6 +722,7 @@ mod tests {
         assert_eq!(ToolRequestedPayload::TYPE, EntryType::ToolRequested);
         assert_eq!(ToolStartedPayload::TYPE, EntryType::ToolStarted);
         assert_eq!(ToolBypassPayload::TYPE, EntryType::ToolBypass);
+        assert_eq!(ToolStagedPayload::TYPE, EntryType::ToolStaged);
         assert_eq!(ToolCompletedPayload::TYPE, EntryType::ToolCompleted);
         assert_eq!(ToolFailedPayload::TYPE, EntryType::ToolFailed);
         assert_eq!(ToolRejectedPayload::TYPE, EntryType::ToolRejected);

@@ -18,6 +18,7 @@
 //! - [`schema`]: argument validation against a tool's JSON schema (subset).
 //! - [`registry`]: the tools a session offers, by name.
 //! - [`events`]: lifecycle entry payloads and the observer's [`TurnEvent`]s.
+//! - [`history`]: the events a log re-tells, for readers that arrive late.
 //! - [`projection`]: the `ToolState` reducer over the log.
 //! - [`turn`]: the [`Session`], its state machine, the effect sandwich and
 //!   resume.
@@ -26,12 +27,15 @@
 
 pub mod approval;
 pub mod cancel;
+pub mod context;
 pub mod events;
+pub mod history;
 pub mod message;
 pub mod projection;
 pub mod provider;
 pub mod registry;
 pub mod schema;
+pub mod staged;
 pub mod storage;
 pub mod tool;
 pub mod turn;

@@ -186,6 +186,14 @@ impl ToolState {
                 }),
                 Err(e) => self.anomalies.push(format!("entry {}: bad toolBypass payload: {e}", entry.id)),
             },
+            EntryType::ToolStaged => match entry.payload.parse::<crate::events::ToolStagedPayload>() {
+                Ok(p) => self.update(&entry.id, &p.invocation_id, |r, anomalies| {
+                    if r.status != ToolInvocationStatus::Started {
+                        anomalies.push(format!("invocation {} staged while {:?}", r.invocation_id, r.status));
+                    }
+                }),
+                Err(e) => self.anomalies.push(format!("entry {}: bad toolStaged payload: {e}", entry.id)),
+            },
             EntryType::ToolCompleted => match entry.payload.parse::<ToolCompletedPayload>() {
                 Ok(p) => self.settle(&entry.id, &p.invocation_id, at, true, |r| {
                     r.status = ToolInvocationStatus::Completed;
@@ -213,7 +221,7 @@ impl ToolState {
                 }),
                 Err(e) => self.anomalies.push(format!("entry {}: bad toolRejected payload: {e}", entry.id)),
             },
-            EntryType::Message | EntryType::TurnCancelled | EntryType::TurnEnded => {}
+            EntryType::Message | EntryType::TurnCancelled | EntryType::TurnEnded | EntryType::Compaction => {}
         }
     }
 

@@ -31,6 +31,23 @@ pub struct ModelRequest<'a> {
     pub tools: &'a [ToolSpec],
     /// Upper bound for generated tokens, if the host sets one.
     pub max_output_tokens: Option<u32>,
+    /// Assistant messages of the conversation that are not in `messages`
+    /// (covered by a compaction summary or left out to fit the window), so
+    /// a provider that counts turns (the scripted one) counts them all.
+    pub earlier_assistant_messages: usize,
+    /// What the call is for.
+    pub purpose: RequestPurpose,
+}
+
+/// What a provider call is for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RequestPurpose {
+    /// A step of a turn.
+    #[default]
+    Turn,
+    /// Summarising older messages for a compaction (no tools offered).
+    Compaction,
 }
 
 /// A streamed piece of the answer, delivered while the call runs.
@@ -103,6 +120,11 @@ pub struct AttemptUsage {
     pub cached_input_tokens: u64,
     /// Wall time of the attempt in milliseconds.
     pub duration_ms: u64,
+    /// Bytes of the request as the turn counts them (messages, system
+    /// prompt, tool definitions), recorded by the turn so later estimates
+    /// can be calibrated against `input_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_bytes: Option<u64>,
     /// HTTP status (or none for local inference / connection errors).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
@@ -144,6 +166,9 @@ pub enum ProviderErrorKind {
     Exhausted,
     /// Anything else (local inference failures included).
     Other,
+    /// The server refused the request as longer than the model's context
+    /// window (the turn compacts and retries once).
+    ContextLength,
 }
 
 /// A failed provider call, after retries. Carries the usage rows of every
@@ -202,6 +227,28 @@ pub trait Provider {
     /// the calls past it as rejected, with the reason, without running them.
     fn max_tool_calls(&self) -> usize {
         DEFAULT_MAX_TOOL_CALLS
+    }
+    /// The model's context window in tokens, when known (configuration,
+    /// the server's metadata, or a default for a well-known model name).
+    /// `None`: unbounded as far as cairn knows; requests are not trimmed.
+    fn context_window(&self) -> Option<u32> {
+        None
+    }
+    /// The output token bound this provider sends when the request sets
+    /// none; the turn reserves it out of the window.
+    fn max_output_tokens(&self) -> Option<u32> {
+        None
+    }
+    /// Tokens of `text` by the model's own tokenizer, where one is
+    /// available locally (the embedded model). `None`: the turn estimates
+    /// from bytes, calibrated by the usage the API reports.
+    fn count_tokens(&self, _text: &str) -> Option<u64> {
+        None
+    }
+    /// A cheaper provider that writes compaction summaries
+    /// (`compaction_model`); `None` uses this one.
+    fn compaction_provider(&self) -> Option<&dyn Provider> {
+        None
     }
     /// Make one model call (with the provider's own retries).
     fn complete(

@@ -176,6 +176,10 @@ pub enum GuardVerdict {
     NotDone,
     /// Cannot tell; settle as uncertain and tell the model.
     Unknown,
+    /// The effect certainly did not happen and must not be re-run (a staged
+    /// call stopped before its change set was committed): settled as failed,
+    /// not uncertain, with this reason.
+    NotApplied(String),
 }
 
 /// What an approver is shown so a person can judge a call.
@@ -237,6 +241,10 @@ pub struct ToolContext<'a> {
     /// sandbox rules (the bypass broker). Returns `true` only when a person
     /// approved it; the verdict is recorded in the log by the turn.
     pub approve_bypass: &'a mut dyn FnMut(&str) -> bool,
+    /// Judges the change set of a staged run before it is applied (a
+    /// Destructive effect needs a person, through the approval gate); the
+    /// decision is recorded by the turn before the tool learns it.
+    pub review_staged: &'a mut dyn FnMut(&crate::staged::StagedReview<'_>) -> crate::staged::StagedDecision,
 }
 
 impl std::fmt::Debug for ToolContext<'_> {
@@ -280,6 +288,10 @@ pub enum ToolError {
     /// Anything else, as a message for the model.
     #[error("{0}")]
     Other(String),
+    /// The call's staged effect was discarded by the approval gate or a
+    /// person: nothing was applied; settled as Rejected with this reason.
+    #[error("{0}")]
+    Rejected(String),
 }
 
 /// A tool the turn can call.
@@ -309,6 +321,19 @@ pub trait Tool: Send + Sync {
     /// For `Guarded` tools: did the effect of `request` already happen?
     fn guard(&self, request: &ToolRequest, cwd: &Path) -> GuardVerdict {
         let _ = (request, cwd);
+        GuardVerdict::Unknown
+    }
+
+    /// For staged tools on resume: the invocation's change set was
+    /// committed (`staged`) but its settlement was not; finish applying it
+    /// (idempotently) and return the receipt, or say it cannot.
+    fn resume_staged(
+        &self,
+        request: &ToolRequest,
+        cwd: &Path,
+        staged: &crate::events::ToolStagedPayload,
+    ) -> GuardVerdict {
+        let _ = (request, cwd, staged);
         GuardVerdict::Unknown
     }
 

@@ -47,7 +47,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     for prompt in std::env::args().skip(1) {
         let messages = vec![Message::text(Role::User, prompt.clone())];
-        let request = ModelRequest { system: None, messages: &messages, tools: &tools, max_output_tokens: Some(48) };
+        let request = ModelRequest {
+            system: None,
+            messages: &messages,
+            tools: &tools,
+            max_output_tokens: Some(48),
+            earlier_assistant_messages: 0,
+            purpose: Default::default(),
+        };
         let response = provider.complete(&request, &mut |_| {}, &CancelToken::new())?;
         println!("{prompt:?} -> {:?} {}", response.stop, serde_json::to_string(&response.message.content)?);
     }

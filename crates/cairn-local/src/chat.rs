@@ -47,25 +47,38 @@ pub fn system_prompt(system: Option<&str>, tools: &[ToolSpec]) -> String {
     out
 }
 
-/// The tool used in examples: the first read-only one (examples get copied),
-/// else the first.
-fn example_tool(tools: &[ToolSpec]) -> Option<&ToolSpec> {
-    tools.iter().find(|t| t.risk == cairn_core::tool::Risk::ReadOnly).or(tools.first())
+/// What the model is told about the session's working directory: where it
+/// is and a short listing, as a person would look first. Appended to the
+/// system prompt by the provider when it knows the directory.
+pub fn workdir_note(dir: &std::path::Path, listing: &[String], more: bool) -> String {
+    let mut out = format!("\n\nThe working directory is {}.", dir.display());
+    if listing.is_empty() {
+        out.push_str(" It is empty.");
+    } else {
+        out.push_str(" It contains: ");
+        out.push_str(&listing.join(", "));
+        out.push_str(if more { ", …" } else { "." });
+    }
+    out.push_str(" Paths are relative to it.");
+    out
 }
 
-/// Example arguments for the system prompt: each required string gets a
-/// plausible value.
-fn example_args(schema: &Value) -> Value {
-    let mut args = serde_json::Map::new();
-    for key in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
-        let value = match key {
-            "path" | "file" | "filename" => "hello.txt",
-            "command" | "cmd" => "cat hello.txt",
-            _ => "value",
+/// The tool and parameter of the example exchange: the first tool whose
+/// required parameter is a grounded file path (`read_file` among the
+/// built-ins).
+fn example_tool(tools: &[ToolSpec]) -> Option<(&ToolSpec, &str)> {
+    tools.iter().find_map(|t| {
+        let required = t.input_schema.get("required")?.as_array()?;
+        let props = t.input_schema.get("properties")?.as_object()?;
+        let only = match required.as_slice() {
+            [one] => one.as_str()?,
+            _ => return None,
         };
-        args.insert(key.to_string(), Value::String(value.to_string()));
-    }
-    Value::Object(args)
+        let p = props.get(only)?;
+        (p.get("format").and_then(Value::as_str) == Some("path")
+            && p.get("x-exists").and_then(Value::as_str) == Some("file"))
+        .then_some((t, only))
+    })
 }
 
 /// A compact, readable description of an arguments schema.
@@ -119,16 +132,31 @@ pub fn render_call(name: &str, arguments: &Value) -> String {
     )
 }
 
+/// The text of a tool result as the model sees it (a user turn: the
+/// template has no tool role).
+fn result_text(name: &str, content: &str, is_error: bool) -> String {
+    let what = if is_error { "Error from" } else { "Result of" };
+    format!("{what} {name}:\n{content}\n\nUse this result to answer my request.")
+}
+
 /// A short example exchange shown before the conversation when tools are
 /// offered: a small model copies the form of earlier turns far more readily
-/// than it follows instructions. Empty when no tools are offered.
-pub fn example_turns(tools: &[ToolSpec]) -> Vec<Turn> {
-    let Some(first) = example_tool(tools) else { return Vec::new() };
+/// than it follows instructions. It shows the whole loop: a request naming
+/// a file, the call, its result (in the exact form real results take) and
+/// an answer that copies the value. Its file name must not be one the model
+/// could copy into a real call: `example_name` is chosen by the caller to be
+/// absent from the working tree, where grounding makes it impossible to
+/// write (the former `hello.txt` example was copied into real calls). Empty
+/// when no offered tool takes a grounded file path.
+pub fn example_turns(tools: &[ToolSpec], example_name: &str) -> Vec<Turn> {
+    let Some((tool, param)) = example_tool(tools) else { return Vec::new() };
+    let mut args = serde_json::Map::new();
+    args.insert(param.to_string(), Value::String(example_name.to_string()));
     vec![
-        Turn { role: "user", content: "Hello!".to_string() },
-        Turn { role: "assistant", content: "Hello! How can I help you?".to_string() },
-        Turn { role: "user", content: format!("Use {} with hello.txt.", first.name) },
-        Turn { role: "assistant", content: render_call(&first.name, &example_args(&first.input_schema)) },
+        Turn { role: "user", content: format!("Read {example_name} and tell me the colour.") },
+        Turn { role: "assistant", content: render_call(&tool.name, &Value::Object(args)) },
+        Turn { role: "user", content: result_text(&tool.name, "     1\tThe colour is teal.", false) },
+        Turn { role: "assistant", content: "The colour is teal.".to_string() },
     ]
 }
 
@@ -155,8 +183,7 @@ pub fn to_turns(system: &str, examples: &[Turn], messages: &[Message]) -> Vec<Tu
                 }
                 ContentPart::ToolResult { call_id, content, is_error } => {
                     let name = names.get(call_id.as_str()).copied().unwrap_or("the tool");
-                    let what = if *is_error { "Error from" } else { "Result of" };
-                    push(&format!("{what} {name}:\n{content}\n\nUse this result to answer my request."));
+                    push(&result_text(name, content, *is_error));
                 }
                 ContentPart::Reasoning { .. } => {}
             }
@@ -302,6 +329,47 @@ mod tests {
         let (prompt, _) = fit_prompt(&turns, 120, &mut |s| s.len());
         assert!(prompt.len() <= 120, "{prompt}");
         assert!(prompt.contains("[…]"));
+    }
+
+    #[test]
+    fn the_example_names_only_the_given_file_and_shows_results_as_real_ones() {
+        let spec = |schema: Value| ToolSpec {
+            name: "read_file".into(),
+            description: "Read a file.".into(),
+            input_schema: schema,
+            risk: cairn_core::tool::Risk::ReadOnly,
+            capabilities: Default::default(),
+            replay: cairn_core::tool::ReplayPolicy::Idempotent,
+        };
+        let grounded = spec(json!({"type": "object", "properties": {
+            "path": {"type": "string", "format": "path", "x-exists": "file"}}, "required": ["path"]}));
+        let ex = example_turns(std::slice::from_ref(&grounded), "example-0.txt");
+        assert_eq!(ex.len(), 4);
+        assert_eq!(ex[1].content, r#"{"name": "read_file", "arguments": {"path":"example-0.txt"}}"#);
+        assert!(ex.iter().all(|t| !t.content.contains("hello")));
+        // The result turn has exactly the form a real result gets.
+        let msgs = vec![
+            Message {
+                role: Role::Assistant,
+                content: vec![ContentPart::ToolCall(ToolCall {
+                    id: "c".into(),
+                    name: "read_file".into(),
+                    arguments: json!({"path": "example-0.txt"}),
+                })],
+            },
+            Message {
+                role: Role::Tool,
+                content: vec![ContentPart::ToolResult {
+                    call_id: "c".into(),
+                    content: "     1\tThe colour is teal.".into(),
+                    is_error: false,
+                }],
+            },
+        ];
+        assert_eq!(to_turns("s", &[], &msgs)[2], ex[2]);
+        // No grounded file parameter: no example (nothing to copy).
+        let plain = spec(json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}));
+        assert!(example_turns(&[plain], "example-0.txt").is_empty());
     }
 
     #[test]

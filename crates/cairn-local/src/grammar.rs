@@ -53,6 +53,18 @@
 //!   optional key with it is never offered, an array with such `items` stays
 //!   empty, and a tool whose arguments cannot be satisfied is not offered.
 //!
+//! # Paths
+//!
+//! A string marked `"format": "path"` is a path in the working tree:
+//! - with `"x-exists"` (`"file"`, `"directory"`, or `true`/`"any"`) and
+//!   candidates given ([`Grammar::with_paths`], found by `crate::ground`),
+//!   it must be exactly one of the existing candidates of that kind (a trie,
+//!   `grammar/path.rs`; spelt as `serde_json` prints it, no alternative
+//!   escapes). A required one with no candidate makes its tool uncallable.
+//! - otherwise (write tools, or no candidates known) it has path syntax
+//!   only: relative, no empty, `.` or `..` component, no backslash. With
+//!   `minLength`/`maxLength` it is an ordinary string instead.
+//!
 //! # Limits
 //!
 //! Everything else is *ignored*, so the grammar may accept arguments that
@@ -87,8 +99,12 @@ use serde_json::{Map, Value};
 
 mod machine;
 mod number;
+mod path;
 pub use machine::{Mode, State};
 use number::Bounds;
+use path::Trie;
+
+use crate::ground::{PathCandidates, PathKind};
 
 /// Deepest nesting of frames (containers plus the scalar inside).
 pub const MAX_DEPTH: usize = 16;
@@ -141,6 +157,10 @@ pub(crate) enum Node {
     },
     Literals(Vec<Vec<u8>>),
     OneOf(Vec<NodeId>),
+    /// A grounded path: one of the candidates in `Grammar::tries[i]`.
+    PathTrie(u16),
+    /// A path that may be new: working-tree syntax only (`grammar/path.rs`).
+    PathSyntax,
 }
 
 /// A compiled set of offered tools: names and argument schemas.
@@ -153,6 +173,13 @@ pub struct Grammar {
     pub(crate) tool_args: Vec<NodeId>,
     /// Tool names, in offer order.
     tool_names: Vec<String>,
+    /// Candidate tries of grounded path parameters (`Node::PathTrie`).
+    pub(crate) tries: Vec<Trie>,
+    /// Whether the answer must be a tool call (no plain text).
+    pub(crate) call_only: bool,
+    /// The existing paths grounded parameters may name, while compiling
+    /// (`None`: not known, such parameters get path syntax only).
+    candidates: Option<PathCandidates>,
 }
 
 /// A count keyword (`minLength`, `maxItems`…) as core reads it (`as_u64`),
@@ -166,6 +193,18 @@ impl Grammar {
     /// A tool whose schema no arguments can satisfy (say `minimum` above
     /// `maximum` on a required property) is left out: it cannot be called.
     pub fn new<'a>(tools: impl IntoIterator<Item = (&'a str, &'a Value)>) -> Self {
+        Self::with_paths(tools, None)
+    }
+
+    /// Compile the grammar for these tools with grounded path parameters:
+    /// a string marked `"format": "path"` with `"x-exists"` may only be one
+    /// of `candidates` of that kind (a required one with no candidate makes
+    /// its tool uncallable, so it is not offered). Without candidates such
+    /// parameters get the path syntax of write tools.
+    pub fn with_paths<'a>(
+        tools: impl IntoIterator<Item = (&'a str, &'a Value)>,
+        candidates: Option<&PathCandidates>,
+    ) -> Self {
         let mut g = Grammar {
             nodes: vec![
                 Node::Any,
@@ -178,6 +217,9 @@ impl Grammar {
             names: 0,
             tool_args: Vec::new(),
             tool_names: Vec::new(),
+            tries: Vec::new(),
+            call_only: false,
+            candidates: candidates.cloned(),
         };
         let mut names = Vec::new();
         for (name, schema) in tools.into_iter().filter(|(n, _)| n.len() < MAX_LITERAL / 2) {
@@ -193,7 +235,45 @@ impl Grammar {
             g.tool_args.push(args);
         }
         g.names = g.push(Node::Literals(names));
+        g.candidates = None;
         g
+    }
+
+    /// The node of a string marked `"format": "path"`, `None` to compile it
+    /// as a plain string (a new path with length limits).
+    fn compile_path(&mut self, obj: &Map<String, Value>) -> Option<NodeId> {
+        let kind = match obj.get("x-exists") {
+            Some(Value::Bool(true)) => Some(PathKind::Any),
+            Some(Value::String(k)) if k == "any" => Some(PathKind::Any),
+            Some(Value::String(k)) if k == "file" => Some(PathKind::File),
+            Some(Value::String(k)) if k == "directory" => Some(PathKind::Directory),
+            _ => None,
+        };
+        if let (Some(kind), Some(candidates)) = (kind, &self.candidates) {
+            // Only candidates core's check accepts (lengths, enum…).
+            let schema = Value::Object(obj.clone());
+            let paths: Vec<&str> = candidates
+                .of_kind(kind)
+                .into_iter()
+                .filter(|p| cairn_core::schema::validate(&schema, &Value::String((*p).to_string())).is_ok())
+                .collect();
+            let trie = Trie::new(paths);
+            if trie.is_empty() || self.tries.len() >= usize::from(u16::MAX) {
+                return Some(NEVER);
+            }
+            self.tries.push(trie);
+            let id = (self.tries.len() - 1) as u16;
+            return Some(self.push(Node::PathTrie(id)));
+        }
+        let limited = obj.contains_key("minLength") || obj.contains_key("maxLength");
+        (!limited).then(|| self.push(Node::PathSyntax))
+    }
+
+    /// Require the answer to be a tool call: plain text is refused. Has no
+    /// effect when no tool can be called.
+    pub fn require_call(mut self) -> Self {
+        self.call_only = !self.tool_names.is_empty();
+        self
     }
 
     /// The offered tool names that can be called, in order.
@@ -299,6 +379,12 @@ impl Grammar {
                 if min > max {
                     return Some(NEVER);
                 }
+                if obj.get("format").and_then(Value::as_str) == Some("path")
+                    && !obj.contains_key("enum")
+                    && let Some(id) = self.compile_path(obj)
+                {
+                    return Some(id);
+                }
                 self.push(Node::String { min, max })
             }
             "integer" | "number" => {
@@ -402,6 +488,7 @@ impl Grammar {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ground::PathCandidates;
     use serde_json::json;
 
     fn tools() -> Grammar {
@@ -467,6 +554,17 @@ mod tests {
         ] {
             assert!(accepts(&g, bad).is_none(), "should refuse {bad}");
         }
+    }
+
+    #[test]
+    fn a_required_call_refuses_text() {
+        let g = tools().require_call();
+        assert!(accepts(&g, "The answer").is_none());
+        assert!(accepts(&g, " T").is_none());
+        assert!(complete(&g, r#"{"name": "list_dir", "arguments": {}}"#));
+        // Nothing callable: text stays allowed (no dead end).
+        let none = Grammar::new(std::iter::empty()).require_call();
+        assert!(accepts(&none, "Hi").is_some());
     }
 
     #[test]
@@ -793,6 +891,146 @@ mod tests {
         let tools = [("hostile", &hostile), ("read", &read)];
         let finished = check_walks(&tools, 0x9E37_79B9_7F4A_7C15, 300);
         assert!(finished >= 150, "only {finished} of 300 walks finished");
+    }
+
+    /// The built-in tools' path parameters, as `cairn-tools` marks them.
+    fn path_tools() -> Vec<(&'static str, Value)> {
+        vec![
+            (
+                "read_file",
+                json!({"type": "object", "properties": {
+                    "path": {"type": "string", "format": "path", "x-exists": "file"},
+                    "offset": {"type": "integer", "minimum": 1}
+                }, "required": ["path"], "additionalProperties": false}),
+            ),
+            (
+                "list_dir",
+                json!({"type": "object", "properties": {
+                    "path": {"type": "string", "format": "path", "x-exists": "directory"}
+                }, "additionalProperties": false}),
+            ),
+            (
+                "search",
+                json!({"type": "object", "properties": {
+                    "pattern": {"type": "string"},
+                    "path": {"type": "string", "format": "path", "x-exists": true}
+                }, "required": ["pattern"], "additionalProperties": false}),
+            ),
+            (
+                "write_file",
+                json!({"type": "object", "properties": {
+                    "path": {"type": "string", "format": "path"},
+                    "content": {"type": "string"}
+                }, "required": ["path", "content"], "additionalProperties": false}),
+            ),
+        ]
+    }
+
+    /// A small working tree with awkward names.
+    fn tree() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for d in ["docs", "docs/old", "src", "ab"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        for f in [
+            "notes.txt",
+            "notes.txt.bak",
+            "todo.md",
+            "docs/a.md",
+            "docs/old/b.md",
+            "src/main.rs",
+            "a",
+            "ab/c",
+            "q\"uote.txt",
+            "é.txt",
+        ] {
+            std::fs::write(root.join(f), "x").unwrap();
+        }
+        std::os::unix::fs::symlink("/etc/passwd", root.join("passwd")).unwrap();
+        dir
+    }
+
+    #[test]
+    fn grounded_paths_exist_on_every_random_walk() {
+        let dir = tree();
+        let root = dir.path();
+        let candidates = PathCandidates::scan(root, &["notes.txt".to_string(), "nothere.txt".to_string()]);
+        let tools = path_tools();
+        let g = Grammar::with_paths(tools.iter().map(|(n, s)| (*n, s)), Some(&candidates));
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut seen = std::collections::HashSet::new();
+        let mut finished = 0;
+        for _ in 0..2000 {
+            let Some(out) = random_walk(&g, &mut rng, 400) else { continue };
+            finished += 1;
+            let call: Value = serde_json::from_slice(&out).unwrap();
+            let name = call["name"].as_str().unwrap();
+            let (_, schema) = tools.iter().find(|(n, _)| *n == name).unwrap();
+            cairn_core::schema::validate(schema, &call["arguments"]).unwrap();
+            let Some(path) = call["arguments"]["path"].as_str() else { continue };
+            // The oracle is the file system itself, not the candidate list.
+            let meta = std::fs::symlink_metadata(root.join(path));
+            match name {
+                "read_file" => assert!(meta.is_ok_and(|m| m.is_file()), "read_file of {path:?} is not a file"),
+                "list_dir" => assert!(meta.is_ok_and(|m| m.is_dir()), "list_dir of {path:?} is not a directory"),
+                "search" => assert!(meta.is_ok_and(|m| !m.is_symlink()), "search in {path:?} does not exist"),
+                _ => {
+                    assert!(!path.is_empty() && !path.starts_with('/'), "{path:?}");
+                    assert!(path.split('/').all(|c| !c.is_empty() && c != "." && c != ".."), "{path:?}");
+                    continue;
+                }
+            }
+            seen.insert((name.to_string(), path.to_string()));
+        }
+        assert!(finished >= 1000, "only {finished} walks finished");
+        // Walks reach every candidate, the awkward ones included.
+        for f in ["notes.txt", "notes.txt.bak", "a", "ab/c", "q\"uote.txt", "é.txt", "docs/old/b.md"] {
+            assert!(seen.contains(&("read_file".to_string(), f.to_string())), "never read {f}: {seen:?}");
+        }
+        assert!(seen.contains(&("list_dir".to_string(), ".".to_string())));
+        assert!(!seen.iter().any(|(_, p)| p == "passwd" || p == "nothere.txt"));
+    }
+
+    #[test]
+    fn grounded_prefixes_are_refused_at_the_first_wrong_byte() {
+        let candidates = PathCandidates::from_lists(vec!["notes.txt".into()], vec![".".into()]);
+        let tools = path_tools();
+        let g = Grammar::with_paths(tools.iter().map(|(n, s)| (*n, s)), Some(&candidates));
+        let read = r#"{"name": "read_file", "arguments": {"path": ""#;
+        assert!(accepts(&g, &format!("{read}notes")).is_some());
+        assert!(accepts(&g, &format!("{read}l")).is_none(), "launch.txt does not exist");
+        assert!(accepts(&g, &format!("{read}notes.txt\"")).is_some());
+        assert!(accepts(&g, &format!("{read}notes.tx\"")).is_none(), "a prefix is not a path");
+        assert!(accepts(&g, &format!("{read}notes.txt2")).is_none());
+        assert!(accepts(&g, &format!("{read}\\u006eotes.txt")).is_none(), "no alternative spellings");
+        // No file at all: read_file cannot be called, list_dir still can.
+        let empty = PathCandidates::from_lists(vec![], vec![".".into()]);
+        let g = Grammar::with_paths(tools.iter().map(|(n, s)| (*n, s)), Some(&empty));
+        assert_eq!(g.tool_names(), ["list_dir", "search", "write_file"]);
+        // Without candidates a grounded parameter gets path syntax only.
+        let g = Grammar::new(tools.iter().map(|(n, s)| (*n, s)));
+        assert!(complete(&g, r#"{"name": "read_file", "arguments": {"path": "any/name.txt"}}"#));
+        assert!(accepts(&g, &format!("{read}/etc")).is_none());
+        assert!(accepts(&g, &format!("{read}../")).is_none());
+    }
+
+    #[test]
+    fn a_huge_directory_gives_a_bounded_grammar() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..100_000 {
+            std::fs::File::create(dir.path().join(format!("f{i:06}.txt"))).unwrap();
+        }
+        let named = vec!["f099999.txt".to_string()];
+        let c = PathCandidates::scan(dir.path(), &named);
+        assert!(c.len() <= crate::ground::MAX_CANDIDATES, "{} candidates", c.len());
+        assert!(c.truncated());
+        assert_eq!(c.files().first().map(String::as_str), Some("f099999.txt"), "the named file comes first");
+        let tools = path_tools();
+        let g = Grammar::with_paths(tools.iter().map(|(n, s)| (*n, s)), Some(&c));
+        let trie_nodes: usize = g.tries.iter().map(|t| t.len()).sum();
+        assert!(trie_nodes <= 3 * crate::ground::MAX_CANDIDATES * 12, "{trie_nodes} trie nodes");
+        assert!(complete(&g, r#"{"name": "read_file", "arguments": {"path": "f099999.txt"}}"#));
     }
 
     fn any_schema() -> impl proptest::strategy::Strategy<Value = Value> {

@@ -46,6 +46,7 @@ mod constrain;
 mod convert;
 mod error;
 pub mod grammar;
+pub mod ground;
 pub mod install;
 pub mod model;
 pub mod provider;
@@ -53,6 +54,7 @@ pub mod tokenizer;
 
 pub use error::LocalError;
 pub use grammar::Grammar;
+pub use ground::{PathCandidates, PathKind};
 pub use install::{MODEL_SHA256, default_model_path, install_model};
 pub use model::{GenStop, Generation, LocalModel, LocalOptions, Precision};
 pub use provider::LocalProvider;

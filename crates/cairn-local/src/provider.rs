@@ -9,8 +9,15 @@
 //! streamed only once the answer is known to be text (its first non-space
 //! byte is not `{`), so an observer never sees the raw JSON of a call.
 //!
+//! With a working directory ([`LocalProvider::with_workdir`]) the system
+//! prompt names it with a short listing, and path parameters marked
+//! `"format": "path"` with `"x-exists"` are grounded: the grammar lets the
+//! model name only existing paths under it (`crate::ground`), those named in
+//! the conversation first.
+//!
 //! This module must not load models or talk to the network; it adapts.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -23,8 +30,9 @@ use cairn_core::provider::{
 use serde_json::Value;
 
 use crate::LocalError;
-use crate::chat::{example_turns, fit_prompt, system_prompt, to_turns};
+use crate::chat::{example_turns, fit_prompt, system_prompt, to_turns, workdir_note};
 use crate::grammar::{Grammar, Mode};
+use crate::ground::{PathCandidates, mentioned_paths};
 use crate::model::{GenStop, LocalModel};
 
 /// Default cap on generated tokens when the request sets none.
@@ -35,12 +43,24 @@ pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 512;
 pub struct LocalProvider {
     model: Arc<LocalModel>,
     max_output_tokens: u32,
+    /// The session's working directory, when known: grounds path arguments.
+    workdir: Option<PathBuf>,
 }
+
+/// Entries of the working directory listed in the system prompt.
+const LISTING_ENTRIES: usize = 24;
 
 impl LocalProvider {
     /// A provider over a loaded model (share one model between providers).
     pub fn new(model: Arc<LocalModel>) -> Self {
-        Self { model, max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS }
+        Self { model, max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS, workdir: None }
+    }
+
+    /// Ground path arguments in this working directory (the session's
+    /// `cwd`) and show the model a short listing of it.
+    pub fn with_workdir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.workdir = Some(dir.into());
+        self
     }
 
     /// Cap generated tokens when the request sets no limit.
@@ -146,6 +166,41 @@ impl LocalProvider {
     }
 }
 
+/// Paths named in the conversation, the latest message first (its text,
+/// calls' arguments and tool results).
+fn conversation_paths(messages: &[Message]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for msg in messages.iter().rev() {
+        for part in &msg.content {
+            let found = match part {
+                ContentPart::Text { text } => mentioned_paths(text),
+                ContentPart::ToolResult { content, .. } => mentioned_paths(content),
+                ContentPart::ToolCall(call) => mentioned_paths(&call.arguments.to_string()),
+                ContentPart::Reasoning { .. } => Vec::new(),
+            };
+            for p in found {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether the last message is the user's and names an existing path (a
+/// file or directory among the candidates, `.` aside).
+fn names_existing_path(messages: &[Message], candidates: &PathCandidates) -> bool {
+    let Some(last) = messages.last().filter(|m| m.role == Role::User) else { return false };
+    last.content.iter().any(|p| match p {
+        ContentPart::Text { text } => mentioned_paths(text).iter().any(|m| {
+            let m = m.trim_start_matches("./").trim_end_matches('/');
+            candidates.files().iter().any(|f| f == m) || candidates.dirs().iter().any(|d| d == m && d != ".")
+        }),
+        _ => false,
+    })
+}
+
 /// Whether the conversation already holds this exact call with its result.
 fn already_answered(messages: &[Message], name: &str, arguments: &Value) -> bool {
     let answered: Vec<&str> = messages
@@ -171,6 +226,19 @@ impl Provider for LocalProvider {
         self.model.name()
     }
 
+    fn context_window(&self) -> Option<u32> {
+        u32::try_from(self.model.options().context_tokens).ok()
+    }
+
+    fn max_output_tokens(&self) -> Option<u32> {
+        Some(self.max_output_tokens)
+    }
+
+    /// The model's own tokenizer (rebuilt from the GGUF metadata).
+    fn count_tokens(&self, text: &str) -> Option<u64> {
+        self.model.tokenizer().encode(text).ok().map(|ids| ids.len() as u64)
+    }
+
     fn complete(
         &self,
         request: &ModelRequest<'_>,
@@ -183,13 +251,36 @@ impl Provider for LocalProvider {
         let max_new = request.max_output_tokens.unwrap_or(self.max_output_tokens).max(1) as usize;
         // Keep at least half the context for the prompt.
         let max_new = max_new.min(ctx / 2);
-        let system = system_prompt(request.system, request.tools);
-        let turns = to_turns(&system, &example_turns(request.tools), request.messages);
+        let candidates = self
+            .workdir
+            .as_ref()
+            .filter(|_| !request.tools.is_empty())
+            .map(|dir| (dir, PathCandidates::scan(dir, &conversation_paths(request.messages))));
+        let mut system = system_prompt(request.system, request.tools);
+        if let Some((dir, c)) = &candidates {
+            let listing = c.listing(LISTING_ENTRIES);
+            system.push_str(&workdir_note(dir, &listing, c.len() - 1 > listing.len() || c.truncated()));
+        }
+        // The example's file name is one grounding refuses (absent from the
+        // tree), so the model cannot copy it into a real call.
+        let example_name = ["example.txt", "example-file.txt", "example-0.txt"]
+            .into_iter()
+            .find(|n| candidates.as_ref().is_none_or(|(_, c)| !c.files().iter().any(|f| f == n)))
+            .unwrap_or("example-0.txt");
+        let turns = to_turns(&system, &example_turns(request.tools, example_name), request.messages);
         let tokenizer = self.model.tokenizer();
         let mut count = |s: &str| tokenizer.encode(s).map_or(s.len(), |ids| ids.len());
         let (prompt, _dropped) = fit_prompt(&turns, ctx - max_new, &mut count);
-        let grammar = (!request.tools.is_empty())
-            .then(|| Grammar::new(request.tools.iter().map(|t| (t.name.as_str(), &t.input_schema))));
+        let grammar = (!request.tools.is_empty()).then(|| {
+            let g = Grammar::with_paths(
+                request.tools.iter().map(|t| (t.name.as_str(), &t.input_schema)),
+                candidates.as_ref().map(|(_, c)| c),
+            );
+            // The model cannot know a file it has not read: when the user's
+            // latest message names an existing path, look before answering.
+            let named = candidates.as_ref().is_some_and(|(_, c)| names_existing_path(request.messages, c));
+            if named { g.require_call() } else { g }
+        });
 
         let mut stream = Utf8Stream::default();
         let mut text = String::new();
@@ -299,6 +390,19 @@ mod tests {
         assert!(already_answered(&messages, "read_file", &args));
         assert!(!already_answered(&messages, "read_file", &serde_json::json!({"path": "b"})));
         assert!(!already_answered(&messages, "shell", &args));
+    }
+
+    #[test]
+    fn only_a_user_message_naming_an_existing_path_requires_a_call() {
+        let c =
+            PathCandidates::from_lists(vec!["notes.txt".into(), "docs/a.md".into()], vec![".".into(), "docs".into()]);
+        let user = |t: &str| vec![Message::text(Role::User, t)];
+        assert!(names_existing_path(&user("Read notes.txt and tell me the code."), &c));
+        assert!(names_existing_path(&user("what is in ./docs/a.md?"), &c));
+        assert!(names_existing_path(&user("list docs/ please"), &c));
+        assert!(!names_existing_path(&user("What is the capital of France?"), &c));
+        assert!(!names_existing_path(&user("Read launch.txt."), &c), "not an existing path");
+        assert!(!names_existing_path(&[Message::text(Role::Assistant, "notes.txt")], &c));
     }
 
     #[test]

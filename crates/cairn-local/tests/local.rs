@@ -91,7 +91,14 @@ fn ask(
     max: u32,
 ) -> (cairn_core::provider::ModelResponse, Vec<StreamEvent>) {
     let messages = vec![Message::text(Role::User, prompt)];
-    let request = ModelRequest { system: None, messages: &messages, tools, max_output_tokens: Some(max) };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools,
+        max_output_tokens: Some(max),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let mut events = Vec::new();
     let response = provider
         .complete(&request, &mut |e| events.push(e.clone()), &CancelToken::new())
@@ -165,7 +172,8 @@ fn tools() -> Vec<ToolSpec> {
     ]
 }
 
-const PROMPTS: [&str; 20] = [
+const PROMPTS: [&str; 21] = [
+    "Read notes.txt and tell me the launch code.",
     "Read the file src/main.rs.",
     "What files are in this directory?",
     "Run the command `ls -la`.",
@@ -190,7 +198,14 @@ const PROMPTS: [&str; 20] = [
 
 #[test]
 fn constrained_outputs_are_text_or_valid_calls() {
-    let provider = LocalProvider::new(model());
+    // A working tree holding the files some prompts name: a prompt naming
+    // an existing file must be answered by a call (grounding), so the call
+    // path is exercised whatever the model prefers elsewhere.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "The launch code is 7731.\n").unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    std::fs::write(dir.path().join("src/main.rs"), "fn main() {}\n").unwrap();
+    let provider = LocalProvider::new(model()).with_workdir(dir.path());
     let tools = tools();
     let mut calls = 0;
     let mut texts = 0;
@@ -242,7 +257,14 @@ fn constrained_outputs_are_text_or_valid_calls() {
 fn cancellation_stops_generation() {
     let provider = LocalProvider::new(model());
     let messages = vec![Message::text(Role::User, "Count from 1 to 100.")];
-    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: Some(200) };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &[],
+        max_output_tokens: Some(200),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let cancel = CancelToken::new();
     let mut deltas = 0;
     let err = provider
@@ -278,7 +300,14 @@ fn long_conversations_are_trimmed_not_refused() {
         messages.push(Message::text(Role::Assistant, "Noted."));
     }
     messages.push(Message::text(Role::User, "What is the capital of France?"));
-    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: Some(16) };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &[],
+        max_output_tokens: Some(16),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let response = provider.complete(&request, &mut |_| {}, &CancelToken::new()).unwrap();
     let usage = &response.attempts[0];
     assert!(usage.input_tokens as usize <= model.options().context_tokens - 16, "{usage:?}");
@@ -425,7 +454,14 @@ fn answers_from_a_tool_result() {
             }],
         },
     ];
-    let request = ModelRequest { system: None, messages: &messages, tools: &tools, max_output_tokens: Some(40) };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &tools,
+        max_output_tokens: Some(40),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let response = provider.complete(&request, &mut |_| {}, &CancelToken::new()).unwrap();
     eprintln!("{:?}", response.message);
     let text = response.message.joined_text();

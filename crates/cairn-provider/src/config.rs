@@ -131,6 +131,16 @@ pub struct ProviderConfig {
     /// passed back with `store: false` (default on; turn it off for models
     /// without reasoning, which refuse the include).
     pub encrypted_reasoning: bool,
+    /// The model's context window in tokens; `None`: stated by the server
+    /// (with `context_window_from_server`), else a default for a
+    /// well-known model name, else 32,768.
+    pub context_window: Option<u32>,
+    /// Ask the server's `/models` for the window (llama.cpp, vLLM,
+    /// LiteLLM metadata) when `context_window` is not set.
+    pub context_window_from_server: bool,
+    /// A cheaper model of the same provider that writes compaction
+    /// summaries; `None` uses `model`.
+    pub compaction_model: Option<String>,
 }
 
 /// The names users can type without any config file.
@@ -161,6 +171,9 @@ impl ProviderConfig {
             reasoning_effort: None,
             thinking_budget_tokens: None,
             encrypted_reasoning: true,
+            context_window: None,
+            context_window_from_server: false,
+            compaction_model: None,
         }
     }
 
@@ -191,7 +204,8 @@ impl ProviderConfig {
     /// `first_byte_timeout_ms`, `idle_timeout_ms`, `total_timeout_ms`,
     /// `initial_backoff_ms`, `max_backoff_ms`, `max_output_tokens`,
     /// `max_response_bytes`, `max_event_bytes`, `max_tool_calls`,
-    /// `reasoning_effort`, `thinking_budget_tokens`, `encrypted_reasoning`.
+    /// `reasoning_effort`, `thinking_budget_tokens`, `encrypted_reasoning`,
+    /// `context_window`, `context_window_from_server`, `compaction_model`.
     /// `kind` may be left out when NAME is a built-in name (the table then
     /// adjusts the built-in).
     pub fn from_toml(name: &str, table: &toml::Value) -> Result<Self, ConfigError> {
@@ -275,6 +289,20 @@ impl ProviderConfig {
         if let Some(v) = raw.encrypted_reasoning {
             config.encrypted_reasoning = v;
         }
+        if let Some(v) = raw.context_window {
+            let v = positive("context_window", u64::from(v))?;
+            if v < 1024 {
+                return Err(ConfigError::Invalid {
+                    name: name.to_owned(),
+                    reason: format!("`context_window` = {v} is below 1024 tokens; no agent prompt fits in that"),
+                });
+            }
+            config.context_window = Some(u32::try_from(v).unwrap_or(u32::MAX));
+        }
+        if let Some(v) = raw.context_window_from_server {
+            config.context_window_from_server = v;
+        }
+        config.compaction_model = raw.compaction_model.or(config.compaction_model);
         Ok(config)
     }
 
@@ -357,6 +385,12 @@ pub struct ProviderTable {
     pub thinking_budget_tokens: Option<u32>,
     /// Responses: request encrypted reasoning (default true).
     pub encrypted_reasoning: Option<bool>,
+    /// The model's context window in tokens.
+    pub context_window: Option<u32>,
+    /// Ask the server's `/models` for the context window.
+    pub context_window_from_server: Option<bool>,
+    /// A cheaper model that writes compaction summaries.
+    pub compaction_model: Option<String>,
 }
 
 /// Why a provider could not be built.

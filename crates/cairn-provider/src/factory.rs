@@ -34,8 +34,9 @@ pub fn build(
                 .clone()
                 .or_else(|| env("CAIRN_SCRIPT").map(PathBuf::from))
                 .ok_or_else(|| ConfigError::MissingScript { name: config.name.clone() })?;
-            let provider =
-                ScriptFileProvider::from_file(&config.name, &path)?.with_max_tool_calls(config.max_tool_calls);
+            let provider = ScriptFileProvider::from_file(&config.name, &path)?
+                .with_max_tool_calls(config.max_tool_calls)
+                .with_context_window(config.context_window);
             Ok(Box::new(provider))
         }
         ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses | ProviderKind::Anthropic => {

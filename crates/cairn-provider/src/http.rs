@@ -45,6 +45,14 @@ pub struct HttpProvider {
     max_event_bytes: usize,
     max_response_bytes: usize,
     max_tool_calls: usize,
+    /// `context_window` from the configuration.
+    context_window: Option<u32>,
+    /// Whether to ask `/models` for the window (`context_window_from_server`).
+    probe_window: bool,
+    /// The window the server stated, asked once.
+    server_window: std::sync::OnceLock<Option<u32>>,
+    /// The provider for `compaction_model`, if one is configured.
+    compaction: Option<Box<HttpProvider>>,
 }
 
 impl fmt::Debug for HttpProvider {
@@ -124,6 +132,16 @@ impl HttpProvider {
             poll: config.cancel_poll.max(Duration::from_millis(1)),
         };
         let legacy_max_tokens = !endpoint.starts_with("https://api.openai.com/");
+        let compaction = match &config.compaction_model {
+            Some(model) if *model != config.effective_model() => {
+                let mut c = config.clone();
+                c.model = Some(model.clone());
+                c.compaction_model = None;
+                c.context_window = None;
+                Some(Box::new(HttpProvider::new(&c, base_url.clone(), key.clone())?))
+            }
+            _ => None,
+        };
         Ok(Self {
             name: config.name.clone(),
             model: config.effective_model(),
@@ -144,7 +162,32 @@ impl HttpProvider {
             max_event_bytes: config.max_event_bytes,
             max_response_bytes: config.max_response_bytes,
             max_tool_calls: config.max_tool_calls,
+            context_window: config.context_window,
+            probe_window: config.context_window_from_server && config.kind != ProviderKind::Anthropic,
+            server_window: std::sync::OnceLock::new(),
+            compaction,
         })
+    }
+
+    /// The window `GET {base}/models` states for this model (llama.cpp,
+    /// vLLM, LiteLLM metadata), or `None` (no answer, no such field).
+    fn ask_server_window(&self) -> Option<u32> {
+        let suffix = match self.kind {
+            ProviderKind::OpenAiResponses => "/responses",
+            _ => "/chat/completions",
+        };
+        let url = format!("{}/models", self.endpoint.strip_suffix(suffix)?);
+        let mut call = self.agent.get(&url);
+        if let Some(key) = &self.key {
+            call = call.header("authorization", format!("Bearer {}", key.expose()));
+        }
+        let mut response = call.call().ok()?;
+        if response.status().as_u16() != 200 {
+            return None;
+        }
+        let body = response.body_mut().with_config().limit(1 << 20).read_to_vec().ok()?;
+        let value: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        crate::window::window_from_models(&value, &self.model)
     }
 
     /// The URL requests go to.
@@ -316,10 +359,11 @@ impl HttpProvider {
         let what = describe_body(&content_type, &body);
         let retry_after =
             parse_retry_after(head.header("retry-after-ms"), head.header("retry-after"), SystemTime::now());
+        let too_long = crate::window::is_context_length_error(head.status, &body);
         Failure {
-            kind: ProviderErrorKind::Http,
+            kind: if too_long { ProviderErrorKind::ContextLength } else { ProviderErrorKind::Http },
             message: format!("HTTP {} {}: {what}", head.status, reason(head.status)),
-            retryable: is_retryable_status(head.status),
+            retryable: !too_long && is_retryable_status(head.status),
             retry_after,
         }
     }
@@ -332,6 +376,7 @@ impl HttpProvider {
             input_tokens: outcome.usage.input,
             output_tokens: outcome.usage.output,
             cached_input_tokens: outcome.usage.cached,
+            request_bytes: None,
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             status: outcome.status,
             error: outcome.result.as_ref().err().map(|f| self.scrub(&f.message)),
@@ -494,6 +539,26 @@ impl Provider for HttpProvider {
 
     fn max_tool_calls(&self) -> usize {
         self.max_tool_calls
+    }
+
+    /// Configured, else stated by the server (when asked to ask), else a
+    /// default for a well-known model name, else the fallback.
+    fn context_window(&self) -> Option<u32> {
+        let server = || *self.server_window.get_or_init(|| self.ask_server_window());
+        let stated = self.context_window.or_else(|| if self.probe_window { server() } else { None });
+        Some(
+            stated
+                .or_else(|| crate::window::known_context_window(&self.model))
+                .unwrap_or(crate::window::FALLBACK_CONTEXT_WINDOW),
+        )
+    }
+
+    fn max_output_tokens(&self) -> Option<u32> {
+        Some(self.options.default_max)
+    }
+
+    fn compaction_provider(&self) -> Option<&dyn Provider> {
+        self.compaction.as_deref().map(|p| p as &dyn Provider)
     }
 
     fn complete(

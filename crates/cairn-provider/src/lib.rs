@@ -49,6 +49,7 @@ pub mod script_file;
 pub mod secret;
 pub mod sse;
 mod transport;
+pub mod window;
 mod wire;
 
 pub use config::{BUILTIN_NAMES, ConfigError, ProviderConfig, ProviderKind, ProviderTable, Timeouts};

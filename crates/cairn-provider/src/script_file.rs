@@ -6,8 +6,10 @@
 //! Line format: `{"text": "…", "toolCalls": [{"id": "…", "name": "…",
 //! "arguments": {…}}]}` (both keys optional; blank lines are skipped). Request
 //! k is answered with line k, where k is the number of assistant messages
-//! already in the request, so a resumed session gets exactly the line it
-//! would have got. This module owns the script format; it must not keep any
+//! already in the conversation (those in the request plus
+//! `earlier_assistant_messages`, the ones a compaction or the window left
+//! out), so a resumed session gets exactly the line it would have got.
+//! Compaction requests get a deterministic summary and use no line. This module owns the script format; it must not keep any
 //! state between calls (that is what makes resume exact).
 
 use std::path::{Path, PathBuf};
@@ -16,7 +18,8 @@ use std::time::Instant;
 use cairn_core::CancelToken;
 use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{
-    AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, StopReason, StreamEvent,
+    AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, ProviderErrorKind, RequestPurpose, StopReason,
+    StreamEvent,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -83,6 +86,7 @@ pub struct ScriptFileProvider {
     path: PathBuf,
     turns: Vec<ScriptLine>,
     max_tool_calls: usize,
+    context_window: Option<u32>,
 }
 
 impl ScriptFileProvider {
@@ -119,6 +123,7 @@ impl ScriptFileProvider {
             path: path.to_owned(),
             turns,
             max_tool_calls: cairn_core::provider::DEFAULT_MAX_TOOL_CALLS,
+            context_window: None,
         })
     }
 
@@ -126,6 +131,13 @@ impl ScriptFileProvider {
     /// ([`Provider::max_tool_calls`]).
     pub fn with_max_tool_calls(mut self, max: usize) -> Self {
         self.max_tool_calls = max;
+        self
+    }
+
+    /// Set the context window the turn bounds requests by
+    /// ([`Provider::context_window`]; `None`: unbounded).
+    pub fn with_context_window(mut self, window: Option<u32>) -> Self {
+        self.context_window = window;
         self
     }
 
@@ -137,6 +149,30 @@ impl ScriptFileProvider {
     /// Whether the script holds no turn.
     pub fn is_empty(&self) -> bool {
         self.turns.is_empty()
+    }
+}
+
+impl ScriptFileProvider {
+    /// A compaction request is answered without using a script line (the
+    /// script numbers the turn's calls only): a deterministic summary that
+    /// names how much it covers and quotes the end of what it was shown.
+    fn summarise(&self, request: &ModelRequest<'_>, started: Instant) -> ModelResponse {
+        let shown: String = request.messages.iter().map(Message::joined_text).collect();
+        let tail: String = {
+            let chars: Vec<char> = shown.chars().collect();
+            chars[chars.len().saturating_sub(300)..].iter().collect()
+        };
+        let text = format!("(scripted summary of {} bytes of conversation) … {tail}", shown.len());
+        let row = AttemptUsage {
+            provider: self.name.clone(),
+            model: self.model.clone(),
+            attempt: 1,
+            input_tokens: estimate_tokens(shown.len()),
+            output_tokens: estimate_tokens(text.len()),
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            ..AttemptUsage::default()
+        };
+        ModelResponse { message: Message::text(Role::Assistant, text), stop: StopReason::EndTurn, attempts: vec![row] }
     }
 }
 
@@ -158,6 +194,10 @@ impl Provider for ScriptFileProvider {
         self.max_tool_calls
     }
 
+    fn context_window(&self) -> Option<u32> {
+        self.context_window
+    }
+
     fn complete(
         &self,
         request: &ModelRequest<'_>,
@@ -165,7 +205,11 @@ impl Provider for ScriptFileProvider {
         cancel: &CancelToken,
     ) -> Result<ModelResponse, ProviderError> {
         let started = Instant::now();
-        let k = request.messages.iter().filter(|m| m.role == Role::Assistant).count();
+        if request.purpose == RequestPurpose::Compaction {
+            return Ok(self.summarise(request, started));
+        }
+        let k =
+            request.earlier_assistant_messages + request.messages.iter().filter(|m| m.role == Role::Assistant).count();
         let mut row = AttemptUsage {
             provider: self.name.clone(),
             model: self.model.clone(),

@@ -32,8 +32,14 @@ fn provider() -> HttpProvider {
 fn a_real_server_streams_an_answer_cairn_settles() {
     let p = provider();
     let messages = [Message::text(Role::User, "Say hello in three words.")];
-    let request =
-        ModelRequest { system: Some("You are brief."), messages: &messages, tools: &[], max_output_tokens: Some(32) };
+    let request = ModelRequest {
+        system: Some("You are brief."),
+        messages: &messages,
+        tools: &[],
+        max_output_tokens: Some(32),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let mut text = String::new();
     let r = p
         .complete(

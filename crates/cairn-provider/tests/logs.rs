@@ -59,7 +59,14 @@ fn retry_logs_name_the_error_but_never_the_key() {
     let p = HttpProvider::new(&config, format!("{}/v1", server.url()), Some(Secret::new(KEY))).unwrap();
     let logs = Arc::new(Mutex::new(String::new()));
     let messages = [Message::text(Role::User, "hi")];
-    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: None };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &[],
+        max_output_tokens: None,
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let result = tracing::subscriber::with_default(Capture(logs.clone()), || {
         p.complete(&request, &mut |_| {}, &CancelToken::new())
     });

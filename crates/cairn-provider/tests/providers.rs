@@ -65,7 +65,14 @@ fn tools() -> Vec<ToolSpec> {
 
 fn call(p: &dyn Provider, messages: &[Message]) -> (Result<ModelResponse, ProviderError>, Vec<StreamEvent>) {
     let tools = tools();
-    let request = ModelRequest { system: Some("You are terse."), messages, tools: &tools, max_output_tokens: None };
+    let request = ModelRequest {
+        system: Some("You are terse."),
+        messages,
+        tools: &tools,
+        max_output_tokens: None,
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let mut events = Vec::new();
     let result = p.complete(&request, &mut |e| events.push(e.clone()), &CancelToken::new());
     (result, events)
@@ -714,7 +721,14 @@ fn cancellation_aborts_a_stalled_request() {
         })
     };
     let messages = [user("x")];
-    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: Some(5) };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &[],
+        max_output_tokens: Some(5),
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let e = p.complete(&request, &mut |_| {}, &cancel).unwrap_err();
     canceller.join().unwrap();
     assert_eq!(e.kind, ProviderErrorKind::Cancelled);
@@ -732,7 +746,14 @@ fn cancelling_mid_stream_closes_the_connection() {
     let p = provider(ProviderKind::OpenAiChat, &server);
     let cancel = CancelToken::new();
     let messages = [user("x")];
-    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: None };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &[],
+        max_output_tokens: None,
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let mut seen = 0;
     // The observer cancels after the second delta: no clock involved.
     let e = p
@@ -767,7 +788,14 @@ fn an_already_cancelled_token_sends_nothing() {
     let cancel = CancelToken::new();
     cancel.cancel();
     let messages = [user("x")];
-    let request = ModelRequest { system: None, messages: &messages, tools: &[], max_output_tokens: None };
+    let request = ModelRequest {
+        system: None,
+        messages: &messages,
+        tools: &[],
+        max_output_tokens: None,
+        earlier_assistant_messages: 0,
+        purpose: Default::default(),
+    };
     let e = provider(ProviderKind::OpenAiChat, &server).complete(&request, &mut |_| {}, &cancel).unwrap_err();
     assert_eq!(e.kind, ProviderErrorKind::Cancelled);
     assert!(server.requests().is_empty());

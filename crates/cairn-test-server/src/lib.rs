@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod tokens;
+
 /// How an SSE body is cut into writes (each write is one HTTP chunk).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
@@ -184,6 +186,12 @@ struct State {
     requests: Vec<Recorded>,
     /// Replies whose writing failed because the client went away.
     aborted: usize,
+    /// The context window requests are checked against, if any.
+    context_limit: Option<u64>,
+    /// The independent token count of each request body (checked ones).
+    token_counts: Vec<u64>,
+    /// Requests refused as longer than the window.
+    over_limit: usize,
 }
 
 /// The running server. Dropping it stops accepting and ends stalls.
@@ -201,7 +209,7 @@ impl TestServer {
     pub fn start(replies: Vec<Reply>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(Mutex::new(State { replies: replies.into(), requests: Vec::new(), aborted: 0 }));
+        let state = Arc::new(Mutex::new(State { replies: replies.into(), ..State::default() }));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, sp) = (state.clone(), stop.clone());
         let accept = thread::Builder::new().name("test-server".into()).spawn(move || {
@@ -231,6 +239,27 @@ impl TestServer {
     /// connection (a cancelled or abandoned request).
     pub fn client_aborts(&self) -> usize {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).aborted
+    }
+
+    /// Check every POST body against a context window of `window`
+    /// tokens, counted by [`tokens::count_request`] (not cairn's code): a
+    /// request over it is answered with OpenAI's real
+    /// `context_length_exceeded` error instead of the next reply, and
+    /// counted in [`TestServer::over_limit`]. In replies served after
+    /// this, `__PROMPT_TOKENS__` is replaced by the request's count, so
+    /// usage reports what this tokenizer counted.
+    pub fn limit_context(&self, window: u64) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).context_limit = Some(window);
+    }
+
+    /// The token count of every checked request, in order.
+    pub fn token_counts(&self) -> Vec<u64> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).token_counts.clone()
+    }
+
+    /// Requests refused as longer than the window.
+    pub fn over_limit(&self) -> usize {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).over_limit
     }
 
     /// Queue more replies.
@@ -284,8 +313,30 @@ fn serve(conn: TcpStream, state: &Mutex<State>, stop: &AtomicBool) {
     }
     let reply = {
         let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
+        let checked = s.context_limit.filter(|_| request.method == "POST").map(|limit| {
+            let count = tokens::count_request(&request.json());
+            (limit, count)
+        });
         s.requests.push(request);
-        s.replies.pop_front()
+        match checked {
+            Some((limit, count)) => {
+                s.token_counts.push(count);
+                if count > limit {
+                    s.over_limit += 1;
+                    Some(context_length_exceeded(limit, count))
+                } else {
+                    s.replies.pop_front().map(|mut r| {
+                        r.body = replace_bytes(&r.body, b"__PROMPT_TOKENS__", count.to_string().as_bytes());
+                        r
+                    })
+                }
+            }
+            // Unchecked: no count, so usage says 0 (a client ignores it).
+            None => s.replies.pop_front().map(|mut r| {
+                r.body = replace_bytes(&r.body, b"__PROMPT_TOKENS__", b"0");
+                r
+            }),
+        }
     };
     let reply = reply.unwrap_or_else(|| {
         Reply::json(
@@ -297,6 +348,35 @@ fn serve(conn: TcpStream, state: &Mutex<State>, stop: &AtomicBool) {
     if write_reply(conn, &reply, stop).is_err() {
         state.lock().unwrap_or_else(PoisonError::into_inner).aborted += 1;
     }
+}
+
+/// OpenAI's answer to a request longer than the model's window (its real
+/// body shape).
+fn context_length_exceeded(limit: u64, count: u64) -> Reply {
+    Reply::json(
+        400,
+        &serde_json::json!({"error": {
+            "message": format!("This model's maximum context length is {limit} tokens. However, your messages resulted in {count} tokens. Please reduce the length of the messages."),
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded"
+        }}),
+    )
+}
+
+fn replace_bytes(body: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        if body[i..].starts_with(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.push(body[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 fn pieces(body: &[u8], split: Split) -> Vec<&[u8]> {
@@ -500,6 +580,26 @@ pub mod streams {
             out.push_str(&event("", &format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"{piece}"}}}}]}}"#)));
         }
         out.push_str(&event("", r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#));
+        out.push_str(&event("", "[DONE]"));
+        out
+    }
+
+    /// A complete Chat Completions stream answering `text` (JSON-escaped
+    /// here), with a usage chunk whose `prompt_tokens` is the
+    /// `__PROMPT_TOKENS__` placeholder ([`crate::TestServer::limit_context`]
+    /// fills it in), then `[DONE]`.
+    pub fn chat_text_with_usage(text: &str) -> String {
+        let content = serde_json::to_string(text).unwrap_or_default();
+        let mut out = String::new();
+        out.push_str(&event(
+            "",
+            &format!(r#"{{"choices":[{{"index":0,"delta":{{"role":"assistant","content":{content}}}}}]}}"#),
+        ));
+        out.push_str(&event("", r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#));
+        out.push_str(&event(
+            "",
+            r#"{"choices":[],"usage":{"prompt_tokens":__PROMPT_TOKENS__,"completion_tokens":20,"total_tokens":20}}"#,
+        ));
         out.push_str(&event("", "[DONE]"));
         out
     }

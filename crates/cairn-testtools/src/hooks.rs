@@ -22,15 +22,20 @@ pub enum CrashPoint {
     BeforeSettlement,
     /// Right after the N-th commit of this process (1-based).
     AfterCommit(u64),
+    /// Right after the commit of a staged change set (`toolStaged`),
+    /// before any of it is applied.
+    AfterStaged,
 }
 
 impl CrashPoint {
-    /// `after_intent`, `during_effect`, `before_settlement` or `commit:N`.
+    /// `after_intent`, `during_effect`, `before_settlement`, `after_staged`
+    /// or `commit:N`.
     pub fn parse(text: &str) -> Option<Self> {
         match text {
             "after_intent" => Some(Self::AfterIntent),
             "during_effect" => Some(Self::DuringEffect),
             "before_settlement" => Some(Self::BeforeSettlement),
+            "after_staged" => Some(Self::AfterStaged),
             other => other.strip_prefix("commit:")?.parse().ok().map(Self::AfterCommit),
         }
     }
@@ -76,8 +81,12 @@ impl<S: Storage> Storage for HookStore<S> {
         }
         let intent = has_entry(&tx, &[EntryType::ToolRequested])
             && tx.ops.iter().any(|op| matches!(op, TxOp::Set { namespace, .. } if namespace == "pending"));
+        let staged = has_entry(&tx, &[EntryType::ToolStaged]);
         let committed = self.inner.commit(tx)?;
         self.commits += 1;
+        if self.point == Some(CrashPoint::AfterStaged) && staged {
+            (self.hook)("after_staged");
+        }
         if self.point == Some(CrashPoint::AfterIntent) && intent {
             (self.hook)("after_intent");
         }

@@ -19,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod approvers;
+pub mod history;
 pub mod hooks;
 pub mod provider;
 pub mod tools;

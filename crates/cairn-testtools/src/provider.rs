@@ -69,6 +69,7 @@ impl ScriptProvider {
             input_tokens: request.messages.len() as u64,
             output_tokens: output as u64,
             cached_input_tokens: 0,
+            request_bytes: None,
             duration_ms: 0,
             status: if error.is_some() { Some(500) } else { Some(200) },
             error,
@@ -107,7 +108,8 @@ impl Provider for ScriptProvider {
             error.attempts = vec![self.attempt(request, 0, Some("HTTP 500".to_owned()))];
             return Err(error);
         }
-        let k = request.messages.iter().filter(|m| m.role == Role::Assistant).count();
+        let k =
+            request.earlier_assistant_messages + request.messages.iter().filter(|m| m.role == Role::Assistant).count();
         let line =
             if self.cycle && !self.lines.is_empty() { self.lines.get(k % self.lines.len()) } else { self.lines.get(k) };
         let Some(line) = line else {

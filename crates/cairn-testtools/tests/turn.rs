@@ -185,7 +185,7 @@ fn rejections_are_settled_and_the_model_sees_why() {
     let mut session = Session::open(mem("/tmp"), SessionConfig::default()).unwrap();
     let (outcome, _) = run(&mut session, &provider, &tools, &mut headless());
     assert_eq!(outcome.stop, TurnStop::Answered);
-    let results = tool_results(session.messages());
+    let results = tool_results(&session.messages());
     assert_eq!(results.len(), 6);
     assert!(results.iter().all(|(_, is_error)| *is_error));
     assert!(results[0].0.contains("unknown tool \"no_such_tool\"") && results[0].0.contains("echo"));
@@ -285,7 +285,7 @@ fn destructive_needs_a_person_and_is_never_remembered() {
     let state = assert_healthy(session.store());
     assert_eq!(state.invocations[0].status, ToolInvocationStatus::Completed);
     assert_eq!(state.invocations[1].status, ToolInvocationStatus::Rejected);
-    assert_eq!(tool_results(session.messages())[1].0, "rejected: no");
+    assert_eq!(tool_results(&session.messages())[1].0, "rejected: no");
 }
 
 #[test]
@@ -506,7 +506,7 @@ fn cancellation_is_durable_and_resumable_and_a_new_turn_settles_what_was_left() 
             assert_eq!(second.status, ToolInvocationStatus::Rejected);
             assert!(second.reason.as_ref().unwrap().contains("cancelled"));
             // Every call of the cancelled turn has a result before the new user message.
-            assert_eq!(tool_results(session.messages()).len(), 2);
+            assert_eq!(tool_results(&session.messages()).len(), 2);
         }
     }
 }
@@ -543,7 +543,7 @@ fn giant_output_is_capped_for_the_model_and_kept_outside_the_prompt() {
         })
         .sum();
     assert_eq!(streamed, 10_000_000);
-    let (summary, _) = &tool_results(session.messages())[0];
+    let (summary, _) = &tool_results(&session.messages())[0];
     assert!(summary.len() < 1300 && summary.contains("[output truncated: 1000 of 2000 bytes shown"));
     let completed = session.store().entries().into_iter().find(|e| e.entry_type == "toolCompleted").unwrap();
     let payload: ToolCompletedPayload = completed.payload.parse().unwrap();

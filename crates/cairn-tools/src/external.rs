@@ -142,6 +142,10 @@ pub struct ExternalTool {
     max_processes: u32,
     read_paths: Vec<std::path::PathBuf>,
     secrets: crate::env::SecretValues,
+    /// Staged execution for a tool that declares FileWrite.
+    staged: bool,
+    staged_rules: cairn_core::staged::StagedRules,
+    staging_dir: std::path::PathBuf,
 }
 
 fn valid_name(name: &str) -> bool {
@@ -279,6 +283,9 @@ impl ExternalTool {
             max_processes: config.max_processes,
             read_paths: config.sandbox_read_paths.clone(),
             secrets: config.secrets.clone(),
+            staged: config.staged,
+            staged_rules: cairn_core::staged::StagedRules { max_files: config.staged_max_files },
+            staging_dir: config.staging_dir.clone().unwrap_or_else(crate::staging::default_base),
         })
     }
 
@@ -324,6 +331,15 @@ impl Tool for ExternalTool {
         }
     }
 
+    fn resume_staged(
+        &self,
+        request: &ToolRequest,
+        cwd: &Path,
+        staged: &cairn_core::events::ToolStagedPayload,
+    ) -> cairn_core::tool::GuardVerdict {
+        crate::staging::resume(staged, cwd, &self.staging_dir, &request.invocation_id, &self.staged_rules)
+    }
+
     fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
         let start = Instant::now();
         let mut note = None;
@@ -364,12 +380,40 @@ impl Tool for ExternalTool {
             max_processes: self.max_processes,
             pid_namespace: true,
         };
-        let outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
-        match outcome.end {
-            End::TimedOut => return Err(ToolError::Timeout(timeout)),
-            End::Cancelled => return Err(ToolError::Cancelled),
-            End::Exited => {}
+        // A tool that declares FileWrite runs staged where overlays work:
+        // its file effect is judged, reviewed and applied like shell's.
+        let staging = match &spec.sandbox {
+            Some(policy) if policy.write_cwd && self.staged && crate::staging::overlay_status().is_ok() => Some(
+                crate::staging::Staging::create(&self.staging_dir, &request.invocation_id)
+                    .map_err(|e| ToolError::Sandbox(format!("cannot stage the call: {e}")))?,
+            ),
+            _ => None,
+        };
+        let mut spec = spec;
+        if let (Some(policy), Some(staging)) = (&mut spec.sandbox, &staging) {
+            policy.overlay = Some(staging.dirs().clone());
         }
+        let outcome = process::run(&spec, ctx.cancel, ctx.output);
+        let outcome = match (outcome, staging) {
+            (Ok(o), staging) if o.end == End::Exited => (o, staging),
+            (result, staging) => {
+                if let Some(staging) = staging {
+                    staging.remove();
+                }
+                return match result.map(|o| o.end) {
+                    Ok(End::TimedOut) => Err(ToolError::Timeout(timeout)),
+                    Ok(_) => Err(ToolError::Cancelled),
+                    Err(e) => Err(ToolError::Other(e.to_string())),
+                };
+            }
+        };
+        let (outcome, staging) = outcome;
+        let settled = match staging {
+            Some(staging) => {
+                Some(crate::staging::settle(staging, ctx.cwd, &self.staged_rules, &mut *ctx.review_staged)?)
+            }
+            None => None,
+        };
         let structured =
             if outcome.stdout.truncated() { None } else { serde_json::from_slice::<Value>(&outcome.stdout.kept).ok() };
         let mut text = crate::builtin::shell::outcome_text(&outcome);
@@ -380,19 +424,73 @@ impl Tool for ExternalTool {
             text.push_str(&n);
             text.push('\n');
         }
+        let mut structured = structured.unwrap_or_else(
+            || json!({"exitCode": outcome.exit_code, "stdoutBytes": outcome.stdout.total, "stderrBytes": outcome.stderr.total}),
+        );
+        let (mut affected, mut tier) = (Vec::new(), self.spec.risk);
+        match &settled {
+            Some(s) => {
+                record_staging(&mut structured, s);
+                affected = s.changes.affected();
+                tier = tier.max(s.risk);
+            }
+            None if self.spec.capabilities.contains(&Capability::FileWrite) => {
+                let why = if !self.staged {
+                    "staging is turned off in the tools config".to_owned()
+                } else if !sandboxed {
+                    "the call runs unsandboxed".to_owned()
+                } else {
+                    crate::staging::overlay_status().err().unwrap_or_default()
+                };
+                let mode = cairn_core::staged::StagingMode::Unstaged { why };
+                set_key(&mut structured, "staging", json!(mode));
+            }
+            None => {}
+        }
         let (output_summary, cut) = crate::cap_text(text, ctx.limits.output_cap + 256);
         Ok(ToolReceipt {
             exit_code: outcome.exit_code,
             output_summary,
-            structured_output: structured.or_else(|| {
-                Some(json!({"exitCode": outcome.exit_code, "stdoutBytes": outcome.stdout.total, "stderrBytes": outcome.stderr.total}))
-            }),
-            affected_entities: Vec::new(),
+            structured_output: Some(structured),
+            affected_entities: affected,
             duration_ms: start.elapsed().as_millis() as u64,
-            tier: self.spec.risk,
+            tier,
             timestamp: crate::now_ms(),
             truncated: cut || outcome.stdout.truncated() || outcome.stderr.truncated(),
         })
+    }
+}
+
+/// Record a staged call's mode, change set and who applied it in its
+/// structured output (under `cairnStaging` when the tool printed an object
+/// of its own, which is kept as it is).
+fn record_staging(structured: &mut Value, settled: &crate::staging::Settled) {
+    set_key(
+        structured,
+        "staging",
+        json!({
+            "mode": "overlay",
+            "changeSet": settled.changes,
+            "appliedBy": settled.applied_by,
+            "diff": settled.diff,
+        }),
+    );
+}
+
+/// Set `key` in an object, or wrap a non-object under `output`.
+fn set_key(structured: &mut Value, key: &str, value: Value) {
+    if !structured.is_object() {
+        *structured = json!({ "output": structured.take() });
+    }
+    if let Some(map) = structured.as_object_mut() {
+        let key = if map.contains_key(key) {
+            let mut chars = key.chars();
+            let first = chars.next().map(|c| c.to_ascii_uppercase()).unwrap_or_default();
+            format!("cairn{first}{}", chars.as_str())
+        } else {
+            key.to_owned()
+        };
+        map.insert(key, value);
     }
 }
 

@@ -36,6 +36,7 @@ pub mod external;
 pub mod paths;
 pub mod process;
 pub mod sandbox;
+pub mod staging;
 pub mod trust;
 
 use std::path::{Path, PathBuf};
@@ -87,6 +88,13 @@ pub struct ToolsConfig {
     /// name. Filled by the host, never read from or written to a file.
     #[serde(skip)]
     pub secrets: env::SecretValues,
+    /// Run `shell` staged in an overlay where the kernel allows it (see
+    /// `staging`); off means the parsed classification alone decides.
+    pub staged: bool,
+    /// A staged effect changing more paths than this is Destructive.
+    pub staged_max_files: usize,
+    /// Where staging directories go (default: the system temp directory).
+    pub staging_dir: Option<PathBuf>,
 }
 
 impl Default for ToolsConfig {
@@ -103,6 +111,9 @@ impl Default for ToolsConfig {
             max_processes: 256,
             sandbox_read_paths: Vec::new(),
             secrets: env::SecretValues::new(),
+            staged: true,
+            staged_max_files: cairn_core::staged::StagedRules::default().max_files,
+            staging_dir: None,
         }
     }
 }

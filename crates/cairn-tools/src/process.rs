@@ -167,6 +167,9 @@ pub fn kill_group(pgid: u32, prepared: &Prepared) {
 pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) -> Result<RunOutcome, RunError> {
     let tmp = tempfile::Builder::new().prefix("cairn-tool-").tempdir().map_err(RunError::TempDir)?;
     let prepared = match &spec.sandbox {
+        Some(policy) if policy.bypass => {
+            Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?.with_overlay(policy)?
+        }
         Some(policy) => {
             let mut policy = policy.clone();
             policy.tmp_dir = Some(tmp.path().to_path_buf());

@@ -305,6 +305,25 @@ pub struct SandboxPolicy {
     pub extra_write: Vec<PathBuf>,
     /// Process cap for the pids cgroup (when spawning is allowed).
     pub max_processes: u32,
+    /// Staged execution: the working directory becomes an overlay in the
+    /// call's own mount namespace (the real tree read-only below, this
+    /// staging layer above), so every write lands in the staging layer.
+    /// Needs the PID + mount namespace ([`isolation_status`] and
+    /// [`crate::staging::overlay_status`]).
+    pub overlay: Option<OverlayDirs>,
+    /// An approved bypass: none of the file or network rules above apply
+    /// (only what [`Prepared::unsandboxed`] keeps), but the overlay does.
+    pub bypass: bool,
+}
+
+/// The staging layer of an overlay: `upper` receives the writes, `work` is
+/// overlayfs's scratch directory (same file system as `upper`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlayDirs {
+    /// The upper (staging) directory.
+    pub upper: PathBuf,
+    /// The work directory.
+    pub work: PathBuf,
 }
 
 /// Why a sandbox could not be prepared.
@@ -317,6 +336,9 @@ pub enum SandboxError {
     /// Seccomp filter compilation failed.
     #[error("cannot build the seccomp filter: {0}")]
     Seccomp(String),
+    /// Staged execution was asked where it cannot be set up.
+    #[error("cannot stage this call in an overlay: {0}")]
+    Overlay(String),
 }
 
 /// Everything the child needs, built in the parent.
@@ -327,6 +349,9 @@ pub struct Prepared {
     cgroup: Option<PidsCgroup>,
     pid_namespace: bool,
     proc_access: u64,
+    /// Overlay target (the working directory) and mount options.
+    overlay: Option<(std::ffi::CString, std::ffi::CString)>,
+    overlay_access: u64,
 }
 
 /// One BPF instruction (layout of `struct sock_filter`).
@@ -347,6 +372,9 @@ pub struct ChildHook {
     filters: Vec<(u16, *const RawFilter)>,
     pid_namespace: bool,
     proc_access: u64,
+    overlay_target: *const libc::c_char,
+    overlay_options: *const libc::c_char,
+    overlay_access: u64,
 }
 
 // SAFETY: the pointers point into `Prepared::filters`, which the caller keeps
@@ -366,12 +394,24 @@ impl Prepared {
             let ruleset = Some(linux::ruleset(policy)?);
             let filters = linux::filters(Some(policy))?;
             let cgroup = if policy.process_spawn { PidsCgroup::create(policy.max_processes) } else { None };
+            let pid_namespace = pid_namespace && isolation_status().is_ok();
+            let overlay = match &policy.overlay {
+                None => None,
+                Some(_) if !pid_namespace => {
+                    return Err(SandboxError::Overlay(
+                        "the call cannot get its own mount namespace here (see `cairn tools`)".into(),
+                    ));
+                }
+                Some(dirs) => Some(overlay_mount_args(&policy.cwd, dirs)?),
+            };
             Ok(Self {
                 ruleset,
                 filters,
                 cgroup,
-                pid_namespace: pid_namespace && isolation_status().is_ok(),
+                pid_namespace,
                 proc_access: linux::proc_access(),
+                overlay,
+                overlay_access: if policy.write_cwd { linux::write_access() } else { linux::proc_access() },
             })
         }
         #[cfg(not(target_os = "linux"))]
@@ -401,7 +441,29 @@ impl Prepared {
             cgroup: PidsCgroup::create(max_processes),
             pid_namespace: pid_namespace && isolation_status().is_ok(),
             proc_access: 0,
+            overlay: None,
+            overlay_access: 0,
         })
+    }
+
+    /// Add `policy`'s overlay to an unsandboxed preparation (an approved
+    /// bypass of a staged call: the rules are lifted, the staging is not).
+    pub fn with_overlay(mut self, policy: &SandboxPolicy) -> Result<Self, SandboxError> {
+        #[cfg(target_os = "linux")]
+        if let Some(dirs) = &policy.overlay {
+            if !self.pid_namespace {
+                return Err(SandboxError::Overlay(
+                    "the call cannot get its own mount namespace here (see `cairn tools`)".into(),
+                ));
+            }
+            self.overlay = Some(overlay_mount_args(&policy.cwd, dirs)?);
+            self.overlay_access = 0;
+        }
+        #[cfg(not(target_os = "linux"))]
+        if policy.overlay.is_some() {
+            return Err(SandboxError::Overlay("overlays exist only on Linux".into()));
+        }
+        Ok(self)
     }
 
     /// The raw values for the child hook.
@@ -412,6 +474,9 @@ impl Prepared {
             filters: self.filters.iter().map(|f| (f.len() as u16, f.as_ptr())).collect(),
             pid_namespace: self.pid_namespace,
             proc_access: self.proc_access,
+            overlay_target: self.overlay.as_ref().map_or(std::ptr::null(), |(t, _)| t.as_ptr()),
+            overlay_options: self.overlay.as_ref().map_or(std::ptr::null(), |(_, o)| o.as_ptr()),
+            overlay_access: self.overlay_access,
         }
     }
 
@@ -547,9 +612,89 @@ impl ChildHook {
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            if !self.overlay_target.is_null() {
+                self.mount_overlay()?;
+            }
         }
         Ok(())
     }
+
+    /// Staged execution, inside the new mount namespace: mount the overlay
+    /// over the working directory, move into it (the spawn's `chdir` went
+    /// to the directory below), and give the ruleset a rule for the overlay
+    /// (another file system: the rule on the real directory does not reach
+    /// it).
+    ///
+    /// # Safety
+    /// As [`ChildHook::apply`]; the pointers are valid NUL-terminated
+    /// strings owned by `Prepared`.
+    #[cfg(target_os = "linux")]
+    unsafe fn mount_overlay(&self) -> std::io::Result<()> {
+        // SAFETY: raw syscalls with valid NUL-terminated strings.
+        unsafe {
+            if libc::mount(
+                c"overlay".as_ptr(),
+                self.overlay_target,
+                c"overlay".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                self.overlay_options.cast(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::chdir(self.overlay_target) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if self.ruleset_fd >= 0 && self.overlay_access != 0 {
+                let fd = libc::open(self.overlay_target, libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let attr = LandlockPathBeneath { allowed_access: self.overlay_access, parent_fd: fd };
+                const LANDLOCK_RULE_PATH_BENEATH: u32 = 1;
+                let r = libc::syscall(
+                    libc::SYS_landlock_add_rule,
+                    self.ruleset_fd,
+                    LANDLOCK_RULE_PATH_BENEATH,
+                    &attr as *const LandlockPathBeneath,
+                    0u32,
+                );
+                libc::close(fd);
+                if r != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The overlay's target and mount options, built in the parent. Paths
+/// overlayfs cannot take in its option string (`,`, `:`, `\\`, a NUL) are
+/// refused: staging them is not possible, and saying so beats guessing.
+#[cfg(target_os = "linux")]
+fn overlay_mount_args(cwd: &Path, dirs: &OverlayDirs) -> Result<(std::ffi::CString, std::ffi::CString), SandboxError> {
+    use std::os::unix::ffi::OsStrExt;
+    let plain = |p: &Path| -> Result<String, SandboxError> {
+        let text = p.to_str().ok_or_else(|| SandboxError::Overlay(format!("{} is not UTF-8", p.display())))?;
+        if text.contains([',', ':', '\\', '\0']) || !p.is_absolute() {
+            return Err(SandboxError::Overlay(format!(
+                "{text} holds a character overlayfs cannot take in a mount option (`,`, `:` or `\\`), or is relative"
+            )));
+        }
+        Ok(text.to_owned())
+    };
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=off,metacopy=off,index=off,xino=off",
+        plain(cwd)?,
+        plain(&dirs.upper)?,
+        plain(&dirs.work)?
+    );
+    let target = std::ffi::CString::new(cwd.as_os_str().as_bytes())
+        .map_err(|_| SandboxError::Overlay("the working directory holds a NUL byte".into()))?;
+    let options = std::ffi::CString::new(options)
+        .map_err(|_| SandboxError::Overlay("an overlay path holds a NUL byte".into()))?;
+    Ok((target, options))
 }
 
 /// `struct landlock_path_beneath_attr` (packed in the kernel's ABI).
@@ -971,6 +1116,14 @@ mod linux {
     /// The Landlock rights the system directories (and so `/proc`) get.
     pub(super) fn proc_access() -> u64 {
         AccessFs::from_read(ABI_TARGET).bits()
+    }
+
+    /// The Landlock rights a writable working directory gets (so its
+    /// overlay gets the same).
+    pub(super) fn write_access() -> u64 {
+        // Only what this kernel handles: a rule naming more is refused.
+        let kernel = ABI::from(super::landlock_abi() as i32);
+        (AccessFs::from_all(ABI_TARGET) & AccessFs::from_all(kernel)).bits()
     }
 
     /// Rules every tool process gets, sandboxed or not: no reading or

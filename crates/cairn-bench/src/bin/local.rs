@@ -74,8 +74,11 @@ fn run_mode(path: &std::path::Path, precision: Precision) -> Result<()> {
     let messages = vec![Message::text(Role::User, "Read the file src/main.rs and tell me what it does.")];
     let tok = model.tokenizer();
     let mut count = |s: &str| tok.encode(s).map_or(0, |v| v.len());
-    let (prompt, _) =
-        fit_prompt(&to_turns(&system_prompt(None, &tools), &example_turns(&tools), &messages), 1500, &mut count);
+    let (prompt, _) = fit_prompt(
+        &to_turns(&system_prompt(None, &tools), &example_turns(&tools, "example.txt"), &messages),
+        1500,
+        &mut count,
+    );
     let grammar = Grammar::new(tools.iter().map(|t| (t.name.as_str(), &t.input_schema)));
     // A free-text prompt that generates many tokens.
     let story = vec![Message::text(Role::User, "Write a long story about a lighthouse keeper.")];

@@ -132,16 +132,27 @@ fn raw_step(path: &Path) -> anyhow::Result<Vec<Duration>> {
     let steps = steps();
     let samples = sample(samples(), || {
         for _ in 0..steps {
-            let model = ModelRequest { system: None, messages: &messages, tools: &specs, max_output_tokens: None };
+            let model = ModelRequest {
+                system: None,
+                messages: &messages,
+                tools: &specs,
+                max_output_tokens: None,
+                earlier_assistant_messages: 0,
+                purpose: Default::default(),
+            };
             let _ = provider.complete(&model, &mut |_| {}, &cancel);
             let mut output = |_: &[u8]| {};
             let mut bypass = |_: &str| false;
+            let mut review = |_: &cairn_core::staged::StagedReview<'_>| cairn_core::staged::StagedDecision::Discard {
+                reason: "benchmark".to_owned(),
+            };
             let mut ctx = ToolContext {
                 cwd: Path::new("."),
                 cancel: &cancel,
                 limits: ToolLimits::default(),
                 output: &mut output,
                 approve_bypass: &mut bypass,
+                review_staged: &mut review,
             };
             let _ = echo.execute(&request, &mut ctx);
         }

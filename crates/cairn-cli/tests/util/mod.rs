@@ -46,6 +46,15 @@ impl Env {
         path
     }
 
+    /// Whether a running staged `shell` call has written `name` (relative
+    /// to the working tree) into its staging layer: staged, a command's
+    /// writes reach the live tree only when its effect is applied.
+    pub fn staged_file_exists(&self, name: &str) -> bool {
+        std::fs::read_dir(self.home.join("staging"))
+            .map(|rd| rd.flatten().any(|e| e.path().join("upper").join(name).exists()))
+            .unwrap_or(false)
+    }
+
     /// Session files under this home.
     pub fn session_files(&self) -> Vec<PathBuf> {
         let dir = self.home.join("sessions");

@@ -376,6 +376,40 @@ mod tests {
     }
 
     #[test]
+    fn a_program_pattern_never_covers_options_that_run_other_commands() {
+        let list = Allowlist::parse(["shell(git *)", "shell(rsync *)", "shell(tar *)", "shell(sed *)"]).unwrap();
+        for line in ["git status", "git -C sub log --oneline", "git push origin main", "rsync -a a b", "tar -xf a.tar"]
+        {
+            assert!(list.check("shell", Risk::Write, &shell(line)).is_ok(), "{line:?} should be allowed");
+        }
+        for line in [
+            "git -c alias.x='!touch pwned' x",
+            "git -calias.x=!touch x",
+            "git -c core.sshCommand='touch pwned' fetch",
+            "git -c core.pager=evil log",
+            "git --config-env=core.pager=X log",
+            "git --exec-path=/tmp/x status",
+            "git fetch --upload-pack='touch pwned' origin",
+            "git push --receive-pack=evil origin",
+            "git clone -u evil a b",
+            "git clone --template=/tmp/hooks a b",
+            "git rebase -x 'touch pwned' main",
+            "git rebase --exec='touch pwned' main",
+            "git difftool --extcmd=evil",
+            "git diff --ext-diff",
+            "rsync -e 'sh -c x' a b",
+            "rsync --rsh=x a b",
+            "tar -xf a.tar --to-command=x",
+            "tar -I evil -xf a",
+            "sed -n '1e touch pwned' f",
+            "sed 's/a/b/e' f",
+            "sed -n 'w out' f",
+        ] {
+            assert!(list.check("shell", Risk::Write, &shell(line)).is_err(), "{line:?} must not be allowed");
+        }
+    }
+
+    #[test]
     fn destructive_is_denied_on_sight_and_names_must_match() {
         let list = Allowlist::parse(["shell", "write_file(path=src/**)"]).unwrap();
         assert!(list.check("shell", Risk::Destructive, &shell("ls")).is_err());

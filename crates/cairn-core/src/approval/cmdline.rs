@@ -85,6 +85,18 @@ const KEYWORDS: &[&str] = &[
 /// Split `line` into simple commands, or say why it cannot be judged by
 /// its words.
 pub fn parse(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
+    let commands = words(line)?;
+    for command in &commands {
+        check_simple(command)?;
+    }
+    Ok(commands)
+}
+
+/// Split `line` into simple commands after quote removal, without judging
+/// the commands themselves (the tokenizer [`parse`] and
+/// [`super::classify`] share; it refuses expansions, redirections and
+/// compound syntax, whose words are not the argv bash runs).
+pub fn words(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
     let mut commands: Vec<SimpleCommand> = Vec::new();
     let mut current: SimpleCommand = Vec::new();
     let mut word = String::new();
@@ -243,9 +255,6 @@ pub fn parse(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
     } else if line.trim_end().ends_with("&&") || line.trim_end().ends_with('|') {
         return Err(Unsafe("command line ends with an operator".to_owned()));
     }
-    for command in &commands {
-        check_simple(command)?;
-    }
     Ok(commands)
 }
 
@@ -271,6 +280,11 @@ fn check_simple(command: &SimpleCommand) -> Result<(), Unsafe> {
         && command.iter().any(|w| matches!(w.as_str(), "-exec" | "-execdir" | "-ok" | "-okdir" | "-delete"))
     {
         return Err(Unsafe("`find` with -exec/-ok/-delete runs or deletes (indirection)".to_owned()));
+    }
+    // Options through which a program runs another command: a pattern for
+    // the program never covers them.
+    if let Some(option) = super::classify::runs_other_commands(command) {
+        return Err(Unsafe(format!("`{base}` with `{option}` can run another command (indirection)")));
     }
     Ok(())
 }

@@ -15,6 +15,7 @@
 //! combines an allowlist with an interactive approver.
 
 pub mod allowlist;
+pub mod classify;
 pub mod cmdline;
 pub mod gate;
 mod policy;

@@ -39,8 +39,10 @@ pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message>
         EntryType::ToolRequested
         | EntryType::ToolStarted
         | EntryType::ToolBypass
+        | EntryType::ToolStaged
         | EntryType::TurnCancelled
-        | EntryType::TurnEnded => None,
+        | EntryType::TurnEnded
+        | EntryType::Compaction => None,
     }
 }
 

@@ -21,11 +21,11 @@ use super::{
 use crate::approval::gate::{self, READ_ONLY};
 use crate::approval::{AllowRule, Answer, ApprovalRequest, Need, Verdict};
 use crate::events::{
-    BypassRecord, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload,
-    ToolRequestedPayload, ToolStartedPayload, TurnCancelledPayload, TurnEndedPayload, TurnEvent, VerdictRecord,
+    EntryType, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
+    ToolStagedPayload, ToolStartedPayload, TurnCancelledPayload, TurnEndedPayload, TurnEvent, VerdictRecord,
 };
 use crate::message::{Message, Role, ToolCall};
-use crate::provider::{ModelRequest, ModelResponse, ProviderErrorKind, StreamEvent};
+use crate::provider::{ModelRequest, ModelResponse, ProviderErrorKind, RequestPurpose, StreamEvent};
 use crate::registry::ToolRegistry;
 use crate::schema;
 use crate::storage::registers::AllowFact;
@@ -173,20 +173,67 @@ impl<S: Storage> Session<S> {
             return self.cancel_turn(env, b);
         }
         let turn_id = self.turn_id();
-        (env.observer)(&TurnEvent::ProviderRequested { turn_id: turn_id.clone(), step: self.pc.step });
-        let result = {
+        // The request is the bounded view; a provider that still refuses
+        // it as too long gets one compaction and one retry (its refused
+        // attempts are recorded as usage rows first).
+        let mut rejected: Option<u64> = None;
+        let (result, request_bytes) = loop {
+            let view = self.request_view(env, rejected)?;
+            if env.cancel.is_cancelled() {
+                let b = self.tx();
+                return self.cancel_turn(env, b);
+            }
+            (env.observer)(&TurnEvent::ProviderRequested { turn_id: turn_id.clone(), step: self.pc.step });
             let request = ModelRequest {
                 system: self.config.system.as_deref(),
-                messages: &self.messages,
+                messages: &view.messages,
                 tools: env.tools.specs(),
-                max_output_tokens: self.config.max_output_tokens,
+                max_output_tokens: view.max_output_tokens,
+                earlier_assistant_messages: view.earlier_assistant_messages,
+                purpose: RequestPurpose::Turn,
             };
             let observer = &mut *env.observer;
             let mut forward = |event: &StreamEvent| observer(&TurnEvent::Delta { event: event.clone() });
-            env.provider.complete(&request, &mut forward, env.cancel).and_then(ModelResponse::refuse_duplicate_call_ids)
+            let result = env
+                .provider
+                .complete(&request, &mut forward, env.cancel)
+                .and_then(ModelResponse::refuse_duplicate_call_ids);
+            match result {
+                Err(error)
+                    if error.kind == ProviderErrorKind::ContextLength
+                        && rejected.is_none()
+                        && !env.cancel.is_cancelled() =>
+                {
+                    let mut b = self.tx();
+                    for mut attempt in error.attempts {
+                        attempt.request_bytes = view.request_bytes;
+                        b.usage(None, &attempt)?;
+                        b.tell(TurnEvent::Usage { usage: attempt });
+                    }
+                    if !b.is_empty() {
+                        self.commit(b, None, env.observer)?;
+                    }
+                    (env.observer)(&TurnEvent::ProviderFailed {
+                        kind: "contextLength".to_owned(),
+                        message: format!(
+                            "{} (estimated {} tokens); compacting and retrying once",
+                            error.message, view.tokens
+                        ),
+                    });
+                    rejected = Some(view.tokens + view.max_output_tokens.map_or(0, u64::from));
+                }
+                other => break (other, view.request_bytes),
+            }
         };
         match result {
-            Ok(response) => {
+            Ok(mut response) => {
+                for attempt in &mut response.attempts {
+                    attempt.request_bytes = request_bytes;
+                }
+                if let (Some(bytes), Some(last)) = (request_bytes, response.attempts.last()) {
+                    let tokens = last.input_tokens;
+                    self.observe_usage(env.provider, bytes, tokens);
+                }
                 let mut b = self.tx();
                 let mut message = response.message;
                 message.role = Role::Assistant;
@@ -492,39 +539,88 @@ impl<S: Storage> Session<S> {
         let risk = requested.tier.unwrap_or(Risk::Write);
         let tool = env.tools.get(&request.tool).cloned();
         let uncertain = |reason: String| Settlement::Failed(ToolFailedPayload::new(&request, reason, true, Vec::new()));
-        let settlement = match (&tool, fresh, requested.replay.unwrap_or(ReplayPolicy::Never)) {
-            (None, _, _) => uncertain(format!(
+        // A staged call whose change set was committed: finish applying
+        // it (idempotent) and never re-run the command.
+        let staged = if fresh { None } else { self.staged_record(&invocation_id)? };
+        let settlement = match (&tool, staged, fresh, requested.replay.unwrap_or(ReplayPolicy::Never)) {
+            (None, _, _, _) => uncertain(format!(
                 "interrupted: cairn stopped while {} ran and the tool is no longer registered, so it was not re-run; whether its effect happened is unknown",
                 request.tool
             )),
-            (Some(tool), true, _) | (Some(tool), false, ReplayPolicy::Idempotent) => {
-                self.run_effect(tool.as_ref(), &request, risk, env)?
-            }
-            (Some(tool), false, ReplayPolicy::Guarded) => match tool.guard(&request, &self.cwd) {
-                GuardVerdict::AlreadyDone(mut receipt) => {
-                    let full_output =
-                        effect::apply_cap(&mut receipt, self.config.output_cap, self.config.stored_output_cap);
-                    Settlement::Completed(ToolCompletedPayload::new(
-                        &request,
-                        receipt,
-                        full_output,
-                        Some("guard".to_owned()),
-                        Vec::new(),
-                    ))
-                }
-                GuardVerdict::NotDone => self.run_effect(tool.as_ref(), &request, risk, env)?,
-                GuardVerdict::Unknown => uncertain(format!(
-                    "interrupted: cairn stopped while {} ran and its guard cannot tell whether the effect happened; it was not re-run — check before retrying",
+            (Some(tool), Some(staged), _, _) => match tool.resume_staged(&request, &self.cwd, &staged) {
+                GuardVerdict::NotDone | GuardVerdict::Unknown => uncertain(format!(
+                    "interrupted: cairn stopped while applying the committed change set of {}, and it could not be finished; the working tree may hold part of it — check before retrying",
                     request.tool
                 )),
+                verdict => self.guarded(verdict, &request, tool.as_ref(), risk, env)?,
             },
-            (Some(_), false, ReplayPolicy::Never) => uncertain(format!(
+            (Some(tool), None, true, _) | (Some(tool), None, false, ReplayPolicy::Idempotent) => {
+                self.run_effect(tool.as_ref(), &request, risk, env)?
+            }
+            (Some(tool), None, false, ReplayPolicy::Guarded) => {
+                let verdict = tool.guard(&request, &self.cwd);
+                self.guarded(verdict, &request, tool.as_ref(), risk, env)?
+            }
+            (Some(_), None, false, ReplayPolicy::Never) => uncertain(format!(
                 "interrupted: cairn stopped while {} ran; it is not safe to re-run, so it was not, and whether its effect happened is unknown — check before retrying",
                 request.tool
             )),
         };
         let b = self.tx();
         self.settle_call(env, b, &settlement, true, calls)
+    }
+
+    /// The settlement a guard's verdict leads to (running the effect when
+    /// it was not done).
+    fn guarded(
+        &mut self,
+        verdict: GuardVerdict,
+        request: &ToolRequest,
+        tool: &dyn Tool,
+        risk: Risk,
+        env: &mut TurnEnv<'_>,
+    ) -> Result<Settlement, TurnError> {
+        Ok(match verdict {
+            GuardVerdict::AlreadyDone(mut receipt) => {
+                let full_output =
+                    effect::apply_cap(&mut receipt, self.config.output_cap, self.config.stored_output_cap);
+                Settlement::Completed(ToolCompletedPayload::new(
+                    request,
+                    receipt,
+                    full_output,
+                    Some("guard".to_owned()),
+                    Vec::new(),
+                ))
+            }
+            GuardVerdict::NotDone => self.run_effect(tool, request, risk, env)?,
+            GuardVerdict::NotApplied(reason) => {
+                Settlement::Failed(ToolFailedPayload::new(request, reason, false, Vec::new()))
+            }
+            GuardVerdict::Unknown => Settlement::Failed(ToolFailedPayload::new(
+                request,
+                format!(
+                    "interrupted: cairn stopped while {} ran and its guard cannot tell whether the effect happened; it was not re-run — check before retrying",
+                    request.tool
+                ),
+                true,
+                Vec::new(),
+            )),
+        })
+    }
+
+    /// The committed change set of a staged invocation, if any.
+    fn staged_record(&self, invocation: &str) -> Result<Option<ToolStagedPayload>, TurnError> {
+        let mut found: Option<Result<ToolStagedPayload, TurnError>> = None;
+        self.store.visit_entries(&mut |entry| {
+            if found.is_none() && entry.entry_type == EntryType::ToolStaged.tag() {
+                match entry.payload.parse::<ToolStagedPayload>() {
+                    Ok(p) if p.invocation_id == invocation => found = Some(Ok(p)),
+                    Ok(_) => {}
+                    Err(e) => found = Some(Err(TurnError::Corrupt(format!("toolStaged {}: {e}", entry.id)))),
+                }
+            }
+        });
+        found.transpose()
     }
 
     /// Run the effect once. Each sandbox bypass verdict is committed as its
@@ -541,9 +637,12 @@ impl<S: Storage> Session<S> {
     ) -> Result<Settlement, TurnError> {
         let limits = ToolLimits { timeout: self.config.tool_timeout, output_cap: self.config.output_cap };
         let cwd = self.cwd.clone();
-        let mut commit_bypass = |bypass: &BypassRecord| -> Result<(), TurnError> {
+        let mut commit_bypass = |what: effect::Record<'_>| -> Result<(), TurnError> {
             let mut b = self.tx();
-            b.entry(&ToolBypassPayload::new(request, bypass.clone()))?;
+            match what {
+                effect::Record::Bypass(bypass) => b.entry(&ToolBypassPayload::new(request, bypass.clone()))?,
+                effect::Record::Staged(staged) => b.entry(staged)?,
+            };
             self.commit(b, None, &mut |_: &TurnEvent| {})
         };
         let ran = effect::run(
@@ -566,6 +665,12 @@ impl<S: Storage> Session<S> {
                     effect::apply_cap(&mut receipt, self.config.output_cap, self.config.stored_output_cap);
                 Settlement::Completed(ToolCompletedPayload::new(request, receipt, full_output, None, ran.bypasses))
             }
+            Err(ToolError::Rejected(reason)) => match ran.staged_denial {
+                Some(verdict) => {
+                    Settlement::Rejected(ToolRejectedPayload::by_verdict(request, Risk::Destructive, verdict))
+                }
+                None => Settlement::Rejected(ToolRejectedPayload::new(request, Some(Risk::Destructive), reason)),
+            },
             Err(error) => {
                 let reason = match error {
                     ToolError::Cancelled if ran.timed_out => {

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use super::TurnError;
 use crate::CancelToken;
 use crate::approval::{Answer, ApprovalRequest, Approver, gate};
-use crate::events::{BypassRecord, TurnEvent, VerdictRecord};
+use crate::events::{BypassRecord, ToolStagedPayload, TurnEvent, VerdictRecord};
+use crate::staged::{StagedDecision, StagedReview};
 use crate::storage::now_millis;
-use crate::tool::{Risk, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest};
+use crate::tool::{Preview, Risk, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest};
 
 /// What running an effect gave.
 pub(crate) struct EffectResult {
@@ -29,10 +30,21 @@ pub(crate) struct EffectResult {
     pub(crate) timed_out: bool,
     /// A bypass verdict could not be recorded (the bypass was refused).
     pub(crate) record_error: Option<TurnError>,
+    /// The verdict that discarded a staged effect, if one did.
+    pub(crate) staged_denial: Option<VerdictRecord>,
 }
 
-/// Run `tool` once. `record` commits each bypass verdict; the tool learns
-/// the answer only after it returned `Ok`.
+/// What the effect asks the caller to commit while the tool runs.
+pub(crate) enum Record<'a> {
+    /// A bypass verdict.
+    Bypass(&'a BypassRecord),
+    /// An approved change set, before it is applied.
+    Staged(&'a ToolStagedPayload),
+}
+
+/// Run `tool` once. `record` commits each bypass verdict and each approved
+/// staged change set; the tool learns the answer only after it returned
+/// `Ok`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     tool: &dyn Tool,
@@ -43,12 +55,14 @@ pub(crate) fn run(
     outer: &CancelToken,
     observer: &mut dyn FnMut(&TurnEvent),
     approver: &mut dyn Approver,
-    record: &mut dyn FnMut(&BypassRecord) -> Result<(), TurnError>,
+    record: &mut dyn FnMut(Record<'_>) -> Result<(), TurnError>,
 ) -> EffectResult {
     let call_cancel = CancelToken::new();
     let timed_out = AtomicBool::new(false);
     let mut bypasses = Vec::new();
-    let mut record_error = None;
+    let record_error: std::cell::RefCell<Option<TurnError>> = std::cell::RefCell::new(None);
+    let record = std::cell::RefCell::new(record);
+    let staged_denial: std::cell::RefCell<Option<VerdictRecord>> = std::cell::RefCell::new(None);
     let (done_tx, done_rx) = mpsc::channel::<()>();
     // A timeout too large to represent means no deadline.
     let deadline = Instant::now().checked_add(limits.timeout);
@@ -83,8 +97,11 @@ pub(crate) fn run(
                 chunk: String::from_utf8_lossy(chunk).into_owned(),
             });
         };
+        // Both brokers ask the one approver; a tool asks one at a time.
+        let approver = std::cell::RefCell::new(approver);
         let mut approve_bypass = |what: &str| -> bool {
-            if record_error.is_some() {
+            let Ok(mut approver) = approver.try_borrow_mut() else { return false };
+            if record_error.borrow().is_some() {
                 // Nothing more can be recorded: nothing more is granted.
                 return false;
             }
@@ -115,16 +132,56 @@ pub(crate) fn run(
                 }
             };
             let bypass = BypassRecord { what: what.to_owned(), verdict };
-            if let Err(e) = record(&bypass) {
-                record_error = Some(e);
+            let recorded = match record.try_borrow_mut() {
+                Ok(mut record) => record(Record::Bypass(&bypass)),
+                Err(_) => Err(TurnError::Corrupt("the effect recorder is busy".to_owned())),
+            };
+            if let Err(e) = recorded {
+                *record_error.borrow_mut() = Some(e);
                 return false;
             }
             let approved = !matches!(bypass.verdict.decision, Answer::Deny { .. });
             bypasses.push(bypass);
             approved
         };
-        let mut ctx =
-            ToolContext { cwd, cancel: &call_cancel, limits, output: &mut output, approve_bypass: &mut approve_bypass };
+        let mut review_staged = |review: &StagedReview<'_>| -> StagedDecision {
+            if record_error.borrow().is_some() {
+                return StagedDecision::Discard { reason: "an earlier record of this call failed".to_owned() };
+            }
+            let (decision, by) = match approver.try_borrow_mut() {
+                Ok(mut approver) => review_staged_effect(request, cwd, &mut **approver, review),
+                Err(_) => (StagedDecision::Discard { reason: "the approver is busy".to_owned() }, String::new()),
+            };
+            if let StagedDecision::Discard { reason } = &decision {
+                *staged_denial.borrow_mut() =
+                    Some(VerdictRecord { decision: Answer::Deny { reason: reason.clone() }, by, at: now_millis() });
+                return decision;
+            }
+            // The change set is durable before any of it is applied.
+            let verdict = VerdictRecord { decision: Answer::Approve, by, at: now_millis() };
+            let payload = ToolStagedPayload::new(request, review.changes.clone(), review.staging.to_owned(), verdict);
+            let recorded = match record.try_borrow_mut() {
+                Ok(mut record) => record(Record::Staged(&payload)),
+                Err(_) => Err(TurnError::Corrupt("the effect recorder is busy".to_owned())),
+            };
+            match recorded {
+                Ok(()) => decision,
+                Err(e) => {
+                    *record_error.borrow_mut() = Some(e);
+                    StagedDecision::Discard {
+                        reason: "the change set could not be recorded, so nothing was applied".to_owned(),
+                    }
+                }
+            }
+        };
+        let mut ctx = ToolContext {
+            cwd,
+            cancel: &call_cancel,
+            limits,
+            output: &mut output,
+            approve_bypass: &mut approve_bypass,
+            review_staged: &mut review_staged,
+        };
         // A tool that panics is settled as failed; the turn goes on.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.execute(request, &mut ctx)))
             .unwrap_or_else(|panic| {
@@ -138,7 +195,69 @@ pub(crate) fn run(
         let _ = done_tx.send(());
         result
     });
-    EffectResult { result, bypasses, timed_out: timed_out.load(Ordering::SeqCst), record_error }
+    EffectResult {
+        result,
+        bypasses,
+        timed_out: timed_out.load(Ordering::SeqCst),
+        record_error: record_error.into_inner(),
+        staged_denial: staged_denial.into_inner(),
+    }
+}
+
+/// The approval of a staged effect: a Write effect was approved with the
+/// call (its pre-run verdict followed the Write rules); a Destructive one
+/// goes through the gate (refused headless, whatever `--yes` or a pattern
+/// said) and then to the interactive approver, who is shown the diff.
+fn review_staged_effect(
+    request: &ToolRequest,
+    cwd: &Path,
+    approver: &mut dyn Approver,
+    review: &StagedReview<'_>,
+) -> (StagedDecision, String) {
+    if review.judgement.risk != Risk::Destructive {
+        return (StagedDecision::Apply { by: "policy:stagedWrite".to_owned() }, "policy:stagedWrite".to_owned());
+    }
+    let staged = format!(
+        "its staged effect is Destructive ({}); nothing was applied, the working tree is unchanged. Staged changes:\n{}",
+        review.judgement.reasons.join("; "),
+        review.changes.listing()
+    );
+    let ask = match gate(&request.tool, Risk::Destructive, None, approver.is_interactive()) {
+        Err(refusal) => {
+            let reason = format!(
+                "{} needs a person's approval because {staged}(no interactive approver is available: run cairn in a terminal to approve such effects)",
+                request.tool
+            );
+            return (StagedDecision::Discard { reason }, refusal.by);
+        }
+        Ok(need) => need,
+    };
+    let command = request.arguments.get("command").and_then(|c| c.as_str()).unwrap_or("");
+    let preview = Preview::Text {
+        text: format!(
+            "$ {command}\nin {}\nstaged effect (Destructive: {})\n{}\n{}",
+            cwd.display(),
+            review.judgement.reasons.join("; "),
+            review.changes.listing(),
+            review.diff
+        ),
+    };
+    let question = ApprovalRequest {
+        invocation_id: &request.invocation_id,
+        tool: &request.tool,
+        risk: Risk::Destructive,
+        arguments: &request.arguments,
+        preview: Some(&preview),
+        cwd,
+        bypass: None,
+    };
+    match approver.decide(&question).map(|v| ask.bound(v)) {
+        Ok(v) => match v.decision {
+            Answer::Approve | Answer::ApproveForSession => (StagedDecision::Apply { by: v.by.clone() }, v.by),
+            Answer::Deny { reason } => (StagedDecision::Discard { reason: format!("{reason}: {staged}") }, v.by),
+        },
+        Err(e) => (StagedDecision::Discard { reason: format!("{e}: {staged}") }, "approver:error".to_owned()),
+    }
 }
 
 /// The largest char boundary ≤ `at`.

@@ -26,6 +26,7 @@
 //! to messages), `lifecycle` (the turn's half of the register lifecycles). This module must not print, spawn or talk HTTP: providers,
 //! tools and approvers are injected through [`TurnEnv`].
 
+mod context;
 mod conversation;
 mod drive;
 mod effect;
@@ -77,8 +78,16 @@ pub struct SessionConfig {
     pub stored_output_cap: usize,
     /// Wall-clock limit of one tool call (default 120 s).
     pub tool_timeout: Duration,
-    /// Output token limit passed to the provider.
+    /// Output token limit passed to the provider (and reserved out of the
+    /// window); `None` takes the provider's.
     pub max_output_tokens: Option<u32>,
+    /// The model's context window in tokens, overriding the provider's;
+    /// `None` takes the provider's (none known: requests are not bounded).
+    pub context_window: Option<u32>,
+    /// Compact by summary when a request would use more than this percent
+    /// of the window (default 75); `None` never compacts (requests are
+    /// still bounded, oldest messages left out).
+    pub compaction_threshold: Option<u8>,
     /// Working directory for tools (default: the session header's `cwd`).
     pub cwd: Option<PathBuf>,
 }
@@ -93,6 +102,8 @@ impl Default for SessionConfig {
             stored_output_cap: 1024 * 1024,
             tool_timeout: Duration::from_secs(120),
             max_output_tokens: None,
+            context_window: None,
+            compaction_threshold: Some(75),
             cwd: None,
         }
     }
@@ -185,6 +196,10 @@ pub enum TurnError {
     /// A stored allow rule does not parse.
     #[error(transparent)]
     AllowRule(#[from] AllowRuleError),
+    /// Even the newest message does not fit the context window; nothing
+    /// was sent.
+    #[error("{0}")]
+    ContextOverflow(String),
 }
 
 impl From<LifecycleError> for TurnError {
@@ -224,6 +239,7 @@ pub(crate) struct TxBuilder {
     lane: String,
     lane_moved: bool,
     new_messages: Vec<Message>,
+    new_message_ids: Vec<String>,
     events: Vec<TurnEvent>,
 }
 
@@ -249,6 +265,7 @@ impl TxBuilder {
         let tx = std::mem::take(&mut self.tx);
         if let Some(message) = conversation::message_of(entry_type, &raw) {
             self.new_messages.push(message);
+            self.new_message_ids.push(id.clone());
         }
         self.tx = tx.entry(id.clone(), self.head.as_deref(), entry_type, raw);
         self.next_seq = self.next_seq.wrapping_add(1);
@@ -293,7 +310,10 @@ pub struct Session<S: Storage> {
     state_seq: u64,
     lane: String,
     head: Option<String>,
-    messages: Vec<Message>,
+    /// The lane's conversation as entry ids, roles and costs; messages are
+    /// read from the store when a request needs them (memory stays near
+    /// the store's own).
+    ctx: context::ContextState,
     session_allow: Allowlist,
     cwd: PathBuf,
     /// The invocation whose `toolStarted` this process committed (so its
@@ -340,13 +360,13 @@ impl<S: Storage> Session<S> {
             None if lane == DEFAULT_LANE => None,
             None => return Err(TurnError::NoSuchLane(lane)),
         };
-        let messages = conversation::rebuild(&store, head.as_deref())?;
+        let ctx = context::rebuild(&store, head.as_deref())?;
         let mut session_allow = Allowlist::new();
         for rule in registers::session_allow_rules(&store) {
             session_allow.push(AllowRule::parse(&rule)?);
         }
         let cwd = config.cwd.clone().unwrap_or_else(|| PathBuf::from(&store.header().cwd));
-        Ok(Self { store, config, pc, state_seq, lane, head, messages, session_allow, cwd, started_here: None })
+        Ok(Self { store, config, pc, state_seq, lane, head, ctx, session_allow, cwd, started_here: None })
     }
 
     /// Whether a turn was interrupted (crash, provider failure) or cancelled
@@ -371,8 +391,8 @@ impl<S: Storage> Session<S> {
     }
 
     /// The conversation of the current lane, as providers see it.
-    pub fn messages(&self) -> &[Message] {
-        &self.messages
+    pub fn messages(&self) -> Vec<Message> {
+        self.ctx.messages(&self.store)
     }
 
     /// The conversation of any lane, rebuilt from the log.
@@ -454,7 +474,7 @@ impl<S: Storage> Session<S> {
             return Err(TurnError::NeedsResume(self.pc.phase));
         }
         let head = self.lane_head(lane)?;
-        self.messages = conversation::rebuild(&self.store, head.as_deref())?;
+        self.load_conversation(head.as_deref())?;
         self.head = head;
         self.lane = lane.to_owned();
         self.config.lane = lane.to_owned();
@@ -470,6 +490,7 @@ impl<S: Storage> Session<S> {
             lane: self.lane.clone(),
             lane_moved: false,
             new_messages: Vec::new(),
+            new_message_ids: Vec::new(),
             events: Vec::new(),
         }
     }
@@ -500,7 +521,7 @@ impl<S: Storage> Session<S> {
             self.pc = pc;
         }
         self.head = b.head;
-        self.messages.extend(b.new_messages);
+        self.ctx.append(b.new_messages, b.new_message_ids);
         for event in &b.events {
             observer(event);
         }
@@ -534,7 +555,12 @@ impl<S: Storage> Session<S> {
         pc.assistant = None;
         pc.call = 0;
         pc.invocation = None;
-        b.tell(TurnEvent::TurnStarted { turn_id, lane: self.lane.clone(), resumed: false });
+        b.tell(TurnEvent::TurnStarted {
+            turn_id,
+            lane: self.lane.clone(),
+            resumed: false,
+            prompt: Some(user_text.to_owned()),
+        });
         self.commit(b, Some(pc), env.observer)?;
         self.drive(env)
     }
@@ -549,7 +575,8 @@ impl<S: Storage> Session<S> {
             return Ok(None);
         }
         let turn_id = self.pc.turn.clone().unwrap_or_default();
-        let started = TurnEvent::TurnStarted { turn_id: turn_id.clone(), lane: self.lane.clone(), resumed: true };
+        let started =
+            TurnEvent::TurnStarted { turn_id: turn_id.clone(), lane: self.lane.clone(), resumed: true, prompt: None };
         if self.pc.phase == Phase::Cancelled {
             let inner = match &self.pc.resume {
                 Some(inner) => (**inner).clone(),
@@ -659,7 +686,7 @@ fn check_pc<S: Storage>(store: &S, pc: &Pc) -> Result<(), TurnError> {
                         entry.id
                     ));
                 }
-                Some(EntryType::ToolStarted | EntryType::ToolBypass) if same() => {
+                Some(EntryType::ToolStarted | EntryType::ToolBypass | EntryType::ToolStaged) if same() => {
                     next.extend(store.children(Some(&entry.id)));
                 }
                 _ => {}

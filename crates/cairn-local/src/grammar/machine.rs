@@ -7,6 +7,7 @@
 //! tokens (that is `constrain.rs`).
 
 use super::number::Prefix;
+use super::path::{Comp, ROOT, SyntaxStep, syntax_step};
 use super::{ANY, ANY_ARRAY, Grammar, KEYWORDS, MAX_DEPTH, NUMBER, Node, NodeId, STRING};
 
 /// Spaces allowed in a row between tokens of the call.
@@ -144,6 +145,16 @@ enum Frame {
         node: NodeId,
         prefix: Prefix,
         len: u8,
+    },
+    /// A grounded path: the node of its trie reached so far.
+    Path {
+        node: NodeId,
+        at: u32,
+    },
+    /// A path that may be new: where its component stands, and UTF-8 state.
+    NewPath {
+        esc: Esc,
+        comp: Comp,
     },
 }
 
@@ -297,6 +308,9 @@ impl State {
                     self.ws = 0;
                     self.push(Frame::Call { st: CallSt::Open, tool: 0 });
                     self.feed_call(g, b)
+                } else if g.call_only {
+                    // The answer must be a call (see `Grammar::require_call`).
+                    false
                 } else {
                     self.mode = Mode::Text;
                     true
@@ -415,6 +429,43 @@ impl State {
                     Step::PopRefeed(exact)
                 } else {
                     Step::Reject
+                }
+            }
+            Frame::Path { node, at } => {
+                let Node::PathTrie(t) = g.node(node) else { return Step::Reject };
+                let Some(trie) = g.tries.get(usize::from(*t)) else { return Step::Reject };
+                // A quote inside a candidate is spelt `\"`, so a child `"`
+                // only follows a backslash, where no candidate ends.
+                if let Some(next) = trie.child(at, b) {
+                    self.set_top(Frame::Path { node, at: next });
+                    Step::Accept
+                } else if b == b'"' && trie.ends(at) {
+                    self.pop_done()
+                } else {
+                    Step::Reject
+                }
+            }
+            Frame::NewPath { esc, comp } => {
+                if esc != Esc::None {
+                    // Inside a multi-byte character.
+                    return match string_step(esc, b, true) {
+                        Some(StrStep::Next { esc, .. }) => {
+                            self.set_top(Frame::NewPath { esc, comp });
+                            Step::Accept
+                        }
+                        _ => Step::Reject,
+                    };
+                }
+                match syntax_step(comp, b) {
+                    Some(SyntaxStep::Close) => self.pop_done(),
+                    Some(SyntaxStep::Next(comp)) => match string_step(Esc::None, b, true) {
+                        Some(StrStep::Next { esc, .. }) => {
+                            self.set_top(Frame::NewPath { esc, comp });
+                            Step::Accept
+                        }
+                        _ => Step::Reject,
+                    },
+                    None => Step::Reject,
                 }
             }
             Frame::Num { node, prefix, len } => {
@@ -547,6 +598,14 @@ impl State {
                 replace(self, Frame::Lit { node, cand: u64::MAX, pos: 0 });
                 self.feed_top(g, b)
             }
+            Node::PathTrie(_) if b == b'"' => {
+                replace(self, Frame::Path { node, at: ROOT });
+                Step::Accept
+            }
+            Node::PathSyntax if b == b'"' => {
+                replace(self, Frame::NewPath { esc: Esc::None, comp: Comp::Start });
+                Step::Accept
+            }
             Node::OneOf(alts) => {
                 for &alt in alts {
                     if starts(g, alt, b) {
@@ -665,7 +724,7 @@ fn starts(g: &Grammar, node: NodeId, b: u8) -> bool {
         Node::Never => false,
         Node::Object { .. } => b == b'{',
         Node::Array { .. } => b == b'[',
-        Node::String { .. } => b == b'"',
+        Node::String { .. } | Node::PathTrie(_) | Node::PathSyntax => b == b'"',
         Node::Number { .. } => b == b'-' || b.is_ascii_digit(),
         Node::Literals(lits) => lits.iter().any(|l| l.first() == Some(&b)),
         Node::OneOf(alts) => alts.iter().any(|&a| starts(g, a, b)),

@@ -41,10 +41,10 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -
             .collect();
         body["tools"] = Value::Array(tools);
     }
-    if let Some(max) = request.max_output_tokens {
-        let key = if options.legacy_max_tokens { "max_tokens" } else { "max_completion_tokens" };
-        body[key] = json!(max);
-    }
+    // Always bounded: the turn reserves this much of the window for it.
+    let max = request.max_output_tokens.unwrap_or(options.default_max);
+    let key = if options.legacy_max_tokens { "max_tokens" } else { "max_completion_tokens" };
+    body[key] = json!(max);
     if let Some(effort) = &options.reasoning_effort {
         body["reasoning_effort"] = json!(effort);
     }

@@ -50,9 +50,8 @@ pub(crate) fn body(model: &str, request: &ModelRequest<'_>, options: &Options) -
             .collect();
         body["tools"] = Value::Array(tools);
     }
-    if let Some(max) = request.max_output_tokens {
-        body["max_output_tokens"] = json!(max);
-    }
+    // Always bounded: the turn reserves this much of the window for it.
+    body["max_output_tokens"] = json!(request.max_output_tokens.unwrap_or(options.default_max));
     body
 }
 

@@ -18,7 +18,9 @@
 //!   are separate commits).
 //!
 //! Tools: the cairn-testtools registry, plus cairn-tools' real `write_file`
-//! and `edit_file` (Guarded) with the `during_effect` hook. Prints the outcome as JSON; exit 0 on
+//! and `edit_file` (Guarded) with the `during_effect` hook, and the real
+//! `shell` (staged where overlays work; staging layers in
+//! `SESSION_FILE.staging/`). Prints the outcome as JSON; exit 0 on
 //! success, 3 when the session is busy, 1 on any other error.
 
 use std::path::{Path, PathBuf};
@@ -102,6 +104,11 @@ fn run() -> anyhow::Result<i32> {
     let mut tools = registry(false, tool_hook.clone());
     tools.register(Arc::new(HookedTool::new(Arc::new(WriteFile::new()), tool_hook.clone())))?;
     tools.register(Arc::new(HookedTool::new(Arc::new(EditFile::new()), tool_hook)))?;
+    let shell_config = cairn_tools::ToolsConfig {
+        staging_dir: Some(path.with_extension("staging")),
+        ..cairn_tools::ToolsConfig::default()
+    };
+    tools.register(Arc::new(cairn_tools::builtin::shell::Shell::new(&shell_config)?))?;
     let mut approver = match std::env::var("CAIRN_APPROVER").as_deref() {
         Ok("yes") => PolicyApprover::new(Allowlist::new(), Some(Box::new(YesApprover::default()))),
         _ => PolicyApprover::new(

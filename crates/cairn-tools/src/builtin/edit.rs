@@ -93,7 +93,7 @@ impl WriteFile {
                 input_schema: json!({
                     "type": "object",
                     "properties": {
-                        "path": {"type": "string", "description": "File path relative to the working directory"},
+                        "path": {"type": "string", "format": "path", "description": "File path relative to the working directory"},
                         "content": {"type": "string", "description": "The complete new content"}
                     },
                     "required": ["path", "content"],
@@ -228,7 +228,7 @@ impl EditFile {
                 input_schema: json!({
                     "type": "object",
                     "properties": {
-                        "path": {"type": "string", "description": "File path relative to the working directory"},
+                        "path": {"type": "string", "format": "path", "description": "File path relative to the working directory"},
                         "old": {"type": "string", "description": "Exact text to replace (must occur exactly once)"},
                         "new": {"type": "string", "description": "Replacement text"},
                         "patch": {"type": "string", "description": "A unified diff to apply instead of old/new (give either old and new, or patch)"}

@@ -71,7 +71,7 @@ impl ReadFile {
             json!({
                 "type": "object",
                 "properties": {
-                    "path": {"type": "string", "description": "File path relative to the working directory"},
+                    "path": {"type": "string", "format": "path", "x-exists": "file", "description": "File path relative to the working directory"},
                     "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
                     "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read"}
                 },
@@ -208,7 +208,7 @@ impl ListDir {
             json!({
                 "type": "object",
                 "properties": {
-                    "path": {"type": "string", "description": "Directory relative to the working directory (default: the working directory)"}
+                    "path": {"type": "string", "format": "path", "x-exists": "directory", "description": "Directory relative to the working directory (default: the working directory)"}
                 },
                 "additionalProperties": false
             }),
@@ -304,7 +304,7 @@ impl Search {
                 "type": "object",
                 "properties": {
                     "pattern": {"type": "string", "description": "Regular expression"},
-                    "path": {"type": "string", "description": "File or directory to search (default: the working directory)"}
+                    "path": {"type": "string", "format": "path", "x-exists": true, "description": "File or directory to search (default: the working directory)"}
                 },
                 "required": ["pattern"],
                 "additionalProperties": false

@@ -12,49 +12,30 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use cairn_core::events::ToolStagedPayload;
 use cairn_core::tool::{
-    Capability, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec,
-    Validation,
+    Capability, GuardVerdict, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest,
+    ToolSpec, Validation,
 };
 use regex::{Regex, RegexBuilder};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use cairn_core::approval::classify::{Class, Reach, classify};
+use cairn_core::approval::cmdline;
+use cairn_core::staged::{StagedRules, StagingMode};
+
 use super::{caps, parse_args};
 use crate::ToolsConfig;
 use crate::process::{self, End, RunOutcome, RunSpec};
 use crate::sandbox::{self, Decision, SandboxPolicy};
+use crate::staging::{self, Staging};
 
-/// Command shapes that make a shell call Destructive (case-insensitive
-/// regexes; the CLI may replace or extend the list).
-pub const DEFAULT_DESTRUCTIVE_PATTERNS: &[&str] = &[
-    // recursive or forced deletes
-    r"\brm\s+(-\S+\s+)*-[a-z]*r",
-    r"\brm\s+(-\S+\s+)*--recursive",
-    r"\bfind\b.*\s-delete\b",
-    r"\bfind\b.*-exec\s+rm\b",
-    r"\bshred\b",
-    r"\btruncate\b",
-    // git history rewrites and lost work
-    r"\bgit\s+push\b.*(\s-f\b|--force|\s\+\S)",
-    r"\bgit\s+reset\s+--hard\b",
-    r"\bgit\s+clean\b.*\s-[a-z]*f",
-    r"\bgit\s+(checkout|restore)\b.*\s--?\s*\.(\s|$)",
-    r"\bgit\s+branch\s+-D\b",
-    r"\bgit\s+filter-(branch|repo)\b",
-    // disks and file systems
-    r"\bdd\b.*\bof=",
-    r"\bmkfs(\.\w+)?\b",
-    r"\b(fdisk|sfdisk|gdisk|parted|wipefs|blkdiscard|mkswap|cryptsetup|losetup)\b",
-    r">\s*/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk)",
-    // permissions, ownership, the machine itself
-    r"\bchmod\s+(-\S+\s+)*-[a-z]*R",
-    r"\bchown\s+(-\S+\s+)*-[a-z]*R",
-    r"\b(shutdown|reboot|halt|poweroff)\b",
-    r"\bkill(all)?\s+(-\S+\s+)*-?1\b",
-    r":\(\)\s*\{",
-    r"\bmv\s+.*\s/dev/null\b",
-];
+/// Extra regexes (over the raw line and its parsed words joined by spaces)
+/// that make a shell call Destructive before it runs. Empty by default: the
+/// parsed classification (`cairn_core::approval::classify`) and, where
+/// available, the staged effect decide; a user may add shapes of their own.
+pub const DEFAULT_DESTRUCTIVE_PATTERNS: &[&str] = &[];
 
 /// A destructive pattern that is not a valid regex.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +58,9 @@ pub struct Shell {
     max_processes: u32,
     read_paths: Vec<std::path::PathBuf>,
     secrets: crate::env::SecretValues,
+    staged: bool,
+    staged_rules: StagedRules,
+    staging_dir: std::path::PathBuf,
 }
 
 #[derive(Deserialize)]
@@ -124,7 +108,15 @@ impl Shell {
             }),
             risk: Risk::Write,
             capabilities,
-            replay: ReplayPolicy::Never,
+            // Staged, a call's file effect is committed as one change set
+            // before it is applied: resume finishes that apply or knows
+            // nothing was applied, and never re-runs the command.
+            replay: if config.staged && staging::overlay_status().is_ok() && sandbox::landlock_status().fully_enforced()
+            {
+                ReplayPolicy::Guarded
+            } else {
+                ReplayPolicy::Never
+            },
         };
         Ok(Self {
             spec,
@@ -135,15 +127,68 @@ impl Shell {
             max_processes: config.max_processes,
             read_paths: config.sandbox_read_paths.clone(),
             secrets: config.secrets.clone(),
+            staged: config.staged,
+            staged_rules: StagedRules { max_files: config.staged_max_files },
+            staging_dir: config.staging_dir.clone().unwrap_or_else(staging::default_base),
         })
     }
 
-    /// The destructive pattern `command` matches, if any.
-    pub fn destructive_match(&self, command: &str) -> Option<&str> {
-        self.destructive.iter().find(|r| r.is_match(command)).map(|r| r.as_str())
+    /// Why `command` is Destructive before it runs, if it is: a configured
+    /// pattern (over the raw line or its parsed words), or the parsed
+    /// classification under this mode (unstaged, anything not Plain;
+    /// staged, damage beyond the tree, or an unclassifiable line when the
+    /// shell has network access, whose effects staging cannot hold).
+    pub fn destructive_match(&self, command: &str) -> Option<String> {
+        let parsed =
+            cmdline::words(command).map(|cmds| cmds.iter().map(|c| c.join(" ")).collect::<Vec<_>>().join("; "));
+        if let Some(r) =
+            self.destructive.iter().find(|r| r.is_match(command) || parsed.as_ref().is_ok_and(|p| r.is_match(p)))
+        {
+            return Some(format!("matches the destructive pattern {}", r.as_str()));
+        }
+        let class = classify(command);
+        let staged = matches!(self.staging_mode(), StagingMode::Overlay);
+        match class {
+            Class::Plain => None,
+            Class::Destructive { why, reach: Reach::Beyond } => Some(why),
+            Class::Unclassifiable { why } if staged && self.network => {
+                Some(format!("{why}, and with network access its effects cannot be staged"))
+            }
+            Class::Destructive { .. } | Class::Unclassifiable { .. } if staged => None,
+            Class::Destructive { why, .. } => Some(why),
+            Class::Unclassifiable { why } => Some(format!("{why}: it needs a person (it cannot be staged here)")),
+        }
     }
 
-    fn spec_for(&self, command: &str, cwd: &Path, timeout: Duration, sandboxed: bool) -> RunSpec {
+    /// How a call runs here: staged in an overlay, or directly with the
+    /// reason.
+    pub fn staging_mode(&self) -> StagingMode {
+        if !self.staged {
+            return StagingMode::Unstaged { why: "staging is turned off in the tools config (staged = false)".into() };
+        }
+        // Staging rides on the sandboxed spawn: where the sandbox cannot be
+        // enforced, calls run directly, and the classification before the
+        // run must know it.
+        let status = sandbox::landlock_status();
+        if !status.fully_enforced() {
+            return StagingMode::Unstaged {
+                why: format!("the sandbox cannot be enforced here ({}), and staging needs it", status.describe()),
+            };
+        }
+        match staging::overlay_status() {
+            Ok(()) => StagingMode::Overlay,
+            Err(why) => StagingMode::Unstaged { why },
+        }
+    }
+
+    fn spec_for(
+        &self,
+        command: &str,
+        cwd: &Path,
+        timeout: Duration,
+        sandboxed: bool,
+        overlay: Option<&crate::sandbox::OverlayDirs>,
+    ) -> RunSpec {
         let policy = SandboxPolicy {
             cwd: cwd.to_path_buf(),
             read_cwd: true,
@@ -151,6 +196,7 @@ impl Shell {
             network: self.network,
             process_spawn: true,
             extra_read: self.read_paths.clone(),
+            overlay: overlay.cloned(),
             ..SandboxPolicy::default()
         };
         RunSpec {
@@ -215,6 +261,23 @@ impl Tool for Shell {
         }
     }
 
+    fn guard(&self, request: &ToolRequest, cwd: &Path) -> GuardVerdict {
+        let _ = cwd;
+        // Reached only without a committed change set (the turn looks for
+        // one first): the command's writes went to its staging layer and
+        // nothing was applied.
+        staging::remove_leftovers(&self.staging_dir, &request.invocation_id);
+        GuardVerdict::NotApplied(
+            "interrupted: cairn stopped while the staged command ran, before its change set was committed; \
+             nothing was applied to the working tree, and the command was not re-run"
+                .to_owned(),
+        )
+    }
+
+    fn resume_staged(&self, request: &ToolRequest, cwd: &Path, staged: &ToolStagedPayload) -> GuardVerdict {
+        staging::resume(staged, cwd, &self.staging_dir, &request.invocation_id, &self.staged_rules)
+    }
+
     fn preview(&self, request: &ToolRequest, cwd: &Path) -> Option<Preview> {
         let command = request.arguments.get("command").and_then(Value::as_str)?.to_string();
         Some(Preview::Command { command, cwd: cwd.display().to_string() })
@@ -239,7 +302,17 @@ impl Tool for Shell {
             }
             Decision::Refuse(why) => return Err(ToolError::Sandbox(why)),
         };
-        let mut spec = self.spec_for(&args.command, ctx.cwd, timeout, sandboxed);
+        // Staging rides on the sandboxed spawn (its own mount namespace).
+        let mode = match self.staging_mode() {
+            StagingMode::Overlay if !sandboxed => {
+                StagingMode::Unstaged { why: "the call runs unsandboxed, and staging needs the sandboxed spawn".into() }
+            }
+            mode => mode,
+        };
+        if let StagingMode::Overlay = mode {
+            return self.execute_staged(request, &args.command, timeout, start, ctx);
+        }
+        let mut spec = self.spec_for(&args.command, ctx.cwd, timeout, sandboxed, None);
         spec.output_cap = ctx.limits.output_cap;
         let mut outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
         let mut bypassed = false;
@@ -251,7 +324,7 @@ impl Tool for Shell {
             );
             if (ctx.approve_bypass)(&question) {
                 notes.push("[cairn: re-ran once without the sandbox after an approved bypass]".into());
-                let mut again = self.spec_for(&args.command, ctx.cwd, timeout, false);
+                let mut again = self.spec_for(&args.command, ctx.cwd, timeout, false, None);
                 again.output_cap = ctx.limits.output_cap;
                 outcome = process::run(&again, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
                 bypassed = true;
@@ -280,10 +353,112 @@ impl Tool for Shell {
                 "stderrBytes": outcome.stderr.total,
                 "sandboxed": sandboxed && !bypassed,
                 "bypassApproved": bypassed,
+                "staging": mode,
             })),
             affected_entities: Vec::new(),
             duration_ms: start.elapsed().as_millis() as u64,
             tier,
+            timestamp: crate::now_ms(),
+            truncated: cut || outcome.stdout.truncated() || outcome.stderr.truncated(),
+        })
+    }
+}
+
+impl Shell {
+    /// One staged run: a fresh staging directory and the process in it
+    /// (`bypass`: without the sandbox's rules, still staged).
+    fn run_staged(
+        &self,
+        request: &ToolRequest,
+        command: &str,
+        timeout: Duration,
+        bypass: bool,
+        ctx: &mut ToolContext<'_>,
+    ) -> Result<(Staging, RunOutcome), ToolError> {
+        let staging = Staging::create(&self.staging_dir, &request.invocation_id)
+            .map_err(|e| ToolError::Sandbox(format!("cannot stage the call: {e}")))?;
+        let mut spec = self.spec_for(command, ctx.cwd, timeout, true, Some(staging.dirs()));
+        if let Some(policy) = &mut spec.sandbox {
+            policy.bypass = bypass;
+        }
+        spec.output_cap = ctx.limits.output_cap;
+        match process::run(&spec, ctx.cancel, ctx.output) {
+            Ok(o) => Ok((staging, o)),
+            Err(e) => {
+                staging.remove();
+                Err(ToolError::Other(e.to_string()))
+            }
+        }
+    }
+
+    /// Run `command` in an overlay over the working tree, read what it
+    /// changed, have the turn judge the change set (a Destructive effect
+    /// needs a person; the decision is recorded before anything is
+    /// applied), then apply it to the real tree or discard it.
+    fn execute_staged(
+        &self,
+        request: &ToolRequest,
+        command: &str,
+        timeout: Duration,
+        start: Instant,
+        ctx: &mut ToolContext<'_>,
+    ) -> Result<ToolReceipt, ToolError> {
+        let (mut staging, mut outcome) = self.run_staged(request, command, timeout, false, ctx)?;
+        let mut bypassed = false;
+        if self.offer_bypass && looks_denied(&outcome) {
+            let question = format!(
+                "The sandbox denied part of `{}` (exit code {}). Run this exact command once more WITHOUT the \
+                 sandbox (full file-system and network access for this one call; its effect on the working \
+                 tree is still staged and judged)?",
+                command, outcome.exit_code
+            );
+            if (ctx.approve_bypass)(&question) {
+                staging.remove();
+                (staging, outcome) = self.run_staged(request, command, timeout, true, ctx)?;
+                bypassed = true;
+            }
+        }
+        match outcome.end {
+            End::TimedOut => {
+                staging.remove();
+                return Err(ToolError::Timeout(timeout));
+            }
+            End::Cancelled => {
+                staging.remove();
+                return Err(ToolError::Cancelled);
+            }
+            End::Exited => {}
+        }
+        let mut text = outcome_text(&outcome);
+        if outcome.exit_code != 0 {
+            text.push_str(&format!("[exit code {}]\n", outcome.exit_code));
+        }
+        let settled = staging::settle(staging, ctx.cwd, &self.staged_rules, &mut *ctx.review_staged)?;
+        let staging::Settled { changes, risk, diff, applied_by } = settled;
+        if bypassed {
+            text.push_str("[cairn: re-ran once without the sandbox after an approved bypass]\n");
+        }
+        if !changes.is_empty() {
+            text.push_str(&format!("[cairn: staged changes applied]\n{}", changes.listing()));
+        }
+        let (output_summary, cut) = crate::cap_text(text, ctx.limits.output_cap + 256);
+        Ok(ToolReceipt {
+            exit_code: outcome.exit_code,
+            output_summary,
+            structured_output: Some(json!({
+                "exitCode": outcome.exit_code,
+                "stdoutBytes": outcome.stdout.total,
+                "stderrBytes": outcome.stderr.total,
+                "sandboxed": !bypassed,
+                "bypassApproved": bypassed,
+                "staging": StagingMode::Overlay,
+                "changeSet": changes,
+                "appliedBy": applied_by,
+                "diff": diff,
+            })),
+            affected_entities: changes.affected(),
+            duration_ms: start.elapsed().as_millis() as u64,
+            tier: risk,
             timestamp: crate::now_ms(),
             truncated: cut || outcome.stdout.truncated() || outcome.stderr.truncated(),
         })
@@ -296,7 +471,7 @@ mod tests {
 
     #[test]
     fn destructive_shapes_are_recognised() {
-        let shell = Shell::new(&ToolsConfig::default()).unwrap();
+        let shell = Shell::new(&ToolsConfig { staged: false, ..ToolsConfig::default() }).unwrap();
         for cmd in [
             "rm -rf /",
             "rm -r build",
@@ -318,6 +493,14 @@ mod tests {
         ] {
             assert!(shell.destructive_match(cmd).is_some(), "{cmd} should be Destructive");
             assert_eq!(shell.risk(&json!({"command": cmd})), Risk::Destructive);
+        }
+        // Staged, damage to the tree is judged by the observed effect;
+        // damage beyond it still needs a person before the run.
+        let staged = Shell::new(&ToolsConfig::default()).unwrap();
+        if matches!(staged.staging_mode(), StagingMode::Overlay) {
+            assert_eq!(staged.risk(&json!({"command": "rm -rf x"})), Risk::Write);
+            assert_eq!(staged.risk(&json!({"command": "$(echo rm) -rf x"})), Risk::Write);
+            assert_eq!(staged.risk(&json!({"command": "git push -f"})), Risk::Destructive);
         }
         for cmd in
             ["ls -la", "cargo build", "git push origin main", "grep -rn foo .", "rm file.txt", "rm -f a.o", "echo rm"]

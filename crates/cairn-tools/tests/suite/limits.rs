@@ -127,7 +127,10 @@ fn cancellation_kills_the_group() {
 #[test]
 fn background_processes_do_not_outlive_the_call() {
     let cwd = tempfile::tempdir().unwrap();
-    let shell = cairn_tools::builtin::shell::Shell::new(&ToolsConfig::default()).unwrap();
+    // Unstaged: the handshake file appears in the real tree while the call
+    // runs, which a staged call (reading through its overlay) need not see.
+    let shell =
+        cairn_tools::builtin::shell::Shell::new(&ToolsConfig { staged: false, ..ToolsConfig::default() }).unwrap();
     let bg = marker("background");
     let seen = Watcher::start(std::slice::from_ref(&bg), Some(cwd.path().join("seen")));
     let r = run(

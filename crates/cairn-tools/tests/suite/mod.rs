@@ -3,4 +3,5 @@ mod builtins;
 mod external;
 mod limits;
 mod sandbox;
+mod staged;
 pub(crate) mod util;

@@ -49,7 +49,23 @@ pub(crate) fn run_with(
             questions.push(q.to_string());
             approve
         };
-        let mut ctx = ToolContext { cwd, cancel, limits, output: &mut output, approve_bypass: &mut approve_bypass };
+        // Staged effects: a Write effect applies, a Destructive one is
+        // discarded (what a headless session does).
+        let mut review_staged = |review: &cairn_core::staged::StagedReview<'_>| {
+            if review.judgement.risk == cairn_core::tool::Risk::Destructive {
+                cairn_core::staged::StagedDecision::Discard { reason: format!("test: {}", review.changes.listing()) }
+            } else {
+                cairn_core::staged::StagedDecision::Apply { by: "test".to_owned() }
+            }
+        };
+        let mut ctx = ToolContext {
+            cwd,
+            cancel,
+            limits,
+            output: &mut output,
+            approve_bypass: &mut approve_bypass,
+            review_staged: &mut review_staged,
+        };
         tool.execute(&req, &mut ctx)
     };
     observed.streamed = streamed;

@@ -1,0 +1,118 @@
+//! The approver of turns the server runs: a call that needs a person is
+//! shown as a file in `s/<id>/approvals/` and waits until someone writes
+//! `y`, `n` or `a` to it. It is the only interactive approver of the tree,
+//! so it is the only way a Destructive call or a sandbox bypass is
+//! approved over 9P; `yes=1` approves Write calls only.
+//!
+//! Must not: decide anything itself beyond `yes=1` for Write (the allow
+//! rules and the ReadOnly policy are `PolicyApprover`'s, the Destructive
+//! rule is `approval::gate`'s).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::mpsc::{RecvTimeoutError, sync_channel};
+use std::time::Duration;
+
+use cairn_core::CancelToken;
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, Verdict};
+use cairn_core::tool::{Preview, Risk};
+
+use crate::live::{Live, PendingApproval, Runtime};
+
+/// Asks through `approvals/`.
+#[derive(Debug)]
+pub struct TreeApprover {
+    live: Arc<Live>,
+    runtime: Arc<Runtime>,
+    yes: bool,
+    cancel: CancelToken,
+}
+
+impl TreeApprover {
+    /// The approver of one turn of `live`.
+    pub fn new(live: Arc<Live>, runtime: Arc<Runtime>, yes: bool, cancel: CancelToken) -> Self {
+        Self { live, runtime, yes, cancel }
+    }
+}
+
+/// What reading an approval file shows.
+pub fn describe(request: &ApprovalRequest<'_>) -> String {
+    let risk = match request.risk {
+        Risk::ReadOnly => "read-only",
+        Risk::Write => "write",
+        Risk::Destructive => "DESTRUCTIVE",
+    };
+    let mut out = String::new();
+    let _ = writeln!(out, "tool: {}", request.tool);
+    let _ = writeln!(out, "risk: {risk}");
+    let _ = writeln!(out, "invocation: {}", request.invocation_id);
+    let _ = writeln!(out, "cwd: {}", request.cwd.display());
+    if let Some(bypass) = request.bypass {
+        let _ = writeln!(out, "sandbox bypass: {bypass}");
+    }
+    let _ = writeln!(out, "args: {}", request.arguments);
+    match request.preview {
+        Some(Preview::Command { command, cwd }) => {
+            let _ = writeln!(out, "command: {command}");
+            let _ = writeln!(out, "in: {cwd}");
+        }
+        Some(Preview::Diff { path, diff }) => {
+            let _ = writeln!(out, "diff of {path}:");
+            out.push_str(diff);
+            if !diff.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        Some(Preview::Paths { paths }) => {
+            let _ = writeln!(out, "writes: {}", paths.join(", "));
+        }
+        Some(Preview::Text { text }) => {
+            let _ = writeln!(out, "{text}");
+        }
+        None => {}
+    }
+    let always = request.risk == Risk::Write && request.bypass.is_none();
+    let _ = writeln!(
+        out,
+        "answer: write {} to this file",
+        if always { "y, n or a (allow this tool for the session)" } else { "y or n" }
+    );
+    out
+}
+
+impl Approver for TreeApprover {
+    fn is_interactive(&self) -> bool {
+        true
+    }
+
+    fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
+        if self.yes && request.risk == Risk::Write && request.bypass.is_none() {
+            return Ok(Verdict { decision: Answer::Approve, by: "9p:yes=1".to_owned() });
+        }
+        let (tx, rx) = sync_channel(1);
+        let pending = PendingApproval {
+            text: describe(request),
+            session_allowed: request.risk == Risk::Write && request.bypass.is_none(),
+            answer: tx,
+        };
+        self.live.add_approval(request.invocation_id, pending, format!("awaiting approval: {}", request.tool));
+        self.runtime.pulse.bump();
+        let result = loop {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(decision) => break Ok(Verdict { decision, by: "user:9p".to_owned() }),
+                Err(RecvTimeoutError::Timeout) if self.cancel.is_cancelled() => {
+                    break Err(ApprovalError::Unavailable(
+                        "the turn was stopped while waiting for approval".to_owned(),
+                    ));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    break Err(ApprovalError::Failed("the approval file went away".to_owned()));
+                }
+            }
+        };
+        self.live.remove_approval(request.invocation_id);
+        self.runtime.pulse.bump();
+        result
+    }
+}

@@ -1,0 +1,25 @@
+//! cairn's 9P control plane: the session tree (`tree`), the sessions it
+//! drives (`live`), and the 9P2000 server that serves it (`server`), a
+//! second host over cairn-core next to the CLI.
+//!
+//! This crate owns the shape and semantics of the tree and the protocol
+//! loop. It does not build providers or tools itself: the embedding binary
+//! supplies them through [`Host`], so configuration is read in one place
+//! (the CLI's). It keeps no state of its own beside the session files:
+//! everything a reader sees is derived from them or from the turn running
+//! right now.
+
+pub mod approver;
+pub mod client;
+pub mod dial;
+pub mod host;
+pub mod live;
+#[cfg(feature = "mount")]
+pub mod mount;
+pub mod server;
+pub mod tree;
+
+pub use dial::Dial;
+pub use host::{Host, SessionSpec};
+pub use live::Runtime;
+pub use server::{Limits, Server};

@@ -1,0 +1,591 @@
+//! The 9P2000 server: listeners, one thread per connection, the fid table,
+//! and the dispatch of each message to the tree. Messages are decoded and
+//! encoded with the `ninep` crate's codec (every length bounded by the
+//! negotiated msize); this loop is ours because cairn needs per-fid state
+//! (a prompt is sent when its fid is clunked, `s/new` answers the id on the
+//! same fid) and Tflush of one blocked read by its tag, which `ninep`'s
+//! `Serve9p` trait (per-qid writes, reads without tags) cannot express.
+//!
+//! Must not: block a connection on a stream read (blocked reads wait on
+//! their own thread until data comes or Tflush cancels them), let one
+//! connection's input reach another's, or panic on any input. Limits: the
+//! msize, fids per connection, blocked reads per connection, connections,
+//! and a write timeout for a client that never reads.
+
+use std::collections::HashMap;
+use std::io::{BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result, bail};
+use ninep::fs::{FileType, Qid};
+use ninep::sansio::protocol::{Data, NineP, RawStat, Rdata, Rmessage, SharedBuf, Tdata, Tmessage};
+use ninep::sync::SyncNineP;
+
+use crate::dial::Dial;
+use crate::live::{Runtime, lock};
+use crate::tree::{self, Handle, Node, ReadOutcome};
+
+/// Bytes of a message header around read/write data (9P's IOHDRSZ).
+const IOHDRSZ: u32 = 24;
+/// The most names one Twalk may carry (9P's MAXWELEM).
+const MAXWELEM: usize = 16;
+
+/// Bounds on what one client can make the server hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The largest msize agreed (and accepted before Tversion).
+    pub max_msize: u32,
+    /// Fids per connection.
+    pub max_fids: usize,
+    /// Blocked reads per connection.
+    pub max_blocked: usize,
+    /// Open connections.
+    pub max_connections: usize,
+    /// How long a reply may wait for a client that does not read.
+    pub write_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_msize: 1 << 20,
+            max_fids: 65_536,
+            max_blocked: 256,
+            max_connections: 1024,
+            write_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A bound listener.
+#[derive(Debug)]
+pub enum Listener {
+    /// A Unix socket (removed when the server stops).
+    Unix(UnixListener, PathBuf),
+    /// A TCP socket.
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    /// Bind `dial`. A Unix socket is created mode 0600 in a directory that
+    /// must not be open to others; TCP on a non-loopback address is refused
+    /// unless `insecure`.
+    pub fn bind(dial: &Dial, insecure: bool) -> Result<(Self, Dial)> {
+        match dial {
+            Dial::Unix(path) => bind_unix(path).map(|l| (l, dial.clone())),
+            Dial::Tcp { host, .. } => {
+                if !insecure && !dial.is_local()? {
+                    bail!(
+                        "refusing to listen on {dial}: 9P has no authentication here, so anyone who can reach \
+                         {host} could drive sessions and run tools as you; listen on a loopback address \
+                         (tcp!127.0.0.1!PORT) or a unix socket, or pass --listen-insecure to accept that"
+                    );
+                }
+                let addrs = dial.socket_addrs()?;
+                let listener =
+                    TcpListener::bind(addrs.as_slice()).with_context(|| format!("cannot listen on {dial}"))?;
+                let local = listener.local_addr()?;
+                let actual = Dial::Tcp { host: local.ip().to_string(), port: local.port() };
+                Ok((Self::Tcp(listener), actual))
+            }
+        }
+    }
+}
+
+fn bind_unix(path: &Path) -> Result<Listener> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let mode = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "{} is open to other users (mode {:o}); 9P has no authentication here, so the socket must live in a \
+             directory only you can enter: run `chmod 700 {}` or choose another path",
+            dir.display(),
+            mode & 0o777,
+            dir.display()
+        );
+    }
+    if std::fs::symlink_metadata(path).is_ok() {
+        if UnixStream::connect(path).is_ok() {
+            bail!("{} is in use by another server", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(Listener::Unix(listener, path.to_path_buf()))
+}
+
+/// The server: listeners over one runtime.
+#[derive(Debug)]
+pub struct Server {
+    rt: Arc<Runtime>,
+    limits: Limits,
+    connections: Arc<AtomicUsize>,
+}
+
+impl Server {
+    /// A server of `rt`'s tree.
+    pub fn new(rt: Arc<Runtime>, limits: Limits) -> Self {
+        Self { rt, limits, connections: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// Accept connections on `listener` on a thread of its own.
+    pub fn spawn(&self, listener: Listener) -> Result<std::thread::JoinHandle<()>> {
+        let rt = Arc::clone(&self.rt);
+        let limits = self.limits;
+        let connections = Arc::clone(&self.connections);
+        let thread = std::thread::Builder::new().name("9p-accept".to_owned());
+        Ok(thread.spawn(move || match listener {
+            Listener::Unix(l, _path) => {
+                for stream in l.incoming() {
+                    let Ok(stream) = stream else { continue };
+                    let _ = stream.set_write_timeout(Some(limits.write_timeout));
+                    let Ok(reader) = stream.try_clone() else { continue };
+                    start_connection(&rt, limits, &connections, reader, stream);
+                }
+            }
+            Listener::Tcp(l) => {
+                for stream in l.incoming() {
+                    let Ok(stream) = stream else { continue };
+                    let _ = stream.set_nodelay(true);
+                    let _ = stream.set_write_timeout(Some(limits.write_timeout));
+                    let Ok(reader) = stream.try_clone() else { continue };
+                    start_connection(&rt, limits, &connections, reader, stream);
+                }
+            }
+        })?)
+    }
+
+    /// Serve one already-connected stream on this thread (tests, benchmarks).
+    pub fn serve_stream(&self, stream: UnixStream) -> Result<()> {
+        let reader = stream.try_clone()?;
+        Connection::new(Arc::clone(&self.rt), self.limits, Box::new(stream)).run(reader);
+        Ok(())
+    }
+
+    /// Open connections now.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+/// Something a connection reads requests from.
+trait Input: std::io::Read + Send + 'static {
+    fn close(&self);
+}
+
+impl Input for UnixStream {
+    fn close(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Input for TcpStream {
+    fn close(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn start_connection<R: Input, W: Write + Send + 'static>(
+    rt: &Arc<Runtime>,
+    limits: Limits,
+    connections: &Arc<AtomicUsize>,
+    reader: R,
+    writer: W,
+) {
+    if connections.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
+        connections.fetch_sub(1, Ordering::SeqCst);
+        reader.close();
+        return;
+    }
+    let rt = Arc::clone(rt);
+    let count = Arc::clone(connections);
+    let spawned = std::thread::Builder::new().name("9p-conn".to_owned()).spawn(move || {
+        Connection::new(rt, limits, Box::new(writer)).run(reader);
+        count.fetch_sub(1, Ordering::SeqCst);
+    });
+    if spawned.is_err() {
+        connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+type Out = Arc<Mutex<Box<dyn Write + Send>>>;
+
+struct Fid {
+    node: Node,
+    /// (read, write) once opened.
+    open: Option<(bool, bool)>,
+    handle: Handle,
+    /// A directory listing, encoded, fixed at the read at offset 0.
+    dir: Option<Vec<u8>>,
+}
+
+/// A blocked read: its cancel flag.
+type Blocked = Arc<Mutex<HashMap<u16, Arc<AtomicBool>>>>;
+
+struct Connection {
+    rt: Arc<Runtime>,
+    limits: Limits,
+    out: Out,
+    /// Cleared when the connection ends: waiters stop.
+    alive: Arc<AtomicBool>,
+    msize: u32,
+    fids: HashMap<u32, Fid>,
+    blocked: Blocked,
+}
+
+impl Connection {
+    fn new(rt: Arc<Runtime>, limits: Limits, out: Box<dyn Write + Send>) -> Self {
+        Self {
+            rt,
+            limits,
+            out: Arc::new(Mutex::new(out)),
+            alive: Arc::new(AtomicBool::new(true)),
+            msize: limits.max_msize,
+            fids: HashMap::new(),
+            blocked: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn run<R: Input>(mut self, reader: R) {
+        let mut input = BufReader::new(reader);
+        let buf = SharedBuf::default();
+        // A message over msize, short, or of an unknown type ends the
+        // connection: its framing can no longer be trusted.
+        while let Ok(message) = Tmessage::read_from(self.msize, &buf, &mut input) {
+            let tag = message.tag;
+            let reply = match self.handle(message) {
+                Ok(Some(rdata)) => rdata,
+                Ok(None) => continue,
+                Err(e) => Rdata::error(format!("{e:#}")),
+            };
+            if !send(&self.out, self.msize, tag, reply) {
+                break;
+            }
+        }
+        self.alive.store(false, Ordering::SeqCst);
+        input.get_ref().close();
+        self.clunk_all();
+    }
+
+    fn clunk_all(&mut self) {
+        for (_, mut fid) in self.fids.drain() {
+            if fid.open.is_some() {
+                // A prompt whose connection ended is still sent: the client
+                // wrote it and closed (a crash between write and clunk is
+                // indistinguishable here). Errors have no one to go to.
+                let _ = tree::close(&self.rt, &fid.node, &mut fid.handle);
+            }
+        }
+    }
+
+    fn fid(&mut self, fid: u32) -> Result<&mut Fid> {
+        match self.fids.get_mut(&fid) {
+            Some(f) => Ok(f),
+            None => bail!("unknown fid {fid}"),
+        }
+    }
+
+    fn handle(&mut self, message: Tmessage) -> Result<Option<Rdata>> {
+        let tag = message.tag;
+        Ok(Some(match message.content {
+            Tdata::Version { msize, version } => {
+                self.clunk_all();
+                if !version.starts_with("9P2000") {
+                    return Ok(Some(Rdata::version(msize.min(self.limits.max_msize), "unknown")));
+                }
+                self.msize = msize.clamp(256, self.limits.max_msize);
+                Rdata::version(self.msize, "9P2000")
+            }
+            Tdata::Auth { .. } => bail!("no authentication is required (none is possible: keep the socket private)"),
+            Tdata::Attach { fid, .. } => {
+                if self.fids.contains_key(&fid) {
+                    bail!("fid {fid} is in use");
+                }
+                self.check_fid_room()?;
+                self.fids.insert(fid, Fid { node: Node::Root, open: None, handle: Handle::default(), dir: None });
+                Rdata::attach(qid(&Node::Root))
+            }
+            Tdata::Flush { old_tag } => {
+                // Under the lock: a waiter replying to old_tag either
+                // finished (its reply went first) or will find it gone.
+                let mut blocked = lock(&self.blocked);
+                if let Some(flag) = blocked.remove(&old_tag) {
+                    flag.store(true, Ordering::SeqCst);
+                }
+                send(&self.out, self.msize, tag, Rdata::flush());
+                return Ok(None);
+            }
+            Tdata::Walk { fid, new_fid, wnames } => self.walk(fid, new_fid, &wnames)?,
+            Tdata::Open { fid, mode } => {
+                let iounit = self.msize - IOHDRSZ;
+                let rt = Arc::clone(&self.rt);
+                let f = self.fid(fid)?;
+                if f.open.is_some() {
+                    bail!("fid {fid} is already open");
+                }
+                let (read, write) = match mode & 3 {
+                    0 | 3 => (true, false),
+                    1 => (false, true),
+                    _ => (true, true),
+                };
+                if f.node.is_dir() && write {
+                    bail!("{}: is a directory", f.node.path());
+                }
+                if !f.node.is_dir() {
+                    tree::open(&rt, &f.node, read, write)?;
+                }
+                f.open = Some((read, write));
+                Rdata::open(qid(&f.node), iounit)
+            }
+            Tdata::Create { fid, name, perm, mode } => {
+                // The tree is fixed; creating a file that exists opens it
+                // for writing (what shells, FUSE and fsspec do before a
+                // write), anything else is refused.
+                let iounit = self.msize - IOHDRSZ;
+                let rt = Arc::clone(&self.rt);
+                let f = self.fid(fid)?;
+                if f.open.is_some() {
+                    bail!("fid {fid} is already open");
+                }
+                let existing = tree::walk(&rt, &f.node, &name).ok().filter(|n| n.access().1 && name != "..");
+                let Some(node) = existing.filter(|_| perm & 0x8000_0000 == 0) else {
+                    bail!("{name}: files cannot be created here: the tree is fixed (write s/new to create a session)");
+                };
+                let read = matches!(mode & 3, 0 | 2 | 3) && node.access().0;
+                tree::open(&rt, &node, read, true)?;
+                *f = Fid { node, open: Some((read, true)), handle: Handle::default(), dir: None };
+                Rdata::create(qid(&f.node), iounit)
+            }
+            Tdata::Read { fid, offset, count } => return self.read(tag, fid, offset, count),
+            Tdata::Write { fid, data, .. } => {
+                let rt = Arc::clone(&self.rt);
+                let f = self.fid(fid)?;
+                if !matches!(f.open, Some((_, true))) {
+                    bail!("fid {fid} is not open for writing");
+                }
+                let bytes = data_bytes(&data);
+                let n = tree::write(&rt, &f.node, &mut f.handle, &bytes)?;
+                Rdata::write(u32::try_from(n).unwrap_or(u32::MAX))
+            }
+            Tdata::Clunk { fid } => {
+                let Some(mut f) = self.fids.remove(&fid) else { bail!("unknown fid {fid}") };
+                if f.open.is_some() {
+                    tree::close(&self.rt, &f.node, &mut f.handle)?;
+                }
+                Rdata::clunk()
+            }
+            Tdata::Remove { fid } => {
+                let Some(f) = self.fids.remove(&fid) else { bail!("unknown fid {fid}") };
+                tree::remove(&self.rt, &f.node)?;
+                Rdata::remove()
+            }
+            Tdata::Stat { fid } => {
+                let node = self.fid(fid)?.node.clone();
+                let stat = raw_stat(&self.rt, &node);
+                Rdata::stat(stat.size + 2, stat)
+            }
+            Tdata::Wstat { fid, stat, .. } => {
+                let node = self.fid(fid)?.node.clone();
+                // Truncation (length 0) and "change nothing" are what shells
+                // and FUSE send before writing; accept them, refuse the rest.
+                let untouched = stat.mode == u32::MAX && stat.mtime == u32::MAX && stat.name.is_empty();
+                if node.is_dir() || !untouched || !(stat.length == 0 || stat.length == u64::MAX) {
+                    bail!("{}: its name, mode and times cannot be changed", node.path());
+                }
+                Rdata::wstat()
+            }
+        }))
+    }
+
+    fn check_fid_room(&self) -> Result<()> {
+        if self.fids.len() >= self.limits.max_fids {
+            bail!("too many fids on this connection (limit {}): clunk some", self.limits.max_fids);
+        }
+        Ok(())
+    }
+
+    fn walk(&mut self, fid: u32, new_fid: u32, wnames: &[String]) -> Result<Rdata> {
+        if wnames.len() > MAXWELEM {
+            bail!("a walk may carry at most {MAXWELEM} names");
+        }
+        if new_fid != fid {
+            if self.fids.contains_key(&new_fid) {
+                bail!("fid {new_fid} is in use");
+            }
+            self.check_fid_room()?;
+        }
+        let rt = Arc::clone(&self.rt);
+        let f = self.fid(fid)?;
+        if f.open.is_some() {
+            bail!("fid {fid} is open; walk from an unopened fid");
+        }
+        let mut node = f.node.clone();
+        let mut qids = Vec::with_capacity(wnames.len());
+        for name in wnames {
+            match tree::walk(&rt, &node, name) {
+                Ok(next) => {
+                    qids.push(qid(&next));
+                    node = next;
+                }
+                Err(e) if qids.is_empty() => return Err(e),
+                Err(_) => break,
+            }
+        }
+        if qids.len() == wnames.len() {
+            self.fids.insert(new_fid, Fid { node, open: None, handle: Handle::default(), dir: None });
+        }
+        Ok(Rdata::walk(qids))
+    }
+
+    fn read(&mut self, tag: u16, fid: u32, offset: u64, count: u32) -> Result<Option<Rdata>> {
+        let count = count.min(self.msize - IOHDRSZ) as usize;
+        let rt = Arc::clone(&self.rt);
+        let f = self.fid(fid)?;
+        if !matches!(f.open, Some((true, _))) {
+            bail!("fid {fid} is not open for reading");
+        }
+        if f.node.is_dir() {
+            if offset == 0 || f.dir.is_none() {
+                let mut encoded = Vec::new();
+                for child in tree::list(&rt, &f.node)? {
+                    let stat = raw_stat(&rt, &child);
+                    encoded.extend(stat.write_9p_bytes().map_err(|e| anyhow::anyhow!("{e}"))?);
+                }
+                f.dir = Some(encoded);
+            }
+            let dir = f.dir.as_deref().unwrap_or_default();
+            return Ok(Some(Rdata::read(dir_chunk(dir, offset, count))));
+        }
+        match tree::read(&rt, &f.node, &mut f.handle, offset, count)? {
+            ReadOutcome::Data(data) => Ok(Some(Rdata::read(data))),
+            ReadOutcome::Block => {
+                let node = f.node.clone();
+                self.block(tag, node, offset, count)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Wait for a stream on a thread of its own; reply when data comes,
+    /// never if Tflush cancels it first.
+    fn block(&mut self, tag: u16, node: Node, offset: u64, count: usize) -> Result<()> {
+        let flag = Arc::new(AtomicBool::new(false));
+        {
+            let mut blocked = lock(&self.blocked);
+            if blocked.len() >= self.limits.max_blocked {
+                bail!("too many blocked reads on this connection (limit {})", self.limits.max_blocked);
+            }
+            blocked.insert(tag, Arc::clone(&flag));
+        }
+        let (rt, out, blocked, alive, msize) = (
+            Arc::clone(&self.rt),
+            Arc::clone(&self.out),
+            Arc::clone(&self.blocked),
+            Arc::clone(&self.alive),
+            self.msize,
+        );
+        let spawned = std::thread::Builder::new().name("9p-read".to_owned()).spawn(move || {
+            let mut seen = rt.pulse.now();
+            let mut handle = Handle::default();
+            loop {
+                if flag.load(Ordering::SeqCst) || !alive.load(Ordering::SeqCst) {
+                    return;
+                }
+                let reply = match tree::read(&rt, &node, &mut handle, offset, count) {
+                    Ok(ReadOutcome::Data(data)) => Some(Rdata::read(data)),
+                    Ok(ReadOutcome::Block) if rt.is_stopping() => Some(Rdata::read(Vec::new())),
+                    Ok(ReadOutcome::Block) => None,
+                    Err(e) => Some(Rdata::error(format!("{e:#}"))),
+                };
+                if let Some(reply) = reply {
+                    let mut blocked = lock(&blocked);
+                    if blocked.remove(&tag).is_some() {
+                        send(&out, msize, tag, reply);
+                    }
+                    return;
+                }
+                // Other processes append to session files without a pulse.
+                seen = rt.pulse.wait(seen, Duration::from_millis(250));
+            }
+        });
+        if spawned.is_err() {
+            lock(&self.blocked).remove(&tag);
+            bail!("cannot wait for data: no thread available");
+        }
+        Ok(())
+    }
+}
+
+/// Whole directory entries from `offset`, at most `count` bytes.
+fn dir_chunk(dir: &[u8], offset: u64, count: usize) -> Vec<u8> {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX);
+    if start >= dir.len() {
+        return Vec::new();
+    }
+    let mut end = start;
+    while end + 2 <= dir.len() {
+        let size = usize::from(u16::from_le_bytes([dir[end], dir[end + 1]])) + 2;
+        if end + size > dir.len() || end + size - start > count {
+            break;
+        }
+        end += size;
+    }
+    dir[start..end].to_vec()
+}
+
+/// Encode and send one reply; false when the client is gone.
+fn send(out: &Out, msize: u32, tag: u16, content: Rdata) -> bool {
+    let mut message = Rmessage::new(tag, content);
+    if message.n_bytes() > msize as usize {
+        message = Rmessage::new(tag, Rdata::error("the reply would exceed msize; read fewer bytes"));
+    }
+    let Ok(bytes) = message.write_9p_bytes() else { return false };
+    let mut out = lock(out);
+    out.write_all(&bytes).and_then(|()| out.flush()).is_ok()
+}
+
+fn data_bytes(data: &Data) -> Vec<u8> {
+    // `Data` keeps its bytes private; its encoding is a 4-byte count, then them.
+    data.write_9p_bytes().map(|mut b| b.split_off(4.min(b.len()))).unwrap_or_default()
+}
+
+/// The qid of `node`.
+pub fn qid(node: &Node) -> Qid {
+    if node.is_dir() { Qid::dir(node.qid_path()) } else { Qid::file(node.qid_path()) }
+}
+
+fn raw_stat(rt: &Runtime, node: &Node) -> RawStat {
+    let (length, mtime) = tree::size_and_mtime(rt, node);
+    let mtime = mtime.duration_since(UNIX_EPOCH).map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+    let atime =
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+    let qid = qid(node);
+    let dir_bit = if qid.ty == FileType::DIRECTORY { 0x8000_0000 } else { 0 };
+    let (name, uid, gid, muid) = (node.name(), "cairn".to_owned(), "cairn".to_owned(), "cairn".to_owned());
+    let strings = [&name, &uid, &gid, &muid].iter().map(|s| 2 + s.len()).sum::<usize>();
+    RawStat {
+        size: u16::try_from(2 + 4 + 13 + 4 + 4 + 4 + 8 + strings).unwrap_or(u16::MAX),
+        ty: 0,
+        dev: 0,
+        qid,
+        mode: dir_bit | node.mode(),
+        atime,
+        mtime,
+        length,
+        name,
+        uid,
+        gid,
+        muid,
+    }
+}

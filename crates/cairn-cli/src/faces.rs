@@ -1,0 +1,79 @@
+//! `cairn acp` and `cairn mcp`: the CLI's side of the editor and agent
+//! faces. It only implements [`cairn_faces::Host`] with the CLI's wiring
+//! (`host.rs`: provider, tools, session settings; `sessions.rs`: finding a
+//! session) and hands stdio to `cairn-faces`, which owns the protocols.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use cairn_core::SessionConfig;
+use cairn_core::approval::Allowlist;
+use cairn_core::provider::Provider;
+use cairn_core::storage::{Header, JsonlStore, new_session_id};
+use cairn_faces::HostTools;
+use cairn_faces::jsonrpc::Out;
+
+use crate::context::{Context, exit};
+use crate::host;
+
+struct CliHost<'a> {
+    ctx: &'a Context,
+}
+
+impl cairn_faces::Host for CliHost<'_> {
+    fn provider(&self, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+        host::build_provider(self.ctx, cwd)
+    }
+
+    fn tools(&self, cwd: &Path) -> Result<HostTools> {
+        let tools = host::tool_entries(self.ctx, cwd)?;
+        let mut notes = tools.notes;
+        notes.extend(tools.untrusted);
+        Ok(HostTools { tools: tools.entries.into_iter().map(|e| e.tool).collect(), notes })
+    }
+
+    fn allowlist(&self) -> Result<Allowlist> {
+        Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
+            .context("invalid allow pattern (from --allow or [approvals] allow)")
+    }
+
+    fn create_session(&self, cwd: &Path) -> Result<JsonlStore> {
+        let header = Header::new(new_session_id(), cwd.display().to_string());
+        let dir = self.ctx.paths.sessions();
+        JsonlStore::create(&dir, header, self.ctx.settings.store_options())
+            .with_context(|| format!("cannot create a session in {}", dir.display()))
+    }
+
+    fn open_session(&self, id: &str) -> Result<JsonlStore> {
+        let path = crate::sessions::resolve(&self.ctx.paths, id, &self.ctx.settings.store_options())?;
+        host::open_session(self.ctx, &path)
+    }
+
+    fn session_config(&self) -> SessionConfig {
+        host::session_config(self.ctx)
+    }
+}
+
+fn stdout() -> Out {
+    Out::new(Box::new(std::io::stdout()))
+}
+
+/// `cairn acp`.
+pub fn acp(ctx: &Context) -> Result<u8> {
+    let stdin = std::io::BufReader::new(std::io::stdin());
+    cairn_faces::acp::serve(&CliHost { ctx }, stdin, stdout())?;
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn mcp`.
+pub fn mcp(ctx: &Context, page_size: usize) -> Result<u8> {
+    let root: PathBuf = match &ctx.common.cwd {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let root = root.canonicalize().with_context(|| format!("--cwd {}: no such directory", root.display()))?;
+    let options = cairn_faces::mcp::McpOptions { root, page_size };
+    let stdin = std::io::BufReader::new(std::io::stdin());
+    cairn_faces::mcp::serve(&CliHost { ctx }, options, stdin, &stdout())?;
+    Ok(exit::SUCCESS)
+}

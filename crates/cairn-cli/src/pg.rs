@@ -1,0 +1,344 @@
+//! The commands over a PostgreSQL database (`--database URL`, or
+//! `database = "postgres://…"` in the config): `cairn worker`, `cairn
+//! submit`, `cairn approvals`/`approve`, `cairn sessions/show/log`, `cairn
+//! export` and `cairn import`.
+//!
+//! It only wires: storage, leases and the worker loop are cairn-pg; the
+//! turn is cairn-core's, with this host's provider and tools (as `cairn
+//! run` builds them) and a headless approver — the allowlist from the
+//! config and flags, then a durable question answered with `cairn approve`
+//! from any host — so a Destructive call is never run by a worker. `show` and `log` export the session to a temporary JSONL file
+//! and print it with the very same code as for a session file.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use cairn_core::approval::Allowlist;
+use cairn_core::storage::{Header, Storage, new_session_id};
+use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError};
+use cairn_pg::approvals::{self, DbApprover};
+use cairn_pg::worker::{Driver, WorkerOptions};
+use cairn_pg::{PgStore, lease};
+use postgres::Client;
+
+use crate::context::{Context, exit};
+use crate::render::escape_controls;
+
+/// The database URL from `--database` or the config, or a clear error.
+pub fn url(ctx: &Context) -> Result<String> {
+    ctx.settings.database.value.clone().context(
+        "no database: give --database postgres://USER@HOST/DB, or set database = \"postgres://…\" in cairn's config",
+    )
+}
+
+fn client(ctx: &Context) -> Result<Client> {
+    let url = url(ctx)?;
+    cairn_pg::connect(&url).with_context(|| format!("cannot use the database {}", redact(&url)))
+}
+
+/// The URL without its password (for messages and `cairn config`).
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &creds[..colon], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url
+            .split_whitespace()
+            .map(|kv| if kv.starts_with("password=") { "password=***" } else { kv })
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// A session id from an exact id or a unique prefix.
+fn resolve(client: &mut Client, target: &str) -> Result<String> {
+    let pattern = format!("{}%", target.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+    let rows = client.query("SELECT id FROM cairn_sessions WHERE id LIKE $1 ORDER BY id LIMIT 2", &[&pattern])?;
+    match rows.as_slice() {
+        [one] => Ok(one.get(0)),
+        [] => bail!("no session {target:?} in the database; list them with `cairn sessions --database URL`"),
+        _ => bail!("{target:?} matches more than one session; give more of the id"),
+    }
+}
+
+/// The turn as `cairn run` wires it, headless.
+struct HostDriver {
+    ctx: Context,
+}
+
+impl Driver for HostDriver {
+    fn session_config(&self, header: &Header) -> SessionConfig {
+        SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..crate::host::session_config(&self.ctx) }
+    }
+
+    fn drive(&self, session: &mut Session<PgStore>, prompt: Option<&str>) -> Result<(), TurnError> {
+        let id = session.store().header().id.clone();
+        let cwd = PathBuf::from(&session.store().header().cwd);
+        let wiring = (|| -> Result<_> {
+            let provider = crate::host::build_provider(&self.ctx, &cwd)?;
+            let mut registry = ToolRegistry::new(false);
+            let tools = crate::host::tool_entries(&self.ctx, &cwd)?;
+            for note in tools.notes.iter().chain(&tools.untrusted) {
+                eprintln!("cairn worker: session {id}: {note}");
+            }
+            for entry in tools.entries {
+                let _ = registry.register(entry.tool);
+            }
+            let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
+                .context("invalid allow pattern (from --allow or [approvals] allow)")?;
+            // Allow rules, then a durable question any host can answer
+            // (`cairn approve`); Destructive calls are refused, never asked.
+            let approver = DbApprover::new(url(&self.ctx)?, id.clone(), allow, session.store().lease_lost());
+            Ok((provider, registry, approver))
+        })();
+        let (provider, registry, mut approver) = match wiring {
+            Ok(w) => w,
+            Err(e) => {
+                // Nothing was committed: the worker marks the session failed
+                // with this reason.
+                eprintln!("cairn worker: session {id}: {e:#}");
+                return Err(TurnError::Storage(cairn_core::storage::StorageError::Invalid(format!("{e:#}"))));
+            }
+        };
+        let mut observer = |_: &cairn_core::TurnEvent| {};
+        let cancel = CancelToken::new();
+        let mut env = TurnEnv {
+            provider: &*provider,
+            tools: &registry,
+            approver: &mut approver,
+            observer: &mut observer,
+            cancel: &cancel,
+        };
+        match prompt {
+            Some(text) => session.run_turn(text, &mut env).map(drop),
+            None => session.resume(&mut env).map(drop),
+        }
+    }
+}
+
+/// `cairn worker`.
+pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
+    let url = url(&ctx)?;
+    // Fail early on a bad URL or a newer schema.
+    drop(cairn_pg::connect(&url).with_context(|| format!("cannot use the database {}", redact(&url)))?);
+    let mut opts = WorkerOptions::new(url.clone());
+    opts.concurrency = concurrency.max(1);
+    opts.lease = Duration::from_secs(lease_secs.max(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        // Ctrl-C: finish the turns in hand, release their leases, leave.
+        let _ = ctrlc::set_handler(move || {
+            if stop.swap(true, Ordering::SeqCst) {
+                std::process::exit(i32::from(exit::CANCELLED));
+            }
+            eprintln!("cairn worker: stopping after the running turns (Ctrl-C again to leave now)");
+        });
+    }
+    eprintln!(
+        "cairn worker {}: driving sessions from {} ({} at a time, {} s leases)",
+        opts.name,
+        redact(&url),
+        opts.concurrency,
+        opts.lease.as_secs()
+    );
+    cairn_pg::worker::run(&opts, Arc::new(HostDriver { ctx }), stop)?;
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn submit`.
+pub fn submit(ctx: &Context, session: Option<&str>, prompt: &str) -> Result<u8> {
+    if prompt.trim().is_empty() {
+        bail!("the prompt is empty");
+    }
+    let mut client = client(ctx)?;
+    let id = match session {
+        Some(target) => resolve(&mut client, target)?,
+        None => {
+            let cwd = match &ctx.common.cwd {
+                Some(dir) => dir.clone(),
+                None => std::env::current_dir().context("cannot read the current directory")?,
+            };
+            let cwd = cwd.canonicalize().with_context(|| format!("--cwd {}: no such directory", cwd.display()))?;
+            let header = Header::new(new_session_id(), cwd.display().to_string());
+            let id = header.id.clone();
+            let mut store = PgStore::create(client, header)?;
+            if let Some(name) = &ctx.common.name {
+                store.commit(cairn_core::storage::Transaction::new().set_session_name(name)?)?;
+            }
+            client = store.into_client();
+            id
+        }
+    };
+    lease::submit(&mut client, &id, prompt)?;
+    if ctx.common.json {
+        println!("{}", serde_json::json!({"type": "submitted", "sessionId": id}));
+    } else {
+        println!("{id}");
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn sessions --database`.
+pub fn sessions(ctx: &Context) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let rows = client.query(
+        "SELECT s.id, s.status, s.last_seq, s.epoch, s.lease_owner, s.header,
+                (SELECT count(*) FROM cairn_inbox i WHERE i.session_id = s.id),
+                to_char(s.updated_at, 'YYYY-MM-DD HH24:MI:SS'), s.note
+         FROM cairn_sessions s ORDER BY s.updated_at DESC, s.id",
+        &[],
+    )?;
+    let mut out = std::io::stdout().lock();
+    if !ctx.common.json {
+        if rows.is_empty() {
+            writeln!(out, "no sessions in the database yet; add one with `cairn submit --database URL \"…\"`")?;
+            return Ok(exit::SUCCESS);
+        }
+        writeln!(
+            out,
+            "{}",
+            ctx.out_style.bold(&format!(
+                "{:<36}  {:<8}  {:>6}  {:>7}  {:>5}  {:<19}  {:<24}  CWD",
+                "ID", "STATUS", "SEQ", "QUEUED", "EPOCH", "UPDATED", "HOLDER"
+            ))
+        )?;
+    }
+    for row in rows {
+        let (id, status, seq, epoch, owner, header): (String, String, i64, i64, Option<String>, String) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
+        let queued: i64 = row.get(6);
+        let updated: String = row.get(7);
+        let note: Option<String> = row.get(8);
+        let cwd = cairn_core::storage::decode_header(header.as_bytes()).map(|h| h.cwd).unwrap_or_default();
+        if ctx.common.json {
+            let line = serde_json::json!({"id": id, "status": status, "lastSeq": seq, "queued": queued, "epoch": epoch,
+                "holder": owner, "updated": updated, "cwd": cwd, "note": note});
+            writeln!(out, "{}", crate::render::escape_json(&line.to_string()))?;
+        } else {
+            writeln!(
+                out,
+                "{:<36}  {:<8}  {:>6}  {:>7}  {:>5}  {:<19}  {:<24}  {}",
+                escape_controls(&id),
+                status,
+                seq,
+                queued,
+                epoch,
+                updated,
+                escape_controls(owner.as_deref().unwrap_or("-")),
+                escape_controls(&cwd)
+            )?;
+            if let Some(note) = note.filter(|_| status == "failed") {
+                writeln!(out, "    {}", escape_controls(&note))?;
+            }
+        }
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// Export `target` into a temporary session file for the file commands.
+fn exported(ctx: &Context, target: &str) -> Result<(tempfile::TempDir, PathBuf)> {
+    let mut client = client(ctx)?;
+    let id = resolve(&mut client, target)?;
+    let bytes = cairn_pg::export(&mut client, &id)?;
+    let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let path = dir.path().join(format!("{id}.jsonl"));
+    std::fs::write(&path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok((dir, path))
+}
+
+/// `cairn show --database` (and `--tools`, `--all`).
+pub fn show(ctx: &Context, target: &str, tools: bool, all: bool) -> Result<u8> {
+    let (_dir, path) = exported(ctx, target)?;
+    if tools { crate::commands::show_tools(ctx, &path) } else { crate::commands::show(ctx, &path, all) }
+}
+
+/// `cairn log --database`.
+pub fn log(ctx: &Context, target: &str, follow: bool) -> Result<u8> {
+    if follow {
+        bail!("cairn log --follow reads a session file; with --database, run it again to see new records");
+    }
+    let (_dir, path) = exported(ctx, target)?;
+    crate::commands::log(ctx, &path, false)
+}
+
+/// `cairn export ID`: the session as a JSONL file on stdout, byte for byte
+/// what the JSONL backend writes.
+pub fn export(ctx: &Context, target: &str) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let id = resolve(&mut client, target)?;
+    let bytes = cairn_pg::export(&mut client, &id)?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&bytes)?;
+    out.flush()?;
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn import FILE`: a session file into the database (replayed and
+/// checked first; refused when the id exists).
+pub fn import(ctx: &Context, file: &Path) -> Result<u8> {
+    let bytes = if file == Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).context("cannot read stdin")?;
+        buf
+    } else {
+        std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?
+    };
+    let mut client = client(ctx)?;
+    let id = cairn_pg::import(&mut client, &bytes).with_context(|| format!("cannot import {}", file.display()))?;
+    println!("{id}");
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn approvals`: the questions waiting for a person.
+pub fn approvals(ctx: &Context) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let all = approvals::pending(&mut client)?;
+    let mut out = std::io::stdout().lock();
+    if ctx.common.json {
+        for p in &all {
+            let line = serde_json::json!({"sessionId": p.session, "invocationId": p.invocation, "tool": p.tool,
+                "arguments": p.arguments, "askedAt": p.asked_at});
+            writeln!(out, "{}", crate::render::escape_json(&line.to_string()))?;
+        }
+        return Ok(exit::SUCCESS);
+    }
+    if all.is_empty() {
+        writeln!(out, "no approvals waiting")?;
+    }
+    for p in &all {
+        writeln!(
+            out,
+            "{}  {}  {}  {}({})\n    answer: cairn approve {} {} [--deny REASON]",
+            p.asked_at,
+            escape_controls(&p.session),
+            escape_controls(&p.invocation),
+            escape_controls(&p.tool),
+            escape_controls(&p.arguments),
+            escape_controls(&p.session),
+            escape_controls(&p.invocation)
+        )?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn approve SESSION INVOCATION [--deny REASON]`.
+pub fn approve(ctx: &Context, session: &str, invocation: &str, deny: Option<&str>) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let id = resolve(&mut client, session)?;
+    let by = std::env::var("USER").unwrap_or_else(|_| "cli".to_owned());
+    if !approvals::answer(&mut client, &id, invocation, deny.is_none(), deny, &format!("cli:{by}"))? {
+        bail!(
+            "no approval of {invocation:?} is waiting in session {id} (unknown, or answered already); list them with `cairn approvals`"
+        );
+    }
+    Ok(exit::SUCCESS)
+}

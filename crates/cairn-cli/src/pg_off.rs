@@ -1,0 +1,50 @@
+//! The PostgreSQL commands when cairn is built without the `postgres`
+//! feature: each says how to get them. Nothing else.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+
+use crate::context::Context;
+
+const OFF: &str = "this cairn was built without PostgreSQL support; rebuild with `--features postgres`";
+
+pub fn redact(url: &str) -> String {
+    url.split('@').next_back().unwrap_or_default().to_owned()
+}
+
+pub fn worker(_: Context, _: usize, _: u64) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn submit(_: &Context, _: Option<&str>, _: &str) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn sessions(_: &Context) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn show(_: &Context, _: &str, _: bool) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn log(_: &Context, _: &str, _: bool) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn export(_: &Context, _: &str) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn import(_: &Context, _: &Path) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn approvals(_: &Context) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn approve(_: &Context, _: &str, _: &str, _: Option<&str>) -> Result<u8> {
+    bail!(OFF)
+}

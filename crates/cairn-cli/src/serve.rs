@@ -1,0 +1,192 @@
+//! `cairn serve`: the 9P control plane (crate `cairn-9p`) over this
+//! `$CAIRN_HOME`, with providers and tools wired exactly as `cairn run`
+//! wires them (`host.rs`). Owns: the one-server-per-home lock
+//! (`$CAIRN_HOME/serve.lock`, holding the pid and addresses), binding the
+//! listeners, and the clean shutdown on SIGINT/SIGTERM (running turns are
+//! cancelled and settled durably; `ctl resume` or `cairn resume` continues
+//! them).
+
+use std::io::{Read as _, Seek as _, Write as _};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result, bail};
+use cairn_9p::{Dial, Host, Limits, Runtime, Server, SessionSpec};
+use cairn_core::provider::Provider;
+use cairn_core::storage::StoreOptions;
+use cairn_core::{SessionConfig, ToolRegistry};
+use cairn_provider::ProviderConfig;
+
+use crate::context::{Context, exit};
+
+/// The CLI's configuration as the tree's [`Host`].
+#[derive(Debug)]
+struct CliHost {
+    ctx: Context,
+}
+
+impl Host for CliHost {
+    fn sessions_dir(&self) -> PathBuf {
+        self.ctx.paths.sessions()
+    }
+
+    fn archive_dir(&self) -> PathBuf {
+        self.ctx.paths.data.join("archive")
+    }
+
+    fn store_options(&self) -> StoreOptions {
+        self.ctx.settings.store_options()
+    }
+
+    fn session_config(&self) -> SessionConfig {
+        crate::host::session_config(&self.ctx)
+    }
+
+    fn default_provider(&self) -> String {
+        self.ctx.settings.provider.value.clone()
+    }
+
+    fn check_provider(&self, name: &str) -> Result<()> {
+        ProviderConfig::resolve(name, self.ctx.settings.providers.get(name))
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("provider={name:?}: {e} (read the providers file for the configured ones)"))
+    }
+
+    fn provider(&self, spec: &SessionSpec, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+        fn opt(s: &str) -> Option<&str> {
+            Some(s).filter(|s| !s.is_empty())
+        }
+        crate::host::provider_for(&self.ctx, &spec.provider, opt(&spec.model), opt(&spec.script).map(Path::new), cwd)
+    }
+
+    fn tools(&self, cwd: &Path) -> Result<ToolRegistry> {
+        let tools = crate::host::tool_entries(&self.ctx, cwd)?;
+        let mut registry = ToolRegistry::new(true);
+        for entry in tools.entries {
+            let name = entry.tool.spec().name.clone();
+            if let Err(e) = registry.register(entry.tool) {
+                eprintln!("cairn serve: tool {name} not offered: {e}");
+            }
+        }
+        for note in tools.notes.iter().chain(&tools.untrusted) {
+            eprintln!("cairn serve: {}", crate::render::escape_controls(note));
+        }
+        Ok(registry)
+    }
+
+    fn providers_text(&self) -> String {
+        let default = &self.ctx.settings.provider.value;
+        let mut names: Vec<String> = cairn_provider::config::BUILTIN_NAMES.iter().map(|s| (*s).to_owned()).collect();
+        names.extend(self.ctx.settings.providers.keys().filter(|k| !names.contains(k)).cloned().collect::<Vec<_>>());
+        names.iter().map(|n| if n == default { format!("{n} default\n") } else { format!("{n}\n") }).collect()
+    }
+
+    fn tools_text(&self) -> String {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        match crate::host::tool_entries(&self.ctx, &cwd) {
+            Ok(tools) => tools
+                .entries
+                .iter()
+                .map(|e| {
+                    let spec = e.tool.spec();
+                    let caps: Vec<String> = spec.capabilities.iter().map(|c| format!("{c:?}")).collect();
+                    format!("{} {:?} {} {}\n", spec.name, spec.risk, caps.join(","), e.origin)
+                })
+                .collect(),
+            Err(e) => format!("error: {e:#}\n"),
+        }
+    }
+}
+
+/// The one-server-per-home lock, held while serving.
+struct ServeLock {
+    file: std::fs::File,
+}
+
+impl ServeLock {
+    fn take(data: &Path) -> Result<Self> {
+        let path = data.join("serve.lock");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        if file.try_lock().is_err() {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim().replace('\n', ", ");
+            bail!(
+                "another cairn serve is already serving {} ({}); stop it first (kill -INT PID) or connect to it",
+                data.display(),
+                if holder.is_empty() { "pid unknown".to_owned() } else { holder }
+            );
+        }
+        Ok(Self { file })
+    }
+
+    fn record(&mut self, addresses: &[Dial]) -> Result<()> {
+        self.file.set_len(0)?;
+        self.file.rewind()?;
+        let list: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+        writeln!(self.file, "pid {} on {}", std::process::id(), list.join(" "))?;
+        self.file.sync_all()?;
+        Ok(())
+    }
+}
+
+/// `cairn serve`.
+pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
+    let data = ctx.paths.data.clone();
+    let mut dials = listen.iter().map(|d| Dial::parse(d)).collect::<Result<Vec<_>>>()?;
+    if dials.is_empty() {
+        // The default socket lives in cairn's own data directory, which is
+        // made private (9P has no authentication here).
+        std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+        let mode = std::fs::metadata(&data)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))?;
+            eprintln!("cairn serve: made {} private (mode 700) for its socket", data.display());
+        }
+        dials.push(Dial::Unix(data.join("cairn.sock")));
+    }
+    std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+    let mut lock = ServeLock::take(&data)?;
+    let mut listeners = Vec::new();
+    let mut addresses = Vec::new();
+    for dial in &dials {
+        let (listener, actual) = cairn_9p::server::Listener::bind(dial, insecure)?;
+        listeners.push(listener);
+        addresses.push(actual);
+    }
+    lock.record(&addresses)?;
+    let runtime = Runtime::new(Arc::new(CliHost { ctx }));
+    let server = Server::new(Arc::clone(&runtime), Limits::default());
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    ctrlc::set_handler(move || {
+        let _ = stop_tx.send(());
+    })
+    .context("cannot install the SIGINT/SIGTERM handler")?;
+    for listener in listeners {
+        server.spawn(listener)?;
+    }
+    {
+        let mut out = std::io::stdout().lock();
+        for address in &addresses {
+            writeln!(out, "{address}")?;
+        }
+        out.flush()?;
+    }
+    let _ = stop_rx.recv();
+    eprintln!("cairn serve: stopping; running turns are cancelled and saved (continue them with ctl resume)");
+    runtime.shutdown();
+    for address in &addresses {
+        if let Dial::Unix(path) = address {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    drop(lock);
+    Ok(exit::SUCCESS)
+}

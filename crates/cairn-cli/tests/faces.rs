@@ -1,0 +1,520 @@
+//! `cairn mcp` and `cairn acp` through the real binary, driven by the
+//! official Python client libraries (PyPI `mcp`, `agent-client-protocol`,
+//! pinned in `tests/python/faces.txt`, venv made by `scripts/venv faces`),
+//! and hostile input written byte by byte. A missing python or PyPI makes
+//! these tests fail with the reason; they never pass silently.
+//!
+//! The Python scripts in `tests/faces/` hold the protocol oracles (what a
+//! client sees); this file sets up the home, the working directory, the
+//! scripts and the tools, and checks what landed on disk.
+
+#![allow(clippy::unwrap_used)]
+
+mod util;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+use util::Env;
+
+/// The venv's python, made once per test process.
+fn python() -> &'static Path {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let out = Command::new(root.join("scripts/venv")).arg("faces").output().unwrap_or_else(|e| {
+            panic!("cannot run scripts/venv faces ({e}): python3 with venv and PyPI access are needed for these tests")
+        });
+        assert!(
+            out.status.success(),
+            "scripts/venv faces failed (python3, venv or PyPI unavailable?):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+fn client(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/faces").join(file)
+}
+
+fn cairn_bin() -> PathBuf {
+    assert_cmd::cargo::cargo_bin("cairn")
+}
+
+/// A home with one read-only and one Destructive external tool, and a root
+/// with a file, a subdirectory and a link out; a secret beside the root.
+fn setup() -> Env {
+    let env = Env::new();
+    let tools = env.home.join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let exe = |name: &str, body: &str| {
+        let path = tools.join(name);
+        std::fs::write(&path, body).unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+    };
+    // Shell builtins only: the sandbox gives a tool without processSpawn no fork.
+    exe("hello", "#!/bin/sh\nread -r args\nn=${args#*\\\"name\\\":\\\"}\necho \"hi ${n%%\\\"*}\"\n");
+    std::fs::write(
+        tools.join("hello.toml"),
+        "description = \"Say hi\"\nrisk = \"readOnly\"\ncapabilities = []\nreplay = \"idempotent\"\n[parameters]\ntype = \"object\"\nproperties = { name = { type = \"string\" } }\nrequired = [\"name\"]\n",
+    )
+    .unwrap();
+    exe("nuke", "#!/bin/sh\ntouch \"$PWD/nuked\"\n");
+    std::fs::write(
+        tools.join("nuke.toml"),
+        "description = \"Delete everything\"\nrisk = \"destructive\"\ncapabilities = [\"fileWrite\"]\nreplay = \"never\"\n[parameters]\ntype = \"object\"\n",
+    )
+    .unwrap();
+    std::fs::write(env.cwd.join("a.txt"), "hello from the root\n").unwrap();
+    std::fs::create_dir_all(env.cwd.join("sub")).unwrap();
+    std::fs::write(env.cwd.join("sub/keep"), "keep me").unwrap();
+    let secret = env.cwd.parent().unwrap().join("secret.txt");
+    std::fs::write(&secret, "TOP SECRET\n").unwrap();
+    std::os::unix::fs::symlink(&secret, env.cwd.join("link-out")).unwrap();
+    env
+}
+
+/// Run a client script; panic with its output unless it succeeds.
+fn run_client(file: &str, args: &[&str]) -> String {
+    let out = Command::new(python()).arg(client(file)).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{file} {args:?} failed:\n--- stdout\n{stdout}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn mcp(env: &Env, scenario: &str, extra: &[&str]) -> String {
+    let bin = cairn_bin();
+    let mut args = vec![scenario, bin.to_str().unwrap(), env.home.to_str().unwrap(), env.cwd.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    run_client("mcp_client.py", &args)
+}
+
+/// Records of a session file (all lines after the header).
+fn records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Entry types of a session file in order, read from the raw lines.
+fn entry_types(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut types = Vec::new();
+    for line in text.lines() {
+        let mut rest = line;
+        while let Some(i) = rest.find("\"type\":\"") {
+            rest = &rest[i + 8..];
+            let end = rest.find('"').unwrap();
+            types.push(rest[..end].to_owned());
+        }
+    }
+    types
+}
+
+#[test]
+fn mcp_lists_read_only_tools_with_annotations_over_pages_and_hides_write_and_destructive() {
+    let env = setup();
+    let out = mcp(&env, "list", &["--page-size", "2"]);
+    assert!(out.contains("listed"), "{out}");
+    // Listing alone records nothing.
+    assert!(env.session_files().is_empty(), "{:?}", env.session_files());
+}
+
+#[test]
+fn mcp_exposes_a_write_tool_named_by_allow_but_never_a_destructive_one() {
+    let env = setup();
+    mcp(&env, "list_allowed", &["--allow", "write_file", "--allow", "nuke"]);
+}
+
+#[test]
+fn mcp_calls_read_file_and_an_external_tool_and_records_them_in_a_session_of_their_own() {
+    let env = setup();
+    mcp(&env, "read", &[]);
+    let files = env.session_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let types = entry_types(&files[0]);
+    let count = |t: &str| types.iter().filter(|x| *x == t).count();
+    assert_eq!(count("toolRequested"), 2, "{types:?}");
+    assert_eq!(count("toolCompleted"), 2, "{types:?}");
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(text.contains("called tools/call read_file"), "{text}");
+    // The session is a valid cairn session.
+    let check = env.cairn(&["check", files[0].to_str().unwrap()]).output().unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+}
+
+#[test]
+fn mcp_refuses_a_write_tool_that_is_not_exposed() {
+    let env = setup();
+    mcp(&env, "write_unexposed", &[]);
+    assert!(!env.cwd.join("new.txt").exists());
+    assert!(!env.cwd.join("nuked").exists());
+}
+
+#[test]
+fn mcp_runs_an_exposed_write_tool_and_records_the_verdict() {
+    let env = setup();
+    mcp(&env, "write_exposed", &["--allow", "write_file"]);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("new.txt")).unwrap(), "written by mcp\n");
+    let files = env.session_files();
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(text.contains("allowlist:write_file"), "the verdict names the rule: {text}");
+}
+
+#[test]
+fn mcp_a_shell_pattern_exposes_shell_but_runs_only_the_calls_it_covers() {
+    let env = setup();
+    mcp(&env, "shell_pattern", &["--allow", "shell(ls *)", "--allow", "shell(ls)"]);
+    assert!(env.cwd.join("a.txt").exists());
+    assert!(env.cwd.join("sub/keep").exists());
+}
+
+#[test]
+fn mcp_invalid_arguments_are_tool_errors_and_the_server_lives_on() {
+    let env = setup();
+    mcp(&env, "invalid", &[]);
+    let files = env.session_files();
+    let types = entry_types(&files[0]);
+    assert_eq!(types.iter().filter(|t| *t == "toolRejected").count(), 4, "{types:?}");
+}
+
+#[test]
+fn mcp_refuses_paths_outside_the_root() {
+    let env = setup();
+    mcp(&env, "outside", &[]);
+}
+
+fn write_script(env: &Env, lines: &[Value]) -> PathBuf {
+    env.script(lines)
+}
+
+fn acp(env: &Env, scenario: &str, script: &Path, extra: &[&str]) -> String {
+    let bin = cairn_bin();
+    let mut args = vec![
+        scenario,
+        bin.to_str().unwrap(),
+        env.home.to_str().unwrap(),
+        env.cwd.to_str().unwrap(),
+        script.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run_client("acp_client.py", &args)
+}
+
+fn read_then_write() -> Vec<Value> {
+    vec![
+        json!({"text": "Let me look.", "toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+        json!({"toolCalls": [{"id": "c2", "name": "write_file", "arguments": {"path": "b.txt", "content": "new\n"}}]}),
+        json!({"text": "Done."}),
+    ]
+}
+
+#[test]
+fn acp_prompt_streams_updates_in_order_and_writes_only_when_allowed() {
+    let env = setup();
+    let script = write_script(&env, &read_then_write());
+    acp(&env, "prompt_allow", &script, &[]);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("b.txt")).unwrap(), "new\n");
+}
+
+#[test]
+fn acp_rejected_permission_leaves_the_file_unwritten() {
+    let env = setup();
+    let script = write_script(&env, &read_then_write());
+    acp(&env, "prompt_reject", &script, &[]);
+    assert!(!env.cwd.join("b.txt").exists());
+    let text = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(text.contains("user:acp"), "the verdict is recorded with who gave it");
+}
+
+// A tool that declares itself Destructive, not `shell rm -rf`: where shell
+// runs staged, `rm -rf` is first asked as a Write call and its effect asks
+// again as Destructive, so the question sequence depends on the kernel.
+#[test]
+fn acp_destructive_call_offers_no_always_and_is_not_run_when_rejected() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[json!({"toolCalls": [{"id": "c1", "name": "nuke", "arguments": {}}]}), json!({"text": "Kept."})],
+    );
+    acp(&env, "destructive", &script, &[]);
+    assert!(!env.cwd.join("nuked").exists());
+}
+
+#[test]
+fn acp_an_answer_with_an_option_not_offered_is_a_rejection() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[json!({"toolCalls": [{"id": "c1", "name": "nuke", "arguments": {}}]}), json!({"text": "Kept."})],
+    );
+    acp(&env, "forged", &script, &[]);
+    assert!(!env.cwd.join("nuked").exists());
+}
+
+#[test]
+fn acp_allow_always_covers_later_write_calls_of_the_session() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "b.txt", "content": "1\n"}}]}),
+            json!({"toolCalls": [{"id": "c2", "name": "write_file", "arguments": {"path": "c.txt", "content": "2\n"}}]}),
+            json!({"text": "Both."}),
+        ],
+    );
+    acp(&env, "always", &script, &[]);
+}
+
+#[test]
+fn acp_cancel_mid_turn_is_durable_and_a_new_process_loads_and_continues_it() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "b.txt", "content": "new\n"}}]}),
+            json!({"text": "Resumed."}),
+            json!({"text": "Second."}),
+        ],
+    );
+    let out = acp(&env, "cancel", &script, &[]);
+    let sid = out.lines().find_map(|l| l.strip_prefix("SESSION ")).unwrap().trim().to_owned();
+    let files = env.session_files();
+    assert_eq!(files.len(), 1);
+    assert!(entry_types(&files[0]).iter().any(|t| t == "turnCancelled"), "the cancel is in the log");
+    assert!(!env.cwd.join("b.txt").exists());
+    // A second agent process loads the session by id and continues it.
+    acp(&env, "load", &script, &[&sid]);
+    let recs = records(&files[0]);
+    assert!(recs.len() > 3);
+    let check = env.cairn(&["check", &sid]).output().unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+}
+
+/// Write `input` to `cairn ARGS` then close stdin; the answers by id (and
+/// the id-less ones in order) and the exit status.
+fn raw(env: &Env, args: &[&str], input: Vec<u8>) -> (Vec<Value>, std::process::ExitStatus) {
+    let mut child = env.cairn(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    writer.join().unwrap();
+    let status = child.wait().unwrap();
+    (out.lines().map(|l| serde_json::from_str(l).unwrap()).collect(), status)
+}
+
+fn hostile_input(init: &Value, after: &[Value]) -> Vec<u8> {
+    let mut input = Vec::new();
+    let mut line = |bytes: &[u8]| {
+        input.extend_from_slice(bytes);
+        input.push(b'\n');
+    };
+    line(b"{not json");
+    line(b"\xff\xfe\x00binary");
+    line(b"[1,2,3]");
+    line(br#"{"jsonrpc":"2.0","id":{"x":1},"method":"initialize"}"#);
+    line(br#"{"jsonrpc":"2.0","id":100,"method":"tools/list"}"#); // before initialize
+    line(init.to_string().as_bytes());
+    // 17 MiB of one string: over the 16 MiB message limit.
+    let mut huge = br#"{"jsonrpc":"2.0","id":101,"method":"ping","params":{"x":""#.to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 17 * 1024 * 1024));
+    huge.extend_from_slice(br#""}}"#);
+    line(&huge);
+    line(br#"{"jsonrpc":"2.0","id":102,"method":"no/such/method","params":{}}"#);
+    line(br#"{"jsonrpc":"2.0","method":"no/such/notification"}"#);
+    line(br#"{"jsonrpc":"2.0","id":103,"result":{}}"#); // a response nobody asked for
+    line(b"");
+    for v in after {
+        line(v.to_string().as_bytes());
+    }
+    // The last request has no newline: the input ends right after it.
+    input.pop();
+    input
+}
+
+fn by_id(answers: &[Value], id: i64) -> &Value {
+    answers.iter().find(|a| a["id"] == json!(id)).unwrap_or_else(|| panic!("no answer to {id}: {answers:#?}"))
+}
+
+fn null_id_codes(answers: &[Value]) -> Vec<i64> {
+    answers
+        .iter()
+        .filter(|a| a.get("id").is_some_and(Value::is_null))
+        .map(|a| a["error"]["code"].as_i64().unwrap())
+        .collect()
+}
+
+#[test]
+fn mcp_survives_hostile_input_and_answers_the_request_before_eof() {
+    let env = setup();
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"1999-01-01","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}});
+    let after = [
+        json!({"jsonrpc":"2.0","id":104,"method":"tools/list","params":{"cursor":"bogus"}}),
+        json!({"jsonrpc":"2.0","id":105,"method":"tools/call","params":{"name":"read_file","arguments":"not an object"}}),
+        json!({"jsonrpc":"2.0","id":106,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}),
+    ];
+    let (answers, status) = raw(&env, &["mcp"], hostile_input(&init, &after));
+    assert!(status.success(), "{status:?}");
+    // parse error ×2, batch, bad id, huge: all answered with id null.
+    assert_eq!(null_id_codes(&answers), vec![-32700, -32700, -32600, -32600, -32600], "{answers:#?}");
+    assert_eq!(by_id(&answers, 100)["error"]["code"], -32600);
+    // An unknown version is answered with the newest this server speaks.
+    assert_eq!(by_id(&answers, 1)["result"]["protocolVersion"], "2025-11-25");
+    assert_eq!(by_id(&answers, 102)["error"]["code"], -32601);
+    assert_eq!(by_id(&answers, 104)["error"]["code"], -32602);
+    assert_eq!(by_id(&answers, 105)["result"]["isError"], true);
+    assert_eq!(by_id(&answers, 106)["result"]["isError"], false);
+    assert!(by_id(&answers, 106)["result"]["content"][0]["text"].as_str().unwrap().contains("hello from the root"));
+    assert!(answers.iter().all(|a| a["id"] != json!(101) && a["id"] != json!(103)), "{answers:#?}");
+}
+
+#[test]
+fn acp_survives_hostile_input_and_answers_the_request_before_eof() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"text": "Writing.", "toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "b.txt", "content": "x"}}]}),
+        ],
+    );
+    let init =
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":7,"clientCapabilities":{}}});
+    let cwd = env.cwd.to_str().unwrap();
+    let after = [
+        json!({"jsonrpc":"2.0","id":104,"method":"session/new","params":{"cwd":"relative/dir","mcpServers":[]}}),
+        json!({"jsonrpc":"2.0","id":105,"method":"session/prompt","params":{"sessionId":"nope","prompt":[{"type":"text","text":"x"}]}}),
+        json!({"jsonrpc":"2.0","id":106,"method":"session/load","params":{"sessionId":"nope","cwd":cwd,"mcpServers":[]}}),
+        json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"nope"}}),
+        json!({"jsonrpc":"2.0","id":107,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}),
+    ];
+    let mut input = hostile_input(&init, &after);
+    input.push(b'\n');
+    let (answers, status) =
+        raw(&env, &["--provider", "scripted", "--script", script.to_str().unwrap(), "acp"], input.clone());
+    assert!(status.success(), "{status:?}");
+    assert_eq!(null_id_codes(&answers), vec![-32700, -32700, -32600, -32600, -32600], "{answers:#?}");
+    assert_eq!(by_id(&answers, 100)["error"]["code"], -32600, "before initialize");
+    assert_eq!(by_id(&answers, 1)["result"]["protocolVersion"], 1);
+    assert_eq!(by_id(&answers, 102)["error"]["code"], -32601);
+    assert_eq!(by_id(&answers, 104)["error"]["code"], -32602);
+    assert_eq!(by_id(&answers, 105)["error"]["code"], -32602);
+    assert_eq!(by_id(&answers, 106)["error"]["code"], -32602);
+    let sid = by_id(&answers, 107)["result"]["sessionId"].as_str().unwrap().to_owned();
+    // Then a prompt with content cairn does not take, and one it does, the
+    // last line without its newline before EOF: it is answered, and as the
+    // client is gone nobody can approve its write: the turn is cancelled,
+    // durably, and nothing is written.
+    let more = [
+        json!({"jsonrpc":"2.0","id":108,"method":"session/prompt","params":{"sessionId":sid,"prompt":[{"type":"image","data":"","mimeType":"image/png"}]}}),
+        json!({"jsonrpc":"2.0","id":109,"method":"session/prompt","params":{"sessionId":sid,"prompt":[{"type":"text","text":"hi"}]}}),
+    ];
+    let mut input = Vec::new();
+    input.extend_from_slice(init.to_string().as_bytes());
+    input.push(b'\n');
+    input.extend_from_slice(
+        json!({"jsonrpc":"2.0","id":2,"method":"session/load","params":{"sessionId":sid,"cwd":cwd,"mcpServers":[]}})
+            .to_string()
+            .as_bytes(),
+    );
+    for m in &more {
+        input.push(b'\n');
+        input.extend_from_slice(m.to_string().as_bytes());
+    }
+    let (answers, status) = raw(&env, &["--provider", "scripted", "--script", script.to_str().unwrap(), "acp"], input);
+    assert!(status.success(), "{status:?}");
+    assert_eq!(by_id(&answers, 108)["error"]["code"], -32602);
+    assert!(by_id(&answers, 108)["error"]["message"].as_str().unwrap().contains("image"));
+    assert_eq!(by_id(&answers, 109)["result"]["stopReason"], "cancelled", "{answers:#?}");
+    assert!(!env.cwd.join("b.txt").exists());
+    let files = env.session_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let types = entry_types(&files[0]);
+    assert!(types.iter().any(|t| t == "turnCancelled"), "{types:?}");
+    let check = env.cairn(&["check", &sid]).output().unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+}
+
+#[test]
+fn acp_reads_and_writes_through_the_editor_when_it_offers_fs() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+            json!({"toolCalls": [{"id": "c2", "name": "read_file", "arguments": {"path": "link-out"}}]}),
+            json!({"toolCalls": [{"id": "c3", "name": "write_file", "arguments": {"path": "b.txt", "content": "via the editor\n"}}]}),
+            json!({"text": "Edited."}),
+        ],
+    );
+    acp(&env, "client_fs", &script, &[]);
+    assert!(!env.cwd.join("b.txt").exists());
+    assert_eq!(std::fs::read_to_string(env.cwd.join("a.txt")).unwrap(), "hello from the root\n");
+}
+
+#[test]
+fn acp_cancel_stops_a_running_tool_and_the_session_goes_on() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "sleep 300"}}]}),
+            json!({"text": "After."}),
+        ],
+    );
+    acp(&env, "cancel_running", &script, &[]);
+    let types = entry_types(&env.session_files()[0]);
+    assert!(types.iter().any(|t| t == "turnCancelled"), "{types:?}");
+    assert!(types.iter().any(|t| t == "toolFailed"), "{types:?}");
+}
+
+#[test]
+fn acp_a_failed_provider_call_is_an_error_and_the_next_prompt_finishes_that_turn_first() {
+    let env = setup();
+    let short = write_script(
+        &env,
+        &[json!({"toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]})],
+    );
+    let out = acp(&env, "fail", &short, &[]);
+    let sid = out.lines().find_map(|l| l.strip_prefix("SESSION ")).unwrap().trim().to_owned();
+    // The script of the next process goes on where the first one ran out.
+    let full = env.home.join("full.jsonl");
+    let lines = [
+        json!({"toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+        json!({"text": "Recovered."}),
+        json!({"text": "Third."}),
+    ];
+    std::fs::write(&full, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    acp(&env, "recover", &full, &[&sid]);
+}
+
+#[test]
+fn mcp_a_cancelled_call_is_stopped_recorded_and_not_answered() {
+    let env = setup();
+    let lines = [
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}),
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+        json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"shell","arguments":{"command":"sleep 300"}}}),
+        json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"the user gave up"}}),
+        json!({"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}),
+    ];
+    let input: Vec<u8> = lines.iter().flat_map(|l| format!("{l}\n").into_bytes()).collect();
+    let (answers, status) = raw(&env, &["mcp", "--allow", "shell(sleep *)"], input);
+    assert!(status.success(), "{status:?}");
+    assert!(answers.iter().all(|a| a["id"] != json!(7)), "a cancelled call is not answered: {answers:#?}");
+    assert_eq!(by_id(&answers, 8)["result"]["isError"], false, "{answers:#?}");
+    let types = entry_types(&env.session_files()[0]);
+    assert!(types.iter().any(|t| t == "turnCancelled"), "{types:?}");
+    let check = env.cairn(&["check", env.session_files()[0].to_str().unwrap()]).output().unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+}

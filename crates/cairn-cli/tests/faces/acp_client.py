@@ -1,0 +1,287 @@
+"""Drive `cairn acp` with the ACP Python SDK (PyPI `agent-client-protocol`).
+
+Usage: acp_client.py SCENARIO CAIRN HOME CWD SCRIPT [SESSION_ID]
+Each scenario asserts what an editor sees and exits non-zero on failure.
+"""
+import asyncio
+import os
+import sys
+
+from acp import text_block
+from acp.schema import (
+    AllowedOutcome,
+    ClientCapabilities,
+    DeniedOutcome,
+    FileSystemCapabilities,
+    ReadTextFileResponse,
+    RequestPermissionResponse,
+    WriteTextFileResponse,
+)
+from acp.stdio import spawn_agent_process
+
+scenario, cairn, home, cwd, script, *rest = sys.argv[1:]
+
+
+class Editor:
+    """Records every update and permission question, in arrival order."""
+
+    def __init__(self, answer):
+        self.answer = answer  # "allow_once" | "allow_always" | "reject_once" | "cancel"
+        self.events = []
+        self.commands = set()
+        self.conn = None
+
+    def on_connect(self, conn):
+        self.conn = conn
+
+    async def session_update(self, session_id, update, **kwargs):
+        self.events.append(("update", session_id, update))
+        if update.session_update == "available_commands_update":
+            self.commands.update(c.name for c in update.available_commands)
+        if (self.answer == "cancel_running" and update.session_update == "tool_call_update"
+                and update.status == "in_progress"):
+            # The tool is running: cancel the turn from the editor.
+            await self.conn.cancel(session_id=session_id)
+
+    async def request_permission(self, options, session_id, tool_call, **kwargs):
+        self.events.append(("permission", session_id, (tool_call, options)))
+        if self.answer == "forged":
+            # A client answering with an option that was not offered.
+            return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id="allow-always"))
+        if self.answer == "cancel_running":
+            return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=options[0].option_id))
+        if self.answer == "cancel":
+            await self.conn.cancel(session_id=session_id)
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        chosen = [o for o in options if o.kind == self.answer]
+        assert chosen, f"option {self.answer} not offered: {options}"
+        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=chosen[0].option_id))
+
+    async def read_text_file(self, path, session_id, limit=None, line=None, **kwargs):
+        self.events.append(("fs_read", session_id, path))
+        return ReadTextFileResponse(content="unsaved buffer line\nsecond\n")
+
+    async def write_text_file(self, content, path, session_id, **kwargs):
+        self.events.append(("fs_write", session_id, (path, content)))
+        return WriteTextFileResponse()
+
+    def summary(self):
+        """Consecutive text chunks joined; tool calls and updates with their status."""
+        out, ids = [], {}
+        for kind, _, payload in self.events:
+            if kind in ("fs_read", "fs_write"):
+                out.append((kind, payload))
+                continue
+            if kind == "permission":
+                tool_call, options = payload
+                assert tool_call.tool_call_id in ids, f"permission for an unannounced tool call {tool_call.tool_call_id}"
+                out.append(("permission", ids[tool_call.tool_call_id], tuple(o.kind for o in options)))
+                continue
+            u = payload
+            t = u.session_update
+            if t in ("agent_message_chunk", "user_message_chunk"):
+                if out and out[-1][0] == t:
+                    out[-1] = (t, out[-1][1] + u.content.text)
+                else:
+                    out.append((t, u.content.text))
+            elif t == "tool_call":
+                assert u.tool_call_id not in ids, f"tool call id reused: {u.tool_call_id}"
+                ids[u.tool_call_id] = u.kind
+                out.append(("tool_call", u.kind, u.status))
+            elif t == "tool_call_update":
+                assert u.tool_call_id in ids, f"update of an unannounced tool call {u.tool_call_id}"
+                out.append(("update", ids[u.tool_call_id], u.status))
+        return out
+
+    def texts(self):
+        return [
+            "".join(c.content.text for c in (p.content or []) if getattr(c.content, "text", None))
+            for k, _, p in self.events
+            if k == "update" and p.session_update == "tool_call_update" and p.status in ("completed", "failed")
+        ]
+
+
+def env():
+    return {"CAIRN_HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.path.join(home, "fakehome"), "NO_COLOR": "1"}
+
+
+async def connect(editor):
+    return spawn_agent_process(editor, cairn, "--provider", "scripted", "--script", script, "acp", env=env(), cwd=cwd)
+
+
+def expect(got, want):
+    assert got == want, f"\n got: {got}\nwant: {want}"
+
+
+async def start(conn, fs=False):
+    caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=fs, write_text_file=fs))
+    init = await conn.initialize(protocol_version=1, client_capabilities=caps)
+    assert init.protocol_version == 1, init
+    assert init.agent_capabilities.load_session is True, init
+    return init
+
+
+async def main():
+    answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
+              "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
+              "recover": "allow_once"}[scenario]
+    editor = Editor(answer)
+    async with await connect(editor) as (conn, proc):
+        await start(conn, fs=scenario == "client_fs")
+        if scenario == "recover":
+            sid = rest[0]
+            await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
+            editor.events.clear()
+            # The failed turn is finished first, then the new prompt runs.
+            r = await conn.prompt(session_id=sid, prompt=[text_block("next")])
+            expect(r.stop_reason, "end_turn")
+            # (consecutive chunks are joined by summary())
+            expect(editor.summary(), [("agent_message_chunk", "Recovered.Third.")])
+            print("recovered")
+            return
+        if scenario == "load":
+            sid = rest[0]
+            await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
+            expect(editor.summary(), [
+                ("user_message_chunk", "first"),
+                ("tool_call", "edit", "pending"),
+                ("update", "edit", "failed"),
+            ])
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("/resume")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [("agent_message_chunk", "Resumed.")])
+            assert "resume" in editor.commands, editor.commands
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("again")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [("agent_message_chunk", "Second.")])
+            print("loaded and continued")
+            return
+        new = await conn.new_session(cwd=cwd, mcp_servers=[])
+        sid = new.session_id
+        if scenario == "cancel":
+            r = await conn.prompt(session_id=sid, prompt=[text_block("first")])
+            expect(r.stop_reason, "cancelled")
+            expect(editor.summary(), [
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "failed"),
+            ])
+            assert not os.path.exists(os.path.join(cwd, "b.txt"))
+            print("SESSION", sid)
+            return
+        if scenario == "fail":
+            from acp import RequestError
+            try:
+                await conn.prompt(session_id=sid, prompt=[text_block("go")])
+            except RequestError as e:
+                assert "/resume" in str(e.data) + str(e), e
+            else:
+                raise AssertionError("a prompt whose provider failed did not fail")
+            expect(editor.summary(), [
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "completed"),
+            ])
+            print("SESSION", sid)
+            return
+        if scenario == "cancel_running":
+            r = await conn.prompt(session_id=sid, prompt=[text_block("run it")])
+            expect(r.stop_reason, "cancelled")
+            expect(editor.summary(), [
+                ("tool_call", "execute", "pending"),
+                ("permission", "execute", ("allow_once", "allow_always", "reject_once")),
+                ("update", "execute", "in_progress"),
+                ("update", "execute", "failed"),
+            ])
+            texts = editor.texts()
+            assert "cancel" in texts[0] and "timed out" not in texts[0], texts
+            # The session goes on: a new prompt is a new turn.
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("next")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [("agent_message_chunk", "After.")])
+            print("ok", scenario)
+            return
+        r = await conn.prompt(session_id=sid, prompt=[text_block("hi")])
+        expect(r.stop_reason, "end_turn")
+        got = editor.summary()
+        if scenario == "prompt_allow":
+            expect(got, [
+                ("agent_message_chunk", "Let me look."),
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "completed"),
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "in_progress"), ("update", "edit", "completed"),
+                ("agent_message_chunk", "Done."),
+            ])
+            assert "hello" in editor.texts()[0], editor.texts()
+            # The permission question shows the write as a diff view.
+            (tool_call, _), = [p for k, _, p in editor.events if k == "permission"]
+            diffs = [c for c in tool_call.content if c.type == "diff"]
+            assert len(diffs) == 1, tool_call.content
+            expect((diffs[0].path, diffs[0].old_text, diffs[0].new_text), (os.path.join(cwd, "b.txt"), None, "new\n"))
+            with open(os.path.join(cwd, "b.txt")) as f:
+                expect(f.read(), "new\n")
+        elif scenario == "prompt_reject":
+            expect(got, [
+                ("agent_message_chunk", "Let me look."),
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "completed"),
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "failed"),
+                ("agent_message_chunk", "Done."),
+            ])
+            assert "rejected" in editor.texts()[1], editor.texts()
+            assert not os.path.exists(os.path.join(cwd, "b.txt")), "a rejected write happened"
+        elif scenario == "forged":
+            expect(got, [
+                ("tool_call", "other", "pending"),
+                ("permission", "other", ("allow_once", "reject_once")),
+                ("update", "other", "failed"),
+                ("agent_message_chunk", "Kept."),
+            ])
+            assert "not offered" in editor.texts()[0], editor.texts()
+            assert not os.path.exists(os.path.join(cwd, "nuked")), "a forged answer ran a destructive call"
+        elif scenario == "destructive":
+            expect(got, [
+                ("tool_call", "other", "pending"),
+                ("permission", "other", ("allow_once", "reject_once")),
+                ("update", "other", "failed"),
+                ("agent_message_chunk", "Kept."),
+            ])
+            assert not os.path.exists(os.path.join(cwd, "nuked")), "a rejected destructive call ran"
+        elif scenario == "always":
+            # Two writes: the second is not asked again.
+            expect(got, [
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "in_progress"), ("update", "edit", "completed"),
+                ("tool_call", "edit", "pending"),
+                ("update", "edit", "in_progress"), ("update", "edit", "completed"),
+                ("agent_message_chunk", "Both."),
+            ])
+            for name in ("b.txt", "c.txt"):
+                assert os.path.exists(os.path.join(cwd, name)), name
+        elif scenario == "client_fs":
+            b = os.path.join(cwd, "b.txt")
+            expect(got, [
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"),
+                ("fs_read", os.path.join(cwd, "a.txt")),
+                ("update", "read", "completed"),
+                # Outside the root: refused before the editor is asked.
+                ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "failed"),
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "in_progress"),
+                ("fs_write", (b, "via the editor\n")),
+                ("update", "edit", "completed"),
+                ("agent_message_chunk", "Edited."),
+            ])
+            texts = editor.texts()
+            assert "unsaved buffer line" in texts[0] and "hello from the root" not in texts[0], texts
+            assert "outside" in texts[1] or ".." in texts[1], texts
+            assert not os.path.exists(b), "the editor holds the write; cairn must not write the disk itself"
+        print("ok", scenario)
+
+
+asyncio.run(main())

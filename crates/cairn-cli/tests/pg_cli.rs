@@ -1,0 +1,228 @@
+//! The real `cairn` binary against a real PostgreSQL server (started for the
+//! test): `cairn submit` enqueues, `cairn worker` drives (an allowlisted
+//! Write runs; a Destructive shell call is refused, never run, headless),
+//! `cairn sessions/show/log --database` read the same data, `database = …`
+//! in the config works like the flag, `cairn export` writes a session file
+//! that `cairn check` accepts and `cairn import` copies back byte for byte.
+
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod util;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use cairn_pg::test_cluster::TestCluster;
+use serde_json::{Value, json};
+use util::Env;
+
+fn stdout(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn statuses(env: &Env, url: &str) -> Vec<Value> {
+    let out = env.cairn(&["--database", url, "--json", "sessions"]).output().unwrap();
+    stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Kills the worker if the test fails before stopping it.
+struct Guard(Option<std::process::Child>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn submit_worker_show_log_export_check_import() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    // The headless worker refuses `rm -rf` before it runs only unstaged;
+    // staged, the call would wait for a person as a Write call first.
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    std::fs::write(env.cwd.join("precious"), "keep me").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "write_file", "arguments": {"path": "out.txt", "content": "hi\n"}},
+            {"id": "c2", "name": "shell", "arguments": {"command": "rm -rf precious"}}
+        ]}),
+        json!({"text": "all done", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+
+    // Nothing there yet, and a readable message says how to add work.
+    let empty = stdout(&env.cairn(&["--database", url, "sessions"]).output().unwrap());
+    assert!(empty.contains("no sessions in the database"), "{empty}");
+
+    let id = stdout(&env.cairn(&["--database", url, "submit", "write it"]).output().unwrap()).trim().to_owned();
+    assert_eq!(id.len(), 36, "{id}");
+    let listed = statuses(&env, url);
+    assert_eq!((listed[0]["id"].as_str(), listed[0]["status"].as_str()), (Some(id.as_str()), Some("queued")));
+
+    let mut guard = Guard(None);
+    let worker = env
+        .cairn(&[
+            "--database",
+            url,
+            "--script",
+            s,
+            "--allow",
+            "write_file",
+            "worker",
+            "--concurrency",
+            "2",
+            "--lease",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = worker.id();
+    guard.0 = Some(worker);
+    let start = Instant::now();
+    while statuses(&env, url)[0]["status"] != "idle" {
+        assert!(start.elapsed() < Duration::from_secs(120), "the worker never finished the session");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Released on finishing: no holder. Ctrl-C (SIGINT) stops an idle
+    // worker cleanly.
+    assert_eq!(statuses(&env, url)[0]["holder"], Value::Null);
+    let int = std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap();
+    assert!(int.success());
+    let out = guard.0.take().unwrap().wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "the worker did not stop cleanly: {:?}\n{log}", out.status);
+    assert!(log.contains(&format!("claimed {id}")) && log.contains(&format!("released {id}")), "{log}");
+
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out.txt")).unwrap(), "hi\n");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("precious")).unwrap(), "keep me", "Destructive ran headless");
+
+    // show --tools reads the database: the write completed, the rm refused.
+    let tools = stdout(&env.cairn(&["--database", url, "--json", "show", "--tools", &id[..8]]).output().unwrap());
+    let calls: Vec<Value> = tools.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let status = |tool: &str| calls.iter().find(|c| c["tool"] == tool).map(|c| c["status"].clone()).unwrap();
+    assert_eq!(status("write_file"), "completed", "{tools}");
+    assert_eq!(status("shell"), "rejected", "{tools}");
+    let log = stdout(&env.cairn(&["--database", url, "log", &id]).output().unwrap());
+    assert!(log.contains("all done"), "{log}");
+
+    // The same through `database = …` in the config file.
+    std::fs::write(env.home.join("config.toml"), format!("database = {:?}\n", url)).unwrap();
+    let again = stdout(&env.cairn(&["--json", "sessions"]).output().unwrap());
+    assert!(again.contains(&id), "{again}");
+    let config = stdout(&env.cairn(&["config"]).output().unwrap());
+    assert!(config.contains("database"), "{config}");
+    std::fs::remove_file(env.home.join("config.toml")).unwrap();
+
+    // export → check passes → import into another database → identical export.
+    let exported = env.cairn(&["--database", url, "export", &id]).output().unwrap();
+    let bytes = exported.stdout.clone();
+    stdout(&exported);
+    let file = env.cwd.join(format!("{id}.jsonl"));
+    std::fs::write(&file, &bytes).unwrap();
+    let check = env.cairn(&["check", file.to_str().unwrap()]).output().unwrap();
+    stdout(&check);
+    let other = cluster.create_database("other").unwrap();
+    let imported = stdout(&env.cairn(&["--database", &other, "import", file.to_str().unwrap()]).output().unwrap());
+    assert_eq!(imported.trim(), id);
+    let back = env.cairn(&["--database", &other, "export", &id]).output().unwrap();
+    assert_eq!(back.stdout, bytes, "export after import differs");
+    // A second import of the same id is refused, nothing changed.
+    let twice = env.cairn(&["--database", &other, "import", file.to_str().unwrap()]).output().unwrap();
+    assert!(!twice.status.success());
+    assert!(
+        String::from_utf8_lossy(&twice.stderr).contains("already exists"),
+        "{}",
+        String::from_utf8_lossy(&twice.stderr)
+    );
+
+    // A follow-up prompt for the same session goes to the inbox.
+    let queued = stdout(&env.cairn(&["--database", url, "submit", "--session", &id[..8], "more"]).output().unwrap());
+    assert_eq!(queued.trim(), id);
+    assert_eq!(statuses(&env, url)[0]["queued"], 1);
+}
+
+#[test]
+fn a_bad_database_url_or_unknown_session_says_what_to_do() {
+    let env = Env::new();
+    let out = env.cairn(&["submit", "hello"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--database"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = env.cairn(&["--database", "postgres://nobody:secret@127.0.0.1:1/none", "sessions"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot use the database"), "{err}");
+    assert!(!err.contains("secret"), "the password leaked: {err}");
+}
+
+#[test]
+fn a_pending_approval_is_data_that_survives_the_worker() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "write_file", "arguments": {"path": "asked.txt", "content": "yes\n"}}
+        ]}),
+        json!({"text": "written", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+    let id = stdout(&env.cairn(&["--database", url, "submit", "write it"]).output().unwrap()).trim().to_owned();
+    let worker = |g: &mut Guard| {
+        g.0 = Some(
+            env.cairn(&["--database", url, "--script", s, "worker", "--lease", "1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    };
+    let pending = || -> Vec<Value> {
+        let out = stdout(&env.cairn(&["--database", url, "--json", "approvals"]).output().unwrap());
+        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let wait = |what: &str, cond: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < Duration::from_secs(120), "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let mut first = Guard(None);
+    worker(&mut first);
+    wait("the question", &|| pending().len() == 1);
+    let question = pending().remove(0);
+    assert_eq!((question["sessionId"].as_str(), question["tool"].as_str()), (Some(id.as_str()), Some("write_file")));
+    // The worker dies while the question waits; nothing ran.
+    drop(first);
+    assert!(!env.cwd.join("asked.txt").exists());
+    let mut second = Guard(None);
+    worker(&mut second);
+    // Answer from another process (any host): the taken-over turn runs it.
+    let inv = question["invocationId"].as_str().unwrap();
+    stdout(&env.cairn(&["--database", url, "approve", &id, inv]).output().unwrap());
+    wait("the session to finish", &|| statuses(&env, url)[0]["status"] == "idle");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("asked.txt")).unwrap(), "yes\n");
+    assert!(pending().is_empty());
+    // A second answer is refused: the first one stands.
+    let again = env.cairn(&["--database", url, "approve", &id, inv, "--deny", "no"]).output().unwrap();
+    assert!(!again.status.success());
+    let tools = stdout(&env.cairn(&["--database", url, "--json", "show", "--tools", &id]).output().unwrap());
+    let call: Value = serde_json::from_str(tools.lines().next().unwrap()).unwrap();
+    assert_eq!(call["status"], "completed", "{tools}");
+    assert_eq!(call["settlements"], 1, "{tools}");
+    assert!(call["verdict"]["by"].as_str().unwrap().starts_with("user:cli:"), "{tools}");
+}

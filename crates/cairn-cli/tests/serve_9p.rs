@@ -1,0 +1,658 @@
+//! `cairn serve` driven by real 9P clients over a Unix socket and TCP
+//! loopback: the `ninep` crate's client and cairn-9p's own raw client
+//! (for exact fids, tags and Tflush). The server is the real `cairn`
+//! binary; sessions it writes are checked with `cairn` itself.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_debug_implementations, unreachable_pub)]
+
+mod util;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_9p::Dial;
+use cairn_9p::client::{Conn, mode};
+use ninep::sansio::protocol::{Rdata, Tdata};
+use serde_json::json;
+use util::Env;
+
+/// A running `cairn serve` and the addresses it printed.
+pub struct Served {
+    pub child: Child,
+    pub addresses: Vec<String>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn serve(env: &Env, listen: &[&str]) -> Served {
+    let mut args = vec!["serve"];
+    for l in listen {
+        args.extend(["--listen", l]);
+    }
+    let mut child = env.cairn(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let wanted = listen.len().max(1);
+    let mut addresses = Vec::new();
+    while addresses.len() < wanted {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("cairn serve printed no address; stderr: {err}");
+        }
+        addresses.push(line.trim().to_owned());
+    }
+    Served { child, addresses }
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn connect(address: &str) -> Conn {
+    Conn::dial(&Dial::parse(address).unwrap()).unwrap()
+}
+
+fn text(conn: &mut Conn, path: &str) -> String {
+    conn.read_text(path).unwrap_or_else(|e| panic!("read {path}: {e:#}"))
+}
+
+fn entry_types(path: &std::path::Path) -> Vec<String> {
+    // One line is one commit: a record, or an array of them.
+    let mut types = Vec::new();
+    for line in std::fs::read_to_string(path).unwrap().lines().skip(1) {
+        let records = match serde_json::from_str::<serde_json::Value>(line).unwrap() {
+            serde_json::Value::Array(items) => items,
+            one => vec![one],
+        };
+        types.extend(records.iter().filter(|r| r["kind"] == "entry").map(|r| r["type"].as_str().unwrap().to_owned()));
+    }
+    types
+}
+
+/// Create, prompt, follow chat and event, approve one write with y and
+/// deny another with n, read usage and idx — over one address.
+fn drive_a_session(env: &Env, address: &str, tag: &str) {
+    let script = env.home.join(format!("script-{tag}.jsonl"));
+    let lines = [
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": format!("{tag}-yes.txt"), "content": "approved\n"}}]}),
+        json!({"text": "", "toolCalls": [{"id": "c2", "name": "write_file", "arguments": {"path": format!("{tag}-no.txt"), "content": "denied\n"}}]}),
+        json!({"text": format!("all done {tag}")}),
+    ];
+    std::fs::write(&script, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let mut c = connect(address);
+    assert!(text(&mut c, "s/new").starts_with("cwd= provider= model= name= script= allow= yes="));
+    let spec = format!("cwd={} provider=scripted script={} name=n-{tag}", env.cwd.display(), script.display());
+    let id = c.create_session(&spec).unwrap();
+    assert!(!id.is_empty() && !id.contains(' '), "{id:?}");
+    assert_eq!(text(&mut c, &format!("s/{id}/state")), "idle\n");
+    let idx = text(&mut c, "s/idx");
+    let row = idx.lines().find(|l| l.starts_with(&id)).unwrap_or_else(|| panic!("{id} not in idx: {idx}"));
+    assert_eq!(row, format!("{id} idle {} scripted - n-{tag}", env.cwd.canonicalize().unwrap().display()));
+
+    // A follower of `event` started before the turn sees it as it happens.
+    let follower_addr = address.to_owned();
+    let event_path = format!("s/{id}/event");
+    let follower = std::thread::spawn(move || {
+        let mut f = connect(&follower_addr);
+        let (fid, _) = f.walk(&event_path).unwrap();
+        f.open(fid, mode::READ).unwrap();
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains("\"turnEnd\"") {
+            let chunk = f.read_at(fid, got.len() as u64, 8192).unwrap();
+            assert!(!chunk.is_empty(), "event returned end-of-file instead of blocking");
+            got.extend(chunk);
+        }
+        String::from_utf8(got).unwrap()
+    });
+
+    c.write_file(&format!("s/{id}/prompt"), b"write two files\n").unwrap();
+    // The second approval waits for us: answer the first y, the second n.
+    let mut answered = 0;
+    for answer in ["y", "n"] {
+        let dir = format!("s/{id}/approvals");
+        let mut pending = Vec::new();
+        wait_for("an approval file", || {
+            pending = c.list(&dir).unwrap();
+            !pending.is_empty()
+        });
+        let inv = pending[0].name.clone();
+        let shown = text(&mut c, &format!("{dir}/{inv}"));
+        assert!(shown.contains("tool: write_file") && shown.contains("risk: write"), "{shown}");
+        assert!(shown.contains(&format!("{tag}-")), "{shown}");
+        assert!(text(&mut c, &format!("s/{id}/state")).starts_with("awaiting approval: write_file"));
+        c.write_file(&format!("{dir}/{inv}"), answer.as_bytes()).unwrap();
+        answered += 1;
+    }
+    assert_eq!(answered, 2);
+    wait_for("the answer in chat", || {
+        text(&mut c, &format!("s/{id}/chat")).contains(&format!("assistant: all done {tag}"))
+    });
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    assert_eq!(std::fs::read_to_string(env.cwd.join(format!("{tag}-yes.txt"))).unwrap(), "approved\n");
+    assert!(!env.cwd.join(format!("{tag}-no.txt")).exists(), "a denied write ran");
+
+    let chat = text(&mut c, &format!("s/{id}/chat"));
+    assert!(chat.starts_with("user: write two files\n"), "{chat}");
+    assert!(chat.contains("-> write_file("), "{chat}");
+    assert!(chat.lines().filter(|l| l.starts_with("= ")).count() == 2, "{chat}");
+    let stat = c.stat(&format!("s/{id}/chat")).unwrap();
+    assert_eq!(stat.length, chat.len() as u64, "chat's size is its length");
+
+    let events = follower.join().unwrap();
+    let types: Vec<String> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].as_str().unwrap().to_owned())
+        .collect();
+    for t in
+        ["turnStarted", "toolRequested", "approvalAsked", "approvalVerdict", "toolCompleted", "toolRejected", "turnEnd"]
+    {
+        assert!(types.iter().any(|x| x == t), "{t} missing from {types:?}");
+    }
+    let usage = text(&mut c, &format!("s/{id}/usage"));
+    assert!(usage.contains("attempts 3"), "{usage}");
+    let (log_fid, _) = c.walk(&format!("s/{id}/log")).unwrap();
+    c.open(log_fid, mode::READ).unwrap();
+    let log = String::from_utf8(c.read_at(log_fid, 0, 60_000).unwrap()).unwrap();
+    c.clunk(log_fid).unwrap();
+    assert!(log.lines().count() > 5, "{log}");
+    let file = env.home.join("sessions").join(format!("{id}.jsonl"));
+    // log is the file itself; a read at its end would block, so read_text
+    // cannot be used for it past the end: compare the prefix read so far.
+    assert!(std::fs::read_to_string(&file).unwrap().starts_with(&log), "log is the session file");
+    let types = entry_types(&file);
+    assert_eq!(types.iter().filter(|t| *t == "toolCompleted").count(), 1, "{types:?}");
+    assert_eq!(types.iter().filter(|t| *t == "toolRejected").count(), 1, "{types:?}");
+}
+
+#[test]
+fn a_session_is_created_prompted_followed_and_approved_over_unix_and_tcp() {
+    let env = Env::new();
+    let sock = env.home.join("run").join("c.sock");
+    let unix = format!("unix!{}", sock.display());
+    let served = serve(&env, &[&unix, "tcp!127.0.0.1!0"]);
+    assert_eq!(served.addresses[0], unix);
+    assert!(served.addresses[1].starts_with("tcp!127.0.0.1!"), "{:?}", served.addresses);
+    assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(sock.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+    drive_a_session(&env, &served.addresses[0], "unix");
+    drive_a_session(&env, &served.addresses[1], "tcp");
+    // The CLI sees the same sessions.
+    let out = env.cairn(&["sessions"]).output().unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(listing.contains("n-unix") && listing.contains("n-tcp"), "{listing}");
+}
+
+/// `event` as it stands: everything up to its current length (a read at
+/// its end would block), as JSON values.
+fn events_so_far(c: &mut Conn, id: &str) -> Vec<serde_json::Value> {
+    let path = format!("s/{id}/event");
+    let length = c.stat(&path).unwrap().length;
+    let (fid, _) = c.walk(&path).unwrap();
+    c.open(fid, mode::READ).unwrap();
+    let mut got = Vec::new();
+    while (got.len() as u64) < length {
+        let chunk = c.read_at(fid, got.len() as u64, 8192).unwrap();
+        assert!(!chunk.is_empty(), "event shorter than its stat says");
+        got.extend(chunk);
+    }
+    c.clunk(fid).unwrap();
+    String::from_utf8(got).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn of_type<'a>(events: &'a [serde_json::Value], t: &str) -> Vec<&'a serde_json::Value> {
+    events.iter().filter(|e| e["type"] == t).collect()
+}
+
+/// `event` starts at the session's start: a server that did not run the
+/// earlier turns (a turn by `cairn resume` while it was up, a restart)
+/// re-tells them from the log, in the `--json` schema, each once.
+#[test]
+fn event_tells_the_session_from_its_start_across_cli_turns_and_restarts() {
+    let env = Env::new();
+    std::fs::write(env.cwd.join("a.txt"), "alpha\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+        json!({"text": "first answer"}),
+        json!({"text": "second answer"}),
+        json!({"text": "third answer"}),
+    ]);
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let id =
+        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    c.write_file(&format!("s/{id}/prompt"), b"first prompt").unwrap();
+    wait_for("the first answer", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: first answer"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    let live = events_so_far(&mut c, &id);
+    assert_eq!(of_type(&live, "turnStarted")[0]["prompt"], "first prompt", "{live:?}");
+
+    // A turn by the CLI while the server is up and idle.
+    let s = script.to_str().unwrap();
+    let out = env.cairn(&["--script", s, "resume", &id, "--prompt", "second prompt"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut now = Vec::new();
+    wait_for("the CLI's turn in event", || {
+        now = events_so_far(&mut c, &id);
+        of_type(&now, "final").len() == 2
+    });
+    assert_eq!(now[..live.len()], live[..], "what was told stays told");
+    let finals: Vec<&str> = of_type(&now, "final").iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(finals, ["first answer", "second answer"]);
+    assert_eq!(of_type(&now, "turnStarted")[1]["prompt"], "second prompt");
+    drop(c);
+    drop(served); // SIGKILL
+
+    // A restarted server re-tells both turns from the log alone.
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let told = events_so_far(&mut c, &id);
+    let types: Vec<&str> = told.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let prompts: Vec<&str> = of_type(&told, "turnStarted").iter().map(|e| e["prompt"].as_str().unwrap()).collect();
+    assert_eq!(prompts, ["first prompt", "second prompt"], "{types:?}");
+    let finals: Vec<&str> = of_type(&told, "final").iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(finals, ["first answer", "second answer"], "{types:?}");
+    let position = |t: &str| types.iter().position(|x| *x == t).unwrap_or_else(|| panic!("no {t} in {types:?}"));
+    assert!(position("turnStarted") < position("toolRequested"));
+    assert!(position("toolRequested") < position("toolStarted"));
+    assert!(position("toolStarted") < position("toolCompleted"));
+    assert!(position("toolCompleted") < position("final"));
+    assert_eq!(of_type(&told, "toolCompleted")[0]["tool"], "read_file");
+    assert_eq!(of_type(&told, "usage").len(), 3, "one usage per provider attempt: {types:?}");
+
+    // And a turn run here afterwards follows the history, live.
+    c.write_file(&format!("s/{id}/prompt"), b"third prompt").unwrap();
+    wait_for("the third answer", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: third answer"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    let after = events_so_far(&mut c, &id);
+    assert_eq!(after[..told.len()], told[..]);
+    let finals: Vec<&str> = of_type(&after, "final").iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(finals, ["first answer", "second answer", "third answer"]);
+    assert_eq!(of_type(&after, "turnEnd").len(), 1, "the live turn's end, once");
+}
+
+#[test]
+fn the_ninep_crate_client_reads_and_writes_the_tree() {
+    let env = Env::new();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let port: u16 = served.addresses[0].rsplit('!').next().unwrap().parse().unwrap();
+    let client = ninep::sync::client::Client::new_tcp("cairn", ("127.0.0.1", port), "").unwrap();
+    let help = client.read_str("help").unwrap();
+    assert!(help.contains("s/new"), "{help}");
+    let script = env.script(&[json!({"text": "hello from the script"})]);
+    let spec = format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display());
+    client.write_str("s/new", 0, &spec).unwrap();
+    client.clunk_path("s/new").unwrap();
+    let idx = client.read_str("s/idx").unwrap();
+    let id = idx.split_whitespace().next().unwrap().to_owned();
+    client.write_str(format!("s/{id}/prompt"), 0, "say hello").unwrap();
+    client.clunk_path(format!("s/{id}/prompt")).unwrap();
+    wait_for("the answer", || {
+        let chat = client.read_str(format!("s/{id}/chat")).unwrap_or_default();
+        let _ = client.clunk_path(format!("s/{id}/chat"));
+        chat.contains("assistant: hello from the script")
+    });
+    let entries = client.read_dir(format!("s/{id}")).unwrap();
+    let names: Vec<String> = entries.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(names, ["prompt", "chat", "event", "state", "usage", "ctl", "log", "approvals"]);
+}
+
+#[test]
+fn bad_writes_fail_naming_the_problem() {
+    let env = Env::new();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let cases = [
+        ("colour=red", "unknown key \"colour\""),
+        ("cwd=/no/such/dir", "no such directory"),
+        (&*format!("cwd={} provider=nope", env.cwd.display()), "nope"),
+        ("provider=scripted", "cwd= is missing"),
+        ("justaword", "not key=value"),
+    ];
+    for (spec, wanted) in cases {
+        let err = c.create_session(spec).unwrap_err().to_string();
+        assert!(err.contains(wanted), "{spec}: {err}");
+    }
+    let script = env.script(&[json!({"text": "x"})]);
+    let id =
+        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    let err = c.write_file(&format!("s/{id}/ctl"), b"explode now").unwrap_err().to_string();
+    assert!(err.contains("unknown ctl command \"explode\""), "{err}");
+    let err = c.write_file(&format!("s/{id}/ctl"), b"stop").unwrap_err().to_string();
+    assert!(err.contains("no turn is running"), "{err}");
+    let err = c.write_file(&format!("s/{id}/chat"), b"x").unwrap_err().to_string();
+    assert!(err.contains("read-only"), "{err}");
+    assert!(c.walk("s/nosuch/chat").is_err());
+    // ctl rn renames; idx shows it.
+    c.write_file(&format!("s/{id}/ctl"), b"rn renamed").unwrap();
+    assert!(text(&mut c, "s/idx").contains(" renamed"), "{}", text(&mut c, "s/idx"));
+    // Removing the directory archives the file; nothing is deleted.
+    c.remove(&format!("s/{id}")).unwrap();
+    assert!(env.home.join("archive").join(format!("{id}.jsonl")).is_file());
+    assert!(!text(&mut c, "s/idx").contains(&id));
+}
+
+#[test]
+fn a_second_server_and_an_open_tcp_address_are_refused() {
+    let env = Env::new();
+    let mut served = serve(&env, &[]);
+    let sock = env.home.join("cairn.sock");
+    assert_eq!(served.addresses, [format!("unix!{}", sock.display())]);
+    assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
+    let pid = served.child.id();
+    let out = env.cairn(&["serve", "--listen", "tcp!127.0.0.1!0"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("pid {pid}")) && err.contains(&served.addresses[0]), "{err}");
+
+    let other = Env::new();
+    let out = other.cairn(&["serve", "--listen", "tcp!0.0.0.0!0"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no authentication") && err.contains("--listen-insecure"), "{err}");
+
+    // SIGINT: a clean exit that removes the socket.
+    unsafe_kill(pid, 2);
+    let status = served.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!sock.exists(), "the socket was left behind");
+}
+
+fn unsafe_kill(pid: u32, signal: i32) {
+    let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn tflush_cancels_a_blocked_read_and_other_requests_go_on() {
+    let env = Env::new();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let script = env.script(&[json!({"text": "x"})]);
+    let id =
+        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    let (fid, _) = c.walk(&format!("s/{id}/event")).unwrap();
+    c.open(fid, mode::READ).unwrap();
+    c.send(100, Tdata::Read { fid, offset: 0, count: 4096 }).unwrap();
+    // The connection still answers while that read is blocked.
+    let (other, _) = c.walk("help").unwrap();
+    c.send(101, Tdata::Clunk { fid: other }).unwrap();
+    let reply = c.recv().unwrap();
+    assert_eq!(reply.tag, 101, "{reply:?}");
+    // And another connection too.
+    let mut d = connect(&served.addresses[0]);
+    assert!(text(&mut d, "help").contains("s/new"));
+    c.send(102, Tdata::Flush { old_tag: 100 }).unwrap();
+    let reply = c.recv().unwrap();
+    assert_eq!((reply.tag, reply.content), (102, Rdata::Flush {}), "the flushed read must not be answered");
+    // Nothing else is pending: a fresh request's reply is the next message.
+    assert!(text(&mut c, "help").contains("s/new"));
+}
+
+#[test]
+/// Staged (the default), the command writes into its staging layer; the
+/// killed call applies nothing and is settled once on resume.
+fn sigkill_of_serve_mid_tool_then_ctl_resume_settles_it_once() {
+    let env = Env::new();
+    cairn_tools::staging::overlay_status()
+        .unwrap_or_else(|why| panic!("staged shell needs overlay staging, unavailable here: {why}"));
+    let marker = env.cwd.join("ran.txt");
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
+        "arguments": {"command": "echo ran >> ran.txt; sleep 30"}}]});
+    let script = env.script(&[call, json!({"text": "after the interruption"})]);
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let id = c
+        .create_session(&format!("cwd={} provider=scripted script={} yes=1", env.cwd.display(), script.display()))
+        .unwrap();
+    c.write_file(&format!("s/{id}/prompt"), b"go").unwrap();
+    wait_for("the tool to start", || env.staged_file_exists("ran.txt"));
+    assert_eq!(text(&mut c, &format!("s/{id}/state")), "calling: shell\n");
+    drop(c);
+    drop(served); // SIGKILL
+
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    assert_eq!(text(&mut c, &format!("s/{id}/state")), "interrupted\n");
+    c.write_file(&format!("s/{id}/ctl"), b"resume").unwrap();
+    wait_for("the resumed answer", || {
+        text(&mut c, &format!("s/{id}/chat")).contains("assistant: after the interruption")
+    });
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    let file = env.home.join("sessions").join(format!("{id}.jsonl"));
+    let types = entry_types(&file);
+    let settlements =
+        types.iter().filter(|t| ["toolCompleted", "toolFailed", "toolRejected"].contains(&t.as_str())).count();
+    assert_eq!(settlements, 1, "settled exactly once: {types:?}");
+    assert_eq!(types.iter().filter(|t| *t == "toolStarted").count(), 1, "started once: {types:?}");
+    assert!(!marker.exists(), "a staged call killed before its commit applied its effect");
+    let check = env.cairn(&["--json", "check", "--", file.to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&check.stdout).contains("\"ok\":true"));
+}
+
+#[test]
+fn sigterm_cancels_a_running_turn_durably_and_the_cli_and_server_exclude_each_other() {
+    let env = Env::new();
+    let marker = env.cwd.join("slow.txt");
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
+        "arguments": {"command": "echo started >> slow.txt; sleep 30"}}]});
+    let script = env.script(&[call, json!({"text": "resumed fine"})]);
+    let mut served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let id = c
+        .create_session(&format!("cwd={} provider=scripted script={} yes=1", env.cwd.display(), script.display()))
+        .unwrap();
+    c.write_file(&format!("s/{id}/prompt"), b"go").unwrap();
+    wait_for("the tool to start", || marker.exists() || env.staged_file_exists("slow.txt"));
+    // While the server's turn holds the session, the CLI is refused.
+    let s = script.to_str().unwrap();
+    let out = env.cairn(&["--script", s, "--yes", "resume", &id, "--prompt", "x"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("busy"), "{}", String::from_utf8_lossy(&out.stderr));
+    // A prompt while a turn runs is refused with busy.
+    let err = c.write_file(&format!("s/{id}/prompt"), b"again").unwrap_err().to_string();
+    assert!(err.contains("busy"), "{err}");
+    let err = c.remove(&format!("s/{id}")).unwrap_err().to_string();
+    assert!(err.contains("busy"), "{err}");
+
+    unsafe_kill(served.child.id(), 15);
+    assert!(served.child.wait().unwrap().success());
+    // Cancelled durably: the CLI resumes it (the server is gone, the lock free).
+    let out = env.cairn(&["--script", s, "--yes", "resume", &id]).stdin(Stdio::null()).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("resumed fine"), "{}", String::from_utf8_lossy(&out.stderr));
+    let types = entry_types(&env.home.join("sessions").join(format!("{id}.jsonl")));
+    assert!(types.contains(&"turnCancelled".to_owned()), "{types:?}");
+}
+
+#[test]
+fn a_destructive_call_waits_for_a_person_even_with_yes() {
+    let env = Env::new();
+    std::fs::create_dir_all(env.cwd.join("junk")).unwrap();
+    let call =
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "rm -rf junk"}}]});
+    let script = env.script(&[call, json!({"text": "removed"})]);
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let id = c
+        .create_session(&format!("cwd={} provider=scripted script={} yes=1", env.cwd.display(), script.display()))
+        .unwrap();
+    c.write_file(&format!("s/{id}/prompt"), b"clean up").unwrap();
+    let dir = format!("s/{id}/approvals");
+    let mut pending = Vec::new();
+    wait_for("the approval", || {
+        pending = c.list(&dir).unwrap();
+        !pending.is_empty()
+    });
+    let path = format!("{dir}/{}", pending[0].name);
+    let shown = text(&mut c, &path);
+    assert!(shown.contains("risk: DESTRUCTIVE") && shown.contains("rm -rf junk"), "{shown}");
+    assert!(env.cwd.join("junk").exists(), "ran before approval");
+    let err = c.write_file(&path, b"a").unwrap_err().to_string();
+    assert!(err.contains("only for Write"), "{err}");
+    c.write_file(&path, b"y").unwrap();
+    wait_for("the answer", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: removed"));
+    assert!(!env.cwd.join("junk").exists());
+}
+
+#[test]
+fn hostile_clients_do_not_hurt_the_server_or_each_other() {
+    use std::net::TcpStream;
+    let env = Env::new();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let addr = served.addresses[0].clone();
+    let port: u16 = addr.rsplit('!').next().unwrap().parse().unwrap();
+    let raw = || TcpStream::connect(("127.0.0.1", port)).unwrap();
+
+    // Truncated: half a header, then hang up.
+    raw().write_all(&[0x10, 0, 0]).unwrap();
+    // Oversized: a size field far beyond msize.
+    let mut s = raw();
+    s.write_all(&[0xff, 0xff, 0xff, 0x7f, 100, 0, 0]).unwrap();
+    let mut buf = [0u8; 16];
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "an oversized message closes that connection");
+    // Garbage of a plausible size.
+    let mut s = raw();
+    let mut junk = vec![64u8, 0, 0, 0, 250];
+    junk.extend([7u8; 59]);
+    s.write_all(&junk).unwrap();
+    assert_eq!(s.read(&mut buf).unwrap_or(0), 0);
+
+    let mut c = connect(&addr);
+    // A walk of 1,000 `..` stays at the root.
+    let dots: String = std::iter::repeat_n("../", 1000).collect();
+    let (fid, qid) = c.walk(&format!("{dots}s/..")).unwrap();
+    assert_eq!(qid.path, 0);
+    c.clunk(fid).unwrap();
+    // 10,000 fids on one connection.
+    let mut fids = Vec::new();
+    for _ in 0..10_000 {
+        fids.push(c.walk("help").unwrap().0);
+    }
+    assert!(text(&mut c, "help").contains("s/new"));
+    for fid in fids {
+        c.clunk(fid).unwrap();
+    }
+    // A client that never reads its replies.
+    let mut greedy = raw();
+    let version =
+        ninep::sansio::protocol::Tmessage::new(0xffff, Tdata::Version { msize: 65536, version: "9P2000".into() });
+    use ninep::sansio::protocol::NineP;
+    greedy.write_all(&version.write_9p_bytes().unwrap()).unwrap();
+    let attach = ninep::sansio::protocol::Tmessage::new(
+        1,
+        Tdata::Attach { fid: 0, afid: u32::MAX, uname: "x".into(), aname: "".into() },
+    );
+    greedy.write_all(&attach.write_9p_bytes().unwrap()).unwrap();
+    let walk =
+        ninep::sansio::protocol::Tmessage::new(2, Tdata::Walk { fid: 0, new_fid: 1, wnames: vec!["help".into()] });
+    greedy.write_all(&walk.write_9p_bytes().unwrap()).unwrap();
+    let open = ninep::sansio::protocol::Tmessage::new(3, Tdata::Open { fid: 1, mode: 0 });
+    greedy.write_all(&open.write_9p_bytes().unwrap()).unwrap();
+    let read = ninep::sansio::protocol::Tmessage::new(4, Tdata::Read { fid: 1, offset: 0, count: 60000 })
+        .write_9p_bytes()
+        .unwrap();
+    greedy.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    for _ in 0..2000 {
+        if greedy.write_all(&read).is_err() {
+            break;
+        }
+    }
+    // 200 connections at once, each reading a file, while that one is stuck.
+    let threads: Vec<_> = (0..200)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let mut c = connect(&addr);
+                text(&mut c, "s/new")
+            })
+        })
+        .collect();
+    for t in threads {
+        assert!(t.join().unwrap().starts_with("cwd="));
+    }
+    // Bounded in memory: the server's resident size stays modest.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", served.child.id())).unwrap();
+    let rss_kb: u64 =
+        status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(rss_kb < 512 * 1024, "serve uses {rss_kb} kB");
+    drop(greedy);
+    assert!(text(&mut c, "help").contains("s/new"), "the server stays up");
+}
+
+/// The interpreter of the pinned venv `name` (`scripts/venv`); a missing
+/// python or PyPI fails the test with the reason.
+fn venv_python(name: &str) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join("scripts/venv")).arg(name).output().expect("cannot run scripts/venv");
+    assert!(
+        out.status.success(),
+        "scripts/venv {name} failed (python3 with venv and PyPI are needed for this test): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn python_script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python").join(name)
+}
+
+#[test]
+fn pypi_python_9p_drives_the_tree_over_unix_and_tcp() {
+    let python = venv_python("ninep");
+    let env = Env::new();
+    let sock = env.home.join("run").join("py.sock");
+    let served = serve(&env, &[&format!("unix!{}", sock.display()), "tcp!127.0.0.1!0"]);
+    for (address, tag) in [(&served.addresses[0], "unix"), (&served.addresses[1], "tcp")] {
+        let script = env.home.join(format!("py-{tag}.jsonl"));
+        let lines = [
+            json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": format!("py-{tag}-yes.txt"), "content": "y\n"}}]}),
+            json!({"text": "", "toolCalls": [{"id": "c2", "name": "write_file", "arguments": {"path": format!("py-{tag}-no.txt"), "content": "n\n"}}]}),
+            json!({"text": format!("done {tag}")}),
+        ];
+        std::fs::write(&script, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+        let out = Command::new(&python)
+            .arg(python_script("ninep_py9p.py"))
+            .args([address.as_str(), env.cwd.to_str().unwrap(), script.to_str().unwrap(), tag])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("OK "),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(env.cwd.join(format!("py-{tag}-yes.txt")).is_file(), "approved write missing");
+        assert!(!env.cwd.join(format!("py-{tag}-no.txt")).exists(), "denied write ran");
+    }
+}
+
+#[test]
+fn pypi_p9fs_lists_creates_prompts_and_reads_over_tcp() {
+    let python = venv_python("ninep-p9fs");
+    let env = Env::new();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let port = served.addresses[0].rsplit('!').next().unwrap().to_owned();
+    let script = env.script(&[json!({"text": "hello from fsspec"})]);
+    let out = Command::new(&python)
+        .arg(python_script("ninep_p9fs.py"))
+        .args([port.as_str(), env.cwd.to_str().unwrap(), script.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("OK "),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,345 @@
+//! Staged effects with the real `cairn` binary (issue 16): command lines
+//! that delete, truncate or overwrite existing files — through quoting,
+//! escapes, variables, command substitution, wrappers, `find`, `xargs`,
+//! interpreters, git, redirections, `dd`, `mv` — run headless under `--yes`
+//! and under `--allow 'shell(*)'`: the real tree is unchanged and the call
+//! is settled Rejected, with the staged list in its reason whenever the
+//! command ran staged. Commands that only add or edit apply under `--yes`
+//! with their diff recorded. The sandbox still holds inside the overlay.
+//!
+//! Oracle: each destructive line is first run by plain bash on a copy of
+//! the fixture, and must change that copy (so a line that does nothing
+//! cannot pass); the tree cairn ran in is compared byte for byte (content,
+//! kind, mode, `.git` included) with its state before.
+//!
+//! These tests need overlay staging (root in a VM here): where
+//! `cairn tools` says staging is unavailable they fail with that reason.
+
+#![allow(clippy::unwrap_used)]
+
+mod util;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+use util::Env;
+
+/// path → (kind, mode, content) of every entry under `root`.
+fn snapshot(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (char, u32, Vec<u8>)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        entries.sort();
+        for path in entries {
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mode = meta.permissions().mode() & 0o7777;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                out.insert(rel, ('l', mode, target.to_string_lossy().as_bytes().to_vec()));
+            } else if meta.is_dir() {
+                out.insert(rel, ('d', mode, Vec::new()));
+                walk(root, &path, out);
+            } else {
+                out.insert(rel, ('f', mode, std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"])
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The fixture: a tree with a directory, text and binary files, and a git
+/// repository with a dirty tracked file and an untracked one.
+fn fixture(dir: &Path) {
+    std::fs::create_dir_all(dir.join("victim/sub")).unwrap();
+    std::fs::write(dir.join("victim/data.txt"), "keep me\n").unwrap();
+    std::fs::write(dir.join("victim/sub/deep.bin"), [0u8, 1, 2, 3, 255, 0, 7]).unwrap();
+    let lines: String = (1..=10).map(|i| format!("line{i}\n")).collect();
+    std::fs::write(dir.join("f.txt"), lines).unwrap();
+    std::fs::write(dir.join("keep.txt"), "keep\n").unwrap();
+    std::fs::write(dir.join("tracked.txt"), "base\n").unwrap();
+    git(dir, &["init", "-q"]);
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-qm", "base"]);
+    std::fs::write(dir.join("tracked.txt"), "base\ndirty one\ndirty two\ndirty three\n").unwrap();
+    std::fs::write(dir.join("untracked.txt"), "untracked work\n").unwrap();
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    let out = Command::new("cp").arg("-a").arg(from).arg(to).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Lines that destroy something the fixture holds.
+const DESTRUCTIVE: &[&str] = &[
+    "rm -rf victim",
+    "'rm' -rf victim",
+    "\"rm\" -rf victim",
+    "r\\m -rf victim",
+    "r''m -rf victim",
+    "\\rm -rf victim",
+    "/bin/rm -fr victim",
+    "{rm,-rf,victim}",
+    "rm${IFS}-rf${IFS}victim",
+    "x=-rf; rm $x victim",
+    "$(echo rm) -rf victim",
+    "R=rm; $R -rf victim",
+    "`echo rm` -rf victim",
+    "find victim -exec /bin/rm -rf {} +",
+    "find victim '-delete'",
+    "find . -name '*.txt' -delete",
+    "find victim -type f -exec shred -u {} \\;",
+    "find . -maxdepth 1 -name keep.txt -exec rm {} \\;",
+    "chmod '-R' 000 victim",
+    "chmod 000 keep.txt",
+    "/usr/bin/python3 -c \"import shutil; shutil.rmtree('victim')\"",
+    "/usr/bin/python3 -c \"import os; os.remove('keep.txt')\"",
+    "/usr/bin/python3 -c \"open('f.txt','w').write('x')\"",
+    "perl -e 'unlink \"keep.txt\"'",
+    "perl -e 'use File::Path; rmtree(\"victim\")'",
+    "node -e \"require('fs').rmSync('victim',{recursive:true})\"",
+    "sh -c 'rm -rf victim'",
+    "bash -c \"rm -rf victim\"",
+    "eval 'rm -rf victim'",
+    "echo rm -rf victim | sh",
+    "env rm -rf victim",
+    "env -i /bin/rm -rf victim",
+    "command rm -rf victim",
+    "nice -n 5 rm -rf victim",
+    "nohup rm -rf victim",
+    "timeout 30 rm -rf victim",
+    "exec rm -rf victim",
+    "xargs rm -rf <<< victim",
+    "echo victim | xargs rm -rf",
+    "ls -d victim | xargs -I{} rm -rf {}",
+    "git clean -fdx",
+    "git -C . clean -fdx",
+    "'git' clean -f",
+    "git checkout -- .",
+    "git checkout .",
+    "git restore .",
+    "git reset --hard",
+    "git -c x.y=1 reset --hard",
+    "git stash",
+    "git stash -u",
+    "git rm -qf tracked.txt",
+    "truncate -s 0 keep.txt",
+    "truncate -s 2 f.txt",
+    ": > keep.txt",
+    "> keep.txt",
+    "echo > keep.txt",
+    "echo x > f.txt",
+    "printf '' > keep.txt",
+    "cat /dev/null > f.txt",
+    "tee f.txt < /dev/null",
+    "sort -o f.txt /dev/null",
+    "dd if=/dev/zero of=f.txt bs=1 count=3",
+    "mv keep.txt f.txt",
+    "mv victim/data.txt keep.txt",
+    "cp keep.txt f.txt",
+    "ln -sf keep.txt f.txt",
+    "unlink keep.txt",
+    "rm keep.txt",
+    "rm -f f.txt keep.txt",
+    "rm -r victim/sub",
+    "shred -u keep.txt",
+    "sed -i d f.txt",
+    "sed -i '2,10d' f.txt",
+    "perl -pi -e '$_=\"\"' f.txt",
+    "for f in victim/*; do rm -rf \"$f\"; done",
+    "rm -rf vic*",
+    "(cd victim && rm -rf sub)",
+    "{ rm -rf victim; }",
+    "true && rm -rf victim",
+    "false || rm -rf victim",
+    "tar -cf /dev/null --remove-files victim",
+    "install -m 644 /dev/null keep.txt",
+];
+
+/// The record list of a session file (array lines flattened).
+fn entries(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        match serde_json::from_str(line).unwrap() {
+            Value::Array(items) => out.extend(items),
+            one => out.push(one),
+        }
+    }
+    out.into_iter().filter(|r| r["kind"] == "entry").collect()
+}
+
+fn require_staging(env: &Env) {
+    let out = env.cairn(&["tools"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("staging: overlay"),
+        "overlay staging is not available here, so this test cannot run:\n{text}"
+    );
+}
+
+/// Run one shell call headless with `flags`; the session's entries.
+fn run_call(env: &Env, command: &str, flags: &[&str]) -> Vec<Value> {
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": command}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    for f in env.session_files() {
+        std::fs::remove_file(f).unwrap();
+    }
+    let mut args = vec!["--script", script.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["run", "go"]);
+    let out = env.cairn(&args).stdin(Stdio::null()).output().unwrap();
+    let files = env.session_files();
+    assert_eq!(files.len(), 1, "{command:?}: {}", String::from_utf8_lossy(&out.stderr));
+    entries(&files[0])
+}
+
+fn payload_of<'a>(entries: &'a [Value], kind: &str) -> Option<&'a Value> {
+    entries.iter().find(|e| e["type"] == kind).map(|e| &e["payload"])
+}
+
+#[test]
+fn destructive_lines_are_rejected_headless_and_the_tree_is_untouched() {
+    assert!(DESTRUCTIVE.len() >= 60, "the table holds {} lines", DESTRUCTIVE.len());
+    let env = Env::new();
+    require_staging(&env);
+    let template = tempfile::tempdir().unwrap();
+    let base = template.path().join("base");
+    std::fs::create_dir(&base).unwrap();
+    fixture(&base);
+    let original = snapshot(&base);
+    let mut failures = Vec::new();
+    for (i, line) in DESTRUCTIVE.iter().enumerate() {
+        // The oracle: plain bash on a copy changes it.
+        let copy = template.path().join(format!("oracle{i}"));
+        copy_tree(&base, &copy);
+        let _ = Command::new("bash").arg("-c").arg(line).current_dir(&copy).env("HOME", &copy).output().unwrap();
+        if snapshot(&copy) == original {
+            failures.push(format!("{line:?}: bash changed nothing (the table is wrong)"));
+            continue;
+        }
+        for flags in [&["--yes"][..], &["--allow", "shell(*)"][..]] {
+            std::fs::remove_dir_all(&env.cwd).unwrap();
+            copy_tree(&base, &env.cwd);
+            let before = snapshot(&env.cwd);
+            let log = run_call(&env, line, flags);
+            if snapshot(&env.cwd) != before {
+                failures.push(format!("{line:?} {flags:?}: THE TREE CHANGED"));
+                continue;
+            }
+            match payload_of(&log, "toolRejected") {
+                None => failures.push(format!(
+                    "{line:?} {flags:?}: not rejected: {:?}",
+                    log.iter().map(|e| e["type"].as_str().unwrap_or("")).collect::<Vec<_>>()
+                )),
+                Some(p) => {
+                    let reason = p["reason"].as_str().unwrap_or("");
+                    let staged = payload_of(&log, "toolStarted").is_some();
+                    // Run staged: the reason lists the staged changes.
+                    // Not run: the allowlist did not admit the line (it
+                    // cannot read it), and the reason says so.
+                    let ok = if staged {
+                        reason.contains("Staged changes:") && reason.contains("Destructive")
+                    } else {
+                        flags[0] == "--allow" && reason.contains("needs approval")
+                    };
+                    if !ok {
+                        failures.push(format!("{line:?} {flags:?}: reason without the staged list: {reason}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn adding_and_editing_apply_under_yes_with_the_diff_recorded() {
+    let env = Env::new();
+    require_staging(&env);
+    fixture(&env.cwd);
+    let before = snapshot(&env.cwd);
+    let log = run_call(
+        &env,
+        "mkdir -p out && echo hello > out/new.txt && sed -i 's/line3/LINE3/' f.txt && echo appended >> keep.txt",
+        &["--yes"],
+    );
+    let completed = payload_of(&log, "toolCompleted").unwrap_or_else(|| panic!("not completed: {log:?}"));
+    let after = snapshot(&env.cwd);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out/new.txt")).unwrap(), "hello\n");
+    assert!(std::fs::read_to_string(env.cwd.join("f.txt")).unwrap().contains("LINE3\nline4"));
+    assert_eq!(std::fs::read_to_string(env.cwd.join("keep.txt")).unwrap(), "keep\nappended\n");
+    // Nothing else changed.
+    let changed: Vec<&String> = after.keys().chain(before.keys()).filter(|k| after.get(*k) != before.get(*k)).collect();
+    let mut changed: Vec<&str> = changed.into_iter().map(String::as_str).collect();
+    changed.sort();
+    changed.dedup();
+    assert_eq!(changed, ["f.txt", "keep.txt", "out", "out/new.txt"]);
+    let text = completed.to_string();
+    assert!(text.contains("+LINE3") && text.contains("-line3"), "diff recorded: {text}");
+    assert!(text.contains("\"overlay\""), "mode recorded: {text}");
+    let affected = &completed["receipt"]["affectedEntities"];
+    assert!(affected.to_string().contains("out/new.txt"), "affected entities: {completed}");
+}
+
+#[test]
+fn the_sandbox_still_holds_inside_the_overlay() {
+    let env = Env::new();
+    require_staging(&env);
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("escaped");
+    let line = format!(
+        "echo x > {} ; echo y > /tmp/cairn-staged-escape-probe ; (exec 3<>/dev/tcp/127.0.0.1/9) ; echo inside > in.txt",
+        target.display()
+    );
+    let log = run_call(&env, &line, &["--yes"]);
+    assert!(payload_of(&log, "toolCompleted").is_some(), "{log:?}");
+    assert!(!target.exists(), "wrote outside the working tree");
+    assert!(!Path::new("/tmp/cairn-staged-escape-probe").exists(), "wrote /tmp");
+    let completed = payload_of(&log, "toolCompleted").unwrap().to_string();
+    assert!(completed.contains("Permission denied") || completed.contains("denied"), "{completed}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("in.txt")).unwrap(), "inside\n");
+}
+
+/// Damage staging cannot hold (remotes, disks, the machine) is Destructive
+/// before the run, whatever the spelling: refused headless, never started.
+#[test]
+fn damage_beyond_the_tree_is_refused_before_it_runs() {
+    let env = Env::new();
+    require_staging(&env);
+    for line in [
+        "git push -f origin main",
+        "git -C . push --force",
+        "'git' push -f",
+        "git -c user.name=x push --mirror",
+        "command git push origin +main",
+        "dd if=/dev/zero of=/dev/sda",
+        "mkfs.ext4 /dev/sdb1",
+        "sudo reboot",
+        "kill -9 -1",
+    ] {
+        for flags in [&["--yes"][..], &["--allow", "shell(*)"][..]] {
+            let log = run_call(&env, line, flags);
+            let types: Vec<&str> = log.iter().map(|e| e["type"].as_str().unwrap_or("")).collect();
+            assert!(
+                types.contains(&"toolRejected") && !types.contains(&"toolStarted"),
+                "{line:?} {flags:?}: {types:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,995 @@
+//! Classification of a shell command line before it runs, on its parsed
+//! form: the words bash would pass after quote removal and escapes (the
+//! tokenizer of [`super::cmdline`], the same one allow patterns read),
+//! looked at through wrappers (`command`, `env`, `nice`, `nohup`,
+//! `timeout`, `sudo`, `xargs`, `find -exec`, `busybox`, git's global
+//! options, …).
+//!
+//! A line is [`Class::Plain`], [`Class::Destructive`] (it deletes
+//! recursively, truncates, rewrites history or disks, …; `reach` says
+//! whether the damage is to files under the working tree, which a staged
+//! run can observe, or beyond it), or [`Class::Unclassifiable`]: its
+//! effect cannot be read from its words (an expansion or dynamic command
+//! word, `eval`, an interpreter or shell given code, a redirection, a
+//! wrapper option that hides a command, a line the tokenizer refuses).
+//! What each class needs is decided by the tool that runs the line (the
+//! built-in `shell`): unstaged, everything but Plain needs a person; staged,
+//! the observed effect decides for all but [`Reach::Beyond`].
+//!
+//! It must not try to be complete about programs it does not know: an
+//! unknown program is Plain (a Write), which is why staging exists. It is
+//! pure and never runs anything.
+
+use super::cmdline;
+
+/// Where a destructive command's damage lands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reach {
+    /// Files under the working tree (`.git` included): a staged run shows it.
+    Tree,
+    /// Outside the tree: remotes, disks, the machine, other processes.
+    Beyond,
+}
+
+/// What a command line is, judged by its parsed words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Class {
+    /// Nothing known to destroy (the tool's own risk applies).
+    Plain,
+    /// A known destructive shape.
+    Destructive {
+        /// What it does, for the person asked and the log.
+        why: String,
+        /// Where the damage lands.
+        reach: Reach,
+    },
+    /// Its effect cannot be read from its words.
+    Unclassifiable {
+        /// Why not.
+        why: String,
+    },
+}
+
+impl Class {
+    fn rank(&self) -> u8 {
+        match self {
+            Class::Plain => 0,
+            Class::Destructive { reach: Reach::Tree, .. } => 1,
+            Class::Unclassifiable { .. } => 2,
+            Class::Destructive { reach: Reach::Beyond, .. } => 3,
+        }
+    }
+
+    /// Whether this is anything but Plain.
+    pub fn is_plain(&self) -> bool {
+        matches!(self, Class::Plain)
+    }
+
+    /// The reason to show (empty for Plain).
+    pub fn why(&self) -> &str {
+        match self {
+            Class::Plain => "",
+            Class::Destructive { why, .. } | Class::Unclassifiable { why } => why,
+        }
+    }
+}
+
+fn tree(why: impl Into<String>) -> Class {
+    Class::Destructive { why: why.into(), reach: Reach::Tree }
+}
+fn beyond(why: impl Into<String>) -> Class {
+    Class::Destructive { why: why.into(), reach: Reach::Beyond }
+}
+fn unknown(why: impl Into<String>) -> Class {
+    Class::Unclassifiable { why: why.into() }
+}
+
+/// Classify a whole command line: the worst of its simple commands
+/// (Beyond-destructive, then unclassifiable, then tree-destructive).
+pub fn classify(line: &str) -> Class {
+    let commands = match cmdline::words(line) {
+        Ok(commands) => commands,
+        Err(e) => return unknown(format!("cannot be classified from its words: {e}")),
+    };
+    let mut worst = Class::Plain;
+    for command in &commands {
+        let class = classify_simple(command, 0);
+        if class.rank() > worst.rank() {
+            worst = class;
+        }
+    }
+    worst
+}
+
+/// Programs that interpret code given on their command line or stdin.
+const INTERPRETERS: &[&str] = &[
+    "python",
+    "python2",
+    "python3",
+    "perl",
+    "ruby",
+    "node",
+    "nodejs",
+    "deno",
+    "bun",
+    "php",
+    "lua",
+    "luajit",
+    "tclsh",
+    "Rscript",
+    "julia",
+    "osascript",
+    "pwsh",
+    "powershell",
+];
+/// Shells: `-c`, stdin or `-s` run code the words do not show.
+const SHELLS: &[&str] = &["sh", "bash", "zsh", "dash", "ksh", "mksh", "fish", "csh", "tcsh", "ash", "yash", "rbash"];
+/// Programs whose argument is a program in a language of their own that can
+/// run commands (`awk`'s `system`, …) or that run whatever they are given.
+const ALWAYS_UNKNOWN: &[&str] = &[
+    "eval",
+    "source",
+    ".",
+    "trap",
+    "awk",
+    "gawk",
+    "mawk",
+    "nawk",
+    "busybox-shell",
+    "ssh",
+    "parallel",
+    "watch",
+    "strace",
+    "ltrace",
+    "chroot",
+    "unshare",
+    "nsenter",
+    "flock",
+    "script",
+    "run-parts",
+    "su",
+    "runuser",
+    "pkexec",
+    "expect",
+    "gdb",
+    "make-shell",
+    "at",
+    "batch",
+    "crontab",
+    "systemd-run",
+    "tmux",
+    "screen",
+    "alias",
+    "function",
+    "coproc",
+];
+/// Programs that delete, truncate or overwrite what they are given: fed
+/// unknown arguments (`xargs`, `find -exec`) they are Destructive.
+const DELETERS: &[&str] =
+    &["rm", "rmdir", "unlink", "shred", "wipe", "truncate", "mv", "dd", "chmod", "chown", "chgrp"];
+/// Disk and file-system tools.
+const DISK_TOOLS: &[&str] = &[
+    "fdisk",
+    "sfdisk",
+    "gdisk",
+    "sgdisk",
+    "cfdisk",
+    "parted",
+    "wipefs",
+    "blkdiscard",
+    "mkswap",
+    "cryptsetup",
+    "losetup",
+    "hdparm",
+    "nvme",
+    "zpool",
+    "mdadm",
+    "lvremove",
+    "vgremove",
+    "pvremove",
+];
+/// Commands that stop the machine.
+const POWER: &[&str] = &["shutdown", "reboot", "halt", "poweroff", "telinit", "kexec"];
+
+/// Variables that, set before a command, change which program runs or what
+/// it runs.
+fn dangerous_assignment(name: &str) -> bool {
+    name.starts_with("LD_")
+        || name.starts_with("GIT_")
+        || name.starts_with("BASH_FUNC")
+        || matches!(
+            name,
+            "PATH"
+                | "BASH_ENV"
+                | "ENV"
+                | "IFS"
+                | "SHELLOPTS"
+                | "BASHOPTS"
+                | "PS4"
+                | "PROMPT_COMMAND"
+                | "PAGER"
+                | "EDITOR"
+                | "VISUAL"
+                | "PYTHONSTARTUP"
+                | "PYTHONPATH"
+                | "PERL5OPT"
+                | "PERL5LIB"
+                | "RUBYOPT"
+                | "NODE_OPTIONS"
+                | "MANPAGER"
+                | "LESSOPEN"
+        )
+}
+
+/// `NAME=value` as bash reads an assignment word.
+fn assignment(word: &str) -> Option<&str> {
+    let (name, _) = word.split_once('=')?;
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    ((first.is_ascii_alphabetic() || first == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .then_some(name)
+}
+
+fn base(word: &str) -> &str {
+    word.rsplit('/').next().unwrap_or(word)
+}
+
+/// Short-option clusters and long options before `--`.
+fn options(args: &[String]) -> impl Iterator<Item = &str> {
+    args.iter().map(String::as_str).take_while(|w| *w != "--").filter(|w| w.starts_with('-') && w.len() > 1)
+}
+
+/// Whether a short cluster (`-rf`) holds `letter` or a long option equals
+/// one of `long`.
+fn has_flag(args: &[String], letter: char, long: &[&str]) -> bool {
+    options(args).any(|o| match o.strip_prefix("--") {
+        Some(name) => long.iter().any(|l| name == *l || name.starts_with(&format!("{l}="))),
+        None => o[1..].contains(letter),
+    })
+}
+
+/// Depth limit for wrappers inside wrappers.
+const MAX_DEPTH: usize = 16;
+
+/// Classify one simple command (argv after quote removal).
+fn classify_simple(argv: &[String], depth: usize) -> Class {
+    if depth > MAX_DEPTH {
+        return unknown("wrappers nested too deep");
+    }
+    // Assignment prefixes: harmless ones are skipped, those that change
+    // what runs are not classifiable.
+    let mut i = 0;
+    while let Some(word) = argv.get(i) {
+        match assignment(word) {
+            Some(name) if dangerous_assignment(name) => {
+                return unknown(format!("`{name}=` before a command changes what it runs"));
+            }
+            Some(_) => i += 1,
+            None => break,
+        }
+    }
+    let Some(first) = argv.get(i) else {
+        return Class::Plain;
+    };
+    let rest = &argv[i + 1..];
+    let program = base(first);
+    if first.is_empty() {
+        return unknown("an empty command word");
+    }
+    if ["if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case", "esac", "select", "{", "}"]
+        .contains(&program)
+        || program == "!"
+        || program == "[["
+    {
+        return unknown(format!("shell keyword `{program}` (compound command)"));
+    }
+    if ALWAYS_UNKNOWN.contains(&program) {
+        return unknown(format!("`{program}` runs code its words do not show"));
+    }
+    if SHELLS.contains(&program) {
+        return match rest.first() {
+            Some(script) if !script.starts_with('-') && !script.is_empty() => Class::Plain,
+            _ => unknown(format!("`{program}` given code inline or on stdin")),
+        };
+    }
+    if INTERPRETERS.iter().any(|p| program == *p || program.starts_with(&format!("{p}.")))
+        || is_versioned_python(program)
+    {
+        return match rest.first() {
+            Some(script) if !script.starts_with('-') && !script.is_empty() => Class::Plain,
+            _ => unknown(format!("`{program}` given code inline or on stdin (-c/-e)")),
+        };
+    }
+    let inner =
+        |from: &[String]| -> Class { if from.is_empty() { Class::Plain } else { classify_simple(from, depth + 1) } };
+    match program {
+        "command" | "builtin" => {
+            let skip = rest.iter().take_while(|w| matches!(w.as_str(), "-p" | "--")).count();
+            if rest.iter().any(|w| w == "-v" || w == "-V") {
+                return Class::Plain;
+            }
+            inner(&rest[skip..])
+        }
+        "exec" => {
+            let mut j = 0;
+            while let Some(w) = rest.get(j) {
+                match w.as_str() {
+                    "-c" | "-l" | "-cl" | "-lc" => j += 1,
+                    "-a" => j += 2,
+                    "--" => {
+                        j += 1;
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+            inner(rest.get(j..).unwrap_or_default())
+        }
+        "nohup" | "time" | "setsid" | "nice" | "ionice" | "stdbuf" | "chrt" | "taskset" | "timeout" | "sudo"
+        | "doas" | "env" | "busybox" | "xargs" | "caffeinate" => wrapper(program, rest, depth),
+        "rm" if has_flag(rest, 'r', &["recursive"]) || has_flag(rest, 'R', &[]) => tree("`rm` deletes recursively"),
+        "rm" | "unlink" | "rmdir" => Class::Plain,
+        "shred" | "wipe" => tree(format!("`{program}` destroys file contents")),
+        "truncate" => tree("`truncate` cuts files"),
+        "find" => find(rest, depth),
+        "dd" => match rest.iter().find_map(|w| w.strip_prefix("of=")) {
+            Some(target)
+                if target.starts_with("/dev/") && !matches!(target, "/dev/null" | "/dev/stdout" | "/dev/stderr") =>
+            {
+                beyond(format!("`dd` writes the device {target}"))
+            }
+            Some(target) => tree(format!("`dd` overwrites {target}")),
+            None => Class::Plain,
+        },
+        "chmod" | "chown" | "chgrp" if has_flag(rest, 'R', &["recursive"]) => {
+            tree(format!("`{program}` changes a whole tree recursively"))
+        }
+        "mv" if rest.last().is_some_and(|t| t == "/dev/null") => tree("`mv` to /dev/null destroys the file"),
+        "kill" | "killall" | "pkill" if rest.iter().any(|w| w == "-1" || w == "1") => {
+            beyond(format!("`{program}` signals every process"))
+        }
+        "killall5" => beyond("`killall5` signals every process"),
+        "systemctl"
+            if rest.iter().any(|w| {
+                matches!(
+                    w.as_str(),
+                    "poweroff" | "reboot" | "halt" | "kexec" | "suspend" | "hibernate" | "rescue" | "emergency"
+                )
+            }) =>
+        {
+            beyond("`systemctl` stops the machine")
+        }
+        "git" => git(rest),
+        p if POWER.contains(&p) => beyond(format!("`{p}` stops the machine")),
+        p if p.starts_with("mkfs") || p.starts_with("mke2fs") || DISK_TOOLS.contains(&p) => {
+            beyond(format!("`{p}` rewrites disks or file systems"))
+        }
+        _ => match runs_other_commands(&argv[i..]) {
+            Some(option) => unknown(format!("`{program}` with `{option}` can run another command")),
+            None => Class::Plain,
+        },
+    }
+}
+
+fn is_versioned_python(program: &str) -> bool {
+    ["python", "pypy", "perl", "ruby", "node", "php", "lua"].iter().any(|p| {
+        program.strip_prefix(p).is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+    })
+}
+
+/// Wrappers that run the command in their trailing words: skip their own
+/// options (an option we do not know makes the line unclassifiable), then
+/// classify what they run.
+fn wrapper(program: &str, rest: &[String], depth: usize) -> Class {
+    // Options that take a separate value, per wrapper.
+    let with_value: &[&str] = match program {
+        "nice" => &["-n", "--adjustment"],
+        "ionice" => &["-c", "-n", "-p", "-P", "-u", "--class", "--classdata"],
+        "stdbuf" => &["-i", "-o", "-e", "--input", "--output", "--error"],
+        "timeout" => &["-s", "-k", "--signal", "--kill-after"],
+        "sudo" => &["-u", "-g", "-h", "-p", "-C", "-D", "-R", "-T", "-U", "--user", "--group", "--host", "--prompt"],
+        "doas" => &["-u", "-C"],
+        "env" => &["-u", "--unset"],
+        "xargs" => &["-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file", "--delimiter", "--max-args"],
+        "taskset" | "chrt" => &[],
+        _ => &[],
+    };
+    // Options that replace the command with something the words hide.
+    let hiding: &[&str] = match program {
+        "sudo" => &["-s", "-i", "--shell", "--login", "-e", "--edit"],
+        "env" => &["-S", "--split-string", "-C", "--chdir"],
+        "doas" => &["-s"],
+        _ => &[],
+    };
+    let mut j = 0;
+    while let Some(w) = rest.get(j) {
+        let word = w.as_str();
+        if word == "--" {
+            j += 1;
+            break;
+        }
+        if program == "env" && assignment(word).is_some() {
+            let name = assignment(word).unwrap_or_default();
+            if dangerous_assignment(name) {
+                return unknown(format!("`env {name}=…` changes what the command runs"));
+            }
+            j += 1;
+            continue;
+        }
+        if !word.starts_with('-') || word == "-" {
+            break;
+        }
+        let (name, inline_value) = match word.split_once('=') {
+            Some((n, _)) if n.starts_with("--") => (n, true),
+            _ => (word, false),
+        };
+        if hiding
+            .iter()
+            .any(|h| name == *h || (!name.starts_with("--") && name.len() > 2 && name[1..].contains(&h[1..])))
+        {
+            return unknown(format!("`{program} {word}` runs a command its words do not show"));
+        }
+        if program == "nice" && word[1..].chars().all(|c| c.is_ascii_digit()) {
+            j += 1;
+            continue;
+        }
+        if with_value.contains(&name) && !inline_value {
+            j += 2;
+        } else if !name.starts_with("--") && name.len() > 2 && with_value.contains(&&name[..2]) {
+            // `-n10`, `-uroot`: the value is attached.
+            j += 1;
+        } else {
+            j += 1;
+        }
+    }
+    let mut cmd = rest.get(j..).unwrap_or_default();
+    if program == "timeout" {
+        // The duration comes first.
+        cmd = cmd.get(1..).unwrap_or_default();
+    }
+    if program == "taskset" && !cmd.is_empty() {
+        cmd = &cmd[1..];
+    }
+    if program == "chrt" && !cmd.is_empty() {
+        cmd = &cmd[1..];
+    }
+    if cmd.is_empty() {
+        return Class::Plain;
+    }
+    if program == "xargs" {
+        return fed_unknown_arguments("xargs", cmd, depth);
+    }
+    classify_simple(cmd, depth + 1)
+}
+
+/// A command that gets arguments the line does not show (`xargs`, `find
+/// -exec … {}`): a deleting program with unknown arguments is Destructive.
+fn fed_unknown_arguments(via: &str, cmd: &[String], depth: usize) -> Class {
+    let program = cmd.iter().find(|w| assignment(w).is_none()).map_or("", |w| base(w));
+    if DELETERS.contains(&program) {
+        return tree(format!("`{via}` feeds files to `{program}`"));
+    }
+    if program == "git" {
+        return unknown(format!("`{via}` feeds unknown arguments to `git`"));
+    }
+    classify_simple(cmd, depth + 1)
+}
+
+/// `find`: `-delete`, the `-fprint` family (they truncate their file) and
+/// each `-exec`/`-ok` command.
+fn find(args: &[String], depth: usize) -> Class {
+    let mut worst = Class::Plain;
+    let mut j = 0;
+    while let Some(w) = args.get(j) {
+        let class = match w.as_str() {
+            "-delete" => tree("`find -delete` deletes what it finds"),
+            "-fprint" | "-fprint0" | "-fprintf" | "-fls" => tree(format!("`find {w}` truncates its output file")),
+            "-exec" | "-execdir" | "-ok" | "-okdir" => {
+                let start = j + 1;
+                let mut end = start;
+                while let Some(x) = args.get(end) {
+                    if x == ";" || x == "+" {
+                        break;
+                    }
+                    end += 1;
+                }
+                let cmd = &args[start.min(args.len())..end.min(args.len())];
+                j = end;
+                if cmd.is_empty() {
+                    unknown("`find -exec` without a command")
+                } else {
+                    fed_unknown_arguments("find -exec", cmd, depth)
+                }
+            }
+            _ => Class::Plain,
+        };
+        if class.rank() > worst.rank() {
+            worst = class;
+        }
+        j += 1;
+    }
+    worst
+}
+
+/// Config keys `git -c` may set without making git run a command.
+const GIT_SAFE_CONFIG: &[&str] = &[
+    "user.name",
+    "user.email",
+    "color.",
+    "core.quotepath",
+    "advice.",
+    "init.defaultbranch",
+    "safe.directory",
+    "commit.gpgsign",
+    "tag.gpgsign",
+    "core.autocrlf",
+    "core.safecrlf",
+    "pull.rebase",
+    "pull.ff",
+    "merge.ff",
+    "log.",
+    "format.",
+    "column.",
+    "i18n.",
+    "status.",
+    "diff.renames",
+    "diff.mnemonicprefix",
+    "core.abbrev",
+    "core.filemode",
+    "core.ignorecase",
+    "gc.auto",
+    "fetch.prune",
+    "push.default",
+    "credential.interactive",
+];
+
+/// `git` with its global options, then its subcommand.
+fn git(args: &[String]) -> Class {
+    let mut j = 0;
+    while let Some(w) = args.get(j) {
+        let word = w.as_str();
+        match word {
+            "-C" | "--git-dir" | "--work-tree" | "--namespace" | "--super-prefix" | "--list-cmds" => j += 2,
+            "-c" => {
+                let Some(kv) = args.get(j + 1) else { return unknown("`git -c` without a value") };
+                if let Some(class) = git_config(kv) {
+                    return class;
+                }
+                j += 2;
+            }
+            _ if word.starts_with("-c") && word.len() > 2 => {
+                if let Some(class) = git_config(&word[2..]) {
+                    return class;
+                }
+                j += 1;
+            }
+            _ if word.starts_with("--config-env") || word.starts_with("--exec-path=") => {
+                return unknown(format!("`git {word}` can make git run another program"));
+            }
+            _ if word.starts_with("--git-dir=")
+                || word.starts_with("--work-tree=")
+                || word.starts_with("--namespace=") =>
+            {
+                j += 1
+            }
+            _ if word.starts_with('-') => j += 1,
+            _ => break,
+        }
+    }
+    let Some(sub) = args.get(j) else { return Class::Plain };
+    let rest = &args[j + 1..];
+    if let Some(option) = git_runs_command(Some(sub), rest) {
+        return unknown(format!("`git {sub} {option}` can run another command"));
+    }
+    let positional: Vec<&str> = rest.iter().map(String::as_str).filter(|w| !w.starts_with('-')).collect();
+    let after_dashdash = rest.iter().position(|w| w == "--").map(|p| &rest[p + 1..]);
+    match sub.as_str() {
+        "push" => {
+            if has_flag(rest, 'f', &["force", "force-with-lease", "force-if-includes", "mirror", "delete", "prune"])
+                || has_flag(rest, 'd', &[])
+                || positional.iter().skip(1).any(|r| r.starts_with('+') || r.starts_with(':'))
+            {
+                beyond("`git push` forces, deletes or mirrors remote history")
+            } else {
+                Class::Plain
+            }
+        }
+        "reset" if has_flag(rest, '\0', &["hard", "merge", "keep"]) => tree("`git reset --hard` discards work"),
+        "clean" if has_flag(rest, 'f', &["force"]) => tree("`git clean -f` deletes untracked files"),
+        "checkout" | "switch"
+            if has_flag(rest, 'f', &["force", "discard-changes"])
+                || after_dashdash.is_some_and(|p| !p.is_empty())
+                || positional.contains(&".") =>
+        {
+            tree(format!("`git {sub}` overwrites working files"))
+        }
+        "restore" if !has_flag(rest, 'S', &["staged"]) || has_flag(rest, 'W', &["worktree"]) => {
+            tree("`git restore` overwrites working files")
+        }
+        "branch"
+            if has_flag(rest, 'D', &[]) || (has_flag(rest, 'd', &["delete"]) && has_flag(rest, 'f', &["force"])) =>
+        {
+            tree("`git branch -D` deletes a branch")
+        }
+        "stash" if positional.first().is_some_and(|p| matches!(*p, "drop" | "clear")) => {
+            tree("`git stash drop` loses work")
+        }
+        "filter-branch" | "filter-repo" => tree(format!("`git {sub}` rewrites history")),
+        "update-ref" if has_flag(rest, 'd', &[]) => tree("`git update-ref -d` deletes a ref"),
+        "reflog" if positional.first().is_some_and(|p| matches!(*p, "expire" | "delete")) => {
+            tree("`git reflog expire` drops history")
+        }
+        "gc" | "prune" if rest.iter().any(|w| w.starts_with("--prune")) || sub == "prune" => {
+            tree("`git prune` deletes unreachable objects")
+        }
+        "rm" if has_flag(rest, 'r', &[]) => tree("`git rm -r` deletes a tree"),
+        "worktree" if positional.first().is_some_and(|p| *p == "remove") => {
+            tree("`git worktree remove` deletes a tree")
+        }
+        "submodule" if positional.first().is_some_and(|p| *p == "deinit" || *p == "foreach") => {
+            unknown("`git submodule deinit/foreach`")
+        }
+        _ => Class::Plain,
+    }
+}
+
+/// The index of git's subcommand in `args` (after its global options), or
+/// `args.len()`.
+fn git_subcommand(args: &[String]) -> usize {
+    let mut j = 0;
+    while let Some(w) = args.get(j) {
+        match w.as_str() {
+            "-C" | "-c" | "--git-dir" | "--work-tree" | "--namespace" | "--super-prefix" | "--list-cmds" => j += 2,
+            w if w.starts_with('-') => j += 1,
+            _ => return j,
+        }
+    }
+    args.len()
+}
+
+/// A `git -c key=value`: `None` when the key is known not to run commands.
+fn git_config(kv: &str) -> Option<Class> {
+    let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+    let key = key.to_ascii_lowercase();
+    if key.starts_with("alias.") && value.starts_with('!') {
+        return Some(unknown(format!("`git -c {key}=!…` defines a shell alias")));
+    }
+    if key.starts_with("alias.") {
+        // A non-shell alias renames a subcommand: its words are not the
+        // subcommand the line shows.
+        return Some(unknown(format!("`git -c {key}` renames a subcommand")));
+    }
+    if GIT_SAFE_CONFIG.iter().any(|safe| if safe.ends_with('.') { key.starts_with(safe) } else { key == *safe }) {
+        return None;
+    }
+    Some(unknown(format!("`git -c {key}` may make git run another program")))
+}
+
+/// Subcommand options through which git runs a command (`rest` are the
+/// words after the subcommand `sub`; `None` for `sub` scans every word).
+fn git_runs_command(sub: Option<&str>, rest: &[String]) -> Option<String> {
+    let everywhere = ["--upload-pack", "--receive-pack", "--exec", "--extcmd", "--ext-diff", "--textconv"];
+    let per_sub: &[&str] = match sub {
+        Some("clone") => &["-u", "-c", "--config", "--template"],
+        Some("init") => &["--template"],
+        Some("ls-remote" | "fetch-pack" | "archive") => &["-u"],
+        Some("rebase") => &["-x"],
+        Some("difftool" | "mergetool") => &["-x", "--tool", "-t"],
+        Some(_) => &[],
+        None => &["-u", "-x", "--config", "--template", "--tool"],
+    };
+    rest.iter()
+        .take_while(|w| *w != "--")
+        .find(|w| {
+            let w = w.as_str();
+            everywhere.iter().chain(per_sub).any(|o| {
+                w == *o
+                    || w.strip_prefix(o).is_some_and(|r| r.starts_with('='))
+                    || (o.len() == 2 && !o.starts_with("--") && w.starts_with(o) && !w.starts_with("--"))
+            })
+        })
+        .cloned()
+}
+
+/// The option through which `command` (argv, command word first) would run
+/// another command, if any: git's `-c`, `--upload-pack`-style options,
+/// `--exec`, `rsync -e`, `tar --to-command`, `find -exec`, …. An allow
+/// pattern for the program never covers these.
+pub fn runs_other_commands(command: &[String]) -> Option<String> {
+    let program = base(command.first()?);
+    let args = &command[1..];
+    let matches_any = |options: &[&str]| -> Option<String> {
+        args.iter()
+            .take_while(|w| *w != "--")
+            .find(|w| {
+                options.iter().any(|o| {
+                    w.as_str() == *o
+                        || w.strip_prefix(o).is_some_and(|r| r.starts_with('='))
+                        || (o.len() == 2 && !o.starts_with("--") && w.starts_with(o) && !w.starts_with("--"))
+                })
+            })
+            .cloned()
+    };
+    match program {
+        "git" => {
+            // Global options that set config or the exec path, then the
+            // subcommand's own.
+            let sub = git_subcommand(args);
+            args[..sub]
+                .iter()
+                .find(|w| {
+                    (w.starts_with("-c") && !w.starts_with("--"))
+                        || w.starts_with("--config-env")
+                        || w.starts_with("--exec-path")
+                })
+                .cloned()
+                .or_else(|| {
+                    git_runs_command(args.get(sub).map(String::as_str), args.get(sub + 1..).unwrap_or_default())
+                })
+        }
+        "rsync" => matches_any(&["-e", "--rsh", "--rsync-path"]),
+        "tar" => matches_any(&[
+            "--to-command",
+            "--use-compress-program",
+            "-I",
+            "--checkpoint-action",
+            "--rsh-command",
+            "--info-script",
+            "--new-volume-script",
+            "-F",
+        ]),
+        "scp" | "sftp" => matches_any(&["-S", "-o", "-J", "-F"]),
+        "vi" | "vim" | "nvim" | "ex" | "view" => matches_any(&["-c", "--cmd", "-S"]),
+        "less" | "more" | "man" => matches_any(&["-P", "--pager", "-H"]),
+        "zip" => matches_any(&["-TT", "--unzip-command"]),
+        "curl" | "wget" => matches_any(&["--use-askpass", "--execute", "-e"]),
+        "sed" => args
+            .iter()
+            .any(|w| !w.starts_with('-') && sed_runs(w))
+            .then(|| "a script with the `e` command or `w` file".to_owned()),
+        _ => None,
+    }
+}
+
+/// Whether a sed script may run a command (`e`, `s///e`) or write a file
+/// (`w`): conservative, any such letter after a command separator or a
+/// closing delimiter counts.
+fn sed_runs(script: &str) -> bool {
+    script.split([';', '\n']).any(|part| {
+        let part = part.trim_start_matches(|c: char| c.is_ascii_digit() || matches!(c, ',' | '$' | ' ' | '!'));
+        part.starts_with('e')
+            || part.starts_with('w')
+            || part.starts_with('W')
+            || (part.starts_with('s') && part.len() > 1 && {
+                let delim = part.chars().nth(1).unwrap_or('/');
+                let flags = part.rsplit(delim).next().unwrap_or("");
+                flags.contains('e') || flags.contains('w')
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(line: &str) -> Class {
+        classify(line)
+    }
+
+    /// Every spelling named in issue 16 and more: each is Destructive on
+    /// the tree, Destructive beyond it, or unclassifiable — never Plain.
+    #[test]
+    fn bypass_spellings_are_never_plain() {
+        let cases = [
+            "'rm' -rf victim",
+            "\"rm\" -rf x",
+            "r\\m -rf x",
+            "r''m -rf x",
+            "{rm,-rf,x}",
+            "rm${IFS}-rf${IFS}x",
+            "x=-rf; rm $x",
+            "$(echo rm) -rf x",
+            "R=rm; $R -rf x",
+            "find x -exec /bin/rm {} +",
+            "find x '-delete'",
+            "chmod '-R' 000 x",
+            "python3 -c \"import shutil; shutil.rmtree('x')\"",
+            "git -C . push -f",
+            "git -c x.y=1 push --force",
+            "'git' push -f",
+            "git -C . clean -fdx",
+            "git -c alias.x='!touch pwned' x",
+            "command rm -rf x",
+            "command -p rm -r x",
+            "env rm -rf x",
+            "env -i FOO=1 rm -rf x",
+            "env -S 'rm -rf x'",
+            "nice rm -rf x",
+            "nice -n 10 rm -rf x",
+            "nice -5 rm -rf x",
+            "nohup rm -rf x",
+            "timeout 5 rm -rf x",
+            "timeout -s KILL 5 rm -rf x",
+            "timeout --signal=KILL 5 rm -rf x",
+            "sudo rm -rf x",
+            "sudo -u root rm -rf x",
+            "sudo -s",
+            "xargs rm < list",
+            "ls | xargs rm",
+            "ls | xargs -0 rm -f",
+            "ls | xargs -I{} rm {}",
+            "find . -name '*.o' -exec rm -f {} \\;",
+            "find . -execdir shred -u {} +",
+            "find . -ok rm {} \\;",
+            "find . -fprint out.txt",
+            "busybox rm -rf x",
+            "/usr/bin/busybox rm -rf x",
+            "exec rm -rf x",
+            "builtin command rm -rf x",
+            "stdbuf -o0 rm -rf x",
+            "setsid rm -rf x",
+            "ionice -c 3 rm -rf x",
+            "time rm -rf x",
+            "nice nohup timeout 9 env sudo rm -rf x",
+            "rm -r -f x",
+            "rm --recursive x",
+            "rm -R x",
+            "/bin/rm -fr x",
+            "\\rm -rf x",
+            "rm -rf -- x",
+            "shred -u f",
+            "truncate -s 0 f",
+            ": > f",
+            "echo > f",
+            "cat /dev/null > f",
+            "dd if=/dev/zero of=f bs=1 count=1",
+            "dd if=/dev/zero of=/dev/sda",
+            "mkfs.ext4 /dev/sdb1",
+            "wipefs -a /dev/sdb",
+            "chmod -R 000 x",
+            "chown -R nobody x",
+            "chgrp --recursive nobody x",
+            "git push --force origin main",
+            "git push origin +main",
+            "git push origin :main",
+            "git push --mirror",
+            "git push --force-with-lease",
+            "git push -d origin main",
+            "git reset --hard HEAD~3",
+            "git clean -f -d",
+            "git clean --force",
+            "git checkout -- .",
+            "git checkout .",
+            "git checkout -f main",
+            "git restore .",
+            "git branch -D x",
+            "git stash clear",
+            "git filter-branch --all",
+            "git -C sub -c user.name=x reset --hard",
+            "git --git-dir=.git --work-tree=. clean -fdx",
+            "git -c core.sshCommand='touch pwned' fetch",
+            "git -c core.pager='touch pwned' log",
+            "git fetch --upload-pack='touch pwned' origin",
+            "git clone -u 'touch pwned' a b",
+            "git rebase -x 'touch pwned' main",
+            "git difftool --extcmd='touch pwned'",
+            "git --exec-path=/tmp/x status",
+            "python -c 'print(1)'",
+            "python3.12 -c 'x'",
+            "perl -e 'unlink \"x\"'",
+            "ruby -e 'x'",
+            "node -e 'x'",
+            "sh -c 'rm -rf x'",
+            "bash -c 'rm -rf x'",
+            "/bin/bash -lc x",
+            "curl x | sh",
+            "eval 'rm -rf x'",
+            ". ./script",
+            "source ./script",
+            "awk 'BEGIN{system(\"rm -rf x\")}'",
+            "PATH=/tmp/evil ls",
+            "LD_PRELOAD=/tmp/x.so ls",
+            "env PATH=. ls",
+            "mv x /dev/null",
+            "kill -9 -1",
+            "shutdown -h now",
+            "systemctl poweroff",
+            "(rm -rf x)",
+            "{ rm -rf x; }",
+            "if true; then rm -rf x; fi",
+            "for f in *; do rm $f; done",
+            "rm -rf x &",
+            "ls; rm -rf x",
+            "ls && rm -rf x",
+            "false || rm -rf x",
+            "cat x | rm -rf y",
+            ":(){ :|:& };:",
+            "`echo rm` -rf x",
+            "rm -rf ~",
+            "rm -rf {a,b}",
+            "sed -n '1e touch pwned' f",
+            "sed 's/a/b/e' f",
+            "tar -xf a.tar --to-command='sh -c x'",
+            "rsync -e 'sh -c x' a b",
+            "ssh host rm -rf x",
+            "watch rm -rf x",
+        ];
+        assert!(cases.len() >= 60);
+        for line in cases {
+            assert!(!classify(line).is_plain(), "{line:?} was Plain");
+        }
+    }
+
+    #[test]
+    fn the_reach_is_what_staging_can_observe() {
+        for line in ["git push -f", "git -C . push --force", "mkfs /dev/sdb", "dd of=/dev/sda if=x", "reboot"] {
+            assert!(matches!(class(line), Class::Destructive { reach: Reach::Beyond, .. }), "{line:?}");
+        }
+        for line in ["rm -rf x", "git clean -fdx", "find . -delete", "truncate -s0 f", "chmod -R 0 x"] {
+            assert!(matches!(class(line), Class::Destructive { reach: Reach::Tree, .. }), "{line:?}");
+        }
+        for line in ["$(echo rm) -rf x", "sh -c ls", "python3 -c 1", "git -c alias.x=!y x", "ls > f"] {
+            assert!(matches!(class(line), Class::Unclassifiable { .. }), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn ordinary_commands_stay_plain() {
+        for line in [
+            "ls -la",
+            "cargo build",
+            "cargo test -- --nocapture",
+            "git status",
+            "git -C sub log --oneline",
+            "git -c user.name=x commit -m msg",
+            "git push origin main",
+            "git checkout -b feature",
+            "git restore --staged f",
+            "git diff",
+            "grep -rn foo .",
+            "rm file.txt",
+            "rm -f a.o",
+            "echo rm -rf x",
+            "python3 script.py",
+            "bash ./build.sh",
+            "find . -name '*.rs'",
+            "nice -n 5 cargo build",
+            "timeout 10 cargo test",
+            "env FOO=1 cargo test",
+            "FOO=1 cargo test",
+            "xargs echo",
+            "sed -i 's/a/b/' f",
+            "mkdir -p out && touch out/x",
+            "command -v rm",
+            "chmod +x script.sh",
+        ] {
+            assert_eq!(class(line), Class::Plain, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn options_that_run_commands_are_found_for_patterns() {
+        let argv = |l: &str| cmdline::words(l).unwrap().remove(0);
+        for line in [
+            "git -c alias.x=!y x",
+            "git -calias.x=!y x",
+            "git fetch --upload-pack=x",
+            "git --config-env=a=b status",
+            "rsync -e x a b",
+            "tar --to-command=x -xf a",
+            "vim -c '!rm x' f",
+        ] {
+            assert!(runs_other_commands(&argv(line)).is_some(), "{line:?}");
+        }
+        for line in ["git status", "git log -p", "rsync -a a b", "tar -xf a.tar", "sed -n 1p f"] {
+            assert!(runs_other_commands(&argv(line)).is_none(), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn hostile_lines_never_panic() {
+        for line in ["", " ", "--", "-", "find -exec", "xargs", "timeout", "git -c", "sudo --", "env -u", "\\"] {
+            let _ = classify(line);
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Staged effects: the typed change set a staged command produced (read
+//! from its overlay's upper layer by cairn-tools), the rule that judges it
+//! ([`ChangeSet::judge`]: what makes an effect Destructive), and the text a
+//! person is shown.
+//!
+//! It owns the meaning of "destroys": deleting a file or directory that
+//! existed, truncating one (emptying it; for a binary file, making it
+//! shorter), overwriting a text file (fewer than half of its old lines
+//! kept), taking its owner's read or write permission away (and search, for
+//! a directory), replacing it with another kind of entry, or changing
+//! more files than [`StagedRules::max_files`]. Inside `.git/` only deletion
+//! and emptying count (git rewrites its own files all the time).
+//!
+//! It must not touch the file system: the host reads the layer and applies.
+
+use serde::{Deserialize, Serialize};
+
+use crate::tool::Risk;
+
+/// What a path is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+}
+
+/// A path's state on one side of the change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileState {
+    /// What it is.
+    pub kind: EntryKind,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// SHA-256 of the content, hex (of the target for a symlink; empty for
+    /// a directory).
+    pub sha256: String,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+/// What happened to a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ChangeKind {
+    /// It did not exist and does now.
+    Created,
+    /// It existed and its content, kind or mode changed.
+    Modified,
+    /// It existed and is gone.
+    Deleted,
+}
+
+/// One changed path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Change {
+    /// Path relative to the working tree, `/`-separated.
+    pub path: String,
+    /// What happened.
+    pub kind: ChangeKind,
+    /// Before (absent for Created).
+    pub before: Option<FileState>,
+    /// After (absent for Deleted).
+    pub after: Option<FileState>,
+    /// For a modified text file: (old line count, old lines kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lines: Option<(u64, u64)>,
+}
+
+/// Every change of one staged run, sorted by path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangeSet {
+    /// The changes.
+    pub changes: Vec<Change>,
+}
+
+/// How a call ran, recorded in its settlement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "camelCase")]
+pub enum StagingMode {
+    /// In an overlay: the effect was observed before it touched the tree.
+    Overlay,
+    /// Directly on the tree: the parsed classification alone decided.
+    Unstaged {
+        /// Why staging was not used.
+        why: String,
+    },
+}
+
+/// Limits of the judgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StagedRules {
+    /// More changed paths than this makes the effect Destructive.
+    pub max_files: usize,
+}
+
+impl Default for StagedRules {
+    fn default() -> Self {
+        Self { max_files: 200 }
+    }
+}
+
+/// What an effect is, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Judgement {
+    /// Write, or Destructive when anything destroys.
+    pub risk: Risk,
+    /// Each destroying change, one line each.
+    pub reasons: Vec<String>,
+}
+
+impl Change {
+    /// Why this change destroys something that existed, if it does.
+    pub fn destroys(&self) -> Option<String> {
+        let before = self.before.as_ref()?;
+        let in_git = self.path == ".git" || self.path.starts_with(".git/") || self.path.contains("/.git/");
+        let Some(after) = &self.after else {
+            return Some(format!("deletes {}", self.path));
+        };
+        if before.kind != after.kind {
+            return Some(format!("replaces {} with another kind of entry", self.path));
+        }
+        // The owner's bits that matter: read and write a file, and also
+        // enter a directory.
+        let owner = if before.kind == EntryKind::Dir { 0o700 } else { 0o600 };
+        if !in_git && before.mode & owner & !after.mode != 0 {
+            return Some(format!("takes its owner's access to {} away (mode {:o})", self.path, after.mode));
+        }
+        if before.kind != EntryKind::File {
+            return None;
+        }
+        if before.size > 0 && after.size == 0 {
+            return Some(format!("empties {} ({} bytes)", self.path, before.size));
+        }
+        if in_git {
+            return None;
+        }
+        match self.lines {
+            Some((old, kept)) if old > 0 && kept * 2 < old => {
+                Some(format!("overwrites {} ({kept} of {old} lines kept)", self.path))
+            }
+            Some(_) => None,
+            None if after.size < before.size => {
+                Some(format!("truncates {} ({} → {} bytes)", self.path, before.size, after.size))
+            }
+            None => None,
+        }
+    }
+}
+
+impl ChangeSet {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// The judgement under `rules`.
+    pub fn judge(&self, rules: &StagedRules) -> Judgement {
+        let mut reasons: Vec<String> = self.changes.iter().filter_map(Change::destroys).collect();
+        if self.changes.len() > rules.max_files {
+            reasons.push(format!("changes {} paths (more than the limit of {})", self.changes.len(), rules.max_files));
+        }
+        Judgement { risk: if reasons.is_empty() { Risk::Write } else { Risk::Destructive }, reasons }
+    }
+
+    /// The paths touched, for the settlement's affected entities.
+    pub fn affected(&self) -> Vec<String> {
+        self.changes.iter().map(|c| c.path.clone()).collect()
+    }
+
+    /// One line per change (`+ created`, `~ modified`, `- deleted`), with
+    /// sizes and short hashes.
+    pub fn listing(&self) -> String {
+        let mut out = String::new();
+        for c in &self.changes {
+            let (mark, state) = match c.kind {
+                ChangeKind::Created => ('+', c.after.as_ref()),
+                ChangeKind::Modified => ('~', c.after.as_ref()),
+                ChangeKind::Deleted => ('-', c.before.as_ref()),
+            };
+            let detail = match state {
+                Some(s) if s.kind == EntryKind::Dir => "dir".to_owned(),
+                Some(s) if s.kind == EntryKind::Symlink => "symlink".to_owned(),
+                Some(s) => format!("{} bytes, sha256 {}", s.size, s.sha256.get(..12).unwrap_or(&s.sha256)),
+                None => String::new(),
+            };
+            out.push_str(&format!("{mark} {} ({detail})\n", c.path));
+        }
+        out
+    }
+}
+
+/// What a tool shows the turn after a staged run, before anything is
+/// applied.
+#[derive(Debug, Clone, Copy)]
+pub struct StagedReview<'a> {
+    /// The change set.
+    pub changes: &'a ChangeSet,
+    /// Its judgement.
+    pub judgement: &'a Judgement,
+    /// What a person is shown: unified diffs of text files, sizes and
+    /// hashes of binary ones, deletions.
+    pub diff: &'a str,
+    /// The staging layer holding the new contents (recorded with the
+    /// change set, so a resumed session can finish applying it).
+    pub staging: &'a str,
+}
+
+/// The turn's answer to a [`StagedReview`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StagedDecision {
+    /// Apply the change set (it is recorded; `by` says who decided).
+    Apply {
+        /// Who decided.
+        by: String,
+    },
+    /// Discard it; the real tree stays untouched. The reason is the model's.
+    Discard {
+        /// Why, with the staged list.
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(size: u64, mode: u32) -> Option<FileState> {
+        Some(FileState { kind: EntryKind::File, size, sha256: "ab".repeat(32), mode })
+    }
+    fn change(path: &str, kind: ChangeKind, before: Option<FileState>, after: Option<FileState>) -> Change {
+        Change { path: path.into(), kind, before, after, lines: None }
+    }
+
+    #[test]
+    fn destroying_changes_are_named() {
+        let rules = StagedRules { max_files: 3 };
+        let cases = [
+            (change("a", ChangeKind::Deleted, file(5, 0o644), None), true),
+            (change("a", ChangeKind::Modified, file(5, 0o644), file(0, 0o644)), true),
+            (change("a", ChangeKind::Modified, file(5, 0o644), file(3, 0o644)), true),
+            (change("a", ChangeKind::Modified, file(5, 0o644), file(9, 0o644)), false),
+            (change("a", ChangeKind::Modified, file(5, 0o644), file(5, 0o000)), true),
+            (change("a", ChangeKind::Modified, file(5, 0o644), file(5, 0o755)), false),
+            (change("a", ChangeKind::Created, None, file(5, 0o644)), false),
+            (change(".git/index", ChangeKind::Modified, file(50, 0o644), file(40, 0o644)), false),
+            (change(".git/refs/x", ChangeKind::Deleted, file(41, 0o644), None), true),
+            (
+                Change { lines: Some((10, 4)), ..change("t", ChangeKind::Modified, file(50, 0o644), file(60, 0o644)) },
+                true,
+            ),
+            (
+                Change { lines: Some((10, 9)), ..change("t", ChangeKind::Modified, file(50, 0o644), file(40, 0o644)) },
+                false,
+            ),
+        ];
+        for (c, destroys) in cases {
+            let set = ChangeSet { changes: vec![c.clone()] };
+            assert_eq!(set.judge(&rules).risk == Risk::Destructive, destroys, "{c:?}");
+        }
+        let many = ChangeSet {
+            changes: (0..4).map(|i| change(&format!("n{i}"), ChangeKind::Created, None, file(1, 0o644))).collect(),
+        };
+        assert_eq!(many.judge(&rules).risk, Risk::Destructive);
+        assert!(many.listing().lines().all(|l| l.starts_with("+ n")));
+    }
+}

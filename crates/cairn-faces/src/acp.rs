@@ -1,0 +1,816 @@
+//! `cairn acp`: an Agent Client Protocol agent over stdio, for editors.
+//!
+//! Two threads. The reader owns stdin: it answers lines that are not
+//! messages, routes responses to the requests this agent sent (permission
+//! questions), and handles `session/cancel` itself — so a cancel reaches a
+//! turn that is blocked in the provider, a tool or a permission question.
+//! Every other message goes, in order, to the main thread, which owns the
+//! sessions and runs one request at a time (a prompt runs its whole turn
+//! there, streaming `session/update` notifications as the core tells
+//! events, each after the line holding it is committed).
+//!
+//! Sessions are cairn sessions: `session/new` creates a session file in the
+//! client's cwd, `session/load` opens one by id and replays its lane as
+//! updates, `session/cancel` cancels the running turn through the core
+//! (settled durably, resumable: a later prompt `/resume` continues it; any
+//! other prompt starts a new turn, the core settling the cancelled turn's
+//! unrun calls as rejected). Approvals are the core's: Write calls no
+//! allow rule covers, and every Destructive call, become
+//! `session/request_permission` (allow once, allow always for Write only,
+//! reject). When the client offers `fs/read_text_file`/`fs/write_text_file`,
+//! `read_file` and `write_file` go through it (`client_fs`), so the model
+//! sees unsaved buffers and writes land in the editor. This module must not
+//! run tools or decide approvals itself.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, PolicyApprover, Verdict};
+use cairn_core::events::{
+    EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
+};
+use cairn_core::message::{ContentPart, Message, Role};
+use cairn_core::provider::{Provider, StreamEvent};
+use cairn_core::storage::{JsonlStore, Storage};
+use cairn_core::tool::{Preview, Risk};
+use cairn_core::turn::Phase;
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnError, TurnEvent, TurnStop};
+use serde_json::{Value, json};
+
+mod client_fs;
+
+use crate::Host;
+use crate::jsonrpc::{self, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
+
+/// The ACP protocol version this agent speaks.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// The prompt that continues a cancelled or interrupted turn.
+pub const RESUME_COMMAND: &str = "/resume";
+
+/// An answer to a request this agent sent.
+#[derive(Debug)]
+enum Reply {
+    Result(Value),
+    Error(Value),
+    /// The session's prompt was cancelled while the question was open.
+    Cancelled,
+}
+
+/// What the reader thread and the main thread share.
+struct Shared {
+    out: Out,
+    next_id: AtomicU64,
+    /// Our open requests: id → (session, where the answer goes).
+    pending: Mutex<HashMap<u64, (String, Sender<Reply>)>>,
+    /// The cancel tokens of each session's prompts read since its last
+    /// cancel (running or queued; finished ones are harmless to cancel).
+    cancels: Mutex<HashMap<String, Vec<CancelToken>>>,
+    /// The input is closed: nobody will answer a question any more.
+    eof: AtomicBool,
+}
+
+impl Shared {
+    fn notify(&self, session_id: &str, update: Value) {
+        let _ =
+            self.out.send(&jsonrpc::notification("session/update", json!({"sessionId": session_id, "update": update})));
+    }
+
+    /// Send a request to the client and wait for its answer, or until
+    /// `cancel` (a tool's own token: timeout or cancel) is set.
+    fn ask_until(
+        &self,
+        session_id: &str,
+        method: &str,
+        params: Value,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Reply, String> {
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = mpsc::channel();
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.insert(id, (session_id.to_owned(), tx));
+        }
+        // Checked after the insert: the reader sets `eof` before it drops
+        // every pending question, so one of the two sees the other.
+        if self.eof.load(Ordering::SeqCst) {
+            if let Ok(mut pending) = self.pending.lock() {
+                pending.remove(&id);
+            }
+            return Err("the client closed its input; nobody can answer".to_owned());
+        }
+        self.out.send(&jsonrpc::request(id, method, params)).map_err(|e| format!("cannot write to the client: {e}"))?;
+        let gone = || "the client closed the connection before answering".to_owned();
+        let Some(cancel) = cancel else { return rx.recv().map_err(|_| gone()) };
+        loop {
+            match rx.recv_timeout(std::time::Duration::from_millis(20)) {
+                Ok(reply) => return Ok(reply),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(gone()),
+                Err(mpsc::RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
+                    if let Ok(mut pending) = self.pending.lock() {
+                        pending.remove(&id);
+                    }
+                    return Ok(Reply::Cancelled);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+}
+
+/// Work for the main thread.
+enum Work {
+    Request { id: Value, method: String, params: Value, cancel: Option<CancelToken> },
+}
+
+/// Serve ACP on `input`/`out` until the input closes and every request
+/// read before is answered.
+pub fn serve(host: &dyn Host, input: impl BufRead + Send + 'static, out: Out) -> Result<()> {
+    let shared = Arc::new(Shared {
+        out,
+        next_id: AtomicU64::new(0),
+        pending: Mutex::new(HashMap::new()),
+        cancels: Mutex::new(HashMap::new()),
+        eof: AtomicBool::new(false),
+    });
+    let (tx, rx) = mpsc::channel();
+    let reader_shared = Arc::clone(&shared);
+    std::thread::spawn(move || read_loop(input, &reader_shared, &tx));
+    main_loop(host, &shared, &rx);
+    Ok(())
+}
+
+fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
+    let mut reader = LineReader::new(input, MAX_MESSAGE_BYTES);
+    loop {
+        let line = match reader.next_line() {
+            Ok(Line::Eof) | Err(_) => break,
+            Ok(line) => line,
+        };
+        let bytes = match &line {
+            Line::Message(bytes) => bytes,
+            _ => {
+                if let Some(answer) = jsonrpc::refusal(&line) {
+                    let _ = shared.out.send(&answer);
+                }
+                continue;
+            }
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match Incoming::parse(bytes) {
+            Err((id, error)) => {
+                let _ = shared.out.send(&jsonrpc::error_response(&id, &error));
+            }
+            Ok(Incoming::Response { id, result }) => {
+                let waiting = id.as_u64().and_then(|id| shared.pending.lock().ok()?.remove(&id));
+                if let Some((_, tx)) = waiting {
+                    let _ = tx.send(match result {
+                        Ok(v) => Reply::Result(v),
+                        Err(e) => Reply::Error(e),
+                    });
+                }
+            }
+            Ok(Incoming::Notification { method, params }) if method == "session/cancel" => {
+                let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else { continue };
+                let tokens = shared.cancels.lock().ok().and_then(|mut c| c.remove(session_id)).unwrap_or_default();
+                for token in tokens {
+                    token.cancel();
+                }
+                // Open questions of that session are answered "cancelled",
+                // whether or not the client answers them itself.
+                if let Ok(mut pending) = shared.pending.lock() {
+                    let ids: Vec<u64> =
+                        pending.iter().filter(|(_, (s, _))| s == session_id).map(|(id, _)| *id).collect();
+                    for id in ids {
+                        if let Some((_, tx)) = pending.remove(&id) {
+                            let _ = tx.send(Reply::Cancelled);
+                        }
+                    }
+                }
+            }
+            // Other notifications carry nothing this agent acts on.
+            Ok(Incoming::Notification { .. }) => {}
+            Ok(Incoming::Request { id, method, params }) => {
+                // The token exists from the moment the prompt is read, so a
+                // cancel right behind it on the wire is never lost.
+                let cancel = (method == "session/prompt")
+                    .then(|| params.get("sessionId").and_then(Value::as_str))
+                    .flatten()
+                    .map(|sid| {
+                        let token = CancelToken::new();
+                        if let Ok(mut cancels) = shared.cancels.lock() {
+                            cancels.entry(sid.to_owned()).or_default().push(token.clone());
+                        }
+                        token
+                    });
+                if work.send(Work::Request { id, method, params, cancel }).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    // EOF: the client is gone. Turns running or queued are cancelled (saved
+    // and resumable, like an editor's cancel) rather than left to run with
+    // nobody to see them or answer their questions; open questions fail.
+    shared.eof.store(true, Ordering::SeqCst);
+    if let Ok(cancels) = shared.cancels.lock() {
+        for token in cancels.values().flatten() {
+            token.cancel();
+        }
+    }
+    if let Ok(mut pending) = shared.pending.lock() {
+        pending.clear();
+    }
+}
+
+/// One open session.
+struct Open {
+    session: Session<JsonlStore>,
+    registry: ToolRegistry,
+    approver: PolicyApprover,
+    cwd: PathBuf,
+}
+
+struct Agent<'h> {
+    host: &'h dyn Host,
+    shared: Arc<Shared>,
+    /// One provider per working tree (the local provider grounds path
+    /// arguments in its session's tree).
+    providers: std::collections::HashMap<std::path::PathBuf, Box<dyn Provider + Send>>,
+    sessions: HashMap<String, Open>,
+    initialized: bool,
+    /// The client offers fs/read_text_file and fs/write_text_file.
+    client_fs: (bool, bool),
+    /// Updates to send once the current request is answered.
+    after: Vec<(String, Value)>,
+}
+
+fn main_loop(host: &dyn Host, shared: &Arc<Shared>, work: &Receiver<Work>) {
+    let mut agent = Agent {
+        host,
+        shared: Arc::clone(shared),
+        providers: std::collections::HashMap::new(),
+        sessions: HashMap::new(),
+        initialized: false,
+        client_fs: (false, false),
+        after: Vec::new(),
+    };
+    while let Ok(Work::Request { id, method, params, cancel }) = work.recv() {
+        let answer = match agent.handle(&method, &params, cancel) {
+            Ok(result) => jsonrpc::response(&id, result),
+            Err(error) => jsonrpc::error_response(&id, &error),
+        };
+        if shared.out.send(&answer).is_err() {
+            return;
+        }
+        for (sid, update) in agent.after.drain(..) {
+            shared.notify(&sid, update);
+        }
+    }
+}
+
+fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
+    params.get(key).and_then(Value::as_str).ok_or_else(|| RpcError::params(format!("missing string parameter {key:?}")))
+}
+
+impl Agent<'_> {
+    fn handle(&mut self, method: &str, params: &Value, cancel: Option<CancelToken>) -> Result<Value, RpcError> {
+        match method {
+            "initialize" => self.initialize(params),
+            _ if !self.initialized => Err(RpcError::new(
+                jsonrpc::code::INVALID_REQUEST,
+                "the agent is not initialized: send initialize first",
+            )),
+            "authenticate" => Ok(json!({})),
+            "session/new" => self.new_session(params),
+            "session/load" => self.load_session(params),
+            "session/prompt" => self.prompt(params, cancel.unwrap_or_default()),
+            other => Err(RpcError::no_method(other, "ACP")),
+        }
+    }
+
+    fn initialize(&mut self, params: &Value) -> Result<Value, RpcError> {
+        if params.get("protocolVersion").and_then(Value::as_u64).is_none() {
+            return Err(RpcError::params("initialize needs an integer protocolVersion (this agent speaks 1)"));
+        }
+        self.initialized = true;
+        let fs = params.pointer("/clientCapabilities/fs");
+        let offers = |key: &str| fs.and_then(|f| f.get(key)).and_then(Value::as_bool).unwrap_or(false);
+        self.client_fs = (offers("readTextFile"), offers("writeTextFile"));
+        // One version exists; a client asking for another gets ours and
+        // decides whether it can go on.
+        Ok(json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": true,
+                "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
+                "mcpCapabilities": {"http": false, "sse": false},
+            },
+            "authMethods": [],
+            "agentInfo": {"name": "cairn", "title": "cairn", "version": env!("CARGO_PKG_VERSION")},
+        }))
+    }
+
+    fn open(&self, store: JsonlStore) -> Result<Open, RpcError> {
+        let cwd = PathBuf::from(&store.header().cwd);
+        let crate::HostTools { tools, notes } =
+            self.host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        for note in notes {
+            eprintln!("cairn acp: {note}");
+        }
+        let mut registry = ToolRegistry::new(true);
+        let session_id = store.header().id.clone();
+        for tool in tools {
+            let op = match tool.spec().name.as_str() {
+                "read_file" if self.client_fs.0 => Some(client_fs::Op::Read),
+                "write_file" if self.client_fs.1 => Some(client_fs::Op::Write),
+                _ => None,
+            };
+            let tool: Arc<dyn cairn_core::tool::Tool> = match op {
+                Some(op) => Arc::new(client_fs::ClientFile {
+                    inner: tool,
+                    op,
+                    shared: Arc::clone(&self.shared),
+                    session_id: session_id.clone(),
+                }),
+                None => tool,
+            };
+            let name = tool.spec().name.clone();
+            if let Err(e) = registry.register(tool) {
+                eprintln!("cairn acp: tool {name} not offered: {e}");
+            }
+        }
+        let allow = self.host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        let asker = PermissionAsker { shared: Arc::clone(&self.shared), session_id: store.header().id.clone() };
+        let approver = PolicyApprover::new(allow, Some(Box::new(asker)));
+        let session = Session::open(store, self.host.session_config())
+            .map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?;
+        Ok(Open { session, registry, approver, cwd })
+    }
+
+    fn new_session(&mut self, params: &Value) -> Result<Value, RpcError> {
+        let cwd = Path::new(str_param(params, "cwd")?);
+        if !cwd.is_absolute() {
+            return Err(RpcError::params(format!("cwd {} must be an absolute path", cwd.display())));
+        }
+        let cwd = cwd
+            .canonicalize()
+            .ok()
+            .filter(|c| c.is_dir())
+            .ok_or_else(|| RpcError::params(format!("cwd {} is not an existing directory", cwd.display())))?;
+        let store = self.host.create_session(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        let id = store.header().id.clone();
+        let open = self.open(store)?;
+        self.sessions.insert(id.clone(), open);
+        self.after.push((id.clone(), commands_update()));
+        Ok(json!({"sessionId": id}))
+    }
+
+    fn load_session(&mut self, params: &Value) -> Result<Value, RpcError> {
+        let wanted = str_param(params, "sessionId")?;
+        let id = match self.sessions.keys().find(|k| k.as_str() == wanted) {
+            Some(id) => id.clone(),
+            None => {
+                let store = self.host.open_session(wanted).map_err(|e| RpcError::params(format!("{e:#}")))?;
+                let id = store.header().id.clone();
+                if !self.sessions.contains_key(&id) {
+                    let open = self.open(store)?;
+                    self.sessions.insert(id.clone(), open);
+                }
+                id
+            }
+        };
+        if let Some(open) = self.sessions.get(&id) {
+            replay(&self.shared, &id, open);
+        }
+        self.after.push((id, commands_update()));
+        Ok(json!({}))
+    }
+
+    fn provider(&mut self, cwd: &std::path::Path) -> Result<(), RpcError> {
+        if !self.providers.contains_key(cwd) {
+            let provider = self.host.provider(cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+            self.providers.insert(cwd.to_path_buf(), provider);
+        }
+        Ok(())
+    }
+
+    fn prompt(&mut self, params: &Value, cancel: CancelToken) -> Result<Value, RpcError> {
+        let sid = str_param(params, "sessionId")?.to_owned();
+        let text = prompt_text(params.get("prompt").unwrap_or(&Value::Null))?;
+        let Some(session_cwd) = self.sessions.get(&sid).map(|open| open.cwd.clone()) else {
+            return Err(RpcError::params(format!(
+                "unknown session {sid:?}: create one with session/new or open it with session/load"
+            )));
+        };
+        self.provider(&session_cwd)?;
+        let Some(provider) = self.providers.get(&session_cwd).map(|p| &**p) else {
+            return Err(RpcError::internal("no provider"));
+        };
+        let Some(open) = self.sessions.get_mut(&sid) else {
+            return Err(RpcError::internal(format!("session {sid:?} vanished while preparing its turn")));
+        };
+        let shared = Arc::clone(&self.shared);
+        let cwd = open.cwd.clone();
+        let mut observer = |event: &TurnEvent| {
+            if let Some(update) = live_update(event, &cwd) {
+                shared.notify(&sid, update);
+            }
+        };
+        let mut env = TurnEnv {
+            provider,
+            tools: &open.registry,
+            approver: &mut open.approver,
+            observer: &mut observer,
+            cancel: &cancel,
+        };
+        let resume_only = text.trim() == RESUME_COMMAND;
+        let session = &mut open.session;
+        let result = (|| -> Result<Option<TurnStop>, TurnError> {
+            let mut last = None;
+            // A crashed or failed turn is finished first (as `cairn chat`
+            // does); a cancelled one only when asked, else a new prompt
+            // replaces it.
+            if session.needs_resume() && (resume_only || session.pc().phase != Phase::Cancelled) {
+                last = session.resume(&mut env)?.map(|o| o.stop);
+                if last != Some(TurnStop::Answered) || resume_only {
+                    return Ok(last);
+                }
+            }
+            if resume_only {
+                return Ok(last);
+            }
+            Ok(Some(session.run_turn(&text, &mut env)?.stop))
+        })();
+        match result {
+            Ok(stop) => {
+                if stop.is_none() {
+                    self.shared.notify(
+                        &sid,
+                        json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "nothing to resume in this session"}}),
+                    );
+                }
+                let reason = match stop {
+                    None | Some(TurnStop::Answered) => "end_turn",
+                    Some(TurnStop::StepLimit) => "max_turn_requests",
+                    Some(TurnStop::Cancelled) => "cancelled",
+                };
+                Ok(json!({"stopReason": reason}))
+            }
+            Err(e) if cancel.is_cancelled() => {
+                eprintln!("cairn acp: cancelled turn ended with: {e}");
+                Ok(json!({"stopReason": "cancelled"}))
+            }
+            Err(e) => Err(RpcError::internal(format!("{e}; the turn is saved, send {RESUME_COMMAND} to continue it"))),
+        }
+    }
+}
+
+/// The commands a person can type: `/resume` continues a cancelled or
+/// interrupted turn.
+fn commands_update() -> Value {
+    json!({
+        "sessionUpdate": "available_commands_update",
+        "availableCommands": [{
+            "name": RESUME_COMMAND.trim_start_matches('/'),
+            "description": "continue the cancelled or interrupted turn of this session",
+        }],
+    })
+}
+
+/// The text of an ACP prompt (text blocks, resource links, embedded text
+/// resources); other content is refused with what to do.
+fn prompt_text(prompt: &Value) -> Result<String, RpcError> {
+    let Some(blocks) = prompt.as_array() else {
+        return Err(RpcError::params("prompt must be an array of content blocks"));
+    };
+    let mut text = String::new();
+    for block in blocks {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => text.push_str(block.get("text").and_then(Value::as_str).unwrap_or_default()),
+            Some("resource_link") => {
+                let uri = block.get("uri").and_then(Value::as_str).unwrap_or_default();
+                let name = block.get("name").and_then(Value::as_str).unwrap_or(uri);
+                text.push_str(&format!("[{name}]({uri})"));
+            }
+            Some("resource") => {
+                let uri = block.pointer("/resource/uri").and_then(Value::as_str).unwrap_or_default();
+                match block.pointer("/resource/text").and_then(Value::as_str) {
+                    Some(body) => text.push_str(&format!("\n<context uri=\"{uri}\">\n{body}\n</context>\n")),
+                    None => {
+                        return Err(RpcError::params(format!(
+                            "resource {uri} has no text; cairn accepts text resources only"
+                        )));
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(RpcError::params(format!(
+                    "cairn does not accept {other} content (see promptCapabilities); send text"
+                )));
+            }
+            None => return Err(RpcError::params("a content block needs a \"type\"")),
+        }
+    }
+    if text.trim().is_empty() {
+        return Err(RpcError::params("the prompt is empty"));
+    }
+    Ok(text)
+}
+
+/// The ACP tool kind of a cairn tool.
+fn kind(tool: &str) -> &'static str {
+    match tool {
+        "read_file" | "list_dir" => "read",
+        "search" | "grep" | "glob" => "search",
+        "write_file" | "edit_file" => "edit",
+        "shell" => "execute",
+        _ => "other",
+    }
+}
+
+/// A short title: the tool and its main argument.
+fn title(tool: &str, arguments: &Value) -> String {
+    let main = ["command", "path", "pattern"].iter().find_map(|k| arguments.get(*k).and_then(Value::as_str));
+    match main {
+        Some(m) => {
+            let m: String = m.chars().take(120).collect();
+            format!("{tool}: {m}")
+        }
+        None => tool.to_owned(),
+    }
+}
+
+fn locations(arguments: &Value, cwd: &Path) -> Value {
+    match arguments.get("path").and_then(Value::as_str) {
+        Some(p) => json!([{"path": cwd.join(p)}]),
+        None => json!([]),
+    }
+}
+
+fn text_content(text: &str) -> Value {
+    json!([{"type": "content", "content": {"type": "text", "text": text}}])
+}
+
+fn tool_call(id: &str, tool: &str, arguments: &Value, cwd: &Path) -> Value {
+    json!({
+        "sessionUpdate": "tool_call",
+        "toolCallId": id,
+        "title": title(tool, arguments),
+        "kind": kind(tool),
+        "status": "pending",
+        "rawInput": arguments,
+        "locations": locations(arguments, cwd),
+    })
+}
+
+fn tool_update(id: &str, status: &str, text: Option<&str>) -> Value {
+    let mut update = json!({"sessionUpdate": "tool_call_update", "toolCallId": id, "status": status});
+    if let Some(text) = text {
+        update["content"] = text_content(text);
+    }
+    update
+}
+
+/// The update telling a live [`TurnEvent`], if any. Tool calls are named by
+/// cairn's invocation id (unique in the session, unlike model call ids).
+fn live_update(event: &TurnEvent, cwd: &Path) -> Option<Value> {
+    match event {
+        TurnEvent::Delta { event: StreamEvent::TextDelta { text } } => {
+            Some(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}))
+        }
+        TurnEvent::Delta { event: StreamEvent::ReasoningDelta { text } } => {
+            Some(json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": text}}))
+        }
+        TurnEvent::ToolRequested { invocation_id, tool, arguments, .. } => {
+            Some(tool_call(invocation_id, tool, arguments, cwd))
+        }
+        TurnEvent::ToolStarted { invocation_id, .. } => Some(tool_update(invocation_id, "in_progress", None)),
+        TurnEvent::ToolCompleted { invocation_id, exit_code, output_summary, .. } => {
+            let status = if *exit_code == 0 { "completed" } else { "failed" };
+            let mut update = tool_update(invocation_id, status, Some(output_summary));
+            update["rawOutput"] = json!({"exitCode": exit_code});
+            Some(update)
+        }
+        TurnEvent::ToolFailed { invocation_id, reason, .. } => Some(tool_update(invocation_id, "failed", Some(reason))),
+        TurnEvent::ToolRejected { invocation_id, reason, .. } => {
+            Some(tool_update(invocation_id, "failed", Some(reason)))
+        }
+        _ => None,
+    }
+}
+
+/// Replay the lane of a loaded session as the updates a live turn sends.
+fn replay(shared: &Shared, sid: &str, open: &Open) {
+    let store = open.session.store();
+    let Some(head) = open.session.head() else { return };
+    let Ok(path) = store.path_to(head) else { return };
+    for entry in path {
+        let Some(kind) = EntryType::of(&entry.entry_type) else { continue };
+        let updates: Vec<Value> = match kind {
+            EntryType::Message => {
+                let Ok(message) = entry.payload.parse::<Message>() else { continue };
+                let chunk = match message.role {
+                    Role::User => "user_message_chunk",
+                    _ => "agent_message_chunk",
+                };
+                message
+                    .content
+                    .iter()
+                    .filter_map(|part| match part {
+                        ContentPart::Text { text } if !text.is_empty() => {
+                            Some(json!({"sessionUpdate": chunk, "content": {"type": "text", "text": text}}))
+                        }
+                        ContentPart::Reasoning { text, .. } if !text.is_empty() => Some(
+                            json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": text}}),
+                        ),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            EntryType::ToolRequested => match entry.payload.parse::<ToolRequestedPayload>() {
+                Ok(p) => vec![tool_call(&p.invocation_id, &p.request.tool, &p.request.arguments, &open.cwd)],
+                Err(_) => continue,
+            },
+            EntryType::ToolCompleted => match entry.payload.parse::<ToolCompletedPayload>() {
+                Ok(p) => {
+                    let status = if p.receipt.exit_code == 0 { "completed" } else { "failed" };
+                    vec![tool_update(&p.invocation_id, status, Some(&p.receipt.output_summary))]
+                }
+                Err(_) => continue,
+            },
+            EntryType::ToolFailed => match entry.payload.parse::<ToolFailedPayload>() {
+                Ok(p) => vec![tool_update(&p.invocation_id, "failed", Some(&p.reason))],
+                Err(_) => continue,
+            },
+            EntryType::ToolRejected => match entry.payload.parse::<ToolRejectedPayload>() {
+                Ok(p) => vec![tool_update(&p.invocation_id, "failed", Some(&p.reason))],
+                Err(_) => continue,
+            },
+            _ => continue,
+        };
+        for update in updates {
+            shared.notify(sid, update);
+        }
+    }
+}
+
+/// The interactive approver of an ACP session: asks the person in the
+/// editor with `session/request_permission`.
+struct PermissionAsker {
+    shared: Arc<Shared>,
+    session_id: String,
+}
+
+const ALLOW_ONCE: &str = "allow-once";
+const ALLOW_ALWAYS: &str = "allow-always";
+const REJECT: &str = "reject-once";
+
+fn preview_text(preview: &Preview) -> String {
+    match preview {
+        Preview::Diff { path, diff } => format!("{path}\n{diff}"),
+        Preview::Command { command, cwd } => format!("$ {command}\n(in {cwd})"),
+        Preview::Paths { paths } => paths.iter().map(|p| format!("writes {p}")).collect::<Vec<_>>().join("\n"),
+        Preview::Text { text } => text.clone(),
+    }
+}
+
+/// Editors render a `diff` content as a diff view: the whole new file of a
+/// `write_file` against what is on disk now (text up to 1 MiB, read only
+/// inside the working directory), or the replaced text of an `edit_file`.
+fn diff_content(request: &ApprovalRequest<'_>) -> Option<Value> {
+    let args = request.arguments;
+    let given = args.get("path").and_then(Value::as_str)?;
+    let path = cairn_tools::paths::resolve_in_cwd(request.cwd, given).ok()?;
+    let (old, new) = match request.tool {
+        "write_file" => {
+            let new = args.get("content").and_then(Value::as_str)?;
+            let old = std::fs::metadata(&path)
+                .ok()
+                .filter(|m| m.is_file() && m.len() <= 1024 * 1024)
+                .and_then(|_| std::fs::read_to_string(&path).ok());
+            (old, new.to_owned())
+        }
+        "edit_file" => {
+            let old = args.get("old").and_then(Value::as_str)?;
+            (Some(old.to_owned()), args.get("new").and_then(Value::as_str)?.to_owned())
+        }
+        _ => return None,
+    };
+    Some(json!({"type": "diff", "path": path, "oldText": old, "newText": new}))
+}
+
+impl Approver for PermissionAsker {
+    fn is_interactive(&self) -> bool {
+        true
+    }
+
+    fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
+        // "Always" is offered for Write calls only: a Destructive call or a
+        // sandbox bypass is asked every time (the core would refuse to
+        // remember it anyway).
+        let always = request.risk == Risk::Write && request.bypass.is_none();
+        let mut options = vec![json!({"optionId": ALLOW_ONCE, "name": "Allow once", "kind": "allow_once"})];
+        if always {
+            options.push(json!({"optionId": ALLOW_ALWAYS, "name": format!("Always allow {} in this session", request.tool), "kind": "allow_always"}));
+        }
+        options.push(json!({"optionId": REJECT, "name": "Reject", "kind": "reject_once"}));
+        let mut shown = String::new();
+        if request.risk == Risk::Destructive {
+            shown.push_str("DESTRUCTIVE\n");
+        }
+        if let Some(bypass) = request.bypass {
+            shown.push_str(&format!("sandbox bypass: {bypass}\n"));
+        }
+        match request.preview {
+            Some(preview) => shown.push_str(&preview_text(preview)),
+            None => shown.push_str(&serde_json::to_string_pretty(request.arguments).unwrap_or_default()),
+        }
+        let mut content = text_content(&shown);
+        if let (Some(diff), Some(items)) = (diff_content(request), content.as_array_mut()) {
+            items.insert(0, diff);
+        }
+        let params = json!({
+            "sessionId": self.session_id,
+            "toolCall": {
+                "toolCallId": request.invocation_id,
+                "title": title(request.tool, request.arguments),
+                "kind": kind(request.tool),
+                "status": "pending",
+                "rawInput": request.arguments,
+                "content": content,
+            },
+            "options": options,
+        });
+        let by = "user:acp".to_owned();
+        let deny = |reason: &str| Ok(Verdict { decision: Answer::Deny { reason: reason.to_owned() }, by: by.clone() });
+        match self.shared.ask_until(&self.session_id, "session/request_permission", params, None) {
+            Err(why) => Err(ApprovalError::Unavailable(why)),
+            Ok(Reply::Cancelled) => deny("the prompt was cancelled in the editor"),
+            Ok(Reply::Error(e)) => {
+                Err(ApprovalError::Failed(format!("the client answered the permission request with an error: {e}")))
+            }
+            Ok(Reply::Result(result)) => {
+                let outcome = result.get("outcome");
+                match outcome.and_then(|o| o.get("outcome")).and_then(Value::as_str) {
+                    Some("cancelled") => deny("the prompt was cancelled in the editor"),
+                    Some("selected") => match outcome.and_then(|o| o.get("optionId")).and_then(Value::as_str) {
+                        Some(ALLOW_ONCE) => Ok(Verdict { decision: Answer::Approve, by }),
+                        Some(ALLOW_ALWAYS) if always => Ok(Verdict { decision: Answer::ApproveForSession, by }),
+                        Some(REJECT) => deny("the user rejected this call in the editor"),
+                        other => deny(&format!("the editor chose an option that was not offered ({other:?}); not run")),
+                    },
+                    _ => deny("the editor's answer to the permission request was not understood; not run"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn prompt_text_takes_text_links_and_text_resources_and_refuses_the_rest() {
+        let ok = prompt_text(&json!([
+            {"type": "text", "text": "look at "},
+            {"type": "resource_link", "uri": "file:///w/a.rs", "name": "a.rs"},
+            {"type": "resource", "resource": {"uri": "file:///w/b.rs", "text": "fn b() {}"}},
+        ]))
+        .unwrap();
+        assert_eq!(ok, "look at [a.rs](file:///w/a.rs)\n<context uri=\"file:///w/b.rs\">\nfn b() {}\n</context>\n");
+        for bad in [
+            json!(null),
+            json!("text"),
+            json!([]),
+            json!([{"type": "text", "text": "  \n"}]),
+            json!([{"text": "no type"}]),
+            json!([{"type": "image", "data": "", "mimeType": "image/png"}]),
+            json!([{"type": "audio", "data": "", "mimeType": "audio/wav"}]),
+            json!([{"type": "resource", "resource": {"uri": "file:///x", "blob": "AAAA"}}]),
+        ] {
+            let e = prompt_text(&bad).unwrap_err();
+            assert_eq!(e.code, jsonrpc::code::INVALID_PARAMS, "{bad}");
+        }
+    }
+
+    #[test]
+    fn tool_kinds_and_titles() {
+        assert_eq!(kind("read_file"), "read");
+        assert_eq!(kind("write_file"), "edit");
+        assert_eq!(kind("shell"), "execute");
+        assert_eq!(kind("my_external_tool"), "other");
+        assert_eq!(title("shell", &json!({"command": "ls"})), "shell: ls");
+        assert_eq!(title("x", &json!({"n": 1})), "x");
+        let long = "é".repeat(500);
+        assert_eq!(title("shell", &json!({"command": long})).chars().count(), "shell: ".len() + 120);
+    }
+}

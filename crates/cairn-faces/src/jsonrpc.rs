@@ -1,0 +1,336 @@
+//! JSON-RPC 2.0 over stdio, one message per line, as both faces speak it:
+//! a line reader with a size bound ([`LineReader`]), the classification of
+//! a line into a request, notification or response ([`Incoming::parse`]),
+//! error objects with the standard codes ([`RpcError`]), and the shared,
+//! line-atomic writer ([`Out`]).
+//!
+//! Bad input is answered, never fatal: a line that is not JSON gets a
+//! parse error (-32700, id null), a line over [`MAX_MESSAGE_BYTES`] is
+//! skipped to its end and answered with -32600, a batch (JSON array) is
+//! refused. This module knows nothing of MCP or ACP methods.
+
+use std::io::{BufRead, Write};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+/// The largest message accepted (one line); longer lines are discarded to
+/// their newline and answered with an error. 16 MiB holds any prompt with
+/// pasted files an editor sends; more is a broken or hostile client.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Standard JSON-RPC error codes.
+pub mod code {
+    /// The line is not JSON.
+    pub const PARSE_ERROR: i64 = -32700;
+    /// JSON, but not a JSON-RPC 2.0 request (or too large).
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// No such method.
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// The params are wrong.
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// cairn failed while handling the request.
+    pub const INTERNAL_ERROR: i64 = -32603;
+}
+
+/// One line read from the input.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    /// A complete line (without its newline).
+    Message(Vec<u8>),
+    /// A line longer than the limit; its bytes were discarded.
+    TooLong(usize),
+    /// The input is closed.
+    Eof,
+}
+
+/// Reads lines of at most `max` bytes, discarding longer ones whole so the
+/// next line is read correctly.
+#[derive(Debug)]
+pub struct LineReader<R> {
+    inner: R,
+    max: usize,
+}
+
+impl<R: BufRead> LineReader<R> {
+    /// Lines from `inner`, at most `max` bytes each.
+    pub fn new(inner: R, max: usize) -> Self {
+        Self { inner, max }
+    }
+
+    /// The next line. A last line without a newline still counts.
+    pub fn next_line(&mut self) -> std::io::Result<Line> {
+        let mut line = Vec::new();
+        let mut seen = 0usize;
+        let mut too_long = false;
+        loop {
+            let buf = match self.inner.fill_buf() {
+                Ok(buf) => buf,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if buf.is_empty() {
+                return Ok(match (seen, too_long) {
+                    (0, _) => Line::Eof,
+                    (n, true) => Line::TooLong(n),
+                    _ => Line::Message(line),
+                });
+            }
+            let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => (&buf[..i], Some(i + 1)),
+                None => (buf, None),
+            };
+            seen = seen.saturating_add(chunk.len());
+            if !too_long && seen > self.max {
+                too_long = true;
+                line = Vec::new();
+            }
+            if !too_long {
+                line.extend_from_slice(chunk);
+            }
+            let used = done.unwrap_or(buf.len());
+            self.inner.consume(used);
+            if done.is_some() {
+                if too_long {
+                    return Ok(Line::TooLong(seen));
+                }
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                return Ok(Line::Message(line));
+            }
+        }
+    }
+}
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    /// The code ([`code`]).
+    pub code: i64,
+    /// What was wrong and what to do.
+    pub message: String,
+}
+
+impl RpcError {
+    /// An error with `code` and `message`.
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+
+    /// -32602 with `message`.
+    pub fn params(message: impl Into<String>) -> Self {
+        Self::new(code::INVALID_PARAMS, message)
+    }
+
+    /// -32603 with `message`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(code::INTERNAL_ERROR, message)
+    }
+
+    /// -32601 for `method`.
+    pub fn no_method(method: &str, face: &str) -> Self {
+        Self::new(code::METHOD_NOT_FOUND, format!("method {method:?} is not supported by cairn's {face} face"))
+    }
+
+    /// The JSON object.
+    pub fn to_value(&self) -> Value {
+        json!({"code": self.code, "message": self.message})
+    }
+}
+
+/// A classified message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Incoming {
+    /// A call expecting an answer.
+    Request {
+        /// Its id (a string or a number), echoed in the answer.
+        id: Value,
+        /// The method.
+        method: String,
+        /// The params (`null` when absent).
+        params: Value,
+    },
+    /// A call without an answer.
+    Notification {
+        /// The method.
+        method: String,
+        /// The params (`null` when absent).
+        params: Value,
+    },
+    /// An answer to a request this side sent.
+    Response {
+        /// The id of our request.
+        id: Value,
+        /// The result, or the error object.
+        result: Result<Value, Value>,
+    },
+}
+
+impl Incoming {
+    /// Classify one line. `Err` holds the answer to send back (with the
+    /// id when one could be read, else null).
+    pub fn parse(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
+        let value: Value = serde_json::from_slice(line).map_err(|e| {
+            (
+                Value::Null,
+                RpcError::new(
+                    code::PARSE_ERROR,
+                    format!("the line is not valid JSON ({e}); send one JSON-RPC 2.0 object per line"),
+                ),
+            )
+        })?;
+        let Value::Object(mut object) = value else {
+            let what = if value.is_array() {
+                "a batch (JSON array); batches are not supported, send one object per line"
+            } else {
+                "not a JSON object"
+            };
+            return Err((Value::Null, RpcError::new(code::INVALID_REQUEST, format!("the message is {what}"))));
+        };
+        let id = object.remove("id");
+        let invalid = |id: Option<Value>, why: &str| {
+            Err((id.unwrap_or(Value::Null), RpcError::new(code::INVALID_REQUEST, why.to_owned())))
+        };
+        if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return invalid(id, "the message lacks \"jsonrpc\": \"2.0\"");
+        }
+        if let Some(id) = &id
+            && !(id.is_string() || id.is_number() || id.is_null())
+        {
+            return invalid(None, "the id must be a string or a number");
+        }
+        match object.remove("method") {
+            Some(Value::String(method)) => {
+                let params = object.remove("params").unwrap_or(Value::Null);
+                if !(params.is_object() || params.is_array() || params.is_null()) {
+                    return invalid(id, "params must be an object or an array");
+                }
+                Ok(match id {
+                    Some(id) => Incoming::Request { id, method, params },
+                    None => Incoming::Notification { method, params },
+                })
+            }
+            Some(_) => invalid(id, "the method must be a string"),
+            None => {
+                let Some(id) = id else { return invalid(None, "a message needs a method (or an id and a result)") };
+                match (object.remove("result"), object.remove("error")) {
+                    (Some(result), None) => Ok(Incoming::Response { id, result: Ok(result) }),
+                    (None, Some(error)) => Ok(Incoming::Response { id, result: Err(error) }),
+                    _ => invalid(Some(id), "a response needs exactly one of result and error"),
+                }
+            }
+        }
+    }
+}
+
+/// The answer to a line that could not be read as a message.
+pub fn refusal(line: &Line) -> Option<Value> {
+    match line {
+        Line::TooLong(n) => Some(error_response(
+            &Value::Null,
+            &RpcError::new(
+                code::INVALID_REQUEST,
+                format!("the message is {n} bytes, over the limit of {MAX_MESSAGE_BYTES}; it was skipped"),
+            ),
+        )),
+        Line::Message(_) | Line::Eof => None,
+    }
+}
+
+/// A success response.
+pub fn response(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// An error response.
+pub fn error_response(id: &Value, error: &RpcError) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": error.to_value()})
+}
+
+/// A notification.
+pub fn notification(method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "method": method, "params": params})
+}
+
+/// A request this side sends.
+pub fn request(id: u64, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// The output: whole lines, one writer at a time, flushed after each.
+#[derive(Clone)]
+pub struct Out {
+    inner: Arc<Mutex<Box<dyn Write + Send>>>,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Out").finish_non_exhaustive()
+    }
+}
+
+impl Out {
+    /// Lines to `writer`.
+    pub fn new(writer: Box<dyn Write + Send>) -> Self {
+        Self { inner: Arc::new(Mutex::new(writer)) }
+    }
+
+    /// Write `message` as one line. An error means the peer is gone.
+    pub fn send(&self, message: &Value) -> std::io::Result<()> {
+        let mut text = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+        text.push(b'\n');
+        let mut out = self.inner.lock().map_err(|_| std::io::Error::other("output lock poisoned"))?;
+        out.write_all(&text)?;
+        out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn lines(input: &[u8], max: usize) -> Vec<Line> {
+        let mut reader = LineReader::new(std::io::BufReader::with_capacity(3, input), max);
+        let mut out = Vec::new();
+        loop {
+            let line = reader.next_line().unwrap();
+            if line == Line::Eof {
+                return out;
+            }
+            out.push(line);
+        }
+    }
+
+    #[test]
+    fn long_lines_are_skipped_whole_and_the_next_line_is_intact() {
+        let got = lines(b"ab\nabcdefgh\ncd\r\nxyzxyzxyz", 4);
+        assert_eq!(
+            got,
+            vec![Line::Message(b"ab".to_vec()), Line::TooLong(8), Line::Message(b"cd".to_vec()), Line::TooLong(9)]
+        );
+        assert_eq!(
+            lines(b"\n\nok", 4),
+            vec![Line::Message(vec![]), Line::Message(vec![]), Line::Message(b"ok".to_vec())]
+        );
+    }
+
+    #[test]
+    fn classification_of_hostile_messages() {
+        let bad = |s: &str| Incoming::parse(s.as_bytes()).unwrap_err().1.code;
+        assert_eq!(bad("{"), code::PARSE_ERROR);
+        assert_eq!(bad("\u{0}"), code::PARSE_ERROR);
+        assert_eq!(bad("[]"), code::INVALID_REQUEST);
+        assert_eq!(bad("3"), code::INVALID_REQUEST);
+        assert_eq!(bad(r#"{"id":1,"method":"x"}"#), code::INVALID_REQUEST);
+        assert_eq!(bad(r#"{"jsonrpc":"2.0","id":{},"method":"x"}"#), code::INVALID_REQUEST);
+        assert_eq!(bad(r#"{"jsonrpc":"2.0","id":1,"method":7}"#), code::INVALID_REQUEST);
+        assert_eq!(bad(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":"s"}"#), code::INVALID_REQUEST);
+        assert_eq!(bad(r#"{"jsonrpc":"2.0","id":1}"#), code::INVALID_REQUEST);
+        let ok = Incoming::parse(br#"{"jsonrpc":"2.0","id":"a","method":"m"}"#).unwrap();
+        assert_eq!(ok, Incoming::Request { id: json!("a"), method: "m".into(), params: Value::Null });
+        let ok = Incoming::parse(br#"{"jsonrpc":"2.0","id":2,"error":{"code":1}}"#).unwrap();
+        assert!(matches!(ok, Incoming::Response { result: Err(_), .. }));
+    }
+}

@@ -1,0 +1,57 @@
+//! cairn's editor and agent faces: `cairn acp` (an Agent Client Protocol
+//! agent for editors) and `cairn mcp` (a Model Context Protocol server of
+//! cairn's tools), both JSON-RPC 2.0 over stdio, one message per line.
+//!
+//! Both are thin hosts over `cairn-core`, like the CLI: every tool call goes
+//! through the core's turn (the effect sandwich, the approval gate, the
+//! limits) and is committed to a session file. This crate owns the wire
+//! protocols only; it must not build providers or tools itself — the
+//! [`Host`] (the `cairn` binary) supplies them from its configuration.
+//!
+//! Layout: [`jsonrpc`] (bounded line framing, message classification,
+//! error objects, the shared writer), [`mcp`] (the MCP server), [`acp`]
+//! (the ACP agent and its permission approver).
+
+pub mod acp;
+pub mod jsonrpc;
+pub mod mcp;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cairn_core::SessionConfig;
+use cairn_core::approval::Allowlist;
+use cairn_core::provider::Provider;
+use cairn_core::storage::JsonlStore;
+use cairn_core::tool::Tool;
+
+/// What a face needs from the program hosting it (configuration,
+/// providers, tools, where sessions live).
+pub trait Host {
+    /// The configured provider for sessions working in `cwd`.
+    fn provider(&self, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>>;
+    /// The tools offered in `cwd` (built-ins, then external tools).
+    fn tools(&self, cwd: &Path) -> anyhow::Result<HostTools>;
+    /// The allow rules from `--allow` and the configuration.
+    fn allowlist(&self) -> anyhow::Result<Allowlist>;
+    /// Create a new session file whose working directory is `cwd`.
+    fn create_session(&self, cwd: &Path) -> anyhow::Result<JsonlStore>;
+    /// Open an existing session by id, unique prefix, name or path.
+    fn open_session(&self, id: &str) -> anyhow::Result<JsonlStore>;
+    /// Limits and settings of turns.
+    fn session_config(&self) -> SessionConfig;
+}
+
+/// Tools a host offers in a directory.
+pub struct HostTools {
+    /// Built-ins, then external tools.
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// Tools left out and why (broken metadata, untrusted workspace).
+    pub notes: Vec<String>,
+}
+
+impl std::fmt::Debug for HostTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTools").field("tools", &self.tools.len()).field("notes", &self.notes).finish()
+    }
+}

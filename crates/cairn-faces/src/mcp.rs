@@ -1,0 +1,366 @@
+//! `cairn mcp`: a Model Context Protocol server of cairn's tools over stdio.
+//!
+//! What is exposed: ReadOnly tools always; a Write tool only when an allow
+//! rule (`--allow`, `[approvals] allow`) names it, and then only the calls
+//! the rule covers run (the core's approval gate decides, as in a turn);
+//! Destructive tools never (no person can answer an MCP call, and the
+//! registry refuses them without an interactive approver). Annotations are
+//! derived from the risk tier: `readOnlyHint` for ReadOnly,
+//! `destructiveHint` false (a call that turns Destructive is refused),
+//! `idempotentHint` from the replay policy, `openWorldHint` from the
+//! network capability.
+//!
+//! Every `tools/call` is one turn of the server's own session file (created
+//! at the first call): the user line says which client called what, a
+//! one-shot provider asks for exactly that call, and the core runs it through
+//! schema validation, the approval gate, the sandbox and the limits, and
+//! records intent and settlement — so an MCP client's actions are as
+//! auditable (`cairn show --tools`) as the agent's. A refused or failed call
+//! is a tool result with `isError`, not a protocol error; only an unknown or
+//! unexposed tool name is a JSON-RPC error (-32602), as the protocol says.
+//!
+//! A reader thread owns stdin and handles `notifications/cancelled`: the
+//! named call's turn is cancelled through the core (a running tool is
+//! killed; the session records the cancelled turn) and gets no answer.
+//! Calls themselves run one at a time, in order, on the main thread.
+//!
+//! This module must not run tools itself or decide approvals.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use anyhow::Result;
+use cairn_core::approval::PolicyApprover;
+use cairn_core::message::{ContentPart, Message, Role, ToolCall};
+use cairn_core::provider::{
+    AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, StopReason, StreamEvent,
+};
+use cairn_core::storage::{JsonlStore, Storage};
+use cairn_core::tool::{Capability, ReplayPolicy, Risk};
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent};
+use serde_json::{Value, json};
+
+use crate::Host;
+use crate::jsonrpc::{self, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
+
+/// MCP protocol versions this server speaks (the stdio handshake ones),
+/// oldest first; an unknown request is answered with the newest.
+pub const PROTOCOL_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// Settings of one server.
+#[derive(Debug, Clone)]
+pub struct McpOptions {
+    /// The root: tools resolve paths inside it, the session's cwd.
+    pub root: PathBuf,
+    /// Tools per `tools/list` page.
+    pub page_size: usize,
+}
+
+struct Server<'h> {
+    host: &'h dyn Host,
+    options: McpOptions,
+    registry: ToolRegistry,
+    approver: PolicyApprover,
+    /// Tools loaded but not exposed, and why (said when one is called).
+    hidden: HashMap<String, String>,
+    session: Option<Session<JsonlStore>>,
+    initialized: bool,
+    client: String,
+    calls: u64,
+}
+
+/// Serve MCP on `input`/`out` until the input closes. Bad lines are
+/// answered and skipped; only a failed write (the client is gone) ends it
+/// early.
+pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 'static, out: &Out) -> Result<()> {
+    let allow = host.allowlist()?;
+    let crate::HostTools { tools, notes } = host.tools(&options.root)?;
+    for note in notes {
+        eprintln!("cairn mcp: {note}");
+    }
+    let mut registry = ToolRegistry::new(false);
+    let mut hidden = HashMap::new();
+    for tool in tools {
+        let spec = tool.spec().clone();
+        let named = allow.rules().iter().any(|r| r.tool() == spec.name);
+        let refusal = match spec.risk {
+            Risk::Destructive => {
+                Some(format!("{} is Destructive; Destructive tools are never exposed over MCP", spec.name))
+            }
+            Risk::Write if !named => Some(format!(
+                "{} is a Write tool and is not exposed; start the server with `cairn mcp --allow {}` (or a pattern such as '{}(…)', or [approvals] allow in the config) to expose it",
+                spec.name, spec.name, spec.name
+            )),
+            Risk::ReadOnly | Risk::Write => None,
+        };
+        let refusal = match refusal {
+            Some(r) => Some(r),
+            None => registry.register(tool).err().map(|e| format!("{} is not offered: {e}", spec.name)),
+        };
+        if let Some(reason) = refusal {
+            hidden.insert(spec.name, reason);
+        }
+    }
+    let approver = PolicyApprover::new(allow, None);
+    let mut server = Server {
+        host,
+        options,
+        registry,
+        approver,
+        hidden,
+        session: None,
+        initialized: false,
+        client: "unknown".to_owned(),
+        calls: 0,
+    };
+    let calls: Arc<Mutex<HashMap<String, CancelToken>>> = Arc::default();
+    let (tx, rx) = mpsc::channel();
+    let reader_out = out.clone();
+    let reader_calls = Arc::clone(&calls);
+    std::thread::spawn(move || read_loop(input, &reader_out, &reader_calls, &tx));
+    while let Ok(Work { id, method, params, cancel }) = rx.recv() {
+        let answer = match server.handle(&method, params, &cancel) {
+            Ok(result) => jsonrpc::response(&id, result),
+            Err(error) => jsonrpc::error_response(&id, &error),
+        };
+        if let Ok(mut calls) = calls.lock() {
+            calls.remove(&id.to_string());
+        }
+        // A cancelled request gets no answer (the client has moved on).
+        if !cancel.is_cancelled() && out.send(&answer).is_err() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// A request for the main thread, with the token a
+/// `notifications/cancelled` naming it sets.
+struct Work {
+    id: Value,
+    method: String,
+    params: Value,
+    cancel: CancelToken,
+}
+
+/// Own the input: answer what is not a message, cancel calls the client
+/// cancels, queue requests in order. Ends at end of input (the requests
+/// already queued are still answered).
+fn read_loop(input: impl BufRead, out: &Out, calls: &Mutex<HashMap<String, CancelToken>>, work: &mpsc::Sender<Work>) {
+    let mut reader = LineReader::new(input, MAX_MESSAGE_BYTES);
+    loop {
+        let line = match reader.next_line() {
+            Ok(Line::Eof) | Err(_) => return,
+            Ok(line) => line,
+        };
+        let bytes = match &line {
+            Line::Message(bytes) => bytes,
+            _ => {
+                if let Some(answer) = jsonrpc::refusal(&line) {
+                    let _ = out.send(&answer);
+                }
+                continue;
+            }
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match Incoming::parse(bytes) {
+            Err((id, error)) => {
+                let _ = out.send(&jsonrpc::error_response(&id, &error));
+            }
+            Ok(Incoming::Request { id, method, params }) => {
+                // Registered when read, so a cancel right behind it is kept.
+                let cancel = CancelToken::new();
+                if let Ok(mut calls) = calls.lock() {
+                    calls.insert(id.to_string(), cancel.clone());
+                }
+                if work.send(Work { id, method, params, cancel }).is_err() {
+                    return;
+                }
+            }
+            Ok(Incoming::Notification { method, params }) if method == "notifications/cancelled" => {
+                let Some(request) = params.get("requestId") else { continue };
+                if let Some(token) = calls.lock().ok().and_then(|c| c.get(&request.to_string()).cloned()) {
+                    token.cancel();
+                }
+            }
+            // Other notifications (initialized, …) and stray responses
+            // need nothing.
+            Ok(Incoming::Notification { .. } | Incoming::Response { .. }) => {}
+        }
+    }
+}
+
+impl Server<'_> {
+    fn handle(&mut self, method: &str, params: Value, cancel: &CancelToken) -> Result<Value, RpcError> {
+        match method {
+            "initialize" => Ok(self.initialize(&params)),
+            "ping" => Ok(json!({})),
+            "tools/list" | "tools/call" if !self.initialized => Err(RpcError::new(
+                jsonrpc::code::INVALID_REQUEST,
+                "the server is not initialized: send initialize first",
+            )),
+            "tools/list" => self.list(&params),
+            "tools/call" => self.call(&params, cancel),
+            other => Err(RpcError::no_method(other, "MCP")),
+        }
+    }
+
+    fn initialize(&mut self, params: &Value) -> Value {
+        let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or_default();
+        let version = PROTOCOL_VERSIONS.iter().find(|v| **v == asked).unwrap_or(&PROTOCOL_VERSIONS[3]);
+        if let Some(name) = params.pointer("/clientInfo/name").and_then(Value::as_str) {
+            self.client = name.chars().take(100).collect();
+        }
+        self.initialized = true;
+        json!({
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": false}},
+            "serverInfo": {"name": "cairn", "version": env!("CARGO_PKG_VERSION")},
+            "instructions": format!(
+                "cairn's tools, confined to {}; every call is recorded in a cairn session file. Write tools appear only when allowed; Destructive tools never.",
+                self.options.root.display()
+            ),
+        })
+    }
+
+    fn list(&self, params: &Value) -> Result<Value, RpcError> {
+        let start = match params.get("cursor") {
+            None | Some(Value::Null) => 0,
+            Some(Value::String(c)) => c
+                .strip_prefix("cairn-")
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|n| *n <= self.registry.len())
+                .ok_or_else(|| {
+                    RpcError::params(format!("invalid cursor {c:?}: pass back a nextCursor this server gave"))
+                })?,
+            Some(_) => return Err(RpcError::params("the cursor must be a string")),
+        };
+        let page = self.options.page_size.max(1);
+        let specs = self.registry.specs();
+        let end = start.saturating_add(page).min(specs.len());
+        let tools: Vec<Value> = specs[start..end]
+            .iter()
+            .map(|spec| {
+                json!({
+                    "name": spec.name,
+                    "description": spec.description,
+                    "inputSchema": spec.input_schema,
+                    "annotations": {
+                        "title": spec.name,
+                        "readOnlyHint": spec.risk == Risk::ReadOnly,
+                        "destructiveHint": spec.risk == Risk::Destructive,
+                        "idempotentHint": spec.replay == ReplayPolicy::Idempotent,
+                        "openWorldHint": spec.capabilities.contains(&Capability::Network),
+                    },
+                })
+            })
+            .collect();
+        let mut result = json!({"tools": tools});
+        if end < specs.len() {
+            result["nextCursor"] = json!(format!("cairn-{end}"));
+        }
+        Ok(result)
+    }
+
+    fn call(&mut self, params: &Value, cancel: &CancelToken) -> Result<Value, RpcError> {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| RpcError::params("tools/call needs a string \"name\""))?
+            .to_owned();
+        if self.registry.get(&name).is_none() {
+            return Err(RpcError::params(match self.hidden.get(&name) {
+                Some(reason) => reason.clone(),
+                None => format!("unknown tool {name:?}; tools/list says which tools this server offers"),
+            }));
+        }
+        // Arguments of any shape reach the core, which rejects what does not
+        // fit the schema as a settled, recorded call (a tool error).
+        let arguments = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+        if self.session.is_none() {
+            let store =
+                self.host.create_session(&self.options.root).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+            eprintln!("cairn mcp: recording calls in session {} ({})", store.header().id, store.path().display());
+            let session = Session::open(store, self.host.session_config())
+                .map_err(|e| RpcError::internal(format!("cannot open the MCP session: {e}")))?;
+            self.session = Some(session);
+        }
+        let Some(session) = self.session.as_mut() else {
+            return Err(RpcError::internal("no session"));
+        };
+        self.calls += 1;
+        let provider = OneCall {
+            call: ToolCall { id: format!("mcp-{}", self.calls), name: name.clone(), arguments },
+            asked: AtomicBool::new(false),
+        };
+        let mut settled: Option<(bool, String)> = None;
+        let mut observer = |event: &TurnEvent| match event {
+            TurnEvent::ToolCompleted { exit_code, output_summary, .. } => {
+                settled = Some((*exit_code != 0, output_summary.clone()));
+            }
+            TurnEvent::ToolFailed { reason, .. } => settled = Some((true, format!("the call failed: {reason}"))),
+            TurnEvent::ToolRejected { reason, .. } => settled = Some((true, format!("the call was refused: {reason}"))),
+            _ => {}
+        };
+        let mut env = TurnEnv {
+            provider: &provider,
+            tools: &self.registry,
+            approver: &mut self.approver,
+            observer: &mut observer,
+            cancel,
+        };
+        let prompt = format!("MCP client {:?} called tools/call {name}", self.client);
+        session
+            .run_turn(&prompt, &mut env)
+            .map_err(|e| RpcError::internal(format!("the call could not be recorded: {e}")))?;
+        let (is_error, text) = match settled {
+            Some(settled) => settled,
+            None if cancel.is_cancelled() => (true, "the call was cancelled before it ran".to_owned()),
+            None => (true, "the call was not settled".to_owned()),
+        };
+        Ok(json!({"content": [{"type": "text", "text": text}], "isError": is_error}))
+    }
+}
+
+/// The provider of one MCP call: its first answer asks for exactly the
+/// client's call, the next one ends the turn.
+struct OneCall {
+    call: ToolCall,
+    asked: AtomicBool,
+}
+
+impl Provider for OneCall {
+    fn name(&self) -> &str {
+        "mcp"
+    }
+
+    fn model(&self) -> &str {
+        "tools/call"
+    }
+
+    fn complete(
+        &self,
+        _request: &ModelRequest<'_>,
+        _observer: &mut dyn FnMut(&StreamEvent),
+        _cancel: &CancelToken,
+    ) -> Result<ModelResponse, ProviderError> {
+        let first = !self.asked.swap(true, Ordering::SeqCst);
+        let (content, stop) = if first {
+            (vec![ContentPart::ToolCall(self.call.clone())], StopReason::ToolUse)
+        } else {
+            (vec![ContentPart::Text { text: "(settled)".to_owned() }], StopReason::EndTurn)
+        };
+        let usage = AttemptUsage {
+            provider: "mcp".to_owned(),
+            model: "tools/call".to_owned(),
+            attempt: 1,
+            ..AttemptUsage::default()
+        };
+        Ok(ModelResponse { message: Message { role: Role::Assistant, content }, stop, attempts: vec![usage] })
+    }
+}

@@ -1,0 +1,167 @@
+//! Who drives a session: leases with fencing epochs, the inbox of submitted
+//! prompts, and the notifications that wake workers.
+//!
+//! A lease is three columns of the session row: `lease_owner`,
+//! `lease_expires` and `epoch`. [`claim`] takes a runnable session whose
+//! lease is free or expired (`FOR UPDATE SKIP LOCKED`, so concurrent
+//! workers never wait on each other) and increments its epoch; every fenced
+//! commit (`store.rs`) checks owner, epoch and expiry in its own
+//! transaction, and [`renew`] never revives an expired lease. So once a
+//! lease has expired, its holder cannot commit again — not even before a
+//! new holder claims it — and a new holder always has a larger epoch.
+//!
+//! Runnable means `status` is `queued` (a prompt is waiting) or `running`
+//! with an expired lease (a worker died or stalled mid-turn: an interrupted
+//! turn or an unsettled call to resume).
+
+use std::time::Duration;
+
+use postgres::Client;
+
+use crate::PgError;
+use crate::store::Fence;
+
+/// The notification channel workers LISTEN on.
+pub const CHANNEL: &str = "cairn_work";
+
+/// A claimed session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The session id.
+    pub session: String,
+    /// The lease it was claimed under.
+    pub fence: Fence,
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Claim one runnable session for `owner`, or `None` when there is none.
+pub fn claim(client: &mut Client, owner: &str, lease: Duration) -> Result<Option<Claim>, PgError> {
+    let mut tx = client.transaction()?;
+    let row = tx.query_opt(
+        "UPDATE cairn_sessions SET lease_owner = $1, lease_expires = now() + make_interval(secs => $2),
+             epoch = epoch + 1, status = 'running', updated_at = now()
+         WHERE id = (SELECT id FROM cairn_sessions
+                     WHERE status IN ('queued', 'running')
+                       AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= now())
+                     ORDER BY updated_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+         RETURNING id, epoch",
+        &[&owner, &secs(lease)],
+    )?;
+    let Some(row) = row else {
+        tx.commit()?;
+        return Ok(None);
+    };
+    let session: String = row.get(0);
+    let epoch: i64 = row.get(1);
+    tx.execute("INSERT INTO cairn_claims (session_id, epoch, owner) VALUES ($1, $2, $3)", &[&session, &epoch, &owner])?;
+    tx.commit()?;
+    Ok(Some(Claim { session, fence: Fence { owner: owner.to_owned(), epoch, lease } }))
+}
+
+/// Extend a live lease; false when it is no longer ours or already expired
+/// (an expired lease is never revived: its holder must back off).
+pub fn renew(client: &mut Client, session: &str, fence: &Fence) -> Result<bool, PgError> {
+    let n = client.execute(
+        "UPDATE cairn_sessions SET lease_expires = now() + make_interval(secs => $4)
+         WHERE id = $1 AND lease_owner = $2 AND epoch = $3 AND lease_expires > now()",
+        &[&session, &fence.owner, &fence.epoch, &secs(fence.lease)],
+    )?;
+    Ok(n == 1)
+}
+
+/// How a holder leaves a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The turn finished: idle, or queued again when prompts are waiting.
+    Done,
+    /// The session cannot be driven (an error that retrying will not fix).
+    Failed,
+    /// Hand it back at once for another try (e.g. after a lost connection).
+    Retry,
+}
+
+/// Give up a lease we still hold (nothing happens when it is not ours any
+/// more). Wakes the other workers when work is left.
+pub fn release(
+    client: &mut Client,
+    session: &str,
+    fence: &Fence,
+    how: Release,
+    note: Option<&str>,
+) -> Result<bool, PgError> {
+    let mut tx = client.transaction()?;
+    // Lock the row first, so the inbox check below (a new statement, a new
+    // snapshot) sees every prompt submitted before we got the lock.
+    let ours = tx.query_opt(
+        "SELECT 1 FROM cairn_sessions WHERE id = $1 AND lease_owner = $2 AND epoch = $3 FOR UPDATE",
+        &[&session, &fence.owner, &fence.epoch],
+    )?;
+    if ours.is_none() {
+        tx.commit()?;
+        return Ok(false);
+    }
+    let waiting: bool =
+        tx.query_one("SELECT EXISTS (SELECT 1 FROM cairn_inbox WHERE session_id = $1)", &[&session])?.get(0);
+    let status = match how {
+        Release::Failed => "failed",
+        Release::Retry => "running",
+        Release::Done if waiting => "queued",
+        Release::Done => "idle",
+    };
+    tx.execute(
+        "UPDATE cairn_sessions SET lease_owner = NULL, lease_expires = NULL, status = $2, updated_at = now(), note = $3
+         WHERE id = $1",
+        &[&session, &status, &note],
+    )?;
+    if status != "idle" && status != "failed" {
+        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &session])?;
+    }
+    tx.commit()?;
+    Ok(true)
+}
+
+/// Start listening for work on this connection (see [`wait`]).
+pub fn listen(client: &mut Client) -> Result<(), PgError> {
+    client.batch_execute(&format!("LISTEN {CHANNEL}"))?;
+    Ok(())
+}
+
+/// Sleep until a `submit` or `release` notifies (true) or `timeout` passes
+/// (false); notifications already queued are drained.
+pub fn wait(client: &mut Client, timeout: Duration) -> Result<bool, PgError> {
+    use postgres::fallible_iterator::FallibleIterator as _;
+    let mut notes = client.notifications();
+    let woke = notes.timeout_iter(timeout).next()?.is_some();
+    while notes.iter().next()?.is_some() {}
+    Ok(woke)
+}
+
+/// The oldest prompt waiting for `session`: (inbox row id, text).
+pub fn next_prompt(client: &mut Client, session: &str) -> Result<Option<(i64, String)>, PgError> {
+    Ok(client
+        .query_opt("SELECT id, prompt FROM cairn_inbox WHERE session_id = $1 ORDER BY id LIMIT 1", &[&session])?
+        .map(|row| (row.get(0), row.get(1))))
+}
+
+/// Enqueue `prompt` for an existing session and wake a worker.
+pub fn submit(client: &mut Client, session: &str, prompt: &str) -> Result<i64, PgError> {
+    let mut tx = client.transaction()?;
+    // Touch the row unconditionally: it serialises with `release`.
+    let n = tx.execute(
+        "UPDATE cairn_sessions SET status = CASE WHEN status = 'running' THEN 'running' ELSE 'queued' END,
+             updated_at = now() WHERE id = $1",
+        &[&session],
+    )?;
+    if n == 0 {
+        return Err(PgError::NoSuchSession(session.to_owned()));
+    }
+    let id: i64 = tx
+        .query_one("INSERT INTO cairn_inbox (session_id, prompt) VALUES ($1, $2) RETURNING id", &[&session, &prompt])?
+        .get(0);
+    tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &session])?;
+    tx.commit()?;
+    Ok(id)
+}

@@ -1,0 +1,211 @@
+//! The storage conformance suite (cairn-core's `tests/conformance/mod.rs`,
+//! the same functions MemStore, JSONL and SQLite pass) on PostgreSQL, against
+//! a real server started for this test; then the schema's version rules,
+//! export/import byte identity with the JSONL backend, and fencing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use cairn_core::storage::{Header, Storage, new_session_id};
+use cairn_pg::test_cluster::TestCluster;
+use cairn_pg::{PgStore, connect};
+
+#[macro_use]
+#[path = "../../cairn-core/tests/conformance/mod.rs"]
+mod conformance;
+use conformance::Backend;
+
+/// A server shared by the tests running at the same time (a missing
+/// PostgreSQL fails every test with the reason).
+fn cluster() -> Arc<TestCluster> {
+    match TestCluster::shared() {
+        Ok(c) => c,
+        Err(e) => panic!("cannot start a PostgreSQL test server: {e:#}"),
+    }
+}
+
+struct Pg(Arc<TestCluster>);
+impl Pg {
+    fn new() -> Self {
+        Pg(cluster())
+    }
+}
+impl Backend for Pg {
+    type S = PgStore;
+    fn fresh(&mut self) -> PgStore {
+        PgStore::create(connect(self.0.url()).unwrap(), Header::new(new_session_id(), "/")).unwrap()
+    }
+    fn reopen(&mut self, store: PgStore) -> PgStore {
+        let id = store.header().id.clone();
+        drop(store);
+        PgStore::open(connect(self.0.url()).unwrap(), &id).unwrap()
+    }
+}
+
+conformance!(pg, Pg::new());
+
+// ---------------------------------------------------------------------------
+// Beyond the shared suite: byte identity with JSONL, schema versions,
+// hostile rows, fencing.
+
+use cairn_core::storage::{
+    JsonlStore, StorageError, StoreOptions, Transaction, check_file, decode_line, encode_line, to_raw,
+};
+use cairn_pg::lease;
+use serde_json::json;
+
+fn raw(v: serde_json::Value) -> cairn_core::storage::RawJson {
+    to_raw(&v).unwrap()
+}
+
+/// A session with every record kind and awkward text.
+fn fill(s: &mut impl Storage) {
+    let text = "quote \" backslash \\ newline \n unicode é 🦀 nul \u{0} bidi \u{202e}";
+    s.commit(Transaction::new().entry("a", None, "message", raw(json!({"text": text}))).state(0, raw(json!("idle"))))
+        .unwrap();
+    s.commit(Transaction::new().set("fact", "k", raw(json!(text))).usage("u1", Some("a"), raw(json!({"in": 3}))))
+        .unwrap();
+    s.commit(Transaction::new().delete("fact", "k").entry("b", Some("a"), "m", raw(json!([1.5e300, null])))).unwrap();
+}
+
+#[test]
+fn a_jsonl_file_imports_and_exports_byte_for_byte() {
+    let c = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let mut file =
+        JsonlStore::create(dir.path(), Header::new(new_session_id(), "/w"), StoreOptions::default()).unwrap();
+    fill(&mut file);
+    let path = file.path().to_owned();
+    drop(file);
+    let bytes = std::fs::read(&path).unwrap();
+    let mut client = connect(c.url()).unwrap();
+    let id = cairn_pg::import(&mut client, &bytes).unwrap();
+    assert_eq!(cairn_pg::export(&mut client, &id).unwrap(), bytes);
+    // The imported session reads like the file.
+    let pg = PgStore::open(connect(c.url()).unwrap(), &id).unwrap();
+    let js = JsonlStore::open_read_only(&path).unwrap();
+    assert_eq!(conformance::snapshot(&pg), conformance::snapshot(&js));
+    // A second import of the same id is refused and changes nothing.
+    assert!(matches!(cairn_pg::import(&mut client, &bytes), Err(StorageError::Exists { .. })));
+}
+
+#[test]
+fn a_postgres_session_exports_as_a_valid_jsonl_file() {
+    let c = cluster();
+    let mut pg = PgStore::create(connect(c.url()).unwrap(), Header::new(new_session_id(), "/w")).unwrap();
+    fill(&mut pg);
+    let id = pg.header().id.clone();
+    let bytes = cairn_pg::export(&mut connect(c.url()).unwrap(), &id).unwrap();
+    // Every line is exactly what the JSONL encoder writes for its records.
+    let text = std::str::from_utf8(&bytes).unwrap();
+    for line in text.lines().skip(1) {
+        let records = decode_line(line.as_bytes()).unwrap();
+        assert_eq!(encode_line(&records).unwrap(), format!("{line}\n").into_bytes());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("{id}.jsonl"));
+    std::fs::write(&path, &bytes).unwrap();
+    let report = check_file(&path);
+    assert!(report.ok && !report.torn_tail, "{report:?}");
+    assert_eq!(conformance::snapshot(&JsonlStore::open_read_only(&path).unwrap()), conformance::snapshot(&pg));
+}
+
+#[test]
+fn hostile_imports_are_refused_with_their_line() {
+    let c = cluster();
+    let mut client = connect(c.url()).unwrap();
+    let header =
+        String::from_utf8(cairn_core::storage::encode_header(&Header::new(new_session_id(), "/")).unwrap()).unwrap();
+    for (bytes, want) in [
+        (b"not json\n".to_vec(), "header"),
+        (format!("{header}{{\"kind\":\"entry\"\n").into_bytes(), "line 2"),
+        (format!("{header}{{\"kind\":\"entry\",\"seq\":5,\"timestamp\":1,\"id\":\"a\",\"parentId\":\"zz\",\"type\":\"m\",\"payload\":1}}\n").into_bytes(), "line 2"),
+        (vec![0xff, 0xfe, b'\n'], "UTF-8"),
+    ] {
+        let err = cairn_pg::import(&mut client, &bytes).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+    }
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM cairn_sessions WHERE header = $1", &[&header.trim_end()])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "a refused import left a session behind");
+}
+
+#[test]
+fn a_corrupt_row_is_an_error_naming_it_never_skipped() {
+    let c = cluster();
+    let mut pg = PgStore::create(connect(c.url()).unwrap(), Header::new(new_session_id(), "/")).unwrap();
+    fill(&mut pg);
+    let id = pg.header().id.clone();
+    drop(pg);
+    let mut client = connect(c.url()).unwrap();
+    client
+        .execute("UPDATE cairn_lines SET line = '{\"kind\":' WHERE session_id = $1 AND first_seq = 3", &[&id])
+        .unwrap();
+    let err = PgStore::open(connect(c.url()).unwrap(), &id).unwrap_err();
+    assert!(matches!(err, StorageError::Corrupt { line: 3, .. }), "{err}");
+}
+
+#[test]
+fn a_newer_schema_is_refused_and_an_older_one_migrated() {
+    let c = cluster();
+    let url = c.create_database(&format!("schema_{}", std::process::id())).unwrap();
+    let mut client = connect(&url).unwrap();
+    let v: String = client.query_one("SELECT value FROM cairn_meta WHERE key = 'schema_version'", &[]).unwrap().get(0);
+    assert_eq!(v, cairn_pg::schema::SCHEMA_VERSION.to_string());
+    // Connecting again is a no-op.
+    drop(connect(&url).unwrap());
+    client.execute("UPDATE cairn_meta SET value = '99' WHERE key = 'schema_version'", &[]).unwrap();
+    let err = connect(&url).err().unwrap().to_string();
+    assert!(err.contains("version 99") && err.contains("upgrade cairn"), "{err}");
+    client.execute("UPDATE cairn_meta SET value = 'x' WHERE key = 'schema_version'", &[]).unwrap();
+    assert!(connect(&url).err().unwrap().to_string().contains("not a number"));
+}
+
+#[test]
+fn a_fenced_commit_needs_the_live_lease_of_its_epoch() {
+    let c = cluster();
+    let id = new_session_id();
+    drop(PgStore::create(connect(c.url()).unwrap(), Header::new(id.clone(), "/")).unwrap());
+    let mut control = connect(c.url()).unwrap();
+    lease::submit(&mut control, &id, "go").unwrap();
+    let lease_len = std::time::Duration::from_secs(60);
+    let a = loop {
+        let claim = lease::claim(&mut control, "a", lease_len).unwrap().unwrap();
+        if claim.session == id {
+            break claim;
+        }
+    };
+    let mut store_a = PgStore::open_fenced(connect(c.url()).unwrap(), &id, a.fence.clone()).unwrap();
+    store_a.commit(Transaction::new().entry("x", None, "m", raw(json!(1)))).unwrap();
+    // While a holds a live lease, nobody else claims it or commits unfenced.
+    assert!(lease::claim(&mut control, "b", lease_len).unwrap().is_none_or(|cl| cl.session != id));
+    let mut unfenced = PgStore::open(connect(c.url()).unwrap(), &id).unwrap();
+    assert!(matches!(
+        unfenced.commit(Transaction::new().entry("u", None, "m", raw(json!(1)))),
+        Err(StorageError::Busy { .. })
+    ));
+    // The lease expires (set by the server's clock, not by sleeping).
+    control
+        .execute("UPDATE cairn_sessions SET lease_expires = now() - interval '1 second' WHERE id = $1", &[&id])
+        .unwrap();
+    // Expired but not yet taken over: a's commit is refused, renewal too.
+    assert!(!lease::renew(&mut control, &id, &a.fence).unwrap());
+    let err = store_a.commit(Transaction::new().entry("y", None, "m", raw(json!(2)))).unwrap_err();
+    assert!(err.to_string().contains("lease lost"), "{err}");
+    assert!(store_a.lease_lost().load(std::sync::atomic::Ordering::SeqCst));
+    // b takes over with a larger epoch and commits; a still cannot.
+    let b = lease::claim(&mut control, "b", lease_len).unwrap().unwrap();
+    assert_eq!((b.session.as_str(), b.fence.epoch), (id.as_str(), a.fence.epoch + 1));
+    let mut store_b = PgStore::open_fenced(connect(c.url()).unwrap(), &id, b.fence.clone()).unwrap();
+    store_b.commit(Transaction::new().entry("z", None, "m", raw(json!(3)))).unwrap();
+    assert!(store_a.commit(Transaction::new().entry("y", None, "m", raw(json!(2)))).is_err());
+    // a cannot release b's lease either.
+    assert!(!lease::release(&mut control, &id, &a.fence, lease::Release::Done, None).unwrap());
+    let reopened = PgStore::open(connect(c.url()).unwrap(), &id).unwrap();
+    let ids: Vec<String> = reopened.entries().into_iter().map(|e| e.id).collect();
+    assert_eq!(ids, ["x", "z"]);
+    assert!(lease::release(&mut control, &id, &b.fence, lease::Release::Done, None).unwrap());
+}

@@ -1,0 +1,208 @@
+//! Staged `shell` runs read back from their overlay: the exact change set
+//! of deletions, renames, new directories, edits, mode changes and
+//! symlinks; a concurrent change to the tree makes the apply refuse
+//! (nothing applied); applying a change set twice equals applying it once.
+//! Oracles are spelled out by hand per case.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use cairn_core::CancelToken;
+use cairn_core::staged::{ChangeKind, ChangeSet, EntryKind, StagedDecision, StagedReview};
+use cairn_core::tool::{Tool, ToolContext, ToolError, ToolReceipt};
+use cairn_tools::ToolsConfig;
+use cairn_tools::builtin::shell::Shell;
+use serde_json::json;
+
+use super::util::{install_tool, limits, metadata, request};
+
+fn require_staging() {
+    if let Err(why) = cairn_tools::staging::overlay_status() {
+        panic!("overlay staging is not available here, so this test cannot run: {why}");
+    }
+}
+
+/// Run `command` staged in `cwd`; `decide` sees the change set and answers.
+fn staged_run(
+    cwd: &Path,
+    command: &str,
+    decide: impl FnMut(&ChangeSet) -> StagedDecision,
+) -> (Result<ToolReceipt, ToolError>, Option<ChangeSet>) {
+    let staging = tempfile::tempdir().unwrap();
+    let shell =
+        Shell::new(&ToolsConfig { staging_dir: Some(staging.path().to_path_buf()), ..ToolsConfig::default() }).unwrap();
+    let r = run_tool(&shell, cwd, json!({ "command": command }), decide);
+    // Every staging directory is gone afterwards, applied or not.
+    assert_eq!(std::fs::read_dir(staging.path()).unwrap().count(), 0, "staging left behind");
+    r
+}
+
+/// Run `tool` in `cwd`; `decide` sees the change set and answers.
+fn run_tool(
+    tool: &dyn Tool,
+    cwd: &Path,
+    arguments: serde_json::Value,
+    mut decide: impl FnMut(&ChangeSet) -> StagedDecision,
+) -> (Result<ToolReceipt, ToolError>, Option<ChangeSet>) {
+    let mut seen = None;
+    let result = {
+        let mut output = |_: &[u8]| {};
+        let mut bypass = |_: &str| false;
+        let mut review = |r: &StagedReview<'_>| {
+            seen = Some(r.changes.clone());
+            decide(r.changes)
+        };
+        let cancel = CancelToken::new();
+        let mut ctx = ToolContext {
+            cwd,
+            cancel: &cancel,
+            limits: limits(),
+            output: &mut output,
+            approve_bypass: &mut bypass,
+            review_staged: &mut review,
+        };
+        tool.execute(&request(&tool.spec().name, arguments), &mut ctx)
+    };
+    (result, seen)
+}
+
+fn fixture(dir: &Path) {
+    std::fs::write(dir.join("keep.txt"), "keep\n").unwrap();
+    std::fs::create_dir(dir.join("dir1")).unwrap();
+    std::fs::write(dir.join("dir1/a"), "a\n").unwrap();
+    std::fs::write(dir.join("f.txt"), "1\n2\n3\n4\n").unwrap();
+    std::fs::write(dir.join("g.txt"), "g\n").unwrap();
+    std::fs::set_permissions(dir.join("g.txt"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(dir.join("same.txt"), "same\n").unwrap();
+}
+
+#[test]
+fn the_change_set_is_exactly_what_the_command_did() {
+    require_staging();
+    let cwd = tempfile::tempdir().unwrap();
+    fixture(cwd.path());
+    let command = "rm keep.txt; mv dir1 dir2; mkdir -p newdir && echo n > newdir/x; echo 5 >> f.txt; \
+                   chmod 600 g.txt; ln -s f.txt link; touch same.txt; cat same.txt > /dev/null";
+    let (result, seen) = staged_run(cwd.path(), command, |_| StagedDecision::Discard { reason: "look only".into() });
+    assert!(matches!(result, Err(ToolError::Rejected(ref r)) if r == "look only"), "{result:?}");
+    let set = seen.expect("reviewed");
+    let got: Vec<(String, ChangeKind)> = set.changes.iter().map(|c| (c.path.clone(), c.kind)).collect();
+    let want: Vec<(String, ChangeKind)> = [
+        ("dir1", ChangeKind::Deleted),
+        ("dir1/a", ChangeKind::Deleted),
+        ("dir2", ChangeKind::Created),
+        ("dir2/a", ChangeKind::Created),
+        ("f.txt", ChangeKind::Modified),
+        ("g.txt", ChangeKind::Modified),
+        ("keep.txt", ChangeKind::Deleted),
+        ("link", ChangeKind::Created),
+        ("newdir", ChangeKind::Created),
+        ("newdir/x", ChangeKind::Created),
+    ]
+    .iter()
+    .map(|(p, k)| (p.to_string(), *k))
+    .collect();
+    assert_eq!(got, want, "same.txt (touched, unchanged) is not a change");
+    let f = set.changes.iter().find(|c| c.path == "f.txt").unwrap();
+    assert_eq!(f.lines, Some((4, 4)), "an append keeps every old line");
+    assert_eq!(f.after.as_ref().unwrap().size, 10);
+    let g = set.changes.iter().find(|c| c.path == "g.txt").unwrap();
+    assert_eq!((g.before.as_ref().unwrap().mode, g.after.as_ref().unwrap().mode), (0o644, 0o600));
+    assert_eq!(set.changes.iter().find(|c| c.path == "link").unwrap().after.as_ref().unwrap().kind, EntryKind::Symlink);
+    // Discarded: the real tree is untouched.
+    assert!(cwd.path().join("keep.txt").exists() && cwd.path().join("dir1/a").exists());
+    assert!(!cwd.path().join("newdir").exists());
+}
+
+#[test]
+fn an_approved_change_set_applies_exactly() {
+    require_staging();
+    let cwd = tempfile::tempdir().unwrap();
+    fixture(cwd.path());
+    let command = "rm keep.txt; mv dir1 dir2; echo 5 >> f.txt; ln -s f.txt link";
+    let (result, _) = staged_run(cwd.path(), command, |_| StagedDecision::Apply { by: "test".into() });
+    let receipt = result.unwrap();
+    assert!(receipt.affected_entities.contains(&"keep.txt".to_owned()), "{:?}", receipt.affected_entities);
+    let p = cwd.path();
+    assert!(!p.join("keep.txt").exists() && !p.join("dir1").exists());
+    assert_eq!(std::fs::read_to_string(p.join("dir2/a")).unwrap(), "a\n");
+    assert_eq!(std::fs::read_to_string(p.join("f.txt")).unwrap(), "1\n2\n3\n4\n5\n");
+    assert_eq!(std::fs::read_link(p.join("link")).unwrap(), Path::new("f.txt"));
+    // No temporary file of the apply is left.
+    let names: Vec<String> =
+        std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| !n.contains("cairn-apply")), "{names:?}");
+}
+
+#[test]
+fn a_concurrent_change_to_the_tree_stops_the_apply_before_anything() {
+    require_staging();
+    let cwd = tempfile::tempdir().unwrap();
+    fixture(cwd.path());
+    let p = cwd.path().to_path_buf();
+    let (result, _) = staged_run(cwd.path(), "rm keep.txt; echo 5 >> f.txt", |_| {
+        // Someone edits f.txt while the command's effect waits for review.
+        std::fs::write(p.join("f.txt"), "edited by someone else\n").unwrap();
+        StagedDecision::Apply { by: "test".into() }
+    });
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("f.txt") && err.contains("nothing was applied"), "{err}");
+    assert!(p.join("keep.txt").exists(), "the deletion was not applied either");
+    assert_eq!(std::fs::read_to_string(p.join("f.txt")).unwrap(), "edited by someone else\n");
+}
+
+#[test]
+fn applying_twice_equals_applying_once() {
+    let base = tempfile::tempdir().unwrap();
+    let (lower, upper) = (base.path().join("lower"), base.path().join("upper"));
+    std::fs::create_dir_all(lower.join("d")).unwrap();
+    std::fs::create_dir_all(upper.join("d")).unwrap();
+    std::fs::write(lower.join("d/old"), "old\n").unwrap();
+    std::fs::write(upper.join("d/old"), "old\nnew\n").unwrap();
+    std::fs::write(upper.join("d/new"), "new\n").unwrap();
+    let set = cairn_tools::staging::read_layer(&upper, &lower).unwrap();
+    assert_eq!(set.changes.len(), 2, "{set:?}");
+    cairn_tools::staging::apply(&set, &upper, &lower).unwrap();
+    let once = (std::fs::read(lower.join("d/old")).unwrap(), std::fs::read(lower.join("d/new")).unwrap());
+    cairn_tools::staging::apply(&set, &upper, &lower).unwrap();
+    std::fs::remove_dir_all(&upper).unwrap();
+    // Even without the staging layer, a finished apply applies again (no-op).
+    cairn_tools::staging::apply(&set, &upper, &lower).unwrap();
+    let twice = (std::fs::read(lower.join("d/old")).unwrap(), std::fs::read(lower.join("d/new")).unwrap());
+    assert_eq!(once, twice);
+    assert_eq!(twice, (b"old\nnew\n".to_vec(), b"new\n".to_vec()));
+}
+
+#[test]
+fn an_external_tool_that_declares_file_write_runs_staged_too() {
+    require_staging();
+    let root = tempfile::tempdir().unwrap();
+    let cwd = root.path().join("work");
+    std::fs::create_dir(&cwd).unwrap();
+    fixture(&cwd);
+    let meta = install_tool(
+        &root.path().join("tools"),
+        "cleaner",
+        "#!/bin/bash\nrm -f keep.txt\necho made > made.txt\necho '{\"ok\": true}'\n",
+        &metadata("write", &["fileRead", "fileWrite", "processSpawn"], ""),
+    );
+    let staging = tempfile::tempdir().unwrap();
+    let config = ToolsConfig { staging_dir: Some(staging.path().to_path_buf()), ..ToolsConfig::default() };
+    let tool = cairn_tools::ExternalTool::load(&meta, &config).unwrap();
+    // Discarded: the deletion never reaches the tree.
+    let (result, seen) = run_tool(&tool, &cwd, json!({}), |_| StagedDecision::Discard { reason: "no".into() });
+    assert!(matches!(result, Err(ToolError::Rejected(_))), "{result:?}");
+    let set = seen.expect("reviewed");
+    let paths: Vec<&str> = set.changes.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(paths, ["keep.txt", "made.txt"]);
+    assert!(cwd.join("keep.txt").exists() && !cwd.join("made.txt").exists());
+    // Approved: applied, and the settlement says how it ran.
+    let (result, _) = run_tool(&tool, &cwd, json!({}), |_| StagedDecision::Apply { by: "test".into() });
+    let receipt = result.unwrap();
+    assert!(!cwd.join("keep.txt").exists() && cwd.join("made.txt").exists());
+    let out = receipt.structured_output.unwrap();
+    assert_eq!(out["ok"], true, "the tool's own output is kept: {out}");
+    assert_eq!(out["staging"]["mode"], "overlay", "{out}");
+    assert_eq!(receipt.affected_entities, ["keep.txt", "made.txt"]);
+    assert_eq!(std::fs::read_dir(staging.path()).unwrap().count(), 0, "staging left behind");
+}
