@@ -107,18 +107,26 @@ struct Broker {
     cfg: WorldConfig,
     actors: HashMap<String, ActorRt>,
     tx: Sender<Event>,
-    console: Sender<Inbound>,
+    /// Native participants (`console`, `agent`): messages to them go to
+    /// these channels instead of a mailbox.
+    natives: HashMap<String, Sender<Inbound>>,
     generation: u64,
     quitting: Option<Sender<()>>,
 }
 
-/// A running world: the broker thread plus the console's side of it.
+/// One native participant's inbox on the embedding side: the channel and
+/// the messages set aside while a request waited for its reply.
+type NativeInbox = Mutex<(Receiver<Inbound>, VecDeque<Inbound>)>;
+
+/// A running world: the broker thread plus the native participants' side of
+/// it (`console` and `agent`; see [`World::send_as`]).
 #[derive(Debug)]
 pub struct World {
     tx: Sender<Event>,
-    console: Mutex<(Receiver<Inbound>, VecDeque<Inbound>)>,
-    thread: Option<thread::JoinHandle<()>>,
+    natives: HashMap<&'static str, NativeInbox>,
+    thread: Mutex<Option<thread::JoinHandle<()>>>,
     req: Mutex<u64>,
+    root: PathBuf,
     _lock: std::fs::File,
 }
 
@@ -152,6 +160,7 @@ impl World {
         let rt = Runtime::new(cfg.limits.fuel.is_some())?;
         let (tx, rx) = mpsc::channel();
         let (ctx, crx) = mpsc::channel();
+        let (atx, arx) = mpsc::channel();
         let mut b = Broker {
             layout,
             reg,
@@ -159,7 +168,7 @@ impl World {
             cfg,
             actors: HashMap::new(),
             tx: tx.clone(),
-            console: ctx,
+            natives: HashMap::from([(CONSOLE.to_owned(), ctx), (AGENT.to_owned(), atx)]),
             generation: 0,
             quitting: None,
         };
@@ -180,67 +189,115 @@ impl World {
             .context("starting the broker thread")?;
         Ok(World {
             tx,
-            console: Mutex::new((crx, VecDeque::new())),
-            thread: Some(thread),
+            natives: HashMap::from([
+                (CONSOLE, Mutex::new((crx, VecDeque::new()))),
+                (AGENT, Mutex::new((arx, VecDeque::new()))),
+            ]),
+            thread: Mutex::new(Some(thread)),
             req: Mutex::new(0),
+            root: dir.to_owned(),
             _lock: lock,
         })
+    }
+
+    /// The world directory.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     /// Sends a message from the console (`to: None` = the console's
     /// subscribers).
     pub fn send(&self, to: Option<&str>, id: Option<&str>, reply_to: Option<&str>, body: Value) {
+        self.send_as(CONSOLE, to, id, reply_to, body);
+    }
+
+    /// Sends a message from a native participant (`console` or `agent`;
+    /// anything else is sent as the console). The broker sets `from`.
+    pub fn send_as(&self, from: &str, to: Option<&str>, id: Option<&str>, reply_to: Option<&str>, body: Value) {
+        let from = if from == AGENT { AGENT } else { CONSOLE };
         let msg = Outbound {
             to: to.map(str::to_owned),
             id: id.map(str::to_owned),
             reply_to: reply_to.map(str::to_owned),
             body,
         };
-        let _ = self.tx.send(Event::Native { from: CONSOLE.into(), msg });
+        let _ = self.tx.send(Event::Native { from: from.into(), msg });
+    }
+
+    fn inbox(&self, who: &str) -> &NativeInbox {
+        match self.natives.get(who) {
+            Some(i) => i,
+            None => &self.natives[CONSOLE],
+        }
     }
 
     /// The next message addressed to the console, waiting up to `wait`.
     pub fn recv(&self, wait: Duration) -> Option<Inbound> {
-        let mut g = self.console.lock().unwrap_or_else(|p| p.into_inner());
+        self.recv_as(CONSOLE, wait)
+    }
+
+    /// The next message addressed to a native participant (`console` or
+    /// `agent`), waiting up to `wait`.
+    pub fn recv_as(&self, who: &str, wait: Duration) -> Option<Inbound> {
+        let mut g = self.inbox(who).lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = g.1.pop_front() {
             return Some(m);
         }
         g.0.recv_timeout(wait).ok()
     }
 
-    /// Sends a request to the broker and waits (up to `wait`) for its reply;
-    /// other messages arriving meanwhile stay queued for [`World::recv`].
+    /// Sends a request to the broker as the console and waits (up to
+    /// `wait`) for its reply; other messages arriving meanwhile stay queued
+    /// for [`World::recv`].
     pub fn request(&self, body: Value, wait: Duration) -> anyhow::Result<Value> {
+        self.request_as(CONSOLE, body, wait)
+    }
+
+    /// [`World::request`] for any native participant.
+    pub fn request_as(&self, who: &str, body: Value, wait: Duration) -> anyhow::Result<Value> {
+        let (reply, _) = self.ask_as(who, BROKER, body, wait)?;
+        Ok(reply.body)
+    }
+
+    /// Sends `body` from native `who` to `to` with a fresh own id and waits
+    /// up to `wait` for the message answering it (`reply_to` = its id).
+    /// Returns the reply and the message id it answered; other messages
+    /// stay queued for [`World::recv_as`].
+    pub fn ask_as(&self, who: &str, to: &str, body: Value, wait: Duration) -> anyhow::Result<(Inbound, String)> {
+        let who = if who == AGENT { AGENT } else { CONSOLE };
         let n = {
             let mut g = self.req.lock().unwrap_or_else(|p| p.into_inner());
             *g += 1;
             *g
         };
         let own = format!("req-{n}");
-        let full = format!("{CONSOLE}/{own}");
-        self.send(Some(BROKER), Some(&own), None, body);
+        let full = format!("{who}/{own}");
+        self.send_as(who, Some(to), Some(&own), None, body);
         let deadline = Instant::now() + wait;
-        let mut g = self.console.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inbox(who).lock().unwrap_or_else(|p| p.into_inner());
+        // A reply may already sit among the messages set aside earlier.
+        if let Some(i) = g.1.iter().position(|m| m.reply_to.as_deref() == Some(full.as_str())) {
+            let m = g.1.remove(i).ok_or_else(|| anyhow!("reply vanished"))?;
+            return Ok((m, full));
+        }
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let m = g.0.recv_timeout(left).map_err(|_| anyhow!("no reply from the broker within {wait:?}"))?;
-            if m.from == BROKER && m.reply_to.as_deref() == Some(full.as_str()) {
-                return Ok(m.body);
+            let m = g.0.recv_timeout(left).map_err(|_| anyhow!("no reply from {to} within {wait:?}"))?;
+            if m.reply_to.as_deref() == Some(full.as_str()) && (to != BROKER || m.from == BROKER) {
+                return Ok((m, full));
             }
             g.1.push_back(m);
         }
     }
 
-    /// Stops every actor (shutdown, EOF, kill after 5 s) and the broker.
-    pub fn quit(mut self) {
-        self.stop_all();
-    }
-
-    fn stop_all(&mut self) {
+    /// Stops every actor (shutdown, EOF, kill after 5 s) and the broker;
+    /// later calls do nothing. Also done on drop.
+    pub fn quit(&self) {
+        let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
         let (tx, rx) = mpsc::channel();
         let done =
             self.tx.send(Event::Quit(tx)).is_ok() && rx.recv_timeout(KILL_AFTER + Duration::from_secs(10)).is_ok();
-        if let Some(t) = self.thread.take() {
+        {
             // A guest stuck in a host call past its kill would block the
             // join forever: leave the broker thread behind instead.
             if done {
@@ -252,9 +309,7 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        if self.thread.is_some() {
-            self.stop_all();
-        }
+        self.quit();
     }
 }
 
@@ -395,8 +450,8 @@ impl Broker {
     }
 
     fn deliver(&mut self, to: &str, m: Inbound) -> Result<(), String> {
-        if to == CONSOLE {
-            return self.console.send(m).map_err(|_| "console gone".to_owned());
+        if let Some(tx) = self.natives.get(to) {
+            return tx.send(m).map_err(|_| format!("{to} is gone"));
         }
         let Some(a) = self.actors.get(to).filter(|_| self.reg.actors.contains_key(to)) else {
             return Err(format!("no actor {to:?}"));
@@ -437,7 +492,7 @@ impl Broker {
     }
 
     fn native(from: &str) -> bool {
-        from == CONSOLE
+        from == CONSOLE || from == AGENT
     }
 
     fn may_manage(&self, from: &str, id: &str) -> bool {
@@ -977,7 +1032,7 @@ impl Broker {
             kill.store(true, Ordering::Relaxed);
         });
         let _ = thread::Builder::new().name("actor-stop".into()).spawn(move || {
-            let _ = inst.write_line(&line);
+            let _ = inst.write_line(&line, KILL_AFTER);
             inst.close_stdin();
         });
         self.write_status(id);
@@ -1071,9 +1126,17 @@ fn spawn_writer(
                 continue;
             }
             *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(m.clone());
-            if let Err(e) = inst.write_line(&m) {
-                append_log(&log, &format!("message dropped, stdin write failed ({e}): {m}"));
-                return;
+            match inst.write_line(&m, runtime::STDIN_WAIT) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    // Dropped (at most once); the next message gets its own wait.
+                    last.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    append_log(&log, &format!("message dropped: {e}: {m}"));
+                }
+                Err(e) => {
+                    append_log(&log, &format!("message dropped, stdin write failed ({e}): {m}"));
+                    return;
+                }
             }
         }
     });

@@ -109,8 +109,9 @@ fn abs(p: &str) -> String {
     std::path::absolute(p).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| p.to_owned())
 }
 
-/// Runs the console until `/quit` or end of input; then stops the world.
-pub fn run(world: World, input: impl BufRead, out: &mut impl Write) -> anyhow::Result<()> {
+/// Runs the console until `/quit` or end of input (the caller then stops
+/// the world with [`World::quit`]).
+pub fn run(world: &World, input: impl BufRead, out: &mut impl Write) -> anyhow::Result<()> {
     let drain = |out: &mut dyn Write, world: &World| -> anyhow::Result<()> {
         while let Some(m) = world.recv(Duration::ZERO) {
             writeln!(out, "{}", serde_json::to_string(&m)?)?;
@@ -120,7 +121,7 @@ pub fn run(world: World, input: impl BufRead, out: &mut impl Write) -> anyhow::R
     };
     for line in input.lines() {
         let line = line?;
-        drain(out, &world)?;
+        drain(out, world)?;
         let cmd = match parse(&line) {
             Ok(c) => c,
             Err(e) => {
@@ -157,8 +158,7 @@ pub fn run(world: World, input: impl BufRead, out: &mut impl Write) -> anyhow::R
         }
         out.flush()?;
     }
-    drain(out, &world)?;
-    world.quit();
+    drain(out, world)?;
     Ok(())
 }
 

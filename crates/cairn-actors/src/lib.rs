@@ -7,7 +7,8 @@
 //! Modules: `message` (formats, ids), `layout` (world directory, registry,
 //! path rules), `mailbox` (bounded durable queues), `runtime` (wasmtime),
 //! `transcript` (upgrade gates), `broker` (routing and lifecycle),
-//! `console` (the line-oriented console of `cairn world run`).
+//! `console` (the line-oriented console of `cairn world run`), `tools`
+//! (the agent's `actor_*` tools).
 
 pub mod broker;
 pub mod console;
@@ -15,6 +16,7 @@ pub mod layout;
 pub mod mailbox;
 pub mod message;
 pub mod runtime;
+pub mod tools;
 pub mod transcript;
 
 pub use broker::{World, WorldConfig, init};

@@ -12,7 +12,7 @@ use serde_json::Value;
 pub const BROKER: &str = "broker";
 /// The console participant.
 pub const CONSOLE: &str = "console";
-/// The agent's fixed id (the native agent itself is not built yet).
+/// The agent's fixed id: a native participant (see `World::send_as`).
 pub const AGENT: &str = "agent";
 
 /// A line written to an actor's stdin.
@@ -102,7 +102,7 @@ pub fn check_actor_id(id: &str) -> Result<(), IdError> {
     if !id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
         return Err(IdError::Chars(id.to_owned()));
     }
-    if id == BROKER || id == CONSOLE {
+    if id == BROKER || id == CONSOLE || id == AGENT {
         return Err(IdError::Reserved(id.to_owned()));
     }
     Ok(())
@@ -135,7 +135,7 @@ mod tests {
         assert!(check_actor_id(&"a".repeat(64)).is_ok());
         assert_eq!(check_actor_id(&"a".repeat(65)), Err(IdError::Length(65)));
         assert!(check_actor_id("").is_err());
-        for bad in ["A", "a b", "a/b", "..", "é", "a.b", "broker", "console"] {
+        for bad in ["A", "a b", "a/b", "..", "é", "a.b", "broker", "console", "agent"] {
             assert!(check_actor_id(bad).is_err(), "{bad}");
         }
     }

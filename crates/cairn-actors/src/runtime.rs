@@ -16,6 +16,10 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
+/// How long a message may wait for room in an actor's stdin pipe before it
+/// is dropped (and the drop logged).
+pub const STDIN_WAIT: Duration = Duration::from_secs(30);
+
 /// Per-actor resource limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -162,17 +166,40 @@ pub struct Instance {
 }
 
 impl Instance {
-    /// Writes one line to the guest's stdin (blocking while the pipe is full).
-    pub fn write_line(&self, line: &str) -> std::io::Result<()> {
+    /// Writes one line to the guest's stdin. The pipe is non-blocking: while
+    /// it is full the write waits, and if not one byte of the line found
+    /// room within `wait` the line is dropped (`ErrorKind::TimedOut`). A line
+    /// once started is finished (a half line would corrupt the framing); a
+    /// dead guest ends the wait with `BrokenPipe`.
+    pub fn write_line(&self, line: &str, wait: Duration) -> std::io::Result<()> {
+        use std::io::ErrorKind;
         let mut g = self.stdin.lock().map_err(|_| std::io::Error::other("stdin lock poisoned"))?;
-        match g.as_mut() {
-            Some(p) => {
-                p.write_all(line.as_bytes())?;
-                p.write_all(b"\n")?;
-                p.flush()
+        let Some(p) = g.as_mut() else {
+            return Err(std::io::Error::new(ErrorKind::BrokenPipe, "stdin closed"));
+        };
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        let deadline = std::time::Instant::now() + wait;
+        let mut off = 0;
+        while off < bytes.len() {
+            match p.write(&bytes[off..]) {
+                Ok(0) => return Err(std::io::Error::new(ErrorKind::WriteZero, "stdin accepted nothing")),
+                Ok(n) => off += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if off == 0 && std::time::Instant::now() >= deadline {
+                        return Err(std::io::Error::new(
+                            ErrorKind::TimedOut,
+                            format!("stdin not drained within {} s", wait.as_secs_f64()),
+                        ));
+                    }
+                    thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(e),
             }
-            None => Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdin closed")),
         }
+        Ok(())
     }
 
     /// Closes stdin (EOF for the guest).
@@ -195,6 +222,7 @@ pub fn start(
     on_exit: impl FnOnce(Exit) + Send + 'static,
 ) -> anyhow::Result<Instance> {
     let (stdin_r, stdin_w) = std::io::pipe().context("stdin pipe")?;
+    set_nonblocking(&stdin_w).context("stdin pipe")?;
     let (stdout_r, stdout_w) = std::io::pipe().context("stdout pipe")?;
     let stderr = std::fs::OpenOptions::new()
         .create(true)
@@ -252,6 +280,23 @@ pub fn start(
         })
         .context("starting the instance thread")?;
     Ok(Instance { stdin: Arc::new(std::sync::Mutex::new(Some(stdin_w))), kill })
+}
+
+/// Makes the host's write end of a pipe non-blocking (the guest's read end
+/// is a separate open file description and stays blocking).
+fn set_nonblocking(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+    let fd = fd.as_raw_fd();
+    // SAFETY: fcntl on a descriptor owned by the caller for this call's
+    // duration; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn run(store: &mut Store<ActorState>, linker: &Linker<ActorState>, component: &Component, kill: &AtomicBool) -> Exit {

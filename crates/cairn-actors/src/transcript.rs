@@ -162,7 +162,7 @@ fn transcript(c: &Candidate<'_>, file: &Path) -> Result<(), String> {
             sent += 1;
             let msg = Inbound { id: format!("t-{sent}"), from: "test".into(), reply_to: None, body: body.clone() };
             let line = serde_json::to_string(&msg).unwrap_or_default();
-            r.inst.write_line(&line).map_err(|e| format!("{at}: candidate stdin closed: {e}"))?;
+            r.inst.write_line(&line, EXPECT_WAIT).map_err(|e| format!("{at}: candidate stdin closed: {e}"))?;
         } else if let Some(want) = step.get("expect") {
             let want_to = step.get("to").and_then(Value::as_str);
             let deadline = Instant::now() + EXPECT_WAIT;

@@ -329,6 +329,6 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),
         #[cfg(feature = "actors")]
-        Command::World { action } => crate::world::run(action),
+        Command::World { action } => crate::world::run(&ctx, action),
     }
 }

@@ -88,3 +88,45 @@ fn console_deploys_upgrades_and_rolls_back() {
     // A second run while none holds the lock works; the registry kept the actor.
     assert!(env.cwd.join("w/broker/versions/hello/2/meta.json").exists());
 }
+
+#[test]
+fn the_agent_is_an_actor_whose_turns_use_the_actor_tools() {
+    let env = Env::new();
+    std::fs::write(env.cwd.join("v1.wat"), echo("v1")).unwrap();
+    // Turn 1: spawn through the tool, then answer. Turn 2: list, answer.
+    let script = env.script(&[
+        serde_json::json!({"toolCalls": [{"id": "c1", "name": "actor_spawn", "arguments": {"id": "hello", "wasm": "v1.wat"}}]}),
+        serde_json::json!({"text": "spawned hello"}),
+    ]);
+    let out = env.cairn(&["world", "init", "w"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let console = "\
+please spawn hello
+/await 60
+/list
+/quit
+";
+    let mut child = env
+        .cairn(&["--script", script.to_str().unwrap(), "--allow", "actor_spawn", "world", "run", "w"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(console.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let answer =
+        lines.iter().find(|v| v["from"] == "agent").unwrap_or_else(|| panic!("no answer from the agent: {text}"));
+    assert_eq!(answer["body"]["text"], "spawned hello", "{text}");
+    assert!(answer["reply_to"].as_str().is_some_and(|r| r.starts_with("m-")), "{text}");
+    let list = lines.iter().find(|v| v["type"] == "list").unwrap_or_else(|| panic!("no list: {text}"));
+    assert_eq!(list["actors"][0]["id"], "hello", "{text}");
+    assert_eq!(list["actors"][0]["spawner"], "agent", "{text}");
+    // The agent's session is an ordinary cairn session, named in the world.
+    let named = std::fs::read_to_string(env.cwd.join("w/broker/agent-session")).unwrap();
+    assert!(std::path::Path::new(named.trim()).exists(), "{named}");
+    assert!(std::fs::read_to_string(named.trim()).unwrap().contains("actor_spawn"));
+}
