@@ -119,6 +119,12 @@ pub struct ActorState {
     limits: StoreLimits,
 }
 
+impl std::fmt::Debug for ActorState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ActorState")
+    }
+}
+
 impl WasiView for ActorState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.ctx, table: &mut self.table }

@@ -99,8 +99,12 @@ pub fn memory_bomb() -> String {
 
 /// A world in a temp dir, with a scratch dir for actor files.
 pub struct TestWorld {
-    pub dir: tempfile::TempDir,
+    /// Declared before `dir`: dropped (quit) before the directory goes.
     pub world: Option<World>,
+    pub dir: tempfile::TempDir,
+    /// Console messages seen by `wait_for` but not matched yet: a later
+    /// wait sees them first (messages may arrive in any order).
+    pending: std::cell::RefCell<Vec<Value>>,
 }
 
 impl TestWorld {
@@ -111,7 +115,7 @@ impl TestWorld {
         let dir = tempfile::tempdir().unwrap();
         cairn_actors::init(&dir.path().join("w")).unwrap();
         let world = World::open(&dir.path().join("w"), WorldConfig { limits }).unwrap();
-        TestWorld { dir, world: Some(world) }
+        TestWorld { dir, world: Some(world), pending: Default::default() }
     }
     pub fn w(&self) -> &World {
         self.world.as_ref().unwrap()
@@ -146,12 +150,19 @@ impl TestWorld {
     pub fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> (Value, Vec<Value>) {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut seen = Vec::new();
+        {
+            let mut pending = self.pending.borrow_mut();
+            if let Some(i) = pending.iter().position(&pred) {
+                return (pending.remove(i), seen);
+            }
+        }
         while Instant::now() < deadline {
             if let Some(m) = self.w().recv(Duration::from_millis(200)) {
                 let v = serde_json::to_value(&m).unwrap();
                 if pred(&v) {
                     return (v, seen);
                 }
+                self.pending.borrow_mut().push(v.clone());
                 seen.push(v);
             }
         }
