@@ -20,7 +20,7 @@ use anyhow::{Context as _, Result};
 use cairn_actors::World;
 use cairn_core::approval::{Allowlist, PolicyApprover};
 use cairn_core::provider::Provider;
-use cairn_core::storage::JsonlStore;
+use cairn_core::storage::{JsonlStore, Storage};
 use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent};
 use clap::Subcommand;
 use serde_json::{Value, json};

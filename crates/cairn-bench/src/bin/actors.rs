@@ -163,8 +163,8 @@ fn main() -> Result<()> {
     let n = size(2000, 20);
     let (ours, baseline) = sample_pairs(
         samples,
-        || through_broker(&world, n).expect("broker round"),
-        || through_pipes(n).expect("pipe round"),
+        || through_broker(&world, n).unwrap_or_else(|e| panic!("broker round: {e:#}")),
+        || through_pipes(n).unwrap_or_else(|e| panic!("pipe round: {e:#}")),
     );
     let per = |d: &[Duration]| -> Vec<Duration> { d.iter().map(|x| *x / n as u32).collect() };
     table.compare(
@@ -186,13 +186,13 @@ fn main() -> Result<()> {
         || {
             k += 1;
             let id = format!("s{k}");
-            req(&world, json!({"type": "spawn", "id": id, "wasm": echo})).expect("spawn");
-            first_echo(&world, &id).expect("first echo");
+            req(&world, json!({"type": "spawn", "id": id, "wasm": echo})).unwrap_or_else(|e| panic!("spawn: {e:#}"));
+            first_echo(&world, &id).unwrap_or_else(|e| panic!("first echo: {e:#}"));
         },
         || {
-            req(&world, json!({"type": "stop", "id": "b"})).expect("stop");
-            req(&world, json!({"type": "start", "id": "b"})).expect("start");
-            first_echo(&world, "b").expect("first echo after start");
+            req(&world, json!({"type": "stop", "id": "b"})).unwrap_or_else(|e| panic!("stop: {e:#}"));
+            req(&world, json!({"type": "start", "id": "b"})).unwrap_or_else(|e| panic!("start: {e:#}"));
+            first_echo(&world, "b").unwrap_or_else(|e| panic!("first echo after start: {e:#}"));
         },
     );
     table.compare("spawn until first echo (cold compile)", &cold, "start until first echo (cached component)", &cached);
@@ -202,8 +202,8 @@ fn main() -> Result<()> {
     let target = base.path().join("file");
     let (atomic, plain) = sample_pairs(
         size(21, 5),
-        || cairn_actors::layout::write_atomic(&target, &bytes).expect("atomic write"),
-        || std::fs::write(&target, &bytes).expect("plain write"),
+        || cairn_actors::layout::write_atomic(&target, &bytes).unwrap_or_else(|e| panic!("atomic write: {e:#}")),
+        || std::fs::write(&target, &bytes).unwrap_or_else(|e| panic!("plain write: {e:#}")),
     );
     table.compare(
         &format!("atomic replace of {} bytes (temp file, fsync, rename, fsync dir)", bytes.len()),
