@@ -35,7 +35,7 @@ fn echo(tag: &str) -> String {
       (i32.store (i32.const 0) (i32.const 65536))
       (i32.store (i32.const 4) (local.get $n))
       (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
-      (br $next))))"#,
+      (br $next)))))"#,
         len = line.len()
     )
 }
@@ -65,7 +65,7 @@ fn console_deploys_upgrades_and_rolls_back() {
 /quit
 ";
     let mut child = env
-        .cairn(&["world", "run", "w"])
+        .cairn(&["world", "run", "--no-agent", "w"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
