@@ -214,6 +214,12 @@ pub enum Command {
         #[arg(long, value_name = "ADDR")]
         address: Option<String>,
     },
+    /// A world of WASM actors: `cairn world init|run [DIR]`.
+    #[cfg(feature = "actors")]
+    World {
+        #[command(subcommand)]
+        action: crate::world::WorldAction,
+    },
     /// Manage the embedded local model.
     Model {
         #[command(subcommand)]
@@ -357,5 +363,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Model { action: ModelAction::InstallDiscovery { from } } => {
             crate::discover::install(&ctx, from.as_deref())
         }
+        #[cfg(feature = "actors")]
+        Command::World { action } => crate::world::run(&ctx, action),
     }
 }

@@ -32,6 +32,8 @@ mod sessions;
 mod style;
 mod subagents;
 mod trust;
+#[cfg(feature = "actors")]
+mod world;
 
 use std::process::ExitCode;
 

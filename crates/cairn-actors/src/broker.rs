@@ -1,0 +1,1157 @@
+//! The broker: one thread owning the registry, every actor's lifecycle
+//! (start, graceful stop, crash restart with backoff, upgrade swap,
+//! rollback, remove) and message routing. Actors talk to it only through
+//! events; it never runs WASM itself (see `runtime`) and never judges a
+//! candidate itself (see `transcript`).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, anyhow, bail};
+use serde_json::{Value, json};
+use wasmtime::component::Component;
+
+use crate::layout::{self, ActorEntry, Desired, Layout, Registry};
+use crate::mailbox::Mailbox;
+use crate::message::{self, AGENT, BROKER, CONSOLE, Inbound, Outbound};
+use crate::runtime::{self, Dirs, Exit, Instance, Limits, Runtime};
+use crate::transcript::{self, Candidate};
+
+/// Grace period between `shutdown` + EOF and the kill.
+pub const KILL_AFTER: Duration = Duration::from_secs(5);
+/// Crashes within this window after an upgrade count towards a crash loop.
+pub const CRASH_WINDOW: Duration = Duration::from_secs(30);
+/// Crashes in the window that trigger an automatic rollback.
+pub const CRASH_LOOP: usize = 3;
+/// Uptime after which the backoff counter resets.
+pub const BACKOFF_RESET: Duration = Duration::from_secs(60);
+
+/// Restart delay after the `n`th consecutive crash (0-based):
+/// 0.5 s × 2ⁿ, at most 30 s.
+pub fn backoff(n: u32) -> Duration {
+    let ms = 500u64.saturating_mul(1u64 << n.min(16));
+    Duration::from_millis(ms.min(30_000))
+}
+
+/// World settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorldConfig {
+    /// Per-instance limits.
+    pub limits: Limits,
+}
+
+enum Event {
+    Out { id: String, line: String },
+    Exited { id: String, generation: u64, exit: Exit },
+    Native { from: String, msg: Outbound },
+    Tested(Box<Tested>),
+    Quit(Sender<()>),
+}
+
+struct Tested {
+    plan: Upgrade,
+    component: Component,
+    verdict: Result<usize, String>,
+}
+
+#[derive(Clone)]
+struct Upgrade {
+    id: String,
+    requester: String,
+    req_id: String,
+    wasm: PathBuf,
+    source: Option<PathBuf>,
+    built_by: Option<String>,
+    new_version: u32,
+    tests: usize,
+}
+
+enum AfterStop {
+    Swap(Box<Upgrade>, Component),
+    Rollback { to: u32, requester: String, req_id: Option<String>, reason: String },
+    Stop { requester: String, req_id: String },
+    Remove { requester: String, req_id: String },
+}
+
+struct Live {
+    generation: u64,
+    inst: Arc<Instance>,
+    started: Instant,
+    last_delivered: Arc<Mutex<Option<String>>>,
+    writer_done: Arc<AtomicBool>,
+    stopping: bool,
+}
+
+struct ActorRt {
+    live: Option<Live>,
+    mailbox: Arc<Mailbox>,
+    crashes: Vec<Instant>,
+    backoff_n: u32,
+    restart_at: Option<Instant>,
+    parked: Option<String>,
+    after_stop: Option<AfterStop>,
+    upgraded: Option<(Instant, u32, String)>,
+    components: HashMap<u32, Component>,
+    last_exit: Option<String>,
+}
+
+struct Broker {
+    layout: Layout,
+    reg: Registry,
+    rt: Runtime,
+    cfg: WorldConfig,
+    actors: HashMap<String, ActorRt>,
+    tx: Sender<Event>,
+    /// Native participants (`console`, `agent`): messages to them go to
+    /// these channels instead of a mailbox.
+    natives: HashMap<String, Sender<Inbound>>,
+    generation: u64,
+    quitting: Option<Sender<()>>,
+}
+
+/// One native participant's inbox on the embedding side: the channel and
+/// the messages set aside while a request waited for its reply.
+type NativeInbox = Mutex<(Receiver<Inbound>, VecDeque<Inbound>)>;
+
+/// A running world: the broker thread plus the native participants' side of
+/// it (`console` and `agent`; see [`World::send_as`]).
+#[derive(Debug)]
+pub struct World {
+    tx: Sender<Event>,
+    natives: HashMap<&'static str, NativeInbox>,
+    thread: Mutex<Option<thread::JoinHandle<()>>>,
+    req: Mutex<u64>,
+    root: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Event")
+    }
+}
+
+/// Creates an empty world in `dir`.
+pub fn init(dir: &Path) -> anyhow::Result<()> {
+    Layout::new(dir).init()?;
+    Ok(())
+}
+
+impl World {
+    /// Opens the world in `dir` (which must have been initialised), takes its
+    /// lock and starts every actor whose desired state is running.
+    pub fn open(dir: &Path, cfg: WorldConfig) -> anyhow::Result<World> {
+        let layout = Layout::new(dir);
+        if !layout.registry().exists() {
+            bail!(
+                "{} is not a world (no broker/registry.json); run `cairn world init {}` first",
+                dir.display(),
+                dir.display()
+            );
+        }
+        layout.init()?;
+        let lock = layout.lock()?;
+        let reg = layout.load_registry()?;
+        let rt = Runtime::new(cfg.limits.fuel.is_some())?;
+        let (tx, rx) = mpsc::channel();
+        let (ctx, crx) = mpsc::channel();
+        let (atx, arx) = mpsc::channel();
+        let mut b = Broker {
+            layout,
+            reg,
+            rt,
+            cfg,
+            actors: HashMap::new(),
+            tx: tx.clone(),
+            natives: HashMap::from([(CONSOLE.to_owned(), ctx), (AGENT.to_owned(), atx)]),
+            generation: 0,
+            quitting: None,
+        };
+        let ids: Vec<String> = b.reg.actors.keys().cloned().collect();
+        for id in &ids {
+            b.ensure_rt(id)?;
+        }
+        let thread = thread::Builder::new()
+            .name("broker".into())
+            .spawn(move || {
+                for id in ids {
+                    if b.reg.actors.get(&id).is_some_and(|e| e.desired == Desired::Running) {
+                        b.start_actor(&id, None);
+                    }
+                }
+                b.run(rx);
+            })
+            .context("starting the broker thread")?;
+        Ok(World {
+            tx,
+            natives: HashMap::from([
+                (CONSOLE, Mutex::new((crx, VecDeque::new()))),
+                (AGENT, Mutex::new((arx, VecDeque::new()))),
+            ]),
+            thread: Mutex::new(Some(thread)),
+            req: Mutex::new(0),
+            root: dir.to_owned(),
+            _lock: lock,
+        })
+    }
+
+    /// The world directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Sends a message from the console (`to: None` = the console's
+    /// subscribers).
+    pub fn send(&self, to: Option<&str>, id: Option<&str>, reply_to: Option<&str>, body: Value) {
+        self.send_as(CONSOLE, to, id, reply_to, body);
+    }
+
+    /// Sends a message from a native participant (`console` or `agent`;
+    /// anything else is sent as the console). The broker sets `from`.
+    pub fn send_as(&self, from: &str, to: Option<&str>, id: Option<&str>, reply_to: Option<&str>, body: Value) {
+        let from = if from == AGENT { AGENT } else { CONSOLE };
+        let msg = Outbound {
+            to: to.map(str::to_owned),
+            id: id.map(str::to_owned),
+            reply_to: reply_to.map(str::to_owned),
+            body,
+        };
+        let _ = self.tx.send(Event::Native { from: from.into(), msg });
+    }
+
+    fn inbox(&self, who: &str) -> &NativeInbox {
+        match self.natives.get(who) {
+            Some(i) => i,
+            None => &self.natives[CONSOLE],
+        }
+    }
+
+    /// The next message addressed to the console, waiting up to `wait`.
+    pub fn recv(&self, wait: Duration) -> Option<Inbound> {
+        self.recv_as(CONSOLE, wait)
+    }
+
+    /// The next message addressed to a native participant (`console` or
+    /// `agent`), waiting up to `wait`.
+    pub fn recv_as(&self, who: &str, wait: Duration) -> Option<Inbound> {
+        let mut g = self.inbox(who).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = g.1.pop_front() {
+            return Some(m);
+        }
+        g.0.recv_timeout(wait).ok()
+    }
+
+    /// Sends a request to the broker as the console and waits (up to
+    /// `wait`) for its reply; other messages arriving meanwhile stay queued
+    /// for [`World::recv`].
+    pub fn request(&self, body: Value, wait: Duration) -> anyhow::Result<Value> {
+        self.request_as(CONSOLE, body, wait)
+    }
+
+    /// [`World::request`] for any native participant.
+    pub fn request_as(&self, who: &str, body: Value, wait: Duration) -> anyhow::Result<Value> {
+        let (reply, _) = self.ask_as(who, BROKER, body, wait)?;
+        Ok(reply.body)
+    }
+
+    /// Sends `body` from native `who` to `to` with a fresh own id and waits
+    /// up to `wait` for the message answering it (`reply_to` = its id).
+    /// Returns the reply and the message id it answered; other messages
+    /// stay queued for [`World::recv_as`].
+    pub fn ask_as(&self, who: &str, to: &str, body: Value, wait: Duration) -> anyhow::Result<(Inbound, String)> {
+        let who = if who == AGENT { AGENT } else { CONSOLE };
+        let n = {
+            let mut g = self.req.lock().unwrap_or_else(|p| p.into_inner());
+            *g += 1;
+            *g
+        };
+        let own = format!("req-{n}");
+        let full = format!("{who}/{own}");
+        self.send_as(who, Some(to), Some(&own), None, body);
+        let deadline = Instant::now() + wait;
+        let mut g = self.inbox(who).lock().unwrap_or_else(|p| p.into_inner());
+        // A reply may already sit among the messages set aside earlier.
+        if let Some(i) = g.1.iter().position(|m| m.reply_to.as_deref() == Some(full.as_str())) {
+            let m = g.1.remove(i).ok_or_else(|| anyhow!("reply vanished"))?;
+            return Ok((m, full));
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let m = g.0.recv_timeout(left).map_err(|_| anyhow!("no reply from {to} within {wait:?}"))?;
+            if m.reply_to.as_deref() == Some(full.as_str()) && (to != BROKER || m.from == BROKER) {
+                return Ok((m, full));
+            }
+            g.1.push_back(m);
+        }
+    }
+
+    /// Stops every actor (shutdown, EOF, kill after 5 s) and the broker;
+    /// later calls do nothing. Also done on drop.
+    pub fn quit(&self) {
+        let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
+        let (tx, rx) = mpsc::channel();
+        let done =
+            self.tx.send(Event::Quit(tx)).is_ok() && rx.recv_timeout(KILL_AFTER + Duration::from_secs(10)).is_ok();
+        {
+            // A guest stuck in a host call past its kill would block the
+            // join forever: leave the broker thread behind instead.
+            if done {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.quit();
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn append_log(path: &Path, note: &str) {
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "[broker] {note}");
+    }
+}
+
+/// The wasm file stored for a version (`actor.wasm` or `actor.wat`).
+fn version_wasm(dir: &Path) -> Option<PathBuf> {
+    ["actor.wasm", "actor.wat"].iter().map(|n| dir.join(n)).find(|p| p.exists())
+}
+
+impl Broker {
+    fn ensure_rt(&mut self, id: &str) -> anyhow::Result<()> {
+        if !self.actors.contains_key(id) {
+            let mailbox = Arc::new(Mailbox::open(&self.layout.mailbox(id))?);
+            self.actors.insert(
+                id.to_owned(),
+                ActorRt {
+                    live: None,
+                    mailbox,
+                    crashes: Vec::new(),
+                    backoff_n: 0,
+                    restart_at: None,
+                    parked: None,
+                    after_stop: None,
+                    upgraded: None,
+                    components: HashMap::new(),
+                    last_exit: None,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn save(&self) {
+        if let Err(e) = self.layout.save_registry(&self.reg) {
+            eprintln!("cairn-actors: saving the registry failed: {e}");
+        }
+    }
+
+    fn run(&mut self, rx: Receiver<Event>) {
+        loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(ev) => self.handle(ev),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            if self.quitting.is_some() {
+                if self.actors.values().all(|a| a.live.is_none()) {
+                    self.save();
+                    self.rt.shutdown();
+                    if let Some(t) = self.quitting.take() {
+                        let _ = t.send(());
+                    }
+                    return;
+                }
+                continue;
+            }
+            let now = Instant::now();
+            let due: Vec<String> = self
+                .actors
+                .iter()
+                .filter(|(_, a)| a.live.is_none() && a.restart_at.is_some_and(|t| t <= now))
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in due {
+                if let Some(a) = self.actors.get_mut(&id) {
+                    a.restart_at = None;
+                }
+                if self.reg.actors.get(&id).is_some_and(|e| e.desired == Desired::Running) {
+                    self.start_actor(&id, None);
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Out { id, line } => match Outbound::parse(&line) {
+                Ok(msg) => self.route(&id, msg),
+                Err(e) => append_log(
+                    &self.layout.actor_dir(&id).join("stderr.log"),
+                    &format!("dropped stdout line: {e}: {line}"),
+                ),
+            },
+            Event::Native { from, msg } => self.route(&from, msg),
+            Event::Exited { id, generation, exit } => self.exited(&id, generation, exit),
+            Event::Tested(t) => self.tested(*t),
+            Event::Quit(done) => {
+                self.quitting = Some(done);
+                let ids: Vec<String> = self.actors.keys().cloned().collect();
+                for id in ids {
+                    self.stop_instance(&id);
+                }
+            }
+        }
+    }
+
+    // ---- routing ----
+
+    fn route(&mut self, from: &str, msg: Outbound) {
+        let id = message::message_id(from, msg.id.as_deref(), &mut self.reg.next_msg);
+        match msg.to.as_deref() {
+            Some(BROKER) => self.request(from, &id, msg.body),
+            Some(to) => {
+                let to = to.to_owned();
+                let m = Inbound { id: id.clone(), from: from.into(), reply_to: msg.reply_to, body: msg.body };
+                if let Err(reason) = self.deliver(&to, m) {
+                    self.undeliverable(from, &id, &to, &reason);
+                }
+            }
+            None => {
+                let subs: BTreeSet<String> = match self.reg.actors.get(from) {
+                    Some(e) => e.subscribers.clone(),
+                    None => self.reg.native_subscribers.get(from).cloned().unwrap_or_default(),
+                };
+                for s in subs {
+                    let m = Inbound {
+                        id: id.clone(),
+                        from: from.into(),
+                        reply_to: msg.reply_to.clone(),
+                        body: msg.body.clone(),
+                    };
+                    if let Err(reason) = self.deliver(&s, m) {
+                        self.undeliverable(from, &id, &s, &reason);
+                    }
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, to: &str, m: Inbound) -> Result<(), String> {
+        if let Some(tx) = self.natives.get(to) {
+            return tx.send(m).map_err(|_| format!("{to} is gone"));
+        }
+        let Some(a) = self.actors.get(to).filter(|_| self.reg.actors.contains_key(to)) else {
+            return Err(format!("no actor {to:?}"));
+        };
+        let line = serde_json::to_string(&m).map_err(|e| e.to_string())?;
+        a.mailbox.push(line).map_err(|e| e.to_string())
+    }
+
+    fn undeliverable(&mut self, sender: &str, msg_id: &str, to: &str, reason: &str) {
+        if sender == BROKER {
+            return; // never bounce the broker's own messages
+        }
+        let id = message::message_id(BROKER, None, &mut self.reg.next_msg);
+        let m = Inbound {
+            id,
+            from: BROKER.into(),
+            reply_to: Some(msg_id.into()),
+            body: message::undeliverable(reason, to),
+        };
+        let _ = self.deliver(sender, m);
+    }
+
+    fn reply(&mut self, to: &str, req_id: &str, body: Value) {
+        let id = message::message_id(BROKER, None, &mut self.reg.next_msg);
+        let m = Inbound { id, from: BROKER.into(), reply_to: Some(req_id.into()), body };
+        let _ = self.deliver(to, m);
+    }
+
+    // ---- requests ----
+
+    fn request(&mut self, from: &str, req_id: &str, body: Value) {
+        let r = self.request_inner(from, req_id, &body);
+        match r {
+            Ok(Some(v)) => self.reply(from, req_id, v),
+            Ok(None) => {} // answered later (upgrade, stop, remove)
+            Err(e) => self.reply(from, req_id, json!({"type": "error", "reason": format!("{e:#}")})),
+        }
+    }
+
+    fn native(from: &str) -> bool {
+        from == CONSOLE || from == AGENT
+    }
+
+    fn may_manage(&self, from: &str, id: &str) -> bool {
+        from == id || from == AGENT || Self::native(from) || self.reg.actors.get(id).is_some_and(|e| e.spawner == from)
+    }
+
+    fn request_inner(&mut self, from: &str, req_id: &str, body: &Value) -> anyhow::Result<Option<Value>> {
+        let ty = body.get("type").and_then(Value::as_str).unwrap_or("");
+        let field = |k: &str| body.get(k).and_then(Value::as_str);
+        let need = |k: &str| -> anyhow::Result<String> {
+            field(k).map(str::to_owned).ok_or_else(|| anyhow!("request {ty:?} needs a string field {k:?}"))
+        };
+        let existing = |b: &Broker, id: &str| -> anyhow::Result<()> {
+            if b.reg.actors.contains_key(id) { Ok(()) } else { Err(anyhow!("no actor {id:?}")) }
+        };
+        match ty {
+            "list" => {
+                let actors: Vec<Value> = self
+                    .reg
+                    .actors
+                    .iter()
+                    .map(|(id, e)| {
+                        json!({"id": id, "version": e.version, "latest": e.latest,
+                            "state": self.state(id), "desired": e.desired,
+                            "subscribers": e.subscribers, "spawner": e.spawner})
+                    })
+                    .collect();
+                Ok(Some(json!({"type": "list", "actors": actors})))
+            }
+            "subscribe" | "unsubscribe" => {
+                let target = need("actor")?;
+                let set = match self.reg.actors.get_mut(&target) {
+                    Some(e) => &mut e.subscribers,
+                    None if target == CONSOLE || target == AGENT => {
+                        self.reg.native_subscribers.entry(target.clone()).or_default()
+                    }
+                    None => bail!("no actor {target:?} to {ty} to"),
+                };
+                if ty == "subscribe" {
+                    set.insert(from.to_owned());
+                } else {
+                    set.remove(from);
+                }
+                self.save();
+                Ok(Some(json!({"type": "ok", "request": ty, "actor": target})))
+            }
+            "spawn" => {
+                let id = need("id")?;
+                message::check_actor_id(&id)?;
+                if self.reg.actors.contains_key(&id) {
+                    bail!("actor {id:?} exists; use upgrade");
+                }
+                let wasm = self.path(from, &need("wasm")?)?;
+                let source = field("source").map(|s| self.path(from, s)).transpose()?;
+                let bytes = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
+                check_ext(&wasm)?;
+                let component = self.rt.compile(&bytes)?;
+                self.install_version(&id, 1, &wasm, source.as_deref(), field("built_by"), from)?;
+                self.layout.init_actor(&id)?;
+                if let Some(s) = &source {
+                    layout::replace_tree(s, &self.layout.source(&id))?;
+                }
+                self.reg.actors.insert(
+                    id.clone(),
+                    ActorEntry {
+                        version: 1,
+                        latest: 1,
+                        spawner: from.to_owned(),
+                        desired: Desired::Running,
+                        subscribers: BTreeSet::new(),
+                        http: body.get("http").and_then(Value::as_bool).unwrap_or(false),
+                    },
+                );
+                self.save();
+                self.ensure_rt(&id)?;
+                if let Some(a) = self.actors.get_mut(&id) {
+                    a.components.insert(1, component);
+                }
+                self.start_actor(&id, None);
+                Ok(Some(json!({"type": "ok", "request": "spawn", "id": id, "version": 1})))
+            }
+            "upgrade" => {
+                let id = need("id")?;
+                existing(self, &id)?;
+                if !self.may_manage(from, &id) {
+                    bail!("{from:?} may not upgrade {id:?} (only itself, the agent, the console or its spawner)");
+                }
+                let wasm = self.path(from, &need("wasm")?)?;
+                check_ext(&wasm)?;
+                let source = field("source").map(|s| self.path(from, s)).transpose()?;
+                let bytes = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
+                let component = self.rt.compile(&bytes)?;
+                let latest = self.reg.actors.get(&id).map(|e| e.latest).unwrap_or(0);
+                let plan = Upgrade {
+                    id: id.clone(),
+                    requester: from.to_owned(),
+                    req_id: req_id.to_owned(),
+                    wasm,
+                    source,
+                    built_by: field("built_by").map(str::to_owned),
+                    new_version: latest + 1,
+                    tests: 0,
+                };
+                // The gate runs on its own thread; routing goes on meanwhile.
+                let (rt, tx, limits) = (self.rt.clone(), self.tx.clone(), self.cfg.limits);
+                let (data, public, actor_root) =
+                    (self.layout.data(&id), self.layout.public(&id), self.layout.actor_root());
+                let scratch = self.layout.root().join("broker").join("candidates").join(&id);
+                thread::Builder::new()
+                    .name("actor-gate".into())
+                    .spawn(move || {
+                        let c = Candidate {
+                            rt: &rt,
+                            component: &component,
+                            data: &data,
+                            public: &public,
+                            actor_root: &actor_root,
+                            scratch,
+                            limits,
+                        };
+                        let tests = plan.source.as_ref().map(|s| s.join("tests"));
+                        let verdict = transcript::run_gate(&c, tests.as_deref());
+                        let _ = tx.send(Event::Tested(Box::new(Tested { plan, component, verdict })));
+                    })
+                    .context("starting the test thread")?;
+                Ok(None)
+            }
+            "rollback" => {
+                let id = need("id")?;
+                existing(self, &id)?;
+                if !self.may_manage(from, &id) {
+                    bail!("{from:?} may not roll back {id:?}");
+                }
+                let (cur, latest) = self.reg.actors.get(&id).map(|e| (e.version, e.latest)).unwrap_or((1, 1));
+                let to = match body.get("version").and_then(Value::as_u64) {
+                    Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
+                    None if cur > 1 => cur - 1,
+                    None => bail!("{id:?} is at version 1; there is no older version"),
+                };
+                if to == 0 || to > latest || to == cur {
+                    bail!("version {to} is not another installed version of {id:?} (1..={latest}, current {cur})");
+                }
+                let after = AfterStop::Rollback {
+                    to,
+                    requester: from.to_owned(),
+                    req_id: Some(req_id.to_owned()),
+                    reason: "requested".into(),
+                };
+                self.after_stop(&id, after);
+                Ok(None)
+            }
+            "stop" | "remove" => {
+                let id = need("id")?;
+                existing(self, &id)?;
+                if !self.may_manage(from, &id) {
+                    bail!("{from:?} may not {ty} {id:?}");
+                }
+                if let Some(e) = self.reg.actors.get_mut(&id) {
+                    e.desired = Desired::Stopped;
+                }
+                self.save();
+                let (requester, req_id) = (from.to_owned(), req_id.to_owned());
+                let after = if ty == "stop" {
+                    AfterStop::Stop { requester, req_id }
+                } else {
+                    AfterStop::Remove { requester, req_id }
+                };
+                self.after_stop(&id, after);
+                Ok(None)
+            }
+            "start" => {
+                let id = need("id")?;
+                existing(self, &id)?;
+                if let Some(e) = self.reg.actors.get_mut(&id) {
+                    e.desired = Desired::Running;
+                }
+                self.save();
+                if self.actors.get(&id).is_some_and(|a| a.live.is_none()) {
+                    if let Some(a) = self.actors.get_mut(&id) {
+                        a.backoff_n = 0;
+                        a.restart_at = None;
+                    }
+                    self.start_actor(&id, None);
+                }
+                Ok(Some(json!({"type": "ok", "request": "start", "id": id})))
+            }
+            other => bail!(
+                "unknown request type {other:?}; one of spawn, upgrade, rollback, stop, start, remove, subscribe, unsubscribe, list"
+            ),
+        }
+    }
+
+    fn path(&self, from: &str, p: &str) -> anyhow::Result<PathBuf> {
+        Ok(layout::resolve(&self.layout, from, Self::native(from), p)?)
+    }
+
+    fn install_version(
+        &self,
+        id: &str,
+        n: u32,
+        wasm: &Path,
+        source: Option<&Path>,
+        built_by: Option<&str>,
+        requester: &str,
+    ) -> anyhow::Result<()> {
+        let dir = self.layout.version(id, n);
+        std::fs::create_dir_all(&dir)?;
+        let name = if wasm.extension().is_some_and(|e| e == "wat") { "actor.wat" } else { "actor.wasm" };
+        std::fs::copy(wasm, dir.join(name)).with_context(|| format!("copying {}", wasm.display()))?;
+        if let Some(s) = source {
+            layout::replace_tree(s, &dir.join("source"))?;
+        }
+        let meta = json!({"wasm": wasm, "source": source, "built_by": built_by,
+            "requested_by": requester, "time": now_secs()});
+        layout::write_atomic(&dir.join("meta.json"), &serde_json::to_vec_pretty(&meta)?)?;
+        Ok(())
+    }
+
+    fn tested(&mut self, t: Tested) {
+        let Tested { mut plan, component, verdict } = t;
+        match verdict {
+            Err(why) => {
+                let (r, q) = (plan.requester.clone(), plan.req_id.clone());
+                self.reply(
+                    &r,
+                    &q,
+                    json!({"type": "error", "request": "upgrade", "id": plan.id,
+                    "reason": format!("upgrade refused, the old version keeps running: {why}")}),
+                );
+            }
+            Ok(n) => {
+                plan.tests = n;
+                if !self.reg.actors.contains_key(&plan.id) {
+                    return;
+                }
+                if let Err(e) = self.install_version(
+                    &plan.id,
+                    plan.new_version,
+                    &plan.wasm,
+                    plan.source.as_deref(),
+                    plan.built_by.as_deref(),
+                    &plan.requester,
+                ) {
+                    let (r, q) = (plan.requester.clone(), plan.req_id.clone());
+                    self.reply(&r, &q, json!({"type": "error", "reason": format!("{e:#}")}));
+                    return;
+                }
+                if let Some(e) = self.reg.actors.get_mut(&plan.id) {
+                    e.latest = plan.new_version;
+                }
+                self.save();
+                let id = plan.id.clone();
+                self.after_stop(&id, AfterStop::Swap(Box::new(plan), component));
+            }
+        }
+    }
+
+    /// Runs `after` once the instance has stopped (now if not running).
+    fn after_stop(&mut self, id: &str, after: AfterStop) {
+        let Some(a) = self.actors.get_mut(id) else { return };
+        a.restart_at = None;
+        if a.live.is_some() {
+            a.after_stop = Some(after);
+            self.stop_instance(id);
+        } else {
+            self.do_after(id, after);
+        }
+    }
+
+    fn do_after(&mut self, id: &str, after: AfterStop) {
+        match after {
+            AfterStop::Stop { requester, req_id } => {
+                self.write_status(id);
+                self.reply(&requester, &req_id, json!({"type": "ok", "request": "stop", "id": id}));
+            }
+            AfterStop::Remove { requester, req_id } => {
+                let r = self.archive(id);
+                let body = match r {
+                    Ok(to) => json!({"type": "ok", "request": "remove", "id": id, "archive": to}),
+                    Err(e) => json!({"type": "error", "reason": format!("{e:#}")}),
+                };
+                self.reply(&requester, &req_id, body);
+            }
+            AfterStop::Swap(plan, component) => {
+                let r = self.swap(&plan, component);
+                let body = match r {
+                    Ok(()) => json!({"type": "ok", "request": "upgrade", "id": plan.id,
+                        "version": plan.new_version, "tests": plan.tests}),
+                    Err(e) => json!({"type": "error", "reason": format!("{e:#}")}),
+                };
+                self.reply(&plan.requester, &plan.req_id, body);
+            }
+            AfterStop::Rollback { to, requester, req_id, reason } => {
+                let from_v = self.reg.actors.get(id).map(|e| e.version).unwrap_or(0);
+                let r = self.rollback(id, to);
+                let body = match r {
+                    Ok(()) => json!({"type": "rolled_back", "id": id, "from": from_v, "to": to, "reason": reason}),
+                    Err(e) => json!({"type": "error", "reason": format!("rollback failed: {e:#}")}),
+                };
+                match req_id {
+                    Some(q) => self.reply(&requester, &q, body),
+                    None => {
+                        let mid = message::message_id(BROKER, None, &mut self.reg.next_msg);
+                        let _ =
+                            self.deliver(&requester, Inbound { id: mid, from: BROKER.into(), reply_to: None, body });
+                    }
+                }
+            }
+        }
+    }
+
+    fn snapshot(&self, id: &str, version: u32) -> anyhow::Result<()> {
+        let snap = self.layout.version(id, version).join("snapshot");
+        layout::replace_tree(&self.layout.data(id), &snap.join("data"))?;
+        layout::replace_tree(&self.layout.public(id), &snap.join("public"))?;
+        Ok(())
+    }
+
+    /// The swap: (mailbox held: no instance runs) snapshot, install source,
+    /// start the new version with the parked message first.
+    fn swap(&mut self, plan: &Upgrade, component: Component) -> anyhow::Result<()> {
+        let old = self.reg.actors.get(&plan.id).map(|e| e.version).unwrap_or(0);
+        self.snapshot(&plan.id, old)?;
+        let src = self.layout.version(&plan.id, plan.new_version).join("source");
+        layout::replace_tree(&src, &self.layout.source(&plan.id))?;
+        if let Some(e) = self.reg.actors.get_mut(&plan.id) {
+            e.version = plan.new_version;
+            e.desired = Desired::Running;
+        }
+        self.save();
+        let parked = self.actors.get_mut(&plan.id).and_then(|a| {
+            a.components.insert(plan.new_version, component);
+            a.crashes.clear();
+            a.backoff_n = 0;
+            a.upgraded = Some((Instant::now(), old, plan.requester.clone()));
+            a.parked.take()
+        });
+        self.start_actor(&plan.id, parked);
+        Ok(())
+    }
+
+    fn rollback(&mut self, id: &str, to: u32) -> anyhow::Result<()> {
+        let cur = self.reg.actors.get(id).map(|e| e.version).unwrap_or(0);
+        self.snapshot(id, cur)?;
+        let vdir = self.layout.version(id, to);
+        let snap = vdir.join("snapshot");
+        if snap.exists() {
+            layout::replace_tree(&snap.join("data"), &self.layout.data(id))?;
+            layout::replace_tree(&snap.join("public"), &self.layout.public(id))?;
+        }
+        layout::replace_tree(&vdir.join("source"), &self.layout.source(id))?;
+        if let Some(e) = self.reg.actors.get_mut(id) {
+            e.version = to;
+            e.desired = Desired::Running;
+        }
+        self.save();
+        if let Some(a) = self.actors.get_mut(id) {
+            a.crashes.clear();
+            a.backoff_n = 0;
+            a.upgraded = None;
+            a.parked = None;
+        }
+        self.start_actor(id, None);
+        Ok(())
+    }
+
+    fn archive(&mut self, id: &str) -> anyhow::Result<PathBuf> {
+        let mut n = 1;
+        let dest = loop {
+            let d = self.layout.archive().join(format!("{id}-{n}"));
+            if !d.exists() {
+                break d;
+            }
+            n += 1;
+        };
+        std::fs::create_dir_all(&dest)?;
+        for (from, name) in [
+            (self.layout.actor_dir(id), "actor"),
+            (self.layout.data(id), "data"),
+            (self.layout.root().join("broker").join("versions").join(id), "versions"),
+            (self.layout.mailbox(id), "mailbox.jsonl"),
+        ] {
+            if from.exists() {
+                std::fs::rename(&from, dest.join(name)).with_context(|| format!("archiving {}", from.display()))?;
+            }
+        }
+        self.reg.actors.remove(id);
+        for e in self.reg.actors.values_mut() {
+            e.subscribers.remove(id);
+        }
+        self.actors.remove(id);
+        self.save();
+        Ok(dest)
+    }
+
+    // ---- instances ----
+
+    fn state(&self, id: &str) -> &'static str {
+        let desired = self.reg.actors.get(id).map(|e| e.desired);
+        match self.actors.get(id) {
+            Some(a) if a.live.as_ref().is_some_and(|l| l.stopping) => "stopping",
+            Some(a) if a.live.is_some() => "running",
+            Some(a) if a.restart_at.is_some() => "restarting",
+            _ if desired == Some(Desired::Stopped) => "stopped",
+            _ => "exited",
+        }
+    }
+
+    fn write_status(&self, id: &str) {
+        let Some(e) = self.reg.actors.get(id) else { return };
+        let a = self.actors.get(id);
+        let status = json!({
+            "id": id,
+            "version": e.version,
+            "latest": e.latest,
+            "state": self.state(id),
+            "mailbox": a.map(|a| a.mailbox.len()),
+            "crashes": a.map(|a| a.crashes.len()),
+            "last_exit": a.and_then(|a| a.last_exit.clone()),
+        });
+        let _ = layout::write_atomic(
+            &self.layout.actor_dir(id).join("status.json"),
+            &serde_json::to_vec_pretty(&status).unwrap_or_default(),
+        );
+    }
+
+    fn component(&mut self, id: &str, v: u32) -> anyhow::Result<Component> {
+        if let Some(c) = self.actors.get(id).and_then(|a| a.components.get(&v)) {
+            return Ok(c.clone());
+        }
+        let dir = self.layout.version(id, v);
+        let p = version_wasm(&dir).ok_or_else(|| anyhow!("{} holds no actor.wasm", dir.display()))?;
+        let c = self.rt.compile(&std::fs::read(&p)?)?;
+        if let Some(a) = self.actors.get_mut(id) {
+            a.components.insert(v, c.clone());
+        }
+        Ok(c)
+    }
+
+    fn start_actor(&mut self, id: &str, first: Option<String>) {
+        let Some(v) = self.reg.actors.get(id).map(|e| e.version) else { return };
+        if self.actors.get(id).is_none_or(|a| a.live.is_some()) {
+            return;
+        }
+        self.generation += 1;
+        let generation = self.generation;
+        let log = self.layout.actor_dir(id).join("stderr.log");
+        let started = self.component(id, v).and_then(|c| {
+            let dirs = Dirs {
+                data: self.layout.data(id),
+                public: self.layout.public(id),
+                actor_root: self.layout.actor_root(),
+            };
+            let (tx1, tx2, id1, id2) = (self.tx.clone(), self.tx.clone(), id.to_owned(), id.to_owned());
+            runtime::start(
+                &self.rt,
+                &c,
+                &dirs,
+                &log,
+                self.cfg.limits,
+                move |line| {
+                    let _ = tx1.send(Event::Out { id: id1.clone(), line });
+                },
+                move |exit| {
+                    let _ = tx2.send(Event::Exited { id: id2, generation, exit });
+                },
+            )
+        });
+        let inst = match started {
+            Ok(i) => Arc::new(i),
+            Err(e) => {
+                append_log(&log, &format!("start failed: {e:#}"));
+                let _ = self.tx.send(Event::Exited {
+                    id: id.to_owned(),
+                    generation,
+                    exit: Exit::Trap(format!("start failed: {e:#}")),
+                });
+                // Register a placeholder so the Exited event is accepted.
+                return self.placeholder(id, generation);
+            }
+        };
+        let Some(a) = self.actors.get_mut(id) else { return };
+        let last = Arc::new(Mutex::new(None));
+        let done = Arc::new(AtomicBool::new(false));
+        spawn_writer(inst.clone(), a.mailbox.clone(), last.clone(), done.clone(), first, log);
+        a.live = Some(Live {
+            generation,
+            inst,
+            started: Instant::now(),
+            last_delivered: last,
+            writer_done: done,
+            stopping: false,
+        });
+        self.write_status(id);
+    }
+
+    fn placeholder(&mut self, id: &str, generation: u64) {
+        let Ok((_r, w)) = std::io::pipe() else { return };
+        if let Some(a) = self.actors.get_mut(id) {
+            a.live = Some(Live {
+                generation,
+                inst: Arc::new(Instance {
+                    stdin: Arc::new(Mutex::new(Some(w))),
+                    kill: Arc::new(AtomicBool::new(true)),
+                }),
+                started: Instant::now(),
+                last_delivered: Arc::new(Mutex::new(None)),
+                writer_done: Arc::new(AtomicBool::new(true)),
+                stopping: false,
+            });
+        }
+    }
+
+    /// Graceful stop: hold the mailbox, `{"type":"shutdown"}`, EOF, kill
+    /// after 5 s.
+    fn stop_instance(&mut self, id: &str) {
+        let shutdown_id = message::message_id(BROKER, None, &mut self.reg.next_msg);
+        let Some(live) = self.actors.get_mut(id).and_then(|a| a.live.as_mut()) else { return };
+        if live.stopping {
+            return;
+        }
+        live.stopping = true;
+        live.writer_done.store(true, Ordering::Relaxed);
+        let inst = live.inst.clone();
+        let line = serde_json::to_string(&Inbound {
+            id: shutdown_id,
+            from: BROKER.into(),
+            reply_to: None,
+            body: json!({"type": "shutdown"}),
+        })
+        .unwrap_or_default();
+        // The kill timer runs apart from the stdin write: a guest that never
+        // drains stdin would otherwise block the shutdown line forever.
+        let kill = inst.kill.clone();
+        let _ = thread::Builder::new().name("actor-kill".into()).spawn(move || {
+            thread::sleep(KILL_AFTER);
+            kill.store(true, Ordering::Relaxed);
+        });
+        let _ = thread::Builder::new().name("actor-stop".into()).spawn(move || {
+            let _ = inst.write_line(&line, KILL_AFTER);
+            inst.close_stdin();
+        });
+        self.write_status(id);
+    }
+
+    fn exited(&mut self, id: &str, generation: u64, exit: Exit) {
+        let Some(a) = self.actors.get_mut(id) else { return };
+        if a.live.as_ref().is_none_or(|l| l.generation != generation) {
+            return;
+        }
+        let Some(live) = a.live.take() else { return };
+        live.writer_done.store(true, Ordering::Relaxed);
+        let log = self.layout.actor_dir(id).join("stderr.log");
+        a.last_exit = Some(format!("{exit:?}"));
+        if let Some(after) = a.after_stop.take() {
+            self.do_after(id, after);
+            return;
+        }
+        if live.stopping || self.quitting.is_some() {
+            self.write_status(id);
+            return;
+        }
+        if !exit.is_crash() {
+            append_log(&log, &format!("instance ended: {exit:?}"));
+            self.write_status(id);
+            return;
+        }
+        append_log(&log, &format!("instance crashed: {exit:?}"));
+        let now = Instant::now();
+        if live.started.elapsed() >= BACKOFF_RESET {
+            a.backoff_n = 0;
+        }
+        a.crashes.push(now);
+        a.parked = live.last_delivered.lock().unwrap_or_else(|p| p.into_inner()).take().or(a.parked.take());
+        if let Some((at, prev, requester)) = a.upgraded.clone() {
+            let n = a.crashes.iter().filter(|t| **t >= at && now.duration_since(**t) <= CRASH_WINDOW).count();
+            if n >= CRASH_LOOP {
+                append_log(&log, &format!("{n} crashes within 30 s after an upgrade: rolling back to version {prev}"));
+                let after = AfterStop::Rollback {
+                    to: prev,
+                    requester,
+                    req_id: None,
+                    reason: format!("{n} crashes within 30 s after the upgrade"),
+                };
+                self.do_after(id, after);
+                return;
+            }
+        }
+        let delay = backoff(a.backoff_n);
+        a.backoff_n += 1;
+        a.restart_at = Some(now + delay);
+        self.write_status(id);
+    }
+}
+
+fn check_ext(p: &Path) -> anyhow::Result<()> {
+    match p.extension().and_then(|e| e.to_str()) {
+        Some("wasm" | "wat") => Ok(()),
+        _ => bail!("{}: the broker accepts only .wasm (or .wat) files", p.display()),
+    }
+}
+
+/// Moves messages from the mailbox to the instance's stdin, one at a time.
+fn spawn_writer(
+    inst: Arc<Instance>,
+    mailbox: Arc<Mailbox>,
+    last: Arc<Mutex<Option<String>>>,
+    done: Arc<AtomicBool>,
+    first: Option<String>,
+    log: PathBuf,
+) {
+    let _ = thread::Builder::new().name("actor-stdin".into()).spawn(move || {
+        let mut next = first;
+        loop {
+            if done.load(Ordering::Relaxed) {
+                // Not delivered: keep it for the next instance.
+                if let Some(m) = next {
+                    let _ = mailbox.push(m);
+                }
+                return;
+            }
+            let m = match next.take() {
+                Some(m) => m,
+                None => match mailbox.pop_wait(Duration::from_millis(100)) {
+                    Some(m) => m,
+                    None => continue,
+                },
+            };
+            if done.load(Ordering::Relaxed) {
+                next = Some(m);
+                continue;
+            }
+            *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(m.clone());
+            match inst.write_line(&m, runtime::STDIN_WAIT) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    // Dropped (at most once); the next message gets its own wait.
+                    last.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    append_log(&log, &format!("message dropped: {e}: {m}"));
+                }
+                Err(e) => {
+                    append_log(&log, &format!("message dropped, stdin write failed ({e}): {m}"));
+                    return;
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(0), Duration::from_millis(500));
+        assert_eq!(backoff(1), Duration::from_millis(1000));
+        assert_eq!(backoff(5), Duration::from_secs(16));
+        assert_eq!(backoff(6), Duration::from_secs(30));
+        assert_eq!(backoff(60), Duration::from_secs(30));
+    }
+}

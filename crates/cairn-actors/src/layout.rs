@@ -1,0 +1,286 @@
+//! The on-disk layout of a world, the registry file, the world lock and the
+//! path rules for broker requests. Owns file placement only: it never runs
+//! actors or routes messages.
+//!
+//! ```text
+//! DIR/.lock                          one running world per directory
+//! DIR/broker/registry.json           actors, versions, subscriptions, counters
+//! DIR/broker/versions/<id>/<n>/      actor.wasm|actor.wat, source/, meta.json, snapshot/
+//! DIR/broker/mailbox/<id>.jsonl      queued (not yet delivered) messages
+//! DIR/actor/<id>/public|source       readable by every actor as /actor/<id>/...
+//! DIR/actor/<id>/status.json|stderr.log   written by the broker
+//! DIR/data/<id>/                     the actor's private /data
+//! DIR/archive/<id>-<n>/              what `remove` moved away
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors of the layout layer.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// An I/O failure, with the path involved.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path the operation was on.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The registry file is not valid.
+    #[error("{path}: registry is not valid JSON ({msg}); restore it from a backup or remove the world")]
+    BadRegistry {
+        /// Registry path.
+        path: PathBuf,
+        /// Parser message.
+        msg: String,
+    },
+    /// Another `cairn world run` holds the lock.
+    #[error("{0}: another process is running this world (lock held); stop it first")]
+    Locked(PathBuf),
+    /// A request path broke the path rules.
+    #[error("path {0:?} refused: {1}")]
+    BadPath(String, &'static str),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LayoutError + '_ {
+    move |source| LayoutError::Io { path: path.to_owned(), source }
+}
+
+/// What the user wants an actor to be doing; survives restarts of the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Desired {
+    /// Started when the world runs, restarted after crashes.
+    Running,
+    /// Kept, not started.
+    Stopped,
+}
+
+/// One actor in the registry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActorEntry {
+    /// Current version number (1-based).
+    pub version: u32,
+    /// Highest version number ever installed.
+    pub latest: u32,
+    /// Who spawned it (may upgrade/stop/remove it besides the agent and console).
+    pub spawner: String,
+    /// Running or stopped.
+    pub desired: Desired,
+    /// Actors (or natives) receiving this actor's messages without `to`.
+    #[serde(default)]
+    pub subscribers: BTreeSet<String>,
+    /// Whether the spawn request declared outgoing HTTP (not offered yet).
+    #[serde(default)]
+    pub http: bool,
+}
+
+/// The registry: every live actor and the message counter.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Registry {
+    /// Last `m-<n>` number handed out.
+    pub next_msg: u64,
+    /// Live actors by id.
+    pub actors: BTreeMap<String, ActorEntry>,
+    /// Subscriptions to native participants (e.g. `agent`) — kept apart so
+    /// an actor entry is not needed for them.
+    #[serde(default)]
+    pub native_subscribers: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// Paths of one world directory.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    root: PathBuf,
+}
+
+impl Layout {
+    /// A layout rooted at `root` (nothing is created).
+    pub fn new(root: impl Into<PathBuf>) -> Layout {
+        Layout { root: root.into() }
+    }
+    /// The world directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    /// `broker/registry.json`.
+    pub fn registry(&self) -> PathBuf {
+        self.root.join("broker").join("registry.json")
+    }
+    /// `actor/` — the tree every actor sees read-only as `/actor`.
+    pub fn actor_root(&self) -> PathBuf {
+        self.root.join("actor")
+    }
+    /// `actor/<id>/`.
+    pub fn actor_dir(&self, id: &str) -> PathBuf {
+        self.actor_root().join(id)
+    }
+    /// `actor/<id>/public/`.
+    pub fn public(&self, id: &str) -> PathBuf {
+        self.actor_dir(id).join("public")
+    }
+    /// `actor/<id>/source/`.
+    pub fn source(&self, id: &str) -> PathBuf {
+        self.actor_dir(id).join("source")
+    }
+    /// `data/<id>/`.
+    pub fn data(&self, id: &str) -> PathBuf {
+        self.root.join("data").join(id)
+    }
+    /// `broker/versions/<id>/<n>/`.
+    pub fn version(&self, id: &str, n: u32) -> PathBuf {
+        self.root.join("broker").join("versions").join(id).join(n.to_string())
+    }
+    /// `broker/mailbox/<id>.jsonl`.
+    pub fn mailbox(&self, id: &str) -> PathBuf {
+        self.root.join("broker").join("mailbox").join(format!("{id}.jsonl"))
+    }
+    /// `archive/`.
+    pub fn archive(&self) -> PathBuf {
+        self.root.join("archive")
+    }
+
+    /// Creates the directories of an empty world (idempotent) and an empty
+    /// registry if there is none.
+    pub fn init(&self) -> Result<(), LayoutError> {
+        for d in [
+            self.root.join("broker").join("versions"),
+            self.root.join("broker").join("mailbox"),
+            self.actor_root(),
+            self.root.join("data"),
+            self.archive(),
+        ] {
+            fs::create_dir_all(&d).map_err(io(&d))?;
+        }
+        if !self.registry().exists() {
+            self.save_registry(&Registry::default())?;
+        }
+        Ok(())
+    }
+
+    /// Creates an actor's directories.
+    pub fn init_actor(&self, id: &str) -> Result<(), LayoutError> {
+        for d in [self.public(id), self.source(id), self.data(id)] {
+            fs::create_dir_all(&d).map_err(io(&d))?;
+        }
+        Ok(())
+    }
+
+    /// Takes the world lock (held as long as the returned file lives).
+    pub fn lock(&self) -> Result<fs::File, LayoutError> {
+        let p = self.root.join(".lock");
+        let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(io(&p))?;
+        match f.try_lock() {
+            Ok(()) => Ok(f),
+            Err(fs::TryLockError::WouldBlock) => Err(LayoutError::Locked(p)),
+            Err(fs::TryLockError::Error(e)) => Err(LayoutError::Io { path: p, source: e }),
+        }
+    }
+
+    /// Reads the registry.
+    pub fn load_registry(&self) -> Result<Registry, LayoutError> {
+        let p = self.registry();
+        let text = fs::read_to_string(&p).map_err(io(&p))?;
+        serde_json::from_str(&text).map_err(|e| LayoutError::BadRegistry { path: p, msg: e.to_string() })
+    }
+
+    /// Writes the registry atomically (temp file, fsync, rename, fsync dir).
+    pub fn save_registry(&self, reg: &Registry) -> Result<(), LayoutError> {
+        let text = serde_json::to_vec_pretty(reg).unwrap_or_default();
+        write_atomic(&self.registry(), &text)
+    }
+}
+
+/// Replaces `path` with `bytes` so a crash leaves the old or the new file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LayoutError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
+    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(io(path))?;
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Copies a directory tree (files and directories; symlinks are skipped).
+pub fn copy_tree(from: &Path, to: &Path) -> Result<(), LayoutError> {
+    fs::create_dir_all(to).map_err(io(to))?;
+    let Ok(rd) = fs::read_dir(from) else {
+        return Ok(());
+    };
+    for e in rd {
+        let e = e.map_err(io(from))?;
+        let ft = e.file_type().map_err(io(&e.path()))?;
+        let dst = to.join(e.file_name());
+        if ft.is_dir() {
+            copy_tree(&e.path(), &dst)?;
+        } else if ft.is_file() {
+            fs::copy(e.path(), &dst).map_err(io(&dst))?;
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the tree `to` with a copy of `from` (an absent `from` leaves an
+/// empty directory).
+pub fn replace_tree(from: &Path, to: &Path) -> Result<(), LayoutError> {
+    if to.exists() {
+        fs::remove_dir_all(to).map_err(io(to))?;
+    }
+    copy_tree(from, to)
+}
+
+/// Resolves a path given in a broker request by `sender`:
+/// `/actor/...` is global, `/public/...` and `/data/...` are the sender's,
+/// `..` is refused; a native sender may also give an absolute host path.
+pub fn resolve(layout: &Layout, sender: &str, native: bool, path: &str) -> Result<PathBuf, LayoutError> {
+    let p = Path::new(path);
+    if !p.is_absolute() {
+        return Err(LayoutError::BadPath(path.into(), "must be absolute"));
+    }
+    if p.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(LayoutError::BadPath(path.into(), "'..' is not allowed"));
+    }
+    let rest = |prefix: &str| p.strip_prefix(prefix).ok().map(Path::to_path_buf);
+    if let Some(r) = rest("/actor") {
+        return Ok(layout.actor_root().join(r));
+    }
+    if !native {
+        if let Some(r) = rest("/public") {
+            return Ok(layout.public(sender).join(r));
+        }
+        if let Some(r) = rest("/data") {
+            return Ok(layout.data(sender).join(r));
+        }
+        return Err(LayoutError::BadPath(path.into(), "actors may only name /actor/..., /public/... or /data/..."));
+    }
+    Ok(p.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_rules() {
+        let l = Layout::new("/w");
+        let r = |s: &str, n: bool, p: &str| resolve(&l, s, n, p).ok();
+        assert_eq!(r("a", false, "/actor/b/public/x"), Some("/w/actor/b/public/x".into()));
+        assert_eq!(r("a", false, "/public/x.wasm"), Some("/w/actor/a/public/x.wasm".into()));
+        assert_eq!(r("a", false, "/data/x"), Some("/w/data/a/x".into()));
+        assert_eq!(r("a", false, "/data/../../etc/passwd"), None);
+        assert_eq!(r("a", false, "/etc/passwd"), None);
+        assert_eq!(r("a", false, "data/x"), None);
+        assert_eq!(r("console", true, "/tmp/x.wasm"), Some("/tmp/x.wasm".into()));
+        assert_eq!(r("console", true, "/tmp/../x"), None);
+    }
+}

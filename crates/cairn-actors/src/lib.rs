@@ -1,0 +1,23 @@
+//! WASM actors for cairn (the "sausage" world): actors are WASI command
+//! components talking newline-delimited JSON through a broker, with durable
+//! mailboxes, versioned upgrades gated by transcript tests, restart backoff
+//! and crash-loop rollback. This crate is a host: it owns processes,
+//! threads and files, and uses `anyhow` at its edges.
+//!
+//! Modules: `message` (formats, ids), `layout` (world directory, registry,
+//! path rules), `mailbox` (bounded durable queues), `runtime` (wasmtime),
+//! `transcript` (upgrade gates), `broker` (routing and lifecycle),
+//! `console` (the line-oriented console of `cairn world run`), `tools`
+//! (the agent's `actor_*` tools).
+
+pub mod broker;
+pub mod console;
+pub mod layout;
+pub mod mailbox;
+pub mod message;
+pub mod runtime;
+pub mod tools;
+pub mod transcript;
+
+pub use broker::{World, WorldConfig, init};
+pub use runtime::Limits;

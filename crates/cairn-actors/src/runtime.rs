@@ -1,0 +1,326 @@
+//! Running one actor instance with wasmtime: compiling `.wasm`/`.wat` (WASI
+//! p1 modules are turned into p2 command components in-process), wiring
+//! stdin/stdout/stderr to OS pipes and files, preopening the actor's
+//! directories, and enforcing limits (epoch ticks every 10 ms, memory cap,
+//! optional fuel). Owns no routing: lines go to a caller-given sink.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+
+/// How long a message may wait for room in an actor's stdin pipe before it
+/// is dropped (and the drop logged).
+pub const STDIN_WAIT: Duration = Duration::from_secs(30);
+
+/// Per-actor resource limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Maximum linear memory per instance, in bytes.
+    pub memory_bytes: usize,
+    /// Fuel per instance (`None` = unlimited; the epoch still applies).
+    pub fuel: Option<u64>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { memory_bytes: 64 << 20, fuel: None }
+    }
+}
+
+/// The shared wasmtime engine plus its 10 ms epoch ticker.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    linker: Arc<Linker<ActorState>>,
+    stop_ticker: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Runtime")
+    }
+}
+
+fn w<T>(r: wasmtime::Result<T>) -> anyhow::Result<T> {
+    r.map_err(|e| anyhow!("{e:?}"))
+}
+
+impl Runtime {
+    /// Builds the engine (epoch interruption on, fuel if `fuel`) and starts
+    /// the ticker thread.
+    pub fn new(fuel: bool) -> anyhow::Result<Runtime> {
+        let mut cfg = Config::new();
+        cfg.epoch_interruption(true);
+        cfg.consume_fuel(fuel);
+        cfg.wasm_component_model(true);
+        let engine = w(Engine::new(&cfg))?;
+        let mut linker = Linker::new(&engine);
+        w(wasmtime_wasi::p2::add_to_linker_sync(&mut linker))?;
+        let stop_ticker = Arc::new(AtomicBool::new(false));
+        let (e2, stop2) = (engine.clone(), stop_ticker.clone());
+        thread::Builder::new()
+            .name("actor-epoch".into())
+            .spawn(move || {
+                while !stop2.load(Ordering::Relaxed) {
+                    thread::sleep(Duration::from_millis(10));
+                    e2.increment_epoch();
+                }
+            })
+            .context("starting the epoch thread")?;
+        Ok(Runtime { engine, linker: Arc::new(linker), stop_ticker })
+    }
+
+    /// Stops the epoch ticker (instances still running can then no longer be
+    /// interrupted; call after they have ended).
+    pub fn shutdown(&self) {
+        self.stop_ticker.store(true, Ordering::Relaxed);
+    }
+
+    /// Compiles actor bytes: a component, a WASI p1 module (adapted to a
+    /// command component), or WAT text of either.
+    pub fn compile(&self, bytes: &[u8]) -> anyhow::Result<Component> {
+        let bin = if bytes.starts_with(b"\0asm") {
+            bytes.to_vec()
+        } else {
+            wat::parse_bytes(bytes).map_err(|e| anyhow!("not a .wasm file and not valid WAT: {e}"))?.into_owned()
+        };
+        // Byte 4..8: 1,0,0,0 = core module; otherwise a component layer.
+        let component = if bin.get(4..8) == Some(&[1, 0, 0, 0]) {
+            wit_component::ComponentEncoder::default()
+                .module(&bin)
+                .map_err(|e| anyhow!("WASI p1 module cannot be adapted: {e:#}"))?
+                .adapter(
+                    "wasi_snapshot_preview1",
+                    wasi_preview1_component_adapter_provider::WASI_SNAPSHOT_PREVIEW1_COMMAND_ADAPTER,
+                )
+                .map_err(|e| anyhow!("adapter: {e:#}"))?
+                .validate(true)
+                .encode()
+                .map_err(|e| anyhow!("WASI p1 module cannot be adapted: {e:#}"))?
+        } else {
+            bin
+        };
+        w(Component::new(&self.engine, &component))
+    }
+}
+
+/// Host state of one instance.
+pub struct ActorState {
+    ctx: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+}
+
+impl std::fmt::Debug for ActorState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ActorState")
+    }
+}
+
+impl WasiView for ActorState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.ctx, table: &mut self.table }
+    }
+}
+
+/// How an instance ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    /// Returned from `run` or `exit(0)`.
+    Normal,
+    /// Exited with a non-zero status.
+    Code(i32),
+    /// Trapped (including out of memory/fuel, instantiation failures).
+    Trap(String),
+    /// Interrupted by the host (kill flag seen at an epoch).
+    Killed,
+}
+
+impl Exit {
+    /// Whether this counts as a crash for backoff and rollback.
+    pub fn is_crash(&self) -> bool {
+        !matches!(self, Exit::Normal | Exit::Killed)
+    }
+}
+
+/// Directories preopened for an instance.
+#[derive(Debug, Clone)]
+pub struct Dirs {
+    /// Host dir seen as `/data` (read-write).
+    pub data: PathBuf,
+    /// Host dir seen as `/public` (read-write).
+    pub public: PathBuf,
+    /// Host dir seen as `/actor` (read-only).
+    pub actor_root: PathBuf,
+}
+
+/// A running instance: its stdin writer and kill switch.
+#[derive(Debug)]
+pub struct Instance {
+    /// Write end of the guest's stdin; dropping it gives the guest EOF.
+    pub stdin: Arc<std::sync::Mutex<Option<std::io::PipeWriter>>>,
+    /// Set to make the guest trap at its next epoch check.
+    pub kill: Arc<AtomicBool>,
+}
+
+impl Instance {
+    /// Writes one line to the guest's stdin. The pipe is non-blocking: while
+    /// it is full the write waits, and if not one byte of the line found
+    /// room within `wait` the line is dropped (`ErrorKind::TimedOut`). A line
+    /// once started is finished (a half line would corrupt the framing); a
+    /// dead guest ends the wait with `BrokenPipe`.
+    pub fn write_line(&self, line: &str, wait: Duration) -> std::io::Result<()> {
+        use std::io::ErrorKind;
+        let mut g = self.stdin.lock().map_err(|_| std::io::Error::other("stdin lock poisoned"))?;
+        let Some(p) = g.as_mut() else {
+            return Err(std::io::Error::new(ErrorKind::BrokenPipe, "stdin closed"));
+        };
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        let deadline = std::time::Instant::now() + wait;
+        let mut off = 0;
+        while off < bytes.len() {
+            match p.write(&bytes[off..]) {
+                Ok(0) => return Err(std::io::Error::new(ErrorKind::WriteZero, "stdin accepted nothing")),
+                Ok(n) => off += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if off == 0 && std::time::Instant::now() >= deadline {
+                        return Err(std::io::Error::new(
+                            ErrorKind::TimedOut,
+                            format!("stdin not drained within {} s", wait.as_secs_f64()),
+                        ));
+                    }
+                    thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes stdin (EOF for the guest).
+    pub fn close_stdin(&self) {
+        if let Ok(mut g) = self.stdin.lock() {
+            g.take();
+        }
+    }
+}
+
+/// Starts an instance on its own thread. `on_line` gets every stdout line
+/// (without the newline); `on_exit` runs once, after the last line.
+pub fn start(
+    rt: &Runtime,
+    component: &Component,
+    dirs: &Dirs,
+    stderr_log: &Path,
+    limits: Limits,
+    mut on_line: impl FnMut(String) + Send + 'static,
+    on_exit: impl FnOnce(Exit) + Send + 'static,
+) -> anyhow::Result<Instance> {
+    let (stdin_r, stdin_w) = std::io::pipe().context("stdin pipe")?;
+    set_nonblocking(&stdin_w).context("stdin pipe")?;
+    let (stdout_r, stdout_w) = std::io::pipe().context("stdout pipe")?;
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(stderr_log)
+        .with_context(|| format!("opening {}", stderr_log.display()))?;
+    let mut b = WasiCtx::builder();
+    b.stdin(wasmtime_wasi::cli::InputFile::new(std::fs::File::from(std::os::fd::OwnedFd::from(stdin_r))));
+    b.stdout(wasmtime_wasi::cli::OutputFile::new(std::fs::File::from(std::os::fd::OwnedFd::from(stdout_w))));
+    b.stderr(wasmtime_wasi::cli::OutputFile::new(stderr));
+    w(b.preopened_dir(&dirs.data, "/data", FsPerms::ReadWrite))?;
+    w(b.preopened_dir(&dirs.public, "/public", FsPerms::ReadWrite))?;
+    w(b.preopened_dir(&dirs.actor_root, "/actor", FsPerms::ReadOnly))?;
+    let ctx = b.build();
+    let state = ActorState {
+        ctx,
+        table: ResourceTable::new(),
+        limits: StoreLimitsBuilder::new().memory_size(limits.memory_bytes).build(),
+    };
+    let mut store = Store::new(&rt.engine, state);
+    store.limiter(|s| &mut s.limits);
+    if let Some(f) = limits.fuel {
+        w(store.set_fuel(f))?;
+    }
+    let kill = Arc::new(AtomicBool::new(false));
+    let k2 = kill.clone();
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |_| {
+        if k2.load(Ordering::Relaxed) {
+            Err(wasmtime::format_err!("killed by the broker"))
+        } else {
+            Ok(UpdateDeadline::Continue(1))
+        }
+    });
+    let reader = thread::Builder::new()
+        .name("actor-stdout".into())
+        .spawn(move || {
+            let r = BufReader::new(stdout_r);
+            for line in r.split(b'\n') {
+                let Ok(line) = line else { break };
+                on_line(String::from_utf8_lossy(&line).into_owned());
+            }
+        })
+        .context("starting the stdout thread")?;
+    let (linker, component, k3) = (rt.linker.clone(), component.clone(), kill.clone());
+    thread::Builder::new()
+        .name("actor-run".into())
+        .spawn(move || {
+            let exit = run(&mut store, &linker, &component, &k3);
+            // Dropping the store closes the guest's stdout: the reader ends
+            // after the last line, so `on_exit` comes after every line.
+            drop(store);
+            let _ = reader.join();
+            on_exit(exit);
+        })
+        .context("starting the instance thread")?;
+    Ok(Instance { stdin: Arc::new(std::sync::Mutex::new(Some(stdin_w))), kill })
+}
+
+/// Makes the host's write end of a pipe non-blocking (the guest's read end
+/// is a separate open file description and stays blocking).
+fn set_nonblocking(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+    let fd = fd.as_raw_fd();
+    // SAFETY: fcntl on a descriptor owned by the caller for this call's
+    // duration; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn run(store: &mut Store<ActorState>, linker: &Linker<ActorState>, component: &Component, kill: &AtomicBool) -> Exit {
+    let cmd = match wasmtime_wasi::p2::bindings::sync::Command::instantiate(&mut *store, component, linker) {
+        Ok(c) => c,
+        Err(e) => return Exit::Trap(format!("instantiation failed: {e:?}")),
+    };
+    match cmd.wasi_cli_run().call_run(&mut *store) {
+        Ok(Ok(())) => Exit::Normal,
+        Ok(Err(())) => Exit::Code(1),
+        Err(e) => {
+            if let Some(code) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+                if code.0 == 0 { Exit::Normal } else { Exit::Code(code.0) }
+            } else if kill.load(Ordering::Relaxed) {
+                Exit::Killed
+            } else {
+                Exit::Trap(format!("{e:?}"))
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Upgrade gates: transcript tests (`source/tests/*.jsonl`) run against a
+//! fresh candidate instance on a copy of the actor's `/data` and `/public`,
+//! or a 2 s smoke test when there are none. Owns candidate runs only; the
+//! broker decides what to do with the verdict.
+//!
+//! Lines: `{"send": body}` writes a message to the candidate;
+//! `{"expect": subset, "to"?}` waits up to 10 s for a stdout message whose
+//! body contains `subset` (objects: every key recursively; other values:
+//! equal) and, if given, whose `to` equals it.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use wasmtime::component::Component;
+
+use crate::layout::copy_tree;
+use crate::message::{Inbound, Outbound};
+use crate::runtime::{self, Dirs, Exit, Limits, Runtime};
+
+/// How long an `expect` waits.
+pub const EXPECT_WAIT: Duration = Duration::from_secs(10);
+/// How long a candidate without tests must stay up.
+pub const SMOKE_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether `have` contains `want` (objects by key, recursively).
+pub fn contains(have: &Value, want: &Value) -> bool {
+    match (have, want) {
+        (Value::Object(h), Value::Object(w)) => w.iter().all(|(k, wv)| h.get(k).is_some_and(|hv| contains(hv, wv))),
+        _ => have == want,
+    }
+}
+
+enum Ev {
+    Line(String),
+    Exit(Exit),
+}
+
+/// What a candidate run needs.
+pub struct Candidate<'a> {
+    /// Engine.
+    pub rt: &'a Runtime,
+    /// The compiled candidate.
+    pub component: &'a Component,
+    /// The live actor's `/data` and `/public` (copied, never touched).
+    pub data: &'a Path,
+    /// See `data`.
+    pub public: &'a Path,
+    /// `/actor` (read-only).
+    pub actor_root: &'a Path,
+    /// Scratch directory for the copies (removed afterwards).
+    pub scratch: PathBuf,
+    /// Limits as for the live actor.
+    pub limits: Limits,
+}
+
+impl std::fmt::Debug for Candidate<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Candidate").field("scratch", &self.scratch).finish_non_exhaustive()
+    }
+}
+
+/// Runs every transcript in `tests_dir` (or the smoke test if there are
+/// none). `Err` says which file and line failed and why.
+pub fn run_gate(c: &Candidate<'_>, tests_dir: Option<&Path>) -> Result<usize, String> {
+    let mut files: Vec<PathBuf> = tests_dir
+        .and_then(|d| std::fs::read_dir(d).ok())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    if files.is_empty() {
+        return smoke(c).map(|()| 0);
+    }
+    for f in &files {
+        transcript(c, f)?;
+    }
+    Ok(files.len())
+}
+
+struct Running {
+    inst: runtime::Instance,
+    rx: mpsc::Receiver<Ev>,
+    scratch: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.inst.close_stdin();
+        self.inst.kill.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Wait for the instance to end before removing its directories.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            match self.rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ev::Exit(_)) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                _ => {}
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.scratch);
+    }
+}
+
+fn launch(c: &Candidate<'_>, name: &str) -> Result<Running, String> {
+    let scratch = c.scratch.join(name);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let dirs = Dirs { data: scratch.join("data"), public: scratch.join("public"), actor_root: c.actor_root.to_owned() };
+    copy_tree(c.data, &dirs.data).map_err(|e| e.to_string())?;
+    copy_tree(c.public, &dirs.public).map_err(|e| e.to_string())?;
+    let (tx, rx) = mpsc::channel();
+    let tx2 = tx.clone();
+    let inst = runtime::start(
+        c.rt,
+        c.component,
+        &dirs,
+        &scratch.join("stderr.log"),
+        c.limits,
+        move |l| {
+            let _ = tx.send(Ev::Line(l));
+        },
+        move |e| {
+            let _ = tx2.send(Ev::Exit(e));
+        },
+    )
+    .map_err(|e| format!("candidate did not start: {e:#}"))?;
+    Ok(Running { inst, rx, scratch })
+}
+
+fn smoke(c: &Candidate<'_>) -> Result<(), String> {
+    let r = launch(c, "smoke")?;
+    let deadline = Instant::now() + SMOKE_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        match r.rx.recv_timeout(left) {
+            Ok(Ev::Exit(e)) => {
+                return Err(format!("smoke test (no source/tests/*.jsonl): candidate ended within 2 s: {e:?}"));
+            }
+            Ok(Ev::Line(_)) => {}
+            Err(_) => return Ok(()),
+        }
+    }
+}
+
+fn transcript(c: &Candidate<'_>, file: &Path) -> Result<(), String> {
+    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let r = launch(c, &format!("t-{name}"))?;
+    let mut sent = 0u64;
+    for (n, line) in text.lines().enumerate() {
+        let at = format!("{name}:{}", n + 1);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let step: Value = serde_json::from_str(line).map_err(|e| format!("{at}: not JSON: {e}"))?;
+        if let Some(body) = step.get("send") {
+            sent += 1;
+            let msg = Inbound { id: format!("t-{sent}"), from: "test".into(), reply_to: None, body: body.clone() };
+            let line = serde_json::to_string(&msg).unwrap_or_default();
+            r.inst.write_line(&line, EXPECT_WAIT).map_err(|e| format!("{at}: candidate stdin closed: {e}"))?;
+        } else if let Some(want) = step.get("expect") {
+            let want_to = step.get("to").and_then(Value::as_str);
+            let deadline = Instant::now() + EXPECT_WAIT;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match r.rx.recv_timeout(left) {
+                    Ok(Ev::Line(l)) => {
+                        let Ok(m) = Outbound::parse(&l) else { continue };
+                        if contains(&m.body, want) && want_to.is_none_or(|t| m.to.as_deref() == Some(t)) {
+                            break;
+                        }
+                    }
+                    Ok(Ev::Exit(e)) => {
+                        return Err(format!("{at}: candidate ended before {want}: {e:?}"));
+                    }
+                    Err(_) => {
+                        return Err(format!("{at}: expected {want} not seen within 10 s"));
+                    }
+                }
+            }
+        } else {
+            return Err(format!("{at}: a step is {{\"send\":…}} or {{\"expect\":…}}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn subset() {
+        assert!(contains(&json!({"a":1,"b":{"c":2,"d":3}}), &json!({"b":{"c":2}})));
+        assert!(!contains(&json!({"a":1}), &json!({"a":2})));
+        assert!(!contains(&json!({"a":1}), &json!({"b":1})));
+        assert!(contains(&json!([1, 2]), &json!([1, 2])));
+        assert!(!contains(&json!([1, 2]), &json!([1])));
+        assert!(contains(&json!("x"), &json!("x")));
+    }
+}

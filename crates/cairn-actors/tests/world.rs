@@ -1,0 +1,184 @@
+//! A real world: wasmtime, WAT and C actors, the broker's routing, ids,
+//! subscriptions, limits and lifecycle.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+#[test]
+fn routing_ids_undeliverable_and_non_json_stdout() {
+    let t = TestWorld::new();
+    let prefix = "not json at all\n[1,2]\n{\"to\":\"console\",\"id\":\"hello\",\"body\":\"hi\"}\n{\"to\":\"nobody\",\"body\":1}\n{\"to\":\"console\",\"from\":\"forged\",\"body\":\"who\"}\n";
+    let r = t.spawn("a", &actor(prefix, "", ""));
+    assert_eq!(r["type"], "ok", "{r}");
+    t.subscribe_console("a");
+    t.w().send(Some("a"), None, None, json!({"go": 1}));
+    // Own id prefixed with the sender.
+    let (m, _) = t.wait_for("hello", |m| m["body"] == "hi");
+    assert_eq!(m["id"], "a/hello");
+    assert_eq!(m["from"], "a");
+    // `from` cannot be forged.
+    let (m, _) = t.wait_for("who", |m| m["body"] == "who");
+    assert_eq!(m["from"], "a");
+    assert!(m["id"].as_str().unwrap().starts_with("m-"), "{m}");
+    // The undeliverable reached `a` (from broker), which echoed it to us.
+    let (m, _) = t.wait_for("undeliverable echo", |m| m["body"]["type"] == "undeliverable");
+    assert_eq!(m["body"]["to"], "nobody");
+    assert!(m["body"]["reason"].as_str().unwrap().contains("nobody"));
+    // Our own message came back through the subscription: id a/m-<n>.
+    let (m, _) = t.wait_for("echo of go", |m| m["body"] == json!({"go": 1}));
+    assert!(m["id"].as_str().unwrap().starts_with("a/m-"), "{m}");
+    // Non-JSON and body-less lines went to stderr.log with a note.
+    let log = t.read("actor/a/stderr.log");
+    assert!(log.contains("not json at all") && log.contains("not JSON"), "{log}");
+    assert!(log.contains("[1,2]") && log.contains("not an object"), "{log}");
+    // The console gets undeliverable for an unknown actor, as a reply.
+    t.w().send(Some("ghost"), Some("q1"), None, json!(1));
+    let (m, _) = t.wait_for("undeliverable", |m| m["body"]["type"] == "undeliverable");
+    assert_eq!(m["from"], "broker");
+    assert_eq!(m["reply_to"], "console/q1");
+    assert_eq!(m["body"]["to"], "ghost");
+}
+
+#[test]
+fn bad_requests_are_refused_with_reasons() {
+    let t = TestWorld::new();
+    let p = t.file("x.wat", &echo());
+    for (req, needle) in [
+        (json!({"type":"spawn","id":"Bad Id","wasm":p}), "may only contain"),
+        (json!({"type":"spawn","id":&"a".repeat(65),"wasm":p}), "1 to 64"),
+        (json!({"type":"spawn","id":"broker","wasm":p}), "reserved"),
+        (json!({"type":"spawn","id":"x","wasm":"/nope/x.wasm"}), "reading"),
+        (json!({"type":"spawn","id":"x","wasm":"/tmp/../etc/passwd"}), "'..'"),
+        (json!({"type":"spawn","id":"x","wasm":t.file("x.txt", "hi")}), "only .wasm"),
+        (json!({"type":"spawn","id":"x","wasm":t.file("bad.wat", "(module")}), "WAT"),
+        (json!({"type":"upgrade","id":"nope","wasm":p}), "no actor"),
+        (json!({"type":"frobnicate"}), "unknown request"),
+    ] {
+        let r = t.req(req.clone());
+        assert_eq!(r["type"], "error", "{req} → {r}");
+        assert!(r["reason"].as_str().unwrap().contains(needle), "{req} → {r}");
+    }
+    assert_eq!(t.spawn("x", &echo())["type"], "ok");
+    let r = t.spawn("x", &echo());
+    assert!(r["reason"].as_str().unwrap().contains("exists"), "{r}");
+}
+
+#[test]
+fn subscriptions_and_registry_survive_a_world_restart() {
+    let mut t = TestWorld::new();
+    assert_eq!(t.spawn("b", &echo())["type"], "ok");
+    t.subscribe_console("b");
+    t.reopen();
+    t.w().send(Some("b"), None, None, json!({"after": "restart"}));
+    let (m, _) = t.wait_for("echo after restart", |m| m["body"] == json!({"after": "restart"}));
+    assert_eq!(m["from"], "b");
+    let s: Value = serde_json::from_str(&t.read("actor/b/status.json")).unwrap();
+    assert_eq!(s["state"], "running");
+    // Unsubscribe is persisted too.
+    assert_eq!(t.req(json!({"type":"unsubscribe","actor":"b"}))["type"], "ok");
+    let reg: Value = serde_json::from_str(&t.read("broker/registry.json")).unwrap();
+    assert_eq!(reg["actors"]["b"]["subscribers"], json!([]));
+}
+
+#[test]
+fn graceful_shutdown_then_eof() {
+    let t = TestWorld::new();
+    t.spawn("e", &echo());
+    t.subscribe_console("e");
+    let r = t.req(json!({"type":"stop","id":"e"}));
+    assert_eq!(r["type"], "ok", "{r}");
+    // The echo saw {"type":"shutdown"} from broker before EOF.
+    let (m, _) = t.wait_for("shutdown echo", |m| m["body"] == json!({"type":"shutdown"}));
+    assert_eq!(m["from"], "e");
+    let s = t.actor_state("e");
+    assert_eq!(s["state"], "stopped", "{s}");
+    // Messages sent while stopped wait in the mailbox, then arrive on start.
+    t.w().send(Some("e"), None, None, json!("queued"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(t.req(json!({"type":"start","id":"e"}))["type"], "ok");
+    t.wait_for("queued message", |m| m["body"] == "queued");
+}
+
+#[test]
+fn infinite_loop_is_killed_by_the_epoch_and_the_world_stays_up() {
+    let t = TestWorld::new();
+    t.spawn("spin", &spinner());
+    t.spawn("e", &echo());
+    t.subscribe_console("e");
+    // Mailbox overflow: the spinner never reads; its pipe then its mailbox
+    // fill up and senders get `undeliverable`.
+    for i in 0..3000 {
+        t.w().send(Some("spin"), None, None, json!({"n": i}));
+    }
+    let (m, _) = t.wait_for("mailbox full", |m| {
+        m["body"]["type"] == "undeliverable" && m["body"]["reason"].as_str().is_some_and(|r| r.contains("mailbox full"))
+    });
+    assert_eq!(m["body"]["to"], "spin");
+    // Stopping it needs the kill (it ignores shutdown and EOF).
+    let r = t.req(json!({"type":"stop","id":"spin"}));
+    assert_eq!(r["type"], "ok", "{r}");
+    let reg = t.read("actor/spin/status.json");
+    assert!(reg.contains("Killed"), "{reg}");
+    t.w().send(Some("e"), None, None, json!("still up"));
+    t.wait_for("echo", |m| m["body"] == "still up");
+}
+
+#[test]
+fn memory_bomb_is_capped() {
+    let t = TestWorld::with(cairn_actors::Limits { memory_bytes: 8 << 20, fuel: None });
+    t.spawn("bomb", &memory_bomb());
+    t.subscribe_console("bomb");
+    t.w().send(Some("bomb"), None, None, json!("go"));
+    let (m, _) = t.wait_for("page report", |m| m["body"]["pages"].is_number());
+    let pages = m["body"]["pages"].as_u64().unwrap();
+    // 8 MiB = 128 pages of 64 KiB; it started with 2 and grew by 16.
+    assert!((112..=128).contains(&pages), "{pages}");
+    t.wait_for("echo after bomb", |m| m["body"] == "go");
+}
+
+#[test]
+fn c_actor_built_with_clang_runs() {
+    let t = TestWorld::new();
+    let src = t.file(
+        "c/echo.c",
+        r#"#include <stdio.h>
+#include <string.h>
+int main(void) {
+    char line[4096];
+    while (fgets(line, sizeof line, stdin)) {
+        FILE *f = fopen("/data/last.txt", "w");
+        if (f) { fputs(line, f); fclose(f); }
+        fputs(line, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+"#,
+    );
+    let out = t.dir.path().join("c/echo.wasm");
+    let st = std::process::Command::new("clang")
+        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| {
+            panic!(
+                "clang is needed for C test actors (apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32): {e}"
+            )
+        });
+    assert!(st.success(), "clang failed to build the C actor");
+    let r = t.req(json!({"type":"spawn","id":"c","wasm":out,"source":t.dir.path().join("c")}));
+    assert_eq!(r["type"], "ok", "{r}");
+    t.subscribe_console("c");
+    t.w().send(Some("c"), None, None, json!({"from_c": true}));
+    t.wait_for("C echo", |m| m["body"] == json!({"from_c": true}) && m["from"] == "c");
+    assert!(t.read("data/c/last.txt").contains("from_c"));
+    assert!(t.root().join("actor/c/source/echo.c").exists());
+    let meta: Value = serde_json::from_str(&t.read("broker/versions/c/1/meta.json")).unwrap();
+    assert_eq!(meta["requested_by"], "console");
+}

@@ -1,0 +1,235 @@
+//! Benchmark of WASM actors (issue 13): messages per second through the
+//! broker between two actors (console → `a` → `b` → console, both WAT echo
+//! actors) against the same lines passed through two native threads over OS
+//! pipes; the spawn time of an actor from a cold compile (`spawn`, WAT
+//! parsed, p1 module adapted, component compiled) against a restart from
+//! the broker's in-memory component cache (`stop` then `start`), each until
+//! its first echo; and the atomic replace commits use (temp file beside the
+//! target, fsync file, rename, fsync directory) against a plain write of
+//! the same bytes.
+//!
+//! Run: `cargo run --release -p cairn-bench --features actors --bin actors`
+//! (`--smoke`: tiny sizes, for `scripts/test`). Debug builds run WASM
+//! about 18× slower: only release figures mean anything.
+#![allow(clippy::print_stdout)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use cairn_actors::{World, WorldConfig};
+use cairn_bench::{Table, sample_pairs, size};
+use serde_json::{Value, json};
+
+/// A WASI p1 echo actor: every stdin line is written back to stdout (so it
+/// goes to the sender's subscribers with the same body).
+const ECHO: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  (func (export "_start") (local $n i32)
+    (block $done
+      (loop $next
+        (i32.store (i32.const 16) (i32.const 1024))
+        (i32.store (i32.const 20) (i32.const 64512))
+        (drop (call $fd_read (i32.const 0) (i32.const 16) (i32.const 1) (i32.const 24)))
+        (local.set $n (i32.load (i32.const 24)))
+        (br_if $done (i32.eqz (local.get $n)))
+        (i32.store (i32.const 0) (i32.const 1024))
+        (i32.store (i32.const 4) (local.get $n))
+        (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+        (br $next)))))"#;
+
+fn req(world: &World, body: Value) -> Result<Value> {
+    let r = world.request(body.clone(), Duration::from_secs(120))?;
+    if r["type"] == "error" {
+        bail!("{body} refused: {r}");
+    }
+    Ok(r)
+}
+
+/// Waits for `n` console messages (60 s at most).
+fn receive(world: &World, n: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut got = 0;
+    while got < n {
+        if Instant::now() > deadline {
+            bail!("only {got} of {n} messages came back within 60 s");
+        }
+        if world.recv(Duration::from_millis(100)).is_some() {
+            got += 1;
+        }
+    }
+    Ok(())
+}
+
+/// A WASI p1 forwarder: every stdin line `L` becomes `{"to":"b","body":L}`
+/// (lines may arrive split or several per read, hence the byte loop).
+const FORWARD_TO_B: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 16)
+  (data (i32.const 512) "{\"to\":\"b\",\"body\":")
+  (func (export "_start") (local $n i32) (local $i i32) (local $o i32) (local $c i32) (local $start i32)
+    (local.set $start (i32.const 1))
+    (block $done
+      (loop $next
+        (i32.store (i32.const 16) (i32.const 1024))
+        (i32.store (i32.const 20) (i32.const 32768))
+        (drop (call $fd_read (i32.const 0) (i32.const 16) (i32.const 1) (i32.const 24)))
+        (local.set $n (i32.load (i32.const 24)))
+        (br_if $done (i32.eqz (local.get $n)))
+        (local.set $o (i32.const 65536))
+        (local.set $i (i32.const 0))
+        (block $end
+          (loop $each
+            (br_if $end (i32.ge_u (local.get $i) (local.get $n)))
+            (local.set $c (i32.load8_u (i32.add (i32.const 1024) (local.get $i))))
+            (if (local.get $start) (then
+              (memory.copy (local.get $o) (i32.const 512) (i32.const 17))
+              (local.set $o (i32.add (local.get $o) (i32.const 17)))
+              (local.set $start (i32.const 0))))
+            (if (i32.eq (local.get $c) (i32.const 10))
+              (then
+                (i32.store8 (local.get $o) (i32.const 125))
+                (i32.store8 (i32.add (local.get $o) (i32.const 1)) (i32.const 10))
+                (local.set $o (i32.add (local.get $o) (i32.const 2)))
+                (local.set $start (i32.const 1)))
+              (else
+                (i32.store8 (local.get $o) (local.get $c))
+                (local.set $o (i32.add (local.get $o) (i32.const 1)))))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $each)))
+        (i32.store (i32.const 0) (i32.const 65536))
+        (i32.store (i32.const 4) (i32.sub (local.get $o) (i32.const 65536)))
+        (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+        (br $next)))))"#;
+
+/// Sends `n` messages through console → a → b → console.
+fn through_broker(world: &World, n: usize) -> Result<()> {
+    for i in 0..n {
+        world.send(Some("a"), None, None, json!({"n": i}));
+    }
+    receive(world, n)
+}
+
+/// The same `n` JSON lines through two native echo threads over OS pipes.
+fn through_pipes(n: usize) -> Result<()> {
+    let (r1, mut w1) = std::io::pipe()?;
+    let (r2, w2) = std::io::pipe()?;
+    let (r3, w3) = std::io::pipe()?;
+    let hop = |r: std::io::PipeReader, mut w: std::io::PipeWriter| {
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                let _ = writeln!(w, "{v}");
+            }
+        })
+    };
+    let t1 = hop(r1, w2);
+    let t2 = hop(r2, w3);
+    let writer = std::thread::spawn(move || {
+        for i in 0..n {
+            let _ = writeln!(w1, "{}", json!({"id": format!("m-{i}"), "from": "console", "body": {"n": i}}));
+        }
+    });
+    let got = BufReader::new(r3).lines().take(n).count();
+    let _ = writer.join();
+    let _ = (t1.join(), t2.join());
+    if got != n {
+        bail!("pipes returned {got} of {n} lines");
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let base = tempfile::tempdir()?;
+    let dir = base.path().join("world");
+    cairn_actors::init(&dir)?;
+    let echo = base.path().join("echo.wat");
+    std::fs::write(&echo, ECHO)?;
+    let forward = base.path().join("forward.wat");
+    std::fs::write(&forward, FORWARD_TO_B)?;
+    let world = World::open(&dir, WorldConfig::default())?;
+    // console → a (forwards to b) → b (echoes to its subscribers) → console.
+    req(&world, json!({"type": "spawn", "id": "a", "wasm": forward}))?;
+    req(&world, json!({"type": "spawn", "id": "b", "wasm": echo}))?;
+    req(&world, json!({"type": "subscribe", "actor": "b"}))?;
+    through_broker(&world, 1)?;
+    let samples = size(7, 3);
+    let mut table = Table::new("actors");
+
+    let n = size(2000, 20);
+    let (ours, baseline) = sample_pairs(
+        samples,
+        || through_broker(&world, n).unwrap_or_else(|e| panic!("broker round: {e:#}")),
+        || through_pipes(n).unwrap_or_else(|e| panic!("pipe round: {e:#}")),
+    );
+    let per = |d: &[Duration]| -> Vec<Duration> { d.iter().map(|x| *x / n as u32).collect() };
+    table.compare(
+        &format!("per message, console → a → b → console ({n} per sample)"),
+        &per(&ours),
+        "the same lines through two native threads over pipes",
+        &per(&baseline),
+    );
+    let med = cairn_bench::median(ours);
+    table.figure(
+        "messages per second through the broker (two actor hops)",
+        &format!("{:.0}", n as f64 / med.as_secs_f64().max(f64::MIN_POSITIVE)),
+    );
+
+    // Spawn: cold compile vs restart from the component cache.
+    let mut k = 0;
+    let (cold, cached) = sample_pairs(
+        samples,
+        || {
+            k += 1;
+            let id = format!("s{k}");
+            req(&world, json!({"type": "spawn", "id": id, "wasm": echo})).unwrap_or_else(|e| panic!("spawn: {e:#}"));
+            first_echo(&world, &id).unwrap_or_else(|e| panic!("first echo: {e:#}"));
+        },
+        || {
+            req(&world, json!({"type": "stop", "id": "b"})).unwrap_or_else(|e| panic!("stop: {e:#}"));
+            req(&world, json!({"type": "start", "id": "b"})).unwrap_or_else(|e| panic!("start: {e:#}"));
+            first_echo(&world, "b").unwrap_or_else(|e| panic!("first echo after start: {e:#}"));
+        },
+    );
+    table.compare("spawn until first echo (cold compile)", &cold, "start until first echo (cached component)", &cached);
+
+    // The commit step of a write: atomic replace vs plain write.
+    let bytes = vec![b'x'; size(64 * 1024, 1024)];
+    let target = base.path().join("file");
+    let (atomic, plain) = sample_pairs(
+        size(21, 5),
+        || cairn_actors::layout::write_atomic(&target, &bytes).unwrap_or_else(|e| panic!("atomic write: {e:#}")),
+        || std::fs::write(&target, &bytes).unwrap_or_else(|e| panic!("plain write: {e:#}")),
+    );
+    table.compare(
+        &format!("atomic replace of {} bytes (temp file, fsync, rename, fsync dir)", bytes.len()),
+        &atomic,
+        "plain write of the same bytes",
+        &plain,
+    );
+    world.quit();
+    table.print();
+    Ok(())
+}
+
+/// Subscribes the console to `id`, sends it one message and waits for the
+/// echo (timed by the caller).
+fn first_echo(world: &World, id: &str) -> Result<()> {
+    req(world, json!({"type": "subscribe", "actor": id}))?;
+    world.send(Some(id), None, None, json!({"ping": id}));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if Instant::now() > deadline {
+            bail!("no echo from {id} within 60 s");
+        }
+        if let Some(m) = world.recv(Duration::from_millis(100))
+            && m.body == json!({"ping": id})
+        {
+            return Ok(());
+        }
+    }
+}

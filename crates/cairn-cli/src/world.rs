@@ -1,0 +1,206 @@
+//! `cairn world init|run`: a world of WASM actors (cairn-actors) driven by
+//! the line console on standard input, and the native actor `agent`: an
+//! ordinary durable cairn session whose turns are started by messages.
+//! Wiring only: the broker, the console and the `actor_*` tools live in
+//! cairn-actors; turns are cairn-core's.
+//!
+//! The agent: a `{"type":"text","text":…}` message without `reply_to`
+//! starts a turn (replies never do); the final answer goes back to the
+//! sender as a reply `{"type":"text","text":…}`. The session file's path is
+//! kept in `DIR/broker/agent-session`; a turn cut off by the end of the
+//! process is resumed (cairn's resume) when the world runs again, and its
+//! answer then goes to the console.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use cairn_actors::World;
+use cairn_core::approval::{Allowlist, PolicyApprover};
+use cairn_core::provider::Provider;
+use cairn_core::storage::{JsonlStore, Storage};
+use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent};
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+use crate::context::{Context, exit};
+
+/// `cairn world …`.
+#[derive(Debug, Subcommand)]
+pub enum WorldAction {
+    /// Create an empty world directory.
+    Init {
+        /// The world directory (default: ./world).
+        dir: Option<PathBuf>,
+    },
+    /// Run the world; read console commands from standard input (/help).
+    Run {
+        /// The world directory (default: ./world).
+        dir: Option<PathBuf>,
+        /// Memory cap per actor instance, in MiB.
+        #[arg(long, default_value_t = 64)]
+        memory_mib: usize,
+        /// Fuel per actor instance (default: unlimited; the epoch still applies).
+        #[arg(long)]
+        fuel: Option<u64>,
+        /// Do not run the native agent (messages to `agent` then wait unread).
+        #[arg(long)]
+        no_agent: bool,
+    },
+}
+
+/// Runs a `cairn world` command.
+pub fn run(ctx: &Context, action: WorldAction) -> Result<u8> {
+    let dir = |d: Option<PathBuf>| d.unwrap_or_else(|| PathBuf::from("world"));
+    match action {
+        WorldAction::Init { dir: d } => {
+            let d = dir(d);
+            cairn_actors::init(&d)?;
+            println!("world ready in {}; run it with `cairn world run {}`", d.display(), d.display());
+        }
+        WorldAction::Run { dir: d, memory_mib, fuel, no_agent } => {
+            let d = dir(d);
+            let cfg =
+                cairn_actors::WorldConfig { limits: cairn_actors::Limits { memory_bytes: memory_mib << 20, fuel } };
+            let world = Arc::new(World::open(&d, cfg)?);
+            let agent = if no_agent {
+                None
+            } else {
+                // A world runs without its agent (no provider configured,
+                // say): the console and the actors do not need it.
+                match Agent::start(ctx, world.clone(), &d) {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        eprintln!("cairn: the agent is not running ({e:#}); messages to `agent` wait unread");
+                        None
+                    }
+                }
+            };
+            let stdin = std::io::stdin().lock();
+            let result = cairn_actors::console::run(&world, stdin, &mut std::io::stdout().lock());
+            if let Some(a) = agent {
+                a.stop();
+            }
+            world.quit();
+            result?;
+        }
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// The agent's thread and its stop flag.
+struct Agent {
+    stop: Arc<AtomicBool>,
+    idle: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// What the agent thread owns.
+struct AgentParts {
+    provider: Box<dyn Provider + Send>,
+    registry: ToolRegistry,
+    allow: Allowlist,
+    session: Session<JsonlStore>,
+}
+
+impl Agent {
+    fn start(ctx: &Context, world: Arc<World>, dir: &Path) -> Result<Agent> {
+        let marker = dir.join("broker").join("agent-session");
+        let (store, cwd) = match std::fs::read_to_string(&marker) {
+            Ok(p) => {
+                let path = PathBuf::from(p.trim());
+                let store = crate::host::open_session(ctx, &path).with_context(|| {
+                    format!("the agent's session {} (named in {})", path.display(), marker.display())
+                })?;
+                let cwd = PathBuf::from(&store.header().cwd);
+                (store, cwd)
+            }
+            Err(_) => {
+                let (store, cwd) = crate::host::create_session(ctx)?;
+                cairn_actors::layout::write_atomic(&marker, store.path().to_string_lossy().as_bytes())?;
+                (store, cwd)
+            }
+        };
+        let provider = crate::host::build_provider(ctx, &cwd)?;
+        let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
+            .context("invalid allow pattern (from --allow or [approvals] allow)")?;
+        let mut registry = ToolRegistry::new(false);
+        for entry in crate::host::tool_entries(ctx, &cwd)?.entries {
+            let _ = registry.register(entry.tool);
+        }
+        // Without a person at a terminal, Destructive tools (actor_remove)
+        // cannot be approved, so the registry refuses them: not offered.
+        for tool in cairn_actors::tools::actor_tools(world.clone()) {
+            let _ = registry.register(tool);
+        }
+        let config: SessionConfig = crate::host::session_config(ctx);
+        let session = Session::open(store, config)?;
+        let parts = AgentParts { provider, registry, allow, session };
+        let stop = Arc::new(AtomicBool::new(false));
+        let idle = Arc::new(AtomicBool::new(true));
+        let (s2, i2) = (stop.clone(), idle.clone());
+        let thread = std::thread::Builder::new()
+            .name("agent".into())
+            .spawn(move || agent_loop(parts, &world, &s2, &i2))
+            .context("starting the agent thread")?;
+        Ok(Agent { stop, idle, thread })
+    }
+
+    /// Stops the agent between turns. A turn still running is left to the
+    /// end of the process: its session stays valid and resumes next run.
+    fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if self.idle.load(Ordering::SeqCst) {
+            let _ = self.thread.join();
+        }
+    }
+}
+
+fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool) {
+    let cancel = CancelToken::new();
+    let mut approver = PolicyApprover::new(p.allow.clone(), None);
+    let mut observer = |_: &TurnEvent| {};
+    if p.session.needs_resume() {
+        idle.store(false, Ordering::SeqCst);
+        let mut env = TurnEnv {
+            provider: &*p.provider,
+            tools: &p.registry,
+            approver: &mut approver,
+            observer: &mut observer,
+            cancel: &cancel,
+        };
+        let body = match p.session.resume(&mut env) {
+            Ok(Some(o)) => json!({"type": "text", "text": o.text, "resumed": true}),
+            Ok(None) => Value::Null,
+            Err(e) => json!({"type": "error", "reason": format!("resuming the agent's turn: {e}")}),
+        };
+        if !body.is_null() {
+            world.send_as("agent", Some("console"), None, None, body);
+        }
+        idle.store(true, Ordering::SeqCst);
+    }
+    while !stop.load(Ordering::SeqCst) {
+        let Some(m) = world.recv_as("agent", Duration::from_millis(100)) else { continue };
+        // Replies (and anything but text) never start a turn.
+        if m.reply_to.is_some() || m.body["type"] != "text" {
+            continue;
+        }
+        let Some(text) = m.body["text"].as_str() else { continue };
+        idle.store(false, Ordering::SeqCst);
+        let mut env = TurnEnv {
+            provider: &*p.provider,
+            tools: &p.registry,
+            approver: &mut approver,
+            observer: &mut observer,
+            cancel: &cancel,
+        };
+        let body = match p.session.run_turn(text, &mut env) {
+            Ok(o) => json!({"type": "text", "text": o.text, "stop": o.stop}),
+            Err(e) => json!({"type": "error", "reason": format!("the agent's turn failed: {e}")}),
+        };
+        world.send_as("agent", Some(&m.from), None, Some(&m.id), body);
+        idle.store(true, Ordering::SeqCst);
+    }
+}
