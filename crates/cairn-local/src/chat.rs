@@ -189,13 +189,11 @@ pub fn example_turns(tools: &[ToolSpec], example_name: &str) -> Vec<Turn> {
     vec![
         Turn { role: "user", content: request.clone() },
         Turn { role: "assistant", content: render_call(&tool.name, &Value::Object(args)) },
-        Turn {
-            role: "user",
-            content: result_text(&tool.name, "     1\tshape = square\n     2\tcolour = teal", false, Some(&request)),
-        },
-        // The answer is the line that holds it, copied: what a small model
-        // does reliably (a bare value was copied into unrelated answers).
-        Turn { role: "assistant", content: "colour = teal".to_string() },
+        Turn { role: "user", content: result_text(&tool.name, "     1\tThe colour is teal.", false, Some(&request)) },
+        // The bare value: a sentence frame ("The colour is …") was copied
+        // into unrelated answers, and a `key = value` line into a wrong
+        // `key = value` (measured, BENCHMARKS.md).
+        Turn { role: "assistant", content: "teal".to_string() },
     ]
 }
 
@@ -425,7 +423,7 @@ mod tests {
                 role: Role::Tool,
                 content: vec![ContentPart::ToolResult {
                     call_id: "c".into(),
-                    content: "     1\tshape = square\n     2\tcolour = teal".into(),
+                    content: "     1\tThe colour is teal.".into(),
                     is_error: false,
                 }],
             },
