@@ -31,6 +31,7 @@ mod serve;
 mod sessions;
 mod style;
 mod subagents;
+mod toolsrv;
 mod trust;
 
 use std::process::ExitCode;
