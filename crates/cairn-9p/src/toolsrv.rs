@@ -226,10 +226,10 @@ impl Service {
             },
             Err(reason) => format!("failed: {}", reason.replace('\n', " ")),
         };
-        // The receipt is in place before `done` is: a reader seeing `done`
-        // always finds it.
-        let _ = write_atomic(&dir.join("status"), format!("{status}\n").as_bytes());
+        // Not killable once it has a final status; the receipt is in place
+        // before `done` is, so a reader seeing `done` always finds it.
         lock(&self.running).remove(id);
+        let _ = write_atomic(&dir.join("status"), format!("{status}\n").as_bytes());
     }
 
     fn kill(&self, id: &str) -> Result<()> {

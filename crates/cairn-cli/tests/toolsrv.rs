@@ -217,6 +217,8 @@ fn sigkill_of_the_agent_then_resume_settles_from_the_receipt() {
     let records = entry_records(&env);
     assert_eq!(count(&records, "toolStarted"), 1, "{records:?}");
     assert_eq!(count(&records, "toolCompleted"), 1, "settled from the receipt: {records:?}");
+    let completed = records.iter().find(|r| r["type"] == "toolCompleted").unwrap().to_string();
+    assert!(completed.contains("\"guard\""), "settled by the guard (the job's receipt), not a new run: {completed}");
     assert_eq!(count(&records, "toolFailed"), 0, "{records:?}");
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n", "the command ran exactly once");
     let jobs = std::fs::read_dir(env.home.join("toolsrv/jobs")).unwrap().count();
@@ -250,4 +252,103 @@ fn sigkill_of_the_service_fails_the_call_with_a_reason() {
     assert_eq!(failed.len(), 1, "{records:?}");
     let text = failed[0].to_string();
     assert!(text.contains("tool service") && text.contains("went away"), "{text}");
+}
+
+/// The interpreter of the pinned venv `name` (`scripts/venv`); a missing
+/// python or PyPI fails the test with the reason.
+fn venv_python(name: &str) -> PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out =
+        std::process::Command::new(root.join("scripts/venv")).arg(name).output().expect("cannot run scripts/venv");
+    assert!(
+        out.status.success(),
+        "scripts/venv {name} failed (python3 with venv and PyPI are needed for this test): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// PyPI python-9p lists t/ and runs a job, over a Unix socket and TCP.
+#[test]
+fn pypi_python_9p_lists_tools_and_runs_a_job() {
+    let python = venv_python("ninep");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/toolsrv_py9p.py");
+    for listen in ["unix", "tcp!127.0.0.1!0"] {
+        let env = Env::new();
+        unstaged(&env);
+        let listen = if listen == "unix" { socket(&env) } else { listen.to_owned() };
+        let srv = toolsrv(&env, &listen);
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .args([srv.address.as_str(), env.cwd.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && o.trim() == "OK", "{listen}: {o}\n{e}");
+    }
+}
+
+/// A finished job outlives its service: a restarted `cairn toolsrv` serves
+/// its receipt; a job the dead service left running reads as failed.
+#[test]
+fn jobs_outlive_a_restart_of_the_service() {
+    let env = Env::new();
+    unstaged(&env);
+    let listen = socket(&env);
+    let submit = |conn: &mut Conn, invocation: &str, command: &str| {
+        let request = json!({"tool": "shell", "arguments": {"command": command},
+            "invocation": invocation, "cwd": env.cwd.display().to_string()});
+        let (fid, _) = conn.walk("jobs/new").unwrap();
+        conn.open(fid, mode::RDWR).unwrap();
+        conn.write_at(fid, 0, request.to_string().as_bytes()).unwrap();
+        let id = String::from_utf8(conn.read_at(fid, 0, 64).unwrap()).unwrap().trim().to_owned();
+        conn.clunk(fid).unwrap();
+        id
+    };
+    let mut srv = toolsrv(&env, &listen);
+    let mut conn = Conn::dial(&Dial::parse(&srv.address).unwrap()).unwrap();
+    let done = submit(&mut conn, "a", "echo kept");
+    assert_eq!(conn.read_text(&format!("jobs/{done}/out")).unwrap().trim(), "kept");
+    let receipt = conn.read_file(&format!("jobs/{done}/receipt")).unwrap();
+    let marker = env.cwd.join("long.txt");
+    let long = submit(&mut conn, "b", "echo x | tee -a long.txt; sleep 60");
+    wait_for("the long job to start", || marker.exists());
+    assert_eq!(conn.read_text(&format!("jobs/{long}/status")).unwrap().trim(), "running");
+    drop(conn);
+    srv.child.kill().unwrap(); // SIGKILL
+    srv.child.wait().unwrap();
+
+    let srv = toolsrv(&env, &listen);
+    let mut conn = Conn::dial(&Dial::parse(&srv.address).unwrap()).unwrap();
+    assert_eq!(conn.read_file(&format!("jobs/{done}/receipt")).unwrap(), receipt);
+    assert_eq!(conn.read_text(&format!("jobs/{done}/status")).unwrap().trim(), "done");
+    let status = conn.read_text(&format!("jobs/{long}/status")).unwrap();
+    assert!(status.starts_with("failed: ") && status.contains("stopped"), "{status}");
+    assert!(conn.read_file(&format!("jobs/{long}/receipt")).is_err(), "no receipt for a job that never finished");
+    // Asking again for a finished invocation answers the same job, not a new run.
+    assert_eq!(submit(&mut conn, "a", "echo kept"), done);
+    assert_eq!(std::fs::read_dir(env.home.join("toolsrv/jobs")).unwrap().count(), 2);
+}
+
+/// `ctl` kill ends a running job as `killed`; other ctl words are refused.
+#[test]
+fn ctl_kill_ends_a_job() {
+    let env = Env::new();
+    unstaged(&env);
+    let srv = toolsrv(&env, &socket(&env));
+    let mut conn = Conn::dial(&Dial::parse(&srv.address).unwrap()).unwrap();
+    let request = json!({"tool": "shell", "arguments": {"command": "echo up | tee -a up.txt; sleep 60"},
+        "invocation": "k", "cwd": env.cwd.display().to_string()});
+    let (fid, _) = conn.walk("jobs/new").unwrap();
+    conn.open(fid, mode::RDWR).unwrap();
+    conn.write_at(fid, 0, request.to_string().as_bytes()).unwrap();
+    let id = String::from_utf8(conn.read_at(fid, 0, 64).unwrap()).unwrap().trim().to_owned();
+    conn.clunk(fid).unwrap();
+    wait_for("the job to start", || env.cwd.join("up.txt").exists());
+    assert!(conn.write_file(&format!("jobs/{id}/ctl"), b"explode").is_err());
+    conn.write_file(&format!("jobs/{id}/ctl"), b"kill\n").unwrap();
+    // out ends when the job does; then the status says how.
+    let _ = conn.read_file(&format!("jobs/{id}/out")).unwrap();
+    assert_eq!(conn.read_text(&format!("jobs/{id}/status")).unwrap().trim(), "killed");
+    assert!(conn.write_file(&format!("jobs/{id}/ctl"), b"kill").is_err(), "a finished job cannot be killed");
 }
