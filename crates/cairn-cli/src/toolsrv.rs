@@ -288,12 +288,49 @@ impl Tool for RemoteTool {
         })?;
         let id = submit(&mut conn, &job)
             .map_err(|e| ToolError::Other(format!("the tool service at {} refused the job: {e:#}", self.dial)))?;
-        let status = self.follow(&mut conn, &id, ctx.output, Some(ctx.cancel)).map_err(|e| self.gone(&id, &e))?;
+        let watcher = KillOnCancel::start(self.dial.clone(), id.clone(), ctx.cancel.clone());
+        let followed = self.follow(&mut conn, &id, ctx.output, Some(ctx.cancel));
+        drop(watcher);
+        let status = followed.map_err(|e| self.gone(&id, &e))?;
         match status.as_str() {
             "done" => Self::receipt(&mut conn, &id).map_err(|e| self.gone(&id, &e)),
             "killed" => Err(ToolError::Cancelled),
             other => Err(ToolError::Other(other.strip_prefix("failed: ").unwrap_or(other).to_owned())),
         }
+    }
+}
+
+/// While a call follows its job's output (a read that blocks until the job
+/// writes or ends), a cancelled turn kills the job over a connection of its
+/// own; the job then ends and the read returns.
+struct KillOnCancel {
+    finished: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl KillOnCancel {
+    fn start(dial: Dial, id: String, cancel: CancelToken) -> Self {
+        use std::sync::atomic::Ordering;
+        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = Arc::clone(&finished);
+        // Without a thread the call is still correct, only not cancellable.
+        let _ = std::thread::Builder::new().name("toolsrv-cancel".to_owned()).spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                if cancel.is_cancelled() {
+                    if let Ok(mut conn) = Conn::dial(&dial) {
+                        let _ = conn.write_file(&format!("jobs/{id}/ctl"), b"kill");
+                    }
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        });
+        Self { finished }
+    }
+}
+
+impl Drop for KillOnCancel {
+    fn drop(&mut self) {
+        self.finished.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

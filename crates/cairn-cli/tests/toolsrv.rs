@@ -352,3 +352,31 @@ fn ctl_kill_ends_a_job() {
     assert_eq!(conn.read_text(&format!("jobs/{id}/status")).unwrap().trim(), "killed");
     assert!(conn.write_file(&format!("jobs/{id}/ctl"), b"kill").is_err(), "a finished job cannot be killed");
 }
+
+/// Ctrl-C (SIGINT) of the agent during a remote call kills the job on the
+/// service and cancels the turn, instead of waiting for the job to end.
+#[test]
+fn sigint_of_the_agent_kills_the_remote_job() {
+    let env = Env::new();
+    unstaged(&env);
+    let srv = toolsrv(&env, &socket(&env));
+    let marker = env.cwd.join("slow.txt");
+    let script = env.script(&[shell_call("echo slow | tee -a slow.txt; sleep 600"), json!({"text": "unused"})]);
+    let agent = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "--toolsrv", &srv.address, "run", "go"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the job to start", || marker.exists());
+    let status = std::process::Command::new("kill").arg("-INT").arg(agent.id().to_string()).status().unwrap();
+    assert!(status.success());
+    let out = agent.wait_with_output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{e}");
+    let jobs: Vec<PathBuf> =
+        std::fs::read_dir(env.home.join("toolsrv/jobs")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(std::fs::read_to_string(jobs[0].join("status")).unwrap().trim(), "killed", "{e}");
+}
