@@ -113,6 +113,9 @@ pub struct Service {
     dir: PathBuf,
     running: Mutex<HashMap<String, CancelToken>>,
     seq: AtomicU64,
+    /// The specs as of the last listing of `t/` (loaded on first use):
+    /// walks and `meta` reads do not reload every tool.
+    specs: Mutex<Option<Vec<ToolSpec>>>,
 }
 
 impl std::fmt::Debug for Service {
@@ -135,11 +138,29 @@ impl Service {
                 write_atomic(&status, format!("{ORPHANED}\n").as_bytes())?;
             }
         }
-        Ok(Arc::new(Self { host, dir, running: Mutex::new(HashMap::new()), seq: AtomicU64::new(0) }))
+        Ok(Arc::new(Self {
+            host,
+            dir,
+            running: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(0),
+            specs: Mutex::new(None),
+        }))
+    }
+
+    /// Reload the specs (a listing of `t/` does, so new tools appear).
+    fn reload_specs(&self) -> Vec<ToolSpec> {
+        let specs = self.host.specs();
+        *lock(&self.specs) = Some(specs.clone());
+        specs
     }
 
     fn spec(&self, name: &str) -> Option<ToolSpec> {
-        self.host.specs().into_iter().find(|s| s.name == name)
+        let cached = lock(&self.specs).as_ref().map(|s| s.iter().find(|s| s.name == name).cloned());
+        match cached {
+            Some(Some(spec)) => Some(spec),
+            // Unknown to the cache (or no cache yet): it may be new.
+            _ => self.reload_specs().into_iter().find(|s| s.name == name),
+        }
     }
 
     fn job_dir(&self, id: &str) -> PathBuf {
@@ -352,7 +373,7 @@ fn walk(svc: &Service, node: &Node, name: &str) -> Result<Node> {
 fn list(svc: &Service, node: &Node) -> Vec<Node> {
     match node {
         Node::Root => vec![Node::Tools, Node::Jobs],
-        Node::Tools => svc.host.specs().into_iter().map(|s| Node::Tool(s.name)).collect(),
+        Node::Tools => svc.reload_specs().into_iter().map(|s| Node::Tool(s.name)).collect(),
         Node::Tool(t) => vec![Node::Meta(t.clone())],
         Node::Jobs => std::iter::once(Node::New).chain(svc.job_ids().into_iter().map(Node::Job)).collect(),
         Node::Job(id) => JobFile::ALL.iter().map(|f| Node::File(id.clone(), *f)).collect(),
