@@ -380,3 +380,31 @@ fn sigint_of_the_agent_kills_the_remote_job() {
     assert_eq!(jobs.len(), 1);
     assert_eq!(std::fs::read_to_string(jobs[0].join("status")).unwrap().trim(), "killed", "{e}");
 }
+
+/// `cairn serve --toolsrv`: a session of the 9P control plane runs its tool
+/// calls as jobs of the tool service.
+#[test]
+fn serve_sessions_use_the_tool_service() {
+    let env = Env::new();
+    unstaged(&env);
+    let srv = toolsrv(&env, &socket(&env));
+    let mut serve = env
+        .cairn(&["--toolsrv", &srv.address, "serve", "--listen", "tcp!127.0.0.1!0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(serve.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let served = Toolsrv { child: serve, address: line.trim().to_owned() };
+    let script = env.script(&[shell_call("echo via-serve"), json!({"text": "served done"})]);
+    let mut c = Conn::dial(&Dial::parse(&served.address).unwrap()).unwrap();
+    let spec = format!("cwd={} provider=scripted script={} yes=true", env.cwd.display(), script.display());
+    let id = c.create_session(&spec).unwrap();
+    c.write_file(&format!("s/{id}/prompt"), b"go").unwrap();
+    wait_for("the answer", || c.read_text(&format!("s/{id}/chat")).unwrap().contains("served done"));
+    let jobs: Vec<PathBuf> =
+        std::fs::read_dir(env.home.join("toolsrv/jobs")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(jobs.len(), 1, "the call was a job of the service: {jobs:?}");
+    assert_eq!(std::fs::read_to_string(jobs[0].join("out")).unwrap().trim(), "via-serve");
+}
