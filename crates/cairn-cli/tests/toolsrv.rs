@@ -226,14 +226,17 @@ fn sigkill_of_the_agent_then_resume_settles_from_the_receipt() {
 }
 
 /// SIGKILL of the service while a job runs: the agent's call settles failed
-/// with a reason naming the service, and the turn goes on (no hang).
+/// with a reason naming the service, the next call (service gone) fails as
+/// unreachable without running, and the turn goes on (no hang).
 #[test]
 fn sigkill_of_the_service_fails_the_call_with_a_reason() {
     let env = Env::new();
     unstaged(&env);
     let mut srv = toolsrv(&env, &socket(&env));
     let marker = env.cwd.join("started.txt");
-    let script = env.script(&[shell_call("echo started | tee -a started.txt; sleep 60"), json!({"text": "went on"})]);
+    let second = json!({"text": "", "toolCalls": [{"id": "c2", "name": "shell", "arguments": {"command": "echo second | tee -a second.txt"}}]});
+    let script =
+        env.script(&[shell_call("echo started | tee -a started.txt; sleep 60"), second, json!({"text": "went on"})]);
     let agent = env
         .cairn(&["--script", script.to_str().unwrap(), "--yes", "--toolsrv", &srv.address, "run", "go"])
         .stdin(Stdio::null())
@@ -248,10 +251,11 @@ fn sigkill_of_the_service_fails_the_call_with_a_reason() {
     let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(o.contains("went on"), "the turn went on: {o}\n{e}");
     let records = entry_records(&env);
-    let failed: Vec<&Value> = records.iter().filter(|r| r["type"] == "toolFailed").collect();
-    assert_eq!(failed.len(), 1, "{records:?}");
-    let text = failed[0].to_string();
-    assert!(text.contains("tool service") && text.contains("went away"), "{text}");
+    let failed: Vec<String> = records.iter().filter(|r| r["type"] == "toolFailed").map(Value::to_string).collect();
+    assert_eq!(failed.len(), 2, "{records:?}");
+    assert!(failed[0].contains("tool service") && failed[0].contains("went away"), "{}", failed[0]);
+    assert!(failed[1].contains("unreachable") && failed[1].contains("not run"), "{}", failed[1]);
+    assert!(!env.cwd.join("second.txt").exists(), "the second call did not run");
 }
 
 /// The interpreter of the pinned venv `name` (`scripts/venv`); a missing
