@@ -19,6 +19,7 @@ pub mod live;
 pub mod mount;
 pub mod queue;
 pub mod server;
+pub mod toolsrv;
 pub mod tree;
 
 pub use dial::Dial;

@@ -32,9 +32,9 @@ use crate::live::{Runtime, lock};
 use crate::tree::{self, Handle, Node, ReadOutcome};
 
 /// Bytes of a message header around read/write data (9P's IOHDRSZ).
-const IOHDRSZ: u32 = 24;
+pub(crate) const IOHDRSZ: u32 = 24;
 /// The most names one Twalk may carry (9P's MAXWELEM).
-const MAXWELEM: usize = 16;
+pub(crate) const MAXWELEM: usize = 16;
 
 /// Bounds on what one client can make the server hold.
 #[derive(Debug, Clone, Copy)]
@@ -180,7 +180,7 @@ impl Server {
 }
 
 /// Something a connection reads requests from.
-trait Input: std::io::Read + Send + 'static {
+pub(crate) trait Input: std::io::Read + Send + 'static {
     fn close(&self);
 }
 
@@ -219,7 +219,7 @@ fn start_connection<R: Input, W: Write + Send + 'static>(
     }
 }
 
-type Out = Arc<Mutex<Box<dyn Write + Send>>>;
+pub(crate) type Out = Arc<Mutex<Box<dyn Write + Send>>>;
 
 struct Fid {
     node: Node,
@@ -528,7 +528,7 @@ impl Connection {
 }
 
 /// Whole directory entries from `offset`, at most `count` bytes.
-fn dir_chunk(dir: &[u8], offset: u64, count: usize) -> Vec<u8> {
+pub(crate) fn dir_chunk(dir: &[u8], offset: u64, count: usize) -> Vec<u8> {
     let start = usize::try_from(offset).unwrap_or(usize::MAX);
     if start >= dir.len() {
         return Vec::new();
@@ -545,7 +545,7 @@ fn dir_chunk(dir: &[u8], offset: u64, count: usize) -> Vec<u8> {
 }
 
 /// Encode and send one reply; false when the client is gone.
-fn send(out: &Out, msize: u32, tag: u16, content: Rdata) -> bool {
+pub(crate) fn send(out: &Out, msize: u32, tag: u16, content: Rdata) -> bool {
     let mut message = Rmessage::new(tag, content);
     if message.n_bytes() > msize as usize {
         message = Rmessage::new(tag, Rdata::error("the reply would exceed msize; read fewer bytes"));
@@ -555,7 +555,7 @@ fn send(out: &Out, msize: u32, tag: u16, content: Rdata) -> bool {
     out.write_all(&bytes).and_then(|()| out.flush()).is_ok()
 }
 
-fn data_bytes(data: &Data) -> Vec<u8> {
+pub(crate) fn data_bytes(data: &Data) -> Vec<u8> {
     // `Data` keeps its bytes private; its encoding is a 4-byte count, then them.
     data.write_9p_bytes().map(|mut b| b.split_off(4.min(b.len()))).unwrap_or_default()
 }

@@ -206,6 +206,15 @@ pub enum Command {
         #[arg(long)]
         listen_insecure: bool,
     },
+    /// Serve the tools over 9P as a separate process (t/TOOL/meta, jobs/new, jobs/ID/{out,status,receipt,ctl}) until SIGINT/SIGTERM.
+    Toolsrv {
+        /// Dial string to listen on: unix!PATH (default $CAIRN_HOME/toolsrv.sock) or tcp!HOST!PORT; repeatable.
+        #[arg(long, value_name = "ADDR")]
+        listen: Vec<String>,
+        /// Allow TCP on a non-loopback address (9P has no authentication: anyone reaching it can run tools).
+        #[arg(long)]
+        listen_insecure: bool,
+    },
     /// Mount the tree of a running `cairn serve` on DIR with FUSE until SIGINT (after a crash: fusermount3 -u DIR).
     Mount {
         /// An empty directory to mount on.
@@ -304,12 +313,17 @@ fn run(cli: Cli) -> Result<u8> {
     if let Command::Serve { listen, listen_insecure } = &cli.command {
         return crate::serve::run(ctx, listen, *listen_insecure);
     }
+    if let Command::Toolsrv { listen, listen_insecure } = &cli.command {
+        return crate::toolsrv::run(ctx, listen, *listen_insecure);
+    }
     if let Command::Batch { specs } = &cli.command {
         return crate::batch::run(ctx, specs);
     }
     let database = ctx.settings.database.value.is_some();
     match cli.command {
-        Command::Serve { .. } | Command::Batch { .. } => anyhow::bail!("dispatched before the other commands"),
+        Command::Serve { .. } | Command::Batch { .. } | Command::Toolsrv { .. } => {
+            anyhow::bail!("dispatched before the other commands")
+        }
         Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
         Command::Submit { prompt, session } => crate::pg::submit(&ctx, session.as_deref(), &prompt),
         Command::Export { id } => crate::pg::export(&ctx, &id),

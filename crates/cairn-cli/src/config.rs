@@ -142,6 +142,8 @@ pub struct ToolsFileConfig {
     pub staged: Option<bool>,
     /// A staged effect changing more paths than this is Destructive.
     pub staged_max_files: Option<usize>,
+    /// Use the tools of the `cairn toolsrv` at this dial string (`toolsrv.rs`).
+    pub toolsrv: Option<String>,
 }
 
 /// `[local]`.
@@ -223,6 +225,8 @@ pub struct Settings {
     pub batch: Option<toml::Value>,
     /// The `[discovery]` table as written (parsed by `discover.rs`).
     pub discovery: toml::Table,
+    /// `[tools] toolsrv`: the tool service's dial string (`toolsrv.rs`).
+    pub toolsrv: Option<String>,
 }
 
 /// Default model steps per turn.
@@ -397,6 +401,7 @@ impl Settings {
             subagents: file.subagents,
             batch: file.batch,
             discovery: file.discovery,
+            toolsrv: file.tools.toolsrv,
         })
     }
 

@@ -67,6 +67,9 @@ pub struct Common {
     /// Run external tools unsandboxed when the kernel cannot sandbox them (this session only).
     #[arg(long, global = true)]
     pub allow_unsandboxed: bool,
+    /// Use the tools of a `cairn toolsrv` at this dial string (unix!PATH or tcp!HOST!PORT); also `[tools] toolsrv`.
+    #[arg(long, global = true, value_name = "ADDR")]
+    pub toolsrv: Option<String>,
 }
 
 /// Everything a command needs from the environment.

@@ -172,8 +172,16 @@ pub fn wire_with(
     let terminal = crate::subagents::SharedApprover::new(if may_ask { terminal } else { terminal.headless() });
     let approver = PolicyApprover::new(allow, Some(Box::new(terminal.clone())));
     let mut registry = ToolRegistry::new(approver.is_interactive());
-    let tools = tool_entries(ctx, cwd)?;
+    // With a tool service its tools replace the in-process ones (`toolsrv.rs`).
+    let toolsrv = crate::toolsrv::address(ctx);
+    let tools = match &toolsrv {
+        Some(_) => HostTools { entries: Vec::new(), notes: Vec::new(), untrusted: Vec::new() },
+        None => tool_entries(ctx, cwd)?,
+    };
     let mut notes = tools.notes;
+    if let Some(address) = &toolsrv {
+        crate::toolsrv::offer(address, &mut registry, &mut notes)?;
+    }
     for entry in tools.entries {
         let name = entry.tool.spec().name.clone();
         if keep.is_some_and(|k| entry.origin != cairn_tools::ToolOrigin::Builtin && !k.contains(&name)) {

@@ -31,6 +31,7 @@ mod serve;
 mod sessions;
 mod style;
 mod subagents;
+mod toolsrv;
 mod trust;
 #[cfg(feature = "actors")]
 mod world;

@@ -61,8 +61,17 @@ impl Host for CliHost {
     }
 
     fn tools(&self, cwd: &Path) -> Result<ToolRegistry> {
-        let tools = crate::host::tool_entries(&self.ctx, cwd)?;
         let mut registry = ToolRegistry::new(true);
+        if let Some(address) = crate::toolsrv::address(&self.ctx) {
+            // The tool service's tools instead of in-process ones (`toolsrv.rs`).
+            let mut notes = Vec::new();
+            crate::toolsrv::offer(&address, &mut registry, &mut notes)?;
+            for note in notes {
+                eprintln!("cairn serve: {}", crate::render::escape_controls(&note));
+            }
+            return Ok(registry);
+        }
+        let tools = crate::host::tool_entries(&self.ctx, cwd)?;
         for entry in tools.entries {
             let name = entry.tool.spec().name.clone();
             if let Err(e) = registry.register(entry.tool) {
