@@ -168,41 +168,63 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
     }
     std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
     let mut lock = ServeLock::take(&data)?;
+    let (listeners, addresses) = bind_all(&dials, insecure)?;
+    lock.record(&addresses)?;
+    let runtime = Runtime::new(Arc::new(CliHost { ctx }));
+    let server = Server::new(Arc::clone(&runtime), Limits::default());
+    let stop = stop_signal()?;
+    for listener in listeners {
+        server.spawn(listener)?;
+    }
+    print_addresses(&addresses)?;
+    // Prompts queued before a crash or a stop run now, in idle sessions.
+    runtime.start_queues();
+    let _ = stop.recv();
+    eprintln!("cairn serve: stopping; running turns are cancelled and saved (continue them with ctl resume)");
+    runtime.shutdown();
+    remove_sockets(&addresses);
+    drop(lock);
+    Ok(exit::SUCCESS)
+}
+
+/// Bind every dial string (the loopback rule unless `insecure`); the
+/// listeners and the addresses they actually serve.
+pub(crate) fn bind_all(dials: &[Dial], insecure: bool) -> Result<(Vec<cairn_9p::server::Listener>, Vec<Dial>)> {
     let mut listeners = Vec::new();
     let mut addresses = Vec::new();
-    for dial in &dials {
+    for dial in dials {
         let (listener, actual) = cairn_9p::server::Listener::bind(dial, insecure)?;
         listeners.push(listener);
         addresses.push(actual);
     }
-    lock.record(&addresses)?;
-    let runtime = Runtime::new(Arc::new(CliHost { ctx }));
-    let server = Server::new(Arc::clone(&runtime), Limits::default());
+    Ok((listeners, addresses))
+}
+
+/// A channel that receives once on SIGINT or SIGTERM.
+pub(crate) fn stop_signal() -> Result<std::sync::mpsc::Receiver<()>> {
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     ctrlc::set_handler(move || {
         let _ = stop_tx.send(());
     })
     .context("cannot install the SIGINT/SIGTERM handler")?;
-    for listener in listeners {
-        server.spawn(listener)?;
+    Ok(stop_rx)
+}
+
+/// Print the served addresses, one a line (what clients and tests wait for).
+pub(crate) fn print_addresses(addresses: &[Dial]) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    for address in addresses {
+        writeln!(out, "{address}")?;
     }
-    {
-        let mut out = std::io::stdout().lock();
-        for address in &addresses {
-            writeln!(out, "{address}")?;
-        }
-        out.flush()?;
-    }
-    // Prompts queued before a crash or a stop run now, in idle sessions.
-    runtime.start_queues();
-    let _ = stop_rx.recv();
-    eprintln!("cairn serve: stopping; running turns are cancelled and saved (continue them with ctl resume)");
-    runtime.shutdown();
-    for address in &addresses {
+    out.flush()?;
+    Ok(())
+}
+
+/// Remove the Unix sockets among `addresses` (on a clean stop).
+pub(crate) fn remove_sockets(addresses: &[Dial]) {
+    for address in addresses {
         if let Dial::Unix(path) = address {
             let _ = std::fs::remove_file(path);
         }
     }
-    drop(lock);
-    Ok(exit::SUCCESS)
 }

@@ -25,7 +25,6 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_9p::client::{Conn, mode};
-use cairn_9p::server::Listener;
 use cairn_9p::toolsrv::{JobRequest, Service, ToolHost, ToolServer, job_id};
 use cairn_9p::{Dial, Limits};
 use cairn_core::staged::{StagedDecision, StagedReview};
@@ -127,39 +126,18 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
         std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
         dials.push(Dial::Unix(data.join("toolsrv.sock")));
     }
-    let mut listeners = Vec::new();
-    let mut addresses = Vec::new();
-    for dial in &dials {
-        let (listener, actual) = Listener::bind(dial, insecure)?;
-        listeners.push(listener);
-        addresses.push(actual);
-    }
+    let (listeners, addresses) = crate::serve::bind_all(&dials, insecure)?;
     let here = std::env::current_dir().context("cannot read the current directory")?;
     let host = Arc::new(CliToolHost { ctx, here });
     let service = Service::new(host, data.join("toolsrv").join("jobs"))?;
     let server = ToolServer::new(service, Limits::default());
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    ctrlc::set_handler(move || {
-        let _ = stop_tx.send(());
-    })
-    .context("cannot install the SIGINT/SIGTERM handler")?;
+    let stop = crate::serve::stop_signal()?;
     for listener in listeners {
         server.spawn(listener)?;
     }
-    {
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        for address in &addresses {
-            writeln!(out, "{address}")?;
-        }
-        out.flush()?;
-    }
-    let _ = stop_rx.recv();
-    for address in &addresses {
-        if let Dial::Unix(path) = address {
-            let _ = std::fs::remove_file(path);
-        }
-    }
+    crate::serve::print_addresses(&addresses)?;
+    let _ = stop.recv();
+    crate::serve::remove_sockets(&addresses);
     Ok(exit::SUCCESS)
 }
 
