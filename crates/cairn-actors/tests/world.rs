@@ -168,7 +168,7 @@ int main(void) {
         .status()
         .unwrap_or_else(|e| {
             panic!(
-                "clang is needed for C test actors (apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32): {e}"
+                "clang is needed for C test actors (run ./scripts/ensure-wasi-clang): {e}"
             )
         });
     assert!(st.success(), "clang failed to build the C actor");
