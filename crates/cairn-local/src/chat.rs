@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use crate::focus::focus_line;
 use cairn_core::message::{ContentPart, Message, Role};
 use cairn_core::tool::ToolSpec;
 use serde_json::Value;
@@ -142,7 +143,14 @@ fn result_text(name: &str, content: &str, is_error: bool, request: Option<&str>)
     let content = without_line_numbers(content);
     let content = content.as_str();
     match request.map(str::trim).filter(|r| !r.is_empty()) {
-        Some(request) => format!("{what} {name}:\n{content}\n\nUse this result to answer my request: {request}"),
+        Some(request) => {
+            // The line that answers, when one stands out (`focus.rs`): the
+            // model copies from it instead of from a neighbouring row.
+            let pointer = if is_error { None } else { focus_line(content, request) };
+            let pointer =
+                pointer.map(|line| format!("The line that matches your request: {line}\n\n")).unwrap_or_default();
+            format!("{what} {name}:\n{content}\n\n{pointer}Use this result to answer my request: {request}")
+        }
         None => format!("{what} {name}:\n{content}\n\nUse this result to answer my request."),
     }
 }

@@ -129,7 +129,7 @@ const KINDS: &[(&[&str], &[&str])] = &[
 ];
 
 /// A request's words, lower-case, without punctuation and common words.
-fn words(text: &str) -> Vec<String> {
+pub(crate) fn request_words(text: &str) -> Vec<String> {
     text.split(|c: char| !c.is_alphanumeric() && c != '_')
         .map(str::to_lowercase)
         .map(|w| w.strip_suffix("'s").map_or(w.clone(), str::to_owned))
@@ -138,7 +138,7 @@ fn words(text: &str) -> Vec<String> {
 }
 
 /// Whether two words are the same modulo a plural `s`.
-fn same(a: &str, b: &str) -> bool {
+pub(crate) fn same_word(a: &str, b: &str) -> bool {
     a == b || a.strip_suffix('s') == Some(b) || b.strip_suffix('s') == Some(a)
 }
 
@@ -151,7 +151,7 @@ fn score(said: &[String], path: &str) -> u32 {
     let dir_words: Vec<&str> = dirs.split(|c: char| !c.is_alphanumeric()).filter(|w| w.len() > 1).collect();
     let mut total = 0;
     for w in said {
-        if w.len() > 2 && name_words.iter().any(|n| same(n, w)) {
+        if w.len() > 2 && name_words.iter().any(|n| same_word(n, w)) {
             total += 3;
         }
         let kind = KINDS
@@ -161,7 +161,7 @@ fn score(said: &[String], path: &str) -> u32 {
         if kind {
             total += 2;
         }
-        if w.len() > 2 && dir_words.iter().any(|d| same(d, w)) {
+        if w.len() > 2 && dir_words.iter().any(|d| same_word(d, w)) {
             total += 1;
         }
     }
@@ -171,7 +171,7 @@ fn score(said: &[String], path: &str) -> u32 {
 /// The files of `candidates` that `request` describes best (empty when no
 /// file matches any of its words).
 pub fn described_files(request: &str, candidates: &PathCandidates) -> Vec<String> {
-    let said = words(request);
+    let said = request_words(request);
     if said.is_empty() {
         return Vec::new();
     }

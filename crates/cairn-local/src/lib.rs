@@ -46,6 +46,7 @@ mod constrain;
 mod convert;
 pub mod describe;
 mod error;
+mod focus;
 pub mod grammar;
 pub mod ground;
 pub mod install;

@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_core::storage::{
-    Committed, Entry, Header, RawJson, Record, STORAGE_VERSION, SessionIndex, State, Storage, StorageError,
-    Transaction, UsageRow, decode_header, decode_line_into, encode_header, encode_line, now_millis,
+    Committed, Header, Record, STORAGE_VERSION, SessionIndex, Storage, StorageError, Transaction, decode_header,
+    decode_line_into, encode_header, encode_line, now_millis,
 };
 use postgres::Client;
 
@@ -366,49 +366,8 @@ impl Storage for PgStore {
         Ok(committed)
     }
 
-    fn last_seq(&self) -> u64 {
-        self.index.last_seq()
-    }
-
-    fn entry(&self, id: &str) -> Option<Entry> {
-        self.index.entry(id).cloned()
-    }
-
-    fn children(&self, parent: Option<&str>) -> Vec<Entry> {
-        self.index.children(parent).into_iter().cloned().collect()
-    }
-
-    fn path_to(&self, leaf: &str) -> Result<Vec<Entry>, StorageError> {
-        Ok(self.index.path_to(leaf)?.into_iter().cloned().collect())
-    }
-
-    fn entries(&self) -> Vec<Entry> {
-        self.index.entries().to_vec()
-    }
-
-    fn visit_entries(&self, f: &mut dyn FnMut(&Entry)) {
-        self.index.entries().iter().for_each(f);
-    }
-
-    fn entry_count(&self) -> usize {
-        self.index.entries().len()
-    }
-
-    fn register(&self, namespace: &str, key: &str) -> Option<RawJson> {
-        self.index.register(namespace, key).cloned()
-    }
-
-    fn registers(&self, namespace: &str) -> Vec<(String, RawJson)> {
-        self.index.registers(namespace).map(|(k, v)| (k.to_owned(), v.clone())).collect()
-    }
-
-    fn usage(&self) -> Vec<UsageRow> {
-        self.index.usage().to_vec()
-    }
-
-    fn state(&self) -> Option<State> {
-        self.index.state().cloned()
-    }
+    // Reads answer from the in-memory index, as every backend's do.
+    cairn_core::storage::reads_from_index!();
 
     fn sync(&mut self) -> Result<(), StorageError> {
         // Every commit is a committed PostgreSQL transaction.

@@ -3,7 +3,7 @@
 //! process; it must not be used where durability is promised.
 
 use super::index::SessionIndex;
-use super::record::{Committed, Entry, Header, RawJson, State, Transaction, UsageRow, now_millis};
+use super::record::{Committed, Header, Transaction, now_millis};
 use super::{Storage, StorageError};
 
 /// A session held only in memory.

@@ -21,31 +21,34 @@
 //! to the turn. Payloads stay raw JSON text until someone asks.
 
 /// The read half of [`Storage`] for backends that answer every query from
-/// a [`SessionIndex`] held in a field named `index` (all of them today), so
-/// the reads are written once.
-macro_rules! reads_from_index {
+/// a [`SessionIndex`] held in a field named `index` (every backend today,
+/// `cairn-pg`'s included), so the reads are written once. Used inside an
+/// `impl Storage for …` block: `cairn_core::storage::reads_from_index!();`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __storage_reads_from_index {
     () => {
         fn last_seq(&self) -> u64 {
             self.index.last_seq()
         }
 
-        fn entry(&self, id: &str) -> Option<Entry> {
+        fn entry(&self, id: &str) -> Option<$crate::storage::Entry> {
             self.index.entry(id).cloned()
         }
 
-        fn children(&self, parent: Option<&str>) -> Vec<Entry> {
+        fn children(&self, parent: Option<&str>) -> Vec<$crate::storage::Entry> {
             self.index.children(parent).into_iter().cloned().collect()
         }
 
-        fn path_to(&self, leaf: &str) -> Result<Vec<Entry>, StorageError> {
+        fn path_to(&self, leaf: &str) -> Result<Vec<$crate::storage::Entry>, $crate::storage::StorageError> {
             Ok(self.index.path_to(leaf)?.into_iter().cloned().collect())
         }
 
-        fn entries(&self) -> Vec<Entry> {
+        fn entries(&self) -> Vec<$crate::storage::Entry> {
             self.index.entries().to_vec()
         }
 
-        fn visit_entries(&self, f: &mut dyn FnMut(&Entry)) {
+        fn visit_entries(&self, f: &mut dyn FnMut(&$crate::storage::Entry)) {
             self.index.entries().iter().for_each(f);
         }
 
@@ -53,19 +56,19 @@ macro_rules! reads_from_index {
             self.index.entries().len()
         }
 
-        fn register(&self, namespace: &str, key: &str) -> Option<RawJson> {
+        fn register(&self, namespace: &str, key: &str) -> Option<$crate::storage::RawJson> {
             self.index.register(namespace, key).cloned()
         }
 
-        fn registers(&self, namespace: &str) -> Vec<(String, RawJson)> {
+        fn registers(&self, namespace: &str) -> Vec<(String, $crate::storage::RawJson)> {
             self.index.registers(namespace).map(|(k, v)| (k.to_owned(), v.clone())).collect()
         }
 
-        fn usage(&self) -> Vec<UsageRow> {
+        fn usage(&self) -> Vec<$crate::storage::UsageRow> {
             self.index.usage().to_vec()
         }
 
-        fn visit_usage_newest_first(&self, f: &mut dyn FnMut(&UsageRow) -> bool) {
+        fn visit_usage_newest_first(&self, f: &mut dyn FnMut(&$crate::storage::UsageRow) -> bool) {
             for row in self.index.usage().iter().rev() {
                 if !f(row) {
                     break;
@@ -73,12 +76,12 @@ macro_rules! reads_from_index {
             }
         }
 
-        fn state(&self) -> Option<State> {
+        fn state(&self) -> Option<$crate::storage::State> {
             self.index.state().cloned()
         }
     };
 }
-use reads_from_index;
+pub use crate::__storage_reads_from_index as reads_from_index;
 
 mod check;
 mod index;
