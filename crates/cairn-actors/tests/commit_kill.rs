@@ -47,6 +47,17 @@ fn child(dir: &Path) {
     }
 }
 
+/// A child world that is SIGKILLed when dropped, so a failing check never
+/// leaves one running.
+struct ChildWorld(Child);
+
+impl Drop for ChildWorld {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The generation letter of a complete file; panics on a mix or a short
 /// file (`None`: no file yet).
 fn check(path: &Path, when: &str) -> Option<u8> {
@@ -88,7 +99,7 @@ fn wait_new_generation(big: &Path, before: Option<u8>, mut child: Option<&mut Ch
             panic!("round {round}: the child world exited ({st}) before its actor wrote");
         }
         assert!(Instant::now() < deadline, "round {round}: no new generation within 120 s");
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -117,14 +128,14 @@ fn parent() {
         if round == 0 {
             cmd.env(SPAWN, &wasm);
         }
-        let mut child = cmd.spawn().unwrap();
-        let g = wait_new_generation(&big, before, Some(&mut child), round);
+        let mut child = ChildWorld(cmd.spawn().unwrap());
+        let g = wait_new_generation(&big, before, Some(&mut child.0), round);
         // A random moment within the next generations' writes.
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_usize(round);
         std::thread::sleep(Duration::from_millis(h.finish() % 150));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        child.0.kill().unwrap(); // SIGKILL
+        child.0.wait().unwrap();
         let after = check(&big, &format!("round {round}, after SIGKILL")).unwrap();
         println!("round {round}: saw {:?}, after the kill {:?}", g as char, after as char);
         leftovers.extend(temps(&data));
