@@ -6,11 +6,13 @@
 //!
 //! Modules: `message` (formats, ids), `layout` (world directory, registry,
 //! path rules), `mailbox` (bounded durable queues), `runtime` (wasmtime),
-//! `transcript` (upgrade gates), `broker` (routing and lifecycle),
+//! `commitfs` (commit-on-close files), `transcript` (upgrade gates),
+//! `broker` (routing and lifecycle),
 //! `console` (the line-oriented console of `cairn world run`), `tools`
 //! (the agent's `actor_*` tools).
 
 pub mod broker;
+pub mod commitfs;
 pub mod console;
 pub mod layout;
 pub mod mailbox;

@@ -1,8 +1,10 @@
 //! Running one actor instance with wasmtime: compiling `.wasm`/`.wat` (WASI
 //! p1 modules are turned into p2 command components in-process), wiring
 //! stdin/stdout/stderr to OS pipes and files, preopening the actor's
-//! directories, and enforcing limits (epoch ticks every 10 ms, memory cap,
-//! optional fuel). Owns no routing: lines go to a caller-given sink.
+//! directories behind the commit-on-close layer (`commitfs`: this module
+//! tells it how the instance ended), and enforcing limits (epoch ticks every
+//! 10 ms, memory cap, optional fuel). Owns no routing: lines go to a
+//! caller-given sink.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -14,7 +16,10 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+
+use crate::commitfs::{self, CommitFs, Commits};
 
 /// How long a message may wait for room in an actor's stdin pipe before it
 /// is dropped (and the drop logged).
@@ -55,8 +60,20 @@ fn w<T>(r: wasmtime::Result<T>) -> anyhow::Result<T> {
 
 impl Runtime {
     /// Builds the engine (epoch interruption on, fuel if `fuel`) and starts
-    /// the ticker thread.
+    /// the ticker thread. Files under `/data` and `/public` commit on close.
     pub fn new(fuel: bool) -> anyhow::Result<Runtime> {
+        Self::build(fuel, true)
+    }
+
+    /// Like [`Runtime::new`] but without the commit-on-close layer: `/data`
+    /// and `/public` are plain wasmtime-wasi preopens (writes immediate, a
+    /// trap keeps them). Only for measuring what the layer costs (the
+    /// benchmark); the broker never uses it.
+    pub fn new_plain_files(fuel: bool) -> anyhow::Result<Runtime> {
+        Self::build(fuel, false)
+    }
+
+    fn build(fuel: bool, commit_on_close: bool) -> anyhow::Result<Runtime> {
         let mut cfg = Config::new();
         cfg.epoch_interruption(true);
         cfg.consume_fuel(fuel);
@@ -64,6 +81,9 @@ impl Runtime {
         let engine = w(Engine::new(&cfg))?;
         let mut linker = Linker::new(&engine);
         w(wasmtime_wasi::p2::add_to_linker_sync(&mut linker))?;
+        if commit_on_close {
+            w(commitfs::add_to_linker(&mut linker, commit_fs))?;
+        }
         let stop_ticker = Arc::new(AtomicBool::new(false));
         let (e2, stop2) = (engine.clone(), stop_ticker.clone());
         thread::Builder::new()
@@ -117,6 +137,12 @@ pub struct ActorState {
     ctx: WasiCtx,
     table: ResourceTable,
     limits: StoreLimits,
+    commits: Commits,
+}
+
+/// The commit-on-close layer's view of an instance's state.
+fn commit_fs(s: &mut ActorState) -> CommitFs<'_> {
+    CommitFs { fs: WasiFilesystemCtxView { ctx: s.ctx.filesystem(), table: &mut s.table }, commits: &mut s.commits }
 }
 
 impl std::fmt::Debug for ActorState {
@@ -235,7 +261,15 @@ pub fn start(
         .append(true)
         .open(stderr_log)
         .with_context(|| format!("opening {}", stderr_log.display()))?;
+    // Temp files a killed host left behind (no instance uses these
+    // directories now: one instance per actor, candidates get copies).
+    for d in [&dirs.data, &dirs.public] {
+        commitfs::sweep(d).with_context(|| format!("removing leftover temp files under {}", d.display()))?;
+    }
     let mut b = WasiCtx::builder();
+    // Before the preopens (they copy it): file calls run on the instance's
+    // own thread, which may block.
+    b.allow_blocking_current_thread(true);
     b.stdin(wasmtime_wasi::cli::InputFile::new(std::fs::File::from(std::os::fd::OwnedFd::from(stdin_r))));
     b.stdout(wasmtime_wasi::cli::OutputFile::new(std::fs::File::from(std::os::fd::OwnedFd::from(stdout_w))));
     b.stderr(wasmtime_wasi::cli::OutputFile::new(stderr));
@@ -247,6 +281,7 @@ pub fn start(
         ctx,
         table: ResourceTable::new(),
         limits: StoreLimitsBuilder::new().memory_size(limits.memory_bytes).build(),
+        commits: Commits::default(),
     };
     let mut store = Store::new(&rt.engine, state);
     store.limiter(|s| &mut s.limits);
@@ -274,10 +309,22 @@ pub fn start(
         })
         .context("starting the stdout thread")?;
     let (linker, component, k3) = (rt.linker.clone(), component.clone(), kill.clone());
+    let log = stderr_log.to_owned();
     thread::Builder::new()
         .name("actor-run".into())
         .spawn(move || {
             let exit = run(&mut store, &linker, &component, &k3);
+            // A process exit (any status) closes, so commits, its files; a
+            // trap or a kill discards what was not closed.
+            let commit = matches!(exit, Exit::Normal | Exit::Code(_));
+            let failed = commitfs::finish(&mut commit_fs(store.data_mut()), commit);
+            if !failed.is_empty()
+                && let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&log)
+            {
+                for e in failed {
+                    let _ = writeln!(f, "[host] {e}");
+                }
+            }
             // Dropping the store closes the guest's stdout: the reader ends
             // after the last line, so `on_exit` comes after every line.
             drop(store);

@@ -4,9 +4,13 @@
 //! pipes; the spawn time of an actor from a cold compile (`spawn`, WAT
 //! parsed, p1 module adapted, component compiled) against a restart from
 //! the broker's in-memory component cache (`stop` then `start`), each until
-//! its first echo; and the atomic replace commits use (temp file beside the
+//! its first echo; the atomic replace commits use (temp file beside the
 //! target, fsync file, rename, fsync directory) against a plain write of
-//! the same bytes.
+//! the same bytes; and the same from inside an actor: a guest that writes a
+//! file (open with truncate, write, close) per message, through the
+//! commit-on-close layer against plain wasmtime-wasi preopens
+//! (`Runtime::new_plain_files`), each until the guest's reply (the ratio is
+//! the figure the issue asks for).
 //!
 //! Run: `cargo run --release -p cairn-bench --features actors --bin actors`
 //! (`--smoke`: tiny sizes, for `scripts/test`). Debug builds run WASM
@@ -14,10 +18,12 @@
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use cairn_actors::{World, WorldConfig};
+use cairn_actors::{World, WorldConfig, runtime};
 use cairn_bench::{Table, sample_pairs, size};
 use serde_json::{Value, json};
 
@@ -212,8 +218,110 @@ fn main() -> Result<()> {
         &plain,
     );
     world.quit();
+
+    // The same write from inside an actor: commit on close vs plain files.
+    let n = size(64 * 1024, 1024);
+    let mut committed = GuestWriter::start(&runtime::Runtime::new(false)?, n, &base.path().join("commit"))?;
+    let mut plain = GuestWriter::start(&runtime::Runtime::new_plain_files(false)?, n, &base.path().join("plain"))?;
+    committed.round()?;
+    plain.round()?;
+    let (ours, baseline) = sample_pairs(
+        size(21, 5),
+        || committed.round().unwrap_or_else(|e| panic!("commit-on-close write: {e:#}")),
+        || plain.round().unwrap_or_else(|e| panic!("plain write: {e:#}")),
+    );
+    table.compare(
+        &format!("guest write of {n} bytes, commit on close (temp, fsync, rename, fsync dir)"),
+        &ours,
+        "the same guest write through plain preopens",
+        &baseline,
+    );
+    let on_disk = std::fs::metadata(base.path().join("commit/data/f"))?.len();
+    if on_disk != n as u64 {
+        bail!("the committed file has {on_disk} bytes, not {n}");
+    }
     table.print();
     Ok(())
+}
+
+/// A WASI p1 actor that, for every stdin line, writes `n` zero bytes to
+/// `/data/f` (`path_open` with create + truncate on the first preopen, one
+/// `fd_write`, `fd_close`) and then prints `done`.
+fn writer_wat(n: usize) -> String {
+    format!(
+        r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "path_open" (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_close" (func $fd_close (param i32) (result i32)))
+  (memory (export "memory") 3)
+  (data (i32.const 256) "f")
+  (data (i32.const 272) "done\n")
+  (func (export "_start") (local $n i32) (local $fd i32)
+    (block $done
+      (loop $next
+        (i32.store (i32.const 16) (i32.const 1024))
+        (i32.store (i32.const 20) (i32.const 4096))
+        (drop (call $fd_read (i32.const 0) (i32.const 16) (i32.const 1) (i32.const 24)))
+        (local.set $n (i32.load (i32.const 24)))
+        (br_if $done (i32.eqz (local.get $n)))
+        ;; fd 3 is /data; oflags creat|trunc; rights fd_write
+        (if (call $path_open (i32.const 3) (i32.const 0) (i32.const 256) (i32.const 1) (i32.const 9)
+              (i64.const 64) (i64.const 0) (i32.const 0) (i32.const 32))
+          (then unreachable))
+        (local.set $fd (i32.load (i32.const 32)))
+        (i32.store (i32.const 0) (i32.const 65536))
+        (i32.store (i32.const 4) (i32.const {n}))
+        (if (call $fd_write (local.get $fd) (i32.const 0) (i32.const 1) (i32.const 8)) (then unreachable))
+        (if (i32.ne (i32.load (i32.const 8)) (i32.const {n})) (then unreachable))
+        (if (call $fd_close (local.get $fd)) (then unreachable))
+        (i32.store (i32.const 0) (i32.const 272))
+        (i32.store (i32.const 4) (i32.const 5))
+        (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+        (br $next)))))"#
+    )
+}
+
+/// One instance of [`writer_wat`] and its reply channel.
+struct GuestWriter {
+    inst: runtime::Instance,
+    replies: mpsc::Receiver<String>,
+}
+
+impl GuestWriter {
+    fn start(rt: &runtime::Runtime, n: usize, dir: &Path) -> Result<GuestWriter> {
+        if n > 128 * 1024 {
+            bail!("the writer actor holds at most 128 KiB");
+        }
+        let dirs = runtime::Dirs { data: dir.join("data"), public: dir.join("public"), actor_root: dir.join("actor") };
+        for d in [&dirs.data, &dirs.public, &dirs.actor_root] {
+            std::fs::create_dir_all(d)?;
+        }
+        let component = rt.compile(writer_wat(n).as_bytes())?;
+        let (tx, replies) = mpsc::channel();
+        let inst = runtime::start(
+            rt,
+            &component,
+            &dirs,
+            &dir.join("stderr.log"),
+            cairn_actors::Limits::default(),
+            move |l| {
+                let _ = tx.send(l);
+            },
+            |_| {},
+        )?;
+        Ok(GuestWriter { inst, replies })
+    }
+
+    /// One message, one file write, until the reply.
+    fn round(&mut self) -> Result<()> {
+        self.inst.write_line("go", Duration::from_secs(30))?;
+        match self.replies.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) if l == "done" => Ok(()),
+            Ok(l) => bail!("unexpected reply {l:?}"),
+            Err(_) => bail!("no reply within 60 s (the writer trapped?)"),
+        }
+    }
 }
 
 /// Subscribes the console to `id`, sends it one message and waits for the
