@@ -4,13 +4,15 @@
 //! and crash-loop rollback. This crate is a host: it owns processes,
 //! threads and files, and uses `anyhow` at its edges.
 //!
-//! Modules: `message` (formats, ids), `layout` (world directory, registry,
+//! Modules: `message` (formats, ids), `cc` (the native C compiler
+//! participant), `layout` (world directory, registry,
 //! path rules), `mailbox` (bounded durable queues), `runtime` (wasmtime),
 //! `transcript` (upgrade gates), `broker` (routing and lifecycle),
 //! `console` (the line-oriented console of `cairn world run`), `tools`
 //! (the agent's `actor_*` tools).
 
 pub mod broker;
+pub mod cc;
 pub mod console;
 pub mod layout;
 pub mod mailbox;

@@ -166,11 +166,7 @@ int main(void) {
         .arg("-o")
         .arg(&out)
         .status()
-        .unwrap_or_else(|e| {
-            panic!(
-                "clang is needed for C test actors (run ./scripts/ensure-wasi-clang): {e}"
-            )
-        });
+        .unwrap_or_else(|e| panic!("clang is needed for C test actors (run ./scripts/ensure-wasi-clang): {e}"));
     assert!(st.success(), "clang failed to build the C actor");
     let r = t.req(json!({"type":"spawn","id":"c","wasm":out,"source":t.dir.path().join("c")}));
     assert_eq!(r["type"], "ok", "{r}");
