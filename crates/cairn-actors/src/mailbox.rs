@@ -64,11 +64,11 @@ fn replay(lines: impl Iterator<Item = String>) -> (VecDeque<(u64, String)>, u64)
             queue.retain(|(s, _)| *s != n);
         } else if let Some(n) = line.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
             next = next.max(n);
-        } else if let Some((n, msg)) = line.strip_prefix('=').and_then(|r| r.split_once(' ')) {
-            if let Ok(n) = n.parse::<u64>() {
-                queue.push_back((n, msg.to_owned()));
-                next = next.max(n + 1);
-            }
+        } else if let Some((n, msg)) = line.strip_prefix('=').and_then(|r| r.split_once(' '))
+            && let Ok(n) = n.parse::<u64>()
+        {
+            queue.push_back((n, msg.to_owned()));
+            next = next.max(n + 1);
         }
     }
     (queue, next)

@@ -3,6 +3,7 @@
 //! (its own `/public`), with clang's errors coming back as `build_failed`.
 //! Needs clang + wasi-libc (`scripts/ensure-wasi-clang`); without them the
 //! builds fail and so do these tests, saying so.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

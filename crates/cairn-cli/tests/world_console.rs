@@ -1,6 +1,8 @@
 //! `cairn world init|run` as a user scripts it: the real binary, a WAT
 //! actor deployed, upgraded and rolled back through the console on stdin.
 #![cfg(feature = "actors")]
+// Helpers (not #[test] functions) unwrap too: a failure is the test's.
+#![allow(clippy::unwrap_used)]
 
 mod util;
 
