@@ -18,7 +18,7 @@ use wasmtime::component::Component;
 
 use crate::layout::{self, ActorEntry, Desired, Layout, Registry};
 use crate::mailbox::Mailbox;
-use crate::message::{self, AGENT, BROKER, CONSOLE, Inbound, Outbound};
+use crate::message::{self, AGENT, BROKER, CC, CONSOLE, Inbound, Outbound};
 use crate::runtime::{self, Dirs, Exit, Instance, Limits, Runtime};
 use crate::transcript::{self, Candidate};
 
@@ -107,9 +107,12 @@ struct Broker {
     cfg: WorldConfig,
     actors: HashMap<String, ActorRt>,
     tx: Sender<Event>,
-    /// Native participants (`console`, `agent`): messages to them go to
-    /// these channels instead of a mailbox.
+    /// Native participants without a mailbox (`console`, `cc`): messages
+    /// to them go to these channels.
     natives: HashMap<String, Sender<Inbound>>,
+    /// The native `agent`'s durable mailbox (`broker/mailbox/agent.jsonl`):
+    /// what waits for it survives a host crash like an actor's mailbox.
+    agent_box: Arc<Mailbox>,
     generation: u64,
     quitting: Option<Sender<()>>,
 }
@@ -118,14 +121,17 @@ struct Broker {
 /// the messages set aside while a request waited for its reply.
 type NativeInbox = Mutex<(Receiver<Inbound>, VecDeque<Inbound>)>;
 
-/// A running world: the broker thread plus the native participants' side of
-/// it (`console` and `agent`; see [`World::send_as`]).
+/// A running world: the broker thread, the `cc` worker, plus the native
+/// participants' side of it (`console` and `agent`; see [`World::send_as`]).
 #[derive(Debug)]
 pub struct World {
     tx: Sender<Event>,
-    natives: HashMap<&'static str, NativeInbox>,
+    console: NativeInbox,
+    agent_box: Arc<Mailbox>,
     thread: Mutex<Option<thread::JoinHandle<()>>>,
     req: Mutex<u64>,
+    /// Milliseconds since the epoch at open (part of request ids).
+    run_id: u128,
     root: PathBuf,
     _lock: std::fs::File,
 }
@@ -160,7 +166,19 @@ impl World {
         let rt = Runtime::new(cfg.limits.fuel.is_some())?;
         let (tx, rx) = mpsc::channel();
         let (ctx, crx) = mpsc::channel();
-        let (atx, arx) = mpsc::channel();
+        let (cctx, ccrx) = mpsc::channel();
+        let agent_box = Arc::new(Mailbox::open(&layout.mailbox(AGENT))?);
+        let cc_tx = tx.clone();
+        let cc_layout = layout.clone();
+        thread::Builder::new()
+            .name("cc".into())
+            .spawn(move || {
+                crate::cc::run(cc_layout, ccrx, |(to, reply_to, body)| {
+                    let msg = Outbound { to: Some(to), id: None, reply_to: Some(reply_to), body };
+                    let _ = cc_tx.send(Event::Native { from: CC.into(), msg });
+                });
+            })
+            .context("starting the cc thread")?;
         let mut b = Broker {
             layout,
             reg,
@@ -168,7 +186,8 @@ impl World {
             cfg,
             actors: HashMap::new(),
             tx: tx.clone(),
-            natives: HashMap::from([(CONSOLE.to_owned(), ctx), (AGENT.to_owned(), atx)]),
+            natives: HashMap::from([(CONSOLE.to_owned(), ctx), (CC.to_owned(), cctx)]),
+            agent_box: agent_box.clone(),
             generation: 0,
             quitting: None,
         };
@@ -189,12 +208,11 @@ impl World {
             .context("starting the broker thread")?;
         Ok(World {
             tx,
-            natives: HashMap::from([
-                (CONSOLE, Mutex::new((crx, VecDeque::new()))),
-                (AGENT, Mutex::new((arx, VecDeque::new()))),
-            ]),
+            console: Mutex::new((crx, VecDeque::new())),
+            agent_box,
             thread: Mutex::new(Some(thread)),
             req: Mutex::new(0),
+            run_id: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0),
             root: dir.to_owned(),
             _lock: lock,
         })
@@ -224,22 +242,26 @@ impl World {
         let _ = self.tx.send(Event::Native { from: from.into(), msg });
     }
 
-    fn inbox(&self, who: &str) -> &NativeInbox {
-        match self.natives.get(who) {
-            Some(i) => i,
-            None => &self.natives[CONSOLE],
-        }
-    }
-
     /// The next message addressed to the console, waiting up to `wait`.
     pub fn recv(&self, wait: Duration) -> Option<Inbound> {
         self.recv_as(CONSOLE, wait)
     }
 
     /// The next message addressed to a native participant (`console` or
-    /// `agent`), waiting up to `wait`.
+    /// `agent`), waiting up to `wait`. For `agent` it leaves the durable
+    /// mailbox (see [`World::agent_peek`] to keep it until handled).
     pub fn recv_as(&self, who: &str, wait: Duration) -> Option<Inbound> {
-        let mut g = self.inbox(who).lock().unwrap_or_else(|p| p.into_inner());
+        if who == AGENT {
+            let deadline = Instant::now() + wait;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let line = self.agent_box.pop_wait(left)?;
+                if let Ok(m) = serde_json::from_str(&line) {
+                    return Some(m);
+                }
+            }
+        }
+        let mut g = self.console.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = g.1.pop_front() {
             return Some(m);
         }
@@ -270,11 +292,23 @@ impl World {
             *g += 1;
             *g
         };
-        let own = format!("req-{n}");
+        // The run's start time keeps ids of this run apart from stale
+        // replies to an earlier run still waiting in the agent's mailbox.
+        let own = format!("req-{}-{n}", self.run_id);
         let full = format!("{who}/{own}");
         self.send_as(who, Some(to), Some(&own), None, body);
+        let answers = |m: &Inbound| m.reply_to.as_deref() == Some(full.as_str()) && (to != BROKER || m.from == BROKER);
+        if who == AGENT {
+            // The agent's other messages stay in its durable mailbox.
+            let (_, line) = self
+                .agent_box
+                .take_first(wait, |l| serde_json::from_str::<Inbound>(l).is_ok_and(|m| answers(&m)))
+                .ok_or_else(|| anyhow!("no reply from {to} within {wait:?}"))?;
+            let m = serde_json::from_str(&line)?;
+            return Ok((m, full));
+        }
         let deadline = Instant::now() + wait;
-        let mut g = self.inbox(who).lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.console.lock().unwrap_or_else(|p| p.into_inner());
         // A reply may already sit among the messages set aside earlier.
         if let Some(i) = g.1.iter().position(|m| m.reply_to.as_deref() == Some(full.as_str())) {
             let m = g.1.remove(i).ok_or_else(|| anyhow!("reply vanished"))?;
@@ -283,11 +317,43 @@ impl World {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let m = g.0.recv_timeout(left).map_err(|_| anyhow!("no reply from {to} within {wait:?}"))?;
-            if m.reply_to.as_deref() == Some(full.as_str()) && (to != BROKER || m.from == BROKER) {
+            if answers(&m) {
                 return Ok((m, full));
             }
             g.1.push_back(m);
         }
+    }
+
+    /// The oldest message waiting for the agent and its mailbox number,
+    /// left in the (durable) mailbox until [`World::agent_done`]; waits up
+    /// to `wait`. A line that is not a message is dropped.
+    pub fn agent_peek(&self, wait: Duration) -> Option<(u64, Inbound)> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (n, line) = self.agent_box.peek_wait(left)?;
+            match serde_json::from_str(&line) {
+                Ok(m) => return Some((n, m)),
+                Err(_) => {
+                    self.agent_box.remove(n);
+                }
+            }
+        }
+    }
+
+    /// Every message waiting for the agent, with its number, oldest first.
+    pub fn agent_waiting(&self) -> Vec<(u64, Inbound)> {
+        self.agent_box.entries().into_iter().filter_map(|(n, l)| Some((n, serde_json::from_str(&l).ok()?))).collect()
+    }
+
+    /// Removes message `n` from the agent's mailbox (handled).
+    pub fn agent_done(&self, n: u64) {
+        self.agent_box.remove(n);
+    }
+
+    /// Makes every later number of the agent's mailbox at least `n`.
+    pub fn agent_reserve(&self, n: u64) -> anyhow::Result<()> {
+        Ok(self.agent_box.reserve(n)?)
     }
 
     /// Stops every actor (shutdown, EOF, kill after 5 s) and the broker;
@@ -453,11 +519,15 @@ impl Broker {
         if let Some(tx) = self.natives.get(to) {
             return tx.send(m).map_err(|_| format!("{to} is gone"));
         }
+        if to == AGENT {
+            let line = serde_json::to_string(&m).map_err(|e| e.to_string())?;
+            return self.agent_box.push(line).map(drop).map_err(|e| e.to_string());
+        }
         let Some(a) = self.actors.get(to).filter(|_| self.reg.actors.contains_key(to)) else {
             return Err(format!("no actor {to:?}"));
         };
         let line = serde_json::to_string(&m).map_err(|e| e.to_string())?;
-        a.mailbox.push(line).map_err(|e| e.to_string())
+        a.mailbox.push(line).map(drop).map_err(|e| e.to_string())
     }
 
     fn undeliverable(&mut self, sender: &str, msg_id: &str, to: &str, reason: &str) {

@@ -4,7 +4,8 @@
 //! and crash-loop rollback. This crate is a host: it owns processes,
 //! threads and files, and uses `anyhow` at its edges.
 //!
-//! Modules: `message` (formats, ids), `layout` (world directory, registry,
+//! Modules: `message` (formats, ids), `cc` (the native C compiler
+//! participant), `layout` (world directory, registry,
 //! path rules), `mailbox` (bounded durable queues), `runtime` (wasmtime),
 //! `commitfs` (commit-on-close files), `transcript` (upgrade gates),
 //! `broker` (routing and lifecycle),
@@ -12,6 +13,7 @@
 //! (the agent's `actor_*` tools).
 
 pub mod broker;
+pub mod cc;
 pub mod commitfs;
 pub mod console;
 pub mod layout;

@@ -1,17 +1,25 @@
 //! Durable per-actor mailboxes: a bounded FIFO (1,000 messages) whose
 //! content is journaled to `broker/mailbox/<id>.jsonl` so messages accepted
-//! for an actor survive a host crash. Owns queueing only, not routing.
+//! for an actor (or for the native `agent`) survive a host crash. Owns
+//! queueing only, not routing.
 //!
-//! Journal records: `+<line>` for a push, `-` for a pop (FIFO). Replayed and
-//! compacted when the mailbox is opened. Delivery stays at most once: a
-//! message is popped (journaled) before it is written to the actor's stdin.
+//! Every message gets a sequence number, increasing for the life of the
+//! journal (compaction keeps them), so a reader can name one message (the
+//! agent records the number of the message that started its turn).
+//!
+//! Journal records: `+<line>` a push (the next number), `-` a pop of the
+//! oldest, `x<n>` the removal of message `n` wherever it is, `#<n>` "the
+//! next number is at least `n`", `=<n> <line>` a message with its number
+//! (written by compaction). Replayed and compacted when the mailbox is
+//! opened. Delivery stays at most once: a message is popped (journaled)
+//! before it is written to the actor's stdin.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Messages a mailbox holds before senders get `undeliverable`.
 pub const MAILBOX_LIMIT: usize = 1000;
@@ -29,7 +37,8 @@ pub enum MailboxError {
 
 #[derive(Debug)]
 struct Inner {
-    queue: VecDeque<String>,
+    queue: VecDeque<(u64, String)>,
+    next: u64,
     journal: File,
 }
 
@@ -41,60 +50,143 @@ pub struct Mailbox {
     ready: Condvar,
 }
 
+/// Replays journal records into a queue and the next number.
+fn replay(lines: impl Iterator<Item = String>) -> (VecDeque<(u64, String)>, u64) {
+    let mut queue = VecDeque::new();
+    let mut next = 1u64;
+    for line in lines {
+        if let Some(msg) = line.strip_prefix('+') {
+            queue.push_back((next, msg.to_owned()));
+            next += 1;
+        } else if line == "-" {
+            queue.pop_front();
+        } else if let Some(n) = line.strip_prefix('x').and_then(|n| n.parse::<u64>().ok()) {
+            queue.retain(|(s, _)| *s != n);
+        } else if let Some(n) = line.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
+            next = next.max(n);
+        } else if let Some((n, msg)) = line.strip_prefix('=').and_then(|r| r.split_once(' '))
+            && let Ok(n) = n.parse::<u64>()
+        {
+            queue.push_back((n, msg.to_owned()));
+            next = next.max(n + 1);
+        }
+    }
+    (queue, next)
+}
+
 impl Mailbox {
     /// Opens (replaying and compacting) the journal at `path`.
     pub fn open(path: &Path) -> Result<Mailbox, MailboxError> {
         let err = |e| MailboxError::Journal(path.to_owned(), e);
-        let mut queue = VecDeque::new();
-        if let Ok(f) = File::open(path) {
-            for line in BufReader::new(f).lines() {
-                let line = line.map_err(err)?;
-                if let Some(msg) = line.strip_prefix('+') {
-                    queue.push_back(msg.to_owned());
-                } else if line == "-" {
-                    queue.pop_front();
-                }
-                // A torn last line (crash mid-append) is ignored.
+        let (queue, next) = match File::open(path) {
+            Ok(f) => {
+                let mut text = String::new();
+                BufReader::new(f).read_to_string(&mut text).map_err(err)?;
+                // A last record without its newline was torn by a crash
+                // mid-append: it never counted.
+                let whole = text.rfind('\n').map_or("", |i| &text[..i]);
+                replay(whole.lines().map(str::to_owned))
             }
-        }
+            Err(_) => (VecDeque::new(), 1),
+        };
         let tmp = path.with_extension("jsonl.tmp");
         {
             let mut f = File::create(&tmp).map_err(err)?;
-            for m in &queue {
-                writeln!(f, "+{m}").map_err(err)?;
+            writeln!(f, "#{next}").map_err(err)?;
+            for (n, m) in &queue {
+                writeln!(f, "={n} {m}").map_err(err)?;
             }
             f.sync_all().map_err(err)?;
         }
         std::fs::rename(&tmp, path).map_err(err)?;
         let journal = OpenOptions::new().append(true).open(path).map_err(err)?;
-        Ok(Mailbox { path: path.to_owned(), inner: Mutex::new(Inner { queue, journal }), ready: Condvar::new() })
+        Ok(Mailbox { path: path.to_owned(), inner: Mutex::new(Inner { queue, next, journal }), ready: Condvar::new() })
     }
 
-    /// Queues one stdin line (already serialized, without newline).
-    pub fn push(&self, line: String) -> Result<(), MailboxError> {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues one stdin line (already serialized, without newline) and
+    /// returns its number.
+    pub fn push(&self, line: String) -> Result<u64, MailboxError> {
+        let mut g = self.lock();
         if g.queue.len() >= MAILBOX_LIMIT {
             return Err(MailboxError::Full);
         }
         writeln!(g.journal, "+{line}").map_err(|e| MailboxError::Journal(self.path.clone(), e))?;
-        g.queue.push_back(line);
+        let n = g.next;
+        g.next += 1;
+        g.queue.push_back((n, line));
         self.ready.notify_all();
-        Ok(())
+        Ok(n)
     }
 
     /// Takes the oldest message, waiting up to `wait` for one.
     pub fn pop_wait(&self, wait: Duration) -> Option<String> {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.lock();
         let (mut g, _) =
             self.ready.wait_timeout_while(g, wait, |i| i.queue.is_empty()).unwrap_or_else(|p| p.into_inner());
-        let m = g.queue.pop_front()?;
+        let (_, m) = g.queue.pop_front()?;
         let _ = writeln!(g.journal, "-");
         Some(m)
     }
 
+    /// The oldest message and its number, left in the mailbox, waiting up
+    /// to `wait` for one.
+    pub fn peek_wait(&self, wait: Duration) -> Option<(u64, String)> {
+        let g = self.lock();
+        let (g, _) = self.ready.wait_timeout_while(g, wait, |i| i.queue.is_empty()).unwrap_or_else(|p| p.into_inner());
+        g.queue.front().cloned()
+    }
+
+    /// Takes the oldest message for which `pred` holds, waiting up to `wait`
+    /// for one; the others stay where they are.
+    pub fn take_first(&self, wait: Duration, pred: impl Fn(&str) -> bool) -> Option<(u64, String)> {
+        let deadline = Instant::now() + wait;
+        let mut g = self.lock();
+        loop {
+            if let Some(i) = g.queue.iter().position(|(_, m)| pred(m)) {
+                let (n, m) = g.queue.remove(i)?;
+                let _ = writeln!(g.journal, "x{n}");
+                return Some((n, m));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            g = self.ready.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Removes message `n`; whether it was there.
+    pub fn remove(&self, n: u64) -> bool {
+        let mut g = self.lock();
+        let Some(i) = g.queue.iter().position(|(s, _)| *s == n) else { return false };
+        g.queue.remove(i);
+        let _ = writeln!(g.journal, "x{n}");
+        true
+    }
+
+    /// Every waiting message with its number, oldest first.
+    pub fn entries(&self) -> Vec<(u64, String)> {
+        self.lock().queue.iter().cloned().collect()
+    }
+
+    /// Makes the next number at least `n` (journaled), so numbers another
+    /// record already used (the agent's session) are never handed out again.
+    pub fn reserve(&self, n: u64) -> Result<(), MailboxError> {
+        let mut g = self.lock();
+        if g.next < n {
+            writeln!(g.journal, "#{n}").map_err(|e| MailboxError::Journal(self.path.clone(), e))?;
+            g.next = n;
+        }
+        Ok(())
+    }
+
     /// Messages waiting.
     pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).queue.len()
+        self.lock().queue.len()
     }
 
     /// Whether no message waits.
@@ -121,5 +213,38 @@ mod tests {
         let m = Mailbox::open(&p).unwrap();
         assert_eq!(m.len(), MAILBOX_LIMIT - 1);
         assert_eq!(m.pop_wait(Duration::ZERO).as_deref(), Some("{\"n\":1}"));
+    }
+
+    #[test]
+    fn numbers_survive_removal_compaction_and_reserve() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("agent.jsonl");
+        let m = Mailbox::open(&p).unwrap();
+        assert_eq!(m.push("a".into()).unwrap(), 1);
+        assert_eq!(m.push("b".into()).unwrap(), 2);
+        assert_eq!(m.push("c".into()).unwrap(), 3);
+        assert_eq!(m.peek_wait(Duration::ZERO), Some((1, "a".to_owned())));
+        assert_eq!(m.take_first(Duration::ZERO, |l| l == "b"), Some((2, "b".to_owned())));
+        assert_eq!(m.take_first(Duration::ZERO, |l| l == "zz"), None);
+        assert!(m.remove(1));
+        assert!(!m.remove(1));
+        m.reserve(10).unwrap();
+        drop(m);
+        // Reopened (replayed and compacted) twice: numbers and order hold.
+        for _ in 0..2 {
+            let m = Mailbox::open(&p).unwrap();
+            assert_eq!(m.entries(), vec![(3, "c".to_owned())]);
+        }
+        let m = Mailbox::open(&p).unwrap();
+        assert_eq!(m.push("d".into()).unwrap(), 10);
+        drop(m);
+        let m = Mailbox::open(&p).unwrap();
+        assert_eq!(m.entries(), vec![(3, "c".to_owned()), (10, "d".to_owned())]);
+        assert_eq!(m.pop_wait(Duration::ZERO).as_deref(), Some("c"));
+        // A torn last record (crash mid-append) is ignored.
+        drop(m);
+        std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b"+{\"torn\"").unwrap();
+        let m = Mailbox::open(&p).unwrap();
+        assert_eq!(m.entries(), vec![(10, "d".to_owned())]);
     }
 }

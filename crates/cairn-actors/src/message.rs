@@ -14,6 +14,8 @@ pub const BROKER: &str = "broker";
 pub const CONSOLE: &str = "console";
 /// The agent's fixed id: a native participant (see `World::send_as`).
 pub const AGENT: &str = "agent";
+/// The native compiler participant (`cc`: builds C into actors).
+pub const CC: &str = "cc";
 
 /// A line written to an actor's stdin.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,7 +104,7 @@ pub fn check_actor_id(id: &str) -> Result<(), IdError> {
     if !id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
         return Err(IdError::Chars(id.to_owned()));
     }
-    if id == BROKER || id == CONSOLE || id == AGENT {
+    if id == BROKER || id == CONSOLE || id == AGENT || id == CC {
         return Err(IdError::Reserved(id.to_owned()));
     }
     Ok(())
@@ -135,7 +137,7 @@ mod tests {
         assert!(check_actor_id(&"a".repeat(64)).is_ok());
         assert_eq!(check_actor_id(&"a".repeat(65)), Err(IdError::Length(65)));
         assert!(check_actor_id("").is_err());
-        for bad in ["A", "a b", "a/b", "..", "é", "a.b", "broker", "console", "agent"] {
+        for bad in ["A", "a b", "a/b", "..", "é", "a.b", "broker", "console", "agent", "cc"] {
             assert!(check_actor_id(bad).is_err(), "{bad}");
         }
     }

@@ -1,13 +1,14 @@
-//! The agent's tools over a running world: `actor_spawn`, `actor_send`
-//! (optionally waiting for the reply), `actor_upgrade`, `actor_rollback`,
+//! The agent's tools over a running world: `actor_build` (C → `.wasm`
+//! through the native `cc`), `actor_spawn`, `actor_send` (optionally
+//! waiting for the reply), `actor_upgrade`, `actor_rollback`,
 //! `actor_stop`, `actor_remove`, `actor_list`, `actor_logs`. Every call is
 //! made as the native participant `agent` (so the broker's permission rule
 //! lets it manage any actor) and is turned into one broker request or
 //! message; this module owns argument checking and receipts, never
 //! routing or lifecycle (see `broker`).
 //!
-//! Risk tiers: list and logs ReadOnly; spawn, send, upgrade, rollback and
-//! stop Write; remove Destructive (it archives the actor: nothing is
+//! Risk tiers: list and logs ReadOnly; build, spawn, send, upgrade,
+//! rollback and stop Write; remove Destructive (it archives the actor: nothing is
 //! deleted, but the actor is gone from the world).
 
 use std::collections::BTreeSet;
@@ -26,6 +27,9 @@ use crate::message::AGENT;
 /// How long a broker request may take (an upgrade runs transcript tests,
 /// 10 s per `expect`).
 const REQUEST_WAIT: Duration = Duration::from_secs(600);
+/// How long `actor_build` waits for `cc` (its clang runs at most
+/// `cc::BUILD_TIMEOUT`; builds queue behind each other).
+const BUILD_WAIT: Duration = Duration::from_secs(600);
 /// Longest `wait_secs` an `actor_send` may ask for.
 const MAX_SEND_WAIT: f64 = 600.0;
 /// Bytes of `stderr.log` `actor_logs` returns at most (its tail).
@@ -33,6 +37,7 @@ const LOG_TAIL: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
+    Build,
     Spawn,
     Send,
     Upgrade,
@@ -83,6 +88,20 @@ pub fn actor_tools(world: Arc<World>) -> Vec<Arc<dyn Tool>> {
         "built_by": {"type": "string", "description": "what built the wasm (recorded in meta.json)"}
     });
     let specs = [
+        (
+            Kind::Build,
+            spec(
+                "actor_build",
+                "Compile C into an actor with the world's `cc` (clang --target=wasm32-wasi, wasi-libc, -O2). Give `files` (name → text; every top-level .c is compiled, tests/*.jsonl transcripts travel with the source) or `source` (a .c file or a directory). Returns the `wasm` and `source` paths to pass to actor_spawn / actor_upgrade, or clang's errors.",
+                Risk::Write,
+                ReplayPolicy::Never,
+                json!({"type": "object", "properties": {
+                "name": {"type": "string", "description": "build name (a-z 0-9 - _); a new build of a name replaces the last"},
+                "files": {"type": "object", "additionalProperties": {"type": "string"}, "description": "file name → content, e.g. {\"main.c\": \"…\", \"tests/echo.jsonl\": \"…\"}"},
+                "source": {"type": "string", "description": "path of a .c file or a source directory (instead of files)"}},
+                "required": ["name"], "additionalProperties": false}),
+            ),
+        ),
         (
             Kind::Spawn,
             spec(
@@ -213,6 +232,34 @@ impl ActorTool {
             (text, r, ok)
         };
         match self.kind {
+            Kind::Build => {
+                let mut req = json!({"type": "build", "name": str_arg(args, "name")?});
+                if let Some(f) = args.get("files") {
+                    req["files"] = f.clone();
+                }
+                if let Some(s) = args.get("source").and_then(Value::as_str) {
+                    req["source"] = json!(abs(cwd, s));
+                }
+                let (reply, _) = self
+                    .world
+                    .ask_as(AGENT, crate::message::CC, req, BUILD_WAIT)
+                    .map_err(|e| ToolError::Other(format!("{e:#}")))?;
+                let b = reply.body;
+                if b["type"] == "built" {
+                    let mut text = format!("built {}: wasm {} source {}", b["name"], b["wasm"], b["source"]);
+                    if let Some(w) = b["warnings"].as_str().filter(|w| !w.is_empty()) {
+                        text.push_str(&format!("\nwarnings:\n{w}"));
+                    }
+                    Ok((text, b, true))
+                } else {
+                    let text = format!(
+                        "build failed: {}\n{}",
+                        b["reason"].as_str().unwrap_or("(no reason)"),
+                        b["stderr"].as_str().unwrap_or("")
+                    );
+                    Ok((text, b, false))
+                }
+            }
             Kind::Spawn | Kind::Upgrade => {
                 let ty = if self.kind == Kind::Spawn { "spawn" } else { "upgrade" };
                 let mut req = json!({"type": ty, "id": str_arg(args, "id")?, "wasm": abs(cwd, str_arg(args, "wasm")?)});

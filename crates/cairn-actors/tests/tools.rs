@@ -48,7 +48,7 @@ fn tiers_are_as_the_issue_says() {
     let tier = |n: &str| tools.iter().find(|t| t.spec().name == n).map(|t| t.spec().risk);
     assert_eq!(tier("actor_list"), Some(Risk::ReadOnly));
     assert_eq!(tier("actor_logs"), Some(Risk::ReadOnly));
-    for n in ["actor_spawn", "actor_send", "actor_upgrade", "actor_rollback", "actor_stop"] {
+    for n in ["actor_build", "actor_spawn", "actor_send", "actor_upgrade", "actor_rollback", "actor_stop"] {
         assert_eq!(tier(n), Some(Risk::Write), "{n}");
     }
     assert_eq!(tier("actor_remove"), Some(Risk::Destructive));

@@ -178,3 +178,30 @@ int main(void) {
     let meta: Value = serde_json::from_str(&t.read("broker/versions/c/1/meta.json")).unwrap();
     assert_eq!(meta["requested_by"], "console");
 }
+
+#[test]
+fn the_agents_mailbox_is_journaled_and_a_request_takes_only_its_reply() {
+    let mut t = TestWorld::new();
+    t.w().send(Some("agent"), None, None, json!({"type": "text", "text": "q1"}));
+    // The broker handles events in order: after this answer, q1 is queued.
+    t.req(json!({"type": "list"}));
+    t.reopen();
+    let waiting = t.w().agent_waiting();
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!(waiting[0].1.body["text"], "q1");
+    // A request made as the agent takes its reply out of the mailbox and
+    // leaves q1 where it is.
+    let (r, _) = t.w().ask_as("agent", "cc", json!({"type": "compile"}), Duration::from_secs(60)).unwrap();
+    assert_eq!(r.body["type"], "build_failed", "{r:?}");
+    let (n, m) = t.w().agent_peek(Duration::ZERO).unwrap();
+    assert_eq!((n, m.body["text"].as_str()), (waiting[0].0, Some("q1")));
+    t.w().agent_done(n);
+    assert!(t.w().agent_waiting().is_empty());
+    t.reopen();
+    assert!(t.w().agent_waiting().is_empty(), "handled messages stay handled");
+    // Numbers are never handed out again, even past a reopen.
+    t.w().agent_reserve(n + 10).unwrap();
+    t.w().send(Some("agent"), None, None, json!({"type": "text", "text": "q2"}));
+    t.req(json!({"type": "list"}));
+    assert_eq!(t.w().agent_waiting().first().map(|(k, _)| *k), Some(n + 10));
+}

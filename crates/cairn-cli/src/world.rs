@@ -7,9 +7,17 @@
 //! The agent: a `{"type":"text","text":…}` message without `reply_to`
 //! starts a turn (replies never do); the final answer goes back to the
 //! sender as a reply `{"type":"text","text":…}`. The session file's path is
-//! kept in `DIR/broker/agent-session`; a turn cut off by the end of the
-//! process is resumed (cairn's resume) when the world runs again, and its
-//! answer then goes to the console.
+//! kept in `DIR/broker/agent-session`.
+//!
+//! Nothing sent to the agent is lost to a crash: messages wait in its
+//! durable mailbox (`broker/mailbox/agent.jsonl`, numbered), including while
+//! no agent runs (`--no-agent`) or a turn runs. The message that starts a
+//! turn stays there until its answer has been sent, and the turn is started
+//! with `Session::run_queued` under the message's number, so the session
+//! records (in the same line as the prompt) that this message was taken. A
+//! turn cut off by the end of the process is resumed (cairn's resume) when
+//! the world runs again and answers that message's sender; a message whose
+//! turn ended but whose answer was not sent gets the turn's final text.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,6 +28,7 @@ use anyhow::{Context as _, Result};
 use cairn_actors::World;
 use cairn_core::approval::{Allowlist, PolicyApprover};
 use cairn_core::provider::Provider;
+use cairn_core::storage::registers::{self, QueuedPrompt};
 use cairn_core::storage::{JsonlStore, Storage};
 use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent};
 use clap::Subcommand;
@@ -158,36 +167,73 @@ impl Agent {
     }
 }
 
+/// Whether a message to the agent starts a turn, and its prompt.
+fn prompt(m: &cairn_actors::message::Inbound) -> Option<&str> {
+    // Replies (and anything but text) never start a turn.
+    if m.reply_to.is_some() || m.body["type"] != "text" {
+        return None;
+    }
+    m.body["text"].as_str()
+}
+
+/// The last assistant text of the session (a finished turn's answer).
+fn last_answer<S: Storage>(session: &Session<S>) -> String {
+    session
+        .messages()
+        .iter()
+        .rev()
+        .find(|m| m.role == cairn_core::message::Role::Assistant)
+        .map(|m| m.joined_text())
+        .unwrap_or_default()
+}
+
 fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool) {
     let cancel = CancelToken::new();
     let mut approver = PolicyApprover::new(p.allow.clone(), None);
     let mut observer = |_: &TurnEvent| {};
-    if p.session.needs_resume() {
+    // Messages numbered up to `through` were taken into the session; the
+    // one still in the mailbox is the turn not yet answered.
+    let through = registers::prompt_queue(p.session.store()).through;
+    if let Err(e) = world.agent_reserve(through + 1) {
+        eprintln!("cairn: the agent's mailbox: {e:#}");
+    }
+    let asked = world.agent_waiting().into_iter().find(|(n, m)| *n <= through && prompt(m).is_some());
+    if p.session.needs_resume() || asked.is_some() {
         idle.store(false, Ordering::SeqCst);
-        let mut env = TurnEnv {
-            provider: &*p.provider,
-            tools: &p.registry,
-            approver: &mut approver,
-            observer: &mut observer,
-            cancel: &cancel,
+        let body = if p.session.needs_resume() {
+            let mut env = TurnEnv {
+                provider: &*p.provider,
+                tools: &p.registry,
+                approver: &mut approver,
+                observer: &mut observer,
+                cancel: &cancel,
+            };
+            match p.session.resume(&mut env) {
+                Ok(Some(o)) => json!({"type": "text", "text": o.text, "resumed": true}),
+                Ok(None) => Value::Null,
+                Err(e) => json!({"type": "error", "reason": format!("resuming the agent's turn: {e}")}),
+            }
+        } else {
+            // The turn ended before its answer went out.
+            json!({"type": "text", "text": last_answer(&p.session), "resumed": true})
         };
-        let body = match p.session.resume(&mut env) {
-            Ok(Some(o)) => json!({"type": "text", "text": o.text, "resumed": true}),
-            Ok(None) => Value::Null,
-            Err(e) => json!({"type": "error", "reason": format!("resuming the agent's turn: {e}")}),
-        };
-        if !body.is_null() {
-            world.send_as("agent", Some("console"), None, None, body);
+        match (&asked, body.is_null()) {
+            (_, true) => {}
+            (Some((n, m)), false) => {
+                world.send_as("agent", Some(&m.from), None, Some(&m.id), body);
+                world.agent_done(*n);
+            }
+            // A turn started before the asker was recorded (an older world).
+            (None, false) => world.send_as("agent", Some("console"), None, None, body),
         }
         idle.store(true, Ordering::SeqCst);
     }
     while !stop.load(Ordering::SeqCst) {
-        let Some(m) = world.recv_as("agent", Duration::from_millis(100)) else { continue };
-        // Replies (and anything but text) never start a turn.
-        if m.reply_to.is_some() || m.body["type"] != "text" {
+        let Some((n, m)) = world.agent_peek(Duration::from_millis(100)) else { continue };
+        let Some(text) = prompt(&m).map(str::to_owned) else {
+            world.agent_done(n);
             continue;
-        }
-        let Some(text) = m.body["text"].as_str() else { continue };
+        };
         idle.store(false, Ordering::SeqCst);
         let mut env = TurnEnv {
             provider: &*p.provider,
@@ -196,11 +242,16 @@ fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &Atomic
             observer: &mut observer,
             cancel: &cancel,
         };
-        let body = match p.session.run_turn(text, &mut env) {
-            Ok(o) => json!({"type": "text", "text": o.text, "stop": o.stop}),
+        let body = match p.session.run_queued(&[QueuedPrompt { n, prompt: text }], &mut env) {
+            Ok(Some(o)) => json!({"type": "text", "text": o.text, "stop": o.stop}),
+            // Taken before (its number is not above the session's mark).
+            Ok(None) => json!({"type": "text", "text": last_answer(&p.session), "resumed": true}),
             Err(e) => json!({"type": "error", "reason": format!("the agent's turn failed: {e}")}),
         };
+        // Answered (handed to the broker), then forgotten: a crash between
+        // the two sends the answer again at the next run.
         world.send_as("agent", Some(&m.from), None, Some(&m.id), body);
+        world.agent_done(n);
         idle.store(true, Ordering::SeqCst);
     }
 }

@@ -1,6 +1,8 @@
 //! `cairn world init|run` as a user scripts it: the real binary, a WAT
 //! actor deployed, upgraded and rolled back through the console on stdin.
 #![cfg(feature = "actors")]
+// Helpers (not #[test] functions) unwrap too: a failure is the test's.
+#![allow(clippy::unwrap_used)]
 
 mod util;
 
@@ -129,4 +131,331 @@ please spawn hello
     let named = std::fs::read_to_string(env.cwd.join("w/broker/agent-session")).unwrap();
     assert!(std::path::Path::new(named.trim()).exists(), "{named}");
     assert!(std::fs::read_to_string(named.trim()).unwrap().contains("actor_spawn"));
+}
+
+/// A running `cairn world run`: its stdin kept open, its stdout read line
+/// by line on a thread (so the test can wait for one line, then act).
+struct Running {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Running {
+    fn start(mut cmd: std::process::Command) -> Running {
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(stdout).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Running { child, stdin, lines, seen: Vec::new() }
+    }
+
+    fn say(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Waits (at most 180 s, then fails saying what was seen) for a stdout
+    /// line that is JSON and satisfies `pred`.
+    fn wait(&mut self, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Ok(l) = self.lines.recv_timeout(left) else {
+                panic!("no line {what} within 180 s; saw:\n{}", self.seen.join("\n"));
+            };
+            self.seen.push(l.clone());
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&l)
+                && pred(&v)
+            {
+                return v;
+            }
+        }
+    }
+
+    /// SIGKILL: no shutdown, no flush, no lock release but the kernel's.
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// `/quit`, then the exit status must be success.
+    fn quit(mut self) -> Vec<String> {
+        self.say("/quit");
+        drop(self.stdin);
+        let status = self.child.wait().unwrap();
+        self.seen.extend(self.lines.iter());
+        assert!(status.success(), "{}", self.seen.join("\n"));
+        self.seen
+    }
+}
+
+/// Builds a C actor with clang (Debian's wasi-libc), as `cc` would.
+fn clang(env: &Env, name: &str, source: &str) -> std::path::PathBuf {
+    let src = env.cwd.join(format!("{name}.c"));
+    let out = env.cwd.join(format!("{name}.wasm"));
+    std::fs::write(&src, source).unwrap();
+    let st = std::process::Command::new("clang")
+        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("clang is needed for the C test actors (run scripts/ensure-wasi-clang): {e}"));
+    assert!(st.success(), "clang failed to build {name}.c (run scripts/ensure-wasi-clang)");
+    out
+}
+
+/// A C actor answering every message not from the broker and not itself a
+/// reply with `{"version": VERSION}` to its sender, as a reply.
+fn versioned_c(version: u32) -> String {
+    format!(
+        r#"#include <stdio.h>
+#include <string.h>
+static void field(const char *line, const char *key, char *out, size_t n) {{
+    const char *p = strstr(line, key);
+    size_t i = 0;
+    if (p) {{
+        p += strlen(key);
+        while (p[i] && p[i] != '"' && i + 1 < n) {{ out[i] = p[i]; i++; }}
+    }}
+    out[i] = 0;
+}}
+int main(void) {{
+    static char line[65536];
+    char id[256], from[256];
+    while (fgets(line, sizeof line, stdin)) {{
+        if (strstr(line, "\"from\":\"broker\"") || strstr(line, "\"reply_to\"")) continue;
+        field(line, "\"id\":\"", id, sizeof id);
+        field(line, "\"from\":\"", from, sizeof from);
+        printf("{{\"to\":\"%s\",\"reply_to\":\"%s\",\"body\":{{\"version\":%d}}}}\n", from, id, {version});
+        fflush(stdout);
+    }}
+    return 0;
+}}
+"#
+    )
+}
+
+/// Every value anywhere in `v` (strings holding JSON included) for which
+/// `f` returns something, in document order.
+fn find_all<T>(v: &serde_json::Value, f: &dyn Fn(&serde_json::Value) -> Option<T>, out: &mut Vec<T>) {
+    if let Some(t) = f(v) {
+        out.push(t);
+    }
+    match v {
+        serde_json::Value::Object(m) => m.values().for_each(|x| find_all(x, f, out)),
+        serde_json::Value::Array(a) => a.iter().for_each(|x| find_all(x, f, out)),
+        serde_json::Value::String(s) if s.starts_with('{') => {
+            if let Ok(inner) = serde_json::from_str::<serde_json::Value>(s) {
+                find_all(&inner, f, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_agent_builds_a_c_actor_through_cc_deploys_upgrades_and_rolls_it_back() {
+    let env = Env::new();
+    let out = env.cairn(&["world", "init", "w"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let wasm = "w/broker/builds/agent/hello/actor.wasm";
+    let source = "w/broker/builds/agent/hello/source";
+    let call = |id: &str, name: &str, args: serde_json::Value| serde_json::json!({"toolCalls": [{"id": id, "name": name, "arguments": args}]});
+    let ask = |id: &str| call(id, "actor_send", serde_json::json!({"to": "hello", "body": {"q": id}, "wait_secs": 60}));
+    let script = env.script(&[
+        call("b1", "actor_build", serde_json::json!({"name": "hello", "files": {"main.c": versioned_c(1)}})),
+        call("s1", "actor_spawn", serde_json::json!({"id": "hello", "wasm": wasm, "source": source, "built_by": "cc"})),
+        ask("q1"),
+        call(
+            "b2",
+            "actor_build",
+            serde_json::json!({"name": "hello", "files": {"main.c": versioned_c(2),
+                "tests/answers.jsonl": "{\"send\": {\"q\": \"t\"}}\n{\"expect\": {\"version\": 2}}\n"}}),
+        ),
+        call(
+            "u2",
+            "actor_upgrade",
+            serde_json::json!({"id": "hello", "wasm": wasm, "source": source, "built_by": "cc"}),
+        ),
+        ask("q2"),
+        call("r1", "actor_rollback", serde_json::json!({"id": "hello"})),
+        ask("q3"),
+        serde_json::json!({"text": "hello: built, deployed, upgraded to 2, rolled back to 1"}),
+    ]);
+    let mut args = vec!["--script", script.to_str().unwrap()];
+    for t in ["actor_build", "actor_spawn", "actor_send", "actor_upgrade", "actor_rollback"] {
+        args.extend(["--allow", t]);
+    }
+    args.extend(["world", "run", "w"]);
+    let mut run = Running::start(env.cairn(&args));
+    run.say("please write hello in C, deploy it, upgrade it and roll it back");
+    let answer = run.wait("the agent's answer", |v| v["from"] == "agent");
+    assert_eq!(answer["body"]["text"], "hello: built, deployed, upgraded to 2, rolled back to 1", "{answer}");
+    run.say("/list");
+    let list = run.wait("the list", |v| v["type"] == "list");
+    let hello = &list["actors"][0];
+    assert_eq!(
+        (hello["id"].as_str(), hello["version"].as_u64(), hello["latest"].as_u64()),
+        (Some("hello"), Some(1), Some(2)),
+        "{list}"
+    );
+    run.quit();
+
+    // The session's receipts: every tool call succeeded, and the three
+    // answers came from versions 1, 2, then 1 again.
+    let named = std::fs::read_to_string(env.cwd.join("w/broker/agent-session")).unwrap();
+    let log: Vec<serde_json::Value> =
+        std::fs::read_to_string(named.trim()).unwrap().lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let mut versions = Vec::new();
+    for entry in &log {
+        find_all(entry, &|v| v.get("reply")?.get("body")?.get("version")?.as_u64(), &mut versions);
+    }
+    assert_eq!(versions, vec![1, 2, 1], "answers in the session");
+    let mut exits = Vec::new();
+    for entry in &log {
+        find_all(entry, &|v| Some((v.get("exitCode").or(v.get("exit_code"))?.as_i64()?, v.to_string())), &mut exits);
+    }
+    assert_eq!(exits.len(), 8, "one receipt per call: {exits:#?}");
+    assert!(exits.iter().all(|(code, _)| *code == 0), "{exits:#?}");
+    // cc's build went through the broker's version store, with its source
+    // and transcript; the upgrade ran that transcript.
+    assert!(env.cwd.join("w/broker/versions/hello/2/source/tests/answers.jsonl").is_file());
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(env.cwd.join("w/broker/versions/hello/2/meta.json")).unwrap())
+            .unwrap();
+    assert_eq!((meta["built_by"].as_str(), meta["requested_by"].as_str()), (Some("cc"), Some("agent")));
+}
+
+#[test]
+fn queued_mailbox_messages_survive_a_sigkill_of_the_host() {
+    let env = Env::new();
+    std::fs::write(env.cwd.join("echo.wat"), echo("up")).unwrap();
+    let out = env.cairn(&["world", "init", "w"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut run = Running::start(env.cairn(&["world", "run", "--no-agent", "w"]));
+    run.say("/deploy hello echo.wat");
+    run.wait("the spawn", |v| v["request"] == "spawn" && v["type"] == "ok");
+    // Stopped, the actor reads nothing: what is sent to it waits in its
+    // mailbox.
+    run.say(r#"@broker {"type":"stop","id":"hello"}"#);
+    run.wait("the stop", |v| v["body"]["request"] == "stop");
+    for n in 1..=5 {
+        run.say(&format!(r#"@hello {{"n":{n}}}"#));
+    }
+    // The broker handles events in order: once /list is answered the five
+    // messages are in the mailbox (and its journal).
+    run.say("/list");
+    let list = run.wait("the list", |v| v["type"] == "list");
+    assert_eq!(list["actors"][0]["state"], "stopped", "{list}");
+    run.kill9();
+
+    let mut run = Running::start(env.cairn(&["world", "run", "--no-agent", "w"]));
+    run.say(r#"@broker {"type":"subscribe","actor":"hello"}"#);
+    run.wait("the subscription", |v| v["body"]["request"] == "subscribe");
+    run.say(r#"@broker {"type":"start","id":"hello"}"#);
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        let v = run.wait("an echoed message", |v| v["from"] == "hello" && v["body"]["n"].is_u64());
+        got.push(v["body"]["n"].as_u64().unwrap());
+    }
+    assert_eq!(got, vec![1, 2, 3, 4, 5], "every queued message, once, in order");
+    let seen = run.quit();
+    let dup = seen.iter().filter(|l| l.contains(r#""n":"#) && l.contains(r#""from":"hello""#)).count();
+    assert_eq!(dup, 5, "no message twice: {seen:#?}");
+}
+
+#[test]
+fn messages_to_the_agent_wait_in_its_journal_through_a_sigkill() {
+    let env = Env::new();
+    let out = env.cairn(&["world", "init", "w"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // No agent runs: the message waits for it.
+    let mut run = Running::start(env.cairn(&["world", "run", "--no-agent", "w"]));
+    run.say("are you there?");
+    run.say("/list");
+    run.wait("the list", |v| v["type"] == "list");
+    run.kill9();
+    let journal = std::fs::read_to_string(env.cwd.join("w/broker/mailbox/agent.jsonl")).unwrap();
+    assert!(journal.contains("are you there?"), "{journal}");
+
+    // The next run with an agent answers it.
+    let script = env.script(&[serde_json::json!({"text": "yes, here"})]);
+    let mut run = Running::start(env.cairn(&["--script", script.to_str().unwrap(), "world", "run", "w"]));
+    let answer = run.wait("the agent's answer", |v| v["from"] == "agent");
+    assert_eq!(answer["body"]["text"], "yes, here", "{answer}");
+    assert!(answer["reply_to"].as_str().is_some_and(|r| r.starts_with("m-")), "{answer}");
+    run.quit();
+    let named = std::fs::read_to_string(env.cwd.join("w/broker/agent-session")).unwrap();
+    assert!(std::fs::read_to_string(named.trim()).unwrap().contains("are you there?"));
+    // Answered, it left the mailbox.
+    let left = cairn_actors::mailbox::Mailbox::open(&env.cwd.join("w/broker/mailbox/agent.jsonl")).unwrap();
+    assert_eq!(left.entries(), Vec::new());
+}
+
+#[test]
+fn a_turn_cut_by_a_sigkill_resumes_and_answers_its_original_sender() {
+    let env = Env::new();
+    // `asker`: a message from the console makes it ask the agent; anything
+    // else it receives (the agent's messages) is echoed to its subscribers.
+    let asker = clang(
+        &env,
+        "asker",
+        r#"#include <stdio.h>
+#include <string.h>
+int main(void) {
+    static char line[65536];
+    while (fgets(line, sizeof line, stdin)) {
+        if (strstr(line, "\"from\":\"console\""))
+            puts("{\"to\":\"agent\",\"body\":{\"type\":\"text\",\"text\":\"please think hard\"}}");
+        else if (!strstr(line, "\"from\":\"broker\""))
+            fputs(line, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+"#,
+    );
+    let out = env.cairn(&["world", "init", "w"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The turn's first step waits (600 s) for a reply asker never sends;
+    // after the resume, the turn ends with its answer.
+    let script = env.script(&[
+        serde_json::json!({"toolCalls": [{"id": "w1", "name": "actor_send", "arguments":
+            {"to": "asker", "body": {"hold": 1}, "wait_secs": 600}}]}),
+        serde_json::json!({"text": "the resumed answer"}),
+    ]);
+    let args = ["--script", script.to_str().unwrap(), "--allow", "actor_send", "world", "run", "w"];
+    let mut run = Running::start(env.cairn(&args));
+    run.say(&format!("/deploy asker {}", asker.display()));
+    run.wait("the spawn", |v| v["request"] == "spawn" && v["type"] == "ok");
+    run.say(r#"@broker {"type":"subscribe","actor":"asker"}"#);
+    run.wait("the subscription", |v| v["body"]["request"] == "subscribe");
+    run.say(r#"@asker "go""#);
+    // asker echoes the agent's {"hold":1}: the turn is inside its tool call.
+    run.wait("the agent's tool call reaching asker", |v| v["from"] == "asker" && v["body"]["hold"] == 1);
+    run.kill9();
+
+    let mut run = Running::start(env.cairn(&args));
+    let echoed = run.wait("the resumed answer, echoed by asker", |v| {
+        v["from"] == "asker" && v["body"]["text"] == "the resumed answer"
+    });
+    assert_eq!(echoed["body"]["resumed"], true, "{echoed}");
+    assert!(echoed["reply_to"].as_str().is_some_and(|r| r.starts_with("m-")), "{echoed}");
+    let seen = run.quit();
+    assert!(
+        !seen.iter().any(|l| l.contains(r#""from":"agent""#)),
+        "the answer went to asker, not the console: {seen:#?}"
+    );
 }

@@ -1,0 +1,144 @@
+//! The native compiler `cc`: C sources in a message become an actor the
+//! sender can spawn — from the console (host paths) and from an actor
+//! (its own `/public`), with clang's errors coming back as `build_failed`.
+//! Needs clang + wasi-libc (`scripts/ensure-wasi-clang`); without them the
+//! builds fail and so do these tests, saying so.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// Echoes every stdin line to stdout (a message to the subscribers).
+const ECHO_C: &str = "#include <stdio.h>\nint main(void){char b[4096];while(fgets(b,sizeof b,stdin)){fputs(b,stdout);fflush(stdout);}return 0;}\n";
+
+fn build(t: &TestWorld, body: Value) -> Value {
+    let (r, _) = t.w().ask_as("console", "cc", body, Duration::from_secs(300)).unwrap();
+    assert_eq!(r.from, "cc");
+    r.body
+}
+
+fn built(t: &TestWorld, body: Value) -> Value {
+    let r = build(t, body);
+    assert_eq!(r["type"], "built", "cc refused (clang + wasi-libc: scripts/ensure-wasi-clang): {r:#}");
+    r
+}
+
+/// A C string literal holding `s`.
+fn c_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[test]
+fn the_console_builds_c_through_cc_and_spawns_it() {
+    let t = TestWorld::new();
+    let r = built(
+        &t,
+        json!({"type": "build", "name": "echo", "files": {
+            "main.c": ECHO_C,
+            "tests/echo.jsonl": "{\"send\": {\"q\": 1}}\n{\"expect\": {\"q\": 1}}\n"}}),
+    );
+    // Host paths for a native sender, under broker/builds/console/<name>.
+    let wasm = r["wasm"].as_str().unwrap().to_owned();
+    let source = r["source"].as_str().unwrap().to_owned();
+    assert!(wasm.ends_with("broker/builds/console/echo/actor.wasm"), "{r}");
+    assert!(std::path::Path::new(&source).join("tests/echo.jsonl").is_file(), "{r}");
+    let s = t.req(json!({"type": "spawn", "id": "e", "wasm": wasm, "source": source, "built_by": "cc"}));
+    assert_eq!(s["type"], "ok", "{s}");
+    t.subscribe_console("e");
+    t.w().send(Some("e"), None, None, json!({"from_cc": 1}));
+    t.wait_for("echo from the cc-built actor", |m| m["from"] == "e" && m["body"] == json!({"from_cc": 1}));
+    let meta: Value = serde_json::from_str(&t.read("broker/versions/e/1/meta.json")).unwrap();
+    assert_eq!(meta["built_by"], "cc");
+    assert!(t.root().join("actor/e/source/main.c").is_file());
+    // A rebuild of the same name replaces the last build; its transcript
+    // (tests/echo.jsonl) gates the upgrade.
+    let r2 = built(&t, json!({"type": "build", "name": "echo", "source": source}));
+    let u = t.req(json!({"type": "upgrade", "id": "e", "wasm": r2["wasm"], "source": r2["source"]}));
+    assert_eq!((u["type"].as_str(), u["tests"].as_u64()), (Some("ok"), Some(1)), "{u}");
+}
+
+#[test]
+fn cc_reports_what_is_wrong() {
+    let t = TestWorld::new();
+    let r = build(&t, json!({"type": "build", "name": "bad", "files": {"main.c": "int main( {"}}));
+    assert_eq!(r["type"], "build_failed", "{r}");
+    assert!(r["stderr"].as_str().unwrap().contains("error"), "{r}");
+    assert!(r["reason"].as_str().unwrap().contains("clang exited"), "{r}");
+    assert!(!t.root().join("broker/builds/console/bad").exists());
+    for (body, says) in [
+        (json!({"type": "build", "name": "x"}), "exactly one"),
+        (json!({"type": "build", "name": "x", "files": {"a.c": ""}, "source": "/tmp"}), "exactly one"),
+        (json!({"type": "build", "name": "../x", "files": {"a.c": ""}}), "build name"),
+        (json!({"type": "build", "name": "x", "files": {"../a.c": ""}}), "refused"),
+        (json!({"type": "build", "name": "x", "files": {"a.h": ""}}), "no .c file"),
+        (json!({"type": "compile"}), "cc understands"),
+    ] {
+        let r = build(&t, body.clone());
+        assert_eq!(r["type"], "build_failed", "{body} → {r}");
+        assert!(r["reason"].as_str().unwrap().contains(says), "{body} → {r}");
+    }
+    // A reply to cc is never answered (no loops): the next request's
+    // answer is the first one the console gets.
+    t.w().send(Some("cc"), None, Some("console/nothing"), json!({"type": "build"}));
+    let r = build(&t, json!({"type": "build", "name": "ok", "files": {"main.c": ECHO_C}}));
+    assert_eq!(r["type"], "built", "{r}");
+    assert!(t.w().recv(Duration::ZERO).is_none());
+}
+
+#[test]
+fn an_actor_builds_through_cc_into_its_public_files_and_spawns_the_result() {
+    let t = TestWorld::new();
+    let build_req = json!({"to": "cc", "body": {"type": "build", "name": "child", "files": {"main.c": ECHO_C}}});
+    let spawn_req = json!({"to": "broker", "body": {"type": "spawn", "id": "child", "wasm": "/public/cc/child/actor.wasm",
+        "source": "/public/cc/child/source", "built_by": "cc"}});
+    // The builder: a message from the console → a build request to cc;
+    // cc's "built" → a spawn request to the broker; anything else is
+    // echoed to its subscribers.
+    let builder = format!(
+        r#"#include <stdio.h>
+#include <string.h>
+int main(void) {{
+    static char line[65536];
+    while (fgets(line, sizeof line, stdin)) {{
+        if (strstr(line, "\"from\":\"console\"")) puts({build});
+        else if (strstr(line, "\"from\":\"cc\"") && strstr(line, "\"type\":\"built\"")) puts({spawn});
+        else fputs(line, stdout);
+        fflush(stdout);
+    }}
+    return 0;
+}}
+"#,
+        build = c_str(&build_req.to_string()),
+        spawn = c_str(&spawn_req.to_string()),
+    );
+    let r = built(&t, json!({"type": "build", "name": "builder", "files": {"main.c": builder}}));
+    assert_eq!(t.req(json!({"type": "spawn", "id": "builder", "wasm": r["wasm"]}))["type"], "ok");
+    t.subscribe_console("builder");
+    t.w().send(Some("builder"), None, None, json!("go"));
+    let (m, _) = t.wait_for("the broker's answer to the builder's spawn", |m| {
+        m["from"] == "builder" && m["body"]["request"] == "spawn"
+    });
+    assert_eq!(m["body"]["type"], "ok", "{m}");
+    // cc wrote into the builder's own public files, which every actor sees
+    // as /actor/builder/public/cc/child/.
+    assert!(t.root().join("actor/builder/public/cc/child/actor.wasm").is_file());
+    let meta: Value = serde_json::from_str(&t.read("broker/versions/child/1/meta.json")).unwrap();
+    assert_eq!((meta["built_by"].as_str(), meta["requested_by"].as_str()), (Some("cc"), Some("builder")));
+    t.subscribe_console("child");
+    t.w().send(Some("child"), None, None, json!({"hi": "child"}));
+    t.wait_for("echo from the child", |m| m["from"] == "child" && m["body"] == json!({"hi": "child"}));
+}
