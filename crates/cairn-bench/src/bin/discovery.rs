@@ -92,7 +92,7 @@ fn main() -> Result<()> {
         || {
             let q = &queries[qi % queries.len()].1;
             qi += 1;
-            let v = embedder.embed(&[q.as_str()]).ok().and_then(|mut v| v.pop());
+            let v = embedder.embed_query(q).ok();
             assert!(!index.rank(q, v.as_deref(), Method::Minilm).candidates.is_empty());
         },
         || {
@@ -137,6 +137,54 @@ fn main() -> Result<()> {
         "peak RSS after model load and indexing",
         &format!("{:.0} MiB (before load {:.0} MiB)", rss_after as f64 / 1048576.0, rss_before as f64 / 1048576.0),
     );
+
+    // A request asked again (chat, resume): its vector is remembered.
+    let (mut ci, mut cj) = (0usize, 0usize);
+    let (cached, cached_base) = sample_pairs(
+        samples,
+        || {
+            let q = &queries[ci % 8].1;
+            ci += 1;
+            let v = embedder.embed_query(q).ok();
+            assert!(!index.rank(q, v.as_deref(), Method::Minilm).candidates.is_empty());
+        },
+        || {
+            let q = &queries[cj % 8].1;
+            cj += 1;
+            assert!(!index.rank(q, None, Method::Bm25).candidates.is_empty());
+        },
+    );
+    table.compare(
+        &format!("repeated request over {n_query} (vector remembered) + rank"),
+        &cached,
+        "BM25 rank",
+        &cached_base,
+    );
+
+    // The request's forward pass on every core, against one thread, in
+    // the same run (distinct requests, so nothing is remembered).
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if cores > 1 {
+        let wide = Embedder::load(&default_model_dir(), cores)?;
+        let offset = samples;
+        let (mut ti, mut tj) = (offset, offset * 2);
+        let (many, one) = sample_pairs(
+            samples,
+            || {
+                let q = &queries[ti % queries.len()].1;
+                ti += 1;
+                let v = wide.embed_query(q).ok();
+                assert!(!index.rank(q, v.as_deref(), Method::Minilm).candidates.is_empty());
+            },
+            || {
+                let q = &queries[tj % queries.len()].1;
+                tj += 1;
+                let v = embedder.embed_query(q).ok();
+                assert!(!index.rank(q, v.as_deref(), Method::Minilm).candidates.is_empty());
+            },
+        );
+        table.compare(&format!("query over {n_query} (embed + rank), {cores} threads"), &many, "1 thread", &one);
+    }
 
     // Prompt tokens of one call with 200 tools installed.
     let installed = documents(size(200, 20));
