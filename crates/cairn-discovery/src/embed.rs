@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -156,4 +157,41 @@ impl Embedder {
 /// Cosine similarity of two unit vectors (their dot product).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+impl Embedder {
+    /// Where one request's time goes (the benchmark's `--profile`): mean
+    /// times over `n` runs of tokenizing `text`, of its forward pass and
+    /// pooling on this embedder's threads and on candle's default threads,
+    /// and of one of its feed-forward matmuls (`tokens × 384 · 384 × 1536`)
+    /// with the weight as candle's `Linear` holds it (transposed view) and
+    /// made contiguous.
+    pub fn profile_request(&self, text: &str, n: u32) -> Result<Vec<(String, Duration)>, DiscoveryError> {
+        let n = n.max(1);
+        let mut out = Vec::new();
+        let time = |f: &mut dyn FnMut() -> Result<(), DiscoveryError>| -> Result<Duration, DiscoveryError> {
+            f()?;
+            let start = Instant::now();
+            for _ in 0..n {
+                f()?;
+            }
+            Ok(start.elapsed() / n)
+        };
+        let ids = self.token_ids(text)?;
+        out.push((format!("tokenize ({} tokens)", ids.len()), time(&mut || self.token_ids(text).map(drop))?));
+        let one = std::slice::from_ref(&ids);
+        let pooled = time(&mut || self.pool.install(|| self.embed_batch(one)).map(drop).map_err(embed_err))?;
+        out.push((format!("forward + pooling, {} thread(s)", self.threads()), pooled));
+        let global = time(&mut || self.embed_batch(one).map(drop).map_err(embed_err))?;
+        out.push(("forward + pooling, candle's default threads".to_owned(), global));
+        let dev = Device::Cpu;
+        let x = Tensor::ones((ids.len(), 384), DType::F32, &dev).map_err(embed_err)?;
+        let w = Tensor::ones((1536, 384), DType::F32, &dev).map_err(embed_err)?;
+        let wt = w.t().and_then(|t| t.contiguous()).map_err(embed_err)?;
+        let view = time(&mut || self.pool.install(|| w.t().and_then(|t| x.matmul(&t))).map(drop).map_err(embed_err))?;
+        out.push(("matmul tokens×384 · 384×1536, transposed view".to_owned(), view));
+        let contiguous = time(&mut || self.pool.install(|| x.matmul(&wt)).map(drop).map_err(embed_err))?;
+        out.push(("matmul tokens×384 · 384×1536, contiguous".to_owned(), contiguous));
+        Ok(out)
+    }
 }

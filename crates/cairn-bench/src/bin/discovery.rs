@@ -7,7 +7,8 @@
 //! and without (every tool). Needs the model (`scripts/fetch-minilm`).
 //!
 //! Run: `cargo run --release -p cairn-bench --bin discovery` (`--smoke`:
-//! 20 descriptions, few samples, for `scripts/test`).
+//! 20 descriptions, few samples, for `scripts/test`; `--profile`: where
+//! one request's embedding time goes, instead of the tables).
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -64,6 +65,18 @@ fn main() -> Result<()> {
     let start = Instant::now();
     let embedder = Embedder::load(&default_model_dir(), 1).context("the discovery benchmark needs the model")?;
     table.figure("model load (sha256 check + read + build)", &format!("{:.2} s", start.elapsed().as_secs_f64()));
+    if std::env::args().any(|a| a == "--profile") {
+        // Where one request's time goes, on one thread and on every core.
+        let request = "compress every png in this folder so the site loads faster";
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        for threads in [1, cores] {
+            let e = Embedder::load(&default_model_dir(), threads)?;
+            for (what, took) in e.profile_request(request, 50)? {
+                println!("{threads} thread(s): {what}: {:.3} ms", took.as_secs_f64() * 1e3);
+            }
+        }
+        return Ok(());
+    }
 
     // Index throughput: the same texts embedded (MiniLM) and indexed (BM25).
     let n_index = size(200, 20);
