@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use cairn_core::provider::Provider;
-use cairn_core::storage::StoreOptions;
+use cairn_core::storage::{JsonlStore, StoreOptions};
 use cairn_core::{SessionConfig, ToolRegistry};
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +61,16 @@ pub trait Host: Send + Sync + 'static {
     /// The tools for a session in `cwd`, in a registry for an interactive
     /// approver (a person answers through `approvals/`).
     fn tools(&self, cwd: &Path) -> Result<ToolRegistry>;
+    /// The tools and settings of one turn of the session in `store`
+    /// working in `cwd`: `prompt` is the new turn's request, `None` when
+    /// the interrupted turn is resumed. A host that chooses tools by the
+    /// request (the CLI's discovery) records its choice in `store` before
+    /// the turn's first entry and offers the recorded choice on resume.
+    /// Default: every tool ([`Host::tools`]) and [`Host::session_config`].
+    fn turn(&self, cwd: &Path, store: &mut JsonlStore, prompt: Option<&str>) -> Result<(ToolRegistry, SessionConfig)> {
+        let _ = (store, prompt);
+        Ok((self.tools(cwd)?, self.session_config()))
+    }
     /// The `providers` file: one configured provider a line.
     fn providers_text(&self) -> String;
     /// The `tools` file: what `cairn tools` lists for the server's

@@ -26,7 +26,7 @@ use cairn_core::storage::{
     Header, JsonlStore, Storage, StoreOptions, Transaction, new_session_id, read_summary, to_raw,
 };
 use cairn_core::turn::Pc;
-use cairn_core::{CancelToken, Session, TurnEnv, TurnEvent, TurnStop};
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
 
 use crate::approver::TreeApprover;
 use crate::host::{Host, SPEC_FACT, SessionSpec};
@@ -438,7 +438,6 @@ impl Runtime {
             let spec = store.register(FACT, SPEC_FACT).and_then(|r| r.parse::<SessionSpec>().ok()).unwrap_or_default();
             let cwd = PathBuf::from(&store.header().cwd);
             let provider = self.host.provider(&spec, &cwd)?;
-            let registry = self.host.tools(&cwd)?;
             let allow = Allowlist::parse(spec.allow.iter().map(String::as_str))?;
             if store.register(FACT, registers::SUBAGENT_FACT).is_some() {
                 // Its authority is a subset of its parent's; the parent
@@ -455,9 +454,21 @@ impl Runtime {
                     live.id
                 );
             }
-            Ok((spec, provider, registry, allow, session))
+            // The first turn's tools: the interrupted turn's, else the
+            // new prompt's (the host may choose them by the prompt).
+            let first = if session.needs_resume() {
+                None
+            } else {
+                match &start {
+                    Start::Prompt(text) => Some(text.clone()),
+                    Start::Queue => self.next_queued(live, session.store()),
+                    Start::Resume => None,
+                }
+            };
+            let (session, registry) = self.for_turn(session, &cwd, first.as_deref())?;
+            Ok((spec, cwd, provider, allow, session, registry))
         })();
-        let (spec, provider, registry, allow, mut session) = match prepared {
+        let (spec, cwd, provider, allow, session, registry) = match prepared {
             Ok(parts) => parts,
             Err(e) => {
                 let _ = ready.send(Err(format!("{e:#}")));
@@ -472,13 +483,6 @@ impl Runtime {
         let observer_live = Arc::clone(live);
         let observer_rt = Arc::clone(&self);
         let mut observer = move |event: &TurnEvent| observer_rt.observe(&observer_live, event);
-        let mut env = TurnEnv {
-            provider: &*provider,
-            tools: &registry,
-            approver: &mut approver,
-            observer: &mut observer,
-            cancel,
-        };
         let end = |stop: Result<Option<TurnStop>, String>| -> bool {
             let (phase, json) = match &stop {
                 Ok(Some(TurnStop::Cancelled)) => {
@@ -491,24 +495,63 @@ impl Runtime {
             self.push_event(live, &json.to_string(), Some(phase));
             matches!(stop, Ok(Some(TurnStop::Answered)) | Ok(None))
         };
+        // The session and the tools of its next turn; None once reopening
+        // the session for a turn failed (the failure was told).
+        let mut current = Some((session, registry));
         let mut go_on = true;
         let mut ran = false;
-        if session.needs_resume() {
+        if let Some((session, registry)) = current.as_mut()
+            && session.needs_resume()
+        {
+            let mut env = TurnEnv {
+                provider: &*provider,
+                tools: registry,
+                approver: &mut approver,
+                observer: &mut observer,
+                cancel,
+            };
             let result = session.resume(&mut env).map(|o| o.map(|o| o.stop)).map_err(|e| format!("{e:#}"));
             go_on = end(result);
             ran = true;
+            if let (true, Start::Prompt(text)) = (go_on, &start) {
+                // The new prompt gets its own choice of tools.
+                current = self.next_turn(current, &cwd, Some(text), &end);
+            }
         }
-        if let (true, Start::Prompt(text)) = (go_on, &start) {
+        if let (true, Start::Prompt(text), Some((session, registry))) = (go_on, &start, current.as_mut()) {
+            let mut env = TurnEnv {
+                provider: &*provider,
+                tools: registry,
+                approver: &mut approver,
+                observer: &mut observer,
+                cancel,
+            };
             let result = session.run_turn(text, &mut env).map(|o| Some(o.stop)).map_err(|e| format!("{e:#}"));
             go_on = end(result);
             ran = true;
         }
         // Then the queued prompts, one turn each, while turns end well.
         let journal = queue::journal_path(&self.host.sessions_dir(), &live.id);
+        let mut first_queued = start == Start::Queue;
         while go_on && !cancel.is_cancelled() && !self.is_stopping() {
             let arrived = {
                 let _inner = lock(&live.inner);
                 queue::read(&journal).unwrap_or_default()
+            };
+            if !first_queued {
+                // Each queued prompt gets its own choice of tools.
+                let Some((session, _)) = current.as_ref() else { break };
+                let Some(next) = next_in_queue(session.store(), &arrived) else { break };
+                current = self.next_turn(current, &cwd, Some(&next), &end);
+            }
+            first_queued = false;
+            let Some((session, registry)) = current.as_mut() else { break };
+            let mut env = TurnEnv {
+                provider: &*provider,
+                tools: registry,
+                approver: &mut approver,
+                observer: &mut observer,
+                cancel,
             };
             match session.run_queued(&arrived, &mut env) {
                 Ok(None) => break,
@@ -518,14 +561,16 @@ impl Runtime {
             ran = true;
             self.forget_queued(live, &journal, registers::prompt_queue(session.store()).through);
         }
-        let through = registers::prompt_queue(session.store()).through;
+        let through = current.as_ref().map_or(0, |(s, _)| registers::prompt_queue(s.store()).through);
         // This turn's records were told live: `event` skips them.
-        let told_through = session.store().index().last_seq();
-        drop(session);
+        let told_through = current.as_ref().map(|(s, _)| s.store().index().last_seq());
+        drop(current);
         // The writer lock is released (the store dropped) before the
         // session reads as not running.
         let mut inner = lock(&live.inner);
-        inner.retell.skip_through(told_through);
+        if let Some(seq) = told_through {
+            inner.retell.skip_through(seq);
+        }
         inner.events_synced = None;
         inner.turn = None;
         inner.approvals.clear();
@@ -535,12 +580,58 @@ impl Runtime {
         }
         // A prompt queued after the loop last looked (the queue writer
         // holds this lock and saw a turn running) starts its own turn.
-        let waiting =
-            go_on && !cancel.is_cancelled() && queue::read(&journal).unwrap_or_default().iter().any(|q| q.n > through);
+        let waiting = go_on
+            && told_through.is_some()
+            && !cancel.is_cancelled()
+            && queue::read(&journal).unwrap_or_default().iter().any(|q| q.n > through);
         drop(inner);
         self.pulse.bump();
         if waiting {
             let _ = self.start_with(&live.id, Start::Queue);
+        }
+    }
+
+    /// The prompt the next queued turn of the session in `store` takes.
+    fn next_queued(&self, live: &Live, store: &JsonlStore) -> Option<String> {
+        let journal = queue::journal_path(&self.host.sessions_dir(), &live.id);
+        let arrived = {
+            let _inner = lock(&live.inner);
+            queue::read(&journal).unwrap_or_default()
+        };
+        next_in_queue(store, &arrived)
+    }
+
+    /// Reopen `session` with the host's tools and settings for its next
+    /// turn: `prompt`, or (None) resuming its interrupted turn. The host
+    /// may record its choice in the session file (the CLI's discovery
+    /// does), so a resumed turn is offered the same tools.
+    fn for_turn(
+        &self,
+        session: Session<JsonlStore>,
+        cwd: &Path,
+        prompt: Option<&str>,
+    ) -> Result<(Session<JsonlStore>, ToolRegistry)> {
+        let mut store = session.into_store();
+        let (registry, config) = self.host.turn(cwd, &mut store, prompt)?;
+        Ok((Session::open(store, config)?, registry))
+    }
+
+    /// [`Runtime::for_turn`] between two turns of one thread; a failure
+    /// ends the thread's turns and is told like a failed turn.
+    fn next_turn(
+        &self,
+        current: Option<(Session<JsonlStore>, ToolRegistry)>,
+        cwd: &Path,
+        prompt: Option<&str>,
+        end: &dyn Fn(Result<Option<TurnStop>, String>) -> bool,
+    ) -> Option<(Session<JsonlStore>, ToolRegistry)> {
+        let (session, _) = current?;
+        match self.for_turn(session, cwd, prompt) {
+            Ok(next) => Some(next),
+            Err(e) => {
+                end(Err(format!("cannot prepare the next turn: {e:#}")));
+                None
+            }
         }
     }
 
@@ -928,6 +1019,14 @@ impl Runtime {
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
+}
+
+/// The prompt `run_queued` would take next: the session's queue with the
+/// journal's new lines brought in, oldest first.
+fn next_in_queue(store: &JsonlStore, arrived: &[registers::QueuedPrompt]) -> Option<String> {
+    let mut queue = registers::prompt_queue(store);
+    queue.bring_in(arrived);
+    queue.items.into_iter().next().map(|q| q.prompt)
 }
 
 fn idle_or_interrupted(in_progress: bool) -> String {

@@ -32,9 +32,9 @@ use crate::live::{Runtime, lock};
 use crate::tree::{self, Handle, Node, ReadOutcome};
 
 /// Bytes of a message header around read/write data (9P's IOHDRSZ).
-pub(crate) const IOHDRSZ: u32 = 24;
+const IOHDRSZ: u32 = 24;
 /// The most names one Twalk may carry (9P's MAXWELEM).
-pub(crate) const MAXWELEM: usize = 16;
+const MAXWELEM: usize = 16;
 
 /// Bounds on what one client can make the server hold.
 #[derive(Debug, Clone, Copy)]
@@ -125,23 +125,87 @@ fn bind_unix(path: &Path) -> Result<Listener> {
     Ok(Listener::Unix(listener, path.to_path_buf()))
 }
 
-/// The server: listeners over one runtime.
+/// A file tree the 9P loop serves: the session tree ([`Runtime`], below)
+/// and the tool service's (`toolsrv::Service`). The loop owns the protocol
+/// (fids, opens, directory encoding, blocked reads and their Tflush); the
+/// tree owns names and what each file does.
+pub trait Tree: Send + Sync + 'static {
+    /// One file or directory.
+    type Node: Clone + Send + 'static;
+    /// What a fid remembers between its reads and writes.
+    type Handle: Default + Send + 'static;
+
+    /// The root.
+    fn root(&self) -> Self::Node;
+    /// Whether `node` is a directory.
+    fn is_dir(&self, node: &Self::Node) -> bool;
+    /// Its path from the root (for error messages).
+    fn path(&self, node: &Self::Node) -> String;
+    /// Its qid (stable across connections).
+    fn qid(&self, node: &Self::Node) -> Qid;
+    /// Its 9P stat.
+    fn stat(&self, node: &Self::Node) -> RawStat;
+    /// The child `name` of `dir` (`..`: the parent), if it exists now.
+    fn walk(self: &Arc<Self>, dir: &Self::Node, name: &str) -> Result<Self::Node>;
+    /// The entries of directory `dir`.
+    fn list(self: &Arc<Self>, dir: &Self::Node) -> Result<Vec<Self::Node>>;
+    /// Check that file `node` may be opened (`read`, `write`).
+    fn open(self: &Arc<Self>, node: &Self::Node, read: bool, write: bool) -> Result<()>;
+    /// Tcreate of `name` in `dir` with `perm` and `mode`: the node opened
+    /// and whether it is open for reading too. Default: refused.
+    fn create(self: &Arc<Self>, dir: &Self::Node, name: &str, perm: u32, mode: u8) -> Result<(Self::Node, bool)> {
+        let _ = (perm, mode);
+        bail!("{}/{name}: files cannot be created here", self.path(dir).trim_end_matches('/'))
+    }
+    /// Read `count` bytes at `offset` of an open file.
+    fn read(
+        self: &Arc<Self>,
+        node: &Self::Node,
+        handle: &mut Self::Handle,
+        offset: u64,
+        count: usize,
+    ) -> Result<ReadOutcome>;
+    /// Write `data` to an open file; the bytes taken.
+    fn write(self: &Arc<Self>, node: &Self::Node, handle: &mut Self::Handle, data: &[u8]) -> Result<usize>;
+    /// An open fid is clunked (or its connection ended).
+    fn close(self: &Arc<Self>, node: &Self::Node, handle: &mut Self::Handle) -> Result<()>;
+    /// Tremove of `node`.
+    fn remove(self: &Arc<Self>, node: &Self::Node) -> Result<()>;
+    /// Twstat of `node` (refuse what cannot change).
+    fn wstat(&self, node: &Self::Node, stat: &RawStat) -> Result<()>;
+    /// A counter of changes, for [`Tree::wait`].
+    fn changes(&self) -> u64 {
+        0
+    }
+    /// Between two tries of a blocked read: wait until the counter moves
+    /// from `seen` or a short while passes; the counter now.
+    fn wait(&self, seen: u64) -> u64;
+    /// Whether the server is stopping (blocked reads then end empty).
+    fn is_stopping(&self) -> bool {
+        false
+    }
+}
+
+/// The server: listeners over one tree.
 #[derive(Debug)]
-pub struct Server {
-    rt: Arc<Runtime>,
+pub struct NineServer<T> {
+    tree: Arc<T>,
     limits: Limits,
     connections: Arc<AtomicUsize>,
 }
 
-impl Server {
-    /// A server of `rt`'s tree.
-    pub fn new(rt: Arc<Runtime>, limits: Limits) -> Self {
-        Self { rt, limits, connections: Arc::new(AtomicUsize::new(0)) }
+/// The session tree's server (`cairn serve`).
+pub type Server = NineServer<Runtime>;
+
+impl<T: Tree> NineServer<T> {
+    /// A server of `tree`.
+    pub fn new(tree: Arc<T>, limits: Limits) -> Self {
+        Self { tree, limits, connections: Arc::new(AtomicUsize::new(0)) }
     }
 
     /// Accept connections on `listener` on a thread of its own.
     pub fn spawn(&self, listener: Listener) -> Result<std::thread::JoinHandle<()>> {
-        let rt = Arc::clone(&self.rt);
+        let tree = Arc::clone(&self.tree);
         let limits = self.limits;
         let connections = Arc::clone(&self.connections);
         let thread = std::thread::Builder::new().name("9p-accept".to_owned());
@@ -151,7 +215,7 @@ impl Server {
                     let Ok(stream) = stream else { continue };
                     let _ = stream.set_write_timeout(Some(limits.write_timeout));
                     let Ok(reader) = stream.try_clone() else { continue };
-                    start_connection(&rt, limits, &connections, reader, stream);
+                    start_connection(&tree, limits, &connections, reader, stream);
                 }
             }
             Listener::Tcp(l) => {
@@ -160,7 +224,7 @@ impl Server {
                     let _ = stream.set_nodelay(true);
                     let _ = stream.set_write_timeout(Some(limits.write_timeout));
                     let Ok(reader) = stream.try_clone() else { continue };
-                    start_connection(&rt, limits, &connections, reader, stream);
+                    start_connection(&tree, limits, &connections, reader, stream);
                 }
             }
         })?)
@@ -169,7 +233,7 @@ impl Server {
     /// Serve one already-connected stream on this thread (tests, benchmarks).
     pub fn serve_stream(&self, stream: UnixStream) -> Result<()> {
         let reader = stream.try_clone()?;
-        Connection::new(Arc::clone(&self.rt), self.limits, Box::new(stream)).run(reader);
+        Connection::new(Arc::clone(&self.tree), self.limits, Box::new(stream)).run(reader);
         Ok(())
     }
 
@@ -180,7 +244,7 @@ impl Server {
 }
 
 /// Something a connection reads requests from.
-pub(crate) trait Input: std::io::Read + Send + 'static {
+trait Input: std::io::Read + Send + 'static {
     fn close(&self);
 }
 
@@ -196,8 +260,8 @@ impl Input for TcpStream {
     }
 }
 
-fn start_connection<R: Input, W: Write + Send + 'static>(
-    rt: &Arc<Runtime>,
+fn start_connection<T: Tree, R: Input, W: Write + Send + 'static>(
+    tree: &Arc<T>,
     limits: Limits,
     connections: &Arc<AtomicUsize>,
     reader: R,
@@ -208,10 +272,10 @@ fn start_connection<R: Input, W: Write + Send + 'static>(
         reader.close();
         return;
     }
-    let rt = Arc::clone(rt);
+    let tree = Arc::clone(tree);
     let count = Arc::clone(connections);
     let spawned = std::thread::Builder::new().name("9p-conn".to_owned()).spawn(move || {
-        Connection::new(rt, limits, Box::new(writer)).run(reader);
+        Connection::new(tree, limits, Box::new(writer)).run(reader);
         count.fetch_sub(1, Ordering::SeqCst);
     });
     if spawned.is_err() {
@@ -219,35 +283,41 @@ fn start_connection<R: Input, W: Write + Send + 'static>(
     }
 }
 
-pub(crate) type Out = Arc<Mutex<Box<dyn Write + Send>>>;
+type Out = Arc<Mutex<Box<dyn Write + Send>>>;
 
-struct Fid {
-    node: Node,
+struct Fid<T: Tree> {
+    node: T::Node,
     /// (read, write) once opened.
     open: Option<(bool, bool)>,
-    handle: Handle,
+    handle: T::Handle,
     /// A directory listing, encoded, fixed at the read at offset 0.
     dir: Option<Vec<u8>>,
+}
+
+impl<T: Tree> Fid<T> {
+    fn at(node: T::Node) -> Self {
+        Self { node, open: None, handle: T::Handle::default(), dir: None }
+    }
 }
 
 /// A blocked read: its cancel flag.
 type Blocked = Arc<Mutex<HashMap<u16, Arc<AtomicBool>>>>;
 
-struct Connection {
-    rt: Arc<Runtime>,
+struct Connection<T: Tree> {
+    tree: Arc<T>,
     limits: Limits,
     out: Out,
     /// Cleared when the connection ends: waiters stop.
     alive: Arc<AtomicBool>,
     msize: u32,
-    fids: HashMap<u32, Fid>,
+    fids: HashMap<u32, Fid<T>>,
     blocked: Blocked,
 }
 
-impl Connection {
-    fn new(rt: Arc<Runtime>, limits: Limits, out: Box<dyn Write + Send>) -> Self {
+impl<T: Tree> Connection<T> {
+    fn new(tree: Arc<T>, limits: Limits, out: Box<dyn Write + Send>) -> Self {
         Self {
-            rt,
+            tree,
             limits,
             out: Arc::new(Mutex::new(out)),
             alive: Arc::new(AtomicBool::new(true)),
@@ -281,15 +351,16 @@ impl Connection {
     fn clunk_all(&mut self) {
         for (_, mut fid) in self.fids.drain() {
             if fid.open.is_some() {
-                // A prompt whose connection ended is still sent: the client
-                // wrote it and closed (a crash between write and clunk is
-                // indistinguishable here). Errors have no one to go to.
-                let _ = tree::close(&self.rt, &fid.node, &mut fid.handle);
+                // A prompt (or job request) whose connection ended is still
+                // sent: the client wrote it and closed (a crash between
+                // write and clunk is indistinguishable here). Errors have no
+                // one to go to.
+                let _ = self.tree.close(&fid.node, &mut fid.handle);
             }
         }
     }
 
-    fn fid(&mut self, fid: u32) -> Result<&mut Fid> {
+    fn fid(&mut self, fid: u32) -> Result<&mut Fid<T>> {
         match self.fids.get_mut(&fid) {
             Some(f) => Ok(f),
             None => bail!("unknown fid {fid}"),
@@ -298,6 +369,7 @@ impl Connection {
 
     fn handle(&mut self, message: Tmessage) -> Result<Option<Rdata>> {
         let tag = message.tag;
+        let tree = Arc::clone(&self.tree);
         Ok(Some(match message.content {
             Tdata::Version { msize, version } => {
                 self.clunk_all();
@@ -313,8 +385,10 @@ impl Connection {
                     bail!("fid {fid} is in use");
                 }
                 self.check_fid_room()?;
-                self.fids.insert(fid, Fid { node: Node::Root, open: None, handle: Handle::default(), dir: None });
-                Rdata::attach(qid(&Node::Root))
+                let root = tree.root();
+                let qid = tree.qid(&root);
+                self.fids.insert(fid, Fid::at(root));
+                Rdata::attach(qid)
             }
             Tdata::Flush { old_tag } => {
                 // Under the lock: a waiter replying to old_tag either
@@ -329,7 +403,6 @@ impl Connection {
             Tdata::Walk { fid, new_fid, wnames } => self.walk(fid, new_fid, &wnames)?,
             Tdata::Open { fid, mode } => {
                 let iounit = self.msize - IOHDRSZ;
-                let rt = Arc::clone(&self.rt);
                 let f = self.fid(fid)?;
                 if f.open.is_some() {
                     bail!("fid {fid} is already open");
@@ -339,70 +412,56 @@ impl Connection {
                     1 => (false, true),
                     _ => (true, true),
                 };
-                if f.node.is_dir() && write {
-                    bail!("{}: is a directory", f.node.path());
+                let is_dir = tree.is_dir(&f.node);
+                if is_dir && write {
+                    bail!("{}: is a directory", tree.path(&f.node));
                 }
-                if !f.node.is_dir() {
-                    tree::open(&rt, &f.node, read, write)?;
+                if !is_dir {
+                    tree.open(&f.node, read, write)?;
                 }
                 f.open = Some((read, write));
-                Rdata::open(qid(&f.node), iounit)
+                Rdata::open(tree.qid(&f.node), iounit)
             }
             Tdata::Create { fid, name, perm, mode } => {
-                // The tree is fixed; creating a file that exists opens it
-                // for writing (what shells, FUSE and fsspec do before a
-                // write), anything else is refused.
                 let iounit = self.msize - IOHDRSZ;
-                let rt = Arc::clone(&self.rt);
                 let f = self.fid(fid)?;
                 if f.open.is_some() {
                     bail!("fid {fid} is already open");
                 }
-                let existing = tree::walk(&rt, &f.node, &name).ok().filter(|n| n.access().1 && name != "..");
-                let Some(node) = existing.filter(|_| perm & 0x8000_0000 == 0) else {
-                    bail!("{name}: files cannot be created here: the tree is fixed (write s/new to create a session)");
-                };
-                let read = matches!(mode & 3, 0 | 2 | 3) && node.access().0;
-                tree::open(&rt, &node, read, true)?;
-                *f = Fid { node, open: Some((read, true)), handle: Handle::default(), dir: None };
-                Rdata::create(qid(&f.node), iounit)
+                let (node, read) = tree.create(&f.node, &name, perm, mode)?;
+                *f = Fid { node, open: Some((read, true)), handle: T::Handle::default(), dir: None };
+                Rdata::create(tree.qid(&f.node), iounit)
             }
             Tdata::Read { fid, offset, count } => return self.read(tag, fid, offset, count),
             Tdata::Write { fid, data, .. } => {
-                let rt = Arc::clone(&self.rt);
                 let f = self.fid(fid)?;
                 if !matches!(f.open, Some((_, true))) {
                     bail!("fid {fid} is not open for writing");
                 }
                 let bytes = data_bytes(&data);
-                let n = tree::write(&rt, &f.node, &mut f.handle, &bytes)?;
+                let n = tree.write(&f.node, &mut f.handle, &bytes)?;
                 Rdata::write(u32::try_from(n).unwrap_or(u32::MAX))
             }
             Tdata::Clunk { fid } => {
                 let Some(mut f) = self.fids.remove(&fid) else { bail!("unknown fid {fid}") };
                 if f.open.is_some() {
-                    tree::close(&self.rt, &f.node, &mut f.handle)?;
+                    tree.close(&f.node, &mut f.handle)?;
                 }
                 Rdata::clunk()
             }
             Tdata::Remove { fid } => {
                 let Some(f) = self.fids.remove(&fid) else { bail!("unknown fid {fid}") };
-                tree::remove(&self.rt, &f.node)?;
+                tree.remove(&f.node)?;
                 Rdata::remove()
             }
             Tdata::Stat { fid } => {
                 let node = self.fid(fid)?.node.clone();
-                let stat = raw_stat(&self.rt, &node);
+                let stat = tree.stat(&node);
                 Rdata::stat(stat.size + 2, stat)
             }
             Tdata::Wstat { fid, stat, .. } => {
                 let node = self.fid(fid)?.node.clone();
-                // Truncation (length 0) and "change nothing" are what shells
-                // and FUSE send before writing; accept them, refuse the rest.
-                let untouched = stat.mode == u32::MAX && stat.mtime == u32::MAX && stat.name.is_empty();
-                if node.is_dir() || !untouched || !(stat.length == 0 || stat.length == u64::MAX) {
-                    bail!("{}: its name, mode and times cannot be changed", node.path());
-                }
+                tree.wstat(&node, &stat)?;
                 Rdata::wstat()
             }
         }))
@@ -425,7 +484,7 @@ impl Connection {
             }
             self.check_fid_room()?;
         }
-        let rt = Arc::clone(&self.rt);
+        let tree = Arc::clone(&self.tree);
         let f = self.fid(fid)?;
         if f.open.is_some() {
             bail!("fid {fid} is open; walk from an unopened fid");
@@ -433,9 +492,9 @@ impl Connection {
         let mut node = f.node.clone();
         let mut qids = Vec::with_capacity(wnames.len());
         for name in wnames {
-            match tree::walk(&rt, &node, name) {
+            match tree.walk(&node, name) {
                 Ok(next) => {
-                    qids.push(qid(&next));
+                    qids.push(tree.qid(&next));
                     node = next;
                 }
                 Err(e) if qids.is_empty() => return Err(e),
@@ -443,23 +502,23 @@ impl Connection {
             }
         }
         if qids.len() == wnames.len() {
-            self.fids.insert(new_fid, Fid { node, open: None, handle: Handle::default(), dir: None });
+            self.fids.insert(new_fid, Fid::at(node));
         }
         Ok(Rdata::walk(qids))
     }
 
     fn read(&mut self, tag: u16, fid: u32, offset: u64, count: u32) -> Result<Option<Rdata>> {
         let count = count.min(self.msize - IOHDRSZ) as usize;
-        let rt = Arc::clone(&self.rt);
+        let tree = Arc::clone(&self.tree);
         let f = self.fid(fid)?;
         if !matches!(f.open, Some((true, _))) {
             bail!("fid {fid} is not open for reading");
         }
-        if f.node.is_dir() {
+        if tree.is_dir(&f.node) {
             if offset == 0 || f.dir.is_none() {
                 let mut encoded = Vec::new();
-                for child in tree::list(&rt, &f.node)? {
-                    let stat = raw_stat(&rt, &child);
+                for child in tree.list(&f.node)? {
+                    let stat = tree.stat(&child);
                     encoded.extend(stat.write_9p_bytes().map_err(|e| anyhow::anyhow!("{e}"))?);
                 }
                 f.dir = Some(encoded);
@@ -467,7 +526,7 @@ impl Connection {
             let dir = f.dir.as_deref().unwrap_or_default();
             return Ok(Some(Rdata::read(dir_chunk(dir, offset, count))));
         }
-        match tree::read(&rt, &f.node, &mut f.handle, offset, count)? {
+        match tree.read(&f.node, &mut f.handle, offset, count)? {
             ReadOutcome::Data(data) => Ok(Some(Rdata::read(data))),
             ReadOutcome::Block => {
                 let node = f.node.clone();
@@ -479,7 +538,7 @@ impl Connection {
 
     /// Wait for a stream on a thread of its own; reply when data comes,
     /// never if Tflush cancels it first.
-    fn block(&mut self, tag: u16, node: Node, offset: u64, count: usize) -> Result<()> {
+    fn block(&mut self, tag: u16, node: T::Node, offset: u64, count: usize) -> Result<()> {
         let flag = Arc::new(AtomicBool::new(false));
         {
             let mut blocked = lock(&self.blocked);
@@ -488,23 +547,23 @@ impl Connection {
             }
             blocked.insert(tag, Arc::clone(&flag));
         }
-        let (rt, out, blocked, alive, msize) = (
-            Arc::clone(&self.rt),
+        let (tree, out, blocked, alive, msize) = (
+            Arc::clone(&self.tree),
             Arc::clone(&self.out),
             Arc::clone(&self.blocked),
             Arc::clone(&self.alive),
             self.msize,
         );
         let spawned = std::thread::Builder::new().name("9p-read".to_owned()).spawn(move || {
-            let mut seen = rt.pulse.now();
-            let mut handle = Handle::default();
+            let mut seen = tree.changes();
+            let mut handle = T::Handle::default();
             loop {
                 if flag.load(Ordering::SeqCst) || !alive.load(Ordering::SeqCst) {
                     return;
                 }
-                let reply = match tree::read(&rt, &node, &mut handle, offset, count) {
+                let reply = match tree.read(&node, &mut handle, offset, count) {
                     Ok(ReadOutcome::Data(data)) => Some(Rdata::read(data)),
-                    Ok(ReadOutcome::Block) if rt.is_stopping() => Some(Rdata::read(Vec::new())),
+                    Ok(ReadOutcome::Block) if tree.is_stopping() => Some(Rdata::read(Vec::new())),
                     Ok(ReadOutcome::Block) => None,
                     Err(e) => Some(Rdata::error(format!("{e:#}"))),
                 };
@@ -515,8 +574,7 @@ impl Connection {
                     }
                     return;
                 }
-                // Other processes append to session files without a pulse.
-                seen = rt.pulse.wait(seen, Duration::from_millis(250));
+                seen = tree.wait(seen);
             }
         });
         if spawned.is_err() {
@@ -527,8 +585,100 @@ impl Connection {
     }
 }
 
+/// The session tree (`tree.rs`) as the loop serves it.
+impl Tree for Runtime {
+    type Node = Node;
+    type Handle = Handle;
+
+    fn root(&self) -> Node {
+        Node::Root
+    }
+
+    fn is_dir(&self, node: &Node) -> bool {
+        node.is_dir()
+    }
+
+    fn path(&self, node: &Node) -> String {
+        node.path()
+    }
+
+    fn qid(&self, node: &Node) -> Qid {
+        qid(node)
+    }
+
+    fn stat(&self, node: &Node) -> RawStat {
+        let (length, mtime) = tree::size_and_mtime(self, node);
+        let mtime = mtime.duration_since(UNIX_EPOCH).map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+        stat_of(node.name(), qid(node), node.mode(), length, mtime)
+    }
+
+    fn walk(self: &Arc<Self>, dir: &Node, name: &str) -> Result<Node> {
+        tree::walk(self, dir, name)
+    }
+
+    fn list(self: &Arc<Self>, dir: &Node) -> Result<Vec<Node>> {
+        tree::list(self, dir)
+    }
+
+    fn open(self: &Arc<Self>, node: &Node, read: bool, write: bool) -> Result<()> {
+        tree::open(self, node, read, write)
+    }
+
+    fn create(self: &Arc<Self>, dir: &Node, name: &str, perm: u32, mode: u8) -> Result<(Node, bool)> {
+        // The tree is fixed; creating a file that exists opens it for
+        // writing (what shells, FUSE and fsspec do before a write),
+        // anything else is refused.
+        let existing = tree::walk(self, dir, name).ok().filter(|n| n.access().1 && name != "..");
+        let Some(node) = existing.filter(|_| perm & 0x8000_0000 == 0) else {
+            bail!("{name}: files cannot be created here: the tree is fixed (write s/new to create a session)");
+        };
+        let read = matches!(mode & 3, 0 | 2 | 3) && node.access().0;
+        tree::open(self, &node, read, true)?;
+        Ok((node, read))
+    }
+
+    fn read(self: &Arc<Self>, node: &Node, handle: &mut Handle, offset: u64, count: usize) -> Result<ReadOutcome> {
+        tree::read(self, node, handle, offset, count)
+    }
+
+    fn write(self: &Arc<Self>, node: &Node, handle: &mut Handle, data: &[u8]) -> Result<usize> {
+        tree::write(self, node, handle, data)
+    }
+
+    fn close(self: &Arc<Self>, node: &Node, handle: &mut Handle) -> Result<()> {
+        tree::close(self, node, handle)
+    }
+
+    fn remove(self: &Arc<Self>, node: &Node) -> Result<()> {
+        tree::remove(self, node)
+    }
+
+    fn wstat(&self, node: &Node, stat: &RawStat) -> Result<()> {
+        // Truncation (length 0) and "change nothing" are what shells and
+        // FUSE send before writing; accept them, refuse the rest.
+        let untouched = stat.mode == u32::MAX && stat.mtime == u32::MAX && stat.name.is_empty();
+        if node.is_dir() || !untouched || !(stat.length == 0 || stat.length == u64::MAX) {
+            bail!("{}: its name, mode and times cannot be changed", node.path());
+        }
+        Ok(())
+    }
+
+    fn changes(&self) -> u64 {
+        self.pulse.now()
+    }
+
+    fn wait(&self, seen: u64) -> u64 {
+        // Other processes append to session files without a pulse.
+        self.pulse.wait(seen, Duration::from_millis(250))
+    }
+
+    fn is_stopping(&self) -> bool {
+        Runtime::is_stopping(self)
+    }
+}
+
 /// Whole directory entries from `offset`, at most `count` bytes.
-pub(crate) fn dir_chunk(dir: &[u8], offset: u64, count: usize) -> Vec<u8> {
+fn dir_chunk(dir: &[u8], offset: u64, count: usize) -> Vec<u8> {
     let start = usize::try_from(offset).unwrap_or(usize::MAX);
     if start >= dir.len() {
         return Vec::new();
@@ -545,7 +695,7 @@ pub(crate) fn dir_chunk(dir: &[u8], offset: u64, count: usize) -> Vec<u8> {
 }
 
 /// Encode and send one reply; false when the client is gone.
-pub(crate) fn send(out: &Out, msize: u32, tag: u16, content: Rdata) -> bool {
+fn send(out: &Out, msize: u32, tag: u16, content: Rdata) -> bool {
     let mut message = Rmessage::new(tag, content);
     if message.n_bytes() > msize as usize {
         message = Rmessage::new(tag, Rdata::error("the reply would exceed msize; read fewer bytes"));
@@ -555,7 +705,7 @@ pub(crate) fn send(out: &Out, msize: u32, tag: u16, content: Rdata) -> bool {
     out.write_all(&bytes).and_then(|()| out.flush()).is_ok()
 }
 
-pub(crate) fn data_bytes(data: &Data) -> Vec<u8> {
+fn data_bytes(data: &Data) -> Vec<u8> {
     // `Data` keeps its bytes private; its encoding is a 4-byte count, then them.
     data.write_9p_bytes().map(|mut b| b.split_off(4.min(b.len()))).unwrap_or_default()
 }
@@ -565,21 +715,20 @@ pub fn qid(node: &Node) -> Qid {
     if node.is_dir() { Qid::dir(node.qid_path()) } else { Qid::file(node.qid_path()) }
 }
 
-fn raw_stat(rt: &Runtime, node: &Node) -> RawStat {
-    let (length, mtime) = tree::size_and_mtime(rt, node);
-    let mtime = mtime.duration_since(UNIX_EPOCH).map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+/// A stat entry: `mode` is the permission bits (the directory bit is set
+/// from the qid), times in seconds since the epoch.
+pub(crate) fn stat_of(name: String, qid: Qid, mode: u32, length: u64, mtime: u32) -> RawStat {
     let atime =
         SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
-    let qid = qid(node);
     let dir_bit = if qid.ty == FileType::DIRECTORY { 0x8000_0000 } else { 0 };
-    let (name, uid, gid, muid) = (node.name(), "cairn".to_owned(), "cairn".to_owned(), "cairn".to_owned());
+    let (uid, gid, muid) = ("cairn".to_owned(), "cairn".to_owned(), "cairn".to_owned());
     let strings = [&name, &uid, &gid, &muid].iter().map(|s| 2 + s.len()).sum::<usize>();
     RawStat {
         size: u16::try_from(2 + 4 + 13 + 4 + 4 + 4 + 8 + strings).unwrap_or(u16::MAX),
         ty: 0,
         dev: 0,
         qid,
-        mode: dir_bit | node.mode(),
+        mode: dir_bit | mode,
         atime,
         mtime,
         length,

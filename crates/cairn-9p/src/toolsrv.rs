@@ -13,8 +13,12 @@
 //! Owns: the job directories under the jobs dir (`<id>/request.json`,
 //! `status`, `out`, `receipt.json`), each whole-file record written by a
 //! temporary file and a rename so a crash leaves the old or the new
-//! version, and the 9P loop serving this tree (it reuses the session
-//! server's listener, codec helpers and reply path). The exactly-once
+//! version, and this tree's names and semantics ([`Service`] implements
+//! `server::Tree`; the 9P loop is the session server's). Tool metadata is
+//! the host's and loaded lazily: `t/` lists names without parsing, and a
+//! tool's metadata is parsed when its `meta` is read or a job asks for it
+//! (a broken file is an error of that read or job, naming the file, never
+//! of the service). The exactly-once
 //! invariant lives here: a job's id is derived from the caller's session
 //! and invocation ids ([`job_id`]), and `jobs/new` for an id whose
 //! directory exists answers that id without running anything again.
@@ -26,29 +30,33 @@
 //! or panic on any input.
 
 use std::collections::HashMap;
-use std::io::{BufReader, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_core::CancelToken;
 use cairn_core::tool::{ToolReceipt, ToolRequest, ToolSpec};
-use ninep::fs::{FileType, Qid};
-use ninep::sansio::protocol::{NineP, RawStat, Rdata, SharedBuf, Tdata, Tmessage};
-use ninep::sync::SyncNineP;
+use ninep::fs::Qid;
+use ninep::sansio::protocol::RawStat;
 use serde::{Deserialize, Serialize};
 
-use crate::live::lock;
-use crate::server::{IOHDRSZ, Input, Limits, Listener, MAXWELEM, Out, data_bytes, dir_chunk, send};
+use crate::live::{lock, slice};
+use crate::server::{NineServer, Tree, stat_of};
+use crate::tree::ReadOutcome;
 
 /// What the service needs from the binary embedding it: the tools, run
 /// exactly as the binary runs them in-process.
 pub trait ToolHost: Send + Sync + 'static {
-    /// Every tool's spec, loaded now (a broken tool file is reported by the
-    /// host and left out, never an error of the whole list).
-    fn specs(&self) -> Vec<ToolSpec>;
+    /// The names of the tools, found without parsing any metadata (the
+    /// built-ins and the metadata files' names).
+    fn names(&self) -> Vec<String>;
+    /// The spec of tool `name`, its metadata parsed now if it was not yet
+    /// or its file changed since: `Ok(None)` when there is no such tool,
+    /// `Err` (naming the file and what is wrong) when its metadata is broken.
+    fn spec(&self, name: &str) -> std::result::Result<Option<ToolSpec>, String>;
     /// Run `request` in `cwd` with the host's sandbox, environment and
     /// limits; `output` receives chunks as they come. `Err` is the reason
     /// the job failed.
@@ -113,9 +121,6 @@ pub struct Service {
     dir: PathBuf,
     running: Mutex<HashMap<String, CancelToken>>,
     seq: AtomicU64,
-    /// The specs as of the last listing of `t/` (loaded on first use):
-    /// walks and `meta` reads do not reload every tool.
-    specs: Mutex<Option<Vec<ToolSpec>>>,
 }
 
 impl std::fmt::Debug for Service {
@@ -138,28 +143,21 @@ impl Service {
                 write_atomic(&status, format!("{ORPHANED}\n").as_bytes())?;
             }
         }
-        Ok(Arc::new(Self {
-            host,
-            dir,
-            running: Mutex::new(HashMap::new()),
-            seq: AtomicU64::new(0),
-            specs: Mutex::new(None),
-        }))
+        Ok(Arc::new(Self { host, dir, running: Mutex::new(HashMap::new()), seq: AtomicU64::new(0) }))
     }
 
-    /// Reload the specs (a listing of `t/` does, so new tools appear).
-    fn reload_specs(&self) -> Vec<ToolSpec> {
-        let specs = self.host.specs();
-        *lock(&self.specs) = Some(specs.clone());
-        specs
+    /// Whether `name` is a tool here (by name only: nothing is parsed).
+    fn has_tool(&self, name: &str) -> bool {
+        self.host.names().iter().any(|n| n == name)
     }
 
-    fn spec(&self, name: &str) -> Option<ToolSpec> {
-        let cached = lock(&self.specs).as_ref().map(|s| s.iter().find(|s| s.name == name).cloned());
-        match cached {
-            Some(Some(spec)) => Some(spec),
-            // Unknown to the cache (or no cache yet): it may be new.
-            _ => self.reload_specs().into_iter().find(|s| s.name == name),
+    /// Tool `name`'s spec, parsed by the host if needed; an error names
+    /// the broken file.
+    fn spec(&self, name: &str) -> Result<ToolSpec> {
+        match self.host.spec(name) {
+            Ok(Some(spec)) => Ok(spec),
+            Ok(None) => bail!("no tool {name:?} here (list t/ for the tools)"),
+            Err(reason) => bail!("tool {name:?} cannot be loaded: {reason}"),
         }
     }
 
@@ -185,9 +183,7 @@ impl Service {
         let request: JobRequest = serde_json::from_slice(text).map_err(|e| {
             anyhow!("jobs/new: not a job request ({e}); write {{\"tool\":NAME,\"arguments\":{{…}},\"invocation\":ID,\"cwd\":DIR}}")
         })?;
-        let spec = self
-            .spec(&request.tool)
-            .ok_or_else(|| anyhow!("jobs/new: no tool {:?} here (list t/ for the tools)", request.tool))?;
+        let spec = self.spec(&request.tool).map_err(|e| anyhow!("jobs/new: {e:#}"))?;
         let cwd = PathBuf::from(&request.cwd);
         if !cwd.is_absolute() || !cwd.is_dir() {
             bail!("jobs/new: cwd {:?} is not an absolute path of an existing directory", request.cwd);
@@ -301,14 +297,22 @@ impl JobFile {
 
 /// One node of the tool service's tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Node {
+pub enum Node {
+    /// `/`.
     Root,
+    /// `t/`.
     Tools,
+    /// `t/<tool>/`.
     Tool(String),
+    /// `t/<tool>/meta`.
     Meta(String),
+    /// `jobs/`.
     Jobs,
+    /// `jobs/new`.
     New,
+    /// `jobs/<id>/`.
     Job(String),
+    /// `jobs/<id>/<file>`.
     File(String, JobFile),
 }
 
@@ -326,6 +330,19 @@ impl Node {
             Self::Meta(_) => "meta".to_owned(),
             Self::Tool(n) | Self::Job(n) => n.clone(),
             Self::File(_, f) => f.name().to_owned(),
+        }
+    }
+
+    fn path(&self) -> String {
+        match self {
+            Self::Root => "/".to_owned(),
+            Self::Tools => "/t".to_owned(),
+            Self::Tool(t) => format!("/t/{t}"),
+            Self::Meta(t) => format!("/t/{t}/meta"),
+            Self::Jobs => "/jobs".to_owned(),
+            Self::New => "/jobs/new".to_owned(),
+            Self::Job(id) => format!("/jobs/{id}"),
+            Self::File(id, f) => format!("/jobs/{id}/{}", f.name()),
         }
     }
 
@@ -349,43 +366,23 @@ impl Node {
     }
 }
 
-fn walk(svc: &Service, node: &Node, name: &str) -> Result<Node> {
-    Ok(match (node, name) {
-        (_, "..") => match node {
-            Node::Tool(_) => Node::Tools,
-            Node::Job(_) => Node::Jobs,
-            _ => Node::Root,
-        },
-        (Node::Root, "t") => Node::Tools,
-        (Node::Root, "jobs") => Node::Jobs,
-        (Node::Tools, tool) if svc.spec(tool).is_some() => Node::Tool(tool.to_owned()),
-        (Node::Tool(tool), "meta") => Node::Meta(tool.clone()),
-        (Node::Jobs, "new") => Node::New,
-        (Node::Jobs, id) if svc.job_exists(id) => Node::Job(id.to_owned()),
-        (Node::Job(id), file) => match JobFile::ALL.iter().find(|f| f.name() == file) {
-            Some(f) => Node::File(id.clone(), *f),
-            None => bail!("{file}: no such file in a job (out, status, receipt, ctl)"),
-        },
-        _ => bail!("{name}: no such file"),
-    })
-}
-
-fn list(svc: &Service, node: &Node) -> Vec<Node> {
-    match node {
-        Node::Root => vec![Node::Tools, Node::Jobs],
-        Node::Tools => svc.reload_specs().into_iter().map(|s| Node::Tool(s.name)).collect(),
-        Node::Tool(t) => vec![Node::Meta(t.clone())],
-        Node::Jobs => std::iter::once(Node::New).chain(svc.job_ids().into_iter().map(Node::Job)).collect(),
-        Node::Job(id) => JobFile::ALL.iter().map(|f| Node::File(id.clone(), *f)).collect(),
-        _ => Vec::new(),
-    }
+/// What a fid of the tool tree remembers.
+#[derive(Debug, Default)]
+pub struct JobHandle {
+    /// `jobs/new`: the request written so far.
+    written: Vec<u8>,
+    /// `jobs/new`: the id of the job it started.
+    job: Option<String>,
+    /// A whole file fixed at its read at offset 0 (one `cat` of `meta`
+    /// sees one version).
+    snapshot: Option<Vec<u8>>,
 }
 
 /// A whole-file read of `node` (not `out`, which streams).
 fn contents(svc: &Service, node: &Node) -> Result<Vec<u8>> {
     match node {
         Node::Meta(tool) => {
-            let spec = svc.spec(tool).ok_or_else(|| anyhow!("{tool}: the tool is gone"))?;
+            let spec = svc.spec(tool)?;
             let mut json = serde_json::to_vec_pretty(&spec)?;
             json.push(b'\n');
             Ok(json)
@@ -421,384 +418,162 @@ fn read_out(svc: &Service, id: &str, offset: u64, count: usize) -> Option<Vec<u8
     if start == end && running { None } else { Some(data[start..end].to_vec()) }
 }
 
-/// The tool service's 9P server: listeners over one [`Service`].
-#[derive(Debug)]
-pub struct ToolServer {
-    svc: Arc<Service>,
-    limits: Limits,
-    connections: Arc<AtomicUsize>,
-}
+/// The tool service's 9P server: the session server's loop over a [`Service`].
+pub type ToolServer = NineServer<Service>;
 
-impl ToolServer {
-    /// A server of `svc`'s tree.
-    pub fn new(svc: Arc<Service>, limits: Limits) -> Self {
-        Self { svc, limits, connections: Arc::new(AtomicUsize::new(0)) }
+impl Tree for Service {
+    type Node = Node;
+    type Handle = JobHandle;
+
+    fn root(&self) -> Node {
+        Node::Root
     }
 
-    /// Accept connections on `listener` on a thread of its own.
-    pub fn spawn(&self, listener: Listener) -> Result<std::thread::JoinHandle<()>> {
-        let (svc, limits, connections) = (Arc::clone(&self.svc), self.limits, Arc::clone(&self.connections));
-        let thread = std::thread::Builder::new().name("toolsrv-accept".to_owned());
-        Ok(thread.spawn(move || match listener {
-            Listener::Unix(l, _path) => {
-                for stream in l.incoming().flatten() {
-                    let _ = stream.set_write_timeout(Some(limits.write_timeout));
-                    let Ok(reader) = stream.try_clone() else { continue };
-                    start(&svc, limits, &connections, reader, stream);
-                }
-            }
-            Listener::Tcp(l) => {
-                for stream in l.incoming().flatten() {
-                    let _ = stream.set_nodelay(true);
-                    let _ = stream.set_write_timeout(Some(limits.write_timeout));
-                    let Ok(reader) = stream.try_clone() else { continue };
-                    start(&svc, limits, &connections, reader, stream);
-                }
-            }
-        })?)
-    }
-}
-
-fn start<R: Input, W: std::io::Write + Send + 'static>(
-    svc: &Arc<Service>,
-    limits: Limits,
-    connections: &Arc<AtomicUsize>,
-    reader: R,
-    writer: W,
-) {
-    if connections.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
-        connections.fetch_sub(1, Ordering::SeqCst);
-        reader.close();
-        return;
-    }
-    let (svc, count) = (Arc::clone(svc), Arc::clone(connections));
-    let spawned = std::thread::Builder::new().name("toolsrv-conn".to_owned()).spawn(move || {
-        Conn::new(svc, limits, Box::new(writer)).run(reader);
-        count.fetch_sub(1, Ordering::SeqCst);
-    });
-    if spawned.is_err() {
-        connections.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-struct Fid {
-    node: Node,
-    open: Option<(bool, bool)>,
-    /// `jobs/new`: the request written so far, then the id it started.
-    written: Vec<u8>,
-    job: Option<String>,
-    dir: Option<Vec<u8>>,
-}
-
-impl Fid {
-    fn at(node: Node) -> Self {
-        Self { node, open: None, written: Vec::new(), job: None, dir: None }
-    }
-}
-
-type Blocked = Arc<Mutex<HashMap<u16, Arc<AtomicBool>>>>;
-
-struct Conn {
-    svc: Arc<Service>,
-    limits: Limits,
-    out: Out,
-    alive: Arc<AtomicBool>,
-    msize: u32,
-    fids: HashMap<u32, Fid>,
-    blocked: Blocked,
-}
-
-impl Conn {
-    fn new(svc: Arc<Service>, limits: Limits, out: Box<dyn std::io::Write + Send>) -> Self {
-        Self {
-            svc,
-            limits,
-            out: Arc::new(Mutex::new(out)),
-            alive: Arc::new(AtomicBool::new(true)),
-            msize: limits.max_msize,
-            fids: HashMap::new(),
-            blocked: Arc::new(Mutex::new(HashMap::new())),
-        }
+    fn is_dir(&self, node: &Node) -> bool {
+        node.is_dir()
     }
 
-    fn run<R: Input>(mut self, reader: R) {
-        let mut input = BufReader::new(reader);
-        let buf = SharedBuf::default();
-        while let Ok(message) = Tmessage::read_from(self.msize, &buf, &mut input) {
-            let tag = message.tag;
-            let reply = match self.handle(message) {
-                Ok(Some(r)) => r,
-                Ok(None) => continue,
-                Err(e) => Rdata::error(format!("{e:#}")),
-            };
-            if !send(&self.out, self.msize, tag, reply) {
-                break;
-            }
-        }
-        self.alive.store(false, Ordering::SeqCst);
-        input.get_ref().close();
-        for (_, mut fid) in self.fids.drain() {
-            let _ = close(&self.svc, &mut fid);
-        }
+    fn path(&self, node: &Node) -> String {
+        node.path()
     }
 
-    fn fid(&mut self, fid: u32) -> Result<&mut Fid> {
-        self.fids.get_mut(&fid).ok_or_else(|| anyhow!("unknown fid {fid}"))
+    fn qid(&self, node: &Node) -> Qid {
+        node.qid()
     }
 
-    fn room(&self, new_fid: u32) -> Result<()> {
-        if self.fids.contains_key(&new_fid) {
-            bail!("fid {new_fid} is in use");
-        }
-        if self.fids.len() >= self.limits.max_fids {
-            bail!("too many fids on this connection (limit {}): clunk some", self.limits.max_fids);
+    fn stat(&self, node: &Node) -> RawStat {
+        let now =
+            SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+        let mode = if node.is_dir() {
+            0o555
+        } else if node == &Node::New {
+            0o666
+        } else if matches!(node, Node::File(_, JobFile::Ctl)) {
+            0o222
+        } else {
+            0o444
+        };
+        let length = if node.is_dir() { 0 } else { size(self, node) };
+        stat_of(node.name(), node.qid(), mode, length, now)
+    }
+
+    fn walk(self: &Arc<Self>, node: &Node, name: &str) -> Result<Node> {
+        Ok(match (node, name) {
+            (_, "..") => match node {
+                Node::Tool(_) => Node::Tools,
+                Node::Meta(t) => Node::Tool(t.clone()),
+                Node::Job(_) | Node::New => Node::Jobs,
+                Node::File(id, _) => Node::Job(id.clone()),
+                _ => Node::Root,
+            },
+            (Node::Root, "t") => Node::Tools,
+            (Node::Root, "jobs") => Node::Jobs,
+            (Node::Tools, tool) if self.has_tool(tool) => Node::Tool(tool.to_owned()),
+            (Node::Tool(tool), "meta") => Node::Meta(tool.clone()),
+            (Node::Jobs, "new") => Node::New,
+            (Node::Jobs, id) if self.job_exists(id) => Node::Job(id.to_owned()),
+            (Node::Job(id), file) => match JobFile::ALL.iter().find(|f| f.name() == file) {
+                Some(f) => Node::File(id.clone(), *f),
+                None => bail!("{file}: no such file in a job (out, status, receipt, ctl)"),
+            },
+            _ => bail!("{name}: no such file"),
+        })
+    }
+
+    fn list(self: &Arc<Self>, node: &Node) -> Result<Vec<Node>> {
+        Ok(match node {
+            Node::Root => vec![Node::Tools, Node::Jobs],
+            // Names only: listing parses no metadata.
+            Node::Tools => self.host.names().into_iter().map(Node::Tool).collect(),
+            Node::Tool(t) => vec![Node::Meta(t.clone())],
+            Node::Jobs => std::iter::once(Node::New).chain(self.job_ids().into_iter().map(Node::Job)).collect(),
+            Node::Job(id) => JobFile::ALL.iter().map(|f| Node::File(id.clone(), *f)).collect(),
+            other => bail!("{}: not a directory", other.path()),
+        })
+    }
+
+    fn open(self: &Arc<Self>, node: &Node, _read: bool, write: bool) -> Result<()> {
+        if write && !node.writable() {
+            bail!("{}: is read-only", node.path());
         }
         Ok(())
     }
 
-    fn handle(&mut self, message: Tmessage) -> Result<Option<Rdata>> {
-        let tag = message.tag;
-        let svc = Arc::clone(&self.svc);
-        Ok(Some(match message.content {
-            Tdata::Version { msize, version } => {
-                self.fids.clear();
-                if !version.starts_with("9P2000") {
-                    return Ok(Some(Rdata::version(msize.min(self.limits.max_msize), "unknown")));
-                }
-                self.msize = msize.clamp(256, self.limits.max_msize);
-                Rdata::version(self.msize, "9P2000")
-            }
-            Tdata::Auth { .. } => bail!("no authentication is required (none is possible: keep the socket private)"),
-            Tdata::Attach { fid, .. } => {
-                self.room(fid)?;
-                self.fids.insert(fid, Fid::at(Node::Root));
-                Rdata::attach(Node::Root.qid())
-            }
-            Tdata::Flush { old_tag } => {
-                let mut blocked = lock(&self.blocked);
-                if let Some(flag) = blocked.remove(&old_tag) {
-                    flag.store(true, Ordering::SeqCst);
-                }
-                send(&self.out, self.msize, tag, Rdata::flush());
-                return Ok(None);
-            }
-            Tdata::Walk { fid, new_fid, wnames } => {
-                if wnames.len() > MAXWELEM {
-                    bail!("a walk may carry at most {MAXWELEM} names");
-                }
-                if new_fid != fid {
-                    self.room(new_fid)?;
-                }
-                let f = self.fid(fid)?;
-                if f.open.is_some() {
-                    bail!("fid {fid} is open; walk from an unopened fid");
-                }
-                let mut node = f.node.clone();
-                let mut qids = Vec::new();
-                for name in &wnames {
-                    match walk(&svc, &node, name) {
-                        Ok(next) => {
-                            qids.push(next.qid());
-                            node = next;
-                        }
-                        Err(e) if qids.is_empty() => return Err(e),
-                        Err(_) => break,
-                    }
-                }
-                if qids.len() == wnames.len() {
-                    self.fids.insert(new_fid, Fid::at(node));
-                }
-                Rdata::walk(qids)
-            }
-            Tdata::Open { fid, mode } => {
-                let iounit = self.msize - IOHDRSZ;
-                let f = self.fid(fid)?;
-                if f.open.is_some() {
-                    bail!("fid {fid} is already open");
-                }
-                let (read, write) = match mode & 3 {
-                    0 | 3 => (true, false),
-                    1 => (false, true),
-                    _ => (true, true),
-                };
-                if write && !f.node.writable() {
-                    bail!("{}: is read-only", f.node.name());
-                }
-                f.open = Some((read, write));
-                Rdata::open(f.node.qid(), iounit)
-            }
-            Tdata::Create { name, .. } => bail!("{name}: files cannot be created here (write jobs/new to start a job)"),
-            Tdata::Read { fid, offset, count } => return self.read(tag, fid, offset, count),
-            Tdata::Write { fid, data, .. } => {
-                let f = self.fid(fid)?;
-                if !matches!(f.open, Some((_, true))) {
-                    bail!("fid {fid} is not open for writing");
-                }
-                let bytes = data_bytes(&data);
-                match &f.node {
-                    Node::New => {
-                        if f.job.is_some() {
-                            bail!("jobs/new: this fid already started a job; open jobs/new again");
-                        }
-                        if f.written.len() + bytes.len() > 4 << 20 {
-                            bail!("jobs/new: a request may hold at most 4 MiB");
-                        }
-                        f.written.extend_from_slice(&bytes);
-                    }
-                    Node::File(id, JobFile::Ctl) => match String::from_utf8_lossy(&bytes).trim() {
-                        "kill" => svc.kill(id)?,
-                        other => bail!("ctl: unknown command {other:?} (write kill)"),
-                    },
-                    node => bail!("{}: is read-only", node.name()),
-                }
-                Rdata::write(u32::try_from(bytes.len()).unwrap_or(u32::MAX))
-            }
-            Tdata::Clunk { fid } => {
-                let mut f = self.fids.remove(&fid).ok_or_else(|| anyhow!("unknown fid {fid}"))?;
-                close(&svc, &mut f)?;
-                Rdata::clunk()
-            }
-            Tdata::Remove { fid } => {
-                self.fids.remove(&fid);
-                bail!("nothing can be removed here (jobs are kept under the service's jobs directory)")
-            }
-            Tdata::Stat { fid } => {
-                let node = self.fid(fid)?.node.clone();
-                let stat = raw_stat(&svc, &node);
-                Rdata::stat(stat.size + 2, stat)
-            }
-            Tdata::Wstat { fid, stat, .. } => {
-                let node = self.fid(fid)?.node.clone();
-                let untouched = stat.mode == u32::MAX && stat.mtime == u32::MAX && stat.name.is_empty();
-                if !node.writable() || !untouched {
-                    bail!("{}: its name, mode and times cannot be changed", node.name());
-                }
-                Rdata::wstat()
-            }
-        }))
+    fn create(self: &Arc<Self>, _dir: &Node, name: &str, _perm: u32, _mode: u8) -> Result<(Node, bool)> {
+        bail!("{name}: files cannot be created here (write jobs/new to start a job)")
     }
 
-    fn read(&mut self, tag: u16, fid: u32, offset: u64, count: u32) -> Result<Option<Rdata>> {
-        let count = count.min(self.msize - IOHDRSZ) as usize;
-        let svc = Arc::clone(&self.svc);
-        let f = self.fid(fid)?;
-        if !matches!(f.open, Some((true, _))) {
-            bail!("fid {fid} is not open for reading");
-        }
-        if f.node.is_dir() {
-            if offset == 0 || f.dir.is_none() {
-                let mut encoded = Vec::new();
-                for child in list(&svc, &f.node) {
-                    encoded.extend(raw_stat(&svc, &child).write_9p_bytes().map_err(|e| anyhow!("{e}"))?);
-                }
-                f.dir = Some(encoded);
-            }
-            return Ok(Some(Rdata::read(dir_chunk(f.dir.as_deref().unwrap_or_default(), offset, count))));
-        }
-        let whole = match &f.node {
+    fn read(self: &Arc<Self>, node: &Node, handle: &mut JobHandle, offset: u64, count: usize) -> Result<ReadOutcome> {
+        let whole = match node {
             Node::New => {
-                if f.job.is_none() {
-                    if f.written.is_empty() {
+                if handle.job.is_none() {
+                    if handle.written.is_empty() {
                         bail!("jobs/new: write a job request first, then read its id on the same fid");
                     }
-                    f.job = Some(svc.submit(&f.written)?);
+                    handle.job = Some(self.submit(&handle.written)?);
                 }
-                format!("{}\n", f.job.as_deref().unwrap_or_default()).into_bytes()
+                format!("{}\n", handle.job.as_deref().unwrap_or_default()).into_bytes()
             }
             Node::File(id, JobFile::Out) => {
-                let id = id.clone();
-                return match read_out(&svc, &id, offset, count) {
-                    Some(data) => Ok(Some(Rdata::read(data))),
-                    None => {
-                        self.block(tag, id, offset, count)?;
-                        Ok(None)
-                    }
-                };
+                return Ok(match read_out(self, id, offset, count) {
+                    Some(data) => ReadOutcome::Data(data),
+                    None => ReadOutcome::Block,
+                });
             }
-            node => contents(&svc, node)?,
+            node => {
+                if offset == 0 || handle.snapshot.is_none() {
+                    handle.snapshot = Some(contents(self, node)?);
+                }
+                handle.snapshot.clone().unwrap_or_default()
+            }
         };
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(whole.len());
-        let end = start.saturating_add(count).min(whole.len());
-        Ok(Some(Rdata::read(whole[start..end].to_vec())))
+        Ok(ReadOutcome::Data(slice(&whole, offset, count)))
     }
 
-    /// Wait for more output or the job's end on a thread of its own; reply
-    /// then, never if Tflush cancels it first.
-    fn block(&mut self, tag: u16, id: String, offset: u64, count: usize) -> Result<()> {
-        let flag = Arc::new(AtomicBool::new(false));
-        {
-            let mut blocked = lock(&self.blocked);
-            if blocked.len() >= self.limits.max_blocked {
-                bail!("too many blocked reads on this connection (limit {})", self.limits.max_blocked);
+    fn write(self: &Arc<Self>, node: &Node, handle: &mut JobHandle, data: &[u8]) -> Result<usize> {
+        match node {
+            Node::New => {
+                if handle.job.is_some() {
+                    bail!("jobs/new: this fid already started a job; open jobs/new again");
+                }
+                if handle.written.len() + data.len() > 4 << 20 {
+                    bail!("jobs/new: a request may hold at most 4 MiB");
+                }
+                handle.written.extend_from_slice(data);
             }
-            blocked.insert(tag, Arc::clone(&flag));
+            Node::File(id, JobFile::Ctl) => match String::from_utf8_lossy(data).trim() {
+                "kill" => self.kill(id)?,
+                other => bail!("ctl: unknown command {other:?} (write kill)"),
+            },
+            node => bail!("{}: is read-only", node.path()),
         }
-        let (svc, out, blocked, alive, msize) = (
-            Arc::clone(&self.svc),
-            Arc::clone(&self.out),
-            Arc::clone(&self.blocked),
-            Arc::clone(&self.alive),
-            self.msize,
-        );
-        let spawned = std::thread::Builder::new().name("toolsrv-read".to_owned()).spawn(move || {
-            loop {
-                if flag.load(Ordering::SeqCst) || !alive.load(Ordering::SeqCst) {
-                    return;
-                }
-                if let Some(data) = read_out(&svc, &id, offset, count) {
-                    if lock(&blocked).remove(&tag).is_some() {
-                        send(&out, msize, tag, Rdata::read(data));
-                    }
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        });
-        if spawned.is_err() {
-            lock(&self.blocked).remove(&tag);
-            bail!("cannot wait for output: no thread available");
+        Ok(data.len())
+    }
+
+    /// Closing `jobs/new` after a write without a read still starts the job.
+    fn close(self: &Arc<Self>, node: &Node, handle: &mut JobHandle) -> Result<()> {
+        if *node == Node::New && handle.job.is_none() && !handle.written.is_empty() {
+            handle.job = Some(self.submit(&handle.written)?);
         }
         Ok(())
     }
-}
 
-/// Closing `jobs/new` after a write without a read still starts the job.
-fn close(svc: &Arc<Service>, fid: &mut Fid) -> Result<()> {
-    if fid.node == Node::New && fid.job.is_none() && !fid.written.is_empty() {
-        fid.job = Some(svc.submit(&fid.written)?);
+    fn remove(self: &Arc<Self>, _node: &Node) -> Result<()> {
+        bail!("nothing can be removed here (jobs are kept under the service's jobs directory)")
     }
-    Ok(())
-}
 
-fn raw_stat(svc: &Service, node: &Node) -> RawStat {
-    let now =
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
-    let qid = node.qid();
-    let dir_bit = if qid.ty == FileType::DIRECTORY { 0x8000_0000 } else { 0 };
-    let mode = if node.is_dir() {
-        0o555
-    } else if node == &Node::New {
-        0o666
-    } else if matches!(node, Node::File(_, JobFile::Ctl)) {
-        0o222
-    } else {
-        0o444
-    };
-    let (name, uid, gid, muid) = (node.name(), "cairn".to_owned(), "cairn".to_owned(), "cairn".to_owned());
-    let strings = [&name, &uid, &gid, &muid].iter().map(|s| 2 + s.len()).sum::<usize>();
-    RawStat {
-        size: u16::try_from(2 + 4 + 13 + 4 + 4 + 4 + 8 + strings).unwrap_or(u16::MAX),
-        ty: 0,
-        dev: 0,
-        qid,
-        mode: dir_bit | mode,
-        atime: now,
-        mtime: now,
-        length: if node.is_dir() { 0 } else { size(svc, node) },
-        name,
-        uid,
-        gid,
-        muid,
+    fn wstat(&self, node: &Node, stat: &RawStat) -> Result<()> {
+        let untouched = stat.mode == u32::MAX && stat.mtime == u32::MAX && stat.name.is_empty();
+        if !node.writable() || !untouched {
+            bail!("{}: its name, mode and times cannot be changed", node.path());
+        }
+        Ok(())
+    }
+
+    fn wait(&self, seen: u64) -> u64 {
+        // Jobs write their output to files; look again shortly.
+        std::thread::sleep(Duration::from_millis(20));
+        seen
     }
 }
 

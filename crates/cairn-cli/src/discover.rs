@@ -7,8 +7,12 @@
 //! and at most `max_skills` skills, whose text is appended to the system
 //! prompt. The choice is recorded as the session fact `discovery` before the
 //! turn starts, so resuming an interrupted turn offers the same tools. With
-//! no model installed the ranking falls back to BM25 and says so. This
-//! module must not run tools or turns; ranking lives in cairn-discovery.
+//! no model installed the ranking falls back to BM25 and says so. The
+//! candidates are the tool service's when `--toolsrv` is given (its `t/*/meta`,
+//! [`candidates`]), else the in-process tools; `cairn run`, `chat`, `resume`
+//! and each turn of a `cairn serve` session (`serve.rs`, `Host::turn`)
+//! choose the same way. This module must not run tools or turns; ranking
+//! lives in cairn-discovery.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -17,6 +21,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use cairn_core::storage::registers::FACT;
 use cairn_core::storage::{RawJson, Storage, Transaction};
+use cairn_core::tool::ToolSpec;
 use cairn_discovery::skills::{Skill, load_skills};
 use cairn_discovery::{
     DocKind, Document, Embedder, EmbeddingCache, Index, Method, ParamDoc, Ranking, SHIPPED_METHOD, Selection,
@@ -72,8 +77,7 @@ fn model_dir(ctx: &Context) -> PathBuf {
 }
 
 /// The ranking document of a tool: name, description, parameter descriptions.
-fn tool_document(entry: &ToolEntry) -> Document {
-    let spec = entry.tool.spec();
+fn tool_document(spec: &ToolSpec) -> Document {
     let params = spec
         .input_schema
         .get("properties")
@@ -93,6 +97,33 @@ fn tool_document(entry: &ToolEntry) -> Document {
 
 fn is_core(entry: &ToolEntry) -> bool {
     matches!(entry.origin, ToolOrigin::Builtin)
+}
+
+/// The tools a turn in `cwd` could be offered: the core ones' names (always
+/// offered) and the specs discovery chooses among. With a tool service
+/// (`--toolsrv`) they are the service's, read from its `t/*/meta`
+/// (`crate::toolsrv`); else the in-process ones (`host::tool_entries`).
+pub struct Candidates {
+    /// Names of the core tools.
+    pub core: Vec<String>,
+    /// The others.
+    pub extra: Vec<ToolSpec>,
+    /// Tools left out (broken metadata), to tell.
+    pub notes: Vec<String>,
+}
+
+/// [`Candidates`] for a session in `cwd`.
+pub fn candidates(ctx: &Context, cwd: &Path) -> Result<Candidates> {
+    if let Some(address) = crate::toolsrv::address(ctx) {
+        let mut notes = Vec::new();
+        let (_, specs) = crate::toolsrv::remote_specs(&address, &mut notes)?;
+        let (core, extra): (Vec<ToolSpec>, Vec<ToolSpec>) = specs.into_iter().partition(crate::toolsrv::is_core);
+        return Ok(Candidates { core: core.into_iter().map(|s| s.name).collect(), extra, notes });
+    }
+    let tools = crate::host::tool_entries(ctx, cwd)?;
+    let core = tools.entries.iter().filter(|e| is_core(e)).map(|e| e.tool.spec().name.clone()).collect();
+    let extra = tools.entries.iter().filter(|e| !is_core(e)).map(|e| e.tool.spec().clone()).collect();
+    Ok(Candidates { core, extra, notes: Vec::new() })
 }
 
 /// A ranker over the non-core tools and the skills.
@@ -121,7 +152,7 @@ impl Ranker {
 
     fn rank(&self, query: &str) -> Result<Ranking> {
         let vector = match &self.embedder {
-            Some(e) => e.embed(&[query])?.pop(),
+            Some(e) => Some(e.embed_query(query)?),
             None => None,
         };
         Ok(self.index.rank(query, vector.as_deref(), SHIPPED_METHOD))
@@ -131,17 +162,10 @@ impl Ranker {
 /// `cairn tools --discover QUERY [--json]`.
 pub fn discover_command(ctx: &Context, query: &str) -> Result<u8> {
     let cwd = ctx.common.cwd.clone().map_or_else(std::env::current_dir, Ok)?;
-    let tools = crate::host::tool_entries(ctx, &cwd)?;
+    let Candidates { core, extra, notes } = candidates(ctx, &cwd)?;
     let (skills, skill_errors) = load_skills(&skill_roots(ctx, &cwd));
     let policy = policy(ctx)?;
-    let core: Vec<String> = tools.entries.iter().filter(|e| is_core(e)).map(|e| e.tool.spec().name.clone()).collect();
-    let docs: Vec<Document> = tools
-        .entries
-        .iter()
-        .filter(|e| !is_core(e))
-        .map(tool_document)
-        .chain(skills.iter().map(Skill::document))
-        .collect();
+    let docs: Vec<Document> = extra.iter().map(tool_document).chain(skills.iter().map(Skill::document)).collect();
     let ranker = Ranker::new(ctx, docs)?;
     let ranking = ranker.rank(query)?;
     let selection = policy.select(&ranking);
@@ -152,6 +176,9 @@ pub fn discover_command(ctx: &Context, query: &str) -> Result<u8> {
     }
     for e in &skill_errors {
         writeln!(err, "cairn: skill skipped: {}", escape_controls(&e.to_string()))?;
+    }
+    for note in &notes {
+        writeln!(err, "cairn: {}", escape_controls(note))?;
     }
     let injected = |c: &cairn_discovery::Candidate| match c.kind {
         DocKind::Tool => selection.tools.contains(&c.name),
@@ -228,7 +255,7 @@ pub fn skills_command(ctx: &Context) -> Result<u8> {
 /// non-core tools, or skills to choose from.
 pub fn applies(ctx: &Context, cwd: &Path) -> Result<bool> {
     let policy = policy(ctx)?;
-    let extra = crate::host::tool_entries(ctx, cwd)?.entries.iter().filter(|e| !is_core(e)).count();
+    let extra = candidates(ctx, cwd)?.extra.len();
     let (skills, _) = load_skills(&skill_roots(ctx, cwd));
     Ok(extra > policy.max_tools || (!skills.is_empty() && policy.max_skills > 0))
 }
@@ -274,19 +301,15 @@ pub fn choose_for_turn<S: Storage>(
         let recorded: Recorded = raw.parse().context("the session's `discovery` fact is not readable")?;
         return Ok(choice_from(&recorded, &skills, notes));
     };
-    let tools = crate::host::tool_entries(ctx, cwd)?;
+    // Tools left out are told by the wiring, not here.
+    let Candidates { extra, .. } = candidates(ctx, cwd)?;
     let policy = policy(ctx)?;
-    let extra: Vec<&ToolEntry> = tools.entries.iter().filter(|e| !is_core(e)).collect();
     let filter_tools = extra.len() > policy.max_tools;
     if !filter_tools && (skills.is_empty() || policy.max_skills == 0) {
         return Ok(TurnChoice { notes, ..TurnChoice::default() });
     }
-    let docs: Vec<Document> = extra
-        .iter()
-        .filter(|_| filter_tools)
-        .map(|e| tool_document(e))
-        .chain(skills.iter().map(Skill::document))
-        .collect();
+    let docs: Vec<Document> =
+        extra.iter().filter(|_| filter_tools).map(tool_document).chain(skills.iter().map(Skill::document)).collect();
     let ranker = Ranker::new(ctx, docs)?;
     notes.extend(ranker.fallback.clone());
     let mut selection = policy.select(&ranker.rank(prompt)?);
@@ -314,13 +337,18 @@ fn choice_from(recorded: &Recorded, skills: &[Skill], mut notes: Vec<String>) ->
 /// The session settings with the chosen skills appended to the system
 /// prompt; the choice's notes are told to the user.
 pub fn with_skills(
-    mut config: cairn_core::SessionConfig,
+    config: cairn_core::SessionConfig,
     choice: &TurnChoice,
     renderer: &mut crate::render::Renderer,
 ) -> cairn_core::SessionConfig {
     for note in &choice.notes {
         renderer.notice(note);
     }
+    skills_config(config, choice)
+}
+
+/// The session settings with the chosen skills appended to the system prompt.
+pub fn skills_config(mut config: cairn_core::SessionConfig, choice: &TurnChoice) -> cairn_core::SessionConfig {
     if let Some(text) = &choice.skill_text {
         let mut system = config.system.take().unwrap_or_default();
         system.push_str("\n\nSkills chosen for this request (follow them where they apply):");

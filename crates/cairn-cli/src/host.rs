@@ -53,13 +53,8 @@ impl Wiring {
         keep: Option<&std::collections::BTreeSet<String>>,
     ) -> Result<()> {
         let mut registry = ToolRegistry::new(self.approver.is_interactive());
-        for entry in tool_entries(ctx, cwd)?.entries {
-            let name = entry.tool.spec().name.clone();
-            if keep.is_none_or(|k| entry.origin == cairn_tools::ToolOrigin::Builtin || k.contains(&name)) {
-                // Conflicts were reported when the chat was wired.
-                let _ = registry.register(entry.tool);
-            }
-        }
+        // Conflicts and skipped tools were reported when the chat was wired.
+        let _ = fill_registry(ctx, cwd, keep, &mut registry)?;
         self.registry = registry;
         Ok(())
     }
@@ -172,16 +167,39 @@ pub fn wire_with(
     let terminal = crate::subagents::SharedApprover::new(if may_ask { terminal } else { terminal.headless() });
     let approver = PolicyApprover::new(allow, Some(Box::new(terminal.clone())));
     let mut registry = ToolRegistry::new(approver.is_interactive());
-    // With a tool service its tools replace the in-process ones (`toolsrv.rs`).
-    let toolsrv = crate::toolsrv::address(ctx);
-    let tools = match &toolsrv {
-        Some(_) => HostTools { entries: Vec::new(), notes: Vec::new(), untrusted: Vec::new() },
-        None => tool_entries(ctx, cwd)?,
-    };
-    let mut notes = tools.notes;
-    if let Some(address) = &toolsrv {
-        crate::toolsrv::offer(address, &mut registry, &mut notes)?;
+    let (mut notes, untrusted) = fill_registry(ctx, cwd, keep, &mut registry)?;
+    crate::subagents::offer(ctx, cwd, &mut registry, terminal, &mut notes)?;
+    for note in notes {
+        renderer.notice(&note);
     }
+    for note in untrusted {
+        renderer.notice(&note);
+        // --json and --quiet keep stderr for what a person must know: tools
+        // they expected are missing.
+        if mode(ctx) != Mode::Human {
+            let _ = writeln!(std::io::stderr(), "cairn: {note}");
+        }
+    }
+    Ok(Wiring { provider, registry, approver })
+}
+
+/// Register the tools of a session in `cwd`: the tool service's when one
+/// is configured (`toolsrv.rs`), else the in-process ones; the built-ins
+/// always, the others only if in `keep` when it is given (discovery's
+/// choice). Returns the notes to show and the untrusted-workspace notes.
+pub fn fill_registry(
+    ctx: &Context,
+    cwd: &Path,
+    keep: Option<&std::collections::BTreeSet<String>>,
+    registry: &mut ToolRegistry,
+) -> Result<(Vec<String>, Vec<String>)> {
+    if let Some(address) = crate::toolsrv::address(ctx) {
+        let mut notes = Vec::new();
+        crate::toolsrv::offer(&address, registry, keep, &mut notes)?;
+        return Ok((notes, Vec::new()));
+    }
+    let tools = tool_entries(ctx, cwd)?;
+    let mut notes = tools.notes;
     for entry in tools.entries {
         let name = entry.tool.spec().name.clone();
         if keep.is_some_and(|k| entry.origin != cairn_tools::ToolOrigin::Builtin && !k.contains(&name)) {
@@ -191,19 +209,7 @@ pub fn wire_with(
             notes.push(format!("tool {name} not offered: {e}"));
         }
     }
-    crate::subagents::offer(ctx, cwd, &mut registry, terminal, &mut notes)?;
-    for note in notes {
-        renderer.notice(&note);
-    }
-    for note in tools.untrusted {
-        renderer.notice(&note);
-        // --json and --quiet keep stderr for what a person must know: tools
-        // they expected are missing.
-        if mode(ctx) != Mode::Human {
-            let _ = writeln!(std::io::stderr(), "cairn: {note}");
-        }
-    }
-    Ok(Wiring { provider, registry, approver })
+    Ok((notes, tools.untrusted))
 }
 
 /// The session settings from configuration.

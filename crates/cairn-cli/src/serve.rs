@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result, bail};
 use cairn_9p::{Dial, Host, Limits, Runtime, Server, SessionSpec};
 use cairn_core::provider::Provider;
-use cairn_core::storage::StoreOptions;
+use cairn_core::storage::{JsonlStore, StoreOptions};
 use cairn_core::{SessionConfig, ToolRegistry};
 use cairn_provider::ProviderConfig;
 
@@ -62,26 +62,25 @@ impl Host for CliHost {
 
     fn tools(&self, cwd: &Path) -> Result<ToolRegistry> {
         let mut registry = ToolRegistry::new(true);
-        if let Some(address) = crate::toolsrv::address(&self.ctx) {
-            // The tool service's tools instead of in-process ones (`toolsrv.rs`).
-            let mut notes = Vec::new();
-            crate::toolsrv::offer(&address, &mut registry, &mut notes)?;
-            for note in notes {
-                eprintln!("cairn serve: {}", crate::render::escape_controls(&note));
-            }
-            return Ok(registry);
-        }
-        let tools = crate::host::tool_entries(&self.ctx, cwd)?;
-        for entry in tools.entries {
-            let name = entry.tool.spec().name.clone();
-            if let Err(e) = registry.register(entry.tool) {
-                eprintln!("cairn serve: tool {name} not offered: {e}");
-            }
-        }
-        for note in tools.notes.iter().chain(&tools.untrusted) {
+        // The tool service's tools instead of in-process ones when one is
+        // configured (`toolsrv.rs`).
+        let (notes, untrusted) = crate::host::fill_registry(&self.ctx, cwd, None, &mut registry)?;
+        for note in notes.iter().chain(&untrusted) {
             eprintln!("cairn serve: {}", crate::render::escape_controls(note));
         }
         Ok(registry)
+    }
+
+    fn turn(&self, cwd: &Path, store: &mut JsonlStore, prompt: Option<&str>) -> Result<(ToolRegistry, SessionConfig)> {
+        // Discovery chooses and records the turn's tools and skills exactly
+        // as for `cairn run` (`crate::discover`).
+        let choice = crate::discover::choose_for_turn(&self.ctx, cwd, store, prompt)?;
+        let mut registry = ToolRegistry::new(true);
+        let (notes, untrusted) = crate::host::fill_registry(&self.ctx, cwd, choice.keep.as_ref(), &mut registry)?;
+        for note in notes.iter().chain(&untrusted).chain(&choice.notes) {
+            eprintln!("cairn serve: {}", crate::render::escape_controls(note));
+        }
+        Ok((registry, crate::discover::skills_config(self.session_config(), &choice)))
     }
 
     fn providers_text(&self) -> String {

@@ -20,8 +20,9 @@
 //! with a failed settlement naming the service), or run a job twice for one
 //! invocation.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_9p::client::{Conn, mode};
@@ -33,6 +34,7 @@ use cairn_core::tool::{
     Validation,
 };
 use cairn_core::{CancelToken, ToolRegistry};
+use cairn_tools::{ExternalTool, MetadataError, ToolDirScan, ToolEntry, ToolsConfig, TrustStore};
 
 use crate::context::{Context, exit};
 
@@ -41,27 +43,96 @@ pub fn address(ctx: &Context) -> Option<String> {
     ctx.common.toolsrv.clone().or_else(|| ctx.settings.toolsrv.clone())
 }
 
-/// The CLI's tool loading as the service's [`ToolHost`].
+/// The CLI's tools as the service's [`ToolHost`]: the built-ins, and the
+/// external tools of the tools directories (`cairn_tools::ToolDirScan`,
+/// with `cairn run`'s directories, trust and configuration). Listing reads
+/// file names only; a tool's metadata is parsed when its spec is asked for
+/// or it runs, and kept until its file changes (size, mtime or inode).
 struct CliToolHost {
     ctx: Context,
     /// Where `t/` lists tools for (the service's working directory).
     here: PathBuf,
+    config: ToolsConfig,
+    /// The built-ins, built once.
+    builtins: Vec<ToolEntry>,
+    /// Parsed external tools by metadata path.
+    parsed: Mutex<HashMap<PathBuf, Parsed>>,
+    /// Scan notes already told on stderr (each is told once).
+    told: Mutex<HashSet<String>>,
+}
+
+/// One parsed metadata file and the file's state it was parsed from.
+struct Parsed {
+    stamp: Stamp,
+    tool: Result<Arc<ExternalTool>, MetadataError>,
+}
+
+/// What says a file changed: size, modification time, inode.
+type Stamp = (u64, Option<std::time::SystemTime>, u64);
+
+/// Lock a mutex whatever a panicking holder left (caches only).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok(), meta.ino()))
+}
+
+impl CliToolHost {
+    /// The tools directories of `cwd`, scanned (names only).
+    fn scan(&self, cwd: &Path) -> ToolDirScan {
+        let mut notes = Vec::new();
+        // An unreadable trust file trusts nothing (fails closed).
+        let trust = TrustStore::load(&self.ctx.paths.trust_file()).unwrap_or_else(|e| {
+            notes.push(format!("no workspace tools loaded: {e}"));
+            TrustStore::empty()
+        });
+        let scan = ToolDirScan::scan(&self.ctx.paths.tool_dirs(cwd), &self.config, &trust);
+        notes.extend(scan.scan_errors().iter().map(|e| format!("tool skipped: {e}")));
+        notes.extend(scan.untrusted().iter().map(ToString::to_string));
+        let mut told = lock(&self.told);
+        for note in notes {
+            if told.insert(note.clone()) {
+                eprintln!("cairn toolsrv: {}", crate::render::escape_controls(&note));
+            }
+        }
+        scan
+    }
+
+    /// The tool `name` for a job in `cwd` (or the listing's directory):
+    /// a built-in, or the external tool parsed now unless its file is
+    /// unchanged since it was last parsed.
+    fn tool(&self, name: &str, cwd: &Path) -> Result<Option<Arc<dyn Tool>>, MetadataError> {
+        if let Some(entry) = self.builtins.iter().find(|e| e.tool.spec().name == name) {
+            return Ok(Some(Arc::clone(&entry.tool)));
+        }
+        let scan = self.scan(cwd);
+        let Some(path) = scan.metadata_path(name) else { return Ok(None) };
+        let now = stamp(path);
+        let mut parsed = lock(&self.parsed);
+        if let Some(p) = parsed.get(path).filter(|p| now.is_some() && Some(p.stamp) == now) {
+            return p.tool.clone().map(|t| Some(t as Arc<dyn Tool>));
+        }
+        let tool = ExternalTool::load(path, &self.config).map(Arc::new);
+        if let Some(stamp) = now {
+            parsed.insert(path.to_path_buf(), Parsed { stamp, tool: tool.clone() });
+        }
+        tool.map(|t| Some(t as Arc<dyn Tool>))
+    }
 }
 
 impl ToolHost for CliToolHost {
-    fn specs(&self) -> Vec<ToolSpec> {
-        match crate::host::tool_entries(&self.ctx, &self.here) {
-            Ok(tools) => {
-                for note in tools.notes.iter().chain(&tools.untrusted) {
-                    eprintln!("cairn toolsrv: {}", crate::render::escape_controls(note));
-                }
-                tools.entries.iter().map(|e| e.tool.spec().clone()).collect()
-            }
-            Err(e) => {
-                eprintln!("cairn toolsrv: no tools: {e:#}");
-                Vec::new()
-            }
-        }
+    fn names(&self) -> Vec<String> {
+        let scan = self.scan(&self.here);
+        let builtins = self.builtins.iter().map(|e| e.tool.spec().name.clone());
+        builtins.chain(scan.names().into_iter().map(str::to_owned)).collect()
+    }
+
+    fn spec(&self, name: &str) -> std::result::Result<Option<ToolSpec>, String> {
+        self.tool(name, &self.here).map(|t| t.map(|t| t.spec().clone())).map_err(|e| e.to_string())
     }
 
     fn run(
@@ -71,13 +142,10 @@ impl ToolHost for CliToolHost {
         cancel: &CancelToken,
         output: &mut dyn FnMut(&[u8]),
     ) -> std::result::Result<ToolReceipt, String> {
-        let tools = crate::host::tool_entries(&self.ctx, cwd).map_err(|e| format!("{e:#}"))?;
-        let entry = tools
-            .entries
-            .into_iter()
-            .find(|e| e.tool.spec().name == request.tool)
+        let tool = self
+            .tool(&request.tool, cwd)
+            .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("no tool {:?} for {}", request.tool, cwd.display()))?;
-        let tool = entry.tool;
         if let Validation::Invalid(why) = tool.validate(request) {
             return Err(format!("invalid arguments: {why}"));
         }
@@ -128,7 +196,16 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
     }
     let (listeners, addresses) = crate::serve::bind_all(&dials, insecure)?;
     let here = std::env::current_dir().context("cannot read the current directory")?;
-    let host = Arc::new(CliToolHost { ctx, here });
+    let config = crate::host::tools_config(&ctx);
+    let builtins = cairn_tools::builtin_tools(&config).context("invalid [tools] destructive_patterns")?;
+    let host = Arc::new(CliToolHost {
+        ctx,
+        here,
+        config,
+        builtins,
+        parsed: Mutex::new(HashMap::new()),
+        told: Mutex::new(HashSet::new()),
+    });
     let service = Service::new(host, data.join("toolsrv").join("jobs"))?;
     let server = ToolServer::new(service, Limits::default());
     let stop = crate::serve::stop_signal()?;
@@ -141,23 +218,52 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
     Ok(exit::SUCCESS)
 }
 
-/// Register the tools of the service at `address` in `registry`.
-pub fn offer(address: &str, registry: &mut ToolRegistry, notes: &mut Vec<String>) -> Result<()> {
+/// The tools of the service at `address`: each `t/NAME/meta` read and
+/// parsed (the service parses a tool's metadata then). A tool whose meta
+/// cannot be read (its metadata is broken; the service's error names the
+/// file) is left out with a note; an unreachable service is an error.
+pub fn remote_specs(address: &str, notes: &mut Vec<String>) -> Result<(Dial, Vec<ToolSpec>)> {
     let dial = Dial::parse(address).context("--toolsrv / [tools] toolsrv")?;
     let mut conn = Conn::dial(&dial)
         .with_context(|| format!("the tool service at {dial} is unreachable (start it with `cairn toolsrv`)"))?;
+    let mut specs = Vec::new();
     for entry in conn.list("t").with_context(|| format!("cannot list t/ on the tool service at {dial}"))? {
-        let meta = conn.read_file(&format!("t/{}/meta", entry.name))?;
-        let spec: ToolSpec = match serde_json::from_slice(&meta) {
-            Ok(spec) => spec,
+        let meta = match conn.read_file(&format!("t/{}/meta", entry.name)) {
+            Ok(meta) => meta,
             Err(e) => {
-                notes.push(format!(
-                    "tool {} of the tool service skipped: its meta is not a tool spec ({e})",
-                    entry.name
-                ));
+                notes.push(format!("tool {} of the tool service skipped: {e:#}", entry.name));
                 continue;
             }
         };
+        match serde_json::from_slice::<ToolSpec>(&meta) {
+            Ok(spec) => specs.push(spec),
+            Err(e) => notes
+                .push(format!("tool {} of the tool service skipped: its meta is not a tool spec ({e})", entry.name)),
+        }
+    }
+    Ok((dial, specs))
+}
+
+/// Whether a tool of the service is one of cairn's core tools (the
+/// built-ins, always offered; discovery chooses among the others).
+pub fn is_core(spec: &ToolSpec) -> bool {
+    cairn_tools::builtin::BUILTIN_NAMES.contains(&spec.name.as_str())
+}
+
+/// Register the tools of the service at `address` in `registry`: the core
+/// ones and, when `keep` is given (discovery's choice for the turn), only
+/// the others it names.
+pub fn offer(
+    address: &str,
+    registry: &mut ToolRegistry,
+    keep: Option<&BTreeSet<String>>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let (dial, specs) = remote_specs(address, notes)?;
+    for spec in specs {
+        if keep.is_some_and(|k| !is_core(&spec) && !k.contains(&spec.name)) {
+            continue;
+        }
         let name = spec.name.clone();
         if let Err(e) = registry.register(Arc::new(RemoteTool::new(spec, dial.clone()))) {
             notes.push(format!("tool {name} not offered: {e}"));

@@ -1,7 +1,9 @@
 //! Discovery through the real `cairn` binary: `cairn skills`, `cairn tools
 //! --discover`, the BM25 fallback without the model, and a `cairn run` with
 //! 20 installed tools that offers the model only the chosen ones and records
-//! the choice in the session. Needs the MiniLM model (`scripts/fetch-minilm`
+//! the choice in the session; the same through a `cairn toolsrv` and for a
+//! session of `cairn serve`, where what the provider received is checked
+//! on a loopback test server. Needs the MiniLM model (`scripts/fetch-minilm`
 //! or CAIRN_MINILM_DIR); the tests that use it fail saying so without it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -30,9 +32,13 @@ fn model_dir() -> std::path::PathBuf {
 
 /// Install `n` tools of the evaluation set into the home's tools directory.
 fn install_tools(env: &Env, n: usize) -> Vec<String> {
+    install_tools_into(&env.home.join("tools"), n)
+}
+
+/// Install `n` tools of the evaluation set into `dir`.
+fn install_tools_into(dir: &std::path::Path, n: usize) -> Vec<String> {
     let text = include_str!("../../cairn-discovery/eval/tools.tsv");
-    let dir = env.home.join("tools");
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
     let mut names = Vec::new();
     for line in text.lines().filter(|l| !l.starts_with('#')).take(n) {
         let (name, desc) = line.split_once('\t').unwrap();
@@ -305,5 +311,144 @@ fn chat_chooses_again_for_every_prompt_and_records_each_choice() {
     assert_eq!(log.matches("ran image_resize").count(), 1, "{log}");
     assert!(log.contains("ran git_log"), "{log}");
     assert!(log.contains("unknown tool \\\"image_resize\\\""), "{log}");
+    assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
+}
+
+/// The tool names of an OpenAI-style request the test server recorded.
+fn offered(request: &Value) -> Vec<String> {
+    request["tools"].as_array().map_or_else(Vec::new, |tools| {
+        tools.iter().map(|t| t["function"]["name"].as_str().unwrap_or_default().to_owned()).collect()
+    })
+}
+
+/// A provider on the loopback test server, as the home's default.
+fn test_server_provider(env: &Env, server: &cairn_test_server::TestServer) {
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "provider = \"loop\"\n[providers.loop]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"m\"\n\
+             api_key_env = \"LOOP_KEY\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+}
+
+/// What discovery offered: the six built-ins, at most five others, one
+/// that can shrink an image among them, and nothing about commits.
+fn assert_discovered(names: &[String]) {
+    let builtins = ["read_file", "list_dir", "search", "write_file", "edit_file", "shell"];
+    for b in builtins {
+        assert!(names.iter().any(|n| n == b), "core tool {b} offered: {names:?}");
+    }
+    let others: Vec<&String> = names.iter().filter(|n| !builtins.contains(&n.as_str())).collect();
+    // The family's tools (subagents, peers) are cairn's own, not installed ones.
+    let family = ["spawn_agent", "wait_agents", "send_message", "wait_for_messages"];
+    let installed: Vec<&&String> = others.iter().filter(|n| !family.contains(&n.as_str())).collect();
+    assert!(!installed.is_empty() && installed.len() <= 5, "{installed:?} (all: {names:?})");
+    assert!(installed.iter().any(|n| n.as_str() == "image_resize" || n.as_str() == "image_compress"), "{installed:?}");
+    assert!(!names.iter().any(|n| n == "git_log"), "{names:?}");
+}
+
+/// 222 tools behind a separate `cairn toolsrv` (its own home: the agent has
+/// none installed): a `cairn run --toolsrv` ranks the service's metadata and
+/// offers the provider only the built-ins and the chosen ones, and records
+/// the choice.
+#[test]
+fn a_run_through_a_tool_service_offers_the_provider_only_the_discovered_tools() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::Stdio;
+    let env = Env::new();
+    let srv_home = env.home.join("srv");
+    install_tools_into(&srv_home.join("tools"), 222);
+    let sock_dir = env.home.join("sock");
+    std::fs::create_dir_all(&sock_dir).unwrap();
+    std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let listen = format!("unix!{}", sock_dir.join("toolsrv.sock").display());
+    let mut srv = env
+        .cairn(&["toolsrv", "--listen", &listen])
+        .env("CAIRN_HOME", &srv_home)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut address = String::new();
+    BufReader::new(srv.stdout.take().unwrap()).read_line(&mut address).unwrap();
+    let server = cairn_test_server::TestServer::start(vec![cairn_test_server::Reply::sse(
+        cairn_test_server::fixtures::CHAT_TEXT,
+    )])
+    .unwrap();
+    test_server_provider(&env, &server);
+    let out = env
+        .cairn(&["--toolsrv", address.trim(), "run", "make this photo smaller, 800 wide"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .env("LOOP_KEY", "k")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = srv.kill();
+    let _ = srv.wait();
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    assert_discovered(&offered(&requests[0].json()));
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    let fact = log.lines().find(|l| l.contains("\"discovery\"")).expect("the choice is recorded");
+    assert!(fact.contains("image_") && fact.contains("filtered"), "{fact}");
+    assert!(!env.home.join("tools").exists(), "the agent has no tools of its own");
+}
+
+/// A session of `cairn serve` with 222 tools installed: each prompt's turn
+/// is offered the built-ins and the tools discovery chose for it, recorded
+/// in the session as for `cairn run`.
+#[test]
+fn a_served_session_offers_the_provider_only_the_discovered_tools() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::Stdio;
+    let env = Env::new();
+    install_tools(&env, 222);
+    let server = cairn_test_server::TestServer::start(vec![
+        cairn_test_server::Reply::sse(cairn_test_server::fixtures::CHAT_TEXT),
+        cairn_test_server::Reply::sse(cairn_test_server::fixtures::CHAT_TEXT),
+    ])
+    .unwrap();
+    test_server_provider(&env, &server);
+    let mut serve = env
+        .cairn(&["serve", "--listen", "tcp!127.0.0.1!0"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .env("LOOP_KEY", "k")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut address = String::new();
+    BufReader::new(serve.stdout.take().unwrap()).read_line(&mut address).unwrap();
+    let mut conn = cairn_9p::client::Conn::dial(&cairn_9p::Dial::parse(address.trim()).unwrap()).unwrap();
+    let id = conn.create_session(&format!("cwd={}", env.cwd.display())).unwrap();
+    let wait_idle = |conn: &mut cairn_9p::client::Conn, n: usize| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let state = conn.read_text(&format!("s/{id}/state")).unwrap();
+            if server.request_count() >= n && state.trim() == "idle" {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the turn never ended: {state}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    conn.write_file(&format!("s/{id}/prompt"), b"make this photo smaller, 800 wide").unwrap();
+    wait_idle(&mut conn, 1);
+    // The next prompt gets its own choice.
+    conn.write_file(&format!("s/{id}/prompt"), b"which author last changed each line of parser.c").unwrap();
+    wait_idle(&mut conn, 2);
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert_discovered(&offered(&requests[0].json()));
+    let second = offered(&requests[1].json());
+    assert!(second.iter().any(|n| n == "git_blame"), "{second:?}");
+    assert!(!second.iter().any(|n| n == "image_resize"), "{second:?}");
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
     assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
 }

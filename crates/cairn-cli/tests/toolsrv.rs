@@ -412,3 +412,103 @@ fn serve_sessions_use_the_tool_service() {
     assert_eq!(jobs.len(), 1, "the call was a job of the service: {jobs:?}");
     assert_eq!(std::fs::read_to_string(jobs[0].join("out")).unwrap().trim(), "via-serve");
 }
+
+/// Install an external tool `name` in `dir` that prints `says`.
+fn install_tool(dir: &std::path::Path, name: &str, description: &str, says: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.toml")),
+        format!(
+            "description = {description:?}\nrisk = \"readOnly\"\ncapabilities = []\nreplay = \"idempotent\"\n\
+             [parameters]\ntype = \"object\"\n"
+        ),
+    )
+    .unwrap();
+    let exe = dir.join(name);
+    std::fs::write(&exe, format!("#!/bin/sh\necho {says}\n")).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Write a job request for `tool` on its own fid and read the answer.
+fn submit(conn: &mut Conn, tool: &str, invocation: &str, cwd: &std::path::Path) -> anyhow::Result<String> {
+    let request = json!({"tool": tool, "arguments": {}, "invocation": invocation, "session": "lazy",
+        "cwd": cwd.display().to_string()});
+    let (fid, _) = conn.walk("jobs/new")?;
+    conn.open(fid, mode::RDWR)?;
+    conn.write_at(fid, 0, request.to_string().as_bytes())?;
+    let answer = conn.read_at(fid, 0, 64);
+    let _ = conn.clunk(fid);
+    Ok(String::from_utf8(answer?)?.trim().to_owned())
+}
+
+/// Metadata is per tool and lazy: `t/` lists every metadata file by name (a
+/// broken one too, nothing is parsed), reading a broken tool's `meta` or
+/// asking for a job of it fails naming its file while the other tools keep
+/// working, and a changed file is parsed again on its next use.
+#[test]
+fn tool_metadata_is_parsed_per_tool_and_a_broken_one_is_named_by_path() {
+    let env = Env::new();
+    let tools = env.home.join("tools");
+    install_tool(&tools, "greet", "Say hello to the user.", "hello-from-greet");
+    install_tool(&tools, "broken", "placeholder", "never");
+    let broken = tools.join("broken.toml");
+    std::fs::write(&broken, "description = \"no closing quote\nrisk = \n").unwrap();
+    let srv = toolsrv(&env, &socket(&env));
+    let mut conn = Conn::dial(&Dial::parse(&srv.address).unwrap()).unwrap();
+    let listed: Vec<String> = conn.list("t").unwrap().into_iter().map(|s| s.name).collect();
+    for name in ["shell", "greet", "broken"] {
+        assert!(listed.iter().any(|t| t == name), "{name} listed by its file name: {listed:?}");
+    }
+    // The broken tool: its meta read fails naming the file.
+    let err = format!("{:#}", conn.read_file("t/broken/meta").unwrap_err());
+    assert!(err.contains(&broken.display().to_string()) && err.contains("invalid metadata"), "{err}");
+    // Its job is refused, naming the file; nothing was started.
+    let err = format!("{:#}", submit(&mut conn, "broken", "b1", &env.cwd).unwrap_err());
+    assert!(err.contains(&broken.display().to_string()), "{err}");
+    // The others work, on the same connection.
+    let meta: Value = serde_json::from_slice(&conn.read_file("t/greet/meta").unwrap()).unwrap();
+    assert_eq!(meta["description"], "Say hello to the user.");
+    let id = submit(&mut conn, "greet", "g1", &env.cwd).unwrap();
+    assert_eq!(conn.read_text(&format!("jobs/{id}/out")).unwrap().trim(), "hello-from-greet");
+    assert_eq!(conn.read_text(&format!("jobs/{id}/status")).unwrap().trim(), "done");
+    // A changed file is parsed again (the old spec is not kept).
+    install_tool(&tools, "greet", "Say hello to the user, twice over.", "hello-again");
+    let meta: Value = serde_json::from_slice(&conn.read_file("t/greet/meta").unwrap()).unwrap();
+    assert_eq!(meta["description"], "Say hello to the user, twice over.");
+    // The repaired tool loads and runs; the service never went down.
+    install_tool(&tools, "broken", "Now repaired.", "repaired-ran");
+    let meta: Value = serde_json::from_slice(&conn.read_file("t/broken/meta").unwrap()).unwrap();
+    assert_eq!(meta["description"], "Now repaired.");
+    let id = submit(&mut conn, "broken", "b2", &env.cwd).unwrap();
+    assert_eq!(conn.read_text(&format!("jobs/{id}/out")).unwrap().trim(), "repaired-ran");
+    // A tool installed while the service runs is listed without a restart.
+    install_tool(&tools, "later", "Installed later.", "later-ran");
+    let listed: Vec<String> = conn.list("t").unwrap().into_iter().map(|s| s.name).collect();
+    assert!(listed.iter().any(|t| t == "later"), "{listed:?}");
+}
+
+/// The agent side: a broken tool of the service is left out with a note
+/// naming its file; the run uses the others.
+#[test]
+fn a_run_through_the_service_skips_a_broken_tool_and_uses_the_rest() {
+    let env = Env::new();
+    let tools = env.home.join("tools");
+    install_tool(&tools, "greet", "Say hello to the user.", "hello-from-greet");
+    std::fs::write(tools.join("broken.toml"), "this is not toml = = =\n").unwrap();
+    let srv = toolsrv(&env, &socket(&env));
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "greet", "arguments": {}}]}),
+        json!({"text": "greeted"}),
+    ]);
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "--toolsrv", &srv.address, "run", "say hi"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{o}\n{e}");
+    assert!(o.contains("greeted"), "{o}\n{e}");
+    assert!(e.contains("broken") && e.contains("broken.toml"), "the broken tool is named: {e}");
+    let text = serde_json::to_string(&entry_records(&env)).unwrap();
+    assert!(text.contains("hello-from-greet"), "{text}");
+}

@@ -3,9 +3,15 @@
 //! normalisation — the model card's pipeline (Transformer → Pooling(mean) →
 //! Normalize), with its `max_seq_length` of 256 tokens.
 //!
-//! This module must not cache or rank; it maps sentences to unit vectors.
+//! This module must not rank or write anything; it maps sentences to unit
+//! vectors. The only state it keeps is a bounded in-memory map of recent
+//! requests' vectors ([`Embedder::embed_query`]), so asking the same thing
+//! again (a chat's repeated prompt, a resumed turn) skips the forward pass.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -22,6 +28,8 @@ pub const EMBEDDING_DIM: usize = 384;
 pub const MAX_TOKENS: usize = 256;
 /// Sentences run through the model together.
 const BATCH: usize = 16;
+/// Requests whose vectors are kept in memory ([`Embedder::embed_query`]).
+const QUERY_CACHE: usize = 256;
 
 /// The loaded model and tokenizer.
 pub struct Embedder {
@@ -29,6 +37,8 @@ pub struct Embedder {
     tokenizer: Tokenizer,
     sep: u32,
     pool: rayon::ThreadPool,
+    /// Recent requests' vectors by text; emptied when full.
+    queries: Mutex<HashMap<String, Vec<f32>>>,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -70,7 +80,29 @@ impl Embedder {
             .num_threads(threads.max(1))
             .build()
             .map_err(|e| DiscoveryError::Load(format!("cannot start the embedding threads: {e}")))?;
-        Ok(Embedder { model, tokenizer, sep, pool })
+        Ok(Embedder { model, tokenizer, sep, pool, queries: Mutex::new(HashMap::new()) })
+    }
+
+    /// Threads the forward passes run on.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// The unit-length embedding of one request, from memory when the same
+    /// text was embedded recently (the vector is the same either way: the
+    /// forward pass is deterministic).
+    pub fn embed_query(&self, text: &str) -> Result<Vec<f32>, DiscoveryError> {
+        if let Some(v) = self.queries.lock().unwrap_or_else(PoisonError::into_inner).get(text) {
+            return Ok(v.clone());
+        }
+        let ids = self.token_ids(text)?;
+        let vector = self.pool.install(|| self.embed_batch(&[ids])).map_err(embed_err)?.pop().unwrap_or_default();
+        let mut cache = self.queries.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.len() >= QUERY_CACHE {
+            cache.clear();
+        }
+        cache.insert(text.to_owned(), vector.clone());
+        Ok(vector)
     }
 
     /// Token ids of `text` as the model sees them (`[CLS] … [SEP]`, at most
@@ -125,4 +157,41 @@ impl Embedder {
 /// Cosine similarity of two unit vectors (their dot product).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+impl Embedder {
+    /// Where one request's time goes (the benchmark's `--profile`): mean
+    /// times over `n` runs of tokenizing `text`, of its forward pass and
+    /// pooling on this embedder's threads and on candle's default threads,
+    /// and of one of its feed-forward matmuls (`tokens × 384 · 384 × 1536`)
+    /// with the weight as candle's `Linear` holds it (transposed view) and
+    /// made contiguous.
+    pub fn profile_request(&self, text: &str, n: u32) -> Result<Vec<(String, Duration)>, DiscoveryError> {
+        let n = n.max(1);
+        let mut out = Vec::new();
+        let time = |f: &mut dyn FnMut() -> Result<(), DiscoveryError>| -> Result<Duration, DiscoveryError> {
+            f()?;
+            let start = Instant::now();
+            for _ in 0..n {
+                f()?;
+            }
+            Ok(start.elapsed() / n)
+        };
+        let ids = self.token_ids(text)?;
+        out.push((format!("tokenize ({} tokens)", ids.len()), time(&mut || self.token_ids(text).map(drop))?));
+        let one = std::slice::from_ref(&ids);
+        let pooled = time(&mut || self.pool.install(|| self.embed_batch(one)).map(drop).map_err(embed_err))?;
+        out.push((format!("forward + pooling, {} thread(s)", self.threads()), pooled));
+        let global = time(&mut || self.embed_batch(one).map(drop).map_err(embed_err))?;
+        out.push(("forward + pooling, candle's default threads".to_owned(), global));
+        let dev = Device::Cpu;
+        let x = Tensor::ones((ids.len(), 384), DType::F32, &dev).map_err(embed_err)?;
+        let w = Tensor::ones((1536, 384), DType::F32, &dev).map_err(embed_err)?;
+        let wt = w.t().and_then(|t| t.contiguous()).map_err(embed_err)?;
+        let view = time(&mut || self.pool.install(|| w.t().and_then(|t| x.matmul(&t))).map(drop).map_err(embed_err))?;
+        out.push(("matmul tokens×384 · 384×1536, transposed view".to_owned(), view));
+        let contiguous = time(&mut || self.pool.install(|| x.matmul(&wt)).map(drop).map_err(embed_err))?;
+        out.push(("matmul tokens×384 · 384×1536, contiguous".to_owned(), contiguous));
+        Ok(out)
+    }
 }

@@ -47,7 +47,11 @@ fn embeddings_match_the_independent_reference_within_1e_4() {
         assert_eq!(embedder.token_ids(&s.text).unwrap_or_else(|e| panic!("{e}")), s.ids, "token ids of {:?}", s.text);
         assert_eq!(got.len(), EMBEDDING_DIM);
         let single = embedder.embed(&[s.text.as_str()]).unwrap_or_else(|e| panic!("{e}"));
-        for (label, v) in [("batched", got), ("alone", &single[0])] {
+        // The request path, computed, then from its in-memory cache.
+        let query = embedder.embed_query(&s.text).unwrap_or_else(|e| panic!("{e}"));
+        let remembered = embedder.embed_query(&s.text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(query, remembered, "a remembered request vector is the computed one");
+        for (label, v) in [("batched", got), ("alone", &single[0]), ("as a request", &query)] {
             let worst = v.iter().zip(&s.embedding).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
             assert!(worst < 1e-4, "{label} embedding of {:?} differs by {worst}", s.text);
             overall = overall.max(worst);

@@ -629,6 +629,13 @@ impl ToolDirScan {
         self.slots.iter().map(|s| s.name.as_str()).collect()
     }
 
+    /// The metadata file of tool `name`, without parsing it (a host that
+    /// keeps parsed tools across scans, like `cairn toolsrv`, parses and
+    /// caches by path itself).
+    pub fn metadata_path(&self, name: &str) -> Option<&Path> {
+        self.slots.iter().find(|s| s.name == name).map(|s| s.metadata.as_path())
+    }
+
     /// Problems found while scanning (unlistable directories, shadowed names).
     pub fn scan_errors(&self) -> &[MetadataError] {
         &self.scan_errors

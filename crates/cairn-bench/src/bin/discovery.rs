@@ -7,7 +7,8 @@
 //! and without (every tool). Needs the model (`scripts/fetch-minilm`).
 //!
 //! Run: `cargo run --release -p cairn-bench --bin discovery` (`--smoke`:
-//! 20 descriptions, few samples, for `scripts/test`).
+//! 20 descriptions, few samples, for `scripts/test`; `--profile`: where
+//! one request's embedding time goes, instead of the tables).
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -64,6 +65,18 @@ fn main() -> Result<()> {
     let start = Instant::now();
     let embedder = Embedder::load(&default_model_dir(), 1).context("the discovery benchmark needs the model")?;
     table.figure("model load (sha256 check + read + build)", &format!("{:.2} s", start.elapsed().as_secs_f64()));
+    if std::env::args().any(|a| a == "--profile") {
+        // Where one request's time goes, on one thread and on every core.
+        let request = "compress every png in this folder so the site loads faster";
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        for threads in [1, cores] {
+            let e = Embedder::load(&default_model_dir(), threads)?;
+            for (what, took) in e.profile_request(request, 50)? {
+                println!("{threads} thread(s): {what}: {:.3} ms", took.as_secs_f64() * 1e3);
+            }
+        }
+        return Ok(());
+    }
 
     // Index throughput: the same texts embedded (MiniLM) and indexed (BM25).
     let n_index = size(200, 20);
@@ -92,7 +105,7 @@ fn main() -> Result<()> {
         || {
             let q = &queries[qi % queries.len()].1;
             qi += 1;
-            let v = embedder.embed(&[q.as_str()]).ok().and_then(|mut v| v.pop());
+            let v = embedder.embed_query(q).ok();
             assert!(!index.rank(q, v.as_deref(), Method::Minilm).candidates.is_empty());
         },
         || {
@@ -137,6 +150,54 @@ fn main() -> Result<()> {
         "peak RSS after model load and indexing",
         &format!("{:.0} MiB (before load {:.0} MiB)", rss_after as f64 / 1048576.0, rss_before as f64 / 1048576.0),
     );
+
+    // A request asked again (chat, resume): its vector is remembered.
+    let (mut ci, mut cj) = (0usize, 0usize);
+    let (cached, cached_base) = sample_pairs(
+        samples,
+        || {
+            let q = &queries[ci % 8].1;
+            ci += 1;
+            let v = embedder.embed_query(q).ok();
+            assert!(!index.rank(q, v.as_deref(), Method::Minilm).candidates.is_empty());
+        },
+        || {
+            let q = &queries[cj % 8].1;
+            cj += 1;
+            assert!(!index.rank(q, None, Method::Bm25).candidates.is_empty());
+        },
+    );
+    table.compare(
+        &format!("repeated request over {n_query} (vector remembered) + rank"),
+        &cached,
+        "BM25 rank",
+        &cached_base,
+    );
+
+    // The request's forward pass on every core, against one thread, in
+    // the same run (distinct requests, so nothing is remembered).
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if cores > 1 {
+        let wide = Embedder::load(&default_model_dir(), cores)?;
+        let offset = samples;
+        let (mut ti, mut tj) = (offset, offset * 2);
+        let (many, one) = sample_pairs(
+            samples,
+            || {
+                let q = &queries[ti % queries.len()].1;
+                ti += 1;
+                let v = wide.embed_query(q).ok();
+                assert!(!index.rank(q, v.as_deref(), Method::Minilm).candidates.is_empty());
+            },
+            || {
+                let q = &queries[tj % queries.len()].1;
+                tj += 1;
+                let v = embedder.embed_query(q).ok();
+                assert!(!index.rank(q, v.as_deref(), Method::Minilm).candidates.is_empty());
+            },
+        );
+        table.compare(&format!("query over {n_query} (embed + rank), {cores} threads"), &many, "1 thread", &one);
+    }
 
     // Prompt tokens of one call with 200 tools installed.
     let installed = documents(size(200, 20));
