@@ -592,13 +592,13 @@ impl Runtime {
     }
 
     /// The prompt the next queued turn of the session in `store` takes.
+    /// Called while the turn thread prepares, when the thread that starts
+    /// it holds `live.inner` (and waits for `ready`): taking that lock here
+    /// would deadlock, and is not needed, since the queue's writer takes
+    /// it too and so cannot write meanwhile.
     fn next_queued(&self, live: &Live, store: &JsonlStore) -> Option<String> {
         let journal = queue::journal_path(&self.host.sessions_dir(), &live.id);
-        let arrived = {
-            let _inner = lock(&live.inner);
-            queue::read(&journal).unwrap_or_default()
-        };
-        next_in_queue(store, &arrived)
+        next_in_queue(store, &queue::read(&journal).unwrap_or_default())
     }
 
     /// Reopen `session` with the host's tools and settings for its next
