@@ -4,11 +4,11 @@
 //! events; it never runs WASM itself (see `runtime`) and never judges a
 //! candidate itself (see `transcript`).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,6 +22,8 @@ use crate::message::{self, AGENT, BROKER, CC, CONSOLE, Inbound, Outbound};
 use crate::runtime::{self, Dirs, Exit, Instance, Limits, Runtime};
 use crate::transcript::{self, Candidate};
 
+/// Message numbers reserved (saved) at a time; see `Broker::new_id`.
+const MSG_ID_BLOCK: u64 = 1024;
 /// Grace period between `shutdown` + EOF and the kill.
 pub const KILL_AFTER: Duration = Duration::from_secs(5);
 /// Crashes within this window after an upgrade count towards a crash loop.
@@ -117,16 +119,73 @@ struct Broker {
     quitting: Option<Sender<()>>,
 }
 
-/// One native participant's inbox on the embedding side: the channel and
-/// the messages set aside while a request waited for its reply.
-type NativeInbox = Mutex<(Receiver<Inbound>, VecDeque<Inbound>)>;
+/// The console's inbox on the embedding side. Several threads take from
+/// it at once (a printer showing every message as it arrives, a command
+/// waiting for the broker's reply to its request), so a message taken off
+/// the channel by one thread that another is waiting for is set aside in
+/// `held` for it: a reply to a pending request is only ever taken by that
+/// request, and everything else by [`World::recv`].
+#[derive(Debug)]
+struct ConsoleInbox {
+    rx: Mutex<Receiver<Inbound>>,
+    held: Mutex<Held>,
+    changed: Condvar,
+}
+
+/// Messages set aside, and the full ids of requests waiting for a reply.
+#[derive(Debug, Default)]
+struct Held {
+    queue: VecDeque<Inbound>,
+    pending: HashSet<String>,
+}
+
+impl ConsoleInbox {
+    /// The first message (held or arriving within `wait`) that `wanted`
+    /// accepts, given the requests pending at that moment. Whoever holds
+    /// the channel receives in short slices, so the others see what it set
+    /// aside promptly.
+    fn take(&self, wait: Duration, wanted: impl Fn(&Inbound, &HashSet<String>) -> bool) -> Option<Inbound> {
+        const SLICE: Duration = Duration::from_millis(20);
+        let deadline = Instant::now() + wait;
+        loop {
+            {
+                let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(i) = h.queue.iter().position(|m| wanted(m, &h.pending)) {
+                    return h.queue.remove(i);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let slice = left.min(SLICE);
+            match self.rx.try_lock() {
+                Ok(rx) => {
+                    if let Ok(m) = rx.recv_timeout(slice) {
+                        drop(rx);
+                        let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                        h.queue.push_back(m);
+                        self.changed.notify_all();
+                    }
+                }
+                Err(_) => {
+                    let h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                    let _ = self.changed.wait_timeout(h, slice);
+                }
+            }
+            if left.is_zero() {
+                // One last look at what was set aside meanwhile.
+                let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                let i = h.queue.iter().position(|m| wanted(m, &h.pending))?;
+                return h.queue.remove(i);
+            }
+        }
+    }
+}
 
 /// A running world: the broker thread, the `cc` worker, plus the native
 /// participants' side of it (`console` and `agent`; see [`World::send_as`]).
 #[derive(Debug)]
 pub struct World {
     tx: Sender<Event>,
-    console: NativeInbox,
+    console: ConsoleInbox,
     agent_box: Arc<Mailbox>,
     thread: Mutex<Option<thread::JoinHandle<()>>>,
     req: Mutex<u64>,
@@ -162,7 +221,9 @@ impl World {
         }
         layout.init()?;
         let lock = layout.lock()?;
-        let reg = layout.load_registry()?;
+        let mut reg = layout.load_registry()?;
+        // The last run may have handed out ids up to its reservation.
+        reg.next_msg = reg.next_msg.max(reg.msg_reserved);
         let rt = Runtime::new(cfg.limits.fuel.is_some())?;
         let (tx, rx) = mpsc::channel();
         let (ctx, crx) = mpsc::channel();
@@ -208,7 +269,7 @@ impl World {
             .context("starting the broker thread")?;
         Ok(World {
             tx,
-            console: Mutex::new((crx, VecDeque::new())),
+            console: ConsoleInbox { rx: Mutex::new(crx), held: Mutex::default(), changed: Condvar::new() },
             agent_box,
             thread: Mutex::new(Some(thread)),
             req: Mutex::new(0),
@@ -261,11 +322,8 @@ impl World {
                 }
             }
         }
-        let mut g = self.console.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = g.1.pop_front() {
-            return Some(m);
-        }
-        g.0.recv_timeout(wait).ok()
+        // Replies to the console's pending requests are theirs.
+        self.console.take(wait, |m, pending| m.reply_to.as_ref().is_none_or(|r| !pending.contains(r)))
     }
 
     /// Sends a request to the broker as the console and waits (up to
@@ -296,9 +354,9 @@ impl World {
         // replies to an earlier run still waiting in the agent's mailbox.
         let own = format!("req-{}-{n}", self.run_id);
         let full = format!("{who}/{own}");
-        self.send_as(who, Some(to), Some(&own), None, body);
         let answers = |m: &Inbound| m.reply_to.as_deref() == Some(full.as_str()) && (to != BROKER || m.from == BROKER);
         if who == AGENT {
+            self.send_as(who, Some(to), Some(&own), None, body);
             // The agent's other messages stay in its durable mailbox.
             let (_, line) = self
                 .agent_box
@@ -307,21 +365,22 @@ impl World {
             let m = serde_json::from_str(&line)?;
             return Ok((m, full));
         }
-        let deadline = Instant::now() + wait;
-        let mut g = self.console.lock().unwrap_or_else(|p| p.into_inner());
-        // A reply may already sit among the messages set aside earlier.
-        if let Some(i) = g.1.iter().position(|m| m.reply_to.as_deref() == Some(full.as_str())) {
-            let m = g.1.remove(i).ok_or_else(|| anyhow!("reply vanished"))?;
-            return Ok((m, full));
-        }
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let m = g.0.recv_timeout(left).map_err(|_| anyhow!("no reply from {to} within {wait:?}"))?;
-            if answers(&m) {
-                return Ok((m, full));
+        let set = |on: bool| {
+            let mut h = self.console.held.lock().unwrap_or_else(|p| p.into_inner());
+            if on {
+                h.pending.insert(full.clone());
+            } else {
+                h.pending.remove(&full);
             }
-            g.1.push_back(m);
-        }
+        };
+        // Pending before it is sent, so no other taker can take the reply.
+        set(true);
+        self.send_as(who, Some(to), Some(&own), None, body);
+        let reply = self.console.take(wait, |m, _| answers(m));
+        // A reply arriving after the wait gave up goes to `recv`.
+        set(false);
+        let m = reply.ok_or_else(|| anyhow!("no reply from {to} within {wait:?}"))?;
+        Ok((m, full))
     }
 
     /// The oldest message waiting for the agent and its mailbox number,
@@ -418,6 +477,19 @@ impl Broker {
         Ok(())
     }
 
+    /// A message id (see [`message::message_id`]). Numbers are reserved in
+    /// blocks saved with the registry before they are handed out, so a run
+    /// that ends without saving (a crash) never lets the next run hand out
+    /// a number again: ids stay unique in journals and replies.
+    fn new_id(&mut self, from: &str, own: Option<&str>) -> String {
+        let id = message::message_id(from, own, &mut self.reg.next_msg);
+        if self.reg.next_msg >= self.reg.msg_reserved {
+            self.reg.msg_reserved = self.reg.next_msg + MSG_ID_BLOCK;
+            self.save();
+        }
+        id
+    }
+
     fn save(&self) {
         if let Err(e) = self.layout.save_registry(&self.reg) {
             eprintln!("cairn-actors: saving the registry failed: {e}");
@@ -485,7 +557,7 @@ impl Broker {
     // ---- routing ----
 
     fn route(&mut self, from: &str, msg: Outbound) {
-        let id = message::message_id(from, msg.id.as_deref(), &mut self.reg.next_msg);
+        let id = self.new_id(from, msg.id.as_deref());
         match msg.to.as_deref() {
             Some(BROKER) => self.request(from, &id, msg.body),
             Some(to) => {
@@ -534,7 +606,7 @@ impl Broker {
         if sender == BROKER {
             return; // never bounce the broker's own messages
         }
-        let id = message::message_id(BROKER, None, &mut self.reg.next_msg);
+        let id = self.new_id(BROKER, None);
         let m = Inbound {
             id,
             from: BROKER.into(),
@@ -545,7 +617,7 @@ impl Broker {
     }
 
     fn reply(&mut self, to: &str, req_id: &str, body: Value) {
-        let id = message::message_id(BROKER, None, &mut self.reg.next_msg);
+        let id = self.new_id(BROKER, None);
         let m = Inbound { id, from: BROKER.into(), reply_to: Some(req_id.into()), body };
         let _ = self.deliver(to, m);
     }
@@ -865,7 +937,7 @@ impl Broker {
                 match req_id {
                     Some(q) => self.reply(&requester, &q, body),
                     None => {
-                        let mid = message::message_id(BROKER, None, &mut self.reg.next_msg);
+                        let mid = self.new_id(BROKER, None);
                         let _ =
                             self.deliver(&requester, Inbound { id: mid, from: BROKER.into(), reply_to: None, body });
                     }
@@ -1079,13 +1151,13 @@ impl Broker {
     /// Graceful stop: hold the mailbox, `{"type":"shutdown"}`, EOF, kill
     /// after 5 s.
     fn stop_instance(&mut self, id: &str) {
-        let shutdown_id = message::message_id(BROKER, None, &mut self.reg.next_msg);
+        let shutdown_id = self.new_id(BROKER, None);
         let Some(live) = self.actors.get_mut(id).and_then(|a| a.live.as_mut()) else { return };
         if live.stopping {
             return;
         }
         live.stopping = true;
-        live.writer_done.store(true, Ordering::Relaxed);
+        live.writer_done.store(true, Ordering::SeqCst);
         let inst = live.inst.clone();
         let line = serde_json::to_string(&Inbound {
             id: shutdown_id,
@@ -1114,7 +1186,7 @@ impl Broker {
             return;
         }
         let Some(live) = a.live.take() else { return };
-        live.writer_done.store(true, Ordering::Relaxed);
+        live.writer_done.store(true, Ordering::SeqCst);
         let log = self.layout.actor_dir(id).join("stderr.log");
         a.last_exit = Some(format!("{exit:?}"));
         if let Some(after) = a.after_stop.take() {
@@ -1166,6 +1238,12 @@ fn check_ext(p: &Path) -> anyhow::Result<()> {
 }
 
 /// Moves messages from the mailbox to the instance's stdin, one at a time.
+///
+/// A message leaves the mailbox (journaled) just before it is written, so
+/// delivery is at most once; one seen but not taken because the instance
+/// is stopping stays in place, in order, for the next instance. The
+/// parked message `first` (not in the mailbox) goes back to its front if
+/// the instance stops before it was written.
 fn spawn_writer(
     inst: Arc<Instance>,
     mailbox: Arc<Mailbox>,
@@ -1175,26 +1253,28 @@ fn spawn_writer(
     log: PathBuf,
 ) {
     let _ = thread::Builder::new().name("actor-stdin".into()).spawn(move || {
-        let mut next = first;
+        let mut parked = first;
         loop {
-            if done.load(Ordering::Relaxed) {
-                // Not delivered: keep it for the next instance.
-                if let Some(m) = next {
-                    let _ = mailbox.push(m);
+            if done.load(Ordering::SeqCst) {
+                if let Some(m) = parked
+                    && let Err(e) = mailbox.push_front(m.clone())
+                {
+                    append_log(&log, &format!("message lost, putting it back failed ({e}): {m}"));
                 }
                 return;
             }
-            let m = match next.take() {
+            let m = match parked.take() {
                 Some(m) => m,
-                None => match mailbox.pop_wait(Duration::from_millis(100)) {
-                    Some(m) => m,
-                    None => continue,
-                },
+                None => {
+                    let Some((n, m)) = mailbox.peek_wait(Duration::from_millis(100)) else { continue };
+                    // Checked again now that one is here: a stopping
+                    // instance leaves it where it is.
+                    if done.load(Ordering::SeqCst) || !mailbox.remove(n) {
+                        continue;
+                    }
+                    m
+                }
             };
-            if done.load(Ordering::Relaxed) {
-                next = Some(m);
-                continue;
-            }
             *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(m.clone());
             match inst.write_line(&m, runtime::STDIN_WAIT) {
                 Ok(()) => {}

@@ -7,6 +7,8 @@
 //! `/help`, `/quit`.
 
 use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -21,7 +23,7 @@ pub const HELP: &str = "\
 /deploy <id> <file.wasm|.wat> [source-dir]   spawn, or upgrade if <id> exists
 /list                  list actors
 /sleep <seconds>       wait (for scripts)
-/await [seconds]       wait for the next message to the console (default 10)
+/await [seconds]       wait for a message to the console not yet awaited (default 10)
 /help                  this text
 /quit                  stop every actor and leave";
 
@@ -109,57 +111,111 @@ fn abs(p: &str) -> String {
     std::path::absolute(p).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| p.to_owned())
 }
 
+/// What the console has printed, shared by the reading loop and the
+/// printer thread: the output itself, and how many messages were printed
+/// and how many of them `/await` has already waited for.
+struct Printed<W> {
+    out: W,
+    printed: u64,
+    awaited: u64,
+}
+
 /// Runs the console until `/quit` or end of input (the caller then stops
 /// the world with [`World::quit`]).
-pub fn run(world: &World, input: impl BufRead, out: &mut impl Write) -> anyhow::Result<()> {
-    let drain = |out: &mut dyn Write, world: &World| -> anyhow::Result<()> {
-        while let Some(m) = world.recv(Duration::ZERO) {
-            writeln!(out, "{}", serde_json::to_string(&m)?)?;
-        }
-        out.flush()?;
+///
+/// Messages to `console` are printed as they arrive, by a thread of their
+/// own, while the loop waits for the next input line: a person at a
+/// terminal (or a script waiting for a reply before it types again) sees
+/// the reply without typing anything. Every line goes through one lock, so
+/// command output and messages never interleave within a line. `/await`
+/// waits for one message not yet awaited: a script that expects n messages
+/// says `/await` n times, whether they came before or after it asked.
+pub fn run(world: &World, input: impl BufRead, out: impl Write + Send) -> anyhow::Result<()> {
+    let shared = Mutex::new(Printed { out, printed: 0, awaited: 0 });
+    let arrived = Condvar::new();
+    let done = AtomicBool::new(false);
+    let print = |m: &crate::message::Inbound| -> anyhow::Result<()> {
+        let line = serde_json::to_string(m)?;
+        let mut g = shared.lock().unwrap_or_else(|p| p.into_inner());
+        writeln!(g.out, "{line}")?;
+        g.out.flush()?;
+        g.printed += 1;
+        arrived.notify_all();
         Ok(())
     };
-    for line in input.lines() {
-        let line = line?;
-        drain(out, world)?;
-        let cmd = match parse(&line) {
-            Ok(c) => c,
-            Err(e) => {
-                writeln!(out, "error: {e}")?;
-                continue;
-            }
-        };
-        match cmd {
-            Command::Nothing => {}
-            Command::Send { to, body } => world.send(Some(&to), None, None, body),
-            Command::Deploy { id, wasm, source } => {
-                let listed = world.request(json!({"type": "list"}), Duration::from_secs(30))?;
-                let exists = listed["actors"].as_array().is_some_and(|a| a.iter().any(|x| x["id"] == id.as_str()));
-                let ty = if exists { "upgrade" } else { "spawn" };
-                let mut req = json!({"type": ty, "id": id, "wasm": abs(&wasm)});
-                if let Some(s) = source {
-                    req["source"] = json!(abs(&s));
+    let say = |text: &str| -> anyhow::Result<()> {
+        let mut g = shared.lock().unwrap_or_else(|p| p.into_inner());
+        writeln!(g.out, "{text}")?;
+        g.out.flush()?;
+        Ok(())
+    };
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let printer = scope.spawn(|| -> anyhow::Result<()> {
+            while !done.load(Ordering::SeqCst) {
+                if let Some(m) = world.recv(Duration::from_millis(100)) {
+                    print(&m)?;
                 }
-                // Upgrades run transcript tests (10 s per expect).
-                let r = world.request(req, Duration::from_secs(600))?;
-                writeln!(out, "{}", serde_json::to_string(&r)?)?;
             }
-            Command::List => {
-                let r = world.request(json!({"type": "list"}), Duration::from_secs(30))?;
-                writeln!(out, "{}", serde_json::to_string(&r)?)?;
+            Ok(())
+        });
+        let read = (|| -> anyhow::Result<()> {
+            for line in input.lines() {
+                let cmd = match parse(&line?) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        say(&format!("error: {e}"))?;
+                        continue;
+                    }
+                };
+                match cmd {
+                    Command::Nothing => {}
+                    Command::Send { to, body } => world.send(Some(&to), None, None, body),
+                    Command::Deploy { id, wasm, source } => {
+                        let listed = world.request(json!({"type": "list"}), Duration::from_secs(30))?;
+                        let exists =
+                            listed["actors"].as_array().is_some_and(|a| a.iter().any(|x| x["id"] == id.as_str()));
+                        let ty = if exists { "upgrade" } else { "spawn" };
+                        let mut req = json!({"type": ty, "id": id, "wasm": abs(&wasm)});
+                        if let Some(s) = source {
+                            req["source"] = json!(abs(&s));
+                        }
+                        // Upgrades run transcript tests (10 s per expect).
+                        let r = world.request(req, Duration::from_secs(600))?;
+                        say(&serde_json::to_string(&r)?)?;
+                    }
+                    Command::List => {
+                        let r = world.request(json!({"type": "list"}), Duration::from_secs(30))?;
+                        say(&serde_json::to_string(&r)?)?;
+                    }
+                    Command::Sleep(d) => std::thread::sleep(d),
+                    Command::Await(d) => {
+                        let g = shared.lock().unwrap_or_else(|p| p.into_inner());
+                        let (mut g, _) = arrived
+                            .wait_timeout_while(g, d, |g| g.printed <= g.awaited)
+                            .unwrap_or_else(|p| p.into_inner());
+                        if g.printed > g.awaited {
+                            g.awaited += 1;
+                        } else {
+                            writeln!(g.out, "(no message within {} s)", d.as_secs_f64())?;
+                            g.out.flush()?;
+                        }
+                    }
+                    Command::Help => say(HELP)?,
+                    Command::Quit => break,
+                }
             }
-            Command::Sleep(d) => std::thread::sleep(d),
-            Command::Await(d) => match world.recv(d) {
-                Some(m) => writeln!(out, "{}", serde_json::to_string(&m)?)?,
-                None => writeln!(out, "(no message within {} s)", d.as_secs_f64())?,
-            },
-            Command::Help => writeln!(out, "{HELP}")?,
-            Command::Quit => break,
+            Ok(())
+        })();
+        done.store(true, Ordering::SeqCst);
+        let printed = printer.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the console's printer thread panicked")));
+        read?;
+        printed?;
+        // What arrived while the printer stopped.
+        while let Some(m) = world.recv(Duration::ZERO) {
+            print(&m)?;
         }
-        out.flush()?;
-    }
-    drain(out, world)?;
-    Ok(())
+        Ok(())
+    })
 }
 
 #[cfg(test)]

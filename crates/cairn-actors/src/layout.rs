@@ -83,8 +83,12 @@ pub struct ActorEntry {
 /// The registry: every live actor and the message counter.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Registry {
-    /// Last `m-<n>` number handed out.
+    /// Last `m-<n>` number handed out (as of the last save).
     pub next_msg: u64,
+    /// Numbers up to this one may have been handed out since the last save
+    /// (the broker reserves them in blocks); a new run starts above it.
+    #[serde(default)]
+    pub msg_reserved: u64,
     /// Live actors by id.
     pub actors: BTreeMap<String, ActorEntry>,
     /// Subscriptions to native participants (e.g. `agent`) — kept apart so

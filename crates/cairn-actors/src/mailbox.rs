@@ -7,8 +7,9 @@
 //! journal (compaction keeps them), so a reader can name one message (the
 //! agent records the number of the message that started its turn).
 //!
-//! Journal records: `+<line>` a push (the next number), `-` a pop of the
-//! oldest, `x<n>` the removal of message `n` wherever it is, `#<n>` "the
+//! Journal records: `+<line>` a push (the next number), `^<line>` a push
+//! to the front (the next number: a message taken but not delivered, put
+//! back where it was), `-` a pop of the oldest, `x<n>` the removal of message `n` wherever it is, `#<n>` "the
 //! next number is at least `n`", `=<n> <line>` a message with its number
 //! (written by compaction). Replayed and compacted when the mailbox is
 //! opened. Delivery stays at most once: a message is popped (journaled)
@@ -57,6 +58,9 @@ fn replay(lines: impl Iterator<Item = String>) -> (VecDeque<(u64, String)>, u64)
     for line in lines {
         if let Some(msg) = line.strip_prefix('+') {
             queue.push_back((next, msg.to_owned()));
+            next += 1;
+        } else if let Some(msg) = line.strip_prefix('^') {
+            queue.push_front((next, msg.to_owned()));
             next += 1;
         } else if line == "-" {
             queue.pop_front();
@@ -118,6 +122,19 @@ impl Mailbox {
         let n = g.next;
         g.next += 1;
         g.queue.push_back((n, line));
+        self.ready.notify_all();
+        Ok(n)
+    }
+
+    /// Puts a message taken but not delivered back at the front (ahead of
+    /// everything queued since), under a new number. Never refused for
+    /// fullness: it held a place before.
+    pub fn push_front(&self, line: String) -> Result<u64, MailboxError> {
+        let mut g = self.lock();
+        writeln!(g.journal, "^{line}").map_err(|e| MailboxError::Journal(self.path.clone(), e))?;
+        let n = g.next;
+        g.next += 1;
+        g.queue.push_front((n, line));
         self.ready.notify_all();
         Ok(n)
     }
@@ -246,5 +263,25 @@ mod tests {
         std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b"+{\"torn\"").unwrap();
         let m = Mailbox::open(&p).unwrap();
         assert_eq!(m.entries(), vec![(10, "d".to_owned())]);
+    }
+
+    #[test]
+    fn a_message_put_back_stays_first_through_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("b.jsonl");
+        let m = Mailbox::open(&p).unwrap();
+        for l in ["1", "2", "3"] {
+            m.push(l.into()).unwrap();
+        }
+        let first = m.pop_wait(Duration::ZERO).unwrap();
+        m.push("4".into()).unwrap();
+        m.push_front(first).unwrap();
+        let order = |m: &Mailbox| m.entries().into_iter().map(|(_, l)| l).collect::<Vec<_>>();
+        assert_eq!(order(&m), ["1", "2", "3", "4"]);
+        drop(m);
+        let m = Mailbox::open(&p).unwrap();
+        assert_eq!(order(&m), ["1", "2", "3", "4"]);
+        // Its new number is above every other, so it names it alone.
+        assert_eq!(m.entries()[0].0, 5);
     }
 }

@@ -88,7 +88,7 @@ pub fn run(ctx: &Context, action: WorldAction) -> Result<u8> {
                 }
             };
             let stdin = std::io::stdin().lock();
-            let result = cairn_actors::console::run(&world, stdin, &mut std::io::stdout().lock());
+            let result = cairn_actors::console::run(&world, stdin, std::io::stdout());
             if let Some(a) = agent {
                 a.stop();
             }
