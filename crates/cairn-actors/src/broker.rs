@@ -1240,10 +1240,13 @@ fn check_ext(p: &Path) -> anyhow::Result<()> {
 /// Moves messages from the mailbox to the instance's stdin, one at a time.
 ///
 /// A message leaves the mailbox (journaled) just before it is written, so
-/// delivery is at most once; one seen but not taken because the instance
-/// is stopping stays in place, in order, for the next instance. The
-/// parked message `first` (not in the mailbox) goes back to its front if
-/// the instance stops before it was written.
+/// delivery is at most once. It is taken while the instance's stdin is
+/// held and only if the instance is not stopping: a stop sets `done`
+/// before its shutdown line (written under the same hold), so a message
+/// is either written ahead of the shutdown line or left in place, in
+/// order, for the next instance. The parked message `first` (not in the
+/// mailbox) and a message the guest died before reading go back to the
+/// mailbox's front.
 fn spawn_writer(
     inst: Arc<Instance>,
     mailbox: Arc<Mailbox>,
@@ -1252,38 +1255,61 @@ fn spawn_writer(
     first: Option<String>,
     log: PathBuf,
 ) {
+    let put_back = {
+        let (mailbox, log) = (mailbox.clone(), log.clone());
+        move |m: String| {
+            if let Err(e) = mailbox.push_front(m.clone()) {
+                append_log(&log, &format!("message lost, putting it back failed ({e}): {m}"));
+            }
+        }
+    };
     let _ = thread::Builder::new().name("actor-stdin".into()).spawn(move || {
         let mut parked = first;
         loop {
             if done.load(Ordering::SeqCst) {
-                if let Some(m) = parked
-                    && let Err(e) = mailbox.push_front(m.clone())
-                {
-                    append_log(&log, &format!("message lost, putting it back failed ({e}): {m}"));
+                if let Some(m) = parked {
+                    put_back(m);
                 }
                 return;
             }
-            let m = match parked.take() {
-                Some(m) => m,
-                None => {
-                    let Some((n, m)) = mailbox.peek_wait(Duration::from_millis(100)) else { continue };
-                    // Checked again now that one is here: a stopping
-                    // instance leaves it where it is.
-                    if done.load(Ordering::SeqCst) || !mailbox.remove(n) {
-                        continue;
-                    }
-                    m
-                }
+            let (n, m) = match parked.take() {
+                Some(m) => (None, m),
+                None => match mailbox.peek_wait(Duration::from_millis(100)) {
+                    Some((n, m)) => (Some(n), m),
+                    None => continue,
+                },
             };
-            *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(m.clone());
-            match inst.write_line(&m, runtime::STDIN_WAIT) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            // The message last written, in case this one is not: a crash
+            // is blamed on the message the guest last read.
+            let mut before = None;
+            let take = || {
+                if done.load(Ordering::SeqCst) || n.is_some_and(|n| !mailbox.remove(n)) {
+                    return false;
+                }
+                before = last.lock().unwrap_or_else(|p| p.into_inner()).replace(m.clone());
+                true
+            };
+            match inst.write_line_if(&m, runtime::STDIN_WAIT, take) {
+                // Not taken: it stays in the mailbox (or, parked, is put
+                // back when the loop sees `done`).
+                None => {
+                    if n.is_none() {
+                        parked = Some(m);
+                    }
+                }
+                Some(Ok(())) => {}
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
                     // Dropped (at most once); the next message gets its own wait.
                     last.lock().unwrap_or_else(|p| p.into_inner()).take();
                     append_log(&log, &format!("message dropped: {e}: {m}"));
                 }
-                Err(e) => {
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                    // The guest is gone: it never read the whole line.
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) = before;
+                    put_back(m);
+                    return;
+                }
+                Some(Err(e)) => {
                     append_log(&log, &format!("message dropped, stdin write failed ({e}): {m}"));
                     return;
                 }

@@ -204,34 +204,32 @@ impl Instance {
     /// once started is finished (a half line would corrupt the framing); a
     /// dead guest ends the wait with `BrokenPipe`.
     pub fn write_line(&self, line: &str, wait: Duration) -> std::io::Result<()> {
-        use std::io::ErrorKind;
         let mut g = self.stdin.lock().map_err(|_| std::io::Error::other("stdin lock poisoned"))?;
         let Some(p) = g.as_mut() else {
-            return Err(std::io::Error::new(ErrorKind::BrokenPipe, "stdin closed"));
+            return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdin closed"));
         };
-        let mut bytes = Vec::with_capacity(line.len() + 1);
-        bytes.extend_from_slice(line.as_bytes());
-        bytes.push(b'\n');
-        let deadline = std::time::Instant::now() + wait;
-        let mut off = 0;
-        while off < bytes.len() {
-            match p.write(&bytes[off..]) {
-                Ok(0) => return Err(std::io::Error::new(ErrorKind::WriteZero, "stdin accepted nothing")),
-                Ok(n) => off += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if off == 0 && std::time::Instant::now() >= deadline {
-                        return Err(std::io::Error::new(
-                            ErrorKind::TimedOut,
-                            format!("stdin not drained within {} s", wait.as_secs_f64()),
-                        ));
-                    }
-                    thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => return Err(e),
-            }
+        write_whole_line(p, line, wait)
+    }
+
+    /// [`Instance::write_line`], if `take` (called while stdin is held, so
+    /// no other line can come between it and the write) says the line is
+    /// to be written; `None` (nothing written) if it says no or stdin is
+    /// already closed.
+    pub fn write_line_if(
+        &self,
+        line: &str,
+        wait: Duration,
+        take: impl FnOnce() -> bool,
+    ) -> Option<std::io::Result<()>> {
+        let mut g = match self.stdin.lock() {
+            Ok(g) => g,
+            Err(_) => return Some(Err(std::io::Error::other("stdin lock poisoned"))),
+        };
+        let p = g.as_mut()?;
+        if !take() {
+            return None;
         }
-        Ok(())
+        Some(write_whole_line(p, line, wait))
     }
 
     /// Closes stdin (EOF for the guest).
@@ -240,6 +238,35 @@ impl Instance {
             g.take();
         }
     }
+}
+
+/// Writes `line` and a newline to the non-blocking pipe `p` (see
+/// [`Instance::write_line`] for the waiting rule).
+fn write_whole_line(p: &mut std::io::PipeWriter, line: &str, wait: Duration) -> std::io::Result<()> {
+    use std::io::ErrorKind;
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    let deadline = std::time::Instant::now() + wait;
+    let mut off = 0;
+    while off < bytes.len() {
+        match p.write(&bytes[off..]) {
+            Ok(0) => return Err(std::io::Error::new(ErrorKind::WriteZero, "stdin accepted nothing")),
+            Ok(n) => off += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if off == 0 && std::time::Instant::now() >= deadline {
+                    return Err(std::io::Error::new(
+                        ErrorKind::TimedOut,
+                        format!("stdin not drained within {} s", wait.as_secs_f64()),
+                    ));
+                }
+                thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Starts an instance on its own thread. `on_line` gets every stdout line
