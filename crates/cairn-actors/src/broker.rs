@@ -18,7 +18,7 @@ use wasmtime::component::Component;
 
 use crate::layout::{self, ActorEntry, Desired, Layout, Registry};
 use crate::mailbox::Mailbox;
-use crate::message::{self, AGENT, BROKER, CC, CONSOLE, Inbound, Outbound};
+use crate::message::{self, AGENT, BROKER, CC, CONSOLE, HTTP, Inbound, Outbound};
 use crate::runtime::{self, Dirs, Exit, Instance, Limits, Runtime};
 use crate::transcript::{self, Candidate};
 
@@ -240,6 +240,17 @@ impl World {
                 });
             })
             .context("starting the cc thread")?;
+        let (httx, htrx) = mpsc::channel();
+        let http_tx = tx.clone();
+        thread::Builder::new()
+            .name("http".into())
+            .spawn(move || {
+                crate::http::run(htrx, move |(to, reply_to, body)| {
+                    let msg = Outbound { to: Some(to), id: None, reply_to: Some(reply_to), body };
+                    let _ = http_tx.send(Event::Native { from: HTTP.into(), msg });
+                });
+            })
+            .context("starting the http thread")?;
         let mut b = Broker {
             layout,
             reg,
@@ -247,7 +258,7 @@ impl World {
             cfg,
             actors: HashMap::new(),
             tx: tx.clone(),
-            natives: HashMap::from([(CONSOLE.to_owned(), ctx), (CC.to_owned(), cctx)]),
+            natives: HashMap::from([(CONSOLE.to_owned(), ctx), (CC.to_owned(), cctx), (HTTP.to_owned(), httx)]),
             agent_box: agent_box.clone(),
             generation: 0,
             quitting: None,
@@ -560,6 +571,10 @@ impl Broker {
         let id = self.new_id(from, msg.id.as_deref());
         match msg.to.as_deref() {
             Some(BROKER) => self.request(from, &id, msg.body),
+            Some(HTTP) if !self.may_use_http(from) => {
+                let reason = format!("{from} did not declare \"http\": true in its spawn request");
+                self.undeliverable(from, &id, HTTP, &reason);
+            }
             Some(to) => {
                 let to = to.to_owned();
                 let m = Inbound { id: id.clone(), from: from.into(), reply_to: msg.reply_to, body: msg.body };
@@ -633,6 +648,12 @@ impl Broker {
         }
     }
 
+    /// Whether `from` may send to `http`: the console, the agent, and
+    /// actors whose spawn request declared `"http": true`.
+    fn may_use_http(&self, from: &str) -> bool {
+        Self::native(from) || self.reg.actors.get(from).is_some_and(|e| e.http)
+    }
+
     fn native(from: &str) -> bool {
         from == CONSOLE || from == AGENT
     }
@@ -687,6 +708,11 @@ impl Broker {
                 if self.reg.actors.contains_key(&id) {
                     bail!("actor {id:?} exists; use upgrade");
                 }
+                let http = body.get("http").and_then(Value::as_bool).unwrap_or(false);
+                if http && !self.may_use_http(from) {
+                    // Else an actor without HTTP could spawn one that has it.
+                    bail!("{from} may not grant \"http\": it did not declare it in its own spawn request");
+                }
                 let wasm = self.path(from, &need("wasm")?)?;
                 let source = field("source").map(|s| self.path(from, s)).transpose()?;
                 let bytes = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
@@ -705,7 +731,7 @@ impl Broker {
                         spawner: from.to_owned(),
                         desired: Desired::Running,
                         subscribers: BTreeSet::new(),
-                        http: body.get("http").and_then(Value::as_bool).unwrap_or(false),
+                        http,
                     },
                 );
                 self.save();

@@ -75,7 +75,8 @@ pub struct ActorEntry {
     /// Actors (or natives) receiving this actor's messages without `to`.
     #[serde(default)]
     pub subscribers: BTreeSet<String>,
-    /// Whether the spawn request declared outgoing HTTP (not offered yet).
+    /// Whether the spawn request declared outgoing HTTP (it may then send
+    /// to the native `http`).
     #[serde(default)]
     pub http: bool,
 }

@@ -5,7 +5,7 @@
 //! threads and files, and uses `anyhow` at its edges.
 //!
 //! Modules: `message` (formats, ids), `cc` (the native C compiler
-//! participant), `layout` (world directory, registry,
+//! participant), `http` (the native HTTP participant), `layout` (world directory, registry,
 //! path rules), `mailbox` (bounded durable queues), `runtime` (wasmtime),
 //! `commitfs` (commit-on-close files), `transcript` (upgrade gates),
 //! `broker` (routing and lifecycle),
@@ -16,6 +16,7 @@ pub mod broker;
 pub mod cc;
 pub mod commitfs;
 pub mod console;
+pub mod http;
 pub mod layout;
 pub mod mailbox;
 pub mod message;

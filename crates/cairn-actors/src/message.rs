@@ -16,6 +16,9 @@ pub const CONSOLE: &str = "console";
 pub const AGENT: &str = "agent";
 /// The native compiler participant (`cc`: builds C into actors).
 pub const CC: &str = "cc";
+/// The native HTTP participant (`http`: outgoing requests for the actors
+/// that declared them).
+pub const HTTP: &str = "http";
 
 /// A line written to an actor's stdin.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -104,7 +107,7 @@ pub fn check_actor_id(id: &str) -> Result<(), IdError> {
     if !id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
         return Err(IdError::Chars(id.to_owned()));
     }
-    if id == BROKER || id == CONSOLE || id == AGENT || id == CC {
+    if id == BROKER || id == CONSOLE || id == AGENT || id == CC || id == HTTP {
         return Err(IdError::Reserved(id.to_owned()));
     }
     Ok(())

@@ -111,7 +111,8 @@ pub fn actor_tools(world: Arc<World>) -> Vec<Arc<dyn Tool>> {
                 ReplayPolicy::Never,
                 json!({"type": "object", "properties": {
                 "id": {"type": "string", "description": "new actor id (a-z 0-9 - _, at most 64)"},
-                "wasm": wasm["wasm"], "source": wasm["source"], "built_by": wasm["built_by"]},
+                "wasm": wasm["wasm"], "source": wasm["source"], "built_by": wasm["built_by"],
+                "http": {"type": "boolean", "description": "let the actor send requests to the native `http` (outgoing HTTP); default false"}},
                 "required": ["id", "wasm"], "additionalProperties": false}),
             ),
         ),
@@ -268,6 +269,9 @@ impl ActorTool {
                 }
                 if let Some(b) = args.get("built_by").and_then(Value::as_str) {
                     req["built_by"] = json!(b);
+                }
+                if self.kind == Kind::Spawn && args.get("http").and_then(Value::as_bool) == Some(true) {
+                    req["http"] = json!(true);
                 }
                 Ok(from_broker(self.broker(req)?))
             }

@@ -205,3 +205,46 @@ fn the_agents_mailbox_is_journaled_and_a_request_takes_only_its_reply() {
     t.req(json!({"type": "list"}));
     assert_eq!(t.w().agent_waiting().first().map(|(k, _)| *k), Some(n + 10));
 }
+
+#[test]
+fn http_only_for_actors_that_declared_it() {
+    let t = TestWorld::new();
+    let (base, requests) = loopback_server();
+    let ask = format!("{{\"to\":\"http\",\"body\":{{\"type\":\"request\",\"url\":\"{base}/from-actor\"}}}}\n");
+    let p = t.file("net.wat", &actor(&ask, "", ""));
+    let r = t.req(json!({"type":"spawn","id":"net","wasm":p,"http":true}));
+    assert_eq!(r["type"], "ok", "{r}");
+    let p = t.file("plain.wat", &actor(&ask, "", ""));
+    assert_eq!(t.req(json!({"type":"spawn","id":"plain","wasm":p}))["type"], "ok");
+    t.subscribe_console("net");
+    t.subscribe_console("plain");
+    // Each asks `http` when its first message comes, and echoes the answer.
+    t.w().send(Some("net"), None, None, json!("go"));
+    t.w().send(Some("plain"), None, None, json!("go"));
+    let (m, _) = t.wait_for("net's response", |m| m["from"] == "net" && m["body"]["type"] == "response");
+    assert_eq!((m["body"]["status"].as_u64(), m["body"]["body"].as_str()), (Some(200), Some("hello")), "{m}");
+    assert_eq!(m["body"]["headers"]["x-test"], "yes", "{m}");
+    assert_eq!(m["body"]["truncated"], false, "{m}");
+    let (m, _) = t.wait_for("plain's refusal", |m| m["from"] == "plain" && m["body"]["type"] == "undeliverable");
+    assert_eq!(m["body"]["to"], "http", "{m}");
+    assert!(m["body"]["reason"].as_str().unwrap().contains("did not declare"), "{m}");
+    // An actor without HTTP cannot grant it to one it spawns.
+    let grant =
+        "{\"to\":\"broker\",\"body\":{\"type\":\"spawn\",\"id\":\"child\",\"wasm\":\"/public/x.wat\",\"http\":true}}\n";
+    let p = t.file("granter.wat", &actor(grant, "", ""));
+    assert_eq!(t.req(json!({"type":"spawn","id":"granter","wasm":p}))["type"], "ok");
+    t.subscribe_console("granter");
+    t.w().send(Some("granter"), None, None, json!("go"));
+    let (m, _) = t.wait_for("granter's refusal", |m| m["from"] == "granter" && m["body"]["type"] == "error");
+    assert!(m["body"]["reason"].as_str().unwrap().contains("may not grant"), "{m}");
+    // The console may ask too; a bad request is answered with the reason.
+    t.w().send(Some("http"), Some("c1"), None, json!({"type": "request", "url": format!("{base}/from-console")}));
+    let (m, _) = t.wait_for("the console's response", |m| m["reply_to"] == "console/c1");
+    assert_eq!((m["from"].as_str(), m["body"]["body"].as_str()), (Some("http"), Some("hello")), "{m}");
+    t.w().send(Some("http"), Some("c2"), None, json!({"type": "request", "url": "file:///etc/passwd"}));
+    let (m, _) = t.wait_for("the refusal", |m| m["reply_to"] == "console/c2");
+    assert_eq!(m["body"]["type"], "http_failed", "{m}");
+    // Only the declared actor and the console reached the server.
+    let got = requests.lock().unwrap().clone();
+    assert_eq!(got, vec!["GET /from-actor HTTP/1.1".to_owned(), "GET /from-console HTTP/1.1".to_owned()]);
+}

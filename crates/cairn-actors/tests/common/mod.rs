@@ -194,3 +194,29 @@ pub fn write_tests(dir: &Path, name: &str, lines: &[Value]) {
     let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
     std::fs::write(dir.join("tests").join(name), text).unwrap();
 }
+
+/// A loopback HTTP/1.1 server answering every request with `hello` and
+/// recording each request's first line.
+pub fn loopback_server() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut first = String::new();
+            reader.read_line(&mut first).unwrap();
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            log.lock().unwrap().push(first.trim_end().to_owned());
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Test: yes\r\nConnection: close\r\n\r\nhello");
+        }
+    });
+    (base, seen)
+}
