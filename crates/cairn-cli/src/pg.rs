@@ -85,12 +85,10 @@ impl Driver for HostDriver {
         let wiring = (|| -> Result<_> {
             let provider = crate::host::build_provider(&self.ctx, &cwd)?;
             let mut registry = ToolRegistry::new(false);
-            let tools = crate::host::tool_entries(&self.ctx, &cwd)?;
-            for note in tools.notes.iter().chain(&tools.untrusted) {
+            // Headless: Destructive tools are refused (and said so).
+            let (notes, untrusted) = crate::host::fill_registry(&self.ctx, &cwd, None, &mut registry)?;
+            for note in notes.iter().chain(&untrusted) {
                 eprintln!("cairn worker: session {id}: {note}");
-            }
-            for entry in tools.entries {
-                let _ = registry.register(entry.tool);
             }
             let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
                 .context("invalid allow pattern (from --allow or [approvals] allow)")?;

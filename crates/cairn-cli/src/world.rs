@@ -136,13 +136,20 @@ impl Agent {
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
         let mut registry = ToolRegistry::new(false);
-        for entry in crate::host::tool_entries(ctx, &cwd)?.entries {
-            let _ = registry.register(entry.tool);
-        }
+        // The session's tools as any host offers them (a tool service when
+        // configured); what is not offered is said, not dropped silently.
+        let (mut notes, untrusted) = crate::host::fill_registry(ctx, &cwd, None, &mut registry)?;
+        notes.extend(untrusted);
         // Without a person at a terminal, Destructive tools (actor_remove)
         // cannot be approved, so the registry refuses them: not offered.
         for tool in cairn_actors::tools::actor_tools(world.clone()) {
-            let _ = registry.register(tool);
+            let name = tool.spec().name.clone();
+            if let Err(e) = registry.register(tool) {
+                notes.push(format!("tool {name} not offered: {e}"));
+            }
+        }
+        for note in notes {
+            eprintln!("cairn: the agent: {note}");
         }
         let config: SessionConfig = crate::host::session_config(ctx);
         let session = Session::open(store, config)?;
