@@ -495,6 +495,19 @@ impl Runtime {
             self.push_event(live, &json.to_string(), Some(phase));
             matches!(stop, Ok(Some(TurnStop::Answered)) | Ok(None))
         };
+        // Every turn of this thread (resumed, prompted, queued) runs with the
+        // same provider, approver, observer and cancel token.
+        macro_rules! turn_env {
+            ($tools:expr) => {
+                TurnEnv {
+                    provider: &*provider,
+                    tools: $tools,
+                    approver: &mut approver,
+                    observer: &mut observer,
+                    cancel,
+                }
+            };
+        }
         // The session and the tools of its next turn; None once reopening
         // the session for a turn failed (the failure was told).
         let mut current = Some((session, registry));
@@ -503,13 +516,7 @@ impl Runtime {
         if let Some((session, registry)) = current.as_mut()
             && session.needs_resume()
         {
-            let mut env = TurnEnv {
-                provider: &*provider,
-                tools: registry,
-                approver: &mut approver,
-                observer: &mut observer,
-                cancel,
-            };
+            let mut env = turn_env!(registry);
             let result = session.resume(&mut env).map(|o| o.map(|o| o.stop)).map_err(|e| format!("{e:#}"));
             go_on = end(result);
             ran = true;
@@ -519,13 +526,7 @@ impl Runtime {
             }
         }
         if let (true, Start::Prompt(text), Some((session, registry))) = (go_on, &start, current.as_mut()) {
-            let mut env = TurnEnv {
-                provider: &*provider,
-                tools: registry,
-                approver: &mut approver,
-                observer: &mut observer,
-                cancel,
-            };
+            let mut env = turn_env!(registry);
             let result = session.run_turn(text, &mut env).map(|o| Some(o.stop)).map_err(|e| format!("{e:#}"));
             go_on = end(result);
             ran = true;
@@ -546,13 +547,7 @@ impl Runtime {
             }
             first_queued = false;
             let Some((session, registry)) = current.as_mut() else { break };
-            let mut env = TurnEnv {
-                provider: &*provider,
-                tools: registry,
-                approver: &mut approver,
-                observer: &mut observer,
-                cancel,
-            };
+            let mut env = turn_env!(registry);
             match session.run_queued(&arrived, &mut env) {
                 Ok(None) => break,
                 Ok(Some(outcome)) => go_on = end(Ok(Some(outcome.stop))),

@@ -198,6 +198,18 @@ fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &Atomic
     let cancel = CancelToken::new();
     let mut approver = PolicyApprover::new(p.allow.clone(), None);
     let mut observer = |_: &TurnEvent| {};
+    // Resumed and new turns run with the same parts.
+    macro_rules! turn_env {
+        () => {
+            TurnEnv {
+                provider: &*p.provider,
+                tools: &p.registry,
+                approver: &mut approver,
+                observer: &mut observer,
+                cancel: &cancel,
+            }
+        };
+    }
     // Messages numbered up to `through` were taken into the session; the
     // one still in the mailbox is the turn not yet answered.
     let through = registers::prompt_queue(p.session.store()).through;
@@ -208,13 +220,7 @@ fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &Atomic
     if p.session.needs_resume() || asked.is_some() {
         idle.store(false, Ordering::SeqCst);
         let body = if p.session.needs_resume() {
-            let mut env = TurnEnv {
-                provider: &*p.provider,
-                tools: &p.registry,
-                approver: &mut approver,
-                observer: &mut observer,
-                cancel: &cancel,
-            };
+            let mut env = turn_env!();
             match p.session.resume(&mut env) {
                 Ok(Some(o)) => json!({"type": "text", "text": o.text, "resumed": true}),
                 Ok(None) => Value::Null,
@@ -242,13 +248,7 @@ fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &Atomic
             continue;
         };
         idle.store(false, Ordering::SeqCst);
-        let mut env = TurnEnv {
-            provider: &*p.provider,
-            tools: &p.registry,
-            approver: &mut approver,
-            observer: &mut observer,
-            cancel: &cancel,
-        };
+        let mut env = turn_env!();
         let body = match p.session.run_queued(&[QueuedPrompt { n, prompt: text }], &mut env) {
             Ok(Some(o)) => json!({"type": "text", "text": o.text, "stop": o.stop}),
             // Taken before (its number is not above the session's mark).
