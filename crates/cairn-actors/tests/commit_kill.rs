@@ -12,6 +12,9 @@
 //! it while a child runs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+#[path = "common/clang.rs"]
+mod clang;
+
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -107,14 +110,7 @@ fn parent() {
     let base = tempfile::tempdir().unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/actors/writer.c");
     let wasm = base.path().join("writer.wasm");
-    let st = Command::new("clang")
-        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&wasm)
-        .status()
-        .unwrap_or_else(|e| panic!("clang is needed for C test actors (run ./scripts/ensure-wasi-clang): {e}"));
-    assert!(st.success(), "clang failed to build {}", src.display());
+    clang::build_c_actor(&src, &wasm);
     let root = base.path().join("w");
     cairn_actors::init(&root).unwrap();
     let data = root.join("data/writer");

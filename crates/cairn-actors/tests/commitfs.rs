@@ -4,6 +4,9 @@
 //! reading `/actor/<id>/public`, and from the host.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/clang.rs"]
+mod clang;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, channel};
@@ -22,14 +25,7 @@ fn tool_component() -> &'static (Runtime, Component) {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/actors/fstool.c");
         let out = tempfile::tempdir().unwrap();
         let wasm = out.path().join("fstool.wasm");
-        let st = std::process::Command::new("clang")
-            .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&wasm)
-            .status()
-            .unwrap_or_else(|e| panic!("clang is needed for C test actors (run ./scripts/ensure-wasi-clang): {e}"));
-        assert!(st.success(), "clang failed to build {}", src.display());
+        clang::build_c_actor(&src, &wasm);
         let rt = Runtime::new(false).unwrap();
         let c = rt.compile(&std::fs::read(&wasm).unwrap()).unwrap();
         (rt, c)

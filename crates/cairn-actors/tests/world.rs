@@ -160,14 +160,7 @@ int main(void) {
 "#,
     );
     let out = t.dir.path().join("c/echo.wasm");
-    let st = std::process::Command::new("clang")
-        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .unwrap_or_else(|e| panic!("clang is needed for C test actors (run ./scripts/ensure-wasi-clang): {e}"));
-    assert!(st.success(), "clang failed to build the C actor");
+    common::clang::build_c_actor(&src, &out);
     let r = t.req(json!({"type":"spawn","id":"c","wasm":out,"source":t.dir.path().join("c")}));
     assert_eq!(r["type"], "ok", "{r}");
     t.subscribe_console("c");

@@ -4,6 +4,8 @@
 // Helpers (not #[test] functions) unwrap too: a failure is the test's.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../../cairn-actors/tests/common/clang.rs"]
+mod clang;
 mod util;
 
 use std::io::Write;
@@ -212,14 +214,7 @@ fn clang(env: &Env, name: &str, source: &str) -> std::path::PathBuf {
     let src = env.cwd.join(format!("{name}.c"));
     let out = env.cwd.join(format!("{name}.wasm"));
     std::fs::write(&src, source).unwrap();
-    let st = std::process::Command::new("clang")
-        .args(["--target=wasm32-wasi", "--sysroot=/usr", "-O2"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .unwrap_or_else(|e| panic!("clang is needed for the C test actors (run scripts/ensure-wasi-clang): {e}"));
-    assert!(st.success(), "clang failed to build {name}.c (run scripts/ensure-wasi-clang)");
+    clang::build_c_actor(&src, &out);
     out
 }
 

@@ -2,6 +2,8 @@
 //! world helper. The oracles here parse raw JSON lines themselves.
 #![allow(dead_code, unreachable_pub, missing_debug_implementations, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod clang;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
