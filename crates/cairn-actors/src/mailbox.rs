@@ -114,27 +114,31 @@ impl Mailbox {
     /// Queues one stdin line (already serialized, without newline) and
     /// returns its number.
     pub fn push(&self, line: String) -> Result<u64, MailboxError> {
-        let mut g = self.lock();
-        if g.queue.len() >= MAILBOX_LIMIT {
-            return Err(MailboxError::Full);
-        }
-        writeln!(g.journal, "+{line}").map_err(|e| MailboxError::Journal(self.path.clone(), e))?;
-        let n = g.next;
-        g.next += 1;
-        g.queue.push_back((n, line));
-        self.ready.notify_all();
-        Ok(n)
+        self.add(line, false)
     }
 
     /// Puts a message taken but not delivered back at the front (ahead of
     /// everything queued since), under a new number. Never refused for
     /// fullness: it held a place before.
     pub fn push_front(&self, line: String) -> Result<u64, MailboxError> {
+        self.add(line, true)
+    }
+
+    /// Journals, then queues, `line` under the next number.
+    fn add(&self, line: String, front: bool) -> Result<u64, MailboxError> {
         let mut g = self.lock();
-        writeln!(g.journal, "^{line}").map_err(|e| MailboxError::Journal(self.path.clone(), e))?;
+        if !front && g.queue.len() >= MAILBOX_LIMIT {
+            return Err(MailboxError::Full);
+        }
+        let record = if front { '^' } else { '+' };
+        writeln!(g.journal, "{record}{line}").map_err(|e| MailboxError::Journal(self.path.clone(), e))?;
         let n = g.next;
         g.next += 1;
-        g.queue.push_front((n, line));
+        if front {
+            g.queue.push_front((n, line));
+        } else {
+            g.queue.push_back((n, line));
+        }
         self.ready.notify_all();
         Ok(n)
     }
