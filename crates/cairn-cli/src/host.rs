@@ -35,6 +35,10 @@ pub struct Wiring {
     provider: Box<dyn Provider + Send>,
     registry: ToolRegistry,
     approver: PolicyApprover,
+    /// The family's tools (subagents, peers), offered with every choice of
+    /// tools: the same instances, so children spawned by one turn can be
+    /// waited for by the next.
+    family: Vec<Arc<dyn cairn_core::tool::Tool>>,
 }
 
 impl std::fmt::Debug for Wiring {
@@ -55,6 +59,10 @@ impl Wiring {
         let mut registry = ToolRegistry::new(self.approver.is_interactive());
         // Conflicts and skipped tools were reported when the chat was wired.
         let _ = fill_registry(ctx, cwd, keep, &mut registry)?;
+        for tool in &self.family {
+            // Registered once before under the same rules: cannot be refused.
+            let _ = registry.register(Arc::clone(tool));
+        }
         self.registry = registry;
         Ok(())
     }
@@ -168,7 +176,9 @@ pub fn wire_with(
     let approver = PolicyApprover::new(allow, Some(Box::new(terminal.clone())));
     let mut registry = ToolRegistry::new(approver.is_interactive());
     let (mut notes, untrusted) = fill_registry(ctx, cwd, keep, &mut registry)?;
+    let before = registry.specs().len();
     crate::subagents::offer(ctx, cwd, &mut registry, terminal, &mut notes)?;
+    let family = registry.specs()[before..].iter().filter_map(|s| registry.get(&s.name).cloned()).collect();
     for note in notes {
         renderer.notice(&note);
     }
@@ -180,7 +190,7 @@ pub fn wire_with(
             let _ = writeln!(std::io::stderr(), "cairn: {note}");
         }
     }
-    Ok(Wiring { provider, registry, approver })
+    Ok(Wiring { provider, registry, approver, family })
 }
 
 /// Register the tools of a session in `cwd`: the tool service's when one

@@ -286,7 +286,8 @@ fn chat_chooses_again_for_every_prompt_and_records_each_choice() {
         json!({"text": "first done"}),
         json!({"text": "", "toolCalls": [
             {"id": "c2", "name": "git_log", "arguments": {}},
-            {"id": "c3", "name": "image_resize", "arguments": {}}
+            {"id": "c3", "name": "image_resize", "arguments": {}},
+            {"id": "c4", "name": "wait_agents", "arguments": {"timeout": 0}}
         ]}),
         json!({"text": "second done"}),
     ]);
@@ -311,6 +312,9 @@ fn chat_chooses_again_for_every_prompt_and_records_each_choice() {
     assert_eq!(log.matches("ran image_resize").count(), 1, "{log}");
     assert!(log.contains("ran git_log"), "{log}");
     assert!(log.contains("unknown tool \\\"image_resize\\\""), "{log}");
+    // The family's tools stay offered whatever discovery chose.
+    assert!(!log.contains("unknown tool \\\"wait_agents\\\""), "{log}");
+    assert!(log.contains("\"c4\""), "{log}");
     assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
 }
 
