@@ -241,3 +241,35 @@ fn http_only_for_actors_that_declared_it() {
     let got = requests.lock().unwrap().clone();
     assert_eq!(got, vec!["GET /from-actor HTTP/1.1".to_owned(), "GET /from-console HTTP/1.1".to_owned()]);
 }
+
+/// No actor receives the host's environment (where provider keys live):
+/// a C actor counts its environment variables and lists its arguments.
+#[test]
+fn actors_see_no_host_environment() {
+    assert!(std::env::vars_os().count() > 0, "the test process has an environment to leak");
+    let t = TestWorld::new();
+    let src = t.file(
+        "env/env.c",
+        r#"#include <stdio.h>
+extern char **environ;
+int main(int argc, char **argv) {
+    char line[4096];
+    int n = 0;
+    while (environ && environ[n]) n++;
+    if (fgets(line, sizeof line, stdin)) {
+        printf("{\"body\":{\"env\":%d,\"args\":%d}}\n", n, argc);
+        fflush(stdout);
+    }
+    return 0;
+}
+"#,
+    );
+    let out = t.dir.path().join("env/env.wasm");
+    common::clang::build_c_actor(&src, &out);
+    assert_eq!(t.req(json!({"type":"spawn","id":"env","wasm":out}))["type"], "ok");
+    t.subscribe_console("env");
+    t.w().send(Some("env"), None, None, json!("go"));
+    let (m, _) = t.wait_for("the count", |m| m["from"] == "env" && m["body"]["env"].is_u64());
+    assert_eq!(m["body"]["env"], 0, "{m}");
+    assert!(m["body"]["args"].as_u64().unwrap() <= 1, "{m}");
+}
