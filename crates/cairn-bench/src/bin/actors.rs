@@ -129,7 +129,8 @@ fn through_pipes(n: usize) -> Result<()> {
             for line in BufReader::new(r).lines() {
                 let Ok(line) = line else { break };
                 let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-                let _ = writeln!(w, "{v}");
+                // One write per line, as the broker writes an actor's stdin.
+                let _ = w.write_all(format!("{v}\n").as_bytes());
             }
         })
     };
@@ -137,7 +138,8 @@ fn through_pipes(n: usize) -> Result<()> {
     let t2 = hop(r2, w3);
     let writer = std::thread::spawn(move || {
         for i in 0..n {
-            let _ = writeln!(w1, "{}", json!({"id": format!("m-{i}"), "from": "console", "body": {"n": i}}));
+            let line = json!({"id": format!("m-{i}"), "from": "console", "body": {"n": i}});
+            let _ = w1.write_all(format!("{line}\n").as_bytes());
         }
     });
     let got = BufReader::new(r3).lines().take(n).count();
