@@ -203,7 +203,12 @@ fn main() -> Result<()> {
             first_echo(&world, "b").unwrap_or_else(|e| panic!("first echo after start: {e:#}"));
         },
     );
-    table.compare("spawn until first echo (cold compile)", &cold, "start until first echo (cached component)", &cached);
+    table.compare(
+        "spawn until first echo (cold compile)",
+        &cold,
+        "stop, then start until first echo (cached component)",
+        &cached,
+    );
 
     // The commit step of a write: atomic replace vs plain write.
     let bytes = vec![b'x'; size(64 * 1024, 1024)];
