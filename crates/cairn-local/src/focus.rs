@@ -24,9 +24,9 @@
 //! newest one, the first of them is returned (changelogs and lists put it
 //! on top); the last, oldest or earliest, the last of them. When no record
 //! shares a word with the request, such a request ("the first item") gets
-//! the first (or last) line that is not a heading. A result of a single
-//! record gets its record too when it matches: every result the model sees
-//! has the same form, as the example exchange shows it (`chat.rs`).
+//! the first (or last) line that is not a heading. Nothing is pointed at
+//! when there is nothing to choose: a result of one record, or the one line
+//! of a file whose other records are headings.
 //!
 //! Lexical only: a request whose words are not in the answer's line gets no
 //! pointer, and a wrong pointer is possible when another line shares more
@@ -102,6 +102,10 @@ pub(crate) fn focus_line_cached(content: &str, request: &str) -> Option<String> 
 /// The record of `content` that best matches `request`, if one stands out.
 pub(crate) fn focus_line(content: &str, request: &str) -> Option<String> {
     let records = records(content);
+    if records.len() < 2 {
+        // Nothing to choose.
+        return None;
+    }
     let mut said: Vec<String> = request_words(request).into_iter().filter(|w| !names_a_file(w, request)).collect();
     // A word naming a kind of value counts even when it is a common word
     // (`when`).
@@ -123,7 +127,7 @@ pub(crate) fn focus_line(content: &str, request: &str) -> Option<String> {
             Ordinal::First => lines.next(),
             Ordinal::Last => lines.next_back(),
         }?;
-        return (chosen.shown.chars().count() <= MAX_RECORD_CHARS).then(|| chosen.shown.clone());
+        return pointed(chosen, &records);
     }
     let top: Vec<&Record> = scored.iter().filter(|(s, _)| *s == best).map(|(_, r)| *r).collect();
     // At equal score a heading gives way to a line under it.
@@ -138,7 +142,14 @@ pub(crate) fn focus_line(content: &str, request: &str) -> Option<String> {
         },
         [] => return None,
     };
-    (chosen.shown.chars().count() <= MAX_RECORD_CHARS).then(|| chosen.shown.clone())
+    pointed(chosen, &records)
+}
+
+/// What is shown for `chosen`: its text, unless it is too long or is the
+/// only line of the result that is not a heading (nothing was chosen).
+fn pointed(chosen: &Record, records: &[Record]) -> Option<String> {
+    let only_line = !chosen.heading && records.iter().filter(|r| !r.heading).count() < 2;
+    (!only_line && chosen.shown.chars().count() <= MAX_RECORD_CHARS).then(|| chosen.shown.clone())
 }
 
 /// Which of several equal records a request asks for.
@@ -384,12 +395,12 @@ mod tests {
     }
 
     #[test]
-    fn a_single_line_that_matches_is_pointed_at() {
-        // The same form as every other result (the example shows it).
-        assert_eq!(
-            focus_line("The launch code is 7731.\n", "Read notes.txt and tell me the launch code.").as_deref(),
-            Some("The launch code is 7731.")
-        );
+    fn a_single_line_gets_no_pointer() {
+        // Nothing to choose.
+        assert_eq!(focus_line("The launch code is 7731.\n", "Read notes.txt and tell me the launch code."), None);
+        assert_eq!(focus_line("# Notes\n", "What are the notes?"), None);
+        let recipe = "# Pancakes\nYou need 3 eggs and 200 g of flour.\n";
+        assert_eq!(focus_line(recipe, "How much flour does recipe.md call for?"), None, "one line under a heading");
     }
 
     #[test]
