@@ -183,7 +183,7 @@ fn without_line_numbers(content: &str) -> String {
 }
 
 /// The example file's content, as `read_file` shows it.
-const EXAMPLE_RESULT: &str = "     1\tThe colour is teal.";
+const EXAMPLE_RESULT: &str = "     1\tIt is teal.";
 
 /// A short example exchange shown before the conversation when tools are
 /// offered: a small model copies the form of earlier turns far more readily
@@ -202,9 +202,10 @@ pub fn example_turns(tools: &[ToolSpec], example_name: &str) -> Vec<Turn> {
     vec![
         Turn { role: "user", content: request.clone() },
         Turn { role: "assistant", content: render_call(&tool.name, &Value::Object(args)) },
-        // One line, so no pointer (`focus.rs`): a two-line example with a
-        // pointer had its second line and its pointer copied into real
-        // answers (measured, BENCHMARKS.md).
+        // One line that shares no word with the request, so no pointer
+        // (`focus.rs`): with a pointer here, or a second line, the model
+        // copied the pointer's words or the other line into real answers
+        // (measured, BENCHMARKS.md).
         Turn { role: "user", content: result_text(&tool.name, EXAMPLE_RESULT, false, Some(&request)) },
         // The bare value: a sentence frame ("The colour is …") was copied
         // into unrelated answers, and a `key = value` line into a wrong
@@ -380,7 +381,9 @@ mod tests {
             turns[3],
             Turn {
                 role: "user",
-                content: "Result of read_file:\nfn main() {}\n\nUse this result to answer my request: show main".into()
+                content: "Result of read_file:\nfn main() {}\n\nThe line that matches your request: fn main() {}\n\n\
+                          Use this result to answer my request: show main"
+                    .into()
             }
         );
     }
@@ -445,9 +448,9 @@ mod tests {
             },
         ];
         assert_eq!(to_turns("s", &[], &msgs)[3], ex[2]);
-        // Without line numbers, and without a pointer (one line).
+        // Without line numbers, and without a pointer.
         assert_eq!(ex[2].content.matches("teal").count(), 1, "shown once, without its line number: {ex:?}");
-        assert!(!ex[2].content.contains("1\t"));
+        assert!(!ex[2].content.contains("1\t") && !ex[2].content.contains("The line that matches"), "{ex:?}");
         assert_eq!(ex[3].content, "teal");
         // No grounded file parameter: no example (nothing to copy).
         let plain = spec(json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}));

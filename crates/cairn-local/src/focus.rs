@@ -24,9 +24,10 @@
 //! newest one, the first of them is returned (changelogs and lists put it
 //! on top); the last, oldest or earliest, the last of them. When no record
 //! shares a word with the request, such a request ("the first item") gets
-//! the first (or last) line that is not a heading. Nothing is pointed at
-//! when there is nothing to choose: a result of one record, or the one line
-//! of a file whose other records are headings.
+//! the first (or last) line that is not a heading. A file's only line is
+//! pointed at too when it matches: every result then has the same form as
+//! the example exchange (`chat.rs`), whose one line is pointed at; without
+//! a pointer the model copied the example's value (measured).
 //!
 //! Lexical only: a request whose words are not in the answer's line gets no
 //! pointer, and a wrong pointer is possible when another line shares more
@@ -102,10 +103,6 @@ pub(crate) fn focus_line_cached(content: &str, request: &str) -> Option<String> 
 /// The record of `content` that best matches `request`, if one stands out.
 pub(crate) fn focus_line(content: &str, request: &str) -> Option<String> {
     let records = records(content);
-    if records.len() < 2 {
-        // Nothing to choose.
-        return None;
-    }
     let mut said: Vec<String> = request_words(request).into_iter().filter(|w| !names_a_file(w, request)).collect();
     // A word naming a kind of value counts even when it is a common word
     // (`when`).
@@ -127,7 +124,7 @@ pub(crate) fn focus_line(content: &str, request: &str) -> Option<String> {
             Ordinal::First => lines.next(),
             Ordinal::Last => lines.next_back(),
         }?;
-        return pointed(chosen, &records);
+        return pointed(chosen);
     }
     let top: Vec<&Record> = scored.iter().filter(|(s, _)| *s == best).map(|(_, r)| *r).collect();
     // At equal score a heading gives way to a line under it.
@@ -142,14 +139,12 @@ pub(crate) fn focus_line(content: &str, request: &str) -> Option<String> {
         },
         [] => return None,
     };
-    pointed(chosen, &records)
+    pointed(chosen)
 }
 
-/// What is shown for `chosen`: its text, unless it is too long or is the
-/// only line of the result that is not a heading (nothing was chosen).
-fn pointed(chosen: &Record, records: &[Record]) -> Option<String> {
-    let only_line = !chosen.heading && records.iter().filter(|r| !r.heading).count() < 2;
-    (!only_line && chosen.shown.chars().count() <= MAX_RECORD_CHARS).then(|| chosen.shown.clone())
+/// What is shown for `chosen`: its text, unless it is too long.
+fn pointed(chosen: &Record) -> Option<String> {
+    (chosen.shown.chars().count() <= MAX_RECORD_CHARS).then(|| chosen.shown.clone())
 }
 
 /// Which of several equal records a request asks for.
@@ -395,12 +390,18 @@ mod tests {
     }
 
     #[test]
-    fn a_single_line_gets_no_pointer() {
-        // Nothing to choose.
-        assert_eq!(focus_line("The launch code is 7731.\n", "Read notes.txt and tell me the launch code."), None);
-        assert_eq!(focus_line("# Notes\n", "What are the notes?"), None);
+    fn a_single_line_that_matches_is_pointed_at() {
+        // The same form as every other result (the example shows it).
+        assert_eq!(
+            focus_line("The launch code is 7731.\n", "Read notes.txt and tell me the launch code.").as_deref(),
+            Some("The launch code is 7731.")
+        );
         let recipe = "# Pancakes\nYou need 3 eggs and 200 g of flour.\n";
-        assert_eq!(focus_line(recipe, "How much flour does recipe.md call for?"), None, "one line under a heading");
+        assert_eq!(
+            focus_line(recipe, "How much flour does recipe.md call for?").as_deref(),
+            Some("You need 3 eggs and 200 g of flour.")
+        );
+        assert_eq!(focus_line("# Notes\n", "What is the first item?"), None, "a heading alone is no item");
     }
 
     #[test]
