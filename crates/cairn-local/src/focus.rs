@@ -9,7 +9,8 @@
 //! the same number of fields) gives one record per row, each field named by
 //! its header (`item: cherry, price: 12`); a JSON document gives one record
 //! per leaf (`server.port: 8443`); anything else gives its non-empty lines,
-//! a Markdown heading without its `#` marks.
+//! a Markdown heading without its `#` marks (one that holds no digit is a
+//! label, shown with the line under it: `Lead: Priya`).
 //!
 //! A record scores one for each word of the request it contains (modulo a
 //! plural `s`; common words and the request's file names never count), or
@@ -25,9 +26,9 @@
 //! on top); the last, oldest or earliest, the last of them. When no record
 //! shares a word with the request, such a request ("the first item") gets
 //! the first (or last) line that is not a heading. A file's only line is
-//! pointed at too when it matches: every result then has the same form as
-//! the example exchange (`chat.rs`), whose one line is pointed at; without
-//! a pointer the model copied the example's value (measured).
+//! pointed at too when it matches: a result without a pointer looks like
+//! the example exchange's (`chat.rs`, which has none), and the model then
+//! copied the example's value (measured).
 //!
 //! Lexical only: a request whose words are not in the answer's line gets no
 //! pointer, and a wrong pointer is possible when another line shares more
