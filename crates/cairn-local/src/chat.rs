@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::focus::focus_line;
+use crate::focus::focus_line_cached;
 use cairn_core::message::{ContentPart, Message, Role};
 use cairn_core::tool::ToolSpec;
 use serde_json::Value;
@@ -146,7 +146,9 @@ fn result_text(name: &str, content: &str, is_error: bool, request: Option<&str>)
         Some(request) => {
             // The line that answers, when one stands out (`focus.rs`): the
             // model copies from it instead of from a neighbouring row.
-            let pointer = if is_error { None } else { focus_line(content, request) };
+            let pointer = if is_error { None } else { focus_line_cached(content, request) };
+            // Before the request, not after it: the model then copied the
+            // pointer's words instead of its value (measured, BENCHMARKS.md).
             let pointer =
                 pointer.map(|line| format!("The line that matches your request: {line}\n\n")).unwrap_or_default();
             format!("{what} {name}:\n{content}\n\n{pointer}Use this result to answer my request: {request}")
@@ -180,6 +182,9 @@ fn without_line_numbers(content: &str) -> String {
     out.join("\n")
 }
 
+/// The example file's content, as `read_file` shows it.
+const EXAMPLE_RESULT: &str = "     1\tIt is teal.";
+
 /// A short example exchange shown before the conversation when tools are
 /// offered: a small model copies the form of earlier turns far more readily
 /// than it follows instructions. It shows the whole loop: a request naming
@@ -197,7 +202,11 @@ pub fn example_turns(tools: &[ToolSpec], example_name: &str) -> Vec<Turn> {
     vec![
         Turn { role: "user", content: request.clone() },
         Turn { role: "assistant", content: render_call(&tool.name, &Value::Object(args)) },
-        Turn { role: "user", content: result_text(&tool.name, "     1\tThe colour is teal.", false, Some(&request)) },
+        // One line that shares no word with the request, so no pointer
+        // (`focus.rs`): with a pointer here, or a second line, the model
+        // copied the pointer's words or the other line into real answers
+        // (measured, BENCHMARKS.md).
+        Turn { role: "user", content: result_text(&tool.name, EXAMPLE_RESULT, false, Some(&request)) },
         // The bare value: a sentence frame ("The colour is …") was copied
         // into unrelated answers, and a `key = value` line into a wrong
         // `key = value` (measured, BENCHMARKS.md).
@@ -372,7 +381,9 @@ mod tests {
             turns[3],
             Turn {
                 role: "user",
-                content: "Result of read_file:\nfn main() {}\n\nUse this result to answer my request: show main".into()
+                content: "Result of read_file:\nfn main() {}\n\nThe line that matches your request: fn main() {}\n\n\
+                          Use this result to answer my request: show main"
+                    .into()
             }
         );
     }
@@ -431,14 +442,16 @@ mod tests {
                 role: Role::Tool,
                 content: vec![ContentPart::ToolResult {
                     call_id: "c".into(),
-                    content: "     1\tThe colour is teal.".into(),
+                    content: EXAMPLE_RESULT.into(),
                     is_error: false,
                 }],
             },
         ];
         assert_eq!(to_turns("s", &[], &msgs)[3], ex[2]);
+        // Without line numbers, and without a pointer.
         assert_eq!(ex[2].content.matches("teal").count(), 1, "shown once, without its line number: {ex:?}");
-        assert!(!ex[2].content.contains("1\t"));
+        assert!(!ex[2].content.contains("1\t") && !ex[2].content.contains("The line that matches"), "{ex:?}");
+        assert_eq!(ex[3].content, "teal");
         // No grounded file parameter: no example (nothing to copy).
         let plain = spec(json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}));
         assert!(example_turns(&[plain], "example-0.txt").is_empty());

@@ -96,6 +96,25 @@ pub enum GenStop {
     /// The grammar allowed no token (should not happen; the output so far is
     /// kept as text).
     NoAllowedToken,
+    /// Text that ended in the same run of tokens three times over (a small
+    /// model's greedy loop, which would otherwise run to the token budget;
+    /// see [`repeating_tail`]).
+    Repeating,
+}
+
+/// The shortest run of tokens whose threefold repetition ends text
+/// generation: shorter runs repeat in real text (a table's `| --- `).
+const MIN_REPEATED_RUN: usize = 8;
+
+/// Whether `tokens` end in one run of at least [`MIN_REPEATED_RUN`] tokens
+/// repeated three times in a row: greedy decoding that has looped so
+/// repeats it until the budget runs out.
+pub fn repeating_tail(tokens: &[u32]) -> bool {
+    (MIN_REPEATED_RUN..=tokens.len() / 3).any(|k| {
+        let n = tokens.len();
+        let (a, b, c) = (&tokens[n - 3 * k..n - 2 * k], &tokens[n - 2 * k..n - k], &tokens[n - k..]);
+        a == b && b == c
+    })
 }
 
 /// The result of one generation.
@@ -382,6 +401,9 @@ impl LocalModel {
             if mode == Mode::Done {
                 break GenStop::CallComplete;
             }
+            if mode == Mode::Text && repeating_tail(&tokens) {
+                break GenStop::Repeating;
+            }
             if tokens.len() >= max_new {
                 break GenStop::MaxTokens;
             }
@@ -475,6 +497,25 @@ mod tests {
         assert_eq!(argmax_masked(&[1.0, 5.0, 3.0], &[true, false, true]), Some(2));
         assert_eq!(argmax_masked(&[1.0, 5.0, 3.0], &[false, false, false]), None);
         assert_eq!(argmax_masked(&[2.0, 2.0], &[true, true]), Some(0), "ties go to the lowest id");
+    }
+
+    #[test]
+    fn a_run_repeated_three_times_is_a_loop() {
+        let run: Vec<u32> = (10..10 + MIN_REPEATED_RUN as u32).collect();
+        let mut tokens = vec![1, 2, 3];
+        tokens.extend(&run);
+        tokens.extend(&run);
+        assert!(!repeating_tail(&tokens), "twice is not a loop");
+        tokens.extend(&run);
+        assert!(repeating_tail(&tokens));
+        tokens.push(99);
+        assert!(!repeating_tail(&tokens), "only the tail counts");
+        // A short run (a table's separators) repeated a few times is text;
+        // repeated past three full runs' length, a loop.
+        assert!(!repeating_tail(&[5, 6].repeat(11)));
+        assert!(repeating_tail(&[5, 6].repeat(3 * MIN_REPEATED_RUN / 2)));
+        assert!(!repeating_tail(&[]));
+        assert!(!repeating_tail(&[7; 5]));
     }
 
     #[test]

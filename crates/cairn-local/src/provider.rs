@@ -451,7 +451,8 @@ impl Provider for LocalProvider {
                 text = raw;
             }
             let stop = match generation.stop {
-                GenStop::EndOfTurn | GenStop::CallComplete => StopReason::EndTurn,
+                // A loop cut short: the answer is what came before it.
+                GenStop::EndOfTurn | GenStop::CallComplete | GenStop::Repeating => StopReason::EndTurn,
                 GenStop::MaxTokens => StopReason::MaxTokens,
                 GenStop::NoAllowedToken => StopReason::Other,
             };
