@@ -74,9 +74,10 @@ struct Record {
 }
 
 /// Results recently focused, so a conversation re-rendered on every model
-/// call does not score its old results again (the key is the request and
-/// the result; bounded, cleared when full).
-type FocusCache = HashMap<(String, String), Option<String>>;
+/// call does not score its old results again (keyed by a hash of the
+/// request and the result, so results are not kept twice; bounded,
+/// cleared when full).
+type FocusCache = HashMap<u64, Option<String>>;
 
 /// Entries of the cache before it is cleared.
 const CACHE_ENTRIES: usize = 64;
@@ -85,7 +86,12 @@ const CACHE_ENTRIES: usize = 64;
 pub(crate) fn focus_line_cached(content: &str, request: &str) -> Option<String> {
     static CACHE: OnceLock<Mutex<FocusCache>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (request.to_owned(), content.to_owned());
+    let key = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (request, content).hash(&mut h);
+        h.finish()
+    };
     if let Ok(map) = cache.lock()
         && let Some(hit) = map.get(&key)
     {
