@@ -4,12 +4,18 @@
 //! person is shown.
 //!
 //! It owns the meaning of "destroys": deleting a file or directory that
-//! existed, truncating one (emptying it; for a binary file, making it
-//! shorter), overwriting a text file (fewer than half of its old lines
-//! kept), taking its owner's read or write permission away (and search, for
-//! a directory), replacing it with another kind of entry, or changing
-//! more files than [`StagedRules::max_files`]. Inside `.git/` only deletion
-//! and emptying count (git rewrites its own files all the time).
+//! existed, emptying one, replacing existing bytes in any way a person
+//! cannot read as a text diff (a binary file, a file over 1 MiB, or one
+//! that is not UTF-8, changed other than by appending), overwriting a text
+//! file (fewer than half of its old lines kept), putting back the version
+//! of a file git already stores over uncommitted work (`git checkout --
+//! f`, `git restore`, `git stash`), taking its owner's read or write
+//! permission away (and search, for a directory), replacing it with another
+//! kind of entry, or changing more files than [`StagedRules::max_files`].
+//! Inside `.git/` only deletion and emptying count (git rewrites its own
+//! files all the time). So the only changes to an existing file that are
+//! Write are appends and readable text edits that keep at least half of
+//! its lines and are not a return to a stored version.
 //!
 //! It must not touch the file system: the host reads the layer and applies.
 
@@ -27,6 +33,10 @@ pub enum EntryKind {
     Dir,
     /// A symbolic link.
     Symlink,
+    /// Anything else (a FIFO, a socket, a device). Never opened; only
+    /// ever a state before a change: a change set whose result holds one
+    /// is refused by the host.
+    Special,
 }
 
 /// A path's state on one side of the change.
@@ -71,6 +81,19 @@ pub struct Change {
     /// For a modified text file: (old line count, old lines kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lines: Option<(u64, u64)>,
+    /// For a modified file: the new content is the old content whole with
+    /// bytes added after it (an append, which destroys nothing).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub appends: bool,
+    /// For a modified file in a git work tree: the new content is a blob
+    /// git already stores and the old content is not, so uncommitted work
+    /// was discarded (`git checkout -- f`, `git restore f`, `git stash`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub discards_uncommitted: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Every change of one staged run, sorted by path.
@@ -117,41 +140,65 @@ pub struct Judgement {
     pub reasons: Vec<String>,
 }
 
+/// A path as a person is shown it: control characters (a newline, a
+/// carriage return, an escape sequence), backslashes and quotes escaped
+/// Rust-style, so a file name can never forge a line of cairn's own (a
+/// verdict, another change) in a listing, a diff header or a reason. A
+/// plain name is shown as it is.
+pub fn shown(path: &str) -> String {
+    if path.chars().all(|c| !c.is_control() && c != '\\' && c != '"') {
+        return path.to_owned();
+    }
+    format!("\"{}\"", path.escape_debug())
+}
+
 impl Change {
     /// Why this change destroys something that existed, if it does.
     pub fn destroys(&self) -> Option<String> {
         let before = self.before.as_ref()?;
         let in_git = self.path == ".git" || self.path.starts_with(".git/") || self.path.contains("/.git/");
         let Some(after) = &self.after else {
-            return Some(format!("deletes {}", self.path));
+            return Some(format!("deletes {}", shown(&self.path)));
         };
         if before.kind != after.kind {
-            return Some(format!("replaces {} with another kind of entry", self.path));
+            return Some(format!("replaces {} with another kind of entry", shown(&self.path)));
         }
         // The owner's bits that matter: read and write a file, and also
         // enter a directory.
         let owner = if before.kind == EntryKind::Dir { 0o700 } else { 0o600 };
         if !in_git && before.mode & owner & !after.mode != 0 {
-            return Some(format!("takes its owner's access to {} away (mode {:o})", self.path, after.mode));
+            return Some(format!("takes its owner's access to {} away (mode {:o})", shown(&self.path), after.mode));
         }
         if before.kind != EntryKind::File {
             return None;
         }
         if before.size > 0 && after.size == 0 {
-            return Some(format!("empties {} ({} bytes)", self.path, before.size));
+            return Some(format!("empties {} ({} bytes)", shown(&self.path), before.size));
         }
-        if in_git {
+        let same_bytes = before.sha256 == after.sha256 && before.size == after.size;
+        if in_git || same_bytes || before.size == 0 || self.appends {
             return None;
+        }
+        if self.discards_uncommitted {
+            return Some(format!(
+                "discards uncommitted changes to {} (puts back the version git stores)",
+                shown(&self.path)
+            ));
         }
         match self.lines {
             Some((old, kept)) if old > 0 && kept * 2 < old => {
-                Some(format!("overwrites {} ({kept} of {old} lines kept)", self.path))
+                Some(format!("overwrites {} ({kept} of {old} lines kept)", shown(&self.path)))
             }
             Some(_) => None,
             None if after.size < before.size => {
-                Some(format!("truncates {} ({} → {} bytes)", self.path, before.size, after.size))
+                Some(format!("truncates {} ({} → {} bytes)", shown(&self.path), before.size, after.size))
             }
-            None => None,
+            None => Some(format!(
+                "overwrites {} ({} → {} bytes; not text a person can read as a diff, and not an append)",
+                shown(&self.path),
+                before.size,
+                after.size
+            )),
         }
     }
 }
@@ -189,10 +236,11 @@ impl ChangeSet {
             let detail = match state {
                 Some(s) if s.kind == EntryKind::Dir => "dir".to_owned(),
                 Some(s) if s.kind == EntryKind::Symlink => "symlink".to_owned(),
+                Some(s) if s.kind == EntryKind::Special => "special file".to_owned(),
                 Some(s) => format!("{} bytes, sha256 {}", s.size, s.sha256.get(..12).unwrap_or(&s.sha256)),
                 None => String::new(),
             };
-            out.push_str(&format!("{mark} {} ({detail})\n", c.path));
+            out.push_str(&format!("{mark} {} ({detail})\n", shown(&c.path)));
         }
         out
     }
@@ -237,7 +285,10 @@ mod tests {
         Some(FileState { kind: EntryKind::File, size, sha256: "ab".repeat(32), mode })
     }
     fn change(path: &str, kind: ChangeKind, before: Option<FileState>, after: Option<FileState>) -> Change {
-        Change { path: path.into(), kind, before, after, lines: None }
+        Change { path: path.into(), kind, before, after, lines: None, appends: false, discards_uncommitted: false }
+    }
+    fn file_hashed(size: u64, mode: u32, hash: &str) -> Option<FileState> {
+        Some(FileState { kind: EntryKind::File, size, sha256: hash.repeat(32), mode })
     }
 
     #[test]
@@ -247,18 +298,61 @@ mod tests {
             (change("a", ChangeKind::Deleted, file(5, 0o644), None), true),
             (change("a", ChangeKind::Modified, file(5, 0o644), file(0, 0o644)), true),
             (change("a", ChangeKind::Modified, file(5, 0o644), file(3, 0o644)), true),
-            (change("a", ChangeKind::Modified, file(5, 0o644), file(9, 0o644)), false),
+            // Binary or large (no line counts): only an append is Write.
+            (change("a", ChangeKind::Modified, file_hashed(5, 0o644, "ab"), file_hashed(9, 0o644, "cd")), true),
+            (change("a", ChangeKind::Modified, file_hashed(5, 0o644, "ab"), file_hashed(5, 0o644, "cd")), true),
+            (
+                Change {
+                    appends: true,
+                    ..change("a", ChangeKind::Modified, file_hashed(5, 0o644, "ab"), file_hashed(9, 0o644, "cd"))
+                },
+                false,
+            ),
+            // An empty file has nothing to lose.
+            (change("a", ChangeKind::Modified, file_hashed(0, 0o644, "ab"), file_hashed(9, 0o644, "cd")), false),
+            // A readable text edit that keeps most lines is Write, unless
+            // it puts back what git stores over uncommitted work.
+            (
+                Change {
+                    lines: Some((12, 10)),
+                    ..change("t", ChangeKind::Modified, file_hashed(60, 0o644, "ab"), file_hashed(50, 0o644, "cd"))
+                },
+                false,
+            ),
+            (
+                Change {
+                    lines: Some((12, 10)),
+                    discards_uncommitted: true,
+                    ..change("t", ChangeKind::Modified, file_hashed(60, 0o644, "ab"), file_hashed(50, 0o644, "cd"))
+                },
+                true,
+            ),
+            (
+                change(
+                    "a",
+                    ChangeKind::Deleted,
+                    Some(FileState { kind: EntryKind::Special, size: 0, sha256: String::new(), mode: 0o644 }),
+                    None,
+                ),
+                true,
+            ),
             (change("a", ChangeKind::Modified, file(5, 0o644), file(5, 0o000)), true),
             (change("a", ChangeKind::Modified, file(5, 0o644), file(5, 0o755)), false),
             (change("a", ChangeKind::Created, None, file(5, 0o644)), false),
             (change(".git/index", ChangeKind::Modified, file(50, 0o644), file(40, 0o644)), false),
             (change(".git/refs/x", ChangeKind::Deleted, file(41, 0o644), None), true),
             (
-                Change { lines: Some((10, 4)), ..change("t", ChangeKind::Modified, file(50, 0o644), file(60, 0o644)) },
+                Change {
+                    lines: Some((10, 4)),
+                    ..change("t", ChangeKind::Modified, file_hashed(50, 0o644, "ab"), file_hashed(60, 0o644, "cd"))
+                },
                 true,
             ),
             (
-                Change { lines: Some((10, 9)), ..change("t", ChangeKind::Modified, file(50, 0o644), file(40, 0o644)) },
+                Change {
+                    lines: Some((10, 9)),
+                    ..change("t", ChangeKind::Modified, file_hashed(50, 0o644, "ab"), file_hashed(40, 0o644, "cd"))
+                },
                 false,
             ),
         ];
@@ -270,6 +364,14 @@ mod tests {
             changes: (0..4).map(|i| change(&format!("n{i}"), ChangeKind::Created, None, file(1, 0o644))).collect(),
         };
         assert_eq!(many.judge(&rules).risk, Risk::Destructive);
+        // A name cannot forge a line of its own.
+        let forged = ChangeSet {
+            changes: vec![change("a\n- everything (verdict: Write)", ChangeKind::Deleted, file(1, 0o644), None)],
+        };
+        assert_eq!(forged.listing().lines().count(), 1, "{}", forged.listing());
+        assert!(forged.judge(&rules).reasons.iter().all(|r| !r.contains('\n')));
+        assert_eq!(shown("plain name.txt"), "plain name.txt");
+        assert_eq!(shown("a\x1b[2Jb"), "\"a\\u{1b}[2Jb\"");
         assert!(many.listing().lines().all(|l| l.starts_with("+ n")));
     }
 }

@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod beneath;
 pub mod builtin;
 pub mod env;
 pub mod external;

@@ -16,13 +16,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use cairn_core::staged::{Change, ChangeKind, ChangeSet, EntryKind, FileState};
-use sha2::{Digest, Sha256};
 
+use crate::beneath::{self, Beneath};
 use crate::sandbox::OverlayDirs;
 
 /// Why staging failed.
@@ -43,6 +42,17 @@ pub enum StagingError {
     )]
     Conflict {
         /// The path, relative to the tree.
+        path: String,
+    },
+    /// The command left a FIFO, socket or device in the tree: cairn
+    /// applies regular files, directories and links only, and never opens
+    /// anything else.
+    #[error(
+        "the command left {path}, which is not a regular file, directory or link (a FIFO, socket or device); cairn \
+         never applies those, so nothing was applied: remove it in the command, or create it outside the tree"
+    )]
+    Special {
+        /// The path, relative to the tree, escaped for display.
         path: String,
     },
 }
@@ -124,7 +134,10 @@ pub fn settle(
     use cairn_core::staged::{StagedDecision, StagedReview};
     use cairn_core::tool::ToolError;
     let result = (|| {
-        let changes = staging.read(cwd).map_err(|e| ToolError::Other(format!("cannot read the staged effect: {e}")))?;
+        let changes = staging.read(cwd).map_err(|e| match e {
+            StagingError::Special { .. } => ToolError::Rejected(e.to_string()),
+            e => ToolError::Other(format!("cannot read the staged effect: {e}")),
+        })?;
         let judgement = changes.judge(rules);
         let diff = render_diff(&changes, &staging.dirs().upper, cwd, 64 * 1024);
         if changes.is_empty() {
@@ -162,6 +175,7 @@ pub fn resume(
     use cairn_core::tool::{GuardVerdict, ToolReceipt};
     match apply(&staged.change_set, Path::new(&staged.staging), cwd) {
         Ok(()) => {
+            remove_temporaries(&staged.change_set, cwd);
             remove_leftovers(base, invocation);
             GuardVerdict::AlreadyDone(ToolReceipt {
                 exit_code: 0,
@@ -300,78 +314,25 @@ fn probe() -> Result<(), String> {
     Err("overlay staging exists only on Linux".into())
 }
 
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut file = fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex(&hasher.finalize()))
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The state of `path` (not following a final symlink), or `None`.
-fn state(path: &Path) -> Result<Option<FileState>, StagingError> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io(format!("cannot stat {}", path.display()))(e)),
-    };
-    let mode = meta.permissions().mode() & 0o7777;
-    let ft = meta.file_type();
-    Ok(Some(if ft.is_dir() {
-        FileState { kind: EntryKind::Dir, size: 0, sha256: String::new(), mode }
-    } else if ft.is_symlink() {
-        let target = fs::read_link(path).map_err(io(format!("cannot read link {}", path.display())))?;
-        let digest = Sha256::digest(target.as_os_str().as_encoded_bytes());
-        FileState { kind: EntryKind::Symlink, size: meta.len(), sha256: hex(&digest), mode }
-    } else {
-        let sha256 = sha256_file(path).map_err(io(format!("cannot read {}", path.display())))?;
-        FileState { kind: EntryKind::File, size: meta.len(), sha256, mode }
-    }))
+fn io_at(what: String) -> impl FnOnce(std::io::Error) -> StagingError {
+    move |source| StagingError::Io { what, source }
 }
 
-/// Whether `meta` is an overlayfs whiteout (a 0/0 character device).
-fn is_whiteout(meta: &fs::Metadata) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    meta.file_type().is_char_device() && meta.rdev() == 0
-}
-
-/// Whether the upper directory `path` is opaque (hides the lower one).
-fn is_opaque(path: &Path) -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::ffi::OsStrExt;
-        let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
-        let mut value = [0u8; 4];
-        for name in [c"trusted.overlay.opaque", c"user.overlay.opaque"] {
-            // SAFETY: valid NUL-terminated strings and a buffer of the given size.
-            let n = unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
-            if n >= 1 && value[0] == b'y' {
-                return true;
-            }
-        }
-        false
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = path;
-        false
-    }
-}
-
-/// Read the upper layer `upper` over `lower` into a change set.
+/// Read the upper layer `upper` over `lower` into a change set. Every
+/// path on both sides is read beneath its directory (`beneath`): nothing
+/// is followed, nothing but regular files is opened. A result that holds a
+/// FIFO, socket or device is refused ([`StagingError::Special`]); a name
+/// that is not UTF-8 is refused too.
 pub fn read_layer(upper: &Path, lower: &Path) -> Result<ChangeSet, StagingError> {
+    let up = Beneath::open(upper).map_err(io(format!("cannot open the staging layer {}", upper.display())))?;
+    let low = Beneath::open(lower).map_err(io(format!("cannot open the working tree {}", lower.display())))?;
+    let git = GitStore::find(lower);
     let mut changes = BTreeMap::new();
-    walk_upper(upper, lower, "", &mut changes)?;
+    walk_upper(&up, &low, git.as_ref(), "", &mut changes)?;
     Ok(ChangeSet { changes: changes.into_values().collect() })
 }
 
@@ -379,37 +340,58 @@ fn join(rel: &str, name: &str) -> String {
     if rel.is_empty() { name.to_owned() } else { format!("{rel}/{name}") }
 }
 
-fn walk_upper(upper: &Path, lower: &Path, rel: &str, out: &mut BTreeMap<String, Change>) -> Result<(), StagingError> {
-    let dir = upper.join(rel);
-    let mut names: Vec<_> = fs::read_dir(&dir)
-        .map_err(io(format!("cannot list {}", dir.display())))?
-        .filter_map(Result::ok)
-        .map(|e| e.file_name())
-        .collect();
-    names.sort();
+/// The state of `rel` under `tree`, as the change set records it: the
+/// permission bits cairn would write (never setuid/setgid).
+fn recorded(tree: &Beneath, rel: &str) -> Result<Option<FileState>, StagingError> {
+    let state = tree.state(rel).map_err(io_at(format!("cannot read {}", tree.show(rel))))?;
+    Ok(state.map(|mut s| {
+        if s.kind != EntryKind::Symlink {
+            s.mode &= beneath::WRITABLE_MODE;
+        }
+        s
+    }))
+}
+
+fn before_state(low: &Beneath, rel: &str) -> Result<Option<FileState>, StagingError> {
+    low.state(rel).map_err(io_at(format!("cannot read {}", low.show(rel))))
+}
+
+fn walk_upper(
+    up: &Beneath,
+    low: &Beneath,
+    git: Option<&GitStore>,
+    rel: &str,
+    out: &mut BTreeMap<String, Change>,
+) -> Result<(), StagingError> {
+    let names = up.list(rel).map_err(io_at(format!("cannot list {}", up.show(rel))))?;
     for name in names {
-        let name = name.to_string_lossy().into_owned();
         let path = join(rel, &name);
-        let up = upper.join(&path);
-        let low = lower.join(&path);
-        let meta = fs::symlink_metadata(&up).map_err(io(format!("cannot stat {}", up.display())))?;
-        let before = state(&low)?;
-        if is_whiteout(&meta) {
-            deleted_tree(lower, &path, out)?;
+        let node = up.node(&path).map_err(io_at(format!("cannot stat {}", up.show(&path))))?.ok_or_else(|| {
+            StagingError::Io {
+                what: format!("{} vanished from the staging layer", up.show(&path)),
+                source: std::io::ErrorKind::NotFound.into(),
+            }
+        })?;
+        let before = before_state(low, &path)?;
+        if node.whiteout {
+            deleted_tree(low, &path, out)?;
             continue;
         }
-        let after = state(&up)?;
-        if meta.is_dir() {
+        if node.kind == EntryKind::Special {
+            return Err(StagingError::Special { path: cairn_core::staged::shown(&path) });
+        }
+        let after = recorded(up, &path)?;
+        if node.kind == EntryKind::Dir {
             let lower_is_dir = before.as_ref().is_some_and(|b| b.kind == EntryKind::Dir);
             if !lower_is_dir {
                 if before.is_some() {
-                    deleted_tree(lower, &path, out)?;
+                    deleted_tree(low, &path, out)?;
                 }
                 out.insert(path.clone(), change(&path, ChangeKind::Created, None, after));
-            } else if is_opaque(&up) {
+            } else if up.is_opaque(&path) {
                 // Everything below was removed, then the directory refilled.
-                for child in list(&low)? {
-                    deleted_tree(lower, &join(&path, &child), out)?;
+                for child in low.list(&path).map_err(io_at(format!("cannot list {}", low.show(&path))))? {
+                    deleted_tree(low, &join(&path, &child), out)?;
                 }
                 if before.as_ref().map(|b| b.mode) != after.as_ref().map(|a| a.mode) {
                     out.insert(path.clone(), change(&path, ChangeKind::Modified, before, after));
@@ -417,7 +399,7 @@ fn walk_upper(upper: &Path, lower: &Path, rel: &str, out: &mut BTreeMap<String, 
             } else if before.as_ref().map(|b| b.mode) != after.as_ref().map(|a| a.mode) {
                 out.insert(path.clone(), change(&path, ChangeKind::Modified, before, after));
             }
-            walk_upper(upper, lower, &path, out)?;
+            walk_upper(up, low, git, &path, out)?;
             continue;
         }
         match before {
@@ -425,14 +407,18 @@ fn walk_upper(upper: &Path, lower: &Path, rel: &str, out: &mut BTreeMap<String, 
                 out.insert(path.clone(), change(&path, ChangeKind::Created, None, after));
             }
             Some(b) if b.kind == EntryKind::Dir => {
-                deleted_tree(lower, &path, out)?;
+                deleted_tree(low, &path, out)?;
                 out.insert(path.clone(), change(&path, ChangeKind::Created, None, after));
             }
             Some(b) if Some(&b) == after.as_ref() => {} // copied up, unchanged
             Some(b) => {
                 let mut c = change(&path, ChangeKind::Modified, Some(b.clone()), after.clone());
-                if b.kind == EntryKind::File && after.as_ref().is_some_and(|a| a.kind == EntryKind::File) {
-                    c.lines = line_kept(&low, &up);
+                let both_files = b.kind == EntryKind::File && after.as_ref().is_some_and(|a| a.kind == EntryKind::File);
+                let content_changed = after.as_ref().is_some_and(|a| a.sha256 != b.sha256 || a.size != b.size);
+                if both_files && content_changed {
+                    c.lines = line_kept(low, up, &path);
+                    c.appends = beneath::starts_with(up, &path, low, &path).unwrap_or(false);
+                    c.discards_uncommitted = git.is_some_and(|g| g.discards(low, up, &path));
                 }
                 out.insert(path.clone(), c);
             }
@@ -442,25 +428,15 @@ fn walk_upper(upper: &Path, lower: &Path, rel: &str, out: &mut BTreeMap<String, 
 }
 
 fn change(path: &str, kind: ChangeKind, before: Option<FileState>, after: Option<FileState>) -> Change {
-    Change { path: path.to_owned(), kind, before, after, lines: None }
-}
-
-fn list(dir: &Path) -> Result<Vec<String>, StagingError> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .map_err(io(format!("cannot list {}", dir.display())))?
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    Ok(names)
+    Change { path: path.to_owned(), kind, before, after, lines: None, appends: false, discards_uncommitted: false }
 }
 
 /// `path` of the lower tree and everything below it, as deletions.
-fn deleted_tree(lower: &Path, path: &str, out: &mut BTreeMap<String, Change>) -> Result<(), StagingError> {
-    let Some(before) = state(&lower.join(path))? else { return Ok(()) };
+fn deleted_tree(low: &Beneath, path: &str, out: &mut BTreeMap<String, Change>) -> Result<(), StagingError> {
+    let Some(before) = before_state(low, path)? else { return Ok(()) };
     if before.kind == EntryKind::Dir {
-        for child in list(&lower.join(path))? {
-            deleted_tree(lower, &join(path, &child), out)?;
+        for child in low.list(path).map_err(io_at(format!("cannot list {}", low.show(path))))? {
+            deleted_tree(low, &join(path, &child), out)?;
         }
     }
     out.insert(path.to_owned(), change(path, ChangeKind::Deleted, Some(before), None));
@@ -470,21 +446,23 @@ fn deleted_tree(lower: &Path, path: &str, out: &mut BTreeMap<String, Change>) ->
 /// Largest file whose lines are compared (and diffed for a person).
 const TEXT_LIMIT: u64 = 1 << 20;
 
-fn text_of(path: &Path) -> Option<String> {
-    let meta = fs::metadata(path).ok()?;
-    if meta.len() > TEXT_LIMIT {
+fn text_of(tree: &Beneath, rel: &str) -> Option<String> {
+    let file = tree.open_file(rel).ok()?;
+    let len = file.metadata().ok()?.len();
+    if len > TEXT_LIMIT {
         return None;
     }
-    let bytes = fs::read(path).ok()?;
-    if bytes.contains(&0) {
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(TEXT_LIMIT + 1).read_to_end(&mut bytes).ok()?;
+    if bytes.len() as u64 > TEXT_LIMIT || bytes.contains(&0) {
         return None;
     }
     String::from_utf8(bytes).ok()
 }
 
 /// For two text files: (old line count, old lines kept in order).
-fn line_kept(old: &Path, new: &Path) -> Option<(u64, u64)> {
-    let (a, b) = (text_of(old)?, text_of(new)?);
+fn line_kept(low: &Beneath, up: &Beneath, rel: &str) -> Option<(u64, u64)> {
+    let (a, b) = (text_of(low, rel)?, text_of(up, rel)?);
     let old_lines = a.lines().count() as u64;
     let patch = diffy::create_patch(&a, &b);
     let removed: u64 =
@@ -492,38 +470,155 @@ fn line_kept(old: &Path, new: &Path) -> Option<(u64, u64)> {
     Some((old_lines, old_lines.saturating_sub(removed)))
 }
 
+/// The object store of the git repository a working tree belongs to, read
+/// as files only (cairn never runs git on a tree a tool may have written:
+/// a planted `core.fsmonitor` would run as cairn). Only SHA-1 stores.
+struct GitStore {
+    objects: PathBuf,
+}
+
+impl GitStore {
+    /// The store of the repository holding `tree` (the nearest `.git`
+    /// directory, or a `.git` file's `gitdir:` with its `commondir`).
+    fn find(tree: &Path) -> Option<Self> {
+        let mut dir = Some(tree);
+        while let Some(d) = dir {
+            let dot = d.join(".git");
+            let meta = fs::symlink_metadata(&dot).ok();
+            let gitdir = match meta {
+                Some(m) if m.is_dir() => Some(dot),
+                Some(m) if m.is_file() => fs::read_to_string(&dot)
+                    .ok()
+                    .and_then(|t| t.trim().strip_prefix("gitdir:").map(|p| d.join(p.trim()))),
+                _ => None,
+            };
+            if let Some(gitdir) = gitdir {
+                let common =
+                    fs::read_to_string(gitdir.join("commondir")).map(|c| gitdir.join(c.trim())).unwrap_or(gitdir);
+                let format = fs::read_to_string(common.join("config")).unwrap_or_default();
+                if format.contains("objectformat = sha256") || format.contains("objectFormat = sha256") {
+                    return None;
+                }
+                return Some(Self { objects: common.join("objects") });
+            }
+            dir = d.parent();
+        }
+        None
+    }
+
+    /// Whether the blob with the bytes of `file` is stored.
+    fn stores(&self, file: &fs::File) -> bool {
+        let Some(id) = blob_id(file) else { return false };
+        let loose = self.objects.join(&id[..2]).join(&id[2..]);
+        if fs::symlink_metadata(loose).is_ok() {
+            return true;
+        }
+        let Ok(packs) = fs::read_dir(self.objects.join("pack")) else { return false };
+        let Some(raw) =
+            (0..20).map(|i| u8::from_str_radix(&id[2 * i..2 * i + 2], 16).ok()).collect::<Option<Vec<u8>>>()
+        else {
+            return false;
+        };
+        packs
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".idx"))
+            .any(|e| fs::read(e.path()).is_ok_and(|idx| pack_index_has(&idx, &raw)))
+    }
+
+    /// Whether changing `rel` from the lower to the upper content discards
+    /// uncommitted work: the new bytes are a blob git stores, the old are
+    /// not.
+    fn discards(&self, low: &Beneath, up: &Beneath, rel: &str) -> bool {
+        let (Ok(old), Ok(new)) = (low.open_file(rel), up.open_file(rel)) else { return false };
+        self.stores(&new) && !self.stores(&old)
+    }
+}
+
+/// git's id of a blob with `file`'s bytes: SHA-1 of `blob <len>\0<bytes>`.
+fn blob_id(file: &fs::File) -> Option<String> {
+    use sha1::Digest as _;
+    let len = file.metadata().ok()?.len();
+    let mut hasher = sha1::Sha1::new();
+    hasher.update(format!("blob {len}\0").as_bytes());
+    let mut reader = file;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Some(hex(&hasher.finalize()))
+}
+
+/// Whether a pack index (version 2: magic, version, 256 fan-out counts,
+/// then the sorted 20-byte ids) lists `id`.
+fn pack_index_has(idx: &[u8], id: &[u8]) -> bool {
+    const HEADER: usize = 8;
+    if idx.len() < HEADER + 256 * 4 || idx[..4] != [0xff, b't', b'O', b'c'] || idx[4..8] != [0, 0, 0, 2] {
+        return false;
+    }
+    let fan = |i: usize| -> usize {
+        let at = HEADER + i * 4;
+        u32::from_be_bytes([idx[at], idx[at + 1], idx[at + 2], idx[at + 3]]) as usize
+    };
+    let first = id[0] as usize;
+    let (lo, hi) = (if first == 0 { 0 } else { fan(first - 1) }, fan(first));
+    let ids = HEADER + 256 * 4;
+    let total = fan(255);
+    if ids + total * 20 > idx.len() || lo > hi || hi > total {
+        return false;
+    }
+    let slice = |k: usize| &idx[ids + k * 20..ids + k * 20 + 20];
+    let (mut a, mut b) = (lo, hi);
+    while a < b {
+        let mid = (a + b) / 2;
+        match slice(mid).cmp(id) {
+            std::cmp::Ordering::Equal => return true,
+            std::cmp::Ordering::Less => a = mid + 1,
+            std::cmp::Ordering::Greater => b = mid,
+        }
+    }
+    false
+}
+
 /// What a person is shown: a unified diff per text file, size and hash for
-/// binary files, deletions listed. Cut at `cap` bytes.
+/// binary files, deletions listed; every name escaped
+/// (`cairn_core::staged::shown`). Cut at `cap` bytes.
 pub fn render_diff(changes: &ChangeSet, upper: &Path, lower: &Path, cap: usize) -> String {
+    use cairn_core::staged::shown;
+    let (Ok(up), Ok(low)) = (Beneath::open(upper), Beneath::open(lower)) else {
+        return changes.listing();
+    };
     let mut out = String::new();
     for c in &changes.changes {
         if out.len() > cap {
             out.push_str("[diff cut]\n");
             break;
         }
-        let low = lower.join(&c.path);
-        let up = upper.join(&c.path);
+        let name = shown(&c.path);
         match c.kind {
-            ChangeKind::Deleted => out.push_str(&format!("deleted: {}\n", c.path)),
+            ChangeKind::Deleted => out.push_str(&format!("deleted: {name}\n")),
             ChangeKind::Created | ChangeKind::Modified => {
                 let is_file = c.after.as_ref().is_some_and(|a| a.kind == EntryKind::File);
                 if !is_file {
                     continue;
                 }
-                let old = if c.kind == ChangeKind::Created { Some(String::new()) } else { text_of(&low) };
-                match (old, text_of(&up)) {
+                let old = if c.kind == ChangeKind::Created { Some(String::new()) } else { text_of(&low, &c.path) };
+                match (old, text_of(&up, &c.path)) {
                     (Some(a), Some(b)) => {
                         let patch = diffy::create_patch(&a, &b).to_string();
                         let body = patch.split_once('\n').and_then(|(_, r)| r.split_once('\n')).map_or("", |(_, r)| r);
-                        out.push_str(&format!("--- a/{}\n+++ b/{}\n{body}", c.path, c.path));
+                        out.push_str(&format!("--- a/{name}\n+++ b/{name}\n{body}"));
                     }
                     _ => {
                         let state = c.after.as_ref();
                         out.push_str(&format!(
-                            "binary {}: {} bytes, sha256 {}\n",
-                            c.path,
+                            "binary {name}: {} bytes, sha256 {}{}\n",
                             state.map_or(0, |s| s.size),
-                            state.map_or("", |s| s.sha256.as_str())
+                            state.map_or("", |s| s.sha256.as_str()),
+                            if c.appends { " (appended to)" } else { "" }
                         ));
                     }
                 }
@@ -542,115 +637,117 @@ pub fn render_diff(changes: &ChangeSet, upper: &Path, lower: &Path, cap: usize) 
 }
 
 /// Apply `changes` from the staging layer `upper` to the real tree `cwd`.
-/// Idempotent: a file already equal to its staged state is left alone,
-/// each write goes to a temporary name in the target directory, made
-/// durable (`syncfs`) before it is renamed over the target, deletions of
-/// missing paths are no-ops; so a crash during the apply is finished by
-/// applying again.
+/// Every path is resolved beneath a descriptor of `cwd` and of `upper`
+/// ([`Beneath`]): no link is followed on either side, nothing leaves the
+/// tree. Idempotent: a path already in its staged state is left alone,
+/// each file is written to a fresh temporary name (`O_EXCL`, random) in
+/// its directory with the reviewed bytes (checked by hash while copied,
+/// holes kept, setuid/setgid dropped), made durable (`syncfs`) before it is
+/// renamed over the target within the same directory descriptor;
+/// deletions of missing paths are no-ops; so a crash during the apply is
+/// finished by applying again. A change set whose result holds a FIFO,
+/// socket or device is refused before anything is touched.
 pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), StagingError> {
+    let tree = Beneath::open(cwd).map_err(io(format!("cannot open the working tree {}", cwd.display())))?;
+    // The staging layer is opened only when something must be copied from
+    // it: a finished apply re-applied after the layer was removed is a
+    // no-op.
+    let mut stage: Option<Beneath> = None;
     // First, before touching anything: every path must be as the command
     // found it (not applied yet) or as it left it (applied already);
     // anything else is a concurrent change that applying would destroy.
     for c in &changes.changes {
-        let now = state(&cwd.join(&c.path))?;
-        if now != c.before && now != c.after {
-            return Err(StagingError::Conflict { path: c.path.clone() });
+        if c.after.as_ref().is_some_and(|a| a.kind == EntryKind::Special) {
+            return Err(StagingError::Special { path: cairn_core::staged::shown(&c.path) });
+        }
+        let now = recorded(&tree, &c.path)?;
+        let before = c.before.clone().map(|mut b| {
+            if b.kind != EntryKind::Symlink {
+                b.mode &= beneath::WRITABLE_MODE;
+            }
+            b
+        });
+        if now != before && now != c.after {
+            return Err(StagingError::Conflict { path: cairn_core::staged::shown(&c.path) });
         }
     }
     // Deletions deepest first, then creations and modifications in path
     // order (parents before children).
     let mut deletions: Vec<&Change> = changes.changes.iter().filter(|c| c.kind == ChangeKind::Deleted).collect();
     deletions.sort_by(|a, b| b.path.cmp(&a.path));
-    for c in deletions {
-        let target = cwd.join(&c.path);
-        match fs::symlink_metadata(&target) {
-            Ok(m) if m.is_dir() => {
-                fs::remove_dir_all(&target).map_err(io(format!("cannot delete {}", target.display())))?
-            }
-            Ok(_) => fs::remove_file(&target).map_err(io(format!("cannot delete {}", target.display())))?,
-            Err(_) => {}
-        }
+    for c in &deletions {
+        tree.remove(&c.path).map_err(io_at(format!("cannot delete {}", tree.show(&c.path))))?;
     }
     // Files and symlinks are written to temporary names first, made
     // durable with one `syncfs`, then renamed into place, and the renames
     // made durable with another (a crash in between is finished by the
     // next apply: the change set is in the log).
-    let mut renames: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut renames: Vec<(String, &str)> = Vec::new();
     for c in changes.changes.iter().filter(|c| c.kind != ChangeKind::Deleted) {
         let Some(after) = &c.after else { continue };
-        let target = cwd.join(&c.path);
-        let source = upper.join(&c.path);
-        if state(&target)?.as_ref() == Some(after) {
+        if recorded(&tree, &c.path)?.as_ref() == Some(after) {
             continue;
         }
+        let at = |what: &str| io_at(format!("cannot {what} {}", tree.show(&c.path)));
         match after.kind {
             EntryKind::Dir => {
-                if fs::symlink_metadata(&target).is_ok_and(|m| !m.is_dir()) {
-                    fs::remove_file(&target).map_err(io(format!("cannot replace {}", target.display())))?;
+                if tree.node(&c.path).map_err(at("stat"))?.is_some_and(|n| n.kind != EntryKind::Dir) {
+                    tree.remove(&c.path).map_err(at("replace"))?;
                 }
-                fs::create_dir_all(&target).map_err(io(format!("cannot create {}", target.display())))?;
-                fs::set_permissions(&target, fs::Permissions::from_mode(after.mode))
-                    .map_err(io(format!("cannot set the mode of {}", target.display())))?;
+                tree.make_dir(&c.path, after.mode).map_err(at("create"))?;
             }
             EntryKind::Symlink => {
-                let link = fs::read_link(&source).map_err(io(format!("cannot read {}", source.display())))?;
-                let tmp = temp_name(&target);
-                let _ = fs::remove_file(&tmp);
-                std::os::unix::fs::symlink(&link, &tmp).map_err(io(format!("cannot create {}", tmp.display())))?;
-                renames.push((tmp, target));
+                let link =
+                    staged(&mut stage, upper, &c.path)?.read_link(&c.path).map_err(at("read the staged link for"))?;
+                let temp = tree.symlink_temp(&c.path, &link).map_err(at("create a link for"))?;
+                renames.push((temp, &c.path));
             }
             EntryKind::File => {
-                let tmp = temp_name(&target);
-                let mut src = fs::File::open(&source).map_err(io(format!("cannot read {}", source.display())))?;
-                let mut dst = fs::File::create(&tmp).map_err(io(format!("cannot write {}", tmp.display())))?;
-                std::io::copy(&mut src, &mut dst).map_err(io(format!("cannot write {}", tmp.display())))?;
-                dst.set_permissions(fs::Permissions::from_mode(after.mode))
-                    .map_err(io(format!("cannot set the mode of {}", tmp.display())))?;
-                dst.flush().map_err(io("flush"))?;
-                renames.push((tmp, target));
+                let source =
+                    staged(&mut stage, upper, &c.path)?.open_file(&c.path).map_err(at("read the staged content of"))?;
+                let temp = tree.write_temp(&c.path, &source, after.mode, &after.sha256).map_err(at("write"))?;
+                renames.push((temp, &c.path));
             }
+            EntryKind::Special => return Err(StagingError::Special { path: cairn_core::staged::shown(&c.path) }),
         }
     }
-    if renames.is_empty() && changes.changes.iter().all(|c| c.kind != ChangeKind::Deleted) {
+    if renames.is_empty() && deletions.is_empty() {
         return Ok(());
     }
-    sync_fs(cwd)?;
-    for (tmp, target) in &renames {
-        replace(tmp, target)?;
+    tree.sync().map_err(io(format!("cannot sync the file system of {}", cwd.display())))?;
+    for (temp, rel) in &renames {
+        tree.rename_into(temp, rel).map_err(io_at(format!("cannot rename onto {}", tree.show(rel))))?;
     }
-    sync_fs(cwd)
+    tree.sync().map_err(io(format!("cannot sync the file system of {}", cwd.display())))
+}
+
+/// The staging layer, opened on first use (for `rel`).
+fn staged<'a>(slot: &'a mut Option<Beneath>, upper: &Path, rel: &str) -> Result<&'a Beneath, StagingError> {
+    if slot.is_none() {
+        let opened = Beneath::open(upper)
+            .map_err(io_at(format!("cannot open the staging layer {} to apply {rel}", upper.display())))?;
+        *slot = Some(opened);
+    }
+    slot.as_ref().ok_or_else(|| StagingError::Io {
+        what: format!("cannot open the staging layer {}", upper.display()),
+        source: std::io::ErrorKind::NotFound.into(),
+    })
+}
+
+/// Remove the temporaries an interrupted apply of `changes` left in the
+/// directories it writes (best effort; only cairn's random names).
+pub fn remove_temporaries(changes: &ChangeSet, cwd: &Path) {
+    let Ok(tree) = Beneath::open(cwd) else { return };
+    let mut dirs: Vec<&str> =
+        changes.changes.iter().map(|c| c.path.rsplit_once('/').map_or("", |(parent, _)| parent)).collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    for dir in dirs {
+        let _ = tree.remove_temps(dir);
+    }
 }
 
 /// Flush the file system holding `path` (`syncfs`).
 fn sync_fs(path: &Path) -> Result<(), StagingError> {
-    let dir = fs::File::open(path).map_err(io(format!("cannot open {}", path.display())))?;
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: syncfs on a file descriptor we own.
-        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-            return Err(io(format!("cannot sync the file system of {}", path.display()))(
-                std::io::Error::last_os_error(),
-            ));
-        }
-        Ok(())
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        dir.sync_all().map_err(io(format!("cannot sync {}", path.display())))
-    }
-}
-
-/// A temporary name beside `target` (same directory, so the rename is
-/// atomic).
-fn temp_name(target: &Path) -> PathBuf {
-    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    target.with_file_name(format!(".{name}.cairn-apply"))
-}
-
-fn replace(tmp: &Path, target: &Path) -> Result<(), StagingError> {
-    if fs::symlink_metadata(target).is_ok_and(|m| m.is_dir()) {
-        fs::remove_dir_all(target).map_err(io(format!("cannot replace {}", target.display())))?;
-    }
-    fs::rename(tmp, target).map_err(io(format!("cannot rename onto {}", target.display())))
+    beneath::sync_dir(path).map_err(io(format!("cannot sync the file system of {}", path.display())))
 }
