@@ -19,38 +19,11 @@
 
 mod util;
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
-use util::Env;
-
-/// path → (kind, mode, content) of every entry under `root`.
-fn snapshot(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (char, u32, Vec<u8>)>) {
-        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
-        entries.sort();
-        for path in entries {
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            let mode = meta.permissions().mode() & 0o7777;
-            if meta.file_type().is_symlink() {
-                let target = std::fs::read_link(&path).unwrap();
-                out.insert(rel, ('l', mode, target.to_string_lossy().as_bytes().to_vec()));
-            } else if meta.is_dir() {
-                out.insert(rel, ('d', mode, Vec::new()));
-                walk(root, &path, out);
-            } else {
-                out.insert(rel, ('f', mode, std::fs::read(&path).unwrap()));
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
-}
+use util::{Env, snapshot};
 
 fn git(dir: &Path, args: &[&str]) {
     let out = Command::new("git")
@@ -73,11 +46,25 @@ fn fixture(dir: &Path) {
     std::fs::write(dir.join("f.txt"), lines).unwrap();
     std::fs::write(dir.join("keep.txt"), "keep\n").unwrap();
     std::fs::write(dir.join("tracked.txt"), "base\n").unwrap();
+    // Binary and large files: overwriting their bytes is as destructive as
+    // overwriting a small text file's (issue 25).
+    let binary: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(dir.join("bin.dat"), &binary).unwrap();
+    let big: String = (0..40_000).map(|i| format!("row {i} of a large text file\n")).collect();
+    assert!(big.len() > 1 << 20);
+    std::fs::write(dir.join("big.txt"), big).unwrap();
+    let notes: String = (1..=10).map(|i| format!("note {i}\n")).collect();
+    std::fs::write(dir.join("notes.txt"), notes).unwrap();
     git(dir, &["init", "-q"]);
     git(dir, &["add", "-A"]);
     git(dir, &["commit", "-qm", "base"]);
     std::fs::write(dir.join("tracked.txt"), "base\ndirty one\ndirty two\ndirty three\n").unwrap();
     std::fs::write(dir.join("untracked.txt"), "untracked work\n").unwrap();
+    // Two uncommitted lines in a file of ten: discarding them keeps most
+    // lines, but loses work no one can get back.
+    let mut notes = std::fs::read_to_string(dir.join("notes.txt")).unwrap();
+    notes.push_str("uncommitted idea one\nuncommitted idea two\n");
+    std::fs::write(dir.join("notes.txt"), notes).unwrap();
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -169,6 +156,19 @@ const DESTRUCTIVE: &[&str] = &[
     "false || rm -rf victim",
     "tar -cf /dev/null --remove-files victim",
     "install -m 644 /dev/null keep.txt",
+    // Overwriting bytes of files a person cannot read as a diff (issue 25):
+    // in place, same size or larger, binary or over 1 MiB.
+    "dd if=/dev/zero of=f.txt bs=1 count=5 conv=notrunc",
+    "dd if=/dev/zero of=bin.dat bs=1k count=8",
+    "/usr/bin/python3 -c \"open('keep.txt','wb').write(bytes(1000))\"",
+    "shred -n1 bin.dat",
+    "openssl enc -aes-256-cbc -pbkdf2 -pass pass:x -in bin.dat -out bin.enc && mv bin.enc bin.dat",
+    "tr a-z n-za-m < big.txt > big.rot && mv big.rot big.txt",
+    "sed -i 's/row/ROW/' big.txt",
+    // Putting back what git stores over uncommitted lines.
+    "git checkout -- notes.txt",
+    "git restore notes.txt",
+    "git show HEAD:notes.txt > notes.txt",
 ];
 
 /// The record list of a session file (array lines flattened).
@@ -278,7 +278,8 @@ fn adding_and_editing_apply_under_yes_with_the_diff_recorded() {
     let before = snapshot(&env.cwd);
     let log = run_call(
         &env,
-        "mkdir -p out && echo hello > out/new.txt && sed -i 's/line3/LINE3/' f.txt && echo appended >> keep.txt",
+        "mkdir -p out && echo hello > out/new.txt && sed -i 's/line3/LINE3/' f.txt && echo appended >> keep.txt \
+         && head -c 100 bin.dat >> bin.dat && echo 'one more row' >> big.txt",
         &["--yes"],
     );
     let completed = payload_of(&log, "toolCompleted").unwrap_or_else(|| panic!("not completed: {log:?}"));
@@ -291,7 +292,7 @@ fn adding_and_editing_apply_under_yes_with_the_diff_recorded() {
     let mut changed: Vec<&str> = changed.into_iter().map(String::as_str).collect();
     changed.sort();
     changed.dedup();
-    assert_eq!(changed, ["f.txt", "keep.txt", "out", "out/new.txt"]);
+    assert_eq!(changed, ["big.txt", "bin.dat", "f.txt", "keep.txt", "out", "out/new.txt"]);
     let text = completed.to_string();
     assert!(text.contains("+LINE3") && text.contains("-line3"), "diff recorded: {text}");
     assert!(text.contains("\"overlay\""), "mode recorded: {text}");

@@ -140,7 +140,11 @@ impl Beneath {
         };
         match opened {
             Ok(fd) => Ok(Some(fd)),
+            // Missing, or not a directory (a file or a link on the way):
+            // there is no such directory beneath the tree. Callers that
+            // write treat that as "the parent is missing" and stop.
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => Ok(None),
             Err(e) => {
                 Err(io::Error::new(e.kind(), format!("cannot open {} without following a link: {e}", self.show(rel))))
             }
@@ -267,7 +271,10 @@ impl Beneath {
         match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o700)) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => {
-                return Err(io::Error::new(io::Error::from(e).kind(), format!("cannot create {}: {e}", self.show(rel))));
+                return Err(io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("cannot create {}: {e}", self.show(rel)),
+                ));
             }
         }
         let fd = self.dir(rel)?.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, self.show(rel)))?;
@@ -528,7 +535,8 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), tree.path().join("d")).unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), tree.path().join("f")).unwrap();
         let b = Beneath::open(tree.path()).unwrap();
-        assert!(b.state("d/secret").is_err(), "a link in the middle was followed");
+        // Through a link there is no such path: not the file beyond it.
+        assert_eq!(b.state("d/secret").unwrap(), None, "a link in the middle was followed");
         assert_eq!(b.state("f").unwrap().unwrap().kind, EntryKind::Symlink);
         assert!(b.open_file("f").is_err());
         assert!(b.make_dir("d/x", 0o755).is_err());

@@ -384,10 +384,11 @@ fn walk_upper(
         if node.kind == EntryKind::Dir {
             let lower_is_dir = before.as_ref().is_some_and(|b| b.kind == EntryKind::Dir);
             if !lower_is_dir {
-                if before.is_some() {
-                    deleted_tree(low, &path, out)?;
-                }
-                out.insert(path.clone(), change(&path, ChangeKind::Created, None, after));
+                // New, or another kind of entry replaced by a directory
+                // (one change: its before state is what the apply must
+                // find there).
+                let kind = if before.is_some() { ChangeKind::Modified } else { ChangeKind::Created };
+                out.insert(path.clone(), change(&path, kind, before, after));
             } else if up.is_opaque(&path) {
                 // Everything below was removed, then the directory refilled.
                 for child in low.list(&path).map_err(io_at(format!("cannot list {}", low.show(&path))))? {
@@ -407,8 +408,12 @@ fn walk_upper(
                 out.insert(path.clone(), change(&path, ChangeKind::Created, None, after));
             }
             Some(b) if b.kind == EntryKind::Dir => {
-                deleted_tree(low, &path, out)?;
-                out.insert(path.clone(), change(&path, ChangeKind::Created, None, after));
+                // A directory replaced by a file or link: everything below
+                // it is deleted, and the path itself changes kind.
+                for child in low.list(&path).map_err(io_at(format!("cannot list {}", low.show(&path))))? {
+                    deleted_tree(low, &join(&path, &child), out)?;
+                }
+                out.insert(path.clone(), change(&path, ChangeKind::Modified, Some(b), after));
             }
             Some(b) if Some(&b) == after.as_ref() => {} // copied up, unchanged
             Some(b) => {

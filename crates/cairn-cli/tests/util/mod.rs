@@ -2,6 +2,8 @@
 //! with a clean environment (no provider keys, no colours).
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -68,4 +70,33 @@ impl Env {
 
 fn is_jsonl(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "jsonl")
+}
+
+/// path → (kind, mode, content) of every entry under `root` (kind `f`
+/// file, `d` directory, `l` link with its target as content, `s` special).
+pub fn snapshot(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (char, u32, Vec<u8>)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        entries.sort();
+        for path in entries {
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mode = meta.permissions().mode() & 0o7777;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                out.insert(rel, ('l', mode, target.to_string_lossy().as_bytes().to_vec()));
+            } else if meta.is_dir() {
+                out.insert(rel, ('d', mode, Vec::new()));
+                walk(root, &path, out);
+            } else if meta.is_file() {
+                out.insert(rel, ('f', mode, std::fs::read(&path).unwrap()));
+            } else {
+                // A FIFO, socket or device: never opened (a FIFO would block).
+                out.insert(rel, ('s', mode, Vec::new()));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
 }

@@ -206,3 +206,110 @@ fn an_external_tool_that_declares_file_write_runs_staged_too() {
     assert_eq!(receipt.affected_entities, ["keep.txt", "made.txt"]);
     assert_eq!(std::fs::read_dir(staging.path()).unwrap().count(), 0, "staging left behind");
 }
+
+/// A link in the real tree where the command made a directory: reading
+/// the change set must not follow it (issue 25). Without that, the file
+/// beyond the link was read as the "before" state, and its content shown in
+/// the diff a person (and the log) sees.
+#[test]
+fn reading_the_change_set_never_follows_a_link_of_the_tree() {
+    let base = tempfile::tempdir().unwrap();
+    let outside = base.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "TOP SECRET LINE\n").unwrap();
+    let (lower, upper) = (base.path().join("lower"), base.path().join("upper"));
+    std::fs::create_dir(&lower).unwrap();
+    std::os::unix::fs::symlink(&outside, lower.join("link")).unwrap();
+    std::fs::create_dir_all(upper.join("link")).unwrap();
+    std::fs::write(upper.join("link/secret.txt"), "hi\n").unwrap();
+    let set = cairn_tools::staging::read_layer(&upper, &lower).unwrap();
+    let secret = set.changes.iter().find(|c| c.path == "link/secret.txt").unwrap();
+    assert_eq!(secret.kind, ChangeKind::Created, "the file beyond the link was read: {secret:?}");
+    assert!(secret.before.is_none());
+    let diff = cairn_tools::staging::render_diff(&set, &upper, &lower, 1 << 16);
+    assert!(!diff.contains("TOP SECRET"), "{diff}");
+    // Applying it replaces the link, and never writes through it.
+    cairn_tools::staging::apply(&set, &upper, &lower).unwrap();
+    assert_eq!(std::fs::read_to_string(outside.join("secret.txt")).unwrap(), "TOP SECRET LINE\n");
+    assert!(std::fs::symlink_metadata(lower.join("link")).unwrap().is_dir());
+    assert_eq!(std::fs::read_to_string(lower.join("link/secret.txt")).unwrap(), "hi\n");
+}
+
+/// A link planted in a directory of the tree between the review and the
+/// apply (where the change set creates a file below it) is refused, and
+/// nothing lands beyond it.
+#[test]
+fn a_link_planted_after_the_review_stops_the_apply() {
+    let base = tempfile::tempdir().unwrap();
+    let outside = base.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let (lower, upper) = (base.path().join("lower"), base.path().join("upper"));
+    std::fs::create_dir_all(lower.join("d")).unwrap();
+    std::fs::create_dir_all(upper.join("d")).unwrap();
+    std::fs::write(upper.join("d/new.txt"), "new\n").unwrap();
+    let set = cairn_tools::staging::read_layer(&upper, &lower).unwrap();
+    std::fs::remove_dir(lower.join("d")).unwrap();
+    std::os::unix::fs::symlink(&outside, lower.join("d")).unwrap();
+    assert!(cairn_tools::staging::apply(&set, &upper, &lower).is_err());
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "the apply wrote beyond the link");
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"])
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Putting back the version git stores over uncommitted lines is
+/// Destructive, though it keeps most lines (`git checkout -- f`); the
+/// store is read as files, loose objects and pack indexes alike (git
+/// itself is the oracle: `git gc` packs, `git count-objects` says so).
+#[test]
+fn discarding_uncommitted_work_is_destructive_loose_or_packed() {
+    require_staging();
+    for packed in [false, true] {
+        let cwd = tempfile::tempdir().unwrap();
+        let notes: String = (1..=10).map(|i| format!("note {i}\n")).collect();
+        std::fs::write(cwd.path().join("notes.txt"), &notes).unwrap();
+        git(cwd.path(), &["init", "-q"]);
+        git(cwd.path(), &["add", "-A"]);
+        git(cwd.path(), &["commit", "-qm", "base"]);
+        if packed {
+            git(cwd.path(), &["gc", "-q"]);
+            let counts = git(cwd.path(), &["count-objects", "-v"]);
+            assert!(counts.contains("\ncount: 0\n") || counts.starts_with("count: 0\n"), "{counts}");
+            assert!(!counts.contains("in-pack: 0"), "{counts}");
+        }
+        std::fs::write(cwd.path().join("notes.txt"), format!("{notes}uncommitted one\nuncommitted two\n")).unwrap();
+        // An ordinary edit of the same file stays Write.
+        let (result, seen) = staged_run(cwd.path(), "sed -i 's/note 3/NOTE 3/' notes.txt", |_| {
+            StagedDecision::Discard { reason: "test".into() }
+        });
+        assert!(result.is_err());
+        let set = seen.unwrap();
+        assert_eq!(set.judge(&Default::default()).risk, cairn_core::tool::Risk::Write, "packed={packed}: {set:?}");
+        let (result, seen) = staged_run(cwd.path(), "HOME=$PWD git checkout -- notes.txt", |_| {
+            StagedDecision::Discard { reason: "test".into() }
+        });
+        assert!(result.is_err(), "packed={packed}: {result:?}");
+        let set = seen.unwrap();
+        let judged = set.judge(&Default::default());
+        assert_eq!(judged.risk, cairn_core::tool::Risk::Destructive, "packed={packed}: {set:?}");
+        assert!(judged.reasons.iter().any(|r| r.contains("discards uncommitted")), "{judged:?}");
+        // Once the work is committed, putting back a committed version
+        // loses nothing: a readable edit, Write.
+        git(cwd.path(), &["commit", "-qam", "ideas"]);
+        let (result, seen) = staged_run(cwd.path(), "HOME=$PWD git show HEAD~1:notes.txt > notes.txt", |_| {
+            StagedDecision::Discard { reason: "test".into() }
+        });
+        assert!(result.is_err());
+        let set = seen.unwrap();
+        assert_eq!(set.judge(&Default::default()).risk, cairn_core::tool::Risk::Write, "packed={packed}: {set:?}");
+    }
+}
