@@ -55,6 +55,15 @@ pub enum StagingError {
         /// The path, relative to the tree, escaped for display.
         path: String,
     },
+    /// The command nested directories deeper than cairn reads.
+    #[error(
+        "the command nested directories more than {MAX_DEPTH} levels deep (at {path}); cairn does not read or apply \
+         such a tree, so nothing was applied"
+    )]
+    TooDeep {
+        /// The path where the limit was passed, escaped for display.
+        path: String,
+    },
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StagingError {
@@ -135,7 +144,7 @@ pub fn settle(
     use cairn_core::tool::ToolError;
     let result = (|| {
         let changes = staging.read(cwd).map_err(|e| match e {
-            StagingError::Special { .. } => ToolError::Rejected(e.to_string()),
+            StagingError::Special { .. } | StagingError::TooDeep { .. } => ToolError::Rejected(e.to_string()),
             e => ToolError::Other(format!("cannot read the staged effect: {e}")),
         })?;
         let judgement = changes.judge(rules);
@@ -336,6 +345,11 @@ pub fn read_layer(upper: &Path, lower: &Path) -> Result<ChangeSet, StagingError>
     Ok(ChangeSet { changes: changes.into_values().collect() })
 }
 
+/// The deepest path a change set may hold (directories below the tree):
+/// reading and applying recurse once per level, and no real build nests
+/// this deep.
+const MAX_DEPTH: usize = 256;
+
 fn join(rel: &str, name: &str) -> String {
     if rel.is_empty() { name.to_owned() } else { format!("{rel}/{name}") }
 }
@@ -363,6 +377,9 @@ fn walk_upper(
     rel: &str,
     out: &mut BTreeMap<String, Change>,
 ) -> Result<(), StagingError> {
+    if rel.split('/').count() > MAX_DEPTH {
+        return Err(StagingError::TooDeep { path: cairn_core::staged::shown(rel) });
+    }
     let names = up.list(rel).map_err(io_at(format!("cannot list {}", up.show(rel))))?;
     for name in names {
         let path = join(rel, &name);
@@ -438,6 +455,9 @@ fn change(path: &str, kind: ChangeKind, before: Option<FileState>, after: Option
 
 /// `path` of the lower tree and everything below it, as deletions.
 fn deleted_tree(low: &Beneath, path: &str, out: &mut BTreeMap<String, Change>) -> Result<(), StagingError> {
+    if path.split('/').count() > MAX_DEPTH {
+        return Err(StagingError::TooDeep { path: cairn_core::staged::shown(path) });
+    }
     let Some(before) = before_state(low, path)? else { return Ok(()) };
     if before.kind == EntryKind::Dir {
         for child in low.list(path).map_err(io_at(format!("cannot list {}", low.show(path))))? {

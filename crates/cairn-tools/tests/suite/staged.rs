@@ -313,3 +313,16 @@ fn discarding_uncommitted_work_is_destructive_loose_or_packed() {
         assert_eq!(set.judge(&Default::default()).risk, cairn_core::tool::Risk::Write, "packed={packed}: {set:?}");
     }
 }
+
+/// A tree nested deeper than cairn reads is refused whole, without
+/// recursing until the stack runs out.
+#[test]
+fn a_tree_nested_too_deep_is_refused() {
+    let base = tempfile::tempdir().unwrap();
+    let (lower, upper) = (base.path().join("lower"), base.path().join("upper"));
+    std::fs::create_dir(&lower).unwrap();
+    let deep: std::path::PathBuf = std::iter::repeat_n("d", 300).collect();
+    std::fs::create_dir_all(upper.join(&deep)).unwrap();
+    let err = cairn_tools::staging::read_layer(&upper, &lower).unwrap_err().to_string();
+    assert!(err.contains("levels deep") && err.contains("nothing was applied"), "{err}");
+}
