@@ -409,10 +409,17 @@ fn create_excl(dir: &OwnedFd) -> io::Result<(OwnedFd, String)> {
     Err(io::Error::new(io::ErrorKind::AlreadyExists, "no free temporary name"))
 }
 
+/// Bytes read or written at a time.
+const CHUNK: usize = 128 * 1024;
+
+/// Holes are hashed as zeros from here.
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
 /// The size and SHA-256 of an open regular file's bytes.
 pub fn hash_file(file: &File) -> io::Result<(u64, String)> {
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 128 * 1024];
+    let size = rustix::fs::fstat(file)?.st_size as u64;
+    let mut buf = vec![0u8; size.clamp(1, CHUNK as u64) as usize];
     let mut offset = 0u64;
     loop {
         let n = rustix::io::pread(file, &mut buf[..], offset)?;
@@ -432,8 +439,10 @@ fn copy_sparse(src: &File, dst: &File) -> io::Result<String> {
     use rustix::fs::SeekFrom;
     let size = rustix::fs::fstat(src)?.st_size as u64;
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 128 * 1024];
-    let zeros = vec![0u8; 128 * 1024];
+    // Sized to the file: most files a build writes are small, and a
+    // 128 KiB buffer zeroed per file cost more than the copy.
+    let mut buf = vec![0u8; size.clamp(1, CHUNK as u64) as usize];
+    let zeros = &ZEROS[..];
     let mut pos = 0u64;
     while pos < size {
         // The next data region; ENXIO: only a hole is left.
