@@ -23,7 +23,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
-use util::{Env, snapshot};
+use util::{Env, entries, require_staging, snapshot};
 
 fn git(dir: &Path, args: &[&str]) {
     let out = Command::new("git")
@@ -170,28 +170,6 @@ const DESTRUCTIVE: &[&str] = &[
     "git restore notes.txt",
     "git show HEAD:notes.txt > notes.txt",
 ];
-
-/// The record list of a session file (array lines flattened).
-fn entries(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut out = Vec::new();
-    for line in text.lines().skip(1) {
-        match serde_json::from_str(line).unwrap() {
-            Value::Array(items) => out.extend(items),
-            one => out.push(one),
-        }
-    }
-    out.into_iter().filter(|r| r["kind"] == "entry").collect()
-}
-
-fn require_staging(env: &Env) {
-    let out = env.cairn(&["tools"]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        text.contains("staging: overlay"),
-        "overlay staging is not available here, so this test cannot run:\n{text}"
-    );
-}
 
 /// Run one shell call headless with `flags`; the session's entries.
 fn run_call(env: &Env, command: &str, flags: &[&str]) -> Vec<Value> {

@@ -7,6 +7,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde_json::Value;
+
 /// A private home and working directory for one test.
 pub struct Env {
     _dir: tempfile::TempDir,
@@ -99,4 +101,27 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
     let mut out = BTreeMap::new();
     walk(root, root, &mut out);
     out
+}
+
+/// The record list of a session file (array lines flattened).
+pub fn entries(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        match serde_json::from_str(line).unwrap() {
+            Value::Array(items) => out.extend(items),
+            one => out.push(one),
+        }
+    }
+    out.into_iter().filter(|r| r["kind"] == "entry").collect()
+}
+
+/// Fail (with what `cairn tools` says) where overlay staging is unavailable.
+pub fn require_staging(env: &Env) {
+    let out = env.cairn(&["tools"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("staging: overlay"),
+        "overlay staging is not available here, so this test cannot run:\n{text}"
+    );
 }
