@@ -48,9 +48,13 @@
 //! server to see the fd table of a process holding the peer's socket.
 //! Root always can. A non-root server cannot read `/proc/PID/fd` of a
 //! non-dumpable process (every cairn process is one, and a tool can make
-//! itself one); when no holder is visible and some fd table was unreadable,
-//! a non-root server accepts the TCP peer on its uid alone (a tool without
-//! the `Network` capability cannot open a TCP socket at all). Unix sockets
+//! itself one). When no holder is visible, a non-root server checks every
+//! process of its uid it could not look into (their `status`, `uid_map`
+//! are still readable): if any bears a tool's marks, the peer is refused
+//! (it may be that process), else it is accepted on its uid. Cost: while a
+//! non-dumpable tool-marked process of the user exists, a non-dumpable TCP
+//! client of a non-root server is refused too (a tool without the
+//! `Network` capability cannot open a TCP socket at all). Unix sockets
 //! have no such gap: prefer them. A remote peer (its socket is not in this
 //! network namespace) is refused on a loopback listener and accepted only
 //! on a listener opened with `--listen-insecure`, the explicit opt-in for
@@ -323,12 +327,27 @@ impl Me {
             self.check_process(pid)?;
         }
         if scan.holders.is_empty() {
-            if self.uid != 0 && scan.unreadable > 0 {
-                // See the module doc: a non-root server cannot see a
-                // non-dumpable holder's fds.
-                return Ok(format!("{peer} uid {} (its process not visible to a non-root server)", entry.uid));
+            if self.uid == 0 || scan.hidden.is_empty() {
+                return refuse(format!("no process visible to this server holds the peer's socket {peer}"));
             }
-            return refuse(format!("no process visible to this server holds the peer's socket {peer}"));
+            // See the module doc: a non-root server cannot see a
+            // non-dumpable holder's fds. The holder is one of the processes
+            // it could not look into; if any of those of this uid bears a
+            // tool's marks, it may be the peer.
+            for &pid in &scan.hidden {
+                let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+                if parse_status(&text).euid != Some(self.uid) {
+                    continue;
+                }
+                if let Err(why) = self.check_process(pid) {
+                    return refuse(format!(
+                        "this server cannot see which process holds the peer's socket {peer}, and a process \
+                         of this uid it cannot look into may be it: {}",
+                        why.0.trim_start_matches("cairn refuses this connection: ")
+                    ));
+                }
+            }
+            return Ok(format!("{peer} uid {} (its process not visible to a non-root server)", entry.uid));
         }
         Ok(format!("{peer} uid {} pid {:?}", entry.uid, scan.holders))
     }
@@ -346,8 +365,8 @@ const MAX_FDS: usize = 1 << 20;
 #[derive(Debug, Default)]
 struct Scan {
     holders: Vec<u32>,
-    /// fd tables that could not be read (not ours to read).
-    unreadable: usize,
+    /// Processes whose fd table could not be read (not ours to read).
+    hidden: Vec<u32>,
 }
 
 fn scan_holders(inode: u64, me: u32) -> Scan {
@@ -363,7 +382,9 @@ fn scan_holders(inode: u64, me: u32) -> Scan {
         let dir = match std::fs::read_dir(entry.path().join("fd")) {
             Ok(dir) => dir,
             Err(e) => {
-                scan.unreadable += usize::from(denied(&e));
+                if denied(&e) {
+                    scan.hidden.push(pid);
+                }
                 continue;
             }
         };

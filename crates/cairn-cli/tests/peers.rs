@@ -24,6 +24,8 @@ use serde_json::json;
 use util::Env;
 
 const PYTHON: &str = "/usr/bin/python3";
+/// How the client prints the server's refusal.
+const REFUSED: &str = "rerror cairn refuses this connection: ";
 const NOBODY: &[&str] = &["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"];
 
 /// A running server and the addresses it printed (stderr kept for the
@@ -165,7 +167,7 @@ fn another_uid_cannot_create_a_session_over_tcp_or_a_loosened_unix_socket() {
     let spec = session_spec(&env);
     for address in &served.addresses {
         let got = client(NOBODY, &script, &[address, "new", &spec]);
-        assert!(got.starts_with("refused ") && got.contains("uid 65534"), "{address}: uid 65534 got: {got}");
+        assert!(got.starts_with(REFUSED) && got.contains("uid 65534"), "{address}: uid 65534 got: {got}");
         assert_eq!(idx(address), "", "{address}: a refused peer created a session");
     }
     assert!(env.session_files().is_empty(), "{:?}", env.session_files());
@@ -200,7 +202,7 @@ fn another_uid_cannot_read_a_private_file_through_toolsrv() {
     };
     for (i, address) in served.addresses.iter().enumerate() {
         let got = client(NOBODY, &script, &[address, "job", &job(&format!("nobody-{i}"))]);
-        assert!(got.starts_with("refused ") && got.contains("uid 65534"), "{address}: uid 65534 got: {got}");
+        assert!(got.starts_with(REFUSED) && got.contains("uid 65534"), "{address}: uid 65534 got: {got}");
         assert!(!got.contains("7f3a"), "{got}");
     }
     let jobs = env.home.join("toolsrv").join("jobs");
@@ -234,7 +236,7 @@ fn tool_like_peers_of_the_same_uid_are_refused() {
             let mut args: Vec<&str> = flags.to_vec();
             args.extend([address.as_str(), "new", &spec]);
             let got = client(wrapper, &script, &args);
-            assert!(got.starts_with("refused ") && got.contains(expected), "{what} on {address}: {got}");
+            assert!(got.starts_with(REFUSED) && got.contains(expected), "{what} on {address}: {got}");
         }
     }
     assert_eq!(idx(&served.addresses[1]), "", "a refused peer created a session");
@@ -285,7 +287,99 @@ fn a_shell_tool_cannot_drive_the_server_of_its_own_session() {
     // Refused for a tool's marks (NoNewPrivs + seccomp first; its own PID
     // namespace would refuse it too).
     let marked = got.contains("NoNewPrivs and a seccomp filter") || got.contains("another PID namespace");
-    assert!(got.starts_with("refused ") && marked, "the tool got: {got}");
+    assert!(got.starts_with(REFUSED) && marked, "the tool got: {got}");
     let sessions = c.read_text("s/idx").unwrap();
     assert_eq!(sessions.lines().count(), 1, "the tool created a session: {sessions}");
+}
+
+/// The rule for a server that is not root (uid 65534 here), where it
+/// cannot read the namespace links or fd table of a non-dumpable process
+/// (every cairn process is one): the same uid is served, non-dumpable or
+/// not; root, a tool-like process of the same uid (dumpable or not, Unix
+/// and TCP), one in a PID namespace and one in a user namespace that root
+/// owns are refused, through the `NSpid` and `uid_map` fallbacks.
+#[test]
+fn a_non_root_server_serves_its_own_uid_only_and_still_refuses_tool_like_peers() {
+    need_root();
+    let (_keep, script) = client_script();
+    // A home and a copy of the binary uid 65534 can use (/root is 0700).
+    let top = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = top.path().join("cairn");
+    std::fs::copy(assert_cmd::cargo::cargo_bin("cairn"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = top.path().join("home");
+    let sock_dir = home.join("sock");
+    std::fs::create_dir_all(&sock_dir).unwrap();
+    std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for d in [&home, &sock_dir] {
+        std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+    }
+    let sock = format!("unix!{}", sock_dir.join("cairn.sock").display());
+    let mut command = Command::new(NOBODY[0]);
+    command
+        .args(&NOBODY[1..])
+        .arg(&bin)
+        .args(["serve", "--listen", &sock, "--listen", "tcp!127.0.0.1!0"])
+        .current_dir(&home)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.join("fakehome"))
+        .env("CAIRN_HOME", &home)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut addresses = Vec::new();
+    while addresses.len() < 2 {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("cairn serve as uid 65534 printed no address; stderr: {err}");
+        }
+        addresses.push(line.trim().to_owned());
+    }
+    let served = Server { child, addresses };
+    let script_file = home.join("script.jsonl");
+    std::fs::write(&script_file, "{\"text\": \"hi\"}\n").unwrap();
+    let spec = format!("cwd={} provider=scripted script={} yes=1", home.display(), script_file.display());
+
+    // Served: the same uid, dumpable or not (then only status and uid_map
+    // are readable to this server).
+    let mut sessions = 0;
+    for flags in [&[][..], &["--nondumpable"]] {
+        for address in &served.addresses {
+            let mut args: Vec<&str> = flags.to_vec();
+            args.extend([address.as_str(), "new", &spec]);
+            let got = client(NOBODY, &script, &args);
+            assert!(got.starts_with("ok "), "uid 65534 {flags:?} on {address}: {got}");
+            sessions += 1;
+        }
+    }
+    // Refused.
+    let pidns_as_nobody: Vec<&str> = ["unshare", "--pid", "--fork"].iter().chain(NOBODY).copied().collect();
+    let cases: [(&str, &[&str], &[&str], &str); 5] = [
+        ("root", &[], &[], "uid 0"),
+        ("tool-like", NOBODY, &["--seccomp"], "NoNewPrivs and a seccomp filter"),
+        ("tool-like, non-dumpable", NOBODY, &["--seccomp", "--nondumpable"], "NoNewPrivs and a seccomp filter"),
+        ("PID namespace, non-dumpable", &pidns_as_nobody, &["--nondumpable"], "another PID namespace"),
+        (
+            "user namespace of root, non-dumpable",
+            &[],
+            &["--userns-of-root-as-nobody", "--nondumpable"],
+            "another user namespace",
+        ),
+    ];
+    for (what, wrapper, flags, expected) in cases {
+        for address in &served.addresses {
+            let mut args: Vec<&str> = flags.to_vec();
+            args.extend([address.as_str(), "new", &spec]);
+            let got = client(wrapper, &script, &args);
+            assert!(got.starts_with(REFUSED) && got.contains(expected), "{what} on {address}: {got}");
+        }
+    }
+    let idx = client(NOBODY, &script, &[&served.addresses[0], "read", "s/idx"]);
+    assert_eq!(idx.matches(" idle ").count(), sessions, "only the accepted peers created sessions: {idx}");
 }

@@ -3,12 +3,15 @@
 # namespace, or as a tool of a cairn session, it tries what an attacker
 # would against `cairn serve` / `cairn toolsrv`, and prints one line:
 #   ok <result>            the server served it
-#   refused <Rerror text>  the server answered with an Rerror
+#   rerror <text>          the server answered with an Rerror
 #   closed                 the server closed the connection
 #
-# usage: client9p.py [--seccomp] ADDRESS new SPEC | read PATH | job JSON | attach
+# usage: client9p.py [--seccomp] [--nondumpable] [--userns-of-root-as-nobody] ADDRESS new SPEC | read PATH | job JSON | attach
 # ADDRESS: unix!PATH or tcp!HOST!PORT. --seccomp: set PR_SET_NO_NEW_PRIVS
 # and install an allow-everything seccomp filter first (a "tool-like" peer).
+# --nondumpable: PR_SET_DUMPABLE 0 first, as cairn makes itself.
+# --userns-of-root-as-nobody (run as root): continue as uid 65534 inside a
+# user namespace root owns.
 import ctypes
 import socket
 import struct
@@ -40,6 +43,37 @@ def tool_like():
     prog = SockFprog(1, allow)
     if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+
+
+def nobody_in_a_user_namespace_of_root():
+    # Run as root: a child enters a new user namespace (owned by root), this
+    # process (outside) maps the child's root to uid/gid 65534, and the child
+    # becomes that root: uid 65534 outside, in a namespace a non-root server
+    # has no capability over. This process waits and passes the status on.
+    import os
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
+        os.write(ready_w, b"x")
+        os.read(go_r, 1)
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        return
+    os.read(ready_r, 1)
+    with open("/proc/%d/setgroups" % pid, "w") as f:
+        f.write("deny")
+    for name in ("uid_map", "gid_map"):
+        with open("/proc/%d/%s" % (pid, name), "w") as f:
+            f.write("0 65534 1")
+    os.write(go_w, b"x")
+    _, status = os.waitpid(pid, 0)
+    sys.stdout.flush()
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 def dial(address):
@@ -124,8 +158,18 @@ class Conn:
 
 
 def main(argv):
-    if argv and argv[0] == "--seccomp":
-        tool_like()
+    while argv and argv[0].startswith("--"):
+        if argv[0] == "--seccomp":
+            tool_like()
+        elif argv[0] == "--userns-of-root-as-nobody":
+            nobody_in_a_user_namespace_of_root()
+        elif argv[0] == "--nondumpable":
+            # As every cairn process is: a non-root server cannot read this
+            # process's /proc/PID/ns/* links nor its fd table.
+            if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+                raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE")
+        else:
+            raise SystemExit("unknown flag " + argv[0])
         argv = argv[1:]
     address, what, rest = argv[0], argv[1], argv[2:]
     try:
@@ -157,7 +201,7 @@ def main(argv):
             raise SystemExit("unknown request " + what)
         print("ok " + " ".join(result.split()))
     except Refused as e:
-        print("refused " + str(e).replace("\n", " "))
+        print("rerror " + str(e).replace("\n", " "))
     except (Closed, ConnectionResetError, BrokenPipeError):
         print("closed")
 
