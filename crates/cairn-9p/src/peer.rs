@@ -194,7 +194,6 @@ pub fn find_peer_socket<'a>(
 #[derive(Debug, Clone)]
 pub struct Me {
     uid: u32,
-    pid: u32,
     status: Status,
     pid_ns: Option<std::path::PathBuf>,
     user_ns: Option<std::path::PathBuf>,
@@ -208,7 +207,6 @@ impl Me {
         let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
         Self {
             uid: sys::euid(),
-            pid: std::process::id(),
             status: parse_status(&text),
             pid_ns: std::fs::read_link("/proc/self/ns/pid").ok(),
             user_ns: std::fs::read_link("/proc/self/ns/user").ok(),
@@ -322,7 +320,7 @@ impl Me {
                 entry.uid, self.uid
             ));
         }
-        let scan = scan_holders(entry.inode, self.pid);
+        let scan = scan_holders(entry.inode);
         for &pid in &scan.holders {
             self.check_process(pid)?;
         }
@@ -369,16 +367,15 @@ struct Scan {
     hidden: Vec<u32>,
 }
 
-fn scan_holders(inode: u64, me: u32) -> Scan {
+/// The processes holding socket `inode` (the server itself included: an
+/// in-process client is checked like any other).
+fn scan_holders(inode: u64) -> Scan {
     let target = format!("socket:[{inode}]");
     let mut scan = Scan::default();
     let Ok(procs) = std::fs::read_dir("/proc") else { return scan };
     let mut fds = 0usize;
     for entry in procs.flatten().take(MAX_PROCESSES) {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        if pid == me {
-            continue;
-        }
         let dir = match std::fs::read_dir(entry.path().join("fd")) {
             Ok(dir) => dir,
             Err(e) => {
@@ -631,6 +628,30 @@ mod tests {
         assert_eq!(parse_status(shell), Status { no_new_privs: false, seccomp: 0, nspid_depth: 1, euid: Some(0) });
         // An old kernel without NSpid or NoNewPrivs lines.
         assert_eq!(parse_status("Name:\tx\nUid:\t5\t5\t5\t5\n"), Status { euid: Some(5), ..Status::default() });
+    }
+
+    #[test]
+    fn an_in_process_client_is_checked_like_any_other_on_tcp_and_unix() {
+        // The test process is the peer: same uid, same namespaces; on TCP it
+        // is found as the holder of its own client socket.
+        let marked = {
+            let own = parse_status(&std::fs::read_to_string("/proc/self/status").unwrap());
+            own.no_new_privs && own.seccomp == 2
+        };
+        let me = Me::current();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (tcp, unix) = (me.check_tcp(&accepted, false), me.check_unix(&a));
+        drop(b);
+        if marked {
+            assert!(tcp.is_err() && unix.is_err(), "this test runs under NoNewPrivs + seccomp: {tcp:?} {unix:?}");
+        } else {
+            let label = tcp.unwrap();
+            assert!(label.contains(&format!("pid [{}]", std::process::id())), "{label}");
+            unix.unwrap();
+        }
     }
 
     #[test]
