@@ -181,6 +181,36 @@ fn another_uid_cannot_create_a_session_over_tcp_or_a_loosened_unix_socket() {
     assert!(log.contains("cairn: refused a connection on") && log.contains("uid 65534"), "{log}");
 }
 
+/// `--listen-insecure` opens the server to peers from other hosts, not to
+/// other users of this one: a local peer of another uid reaching the
+/// non-loopback listener is still refused.
+#[test]
+fn an_insecure_listener_still_refuses_a_local_peer_of_another_uid() {
+    need_root();
+    let env = Env::new();
+    let (_keep, script) = client_script();
+    let out = env
+        .cairn(&["serve", "--listen-insecure", "--listen", "tcp!0.0.0.0!0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = out;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let served = Server { child, addresses: vec![line.trim().to_owned()] };
+    let port = served.addresses[0].rsplit('!').next().unwrap().to_owned();
+    let spec = session_spec(&env);
+    for host in ["127.0.0.1", "0.0.0.0"] {
+        let address = format!("tcp!{host}!{port}");
+        let got = client(NOBODY, &script, &[&address, "new", &spec]);
+        assert!(got.starts_with(REFUSED) && got.contains("uid 65534"), "{address}: uid 65534 got: {got}");
+        let got = client(&[], &script, &[&address, "attach"]);
+        assert_eq!(got, "ok attached", "{address}: the same uid");
+    }
+    assert!(env.session_files().is_empty(), "{:?}", env.session_files());
+}
+
 /// Issue 25: uid 65534 read a 0600 root file through `cairn toolsrv` on
 /// TCP. Refused now (TCP and a loosened Unix socket); the same uid reads it.
 #[test]
@@ -249,15 +279,18 @@ fn tool_like_peers_of_the_same_uid_are_refused() {
 
 /// Issue 25's attack itself: the `shell` tool of a session of `cairn
 /// serve` connects to that server's socket and asks for a `yes=1` session.
-/// The socket is deliberately outside cairn's home, so this holds even
-/// where a tool could reach the path.
+/// The socket is deliberately in the session's own working tree, outside
+/// cairn's home (which tools may not see) and outside /tmp (which may be
+/// private to a tool), so the tool can reach the path and only the peer
+/// check stands between it and the server. Should the path ever become
+/// unreachable, the client's error fails this test rather than passing it.
 #[test]
 fn a_shell_tool_cannot_drive_the_server_of_its_own_session() {
     need_root();
     let env = Env::new();
     std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
     std::fs::write(env.cwd.join("client9p.py"), include_str!("peers/client9p.py")).unwrap();
-    let dir = env.home.parent().unwrap().join("outside-home");
+    let dir = env.cwd.join("sock");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let sock = format!("unix!{}", dir.join("cairn.sock").display());
