@@ -40,9 +40,11 @@
 //!
 //! The process a pid names is pinned while it is checked: the peer's
 //! pidfd (`SO_PEERPIDFD`, Linux ≥ 6.5, else `pidfd_open` right after
-//! accept) must still be alive once `/proc/PID` was read, so a peer that
-//! exits and has its pid taken by another process is refused, not judged
-//! by the newcomer.
+//! accept, Linux ≥ 5.3) must still be alive once `/proc/PID` was read, so
+//! a peer that exits and has its pid taken by another process is refused,
+//! not judged by the newcomer (before 5.3 the check runs unpinned). The
+//! holders of a TCP socket are checked by pid as the scan finds them, not
+//! pinned: one that exits in between is refused for want of its status.
 //!
 //! Limits (said in the README too): the TCP "not a tool" check needs the
 //! server to see the fd table of a process holding the peer's socket.
@@ -435,8 +437,13 @@ mod sys {
     }
 
     /// A pidfd of the peer, to tell that the process checked by pid is
-    /// still the one that connected.
-    pub(super) struct Pin(Option<OwnedFd>);
+    /// still the one that connected; `Unsupported` on kernels before 5.3
+    /// (no pidfds: the check runs unpinned, the race the module doc names).
+    pub(super) enum Pin {
+        Fd(OwnedFd),
+        Unsupported,
+        Failed,
+    }
 
     impl Pin {
         pub(super) fn peer(stream: &impl AsRawFd, pid: u32) -> Self {
@@ -454,28 +461,30 @@ mod sys {
             };
             if rc == 0 && fd >= 0 {
                 // SAFETY: the kernel gave us this fd; we own it.
-                return Self(Some(unsafe { OwnedFd::from_raw_fd(fd) }));
+                return Self::Fd(unsafe { OwnedFd::from_raw_fd(fd) });
             }
             // Before Linux 6.5: a pidfd of the pid now (the window between
             // accept and here is the remaining race).
-            let Ok(pid) = libc::pid_t::try_from(pid) else { return Self(None) };
+            let Ok(pid) = libc::pid_t::try_from(pid) else { return Self::Failed };
             // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
             let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
             match i32::try_from(fd) {
                 // SAFETY: a new fd we own.
-                Ok(fd) if fd >= 0 => Self(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
-                _ => Self(None),
+                Ok(fd) if fd >= 0 => Self::Fd(unsafe { OwnedFd::from_raw_fd(fd) }),
+                _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) => Self::Unsupported,
+                _ => Self::Failed,
             }
         }
 
         /// Refuse when the pinned process has exited (its pid may name
         /// another process now).
         pub(super) fn still_alive(&self, pid: u32) -> Result<(), Refusal> {
-            let Some(fd) = &self.0 else {
-                if pid == 0 {
-                    return Ok(());
+            let fd = match self {
+                Self::Fd(fd) => fd,
+                Self::Unsupported => return Ok(()),
+                Self::Failed => {
+                    return refuse(format!("cannot pin the peer's process (pid {pid}) while checking it"));
                 }
-                return refuse(format!("cannot pin the peer's process (pid {pid}) while checking it"));
             };
             let mut poll = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd, no wait.
