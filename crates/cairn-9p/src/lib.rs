@@ -8,6 +8,10 @@
 //! (the CLI's). It keeps no state of its own beside the session files and
 //! the batch queue's job directories (`batch`): everything a reader sees is
 //! derived from them or from the turn running right now.
+//!
+//! Who may connect at all (the same uid as the server, and no process
+//! cairn started as a tool) is decided in one place, [`peer`], for both
+//! servers and both kinds of listener.
 
 pub mod approver;
 pub mod batch;
@@ -17,6 +21,7 @@ pub mod host;
 pub mod live;
 #[cfg(feature = "mount")]
 pub mod mount;
+pub mod peer;
 pub mod queue;
 pub mod server;
 pub mod toolsrv;

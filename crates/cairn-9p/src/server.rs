@@ -11,6 +11,11 @@
 //! connection's input reach another's, or panic on any input. Limits: the
 //! msize, fids per connection, blocked reads per connection, connections,
 //! and a write timeout for a client that never reads.
+//!
+//! Before a connection is served, its peer must pass the rule of
+//! [`crate::peer`] (same uid, not a tool). A refused peer gets one `Rerror`
+//! with the reason as the answer to its first message (usually Tversion),
+//! the server logs one line on stderr, and the connection is closed.
 
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
@@ -29,6 +34,7 @@ use ninep::sync::SyncNineP;
 
 use crate::dial::Dial;
 use crate::live::{Runtime, lock};
+use crate::peer::{Me, Refusal};
 use crate::tree::{self, Handle, Node, ReadOutcome};
 
 /// Bytes of a message header around read/write data (9P's IOHDRSZ).
@@ -68,8 +74,10 @@ impl Default for Limits {
 pub enum Listener {
     /// A Unix socket (removed when the server stops).
     Unix(UnixListener, PathBuf),
-    /// A TCP socket.
-    Tcp(TcpListener),
+    /// A TCP socket; `true` when it was opened with `--listen-insecure`
+    /// (peers from other hosts are then accepted; local peers are always
+    /// checked, see [`crate::peer`]).
+    Tcp(TcpListener, bool),
 }
 
 impl Listener {
@@ -92,7 +100,7 @@ impl Listener {
                     TcpListener::bind(addrs.as_slice()).with_context(|| format!("cannot listen on {dial}"))?;
                 let local = listener.local_addr()?;
                 let actual = Dial::Tcp { host: local.ip().to_string(), port: local.port() };
-                Ok((Self::Tcp(listener), actual))
+                Ok((Self::Tcp(listener, insecure), actual))
             }
         }
     }
@@ -209,22 +217,29 @@ impl<T: Tree> NineServer<T> {
         let limits = self.limits;
         let connections = Arc::clone(&self.connections);
         let thread = std::thread::Builder::new().name("9p-accept".to_owned());
+        let me = Arc::new(Me::current());
         Ok(thread.spawn(move || match listener {
-            Listener::Unix(l, _path) => {
+            Listener::Unix(l, path) => {
+                let name = path.display().to_string();
                 for stream in l.incoming() {
                     let Ok(stream) = stream else { continue };
                     let _ = stream.set_write_timeout(Some(limits.write_timeout));
                     let Ok(reader) = stream.try_clone() else { continue };
-                    start_connection(&tree, limits, &connections, reader, stream);
+                    let (me, name) = (Arc::clone(&me), name.clone());
+                    let check = move |s: &UnixStream| me.check_unix(s).map_err(|why| (why, name));
+                    start_connection(&tree, limits, &connections, reader, stream, check);
                 }
             }
-            Listener::Tcp(l) => {
+            Listener::Tcp(l, remote_ok) => {
+                let name = l.local_addr().map_or_else(|_| "tcp".to_owned(), |a| a.to_string());
                 for stream in l.incoming() {
                     let Ok(stream) = stream else { continue };
                     let _ = stream.set_nodelay(true);
                     let _ = stream.set_write_timeout(Some(limits.write_timeout));
                     let Ok(reader) = stream.try_clone() else { continue };
-                    start_connection(&tree, limits, &connections, reader, stream);
+                    let (me, name) = (Arc::clone(&me), name.clone());
+                    let check = move |s: &TcpStream| me.check_tcp(s, remote_ok).map_err(|why| (why, name));
+                    start_connection(&tree, limits, &connections, reader, stream, check);
                 }
             }
         })?)
@@ -246,11 +261,15 @@ impl<T: Tree> NineServer<T> {
 /// Something a connection reads requests from.
 trait Input: std::io::Read + Send + 'static {
     fn close(&self);
+    fn set_read_timeout(&self, timeout: Duration);
 }
 
 impl Input for UnixStream {
     fn close(&self) {
         let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+    fn set_read_timeout(&self, timeout: Duration) {
+        let _ = UnixStream::set_read_timeout(self, Some(timeout));
     }
 }
 
@@ -258,14 +277,40 @@ impl Input for TcpStream {
     fn close(&self) {
         let _ = self.shutdown(std::net::Shutdown::Both);
     }
+    fn set_read_timeout(&self, timeout: Duration) {
+        let _ = TcpStream::set_read_timeout(self, Some(timeout));
+    }
 }
 
+/// The largest first message a refused peer may send (Tversion is tiny).
+const REFUSED_MSIZE: u32 = 8192;
+/// How long a refused peer has to send its first message.
+const REFUSED_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Tell a refused peer why: log one line, answer its first message with an
+/// Rerror carrying the reason, close.
+fn refuse_connection<R: Input, W: Write>(reader: R, mut writer: W, why: &Refusal, listener: &str) {
+    eprintln!("cairn: refused a connection on {listener}: {why}");
+    reader.set_read_timeout(REFUSED_READ_TIMEOUT);
+    let mut input = BufReader::new(reader);
+    let buf = SharedBuf::default();
+    if let Ok(first) = Tmessage::read_from(REFUSED_MSIZE, &buf, &mut input)
+        && let Ok(bytes) = Rmessage::new(first.tag, Rdata::error(why.to_string())).write_9p_bytes()
+    {
+        let _ = writer.write_all(&bytes).and_then(|()| writer.flush());
+    }
+    input.get_ref().close();
+}
+
+/// Start serving one accepted connection on a thread of its own, once its
+/// peer passed `check` (which runs on that thread: a TCP check scans /proc).
 fn start_connection<T: Tree, R: Input, W: Write + Send + 'static>(
     tree: &Arc<T>,
     limits: Limits,
     connections: &Arc<AtomicUsize>,
     reader: R,
     writer: W,
+    check: impl FnOnce(&W) -> std::result::Result<String, (Refusal, String)> + Send + 'static,
 ) {
     if connections.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
         connections.fetch_sub(1, Ordering::SeqCst);
@@ -275,7 +320,10 @@ fn start_connection<T: Tree, R: Input, W: Write + Send + 'static>(
     let tree = Arc::clone(tree);
     let count = Arc::clone(connections);
     let spawned = std::thread::Builder::new().name("9p-conn".to_owned()).spawn(move || {
-        Connection::new(tree, limits, Box::new(writer)).run(reader);
+        match check(&writer) {
+            Ok(_peer) => Connection::new(tree, limits, Box::new(writer)).run(reader),
+            Err((why, listener)) => refuse_connection(reader, writer, &why, &listener),
+        }
         count.fetch_sub(1, Ordering::SeqCst);
     });
     if spawned.is_err() {

@@ -200,18 +200,22 @@ pub enum Command {
     /// Serve the session tree over 9P (see `cat help` once connected) until SIGINT/SIGTERM.
     Serve {
         /// Dial string to listen on: unix!PATH (default $CAIRN_HOME/cairn.sock) or tcp!HOST!PORT; repeatable.
+        /// Only processes of your uid that cairn did not start as tools are served.
         #[arg(long, value_name = "ADDR")]
         listen: Vec<String>,
-        /// Allow TCP on a non-loopback address (9P has no authentication: anyone reaching it can run tools).
+        /// Allow TCP on a non-loopback address and serve peers from other hosts, unauthenticated (anyone
+        /// reaching it can run tools); local peers are still checked (your uid, not a tool).
         #[arg(long)]
         listen_insecure: bool,
     },
     /// Serve the tools over 9P as a separate process (t/TOOL/meta, jobs/new, jobs/ID/{out,status,receipt,ctl}) until SIGINT/SIGTERM.
     Toolsrv {
         /// Dial string to listen on: unix!PATH (default $CAIRN_HOME/toolsrv.sock) or tcp!HOST!PORT; repeatable.
+        /// Only processes of your uid that cairn did not start as tools are served.
         #[arg(long, value_name = "ADDR")]
         listen: Vec<String>,
-        /// Allow TCP on a non-loopback address (9P has no authentication: anyone reaching it can run tools).
+        /// Allow TCP on a non-loopback address and serve peers from other hosts, unauthenticated (anyone
+        /// reaching it can run tools); local peers are still checked (your uid, not a tool).
         #[arg(long)]
         listen_insecure: bool,
     },
