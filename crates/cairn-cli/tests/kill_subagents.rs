@@ -24,11 +24,22 @@ const MIN_KILLS: usize = 50;
 const MAX_ROUNDS: usize = 400;
 
 fn entries(path: &Path) -> Vec<Value> {
+    entries_of(path, false)
+}
+
+/// The entries of `path`; with `torn_tail_ok`, an unparsable final line is
+/// dropped (a process killed mid-write leaves one, and cairn discards it
+/// when it reopens the file), never a line before it.
+fn entries_of(path: &Path, torn_tail_ok: bool) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap();
     let mut out = Vec::new();
-    for line in text.lines().skip(1) {
-        // A torn tail is possible only in a file nobody resumed; every file
-        // checked here was reopened for writing or finished cleanly.
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    for (i, line) in lines.iter().enumerate() {
+        if torn_tail_ok && i + 1 == lines.len() && serde_json::from_str::<Value>(line).is_err() {
+            break;
+        }
+        // Without `torn_tail_ok`, every file checked was reopened for
+        // writing or finished cleanly: a torn line is a failure.
         let value: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}: {line}", path.display()));
         let records = match value {
             Value::Array(items) => items,
@@ -108,7 +119,8 @@ fn next_command<'a>(env: &Env, script: &'a str) -> Vec<&'a str> {
     let parents: Vec<PathBuf> = env.session_files().into_iter().filter(|p| !stem(p).contains('+')).collect();
     match parents.first() {
         None => vec!["--script", script, "--yes", "run", "fan out"],
-        Some(parent) if entries(parent).is_empty() => {
+        // Right after a SIGKILL: the file may end in a torn line.
+        Some(parent) if entries_of(parent, true).is_empty() => {
             vec!["--script", script, "--yes", "resume", "--last", "--prompt", "fan out"]
         }
         Some(_) => vec!["--script", script, "--yes", "resume", "--last"],
