@@ -187,8 +187,11 @@ impl Beneath {
     pub fn open_file(&self, rel: &str) -> io::Result<File> {
         let (dir, name) = self.parent(rel)?.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, self.show(rel)))?;
         let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
-        let fd = rustix::fs::openat(&dir, name, flags, Mode::empty())
-            .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("cannot open {}: {e}", self.show(rel))))?;
+        let fd = match rustix::fs::openat(&dir, name, flags, Mode::empty()) {
+            Err(rustix::io::Errno::ACCESS) => open_own_unreadable(&dir, name, flags),
+            other => other,
+        }
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("cannot open {}: {e}", self.show(rel))))?;
         let st = rustix::fs::fstat(&fd)?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(invalid(format!("{} is not a regular file", self.show(rel))));
@@ -383,6 +386,38 @@ impl Beneath {
     pub fn sync(&self) -> io::Result<()> {
         rustix::fs::syncfs(&self.root).map_err(io::Error::from)
     }
+}
+
+/// Open `name` in `dir` for reading when its mode denies that to its
+/// owner and the owner is us (a non-root cairn reading a file a command
+/// made mode 000, `chmod 000 f` staged, or such a file it applied): read
+/// permission is granted for the moment of the `open` (an open descriptor
+/// stays readable) and the old mode put back at once. The file is pinned
+/// by an `O_PATH | O_NOFOLLOW` descriptor first, so the mode changes can
+/// only reach that regular file, never a link's target. Root never gets
+/// here (it reads whatever the mode says).
+fn open_own_unreadable(dir: &OwnedFd, name: &str, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+    let pinned = rustix::fs::openat(dir, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+    let st = rustix::fs::fstat(&pinned)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_uid != rustix::process::geteuid().as_raw()
+    {
+        return Err(rustix::io::Errno::ACCESS);
+    }
+    // chmod through the pinned descriptor's /proc entry: the inode itself.
+    let proc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&pinned));
+    let mode = st.st_mode & 0o7777;
+    rustix::fs::chmod(proc_path.as_str(), Mode::from_raw_mode(mode | 0o400))?;
+    let opened = rustix::fs::openat(dir, name, flags, Mode::empty());
+    let restored = rustix::fs::chmod(proc_path.as_str(), Mode::from_raw_mode(mode));
+    let fd = opened?;
+    restored?;
+    // The name may have been swapped between the two opens: it must still
+    // be the pinned file.
+    let now = rustix::fs::fstat(&fd)?;
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+        return Err(rustix::io::Errno::ACCESS);
+    }
+    Ok(fd)
 }
 
 fn node_of(st: &rustix::fs::Stat) -> Node {
