@@ -45,6 +45,11 @@ pub struct RunSpec {
     /// where the kernel allows it (see `sandbox::isolation_status`); the
     /// tools always ask for it. Off only to test the other layers alone.
     pub pid_namespace: bool,
+    /// Paths the tool must not see (cairn's home, its control sockets):
+    /// in the call's own mount namespace, an empty read-only tmpfs covers
+    /// each directory and `/dev/null` each other file. Without a mount
+    /// namespace they stay visible (`cairn tools` says so).
+    pub hidden: Vec<PathBuf>,
 }
 
 /// Output of one stream: the kept prefix and how many bytes there were.
@@ -166,17 +171,25 @@ pub fn kill_group(pgid: u32, prepared: &Prepared) {
 /// out or `cancel` fires.
 pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) -> Result<RunOutcome, RunError> {
     let tmp = tempfile::Builder::new().prefix("cairn-tool-").tempdir().map_err(RunError::TempDir)?;
+    // A sandboxed call with a mount namespace gets a private `/tmp`; an
+    // unsandboxed one (bypass, opt-in) keeps the host's. Every call with a
+    // mount namespace has `hidden` covered.
     let prepared = match &spec.sandbox {
-        Some(policy) if policy.bypass => {
-            Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?.with_overlay(policy)?
-        }
+        Some(policy) if policy.bypass => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?
+            .with_overlay(policy)?
+            .with_mounts(&spec.cwd, Some(policy), &spec.hidden, false)?,
         Some(policy) => {
             let mut policy = policy.clone();
             policy.tmp_dir = Some(tmp.path().to_path_buf());
             policy.max_processes = spec.max_processes;
-            Prepared::new(&policy, spec.pid_namespace)?
+            Prepared::new(&policy, spec.pid_namespace)?.with_mounts(&spec.cwd, Some(&policy), &spec.hidden, true)?
         }
-        None => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?,
+        None => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?.with_mounts(
+            &spec.cwd,
+            None,
+            &spec.hidden,
+            false,
+        )?,
     };
     let hook = prepared.hook();
 

@@ -93,8 +93,30 @@ impl Staging {
 
     /// Remove the staging directory (best effort: a leftover is only disk).
     pub fn remove(self) {
-        let _ = fs::remove_dir_all(&self.root);
+        remove_tree(&self.root);
     }
+}
+
+/// `remove_dir_all`, also where overlayfs left a directory without
+/// permissions (its `work/work` is mode 000): root removes it anyway, a
+/// non-root user (whose overlay ran in a user namespace) must first give
+/// the directories back their owner's rights.
+fn remove_tree(path: &Path) {
+    if fs::remove_dir_all(path).is_ok() {
+        return;
+    }
+    fn open_up(dir: &Path) {
+        let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    open_up(&e.path());
+                }
+            }
+        }
+    }
+    open_up(path);
+    let _ = fs::remove_dir_all(path);
 }
 
 /// What the staged part of a call came to (it was applied, or there was
@@ -195,7 +217,7 @@ pub fn remove_leftovers(base: &Path, call: &str) {
     if let Ok(entries) = fs::read_dir(base) {
         for e in entries.flatten() {
             if e.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = fs::remove_dir_all(e.path());
+                remove_tree(&e.path());
             }
         }
     }
@@ -235,7 +257,9 @@ pub fn describe(enabled: bool) -> String {
 
 #[cfg(target_os = "linux")]
 fn probe() -> Result<(), String> {
-    crate::sandbox::isolation_status().map_err(|why| format!("no private mount namespace: {why}"))?;
+    use crate::sandbox::{NamespaceMode, UserMaps};
+    let mode = crate::sandbox::namespace_mode().map_err(|why| format!("no private mount namespace: {why}"))?;
+    let maps = UserMaps::for_mode(Ok(mode));
     let dir = tempfile::Builder::new()
         .prefix("cairn-overlay-probe-")
         .tempdir_in(std::env::temp_dir())
@@ -244,12 +268,18 @@ fn probe() -> Result<(), String> {
     for d in [&lower, &upper, &work] {
         fs::create_dir(d).map_err(|e| format!("cannot create a probe directory: {e}"))?;
     }
+    std::fs::write(lower.join("f"), "probe").map_err(|e| format!("cannot create a probe file: {e}"))?;
     let options = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=off,metacopy=off,index=off,xino=off",
+        "lowerdir={},upperdir={},workdir={},{}",
         lower.display(),
         upper.display(),
-        work.display()
+        work.display(),
+        crate::sandbox::overlay_flags(mode == NamespaceMode::UserNamespace)
     );
+    // The probe writes through the overlay (a copy-up and a whiteout), as a
+    // staged command would.
+    let victim =
+        std::ffi::CString::new(lower.join("f").as_os_str().as_encoded_bytes()).map_err(|_| "NUL".to_owned())?;
     let options = std::ffi::CString::new(options).map_err(|_| "a probe path holds a NUL".to_owned())?;
     let target = std::ffi::CString::new(lower.as_os_str().as_encoded_bytes()).map_err(|_| "NUL".to_owned())?;
     // SAFETY: the child issues raw syscalls only and leaves with _exit; the
@@ -260,8 +290,17 @@ fn probe() -> Result<(), String> {
             return Err(format!("cannot fork a probe: {}", std::io::Error::last_os_error()));
         }
         if pid == 0 {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                libc::_exit(1);
+            match &maps {
+                None => {
+                    if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                        libc::_exit(1);
+                    }
+                }
+                Some(m) => {
+                    if crate::sandbox::enter_user_namespace(&m.uid_map, &m.gid_map).is_err() {
+                        libc::_exit(1);
+                    }
+                }
             }
             if libc::mount(
                 std::ptr::null(),
@@ -275,6 +314,9 @@ fn probe() -> Result<(), String> {
             }
             if libc::mount(c"overlay".as_ptr(), target.as_ptr(), c"overlay".as_ptr(), 0, options.as_ptr().cast()) != 0 {
                 libc::_exit(3);
+            }
+            if libc::unlink(victim.as_ptr()) != 0 {
+                libc::_exit(4);
             }
             libc::_exit(0);
         }
@@ -290,7 +332,12 @@ fn probe() -> Result<(), String> {
         0 => Ok(()),
         1 => Err("the kernel refused a new mount namespace".into()),
         2 => Err("cannot make mounts private in a new mount namespace".into()),
+        3 if maps.is_some() => Err("the kernel refused an overlayfs mount from a user namespace (needs Linux ≥ 5.11 \
+                                    with `userxattr`, and a file system for the staging directory that takes user \
+                                    xattrs)"
+            .into()),
         3 => Err("the kernel refused an overlayfs mount (no overlay module, or not allowed here)".into()),
+        4 => Err("an overlay mounts here but cannot record a deletion (whiteout) in its staging layer".into()),
         n => Err(format!("the overlay probe ended with status {n}")),
     }
 }
