@@ -70,6 +70,16 @@ fn entries(text: &str) -> Vec<Value> {
     out.into_iter().filter(|r| r["kind"] == "entry").collect()
 }
 
+/// What the tool calls printed: the payloads of their results (not the
+/// calls, whose command lines would match any word they hold).
+fn results(text: &str) -> String {
+    entries(text)
+        .into_iter()
+        .filter(|e| matches!(e["type"].as_str(), Some("toolCompleted" | "toolFailed" | "toolRejected")))
+        .map(|e| e["payload"].to_string())
+        .collect()
+}
+
 fn types(log: &[Value]) -> Vec<String> {
     log.iter().map(|e| e["type"].as_str().unwrap_or("").to_owned()).collect()
 }
@@ -165,7 +175,7 @@ fn descriptors_cairn_inherited_reach_no_tool() {
         types(&log),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("END"), "the attack ran to its end: {text}");
+    assert!(results(&text).contains("END"), "the attack ran to its end: {text}");
     assert_eq!(snapshot(&env.cwd), tree_before, "the tree changed through an inherited descriptor");
     assert_eq!(snapshot(outside.path()), outside_before, "a file outside changed through an inherited descriptor");
     assert!(!text.contains("INHERITED-SECRET"), "the secret was read through an inherited descriptor");
@@ -252,7 +262,7 @@ fn a_staged_call_has_a_private_tmp() {
     let host_probe = Path::new("/tmp").join(&probe).exists();
     let _ = std::fs::remove_file(Path::new("/tmp").join(&probe));
     let _ = std::fs::remove_file(Path::new("/tmp").join(&marker));
-    let text = session_text(&env);
+    let text = results(&session_text(&env));
     assert!(text.contains("END"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("PRIVATE-TMP"), "the call could not write its /tmp: {text}");
     assert!(!host_probe, "the call's /tmp write reached the host's /tmp");
@@ -289,11 +299,7 @@ fn a_tool_cannot_see_cairns_home_nor_reach_cairn_serve() {
         args.extend_from_slice(&["run", "go"]);
         let out = env.cairn(&args).stdin(Stdio::null()).output().unwrap();
         let text = session_text(&env);
-        let result = entries(&text)
-            .into_iter()
-            .filter(|e| e["type"] == "toolCompleted")
-            .map(|e| e["payload"].to_string())
-            .collect::<String>();
+        let result = results(&text);
         assert!(result.contains("END"), "{flags:?}: the call ran: {text}\n{}", String::from_utf8_lossy(&out.stderr));
         assert!(!result.contains("CONNECTED-TO-SERVE"), "{flags:?}: a tool connected to cairn serve: {result}");
         assert!(

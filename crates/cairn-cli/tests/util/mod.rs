@@ -22,9 +22,14 @@ impl Env {
         Self { _dir: dir, home, cwd }
     }
 
-    /// `cairn ARGS` with this env.
+    /// `cairn ARGS` with this env. `CAIRN_TEST_BIN` names another `cairn`
+    /// binary to run (a private copy: the build directory may be shared
+    /// with other checkouts, which overwrite `target/debug/cairn`).
     pub fn cairn(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("cairn"));
+        let bin = std::env::var_os("CAIRN_TEST_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| assert_cmd::cargo::cargo_bin("cairn"));
+        let mut cmd = Command::new(bin);
         cmd.args(args)
             .current_dir(&self.cwd)
             .env_clear()
