@@ -212,9 +212,23 @@ pub(crate) unsafe fn enter_user_namespace(uid_map: &[u8], gid_map: &[u8]) -> std
         if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        write_proc_file(c"/proc/self/setgroups", b"deny")?;
-        write_proc_file(c"/proc/self/uid_map", uid_map)?;
-        write_proc_file(c"/proc/self/gid_map", gid_map)?;
+        // A non-dumpable process (cairn, see `protect_host_process`, and so
+        // this fork of it) has its /proc files owned by the host's root,
+        // which a user namespace's capabilities do not reach: the maps
+        // could not be written. Dumpable only for the three writes; the
+        // tool's own program becomes dumpable at exec anyway, and nothing
+        // a tool runs can see this process (no ptrace, its own /proc).
+        let dumpable = libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0);
+        if dumpable == 0 && libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = write_proc_file(c"/proc/self/setgroups", b"deny")
+            .and_then(|()| write_proc_file(c"/proc/self/uid_map", uid_map))
+            .and_then(|()| write_proc_file(c"/proc/self/gid_map", gid_map));
+        if dumpable == 0 && libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        written?;
     }
     Ok(())
 }
