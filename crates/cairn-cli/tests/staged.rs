@@ -309,7 +309,10 @@ fn adding_and_editing_apply_under_yes_with_the_diff_recorded() {
 fn the_sandbox_still_holds_inside_the_overlay() {
     let env = Env::new();
     require_staging(&env);
-    let outside = tempfile::tempdir().unwrap();
+    // Outside /tmp: the call's /tmp is its own (a write there succeeds and
+    // the host never sees it, asserted below), where this directory would
+    // be missing rather than denied.
+    let outside = tempfile::tempdir_in("/var/tmp").unwrap();
     let target = outside.path().join("escaped");
     let line = format!(
         "echo x > {} ; echo y > /tmp/cairn-staged-escape-probe ; (exec 3<>/dev/tcp/127.0.0.1/9) ; echo inside > in.txt",

@@ -4,7 +4,10 @@
 //! stdout/stderr up to a cap while streaming them, and kill the whole group
 //! on timeout, on cancellation and when the leader exits. Every process it
 //! starts dies with cairn, even on SIGKILL: `PR_SET_PDEATHSIG` on the
-//! leader, and the PID namespace's teardown for everything under it.
+//! leader, and the PID namespace's teardown for everything under it. No
+//! descriptor of cairn's reaches the program; with a mount namespace, a
+//! sandboxed call gets a private `/tmp` and every call has the host's
+//! hidden paths covered ([`RunSpec::hidden`]).
 //!
 //! This module owns the invariant "a call's processes do not outlive the
 //! call, and its output never costs more memory than the cap". It does not

@@ -28,20 +28,32 @@
 //!   `pids`, else a delegated cgroup v2 group) caps the number of processes
 //!   of the call;
 //! - signals and abstract unix sockets are scoped to the sandbox (ABI ≥ 6);
-//! - nothing else: `$HOME`, `/tmp`, other users' files are invisible.
+//! - with a mount namespace, `/tmp` is a private tmpfs of the call
+//!   (writable with `FileWrite`; the call's own paths under `/tmp` are
+//!   cloned before and moved back into it, read-only where it may not
+//!   write them, since Landlock rights add up along a path);
+//! - nothing else: `$HOME`, the host's `/tmp`, other users' files are
+//!   invisible.
 //!
 //! Every tool process, sandboxed or not (see [`ChildHook::apply`]): no
-//! capabilities at all, seccomp refusing `ptrace`, `process_vm_readv`,
-//! `process_vm_writev`, `pidfd_getfd` and device `mknod`, and where the
-//! kernel allows ([`isolation_status`]) its own PID and mount namespace with
-//! a fresh `/proc`. Cairn itself is made non-dumpable
-//! ([`protect_host_process`]). Together: a tool cannot read cairn's
-//! `/proc/PID/environ`, `maps` or `mem`, nor any other process's.
+//! descriptor above 2 survives its `exec` (cairn's own, and whatever cairn
+//! inherited), no capabilities at all, seccomp refusing `ptrace`,
+//! `process_vm_readv`, `process_vm_writev`, `pidfd_getfd` and device
+//! `mknod`, and where the kernel allows ([`namespace_mode`]) its own PID
+//! and mount namespace with a fresh `/proc` — as root directly, as any
+//! other user through an unprivileged user namespace mapping only that
+//! user — in which the paths the host hides ([`Prepared::with_mounts`]:
+//! cairn's home, its sockets) are covered. Cairn itself is made
+//! non-dumpable ([`protect_host_process`]). Together: a tool cannot read
+//! cairn's `/proc/PID/environ`, `maps` or `mem`, nor any other process's,
+//! nor reach cairn's control sockets.
 //!
 //! Known gap: connecting to a *pathname* unix socket (e.g.
 //! `/var/run/docker.sock`) is not a file access Landlock checks before ABI 9
 //! (`ResolveUnix`), and `AF_UNIX` sockets stay allowed by seccomp; cairn asks
-//! for ABI 6 rights (the newest it was tested with).
+//! for ABI 6 rights (the newest it was tested with). That is why cairn's own
+//! home is hidden rather than left to Landlock; other sockets stay reachable,
+//! and without a mount namespace cairn's are too (`cairn tools` says so).
 
 use std::fs::File;
 use std::io::Write as _;
@@ -737,12 +749,15 @@ impl Prepared {
 impl ChildHook {
     /// Apply the sandbox to the calling (forked, single-threaded) process,
     /// in this order:
+    /// 0. mark every descriptor above 2 close-on-exec;
     /// 1. die with cairn (`PR_SET_PDEATHSIG`), join the call's pids cgroup;
-    /// 2. with a PID namespace: `unshare(CLONE_NEWPID | CLONE_NEWNS)` and
-    ///    fork; this process stays outside as a waiter that closes every fd
-    ///    and exits with the tool's status, the new child (PID 1 inside)
-    ///    makes mounts private, mounts a fresh `/proc` (only the call's own
-    ///    processes are visible; cairn is not) and goes on;
+    /// 2. with a PID namespace: `unshare(CLONE_NEWPID | CLONE_NEWNS)` (not
+    ///    root: `CLONE_NEWUSER` too, and the uid/gid maps) and fork; this
+    ///    process stays outside as a waiter that closes every fd and exits
+    ///    with the tool's status, the new child (PID 1 inside) makes mounts
+    ///    private, mounts a fresh `/proc` (only the call's own processes are
+    ///    visible; cairn is not), the overlay, the private `/tmp` and the
+    ///    covers over hidden paths, and goes on;
     /// 3. drop every capability: securebits `NOROOT` (locked) so a root tool
     ///    gains none at `exec`, the bounding set, the ambient set, then
     ///    effective/permitted/inheritable via `capset`;

@@ -3,7 +3,9 @@
 //! mount namespace (mounted by `sandbox::ChildHook`), so the command's file
 //! effects land in the staging layer. This module owns the staging
 //! directories, the probe that says whether overlays work here
-//! ([`overlay_status`]), reading the upper layer into a typed
+//! ([`overlay_status`]: as root, or through an unprivileged user namespace
+//! with `userxattr`; it writes through the overlay as a command would),
+//! reading the upper layer into a typed
 //! [`ChangeSet`] (created and modified files, deletions from whiteouts and
 //! opaque directories), the diff a person is shown, and applying a change
 //! set to the real tree idempotently (each file written to a temporary
