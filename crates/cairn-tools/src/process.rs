@@ -176,20 +176,28 @@ pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) 
     let tmp = tempfile::Builder::new().prefix("cairn-tool-").tempdir().map_err(RunError::TempDir)?;
     // A sandboxed call with a mount namespace gets a private `/tmp`; an
     // unsandboxed one (bypass, opt-in) keeps the host's. Every call with a
-    // mount namespace has `hidden` covered.
+    // mount namespace has `hidden` covered (its program stays visible).
+    let program = spec.argv.first().map(Path::new);
     let prepared = match &spec.sandbox {
         Some(policy) if policy.bypass => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?
             .with_overlay(policy)?
-            .with_mounts(&spec.cwd, Some(policy), &spec.hidden, false)?,
+            .with_mounts(&spec.cwd, Some(policy), program, &spec.hidden, false)?,
         Some(policy) => {
             let mut policy = policy.clone();
             policy.tmp_dir = Some(tmp.path().to_path_buf());
             policy.max_processes = spec.max_processes;
-            Prepared::new(&policy, spec.pid_namespace)?.with_mounts(&spec.cwd, Some(&policy), &spec.hidden, true)?
+            Prepared::new(&policy, spec.pid_namespace)?.with_mounts(
+                &spec.cwd,
+                Some(&policy),
+                program,
+                &spec.hidden,
+                true,
+            )?
         }
         None => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?.with_mounts(
             &spec.cwd,
             None,
+            program,
             &spec.hidden,
             false,
         )?,

@@ -680,18 +680,20 @@ impl Prepared {
     /// `hidden` (`/dev/null` over each other file, e.g. a socket), keeping
     /// the call's own paths beneath it visible. A hidden directory that
     /// *is* the working directory cannot be covered and is left to the
-    /// host (which hides its sockets instead).
+    /// host (which hides its sockets instead). `program` (the executable,
+    /// e.g. an external tool installed in cairn's home) stays visible too.
     pub fn with_mounts(
         mut self,
         cwd: &Path,
         policy: Option<&SandboxPolicy>,
+        program: Option<&Path>,
         hidden: &[PathBuf],
         private_tmp: bool,
     ) -> Result<Self, SandboxError> {
         if !self.pid_namespace {
             return Ok(self);
         }
-        let plan = mount_plan(cwd, policy, hidden, private_tmp)?;
+        let plan = mount_plan(cwd, policy, program, hidden, private_tmp)?;
         if !plan.covers.is_empty() || !plan.masks.is_empty() {
             self.mounts = Some(Box::new(plan));
         }
@@ -999,6 +1001,7 @@ fn c_path(p: &Path) -> Result<std::ffi::CString, SandboxError> {
 fn mount_plan(
     cwd: &Path,
     policy: Option<&SandboxPolicy>,
+    program: Option<&Path>,
     hidden: &[PathBuf],
     private_tmp: bool,
 ) -> Result<MountPlan, SandboxError> {
@@ -1013,6 +1016,9 @@ fn mount_plan(
         }
         needed.extend(p.extra_read.iter().map(|e| (e.clone(), bypass)));
         needed.extend(p.extra_write.iter().map(|e| (e.clone(), true)));
+    }
+    if let Some(dir) = program.filter(|p| p.is_absolute()).and_then(Path::parent) {
+        needed.push((dir.to_path_buf(), bypass));
     }
     let mut needed: Vec<(PathBuf, bool)> = needed.into_iter().filter_map(|(p, w)| canon(&p).map(|c| (c, w))).collect();
     needed.sort();

@@ -175,6 +175,23 @@ fn hidden_paths_and_their_sockets_are_out_of_reach() {
     if !text.contains("SESSION-DATA") {
         failures.push(format!("cwd = home: the working directory must stay visible: {text}"));
     }
+    // A program installed under the hidden directory (an external tool in
+    // cairn's home) still runs, on every route.
+    let tools = home.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    let program = tools.join("t");
+    std::fs::write(&program, "#!/bin/bash\nls -A \"$(dirname \"$0\")/..\"; echo RAN\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut tool_policy = writer(cwd.path());
+    tool_policy.extra_read = vec![tools.clone()];
+    for (route, sandbox) in [("sandboxed", Some(tool_policy)), ("unsandboxed", None)] {
+        let mut s = spec(cwd.path(), "", sandbox, vec![home.path().to_path_buf()]);
+        s.argv = vec![program.clone().into_os_string()];
+        let text = output(&s);
+        if !text.contains("RAN") || text.contains("session.jsonl") {
+            failures.push(format!("{route}: a program under the hidden directory: {text}"));
+        }
+    }
     drop(listener);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
