@@ -204,6 +204,9 @@ fn build_in(
         output_cap: STDERR_CAP,
         max_processes: 32,
         pid_namespace: true,
+        // The world (its sockets, other actors' files) is covered; the
+        // build directory inside it stays visible.
+        hidden: vec![layout.root().to_path_buf()],
     };
     let out = cairn_tools::process::run(&spec, &CancelToken::new(), &mut |_: &[u8]| {})
         .map_err(|e| anyhow!("cannot run clang confined (no network, writes only in its build directory): {e}"))?;

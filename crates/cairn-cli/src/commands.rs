@@ -442,6 +442,18 @@ pub fn check(ctx: &Context, path: &Path) -> Result<u8> {
     Ok(if report.ok { exit::SUCCESS } else { exit::ERROR })
 }
 
+/// Whether tools can be kept from cairn's home (and its control sockets).
+fn home_note(ctx: &Context) -> String {
+    match cairn_tools::sandbox::isolation_status() {
+        Ok(()) => format!("hidden from tools ({} is covered in each call's mount namespace)", ctx.paths.data.display()),
+        Err(why) => format!(
+            "CANNOT be hidden from tools: there is no mount namespace for them here ({why}); a tool can reach \
+             {} and the control sockets in it",
+            ctx.paths.data.display()
+        ),
+    }
+}
+
 /// `cairn tools`.
 pub fn tools(ctx: &Context) -> Result<u8> {
     let cwd = std::env::current_dir()?;
@@ -460,7 +472,8 @@ pub fn tools(ctx: &Context) -> Result<u8> {
             writeln!(out, "{}", escape_json(&line.to_string()))?;
         }
         let summary = serde_json::json!({
-            "sandbox": status.describe(), "staging": cairn_tools::staging::describe(ctx.settings.staged.value), "problems": notes,
+            "sandbox": status.describe(), "staging": cairn_tools::staging::describe(ctx.settings.staged.value),
+            "home": home_note(ctx), "problems": notes,
         });
         writeln!(out, "{}", escape_json(&summary.to_string()))?;
         return Ok(exit::SUCCESS);
@@ -479,6 +492,7 @@ pub fn tools(ctx: &Context) -> Result<u8> {
     }
     writeln!(out, "\nsandbox: {}", status.describe())?;
     writeln!(out, "staging: {}", esc(&cairn_tools::staging::describe(ctx.settings.staged.value)))?;
+    writeln!(out, "cairn's home: {}", esc(&home_note(ctx)))?;
     for note in notes {
         writeln!(out, "{}", ctx.out_style.yellow(&esc(&note)))?;
     }

@@ -115,7 +115,24 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     config.staging_dir = Some(ctx.paths.data.join("staging"));
     config.staged = ctx.settings.staged.value;
     config.staged_max_files = ctx.settings.staged_max_files.value;
+    config.hidden_paths = hidden_paths(&ctx.paths.data);
     config
+}
+
+/// What no tool may see: cairn's home (its control sockets `cairn.sock`
+/// and `toolsrv.sock`, sessions, staging layers). Landlock before ABI 9
+/// does not check `connect()` on a pathname unix socket, so only hiding the
+/// home keeps a tool from driving `cairn serve` or `cairn toolsrv`.
+///
+/// The socket files are listed as well: when a call's working directory
+/// *is* the home, the home cannot be covered without covering the tree the
+/// tool works on, so the sandbox skips that cover and hides each socket
+/// (a `/dev/null` mounted over it) instead. When the working directory is
+/// inside the home, the cover keeps it visible and the sockets are gone
+/// with the rest. A socket created after a call started in the home
+/// itself is not covered for that call.
+pub fn hidden_paths(home: &Path) -> Vec<PathBuf> {
+    vec![home.to_path_buf(), home.join("cairn.sock"), home.join("toolsrv.sock")]
 }
 
 /// The tools of a session in `cwd`, and what to tell the user about the

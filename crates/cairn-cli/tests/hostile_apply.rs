@@ -12,8 +12,9 @@
 //!   is never applied;
 //! - a file name cannot forge a line of cairn's own listing.
 //!
-//! These need overlay staging; where `cairn tools` says it is unavailable
-//! they fail with that reason.
+//! Each runs as root and again as uid 65534 (staging through an
+//! unprivileged user namespace). These need overlay staging; where `cairn
+//! tools` says it is unavailable they fail with that reason.
 
 #![allow(clippy::unwrap_used)]
 
@@ -204,4 +205,12 @@ fn a_file_name_cannot_forge_a_line_of_the_listing() {
     assert!(reason.contains("\\n- keep.txt"), "the name is shown escaped: {reason}");
     assert!(!env.cwd.join(forged).exists());
     assert!(env.cwd.join("keep.txt").exists());
+}
+
+/// Every attack above, as uid 65534 (staging through an unprivileged user
+/// namespace): the same answers.
+#[test]
+fn the_attacks_fail_as_a_non_root_user_too() {
+    let passed = util::rerun_as_non_root("the_attacks_fail_as_a_non_root_user_too");
+    assert_eq!(passed, 5, "as uid 65534 not every attack test ran");
 }

@@ -12,8 +12,10 @@
 //! cannot pass); the tree cairn ran in is compared byte for byte (content,
 //! kind, mode, `.git` included) with its state before.
 //!
-//! These tests need overlay staging (root in a VM here): where
-//! `cairn tools` says staging is unavailable they fail with that reason.
+//! These tests need overlay staging (as root, or as any user through an
+//! unprivileged user namespace): where `cairn tools` says staging is
+//! unavailable they fail with that reason. They run a second time as uid
+//! 65534 (`the_staged_tests_pass_as_a_non_root_user`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -282,7 +284,10 @@ fn adding_and_editing_apply_under_yes_with_the_diff_recorded() {
 fn the_sandbox_still_holds_inside_the_overlay() {
     let env = Env::new();
     require_staging(&env);
-    let outside = tempfile::tempdir().unwrap();
+    // Outside /tmp: the call's /tmp is its own (a write there succeeds and
+    // the host never sees it, asserted below), where this directory would
+    // be missing rather than denied.
+    let outside = tempfile::tempdir_in("/var/tmp").unwrap();
     let target = outside.path().join("escaped");
     let line = format!(
         "echo x > {} ; echo y > /tmp/cairn-staged-escape-probe ; (exec 3<>/dev/tcp/127.0.0.1/9) ; echo inside > in.txt",
@@ -323,4 +328,13 @@ fn damage_beyond_the_tree_is_refused_before_it_runs() {
             );
         }
     }
+}
+
+/// Issue 25: staging holds for a non-root user too: the tests above rerun
+/// as uid 65534, whose staging goes through an unprivileged user
+/// namespace (`util::rerun_as_non_root`).
+#[test]
+fn the_staged_tests_pass_as_a_non_root_user() {
+    let passed = util::rerun_as_non_root("the_staged_tests_pass_as_a_non_root_user");
+    assert!(passed >= 4, "as uid 65534 only {passed} tests ran");
 }

@@ -43,7 +43,15 @@ pub const WRITABLE_MODE: u32 = 0o1777;
 pub struct Beneath {
     root: OwnedFd,
     shown: PathBuf,
+    /// Real modes of the staging layer's directories that
+    /// [`Beneath::open_layer`] opened up for the owner (relative path →
+    /// mode); [`Beneath::node`] reports these.
+    modes: std::collections::BTreeMap<String, u32>,
 }
+
+/// The deepest directory [`Beneath::open_layer`] descends to (the
+/// change-set reader refuses deeper trees anyway).
+pub const MAX_DEPTH: usize = 256;
 
 /// What a name in a directory is, without following it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +121,23 @@ impl Beneath {
     /// working directory or cairn's own staging directory).
     pub fn open(dir: &Path) -> io::Result<Self> {
         let root = rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
-        Ok(Self { root, shown: dir.to_path_buf() })
+        Ok(Self { root, shown: dir.to_path_buf(), modes: Default::default() })
+    }
+
+    /// Open cairn's own staging layer for reading. A non-root cairn cannot
+    /// enter a directory the command made unreadable to its owner
+    /// (`chmod -R 000 d`, staged): every such directory of the layer (its
+    /// own, private to cairn) is opened up for the owner first (u+rwx), and
+    /// its real mode kept and reported by [`Beneath::node`]. Root reads
+    /// whatever the modes say and changes nothing.
+    pub fn open_layer(dir: &Path) -> io::Result<Self> {
+        let mut layer = Self::open(dir)?;
+        if !rustix::process::geteuid().is_root() {
+            let mut modes = std::collections::BTreeMap::new();
+            open_up(&layer.root, "", &mut modes, 0)?;
+            layer.modes = modes;
+        }
+        Ok(layer)
     }
 
     /// The directory's path, for messages.
@@ -176,7 +200,13 @@ impl Beneath {
         }
         let Some((dir, name)) = self.parent(rel)? else { return Ok(None) };
         match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => Ok(Some(node_of(&st))),
+            Ok(st) => {
+                let mut node = node_of(&st);
+                if let Some(mode) = self.modes.get(rel) {
+                    node.mode = *mode;
+                }
+                Ok(Some(node))
+            }
             Err(rustix::io::Errno::NOENT) | Err(rustix::io::Errno::NOTDIR) => Ok(None),
             Err(e) => Err(io::Error::new(io::Error::from(e).kind(), format!("cannot stat {}: {e}", self.show(rel)))),
         }
@@ -263,6 +293,13 @@ impl Beneath {
         ["trusted.overlay.opaque", "user.overlay.opaque"].iter().any(
             |name| matches!(rustix::fs::fgetxattr(&fd, *name, &mut value[..]), Ok(n) if n >= 1 && value[0] == b'y'),
         )
+    }
+
+    /// Set the mode of directory `rel` (never through a link).
+    pub fn set_dir_mode(&self, rel: &str, mode: u32) -> io::Result<()> {
+        let fd = self.dir(rel)?.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, self.show(rel)))?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & WRITABLE_MODE))?;
+        Ok(())
     }
 
     /// Create directory `rel` (its parent must exist) with `mode`, or set
@@ -418,6 +455,54 @@ fn open_own_unreadable(dir: &OwnedFd, name: &str, flags: OFlags) -> rustix::io::
         return Err(rustix::io::Errno::ACCESS);
     }
     Ok(fd)
+}
+
+/// [`Beneath::open_layer`]'s walk: below `dir` (at `rel`), every directory
+/// of ours whose owner lacks rwx gets it, its mode recorded in `modes`.
+fn open_up(
+    dir: &OwnedFd,
+    rel: &str,
+    modes: &mut std::collections::BTreeMap<String, u32>,
+    depth: usize,
+) -> io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Ok(()); // the reader refuses the tree there
+    }
+    let me = rustix::process::geteuid().as_raw();
+    let mut children = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir)? {
+        let entry = entry?;
+        let bytes = entry.file_name().to_bytes();
+        if bytes != b"." && bytes != b".." {
+            children.push(entry.file_name().to_owned());
+        }
+    }
+    for name in children {
+        let st = rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory || st.st_uid != me {
+            continue;
+        }
+        let child = if rel.is_empty() {
+            name.to_string_lossy().into_owned()
+        } else {
+            format!("{rel}/{}", name.to_string_lossy())
+        };
+        let mode = st.st_mode & 0o7777;
+        if mode & 0o700 != 0o700 {
+            // A directory (just checked) of cairn's private layer: no one
+            // else can swap it for a link in between.
+            rustix::fs::chmodat(dir, name.as_c_str(), Mode::from_raw_mode(mode | 0o700), AtFlags::empty())?;
+            modes.insert(child.clone(), mode);
+        }
+        let fd = rustix::fs::openat(
+            dir,
+            name.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        open_up(&fd, &child, modes, depth + 1)?;
+    }
+    Ok(())
 }
 
 fn node_of(st: &rustix::fs::Stat) -> Node {

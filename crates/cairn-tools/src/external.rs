@@ -142,6 +142,7 @@ pub struct ExternalTool {
     max_processes: u32,
     read_paths: Vec<std::path::PathBuf>,
     secrets: crate::env::SecretValues,
+    hidden: Vec<std::path::PathBuf>,
     /// Staged execution for a tool that declares FileWrite.
     staged: bool,
     staged_rules: cairn_core::staged::StagedRules,
@@ -283,6 +284,7 @@ impl ExternalTool {
             max_processes: config.max_processes,
             read_paths: config.sandbox_read_paths.clone(),
             secrets: config.secrets.clone(),
+            hidden: config.hidden_paths.clone(),
             staged: config.staged,
             staged_rules: cairn_core::staged::StagedRules { max_files: config.staged_max_files },
             staging_dir: config.staging_dir.clone().unwrap_or_else(crate::staging::default_base),
@@ -379,6 +381,7 @@ impl Tool for ExternalTool {
             output_cap: ctx.limits.output_cap,
             max_processes: self.max_processes,
             pid_namespace: true,
+            hidden: self.hidden.clone(),
         };
         // A tool that declares FileWrite runs staged where overlays work:
         // its file effect is judged, reviewed and applied like shell's.

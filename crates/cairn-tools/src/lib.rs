@@ -96,6 +96,11 @@ pub struct ToolsConfig {
     pub staged_max_files: usize,
     /// Where staging directories go (default: the system temp directory).
     pub staging_dir: Option<PathBuf>,
+    /// Paths no tool process may see (cairn's home with its control
+    /// sockets): covered in each call's mount namespace (see
+    /// `process::RunSpec::hidden`). Filled by the host.
+    #[serde(skip)]
+    pub hidden_paths: Vec<PathBuf>,
 }
 
 impl Default for ToolsConfig {
@@ -115,6 +120,7 @@ impl Default for ToolsConfig {
             staged: true,
             staged_max_files: cairn_core::staged::StagedRules::default().max_files,
             staging_dir: None,
+            hidden_paths: Vec::new(),
         }
     }
 }

@@ -4,7 +4,10 @@
 //! stdout/stderr up to a cap while streaming them, and kill the whole group
 //! on timeout, on cancellation and when the leader exits. Every process it
 //! starts dies with cairn, even on SIGKILL: `PR_SET_PDEATHSIG` on the
-//! leader, and the PID namespace's teardown for everything under it.
+//! leader, and the PID namespace's teardown for everything under it. No
+//! descriptor of cairn's reaches the program; with a mount namespace, a
+//! sandboxed call gets a private `/tmp` and every call has the host's
+//! hidden paths covered ([`RunSpec::hidden`]).
 //!
 //! This module owns the invariant "a call's processes do not outlive the
 //! call, and its output never costs more memory than the cap". It does not
@@ -45,6 +48,11 @@ pub struct RunSpec {
     /// where the kernel allows it (see `sandbox::isolation_status`); the
     /// tools always ask for it. Off only to test the other layers alone.
     pub pid_namespace: bool,
+    /// Paths the tool must not see (cairn's home, its control sockets):
+    /// in the call's own mount namespace, an empty read-only tmpfs covers
+    /// each directory and `/dev/null` each other file. Without a mount
+    /// namespace they stay visible (`cairn tools` says so).
+    pub hidden: Vec<PathBuf>,
 }
 
 /// Output of one stream: the kept prefix and how many bytes there were.
@@ -166,17 +174,33 @@ pub fn kill_group(pgid: u32, prepared: &Prepared) {
 /// out or `cancel` fires.
 pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) -> Result<RunOutcome, RunError> {
     let tmp = tempfile::Builder::new().prefix("cairn-tool-").tempdir().map_err(RunError::TempDir)?;
+    // A sandboxed call with a mount namespace gets a private `/tmp`; an
+    // unsandboxed one (bypass, opt-in) keeps the host's. Every call with a
+    // mount namespace has `hidden` covered (its program stays visible).
+    let program = spec.argv.first().map(Path::new);
     let prepared = match &spec.sandbox {
-        Some(policy) if policy.bypass => {
-            Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?.with_overlay(policy)?
-        }
+        Some(policy) if policy.bypass => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?
+            .with_overlay(policy)?
+            .with_mounts(&spec.cwd, Some(policy), program, &spec.hidden, false)?,
         Some(policy) => {
             let mut policy = policy.clone();
             policy.tmp_dir = Some(tmp.path().to_path_buf());
             policy.max_processes = spec.max_processes;
-            Prepared::new(&policy, spec.pid_namespace)?
+            Prepared::new(&policy, spec.pid_namespace)?.with_mounts(
+                &spec.cwd,
+                Some(&policy),
+                program,
+                &spec.hidden,
+                true,
+            )?
         }
-        None => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?,
+        None => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?.with_mounts(
+            &spec.cwd,
+            None,
+            program,
+            &spec.hidden,
+            false,
+        )?,
     };
     let hook = prepared.hook();
 

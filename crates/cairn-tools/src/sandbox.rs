@@ -28,20 +28,32 @@
 //!   `pids`, else a delegated cgroup v2 group) caps the number of processes
 //!   of the call;
 //! - signals and abstract unix sockets are scoped to the sandbox (ABI ≥ 6);
-//! - nothing else: `$HOME`, `/tmp`, other users' files are invisible.
+//! - with a mount namespace, `/tmp` is a private tmpfs of the call
+//!   (writable with `FileWrite`; the call's own paths under `/tmp` are
+//!   cloned before and moved back into it, read-only where it may not
+//!   write them, since Landlock rights add up along a path);
+//! - nothing else: `$HOME`, the host's `/tmp`, other users' files are
+//!   invisible.
 //!
 //! Every tool process, sandboxed or not (see [`ChildHook::apply`]): no
-//! capabilities at all, seccomp refusing `ptrace`, `process_vm_readv`,
-//! `process_vm_writev`, `pidfd_getfd` and device `mknod`, and where the
-//! kernel allows ([`isolation_status`]) its own PID and mount namespace with
-//! a fresh `/proc`. Cairn itself is made non-dumpable
-//! ([`protect_host_process`]). Together: a tool cannot read cairn's
-//! `/proc/PID/environ`, `maps` or `mem`, nor any other process's.
+//! descriptor above 2 survives its `exec` (cairn's own, and whatever cairn
+//! inherited), no capabilities at all, seccomp refusing `ptrace`,
+//! `process_vm_readv`, `process_vm_writev`, `pidfd_getfd` and device
+//! `mknod`, and where the kernel allows ([`namespace_mode`]) its own PID
+//! and mount namespace with a fresh `/proc` — as root directly, as any
+//! other user through an unprivileged user namespace mapping only that
+//! user — in which the paths the host hides ([`Prepared::with_mounts`]:
+//! cairn's home, its sockets) are covered. Cairn itself is made
+//! non-dumpable ([`protect_host_process`]). Together: a tool cannot read
+//! cairn's `/proc/PID/environ`, `maps` or `mem`, nor any other process's,
+//! nor reach cairn's control sockets.
 //!
 //! Known gap: connecting to a *pathname* unix socket (e.g.
 //! `/var/run/docker.sock`) is not a file access Landlock checks before ABI 9
 //! (`ResolveUnix`), and `AF_UNIX` sockets stay allowed by seccomp; cairn asks
-//! for ABI 6 rights (the newest it was tested with).
+//! for ABI 6 rights (the newest it was tested with). That is why cairn's own
+//! home is hidden rather than left to Landlock; other sockets stay reachable,
+//! and without a mount namespace cairn's are too (`cairn tools` says so).
 
 use std::fs::File;
 use std::io::Write as _;
@@ -85,7 +97,11 @@ impl SandboxStatus {
         if !self.filesystem {
             return "Landlock unavailable: tools cannot be sandboxed on this kernel".to_string();
         }
-        let pidns = if self.pid_namespace { "yes".to_string() } else { format!("no ({})", self.pid_namespace_note) };
+        let pidns = match (self.pid_namespace, namespace_mode()) {
+            (true, Ok(NamespaceMode::UserNamespace)) => "yes (through an unprivileged user namespace)".to_string(),
+            (true, _) => "yes".to_string(),
+            (false, _) => format!("no ({})", self.pid_namespace_note),
+        };
         format!(
             "Landlock ABI {} (filesystem: yes, TCP rules: {}, scoping: {}), seccomp: {}, pids cgroup: {} ({}), \
              pid namespace: {pidns}",
@@ -146,13 +162,149 @@ pub fn landlock_status() -> SandboxStatus {
 }
 
 /// Whether tool processes can get their own PID namespace and a fresh
-/// `/proc` here (probed once per process: a throwaway child tries
-/// `unshare(CLONE_NEWPID | CLONE_NEWNS)` and a grandchild mounts `/proc`),
-/// or why not. Needs `CAP_SYS_ADMIN` (cairn running as root, or in a user
-/// namespace that grants it); elsewhere the other layers stand alone.
+/// `/proc` here, or why not (see [`namespace_mode`]).
 pub fn isolation_status() -> Result<(), String> {
-    static PROBE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    PROBE.get_or_init(probe_pid_namespace).clone()
+    namespace_mode().map(|_| ())
+}
+
+/// How tool processes get their own PID and mount namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamespaceMode {
+    /// Cairn holds `CAP_SYS_ADMIN` (root): a plain
+    /// `unshare(CLONE_NEWPID | CLONE_NEWNS)`.
+    Privileged,
+    /// An unprivileged user: the child first enters a user namespace of
+    /// its own that maps only cairn's uid and gid (so every file it creates
+    /// belongs to the real user), in which it may mount `/proc`, tmpfs and
+    /// overlayfs (with `userxattr`, kernel ≥ 5.11).
+    UserNamespace,
+}
+
+/// How tool processes get their namespaces here, or why they cannot
+/// (probed once per process: a throwaway child tries the privileged path,
+/// then the user-namespace path, and a grandchild mounts `/proc`). Where
+/// the distribution blocks unprivileged user namespaces the reason says
+/// which setting does.
+pub fn namespace_mode() -> Result<NamespaceMode, String> {
+    static PROBE: std::sync::OnceLock<Result<NamespaceMode, String>> = std::sync::OnceLock::new();
+    PROBE.get_or_init(probe_namespaces).clone()
+}
+
+/// The uid/gid maps an unprivileged child writes for itself (built in the
+/// parent: the child may only issue raw syscalls).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UserMaps {
+    pub(crate) uid_map: Vec<u8>,
+    pub(crate) gid_map: Vec<u8>,
+}
+
+impl UserMaps {
+    /// `U U 1` and `G G 1` for the calling process's effective ids.
+    pub(crate) fn current() -> Self {
+        // SAFETY: geteuid/getegid cannot fail.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        Self { uid_map: format!("{uid} {uid} 1").into_bytes(), gid_map: format!("{gid} {gid} 1").into_bytes() }
+    }
+
+    /// The maps to use in `mode` (none for the privileged path).
+    pub(crate) fn for_mode(mode: Result<NamespaceMode, String>) -> Option<Self> {
+        matches!(mode, Ok(NamespaceMode::UserNamespace)).then(Self::current)
+    }
+}
+
+/// Enter new user, mount and PID namespaces (the PID namespace applies to
+/// the children) and map the caller's own uid and gid.
+///
+/// # Safety
+/// Raw syscalls only; call between `fork` and `exec`.
+#[cfg(target_os = "linux")]
+pub(crate) unsafe fn enter_user_namespace(uid_map: &[u8], gid_map: &[u8]) -> std::io::Result<()> {
+    // SAFETY: raw syscalls with valid NUL-terminated paths and buffers.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // A non-dumpable process (cairn, see `protect_host_process`, and so
+        // this fork of it) has its /proc files owned by the host's root,
+        // which a user namespace's capabilities do not reach: the maps
+        // could not be written. Dumpable only for the three writes; the
+        // tool's own program becomes dumpable at exec anyway, and nothing
+        // a tool runs can see this process (no ptrace, its own /proc).
+        let dumpable = libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0);
+        if dumpable == 0 && libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = write_proc_file(c"/proc/self/setgroups", b"deny")
+            .and_then(|()| write_proc_file(c"/proc/self/uid_map", uid_map))
+            .and_then(|()| write_proc_file(c"/proc/self/gid_map", gid_map));
+        if dumpable == 0 && libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        written?;
+    }
+    Ok(())
+}
+
+/// # Safety
+/// Raw syscalls only.
+#[cfg(target_os = "linux")]
+unsafe fn write_proc_file(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
+    // SAFETY: a valid path and buffer.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = libc::write(fd, data.as_ptr().cast(), data.len());
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if n != data.len() as isize {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Why unprivileged user namespaces are blocked here, when a known
+/// setting says so.
+fn userns_blocker() -> Option<String> {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
+    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return Some(
+            "the distribution blocks unprivileged user namespaces (kernel.unprivileged_userns_clone = 0)".into(),
+        );
+    }
+    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        return Some("user namespaces are turned off (user.max_user_namespaces = 0)".into());
+    }
+    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        return Some(
+            "the distribution's AppArmor blocks unprivileged user namespaces \
+             (kernel.apparmor_restrict_unprivileged_userns = 1)"
+                .into(),
+        );
+    }
+    None
+}
+
+#[cfg(target_os = "linux")]
+fn probe_namespaces() -> Result<NamespaceMode, String> {
+    let root_why = match probe_pid_namespace(None) {
+        Ok(()) => return Ok(NamespaceMode::Privileged),
+        Err(why) => why,
+    };
+    match probe_pid_namespace(Some(&UserMaps::current())) {
+        Ok(()) => Ok(NamespaceMode::UserNamespace),
+        Err(user_why) => {
+            let blocker = userns_blocker().map(|b| format!("; {b}")).unwrap_or_default();
+            Err(format!("{root_why}; through an unprivileged user namespace: {user_why}{blocker}"))
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn probe_namespaces() -> Result<NamespaceMode, String> {
+    Err("PID namespaces exist only on Linux".into())
 }
 
 /// Make the calling process (cairn itself) non-dumpable: other processes of
@@ -185,8 +337,10 @@ pub fn host_process_dumpable() -> bool {
     }
 }
 
+/// One way into the namespaces: privileged (`maps` = `None`) or through a
+/// user namespace.
 #[cfg(target_os = "linux")]
-fn probe_pid_namespace() -> Result<(), String> {
+fn probe_pid_namespace(maps: Option<&UserMaps>) -> Result<(), String> {
     // SAFETY: the forked children issue only raw, async-signal-safe
     // syscalls and leave with _exit; the parent only waits.
     unsafe {
@@ -195,8 +349,22 @@ fn probe_pid_namespace() -> Result<(), String> {
             return Err(format!("cannot fork a probe: {}", std::io::Error::last_os_error()));
         }
         if pid == 0 {
-            if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
-                libc::_exit(1);
+            let entered = match maps {
+                None => {
+                    if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0 {
+                        0
+                    } else {
+                        1
+                    }
+                }
+                Some(m) => match enter_user_namespace(&m.uid_map, &m.gid_map) {
+                    Ok(()) => 0,
+                    Err(e) if e.raw_os_error() == Some(libc::EPERM) || e.raw_os_error() == Some(libc::ENOSPC) => 1,
+                    Err(_) => 4,
+                },
+            };
+            if entered != 0 {
+                libc::_exit(entered);
             }
             let inner = libc::fork();
             if inner < 0 {
@@ -208,19 +376,16 @@ fn probe_pid_namespace() -> Result<(), String> {
             let code = wait_exit_code(inner);
             libc::_exit(code);
         }
-        match wait_exit_code(pid) {
-            0 => Ok(()),
-            1 => Err("the kernel refused a new PID namespace (needs CAP_SYS_ADMIN)".into()),
-            2 => Err("cannot fork into a new PID namespace".into()),
-            3 => Err("cannot mount a fresh /proc in a new mount namespace".into()),
-            n => Err(format!("the namespace probe ended with status {n}")),
+        match (wait_exit_code(pid), maps) {
+            (0, _) => Ok(()),
+            (1, None) => Err("the kernel refused a new PID namespace (needs CAP_SYS_ADMIN)".into()),
+            (1, Some(_)) => Err("the kernel refused a new user namespace".into()),
+            (4, _) => Err("cannot write the uid/gid map of a new user namespace".into()),
+            (2, _) => Err("cannot fork into a new PID namespace".into()),
+            (3, _) => Err("cannot mount a fresh /proc in a new mount namespace".into()),
+            (n, _) => Err(format!("the namespace probe ended with status {n}")),
         }
     }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn probe_pid_namespace() -> Result<(), String> {
-    Err("PID namespaces exist only on Linux".into())
 }
 
 /// Wait for `pid`; its exit code, or 128 + the signal that killed it.
@@ -339,6 +504,9 @@ pub enum SandboxError {
     /// Staged execution was asked where it cannot be set up.
     #[error("cannot stage this call in an overlay: {0}")]
     Overlay(String),
+    /// The private `/tmp` or a hidden path cannot be set up.
+    #[error("cannot prepare the call's mounts: {0}")]
+    Mounts(String),
 }
 
 /// Everything the child needs, built in the parent.
@@ -352,7 +520,56 @@ pub struct Prepared {
     /// Overlay target (the working directory) and mount options.
     overlay: Option<(std::ffi::CString, std::ffi::CString)>,
     overlay_access: u64,
+    /// The uid/gid maps when the namespaces come through a user namespace.
+    user_maps: Option<UserMaps>,
+    /// Private `/tmp` and hidden paths, mounted in the call's namespace
+    /// (boxed: the hook points into it).
+    mounts: Option<Box<MountPlan>>,
 }
+
+/// Mounts made in the call's own mount namespace after `/proc` and the
+/// overlay: a private tmpfs on `/tmp`, empty read-only tmpfs over hidden
+/// directories, `/dev/null` over hidden non-directories (sockets). Built in
+/// the parent; the child only walks it.
+#[derive(Debug, Default)]
+pub(crate) struct MountPlan {
+    covers: Vec<Cover>,
+    masks: Vec<std::ffi::CString>,
+    /// Where to `chdir` once everything is mounted (the working directory,
+    /// possibly re-exposed under a cover).
+    cwd: Option<std::ffi::CString>,
+}
+
+/// A tmpfs mounted over `target`, with paths beneath it that stay visible
+/// (`keeps`: cloned before the tmpfs covers them, moved back after).
+#[derive(Debug)]
+struct Cover {
+    target: std::ffi::CString,
+    /// A private, writable `/tmp` (else an empty read-only cover).
+    writable: bool,
+    /// The Landlock rights the cover gets (0: none).
+    access: u64,
+    /// Optional: skip the cover (rather than fail) where the kernel lacks
+    /// the mount API to re-expose its keeps.
+    optional: bool,
+    keeps: Vec<Keep>,
+}
+
+/// A path kept visible under a cover.
+#[derive(Debug)]
+struct Keep {
+    path: std::ffi::CString,
+    /// The directories to create in the cover, outermost first (the last
+    /// is the path itself when it is a directory).
+    dirs: Vec<std::ffi::CString>,
+    is_dir: bool,
+    /// Re-exposed read-only (under a cover with a write rule, everything
+    /// but a writable working directory or temp directory).
+    read_only: bool,
+}
+
+/// Most paths one cover keeps visible (the child's fd array is fixed).
+const MAX_KEEPS: usize = 32;
 
 /// One BPF instruction (layout of `struct sock_filter`).
 #[derive(Debug, Clone, Copy)]
@@ -375,9 +592,13 @@ pub struct ChildHook {
     overlay_target: *const libc::c_char,
     overlay_options: *const libc::c_char,
     overlay_access: u64,
+    uid_map: (*const u8, usize),
+    gid_map: (*const u8, usize),
+    mounts: *const MountPlan,
 }
 
-// SAFETY: the pointers point into `Prepared::filters`, which the caller keeps
+// SAFETY: the pointers point into `Prepared` (its filters, strings, maps and
+// boxed mount plan), which the caller keeps
 // alive (and unmoved: the inner Vecs' heap buffers do not move) until the
 // spawn returns; the hook only reads them in the forked child.
 unsafe impl Send for ChildHook {}
@@ -402,7 +623,7 @@ impl Prepared {
                         "the call cannot get its own mount namespace here (see `cairn tools`)".into(),
                     ));
                 }
-                Some(dirs) => Some(overlay_mount_args(&policy.cwd, dirs)?),
+                Some(dirs) => Some(overlay_mount_args(&policy.cwd, dirs, userxattr())?),
             };
             Ok(Self {
                 ruleset,
@@ -412,6 +633,8 @@ impl Prepared {
                 proc_access: linux::proc_access(),
                 overlay,
                 overlay_access: if policy.write_cwd { linux::write_access() } else { linux::proc_access() },
+                user_maps: if pid_namespace { UserMaps::for_mode(namespace_mode()) } else { None },
+                mounts: None,
             })
         }
         #[cfg(not(target_os = "linux"))]
@@ -435,15 +658,46 @@ impl Prepared {
         let (ruleset, filters) = (linux::scope_only_ruleset(), linux::filters(None)?);
         #[cfg(not(target_os = "linux"))]
         let (ruleset, filters) = (None, Vec::new());
+        let pid_namespace = pid_namespace && isolation_status().is_ok();
         Ok(Self {
             ruleset,
             filters,
             cgroup: PidsCgroup::create(max_processes),
-            pid_namespace: pid_namespace && isolation_status().is_ok(),
+            pid_namespace,
             proc_access: 0,
             overlay: None,
             overlay_access: 0,
+            user_maps: if pid_namespace { UserMaps::for_mode(namespace_mode()) } else { None },
+            mounts: None,
         })
+    }
+
+    /// Add the mounts of the call's own mount namespace (nothing without
+    /// one): with `private_tmp`, a private writable tmpfs on `/tmp` (the
+    /// paths the call needs under it — working directory, `TMPDIR`, extra
+    /// read and write paths — stay visible; Landlock rights on it when the
+    /// policy writes), and an empty read-only tmpfs over each directory of
+    /// `hidden` (`/dev/null` over each other file, e.g. a socket), keeping
+    /// the call's own paths beneath it visible. A hidden directory that
+    /// *is* the working directory cannot be covered and is left to the
+    /// host (which hides its sockets instead). `program` (the executable,
+    /// e.g. an external tool installed in cairn's home) stays visible too.
+    pub fn with_mounts(
+        mut self,
+        cwd: &Path,
+        policy: Option<&SandboxPolicy>,
+        program: Option<&Path>,
+        hidden: &[PathBuf],
+        private_tmp: bool,
+    ) -> Result<Self, SandboxError> {
+        if !self.pid_namespace {
+            return Ok(self);
+        }
+        let plan = mount_plan(cwd, policy, program, hidden, private_tmp)?;
+        if !plan.covers.is_empty() || !plan.masks.is_empty() {
+            self.mounts = Some(Box::new(plan));
+        }
+        Ok(self)
     }
 
     /// Add `policy`'s overlay to an unsandboxed preparation (an approved
@@ -456,7 +710,7 @@ impl Prepared {
                     "the call cannot get its own mount namespace here (see `cairn tools`)".into(),
                 ));
             }
-            self.overlay = Some(overlay_mount_args(&policy.cwd, dirs)?);
+            self.overlay = Some(overlay_mount_args(&policy.cwd, dirs, userxattr())?);
             self.overlay_access = 0;
         }
         #[cfg(not(target_os = "linux"))]
@@ -477,6 +731,9 @@ impl Prepared {
             overlay_target: self.overlay.as_ref().map_or(std::ptr::null(), |(t, _)| t.as_ptr()),
             overlay_options: self.overlay.as_ref().map_or(std::ptr::null(), |(_, o)| o.as_ptr()),
             overlay_access: self.overlay_access,
+            uid_map: self.user_maps.as_ref().map_or((std::ptr::null(), 0), |m| (m.uid_map.as_ptr(), m.uid_map.len())),
+            gid_map: self.user_maps.as_ref().map_or((std::ptr::null(), 0), |m| (m.gid_map.as_ptr(), m.gid_map.len())),
+            mounts: self.mounts.as_deref().map_or(std::ptr::null(), |m| m as *const MountPlan),
         }
     }
 
@@ -494,12 +751,15 @@ impl Prepared {
 impl ChildHook {
     /// Apply the sandbox to the calling (forked, single-threaded) process,
     /// in this order:
+    /// 0. mark every descriptor above 2 close-on-exec;
     /// 1. die with cairn (`PR_SET_PDEATHSIG`), join the call's pids cgroup;
-    /// 2. with a PID namespace: `unshare(CLONE_NEWPID | CLONE_NEWNS)` and
-    ///    fork; this process stays outside as a waiter that closes every fd
-    ///    and exits with the tool's status, the new child (PID 1 inside)
-    ///    makes mounts private, mounts a fresh `/proc` (only the call's own
-    ///    processes are visible; cairn is not) and goes on;
+    /// 2. with a PID namespace: `unshare(CLONE_NEWPID | CLONE_NEWNS)` (not
+    ///    root: `CLONE_NEWUSER` too, and the uid/gid maps) and fork; this
+    ///    process stays outside as a waiter that closes every fd and exits
+    ///    with the tool's status, the new child (PID 1 inside) makes mounts
+    ///    private, mounts a fresh `/proc` (only the call's own processes are
+    ///    visible; cairn is not), the overlay, the private `/tmp` and the
+    ///    covers over hidden paths, and goes on;
     /// 3. drop every capability: securebits `NOROOT` (locked) so a root tool
     ///    gains none at `exec`, the bounding set, the ambient set, then
     ///    effective/permitted/inheritable via `capset`;
@@ -516,6 +776,7 @@ impl ChildHook {
             // SAFETY: plain syscalls with valid arguments; the kernel copies
             // the filter memory, which the parent keeps alive.
             unsafe {
+                close_inherited_fds();
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -566,7 +827,18 @@ impl ChildHook {
         // SAFETY: raw syscalls only; the waiter never returns into the
         // caller's code (it leaves with _exit).
         unsafe {
-            if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
+            if self.uid_map.0.is_null() {
+                if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else {
+                enter_user_namespace(
+                    std::slice::from_raw_parts(self.uid_map.0, self.uid_map.1),
+                    std::slice::from_raw_parts(self.gid_map.0, self.gid_map.1),
+                )?;
+            }
+            // Entering a user namespace may clear the parent-death signal.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             let pid = libc::fork();
@@ -614,6 +886,9 @@ impl ChildHook {
             }
             if !self.overlay_target.is_null() {
                 self.mount_overlay()?;
+            }
+            if !self.mounts.is_null() {
+                apply_mounts(&*self.mounts, self.ruleset_fd)?;
             }
         }
         Ok(())
@@ -673,7 +948,11 @@ impl ChildHook {
 /// overlayfs cannot take in its option string (`,`, `:`, `\\`, a NUL) are
 /// refused: staging them is not possible, and saying so beats guessing.
 #[cfg(target_os = "linux")]
-fn overlay_mount_args(cwd: &Path, dirs: &OverlayDirs) -> Result<(std::ffi::CString, std::ffi::CString), SandboxError> {
+fn overlay_mount_args(
+    cwd: &Path,
+    dirs: &OverlayDirs,
+    userxattr: bool,
+) -> Result<(std::ffi::CString, std::ffi::CString), SandboxError> {
     use std::os::unix::ffi::OsStrExt;
     let plain = |p: &Path| -> Result<String, SandboxError> {
         let text = p.to_str().ok_or_else(|| SandboxError::Overlay(format!("{} is not UTF-8", p.display())))?;
@@ -685,16 +964,322 @@ fn overlay_mount_args(cwd: &Path, dirs: &OverlayDirs) -> Result<(std::ffi::CStri
         Ok(text.to_owned())
     };
     let options = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=off,metacopy=off,index=off,xino=off",
+        "lowerdir={},upperdir={},workdir={},{}",
         plain(cwd)?,
         plain(&dirs.upper)?,
-        plain(&dirs.work)?
+        plain(&dirs.work)?,
+        overlay_flags(userxattr)
     );
     let target = std::ffi::CString::new(cwd.as_os_str().as_bytes())
         .map_err(|_| SandboxError::Overlay("the working directory holds a NUL byte".into()))?;
     let options = std::ffi::CString::new(options)
         .map_err(|_| SandboxError::Overlay("an overlay path holds a NUL byte".into()))?;
     Ok((target, options))
+}
+
+/// Whether overlays here are mounted from a user namespace (`userxattr`).
+fn userxattr() -> bool {
+    matches!(namespace_mode(), Ok(NamespaceMode::UserNamespace))
+}
+
+/// The overlay options cairn always passes after the directories; from a
+/// user namespace overlayfs needs `userxattr` (its opaque-directory marks
+/// are then `user.overlay.*` xattrs, which the change-set reader checks),
+/// which implies `redirect_dir=nofollow` and `metacopy=off` and refuses an
+/// explicit `redirect_dir=off` (that means "follow" on this kernel).
+pub(crate) fn overlay_flags(userxattr: bool) -> &'static str {
+    if userxattr { "index=off,xino=off,userxattr" } else { "redirect_dir=off,metacopy=off,index=off,xino=off" }
+}
+
+fn c_path(p: &Path) -> Result<std::ffi::CString, SandboxError> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| SandboxError::Mounts(format!("{} holds a NUL byte", p.display())))
+}
+
+/// The mounts of [`Prepared::with_mounts`], built in the parent.
+fn mount_plan(
+    cwd: &Path,
+    policy: Option<&SandboxPolicy>,
+    program: Option<&Path>,
+    hidden: &[PathBuf],
+    private_tmp: bool,
+) -> Result<MountPlan, SandboxError> {
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    // The call's own paths, with whether it may write them.
+    let bypass = policy.is_none_or(|p| p.bypass);
+    let mut needed: Vec<(PathBuf, bool)> = Vec::new();
+    needed.push((cwd.to_path_buf(), bypass || policy.is_some_and(|p| p.write_cwd)));
+    if let Some(p) = policy {
+        if let Some(t) = &p.tmp_dir {
+            needed.push((t.clone(), bypass || p.write_cwd));
+        }
+        needed.extend(p.extra_read.iter().map(|e| (e.clone(), bypass)));
+        needed.extend(p.extra_write.iter().map(|e| (e.clone(), true)));
+    }
+    if let Some(dir) = program.filter(|p| p.is_absolute()).and_then(Path::parent) {
+        needed.push((dir.to_path_buf(), bypass));
+    }
+    let mut needed: Vec<(PathBuf, bool)> = needed.into_iter().filter_map(|(p, w)| canon(&p).map(|c| (c, w))).collect();
+    needed.sort();
+    needed.dedup_by(|a, b| {
+        a.0 == b.0 && {
+            b.1 |= a.1;
+            true
+        }
+    });
+    let mut plan = MountPlan { cwd: Some(c_path(cwd)?), ..MountPlan::default() };
+    let tmp = Path::new("/tmp");
+    if private_tmp && canon(tmp).as_deref() == Some(tmp) && !needed.iter().any(|(p, _)| tmp.starts_with(p)) {
+        #[cfg(target_os = "linux")]
+        let access = policy.filter(|p| p.write_cwd && !p.bypass).map_or(0, |_| linux::write_access());
+        #[cfg(not(target_os = "linux"))]
+        let access = 0;
+        plan.covers.push(cover(tmp, true, access, true, &needed)?);
+    }
+    for h in hidden {
+        let Some(h) = canon(h) else { continue };
+        if h.is_dir() {
+            // The working directory itself cannot be covered (the host
+            // hides the sockets in it instead).
+            if needed.iter().any(|(p, _)| *p == h) || h == Path::new("/") {
+                continue;
+            }
+            plan.covers.push(cover(&h, false, 0, false, &needed)?);
+        } else {
+            plan.masks.push(c_path(&h)?);
+        }
+    }
+    Ok(plan)
+}
+
+fn cover(
+    target: &Path,
+    writable: bool,
+    access: u64,
+    optional: bool,
+    needed: &[(PathBuf, bool)],
+) -> Result<Cover, SandboxError> {
+    let mut keeps = Vec::new();
+    // Sorted: an ancestor is moved back before what it contains.
+    for (path, write) in needed.iter().filter(|(p, _)| p.starts_with(target) && p != target) {
+        let is_dir = path.is_dir();
+        let mut dirs = Vec::new();
+        let rel = path.strip_prefix(target).unwrap_or(path);
+        let mut at = target.to_path_buf();
+        let count = rel.components().count();
+        for (i, c) in rel.components().enumerate() {
+            at.push(c);
+            if i + 1 < count || is_dir {
+                dirs.push(c_path(&at)?);
+            }
+        }
+        // Landlock rights add up along a path: under a cover with a write
+        // rule (the private /tmp of a writing call), a kept path the call
+        // may not write is re-exposed read-only. Elsewhere Landlock alone
+        // decides, as it does on the host.
+        keeps.push(Keep { path: c_path(path)?, dirs, is_dir, read_only: !write && access != 0 });
+    }
+    if keeps.len() > MAX_KEEPS {
+        return Err(SandboxError::Mounts(format!(
+            "more than {MAX_KEEPS} paths of the call lie under {}",
+            target.display()
+        )));
+    }
+    Ok(Cover { target: c_path(target)?, writable, access, optional, keeps })
+}
+
+/// `struct mount_attr` (`mount_setattr(2)`).
+#[cfg(target_os = "linux")]
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Make the mounts of `plan` (see [`MountPlan`]), then `chdir` back into
+/// the working directory.
+///
+/// # Safety
+/// As [`ChildHook::apply`]; `plan` is alive and unmoved.
+#[cfg(target_os = "linux")]
+unsafe fn apply_mounts(plan: &MountPlan, ruleset_fd: i32) -> std::io::Result<()> {
+    // SAFETY: raw syscalls with valid NUL-terminated strings.
+    unsafe {
+        for c in &plan.covers {
+            apply_cover(c, ruleset_fd)?;
+        }
+        for mask in &plan.masks {
+            if libc::mount(c"/dev/null".as_ptr(), mask.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) != 0
+            {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    return Err(e);
+                }
+            }
+        }
+        if let Some(cwd) = &plan.cwd
+            && libc::chdir(cwd.as_ptr()) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// One [`Cover`]: clone what it keeps, mount the tmpfs, put the clones back
+/// (read-only where they are not written), then make the tmpfs read-only
+/// or give it its Landlock rule.
+///
+/// # Safety
+/// As [`apply_mounts`].
+#[cfg(target_os = "linux")]
+unsafe fn apply_cover(c: &Cover, ruleset_fd: i32) -> std::io::Result<()> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    const MOUNT_ATTR_RDONLY: u64 = 1;
+    let err = std::io::Error::last_os_error;
+    let mut fds = [-1i32; MAX_KEEPS];
+    let close_all = |fds: &[i32; MAX_KEEPS]| {
+        for &fd in fds.iter().filter(|fd| **fd >= 0) {
+            // SAFETY: fds this function opened.
+            unsafe { libc::close(fd) };
+        }
+    };
+    // SAFETY: raw syscalls with valid strings and local structs.
+    unsafe {
+        for (i, k) in c.keeps.iter().enumerate() {
+            let fd = libc::syscall(
+                libc::SYS_open_tree,
+                libc::AT_FDCWD,
+                k.path.as_ptr(),
+                OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
+            ) as i32;
+            if fd < 0 {
+                let e = err();
+                match e.raw_os_error() {
+                    // Not visible here: nothing to keep.
+                    Some(libc::ENOENT) => continue,
+                    Some(libc::ENOSYS) if c.optional => {
+                        close_all(&fds);
+                        return Ok(());
+                    }
+                    _ => {
+                        close_all(&fds);
+                        return Err(e);
+                    }
+                }
+            }
+            fds[i] = fd;
+            if k.read_only {
+                let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
+                if libc::syscall(
+                    libc::SYS_mount_setattr,
+                    fd,
+                    c"".as_ptr(),
+                    libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+                    &attr as *const MountAttr,
+                    std::mem::size_of::<MountAttr>(),
+                ) != 0
+                {
+                    let e = err();
+                    close_all(&fds);
+                    return Err(e);
+                }
+            }
+        }
+        let options = if c.writable { c"mode=1777" } else { c"mode=0755,size=4k" };
+        if libc::mount(
+            c"tmpfs".as_ptr(),
+            c.target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            options.as_ptr().cast(),
+        ) != 0
+        {
+            let e = err();
+            close_all(&fds);
+            // Not visible in this namespace (under an earlier cover): there
+            // is nothing to hide.
+            return if e.raw_os_error() == Some(libc::ENOENT) { Ok(()) } else { Err(e) };
+        }
+        for (i, k) in c.keeps.iter().enumerate() {
+            if fds[i] < 0 {
+                continue;
+            }
+            for d in &k.dirs {
+                libc::mkdir(d.as_ptr(), 0o755);
+            }
+            if !k.is_dir {
+                let f = libc::open(k.path.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                if f >= 0 {
+                    libc::close(f);
+                }
+            }
+            if libc::syscall(
+                libc::SYS_move_mount,
+                fds[i],
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                k.path.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            ) != 0
+            {
+                let e = err();
+                close_all(&fds);
+                return Err(e);
+            }
+        }
+        close_all(&fds);
+        if !c.writable
+            && libc::mount(
+                std::ptr::null(),
+                c.target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                std::ptr::null(),
+            ) != 0
+        {
+            return Err(err());
+        }
+        if ruleset_fd >= 0 && c.access != 0 {
+            add_path_rule(ruleset_fd, c.target.as_ptr(), c.access)?;
+        }
+    }
+    Ok(())
+}
+
+/// Add a Landlock path-beneath rule for `path` (opened `O_PATH`).
+///
+/// # Safety
+/// Raw syscalls only; `path` is a valid NUL-terminated string.
+#[cfg(target_os = "linux")]
+unsafe fn add_path_rule(ruleset_fd: i32, path: *const libc::c_char, access: u64) -> std::io::Result<()> {
+    // SAFETY: valid arguments for open and landlock_add_rule.
+    unsafe {
+        let fd = libc::open(path, libc::O_PATH | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let attr = LandlockPathBeneath { allowed_access: access, parent_fd: fd };
+        const LANDLOCK_RULE_PATH_BENEATH: u32 = 1;
+        let r = libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset_fd,
+            LANDLOCK_RULE_PATH_BENEATH,
+            &attr as *const LandlockPathBeneath,
+            0u32,
+        );
+        let e = std::io::Error::last_os_error();
+        libc::close(fd);
+        if r != 0 {
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// `struct landlock_path_beneath_attr` (packed in the kernel's ABI).
@@ -721,6 +1306,38 @@ struct CapData {
     effective: u32,
     permitted: u32,
     inheritable: u32,
+}
+
+/// Step 0 of [`ChildHook::apply`]: every descriptor above 2 the tool
+/// would inherit — cairn's own, and whatever cairn itself inherited (a
+/// directory fd would let `/proc/self/fd/N` walk around the overlay and
+/// the Landlock rules) — is marked close-on-exec, so `exec` closes it.
+/// Marked rather than closed: the spawn's error pipe and the hook's own
+/// fds (ruleset, cgroup) must live until `exec`.
+///
+/// # Safety
+/// Raw syscalls only; call between `fork` and `exec`.
+#[cfg(target_os = "linux")]
+unsafe fn close_inherited_fds() {
+    // SAFETY: close_range and fcntl on descriptor numbers only.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) == 0 {
+            return;
+        }
+        // No close_range (kernel < 5.11): every fd up to the limit.
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur.min(1 << 20) as i32
+        } else {
+            65536
+        };
+        for fd in 3..max {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
 }
 
 /// Step 3 of [`ChildHook::apply`]: leave the calling process (and what it

@@ -3,7 +3,9 @@
 //! mount namespace (mounted by `sandbox::ChildHook`), so the command's file
 //! effects land in the staging layer. This module owns the staging
 //! directories, the probe that says whether overlays work here
-//! ([`overlay_status`]), reading the upper layer into a typed
+//! ([`overlay_status`]: as root, or through an unprivileged user namespace
+//! with `userxattr`; it writes through the overlay as a command would),
+//! reading the upper layer into a typed
 //! [`ChangeSet`] (created and modified files, deletions from whiteouts and
 //! opaque directories), the diff a person is shown, and applying a change
 //! set to the real tree idempotently (each file written to a temporary
@@ -112,8 +114,30 @@ impl Staging {
 
     /// Remove the staging directory (best effort: a leftover is only disk).
     pub fn remove(self) {
-        let _ = fs::remove_dir_all(&self.root);
+        remove_tree(&self.root);
     }
+}
+
+/// `remove_dir_all`, also where overlayfs left a directory without
+/// permissions (its `work/work` is mode 000): root removes it anyway, a
+/// non-root user (whose overlay ran in a user namespace) must first give
+/// the directories back their owner's rights.
+fn remove_tree(path: &Path) {
+    if fs::remove_dir_all(path).is_ok() {
+        return;
+    }
+    fn open_up(dir: &Path) {
+        let _ = fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700));
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    open_up(&e.path());
+                }
+            }
+        }
+    }
+    open_up(path);
+    let _ = fs::remove_dir_all(path);
 }
 
 /// What the staged part of a call came to (it was applied, or there was
@@ -218,7 +242,7 @@ pub fn remove_leftovers(base: &Path, call: &str) {
     if let Ok(entries) = fs::read_dir(base) {
         for e in entries.flatten() {
             if e.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = fs::remove_dir_all(e.path());
+                remove_tree(&e.path());
             }
         }
     }
@@ -258,7 +282,9 @@ pub fn describe(enabled: bool) -> String {
 
 #[cfg(target_os = "linux")]
 fn probe() -> Result<(), String> {
-    crate::sandbox::isolation_status().map_err(|why| format!("no private mount namespace: {why}"))?;
+    use crate::sandbox::{NamespaceMode, UserMaps};
+    let mode = crate::sandbox::namespace_mode().map_err(|why| format!("no private mount namespace: {why}"))?;
+    let maps = UserMaps::for_mode(Ok(mode));
     let dir = tempfile::Builder::new()
         .prefix("cairn-overlay-probe-")
         .tempdir_in(std::env::temp_dir())
@@ -267,12 +293,18 @@ fn probe() -> Result<(), String> {
     for d in [&lower, &upper, &work] {
         fs::create_dir(d).map_err(|e| format!("cannot create a probe directory: {e}"))?;
     }
+    std::fs::write(lower.join("f"), "probe").map_err(|e| format!("cannot create a probe file: {e}"))?;
     let options = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=off,metacopy=off,index=off,xino=off",
+        "lowerdir={},upperdir={},workdir={},{}",
         lower.display(),
         upper.display(),
-        work.display()
+        work.display(),
+        crate::sandbox::overlay_flags(mode == NamespaceMode::UserNamespace)
     );
+    // The probe writes through the overlay (a copy-up and a whiteout), as a
+    // staged command would.
+    let victim =
+        std::ffi::CString::new(lower.join("f").as_os_str().as_encoded_bytes()).map_err(|_| "NUL".to_owned())?;
     let options = std::ffi::CString::new(options).map_err(|_| "a probe path holds a NUL".to_owned())?;
     let target = std::ffi::CString::new(lower.as_os_str().as_encoded_bytes()).map_err(|_| "NUL".to_owned())?;
     // SAFETY: the child issues raw syscalls only and leaves with _exit; the
@@ -283,8 +315,17 @@ fn probe() -> Result<(), String> {
             return Err(format!("cannot fork a probe: {}", std::io::Error::last_os_error()));
         }
         if pid == 0 {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                libc::_exit(1);
+            match &maps {
+                None => {
+                    if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                        libc::_exit(1);
+                    }
+                }
+                Some(m) => {
+                    if crate::sandbox::enter_user_namespace(&m.uid_map, &m.gid_map).is_err() {
+                        libc::_exit(1);
+                    }
+                }
             }
             if libc::mount(
                 std::ptr::null(),
@@ -298,6 +339,9 @@ fn probe() -> Result<(), String> {
             }
             if libc::mount(c"overlay".as_ptr(), target.as_ptr(), c"overlay".as_ptr(), 0, options.as_ptr().cast()) != 0 {
                 libc::_exit(3);
+            }
+            if libc::unlink(victim.as_ptr()) != 0 {
+                libc::_exit(4);
             }
             libc::_exit(0);
         }
@@ -313,7 +357,12 @@ fn probe() -> Result<(), String> {
         0 => Ok(()),
         1 => Err("the kernel refused a new mount namespace".into()),
         2 => Err("cannot make mounts private in a new mount namespace".into()),
+        3 if maps.is_some() => Err("the kernel refused an overlayfs mount from a user namespace (needs Linux ≥ 5.11 \
+                                    with `userxattr`, and a file system for the staging directory that takes user \
+                                    xattrs)"
+            .into()),
         3 => Err("the kernel refused an overlayfs mount (no overlay module, or not allowed here)".into()),
+        4 => Err("an overlay mounts here but cannot record a deletion (whiteout) in its staging layer".into()),
         n => Err(format!("the overlay probe ended with status {n}")),
     }
 }
@@ -337,7 +386,7 @@ fn io_at(what: String) -> impl FnOnce(std::io::Error) -> StagingError {
 /// FIFO, socket or device is refused ([`StagingError::Special`]); a name
 /// that is not UTF-8 is refused too.
 pub fn read_layer(upper: &Path, lower: &Path) -> Result<ChangeSet, StagingError> {
-    let up = Beneath::open(upper).map_err(io(format!("cannot open the staging layer {}", upper.display())))?;
+    let up = Beneath::open_layer(upper).map_err(io(format!("cannot open the staging layer {}", upper.display())))?;
     let low = Beneath::open(lower).map_err(io(format!("cannot open the working tree {}", lower.display())))?;
     let git = GitStore::find(lower);
     let mut changes = BTreeMap::new();
@@ -348,7 +397,7 @@ pub fn read_layer(upper: &Path, lower: &Path) -> Result<ChangeSet, StagingError>
 /// The deepest path a change set may hold (directories below the tree):
 /// reading and applying recurse once per level, and no real build nests
 /// this deep.
-const MAX_DEPTH: usize = 256;
+const MAX_DEPTH: usize = beneath::MAX_DEPTH;
 
 fn join(rel: &str, name: &str) -> String {
     if rel.is_empty() { name.to_owned() } else { format!("{rel}/{name}") }
@@ -708,6 +757,7 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
     // made durable with another (a crash in between is finished by the
     // next apply: the change set is in the log).
     let mut renames: Vec<(String, &str)> = Vec::new();
+    let mut dir_modes: Vec<(&str, u32)> = Vec::new();
     for c in changes.changes.iter().filter(|c| c.kind != ChangeKind::Deleted) {
         let Some(after) = &c.after else { continue };
         if recorded(&tree, &c.path)?.as_ref() == Some(after) {
@@ -719,7 +769,11 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
                 if tree.node(&c.path).map_err(at("stat"))?.is_some_and(|n| n.kind != EntryKind::Dir) {
                     tree.remove(&c.path).map_err(at("replace"))?;
                 }
-                tree.make_dir(&c.path, after.mode).map_err(at("create"))?;
+                // Writable by its owner until its contents are in place (a
+                // non-root cairn could not fill a `chmod 555` directory);
+                // its own mode is set last, deepest first.
+                tree.make_dir(&c.path, after.mode | 0o700).map_err(at("create"))?;
+                dir_modes.push((&c.path, after.mode));
             }
             EntryKind::Symlink => {
                 let link =
@@ -736,12 +790,16 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
             EntryKind::Special => return Err(StagingError::Special { path: cairn_core::staged::shown(&c.path) }),
         }
     }
-    if renames.is_empty() && deletions.is_empty() {
+    if renames.is_empty() && deletions.is_empty() && dir_modes.is_empty() {
         return Ok(());
     }
     tree.sync().map_err(io(format!("cannot sync the file system of {}", cwd.display())))?;
     for (temp, rel) in &renames {
         tree.rename_into(temp, rel).map_err(io_at(format!("cannot rename onto {}", tree.show(rel))))?;
+    }
+    dir_modes.sort_by(|a, b| b.0.cmp(a.0));
+    for (rel, mode) in dir_modes {
+        tree.set_dir_mode(rel, mode).map_err(io_at(format!("cannot set the mode of {}", tree.show(rel))))?;
     }
     tree.sync().map_err(io(format!("cannot sync the file system of {}", cwd.display())))
 }

@@ -166,6 +166,7 @@ fn spec(cwd: &std::path::Path, secrets: &SecretValues, sandboxed: bool, pid_name
         output_cap: 256 * 1024,
         max_processes: 64,
         pid_namespace,
+        hidden: Vec::new(),
     }
 }
 
@@ -221,7 +222,9 @@ fn victim() {
     // The command fails on a file outside the working directory, so the
     // shell offers the bypass, which is approved: the attack runs again
     // without Landlock.
-    let outside = tempfile::tempdir().unwrap();
+    // Not under /tmp: a sandboxed call has a private /tmp, where the probe
+    // would be missing rather than denied (and no bypass offered).
+    let outside = tempfile::tempdir_in("/var/tmp").unwrap();
     std::fs::write(outside.path().join("probe"), "outside\n").unwrap();
     let sh = Shell::new(&config).unwrap();
     let command = format!("{}cat {}/probe || exit 1\n", attack(), outside.path().display());

@@ -32,6 +32,7 @@ fn spec(cwd: &std::path::Path, sandbox: Option<SandboxPolicy>) -> RunSpec {
         output_cap: 16 * 1024,
         max_processes: 256,
         pid_namespace: true,
+        hidden: Vec::new(),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Helpers for the CLI tests: a private `CAIRN_HOME` and a command builder
 //! with a clean environment (no provider keys, no colours).
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -26,9 +26,14 @@ impl Env {
         Self { _dir: dir, home, cwd }
     }
 
-    /// `cairn ARGS` with this env.
+    /// `cairn ARGS` with this env. `CAIRN_TEST_BIN` names another `cairn`
+    /// binary to run (a private copy: the build directory may be shared
+    /// with other checkouts, which overwrite `target/debug/cairn`).
     pub fn cairn(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("cairn"));
+        let bin = std::env::var_os("CAIRN_TEST_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| assert_cmd::cargo::cargo_bin("cairn"));
+        let mut cmd = Command::new(bin);
         cmd.args(args)
             .current_dir(&self.cwd)
             .env_clear()
@@ -78,7 +83,10 @@ fn is_jsonl(path: &Path) -> bool {
 /// file, `d` directory, `l` link with its target as content, `s` special).
 pub fn snapshot(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (char, u32, Vec<u8>)>) {
-        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        // Not root (the non-root reruns), an oracle's `chmod 000` makes a
+        // directory unreadable: its mode is already in the snapshot.
+        let Ok(listing) = std::fs::read_dir(dir) else { return };
+        let mut entries: Vec<_> = listing.map(|e| e.unwrap().path()).collect();
         entries.sort();
         for path in entries {
             let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
@@ -91,7 +99,8 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
                 out.insert(rel, ('d', mode, Vec::new()));
                 walk(root, &path, out);
             } else if meta.is_file() {
-                out.insert(rel, ('f', mode, std::fs::read(&path).unwrap()));
+                // Unreadable (mode 000, not root): the mode tells it apart.
+                out.insert(rel, ('f', mode, std::fs::read(&path).unwrap_or_else(|_| b"<unreadable>".to_vec())));
             } else {
                 // A FIFO, socket or device: never opened (a FIFO would block).
                 out.insert(rel, ('s', mode, Vec::new()));
@@ -124,4 +133,68 @@ pub fn require_staging(env: &Env) {
         text.contains("staging: overlay"),
         "overlay staging is not available here, so this test cannot run:\n{text}"
     );
+}
+
+/// Set in a rerun as a non-root user (no recursion).
+pub const AS_NON_ROOT: &str = "CAIRN_TEST_AS_NON_ROOT";
+
+/// Rerun the calling test binary's tests (all but `skip`, the test calling
+/// this) as uid 65534 with `setpriv`, against a copy of `cairn`; both
+/// copied where any user may execute them (/root is 0700). Fails with the
+/// rerun's output unless every test passed; the number that passed.
+pub fn rerun_as_non_root(skip: &str) -> usize {
+    use std::os::unix::fs::PermissionsExt as _;
+    assert!(std::env::var_os(AS_NON_ROOT).is_none(), "the non-root rerun must not rerun itself");
+    let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap();
+    assert_eq!(uid, 0, "switching to uid 65534 needs root (these tests run as uid {uid})");
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"].into_iter().find(|p| Path::new(p).exists());
+    let setpriv = setpriv.expect("setpriv (util-linux) is needed to rerun the tests as another user");
+    let dir = tempfile::Builder::new().prefix("cairn-nonroot-").tempdir_in("/var/tmp").unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (exe, cairn) = (dir.path().join("tests"), dir.path().join("cairn"));
+    let bin =
+        std::env::var_os("CAIRN_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| assert_cmd::cargo::cargo_bin("cairn"));
+    for (from, to) in [(std::env::current_exe().unwrap(), &exe), (bin, &cairn)] {
+        std::fs::copy(from, to).unwrap();
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    let rerun = || {
+        Command::new(setpriv)
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
+            .arg(&exe)
+            .args(["--skip", skip, "--test-threads=2"])
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", &home)
+            .env("TMPDIR", &home)
+            .env("CAIRN_TEST_BIN", &cairn)
+            .env(AS_NON_ROOT, "1")
+            .current_dir(&home)
+            .output()
+            .unwrap()
+    };
+    // "Text file busy": another test thread forked while a copy was open
+    // for writing; that child holds it until its exec. Try again.
+    let mut out = rerun();
+    for _ in 0..50 {
+        if !String::from_utf8_lossy(&out.stderr).contains("Text file busy") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        out = rerun();
+    }
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the tests failed as uid 65534:\n{text}");
+    let passed: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("test result: ok. "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(passed > 0, "as uid 65534, no test ran:\n{text}");
+    println!("as uid 65534: {passed} tests passed");
+    passed
 }

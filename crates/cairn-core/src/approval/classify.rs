@@ -11,7 +11,11 @@
 //! run can observe, or beyond it), or [`Class::Unclassifiable`]: its
 //! effect cannot be read from its words (an expansion or dynamic command
 //! word, `eval`, an interpreter or shell given code, a redirection, a
-//! wrapper option that hides a command, a line the tokenizer refuses).
+//! wrapper option that hides a command, a line the tokenizer refuses, a
+//! line that runs a file — a script given to a shell or an interpreter, a
+//! program named by a path outside the system directories (`./x`), build
+//! and task runners and package scripts (`make`, `npm run`, `cargo
+//! build`/`test`), whose effect is in files the line does not show).
 //! What each class needs is decided by the tool that runs the line (the
 //! built-in `shell`): unstaged, everything but Plain needs a person; staged,
 //! the observed effect decides for all but [`Reach::Beyond`].
@@ -286,9 +290,14 @@ fn classify_simple(argv: &[String], depth: usize) -> Class {
     if ALWAYS_UNKNOWN.contains(&program) {
         return unknown(format!("`{program}` runs code its words do not show"));
     }
+    // A script's effect is in the script, not in the line: a file the
+    // model may have just written (`write_file cleanup.sh`, then `bash
+    // cleanup.sh`).
     if SHELLS.contains(&program) {
         return match rest.first() {
-            Some(script) if !script.starts_with('-') && !script.is_empty() => Class::Plain,
+            Some(script) if !script.starts_with('-') && !script.is_empty() => {
+                unknown(format!("`{program}` runs the script {script}, whose effect its words do not show"))
+            }
             _ => unknown(format!("`{program}` given code inline or on stdin")),
         };
     }
@@ -296,9 +305,14 @@ fn classify_simple(argv: &[String], depth: usize) -> Class {
         || is_versioned_python(program)
     {
         return match rest.first() {
-            Some(script) if !script.starts_with('-') && !script.is_empty() => Class::Plain,
+            Some(script) if !script.starts_with('-') && !script.is_empty() => {
+                unknown(format!("`{program}` runs the program {script}, whose effect its words do not show"))
+            }
             _ => unknown(format!("`{program}` given code inline or on stdin (-c/-e)")),
         };
+    }
+    if let Some(why) = runs_tree_code(first, rest) {
+        return unknown(why);
     }
     let inner =
         |from: &[String]| -> Class { if from.is_empty() { Class::Plain } else { classify_simple(from, depth + 1) } };
@@ -369,6 +383,66 @@ fn classify_simple(argv: &[String], depth: usize) -> Class {
             None => Class::Plain,
         },
     }
+}
+
+/// Why a command runs code from files (of the working tree, typically)
+/// rather than code its words show: a program named by a relative path
+/// (`./x`, `bin/x`) or an absolute one outside the system directories,
+/// build and task runners (`make`, `ninja`, `cmake`, …), package scripts
+/// (`npm run`, `npm install`'s lifecycle scripts, `npx`), and compilers
+/// that run the tree's build scripts or tests (`cargo build`/`test`/`run`,
+/// `go run`/`test`/`generate`).
+fn runs_tree_code(first: &str, rest: &[String]) -> Option<String> {
+    const SYSTEM: &[&str] = &["/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/", "/nix/store/"];
+    if first.contains('/') && !SYSTEM.iter().any(|d| first.starts_with(d)) {
+        return Some(format!("`{first}` runs a file whose effect its words do not show"));
+    }
+    let program = base(first);
+    let sub = rest.iter().map(String::as_str).find(|w| !w.starts_with('-'));
+    let only_info =
+        !rest.is_empty() && rest.iter().all(|w| matches!(w.as_str(), "--version" | "-v" | "-V" | "--help" | "-h"));
+    let runs = match program {
+        "make" | "gmake" | "bmake" | "ninja" | "just" | "rake" | "cmake" | "scons" | "meson" | "gradle" | "mvn"
+        | "ant" | "bazel" | "bazelisk" | "tox" | "nox" | "invoke" | "npx" | "pnpx" | "bunx" => !only_info,
+        "npm" | "pnpm" | "yarn" | "bun" => {
+            !only_info
+                && !matches!(
+                    sub,
+                    Some("view" | "info" | "ls" | "list" | "outdated" | "help" | "search" | "why" | "config")
+                )
+        }
+        "cargo" => matches!(
+            sub,
+            Some(
+                "build"
+                    | "b"
+                    | "check"
+                    | "c"
+                    | "run"
+                    | "r"
+                    | "test"
+                    | "t"
+                    | "bench"
+                    | "install"
+                    | "doc"
+                    | "d"
+                    | "clippy"
+                    | "fix"
+                    | "rustc"
+                    | "miri"
+                    | "nextest"
+                    | "llvm-cov"
+                    | "tarpaulin"
+            )
+        ),
+        "go" => matches!(sub, Some("run" | "test" | "generate" | "tool")),
+        "pytest" | "py.test" | "jest" | "vitest" | "mocha" | "phpunit" | "rspec" | "deno" => true,
+        _ => false,
+    };
+    runs.then(|| {
+        let shown = std::iter::once(program).chain(sub).collect::<Vec<_>>().join(" ");
+        format!("`{shown}` runs the working tree's own code (build files, scripts, tests), whose effect its words do not show")
+    })
 }
 
 fn is_versioned_python(program: &str) -> bool {
@@ -933,12 +1007,50 @@ mod tests {
         }
     }
 
+    /// Issue 25: a line that runs a file (a script the model may have just
+    /// written, the tree's build files or tests) cannot be judged by its
+    /// words: unstaged, it needs a person.
+    #[test]
+    fn running_files_of_the_tree_is_unclassifiable() {
+        for line in [
+            "bash cleanup.sh",
+            "sh x.sh",
+            "sh -c 'true'",
+            "bash ./build.sh",
+            "python x.py",
+            "python3 script.py",
+            "python3 -",
+            "node x.js",
+            "perl x.pl",
+            "ruby x.rb",
+            "make",
+            "make -j4 all",
+            "npm run build",
+            "npm install",
+            "npx something",
+            "yarn",
+            "./x",
+            "bin/x --flag",
+            "exec ./x",
+            "nice -n 5 ./configure",
+            "source x",
+            ". x",
+            "cargo build",
+            "cargo test -- --nocapture",
+            "timeout 10 cargo test",
+            "go test ./...",
+            "/home/u/work/x",
+        ] {
+            assert!(matches!(class(line), Class::Unclassifiable { .. }), "{line:?}: {:?}", class(line));
+        }
+    }
+
     #[test]
     fn ordinary_commands_stay_plain() {
         for line in [
             "ls -la",
-            "cargo build",
-            "cargo test -- --nocapture",
+            "cargo fmt --check",
+            "cargo --version",
             "git status",
             "git -C sub log --oneline",
             "git -c user.name=x commit -m msg",
@@ -950,13 +1062,13 @@ mod tests {
             "rm file.txt",
             "rm -f a.o",
             "echo rm -rf x",
-            "python3 script.py",
-            "bash ./build.sh",
+            "/usr/bin/env",
             "find . -name '*.rs'",
-            "nice -n 5 cargo build",
-            "timeout 10 cargo test",
-            "env FOO=1 cargo test",
-            "FOO=1 cargo test",
+            "nice -n 5 cargo fmt",
+            "timeout 10 ls",
+            "env FOO=1 cargo fmt",
+            "FOO=1 cargo tree",
+            "npm view left-pad",
             "xargs echo",
             "sed -i 's/a/b/' f",
             "mkdir -p out && touch out/x",

@@ -58,6 +58,7 @@ pub struct Shell {
     max_processes: u32,
     read_paths: Vec<std::path::PathBuf>,
     secrets: crate::env::SecretValues,
+    hidden: Vec<std::path::PathBuf>,
     staged: bool,
     staged_rules: StagedRules,
     staging_dir: std::path::PathBuf,
@@ -127,6 +128,7 @@ impl Shell {
             max_processes: config.max_processes,
             read_paths: config.sandbox_read_paths.clone(),
             secrets: config.secrets.clone(),
+            hidden: config.hidden_paths.clone(),
             staged: config.staged,
             staged_rules: StagedRules { max_files: config.staged_max_files },
             staging_dir: config.staging_dir.clone().unwrap_or_else(staging::default_base),
@@ -209,6 +211,7 @@ impl Shell {
             output_cap: 0,
             max_processes: self.max_processes,
             pid_namespace: true,
+            hidden: self.hidden.clone(),
         }
     }
 }
@@ -507,10 +510,14 @@ mod tests {
             assert_eq!(staged.risk(&json!({"command": "git push -f"})), Risk::Destructive);
         }
         for cmd in
-            ["ls -la", "cargo build", "git push origin main", "grep -rn foo .", "rm file.txt", "rm -f a.o", "echo rm"]
+            ["ls -la", "cargo fmt", "git push origin main", "grep -rn foo .", "rm file.txt", "rm -f a.o", "echo rm"]
         {
             assert!(shell.destructive_match(cmd).is_none(), "{cmd} should stay Write");
             assert_eq!(shell.risk(&json!({"command": cmd})), Risk::Write);
+        }
+        // Unstaged, a line that runs a file of the tree needs a person.
+        for cmd in ["bash cleanup.sh", "python3 x.py", "./x", "make", "cargo build"] {
+            assert!(shell.destructive_match(cmd).is_some(), "{cmd} should need a person unstaged");
         }
     }
 

@@ -86,6 +86,7 @@ fn an_escaped_grandchild_dies_with_the_call_through_the_cgroup_alone() {
         max_processes: 48,
         // Not in a PID namespace: only the cgroup can find the escapee.
         pid_namespace: false,
+        hidden: Vec::new(),
     };
     let watcher = Watcher::start(std::slice::from_ref(&escaped), Some(cwd.path().join("seen")));
     let outcome = run_process(&spec, &CancelToken::new(), &mut |_| {}).unwrap();
@@ -170,6 +171,7 @@ fn a_fork_bomb_is_contained() {
         output_cap: 4096,
         max_processes: 48,
         pid_namespace: true,
+        hidden: Vec::new(),
     };
     let outcome = run_process(&spec, &CancelToken::new(), &mut |_| {}).unwrap();
     // bash keeps retrying the fork of `sleep` while the cgroup is full, so

@@ -2,6 +2,7 @@
 //! write, read, connect and fork where their capabilities say they may not.
 
 use std::net::TcpListener;
+use std::path::Path;
 
 use cairn_core::CancelToken;
 use cairn_tools::builtin::shell::Shell;
@@ -42,7 +43,8 @@ fn a_tool_without_file_write_cannot_create_a_file_in_the_working_directory() {
     assert!(!r.output_summary.contains("TMPOK") && !r.output_summary.contains("SLASHTMP"), "{}", r.output_summary);
 
     // Control: the same script with FileWrite does create it, and TMPDIR is
-    // writable, but /tmp outside the private dir is not.
+    // writable, and so is /tmp, which is the call's own (a private tmpfs):
+    // the host's /tmp never sees the file.
     let rw = load(&install_tool(
         &root.path().join("rw"),
         "try_write",
@@ -58,9 +60,11 @@ fn a_tool_without_file_write_cannot_create_a_file_in_the_working_directory() {
         tmp_script,
         &metadata("write", &["fileRead", "fileWrite"], ""),
     ));
+    let _ = std::fs::remove_file("/tmp/cairn-sandbox-probe");
     let r = run(&rw_tmp, json!({}), &cwd).unwrap();
     assert!(r.output_summary.contains("TMPOK"), "{}", r.output_summary);
-    assert!(!r.output_summary.contains("SLASHTMP"), "{}", r.output_summary);
+    assert!(r.output_summary.contains("SLASHTMP"), "{}", r.output_summary);
+    assert!(!Path::new("/tmp/cairn-sandbox-probe").exists(), "the private /tmp reached the host's");
 }
 
 #[test]
@@ -87,7 +91,11 @@ fn no_tool_reads_outside_its_rules() {
     let r = run(&reader, json!({}), &cwd).unwrap();
     assert!(r.output_summary.contains("cwd:MINE"), "{}", r.output_summary);
     assert!(!r.output_summary.contains("TOP-SECRET"), "{}", r.output_summary);
-    assert_eq!(r.output_summary.matches("Permission denied").count(), 4, "{}", r.output_summary);
+    // Refused by Landlock, or not there at all (under the call's private
+    // /tmp, where this test's directories live).
+    let refused = r.output_summary.matches("Permission denied").count()
+        + r.output_summary.matches("No such file or directory").count();
+    assert_eq!(refused, 4, "{}", r.output_summary);
 
     // Without FileRead, not even the working directory.
     let blind = load(&install_tool(
@@ -118,10 +126,19 @@ fn no_tool_reads_outside_its_rules() {
     let r = run(&sh, json!({"command": "cat mine.txt"}), &cwd).unwrap();
     assert_eq!(r.output_summary, "MINE\n");
     // Writing is confined the same way: not beside the working directory,
-    // not into the fake home, not by moving a file out.
-    for cmd in ["cd .. && echo x > escaped.txt", "echo x > ../home/planted.txt", "mv mine.txt ../moved.txt"] {
-        let r = run(&sh, json!({"command": cmd}), &cwd).unwrap();
-        assert_ne!(r.exit_code, 0, "{cmd}: {}", r.output_summary);
+    // not into the fake home, not by moving a file out. (Beside the
+    // working directory lies, here, the call's private /tmp: the write may
+    // succeed there, and the host never sees it.)
+    let r = run(&sh, json!({"command": "cd .. && echo x > escaped.txt"}), &cwd).unwrap();
+    assert!(root.path().starts_with("/tmp") || r.exit_code != 0, "{}", r.output_summary);
+    for cmd in ["echo x > ../home/planted.txt", "mv mine.txt ../moved.txt"] {
+        match run(&sh, json!({"command": cmd}), &cwd) {
+            Ok(r) => assert_ne!(r.exit_code, 0, "{cmd}: {}", r.output_summary),
+            // Moved into the private /tmp: staged, the deletion of
+            // mine.txt is Destructive and discarded.
+            Err(cairn_core::tool::ToolError::Rejected(why)) => assert!(why.contains("mine.txt"), "{cmd}: {why}"),
+            Err(e) => panic!("{cmd}: {e}"),
+        }
     }
     assert!(!root.path().join("escaped.txt").exists());
     assert!(!home.join("planted.txt").exists());
@@ -235,7 +252,13 @@ fn configured_read_paths_are_readable_but_not_writable() {
     };
     let r = run(&shell(&config), json!({"command": cmd}), &cwd).unwrap();
     assert!(r.output_summary.starts_with("1.0\n"), "{}", r.output_summary);
-    assert!(r.output_summary.contains("Permission denied"));
+    // Refused by Landlock, or (under the call's private /tmp, where this
+    // test's directories live) re-exposed read-only.
+    assert!(
+        r.output_summary.contains("Permission denied") || r.output_summary.contains("Read-only file system"),
+        "{}",
+        r.output_summary
+    );
     assert!(!toolchain.join("new").exists());
 }
 

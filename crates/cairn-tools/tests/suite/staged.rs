@@ -326,3 +326,33 @@ fn a_tree_nested_too_deep_is_refused() {
     let err = cairn_tools::staging::read_layer(&upper, &lower).unwrap_err().to_string();
     assert!(err.contains("levels deep") && err.contains("nothing was applied"), "{err}");
 }
+
+/// Modes that lock the owner out, as the command left them: read back
+/// exactly (a non-root cairn opens its own staging layer up to read it,
+/// see the non-root rerun of this suite), and applied last, so a new
+/// read-only directory still gets its files.
+#[test]
+fn modes_that_lock_the_owner_out_are_read_and_applied_exactly() {
+    require_staging();
+    let cwd = tempfile::tempdir().unwrap();
+    fixture(cwd.path());
+    let (result, seen) = staged_run(cwd.path(), "chmod 000 dir1/a && chmod 000 dir1 && chmod 000 keep.txt", |_| {
+        StagedDecision::Discard { reason: "test".into() }
+    });
+    assert!(result.is_err());
+    let set = seen.unwrap();
+    let mode_of = |p: &str| set.changes.iter().find(|c| c.path == p).and_then(|c| c.after.as_ref()).map(|a| a.mode);
+    assert_eq!((mode_of("dir1"), mode_of("dir1/a"), mode_of("keep.txt")), (Some(0), Some(0), Some(0)), "{set:?}");
+    assert_eq!(set.judge(&Default::default()).risk, cairn_core::tool::Risk::Destructive);
+
+    let (result, _) = staged_run(cwd.path(), "mkdir -p ro/in && echo x > ro/in/f && chmod 555 ro/in ro", |_| {
+        StagedDecision::Apply { by: "test".into() }
+    });
+    result.unwrap();
+    let mode = |p: &str| std::fs::metadata(cwd.path().join(p)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!((mode("ro"), mode("ro/in"), mode("ro/in/f")), (0o555, 0o555, 0o644));
+    assert_eq!(std::fs::read_to_string(cwd.path().join("ro/in/f")).unwrap(), "x\n");
+    for d in ["ro/in", "ro"] {
+        std::fs::set_permissions(cwd.path().join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
