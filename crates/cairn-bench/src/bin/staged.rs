@@ -7,8 +7,11 @@
 //! stat, hash, compare) against reading the same files.
 //!
 //! Run: `cargo run --release -p cairn-bench --bin staged` (`--smoke`: tiny
-//! sizes, for `scripts/test`). Needs overlay staging (root); elsewhere it
-//! says so and exits with an error.
+//! sizes, for `scripts/test`); as another user, copy the binary where that
+//! user may run it and run it with `setpriv --reuid UID --regid GID
+//! --clear-groups` (staging then goes through a user namespace). Needs
+//! overlay staging; where it is unavailable it says so and exits with an
+//! error.
 #![allow(clippy::print_stdout)]
 
 use std::path::Path;
@@ -67,6 +70,10 @@ fn main() -> Result<()> {
     if let Err(why) = cairn_tools::staging::overlay_status() {
         bail!("overlay staging is not available here: {why}");
     }
+    // Root stages through plain namespaces, any other user through a user
+    // namespace (issue 25): say which this run measures.
+    let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(u32::MAX);
+    println!("running as uid {uid}: namespaces {:?}", cairn_tools::sandbox::namespace_mode());
     let base = tempfile::tempdir()?;
     let staging_dir = base.path().join("staging");
     let staged = Shell::new(&ToolsConfig {
