@@ -180,26 +180,27 @@ fn where_staging_is_off_running_a_file_of_the_tree_needs_a_person() {
             failures.push(format!("{line:?}: plain bash did not delete a.txt (the table is wrong)"));
             continue;
         }
-        // The attack: the model writes the file, then runs it.
-        std::fs::remove_dir_all(&env.cwd).unwrap();
-        std::fs::create_dir(&env.cwd).unwrap();
-        std::fs::write(env.cwd.join("a.txt"), "precious\n").unwrap();
-        let script = script_calls(&env, &[("write_file", json!({"path": file, "content": content})), shell(line)]);
-        let out = env
-            .cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "go"])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let log = entries(&session_text(&env));
-        let t = types(&log);
-        if !env.cwd.join(file).exists() {
-            failures.push(format!("{line:?}: write_file did not write {file}: {t:?}"));
-        }
-        if std::fs::read_to_string(env.cwd.join("a.txt")).ok().as_deref() != Some("precious\n") {
-            failures.push(format!("{line:?}: A.TXT WAS DELETED: {t:?} {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        if !t.contains(&"toolRejected".to_owned()) {
-            failures.push(format!("{line:?}: not refused: {t:?}"));
+        // The attack: the model writes the file, then runs it, under
+        // `--yes` and under rules allowing both tools whole.
+        for flags in [&["--yes"][..], &["--allow", "shell(*)", "--allow", "write_file"][..]] {
+            std::fs::remove_dir_all(&env.cwd).unwrap();
+            std::fs::create_dir(&env.cwd).unwrap();
+            std::fs::write(env.cwd.join("a.txt"), "precious\n").unwrap();
+            let script = script_calls(&env, &[("write_file", json!({"path": file, "content": content})), shell(line)]);
+            let args = [&["--script", script.to_str().unwrap()][..], flags, &["run", "go"][..]].concat();
+            let out = env.cairn(&args).stdin(Stdio::null()).output().unwrap();
+            let log = entries(&session_text(&env));
+            let t = types(&log);
+            if !env.cwd.join(file).exists() {
+                failures.push(format!("{line:?} {flags:?}: write_file did not write {file}: {t:?}"));
+            }
+            if std::fs::read_to_string(env.cwd.join("a.txt")).ok().as_deref() != Some("precious\n") {
+                let err = String::from_utf8_lossy(&out.stderr);
+                failures.push(format!("{line:?} {flags:?}: A.TXT WAS DELETED: {t:?} {err}"));
+            }
+            if !t.contains(&"toolRejected".to_owned()) {
+                failures.push(format!("{line:?} {flags:?}: not refused: {t:?}"));
+            }
         }
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
