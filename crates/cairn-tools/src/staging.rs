@@ -10,11 +10,15 @@
 //! opaque directories), the diff a person is shown, and applying a change
 //! set to the real tree idempotently (each file written to a temporary
 //! name beside it, the file system synced, renamed, synced again;
-//! deletions; so applying twice equals once).
+//! deletions; so applying twice equals once), and the facts the judgement
+//! needs that only files can tell (an append; a version git stores, read
+//! from `.git/objects` as files, never by running git).
 //!
 //! It must not decide what an effect needs (that is
-//! `cairn_core::staged::ChangeSet::judge` and the approval gate) and never
-//! writes the real tree except in [`apply`].
+//! `cairn_core::staged::ChangeSet::judge` and the approval gate), never
+//! writes the real tree except in [`apply`], and never touches a path of
+//! the tree or the layer except through [`Beneath`] (no link followed,
+//! nothing but regular files opened).
 
 use std::collections::BTreeMap;
 use std::fs;
