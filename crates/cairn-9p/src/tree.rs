@@ -316,8 +316,12 @@ pub struct Handle {
     pub snapshot: Option<Arc<Vec<u8>>>,
     /// Bytes written so far (a prompt is sent when the file is closed).
     pub written: Vec<u8>,
-    /// The id `s/new` created through this handle.
+    /// The id `s/new` (or `b/new`) created through this handle.
     pub created: Option<String>,
+    /// Why what was written through this handle will not be used (a
+    /// prompt past [`MAX_PROMPT`]): every later write and the clunk fail
+    /// with it, and nothing of it runs.
+    pub refused: Option<String>,
 }
 
 /// The most a prompt may be.
@@ -415,24 +419,6 @@ pub fn write(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle, data: &[u8]) -
             handle.created = Some(id);
             handle.snapshot = None;
         }
-        Node::File(id, FileKind::Prompt) => {
-            if rt.is_running(id) {
-                bail!(
-                    "busy: a turn is running in session {id}; write the prompt to enqueue to run it next, or stop to ctl"
-                );
-            }
-            if handle.written.len() + data.len() > MAX_PROMPT {
-                bail!("the prompt is longer than {MAX_PROMPT} bytes");
-            }
-            handle.written.extend_from_slice(data);
-        }
-        Node::File(_, FileKind::Enqueue) => {
-            if handle.written.len() + data.len() > MAX_PROMPT {
-                bail!("the prompt is longer than {MAX_PROMPT} bytes");
-            }
-            handle.written.extend_from_slice(data);
-        }
-        Node::File(id, FileKind::Ctl) => rt.ctl(id, text()?)?,
         Node::BatchNew => {
             if let Some(job) = &handle.created {
                 bail!("this handle already created job {job}; open b/new again for another");
@@ -440,14 +426,48 @@ pub fn write(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle, data: &[u8]) -
             handle.created = Some(rt.batch()?.submit(text()?)?);
             handle.snapshot = None;
         }
+        Node::File(id, FileKind::Prompt) => {
+            if rt.is_running(id) {
+                bail!(
+                    "busy: a turn is running in session {id}; write the prompt to enqueue to run it next, or stop to ctl"
+                );
+            }
+            take(handle, data, MAX_PROMPT, "the prompt")?;
+        }
+        Node::File(_, FileKind::Enqueue) => take(handle, data, MAX_PROMPT, "the prompt")?,
+        Node::File(id, FileKind::Ctl) => rt.ctl(id, text()?)?,
         Node::Approval(id, inv) => rt.answer(id, inv, text()?)?,
         other => bail!("{}: permission denied (read-only)", other.path()),
     }
     Ok(data.len())
 }
 
-/// The handle is closed: a written prompt starts its turn.
+/// Add `data` to what `handle` collects, up to `limit` bytes in all.
+/// Past it, everything collected is dropped and refused: nothing of
+/// `what` will be used (not its first part without the end).
+fn take(handle: &mut Handle, data: &[u8], limit: usize, what: &str) -> Result<()> {
+    if let Some(why) = &handle.refused {
+        bail!("{why}");
+    }
+    if handle.written.len() + data.len() > limit {
+        let why = format!(
+            "{what} is longer than {limit} bytes, so none of it will be used; write it again, shorter (a longer \
+             text belongs in a file of the session's working directory, named in the prompt)"
+        );
+        handle.written = Vec::new();
+        handle.refused = Some(why.clone());
+        bail!("{why}");
+    }
+    handle.written.extend_from_slice(data);
+    Ok(())
+}
+
+/// The handle is closed: a written prompt starts its turn, unless it was
+/// refused (then the clunk fails with the reason and nothing runs).
 pub fn close(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle) -> Result<()> {
+    if let Some(why) = handle.refused.take() {
+        bail!("{why}");
+    }
     let Node::File(id, kind @ (FileKind::Prompt | FileKind::Enqueue)) = node else { return Ok(()) };
     let written = std::mem::take(&mut handle.written);
     if written.is_empty() {

@@ -817,3 +817,41 @@ fn pypi_p9fs_lists_creates_prompts_and_reads_over_tcp() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 29: a prompt past the 1 MiB limit used to run its first
+/// 1,048,571 bytes as a turn at clunk (the instruction at its end lost).
+/// Now the whole prompt is refused: the write that crosses the limit
+/// fails, so does every later write and the clunk, and no turn starts; the
+/// session takes a normal prompt afterwards.
+#[test]
+fn a_prompt_over_the_limit_is_refused_whole() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "answered"})]);
+    let (_served, mut c, id) = scripted_session(&env, &script, "");
+    let (fid, _) = c.walk(&format!("s/{id}/prompt")).unwrap();
+    c.open(fid, mode::WRITE).unwrap();
+    let chunk = vec![b'a'; (c.msize - 24) as usize];
+    let mut offset = 0u64;
+    let mut refused = None;
+    while offset <= (1 << 20) + chunk.len() as u64 {
+        match c.write_at(fid, offset, &chunk) {
+            Ok(n) => offset += u64::from(n),
+            Err(e) => {
+                refused = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let refused = refused.unwrap_or_else(|| panic!("{offset} bytes were taken"));
+    assert!(refused.contains("none of it will be used"), "{refused}");
+    assert!(offset <= 1 << 20, "more than the limit was taken: {offset}");
+    let later = c.write_at(fid, offset, b"\nnow do the important thing").unwrap_err().to_string();
+    assert!(later.contains("none of it will be used"), "{later}");
+    let clunked = c.clunk(fid).unwrap_err().to_string();
+    assert!(clunked.contains("none of it will be used"), "{clunked}");
+    let file = env.session_files().into_iter().find(|f| f.to_string_lossy().contains(&id)).unwrap();
+    let types = entry_types(&file);
+    assert!(!types.iter().any(|t| t == "message"), "a turn ran: {types:?}");
+    c.write_file(&format!("s/{id}/prompt"), b"a short prompt").unwrap();
+    wait_for("the short prompt's answer", || text(&mut c, &format!("s/{id}/chat")).contains("answered"));
+}
