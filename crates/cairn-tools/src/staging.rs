@@ -376,10 +376,6 @@ fn probe() -> Result<(), String> {
     Err("overlay staging exists only on Linux".into())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn io_at(what: String) -> impl FnOnce(std::io::Error) -> StagingError {
     move |source| StagingError::Io { what, source }
 }
@@ -411,12 +407,16 @@ fn join(rel: &str, name: &str) -> String {
 /// permission bits cairn would write (never setuid/setgid).
 fn recorded(tree: &Beneath, rel: &str) -> Result<Option<FileState>, StagingError> {
     let state = tree.state(rel).map_err(io_at(format!("cannot read {}", tree.show(rel))))?;
-    Ok(state.map(|mut s| {
-        if s.kind != EntryKind::Symlink {
-            s.mode &= beneath::WRITABLE_MODE;
-        }
-        s
-    }))
+    Ok(state.map(writable))
+}
+
+/// `state` with the permission bits cairn would write (a link's are its
+/// own).
+fn writable(mut state: FileState) -> FileState {
+    if state.kind != EntryKind::Symlink {
+        state.mode &= beneath::WRITABLE_MODE;
+    }
+    state
 }
 
 fn before_state(low: &Beneath, rel: &str) -> Result<Option<FileState>, StagingError> {
@@ -444,7 +444,7 @@ fn walk_upper(
         })?;
         let before = before_state(low, &path)?;
         if node.whiteout {
-            deleted_tree(low, &path, out)?;
+            deleted_tree(low, &path, before, out)?;
             continue;
         }
         if node.kind == EntryKind::Special {
@@ -462,7 +462,7 @@ fn walk_upper(
             } else if up.is_opaque(&path) {
                 // Everything below was removed, then the directory refilled.
                 for child in low.list(&path).map_err(io_at(format!("cannot list {}", low.show(&path))))? {
-                    deleted_tree(low, &join(&path, &child), out)?;
+                    deleted_tree(low, &join(&path, &child), None, out)?;
                 }
                 if before.as_ref().map(|b| b.mode) != after.as_ref().map(|a| a.mode) {
                     out.insert(path.clone(), change(&path, ChangeKind::Modified, before, after));
@@ -481,7 +481,7 @@ fn walk_upper(
                 // A directory replaced by a file or link: everything below
                 // it is deleted, and the path itself changes kind.
                 for child in low.list(&path).map_err(io_at(format!("cannot list {}", low.show(&path))))? {
-                    deleted_tree(low, &join(&path, &child), out)?;
+                    deleted_tree(low, &join(&path, &child), None, out)?;
                 }
                 out.insert(path.clone(), change(&path, ChangeKind::Modified, Some(b), after));
             }
@@ -506,15 +506,27 @@ fn change(path: &str, kind: ChangeKind, before: Option<FileState>, after: Option
     Change { path: path.to_owned(), kind, before, after, lines: None, appends: false, discards_uncommitted: false }
 }
 
-/// `path` of the lower tree and everything below it, as deletions.
-fn deleted_tree(low: &Beneath, path: &str, out: &mut BTreeMap<String, Change>) -> Result<(), StagingError> {
+/// `path` of the lower tree and everything below it, as deletions
+/// (`known`: its state, when the caller has read it already).
+fn deleted_tree(
+    low: &Beneath,
+    path: &str,
+    known: Option<FileState>,
+    out: &mut BTreeMap<String, Change>,
+) -> Result<(), StagingError> {
     if path.split('/').count() > MAX_DEPTH {
         return Err(StagingError::TooDeep { path: cairn_core::staged::shown(path) });
     }
-    let Some(before) = before_state(low, path)? else { return Ok(()) };
+    let before = match known {
+        Some(state) => state,
+        None => match before_state(low, path)? {
+            Some(state) => state,
+            None => return Ok(()),
+        },
+    };
     if before.kind == EntryKind::Dir {
         for child in low.list(path).map_err(io_at(format!("cannot list {}", low.show(path))))? {
-            deleted_tree(low, &join(path, &child), out)?;
+            deleted_tree(low, &join(path, &child), None, out)?;
         }
     }
     out.insert(path.to_owned(), change(path, ChangeKind::Deleted, Some(before), None));
@@ -553,6 +565,9 @@ fn line_kept(low: &Beneath, up: &Beneath, rel: &str) -> Option<(u64, u64)> {
 /// a planted `core.fsmonitor` would run as cairn). Only SHA-1 stores.
 struct GitStore {
     objects: PathBuf,
+    /// The pack indexes, read once (at the first lookup a loose object
+    /// does not answer) for the whole change set.
+    packs: std::cell::OnceCell<Vec<Vec<u8>>>,
 }
 
 impl GitStore {
@@ -577,7 +592,7 @@ impl GitStore {
                 if format.contains("objectformat = sha256") || format.contains("objectFormat = sha256") {
                     return None;
                 }
-                return Some(Self { objects: common.join("objects") });
+                return Some(Self { objects: common.join("objects"), packs: std::cell::OnceCell::new() });
             }
             dir = d.parent();
         }
@@ -587,20 +602,18 @@ impl GitStore {
     /// Whether the blob with the bytes of `file` is stored.
     fn stores(&self, file: &fs::File) -> bool {
         let Some(id) = blob_id(file) else { return false };
-        let loose = self.objects.join(&id[..2]).join(&id[2..]);
-        if fs::symlink_metadata(loose).is_ok() {
+        let text = beneath::hex(&id);
+        if fs::symlink_metadata(self.objects.join(&text[..2]).join(&text[2..])).is_ok() {
             return true;
         }
-        let Ok(packs) = fs::read_dir(self.objects.join("pack")) else { return false };
-        let Some(raw) =
-            (0..20).map(|i| u8::from_str_radix(&id[2 * i..2 * i + 2], 16).ok()).collect::<Option<Vec<u8>>>()
-        else {
-            return false;
-        };
-        packs
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".idx"))
-            .any(|e| fs::read(e.path()).is_ok_and(|idx| pack_index_has(&idx, &raw)))
+        let packs = self.packs.get_or_init(|| {
+            let Ok(dir) = fs::read_dir(self.objects.join("pack")) else { return Vec::new() };
+            dir.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".idx"))
+                .filter_map(|e| fs::read(e.path()).ok())
+                .collect()
+        });
+        packs.iter().any(|idx| pack_index_has(idx, &id))
     }
 
     /// Whether changing `rel` from the lower to the upper content discards
@@ -613,7 +626,7 @@ impl GitStore {
 }
 
 /// git's id of a blob with `file`'s bytes: SHA-1 of `blob <len>\0<bytes>`.
-fn blob_id(file: &fs::File) -> Option<String> {
+fn blob_id(file: &fs::File) -> Option<[u8; 20]> {
     use sha1::Digest as _;
     let len = file.metadata().ok()?.len();
     let mut hasher = sha1::Sha1::new();
@@ -627,7 +640,7 @@ fn blob_id(file: &fs::File) -> Option<String> {
         }
         hasher.update(&buf[..n]);
     }
-    Some(hex(&hasher.finalize()))
+    Some(hasher.finalize().into())
 }
 
 /// Whether a pack index (version 2: magic, version, 256 fan-out counts,
@@ -734,20 +747,18 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
     // First, before touching anything: every path must be as the command
     // found it (not applied yet) or as it left it (applied already);
     // anything else is a concurrent change that applying would destroy.
+    // The states read here serve the "already applied" test below too:
+    // the deletions in between remove only paths of their own.
+    let mut found = Vec::with_capacity(changes.changes.len());
     for c in &changes.changes {
         if c.after.as_ref().is_some_and(|a| a.kind == EntryKind::Special) {
             return Err(StagingError::Special { path: cairn_core::staged::shown(&c.path) });
         }
         let now = recorded(&tree, &c.path)?;
-        let before = c.before.clone().map(|mut b| {
-            if b.kind != EntryKind::Symlink {
-                b.mode &= beneath::WRITABLE_MODE;
-            }
-            b
-        });
-        if now != before && now != c.after {
+        if now != c.before.clone().map(writable) && now != c.after {
             return Err(StagingError::Conflict { path: cairn_core::staged::shown(&c.path) });
         }
+        found.push(now);
     }
     // Deletions deepest first, then creations and modifications in path
     // order (parents before children).
@@ -762,9 +773,9 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
     // next apply: the change set is in the log).
     let mut renames: Vec<(String, &str)> = Vec::new();
     let mut dir_modes: Vec<(&str, u32)> = Vec::new();
-    for c in changes.changes.iter().filter(|c| c.kind != ChangeKind::Deleted) {
+    for (c, now) in changes.changes.iter().zip(&found).filter(|(c, _)| c.kind != ChangeKind::Deleted) {
         let Some(after) = &c.after else { continue };
-        if recorded(&tree, &c.path)?.as_ref() == Some(after) {
+        if now.as_ref() == Some(after) {
             continue;
         }
         let at = |what: &str| io_at(format!("cannot {what} {}", tree.show(&c.path)));
