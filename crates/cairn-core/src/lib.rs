@@ -34,6 +34,7 @@ pub mod message;
 pub mod projection;
 pub mod provider;
 pub mod registry;
+pub mod risk;
 pub mod schema;
 pub mod staged;
 pub mod storage;

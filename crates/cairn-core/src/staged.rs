@@ -21,7 +21,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::tool::Risk;
+use crate::risk::Risk;
 
 /// What a path is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,6 +260,19 @@ pub struct StagedReview<'a> {
     /// The staging layer holding the new contents (recorded with the
     /// change set, so a resumed session can finish applying it).
     pub staging: &'a str,
+}
+
+/// A change set committed for an invocation whose settlement was not: what
+/// a staged tool needs to finish applying it on resume (read from the
+/// invocation's `toolStaged` entry by the turn).
+#[derive(Debug, Clone, Copy)]
+pub struct StagedCommit<'a> {
+    /// The reviewed change set.
+    pub changes: &'a ChangeSet,
+    /// The staging layer holding the new contents.
+    pub staging: &'a str,
+    /// Who approved applying it (`policy:stagedWrite`, or a person).
+    pub approved_by: &'a str,
 }
 
 /// The turn's answer to a [`StagedReview`].

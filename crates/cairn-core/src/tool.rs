@@ -15,28 +15,7 @@ use serde_json::Value;
 
 use crate::CancelToken;
 
-/// Risk tier. tole's ReadOnly/Write/Destructive ≙ Correx T0/T2/T4.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Risk {
-    /// T0: runs without approval.
-    ReadOnly,
-    /// T2: needs approval unless allowlisted.
-    Write,
-    /// T4: always needs an interactive approval; never allowlisted.
-    Destructive,
-}
-
-impl Risk {
-    /// The Correx tier label ("T0", "T2", "T4").
-    pub fn tier(self) -> &'static str {
-        match self {
-            Risk::ReadOnly => "T0",
-            Risk::Write => "T2",
-            Risk::Destructive => "T4",
-        }
-    }
-}
+pub use crate::risk::Risk;
 
 /// What a tool may touch. Drives the sandbox: what is not declared is denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -340,7 +319,7 @@ pub trait Tool: Send + Sync {
         &self,
         request: &ToolRequest,
         cwd: &Path,
-        staged: &crate::events::ToolStagedPayload,
+        staged: &crate::staged::StagedCommit<'_>,
     ) -> GuardVerdict {
         let _ = (request, cwd, staged);
         GuardVerdict::Unknown

@@ -337,7 +337,7 @@ impl Tool for ExternalTool {
         &self,
         request: &ToolRequest,
         cwd: &Path,
-        staged: &cairn_core::events::ToolStagedPayload,
+        staged: &cairn_core::staged::StagedCommit<'_>,
     ) -> cairn_core::tool::GuardVerdict {
         crate::staging::resume(staged, cwd, &self.staging_dir, &request.invocation_id, &self.staged_rules)
     }

@@ -203,33 +203,33 @@ pub fn settle(
 /// idempotent) and the receipt to settle it with, or `Unknown` when it
 /// cannot be finished.
 pub fn resume(
-    staged: &cairn_core::events::ToolStagedPayload,
+    staged: &cairn_core::staged::StagedCommit<'_>,
     cwd: &Path,
     base: &Path,
     invocation: &str,
     rules: &cairn_core::staged::StagedRules,
 ) -> cairn_core::tool::GuardVerdict {
     use cairn_core::tool::{GuardVerdict, ToolReceipt};
-    match apply(&staged.change_set, Path::new(&staged.staging), cwd) {
+    match apply(staged.changes, Path::new(staged.staging), cwd) {
         Ok(()) => {
-            remove_temporaries(&staged.change_set, cwd);
+            remove_temporaries(staged.changes, cwd);
             remove_leftovers(base, invocation);
             GuardVerdict::AlreadyDone(ToolReceipt {
                 exit_code: 0,
                 output_summary: format!(
                     "[cairn: resumed after an interruption: the committed change set was applied; the command was \
                      not re-run]\n{}",
-                    staged.change_set.listing()
+                    staged.changes.listing()
                 ),
                 structured_output: Some(serde_json::json!({
                     "staging": cairn_core::staged::StagingMode::Overlay,
-                    "changeSet": staged.change_set,
-                    "appliedBy": staged.verdict.by,
+                    "changeSet": staged.changes,
+                    "appliedBy": staged.approved_by,
                     "resumed": true,
                 })),
-                affected_entities: staged.change_set.affected(),
+                affected_entities: staged.changes.affected(),
                 duration_ms: 0,
-                tier: staged.change_set.judge(rules).risk,
+                tier: staged.changes.judge(rules).risk,
                 timestamp: crate::now_ms(),
                 truncated: false,
             })

@@ -94,7 +94,7 @@ pub fn parse(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
 
 /// Split `line` into simple commands after quote removal, without judging
 /// the commands themselves (the tokenizer [`parse`] and
-/// [`super::classify`] share; it refuses expansions, redirections and
+/// the shell tool's classifier share; it refuses expansions, redirections and
 /// compound syntax, whose words are not the argv bash runs).
 pub fn words(line: &str) -> Result<Vec<SimpleCommand>, Unsafe> {
     let mut commands: Vec<SimpleCommand> = Vec::new();
@@ -283,7 +283,7 @@ fn check_simple(command: &SimpleCommand) -> Result<(), Unsafe> {
     }
     // Options through which a program runs another command: a pattern for
     // the program never covers them.
-    if let Some(option) = super::classify::runs_other_commands(command) {
+    if let Some(option) = super::indirection::runs_other_commands(command) {
         return Err(Unsafe(format!("`{base}` with `{option}` can run another command (indirection)")));
     }
     Ok(())

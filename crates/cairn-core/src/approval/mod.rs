@@ -15,9 +15,9 @@
 //! combines an allowlist with an interactive approver.
 
 pub mod allowlist;
-pub mod classify;
 pub mod cmdline;
 pub mod gate;
+pub mod indirection;
 mod policy;
 
 use std::path::Path;

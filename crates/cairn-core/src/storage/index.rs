@@ -78,6 +78,15 @@ pub struct SessionIndex {
     dead_records: u64,
 }
 
+impl super::registers::Before for SessionIndex {
+    fn is_set(&self, namespace: &str, key: &str) -> bool {
+        self.register(namespace, key).is_some()
+    }
+    fn has_entry(&self, id: &str) -> bool {
+        self.entry(id).is_some()
+    }
+}
+
 impl SessionIndex {
     /// An empty index.
     pub fn new() -> Self {

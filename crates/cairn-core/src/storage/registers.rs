@@ -33,7 +33,6 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::index::SessionIndex;
 use super::record::{NamespaceRoot, Transaction, TxOp, to_raw};
 use super::{Storage, StorageError};
 
@@ -58,9 +57,19 @@ pub const QUEUE_FACT: &str = "queue";
 /// The prefix of `fact` keys holding a session allow rule.
 const ALLOW_FACT: &str = "allow:";
 
+/// What [`check`] reads of the session before a transaction: which
+/// registers are live and which entries exist. `SessionIndex` implements
+/// it; the lifecycle rules do not depend on how the index stores them.
+pub(super) trait Before {
+    /// Whether register `namespace`/`key` is live.
+    fn is_set(&self, namespace: &str, key: &str) -> bool;
+    /// Whether an entry with `id` exists.
+    fn has_entry(&self, id: &str) -> bool;
+}
+
 /// Refuse `tx` if it breaks a namespace's lifecycle against `index` (the
 /// state before the transaction).
-pub(super) fn check(index: &SessionIndex, tx: &Transaction) -> Result<(), StorageError> {
+pub(super) fn check(index: &impl Before, tx: &Transaction) -> Result<(), StorageError> {
     let moves_state = tx.ops.iter().any(|op| matches!(op, TxOp::State { .. }));
     // Entries appended so far in this transaction, in order.
     let mut appended: HashSet<&str> = HashSet::new();
@@ -71,7 +80,7 @@ pub(super) fn check(index: &SessionIndex, tx: &Transaction) -> Result<(), Storag
             .iter()
             .rev()
             .find(|(n, k, _)| *n == ns && *k == key)
-            .map_or_else(|| index.register(ns, key).is_some(), |(_, _, live)| *live)
+            .map_or_else(|| index.is_set(ns, key), |(_, _, live)| *live)
     };
     let refuse = |what: String| Err(StorageError::Invalid(what));
     for op in &tx.ops {
@@ -94,7 +103,7 @@ pub(super) fn check(index: &SessionIndex, tx: &Transaction) -> Result<(), Storag
         let is_live = live(&changed, namespace, key);
         match (root, value) {
             (NamespaceRoot::Lane, None) => {
-                if index.register(namespace, key).is_none() {
+                if !index.is_set(namespace, key) {
                     return refuse(format!("lane {key:?} is deleted but does not exist"));
                 }
                 if tx.ops.len() != 1 {
@@ -107,7 +116,7 @@ pub(super) fn check(index: &SessionIndex, tx: &Transaction) -> Result<(), Storag
                 let head = value.parse::<String>().map_err(|_| {
                     StorageError::Invalid(format!("lane {key:?} must name an entry id (a JSON string)"))
                 })?;
-                if index.entry(&head).is_none() && !appended.contains(head.as_str()) {
+                if !index.has_entry(&head) && !appended.contains(head.as_str()) {
                     return refuse(format!("lane {key:?} names entry {head:?}, which does not exist"));
                 }
             }

@@ -554,7 +554,15 @@ impl<S: Storage> Session<S> {
                 "interrupted: cairn stopped while {} ran and the tool is no longer registered, so it was not re-run; whether its effect happened is unknown",
                 request.tool
             )),
-            (Some(tool), Some(staged), _, _) => match tool.resume_staged(&request, &self.cwd, &staged) {
+            (Some(tool), Some(staged), _, _) => match tool.resume_staged(
+                &request,
+                &self.cwd,
+                &crate::staged::StagedCommit {
+                    changes: &staged.change_set,
+                    staging: &staged.staging,
+                    approved_by: &staged.verdict.by,
+                },
+            ) {
                 GuardVerdict::NotDone | GuardVerdict::Unknown => uncertain(format!(
                     "interrupted: cairn stopped while applying the committed change set of {}, and it could not be finished; the working tree may hold part of it — check before retrying",
                     request.tool

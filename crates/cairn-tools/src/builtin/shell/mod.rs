@@ -8,11 +8,12 @@
 //! may approve, through `ToolContext::approve_bypass`, one more run of that
 //! exact command without the sandbox. Nothing else ever lifts the sandbox.
 
+pub mod classify;
+
 use std::ffi::OsString;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cairn_core::events::ToolStagedPayload;
 use cairn_core::tool::{
     Capability, GuardVerdict, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest,
     ToolSpec, Validation,
@@ -21,9 +22,9 @@ use regex::{Regex, RegexBuilder};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use cairn_core::approval::classify::{Class, Reach, classify};
 use cairn_core::approval::cmdline;
-use cairn_core::staged::{StagedRules, StagingMode};
+use cairn_core::staged::{StagedCommit, StagedRules, StagingMode};
+use classify::{Class, Reach, classify};
 
 use super::{caps, parse_args};
 use crate::ToolsConfig;
@@ -33,7 +34,7 @@ use crate::staging::{self, Staging};
 
 /// Extra regexes (over the raw line and its parsed words joined by spaces)
 /// that make a shell call Destructive before it runs. Empty by default: the
-/// parsed classification (`cairn_core::approval::classify`) and, where
+/// parsed classification (`classify.rs`) and, where
 /// available, the staged effect decide; a user may add shapes of their own.
 pub const DEFAULT_DESTRUCTIVE_PATTERNS: &[&str] = &[];
 
@@ -281,7 +282,7 @@ impl Tool for Shell {
         )
     }
 
-    fn resume_staged(&self, request: &ToolRequest, cwd: &Path, staged: &ToolStagedPayload) -> GuardVerdict {
+    fn resume_staged(&self, request: &ToolRequest, cwd: &Path, staged: &StagedCommit<'_>) -> GuardVerdict {
         staging::resume(staged, cwd, &self.staging_dir, &request.invocation_id, &self.staged_rules)
     }
 

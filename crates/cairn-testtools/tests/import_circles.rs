@@ -1,0 +1,497 @@
+//! No import circle between the modules of any crate of the workspace.
+//!
+//! A circle (module a uses b, b uses c, c uses a) means none of them can be
+//! read, tested or moved alone; issue 26 found five of them. This check
+//! reads every `crate::…`, `super::…` and `self::…` path in each crate's
+//! `src/` (use lines and paths written inline alike, comments and strings
+//! left out), resolves each to the deepest module it names, and fails
+//! naming every strongly connected group of modules.
+//!
+//! A module's use of its own ancestors (`use super::*` in a child, a test
+//! module reading its file) is containment, not an import, and is not an
+//! edge. The crate root (`lib.rs`, `main.rs`) is not a node: it declares
+//! and re-exports modules and every module may name its re-exports.
+//!
+//! This is deliberately its own small reader, not `syn`: it must not share
+//! code with what it checks, and it needs only paths.
+
+#![allow(clippy::expect_used)] // test helpers outside #[test] fns
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Module path (`a::b`, root is "") → file.
+type Modules = BTreeMap<String, PathBuf>;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("crates/").to_path_buf()
+}
+
+/// Every module file of the library or binary of `crate_dir` (not `src/bin`,
+/// whose files are crate roots of their own).
+fn modules(crate_dir: &Path) -> Modules {
+    let src = crate_dir.join("src");
+    let mut out = Modules::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        let Ok(read) = std::fs::read_dir(&dir) else { continue };
+        for entry in read.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if path != src.join("bin") {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(&src).expect("under src").with_extension("");
+            let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+            if parts.last().is_some_and(|l| l == "mod") {
+                parts.pop();
+            }
+            if parts.len() == 1 && (parts[0] == "lib" || parts[0] == "main") {
+                parts.clear();
+            }
+            out.insert(parts.join("::"), path);
+        }
+    }
+    out
+}
+
+/// `text` with comments and the contents of string and char literals blanked
+/// (newlines kept, so braces can be counted per line).
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                let mut depth = 0;
+                while i < b.len() {
+                    if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
+                        depth += 1;
+                        i += 2;
+                    } else if b[i] == b'*' && b.get(i + 1) == Some(&b'/') {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        if b[i] == b'\n' {
+                            out.push('\n');
+                        }
+                        i += 1;
+                    }
+                }
+            }
+            b'r' if matches!(b.get(i + 1), Some(b'"' | b'#')) && (i == 0 || !is_ident(b[i - 1])) => {
+                // Raw string r"…" / r#"…"#.
+                let mut j = i + 1;
+                let mut hashes = 0;
+                while b.get(j) == Some(&b'#') {
+                    hashes += 1;
+                    j += 1;
+                }
+                if b.get(j) != Some(&b'"') {
+                    out.push('r');
+                    i += 1;
+                    continue;
+                }
+                j += 1;
+                loop {
+                    if j >= b.len() {
+                        break;
+                    }
+                    if b[j] == b'"' && b[j + 1..].iter().take(hashes).filter(|&&c| c == b'#').count() == hashes {
+                        j += 1 + hashes;
+                        break;
+                    }
+                    if b[j] == b'\n' {
+                        out.push('\n');
+                    }
+                    j += 1;
+                }
+                out.push_str("\"\"");
+                i = j;
+            }
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    if b[i] == b'\\' {
+                        i += 1;
+                    } else if b[i] == b'\n' {
+                        out.push('\n');
+                    }
+                    i += 1;
+                }
+                i += 1;
+                out.push_str("\"\"");
+            }
+            b'\'' => {
+                // A char literal ('x', '\n', '{') or a lifetime ('a).
+                if b.get(i + 1) == Some(&b'\\') {
+                    let end = b[i + 2..].iter().position(|&c| c == b'\'').map_or(b.len(), |p| i + 3 + p);
+                    out.push_str("' '");
+                    i = end;
+                } else if b.get(i + 2) == Some(&b'\'') {
+                    out.push_str("' '");
+                    i += 3;
+                } else {
+                    out.push('\'');
+                    i += 1;
+                }
+            }
+            c => {
+                out.push(c as char);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn is_ident(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+/// The paths written in `code` as (inline module stack, segments), where the
+/// first segment is `crate`, `super` or `self`. `use` groups are expanded one
+/// level at a time (`crate::{a::X, b}` → `crate::a::X`, `crate::b`).
+fn paths(code: &str) -> Vec<(Vec<String>, Vec<String>)> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    // Inline `mod name {` blocks: (name, brace depth inside it).
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0usize;
+    let mut pending_mod: Option<String> = None;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'{' {
+            depth += 1;
+            if let Some(name) = pending_mod.take() {
+                inline.push((name, depth));
+            }
+            i += 1;
+            continue;
+        }
+        if c == b'}' {
+            if inline.last().is_some_and(|(_, d)| *d == depth) {
+                inline.pop();
+            }
+            depth = depth.saturating_sub(1);
+            i += 1;
+            continue;
+        }
+        if c == b';' {
+            pending_mod = None;
+        }
+        if !is_ident(c) || (i > 0 && (is_ident(b[i - 1]) || b[i - 1] == b':')) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && is_ident(b[i]) {
+            i += 1;
+        }
+        let word = &code[start..i];
+        if word == "mod" {
+            let rest = code[i..].trim_start();
+            let name: String = rest.chars().take_while(|&c| c.is_alphanumeric() || c == '_').collect();
+            if !name.is_empty() {
+                pending_mod = Some(name);
+            }
+            continue;
+        }
+        if !matches!(word, "crate" | "super" | "self") || !code[i..].starts_with("::") {
+            continue;
+        }
+        let stack: Vec<String> = inline.iter().map(|(n, _)| n.clone()).collect();
+        for p in expand(&code[start..], 0) {
+            out.push((stack.clone(), p));
+        }
+        // Skip the rest of this path so its segments are not read again.
+        while i < b.len() && (is_ident(b[i]) || b[i] == b':') {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The path (or `use` tree) at the start of `s` as lists of segments.
+fn expand(s: &str, level: usize) -> Vec<Vec<String>> {
+    let mut segs = Vec::new();
+    let mut rest = s;
+    loop {
+        let r = rest.trim_start();
+        let seg: String = r.chars().take_while(|&c| c.is_alphanumeric() || c == '_').collect();
+        if seg.is_empty() {
+            if r.starts_with('{') && level < 4 {
+                // A group: split its top level on commas.
+                let inner = &r[1..];
+                let mut d = 0;
+                let mut item_start = 0;
+                let mut out = Vec::new();
+                for (k, ch) in inner.char_indices() {
+                    match ch {
+                        '{' => d += 1,
+                        '}' if d == 0 => {
+                            for tail in expand(&inner[item_start..k], level + 1) {
+                                out.push(segs.iter().cloned().chain(tail).collect());
+                            }
+                            return out;
+                        }
+                        '}' => d -= 1,
+                        ',' if d == 0 => {
+                            for tail in expand(&inner[item_start..k], level + 1) {
+                                out.push(segs.iter().cloned().chain(tail).collect());
+                            }
+                            item_start = k + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                return out;
+            }
+            break;
+        }
+        rest = &r[seg.len()..];
+        segs.push(seg);
+        let r2 = rest.trim_start();
+        if let Some(after) = r2.strip_prefix("::") {
+            rest = after;
+        } else {
+            break;
+        }
+    }
+    if segs.is_empty() { Vec::new() } else { vec![segs] }
+}
+
+/// The module a path from `from` (with inline modules `inline`) names: the
+/// deepest existing module along it; `None` for the root or outside.
+fn resolve(mods: &Modules, from: &str, inline: &[String], segs: &[String]) -> Option<String> {
+    let mut base: Vec<String> = if from.is_empty() { Vec::new() } else { from.split("::").map(String::from).collect() };
+    base.extend(inline.iter().cloned());
+    let mut rest = segs;
+    match segs.first().map(String::as_str) {
+        Some("crate") => {
+            base.clear();
+            rest = &segs[1..];
+        }
+        Some("self") => rest = &segs[1..],
+        Some("super") => {
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop()?;
+                rest = &rest[1..];
+            }
+        }
+        _ => return None,
+    }
+    let mut best = None;
+    let mut cur = base.clone();
+    if mods.contains_key(&cur.join("::")) && !cur.is_empty() {
+        best = Some(cur.join("::"));
+    }
+    for s in rest {
+        cur.push(s.clone());
+        let key = cur.join("::");
+        if mods.contains_key(&key) {
+            best = Some(key);
+        }
+    }
+    best
+}
+
+fn is_ancestor_or_self(anc: &str, m: &str) -> bool {
+    anc == m || m.starts_with(&format!("{anc}::"))
+}
+
+/// Strongly connected groups of more than one module (Tarjan).
+fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct T<'a> {
+        edges: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        on: BTreeSet<&'a str>,
+        stack: Vec<&'a str>,
+        next: usize,
+        out: Vec<Vec<String>>,
+    }
+    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
+        t.index.insert(v, t.next);
+        t.low.insert(v, t.next);
+        t.next += 1;
+        t.stack.push(v);
+        t.on.insert(v);
+        if let Some(ws) = t.edges.get(v) {
+            for w in ws {
+                let w = w.as_str();
+                if !t.index.contains_key(w) {
+                    visit(t, w);
+                    let l = t.low[w].min(t.low[v]);
+                    t.low.insert(v, l);
+                } else if t.on.contains(w) {
+                    let l = t.index[w].min(t.low[v]);
+                    t.low.insert(v, l);
+                }
+            }
+        }
+        if t.low[v] == t.index[v] {
+            let mut group = Vec::new();
+            while let Some(w) = t.stack.pop() {
+                t.on.remove(w);
+                group.push(w.to_owned());
+                if w == v {
+                    break;
+                }
+            }
+            if group.len() > 1 {
+                group.sort();
+                t.out.push(group);
+            }
+        }
+    }
+    let mut t = T {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        on: BTreeSet::new(),
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !t.index.contains_key(v.as_str()) {
+            visit(&mut t, v);
+        }
+    }
+    t.out
+}
+
+/// The import graph of one crate.
+fn graph(crate_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mods = modules(crate_dir);
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (m, file) in &mods {
+        if m.is_empty() {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("readable source");
+        let entry = edges.entry(m.clone()).or_default();
+        for (inline, segs) in paths(&code_only(&text)) {
+            let Some(to) = resolve(&mods, m, &inline, &segs) else { continue };
+            if to.is_empty() || is_ancestor_or_self(&to, m) {
+                continue;
+            }
+            entry.insert(to);
+        }
+    }
+    edges
+}
+
+/// Circles that existed when this check was written and are being broken
+/// (issue 26: the host runtime takes the CLI's wiring). Each is listed
+/// exactly; a new circle, a circle that grows, or one listed here that no
+/// longer exists (remove it from the list) fails the test.
+const KNOWN: &[(&str, &[&str])] = &[
+    ("cairn-9p", &["approver", "live"]),
+    (
+        "cairn-cli",
+        &[
+            "batch",
+            "commands",
+            "compaction",
+            "config",
+            "context",
+            "discover",
+            "host",
+            "local",
+            "peers",
+            "pg",
+            "serve",
+            "sessions",
+            "subagents",
+            "toolsrv",
+            "trust",
+        ],
+    ),
+];
+
+#[test]
+fn no_crate_has_an_import_circle() {
+    let mut found = Vec::new();
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(workspace())
+        .expect("crates/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("Cargo.toml").exists() && p.join("src").is_dir())
+        .collect();
+    crates.sort();
+    assert!(crates.len() >= 10, "expected the workspace's crates under {}", workspace().display());
+    for dir in &crates {
+        let edges = graph(dir);
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        let groups = circles(&edges);
+        for (krate, known) in KNOWN.iter().filter(|(k, _)| *k == name) {
+            if !groups.iter().any(|g| g.iter().map(String::as_str).eq(known.iter().copied())) {
+                found.push(format!("{krate}: the known circle {known:?} is gone or changed: update KNOWN"));
+            }
+        }
+        for group in groups {
+            if KNOWN.iter().any(|(k, known)| *k == name && group.iter().map(String::as_str).eq(known.iter().copied())) {
+                continue;
+            }
+            let inner: Vec<String> = group
+                .iter()
+                .map(|m| {
+                    let uses: Vec<&str> = edges[m].iter().filter(|t| group.contains(t)).map(String::as_str).collect();
+                    format!("    {m} -> {}", uses.join(", "))
+                })
+                .collect();
+            found.push(format!("{name}: {} modules in a circle:\n{}", group.len(), inner.join("\n")));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "import circles (break each by moving the shared piece to the module both need, or the user's piece beside its only user):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The reader itself, on a made-up crate: a circle through a use group, an
+/// inline path and `super::` is found; ancestors, tests and strings are not
+/// edges.
+#[test]
+fn the_reader_finds_a_planted_circle_and_nothing_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("a")).expect("mkdir");
+    std::fs::write(src.join("lib.rs"), "mod a; mod b; mod c; pub use a::X;").expect("write");
+    std::fs::write(src.join("a/mod.rs"), "pub mod inner; pub struct X;\n").expect("write");
+    std::fs::write(
+        src.join("a/inner.rs"),
+        "use super::X; // crate::c::Y in a comment\nfn f() -> &'static str { \"crate::c::Y\" }\nfn g() { crate::b::go(); }\n",
+    )
+    .expect("write");
+    std::fs::write(src.join("b.rs"), "use crate::{c::{self, Y}, X};\npub fn go() {}\n").expect("write");
+    std::fs::write(
+        src.join("c.rs"),
+        "pub struct Y;\n#[cfg(test)]\nmod tests { use super::*; use super::super::a::inner; }\n",
+    )
+    .expect("write");
+    let edges = graph(dir.path());
+    assert_eq!(edges["a::inner"], BTreeSet::from(["b".to_owned()]));
+    assert_eq!(edges["b"], BTreeSet::from(["c".to_owned()]));
+    assert_eq!(edges["c"], BTreeSet::from(["a::inner".to_owned()]));
+    assert!(edges["a"].is_empty());
+    assert_eq!(circles(&edges), vec![vec!["a::inner".to_owned(), "b".to_owned(), "c".to_owned()]]);
+}
