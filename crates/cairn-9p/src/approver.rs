@@ -2,11 +2,11 @@
 //! shown as a file in `s/<id>/approvals/` and waits until someone writes
 //! `y`, `n` or `a` to it. It is the only interactive approver of the tree,
 //! so it is the only way a Destructive call or a sandbox bypass is
-//! approved over 9P; `yes=1` approves Write calls only.
+//! approved over 9P.
 //!
-//! Must not: decide anything itself beyond `yes=1` for Write (the allow
-//! rules and the ReadOnly policy are `PolicyApprover`'s, the Destructive
-//! rule is `approval::gate`'s).
+//! Must not: decide anything itself (the allow rules, `yes=1` and the
+//! ReadOnly policy are `PolicyApprover`'s, the Destructive rule and what
+//! may be remembered are `approval::gate`'s).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use std::sync::mpsc::{RecvTimeoutError, sync_channel};
 use std::time::Duration;
 
 use cairn_core::CancelToken;
-use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, Verdict};
+use cairn_core::approval::{ApprovalError, ApprovalRequest, Approver, Verdict};
 use cairn_core::tool::{Preview, Risk};
 
 use crate::live::{Live, PendingApproval, Runtime};
@@ -24,14 +24,13 @@ use crate::live::{Live, PendingApproval, Runtime};
 pub struct TreeApprover {
     live: Arc<Live>,
     runtime: Arc<Runtime>,
-    yes: bool,
     cancel: CancelToken,
 }
 
 impl TreeApprover {
     /// The approver of one turn of `live`.
-    pub fn new(live: Arc<Live>, runtime: Arc<Runtime>, yes: bool, cancel: CancelToken) -> Self {
-        Self { live, runtime, yes, cancel }
+    pub fn new(live: Arc<Live>, runtime: Arc<Runtime>, cancel: CancelToken) -> Self {
+        Self { live, runtime, cancel }
     }
 }
 
@@ -71,7 +70,7 @@ pub fn describe(request: &ApprovalRequest<'_>) -> String {
         }
         None => {}
     }
-    let always = request.risk == Risk::Write && request.bypass.is_none();
+    let always = request.may_remember();
     let _ = writeln!(
         out,
         "answer: write {} to this file",
@@ -86,15 +85,8 @@ impl Approver for TreeApprover {
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
-        if self.yes && request.risk == Risk::Write && request.bypass.is_none() {
-            return Ok(Verdict { decision: Answer::Approve, by: "9p:yes=1".to_owned() });
-        }
         let (tx, rx) = sync_channel(1);
-        let pending = PendingApproval {
-            text: describe(request),
-            session_allowed: request.risk == Risk::Write && request.bypass.is_none(),
-            answer: tx,
-        };
+        let pending = PendingApproval { text: describe(request), session_allowed: request.may_remember(), answer: tx };
         self.live.add_approval(request.invocation_id, pending, format!("awaiting approval: {}", request.tool));
         self.runtime.pulse.bump();
         let result = loop {

@@ -80,12 +80,13 @@ impl BatchSpec {
                 "model" => session.model = value,
                 "script" => session.script = value,
                 "allow" => session.allow.push(value),
+                "yes" => session.yes = crate::host::parse_yes(&value).map_err(|e| anyhow!("line {n}: {e}"))?,
                 "parallel" => {
                     parallel = value.parse().ok().filter(|p| (1..=MAX_PARALLEL).contains(p)).ok_or_else(|| {
                         anyhow!("line {n}: parallel={value:?}: give a number from 1 to {MAX_PARALLEL}")
                     })?;
                 }
-                other => bail!("line {n}: unknown key {other:?} (known: cwd provider model script parallel allow)"),
+                other => bail!("line {n}: unknown key {other:?} (known: cwd provider model script parallel allow yes)"),
             }
         }
         let cwd = cwd.ok_or_else(|| anyhow!("cwd= is required (the directory the job's sessions work in)"))?;
@@ -104,6 +105,9 @@ impl BatchSpec {
         text.push_str(&format!("parallel={}\n", self.parallel));
         for allow in &self.session.allow {
             text.push_str(&format!("allow={allow}\n"));
+        }
+        if self.session.yes {
+            text.push_str("yes=1\n");
         }
         text.push_str(&format!("---\n{}\n", self.prompt));
         text
@@ -475,9 +479,12 @@ impl Batch {
         };
         let cwd = PathBuf::from(&store.header().cwd);
         let provider = self.host.provider(&spec.session, &cwd)?;
-        let registry = self.host.tools(&cwd)?;
+        // Headless: nobody answers a batch unit, so its registry offers no
+        // Destructive tool and a Write call needs an allow rule or `yes`.
         let allow = Allowlist::parse(spec.session.allow.iter().map(String::as_str))?;
-        let mut approver = PolicyApprover::new(allow, None);
+        let approver = PolicyApprover::new(allow, None);
+        let mut approver = if spec.session.yes { approver.approve_writes("9p:yes=1") } else { approver };
+        let registry = self.host.tools(&cwd, &approver)?;
         let mut session = Session::open(store, self.host.session_config())?;
         let mut observer = |_: &TurnEvent| {};
         let mut env = TurnEnv {

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
+use cairn_core::approval::Approver;
 use cairn_core::provider::Provider;
 use cairn_core::storage::{JsonlStore, StoreOptions};
 use cairn_core::{SessionConfig, ToolRegistry};
@@ -34,10 +35,20 @@ pub struct SessionSpec {
     /// Allow patterns for Write calls (never Destructive).
     #[serde(default)]
     pub allow: Vec<String>,
-    /// Approve every Write call without asking (Destructive still waits in
+    /// Approve every Write call without asking (core's
+    /// `PolicyApprover::approve_writes`; Destructive still waits in
     /// `approvals/`).
     #[serde(default)]
     pub yes: bool,
+}
+
+/// The value of a spec's `yes=` key (`s/new`, `b/new`).
+pub fn parse_yes(value: &str) -> Result<bool> {
+    match value {
+        "1" | "true" | "yes" => Ok(true),
+        "" | "0" | "false" | "no" => Ok(false),
+        other => anyhow::bail!("yes={other:?}: use yes=1 (approve every Write call; never Destructive) or yes=0"),
+    }
 }
 
 /// The binary's side of the tree.
@@ -58,18 +69,24 @@ pub trait Host: Send + Sync + 'static {
     /// Build the provider for a session working in `cwd` (the embedded
     /// model grounds path arguments in that tree).
     fn provider(&self, spec: &SessionSpec, cwd: &Path) -> Result<Box<dyn Provider + Send>>;
-    /// The tools for a session in `cwd`, in a registry for an interactive
-    /// approver (a person answers through `approvals/`).
-    fn tools(&self, cwd: &Path) -> Result<ToolRegistry>;
+    /// The tools for a session in `cwd`, in a registry for `approver` (the
+    /// one its turns ask: `ToolRegistry::new`).
+    fn tools(&self, cwd: &Path, approver: &dyn Approver) -> Result<ToolRegistry>;
     /// The tools and settings of one turn of the session in `store`
     /// working in `cwd`: `prompt` is the new turn's request, `None` when
     /// the interrupted turn is resumed. A host that chooses tools by the
     /// request (the CLI's discovery) records its choice in `store` before
     /// the turn's first entry and offers the recorded choice on resume.
     /// Default: every tool ([`Host::tools`]) and [`Host::session_config`].
-    fn turn(&self, cwd: &Path, store: &mut JsonlStore, prompt: Option<&str>) -> Result<(ToolRegistry, SessionConfig)> {
+    fn turn(
+        &self,
+        cwd: &Path,
+        store: &mut JsonlStore,
+        prompt: Option<&str>,
+        approver: &dyn Approver,
+    ) -> Result<(ToolRegistry, SessionConfig)> {
         let _ = (store, prompt);
-        Ok((self.tools(cwd)?, self.session_config()))
+        Ok((self.tools(cwd, approver)?, self.session_config()))
     }
     /// The `providers` file: one configured provider a line.
     fn providers_text(&self) -> String;

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use cairn_core::approval::{Allowlist, Answer, PolicyApprover};
+use cairn_core::approval::{Allowlist, Answer, Approver, PolicyApprover};
 use cairn_core::message::{ContentPart, Role};
 use cairn_core::provider::AttemptUsage;
 use cairn_core::storage::registers::{self, FACT, NAME_FACT};
@@ -330,13 +330,7 @@ impl Runtime {
                 "name" => name = Some(value.to_owned()).filter(|v| !v.is_empty()),
                 "script" => spec.script = value.to_owned(),
                 "allow" => spec.allow.extend(value.split(',').filter(|v| !v.is_empty()).map(str::to_owned)),
-                "yes" => {
-                    spec.yes = match value {
-                        "1" | "true" | "yes" => true,
-                        "" | "0" | "false" | "no" => false,
-                        other => bail!("yes={other:?}: use yes=1 or yes=0"),
-                    }
-                }
+                "yes" => spec.yes = crate::host::parse_yes(value)?,
                 other => bail!("unknown key {other:?}; the keys are {}", NEW_KEYS.join(", ")),
             }
         }
@@ -465,10 +459,13 @@ impl Runtime {
                     Start::Resume => None,
                 }
             };
-            let (session, registry) = self.for_turn(session, &cwd, first.as_deref())?;
-            Ok((spec, cwd, provider, allow, session, registry))
+            let approver = TreeApprover::new(Arc::clone(live), Arc::clone(&self), cancel.clone());
+            let approver = PolicyApprover::new(allow, Some(Box::new(approver)));
+            let approver = if spec.yes { approver.approve_writes("9p:yes=1") } else { approver };
+            let (session, registry) = self.for_turn(session, &cwd, first.as_deref(), &approver)?;
+            Ok((cwd, provider, approver, session, registry))
         })();
-        let (spec, cwd, provider, allow, session, registry) = match prepared {
+        let (cwd, provider, mut approver, session, registry) = match prepared {
             Ok(parts) => parts,
             Err(e) => {
                 let _ = ready.send(Err(format!("{e:#}")));
@@ -478,8 +475,6 @@ impl Runtime {
         // The caller records the turn as running before it reads `ready`'s
         // answer; wait for that so the end below cannot race it.
         let _ = ready.send(Ok(()));
-        let approver = TreeApprover::new(Arc::clone(live), Arc::clone(&self), spec.yes, cancel.clone());
-        let mut approver = PolicyApprover::new(allow, Some(Box::new(approver)));
         let observer_live = Arc::clone(live);
         let observer_rt = Arc::clone(&self);
         let mut observer = move |event: &TurnEvent| observer_rt.observe(&observer_live, event);
@@ -522,7 +517,7 @@ impl Runtime {
             ran = true;
             if let (true, Start::Prompt(text)) = (go_on, &start) {
                 // The new prompt gets its own choice of tools.
-                current = self.next_turn(current, &cwd, Some(text), &end);
+                current = self.next_turn(current, &cwd, Some(text), &approver, &end);
             }
         }
         if let (true, Start::Prompt(text), Some((session, registry))) = (go_on, &start, current.as_mut()) {
@@ -543,7 +538,7 @@ impl Runtime {
                 // Each queued prompt gets its own choice of tools.
                 let Some((session, _)) = current.as_ref() else { break };
                 let Some(next) = next_in_queue(session.store(), &arrived) else { break };
-                current = self.next_turn(current, &cwd, Some(&next), &end);
+                current = self.next_turn(current, &cwd, Some(&next), &approver, &end);
             }
             first_queued = false;
             let Some((session, registry)) = current.as_mut() else { break };
@@ -605,9 +600,10 @@ impl Runtime {
         session: Session<JsonlStore>,
         cwd: &Path,
         prompt: Option<&str>,
+        approver: &dyn Approver,
     ) -> Result<(Session<JsonlStore>, ToolRegistry)> {
         let mut store = session.into_store();
-        let (registry, config) = self.host.turn(cwd, &mut store, prompt)?;
+        let (registry, config) = self.host.turn(cwd, &mut store, prompt, approver)?;
         Ok((Session::open(store, config)?, registry))
     }
 
@@ -618,10 +614,11 @@ impl Runtime {
         current: Option<(Session<JsonlStore>, ToolRegistry)>,
         cwd: &Path,
         prompt: Option<&str>,
+        approver: &dyn Approver,
         end: &dyn Fn(Result<Option<TurnStop>, String>) -> bool,
     ) -> Option<(Session<JsonlStore>, ToolRegistry)> {
         let (session, _) = current?;
-        match self.for_turn(session, cwd, prompt) {
+        match self.for_turn(session, cwd, prompt, approver) {
             Ok(next) => Some(next),
             Err(e) => {
                 end(Err(format!("cannot prepare the next turn: {e:#}")));

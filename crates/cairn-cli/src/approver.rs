@@ -1,10 +1,11 @@
 //! The interactive approver: a y/N prompt on the terminal, default No,
 //! showing the tool, its risk and a preview a person can judge.
 //!
-//! This is the host side of the approval boundary; the policy (what needs
-//! asking, what an allowlist may approve) lives in cairn-core and is
-//! enforced there. `--yes` approves Write calls only: a Destructive call is
-//! always put to a person, and without a terminal it is refused.
+//! This is the host side of the approval boundary: it presents a question
+//! and relays the answer. The policy (what needs asking, what an allowlist
+//! or `--yes` may approve, when "always" may be offered, the refusal when
+//! there is no terminal) lives in cairn-core's `PolicyApprover` and gate,
+//! which ask this approver only when it can answer.
 
 use std::io::{BufRead, IsTerminal, Write};
 
@@ -18,14 +19,13 @@ use crate::style::Style;
 #[derive(Debug)]
 pub struct TerminalApprover {
     style: Style,
-    yes: bool,
     interactive: bool,
 }
 
 impl TerminalApprover {
-    /// `yes`: approve Write calls without asking (never Destructive).
-    pub fn new(style: Style, yes: bool) -> Self {
-        Self { style, yes, interactive: std::io::stdin().is_terminal() }
+    /// Asks when stdin is a terminal.
+    pub fn new(style: Style) -> Self {
+        Self { style, interactive: std::io::stdin().is_terminal() }
     }
 
     /// Never ask, whatever stdin is (`cairn ask` runs headless).
@@ -41,24 +41,6 @@ impl Approver for TerminalApprover {
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
-        if self.yes && request.risk == Risk::Write && request.bypass.is_none() {
-            return Ok(Verdict { decision: Answer::Approve, by: "flag:--yes".to_owned() });
-        }
-        if !self.interactive {
-            let reason = match request.risk {
-                Risk::Destructive => format!(
-                    "{} is Destructive and needs a person to approve it, but there is no terminal to ask; \
-                     run cairn interactively in a terminal (--yes and --allow never approve Destructive calls)",
-                    request.tool
-                ),
-                _ => format!(
-                    "{} needs approval and there is no terminal to ask; run cairn in a terminal, \
-                     or allow it with --allow '{}' or --yes",
-                    request.tool, request.tool
-                ),
-            };
-            return Ok(Verdict { decision: Answer::Deny { reason }, by: "host:no-terminal".to_owned() });
-        }
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err);
         let risk = match request.risk {
@@ -80,7 +62,7 @@ impl Approver for TerminalApprover {
                 }
             }
         }
-        let always = request.risk == Risk::Write && request.bypass.is_none();
+        let always = request.may_remember();
         let choices = if always { "[y/N/a=always this session]" } else { "[y/N]" };
         let _ = write!(err, "Run it? {choices} ");
         let _ = err.flush();

@@ -56,7 +56,7 @@ impl Wiring {
         cwd: &Path,
         keep: Option<&std::collections::BTreeSet<String>>,
     ) -> Result<()> {
-        let mut registry = ToolRegistry::new(self.approver.is_interactive());
+        let mut registry = ToolRegistry::new(&self.approver);
         // Conflicts and skipped tools were reported when the chat was wired.
         let _ = fill_registry(ctx, cwd, keep, &mut registry)?;
         for tool in &self.family {
@@ -187,11 +187,11 @@ pub fn wire_with(
     let provider = build_provider(ctx, cwd)?;
     let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
         .context("invalid allow pattern (from --allow or [approvals] allow)")?;
-    let terminal = TerminalApprover::new(ctx.err_style, ctx.common.yes);
+    let terminal = TerminalApprover::new(ctx.err_style);
     // One approver for the session and its children (`subagents.rs`).
     let terminal = crate::subagents::SharedApprover::new(if may_ask { terminal } else { terminal.headless() });
-    let approver = PolicyApprover::new(allow, Some(Box::new(terminal.clone())));
-    let mut registry = ToolRegistry::new(approver.is_interactive());
+    let approver = policy(ctx.common.yes, allow, Some(Box::new(terminal.clone())));
+    let mut registry = ToolRegistry::new(&approver);
     let (mut notes, untrusted) = fill_registry(ctx, cwd, keep, &mut registry)?;
     let before = registry.specs().len();
     crate::subagents::offer(ctx, cwd, &mut registry, terminal, &mut notes)?;
@@ -208,6 +208,14 @@ pub fn wire_with(
         }
     }
     Ok(Wiring { provider, registry, approver, family })
+}
+
+/// The approval policy of a CLI session over `allow` and the person
+/// `ask` (if any): `yes` (`--yes`) is the session's standing approval of Write
+/// calls, which core's policy applies (never to Destructive calls).
+pub fn policy(yes: bool, allow: Allowlist, ask: Option<Box<dyn Approver>>) -> PolicyApprover {
+    let approver = PolicyApprover::new(allow, ask);
+    if yes { approver.approve_writes("flag:--yes") } else { approver }
 }
 
 /// Register the tools of a session in `cwd`: the tool service's when one

@@ -84,17 +84,18 @@ impl Driver for HostDriver {
         let cwd = PathBuf::from(&session.store().header().cwd);
         let wiring = (|| -> Result<_> {
             let provider = crate::host::build_provider(&self.ctx, &cwd)?;
-            let mut registry = ToolRegistry::new(false);
-            // Headless: Destructive tools are refused (and said so).
+            let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
+                .context("invalid allow pattern (from --allow or [approvals] allow)")?;
+            // Allow rules and --yes, then a durable question any host can
+            // answer (`cairn approve`); Destructive calls are refused, never
+            // asked, and so never offered.
+            let asker = DbApprover::new(url(&self.ctx)?, id.clone(), session.store().lease_lost());
+            let approver = crate::host::policy(self.ctx.common.yes, allow, Some(Box::new(asker)));
+            let mut registry = ToolRegistry::new(&approver);
             let (notes, untrusted) = crate::host::fill_registry(&self.ctx, &cwd, None, &mut registry)?;
             for note in notes.iter().chain(&untrusted) {
                 eprintln!("cairn worker: session {id}: {note}");
             }
-            let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
-                .context("invalid allow pattern (from --allow or [approvals] allow)")?;
-            // Allow rules, then a durable question any host can answer
-            // (`cairn approve`); Destructive calls are refused, never asked.
-            let approver = DbApprover::new(url(&self.ctx)?, id.clone(), allow, session.store().lease_lost());
             Ok((provider, registry, approver))
         })();
         let (provider, registry, mut approver) = match wiring {
@@ -153,7 +154,29 @@ pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
 }
 
 /// `cairn submit`.
+///
+/// The worker that claims the session owns how it runs: its provider and
+/// model (it holds the keys), its allow rules and `--yes`. A flag that
+/// would say otherwise here is refused, never silently ignored.
 pub fn submit(ctx: &Context, session: Option<&str>, prompt: &str) -> Result<u8> {
+    let c = &ctx.common;
+    let ignored: Vec<&str> = [
+        ("--provider", c.provider.is_some()),
+        ("--model", c.model.is_some()),
+        ("--script", c.script.is_some()),
+        ("--allow", !c.allow.is_empty()),
+        ("--yes", c.yes),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+    .collect();
+    if !ignored.is_empty() {
+        bail!(
+            "cairn submit does not take {}: the worker that runs the session decides its provider, model, allow rules and --yes \
+             (it holds the keys); give them to `cairn worker` (or its config) instead, and submit only the prompt",
+            ignored.join(", ")
+        );
+    }
     if prompt.trim().is_empty() {
         bail!("the prompt is empty");
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result, bail};
 use cairn_9p::{Dial, Host, Limits, Runtime, Server, SessionSpec};
+use cairn_core::approval::Approver;
 use cairn_core::provider::Provider;
 use cairn_core::storage::{JsonlStore, StoreOptions};
 use cairn_core::{SessionConfig, ToolRegistry};
@@ -60,8 +61,8 @@ impl Host for CliHost {
         crate::host::provider_for(&self.ctx, &spec.provider, opt(&spec.model), opt(&spec.script).map(Path::new), cwd)
     }
 
-    fn tools(&self, cwd: &Path) -> Result<ToolRegistry> {
-        let mut registry = ToolRegistry::new(true);
+    fn tools(&self, cwd: &Path, approver: &dyn Approver) -> Result<ToolRegistry> {
+        let mut registry = ToolRegistry::new(approver);
         // The tool service's tools instead of in-process ones when one is
         // configured (`toolsrv.rs`).
         let (notes, untrusted) = crate::host::fill_registry(&self.ctx, cwd, None, &mut registry)?;
@@ -71,11 +72,17 @@ impl Host for CliHost {
         Ok(registry)
     }
 
-    fn turn(&self, cwd: &Path, store: &mut JsonlStore, prompt: Option<&str>) -> Result<(ToolRegistry, SessionConfig)> {
+    fn turn(
+        &self,
+        cwd: &Path,
+        store: &mut JsonlStore,
+        prompt: Option<&str>,
+        approver: &dyn Approver,
+    ) -> Result<(ToolRegistry, SessionConfig)> {
         // Discovery chooses and records the turn's tools and skills exactly
         // as for `cairn run` (`crate::discover`).
         let choice = crate::discover::choose_for_turn(&self.ctx, cwd, store, prompt)?;
-        let mut registry = ToolRegistry::new(true);
+        let mut registry = ToolRegistry::new(approver);
         let (notes, untrusted) = crate::host::fill_registry(&self.ctx, cwd, choice.keep.as_ref(), &mut registry)?;
         for note in notes.iter().chain(&untrusted).chain(&choice.notes) {
             eprintln!("cairn serve: {}", crate::render::escape_controls(note));

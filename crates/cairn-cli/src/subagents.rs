@@ -28,7 +28,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use cairn_core::approval::{Allowlist, ApprovalError, ApprovalRequest, Approver, PolicyApprover, Verdict};
+use cairn_core::approval::{Allowlist, ApprovalError, ApprovalRequest, Approver, Verdict};
 use cairn_core::message::Role;
 use cairn_core::storage::registers::FACT;
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, now_millis, to_raw};
@@ -736,8 +736,8 @@ impl Family {
         let provider =
             crate::host::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
         let allow = Allowlist::parse(fact.allow.iter().map(String::as_str)).context("child allow patterns")?;
-        let mut approver = PolicyApprover::new(allow, Some(Box::new(self.terminal.clone())));
-        let mut registry = ToolRegistry::new(approver.is_interactive());
+        let mut approver = crate::host::policy(ctx.common.yes, allow, Some(Box::new(self.terminal.clone())));
+        let mut registry = ToolRegistry::new(&approver);
         for entry in crate::host::tool_entries(ctx, &cwd)?.entries {
             if fact.tools.contains(&entry.tool.spec().name) {
                 // A tool the registry refuses here (Destructive, headless) is

@@ -4,7 +4,8 @@
 //! for the job's working directory, with the same sandbox, scrubbed
 //! environment and limits) served as a 9P tree by `cairn_9p::toolsrv`, jobs
 //! kept under `$CAIRN_HOME/toolsrv/jobs/`. The service has no person to ask:
-//! a sandbox bypass is refused, a staged Destructive effect is discarded,
+//! a sandbox bypass is refused and a staged Destructive effect discarded by
+//! core's gate (`cairn_core::turn::{decide_bypass, review_staged_effect}`),
 //! and a call whose arguments raise its risk above the tool's declared risk
 //! is refused (the agent approved the declared risk only).
 //!
@@ -28,9 +29,10 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_9p::client::{Conn, mode};
 use cairn_9p::toolsrv::{JobRequest, Service, ToolHost, ToolServer, job_id};
 use cairn_9p::{Dial, Limits};
-use cairn_core::staged::{StagedDecision, StagedReview};
+use cairn_core::approval::{Allowlist, Answer, PolicyApprover};
+use cairn_core::staged::StagedReview;
 use cairn_core::tool::{
-    GuardVerdict, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest, ToolSpec,
+    GuardVerdict, ReplayPolicy, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest, ToolSpec,
     Validation,
 };
 use cairn_core::{CancelToken, ToolRegistry};
@@ -161,18 +163,17 @@ impl ToolHost for CliToolHost {
         }
         let config = crate::host::session_config(&self.ctx);
         let limits = ToolLimits { timeout: config.tool_timeout, output_cap: config.output_cap };
-        let mut approve_bypass = |_: &str| false;
+        // Nobody answers here: core's gate refuses a bypass and a staged
+        // Destructive effect (discarded, nothing applied) as in any
+        // headless session; a staged Write effect is applied by policy.
+        let mut nobody = PolicyApprover::new(Allowlist::new(), None);
+        let approver = std::cell::RefCell::new(&mut nobody);
+        let mut approve_bypass = |what: &str| {
+            let verdict = cairn_core::turn::decide_bypass(request, cwd, risk, what, &mut **approver.borrow_mut());
+            !matches!(verdict.decision, Answer::Deny { .. })
+        };
         let mut review_staged = |review: &StagedReview<'_>| {
-            if review.judgement.risk >= Risk::Destructive {
-                StagedDecision::Discard {
-                    reason: format!(
-                        "the staged effect is Destructive and the tool service has no one to ask: {}",
-                        review.judgement.reasons.join("; ")
-                    ),
-                }
-            } else {
-                StagedDecision::Apply { by: "toolsrv".to_owned() }
-            }
+            cairn_core::turn::review_staged_effect(request, cwd, &mut **approver.borrow_mut(), review).0
         };
         let mut ctx = ToolContext {
             cwd,

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use cairn_actors::World;
-use cairn_core::approval::{Allowlist, PolicyApprover};
+use cairn_core::approval::Allowlist;
 use cairn_core::provider::Provider;
 use cairn_core::storage::registers::{self, QueuedPrompt};
 use cairn_core::storage::{JsonlStore, Storage};
@@ -111,6 +111,8 @@ struct AgentParts {
     provider: Box<dyn Provider + Send>,
     registry: ToolRegistry,
     allow: Allowlist,
+    /// `--yes`: the session's standing approval of Write calls.
+    yes: bool,
     session: Session<JsonlStore>,
 }
 
@@ -135,7 +137,9 @@ impl Agent {
         let provider = crate::host::build_provider(ctx, &cwd)?;
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
-        let mut registry = ToolRegistry::new(false);
+        // Headless: nobody answers here, so Destructive tools are not
+        // offered and a Write call needs an allow rule or --yes.
+        let mut registry = ToolRegistry::new(&crate::host::policy(ctx.common.yes, allow.clone(), None));
         // The session's tools as any host offers them (a tool service when
         // configured); what is not offered is said, not dropped silently.
         let (mut notes, untrusted) = crate::host::fill_registry(ctx, &cwd, None, &mut registry)?;
@@ -153,7 +157,7 @@ impl Agent {
         }
         let config: SessionConfig = crate::host::session_config(ctx);
         let session = Session::open(store, config)?;
-        let parts = AgentParts { provider, registry, allow, session };
+        let parts = AgentParts { provider, registry, allow, yes: ctx.common.yes, session };
         let stop = Arc::new(AtomicBool::new(false));
         let idle = Arc::new(AtomicBool::new(true));
         let (s2, i2) = (stop.clone(), idle.clone());
@@ -196,7 +200,7 @@ fn last_answer<S: Storage>(session: &Session<S>) -> String {
 
 fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool) {
     let cancel = CancelToken::new();
-    let mut approver = PolicyApprover::new(p.allow.clone(), None);
+    let mut approver = crate::host::policy(p.yes, p.allow.clone(), None);
     let mut observer = |_: &TurnEvent| {};
     // Resumed and new turns run with the same parts.
     macro_rules! turn_env {

@@ -286,3 +286,51 @@ fn a_unit_that_cannot_run_fails_the_job_with_its_reason() {
     let again = env.cairn(&["batch"]).output().unwrap();
     assert!(String::from_utf8_lossy(&again.stdout).contains(": failed: "));
 }
+
+/// Every session file under `dir`, as text.
+fn session_texts(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "jsonl") && !path.starts_with(dir.join("scripts")) {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                if text.starts_with("{\"cairn\"") || text.contains("\"kind\":\"entry\"") {
+                    out.push(text);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `yes=1` in a spec is the session's standing approval of Write calls,
+/// decided by core's policy (it used to be accepted by `s/new` only and
+/// silently absent from batch specs); without it and without `allow`,
+/// nobody can answer and the call is refused by the policy, not by a host.
+#[test]
+fn a_batch_spec_with_yes_approves_write_calls_and_without_it_they_are_refused() {
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let script = job_script(&env, "yes-done", "echo ran | tee -a ran.log");
+    for (yes, expect_ran) in [("yes=1\n", true), ("", false)] {
+        let _ = std::fs::remove_file(env.cwd.join("ran.log"));
+        let spec = format!("cwd={}\nprovider=scripted\nscript={}\n{yes}---\ngo\n", env.cwd.display(), script.display());
+        std::fs::write(env.home.join("y.spec"), &spec).unwrap();
+        let out = env.cairn(&["batch", env.home.join("y.spec").to_str().unwrap()]).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("yes-done"), "{yes:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(env.cwd.join("ran.log").exists(), expect_ran, "{yes:?}");
+    }
+    let texts = session_texts(&env.home);
+    assert!(texts.iter().any(|t| t.contains("\"by\":\"9p:yes=1\"")), "a call approved by yes=1");
+    assert!(texts.iter().any(|t| t.contains("\"by\":\"policy:headless\"")), "a call refused by the policy");
+    let bad = "cwd=/\nyes=maybe\n---\ngo\n";
+    std::fs::write(env.home.join("bad.spec"), bad).unwrap();
+    let out = env.cairn(&["batch", env.home.join("bad.spec").to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("yes=\"maybe\""), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -166,6 +166,59 @@ fn a_bad_database_url_or_unknown_session_says_what_to_do() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot use the database"), "{err}");
     assert!(!err.contains("secret"), "the password leaked: {err}");
+    // The worker decides how a submitted session runs: flags that would say
+    // otherwise are refused (they used to be accepted and ignored), before
+    // anything is written to the database.
+    for flags in
+        [&["--provider", "openai"][..], &["--script", "s.jsonl"], &["--yes"], &["--allow", "shell"], &["--model", "m"]]
+    {
+        let mut args = vec!["--database", "postgres://nobody:secret@127.0.0.1:1/none"];
+        args.extend_from_slice(flags);
+        args.extend(["submit", "hello"]);
+        let out = env.cairn(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{flags:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("does not take {}", flags[0])) && err.contains("cairn worker"),
+            "{flags:?}: {err}"
+        );
+    }
+}
+
+/// `cairn worker --yes` is the worker's standing approval of Write calls
+/// (it used to be ignored: the call waited for `cairn approve`).
+#[test]
+fn a_worker_started_with_yes_approves_write_calls() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "write_file", "arguments": {"path": "yes.txt", "content": "yes\n"}}
+        ]}),
+        json!({"text": "written", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+    let id = stdout(&env.cairn(&["--database", url, "submit", "write it"]).output().unwrap()).trim().to_owned();
+    let mut guard = Guard(None);
+    guard.0 = Some(
+        env.cairn(&["--database", url, "--script", s, "--yes", "worker", "--lease", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    while statuses(&env, url)[0]["status"] != "idle" {
+        assert!(start.elapsed() < Duration::from_secs(120), "timed out waiting for the session");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(guard);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("yes.txt")).unwrap(), "yes\n");
+    let tools = stdout(&env.cairn(&["--database", url, "--json", "show", "--tools", &id]).output().unwrap());
+    let call: Value = serde_json::from_str(tools.lines().next().unwrap()).unwrap();
+    assert_eq!(call["verdict"]["by"], "flag:--yes", "{tools}");
+    assert_eq!(call["status"], "completed", "{tools}");
 }
 
 #[test]

@@ -222,7 +222,7 @@ fn show_tools_lists_every_invocation_from_the_log() {
     assert!(rows[0]["receipt"]["outputSummary"].as_str().unwrap().contains("alpha"));
     assert!(rows[0]["completedAt"].as_i64().unwrap() >= rows[0]["requestedAt"].as_i64().unwrap());
     assert_eq!(rows[1]["verdict"]["decision"], "deny");
-    assert!(rows[1]["reason"].as_str().unwrap().contains("no terminal"), "{}", rows[1]);
+    assert!(rows[1]["reason"].as_str().unwrap().contains("no person can answer here"), "{}", rows[1]);
     assert!(rows[2]["reason"].as_str().is_some_and(|r| !r.is_empty()), "{}", rows[2]);
     for row in &rows {
         assert_eq!(row["settlements"], 1);
@@ -235,8 +235,8 @@ fn show_tools_lists_every_invocation_from_the_log() {
         assert!(shown.contains(expected), "{expected:?} in:\n{shown}");
     }
     assert!(shown.contains("verdict   approved by policy:readOnly"), "{shown}");
-    assert!(shown.contains("verdict   denied by host:no-terminal"), "{shown}");
-    assert!(shown.contains("reason    write_file needs approval and there is no terminal"), "{shown}");
+    assert!(shown.contains("verdict   denied by policy:headless"), "{shown}");
+    assert!(shown.contains("reason    write_file needs approval: no allow rule covers this call"), "{shown}");
     assert!(shown.contains("receipt   exit 0"), "{shown}");
 
     // A session without tool calls says so.

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::approval::{Answer, gate};
+use crate::approval::{Answer, Approver, gate};
 use crate::tool::{Capability, Risk, Tool, ToolSpec};
 
 /// Why the registry refused a tool.
@@ -64,10 +64,12 @@ impl std::fmt::Debug for ToolRegistry {
 }
 
 impl ToolRegistry {
-    /// An empty registry. `approver_is_interactive` says whether a person
-    /// can answer approvals in this host (required for Destructive tools).
-    pub fn new(approver_is_interactive: bool) -> Self {
-        Self { interactive: approver_is_interactive, tools: Vec::new(), specs: Vec::new(), by_name: HashMap::new() }
+    /// An empty registry for a session whose calls `approver` answers: a
+    /// Destructive tool is offered only when a person can answer (the
+    /// gate's rule, asked of the same approver the turn will ask, so the
+    /// tools offered and the verdicts given can never disagree).
+    pub fn new(approver: &dyn Approver) -> Self {
+        Self { interactive: approver.is_interactive(), tools: Vec::new(), specs: Vec::new(), by_name: HashMap::new() }
     }
 
     /// Add a tool. Refuses a duplicate name, a tool declaring less risk than
@@ -153,18 +155,44 @@ mod tests {
         }))
     }
 
+    /// An approver that only says whether a person is at hand.
+    struct Asks(bool);
+
+    impl Approver for Asks {
+        fn is_interactive(&self) -> bool {
+            self.0
+        }
+        fn decide(
+            &mut self,
+            _: &crate::approval::ApprovalRequest<'_>,
+        ) -> Result<crate::approval::Verdict, crate::approval::ApprovalError> {
+            Err(crate::approval::ApprovalError::Failed("never asked in these tests".into()))
+        }
+    }
+
+    #[test]
+    fn a_destructive_tool_is_offered_only_where_a_person_answers() {
+        let mut registry = ToolRegistry::new(&Asks(false));
+        let err = registry.register(tool(Risk::Destructive, &[])).unwrap_err();
+        assert!(matches!(err, RegistryError::NeedsPerson { .. }), "{err}");
+        assert!(registry.is_empty());
+        let mut registry = ToolRegistry::new(&Asks(true));
+        registry.register(tool(Risk::Destructive, &[])).unwrap();
+        assert_eq!(registry.len(), 1);
+    }
+
     #[test]
     fn a_tool_declaring_less_than_its_capabilities_is_refused() {
         use Capability::*;
         for cap in [FileWrite, Network, ShellExec, ProcessSpawn] {
-            let mut registry = ToolRegistry::new(true);
+            let mut registry = ToolRegistry::new(&Asks(true));
             let err = registry.register(tool(Risk::ReadOnly, &[FileRead, cap])).unwrap_err().to_string();
             assert!(err.contains("at least Write"), "{cap:?}: {err}");
             assert!(registry.is_empty());
             registry.register(tool(Risk::Write, &[FileRead, cap])).unwrap();
             registry.register(tool(Risk::Destructive, &[FileRead, cap])).unwrap();
         }
-        let mut registry = ToolRegistry::new(false);
+        let mut registry = ToolRegistry::new(&Asks(false));
         registry.register(tool(Risk::ReadOnly, &[FileRead])).unwrap();
         registry.register(tool(Risk::ReadOnly, &[])).unwrap();
         assert_eq!(registry.len(), 2);

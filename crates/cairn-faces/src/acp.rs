@@ -324,7 +324,11 @@ impl Agent<'_> {
         for note in notes {
             eprintln!("cairn acp: {note}");
         }
-        let mut registry = ToolRegistry::new(true);
+        // The approver first: the registry offers what it can answer.
+        let allow = self.host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        let asker = PermissionAsker { shared: Arc::clone(&self.shared), session_id: store.header().id.clone() };
+        let approver = PolicyApprover::new(allow, Some(Box::new(asker)));
+        let mut registry = ToolRegistry::new(&approver);
         let session_id = store.header().id.clone();
         for tool in tools {
             let op = match tool.spec().name.as_str() {
@@ -346,9 +350,6 @@ impl Agent<'_> {
                 eprintln!("cairn acp: tool {name} not offered: {e}");
             }
         }
-        let allow = self.host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        let asker = PermissionAsker { shared: Arc::clone(&self.shared), session_id: store.header().id.clone() };
-        let approver = PolicyApprover::new(allow, Some(Box::new(asker)));
         let session = Session::open(store, self.host.session_config())
             .map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?;
         Ok(Open { session, registry, approver, cwd })
@@ -715,7 +716,7 @@ impl Approver for PermissionAsker {
         // "Always" is offered for Write calls only: a Destructive call or a
         // sandbox bypass is asked every time (the core would refuse to
         // remember it anyway).
-        let always = request.risk == Risk::Write && request.bypass.is_none();
+        let always = request.may_remember();
         let mut options = vec![json!({"optionId": ALLOW_ONCE, "name": "Allow once", "kind": "allow_once"})];
         if always {
             options.push(json!({"optionId": ALLOW_ALWAYS, "name": format!("Always allow {} in this session", request.tool), "kind": "allow_always"}));

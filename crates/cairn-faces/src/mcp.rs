@@ -81,30 +81,27 @@ pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 
     for note in notes {
         eprintln!("cairn mcp: {note}");
     }
-    let mut registry = ToolRegistry::new(false);
+    // Nobody answers over MCP: the registry offers no Destructive tool
+    // (the gate's refusal is what the client is told), and a Write tool is
+    // exposed only when an allow rule names it.
+    let approver = PolicyApprover::new(allow, None);
+    let mut registry = ToolRegistry::new(&approver);
     let mut hidden = HashMap::new();
     for tool in tools {
         let spec = tool.spec().clone();
-        let named = allow.rules().iter().any(|r| r.tool() == spec.name);
-        let refusal = match spec.risk {
-            Risk::Destructive => {
-                Some(format!("{} is Destructive; Destructive tools are never exposed over MCP", spec.name))
-            }
-            Risk::Write if !named => Some(format!(
+        let named = approver.allowlist().rules().iter().any(|r| r.tool() == spec.name);
+        let refusal = if spec.risk == Risk::Write && !named {
+            Some(format!(
                 "{} is a Write tool and is not exposed; start the server with `cairn mcp --allow {}` (or a pattern such as '{}(…)', or [approvals] allow in the config) to expose it",
                 spec.name, spec.name, spec.name
-            )),
-            Risk::ReadOnly | Risk::Write => None,
-        };
-        let refusal = match refusal {
-            Some(r) => Some(r),
-            None => registry.register(tool).err().map(|e| format!("{} is not offered: {e}", spec.name)),
+            ))
+        } else {
+            registry.register(tool).err().map(|e| format!("{} is not offered over MCP: {e}", spec.name))
         };
         if let Some(reason) = refusal {
             hidden.insert(spec.name, reason);
         }
     }
-    let approver = PolicyApprover::new(allow, None);
     let mut server = Server {
         host,
         options,

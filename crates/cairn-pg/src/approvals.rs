@@ -6,17 +6,17 @@
 //! row (answered or still pending): the question is data, not a prompt on
 //! some terminal.
 //!
-//! It owns the question rows and [`DbApprover`]. It must never approve a
-//! Destructive call or a sandbox bypass: the approver is not interactive,
-//! so the core's gate refuses those before asking, and `decide` refuses
-//! them again should it ever be asked.
+//! It owns the question rows and [`DbApprover`], which a worker puts under
+//! core's `PolicyApprover` (allow rules and `--yes` are decided there). It
+//! must never approve a Destructive call or a sandbox bypass: it is not
+//! interactive, so core's gate refuses those before asking, and `decide`
+//! asks the same gate again should it ever be asked one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cairn_core::approval::{Allowlist, AllowlistApprover, Answer, ApprovalError, ApprovalRequest, Approver, Verdict};
-use cairn_core::tool::Risk;
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, Verdict, gate};
 use postgres::Client;
 
 use crate::PgError;
@@ -80,12 +80,11 @@ pub fn answer(
     Ok(n == 1)
 }
 
-/// The approver of a headless worker: allow rules first, then a durable
-/// question answered by a person through any host.
+/// The person of a headless worker: a durable question answered through
+/// any host (allow rules and `--yes` answer first, in `PolicyApprover`).
 pub struct DbApprover {
     url: String,
     session: String,
-    allow: AllowlistApprover,
     lost: Arc<AtomicBool>,
     client: Option<Client>,
 }
@@ -97,10 +96,10 @@ impl std::fmt::Debug for DbApprover {
 }
 
 impl DbApprover {
-    /// For `session`, with `allow` rules; stops waiting once `lost` is set
-    /// (the worker lost its lease: the turn cannot commit anyway).
-    pub fn new(url: impl Into<String>, session: impl Into<String>, allow: Allowlist, lost: Arc<AtomicBool>) -> Self {
-        Self { url: url.into(), session: session.into(), allow: AllowlistApprover::new(allow), lost, client: None }
+    /// For `session`; stops waiting once `lost` is set (the worker lost its
+    /// lease: the turn cannot commit anyway).
+    pub fn new(url: impl Into<String>, session: impl Into<String>, lost: Arc<AtomicBool>) -> Self {
+        Self { url: url.into(), session: session.into(), lost, client: None }
     }
 
     /// One look: ask (once) and read the answer, if any.
@@ -147,21 +146,14 @@ impl Approver for DbApprover {
         false
     }
 
-    fn pre_approve(&mut self, request: &ApprovalRequest<'_>) -> Option<Verdict> {
-        self.allow.lookup(request)
+    fn answers_writes(&self) -> bool {
+        // A person answers the question row, later and from any host.
+        true
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
-        if request.risk == Risk::Destructive || request.bypass.is_some() {
-            return Ok(Verdict {
-                decision: Answer::Deny {
-                    reason: format!("{} needs a person at a terminal; a headless worker never runs it", request.tool),
-                },
-                by: "policy:headless".to_owned(),
-            });
-        }
-        if let Some(v) = self.allow.lookup(request) {
-            return Ok(v);
+        if let Err(refusal) = gate(request.tool, request.risk, request.bypass, self.is_interactive()) {
+            return Ok(refusal);
         }
         loop {
             if self.lost.load(Ordering::SeqCst) {

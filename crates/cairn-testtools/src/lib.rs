@@ -36,7 +36,7 @@ use cairn_core::tool::ReplayPolicy;
 /// A registry with every test tool (the Destructive one only when
 /// `interactive`), append tools wired to `hook`.
 pub fn registry(interactive: bool, hook: Option<tools::Hook>) -> ToolRegistry {
-    let mut registry = ToolRegistry::new(interactive);
+    let mut registry = ToolRegistry::new(&ScriptedApprover::new(interactive, []));
     let mut add = |tool: Arc<dyn cairn_core::tool::Tool>| {
         // Names are distinct and Destructive is only added when allowed.
         let _ = registry.register(tool);

@@ -98,7 +98,7 @@ fn session(turns: usize, config: SessionConfig) -> Session<MemStore> {
 }
 
 fn run(session: &mut Session<MemStore>, provider: &Recorder, prompt: &str) {
-    let mut tools = ToolRegistry::new(false);
+    let mut tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     tools.register(std::sync::Arc::new(cairn_testtools::EchoTool::new())).unwrap();
     let mut approver = PolicyApprover::new(Allowlist::new(), None);
     let mut observer = |_: &cairn_core::TurnEvent| {};

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 fn echo_registry() -> (ToolRegistry, Arc<EchoTool>) {
     let echo = Arc::new(EchoTool::new());
-    let mut registry = ToolRegistry::new(false);
+    let mut registry = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     registry.register(echo.clone()).unwrap();
     (registry, echo)
 }

@@ -250,7 +250,7 @@ fn write_needs_a_rule_or_a_verdict_and_session_rules_survive_reopen() {
 
 #[test]
 fn destructive_needs_a_person_and_is_never_remembered() {
-    let mut headless_registry = ToolRegistry::new(false);
+    let mut headless_registry = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     let refused = headless_registry.register(Arc::new(RejectedTool::new()));
     assert!(
         matches!(refused, Err(RegistryError::NeedsPerson { ref tool, ref reason }) if tool == "rejected" && reason.contains("Destructive")),
@@ -258,7 +258,7 @@ fn destructive_needs_a_person_and_is_never_remembered() {
     );
 
     let rejected = Arc::new(RejectedTool::new());
-    let mut tools = ToolRegistry::new(true);
+    let mut tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(true, []));
     tools.register(rejected.clone()).unwrap();
     let script = || {
         ScriptProvider::new(vec![
@@ -800,7 +800,7 @@ fn a_panicking_tool_is_settled_as_failed() {
         capabilities: Default::default(),
         replay: ReplayPolicy::Idempotent,
     };
-    let mut tools = ToolRegistry::new(false);
+    let mut tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     tools.register(Arc::new(PanicTool(spec))).unwrap();
     let provider = ScriptProvider::new(vec![line("", vec![call("c1", "panics", json!({}))]), line("ok", vec![])]);
     let mut session = Session::open(mem("/tmp"), SessionConfig::default()).unwrap();
@@ -1045,7 +1045,7 @@ impl cairn_core::tool::Tool for BypassTool {
 #[test]
 fn a_bypass_verdict_is_committed_when_given_and_survives_a_crash_before_the_settlement() {
     let lines = || vec![line("", vec![call("c1", "bypass", json!({}))]), line("ok", vec![])];
-    let mut tools = ToolRegistry::new(true);
+    let mut tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(true, []));
     tools.register(Arc::new(BypassTool::new())).unwrap();
     // A person approves the call and then the bypass ("for the session",
     // which a bypass never keeps).
@@ -1085,7 +1085,7 @@ fn a_bypass_verdict_is_committed_when_given_and_survives_a_crash_before_the_sett
 
 #[test]
 fn headless_a_bypass_is_refused_by_the_gate_and_the_refusal_recorded() {
-    let mut tools = ToolRegistry::new(false);
+    let mut tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     tools.register(Arc::new(BypassTool::new())).unwrap();
     let provider = ScriptProvider::new(vec![line("", vec![call("c1", "bypass", json!({}))]), line("ok", vec![])]);
     let mut approver = PolicyApprover::new(Allowlist::parse(["bypass"]).unwrap(), None);

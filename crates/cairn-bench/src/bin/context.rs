@@ -85,7 +85,7 @@ fn open(path: &Path, bounded: bool) -> anyhow::Result<Session<JsonlStore>> {
 
 /// One one-step turn (a provider call answered with text, committed).
 fn step(session: &mut Session<JsonlStore>, provider: &dyn Provider, i: usize) -> anyhow::Result<Duration> {
-    let tools = ToolRegistry::new(false);
+    let tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     let mut approver = PolicyApprover::new(Allowlist::new(), None);
     let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = CancelToken::new();

@@ -71,8 +71,8 @@ impl Host for BenchHost {
         };
         Ok(Box::new(ScriptProvider::new(lines).cycling()))
     }
-    fn tools(&self, _cwd: &Path) -> Result<ToolRegistry> {
-        Ok(cairn_testtools::registry(true, None))
+    fn tools(&self, _cwd: &Path, approver: &dyn cairn_core::approval::Approver) -> Result<ToolRegistry> {
+        Ok(cairn_testtools::registry(approver.is_interactive(), None))
     }
     fn providers_text(&self) -> String {
         "scripted\n".to_owned()

@@ -349,7 +349,7 @@ fn tool_session(dir: &Path, turns: usize) -> Result<PathBuf> {
     }))?;
     let answer: ScriptLine = serde_json::from_value(serde_json::json!({"text": TEXT}))?;
     let provider = ScriptProvider::new(vec![call, answer]).cycling();
-    let mut tools = ToolRegistry::new(false);
+    let mut tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     tools.register(std::sync::Arc::new(EchoTool::new()))?;
     let mut approver = PolicyApprover::new(Allowlist::new(), None);
     let mut observer = |_: &cairn_core::TurnEvent| {};

@@ -61,7 +61,7 @@ fn history(dir: &Path, durability: Durability) -> anyhow::Result<std::path::Path
         json!({"text": "an answer of ordinary length, some forty words or so, to make the history look like a real conversation rather than empty lines"}),
     )?;
     let provider = ScriptProvider::new(vec![answer]).cycling();
-    let tools = ToolRegistry::new(false);
+    let tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     let mut approver = PolicyApprover::new(Allowlist::new(), None);
     let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = CancelToken::new();
@@ -85,7 +85,7 @@ fn turn_steps(path: &Path, durability: Durability) -> anyhow::Result<(Vec<Durati
     let store = JsonlStore::open(path, StoreOptions::with_durability(durability))?;
     let entries_before = cairn_core::storage::Storage::entry_count(&store);
     let provider = ScriptProvider::new(vec![echo_line()]).cycling();
-    let mut tools = ToolRegistry::new(false);
+    let mut tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     tools.register(std::sync::Arc::new(EchoTool::new()))?;
     let mut approver = PolicyApprover::new(Allowlist::new(), None);
     let mut observer = |_: &cairn_core::TurnEvent| {};

@@ -69,6 +69,13 @@ pub fn gate(tool: &str, risk: Risk, bypass: Option<&str>, interactive: bool) -> 
     Ok(need)
 }
 
+/// Whether a person may be offered "approve for this session" for a request
+/// (every host asks this, none decides it): only for what an allow rule
+/// may answer, a Write call that is not a sandbox bypass.
+pub fn may_remember(risk: Risk, bypass: Option<&str>) -> bool {
+    matches!(gate("", risk, bypass, true), Ok(Need::RuleOrVerdict))
+}
+
 /// The allow rule "approve for this session" remembers for a call, as rule
 /// text: the tool name, or `tool(word *)` for a single simple command whose
 /// first word is plain. `None` when nothing may be remembered: any risk but

@@ -51,6 +51,14 @@ pub struct ApprovalRequest<'a> {
     pub staged: bool,
 }
 
+impl ApprovalRequest<'_> {
+    /// Whether the person asked may answer "approve for this session"
+    /// ([`gate::may_remember`]).
+    pub fn may_remember(&self) -> bool {
+        gate::may_remember(self.risk, self.bypass)
+    }
+}
+
 /// An approver's answer (recorded under the key `decision`). Not to be
 /// confused with the sandbox's decision in cairn-tools, which says how a
 /// process is confined.
@@ -97,6 +105,13 @@ pub enum ApprovalError {
 pub trait Approver {
     /// Whether a person answers (required for Destructive calls).
     fn is_interactive(&self) -> bool;
+    /// Whether someone answers a Write call no rule covers: a person at
+    /// hand, or a durable question a person answers later (a PostgreSQL
+    /// worker's). [`PolicyApprover`] asks only an approver that does, so no
+    /// host has to refuse by itself. Default: [`Approver::is_interactive`].
+    fn answers_writes(&self) -> bool {
+        self.is_interactive()
+    }
     /// Decide on one request.
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError>;
 

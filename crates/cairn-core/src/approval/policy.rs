@@ -1,10 +1,14 @@
 //! [`PolicyApprover`]: the approval policy as one approver a host can wire.
 //!
-//! ReadOnly runs; Write is approved by an allow rule, else asked of the
-//! interactive approver, else denied; Destructive is asked of the
-//! interactive approver only, never allowlisted, and denied when no person
-//! can answer (the refusal is [`super::gate::gate`]'s, as everywhere). The
-//! turn asks the same gate on its own, so a wrong wiring cannot unlock them.
+//! ReadOnly runs; Write is approved by an allow rule, else by the standing
+//! approval of every Write call when the session has one (`--yes`, 9P's
+//! `yes=1`, a worker's `--yes`: [`PolicyApprover::approve_writes`]), else
+//! asked of the interactive approver, else denied; Destructive is asked of
+//! the interactive approver only, never allowlisted, never covered by
+//! `--yes`, and denied when no person can answer (the refusal is
+//! [`super::gate::gate`]'s, as everywhere). The turn asks the same gate on
+//! its own, so a wrong wiring cannot unlock them. Hosts only present
+//! questions and relay answers: none of these rules lives in a host.
 //!
 //! It must not prompt by itself: the interactive part is injected.
 
@@ -14,6 +18,8 @@ use super::{Allowlist, AllowlistApprover, Answer, ApprovalError, ApprovalRequest
 /// The policy over an allowlist and an optional interactive approver.
 pub struct PolicyApprover {
     allow: AllowlistApprover,
+    /// Who approves every Write call no rule covers (`None`: nobody).
+    writes: Option<String>,
     interactive: Option<Box<dyn Approver>>,
 }
 
@@ -21,6 +27,7 @@ impl std::fmt::Debug for PolicyApprover {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PolicyApprover")
             .field("allow", &self.allow)
+            .field("writes", &self.writes)
             .field("interactive", &self.interactive.as_ref().map(|a| a.is_interactive()))
             .finish()
     }
@@ -29,13 +36,52 @@ impl std::fmt::Debug for PolicyApprover {
 impl PolicyApprover {
     /// A policy over `allow`, asking `interactive` (if any) what no rule covers.
     pub fn new(allow: Allowlist, interactive: Option<Box<dyn Approver>>) -> Self {
-        Self { allow: AllowlistApprover::new(allow), interactive }
+        Self { allow: AllowlistApprover::new(allow), writes: None, interactive }
     }
 
+    /// Approve every Write call no rule covers, recorded as approved `by`
+    /// (`flag:--yes`, `9p:yes=1`, …): the session's standing approval. It
+    /// never covers a Destructive call or a sandbox bypass (the gate says
+    /// those need a person).
+    pub fn approve_writes(mut self, by: impl Into<String>) -> Self {
+        self.writes = Some(by.into());
+        self
+    }
+
+    /// The allow rules.
+    pub fn allowlist(&self) -> &Allowlist {
+        self.allow.list()
+    }
+
+    /// Whether this session approves every Write call.
+    pub fn approves_writes(&self) -> bool {
+        self.writes.is_some()
+    }
+
+    /// Ask the injected approver, or deny with `why` when it cannot answer
+    /// this (absent, or one that answers no Write call: a host never has to
+    /// refuse by itself). What needs a person reaches here only when the
+    /// gate found one.
     fn ask(&mut self, request: &ApprovalRequest<'_>, why: String) -> Result<Verdict, ApprovalError> {
         match &mut self.interactive {
-            Some(inner) => inner.decide(request),
-            None => Ok(Verdict { decision: Answer::Deny { reason: why }, by: HEADLESS.to_owned() }),
+            Some(inner) if inner.is_interactive() || inner.answers_writes() => inner.decide(request),
+            _ => Ok(Verdict { decision: Answer::Deny { reason: why }, by: HEADLESS.to_owned() }),
+        }
+    }
+}
+
+impl PolicyApprover {
+    /// What answers `request` without asking anyone: an allow rule, then
+    /// the standing approval of Write calls, for what the gate says a rule
+    /// may answer.
+    fn lookup(&self, request: &ApprovalRequest<'_>) -> Option<Verdict> {
+        match gate(request.tool, request.risk, request.bypass, true) {
+            Ok(Need::Nothing) => self.allow.lookup(request),
+            Ok(Need::RuleOrVerdict) => self
+                .allow
+                .lookup(request)
+                .or_else(|| self.writes.as_ref().map(|by| Verdict { decision: Answer::Approve, by: by.clone() })),
+            Ok(Need::Person) | Err(_) => None,
         }
     }
 }
@@ -45,23 +91,139 @@ impl Approver for PolicyApprover {
         self.interactive.as_ref().is_some_and(|a| a.is_interactive())
     }
 
+    fn answers_writes(&self) -> bool {
+        self.writes.is_some() || self.interactive.as_ref().is_some_and(|a| a.answers_writes())
+    }
+
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         match gate(request.tool, request.risk, request.bypass, self.is_interactive()) {
             Err(refusal) => return Ok(refusal),
             Ok(Need::Person) => return Ok(Need::Person.bound(self.ask(request, String::new())?)),
             Ok(Need::Nothing | Need::RuleOrVerdict) => {}
         }
-        if let Some(verdict) = self.allow.lookup(request) {
+        if let Some(verdict) = self.lookup(request) {
             return Ok(verdict);
         }
         let why = format!(
-            "no allow rule covers this {} call and no interactive approver is available; add an allow rule or run in a terminal",
-            request.tool
+            "{tool} needs approval: no allow rule covers this call and no person can answer here; allow it \
+             (--allow '{tool}' or [approvals] allow), approve every Write call (--yes), or run where a person \
+             can answer (a terminal)",
+            tool = request.tool
         );
         self.ask(request, why)
     }
 
     fn pre_approve(&mut self, request: &ApprovalRequest<'_>) -> Option<Verdict> {
-        self.allow.lookup(request)
+        self.lookup(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::tool::Risk;
+
+    /// Records whether it was asked; answers Approve as `user:test`.
+    struct Person {
+        interactive: bool,
+        asked: std::rc::Rc<std::cell::Cell<u32>>,
+    }
+
+    impl Approver for Person {
+        fn is_interactive(&self) -> bool {
+            self.interactive
+        }
+        fn answers_writes(&self) -> bool {
+            true
+        }
+        fn decide(&mut self, _: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
+            self.asked.set(self.asked.get() + 1);
+            Ok(Verdict { decision: Answer::Approve, by: "user:test".into() })
+        }
+    }
+
+    fn request<'a>(risk: Risk, bypass: Option<&'a str>, args: &'a serde_json::Value) -> ApprovalRequest<'a> {
+        ApprovalRequest {
+            invocation_id: "i",
+            tool: "shell",
+            risk,
+            arguments: args,
+            preview: None,
+            cwd: Path::new("/"),
+            bypass,
+            staged: false,
+        }
+    }
+
+    #[test]
+    fn approving_writes_covers_write_calls_only() {
+        let args = json!({"command": "touch x"});
+        for interactive in [false, true] {
+            let asked = std::rc::Rc::new(std::cell::Cell::new(0));
+            let person = Person { interactive, asked: asked.clone() };
+            let mut policy = PolicyApprover::new(Allowlist::new(), Some(Box::new(person))).approve_writes("flag:--yes");
+            let v = policy.decide(&request(Risk::Write, None, &args)).unwrap();
+            assert_eq!(v, Verdict { decision: Answer::Approve, by: "flag:--yes".into() });
+            assert_eq!(policy.pre_approve(&request(Risk::Write, None, &args)), Some(v));
+            assert_eq!(asked.get(), 0, "--yes answers Write without asking");
+            // Destructive and a bypass are never covered: a person answers,
+            // or the gate refuses when none can.
+            for (risk, bypass) in [(Risk::Destructive, None), (Risk::Write, Some("write /etc"))] {
+                assert_eq!(policy.pre_approve(&request(risk, bypass, &args)), None);
+                let v = policy.decide(&request(risk, bypass, &args)).unwrap();
+                if interactive {
+                    assert_eq!(v.by, "user:test");
+                } else {
+                    assert_eq!(v.by, HEADLESS);
+                    assert!(matches!(v.decision, Answer::Deny { .. }));
+                }
+            }
+            assert_eq!(asked.get(), if interactive { 2 } else { 0 });
+        }
+    }
+
+    /// Answers nothing and is not interactive (a terminal approver without
+    /// a terminal).
+    struct Nobody;
+
+    impl Approver for Nobody {
+        fn is_interactive(&self) -> bool {
+            false
+        }
+        fn decide(&mut self, _: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
+            Err(ApprovalError::Failed("asked although it answers nothing".into()))
+        }
+    }
+
+    #[test]
+    fn an_approver_that_answers_nothing_is_never_asked() {
+        let args = json!({"path": "a"});
+        let mut policy = PolicyApprover::new(Allowlist::new(), Some(Box::new(Nobody)));
+        for risk in [Risk::Write, Risk::Destructive] {
+            let v = policy.decide(&request(risk, None, &args)).unwrap();
+            assert_eq!(v.by, HEADLESS);
+            assert!(matches!(v.decision, Answer::Deny { .. }));
+        }
+        let v = policy.decide(&request(Risk::Write, None, &args)).unwrap();
+        assert!(
+            matches!(v.decision, Answer::Deny { ref reason } if reason.contains("--yes") && reason.contains("--allow"))
+        );
+        // A durable asker (answers Write, is no person at hand) is asked
+        // for Write and never for Destructive.
+        let asked = std::rc::Rc::new(std::cell::Cell::new(0));
+        let later = Person { interactive: false, asked: asked.clone() };
+        let mut policy = PolicyApprover::new(Allowlist::new(), Some(Box::new(later)));
+        assert_eq!(policy.decide(&request(Risk::Write, None, &args)).unwrap().by, "user:test");
+        assert_eq!(policy.decide(&request(Risk::Destructive, None, &args)).unwrap().by, HEADLESS);
+        assert_eq!(asked.get(), 1);
+        // A rule still answers, and ReadOnly runs.
+        let mut policy = PolicyApprover::new(Allowlist::parse(["shell"]).unwrap(), None);
+        let ls = json!({"command": "ls"});
+        assert_eq!(policy.decide(&request(Risk::Write, None, &ls)).unwrap().by, "allowlist:shell");
+        assert_eq!(policy.decide(&request(Risk::ReadOnly, None, &ls)).unwrap().by, super::super::gate::READ_ONLY);
     }
 }

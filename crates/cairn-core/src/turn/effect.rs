@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::TurnError;
 use crate::CancelToken;
-use crate::approval::{Answer, ApprovalRequest, Approver, gate};
+use crate::approval::{Answer, ApprovalRequest, Approver, Verdict, gate};
 use crate::events::{BypassRecord, ToolStagedPayload, TurnEvent, VerdictRecord};
 use crate::staged::{StagedDecision, StagedReview};
 use crate::storage::now_millis;
@@ -105,34 +105,8 @@ pub(crate) fn run(
                 // Nothing more can be recorded: nothing more is granted.
                 return false;
             }
-            let at = now_millis();
-            let verdict = match gate(&request.tool, risk, Some(what), approver.is_interactive()) {
-                Err(refusal) => VerdictRecord { decision: refusal.decision, by: refusal.by, at },
-                Ok(need) => {
-                    let ask = ApprovalRequest {
-                        invocation_id: &request.invocation_id,
-                        tool: &request.tool,
-                        risk,
-                        arguments: &request.arguments,
-                        preview: None,
-                        cwd,
-                        bypass: Some(what),
-                        // A bypass is never covered by a rule, staged or not.
-                        staged: false,
-                    };
-                    match approver.decide(&ask) {
-                        Ok(v) => {
-                            let v = need.bound(v);
-                            VerdictRecord { decision: v.decision, by: v.by, at }
-                        }
-                        Err(e) => VerdictRecord {
-                            decision: Answer::Deny { reason: e.to_string() },
-                            by: "approver:error".to_owned(),
-                            at,
-                        },
-                    }
-                }
-            };
+            let v = decide_bypass(request, cwd, risk, what, &mut **approver);
+            let verdict = VerdictRecord { decision: v.decision, by: v.by, at: now_millis() };
             let bypass = BypassRecord { what: what.to_owned(), verdict };
             let recorded = match record.try_borrow_mut() {
                 Ok(mut record) => record(Record::Bypass(&bypass)),
@@ -210,7 +184,43 @@ pub(crate) fn run(
 /// call (its pre-run verdict followed the Write rules); a Destructive one
 /// goes through the gate (refused headless, whatever `--yes` or a pattern
 /// said) and then to the interactive approver, who is shown the diff.
-fn review_staged_effect(
+/// The verdict on a tool's request for access outside its sandbox (`what`):
+/// the gate first (a bypass always needs a person), then `approver`. The
+/// turn records it; a host without a turn (the tool service) asks it too,
+/// so no host decides a bypass by itself.
+pub fn decide_bypass(
+    request: &ToolRequest,
+    cwd: &Path,
+    risk: Risk,
+    what: &str,
+    approver: &mut dyn Approver,
+) -> Verdict {
+    match gate(&request.tool, risk, Some(what), approver.is_interactive()) {
+        Err(refusal) => refusal,
+        Ok(need) => {
+            let ask = ApprovalRequest {
+                invocation_id: &request.invocation_id,
+                tool: &request.tool,
+                risk,
+                arguments: &request.arguments,
+                preview: None,
+                cwd,
+                bypass: Some(what),
+                // A bypass is never covered by a rule, staged or not.
+                staged: false,
+            };
+            match approver.decide(&ask) {
+                Ok(v) => need.bound(v),
+                Err(e) => Verdict { decision: Answer::Deny { reason: e.to_string() }, by: "approver:error".to_owned() },
+            }
+        }
+    }
+}
+
+/// The decision on a staged run's change set, and who made it: a Write
+/// effect is applied by policy; a Destructive one goes through the gate and
+/// `approver`. The turn records it; the tool service asks it too.
+pub fn review_staged_effect(
     request: &ToolRequest,
     cwd: &Path,
     approver: &mut dyn Approver,
