@@ -41,13 +41,28 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
         for s in &all {
-            let modified = s.modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-            let line = serde_json::json!({
-                "id": s.id, "headerId": s.header_id, "name": s.name, "cwd": s.cwd, "createdAt": s.created_at,
-                "lastActivity": modified, "state": s.state, "size": s.size, "path": s.path,
-                "parent": crate::subagents::parent_of(&s.id),
-            });
-            writeln!(out, "{}", escape_json(&line.to_string()))?;
+            let modified = s.modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+            let phase = s.state.strip_prefix("interrupted (").and_then(|p| p.strip_suffix(')')).unwrap_or(&s.state);
+            let row = crate::sessions::SessionRow {
+                id: s.id.clone(),
+                backend: "file",
+                state: s.standing,
+                phase: (s.standing != crate::sessions::Standing::New).then(|| phase.to_owned()),
+                name: s.name.clone(),
+                cwd: s.cwd.clone(),
+                created_at: s.created_at,
+                last_activity: modified,
+                queued: s.queued,
+                parent: crate::subagents::parent_of(&s.id).map(str::to_owned),
+                note: None,
+                path: Some(s.path.clone()),
+                size: Some(s.size),
+                header_id: Some(s.header_id.clone()),
+                last_seq: None,
+                epoch: None,
+                holder: None,
+            };
+            writeln!(out, "{}", escape_json(&serde_json::to_string(&row)?))?;
         }
         return Ok(exit::SUCCESS);
     }

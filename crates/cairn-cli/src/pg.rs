@@ -214,7 +214,8 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
     let rows = client.query(
         "SELECT s.id, s.status, s.last_seq, s.epoch, s.lease_owner, s.header,
                 (SELECT count(*) FROM cairn_inbox i WHERE i.session_id = s.id),
-                to_char(s.updated_at, 'YYYY-MM-DD HH24:MI:SS'), s.note
+                to_char(s.updated_at, 'YYYY-MM-DD HH24:MI:SS'), s.note,
+                (extract(epoch FROM s.updated_at) * 1000)::bigint
          FROM cairn_sessions s ORDER BY s.updated_at DESC, s.id",
         &[],
     )?;
@@ -239,11 +240,38 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
         let queued: i64 = row.get(6);
         let updated: String = row.get(7);
         let note: Option<String> = row.get(8);
-        let cwd = cairn_core::storage::decode_header(header.as_bytes()).map(|h| h.cwd).unwrap_or_default();
+        let updated_ms: i64 = row.get(9);
+        let header = cairn_core::storage::decode_header(header.as_bytes()).ok();
+        let cwd = header.as_ref().map(|h| h.cwd.clone()).unwrap_or_default();
         if ctx.common.json {
-            let line = serde_json::json!({"id": id, "status": status, "lastSeq": seq, "queued": queued, "epoch": epoch,
-                "holder": owner, "updated": updated, "cwd": cwd, "note": note});
-            writeln!(out, "{}", crate::render::escape_json(&line.to_string()))?;
+            use crate::sessions::Standing;
+            let state = match status.as_str() {
+                "queued" => Standing::Queued,
+                "running" => Standing::Running,
+                "failed" => Standing::Failed,
+                _ if seq == 0 => Standing::New,
+                _ => Standing::Idle,
+            };
+            let row = crate::sessions::SessionRow {
+                id: id.clone(),
+                backend: "postgres",
+                state,
+                phase: None,
+                name: None,
+                cwd: cwd.clone(),
+                created_at: header.as_ref().map_or(0, |h| h.created_at),
+                last_activity: updated_ms,
+                queued: u64::try_from(queued).unwrap_or(0),
+                parent: None,
+                note: note.clone(),
+                path: None,
+                size: None,
+                header_id: None,
+                last_seq: Some(seq),
+                epoch: Some(epoch),
+                holder: owner.clone(),
+            };
+            writeln!(out, "{}", crate::render::escape_json(&serde_json::to_string(&row)?))?;
         } else {
             writeln!(
                 out,

@@ -40,8 +40,73 @@ pub struct SessionSummary {
     pub modified: SystemTime,
     /// The turn's phase ("new" before the first turn).
     pub state: String,
+    /// Where the session stands, as every backend says it.
+    pub standing: Standing,
+    /// Prompts waiting in the session's queue.
+    pub queued: u64,
     /// File size in bytes.
     pub size: u64,
+}
+
+/// Where a session stands: the `state` of `cairn sessions --json`, the same
+/// words for session files and PostgreSQL (docs/sessions-json.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Standing {
+    /// No turn yet.
+    New,
+    /// The last turn finished; a new prompt starts the next one.
+    Idle,
+    /// A turn stopped part-way (a crash, Ctrl-C, a lost worker) and nobody
+    /// is running it: `cairn resume` (or a worker) continues it.
+    Interrupted,
+    /// Waiting for a worker to claim it (PostgreSQL).
+    Queued,
+    /// A worker holds it and is running a turn (PostgreSQL).
+    Running,
+    /// A worker gave up on it; `note` says why (PostgreSQL).
+    Failed,
+}
+
+/// One line of `cairn sessions --json`: one shape for every backend. A
+/// field a backend does not keep is `null`, never absent.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionRow {
+    /// The id lookups use.
+    pub id: String,
+    /// `file` or `postgres`.
+    pub backend: &'static str,
+    /// Where it stands.
+    pub state: Standing,
+    /// The turn's phase where known (`final`, `awaitingApproval`, …).
+    pub phase: Option<String>,
+    /// Name given with `--name`.
+    pub name: Option<String>,
+    /// Working directory.
+    pub cwd: String,
+    /// Creation time, ms since the epoch.
+    pub created_at: i64,
+    /// Last change, ms since the epoch.
+    pub last_activity: i64,
+    /// Prompts waiting to run.
+    pub queued: u64,
+    /// The parent session of a subagent.
+    pub parent: Option<String>,
+    /// Why it failed (PostgreSQL).
+    pub note: Option<String>,
+    /// The session file (files).
+    pub path: Option<PathBuf>,
+    /// File size in bytes (files).
+    pub size: Option<u64>,
+    /// The id the header declares (files; normally equal to `id`).
+    pub header_id: Option<String>,
+    /// The highest committed seq (PostgreSQL).
+    pub last_seq: Option<i64>,
+    /// Claims so far (PostgreSQL).
+    pub epoch: Option<i64>,
+    /// The worker holding it (PostgreSQL).
+    pub holder: Option<String>,
 }
 
 /// Print a warning on stderr (listing problems that do not stop a command).
@@ -77,14 +142,25 @@ fn stem(path: &Path) -> String {
 pub fn summarise(path: &Path, opts: &StoreOptions) -> Result<(SessionSummary, Option<String>)> {
     let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-    let summary = read_summary(path, &[(registers::FACT, registers::NAME_FACT)], opts.max_line_bytes)?;
+    let wanted = [(registers::FACT, registers::NAME_FACT), (registers::FACT, registers::QUEUE_FACT)];
+    let summary = read_summary(path, &wanted, opts.max_line_bytes)?;
     let name = summary.registers.first().cloned().flatten().and_then(|raw| raw.parse::<String>().ok());
-    let state = match &summary.state {
-        None => "new".to_owned(),
+    let queued = summary
+        .registers
+        .get(1)
+        .cloned()
+        .flatten()
+        .and_then(|raw| raw.parse::<registers::PromptQueue>().ok())
+        .map_or(0, |q| q.items.len() as u64);
+    let (state, standing) = match &summary.state {
+        None => ("new".to_owned(), Standing::New),
         Some(state) => match Pc::decode(&state.pc) {
-            Ok(pc) if pc.in_progress() => format!("interrupted ({:?})", pc.phase).to_lowercase(),
-            Ok(pc) => format!("{:?}", pc.phase).to_lowercase(),
-            Err(_) => "unknown".to_owned(),
+            Ok(pc) if pc.in_progress() => {
+                (format!("interrupted ({:?})", pc.phase).to_lowercase(), Standing::Interrupted)
+            }
+            Ok(pc) => (format!("{:?}", pc.phase).to_lowercase(), Standing::Idle),
+            // A state this cairn cannot read: not idle, resume says why.
+            Err(_) => ("unknown".to_owned(), Standing::Interrupted),
         },
     };
     let warning = header_id_mismatch(path, &summary.header.id);
@@ -99,6 +175,8 @@ pub fn summarise(path: &Path, opts: &StoreOptions) -> Result<(SessionSummary, Op
             created_at: header.created_at,
             modified,
             state,
+            standing,
+            queued,
             size: meta.len(),
         },
         warning,

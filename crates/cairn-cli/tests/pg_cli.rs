@@ -69,7 +69,7 @@ fn submit_worker_show_log_export_check_import() {
     let id = stdout(&env.cairn(&["--database", url, "submit", "write it"]).output().unwrap()).trim().to_owned();
     assert_eq!(id.len(), 36, "{id}");
     let listed = statuses(&env, url);
-    assert_eq!((listed[0]["id"].as_str(), listed[0]["status"].as_str()), (Some(id.as_str()), Some("queued")));
+    assert_eq!((listed[0]["id"].as_str(), listed[0]["state"].as_str()), (Some(id.as_str()), Some("queued")));
 
     let mut guard = Guard(None);
     let worker = env
@@ -93,9 +93,29 @@ fn submit_worker_show_log_export_check_import() {
     let pid = worker.id();
     guard.0 = Some(worker);
     let start = Instant::now();
-    while statuses(&env, url)[0]["status"] != "idle" {
+    while statuses(&env, url)[0]["state"] != "idle" {
         assert!(start.elapsed() < Duration::from_secs(120), "the worker never finished the session");
         std::thread::sleep(Duration::from_millis(100));
+    }
+    // One JSON shape whatever the backend: the same keys, `state` in the
+    // same words (a finished session is idle in both).
+    let answer = env.script(&[json!({"text": "hello", "toolCalls": []})]);
+    assert_eq!(
+        env.cairn(&["--script", answer.to_str().unwrap(), "run", "hi"]).output().unwrap().status.code(),
+        Some(0)
+    );
+    let files: Vec<Value> = stdout(&env.cairn(&["--json", "sessions"]).output().unwrap())
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    let row = &statuses(&env, url)[0];
+    assert_eq!(keys(&files[0]), keys(row), "file: {}\npostgres: {row}", files[0]);
+    assert_eq!((files[0]["state"].as_str(), files[0]["backend"].as_str()), (Some("idle"), Some("file")));
+    assert_eq!((row["state"].as_str(), row["backend"].as_str()), (Some("idle"), Some("postgres")));
+    for v in [&files[0], row] {
+        assert!(v["lastActivity"].as_i64().unwrap() > 1_600_000_000_000, "{v}");
+        assert!(v["createdAt"].as_i64().unwrap() > 1_600_000_000_000, "{v}");
     }
     // Released on finishing: no holder. Ctrl-C (SIGINT) stops an idle
     // worker cleanly.
@@ -209,7 +229,7 @@ fn a_worker_started_with_yes_approves_write_calls() {
             .unwrap(),
     );
     let start = Instant::now();
-    while statuses(&env, url)[0]["status"] != "idle" {
+    while statuses(&env, url)[0]["state"] != "idle" {
         assert!(start.elapsed() < Duration::from_secs(120), "timed out waiting for the session");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -267,7 +287,7 @@ fn a_pending_approval_is_data_that_survives_the_worker() {
     // Answer from another process (any host): the taken-over turn runs it.
     let inv = question["invocationId"].as_str().unwrap();
     stdout(&env.cairn(&["--database", url, "approve", &id, inv]).output().unwrap());
-    wait("the session to finish", &|| statuses(&env, url)[0]["status"] == "idle");
+    wait("the session to finish", &|| statuses(&env, url)[0]["state"] == "idle");
     assert_eq!(std::fs::read_to_string(env.cwd.join("asked.txt")).unwrap(), "yes\n");
     assert!(pending().is_empty());
     // A second answer is refused: the first one stands.
