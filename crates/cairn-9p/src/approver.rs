@@ -14,23 +14,42 @@ use std::sync::mpsc::{RecvTimeoutError, sync_channel};
 use std::time::Duration;
 
 use cairn_core::CancelToken;
-use cairn_core::approval::{ApprovalError, ApprovalRequest, Approver, Verdict};
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, Verdict};
 use cairn_core::tool::{Preview, Risk};
 
-use crate::live::{Live, PendingApproval, Runtime};
+/// An approval waiting for a person.
+#[derive(Debug)]
+pub struct PendingApproval {
+    /// What reading the file shows.
+    pub text: String,
+    /// Whether `a` (allow for the session) may be answered.
+    pub session_allowed: bool,
+    /// Where the answer goes.
+    pub answer: std::sync::mpsc::SyncSender<Answer>,
+}
+
+/// Where a question is shown and withdrawn: a session's `approvals/`
+/// directory (`live.rs` implements it). The approver needs nothing else of
+/// the tree.
+pub trait ApprovalBoard: std::fmt::Debug {
+    /// Show `pending` as `approvals/<invocation_id>`; `phase` is the
+    /// session's new state line.
+    fn post(&self, invocation_id: &str, pending: PendingApproval, phase: String);
+    /// Remove the question.
+    fn withdraw(&self, invocation_id: &str);
+}
 
 /// Asks through `approvals/`.
 #[derive(Debug)]
 pub struct TreeApprover {
-    live: Arc<Live>,
-    runtime: Arc<Runtime>,
+    board: Arc<dyn ApprovalBoard + Send + Sync>,
     cancel: CancelToken,
 }
 
 impl TreeApprover {
-    /// The approver of one turn of `live`.
-    pub fn new(live: Arc<Live>, runtime: Arc<Runtime>, cancel: CancelToken) -> Self {
-        Self { live, runtime, cancel }
+    /// The approver of one turn, asking on `board`.
+    pub fn new(board: Arc<dyn ApprovalBoard + Send + Sync>, cancel: CancelToken) -> Self {
+        Self { board, cancel }
     }
 }
 
@@ -87,8 +106,7 @@ impl Approver for TreeApprover {
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         let (tx, rx) = sync_channel(1);
         let pending = PendingApproval { text: describe(request), session_allowed: request.may_remember(), answer: tx };
-        self.live.add_approval(request.invocation_id, pending, format!("awaiting approval: {}", request.tool));
-        self.runtime.pulse.bump();
+        self.board.post(request.invocation_id, pending, format!("awaiting approval: {}", request.tool));
         let result = loop {
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(decision) => break Ok(Verdict { decision, by: "user:9p".to_owned() }),
@@ -103,8 +121,7 @@ impl Approver for TreeApprover {
                 }
             }
         };
-        self.live.remove_approval(request.invocation_id);
-        self.runtime.pulse.bump();
+        self.board.withdraw(request.invocation_id);
         result
     }
 }

@@ -28,7 +28,7 @@ use cairn_core::storage::{
 use cairn_core::turn::Pc;
 use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
 
-use crate::approver::TreeApprover;
+use crate::approver::{ApprovalBoard, PendingApproval, TreeApprover};
 use crate::host::{Host, SPEC_FACT, SessionSpec};
 use crate::queue;
 
@@ -67,15 +67,23 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// An approval waiting for a person.
+/// A session's `approvals/` as the approver of its turns sees it.
 #[derive(Debug)]
-pub struct PendingApproval {
-    /// What reading the file shows.
-    pub text: String,
-    /// Whether `a` (allow for the session) may be answered.
-    pub session_allowed: bool,
-    /// Where the answer goes.
-    pub answer: std::sync::mpsc::SyncSender<Answer>,
+struct Board {
+    live: Arc<Live>,
+    runtime: Arc<Runtime>,
+}
+
+impl ApprovalBoard for Board {
+    fn post(&self, invocation_id: &str, pending: PendingApproval, phase: String) {
+        self.live.add_approval(invocation_id, pending, phase);
+        self.runtime.pulse.bump();
+    }
+
+    fn withdraw(&self, invocation_id: &str) {
+        self.live.remove_approval(invocation_id);
+        self.runtime.pulse.bump();
+    }
 }
 
 #[derive(Debug)]
@@ -459,7 +467,8 @@ impl Runtime {
                     Start::Resume => None,
                 }
             };
-            let approver = TreeApprover::new(Arc::clone(live), Arc::clone(&self), cancel.clone());
+            let board = Board { live: Arc::clone(live), runtime: Arc::clone(&self) };
+            let approver = TreeApprover::new(Arc::new(board), cancel.clone());
             let approver = PolicyApprover::new(allow, Some(Box::new(approver)));
             let approver = if spec.yes { approver.approve_writes("9p:yes=1") } else { approver };
             let (session, registry) = self.for_turn(session, &cwd, first.as_deref(), &approver)?;

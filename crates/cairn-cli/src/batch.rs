@@ -14,37 +14,10 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result, bail};
 use cairn_9p::Host as _;
 use cairn_9p::batch::Batch;
-use serde::Deserialize;
 
 use crate::context::{Context, exit};
 use crate::render::escape_controls;
 use crate::serve::{CliHost, ServeLock};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BatchConfig {
-    #[serde(default = "default_max_running")]
-    max_running: usize,
-}
-
-fn default_max_running() -> usize {
-    2
-}
-
-/// `[batch] max_running`: sessions of batch jobs run at once.
-pub fn max_running(ctx: &Context) -> usize {
-    match ctx.settings.batch.clone().map(toml::Value::try_into::<BatchConfig>) {
-        None => default_max_running(),
-        Some(Ok(config)) => config.max_running.max(1),
-        Some(Err(e)) => {
-            eprintln!(
-                "cairn: [batch] in {} is invalid ({e}); using max_running = 2",
-                ctx.settings.config_file.display()
-            );
-            default_max_running()
-        }
-    }
-}
 
 fn read_spec(path: &Path) -> Result<String> {
     if path == Path::new("-") {

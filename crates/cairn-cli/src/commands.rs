@@ -53,7 +53,7 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
                 created_at: s.created_at,
                 last_activity: modified,
                 queued: s.queued,
-                parent: crate::subagents::parent_of(&s.id).map(str::to_owned),
+                parent: crate::family::parent_of(&s.id).map(str::to_owned),
                 note: None,
                 path: Some(s.path.clone()),
                 size: Some(s.size),
@@ -83,7 +83,7 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
         writeln!(
             out,
             "{:<36}  {:<12}  {:<20}  {:<20}  {:<22}  {:>9}  {}",
-            esc(&crate::subagents::list_label(&s.id)),
+            esc(&crate::family::list_label(&s.id)),
             esc(s.name.as_deref().unwrap_or("-")),
             format_time(s.created_at),
             format_time(modified),
@@ -373,7 +373,7 @@ pub fn log(ctx: &Context, path: &Path, follow: bool) -> Result<u8> {
 
 /// `cairn fork`: a new lane at an entry.
 pub fn fork(ctx: &Context, path: &Path, entry: &str, lane: Option<String>) -> Result<u8> {
-    let store = crate::host::open_session(ctx, path)?;
+    let store = crate::wiring::open_session(ctx, path)?;
     let mut session = cairn_core::Session::open(store, cairn_core::SessionConfig::default())?;
     let lane = match lane {
         Some(lane) => lane,
@@ -396,7 +396,7 @@ pub fn fork(ctx: &Context, path: &Path, entry: &str, lane: Option<String>) -> Re
 /// `cairn compact`: compacts when the automatic rule would
 /// (`storage.compact_ratio`, files of at least 1 MiB), or always with `--force`.
 pub fn compact(ctx: &Context, path: &Path, force: bool) -> Result<u8> {
-    let mut store = crate::host::open_session(ctx, path)?;
+    let mut store = crate::wiring::open_session(ctx, path)?;
     let before = store.len_bytes();
     let ratio = store.dead_bytes_ratio();
     let opts = *store.options();
@@ -473,7 +473,7 @@ fn home_note(ctx: &Context) -> String {
 pub fn tools(ctx: &Context) -> Result<u8> {
     let cwd = std::env::current_dir()?;
     let cwd = ctx.common.cwd.clone().unwrap_or(cwd);
-    let crate::host::HostTools { entries, mut notes, untrusted } = crate::host::tool_entries(ctx, &cwd)?;
+    let crate::wiring::HostTools { entries, mut notes, untrusted } = crate::wiring::tool_entries(ctx, &cwd)?;
     notes.extend(untrusted);
     let status = cairn_tools::landlock_status();
     let mut out = std::io::stdout().lock();

@@ -24,11 +24,11 @@ use crate::render::{Renderer, escape_controls};
 /// `cairn compact --context ID`: one compaction of the session's lane now.
 pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
     let mut renderer = Renderer::new(host::mode(ctx));
-    let store = host::open_session(ctx, path)?;
+    let store = crate::wiring::open_session(ctx, path)?;
     let cwd = std::path::PathBuf::from(&store.header().cwd);
     let id = store.header().id.clone();
     let mut wiring = host::wire(ctx, &cwd, &mut renderer)?;
-    let mut session = Session::open(store, host::session_config(ctx))?;
+    let mut session = Session::open(store, crate::wiring::session_config(ctx))?;
     let cancel = CancelToken::new();
     let (provider, tools, approver) = wiring.parts();
     let mut observer = |event: &TurnEvent| renderer.event(event);

@@ -456,7 +456,7 @@ impl Settings {
             ("storage.max_line_bytes", self.max_line_bytes.value.to_string(), self.max_line_bytes.source.to_string()),
             (
                 "database",
-                self.database.value.as_deref().map_or_else(|| "(none)".to_owned(), crate::pg::redact),
+                self.database.value.as_deref().map_or_else(|| "(none)".to_owned(), crate::redact::redact),
                 self.database.source.to_string(),
             ),
         ]

@@ -102,7 +102,7 @@ fn is_core(entry: &ToolEntry) -> bool {
 /// The tools a turn in `cwd` could be offered: the core ones' names (always
 /// offered) and the specs discovery chooses among. With a tool service
 /// (`--toolsrv`) they are the service's, read from its `t/*/meta`
-/// (`crate::toolsrv`); else the in-process ones (`host::tool_entries`).
+/// (`crate::toolsrv`); else the in-process ones (`crate::wiring::tool_entries`).
 pub struct Candidates {
     /// Names of the core tools.
     pub core: Vec<String>,
@@ -120,7 +120,7 @@ pub fn candidates(ctx: &Context, cwd: &Path) -> Result<Candidates> {
         let (core, extra): (Vec<ToolSpec>, Vec<ToolSpec>) = specs.into_iter().partition(crate::toolsrv::is_core);
         return Ok(Candidates { core: core.into_iter().map(|s| s.name).collect(), extra, notes });
     }
-    let tools = crate::host::tool_entries(ctx, cwd)?;
+    let tools = crate::wiring::tool_entries(ctx, cwd)?;
     let core = tools.entries.iter().filter(|e| is_core(e)).map(|e| e.tool.spec().name.clone()).collect();
     let extra = tools.entries.iter().filter(|e| !is_core(e)).map(|e| e.tool.spec().clone()).collect();
     Ok(Candidates { core, extra, notes: Vec::new() })

@@ -14,7 +14,6 @@ use cairn_faces::HostTools;
 use cairn_faces::jsonrpc::Out;
 
 use crate::context::{Context, exit};
-use crate::host;
 
 struct CliHost<'a> {
     ctx: &'a Context,
@@ -22,11 +21,11 @@ struct CliHost<'a> {
 
 impl cairn_faces::Host for CliHost<'_> {
     fn provider(&self, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
-        host::build_provider(self.ctx, cwd)
+        crate::wiring::build_provider(self.ctx, cwd)
     }
 
     fn tools(&self, cwd: &Path) -> Result<HostTools> {
-        let tools = host::tool_entries(self.ctx, cwd)?;
+        let tools = crate::wiring::tool_entries(self.ctx, cwd)?;
         let mut notes = tools.notes;
         notes.extend(tools.untrusted);
         Ok(HostTools { tools: tools.entries.into_iter().map(|e| e.tool).collect(), notes })
@@ -46,11 +45,11 @@ impl cairn_faces::Host for CliHost<'_> {
 
     fn open_session(&self, id: &str) -> Result<JsonlStore> {
         let path = crate::sessions::resolve(&self.ctx.paths, id, &self.ctx.settings.store_options())?;
-        host::open_session(self.ctx, &path)
+        crate::wiring::open_session(self.ctx, &path)
     }
 
     fn session_config(&self) -> SessionConfig {
-        host::session_config(self.ctx)
+        crate::wiring::session_config(self.ctx)
     }
 }
 

@@ -1,6 +1,7 @@
-//! Wiring a turn: the provider, the tools, the approver and the session
-//! store, built from the resolved configuration, then `run`, `chat` and
-//! `resume`, which hand them to `cairn_core::Session`.
+//! Running turns of a CLI session: the parts built by `wiring.rs`, the
+//! tools of the turn (tool service or in-process, `fill_registry`; the
+//! subagent family; discovery's choice), then `run`, `chat` and `resume`,
+//! which hand them to `cairn_core::Session`, and Ctrl-C.
 //!
 //! The turn itself (state machine, effect sandwich, approval policy) lives in
 //! cairn-core; this module only assembles the parts and maps outcomes to
@@ -10,25 +11,19 @@ use std::io::{BufRead, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use cairn_core::approval::{Allowlist, Approver, PolicyApprover};
+use cairn_core::approval::{Allowlist, PolicyApprover};
 use cairn_core::provider::Provider;
+use cairn_core::storage::JsonlStore;
 use cairn_core::storage::Storage;
-use cairn_core::storage::{Header, JsonlStore, Transaction, new_session_id};
-use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent, TurnOutcome, TurnStop};
-use cairn_provider::{ProviderConfig, ProviderKind};
-use cairn_tools::{ToolEntry, ToolsConfig, TrustState, TrustStore};
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnOutcome, TurnStop};
 use serde_json::json;
 
 use crate::approver::TerminalApprover;
 use crate::context::{Context, exit};
 use crate::render::{Mode, Renderer};
-
-/// The system prompt when none is configured.
-const DEFAULT_SYSTEM: &str = "You are cairn, a careful agent working in the user's directory. \
-Use the tools to look before you change anything, keep changes small, and answer concisely.";
+use crate::wiring::{build_provider, create_session, open_session, policy, session_config, tool_entries};
 
 /// The parts a turn needs, built once per command.
 pub struct Wiring {
@@ -73,101 +68,6 @@ impl Wiring {
     }
 }
 
-/// Build the configured provider (the `local` one grounds path arguments in
-/// the session's `cwd`).
-pub fn build_provider(ctx: &Context, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
-    let s = &ctx.settings;
-    provider_for(ctx, &s.provider.value, s.model.value.as_deref(), s.script.value.as_deref(), cwd)
-}
-
-/// Build the provider `name` (a built-in or a `[providers.NAME]` table),
-/// with a model and script overriding its configuration (`cairn serve`
-/// builds each session's provider from what `s/new` was given), for a
-/// session working in `cwd`.
-pub fn provider_for(
-    ctx: &Context,
-    name: &str,
-    model: Option<&str>,
-    script: Option<&Path>,
-    cwd: &Path,
-) -> Result<Box<dyn Provider + Send>> {
-    let mut config = ProviderConfig::resolve(name, ctx.settings.providers.get(name))?;
-    if let Some(model) = model {
-        config.model = Some(model.to_owned());
-    }
-    if let Some(script) = script {
-        config.script = Some(script.to_path_buf());
-    }
-    if config.kind == ProviderKind::Local {
-        return crate::local::provider(ctx, cwd);
-    }
-    Ok(cairn_provider::build(&config, &|k| crate::secrets::var(k))?)
-}
-
-/// The tools settings from configuration and flags.
-pub fn tools_config(ctx: &Context) -> ToolsConfig {
-    let mut config = ToolsConfig::default();
-    config.destructive_patterns.extend(ctx.settings.destructive_patterns.value.iter().cloned());
-    config.allow_unsandboxed = ctx.common.allow_unsandboxed;
-    config.secrets = crate::secrets::values();
-    // Staging layers live with cairn's data (they must outlive a crash
-    // until their change set is applied on resume).
-    config.staging_dir = Some(ctx.paths.data.join("staging"));
-    config.staged = ctx.settings.staged.value;
-    config.staged_max_files = ctx.settings.staged_max_files.value;
-    config.hidden_paths = hidden_paths(&ctx.paths.data);
-    config
-}
-
-/// What no tool may see: cairn's home (its control sockets `cairn.sock`
-/// and `toolsrv.sock`, sessions, staging layers). Landlock before ABI 9
-/// does not check `connect()` on a pathname unix socket, so only hiding the
-/// home keeps a tool from driving `cairn serve` or `cairn toolsrv`.
-///
-/// The socket files are listed as well: when a call's working directory
-/// *is* the home, the home cannot be covered without covering the tree the
-/// tool works on, so the sandbox skips that cover and hides each socket
-/// (a `/dev/null` mounted over it) instead. When the working directory is
-/// inside the home, the cover keeps it visible and the sockets are gone
-/// with the rest. A socket created after a call started in the home
-/// itself is not covered for that call.
-pub fn hidden_paths(home: &Path) -> Vec<PathBuf> {
-    vec![home.to_path_buf(), home.join("cairn.sock"), home.join("toolsrv.sock")]
-}
-
-/// The tools of a session in `cwd`, and what to tell the user about the
-/// ones left out.
-#[derive(Debug)]
-pub struct HostTools {
-    /// Built-ins, then external tools (`cairn_tools::load_tools`).
-    pub entries: Vec<ToolEntry>,
-    /// Broken metadata, shadowed names.
-    pub notes: Vec<String>,
-    /// Workspace tools not loaded because the directory is not trusted, and
-    /// how to trust it. Always said on stderr, even headless.
-    pub untrusted: Vec<String>,
-}
-
-/// Built-in and external tools for `cwd` (directories, precedence and trust
-/// as `cairn_tools::tool_dirs` and `load_tools` define them).
-pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
-    let config = tools_config(ctx);
-    let mut untrusted = Vec::new();
-    // An unreadable trust file trusts nothing (fails closed) and is said.
-    let trust = TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|e| {
-        untrusted.push(format!("no workspace tools loaded: {e}"));
-        TrustStore::empty()
-    });
-    let loaded = cairn_tools::load_tools(&config, &ctx.paths.tool_dirs(cwd), &trust)
-        .context("invalid [tools] destructive_patterns")?;
-    let notes = loaded.errors.iter().map(|e| format!("tool skipped: {e}")).collect();
-    untrusted.extend(loaded.untrusted.iter().map(|u| {
-        let again = if u.state == TrustState::Changed { " again" } else { "" };
-        format!("{u}; review them, then run `cairn trust {}`{again} to load them", crate::trust::quoted(&u.workspace))
-    }));
-    Ok(HostTools { entries: loaded.tools, notes, untrusted })
-}
-
 /// Build provider, tools and approver for a session in `cwd`.
 pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring> {
     wire_with(ctx, cwd, renderer, true, None)
@@ -210,14 +110,6 @@ pub fn wire_with(
     Ok(Wiring { provider, registry, approver, family })
 }
 
-/// The approval policy of a CLI session over `allow` and the person
-/// `ask` (if any): `yes` (`--yes`) is the session's standing approval of Write
-/// calls, which core's policy applies (never to Destructive calls).
-pub fn policy(yes: bool, allow: Allowlist, ask: Option<Box<dyn Approver>>) -> PolicyApprover {
-    let approver = PolicyApprover::new(allow, ask);
-    if yes { approver.approve_writes("flag:--yes") } else { approver }
-}
-
 /// Register the tools of a session in `cwd`: the tool service's when one
 /// is configured (`toolsrv.rs`), else the in-process ones; the built-ins
 /// always, the others only if in `keep` when it is given (discovery's
@@ -245,46 +137,6 @@ pub fn fill_registry(
         }
     }
     Ok((notes, tools.untrusted))
-}
-
-/// The session settings from configuration.
-pub fn session_config(ctx: &Context) -> SessionConfig {
-    SessionConfig {
-        system: Some(ctx.settings.system_prompt.value.clone().unwrap_or_else(|| DEFAULT_SYSTEM.to_owned())),
-        max_steps: ctx.settings.max_steps.value,
-        output_cap: ctx.settings.tool_output_cap.value,
-        tool_timeout: Duration::from_secs(ctx.settings.tool_timeout_secs.value),
-        lane: ctx.common.lane.clone().unwrap_or_else(|| cairn_core::turn::DEFAULT_LANE.to_owned()),
-        compaction_threshold: (!ctx.common.no_compaction).then_some(ctx.settings.compaction_threshold.value),
-        ..SessionConfig::default()
-    }
-}
-
-/// The working directory for a new session.
-fn new_session_cwd(ctx: &Context) -> Result<PathBuf> {
-    let cwd = match &ctx.common.cwd {
-        Some(dir) => dir.clone(),
-        None => std::env::current_dir().context("cannot read the current directory")?,
-    };
-    cwd.canonicalize().with_context(|| format!("--cwd {}: no such directory", cwd.display()))
-}
-
-/// Create a new session file (named with `--name` if given).
-pub fn create_session(ctx: &Context) -> Result<(JsonlStore, PathBuf)> {
-    let cwd = new_session_cwd(ctx)?;
-    let header = Header::new(new_session_id(), cwd.display().to_string());
-    let mut store = JsonlStore::create(&ctx.paths.sessions(), header, ctx.settings.store_options())
-        .with_context(|| format!("cannot create a session in {}", ctx.paths.sessions().display()))?;
-    if let Some(name) = &ctx.common.name {
-        store.commit(Transaction::new().set_session_name(name)?)?;
-    }
-    Ok((store, cwd))
-}
-
-/// Open an existing session for writing, with the configured store
-/// options (automatic compaction, line limit).
-pub fn open_session(ctx: &Context, path: &Path) -> Result<JsonlStore> {
-    Ok(JsonlStore::open(path, ctx.settings.store_options())?)
 }
 
 /// Ctrl-C handling shared by every turn of this process: the first press
@@ -443,7 +295,7 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
 pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
     let store = open_session(ctx, path)?;
-    if let Some(child) = crate::subagents::child_fact(&store) {
+    if let Some(child) = crate::family::child_fact(&store) {
         // A child's authority is a subset of its parent's, recorded in its
         // file; flags given here could exceed it. Its parent drives it.
         anyhow::bail!(

@@ -15,7 +15,9 @@ mod config;
 mod context;
 mod discover;
 mod faces;
+mod family;
 mod host;
+mod listen;
 mod local;
 mod mount;
 mod paths;
@@ -25,6 +27,7 @@ mod pg;
 #[cfg(not(feature = "postgres"))]
 #[path = "pg_off.rs"]
 mod pg;
+mod redact;
 mod render;
 mod secrets;
 mod serve;
@@ -33,6 +36,7 @@ mod style;
 mod subagents;
 mod toolsrv;
 mod trust;
+mod wiring;
 #[cfg(feature = "actors")]
 mod world;
 

@@ -30,7 +30,7 @@ use cairn_core::tool::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::subagents::{SEP, parent_of};
+use crate::family::{SEP, parent_of};
 
 /// The tool that sends.
 pub const SEND: &str = "send_message";
@@ -77,7 +77,7 @@ impl Directory {
     fn peers_allowed(&self, id: &str) -> bool {
         JsonlStore::open_read_only(&self.path(id))
             .ok()
-            .and_then(|s| crate::subagents::child_fact(&s))
+            .and_then(|s| crate::family::child_fact(&s))
             .is_some_and(|f| f.peers)
     }
 

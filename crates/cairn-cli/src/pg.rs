@@ -26,6 +26,7 @@ use cairn_pg::{PgStore, lease};
 use postgres::Client;
 
 use crate::context::{Context, exit};
+use crate::redact::redact;
 use crate::render::escape_controls;
 
 /// The database URL from `--database` or the config, or a clear error.
@@ -38,24 +39,6 @@ pub fn url(ctx: &Context) -> Result<String> {
 fn client(ctx: &Context) -> Result<Client> {
     let url = url(ctx)?;
     cairn_pg::connect(&url).with_context(|| format!("cannot use the database {}", redact(&url)))
-}
-
-/// The URL without its password (for messages and `cairn config`).
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.find(':') {
-                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &creds[..colon], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url
-            .split_whitespace()
-            .map(|kv| if kv.starts_with("password=") { "password=***" } else { kv })
-            .collect::<Vec<_>>()
-            .join(" "),
-    }
 }
 
 /// A session id from an exact id or a unique prefix.
@@ -76,21 +59,21 @@ struct HostDriver {
 
 impl Driver for HostDriver {
     fn session_config(&self, header: &Header) -> SessionConfig {
-        SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..crate::host::session_config(&self.ctx) }
+        SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..crate::wiring::session_config(&self.ctx) }
     }
 
     fn drive(&self, session: &mut Session<PgStore>, prompt: Option<&str>) -> Result<(), TurnError> {
         let id = session.store().header().id.clone();
         let cwd = PathBuf::from(&session.store().header().cwd);
         let wiring = (|| -> Result<_> {
-            let provider = crate::host::build_provider(&self.ctx, &cwd)?;
+            let provider = crate::wiring::build_provider(&self.ctx, &cwd)?;
             let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
                 .context("invalid allow pattern (from --allow or [approvals] allow)")?;
             // Allow rules and --yes, then a durable question any host can
             // answer (`cairn approve`); Destructive calls are refused, never
             // asked, and so never offered.
             let asker = DbApprover::new(url(&self.ctx)?, id.clone(), session.store().lease_lost());
-            let approver = crate::host::policy(self.ctx.common.yes, allow, Some(Box::new(asker)));
+            let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(asker)));
             let mut registry = ToolRegistry::new(&approver);
             let (notes, untrusted) = crate::host::fill_registry(&self.ctx, &cwd, None, &mut registry)?;
             for note in notes.iter().chain(&untrusted) {

@@ -9,10 +9,6 @@ use crate::context::Context;
 
 const OFF: &str = "this cairn was built without PostgreSQL support; rebuild with `--features postgres`";
 
-pub fn redact(url: &str) -> String {
-    url.split('@').next_back().unwrap_or_default().to_owned()
-}
-
 pub fn worker(_: Context, _: usize, _: u64) -> Result<u8> {
     bail!(OFF)
 }

@@ -18,8 +18,10 @@ use cairn_core::provider::Provider;
 use cairn_core::storage::{JsonlStore, StoreOptions};
 use cairn_core::{SessionConfig, ToolRegistry};
 use cairn_provider::ProviderConfig;
+use serde::Deserialize;
 
 use crate::context::{Context, exit};
+use crate::listen::{bind_all, print_addresses, remove_sockets, stop_signal};
 
 /// The CLI's configuration as the tree's [`Host`].
 #[derive(Debug)]
@@ -41,7 +43,7 @@ impl Host for CliHost {
     }
 
     fn session_config(&self) -> SessionConfig {
-        crate::host::session_config(&self.ctx)
+        crate::wiring::session_config(&self.ctx)
     }
 
     fn default_provider(&self) -> String {
@@ -58,7 +60,7 @@ impl Host for CliHost {
         fn opt(s: &str) -> Option<&str> {
             Some(s).filter(|s| !s.is_empty())
         }
-        crate::host::provider_for(&self.ctx, &spec.provider, opt(&spec.model), opt(&spec.script).map(Path::new), cwd)
+        crate::wiring::provider_for(&self.ctx, &spec.provider, opt(&spec.model), opt(&spec.script).map(Path::new), cwd)
     }
 
     fn tools(&self, cwd: &Path, approver: &dyn Approver) -> Result<ToolRegistry> {
@@ -98,12 +100,12 @@ impl Host for CliHost {
     }
 
     fn batch_max_running(&self) -> usize {
-        crate::batch::max_running(&self.ctx)
+        crate::serve::max_running(&self.ctx)
     }
 
     fn tools_text(&self) -> String {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-        match crate::host::tool_entries(&self.ctx, &cwd) {
+        match crate::wiring::tool_entries(&self.ctx, &cwd) {
             Ok(tools) => tools
                 .entries
                 .iter()
@@ -193,44 +195,28 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
     Ok(exit::SUCCESS)
 }
 
-/// Bind every dial string (the loopback rule unless `insecure`); the
-/// listeners and the addresses they actually serve.
-pub(crate) fn bind_all(dials: &[Dial], insecure: bool) -> Result<(Vec<cairn_9p::server::Listener>, Vec<Dial>)> {
-    let mut listeners = Vec::new();
-    let mut addresses = Vec::new();
-    for dial in dials {
-        let (listener, actual) = cairn_9p::server::Listener::bind(dial, insecure)?;
-        listeners.push(listener);
-        addresses.push(actual);
-    }
-    Ok((listeners, addresses))
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchConfig {
+    #[serde(default = "default_max_running")]
+    max_running: usize,
 }
 
-/// A channel that receives once on SIGINT or SIGTERM.
-pub(crate) fn stop_signal() -> Result<std::sync::mpsc::Receiver<()>> {
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    ctrlc::set_handler(move || {
-        let _ = stop_tx.send(());
-    })
-    .context("cannot install the SIGINT/SIGTERM handler")?;
-    Ok(stop_rx)
+fn default_max_running() -> usize {
+    2
 }
 
-/// Print the served addresses, one a line (what clients and tests wait for).
-pub(crate) fn print_addresses(addresses: &[Dial]) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    for address in addresses {
-        writeln!(out, "{address}")?;
-    }
-    out.flush()?;
-    Ok(())
-}
-
-/// Remove the Unix sockets among `addresses` (on a clean stop).
-pub(crate) fn remove_sockets(addresses: &[Dial]) {
-    for address in addresses {
-        if let Dial::Unix(path) = address {
-            let _ = std::fs::remove_file(path);
+/// `[batch] max_running`: sessions of batch jobs run at once.
+pub fn max_running(ctx: &Context) -> usize {
+    match ctx.settings.batch.clone().map(toml::Value::try_into::<BatchConfig>) {
+        None => default_max_running(),
+        Some(Ok(config)) => config.max_running.max(1),
+        Some(Err(e)) => {
+            eprintln!(
+                "cairn: [batch] in {} is invalid ({e}); using max_running = 2",
+                ctx.settings.config_file.display()
+            );
+            default_max_running()
         }
     }
 }

@@ -220,7 +220,7 @@ pub fn resolve(paths: &Paths, target: &str, opts: &StoreOptions) -> Result<PathB
         return Ok(exact.clone());
     }
     // A parent's id prefix names the parent, not its children (`subagents.rs`).
-    let child = |p: &PathBuf| crate::subagents::is_child_id(&stem(p)) && !crate::subagents::is_child_id(target);
+    let child = |p: &PathBuf| crate::family::is_child_id(&stem(p)) && !crate::family::is_child_id(target);
     let prefixed: Vec<&PathBuf> = files.iter().filter(|p| stem(p).starts_with(target) && !child(p)).collect();
     match prefixed.as_slice() {
         [one] => return Ok((*one).clone()),
@@ -249,7 +249,7 @@ pub fn last(paths: &Paths, opts: &StoreOptions) -> Result<PathBuf> {
     let mut files: Vec<(SystemTime, PathBuf)> = session_files(paths)?
         .into_iter()
         // Children are resumed through their parent (`subagents.rs`).
-        .filter(|p| !crate::subagents::is_child_id(&stem(p)))
+        .filter(|p| !crate::family::is_child_id(&stem(p)))
         .map(|p| (std::fs::metadata(&p).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH), p))
         .collect();
     files.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| stem(&b.1).cmp(&stem(&a.1))));

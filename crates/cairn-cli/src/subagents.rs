@@ -37,46 +37,17 @@ use cairn_core::tool::{
 };
 use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
 use cairn_provider::{ProviderConfig, ProviderKind};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::approver::TerminalApprover;
 use crate::context::Context;
+use crate::family::{ChildFact, FACT_KEY, SEP, child_fact, child_id, depth_of, parent_of};
 
 /// The tool that starts a child.
 pub const SPAWN: &str = "spawn_agent";
 /// The tool that collects children's answers.
 pub const WAIT: &str = "wait_agents";
-/// The `fact` key describing a child session.
-pub const FACT_KEY: &str = cairn_core::storage::registers::SUBAGENT_FACT;
-/// Separates a parent's id from the spawning invocation in a child's id.
-pub const SEP: char = '+';
-
-/// The id of the child started by invocation `invocation` of `parent`.
-pub fn child_id(parent: &str, invocation: &str) -> String {
-    format!("{parent}{SEP}{invocation}")
-}
-
-/// Whether a session id names a child.
-pub fn is_child_id(id: &str) -> bool {
-    id.contains(SEP)
-}
-
-/// How deep a session is in its family (0: a top-level session).
-pub fn depth_of(id: &str) -> u32 {
-    u32::try_from(id.matches(SEP).count()).unwrap_or(u32::MAX)
-}
-
-/// How `cairn sessions` shows an id: a child is marked `↳`.
-pub fn list_label(id: &str) -> String {
-    if is_child_id(id) { format!("↳ {id}") } else { id.to_owned() }
-}
-
-/// The parent of a child id.
-pub fn parent_of(id: &str) -> Option<&str> {
-    id.rsplit_once(SEP).map(|(parent, _)| parent)
-}
-
 /// `[subagents]` in the configuration.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -105,33 +76,6 @@ impl Limits {
                 .map_err(|e| anyhow!("[subagents] in {} is invalid: {e}", ctx.settings.config_file.display())),
         }
     }
-}
-
-/// What a child was given, committed as its `fact` `subagent`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ChildFact {
-    /// The parent session's id.
-    pub parent: String,
-    /// The parent's `spawn_agent` invocation.
-    pub invocation: String,
-    /// 1 for a child of a top-level session.
-    pub depth: u32,
-    /// The child's prompt.
-    pub prompt: String,
-    /// The tools offered to the child.
-    pub tools: Vec<String>,
-    /// The child's allow patterns.
-    pub allow: Vec<String>,
-    /// Provider name, model and script (for the scripted provider).
-    pub provider: String,
-    #[serde(default)]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub script: Option<PathBuf>,
-    /// Whether it may message its siblings that have `peers` too.
-    #[serde(default)]
-    pub peers: bool,
 }
 
 /// The one approver of a session family: the parent's terminal approver,
@@ -665,7 +609,7 @@ impl Family {
                 // Killed between the header and the fact: add the fact.
                 let missing = JsonlStore::open_read_only(&path)?.register(FACT, FACT_KEY).is_none();
                 if missing {
-                    let mut store = crate::host::open_session(&self.ctx, &path)?;
+                    let mut store = crate::wiring::open_session(&self.ctx, &path)?;
                     store.commit(Transaction::new().set(FACT, FACT_KEY, to_raw(fact)?))?;
                     writer = Some(store);
                 }
@@ -725,7 +669,7 @@ impl Family {
         let ctx = &self.ctx;
         let store = match writer {
             Some(store) => store,
-            None => crate::host::open_session(ctx, &self.path(id))?,
+            None => crate::wiring::open_session(ctx, &self.path(id))?,
         };
         let fact: ChildFact = store
             .register(FACT, FACT_KEY)
@@ -734,11 +678,11 @@ impl Family {
             .with_context(|| format!("child session {id}: unreadable `subagent` fact"))?;
         let cwd = PathBuf::from(&store.header().cwd);
         let provider =
-            crate::host::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
+            crate::wiring::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
         let allow = Allowlist::parse(fact.allow.iter().map(String::as_str)).context("child allow patterns")?;
-        let mut approver = crate::host::policy(ctx.common.yes, allow, Some(Box::new(self.terminal.clone())));
+        let mut approver = crate::wiring::policy(ctx.common.yes, allow, Some(Box::new(self.terminal.clone())));
         let mut registry = ToolRegistry::new(&approver);
-        for entry in crate::host::tool_entries(ctx, &cwd)?.entries {
+        for entry in crate::wiring::tool_entries(ctx, &cwd)?.entries {
             if fact.tools.contains(&entry.tool.spec().name) {
                 // A tool the registry refuses here (Destructive, headless) is
                 // simply not offered, as for the parent.
@@ -759,7 +703,7 @@ impl Family {
             let may_spawn = fact.tools.iter().any(|t| t == SPAWN) && fact.depth < self.limits.max_depth;
             register(self, &mut registry, scope, &mut Vec::new(), may_spawn);
         }
-        let mut config = crate::host::session_config(ctx);
+        let mut config = crate::wiring::session_config(ctx);
         config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
         let mut session = Session::open(store, config)?;
         let cancel = CancelToken::new();
@@ -793,7 +737,7 @@ fn status(ctx: &Context, path: &Path) -> Result<ChildStatus> {
     if store.entry_count() == 0 {
         return Ok(ChildStatus::NotStarted);
     }
-    let mut config = crate::host::session_config(ctx);
+    let mut config = crate::wiring::session_config(ctx);
     config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
     let session = Session::open(store, config)?;
     if session.needs_resume() {
@@ -915,9 +859,4 @@ fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
     for grandchild in grandchildren {
         child_tree(ctx, &grandchild, depth + 1, lines);
     }
-}
-
-/// The `subagent` fact of a session, if it is a child.
-pub fn child_fact<S: Storage>(store: &S) -> Option<ChildFact> {
-    store.register(FACT, FACT_KEY).and_then(|raw| raw.parse().ok())
 }

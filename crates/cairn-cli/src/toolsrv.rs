@@ -1,6 +1,6 @@
 //! `cairn toolsrv` and its client side.
 //!
-//! The service (`run`): the tools `cairn run` would load (`host::tool_entries`,
+//! The service (`run`): the tools `cairn run` would load (`crate::wiring::tool_entries`,
 //! for the job's working directory, with the same sandbox, scrubbed
 //! environment and limits) served as a 9P tree by `cairn_9p::toolsrv`, jobs
 //! kept under `$CAIRN_HOME/toolsrv/jobs/`. The service has no person to ask:
@@ -161,7 +161,7 @@ impl ToolHost for CliToolHost {
                 request.tool
             ));
         }
-        let config = crate::host::session_config(&self.ctx);
+        let config = crate::wiring::session_config(&self.ctx);
         let limits = ToolLimits { timeout: config.tool_timeout, output_cap: config.output_cap };
         // Nobody answers here: core's gate refuses a bypass and a staged
         // Destructive effect (discarded, nothing applied) as in any
@@ -195,9 +195,9 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
         std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
         dials.push(Dial::Unix(data.join("toolsrv.sock")));
     }
-    let (listeners, addresses) = crate::serve::bind_all(&dials, insecure)?;
+    let (listeners, addresses) = crate::listen::bind_all(&dials, insecure)?;
     let here = std::env::current_dir().context("cannot read the current directory")?;
-    let config = crate::host::tools_config(&ctx);
+    let config = crate::wiring::tools_config(&ctx);
     let builtins = cairn_tools::builtin_tools(&config).context("invalid [tools] destructive_patterns")?;
     let host = Arc::new(CliToolHost {
         ctx,
@@ -209,13 +209,13 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
     });
     let service = Service::new(host, data.join("toolsrv").join("jobs"))?;
     let server = ToolServer::new(service, Limits::default());
-    let stop = crate::serve::stop_signal()?;
+    let stop = crate::listen::stop_signal()?;
     for listener in listeners {
         server.spawn(listener)?;
     }
-    crate::serve::print_addresses(&addresses)?;
+    crate::listen::print_addresses(&addresses)?;
     let _ = stop.recv();
-    crate::serve::remove_sockets(&addresses);
+    crate::listen::remove_sockets(&addresses);
     Ok(exit::SUCCESS)
 }
 

@@ -28,16 +28,6 @@ pub enum Action {
     List,
 }
 
-/// `path` as a shell word, for commands printed to copy.
-pub fn quoted(path: &Path) -> String {
-    let text = path.display().to_string();
-    if !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+,:@%".contains(c)) {
-        text
-    } else {
-        format!("'{}'", text.replace('\'', "'\\''"))
-    }
-}
-
 /// The directory meant: the argument, else `--cwd`, else the current one.
 fn target(ctx: &Context, dir: Option<PathBuf>) -> Result<PathBuf> {
     match dir.or_else(|| ctx.common.cwd.clone()) {
@@ -61,7 +51,7 @@ fn trust(ctx: &Context, store: &mut TrustStore, dir: &Path) -> Result<u8> {
     let record = store.trust(dir)?.clone();
     store.save()?;
     // What now loads there, read back through the same scan sessions use.
-    let scan = ToolDirScan::scan(&[ToolDir::workspace(&record.workspace)], &crate::host::tools_config(ctx), store);
+    let scan = ToolDirScan::scan(&[ToolDir::workspace(&record.workspace)], &crate::wiring::tools_config(ctx), store);
     let (tools, errors) = scan.load_all();
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
@@ -97,7 +87,11 @@ fn trust(ctx: &Context, store: &mut TrustStore, dir: &Path) -> Result<u8> {
     for e in &errors {
         writeln!(out, "  {}", s.yellow(&format!("not loaded: {e}")))?;
     }
-    writeln!(out, "{}", s.dim(&format!("revoke with `cairn trust --revoke {}`", quoted(&record.workspace))))?;
+    writeln!(
+        out,
+        "{}",
+        s.dim(&format!("revoke with `cairn trust --revoke {}`", crate::render::quoted(&record.workspace)))
+    )?;
     Ok(exit::SUCCESS)
 }
 

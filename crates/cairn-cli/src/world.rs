@@ -122,24 +122,24 @@ impl Agent {
         let (store, cwd) = match std::fs::read_to_string(&marker) {
             Ok(p) => {
                 let path = PathBuf::from(p.trim());
-                let store = crate::host::open_session(ctx, &path).with_context(|| {
+                let store = crate::wiring::open_session(ctx, &path).with_context(|| {
                     format!("the agent's session {} (named in {})", path.display(), marker.display())
                 })?;
                 let cwd = PathBuf::from(&store.header().cwd);
                 (store, cwd)
             }
             Err(_) => {
-                let (store, cwd) = crate::host::create_session(ctx)?;
+                let (store, cwd) = crate::wiring::create_session(ctx)?;
                 cairn_actors::layout::write_atomic(&marker, store.path().to_string_lossy().as_bytes())?;
                 (store, cwd)
             }
         };
-        let provider = crate::host::build_provider(ctx, &cwd)?;
+        let provider = crate::wiring::build_provider(ctx, &cwd)?;
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
         // Headless: nobody answers here, so Destructive tools are not
         // offered and a Write call needs an allow rule or --yes.
-        let mut registry = ToolRegistry::new(&crate::host::policy(ctx.common.yes, allow.clone(), None));
+        let mut registry = ToolRegistry::new(&crate::wiring::policy(ctx.common.yes, allow.clone(), None));
         // The session's tools as any host offers them (a tool service when
         // configured); what is not offered is said, not dropped silently.
         let (mut notes, untrusted) = crate::host::fill_registry(ctx, &cwd, None, &mut registry)?;
@@ -155,7 +155,7 @@ impl Agent {
         for note in notes {
             eprintln!("cairn: the agent: {note}");
         }
-        let config: SessionConfig = crate::host::session_config(ctx);
+        let config: SessionConfig = crate::wiring::session_config(ctx);
         let session = Session::open(store, config)?;
         let parts = AgentParts { provider, registry, allow, yes: ctx.common.yes, session };
         let stop = Arc::new(AtomicBool::new(false));
@@ -200,7 +200,7 @@ fn last_answer<S: Storage>(session: &Session<S>) -> String {
 
 fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool) {
     let cancel = CancelToken::new();
-    let mut approver = crate::host::policy(p.yes, p.allow.clone(), None);
+    let mut approver = crate::wiring::policy(p.yes, p.allow.clone(), None);
     let mut observer = |_: &TurnEvent| {};
     // Resumed and new turns run with the same parts.
     macro_rules! turn_env {

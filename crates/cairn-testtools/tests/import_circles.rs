@@ -398,34 +398,6 @@ fn graph(crate_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
     edges
 }
 
-/// Circles that existed when this check was written and are being broken
-/// (issue 26: the host runtime takes the CLI's wiring). Each is listed
-/// exactly; a new circle, a circle that grows, or one listed here that no
-/// longer exists (remove it from the list) fails the test.
-const KNOWN: &[(&str, &[&str])] = &[
-    ("cairn-9p", &["approver", "live"]),
-    (
-        "cairn-cli",
-        &[
-            "batch",
-            "commands",
-            "compaction",
-            "config",
-            "context",
-            "discover",
-            "host",
-            "local",
-            "peers",
-            "pg",
-            "serve",
-            "sessions",
-            "subagents",
-            "toolsrv",
-            "trust",
-        ],
-    ),
-];
-
 #[test]
 fn no_crate_has_an_import_circle() {
     let mut found = Vec::new();
@@ -440,16 +412,7 @@ fn no_crate_has_an_import_circle() {
     for dir in &crates {
         let edges = graph(dir);
         let name = dir.file_name().unwrap_or_default().to_string_lossy();
-        let groups = circles(&edges);
-        for (krate, known) in KNOWN.iter().filter(|(k, _)| *k == name) {
-            if !groups.iter().any(|g| g.iter().map(String::as_str).eq(known.iter().copied())) {
-                found.push(format!("{krate}: the known circle {known:?} is gone or changed: update KNOWN"));
-            }
-        }
-        for group in groups {
-            if KNOWN.iter().any(|(k, known)| *k == name && group.iter().map(String::as_str).eq(known.iter().copied())) {
-                continue;
-            }
+        for group in circles(&edges) {
             let inner: Vec<String> = group
                 .iter()
                 .map(|m| {
