@@ -109,11 +109,16 @@ fn human_size(bytes: u64) -> String {
 /// One line describing an entry for `cairn show`.
 fn describe_entry(entry: &Entry) -> String {
     use cairn_core::events::{
-        ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload, ToolStartedPayload,
+        EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
+        ToolStartedPayload, payload_of,
     };
     let text = |t: &str| crate::render::short(t, 100);
-    match entry.entry_type.as_str() {
-        "message" => match cairn_core::turn::entry_message(entry) {
+    let Some(kind) = EntryType::of_entry(entry) else {
+        // Written by a newer cairn: shown by its tag.
+        return entry.entry_type.clone();
+    };
+    match kind {
+        EntryType::Message => match cairn_core::turn::entry_message(entry) {
             Some(message) => {
                 let role = format!("{:?}", message.role).to_lowercase();
                 let calls: Vec<&str> = message.tool_calls().map(|c| c.name.as_str()).collect();
@@ -126,8 +131,8 @@ fn describe_entry(entry: &Entry) -> String {
             }
             None => "message".to_owned(),
         },
-        "compaction" => match entry.payload.parse::<cairn_core::events::CompactionPayload>() {
-            Ok(p) => format!(
+        EntryType::Compaction => match payload_of::<cairn_core::events::CompactionPayload>(entry) {
+            Some(p) => format!(
                 "compaction: summary of {} messages through {} by {}/{}: {}",
                 p.messages,
                 p.last_entry,
@@ -135,38 +140,49 @@ fn describe_entry(entry: &Entry) -> String {
                 p.model,
                 text(p.summary.trim())
             ),
-            Err(_) => "compaction".to_owned(),
+            None => "compaction".to_owned(),
         },
-        "toolRequested" => match entry.payload.parse::<ToolRequestedPayload>() {
-            Ok(p) => format!(
+        EntryType::ToolRequested => match payload_of::<ToolRequestedPayload>(entry) {
+            Some(p) => format!(
                 "tool requested: {} {} ({})",
                 p.request.tool,
                 text(&p.request.arguments.to_string()),
                 p.invocation_id
             ),
-            Err(_) => "tool requested".to_owned(),
+            None => "tool requested".to_owned(),
         },
-        "toolStarted" => match entry.payload.parse::<ToolStartedPayload>() {
-            Ok(p) => format!("tool started: {} (approved by {})", p.tool, p.verdict.by),
-            Err(_) => "tool started".to_owned(),
+        EntryType::ToolStarted => match payload_of::<ToolStartedPayload>(entry) {
+            Some(p) => format!("tool started: {} (approved by {})", p.tool, p.verdict.by),
+            None => "tool started".to_owned(),
         },
-        "toolCompleted" => match entry.payload.parse::<ToolCompletedPayload>() {
-            Ok(p) => {
+        EntryType::ToolCompleted => match payload_of::<ToolCompletedPayload>(entry) {
+            Some(p) => {
                 format!("tool completed: {} exit {} — {}", p.tool, p.receipt.exit_code, text(&p.receipt.output_summary))
             }
-            Err(_) => "tool completed".to_owned(),
+            None => "tool completed".to_owned(),
         },
-        "toolFailed" => match entry.payload.parse::<ToolFailedPayload>() {
-            Ok(p) => {
+        EntryType::ToolFailed => match payload_of::<ToolFailedPayload>(entry) {
+            Some(p) => {
                 format!("tool {}: {} — {}", if p.uncertain { "uncertain" } else { "failed" }, p.tool, text(&p.reason))
             }
-            Err(_) => "tool failed".to_owned(),
+            None => "tool failed".to_owned(),
         },
-        "toolRejected" => match entry.payload.parse::<ToolRejectedPayload>() {
-            Ok(p) => format!("tool rejected: {} — {}", p.tool, text(&p.reason)),
-            Err(_) => "tool rejected".to_owned(),
+        EntryType::ToolRejected => match payload_of::<ToolRejectedPayload>(entry) {
+            Some(p) => format!("tool rejected: {} — {}", p.tool, text(&p.reason)),
+            None => "tool rejected".to_owned(),
         },
-        other => other.to_owned(),
+        EntryType::ToolBypass => match payload_of::<cairn_core::events::ToolBypassPayload>(entry) {
+            Some(p) => format!("sandbox bypass asked: {} — {}", p.tool, text(&p.bypass.what)),
+            None => "sandbox bypass".to_owned(),
+        },
+        EntryType::ToolStaged => match payload_of::<cairn_core::events::ToolStagedPayload>(entry) {
+            Some(p) => {
+                format!("staged effect: {} — {} (approved by {})", p.tool, text(&p.change_set.listing()), p.verdict.by)
+            }
+            None => "staged effect".to_owned(),
+        },
+        EntryType::TurnCancelled => "turn cancelled".to_owned(),
+        EntryType::TurnEnded => "turn ended".to_owned(),
     }
 }
 

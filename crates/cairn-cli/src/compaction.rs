@@ -46,10 +46,7 @@ pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
 pub fn covered(index: &SessionIndex) -> HashMap<String, String> {
     let mut out = HashMap::new();
     for entry in index.entries() {
-        if entry.entry_type != "compaction" {
-            continue;
-        }
-        let Ok(p) = entry.payload.parse::<CompactionPayload>() else { continue };
+        let Some(p) = cairn_core::events::payload_of::<CompactionPayload>(entry) else { continue };
         let stop = p
             .previous
             .as_deref()

@@ -119,10 +119,7 @@ fn sent_to(dir: &Directory, sender: &str, to: &str) -> Vec<Message> {
     let mut out = Vec::new();
     let Ok(store) = JsonlStore::open_read_only(&dir.path(sender)) else { return out };
     store.visit_entries(&mut |e| {
-        if e.entry_type != "toolCompleted" {
-            return;
-        }
-        let Ok(p) = e.payload.parse::<ToolCompletedPayload>() else { return };
+        let Some(p) = cairn_core::events::payload_of::<ToolCompletedPayload>(e) else { return };
         if p.tool != SEND {
             return;
         }
@@ -141,10 +138,7 @@ fn received(dir: &Directory, me: &str) -> BTreeSet<String> {
     let mut ids = BTreeSet::new();
     let Ok(store) = JsonlStore::open_read_only(&dir.path(me)) else { return ids };
     store.visit_entries(&mut |e| {
-        if e.entry_type != "toolCompleted" {
-            return;
-        }
-        let Ok(p) = e.payload.parse::<ToolCompletedPayload>() else { return };
+        let Some(p) = cairn_core::events::payload_of::<ToolCompletedPayload>(e) else { return };
         if p.tool != RECEIVE {
             return;
         }

@@ -120,6 +120,15 @@ impl Host for CliHost {
     }
 }
 
+/// Whether the server a lock file names (`pid N on …`, written by
+/// `ServeLock::record`) no longer exists. False when it names none (a
+/// `cairn batch`, or a server still starting): then the lock is live.
+fn holder_is_gone(text: &str) -> bool {
+    let pid =
+        text.strip_prefix("pid ").and_then(|rest| rest.split_whitespace().next()).and_then(|p| p.parse::<u32>().ok());
+    pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
 /// The one-server-per-home lock, held while serving (and by `cairn batch`,
 /// which runs the same queue).
 pub(crate) struct ServeLock {
@@ -136,9 +145,20 @@ impl ServeLock {
             .truncate(false)
             .open(&path)
             .with_context(|| format!("cannot open {}", path.display()))?;
-        if file.try_lock().is_err() {
+        // A server killed a moment ago can leave its lock held for a few
+        // milliseconds more by processes it forked (a sandbox's waiter, a
+        // probe) that are still being torn down: when the pid the lock
+        // records is gone, wait for them, briefly. A live holder is
+        // refused at once.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while file.try_lock().is_err() {
             let mut holder = String::new();
+            file.rewind()?;
             let _ = file.read_to_string(&mut holder);
+            if holder_is_gone(&holder) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
             let holder = holder.trim().replace('\n', ", ");
             bail!(
                 "another cairn serve is already serving {} ({}); stop it first (kill -INT PID) or connect to it",

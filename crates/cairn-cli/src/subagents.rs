@@ -818,10 +818,9 @@ pub fn usage_line<S: Storage>(ctx: &Context, store: &S) -> String {
 /// tokens and answer.
 pub fn child_lines(ctx: &Context, parent: &str, entry: &cairn_core::storage::Entry) -> Vec<String> {
     let mut lines = Vec::new();
-    if entry.entry_type != "toolRequested" {
+    let Some(p) = cairn_core::events::payload_of::<cairn_core::events::ToolRequestedPayload>(entry) else {
         return lines;
-    }
-    let Ok(p) = entry.payload.parse::<cairn_core::events::ToolRequestedPayload>() else { return lines };
+    };
     if p.request.tool != SPAWN {
         return lines;
     }
@@ -849,8 +848,7 @@ fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
     lines.push(format!("{pad}└─ child {id} — {} in / {} out tokens — {state}", tokens.input, tokens.output));
     let mut grandchildren = Vec::new();
     store.visit_entries(&mut |e| {
-        if e.entry_type == "toolRequested"
-            && let Ok(p) = e.payload.parse::<cairn_core::events::ToolRequestedPayload>()
+        if let Some(p) = cairn_core::events::payload_of::<cairn_core::events::ToolRequestedPayload>(e)
             && p.request.tool == SPAWN
         {
             grandchildren.push(child_id(id, &p.invocation_id));

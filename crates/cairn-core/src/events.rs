@@ -36,6 +36,7 @@ use serde_json::Value;
 use crate::approval::Answer;
 use crate::message::Message;
 use crate::provider::{AttemptUsage, StopReason, StreamEvent};
+use crate::storage::Entry;
 use crate::tool::{Preview, ReplayPolicy, Risk, ToolReceipt, ToolRequest};
 
 /// The type of an entry the turn writes (its tag is `Entry::entry_type`).
@@ -114,6 +115,26 @@ impl EntryType {
 pub trait EntryPayload: Serialize + DeserializeOwned {
     /// The entry type this payload is written under.
     const TYPE: EntryType;
+}
+
+impl EntryType {
+    /// The type of a stored entry; `None` for a tag this cairn does not
+    /// write (a newer cairn's entry: a reader shows or skips it by name,
+    /// never by a catch-all arm that would also hide a type added later).
+    pub fn of_entry(entry: &Entry) -> Option<Self> {
+        Self::of(&entry.entry_type)
+    }
+}
+
+/// The payload of `entry` read as `P`, only when the entry is of `P`'s type:
+/// the one tag-checked way to read a stored payload, so a payload is never
+/// read as another type. `None` for another type or a payload that does not
+/// parse (the log's own check reports those; a view must not fail on them).
+pub fn payload_of<P: EntryPayload>(entry: &Entry) -> Option<P> {
+    if entry.entry_type != P::TYPE.tag() {
+        return None;
+    }
+    entry.payload.parse::<P>().ok()
 }
 
 impl EntryPayload for Message {
@@ -687,6 +708,26 @@ pub enum TurnEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A payload is read only as its own entry type: a toolFailed payload
+    /// whose fields would also parse as toolRejected is not read as one.
+    #[test]
+    fn payloads_are_read_only_under_their_own_tag() {
+        let payload = r#"{"invocationId":"i","callId":"c","tool":"t","reason":"r","uncertain":false,"bypasses":[]}"#;
+        let entry = |tag: &str| Entry {
+            seq: 1,
+            timestamp: 0,
+            id: "e".into(),
+            parent_id: None,
+            entry_type: tag.into(),
+            payload: crate::storage::RawJson::from_json(payload).unwrap(),
+        };
+        assert!(payload_of::<ToolFailedPayload>(&entry("toolFailed")).is_some());
+        assert!(payload_of::<ToolFailedPayload>(&entry("toolRejected")).is_none());
+        assert!(payload_of::<ToolFailedPayload>(&entry("toolfailed")).is_none());
+        assert_eq!(EntryType::of_entry(&entry("toolFailed")), Some(EntryType::ToolFailed));
+        assert_eq!(EntryType::of_entry(&entry("fromTheFuture")), None);
+    }
 
     #[test]
     fn each_entry_type_has_one_tag_and_back() {

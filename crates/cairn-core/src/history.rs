@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 
 use crate::events::{
-    CompactionPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
-    ToolStartedPayload, TurnCancelledPayload, TurnEvent,
+    CompactionPayload, EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
+    ToolStartedPayload, TurnCancelledPayload, TurnEvent, payload_of,
 };
 use crate::message::{Message, Role};
 use crate::provider::{AttemptUsage, StopReason};
@@ -81,9 +81,13 @@ impl Retell {
     fn entry(&mut self, entry: &Entry, lane: &str, out: &mut Vec<TurnEvent>) {
         // An entry whose payload does not parse as its type is skipped: the
         // log's own check reports it; a view must not fail on it.
-        match entry.entry_type.as_str() {
-            "message" => {
-                let Ok(message) = entry.payload.parse::<Message>() else { return };
+        let Some(kind) = EntryType::of_entry(entry) else {
+            // A type a newer cairn writes: nothing this view can tell.
+            return;
+        };
+        match kind {
+            EntryType::Message => {
+                let Some(message) = payload_of::<Message>(entry) else { return };
                 match message.role {
                     Role::User => {
                         self.turn = format!("t{}", entry.seq);
@@ -109,41 +113,41 @@ impl Retell {
                     Role::System | Role::Tool => {}
                 }
             }
-            "toolRequested" => {
-                let Ok(p) = entry.payload.parse::<ToolRequestedPayload>() else { return };
+            EntryType::ToolRequested => {
+                let Some(p) = payload_of::<ToolRequestedPayload>(entry) else { return };
                 self.turn.clone_from(&p.turn_id);
                 self.risks.insert(p.invocation_id.clone(), p.tier);
                 out.push(p.event());
             }
-            "toolStarted" => {
-                let Ok(p) = entry.payload.parse::<ToolStartedPayload>() else { return };
+            EntryType::ToolStarted => {
+                let Some(p) = payload_of::<ToolStartedPayload>(entry) else { return };
                 out.push(TurnEvent::ApprovalVerdict { invocation_id: p.invocation_id.clone(), verdict: p.verdict });
                 if let Some(risk) = self.risks.get(&p.invocation_id).copied().flatten() {
                     out.push(TurnEvent::ToolStarted { invocation_id: p.invocation_id, tool: p.tool, risk });
                 }
             }
-            "toolCompleted" => {
-                if let Ok(p) = entry.payload.parse::<ToolCompletedPayload>() {
+            EntryType::ToolCompleted => {
+                if let Some(p) = payload_of::<ToolCompletedPayload>(entry) {
                     out.push(p.event());
                 }
             }
-            "toolFailed" => {
-                if let Ok(p) = entry.payload.parse::<ToolFailedPayload>() {
+            EntryType::ToolFailed => {
+                if let Some(p) = payload_of::<ToolFailedPayload>(entry) {
                     out.push(p.event());
                 }
             }
-            "toolRejected" => {
-                if let Ok(p) = entry.payload.parse::<ToolRejectedPayload>() {
+            EntryType::ToolRejected => {
+                if let Some(p) = payload_of::<ToolRejectedPayload>(entry) {
                     out.push(p.event());
                 }
             }
-            "turnCancelled" => {
-                if let Ok(p) = entry.payload.parse::<TurnCancelledPayload>() {
+            EntryType::TurnCancelled => {
+                if let Some(p) = payload_of::<TurnCancelledPayload>(entry) {
                     out.push(TurnEvent::TurnCancelled { turn_id: p.turn_id });
                 }
             }
-            "compaction" => {
-                if let Ok(p) = entry.payload.parse::<CompactionPayload>() {
+            EntryType::Compaction => {
+                if let Some(p) = payload_of::<CompactionPayload>(entry) {
                     out.push(TurnEvent::Compacted {
                         entry_id: entry.id.clone(),
                         messages: p.messages,
@@ -151,9 +155,8 @@ impl Retell {
                     });
                 }
             }
-            // toolBypass, toolStaged and turnEnded have no event of their
-            // own; their verdicts and reasons are in the log.
-            _ => {}
+            // No event of their own; their verdicts and reasons are in the log.
+            EntryType::ToolBypass | EntryType::ToolStaged | EntryType::TurnEnded => {}
         }
     }
 }
