@@ -50,7 +50,8 @@ pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
     let text = prompt(question, &read_input()?);
     let mut renderer = Renderer::new(Mode::Quiet);
     let (store, cwd) = crate::wiring::create_session(ctx)?;
-    let mut wiring = crate::host::wire_with(ctx, &cwd, &mut renderer, false, None)?;
+    let tools = crate::toolsrv::turn_tools(ctx, &cwd)?;
+    let mut wiring = crate::host::wire_with(ctx, &cwd, &mut renderer, false, &tools, None)?;
     let id = store.header().id.clone();
     let mut session = Session::open(store, crate::wiring::session_config(ctx))?;
     let cancel = CancelToken::new();

@@ -31,6 +31,7 @@ use cairn_tools::{ToolEntry, ToolOrigin};
 
 use crate::context::{Context, exit};
 use crate::render::{escape_controls, escape_json};
+use crate::toolsrv::TurnTools;
 
 /// The session fact holding the latest turn's choice.
 pub const FACT_KEY: &str = "discovery";
@@ -113,17 +114,23 @@ pub struct Candidates {
 }
 
 /// [`Candidates`] for a session in `cwd`.
-pub fn candidates(ctx: &Context, cwd: &Path) -> Result<Candidates> {
-    if let Some(address) = crate::toolsrv::address(ctx) {
-        let mut notes = Vec::new();
-        let (_, specs) = crate::toolsrv::remote_specs(&address, &mut notes)?;
-        let (core, extra): (Vec<ToolSpec>, Vec<ToolSpec>) = specs.into_iter().partition(crate::toolsrv::is_core);
-        return Ok(Candidates { core: core.into_iter().map(|s| s.name).collect(), extra, notes });
+pub fn candidates(tools: &TurnTools) -> Candidates {
+    match tools {
+        TurnTools::Service { specs, notes, .. } => {
+            let (core, extra): (Vec<&ToolSpec>, Vec<&ToolSpec>) =
+                specs.iter().partition(|s| crate::toolsrv::is_core(s));
+            Candidates {
+                core: core.into_iter().map(|s| s.name.clone()).collect(),
+                extra: extra.into_iter().cloned().collect(),
+                notes: notes.clone(),
+            }
+        }
+        TurnTools::Local(local) => {
+            let core = local.entries.iter().filter(|e| is_core(e)).map(|e| e.tool.spec().name.clone()).collect();
+            let extra = local.entries.iter().filter(|e| !is_core(e)).map(|e| e.tool.spec().clone()).collect();
+            Candidates { core, extra, notes: Vec::new() }
+        }
     }
-    let tools = crate::wiring::tool_entries(ctx, cwd)?;
-    let core = tools.entries.iter().filter(|e| is_core(e)).map(|e| e.tool.spec().name.clone()).collect();
-    let extra = tools.entries.iter().filter(|e| !is_core(e)).map(|e| e.tool.spec().clone()).collect();
-    Ok(Candidates { core, extra, notes: Vec::new() })
 }
 
 /// A ranker over the non-core tools and the skills.
@@ -162,7 +169,7 @@ impl Ranker {
 /// `cairn tools --discover QUERY [--json]`.
 pub fn discover_command(ctx: &Context, query: &str) -> Result<u8> {
     let cwd = ctx.common.cwd.clone().map_or_else(std::env::current_dir, Ok)?;
-    let Candidates { core, extra, notes } = candidates(ctx, &cwd)?;
+    let Candidates { core, extra, notes } = candidates(&crate::toolsrv::turn_tools(ctx, &cwd)?);
     let (skills, skill_errors) = load_skills(&skill_roots(ctx, &cwd));
     let policy = policy(ctx)?;
     let docs: Vec<Document> = extra.iter().map(tool_document).chain(skills.iter().map(Skill::document)).collect();
@@ -253,9 +260,9 @@ pub fn skills_command(ctx: &Context) -> Result<u8> {
 
 /// Whether discovery chooses anything in `cwd`: more than `max_tools`
 /// non-core tools, or skills to choose from.
-pub fn applies(ctx: &Context, cwd: &Path) -> Result<bool> {
+pub fn applies(ctx: &Context, cwd: &Path, tools: &TurnTools) -> Result<bool> {
     let policy = policy(ctx)?;
-    let extra = candidates(ctx, cwd)?.extra.len();
+    let extra = candidates(tools).extra.len();
     let (skills, _) = load_skills(&skill_roots(ctx, cwd));
     Ok(extra > policy.max_tools || (!skills.is_empty() && policy.max_skills > 0))
 }
@@ -291,6 +298,7 @@ pub fn choose_for_turn<S: Storage>(
     cwd: &Path,
     store: &mut S,
     prompt: Option<&str>,
+    tools: &TurnTools,
 ) -> Result<TurnChoice> {
     let (skills, skill_errors) = load_skills(&skill_roots(ctx, cwd));
     let mut notes: Vec<String> = skill_errors.iter().map(|e| format!("skill skipped: {e}")).collect();
@@ -302,7 +310,7 @@ pub fn choose_for_turn<S: Storage>(
         return Ok(choice_from(&recorded, &skills, notes));
     };
     // Tools left out are told by the wiring, not here.
-    let Candidates { extra, .. } = candidates(ctx, cwd)?;
+    let Candidates { extra, .. } = candidates(tools);
     let policy = policy(ctx)?;
     let filter_tools = extra.len() > policy.max_tools;
     if !filter_tools && (skills.is_empty() || policy.max_skills == 0) {

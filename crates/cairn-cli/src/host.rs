@@ -23,7 +23,8 @@ use serde_json::json;
 use crate::approver::TerminalApprover;
 use crate::context::{Context, exit};
 use crate::render::{Mode, Renderer};
-use crate::wiring::{build_provider, create_session, open_session, policy, session_config, tool_entries};
+use crate::toolsrv::{TurnTools, turn_tools};
+use crate::wiring::{build_provider, create_session, open_session, policy, session_config};
 
 /// The parts a turn needs, built once per command.
 pub struct Wiring {
@@ -45,21 +46,15 @@ impl std::fmt::Debug for Wiring {
 impl Wiring {
     /// Offer only the built-ins and the tools in `keep` from now on
     /// (discovery's choice for a chat turn; `None`: every tool).
-    pub fn offer_only(
-        &mut self,
-        ctx: &Context,
-        cwd: &Path,
-        keep: Option<&std::collections::BTreeSet<String>>,
-    ) -> Result<()> {
+    pub fn offer_only(&mut self, tools: &TurnTools, keep: Option<&std::collections::BTreeSet<String>>) {
         let mut registry = ToolRegistry::new(&self.approver);
         // Conflicts and skipped tools were reported when the chat was wired.
-        let _ = fill_registry(ctx, cwd, keep, &mut registry)?;
+        let _ = fill_registry(tools, keep, &mut registry);
         for tool in &self.family {
             // Registered once before under the same rules: cannot be refused.
             let _ = registry.register(Arc::clone(tool));
         }
         self.registry = registry;
-        Ok(())
     }
 
     /// The provider, tools and approver a `TurnEnv` borrows.
@@ -70,7 +65,7 @@ impl Wiring {
 
 /// Build provider, tools and approver for a session in `cwd`.
 pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring> {
-    wire_with(ctx, cwd, renderer, true, None)
+    wire_with(ctx, cwd, renderer, true, &turn_tools(ctx, cwd)?, None)
 }
 
 /// [`wire`], headless when `may_ask` is false (`cairn ask`: no person is
@@ -82,6 +77,7 @@ pub fn wire_with(
     cwd: &Path,
     renderer: &mut Renderer,
     may_ask: bool,
+    tools: &TurnTools,
     keep: Option<&std::collections::BTreeSet<String>>,
 ) -> Result<Wiring> {
     let provider = build_provider(ctx, cwd)?;
@@ -92,7 +88,7 @@ pub fn wire_with(
     let terminal = crate::subagents::SharedApprover::new(if may_ask { terminal } else { terminal.headless() });
     let approver = policy(ctx.common.yes, allow, Some(Box::new(terminal.clone())));
     let mut registry = ToolRegistry::new(&approver);
-    let (mut notes, untrusted) = fill_registry(ctx, cwd, keep, &mut registry)?;
+    let (mut notes, untrusted) = fill_registry(tools, keep, &mut registry);
     let before = registry.specs().len();
     crate::subagents::offer(ctx, cwd, &mut registry, terminal, &mut notes)?;
     let family = registry.specs()[before..].iter().filter_map(|s| registry.get(&s.name).cloned()).collect();
@@ -110,33 +106,35 @@ pub fn wire_with(
     Ok(Wiring { provider, registry, approver, family })
 }
 
-/// Register the tools of a session in `cwd`: the tool service's when one
-/// is configured (`toolsrv.rs`), else the in-process ones; the built-ins
-/// always, the others only if in `keep` when it is given (discovery's
-/// choice). Returns the notes to show and the untrusted-workspace notes.
+/// Register the tools read for a turn (`toolsrv::turn_tools`): the
+/// built-ins always, the others only if in `keep` when it is given
+/// (discovery's choice). Returns the notes to show and the
+/// untrusted-workspace notes.
 pub fn fill_registry(
-    ctx: &Context,
-    cwd: &Path,
+    tools: &TurnTools,
     keep: Option<&std::collections::BTreeSet<String>>,
     registry: &mut ToolRegistry,
-) -> Result<(Vec<String>, Vec<String>)> {
-    if let Some(address) = crate::toolsrv::address(ctx) {
-        let mut notes = Vec::new();
-        crate::toolsrv::offer(&address, registry, keep, &mut notes)?;
-        return Ok((notes, Vec::new()));
-    }
-    let tools = tool_entries(ctx, cwd)?;
-    let mut notes = tools.notes;
-    for entry in tools.entries {
-        let name = entry.tool.spec().name.clone();
-        if keep.is_some_and(|k| entry.origin != cairn_tools::ToolOrigin::Builtin && !k.contains(&name)) {
-            continue;
+) -> (Vec<String>, Vec<String>) {
+    match tools {
+        TurnTools::Service { dial, specs, notes } => {
+            let mut notes = notes.clone();
+            crate::toolsrv::offer(dial, specs, registry, keep, &mut notes);
+            (notes, Vec::new())
         }
-        if let Err(e) = registry.register(entry.tool) {
-            notes.push(format!("tool {name} not offered: {e}"));
+        TurnTools::Local(local) => {
+            let mut notes = local.notes.clone();
+            for entry in &local.entries {
+                let name = entry.tool.spec().name.clone();
+                if keep.is_some_and(|k| entry.origin != cairn_tools::ToolOrigin::Builtin && !k.contains(&name)) {
+                    continue;
+                }
+                if let Err(e) = registry.register(Arc::clone(&entry.tool)) {
+                    notes.push(format!("tool {name} not offered: {e}"));
+                }
+            }
+            (notes, local.untrusted.clone())
         }
     }
-    Ok((notes, tools.untrusted))
 }
 
 /// Ctrl-C handling shared by every turn of this process: the first press
@@ -282,8 +280,9 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
     let prompt = read_prompt(prompt, prompt_file)?;
     let mut renderer = Renderer::new(mode(ctx));
     let (mut store, cwd) = create_session(ctx)?;
-    let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(&prompt))?;
-    let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, choice.keep.as_ref())?;
+    let tools = turn_tools(ctx, &cwd)?;
+    let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(&prompt), &tools)?;
+    let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, &tools, choice.keep.as_ref())?;
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
@@ -312,12 +311,13 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     let opened = Session::open(store, session_config(ctx))?;
     let interrupted_before = opened.needs_resume();
     let mut store = opened.into_store();
+    let tools = turn_tools(ctx, &cwd)?;
     let choice = match (interrupted_before, prompt.as_deref()) {
         (false, None) => crate::discover::TurnChoice::default(),
-        (true, _) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, None)?,
-        (false, Some(text)) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text))?,
+        (true, _) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, None, &tools)?,
+        (false, Some(text)) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text), &tools)?,
     };
-    let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, choice.keep.as_ref())?;
+    let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, &tools, choice.keep.as_ref())?;
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
@@ -370,8 +370,9 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
         renderer.notice("finishing the interrupted turn first");
         // The interrupted turn is offered what discovery recorded for it.
         let mut store = session.into_store();
-        let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, None)?;
-        wiring.offer_only(ctx, &cwd, choice.keep.as_ref())?;
+        let tools = turn_tools(ctx, &cwd)?;
+        let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, None, &tools)?;
+        wiring.offer_only(&tools, choice.keep.as_ref());
         session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
             outcome_code(&outcome, &mut renderer, &id);
@@ -389,7 +390,7 @@ fn chat_loop(
     let cwd = PathBuf::from(&session.store().header().cwd);
     // Discovery re-chooses the tools and skills for every prompt (and
     // records the choice) when it applies here; see `crate::discover`.
-    let rechoose = crate::discover::applies(ctx, &cwd)?;
+    let rechoose = crate::discover::applies(ctx, &cwd, &turn_tools(ctx, &cwd)?)?;
     // Make sure Ctrl-C at the prompt leaves instead of killing mid-write.
     let _ = interrupts();
     let id = session.store().header().id.clone();
@@ -415,8 +416,10 @@ fn chat_loop(
         }
         if rechoose {
             let mut store = session.into_store();
-            let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text))?;
-            wiring.offer_only(ctx, &cwd, choice.keep.as_ref())?;
+            // The prompt's tools, read once: ranked, then offered.
+            let tools = turn_tools(ctx, &cwd)?;
+            let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text), &tools)?;
+            wiring.offer_only(&tools, choice.keep.as_ref());
             session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, renderer))?;
         }
         if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {

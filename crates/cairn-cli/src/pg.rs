@@ -75,7 +75,8 @@ impl Driver for HostDriver {
             let asker = DbApprover::new(url(&self.ctx)?, id.clone(), session.store().lease_lost());
             let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(asker)));
             let mut registry = ToolRegistry::new(&approver);
-            let (notes, untrusted) = crate::host::fill_registry(&self.ctx, &cwd, None, &mut registry)?;
+            let tools = crate::toolsrv::turn_tools(&self.ctx, &cwd)?;
+            let (notes, untrusted) = crate::host::fill_registry(&tools, None, &mut registry);
             for note in notes.iter().chain(&untrusted) {
                 eprintln!("cairn worker: session {id}: {note}");
             }

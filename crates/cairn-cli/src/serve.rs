@@ -67,7 +67,8 @@ impl Host for CliHost {
         let mut registry = ToolRegistry::new(approver);
         // The tool service's tools instead of in-process ones when one is
         // configured (`toolsrv.rs`).
-        let (notes, untrusted) = crate::host::fill_registry(&self.ctx, cwd, None, &mut registry)?;
+        let tools = crate::toolsrv::turn_tools(&self.ctx, cwd)?;
+        let (notes, untrusted) = crate::host::fill_registry(&tools, None, &mut registry);
         for note in notes.iter().chain(&untrusted) {
             eprintln!("cairn serve: {}", crate::render::escape_controls(note));
         }
@@ -83,9 +84,10 @@ impl Host for CliHost {
     ) -> Result<(ToolRegistry, SessionConfig)> {
         // Discovery chooses and records the turn's tools and skills exactly
         // as for `cairn run` (`crate::discover`).
-        let choice = crate::discover::choose_for_turn(&self.ctx, cwd, store, prompt)?;
+        let tools = crate::toolsrv::turn_tools(&self.ctx, cwd)?;
+        let choice = crate::discover::choose_for_turn(&self.ctx, cwd, store, prompt, &tools)?;
         let mut registry = ToolRegistry::new(approver);
-        let (notes, untrusted) = crate::host::fill_registry(&self.ctx, cwd, choice.keep.as_ref(), &mut registry)?;
+        let (notes, untrusted) = crate::host::fill_registry(&tools, choice.keep.as_ref(), &mut registry);
         for note in notes.iter().chain(&untrusted).chain(&choice.notes) {
             eprintln!("cairn serve: {}", crate::render::escape_controls(note));
         }

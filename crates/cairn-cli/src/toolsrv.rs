@@ -9,8 +9,10 @@
 //! and a call whose arguments raise its risk above the tool's declared risk
 //! is refused (the agent approved the declared risk only).
 //!
-//! The agent side (`offer`, [`RemoteTool`]): `--toolsrv ADDR` (or
-//! `[tools] toolsrv`) offers the service's tools instead of in-process ones.
+//! The agent side ([`turn_tools`], `offer`, [`RemoteTool`]): `--toolsrv
+//! ADDR` (or `[tools] toolsrv`) offers the service's tools instead of
+//! in-process ones; `turn_tools` is the one place that choice is made, and
+//! reads a turn's tools once for discovery and the registry alike.
 //! A remote call's job id is derived from the session and invocation ids
 //! (`cairn_9p::toolsrv::job_id`), both committed in the intent entry before
 //! the job is asked for, so a resumed turn finds the job (`guard`): still
@@ -251,26 +253,57 @@ pub fn is_core(spec: &ToolSpec) -> bool {
     cairn_tools::builtin::BUILTIN_NAMES.contains(&spec.name.as_str())
 }
 
-/// Register the tools of the service at `address` in `registry`: the core
-/// ones and, when `keep` is given (discovery's choice for the turn), only
-/// the others it names.
+/// The tools a session's turn may be offered, read once per turn: the tool
+/// service's when one is configured ([`address`] — the one place that
+/// choice is made), else the in-process ones. Discovery ranks from it and
+/// the registry is filled from it (`host::fill_registry`), so a turn never
+/// reads its tools twice nor decides twice where they come from.
+#[derive(Debug)]
+pub enum TurnTools {
+    /// A tool service's tools.
+    Service {
+        /// Where the service is.
+        dial: Dial,
+        /// Its tools' specs.
+        specs: Vec<ToolSpec>,
+        /// Tools of the service skipped (unreadable meta).
+        notes: Vec<String>,
+    },
+    /// The built-ins and external tools of the working directory.
+    Local(crate::wiring::HostTools),
+}
+
+/// Read the tools for a turn of a session in `cwd` (see [`TurnTools`]).
+pub fn turn_tools(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
+    match address(ctx) {
+        Some(address) => {
+            let mut notes = Vec::new();
+            let (dial, specs) = remote_specs(&address, &mut notes)?;
+            Ok(TurnTools::Service { dial, specs, notes })
+        }
+        None => Ok(TurnTools::Local(crate::wiring::tool_entries(ctx, cwd)?)),
+    }
+}
+
+/// Register a tool service's tools in `registry`: the core ones and, when
+/// `keep` is given (discovery's choice for the turn), only the others it
+/// names.
 pub fn offer(
-    address: &str,
+    dial: &Dial,
+    specs: &[ToolSpec],
     registry: &mut ToolRegistry,
     keep: Option<&BTreeSet<String>>,
     notes: &mut Vec<String>,
-) -> Result<()> {
-    let (dial, specs) = remote_specs(address, notes)?;
+) {
     for spec in specs {
-        if keep.is_some_and(|k| !is_core(&spec) && !k.contains(&spec.name)) {
+        if keep.is_some_and(|k| !is_core(spec) && !k.contains(&spec.name)) {
             continue;
         }
         let name = spec.name.clone();
-        if let Err(e) = registry.register(Arc::new(RemoteTool::new(spec, dial.clone()))) {
+        if let Err(e) = registry.register(Arc::new(RemoteTool::new(spec.clone(), dial.clone()))) {
             notes.push(format!("tool {name} not offered: {e}"));
         }
     }
-    Ok(())
 }
 
 /// A tool of a tool service: each call is a job there.

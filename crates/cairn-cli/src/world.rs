@@ -142,7 +142,8 @@ impl Agent {
         let mut registry = ToolRegistry::new(&crate::wiring::policy(ctx.common.yes, allow.clone(), None));
         // The session's tools as any host offers them (a tool service when
         // configured); what is not offered is said, not dropped silently.
-        let (mut notes, untrusted) = crate::host::fill_registry(ctx, &cwd, None, &mut registry)?;
+        let tools = crate::toolsrv::turn_tools(ctx, &cwd)?;
+        let (mut notes, untrusted) = crate::host::fill_registry(&tools, None, &mut registry);
         notes.extend(untrusted);
         // Without a person at a terminal, Destructive tools (actor_remove)
         // cannot be approved, so the registry refuses them: not offered.
