@@ -100,7 +100,7 @@ pub const HELP: &str = "\
 help                  this list
 providers             configured providers, one a line
 tools                 the tools (as `cairn tools`)
-s/new                 read: the template; write key=value pairs (cwd= required) to create a session; read again: its id
+s/new                 read: the template; write key=value pairs (cwd= required); the session is created from the whole spec at the next read (which answers its id) or at close
 s/idx                 one line per session, oldest first: id state cwd provider model name
 s/ID/prompt           write a prompt; the turn starts when the file is closed (fails with busy while a turn runs)
 s/ID/enqueue          write a prompt to run after the running turn (kept durably when closed); read: the prompts waiting
@@ -112,7 +112,7 @@ s/ID/ctl              write: stop, resume, compact, rn NAME, model NAME, fork EN
 s/ID/log              the session file's records, one a line; blocks at the end like `cairn log --follow`
 s/ID/approvals/INV    one file per pending approval: read it, write y, n or a (a: allow this Write tool for the session)
 rm -r s/ID            archives the session file to $CAIRN_HOME/archive (refused while a turn runs)
-b/new                 write a batch spec (key=value lines: cwd= required, provider, model, script, parallel=N, allow; then ---; then the prompt); read again: the job id
+b/new                 write a batch spec (key=value lines: cwd= required, provider, model, script, parallel=N, allow; then ---; then the prompt), taken whole: the job is created at the next read (which answers its id) or at close
 b/JOB/status          queued, running, done, failed: REASON
 b/JOB/result          the answers (parallel=N: one section per session)
 b/JOB/usage           token totals over the job's sessions (JOB-0 … JOB-N-1 in s/)
@@ -380,6 +380,7 @@ fn content(rt: &Runtime, node: &Node, created: Option<&str>) -> Option<Result<St
 
 /// Read `count` bytes at `offset`.
 pub fn read(rt: &Runtime, node: &Node, handle: &mut Handle, offset: u64, count: usize) -> Result<ReadOutcome> {
+    create_from_spec(rt, node, handle)?;
     if (offset == 0 || handle.snapshot.is_none())
         && let Some(made) = content(rt, node, handle.created.as_deref())
     {
@@ -414,17 +415,14 @@ pub fn read(rt: &Runtime, node: &Node, handle: &mut Handle, offset: u64, count: 
 pub fn write(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle, data: &[u8]) -> Result<usize> {
     let text = || std::str::from_utf8(data).map_err(|_| anyhow!("{}: the text is not UTF-8", node.path()));
     match node {
-        Node::New => {
-            let id = rt.create(text()?)?;
-            handle.created = Some(id);
-            handle.snapshot = None;
-        }
-        Node::BatchNew => {
-            if let Some(job) = &handle.created {
-                bail!("this handle already created job {job}; open b/new again for another");
+        // A spec is taken whole: every write adds to it, and the session or
+        // job is created at the first read of the handle (which answers its
+        // id, or fails with the reason) or at its clunk.
+        Node::New | Node::BatchNew => {
+            if let Some(id) = &handle.created {
+                bail!("this handle already created {id}; open {} again for another", node.path());
             }
-            handle.created = Some(rt.batch()?.submit(text()?)?);
-            handle.snapshot = None;
+            take(handle, data, MAX_PROMPT, "the spec")?;
         }
         Node::File(id, FileKind::Prompt) => {
             if rt.is_running(id) {
@@ -462,9 +460,43 @@ fn take(handle: &mut Handle, data: &[u8], limit: usize, what: &str) -> Result<()
     Ok(())
 }
 
-/// The handle is closed: a written prompt starts its turn, unless it was
-/// refused (then the clunk fails with the reason and nothing runs).
+/// Create the session (`s/new`) or job (`b/new`) whose spec was written
+/// through `handle`, once: from the whole spec, never from a part of it.
+fn create_from_spec(rt: &Runtime, node: &Node, handle: &mut Handle) -> Result<()> {
+    if !matches!(node, Node::New | Node::BatchNew) || handle.created.is_some() {
+        return Ok(());
+    }
+    if let Some(why) = &handle.refused {
+        bail!("{why}");
+    }
+    if handle.written.is_empty() {
+        return Ok(());
+    }
+    let written = std::mem::take(&mut handle.written);
+    let text = String::from_utf8(written).map_err(|_| anyhow!("{}: the spec is not UTF-8", node.path()))?;
+    let created = match node {
+        Node::New => rt.create(&text),
+        _ => rt.batch().and_then(|b| b.submit(&text)),
+    };
+    match created {
+        Ok(id) => {
+            handle.created = Some(id);
+            handle.snapshot = None;
+            Ok(())
+        }
+        Err(e) => {
+            // Said again on every later read and at the clunk.
+            handle.refused = Some(format!("{e:#}"));
+            Err(e)
+        }
+    }
+}
+
+/// The handle is closed: a written spec creates its session or job (if no
+/// read did), a written prompt starts its turn, unless it was refused
+/// (then the clunk fails with the reason and nothing runs).
 pub fn close(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle) -> Result<()> {
+    create_from_spec(rt, node, handle)?;
     if let Some(why) = handle.refused.take() {
         bail!("{why}");
     }

@@ -138,10 +138,13 @@ fn twenty_jobs_survive_a_sigkill_of_the_server_and_each_runs_once() {
     for bad in
         ["no separator", "cwd=/nonexistent-dir\n---\nx", "cwd=/\nparallel=0\n---\nx", "cwd=/\ncolour=red\n---\nx"]
     {
+        // The spec is taken whole: the error comes with the read that asks
+        // for the job's id, and again at the clunk; no job is created.
         let (fid, _) = conn.walk("b/new").unwrap();
         conn.open(fid, mode::RDWR).unwrap();
-        assert!(conn.write_at(fid, 0, bad.as_bytes()).is_err(), "b/new accepted {bad:?}");
-        conn.clunk(fid).unwrap();
+        conn.write_at(fid, 0, bad.as_bytes()).unwrap();
+        assert!(conn.read_at(fid, 0, 1024).is_err(), "b/new accepted {bad:?}");
+        assert!(conn.clunk(fid).is_err(), "b/new's clunk accepted {bad:?}");
     }
     let mut jobs = Vec::new();
     for n in 0..20u32 {
@@ -333,4 +336,47 @@ fn a_batch_spec_with_yes_approves_write_calls_and_without_it_they_are_refused() 
     let out = env.cairn(&["batch", env.home.join("bad.spec").to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("yes=\"maybe\""), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A spec written in several writes is taken whole (issue 29): a 6 KB batch
+/// spec used to run as a job of its first 4,096 bytes, and `s/new` created
+/// one session per write.
+#[test]
+fn a_spec_written_in_pieces_is_taken_whole() {
+    let env = Env::new();
+    let server = serve(&env);
+    let mut conn = connect(&server.address);
+    let script = env.home.join("whole.jsonl");
+    write_script(&script, &[json!({"text": "done"})]);
+    let long = format!("please do this: {}\nTHE END", "x".repeat(6000));
+    let spec = format!("cwd={}\nprovider=scripted\nscript={}\n---\n{long}\n", env.cwd.display(), script.display());
+    let (fid, _) = conn.walk("b/new").unwrap();
+    conn.open(fid, mode::RDWR).unwrap();
+    let mut at = 0u64;
+    for piece in spec.as_bytes().chunks(4096) {
+        conn.write_at(fid, at, piece).unwrap();
+        at += piece.len() as u64;
+    }
+    let job = String::from_utf8(conn.read_at(fid, 0, 1024).unwrap()).unwrap().trim().to_owned();
+    conn.clunk(fid).unwrap();
+    let stored = conn.read_text(&format!("b/{job}/spec")).unwrap();
+    assert!(stored.contains("THE END"), "the whole prompt is the job's: {} bytes", stored.len());
+    assert_eq!(conn.list("b").unwrap().iter().filter(|e| e.name != "new").count(), 1, "one job");
+
+    // Sessions not of the job (whose unit session may appear meanwhile).
+    let own = |conn: &mut Conn| {
+        conn.read_text("s/idx").unwrap().lines().filter(|l| !l.starts_with(&format!("{job}-"))).count()
+    };
+    let before = own(&mut conn);
+    let (fid, _) = conn.walk("s/new").unwrap();
+    conn.open(fid, mode::RDWR).unwrap();
+    let first = format!("cwd={}\n", env.cwd.display());
+    conn.write_at(fid, 0, first.as_bytes()).unwrap();
+    conn.write_at(fid, first.len() as u64, b"name=two-writes\n").unwrap();
+    let id = String::from_utf8(conn.read_at(fid, 0, 1024).unwrap()).unwrap().trim().to_owned();
+    conn.clunk(fid).unwrap();
+    let idx = conn.read_text("s/idx").unwrap();
+    assert_eq!(own(&mut conn), before + 1, "one session for one spec: {idx}");
+    let line = idx.lines().find(|l| l.starts_with(&id)).unwrap_or_else(|| panic!("{id} in {idx}"));
+    assert!(line.ends_with("two-writes"), "both writes are the spec: {line}");
 }
