@@ -21,7 +21,7 @@ use anyhow::{Context, anyhow};
 use serde_json::{Value, json};
 use wasmtime::component::Component;
 
-use crate::layout::{self, Desired, Layout, Registry};
+use crate::layout::{self, Desired, Layout, Registry, UpgradeWatch};
 use crate::mailbox::Mailbox;
 use crate::message::{self, AGENT, BROKER, HTTP, Inbound, Outbound};
 use crate::runtime::{self, Dirs, Exit, Instance, Limits, Runtime};
@@ -41,6 +41,25 @@ pub const CRASH_WINDOW: Duration = Duration::from_secs(30);
 pub const CRASH_LOOP: usize = 3;
 /// Uptime after which the backoff counter resets.
 pub const BACKOFF_RESET: Duration = Duration::from_secs(60);
+/// How long after its kill an instance that has not ended (its guest is
+/// blocked inside a host call, where the epoch cannot reach it) is given
+/// up: the broker treats it as ended and lets its thread finish alone.
+pub const ABANDON_AFTER: Duration = Duration::from_millis(500);
+/// The largest `.wasm` (or `.wat`) file a spawn or upgrade accepts: C
+/// actors are well under 1 MiB, and compiling costs far more memory and
+/// time than the file's size (a 12 MB `.wat` of small functions took
+/// 800 MB and over a minute on a loaded 2-core machine).
+pub const WASM_LIMIT: u64 = 8 << 20;
+/// Time a spawn's compilation may take before the spawn is refused (the
+/// compile runs off the broker thread; a late result is dropped).
+pub const COMPILE_BUDGET: Duration = Duration::from_secs(60);
+/// Spawn compilations running at once (counted until their thread ends,
+/// past the budget too: cranelift cannot be interrupted); more spawns are
+/// refused until one is done.
+pub const COMPILES_AT_ONCE: usize = 2;
+/// The largest `source` directory a spawn or upgrade copies: bytes and
+/// entries (files and directories).
+pub const SOURCE_LIMIT: (u64, usize) = (16 << 20, 10_000);
 
 /// Restart delay after the `n`th consecutive crash (0-based):
 /// 0.5 s × 2ⁿ, at most 30 s.
@@ -61,7 +80,21 @@ enum Event {
     Exited { id: String, generation: u64, exit: Exit },
     Native { from: String, msg: Outbound },
     Tested(Box<Tested>),
+    Compiled { token: u64, result: Result<Component, String>, bytes: Vec<u8> },
+    Abandon { id: String, generation: u64 },
     Quit(Sender<()>),
+}
+
+/// A spawn waiting for its compilation (off the broker thread).
+struct Spawning {
+    id: String,
+    from: String,
+    req_id: String,
+    wasm: PathBuf,
+    source: Option<PathBuf>,
+    built_by: Option<String>,
+    http: bool,
+    deadline: Instant,
 }
 
 struct Tested {
@@ -76,6 +109,8 @@ struct Upgrade {
     requester: String,
     req_id: String,
     wasm: PathBuf,
+    /// The module as read (and compiled): what the version stores.
+    bytes: Vec<u8>,
     source: Option<PathBuf>,
     built_by: Option<String>,
     new_version: u32,
@@ -106,7 +141,6 @@ struct ActorRt {
     restart_at: Option<Instant>,
     parked: Option<String>,
     after_stop: Option<AfterStop>,
-    upgraded: Option<(Instant, u32, String)>,
     components: HashMap<u32, Component>,
     last_exit: Option<String>,
 }
@@ -126,6 +160,11 @@ struct Broker {
     agent_box: Arc<Mailbox>,
     generation: u64,
     quitting: Option<Sender<()>>,
+    /// Spawns waiting for their compilation, by token.
+    spawning: HashMap<u64, Spawning>,
+    /// Compile threads still running (a spawn past its budget included).
+    compiling: Arc<std::sync::atomic::AtomicUsize>,
+    next_token: u64,
 }
 
 impl std::fmt::Debug for Event {
@@ -138,11 +177,14 @@ fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+/// A broker note in an actor's `stderr.log` (capped, rotated, private:
+/// see [`runtime::append_note`]).
 fn append_log(path: &Path, note: &str) {
-    use std::io::Write;
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-        let _ = writeln!(f, "[broker] {note}");
-    }
+    runtime::append_note(path, "broker", note);
 }
 
 /// The wasm file stored for a version (`actor.wasm` or `actor.wat`).
@@ -164,7 +206,6 @@ impl Broker {
                     restart_at: None,
                     parked: None,
                     after_stop: None,
-                    upgraded: None,
                     components: HashMap::new(),
                     last_exit: None,
                 },
@@ -211,6 +252,18 @@ impl Broker {
                 continue;
             }
             let now = Instant::now();
+            let late: Vec<u64> = self.spawning.iter().filter(|(_, s)| s.deadline <= now).map(|(t, _)| *t).collect();
+            for t in late {
+                if let Some(sp) = self.spawning.remove(&t) {
+                    let reason = format!(
+                        "compiling {} took longer than {} s; spawn of {:?} refused",
+                        sp.wasm.display(),
+                        COMPILE_BUDGET.as_secs(),
+                        sp.id
+                    );
+                    self.reply(&sp.from, &sp.req_id, json!({"type": "error", "request": "spawn", "reason": reason}));
+                }
+            }
             let due: Vec<String> = self
                 .actors
                 .iter()
@@ -240,6 +293,24 @@ impl Broker {
             Event::Native { from, msg } => self.route(&from, msg),
             Event::Exited { id, generation, exit } => self.exited(&id, generation, exit),
             Event::Tested(t) => self.tested(*t),
+            Event::Compiled { token, result, bytes } => self.compiled(token, result, &bytes),
+            Event::Abandon { id, generation } => {
+                let stuck = self
+                    .actors
+                    .get(&id)
+                    .and_then(|a| a.live.as_ref())
+                    .is_some_and(|l| l.generation == generation && l.stopping);
+                if stuck {
+                    append_log(
+                        &self.layout.actor_dir(&id).join("stderr.log"),
+                        &format!(
+                            "instance did not end {} ms after its kill (blocked in a host call): abandoned, it ends alone",
+                            ABANDON_AFTER.as_millis()
+                        ),
+                    );
+                    self.exited(&id, generation, Exit::Killed);
+                }
+            }
             Event::Quit(done) => {
                 self.quitting = Some(done);
                 let ids: Vec<String> = self.actors.keys().cloned().collect();
@@ -322,21 +393,46 @@ impl Broker {
         let _ = self.deliver(to, m);
     }
 
+    /// Writes version `n`: the module's `bytes` (those compiled, not the
+    /// file again: it may have changed since), a capped copy of `source`
+    /// and `meta.json`. On failure the version directory is removed.
+    #[allow(clippy::too_many_arguments)]
     fn install_version(
         &self,
         id: &str,
         n: u32,
         wasm: &Path,
+        bytes: &[u8],
         source: Option<&Path>,
         built_by: Option<&str>,
         requester: &str,
     ) -> anyhow::Result<()> {
         let dir = self.layout.version(id, n);
-        std::fs::create_dir_all(&dir)?;
+        let r = self.write_version(&dir, wasm, bytes, source, built_by, requester);
+        if r.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        r
+    }
+
+    fn write_version(
+        &self,
+        dir: &Path,
+        wasm: &Path,
+        bytes: &[u8],
+        source: Option<&Path>,
+        built_by: Option<&str>,
+        requester: &str,
+    ) -> anyhow::Result<()> {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir)?;
+        }
+        std::fs::create_dir_all(dir)?;
         let name = if wasm.extension().is_some_and(|e| e == "wat") { "actor.wat" } else { "actor.wasm" };
-        std::fs::copy(wasm, dir.join(name)).with_context(|| format!("copying {}", wasm.display()))?;
+        std::fs::write(dir.join(name), bytes).with_context(|| format!("copying {}", wasm.display()))?;
         if let Some(s) = source {
-            layout::replace_tree(s, &dir.join("source"))?;
+            let (max_bytes, max_entries) = SOURCE_LIMIT;
+            layout::copy_tree_within(s, &dir.join("source"), max_bytes, max_entries)?;
         }
         let meta = json!({"wasm": wasm, "source": source, "built_by": built_by,
             "requested_by": requester, "time": now_secs()});
@@ -365,6 +461,7 @@ impl Broker {
                     &plan.id,
                     plan.new_version,
                     &plan.wasm,
+                    &plan.bytes,
                     plan.source.as_deref(),
                     plan.built_by.as_deref(),
                     &plan.requester,
@@ -454,13 +551,18 @@ impl Broker {
         if let Some(e) = self.reg.actors.get_mut(&plan.id) {
             e.version = plan.new_version;
             e.desired = Desired::Running;
+            e.watch = Some(UpgradeWatch {
+                since_ms: now_ms(),
+                prev: old,
+                requester: plan.requester.clone(),
+                crashes_ms: vec![],
+            });
         }
         self.save();
         let parked = self.actors.get_mut(&plan.id).and_then(|a| {
             a.components.insert(plan.new_version, component);
             a.crashes.clear();
             a.backoff_n = 0;
-            a.upgraded = Some((Instant::now(), old, plan.requester.clone()));
             a.parked.take()
         });
         self.start_actor(&plan.id, parked);
@@ -480,12 +582,12 @@ impl Broker {
         if let Some(e) = self.reg.actors.get_mut(id) {
             e.version = to;
             e.desired = Desired::Running;
+            e.watch = None;
         }
         self.save();
         if let Some(a) = self.actors.get_mut(id) {
             a.crashes.clear();
             a.backoff_n = 0;
-            a.upgraded = None;
             a.parked = None;
         }
         self.start_actor(id, None);
@@ -660,9 +762,16 @@ impl Broker {
         // The kill timer runs apart from the stdin write: a guest that never
         // drains stdin would otherwise block the shutdown line forever.
         let kill = inst.kill.clone();
+        let generation = live.generation;
+        let (tx, id_owned) = (self.tx.clone(), id.to_owned());
         let _ = thread::Builder::new().name("actor-kill".into()).spawn(move || {
             thread::sleep(KILL_AFTER);
             kill.store(true, Ordering::Relaxed);
+            // The epoch ends a guest running WASM at once; one blocked in
+            // a host call (a long sleep) never sees it, and would keep the
+            // actor `stopping` for ever.
+            thread::sleep(ABANDON_AFTER);
+            let _ = tx.send(Event::Abandon { id: id_owned, generation });
         });
         let _ = thread::Builder::new().name("actor-stop".into()).spawn(move || {
             let _ = inst.write_line(&line, KILL_AFTER);
@@ -700,23 +809,37 @@ impl Broker {
         }
         a.crashes.push(now);
         a.parked = live.last_delivered.lock().unwrap_or_else(|p| p.into_inner()).take().or(a.parked.take());
-        if let Some((at, prev, requester)) = a.upgraded.clone() {
-            let n = a.crashes.iter().filter(|t| **t >= at && now.duration_since(**t) <= CRASH_WINDOW).count();
-            if n >= CRASH_LOOP {
-                append_log(&log, &format!("{n} crashes within 30 s after an upgrade: rolling back to version {prev}"));
-                let after = AfterStop::Rollback {
-                    to: prev,
-                    requester,
-                    req_id: None,
-                    reason: format!("{n} crashes within 30 s after the upgrade"),
-                };
-                self.do_after(id, after);
-                return;
-            }
-        }
         let delay = backoff(a.backoff_n);
         a.backoff_n += 1;
         a.restart_at = Some(now + delay);
+        // The crash-loop count lives in the registry (saved at every crash
+        // of a watched version), so it survives a host crash.
+        let window = u64::try_from(CRASH_WINDOW.as_millis()).unwrap_or(u64::MAX);
+        let at = now_ms();
+        let watched = self.reg.actors.get_mut(id).and_then(|e| e.watch.as_mut()).map(|w| {
+            w.crashes_ms.retain(|t| *t >= w.since_ms && at.saturating_sub(*t) <= window);
+            w.crashes_ms.push(at);
+            (w.crashes_ms.len(), w.prev, w.requester.clone())
+        });
+        if watched.is_some() {
+            self.save();
+        }
+        if let Some((n, prev, requester)) = watched
+            && n >= CRASH_LOOP
+        {
+            if let Some(a) = self.actors.get_mut(id) {
+                a.restart_at = None;
+            }
+            append_log(&log, &format!("{n} crashes within 30 s after an upgrade: rolling back to version {prev}"));
+            let after = AfterStop::Rollback {
+                to: prev,
+                requester,
+                req_id: None,
+                reason: format!("{n} crashes within 30 s after the upgrade"),
+            };
+            self.do_after(id, after);
+            return;
+        }
         self.write_status(id);
     }
 }

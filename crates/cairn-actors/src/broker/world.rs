@@ -159,6 +159,9 @@ impl World {
             agent_box: agent_box.clone(),
             generation: 0,
             quitting: None,
+            spawning: HashMap::new(),
+            compiling: Arc::default(),
+            next_token: 0,
         };
         let ids: Vec<String> = b.reg.actors.keys().cloned().collect();
         for id in &ids {
@@ -262,7 +265,14 @@ impl World {
         // replies to an earlier run still waiting in the agent's mailbox.
         let own = format!("req-{}-{n}", self.run_id);
         let full = format!("{who}/{own}");
-        let answers = |m: &Inbound| m.reply_to.as_deref() == Some(full.as_str()) && (to != BROKER || m.from == BROKER);
+        // A reply counts only from the participant asked: an actor that
+        // learned (or guessed) this id cannot answer in another's name.
+        // The broker's `undeliverable` is the one other answer (`from` is
+        // set by the broker, so no actor can send one).
+        let answers = |m: &Inbound| {
+            m.reply_to.as_deref() == Some(full.as_str())
+                && (m.from == to || (m.from == BROKER && m.body["type"] == "undeliverable"))
+        };
         if who == AGENT {
             self.send_as(who, Some(to), Some(&own), None, body);
             // The agent's other messages stay in its durable mailbox.
