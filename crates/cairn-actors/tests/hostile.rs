@@ -353,6 +353,26 @@ fn compiling_never_blocks_the_broker() {
     big_wat(&big, 800_000);
     let size = std::fs::metadata(&big).unwrap().len();
     assert!(size > 80_000_000, "{size}");
+    // From the console: five spawns, then `list` at once (the broker takes
+    // events in order, so the list comes after the five).
+    for i in 0..5 {
+        t.w().send(
+            Some("broker"),
+            Some(&format!("c{i}")),
+            None,
+            json!({"type": "spawn", "id": format!("c{i}"), "wasm": big}),
+        );
+    }
+    lists_within_a_second(&t);
+    for i in 0..5 {
+        let (m, _) = t.wait_for("a refusal", |m| m["reply_to"] == format!("console/c{i}"));
+        let reason = m["body"]["reason"].as_str().unwrap();
+        assert!(
+            reason.ends_with(&format!("big.wat is {size} bytes; a module may have at most 8388608 bytes")),
+            "{reason}"
+        );
+    }
+    // From an actor, the same.
     let reqs: String = (0..5)
         .map(|i| format!("{{\"to\":\"broker\",\"id\":\"s{i}\",\"body\":{{\"type\":\"spawn\",\"id\":\"big{i}\",\"wasm\":\"/public/big.wat\"}}}}\n"))
         .collect();

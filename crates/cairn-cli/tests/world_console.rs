@@ -99,29 +99,32 @@ fn a_crash_loop_counted_across_a_sigkill_still_rolls_back() {
     run.say("/deploy hello v2.wat");
     run.wait("the upgrade", |v| v["type"] == "ok" && v["request"] == "upgrade" && v["version"] == 2);
     run.say(r#"@hello {"n":1}"#);
-    // The first crash is in the registry before the host dies.
-    let registry = env.cwd.join("w/broker/registry.json");
-    let crashes = |p: &std::path::Path| -> usize {
-        let r: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_default()).unwrap_or_default();
-        r["actors"]["hello"]["watch"]["crashes_ms"].as_array().map_or(0, Vec::len)
-    };
-    let until_crashes = |n: usize| {
+    // The crashes this run saw, from the actor's status file (the broker
+    // writes it after each crash is counted).
+    let status = env.cwd.join("w/actor/hello/status.json");
+    let until_crashes = |n: u64| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while crashes(&registry) < n {
-            let text = std::fs::read_to_string(&registry).unwrap_or_default();
-            assert!(std::time::Instant::now() < deadline, "crash {n} not recorded: {text}");
+        loop {
+            let text = std::fs::read_to_string(&status).unwrap_or_default();
+            let s: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            if s["crashes"].as_u64().is_some_and(|c| c >= n) {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "crash {n} not seen: {text}");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     };
     until_crashes(1);
     let _ = run.kill9();
+    // The next run writes its own count (from 0); the old file must not
+    // answer for it.
+    std::fs::remove_file(&status).unwrap();
 
     let mut run = Running::start(env.cairn(&["world", "run", "--no-agent", "w"]));
     // One message per crash: two lines sent at once can reach the guest
     // in one read, and make one crash (the second line dies with it).
     run.say(r#"@hello {"n":2}"#);
-    until_crashes(2);
+    until_crashes(1);
     run.say(r#"@hello {"n":3}"#);
     let rolled = run.wait("the automatic rollback", |v| v["from"] == "broker" && v["body"]["type"] == "rolled_back");
     assert_eq!((rolled["body"]["from"].as_u64(), rolled["body"]["to"].as_u64()), (Some(2), Some(1)), "{rolled}");
