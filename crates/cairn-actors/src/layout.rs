@@ -88,6 +88,31 @@ pub struct ActorEntry {
     /// ever).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watch: Option<UpgradeWatch>,
+    /// Limits the spawn request set for this actor, each at most the
+    /// world's (see `runtime::Limits`); absent ones are the world's.
+    #[serde(default, skip_serializing_if = "ActorLimits::is_empty")]
+    pub limits: ActorLimits,
+}
+
+/// Per-actor limits below the world's, as a spawn request gave them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorLimits {
+    /// All linear memories together, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// All table elements together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_elements: Option<u64>,
+    /// `/data` + `/public`, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+}
+
+impl ActorLimits {
+    /// Whether none is set.
+    pub fn is_empty(&self) -> bool {
+        *self == ActorLimits::default()
+    }
 }
 
 /// What the crash-loop rule needs to remember about the last upgrade

@@ -575,3 +575,35 @@ fn start_needs_the_spawners_right_and_rollback_refuses_bad_versions() {
     lists_within_a_second(&t);
     assert_eq!(t.actor_state("a")["version"], 2);
 }
+
+/// Per-actor limits: a spawn may lower the world's (here memory to
+/// 4 MiB), never raise them.
+#[test]
+fn a_spawn_lowers_an_actors_limits_and_never_raises_them() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    let p = t.file("bomb.wat", &memory_bomb());
+    let r = t.req(json!({"type": "spawn", "id": "bomb", "wasm": p, "limits": {"memory_bytes": 4 << 20}}));
+    assert_eq!(r["type"], "ok", "{r}");
+    t.subscribe_console("bomb");
+    t.w().send(Some("bomb"), None, None, json!("go"));
+    let (m, _) = t.wait_for("page report", |m| m["body"]["pages"].is_number());
+    let pages = m["body"]["pages"].as_u64().unwrap();
+    // 4 MiB = 64 pages of 64 KiB, for every memory of the instance.
+    assert!((40..=64).contains(&pages), "{pages}");
+    let reg: Value = serde_json::from_str(&t.read("broker/registry.json")).unwrap();
+    assert_eq!(reg["actors"]["bomb"]["limits"], json!({"memory_bytes": 4 << 20}));
+    for (limits, reason) in [
+        (
+            json!({"memory_bytes": 1u64 << 40}),
+            "limit \"memory_bytes\" of 1099511627776 is above the world's 67108864; a spawn may only lower a limit",
+        ),
+        (json!({"cpu": 1}), "unknown limit \"cpu\"; one of memory_bytes, table_elements, disk_bytes"),
+        (json!({"disk_bytes": -1}), "limit \"disk_bytes\" must be a whole number, not -1"),
+        (json!(5), "\"limits\" must be an object, not 5"),
+    ] {
+        let r = t.req(json!({"type": "spawn", "id": "more", "wasm": p, "limits": limits}));
+        assert_eq!(r, json!({"type": "error", "reason": reason}), "{limits}");
+    }
+    lists_within_a_second(&t);
+}

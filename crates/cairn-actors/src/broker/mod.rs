@@ -94,6 +94,7 @@ struct Spawning {
     source: Option<PathBuf>,
     built_by: Option<String>,
     http: bool,
+    limits: layout::ActorLimits,
     deadline: Instant,
 }
 
@@ -687,7 +688,7 @@ impl Broker {
                 &c,
                 &dirs,
                 &log,
-                self.cfg.limits,
+                self.limits_of(id),
                 move |line| {
                     let _ = tx1.send(Event::Out { id: id1.clone(), line });
                 },
@@ -722,6 +723,20 @@ impl Broker {
             stopping: false,
         });
         self.write_status(id);
+    }
+
+    /// The world's limits, lowered where the actor's spawn asked for less.
+    fn limits_of(&self, id: &str) -> Limits {
+        let mut l = self.cfg.limits;
+        if let Some(a) = self.reg.actors.get(id).map(|e| e.limits) {
+            let low = |world: usize, own: Option<u64>| {
+                own.and_then(|o| usize::try_from(o).ok()).map_or(world, |o| o.min(world))
+            };
+            l.memory_bytes = low(l.memory_bytes, a.memory_bytes);
+            l.table_elements = low(l.table_elements, a.table_elements);
+            l.disk_bytes = a.disk_bytes.map_or(l.disk_bytes, |d| d.min(l.disk_bytes));
+        }
+        l
     }
 
     fn placeholder(&mut self, id: &str, generation: u64) {

@@ -19,7 +19,7 @@ use wasmtime::component::Component;
 use super::{
     AfterStop, Broker, COMPILE_BUDGET, COMPILES_AT_ONCE, Event, SOURCE_LIMIT, Spawning, Tested, Upgrade, WASM_LIMIT,
 };
-use crate::layout::{self, ActorEntry, Desired};
+use crate::layout::{self, ActorEntry, ActorLimits, Desired};
 use crate::message::{self, AGENT, BROKER, CONSOLE, Outbound};
 use crate::transcript::{self, Candidate};
 
@@ -139,6 +139,7 @@ impl Broker {
             // Else an actor without HTTP could spawn one that has it.
             bail!("{from} may not grant \"http\": it did not declare it in its own spawn request");
         }
+        let limits = self.requested_limits(r.body.get("limits"))?;
         let wasm = self.path(from, &r.need("wasm")?)?;
         let source = r.field("source").map(|s| self.path(from, s)).transpose()?;
         let bytes = read_wasm(&wasm)?;
@@ -172,6 +173,7 @@ impl Broker {
                 source,
                 built_by: r.field("built_by").map(str::to_owned),
                 http,
+                limits,
                 deadline: Instant::now() + COMPILE_BUDGET,
             },
         );
@@ -220,6 +222,7 @@ impl Broker {
                 subscribers: BTreeSet::new(),
                 http: sp.http,
                 watch: None,
+                limits: sp.limits,
             },
         );
         self.save();
@@ -229,6 +232,34 @@ impl Broker {
         }
         self.start_actor(&id, None);
         Ok(())
+    }
+
+    /// A spawn's `"limits": {"memory_bytes"?, "table_elements"?,
+    /// "disk_bytes"?}`: each a whole number at most the world's (a spawner
+    /// can lower what its actor gets, never raise it).
+    fn requested_limits(&self, v: Option<&Value>) -> anyhow::Result<ActorLimits> {
+        let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(ActorLimits::default()) };
+        let Some(map) = v.as_object() else { bail!("\"limits\" must be an object, not {v}") };
+        let world = self.cfg.limits;
+        let mut out = ActorLimits::default();
+        for (k, x) in map {
+            let max = match k.as_str() {
+                "memory_bytes" => world.memory_bytes as u64,
+                "table_elements" => world.table_elements as u64,
+                "disk_bytes" => world.disk_bytes,
+                other => bail!("unknown limit {other:?}; one of memory_bytes, table_elements, disk_bytes"),
+            };
+            let Some(n) = x.as_u64() else { bail!("limit {k:?} must be a whole number, not {x}") };
+            if n > max {
+                bail!("limit {k:?} of {n} is above the world's {max}; a spawn may only lower a limit");
+            }
+            match k.as_str() {
+                "memory_bytes" => out.memory_bytes = Some(n),
+                "table_elements" => out.table_elements = Some(n),
+                _ => out.disk_bytes = Some(n),
+            }
+        }
+        Ok(out)
     }
 
     /// Refuses a `source` directory that contains where it would be
@@ -282,7 +313,7 @@ impl Broker {
             new_version: latest + 1,
             tests: 0,
         };
-        let (rt, tx, limits) = (self.rt.clone(), self.tx.clone(), self.cfg.limits);
+        let (rt, tx, limits) = (self.rt.clone(), self.tx.clone(), self.limits_of(&id));
         let (data, public, actor_root) = (self.layout.data(&id), self.layout.public(&id), self.layout.actor_root());
         let scratch = self.layout.root().join("broker").join("candidates").join(&id);
         thread::Builder::new()
