@@ -457,6 +457,28 @@ int main(void) {
     assert_eq!(t.req(json!({"type": "start", "id": "sleeper"}))["type"], "ok");
     t.w().send(Some("sleeper"), None, None, json!("again"));
     t.wait_for("asleep again", |m| m["from"] == "sleeper" && m["body"] == "sleeping");
+    // Each abandoned instance keeps its memory until its host call
+    // returns: after eight of them (this one is the second), no new
+    // instance starts until one ends.
+    for round in 2..=8 {
+        let r = t.w().request(json!({"type": "stop", "id": "sleeper"}), Duration::from_secs(20)).unwrap();
+        assert_eq!(r["type"], "ok", "round {round}: {r}");
+        if round < 8 {
+            assert_eq!(t.req(json!({"type": "start", "id": "sleeper"}))["type"], "ok");
+            t.w().send(Some("sleeper"), None, None, json!(round));
+            t.wait_for("asleep", |m| m["from"] == "sleeper" && m["body"] == "sleeping");
+        }
+    }
+    assert_eq!(t.req(json!({"type": "start", "id": "sleeper"}))["type"], "ok");
+    t.wait_state("sleeper", "a refused start", |_| status_exit(&t, "sleeper").contains("abandoned instances"));
+    let exit = status_exit(&t, "sleeper");
+    assert!(
+        exit.contains(
+            "8 abandoned instances are still blocked in host calls (at most 8); no new instance until one ends"
+        ),
+        "{exit}"
+    );
+    lists_within_a_second(&t);
 }
 
 /// An actor spawns `rec` with `"source": "/actor"`: the registry it would

@@ -45,6 +45,11 @@ pub const BACKOFF_RESET: Duration = Duration::from_secs(60);
 /// blocked inside a host call, where the epoch cannot reach it) is given
 /// up: the broker treats it as ended and lets its thread finish alone.
 pub const ABANDON_AFTER: Duration = Duration::from_millis(500);
+/// Abandoned instances (still in a host call after their kill) the world
+/// keeps at once: each holds its memory until its host call returns, so
+/// past this no new instance starts (the start fails, and is retried with
+/// the crash backoff) until one of them ends.
+pub const MAX_ABANDONED: usize = 8;
 /// The largest `.wasm` (or `.wat`) file a spawn or upgrade accepts: C
 /// actors are well under 1 MiB, and compiling costs far more memory and
 /// time than the file's size (a 12 MB `.wat` of small functions took
@@ -163,6 +168,9 @@ struct Broker {
     quitting: Option<Sender<()>>,
     /// Spawns waiting for their compilation, by token.
     spawning: HashMap<u64, Spawning>,
+    /// Instances given up in a host call, by actor and generation, until
+    /// their thread ends (see [`MAX_ABANDONED`]).
+    abandoned: std::collections::HashSet<(String, u64)>,
     /// Compile threads still running (a spawn past its budget included).
     compiling: Arc<std::sync::atomic::AtomicUsize>,
     next_token: u64,
@@ -310,6 +318,9 @@ impl Broker {
                         ),
                     );
                     self.exited(&id, generation, Exit::Killed);
+                    // After `exited` (which would take it for the late
+                    // end of an abandoned one): its real end comes later.
+                    self.abandoned.insert((id.clone(), generation));
                 }
             }
             Event::Quit(done) => {
@@ -676,7 +687,15 @@ impl Broker {
         self.generation += 1;
         let generation = self.generation;
         let log = self.layout.actor_dir(id).join("stderr.log");
-        let started = self.component(id, v).and_then(|c| {
+        let stuck = self.abandoned.len();
+        let started = if stuck >= MAX_ABANDONED {
+            Err(anyhow!(
+                "{stuck} abandoned instances are still blocked in host calls (at most {MAX_ABANDONED}); no new instance until one ends"
+            ))
+        } else {
+            Ok(())
+        };
+        let started = started.and_then(|()| self.component(id, v)).and_then(|c| {
             let dirs = Dirs {
                 data: self.layout.data(id),
                 public: self.layout.public(id),
@@ -796,6 +815,11 @@ impl Broker {
     }
 
     fn exited(&mut self, id: &str, generation: u64, exit: Exit) {
+        if self.abandoned.remove(&(id.to_owned(), generation)) {
+            let note = format!("an abandoned instance ended at last: {exit:?}");
+            append_log(&self.layout.actor_dir(id).join("stderr.log"), &note);
+            return;
+        }
         let Some(a) = self.actors.get_mut(id) else { return };
         if a.live.as_ref().is_none_or(|l| l.generation != generation) {
             return;

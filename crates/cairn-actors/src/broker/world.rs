@@ -161,6 +161,7 @@ impl World {
             quitting: None,
             spawning: HashMap::new(),
             compiling: Arc::default(),
+            abandoned: Default::default(),
             next_token: 0,
         };
         let ids: Vec<String> = b.reg.actors.keys().cloned().collect();
