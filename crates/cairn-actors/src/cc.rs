@@ -24,7 +24,10 @@
 //!
 //! The run: one worker thread (builds are serial; the broker thread never
 //! waits for one), clang as a subprocess under cairn-tools' sandbox
-//! (Landlock + seccomp: no network, writes only in the build directory),
+//! (Landlock + seccomp: no network, writes only in the build directory;
+//! reads only the build directory and the system's `/usr`, `/lib*`,
+//! `/bin`, `/sbin`, `/dev` and `/proc`: every other top-level directory is
+//! covered in its mount namespace, see [`hidden_from_clang`]),
 //! a cleared environment (`PATH` only), its own process group, killed
 //! after [`BUILD_TIMEOUT`]. Where the sandbox cannot be set up the build
 //! fails and says why: clang never runs unconfined.
@@ -204,9 +207,10 @@ fn build_in(
         output_cap: STDERR_CAP,
         max_processes: 32,
         pid_namespace: true,
-        // The world (its sockets, other actors' files) is covered; the
-        // build directory inside it stays visible.
-        hidden: vec![layout.root().to_path_buf()],
+        // Everything but the system's programs, libraries and sysroot is
+        // covered (the world, its sockets and other actors' files
+        // included); the build directory stays visible beneath.
+        hidden: hidden_from_clang(layout.root()),
     };
     let out = cairn_tools::process::run(&spec, &CancelToken::new(), &mut |_: &[u8]| {})
         .map_err(|e| anyhow!("cannot run clang confined (no network, writes only in its build directory): {e}"))?;
@@ -234,6 +238,29 @@ fn build_in(
     std::fs::rename(src, dest.join("source")).with_context(|| format!("installing into {}", dest.display()))?;
     std::fs::rename(scratch.join("actor.wasm"), dest.join("actor.wasm"))?;
     Ok(json!({"type": "built", "name": name, "wasm": wasm, "source": source, "warnings": stderr}))
+}
+
+/// Top-level directories clang may read: its programs, the libraries it
+/// loads, Debian's wasi-libc sysroot (`/usr`), devices, and `/proc` (LLVM
+/// finds its own resource directory through `/proc/self/exe`). `/tmp` is
+/// the sandbox's private one.
+const CLANG_READS: &[&str] = &["usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "dev", "proc", "tmp"];
+
+/// What the sandbox covers for clang: every top-level directory of `/`
+/// but [`CLANG_READS`], and the world. Landlock confines clang's writes
+/// only; without these covers an `#include "/etc/passwd"` (or any file
+/// the host user can read) came back in clang's error output.
+fn hidden_from_clang(world: &Path) -> Vec<PathBuf> {
+    let mut hidden = vec![world.to_path_buf()];
+    if let Ok(rd) = std::fs::read_dir("/") {
+        for e in rd.flatten() {
+            let name = e.file_name();
+            if !CLANG_READS.iter().any(|k| name.as_os_str() == *k) {
+                hidden.push(e.path());
+            }
+        }
+    }
+    hidden
 }
 
 /// `clang` on the host's `PATH`.

@@ -76,6 +76,9 @@ struct Pending {
 #[derive(Default)]
 pub struct Commits {
     pending: BTreeMap<u32, Pending>,
+    /// The actor's disk quota: its host directories (`/data`, `/public`)
+    /// and the bytes they may hold together once a commit is done.
+    quota: Option<(Vec<std::path::PathBuf>, u64)>,
 }
 
 impl std::fmt::Debug for Commits {
@@ -85,6 +88,13 @@ impl std::fmt::Debug for Commits {
 }
 
 impl Commits {
+    /// No pending write yet; every commit is refused if afterwards `dirs`
+    /// together would hold more than `bytes` (files not yet committed
+    /// count too: they are on the disk already).
+    pub fn with_quota(dirs: &[&Path], bytes: u64) -> Commits {
+        Commits { pending: BTreeMap::new(), quota: Some((dirs.iter().map(|d| d.to_path_buf()).collect(), bytes)) }
+    }
+
     /// Number of descriptors whose writes are not committed yet.
     pub fn pending(&self) -> usize {
         self.pending.len()
@@ -201,8 +211,23 @@ impl CommitFs<'_> {
 
     /// fsync the temp file, rename it onto the target, fsync the directory.
     fn rename_durably(&mut self, p: &Pending) -> Result<(), String> {
-        p.file.sync_all().map_err(|e| format!("fsync: {e}"))?;
         let dir = Resource::<Descriptor>::new_borrow(p.dir);
+        if let Some((dirs, quota)) = &self.commits.quota {
+            // Enforced here, at the commit, because only a commit makes a
+            // write last: the temp file replaces the target, so the
+            // target's old size no longer counts.
+            let old = t::HostDescriptor::stat_at(&mut self.fs, b(&dir), nofollow(), p.target.clone())
+                .map(|st| st.size)
+                .unwrap_or(0);
+            let used: u64 = dirs.iter().map(|d| crate::layout::tree_bytes(d)).sum();
+            let after = used.saturating_sub(old);
+            if after > *quota {
+                return Err(format!(
+                    "over the actor's disk quota: /data and /public would hold {after} bytes, the quota is {quota}"
+                ));
+            }
+        }
+        p.file.sync_all().map_err(|e| format!("fsync: {e}"))?;
         t::HostDescriptor::rename_at(&mut self.fs, b(&dir), p.tmp.clone(), b(&dir), p.target.clone())
             .map_err(|e| format!("rename: {e}"))?;
         match self.fs.table.get(&dir) {

@@ -45,6 +45,9 @@ pub enum LayoutError {
     /// A request path broke the path rules.
     #[error("path {0:?} refused: {1}")]
     BadPath(String, &'static str),
+    /// A tree to copy is larger than the copy may be.
+    #[error("{0}: too large to copy: {1}")]
+    TooLarge(PathBuf, String),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LayoutError + '_ {
@@ -79,6 +82,52 @@ pub struct ActorEntry {
     /// to the native `http`).
     #[serde(default)]
     pub http: bool,
+    /// Set by an upgrade, cleared by a rollback: the crash-loop watch,
+    /// kept in the registry so a host crash between an upgrade's crashes
+    /// does not forget them (the new version would else crash-loop for
+    /// ever).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch: Option<UpgradeWatch>,
+    /// Limits the spawn request set for this actor, each at most the
+    /// world's (see `runtime::Limits`); absent ones are the world's.
+    #[serde(default, skip_serializing_if = "ActorLimits::is_empty")]
+    pub limits: ActorLimits,
+}
+
+/// Per-actor limits below the world's, as a spawn request gave them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorLimits {
+    /// All linear memories together, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// All table elements together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_elements: Option<u64>,
+    /// `/data` + `/public`, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+}
+
+impl ActorLimits {
+    /// Whether none is set.
+    pub fn is_empty(&self) -> bool {
+        *self == ActorLimits::default()
+    }
+}
+
+/// What the crash-loop rule needs to remember about the last upgrade
+/// (wall-clock milliseconds: they must mean something to the next run).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeWatch {
+    /// When the new version started.
+    pub since_ms: u64,
+    /// The version to roll back to.
+    pub prev: u32,
+    /// Who asked for the upgrade (told of an automatic rollback).
+    pub requester: String,
+    /// Crashes of the new version since, within the crash window.
+    #[serde(default)]
+    pub crashes_ms: Vec<u64>,
 }
 
 /// The registry: every live actor and the message counter.
@@ -169,6 +218,11 @@ impl Layout {
     }
 
     /// Creates an actor's directories.
+    /// `broker/versions/<id>`: every version of an actor.
+    pub fn versions(&self, id: &str) -> PathBuf {
+        self.root.join("broker").join("versions").join(id)
+    }
+
     pub fn init_actor(&self, id: &str) -> Result<(), LayoutError> {
         for d in [self.public(id), self.source(id), self.data(id)] {
             fs::create_dir_all(&d).map_err(io(&d))?;
@@ -233,6 +287,83 @@ pub fn copy_tree(from: &Path, to: &Path) -> Result<(), LayoutError> {
         }
     }
     Ok(())
+}
+
+/// Bytes of the regular files under `dir` (recursively, symlinks not
+/// followed); unreadable entries count nothing.
+pub fn tree_bytes(dir: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(dir) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Bytes and entries under `dir` (recursively, symlinks not followed),
+/// stopping with an error as soon as either passes its cap: a source copy
+/// is measured before it is made, and never walks a huge tree whole.
+pub fn tree_within(dir: &Path, max_bytes: u64, max_entries: usize) -> Result<(u64, usize), String> {
+    fn walk(d: &Path, acc: &mut (u64, usize), max_bytes: u64, max_entries: usize) -> Result<(), String> {
+        let rd = fs::read_dir(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        for e in rd {
+            let e = e.map_err(|e| format!("{}: {e}", d.display()))?;
+            acc.1 += 1;
+            if acc.1 > max_entries {
+                return Err(format!("it holds more than {max_entries} files and directories"));
+            }
+            let ty = e.file_type().map_err(|e| e.to_string())?;
+            if ty.is_dir() {
+                walk(&e.path(), acc, max_bytes, max_entries)?;
+            } else if ty.is_file() {
+                acc.0 += e.metadata().map(|m| m.len()).unwrap_or(0);
+                if acc.0 > max_bytes {
+                    return Err(format!("it holds more than {max_bytes} bytes"));
+                }
+            }
+        }
+        Ok(())
+    }
+    let mut acc = (0, 0);
+    if dir.is_dir() {
+        walk(dir, &mut acc, max_bytes, max_entries)?;
+    } else if dir.exists() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    Ok(acc)
+}
+
+/// [`copy_tree`] that stops with [`LayoutError::TooLarge`] once more than
+/// `max_bytes` or `max_entries` have been copied (counted while copying,
+/// so a tree growing meanwhile cannot pass the cap either).
+pub fn copy_tree_within(from: &Path, to: &Path, max_bytes: u64, max_entries: usize) -> Result<(), LayoutError> {
+    fn walk(from: &Path, to: &Path, acc: &mut (u64, usize), caps: (u64, usize), top: &Path) -> Result<(), LayoutError> {
+        fs::create_dir_all(to).map_err(io(to))?;
+        let Ok(rd) = fs::read_dir(from) else {
+            return Ok(());
+        };
+        for e in rd {
+            let e = e.map_err(io(from))?;
+            acc.1 += 1;
+            if acc.1 > caps.1 {
+                return Err(LayoutError::TooLarge(top.to_owned(), format!("more than {} entries", caps.1)));
+            }
+            let ft = e.file_type().map_err(io(&e.path()))?;
+            let dst = to.join(e.file_name());
+            if ft.is_dir() {
+                walk(&e.path(), &dst, acc, caps, top)?;
+            } else if ft.is_file() {
+                acc.0 += fs::copy(e.path(), &dst).map_err(io(&dst))?;
+                if acc.0 > caps.0 {
+                    return Err(LayoutError::TooLarge(top.to_owned(), format!("more than {} bytes", caps.0)));
+                }
+            }
+        }
+        Ok(())
+    }
+    walk(from, to, &mut (0, 0), (max_bytes, max_entries), from)
 }
 
 /// Replaces the tree `to` with a copy of `from` (an absent `from` leaves an

@@ -25,12 +25,36 @@ use std::time::{Duration, Instant};
 /// Messages a mailbox holds before senders get `undeliverable`.
 pub const MAILBOX_LIMIT: usize = 1000;
 
+/// Bytes (of message lines) a mailbox holds before senders get
+/// `undeliverable`: 16 MiB, so a stopped actor's mailbox cannot grow the
+/// host's memory or its journal without bound (1,000 messages of the
+/// 1 MiB message limit would be 1 GiB).
+pub const MAILBOX_BYTES: usize = 16 << 20;
+
+/// The journal is rewritten (compacted) while running once it holds this
+/// many bytes more than twice what is queued: records of messages long
+/// delivered never pile up.
+const COMPACT_SLACK: u64 = 4 << 20;
+
 /// Why a push was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum MailboxError {
     /// The mailbox holds [`MAILBOX_LIMIT`] messages.
     #[error("mailbox full ({MAILBOX_LIMIT} messages)")]
     Full,
+    /// The message would take the mailbox past [`MAILBOX_BYTES`].
+    #[error(
+        "mailbox full ({queued} bytes queued; a mailbox holds at most {MAILBOX_BYTES} bytes, this message is {size})"
+    )]
+    FullBytes {
+        /// Bytes already queued.
+        queued: usize,
+        /// The refused message's bytes.
+        size: usize,
+    },
+    /// The message alone is larger than [`crate::message::MESSAGE_LIMIT`].
+    #[error("message too large ({0} bytes; the limit is {limit} bytes)", limit = crate::message::MESSAGE_LIMIT)]
+    TooLarge(usize),
     /// The journal could not be written.
     #[error("mailbox journal {0}: {1}")]
     Journal(PathBuf, std::io::Error),
@@ -41,6 +65,10 @@ struct Inner {
     queue: VecDeque<(u64, String)>,
     next: u64,
     journal: File,
+    /// Bytes of the queued lines.
+    bytes: usize,
+    /// Bytes of the journal file (as written by this process).
+    journal_bytes: u64,
 }
 
 /// One actor's mailbox.
@@ -78,6 +106,28 @@ fn replay(lines: impl Iterator<Item = String>) -> (VecDeque<(u64, String)>, u64)
     (queue, next)
 }
 
+/// Rewrites the journal at `path` as `#next` plus one `=<n> <line>` per
+/// queued message (temp file, fsync, rename), and opens it for appending.
+/// Returns the file and its size.
+fn compact(path: &Path, queue: &VecDeque<(u64, String)>, next: u64) -> std::io::Result<(File, u64)> {
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut size = 0u64;
+    {
+        let mut f = std::io::BufWriter::new(File::create(&tmp)?);
+        let head = format!("#{next}\n");
+        f.write_all(head.as_bytes())?;
+        size += head.len() as u64;
+        for (n, m) in queue {
+            let rec = format!("={n} {m}\n");
+            f.write_all(rec.as_bytes())?;
+            size += rec.len() as u64;
+        }
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    Ok((OpenOptions::new().append(true).open(path)?, size))
+}
+
 impl Mailbox {
     /// Opens (replaying and compacting) the journal at `path`.
     pub fn open(path: &Path) -> Result<Mailbox, MailboxError> {
@@ -93,18 +143,13 @@ impl Mailbox {
             }
             Err(_) => (VecDeque::new(), 1),
         };
-        let tmp = path.with_extension("jsonl.tmp");
-        {
-            let mut f = File::create(&tmp).map_err(err)?;
-            writeln!(f, "#{next}").map_err(err)?;
-            for (n, m) in &queue {
-                writeln!(f, "={n} {m}").map_err(err)?;
-            }
-            f.sync_all().map_err(err)?;
-        }
-        std::fs::rename(&tmp, path).map_err(err)?;
-        let journal = OpenOptions::new().append(true).open(path).map_err(err)?;
-        Ok(Mailbox { path: path.to_owned(), inner: Mutex::new(Inner { queue, next, journal }), ready: Condvar::new() })
+        let (journal, journal_bytes) = compact(path, &queue, next).map_err(err)?;
+        let bytes = queue.iter().map(|(_, m)| m.len()).sum();
+        Ok(Mailbox {
+            path: path.to_owned(),
+            inner: Mutex::new(Inner { queue, next, journal, bytes, journal_bytes }),
+            ready: Condvar::new(),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -127,11 +172,19 @@ impl Mailbox {
     /// Journals, then queues, `line` under the next number.
     fn add(&self, line: String, front: bool) -> Result<u64, MailboxError> {
         let mut g = self.lock();
+        if line.len() > crate::message::MESSAGE_LIMIT {
+            return Err(MailboxError::TooLarge(line.len()));
+        }
         if !front && g.queue.len() >= MAILBOX_LIMIT {
             return Err(MailboxError::Full);
         }
+        if !front && g.bytes + line.len() > MAILBOX_BYTES {
+            return Err(MailboxError::FullBytes { queued: g.bytes, size: line.len() });
+        }
         let record = if front { '^' } else { '+' };
         writeln!(g.journal, "{record}{line}").map_err(|e| MailboxError::Journal(self.path.clone(), e))?;
+        g.journal_bytes += line.len() as u64 + 2;
+        g.bytes += line.len();
         let n = g.next;
         g.next += 1;
         if front {
@@ -143,13 +196,29 @@ impl Mailbox {
         Ok(n)
     }
 
+    /// Records a removal (`record`, without newline) in the journal, and
+    /// compacts the journal once it has grown well past what is queued.
+    /// A failed write only loses the record (the message may then come
+    /// again after a crash), as before.
+    fn journal_removal(&self, g: &mut Inner, record: &str) {
+        let _ = writeln!(g.journal, "{record}");
+        g.journal_bytes += record.len() as u64 + 1;
+        if g.journal_bytes > 2 * g.bytes as u64 + COMPACT_SLACK
+            && let Ok((journal, n)) = compact(&self.path, &g.queue, g.next)
+        {
+            g.journal = journal;
+            g.journal_bytes = n;
+        }
+    }
+
     /// Takes the oldest message, waiting up to `wait` for one.
     pub fn pop_wait(&self, wait: Duration) -> Option<String> {
         let g = self.lock();
         let (mut g, _) =
             self.ready.wait_timeout_while(g, wait, |i| i.queue.is_empty()).unwrap_or_else(|p| p.into_inner());
         let (_, m) = g.queue.pop_front()?;
-        let _ = writeln!(g.journal, "-");
+        g.bytes -= m.len();
+        self.journal_removal(&mut g, "-");
         Some(m)
     }
 
@@ -169,7 +238,8 @@ impl Mailbox {
         loop {
             if let Some(i) = g.queue.iter().position(|(_, m)| pred(m)) {
                 let (n, m) = g.queue.remove(i)?;
-                let _ = writeln!(g.journal, "x{n}");
+                g.bytes -= m.len();
+                self.journal_removal(&mut g, &format!("x{n}"));
                 return Some((n, m));
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -184,8 +254,10 @@ impl Mailbox {
     pub fn remove(&self, n: u64) -> bool {
         let mut g = self.lock();
         let Some(i) = g.queue.iter().position(|(s, _)| *s == n) else { return false };
-        g.queue.remove(i);
-        let _ = writeln!(g.journal, "x{n}");
+        if let Some((_, m)) = g.queue.remove(i) {
+            g.bytes -= m.len();
+        }
+        self.journal_removal(&mut g, &format!("x{n}"));
         true
     }
 
@@ -200,6 +272,7 @@ impl Mailbox {
         let mut g = self.lock();
         if g.next < n {
             writeln!(g.journal, "#{n}").map_err(|e| MailboxError::Journal(self.path.clone(), e))?;
+            g.journal_bytes += 24;
             g.next = n;
         }
         Ok(())
@@ -287,5 +360,30 @@ mod tests {
         assert_eq!(order(&m), ["1", "2", "3", "4"]);
         // Its new number is above every other, so it names it alone.
         assert_eq!(m.entries()[0].0, 5);
+    }
+
+    #[test]
+    fn bytes_are_capped_and_the_journal_is_compacted_while_running() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.jsonl");
+        let m = Mailbox::open(&p).unwrap();
+        let big = "b".repeat(crate::message::MESSAGE_LIMIT + 1);
+        assert!(matches!(m.push(big), Err(MailboxError::TooLarge(n)) if n == crate::message::MESSAGE_LIMIT + 1));
+        let msg = "m".repeat(1 << 20);
+        for _ in 0..16 {
+            m.push(msg.clone()).unwrap();
+        }
+        assert!(matches!(m.push("x".into()), Err(MailboxError::FullBytes { queued, size: 1 }) if queued == 16 << 20));
+        // Taken one by one (as a stdin writer does): the journal shrinks.
+        for _ in 0..16 {
+            let (n, _) = m.peek_wait(Duration::ZERO).unwrap();
+            assert!(m.remove(n));
+        }
+        let len = std::fs::metadata(&p).unwrap().len();
+        assert!(len < COMPACT_SLACK + (2 << 20), "journal {len} bytes");
+        m.push("after".into()).unwrap();
+        drop(m);
+        let m = Mailbox::open(&p).unwrap();
+        assert_eq!(m.entries().into_iter().map(|(_, l)| l).collect::<Vec<_>>(), ["after"]);
     }
 }

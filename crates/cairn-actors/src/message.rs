@@ -20,6 +20,12 @@ pub const CC: &str = "cc";
 /// that declared them).
 pub const HTTP: &str = "http";
 
+/// The largest message, in bytes of its line (an actor's stdout line, or
+/// the stdin line the broker queues): 1 MiB. A longer stdout line ends
+/// the actor as a crash (`runtime`); a longer message is refused at its
+/// mailbox (`undeliverable`).
+pub const MESSAGE_LIMIT: usize = 1 << 20;
+
 /// A line written to an actor's stdin.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inbound {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
@@ -25,19 +25,93 @@ use crate::commitfs::{self, CommitFs, Commits};
 /// is dropped (and the drop logged).
 pub const STDIN_WAIT: Duration = Duration::from_secs(30);
 
-/// Per-actor resource limits.
+/// Per-actor resource limits. Each is enforced per instance (a live actor
+/// or one of its upgrade candidates), in the instance's store (memory,
+/// tables, instances, fuel) or by the host threads around it (stdout,
+/// stderr, disk). ARCHITECTURE.md ("WASM actors", limits table) lists them
+/// with their defaults and where they are enforced.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Maximum linear memory per instance, in bytes.
+    /// All linear memories of an instance together, in bytes (a component
+    /// has several: the guest's, the WASI adapter's, and any a module
+    /// declares). Default 64 MiB.
     pub memory_bytes: usize,
+    /// All table elements of an instance together. Default 100,000.
+    pub table_elements: usize,
+    /// Core instances per instance (a C actor adapted from WASI p1 uses
+    /// about five). Default 32.
+    pub instances: usize,
+    /// Linear memories per instance. Default 8.
+    pub memories: usize,
+    /// Tables per instance. Default 32.
+    pub tables: usize,
+    /// Bytes of `/data` plus `/public`, checked when a write commits.
+    /// Default 256 MiB.
+    pub disk_bytes: u64,
     /// Fuel per instance (`None` = unlimited; the epoch still applies).
     pub fuel: Option<u64>,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { memory_bytes: 64 << 20, fuel: None }
+        Limits {
+            memory_bytes: 64 << 20,
+            table_elements: 100_000,
+            instances: 32,
+            memories: 8,
+            tables: 32,
+            disk_bytes: 256 << 20,
+            fuel: None,
+        }
     }
+}
+
+/// A stdout line longer than this (the message limit, see
+/// [`crate::message::MESSAGE_LIMIT`]) ends the instance as a crash: the
+/// line is never buffered whole.
+pub const STDOUT_LINE_LIMIT: usize = crate::message::MESSAGE_LIMIT;
+
+/// `stderr.log` is rotated (to `stderr.log.1`, replacing the previous
+/// one) once it holds this many bytes, so an actor keeps at most twice
+/// this on disk for its log.
+pub const LOG_LIMIT: u64 = 1 << 20;
+
+/// A note the host adds to `stderr.log` is cut to this many bytes (a
+/// dropped stdout line can be as long as the message limit).
+const NOTE_LIMIT: usize = 4096;
+
+/// The size the host asks for an actor's stdin pipe (Linux's minimum, one
+/// page): what a host crash can lose between the mailbox and the guest is
+/// what sits in this pipe, unread.
+pub const STDIN_PIPE_BYTES: usize = 4096;
+
+/// Appends a host note (`[tag] note`, cut to 4 KiB) to an actor's log,
+/// rotating it past [`LOG_LIMIT`]; the file is private to the world's
+/// owner (mode 0600).
+pub fn append_note(path: &Path, tag: &str, note: &str) {
+    let mut cut = note.len().min(NOTE_LIMIT);
+    while !note.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let more = if cut < note.len() { format!(" … ({} bytes more)", note.len() - cut) } else { String::new() };
+    let _ = append_log_bytes(path, format!("[{tag}] {}{more}\n", &note[..cut]).as_bytes());
+}
+
+/// Appends `bytes` to the log at `path` (created 0600), first rotating it
+/// to `<path>.1` if it already holds [`LOG_LIMIT`] bytes.
+fn append_log_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if std::fs::metadata(path).is_ok_and(|m| m.len() >= LOG_LIMIT) {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".1");
+        std::fs::rename(path, old)?;
+    }
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path)?;
+    // Logs written before this rule (or by hand) were world-readable.
+    if f.metadata().is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+        let _ = f.set_permissions(std::fs::Permissions::from_mode(0o600));
+    }
+    f.write_all(bytes)
 }
 
 /// The shared wasmtime engine plus its 10 ms epoch ticker.
@@ -132,11 +206,58 @@ impl Runtime {
     }
 }
 
+/// The store's resource limiter: unlike wasmtime's `StoreLimits`, whose
+/// memory and table caps apply to each memory or table alone (so a module
+/// with twenty memories could take twenty times the cap), this one counts
+/// every memory and every table of the instance together.
+#[derive(Debug)]
+struct ActorLimiter {
+    limits: Limits,
+    memory_used: usize,
+    table_used: usize,
+}
+
+impl ResourceLimiter for ActorLimiter {
+    fn memory_growing(&mut self, current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        let more = desired.saturating_sub(current);
+        let total = self.memory_used.saturating_add(more);
+        if total > self.limits.memory_bytes {
+            // Refused: `memory.grow` returns -1, and a memory too large at
+            // instantiation fails the instantiation (a crash).
+            return Ok(false);
+        }
+        self.memory_used = total;
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        let more = desired.saturating_sub(current);
+        let total = self.table_used.saturating_add(more);
+        if total > self.limits.table_elements {
+            return Ok(false);
+        }
+        self.table_used = total;
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories
+    }
+}
+
 /// Host state of one instance.
 pub struct ActorState {
     ctx: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    limits: ActorLimiter,
     commits: Commits,
 }
 
@@ -282,12 +403,14 @@ pub fn start(
 ) -> anyhow::Result<Instance> {
     let (stdin_r, stdin_w) = std::io::pipe().context("stdin pipe")?;
     set_nonblocking(&stdin_w).context("stdin pipe")?;
+    // Small, so little sits between the journaled mailbox and the guest
+    // (lost at a host crash); failing to shrink it only keeps the default.
+    set_pipe_size(&stdin_w, STDIN_PIPE_BYTES);
     let (stdout_r, stdout_w) = std::io::pipe().context("stdout pipe")?;
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(stderr_log)
-        .with_context(|| format!("opening {}", stderr_log.display()))?;
+    // stderr goes through a pipe and a thread, not straight to the file:
+    // the log is capped and rotated, whatever the guest writes.
+    let (stderr_r, stderr_w) = std::io::pipe().context("stderr pipe")?;
+    append_log_bytes(stderr_log, b"").with_context(|| format!("opening {}", stderr_log.display()))?;
     // Temp files a killed host left behind (no instance uses these
     // directories now: one instance per actor, candidates get copies).
     for d in [&dirs.data, &dirs.public] {
@@ -299,7 +422,7 @@ pub fn start(
     b.allow_blocking_current_thread(true);
     b.stdin(wasmtime_wasi::cli::InputFile::new(std::fs::File::from(std::os::fd::OwnedFd::from(stdin_r))));
     b.stdout(wasmtime_wasi::cli::OutputFile::new(std::fs::File::from(std::os::fd::OwnedFd::from(stdout_w))));
-    b.stderr(wasmtime_wasi::cli::OutputFile::new(stderr));
+    b.stderr(wasmtime_wasi::cli::OutputFile::new(std::fs::File::from(std::os::fd::OwnedFd::from(stderr_w))));
     w(b.preopened_dir(&dirs.data, "/data", FsPerms::ReadWrite))?;
     w(b.preopened_dir(&dirs.public, "/public", FsPerms::ReadWrite))?;
     w(b.preopened_dir(&dirs.actor_root, "/actor", FsPerms::ReadOnly))?;
@@ -307,8 +430,8 @@ pub fn start(
     let state = ActorState {
         ctx,
         table: ResourceTable::new(),
-        limits: StoreLimitsBuilder::new().memory_size(limits.memory_bytes).build(),
-        commits: Commits::default(),
+        limits: ActorLimiter { limits, memory_used: 0, table_used: 0 },
+        commits: Commits::with_quota(&[&dirs.data, &dirs.public], limits.disk_bytes),
     };
     let mut store = Store::new(&rt.engine, state);
     store.limiter(|s| &mut s.limits);
@@ -325,32 +448,58 @@ pub fn start(
             Ok(UpdateDeadline::Continue(1))
         }
     });
+    // Why the host ended the instance, when it was not the broker's stop
+    // (a kill with a reason is a crash).
+    let crashed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let (k_out, crashed_out, log_out) = (kill.clone(), crashed.clone(), stderr_log.to_owned());
     let reader = thread::Builder::new()
         .name("actor-stdout".into())
         .spawn(move || {
-            let r = BufReader::new(stdout_r);
-            for line in r.split(b'\n') {
-                let Ok(line) = line else { break };
-                on_line(String::from_utf8_lossy(&line).into_owned());
-            }
+            read_lines(stdout_r, STDOUT_LINE_LIMIT, &mut on_line, |seen| {
+                let why =
+                    format!("stdout line longer than {STDOUT_LINE_LIMIT} bytes (the message limit): instance killed");
+                append_note(&log_out, "host", &format!("{why}; its first {seen} bytes were dropped"));
+                *crashed_out.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                k_out.store(true, Ordering::Relaxed);
+            });
         })
         .context("starting the stdout thread")?;
+    let log_err = stderr_log.to_owned();
+    thread::Builder::new()
+        .name("actor-stderr".into())
+        .spawn(move || {
+            use std::io::Read;
+            let mut r = stderr_r;
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                match r.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let _ = append_log_bytes(&log_err, &buf[..n]);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        })
+        .context("starting the stderr thread")?;
     let (linker, component, k3) = (rt.linker.clone(), component.clone(), kill.clone());
     let log = stderr_log.to_owned();
     thread::Builder::new()
         .name("actor-run".into())
         .spawn(move || {
-            let exit = run(&mut store, &linker, &component, &k3);
+            let mut exit = run(&mut store, &linker, &component, &k3);
+            if let Some(why) = crashed.lock().unwrap_or_else(|p| p.into_inner()).take()
+                && matches!(exit, Exit::Killed | Exit::Trap(_))
+            {
+                exit = Exit::Trap(why);
+            }
             // A process exit (any status) closes, so commits, its files; a
             // trap or a kill discards what was not closed.
             let commit = matches!(exit, Exit::Normal | Exit::Code(_));
             let failed = commitfs::finish(&mut commit_fs(store.data_mut()), commit);
-            if !failed.is_empty()
-                && let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&log)
-            {
-                for e in failed {
-                    let _ = writeln!(f, "[host] {e}");
-                }
+            for e in failed {
+                append_note(&log, "host", &e);
             }
             // Dropping the store closes the guest's stdout: the reader ends
             // after the last line, so `on_exit` comes after every line.
@@ -360,6 +509,56 @@ pub fn start(
         })
         .context("starting the instance thread")?;
     Ok(Instance { stdin: Arc::new(std::sync::Mutex::new(Some(stdin_w))), kill })
+}
+
+/// Reads `\n`-separated lines from `r` into `on_line` (without the
+/// newline), never holding more than `limit` bytes of one line: at the
+/// first longer line `too_long` is told how many bytes it had seen, and
+/// everything after is read and dropped (so a guest writing more is not
+/// blocked in its write and meets its kill at the next epoch).
+fn read_lines(r: impl std::io::Read, limit: usize, on_line: &mut impl FnMut(String), too_long: impl FnOnce(usize)) {
+    let mut r = BufReader::with_capacity(64 << 10, r);
+    let mut line: Vec<u8> = Vec::new();
+    let mut too_long = Some(too_long);
+    loop {
+        let buf = match r.fill_buf() {
+            Ok([]) => break,
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let n = buf.len();
+        if too_long.is_none() {
+            r.consume(n);
+            continue;
+        }
+        let (chunk, end) = match buf.iter().position(|&c| c == b'\n') {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        if line.len() + chunk.len() > limit {
+            let seen = line.len() + chunk.len();
+            line = Vec::new();
+            if let Some(f) = too_long.take() {
+                f(seen);
+            }
+            r.consume(n);
+            continue;
+        }
+        line.extend_from_slice(chunk);
+        r.consume(end.unwrap_or(n));
+        if end.is_some() {
+            on_line(String::from_utf8_lossy(&std::mem::take(&mut line)).into_owned());
+        }
+    }
+}
+
+/// Asks the kernel for a pipe buffer of `bytes` (Linux `F_SETPIPE_SZ`);
+/// where that fails the pipe keeps its size.
+fn set_pipe_size(fd: &impl std::os::fd::AsRawFd, bytes: usize) {
+    let Ok(n) = libc::c_int::try_from(bytes) else { return };
+    // SAFETY: fcntl on a descriptor the caller owns; no memory is passed.
+    let _ = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, n) };
 }
 
 /// Makes the host's write end of a pipe non-blocking (the guest's read end

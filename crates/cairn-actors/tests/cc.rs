@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -141,4 +142,33 @@ int main(void) {{
     t.subscribe_console("child");
     t.w().send(Some("child"), None, None, json!({"hi": "child"}));
     t.wait_for("echo from the child", |m| m["from"] == "child" && m["body"] == json!({"hi": "child"}));
+}
+
+/// Issue 28: clang reads only its build directory and the system's
+/// programs, libraries and sysroot (`/usr`, `/lib*`, `/bin`, `/sbin`,
+/// `/dev`, `/proc`): an `#include` of a host file finds nothing, so its
+/// content never comes back in clang's error output.
+#[test]
+fn cc_cannot_read_host_files() {
+    let t = TestWorld::new();
+    // A host file outside every allowed directory (and outside /tmp,
+    // which the sandbox replaces anyway), with a known line.
+    let secret_dir = Path::new("/var/tmp").join(format!("cairn-cc-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&secret_dir).unwrap();
+    let secret = secret_dir.join("key.txt");
+    std::fs::write(&secret, "SECRET-LINE-4711 is not C\n").unwrap();
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let first = passwd.lines().next().unwrap().to_owned();
+    for (path, needle) in [(secret.display().to_string(), "SECRET-LINE-4711".to_owned()), ("/etc/passwd".into(), first)]
+    {
+        let main = format!("#include \"{path}\"\nint main(void) {{ return 0; }}\n");
+        let r = build(&t, json!({"type": "build", "name": "peek", "files": {"main.c": main}}));
+        assert_eq!(r["type"], "build_failed", "{path}: {r}");
+        let stderr = r["stderr"].as_str().unwrap();
+        assert!(!stderr.contains(&needle), "{path} came back in clang's output: {stderr}");
+        assert!(stderr.contains("file not found"), "{path}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&secret_dir);
+    // Builds still work.
+    assert_eq!(built(&t, json!({"type": "build", "name": "ok", "files": {"main.c": ECHO_C}}))["type"], "built");
 }

@@ -129,7 +129,7 @@ fn infinite_loop_is_killed_by_the_epoch_and_the_world_stays_up() {
 
 #[test]
 fn memory_bomb_is_capped() {
-    let t = TestWorld::with(cairn_actors::Limits { memory_bytes: 8 << 20, fuel: None });
+    let t = TestWorld::with(cairn_actors::Limits { memory_bytes: 8 << 20, ..Default::default() });
     t.spawn("bomb", &memory_bomb());
     t.subscribe_console("bomb");
     t.w().send(Some("bomb"), None, None, json!("go"));

@@ -48,7 +48,7 @@ pub enum WorldAction {
     Run {
         /// The world directory (default: ./world).
         dir: Option<PathBuf>,
-        /// Memory cap per actor instance, in MiB.
+        /// Memory cap per actor instance (all its linear memories together), in MiB.
         #[arg(long, default_value_t = 64)]
         memory_mib: usize,
         /// Fuel per actor instance (default: unlimited; the epoch still applies).
@@ -71,8 +71,9 @@ pub fn run(ctx: &Context, action: WorldAction) -> Result<u8> {
         }
         WorldAction::Run { dir: d, memory_mib, fuel, no_agent } => {
             let d = dir(d);
-            let cfg =
-                cairn_actors::WorldConfig { limits: cairn_actors::Limits { memory_bytes: memory_mib << 20, fuel } };
+            let cfg = cairn_actors::WorldConfig {
+                limits: cairn_actors::Limits { memory_bytes: memory_mib << 20, fuel, ..Default::default() },
+            };
             let world = Arc::new(World::open(&d, cfg)?);
             let agent = if no_agent {
                 None

@@ -3,24 +3,33 @@
 //! rollback, remove) and message routing. Actors talk to it only through
 //! events; it never runs WASM itself (see `runtime`) and never judges a
 //! candidate itself (see `transcript`).
+//!
+//! This module owns the broker's state and its event loop: routing,
+//! delivery, the lifecycle of instances (start, stop, crash, restart,
+//! swap, rollback, archive) and the stdin writers. The embedding API
+//! lives in `world`, the handling of each request type in `requests`.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use serde_json::{Value, json};
 use wasmtime::component::Component;
 
-use crate::layout::{self, ActorEntry, Desired, Layout, Registry};
+use crate::layout::{self, Desired, Layout, Registry, UpgradeWatch};
 use crate::mailbox::Mailbox;
-use crate::message::{self, AGENT, BROKER, CC, CONSOLE, HTTP, Inbound, Outbound};
+use crate::message::{self, AGENT, BROKER, HTTP, Inbound, Outbound};
 use crate::runtime::{self, Dirs, Exit, Instance, Limits, Runtime};
-use crate::transcript::{self, Candidate};
+
+mod requests;
+mod world;
+
+pub use world::{World, init};
 
 /// Message numbers reserved (saved) at a time; see `Broker::new_id`.
 const MSG_ID_BLOCK: u64 = 1024;
@@ -32,6 +41,30 @@ pub const CRASH_WINDOW: Duration = Duration::from_secs(30);
 pub const CRASH_LOOP: usize = 3;
 /// Uptime after which the backoff counter resets.
 pub const BACKOFF_RESET: Duration = Duration::from_secs(60);
+/// How long after its kill an instance that has not ended (its guest is
+/// blocked inside a host call, where the epoch cannot reach it) is given
+/// up: the broker treats it as ended and lets its thread finish alone.
+pub const ABANDON_AFTER: Duration = Duration::from_millis(500);
+/// Abandoned instances (still in a host call after their kill) the world
+/// keeps at once: each holds its memory until its host call returns, so
+/// past this no new instance starts (the start fails, and is retried with
+/// the crash backoff) until one of them ends.
+pub const MAX_ABANDONED: usize = 8;
+/// The largest `.wasm` (or `.wat`) file a spawn or upgrade accepts: C
+/// actors are well under 1 MiB, and compiling costs far more memory and
+/// time than the file's size (a 12 MB `.wat` of small functions took
+/// 800 MB and over a minute on a loaded 2-core machine).
+pub const WASM_LIMIT: u64 = 8 << 20;
+/// Time a spawn's compilation may take before the spawn is refused (the
+/// compile runs off the broker thread; a late result is dropped).
+pub const COMPILE_BUDGET: Duration = Duration::from_secs(60);
+/// Spawn compilations running at once (counted until their thread ends,
+/// past the budget too: cranelift cannot be interrupted); more spawns are
+/// refused until one is done.
+pub const COMPILES_AT_ONCE: usize = 2;
+/// The largest `source` directory a spawn or upgrade copies: bytes and
+/// entries (files and directories).
+pub const SOURCE_LIMIT: (u64, usize) = (16 << 20, 10_000);
 
 /// Restart delay after the `n`th consecutive crash (0-based):
 /// 0.5 s × 2ⁿ, at most 30 s.
@@ -52,7 +85,22 @@ enum Event {
     Exited { id: String, generation: u64, exit: Exit },
     Native { from: String, msg: Outbound },
     Tested(Box<Tested>),
+    Compiled { token: u64, result: Result<Component, String>, bytes: Vec<u8> },
+    Abandon { id: String, generation: u64 },
     Quit(Sender<()>),
+}
+
+/// A spawn waiting for its compilation (off the broker thread).
+struct Spawning {
+    id: String,
+    from: String,
+    req_id: String,
+    wasm: PathBuf,
+    source: Option<PathBuf>,
+    built_by: Option<String>,
+    http: bool,
+    limits: layout::ActorLimits,
+    deadline: Instant,
 }
 
 struct Tested {
@@ -67,6 +115,8 @@ struct Upgrade {
     requester: String,
     req_id: String,
     wasm: PathBuf,
+    /// The module as read (and compiled): what the version stores.
+    bytes: Vec<u8>,
     source: Option<PathBuf>,
     built_by: Option<String>,
     new_version: u32,
@@ -97,7 +147,6 @@ struct ActorRt {
     restart_at: Option<Instant>,
     parked: Option<String>,
     after_stop: Option<AfterStop>,
-    upgraded: Option<(Instant, u32, String)>,
     components: HashMap<u32, Component>,
     last_exit: Option<String>,
 }
@@ -117,82 +166,14 @@ struct Broker {
     agent_box: Arc<Mailbox>,
     generation: u64,
     quitting: Option<Sender<()>>,
-}
-
-/// The console's inbox on the embedding side. Several threads take from
-/// it at once (a printer showing every message as it arrives, a command
-/// waiting for the broker's reply to its request), so a message taken off
-/// the channel by one thread that another is waiting for is set aside in
-/// `held` for it: a reply to a pending request is only ever taken by that
-/// request, and everything else by [`World::recv`].
-#[derive(Debug)]
-struct ConsoleInbox {
-    rx: Mutex<Receiver<Inbound>>,
-    held: Mutex<Held>,
-    changed: Condvar,
-}
-
-/// Messages set aside, and the full ids of requests waiting for a reply.
-#[derive(Debug, Default)]
-struct Held {
-    queue: VecDeque<Inbound>,
-    pending: HashSet<String>,
-}
-
-impl ConsoleInbox {
-    /// The first message (held or arriving within `wait`) that `wanted`
-    /// accepts, given the requests pending at that moment. Whoever holds
-    /// the channel receives in short slices, so the others see what it set
-    /// aside promptly.
-    fn take(&self, wait: Duration, wanted: impl Fn(&Inbound, &HashSet<String>) -> bool) -> Option<Inbound> {
-        const SLICE: Duration = Duration::from_millis(20);
-        let deadline = Instant::now() + wait;
-        loop {
-            {
-                let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(i) = h.queue.iter().position(|m| wanted(m, &h.pending)) {
-                    return h.queue.remove(i);
-                }
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            let slice = left.min(SLICE);
-            match self.rx.try_lock() {
-                Ok(rx) => {
-                    if let Ok(m) = rx.recv_timeout(slice) {
-                        drop(rx);
-                        let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                        h.queue.push_back(m);
-                        self.changed.notify_all();
-                    }
-                }
-                Err(_) => {
-                    let h = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                    let _ = self.changed.wait_timeout(h, slice);
-                }
-            }
-            if left.is_zero() {
-                // One last look at what was set aside meanwhile.
-                let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                let i = h.queue.iter().position(|m| wanted(m, &h.pending))?;
-                return h.queue.remove(i);
-            }
-        }
-    }
-}
-
-/// A running world: the broker thread, the `cc` worker, plus the native
-/// participants' side of it (`console` and `agent`; see [`World::send_as`]).
-#[derive(Debug)]
-pub struct World {
-    tx: Sender<Event>,
-    console: ConsoleInbox,
-    agent_box: Arc<Mailbox>,
-    thread: Mutex<Option<thread::JoinHandle<()>>>,
-    req: Mutex<u64>,
-    /// Milliseconds since the epoch at open (part of request ids).
-    run_id: u128,
-    root: PathBuf,
-    _lock: std::fs::File,
+    /// Spawns waiting for their compilation, by token.
+    spawning: HashMap<u64, Spawning>,
+    /// Instances given up in a host call, by actor and generation, until
+    /// their thread ends (see [`MAX_ABANDONED`]).
+    abandoned: std::collections::HashSet<(String, u64)>,
+    /// Compile threads still running (a spawn past its budget included).
+    compiling: Arc<std::sync::atomic::AtomicUsize>,
+    next_token: u64,
 }
 
 impl std::fmt::Debug for Event {
@@ -201,263 +182,18 @@ impl std::fmt::Debug for Event {
     }
 }
 
-/// Creates an empty world in `dir`.
-pub fn init(dir: &Path) -> anyhow::Result<()> {
-    Layout::new(dir).init()?;
-    Ok(())
-}
-
-impl World {
-    /// Opens the world in `dir` (which must have been initialised), takes its
-    /// lock and starts every actor whose desired state is running.
-    pub fn open(dir: &Path, cfg: WorldConfig) -> anyhow::Result<World> {
-        let layout = Layout::new(dir);
-        if !layout.registry().exists() {
-            bail!(
-                "{} is not a world (no broker/registry.json); run `cairn world init {}` first",
-                dir.display(),
-                dir.display()
-            );
-        }
-        layout.init()?;
-        let lock = layout.lock()?;
-        let mut reg = layout.load_registry()?;
-        // The last run may have handed out ids up to its reservation.
-        reg.next_msg = reg.next_msg.max(reg.msg_reserved);
-        let rt = Runtime::new(cfg.limits.fuel.is_some())?;
-        let (tx, rx) = mpsc::channel();
-        let (ctx, crx) = mpsc::channel();
-        let (cctx, ccrx) = mpsc::channel();
-        let agent_box = Arc::new(Mailbox::open(&layout.mailbox(AGENT))?);
-        let cc_tx = tx.clone();
-        let cc_layout = layout.clone();
-        thread::Builder::new()
-            .name("cc".into())
-            .spawn(move || {
-                crate::cc::run(cc_layout, ccrx, |(to, reply_to, body)| {
-                    let msg = Outbound { to: Some(to), id: None, reply_to: Some(reply_to), body };
-                    let _ = cc_tx.send(Event::Native { from: CC.into(), msg });
-                });
-            })
-            .context("starting the cc thread")?;
-        let (httx, htrx) = mpsc::channel();
-        let http_tx = tx.clone();
-        thread::Builder::new()
-            .name("http".into())
-            .spawn(move || {
-                crate::http::run(htrx, move |(to, reply_to, body)| {
-                    let msg = Outbound { to: Some(to), id: None, reply_to: Some(reply_to), body };
-                    let _ = http_tx.send(Event::Native { from: HTTP.into(), msg });
-                });
-            })
-            .context("starting the http thread")?;
-        let mut b = Broker {
-            layout,
-            reg,
-            rt,
-            cfg,
-            actors: HashMap::new(),
-            tx: tx.clone(),
-            natives: HashMap::from([(CONSOLE.to_owned(), ctx), (CC.to_owned(), cctx), (HTTP.to_owned(), httx)]),
-            agent_box: agent_box.clone(),
-            generation: 0,
-            quitting: None,
-        };
-        let ids: Vec<String> = b.reg.actors.keys().cloned().collect();
-        for id in &ids {
-            b.ensure_rt(id)?;
-        }
-        let thread = thread::Builder::new()
-            .name("broker".into())
-            .spawn(move || {
-                for id in ids {
-                    if b.reg.actors.get(&id).is_some_and(|e| e.desired == Desired::Running) {
-                        b.start_actor(&id, None);
-                    }
-                }
-                b.run(rx);
-            })
-            .context("starting the broker thread")?;
-        Ok(World {
-            tx,
-            console: ConsoleInbox { rx: Mutex::new(crx), held: Mutex::default(), changed: Condvar::new() },
-            agent_box,
-            thread: Mutex::new(Some(thread)),
-            req: Mutex::new(0),
-            run_id: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0),
-            root: dir.to_owned(),
-            _lock: lock,
-        })
-    }
-
-    /// The world directory.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    /// Sends a message from the console (`to: None` = the console's
-    /// subscribers).
-    pub fn send(&self, to: Option<&str>, id: Option<&str>, reply_to: Option<&str>, body: Value) {
-        self.send_as(CONSOLE, to, id, reply_to, body);
-    }
-
-    /// Sends a message from a native participant (`console` or `agent`;
-    /// anything else is sent as the console). The broker sets `from`.
-    pub fn send_as(&self, from: &str, to: Option<&str>, id: Option<&str>, reply_to: Option<&str>, body: Value) {
-        let from = if from == AGENT { AGENT } else { CONSOLE };
-        let msg = Outbound {
-            to: to.map(str::to_owned),
-            id: id.map(str::to_owned),
-            reply_to: reply_to.map(str::to_owned),
-            body,
-        };
-        let _ = self.tx.send(Event::Native { from: from.into(), msg });
-    }
-
-    /// The next message addressed to the console, waiting up to `wait`.
-    pub fn recv(&self, wait: Duration) -> Option<Inbound> {
-        self.recv_as(CONSOLE, wait)
-    }
-
-    /// The next message addressed to a native participant (`console` or
-    /// `agent`), waiting up to `wait`. For `agent` it leaves the durable
-    /// mailbox (see [`World::agent_peek`] to keep it until handled).
-    pub fn recv_as(&self, who: &str, wait: Duration) -> Option<Inbound> {
-        if who == AGENT {
-            let deadline = Instant::now() + wait;
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let line = self.agent_box.pop_wait(left)?;
-                if let Ok(m) = serde_json::from_str(&line) {
-                    return Some(m);
-                }
-            }
-        }
-        // Replies to the console's pending requests are theirs.
-        self.console.take(wait, |m, pending| m.reply_to.as_ref().is_none_or(|r| !pending.contains(r)))
-    }
-
-    /// Sends a request to the broker as the console and waits (up to
-    /// `wait`) for its reply; other messages arriving meanwhile stay queued
-    /// for [`World::recv`].
-    pub fn request(&self, body: Value, wait: Duration) -> anyhow::Result<Value> {
-        self.request_as(CONSOLE, body, wait)
-    }
-
-    /// [`World::request`] for any native participant.
-    pub fn request_as(&self, who: &str, body: Value, wait: Duration) -> anyhow::Result<Value> {
-        let (reply, _) = self.ask_as(who, BROKER, body, wait)?;
-        Ok(reply.body)
-    }
-
-    /// Sends `body` from native `who` to `to` with a fresh own id and waits
-    /// up to `wait` for the message answering it (`reply_to` = its id).
-    /// Returns the reply and the message id it answered; other messages
-    /// stay queued for [`World::recv_as`].
-    pub fn ask_as(&self, who: &str, to: &str, body: Value, wait: Duration) -> anyhow::Result<(Inbound, String)> {
-        let who = if who == AGENT { AGENT } else { CONSOLE };
-        let n = {
-            let mut g = self.req.lock().unwrap_or_else(|p| p.into_inner());
-            *g += 1;
-            *g
-        };
-        // The run's start time keeps ids of this run apart from stale
-        // replies to an earlier run still waiting in the agent's mailbox.
-        let own = format!("req-{}-{n}", self.run_id);
-        let full = format!("{who}/{own}");
-        let answers = |m: &Inbound| m.reply_to.as_deref() == Some(full.as_str()) && (to != BROKER || m.from == BROKER);
-        if who == AGENT {
-            self.send_as(who, Some(to), Some(&own), None, body);
-            // The agent's other messages stay in its durable mailbox.
-            let (_, line) = self
-                .agent_box
-                .take_first(wait, |l| serde_json::from_str::<Inbound>(l).is_ok_and(|m| answers(&m)))
-                .ok_or_else(|| anyhow!("no reply from {to} within {wait:?}"))?;
-            let m = serde_json::from_str(&line)?;
-            return Ok((m, full));
-        }
-        let set = |on: bool| {
-            let mut h = self.console.held.lock().unwrap_or_else(|p| p.into_inner());
-            if on {
-                h.pending.insert(full.clone());
-            } else {
-                h.pending.remove(&full);
-            }
-        };
-        // Pending before it is sent, so no other taker can take the reply.
-        set(true);
-        self.send_as(who, Some(to), Some(&own), None, body);
-        let reply = self.console.take(wait, |m, _| answers(m));
-        // A reply arriving after the wait gave up goes to `recv`.
-        set(false);
-        let m = reply.ok_or_else(|| anyhow!("no reply from {to} within {wait:?}"))?;
-        Ok((m, full))
-    }
-
-    /// The oldest message waiting for the agent and its mailbox number,
-    /// left in the (durable) mailbox until [`World::agent_done`]; waits up
-    /// to `wait`. A line that is not a message is dropped.
-    pub fn agent_peek(&self, wait: Duration) -> Option<(u64, Inbound)> {
-        let deadline = Instant::now() + wait;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let (n, line) = self.agent_box.peek_wait(left)?;
-            match serde_json::from_str(&line) {
-                Ok(m) => return Some((n, m)),
-                Err(_) => {
-                    self.agent_box.remove(n);
-                }
-            }
-        }
-    }
-
-    /// Every message waiting for the agent, with its number, oldest first.
-    pub fn agent_waiting(&self) -> Vec<(u64, Inbound)> {
-        self.agent_box.entries().into_iter().filter_map(|(n, l)| Some((n, serde_json::from_str(&l).ok()?))).collect()
-    }
-
-    /// Removes message `n` from the agent's mailbox (handled).
-    pub fn agent_done(&self, n: u64) {
-        self.agent_box.remove(n);
-    }
-
-    /// Makes every later number of the agent's mailbox at least `n`.
-    pub fn agent_reserve(&self, n: u64) -> anyhow::Result<()> {
-        Ok(self.agent_box.reserve(n)?)
-    }
-
-    /// Stops every actor (shutdown, EOF, kill after 5 s) and the broker;
-    /// later calls do nothing. Also done on drop.
-    pub fn quit(&self) {
-        let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
-        let (tx, rx) = mpsc::channel();
-        let done =
-            self.tx.send(Event::Quit(tx)).is_ok() && rx.recv_timeout(KILL_AFTER + Duration::from_secs(10)).is_ok();
-        {
-            // A guest stuck in a host call past its kill would block the
-            // join forever: leave the broker thread behind instead.
-            if done {
-                let _ = t.join();
-            }
-        }
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        self.quit();
-    }
-}
-
 fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+/// A broker note in an actor's `stderr.log` (capped, rotated, private:
+/// see [`runtime::append_note`]).
 fn append_log(path: &Path, note: &str) {
-    use std::io::Write;
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-        let _ = writeln!(f, "[broker] {note}");
-    }
+    runtime::append_note(path, "broker", note);
 }
 
 /// The wasm file stored for a version (`actor.wasm` or `actor.wat`).
@@ -479,7 +215,6 @@ impl Broker {
                     restart_at: None,
                     parked: None,
                     after_stop: None,
-                    upgraded: None,
                     components: HashMap::new(),
                     last_exit: None,
                 },
@@ -526,6 +261,18 @@ impl Broker {
                 continue;
             }
             let now = Instant::now();
+            let late: Vec<u64> = self.spawning.iter().filter(|(_, s)| s.deadline <= now).map(|(t, _)| *t).collect();
+            for t in late {
+                if let Some(sp) = self.spawning.remove(&t) {
+                    let reason = format!(
+                        "compiling {} took longer than {} s; spawn of {:?} refused",
+                        sp.wasm.display(),
+                        COMPILE_BUDGET.as_secs(),
+                        sp.id
+                    );
+                    self.reply(&sp.from, &sp.req_id, json!({"type": "error", "request": "spawn", "reason": reason}));
+                }
+            }
             let due: Vec<String> = self
                 .actors
                 .iter()
@@ -555,6 +302,27 @@ impl Broker {
             Event::Native { from, msg } => self.route(&from, msg),
             Event::Exited { id, generation, exit } => self.exited(&id, generation, exit),
             Event::Tested(t) => self.tested(*t),
+            Event::Compiled { token, result, bytes } => self.compiled(token, result, &bytes),
+            Event::Abandon { id, generation } => {
+                let stuck = self
+                    .actors
+                    .get(&id)
+                    .and_then(|a| a.live.as_ref())
+                    .is_some_and(|l| l.generation == generation && l.stopping);
+                if stuck {
+                    append_log(
+                        &self.layout.actor_dir(&id).join("stderr.log"),
+                        &format!(
+                            "instance did not end {} ms after its kill (blocked in a host call): abandoned, it ends alone",
+                            ABANDON_AFTER.as_millis()
+                        ),
+                    );
+                    self.exited(&id, generation, Exit::Killed);
+                    // After `exited` (which would take it for the late
+                    // end of an abandoned one): its real end comes later.
+                    self.abandoned.insert((id.clone(), generation));
+                }
+            }
             Event::Quit(done) => {
                 self.quitting = Some(done);
                 let ids: Vec<String> = self.actors.keys().cloned().collect();
@@ -637,241 +405,46 @@ impl Broker {
         let _ = self.deliver(to, m);
     }
 
-    // ---- requests ----
-
-    fn request(&mut self, from: &str, req_id: &str, body: Value) {
-        let r = self.request_inner(from, req_id, &body);
-        match r {
-            Ok(Some(v)) => self.reply(from, req_id, v),
-            Ok(None) => {} // answered later (upgrade, stop, remove)
-            Err(e) => self.reply(from, req_id, json!({"type": "error", "reason": format!("{e:#}")})),
-        }
-    }
-
-    /// Whether `from` may send to `http`: the console, the agent, and
-    /// actors whose spawn request declared `"http": true`.
-    fn may_use_http(&self, from: &str) -> bool {
-        Self::native(from) || self.reg.actors.get(from).is_some_and(|e| e.http)
-    }
-
-    fn native(from: &str) -> bool {
-        from == CONSOLE || from == AGENT
-    }
-
-    fn may_manage(&self, from: &str, id: &str) -> bool {
-        from == id || from == AGENT || Self::native(from) || self.reg.actors.get(id).is_some_and(|e| e.spawner == from)
-    }
-
-    fn request_inner(&mut self, from: &str, req_id: &str, body: &Value) -> anyhow::Result<Option<Value>> {
-        let ty = body.get("type").and_then(Value::as_str).unwrap_or("");
-        let field = |k: &str| body.get(k).and_then(Value::as_str);
-        let need = |k: &str| -> anyhow::Result<String> {
-            field(k).map(str::to_owned).ok_or_else(|| anyhow!("request {ty:?} needs a string field {k:?}"))
-        };
-        let existing = |b: &Broker, id: &str| -> anyhow::Result<()> {
-            if b.reg.actors.contains_key(id) { Ok(()) } else { Err(anyhow!("no actor {id:?}")) }
-        };
-        match ty {
-            "list" => {
-                let actors: Vec<Value> = self
-                    .reg
-                    .actors
-                    .iter()
-                    .map(|(id, e)| {
-                        json!({"id": id, "version": e.version, "latest": e.latest,
-                            "state": self.state(id), "desired": e.desired,
-                            "subscribers": e.subscribers, "spawner": e.spawner})
-                    })
-                    .collect();
-                Ok(Some(json!({"type": "list", "actors": actors})))
-            }
-            "subscribe" | "unsubscribe" => {
-                let target = need("actor")?;
-                let set = match self.reg.actors.get_mut(&target) {
-                    Some(e) => &mut e.subscribers,
-                    None if target == CONSOLE || target == AGENT => {
-                        self.reg.native_subscribers.entry(target.clone()).or_default()
-                    }
-                    None => bail!("no actor {target:?} to {ty} to"),
-                };
-                if ty == "subscribe" {
-                    set.insert(from.to_owned());
-                } else {
-                    set.remove(from);
-                }
-                self.save();
-                Ok(Some(json!({"type": "ok", "request": ty, "actor": target})))
-            }
-            "spawn" => {
-                let id = need("id")?;
-                message::check_actor_id(&id)?;
-                if self.reg.actors.contains_key(&id) {
-                    bail!("actor {id:?} exists; use upgrade");
-                }
-                let http = body.get("http").and_then(Value::as_bool).unwrap_or(false);
-                if http && !self.may_use_http(from) {
-                    // Else an actor without HTTP could spawn one that has it.
-                    bail!("{from} may not grant \"http\": it did not declare it in its own spawn request");
-                }
-                let wasm = self.path(from, &need("wasm")?)?;
-                let source = field("source").map(|s| self.path(from, s)).transpose()?;
-                let bytes = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
-                check_ext(&wasm)?;
-                let component = self.rt.compile(&bytes)?;
-                self.install_version(&id, 1, &wasm, source.as_deref(), field("built_by"), from)?;
-                self.layout.init_actor(&id)?;
-                if let Some(s) = &source {
-                    layout::replace_tree(s, &self.layout.source(&id))?;
-                }
-                self.reg.actors.insert(
-                    id.clone(),
-                    ActorEntry {
-                        version: 1,
-                        latest: 1,
-                        spawner: from.to_owned(),
-                        desired: Desired::Running,
-                        subscribers: BTreeSet::new(),
-                        http,
-                    },
-                );
-                self.save();
-                self.ensure_rt(&id)?;
-                if let Some(a) = self.actors.get_mut(&id) {
-                    a.components.insert(1, component);
-                }
-                self.start_actor(&id, None);
-                Ok(Some(json!({"type": "ok", "request": "spawn", "id": id, "version": 1})))
-            }
-            "upgrade" => {
-                let id = need("id")?;
-                existing(self, &id)?;
-                if !self.may_manage(from, &id) {
-                    bail!("{from:?} may not upgrade {id:?} (only itself, the agent, the console or its spawner)");
-                }
-                let wasm = self.path(from, &need("wasm")?)?;
-                check_ext(&wasm)?;
-                let source = field("source").map(|s| self.path(from, s)).transpose()?;
-                let bytes = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
-                let component = self.rt.compile(&bytes)?;
-                let latest = self.reg.actors.get(&id).map(|e| e.latest).unwrap_or(0);
-                let plan = Upgrade {
-                    id: id.clone(),
-                    requester: from.to_owned(),
-                    req_id: req_id.to_owned(),
-                    wasm,
-                    source,
-                    built_by: field("built_by").map(str::to_owned),
-                    new_version: latest + 1,
-                    tests: 0,
-                };
-                // The gate runs on its own thread; routing goes on meanwhile.
-                let (rt, tx, limits) = (self.rt.clone(), self.tx.clone(), self.cfg.limits);
-                let (data, public, actor_root) =
-                    (self.layout.data(&id), self.layout.public(&id), self.layout.actor_root());
-                let scratch = self.layout.root().join("broker").join("candidates").join(&id);
-                thread::Builder::new()
-                    .name("actor-gate".into())
-                    .spawn(move || {
-                        let c = Candidate {
-                            rt: &rt,
-                            component: &component,
-                            data: &data,
-                            public: &public,
-                            actor_root: &actor_root,
-                            scratch,
-                            limits,
-                        };
-                        let tests = plan.source.as_ref().map(|s| s.join("tests"));
-                        let verdict = transcript::run_gate(&c, tests.as_deref());
-                        let _ = tx.send(Event::Tested(Box::new(Tested { plan, component, verdict })));
-                    })
-                    .context("starting the test thread")?;
-                Ok(None)
-            }
-            "rollback" => {
-                let id = need("id")?;
-                existing(self, &id)?;
-                if !self.may_manage(from, &id) {
-                    bail!("{from:?} may not roll back {id:?}");
-                }
-                let (cur, latest) = self.reg.actors.get(&id).map(|e| (e.version, e.latest)).unwrap_or((1, 1));
-                let to = match body.get("version").and_then(Value::as_u64) {
-                    Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
-                    None if cur > 1 => cur - 1,
-                    None => bail!("{id:?} is at version 1; there is no older version"),
-                };
-                if to == 0 || to > latest || to == cur {
-                    bail!("version {to} is not another installed version of {id:?} (1..={latest}, current {cur})");
-                }
-                let after = AfterStop::Rollback {
-                    to,
-                    requester: from.to_owned(),
-                    req_id: Some(req_id.to_owned()),
-                    reason: "requested".into(),
-                };
-                self.after_stop(&id, after);
-                Ok(None)
-            }
-            "stop" | "remove" => {
-                let id = need("id")?;
-                existing(self, &id)?;
-                if !self.may_manage(from, &id) {
-                    bail!("{from:?} may not {ty} {id:?}");
-                }
-                if let Some(e) = self.reg.actors.get_mut(&id) {
-                    e.desired = Desired::Stopped;
-                }
-                self.save();
-                let (requester, req_id) = (from.to_owned(), req_id.to_owned());
-                let after = if ty == "stop" {
-                    AfterStop::Stop { requester, req_id }
-                } else {
-                    AfterStop::Remove { requester, req_id }
-                };
-                self.after_stop(&id, after);
-                Ok(None)
-            }
-            "start" => {
-                let id = need("id")?;
-                existing(self, &id)?;
-                if let Some(e) = self.reg.actors.get_mut(&id) {
-                    e.desired = Desired::Running;
-                }
-                self.save();
-                if self.actors.get(&id).is_some_and(|a| a.live.is_none()) {
-                    if let Some(a) = self.actors.get_mut(&id) {
-                        a.backoff_n = 0;
-                        a.restart_at = None;
-                    }
-                    self.start_actor(&id, None);
-                }
-                Ok(Some(json!({"type": "ok", "request": "start", "id": id})))
-            }
-            other => bail!(
-                "unknown request type {other:?}; one of spawn, upgrade, rollback, stop, start, remove, subscribe, unsubscribe, list"
-            ),
-        }
-    }
-
-    fn path(&self, from: &str, p: &str) -> anyhow::Result<PathBuf> {
-        Ok(layout::resolve(&self.layout, from, Self::native(from), p)?)
-    }
-
+    /// Writes version `n`: the module's `bytes` (those compiled, not the
+    /// file again: it may have changed since), a capped copy of `source`
+    /// and `meta.json`. On failure the version directory is removed.
+    #[allow(clippy::too_many_arguments)]
     fn install_version(
         &self,
         id: &str,
         n: u32,
         wasm: &Path,
+        bytes: &[u8],
         source: Option<&Path>,
         built_by: Option<&str>,
         requester: &str,
     ) -> anyhow::Result<()> {
         let dir = self.layout.version(id, n);
-        std::fs::create_dir_all(&dir)?;
+        let r = self.write_version(&dir, wasm, bytes, source, built_by, requester);
+        if r.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        r
+    }
+
+    fn write_version(
+        &self,
+        dir: &Path,
+        wasm: &Path,
+        bytes: &[u8],
+        source: Option<&Path>,
+        built_by: Option<&str>,
+        requester: &str,
+    ) -> anyhow::Result<()> {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir)?;
+        }
+        std::fs::create_dir_all(dir)?;
         let name = if wasm.extension().is_some_and(|e| e == "wat") { "actor.wat" } else { "actor.wasm" };
-        std::fs::copy(wasm, dir.join(name)).with_context(|| format!("copying {}", wasm.display()))?;
+        std::fs::write(dir.join(name), bytes).with_context(|| format!("copying {}", wasm.display()))?;
         if let Some(s) = source {
-            layout::replace_tree(s, &dir.join("source"))?;
+            let (max_bytes, max_entries) = SOURCE_LIMIT;
+            layout::copy_tree_within(s, &dir.join("source"), max_bytes, max_entries)?;
         }
         let meta = json!({"wasm": wasm, "source": source, "built_by": built_by,
             "requested_by": requester, "time": now_secs()});
@@ -900,6 +473,7 @@ impl Broker {
                     &plan.id,
                     plan.new_version,
                     &plan.wasm,
+                    &plan.bytes,
                     plan.source.as_deref(),
                     plan.built_by.as_deref(),
                     &plan.requester,
@@ -989,13 +563,18 @@ impl Broker {
         if let Some(e) = self.reg.actors.get_mut(&plan.id) {
             e.version = plan.new_version;
             e.desired = Desired::Running;
+            e.watch = Some(UpgradeWatch {
+                since_ms: now_ms(),
+                prev: old,
+                requester: plan.requester.clone(),
+                crashes_ms: vec![],
+            });
         }
         self.save();
         let parked = self.actors.get_mut(&plan.id).and_then(|a| {
             a.components.insert(plan.new_version, component);
             a.crashes.clear();
             a.backoff_n = 0;
-            a.upgraded = Some((Instant::now(), old, plan.requester.clone()));
             a.parked.take()
         });
         self.start_actor(&plan.id, parked);
@@ -1015,12 +594,12 @@ impl Broker {
         if let Some(e) = self.reg.actors.get_mut(id) {
             e.version = to;
             e.desired = Desired::Running;
+            e.watch = None;
         }
         self.save();
         if let Some(a) = self.actors.get_mut(id) {
             a.crashes.clear();
             a.backoff_n = 0;
-            a.upgraded = None;
             a.parked = None;
         }
         self.start_actor(id, None);
@@ -1108,7 +687,15 @@ impl Broker {
         self.generation += 1;
         let generation = self.generation;
         let log = self.layout.actor_dir(id).join("stderr.log");
-        let started = self.component(id, v).and_then(|c| {
+        let stuck = self.abandoned.len();
+        let started = if stuck >= MAX_ABANDONED {
+            Err(anyhow!(
+                "{stuck} abandoned instances are still blocked in host calls (at most {MAX_ABANDONED}); no new instance until one ends"
+            ))
+        } else {
+            Ok(())
+        };
+        let started = started.and_then(|()| self.component(id, v)).and_then(|c| {
             let dirs = Dirs {
                 data: self.layout.data(id),
                 public: self.layout.public(id),
@@ -1120,7 +707,7 @@ impl Broker {
                 &c,
                 &dirs,
                 &log,
-                self.cfg.limits,
+                self.limits_of(id),
                 move |line| {
                     let _ = tx1.send(Event::Out { id: id1.clone(), line });
                 },
@@ -1155,6 +742,20 @@ impl Broker {
             stopping: false,
         });
         self.write_status(id);
+    }
+
+    /// The world's limits, lowered where the actor's spawn asked for less.
+    fn limits_of(&self, id: &str) -> Limits {
+        let mut l = self.cfg.limits;
+        if let Some(a) = self.reg.actors.get(id).map(|e| e.limits) {
+            let low = |world: usize, own: Option<u64>| {
+                own.and_then(|o| usize::try_from(o).ok()).map_or(world, |o| o.min(world))
+            };
+            l.memory_bytes = low(l.memory_bytes, a.memory_bytes);
+            l.table_elements = low(l.table_elements, a.table_elements);
+            l.disk_bytes = a.disk_bytes.map_or(l.disk_bytes, |d| d.min(l.disk_bytes));
+        }
+        l
     }
 
     fn placeholder(&mut self, id: &str, generation: u64) {
@@ -1195,9 +796,16 @@ impl Broker {
         // The kill timer runs apart from the stdin write: a guest that never
         // drains stdin would otherwise block the shutdown line forever.
         let kill = inst.kill.clone();
+        let generation = live.generation;
+        let (tx, id_owned) = (self.tx.clone(), id.to_owned());
         let _ = thread::Builder::new().name("actor-kill".into()).spawn(move || {
             thread::sleep(KILL_AFTER);
             kill.store(true, Ordering::Relaxed);
+            // The epoch ends a guest running WASM at once; one blocked in
+            // a host call (a long sleep) never sees it, and would keep the
+            // actor `stopping` for ever.
+            thread::sleep(ABANDON_AFTER);
+            let _ = tx.send(Event::Abandon { id: id_owned, generation });
         });
         let _ = thread::Builder::new().name("actor-stop".into()).spawn(move || {
             let _ = inst.write_line(&line, KILL_AFTER);
@@ -1207,6 +815,11 @@ impl Broker {
     }
 
     fn exited(&mut self, id: &str, generation: u64, exit: Exit) {
+        if self.abandoned.remove(&(id.to_owned(), generation)) {
+            let note = format!("an abandoned instance ended at last: {exit:?}");
+            append_log(&self.layout.actor_dir(id).join("stderr.log"), &note);
+            return;
+        }
         let Some(a) = self.actors.get_mut(id) else { return };
         if a.live.as_ref().is_none_or(|l| l.generation != generation) {
             return;
@@ -1235,31 +848,38 @@ impl Broker {
         }
         a.crashes.push(now);
         a.parked = live.last_delivered.lock().unwrap_or_else(|p| p.into_inner()).take().or(a.parked.take());
-        if let Some((at, prev, requester)) = a.upgraded.clone() {
-            let n = a.crashes.iter().filter(|t| **t >= at && now.duration_since(**t) <= CRASH_WINDOW).count();
-            if n >= CRASH_LOOP {
-                append_log(&log, &format!("{n} crashes within 30 s after an upgrade: rolling back to version {prev}"));
-                let after = AfterStop::Rollback {
-                    to: prev,
-                    requester,
-                    req_id: None,
-                    reason: format!("{n} crashes within 30 s after the upgrade"),
-                };
-                self.do_after(id, after);
-                return;
-            }
-        }
         let delay = backoff(a.backoff_n);
         a.backoff_n += 1;
         a.restart_at = Some(now + delay);
+        // The crash-loop count lives in the registry (saved at every crash
+        // of a watched version), so it survives a host crash.
+        let window = u64::try_from(CRASH_WINDOW.as_millis()).unwrap_or(u64::MAX);
+        let at = now_ms();
+        let watched = self.reg.actors.get_mut(id).and_then(|e| e.watch.as_mut()).map(|w| {
+            w.crashes_ms.retain(|t| *t >= w.since_ms && at.saturating_sub(*t) <= window);
+            w.crashes_ms.push(at);
+            (w.crashes_ms.len(), w.prev, w.requester.clone())
+        });
+        if watched.is_some() {
+            self.save();
+        }
+        if let Some((n, prev, requester)) = watched
+            && n >= CRASH_LOOP
+        {
+            if let Some(a) = self.actors.get_mut(id) {
+                a.restart_at = None;
+            }
+            append_log(&log, &format!("{n} crashes within 30 s after an upgrade: rolling back to version {prev}"));
+            let after = AfterStop::Rollback {
+                to: prev,
+                requester,
+                req_id: None,
+                reason: format!("{n} crashes within 30 s after the upgrade"),
+            };
+            self.do_after(id, after);
+            return;
+        }
         self.write_status(id);
-    }
-}
-
-fn check_ext(p: &Path) -> anyhow::Result<()> {
-    match p.extension().and_then(|e| e.to_str()) {
-        Some("wasm" | "wat") => Ok(()),
-        _ => bail!("{}: the broker accepts only .wasm (or .wat) files", p.display()),
     }
 }
 

@@ -1,0 +1,446 @@
+//! The broker's requests (`{"to":"broker"}`): parsing each request type,
+//! the authority checks (who may manage, who may grant HTTP), path
+//! resolution for the sender, and starting the work each one asks for.
+//! Owns no state of its own: it runs on the broker thread as methods of
+//! `Broker` and must never block it (compiling and copying large trees
+//! here stalls every actor's routing) nor reply for work that finishes
+//! later (upgrade, rollback, stop and remove answer from `do_after`).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::Instant;
+
+use anyhow::{Context, anyhow, bail};
+use serde_json::{Value, json};
+use wasmtime::component::Component;
+
+use super::{
+    AfterStop, Broker, COMPILE_BUDGET, COMPILES_AT_ONCE, Event, SOURCE_LIMIT, Spawning, Tested, Upgrade, WASM_LIMIT,
+};
+use crate::layout::{self, ActorEntry, ActorLimits, Desired};
+use crate::message::{self, AGENT, BROKER, CONSOLE, Outbound};
+use crate::transcript::{self, Candidate};
+
+/// One request as received: who sent it, its full id, its body and type.
+struct Req<'a> {
+    from: &'a str,
+    req_id: &'a str,
+    body: &'a Value,
+    ty: &'a str,
+}
+
+impl Req<'_> {
+    fn field(&self, k: &str) -> Option<&str> {
+        self.body.get(k).and_then(Value::as_str)
+    }
+
+    fn need(&self, k: &str) -> anyhow::Result<String> {
+        self.field(k).map(str::to_owned).ok_or_else(|| anyhow!("request {:?} needs a string field {k:?}", self.ty))
+    }
+}
+
+impl Broker {
+    pub(super) fn request(&mut self, from: &str, req_id: &str, body: Value) {
+        let r = self.request_inner(from, req_id, &body);
+        match r {
+            Ok(Some(v)) => self.reply(from, req_id, v),
+            Ok(None) => {} // answered later (upgrade, stop, remove)
+            Err(e) => self.reply(from, req_id, json!({"type": "error", "reason": format!("{e:#}")})),
+        }
+    }
+
+    /// Whether `from` may send to `http`: the console, the agent, and
+    /// actors whose spawn request declared `"http": true`.
+    pub(super) fn may_use_http(&self, from: &str) -> bool {
+        Self::native(from) || self.reg.actors.get(from).is_some_and(|e| e.http)
+    }
+
+    fn native(from: &str) -> bool {
+        from == CONSOLE || from == AGENT
+    }
+
+    fn may_manage(&self, from: &str, id: &str) -> bool {
+        from == id || from == AGENT || Self::native(from) || self.reg.actors.get(id).is_some_and(|e| e.spawner == from)
+    }
+
+    fn request_inner(&mut self, from: &str, req_id: &str, body: &Value) -> anyhow::Result<Option<Value>> {
+        let r = Req { from, req_id, body, ty: body.get("type").and_then(Value::as_str).unwrap_or("") };
+        match r.ty {
+            "list" => Ok(Some(self.list())),
+            "subscribe" | "unsubscribe" => self.subscribe(&r).map(Some),
+            "spawn" => self.spawn(&r).map(|()| None),
+            "upgrade" => self.upgrade(&r).map(|()| None),
+            "rollback" => self.rollback_request(&r).map(|()| None),
+            "stop" | "remove" => self.stop_or_remove(&r).map(|()| None),
+            "start" => self.start(&r).map(Some),
+            other => bail!(
+                "unknown request type {other:?}; one of spawn, upgrade, rollback, stop, start, remove, subscribe, unsubscribe, list"
+            ),
+        }
+    }
+
+    fn existing(&self, id: &str) -> anyhow::Result<()> {
+        if self.reg.actors.contains_key(id) { Ok(()) } else { Err(anyhow!("no actor {id:?}")) }
+    }
+
+    fn list(&self) -> Value {
+        let actors: Vec<Value> = self
+            .reg
+            .actors
+            .iter()
+            .map(|(id, e)| {
+                json!({"id": id, "version": e.version, "latest": e.latest,
+                    "state": self.state(id), "desired": e.desired,
+                    "subscribers": e.subscribers, "spawner": e.spawner})
+            })
+            .collect();
+        json!({"type": "list", "actors": actors})
+    }
+
+    fn subscribe(&mut self, r: &Req<'_>) -> anyhow::Result<Value> {
+        let (ty, from) = (r.ty, r.from);
+        let target = r.need("actor")?;
+        let set = match self.reg.actors.get_mut(&target) {
+            Some(e) => &mut e.subscribers,
+            None if target == CONSOLE || target == AGENT => {
+                self.reg.native_subscribers.entry(target.clone()).or_default()
+            }
+            None => bail!("no actor {target:?} to {ty} to"),
+        };
+        if ty == "subscribe" {
+            set.insert(from.to_owned());
+        } else {
+            set.remove(from);
+        }
+        self.save();
+        Ok(json!({"type": "ok", "request": ty, "actor": target}))
+    }
+
+    /// Checks a spawn and starts its compilation on a thread of its own
+    /// (`compiled` finishes it): a large or slow module must never stop
+    /// the broker from routing.
+    fn spawn(&mut self, r: &Req<'_>) -> anyhow::Result<()> {
+        let from = r.from;
+        let id = r.need("id")?;
+        message::check_actor_id(&id)?;
+        if self.reg.actors.contains_key(&id) {
+            bail!("actor {id:?} exists; use upgrade");
+        }
+        if self.spawning.values().any(|s| s.id == id) {
+            bail!("actor {id:?} is being spawned already");
+        }
+        if self.compiling.load(Ordering::SeqCst) >= COMPILES_AT_ONCE {
+            bail!("{COMPILES_AT_ONCE} spawns are compiling already; try again when one is done");
+        }
+        let http = r.body.get("http").and_then(Value::as_bool).unwrap_or(false);
+        if http && !self.may_use_http(from) {
+            // Else an actor without HTTP could spawn one that has it.
+            bail!("{from} may not grant \"http\": it did not declare it in its own spawn request");
+        }
+        let limits = self.requested_limits(r.body.get("limits"))?;
+        let wasm = self.path(from, &r.need("wasm")?)?;
+        let source = r.field("source").map(|s| self.path(from, s)).transpose()?;
+        let bytes = read_wasm(&wasm)?;
+        check_ext(&wasm)?;
+        if let Some(s) = &source {
+            self.check_source(&id, s)?;
+        }
+        self.next_token += 1;
+        let token = self.next_token;
+        let (rt, tx, compiling) = (self.rt.clone(), self.tx.clone(), self.compiling.clone());
+        compiling.fetch_add(1, Ordering::SeqCst);
+        let started = thread::Builder::new().name("actor-compile".into()).spawn({
+            let compiling = compiling.clone();
+            move || {
+                let result = rt.compile(&bytes).map_err(|e| format!("{e:#}"));
+                compiling.fetch_sub(1, Ordering::SeqCst);
+                let _ = tx.send(Event::Compiled { token, result, bytes });
+            }
+        });
+        if let Err(e) = started {
+            compiling.fetch_sub(1, Ordering::SeqCst);
+            return Err(e).context("starting the compile thread");
+        }
+        self.spawning.insert(
+            token,
+            Spawning {
+                id,
+                from: from.to_owned(),
+                req_id: r.req_id.to_owned(),
+                wasm,
+                source,
+                built_by: r.field("built_by").map(str::to_owned),
+                http,
+                limits,
+                deadline: Instant::now() + COMPILE_BUDGET,
+            },
+        );
+        Ok(())
+    }
+
+    /// A spawn's compilation is done: install version 1 and start it, or
+    /// answer why not. Whatever fails leaves no trace of the actor.
+    pub(super) fn compiled(&mut self, token: u64, result: Result<Component, String>, bytes: &[u8]) {
+        // Gone when it ran past its budget (already answered).
+        let Some(sp) = self.spawning.remove(&token) else { return };
+        if self.reg.actors.contains_key(&sp.id) {
+            // Never possible while `spawning` holds the id, but never
+            // clean up (below) another actor's directories either.
+            let reason = format!("actor {:?} exists; use upgrade", sp.id);
+            return self.reply(&sp.from, &sp.req_id, json!({"type": "error", "request": "spawn", "reason": reason}));
+        }
+        let r = result.map_err(|e| anyhow!(e)).and_then(|c| self.install_spawn(&sp, c, bytes));
+        let body = match r {
+            Ok(()) => json!({"type": "ok", "request": "spawn", "id": sp.id, "version": 1}),
+            Err(e) => {
+                for d in [self.layout.actor_dir(&sp.id), self.layout.data(&sp.id), self.layout.versions(&sp.id)] {
+                    let _ = std::fs::remove_dir_all(d);
+                }
+                json!({"type": "error", "request": "spawn", "reason": format!("{e:#}")})
+            }
+        };
+        self.reply(&sp.from, &sp.req_id, body);
+    }
+
+    fn install_spawn(&mut self, sp: &Spawning, component: Component, bytes: &[u8]) -> anyhow::Result<()> {
+        let id = sp.id.clone();
+        self.install_version(&id, 1, &sp.wasm, bytes, sp.source.as_deref(), sp.built_by.as_deref(), &sp.from)?;
+        self.layout.init_actor(&id)?;
+        if sp.source.is_some() {
+            // From the version's copy: the source itself may have changed.
+            layout::replace_tree(&self.layout.version(&id, 1).join("source"), &self.layout.source(&id))?;
+        }
+        self.reg.actors.insert(
+            id.clone(),
+            ActorEntry {
+                version: 1,
+                latest: 1,
+                spawner: sp.from.clone(),
+                desired: Desired::Running,
+                subscribers: BTreeSet::new(),
+                http: sp.http,
+                watch: None,
+                limits: sp.limits,
+            },
+        );
+        self.save();
+        self.ensure_rt(&id)?;
+        if let Some(a) = self.actors.get_mut(&id) {
+            a.components.insert(1, component);
+        }
+        self.start_actor(&id, None);
+        Ok(())
+    }
+
+    /// A spawn's `"limits": {"memory_bytes"?, "table_elements"?,
+    /// "disk_bytes"?}`: each a whole number at most the world's (a spawner
+    /// can lower what its actor gets, never raise it).
+    fn requested_limits(&self, v: Option<&Value>) -> anyhow::Result<ActorLimits> {
+        let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(ActorLimits::default()) };
+        let Some(map) = v.as_object() else { bail!("\"limits\" must be an object, not {v}") };
+        let world = self.cfg.limits;
+        let mut out = ActorLimits::default();
+        for (k, x) in map {
+            let max = match k.as_str() {
+                "memory_bytes" => world.memory_bytes as u64,
+                "table_elements" => world.table_elements as u64,
+                "disk_bytes" => world.disk_bytes,
+                other => bail!("unknown limit {other:?}; one of memory_bytes, table_elements, disk_bytes"),
+            };
+            let Some(n) = x.as_u64() else { bail!("limit {k:?} must be a whole number, not {x}") };
+            if n > max {
+                bail!("limit {k:?} of {n} is above the world's {max}; a spawn may only lower a limit");
+            }
+            match k.as_str() {
+                "memory_bytes" => out.memory_bytes = Some(n),
+                "table_elements" => out.table_elements = Some(n),
+                _ => out.disk_bytes = Some(n),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Refuses a `source` directory that contains where it would be
+    /// copied to (`/actor` copied into `/actor/<id>/source` grows while it
+    /// is copied), or that is larger than [`SOURCE_LIMIT`].
+    fn check_source(&self, id: &str, source: &Path) -> anyhow::Result<()> {
+        let shown = source.display();
+        let Ok(src) = std::fs::canonicalize(source) else {
+            // Absent: copied as an empty directory, as before.
+            return Ok(());
+        };
+        let root = std::fs::canonicalize(self.layout.root()).unwrap_or_else(|_| self.layout.root().to_owned());
+        let inside = |p: &Path| p.strip_prefix(self.layout.root()).map(|rel| root.join(rel)).ok();
+        for dest in [inside(&self.layout.source(id)), inside(&self.layout.versions(id))].into_iter().flatten() {
+            if dest.starts_with(&src) {
+                bail!("source {shown} contains {}, where it would be copied: refused", dest.display());
+            }
+        }
+        let (bytes, entries) = SOURCE_LIMIT;
+        layout::tree_within(&src, bytes, entries).map_err(|why| {
+            anyhow!("source {shown} is too large to copy: {why} (limit {bytes} bytes, {entries} entries)")
+        })?;
+        Ok(())
+    }
+
+    /// Starts the upgrade's gate on its own thread (routing goes on
+    /// meanwhile); `tested` continues when it is done.
+    fn upgrade(&mut self, r: &Req<'_>) -> anyhow::Result<()> {
+        let from = r.from;
+        let id = r.need("id")?;
+        self.existing(&id)?;
+        if !self.may_manage(from, &id) {
+            bail!("{from:?} may not upgrade {id:?} (only itself, the agent, the console or its spawner)");
+        }
+        let wasm = self.path(from, &r.need("wasm")?)?;
+        check_ext(&wasm)?;
+        let source = r.field("source").map(|s| self.path(from, s)).transpose()?;
+        let bytes = read_wasm(&wasm)?;
+        if let Some(s) = &source {
+            self.check_source(&id, s)?;
+        }
+        let latest = self.reg.actors.get(&id).map(|e| e.latest).unwrap_or(0);
+        let plan = Upgrade {
+            id: id.clone(),
+            requester: from.to_owned(),
+            req_id: r.req_id.to_owned(),
+            wasm,
+            bytes: bytes.clone(),
+            source,
+            built_by: r.field("built_by").map(str::to_owned),
+            new_version: latest + 1,
+            tests: 0,
+        };
+        let (rt, tx, limits) = (self.rt.clone(), self.tx.clone(), self.limits_of(&id));
+        let (data, public, actor_root) = (self.layout.data(&id), self.layout.public(&id), self.layout.actor_root());
+        let scratch = self.layout.root().join("broker").join("candidates").join(&id);
+        thread::Builder::new()
+            .name("actor-gate".into())
+            .spawn(move || {
+                // Compiled here, off the broker thread, like a spawn.
+                let component = match rt.compile(&bytes) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let (r, q) = (plan.requester.clone(), plan.req_id.clone());
+                        let body =
+                            json!({"type": "error", "request": "upgrade", "id": plan.id, "reason": format!("{e:#}")});
+                        let msg = Outbound { to: Some(r), id: None, reply_to: Some(q), body };
+                        let _ = tx.send(Event::Native { from: BROKER.into(), msg });
+                        return;
+                    }
+                };
+                let c = Candidate {
+                    rt: &rt,
+                    component: &component,
+                    data: &data,
+                    public: &public,
+                    actor_root: &actor_root,
+                    scratch: scratch.clone(),
+                    limits,
+                };
+                let tests = plan.source.as_ref().map(|s| s.join("tests"));
+                let verdict = transcript::run_gate(&c, tests.as_deref());
+                // The candidates' copies of /data and /public are no use
+                // once the verdict is in.
+                let _ = std::fs::remove_dir_all(&scratch);
+                let _ = tx.send(Event::Tested(Box::new(Tested { plan, component, verdict })));
+            })
+            .context("starting the test thread")?;
+        Ok(())
+    }
+
+    fn rollback_request(&mut self, r: &Req<'_>) -> anyhow::Result<()> {
+        let from = r.from;
+        let id = r.need("id")?;
+        self.existing(&id)?;
+        if !self.may_manage(from, &id) {
+            bail!("{from:?} may not roll back {id:?}");
+        }
+        let (cur, latest) = self.reg.actors.get(&id).map(|e| (e.version, e.latest)).unwrap_or((1, 1));
+        let to = match r.body.get("version") {
+            None | Some(Value::Null) if cur > 1 => cur - 1,
+            None | Some(Value::Null) => bail!("{id:?} is at version 1; there is no older version"),
+            // Anything else but a whole number ≥ 1 is refused, never read
+            // as "the previous version".
+            Some(v) => match v.as_u64() {
+                Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
+                None => bail!("\"version\" must be a whole number ≥ 1 (or absent for the previous version), not {v}"),
+            },
+        };
+        if to == 0 || to > latest || to == cur {
+            bail!("version {to} is not another installed version of {id:?} (1..={latest}, current {cur})");
+        }
+        let after = AfterStop::Rollback {
+            to,
+            requester: from.to_owned(),
+            req_id: Some(r.req_id.to_owned()),
+            reason: "requested".into(),
+        };
+        self.after_stop(&id, after);
+        Ok(())
+    }
+
+    fn stop_or_remove(&mut self, r: &Req<'_>) -> anyhow::Result<()> {
+        let (ty, from) = (r.ty, r.from);
+        let id = r.need("id")?;
+        self.existing(&id)?;
+        if !self.may_manage(from, &id) {
+            bail!("{from:?} may not {ty} {id:?}");
+        }
+        if let Some(e) = self.reg.actors.get_mut(&id) {
+            e.desired = Desired::Stopped;
+        }
+        self.save();
+        let (requester, req_id) = (from.to_owned(), r.req_id.to_owned());
+        let after =
+            if ty == "stop" { AfterStop::Stop { requester, req_id } } else { AfterStop::Remove { requester, req_id } };
+        self.after_stop(&id, after);
+        Ok(())
+    }
+
+    fn start(&mut self, r: &Req<'_>) -> anyhow::Result<Value> {
+        let from = r.from;
+        let id = r.need("id")?;
+        self.existing(&id)?;
+        // The rule of stop, upgrade and remove: else any actor could undo
+        // the console's stop.
+        if !self.may_manage(from, &id) {
+            bail!("{from:?} may not start {id:?} (only itself, the agent, the console or its spawner)");
+        }
+        if let Some(e) = self.reg.actors.get_mut(&id) {
+            e.desired = Desired::Running;
+        }
+        self.save();
+        if self.actors.get(&id).is_some_and(|a| a.live.is_none()) {
+            if let Some(a) = self.actors.get_mut(&id) {
+                a.backoff_n = 0;
+                a.restart_at = None;
+            }
+            self.start_actor(&id, None);
+        }
+        Ok(json!({"type": "ok", "request": "start", "id": id}))
+    }
+
+    fn path(&self, from: &str, p: &str) -> anyhow::Result<PathBuf> {
+        Ok(layout::resolve(&self.layout, from, Self::native(from), p)?)
+    }
+}
+
+/// Reads a module, refusing one larger than [`WASM_LIMIT`] before reading
+/// it (compiling an 80 MB `.wat` takes seconds and gigabytes).
+fn read_wasm(p: &Path) -> anyhow::Result<Vec<u8>> {
+    let len = std::fs::metadata(p).with_context(|| format!("reading {}", p.display()))?.len();
+    if len > WASM_LIMIT {
+        bail!("{} is {len} bytes; a module may have at most {WASM_LIMIT} bytes", p.display());
+    }
+    std::fs::read(p).with_context(|| format!("reading {}", p.display()))
+}
+
+fn check_ext(p: &Path) -> anyhow::Result<()> {
+    match p.extension().and_then(|e| e.to_str()) {
+        Some("wasm" | "wat") => Ok(()),
+        _ => bail!("{}: the broker accepts only .wasm (or .wat) files", p.display()),
+    }
+}

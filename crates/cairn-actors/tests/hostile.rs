@@ -1,0 +1,631 @@
+//! Issue 28: actors under a hostile guest. Each test is one attack, made
+//! by a WAT or C actor (or by what an actor can send the broker) in a
+//! real world; each asserts the host's resident memory (`VmRSS` of this
+//! process, from `/proc/self/status`: the world runs in it), the disk
+//! use, that the broker still answers `list` within a second, and the
+//! exact answer the console (or the agent) sees.
+// Helpers (not #[test] functions) unwrap too: a failure is the test's.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+
+/// The tests of this file run one at a time: each world runs in the test
+/// process, whose memory they measure (the harness runs tests on threads,
+/// and a compile of another test would count).
+static RSS: Mutex<()> = Mutex::new(());
+
+/// This process's resident memory, in MiB.
+fn rss_mib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status (Linux) is needed");
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kb / 1024
+}
+
+fn du(p: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(p) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => du(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The broker answers `list` within one second.
+fn lists_within_a_second(t: &TestWorld) -> Value {
+    let r = t.w().request(json!({"type": "list"}), Duration::from_secs(1));
+    let r = r.unwrap_or_else(|e| panic!("the broker did not answer list within 1 s: {e:#}"));
+    assert_eq!(r["type"], "list", "{r}");
+    r
+}
+
+/// A p1 WAT actor that runs `body` when its first input arrives (once),
+/// and echoes every input.
+/// `$num` writes `{"body":{"<key>":<n>}}` (the key at offset 300, `klen`
+/// bytes); `$write` writes bytes from memory.
+fn wat(extra: &str, data: &str, body: &str) -> String {
+    format!(
+        r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  {extra}
+  (data (i32.const 200) "{{\"body\":{{\"")
+  (data (i32.const 220) "\":")
+  (data (i32.const 230) "}}}}\n")
+  {data}
+  (func $write (param $ptr i32) (param $len i32)
+    (i32.store (i32.const 0) (local.get $ptr))
+    (i32.store (i32.const 4) (local.get $len))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8))))
+  (func $num (param $key i32) (param $klen i32) (param $v i32) (local $p i32) (local $neg i32)
+    (if (i32.lt_s (local.get $v) (i32.const 0)) (then
+      (local.set $neg (i32.const 1))
+      (local.set $v (i32.sub (i32.const 0) (local.get $v)))))
+    (local.set $p (i32.const 400))
+    (loop $d
+      (local.set $p (i32.sub (local.get $p) (i32.const 1)))
+      (i32.store8 (local.get $p) (i32.add (i32.const 48) (i32.rem_u (local.get $v) (i32.const 10))))
+      (local.set $v (i32.div_u (local.get $v) (i32.const 10)))
+      (br_if $d (local.get $v)))
+    (if (local.get $neg) (then
+      (local.set $p (i32.sub (local.get $p) (i32.const 1)))
+      (i32.store8 (local.get $p) (i32.const 45))))
+    (call $write (i32.const 200) (i32.const 10))
+    (call $write (local.get $key) (local.get $klen))
+    (call $write (i32.const 220) (i32.const 2))
+    (call $write (local.get $p) (i32.sub (i32.const 400) (local.get $p)))
+    (call $write (i32.const 230) (i32.const 3)))
+  (func (export "_start") (local $n i32) (local $i i32) (local $r i32) (local $first i32)
+    (local.set $first (i32.const 1))
+    (block $done
+      (loop $next
+        (i32.store (i32.const 16) (i32.const 65536))
+        (i32.store (i32.const 20) (i32.const 65536))
+        (drop (call $fd_read (i32.const 0) (i32.const 16) (i32.const 1) (i32.const 24)))
+        (local.set $n (i32.load (i32.const 24)))
+        (br_if $done (i32.eqz (local.get $n)))
+        (if (local.get $first) (then
+          (local.set $first (i32.const 0))
+          {body}))
+        (call $write (i32.const 65536) (local.get $n))
+        (br $next))))
+)"#
+    )
+}
+
+/// Four extra memories (of the eight a store may have), each grown by
+/// 64 MiB and filled (so the pages are real), then a table grown by 100
+/// million entries: reports how many memories grew (`grew`) and what
+/// `table.grow` returned (`table`). A second actor declares twenty
+/// memories.
+#[test]
+fn memories_and_tables_count_together_against_one_cap() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    let grower = |n: usize| -> String {
+        let mems: String = (1..=n).map(|i| format!("(memory $m{i} 0)\n")).collect();
+        let grow: String = (1..=n)
+            .map(|i| {
+                format!(
+                    "(if (i32.ne (memory.grow $m{i} (i32.const 1024)) (i32.const -1)) (then
+                       (memory.fill $m{i} (i32.const 0) (i32.const 7) (i32.const 67108864))
+                       (local.set $i (i32.add (local.get $i) (i32.const 1)))))\n"
+                )
+            })
+            .collect();
+        let body = format!(
+            "{grow}
+             (call $num (i32.const 300) (i32.const 4) (local.get $i))
+             (local.set $r (table.grow $t (ref.null func) (i32.const 100000000)))
+             (call $num (i32.const 310) (i32.const 5) (local.get $r))"
+        );
+        let data = r#"(data (i32.const 300) "grew") (data (i32.const 310) "table")"#;
+        wat(&format!("{mems}(table $t 0 funcref)"), data, &body)
+    };
+    let before = rss_mib();
+    assert_eq!(t.spawn("hog", &grower(4))["type"], "ok");
+    t.subscribe_console("hog");
+    t.w().send(Some("hog"), None, None, json!("go"));
+    let (grew, _) = t.wait_for("grew", |m| m["from"] == "hog" && m["body"]["grew"].is_number());
+    let (table, _) = t.wait_for("table", |m| m["from"] == "hog" && m["body"]["table"].is_number());
+    t.wait_for("echo", |m| m["from"] == "hog" && m["body"] == "go");
+    let after = rss_mib();
+    lists_within_a_second(&t);
+    eprintln!("memories/tables: RSS {before} → {after} MiB; {grew} {table}");
+    // 64 MiB for all memories together: the guest's and the adapter's
+    // hold some, so not one extra 64 MiB fits; the table's 100 million
+    // entries pass the 100,000 cap.
+    assert_eq!(grew["body"], json!({"grew": 0}), "{grew}");
+    assert_eq!(table["body"], json!({"table": -1}), "{table}");
+    assert!(after < before + 200, "host RSS grew from {before} to {after} MiB");
+    // Twenty memories: more than a store may have; instantiation fails.
+    assert_eq!(t.spawn("many", &grower(20))["type"], "ok");
+    let s = t.wait_state("many", "a failed start", |_| !status_exit(&t, "many").is_empty());
+    let exit = status_exit(&t, "many");
+    eprintln!("twenty memories: {exit} {s}");
+    assert!(exit.contains("instantiation failed") && exit.contains("memor"), "{exit}");
+    lists_within_a_second(&t);
+}
+
+/// 256 MiB written to stdout without a newline, 64 KiB at a time.
+#[test]
+fn a_stdout_line_past_the_message_limit_is_a_crash_not_a_buffer() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    let body = "(memory.fill (i32.const 65536) (i32.const 120) (i32.const 65536))
+        (block $end (loop $more
+          (br_if $end (i32.ge_u (local.get $i) (i32.const 4096)))
+          (call $write (i32.const 65536) (i32.const 65536))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br $more)))";
+    let before = rss_mib();
+    assert_eq!(t.spawn("flood", &wat("", "", body))["type"], "ok");
+    t.w().send(Some("flood"), None, None, json!("go"));
+    let s = t.wait_state("flood", "a crash", |s| s["state"] != "running" || status_exit(&t, "flood").contains("Trap"));
+    let after = rss_mib();
+    lists_within_a_second(&t);
+    let exit = status_exit(&t, "flood");
+    let log_path = t.root().join("actor/flood/stderr.log");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let logs = du(&t.root().join("actor/flood"));
+    eprintln!("stdout flood: RSS {before} → {after} MiB; log {} bytes; actor dir {logs} bytes; {s}", log.len());
+    assert!(exit.contains("stdout line longer than 1048576 bytes"), "{exit}");
+    assert!(log.contains("[host] stdout line longer than 1048576 bytes (the message limit): instance killed"), "{log}");
+    assert!(log.len() < 64 << 10, "the line was copied into stderr.log: {} bytes", log.len());
+    assert!(logs < 4 << 20, "the actor's directory holds {logs} bytes");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&log_path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "stderr.log is private to the world's owner");
+    assert!(after < before + 150, "host RSS grew from {before} to {after} MiB");
+}
+
+fn status_exit(t: &TestWorld, id: &str) -> String {
+    let s: Value = serde_json::from_str(&t.read(&format!("actor/{id}/status.json"))).unwrap_or(Value::Null);
+    s["last_exit"].as_str().unwrap_or("").to_owned()
+}
+
+/// The guest's own stderr is capped too: it rotates at 1 MiB, so 8 MiB of
+/// stderr leaves at most 2 MiB (and a bit) on disk.
+#[test]
+fn stderr_log_rotates_and_is_private() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    // 32 KiB of 'y' below the input buffer (which the echo still needs).
+    let body = "(memory.fill (i32.const 1024) (i32.const 121) (i32.const 32768))
+        (block $end (loop $more
+          (br_if $end (i32.ge_u (local.get $i) (i32.const 256)))
+          (i32.store (i32.const 0) (i32.const 1024))
+          (i32.store (i32.const 4) (i32.const 32768))
+          (drop (call $fd_write (i32.const 2) (i32.const 0) (i32.const 1) (i32.const 8)))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br $more)))
+        (call $num (i32.const 300) (i32.const 4) (local.get $i))";
+    assert_eq!(t.spawn("noisy", &wat("", r#"(data (i32.const 300) "sent")"#, body))["type"], "ok");
+    t.subscribe_console("noisy");
+    // The report can come before the subscription: ask for an echo after.
+    t.w().send(Some("noisy"), None, None, json!("done?"));
+    t.wait_for("echo", |m| m["from"] == "noisy" && m["body"] == "done?");
+    let dir = t.root().join("actor/noisy");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while du(&dir) < 1 << 20 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let total = du(&dir);
+    eprintln!("stderr flood of 8 MiB: actor dir holds {total} bytes");
+    assert!(total <= (2 << 20) + (128 << 10), "stderr.log is not capped: {total} bytes");
+    assert!(dir.join("stderr.log.1").exists(), "rotated");
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["stderr.log", "stderr.log.1"] {
+        let mode = std::fs::metadata(dir.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{f}");
+    }
+}
+
+/// A 2 MiB message and twenty 1000 KiB messages to a stopped actor.
+#[test]
+fn mailboxes_are_capped_in_bytes_and_the_journal_stays_small() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    assert_eq!(t.spawn("sink", &echo())["type"], "ok");
+    assert_eq!(t.req(json!({"type": "stop", "id": "sink"}))["type"], "ok");
+    let before = rss_mib();
+    // The issue's attack: ten 16 MiB messages and one of 64 MiB.
+    for (i, mib) in [16usize; 10].into_iter().chain([64]).enumerate() {
+        t.w().send(Some("sink"), Some(&format!("huge{i}")), None, json!("x".repeat(mib << 20)));
+        let (m, _) = t.wait_for("the refusal", |m| m["reply_to"] == format!("console/huge{i}"));
+        assert_eq!(m["body"]["type"], "undeliverable", "{m}");
+        let reason = m["body"]["reason"].as_str().unwrap();
+        let size = (mib << 20) + r#"{"id":"console/hugeN","from":"console","body":""}"#.len() + usize::from(i >= 10);
+        assert_eq!(reason, format!("message too large ({size} bytes; the limit is 1048576 bytes)"), "{m}");
+    }
+    let journal = std::fs::metadata(t.root().join("broker/mailbox/sink.jsonl")).unwrap().len();
+    let mid = rss_mib();
+    eprintln!("mailbox, 10 × 16 MiB + 64 MiB: RSS {before} → {mid} MiB, journal {journal} bytes");
+    assert!(journal < 1 << 20, "journal {journal} bytes");
+    assert!(mid < before + 150, "host RSS grew from {before} to {mid} MiB");
+    lists_within_a_second(&t);
+    for i in 0..20 {
+        t.w().send(Some("sink"), Some(&format!("m{i}")), None, json!("y".repeat(1000 << 10)));
+    }
+    let (m, _) = t.wait_for("mailbox full", |m| m["body"]["type"] == "undeliverable");
+    let after = rss_mib();
+    lists_within_a_second(&t);
+    let reason = m["body"]["reason"].as_str().unwrap();
+    assert_eq!(m["reply_to"], "console/m16", "the 17th is the first refused: {m}");
+    assert!(
+        reason.starts_with("mailbox full (16") && reason.contains("a mailbox holds at most 16777216 bytes"),
+        "{reason}"
+    );
+    let journal = std::fs::metadata(t.root().join("broker/mailbox/sink.jsonl")).unwrap().len();
+    eprintln!("mailbox: RSS {before} → {after} MiB, journal {journal} bytes");
+    assert!(journal < 17 << 20, "journal {journal} bytes");
+    assert!(after < before + 150, "host RSS grew from {before} to {after} MiB");
+    // Started, it gets the sixteen, and the journal is compacted as they go.
+    t.subscribe_console("sink");
+    assert_eq!(t.req(json!({"type": "start", "id": "sink"}))["type"], "ok");
+    for i in 0..16 {
+        let id = format!("console/m{i}");
+        t.wait_for("a queued message", |m| m["from"] == "sink" && m["id"].as_str().is_some_and(|x| x.ends_with(&id)));
+    }
+    let journal = std::fs::metadata(t.root().join("broker/mailbox/sink.jsonl")).unwrap().len();
+    assert!(journal < 5 << 20, "the journal is compacted while running: {journal} bytes");
+}
+
+/// A C actor writes 64 MiB to /data under an 8 MiB quota.
+#[test]
+fn disk_quota_is_enforced_at_commit() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::with(cairn_actors::Limits { disk_bytes: 8 << 20, ..Default::default() });
+    let src = t.file(
+        "big/big.c",
+        r#"#include <stdio.h>
+#include <string.h>
+static char buf[1 << 20];
+int main(void) {
+    char line[4096];
+    memset(buf, 'z', sizeof buf);
+    FILE *small = fopen("/data/small", "w");
+    fputs("kept", small);
+    fclose(small);
+    while (fgets(line, sizeof line, stdin)) {
+        FILE *f = fopen("/data/big", "w");
+        for (int i = 0; i < 64; i++) fwrite(buf, 1, sizeof buf, f);
+        int r = fclose(f);
+        printf("{\"body\":{\"closed\":%d}}\n", r);
+        fflush(stdout);
+    }
+    return 0;
+}
+"#,
+    );
+    let out = t.dir.path().join("big/big.wasm");
+    common::clang::build_c_actor(&src, &out);
+    assert_eq!(t.req(json!({"type":"spawn","id":"big","wasm":out}))["type"], "ok");
+    t.subscribe_console("big");
+    t.w().send(Some("big"), None, None, json!("go"));
+    let s = t.wait_state("big", "a crash", |_| status_exit(&t, "big").contains("quota"));
+    lists_within_a_second(&t);
+    let exit = status_exit(&t, "big");
+    let data = du(&t.root().join("data/big"));
+    eprintln!("disk: data/big holds {data} bytes after the refused commit; {s}");
+    assert!(exit.contains("over the actor's disk quota"), "{exit}");
+    assert!(exit.contains("the quota is 8388608"), "{exit}");
+    assert!(!t.root().join("data/big/big").exists(), "the 64 MiB file was committed");
+    assert_eq!(t.read("data/big/small"), "kept");
+    assert!(data < 1 << 20, "data/big holds {data} bytes");
+}
+
+fn big_wat(path: &Path, funcs: usize) {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    writeln!(f, "(module (memory (export \"memory\") 1)").unwrap();
+    for i in 0..funcs {
+        writeln!(
+            f,
+            "(func (export \"f{i}\") (param i32) (result i32) local.get 0 i32.const {i} i32.add i32.const 3 i32.mul)"
+        )
+        .unwrap();
+    }
+    writeln!(f, "(func (export \"_start\")))").unwrap();
+}
+
+/// Five spawns of an 80 MB module (sent by an actor), then a module
+/// under the cap: the broker never stops answering.
+#[test]
+fn compiling_never_blocks_the_broker() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    let big = t.dir.path().join("big.wat");
+    big_wat(&big, 800_000);
+    let size = std::fs::metadata(&big).unwrap().len();
+    assert!(size > 80_000_000, "{size}");
+    // From the console: five spawns, then `list` at once (the broker takes
+    // events in order, so the list comes after the five).
+    for i in 0..5 {
+        t.w().send(
+            Some("broker"),
+            Some(&format!("c{i}")),
+            None,
+            json!({"type": "spawn", "id": format!("c{i}"), "wasm": big}),
+        );
+    }
+    lists_within_a_second(&t);
+    for i in 0..5 {
+        let (m, _) = t.wait_for("a refusal", |m| m["reply_to"] == format!("console/c{i}"));
+        let reason = m["body"]["reason"].as_str().unwrap();
+        assert!(
+            reason.ends_with(&format!("big.wat is {size} bytes; a module may have at most 8388608 bytes")),
+            "{reason}"
+        );
+    }
+    // From an actor, the same.
+    let reqs: String = (0..5)
+        .map(|i| format!("{{\"to\":\"broker\",\"id\":\"s{i}\",\"body\":{{\"type\":\"spawn\",\"id\":\"big{i}\",\"wasm\":\"/public/big.wat\"}}}}\n"))
+        .collect();
+    assert_eq!(t.spawn("spawner", &actor(&reqs, "", ""))["type"], "ok");
+    std::fs::rename(&big, t.root().join("actor/spawner/public/big.wat")).unwrap();
+    t.subscribe_console("spawner");
+    t.w().send(Some("spawner"), None, None, json!("go"));
+    let started = Instant::now();
+    // The broker answers while the five are handled.
+    lists_within_a_second(&t);
+    for i in 0..5 {
+        let (m, _) = t.wait_for("a refusal", |m| {
+            m["from"] == "spawner" && m["body"]["type"] == "error" && m["reply_to"] == format!("spawner/s{i}")
+        });
+        let reason = m["body"]["reason"].as_str().unwrap();
+        assert!(
+            reason.ends_with(&format!("big.wat is {size} bytes; a module may have at most 8388608 bytes")),
+            "{reason}"
+        );
+    }
+    eprintln!("five refusals within {:?}", started.elapsed());
+    lists_within_a_second(&t);
+    // Under the cap, a module that takes a while to compile: `list` is
+    // answered meanwhile, then the spawn.
+    let ok = t.dir.path().join("ok.wat");
+    big_wat(&ok, 20_000);
+    t.w().send(Some("broker"), Some("sp"), None, json!({"type": "spawn", "id": "slow", "wasm": ok}));
+    let l = lists_within_a_second(&t);
+    eprintln!("list while compiling {} bytes: {}", std::fs::metadata(&ok).unwrap().len(), l["actors"]);
+    let (m, _) = t.wait_for("the spawn", |m| m["reply_to"] == "console/sp");
+    assert_eq!(m["body"], json!({"type": "ok", "request": "spawn", "id": "slow", "version": 1}), "{m}");
+    let ids: Vec<String> = lists_within_a_second(&t)["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().into())
+        .collect();
+    assert_eq!(ids, ["slow", "spawner"], "no big<n> left behind");
+}
+
+/// A C actor sleeps an hour inside a host call; the console stops it.
+#[test]
+fn stop_ends_a_guest_blocked_in_a_host_call() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    let src = t.file(
+        "sleeper/sleeper.c",
+        r#"#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    char line[4096];
+    while (fgets(line, sizeof line, stdin)) {
+        puts("{\"body\":\"sleeping\"}");
+        fflush(stdout);
+        sleep(3600);
+    }
+    return 0;
+}
+"#,
+    );
+    let out = t.dir.path().join("sleeper/sleeper.wasm");
+    common::clang::build_c_actor(&src, &out);
+    assert_eq!(t.req(json!({"type":"spawn","id":"sleeper","wasm":out}))["type"], "ok");
+    t.subscribe_console("sleeper");
+    t.w().send(Some("sleeper"), None, None, json!("nap"));
+    t.wait_for("asleep", |m| m["from"] == "sleeper" && m["body"] == "sleeping");
+    let asked = Instant::now();
+    let r = t.w().request(json!({"type": "stop", "id": "sleeper"}), Duration::from_secs(20));
+    let took = asked.elapsed();
+    let r = r.unwrap_or_else(|e| panic!("stop never answered: {e:#}"));
+    eprintln!("stop of a sleeping guest answered after {took:?}");
+    assert_eq!(r, json!({"type": "ok", "request": "stop", "id": "sleeper"}));
+    let s = lists_within_a_second(&t);
+    let me = s["actors"].as_array().unwrap().iter().find(|a| a["id"] == "sleeper").unwrap().clone();
+    assert_eq!(me["state"], "stopped", "{s}");
+    assert!(
+        t.read("actor/sleeper/stderr.log").contains("blocked in a host call"),
+        "{}",
+        t.read("actor/sleeper/stderr.log")
+    );
+    // And `start` starts it again.
+    assert_eq!(t.req(json!({"type": "start", "id": "sleeper"}))["type"], "ok");
+    t.w().send(Some("sleeper"), None, None, json!("again"));
+    t.wait_for("asleep again", |m| m["from"] == "sleeper" && m["body"] == "sleeping");
+    // Each abandoned instance keeps its memory until its host call
+    // returns: after eight of them (this one is the second), no new
+    // instance starts until one ends.
+    for round in 2..=8 {
+        let r = t.w().request(json!({"type": "stop", "id": "sleeper"}), Duration::from_secs(20)).unwrap();
+        assert_eq!(r["type"], "ok", "round {round}: {r}");
+        if round < 8 {
+            assert_eq!(t.req(json!({"type": "start", "id": "sleeper"}))["type"], "ok");
+            t.w().send(Some("sleeper"), None, None, json!(round));
+            t.wait_for("asleep", |m| m["from"] == "sleeper" && m["body"] == "sleeping");
+        }
+    }
+    assert_eq!(t.req(json!({"type": "start", "id": "sleeper"}))["type"], "ok");
+    t.wait_state("sleeper", "a refused start", |_| status_exit(&t, "sleeper").contains("abandoned instances"));
+    let exit = status_exit(&t, "sleeper");
+    assert!(
+        exit.contains(
+            "8 abandoned instances are still blocked in host calls (at most 8); no new instance until one ends"
+        ),
+        "{exit}"
+    );
+    lists_within_a_second(&t);
+}
+
+/// An actor spawns `rec` with `"source": "/actor"`: the registry it would
+/// copy into itself.
+#[test]
+fn a_source_that_contains_its_destination_is_refused_and_nothing_is_left() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    let req = "{\"to\":\"broker\",\"id\":\"rec\",\"body\":{\"type\":\"spawn\",\"id\":\"rec\",\"wasm\":\"/public/x.wat\",\"source\":\"/actor\"}}\n";
+    assert_eq!(t.spawn("copier", &actor(req, "", ""))["type"], "ok");
+    std::fs::write(t.root().join("actor/copier/public/x.wat"), echo()).unwrap();
+    std::fs::write(t.root().join("actor/copier/public/blob"), vec![7u8; 1 << 20]).unwrap();
+    t.subscribe_console("copier");
+    let (before, disk_before) = (rss_mib(), du(&t.root()));
+    t.w().send(Some("copier"), None, None, json!("go"));
+    let (m, _) = t.wait_for("the refusal", |m| m["from"] == "copier" && m["reply_to"] == "copier/rec");
+    let (after, disk_after) = (rss_mib(), du(&t.root()));
+    let l = lists_within_a_second(&t);
+    eprintln!("source /actor: RSS {before} → {after} MiB, world {disk_before} → {disk_after} bytes");
+    let reason = m["body"]["reason"].as_str().unwrap();
+    assert_eq!(m["body"]["type"], "error", "{m}");
+    assert!(reason.contains("contains") && reason.contains("where it would be copied: refused"), "{reason}");
+    assert_eq!(l["actors"].as_array().unwrap().len(), 1, "no phantom rec: {l}");
+    for left in ["actor/rec", "data/rec", "broker/versions/rec"] {
+        assert!(!t.root().join(left).exists(), "{left} left behind");
+    }
+    assert!(disk_after < disk_before + (1 << 20), "world grew from {disk_before} to {disk_after} bytes");
+    // A source past the size cap is refused too (17 MiB in /public).
+    std::fs::write(t.root().join("actor/copier/public/blob"), vec![7u8; 17 << 20]).unwrap();
+    let r = t.req(json!({"type": "spawn", "id": "fat", "wasm": t.root().join("actor/copier/public/x.wat"),
+        "source": t.root().join("actor/copier/public")}));
+    let reason = r["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("is too large to copy: it holds more than 16777216 bytes"), "{r}");
+    assert!(!t.root().join("actor/fat").exists() && !t.root().join("broker/versions/fat").exists());
+    assert!(after < before + 100, "host RSS grew from {before} to {after} MiB");
+}
+
+/// `evil` answers the agent's request to it, and plants replies for the
+/// agent's next five request ids; then the agent asks `cc` to build.
+#[test]
+fn a_reply_counts_only_from_the_participant_asked() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    let src = t.file(
+        "evil/evil.c",
+        r#"#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+int main(void) {
+    static char line[65536];
+    while (fgets(line, sizeof line, stdin)) {
+        char *p = strstr(line, "\"id\":\"agent/req-");
+        if (!p) continue;
+        p += strlen("\"id\":\"agent/req-");
+        char *dash = strchr(p, '-');
+        if (!dash) continue;
+        long long run = atoll(p);
+        long n = atol(dash + 1);
+        printf("{\"to\":\"agent\",\"reply_to\":\"agent/req-%lld-%ld\",\"body\":\"hi\"}\n", run, n);
+        for (long k = 1; k <= 5; k++)
+            printf("{\"to\":\"agent\",\"reply_to\":\"agent/req-%lld-%ld\",\"body\":{\"type\":\"built\",\"wasm\":\"/forged.wasm\"}}\n", run, n + k);
+        fflush(stdout);
+    }
+    return 0;
+}
+"#,
+    );
+    let out = t.dir.path().join("evil/evil.wasm");
+    common::clang::build_c_actor(&src, &out);
+    assert_eq!(t.req(json!({"type":"spawn","id":"evil","wasm":out}))["type"], "ok");
+    let (r, _) = t.w().ask_as("agent", "evil", json!({"q": 1}), Duration::from_secs(60)).unwrap();
+    assert_eq!((r.from.as_str(), &r.body), ("evil", &json!("hi")));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while t.w().agent_waiting().len() < 5 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(t.w().agent_waiting().len(), 5, "the forgeries wait in the agent's mailbox");
+    let build = json!({"type": "build", "name": "x", "files": {"main.c": "int main(void) { return 0; }\n"}});
+    let (r, _) = t.w().ask_as("agent", "cc", build, Duration::from_secs(120)).unwrap();
+    lists_within_a_second(&t);
+    assert_eq!(r.from, "cc", "{r:?}");
+    assert_ne!(r.body["wasm"], "/forged.wasm", "{r:?}");
+    assert!(r.body["type"] == "built" || r.body["type"] == "build_failed", "{r:?}");
+}
+
+/// `b` (spawned by the console) starts `a` after the console stopped it;
+/// the console rolls back with `version: -1` and `"1"`.
+#[test]
+fn start_needs_the_spawners_right_and_rollback_refuses_bad_versions() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    assert_eq!(t.spawn("a", &echo())["type"], "ok");
+    assert_eq!(t.req(json!({"type": "stop", "id": "a"}))["type"], "ok");
+    let start = "{\"to\":\"broker\",\"id\":\"st\",\"body\":{\"type\":\"start\",\"id\":\"a\"}}\n";
+    assert_eq!(t.spawn("b", &actor(start, "", ""))["type"], "ok");
+    t.subscribe_console("b");
+    t.w().send(Some("b"), None, None, json!("go"));
+    let (m, _) = t.wait_for("b's answer", |m| m["from"] == "b" && m["reply_to"] == "b/st");
+    assert_eq!(
+        m["body"],
+        json!({"type": "error", "reason": "\"b\" may not start \"a\" (only itself, the agent, the console or its spawner)"})
+    );
+    assert_eq!(t.actor_state("a")["state"], "stopped");
+    // Version 2, then rollbacks with bad versions.
+    assert_eq!(t.req(json!({"type": "start", "id": "a"}))["type"], "ok");
+    let p = t.file("a2.wat", &echo());
+    let r = t.req(json!({"type": "upgrade", "id": "a", "wasm": p}));
+    assert_eq!(r["version"], 2, "{r}");
+    assert!(!t.root().join("broker/candidates/a").exists(), "the candidates' copies are removed");
+    for bad in [json!(-1), json!("1"), json!(1.5), json!(true)] {
+        let r = t.req(json!({"type": "rollback", "id": "a", "version": bad}));
+        assert_eq!(r["type"], "error", "{bad} → {r}");
+        let want = format!("\"version\" must be a whole number ≥ 1 (or absent for the previous version), not {bad}");
+        assert_eq!(r["reason"], want.as_str(), "{bad}");
+    }
+    lists_within_a_second(&t);
+    assert_eq!(t.actor_state("a")["version"], 2);
+}
+
+/// Per-actor limits: a spawn may lower the world's (here memory to
+/// 4 MiB), never raise them.
+#[test]
+fn a_spawn_lowers_an_actors_limits_and_never_raises_them() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    let p = t.file("bomb.wat", &memory_bomb());
+    let r = t.req(json!({"type": "spawn", "id": "bomb", "wasm": p, "limits": {"memory_bytes": 4 << 20}}));
+    assert_eq!(r["type"], "ok", "{r}");
+    t.subscribe_console("bomb");
+    t.w().send(Some("bomb"), None, None, json!("go"));
+    let (m, _) = t.wait_for("page report", |m| m["body"]["pages"].is_number());
+    let pages = m["body"]["pages"].as_u64().unwrap();
+    // 4 MiB = 64 pages of 64 KiB, for every memory of the instance.
+    assert!((40..=64).contains(&pages), "{pages}");
+    let reg: Value = serde_json::from_str(&t.read("broker/registry.json")).unwrap();
+    assert_eq!(reg["actors"]["bomb"]["limits"], json!({"memory_bytes": 4 << 20}));
+    for (limits, reason) in [
+        (
+            json!({"memory_bytes": 1u64 << 40}),
+            "limit \"memory_bytes\" of 1099511627776 is above the world's 67108864; a spawn may only lower a limit",
+        ),
+        (json!({"cpu": 1}), "unknown limit \"cpu\"; one of memory_bytes, table_elements, disk_bytes"),
+        (json!({"disk_bytes": -1}), "limit \"disk_bytes\" must be a whole number, not -1"),
+        (json!(5), "\"limits\" must be an object, not 5"),
+    ] {
+        let r = t.req(json!({"type": "spawn", "id": "more", "wasm": p, "limits": limits}));
+        assert_eq!(r, json!({"type": "error", "reason": reason}), "{limits}");
+    }
+    lists_within_a_second(&t);
+}
