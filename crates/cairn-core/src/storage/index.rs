@@ -147,24 +147,13 @@ impl SessionIndex {
     }
 
     /// Apply one record (from a commit just made durable, or from replay).
-    /// Re-checks the invariants a file written by someone else might break.
+    /// Re-checks the invariants a file written by someone else might break
+    /// ([`check_record`], which `cairn check` also runs without an index).
     pub fn apply(&mut self, record: Record) -> Result<(), String> {
         let seq = record.seq();
-        if seq <= self.last_seq {
-            return Err(format!("seq {seq} is not greater than the previous seq {}", self.last_seq));
-        }
+        let parent = check_record(&record, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
         match record {
             Record::Entry(entry) => {
-                if self.by_id.get(&self.entries, &entry.id).is_some() {
-                    return Err(format!("duplicate entry id {:?} (entries are write-once)", entry.id));
-                }
-                let parent = match &entry.parent_id {
-                    None => None,
-                    Some(parent) => match self.by_id.get(&self.entries, parent) {
-                        Some(index) => Some(index),
-                        None => return Err(format!("entry {:?} has unknown parent {parent:?}", entry.id)),
-                    },
-                };
                 let index = self.entries.len();
                 self.links.push(Links { first_child: NONE, last_child: NONE, next_sibling: NONE });
                 match parent {
@@ -183,9 +172,6 @@ impl SessionIndex {
                 self.by_id.insert(&self.entries, index);
             }
             Record::Register(register) => {
-                if NamespaceRoot::of(&register.namespace).is_none() {
-                    return Err(format!("unknown register namespace {:?}", register.namespace));
-                }
                 let namespace = self.registers.entry(register.namespace).or_default();
                 match (register.op, register.value) {
                     (RegisterOp::Set, Some(value)) => {
@@ -310,6 +296,48 @@ impl SessionIndex {
     /// The state.
     pub fn state(&self) -> Option<&State> {
         self.state.as_ref()
+    }
+}
+
+/// The rules a record read from a file must pass before it is applied,
+/// given the highest seq so far and `find`, which entry ids exist (and a
+/// handle on each): seqs strictly increase, entry ids are new, a parent
+/// exists, a register's namespace is known and a set has a value. Returns
+/// the entry's parent handle. The one statement of these rules, for
+/// [`SessionIndex::apply`] and for the streaming check (`check.rs`), so
+/// both refuse the same files with the same words.
+pub(crate) fn check_record<T>(
+    record: &Record,
+    last_seq: u64,
+    find: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>, String> {
+    let seq = record.seq();
+    if seq <= last_seq {
+        return Err(format!("seq {seq} is not greater than the previous seq {last_seq}"));
+    }
+    match record {
+        Record::Entry(entry) => {
+            if find(&entry.id).is_some() {
+                return Err(format!("duplicate entry id {:?} (entries are write-once)", entry.id));
+            }
+            match &entry.parent_id {
+                None => Ok(None),
+                Some(parent) => match find(parent) {
+                    Some(handle) => Ok(Some(handle)),
+                    None => Err(format!("entry {:?} has unknown parent {parent:?}", entry.id)),
+                },
+            }
+        }
+        Record::Register(register) => {
+            if NamespaceRoot::of(&register.namespace).is_none() {
+                return Err(format!("unknown register namespace {:?}", register.namespace));
+            }
+            if register.op == RegisterOp::Set && register.value.is_none() {
+                return Err("register set without a value".to_owned());
+            }
+            Ok(None)
+        }
+        Record::Usage(_) | Record::State(_) => Ok(None),
     }
 }
 
