@@ -401,7 +401,7 @@ impl Home {
 
     fn tole(&self, bin: &Path, args: &[&str]) -> Result<Command> {
         let dir = self.tole_sessions.display().to_string();
-        let mut all = vec!["--sessions-dir", &dir, "--no-config", "--no-auto-mcp", "--no-skills"];
+        let mut all = vec!["--sessions-dir", &dir, "--no-config", "--no-skills"];
         all.extend(args);
         let mut cmd = measured(bin, &all)?;
         cmd.current_dir(&self.home)
