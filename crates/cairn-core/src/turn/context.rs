@@ -143,17 +143,24 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Conte
     let mut compactions: Vec<(usize, String, String)> = Vec::new();
     let mut at = Some(head.to_owned());
     while let Some(id) = at {
-        let entry = store.entry(&id).ok_or_else(|| TurnError::NoSuchEntry(id.clone()))?;
-        if entry.entry_type == EntryType::Compaction.tag() {
-            if let Ok(p) = entry.payload.parse::<CompactionPayload>() {
-                compactions.push((ids.len(), id, p.last_entry));
+        // Each entry is read in place (no copy of its payload).
+        let mut parent = None;
+        let found = store.visit_entry(&id, &mut |entry| {
+            if entry.entry_type == EntryType::Compaction.tag() {
+                if let Ok(p) = entry.payload.parse::<CompactionPayload>() {
+                    compactions.push((ids.len(), entry.id.clone(), p.last_entry));
+                }
+            } else if let Some(m) = super::entry_message(entry) {
+                costs.push(Ledger::byte_costs(&m));
+                roles.push(m.role);
+                ids.push(&entry.id);
             }
-        } else if let Some(m) = super::entry_message(&entry) {
-            costs.push(Ledger::byte_costs(&m));
-            roles.push(m.role);
-            ids.push(&id);
+            parent = entry.parent_id.clone();
+        });
+        if !found {
+            return Err(TurnError::NoSuchEntry(id));
         }
-        at = entry.parent_id;
+        at = parent;
     }
     let ids = ids.reversed();
     roles.reverse();
@@ -211,7 +218,9 @@ impl ContextState {
 
     /// Message `i`, read from the store.
     fn message<S: Storage>(&self, store: &S, i: usize) -> Option<Message> {
-        store.entry(self.ids.get(i)?).and_then(|e| super::entry_message(&e))
+        let mut message = None;
+        store.visit_entry(self.ids.get(i)?, &mut |e| message = super::entry_message(e));
+        message
     }
 
     /// Every message of the lane, read from the store.
