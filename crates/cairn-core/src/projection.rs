@@ -261,15 +261,41 @@ impl ToolState {
 }
 
 /// The lifecycle check of [`ToolState`] without the projection: the same
-/// rules and the same anomaly texts, keeping only each invocation's status
-/// and settlement count (a session's open runs it over every entry; the
-/// full projection would hold every request and receipt a second time next
-/// to the store's own copy). Each payload is still parsed in full, so a
-/// malformed one is refused as [`ToolState`] refuses it.
+/// rules and the same anomaly texts, in memory bounded by what is still
+/// open. An unsettled invocation keeps its id and status; when it settles,
+/// that state is dropped and only its id and final status stay, packed
+/// (`idset.rs`: the id's bytes plus 16 bytes, no allocation of its own) —
+/// the rules need them to the end of the log, since a second request, a
+/// start or a second settlement of a settled invocation is refused however
+/// far from its intent it comes. Nothing of a request or receipt is kept
+/// (a session's open and `cairn check` run it over every entry; the full
+/// projection would hold every request and receipt a second time). Each
+/// payload is still parsed in full, so a malformed one is refused as
+/// [`ToolState`] refuses it.
 #[derive(Debug, Default)]
 pub struct LifecycleCheck {
-    status: HashMap<String, ToolInvocationStatus>,
+    /// Invocations requested and not settled (at most a few at any time).
+    open: HashMap<String, ToolInvocationStatus>,
+    /// Settled invocations: id and final status ([`settled_tag`]).
+    settled: crate::idset::IdSet,
     first: Option<String>,
+}
+
+/// A settled status as [`LifecycleCheck`] packs it.
+fn settled_tag(status: ToolInvocationStatus) -> u8 {
+    match status {
+        ToolInvocationStatus::Completed => 0,
+        ToolInvocationStatus::Failed => 1,
+        _ => 2,
+    }
+}
+
+fn settled_status(tag: u8) -> ToolInvocationStatus {
+    match tag {
+        0 => ToolInvocationStatus::Completed,
+        1 => ToolInvocationStatus::Failed,
+        _ => ToolInvocationStatus::Rejected,
+    }
 }
 
 impl LifecycleCheck {
@@ -283,12 +309,37 @@ impl LifecycleCheck {
         }
     }
 
+    /// [`apply`](Self::apply), answering with the first anomaly (this
+    /// entry's or an earlier one's).
+    pub fn check(&mut self, entry: &Entry) -> Result<(), LifecycleError> {
+        self.apply(entry);
+        match &self.first {
+            Some(first) => Err(LifecycleError(first.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// The first anomaly as an error, or `Ok` for a healthy log.
     pub fn finish(self) -> Result<(), LifecycleError> {
         match self.first {
             Some(first) => Err(LifecycleError(first)),
             None => Ok(()),
         }
+    }
+
+    /// Invocations requested and not settled so far.
+    pub fn unsettled(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Invocations settled so far.
+    pub fn settled(&self) -> usize {
+        self.settled.len()
+    }
+
+    /// The status of `invocation_id`, if it was requested.
+    fn status(&self, invocation_id: &str) -> Option<ToolInvocationStatus> {
+        self.open.get(invocation_id).copied().or_else(|| self.settled.get(invocation_id).map(settled_status))
     }
 
     fn step(&mut self, entry: &Entry) -> Result<(), String> {
@@ -298,25 +349,25 @@ impl LifecycleCheck {
         let (id, settle) = match entry_type {
             EntryType::ToolRequested => {
                 let p = entry.payload.parse::<ToolRequestedPayload>().map_err(|e| bad("toolRequested", &e))?;
-                if self.status.contains_key(&p.invocation_id) {
+                if self.status(&p.invocation_id).is_some() {
                     return Err(format!("invocation {} requested twice", p.invocation_id));
                 }
-                self.status.insert(p.invocation_id, S::Requested);
+                self.open.insert(p.invocation_id, S::Requested);
                 return Ok(());
             }
             EntryType::ToolStarted => {
                 let p = entry.payload.parse::<ToolStartedPayload>().map_err(|e| bad("toolStarted", &e))?;
                 let status = self.known(&entry.id, &p.invocation_id)?;
-                if *status != S::Requested {
+                if status != S::Requested {
                     return Err(format!("invocation {} started while {:?}", p.invocation_id, status));
                 }
-                *status = S::Started;
+                self.open.insert(p.invocation_id, S::Started);
                 return Ok(());
             }
             EntryType::ToolBypass => {
                 let p = entry.payload.parse::<ToolBypassPayload>().map_err(|e| bad("toolBypass", &e))?;
                 let status = self.known(&entry.id, &p.invocation_id)?;
-                if *status != S::Started {
+                if status != S::Started {
                     return Err(format!("invocation {} asked a bypass while {:?}", p.invocation_id, status));
                 }
                 return Ok(());
@@ -324,7 +375,7 @@ impl LifecycleCheck {
             EntryType::ToolStaged => {
                 let p = entry.payload.parse::<crate::events::ToolStagedPayload>().map_err(|e| bad("toolStaged", &e))?;
                 let status = self.known(&entry.id, &p.invocation_id)?;
-                if *status != S::Started {
+                if status != S::Started {
                     return Err(format!("invocation {} staged while {:?}", p.invocation_id, status));
                 }
                 return Ok(());
@@ -350,16 +401,17 @@ impl LifecycleCheck {
         if status.is_settled() {
             return Err(format!("invocation {id} settled twice"));
         }
-        if needs_start && *status != S::Started {
+        if needs_start && status != S::Started {
             return Err(format!("invocation {id} settled without being started"));
         }
-        *status = settled;
+        // Settled: its open state goes; its id and outcome stay, packed.
+        self.open.remove(&id);
+        self.settled.insert(&id, settled_tag(settled));
         Ok(())
     }
 
-    fn known(&mut self, entry_id: &str, invocation_id: &str) -> Result<&mut ToolInvocationStatus, String> {
-        self.status
-            .get_mut(invocation_id)
+    fn known(&self, entry_id: &str, invocation_id: &str) -> Result<ToolInvocationStatus, String> {
+        self.status(invocation_id)
             .ok_or_else(|| format!("entry {entry_id}: invocation {invocation_id} was never requested"))
     }
 }
@@ -430,6 +482,64 @@ mod tests {
                 ["toolCompleted", "toolStarted", "toolRequested"][inv as usize % 3],
                 &json!({"invocationId": id}),
             ),
+        }
+    }
+
+    /// A long healthy log (`turns` invocations requested, started and
+    /// completed, a message between them), then `tail` appended.
+    fn long_log(turns: u64, tail: &[(u64, u64)]) -> Vec<Entry> {
+        let mut entries = Vec::new();
+        for inv in 0..turns {
+            for kind in [7, 0, 1, 4] {
+                entries.push(make(entries.len(), kind, inv));
+            }
+        }
+        for &(kind, inv) in tail {
+            entries.push(make(entries.len(), kind, inv));
+        }
+        entries
+    }
+
+    fn check_all(entries: &[Entry]) -> (LifecycleCheck, Result<(), LifecycleError>) {
+        let mut check = LifecycleCheck::default();
+        for e in entries {
+            check.apply(e);
+        }
+        let verdict = match &check.first {
+            Some(first) => Err(LifecycleError(first.clone())),
+            None => Ok(()),
+        };
+        (check, verdict)
+    }
+
+    #[test]
+    fn settled_invocations_leave_no_open_state_and_far_anomalies_are_still_found() {
+        // Healthy: every invocation settled, nothing open is kept.
+        let healthy = long_log(20_000, &[(0, 20_000), (1, 20_000)]);
+        let (check, verdict) = check_all(&healthy);
+        assert_eq!(verdict, Ok(()));
+        assert_eq!((check.unsettled(), check.settled()), (1, 20_000), "only the running invocation is open");
+        // Anomalies about the first invocation, 80,000 entries after it
+        // settled: refused with the projection's text, as before.
+        for (tail, text) in [
+            (vec![(0, 0)], "invocation i0 requested twice"),
+            (vec![(1, 0)], "invocation i0 started while Completed"),
+            (vec![(2, 0)], "invocation i0 asked a bypass while Completed"),
+            (vec![(3, 0)], "invocation i0 staged while Completed"),
+            (vec![(4, 0)], "invocation i0 settled twice"),
+            (vec![(5, 0)], "invocation i0 settled twice"),
+            (vec![(6, 0)], "invocation i0 settled twice"),
+            (vec![(0, 20_000), (4, 20_000)], "invocation i20000 settled without being started"),
+            (vec![(4, 20_001)], "was never requested"),
+            // Requested far away and never settled, then requested again.
+            (vec![(0, 20_000), (7, 0), (7, 0), (0, 20_000)], "invocation i20000 requested twice"),
+        ] {
+            let entries = long_log(20_000, &tail);
+            let (_, verdict) = check_all(&entries);
+            let expected = ToolState::replay_strict(&entries).err();
+            assert_eq!(verdict.clone().err(), expected, "{tail:?}");
+            let error = verdict.expect_err("refused").0;
+            assert!(error.contains(text), "{tail:?}: {error}");
         }
     }
 

@@ -3,17 +3,26 @@
 //!
 //! It owns the report's shape (its JSON form is a stable interface:
 //! `{"ok","entries","registers","usage","lastSeq","tornTail",
-//! "deadBytesRatio","storageVersion","warnings","error"}`) and its human
+//! "deadBytesRatio","storageVersion","warnings","error"}`; hosts may add
+//! fields of their own, e.g. the CLI's peak memory and rate) and its human
 //! form. Checks of what entries *mean* (the tool lifecycle) belong to the
-//! turn and come in through [`check_file_with`]'s `validate`. It must never
-//! write to the file: it replays through a read-only handle.
+//! turn and come in through [`check_file_with`]'s `validate`, one entry at
+//! a time. It must never write to the file: it reads through a read-only
+//! handle.
+//!
+//! It streams: every line goes through the replay's rules (`replay.rs`) and
+//! every record through the index's ([`check_record`]), but nothing of a
+//! record is kept beside its entry id (packed, for the parent and duplicate
+//! rules) and the registers' liveness, so its memory is a small fraction
+//! of the file's size rather than a copy of the session.
 
 use std::path::Path;
 
 use serde::Serialize;
 
-use super::Storage;
-use super::jsonl::{JsonlStore, StoreOptions};
+use super::jsonl::{Access, StoreOptions, open_regular};
+use super::record::{Entry, Record};
+use super::replay::{Apply, replay_into};
 
 /// What `cairn check` reports about a session file.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -49,12 +58,14 @@ pub fn check_file(path: &Path) -> CheckReport {
 }
 
 /// [`check_file`] with options (the line limit) and a further validation
-/// of the replayed store (e.g. the turn's tool lifecycle); its error makes
-/// the report not ok.
+/// of each entry in file order (e.g. the turn's tool lifecycle): its first
+/// error makes the report not ok, and later entries are no longer passed to
+/// it. An error of the file itself (anywhere in it) is the one reported, as
+/// a replay would stop on it.
 pub fn check_file_with(
     path: &Path,
     opts: StoreOptions,
-    validate: impl FnOnce(&JsonlStore) -> Result<(), String>,
+    mut validate: impl FnMut(&Entry) -> Result<(), String>,
 ) -> CheckReport {
     let failed = |error: String| CheckReport {
         ok: false,
@@ -68,26 +79,72 @@ pub fn check_file_with(
         warnings: Vec::new(),
         error: Some(error),
     };
-    let store = match JsonlStore::open_read_only_with(path, opts) {
-        Ok(store) => store,
+    let file = match open_regular(path, Access::Read) {
+        Ok(file) => file,
+        Err(e) => return failed(e.to_string()),
+    };
+    let mut verify = Verify {
+        ids: crate::idset::IdSet::default(),
+        last_seq: 0,
+        entries: 0,
+        usage: 0,
+        validate: &mut validate,
+        invalid: None,
+    };
+    let replayed = match replay_into(&path.display().to_string(), file, opts.max_line_bytes, &mut verify) {
+        Ok(replayed) => replayed,
         Err(e) => return failed(e.to_string()),
     };
     let mut warnings = Vec::new();
-    if let Some(warning) = header_id_mismatch(path, &store.header().id) {
+    if let Some(warning) = header_id_mismatch(path, &replayed.header.id) {
         warnings.push(warning);
     }
-    let error = validate(&store).err();
+    let error = verify.invalid;
+    let len = replayed.valid_len;
     CheckReport {
         ok: error.is_none(),
-        entries: store.index().entries().len() as u64,
-        registers: store.index().register_count() as u64,
-        usage: store.index().usage().len() as u64,
-        last_seq: store.index().last_seq(),
-        torn_tail: store.torn_tail_bytes() > 0,
-        dead_bytes_ratio: store.dead_bytes_ratio(),
-        storage_version: store.file_storage_version(),
+        entries: verify.entries,
+        registers: replayed.liveness.registers.values().map(|keys| keys.len() as u64).sum(),
+        usage: verify.usage,
+        last_seq: verify.last_seq,
+        torn_tail: replayed.torn_bytes > 0,
+        dead_bytes_ratio: if len == 0 { 0.0 } else { replayed.liveness.dead_bytes as f64 / len as f64 },
+        storage_version: replayed.file_version,
         warnings,
         error,
+    }
+}
+
+/// The index's rules over a stream of records, keeping of them only the
+/// entry ids (packed) and counts; each entry also goes to the caller's
+/// validation until it first fails.
+struct Verify<'a> {
+    ids: crate::idset::IdSet,
+    last_seq: u64,
+    entries: u64,
+    usage: u64,
+    validate: &'a mut dyn FnMut(&Entry) -> Result<(), String>,
+    invalid: Option<String>,
+}
+
+impl Apply for Verify<'_> {
+    fn apply(&mut self, record: Record) -> Result<(), String> {
+        super::index::check_record(&record, self.last_seq, |id| self.ids.get(id))?;
+        self.last_seq = record.seq();
+        match &record {
+            Record::Entry(entry) => {
+                self.ids.insert(&entry.id, 0);
+                self.entries += 1;
+                if self.invalid.is_none()
+                    && let Err(e) = (self.validate)(entry)
+                {
+                    self.invalid = Some(e);
+                }
+            }
+            Record::Usage(_) => self.usage += 1,
+            Record::Register(_) | Record::State(_) => {}
+        }
+        Ok(())
     }
 }
 
@@ -137,5 +194,120 @@ impl std::fmt::Display for CheckReport {
             write!(f, "\nwarning: {warning}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{JsonlStore, Storage};
+
+    /// The report as it was built before the check streamed: a read-only
+    /// store replayed whole (the reference the streaming check must equal).
+    fn through_the_store(path: &Path) -> CheckReport {
+        match JsonlStore::open_read_only(path) {
+            Err(e) => CheckReport {
+                ok: false,
+                entries: 0,
+                registers: 0,
+                usage: 0,
+                last_seq: 0,
+                torn_tail: false,
+                dead_bytes_ratio: 0.0,
+                storage_version: 0,
+                warnings: Vec::new(),
+                error: Some(e.to_string()),
+            },
+            Ok(store) => CheckReport {
+                ok: true,
+                entries: store.index().entries().len() as u64,
+                registers: store.index().register_count() as u64,
+                usage: store.index().usage().len() as u64,
+                last_seq: store.index().last_seq(),
+                torn_tail: store.torn_tail_bytes() > 0,
+                dead_bytes_ratio: store.dead_bytes_ratio(),
+                storage_version: store.file_storage_version(),
+                warnings: header_id_mismatch(path, &store.header().id).into_iter().collect(),
+                error: None,
+            },
+        }
+    }
+
+    const HEADER: &str = r#"{"v":1,"kind":"header","id":"s","storageVersion":1,"createdAt":1,"cwd":"/"}"#;
+
+    fn entry(seq: u64, id: &str, parent: Option<&str>) -> String {
+        let parent = parent.map_or("null".to_owned(), |p| format!("{p:?}"));
+        format!(
+            r#"{{"kind":"entry","seq":{seq},"timestamp":1,"id":"{id}","parentId":{parent},"type":"message","payload":{{"n":{seq}}}}}"#
+        )
+    }
+
+    fn set(seq: u64, namespace: &str, key: &str) -> String {
+        format!(r#"{{"kind":"register","op":"set","seq":{seq},"namespace":"{namespace}","key":"{key}","value":{seq}}}"#)
+    }
+
+    fn delete(seq: u64, key: &str) -> String {
+        format!(r#"{{"kind":"register","op":"delete","seq":{seq},"namespace":"fact","key":"{key}"}}"#)
+    }
+
+    #[test]
+    fn the_streaming_check_reports_what_a_whole_replay_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        // A long healthy body: entries chained (and a fork from the first
+        // one at the end), registers overwritten and deleted, usage rows.
+        let mut body = Vec::new();
+        let mut seq = 0;
+        for i in 0..3_000u64 {
+            seq += 1;
+            body.push(entry(seq, &format!("e{i}"), (i > 0).then(|| format!("e{}", i - 1)).as_deref()));
+            seq += 1;
+            body.push(set(seq, "fact", &format!("k{}", i % 7)));
+            if i % 5 == 0 {
+                seq += 1;
+                body.push(delete(seq, &format!("k{}", i % 7)));
+            }
+            if i % 3 == 0 {
+                seq += 1;
+                body.push(format!(r#"{{"kind":"usage","seq":{seq},"id":"u{i}","entryId":"e{i}","usage":{{"in":1}}}}"#));
+            }
+        }
+        let cases: Vec<(&str, Vec<String>)> = vec![
+            ("healthy", vec![]),
+            ("fork from the first entry", vec![entry(seq + 1, "fork", Some("e0"))]),
+            ("duplicate id far from the first", vec![entry(seq + 1, "e0", Some("e2999"))]),
+            ("unknown parent", vec![entry(seq + 1, "x", Some("nowhere"))]),
+            ("seq going back", vec![entry(seq, "x", Some("e1"))]),
+            ("unknown namespace", vec![set(seq + 1, "nowhere", "k")]),
+            (
+                "set without a value",
+                vec![format!(r#"{{"kind":"register","op":"set","seq":{},"namespace":"fact","key":"k"}}"#, seq + 1)],
+            ),
+            ("corrupt line in the middle", vec!["{not json".to_owned(), entry(seq + 1, "x", Some("e1"))]),
+            ("torn tail", vec!["{\"kind\":\"entr".to_owned()]),
+            ("an array line", vec![format!("[{},{}]", entry(seq + 1, "a", Some("e5")), set(seq + 2, "lane", "main"))]),
+        ];
+        for (name, tail) in cases {
+            let path = dir.path().join(format!("{}.jsonl", name.replace(' ', "-")));
+            let mut text = format!("{HEADER}\n");
+            for line in body.iter().chain(&tail) {
+                text.push_str(line);
+                text.push('\n');
+            }
+            if name == "torn tail" {
+                text.pop();
+            }
+            std::fs::write(&path, text).unwrap();
+            let streamed = check_file(&path);
+            let whole = through_the_store(&path);
+            assert_eq!(streamed, whole, "{name}");
+            assert_eq!(
+                streamed.ok,
+                name.starts_with("healthy")
+                    || name.starts_with("fork")
+                    || name.starts_with("torn")
+                    || name.starts_with("an array"),
+                "{name}: {streamed:?}"
+            );
+        }
     }
 }

@@ -12,10 +12,11 @@ use std::collections::{BTreeMap, HashSet};
 /// Entry ids by position in `entries`: a hash table of indices hashed by
 /// the entry's own id, so ids are not stored twice (one allocation less per
 /// entry on replay). Ids come from the session's own file, so a fast seeded
-/// hasher is enough.
+/// hasher is enough. Indices are `u32` (4 bytes a slot; a session holds
+/// fewer than [`NONE`] entries, which [`SessionIndex::apply`] enforces).
 #[derive(Clone, Default)]
 struct IdTable {
-    table: hashbrown::HashTable<usize>,
+    table: hashbrown::HashTable<u32>,
     hasher: foldhash::fast::RandomState,
 }
 
@@ -30,29 +31,30 @@ impl IdTable {
         std::hash::BuildHasher::hash_one(&self.hasher, id)
     }
 
-    fn get(&self, entries: &[Entry], id: &str) -> Option<usize> {
-        self.table.find(self.hash(id), |&i| entries[i].id == id).copied()
+    fn get(&self, entries: &[Entry], id: &str) -> Option<u32> {
+        self.table.find(self.hash(id), |&i| entries[i as usize].id == id).copied()
     }
 
     /// Insert `index` (whose entry is already in `entries`).
-    fn insert(&mut self, entries: &[Entry], index: usize) {
-        let hash = self.hash(&entries[index].id);
+    fn insert(&mut self, entries: &[Entry], index: u32) {
+        let hash = self.hash(&entries[index as usize].id);
         let hasher = &self.hasher;
-        self.table.insert_unique(hash, index, |&i| std::hash::BuildHasher::hash_one(hasher, entries[i].id.as_str()));
+        self.table
+            .insert_unique(hash, index, |&i| std::hash::BuildHasher::hash_one(hasher, entries[i as usize].id.as_str()));
     }
 }
 
-/// No entry (in [`Links`]).
-const NONE: usize = usize::MAX;
+/// No entry (in [`Links`]); also the most entries one index holds.
+const NONE: u32 = u32::MAX;
 
 /// Tree links of one entry, by index into `entries`: its first and last
 /// child and its next sibling. A flat vector instead of a map of child
-/// lists: no allocation per entry.
+/// lists: no allocation per entry; `u32` indices, 12 bytes an entry.
 #[derive(Debug, Clone, Copy)]
 struct Links {
-    first_child: usize,
-    last_child: usize,
-    next_sibling: usize,
+    first_child: u32,
+    last_child: u32,
+    next_sibling: u32,
 }
 
 use super::record::{
@@ -68,7 +70,7 @@ pub struct SessionIndex {
     /// Tree links, parallel to `entries`.
     links: Vec<Links>,
     /// Root entries (no parent), in seq order.
-    roots: Vec<usize>,
+    roots: Vec<u32>,
     registers: BTreeMap<String, BTreeMap<String, RawJson>>,
     usage: Vec<UsageRow>,
     state: Option<State>,
@@ -156,34 +158,32 @@ impl SessionIndex {
     }
 
     /// Apply one record (from a commit just made durable, or from replay).
-    /// Re-checks the invariants a file written by someone else might break.
+    /// Re-checks the invariants a file written by someone else might break
+    /// ([`check_record`], which `cairn check` also runs without an index).
     pub fn apply(&mut self, record: Record) -> Result<(), String> {
         let seq = record.seq();
-        if seq <= self.last_seq {
-            return Err(format!("seq {seq} is not greater than the previous seq {}", self.last_seq));
-        }
+        let parent = check_record(&record, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
         match record {
             Record::Entry(entry) => {
-                if self.by_id.get(&self.entries, &entry.id).is_some() {
-                    return Err(format!("duplicate entry id {:?} (entries are write-once)", entry.id));
-                }
-                let parent = match &entry.parent_id {
-                    None => None,
-                    Some(parent) => match self.by_id.get(&self.entries, parent) {
-                        Some(index) => Some(index),
-                        None => return Err(format!("entry {:?} has unknown parent {parent:?}", entry.id)),
-                    },
+                let index = match u32::try_from(self.entries.len()) {
+                    Ok(index) if index < NONE => index,
+                    _ => {
+                        return Err(format!(
+                            "the session already holds {} entries, the most it can",
+                            self.entries.len()
+                        ));
+                    }
                 };
-                let index = self.entries.len();
                 self.links.push(Links { first_child: NONE, last_child: NONE, next_sibling: NONE });
                 match parent {
                     None => self.roots.push(index),
                     Some(p) => {
+                        let p = p as usize;
                         let last = self.links[p].last_child;
                         if last == NONE {
                             self.links[p].first_child = index;
                         } else {
-                            self.links[last].next_sibling = index;
+                            self.links[last as usize].next_sibling = index;
                         }
                         self.links[p].last_child = index;
                     }
@@ -192,9 +192,6 @@ impl SessionIndex {
                 self.by_id.insert(&self.entries, index);
             }
             Record::Register(register) => {
-                if NamespaceRoot::of(&register.namespace).is_none() {
-                    return Err(format!("unknown register namespace {:?}", register.namespace));
-                }
                 let namespace = self.registers.entry(register.namespace).or_default();
                 match (register.op, register.value) {
                     (RegisterOp::Set, Some(value)) => {
@@ -251,20 +248,20 @@ impl SessionIndex {
 
     /// One entry by id.
     pub fn entry(&self, id: &str) -> Option<&Entry> {
-        self.by_id.get(&self.entries, id).map(|i| &self.entries[i])
+        self.by_id.get(&self.entries, id).map(|i| &self.entries[i as usize])
     }
 
     /// Children of `parent` (roots for `None`), in seq order.
     pub fn children(&self, parent: Option<&str>) -> Vec<&Entry> {
         let Some(id) = parent else {
-            return self.roots.iter().map(|&i| &self.entries[i]).collect();
+            return self.roots.iter().map(|&i| &self.entries[i as usize]).collect();
         };
         let Some(p) = self.by_id.get(&self.entries, id) else { return Vec::new() };
         let mut out = Vec::new();
-        let mut child = self.links[p].first_child;
+        let mut child = self.links[p as usize].first_child;
         while child != NONE {
-            out.push(&self.entries[child]);
-            child = self.links[child].next_sibling;
+            out.push(&self.entries[child as usize]);
+            child = self.links[child as usize].next_sibling;
         }
         out
     }
@@ -319,6 +316,48 @@ impl SessionIndex {
     /// The state.
     pub fn state(&self) -> Option<&State> {
         self.state.as_ref()
+    }
+}
+
+/// The rules a record read from a file must pass before it is applied,
+/// given the highest seq so far and `find`, which entry ids exist (and a
+/// handle on each): seqs strictly increase, entry ids are new, a parent
+/// exists, a register's namespace is known and a set has a value. Returns
+/// the entry's parent handle. The one statement of these rules, for
+/// [`SessionIndex::apply`] and for the streaming check (`check.rs`), so
+/// both refuse the same files with the same words.
+pub(crate) fn check_record<T>(
+    record: &Record,
+    last_seq: u64,
+    find: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>, String> {
+    let seq = record.seq();
+    if seq <= last_seq {
+        return Err(format!("seq {seq} is not greater than the previous seq {last_seq}"));
+    }
+    match record {
+        Record::Entry(entry) => {
+            if find(&entry.id).is_some() {
+                return Err(format!("duplicate entry id {:?} (entries are write-once)", entry.id));
+            }
+            match &entry.parent_id {
+                None => Ok(None),
+                Some(parent) => match find(parent) {
+                    Some(handle) => Ok(Some(handle)),
+                    None => Err(format!("entry {:?} has unknown parent {parent:?}", entry.id)),
+                },
+            }
+        }
+        Record::Register(register) => {
+            if NamespaceRoot::of(&register.namespace).is_none() {
+                return Err(format!("unknown register namespace {:?}", register.namespace));
+            }
+            if register.op == RegisterOp::Set && register.value.is_none() {
+                return Err("register set without a value".to_owned());
+            }
+            Ok(None)
+        }
+        Record::Usage(_) | Record::State(_) => Ok(None),
     }
 }
 

@@ -36,6 +36,10 @@ macro_rules! __storage_reads_from_index {
             self.index.entry(id).cloned()
         }
 
+        fn visit_entry(&self, id: &str, f: &mut dyn FnMut(&$crate::storage::Entry)) -> bool {
+            self.index.entry(id).map(f).is_some()
+        }
+
         fn children(&self, parent: Option<&str>) -> Vec<$crate::storage::Entry> {
             self.index.children(parent).into_iter().cloned().collect()
         }
@@ -265,6 +269,19 @@ pub trait Storage {
 
     /// One entry by id.
     fn entry(&self, id: &str) -> Option<Entry>;
+
+    /// Call `f` on the entry `id` without copying it, when there is one;
+    /// returns whether there was (the backends that hold entries in memory
+    /// override the default, which copies through [`entry`](Self::entry)).
+    fn visit_entry(&self, id: &str, f: &mut dyn FnMut(&Entry)) -> bool {
+        match self.entry(id) {
+            Some(entry) => {
+                f(&entry);
+                true
+            }
+            None => false,
+        }
+    }
 
     /// Entries whose parent is `parent` (roots when `None`), in seq order.
     fn children(&self, parent: Option<&str>) -> Vec<Entry>;

@@ -112,9 +112,57 @@ pub(crate) fn read_line_capped(
     Ok((n, too_long))
 }
 
-/// Replay a whole session file from `reader`, refusing lines longer than
-/// `max_line` bytes. `path` is only for messages.
+/// What a replay hands its records to: the [`SessionIndex`] (open), or a
+/// validator that keeps nothing of them (`cairn check`, `check.rs`). An
+/// error is the reason the record is refused.
+pub(crate) trait Apply {
+    /// Apply one record, in file order.
+    fn apply(&mut self, record: Record) -> Result<(), String>;
+}
+
+impl Apply for SessionIndex {
+    fn apply(&mut self, record: Record) -> Result<(), String> {
+        SessionIndex::apply(self, record)
+    }
+}
+
+/// What a replay found beside what its [`Apply`] kept.
+#[derive(Debug)]
+pub(crate) struct ReplayedFile {
+    /// The header as this build reads it (migrated to the current version).
+    pub(crate) header: Header,
+    /// The storage version the file declares.
+    pub(crate) file_version: u32,
+    pub(crate) liveness: Liveness,
+    /// Bytes up to the end of the last valid line (the header included).
+    pub(crate) valid_len: u64,
+    /// Bytes of a discarded torn final line (0 when there was none).
+    pub(crate) torn_bytes: u64,
+}
+
+/// Replay a whole session file from `reader` into a [`SessionIndex`],
+/// refusing lines longer than `max_line` bytes. `path` is only for messages.
 pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64) -> Result<Replayed, StorageError> {
+    let mut index = SessionIndex::new();
+    let file = replay_into(path, reader, max_line, &mut index)?;
+    Ok(Replayed {
+        header: file.header,
+        file_version: file.file_version,
+        index,
+        liveness: file.liveness,
+        valid_len: file.valid_len,
+        torn_bytes: file.torn_bytes,
+    })
+}
+
+/// Replay a whole session file from `reader` into `sink`, one line at a
+/// time, with every rule of [`replay`] (the sink adds its own).
+pub(crate) fn replay_into(
+    path: &str,
+    reader: impl Read,
+    max_line: u64,
+    sink: &mut impl Apply,
+) -> Result<ReplayedFile, StorageError> {
     let mut reader = BufReader::with_capacity(1 << 20, reader);
     let io = |source| StorageError::Io { path: path.to_owned(), source };
     let bad_header = |reason: String| StorageError::BadHeader { path: path.to_owned(), reason };
@@ -135,7 +183,6 @@ pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64) -> Result<Rep
     let file_version = migrate::header(path, &mut header)?;
     let mut valid_len = n as u64;
     let mut lines = 1;
-    let mut index = SessionIndex::new();
     let mut liveness = Liveness::default();
     let mut torn_bytes = 0;
     let mut records = Vec::new();
@@ -168,10 +215,10 @@ pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64) -> Result<Rep
         migrate::records(file_version, &mut records).map_err(corrupt)?;
         for record in records.drain(..) {
             liveness.account(&record);
-            index.apply(record).map_err(corrupt)?;
+            sink.apply(record).map_err(corrupt)?;
         }
         valid_len += n as u64;
         lines += 1;
     }
-    Ok(Replayed { header, file_version, index, liveness, valid_len, torn_bytes })
+    Ok(ReplayedFile { header, file_version, liveness, valid_len, torn_bytes })
 }

@@ -69,13 +69,53 @@ pub(crate) struct Active {
     last_entry: String,
 }
 
+/// The entry ids of the lane's messages, packed: their bytes in one buffer
+/// and where each ends (no allocation per id; an open keeps one per
+/// message of the lane).
+#[derive(Debug, Clone, Default)]
+struct IdList {
+    bytes: String,
+    ends: Vec<usize>,
+}
+
+impl IdList {
+    fn push(&mut self, id: &str) {
+        self.bytes.push_str(id);
+        self.ends.push(self.bytes.len());
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends.get(i - 1).copied().unwrap_or(0) };
+        self.bytes.get(start..end)
+    }
+
+    /// The position of the last `id` among the first `before` ids.
+    fn rposition(&self, before: usize, id: &str) -> Option<usize> {
+        (0..before.min(self.len())).rev().find(|&i| self.get(i) == Some(id))
+    }
+
+    /// The same ids in the opposite order.
+    fn reversed(&self) -> IdList {
+        let mut out = IdList { bytes: String::with_capacity(self.bytes.len()), ends: Vec::with_capacity(self.len()) };
+        for i in (0..self.len()).rev() {
+            out.push(self.get(i).unwrap_or_default());
+        }
+        out
+    }
+}
+
 /// The turn's view of the lane's conversation: the entry id and role of
 /// each message (the messages themselves stay in the store and are read
 /// when a request needs them), the latest compaction, and the costs.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ContextState {
     /// The entry id of each message.
-    ids: Vec<String>,
+    ids: IdList,
     /// The role of each message.
     roles: Vec<Role>,
     active: Option<Active>,
@@ -97,25 +137,32 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Conte
     let Some(head) = head else {
         return Ok(state);
     };
-    let (mut ids, mut roles, mut costs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ids, mut roles, mut costs) = (IdList::default(), Vec::new(), Vec::new());
     // Compactions, newest first: (messages after it, its entry id, the
     // last entry it covers).
     let mut compactions: Vec<(usize, String, String)> = Vec::new();
     let mut at = Some(head.to_owned());
     while let Some(id) = at {
-        let entry = store.entry(&id).ok_or_else(|| TurnError::NoSuchEntry(id.clone()))?;
-        if entry.entry_type == EntryType::Compaction.tag() {
-            if let Ok(p) = entry.payload.parse::<CompactionPayload>() {
-                compactions.push((ids.len(), id, p.last_entry));
+        // Each entry is read in place (no copy of its payload).
+        let mut parent = None;
+        let found = store.visit_entry(&id, &mut |entry| {
+            if entry.entry_type == EntryType::Compaction.tag() {
+                if let Ok(p) = entry.payload.parse::<CompactionPayload>() {
+                    compactions.push((ids.len(), entry.id.clone(), p.last_entry));
+                }
+            } else if let Some(m) = super::entry_message(entry) {
+                costs.push(Ledger::byte_costs(&m));
+                roles.push(m.role);
+                ids.push(&entry.id);
             }
-        } else if let Some(m) = super::entry_message(&entry) {
-            costs.push(Ledger::byte_costs(&m));
-            roles.push(m.role);
-            ids.push(id);
+            parent = entry.parent_id.clone();
+        });
+        if !found {
+            return Err(TurnError::NoSuchEntry(id));
         }
-        at = entry.parent_id;
+        at = parent;
     }
-    ids.reverse();
+    let ids = ids.reversed();
     roles.reverse();
     costs.reverse();
     let n = ids.len();
@@ -130,7 +177,7 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Conte
     // the messages before it (as a forward replay would leave it).
     for (after, entry_id, last_entry) in compactions {
         let before = n - after;
-        if let Some(at) = ids[..before].iter().rposition(|id| *id == last_entry)
+        if let Some(at) = ids.rposition(before, &last_entry)
             && let Some(entry) = store.entry(&entry_id)
             && let Ok(p) = entry.payload.parse::<CompactionPayload>()
         {
@@ -155,7 +202,7 @@ impl ContextState {
     }
 
     fn push(&mut self, id: String, role: Role) {
-        self.ids.push(id);
+        self.ids.push(&id);
         self.roles.push(role);
         let last = self.assistants.last().copied().unwrap_or(0);
         self.assistants.push(last + usize::from(role == Role::Assistant));
@@ -171,7 +218,9 @@ impl ContextState {
 
     /// Message `i`, read from the store.
     fn message<S: Storage>(&self, store: &S, i: usize) -> Option<Message> {
-        store.entry(self.ids.get(i)?).and_then(|e| super::entry_message(&e))
+        let mut message = None;
+        store.visit_entry(self.ids.get(i)?, &mut |e| message = super::entry_message(e));
+        message
     }
 
     /// Every message of the lane, read from the store.
@@ -418,7 +467,10 @@ impl<S: Storage> Session<S> {
         let indices = pinned.then_some(s.current).into_iter().chain(start..s.n);
         for i in indices {
             let m = self.ctx.message(&self.store, i).ok_or_else(|| {
-                TurnError::Corrupt(format!("message entry {} of the lane is missing", self.ctx.ids[i]))
+                TurnError::Corrupt(format!(
+                    "message entry {} of the lane is missing",
+                    self.ctx.ids.get(i).unwrap_or_default()
+                ))
             })?;
             match (i < s.current).then(|| elided(&m)).flatten() {
                 Some(e) => messages.push(e),
@@ -518,9 +570,10 @@ impl<S: Storage> Session<S> {
             s_window.saturating_sub(s_out + SLACK_TOKENS * 4 + cal.tokens(prior + SUMMARISE.len() as u64));
         let read_start = self.ctx.ledger.fitting_range_start(s.covered, keep, self.units_of(read_budget, cal));
         let op = CompactOp {
-            first_entry: self.ctx.ids[s.covered].clone(),
-            last_entry: self.ctx.ids[keep - 1].clone(),
-            unread_through: (read_start > s.covered).then(|| self.ctx.ids[read_start - 1].clone()),
+            first_entry: self.ctx.ids.get(s.covered).unwrap_or_default().to_owned(),
+            last_entry: self.ctx.ids.get(keep - 1).unwrap_or_default().to_owned(),
+            unread_through: (read_start > s.covered)
+                .then(|| self.ctx.ids.get(read_start - 1).unwrap_or_default().to_owned()),
             reason,
         };
         let mut b = self.tx();
@@ -547,7 +600,7 @@ impl<S: Storage> Session<S> {
     /// the bounded view).
     fn run_compaction(&mut self, env: &mut TurnEnv<'_>, op: &CompactOp) -> Result<bool, TurnError> {
         let covered = self.ctx.covered();
-        let find = |id: &str| self.ctx.ids.iter().rposition(|x| x == id);
+        let find = |id: &str| self.ctx.ids.rposition(usize::MAX, id);
         let keep = find(&op.last_entry).map(|i| i + 1);
         let read_start = match &op.unread_through {
             Some(id) => find(id).map(|i| i + 1),
@@ -607,7 +660,7 @@ impl<S: Storage> Session<S> {
         let summary = response.message.joined_text().trim().to_owned();
         let payload = CompactionPayload {
             summary: summary.clone(),
-            first_entry: self.ctx.ids.get(covered).cloned().unwrap_or_default(),
+            first_entry: self.ctx.ids.get(covered).unwrap_or_default().to_owned(),
             last_entry: op.last_entry.clone(),
             messages: keep as u64,
             previous: self.ctx.active.as_ref().map(|a| a.entry_id.clone()),
