@@ -14,10 +14,8 @@
 
 mod util;
 
-use std::path::Path;
-
 use serde_json::{Value, json};
-use util::Env;
+use util::{Env, entries, entries_of_text};
 
 /// The script: one Write call (allowlisted), one Destructive call, then
 /// an answer.
@@ -61,21 +59,6 @@ fn summary(entries: &[Value]) -> Vec<Value> {
             })
         })
         .collect()
-}
-
-fn entries_of_text(text: &str) -> Vec<Value> {
-    let mut out = Vec::new();
-    for line in text.lines().skip(1) {
-        match serde_json::from_str(line).unwrap() {
-            Value::Array(items) => out.extend(items),
-            one => out.push(one),
-        }
-    }
-    out.into_iter().filter(|r| r["kind"] == "entry").collect()
-}
-
-fn entries(path: &Path) -> Vec<Value> {
-    entries_of_text(&std::fs::read_to_string(path).unwrap())
 }
 
 fn check_effects(env: &Env, face: &str) {

@@ -114,7 +114,11 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
 
 /// The record list of a session file (array lines flattened).
 pub fn entries(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap();
+    entries_of_text(&std::fs::read_to_string(path).unwrap())
+}
+
+/// The entry records of a session file's text (`cairn export` prints one).
+pub fn entries_of_text(text: &str) -> Vec<Value> {
     let mut out = Vec::new();
     for line in text.lines().skip(1) {
         match serde_json::from_str(line).unwrap() {
