@@ -42,12 +42,11 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
     if ctx.common.json {
         for s in &all {
             let modified = s.modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-            let phase = s.state.strip_prefix("interrupted (").and_then(|p| p.strip_suffix(')')).unwrap_or(&s.state);
             let row = crate::sessions::SessionRow {
                 id: s.id.clone(),
                 backend: "file",
                 state: s.standing,
-                phase: (s.standing != crate::sessions::Standing::New).then(|| phase.to_owned()),
+                phase: s.phase.clone(),
                 name: s.name.clone(),
                 cwd: s.cwd.clone(),
                 created_at: s.created_at,

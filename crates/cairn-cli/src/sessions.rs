@@ -38,8 +38,11 @@ pub struct SessionSummary {
     pub created_at: i64,
     /// Last modification of the file.
     pub modified: SystemTime,
-    /// The turn's phase ("new" before the first turn).
+    /// How a person is shown where it stands ("new", "final",
+    /// "interrupted (awaitingapproval)", …).
     pub state: String,
+    /// The turn's phase (`None` before the first turn).
+    pub phase: Option<String>,
     /// Where the session stands, as every backend says it.
     pub standing: Standing,
     /// Prompts waiting in the session's queue.
@@ -152,16 +155,22 @@ pub fn summarise(path: &Path, opts: &StoreOptions) -> Result<(SessionSummary, Op
         .flatten()
         .and_then(|raw| raw.parse::<registers::PromptQueue>().ok())
         .map_or(0, |q| q.items.len() as u64);
-    let (state, standing) = match &summary.state {
-        None => ("new".to_owned(), Standing::New),
+    // The turn's phase (`None` before the first turn; "unknown" for a state
+    // this cairn cannot read, which is not idle: resume says why).
+    let (phase, standing) = match &summary.state {
+        None => (None, Standing::New),
         Some(state) => match Pc::decode(&state.pc) {
-            Ok(pc) if pc.in_progress() => {
-                (format!("interrupted ({:?})", pc.phase).to_lowercase(), Standing::Interrupted)
-            }
-            Ok(pc) => (format!("{:?}", pc.phase).to_lowercase(), Standing::Idle),
-            // A state this cairn cannot read: not idle, resume says why.
-            Err(_) => ("unknown".to_owned(), Standing::Interrupted),
+            Ok(pc) => (
+                Some(format!("{:?}", pc.phase).to_lowercase()),
+                if pc.in_progress() { Standing::Interrupted } else { Standing::Idle },
+            ),
+            Err(_) => (Some("unknown".to_owned()), Standing::Interrupted),
         },
+    };
+    let state = match (&phase, standing) {
+        (None, _) => "new".to_owned(),
+        (Some(p), Standing::Interrupted) if p != "unknown" => format!("interrupted ({p})"),
+        (Some(p), _) => p.clone(),
     };
     let warning = header_id_mismatch(path, &summary.header.id);
     let header = summary.header;
@@ -175,6 +184,7 @@ pub fn summarise(path: &Path, opts: &StoreOptions) -> Result<(SessionSummary, Op
             created_at: header.created_at,
             modified,
             state,
+            phase,
             standing,
             queued,
             size: meta.len(),

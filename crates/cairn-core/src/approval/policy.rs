@@ -53,11 +53,6 @@ impl PolicyApprover {
         self.allow.list()
     }
 
-    /// Whether this session approves every Write call.
-    pub fn approves_writes(&self) -> bool {
-        self.writes.is_some()
-    }
-
     /// Ask the injected approver, or deny with `why` when it cannot answer
     /// this (absent, or one that answers no Write call: a host never has to
     /// refuse by itself). What needs a person reaches here only when the
@@ -71,17 +66,16 @@ impl PolicyApprover {
 }
 
 impl PolicyApprover {
-    /// What answers `request` without asking anyone: an allow rule, then
-    /// the standing approval of Write calls, for what the gate says a rule
-    /// may answer.
-    fn lookup(&self, request: &ApprovalRequest<'_>) -> Option<Verdict> {
-        match gate(request.tool, request.risk, request.bypass, true) {
-            Ok(Need::Nothing) => self.allow.lookup(request),
-            Ok(Need::RuleOrVerdict) => self
+    /// What answers `request`, whose need the gate gave, without asking
+    /// anyone: an allow rule, then the standing approval of Write calls.
+    fn lookup(&self, need: Need, request: &ApprovalRequest<'_>) -> Option<Verdict> {
+        match need {
+            Need::Nothing => self.allow.lookup(request),
+            Need::RuleOrVerdict => self
                 .allow
                 .lookup(request)
                 .or_else(|| self.writes.as_ref().map(|by| Verdict { decision: Answer::Approve, by: by.clone() })),
-            Ok(Need::Person) | Err(_) => None,
+            Need::Person => None,
         }
     }
 }
@@ -96,12 +90,12 @@ impl Approver for PolicyApprover {
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
-        match gate(request.tool, request.risk, request.bypass, self.is_interactive()) {
+        let need = match gate(request.tool, request.risk, request.bypass, self.is_interactive()) {
             Err(refusal) => return Ok(refusal),
             Ok(Need::Person) => return Ok(Need::Person.bound(self.ask(request, String::new())?)),
-            Ok(Need::Nothing | Need::RuleOrVerdict) => {}
-        }
-        if let Some(verdict) = self.lookup(request) {
+            Ok(need) => need,
+        };
+        if let Some(verdict) = self.lookup(need, request) {
             return Ok(verdict);
         }
         let why = format!(
@@ -114,7 +108,9 @@ impl Approver for PolicyApprover {
     }
 
     fn pre_approve(&mut self, request: &ApprovalRequest<'_>) -> Option<Verdict> {
-        self.lookup(request)
+        // Whether a person is at hand does not change what a rule covers.
+        let need = gate(request.tool, request.risk, request.bypass, true).ok()?;
+        self.lookup(need, request)
     }
 }
 
