@@ -134,6 +134,7 @@ pub enum Command {
     },
     /// List the skills (sk/NAME/SKILL.md under the config, data and project .cairn/ directories).
     Skills,
+
     /// Trust the tools a directory ships in .cairn/tools/ (default: the current directory) after reading them.
     ///
     /// A working directory's own tools load only once trusted, and again only after re-trusting whenever any file
@@ -152,11 +153,16 @@ pub enum Command {
     Config,
     /// Serve the Agent Client Protocol on stdio (for editors such as Zed); see README.
     Acp,
-    /// Serve cairn's tools over the Model Context Protocol on stdio (Write tools only with --allow; never Destructive).
+    /// Serve cairn's tools over the Model Context Protocol on stdio (Write tools only with --allow; never Destructive);
+    /// `cairn mcp list` shows the MCP servers cairn itself uses.
+    #[command(args_conflicts_with_subcommands = true)]
     Mcp {
         /// Tools per tools/list page.
         #[arg(long, default_value_t = 100, value_name = "N")]
         page_size: usize,
+        /// `list`: the servers of `[mcp_servers.NAME]`, their state and their tools (`mcp__NAME__TOOL`).
+        #[command(subcommand)]
+        action: Option<McpAction>,
     },
     /// Drive sessions kept in PostgreSQL (--database or `database` in the config): claim, run, release; many workers may run.
     Worker {
@@ -238,6 +244,13 @@ pub enum Command {
         #[command(subcommand)]
         action: ModelAction,
     },
+}
+
+/// `cairn mcp …`.
+#[derive(Debug, Subcommand)]
+pub enum McpAction {
+    /// Start (or reach) each configured server and show its state and its tools with their risk tiers.
+    List,
 }
 
 /// `cairn model …`.
@@ -374,7 +387,8 @@ fn run(cli: Cli) -> Result<u8> {
         }
         Command::Config => commands::config(&ctx),
         Command::Acp => crate::faces::acp(&ctx),
-        Command::Mcp { page_size } => crate::faces::mcp(&ctx, page_size),
+        Command::Mcp { action: Some(McpAction::List), .. } => commands::mcp_list(&ctx),
+        Command::Mcp { page_size, action: None } => crate::faces::mcp(&ctx, page_size),
         Command::Mount { dir, address } => crate::mount::run(&ctx, &dir, address.as_deref()),
         Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
         Command::Model { action: ModelAction::Path } => local::path(&ctx),

@@ -509,6 +509,59 @@ fn home_note(ctx: &Context) -> String {
     }
 }
 
+/// `cairn mcp list`.
+pub fn mcp_list(ctx: &Context) -> Result<u8> {
+    let cwd = std::env::current_dir()?;
+    let cwd = ctx.common.cwd.clone().unwrap_or(cwd);
+    let servers = &ctx.settings.mcp_servers;
+    let mut out = std::io::stdout().lock();
+    if servers.is_empty() && !ctx.common.json {
+        writeln!(
+            out,
+            "no MCP servers are configured; add [mcp_servers.NAME] with `command` (or `url`) to {}",
+            esc(&ctx.settings.config_file.display().to_string())
+        )?;
+        return Ok(exit::SUCCESS);
+    }
+    let config = crate::wiring::tools_config(ctx);
+    let builtin: Vec<String> = cairn_tools::builtin_tools(&config)
+        .map(|tools| tools.iter().map(|e| e.tool.spec().name.clone()).collect())
+        .unwrap_or_default();
+    let loaded = cairn_mcp::load(servers, &cwd, &config, &builtin);
+    let mut failed = false;
+    for server in &loaded.servers {
+        let state = match &server.state {
+            cairn_mcp::ServerState::Disabled => "disabled".to_owned(),
+            cairn_mcp::ServerState::Running { tools, started_in: Some(t) } => {
+                format!("running, {tools} tools, started in {} ms", t.as_millis())
+            }
+            cairn_mcp::ServerState::Running { tools, started_in: None } => format!("running, {tools} tools"),
+            cairn_mcp::ServerState::Failed(why) => {
+                failed = true;
+                format!("failed: {why}")
+            }
+        };
+        if ctx.common.json {
+            let tools: Vec<_> =
+                server.tools.iter().map(|(name, risk)| serde_json::json!({"name": name, "risk": risk})).collect();
+            let line = serde_json::json!({
+                "name": server.name, "endpoint": server.endpoint, "state": state, "tools": tools,
+            });
+            writeln!(out, "{}", escape_json(&line.to_string()))?;
+            continue;
+        }
+        writeln!(out, "{}  {}", ctx.out_style.bold(&esc(&server.name)), esc(&server.endpoint))?;
+        writeln!(out, "  {}", esc(&state))?;
+        for (name, risk) in &server.tools {
+            writeln!(out, "  {:<48}  {risk:?}", esc(name))?;
+        }
+    }
+    for note in loaded.notes.iter().filter(|n| !n.contains("did not start")) {
+        writeln!(out, "{}", ctx.out_style.yellow(&esc(note)))?;
+    }
+    Ok(if failed { exit::ERROR } else { exit::SUCCESS })
+}
+
 /// `cairn tools`.
 pub fn tools(ctx: &Context) -> Result<u8> {
     let cwd = std::env::current_dir()?;

@@ -95,6 +95,10 @@ pub struct FileConfig {
     /// `[discovery]`: read by `discover.rs` (threshold, max_tools, max_skills).
     #[serde(default)]
     pub discovery: toml::Table,
+    /// `[mcp_servers.NAME]`: MCP servers whose tools cairn offers (checked
+    /// by `cairn_mcp::parse_servers`).
+    #[serde(default)]
+    pub mcp_servers: toml::Table,
 }
 
 /// `[storage]`.
@@ -227,6 +231,8 @@ pub struct Settings {
     pub discovery: toml::Table,
     /// `[tools] toolsrv`: the tool service's dial string (`toolsrv.rs`).
     pub toolsrv: Option<String>,
+    /// `[mcp_servers.NAME]`, checked.
+    pub mcp_servers: BTreeMap<String, cairn_mcp::ServerConfig>,
 }
 
 /// Default model steps per turn.
@@ -340,6 +346,8 @@ impl Settings {
             max_line_bytes.set(v, from_file());
         }
 
+        let mcp_servers = cairn_mcp::parse_servers(&file.mcp_servers)
+            .with_context(|| format!("{} has an MCP server cairn cannot use", config_file.display()))?;
         let mut database = Setting::default(None);
         if let Some(v) = file.database {
             database.set(Some(v), from_file());
@@ -402,6 +410,7 @@ impl Settings {
             batch: file.batch,
             discovery: file.discovery,
             toolsrv: file.tools.toolsrv,
+            mcp_servers,
         })
     }
 

@@ -98,7 +98,8 @@ pub struct HostTools {
 }
 
 /// Built-in and external tools for `cwd` (directories, precedence and trust
-/// as `cairn_tools::tool_dirs` and `load_tools` define them).
+/// as `cairn_tools::tool_dirs` and `load_tools` define them), then the
+/// tools of the configured MCP servers (`cairn_mcp::load`).
 pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
     let config = tools_config(ctx);
     let mut untrusted = Vec::new();
@@ -109,12 +110,21 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
     });
     let loaded = cairn_tools::load_tools(&config, &ctx.paths.tool_dirs(cwd), &trust)
         .context("invalid [tools] destructive_patterns")?;
-    let notes = loaded.errors.iter().map(|e| format!("tool skipped: {e}")).collect();
+    let mut notes: Vec<String> = loaded.errors.iter().map(|e| format!("tool skipped: {e}")).collect();
     untrusted.extend(loaded.untrusted.iter().map(|u| {
         let again = if u.state == TrustState::Changed { " again" } else { "" };
         format!("{u}; review them, then run `cairn trust {}`{again} to load them", crate::render::quoted(&u.workspace))
     }));
-    Ok(HostTools { entries: loaded.tools, notes, untrusted })
+    let mut entries = loaded.tools;
+    // The configured MCP servers' tools (servers are started once per
+    // process and reused); a server that fails is said, the rest load.
+    if !ctx.settings.mcp_servers.is_empty() {
+        let taken: Vec<String> = entries.iter().map(|e| e.tool.spec().name.clone()).collect();
+        let mcp = cairn_mcp::load(&ctx.settings.mcp_servers, cwd, &config, &taken);
+        notes.extend(mcp.notes);
+        entries.extend(mcp.entries);
+    }
+    Ok(HostTools { entries, notes, untrusted })
 }
 
 /// The approval policy of a CLI session over `allow` and the person

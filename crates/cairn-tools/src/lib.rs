@@ -137,6 +137,11 @@ pub enum ToolOrigin {
         /// The executable.
         executable: PathBuf,
     },
+    /// A tool of a configured MCP server (`cairn-mcp`).
+    Mcp {
+        /// The server's name.
+        server: String,
+    },
 }
 
 impl std::fmt::Display for ToolOrigin {
@@ -144,6 +149,7 @@ impl std::fmt::Display for ToolOrigin {
         match self {
             ToolOrigin::Builtin => f.write_str("builtin"),
             ToolOrigin::External { metadata, .. } => write!(f, "{}", metadata.display()),
+            ToolOrigin::Mcp { server } => write!(f, "MCP server {server}"),
         }
     }
 }

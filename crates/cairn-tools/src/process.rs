@@ -174,52 +174,9 @@ pub fn kill_group(pgid: u32, prepared: &Prepared) {
 /// out or `cancel` fires.
 pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) -> Result<RunOutcome, RunError> {
     let tmp = tempfile::Builder::new().prefix("cairn-tool-").tempdir().map_err(RunError::TempDir)?;
-    // A sandboxed call with a mount namespace gets a private `/tmp`; an
-    // unsandboxed one (bypass, opt-in) keeps the host's. Every call with a
-    // mount namespace has `hidden` covered (its program stays visible).
-    let program = spec.argv.first().map(Path::new);
-    let prepared = match &spec.sandbox {
-        Some(policy) if policy.bypass => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?
-            .with_overlay(policy)?
-            .with_mounts(&spec.cwd, Some(policy), program, &spec.hidden, false)?,
-        Some(policy) => {
-            let mut policy = policy.clone();
-            policy.tmp_dir = Some(tmp.path().to_path_buf());
-            policy.max_processes = spec.max_processes;
-            Prepared::new(&policy, spec.pid_namespace)?.with_mounts(
-                &spec.cwd,
-                Some(&policy),
-                program,
-                &spec.hidden,
-                true,
-            )?
-        }
-        None => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?.with_mounts(
-            &spec.cwd,
-            None,
-            program,
-            &spec.hidden,
-            false,
-        )?,
-    };
-    let hook = prepared.hook();
-
+    let (mut cmd, prepared) = command(spec, tmp.path())?;
+    cmd.stdin(Stdio::piped());
     let program = spec.argv.first().cloned().unwrap_or_default();
-    let mut cmd = Command::new(&program);
-    cmd.args(spec.argv.iter().skip(1))
-        .current_dir(&spec.cwd)
-        .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .env("TMPDIR", tmp.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    // SAFETY: the hook only issues raw syscalls (no allocation, no locks),
-    // which is what is allowed between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || hook.apply());
-    }
     let start = Instant::now();
     let mut child =
         cmd.spawn().map_err(|source| RunError::Spawn { program: Path::new(&program).display().to_string(), source })?;
@@ -317,6 +274,126 @@ pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) 
     drop(cmd);
     drop(prepared);
     Ok(RunOutcome { exit_code, stdout, stderr, end, duration: start.elapsed(), pid })
+}
+
+/// The command for `spec` under its sandbox (or the explicit lack of one),
+/// with `tmp` as its private temp directory, and the prepared rules that
+/// must outlive the child's `exec` (and kill its group later).
+fn command(spec: &RunSpec, tmp: &Path) -> Result<(Command, Prepared), RunError> {
+    // A sandboxed call with a mount namespace gets a private `/tmp`; an
+    // unsandboxed one (bypass, opt-in) keeps the host's. Every call with a
+    // mount namespace has `hidden` covered (its program stays visible).
+    let program = spec.argv.first().map(Path::new);
+    let prepared = match &spec.sandbox {
+        Some(policy) if policy.bypass => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?
+            .with_overlay(policy)?
+            .with_mounts(&spec.cwd, Some(policy), program, &spec.hidden, false)?,
+        Some(policy) => {
+            let mut policy = policy.clone();
+            policy.tmp_dir = Some(tmp.to_path_buf());
+            policy.max_processes = spec.max_processes;
+            Prepared::new(&policy, spec.pid_namespace)?.with_mounts(
+                &spec.cwd,
+                Some(&policy),
+                program,
+                &spec.hidden,
+                true,
+            )?
+        }
+        None => Prepared::unsandboxed(spec.max_processes, spec.pid_namespace)?.with_mounts(
+            &spec.cwd,
+            None,
+            program,
+            &spec.hidden,
+            false,
+        )?,
+    };
+    let hook = prepared.hook();
+    let program = spec.argv.first().cloned().unwrap_or_default();
+    let mut cmd = Command::new(&program);
+    cmd.args(spec.argv.iter().skip(1))
+        .current_dir(&spec.cwd)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .env("TMPDIR", tmp)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: the hook only issues raw syscalls (no allocation, no locks),
+    // which is what is allowed between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || hook.apply());
+    }
+    Ok((cmd, prepared))
+}
+
+/// A long-lived sandboxed program that talks over its pipes (an MCP
+/// server): the same sandbox, environment rules, process group, pids
+/// cgroup and `PR_SET_PDEATHSIG` as a call, without a timeout or output
+/// capture. The caller owns the pipes. Dropping it kills the whole group.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that spawned the leader
+/// exits: spawn it from a thread that lives as long as the service.
+pub struct Service {
+    child: std::process::Child,
+    prepared: Prepared,
+    _tmp: tempfile::TempDir,
+    /// The program's standard input.
+    pub stdin: Option<std::process::ChildStdin>,
+    /// The program's standard output.
+    pub stdout: Option<std::process::ChildStdout>,
+    /// The program's standard error.
+    pub stderr: Option<std::process::ChildStderr>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").field("pid", &self.child.id()).finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// Start `spec` (its `stdin`, `timeout` and `output_cap` are not used).
+    pub fn spawn(spec: &RunSpec) -> Result<Self, RunError> {
+        let tmp = tempfile::Builder::new().prefix("cairn-service-").tempdir().map_err(RunError::TempDir)?;
+        let (mut cmd, prepared) = command(spec, tmp.path())?;
+        cmd.stdin(Stdio::piped());
+        let program = spec.argv.first().cloned().unwrap_or_default();
+        let mut child = cmd
+            .spawn()
+            .map_err(|source| RunError::Spawn { program: Path::new(&program).display().to_string(), source })?;
+        // The hook's raw pointers into `prepared` die with `cmd`, first.
+        drop(cmd);
+        Ok(Self {
+            stdin: child.stdin.take(),
+            stdout: child.stdout.take(),
+            stderr: child.stderr.take(),
+            child,
+            prepared,
+            _tmp: tmp,
+        })
+    }
+
+    /// The leader's pid (= its process group id).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the leader has exited (and how), without waiting.
+    pub fn exited(&mut self) -> Option<i32> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))),
+            Ok(None) => None,
+            Err(_) => Some(-1),
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        kill_group(self.child.id(), &self.prepared);
+        let _ = self.child.wait();
+    }
 }
 
 /// How many leading bytes of `buf` can go out without cutting a UTF-8

@@ -12,6 +12,9 @@
 //!   word stands for any remaining words.
 //! - `tool(path=src/**, mode=append)` — *field patterns*: every named
 //!   argument must be present and match its glob.
+//! - `prefix*` — every tool whose name starts with `prefix` (at least one
+//!   character before the `*`), e.g. `mcp__git__*` for the tools of the MCP
+//!   server `git`. Only a final `*` is a wildcard in a tool name.
 //!
 //! In globs `*` and `?` never cross `/`, `**` does, and a value with a `..`
 //! path segment matches only a glob that spells `..` itself. Matching is on
@@ -68,8 +71,9 @@ impl AllowRule {
                 (tool.trim(), parse_args(inner).map_err(|r| err(&r))?)
             }
         };
-        if tool.is_empty() || !tool.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')) {
-            return Err(err("the tool name must be a plain name"));
+        let plain = tool.strip_suffix('*').unwrap_or(tool);
+        if plain.is_empty() || !plain.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')) {
+            return Err(err("the tool name must be a plain name, or a prefix followed by one final `*`"));
         }
         Ok(Self { text: text.to_owned(), tool: tool.to_owned(), args })
     }
@@ -87,7 +91,11 @@ impl AllowRule {
     /// Whether this rule covers a call of `tool` with `arguments`
     /// (risk is checked by [`Allowlist::check`]).
     pub fn matches(&self, tool: &str, arguments: &Value) -> bool {
-        if tool != self.tool {
+        let named = match self.tool.strip_suffix('*') {
+            Some(prefix) => tool.starts_with(prefix),
+            None => tool == self.tool,
+        };
+        if !named {
             return false;
         }
         match &self.args {
@@ -342,6 +350,22 @@ mod tests {
 
     fn shell(line: &str) -> Value {
         json!({ "command": line })
+    }
+
+    #[test]
+    fn a_prefix_rule_covers_the_tools_of_one_mcp_server_and_nothing_else() {
+        let list = Allowlist::parse(["mcp__git__*"]).unwrap();
+        let args = json!({ "repo_path": "." });
+        assert!(list.check("mcp__git__git_status", Risk::Write, &args).is_ok());
+        assert!(list.check("mcp__git__git_commit", Risk::Write, &args).is_ok());
+        for other in ["mcp__gitlab__x", "mcp__git_x", "mcp__time__now", "shell", "git__x", "mcp__gi"] {
+            assert!(list.check(other, Risk::Write, &args).is_err(), "{other} must not be allowed");
+        }
+        // No rule allows a Destructive call, a prefix rule included.
+        assert!(list.check("mcp__git__git_reset", Risk::Destructive, &args).is_err());
+        for bad in ["*", "mcp__*__x", "mc*p", "**"] {
+            assert!(AllowRule::parse(bad).is_err(), "{bad:?} must be refused");
+        }
     }
 
     #[test]

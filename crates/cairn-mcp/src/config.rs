@@ -1,0 +1,219 @@
+//! `[mcp_servers.NAME]`: how a person describes an MCP server to cairn, and
+//! the checks that refuse a description cairn could not run safely (a bad
+//! name, both or neither of `command` and `url`, an environment *value*
+//! where a variable name belongs). It must not start anything.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use cairn_core::tool::Risk;
+use serde::{Deserialize, Serialize};
+
+/// What a stdio server may do with the session's working directory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FileAccess {
+    /// Nothing: the working directory is not visible.
+    None,
+    /// Read it (the default: most servers look at the project).
+    #[default]
+    Read,
+    /// Read and write it.
+    Write,
+}
+
+/// `[mcp_servers.NAME.tools.TOOL]`: the user's word about one tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolOverride {
+    /// The tier this tool runs at before what its annotations can raise
+    /// (`destructiveHint` still makes it Destructive).
+    #[serde(default)]
+    pub risk: Option<Risk>,
+    /// `false` leaves the tool out.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+/// One configured MCP server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// The program of a stdio server (looked up on `PATH`).
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Names of environment variables passed through from cairn's
+    /// environment (values never live in the file).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Its working directory (default: the session's).
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// The endpoint of a streamable-HTTP server (instead of `command`).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// `false` keeps the server configured but unused.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// How long starting and listing its tools may take.
+    #[serde(default = "default_startup_timeout_ms")]
+    pub startup_timeout_ms: u64,
+    /// A call's time limit (it can only shorten the turn's tool timeout).
+    #[serde(default)]
+    pub tool_timeout_ms: Option<u64>,
+    /// Access to the session's working directory (stdio servers).
+    #[serde(default)]
+    pub files: FileAccess,
+    /// Network access (stdio servers; off by default).
+    #[serde(default)]
+    pub network: bool,
+    /// Extra read-only directories (where the server is installed).
+    #[serde(default)]
+    pub read: Vec<PathBuf>,
+    /// Extra writable directories.
+    #[serde(default)]
+    pub write: Vec<PathBuf>,
+    /// Whether the server may start processes (capped like a tool's).
+    #[serde(default = "yes")]
+    pub processes: bool,
+    /// Believe the server's `readOnlyHint`: its read-only tools run
+    /// without asking (only when the server has no network and no write
+    /// access). Off: every tool is at least Write unless overridden.
+    #[serde(default)]
+    pub trust_annotations: bool,
+    /// Per-tool overrides.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolOverride>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_startup_timeout_ms() -> u64 {
+    20_000
+}
+
+/// A server description cairn refuses, and what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("[mcp_servers.{server}]: {reason}")]
+pub struct ConfigError {
+    /// The server's name as written.
+    pub server: String,
+    /// What is wrong and what to do.
+    pub reason: String,
+}
+
+/// The longest server name (tool names must stay within 64 characters).
+pub const MAX_SERVER_NAME: usize = 24;
+
+impl ServerConfig {
+    /// Parse one `[mcp_servers.NAME]` table and check it.
+    pub fn from_toml(name: &str, table: toml::Value) -> Result<Self, ConfigError> {
+        let config: ServerConfig = table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError { server: name.to_owned(), reason: e.message().to_owned() })?;
+        config.check(name)?;
+        Ok(config)
+    }
+
+    /// Refuse what cairn could not run as written.
+    pub fn check(&self, name: &str) -> Result<(), ConfigError> {
+        let err = |reason: String| Err(ConfigError { server: name.to_owned(), reason });
+        if name.is_empty()
+            || name.len() > MAX_SERVER_NAME
+            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            || name.contains("__")
+        {
+            return err(format!(
+                "the server name must be 1–{MAX_SERVER_NAME} letters, digits, `-` or `_` without `__` (its tools are \
+                 named mcp__NAME__TOOL)"
+            ));
+        }
+        match (&self.command, &self.url) {
+            (Some(_), Some(_)) => {
+                return err("give either `command` (stdio) or `url` (streamable HTTP), not both".into());
+            }
+            (None, None) => return err("give `command` (a stdio server) or `url` (a streamable-HTTP server)".into()),
+            (Some(c), None) if c.trim().is_empty() => return err("`command` is empty".into()),
+            (None, Some(u)) if !(u.starts_with("http://") || u.starts_with("https://")) => {
+                return err(format!("`url` = {u:?} must start with http:// or https://"));
+            }
+            _ => {}
+        }
+        for var in &self.env {
+            let valid = var.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return err(format!(
+                    "`env` lists names of variables to pass from cairn's environment, and {var:?} is not one; \
+                     set the value in the environment, never in this file"
+                ));
+            }
+        }
+        if self.startup_timeout_ms == 0 || self.startup_timeout_ms > 600_000 {
+            return err(format!("startup_timeout_ms = {} must be between 1 and 600000", self.startup_timeout_ms));
+        }
+        if self.tool_timeout_ms == Some(0) {
+            return err("tool_timeout_ms = 0 would refuse every call; leave it out for the turn's limit".into());
+        }
+        for path in self.read.iter().chain(&self.write) {
+            let text = path.to_string_lossy();
+            if !(path.is_absolute() || text.starts_with("~/")) {
+                return err(format!("{} must be an absolute path (or start with ~/)", path.display()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this is a stdio server (else streamable HTTP).
+    pub fn is_stdio(&self) -> bool {
+        self.command.is_some()
+    }
+}
+
+/// Parse every `[mcp_servers.NAME]` table.
+pub fn parse_servers(tables: &toml::Table) -> Result<BTreeMap<String, ServerConfig>, ConfigError> {
+    tables.iter().map(|(name, value)| Ok((name.clone(), ServerConfig::from_toml(name, value.clone())?))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<BTreeMap<String, ServerConfig>, ConfigError> {
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError { server: "?".into(), reason: e.to_string() })?;
+        parse_servers(&table)
+    }
+
+    #[test]
+    fn a_plain_stdio_server_takes_the_defaults() {
+        let servers = parse("[time]\ncommand = \"mcp-server-time\"\n").map_err(|e| e.to_string());
+        let servers = servers.unwrap_or_default();
+        let time = &servers["time"];
+        assert!(time.enabled && time.is_stdio() && !time.network && !time.trust_annotations);
+        assert_eq!(time.files, FileAccess::Read);
+    }
+
+    #[test]
+    fn descriptions_cairn_cannot_run_are_refused_with_the_reason() {
+        for (text, says) in [
+            ("[\"a__b\"]\ncommand = \"x\"\n", "without `__`"),
+            ("[\"a b\"]\ncommand = \"x\"\n", "letters, digits"),
+            ("[a]\ncommand = \"x\"\nurl = \"http://h\"\n", "not both"),
+            ("[a]\nargs = []\n", "give `command`"),
+            ("[a]\nurl = \"ftp://h\"\n", "http://"),
+            ("[a]\ncommand = \"x\"\nenv = [\"TOKEN=abc\"]\n", "never in this file"),
+            ("[a]\ncommand = \"x\"\nread = [\"rel/dir\"]\n", "absolute"),
+            ("[a]\ncommand = \"x\"\ncolour = 1\n", "unknown field"),
+            ("[a]\ncommand = \"x\"\n[a.tools.t]\nrisk = \"harmless\"\n", "unknown variant"),
+        ] {
+            let e = parse(text).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(says), "{text:?} gave {e:?}, wanted {says:?}");
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! One running MCP server: starting it (a stdio program under cairn's
+//! sandbox, or a streamable-HTTP endpoint), the MCP handshake and tool list
+//! through the official SDK (`rmcp`), one `tools/call` with progress,
+//! cancellation and a time limit, and noticing that the server died.
+//!
+//! It owns the server's process (killed with the connection) and the
+//! async runtime the SDK needs. It must not decide tiers, names or
+//! approvals (`tool.rs` does) nor when to restart (`pool.rs` does).
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cairn_core::CancelToken;
+use cairn_tools::ToolsConfig;
+use cairn_tools::process::{RunSpec, Service};
+use cairn_tools::sandbox::{self, Decision, SandboxPolicy};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
+    Implementation, ProgressNotificationParam, ServerResult,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+
+use crate::config::{FileAccess, ServerConfig};
+
+/// Why a server could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServerError {
+    /// It could not be started or did not finish the handshake.
+    #[error("MCP server {server} did not start: {reason}")]
+    Start {
+        /// The server's name.
+        server: String,
+        /// Why, with what the server said on stderr.
+        reason: String,
+    },
+    /// The connection broke (the server exited) during or before a call.
+    #[error("MCP server {server} is gone: {reason}")]
+    Gone {
+        /// The server's name.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server answered the call with a protocol error.
+    #[error("MCP server {server} refused the call: {reason}")]
+    Refused {
+        /// The server's name.
+        server: String,
+        /// Its error.
+        reason: String,
+    },
+    /// The call ran past its time limit (the server was told to cancel).
+    #[error("the call to MCP server {server} timed out after {after:?}")]
+    Timeout {
+        /// The server's name.
+        server: String,
+        /// The limit.
+        after: Duration,
+    },
+    /// The turn was cancelled (the server was told to cancel).
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// The process-wide runtime the SDK runs on: one worker thread that lives
+/// as long as cairn, which is also the thread every stdio server is spawned
+/// from (a server's `PR_SET_PDEATHSIG` follows the spawning thread).
+pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("cairn-mcp")
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the MCP client runtime: {e}"))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Progress lines of the calls in flight, by progress token.
+type Progress = Arc<Mutex<HashMap<String, std::sync::mpsc::Sender<String>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// cairn's side of the MCP session: progress goes to the call that asked
+/// for it; a changed tool list is noted so the next turn lists again.
+#[derive(Clone)]
+struct Handler {
+    progress: Progress,
+    tools_changed: Arc<AtomicBool>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        let key = params.progress_token.0.to_string();
+        let line = match (params.message, params.total) {
+            (Some(m), _) => format!("{m}\n"),
+            (None, Some(total)) => format!("progress {}/{}\n", params.progress, total),
+            (None, None) => format!("progress {}\n", params.progress),
+        };
+        if let Some(tx) = lock(&self.progress).get(&key) {
+            let _ = tx.send(line);
+        }
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.tools_changed.store(true, Ordering::SeqCst);
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(ClientCapabilities::default(), Implementation::new("cairn", env!("CARGO_PKG_VERSION")))
+    }
+}
+
+/// The last bytes a server wrote to stderr (for error reports).
+#[derive(Debug, Default)]
+struct Tail(Vec<u8>);
+
+const TAIL_BYTES: usize = 4096;
+
+impl Tail {
+    fn push(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+        if self.0.len() > TAIL_BYTES {
+            let cut = self.0.len() - TAIL_BYTES;
+            self.0.drain(..cut);
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0).trim().to_owned()
+    }
+}
+
+/// A running, initialised MCP server.
+pub(crate) struct Connection {
+    name: String,
+    service: RunningService<RoleClient, Handler>,
+    /// Its tools as it listed them.
+    pub(crate) tools: Vec<rmcp::model::Tool>,
+    process: Option<Mutex<Service>>,
+    stderr: Arc<Mutex<Tail>>,
+    progress: Progress,
+    tools_changed: Arc<AtomicBool>,
+    /// How long starting it took.
+    pub(crate) started_in: Duration,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").field("name", &self.name).field("tools", &self.tools.len()).finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Start `config` for a session in `cwd` and list its tools, within its
+    /// startup timeout.
+    pub(crate) fn start(
+        name: &str,
+        config: &ServerConfig,
+        cwd: &Path,
+        tools: &ToolsConfig,
+    ) -> Result<Connection, ServerError> {
+        let rt = runtime().map_err(|reason| ServerError::Start { server: name.to_owned(), reason })?;
+        let (name_owned, config, cwd, tools) = (name.to_owned(), config.clone(), cwd.to_path_buf(), tools.clone());
+        let limit = Duration::from_millis(config.startup_timeout_ms);
+        // Spawned on the runtime's own thread (see `runtime`).
+        let task = rt.spawn(async move {
+            match tokio::time::timeout(limit, Self::connect(&name_owned, &config, &cwd, &tools)).await {
+                Ok(result) => result,
+                Err(_) => Err(ServerError::Start {
+                    server: name_owned.clone(),
+                    reason: format!(
+                        "no answer to initialize and tools/list within {} ms (raise startup_timeout_ms if it is \
+                         slow to start)",
+                        config.startup_timeout_ms
+                    ),
+                }),
+            }
+        });
+        rt.block_on(task).map_err(|e| ServerError::Start { server: name.to_owned(), reason: e.to_string() })?
+    }
+
+    async fn connect(
+        name: &str,
+        config: &ServerConfig,
+        cwd: &Path,
+        tools: &ToolsConfig,
+    ) -> Result<Connection, ServerError> {
+        let started = Instant::now();
+        let fail = |reason: String| ServerError::Start { server: name.to_owned(), reason };
+        let progress: Progress = Arc::default();
+        let tools_changed = Arc::new(AtomicBool::new(false));
+        let handler = Handler { progress: progress.clone(), tools_changed: tools_changed.clone() };
+        let stderr = Arc::new(Mutex::new(Tail::default()));
+        let (service, process) = match (&config.command, &config.url) {
+            (Some(command), _) => {
+                let mut process = spawn(name, command, config, cwd, tools).map_err(fail)?;
+                let (Some(stdin), Some(stdout), Some(err)) =
+                    (process.stdin.take(), process.stdout.take(), process.stderr.take())
+                else {
+                    return Err(fail("its pipes could not be set up".into()));
+                };
+                let tail = stderr.clone();
+                std::thread::Builder::new()
+                    .name(format!("mcp-{name}-stderr"))
+                    .spawn(move || drain_stderr(err, &tail))
+                    .map_err(|e| fail(format!("cannot start its stderr reader: {e}")))?;
+                let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(stdout))
+                    .map_err(|e| fail(format!("its stdout: {e}")))?;
+                let tx = tokio::net::unix::pipe::Sender::from_owned_fd(std::os::fd::OwnedFd::from(stdin))
+                    .map_err(|e| fail(format!("its stdin: {e}")))?;
+                let service = handler.serve((rx, tx)).await.map_err(|e| {
+                    let said = lock(&stderr).text();
+                    fail(if said.is_empty() { e.to_string() } else { format!("{e}; it said: {said}") })
+                })?;
+                (service, Some(Mutex::new(process)))
+            }
+            (None, Some(url)) => {
+                let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
+                let service = handler.serve(transport).await.map_err(|e| fail(format!("{url}: {e}")))?;
+                (service, None)
+            }
+            (None, None) => return Err(fail("neither `command` nor `url` is set".into())),
+        };
+        let listed = service.peer().list_all_tools().await.map_err(|e| {
+            let said = lock(&stderr).text();
+            fail(if said.is_empty() { format!("tools/list: {e}") } else { format!("tools/list: {e}; it said: {said}") })
+        })?;
+        Ok(Connection {
+            name: name.to_owned(),
+            service,
+            tools: listed,
+            process,
+            stderr,
+            progress,
+            tools_changed,
+            started_in: started.elapsed(),
+        })
+    }
+
+    /// Whether the server is still there (its process alive, the session
+    /// open); `Err` says how it ended.
+    pub(crate) fn alive(&self) -> Result<(), String> {
+        if let Some(process) = &self.process
+            && let Some(code) = lock(process).exited()
+        {
+            let said = lock(&self.stderr).text();
+            return Err(if said.is_empty() {
+                format!("it exited with status {code}")
+            } else {
+                format!("it exited with status {code}; it said: {said}")
+            });
+        }
+        if self.service.is_closed() {
+            return Err("its connection closed".into());
+        }
+        Ok(())
+    }
+
+    /// Whether the server said its tool list changed since it was listed.
+    pub(crate) fn tools_changed(&self) -> bool {
+        self.tools_changed.load(Ordering::SeqCst)
+    }
+
+    /// Call `tool` with `arguments`; progress lines go to `output` while it
+    /// runs; `cancel` and `timeout` end it with `notifications/cancelled`.
+    pub(crate) fn call(
+        &self,
+        tool: &str,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        cancel: &CancelToken,
+        timeout: Duration,
+        output: &mut dyn FnMut(&[u8]),
+    ) -> Result<CallToolResult, ServerError> {
+        let rt = runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
+        let gone = |reason: String| ServerError::Gone { server: self.name.clone(), reason };
+        let peer = self.service.peer().clone();
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let deadline = Instant::now() + timeout;
+        let result = rt.block_on(async {
+            let mut handle = peer
+                .send_cancellable_request(request, PeerRequestOptions::no_options())
+                .await
+                .map_err(|e| gone(e.to_string()))?;
+            // A progress line sent before this point is lost (the SDK picks
+            // the token while sending); the result is not.
+            let key = handle.progress_token.0.to_string();
+            lock(&self.progress).insert(key.clone(), tx);
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            let outcome = loop {
+                tokio::select! {
+                    answer = &mut handle.rx => break Ok(answer),
+                    _ = tick.tick() => {
+                        while let Ok(line) = rx.try_recv() {
+                            output(line.as_bytes());
+                        }
+                        if cancel.is_cancelled() {
+                            break Err(ServerError::Cancelled);
+                        }
+                        if Instant::now() >= deadline {
+                            break Err(ServerError::Timeout { server: self.name.clone(), after: timeout });
+                        }
+                        if let Err(why) = self.alive() {
+                            break Err(gone(why));
+                        }
+                    }
+                }
+            };
+            lock(&self.progress).remove(&key);
+            while let Ok(line) = rx.try_recv() {
+                output(line.as_bytes());
+            }
+            match outcome {
+                Ok(answer) => Ok(answer),
+                Err(e) => {
+                    if matches!(e, ServerError::Cancelled | ServerError::Timeout { .. }) {
+                        let _ = handle.cancel(Some("cancelled by cairn".into())).await;
+                    }
+                    Err(e)
+                }
+            }
+        })?;
+        match result {
+            Ok(Ok(ServerResult::CallToolResult(result))) => Ok(result),
+            Ok(Ok(other)) => Err(ServerError::Refused {
+                server: self.name.clone(),
+                reason: format!("it answered tools/call with something else: {other:?}"),
+            }),
+            Ok(Err(rmcp::ServiceError::McpError(e))) => {
+                Err(ServerError::Refused { server: self.name.clone(), reason: e.message.to_string() })
+            }
+            Ok(Err(e)) => Err(gone(self.alive().err().unwrap_or_else(|| e.to_string()))),
+            Err(_) => Err(gone(self.alive().err().unwrap_or_else(|| "it closed the connection".into()))),
+        }
+    }
+}
+
+fn drain_stderr(mut err: std::process::ChildStderr, tail: &Mutex<Tail>) {
+    let mut buf = [0u8; 4096];
+    loop {
+        match err.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => lock(tail).push(&buf[..n]),
+        }
+    }
+}
+
+/// `~/x` → `$HOME/x`.
+fn expand(path: &Path) -> PathBuf {
+    match (path.strip_prefix("~"), std::env::var_os("HOME")) {
+        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// `program` on cairn's `PATH`, as an absolute path.
+fn resolve(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        return Some(expand(Path::new(program)));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(program)).find(|p| p.is_file())
+}
+
+/// What a program needs to read to run: its directory and, for a program
+/// in a `bin/` directory (a venv, a Node or pyenv install), the prefix
+/// above it, for the link and for what it points to; for a script, the
+/// same for its `#!` interpreter (a venv's `python` links into the
+/// interpreter's own install).
+fn install_dirs(program: &Path) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    let mut programs = vec![program.to_path_buf()];
+    if let Some(interpreter) = shebang(program) {
+        programs.push(interpreter);
+    }
+    for program in programs {
+        for p in [Some(program.clone()), program.canonicalize().ok()].into_iter().flatten() {
+            if let Some(dir) = p.parent() {
+                dirs.push(dir.to_path_buf());
+                if dir.file_name().is_some_and(|n| n == "bin")
+                    && let Some(prefix) = dir.parent()
+                    && prefix != Path::new("/")
+                    && prefix != Path::new("/usr")
+                {
+                    dirs.push(prefix.to_path_buf());
+                }
+            }
+        }
+    }
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// The interpreter of a `#!` script (`#!/usr/bin/env X` names no path of
+/// its own: `X` is looked up on `PATH`).
+fn shebang(program: &Path) -> Option<PathBuf> {
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program).and_then(|mut f| f.read(&mut head)).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = String::from_utf8_lossy(line.split(|b| *b == b'\n').next()?).into_owned();
+    let mut words = line.split_whitespace();
+    let first = words.next()?;
+    if first.ends_with("/env") {
+        return resolve(words.find(|w| !w.starts_with('-'))?);
+    }
+    Some(PathBuf::from(first))
+}
+
+/// Start a stdio server under the sandbox its configuration declares.
+fn spawn(name: &str, command: &str, config: &ServerConfig, cwd: &Path, tools: &ToolsConfig) -> Result<Service, String> {
+    let program = resolve(command)
+        .ok_or_else(|| format!("`{command}` was not found on PATH; give its absolute path in `command`"))?;
+    let cwd = config.cwd.as_deref().map(expand).unwrap_or_else(|| cwd.to_path_buf());
+    let mut env = cairn_tools::env::scrubbed_env(&tools.secrets);
+    for var in &config.env {
+        match std::env::var(var) {
+            // Passed because the user named it, unless it carries one of
+            // cairn's own provider keys.
+            Ok(value) if !tools.secrets.matches(&value) => env.push((var.clone(), value)),
+            Ok(_) => return Err(format!("`env` names {var}, whose value is one of cairn's provider keys; refusing")),
+            Err(_) => {}
+        }
+    }
+    env.push(("CAIRN_MCP_SERVER".into(), name.to_owned()));
+    // A server is a long-lived Write-tier program: it runs sandboxed, or
+    // unsandboxed only where the user opted in (as for external tools).
+    let sandboxed =
+        match sandbox::decide(&sandbox::landlock_status(), cairn_core::tool::Risk::Write, tools.allow_unsandboxed) {
+            Decision::Sandboxed => true,
+            Decision::Unsandboxed(_) => false,
+            Decision::Refuse(why) => return Err(why),
+        };
+    let mut extra_read = install_dirs(&program);
+    extra_read.extend(config.read.iter().map(|p| expand(p)));
+    extra_read.extend(tools.sandbox_read_paths.iter().cloned());
+    let policy = SandboxPolicy {
+        cwd: cwd.clone(),
+        read_cwd: config.files != FileAccess::None,
+        write_cwd: config.files == FileAccess::Write,
+        network: config.network,
+        process_spawn: config.processes,
+        extra_read,
+        extra_write: config.write.iter().map(|p| expand(p)).collect(),
+        max_processes: tools.max_processes,
+        ..SandboxPolicy::default()
+    };
+    let mut argv = vec![OsString::from(&program)];
+    argv.extend(config.args.iter().map(OsString::from));
+    let spec = RunSpec {
+        argv,
+        cwd,
+        stdin: Vec::new(),
+        env,
+        sandbox: sandboxed.then_some(policy),
+        timeout: Duration::MAX,
+        output_cap: 0,
+        max_processes: tools.max_processes,
+        pid_namespace: true,
+        hidden: tools.hidden_paths.clone(),
+    };
+    Service::spawn(&spec).map_err(|e| e.to_string())
+}

@@ -1,0 +1,162 @@
+//! cairn as an MCP client: the servers a user configured
+//! (`[mcp_servers.NAME]`) become cairn tools named `mcp__NAME__TOOL`, with
+//! risk tiers, a sandbox for stdio servers, and exactly-once receipts,
+//! through the official Rust SDK (`rmcp`).
+//!
+//! - `config`: the configuration and its checks.
+//! - `connection`: one running server (start, handshake, list, call).
+//! - `pool`: the process's servers, shared across sessions and turns.
+//! - `tool`: a server's tool as a [`cairn_core::tool::Tool`].
+//!
+//! Hosts call [`load`] once per turn (it reuses running servers) and add
+//! the entries to the turn's tools; approvals, discovery and the session
+//! log then treat them like any other tool. Heavy dependencies (tokio,
+//! hyper) live here so that `cairn-tools` and `cairn-core` stay light.
+
+pub mod config;
+mod connection;
+mod pool;
+pub mod tool;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use cairn_tools::{ToolEntry, ToolOrigin, ToolsConfig};
+
+pub use config::{ConfigError, FileAccess, ServerConfig, ToolOverride, parse_servers};
+pub use connection::ServerError;
+pub use tool::{McpTool, PREFIX, tool_name};
+
+/// How one configured server stands after [`load`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerState {
+    /// `enabled = false`.
+    Disabled,
+    /// Running, with this many tools offered (and how long it took to
+    /// start, when it was started by this load).
+    Running {
+        /// Tools offered.
+        tools: usize,
+        /// Start time, if started now.
+        started_in: Option<Duration>,
+    },
+    /// It could not be started; why.
+    Failed(String),
+}
+
+/// One server's line for `cairn mcp list`.
+#[derive(Debug, Clone)]
+pub struct ServerStatus {
+    /// Its name.
+    pub name: String,
+    /// `command args…` or the URL.
+    pub endpoint: String,
+    /// Its state.
+    pub state: ServerState,
+    /// The cairn names of its tools with their tiers.
+    pub tools: Vec<(String, cairn_core::tool::Risk)>,
+}
+
+/// The MCP tools of a turn, and what to tell the user.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// One entry per offered tool.
+    pub entries: Vec<ToolEntry>,
+    /// Servers that failed, tools left out, restarts: say them.
+    pub notes: Vec<String>,
+    /// Every configured server.
+    pub servers: Vec<ServerStatus>,
+}
+
+/// Start (or reuse) every enabled server for a session in `cwd` and turn
+/// their tools into entries. Servers start in parallel; one that fails is
+/// reported in `notes` and the others still load. `taken` are the names
+/// already in use (built-in and external tools win a clash).
+pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsConfig, taken: &[String]) -> Loaded {
+    let mut loaded = Loaded::default();
+    let started: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = servers
+            .iter()
+            .filter(|(_, config)| config.enabled)
+            .map(|(name, config)| {
+                let slot = pool::slot(name, config, cwd, tools);
+                (name, scope.spawn(move || (slot.ensure(true), slot)))
+            })
+            .collect();
+        handles.into_iter().map(|(name, h)| (name, h.join())).collect()
+    });
+    let mut results: BTreeMap<&String, _> = started.into_iter().collect();
+    let mut seen: Vec<String> = taken.to_vec();
+    for (name, config) in servers {
+        let endpoint = match (&config.command, &config.url) {
+            (Some(c), _) => {
+                std::iter::once(c.as_str()).chain(config.args.iter().map(String::as_str)).collect::<Vec<_>>().join(" ")
+            }
+            (None, Some(u)) => u.clone(),
+            (None, None) => String::new(),
+        };
+        let mut status = ServerStatus { name: name.clone(), endpoint, state: ServerState::Disabled, tools: Vec::new() };
+        let Some(result) = results.remove(name) else {
+            loaded.servers.push(status);
+            continue;
+        };
+        let (found, slot) = match result {
+            Ok(r) => r,
+            Err(_) => {
+                status.state = ServerState::Failed("its start panicked".into());
+                loaded.notes.push(format!("MCP server {name} did not start; its tools are not offered"));
+                loaded.servers.push(status);
+                continue;
+            }
+        };
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                loaded.notes.push(format!("{e}; its tools are not offered"));
+                status.state = ServerState::Failed(e.to_string());
+                loaded.servers.push(status);
+                continue;
+            }
+        };
+        let started_in = match &found {
+            pool::Found::Running(_) => None,
+            pool::Found::Started(c) => Some(c.started_in),
+            pool::Found::Restarted(c, why) => {
+                loaded.notes.push(format!("MCP server {name} had stopped ({why}); restarted it"));
+                Some(c.started_in)
+            }
+        };
+        let conn = found.connection().clone();
+        let restart = Arc::new(AtomicBool::new(true));
+        let mut offered = 0;
+        for remote in &conn.tools {
+            if config.tools.get(remote.name.as_ref()).is_some_and(|o| !o.enabled) {
+                continue;
+            }
+            let tool = McpTool::new(slot.clone(), remote, restart.clone());
+            let cairn_name = cairn_core::tool::Tool::spec(&tool).name.clone();
+            if seen.contains(&cairn_name) {
+                loaded.notes.push(format!(
+                    "MCP server {name}: tool {} is not offered: its name {cairn_name} is already taken",
+                    remote.name
+                ));
+                continue;
+            }
+            seen.push(cairn_name.clone());
+            status.tools.push((cairn_name, cairn_core::tool::Tool::spec(&tool).risk));
+            loaded.entries.push(ToolEntry { tool: Arc::new(tool), origin: ToolOrigin::Mcp { server: name.clone() } });
+            offered += 1;
+        }
+        for unknown in config.tools.keys().filter(|t| !conn.tools.iter().any(|r| r.name.as_ref() == t.as_str())) {
+            loaded
+                .notes
+                .push(format!("MCP server {name}: [mcp_servers.{name}.tools.{unknown}] names no tool it offers"));
+        }
+        status.state = ServerState::Running { tools: offered, started_in };
+        loaded.servers.push(status);
+    }
+    loaded
+}

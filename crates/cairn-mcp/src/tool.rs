@@ -1,0 +1,348 @@
+//! An MCP server's tool as a cairn tool: its name (`mcp__SERVER__TOOL`),
+//! its tier (what the user said, raised by what the server's annotations
+//! say, never lowered by an annotation the user did not choose to trust),
+//! its replay policy (`Never` unless the server says `idempotentHint`), and
+//! its receipt (`content`, `structuredContent`, `isError`).
+//!
+//! It must not start servers (`pool.rs`) or talk MCP (`connection.rs`).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cairn_core::tool::{
+    Capability, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec,
+    Validation,
+};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::config::{FileAccess, ServerConfig, ToolOverride};
+use crate::connection::ServerError;
+use crate::pool::{Found, Slot};
+
+/// The prefix of every MCP tool's name (allow rules: `mcp__git__*`).
+pub const PREFIX: &str = "mcp__";
+
+/// Longest tool name cairn offers (what providers accept).
+const MAX_NAME: usize = 64;
+
+/// `mcp__SERVER__TOOL`, with characters providers refuse replaced by `_`
+/// and, past 64 characters, cut and suffixed with a hash of the full name
+/// so two long names stay apart.
+pub fn tool_name(server: &str, tool: &str) -> String {
+    let clean: String =
+        tool.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
+    let full = format!("{PREFIX}{server}__{clean}");
+    if full.len() <= MAX_NAME {
+        return full;
+    }
+    let hash = Sha256::digest(format!("{server}\0{tool}").as_bytes());
+    let hex: String = hash.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    format!("{}_{hex}", &full[..MAX_NAME - 9])
+}
+
+/// What a server's annotations say about one tool (all hints).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Hints {
+    /// `readOnlyHint`.
+    pub read_only: Option<bool>,
+    /// `destructiveHint`.
+    pub destructive: Option<bool>,
+    /// `idempotentHint`.
+    pub idempotent: Option<bool>,
+}
+
+impl Hints {
+    fn of(tool: &rmcp::model::Tool) -> Self {
+        tool.annotations.as_ref().map_or_else(Self::default, |a| Self {
+            read_only: a.read_only_hint,
+            destructive: a.destructive_hint,
+            idempotent: a.idempotent_hint,
+        })
+    }
+}
+
+/// The tier of a server's tool. The user's override (or Write) is the
+/// floor; `destructiveHint` raises it to Destructive; `readOnlyHint` lowers
+/// the default to ReadOnly only for a server the user trusts with
+/// `trust_annotations` and that can neither write files nor reach the
+/// network (a read-only tool that can send data away is not read-only).
+pub fn tier(config: &ServerConfig, user: Option<&ToolOverride>, hints: Hints) -> Risk {
+    let read_only = hints.read_only == Some(true);
+    let contained =
+        config.is_stdio() && !config.network && config.files != FileAccess::Write && config.write.is_empty();
+    let floor = match user.and_then(|o| o.risk) {
+        Some(risk) => risk,
+        None if read_only && config.trust_annotations && contained => Risk::ReadOnly,
+        None => Risk::Write,
+    };
+    let raised = if !read_only && hints.destructive == Some(true) { Risk::Destructive } else { Risk::ReadOnly };
+    floor.max(raised)
+}
+
+/// Replay on resume: `Never` (settled uncertain, like `shell`) unless the
+/// server says the tool is idempotent and not destructive.
+pub fn replay(hints: Hints) -> ReplayPolicy {
+    if hints.idempotent == Some(true) && hints.destructive != Some(true) {
+        ReplayPolicy::Idempotent
+    } else {
+        ReplayPolicy::Never
+    }
+}
+
+/// What a server may touch, as cairn's capabilities (shown by `cairn
+/// tools`; the server's sandbox enforces them).
+fn capabilities(config: &ServerConfig) -> BTreeSet<Capability> {
+    let mut caps = BTreeSet::new();
+    if !config.is_stdio() || config.network {
+        caps.insert(Capability::Network);
+    }
+    if config.is_stdio() {
+        match config.files {
+            FileAccess::None => {}
+            FileAccess::Read => {
+                caps.insert(Capability::FileRead);
+            }
+            FileAccess::Write => {
+                caps.insert(Capability::FileRead);
+                caps.insert(Capability::FileWrite);
+            }
+        }
+        if config.processes {
+            caps.insert(Capability::ProcessSpawn);
+        }
+    }
+    caps
+}
+
+/// One MCP tool of one server, for one turn.
+#[derive(Debug)]
+pub struct McpTool {
+    spec: ToolSpec,
+    /// The tool's own name on its server.
+    remote: String,
+    slot: Arc<Slot>,
+    /// Whether this turn may still restart the server (shared by the
+    /// server's tools of the turn).
+    restart: Arc<AtomicBool>,
+}
+
+impl McpTool {
+    pub(crate) fn new(slot: Arc<Slot>, tool: &rmcp::model::Tool, restart: Arc<AtomicBool>) -> Self {
+        let config = slot.config();
+        let hints = Hints::of(tool);
+        let user = config.tools.get(tool.name.as_ref());
+        let description = tool
+            .description
+            .as_deref()
+            .or(tool.title.as_deref())
+            .map_or_else(|| format!("{} (MCP server {})", tool.name, slot.name), str::to_owned);
+        let spec = ToolSpec {
+            name: tool_name(&slot.name, &tool.name),
+            description,
+            input_schema: Value::Object((*tool.input_schema).clone()),
+            risk: tier(config, user, hints),
+            capabilities: capabilities(config),
+            replay: replay(hints),
+        };
+        Self { spec, remote: tool.name.to_string(), slot, restart }
+    }
+
+    /// The server it belongs to.
+    pub fn server(&self) -> &str {
+        &self.slot.name
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The text the model sees of an MCP result.
+fn result_text(result: &rmcp::model::CallToolResult) -> String {
+    use rmcp::model::ContentBlock as C;
+    let mut parts = Vec::new();
+    for block in &result.content {
+        match block {
+            C::Text(t) => parts.push(t.text.clone()),
+            C::Image(i) => parts.push(format!("[image: {}, {} base64 bytes]", i.mime_type, i.data.len())),
+            C::Audio(a) => parts.push(format!("[audio: {}, {} base64 bytes]", a.mime_type, a.data.len())),
+            C::Resource(r) => parts.push(match serde_json::to_value(&r.resource) {
+                Ok(v) => v.get("text").and_then(Value::as_str).map_or_else(
+                    || format!("[resource {}]", v.get("uri").and_then(Value::as_str).unwrap_or("?")),
+                    str::to_owned,
+                ),
+                Err(_) => "[resource]".to_owned(),
+            }),
+            C::ResourceLink(l) => parts.push(format!("[resource link {}]", l.uri)),
+            _ => parts.push("[content of a kind cairn does not show]".to_owned()),
+        }
+    }
+    if parts.is_empty()
+        && let Some(s) = &result.structured_content
+    {
+        parts.push(s.to_string());
+    }
+    parts.join("\n")
+}
+
+fn cap(text: String, cap: usize) -> (String, bool) {
+    if text.len() <= cap {
+        return (text, false);
+    }
+    let mut end = cap;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let total = text.len();
+    (format!("{}\n[cairn: output truncated: {end} of {total} bytes shown]", &text[..end]), true)
+}
+
+/// The largest structured result kept in a receipt (the session file's
+/// lines are bounded; the text the model sees is capped separately).
+const MAX_STRUCTURED: usize = 1 << 20;
+
+impl Tool for McpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn validate(&self, request: &ToolRequest) -> Validation {
+        if request.arguments.is_object() {
+            Validation::Valid
+        } else {
+            Validation::Invalid(format!("{} takes a JSON object of arguments", self.spec.name))
+        }
+    }
+
+    fn preview(&self, request: &ToolRequest, _cwd: &Path) -> Option<Preview> {
+        let args = serde_json::to_string_pretty(&request.arguments).unwrap_or_default();
+        let (args, _) = cap(args, 4096);
+        Some(Preview::Text { text: format!("MCP server {}: tool {}\n{args}", self.slot.name, self.remote) })
+    }
+
+    fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+        let start = Instant::now();
+        let Value::Object(arguments) = request.arguments.clone() else {
+            return Err(ToolError::InvalidArguments("arguments must be a JSON object".into()));
+        };
+        let mut notes = Vec::new();
+        let may_restart = self.restart.load(Ordering::SeqCst);
+        let conn = match self.slot.ensure(may_restart) {
+            Ok(Found::Restarted(conn, why)) => {
+                self.restart.store(false, Ordering::SeqCst);
+                notes.push(format!("[cairn: MCP server {} had stopped ({why}); restarted it]", self.slot.name));
+                conn
+            }
+            Ok(found) => found.connection().clone(),
+            Err(e) => return Err(ToolError::Other(e.to_string())),
+        };
+        let timeout = self
+            .slot
+            .config()
+            .tool_timeout_ms
+            .map_or(ctx.limits.timeout, |ms| Duration::from_millis(ms).min(ctx.limits.timeout));
+        let result = match conn.call(&self.remote, arguments, ctx.cancel, timeout, ctx.output) {
+            Ok(result) => result,
+            Err(ServerError::Cancelled) => return Err(ToolError::Cancelled),
+            Err(ServerError::Timeout { after, .. }) => return Err(ToolError::Timeout(after)),
+            Err(e @ ServerError::Gone { .. }) => {
+                return Err(ToolError::Other(format!(
+                    "{e}; whether the call took effect is unknown, so cairn does not repeat it"
+                )));
+            }
+            Err(e) => return Err(ToolError::Other(e.to_string())),
+        };
+        let is_error = result.is_error == Some(true);
+        let mut text = result_text(&result);
+        for note in notes {
+            text.push('\n');
+            text.push_str(&note);
+        }
+        let (summary, truncated) = cap(text, ctx.limits.output_cap);
+        let mut structured = json!({
+            "content": result.content,
+            "structuredContent": result.structured_content,
+            "isError": is_error,
+        });
+        if structured.to_string().len() > MAX_STRUCTURED {
+            structured = json!({
+                "content": [],
+                "structuredContent": null,
+                "isError": is_error,
+                "omitted": format!("the result was larger than {MAX_STRUCTURED} bytes; the text shown is capped"),
+            });
+        }
+        Ok(ToolReceipt {
+            exit_code: i32::from(is_error),
+            output_summary: summary,
+            structured_output: Some(structured),
+            affected_entities: Vec::new(),
+            duration_ms: start.elapsed().as_millis() as u64,
+            tier: self.spec.risk,
+            timestamp: now_ms(),
+            truncated,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(text: &str) -> ServerConfig {
+        let table: toml::Table = toml::from_str(text).unwrap_or_default();
+        ServerConfig::from_toml("s", toml::Value::Table(table)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn hints(read_only: Option<bool>, destructive: Option<bool>) -> Hints {
+        Hints { read_only, destructive, idempotent: None }
+    }
+
+    #[test]
+    fn an_annotation_raises_the_tier_but_never_lowers_it_unless_trusted() {
+        let plain = server("command = \"x\"");
+        assert_eq!(tier(&plain, None, Hints::default()), Risk::Write);
+        assert_eq!(tier(&plain, None, hints(Some(true), None)), Risk::Write, "untrusted readOnlyHint");
+        assert_eq!(tier(&plain, None, hints(Some(false), Some(true))), Risk::Destructive);
+        let trusted = server("command = \"x\"\ntrust_annotations = true");
+        assert_eq!(tier(&trusted, None, hints(Some(true), None)), Risk::ReadOnly);
+        // Trusted, but it can reach the network or write: not read-only.
+        let net = server("command = \"x\"\ntrust_annotations = true\nnetwork = true");
+        assert_eq!(tier(&net, None, hints(Some(true), None)), Risk::Write);
+        let http = server("url = \"http://127.0.0.1:1/mcp\"\ntrust_annotations = true");
+        assert_eq!(tier(&http, None, hints(Some(true), None)), Risk::Write);
+    }
+
+    #[test]
+    fn the_user_sets_the_floor_and_destructive_hints_still_raise_it() {
+        let config = server("command = \"x\"\n[tools.t]\nrisk = \"readOnly\"\n[tools.d]\nrisk = \"readOnly\"");
+        assert_eq!(tier(&config, config.tools.get("t"), Hints::default()), Risk::ReadOnly);
+        assert_eq!(tier(&config, config.tools.get("d"), hints(None, Some(true))), Risk::Destructive);
+        let strict = server("command = \"x\"\n[tools.t]\nrisk = \"destructive\"");
+        assert_eq!(tier(&strict, strict.tools.get("t"), hints(Some(true), None)), Risk::Destructive);
+    }
+
+    #[test]
+    fn only_calls_said_to_be_idempotent_are_replayed() {
+        assert_eq!(replay(Hints::default()), ReplayPolicy::Never);
+        assert_eq!(replay(Hints { idempotent: Some(true), ..Hints::default() }), ReplayPolicy::Idempotent);
+        assert_eq!(
+            replay(Hints { idempotent: Some(true), destructive: Some(true), read_only: None }),
+            ReplayPolicy::Never
+        );
+        assert_eq!(replay(hints(Some(true), None)), ReplayPolicy::Never, "read-only is not a promise");
+    }
+
+    #[test]
+    fn names_fit_what_providers_accept_and_stay_apart() {
+        assert_eq!(tool_name("git", "git_status"), "mcp__git__git_status");
+        assert_eq!(tool_name("fs", "read file/x"), "mcp__fs__read_file_x");
+        let a = tool_name("srv", &"a".repeat(80));
+        let b = tool_name("srv", &format!("{}b", "a".repeat(79)));
+        assert!(a.len() <= 64 && b.len() <= 64 && a != b, "{a} {b}");
+    }
+}
