@@ -147,8 +147,8 @@ impl Tail {
 pub(crate) struct Connection {
     name: String,
     service: RunningService<RoleClient, Handler>,
-    /// Its tools as it listed them.
-    pub(crate) tools: Vec<rmcp::model::Tool>,
+    /// Its tools as it last listed them.
+    tools: Mutex<Vec<rmcp::model::Tool>>,
     process: Option<Mutex<Service>>,
     stderr: Arc<Mutex<Tail>>,
     progress: Progress,
@@ -159,7 +159,7 @@ pub(crate) struct Connection {
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Connection").field("name", &self.name).field("tools", &self.tools.len()).finish_non_exhaustive()
+        f.debug_struct("Connection").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -241,7 +241,7 @@ impl Connection {
         Ok(Connection {
             name: name.to_owned(),
             service,
-            tools: listed,
+            tools: Mutex::new(listed),
             process,
             stderr,
             progress,
@@ -269,9 +269,19 @@ impl Connection {
         Ok(())
     }
 
-    /// Whether the server said its tool list changed since it was listed.
-    pub(crate) fn tools_changed(&self) -> bool {
-        self.tools_changed.load(Ordering::SeqCst)
+    /// Its tools, listed again first when the server said they changed
+    /// (`notifications/tools/list_changed`).
+    pub(crate) fn tools(&self) -> Result<Vec<rmcp::model::Tool>, ServerError> {
+        if self.tools_changed.swap(false, Ordering::SeqCst) {
+            let rt = runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
+            let peer = self.service.peer().clone();
+            let listed = rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(30), peer.list_all_tools()).await })
+                .map_err(|_| ServerError::Gone { server: self.name.clone(), reason: "tools/list timed out".into() })?
+                .map_err(|e| ServerError::Gone { server: self.name.clone(), reason: format!("tools/list: {e}") })?;
+            *lock(&self.tools) = listed;
+        }
+        Ok(lock(&self.tools).clone())
     }
 
     /// Call `tool` with `arguments`; progress lines go to `output` while it

@@ -129,10 +129,18 @@ pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsC
                 Some(c.started_in)
             }
         };
-        let conn = found.connection().clone();
+        let listed = match found.connection().tools() {
+            Ok(listed) => listed,
+            Err(e) => {
+                loaded.notes.push(format!("{e}; its tools are not offered"));
+                status.state = ServerState::Failed(e.to_string());
+                loaded.servers.push(status);
+                continue;
+            }
+        };
         let restart = Arc::new(AtomicBool::new(true));
         let mut offered = 0;
-        for remote in &conn.tools {
+        for remote in &listed {
             if config.tools.get(remote.name.as_ref()).is_some_and(|o| !o.enabled) {
                 continue;
             }
@@ -150,7 +158,7 @@ pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsC
             loaded.entries.push(ToolEntry { tool: Arc::new(tool), origin: ToolOrigin::Mcp { server: name.clone() } });
             offered += 1;
         }
-        for unknown in config.tools.keys().filter(|t| !conn.tools.iter().any(|r| r.name.as_ref() == t.as_str())) {
+        for unknown in config.tools.keys().filter(|t| !listed.iter().any(|r| r.name.as_ref() == t.as_str())) {
             loaded
                 .notes
                 .push(format!("MCP server {name}: [mcp_servers.{name}.tools.{unknown}] names no tool it offers"));

@@ -77,8 +77,7 @@ impl Slot {
         let mut conn = lock(&self.conn);
         let died = match conn.as_ref() {
             Some(c) => match c.alive() {
-                Ok(()) if !c.tools_changed() => return Ok(Found::Running(c.clone())),
-                Ok(()) => Some("its tool list changed".to_owned()),
+                Ok(()) => return Ok(Found::Running(c.clone())),
                 Err(why) => Some(why),
             },
             None => None,

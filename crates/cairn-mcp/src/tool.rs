@@ -1,7 +1,8 @@
 //! An MCP server's tool as a cairn tool: its name (`mcp__SERVER__TOOL`),
 //! its tier (what the user said, raised by what the server's annotations
 //! say, never lowered by an annotation the user did not choose to trust),
-//! its replay policy (`Never` unless the server says `idempotentHint`), and
+//! its replay policy (`Never` unless a trusted server says
+//! `idempotentHint`), and
 //! its receipt (`content`, `structuredContent`, `isError`).
 //!
 //! It must not start servers (`pool.rs`) or talk MCP (`connection.rs`).
@@ -68,25 +69,27 @@ impl Hints {
 /// The tier of a server's tool. The user's override (or Write) is the
 /// floor; `destructiveHint` raises it to Destructive; `readOnlyHint` lowers
 /// the default to ReadOnly only for a server the user trusts with
-/// `trust_annotations` and that can neither write files nor reach the
-/// network (a read-only tool that can send data away is not read-only).
+/// `trust_annotations`. Never below what the server's sandbox lets it do
+/// ([`Capability::floor`]): a server that can reach the network, write
+/// files or start processes has no read-only tools, whatever anyone says
+/// (a "read-only" tool that can send data away is not read-only).
 pub fn tier(config: &ServerConfig, user: Option<&ToolOverride>, hints: Hints) -> Risk {
     let read_only = hints.read_only == Some(true);
-    let contained =
-        config.is_stdio() && !config.network && config.files != FileAccess::Write && config.write.is_empty();
     let floor = match user.and_then(|o| o.risk) {
         Some(risk) => risk,
-        None if read_only && config.trust_annotations && contained => Risk::ReadOnly,
+        None if read_only && config.trust_annotations => Risk::ReadOnly,
         None => Risk::Write,
     };
     let raised = if !read_only && hints.destructive == Some(true) { Risk::Destructive } else { Risk::ReadOnly };
-    floor.max(raised)
+    floor.max(raised).max(Capability::floor(&capabilities(config)))
 }
 
 /// Replay on resume: `Never` (settled uncertain, like `shell`) unless the
-/// server says the tool is idempotent and not destructive.
-pub fn replay(hints: Hints) -> ReplayPolicy {
-    if hints.idempotent == Some(true) && hints.destructive != Some(true) {
+/// server says the tool is idempotent and not destructive, and the user
+/// trusts its annotations (`trust_annotations`): an untrusted hint may
+/// only make cairn more careful, and "run it again" is the opposite.
+pub fn replay(config: &ServerConfig, hints: Hints) -> ReplayPolicy {
+    if config.trust_annotations && hints.idempotent == Some(true) && hints.destructive != Some(true) {
         ReplayPolicy::Idempotent
     } else {
         ReplayPolicy::Never
@@ -146,7 +149,7 @@ impl McpTool {
             input_schema: Value::Object((*tool.input_schema).clone()),
             risk: tier(config, user, hints),
             capabilities: capabilities(config),
-            replay: replay(hints),
+            replay: replay(config, hints),
         };
         Self { spec, remote: tool.name.to_string(), slot, restart }
     }
@@ -308,8 +311,11 @@ mod tests {
         assert_eq!(tier(&plain, None, Hints::default()), Risk::Write);
         assert_eq!(tier(&plain, None, hints(Some(true), None)), Risk::Write, "untrusted readOnlyHint");
         assert_eq!(tier(&plain, None, hints(Some(false), Some(true))), Risk::Destructive);
-        let trusted = server("command = \"x\"\ntrust_annotations = true");
+        let trusted = server("command = \"x\"\ntrust_annotations = true\nprocesses = false");
         assert_eq!(tier(&trusted, None, hints(Some(true), None)), Risk::ReadOnly);
+        // Trusted, but it may start processes: not read-only.
+        let spawns = server("command = \"x\"\ntrust_annotations = true");
+        assert_eq!(tier(&spawns, None, hints(Some(true), None)), Risk::Write);
         // Trusted, but it can reach the network or write: not read-only.
         let net = server("command = \"x\"\ntrust_annotations = true\nnetwork = true");
         assert_eq!(tier(&net, None, hints(Some(true), None)), Risk::Write);
@@ -319,22 +325,29 @@ mod tests {
 
     #[test]
     fn the_user_sets_the_floor_and_destructive_hints_still_raise_it() {
-        let config = server("command = \"x\"\n[tools.t]\nrisk = \"readOnly\"\n[tools.d]\nrisk = \"readOnly\"");
+        let config = server(
+            "command = \"x\"\nprocesses = false\n[tools.t]\nrisk = \"readOnly\"\n[tools.d]\nrisk = \"readOnly\"",
+        );
         assert_eq!(tier(&config, config.tools.get("t"), Hints::default()), Risk::ReadOnly);
         assert_eq!(tier(&config, config.tools.get("d"), hints(None, Some(true))), Risk::Destructive);
+        // The user cannot lower a tool below what its server's sandbox allows.
+        let net = server("command = \"x\"\nnetwork = true\n[tools.t]\nrisk = \"readOnly\"");
+        assert_eq!(tier(&net, net.tools.get("t"), Hints::default()), Risk::Write);
         let strict = server("command = \"x\"\n[tools.t]\nrisk = \"destructive\"");
         assert_eq!(tier(&strict, strict.tools.get("t"), hints(Some(true), None)), Risk::Destructive);
     }
 
     #[test]
-    fn only_calls_said_to_be_idempotent_are_replayed() {
-        assert_eq!(replay(Hints::default()), ReplayPolicy::Never);
-        assert_eq!(replay(Hints { idempotent: Some(true), ..Hints::default() }), ReplayPolicy::Idempotent);
-        assert_eq!(
-            replay(Hints { idempotent: Some(true), destructive: Some(true), read_only: None }),
-            ReplayPolicy::Never
-        );
-        assert_eq!(replay(hints(Some(true), None)), ReplayPolicy::Never, "read-only is not a promise");
+    fn only_calls_a_trusted_server_says_are_idempotent_are_replayed() {
+        let trusted = server("command = \"x\"\ntrust_annotations = true");
+        let plain = server("command = \"x\"");
+        let idem = Hints { idempotent: Some(true), ..Hints::default() };
+        assert_eq!(replay(&trusted, Hints::default()), ReplayPolicy::Never);
+        assert_eq!(replay(&trusted, idem), ReplayPolicy::Idempotent);
+        assert_eq!(replay(&plain, idem), ReplayPolicy::Never, "an untrusted hint never allows a re-run");
+        let destructive = Hints { idempotent: Some(true), destructive: Some(true), read_only: None };
+        assert_eq!(replay(&trusted, destructive), ReplayPolicy::Never);
+        assert_eq!(replay(&trusted, hints(Some(true), None)), ReplayPolicy::Never, "read-only is not a promise");
     }
 
     #[test]
