@@ -344,3 +344,47 @@ fn a_stdio_server_runs_in_the_sandbox_its_config_declares() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(staged_names(&cwd).contains("new.txt"), "{}", staged_names(&cwd));
 }
+
+/// A child process killed when the test ends, pass or fail.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_streamable_http_server_on_loopback_is_called_like_a_stdio_one() {
+    let env = Env::new();
+    let node = node_prefix();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut server = Command::new(node.join("node_modules/.bin/mcp-server-everything"))
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = server.stderr.take().unwrap();
+    let _server = Killed(server);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
+    assert!(
+        lines.by_ref().map_while(Result::ok).any(|l| l.contains("listening")),
+        "server-everything did not start listening on port {port}"
+    );
+    std::thread::spawn(move || lines.for_each(drop));
+    config(&env, &format!("[mcp_servers.web]\nurl = \"http://127.0.0.1:{port}/mcp\"\ntrust_annotations = true\n"));
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__web__echo", "arguments": {"message": "over http"}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let out =
+        env.cairn(&["--script", script.to_str().unwrap(), "--allow", "mcp__web__*", "run", "go"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done = payloads(&env, "toolCompleted");
+    let receipt = &by_tool(&done, "mcp__web__echo")["receipt"];
+    assert!(receipt["outputSummary"].as_str().unwrap().contains("over http"), "{receipt:#}");
+    // A remote server reaches the network by definition: never ReadOnly,
+    // even trusted and annotated read-only.
+    assert_eq!(receipt["tier"], "write");
+}

@@ -75,6 +75,10 @@ pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
+            // https servers: reqwest is built without a TLS provider (see
+            // Cargo.toml); ring is installed once for the process (an error
+            // means one is installed already, which is as good).
+            let _ = rustls::crypto::ring::default_provider().install_default();
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .thread_name("cairn-mcp")
