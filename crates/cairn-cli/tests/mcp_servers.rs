@@ -388,3 +388,38 @@ fn a_streamable_http_server_on_loopback_is_called_like_a_stdio_one() {
     // even trusted and annotated read-only.
     assert_eq!(receipt["tier"], "write");
 }
+
+/// Discovery ranks MCP tools like any other: with 27 of them configured, a
+/// turn is offered the few that fit the request, not all of them.
+#[test]
+fn discovery_offers_the_mcp_tools_that_fit_the_request_not_all_of_them() {
+    let minilm = std::env::var_os("CAIRN_MINILM_DIR")
+        .expect("this test needs the discovery model: set CAIRN_MINILM_DIR (scripts/fetch-minilm prints it)");
+    let env = Env::new();
+    let (py, node) = (python_bin(), node_prefix());
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "[mcp_servers.time]\ncommand = \"{}\"\n\n[mcp_servers.git]\ncommand = \"{}\"\n\n\
+             [mcp_servers.every]\ncommand = \"{node}/node_modules/.bin/mcp-server-everything\"\nread = [\"{node}\"]\n",
+            py.join("mcp-server-time").display(),
+            py.join("mcp-server-git").display(),
+            node = node.display()
+        ),
+    )
+    .unwrap();
+    let out = env
+        .cairn(&["--json", "tools", "--discover", "echo a message back to me"])
+        .env("CAIRN_MINILM_DIR", minilm)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ranking: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let candidates = ranking["candidates"].as_array().unwrap();
+    let mcp = candidates.iter().filter(|c| c["name"].as_str().unwrap().starts_with("mcp__")).count();
+    assert!(mcp >= 25, "every server's tools are ranked: {mcp}");
+    let offered: Vec<&str> =
+        candidates.iter().filter(|c| c["injected"] == true).map(|c| c["name"].as_str().unwrap()).collect();
+    assert!(offered.contains(&"mcp__every__echo"), "{offered:?}");
+    assert!(offered.len() <= 5, "at most max_tools are offered: {offered:?}");
+}
