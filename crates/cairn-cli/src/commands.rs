@@ -566,7 +566,7 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
 pub fn tools(ctx: &Context) -> Result<u8> {
     let cwd = std::env::current_dir()?;
     let cwd = ctx.common.cwd.clone().unwrap_or(cwd);
-    let crate::wiring::HostTools { entries, mut notes, untrusted } = crate::wiring::tool_entries(ctx, &cwd)?;
+    let crate::wiring::HostTools { entries, mut notes, untrusted, .. } = crate::wiring::tool_entries(ctx, &cwd)?;
     notes.extend(untrusted);
     let status = cairn_tools::landlock_status();
     let mut out = std::io::stdout().lock();

@@ -99,6 +99,9 @@ pub struct FileConfig {
     /// by `cairn_mcp::parse_servers`).
     #[serde(default)]
     pub mcp_servers: toml::Table,
+    /// `[[hooks.pre_tool]]`, `[[hooks.post_tool]]`: hook programs.
+    #[serde(default)]
+    pub hooks: cairn_tools::hooks::HooksConfig,
 }
 
 /// `[storage]`.
@@ -233,6 +236,8 @@ pub struct Settings {
     pub toolsrv: Option<String>,
     /// `[mcp_servers.NAME]`, checked.
     pub mcp_servers: BTreeMap<String, cairn_mcp::ServerConfig>,
+    /// `[hooks]`, checked.
+    pub hooks: cairn_tools::hooks::HooksConfig,
 }
 
 /// Default model steps per turn.
@@ -348,6 +353,7 @@ impl Settings {
 
         let mcp_servers = cairn_mcp::parse_servers(&file.mcp_servers)
             .with_context(|| format!("{} has an MCP server cairn cannot use", config_file.display()))?;
+        file.hooks.check().map_err(|e| anyhow::anyhow!("{}: {e}", config_file.display()))?;
         let mut database = Setting::default(None);
         if let Some(v) = file.database {
             database.set(Some(v), from_file());
@@ -411,6 +417,7 @@ impl Settings {
             discovery: file.discovery,
             toolsrv: file.tools.toolsrv,
             mcp_servers,
+            hooks: file.hooks,
         })
     }
 

@@ -28,7 +28,7 @@ impl cairn_faces::Host for CliHost<'_> {
         let tools = crate::wiring::tool_entries(self.ctx, cwd)?;
         let mut notes = tools.notes;
         notes.extend(tools.untrusted);
-        Ok(HostTools { tools: tools.entries.into_iter().map(|e| e.tool).collect(), notes })
+        Ok(HostTools { tools: tools.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: tools.hooks })
     }
 
     fn allowlist(&self) -> Result<Allowlist> {

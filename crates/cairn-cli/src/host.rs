@@ -116,12 +116,14 @@ pub fn fill_registry(
     registry: &mut ToolRegistry,
 ) -> (Vec<String>, Vec<String>) {
     match tools {
-        TurnTools::Service { dial, specs, notes } => {
+        TurnTools::Service { dial, specs, notes, hooks } => {
+            registry.set_hooks(hooks.clone());
             let mut notes = notes.clone();
             crate::toolsrv::offer(dial, specs, registry, keep, &mut notes);
             (notes, Vec::new())
         }
         TurnTools::Local(local) => {
+            registry.set_hooks(local.hooks.clone());
             let mut notes = local.notes.clone();
             for entry in &local.entries {
                 let name = entry.tool.spec().name.clone();

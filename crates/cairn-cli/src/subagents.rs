@@ -682,7 +682,9 @@ impl Family {
         let allow = Allowlist::parse(fact.allow.iter().map(String::as_str)).context("child allow patterns")?;
         let mut approver = crate::wiring::policy(ctx.common.yes, allow, Some(Box::new(self.terminal.clone())));
         let mut registry = ToolRegistry::new(&approver);
-        for entry in crate::wiring::tool_entries(ctx, &cwd)?.entries {
+        let tools = crate::wiring::tool_entries(ctx, &cwd)?;
+        registry.set_hooks(tools.hooks);
+        for entry in tools.entries {
             if fact.tools.contains(&entry.tool.spec().name) {
                 // A tool the registry refuses here (Destructive, headless) is
                 // simply not offered, as for the parent.

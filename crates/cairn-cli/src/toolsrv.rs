@@ -268,6 +268,8 @@ pub enum TurnTools {
         specs: Vec<ToolSpec>,
         /// Tools of the service skipped (unreadable meta).
         notes: Vec<String>,
+        /// The session's hooks (they run here, not in the service).
+        hooks: Option<std::sync::Arc<dyn cairn_core::hooks::ToolHooks>>,
     },
     /// The built-ins and external tools of the working directory.
     Local(crate::wiring::HostTools),
@@ -279,7 +281,7 @@ pub fn turn_tools(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
         Some(address) => {
             let mut notes = Vec::new();
             let (dial, specs) = remote_specs(&address, &mut notes)?;
-            Ok(TurnTools::Service { dial, specs, notes })
+            Ok(TurnTools::Service { dial, specs, notes, hooks: crate::wiring::hooks(ctx) })
         }
         None => Ok(TurnTools::Local(crate::wiring::tool_entries(ctx, cwd)?)),
     }

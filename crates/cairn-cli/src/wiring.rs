@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use cairn_core::SessionConfig;
+use std::sync::Arc;
+
 use cairn_core::approval::{Allowlist, Approver, PolicyApprover};
+use cairn_core::hooks::ToolHooks;
 use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, new_session_id};
 use cairn_provider::{ProviderConfig, ProviderKind};
@@ -95,6 +98,18 @@ pub struct HostTools {
     /// Workspace tools not loaded because the directory is not trusted, and
     /// how to trust it. Always said on stderr, even headless.
     pub untrusted: Vec<String>,
+    /// The hooks every call goes through (`[hooks]`), set on the registry
+    /// with the tools.
+    pub hooks: Option<Arc<dyn ToolHooks>>,
+}
+
+/// The configured hook programs (`[hooks]`), if any.
+pub fn hooks(ctx: &Context) -> Option<Arc<dyn ToolHooks>> {
+    if ctx.settings.hooks.is_empty() {
+        return None;
+    }
+    let report = Box::new(|note: &str| eprintln!("cairn: {}", crate::render::escape_controls(note)));
+    Some(Arc::new(cairn_tools::hooks::CommandHooks::new(ctx.settings.hooks.clone(), tools_config(ctx), report)))
 }
 
 /// Built-in and external tools for `cwd` (directories, precedence and trust
@@ -124,7 +139,7 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
         notes.extend(mcp.notes);
         entries.extend(mcp.entries);
     }
-    Ok(HostTools { entries, notes, untrusted })
+    Ok(HostTools { entries, notes, untrusted, hooks: hooks(ctx) })
 }
 
 /// The approval policy of a CLI session over `allow` and the person

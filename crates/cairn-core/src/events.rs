@@ -172,6 +172,33 @@ pub struct ToolRequestedPayload {
     /// The tool's replay policy (`None` when the tool is unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<ReplayPolicy>,
+    /// What a `pre_tool` hook decided (`None`: no hook objected); with a
+    /// rewrite, `request.arguments` are the hook's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<HookRecord>,
+}
+
+/// A `pre_tool` hook's decision as recorded in `toolRequested`
+/// (`crate::hooks`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "camelCase")]
+pub enum HookRecord {
+    /// The call was refused.
+    #[serde(rename_all = "camelCase")]
+    Deny {
+        /// Which hook.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// The arguments were changed; these are the model's.
+    #[serde(rename_all = "camelCase")]
+    Rewrite {
+        /// Which hook.
+        by: String,
+        /// The arguments as the model gave them.
+        original_arguments: Value,
+    },
 }
 
 /// Payload of `toolStarted` (Correx `ToolExecutionStartedEvent`).
@@ -412,7 +439,13 @@ impl ToolRequestedPayload {
     /// The intent of `request` in turn `turn_id`; `tier` and `replay` are
     /// `None` when the tool is unknown.
     pub fn new(turn_id: String, request: ToolRequest, tier: Option<Risk>, replay: Option<ReplayPolicy>) -> Self {
-        Self { invocation_id: request.invocation_id.clone(), turn_id, request, tier, replay }
+        Self { invocation_id: request.invocation_id.clone(), turn_id, request, tier, replay, hook: None }
+    }
+
+    /// The same intent with a `pre_tool` hook's decision recorded.
+    pub fn with_hook(mut self, hook: Option<HookRecord>) -> Self {
+        self.hook = hook;
+        self
     }
 
     /// What observers are told once the intent is committed.

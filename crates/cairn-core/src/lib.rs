@@ -30,6 +30,7 @@ pub mod cancel;
 pub mod context;
 pub mod events;
 pub mod history;
+pub mod hooks;
 mod idset;
 pub mod message;
 pub mod projection;

@@ -49,6 +49,7 @@ pub enum RegistryError {
 /// Tools by name.
 pub struct ToolRegistry {
     interactive: bool,
+    hooks: Option<Arc<dyn crate::hooks::ToolHooks>>,
     tools: Vec<Arc<dyn Tool>>,
     specs: Vec<ToolSpec>,
     by_name: HashMap<String, usize>,
@@ -69,7 +70,24 @@ impl ToolRegistry {
     /// gate's rule, asked of the same approver the turn will ask, so the
     /// tools offered and the verdicts given can never disagree).
     pub fn new(approver: &dyn Approver) -> Self {
-        Self { interactive: approver.is_interactive(), tools: Vec::new(), specs: Vec::new(), by_name: HashMap::new() }
+        Self {
+            interactive: approver.is_interactive(),
+            hooks: None,
+            tools: Vec::new(),
+            specs: Vec::new(),
+            by_name: HashMap::new(),
+        }
+    }
+
+    /// The hooks every call of a turn over this registry goes through
+    /// (`crate::hooks`); the host sets them with the tools.
+    pub fn set_hooks(&mut self, hooks: Option<Arc<dyn crate::hooks::ToolHooks>>) {
+        self.hooks = hooks;
+    }
+
+    /// The hooks, if any.
+    pub fn hooks(&self) -> Option<&Arc<dyn crate::hooks::ToolHooks>> {
+        self.hooks.as_ref()
     }
 
     /// Add a tool. Refuses a duplicate name, a tool declaring less risk than

@@ -319,7 +319,7 @@ impl Agent<'_> {
 
     fn open(&self, store: JsonlStore) -> Result<Open, RpcError> {
         let cwd = PathBuf::from(&store.header().cwd);
-        let crate::HostTools { tools, notes } =
+        let crate::HostTools { tools, notes, hooks } =
             self.host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
         for note in notes {
             eprintln!("cairn acp: {note}");
@@ -329,6 +329,7 @@ impl Agent<'_> {
         let asker = PermissionAsker { shared: Arc::clone(&self.shared), session_id: store.header().id.clone() };
         let approver = PolicyApprover::new(allow, Some(Box::new(asker)));
         let mut registry = ToolRegistry::new(&approver);
+        registry.set_hooks(hooks);
         let session_id = store.header().id.clone();
         for tool in tools {
             let op = match tool.spec().name.as_str() {

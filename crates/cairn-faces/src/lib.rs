@@ -48,6 +48,8 @@ pub struct HostTools {
     pub tools: Vec<Arc<dyn Tool>>,
     /// Tools left out and why (broken metadata, untrusted workspace).
     pub notes: Vec<String>,
+    /// The hooks every call goes through, set on the face's registry.
+    pub hooks: Option<Arc<dyn cairn_core::hooks::ToolHooks>>,
 }
 
 impl std::fmt::Debug for HostTools {

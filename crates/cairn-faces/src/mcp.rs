@@ -77,7 +77,7 @@ struct Server<'h> {
 /// early.
 pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 'static, out: &Out) -> Result<()> {
     let allow = host.allowlist()?;
-    let crate::HostTools { tools, notes } = host.tools(&options.root)?;
+    let crate::HostTools { tools, notes, hooks } = host.tools(&options.root)?;
     for note in notes {
         eprintln!("cairn mcp: {note}");
     }
@@ -86,6 +86,7 @@ pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 
     // exposed only when an allow rule names it.
     let approver = PolicyApprover::new(allow, None);
     let mut registry = ToolRegistry::new(&approver);
+    registry.set_hooks(hooks);
     let mut hidden = HashMap::new();
     for tool in tools {
         let spec = tool.spec().clone();

@@ -9,18 +9,7 @@ use std::path::PathBuf;
 use cairn_core::tool::Risk;
 use serde::{Deserialize, Serialize};
 
-/// What a stdio server may do with the session's working directory.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum FileAccess {
-    /// Nothing: the working directory is not visible.
-    None,
-    /// Read it (the default: most servers look at the project).
-    #[default]
-    Read,
-    /// Read and write it.
-    Write,
-}
+pub use cairn_tools::programs::FileAccess;
 
 /// `[mcp_servers.NAME.tools.TOOL]`: the user's word about one tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -27,6 +27,7 @@ use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use crate::config::{FileAccess, ServerConfig};
+use cairn_tools::programs::{expand, install_dirs, resolve};
 
 /// Why a server could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -371,67 +372,6 @@ fn drain_stderr(mut err: std::process::ChildStderr, tail: &Mutex<Tail>) {
             Ok(n) => lock(tail).push(&buf[..n]),
         }
     }
-}
-
-/// `~/x` → `$HOME/x`.
-fn expand(path: &Path) -> PathBuf {
-    match (path.strip_prefix("~"), std::env::var_os("HOME")) {
-        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
-        _ => path.to_path_buf(),
-    }
-}
-
-/// `program` on cairn's `PATH`, as an absolute path.
-fn resolve(program: &str) -> Option<PathBuf> {
-    if program.contains('/') {
-        return Some(expand(Path::new(program)));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(program)).find(|p| p.is_file())
-}
-
-/// What a program needs to read to run: its directory and, for a program
-/// in a `bin/` directory (a venv, a Node or pyenv install), the prefix
-/// above it, for the link and for what it points to; for a script, the
-/// same for its `#!` interpreter (a venv's `python` links into the
-/// interpreter's own install).
-fn install_dirs(program: &Path) -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    let mut programs = vec![program.to_path_buf()];
-    if let Some(interpreter) = shebang(program) {
-        programs.push(interpreter);
-    }
-    for program in programs {
-        for p in [Some(program.clone()), program.canonicalize().ok()].into_iter().flatten() {
-            if let Some(dir) = p.parent() {
-                dirs.push(dir.to_path_buf());
-                if dir.file_name().is_some_and(|n| n == "bin")
-                    && let Some(prefix) = dir.parent()
-                    && prefix != Path::new("/")
-                    && prefix != Path::new("/usr")
-                {
-                    dirs.push(prefix.to_path_buf());
-                }
-            }
-        }
-    }
-    dirs.sort();
-    dirs.dedup();
-    dirs
-}
-
-/// The interpreter of a `#!` script (`#!/usr/bin/env X` names no path of
-/// its own: `X` is looked up on `PATH`).
-fn shebang(program: &Path) -> Option<PathBuf> {
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(program).and_then(|mut f| f.read(&mut head)).ok()?;
-    let line = head[..n].strip_prefix(b"#!")?;
-    let line = String::from_utf8_lossy(line.split(|b| *b == b'\n').next()?).into_owned();
-    let mut words = line.split_whitespace();
-    let first = words.next()?;
-    if first.ends_with("/env") {
-        return resolve(words.find(|w| !w.starts_with('-'))?);
-    }
-    Some(PathBuf::from(first))
 }
 
 /// Start a stdio server under the sandbox its configuration declares.

@@ -24,6 +24,7 @@ use crate::events::{
     EntryType, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
     ToolStagedPayload, ToolStartedPayload, TurnCancelledPayload, TurnEndedPayload, TurnEvent, VerdictRecord,
 };
+use crate::hooks::{HookRecord, PreTool};
 use crate::message::{Message, Role, ToolCall};
 use crate::provider::{ModelRequest, ModelResponse, ProviderErrorKind, RequestPurpose, StreamEvent};
 use crate::registry::ToolRegistry;
@@ -318,7 +319,19 @@ impl<S: Storage> Session<S> {
     ) -> Result<(), TurnError> {
         b.settle(settlement, pending)?;
         let pc = self.after_call(&mut b, calls)?;
-        self.commit(b, Some(pc), env.observer)
+        self.commit(b, Some(pc), env.observer)?;
+        // Told once the settlement is durable; nothing it does changes it.
+        if let Some(hooks) = env.tools.hooks() {
+            let (kind, payload) = match settlement {
+                Settlement::Completed(p) => (EntryType::ToolCompleted, serde_json::to_value(p)),
+                Settlement::Failed(p) => (EntryType::ToolFailed, serde_json::to_value(p)),
+                Settlement::Rejected(p) => (EntryType::ToolRejected, serde_json::to_value(p)),
+            };
+            if let Ok(payload) = payload {
+                hooks.post_tool(kind, &payload, &self.cwd);
+            }
+        }
+        Ok(())
     }
 
     /// Remember a Write call approved "for this session" as an allow rule
@@ -395,16 +408,34 @@ impl<S: Storage> Session<S> {
         }
         let request_entry = b.next_id("e");
         let invocation_id = b.next_id("i");
-        let request = self.tool_request(&invocation_id, &call);
+        let mut request = self.tool_request(&invocation_id, &call);
+        // The hooks speak before the intent is committed, and what they
+        // said is part of it.
+        let (hook, refused) = match env.tools.hooks().map(|h| h.pre_tool(&request, &self.cwd)) {
+            None | Some(PreTool::Continue) => (None, None),
+            Some(PreTool::Deny { by, reason }) => {
+                (Some(HookRecord::Deny { by: by.clone(), reason: reason.clone() }), Some(deny(reason, &by)))
+            }
+            Some(PreTool::Rewrite { by, arguments }) => {
+                let original_arguments = std::mem::replace(&mut request.arguments, arguments);
+                (Some(HookRecord::Rewrite { by, original_arguments }), None)
+            }
+        };
         let tool = env.tools.get(&request.tool).cloned();
         let requested = ToolRequestedPayload::new(
             self.turn_id(),
             request.clone(),
             tool.as_ref().map(|t| call_risk(t, &request)),
             tool.as_ref().map(|t| t.spec().replay),
-        );
+        )
+        .with_hook(hook);
         b.entry(&requested)?;
         b.tell(requested.event());
+        if let Some(v) = refused {
+            b.tell(TurnEvent::ApprovalVerdict { invocation_id, verdict: v.clone() });
+            let rejected = ToolRejectedPayload::by_verdict(&request, requested.tier.unwrap_or(Risk::Write), v);
+            return self.settle_call(env, b, &Settlement::Rejected(rejected), false, calls.len());
+        }
         let risk = match check_call(tool.as_ref(), &request, env.tools) {
             Ok(risk) => risk,
             Err(reason) => {

@@ -1,0 +1,207 @@
+//! Hooks (`[[hooks.pre_tool]]`, `[[hooks.post_tool]]`) through the real
+//! `cairn` binary: real hook programs (sh scripts) run sandboxed; their
+//! decisions are read from the session file.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod util;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+use util::Env;
+
+/// An executable `#!/bin/sh` script named `name`, outside cairn's home.
+fn script(env: &Env, name: &str, body: &str) -> PathBuf {
+    let dir = env.home.parent().unwrap().join("hooks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn entries(env: &Env) -> Vec<Value> {
+    util::entries(&env.session_files()[0])
+}
+
+fn of_type(entries: &[Value], kind: &str) -> Vec<Value> {
+    entries.iter().filter(|e| e["type"] == kind).map(|e| e["payload"].clone()).collect()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_pre_tool_hook_refuses_curl_and_its_decision_is_logged_before_anything_runs() {
+    let env = Env::new();
+    let hook = script(
+        &env,
+        "no-curl",
+        r#"input=$(cat)
+case "$input" in
+  *curl*) printf '%s' '{"hookSpecificOutput":{"hookEventName":"PreToolUse","permissionDecision":"deny","permissionDecisionReason":"no downloads from the shell"}}' ;;
+esac"#,
+    );
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"shell\"\n", hook.display()),
+    )
+    .unwrap();
+    let turn = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "shell", "arguments": {"command": "curl -o x.sh http://example.invalid/x.sh"}},
+            {"id": "c2", "name": "shell", "arguments": {"command": "echo fine > ok.txt"}},
+        ]}),
+        json!({"text": "done"}),
+    ]);
+    let out =
+        env.cairn(&["--script", turn.to_str().unwrap(), "--yes", "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "a refused call makes the run exit 4: {}", stderr(&out));
+    assert!(stderr(&out).contains("no downloads from the shell"), "the reason is shown: {}", stderr(&out));
+    let all = entries(&env);
+    let requested = of_type(&all, "toolRequested");
+    let curl = requested.iter().find(|p| p["request"]["callId"] == "c1").unwrap();
+    assert_eq!(curl["hook"]["decision"], "deny", "{curl:#}");
+    assert_eq!(curl["hook"]["reason"], "no downloads from the shell");
+    assert!(curl["hook"]["by"].as_str().unwrap().starts_with("hook:pre_tool:"));
+    let rejected = of_type(&all, "toolRejected");
+    assert_eq!(rejected.len(), 1, "{rejected:#?}");
+    assert!(rejected[0].to_string().contains("no downloads from the shell"));
+    let started = of_type(&all, "toolStarted");
+    assert_eq!(started.len(), 1, "only the echo ran: {started:#?}");
+    assert_eq!(started[0]["callId"], "c2");
+    assert!(env.cwd.join("ok.txt").exists() && !env.cwd.join("x.sh").exists());
+}
+
+#[test]
+fn a_pre_tool_hook_rewrites_an_argument_and_the_model_s_is_kept() {
+    let env = Env::new();
+    let hook = script(
+        &env,
+        "redirect",
+        r#"cat >/dev/null
+printf '%s' '{"hookSpecificOutput":{"updatedInput":{"path":"drafts/out.txt","content":"rewritten\n"}}}'"#,
+    );
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"write_file\"\n", hook.display()),
+    )
+    .unwrap();
+    std::fs::create_dir(env.cwd.join("drafts")).unwrap();
+    let turn = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "out.txt", "content": "original\n"}}]}),
+        json!({"text": "done"}),
+    ]);
+    let out = env
+        .cairn(&["--script", turn.to_str().unwrap(), "--allow", "write_file", "run", "go"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(env.cwd.join("drafts/out.txt")).unwrap(), "rewritten\n");
+    assert!(!env.cwd.join("out.txt").exists(), "the model's arguments were not used");
+    let requested = of_type(&entries(&env), "toolRequested");
+    assert_eq!(requested[0]["request"]["arguments"]["path"], "drafts/out.txt");
+    assert_eq!(requested[0]["hook"]["decision"], "rewrite");
+    assert_eq!(requested[0]["hook"]["originalArguments"]["path"], "out.txt");
+}
+
+#[test]
+fn a_hook_that_hangs_or_answers_nonsense_refuses_the_call() {
+    let env = Env::new();
+    let hang = script(&env, "hang", "sleep 60");
+    let nonsense = script(&env, "nonsense", "cat >/dev/null; echo 'sure, go ahead'");
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "[[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"read_file\"\ntimeout_ms = 500\n\n\
+             [[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"list_dir\"\n",
+            hang.display(),
+            nonsense.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(env.cwd.join("a.txt"), "secret\n").unwrap();
+    let turn = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}},
+            {"id": "c2", "name": "list_dir", "arguments": {"path": "."}},
+        ]}),
+        json!({"text": "done"}),
+    ]);
+    let out = env.cairn(&["--script", turn.to_str().unwrap(), "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let all = entries(&env);
+    assert!(of_type(&all, "toolStarted").is_empty(), "neither call ran");
+    let rejected = of_type(&all, "toolRejected");
+    assert_eq!(rejected.len(), 2);
+    let text = |call: &str| rejected.iter().find(|r| r["callId"] == call).unwrap().to_string();
+    assert!(
+        text("c1").contains("did not answer within 500 ms") && text("c1").contains("fail closed"),
+        "{}",
+        text("c1")
+    );
+    assert!(text("c2").contains("not JSON"), "{}", text("c2"));
+}
+
+#[test]
+fn a_post_tool_hook_sees_the_receipt() {
+    let env = Env::new();
+    let hook = script(&env, "log", r#"cat >> post.log; echo >> post.log"#);
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[[hooks.post_tool]]\ncommand = \"{}\"\nfiles = \"write\"\n", hook.display()),
+    )
+    .unwrap();
+    std::fs::write(env.cwd.join("a.txt"), "the launch code is 7-4-1\n").unwrap();
+    let turn = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+        json!({"text": "done"}),
+    ]);
+    let out = env.cairn(&["--script", turn.to_str().unwrap(), "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log = std::fs::read_to_string(env.cwd.join("post.log")).unwrap();
+    let seen: Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!(seen["hook_event_name"], "PostToolUse");
+    assert_eq!(seen["tool_name"], "read_file");
+    assert_eq!(seen["settlement"], "toolCompleted");
+    assert!(seen["tool_response"]["receipt"]["outputSummary"].as_str().unwrap().contains("7-4-1"), "{seen:#}");
+}
+
+#[test]
+fn a_bad_hook_description_is_refused_with_the_reason() {
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[[hooks.pre_tool]]\ncommand = \"x\"\nmatcher = \"sh(ell\"\n")
+        .unwrap();
+    let out = env.cairn(&["tools"]).output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("matcher"), "{}", stderr(&out));
+}
+
+#[test]
+fn hooks_run_in_the_sandbox_their_entry_declares() {
+    let env = Env::new();
+    let hook = script(&env, "scribble", "cat >/dev/null; echo pwned > hooked.txt; exit 0");
+    let turn = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "list_dir", "arguments": {"path": "."}}]}),
+        json!({"text": "done"}),
+    ]);
+    // The default: the working directory read-only, no network.
+    std::fs::write(env.home.join("config.toml"), format!("[[hooks.pre_tool]]\ncommand = \"{}\"\n", hook.display()))
+        .unwrap();
+    let out = env.cairn(&["--script", turn.to_str().unwrap(), "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!env.cwd.join("hooked.txt").exists(), "a read-only hook wrote the working tree");
+    // Declared writable, the same hook can.
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[[hooks.pre_tool]]\ncommand = \"{}\"\nfiles = \"write\"\n", hook.display()),
+    )
+    .unwrap();
+    let out = env.cairn(&["--script", turn.to_str().unwrap(), "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(env.cwd.join("hooked.txt").exists());
+}

@@ -1,0 +1,363 @@
+//! Hook programs: `[[hooks.pre_tool]]` and `[[hooks.post_tool]]` entries
+//! run as sandboxed processes that read a JSON document on stdin and answer
+//! JSON on stdout, in Claude Code's shapes where they fit, so existing
+//! scripts port. [`CommandHooks`] implements core's
+//! [`cairn_core::hooks::ToolHooks`]; the turn records what `pre_tool` said
+//! before it takes effect.
+//!
+//! It owns the hook protocol and its failure rule: a `pre_tool` hook that
+//! cannot start, times out, exits non-zero or answers something unreadable
+//! refuses the call (fails closed), with the reason. It must not approve a
+//! call (an "allow" answer only means "no objection") nor decide a tier.
+//!
+//! Input (stdin): `{"hook_event_name": "PreToolUse" | "PostToolUse",
+//! "session_id", "cwd", "tool_name", "tool_input", "invocation_id"}`, and
+//! for `PostToolUse` `"settlement"` (`toolCompleted` | `toolFailed` |
+//! `toolRejected`) and `"tool_response"` (that entry's payload).
+//!
+//! Output of a `pre_tool` hook (stdout; empty means no objection):
+//! - `{"hookSpecificOutput": {"permissionDecision": "deny",
+//!   "permissionDecisionReason": "…"}}` refuses the call;
+//! - `{"hookSpecificOutput": {"updatedInput": {…}}}` replaces the arguments
+//!   (checked against the tool's schema, then approved as usual);
+//! - `{"decision": "block", "reason": "…"}` (the older shape) refuses;
+//! - exit status 2 refuses with stderr as the reason.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cairn_core::CancelToken;
+use cairn_core::events::EntryType;
+use cairn_core::hooks::{PreTool, ToolHooks};
+use cairn_core::tool::ToolRequest;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::ToolsConfig;
+use crate::process::{End, RunSpec};
+use crate::programs::{FileAccess, expand, install_dirs, resolve};
+use crate::sandbox::{self, Decision, SandboxPolicy};
+
+/// One hook program.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookConfig {
+    /// The program (on `PATH`, or a path).
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Which tools: names separated by `|`, each exact or a prefix ending
+    /// in `*` (`shell|mcp__git__*`); none means every tool.
+    #[serde(default)]
+    pub matcher: Option<String>,
+    /// Its time limit (default 10 s); past it the call is refused.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// The session's directory: none, read (default), write.
+    #[serde(default)]
+    pub files: FileAccess,
+    /// Network access (off).
+    #[serde(default)]
+    pub network: bool,
+    /// Extra read-only directories.
+    #[serde(default)]
+    pub read: Vec<PathBuf>,
+}
+
+fn default_timeout_ms() -> u64 {
+    10_000
+}
+
+/// `[hooks]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HooksConfig {
+    /// Before each call is requested.
+    #[serde(default)]
+    pub pre_tool: Vec<HookConfig>,
+    /// After each call is settled.
+    #[serde(default)]
+    pub post_tool: Vec<HookConfig>,
+}
+
+impl HooksConfig {
+    /// Whether any hook is configured.
+    pub fn is_empty(&self) -> bool {
+        self.pre_tool.is_empty() && self.post_tool.is_empty()
+    }
+
+    /// Refuse hooks cairn could not run as written.
+    pub fn check(&self) -> Result<(), String> {
+        for (event, hooks) in [("pre_tool", &self.pre_tool), ("post_tool", &self.post_tool)] {
+            for hook in hooks {
+                if hook.command.trim().is_empty() {
+                    return Err(format!("[[hooks.{event}]]: `command` is empty"));
+                }
+                if hook.timeout_ms == 0 || hook.timeout_ms > 600_000 {
+                    return Err(format!(
+                        "[[hooks.{event}]] {}: timeout_ms = {} must be between 1 and 600000",
+                        hook.command, hook.timeout_ms
+                    ));
+                }
+                if let Some(m) = &hook.matcher
+                    && m.split('|').any(|p| {
+                        let plain = p.trim().strip_suffix('*').unwrap_or(p.trim());
+                        plain.is_empty() || !plain.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c))
+                    })
+                {
+                    return Err(format!(
+                        "[[hooks.{event}]] {}: matcher {m:?} must be tool names separated by `|`, each exact or a \
+                         prefix ending in `*`",
+                        hook.command
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl HookConfig {
+    fn matches(&self, tool: &str) -> bool {
+        self.matcher.as_deref().is_none_or(|m| {
+            m.split('|').map(str::trim).any(|p| match p.strip_suffix('*') {
+                Some(prefix) => tool.starts_with(prefix),
+                None => tool == p,
+            })
+        })
+    }
+
+    /// Its name in the log: `hook:pre_tool:COMMAND`.
+    fn by(&self, event: &str) -> String {
+        format!("hook:{event}:{}", self.command)
+    }
+}
+
+/// The hooks of a session's tool calls, run as sandboxed programs.
+pub struct CommandHooks {
+    config: HooksConfig,
+    tools: ToolsConfig,
+    report: Box<dyn Fn(&str) + Send + Sync>,
+}
+
+impl std::fmt::Debug for CommandHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommandHooks").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// How one run of a hook ended.
+enum Ran {
+    /// Exit 0 with this stdout.
+    Answered(String),
+    /// Exit 2: a refusal, with stderr.
+    Refused(String),
+    /// Anything else, said in words.
+    Failed(String),
+}
+
+impl CommandHooks {
+    /// Hooks from `config`, sandboxed with the session's tool settings;
+    /// `report` says what failed in a hook that cannot refuse anything
+    /// (`post_tool`).
+    pub fn new(config: HooksConfig, tools: ToolsConfig, report: Box<dyn Fn(&str) + Send + Sync>) -> Self {
+        Self { config, tools, report }
+    }
+
+    fn run(&self, hook: &HookConfig, input: &Value, cwd: &Path) -> Ran {
+        let Some(program) = resolve(&hook.command) else {
+            return Ran::Failed(format!("`{}` was not found", hook.command));
+        };
+        let sandboxed = match sandbox::decide(
+            &sandbox::landlock_status(),
+            cairn_core::tool::Risk::Write,
+            self.tools.allow_unsandboxed,
+        ) {
+            Decision::Sandboxed => true,
+            Decision::Unsandboxed(_) => false,
+            Decision::Refuse(why) => return Ran::Failed(why),
+        };
+        let mut extra_read = install_dirs(&program);
+        extra_read.extend(hook.read.iter().map(|p| expand(p)));
+        extra_read.extend(self.tools.sandbox_read_paths.iter().cloned());
+        let policy = SandboxPolicy {
+            cwd: cwd.to_path_buf(),
+            read_cwd: hook.files != FileAccess::None,
+            write_cwd: hook.files == FileAccess::Write,
+            network: hook.network,
+            process_spawn: true,
+            extra_read,
+            ..SandboxPolicy::default()
+        };
+        let mut argv = vec![OsString::from(&program)];
+        argv.extend(hook.args.iter().map(OsString::from));
+        let mut env = crate::env::scrubbed_env(&self.tools.secrets);
+        env.push(("CAIRN_HOOK_EVENT".into(), input["hook_event_name"].as_str().unwrap_or_default().to_owned()));
+        let spec = RunSpec {
+            argv,
+            cwd: cwd.to_path_buf(),
+            stdin: input.to_string().into_bytes(),
+            env,
+            sandbox: sandboxed.then_some(policy),
+            timeout: Duration::from_millis(hook.timeout_ms),
+            output_cap: 64 * 1024,
+            max_processes: self.tools.max_processes,
+            pid_namespace: true,
+            hidden: self.tools.hidden_paths.clone(),
+        };
+        match crate::process::run(&spec, &CancelToken::new(), &mut |_| {}) {
+            Err(e) => Ran::Failed(e.to_string()),
+            Ok(o) if o.end == End::TimedOut => Ran::Failed(format!("it did not answer within {} ms", hook.timeout_ms)),
+            Ok(o) if o.end == End::Cancelled => Ran::Failed("it was cancelled".into()),
+            Ok(o) if o.stdout.truncated() => Ran::Failed("it wrote more than 64 KiB".into()),
+            Ok(o) if o.exit_code == 0 => Ran::Answered(String::from_utf8_lossy(&o.stdout.kept).into_owned()),
+            Ok(o) if o.exit_code == 2 => Ran::Refused(String::from_utf8_lossy(&o.stderr.kept).trim().to_owned()),
+            Ok(o) => {
+                let said = String::from_utf8_lossy(&o.stderr.kept).trim().to_owned();
+                Ran::Failed(format!(
+                    "it exited with status {}{}",
+                    o.exit_code,
+                    if said.is_empty() { String::new() } else { format!(": {said}") }
+                ))
+            }
+        }
+    }
+}
+
+/// What one `pre_tool` answer says.
+fn read_answer(stdout: &str) -> Result<Option<PreToolAnswer>, String> {
+    let text = stdout.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let answer: Value = serde_json::from_str(text).map_err(|e| format!("its answer is not JSON ({e})"))?;
+    let specific = &answer["hookSpecificOutput"];
+    let reason =
+        |key: &str, v: &Value| v[key].as_str().filter(|s| !s.is_empty()).unwrap_or("refused by a hook").to_owned();
+    if specific["permissionDecision"] == "deny" {
+        return Ok(Some(PreToolAnswer::Deny(reason("permissionDecisionReason", specific))));
+    }
+    if answer["decision"] == "block" {
+        return Ok(Some(PreToolAnswer::Deny(reason("reason", &answer))));
+    }
+    match &specific["updatedInput"] {
+        Value::Null => Ok(None),
+        v @ Value::Object(_) => Ok(Some(PreToolAnswer::Rewrite(v.clone()))),
+        _ => Err("its updatedInput is not a JSON object".into()),
+    }
+}
+
+enum PreToolAnswer {
+    Deny(String),
+    Rewrite(Value),
+}
+
+impl ToolHooks for CommandHooks {
+    fn pre_tool(&self, request: &ToolRequest, cwd: &Path) -> PreTool {
+        let mut arguments = request.arguments.clone();
+        let mut rewritten_by = Vec::new();
+        for hook in self.config.pre_tool.iter().filter(|h| h.matches(&request.tool)) {
+            let by = hook.by("pre_tool");
+            let input = json!({
+                "hook_event_name": "PreToolUse",
+                "session_id": request.session_id,
+                "cwd": cwd,
+                "tool_name": request.tool,
+                "tool_input": arguments,
+                "invocation_id": request.invocation_id,
+            });
+            let answer = match self.run(hook, &input, cwd) {
+                Ran::Answered(stdout) => read_answer(&stdout),
+                Ran::Refused(stderr) => Ok(Some(PreToolAnswer::Deny(if stderr.is_empty() {
+                    "refused by a hook".to_owned()
+                } else {
+                    stderr
+                }))),
+                Ran::Failed(why) => Err(why),
+            };
+            match answer {
+                Ok(None) => {}
+                Ok(Some(PreToolAnswer::Deny(reason))) => return PreTool::Deny { by, reason },
+                Ok(Some(PreToolAnswer::Rewrite(new))) => {
+                    arguments = new;
+                    rewritten_by.push(by);
+                }
+                Err(why) => {
+                    return PreTool::Deny {
+                        reason: format!(
+                            "the pre_tool hook {} failed ({why}); hooks fail closed, so the call was refused",
+                            hook.command
+                        ),
+                        by,
+                    };
+                }
+            }
+        }
+        if rewritten_by.is_empty() {
+            PreTool::Continue
+        } else {
+            PreTool::Rewrite { by: rewritten_by.join(","), arguments }
+        }
+    }
+
+    fn post_tool(&self, kind: EntryType, settlement: &Value, cwd: &Path) {
+        let tool = settlement["tool"].as_str().unwrap_or_default();
+        for hook in self.config.post_tool.iter().filter(|h| h.matches(tool)) {
+            let input = json!({
+                "hook_event_name": "PostToolUse",
+                "cwd": cwd,
+                "tool_name": tool,
+                "invocation_id": settlement["invocationId"],
+                "settlement": kind.tag(),
+                "tool_response": settlement,
+            });
+            match self.run(hook, &input, cwd) {
+                Ran::Answered(_) | Ran::Refused(_) => {}
+                Ran::Failed(why) => (self.report)(&format!("the post_tool hook {} failed: {why}", hook.command)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_in_claude_code_s_shapes_are_read() {
+        let deny = r#"{"hookSpecificOutput":{"hookEventName":"PreToolUse","permissionDecision":"deny","permissionDecisionReason":"no curl"}}"#;
+        assert!(matches!(read_answer(deny), Ok(Some(PreToolAnswer::Deny(r))) if r == "no curl"));
+        assert!(
+            matches!(read_answer(r#"{"decision":"block","reason":"x"}"#), Ok(Some(PreToolAnswer::Deny(r))) if r == "x")
+        );
+        let rewrite = r#"{"hookSpecificOutput":{"updatedInput":{"command":"ls"}}}"#;
+        assert!(matches!(read_answer(rewrite), Ok(Some(PreToolAnswer::Rewrite(v))) if v["command"] == "ls"));
+        // "allow" is no objection: approvals stay with rules and people.
+        let allow = r#"{"hookSpecificOutput":{"permissionDecision":"allow"}}"#;
+        assert!(matches!(read_answer(allow), Ok(None)));
+        assert!(matches!(read_answer("  \n"), Ok(None)));
+        assert!(read_answer("yes please").is_err(), "unreadable answers fail closed");
+        assert!(read_answer(r#"{"hookSpecificOutput":{"updatedInput":"ls"}}"#).is_err());
+    }
+
+    #[test]
+    fn matchers_take_names_and_prefixes() {
+        let hook = |m: Option<&str>| HookConfig {
+            command: "x".into(),
+            args: Vec::new(),
+            matcher: m.map(str::to_owned),
+            timeout_ms: 1,
+            files: FileAccess::Read,
+            network: false,
+            read: Vec::new(),
+        };
+        assert!(hook(None).matches("anything"));
+        let h = hook(Some("shell|mcp__git__*"));
+        assert!(h.matches("shell") && h.matches("mcp__git__git_add"));
+        assert!(!h.matches("shellx") && !h.matches("mcp__gitlab__x") && !h.matches("write_file"));
+        let bad = HooksConfig { pre_tool: vec![hook(Some("sh(ell"))], post_tool: Vec::new() };
+        assert!(bad.check().is_err());
+    }
+}
