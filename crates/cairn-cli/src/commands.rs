@@ -513,8 +513,14 @@ fn home_note(ctx: &Context) -> String {
 pub fn mcp_list(ctx: &Context) -> Result<u8> {
     let cwd = std::env::current_dir()?;
     let cwd = ctx.common.cwd.clone().unwrap_or(cwd);
-    let servers = &ctx.settings.mcp_servers;
+    let trust =
+        cairn_tools::TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|_| cairn_tools::TrustStore::empty());
+    let ext = crate::wiring::extensions(ctx, &cwd, &trust);
+    let servers = &ext.mcp_servers;
     let mut out = std::io::stdout().lock();
+    for note in ext.notes.iter().chain(&ext.untrusted) {
+        eprintln!("cairn: {}", esc(note));
+    }
     if servers.is_empty() && !ctx.common.json {
         writeln!(
             out,

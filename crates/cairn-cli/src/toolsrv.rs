@@ -281,7 +281,7 @@ pub fn turn_tools(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
         Some(address) => {
             let mut notes = Vec::new();
             let (dial, specs) = remote_specs(&address, &mut notes)?;
-            Ok(TurnTools::Service { dial, specs, notes, hooks: crate::wiring::hooks(ctx) })
+            Ok(TurnTools::Service { dial, specs, notes, hooks: crate::wiring::hooks(ctx, cwd) })
         }
         None => Ok(TurnTools::Local(crate::wiring::tool_entries(ctx, cwd)?)),
     }

@@ -73,8 +73,13 @@ fn trust(ctx: &Context, store: &mut TrustStore, dir: &Path) -> Result<u8> {
     let s = &ctx.out_style;
     writeln!(
         out,
-        "trusted {}: its {WORKSPACE_TOOLS_DIR}/ tools now load in sessions there, until any file in it changes",
-        record.workspace.display()
+        "trusted {}: its {WORKSPACE_TOOLS_DIR}/ tools{} now load in sessions there, until any of it changes",
+        record.workspace.display(),
+        if record.workspace.join(cairn_tools::trust::WORKSPACE_CONFIG).exists() {
+            format!(" and the MCP servers and hooks of {}", cairn_tools::trust::WORKSPACE_CONFIG)
+        } else {
+            String::new()
+        }
     )?;
     for tool in &tools {
         let spec = tool.tool.spec();

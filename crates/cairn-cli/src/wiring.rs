@@ -103,26 +103,128 @@ pub struct HostTools {
     pub hooks: Option<Arc<dyn ToolHooks>>,
 }
 
-/// The configured hook programs (`[hooks]`), if any.
-pub fn hooks(ctx: &Context) -> Option<Arc<dyn ToolHooks>> {
-    if ctx.settings.hooks.is_empty() {
+/// A working directory's own `.cairn/config.toml`: only these tables.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProjectFile {
+    #[serde(default)]
+    mcp_servers: toml::Table,
+    #[serde(default)]
+    hooks: cairn_tools::hooks::HooksConfig,
+}
+
+/// The MCP servers and hooks of a session in `cwd`: the user's, then the
+/// working directory's `.cairn/config.toml` while the directory is trusted
+/// with exactly that file (`cairn trust`, the same record as its tools). A
+/// project server never replaces a user's server of the same name; project
+/// hooks run after the user's.
+#[derive(Debug, Default)]
+pub struct Extensions {
+    /// `[mcp_servers]`, user's first.
+    pub mcp_servers: std::collections::BTreeMap<String, cairn_mcp::ServerConfig>,
+    /// `[hooks]`, user's first.
+    pub hooks: cairn_tools::hooks::HooksConfig,
+    /// What was left out of the project's file, and why.
+    pub notes: Vec<String>,
+    /// The project's file exists but is not trusted (as it is now): how to
+    /// trust it.
+    pub untrusted: Vec<String>,
+}
+
+/// See [`Extensions`].
+pub fn extensions(ctx: &Context, cwd: &Path, trust: &TrustStore) -> Extensions {
+    let mut ext = Extensions {
+        mcp_servers: ctx.settings.mcp_servers.clone(),
+        hooks: ctx.settings.hooks.clone(),
+        ..Extensions::default()
+    };
+    let file = cwd.join(cairn_tools::trust::WORKSPACE_CONFIG);
+    let Ok(meta) = std::fs::symlink_metadata(&file) else {
+        return ext;
+    };
+    let shown = crate::render::quoted(&file);
+    match trust.check(cwd, &cwd.join(cairn_tools::trust::WORKSPACE_TOOLS_DIR)) {
+        Ok(TrustState::Trusted) => {}
+        Ok(state) => {
+            let again = if state == TrustState::Changed { " again (it changed since)" } else { "" };
+            ext.untrusted.push(format!(
+                "{shown} (MCP servers, hooks) not loaded: the directory is not trusted; review it, then run `cairn \
+                 trust {}`{again}",
+                crate::render::quoted(cwd)
+            ));
+            return ext;
+        }
+        Err(e) => {
+            ext.untrusted.push(format!("{shown} not loaded: {e}"));
+            return ext;
+        }
+    }
+    if !meta.is_file() {
+        ext.notes.push(format!("{shown} not loaded: it is not a regular file (links are not followed)"));
+        return ext;
+    }
+    let parsed = std::fs::read_to_string(&file)
+        .map_err(|e| e.to_string())
+        .and_then(|text| toml::from_str::<ProjectFile>(&text).map_err(|e| e.message().to_owned()))
+        .and_then(|p| {
+            p.hooks.check()?;
+            Ok((cairn_mcp::parse_servers(&p.mcp_servers).map_err(|e| e.to_string())?, p.hooks))
+        });
+    let (servers, hooks) = match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            ext.notes.push(format!("{shown} not loaded: {e} (it may hold only [mcp_servers.NAME] and [[hooks.…]])"));
+            return ext;
+        }
+    };
+    for (name, server) in servers {
+        match ext.mcp_servers.entry(name) {
+            std::collections::btree_map::Entry::Occupied(mine) => ext
+                .notes
+                .push(format!("{shown}: MCP server {} is not used: your own server of that name wins", mine.key())),
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(server);
+            }
+        }
+    }
+    ext.hooks.pre_tool.extend(hooks.pre_tool);
+    ext.hooks.post_tool.extend(hooks.post_tool);
+    ext
+}
+
+/// The trust record, or none (said in `untrusted`): an unreadable trust
+/// file trusts nothing (fails closed).
+fn trust_store(ctx: &Context, untrusted: &mut Vec<String>) -> TrustStore {
+    TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|e| {
+        untrusted.push(format!("no workspace tools loaded: {e}"));
+        TrustStore::empty()
+    })
+}
+
+/// Hook programs from `config`, if any.
+fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Arc<dyn ToolHooks>> {
+    if config.is_empty() {
         return None;
     }
     let report = Box::new(|note: &str| eprintln!("cairn: {}", crate::render::escape_controls(note)));
-    Some(Arc::new(cairn_tools::hooks::CommandHooks::new(ctx.settings.hooks.clone(), tools_config(ctx), report)))
+    Some(Arc::new(cairn_tools::hooks::CommandHooks::new(config, tools_config(ctx), report)))
+}
+
+/// The hook programs of a session in `cwd` (the user's, then a trusted
+/// project's), if any.
+pub fn hooks(ctx: &Context, cwd: &Path) -> Option<Arc<dyn ToolHooks>> {
+    let mut ignored = Vec::new();
+    let trust = trust_store(ctx, &mut ignored);
+    hooks_of(ctx, extensions(ctx, cwd, &trust).hooks)
 }
 
 /// Built-in and external tools for `cwd` (directories, precedence and trust
 /// as `cairn_tools::tool_dirs` and `load_tools` define them), then the
-/// tools of the configured MCP servers (`cairn_mcp::load`).
+/// tools of the MCP servers of [`extensions`] (`cairn_mcp::load`).
 pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
     let config = tools_config(ctx);
     let mut untrusted = Vec::new();
-    // An unreadable trust file trusts nothing (fails closed) and is said.
-    let trust = TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|e| {
-        untrusted.push(format!("no workspace tools loaded: {e}"));
-        TrustStore::empty()
-    });
+    let trust = trust_store(ctx, &mut untrusted);
     let loaded = cairn_tools::load_tools(&config, &ctx.paths.tool_dirs(cwd), &trust)
         .context("invalid [tools] destructive_patterns")?;
     let mut notes: Vec<String> = loaded.errors.iter().map(|e| format!("tool skipped: {e}")).collect();
@@ -131,15 +233,18 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
         format!("{u}; review them, then run `cairn trust {}`{again} to load them", crate::render::quoted(&u.workspace))
     }));
     let mut entries = loaded.tools;
-    // The configured MCP servers' tools (servers are started once per
-    // process and reused); a server that fails is said, the rest load.
-    if !ctx.settings.mcp_servers.is_empty() {
+    let ext = extensions(ctx, cwd, &trust);
+    notes.extend(ext.notes);
+    untrusted.extend(ext.untrusted);
+    // The MCP servers' tools (servers are started once per process and
+    // reused); a server that fails is said, the rest load.
+    if !ext.mcp_servers.is_empty() {
         let taken: Vec<String> = entries.iter().map(|e| e.tool.spec().name.clone()).collect();
-        let mcp = cairn_mcp::load(&ctx.settings.mcp_servers, cwd, &config, &taken);
+        let mcp = cairn_mcp::load(&ext.mcp_servers, cwd, &config, &taken);
         notes.extend(mcp.notes);
         entries.extend(mcp.entries);
     }
-    Ok(HostTools { entries, notes, untrusted, hooks: hooks(ctx) })
+    Ok(HostTools { entries, notes, untrusted, hooks: hooks_of(ctx, ext.hooks) })
 }
 
 /// The approval policy of a CLI session over `allow` and the person

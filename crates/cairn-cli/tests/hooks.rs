@@ -205,3 +205,45 @@ fn hooks_run_in_the_sandbox_their_entry_declares() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(env.cwd.join("hooked.txt").exists());
 }
+
+/// A repository's own `.cairn/config.toml` (hooks, MCP servers) loads only
+/// while a person trusts the directory with exactly that file.
+#[test]
+fn project_hooks_load_only_after_cairn_trust_and_again_after_a_change() {
+    let env = Env::new();
+    let hook = script(
+        &env,
+        "deny-all",
+        r#"cat >/dev/null; printf '%s' '{"decision":"block","reason":"the project says no"}'"#,
+    );
+    std::fs::create_dir_all(env.cwd.join(".cairn")).unwrap();
+    let project = env.cwd.join(".cairn/config.toml");
+    std::fs::write(&project, format!("[[hooks.pre_tool]]\ncommand = \"{}\"\n", hook.display())).unwrap();
+    std::fs::write(env.cwd.join("a.txt"), "hello\n").unwrap();
+    let turn = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+        json!({"text": "done"}),
+    ]);
+    let run = || {
+        let out = env.cairn(&["--script", turn.to_str().unwrap(), "run", "go"]).stdin(Stdio::null()).output().unwrap();
+        let all = entries(&env);
+        std::fs::remove_file(&env.session_files()[0]).unwrap();
+        (out, of_type(&all, "toolRejected").len())
+    };
+    // Not trusted: the hook does not run, and the user is told how to trust.
+    let (out, refused) = run();
+    assert_eq!((out.status.code(), refused), (Some(0), 0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cairn trust"), "{}", stderr(&out));
+    // Trusted: it runs.
+    let trusted = env.cairn(&["trust"]).output().unwrap();
+    assert_eq!(trusted.status.code(), Some(0), "{}", stderr(&trusted));
+    let (out, refused) = run();
+    assert_eq!((out.status.code(), refused), (Some(4), 1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("the project says no"));
+    // Changed after the trust: not loaded until trusted again.
+    std::fs::write(&project, format!("[[hooks.pre_tool]]\ncommand = \"{}\"\ntimeout_ms = 9000\n", hook.display()))
+        .unwrap();
+    let (out, refused) = run();
+    assert_eq!((out.status.code(), refused), (Some(0), 0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("again"), "{}", stderr(&out));
+}

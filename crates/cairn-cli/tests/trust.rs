@@ -127,7 +127,7 @@ fn trust_takes_a_directory_and_refuses_one_without_tools() {
     // records nothing.
     let out = env.cairn(&["trust"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("no .cairn/tools/"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("has neither .cairn/tools/ nor .cairn/config.toml"), "{}", stderr(&out));
     assert!(!env.home.join("trust.json").exists());
     // A session started in the other directory with --cwd: untrusted.
     let cwd = other.to_str().unwrap();

@@ -6,7 +6,8 @@
 //! declares. So tools found in a working directory load only after a person
 //! trusted that directory once, like direnv's `allow`: the record names the
 //! canonical workspace path and a fingerprint of everything in its
-//! `.cairn/tools/` (manifests, executables, helper files). When any of those
+//! `.cairn/tools/` (manifests, executables, helper files) and of its
+//! `.cairn/config.toml` (MCP servers and hooks). When any of those
 //! files changes, is added or removed, the fingerprint no longer matches and
 //! the directory is untrusted again until a person looks and trusts it anew.
 //! The user's own tools directories (cairn's data and config directories)
@@ -29,6 +30,11 @@ pub const TRUST_FILE_VERSION: u32 = 1;
 
 /// Where a working directory keeps its own tools, relative to it.
 pub const WORKSPACE_TOOLS_DIR: &str = ".cairn/tools";
+
+/// A working directory's own configuration (its MCP servers and hooks),
+/// relative to it: read only while trusted, like its tools, and part of
+/// the same fingerprint.
+pub const WORKSPACE_CONFIG: &str = ".cairn/config.toml";
 
 /// What can go wrong reading, writing or checking trust.
 #[derive(Debug, thiserror::Error)]
@@ -71,8 +77,12 @@ pub enum TrustError {
         /// Why.
         source: io::Error,
     },
-    /// The workspace has no tools directory, so there is nothing to trust.
-    #[error("{} has no {WORKSPACE_TOOLS_DIR}/ directory: there are no workspace tools to trust", path.display())]
+    /// The workspace has no tools directory and no configuration, so there
+    /// is nothing to trust.
+    #[error(
+        "{} has neither {WORKSPACE_TOOLS_DIR}/ nor {WORKSPACE_CONFIG}: there is nothing of the workspace to trust",
+        path.display()
+    )]
     NoTools {
         /// The workspace.
         path: PathBuf,
@@ -195,7 +205,12 @@ impl TrustStore {
         let Some(record) = self.records.iter().find(|r| r.workspace == canonical) else {
             return Ok(TrustState::Untrusted);
         };
-        Ok(if fingerprint(tools_dir)? == record.fingerprint { TrustState::Trusted } else { TrustState::Changed })
+        let _ = tools_dir;
+        Ok(if workspace_fingerprint(&canonical)? == record.fingerprint {
+            TrustState::Trusted
+        } else {
+            TrustState::Changed
+        })
     }
 
     /// Trust the tools now in `workspace`'s `.cairn/tools/` (replacing an
@@ -206,13 +221,14 @@ impl TrustStore {
             .canonicalize()
             .map_err(|source| TrustError::Workspace { path: workspace.to_path_buf(), source })?;
         let tools_dir = canonical.join(WORKSPACE_TOOLS_DIR);
-        if !tools_dir.is_dir() {
+        let has_config = std::fs::symlink_metadata(canonical.join(WORKSPACE_CONFIG)).is_ok();
+        if !tools_dir.is_dir() && !has_config {
             return Err(TrustError::NoTools { path: canonical });
         }
         let record = TrustRecord {
-            fingerprint: fingerprint(&tools_dir)?,
+            fingerprint: workspace_fingerprint(&canonical)?,
             trusted_at: crate::now_ms(),
-            tools: tool_names(&tools_dir)?,
+            tools: if tools_dir.is_dir() { tool_names(&tools_dir)? } else { Vec::new() },
             workspace: canonical,
         };
         self.records.retain(|r| r.workspace != record.workspace);
@@ -255,6 +271,37 @@ pub fn fingerprint(tools_dir: &Path) -> Result<String, TrustError> {
     hash_dir(&mut hasher, tools_dir, Path::new(""))?;
     let digest = hasher.finalize();
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("sha256:{hex}"))
+}
+
+/// What a trust record pins of `workspace`: with no `.cairn/config.toml`,
+/// exactly [`fingerprint`] of its tools directory (so records made before
+/// the configuration was fingerprinted stay valid); with one, a digest of
+/// that fingerprint (or of the directory's absence) and the configuration
+/// file (its bytes, or a link's target text: links are not followed).
+pub fn workspace_fingerprint(workspace: &Path) -> Result<String, TrustError> {
+    let tools_dir = workspace.join(WORKSPACE_TOOLS_DIR);
+    let config = workspace.join(WORKSPACE_CONFIG);
+    let fail = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| TrustError::Fingerprint { path, source }
+    };
+    let meta = match std::fs::symlink_metadata(&config) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return fingerprint(&tools_dir),
+        other => other.map_err(fail(&config))?,
+    };
+    let mut hasher = Sha256::new();
+    hasher.update(b"cairn-workspace-fingerprint-v1\0");
+    let tools = if tools_dir.is_dir() { fingerprint(&tools_dir)? } else { "no tools directory".to_owned() };
+    field(&mut hasher, tools.as_bytes());
+    if meta.file_type().is_symlink() {
+        hasher.update(b"L");
+        field(&mut hasher, std::fs::read_link(&config).map_err(fail(&config))?.as_os_str().as_bytes());
+    } else {
+        hasher.update(b"F");
+        field(&mut hasher, &std::fs::read(&config).map_err(fail(&config))?);
+    }
+    let hex: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!("sha256:{hex}"))
 }
 
@@ -354,6 +401,28 @@ mod tests {
         step("a symlink retargeted");
         std::fs::write(tools.join("t.toml"), "description = \"y\"\n").unwrap();
         step("a manifest's bytes");
+    }
+
+    #[test]
+    fn the_workspace_configuration_is_pinned_and_old_records_stay_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = dir.path().join(WORKSPACE_TOOLS_DIR);
+        std::fs::create_dir_all(&tools).unwrap();
+        std::fs::write(tools.join("t.toml"), "x").unwrap();
+        // No configuration: exactly the tools' fingerprint, as records made
+        // before hold.
+        assert_eq!(workspace_fingerprint(dir.path()).unwrap(), fingerprint(&tools).unwrap());
+        let config = dir.path().join(WORKSPACE_CONFIG);
+        std::fs::write(&config, "[hooks]\n").unwrap();
+        let with = workspace_fingerprint(dir.path()).unwrap();
+        assert_ne!(with, fingerprint(&tools).unwrap());
+        std::fs::write(&config, "[hooks]\n\n").unwrap();
+        assert_ne!(workspace_fingerprint(dir.path()).unwrap(), with, "a changed configuration is untrusted");
+        // A configuration alone can be trusted.
+        std::fs::remove_dir_all(&tools).unwrap();
+        let mut store = TrustStore::empty();
+        assert!(store.trust(dir.path()).is_ok());
+        assert_eq!(store.check(dir.path(), &tools).unwrap(), TrustState::Trusted);
     }
 
     #[test]
