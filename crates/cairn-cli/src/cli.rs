@@ -98,6 +98,37 @@ pub enum Command {
         #[arg(long, short)]
         follow: bool,
     },
+    /// Undo the file effects of the last turn (or of turn N and every later one, or of everything after an entry),
+    /// newest first, and move the lane back with them (nothing is deleted from the log; `cairn redo` reapplies).
+    /// Refuses, listing the paths with diffs, when a file changed after the turn, unless --force.
+    Undo {
+        /// Session id, unique prefix, name or path (default: the most recent session).
+        id: Option<String>,
+        /// Undo turn N (1-based along the lane) and every turn after it.
+        #[arg(long, value_name = "N", conflicts_with = "to")]
+        turn: Option<usize>,
+        /// Undo everything after entry ENTRY (the lane head moves to it).
+        #[arg(long, value_name = "ENTRY")]
+        to: Option<String>,
+        /// Print what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Overwrite paths changed after the turn (they are kept for redo), and revert what can be reverted when
+        /// some effect cannot be undone.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Reapply the undo the lane stands on (its file effects and the lane head).
+    Redo {
+        /// Session id, unique prefix, name or path (default: the most recent session).
+        id: Option<String>,
+        /// Print what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Overwrite paths changed after the undo.
+        #[arg(long)]
+        force: bool,
+    },
     /// Start a new lane at an entry (no copy).
     Fork {
         /// Session id, unique prefix, name or path.
@@ -370,6 +401,25 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Show { id, tools: false, all } => commands::show(&ctx, &resolve(&id)?, all),
         Command::Show { id, tools: true, .. } => commands::show_tools(&ctx, &resolve(&id)?),
         Command::Log { id, follow } => commands::log(&ctx, &resolve(&id)?, follow),
+        Command::Undo { id, turn, to, dry_run, force } => {
+            let path = match id {
+                Some(id) => resolve(&id)?,
+                None => sessions::last(&ctx.paths, &store_options)?,
+            };
+            let target = match (turn, to) {
+                (Some(n), _) => crate::undo::Target::Turn(n),
+                (None, Some(entry)) => crate::undo::Target::After(entry),
+                (None, None) => crate::undo::Target::LastTurn,
+            };
+            crate::undo::undo(&ctx, &path, target, dry_run, force)
+        }
+        Command::Redo { id, dry_run, force } => {
+            let path = match id {
+                Some(id) => resolve(&id)?,
+                None => sessions::last(&ctx.paths, &store_options)?,
+            };
+            crate::undo::redo(&ctx, &path, dry_run, force)
+        }
         Command::Fork { id, entry, lane } => commands::fork(&ctx, &resolve(&id)?, &entry, lane),
         Command::Compact { id, context: true, .. } => crate::compaction::compact(&ctx, &resolve(&id)?),
         Command::Compact { id, force, .. } => commands::compact(&ctx, &resolve(&id)?, force),

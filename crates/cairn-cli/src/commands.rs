@@ -141,6 +141,27 @@ fn describe_entry(entry: &Entry) -> String {
             ),
             None => "compaction".to_owned(),
         },
+        EntryType::Undo => match payload_of::<cairn_core::undo::UndoPayload>(entry) {
+            Some(p) => format!(
+                "{} planned: {} effect(s), {} path(s), lane {} back to {}{}",
+                if p.direction == cairn_core::undo::UndoDirection::Undo { "undo" } else { "redo" },
+                p.invocations.len(),
+                p.steps.len(),
+                p.lane,
+                p.to_entry.as_deref().unwrap_or("its start"),
+                if p.forced.is_empty() { String::new() } else { format!(" (forced over {} path(s))", p.forced.len()) }
+            ),
+            None => "undo".to_owned(),
+        },
+        EntryType::UndoApplied => match payload_of::<cairn_core::undo::UndoAppliedPayload>(entry) {
+            Some(p) => format!(
+                "{} {} applied: {} path(s)",
+                if p.direction == cairn_core::undo::UndoDirection::Undo { "undo" } else { "redo" },
+                p.undo,
+                p.paths
+            ),
+            None => "undo applied".to_owned(),
+        },
         EntryType::ToolRequested => match payload_of::<ToolRequestedPayload>(entry) {
             Some(p) => format!(
                 "tool requested: {} {} ({})",
@@ -291,11 +312,21 @@ pub fn show_tools(ctx: &Context, path: &Path) -> Result<u8> {
     if state.invocations.is_empty() {
         writeln!(out, "no tool calls in session {}", esc(&id))?;
     }
+    // Which effects `cairn undo` can revert (from the whole log: an
+    // effect's records are the same on every lane that holds it).
+    let effects = cairn_core::undo::effects(store.index().entries());
     for (n, invocation) in state.invocations.iter().enumerate() {
         if n > 0 {
             writeln!(out)?;
         }
-        for (i, line) in describe_invocation(invocation).into_iter().enumerate() {
+        let mut lines = describe_invocation(invocation);
+        let id = &invocation.invocation_id;
+        if let Some(u) = effects.unrevertible.iter().find(|u| &u.invocation_id == id) {
+            lines.push(format!("undo      cannot be undone: {}", u.reason));
+        } else if effects.revertible.iter().any(|r| &r.staged.invocation_id == id) {
+            lines.push("undo      can be undone (its prior state is kept)".to_owned());
+        }
+        for (i, line) in lines.into_iter().enumerate() {
             let line = esc(&line);
             if i == 0 { writeln!(out, "{}", s.bold(&line))? } else { writeln!(out, "  {line}")? }
         }

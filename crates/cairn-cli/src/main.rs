@@ -36,6 +36,7 @@ mod style;
 mod subagents;
 mod toolsrv;
 mod trust;
+mod undo;
 mod wiring;
 #[cfg(feature = "actors")]
 mod world;

@@ -65,6 +65,9 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     // Staging layers live with cairn's data (they must outlive a crash
     // until their change set is applied on resume).
     config.staging_dir = Some(ctx.paths.data.join("staging"));
+    // Pre-images (prior contents of what an effect changes) live with
+    // cairn's data too, out of every tool's sight, for `cairn undo`.
+    config.preimage_dir = Some(ctx.paths.data.join("preimages"));
     config.staged = ctx.settings.staged.value;
     config.staged_max_files = ctx.settings.staged_max_files.value;
     config.hidden_paths = hidden_paths(&ctx.paths.data);

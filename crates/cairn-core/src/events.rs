@@ -22,6 +22,10 @@
 //!   settlement.
 //! - `turnCancelled` ([`TurnCancelledPayload`]), `turnEnded`
 //!   ([`TurnEndedPayload`]).
+//! - `undo` ([`crate::undo::UndoPayload`]): an undo's (or redo's) plan,
+//!   committed before any file is touched; `undoApplied`
+//!   ([`crate::undo::UndoAppliedPayload`]): it was applied, and the lane
+//!   head moved (written by `cairn undo`/`cairn redo`, not by the turn).
 //!
 //! Each tool payload is built by its one constructor from the call's
 //! [`ToolRequest`], and each settlement says which [`TurnEvent`] tells it,
@@ -65,11 +69,17 @@ pub enum EntryType {
     /// `compaction`: a summary standing in for older entries of the lane
     /// (they stay in the log).
     Compaction,
+    /// `undo`: the durable plan of an undo (or redo) of file effects,
+    /// committed before any file is touched (off the lane).
+    Undo,
+    /// `undoApplied`: the plan was applied; the lane head moves to it (its
+    /// parent is the entry the undo went back to).
+    UndoApplied,
 }
 
 impl EntryType {
     /// Every entry type.
-    pub const ALL: [EntryType; 11] = [
+    pub const ALL: [EntryType; 13] = [
         Self::Message,
         Self::ToolRequested,
         Self::ToolStarted,
@@ -81,6 +91,8 @@ impl EntryType {
         Self::TurnCancelled,
         Self::TurnEnded,
         Self::Compaction,
+        Self::Undo,
+        Self::UndoApplied,
     ];
 
     /// The tag stored in the log.
@@ -97,6 +109,8 @@ impl EntryType {
             Self::TurnCancelled => "turnCancelled",
             Self::TurnEnded => "turnEnded",
             Self::Compaction => "compaction",
+            Self::Undo => "undo",
+            Self::UndoApplied => "undoApplied",
         }
     }
 
@@ -322,6 +336,10 @@ pub struct ToolStagedPayload {
     /// Why it may be applied (`policy:stagedWrite`, or a person for a
     /// Destructive effect).
     pub verdict: VerdictRecord,
+    /// Whether the prior state of every changed path was kept, so the
+    /// effect can be undone (`cairn undo`); absent in older logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preimages: Option<crate::staged::Preimages>,
 }
 
 impl EntryPayload for ToolStagedPayload {
@@ -335,8 +353,16 @@ impl ToolStagedPayload {
         change_set: crate::staged::ChangeSet,
         staging: String,
         verdict: VerdictRecord,
+        preimages: crate::staged::Preimages,
     ) -> Self {
-        Self { invocation_id: request.invocation_id.clone(), tool: request.tool.clone(), change_set, staging, verdict }
+        Self {
+            invocation_id: request.invocation_id.clone(),
+            tool: request.tool.clone(),
+            change_set,
+            staging,
+            verdict,
+            preimages: Some(preimages),
+        }
     }
 }
 

@@ -156,7 +156,11 @@ impl Retell {
                 }
             }
             // No event of their own; their verdicts and reasons are in the log.
-            EntryType::ToolBypass | EntryType::ToolStaged | EntryType::TurnEnded => {}
+            EntryType::ToolBypass
+            | EntryType::ToolStaged
+            | EntryType::TurnEnded
+            | EntryType::Undo
+            | EntryType::UndoApplied => {}
         }
     }
 }

@@ -42,6 +42,7 @@ pub mod staged;
 pub mod storage;
 pub mod tool;
 pub mod turn;
+pub mod undo;
 
 pub use cancel::CancelToken;
 pub use events::TurnEvent;

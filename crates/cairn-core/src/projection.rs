@@ -221,7 +221,12 @@ impl ToolState {
                 }),
                 Err(e) => self.anomalies.push(format!("entry {}: bad toolRejected payload: {e}", entry.id)),
             },
-            EntryType::Message | EntryType::TurnCancelled | EntryType::TurnEnded | EntryType::Compaction => {}
+            EntryType::Message
+            | EntryType::TurnCancelled
+            | EntryType::TurnEnded
+            | EntryType::Compaction
+            | EntryType::Undo
+            | EntryType::UndoApplied => {}
         }
     }
 
@@ -392,7 +397,12 @@ impl LifecycleCheck {
                 let p = entry.payload.parse::<ToolRejectedPayload>().map_err(|e| bad("toolRejected", &e))?;
                 (p.invocation_id, (S::Rejected, false))
             }
-            EntryType::Message | EntryType::TurnCancelled | EntryType::TurnEnded | EntryType::Compaction => {
+            EntryType::Message
+            | EntryType::TurnCancelled
+            | EntryType::TurnEnded
+            | EntryType::Compaction
+            | EntryType::Undo
+            | EntryType::UndoApplied => {
                 return Ok(());
             }
         };

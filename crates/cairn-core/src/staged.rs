@@ -260,6 +260,39 @@ pub struct StagedReview<'a> {
     /// The staging layer holding the new contents (recorded with the
     /// change set, so a resumed session can finish applying it).
     pub staging: &'a str,
+    /// Whether the prior state of every changed path was kept (so the
+    /// effect can be undone), or why not.
+    pub preimages: &'a Preimages,
+}
+
+/// Whether the prior state of every path an effect changes was kept, in
+/// the host's content-addressed pre-image store, before the effect was
+/// applied: the content of every file and the target of every link in a
+/// [`Change::before`] is stored under its `sha256` (the reference), a
+/// directory's mode and an absent path are in the change set itself.
+/// Recorded with the change set (`toolStaged`); absent in logs written
+/// before cairn kept pre-images (such effects cannot be undone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "camelCase")]
+pub enum Preimages {
+    /// Every prior state is kept and was made durable before the apply.
+    #[serde(rename_all = "camelCase")]
+    Kept {
+        /// Bytes of prior content the effect needed (before deduplication).
+        bytes: u64,
+    },
+    /// Not kept: the effect cannot be undone.
+    NotKept {
+        /// Why (over the budget, no store configured, a read failed).
+        reason: String,
+    },
+}
+
+impl Preimages {
+    /// Whether the effect can be undone.
+    pub fn kept(&self) -> bool {
+        matches!(self, Self::Kept { .. })
+    }
 }
 
 /// A change set committed for an invocation whose settlement was not: what

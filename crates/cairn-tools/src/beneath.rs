@@ -556,7 +556,7 @@ pub fn hash_file(file: &File) -> io::Result<(u64, String)> {
 /// Copy `src` to the empty file `dst`, data regions only (holes stay
 /// holes: `SEEK_DATA`/`SEEK_HOLE`), hashing every byte (holes as zeros);
 /// the SHA-256 of what was copied.
-fn copy_sparse(src: &File, dst: &File) -> io::Result<String> {
+pub(crate) fn copy_sparse(src: &File, dst: &File) -> io::Result<String> {
     use rustix::fs::SeekFrom;
     let size = rustix::fs::fstat(src)?.st_size as u64;
     let mut hasher = Sha256::new();

@@ -146,6 +146,7 @@ pub struct ExternalTool {
     /// Staged execution for a tool that declares FileWrite.
     staged: bool,
     staged_rules: cairn_core::staged::StagedRules,
+    preimages: Option<crate::undo::PreimageStore>,
     staging_dir: std::path::PathBuf,
 }
 
@@ -287,6 +288,7 @@ impl ExternalTool {
             hidden: config.hidden_paths.clone(),
             staged: config.staged,
             staged_rules: cairn_core::staged::StagedRules { max_files: config.staged_max_files },
+            preimages: crate::undo::PreimageStore::from_config(config),
             staging_dir: config.staging_dir.clone().unwrap_or_else(crate::staging::default_base),
         })
     }
@@ -412,9 +414,13 @@ impl Tool for ExternalTool {
         };
         let (outcome, staging) = outcome;
         let settled = match staging {
-            Some(staging) => {
-                Some(crate::staging::settle(staging, ctx.cwd, &self.staged_rules, &mut *ctx.review_staged)?)
-            }
+            Some(staging) => Some(crate::staging::settle(
+                staging,
+                ctx.cwd,
+                &self.staged_rules,
+                self.preimages.as_ref(),
+                &mut *ctx.review_staged,
+            )?),
             None => None,
         };
         let structured =

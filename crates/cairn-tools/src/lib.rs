@@ -41,6 +41,7 @@ pub mod programs;
 pub mod sandbox;
 pub mod staging;
 pub mod trust;
+pub mod undo;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -98,6 +99,13 @@ pub struct ToolsConfig {
     pub staged_max_files: usize,
     /// Where staging directories go (default: the system temp directory).
     pub staging_dir: Option<PathBuf>,
+    /// The pre-image store (prior contents of the paths an effect
+    /// changes, for `cairn undo`); `None` keeps none, so no effect can be
+    /// undone.
+    pub preimage_dir: Option<PathBuf>,
+    /// An effect whose prior contents are larger than this is applied
+    /// without keeping them (it cannot be undone).
+    pub undo_max_bytes: u64,
     /// Paths no tool process may see (cairn's home with its control
     /// sockets): covered in each call's mount namespace (see
     /// `process::RunSpec::hidden`). Filled by the host.
@@ -122,6 +130,8 @@ impl Default for ToolsConfig {
             staged: true,
             staged_max_files: cairn_core::staged::StagedRules::default().max_files,
             staging_dir: None,
+            preimage_dir: None,
+            undo_max_bytes: undo::DEFAULT_MAX_BYTES,
             hidden_paths: Vec::new(),
         }
     }

@@ -158,7 +158,8 @@ pub struct Settled {
     pub applied_by: Option<String>,
 }
 
-/// After a staged process exited: read its change set, have the turn
+/// After a staged process exited: read its change set, keep the prior
+/// state of every path it changes in `store` (when given), have the turn
 /// review it (`review`: the gate and the `toolStaged` record), apply it
 /// or discard it, and remove the staging directory in every case. A
 /// discarded effect is `ToolError::Rejected` with the reviewer's reason.
@@ -166,6 +167,7 @@ pub fn settle(
     staging: Staging,
     cwd: &Path,
     rules: &cairn_core::staged::StagedRules,
+    store: Option<&crate::undo::PreimageStore>,
     review: &mut dyn FnMut(&cairn_core::staged::StagedReview<'_>) -> cairn_core::staged::StagedDecision,
 ) -> Result<Settled, cairn_core::tool::ToolError> {
     use cairn_core::staged::{StagedDecision, StagedReview};
@@ -183,8 +185,20 @@ pub fn settle(
         // The new contents are durable before the change set is recorded,
         // so a resumed session can finish the apply.
         staging.sync(&changes).map_err(|e| ToolError::Other(format!("cannot make the staged effect durable: {e}")))?;
+        // The prior state of every path is kept (and durable) before the
+        // change set is recorded, so the effect can be undone.
+        let preimages = match store {
+            Some(store) => store.keep(cwd, &changes),
+            None => cairn_core::staged::Preimages::NotKept { reason: "no pre-image store is configured".to_owned() },
+        };
         let upper = staging.dirs().upper.display().to_string();
-        let asked = StagedReview { changes: &changes, judgement: &judgement, diff: &diff, staging: &upper };
+        let asked = StagedReview {
+            changes: &changes,
+            judgement: &judgement,
+            diff: &diff,
+            staging: &upper,
+            preimages: &preimages,
+        };
         match review(&asked) {
             StagedDecision::Apply { by } => {
                 apply(&changes, &staging.dirs().upper, cwd).map_err(|e| {
@@ -405,14 +419,14 @@ fn join(rel: &str, name: &str) -> String {
 
 /// The state of `rel` under `tree`, as the change set records it: the
 /// permission bits cairn would write (never setuid/setgid).
-fn recorded(tree: &Beneath, rel: &str) -> Result<Option<FileState>, StagingError> {
+pub(crate) fn recorded(tree: &Beneath, rel: &str) -> Result<Option<FileState>, StagingError> {
     let state = tree.state(rel).map_err(io_at(format!("cannot read {}", tree.show(rel))))?;
     Ok(state.map(writable))
 }
 
 /// `state` with the permission bits cairn would write (a link's are its
 /// own).
-fn writable(mut state: FileState) -> FileState {
+pub(crate) fn writable(mut state: FileState) -> FileState {
     if state.kind != EntryKind::Symlink {
         state.mode &= beneath::WRITABLE_MODE;
     }

@@ -42,7 +42,9 @@ pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message>
         | EntryType::ToolStaged
         | EntryType::TurnCancelled
         | EntryType::TurnEnded
-        | EntryType::Compaction => None,
+        | EntryType::Compaction
+        | EntryType::Undo
+        | EntryType::UndoApplied => None,
     }
 }
 

@@ -135,7 +135,13 @@ pub(crate) fn run(
             }
             // The change set is durable before any of it is applied.
             let verdict = VerdictRecord { decision: Answer::Approve, by, at: now_millis() };
-            let payload = ToolStagedPayload::new(request, review.changes.clone(), review.staging.to_owned(), verdict);
+            let payload = ToolStagedPayload::new(
+                request,
+                review.changes.clone(),
+                review.staging.to_owned(),
+                verdict,
+                review.preimages.clone(),
+            );
             let recorded = match record.try_borrow_mut() {
                 Ok(mut record) => record(Record::Staged(&payload)),
                 Err(_) => Err(TurnError::Corrupt("the effect recorder is busy".to_owned())),
@@ -247,11 +253,17 @@ pub fn review_staged_effect(
     let command = request.arguments.get("command").and_then(|c| c.as_str()).unwrap_or("");
     let preview = Preview::Text {
         text: format!(
-            "$ {command}\nin {}\nstaged effect (Destructive: {})\n{}\n{}",
+            "$ {command}\nin {}\nstaged effect (Destructive: {})\n{}\n{}{}",
             cwd.display(),
             review.judgement.reasons.join("; "),
             review.changes.listing(),
-            review.diff
+            review.diff,
+            match review.preimages {
+                crate::staged::Preimages::Kept { .. } => String::new(),
+                crate::staged::Preimages::NotKept { reason } => {
+                    format!("\nthis effect cannot be undone: {reason}\n")
+                }
+            }
         ),
     };
     let question = ApprovalRequest {

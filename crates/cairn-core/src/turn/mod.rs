@@ -32,6 +32,7 @@ mod drive;
 mod effect;
 mod lifecycle;
 pub mod pc;
+mod rewind;
 
 use std::path::PathBuf;
 use std::time::Duration;

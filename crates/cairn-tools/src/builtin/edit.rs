@@ -10,6 +10,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use cairn_core::staged::{
+    Change, ChangeKind, ChangeSet, EntryKind, FileState, Judgement, Preimages, StagedCommit, StagedDecision,
+    StagedReview,
+};
 use cairn_core::tool::{
     Capability, GuardVerdict, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest,
     ToolSpec, Validation,
@@ -19,6 +23,7 @@ use serde_json::json;
 
 use super::{caps, denied, io, parse_args, receipt};
 use crate::paths::{display_rel, resolve_in_cwd};
+use crate::undo::PreimageStore;
 
 fn unified_diff(rel: &str, old: &str, new: &str) -> String {
     let mut options = diffy::DiffOptions::new();
@@ -49,23 +54,138 @@ fn current_text(path: &Path, shown: &str) -> Result<Option<String>, ToolError> {
     }
 }
 
-/// Replace `path` with `content` atomically, keeping its permissions.
+/// Mode of a file `write_file` creates, and of the directories it creates
+/// for it (set explicitly, whatever the umask, so the change recorded
+/// before the write is the change made).
+const NEW_FILE_MODE: u32 = 0o644;
+const NEW_DIR_MODE: u32 = 0o755;
+
+/// Replace `path` with `content` atomically, keeping its permissions (a
+/// new file gets [`NEW_FILE_MODE`], missing directories [`NEW_DIR_MODE`]).
 fn write_atomic(path: &Path, content: &str, shown: &str) -> Result<(), ToolError> {
+    use std::os::unix::fs::PermissionsExt;
     let parent = path.parent().ok_or_else(|| ToolError::InvalidArguments(format!("{shown} has no parent")))?;
-    std::fs::create_dir_all(parent).map_err(io(format!("cannot create the directories of {shown}")))?;
+    let missing: Vec<&Path> = parent.ancestors().take_while(|d| std::fs::symlink_metadata(d).is_err()).collect();
+    for dir in missing.iter().rev() {
+        match std::fs::create_dir(dir) {
+            Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(NEW_DIR_MODE))
+                .map_err(io(format!("cannot create the directories of {shown}")))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(ToolError::Io { context: format!("cannot create the directories of {shown}"), source: e });
+            }
+        }
+    }
     let mut tmp = tempfile::NamedTempFile::new_in(parent).map_err(io(format!("cannot write next to {shown}")))?;
     std::io::Write::write_all(&mut tmp, content.as_bytes()).map_err(io(format!("cannot write {shown}")))?;
-    if let Ok(meta) = std::fs::metadata(path) {
-        let _ = std::fs::set_permissions(tmp.path(), meta.permissions());
-    }
+    let permissions = match std::fs::metadata(path) {
+        Ok(meta) => meta.permissions(),
+        Err(_) => std::fs::Permissions::from_mode(NEW_FILE_MODE),
+    };
+    let _ = std::fs::set_permissions(tmp.path(), permissions);
     tmp.persist(path).map_err(|e| ToolError::Io { context: format!("cannot replace {shown}"), source: e.error })?;
     Ok(())
+}
+
+/// The change writing `content` to `rel` makes (the file, and each
+/// directory it creates), with the prior states read from `cwd`.
+fn change_set(cwd: &Path, rel: &str, content: &str) -> Result<ChangeSet, String> {
+    use sha2::Digest as _;
+    let mut changes = Vec::new();
+    let parts: Vec<&str> = rel.split('/').collect();
+    for depth in 1..parts.len() {
+        let dir = parts[..depth].join("/");
+        if crate::undo::observe(cwd, &dir)?.is_none() {
+            let after = FileState { kind: EntryKind::Dir, size: 0, sha256: String::new(), mode: NEW_DIR_MODE };
+            changes.push(Change {
+                path: dir,
+                kind: ChangeKind::Created,
+                before: None,
+                after: Some(after),
+                lines: None,
+                appends: false,
+                discards_uncommitted: false,
+            });
+        }
+    }
+    let before = crate::undo::observe(cwd, rel)?;
+    let mode = before.as_ref().map_or(NEW_FILE_MODE, |b| b.mode);
+    let sha256 = crate::beneath::hex(&sha2::Sha256::digest(content.as_bytes()));
+    let after = FileState { kind: EntryKind::File, size: content.len() as u64, sha256, mode };
+    let kind = if before.is_some() { ChangeKind::Modified } else { ChangeKind::Created };
+    changes.push(Change {
+        path: rel.to_owned(),
+        kind,
+        before,
+        after: Some(after),
+        lines: None,
+        appends: false,
+        discards_uncommitted: false,
+    });
+    Ok(ChangeSet { changes })
+}
+
+/// Before writing `new` to `rel`: keep its prior state in `store` and have
+/// the turn record the change with it (`toolStaged`), so the write can be
+/// undone and a resumed session finishes it. Without a store, nothing.
+fn record_write(
+    store: Option<&PreimageStore>,
+    ctx: &mut ToolContext<'_>,
+    rel: &str,
+    diff: &str,
+    new: &str,
+) -> Result<(), ToolError> {
+    let Some(store) = store else { return Ok(()) };
+    let (changes, preimages) = match change_set(ctx.cwd, rel, new) {
+        Ok(changes) => {
+            let preimages = store.keep(ctx.cwd, &changes);
+            (changes, preimages)
+        }
+        Err(reason) => (ChangeSet::default(), Preimages::NotKept { reason }),
+    };
+    // The call was approved as a Write with its preview; the record adds
+    // nothing to decide.
+    let judgement = Judgement { risk: Risk::Write, reasons: Vec::new() };
+    let review = StagedReview { changes: &changes, judgement: &judgement, diff, staging: "", preimages: &preimages };
+    match (ctx.review_staged)(&review) {
+        StagedDecision::Apply { .. } => Ok(()),
+        StagedDecision::Discard { reason } => Err(ToolError::Rejected(reason)),
+    }
+}
+
+/// On resume of a write whose change was recorded: finish it (the guard
+/// says whether it is done; else it is written now).
+fn finish(
+    tool: &dyn Tool,
+    request: &ToolRequest,
+    cwd: &Path,
+    plan: impl FnOnce() -> Result<(PathBuf, String, String), ToolError>,
+) -> GuardVerdict {
+    match tool.guard(request, cwd) {
+        GuardVerdict::NotDone => {}
+        verdict => return verdict,
+    }
+    let Ok((path, rel, new)) = plan() else { return GuardVerdict::Unknown };
+    if write_atomic(&path, &new, &rel).is_err() {
+        return GuardVerdict::Unknown;
+    }
+    GuardVerdict::AlreadyDone(ToolReceipt {
+        exit_code: 0,
+        output_summary: format!("[cairn: resumed after an interruption: the recorded write of {rel} was finished]"),
+        structured_output: Some(json!({"path": rel, "resumed": true})),
+        affected_entities: vec![rel],
+        duration_ms: 0,
+        tier: Risk::Write,
+        timestamp: crate::now_ms(),
+        truncated: false,
+    })
 }
 
 /// `write_file {path, content}`.
 #[derive(Debug)]
 pub struct WriteFile {
     spec: ToolSpec,
+    preimages: Option<PreimageStore>,
 }
 
 #[derive(Deserialize)]
@@ -78,6 +198,14 @@ struct WriteArgs {
 impl Default for WriteFile {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl WriteFile {
+    /// The tool, keeping the prior state of what it writes in `store`
+    /// (recorded before each write, so the write can be undone).
+    pub fn with_preimages(store: Option<PreimageStore>) -> Self {
+        Self { preimages: store, ..Self::new() }
     }
 }
 
@@ -103,6 +231,7 @@ impl WriteFile {
                 capabilities: caps(&[Capability::FileRead, Capability::FileWrite]),
                 replay: ReplayPolicy::Guarded,
             },
+            preimages: None,
         }
     }
 
@@ -154,6 +283,10 @@ impl Tool for WriteFile {
         }
     }
 
+    fn resume_staged(&self, request: &ToolRequest, cwd: &Path, _staged: &StagedCommit<'_>) -> GuardVerdict {
+        finish(self, request, cwd, || self.plan(request, cwd).map(|(path, rel, _, new)| (path, rel, new)))
+    }
+
     fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
         let start = Instant::now();
         let (path, rel, old, new) = self.plan(request, ctx.cwd)?;
@@ -161,6 +294,7 @@ impl Tool for WriteFile {
             return Err(ToolError::Cancelled);
         }
         let diff = unified_diff(&rel, old.as_deref().unwrap_or(""), &new);
+        record_write(self.preimages.as_ref(), ctx, &rel, &diff, &new)?;
         write_atomic(&path, &new, &rel)?;
         let verb = if old.is_some() { "updated" } else { "created" };
         let summary = format!("{verb} {rel} ({} bytes)\n{diff}", new.len());
@@ -175,6 +309,7 @@ impl Tool for WriteFile {
 #[derive(Debug)]
 pub struct EditFile {
     spec: ToolSpec,
+    preimages: Option<PreimageStore>,
 }
 
 #[derive(Deserialize)]
@@ -216,6 +351,14 @@ impl Default for EditFile {
 }
 
 impl EditFile {
+    /// The tool, keeping the prior state of what it edits in `store`
+    /// (recorded before each edit, so the edit can be undone).
+    pub fn with_preimages(store: Option<PreimageStore>) -> Self {
+        Self { preimages: store, ..Self::new() }
+    }
+}
+
+impl EditFile {
     /// The tool.
     pub fn new() -> Self {
         Self {
@@ -240,6 +383,7 @@ impl EditFile {
                 capabilities: caps(&[Capability::FileRead, Capability::FileWrite]),
                 replay: ReplayPolicy::Guarded,
             },
+            preimages: None,
         }
     }
 
@@ -335,6 +479,10 @@ impl Tool for EditFile {
         }
     }
 
+    fn resume_staged(&self, request: &ToolRequest, cwd: &Path, _staged: &StagedCommit<'_>) -> GuardVerdict {
+        finish(self, request, cwd, || self.plan(request, cwd).map(|(path, rel, _, new)| (path, rel, new)))
+    }
+
     fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
         let start = Instant::now();
         let (path, rel, old, new) = self.plan(request, ctx.cwd)?;
@@ -342,6 +490,7 @@ impl Tool for EditFile {
             return Err(ToolError::Cancelled);
         }
         let diff = unified_diff(&rel, &old, &new);
+        record_write(self.preimages.as_ref(), ctx, &rel, &diff, &new)?;
         write_atomic(&path, &new, &rel)?;
         let summary = format!("edited {rel}\n{diff}");
         (ctx.output)(summary.as_bytes());

@@ -62,6 +62,7 @@ pub struct Shell {
     hidden: Vec<std::path::PathBuf>,
     staged: bool,
     staged_rules: StagedRules,
+    preimages: Option<crate::undo::PreimageStore>,
     staging_dir: std::path::PathBuf,
 }
 
@@ -132,6 +133,7 @@ impl Shell {
             hidden: config.hidden_paths.clone(),
             staged: config.staged,
             staged_rules: StagedRules { max_files: config.staged_max_files },
+            preimages: crate::undo::PreimageStore::from_config(config),
             staging_dir: config.staging_dir.clone().unwrap_or_else(staging::default_base),
         })
     }
@@ -441,7 +443,8 @@ impl Shell {
         if outcome.exit_code != 0 {
             text.push_str(&format!("[exit code {}]\n", outcome.exit_code));
         }
-        let settled = staging::settle(staging, ctx.cwd, &self.staged_rules, &mut *ctx.review_staged)?;
+        let settled =
+            staging::settle(staging, ctx.cwd, &self.staged_rules, self.preimages.as_ref(), &mut *ctx.review_staged)?;
         let staging::Settled { changes, risk, diff, applied_by } = settled;
         if bypassed {
             text.push_str("[cairn: re-ran once without the sandbox after an approved bypass]\n");

@@ -1,0 +1,354 @@
+//! Undo (issue 30) with the real `cairn` binary and the scripted provider:
+//! for each kind of file effect (staged shell creating, editing,
+//! deleting, renaming, chmod-ing files and directories, links and empty
+//! directories; `write_file`; `edit_file`) a turn runs, `cairn undo`
+//! reverts it and the tree equals, byte for byte, the test's own snapshot
+//! taken before the turn (content, kind, mode, link target). Three turns
+//! undone to the first and redone; a file edited by hand after the turn
+//! refuses the undo (named, with a diff) until `--force`; SIGKILLs at
+//! random moments of an undo, then `cairn undo` again: the tree ends at
+//! the target.
+//!
+//! Oracle: `util::snapshot` of the working tree, never cairn's store.
+//! Destructive effects are approved in a pseudo-terminal (rexpect), as a
+//! person would. These tests need overlay staging (`require_staging`).
+
+#![allow(clippy::unwrap_used)]
+
+mod util;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use rexpect::reader::ReadUntil;
+use serde_json::{Value, json};
+use util::{Env, entries, require_staging, snapshot};
+
+type Tree = BTreeMap<String, (char, u32, Vec<u8>)>;
+
+/// A tree with text and binary files, an executable, a directory with a
+/// subdirectory, an empty directory and a link.
+fn fixture(dir: &Path) {
+    std::fs::create_dir_all(dir.join("victim/sub")).unwrap();
+    std::fs::write(dir.join("victim/data.txt"), "keep me\n").unwrap();
+    std::fs::write(dir.join("victim/sub/deep.bin"), [0u8, 1, 2, 3, 255, 0, 7]).unwrap();
+    let lines: String = (1..=10).map(|i| format!("line{i}\n")).collect();
+    std::fs::write(dir.join("f.txt"), lines).unwrap();
+    std::fs::write(dir.join("keep.txt"), "keep\n").unwrap();
+    std::fs::write(dir.join("script.sh"), "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(dir.join("script.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let binary: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(dir.join("bin.dat"), binary).unwrap();
+    std::fs::create_dir(dir.join("empty")).unwrap();
+    std::os::unix::fs::symlink("f.txt", dir.join("link")).unwrap();
+}
+
+fn shell(id: &str, command: &str) -> Value {
+    json!({"text": "", "toolCalls": [{"id": id, "name": "shell", "arguments": {"command": command}}]})
+}
+
+fn write_file(id: &str, path: &str, content: &str) -> Value {
+    json!({"text": "", "toolCalls": [{"id": id, "name": "write_file", "arguments": {"path": path, "content": content}}]})
+}
+
+fn edit_file(id: &str, path: &str, old: &str, new: &str) -> Value {
+    json!({"text": "", "toolCalls": [{"id": id, "name": "edit_file", "arguments": {"path": path, "old": old, "new": new}}]})
+}
+
+fn done(text: &str) -> Value {
+    json!({"text": text})
+}
+
+/// Run `cairn --script S --yes ARGS` in a pseudo-terminal, approving every
+/// Destructive effect it asks about; its output. Fails unless it exits 0.
+fn turn(env: &Env, script: &Path, args: &[&str]) -> String {
+    let mut all = vec!["--script", script.to_str().unwrap(), "--yes"];
+    all.extend_from_slice(args);
+    let mut p = rexpect::session::spawn_command(env.cairn(&all), Some(30_000)).unwrap();
+    let mut shown = String::new();
+    loop {
+        let (before, matched) =
+            p.exp_any(vec![ReadUntil::String("Run it? [y/N] ".to_owned()), ReadUntil::EOF]).unwrap();
+        shown.push_str(&before);
+        if matched.starts_with("Run it?") {
+            p.send_line("y").unwrap();
+            p.flush().unwrap();
+        } else {
+            shown.push_str(&matched);
+            break;
+        }
+    }
+    match p.process().wait().unwrap() {
+        rexpect::process::WaitStatus::Exited(_, 0) => shown,
+        other => panic!("cairn {args:?} did not succeed: {other:?}\n{shown}"),
+    }
+}
+
+fn session(env: &Env) -> PathBuf {
+    let files = env.session_files();
+    assert_eq!(files.len(), 1, "one session: {files:?}");
+    files[0].clone()
+}
+
+fn session_id(env: &Env) -> String {
+    session(env).file_stem().unwrap().to_string_lossy().into_owned()
+}
+
+/// `cairn ARGS` headless: (exit code, stdout, stderr).
+fn cairn(env: &Env, args: &[&str]) -> (i32, String, String) {
+    let out = env.cairn(args).stdin(Stdio::null()).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_tree(env: &Env, expected: &Tree, what: &str) {
+    let now = snapshot(&env.cwd);
+    if &now != expected {
+        let mut diffs = Vec::new();
+        for (k, v) in expected {
+            match now.get(k) {
+                None => diffs.push(format!("missing {k}")),
+                Some(n) if n != v => {
+                    diffs.push(format!("differs {k}: {:?} {:o} vs expected {:?} {:o}", n.0, n.1, v.0, v.1))
+                }
+                _ => {}
+            }
+        }
+        for k in now.keys().filter(|k| !expected.contains_key(*k)) {
+            diffs.push(format!("extra {k}"));
+        }
+        panic!("{what}: the tree is not as expected:\n{}", diffs.join("\n"));
+    }
+}
+
+/// One turn running `call`, undone: the tree equals its snapshot before,
+/// and the call really changed it (so a no-op cannot pass).
+fn undo_one(call: Value) {
+    let env = Env::new();
+    require_staging(&env);
+    fixture(&env.cwd);
+    let before = snapshot(&env.cwd);
+    let script = env.script(&[call.clone(), done("Done.")]);
+    turn(&env, &script, &["run", "go"]);
+    let after = snapshot(&env.cwd);
+    assert_ne!(after, before, "the call changed nothing: {call}");
+    let file = session(&env);
+    let staged: Vec<Value> = entries(&file).into_iter().filter(|e| e["type"] == "toolStaged").collect();
+    assert_eq!(staged.len(), 1, "{call}");
+    assert_eq!(staged[0]["payload"]["preimages"]["status"], "kept", "{call}");
+    let (code, out, err) = cairn(&env, &["undo", &session_id(&env)]);
+    assert_eq!(code, 0, "{call}: {out}{err}");
+    assert_tree(&env, &before, &format!("after undo of {call}"));
+    // The undo is in the log, and the lane moved back with it.
+    let all = entries(&file);
+    assert_eq!(all.iter().filter(|e| e["type"] == "undo").count(), 1);
+    let applied: Vec<&Value> = all.iter().filter(|e| e["type"] == "undoApplied").collect();
+    assert_eq!(applied.len(), 1);
+    // Redo puts the turn's effect back.
+    let (code, out, err) = cairn(&env, &["redo", &session_id(&env)]);
+    assert_eq!(code, 0, "{call}: {out}{err}");
+    assert_tree(&env, &after, &format!("after redo of {call}"));
+}
+
+#[test]
+fn undo_of_shell_creating_files_directories_and_links() {
+    undo_one(shell("c1", "mkdir -p newdir/sub && echo hi > newdir/sub/f && mkdir emptynew && ln -s keep.txt newlink"));
+}
+
+#[test]
+fn undo_of_shell_editing_files() {
+    undo_one(shell("c1", "echo more >> f.txt && sed -i s/line2/LINE2/ f.txt && printf 'x' >> victim/data.txt"));
+}
+
+#[test]
+fn undo_of_shell_deleting_files_directories_and_links() {
+    undo_one(shell("c1", "rm -rf victim && rm keep.txt link && rmdir empty"));
+}
+
+#[test]
+fn undo_of_shell_overwriting_a_binary_file() {
+    undo_one(shell("c1", "printf 'ABC' > bin.dat"));
+}
+
+#[test]
+fn undo_of_shell_renaming_files_and_directories() {
+    undo_one(shell("c1", "mv f.txt g.txt && mv victim moved && mv link link2"));
+}
+
+#[test]
+fn undo_of_shell_chmod_of_files_and_directories() {
+    undo_one(shell("c1", "chmod 600 script.sh && chmod 700 victim/sub && chmod 000 keep.txt && chmod 751 empty"));
+}
+
+#[test]
+fn undo_of_write_file_creating_and_overwriting() {
+    undo_one(write_file("c1", "a/b/new.txt", "new\n"));
+    undo_one(write_file("c1", "f.txt", "replaced\n"));
+}
+
+#[test]
+fn undo_of_edit_file() {
+    undo_one(edit_file("c1", "f.txt", "line3\n", "LINE THREE\n"));
+}
+
+/// Three turns (write_file, a destructive shell command, edit_file and a
+/// mkdir), undone to before the first; redo twice… once: the undo of all
+/// three is one undo, so one redo puts all three back.
+#[test]
+fn three_turns_undone_to_the_first_and_redone() {
+    let env = Env::new();
+    require_staging(&env);
+    fixture(&env.cwd);
+    let before = snapshot(&env.cwd);
+    let script = env.script(&[
+        write_file("c1", "notes.md", "one\ntwo\n"),
+        done("Turn one."),
+        shell("c2", "echo three >> notes.md && rm -r victim"),
+        done("Turn two."),
+        edit_file("c3", "notes.md", "two\n", "TWO\n"),
+        shell("c4", "mkdir built && echo out > built/x"),
+        done("Turn three."),
+    ]);
+    turn(&env, &script, &["run", "first"]);
+    let id = session_id(&env);
+    turn(&env, &script, &["resume", &id, "--prompt", "second"]);
+    turn(&env, &script, &["resume", &id, "--prompt", "third"]);
+    let after = snapshot(&env.cwd);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("notes.md")).unwrap(), "one\nTWO\nthree\n");
+    // --dry-run changes nothing and says what would change.
+    let (code, out, err) = cairn(&env, &["undo", &id, "--turn", "1", "--dry-run"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("notes.md") && out.contains("victim/data.txt") && out.contains("built/x"), "{out}");
+    assert_tree(&env, &after, "after a dry run");
+    let (code, out, err) = cairn(&env, &["undo", &id, "--turn", "1"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("4 effect(s)"), "{out}");
+    assert_tree(&env, &before, "after undo --turn 1");
+    // The conversation went back too: the lane's head is the undo, with no
+    // message before it.
+    let (code, out, _) = cairn(&env, &["show", &id]);
+    assert_eq!(code, 0);
+    assert!(out.contains("undo"), "{out}");
+    let (code, out, err) = cairn(&env, &["redo", &id]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_tree(&env, &after, "after redo");
+    // A second redo has nothing to do.
+    let (code, out, _) = cairn(&env, &["redo", &id]);
+    assert_eq!(code, 0);
+    assert!(out.contains("nothing to redo"), "{out}");
+    // Undo of the last turn only: the edit and the mkdir go, turn two stays.
+    let (code, out, err) = cairn(&env, &["undo", &id]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("notes.md")).unwrap(), "one\ntwo\nthree\n");
+    assert!(!env.cwd.join("built").exists() && !env.cwd.join("victim").exists());
+}
+
+#[test]
+fn a_file_changed_by_hand_after_the_turn_refuses_the_undo_until_force() {
+    let env = Env::new();
+    require_staging(&env);
+    fixture(&env.cwd);
+    let before = snapshot(&env.cwd);
+    let script = env.script(&[shell("c1", "sed -i s/line2/LINE2/ f.txt && echo new > new.txt"), done("Done.")]);
+    turn(&env, &script, &["run", "go"]);
+    let id = session_id(&env);
+    std::fs::write(env.cwd.join("f.txt"), "my own edit\n").unwrap();
+    let edited = snapshot(&env.cwd);
+    let (code, out, err) = cairn(&env, &["undo", &id]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("f.txt: it was changed after the turn"), "names the file: {err}");
+    assert!(err.contains("+my own edit") && err.contains("-line1"), "with a diff: {err}");
+    assert!(!err.contains("new.txt:"), "only the changed file: {err}");
+    assert_tree(&env, &edited, "after a refused undo");
+    let (code, out, err) = cairn(&env, &["undo", &id, "--force"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_tree(&env, &before, "after undo --force");
+    // The hand edit was kept: redo puts it back.
+    let (code, out, err) = cairn(&env, &["redo", &id]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_tree(&env, &edited, "after redo of a forced undo");
+}
+
+#[test]
+fn an_unstaged_effect_makes_undo_refuse_and_show_tools_says_so() {
+    let env = Env::new();
+    fixture(&env.cwd);
+    std::fs::create_dir_all(&env.home).unwrap();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let script = env.script(&[shell("c1", "echo hi > made.txt"), done("Done.")]);
+    turn(&env, &script, &["run", "go"]);
+    let id = session_id(&env);
+    let (code, _, err) = cairn(&env, &["undo", &id]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot be undone") && err.contains("shell"), "{err}");
+    assert!(env.cwd.join("made.txt").exists(), "nothing changed");
+    let (code, out, _) = cairn(&env, &["show", &id, "--tools"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("cannot be undone"), "{out}");
+}
+
+/// SIGKILL at random moments of an undo of a turn that changed hundreds
+/// of files, then `cairn undo` again: the tree is exactly as before the
+/// turn, and the log holds one finished undo.
+#[test]
+fn sigkill_during_undo_then_undo_again_ends_at_the_target() {
+    let env = Env::new();
+    require_staging(&env);
+    fixture(&env.cwd);
+    std::fs::create_dir(env.cwd.join("many")).unwrap();
+    for i in 0..300 {
+        std::fs::write(env.cwd.join(format!("many/{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let script = env.script(&[
+        write_file("c0", "first.txt", "first\n"),
+        done("Turn one."),
+        shell("c1", "for i in $(seq 0 299); do echo changed $i >> many/$i.txt; done; rm -rf victim; mkdir -p gen; for i in $(seq 0 199); do echo $i > gen/$i; done"),
+        done("Turn two."),
+    ]);
+    turn(&env, &script, &["run", "first"]);
+    let id = session_id(&env);
+    let target = snapshot(&env.cwd);
+    // The entry the undo goes back to: the last of turn one.
+    let last_of_one = entries(&session(&env)).last().unwrap()["id"].as_str().unwrap().to_owned();
+    turn(&env, &script, &["resume", &id, "--prompt", "second"]);
+    assert_ne!(snapshot(&env.cwd), target);
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut killed = 0;
+    for round in 0..30 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut child = env
+            .cairn(&["undo", &id, "--to", &last_of_one])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(seed % 120_000));
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        if status.code().is_none() {
+            killed += 1;
+        }
+        let _ = round;
+    }
+    let (code, out, err) = cairn(&env, &["undo", &id, "--to", &last_of_one]);
+    assert_eq!(code, 0, "{out}{err}");
+    // Finishing an interrupted undo stops there; the next run has nothing left.
+    let (code, out, err) = cairn(&env, &["undo", &id, "--to", &last_of_one]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("nothing to undo"), "{out}");
+    assert_tree(&env, &target, "after killed undos and a final one");
+    assert!(killed > 0, "no undo was killed; the test proved nothing");
+    let all = entries(&session(&env));
+    let applied = all.iter().filter(|e| e["type"] == "undoApplied").count();
+    assert_eq!(applied, 1, "one finished undo");
+    let plans = all.iter().filter(|e| e["type"] == "undo").count();
+    assert_eq!(plans, 1, "one plan, finished by whichever run came after it");
+}

@@ -1,0 +1,383 @@
+//! The file side of undo: the content-addressed pre-image store (prior
+//! contents of files and targets of links, one blob per SHA-256 under
+//! cairn's data directory, deduplicated, made durable before the effect
+//! they precede is applied), the check that a plan's paths are still as
+//! the effects left them (conflicts), and the idempotent restore that
+//! applies an [`UndoStep`] plan to the working tree.
+//!
+//! It must not decide what to undo (that is `cairn_core::undo`) or write
+//! the session; it touches the working tree only in [`restore`], and only
+//! through [`Beneath`] (no link followed, nothing leaves the tree).
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use cairn_core::staged::{ChangeSet, EntryKind, FileState, Preimages, shown};
+use cairn_core::undo::UndoStep;
+
+use crate::beneath::{self, Beneath};
+use crate::staging::{recorded, writable};
+
+/// Default budget: an effect whose prior contents exceed this many bytes
+/// is not undoable (its pre-images are not kept).
+pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// The pre-image store: `<dir>/<first two hex digits>/<sha256>`.
+#[derive(Debug, Clone)]
+pub struct PreimageStore {
+    dir: PathBuf,
+    max_bytes: u64,
+}
+
+fn io_err(what: String) -> impl FnOnce(std::io::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+impl PreimageStore {
+    /// The store in `dir` (created on first use), keeping at most
+    /// `max_bytes` of prior content per effect.
+    pub fn new(dir: impl Into<PathBuf>, max_bytes: u64) -> Self {
+        Self { dir: dir.into(), max_bytes }
+    }
+
+    /// The store a tools config names, if any.
+    pub fn from_config(config: &crate::ToolsConfig) -> Option<Self> {
+        config.preimage_dir.as_ref().map(|dir| Self::new(dir.clone(), config.undo_max_bytes))
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn blob(&self, sha: &str) -> PathBuf {
+        self.dir.join(sha.get(..2).unwrap_or("00")).join(sha)
+    }
+
+    /// Whether the blob `sha` is stored (with `size` bytes).
+    pub fn has(&self, sha: &str, size: u64) -> bool {
+        fs::symlink_metadata(self.blob(sha)).is_ok_and(|m| m.is_file() && m.len() == size)
+    }
+
+    /// Open the blob `sha`.
+    pub fn open(&self, sha: &str) -> std::io::Result<fs::File> {
+        fs::File::open(self.blob(sha))
+    }
+
+    /// Keep the prior state of every path `changes` changes, read from the
+    /// working tree `cwd` before anything is applied; durable (one
+    /// `syncfs` of the store) when this returns `Kept`. Over the budget, or
+    /// when a prior state cannot be read as recorded, nothing more is kept
+    /// and the effect is `NotKept` (it can still be applied; it cannot be
+    /// undone).
+    pub fn keep(&self, cwd: &Path, changes: &ChangeSet) -> Preimages {
+        let states: Vec<(&str, &FileState)> =
+            changes.changes.iter().filter_map(|c| c.before.as_ref().map(|b| (c.path.as_str(), b))).collect();
+        match self.keep_states(cwd, &states) {
+            Ok(bytes) => Preimages::Kept { bytes },
+            Err(reason) => Preimages::NotKept { reason },
+        }
+    }
+
+    /// Keep the content (or link target) of each `(path, state)` found in
+    /// `cwd`; the bytes kept. Fails when the total is over the budget, a
+    /// path is not as `state` says, or the store cannot be written.
+    pub fn keep_states(&self, cwd: &Path, states: &[(&str, &FileState)]) -> Result<u64, String> {
+        let total: u64 = states
+            .iter()
+            .filter(|(_, s)| matches!(s.kind, EntryKind::File | EntryKind::Symlink))
+            .map(|(_, s)| s.size)
+            .sum();
+        if total > self.max_bytes {
+            return Err(format!(
+                "its prior contents are {total} bytes, over the undo budget of {} bytes per effect \
+                 (tools.undo_max_bytes)",
+                self.max_bytes
+            ));
+        }
+        if states.iter().any(|(_, s)| s.kind == EntryKind::Special) {
+            return Err("it changes a FIFO, socket or device, which cairn does not keep".to_owned());
+        }
+        let tree = Beneath::open(cwd).map_err(io_err(format!("cannot open {}", cwd.display())))?;
+        let mut wrote = false;
+        for (path, state) in states {
+            match state.kind {
+                EntryKind::File => {
+                    if self.has(&state.sha256, state.size) {
+                        continue;
+                    }
+                    let file = tree.open_file(path).map_err(io_err(format!("cannot read {}", shown(path))))?;
+                    self.put(&state.sha256, |dst| beneath::copy_sparse(&file, dst))
+                        .map_err(|e| format!("cannot keep {}: {e}", shown(path)))?;
+                    wrote = true;
+                }
+                EntryKind::Symlink => {
+                    if self.has(&state.sha256, state.size) {
+                        continue;
+                    }
+                    let target = tree.read_link(path).map_err(io_err(format!("cannot read {}", shown(path))))?;
+                    let bytes = target.as_os_str().as_encoded_bytes().to_vec();
+                    self.put(&state.sha256, |mut dst| {
+                        dst.write_all(&bytes)?;
+                        use sha2::Digest as _;
+                        Ok(beneath::hex(&sha2::Sha256::digest(&bytes)))
+                    })
+                    .map_err(|e| format!("cannot keep {}: {e}", shown(path)))?;
+                    wrote = true;
+                }
+                EntryKind::Dir | EntryKind::Special => {}
+            }
+        }
+        if wrote {
+            beneath::sync_dir(&self.dir).map_err(io_err("cannot sync the pre-image store".to_owned()))?;
+        }
+        Ok(total)
+    }
+
+    /// Write a blob through a temporary name in the store, checking that
+    /// what `fill` wrote hashes to `sha`.
+    fn put(&self, sha: &str, fill: impl FnOnce(&fs::File) -> std::io::Result<String>) -> std::io::Result<()> {
+        let target = self.blob(sha);
+        let parent = target.parent().unwrap_or(&self.dir);
+        fs::create_dir_all(parent)?;
+        let tmp = tempfile::NamedTempFile::new_in(parent)?;
+        let digest = fill(tmp.as_file())?;
+        if digest != sha {
+            return Err(std::io::Error::other(format!(
+                "the content changed while it was read (sha256 {digest}, recorded {sha})"
+            )));
+        }
+        tmp.persist(&target).map_err(|e| e.error)?;
+        Ok(())
+    }
+}
+
+/// A path a plan would overwrite that is neither as the effects left it
+/// nor already restored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// The path.
+    pub path: String,
+    /// What is there now.
+    pub now: Option<FileState>,
+    /// Why, for a person.
+    pub why: String,
+}
+
+fn same(a: &Option<FileState>, b: &Option<FileState>) -> bool {
+    a.clone().map(writable) == b.clone().map(writable)
+}
+
+/// The state of `path` in `cwd` now.
+pub fn observe(cwd: &Path, path: &str) -> Result<Option<FileState>, String> {
+    let tree = Beneath::open(cwd).map_err(io_err(format!("cannot open {}", cwd.display())))?;
+    recorded(&tree, path).map_err(|e| e.to_string())
+}
+
+/// The paths of `steps` that changed after the effects: each must be as
+/// its `from` says or already as its `to` says; and a directory `restore`
+/// would remove must hold nothing the plan does not remove.
+pub fn conflicts(cwd: &Path, steps: &[UndoStep]) -> Result<Vec<Conflict>, String> {
+    let tree = Beneath::open(cwd).map_err(io_err(format!("cannot open {}", cwd.display())))?;
+    let planned: BTreeSet<&str> = steps.iter().map(|s| s.path.as_str()).collect();
+    let mut out = Vec::new();
+    for step in steps {
+        let now = recorded(&tree, &step.path).map_err(|e| e.to_string())?;
+        if !same(&now, &step.from) && !same(&now, &step.to) {
+            let why = match (&now, &step.from) {
+                (None, _) => "it was deleted after the turn".to_owned(),
+                (Some(_), None) => "it was created after the turn".to_owned(),
+                (Some(n), Some(f)) if n.kind != f.kind => "it was replaced by another kind of entry".to_owned(),
+                (Some(n), Some(f)) if n.sha256 == f.sha256 && n.size == f.size => {
+                    format!("its mode changed after the turn ({:o}, the turn left {:o})", n.mode, f.mode)
+                }
+                _ => "it was changed after the turn".to_owned(),
+            };
+            out.push(Conflict { path: step.path.clone(), now, why });
+            continue;
+        }
+        if step.to.as_ref().is_none_or(|t| t.kind != EntryKind::Dir)
+            && now.as_ref().is_some_and(|n| n.kind == EntryKind::Dir)
+        {
+            let mut extra = Vec::new();
+            unplanned(&tree, &step.path, &planned, &mut extra)?;
+            if !extra.is_empty() {
+                let names: Vec<String> = extra.iter().take(5).map(|p| shown(p)).collect();
+                out.push(Conflict {
+                    path: step.path.clone(),
+                    now,
+                    why: format!("it holds entries the turn did not create ({})", names.join(", ")),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn unplanned(tree: &Beneath, dir: &str, planned: &BTreeSet<&str>, out: &mut Vec<String>) -> Result<(), String> {
+    for child in tree.list(dir).map_err(|e| e.to_string())? {
+        let path = format!("{dir}/{child}");
+        if !planned.contains(path.as_str()) {
+            out.push(path);
+        } else if tree.node(&path).map_err(|e| e.to_string())?.is_some_and(|n| n.kind == EntryKind::Dir) {
+            unplanned(tree, &path, planned, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Keep the current content of every `from` state of `steps` that is in
+/// the tree (what a redo, or an undo of a forced undo, puts back).
+pub fn keep_current(store: &PreimageStore, cwd: &Path, steps: &[UndoStep]) -> Result<(), String> {
+    let tree = Beneath::open(cwd).map_err(io_err(format!("cannot open {}", cwd.display())))?;
+    let mut states = Vec::new();
+    for s in steps {
+        if let Some(from) = &s.from
+            && same(&recorded(&tree, &s.path).map_err(|e| e.to_string())?, &s.from)
+        {
+            states.push((s.path.as_str(), from));
+        }
+    }
+    let unlimited = PreimageStore { dir: store.dir.clone(), max_bytes: u64::MAX };
+    unlimited.keep_states(cwd, &states).map(|_| ())
+}
+
+/// Apply `steps` to `cwd`, content from `store`. Idempotent: a path
+/// already in its `to` state is left alone, files and links are written
+/// to temporary names, made durable, then renamed into place, so a crash
+/// anywhere is finished by running it again. A path in neither its
+/// `from` nor its `to` state is refused before anything is touched,
+/// unless `force`.
+pub fn restore(store: &PreimageStore, cwd: &Path, steps: &[UndoStep], force: bool) -> Result<(), String> {
+    if !force {
+        let found = conflicts(cwd, steps)?;
+        if let Some(c) = found.first() {
+            return Err(format!("{} changed after the turn ({}); nothing was restored", shown(&c.path), c.why));
+        }
+    }
+    let tree = Beneath::open(cwd).map_err(io_err(format!("cannot open {}", cwd.display())))?;
+    let mut now = Vec::with_capacity(steps.len());
+    for s in steps {
+        now.push(recorded(&tree, &s.path).map_err(|e| e.to_string())?);
+    }
+    let at = |what: &str, path: &str| io_err(format!("cannot {what} {}", shown(path)));
+    // Removals deepest first.
+    let mut removals: Vec<&UndoStep> =
+        steps.iter().zip(&now).filter(|(s, n)| s.to.is_none() && n.is_some()).map(|(s, _)| s).collect();
+    removals.sort_by(|a, b| b.path.cmp(&a.path));
+    for s in &removals {
+        tree.remove(&s.path).map_err(at("delete", &s.path))?;
+    }
+    let mut renames: Vec<(String, &str)> = Vec::new();
+    let mut dir_modes: Vec<(&str, u32)> = Vec::new();
+    for (s, n) in steps.iter().zip(&now) {
+        let Some(to) = &s.to else { continue };
+        if same(n, &s.to) {
+            continue;
+        }
+        match to.kind {
+            EntryKind::Dir => {
+                if n.as_ref().is_some_and(|n| n.kind != EntryKind::Dir) {
+                    tree.remove(&s.path).map_err(at("replace", &s.path))?;
+                }
+                tree.make_dir(&s.path, to.mode | 0o700).map_err(at("create", &s.path))?;
+                dir_modes.push((&s.path, to.mode));
+            }
+            EntryKind::Symlink => {
+                let mut target = Vec::new();
+                store
+                    .open(&to.sha256)
+                    .and_then(|mut f| f.read_to_end(&mut target))
+                    .map_err(at("read the kept link target of", &s.path))?;
+                let target = PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(target));
+                let temp = tree.symlink_temp(&s.path, &target).map_err(at("create a link for", &s.path))?;
+                renames.push((temp, &s.path));
+            }
+            EntryKind::File => {
+                let source = store.open(&to.sha256).map_err(at("open the kept content of", &s.path))?;
+                let temp = tree.write_temp(&s.path, &source, to.mode, &to.sha256).map_err(at("write", &s.path))?;
+                renames.push((temp, &s.path));
+            }
+            EntryKind::Special => {
+                return Err(format!("{} was a FIFO, socket or device; cairn does not recreate those", shown(&s.path)));
+            }
+        }
+    }
+    if renames.is_empty() && removals.is_empty() && dir_modes.is_empty() {
+        return Ok(());
+    }
+    tree.sync().map_err(io_err(format!("cannot sync the file system of {}", cwd.display())))?;
+    for (temp, rel) in &renames {
+        tree.rename_into(temp, rel).map_err(at("rename onto", rel))?;
+    }
+    dir_modes.sort_by(|a, b| b.0.cmp(a.0));
+    for (rel, mode) in dir_modes {
+        tree.set_dir_mode(rel, mode).map_err(at("set the mode of", rel))?;
+    }
+    tree.sync().map_err(io_err(format!("cannot sync the file system of {}", cwd.display())))
+}
+
+/// Remove the temporaries an interrupted [`restore`] of `steps` left
+/// (best effort; only cairn's random names).
+pub fn remove_temporaries(cwd: &Path, steps: &[UndoStep]) {
+    let Ok(tree) = Beneath::open(cwd) else { return };
+    let mut dirs: Vec<&str> = steps.iter().map(|s| s.path.rsplit_once('/').map_or("", |(parent, _)| parent)).collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    for dir in dirs {
+        let _ = tree.remove_temps(dir);
+    }
+}
+
+/// What a person is shown for a conflict: a unified diff from the content
+/// the undo would put back to what is there now (text files), else the
+/// two states.
+pub fn conflict_diff(store: &PreimageStore, cwd: &Path, step: &UndoStep) -> String {
+    let text = |mut f: fs::File| -> Option<String> {
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes).ok()?;
+        if bytes.len() > 1 << 20 || bytes.contains(&0) {
+            return None;
+        }
+        String::from_utf8(bytes).ok()
+    };
+    let restored = match &step.to {
+        None => Some(String::new()),
+        Some(t) if t.kind == EntryKind::File => store.open(&t.sha256).ok().and_then(text),
+        Some(_) => None,
+    };
+    let current = Beneath::open(cwd).ok().and_then(|tree| match tree.open_file(&step.path) {
+        Ok(f) => text(f),
+        Err(_) if tree.node(&step.path).ok().flatten().is_none() => Some(String::new()),
+        Err(_) => None,
+    });
+    match (restored, current) {
+        (Some(a), Some(b)) => {
+            let mut options = diffy::DiffOptions::new();
+            let name = shown(&step.path);
+            options.set_original_filename(format!("undo/{name}")).set_modified_filename(format!("now/{name}"));
+            options.create_patch(&a, &b).to_string()
+        }
+        _ => format!("{}: not text; the undo would put back {}\n", shown(&step.path), describe(step.to.as_ref())),
+    }
+}
+
+/// A state in a few words.
+pub fn describe(state: Option<&FileState>) -> String {
+    match state {
+        None => "nothing (absent)".to_owned(),
+        Some(s) => match s.kind {
+            EntryKind::Dir => format!("a directory (mode {:o})", s.mode),
+            EntryKind::Symlink => "a link".to_owned(),
+            EntryKind::File => format!(
+                "a file of {} bytes (mode {:o}, sha256 {})",
+                s.size,
+                s.mode,
+                s.sha256.get(..12).unwrap_or(&s.sha256)
+            ),
+            EntryKind::Special => "a FIFO, socket or device".to_owned(),
+        },
+    }
+}
