@@ -149,6 +149,9 @@ pub struct ToolsFileConfig {
     pub staged: Option<bool>,
     /// A staged effect changing more paths than this is Destructive.
     pub staged_max_files: Option<usize>,
+    /// An effect whose prior contents are larger than this many bytes is
+    /// applied without keeping them (it cannot be undone).
+    pub undo_max_bytes: Option<u64>,
     /// Use the tools of the `cairn toolsrv` at this dial string (`toolsrv.rs`).
     pub toolsrv: Option<String>,
 }
@@ -212,6 +215,8 @@ pub struct Settings {
     pub staged: Setting<bool>,
     /// Most paths a staged effect may change before it is Destructive.
     pub staged_max_files: Setting<usize>,
+    /// Most bytes of prior content kept for one effect's undo.
+    pub undo_max_bytes: Setting<u64>,
     /// Local model threads.
     pub local_threads: Setting<usize>,
     /// Local model fast mode.
@@ -274,6 +279,7 @@ impl Settings {
         let mut destructive_patterns = Setting::default(Vec::new());
         let mut staged = Setting::default(true);
         let mut staged_max_files = Setting::default(cairn_core::staged::StagedRules::default().max_files);
+        let mut undo_max_bytes = Setting::default(cairn_tools::undo::DEFAULT_MAX_BYTES);
         let mut compaction_threshold = Setting::default(75u8);
         let mut local_threads = Setting::default(1);
         let mut local_fast = Setting::default(false);
@@ -320,6 +326,9 @@ impl Settings {
         }
         if let Some(v) = file.tools.staged_max_files {
             staged_max_files.set(v, from_file());
+        }
+        if let Some(v) = file.tools.undo_max_bytes {
+            undo_max_bytes.set(v, from_file());
         }
         if let Some(v) = file.local.threads {
             local_threads.set(v, from_file());
@@ -405,6 +414,7 @@ impl Settings {
             destructive_patterns,
             staged,
             staged_max_files,
+            undo_max_bytes,
             local_threads,
             local_fast,
             local_model_path,
@@ -465,6 +475,7 @@ impl Settings {
                 self.staged_max_files.value.to_string(),
                 self.staged_max_files.source.to_string(),
             ),
+            ("tools.undo_max_bytes", self.undo_max_bytes.value.to_string(), self.undo_max_bytes.source.to_string()),
             ("local.threads", self.local_threads.value.to_string(), self.local_threads.source.to_string()),
             ("local.fast", self.local_fast.value.to_string(), self.local_fast.source.to_string()),
             ("local.model_path", path(&self.local_model_path.value), self.local_model_path.source.to_string()),

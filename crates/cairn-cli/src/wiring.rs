@@ -68,6 +68,7 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     // Pre-images (prior contents of what an effect changes) live with
     // cairn's data too, out of every tool's sight, for `cairn undo`.
     config.preimage_dir = Some(ctx.paths.data.join("preimages"));
+    config.undo_max_bytes = ctx.settings.undo_max_bytes.value;
     config.staged = ctx.settings.staged.value;
     config.staged_max_files = ctx.settings.staged_max_files.value;
     config.hidden_paths = hidden_paths(&ctx.paths.data);

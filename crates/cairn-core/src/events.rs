@@ -803,6 +803,8 @@ mod tests {
             "turnCancelled",
             "turnEnded",
             "compaction",
+            "undo",
+            "undoApplied",
         ];
         let tags: Vec<&str> = EntryType::ALL.iter().map(|t| t.tag()).collect();
         assert_eq!(tags, written);
