@@ -143,7 +143,7 @@ fn describe_entry(entry: &Entry) -> String {
         },
         EntryType::Undo => match payload_of::<cairn_core::undo::UndoPayload>(entry) {
             Some(p) => format!(
-                "{} planned: {} effect(s), {} path(s), lane {} back to {}{}",
+                "{} planned: {} effect(s), {} path(s), lane {} to {}{}",
                 if p.direction == cairn_core::undo::UndoDirection::Undo { "undo" } else { "redo" },
                 p.invocations.len(),
                 p.steps.len(),

@@ -129,7 +129,10 @@ fn assert_tree(env: &Env, expected: &Tree, what: &str) {
 /// One turn running `call`, undone: the tree equals its snapshot before,
 /// and the call really changed it (so a no-op cannot pass).
 fn undo_one(call: Value) {
-    let env = Env::new();
+    undo_one_in(Env::new(), call);
+}
+
+fn undo_one_in(env: Env, call: Value) {
     require_staging(&env);
     fixture(&env.cwd);
     let before = snapshot(&env.cwd);
@@ -189,6 +192,29 @@ fn undo_of_shell_chmod_of_files_and_directories() {
 fn undo_of_write_file_creating_and_overwriting() {
     undo_one(write_file("c1", "a/b/new.txt", "new\n"));
     undo_one(write_file("c1", "f.txt", "replaced\n"));
+}
+
+/// An external tool declaring fileWrite runs staged; its effect is undone
+/// like a shell command's. (Shell builtins only: without processSpawn the
+/// sandbox gives the tool no fork.)
+#[test]
+fn undo_of_an_external_tool_with_file_write() {
+    let env = Env::new();
+    let tools = env.home.join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let exe = tools.join("scribble");
+    std::fs::write(
+        &exe,
+        "#!/bin/sh\nread -r args\nprintf 'scribbled\\n' > f.txt\nprintf 'new\\n' > made.txt\necho done\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        tools.join("scribble.toml"),
+        "description = \"Scribble\"\nrisk = \"write\"\ncapabilities = [\"fileWrite\"]\nreplay = \"never\"\n[parameters]\ntype = \"object\"\n",
+    )
+    .unwrap();
+    undo_one_in(env, json!({"text": "", "toolCalls": [{"id": "c1", "name": "scribble", "arguments": {}}]}));
 }
 
 #[test]

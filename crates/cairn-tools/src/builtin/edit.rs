@@ -4,8 +4,10 @@
 //! Both confine the path to the working directory, write atomically
 //! (temp file + rename, permissions kept), preview as a unified diff and
 //! carry that diff in the receipt. Both are `Guarded`: on resume the guard
-//! compares the file with what the call would produce. They never run a
-//! process.
+//! compares the file with what the call would produce. With a pre-image
+//! store, each keeps the file's prior state and has the turn record its
+//! change (`toolStaged`) before writing, so the write can be undone and a
+//! resume finishes it. They never run a process.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
