@@ -310,7 +310,12 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     let cwd = PathBuf::from(&store.header().cwd);
     // An interrupted turn is offered what discovery recorded for it; a new
     // prompt gets a new choice (see `crate::discover`).
-    let opened = Session::open(store, session_config(ctx))?;
+    let mut opened = Session::open(store, session_config(ctx))?;
+    // An undo killed after its plan was committed is finished first: no
+    // turn runs on a half-reverted tree.
+    if let Some(done) = crate::undo::finish_interrupted(ctx, &mut opened, &cwd, false)? {
+        renderer.notice(&done);
+    }
     let interrupted_before = opened.needs_resume();
     let mut store = opened.into_store();
     let tools = turn_tools(ctx, &cwd)?;
@@ -367,7 +372,13 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, session_config(ctx))?;
-    renderer.notice(&format!("session {id} in {} — Ctrl-C interrupts a turn, Ctrl-D leaves", cwd.display()));
+    renderer.notice(&format!(
+        "session {id} in {} — Ctrl-C interrupts a turn, Ctrl-D leaves, /undo reverts the last turn's files",
+        cwd.display()
+    ));
+    if let Some(done) = crate::undo::finish_interrupted(ctx, &mut session, &cwd, false)? {
+        renderer.notice(&done);
+    }
     if session.needs_resume() {
         renderer.notice("finishing the interrupted turn first");
         // The interrupted turn is offered what discovery recorded for it.
@@ -416,6 +427,20 @@ fn chat_loop(
         if text.is_empty() {
             continue;
         }
+        // `/undo [N]` and `/redo`: the file effects of the last turn (or of
+        // turn N on), and the conversation with them; never sent to the
+        // model. A refusal is told and the chat goes on.
+        if let Some(command) = chat_undo_command(text) {
+            let done = match command {
+                ChatUndo::Undo(target) => crate::undo::undo_session(ctx, &mut session, &cwd, target, false, false),
+                ChatUndo::Redo => crate::undo::redo_session(ctx, &mut session, &cwd, false, false),
+                ChatUndo::Bad(why) => Err(anyhow::anyhow!(why)),
+            };
+            if let Err(e) = done {
+                renderer.notice(&format!("{e:#}"));
+            }
+            continue;
+        }
         if rechoose {
             let mut store = session.into_store();
             // The prompt's tools, read once: ranked, then offered.
@@ -427,5 +452,28 @@ fn chat_loop(
         if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {
             last = outcome_code(&outcome, renderer, &id);
         }
+    }
+}
+
+/// A chat line that asks for an undo or a redo.
+enum ChatUndo {
+    Undo(crate::undo::Target),
+    Redo,
+    Bad(String),
+}
+
+fn chat_undo_command(text: &str) -> Option<ChatUndo> {
+    let mut words = text.split_whitespace();
+    let command = words.next()?;
+    let rest: Vec<&str> = words.collect();
+    match (command, rest.as_slice()) {
+        ("/undo", []) => Some(ChatUndo::Undo(crate::undo::Target::LastTurn)),
+        ("/undo", [n]) => Some(match n.parse::<usize>() {
+            Ok(n) => ChatUndo::Undo(crate::undo::Target::Turn(n)),
+            Err(_) => ChatUndo::Bad(format!("/undo takes a turn number (1 is the first turn), not {n:?}")),
+        }),
+        ("/redo", []) => Some(ChatUndo::Redo),
+        ("/undo" | "/redo", _) => Some(ChatUndo::Bad("usage: /undo [N] or /redo".to_owned())),
+        _ => None,
     }
 }

@@ -54,34 +54,65 @@ fn open(ctx: &Context, path: &Path) -> Result<(Session<JsonlStore>, PathBuf)> {
     Ok((session, cwd))
 }
 
-/// Finish an `undo` entry no `undoApplied` names; whether there was one.
-fn finish_interrupted(ctx: &Context, session: &mut Session<JsonlStore>, cwd: &Path, force: bool) -> Result<bool> {
+/// Finish an `undo` entry no `undoApplied` names (an undo or redo killed
+/// after its plan was committed): what was done, for a person, or `None`
+/// when there was none. Every command that continues a session (`undo`,
+/// `redo`, `resume`, `chat`) calls this first, so no turn runs on a tree
+/// half reverted.
+pub fn finish_interrupted(
+    ctx: &Context,
+    session: &mut Session<JsonlStore>,
+    cwd: &Path,
+    force: bool,
+) -> Result<Option<String>> {
+    if session.needs_resume() {
+        return Ok(None);
+    }
     let found: Vec<(String, UndoPayload)> = cairn_core::undo::interrupted(session.store().entries().iter())
         .into_iter()
         .map(|(e, p)| (e.id.clone(), p))
         .collect();
-    let Some((id, plan)) = found.into_iter().last() else { return Ok(false) };
+    let Some((id, plan)) = found.into_iter().last() else { return Ok(None) };
     let what = if plan.direction == UndoDirection::Undo { "undo" } else { "redo" };
     // Temporaries a killed apply left are removed first: they are not
     // the plan's, and a directory holding one could not be removed.
     files::remove_temporaries(cwd, &plan.steps);
-    files::restore(&store(ctx), cwd, &plan.steps, force)
-        .map_err(|e| anyhow::anyhow!("cannot finish the interrupted {what} {id}: {e}"))?;
+    files::restore(&store(ctx), cwd, &plan.steps, force).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot finish the interrupted {what} {id}: {e}; fix that path (or run `cairn {what} --force`) and run \
+             `cairn {what}` again"
+        )
+    })?;
     files::remove_temporaries(cwd, &plan.steps);
     let applied = session.finish_undo(&id, &plan)?;
-    println!(
+    Ok(Some(format!(
         "finished the interrupted {what} {id}: {} path(s) restored; the lane {} is at {}",
         plan.steps.len(),
         escape_controls(&plan.lane),
         applied
-    );
-    Ok(true)
+    )))
 }
 
 /// `cairn undo`.
 pub fn undo(ctx: &Context, path: &Path, target: Target, dry_run: bool, force: bool) -> Result<u8> {
     let (mut session, cwd) = open(ctx, path)?;
-    if !dry_run && finish_interrupted(ctx, &mut session, &cwd, force)? {
+    undo_session(ctx, &mut session, &cwd, target, dry_run, force)
+}
+
+/// Undo on an open session (`cairn undo`, `/undo` in chat).
+pub fn undo_session(
+    ctx: &Context,
+    session: &mut Session<JsonlStore>,
+    cwd: &Path,
+    target: Target,
+    dry_run: bool,
+    force: bool,
+) -> Result<u8> {
+    if session.needs_resume() {
+        bail!("a turn of this session is in progress; finish it first with `cairn resume`, then undo");
+    }
+    if !dry_run && let Some(done) = finish_interrupted(ctx, session, cwd, force)? {
+        println!("{done}");
         return Ok(exit::SUCCESS);
     }
     let lane = session.lane().to_owned();
@@ -151,13 +182,28 @@ pub fn undo(ctx: &Context, path: &Path, target: Target, dry_run: bool, force: bo
         forced: Vec::new(),
         redoes: None,
     };
-    run(ctx, &mut session, &cwd, plan, dry_run, force)
+    run(ctx, session, cwd, plan, dry_run, force)
 }
 
 /// `cairn redo`: reapply the undo the lane head stands on.
 pub fn redo(ctx: &Context, path: &Path, dry_run: bool, force: bool) -> Result<u8> {
     let (mut session, cwd) = open(ctx, path)?;
-    if !dry_run && finish_interrupted(ctx, &mut session, &cwd, force)? {
+    redo_session(ctx, &mut session, &cwd, dry_run, force)
+}
+
+/// Redo on an open session (`cairn redo`, `/redo` in chat).
+pub fn redo_session(
+    ctx: &Context,
+    session: &mut Session<JsonlStore>,
+    cwd: &Path,
+    dry_run: bool,
+    force: bool,
+) -> Result<u8> {
+    if session.needs_resume() {
+        bail!("a turn of this session is in progress; finish it first with `cairn resume`, then redo");
+    }
+    if !dry_run && let Some(done) = finish_interrupted(ctx, session, cwd, force)? {
+        println!("{done}");
         return Ok(exit::SUCCESS);
     }
     let lane = session.lane().to_owned();
@@ -188,7 +234,7 @@ pub fn redo(ctx: &Context, path: &Path, dry_run: bool, force: bool) -> Result<u8
         forced: Vec::new(),
         redoes: Some(undo_id),
     };
-    run(ctx, &mut session, &cwd, plan, dry_run, force)
+    run(ctx, session, cwd, plan, dry_run, force)
 }
 
 /// Check, show or carry out `plan`.

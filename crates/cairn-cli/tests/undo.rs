@@ -420,3 +420,87 @@ fn an_effect_over_the_undo_budget_is_applied_but_cannot_be_undone() {
     assert!(!env.cwd.join("small.txt").exists());
     assert_eq!(std::fs::read_to_string(env.cwd.join("f.txt")).unwrap(), "replaced\n");
 }
+
+/// An undo killed after its plan was committed, then `cairn resume` with a
+/// new prompt: the undo is finished first (the tree at its target), and
+/// the new turn continues from where the undo moved the lane.
+#[test]
+fn resume_finishes_an_interrupted_undo_before_the_next_turn() {
+    let env = Env::new();
+    require_staging(&env);
+    fixture(&env.cwd);
+    std::fs::create_dir(env.cwd.join("many")).unwrap();
+    for i in 0..300 {
+        std::fs::write(env.cwd.join(format!("many/{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let script = env.script(&[
+        write_file("c0", "first.txt", "first\n"),
+        done("Turn one."),
+        shell("c1", "for i in $(seq 0 299); do echo changed $i >> many/$i.txt; done; rm -rf victim"),
+        done("Turn two."),
+    ]);
+    turn(&env, &script, &["run", "first"]);
+    let id = session_id(&env);
+    let target = snapshot(&env.cwd);
+    turn(&env, &script, &["resume", &id, "--prompt", "second"]);
+    // Kill undos until one leaves its plan without its completion.
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut interrupted = false;
+    for _ in 0..200 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut child =
+            env.cairn(&["undo", &id]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(seed % 150_000));
+        let _ = child.kill();
+        let _ = child.wait();
+        let all = entries(&session(&env));
+        let plans = all.iter().filter(|e| e["type"] == "undo").count();
+        let applied = all.iter().filter(|e| e["type"] == "undoApplied").count();
+        if applied > 0 {
+            panic!("an undo finished before any kill left it interrupted; the test cannot show what it is for");
+        }
+        if plans > applied {
+            interrupted = true;
+            break;
+        }
+    }
+    assert!(interrupted, "no kill in 200 landed between an undo's plan and its completion");
+    let script = env.script(&[done("-"), done("-"), done("Turn three.")]);
+    let out = turn(&env, &script, &["resume", &id, "--prompt", "third"]);
+    assert!(out.contains("finished the interrupted undo"), "{out}");
+    assert!(out.contains("Turn three."), "{out}");
+    assert_tree(&env, &target, "after resume finished the undo");
+    let all = entries(&session(&env));
+    assert_eq!(all.iter().filter(|e| e["type"] == "undoApplied").count(), 1);
+}
+
+/// `/undo` and `/redo` in `cairn chat`, in a pseudo-terminal.
+#[test]
+fn chat_undo_and_redo() {
+    let env = Env::new();
+    fixture(&env.cwd);
+    let before = snapshot(&env.cwd);
+    let script = env.script(&[write_file("c1", "a.txt", "from chat\n"), done("Wrote it.")]);
+    let mut p = rexpect::session::spawn_command(
+        env.cairn(&["--script", script.to_str().unwrap(), "--yes", "chat"]),
+        Some(30_000),
+    )
+    .unwrap();
+    p.exp_string("/undo").unwrap();
+    p.send_line("write a.txt").unwrap();
+    p.exp_string("Wrote it.").unwrap();
+    assert_eq!(std::fs::read_to_string(env.cwd.join("a.txt")).unwrap(), "from chat\n");
+    let after = snapshot(&env.cwd);
+    p.send_line("/undo").unwrap();
+    p.exp_string("path(s) restored").unwrap();
+    assert_tree(&env, &before, "after /undo");
+    p.send_line("/undo 7").unwrap();
+    p.exp_string("no turn 7").unwrap();
+    p.send_line("/redo").unwrap();
+    p.exp_string("path(s) restored").unwrap();
+    assert_tree(&env, &after, "after /redo");
+    p.send_control('d').unwrap();
+    p.exp_eof().unwrap();
+}

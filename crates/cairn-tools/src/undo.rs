@@ -277,6 +277,15 @@ pub fn restore(store: &PreimageStore, cwd: &Path, steps: &[UndoStep], force: boo
         if same(n, &s.to) {
             continue;
         }
+        // A parent removed after the turn (only past a conflict, with
+        // `force`) is made again, so a forced plan can always finish.
+        let mut parent = String::new();
+        for part in s.path.split('/').collect::<Vec<_>>().iter().rev().skip(1).rev() {
+            parent = if parent.is_empty() { (*part).to_owned() } else { format!("{parent}/{part}") };
+            if tree.node(&parent).map_err(at("stat", &parent))?.is_none() {
+                tree.make_dir(&parent, 0o755).map_err(at("create", &parent))?;
+            }
+        }
         match to.kind {
             EntryKind::Dir => {
                 if n.as_ref().is_some_and(|n| n.kind != EntryKind::Dir) {
