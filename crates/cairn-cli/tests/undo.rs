@@ -504,3 +504,15 @@ fn chat_undo_and_redo() {
     p.send_control('d').unwrap();
     p.exp_eof().unwrap();
 }
+
+/// The tests above rerun as uid 65534, whose staging goes through an
+/// unprivileged user namespace and who cannot read a file it made mode
+/// 000 without cairn's care (`util::rerun_as_non_root`).
+#[test]
+fn the_undo_tests_pass_as_a_non_root_user() {
+    if std::env::var_os(util::AS_NON_ROOT).is_some() {
+        return;
+    }
+    let passed = util::rerun_as_non_root("the_undo_tests_pass_as_a_non_root_user");
+    assert!(passed >= 15, "as uid 65534 only {passed} tests ran");
+}
