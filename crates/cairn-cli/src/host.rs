@@ -313,7 +313,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     let mut opened = Session::open(store, session_config(ctx))?;
     // An undo killed after its plan was committed is finished first: no
     // turn runs on a half-reverted tree.
-    if let Some(done) = crate::undo::finish_interrupted(ctx, &mut opened, &cwd, false)? {
+    if let Some(done) = crate::undo::finish_interrupted(ctx, &mut opened, &cwd)? {
         renderer.notice(&done);
     }
     let interrupted_before = opened.needs_resume();
@@ -376,7 +376,7 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
         "session {id} in {} — Ctrl-C interrupts a turn, Ctrl-D leaves, /undo reverts the last turn's files",
         cwd.display()
     ));
-    if let Some(done) = crate::undo::finish_interrupted(ctx, &mut session, &cwd, false)? {
+    if let Some(done) = crate::undo::finish_interrupted(ctx, &mut session, &cwd)? {
         renderer.notice(&done);
     }
     if session.needs_resume() {

@@ -38,6 +38,7 @@ pub mod hooks;
 pub mod paths;
 pub mod process;
 pub mod programs;
+pub mod rewind;
 pub mod sandbox;
 pub mod staging;
 pub mod trust;
