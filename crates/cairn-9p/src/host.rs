@@ -51,6 +51,15 @@ pub fn parse_yes(value: &str) -> Result<bool> {
     }
 }
 
+/// What `ctl undo [N]` and `ctl redo` ask of the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewind {
+    /// Undo the last turn (`None`) or turn N and every later one.
+    Undo(Option<usize>),
+    /// Reapply the undo the lane stands on.
+    Redo,
+}
+
 /// The binary's side of the tree.
 pub trait Host: Send + Sync + 'static {
     /// The directory holding session files.
@@ -87,6 +96,15 @@ pub trait Host: Send + Sync + 'static {
     ) -> Result<(ToolRegistry, SessionConfig)> {
         let _ = (store, prompt);
         Ok((self.tools(cwd, approver)?, self.session_config()))
+    }
+    /// `ctl undo [N]` / `ctl redo` on the session in `store` (no turn
+    /// runs): revert (or reapply) its file effects and move its lane; what
+    /// was done, or an error saying why not (a refusal, with the paths and
+    /// diffs, included). Default: this host keeps no pre-images and
+    /// cannot.
+    fn rewind(&self, store: JsonlStore, request: Rewind) -> Result<String> {
+        let _ = (store, request);
+        anyhow::bail!("this server keeps no pre-images, so it cannot undo or redo")
     }
     /// The `providers` file: one configured provider a line.
     fn providers_text(&self) -> String;

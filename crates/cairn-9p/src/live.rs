@@ -29,7 +29,7 @@ use cairn_core::turn::Pc;
 use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
 
 use crate::approver::{ApprovalBoard, PendingApproval, TreeApprover};
-use crate::host::{Host, SPEC_FACT, SessionSpec};
+use crate::host::{Host, Rewind, SPEC_FACT, SessionSpec};
 use crate::queue;
 
 /// Wakes blocked readers when anything changes (a bump per event).
@@ -776,20 +776,35 @@ impl Runtime {
                         Ok(())
                     })?
                 }
-                ("stop" | "resume" | "compact" | "rn" | "model" | "fork", _) => {
+                ("undo", []) => self.rewind(id, Rewind::Undo(None))?,
+                ("undo", [n]) => {
+                    let n = n
+                        .parse::<usize>()
+                        .map_err(|_| anyhow!("{line:?}: undo takes a turn number (1 is the first turn), not {n:?}"))?;
+                    self.rewind(id, Rewind::Undo(Some(n)))?
+                }
+                ("redo", []) => self.rewind(id, Rewind::Redo)?,
+                ("stop" | "resume" | "compact" | "rn" | "model" | "fork" | "undo" | "redo", _) => {
                     bail!(
-                        "{line:?}: wrong arguments; use stop, resume, compact, rn NAME, model NAME or fork ENTRY [LANE]"
+                        "{line:?}: wrong arguments; use stop, resume, compact, rn NAME, model NAME, fork ENTRY [LANE], undo [N] or redo"
                     )
                 }
                 (other, _) => {
                     bail!(
-                        "unknown ctl command {other:?}; use stop, resume, compact, rn NAME, model NAME or fork ENTRY [LANE]"
+                        "unknown ctl command {other:?}; use stop, resume, compact, rn NAME, model NAME, fork ENTRY [LANE], undo [N] or redo"
                     )
                 }
             }
         }
         self.pulse.bump();
         Ok(())
+    }
+
+    /// `ctl undo`/`ctl redo`: the host's, on the session's store while no
+    /// turn runs.
+    fn rewind(&self, id: &str, request: Rewind) -> Result<()> {
+        let host = Arc::clone(&self.host);
+        self.with_store(id, move |store| host.rewind(store, request).map(|_| ()))
     }
 
     /// Run `f` on the session's store while no turn runs (here: checked

@@ -34,6 +34,25 @@ impl Host for CliHost {
         self.ctx.paths.sessions()
     }
 
+    fn rewind(&self, store: cairn_core::storage::JsonlStore, request: cairn_9p::host::Rewind) -> Result<String> {
+        use cairn_core::storage::Storage as _;
+        use cairn_tools::rewind::{self, Outcome, Target};
+        let cwd = PathBuf::from(&store.header().cwd);
+        let mut session = cairn_core::Session::open(store, self.session_config())?;
+        let kept = crate::undo::store(&self.ctx);
+        let outcome = match request {
+            cairn_9p::host::Rewind::Undo(n) => {
+                let target = n.map_or(Target::LastTurn, Target::Turn);
+                rewind::undo(&kept, &mut session, &cwd, &target, false, false)?
+            }
+            cairn_9p::host::Rewind::Redo => rewind::redo(&kept, &mut session, &cwd, false, false)?,
+        };
+        match outcome {
+            Outcome::Refused(why) => anyhow::bail!("{}", why.trim_end()),
+            Outcome::Nothing(text) | Outcome::DryRun(text) | Outcome::Done(text) => Ok(text),
+        }
+    }
+
     fn archive_dir(&self) -> PathBuf {
         self.ctx.paths.data.join("archive")
     }

@@ -855,3 +855,44 @@ fn a_prompt_over_the_limit_is_refused_whole() {
     c.write_file(&format!("s/{id}/prompt"), b"a short prompt").unwrap();
     wait_for("the short prompt's answer", || text(&mut c, &format!("s/{id}/chat")).contains("answered"));
 }
+
+/// `ctl undo` and `ctl redo` (issue 30): a shell command's deletion,
+/// approved over 9P, is undone (the tree and the conversation go back),
+/// redone, and a path changed by hand afterwards makes `ctl undo` fail
+/// naming it, touching nothing. Needs overlay staging.
+#[test]
+fn ctl_undo_and_redo_revert_a_shell_deletion() {
+    let env = Env::new();
+    util::require_staging(&env);
+    std::fs::create_dir_all(env.cwd.join("junk/sub")).unwrap();
+    std::fs::write(env.cwd.join("junk/sub/data"), "precious\n").unwrap();
+    let before = util::snapshot(&env.cwd);
+    let call =
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "rm -rf junk"}}]});
+    let script = env.script(&[call, json!({"text": "removed"})]);
+    let (_served, mut c, id) = scripted_session(&env, &script, "yes=1");
+    c.write_file(&format!("s/{id}/prompt"), b"clean up").unwrap();
+    let dir = format!("s/{id}/approvals");
+    let mut pending = Vec::new();
+    wait_for("the approval", || {
+        pending = c.list(&dir).unwrap();
+        !pending.is_empty()
+    });
+    c.write_file(&format!("{dir}/{}", pending[0].name), b"y").unwrap();
+    wait_for("the answer", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: removed"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    assert!(!env.cwd.join("junk").exists());
+    let after = util::snapshot(&env.cwd);
+    c.write_file(&format!("s/{id}/ctl"), b"undo").unwrap();
+    assert_eq!(util::snapshot(&env.cwd), before, "the deletion is undone");
+    assert!(!text(&mut c, &format!("s/{id}/chat")).contains("removed"), "the conversation went back too");
+    c.write_file(&format!("s/{id}/ctl"), b"redo").unwrap();
+    assert_eq!(util::snapshot(&env.cwd), after, "redone");
+    assert!(text(&mut c, &format!("s/{id}/chat")).contains("assistant: removed"));
+    std::fs::write(env.cwd.join("junk"), "mine\n").unwrap();
+    let err = c.write_file(&format!("s/{id}/ctl"), b"undo").unwrap_err().to_string();
+    assert!(err.contains("junk: it was created after the turn"), "{err}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("junk")).unwrap(), "mine\n", "nothing touched");
+    let err = c.write_file(&format!("s/{id}/ctl"), b"undo x").unwrap_err().to_string();
+    assert!(err.contains("undo takes a turn number"), "{err}");
+}
