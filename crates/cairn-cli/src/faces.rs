@@ -51,6 +51,24 @@ impl cairn_faces::Host for CliHost<'_> {
     fn session_config(&self) -> SessionConfig {
         crate::wiring::session_config(self.ctx)
     }
+
+    fn rewind(
+        &self,
+        session: &mut cairn_core::Session<JsonlStore>,
+        cwd: &Path,
+        request: cairn_faces::Rewind,
+    ) -> Result<String> {
+        use cairn_tools::rewind::{self, Outcome, Target};
+        let kept = crate::undo::store(self.ctx);
+        let outcome = match request {
+            cairn_faces::Rewind::Undo(n) => {
+                rewind::undo(&kept, session, cwd, &n.map_or(Target::LastTurn, Target::Turn), false, false)?
+            }
+            cairn_faces::Rewind::Redo => rewind::redo(&kept, session, cwd, false, false)?,
+        };
+        let (Outcome::Nothing(text) | Outcome::DryRun(text) | Outcome::Done(text) | Outcome::Refused(text)) = outcome;
+        Ok(text)
+    }
 }
 
 fn stdout() -> Out {

@@ -518,3 +518,14 @@ fn mcp_a_cancelled_call_is_stopped_recorded_and_not_answered() {
     let check = env.cairn(&["check", env.session_files()[0].to_str().unwrap()]).output().unwrap();
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
 }
+
+/// `/undo` and `/redo` typed in an editor (issue 30), with the ACP Python
+/// SDK: offered as commands; the write is reverted and reapplied; after a
+/// change by hand, the undo refuses naming the file and touches nothing.
+#[test]
+fn acp_undo_and_redo_commands_revert_and_reapply_a_write() {
+    let env = setup();
+    let script = write_script(&env, &read_then_write());
+    acp(&env, "undo", &script, &[]);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("b.txt")).unwrap(), "mine\n");
+}

@@ -411,6 +411,24 @@ impl Agent<'_> {
                 "unknown session {sid:?}: create one with session/new or open it with session/load"
             )));
         };
+        // `/undo [N]`, `/redo`: the host's, never sent to the model; what
+        // happened (a refusal included) is the agent's message.
+        if let Some(request) = rewind_command(&text) {
+            let Some(open) = self.sessions.get_mut(&sid) else {
+                return Err(RpcError::internal(format!("session {sid:?} vanished")));
+            };
+            let message = match request {
+                Ok(request) => {
+                    self.host.rewind(&mut open.session, &session_cwd, request).unwrap_or_else(|e| format!("{e:#}"))
+                }
+                Err(why) => why,
+            };
+            self.shared.notify(
+                &sid,
+                json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": message}}),
+            );
+            return Ok(json!({"stopReason": "end_turn"}));
+        }
         self.provider(&session_cwd)?;
         let Some(provider) = self.providers.get(&session_cwd).map(|p| &**p) else {
             return Err(RpcError::internal("no provider"));
@@ -475,15 +493,42 @@ impl Agent<'_> {
 }
 
 /// The commands a person can type: `/resume` continues a cancelled or
-/// interrupted turn.
+/// interrupted turn; `/undo [N]` reverts the files and the conversation of
+/// the last turn (or turn N on), `/redo` reapplies it.
 fn commands_update() -> Value {
     json!({
         "sessionUpdate": "available_commands_update",
         "availableCommands": [{
             "name": RESUME_COMMAND.trim_start_matches('/'),
             "description": "continue the cancelled or interrupted turn of this session",
+        }, {
+            "name": "undo",
+            "description": "revert the file changes of the last turn (or of turn N and later) and the conversation with them",
+            "input": {"hint": "turn number (optional)"},
+        }, {
+            "name": "redo",
+            "description": "reapply what the last /undo reverted",
         }],
     })
+}
+
+/// `/undo`, `/undo N` or `/redo` (a usage message for a wrong form);
+/// `None` for any other prompt.
+fn rewind_command(text: &str) -> Option<Result<crate::Rewind, String>> {
+    let mut words = text.split_whitespace();
+    let command = words.next()?;
+    let rest: Vec<&str> = words.collect();
+    match (command, rest.as_slice()) {
+        ("/undo", []) => Some(Ok(crate::Rewind::Undo(None))),
+        ("/undo", [n]) => Some(
+            n.parse::<usize>()
+                .map(|n| crate::Rewind::Undo(Some(n)))
+                .map_err(|_| format!("/undo takes a turn number (1 is the first turn), not {n:?}")),
+        ),
+        ("/redo", []) => Some(Ok(crate::Rewind::Redo)),
+        ("/undo" | "/redo", _) => Some(Err("usage: /undo [N] or /redo".to_owned())),
+        _ => None,
+    }
 }
 
 /// The text of an ACP prompt (text blocks, resource links, embedded text

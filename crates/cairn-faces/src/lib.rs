@@ -40,6 +40,29 @@ pub trait Host {
     fn open_session(&self, id: &str) -> anyhow::Result<JsonlStore>;
     /// Limits and settings of turns.
     fn session_config(&self) -> SessionConfig;
+    /// `/undo [N]` or `/redo` typed in an editor: revert (or reapply) the
+    /// file effects of `session`'s last turn (or turn N on), working in
+    /// `cwd`, and move its lane; what happened for the person, a refusal
+    /// included (with the paths and diffs). Default: this host keeps no
+    /// pre-images and cannot.
+    fn rewind(
+        &self,
+        session: &mut cairn_core::Session<JsonlStore>,
+        cwd: &Path,
+        request: Rewind,
+    ) -> anyhow::Result<String> {
+        let _ = (session, cwd, request);
+        anyhow::bail!("this host keeps no pre-images, so it cannot undo or redo")
+    }
+}
+
+/// What `/undo [N]` and `/redo` ask of the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewind {
+    /// Undo the last turn (`None`) or turn N and every later one.
+    Undo(Option<usize>),
+    /// Reapply the undo the lane stands on.
+    Redo,
 }
 
 /// Tools a host offers in a directory.

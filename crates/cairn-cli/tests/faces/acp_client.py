@@ -124,7 +124,7 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once"}[scenario]
+              "recover": "allow_once", "undo": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -138,6 +138,36 @@ async def main():
             # (consecutive chunks are joined by summary())
             expect(editor.summary(), [("agent_message_chunk", "Recovered.Third.")])
             print("recovered")
+            return
+        if scenario == "undo":
+            # A write, then /undo and /redo typed in the editor.
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("write it")])
+            expect(r.stop_reason, "end_turn")
+            b = os.path.join(cwd, "b.txt")
+            with open(b) as f:
+                expect(f.read(), "new\n")
+            assert {"undo", "redo", "resume"} <= editor.commands, editor.commands
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("/undo")])
+            expect(r.stop_reason, "end_turn")
+            said = editor.summary()
+            assert said and said[0][0] == "agent_message_chunk" and "1 effect(s)" in said[0][1], said
+            assert not os.path.exists(b), "undo left b.txt"
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("/redo")])
+            expect(r.stop_reason, "end_turn")
+            with open(b) as f:
+                expect(f.read(), "new\n")
+            editor.events.clear()
+            with open(b, "w") as f:
+                f.write("mine\n")
+            r = await conn.prompt(session_id=sid, prompt=[text_block("/undo")])
+            said = editor.summary()
+            assert "b.txt: it was changed after the turn" in said[0][1], said
+            with open(b) as f:
+                expect(f.read(), "mine\n")
+            print("ok", scenario)
             return
         if scenario == "load":
             sid = rest[0]
