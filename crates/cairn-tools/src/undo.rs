@@ -67,8 +67,8 @@ impl PreimageStore {
     }
 
     /// Keep the prior state of every path `changes` changes, read from the
-    /// working tree `cwd` before anything is applied; durable (one
-    /// `syncfs` of the store) when this returns `Kept`. Over the budget, or
+    /// working tree `cwd` before anything is applied; durable (each new blob
+    /// fsynced, or one `syncfs` for many) when this returns `Kept`. Over the budget, or
     /// when a prior state cannot be read as recorded, nothing more is kept
     /// and the effect is `NotKept` (it can still be applied; it cannot be
     /// undone).
@@ -101,7 +101,7 @@ impl PreimageStore {
             return Err("it changes a FIFO, socket or device, which cairn does not keep".to_owned());
         }
         let tree = Beneath::open(cwd).map_err(io_err(format!("cannot open {}", cwd.display())))?;
-        let mut wrote = false;
+        let mut wrote: Vec<PathBuf> = Vec::new();
         for (path, state) in states {
             match state.kind {
                 EntryKind::File => {
@@ -109,9 +109,10 @@ impl PreimageStore {
                         continue;
                     }
                     let file = tree.open_file(path).map_err(io_err(format!("cannot read {}", shown(path))))?;
-                    self.put(&state.sha256, |dst| beneath::copy_sparse(&file, dst))
-                        .map_err(|e| format!("cannot keep {}: {e}", shown(path)))?;
-                    wrote = true;
+                    wrote.push(
+                        self.put(&state.sha256, |dst| beneath::copy_sparse(&file, dst))
+                            .map_err(|e| format!("cannot keep {}: {e}", shown(path)))?,
+                    );
                 }
                 EntryKind::Symlink => {
                     if self.has(&state.sha256, state.size) {
@@ -124,21 +125,48 @@ impl PreimageStore {
                         use sha2::Digest as _;
                         Ok(beneath::hex(&sha2::Sha256::digest(&bytes)))
                     })
-                    .map_err(|e| format!("cannot keep {}: {e}", shown(path)))?;
-                    wrote = true;
+                    .map_err(|e| format!("cannot keep {}: {e}", shown(path)))
+                    .map(|blob| wrote.push(blob))?;
                 }
                 EntryKind::Dir | EntryKind::Special => {}
             }
         }
-        if wrote {
-            beneath::sync_dir(&self.dir).map_err(io_err("cannot sync the pre-image store".to_owned()))?;
-        }
+        self.sync(&wrote).map_err(io_err("cannot sync the pre-image store".to_owned()))?;
         Ok(total)
     }
 
     /// Write a blob through a temporary name in the store, checking that
     /// what `fill` wrote hashes to `sha`.
-    fn put(&self, sha: &str, fill: impl FnOnce(&fs::File) -> std::io::Result<String>) -> std::io::Result<()> {
+    /// Make the blobs `wrote` durable: a few are each fsynced with their
+    /// directories (cheaper than flushing the whole file system, which
+    /// also writes everyone else's dirty data); many, with one `syncfs`.
+    fn sync(&self, wrote: &[PathBuf]) -> std::io::Result<()> {
+        const FEW: usize = 16;
+        if wrote.is_empty() {
+            return Ok(());
+        }
+        if wrote.len() > FEW {
+            return beneath::sync_dir(&self.dir);
+        }
+        let mut dirs: Vec<&Path> = vec![&self.dir];
+        for blob in wrote {
+            fs::File::open(blob)?.sync_all()?;
+            if let Some(parent) = blob.parent() {
+                dirs.push(parent);
+            }
+        }
+        if let Some(root) = self.dir.parent() {
+            dirs.push(root);
+        }
+        dirs.sort();
+        dirs.dedup();
+        for dir in dirs {
+            fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    fn put(&self, sha: &str, fill: impl FnOnce(&fs::File) -> std::io::Result<String>) -> std::io::Result<PathBuf> {
         let target = self.blob(sha);
         let parent = target.parent().unwrap_or(&self.dir);
         fs::create_dir_all(parent)?;
@@ -150,7 +178,7 @@ impl PreimageStore {
             )));
         }
         tmp.persist(&target).map_err(|e| e.error)?;
-        Ok(())
+        Ok(target)
     }
 }
 
