@@ -106,6 +106,13 @@ pub trait Host: Send + Sync + 'static {
         let _ = (store, request);
         anyhow::bail!("this server keeps no pre-images, so it cannot undo or redo")
     }
+    /// Before a turn of the session in `store`: finish an undo that was
+    /// killed after its plan was committed, so no turn runs on a half
+    /// reverted tree. Default: nothing (a host without pre-images has no
+    /// undo to finish).
+    fn finish_undo(&self, store: JsonlStore) -> Result<JsonlStore> {
+        Ok(store)
+    }
     /// The `providers` file: one configured provider a line.
     fn providers_text(&self) -> String;
     /// The `tools` file: what `cairn tools` lists for the server's

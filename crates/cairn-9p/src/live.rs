@@ -446,6 +446,7 @@ impl Runtime {
                 // drives it (and re-attaches it on resume).
                 bail!("session {} is a child session; its parent drives it", live.id);
             }
+            let store = self.host.finish_undo(store)?;
             let session = Session::open(store, self.host.session_config())?;
             if start == Start::Resume && !session.needs_resume() {
                 bail!("nothing to resume in session {}: the last turn finished", live.id);

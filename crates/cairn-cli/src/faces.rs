@@ -52,6 +52,10 @@ impl cairn_faces::Host for CliHost<'_> {
         crate::wiring::session_config(self.ctx)
     }
 
+    fn finish_undo(&self, session: &mut cairn_core::Session<JsonlStore>, cwd: &Path) -> Result<Option<String>> {
+        crate::undo::finish_interrupted(self.ctx, session, cwd)
+    }
+
     fn rewind(
         &self,
         session: &mut cairn_core::Session<JsonlStore>,

@@ -34,6 +34,16 @@ impl Host for CliHost {
         self.ctx.paths.sessions()
     }
 
+    fn finish_undo(&self, store: cairn_core::storage::JsonlStore) -> Result<cairn_core::storage::JsonlStore> {
+        use cairn_core::storage::Storage as _;
+        let cwd = PathBuf::from(&store.header().cwd);
+        let mut session = cairn_core::Session::open(store, self.session_config())?;
+        if let Some(done) = crate::undo::finish_interrupted(&self.ctx, &mut session, &cwd)? {
+            eprintln!("cairn serve: {}", crate::render::escape_controls(&done));
+        }
+        Ok(session.into_store())
+    }
+
     fn rewind(&self, store: cairn_core::storage::JsonlStore, request: cairn_9p::host::Rewind) -> Result<String> {
         use cairn_core::storage::Storage as _;
         use cairn_tools::rewind::{self, Outcome, Target};

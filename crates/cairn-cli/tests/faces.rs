@@ -529,3 +529,29 @@ fn acp_undo_and_redo_commands_revert_and_reapply_a_write() {
     acp(&env, "undo", &script, &[]);
     assert_eq!(std::fs::read_to_string(env.cwd.join("b.txt")).unwrap(), "mine\n");
 }
+
+/// An undo killed after its plan was committed, then a prompt from an
+/// editor: the undo is finished first (and said), then the turn runs.
+/// The killed state is made exactly: a complete undo whose last line (its
+/// completion) is cut off and whose file effect is put back by hand —
+/// the bytes a SIGKILL right after the plan's commit leaves.
+#[test]
+fn acp_finishes_an_interrupted_undo_before_the_next_turn() {
+    let env = setup();
+    let script = write_script(&env, &read_then_write());
+    let out = env.cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "hi"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let file = env.session_files()[0].clone();
+    let id = file.file_stem().unwrap().to_string_lossy().into_owned();
+    let out = env.cairn(&["undo", &id]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!env.cwd.join("b.txt").exists());
+    let text = std::fs::read_to_string(&file).unwrap();
+    let cut = text.trim_end_matches('\n').rfind('\n').unwrap() + 1;
+    assert!(text[cut..].contains("undoApplied"), "the last line is the completion");
+    std::fs::write(&file, &text[..cut]).unwrap();
+    std::fs::write(env.cwd.join("b.txt"), "new\n").unwrap();
+    let script = write_script(&env, &[json!({"text": "After."})]);
+    acp(&env, "finish_undo", &script, &[&id]);
+    assert!(!env.cwd.join("b.txt").exists());
+}

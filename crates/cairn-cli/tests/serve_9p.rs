@@ -896,3 +896,75 @@ fn ctl_undo_and_redo_revert_a_shell_deletion() {
     let err = c.write_file(&format!("s/{id}/ctl"), b"undo x").unwrap_err().to_string();
     assert!(err.contains("undo takes a turn number"), "{err}");
 }
+
+/// An undo killed after its plan was committed (`cairn undo`, SIGKILL at
+/// random moments until one lands there), then a prompt over 9P: the
+/// server finishes the undo before the turn, so the turn starts on the
+/// tree and the conversation the undo went back to.
+#[test]
+fn a_served_turn_finishes_an_interrupted_undo_first() {
+    let env = Env::new();
+    util::require_staging(&env);
+    std::fs::create_dir(env.cwd.join("many")).unwrap();
+    for i in 0..300 {
+        std::fs::write(env.cwd.join(format!("many/{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let call = |id: &str, name: &str, args: serde_json::Value| json!({"text": "", "toolCalls": [{"id": id, "name": name, "arguments": args}]});
+    let script = env.script(&[
+        call("c0", "write_file", json!({"path": "first.txt", "content": "first\n"})),
+        json!({"text": "one"}),
+        call("c1", "shell", json!({"command": "for i in $(seq 0 299); do echo more $i >> many/$i.txt; done"})),
+        json!({"text": "two"}),
+    ]);
+    let (_served, mut c, id) = scripted_session(&env, &script, "yes=1");
+    c.write_file(&format!("s/{id}/prompt"), b"first").unwrap();
+    wait_for("turn one", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: one"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    let target = util::snapshot(&env.cwd);
+    c.write_file(&format!("s/{id}/prompt"), b"second").unwrap();
+    // 300 paths: Destructive (more than staged_max_files), a person approves.
+    let dir = format!("s/{id}/approvals");
+    let mut pending = Vec::new();
+    wait_for("the approval", || {
+        pending = c.list(&dir).unwrap();
+        !pending.is_empty()
+    });
+    c.write_file(&format!("{dir}/{}", pending[0].name), b"y").unwrap();
+    wait_for("turn two", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: two"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    assert_ne!(util::snapshot(&env.cwd), target);
+    let file = env.home.join("sessions").join(format!("{id}.jsonl"));
+    let mut seed: u64 = 0x5851_f42d_4c95_7f2d;
+    let mut interrupted = false;
+    for _ in 0..200 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut child =
+            env.cairn(&["undo", &id]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        std::thread::sleep(Duration::from_micros(seed % 150_000));
+        let _ = child.kill();
+        let _ = child.wait();
+        let types = entry_types(&file);
+        let plans = types.iter().filter(|t| *t == "undo").count();
+        let applied = types.iter().filter(|t| *t == "undoApplied").count();
+        assert_eq!(applied, 0, "an undo finished before any kill left it interrupted; the test shows nothing");
+        if plans > 0 {
+            interrupted = true;
+            break;
+        }
+    }
+    assert!(interrupted, "no kill in 200 landed between an undo's plan and its completion");
+    // The third turn's answer is the script's third assistant line (the
+    // undo took turn two's out of the conversation).
+    env.script(&[json!({"text": "-"}), json!({"text": "-"}), json!({"text": "three"})]);
+    c.write_file(&format!("s/{id}/prompt"), b"third").unwrap();
+    wait_for("turn three", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: three"));
+    wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    assert_eq!(util::snapshot(&env.cwd), target, "the undo was finished before the turn");
+    let types = entry_types(&file);
+    let applied = types.iter().position(|t| t == "undoApplied").expect("the undo was finished");
+    let last_user = types.iter().rposition(|t| t == "message").unwrap();
+    assert!(applied < last_user, "finished before the third turn: {types:?}");
+    assert!(!text(&mut c, &format!("s/{id}/chat")).contains("assistant: two"), "turn two left the conversation");
+}

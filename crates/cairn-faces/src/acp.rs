@@ -429,6 +429,21 @@ impl Agent<'_> {
             );
             return Ok(json!({"stopReason": "end_turn"}));
         }
+        // An undo killed after its plan was committed is finished first.
+        if let Some(open) = self.sessions.get_mut(&sid) {
+            let finished = self.host.finish_undo(&mut open.session, &session_cwd);
+            let told = match finished {
+                Ok(Some(done)) => Some(done),
+                Ok(None) => None,
+                Err(e) => return Err(RpcError::internal(format!("{e:#}"))),
+            };
+            if let Some(done) = told {
+                self.shared.notify(
+                    &sid,
+                    json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": format!("[{done}]\n")}}),
+                );
+            }
+        }
         self.provider(&session_cwd)?;
         let Some(provider) = self.providers.get(&session_cwd).map(|p| &**p) else {
             return Err(RpcError::internal("no provider"));

@@ -54,6 +54,18 @@ pub trait Host {
         let _ = (session, cwd, request);
         anyhow::bail!("this host keeps no pre-images, so it cannot undo or redo")
     }
+    /// Before a turn of `session`: finish an undo that was killed after
+    /// its plan was committed (what was done, for the person), so no turn
+    /// runs on a half-reverted tree. Default: nothing to finish.
+    fn finish_undo(&self, session: &mut cairn_core::Session<JsonlStore>, cwd: &Path) -> anyhow::Result<Option<String>> {
+        let _ = (session, cwd);
+        no_undo_to_finish()
+    }
+}
+
+/// Default of [`Host::finish_undo`]: nothing to finish.
+pub fn no_undo_to_finish() -> anyhow::Result<Option<String>> {
+    Ok(None)
 }
 
 /// What `/undo [N]` and `/redo` ask of the host.

@@ -124,7 +124,7 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once", "undo": "allow_once"}[scenario]
+              "recover": "allow_once", "undo": "allow_once", "finish_undo": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -138,6 +138,20 @@ async def main():
             # (consecutive chunks are joined by summary())
             expect(editor.summary(), [("agent_message_chunk", "Recovered.Third.")])
             print("recovered")
+            return
+        if scenario == "finish_undo":
+            sid = rest[0]
+            await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
+            editor.events.clear()
+            # The interrupted undo is finished first and said so, then the
+            # prompt runs on the conversation the undo went back to.
+            r = await conn.prompt(session_id=sid, prompt=[text_block("next")])
+            expect(r.stop_reason, "end_turn")
+            said = editor.summary()
+            assert len(said) == 1 and said[0][0] == "agent_message_chunk", said
+            assert said[0][1].startswith("[finished the interrupted undo") and said[0][1].endswith("After."), said
+            assert not os.path.exists(os.path.join(cwd, "b.txt")), "the undo was not finished"
+            print("ok", scenario)
             return
         if scenario == "undo":
             # A write, then /undo and /redo typed in the editor.
