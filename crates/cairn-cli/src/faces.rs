@@ -65,9 +65,15 @@ impl cairn_faces::Host for CliHost<'_> {
         use cairn_tools::rewind::{self, Outcome, Target};
         let kept = crate::undo::store(self.ctx);
         let outcome = match request {
-            cairn_faces::Rewind::Undo(n) => {
-                rewind::undo(&kept, session, cwd, &n.map_or(Target::LastTurn, Target::Turn), false, false)?
-            }
+            cairn_faces::Rewind::Undo(n) => rewind::undo(
+                &kept,
+                session,
+                cwd,
+                &n.map_or(Target::LastTurn, Target::Turn),
+                crate::undo::DELEGATING,
+                false,
+                false,
+            )?,
             cairn_faces::Rewind::Redo => rewind::redo(&kept, session, cwd, false, false)?,
         };
         let (Outcome::Nothing(text) | Outcome::DryRun(text) | Outcome::Done(text) | Outcome::Refused(text)) = outcome;

@@ -53,7 +53,7 @@ impl Host for CliHost {
         let outcome = match request {
             cairn_9p::host::Rewind::Undo(n) => {
                 let target = n.map_or(Target::LastTurn, Target::Turn);
-                rewind::undo(&kept, &mut session, &cwd, &target, false, false)?
+                rewind::undo(&kept, &mut session, &cwd, &target, crate::undo::DELEGATING, false, false)?
             }
             cairn_9p::host::Rewind::Redo => rewind::redo(&kept, &mut session, &cwd, false, false)?,
         };

@@ -19,6 +19,10 @@ use crate::render::escape_controls;
 
 pub use cairn_tools::rewind::Target;
 
+/// The CLI's tools whose effects happen in other sessions: a subagent's
+/// calls are recorded (and undone) in the child's own session.
+pub const DELEGATING: &[&str] = &[crate::subagents::SPAWN];
+
 /// The pre-image store of this cairn home.
 pub fn store(ctx: &Context) -> PreimageStore {
     PreimageStore::new(ctx.paths.data.join("preimages"), u64::MAX)
@@ -75,7 +79,7 @@ pub fn undo_session(
     dry_run: bool,
     force: bool,
 ) -> Result<u8> {
-    report(rewind::undo(&store(ctx), session, cwd, &target, dry_run, force)?)
+    report(rewind::undo(&store(ctx), session, cwd, &target, DELEGATING, dry_run, force)?)
 }
 
 /// `cairn redo`.

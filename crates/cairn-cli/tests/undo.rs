@@ -516,3 +516,40 @@ fn the_undo_tests_pass_as_a_non_root_user() {
     let passed = util::rerun_as_non_root("the_undo_tests_pass_as_a_non_root_user");
     assert!(passed >= 15, "as uid 65534 only {passed} tests ran");
 }
+
+/// A subagent's calls are its own session's: undoing the parent's turn
+/// that spawned it refuses, naming spawn_agent, instead of leaving the
+/// child's files silently in place.
+#[test]
+fn undo_of_a_turn_that_spawned_a_subagent_refuses_naming_it() {
+    let env = Env::new();
+    fixture(&env.cwd);
+    let write = |name: &str, lines: &[Value]| {
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(env.home.join(name), text).unwrap();
+    };
+    write(
+        "parent.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [{"id": "s1", "name": "spawn_agent", "arguments": {"prompt": "write it", "script": "child.jsonl"}}]}),
+            done("The child wrote it."),
+        ],
+    );
+    write("child.jsonl", &[write_file("c1", "child.txt", "from the child\n"), done("Wrote it.")]);
+    let parent = env.home.join("parent.jsonl");
+    let (code, out, err) = cairn(&env, &["--script", parent.to_str().unwrap(), "--yes", "run", "go"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(env.cwd.join("child.txt").exists(), "the child wrote: {out}{err}");
+    let ids: Vec<String> =
+        env.session_files().iter().map(|f| f.file_stem().unwrap().to_string_lossy().into_owned()).collect();
+    let parent_id = ids.iter().find(|id| !id.contains('+')).unwrap();
+    let child_id = ids.iter().find(|id| id.contains('+')).unwrap();
+    let (code, out, err) = cairn(&env, &["undo", parent_id]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("spawn_agent") && err.contains("another session"), "{err}");
+    assert!(env.cwd.join("child.txt").exists(), "nothing changed");
+    // The child's own session undoes its write.
+    let (code, out, err) = cairn(&env, &["undo", child_id]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!env.cwd.join("child.txt").exists());
+}

@@ -92,12 +92,16 @@ pub fn finish_interrupted<S: Storage>(
     )))
 }
 
-/// Undo back to `target` on the session's current lane.
+/// Undo back to `target` on the session's current lane. `delegating`
+/// names the host's tools whose effects happen in other sessions (the
+/// CLI's `spawn_agent`: a child session's calls are its own): a range
+/// holding one of their calls cannot be fully undone here.
 pub fn undo<S: Storage>(
     store: &PreimageStore,
     session: &mut Session<S>,
     cwd: &Path,
     target: &Target,
+    delegating: &[&str],
     dry_run: bool,
     force: bool,
 ) -> Result<Outcome, RewindError> {
@@ -149,7 +153,21 @@ pub fn undo<S: Storage>(
     if range.iter().all(undo_only) {
         return Ok(Outcome::Nothing(format!("nothing to undo: the lane {} is already there", shown(&lane))));
     }
-    let effects = cairn_core::undo::effects(range);
+    let mut effects = cairn_core::undo::effects(range);
+    for entry in range {
+        if let Some(p) = payload_of::<cairn_core::events::ToolStartedPayload>(entry)
+            && delegating.contains(&p.tool.as_str())
+        {
+            effects.unrevertible.push(cairn_core::undo::Unrevertible {
+                invocation_id: p.invocation_id,
+                tool: p.tool.clone(),
+                reason: format!(
+                    "{} ran in another session (a child's calls are its own): undo that session to revert them",
+                    p.tool
+                ),
+            });
+        }
+    }
     if !effects.unrevertible.is_empty() && !force {
         let mut text =
             "undo refused: these effects cannot be undone, so the files would not match the conversation:\n".to_owned();
