@@ -103,6 +103,15 @@ fn kind_of(ft: FileType) -> EntryKind {
     }
 }
 
+/// `state` with the permission bits cairn would write (never
+/// setuid/setgid; a link's are its own).
+pub fn writable(mut state: FileState) -> FileState {
+    if state.kind != EntryKind::Symlink {
+        state.mode &= WRITABLE_MODE;
+    }
+    state
+}
+
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -252,6 +261,12 @@ impl Beneath {
             }
         };
         Ok(Some(FileState { kind: node.kind, size, sha256, mode: node.mode }))
+    }
+
+    /// [`Beneath::state`] as a change set records it: the permission bits
+    /// cairn would write ([`writable`]).
+    pub fn recorded(&self, rel: &str) -> io::Result<Option<FileState>> {
+        Ok(self.state(rel)?.map(writable))
     }
 
     /// The target of the link `rel`.

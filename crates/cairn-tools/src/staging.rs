@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use cairn_core::staged::{Change, ChangeKind, ChangeSet, EntryKind, FileState};
 
-use crate::beneath::{self, Beneath};
+use crate::beneath::{self, Beneath, writable};
 use crate::sandbox::OverlayDirs;
 
 /// Why staging failed.
@@ -419,18 +419,8 @@ fn join(rel: &str, name: &str) -> String {
 
 /// The state of `rel` under `tree`, as the change set records it: the
 /// permission bits cairn would write (never setuid/setgid).
-pub(crate) fn recorded(tree: &Beneath, rel: &str) -> Result<Option<FileState>, StagingError> {
-    let state = tree.state(rel).map_err(io_at(format!("cannot read {}", tree.show(rel))))?;
-    Ok(state.map(writable))
-}
-
-/// `state` with the permission bits cairn would write (a link's are its
-/// own).
-pub(crate) fn writable(mut state: FileState) -> FileState {
-    if state.kind != EntryKind::Symlink {
-        state.mode &= beneath::WRITABLE_MODE;
-    }
-    state
+fn recorded(tree: &Beneath, rel: &str) -> Result<Option<FileState>, StagingError> {
+    tree.recorded(rel).map_err(io_at(format!("cannot read {}", tree.show(rel))))
 }
 
 fn before_state(low: &Beneath, rel: &str) -> Result<Option<FileState>, StagingError> {

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use cairn_core::staged::{ChangeSet, EntryKind, FileState, Preimages, shown};
 use cairn_core::undo::UndoStep;
 
+use crate::beneath::writable;
 use crate::beneath::{self, Beneath};
-use crate::staging::{recorded, writable};
 
 /// Default budget: an effect whose prior contents exceed this many bytes
 /// is not undoable (its pre-images are not kept).
@@ -201,7 +201,7 @@ fn same(a: &Option<FileState>, b: &Option<FileState>) -> bool {
 /// The state of `path` in `cwd` now.
 pub fn observe(cwd: &Path, path: &str) -> Result<Option<FileState>, String> {
     let tree = Beneath::open(cwd).map_err(io_err(format!("cannot open {}", cwd.display())))?;
-    recorded(&tree, path).map_err(|e| e.to_string())
+    tree.recorded(path).map_err(|e| e.to_string())
 }
 
 /// The paths of `steps` that changed after the effects: each must be as
@@ -212,7 +212,7 @@ pub fn conflicts(cwd: &Path, steps: &[UndoStep]) -> Result<Vec<Conflict>, String
     let planned: BTreeSet<&str> = steps.iter().map(|s| s.path.as_str()).collect();
     let mut out = Vec::new();
     for step in steps {
-        let now = recorded(&tree, &step.path).map_err(|e| e.to_string())?;
+        let now = tree.recorded(&step.path).map_err(|e| e.to_string())?;
         if !same(&now, &step.from) && !same(&now, &step.to) {
             let why = match (&now, &step.from) {
                 (None, _) => "it was deleted after the turn".to_owned(),
@@ -263,7 +263,7 @@ pub fn keep_current(store: &PreimageStore, cwd: &Path, steps: &[UndoStep]) -> Re
     let mut states = Vec::new();
     for s in steps {
         if let Some(from) = &s.from
-            && same(&recorded(&tree, &s.path).map_err(|e| e.to_string())?, &s.from)
+            && same(&tree.recorded(&s.path).map_err(|e| e.to_string())?, &s.from)
         {
             states.push((s.path.as_str(), from));
         }
@@ -288,7 +288,7 @@ pub fn restore(store: &PreimageStore, cwd: &Path, steps: &[UndoStep], force: boo
     let tree = Beneath::open(cwd).map_err(io_err(format!("cannot open {}", cwd.display())))?;
     let mut now = Vec::with_capacity(steps.len());
     for s in steps {
-        now.push(recorded(&tree, &s.path).map_err(|e| e.to_string())?);
+        now.push(tree.recorded(&s.path).map_err(|e| e.to_string())?);
     }
     let at = |what: &str, path: &str| io_err(format!("cannot {what} {}", shown(path)));
     // Removals deepest first.
