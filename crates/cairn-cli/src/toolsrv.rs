@@ -269,7 +269,7 @@ pub enum TurnTools {
         /// Tools of the service skipped (unreadable meta).
         notes: Vec<String>,
         /// The session's hooks (they run here, not in the service).
-        hooks: Option<std::sync::Arc<dyn cairn_core::hooks::ToolHooks>>,
+        hooks: Option<std::sync::Arc<dyn cairn_core::hooks::Hooks>>,
     },
     /// The built-ins and external tools of the working directory.
     Local(crate::wiring::HostTools),

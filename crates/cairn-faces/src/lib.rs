@@ -49,7 +49,7 @@ pub struct HostTools {
     /// Tools left out and why (broken metadata, untrusted workspace).
     pub notes: Vec<String>,
     /// The hooks every call goes through, set on the face's registry.
-    pub hooks: Option<Arc<dyn cairn_core::hooks::ToolHooks>>,
+    pub hooks: Option<Arc<dyn cairn_core::hooks::Hooks>>,
 }
 
 impl std::fmt::Debug for HostTools {

@@ -2,7 +2,7 @@
 //! run as sandboxed processes that read a JSON document on stdin and answer
 //! JSON on stdout, in Claude Code's shapes where they fit, so existing
 //! scripts port. [`CommandHooks`] implements core's
-//! [`cairn_core::hooks::ToolHooks`]; the turn records what `pre_tool` said
+//! [`cairn_core::hooks::Hooks`]; the turn records what `pre_tool` said
 //! before it takes effect.
 //!
 //! It owns the hook protocol and its failure rule: a `pre_tool` hook that
@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use cairn_core::CancelToken;
 use cairn_core::events::EntryType;
-use cairn_core::hooks::{PreTool, ToolHooks};
+use cairn_core::hooks::{Hooks, PreTool, UserPrompt};
 use cairn_core::tool::ToolRequest;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -74,6 +74,9 @@ fn default_timeout_ms() -> u64 {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HooksConfig {
+    /// Before each turn starts with a prompt (no `matcher`).
+    #[serde(default)]
+    pub user_prompt: Vec<HookConfig>,
     /// Before each call is requested.
     #[serde(default)]
     pub pre_tool: Vec<HookConfig>,
@@ -85,12 +88,24 @@ pub struct HooksConfig {
 impl HooksConfig {
     /// Whether any hook is configured.
     pub fn is_empty(&self) -> bool {
-        self.pre_tool.is_empty() && self.post_tool.is_empty()
+        self.user_prompt.is_empty() && self.pre_tool.is_empty() && self.post_tool.is_empty()
+    }
+
+    /// Add `other`'s hooks after these.
+    pub fn extend(&mut self, other: HooksConfig) {
+        self.user_prompt.extend(other.user_prompt);
+        self.pre_tool.extend(other.pre_tool);
+        self.post_tool.extend(other.post_tool);
     }
 
     /// Refuse hooks cairn could not run as written.
     pub fn check(&self) -> Result<(), String> {
-        for (event, hooks) in [("pre_tool", &self.pre_tool), ("post_tool", &self.post_tool)] {
+        if let Some(hook) = self.user_prompt.iter().find(|h| h.matcher.is_some()) {
+            return Err(format!("[[hooks.user_prompt]] {}: a prompt hook takes no `matcher`", hook.command));
+        }
+        for (event, hooks) in
+            [("user_prompt", &self.user_prompt), ("pre_tool", &self.pre_tool), ("post_tool", &self.post_tool)]
+        {
             for hook in hooks {
                 if hook.command.trim().is_empty() {
                     return Err(format!("[[hooks.{event}]]: `command` is empty"));
@@ -254,7 +269,73 @@ enum PreToolAnswer {
     Rewrite(Value),
 }
 
-impl ToolHooks for CommandHooks {
+/// What one `user_prompt` answer says: a refusal, context to add, or
+/// nothing. Plain text (not JSON) is context, as in Claude Code.
+fn read_prompt_answer(stdout: &str) -> Result<Option<PromptAnswer>, String> {
+    let text = stdout.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let Ok(answer) = serde_json::from_str::<Value>(text) else {
+        return Ok(Some(PromptAnswer::Context(text.to_owned())));
+    };
+    if answer["decision"] == "block" {
+        let reason = answer["reason"].as_str().filter(|s| !s.is_empty()).unwrap_or("refused by a hook");
+        return Ok(Some(PromptAnswer::Block(reason.to_owned())));
+    }
+    match &answer["hookSpecificOutput"]["additionalContext"] {
+        Value::Null => Ok(None),
+        Value::String(s) if s.trim().is_empty() => Ok(None),
+        Value::String(s) => Ok(Some(PromptAnswer::Context(s.clone()))),
+        _ => Err("its additionalContext is not a string".into()),
+    }
+}
+
+enum PromptAnswer {
+    Block(String),
+    Context(String),
+}
+
+impl Hooks for CommandHooks {
+    fn user_prompt(&self, session_id: &str, cwd: &Path, prompt: &str) -> UserPrompt {
+        let mut context = Vec::new();
+        let mut by = Vec::new();
+        for hook in &self.config.user_prompt {
+            let input = json!({
+                "hook_event_name": "UserPromptSubmit",
+                "session_id": session_id,
+                "cwd": cwd,
+                "prompt": prompt,
+            });
+            let answer = match self.run(hook, &input, cwd) {
+                Ran::Answered(stdout) => read_prompt_answer(&stdout),
+                Ran::Refused(stderr) => Ok(Some(PromptAnswer::Block(if stderr.is_empty() {
+                    "refused by a hook".to_owned()
+                } else {
+                    stderr
+                }))),
+                Ran::Failed(why) => Err(why),
+            };
+            match answer {
+                Ok(None) => {}
+                Ok(Some(PromptAnswer::Block(reason))) => {
+                    return UserPrompt::Block { by: hook.by("user_prompt"), reason };
+                }
+                Ok(Some(PromptAnswer::Context(text))) => {
+                    context.push(text);
+                    by.push(hook.by("user_prompt"));
+                }
+                // A prompt hook that fails is said and does not refuse.
+                Err(why) => (self.report)(&format!("the user_prompt hook {} failed: {why}", hook.command)),
+            }
+        }
+        if context.is_empty() {
+            UserPrompt::Continue
+        } else {
+            UserPrompt::AddContext { by: by.join(","), text: context.join("\n") }
+        }
+    }
+
     fn pre_tool(&self, request: &ToolRequest, cwd: &Path) -> PreTool {
         let mut arguments = request.arguments.clone();
         let mut rewritten_by = Vec::new();
@@ -357,7 +438,9 @@ mod tests {
         let h = hook(Some("shell|mcp__git__*"));
         assert!(h.matches("shell") && h.matches("mcp__git__git_add"));
         assert!(!h.matches("shellx") && !h.matches("mcp__gitlab__x") && !h.matches("write_file"));
-        let bad = HooksConfig { pre_tool: vec![hook(Some("sh(ell"))], post_tool: Vec::new() };
+        let bad = HooksConfig { pre_tool: vec![hook(Some("sh(ell"))], ..HooksConfig::default() };
+        assert!(bad.check().is_err());
+        let bad = HooksConfig { user_prompt: vec![hook(Some("shell"))], ..HooksConfig::default() };
         assert!(bad.check().is_err());
     }
 }

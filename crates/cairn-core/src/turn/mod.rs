@@ -46,6 +46,7 @@ pub use pc::{Pc, Phase, TransitionError};
 use crate::CancelToken;
 use crate::approval::{AllowRule, AllowRuleError, Allowlist, Approver};
 use crate::events::{EntryPayload, EntryType, TurnEvent};
+use crate::hooks::{PROMPT_REFUSED_FACT, PromptRefused, UserPrompt};
 use crate::message::Message;
 use crate::projection::{LifecycleError, ToolState};
 use crate::provider::{Provider, ProviderError};
@@ -201,6 +202,15 @@ pub enum TurnError {
     /// was sent.
     #[error("{0}")]
     ContextOverflow(String),
+    /// A `user_prompt` hook refused the prompt; no turn started (the
+    /// refusal is the session fact `promptRefused`).
+    #[error("the prompt was refused by {by}: {reason}")]
+    PromptRefused {
+        /// Which hook.
+        by: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl From<LifecycleError> for TurnError {
@@ -575,12 +585,35 @@ impl<S: Storage> Session<S> {
             phase => return Err(TurnError::NeedsResume(phase)),
         }
         self.settle_orphans(env)?;
+        let session_id = self.store.header().id.clone();
+        let context = match env.tools.hooks().map(|h| h.user_prompt(&session_id, &self.cwd, user_text)) {
+            None | Some(UserPrompt::Continue) => None,
+            Some(UserPrompt::AddContext { by, text }) => Some((by, text)),
+            Some(UserPrompt::Block { by, reason }) => {
+                // Recorded before it takes effect; a queued prompt leaves
+                // the queue in the same line, so it is not tried forever.
+                let mut b = self.tx();
+                b.set(
+                    registers::FACT,
+                    PROMPT_REFUSED_FACT,
+                    &PromptRefused { by: by.clone(), reason: reason.clone(), at: crate::storage::now_millis() },
+                )?;
+                if let Some(queue) = queue {
+                    b.set(registers::FACT, registers::QUEUE_FACT, queue)?;
+                }
+                self.commit(b, None, env.observer)?;
+                return Err(TurnError::PromptRefused { by, reason });
+            }
+        };
         let mut b = self.tx();
         if self.pc.phase == Phase::Cancelled {
             self.abandon_cancelled(&mut b)?;
         }
         let turn_id = b.next_id("t");
-        let user = Message::text(crate::message::Role::User, user_text);
+        let mut user = Message::text(crate::message::Role::User, user_text);
+        if let Some((by, text)) = context {
+            user.content.push(crate::message::ContentPart::Text { text: format!("\n\n[context from {by}]\n{text}") });
+        }
         b.entry(&user)?;
         if let Some(queue) = queue {
             b.set(registers::FACT, registers::QUEUE_FACT, queue)?;
