@@ -383,6 +383,102 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     chat_loop(ctx, session, &mut wiring, &mut renderer)
 }
 
+/// What the chat does after a command.
+enum Flow {
+    /// Read the next line.
+    Next,
+    /// Leave.
+    Quit,
+    /// Go on in this session.
+    Switch(Box<Session<JsonlStore>>),
+}
+
+/// Print a command's answer on stdout, escaped (it may hold file names and
+/// tool names from anywhere).
+fn say(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", crate::render::escape_controls(text.trim_end()))?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Run one of the chat's slash commands (`crate::slash`).
+fn command_of_chat(
+    ctx: &Context,
+    command: &crate::slash::Slash,
+    session: &mut Session<JsonlStore>,
+    wiring: &mut Wiring,
+    renderer: &mut Renderer,
+) -> Result<Flow> {
+    use crate::slash::Slash;
+    let store = session.store();
+    match command {
+        Slash::Help => say(&crate::slash::help())?,
+        Slash::Quit => return Ok(Flow::Quit),
+        Slash::Status => {
+            let (mut input, mut output, mut attempts) = (0u64, 0u64, 0usize);
+            for row in store.usage() {
+                if let Ok(u) = serde_json::from_str::<cairn_core::provider::AttemptUsage>(row.usage.get()) {
+                    input += u.input_tokens;
+                    output += u.output_tokens;
+                    attempts += 1;
+                }
+            }
+            say(&format!(
+                "session {}\nlane {}\nprovider {} · model {}\n{input} in / {output} out tokens over {attempts} provider attempts\n{} tools offered",
+                store.header().id,
+                session.lane(),
+                wiring.provider.name(),
+                wiring.provider.model(),
+                wiring.registry.specs().len(),
+            ))?;
+        }
+        Slash::Tools => {
+            let lines: Vec<String> =
+                wiring.registry.specs().iter().map(|s| format!("{:<40} {:?}", s.name, s.risk)).collect();
+            say(&lines.join("\n"))?;
+        }
+        Slash::Sessions => {
+            crate::commands::sessions(ctx)?;
+        }
+        Slash::Diff => {
+            let mut changed = std::collections::BTreeSet::new();
+            for entry in store.entries().iter().filter(|e| e.entry_type == "toolCompleted") {
+                let payload: serde_json::Value = serde_json::from_str(entry.payload.get()).unwrap_or_default();
+                for path in payload["receipt"]["affectedEntities"].as_array().into_iter().flatten() {
+                    if let Some(path) = path.as_str() {
+                        changed.insert(path.to_owned());
+                    }
+                }
+            }
+            if changed.is_empty() {
+                say("no file was changed by this session's tool calls")?;
+            } else {
+                say(&changed.into_iter().collect::<Vec<_>>().join("\n"))?;
+            }
+        }
+        Slash::Clear => {
+            let (store, _) = create_session(ctx)?;
+            renderer.notice(&format!("new session {}", store.header().id));
+            return Ok(Flow::Switch(Box::new(Session::open(store, session_config(ctx))?)));
+        }
+        Slash::Model(None) => say(&format!("{} · {}", wiring.provider.name(), wiring.provider.model()))?,
+        Slash::Model(Some(name)) => {
+            let cwd = PathBuf::from(&store.header().cwd);
+            let s = &ctx.settings;
+            match crate::wiring::provider_for(ctx, &s.provider.value, Some(name), s.script.value.as_deref(), &cwd) {
+                Ok(provider) => {
+                    wiring.provider = provider;
+                    say(&format!("the next turns use {} · {}", wiring.provider.name(), wiring.provider.model()))?;
+                }
+                Err(e) => renderer.notice(&format!("cannot use model {name}: {e:#}")),
+            }
+        }
+        Slash::Unknown(text) => renderer.notice(&crate::slash::unknown(text)),
+    }
+    Ok(Flow::Next)
+}
+
 fn chat_loop(
     ctx: &Context,
     mut session: Session<JsonlStore>,
@@ -412,10 +508,27 @@ fn chat_loop(
             }
             return Ok(last);
         }
-        let text = line.trim();
-        if text.is_empty() {
-            continue;
-        }
+        let prompt = match crate::slash::parse(&line) {
+            crate::slash::Line::Empty => continue,
+            crate::slash::Line::Command(command) => {
+                match command_of_chat(ctx, &command, &mut session, wiring, renderer)? {
+                    Flow::Next => continue,
+                    Flow::Quit => return Ok(last),
+                    Flow::Switch(next) => {
+                        session = *next;
+                        continue;
+                    }
+                }
+            }
+            crate::slash::Line::Prompt(prompt) => match crate::slash::attach(&cwd, &prompt) {
+                Ok(prompt) => prompt,
+                Err(why) => {
+                    renderer.notice(&why);
+                    continue;
+                }
+            },
+        };
+        let text = prompt.as_str();
         if rechoose {
             let mut store = session.into_store();
             // The prompt's tools, read once: ranked, then offered.

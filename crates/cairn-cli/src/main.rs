@@ -32,6 +32,7 @@ mod render;
 mod secrets;
 mod serve;
 mod sessions;
+mod slash;
 mod style;
 mod subagents;
 mod toolsrv;

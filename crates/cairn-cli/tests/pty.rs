@@ -395,3 +395,40 @@ fn ctrl_c_at_an_idle_chat_prompt_leaves_with_success() {
     assert!(entries_of_type(&file, "turnCancelled").is_empty());
     assert_eq!(entries_of_type(&file, "message").len(), 2);
 }
+
+#[test]
+fn chat_slash_commands_are_never_prompts_and_at_paths_attach_files() {
+    let env = Env::new();
+    std::fs::write(env.cwd.join("notes.txt"), "the launch code is 7-4-1\n").unwrap();
+    let script = env.script(&[json!({"text": "first reply"}), json!({"text": "second reply"})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/help");
+    let help = p.exp_string(&raw("› ")).unwrap();
+    for command in ["/status", "/model", "/tools", "/diff", "/sessions", "/clear", "/quit", "@PATH"] {
+        assert!(help.contains(command), "/help lists {command}: {help}");
+    }
+    answer(&mut p, "/hepl");
+    let refused = p.exp_string(&raw("› ")).unwrap();
+    assert!(refused.contains("unknown command") && refused.contains("nothing was sent"), "{refused}");
+    answer(&mut p, "what does @notes.txt say?");
+    p.exp_string("first reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "//etc is a directory");
+    p.exp_string("second reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/status");
+    let status = p.exp_string(&raw("› ")).unwrap();
+    assert!(status.contains("session ") && status.contains("lane main") && status.contains("scripted"), "{status}");
+    answer(&mut p, "/quit");
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    let file = session(&env);
+    let users: Vec<Value> =
+        entries_of_type(&file, "message").into_iter().filter(|m| m["payload"]["role"] == "user").collect();
+    assert_eq!(users.len(), 2, "only the two prompts reached the model: {users:#?}");
+    let first = users[0]["payload"]["content"][0]["text"].as_str().unwrap();
+    assert!(first.starts_with("what does @notes.txt say?"), "{first}");
+    assert!(first.contains("[attached @notes.txt (25 bytes)]") && first.contains("7-4-1"), "{first}");
+    assert_eq!(users[1]["payload"]["content"][0]["text"], "/etc is a directory");
+}
