@@ -7,7 +7,7 @@
 //! cairn-core; this module only assembles the parts and maps outcomes to
 //! exit codes.
 
-use std::io::{BufRead, IsTerminal, Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -493,21 +493,21 @@ fn chat_loop(
     let _ = interrupts();
     let id = session.store().header().id.clone();
     let interactive = std::io::stdin().is_terminal();
+    let mut input = crate::lineedit::Input::new(&ctx.paths.data, &cwd, interactive && !ctx.common.json)?;
+    let prompt_text = ("› ", ctx.err_style.bold("›") + " ");
     let mut last = exit::SUCCESS;
     loop {
-        if interactive && ctx.common.json.eq(&false) {
-            let mut err = std::io::stderr().lock();
-            let _ = write!(err, "{} ", ctx.err_style.bold("›"));
-            let _ = err.flush();
-        }
-        let mut line = String::new();
-        let read = std::io::stdin().lock().read_line(&mut line).context("cannot read from stdin")?;
-        if read == 0 {
-            if interactive {
-                let _ = writeln!(std::io::stderr());
+        let line = match input.read(&prompt_text)? {
+            crate::lineedit::Read::Line(line) => line,
+            // Ctrl-C or Ctrl-D at an idle prompt: leave (Ctrl-C during a
+            // turn interrupts the turn instead, see `interrupts`).
+            crate::lineedit::Read::Interrupted | crate::lineedit::Read::Eof => {
+                if interactive {
+                    let _ = writeln!(std::io::stderr());
+                }
+                return Ok(last);
             }
-            return Ok(last);
-        }
+        };
         let prompt = match crate::slash::parse(&line) {
             crate::slash::Line::Empty => continue,
             crate::slash::Line::Command(command) => {

@@ -17,6 +17,7 @@ mod discover;
 mod faces;
 mod family;
 mod host;
+mod lineedit;
 mod listen;
 mod local;
 mod mount;

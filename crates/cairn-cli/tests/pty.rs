@@ -432,3 +432,55 @@ fn chat_slash_commands_are_never_prompts_and_at_paths_attach_files() {
     assert!(first.contains("[attached @notes.txt (25 bytes)]") && first.contains("7-4-1"), "{first}");
     assert_eq!(users[1]["payload"]["content"][0]["text"], "/etc is a directory");
 }
+
+#[test]
+fn chat_edits_lines_recalls_history_completes_commands_and_keeps_a_paste_whole() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "one"}), json!({"text": "two"}), json!({"text": "three"})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    // Typed with a mistake fixed by Left, Backspace, Right and End.
+    p.send("hello wrold").unwrap();
+    p.send("\x1b[D\x1b[D\x1b[D").unwrap(); // Left ×3: "hello wr|old"
+    p.send("\x7f").unwrap(); // Backspace: "hello w|old"
+    p.send("\x1b[C").unwrap(); // Right: "hello wo|ld"
+    p.send("r").unwrap(); // "hello wor|ld"
+    p.send("\x1b[F").unwrap(); // End
+    p.send("\r").unwrap();
+    p.flush().unwrap();
+    p.exp_string("one").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    // Up recalls the last prompt.
+    p.send("\x1b[A\r").unwrap();
+    p.flush().unwrap();
+    p.exp_string("two").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    // A bracketed paste with newlines stays one prompt.
+    p.send("\x1b[200~first line\nsecond line\x1b[201~\r").unwrap();
+    p.flush().unwrap();
+    p.exp_string("three").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    // Tab completes a command.
+    p.send("/hel\t\r").unwrap();
+    p.flush().unwrap();
+    p.exp_string("commands:").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    let file = session(&env);
+    let users: Vec<String> = entries_of_type(&file, "message")
+        .into_iter()
+        .filter(|m| m["payload"]["role"] == "user")
+        .map(|m| m["payload"]["content"][0]["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(users, ["hello world", "hello world", "first line\nsecond line"]);
+    // The history is kept per directory, private.
+    let history: Vec<_> = std::fs::read_dir(env.home.join("history")).unwrap().flatten().collect();
+    assert_eq!(history.len(), 1);
+    let mode = history[0].metadata().unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "history is private");
+    let kept = std::fs::read_to_string(history[0].path()).unwrap();
+    assert!(kept.contains("hello world") && kept.contains("/help"), "{kept}");
+}
