@@ -213,6 +213,7 @@ fn drive(
     };
     disarm();
     let id = session.store().header().id.clone();
+    renderer.set_window(wiring.provider.context_window());
     renderer.finish(&id);
     if let Some(e) = renderer.write_error.take() {
         return Err(e.into());

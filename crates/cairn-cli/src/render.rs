@@ -46,6 +46,10 @@ pub struct Totals {
     pub denied: u32,
     /// Tool calls settled.
     pub tools: u32,
+    /// The model of the last attempt.
+    pub model: String,
+    /// Input tokens of the last attempt (how full the context was).
+    pub last_input_tokens: u64,
 }
 
 /// Renders events as they come.
@@ -61,6 +65,8 @@ pub struct Renderer {
     pub write_error: Option<std::io::Error>,
     /// Totals so far.
     pub totals: Totals,
+    /// The model's context window, when known.
+    window: Option<u32>,
 }
 
 impl std::fmt::Debug for Renderer {
@@ -81,6 +87,7 @@ impl Renderer {
             open_line: false,
             write_error: None,
             totals: Totals::default(),
+            window: None,
         }
     }
 
@@ -233,6 +240,8 @@ impl Renderer {
     fn count(&mut self, event: &TurnEvent) {
         match event {
             TurnEvent::Usage { usage } => {
+                self.totals.model.clone_from(&usage.model);
+                self.totals.last_input_tokens = usage.input_tokens;
                 self.totals.attempts += 1;
                 self.totals.input_tokens += usage.input_tokens;
                 self.totals.output_tokens += usage.output_tokens;
@@ -265,9 +274,25 @@ impl Renderer {
                 if t.tools == 1 { "" } else { "s" },
                 self.started.elapsed().as_secs_f64()
             );
+            let line = match (self.window, t.last_input_tokens) {
+                (Some(window), used) if window > 0 && used > 0 => format!(
+                    "{} · context {}% of {}k · {line}",
+                    t.model,
+                    (used * 100).div_ceil(u64::from(window)).min(100),
+                    window / 1000
+                ),
+                _ if !t.model.is_empty() => format!("{} · {line}", t.model),
+                _ => line,
+            };
             let _ = writeln!(std::io::stderr(), "{}", self.err.dim(&escape_controls(&line)));
         }
         let _ = &self.out;
+    }
+
+    /// The model's context window, for the status line's "context N% of
+    /// W" (unknown: not shown).
+    pub fn set_window(&mut self, window: Option<u32>) {
+        self.window = window;
     }
 }
 
