@@ -282,6 +282,7 @@ fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String> {
 pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
     let prompt = read_prompt(prompt, prompt_file)?;
     let mut renderer = Renderer::new(mode(ctx));
+    renderer.set_markdown(ctx.common.plain);
     let (mut store, cwd) = create_session(ctx)?;
     let tools = turn_tools(ctx, &cwd)?;
     let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(&prompt), &tools)?;
@@ -296,6 +297,7 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
 /// `cairn resume`.
 pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
+    renderer.set_markdown(ctx.common.plain);
     let store = open_session(ctx, path)?;
     if let Some(child) = crate::family::child_fact(&store) {
         // A child's authority is a subset of its parent's, recorded in its
@@ -356,6 +358,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
 /// `cairn chat`.
 pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
+    renderer.set_markdown(ctx.common.plain);
     let (store, cwd) = match existing {
         Some(path) => {
             let store = open_session(ctx, path)?;

@@ -20,6 +20,7 @@ mod host;
 mod lineedit;
 mod listen;
 mod local;
+mod markdown;
 mod mount;
 mod paths;
 mod peers;

@@ -67,6 +67,8 @@ pub struct Renderer {
     pub totals: Totals,
     /// The model's context window, when known.
     window: Option<u32>,
+    /// Answers rendered as Markdown (a terminal, not `--plain`).
+    markdown: Option<crate::markdown::Markdown>,
 }
 
 impl std::fmt::Debug for Renderer {
@@ -88,6 +90,7 @@ impl Renderer {
             write_error: None,
             totals: Totals::default(),
             window: None,
+            markdown: None,
         }
     }
 
@@ -149,6 +152,14 @@ impl Renderer {
             return;
         }
         self.stop_spinner();
+        // The answer's text so far goes out before the note (a tool call
+        // follows the sentence that announced it).
+        if let Some(rest) = self.markdown.as_mut().map(crate::markdown::Markdown::finish)
+            && !rest.is_empty()
+        {
+            self.open_line = !rest.ends_with('\n');
+            self.write_out(&rest);
+        }
         let mut err = std::io::stderr().lock();
         if self.open_line {
             let _ = writeln!(std::io::stdout());
@@ -170,10 +181,20 @@ impl Renderer {
         match event {
             TurnEvent::Delta { event: StreamEvent::TextDelta { text } } => {
                 self.stop_spinner();
-                self.open_line = !text.ends_with('\n');
-                self.write_out(&escape_controls(text));
+                let shown = match &mut self.markdown {
+                    Some(md) => md.push(text),
+                    None => escape_controls(text).into_owned(),
+                };
+                if !shown.is_empty() {
+                    self.open_line = !shown.ends_with('\n');
+                    self.write_out(&shown);
+                }
             }
             TurnEvent::Delta { event: StreamEvent::AttemptStarted { attempt } } if *attempt > 1 => {
+                // The partial line of the failed attempt is dropped too.
+                if let Some(md) = &mut self.markdown {
+                    let _ = md.finish();
+                }
                 self.note(
                     &self.err.yellow(&format!("… retrying (attempt {attempt}); earlier partial output is discarded")),
                 );
@@ -258,6 +279,12 @@ impl Renderer {
     /// End of a turn: stop the spinner, print the usage line.
     pub fn finish(&mut self, session_id: &str) {
         self.stop_spinner();
+        if let Some(rest) = self.markdown.as_mut().map(crate::markdown::Markdown::finish)
+            && !rest.is_empty()
+        {
+            self.open_line = !rest.ends_with('\n');
+            self.write_out(&rest);
+        }
         if self.open_line {
             self.write_out("\n");
             self.open_line = false;
@@ -287,6 +314,13 @@ impl Renderer {
             let _ = writeln!(std::io::stderr(), "{}", self.err.dim(&escape_controls(&line)));
         }
         let _ = &self.out;
+    }
+
+    /// Render answers as Markdown when stdout is a terminal (and a person
+    /// reads it: human mode), unless `plain`.
+    pub fn set_markdown(&mut self, plain: bool) {
+        self.markdown = (self.mode == Mode::Human && !plain && std::io::stdout().is_terminal())
+            .then(|| crate::markdown::Markdown::new(self.out));
     }
 
     /// The model's context window, for the status line's "context N% of

@@ -484,3 +484,24 @@ fn chat_edits_lines_recalls_history_completes_commands_and_keeps_a_paste_whole()
     let kept = std::fs::read_to_string(history[0].path()).unwrap();
     assert!(kept.contains("hello world") && kept.contains("/help"), "{kept}");
 }
+
+#[test]
+fn answers_on_a_terminal_are_rendered_as_markdown_unless_plain() {
+    let env = Env::new();
+    let answer_text = "# Plan\n- read **notes**\n```sh\nls -la\n```\nhostile \u{1b}]52;c;eA==\u{7} end\n";
+    let script = env.script(&[json!({"text": answer_text})]);
+    let mut p = cairn_pty(&env, &script, &["run", "go"]);
+    let (shown, code) = finish(&mut p);
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("Plan") && !shown.contains("# Plan"), "the heading's marker is rendered: {shown}");
+    assert!(shown.contains(&raw("• read notes")), "{shown}");
+    assert!(shown.contains(&raw("┌──── sh")) && shown.contains("ls -la"), "{shown}");
+    assert!(!shown.contains("\u{1b}]52"), "an OSC 52 from the model never reaches the terminal: {shown}");
+    assert!(shown.contains("\\u{1b}]52"), "it is shown escaped: {shown}");
+
+    let mut p = cairn_pty(&env, &script, &["--plain", "run", "go"]);
+    let (shown, code) = finish(&mut p);
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("# Plan") && shown.contains("- read **notes**") && shown.contains("```sh"), "{shown}");
+    assert!(!shown.contains("\u{1b}]52"), "{shown}");
+}
