@@ -505,3 +505,23 @@ fn answers_on_a_terminal_are_rendered_as_markdown_unless_plain() {
     assert!(shown.contains("# Plan") && shown.contains("- read **notes**") && shown.contains("```sh"), "{shown}");
     assert!(!shown.contains("\u{1b}]52"), "{shown}");
 }
+
+#[test]
+fn a_long_change_is_shown_in_part_and_e_shows_all_of_it_before_asking_again() {
+    let env = Env::new();
+    let content: String = (1..=100).map(|i| format!("line {i}\n")).collect();
+    let script = env.script(&[write_call("c1", "long.txt", &content), json!({"text": "Wrote it."})]);
+    let mut p = cairn_pty(&env, &script, &["run", "write the long file"]);
+    let first = p.exp_string("e=explain] ").unwrap();
+    assert!(first.contains("+line 30") && !first.contains("+line 99"), "only the start is shown: {first}");
+    assert!(first.contains("more lines; e shows the whole change"), "{first}");
+    answer(&mut p, "e");
+    let all = p.exp_string("e=explain] ").unwrap();
+    assert!(all.contains("+line 99") && all.contains("+line 100"), "e shows the whole change: {all}");
+    assert!(!env.cwd.join("long.txt").exists(), "nothing written before the answer");
+    answer(&mut p, "y");
+    p.exp_string("Wrote it.").unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("long.txt")).unwrap(), content);
+}
