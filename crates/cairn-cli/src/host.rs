@@ -461,6 +461,26 @@ fn command_of_chat(
                 say(&changed.into_iter().collect::<Vec<_>>().join("\n"))?;
             }
         }
+        Slash::Last => {
+            let last = store
+                .entries()
+                .into_iter()
+                .rev()
+                .find(|e| matches!(e.entry_type.as_str(), "toolCompleted" | "toolFailed" | "toolRejected"));
+            match last {
+                None => say("no tool call yet in this session")?,
+                Some(entry) => {
+                    let payload: serde_json::Value = serde_json::from_str(entry.payload.get()).unwrap_or_default();
+                    let text = payload["fullOutput"]
+                        .as_str()
+                        .or_else(|| payload["receipt"]["outputSummary"].as_str())
+                        .or_else(|| payload["reason"].as_str())
+                        .unwrap_or_default();
+                    let tool = payload["tool"].as_str().unwrap_or("?");
+                    say(&format!("{tool} ({}):\n{text}", entry.entry_type))?;
+                }
+            }
+        }
         Slash::Clear => {
             let (store, _) = create_session(ctx)?;
             renderer.notice(&format!("new session {}", store.header().id));

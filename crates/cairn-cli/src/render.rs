@@ -69,6 +69,45 @@ pub struct Renderer {
     window: Option<u32>,
     /// Answers rendered as Markdown (a terminal, not `--plain`).
     markdown: Option<crate::markdown::Markdown>,
+    /// Tool output shown so far for the running call.
+    fold: Fold,
+}
+
+/// Tool output on a terminal: the first lines of each call, the rest
+/// counted (the whole output stays in the session file).
+#[derive(Debug, Clone, Copy)]
+struct Fold {
+    /// Lines shown per call (`usize::MAX`: all, when stderr is not a terminal).
+    limit: usize,
+    /// Lines shown so far.
+    lines: usize,
+    /// Lines not shown.
+    hidden: usize,
+}
+
+/// Lines of a tool's output shown on a terminal.
+const FOLD_LINES: usize = 12;
+
+impl Fold {
+    fn new(limit: usize) -> Self {
+        Self { limit, lines: 0, hidden: 0 }
+    }
+
+    /// The part of `chunk` to show.
+    fn show(&mut self, chunk: &str) -> String {
+        let mut out = String::new();
+        for piece in chunk.split_inclusive('\n') {
+            if self.lines < self.limit {
+                out.push_str(piece);
+            } else if piece.ends_with('\n') {
+                self.hidden += 1;
+            }
+            if piece.ends_with('\n') {
+                self.lines += 1;
+            }
+        }
+        out
+    }
 }
 
 impl std::fmt::Debug for Renderer {
@@ -91,6 +130,7 @@ impl Renderer {
             totals: Totals::default(),
             window: None,
             markdown: None,
+            fold: Fold::new(if std::io::stderr().is_terminal() { FOLD_LINES } else { usize::MAX }),
         }
     }
 
@@ -178,6 +218,15 @@ impl Renderer {
             }
             return;
         }
+        if matches!(event, TurnEvent::ToolCompleted { .. } | TurnEvent::ToolFailed { .. }) {
+            let hidden = self.fold.hidden;
+            self.fold = Fold::new(self.fold.limit);
+            if hidden > 0 {
+                let line =
+                    self.err.dim(&format!("  … {hidden} more lines of output folded (/last in chat shows them)"));
+                self.note(&line);
+            }
+        }
         match event {
             TurnEvent::Delta { event: StreamEvent::TextDelta { text } } => {
                 self.stop_spinner();
@@ -206,8 +255,11 @@ impl Renderer {
             }
             TurnEvent::ToolOutput { chunk, .. } if self.mode == Mode::Human => {
                 self.stop_spinner();
-                let mut err = std::io::stderr().lock();
-                let _ = write!(err, "{}", self.err.dim(&escape_controls(chunk)));
+                let shown = self.fold.show(chunk);
+                if !shown.is_empty() {
+                    let mut err = std::io::stderr().lock();
+                    let _ = write!(err, "{}", self.err.dim(&escape_controls(&shown)));
+                }
             }
             TurnEvent::ToolCompleted { tool, exit_code, truncated, .. } => {
                 let cut = if *truncated { ", output truncated for the model" } else { "" };

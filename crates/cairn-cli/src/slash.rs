@@ -34,6 +34,8 @@ pub enum Slash {
     Sessions,
     /// `/diff`: the files this session's calls changed.
     Diff,
+    /// `/last`: the last tool call's whole output.
+    Last,
     /// `/clear`: continue in a new session.
     Clear,
     /// `/model [NAME]`: show, or switch for the next turns.
@@ -49,6 +51,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("/model [NAME]", "show the model, or use NAME for the next turns"),
     ("/tools", "the tools the next turn is offered, with their risk"),
     ("/diff", "the files this session's tool calls changed"),
+    ("/last", "the last tool call's whole output (the screen folds it)"),
     ("/sessions", "the sessions here, newest first"),
     ("/clear", "continue in a new session"),
     ("/quit", "leave (also /exit, Ctrl-D)"),
@@ -77,6 +80,7 @@ pub fn parse(line: &str) -> Line {
         ("tools", []) => Slash::Tools,
         ("sessions", []) => Slash::Sessions,
         ("diff", []) => Slash::Diff,
+        ("last", []) => Slash::Last,
         ("clear", []) => Slash::Clear,
         ("model", []) => Slash::Model(None),
         ("model", [name]) => Slash::Model(Some((*name).to_owned())),

@@ -525,3 +525,22 @@ fn a_long_change_is_shown_in_part_and_e_shows_all_of_it_before_asking_again() {
     assert_eq!(code, 0);
     assert_eq!(std::fs::read_to_string(env.cwd.join("long.txt")).unwrap(), content);
 }
+
+#[test]
+fn long_tool_output_is_folded_on_screen_and_slash_last_shows_all_of_it() {
+    let env = Env::new();
+    let script = env.script(&[shell_call("seq 1 40"), json!({"text": "counted"})]);
+    let mut p = cairn_pty(&env, &script, &["--yes", "chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "count to forty");
+    let turn = p.exp_string("counted").unwrap();
+    assert!(turn.contains("12\r\n") && !turn.contains("\n13\r\n"), "the first 12 lines are shown: {turn}");
+    assert!(turn.contains("28 more lines of output folded"), "{turn}");
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/last");
+    let last = p.exp_string(&raw("› ")).unwrap();
+    assert!(last.contains("shell (toolCompleted)") && last.contains("39\r\n40"), "{last}");
+    p.send_control('d').unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+}
