@@ -481,6 +481,12 @@ fn command_of_chat(
                 }
             }
         }
+        Slash::Allow(rule) => match session.allow(rule, "user:chat") {
+            Ok(rule) => {
+                say(&format!("allowed for this session: {} (Write calls only; never Destructive)", rule.text()))?
+            }
+            Err(e) => renderer.notice(&format!("not allowed: {e}")),
+        },
         Slash::Clear => {
             let (store, _) = create_session(ctx)?;
             renderer.notice(&format!("new session {}", store.header().id));

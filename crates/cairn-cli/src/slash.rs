@@ -36,6 +36,8 @@ pub enum Slash {
     Diff,
     /// `/last`: the last tool call's whole output.
     Last,
+    /// `/allow PATTERN`: allow matching Write calls for this session.
+    Allow(String),
     /// `/clear`: continue in a new session.
     Clear,
     /// `/model [NAME]`: show, or switch for the next turns.
@@ -52,6 +54,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("/tools", "the tools the next turn is offered, with their risk"),
     ("/diff", "the files this session's tool calls changed"),
     ("/last", "the last tool call's whole output (the screen folds it)"),
+    ("/allow PATTERN", "allow Write calls matching PATTERN for this session (never Destructive)"),
     ("/sessions", "the sessions here, newest first"),
     ("/clear", "continue in a new session"),
     ("/quit", "leave (also /exit, Ctrl-D)"),
@@ -81,6 +84,7 @@ pub fn parse(line: &str) -> Line {
         ("sessions", []) => Slash::Sessions,
         ("diff", []) => Slash::Diff,
         ("last", []) => Slash::Last,
+        ("allow", [_, ..]) => Slash::Allow(command["allow".len()..].trim().to_owned()),
         ("clear", []) => Slash::Clear,
         ("model", []) => Slash::Model(None),
         ("model", [name]) => Slash::Model(Some((*name).to_owned())),

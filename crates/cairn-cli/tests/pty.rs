@@ -544,3 +544,27 @@ fn long_tool_output_is_folded_on_screen_and_slash_last_shows_all_of_it() {
     let (_, code) = finish(&mut p);
     assert_eq!(code, 0);
 }
+
+#[test]
+fn slash_allow_approves_matching_writes_for_the_session_and_is_recorded() {
+    let env = Env::new();
+    let script = env.script(&[write_call("c1", "out.txt", "hello\n"), json!({"text": "Wrote it."})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/allow sh(ell");
+    let refused = p.exp_string(&raw("› ")).unwrap();
+    assert!(refused.contains("not allowed"), "{refused}");
+    answer(&mut p, "/allow write_file(path=out.txt)");
+    let allowed = p.exp_string(&raw("› ")).unwrap();
+    assert!(allowed.contains("allowed for this session: write_file(path=out.txt)"), "{allowed}");
+    answer(&mut p, "write hello");
+    let turn = p.exp_string("Wrote it.").unwrap();
+    assert!(!turn.contains("Run it?"), "no question for a call the rule covers: {turn}");
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out.txt")).unwrap(), "hello\n");
+    let started = entries_of_type(&session(&env), "toolStarted");
+    assert_eq!(started[0]["payload"]["verdict"]["by"], "session:write_file(path=out.txt)");
+}

@@ -451,6 +451,19 @@ impl<S: Storage> Session<S> {
         }
     }
 
+    /// Allow Write calls matching `rule` for the rest of this session (a
+    /// person's standing approval, recorded like "approve for this
+    /// session" and kept across resumes). Like every allow rule it never
+    /// covers a Destructive call.
+    pub fn allow(&mut self, rule: &str, by: &str) -> Result<AllowRule, TurnError> {
+        let parsed = AllowRule::parse(rule)?;
+        let fact =
+            registers::AllowFact { at: crate::storage::now_millis(), by: by.to_owned(), invocation_id: String::new() };
+        self.store.commit(Transaction::new().set_session_allow_rule(parsed.text(), &fact)?)?;
+        self.session_allow.push(parsed.clone());
+        Ok(parsed)
+    }
+
     /// A new lane `lane` whose head is the existing entry `at_entry` (no
     /// copy). Does not switch to it.
     pub fn fork(&mut self, lane: &str, at_entry: &str) -> Result<(), TurnError> {
