@@ -487,6 +487,34 @@ fn command_of_chat(
             }
             Err(e) => renderer.notice(&format!("not allowed: {e}")),
         },
+        Slash::Compact => {
+            let cancel = CancelToken::new();
+            let mut observer = |event: &TurnEvent| renderer.event(event);
+            let mut env = TurnEnv {
+                provider: &*wiring.provider,
+                tools: &wiring.registry,
+                approver: &mut wiring.approver,
+                observer: &mut observer,
+                cancel: &cancel,
+            };
+            match session.compact(&mut env) {
+                Ok(Some(entry)) => say(&format!("compacted: summary entry {entry}"))?,
+                Ok(None) => say("nothing to compact: no messages before the last prompt")?,
+                Err(e) => renderer.notice(&format!("cannot compact: {e}")),
+            }
+        }
+        Slash::Fork(name) => {
+            let made = match session.head().map(str::to_owned) {
+                None => Err("there is nothing to fork yet: send a prompt first".to_owned()),
+                Some(head) => {
+                    session.fork(name, &head).and_then(|()| session.switch_lane(name)).map_err(|e| e.to_string())
+                }
+            };
+            match made {
+                Ok(()) => say(&format!("now on lane {name} (forked from the last entry; /status shows it)"))?,
+                Err(e) => renderer.notice(&format!("cannot fork: {e}")),
+            }
+        }
         Slash::Clear => {
             let (store, _) = create_session(ctx)?;
             renderer.notice(&format!("new session {}", store.header().id));

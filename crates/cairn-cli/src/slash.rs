@@ -38,6 +38,10 @@ pub enum Slash {
     Last,
     /// `/allow PATTERN`: allow matching Write calls for this session.
     Allow(String),
+    /// `/compact`: summarise the conversation now.
+    Compact,
+    /// `/fork NAME`: a new lane at the current head, and switch to it.
+    Fork(String),
     /// `/clear`: continue in a new session.
     Clear,
     /// `/model [NAME]`: show, or switch for the next turns.
@@ -55,6 +59,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("/diff", "the files this session's tool calls changed"),
     ("/last", "the last tool call's whole output (the screen folds it)"),
     ("/allow PATTERN", "allow Write calls matching PATTERN for this session (never Destructive)"),
+    ("/compact", "summarise the conversation so far (it then takes less of the context window)"),
+    ("/fork NAME", "a new lane from here, and continue on it (the old lane stays)"),
     ("/sessions", "the sessions here, newest first"),
     ("/clear", "continue in a new session"),
     ("/quit", "leave (also /exit, Ctrl-D)"),
@@ -84,6 +90,8 @@ pub fn parse(line: &str) -> Line {
         ("sessions", []) => Slash::Sessions,
         ("diff", []) => Slash::Diff,
         ("last", []) => Slash::Last,
+        ("compact", []) => Slash::Compact,
+        ("fork", [name]) => Slash::Fork((*name).to_owned()),
         ("allow", [_, ..]) => Slash::Allow(command["allow".len()..].trim().to_owned()),
         ("clear", []) => Slash::Clear,
         ("model", []) => Slash::Model(None),

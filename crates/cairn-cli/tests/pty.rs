@@ -568,3 +568,37 @@ fn slash_allow_approves_matching_writes_for_the_session_and_is_recorded() {
     let started = entries_of_type(&session(&env), "toolStarted");
     assert_eq!(started[0]["payload"]["verdict"]["by"], "session:write_file(path=out.txt)");
 }
+
+#[test]
+fn slash_fork_continues_on_a_new_lane_and_compact_says_when_there_is_nothing() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "first reply"}), json!({"text": "second reply"})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/fork early");
+    let refused = p.exp_string(&raw("› ")).unwrap();
+    assert!(refused.contains("nothing to fork yet"), "{refused}");
+    answer(&mut p, "/compact");
+    let nothing = p.exp_string(&raw("› ")).unwrap();
+    assert!(nothing.contains("nothing to compact"), "{nothing}");
+    answer(&mut p, "hello");
+    p.exp_string("first reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/fork alt");
+    let forked = p.exp_string(&raw("› ")).unwrap();
+    assert!(forked.contains("now on lane alt"), "{forked}");
+    answer(&mut p, "/status");
+    let status = p.exp_string(&raw("› ")).unwrap();
+    assert!(status.contains("lane alt"), "{status}");
+    answer(&mut p, "and on the new lane?");
+    p.exp_string("second reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+    let lanes: Vec<Value> = records(&session(&env))
+        .into_iter()
+        .filter(|r| r["kind"] == "register" && r["namespace"] == "lane" && r["op"] == "set")
+        .collect();
+    assert!(lanes.iter().any(|r| r["key"] == "alt"), "{lanes:#?}");
+}
