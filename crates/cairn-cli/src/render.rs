@@ -145,6 +145,10 @@ impl Renderer {
         if self.mode == Mode::Human && std::io::stderr().is_terminal() && self.spinner.is_none() {
             let spinner = indicatif::ProgressBar::new_spinner();
             spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            // What is running and for how long (the turn's clock).
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+                spinner.set_style(style);
+            }
             spinner.set_message(message.to_owned());
             spinner.enable_steady_tick(Duration::from_millis(100));
             self.spinner = Some(spinner);
@@ -247,6 +251,10 @@ impl Renderer {
                 self.note(
                     &self.err.yellow(&format!("… retrying (attempt {attempt}); earlier partial output is discarded")),
                 );
+            }
+            TurnEvent::ToolStarted { tool, .. } => {
+                let running = format!("running {}", short(&escape_controls(tool), 60));
+                self.start_spinner(&running);
             }
             TurnEvent::ToolRequested { tool, arguments, .. } => {
                 let args = escape_controls(&short(&arguments.to_string(), 120)).into_owned();
