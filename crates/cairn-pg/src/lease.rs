@@ -219,3 +219,26 @@ pub fn submit(client: &mut Client, session: &str, prompt: &str) -> Result<i64, P
     tx.commit()?;
     Ok(id)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{LeaseClock, safety_margin};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_clock_only_moves_forward_from_when_requests_were_sent() {
+        let lease = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let clock = LeaseClock::start(t0, lease);
+        assert_eq!(clock.deadline(), t0 + lease);
+        // A late reply to an early renewal never moves the deadline back.
+        clock.extend(t0 + Duration::from_secs(3));
+        clock.extend(t0 + Duration::from_secs(1));
+        assert_eq!(clock.deadline(), t0 + Duration::from_secs(13));
+        assert!(clock.remaining() <= Duration::from_secs(13));
+        let expired = LeaseClock::start(t0.checked_sub(Duration::from_secs(20)).unwrap_or(t0), lease);
+        assert!(expired.remaining() < Duration::from_secs(10));
+        assert_eq!(safety_margin(lease), Duration::from_millis(2500));
+        assert_eq!(safety_margin(Duration::from_millis(200)), Duration::from_millis(100));
+    }
+}

@@ -12,8 +12,15 @@
 //! `state.seq` is then exact: no other writer moved anything in between),
 //! checks the lease and its fencing epoch when the handle is fenced, writes
 //! the line, and — when the turn took a submitted prompt — deletes that
-//! inbox row, all or nothing. It must not decide who drives a session: that
-//! is `lease.rs` and the worker.
+//! inbox row, all or nothing. A commit whose connection broke is retried on
+//! a new connection while the holder's lease clock says the lease is surely
+//! still held (the retry recognises its own line when the first attempt did
+//! commit). It must not decide who drives a session: that is `lease.rs` and
+//! the worker.
+//!
+//! [`import_with`] treats a session file as untrusted input: the file
+//! backend's id rule and line limit, every line replayed, and calls left
+//! unsettled settled without running them.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -236,8 +243,10 @@ impl PgStore {
     /// The oldest prompt waiting in this session's inbox (read through the
     /// store's own connection).
     pub fn next_prompt(&self) -> Result<Option<(i64, String)>, PgError> {
-        let mut client =
-            self.client.try_borrow_mut().map_err(|_| PgError::Schema("the connection is busy".to_owned()))?;
+        let mut client = self
+            .client
+            .try_borrow_mut()
+            .map_err(|_| PgError::Schema("the session's connection is in use by a commit".to_owned()))?;
         crate::lease::next_prompt(&mut client, &self.header.id)
     }
 

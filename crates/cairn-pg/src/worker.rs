@@ -256,6 +256,9 @@ enum Ending {
     Done,
     /// Something failed (a turn error, a broken connection).
     Failed(String),
+    /// The session's log does not open as a session (its turn data): it
+    /// will not on the next try either.
+    Unopenable(String),
 }
 
 /// Drive one claimed session until its inbox is empty, on the thread's
@@ -283,7 +286,7 @@ fn drive_claim(
             let how = if transient { Release::Retry } else { Release::Failed };
             let text = e.to_string();
             say(owner, &format!("cannot open {shown}: {text}; released as {how:?}"));
-            release_fresh(opts, &id, &fence, how, &text);
+            release_fresh(opts, &id, &fence, how, Some(&text));
             return !transient;
         }
     };
@@ -301,7 +304,7 @@ fn drive_claim(
     let config = driver.session_config(store.header());
     let mut back: Option<Client> = None;
     let ending = match Session::open(store, config) {
-        Err(e) => Ending::Failed(e.to_string()),
+        Err(e) => Ending::Unopenable(e.to_string()),
         Ok(mut session) => {
             let ending = drive_session(owner, &id, &mut session, driver, &cancel, &lost, &slot);
             back = Some(session.into_store().into_client());
@@ -319,9 +322,24 @@ fn drive_claim(
                 Some(Ok(_)) => say(owner, &format!("released {shown}")),
                 _ => {
                     client = None;
-                    say(owner, &format!("finished {shown} but could not release it; its lease will expire"));
+                    if release_fresh(opts, &id, &fence, Release::Done, None) {
+                        say(owner, &format!("released {shown} (on a new connection)"));
+                    } else {
+                        say(owner, &format!("finished {shown} but could not release it; its lease will expire"));
+                    }
                 }
             }
+            true
+        }
+        Ending::Unopenable(e) => {
+            let released = release_fresh(opts, &id, &fence, Release::Failed, Some(&e));
+            say(
+                owner,
+                &format!(
+                    "cannot open {shown} as a session: {e}; {}",
+                    if released { "released as Failed" } else { "lease left to expire" }
+                ),
+            );
             true
         }
         Ending::Failed(_) if lost.load(Ordering::SeqCst) => {
@@ -356,7 +374,7 @@ fn drive_claim(
             let how = if broken { Release::Retry } else { Release::Failed };
             let released = match client.as_mut() {
                 Some(c) if !broken => lease::release(c, &id, &fence, how, Some(&e)).unwrap_or(false),
-                _ => release_fresh(opts, &id, &fence, how, &e),
+                _ => release_fresh(opts, &id, &fence, how, Some(&e)),
             };
             say(
                 owner,
@@ -373,9 +391,9 @@ fn drive_claim(
 }
 
 /// Release over a new connection (the thread's own is gone).
-fn release_fresh(opts: &WorkerOptions, id: &str, fence: &Fence, how: Release, note: &str) -> bool {
+fn release_fresh(opts: &WorkerOptions, id: &str, fence: &Fence, how: Release, note: Option<&str>) -> bool {
     match connect_for(&opts.url, opts.lease) {
-        Ok(mut c) => lease::release(&mut c, id, fence, how, Some(note)).unwrap_or(false),
+        Ok(mut c) => lease::release(&mut c, id, fence, how, note).unwrap_or(false),
         Err(_) => false,
     }
 }

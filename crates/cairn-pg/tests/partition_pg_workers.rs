@@ -1,4 +1,4 @@
-//! Partitions (issue 27), a soak test of its own (about 4–5 minutes): real
+//! Partitions (issue 27), a soak test of its own (about 4 minutes): real
 //! worker processes (this test binary re-run as `worker_process`) against a
 //! real PostgreSQL server. Two healthy workers connect directly; a third,
 //! the victim, connects through a loopback TCP proxy written here (std
@@ -57,12 +57,12 @@ use serde_json::json;
 /// Every worker's lease.
 const LEASE: Duration = Duration::from_millis(1000);
 /// How long a cut lasts.
-const CUT: Duration = Duration::from_secs(12);
+const CUT: Duration = Duration::from_secs(8);
 /// The longest wait for a claim the test accepts: a lease, the server's
 /// idle-in-transaction timeout (about a lease), the workers' wake-up, and a
 /// generous margin for a loaded machine. About correctness (nobody waits
 /// for the partition to end), not speed; still shorter than [`CUT`].
-const BOUND: Duration = Duration::from_secs(8);
+const BOUND: Duration = Duration::from_secs(6);
 
 // ---------------------------------------------------------------------------
 // The worker process.
@@ -577,12 +577,13 @@ fn partitioned_worker_stalls_nobody_and_stops_its_effects() {
         client.query_one("SELECT count(*) FROM cairn_sessions WHERE status = 'failed'", &[]).unwrap().get(0);
     assert_eq!(failed, 0, "{}", logs());
     let mut finals = BTreeSet::new();
+    let mut reader = Some(raw());
     for (id, _, _) in &submitted {
-        let session =
-            Session::open(PgStore::open(connect(cluster.url()).unwrap(), id).unwrap(), SessionConfig::default())
-                .unwrap();
+        let store = PgStore::open(reader.take().unwrap(), id).unwrap();
+        let session = Session::open(store, SessionConfig::default()).unwrap();
         assert!(!session.needs_resume(), "{id} is not final\n{}", logs());
         finals.insert(id.clone());
+        reader = Some(session.into_store().into_client());
     }
     assert_eq!(finals.len(), submitted.len());
 }
