@@ -181,6 +181,8 @@ fn an_imported_pending_call_with_a_recorded_verdict_is_not_run() {
     let tools = ok(&env.cairn(&["--database", url, "--json", "show", "--tools", &id]).output().unwrap());
     let call: Value = serde_json::from_str(tools.lines().next().unwrap()).unwrap();
     assert_eq!(call["status"], "failed", "{tools}");
+    assert_eq!(call["uncertain"], true, "{tools}");
+    assert!(!tools.contains("no longer registered"), "{tools}");
 }
 
 #[test]

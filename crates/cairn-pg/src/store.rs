@@ -526,7 +526,7 @@ pub fn import(client: &mut Client, bytes: &[u8]) -> Result<String, StorageError>
 ///   so that the export passes `cairn check`);
 /// - every line is replayed and checked;
 /// - a tool call the file leaves unsettled is settled without running it,
-///   by the core's own resume with no tools and no model (an approval the
+///   by the core's own resume with stand-ins that never run and no model (an approval the
 ///   file records came from another host and is not trusted: the call ends
 ///   failed-uncertain, or rejected when it was still waiting for a verdict;
 ///   the next turn's model sees that).
@@ -610,15 +610,48 @@ fn parse_import(bytes: &[u8], max_line: u64) -> Result<Parsed, StorageError> {
         }
         rows.push((first, index.last_seq(), line.to_owned()));
     }
-    let unsettled: Vec<String> = cairn_core::projection::ToolState::replay(index.entries())
+    let pending: Vec<(String, String)> = cairn_core::projection::ToolState::replay(index.entries())
         .invocations
         .iter()
         .filter(|inv| inv.settlements == 0)
-        .map(|inv| inv.invocation_id.clone())
+        .map(|inv| (inv.invocation_id.clone(), inv.tool.clone()))
         .collect();
-    let settled = if unsettled.is_empty() { None } else { Some(settle_untrusted(bytes, max_line, &unsettled)?) };
+    let settled = if pending.is_empty() { None } else { Some(settle_untrusted(bytes, max_line, &pending)?) };
+    let unsettled: Vec<String> = pending.into_iter().map(|(invocation, _)| invocation).collect();
     let rows = ImportRows { header: header_line.to_owned(), lines: rows, last: index.last_seq() };
     Ok((header.id, rows, settled, unsettled))
+}
+
+/// The stand-in for an imported call's tool: the import never runs a tool.
+struct NotRunHere(cairn_core::tool::ToolSpec);
+
+impl NotRunHere {
+    fn new(name: &str) -> Self {
+        Self(cairn_core::tool::ToolSpec {
+            name: name.to_owned(),
+            description: "A tool of an imported session; not run by the import.".to_owned(),
+            input_schema: serde_json::json!({"type": "object"}),
+            risk: cairn_core::tool::Risk::Write,
+            capabilities: std::collections::BTreeSet::new(),
+            replay: cairn_core::tool::ReplayPolicy::Never,
+        })
+    }
+}
+
+impl cairn_core::tool::Tool for NotRunHere {
+    fn spec(&self) -> &cairn_core::tool::ToolSpec {
+        &self.0
+    }
+
+    fn execute(
+        &self,
+        _: &cairn_core::tool::ToolRequest,
+        _: &mut cairn_core::tool::ToolContext<'_>,
+    ) -> Result<cairn_core::tool::ToolReceipt, cairn_core::tool::ToolError> {
+        Err(cairn_core::tool::ToolError::Rejected(
+            "a call of an imported session is not run on a verdict recorded elsewhere".to_owned(),
+        ))
+    }
 }
 
 /// A model that never answers: the import's resume must settle the
@@ -647,13 +680,15 @@ impl cairn_core::provider::Provider for NoModel {
     }
 }
 
-/// The file with its unsettled calls settled by the core's resume with no
-/// tools registered (so nothing runs: a started call is settled
-/// failed-uncertain, one awaiting its verdict is rejected) and no model (the
+/// The file with its unsettled calls settled by the core's resume with
+/// stand-in tools whose effect never runs ([`NotRunHere`]: a started call is
+/// settled failed — uncertain where the effect may have happened — and one
+/// awaiting its verdict is rejected) and no model (the
 /// resume stops at the next model call, which a worker makes later). Done
 /// on a copy in a temporary directory, named `import.jsonl` (never after
 /// the id).
-fn settle_untrusted(bytes: &[u8], max_line: u64, unsettled: &[String]) -> Result<Vec<u8>, StorageError> {
+fn settle_untrusted(bytes: &[u8], max_line: u64, pending: &[(String, String)]) -> Result<Vec<u8>, StorageError> {
+    let unsettled: Vec<&str> = pending.iter().map(|(invocation, _)| invocation.as_str()).collect();
     use cairn_core::storage::{Durability, JsonlStore, StoreOptions};
     let dir =
         tempfile::tempdir().map_err(|source| StorageError::Io { path: "a temporary directory".to_owned(), source })?;
@@ -670,7 +705,18 @@ fn settle_untrusted(bytes: &[u8], max_line: u64, unsettled: &[String]) -> Result
     };
     let mut session = cairn_core::Session::open(store, cairn_core::SessionConfig::default()).map_err(failed)?;
     let mut approver = cairn_core::approval::PolicyApprover::new(cairn_core::approval::Allowlist::default(), None);
-    let registry = cairn_core::ToolRegistry::new(&approver);
+    let mut registry = cairn_core::ToolRegistry::new(&approver);
+    let mut names: Vec<&str> = pending.iter().map(|(_, tool)| tool.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        // A stand-in whose effect never runs (the core applies the replay
+        // policy the log recorded: a started call is settled uncertain, or
+        // its stand-in "runs" and refuses; with no allow rule and no person
+        // a call still waiting for its verdict is rejected), so that the
+        // settlements do not claim the tool is gone.
+        let _ = registry.register(std::sync::Arc::new(NotRunHere::new(name)));
+    }
     let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = cairn_core::CancelToken::new();
     let mut env = cairn_core::TurnEnv {
