@@ -23,7 +23,8 @@
 //!   `<invocation> <worker> <unix ms>` to its session's file after its
 //!   work; at that instant the stamping worker must hold the latest claim
 //!   of the session (`cairn_claims`);
-//! - every session ends final, and none failed.
+//! - every session ends final, and none failed; once healed, the victim
+//!   works again (an effect of its own, accepted by the oracle above).
 //!
 //! It prints the failover times (cut → the session's claim by another
 //! worker) and the claim gaps it saw. `CAIRN_PG_CUTS` sets the number of
@@ -468,6 +469,23 @@ fn partitioned_worker_stalls_nobody_and_stops_its_effects() {
             .heal_and_arm(phases.get((n + 1) % phases.len()).and_then(|p| p.pattern()).filter(|_| n + 1 < cuts_wanted));
     }
     let cut_times = proxy.state.lock().unwrap().cuts.clone();
+    // Healed, the victim works again: it finishes a tool run of its own
+    // (which the effect oracle below must accept).
+    let stamped_by_victim = |submitted: &[(String, PathBuf, SystemTime)]| {
+        submitted
+            .iter()
+            .any(|(_, cwd, _)| std::fs::read_to_string(cwd.join("stamps.txt")).unwrap_or_default().contains(" victim "))
+    };
+    let healed = Instant::now();
+    while !stamped_by_victim(&submitted) {
+        assert!(
+            healed.elapsed() < Duration::from_secs(180),
+            "the victim did no work after the last partition healed\nvictim log:\n{}",
+            std::fs::read_to_string(dir.path().join("victim.log")).unwrap_or_default()
+        );
+        top_up(&mut client, &mut submitted);
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Let everything finish (no more submissions).
     let settle = Instant::now();
     loop {
@@ -571,6 +589,7 @@ fn partitioned_worker_stalls_nobody_and_stops_its_effects() {
         }
     }
     eprintln!("partition: {stamps} effects checked against the claims ({victim_stamps} by the victim)");
+    assert!(victim_stamps > 0, "the victim's own effects were not seen");
 
     // 3. Everything final, nothing failed.
     let failed: i64 =
