@@ -175,8 +175,11 @@ pub enum Command {
     },
     /// Enqueue a prompt in PostgreSQL for a worker: a new session (printing its id), or --session ID.
     Submit {
-        /// The prompt.
-        prompt: String,
+        /// The prompt ('-' reads it from stdin; or use --prompt-file).
+        prompt: Option<String>,
+        /// Read the prompt from a file, or '-' for stdin.
+        #[arg(long, value_name = "F", conflicts_with = "prompt")]
+        prompt_file: Option<PathBuf>,
         /// An existing session (id or unique prefix).
         #[arg(long, value_name = "ID")]
         session: Option<String>,
@@ -342,7 +345,9 @@ fn run(cli: Cli) -> Result<u8> {
             anyhow::bail!("dispatched before the other commands")
         }
         Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
-        Command::Submit { prompt, session } => crate::pg::submit(&ctx, session.as_deref(), &prompt),
+        Command::Submit { prompt, prompt_file, session } => {
+            crate::pg::submit(&ctx, session.as_deref(), prompt, prompt_file.as_deref())
+        }
         Command::Export { id } => crate::pg::export(&ctx, &id),
         Command::Approvals => crate::pg::approvals(&ctx),
         Command::Approve { session, invocation, deny } => {

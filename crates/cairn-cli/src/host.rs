@@ -257,7 +257,9 @@ fn announce(renderer: &mut Renderer, store: &JsonlStore) {
 }
 
 /// Read the prompt of `cairn run`.
-fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String> {
+/// The prompt from the argument, or from `--prompt-file` (`-`: stdin);
+/// empty refused.
+pub(crate) fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String> {
     let text = match (prompt, file) {
         (Some(p), _) => p,
         (None, Some(path)) if path == Path::new("-") => {
