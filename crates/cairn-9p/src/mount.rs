@@ -337,6 +337,14 @@ impl Filesystem for Mount {
         reply.ok();
     }
 
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // The tree's files go with their directory: `rmdir s/ID` archives
+        // the session (`rm -r` would remove each file first).
+        let path = self.path(parent).map_or_else(|| name.to_string_lossy().into_owned(), |p| join(&p, name));
+        eprintln!("cairn mount: {path}: files cannot be removed; `rmdir` the session (or job) directory to archive it");
+        reply.error(Errno::EPERM);
+    }
+
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let Some(parent) = self.path(parent) else { return reply.error(Errno::ENOENT) };
         let path = join(&parent, name);

@@ -264,3 +264,37 @@ fn blocked_stream_readers_leave_the_mount_answering_and_end_on_a_signal() {
         assert!(wait_child(&mut r).is_some(), "a reader stayed after the mount went");
     }
 }
+
+#[test]
+fn a_prompt_that_cannot_start_fails_its_write_through_the_mount() {
+    let env = Env::new();
+    let (_serve, _mount, mnt) = serve_and_mount(&env);
+    let m = mnt.display();
+    // A provider whose key is missing (the environment has none).
+    let create = sh_within(&format!("echo 'cwd={} provider=anthropic' > {m}/s/new", env.cwd.display()), "s/new");
+    assert!(create.status.success(), "{}", String::from_utf8_lossy(&create.stderr));
+    let idx = std::fs::read_to_string(mnt.join("s/idx")).unwrap();
+    let id = idx.split_whitespace().next().expect("a session in idx").to_owned();
+    let prompt = sh_within(&format!("echo hello > {m}/s/{id}/prompt"), "a prompt");
+    assert!(!prompt.status.success(), "a prompt that cannot start was written without an error");
+    assert_eq!(std::fs::read_to_string(mnt.join(format!("s/{id}/state"))).unwrap(), "idle\n");
+}
+
+#[test]
+fn rmdir_archives_a_session_as_help_says_and_rm_of_a_file_says_why_not() {
+    let env = Env::new();
+    let (_serve, _mount, mnt) = serve_and_mount(&env);
+    let script = env.script(&[json!({"text": "x"})]);
+    let id = mounted_session(&env, &mnt, &script);
+    let m = mnt.display();
+    let help = std::fs::read_to_string(mnt.join("help")).unwrap();
+    assert!(help.contains("rmdir s/ID"), "{help}");
+    let rm = sh_within(&format!("rm {m}/s/{id}/chat"), "rm");
+    assert!(!rm.status.success());
+    let said = String::from_utf8_lossy(&rm.stderr);
+    assert!(said.contains("Operation not permitted"), "{said}");
+    let rmdir = sh_within(&format!("rmdir {m}/s/{id}"), "rmdir");
+    assert!(rmdir.status.success(), "{}", String::from_utf8_lossy(&rmdir.stderr));
+    assert!(!std::fs::read_to_string(mnt.join("s/idx")).unwrap().contains(&id));
+    assert!(env.home.join("archive").read_dir().unwrap().count() > 0, "nothing archived");
+}

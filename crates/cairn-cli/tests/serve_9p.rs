@@ -962,3 +962,65 @@ fn a_connection_that_never_negotiates_is_closed_and_one_that_did_may_idle() {
     // The negotiated connection outlived that and still answers.
     assert!(text(&mut c, "help").contains("s/new"));
 }
+
+#[test]
+fn a_prompt_refused_at_its_clunk_is_the_last_line_of_state_and_event() {
+    let env = Env::new();
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file",
+        "arguments": {"path": "f.txt", "content": "x\n"}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let (_served, mut c, id) = scripted_session(&env, &script, "");
+    // A writer opens the prompt while the session is idle and writes...
+    let (fid, _) = c.walk(&format!("s/{id}/prompt")).unwrap();
+    c.open(fid, mode::WRITE).unwrap();
+    c.write_at(fid, 0, b"the second prompt").unwrap();
+    // ...another prompt starts a turn first (it waits for an approval)...
+    let mut other = connect(&_served.addresses[0]);
+    other.write_file(&format!("s/{id}/prompt"), b"the first prompt").unwrap();
+    wait_for("the approval", || text(&mut c, &format!("s/{id}/state")).starts_with("awaiting approval"));
+    // ...so the first writer's clunk is refused, and that is told.
+    let clunked = c.clunk(fid).unwrap_err().to_string();
+    assert!(clunked.contains("busy"), "{clunked}");
+    let state = text(&mut c, &format!("s/{id}/state"));
+    let last = state.lines().last().unwrap();
+    assert!(last.starts_with("not started: busy"), "state does not tell the refused prompt: {state:?}");
+    let events = events_so_far(&mut c, &id);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "startRefused", "{last}");
+    assert!(last["error"].as_str().unwrap().contains("busy"), "{last}");
+}
+
+#[test]
+fn state_says_busy_elsewhere_while_another_process_holds_the_session() {
+    let env = Env::new();
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file",
+        "arguments": {"path": "f.txt", "content": "x\n"}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let (served, mut c, id) = scripted_session(&env, &script, "");
+    c.write_file(&format!("s/{id}/prompt"), b"go").unwrap();
+    wait_for("the approval", || text(&mut c, &format!("s/{id}/state")).starts_with("awaiting approval"));
+    drop(c);
+    drop(served); // SIGKILL: the turn stays in progress in the file.
+    // Another process takes the session's writer lock (as `cairn run`
+    // does while its turn runs) and keeps it.
+    let file = env.home.join("sessions").join(format!("{id}.jsonl"));
+    let lock = format!("{}.lock", file.display());
+    let mut holder = Command::new("sh")
+        .args(["-c", &format!("exec 9>>{lock}; flock -x 9; echo $$ > {lock}; echo locked; exec sleep 600")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    BufReader::new(holder.stdout.take().unwrap()).read_line(&mut said).unwrap();
+    assert_eq!(said.trim(), "locked");
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let state = text(&mut c, &format!("s/{id}/state"));
+    assert!(state.starts_with("busy elsewhere: process "), "{state}");
+    assert!(text(&mut c, "s/idx").contains(&format!("{id} busy elsewhere")), "idx");
+    let prompt = c.write_file(&format!("s/{id}/prompt"), b"again").unwrap_err().to_string();
+    assert!(prompt.contains("busy"), "{prompt}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(text(&mut c, &format!("s/{id}/state")), "interrupted\n");
+}
