@@ -44,7 +44,31 @@ impl cairn_faces::Host for CliHost<'_> {
     }
 
     fn open_session(&self, id: &str) -> Result<JsonlStore> {
-        let path = crate::sessions::resolve(&self.ctx.paths, id, &self.ctx.settings.store_options())?;
+        // Only a session file of the sessions directory, by its whole id:
+        // never a path (opening takes a writer lock beside the file, which
+        // must not be created anywhere else), and never a prefix (the
+        // client would go on using the id it sent).
+        let dir = self.ctx.paths.sessions();
+        if id.is_empty() || id.starts_with('.') || id.contains(['/', '\\', '\0']) {
+            anyhow::bail!("{id:?} is not a session id: give the id of a session in {}", dir.display());
+        }
+        let path = dir.join(format!("{id}.jsonl"));
+        if !path.is_file() {
+            let stem = |p: &PathBuf| p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let prefixed: Vec<String> = crate::sessions::session_files(&self.ctx.paths)
+                .unwrap_or_default()
+                .iter()
+                .map(stem)
+                .filter(|s| s.starts_with(id))
+                .collect();
+            match prefixed.as_slice() {
+                [] => anyhow::bail!("no session {id:?} in {}", dir.display()),
+                many => anyhow::bail!(
+                    "{id:?} is only the start of a session id ({}); load it by its whole id",
+                    many.join(", ")
+                ),
+            }
+        }
         crate::wiring::open_session(self.ctx, &path)
     }
 

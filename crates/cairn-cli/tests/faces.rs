@@ -518,3 +518,38 @@ fn mcp_a_cancelled_call_is_stopped_recorded_and_not_answered() {
     let check = env.cairn(&["check", env.session_files()[0].to_str().unwrap()]).output().unwrap();
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
 }
+
+#[test]
+fn acp_sessions_run_at_once_in_one_process() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "b.txt", "content": "new\n"}}]}),
+            json!({"text": "Done."}),
+        ],
+    );
+    acp(&env, "concurrent", &script, &[]);
+    assert_eq!(env.session_files().len(), 2);
+}
+
+#[test]
+fn acp_load_refuses_id_prefixes_and_paths_and_creates_nothing_beside_them() {
+    let env = setup();
+    let script = write_script(&env, &[json!({"text": "Hi."})]);
+    let made =
+        env.cairn(&["--provider", "scripted", "--script", script.to_str().unwrap(), "run", "hi"]).output().unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let file = env.session_files()[0].clone();
+    let id = file.file_stem().unwrap().to_string_lossy().into_owned();
+    let outside = env.cwd.join("not-a-session");
+    std::fs::write(&outside, "just a file\n").unwrap();
+    let copy = env.cwd.join("copy.jsonl");
+    std::fs::copy(&file, &copy).unwrap();
+    let out = acp(&env, "load_refused", &script, &[&id[..8], outside.to_str().unwrap(), copy.to_str().unwrap()]);
+    assert!(out.contains(&format!("REFUSED {}", &id[..8])) && out.contains(&id), "{out}");
+    for beside in [&outside, &copy] {
+        let lock = format!("{}.lock", beside.display());
+        assert!(!std::path::Path::new(&lock).exists(), "session/load created {lock}");
+    }
+}

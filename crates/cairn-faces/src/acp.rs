@@ -1,13 +1,16 @@
 //! `cairn acp`: an Agent Client Protocol agent over stdio, for editors.
 //!
-//! Two threads. The reader owns stdin: it answers lines that are not
+//! Threads. The reader owns stdin: it answers lines that are not
 //! messages, routes responses to the requests this agent sent (permission
-//! questions), and handles `session/cancel` itself — so a cancel reaches a
-//! turn that is blocked in the provider, a tool or a permission question.
-//! Every other message goes, in order, to the main thread, which owns the
-//! sessions and runs one request at a time (a prompt runs its whole turn
-//! there, streaming `session/update` notifications as the core tells
-//! events, each after the line holding it is committed).
+//! questions, the editor's file access), and handles `session/cancel`
+//! itself — so a cancel reaches a turn that is blocked in the provider, a
+//! tool or a permission question. Every other message goes, in order, to
+//! the main thread, which answers `initialize` and `session/new` and hands
+//! each session's prompts and loads, in order, to that session's own
+//! thread (which owns the session and its provider, and runs its whole
+//! turn, streaming `session/update` notifications as the core tells
+//! events, each after the line holding it is committed). So sessions run
+//! at once, and one session's turn never holds up another's requests.
 //!
 //! Sessions are cairn sessions: `session/new` creates a session file in the
 //! client's cwd, `session/load` opens one by id and replays its lane as
@@ -229,21 +232,35 @@ fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
     }
 }
 
-/// One open session.
+/// One open session, owned by its own thread.
 struct Open {
     session: Session<JsonlStore>,
     registry: ToolRegistry,
     approver: PolicyApprover,
     cwd: PathBuf,
+    /// Built at the first prompt (a missing key fails that prompt, not
+    /// session/new); one per session, so sessions run at once.
+    provider: Option<Box<dyn Provider + Send>>,
+}
+
+/// Work for a session's thread, in the order it was read.
+enum Job {
+    Prompt {
+        id: Value,
+        params: Value,
+        cancel: CancelToken,
+    },
+    /// session/load of a session already open: replay it, then answer.
+    Load {
+        id: Value,
+    },
 }
 
 struct Agent<'h> {
     host: &'h dyn Host,
     shared: Arc<Shared>,
-    /// One provider per working tree (the local provider grounds path
-    /// arguments in its session's tree).
-    providers: std::collections::HashMap<std::path::PathBuf, Box<dyn Provider + Send>>,
-    sessions: HashMap<String, Open>,
+    /// Each open session's thread.
+    sessions: HashMap<String, Sender<Job>>,
     initialized: bool,
     /// The client offers fs/read_text_file and fs/write_text_file.
     client_fs: (bool, bool),
@@ -251,46 +268,75 @@ struct Agent<'h> {
     after: Vec<(String, Value)>,
 }
 
+/// The main thread answers everything but prompts and loads, which go to
+/// their session's thread: a turn of one session never holds up a request
+/// for another (or `session/new`). Returns once the input closed and every
+/// session's thread finished what it was given.
 fn main_loop(host: &dyn Host, shared: &Arc<Shared>, work: &Receiver<Work>) {
-    let mut agent = Agent {
-        host,
-        shared: Arc::clone(shared),
-        providers: std::collections::HashMap::new(),
-        sessions: HashMap::new(),
-        initialized: false,
-        client_fs: (false, false),
-        after: Vec::new(),
-    };
-    while let Ok(Work::Request { id, method, params, cancel }) = work.recv() {
-        let answer = match agent.handle(&method, &params, cancel) {
-            Ok(result) => jsonrpc::response(&id, result),
-            Err(error) => jsonrpc::error_response(&id, &error),
+    std::thread::scope(|scope| {
+        let mut agent = Agent {
+            host,
+            shared: Arc::clone(shared),
+            sessions: HashMap::new(),
+            initialized: false,
+            client_fs: (false, false),
+            after: Vec::new(),
         };
-        if shared.out.send(&answer).is_err() {
-            return;
+        while let Ok(Work::Request { id, method, params, cancel }) = work.recv() {
+            let answer = match agent.handle(scope, &id, &method, &params, cancel) {
+                Ok(None) => continue,
+                Ok(Some(result)) => jsonrpc::response(&id, result),
+                Err(error) => jsonrpc::error_response(&id, &error),
+            };
+            if shared.out.send(&answer).is_err() {
+                break;
+            }
+            for (sid, update) in agent.after.drain(..) {
+                shared.notify(&sid, update);
+            }
         }
-        for (sid, update) in agent.after.drain(..) {
-            shared.notify(&sid, update);
-        }
-    }
+        // Dropping the senders lets each session's thread finish its queue.
+    });
 }
 
 fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
     params.get(key).and_then(Value::as_str).ok_or_else(|| RpcError::params(format!("missing string parameter {key:?}")))
 }
 
-impl Agent<'_> {
-    fn handle(&mut self, method: &str, params: &Value, cancel: Option<CancelToken>) -> Result<Value, RpcError> {
+impl<'h> Agent<'h> {
+    /// Answer a request (`Some`), or hand it to a session's thread, which
+    /// answers it (`None`).
+    fn handle<'s>(
+        &mut self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        id: &Value,
+        method: &str,
+        params: &Value,
+        cancel: Option<CancelToken>,
+    ) -> Result<Option<Value>, RpcError>
+    where
+        'h: 's,
+    {
         match method {
-            "initialize" => self.initialize(params),
+            "initialize" => self.initialize(params).map(Some),
             _ if !self.initialized => Err(RpcError::new(
                 jsonrpc::code::INVALID_REQUEST,
                 "the agent is not initialized: send initialize first",
             )),
-            "authenticate" => Ok(json!({})),
-            "session/new" => self.new_session(params),
-            "session/load" => self.load_session(params),
-            "session/prompt" => self.prompt(params, cancel.unwrap_or_default()),
+            "authenticate" => Ok(Some(json!({}))),
+            "session/new" => self.new_session(scope, params).map(Some),
+            "session/load" => self.load_session(scope, id, params).map(|()| None),
+            "session/prompt" => {
+                let sid = str_param(params, "sessionId")?;
+                let Some(thread) = self.sessions.get(sid) else {
+                    return Err(RpcError::params(format!(
+                        "unknown session {sid:?}: create one with session/new or open it with session/load"
+                    )));
+                };
+                let job = Job::Prompt { id: id.clone(), params: params.clone(), cancel: cancel.unwrap_or_default() };
+                thread.send(job).map_err(|_| RpcError::internal(format!("session {sid:?} is closed")))?;
+                Ok(None)
+            }
             other => Err(RpcError::no_method(other, "ACP")),
         }
     }
@@ -317,45 +363,34 @@ impl Agent<'_> {
         }))
     }
 
-    fn open(&self, store: JsonlStore) -> Result<Open, RpcError> {
-        let cwd = PathBuf::from(&store.header().cwd);
-        let crate::HostTools { tools, notes } =
-            self.host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        for note in notes {
-            eprintln!("cairn acp: {note}");
-        }
-        // The approver first: the registry offers what it can answer.
-        let allow = self.host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        let asker = PermissionAsker { shared: Arc::clone(&self.shared), session_id: store.header().id.clone() };
-        let approver = PolicyApprover::new(allow, Some(Box::new(asker)));
-        let mut registry = ToolRegistry::new(&approver);
-        let session_id = store.header().id.clone();
-        for tool in tools {
-            let op = match tool.spec().name.as_str() {
-                "read_file" if self.client_fs.0 => Some(client_fs::Op::Read),
-                "write_file" if self.client_fs.1 => Some(client_fs::Op::Write),
-                _ => None,
-            };
-            let tool: Arc<dyn cairn_core::tool::Tool> = match op {
-                Some(op) => Arc::new(client_fs::ClientFile {
-                    inner: tool,
-                    op,
-                    shared: Arc::clone(&self.shared),
-                    session_id: session_id.clone(),
-                }),
-                None => tool,
-            };
-            let name = tool.spec().name.clone();
-            if let Err(e) = registry.register(tool) {
-                eprintln!("cairn acp: tool {name} not offered: {e}");
+    /// Start the thread of the session in `store`; once it has opened the
+    /// session (or failed to).
+    fn spawn<'s>(&mut self, scope: &'s std::thread::Scope<'s, '_>, store: JsonlStore) -> Result<String, RpcError>
+    where
+        'h: 's,
+    {
+        let id = store.header().id.clone();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let (jobs_tx, jobs_rx) = mpsc::channel();
+        let (host, shared, client_fs) = (self.host, Arc::clone(&self.shared), self.client_fs);
+        std::thread::Builder::new()
+            .name(format!("acp-{id}"))
+            .spawn_scoped(scope, move || session_thread(host, &shared, client_fs, store, &ready_tx, &jobs_rx))
+            .map_err(|e| RpcError::internal(format!("cannot start the session's thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {
+                self.sessions.insert(id.clone(), jobs_tx);
+                Ok(id)
             }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RpcError::internal("the session's thread stopped before opening it")),
         }
-        let session = Session::open(store, self.host.session_config())
-            .map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?;
-        Ok(Open { session, registry, approver, cwd })
     }
 
-    fn new_session(&mut self, params: &Value) -> Result<Value, RpcError> {
+    fn new_session<'s>(&mut self, scope: &'s std::thread::Scope<'s, '_>, params: &Value) -> Result<Value, RpcError>
+    where
+        'h: 's,
+    {
         let cwd = Path::new(str_param(params, "cwd")?);
         if !cwd.is_absolute() {
             return Err(RpcError::params(format!("cwd {} must be an absolute path", cwd.display())));
@@ -366,110 +401,180 @@ impl Agent<'_> {
             .filter(|c| c.is_dir())
             .ok_or_else(|| RpcError::params(format!("cwd {} is not an existing directory", cwd.display())))?;
         let store = self.host.create_session(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        let id = store.header().id.clone();
-        let open = self.open(store)?;
-        self.sessions.insert(id.clone(), open);
+        let id = self.spawn(scope, store)?;
         self.after.push((id.clone(), commands_update()));
         Ok(json!({"sessionId": id}))
     }
 
-    fn load_session(&mut self, params: &Value) -> Result<Value, RpcError> {
+    fn load_session<'s>(
+        &mut self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        id: &Value,
+        params: &Value,
+    ) -> Result<(), RpcError>
+    where
+        'h: 's,
+    {
         let wanted = str_param(params, "sessionId")?;
-        let id = match self.sessions.keys().find(|k| k.as_str() == wanted) {
-            Some(id) => id.clone(),
-            None => {
-                let store = self.host.open_session(wanted).map_err(|e| RpcError::params(format!("{e:#}")))?;
-                let id = store.header().id.clone();
-                if !self.sessions.contains_key(&id) {
-                    let open = self.open(store)?;
-                    self.sessions.insert(id.clone(), open);
-                }
-                id
+        if !self.sessions.contains_key(wanted) {
+            let store = self.host.open_session(wanted).map_err(|e| RpcError::params(format!("{e:#}")))?;
+            if store.header().id != wanted {
+                return Err(RpcError::params(format!(
+                    "session file {wanted} declares the id {}; load it by that id",
+                    store.header().id
+                )));
             }
-        };
-        if let Some(open) = self.sessions.get(&id) {
-            replay(&self.shared, &id, open);
+            self.spawn(scope, store)?;
         }
-        self.after.push((id, commands_update()));
-        Ok(json!({}))
+        let thread = self.sessions.get(wanted).ok_or_else(|| RpcError::internal("the session vanished"))?;
+        thread
+            .send(Job::Load { id: id.clone() })
+            .map_err(|_| RpcError::internal(format!("session {wanted:?} is closed")))
     }
+}
 
-    fn provider(&mut self, cwd: &std::path::Path) -> Result<(), RpcError> {
-        if !self.providers.contains_key(cwd) {
-            let provider = self.host.provider(cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
-            self.providers.insert(cwd.to_path_buf(), provider);
+/// Open `store` as a session of this agent: its tools (through the editor
+/// where it offers file access), its approver, the core session.
+fn open_session(
+    host: &dyn Host,
+    shared: &Arc<Shared>,
+    client_fs: (bool, bool),
+    store: JsonlStore,
+) -> Result<Open, RpcError> {
+    let cwd = PathBuf::from(&store.header().cwd);
+    let crate::HostTools { tools, notes } = host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+    for note in notes {
+        eprintln!("cairn acp: {note}");
+    }
+    // The approver first: the registry offers what it can answer.
+    let allow = host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
+    let asker = PermissionAsker { shared: Arc::clone(shared), session_id: store.header().id.clone() };
+    let approver = PolicyApprover::new(allow, Some(Box::new(asker)));
+    let mut registry = ToolRegistry::new(&approver);
+    let session_id = store.header().id.clone();
+    for tool in tools {
+        let op = match tool.spec().name.as_str() {
+            "read_file" if client_fs.0 => Some(client_fs::Op::Read),
+            "write_file" if client_fs.1 => Some(client_fs::Op::Write),
+            _ => None,
+        };
+        let tool: Arc<dyn cairn_core::tool::Tool> = match op {
+            Some(op) => Arc::new(client_fs::ClientFile {
+                inner: tool,
+                op,
+                shared: Arc::clone(shared),
+                session_id: session_id.clone(),
+            }),
+            None => tool,
+        };
+        let name = tool.spec().name.clone();
+        if let Err(e) = registry.register(tool) {
+            eprintln!("cairn acp: tool {name} not offered: {e}");
         }
-        Ok(())
     }
+    let session = Session::open(store, host.session_config())
+        .map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?;
+    Ok(Open { session, registry, approver, cwd, provider: None })
+}
 
-    fn prompt(&mut self, params: &Value, cancel: CancelToken) -> Result<Value, RpcError> {
-        let sid = str_param(params, "sessionId")?.to_owned();
-        let text = prompt_text(params.get("prompt").unwrap_or(&Value::Null))?;
-        let Some(session_cwd) = self.sessions.get(&sid).map(|open| open.cwd.clone()) else {
-            return Err(RpcError::params(format!(
-                "unknown session {sid:?}: create one with session/new or open it with session/load"
-            )));
-        };
-        self.provider(&session_cwd)?;
-        let Some(provider) = self.providers.get(&session_cwd).map(|p| &**p) else {
-            return Err(RpcError::internal("no provider"));
-        };
-        let Some(open) = self.sessions.get_mut(&sid) else {
-            return Err(RpcError::internal(format!("session {sid:?} vanished while preparing its turn")));
-        };
-        let shared = Arc::clone(&self.shared);
-        let cwd = open.cwd.clone();
-        let mut observer = |event: &TurnEvent| {
-            if let Some(update) = live_update(event, &cwd) {
-                shared.notify(&sid, update);
+/// A session's thread: opens it, then runs its prompts and loads one at a
+/// time, answering each itself.
+fn session_thread(
+    host: &dyn Host,
+    shared: &Arc<Shared>,
+    client_fs: (bool, bool),
+    store: JsonlStore,
+    ready: &mpsc::SyncSender<Result<(), RpcError>>,
+    jobs: &Receiver<Job>,
+) {
+    let sid = store.header().id.clone();
+    let mut open = match open_session(host, shared, client_fs, store) {
+        Ok(open) => open,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    if ready.send(Ok(())).is_err() {
+        return;
+    }
+    while let Ok(job) = jobs.recv() {
+        match job {
+            Job::Prompt { id, params, cancel } => {
+                let answer = match prompt(host, shared, &sid, &mut open, &params, &cancel) {
+                    Ok(result) => jsonrpc::response(&id, result),
+                    Err(error) => jsonrpc::error_response(&id, &error),
+                };
+                let _ = shared.out.send(&answer);
             }
-        };
-        let mut env = TurnEnv {
-            provider,
-            tools: &open.registry,
-            approver: &mut open.approver,
-            observer: &mut observer,
-            cancel: &cancel,
-        };
-        let resume_only = text.trim() == RESUME_COMMAND;
-        let session = &mut open.session;
-        let result = (|| -> Result<Option<TurnStop>, TurnError> {
-            let mut last = None;
-            // A crashed or failed turn is finished first (as `cairn chat`
-            // does); a cancelled one only when asked, else a new prompt
-            // replaces it.
-            if session.needs_resume() && (resume_only || session.pc().phase != Phase::Cancelled) {
-                last = session.resume(&mut env)?.map(|o| o.stop);
-                if last != Some(TurnStop::Answered) || resume_only {
-                    return Ok(last);
-                }
+            Job::Load { id } => {
+                replay(shared, &sid, &open);
+                let _ = shared.out.send(&jsonrpc::response(&id, json!({})));
+                shared.notify(&sid, commands_update());
             }
-            if resume_only {
+        }
+    }
+}
+
+fn prompt(
+    host: &dyn Host,
+    shared: &Arc<Shared>,
+    sid: &str,
+    open: &mut Open,
+    params: &Value,
+    cancel: &CancelToken,
+) -> Result<Value, RpcError> {
+    let text = prompt_text(params.get("prompt").unwrap_or(&Value::Null))?;
+    if open.provider.is_none() {
+        open.provider = Some(host.provider(&open.cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?);
+    }
+    let Some(provider) = open.provider.as_deref() else { return Err(RpcError::internal("no provider")) };
+    let cwd = open.cwd.clone();
+    let mut observer = |event: &TurnEvent| {
+        if let Some(update) = live_update(event, &cwd) {
+            shared.notify(sid, update);
+        }
+    };
+    let mut env =
+        TurnEnv { provider, tools: &open.registry, approver: &mut open.approver, observer: &mut observer, cancel };
+    let resume_only = text.trim() == RESUME_COMMAND;
+    let session = &mut open.session;
+    let result = (|| -> Result<Option<TurnStop>, TurnError> {
+        let mut last = None;
+        // A crashed or failed turn is finished first (as `cairn chat`
+        // does); a cancelled one only when asked, else a new prompt
+        // replaces it.
+        if session.needs_resume() && (resume_only || session.pc().phase != Phase::Cancelled) {
+            last = session.resume(&mut env)?.map(|o| o.stop);
+            if last != Some(TurnStop::Answered) || resume_only {
                 return Ok(last);
             }
-            Ok(Some(session.run_turn(&text, &mut env)?.stop))
-        })();
-        match result {
-            Ok(stop) => {
-                if stop.is_none() {
-                    self.shared.notify(
-                        &sid,
-                        json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "nothing to resume in this session"}}),
-                    );
-                }
-                let reason = match stop {
-                    None | Some(TurnStop::Answered) => "end_turn",
-                    Some(TurnStop::StepLimit) => "max_turn_requests",
-                    Some(TurnStop::Cancelled) => "cancelled",
-                };
-                Ok(json!({"stopReason": reason}))
-            }
-            Err(e) if cancel.is_cancelled() => {
-                eprintln!("cairn acp: cancelled turn ended with: {e}");
-                Ok(json!({"stopReason": "cancelled"}))
-            }
-            Err(e) => Err(RpcError::internal(format!("{e}; the turn is saved, send {RESUME_COMMAND} to continue it"))),
         }
+        if resume_only {
+            return Ok(last);
+        }
+        Ok(Some(session.run_turn(&text, &mut env)?.stop))
+    })();
+    match result {
+        Ok(stop) => {
+            if stop.is_none() {
+                shared.notify(
+                    sid,
+                    json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "nothing to resume in this session"}}),
+                );
+            }
+            let reason = match stop {
+                None | Some(TurnStop::Answered) => "end_turn",
+                Some(TurnStop::StepLimit) => "max_turn_requests",
+                Some(TurnStop::Cancelled) => "cancelled",
+            };
+            Ok(json!({"stopReason": reason}))
+        }
+        Err(e) if cancel.is_cancelled() => {
+            eprintln!("cairn acp: cancelled turn ended with: {e}");
+            Ok(json!({"stopReason": "cancelled"}))
+        }
+        Err(e) => Err(RpcError::internal(format!("{e}; the turn is saved, send {RESUME_COMMAND} to continue it"))),
     }
 }
 

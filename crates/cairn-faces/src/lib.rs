@@ -27,7 +27,7 @@ use cairn_core::tool::Tool;
 
 /// What a face needs from the program hosting it (configuration,
 /// providers, tools, where sessions live).
-pub trait Host {
+pub trait Host: Sync {
     /// The configured provider for sessions working in `cwd`.
     fn provider(&self, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>>;
     /// The tools offered in `cwd` (built-ins, then external tools).
@@ -36,7 +36,8 @@ pub trait Host {
     fn allowlist(&self) -> anyhow::Result<Allowlist>;
     /// Create a new session file whose working directory is `cwd`.
     fn create_session(&self, cwd: &Path) -> anyhow::Result<JsonlStore>;
-    /// Open an existing session by id, unique prefix, name or path.
+    /// Open an existing session of the sessions directory by its whole id
+    /// (never a path outside it, never a prefix).
     fn open_session(&self, id: &str) -> anyhow::Result<JsonlStore>;
     /// Limits and settings of turns.
     fn session_config(&self) -> SessionConfig;

@@ -30,6 +30,9 @@ class Editor:
         self.events = []
         self.commands = set()
         self.conn = None
+        self.held_session = None
+        self.asked = asyncio.Event()
+        self.release = asyncio.Event()
 
     def on_connect(self, conn):
         self.conn = conn
@@ -45,6 +48,15 @@ class Editor:
 
     async def request_permission(self, options, session_id, tool_call, **kwargs):
         self.events.append(("permission", session_id, (tool_call, options)))
+        if self.answer == "hold_first":
+            # The first session's question is held until the test releases
+            # it: its turn keeps running meanwhile.
+            if self.held_session in (None, session_id):
+                self.held_session = session_id
+                self.asked.set()
+                await self.release.wait()
+            chosen = [o for o in options if o.kind == "allow_once"]
+            return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=chosen[0].option_id))
         if self.answer == "forged":
             # A client answering with an option that was not offered.
             return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id="allow-always"))
@@ -124,7 +136,7 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once"}[scenario]
+              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -138,6 +150,36 @@ async def main():
             # (consecutive chunks are joined by summary())
             expect(editor.summary(), [("agent_message_chunk", "Recovered.Third.")])
             print("recovered")
+            return
+        if scenario == "load_refused":
+            # A prefix of an id, and paths, are refused (nothing is created
+            # beside a path).
+            from acp import RequestError
+            for wanted in rest:
+                try:
+                    await conn.load_session(cwd=cwd, session_id=wanted, mcp_servers=[])
+                except RequestError as e:
+                    print("REFUSED", wanted, str(e.data) + str(e))
+                else:
+                    raise AssertionError(f"session/load {wanted!r} was accepted")
+            return
+        if scenario == "concurrent":
+            first = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            running = asyncio.ensure_future(conn.prompt(session_id=first, prompt=[text_block("one")]))
+            await asyncio.wait_for(editor.asked.wait(), 60)
+            # The first session's turn is running (waiting for its answer):
+            # another session is created, prompted and finished meanwhile.
+            try:
+                second = (await asyncio.wait_for(conn.new_session(cwd=cwd, mcp_servers=[]), 60)).session_id
+                r = await asyncio.wait_for(conn.prompt(session_id=second, prompt=[text_block("two")]), 60)
+            except asyncio.TimeoutError:
+                raise AssertionError("a second session waited for the first session's turn")
+            expect(r.stop_reason, "end_turn")
+            assert not running.done(), "the first turn ended before its question was answered"
+            editor.release.set()
+            r = await asyncio.wait_for(running, 60)
+            expect(r.stop_reason, "end_turn")
+            print("ok", scenario)
             return
         if scenario == "load":
             sid = rest[0]
