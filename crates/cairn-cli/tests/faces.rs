@@ -454,6 +454,7 @@ fn acp_reads_and_writes_through_the_editor_when_it_offers_fs() {
             json!({"toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
             json!({"toolCalls": [{"id": "c2", "name": "read_file", "arguments": {"path": "link-out"}}]}),
             json!({"toolCalls": [{"id": "c3", "name": "write_file", "arguments": {"path": "b.txt", "content": "via the editor\n"}}]}),
+            json!({"toolCalls": [{"id": "c4", "name": "edit_file", "arguments": {"path": "a.txt", "old": "unsaved buffer line", "new": "edited in the buffer"}}]}),
             json!({"text": "Edited."}),
         ],
     );

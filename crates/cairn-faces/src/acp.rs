@@ -448,7 +448,11 @@ fn open_session(
     }
     // The approver first: the registry offers what it can answer.
     let allow = host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
-    let asker = PermissionAsker { shared: Arc::clone(shared), session_id: store.header().id.clone() };
+    let asker = PermissionAsker {
+        shared: Arc::clone(shared),
+        session_id: store.header().id.clone(),
+        editor_reads: client_fs.0,
+    };
     let approver = PolicyApprover::new(allow, Some(Box::new(asker)));
     let mut registry = ToolRegistry::new(&approver);
     let session_id = store.header().id.clone();
@@ -456,6 +460,7 @@ fn open_session(
         let op = match tool.spec().name.as_str() {
             "read_file" if client_fs.0 => Some(client_fs::Op::Read),
             "write_file" if client_fs.1 => Some(client_fs::Op::Write),
+            "edit_file" if client_fs.0 && client_fs.1 => Some(client_fs::Op::Edit),
             _ => None,
         };
         let tool: Arc<dyn cairn_core::tool::Tool> = match op {
@@ -464,6 +469,7 @@ fn open_session(
                 op,
                 shared: Arc::clone(shared),
                 session_id: session_id.clone(),
+                reads: client_fs.0,
             }),
             None => tool,
         };
@@ -772,6 +778,8 @@ fn replay(shared: &Shared, sid: &str, open: &Open) {
 struct PermissionAsker {
     shared: Arc<Shared>,
     session_id: String,
+    /// The editor offers reads: the diff's old text is the editor's.
+    editor_reads: bool,
 }
 
 const ALLOW_ONCE: &str = "allow-once";
@@ -790,10 +798,32 @@ fn preview_text(preview: &Preview) -> String {
 /// Editors render a `diff` content as a diff view: the whole new file of a
 /// `write_file` against what is on disk now (text up to 1 MiB, read only
 /// inside the working directory), or the replaced text of an `edit_file`.
-fn diff_content(request: &ApprovalRequest<'_>) -> Option<Value> {
+fn diff_content(request: &ApprovalRequest<'_>, editor: Option<(&Shared, &str)>) -> Option<Value> {
     let args = request.arguments;
     let given = args.get("path").and_then(Value::as_str)?;
     let path = cairn_tools::paths::resolve_in_cwd(request.cwd, given).ok()?;
+    // With the editor's file access, the old text is the editor's (what
+    // the model read and what the edit will change), not the disk's.
+    if let Some((shared, sid)) = editor
+        && matches!(request.tool, "write_file" | "edit_file")
+    {
+        let old = client_fs::editor_text(shared, sid, &path, None).ok();
+        let new = match request.tool {
+            "write_file" => args.get("content").and_then(Value::as_str)?.to_owned(),
+            _ => {
+                let call = cairn_core::tool::ToolRequest {
+                    invocation_id: request.invocation_id.to_owned(),
+                    call_id: String::new(),
+                    session_id: sid.to_owned(),
+                    tool: request.tool.to_owned(),
+                    arguments: args.clone(),
+                };
+                let rel = cairn_tools::paths::display_rel(request.cwd, &path);
+                cairn_tools::builtin::edit::edit_text(&call, old.as_deref()?, &rel).ok()?
+            }
+        };
+        return Some(json!({"type": "diff", "path": path, "oldText": old, "newText": new}));
+    }
     let (old, new) = match request.tool {
         "write_file" => {
             let new = args.get("content").and_then(Value::as_str)?;
@@ -839,7 +869,8 @@ impl Approver for PermissionAsker {
             None => shown.push_str(&serde_json::to_string_pretty(request.arguments).unwrap_or_default()),
         }
         let mut content = text_content(&shown);
-        if let (Some(diff), Some(items)) = (diff_content(request), content.as_array_mut()) {
+        let editor = self.editor_reads.then_some((&*self.shared, self.session_id.as_str()));
+        if let (Some(diff), Some(items)) = (diff_content(request, editor), content.as_array_mut()) {
             items.insert(0, diff);
         }
         let params = json!({

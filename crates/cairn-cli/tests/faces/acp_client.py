@@ -305,19 +305,38 @@ async def main():
             for name in ("b.txt", "c.txt"):
                 assert os.path.exists(os.path.join(cwd, name)), name
         elif scenario == "client_fs":
+            a = os.path.join(cwd, "a.txt")
             b = os.path.join(cwd, "b.txt")
+            buffer = "unsaved buffer line\nsecond\n"
             expect(got, [
                 ("tool_call", "read", "pending"), ("update", "read", "in_progress"),
-                ("fs_read", os.path.join(cwd, "a.txt")),
+                ("fs_read", a),
                 ("update", "read", "completed"),
                 # Outside the root: refused before the editor is asked.
                 ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "failed"),
+                # The write's preview and diff are made from the editor's text.
                 ("tool_call", "edit", "pending"),
+                ("fs_read", b), ("fs_read", b),
                 ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
                 ("update", "edit", "in_progress"),
                 ("fs_write", (b, "via the editor\n")),
                 ("update", "edit", "completed"),
+                # The edit applies to the editor's buffer (the disk's a.txt
+                # does not hold the old text) and is written back to it.
+                ("tool_call", "edit", "pending"),
+                ("fs_read", a), ("fs_read", a),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "in_progress"),
+                ("fs_read", a),
+                ("fs_write", (a, "edited in the buffer\nsecond\n")),
+                ("update", "edit", "completed"),
                 ("agent_message_chunk", "Edited."),
+            ])
+            asked = [p for k, _, p in editor.events if k == "permission"]
+            diffs = [[c for c in tc.content if c.type == "diff"][0] for tc, _ in asked]
+            expect([(d.path, d.old_text, d.new_text) for d in diffs], [
+                (b, buffer, "via the editor\n"),
+                (a, buffer, "edited in the buffer\nsecond\n"),
             ])
             texts = editor.texts()
             assert "unsaved buffer line" in texts[0] and "hello from the root" not in texts[0], texts
