@@ -554,3 +554,37 @@ fn acp_load_refuses_id_prefixes_and_paths_and_creates_nothing_beside_them() {
         assert!(!std::path::Path::new(&lock).exists(), "session/load created {lock}");
     }
 }
+
+#[test]
+fn mcp_ping_is_answered_while_a_call_runs() {
+    let env = setup();
+    mcp(&env, "ping_running", &["--allow", "shell(sleep *)"]);
+}
+
+#[test]
+fn mcp_a_long_read_says_the_true_size_and_reads_on_with_offset() {
+    let env = setup();
+    let text: String = (1..=1500).map(|n| format!("line {n:>5} of the long file, padded to forty\n")).collect();
+    std::fs::write(env.cwd.join("long.txt"), text).unwrap();
+    mcp(&env, "long_read", &[]);
+}
+
+#[test]
+fn mcp_request_ids_beyond_2_53_are_echoed_exactly() {
+    let env = setup();
+    let big = "123456789012345678901234567890";
+    let edge = "9007199254740993"; // 2^53 + 1
+    let input = format!(
+        "{}\n{{\"jsonrpc\":\"2.0\",\"id\":{big},\"method\":\"ping\"}}\n{{\"jsonrpc\":\"2.0\",\"id\":{edge},\"method\":\"tools/list\"}}\n{{\"jsonrpc\":\"2.0\",\"id\":-{big},\"method\":\"nope\"}}\n",
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}})
+    );
+    let mut child =
+        env.cairn(&["mcp"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(child.wait().unwrap().success());
+    for id in [big.to_owned(), edge.to_owned(), format!("-{big}")] {
+        assert!(out.contains(&format!("\"id\":{id},")), "id {id} not echoed exactly:\n{out}");
+    }
+}

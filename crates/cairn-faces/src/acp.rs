@@ -48,7 +48,7 @@ use serde_json::{Value, json};
 mod client_fs;
 
 use crate::Host;
-use crate::jsonrpc::{self, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
+use crate::jsonrpc::{self, Id, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
 
 /// The ACP protocol version this agent speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -127,7 +127,7 @@ impl Shared {
 
 /// Work for the main thread.
 enum Work {
-    Request { id: Value, method: String, params: Value, cancel: Option<CancelToken> },
+    Request { id: Id, method: String, params: Value, cancel: Option<CancelToken> },
 }
 
 /// Serve ACP on `input`/`out` until the input closes and every request
@@ -246,13 +246,13 @@ struct Open {
 /// Work for a session's thread, in the order it was read.
 enum Job {
     Prompt {
-        id: Value,
+        id: Id,
         params: Value,
         cancel: CancelToken,
     },
     /// session/load of a session already open: replay it, then answer.
     Load {
-        id: Value,
+        id: Id,
     },
 }
 
@@ -309,7 +309,7 @@ impl<'h> Agent<'h> {
     fn handle<'s>(
         &mut self,
         scope: &'s std::thread::Scope<'s, '_>,
-        id: &Value,
+        id: &Id,
         method: &str,
         params: &Value,
         cancel: Option<CancelToken>,
@@ -409,7 +409,7 @@ impl<'h> Agent<'h> {
     fn load_session<'s>(
         &mut self,
         scope: &'s std::thread::Scope<'s, '_>,
-        id: &Value,
+        id: &Id,
         params: &Value,
     ) -> Result<(), RpcError>
     where
