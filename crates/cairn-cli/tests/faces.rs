@@ -588,3 +588,34 @@ fn mcp_request_ids_beyond_2_53_are_echoed_exactly() {
         assert!(out.contains(&format!("\"id\":{id},")), "id {id} not echoed exactly:\n{out}");
     }
 }
+
+#[test]
+fn acp_modes_map_to_the_approval_policy() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "b.txt", "content": "planned\n"}}]}),
+            json!({"text": "Planned."}),
+            json!({"toolCalls": [{"id": "c2", "name": "write_file", "arguments": {"path": "c.txt", "content": "auto\n"}}]}),
+            json!({"text": "Edited."}),
+        ],
+    );
+    acp(&env, "modes", &script, &[]);
+    let text = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(text.contains("plan mode"), "the refusal names the mode");
+    assert!(text.contains("auto-edit mode"), "the approval names the mode");
+}
+
+#[test]
+fn acp_streams_a_running_commands_output() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "echo streamed line"}}]}),
+            json!({"text": "Ran."}),
+        ],
+    );
+    acp(&env, "stream", &script, &[]);
+}

@@ -46,12 +46,21 @@ use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnError, TurnEve
 use serde_json::{Value, json};
 
 mod client_fs;
+mod modes;
+
+use modes::{Mode, ModeApprover, SharedMode};
 
 use crate::Host;
 use crate::jsonrpc::{self, Id, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
 
 /// The ACP protocol version this agent speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
+
+/// The most of a running command's output shown while it runs (its tail).
+const STREAMED_TAIL: usize = 16 * 1024;
+
+/// Built-in tools whose output is not streamed while they run.
+const FILE_TOOLS: [&str; 5] = ["read_file", "write_file", "edit_file", "list_dir", "search"];
 
 /// The prompt that continues a cancelled or interrupted turn.
 pub const RESUME_COMMAND: &str = "/resume";
@@ -236,7 +245,7 @@ fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
 struct Open {
     session: Session<JsonlStore>,
     registry: ToolRegistry,
-    approver: PolicyApprover,
+    approver: ModeApprover,
     cwd: PathBuf,
     /// Built at the first prompt (a missing key fails that prompt, not
     /// session/new); one per session, so sessions run at once.
@@ -259,8 +268,8 @@ enum Job {
 struct Agent<'h> {
     host: &'h dyn Host,
     shared: Arc<Shared>,
-    /// Each open session's thread.
-    sessions: HashMap<String, Sender<Job>>,
+    /// Each open session's thread and mode.
+    sessions: HashMap<String, (Sender<Job>, SharedMode)>,
     initialized: bool,
     /// The client offers fs/read_text_file and fs/write_text_file.
     client_fs: (bool, bool),
@@ -328,7 +337,7 @@ impl<'h> Agent<'h> {
             "session/load" => self.load_session(scope, id, params).map(|()| None),
             "session/prompt" => {
                 let sid = str_param(params, "sessionId")?;
-                let Some(thread) = self.sessions.get(sid) else {
+                let Some((thread, _)) = self.sessions.get(sid) else {
                     return Err(RpcError::params(format!(
                         "unknown session {sid:?}: create one with session/new or open it with session/load"
                     )));
@@ -336,6 +345,21 @@ impl<'h> Agent<'h> {
                 let job = Job::Prompt { id: id.clone(), params: params.clone(), cancel: cancel.unwrap_or_default() };
                 thread.send(job).map_err(|_| RpcError::internal(format!("session {sid:?} is closed")))?;
                 Ok(None)
+            }
+            "session/set_mode" => {
+                let sid = str_param(params, "sessionId")?;
+                let mode = Mode::parse(str_param(params, "modeId")?).map_err(RpcError::params)?;
+                let Some((_, shared_mode)) = self.sessions.get(sid) else {
+                    return Err(RpcError::params(format!(
+                        "unknown session {sid:?}: create one with session/new or open it with session/load"
+                    )));
+                };
+                shared_mode.set(mode);
+                self.after.push((
+                    sid.to_owned(),
+                    json!({"sessionUpdate": "current_mode_update", "currentModeId": mode.id()}),
+                ));
+                Ok(Some(json!({})))
             }
             other => Err(RpcError::no_method(other, "ACP")),
         }
@@ -373,13 +397,17 @@ impl<'h> Agent<'h> {
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let (jobs_tx, jobs_rx) = mpsc::channel();
         let (host, shared, client_fs) = (self.host, Arc::clone(&self.shared), self.client_fs);
+        let mode = SharedMode::default();
+        let thread_mode = mode.clone();
         std::thread::Builder::new()
             .name(format!("acp-{id}"))
-            .spawn_scoped(scope, move || session_thread(host, &shared, client_fs, store, &ready_tx, &jobs_rx))
+            .spawn_scoped(scope, move || {
+                session_thread(host, &shared, client_fs, store, thread_mode, &ready_tx, &jobs_rx);
+            })
             .map_err(|e| RpcError::internal(format!("cannot start the session's thread: {e}")))?;
         match ready_rx.recv() {
             Ok(Ok(())) => {
-                self.sessions.insert(id.clone(), jobs_tx);
+                self.sessions.insert(id.clone(), (jobs_tx, mode));
                 Ok(id)
             }
             Ok(Err(e)) => Err(e),
@@ -403,7 +431,8 @@ impl<'h> Agent<'h> {
         let store = self.host.create_session(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
         let id = self.spawn(scope, store)?;
         self.after.push((id.clone(), commands_update()));
-        Ok(json!({"sessionId": id}))
+        let modes = self.sessions.get(&id).map(|(_, mode)| mode.state());
+        Ok(json!({"sessionId": id, "modes": modes}))
     }
 
     fn load_session<'s>(
@@ -426,7 +455,7 @@ impl<'h> Agent<'h> {
             }
             self.spawn(scope, store)?;
         }
-        let thread = self.sessions.get(wanted).ok_or_else(|| RpcError::internal("the session vanished"))?;
+        let (thread, _) = self.sessions.get(wanted).ok_or_else(|| RpcError::internal("the session vanished"))?;
         thread
             .send(Job::Load { id: id.clone() })
             .map_err(|_| RpcError::internal(format!("session {wanted:?} is closed")))
@@ -440,6 +469,7 @@ fn open_session(
     shared: &Arc<Shared>,
     client_fs: (bool, bool),
     store: JsonlStore,
+    mode: SharedMode,
 ) -> Result<Open, RpcError> {
     let cwd = PathBuf::from(&store.header().cwd);
     let crate::HostTools { tools, notes } = host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
@@ -453,7 +483,7 @@ fn open_session(
         session_id: store.header().id.clone(),
         editor_reads: client_fs.0,
     };
-    let approver = PolicyApprover::new(allow, Some(Box::new(asker)));
+    let approver = ModeApprover { inner: PolicyApprover::new(allow, Some(Box::new(asker))), mode };
     let mut registry = ToolRegistry::new(&approver);
     let session_id = store.header().id.clone();
     for tool in tools {
@@ -490,11 +520,12 @@ fn session_thread(
     shared: &Arc<Shared>,
     client_fs: (bool, bool),
     store: JsonlStore,
+    mode: SharedMode,
     ready: &mpsc::SyncSender<Result<(), RpcError>>,
     jobs: &Receiver<Job>,
 ) {
     let sid = store.header().id.clone();
-    let mut open = match open_session(host, shared, client_fs, store) {
+    let mut open = match open_session(host, shared, client_fs, store, mode) {
         Ok(open) => open,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -515,7 +546,7 @@ fn session_thread(
             }
             Job::Load { id } => {
                 replay(shared, &sid, &open);
-                let _ = shared.out.send(&jsonrpc::response(&id, json!({})));
+                let _ = shared.out.send(&jsonrpc::response(&id, json!({"modes": open.approver.mode.state()})));
                 shared.notify(&sid, commands_update());
             }
         }
@@ -536,7 +567,30 @@ fn prompt(
     }
     let Some(provider) = open.provider.as_deref() else { return Err(RpcError::internal("no provider")) };
     let cwd = open.cwd.clone();
+    // Output of running tools so far, by invocation: a tool_call_update's
+    // content replaces the last, so each streamed chunk sends the tail.
+    // Only commands (shell, external tools) stream: a file tool's output is
+    // whole in its completion.
+    let mut streamed: HashMap<String, String> = HashMap::new();
     let mut observer = |event: &TurnEvent| {
+        if let TurnEvent::ToolRequested { invocation_id, tool, .. } = event
+            && !FILE_TOOLS.contains(&tool.as_str())
+        {
+            streamed.insert(invocation_id.clone(), String::new());
+        }
+        if let TurnEvent::ToolOutput { invocation_id, chunk } = event {
+            let Some(so_far) = streamed.get_mut(invocation_id) else { return };
+            so_far.push_str(chunk);
+            if so_far.len() > STREAMED_TAIL {
+                let mut cut = so_far.len() - STREAMED_TAIL;
+                while !so_far.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                so_far.replace_range(..cut, "");
+            }
+            shared.notify(sid, tool_update(invocation_id, "in_progress", Some(so_far)));
+            return;
+        }
         if let Some(update) = live_update(event, &cwd) {
             shared.notify(sid, update);
         }

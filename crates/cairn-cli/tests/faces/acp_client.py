@@ -136,7 +136,7 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once"}[scenario]
+              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -162,6 +162,51 @@ async def main():
                     print("REFUSED", wanted, str(e.data) + str(e))
                 else:
                     raise AssertionError(f"session/load {wanted!r} was accepted")
+            return
+        if scenario == "modes":
+            new = await conn.new_session(cwd=cwd, mcp_servers=[])
+            sid = new.session_id
+            expect(new.modes.current_mode_id, "ask")
+            expect([m.id for m in new.modes.available_modes], ["ask", "auto-edit", "plan"])
+            # Plan: a write is refused without a question.
+            await conn.set_session_mode(session_id=sid, mode_id="plan")
+            r = await conn.prompt(session_id=sid, prompt=[text_block("plan it")])
+            expect(r.stop_reason, "end_turn")
+            modes = [u.current_mode_id for k, _, u in editor.events if k == "update" and u.session_update == "current_mode_update"]
+            expect(modes, ["plan"])
+            editor.events.clear()
+            # (the plan turn's summary, without the mode update)
+            assert not os.path.exists(os.path.join(cwd, "b.txt")), "plan mode wrote a file"
+            # Auto-edit: a write runs without a question.
+            await conn.set_session_mode(session_id=sid, mode_id="auto-edit")
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("do it")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [
+                ("tool_call", "edit", "pending"), ("update", "edit", "in_progress"), ("update", "edit", "completed"),
+                ("agent_message_chunk", "Edited."),
+            ])
+            with open(os.path.join(cwd, "c.txt")) as f:
+                expect(f.read(), "auto\n")
+            from acp import RequestError
+            try:
+                await conn.set_session_mode(session_id=sid, mode_id="yolo")
+            except RequestError as e:
+                assert "ask, auto-edit, plan" in str(e.data) + str(e), e
+            else:
+                raise AssertionError("an unknown mode was accepted")
+            print("ok", scenario)
+            return
+        if scenario == "stream":
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("run it")])
+            expect(r.stop_reason, "end_turn")
+            updates = [u for k, _, u in editor.events if k == "update" and u.session_update == "tool_call_update"]
+            running = ["".join(c.content.text for c in (u.content or [])) for u in updates if u.status == "in_progress"]
+            assert any("streamed line" in t for t in running), f"no output while the command ran: {running}"
+            last = updates[-1]
+            expect(last.status, "completed")
+            print("ok", scenario)
             return
         if scenario == "concurrent":
             first = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
