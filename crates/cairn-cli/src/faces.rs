@@ -75,6 +75,40 @@ impl cairn_faces::Host for CliHost<'_> {
     fn session_config(&self) -> SessionConfig {
         crate::wiring::session_config(self.ctx)
     }
+
+    fn provider_choices(&self) -> cairn_faces::ProviderChoices {
+        let s = &self.ctx.settings;
+        let current = s.provider.value.clone();
+        let mut names: Vec<String> = cairn_provider::config::BUILTIN_NAMES.iter().map(|n| (*n).to_owned()).collect();
+        names.extend(s.providers.keys().filter(|k| !names.contains(k)).cloned().collect::<Vec<_>>());
+        let choices = names
+            .into_iter()
+            .map(|name| {
+                let model = if name == current {
+                    s.model.value.clone()
+                } else {
+                    cairn_provider::config::ProviderConfig::resolve(&name, s.providers.get(&name))
+                        .ok()
+                        .and_then(|c| c.model)
+                };
+                let label = match model {
+                    Some(model) => format!("{name}: {model}"),
+                    None => name.clone(),
+                };
+                (name, label)
+            })
+            .collect();
+        cairn_faces::ProviderChoices { current, choices }
+    }
+
+    fn provider_named(&self, name: &str, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+        if name == self.ctx.settings.provider.value {
+            return self.provider(cwd);
+        }
+        // Another provider runs as its configuration says (the command
+        // line's --model and --script are the configured provider's).
+        crate::wiring::provider_for(self.ctx, name, None, None, cwd)
+    }
 }
 
 fn stdout() -> Out {

@@ -619,3 +619,17 @@ fn acp_streams_a_running_commands_output() {
     );
     acp(&env, "stream", &script, &[]);
 }
+
+#[test]
+fn acp_the_editor_chooses_the_model_of_a_session() {
+    let env = setup();
+    let script = write_script(&env, &[json!({"text": "From the default."}), json!({"text": "Not this one."})]);
+    let alt = env.home.join("alt.jsonl");
+    std::fs::write(&alt, format!("{}\n{}\n", json!({"text": "unused"}), json!({"text": "From alt."}))).unwrap();
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[providers.alt]\nkind = \"scripted\"\nscript = \"{}\"\nmodel = \"alt-model\"\n", alt.display()),
+    )
+    .unwrap();
+    acp(&env, "model", &script, &[]);
+}

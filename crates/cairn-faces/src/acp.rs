@@ -48,7 +48,7 @@ use serde_json::{Value, json};
 mod client_fs;
 mod modes;
 
-use modes::{Mode, ModeApprover, SharedMode};
+use modes::{MODEL_OPTION, Mode, ModeApprover, Settings, SharedMode};
 
 use crate::Host;
 use crate::jsonrpc::{self, Id, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
@@ -248,8 +248,9 @@ struct Open {
     approver: ModeApprover,
     cwd: PathBuf,
     /// Built at the first prompt (a missing key fails that prompt, not
-    /// session/new); one per session, so sessions run at once.
-    provider: Option<Box<dyn Provider + Send>>,
+    /// session/new) and again when the editor chooses another; one per
+    /// session, so sessions run at once. With the name it was built for.
+    provider: Option<(String, Box<dyn Provider + Send>)>,
 }
 
 /// Work for a session's thread, in the order it was read.
@@ -268,8 +269,8 @@ enum Job {
 struct Agent<'h> {
     host: &'h dyn Host,
     shared: Arc<Shared>,
-    /// Each open session's thread and mode.
-    sessions: HashMap<String, (Sender<Job>, SharedMode)>,
+    /// Each open session's thread and settings.
+    sessions: HashMap<String, (Sender<Job>, Settings)>,
     initialized: bool,
     /// The client offers fs/read_text_file and fs/write_text_file.
     client_fs: (bool, bool),
@@ -349,17 +350,34 @@ impl<'h> Agent<'h> {
             "session/set_mode" => {
                 let sid = str_param(params, "sessionId")?;
                 let mode = Mode::parse(str_param(params, "modeId")?).map_err(RpcError::params)?;
-                let Some((_, shared_mode)) = self.sessions.get(sid) else {
+                let Some((_, settings)) = self.sessions.get(sid) else {
                     return Err(RpcError::params(format!(
                         "unknown session {sid:?}: create one with session/new or open it with session/load"
                     )));
                 };
-                shared_mode.set(mode);
+                settings.mode.set(mode);
                 self.after.push((
                     sid.to_owned(),
                     json!({"sessionUpdate": "current_mode_update", "currentModeId": mode.id()}),
                 ));
                 Ok(Some(json!({})))
+            }
+            "session/set_config_option" => {
+                let sid = str_param(params, "sessionId")?;
+                let Some((_, settings)) = self.sessions.get(sid) else {
+                    return Err(RpcError::params(format!(
+                        "unknown session {sid:?}: create one with session/new or open it with session/load"
+                    )));
+                };
+                let config = str_param(params, "configId")?;
+                if config != MODEL_OPTION {
+                    return Err(RpcError::params(format!(
+                        "unknown configuration option {config:?}: cairn has {MODEL_OPTION:?} (modes are set with session/set_mode)"
+                    )));
+                }
+                let value = str_param(params, "value")?;
+                settings.choose_provider(value).map_err(RpcError::params)?;
+                Ok(Some(json!({"configOptions": settings.config_options()})))
             }
             other => Err(RpcError::no_method(other, "ACP")),
         }
@@ -397,17 +415,17 @@ impl<'h> Agent<'h> {
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let (jobs_tx, jobs_rx) = mpsc::channel();
         let (host, shared, client_fs) = (self.host, Arc::clone(&self.shared), self.client_fs);
-        let mode = SharedMode::default();
-        let thread_mode = mode.clone();
+        let settings = Settings::new(self.host.provider_choices());
+        let thread_settings = settings.clone();
         std::thread::Builder::new()
             .name(format!("acp-{id}"))
             .spawn_scoped(scope, move || {
-                session_thread(host, &shared, client_fs, store, thread_mode, &ready_tx, &jobs_rx);
+                session_thread(host, &shared, client_fs, store, thread_settings, &ready_tx, &jobs_rx);
             })
             .map_err(|e| RpcError::internal(format!("cannot start the session's thread: {e}")))?;
         match ready_rx.recv() {
             Ok(Ok(())) => {
-                self.sessions.insert(id.clone(), (jobs_tx, mode));
+                self.sessions.insert(id.clone(), (jobs_tx, settings));
                 Ok(id)
             }
             Ok(Err(e)) => Err(e),
@@ -431,8 +449,9 @@ impl<'h> Agent<'h> {
         let store = self.host.create_session(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
         let id = self.spawn(scope, store)?;
         self.after.push((id.clone(), commands_update()));
-        let modes = self.sessions.get(&id).map(|(_, mode)| mode.state());
-        Ok(json!({"sessionId": id, "modes": modes}))
+        let (modes, options) =
+            self.sessions.get(&id).map(|(_, s)| (s.mode.state(), s.config_options())).unwrap_or_default();
+        Ok(json!({"sessionId": id, "modes": modes, "configOptions": options}))
     }
 
     fn load_session<'s>(
@@ -520,12 +539,12 @@ fn session_thread(
     shared: &Arc<Shared>,
     client_fs: (bool, bool),
     store: JsonlStore,
-    mode: SharedMode,
+    settings: Settings,
     ready: &mpsc::SyncSender<Result<(), RpcError>>,
     jobs: &Receiver<Job>,
 ) {
     let sid = store.header().id.clone();
-    let mut open = match open_session(host, shared, client_fs, store, mode) {
+    let mut open = match open_session(host, shared, client_fs, store, settings.mode.clone()) {
         Ok(open) => open,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -538,7 +557,7 @@ fn session_thread(
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Prompt { id, params, cancel } => {
-                let answer = match prompt(host, shared, &sid, &mut open, &params, &cancel) {
+                let answer = match prompt(host, shared, &sid, &mut open, &settings, &params, &cancel) {
                     Ok(result) => jsonrpc::response(&id, result),
                     Err(error) => jsonrpc::error_response(&id, &error),
                 };
@@ -546,7 +565,8 @@ fn session_thread(
             }
             Job::Load { id } => {
                 replay(shared, &sid, &open);
-                let _ = shared.out.send(&jsonrpc::response(&id, json!({"modes": open.approver.mode.state()})));
+                let answer = json!({"modes": settings.mode.state(), "configOptions": settings.config_options()});
+                let _ = shared.out.send(&jsonrpc::response(&id, answer));
                 shared.notify(&sid, commands_update());
             }
         }
@@ -558,14 +578,20 @@ fn prompt(
     shared: &Arc<Shared>,
     sid: &str,
     open: &mut Open,
+    settings: &Settings,
     params: &Value,
     cancel: &CancelToken,
 ) -> Result<Value, RpcError> {
     let text = prompt_text(params.get("prompt").unwrap_or(&Value::Null))?;
-    if open.provider.is_none() {
-        open.provider = Some(host.provider(&open.cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?);
+    // The provider the editor chose (built again when it changed).
+    let chosen = settings.provider();
+    if open.provider.as_ref().is_none_or(|(name, _)| *name != chosen) {
+        let provider = host.provider_named(&chosen, &open.cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        open.provider = Some((chosen, provider));
     }
-    let Some(provider) = open.provider.as_deref() else { return Err(RpcError::internal("no provider")) };
+    let Some(provider) = open.provider.as_ref().map(|(_, p)| &**p) else {
+        return Err(RpcError::internal("no provider"));
+    };
     let cwd = open.cwd.clone();
     // Output of running tools so far, by invocation: a tool_call_update's
     // content replaces the last, so each streamed chunk sends the tail.

@@ -41,6 +41,30 @@ pub trait Host: Sync {
     fn open_session(&self, id: &str) -> anyhow::Result<JsonlStore>;
     /// Limits and settings of turns.
     fn session_config(&self) -> SessionConfig;
+    /// The providers a session may switch to, each with what it runs (for
+    /// an editor's model picker), and the configured one. Default: only
+    /// the configured one.
+    fn provider_choices(&self) -> ProviderChoices {
+        ProviderChoices {
+            current: "default".to_owned(),
+            choices: vec![("default".to_owned(), "configured".to_owned())],
+        }
+    }
+    /// Provider `name` (one of [`Host::provider_choices`]) for sessions
+    /// working in `cwd`. Default: the configured one.
+    fn provider_named(&self, name: &str, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>> {
+        let _ = name;
+        self.provider(cwd)
+    }
+}
+
+/// The providers a session may use.
+#[derive(Debug, Clone)]
+pub struct ProviderChoices {
+    /// The configured provider's name.
+    pub current: String,
+    /// (name, the model it runs), the configured one among them.
+    pub choices: Vec<(String, String)>,
 }
 
 /// Tools a host offers in a directory.

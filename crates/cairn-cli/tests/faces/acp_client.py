@@ -136,7 +136,7 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once"}[scenario]
+              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -195,6 +195,30 @@ async def main():
                 assert "ask, auto-edit, plan" in str(e.data) + str(e), e
             else:
                 raise AssertionError("an unknown mode was accepted")
+            print("ok", scenario)
+            return
+        if scenario == "model":
+            new = await conn.new_session(cwd=cwd, mcp_servers=[])
+            sid = new.session_id
+            (picker,) = new.config_options
+            expect((picker.id, picker.category, picker.current_value), ("model", "model", "scripted"))
+            names = {o.value: o.name for o in picker.options}
+            expect(names.get("alt"), "alt: alt-model")
+            r = await conn.prompt(session_id=sid, prompt=[text_block("one")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [("agent_message_chunk", "From the default.")])
+            answer = await conn.set_config_option(config_id="model", session_id=sid, value="alt")
+            expect(answer.config_options[0].current_value, "alt")
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("two")])
+            expect(editor.summary(), [("agent_message_chunk", "From alt.")])
+            from acp import RequestError
+            try:
+                await conn.set_config_option(config_id="model", session_id=sid, value="nope")
+            except RequestError as e:
+                assert "alt" in str(e.data) + str(e), e
+            else:
+                raise AssertionError("an unknown model was accepted")
             print("ok", scenario)
             return
         if scenario == "stream":

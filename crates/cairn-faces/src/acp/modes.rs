@@ -6,12 +6,14 @@
 //!
 //! [`ModeApprover`] wraps the session's [`PolicyApprover`]; the mode is
 //! shared with the main thread, which answers `session/set_mode`, so a
-//! change applies from the next call of a running turn. This module must
+//! change applies from the next call of a running turn. [`Settings`] also
+//! holds the provider the editor chose (`session/set_config_option` of the
+//! `model` option), used from the session's next prompt. This module must
 //! not ask anyone itself or weaken the gate: a Destructive call and a
 //! sandbox bypass still go to the person in `auto-edit`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, PolicyApprover, Verdict};
 use cairn_core::tool::Risk;
@@ -140,5 +142,57 @@ impl Approver for ModeApprover {
             }
             _ => self.inner.decide(request),
         }
+    }
+}
+
+/// The id of the model picker among a session's configuration options.
+pub(super) const MODEL_OPTION: &str = "model";
+
+/// A session's settings the editor changes: its mode and its provider.
+#[derive(Debug, Clone)]
+pub(super) struct Settings {
+    pub(super) mode: SharedMode,
+    choices: Arc<crate::ProviderChoices>,
+    provider: Arc<Mutex<String>>,
+}
+
+impl Settings {
+    pub(super) fn new(choices: crate::ProviderChoices) -> Self {
+        let provider = Arc::new(Mutex::new(choices.current.clone()));
+        Self { mode: SharedMode::default(), choices: Arc::new(choices), provider }
+    }
+
+    /// The provider chosen now.
+    pub(super) fn provider(&self) -> String {
+        self.provider.lock().map_or_else(|_| self.choices.current.clone(), |p| p.clone())
+    }
+
+    /// Choose provider `name`, or why not.
+    pub(super) fn choose_provider(&self, name: &str) -> Result<(), String> {
+        if !self.choices.choices.iter().any(|(n, _)| n == name) {
+            return Err(format!(
+                "unknown model {name:?}: choose one of {}",
+                self.choices.choices.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        if let Ok(mut p) = self.provider.lock() {
+            name.clone_into(&mut p);
+        }
+        Ok(())
+    }
+
+    /// The `configOptions` of a session: the model picker.
+    pub(super) fn config_options(&self) -> Value {
+        let options: Vec<Value> =
+            self.choices.choices.iter().map(|(value, name)| json!({"value": value, "name": name})).collect();
+        json!([{
+            "id": MODEL_OPTION,
+            "name": "Model",
+            "description": "The provider (and its configured model) of this session's next turns",
+            "category": "model",
+            "type": "select",
+            "currentValue": self.provider(),
+            "options": options,
+        }])
     }
 }
