@@ -32,9 +32,7 @@ use fuser::{
     LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyWrite, Request, WriteFlags,
 };
-use ninep::sansio::protocol::RawStat;
-
-use ninep::sansio::protocol::{NineP as _, Rdata, Tdata};
+use ninep::sansio::protocol::{NineP as _, RawStat, Rdata, Tdata};
 
 use crate::client::{Conn, mode};
 use crate::dial::Dial;
@@ -366,6 +364,10 @@ impl Mount {
         let fid = handle.fid;
         match handle.own.as_mut() {
             Some(conn) => conn.clunk(fid),
+            // A stream whose read still holds its connection: closing that
+            // connection (when the read hands it back and the handle is
+            // gone) ends the fid.
+            None if handle.stream => Ok(()),
             None => {
                 drop(open);
                 lock(&self.shared).clunk(fid)
