@@ -633,3 +633,12 @@ fn acp_the_editor_chooses_the_model_of_a_session() {
     .unwrap();
     acp(&env, "model", &script, &[]);
 }
+
+#[test]
+fn acp_slash_commands_compact_and_usage() {
+    let env = setup();
+    let script = write_script(&env, &[json!({"text": "Hello."}), json!({"text": "Again."})]);
+    acp(&env, "commands", &script, &[]);
+    let types = entry_types(&env.session_files()[0]);
+    assert!(types.iter().any(|t| t == "compaction"), "{types:?}");
+}

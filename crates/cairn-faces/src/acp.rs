@@ -65,6 +65,12 @@ const FILE_TOOLS: [&str; 5] = ["read_file", "write_file", "edit_file", "list_dir
 /// The prompt that continues a cancelled or interrupted turn.
 pub const RESUME_COMMAND: &str = "/resume";
 
+/// The prompt that compacts the conversation now.
+pub const COMPACT_COMMAND: &str = "/compact";
+
+/// The prompt that tells the session's token usage.
+pub const USAGE_COMMAND: &str = "/usage";
+
 /// An answer to a request this agent sent.
 #[derive(Debug)]
 enum Reply {
@@ -625,6 +631,25 @@ fn prompt(
         TurnEnv { provider, tools: &open.registry, approver: &mut open.approver, observer: &mut observer, cancel };
     let resume_only = text.trim() == RESUME_COMMAND;
     let session = &mut open.session;
+    let say = |text: String| {
+        shared.notify(sid, json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}));
+    };
+    match text.trim() {
+        COMPACT_COMMAND => {
+            let said = match session.compact(&mut env) {
+                Ok(Some(entry)) => format!("compacted the conversation (its summary is entry {entry})"),
+                Ok(None) => "nothing to compact yet".to_owned(),
+                Err(e) => return Err(RpcError::internal(format!("cannot compact: {e}"))),
+            };
+            say(said);
+            return Ok(json!({"stopReason": "end_turn"}));
+        }
+        USAGE_COMMAND => {
+            say(usage_text(session.store()));
+            return Ok(json!({"stopReason": "end_turn"}));
+        }
+        _ => {}
+    }
     let result = (|| -> Result<Option<TurnStop>, TurnError> {
         let mut last = None;
         // A crashed or failed turn is finished first (as `cairn chat`
@@ -667,13 +692,34 @@ fn prompt(
 /// The commands a person can type: `/resume` continues a cancelled or
 /// interrupted turn.
 fn commands_update() -> Value {
+    let command =
+        |name: &str, description: &str| json!({"name": name.trim_start_matches('/'), "description": description});
     json!({
         "sessionUpdate": "available_commands_update",
-        "availableCommands": [{
-            "name": RESUME_COMMAND.trim_start_matches('/'),
-            "description": "continue the cancelled or interrupted turn of this session",
-        }],
+        "availableCommands": [
+            command(RESUME_COMMAND, "continue the cancelled or interrupted turn of this session"),
+            command(COMPACT_COMMAND, "summarise the conversation so far to free the model's context"),
+            command(USAGE_COMMAND, "token totals of this session over every provider attempt"),
+        ],
     })
+}
+
+/// The `/usage` answer: token totals over the session's provider attempts.
+fn usage_text(store: &JsonlStore) -> String {
+    let (mut input, mut output, mut cached, mut attempts, mut failed) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for row in store.index().usage() {
+        if let Ok(u) = row.usage.parse::<cairn_core::provider::AttemptUsage>() {
+            input += u.input_tokens;
+            output += u.output_tokens;
+            cached += u.cached_input_tokens;
+            attempts += 1;
+            failed += u64::from(u.error.is_some());
+        }
+    }
+    format!(
+        "{input} input tokens ({cached} cached), {output} output tokens, {} in all, over {attempts} provider attempts ({failed} failed)",
+        input + output
+    )
 }
 
 /// The text of an ACP prompt (text blocks, resource links, embedded text

@@ -136,7 +136,7 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once"}[scenario]
+              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -195,6 +195,24 @@ async def main():
                 assert "ask, auto-edit, plan" in str(e.data) + str(e), e
             else:
                 raise AssertionError("an unknown mode was accepted")
+            print("ok", scenario)
+            return
+        if scenario == "commands":
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            for text in ("hi", "again"):
+                r = await conn.prompt(session_id=sid, prompt=[text_block(text)])
+                expect(r.stop_reason, "end_turn")
+            assert {"resume", "compact", "usage"} <= editor.commands, editor.commands
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("/usage")])
+            expect(r.stop_reason, "end_turn")
+            (said,) = editor.summary()
+            assert said[0] == "agent_message_chunk" and "over 2 provider attempts" in said[1], said
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("/compact")])
+            expect(r.stop_reason, "end_turn")
+            (said,) = editor.summary()
+            assert said[0] == "agent_message_chunk" and said[1].startswith("compacted the conversation"), said
             print("ok", scenario)
             return
         if scenario == "model":
