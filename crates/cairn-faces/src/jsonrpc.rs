@@ -1,8 +1,10 @@
 //! JSON-RPC 2.0 over stdio, one message per line, as both faces speak it:
 //! a line reader with a size bound ([`LineReader`]), the classification of
 //! a line into a request, notification or response ([`Incoming::parse`]),
-//! error objects with the standard codes ([`RpcError`]), and the shared,
-//! line-atomic writer ([`Out`]).
+//! request ids kept as written ([`Id`]: a number beyond 2^53 is echoed
+//! digit for digit, never through a float), error objects with the
+//! standard codes ([`RpcError`]), and the shared, line-atomic writer
+//! ([`Out`]).
 //!
 //! Bad input is answered, never fatal: a line that is not JSON gets a
 //! parse error (-32700, id null), a line over [`MAX_MESSAGE_BYTES`] is
@@ -61,13 +63,6 @@ pub struct Answer {
     result: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<Value>,
-}
-
-impl Answer {
-    /// As a JSON value (tests; a number id beyond 2^53 loses digits here).
-    pub fn to_value(&self) -> Value {
-        serde_json::to_string(self).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null)
-    }
 }
 
 /// The raw id of a message, read beside its parsed form.
