@@ -216,6 +216,9 @@ pub enum Command {
         /// reaching it can run tools); local peers are still checked (your uid, not a tool).
         #[arg(long)]
         listen_insecure: bool,
+        /// Seconds a connection may stay open without negotiating 9P (Tversion) before it is closed.
+        #[arg(long, default_value_t = 30, value_name = "SECS")]
+        handshake_timeout: u64,
     },
     /// Serve the tools over 9P as a separate process (t/TOOL/meta, jobs/new, jobs/ID/{out,status,receipt,ctl}) until SIGINT/SIGTERM.
     Toolsrv {
@@ -330,8 +333,9 @@ fn run(cli: Cli) -> Result<u8> {
     use crate::{commands, host, local, sessions, trust};
     let store_options = ctx.settings.store_options();
     let resolve = |target: &str| sessions::resolve(&ctx.paths, target, &store_options);
-    if let Command::Serve { listen, listen_insecure } = &cli.command {
-        return crate::serve::run(ctx, listen, *listen_insecure);
+    if let Command::Serve { listen, listen_insecure, handshake_timeout } = &cli.command {
+        let handshake = std::time::Duration::from_secs((*handshake_timeout).max(1));
+        return crate::serve::run(ctx, listen, *listen_insecure, handshake);
     }
     if let Command::Toolsrv { listen, listen_insecure } = &cli.command {
         return crate::toolsrv::run(ctx, listen, *listen_insecure);

@@ -44,12 +44,70 @@ impl cairn_faces::Host for CliHost<'_> {
     }
 
     fn open_session(&self, id: &str) -> Result<JsonlStore> {
-        let path = crate::sessions::resolve(&self.ctx.paths, id, &self.ctx.settings.store_options())?;
+        // Only a session file of the sessions directory, by its whole id:
+        // never a path (opening takes a writer lock beside the file, which
+        // must not be created anywhere else), and never a prefix (the
+        // client would go on using the id it sent).
+        let dir = self.ctx.paths.sessions();
+        if id.is_empty() || id.starts_with('.') || id.contains(['/', '\\', '\0']) {
+            anyhow::bail!("{id:?} is not a session id: give the id of a session in {}", dir.display());
+        }
+        let path = dir.join(format!("{id}.jsonl"));
+        if !path.is_file() {
+            let stem = |p: &PathBuf| p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let prefixed: Vec<String> = crate::sessions::session_files(&self.ctx.paths)
+                .unwrap_or_default()
+                .iter()
+                .map(stem)
+                .filter(|s| s.starts_with(id))
+                .collect();
+            match prefixed.as_slice() {
+                [] => anyhow::bail!("no session {id:?} in {}", dir.display()),
+                many => anyhow::bail!(
+                    "{id:?} is only the start of a session id ({}); load it by its whole id",
+                    many.join(", ")
+                ),
+            }
+        }
         crate::wiring::open_session(self.ctx, &path)
     }
 
     fn session_config(&self) -> SessionConfig {
         crate::wiring::session_config(self.ctx)
+    }
+
+    fn provider_choices(&self) -> cairn_faces::ProviderChoices {
+        let s = &self.ctx.settings;
+        let current = s.provider.value.clone();
+        let mut names: Vec<String> = cairn_provider::config::BUILTIN_NAMES.iter().map(|n| (*n).to_owned()).collect();
+        names.extend(s.providers.keys().filter(|k| !names.contains(k)).cloned().collect::<Vec<_>>());
+        let choices = names
+            .into_iter()
+            .map(|name| {
+                let model = if name == current {
+                    s.model.value.clone()
+                } else {
+                    cairn_provider::config::ProviderConfig::resolve(&name, s.providers.get(&name))
+                        .ok()
+                        .and_then(|c| c.model)
+                };
+                let label = match model {
+                    Some(model) => format!("{name}: {model}"),
+                    None => name.clone(),
+                };
+                (name, label)
+            })
+            .collect();
+        cairn_faces::ProviderChoices { current, choices }
+    }
+
+    fn provider_named(&self, name: &str, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+        if name == self.ctx.settings.provider.value {
+            return self.provider(cwd);
+        }
+        // Another provider runs as its configuration says (the command
+        // line's --model and --script are the configured provider's).
+        crate::wiring::provider_for(self.ctx, name, None, None, cwd)
     }
 }
 

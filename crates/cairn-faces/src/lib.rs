@@ -27,7 +27,7 @@ use cairn_core::tool::Tool;
 
 /// What a face needs from the program hosting it (configuration,
 /// providers, tools, where sessions live).
-pub trait Host {
+pub trait Host: Sync {
     /// The configured provider for sessions working in `cwd`.
     fn provider(&self, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>>;
     /// The tools offered in `cwd` (built-ins, then external tools).
@@ -36,10 +36,35 @@ pub trait Host {
     fn allowlist(&self) -> anyhow::Result<Allowlist>;
     /// Create a new session file whose working directory is `cwd`.
     fn create_session(&self, cwd: &Path) -> anyhow::Result<JsonlStore>;
-    /// Open an existing session by id, unique prefix, name or path.
+    /// Open an existing session of the sessions directory by its whole id
+    /// (never a path outside it, never a prefix).
     fn open_session(&self, id: &str) -> anyhow::Result<JsonlStore>;
     /// Limits and settings of turns.
     fn session_config(&self) -> SessionConfig;
+    /// The providers a session may switch to, each with what it runs (for
+    /// an editor's model picker), and the configured one. Default: only
+    /// the configured one.
+    fn provider_choices(&self) -> ProviderChoices {
+        ProviderChoices {
+            current: "default".to_owned(),
+            choices: vec![("default".to_owned(), "configured".to_owned())],
+        }
+    }
+    /// Provider `name` (one of [`Host::provider_choices`]) for sessions
+    /// working in `cwd`. Default: the configured one.
+    fn provider_named(&self, name: &str, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>> {
+        let _ = name;
+        self.provider(cwd)
+    }
+}
+
+/// The providers a session may use.
+#[derive(Debug, Clone)]
+pub struct ProviderChoices {
+    /// The configured provider's name.
+    pub current: String,
+    /// (name, the model it runs), the configured one among them.
+    pub choices: Vec<(String, String)>,
 }
 
 /// Tools a host offers in a directory.
