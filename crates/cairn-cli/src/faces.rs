@@ -31,6 +31,60 @@ impl cairn_faces::Host for CliHost<'_> {
         Ok(HostTools { tools: tools.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: tools.hooks })
     }
 
+    fn client_mcp_tools(
+        &self,
+        cwd: &Path,
+        servers: &[cairn_faces::ClientMcpServer],
+        taken: &[String],
+    ) -> Result<HostTools> {
+        let mut notes = Vec::new();
+        let mut configs = std::collections::BTreeMap::new();
+        for server in servers {
+            // A name fit for tool names (mcp__NAME__TOOL); the user's own
+            // servers of that name win.
+            let mut name: String = server
+                .name
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+                .collect::<String>()
+                .split("__")
+                .collect::<Vec<_>>()
+                .join("_");
+            name.truncate(cairn_mcp::config::MAX_SERVER_NAME);
+            if name.is_empty() || self.ctx.settings.mcp_servers.contains_key(&name) || configs.contains_key(&name) {
+                notes.push(format!(
+                    "the editor's MCP server {:?} is not started: its name is taken or empty",
+                    server.name
+                ));
+                continue;
+            }
+            let config = match &server.transport {
+                cairn_faces::ClientMcpTransport::Stdio { command, args, env } => {
+                    cairn_mcp::ServerConfig::from_client(&name, Some(command.clone()), args.clone(), env.clone(), None)
+                }
+                cairn_faces::ClientMcpTransport::Http { headers, .. } if !headers.is_empty() => {
+                    notes.push(format!(
+                        "the editor's MCP server {:?} is not started: cairn does not send custom HTTP headers yet",
+                        server.name
+                    ));
+                    continue;
+                }
+                cairn_faces::ClientMcpTransport::Http { url, .. } => {
+                    cairn_mcp::ServerConfig::from_client(&name, None, Vec::new(), Vec::new(), Some(url.clone()))
+                }
+            };
+            match config {
+                Ok(config) => {
+                    configs.insert(name, config);
+                }
+                Err(e) => notes.push(format!("the editor's MCP server {:?} is not started: {e}", server.name)),
+            }
+        }
+        let loaded = cairn_mcp::load(&configs, cwd, &crate::wiring::tools_config(self.ctx), taken);
+        notes.extend(loaded.notes);
+        Ok(HostTools { tools: loaded.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: None })
+    }
+
     fn allowlist(&self) -> Result<Allowlist> {
         Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")

@@ -621,6 +621,26 @@ fn acp_streams_a_running_commands_output() {
 }
 
 #[test]
+fn acp_an_editor_s_stdio_mcp_server_in_session_new_is_offered_and_callable() {
+    let env = setup();
+    let out = std::process::Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/venv"))
+        .arg("mcpservers")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scripts/venv mcpservers: {}", String::from_utf8_lossy(&out.stderr));
+    let python = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let time = python.parent().unwrap().join("mcp-server-time");
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "mcp__time__get_current_time", "arguments": {"timezone": "UTC"}}]}),
+            json!({"text": "It is now."}),
+        ],
+    );
+    acp(&env, "mcp", &script, &[time.to_str().unwrap()]);
+}
+
+#[test]
 fn acp_the_editor_chooses_the_model_of_a_session() {
     let env = setup();
     let script = write_script(&env, &[json!({"text": "From the default."}), json!({"text": "Not this one."})]);

@@ -404,7 +404,7 @@ impl<'h> Agent<'h> {
             "agentCapabilities": {
                 "loadSession": true,
                 "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
-                "mcpCapabilities": {"http": false, "sse": false},
+                "mcpCapabilities": {"http": true, "sse": false},
             },
             "authMethods": [],
             "agentInfo": {"name": "cairn", "title": "cairn", "version": env!("CARGO_PKG_VERSION")},
@@ -413,7 +413,12 @@ impl<'h> Agent<'h> {
 
     /// Start the thread of the session in `store`; once it has opened the
     /// session (or failed to).
-    fn spawn<'s>(&mut self, scope: &'s std::thread::Scope<'s, '_>, store: JsonlStore) -> Result<String, RpcError>
+    fn spawn<'s>(
+        &mut self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        store: JsonlStore,
+        servers: Vec<crate::ClientMcpServer>,
+    ) -> Result<String, RpcError>
     where
         'h: 's,
     {
@@ -426,7 +431,7 @@ impl<'h> Agent<'h> {
         std::thread::Builder::new()
             .name(format!("acp-{id}"))
             .spawn_scoped(scope, move || {
-                session_thread(host, &shared, client_fs, store, thread_settings, &ready_tx, &jobs_rx);
+                session_thread(host, &shared, client_fs, store, &servers, thread_settings, &ready_tx, &jobs_rx);
             })
             .map_err(|e| RpcError::internal(format!("cannot start the session's thread: {e}")))?;
         match ready_rx.recv() {
@@ -452,8 +457,9 @@ impl<'h> Agent<'h> {
             .ok()
             .filter(|c| c.is_dir())
             .ok_or_else(|| RpcError::params(format!("cwd {} is not an existing directory", cwd.display())))?;
+        let servers = mcp_servers(params)?;
         let store = self.host.create_session(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        let id = self.spawn(scope, store)?;
+        let id = self.spawn(scope, store, servers)?;
         self.after.push((id.clone(), commands_update()));
         let (modes, options) =
             self.sessions.get(&id).map(|(_, s)| (s.mode.state(), s.config_options())).unwrap_or_default();
@@ -470,6 +476,7 @@ impl<'h> Agent<'h> {
         'h: 's,
     {
         let wanted = str_param(params, "sessionId")?;
+        let servers = mcp_servers(params)?;
         if !self.sessions.contains_key(wanted) {
             let store = self.host.open_session(wanted).map_err(|e| RpcError::params(format!("{e:#}")))?;
             if store.header().id != wanted {
@@ -478,13 +485,75 @@ impl<'h> Agent<'h> {
                     store.header().id
                 )));
             }
-            self.spawn(scope, store)?;
+            self.spawn(scope, store, servers)?;
         }
         let (thread, _) = self.sessions.get(wanted).ok_or_else(|| RpcError::internal("the session vanished"))?;
         thread
             .send(Job::Load { id: id.clone() })
             .map_err(|_| RpcError::internal(format!("session {wanted:?} is closed")))
     }
+}
+
+/// The `mcpServers` of a `session/new` or `session/load` (absent: none):
+/// stdio (`command`, `args`, `env: [{name, value}]`) and `http` servers;
+/// `sse` is refused with the reason (deprecated by MCP; cairn speaks
+/// streamable HTTP).
+fn mcp_servers(params: &Value) -> Result<Vec<crate::ClientMcpServer>, RpcError> {
+    let Some(list) = params.get("mcpServers") else {
+        return Ok(Vec::new());
+    };
+    let list = list.as_array().ok_or_else(|| RpcError::params("mcpServers must be an array"))?;
+    let pairs = |v: Option<&Value>, what: &str| -> Result<Vec<(String, String)>, RpcError> {
+        v.map_or(Ok(Vec::new()), |v| {
+            v.as_array()
+                .ok_or_else(|| RpcError::params(format!("{what} must be an array of {{name, value}}")))?
+                .iter()
+                .map(|p| match (p.get("name").and_then(Value::as_str), p.get("value").and_then(Value::as_str)) {
+                    (Some(n), Some(v)) => Ok((n.to_owned(), v.to_owned())),
+                    _ => Err(RpcError::params(format!("each of {what} needs a string name and value"))),
+                })
+                .collect()
+        })
+    };
+    list.iter()
+        .map(|server| {
+            let name = server
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| RpcError::params("each MCP server needs a name"))?
+                .to_owned();
+            let kind = server.get("type").and_then(Value::as_str).unwrap_or("stdio");
+            let transport = match kind {
+                "stdio" => crate::ClientMcpTransport::Stdio {
+                    command: server
+                        .get("command")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| RpcError::params(format!("MCP server {name}: a stdio server needs a command")))?
+                        .to_owned(),
+                    args: server
+                        .get("args")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                        .unwrap_or_default(),
+                    env: pairs(server.get("env"), "env")?,
+                },
+                "http" => crate::ClientMcpTransport::Http {
+                    url: server
+                        .get("url")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| RpcError::params(format!("MCP server {name}: an http server needs a url")))?
+                        .to_owned(),
+                    headers: pairs(server.get("headers"), "headers")?,
+                },
+                other => {
+                    return Err(RpcError::params(format!(
+                        "MCP server {name}: transport {other:?} is not supported (cairn takes stdio and http)"
+                    )));
+                }
+            };
+            Ok(crate::ClientMcpServer { name, transport })
+        })
+        .collect()
 }
 
 /// Open `store` as a session of this agent: its tools (through the editor
@@ -494,11 +563,20 @@ fn open_session(
     shared: &Arc<Shared>,
     client_fs: (bool, bool),
     store: JsonlStore,
+    servers: &[crate::ClientMcpServer],
     mode: SharedMode,
 ) -> Result<Open, RpcError> {
     let cwd = PathBuf::from(&store.header().cwd);
-    let crate::HostTools { tools, notes, hooks } =
+    let crate::HostTools { mut tools, mut notes, hooks } =
         host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+    // The editor's own MCP servers for this session, after cairn's tools
+    // (a name already taken stays cairn's).
+    if !servers.is_empty() {
+        let taken: Vec<String> = tools.iter().map(|t| t.spec().name.clone()).collect();
+        let client = host.client_mcp_tools(&cwd, servers, &taken).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        tools.extend(client.tools);
+        notes.extend(client.notes);
+    }
     for note in notes {
         eprintln!("cairn acp: {note}");
     }
@@ -542,17 +620,19 @@ fn open_session(
 
 /// A session's thread: opens it, then runs its prompts and loads one at a
 /// time, answering each itself.
+#[allow(clippy::too_many_arguments)]
 fn session_thread(
     host: &dyn Host,
     shared: &Arc<Shared>,
     client_fs: (bool, bool),
     store: JsonlStore,
+    servers: &[crate::ClientMcpServer],
     settings: Settings,
     ready: &mpsc::SyncSender<Result<(), RpcError>>,
     jobs: &Receiver<Job>,
 ) {
     let sid = store.header().id.clone();
-    let mut open = match open_session(host, shared, client_fs, store, settings.mode.clone()) {
+    let mut open = match open_session(host, shared, client_fs, store, servers, settings.mode.clone()) {
         Ok(open) => open,
         Err(e) => {
             let _ = ready.send(Err(e));

@@ -25,6 +25,37 @@ use cairn_core::provider::Provider;
 use cairn_core::storage::JsonlStore;
 use cairn_core::tool::Tool;
 
+/// An MCP server an editor gives for one session (ACP `mcpServers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientMcpServer {
+    /// Its name, as the editor gave it.
+    pub name: String,
+    /// How to reach it.
+    pub transport: ClientMcpTransport,
+}
+
+/// How to reach a [`ClientMcpServer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientMcpTransport {
+    /// A program speaking MCP on stdio.
+    Stdio {
+        /// The program (an absolute path, per ACP).
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Variables to set, with their values.
+        env: Vec<(String, String)>,
+    },
+    /// A streamable-HTTP endpoint.
+    Http {
+        /// Its URL.
+        url: String,
+        /// Headers to send (cairn does not send custom headers yet: a
+        /// server that needs them is reported and not started).
+        headers: Vec<(String, String)>,
+    },
+}
+
 /// What a face needs from the program hosting it (configuration,
 /// providers, tools, where sessions live).
 pub trait Host: Sync {
@@ -32,6 +63,14 @@ pub trait Host: Sync {
     fn provider(&self, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>>;
     /// The tools offered in `cwd` (built-ins, then external tools).
     fn tools(&self, cwd: &Path) -> anyhow::Result<HostTools>;
+    /// The tools of MCP servers an editor gave for a session in `cwd`
+    /// (names in `taken` are kept by the tools already offered). Default:
+    /// none, said in the notes.
+    fn client_mcp_tools(&self, cwd: &Path, servers: &[ClientMcpServer], taken: &[String]) -> anyhow::Result<HostTools> {
+        let _ = (cwd, taken);
+        let notes = servers.iter().map(|s| format!("MCP server {} not started: this host runs none", s.name)).collect();
+        Ok(HostTools { tools: Vec::new(), notes, hooks: None })
+    }
     /// The allow rules from `--allow` and the configuration.
     fn allowlist(&self) -> anyhow::Result<Allowlist>;
     /// Create a new session file whose working directory is `cwd`.

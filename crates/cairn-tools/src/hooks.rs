@@ -241,6 +241,23 @@ impl CommandHooks {
     }
 }
 
+impl Ran {
+    /// The hook's answer: read from its stdout (`read`), a refusal made
+    /// of its stderr (exit 2, `refuse`), or why it failed.
+    fn answer<T>(
+        self,
+        read: impl FnOnce(&str) -> Result<Option<T>, String>,
+        refuse: impl FnOnce(String) -> T,
+    ) -> Result<Option<T>, String> {
+        match self {
+            Ran::Answered(stdout) => read(&stdout),
+            Ran::Refused(stderr) if stderr.is_empty() => Ok(Some(refuse("refused by a hook".to_owned()))),
+            Ran::Refused(stderr) => Ok(Some(refuse(stderr))),
+            Ran::Failed(why) => Err(why),
+        }
+    }
+}
+
 /// What one `pre_tool` answer says.
 fn read_answer(stdout: &str) -> Result<Option<PreToolAnswer>, String> {
     let text = stdout.trim();
@@ -307,15 +324,7 @@ impl Hooks for CommandHooks {
                 "cwd": cwd,
                 "prompt": prompt,
             });
-            let answer = match self.run(hook, &input, cwd) {
-                Ran::Answered(stdout) => read_prompt_answer(&stdout),
-                Ran::Refused(stderr) => Ok(Some(PromptAnswer::Block(if stderr.is_empty() {
-                    "refused by a hook".to_owned()
-                } else {
-                    stderr
-                }))),
-                Ran::Failed(why) => Err(why),
-            };
+            let answer = self.run(hook, &input, cwd).answer(read_prompt_answer, PromptAnswer::Block);
             match answer {
                 Ok(None) => {}
                 Ok(Some(PromptAnswer::Block(reason))) => {
@@ -349,15 +358,7 @@ impl Hooks for CommandHooks {
                 "tool_input": arguments,
                 "invocation_id": request.invocation_id,
             });
-            let answer = match self.run(hook, &input, cwd) {
-                Ran::Answered(stdout) => read_answer(&stdout),
-                Ran::Refused(stderr) => Ok(Some(PreToolAnswer::Deny(if stderr.is_empty() {
-                    "refused by a hook".to_owned()
-                } else {
-                    stderr
-                }))),
-                Ran::Failed(why) => Err(why),
-            };
+            let answer = self.run(hook, &input, cwd).answer(read_answer, PreToolAnswer::Deny);
             match answer {
                 Ok(None) => {}
                 Ok(Some(PreToolAnswer::Deny(reason))) => return PreTool::Deny { by, reason },

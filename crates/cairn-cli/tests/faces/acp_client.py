@@ -136,7 +136,7 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once"}[scenario]
+              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -237,6 +237,20 @@ async def main():
                 assert "alt" in str(e.data) + str(e), e
             else:
                 raise AssertionError("an unknown model was accepted")
+            print("ok", scenario)
+            return
+        if scenario == "mcp":
+            # The editor's own MCP server (a real one from PyPI) for this
+            # session: its tool is offered, asks through the editor, runs.
+            from acp.schema import McpServerStdio
+            server = McpServerStdio(name="time", command=rest[0], args=["--local-timezone", "UTC"], env=[])
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[server])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("what time is it in UTC?")])
+            expect(r.stop_reason, "end_turn")
+            asked = [p for k, _, p in editor.events if k == "permission"]
+            assert len(asked) == 1, f"the MCP tool (Write: its annotations are not trusted) asks once: {asked}"
+            done = editor.texts()
+            assert any("UTC" in t for t in done), f"the time server answered: {done}"
             print("ok", scenario)
             return
         if scenario == "stream":
