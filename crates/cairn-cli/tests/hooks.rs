@@ -290,3 +290,31 @@ fn a_user_prompt_hook_refuses_a_prompt_or_adds_context_and_both_are_recorded() {
     let added = parts[1]["text"].as_str().unwrap();
     assert!(added.contains("The build command is make -j4.") && added.contains("hook:user_prompt:"), "{added}");
 }
+
+#[test]
+fn a_pre_compact_hook_is_told_before_a_compaction() {
+    let env = Env::new();
+    let hook = script(&env, "note-compaction", "cat >> compactions.log; echo >> compactions.log");
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[[hooks.pre_compact]]\ncommand = \"{}\"\nfiles = \"write\"\n", hook.display()),
+    )
+    .unwrap();
+    let turn = env.script(&[json!({"text": "one"}), json!({"text": "two"}), json!({"text": "We said hello twice."})]);
+    let s = turn.to_str().unwrap();
+    let first = env.cairn(&["--script", s, "run", "hello"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let second = env
+        .cairn(&["--script", s, "resume", "--last", "--prompt", "hello again"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+    let file = env.session_files()[0].clone();
+    let compact = env.cairn(&["--script", s, "compact", "--context", file.to_str().unwrap()]).output().unwrap();
+    assert_eq!(compact.status.code(), Some(0), "{}", stderr(&compact));
+    let log = std::fs::read_to_string(env.cwd.join("compactions.log")).unwrap();
+    let told: Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!(told["hook_event_name"], "PreCompact");
+    assert_eq!(told["trigger"], "manual");
+}

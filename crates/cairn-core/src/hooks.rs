@@ -92,6 +92,12 @@ pub trait Hooks: Send + Sync + std::fmt::Debug {
     /// answer [`PreTool::Deny`] (fail closed).
     fn pre_tool(&self, request: &ToolRequest, cwd: &std::path::Path) -> PreTool;
 
+    /// Before a compaction summarises the conversation (`reason`: why);
+    /// nothing it does stops the compaction.
+    fn pre_compact(&self, session_id: &str, cwd: &std::path::Path, reason: crate::events::CompactionReason) {
+        let _ = (session_id, cwd, reason);
+    }
+
     /// After the call is settled and committed: `kind` is the settlement
     /// entry's type and `settlement` its payload (invocation, tool, and the
     /// receipt, the failure or the refusal). Nothing a post hook does

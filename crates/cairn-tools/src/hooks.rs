@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cairn_core::CancelToken;
-use cairn_core::events::EntryType;
+use cairn_core::events::{CompactionReason, EntryType};
 use cairn_core::hooks::{Hooks, PreTool, UserPrompt};
 use cairn_core::tool::ToolRequest;
 use serde::{Deserialize, Serialize};
@@ -77,6 +77,9 @@ pub struct HooksConfig {
     /// Before each turn starts with a prompt (no `matcher`).
     #[serde(default)]
     pub user_prompt: Vec<HookConfig>,
+    /// Before a compaction summarises the conversation (no `matcher`).
+    #[serde(default)]
+    pub pre_compact: Vec<HookConfig>,
     /// Before each call is requested.
     #[serde(default)]
     pub pre_tool: Vec<HookConfig>,
@@ -88,24 +91,36 @@ pub struct HooksConfig {
 impl HooksConfig {
     /// Whether any hook is configured.
     pub fn is_empty(&self) -> bool {
-        self.user_prompt.is_empty() && self.pre_tool.is_empty() && self.post_tool.is_empty()
+        self.user_prompt.is_empty()
+            && self.pre_compact.is_empty()
+            && self.pre_tool.is_empty()
+            && self.post_tool.is_empty()
     }
 
     /// Add `other`'s hooks after these.
     pub fn extend(&mut self, other: HooksConfig) {
         self.user_prompt.extend(other.user_prompt);
+        self.pre_compact.extend(other.pre_compact);
         self.pre_tool.extend(other.pre_tool);
         self.post_tool.extend(other.post_tool);
     }
 
     /// Refuse hooks cairn could not run as written.
     pub fn check(&self) -> Result<(), String> {
-        if let Some(hook) = self.user_prompt.iter().find(|h| h.matcher.is_some()) {
-            return Err(format!("[[hooks.user_prompt]] {}: a prompt hook takes no `matcher`", hook.command));
+        for (event, hooks) in [("user_prompt", &self.user_prompt), ("pre_compact", &self.pre_compact)] {
+            if let Some(hook) = hooks.iter().find(|h| h.matcher.is_some()) {
+                return Err(format!(
+                    "[[hooks.{event}]] {}: this hook takes no `matcher` (it is not about a tool)",
+                    hook.command
+                ));
+            }
         }
-        for (event, hooks) in
-            [("user_prompt", &self.user_prompt), ("pre_tool", &self.pre_tool), ("post_tool", &self.post_tool)]
-        {
+        for (event, hooks) in [
+            ("user_prompt", &self.user_prompt),
+            ("pre_compact", &self.pre_compact),
+            ("pre_tool", &self.pre_tool),
+            ("post_tool", &self.post_tool),
+        ] {
             for hook in hooks {
                 if hook.command.trim().is_empty() {
                     return Err(format!("[[hooks.{event}]]: `command` is empty"));
@@ -381,6 +396,25 @@ impl Hooks for CommandHooks {
             PreTool::Continue
         } else {
             PreTool::Rewrite { by: rewritten_by.join(","), arguments }
+        }
+    }
+
+    fn pre_compact(&self, session_id: &str, cwd: &Path, reason: CompactionReason) {
+        let trigger = match reason {
+            CompactionReason::Forced => "manual",
+            CompactionReason::Threshold | CompactionReason::ProviderRejected => "auto",
+        };
+        for hook in &self.config.pre_compact {
+            let input = json!({
+                "hook_event_name": "PreCompact",
+                "session_id": session_id,
+                "cwd": cwd,
+                "trigger": trigger,
+                "reason": reason,
+            });
+            if let Ran::Failed(why) = self.run(hook, &input, cwd) {
+                (self.report)(&format!("the pre_compact hook {} failed: {why}", hook.command));
+            }
         }
     }
 
