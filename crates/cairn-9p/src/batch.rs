@@ -381,7 +381,7 @@ impl Batch {
         }
     }
 
-    /// `rm -r b/<job>`: cancel it durably (the `cancelled` mark is synced
+    /// `rmdir b/<job>` (9P: remove): cancel it durably (the `cancelled` mark is synced
     /// before its running turns are cancelled; they are never resumed).
     pub fn cancel(&self, job: &str) -> Result<()> {
         if !self.exists(job) {

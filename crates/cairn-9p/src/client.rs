@@ -25,10 +25,37 @@ pub mod mode {
     pub const RDWR: u8 = 2;
 }
 
+/// The socket under a connection (kept to clone a writer for Tflush).
+enum Sock {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+/// A second writer on a connection: sends a Tflush while the connection's
+/// owner waits for a reply on another thread.
+pub struct Sender(Box<dyn Write + Send>);
+
+impl std::fmt::Debug for Sender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+impl Sender {
+    /// Send one message without waiting.
+    pub fn send(&mut self, tag: u16, content: Tdata) -> Result<()> {
+        let bytes = Tmessage::new(tag, content).write_9p_bytes().map_err(|e| anyhow!("{e}"))?;
+        self.0.write_all(&bytes)?;
+        self.0.flush()?;
+        Ok(())
+    }
+}
+
 /// One attached connection (the root is fid 0).
 pub struct Conn {
     reader: BufReader<Box<dyn Read + Send>>,
     writer: Box<dyn Write + Send>,
+    sock: Sock,
     buf: SharedBuf,
     /// The agreed msize.
     pub msize: u32,
@@ -45,21 +72,22 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     /// Connect to `dial`, negotiate the version and attach.
     pub fn dial(dial: &Dial) -> Result<Self> {
-        let (reader, writer): (Box<dyn Read + Send>, Box<dyn Write + Send>) = match dial {
+        let (reader, writer, sock): (Box<dyn Read + Send>, Box<dyn Write + Send>, Sock) = match dial {
             Dial::Unix(path) => {
                 let s = UnixStream::connect(path).with_context(|| format!("cannot connect to {dial}"))?;
-                (Box::new(s.try_clone()?), Box::new(s))
+                (Box::new(s.try_clone()?), Box::new(s.try_clone()?), Sock::Unix(s))
             }
             Dial::Tcp { .. } => {
                 let addrs = dial.socket_addrs()?;
                 let s = TcpStream::connect(addrs.as_slice()).with_context(|| format!("cannot connect to {dial}"))?;
                 s.set_nodelay(true)?;
-                (Box::new(s.try_clone()?), Box::new(s))
+                (Box::new(s.try_clone()?), Box::new(s.try_clone()?), Sock::Tcp(s))
             }
         };
         let mut conn = Self {
             reader: BufReader::new(reader),
             writer,
+            sock,
             buf: SharedBuf::default(),
             msize: 64 * 1024,
             next_fid: 1,
@@ -86,7 +114,16 @@ impl Conn {
         Ok(Rmessage::read_from(self.msize.max(64 * 1024 + 24), &self.buf, &mut self.reader)?)
     }
 
-    fn tag(&mut self) -> u16 {
+    /// A second writer on this connection (see [`Sender`]).
+    pub fn sender(&self) -> Result<Sender> {
+        Ok(Sender(match &self.sock {
+            Sock::Unix(s) => Box::new(s.try_clone()?),
+            Sock::Tcp(s) => Box::new(s.try_clone()?),
+        }))
+    }
+
+    /// A fresh tag.
+    pub fn tag(&mut self) -> u16 {
         self.next_tag = if self.next_tag >= 0xfffe { 1 } else { self.next_tag + 1 };
         self.next_tag
     }
@@ -95,7 +132,11 @@ impl Conn {
     pub fn rpc(&mut self, content: Tdata) -> Result<Rdata> {
         let tag = if matches!(content, Tdata::Version { .. }) { 0xffff } else { self.tag() };
         self.send(tag, content)?;
-        let reply = self.recv()?;
+        let mut reply = self.recv()?;
+        // An Rflush left over from a flush that raced its request's reply.
+        while reply.tag != tag && matches!(reply.content, Rdata::Flush {}) {
+            reply = self.recv()?;
+        }
         if reply.tag != tag {
             bail!("reply tag {} to request tag {tag}", reply.tag);
         }
@@ -157,12 +198,25 @@ impl Conn {
         }
     }
 
-    /// Write at `offset`.
+    /// Write at `offset`, in as many Twrites as msize needs; the bytes
+    /// taken (fewer when the server takes a Twrite short).
     pub fn write_at(&mut self, fid: u32, offset: u64, data: &[u8]) -> Result<u32> {
-        match self.rpc(Tdata::Write { fid, offset, data: data.to_vec().into() })? {
-            Rdata::Write { count } => Ok(count),
-            other => bail!("unexpected reply to write: {other:?}"),
+        let most = (self.msize - 24) as usize;
+        let mut done = 0usize;
+        let empty: [&[u8]; 1] = [&[]];
+        let chunks: Vec<&[u8]> = if data.is_empty() { empty.to_vec() } else { data.chunks(most.max(1)).collect() };
+        for chunk in chunks {
+            let at = offset + done as u64;
+            let count = match self.rpc(Tdata::Write { fid, offset: at, data: chunk.to_vec().into() })? {
+                Rdata::Write { count } => count as usize,
+                other => bail!("unexpected reply to write: {other:?}"),
+            };
+            done += count.min(chunk.len());
+            if count < chunk.len() {
+                break;
+            }
         }
+        Ok(u32::try_from(done).unwrap_or(u32::MAX))
     }
 
     /// Clunk (for a prompt: send it).

@@ -107,6 +107,9 @@ struct Inner {
     events_synced: Option<(u64, SystemTime)>,
     /// (file length, mtime, rendered chat).
     chat: Option<(u64, SystemTime, Arc<String>)>,
+    /// Why the last prompt (or queued prompt, or resume) could not start,
+    /// until a turn starts: the last line of `state`.
+    refused: Option<String>,
 }
 
 /// One session this server has touched.
@@ -297,7 +300,7 @@ impl Runtime {
             let spec = summary.registers.get(1).cloned().flatten().and_then(|r| r.parse::<SessionSpec>().ok());
             let stored_in_progress =
                 summary.state.as_ref().and_then(|s| Pc::decode(&s.pc).ok()).is_some_and(|pc| pc.in_progress());
-            let state = self.live_phase(&id).unwrap_or_else(|| idle_or_interrupted(stored_in_progress));
+            let state = self.live_phase(&id).unwrap_or_else(|| stored_state(&path, stored_in_progress));
             let dash = |s: Option<String>| s.filter(|s| !s.is_empty()).unwrap_or_else(|| "-".to_owned());
             rows.push(IdxRow {
                 id,
@@ -387,6 +390,18 @@ impl Runtime {
 
     fn start_with(self: &Arc<Self>, id: &str, start: Start) -> Result<()> {
         let live = self.require(id)?;
+        let told = matches!(start, Start::Prompt(_) | Start::Queue);
+        let started = self.start_live(&live, start);
+        if let Err(e) = &started
+            && told
+        {
+            self.refuse(&mut lock(&live.inner), &format!("{e:#}"));
+        }
+        started
+    }
+
+    fn start_live(self: &Arc<Self>, live: &Arc<Live>, start: Start) -> Result<()> {
+        let id = live.id.as_str();
         let mut inner = lock(&live.inner);
         if inner.turn.is_some() {
             bail!(
@@ -401,7 +416,7 @@ impl Runtime {
         let cancel = CancelToken::new();
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
         let runtime = Arc::clone(self);
-        let thread_live = Arc::clone(&live);
+        let thread_live = Arc::clone(live);
         let thread_cancel = cancel.clone();
         let handle = std::thread::Builder::new()
             .name(format!("turn-{id}"))
@@ -409,6 +424,7 @@ impl Runtime {
             .context("cannot start a turn thread")?;
         match ready_rx.recv() {
             Ok(Ok(())) => {
+                inner.refused = None;
                 inner.turn = Some(Running { cancel, handle: Some(handle) });
                 inner.phase = Some("thinking".to_owned());
                 drop(inner);
@@ -424,6 +440,39 @@ impl Runtime {
                 Err(anyhow!("the turn thread stopped before starting"))
             }
         }
+    }
+
+    /// A prompt's start was refused: said where a writer and a reader of
+    /// the session see it (a prompt's clunk has no one else to tell), as
+    /// the last line of `state` and an `event` line.
+    fn refuse(&self, inner: &mut Inner, why: &str) {
+        let why = one_line(why);
+        let line = serde_json::json!({"type": "startRefused", "error": why}).to_string();
+        inner.events.extend_from_slice(line.as_bytes());
+        inner.events.push(b'\n');
+        inner.refused = Some(why);
+        self.pulse.bump();
+    }
+
+    /// Whether a prompt could start in `id` now; the reason if not (the
+    /// write of `prompt` fails with it rather than its clunk).
+    pub fn check_start(&self, id: &str) -> Result<()> {
+        let live = self.require(id)?;
+        if lock(&live.inner).turn.is_some() {
+            bail!(
+                "busy: a turn is running in session {id}; write the prompt to enqueue to run it next, or stop to ctl"
+            );
+        }
+        if let Some(pid) = busy_elsewhere(&live.path) {
+            bail!("busy: {}; wait for it to finish", elsewhere(pid));
+        }
+        let store = JsonlStore::open_read_only_with(&live.path, self.host.store_options())?;
+        let spec = store.register(FACT, SPEC_FACT).and_then(|r| r.parse::<SessionSpec>().ok()).unwrap_or_default();
+        let cwd = PathBuf::from(&store.header().cwd);
+        if store.register(FACT, registers::SUBAGENT_FACT).is_some() {
+            bail!("session {id} is a child session; its parent drives it");
+        }
+        self.host.provider(&spec, &cwd).map(|_| ())
     }
 
     fn turn_thread(
@@ -870,14 +919,24 @@ impl Runtime {
     /// `state`.
     pub fn state(&self, id: &str) -> Result<String> {
         let live = self.require(id)?;
-        if let Some(phase) = lock(&live.inner).phase.clone() {
-            return Ok(phase);
-        }
-        let max_line = self.host.store_options().max_line_bytes;
-        let summary = read_summary(&live.path, &[], max_line)?;
-        let in_progress =
-            summary.state.as_ref().and_then(|s| Pc::decode(&s.pc).ok()).is_some_and(|pc| pc.in_progress());
-        Ok(idle_or_interrupted(in_progress))
+        let (phase, refused) = {
+            let inner = lock(&live.inner);
+            (inner.phase.clone(), inner.refused.clone())
+        };
+        let state = match phase {
+            Some(phase) => phase,
+            None => {
+                let max_line = self.host.store_options().max_line_bytes;
+                let summary = read_summary(&live.path, &[], max_line)?;
+                let in_progress =
+                    summary.state.as_ref().and_then(|s| Pc::decode(&s.pc).ok()).is_some_and(|pc| pc.in_progress());
+                stored_state(&live.path, in_progress)
+            }
+        };
+        Ok(match refused {
+            Some(why) => format!("{state}\nnot started: {why}"),
+            None => state,
+        })
     }
 
     /// `usage`: token totals over every provider attempt.
@@ -1046,8 +1105,42 @@ fn next_in_queue(store: &JsonlStore, arrived: &[registers::QueuedPrompt]) -> Opt
     queue.items.into_iter().next().map(|q| q.prompt)
 }
 
-fn idle_or_interrupted(in_progress: bool) -> String {
-    if in_progress { "interrupted" } else { "idle" }.to_owned()
+/// The state of a session no turn of this server runs: idle, interrupted,
+/// or busy in another process (whose turn is in progress in the file and
+/// who holds its writer lock).
+fn stored_state(path: &Path, in_progress: bool) -> String {
+    if !in_progress {
+        return "idle".to_owned();
+    }
+    match busy_elsewhere(path) {
+        Some(pid) => elsewhere(pid),
+        None => "interrupted".to_owned(),
+    }
+}
+
+fn elsewhere(pid: Option<u32>) -> String {
+    match pid {
+        Some(pid) => format!("busy elsewhere: process {pid} is running a turn"),
+        None => "busy elsewhere: another process is running a turn".to_owned(),
+    }
+}
+
+/// Whether another process holds the writer lock of the session file at
+/// `path` (and its pid, when it wrote one). Never creates the lock file.
+fn busy_elsewhere(path: &Path) -> Option<Option<u32>> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(cairn_core::storage::lock_path(path)).ok()?;
+    match file.try_lock_shared() {
+        Ok(()) => {
+            let _ = file.unlock();
+            None
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            Some(file.read_to_string(&mut text).ok().and_then(|_| text.trim().parse().ok()))
+        }
+        Err(std::fs::TryLockError::Error(_)) => None,
+    }
 }
 
 fn one_line(text: &str) -> String {

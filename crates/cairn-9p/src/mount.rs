@@ -7,24 +7,32 @@
 //! last close), so a prompt starts when the shell has closed the file;
 //! "busy" is refused at open and write, so `echo` sees it. Reads bypass the page cache (direct I/O) and
 //! attributes are never cached, so `tail -f chat` sees it grow. Reads of
-//! the streams (`event`, `log`) block on a connection of their own. The
+//! the streams (`event`, `log`) block on a connection of their own and on
+//! a thread of their own (the FUSE workers stay free for other requests);
+//! while one waits, a signal pending for the reader (SIGINT, SIGKILL; fuser
+//! does not pass FUSE_INTERRUPT on, so the mount looks in /proc) flushes
+//! the 9P read (Tflush) and the reader gets EINTR. Writes are split to fit
+//! the negotiated msize, and FUSE's max_write is set from it. The
 //! server's error text is printed on the mount's stderr; the caller gets
 //! an errno (ENOENT, EBUSY, EACCES, else EIO).
+//!
+//! Must not: hold a FUSE worker while a stream waits, or send a message
+//! over msize (the shared connection serves every other operation).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, MountOption,
-    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request,
-    WriteFlags,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig,
+    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyWrite, Request, WriteFlags,
 };
-use ninep::sansio::protocol::RawStat;
+use ninep::sansio::protocol::{NineP as _, RawStat, Rdata, Tdata};
 
 use crate::client::{Conn, mode};
 use crate::dial::Dial;
@@ -33,7 +41,9 @@ use crate::live::lock;
 const TTL: Duration = Duration::ZERO;
 
 struct Open {
-    /// A connection of its own (streams), else the shared one.
+    /// A stream (its reads wait on a connection of their own).
+    stream: bool,
+    /// That connection (taken out while a read waits), else the shared one.
     own: Option<Conn>,
     fid: u32,
     clunked: bool,
@@ -44,7 +54,9 @@ pub struct Mount {
     dial: Dial,
     shared: Mutex<Conn>,
     paths: Mutex<HashMap<u64, String>>,
-    open: Mutex<HashMap<u64, Open>>,
+    open: Arc<Mutex<HashMap<u64, Open>>>,
+    /// The largest write one Twrite carries (FUSE's max_write).
+    max_write: u32,
     next_fh: AtomicU64,
     uid: u32,
     gid: u32,
@@ -74,12 +86,14 @@ impl Mount {
     /// Connect to the server at `dial`.
     pub fn connect(dial: &Dial, uid: u32, gid: u32) -> Result<Self> {
         let conn = Conn::dial(dial)?;
+        let max_write = conn.msize - 24;
         let paths = HashMap::from([(1, String::new())]);
         Ok(Self {
             dial: dial.clone(),
             shared: Mutex::new(conn),
             paths: Mutex::new(paths),
-            open: Mutex::new(HashMap::new()),
+            max_write,
+            open: Arc::new(Mutex::new(HashMap::new())),
             next_fh: AtomicU64::new(1),
             uid,
             gid,
@@ -127,6 +141,15 @@ fn join(parent: &str, name: &OsStr) -> String {
 }
 
 impl Filesystem for Mount {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Whole pages, at most one Twrite's worth (the client splits anyway).
+        let max_write = (self.max_write / 4096 * 4096).max(4096);
+        if let Err(nearest) = config.set_max_write(max_write) {
+            let _ = config.set_max_write(nearest);
+        }
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let Some(parent) = self.path(parent) else { return reply.error(Errno::ENOENT) };
         let path = join(&parent, name);
@@ -182,7 +205,7 @@ impl Filesystem for Mount {
                 let mut conn = Conn::dial(&self.dial)?;
                 let (fid, _) = conn.walk(&path)?;
                 conn.open(fid, nine)?;
-                Ok(Open { own: Some(conn), fid, clunked: false })
+                Ok(Open { stream: true, own: Some(conn), fid, clunked: false })
             } else {
                 let mut conn = lock(&self.shared);
                 let (fid, _) = conn.walk(&path)?;
@@ -190,7 +213,7 @@ impl Filesystem for Mount {
                     let _ = conn.clunk(fid);
                     return Err(e);
                 }
-                Ok(Open { own: None, fid, clunked: false })
+                Ok(Open { stream: false, own: None, fid, clunked: false })
             }
         })();
         match opened {
@@ -205,7 +228,7 @@ impl Filesystem for Mount {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -214,27 +237,40 @@ impl Filesystem for Mount {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        // A stream's connection is taken out while it blocks, so other
-        // handles are not held up.
+        // A stream's connection is taken out while it waits, on a thread
+        // of its own, so neither other handles nor FUSE workers are held.
         let taken = {
             let mut open = lock(&self.open);
             let Some(handle) = open.get_mut(&fh.0) else { return reply.error(Errno::EBADF) };
-            (handle.fid, handle.own.take())
+            (handle.fid, handle.stream, handle.own.take())
         };
-        let (fid, own) = taken;
-        let result = match own {
-            Some(mut conn) => {
-                let r = read_all(&mut conn, fid, offset, size);
-                if let Some(handle) = lock(&self.open).get_mut(&fh.0) {
-                    handle.own = Some(conn);
+        match taken {
+            (fid, true, Some(conn)) => {
+                let open = Arc::clone(&self.open);
+                let pid = req.pid();
+                let spawned = std::thread::Builder::new().name("mount-read".to_owned()).spawn(move || {
+                    let (conn, result) = stream_read(conn, fid, offset, size, pid);
+                    if let Some(conn) = conn
+                        && let Some(handle) = lock(&open).get_mut(&fh.0)
+                    {
+                        handle.own = Some(conn);
+                    }
+                    match result {
+                        Ok(data) => reply.data(&data),
+                        Err(ReadError::Interrupted) => reply.error(Errno::EINTR),
+                        Err(ReadError::Failed(e)) => reply.error(errno("read", &e)),
+                    }
+                });
+                if let Err(e) = spawned {
+                    eprintln!("cairn mount: cannot start a reader thread: {e}");
                 }
-                r
             }
-            None => read_all(&mut lock(&self.shared), fid, offset, size),
-        };
-        match result {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno("read", &e)),
+            // Another read of this handle is waiting (one reader at a time).
+            (_, true, None) => reply.error(Errno::EBUSY),
+            (fid, false, _) => match lock(&self.shared).read_at(fid, offset, size) {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno("read", &e)),
+            },
         }
     }
 
@@ -299,6 +335,14 @@ impl Filesystem for Mount {
         reply.ok();
     }
 
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // The tree's files go with their directory: `rmdir s/ID` archives
+        // the session (`rm -r` would remove each file first).
+        let path = self.path(parent).map_or_else(|| name.to_string_lossy().into_owned(), |p| join(&p, name));
+        eprintln!("cairn mount: {path}: files cannot be removed; `rmdir` the session (or job) directory to archive it");
+        reply.error(Errno::EPERM);
+    }
+
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let Some(parent) = self.path(parent) else { return reply.error(Errno::ENOENT) };
         let path = join(&parent, name);
@@ -320,6 +364,10 @@ impl Mount {
         let fid = handle.fid;
         match handle.own.as_mut() {
             Some(conn) => conn.clunk(fid),
+            // A stream whose read still holds its connection: closing that
+            // connection (when the read hands it back and the handle is
+            // gone) ends the fid.
+            None if handle.stream => Ok(()),
             None => {
                 drop(open);
                 lock(&self.shared).clunk(fid)
@@ -328,10 +376,112 @@ impl Mount {
     }
 }
 
-/// One Tread: with direct I/O a short read is what the reader gets (a
-/// stream answers as soon as something is there; the reader asks again).
-fn read_all(conn: &mut Conn, fid: u32, offset: u64, size: u32) -> Result<Vec<u8>> {
-    conn.read_at(fid, offset, size)
+enum ReadError {
+    /// A signal came for the reader: the read was flushed.
+    Interrupted,
+    Failed(anyhow::Error),
+}
+
+/// How often a waiting read looks for a signal pending for its reader.
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// One Tread on a stream's own connection: with direct I/O a short read is
+/// what the reader gets (a stream answers as soon as something is there).
+/// While it waits, a signal pending for `pid` flushes it. The connection
+/// comes back unless it broke.
+fn stream_read(
+    mut conn: Conn,
+    fid: u32,
+    offset: u64,
+    size: u32,
+    pid: u32,
+) -> (Option<Conn>, Result<Vec<u8>, ReadError>) {
+    let count = size.min(conn.msize - 24);
+    let tag = conn.tag();
+    let flush_tag = conn.tag();
+    let sent = conn.send(tag, Tdata::Read { fid, offset, count });
+    let sender = sent.and_then(|()| conn.sender());
+    let mut sender = match sender {
+        Ok(s) => s,
+        Err(e) => return (None, Err(ReadError::Failed(e))),
+    };
+    // The connection's reader waits on a thread of its own; this one
+    // watches for signals.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new().name("mount-recv".to_owned()).spawn(move || {
+        let outcome = loop {
+            match conn.recv() {
+                Ok(m) if m.tag == tag => break Ok(Some(m.content)),
+                Ok(m) if m.tag == flush_tag => break Ok(None),
+                Ok(_) => {}
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = tx.send((conn, outcome));
+    });
+    if let Err(e) = spawned {
+        return (None, Err(ReadError::Failed(e.into())));
+    }
+    let mut flushed = false;
+    let (conn, outcome) = loop {
+        match rx.recv_timeout(SIGNAL_POLL) {
+            Ok(done) => break done,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return (None, Err(ReadError::Failed(anyhow::anyhow!("the stream's connection broke"))));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if !flushed && signal_pending(pid) {
+                    flushed = true;
+                    if let Err(e) = sender.send(flush_tag, Tdata::Flush { old_tag: tag }) {
+                        return (None, Err(ReadError::Failed(e)));
+                    }
+                }
+            }
+        }
+    };
+    let result = match outcome {
+        Ok(Some(Rdata::Read { data })) => Ok(data.write_9p_bytes().map(|mut b| b.split_off(4)).unwrap_or_default()),
+        Ok(Some(Rdata::Error { ename })) => Err(ReadError::Failed(anyhow::anyhow!(ename))),
+        Ok(Some(other)) => Err(ReadError::Failed(anyhow::anyhow!("unexpected reply to read: {other:?}"))),
+        Ok(None) => Err(ReadError::Interrupted),
+        Err(e) => return (None, Err(ReadError::Failed(e))),
+    };
+    (Some(conn), result)
+}
+
+/// Whether thread `pid` has a signal pending that it does not block (or is
+/// gone): what the kernel would have sent as FUSE_INTERRUPT.
+fn signal_pending(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
+    let mask = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    (mask("SigPnd:") | mask("ShdPnd:")) & !mask("SigBlk:") != 0
+}
+
+/// Detach the mount at `dir` even while files on it are open (a reader
+/// blocked on a stream): root unmounts lazily, others ask fusermount.
+fn detach(dir: &Path) {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return };
+    // SAFETY: a valid NUL-terminated path; umount2 has no other preconditions.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return;
+    }
+    for helper in ["fusermount3", "fusermount"] {
+        let status = std::process::Command::new(helper)
+            .args(["-u", "-z", "-q"])
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status();
+        if status.is_ok_and(|s| s.success()) {
+            return;
+        }
+    }
 }
 
 /// Mount the tree served at `dial` on `dir` until `stop` returns; the
@@ -344,6 +494,8 @@ pub fn run(dial: &Dial, dir: &Path, stop: impl FnOnce()) -> Result<()> {
     // SAFETY: plain getters without preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let fs = Mount::connect(dial, uid, gid)?;
+    // The mount reads with FUSE_DIRECT_IO: streams block on their own
+    // threads, so four workers serve everything else.
     let mut config = Config::default();
     config.mount_options = vec![MountOption::FSName("cairn".to_owned()), MountOption::DefaultPermissions];
     config.n_threads = Some(4);
@@ -354,6 +506,9 @@ pub fn run(dial: &Dial, dir: &Path, stop: impl FnOnce()) -> Result<()> {
         )
     })?;
     stop();
+    // A reader blocked on a stream keeps the mount busy: a plain unmount
+    // would fail and leave a dead mount once this process exits.
+    detach(dir);
     drop(session);
     Ok(())
 }

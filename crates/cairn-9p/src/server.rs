@@ -39,6 +39,8 @@ use crate::tree::{self, Handle, Node, ReadOutcome};
 
 /// Bytes of a message header around read/write data (9P's IOHDRSZ).
 const IOHDRSZ: u32 = 24;
+/// The least msize a client may offer: room for a stat and a short read.
+const MIN_MSIZE: u32 = 256;
 /// The most names one Twalk may carry (9P's MAXWELEM).
 const MAXWELEM: usize = 16;
 
@@ -55,6 +57,9 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long a reply may wait for a client that does not read.
     pub write_timeout: Duration,
+    /// How long a connection may stay open without negotiating (Tversion):
+    /// a peer that connects and says nothing does not hold a slot forever.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -65,6 +70,7 @@ impl Default for Limits {
             max_blocked: 256,
             max_connections: 1024,
             write_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -261,15 +267,15 @@ impl<T: Tree> NineServer<T> {
 /// Something a connection reads requests from.
 trait Input: std::io::Read + Send + 'static {
     fn close(&self);
-    fn set_read_timeout(&self, timeout: Duration);
+    fn set_read_timeout(&self, timeout: Option<Duration>);
 }
 
 impl Input for UnixStream {
     fn close(&self) {
         let _ = self.shutdown(std::net::Shutdown::Both);
     }
-    fn set_read_timeout(&self, timeout: Duration) {
-        let _ = UnixStream::set_read_timeout(self, Some(timeout));
+    fn set_read_timeout(&self, timeout: Option<Duration>) {
+        let _ = UnixStream::set_read_timeout(self, timeout);
     }
 }
 
@@ -277,8 +283,8 @@ impl Input for TcpStream {
     fn close(&self) {
         let _ = self.shutdown(std::net::Shutdown::Both);
     }
-    fn set_read_timeout(&self, timeout: Duration) {
-        let _ = TcpStream::set_read_timeout(self, Some(timeout));
+    fn set_read_timeout(&self, timeout: Option<Duration>) {
+        let _ = TcpStream::set_read_timeout(self, timeout);
     }
 }
 
@@ -291,7 +297,7 @@ const REFUSED_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Rerror carrying the reason, close.
 fn refuse_connection<R: Input, W: Write>(reader: R, mut writer: W, why: &Refusal, listener: &str) {
     eprintln!("cairn: refused a connection on {listener}: {why}");
-    reader.set_read_timeout(REFUSED_READ_TIMEOUT);
+    reader.set_read_timeout(Some(REFUSED_READ_TIMEOUT));
     let mut input = BufReader::new(reader);
     let buf = SharedBuf::default();
     if let Ok(first) = Tmessage::read_from(REFUSED_MSIZE, &buf, &mut input)
@@ -376,16 +382,44 @@ impl<T: Tree> Connection<T> {
     }
 
     fn run<R: Input>(mut self, reader: R) {
+        // A peer that never negotiates is dropped after a while; once
+        // Tversion is answered the connection may idle (a mount does).
+        reader.set_read_timeout(Some(self.limits.handshake_timeout));
+        let mut negotiated = false;
         let mut input = BufReader::new(reader);
         let buf = SharedBuf::default();
-        // A message over msize, short, or of an unknown type ends the
-        // connection: its framing can no longer be trusted.
-        while let Ok(message) = Tmessage::read_from(self.msize, &buf, &mut input) {
-            let tag = message.tag;
-            let reply = match self.handle(message) {
-                Ok(Some(rdata)) => rdata,
-                Ok(None) => continue,
-                Err(e) => Rdata::error(format!("{e:#}")),
+        // Only broken framing (a short size, end of input) ends the
+        // connection; a message over msize or one that does not decode is
+        // skipped and answered with Rerror, so one bad request cannot take
+        // down a connection other requests share.
+        while let Ok(frame) = read_frame(&mut input, self.msize) {
+            let (tag, reply) = match frame {
+                Frame::Whole(bytes) => match Tmessage::read_from(self.msize, &buf, &mut bytes.as_slice()) {
+                    Ok(message) => {
+                        let tag = message.tag;
+                        let version = matches!(message.content, Tdata::Version { .. });
+                        match self.handle(message) {
+                            Ok(Some(rdata)) => {
+                                if version && !negotiated && matches!(rdata, Rdata::Version { .. }) {
+                                    negotiated = true;
+                                    input.get_ref().set_read_timeout(None);
+                                }
+                                (tag, rdata)
+                            }
+                            Ok(None) => continue,
+                            Err(e) => (tag, Rdata::error(format!("{e:#}"))),
+                        }
+                    }
+                    Err(e) => (frame_tag(&bytes), Rdata::error(format!("a message that does not decode: {e}"))),
+                },
+                Frame::TooBig { tag, size } => (
+                    tag,
+                    Rdata::error(format!(
+                        "a message of {size} bytes exceeds the negotiated msize {}: split it (a write may carry \
+                         at most msize-{IOHDRSZ} bytes)",
+                        self.msize
+                    )),
+                ),
             };
             if !send(&self.out, self.msize, tag, reply) {
                 break;
@@ -394,6 +428,13 @@ impl<T: Tree> Connection<T> {
         self.alive.store(false, Ordering::SeqCst);
         input.get_ref().close();
         self.clunk_all();
+    }
+
+    /// End every blocked read without a reply (Tversion aborts them).
+    fn abort_blocked(&self) {
+        for (_, flag) in lock(&self.blocked).drain() {
+            flag.store(true, Ordering::SeqCst);
+        }
     }
 
     fn clunk_all(&mut self) {
@@ -420,11 +461,18 @@ impl<T: Tree> Connection<T> {
         let tree = Arc::clone(&self.tree);
         Ok(Some(match message.content {
             Tdata::Version { msize, version } => {
+                // version(5): Tversion aborts all outstanding I/O and
+                // clunks all fids; the answer's msize is at most the
+                // client's.
+                self.abort_blocked();
                 self.clunk_all();
+                if msize < MIN_MSIZE {
+                    bail!("msize {msize} is below the least this server can work with ({MIN_MSIZE}): offer more");
+                }
                 if !version.starts_with("9P2000") {
                     return Ok(Some(Rdata::version(msize.min(self.limits.max_msize), "unknown")));
                 }
-                self.msize = msize.clamp(256, self.limits.max_msize);
+                self.msize = msize.min(self.limits.max_msize);
                 Rdata::version(self.msize, "9P2000")
             }
             Tdata::Auth { .. } => bail!("no authentication is required (none is possible: keep the socket private)"),
@@ -740,6 +788,49 @@ fn dir_chunk(dir: &[u8], offset: u64, count: usize) -> Vec<u8> {
         end += size;
     }
     dir[start..end].to_vec()
+}
+
+/// One message read off the wire.
+enum Frame {
+    /// All its bytes, size included.
+    Whole(Vec<u8>),
+    /// Over msize: its bytes were read and dropped.
+    TooBig { tag: u16, size: u32 },
+}
+
+/// The largest message skipped (and answered with Rerror) rather than
+/// taken as broken framing.
+const SKIP_LIMIT: u32 = 16 << 20;
+
+/// Read one message's bytes by its size prefix. Errors only when the
+/// framing itself is lost (end of input, a size below a header's).
+fn read_frame(input: &mut impl std::io::Read, msize: u32) -> std::io::Result<Frame> {
+    let mut head = [0u8; 7];
+    input.read_exact(&mut head)?;
+    let size = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    if size < 7 {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a message shorter than its header"));
+    }
+    if size > msize {
+        if size > SKIP_LIMIT {
+            // Not a request gone too big but a stream out of step.
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a message size beyond any client's"));
+        }
+        let rest = u64::from(size - 7);
+        let skipped = std::io::copy(&mut std::io::Read::take(&mut *input, rest), &mut std::io::sink())?;
+        if skipped < rest {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        return Ok(Frame::TooBig { tag: u16::from_le_bytes([head[5], head[6]]), size });
+    }
+    let mut bytes = vec![0u8; size as usize];
+    bytes[..7].copy_from_slice(&head);
+    input.read_exact(&mut bytes[7..])?;
+    Ok(Frame::Whole(bytes))
+}
+
+fn frame_tag(bytes: &[u8]) -> u16 {
+    u16::from_le_bytes([bytes[5], bytes[6]])
 }
 
 /// Encode and send one reply; false when the client is gone.

@@ -106,18 +106,18 @@ s/ID/prompt           write a prompt; the turn starts when the file is closed (f
 s/ID/enqueue          write a prompt to run after the running turn (kept durably when closed); read: the prompts waiting
 s/ID/chat             the transcript: user:, assistant:, -> tool(args), = result; tail -f follows it
 s/ID/event            one JSON event a line (as --json) from the session's start; blocks at the end like a pipe
-s/ID/state            idle, thinking, calling: TOOL, awaiting approval: TOOL, interrupted, cancelled
+s/ID/state            idle, thinking, calling: TOOL, awaiting approval: TOOL, interrupted, cancelled, busy elsewhere: PROCESS; a second line `not started: REASON` when the last prompt could not start (event: startRefused)
 s/ID/usage            token totals over every provider attempt
 s/ID/ctl              write: stop, resume, compact, rn NAME, model NAME, fork ENTRY [LANE]
 s/ID/log              the session file's records, one a line; blocks at the end like `cairn log --follow`
 s/ID/approvals/INV    one file per pending approval: read it, write y, n or a (a: allow this Write tool for the session)
-rm -r s/ID            archives the session file to $CAIRN_HOME/archive (refused while a turn runs)
+rmdir s/ID            archives the session file to $CAIRN_HOME/archive (refused while a turn runs; 9P: remove s/ID)
 b/new                 write a batch spec (key=value lines: cwd= required, provider, model, script, parallel=N, allow; then ---; then the prompt), taken whole: the job is created at the next read (which answers its id) or at close
 b/JOB/status          queued, running, done, failed: REASON
 b/JOB/result          the answers (parallel=N: one section per session)
 b/JOB/usage           token totals over the job's sessions (JOB-0 … JOB-N-1 in s/)
 b/JOB/spec            the spec as accepted
-rm -r b/JOB           cancels the job durably (running turns are cancelled, never resumed)
+rmdir b/JOB           cancels the job durably (running turns are cancelled, never resumed; 9P: remove b/JOB)
 ";
 
 impl Node {
@@ -345,10 +345,13 @@ pub fn open(rt: &Runtime, node: &Node, read: bool, write: bool) -> Result<()> {
     if let Some(id) = node.session() {
         exists(rt, id)?;
     }
+    // What would refuse the prompt at its clunk (busy, here or in another
+    // process; no provider, e.g. a missing key) fails the open instead,
+    // where the writer sees it.
     if let Node::File(id, FileKind::Prompt) = node
-        && rt.is_running(id)
+        && write
     {
-        bail!("busy: a turn is running in session {id}; write the prompt to enqueue to run it next, or stop to ctl");
+        rt.check_start(id)?;
     }
     Ok(())
 }

@@ -15,6 +15,9 @@ use cairn_core::tool::{Preview, Risk};
 use crate::render::{escape_controls as esc, escape_json};
 use crate::style::Style;
 
+/// Lines of a preview shown before asking; `e` shows the rest.
+const PREVIEW_LINES: usize = 40;
+
 /// Asks on the controlling terminal (stdin/stderr).
 #[derive(Debug)]
 pub struct TerminalApprover {
@@ -53,31 +56,59 @@ impl Approver for TerminalApprover {
         if let Some(bypass) = request.bypass {
             let _ = writeln!(err, "  {} {}", self.style.red_bold("sandbox bypass:"), esc(bypass));
         }
+        let mut shown = Vec::new();
         match request.preview {
-            Some(preview) => write_preview(&mut err, &self.style, preview),
+            Some(preview) => write_preview(&mut shown, &self.style, preview),
             None => {
                 let args = serde_json::to_string_pretty(request.arguments).unwrap_or_default();
                 for line in escape_json(&args).lines() {
-                    let _ = writeln!(err, "  {line}");
+                    let _ = writeln!(shown, "  {line}");
                 }
             }
         }
+        let shown = String::from_utf8_lossy(&shown).into_owned();
+        let lines = shown.lines().count();
+        let long = lines > PREVIEW_LINES;
+        let head: String = shown.lines().take(PREVIEW_LINES).map(|l| format!("{l}\n")).collect();
+        let _ = write!(err, "{}", if long { &head } else { &shown });
+        if long {
+            let _ = writeln!(
+                err,
+                "  {}",
+                self.style.dim(&format!("… {} more lines; e shows the whole change", lines - PREVIEW_LINES))
+            );
+        }
+        // "Always" is never offered for what the gate will not remember
+        // (Destructive calls, bypasses).
         let always = request.may_remember();
-        let choices = if always { "[y/N/a=always this session]" } else { "[y/N]" };
-        let _ = write!(err, "Run it? {choices} ");
-        let _ = err.flush();
-        // Release stderr while waiting: the Ctrl-C handler writes to it.
-        drop(err);
-        let mut line = String::new();
-        let read = std::io::stdin().lock().read_line(&mut line).map_err(|e| ApprovalError::Failed(e.to_string()))?;
-        let answer = line.trim().to_ascii_lowercase();
-        let decision = match answer.as_str() {
-            "y" | "yes" => Answer::Approve,
-            "a" | "always" if always => Answer::ApproveForSession,
-            _ if read == 0 => Answer::Deny { reason: "the user closed the terminal input (EOF)".to_owned() },
-            _ => Answer::Deny { reason: "the user declined".to_owned() },
+        let choices = match (always, long) {
+            (true, true) => "[y/N/a=always this session/e=explain]",
+            (true, false) => "[y/N/a=always this session]",
+            (false, true) => "[y/N/e=explain]",
+            (false, false) => "[y/N]",
         };
-        Ok(Verdict { decision, by: "user:terminal".to_owned() })
+        loop {
+            let _ = write!(err, "Run it? {choices} ");
+            let _ = err.flush();
+            // Release stderr while waiting: the Ctrl-C handler writes to it.
+            drop(err);
+            let mut line = String::new();
+            let read =
+                std::io::stdin().lock().read_line(&mut line).map_err(|e| ApprovalError::Failed(e.to_string()))?;
+            let answer = line.trim().to_ascii_lowercase();
+            err = std::io::stderr().lock();
+            let decision = match answer.as_str() {
+                "y" | "yes" => Answer::Approve,
+                "a" | "always" if always => Answer::ApproveForSession,
+                "e" | "explain" if read > 0 => {
+                    let _ = write!(err, "{shown}");
+                    continue;
+                }
+                _ if read == 0 => Answer::Deny { reason: "the user closed the terminal input (EOF)".to_owned() },
+                _ => Answer::Deny { reason: "the user declined".to_owned() },
+            };
+            return Ok(Verdict { decision, by: "user:terminal".to_owned() });
+        }
     }
 }
 

@@ -206,8 +206,11 @@ pub enum Command {
     },
     /// Enqueue a prompt in PostgreSQL for a worker: a new session (printing its id), or --session ID.
     Submit {
-        /// The prompt.
-        prompt: String,
+        /// The prompt ('-' reads it from stdin; or use --prompt-file).
+        prompt: Option<String>,
+        /// Read the prompt from a file, or '-' for stdin.
+        #[arg(long, value_name = "F", conflicts_with = "prompt")]
+        prompt_file: Option<PathBuf>,
         /// An existing session (id or unique prefix).
         #[arg(long, value_name = "ID")]
         session: Option<String>,
@@ -244,6 +247,9 @@ pub enum Command {
         /// reaching it can run tools); local peers are still checked (your uid, not a tool).
         #[arg(long)]
         listen_insecure: bool,
+        /// Seconds a connection may stay open without negotiating 9P (Tversion) before it is closed.
+        #[arg(long, default_value_t = 30, value_name = "SECS")]
+        handshake_timeout: u64,
     },
     /// Serve the tools over 9P as a separate process (t/TOOL/meta, jobs/new, jobs/ID/{out,status,receipt,ctl}) until SIGINT/SIGTERM.
     Toolsrv {
@@ -358,8 +364,9 @@ fn run(cli: Cli) -> Result<u8> {
     use crate::{commands, host, local, sessions, trust};
     let store_options = ctx.settings.store_options();
     let resolve = |target: &str| sessions::resolve(&ctx.paths, target, &store_options);
-    if let Command::Serve { listen, listen_insecure } = &cli.command {
-        return crate::serve::run(ctx, listen, *listen_insecure);
+    if let Command::Serve { listen, listen_insecure, handshake_timeout } = &cli.command {
+        let handshake = std::time::Duration::from_secs((*handshake_timeout).max(1));
+        return crate::serve::run(ctx, listen, *listen_insecure, handshake);
     }
     if let Command::Toolsrv { listen, listen_insecure } = &cli.command {
         return crate::toolsrv::run(ctx, listen, *listen_insecure);
@@ -373,7 +380,9 @@ fn run(cli: Cli) -> Result<u8> {
             anyhow::bail!("dispatched before the other commands")
         }
         Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
-        Command::Submit { prompt, session } => crate::pg::submit(&ctx, session.as_deref(), &prompt),
+        Command::Submit { prompt, prompt_file, session } => {
+            crate::pg::submit(&ctx, session.as_deref(), prompt, prompt_file.as_deref())
+        }
         Command::Export { id } => crate::pg::export(&ctx, &id),
         Command::Approvals => crate::pg::approvals(&ctx),
         Command::Approve { session, invocation, deny } => {

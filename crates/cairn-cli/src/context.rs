@@ -55,6 +55,9 @@ pub struct Common {
     /// Print only the answer.
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// Print answers as the model wrote them (no Markdown rendering on a terminal).
+    #[arg(long, global = true)]
+    pub plain: bool,
     /// Never compact the conversation by summary (requests still fit the context window: the oldest messages are left out).
     #[arg(long, global = true)]
     pub no_compaction: bool,

@@ -31,6 +31,60 @@ impl cairn_faces::Host for CliHost<'_> {
         Ok(HostTools { tools: tools.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: tools.hooks })
     }
 
+    fn client_mcp_tools(
+        &self,
+        cwd: &Path,
+        servers: &[cairn_faces::ClientMcpServer],
+        taken: &[String],
+    ) -> Result<HostTools> {
+        let mut notes = Vec::new();
+        let mut configs = std::collections::BTreeMap::new();
+        for server in servers {
+            // A name fit for tool names (mcp__NAME__TOOL); the user's own
+            // servers of that name win.
+            let mut name: String = server
+                .name
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+                .collect::<String>()
+                .split("__")
+                .collect::<Vec<_>>()
+                .join("_");
+            name.truncate(cairn_mcp::config::MAX_SERVER_NAME);
+            if name.is_empty() || self.ctx.settings.mcp_servers.contains_key(&name) || configs.contains_key(&name) {
+                notes.push(format!(
+                    "the editor's MCP server {:?} is not started: its name is taken or empty",
+                    server.name
+                ));
+                continue;
+            }
+            let config = match &server.transport {
+                cairn_faces::ClientMcpTransport::Stdio { command, args, env } => {
+                    cairn_mcp::ServerConfig::from_client(&name, Some(command.clone()), args.clone(), env.clone(), None)
+                }
+                cairn_faces::ClientMcpTransport::Http { headers, .. } if !headers.is_empty() => {
+                    notes.push(format!(
+                        "the editor's MCP server {:?} is not started: cairn does not send custom HTTP headers yet",
+                        server.name
+                    ));
+                    continue;
+                }
+                cairn_faces::ClientMcpTransport::Http { url, .. } => {
+                    cairn_mcp::ServerConfig::from_client(&name, None, Vec::new(), Vec::new(), Some(url.clone()))
+                }
+            };
+            match config {
+                Ok(config) => {
+                    configs.insert(name, config);
+                }
+                Err(e) => notes.push(format!("the editor's MCP server {:?} is not started: {e}", server.name)),
+            }
+        }
+        let loaded = cairn_mcp::load(&configs, cwd, &crate::wiring::tools_config(self.ctx), taken);
+        notes.extend(loaded.notes);
+        Ok(HostTools { tools: loaded.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: None })
+    }
+
     fn allowlist(&self) -> Result<Allowlist> {
         Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")
@@ -44,7 +98,31 @@ impl cairn_faces::Host for CliHost<'_> {
     }
 
     fn open_session(&self, id: &str) -> Result<JsonlStore> {
-        let path = crate::sessions::resolve(&self.ctx.paths, id, &self.ctx.settings.store_options())?;
+        // Only a session file of the sessions directory, by its whole id:
+        // never a path (opening takes a writer lock beside the file, which
+        // must not be created anywhere else), and never a prefix (the
+        // client would go on using the id it sent).
+        let dir = self.ctx.paths.sessions();
+        if id.is_empty() || id.starts_with('.') || id.contains(['/', '\\', '\0']) {
+            anyhow::bail!("{id:?} is not a session id: give the id of a session in {}", dir.display());
+        }
+        let path = dir.join(format!("{id}.jsonl"));
+        if !path.is_file() {
+            let stem = |p: &PathBuf| p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let prefixed: Vec<String> = crate::sessions::session_files(&self.ctx.paths)
+                .unwrap_or_default()
+                .iter()
+                .map(stem)
+                .filter(|s| s.starts_with(id))
+                .collect();
+            match prefixed.as_slice() {
+                [] => anyhow::bail!("no session {id:?} in {}", dir.display()),
+                many => anyhow::bail!(
+                    "{id:?} is only the start of a session id ({}); load it by its whole id",
+                    many.join(", ")
+                ),
+            }
+        }
         crate::wiring::open_session(self.ctx, &path)
     }
 
@@ -78,6 +156,40 @@ impl cairn_faces::Host for CliHost<'_> {
         };
         let (Outcome::Nothing(text) | Outcome::DryRun(text) | Outcome::Done(text) | Outcome::Refused(text)) = outcome;
         Ok(text)
+    }
+
+    fn provider_choices(&self) -> cairn_faces::ProviderChoices {
+        let s = &self.ctx.settings;
+        let current = s.provider.value.clone();
+        let mut names: Vec<String> = cairn_provider::config::BUILTIN_NAMES.iter().map(|n| (*n).to_owned()).collect();
+        names.extend(s.providers.keys().filter(|k| !names.contains(k)).cloned().collect::<Vec<_>>());
+        let choices = names
+            .into_iter()
+            .map(|name| {
+                let model = if name == current {
+                    s.model.value.clone()
+                } else {
+                    cairn_provider::config::ProviderConfig::resolve(&name, s.providers.get(&name))
+                        .ok()
+                        .and_then(|c| c.model)
+                };
+                let label = match model {
+                    Some(model) => format!("{name}: {model}"),
+                    None => name.clone(),
+                };
+                (name, label)
+            })
+            .collect();
+        cairn_faces::ProviderChoices { current, choices }
+    }
+
+    fn provider_named(&self, name: &str, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+        if name == self.ctx.settings.provider.value {
+            return self.provider(cwd);
+        }
+        // Another provider runs as its configuration says (the command
+        // line's --model and --script are the configured provider's).
+        crate::wiring::provider_for(self.ctx, name, None, None, cwd)
     }
 }
 

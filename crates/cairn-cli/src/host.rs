@@ -7,7 +7,7 @@
 //! cairn-core; this module only assembles the parts and maps outcomes to
 //! exit codes.
 
-use std::io::{BufRead, IsTerminal, Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -213,6 +213,7 @@ fn drive(
     };
     disarm();
     let id = session.store().header().id.clone();
+    renderer.set_window(wiring.provider.context_window());
     renderer.finish(&id);
     if let Some(e) = renderer.write_error.take() {
         return Err(e.into());
@@ -256,7 +257,9 @@ fn announce(renderer: &mut Renderer, store: &JsonlStore) {
 }
 
 /// Read the prompt of `cairn run`.
-fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String> {
+/// The prompt from the argument, or from `--prompt-file` (`-`: stdin);
+/// empty refused.
+pub(crate) fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String> {
     let text = match (prompt, file) {
         (Some(p), _) => p,
         (None, Some(path)) if path == Path::new("-") => {
@@ -281,6 +284,7 @@ fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String> {
 pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
     let prompt = read_prompt(prompt, prompt_file)?;
     let mut renderer = Renderer::new(mode(ctx));
+    renderer.set_markdown(ctx.common.plain);
     let (mut store, cwd) = create_session(ctx)?;
     let tools = turn_tools(ctx, &cwd)?;
     let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(&prompt), &tools)?;
@@ -295,6 +299,7 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
 /// `cairn resume`.
 pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
+    renderer.set_markdown(ctx.common.plain);
     let store = open_session(ctx, path)?;
     if let Some(child) = crate::family::child_fact(&store) {
         // A child's authority is a subset of its parent's, recorded in its
@@ -360,6 +365,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
 /// `cairn chat`.
 pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
+    renderer.set_markdown(ctx.common.plain);
     let (store, cwd) = match existing {
         Some(path) => {
             let store = open_session(ctx, path)?;
@@ -394,6 +400,169 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     chat_loop(ctx, session, &mut wiring, &mut renderer)
 }
 
+/// What the chat does after a command.
+enum Flow {
+    /// Read the next line.
+    Next,
+    /// Leave.
+    Quit,
+    /// Go on in this session.
+    Switch(Box<Session<JsonlStore>>),
+}
+
+/// Print a command's answer on stdout, escaped (it may hold file names and
+/// tool names from anywhere).
+fn say(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", crate::render::escape_controls(text.trim_end()))?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Run one of the chat's slash commands (`crate::slash`).
+fn command_of_chat(
+    ctx: &Context,
+    command: &crate::slash::Slash,
+    session: &mut Session<JsonlStore>,
+    wiring: &mut Wiring,
+    renderer: &mut Renderer,
+) -> Result<Flow> {
+    use crate::slash::Slash;
+    let store = session.store();
+    match command {
+        Slash::Help => say(&crate::slash::help())?,
+        Slash::Quit => return Ok(Flow::Quit),
+        Slash::Status => {
+            let (mut input, mut output, mut attempts) = (0u64, 0u64, 0usize);
+            for row in store.usage() {
+                if let Ok(u) = serde_json::from_str::<cairn_core::provider::AttemptUsage>(row.usage.get()) {
+                    input += u.input_tokens;
+                    output += u.output_tokens;
+                    attempts += 1;
+                }
+            }
+            say(&format!(
+                "session {}\nlane {}\nprovider {} · model {}\n{input} in / {output} out tokens over {attempts} provider attempts\n{} tools offered",
+                store.header().id,
+                session.lane(),
+                wiring.provider.name(),
+                wiring.provider.model(),
+                wiring.registry.specs().len(),
+            ))?;
+        }
+        Slash::Tools => {
+            let lines: Vec<String> =
+                wiring.registry.specs().iter().map(|s| format!("{:<40} {:?}", s.name, s.risk)).collect();
+            say(&lines.join("\n"))?;
+        }
+        Slash::Sessions => {
+            crate::commands::sessions(ctx)?;
+        }
+        Slash::Diff => {
+            let mut changed = std::collections::BTreeSet::new();
+            for entry in store.entries().iter().filter(|e| e.entry_type == "toolCompleted") {
+                let payload: serde_json::Value = serde_json::from_str(entry.payload.get()).unwrap_or_default();
+                for path in payload["receipt"]["affectedEntities"].as_array().into_iter().flatten() {
+                    if let Some(path) = path.as_str() {
+                        changed.insert(path.to_owned());
+                    }
+                }
+            }
+            if changed.is_empty() {
+                say("no file was changed by this session's tool calls")?;
+            } else {
+                say(&changed.into_iter().collect::<Vec<_>>().join("\n"))?;
+            }
+        }
+        Slash::Last => {
+            let last = store
+                .entries()
+                .into_iter()
+                .rev()
+                .find(|e| matches!(e.entry_type.as_str(), "toolCompleted" | "toolFailed" | "toolRejected"));
+            match last {
+                None => say("no tool call yet in this session")?,
+                Some(entry) => {
+                    let payload: serde_json::Value = serde_json::from_str(entry.payload.get()).unwrap_or_default();
+                    let text = payload["fullOutput"]
+                        .as_str()
+                        .or_else(|| payload["receipt"]["outputSummary"].as_str())
+                        .or_else(|| payload["reason"].as_str())
+                        .unwrap_or_default();
+                    let tool = payload["tool"].as_str().unwrap_or("?");
+                    say(&format!("{tool} ({}):\n{text}", entry.entry_type))?;
+                }
+            }
+        }
+        Slash::Allow(rule) => match session.allow(rule, "user:chat") {
+            Ok(rule) => {
+                say(&format!("allowed for this session: {} (Write calls only; never Destructive)", rule.text()))?
+            }
+            Err(e) => renderer.notice(&format!("not allowed: {e}")),
+        },
+        Slash::Compact => {
+            let cancel = CancelToken::new();
+            let mut observer = |event: &TurnEvent| renderer.event(event);
+            let mut env = TurnEnv {
+                provider: &*wiring.provider,
+                tools: &wiring.registry,
+                approver: &mut wiring.approver,
+                observer: &mut observer,
+                cancel: &cancel,
+            };
+            match session.compact(&mut env) {
+                Ok(Some(entry)) => say(&format!("compacted: summary entry {entry}"))?,
+                Ok(None) => say("nothing to compact: no messages before the last prompt")?,
+                Err(e) => renderer.notice(&format!("cannot compact: {e}")),
+            }
+        }
+        Slash::Fork(name) => {
+            let made = match session.head().map(str::to_owned) {
+                None => Err("there is nothing to fork yet: send a prompt first".to_owned()),
+                Some(head) => {
+                    session.fork(name, &head).and_then(|()| session.switch_lane(name)).map_err(|e| e.to_string())
+                }
+            };
+            match made {
+                Ok(()) => say(&format!("now on lane {name} (forked from the last entry; /status shows it)"))?,
+                Err(e) => renderer.notice(&format!("cannot fork: {e}")),
+            }
+        }
+        Slash::Clear => {
+            let (store, _) = create_session(ctx)?;
+            renderer.notice(&format!("new session {}", store.header().id));
+            return Ok(Flow::Switch(Box::new(Session::open(store, session_config(ctx))?)));
+        }
+        Slash::Model(None) => say(&format!("{} · {}", wiring.provider.name(), wiring.provider.model()))?,
+        Slash::Model(Some(name)) => {
+            let cwd = PathBuf::from(&store.header().cwd);
+            let s = &ctx.settings;
+            match crate::wiring::provider_for(ctx, &s.provider.value, Some(name), s.script.value.as_deref(), &cwd) {
+                Ok(provider) => {
+                    wiring.provider = provider;
+                    say(&format!("the next turns use {} · {}", wiring.provider.name(), wiring.provider.model()))?;
+                }
+                Err(e) => renderer.notice(&format!("cannot use model {name}: {e:#}")),
+            }
+        }
+        Slash::Undo(turn) => {
+            let cwd = PathBuf::from(&store.header().cwd);
+            let target = turn.map_or(crate::undo::Target::LastTurn, crate::undo::Target::Turn);
+            if let Err(e) = crate::undo::undo_session(ctx, session, &cwd, target, false, false) {
+                renderer.notice(&format!("{e:#}"));
+            }
+        }
+        Slash::Redo => {
+            let cwd = PathBuf::from(&store.header().cwd);
+            if let Err(e) = crate::undo::redo_session(ctx, session, &cwd, false, false) {
+                renderer.notice(&format!("{e:#}"));
+            }
+        }
+        Slash::Unknown(text) => renderer.notice(&crate::slash::unknown(text)),
+    }
+    Ok(Flow::Next)
+}
+
 fn chat_loop(
     ctx: &Context,
     mut session: Session<JsonlStore>,
@@ -408,39 +577,42 @@ fn chat_loop(
     let _ = interrupts();
     let id = session.store().header().id.clone();
     let interactive = std::io::stdin().is_terminal();
+    let mut input = crate::lineedit::Input::new(&ctx.paths.data, &cwd, interactive && !ctx.common.json)?;
+    let prompt_text = ("› ", ctx.err_style.bold("›") + " ");
     let mut last = exit::SUCCESS;
     loop {
-        if interactive && ctx.common.json.eq(&false) {
-            let mut err = std::io::stderr().lock();
-            let _ = write!(err, "{} ", ctx.err_style.bold("›"));
-            let _ = err.flush();
-        }
-        let mut line = String::new();
-        let read = std::io::stdin().lock().read_line(&mut line).context("cannot read from stdin")?;
-        if read == 0 {
-            if interactive {
-                let _ = writeln!(std::io::stderr());
+        let line = match input.read(&prompt_text)? {
+            crate::lineedit::Read::Line(line) => line,
+            // Ctrl-C or Ctrl-D at an idle prompt: leave (Ctrl-C during a
+            // turn interrupts the turn instead, see `interrupts`).
+            crate::lineedit::Read::Interrupted | crate::lineedit::Read::Eof => {
+                if interactive {
+                    let _ = writeln!(std::io::stderr());
+                }
+                return Ok(last);
             }
-            return Ok(last);
-        }
-        let text = line.trim();
-        if text.is_empty() {
-            continue;
-        }
-        // `/undo [N]` and `/redo`: the file effects of the last turn (or of
-        // turn N on), and the conversation with them; never sent to the
-        // model. A refusal is told and the chat goes on.
-        if let Some(command) = chat_undo_command(text) {
-            let done = match command {
-                ChatUndo::Undo(target) => crate::undo::undo_session(ctx, &mut session, &cwd, target, false, false),
-                ChatUndo::Redo => crate::undo::redo_session(ctx, &mut session, &cwd, false, false),
-                ChatUndo::Bad(why) => Err(anyhow::anyhow!(why)),
-            };
-            if let Err(e) = done {
-                renderer.notice(&format!("{e:#}"));
+        };
+        let prompt = match crate::slash::parse(&line) {
+            crate::slash::Line::Empty => continue,
+            crate::slash::Line::Command(command) => {
+                match command_of_chat(ctx, &command, &mut session, wiring, renderer)? {
+                    Flow::Next => continue,
+                    Flow::Quit => return Ok(last),
+                    Flow::Switch(next) => {
+                        session = *next;
+                        continue;
+                    }
+                }
             }
-            continue;
-        }
+            crate::slash::Line::Prompt(prompt) => match crate::slash::attach(&cwd, &prompt) {
+                Ok(prompt) => prompt,
+                Err(why) => {
+                    renderer.notice(&why);
+                    continue;
+                }
+            },
+        };
+        let text = prompt.as_str();
         if rechoose {
             let mut store = session.into_store();
             // The prompt's tools, read once: ranked, then offered.
@@ -452,28 +624,5 @@ fn chat_loop(
         if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {
             last = outcome_code(&outcome, renderer, &id);
         }
-    }
-}
-
-/// A chat line that asks for an undo or a redo.
-enum ChatUndo {
-    Undo(crate::undo::Target),
-    Redo,
-    Bad(String),
-}
-
-fn chat_undo_command(text: &str) -> Option<ChatUndo> {
-    let mut words = text.split_whitespace();
-    let command = words.next()?;
-    let rest: Vec<&str> = words.collect();
-    match (command, rest.as_slice()) {
-        ("/undo", []) => Some(ChatUndo::Undo(crate::undo::Target::LastTurn)),
-        ("/undo", [n]) => Some(match n.parse::<usize>() {
-            Ok(n) => ChatUndo::Undo(crate::undo::Target::Turn(n)),
-            Err(_) => ChatUndo::Bad(format!("/undo takes a turn number (1 is the first turn), not {n:?}")),
-        }),
-        ("/redo", []) => Some(ChatUndo::Redo),
-        ("/undo" | "/redo", _) => Some(ChatUndo::Bad("usage: /undo [N] or /redo".to_owned())),
-        _ => None,
     }
 }

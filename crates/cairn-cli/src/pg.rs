@@ -38,13 +38,29 @@ pub fn url(ctx: &Context) -> Result<String> {
 
 fn client(ctx: &Context) -> Result<Client> {
     let url = url(ctx)?;
-    cairn_pg::connect(&url).with_context(|| format!("cannot use the database {}", redact(&url)))
+    connect_shown(&url)
+}
+
+/// Connect, with an error that names the database without its password
+/// and carries PostgreSQL's own message and code.
+fn connect_shown(url: &str) -> Result<Client> {
+    cairn_pg::connect(url).map_err(|e| {
+        anyhow::anyhow!("cannot use the database {}: {}", redact(url), crate::redact::scrub(&e.to_string(), url))
+    })
+}
+
+/// A PostgreSQL error with the server's message and SQLSTATE code (the
+/// client's own text is only "db error").
+fn db_error(e: postgres::Error) -> anyhow::Error {
+    anyhow::anyhow!("database error: {}", cairn_pg::describe(&e))
 }
 
 /// A session id from an exact id or a unique prefix.
 fn resolve(client: &mut Client, target: &str) -> Result<String> {
     let pattern = format!("{}%", target.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
-    let rows = client.query("SELECT id FROM cairn_sessions WHERE id LIKE $1 ORDER BY id LIMIT 2", &[&pattern])?;
+    let rows = client
+        .query("SELECT id FROM cairn_sessions WHERE id LIKE $1 ORDER BY id LIMIT 2", &[&pattern])
+        .map_err(db_error)?;
     match rows.as_slice() {
         [one] => Ok(one.get(0)),
         [] => bail!("no session {target:?} in the database; list them with `cairn sessions --database URL`"),
@@ -62,7 +78,12 @@ impl Driver for HostDriver {
         SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..crate::wiring::session_config(&self.ctx) }
     }
 
-    fn drive(&self, session: &mut Session<PgStore>, prompt: Option<&str>) -> Result<(), TurnError> {
+    fn drive(
+        &self,
+        session: &mut Session<PgStore>,
+        prompt: Option<&str>,
+        cancel: &CancelToken,
+    ) -> Result<(), TurnError> {
         let id = session.store().header().id.clone();
         let cwd = PathBuf::from(&session.store().header().cwd);
         let wiring = (|| -> Result<_> {
@@ -72,7 +93,8 @@ impl Driver for HostDriver {
             // Allow rules and --yes, then a durable question any host can
             // answer (`cairn approve`); Destructive calls are refused, never
             // asked, and so never offered.
-            let asker = DbApprover::new(url(&self.ctx)?, id.clone(), session.store().lease_lost());
+            let asker =
+                DbApprover::new(url(&self.ctx)?, id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
             let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(asker)));
             let mut registry = ToolRegistry::new(&approver);
             let tools = crate::toolsrv::turn_tools(&self.ctx, &cwd)?;
@@ -92,13 +114,13 @@ impl Driver for HostDriver {
             }
         };
         let mut observer = |_: &cairn_core::TurnEvent| {};
-        let cancel = CancelToken::new();
+        // The worker's token: cancelled when the lease may be ending.
         let mut env = TurnEnv {
             provider: &*provider,
             tools: &registry,
             approver: &mut approver,
             observer: &mut observer,
-            cancel: &cancel,
+            cancel,
         };
         match prompt {
             Some(text) => session.run_turn(text, &mut env).map(drop),
@@ -111,7 +133,7 @@ impl Driver for HostDriver {
 pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
     let url = url(&ctx)?;
     // Fail early on a bad URL or a newer schema.
-    drop(cairn_pg::connect(&url).with_context(|| format!("cannot use the database {}", redact(&url)))?);
+    drop(connect_shown(&url)?);
     let mut opts = WorkerOptions::new(url.clone());
     opts.concurrency = concurrency.max(1);
     opts.lease = Duration::from_secs(lease_secs.max(1));
@@ -142,7 +164,7 @@ pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
 /// The worker that claims the session owns how it runs: its provider and
 /// model (it holds the keys), its allow rules and `--yes`. A flag that
 /// would say otherwise here is refused, never silently ignored.
-pub fn submit(ctx: &Context, session: Option<&str>, prompt: &str) -> Result<u8> {
+pub fn submit(ctx: &Context, session: Option<&str>, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
     let c = &ctx.common;
     let ignored: Vec<&str> = [
         ("--provider", c.provider.is_some()),
@@ -161,9 +183,23 @@ pub fn submit(ctx: &Context, session: Option<&str>, prompt: &str) -> Result<u8> 
             ignored.join(", ")
         );
     }
-    if prompt.trim().is_empty() {
-        bail!("the prompt is empty");
+    if session.is_some_and(|s| s.trim().is_empty()) {
+        bail!(
+            "--session is empty (an unset variable?); give a session id or prefix, or leave --session out to start a new session"
+        );
     }
+    // `-` alone is standard input, as for --prompt-file (a prompt of "-"
+    // is never what was meant); a long prompt goes through a file or stdin
+    // rather than the argument list.
+    let (prompt, prompt_file) = match prompt.as_deref() {
+        Some("-") => (None, Some(Path::new("-"))),
+        _ => (prompt, prompt_file),
+    };
+    if prompt.is_none() && prompt_file.is_none() {
+        bail!("no prompt: give one (`cairn submit \"…\"`), or --prompt-file FILE, or - for standard input");
+    }
+    let prompt = crate::host::read_prompt(prompt, prompt_file)?;
+    let prompt = prompt.as_str();
     let mut client = client(ctx)?;
     let id = match session {
         Some(target) => resolve(&mut client, target)?,
@@ -185,9 +221,12 @@ pub fn submit(ctx: &Context, session: Option<&str>, prompt: &str) -> Result<u8> 
     };
     lease::submit(&mut client, &id, prompt)?;
     if ctx.common.json {
-        println!("{}", serde_json::json!({"type": "submitted", "sessionId": id}));
+        println!(
+            "{}",
+            crate::render::escape_json(&serde_json::json!({"type": "submitted", "sessionId": id}).to_string())
+        );
     } else {
-        println!("{id}");
+        println!("{}", escape_controls(&id));
     }
     Ok(exit::SUCCESS)
 }
@@ -195,14 +234,16 @@ pub fn submit(ctx: &Context, session: Option<&str>, prompt: &str) -> Result<u8> 
 /// `cairn sessions --database`.
 pub fn sessions(ctx: &Context) -> Result<u8> {
     let mut client = client(ctx)?;
-    let rows = client.query(
-        "SELECT s.id, s.status, s.last_seq, s.epoch, s.lease_owner, s.header,
+    let rows = client
+        .query(
+            "SELECT s.id, s.status, s.last_seq, s.epoch, s.lease_owner, s.header,
                 (SELECT count(*) FROM cairn_inbox i WHERE i.session_id = s.id),
                 to_char(s.updated_at, 'YYYY-MM-DD HH24:MI:SS'), s.note,
                 (extract(epoch FROM s.updated_at) * 1000)::bigint
          FROM cairn_sessions s ORDER BY s.updated_at DESC, s.id",
-        &[],
-    )?;
+            &[],
+        )
+        .map_err(db_error)?;
     let mut out = std::io::stdout().lock();
     if !ctx.common.json {
         if rows.is_empty() {
@@ -283,7 +324,8 @@ fn exported(ctx: &Context, target: &str) -> Result<(tempfile::TempDir, PathBuf)>
     let id = resolve(&mut client, target)?;
     let bytes = cairn_pg::export(&mut client, &id)?;
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
-    let path = dir.path().join(format!("{id}.jsonl"));
+    // A fixed name: an id is data from the database, never a path.
+    let path = dir.path().join("session.jsonl");
     std::fs::write(&path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
     Ok((dir, path))
 }
@@ -326,8 +368,17 @@ pub fn import(ctx: &Context, file: &Path) -> Result<u8> {
         std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?
     };
     let mut client = client(ctx)?;
-    let id = cairn_pg::import(&mut client, &bytes).with_context(|| format!("cannot import {}", file.display()))?;
-    println!("{id}");
+    let max_line = ctx.settings.max_line_bytes.value;
+    let imported = cairn_pg::import_with(&mut client, &bytes, max_line)
+        .with_context(|| format!("cannot import {}", file.display()))?;
+    if !imported.settled.is_empty() {
+        eprintln!(
+            "cairn import: the file left {} tool call(s) unsettled ({}); they were settled without running them (failed-uncertain, or rejected if not yet approved): an approval recorded elsewhere is not trusted",
+            imported.settled.len(),
+            escape_controls(&imported.settled.join(", "))
+        );
+    }
+    println!("{}", escape_controls(&imported.id));
     Ok(exit::SUCCESS)
 }
 

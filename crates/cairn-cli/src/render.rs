@@ -46,6 +46,10 @@ pub struct Totals {
     pub denied: u32,
     /// Tool calls settled.
     pub tools: u32,
+    /// The model of the last attempt.
+    pub model: String,
+    /// Input tokens of the last attempt (how full the context was).
+    pub last_input_tokens: u64,
 }
 
 /// Renders events as they come.
@@ -61,6 +65,49 @@ pub struct Renderer {
     pub write_error: Option<std::io::Error>,
     /// Totals so far.
     pub totals: Totals,
+    /// The model's context window, when known.
+    window: Option<u32>,
+    /// Answers rendered as Markdown (a terminal, not `--plain`).
+    markdown: Option<crate::markdown::Markdown>,
+    /// Tool output shown so far for the running call.
+    fold: Fold,
+}
+
+/// Tool output on a terminal: the first lines of each call, the rest
+/// counted (the whole output stays in the session file).
+#[derive(Debug, Clone, Copy)]
+struct Fold {
+    /// Lines shown per call (`usize::MAX`: all, when stderr is not a terminal).
+    limit: usize,
+    /// Lines shown so far.
+    lines: usize,
+    /// Lines not shown.
+    hidden: usize,
+}
+
+/// Lines of a tool's output shown on a terminal.
+const FOLD_LINES: usize = 12;
+
+impl Fold {
+    fn new(limit: usize) -> Self {
+        Self { limit, lines: 0, hidden: 0 }
+    }
+
+    /// The part of `chunk` to show.
+    fn show(&mut self, chunk: &str) -> String {
+        let mut out = String::new();
+        for piece in chunk.split_inclusive('\n') {
+            if self.lines < self.limit {
+                out.push_str(piece);
+            } else if piece.ends_with('\n') {
+                self.hidden += 1;
+            }
+            if piece.ends_with('\n') {
+                self.lines += 1;
+            }
+        }
+        out
+    }
 }
 
 impl std::fmt::Debug for Renderer {
@@ -81,6 +128,9 @@ impl Renderer {
             open_line: false,
             write_error: None,
             totals: Totals::default(),
+            window: None,
+            markdown: None,
+            fold: Fold::new(if std::io::stderr().is_terminal() { FOLD_LINES } else { usize::MAX }),
         }
     }
 
@@ -95,6 +145,10 @@ impl Renderer {
         if self.mode == Mode::Human && std::io::stderr().is_terminal() && self.spinner.is_none() {
             let spinner = indicatif::ProgressBar::new_spinner();
             spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            // What is running and for how long (the turn's clock).
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+                spinner.set_style(style);
+            }
             spinner.set_message(message.to_owned());
             spinner.enable_steady_tick(Duration::from_millis(100));
             self.spinner = Some(spinner);
@@ -142,6 +196,14 @@ impl Renderer {
             return;
         }
         self.stop_spinner();
+        // The answer's text so far goes out before the note (a tool call
+        // follows the sentence that announced it).
+        if let Some(rest) = self.markdown.as_mut().map(crate::markdown::Markdown::finish)
+            && !rest.is_empty()
+        {
+            self.open_line = !rest.ends_with('\n');
+            self.write_out(&rest);
+        }
         let mut err = std::io::stderr().lock();
         if self.open_line {
             let _ = writeln!(std::io::stdout());
@@ -160,16 +222,39 @@ impl Renderer {
             }
             return;
         }
+        if matches!(event, TurnEvent::ToolCompleted { .. } | TurnEvent::ToolFailed { .. }) {
+            let hidden = self.fold.hidden;
+            self.fold = Fold::new(self.fold.limit);
+            if hidden > 0 {
+                let line =
+                    self.err.dim(&format!("  … {hidden} more lines of output folded (/last in chat shows them)"));
+                self.note(&line);
+            }
+        }
         match event {
             TurnEvent::Delta { event: StreamEvent::TextDelta { text } } => {
                 self.stop_spinner();
-                self.open_line = !text.ends_with('\n');
-                self.write_out(&escape_controls(text));
+                let shown = match &mut self.markdown {
+                    Some(md) => md.push(text),
+                    None => escape_controls(text).into_owned(),
+                };
+                if !shown.is_empty() {
+                    self.open_line = !shown.ends_with('\n');
+                    self.write_out(&shown);
+                }
             }
             TurnEvent::Delta { event: StreamEvent::AttemptStarted { attempt } } if *attempt > 1 => {
+                // The partial line of the failed attempt is dropped too.
+                if let Some(md) = &mut self.markdown {
+                    let _ = md.finish();
+                }
                 self.note(
                     &self.err.yellow(&format!("… retrying (attempt {attempt}); earlier partial output is discarded")),
                 );
+            }
+            TurnEvent::ToolStarted { tool, .. } => {
+                let running = format!("running {}", short(&escape_controls(tool), 60));
+                self.start_spinner(&running);
             }
             TurnEvent::ToolRequested { tool, arguments, .. } => {
                 let args = escape_controls(&short(&arguments.to_string(), 120)).into_owned();
@@ -178,8 +263,11 @@ impl Renderer {
             }
             TurnEvent::ToolOutput { chunk, .. } if self.mode == Mode::Human => {
                 self.stop_spinner();
-                let mut err = std::io::stderr().lock();
-                let _ = write!(err, "{}", self.err.dim(&escape_controls(chunk)));
+                let shown = self.fold.show(chunk);
+                if !shown.is_empty() {
+                    let mut err = std::io::stderr().lock();
+                    let _ = write!(err, "{}", self.err.dim(&escape_controls(&shown)));
+                }
             }
             TurnEvent::ToolCompleted { tool, exit_code, truncated, .. } => {
                 let cut = if *truncated { ", output truncated for the model" } else { "" };
@@ -233,6 +321,8 @@ impl Renderer {
     fn count(&mut self, event: &TurnEvent) {
         match event {
             TurnEvent::Usage { usage } => {
+                self.totals.model.clone_from(&usage.model);
+                self.totals.last_input_tokens = usage.input_tokens;
                 self.totals.attempts += 1;
                 self.totals.input_tokens += usage.input_tokens;
                 self.totals.output_tokens += usage.output_tokens;
@@ -249,6 +339,12 @@ impl Renderer {
     /// End of a turn: stop the spinner, print the usage line.
     pub fn finish(&mut self, session_id: &str) {
         self.stop_spinner();
+        if let Some(rest) = self.markdown.as_mut().map(crate::markdown::Markdown::finish)
+            && !rest.is_empty()
+        {
+            self.open_line = !rest.ends_with('\n');
+            self.write_out(&rest);
+        }
         if self.open_line {
             self.write_out("\n");
             self.open_line = false;
@@ -265,9 +361,32 @@ impl Renderer {
                 if t.tools == 1 { "" } else { "s" },
                 self.started.elapsed().as_secs_f64()
             );
+            let line = match (self.window, t.last_input_tokens) {
+                (Some(window), used) if window > 0 && used > 0 => format!(
+                    "{} · context {}% of {}k · {line}",
+                    t.model,
+                    (used * 100).div_ceil(u64::from(window)).min(100),
+                    window / 1000
+                ),
+                _ if !t.model.is_empty() => format!("{} · {line}", t.model),
+                _ => line,
+            };
             let _ = writeln!(std::io::stderr(), "{}", self.err.dim(&escape_controls(&line)));
         }
         let _ = &self.out;
+    }
+
+    /// Render answers as Markdown when stdout is a terminal (and a person
+    /// reads it: human mode), unless `plain`.
+    pub fn set_markdown(&mut self, plain: bool) {
+        self.markdown = (self.mode == Mode::Human && !plain && std::io::stdout().is_terminal())
+            .then(|| crate::markdown::Markdown::new(self.out));
+    }
+
+    /// The model's context window, for the status line's "context N% of
+    /// W" (unknown: not shown).
+    pub fn set_window(&mut self, window: Option<u32>) {
+        self.window = window;
     }
 }
 

@@ -10,6 +10,7 @@ use std::io::{Read as _, Seek as _, Write as _};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use cairn_9p::{Dial, Host, Limits, Runtime, Server, SessionSpec};
@@ -211,7 +212,7 @@ impl ServeLock {
 }
 
 /// `cairn serve`.
-pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
+pub fn run(ctx: Context, listen: &[String], insecure: bool, handshake_timeout: Duration) -> Result<u8> {
     let data = ctx.paths.data.clone();
     let mut dials = listen.iter().map(|d| Dial::parse(d)).collect::<Result<Vec<_>>>()?;
     if dials.is_empty() {
@@ -230,7 +231,7 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
     let (listeners, addresses) = bind_all(&dials, insecure)?;
     lock.record(&addresses)?;
     let runtime = Runtime::new(Arc::new(CliHost { ctx }));
-    let server = Server::new(Arc::clone(&runtime), Limits::default());
+    let server = Server::new(Arc::clone(&runtime), Limits { handshake_timeout, ..Limits::default() });
     let stop = stop_signal()?;
     for listener in listeners {
         server.spawn(listener)?;

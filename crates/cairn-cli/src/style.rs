@@ -20,6 +20,12 @@ impl Style {
         Self { color: colour_allowed() && std::io::stdout().is_terminal() }
     }
 
+    /// Colour on or off whatever the streams are (tests).
+    #[cfg(test)]
+    pub fn forced(color: bool) -> Self {
+        Self { color }
+    }
+
     fn paint(&self, code: &str, text: &str) -> String {
         if self.color { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
     }
@@ -31,6 +37,10 @@ impl Style {
     /// Dim.
     pub fn dim(&self, text: &str) -> String {
         self.paint("2", text)
+    }
+    /// Italic.
+    pub fn italic(&self, text: &str) -> String {
+        self.paint("3", text)
     }
     /// Red.
     pub fn red(&self, text: &str) -> String {

@@ -194,7 +194,16 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
     let data = ctx.paths.data.clone();
     let mut dials = listen.iter().map(|d| Dial::parse(d)).collect::<Result<Vec<_>>>()?;
     if dials.is_empty() {
-        std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+        // A fresh home is made private (as `cairn serve` makes it): the
+        // socket must live in a directory only its owner can enter.
+        if !data.exists() {
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&data)
+                .with_context(|| format!("cannot create {}", data.display()))?;
+        }
         dials.push(Dial::Unix(data.join("toolsrv.sock")));
     }
     let (listeners, addresses) = crate::listen::bind_all(&dials, insecure)?;
@@ -269,7 +278,7 @@ pub enum TurnTools {
         /// Tools of the service skipped (unreadable meta).
         notes: Vec<String>,
         /// The session's hooks (they run here, not in the service).
-        hooks: Option<std::sync::Arc<dyn cairn_core::hooks::ToolHooks>>,
+        hooks: Option<std::sync::Arc<dyn cairn_core::hooks::Hooks>>,
     },
     /// The built-ins and external tools of the working directory.
     Local(crate::wiring::HostTools),

@@ -13,7 +13,7 @@ use cairn_core::SessionConfig;
 use std::sync::Arc;
 
 use cairn_core::approval::{Allowlist, Approver, PolicyApprover};
-use cairn_core::hooks::ToolHooks;
+use cairn_core::hooks::Hooks;
 use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, new_session_id};
 use cairn_provider::{ProviderConfig, ProviderKind};
@@ -104,7 +104,7 @@ pub struct HostTools {
     pub untrusted: Vec<String>,
     /// The hooks every call goes through (`[hooks]`), set on the registry
     /// with the tools.
-    pub hooks: Option<Arc<dyn ToolHooks>>,
+    pub hooks: Option<Arc<dyn Hooks>>,
 }
 
 /// A working directory's own `.cairn/config.toml`: only these tables.
@@ -191,8 +191,7 @@ pub fn extensions(ctx: &Context, cwd: &Path, trust: &TrustStore) -> Extensions {
             }
         }
     }
-    ext.hooks.pre_tool.extend(hooks.pre_tool);
-    ext.hooks.post_tool.extend(hooks.post_tool);
+    ext.hooks.extend(hooks);
     ext
 }
 
@@ -206,7 +205,7 @@ fn trust_store(ctx: &Context, untrusted: &mut Vec<String>) -> TrustStore {
 }
 
 /// Hook programs from `config`, if any.
-fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Arc<dyn ToolHooks>> {
+fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Arc<dyn Hooks>> {
     if config.is_empty() {
         return None;
     }
@@ -216,7 +215,7 @@ fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Ar
 
 /// The hook programs of a session in `cwd` (the user's, then a trusted
 /// project's), if any.
-pub fn hooks(ctx: &Context, cwd: &Path) -> Option<Arc<dyn ToolHooks>> {
+pub fn hooks(ctx: &Context, cwd: &Path) -> Option<Arc<dyn Hooks>> {
     let mut ignored = Vec::new();
     let trust = trust_store(ctx, &mut ignored);
     hooks_of(ctx, extensions(ctx, cwd, &trust).hooks)

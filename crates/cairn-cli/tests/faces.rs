@@ -454,6 +454,7 @@ fn acp_reads_and_writes_through_the_editor_when_it_offers_fs() {
             json!({"toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
             json!({"toolCalls": [{"id": "c2", "name": "read_file", "arguments": {"path": "link-out"}}]}),
             json!({"toolCalls": [{"id": "c3", "name": "write_file", "arguments": {"path": "b.txt", "content": "via the editor\n"}}]}),
+            json!({"toolCalls": [{"id": "c4", "name": "edit_file", "arguments": {"path": "a.txt", "old": "unsaved buffer line", "new": "edited in the buffer"}}]}),
             json!({"text": "Edited."}),
         ],
     );
@@ -554,4 +555,147 @@ fn acp_finishes_an_interrupted_undo_before_the_next_turn() {
     let script = write_script(&env, &[json!({"text": "After."})]);
     acp(&env, "finish_undo", &script, &[&id]);
     assert!(!env.cwd.join("b.txt").exists());
+}
+
+#[test]
+fn acp_sessions_run_at_once_in_one_process() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "b.txt", "content": "new\n"}}]}),
+            json!({"text": "Done."}),
+        ],
+    );
+    acp(&env, "concurrent", &script, &[]);
+    assert_eq!(env.session_files().len(), 2);
+}
+
+#[test]
+fn acp_load_refuses_id_prefixes_and_paths_and_creates_nothing_beside_them() {
+    let env = setup();
+    let script = write_script(&env, &[json!({"text": "Hi."})]);
+    let made =
+        env.cairn(&["--provider", "scripted", "--script", script.to_str().unwrap(), "run", "hi"]).output().unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let file = env.session_files()[0].clone();
+    let id = file.file_stem().unwrap().to_string_lossy().into_owned();
+    let outside = env.cwd.join("not-a-session");
+    std::fs::write(&outside, "just a file\n").unwrap();
+    let copy = env.cwd.join("copy.jsonl");
+    std::fs::copy(&file, &copy).unwrap();
+    let out = acp(&env, "load_refused", &script, &[&id[..8], outside.to_str().unwrap(), copy.to_str().unwrap()]);
+    assert!(out.contains(&format!("REFUSED {}", &id[..8])) && out.contains(&id), "{out}");
+    for beside in [&outside, &copy] {
+        let lock = format!("{}.lock", beside.display());
+        assert!(!std::path::Path::new(&lock).exists(), "session/load created {lock}");
+    }
+}
+
+#[test]
+fn mcp_ping_is_answered_while_a_call_runs() {
+    let env = setup();
+    mcp(&env, "ping_running", &["--allow", "shell(sleep *)"]);
+}
+
+#[test]
+fn mcp_a_long_read_says_the_true_size_and_reads_on_with_offset() {
+    let env = setup();
+    let text: String = (1..=1500).map(|n| format!("line {n:>5} of the long file, padded to forty\n")).collect();
+    std::fs::write(env.cwd.join("long.txt"), text).unwrap();
+    mcp(&env, "long_read", &[]);
+}
+
+#[test]
+fn mcp_request_ids_beyond_2_53_are_echoed_exactly() {
+    let env = setup();
+    let big = "123456789012345678901234567890";
+    let edge = "9007199254740993"; // 2^53 + 1
+    let input = format!(
+        "{}\n{{\"jsonrpc\":\"2.0\",\"id\":{big},\"method\":\"ping\"}}\n{{\"jsonrpc\":\"2.0\",\"id\":{edge},\"method\":\"tools/list\"}}\n{{\"jsonrpc\":\"2.0\",\"id\":-{big},\"method\":\"nope\"}}\n",
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}})
+    );
+    let mut child =
+        env.cairn(&["mcp"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(child.wait().unwrap().success());
+    for id in [big.to_owned(), edge.to_owned(), format!("-{big}")] {
+        assert!(out.contains(&format!("\"id\":{id},")), "id {id} not echoed exactly:\n{out}");
+    }
+}
+
+#[test]
+fn acp_modes_map_to_the_approval_policy() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "b.txt", "content": "planned\n"}}]}),
+            json!({"text": "Planned."}),
+            json!({"toolCalls": [{"id": "c2", "name": "write_file", "arguments": {"path": "c.txt", "content": "auto\n"}}]}),
+            json!({"text": "Edited."}),
+        ],
+    );
+    acp(&env, "modes", &script, &[]);
+    let text = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(text.contains("plan mode"), "the refusal names the mode");
+    assert!(text.contains("auto-edit mode"), "the approval names the mode");
+}
+
+#[test]
+fn acp_streams_a_running_commands_output() {
+    let env = setup();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "echo streamed line"}}]}),
+            json!({"text": "Ran."}),
+        ],
+    );
+    acp(&env, "stream", &script, &[]);
+}
+
+#[test]
+fn acp_an_editor_s_stdio_mcp_server_in_session_new_is_offered_and_callable() {
+    let env = setup();
+    let out = std::process::Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/venv"))
+        .arg("mcpservers")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scripts/venv mcpservers: {}", String::from_utf8_lossy(&out.stderr));
+    let python = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let time = python.parent().unwrap().join("mcp-server-time");
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "mcp__time__get_current_time", "arguments": {"timezone": "UTC"}}]}),
+            json!({"text": "It is now."}),
+        ],
+    );
+    acp(&env, "mcp", &script, &[time.to_str().unwrap()]);
+}
+
+#[test]
+fn acp_the_editor_chooses_the_model_of_a_session() {
+    let env = setup();
+    let script = write_script(&env, &[json!({"text": "From the default."}), json!({"text": "Not this one."})]);
+    let alt = env.home.join("alt.jsonl");
+    std::fs::write(&alt, format!("{}\n{}\n", json!({"text": "unused"}), json!({"text": "From alt."}))).unwrap();
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[providers.alt]\nkind = \"scripted\"\nscript = \"{}\"\nmodel = \"alt-model\"\n", alt.display()),
+    )
+    .unwrap();
+    acp(&env, "model", &script, &[]);
+}
+
+#[test]
+fn acp_slash_commands_compact_and_usage() {
+    let env = setup();
+    let script = write_script(&env, &[json!({"text": "Hello."}), json!({"text": "Again."})]);
+    acp(&env, "commands", &script, &[]);
+    let types = entry_types(&env.session_files()[0]);
+    assert!(types.iter().any(|t| t == "compaction"), "{types:?}");
 }

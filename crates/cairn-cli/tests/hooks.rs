@@ -247,3 +247,74 @@ fn project_hooks_load_only_after_cairn_trust_and_again_after_a_change() {
     assert_eq!((out.status.code(), refused), (Some(0), 0), "{}", stderr(&out));
     assert!(stderr(&out).contains("again"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_user_prompt_hook_refuses_a_prompt_or_adds_context_and_both_are_recorded() {
+    let env = Env::new();
+    let guard = script(
+        &env,
+        "no-secrets",
+        r#"case "$(cat)" in *password*) echo 'prompts must not carry passwords' >&2; exit 2 ;; esac"#,
+    );
+    let context = script(&env, "context", "cat >/dev/null; echo 'The build command is make -j4.'");
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "[[hooks.user_prompt]]\ncommand = \"{}\"\n\n[[hooks.user_prompt]]\ncommand = \"{}\"\n",
+            guard.display(),
+            context.display()
+        ),
+    )
+    .unwrap();
+    let turn = env.script(&[json!({"text": "noted"})]);
+    let out = env
+        .cairn(&["--script", turn.to_str().unwrap(), "run", "my password is hunter2"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("prompts must not carry passwords"), "{}", stderr(&out));
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert!(!log.contains("hunter2"), "the refused prompt is not in the log: {log}");
+    assert!(log.contains("promptRefused") && log.contains("prompts must not carry passwords"), "{log}");
+    let check = env.cairn(&["--json", "check", "--", env.session_files()[0].to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&check.stdout).contains("\"ok\":true"), "{check:?}");
+    std::fs::remove_file(&env.session_files()[0]).unwrap();
+
+    let out =
+        env.cairn(&["--script", turn.to_str().unwrap(), "run", "build it"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let user = entries(&env).into_iter().find(|e| e["type"] == "message" && e["payload"]["role"] == "user").unwrap();
+    let parts = user["payload"]["content"].as_array().unwrap();
+    assert_eq!(parts[0]["text"], "build it");
+    let added = parts[1]["text"].as_str().unwrap();
+    assert!(added.contains("The build command is make -j4.") && added.contains("hook:user_prompt:"), "{added}");
+}
+
+#[test]
+fn a_pre_compact_hook_is_told_before_a_compaction() {
+    let env = Env::new();
+    let hook = script(&env, "note-compaction", "cat >> compactions.log; echo >> compactions.log");
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[[hooks.pre_compact]]\ncommand = \"{}\"\nfiles = \"write\"\n", hook.display()),
+    )
+    .unwrap();
+    let turn = env.script(&[json!({"text": "one"}), json!({"text": "two"}), json!({"text": "We said hello twice."})]);
+    let s = turn.to_str().unwrap();
+    let first = env.cairn(&["--script", s, "run", "hello"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let second = env
+        .cairn(&["--script", s, "resume", "--last", "--prompt", "hello again"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+    let file = env.session_files()[0].clone();
+    let compact = env.cairn(&["--script", s, "compact", "--context", file.to_str().unwrap()]).output().unwrap();
+    assert_eq!(compact.status.code(), Some(0), "{}", stderr(&compact));
+    let log = std::fs::read_to_string(env.cwd.join("compactions.log")).unwrap();
+    let told: Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!(told["hook_event_name"], "PreCompact");
+    assert_eq!(told["trigger"], "manual");
+}

@@ -126,3 +126,175 @@ fn unsafe_getuid() -> u32 {
     let out = Command::new("id").arg("-u").output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
+
+fn require_fuse() {
+    assert!(std::path::Path::new("/dev/fuse").exists(), "this test needs /dev/fuse (FUSE), which is missing here");
+    let fusermount = ["fusermount3", "fusermount"].iter().any(|b| sh(&format!("command -v {b}")).status.success());
+    assert!(unsafe_getuid() == 0 || fusermount, "this test needs root or the fusermount3 helper to mount FUSE");
+}
+
+/// `cairn serve` and `cairn mount` on `env.home/mnt`.
+fn serve_and_mount(env: &Env) -> (Killed, Mounted, std::path::PathBuf) {
+    require_fuse();
+    let mut serve = env.cairn(&["serve"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    first_line(&mut serve, "cairn serve");
+    let mnt = env.home.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mut mount =
+        env.cairn(&["mount", mnt.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let said = first_line(&mut mount, "cairn mount");
+    assert!(said.starts_with("mounted "), "{said}");
+    (Killed(serve), Mounted(mount, mnt.clone()), mnt)
+}
+
+/// A scripted session created through the mount; its id.
+fn mounted_session(env: &Env, mnt: &std::path::Path, script: &std::path::Path) -> String {
+    let m = mnt.display();
+    let create =
+        sh(&format!("echo 'cwd={} provider=scripted script={}' > {m}/s/new", env.cwd.display(), script.display()));
+    assert!(create.status.success(), "{}", String::from_utf8_lossy(&create.stderr));
+    let idx = std::fs::read_to_string(mnt.join("s/idx")).unwrap();
+    idx.split_whitespace().next().expect("a session in idx").to_owned()
+}
+
+/// Wait for `child` with a generous deadline; None if it is still running.
+fn wait_child(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `sh -c script` with a generous deadline: its output, or a panic naming
+/// `what` if it hangs.
+fn sh_within(script: &str, what: &str) -> std::process::Output {
+    let mut child =
+        Command::new("sh").arg("-c").arg(script).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    assert!(wait_child(&mut child).is_some(), "{what} hung");
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn prompts_larger_than_msize_go_through_the_mount_and_it_keeps_answering() {
+    let env = Env::new();
+    let (_serve, _mount, mnt) = serve_and_mount(&env);
+    let script = env.script(&[json!({"text": "read the long one"}), json!({"text": "read the longer one"})]);
+    let id = mounted_session(&env, &mnt, &script);
+    let m = mnt.display().to_string();
+    for (n, size) in [(1, 70_000usize), (2, 200_000)] {
+        // A prompt of `size` bytes whose instruction is at its very end.
+        let file = env.home.join(format!("prompt{n}.txt"));
+        let mut text = "x".repeat(size - 40);
+        text.push_str(&format!(" the instruction at the end #{n}\n"));
+        std::fs::write(&file, &text).unwrap();
+        let out = sh_within(&format!("cat {} > {m}/s/{id}/prompt", file.display()), "a large prompt write");
+        assert!(out.status.success(), "a {size}-byte prompt failed: {}", String::from_utf8_lossy(&out.stderr));
+        let ls = sh_within(&format!("ls {m}/s"), "ls after a large write");
+        assert!(ls.status.success(), "ls after a {size}-byte prompt: {}", String::from_utf8_lossy(&ls.stderr));
+        assert!(String::from_utf8_lossy(&ls.stdout).contains(&id));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let chat = std::fs::read_to_string(mnt.join(format!("s/{id}/chat"))).unwrap();
+            if chat.contains(&format!("the instruction at the end #{n}")) && chat.matches("assistant:").count() >= n {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the {size}-byte prompt never ran whole; chat ends {:?}", tail(&chat));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn tail(s: &str) -> &str {
+    &s[s.len().saturating_sub(200)..]
+}
+
+#[test]
+fn blocked_stream_readers_leave_the_mount_answering_and_end_on_a_signal() {
+    let env = Env::new();
+    let (_serve, mut mount, mnt) = serve_and_mount(&env);
+    let script = env.script(&[json!({"text": "x"})]);
+    let id = mounted_session(&env, &mnt, &script);
+    // One turn first, so `event` has lines before its end.
+    let m = mnt.display();
+    let prompt = sh_within(&format!("echo hello > {m}/s/{id}/prompt"), "a prompt");
+    assert!(prompt.status.success(), "{}", String::from_utf8_lossy(&prompt.stderr));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(mnt.join(format!("s/{id}/state"))).unwrap().starts_with("idle") {
+        assert!(Instant::now() < deadline, "the turn never ended");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let event = mnt.join(format!("s/{id}/event"));
+    // Four readers at the end of the stream (more than the mount's FUSE
+    // workers), each blocked in read(2).
+    let mut readers: Vec<Child> = (0..4)
+        .map(|_| Command::new("cat").arg(&event).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap())
+        .collect();
+    for r in &mut readers {
+        // The first read answers what is there; the next one blocks.
+        let mut line = String::new();
+        BufReader::new(r.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.contains("\"type\""), "{line}");
+    }
+    let ls = sh_within(&format!("ls {}", mnt.join("s").display()), "ls while four readers block");
+    assert!(String::from_utf8_lossy(&ls.stdout).contains(&id));
+    // SIGINT ends a blocked reader (the read is flushed, cat dies of it).
+    let mut first = readers.remove(0);
+    assert!(Command::new("kill").args(["-INT", &first.id().to_string()]).status().unwrap().success());
+    let status = wait_child(&mut first).expect("cat ignored SIGINT while blocked in read on the mount");
+    assert!(!status.success());
+    // SIGKILL too (no reader left in D state until the next event).
+    let mut second = readers.remove(0);
+    second.kill().unwrap();
+    assert!(wait_child(&mut second).is_some(), "cat stayed after SIGKILL while blocked in read on the mount");
+    // SIGINT of the mount with two readers still blocked unmounts cleanly.
+    let pid = mount.0.id();
+    assert!(Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap().success());
+    let status = wait_child(&mut mount.0).expect("cairn mount did not exit on SIGINT");
+    assert!(status.success(), "{status:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(mnt.to_str().unwrap()), "still mounted after SIGINT: {mounts}");
+    for mut r in readers {
+        let _ = r.kill();
+        assert!(wait_child(&mut r).is_some(), "a reader stayed after the mount went");
+    }
+}
+
+#[test]
+fn a_prompt_that_cannot_start_fails_its_write_through_the_mount() {
+    let env = Env::new();
+    let (_serve, _mount, mnt) = serve_and_mount(&env);
+    let m = mnt.display();
+    // A provider whose key is missing (the environment has none).
+    let create = sh_within(&format!("echo 'cwd={} provider=anthropic' > {m}/s/new", env.cwd.display()), "s/new");
+    assert!(create.status.success(), "{}", String::from_utf8_lossy(&create.stderr));
+    let idx = std::fs::read_to_string(mnt.join("s/idx")).unwrap();
+    let id = idx.split_whitespace().next().expect("a session in idx").to_owned();
+    let prompt = sh_within(&format!("echo hello > {m}/s/{id}/prompt"), "a prompt");
+    assert!(!prompt.status.success(), "a prompt that cannot start was written without an error");
+    assert_eq!(std::fs::read_to_string(mnt.join(format!("s/{id}/state"))).unwrap(), "idle\n");
+}
+
+#[test]
+fn rmdir_archives_a_session_as_help_says_and_rm_of_a_file_says_why_not() {
+    let env = Env::new();
+    let (_serve, _mount, mnt) = serve_and_mount(&env);
+    let script = env.script(&[json!({"text": "x"})]);
+    let id = mounted_session(&env, &mnt, &script);
+    let m = mnt.display();
+    let help = std::fs::read_to_string(mnt.join("help")).unwrap();
+    assert!(help.contains("rmdir s/ID"), "{help}");
+    let rm = sh_within(&format!("rm {m}/s/{id}/chat"), "rm");
+    assert!(!rm.status.success());
+    let said = String::from_utf8_lossy(&rm.stderr);
+    assert!(said.contains("Operation not permitted"), "{said}");
+    let rmdir = sh_within(&format!("rmdir {m}/s/{id}"), "rmdir");
+    assert!(rmdir.status.success(), "{}", String::from_utf8_lossy(&rmdir.stderr));
+    assert!(!std::fs::read_to_string(mnt.join("s/idx")).unwrap().contains(&id));
+    assert!(env.home.join("archive").read_dir().unwrap().count() > 0, "nothing archived");
+}

@@ -395,3 +395,210 @@ fn ctrl_c_at_an_idle_chat_prompt_leaves_with_success() {
     assert!(entries_of_type(&file, "turnCancelled").is_empty());
     assert_eq!(entries_of_type(&file, "message").len(), 2);
 }
+
+#[test]
+fn chat_slash_commands_are_never_prompts_and_at_paths_attach_files() {
+    let env = Env::new();
+    std::fs::write(env.cwd.join("notes.txt"), "the launch code is 7-4-1\n").unwrap();
+    let script = env.script(&[json!({"text": "first reply"}), json!({"text": "second reply"})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/help");
+    let help = p.exp_string(&raw("› ")).unwrap();
+    for command in ["/status", "/model", "/tools", "/diff", "/sessions", "/clear", "/quit", "@PATH"] {
+        assert!(help.contains(command), "/help lists {command}: {help}");
+    }
+    answer(&mut p, "/hepl");
+    let refused = p.exp_string(&raw("› ")).unwrap();
+    assert!(refused.contains("unknown command") && refused.contains("nothing was sent"), "{refused}");
+    answer(&mut p, "what does @notes.txt say?");
+    p.exp_string("first reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "//etc is a directory");
+    p.exp_string("second reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/status");
+    let status = p.exp_string(&raw("› ")).unwrap();
+    assert!(status.contains("session ") && status.contains("lane main") && status.contains("scripted"), "{status}");
+    answer(&mut p, "/quit");
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    let file = session(&env);
+    let users: Vec<Value> =
+        entries_of_type(&file, "message").into_iter().filter(|m| m["payload"]["role"] == "user").collect();
+    assert_eq!(users.len(), 2, "only the two prompts reached the model: {users:#?}");
+    let first = users[0]["payload"]["content"][0]["text"].as_str().unwrap();
+    assert!(first.starts_with("what does @notes.txt say?"), "{first}");
+    assert!(first.contains("[attached @notes.txt (25 bytes)]") && first.contains("7-4-1"), "{first}");
+    assert_eq!(users[1]["payload"]["content"][0]["text"], "/etc is a directory");
+}
+
+#[test]
+fn chat_edits_lines_recalls_history_completes_commands_and_keeps_a_paste_whole() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "one"}), json!({"text": "two"}), json!({"text": "three"})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    // Typed with a mistake fixed by Left, Backspace, Right and End.
+    p.send("hello wrold").unwrap();
+    p.send("\x1b[D\x1b[D\x1b[D").unwrap(); // Left ×3: "hello wr|old"
+    p.send("\x7f").unwrap(); // Backspace: "hello w|old"
+    p.send("\x1b[C").unwrap(); // Right: "hello wo|ld"
+    p.send("r").unwrap(); // "hello wor|ld"
+    p.send("\x1b[F").unwrap(); // End
+    p.send("\r").unwrap();
+    p.flush().unwrap();
+    p.exp_string("one").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    // Up recalls the last prompt.
+    p.send("\x1b[A\r").unwrap();
+    p.flush().unwrap();
+    p.exp_string("two").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    // A bracketed paste with newlines stays one prompt.
+    p.send("\x1b[200~first line\nsecond line\x1b[201~\r").unwrap();
+    p.flush().unwrap();
+    p.exp_string("three").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    // Tab completes a command.
+    p.send("/hel\t\r").unwrap();
+    p.flush().unwrap();
+    p.exp_string("commands:").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    let file = session(&env);
+    let users: Vec<String> = entries_of_type(&file, "message")
+        .into_iter()
+        .filter(|m| m["payload"]["role"] == "user")
+        .map(|m| m["payload"]["content"][0]["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(users, ["hello world", "hello world", "first line\nsecond line"]);
+    // The history is kept per directory, private.
+    let history: Vec<_> = std::fs::read_dir(env.home.join("history")).unwrap().flatten().collect();
+    assert_eq!(history.len(), 1);
+    let mode = history[0].metadata().unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "history is private");
+    let kept = std::fs::read_to_string(history[0].path()).unwrap();
+    assert!(kept.contains("hello world") && kept.contains("/help"), "{kept}");
+}
+
+#[test]
+fn answers_on_a_terminal_are_rendered_as_markdown_unless_plain() {
+    let env = Env::new();
+    let answer_text = "# Plan\n- read **notes**\n```sh\nls -la\n```\nhostile \u{1b}]52;c;eA==\u{7} end\n";
+    let script = env.script(&[json!({"text": answer_text})]);
+    let mut p = cairn_pty(&env, &script, &["run", "go"]);
+    let (shown, code) = finish(&mut p);
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("Plan") && !shown.contains("# Plan"), "the heading's marker is rendered: {shown}");
+    assert!(shown.contains(&raw("• read notes")), "{shown}");
+    assert!(shown.contains(&raw("┌──── sh")) && shown.contains("ls -la"), "{shown}");
+    assert!(!shown.contains("\u{1b}]52"), "an OSC 52 from the model never reaches the terminal: {shown}");
+    assert!(shown.contains("\\u{1b}]52"), "it is shown escaped: {shown}");
+
+    let mut p = cairn_pty(&env, &script, &["--plain", "run", "go"]);
+    let (shown, code) = finish(&mut p);
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("# Plan") && shown.contains("- read **notes**") && shown.contains("```sh"), "{shown}");
+    assert!(!shown.contains("\u{1b}]52"), "{shown}");
+}
+
+#[test]
+fn a_long_change_is_shown_in_part_and_e_shows_all_of_it_before_asking_again() {
+    let env = Env::new();
+    let content: String = (1..=100).map(|i| format!("line {i}\n")).collect();
+    let script = env.script(&[write_call("c1", "long.txt", &content), json!({"text": "Wrote it."})]);
+    let mut p = cairn_pty(&env, &script, &["run", "write the long file"]);
+    let first = p.exp_string("e=explain] ").unwrap();
+    assert!(first.contains("+line 30") && !first.contains("+line 99"), "only the start is shown: {first}");
+    assert!(first.contains("more lines; e shows the whole change"), "{first}");
+    answer(&mut p, "e");
+    let all = p.exp_string("e=explain] ").unwrap();
+    assert!(all.contains("+line 99") && all.contains("+line 100"), "e shows the whole change: {all}");
+    assert!(!env.cwd.join("long.txt").exists(), "nothing written before the answer");
+    answer(&mut p, "y");
+    p.exp_string("Wrote it.").unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("long.txt")).unwrap(), content);
+}
+
+#[test]
+fn long_tool_output_is_folded_on_screen_and_slash_last_shows_all_of_it() {
+    let env = Env::new();
+    let script = env.script(&[shell_call("seq 1 40"), json!({"text": "counted"})]);
+    let mut p = cairn_pty(&env, &script, &["--yes", "chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "count to forty");
+    let turn = p.exp_string("counted").unwrap();
+    assert!(turn.contains("12\r\n") && !turn.contains("\n13\r\n"), "the first 12 lines are shown: {turn}");
+    assert!(turn.contains("28 more lines of output folded"), "{turn}");
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/last");
+    let last = p.exp_string(&raw("› ")).unwrap();
+    assert!(last.contains("shell (toolCompleted)") && last.contains("39\r\n40"), "{last}");
+    p.send_control('d').unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn slash_allow_approves_matching_writes_for_the_session_and_is_recorded() {
+    let env = Env::new();
+    let script = env.script(&[write_call("c1", "out.txt", "hello\n"), json!({"text": "Wrote it."})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/allow sh(ell");
+    let refused = p.exp_string(&raw("› ")).unwrap();
+    assert!(refused.contains("not allowed"), "{refused}");
+    answer(&mut p, "/allow write_file(path=out.txt)");
+    let allowed = p.exp_string(&raw("› ")).unwrap();
+    assert!(allowed.contains("allowed for this session: write_file(path=out.txt)"), "{allowed}");
+    answer(&mut p, "write hello");
+    let turn = p.exp_string("Wrote it.").unwrap();
+    assert!(!turn.contains("Run it?"), "no question for a call the rule covers: {turn}");
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out.txt")).unwrap(), "hello\n");
+    let started = entries_of_type(&session(&env), "toolStarted");
+    assert_eq!(started[0]["payload"]["verdict"]["by"], "session:write_file(path=out.txt)");
+}
+
+#[test]
+fn slash_fork_continues_on_a_new_lane_and_compact_says_when_there_is_nothing() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "first reply"}), json!({"text": "second reply"})]);
+    let mut p = cairn_pty(&env, &script, &["chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/fork early");
+    let refused = p.exp_string(&raw("› ")).unwrap();
+    assert!(refused.contains("nothing to fork yet"), "{refused}");
+    answer(&mut p, "/compact");
+    let nothing = p.exp_string(&raw("› ")).unwrap();
+    assert!(nothing.contains("nothing to compact"), "{nothing}");
+    answer(&mut p, "hello");
+    p.exp_string("first reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "/fork alt");
+    let forked = p.exp_string(&raw("› ")).unwrap();
+    assert!(forked.contains("now on lane alt"), "{forked}");
+    answer(&mut p, "/status");
+    let status = p.exp_string(&raw("› ")).unwrap();
+    assert!(status.contains("lane alt"), "{status}");
+    answer(&mut p, "and on the new lane?");
+    p.exp_string("second reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+    let lanes: Vec<Value> = records(&session(&env))
+        .into_iter()
+        .filter(|r| r["kind"] == "register" && r["namespace"] == "lane" && r["op"] == "set")
+        .collect();
+    assert!(lanes.iter().any(|r| r["key"] == "alt"), "{lanes:#?}");
+}

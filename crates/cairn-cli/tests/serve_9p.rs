@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use cairn_9p::Dial;
 use cairn_9p::client::{Conn, mode};
 use ninep::sansio::protocol::{Rdata, Tdata};
+use ninep::sync::SyncNineP as _;
 use serde_json::json;
 use util::Env;
 
@@ -682,12 +683,15 @@ fn hostile_clients_do_not_hurt_the_server_or_each_other() {
     let mut buf = [0u8; 16];
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "an oversized message closes that connection");
-    // Garbage of a plausible size.
+    // Garbage of a plausible size: answered with Rerror (its tag 0x0707),
+    // and the connection goes on.
     let mut s = raw();
     let mut junk = vec![64u8, 0, 0, 0, 250];
     junk.extend([7u8; 59]);
     s.write_all(&junk).unwrap();
-    assert_eq!(s.read(&mut buf).unwrap_or(0), 0);
+    let reply = ninep::sansio::protocol::Rmessage::read_from(65536, &Default::default(), &mut s).unwrap();
+    assert_eq!(reply.tag, 0x0707);
+    assert!(matches!(reply.content, Rdata::Error { .. }), "{reply:?}");
 
     let mut c = connect(&addr);
     // A walk of 1,000 `..` stays at the root.
@@ -967,4 +971,169 @@ fn a_served_turn_finishes_an_interrupted_undo_first() {
     let last_user = types.iter().rposition(|t| t == "message").unwrap();
     assert!(applied < last_user, "finished before the third turn: {types:?}");
     assert!(!text(&mut c, &format!("s/{id}/chat")).contains("assistant: two"), "turn two left the conversation");
+}
+
+/// A raw connection to a `tcp!…` address (for exact tags and sizes).
+fn raw_tcp(address: &str) -> std::net::TcpStream {
+    let port: u16 = address.rsplit('!').next().unwrap().parse().unwrap();
+    let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s
+}
+
+fn send_raw(s: &mut std::net::TcpStream, tag: u16, content: Tdata) {
+    use ninep::sansio::protocol::NineP;
+    s.write_all(&ninep::sansio::protocol::Tmessage::new(tag, content).write_9p_bytes().unwrap()).unwrap();
+}
+
+fn recv_raw(s: &mut std::net::TcpStream) -> ninep::sansio::protocol::Rmessage {
+    ninep::sansio::protocol::Rmessage::read_from(1 << 21, &Default::default(), s).unwrap()
+}
+
+#[test]
+fn a_message_over_msize_gets_rerror_and_the_connection_goes_on() {
+    let env = Env::new();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let msize = c.msize;
+    let (fid, _) = c.walk("s/new").unwrap();
+    c.open(fid, mode::RDWR).unwrap();
+    // One Twrite of msize + 1000 bytes, sent whole (not split).
+    c.send(7, Tdata::Write { fid, offset: 0, data: vec![b'x'; msize as usize + 1000].into() }).unwrap();
+    let reply = c.recv().unwrap();
+    assert_eq!(reply.tag, 7);
+    let Rdata::Error { ename } = reply.content else { panic!("{reply:?}") };
+    assert!(ename.contains("exceeds the negotiated msize"), "{ename}");
+    // The same connection still answers.
+    assert!(text(&mut c, "help").contains("s/new"));
+    c.clunk(fid).unwrap();
+}
+
+#[test]
+fn tversion_follows_9p2000_rules() {
+    let env = Env::new();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let addr = &served.addresses[0];
+    // An msize below the least usable is refused, never raised.
+    let mut s = raw_tcp(addr);
+    send_raw(&mut s, 0xffff, Tdata::Version { msize: 100, version: "9P2000".into() });
+    let reply = recv_raw(&mut s);
+    assert!(matches!(reply.content, Rdata::Error { .. }), "msize 100 was answered {reply:?}");
+    // Any msize the client offers is at least what it gets back.
+    send_raw(&mut s, 0xffff, Tdata::Version { msize: 4096, version: "9P2000".into() });
+    match recv_raw(&mut s).content {
+        Rdata::Version { msize, .. } => assert!(msize <= 4096, "{msize}"),
+        other => panic!("{other:?}"),
+    }
+
+    // Tversion aborts a blocked read: its reply never comes, even once the
+    // stream grows.
+    let script = env.script(&[json!({"text": "grown"})]);
+    let mut c = connect(addr);
+    let id =
+        c.create_session(&format!("cwd={} provider=scripted script={}", env.cwd.display(), script.display())).unwrap();
+    let mut s = raw_tcp(addr);
+    send_raw(&mut s, 0xffff, Tdata::Version { msize: 65536, version: "9P2000".into() });
+    assert!(matches!(recv_raw(&mut s).content, Rdata::Version { .. }));
+    send_raw(&mut s, 1, Tdata::Attach { fid: 0, afid: u32::MAX, uname: "x".into(), aname: "".into() });
+    assert_eq!(recv_raw(&mut s).tag, 1);
+    let wnames = vec!["s".to_owned(), id.clone(), "event".to_owned()];
+    send_raw(&mut s, 2, Tdata::Walk { fid: 0, new_fid: 1, wnames });
+    assert_eq!(recv_raw(&mut s).tag, 2);
+    send_raw(&mut s, 3, Tdata::Open { fid: 1, mode: 0 });
+    assert_eq!(recv_raw(&mut s).tag, 3);
+    send_raw(&mut s, 4, Tdata::Read { fid: 1, offset: 0, count: 4096 });
+    // Prove the read is blocked: a later request is answered first.
+    send_raw(&mut s, 5, Tdata::Stat { fid: 0 });
+    assert_eq!(recv_raw(&mut s).tag, 5);
+    send_raw(&mut s, 0xffff, Tdata::Version { msize: 65536, version: "9P2000".into() });
+    assert!(matches!(recv_raw(&mut s).content, Rdata::Version { .. }));
+    c.write_file(&format!("s/{id}/prompt"), b"grow the stream\n").unwrap();
+    wait_for("the turn", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    send_raw(&mut s, 6, Tdata::Attach { fid: 0, afid: u32::MAX, uname: "x".into(), aname: "".into() });
+    let next = recv_raw(&mut s);
+    assert_eq!(next.tag, 6, "the read blocked before Tversion was answered after it: {next:?}");
+}
+
+#[test]
+fn a_connection_that_never_negotiates_is_closed_and_one_that_did_may_idle() {
+    let env = Env::new();
+    let mut child = env
+        .cairn(&["serve", "--listen", "tcp!127.0.0.1!0", "--handshake-timeout", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let served = Served { child, addresses: vec![line.trim().to_owned()] };
+    let addr = &served.addresses[0];
+    let mut silent = raw_tcp(addr);
+    let mut c = connect(addr);
+    let mut buf = [0u8; 16];
+    assert_eq!(silent.read(&mut buf).unwrap(), 0, "a silent connection was not closed");
+    // The negotiated connection outlived that and still answers.
+    assert!(text(&mut c, "help").contains("s/new"));
+}
+
+#[test]
+fn a_prompt_refused_at_its_clunk_is_the_last_line_of_state_and_event() {
+    let env = Env::new();
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file",
+        "arguments": {"path": "f.txt", "content": "x\n"}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let (_served, mut c, id) = scripted_session(&env, &script, "");
+    // A writer opens the prompt while the session is idle and writes...
+    let (fid, _) = c.walk(&format!("s/{id}/prompt")).unwrap();
+    c.open(fid, mode::WRITE).unwrap();
+    c.write_at(fid, 0, b"the second prompt").unwrap();
+    // ...another prompt starts a turn first (it waits for an approval)...
+    let mut other = connect(&_served.addresses[0]);
+    other.write_file(&format!("s/{id}/prompt"), b"the first prompt").unwrap();
+    wait_for("the approval", || text(&mut c, &format!("s/{id}/state")).starts_with("awaiting approval"));
+    // ...so the first writer's clunk is refused, and that is told.
+    let clunked = c.clunk(fid).unwrap_err().to_string();
+    assert!(clunked.contains("busy"), "{clunked}");
+    let state = text(&mut c, &format!("s/{id}/state"));
+    let last = state.lines().last().unwrap();
+    assert!(last.starts_with("not started: busy"), "state does not tell the refused prompt: {state:?}");
+    let events = events_so_far(&mut c, &id);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "startRefused", "{last}");
+    assert!(last["error"].as_str().unwrap().contains("busy"), "{last}");
+}
+
+#[test]
+fn state_says_busy_elsewhere_while_another_process_holds_the_session() {
+    let env = Env::new();
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file",
+        "arguments": {"path": "f.txt", "content": "x\n"}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let (served, mut c, id) = scripted_session(&env, &script, "");
+    c.write_file(&format!("s/{id}/prompt"), b"go").unwrap();
+    wait_for("the approval", || text(&mut c, &format!("s/{id}/state")).starts_with("awaiting approval"));
+    drop(c);
+    drop(served); // SIGKILL: the turn stays in progress in the file.
+    // Another process takes the session's writer lock (as `cairn run`
+    // does while its turn runs) and keeps it.
+    let file = env.home.join("sessions").join(format!("{id}.jsonl"));
+    let lock = format!("{}.lock", file.display());
+    let mut holder = Command::new("sh")
+        .args(["-c", &format!("exec 9>>{lock}; flock -x 9; echo $$ > {lock}; echo locked; exec sleep 600")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    BufReader::new(holder.stdout.take().unwrap()).read_line(&mut said).unwrap();
+    assert_eq!(said.trim(), "locked");
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let state = text(&mut c, &format!("s/{id}/state"));
+    assert!(state.starts_with("busy elsewhere: process "), "{state}");
+    assert!(text(&mut c, "s/idx").contains(&format!("{id} busy elsewhere")), "idx");
+    let prompt = c.write_file(&format!("s/{id}/prompt"), b"again").unwrap_err().to_string();
+    assert!(prompt.contains("busy"), "{prompt}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(text(&mut c, &format!("s/{id}/state")), "interrupted\n");
 }

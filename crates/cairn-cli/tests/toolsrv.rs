@@ -512,3 +512,26 @@ fn a_run_through_the_service_skips_a_broken_tool_and_uses_the_rest() {
     let text = serde_json::to_string(&entry_records(&env)).unwrap();
     assert!(text.contains("hello-from-greet"), "{text}");
 }
+
+#[test]
+fn toolsrv_makes_a_fresh_home_private_and_serves_in_it() {
+    let env = Env::new();
+    let fresh = env.home.join("fresh-home");
+    let mut child = env
+        .cairn(&["toolsrv"])
+        .env("CAIRN_HOME", &fresh)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let printed = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let mut err = String::new();
+    if printed == 0 {
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    }
+    let _served = Toolsrv { child, address: line.trim().to_owned() };
+    assert!(printed > 0, "cairn toolsrv refused its own fresh home: {err}");
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the fresh home is mode {mode:o}");
+}

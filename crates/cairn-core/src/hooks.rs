@@ -1,4 +1,6 @@
-//! Tool hooks: what a host's hooks may say about a tool call before it is
+//! Hooks: what a host's hooks may say about a prompt before its turn starts
+//! (`user_prompt`: go on, refuse it, or add context to it) and about a tool
+//! call before it is
 //! requested (`pre_tool`: go on, refuse it, or change its arguments) and
 //! what they are told once it is settled (`post_tool`). The turn asks the
 //! registry's hooks ([`crate::registry::ToolRegistry::hooks`]) and records
@@ -39,11 +41,62 @@ pub enum PreTool {
     },
 }
 
-/// The hooks of a session's tool calls.
-pub trait ToolHooks: Send + Sync + std::fmt::Debug {
+/// What `user_prompt` hooks decided about a prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UserPrompt {
+    /// No objection: the turn starts with the prompt as given.
+    Continue,
+    /// Refuse the prompt: no turn starts; the refusal is recorded (the
+    /// session fact `promptRefused`) and a queued prompt leaves the queue.
+    Block {
+        /// Which hook.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// Start the turn with this text added to the user's message (a second
+    /// text part of the same recorded message).
+    AddContext {
+        /// Which hooks.
+        by: String,
+        /// The text.
+        text: String,
+    },
+}
+
+/// The record of a refused prompt (the session fact `promptRefused`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromptRefused {
+    /// Which hook.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When (ms since the Unix epoch).
+    pub at: i64,
+}
+
+/// The session fact holding the last refused prompt's record.
+pub const PROMPT_REFUSED_FACT: &str = "promptRefused";
+
+/// The hooks of a session: its prompts and its tool calls.
+pub trait Hooks: Send + Sync + std::fmt::Debug {
+    /// Before a turn starts with `prompt`. A hook that fails is the host's
+    /// to report; it does not refuse the prompt.
+    fn user_prompt(&self, session_id: &str, cwd: &std::path::Path, prompt: &str) -> UserPrompt {
+        let _ = (session_id, cwd, prompt);
+        UserPrompt::Continue
+    }
+
     /// Before the call is requested. A hook that fails or times out must
     /// answer [`PreTool::Deny`] (fail closed).
     fn pre_tool(&self, request: &ToolRequest, cwd: &std::path::Path) -> PreTool;
+
+    /// Before a compaction summarises the conversation (`reason`: why);
+    /// nothing it does stops the compaction.
+    fn pre_compact(&self, session_id: &str, cwd: &std::path::Path, reason: crate::events::CompactionReason) {
+        let _ = (session_id, cwd, reason);
+    }
 
     /// After the call is settled and committed: `kind` is the settlement
     /// entry's type and `settlement` its payload (invocation, tool, and the

@@ -49,7 +49,7 @@ pub enum RegistryError {
 /// Tools by name.
 pub struct ToolRegistry {
     interactive: bool,
-    hooks: Option<Arc<dyn crate::hooks::ToolHooks>>,
+    hooks: Option<Arc<dyn crate::hooks::Hooks>>,
     tools: Vec<Arc<dyn Tool>>,
     specs: Vec<ToolSpec>,
     by_name: HashMap<String, usize>,
@@ -81,12 +81,12 @@ impl ToolRegistry {
 
     /// The hooks every call of a turn over this registry goes through
     /// (`crate::hooks`); the host sets them with the tools.
-    pub fn set_hooks(&mut self, hooks: Option<Arc<dyn crate::hooks::ToolHooks>>) {
+    pub fn set_hooks(&mut self, hooks: Option<Arc<dyn crate::hooks::Hooks>>) {
         self.hooks = hooks;
     }
 
     /// The hooks, if any.
-    pub fn hooks(&self) -> Option<&Arc<dyn crate::hooks::ToolHooks>> {
+    pub fn hooks(&self) -> Option<&Arc<dyn crate::hooks::Hooks>> {
         self.hooks.as_ref()
     }
 

@@ -146,6 +146,18 @@ pub enum Validation {
     Invalid(String),
 }
 
+impl Validation {
+    /// Valid when `request`'s arguments are a JSON object (what every tool
+    /// taking named arguments needs before it can look at them).
+    pub fn object_arguments(spec: &ToolSpec, request: &ToolRequest) -> Self {
+        if request.arguments.is_object() {
+            Validation::Valid
+        } else {
+            Validation::Invalid(format!("{} takes a JSON object of arguments", spec.name))
+        }
+    }
+}
+
 /// Outcome of [`Tool::guard`] for a `Guarded` tool on resume.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GuardVerdict {

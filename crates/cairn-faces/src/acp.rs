@@ -1,13 +1,16 @@
 //! `cairn acp`: an Agent Client Protocol agent over stdio, for editors.
 //!
-//! Two threads. The reader owns stdin: it answers lines that are not
+//! Threads. The reader owns stdin: it answers lines that are not
 //! messages, routes responses to the requests this agent sent (permission
-//! questions), and handles `session/cancel` itself — so a cancel reaches a
-//! turn that is blocked in the provider, a tool or a permission question.
-//! Every other message goes, in order, to the main thread, which owns the
-//! sessions and runs one request at a time (a prompt runs its whole turn
-//! there, streaming `session/update` notifications as the core tells
-//! events, each after the line holding it is committed).
+//! questions, the editor's file access), and handles `session/cancel`
+//! itself — so a cancel reaches a turn that is blocked in the provider, a
+//! tool or a permission question. Every other message goes, in order, to
+//! the main thread, which answers `initialize` and `session/new` and hands
+//! each session's prompts and loads, in order, to that session's own
+//! thread (which owns the session and its provider, and runs its whole
+//! turn, streaming `session/update` notifications as the core tells
+//! events, each after the line holding it is committed). So sessions run
+//! at once, and one session's turn never holds up another's requests.
 //!
 //! Sessions are cairn sessions: `session/new` creates a session file in the
 //! client's cwd, `session/load` opens one by id and replays its lane as
@@ -43,15 +46,30 @@ use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnError, TurnEve
 use serde_json::{Value, json};
 
 mod client_fs;
+mod modes;
+
+use modes::{MODEL_OPTION, Mode, ModeApprover, Settings, SharedMode};
 
 use crate::Host;
-use crate::jsonrpc::{self, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
+use crate::jsonrpc::{self, Id, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
 
 /// The ACP protocol version this agent speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
 
+/// The most of a running command's output shown while it runs (its tail).
+const STREAMED_TAIL: usize = 16 * 1024;
+
+/// Built-in tools whose output is not streamed while they run.
+const FILE_TOOLS: [&str; 5] = ["read_file", "write_file", "edit_file", "list_dir", "search"];
+
 /// The prompt that continues a cancelled or interrupted turn.
 pub const RESUME_COMMAND: &str = "/resume";
+
+/// The prompt that compacts the conversation now.
+pub const COMPACT_COMMAND: &str = "/compact";
+
+/// The prompt that tells the session's token usage.
+pub const USAGE_COMMAND: &str = "/usage";
 
 /// An answer to a request this agent sent.
 #[derive(Debug)]
@@ -124,7 +142,7 @@ impl Shared {
 
 /// Work for the main thread.
 enum Work {
-    Request { id: Value, method: String, params: Value, cancel: Option<CancelToken> },
+    Request { id: Id, method: String, params: Value, cancel: Option<CancelToken> },
 }
 
 /// Serve ACP on `input`/`out` until the input closes and every request
@@ -229,21 +247,36 @@ fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
     }
 }
 
-/// One open session.
+/// One open session, owned by its own thread.
 struct Open {
     session: Session<JsonlStore>,
     registry: ToolRegistry,
-    approver: PolicyApprover,
+    approver: ModeApprover,
     cwd: PathBuf,
+    /// Built at the first prompt (a missing key fails that prompt, not
+    /// session/new) and again when the editor chooses another; one per
+    /// session, so sessions run at once. With the name it was built for.
+    provider: Option<(String, Box<dyn Provider + Send>)>,
+}
+
+/// Work for a session's thread, in the order it was read.
+enum Job {
+    Prompt {
+        id: Id,
+        params: Value,
+        cancel: CancelToken,
+    },
+    /// session/load of a session already open: replay it, then answer.
+    Load {
+        id: Id,
+    },
 }
 
 struct Agent<'h> {
     host: &'h dyn Host,
     shared: Arc<Shared>,
-    /// One provider per working tree (the local provider grounds path
-    /// arguments in its session's tree).
-    providers: std::collections::HashMap<std::path::PathBuf, Box<dyn Provider + Send>>,
-    sessions: HashMap<String, Open>,
+    /// Each open session's thread and settings.
+    sessions: HashMap<String, (Sender<Job>, Settings)>,
     initialized: bool,
     /// The client offers fs/read_text_file and fs/write_text_file.
     client_fs: (bool, bool),
@@ -251,46 +284,107 @@ struct Agent<'h> {
     after: Vec<(String, Value)>,
 }
 
+/// The main thread answers everything but prompts and loads, which go to
+/// their session's thread: a turn of one session never holds up a request
+/// for another (or `session/new`). Returns once the input closed and every
+/// session's thread finished what it was given.
 fn main_loop(host: &dyn Host, shared: &Arc<Shared>, work: &Receiver<Work>) {
-    let mut agent = Agent {
-        host,
-        shared: Arc::clone(shared),
-        providers: std::collections::HashMap::new(),
-        sessions: HashMap::new(),
-        initialized: false,
-        client_fs: (false, false),
-        after: Vec::new(),
-    };
-    while let Ok(Work::Request { id, method, params, cancel }) = work.recv() {
-        let answer = match agent.handle(&method, &params, cancel) {
-            Ok(result) => jsonrpc::response(&id, result),
-            Err(error) => jsonrpc::error_response(&id, &error),
+    std::thread::scope(|scope| {
+        let mut agent = Agent {
+            host,
+            shared: Arc::clone(shared),
+            sessions: HashMap::new(),
+            initialized: false,
+            client_fs: (false, false),
+            after: Vec::new(),
         };
-        if shared.out.send(&answer).is_err() {
-            return;
+        while let Ok(Work::Request { id, method, params, cancel }) = work.recv() {
+            let answer = match agent.handle(scope, &id, &method, &params, cancel) {
+                Ok(None) => continue,
+                Ok(Some(result)) => jsonrpc::response(&id, result),
+                Err(error) => jsonrpc::error_response(&id, &error),
+            };
+            if shared.out.send(&answer).is_err() {
+                break;
+            }
+            for (sid, update) in agent.after.drain(..) {
+                shared.notify(&sid, update);
+            }
         }
-        for (sid, update) in agent.after.drain(..) {
-            shared.notify(&sid, update);
-        }
-    }
+        // Dropping the senders lets each session's thread finish its queue.
+    });
 }
 
 fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
     params.get(key).and_then(Value::as_str).ok_or_else(|| RpcError::params(format!("missing string parameter {key:?}")))
 }
 
-impl Agent<'_> {
-    fn handle(&mut self, method: &str, params: &Value, cancel: Option<CancelToken>) -> Result<Value, RpcError> {
+impl<'h> Agent<'h> {
+    /// Answer a request (`Some`), or hand it to a session's thread, which
+    /// answers it (`None`).
+    fn handle<'s>(
+        &mut self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        id: &Id,
+        method: &str,
+        params: &Value,
+        cancel: Option<CancelToken>,
+    ) -> Result<Option<Value>, RpcError>
+    where
+        'h: 's,
+    {
         match method {
-            "initialize" => self.initialize(params),
+            "initialize" => self.initialize(params).map(Some),
             _ if !self.initialized => Err(RpcError::new(
                 jsonrpc::code::INVALID_REQUEST,
                 "the agent is not initialized: send initialize first",
             )),
-            "authenticate" => Ok(json!({})),
-            "session/new" => self.new_session(params),
-            "session/load" => self.load_session(params),
-            "session/prompt" => self.prompt(params, cancel.unwrap_or_default()),
+            "authenticate" => Ok(Some(json!({}))),
+            "session/new" => self.new_session(scope, params).map(Some),
+            "session/load" => self.load_session(scope, id, params).map(|()| None),
+            "session/prompt" => {
+                let sid = str_param(params, "sessionId")?;
+                let Some((thread, _)) = self.sessions.get(sid) else {
+                    return Err(RpcError::params(format!(
+                        "unknown session {sid:?}: create one with session/new or open it with session/load"
+                    )));
+                };
+                let job = Job::Prompt { id: id.clone(), params: params.clone(), cancel: cancel.unwrap_or_default() };
+                thread.send(job).map_err(|_| RpcError::internal(format!("session {sid:?} is closed")))?;
+                Ok(None)
+            }
+            "session/set_mode" => {
+                let sid = str_param(params, "sessionId")?;
+                let mode = Mode::parse(str_param(params, "modeId")?).map_err(RpcError::params)?;
+                let Some((_, settings)) = self.sessions.get(sid) else {
+                    return Err(RpcError::params(format!(
+                        "unknown session {sid:?}: create one with session/new or open it with session/load"
+                    )));
+                };
+                settings.mode.set(mode);
+                self.after.push((
+                    sid.to_owned(),
+                    json!({"sessionUpdate": "current_mode_update", "currentModeId": mode.id()}),
+                ));
+                Ok(Some(json!({})))
+            }
+            "session/set_config_option" => {
+                let sid = str_param(params, "sessionId")?;
+                let Some((_, settings)) = self.sessions.get(sid) else {
+                    return Err(RpcError::params(format!(
+                        "unknown session {sid:?}: create one with session/new or open it with session/load"
+                    )));
+                };
+                let config = str_param(params, "configId")?;
+                if config != MODEL_OPTION {
+                    return Err(RpcError::params(format!(
+                        "unknown configuration option {config:?}: cairn has {MODEL_OPTION:?} (modes are set with session/set_mode)"
+                    )));
+                }
+                let value = str_param(params, "value")?;
+                settings.choose_provider(value).map_err(RpcError::params)?;
+                Ok(Some(json!({"configOptions": settings.config_options()})))
+            }
             other => Err(RpcError::no_method(other, "ACP")),
         }
     }
@@ -310,53 +404,50 @@ impl Agent<'_> {
             "agentCapabilities": {
                 "loadSession": true,
                 "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
-                "mcpCapabilities": {"http": false, "sse": false},
+                "mcpCapabilities": {"http": true, "sse": false},
             },
             "authMethods": [],
             "agentInfo": {"name": "cairn", "title": "cairn", "version": env!("CARGO_PKG_VERSION")},
         }))
     }
 
-    fn open(&self, store: JsonlStore) -> Result<Open, RpcError> {
-        let cwd = PathBuf::from(&store.header().cwd);
-        let crate::HostTools { tools, notes, hooks } =
-            self.host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        for note in notes {
-            eprintln!("cairn acp: {note}");
-        }
-        // The approver first: the registry offers what it can answer.
-        let allow = self.host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        let asker = PermissionAsker { shared: Arc::clone(&self.shared), session_id: store.header().id.clone() };
-        let approver = PolicyApprover::new(allow, Some(Box::new(asker)));
-        let mut registry = ToolRegistry::new(&approver);
-        registry.set_hooks(hooks);
-        let session_id = store.header().id.clone();
-        for tool in tools {
-            let op = match tool.spec().name.as_str() {
-                "read_file" if self.client_fs.0 => Some(client_fs::Op::Read),
-                "write_file" if self.client_fs.1 => Some(client_fs::Op::Write),
-                _ => None,
-            };
-            let tool: Arc<dyn cairn_core::tool::Tool> = match op {
-                Some(op) => Arc::new(client_fs::ClientFile {
-                    inner: tool,
-                    op,
-                    shared: Arc::clone(&self.shared),
-                    session_id: session_id.clone(),
-                }),
-                None => tool,
-            };
-            let name = tool.spec().name.clone();
-            if let Err(e) = registry.register(tool) {
-                eprintln!("cairn acp: tool {name} not offered: {e}");
+    /// Start the thread of the session in `store`; once it has opened the
+    /// session (or failed to).
+    fn spawn<'s>(
+        &mut self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        store: JsonlStore,
+        servers: Vec<crate::ClientMcpServer>,
+    ) -> Result<String, RpcError>
+    where
+        'h: 's,
+    {
+        let id = store.header().id.clone();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let (jobs_tx, jobs_rx) = mpsc::channel();
+        let (host, shared, client_fs) = (self.host, Arc::clone(&self.shared), self.client_fs);
+        let settings = Settings::new(self.host.provider_choices());
+        let thread_settings = settings.clone();
+        std::thread::Builder::new()
+            .name(format!("acp-{id}"))
+            .spawn_scoped(scope, move || {
+                session_thread(host, &shared, client_fs, store, &servers, thread_settings, &ready_tx, &jobs_rx);
+            })
+            .map_err(|e| RpcError::internal(format!("cannot start the session's thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {
+                self.sessions.insert(id.clone(), (jobs_tx, settings));
+                Ok(id)
             }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RpcError::internal("the session's thread stopped before opening it")),
         }
-        let session = Session::open(store, self.host.session_config())
-            .map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?;
-        Ok(Open { session, registry, approver, cwd })
     }
 
-    fn new_session(&mut self, params: &Value) -> Result<Value, RpcError> {
+    fn new_session<'s>(&mut self, scope: &'s std::thread::Scope<'s, '_>, params: &Value) -> Result<Value, RpcError>
+    where
+        'h: 's,
+    {
         let cwd = Path::new(str_param(params, "cwd")?);
         if !cwd.is_absolute() {
             return Err(RpcError::params(format!("cwd {} must be an absolute path", cwd.display())));
@@ -366,144 +457,336 @@ impl Agent<'_> {
             .ok()
             .filter(|c| c.is_dir())
             .ok_or_else(|| RpcError::params(format!("cwd {} is not an existing directory", cwd.display())))?;
+        let servers = mcp_servers(params)?;
         let store = self.host.create_session(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        let id = store.header().id.clone();
-        let open = self.open(store)?;
-        self.sessions.insert(id.clone(), open);
+        let id = self.spawn(scope, store, servers)?;
         self.after.push((id.clone(), commands_update()));
-        Ok(json!({"sessionId": id}))
+        let (modes, options) =
+            self.sessions.get(&id).map(|(_, s)| (s.mode.state(), s.config_options())).unwrap_or_default();
+        Ok(json!({"sessionId": id, "modes": modes, "configOptions": options}))
     }
 
-    fn load_session(&mut self, params: &Value) -> Result<Value, RpcError> {
+    fn load_session<'s>(
+        &mut self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        id: &Id,
+        params: &Value,
+    ) -> Result<(), RpcError>
+    where
+        'h: 's,
+    {
         let wanted = str_param(params, "sessionId")?;
-        let id = match self.sessions.keys().find(|k| k.as_str() == wanted) {
-            Some(id) => id.clone(),
-            None => {
-                let store = self.host.open_session(wanted).map_err(|e| RpcError::params(format!("{e:#}")))?;
-                let id = store.header().id.clone();
-                if !self.sessions.contains_key(&id) {
-                    let open = self.open(store)?;
-                    self.sessions.insert(id.clone(), open);
-                }
-                id
+        let servers = mcp_servers(params)?;
+        if !self.sessions.contains_key(wanted) {
+            let store = self.host.open_session(wanted).map_err(|e| RpcError::params(format!("{e:#}")))?;
+            if store.header().id != wanted {
+                return Err(RpcError::params(format!(
+                    "session file {wanted} declares the id {}; load it by that id",
+                    store.header().id
+                )));
             }
-        };
-        if let Some(open) = self.sessions.get(&id) {
-            replay(&self.shared, &id, open);
+            self.spawn(scope, store, servers)?;
         }
-        self.after.push((id, commands_update()));
-        Ok(json!({}))
+        let (thread, _) = self.sessions.get(wanted).ok_or_else(|| RpcError::internal("the session vanished"))?;
+        thread
+            .send(Job::Load { id: id.clone() })
+            .map_err(|_| RpcError::internal(format!("session {wanted:?} is closed")))
     }
+}
 
-    fn provider(&mut self, cwd: &std::path::Path) -> Result<(), RpcError> {
-        if !self.providers.contains_key(cwd) {
-            let provider = self.host.provider(cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
-            self.providers.insert(cwd.to_path_buf(), provider);
-        }
-        Ok(())
-    }
-
-    fn prompt(&mut self, params: &Value, cancel: CancelToken) -> Result<Value, RpcError> {
-        let sid = str_param(params, "sessionId")?.to_owned();
-        let text = prompt_text(params.get("prompt").unwrap_or(&Value::Null))?;
-        let Some(session_cwd) = self.sessions.get(&sid).map(|open| open.cwd.clone()) else {
-            return Err(RpcError::params(format!(
-                "unknown session {sid:?}: create one with session/new or open it with session/load"
-            )));
-        };
-        // `/undo [N]`, `/redo`: the host's, never sent to the model; what
-        // happened (a refusal included) is the agent's message.
-        if let Some(request) = rewind_command(&text) {
-            let Some(open) = self.sessions.get_mut(&sid) else {
-                return Err(RpcError::internal(format!("session {sid:?} vanished")));
-            };
-            let message = match request {
-                Ok(request) => {
-                    self.host.rewind(&mut open.session, &session_cwd, request).unwrap_or_else(|e| format!("{e:#}"))
+/// The `mcpServers` of a `session/new` or `session/load` (absent: none):
+/// stdio (`command`, `args`, `env: [{name, value}]`) and `http` servers;
+/// `sse` is refused with the reason (deprecated by MCP; cairn speaks
+/// streamable HTTP).
+fn mcp_servers(params: &Value) -> Result<Vec<crate::ClientMcpServer>, RpcError> {
+    let Some(list) = params.get("mcpServers") else {
+        return Ok(Vec::new());
+    };
+    let list = list.as_array().ok_or_else(|| RpcError::params("mcpServers must be an array"))?;
+    let pairs = |v: Option<&Value>, what: &str| -> Result<Vec<(String, String)>, RpcError> {
+        v.map_or(Ok(Vec::new()), |v| {
+            v.as_array()
+                .ok_or_else(|| RpcError::params(format!("{what} must be an array of {{name, value}}")))?
+                .iter()
+                .map(|p| match (p.get("name").and_then(Value::as_str), p.get("value").and_then(Value::as_str)) {
+                    (Some(n), Some(v)) => Ok((n.to_owned(), v.to_owned())),
+                    _ => Err(RpcError::params(format!("each of {what} needs a string name and value"))),
+                })
+                .collect()
+        })
+    };
+    list.iter()
+        .map(|server| {
+            let name = server
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| RpcError::params("each MCP server needs a name"))?
+                .to_owned();
+            let kind = server.get("type").and_then(Value::as_str).unwrap_or("stdio");
+            let transport = match kind {
+                "stdio" => crate::ClientMcpTransport::Stdio {
+                    command: server
+                        .get("command")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| RpcError::params(format!("MCP server {name}: a stdio server needs a command")))?
+                        .to_owned(),
+                    args: server
+                        .get("args")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                        .unwrap_or_default(),
+                    env: pairs(server.get("env"), "env")?,
+                },
+                "http" => crate::ClientMcpTransport::Http {
+                    url: server
+                        .get("url")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| RpcError::params(format!("MCP server {name}: an http server needs a url")))?
+                        .to_owned(),
+                    headers: pairs(server.get("headers"), "headers")?,
+                },
+                other => {
+                    return Err(RpcError::params(format!(
+                        "MCP server {name}: transport {other:?} is not supported (cairn takes stdio and http)"
+                    )));
                 }
-                Err(why) => why,
             };
-            self.shared.notify(
-                &sid,
-                json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": message}}),
-            );
+            Ok(crate::ClientMcpServer { name, transport })
+        })
+        .collect()
+}
+
+/// Open `store` as a session of this agent: its tools (through the editor
+/// where it offers file access), its approver, the core session.
+fn open_session(
+    host: &dyn Host,
+    shared: &Arc<Shared>,
+    client_fs: (bool, bool),
+    store: JsonlStore,
+    servers: &[crate::ClientMcpServer],
+    mode: SharedMode,
+) -> Result<Open, RpcError> {
+    let cwd = PathBuf::from(&store.header().cwd);
+    let crate::HostTools { mut tools, mut notes, hooks } =
+        host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+    // The editor's own MCP servers for this session, after cairn's tools
+    // (a name already taken stays cairn's).
+    if !servers.is_empty() {
+        let taken: Vec<String> = tools.iter().map(|t| t.spec().name.clone()).collect();
+        let client = host.client_mcp_tools(&cwd, servers, &taken).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        tools.extend(client.tools);
+        notes.extend(client.notes);
+    }
+    for note in notes {
+        eprintln!("cairn acp: {note}");
+    }
+    // The approver first: the registry offers what it can answer.
+    let allow = host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
+    let asker = PermissionAsker {
+        shared: Arc::clone(shared),
+        session_id: store.header().id.clone(),
+        editor_reads: client_fs.0,
+    };
+    let approver = ModeApprover { inner: PolicyApprover::new(allow, Some(Box::new(asker))), mode };
+    let mut registry = ToolRegistry::new(&approver);
+    registry.set_hooks(hooks);
+    let session_id = store.header().id.clone();
+    for tool in tools {
+        let op = match tool.spec().name.as_str() {
+            "read_file" if client_fs.0 => Some(client_fs::Op::Read),
+            "write_file" if client_fs.1 => Some(client_fs::Op::Write),
+            "edit_file" if client_fs.0 && client_fs.1 => Some(client_fs::Op::Edit),
+            _ => None,
+        };
+        let tool: Arc<dyn cairn_core::tool::Tool> = match op {
+            Some(op) => Arc::new(client_fs::ClientFile {
+                inner: tool,
+                op,
+                shared: Arc::clone(shared),
+                session_id: session_id.clone(),
+                reads: client_fs.0,
+            }),
+            None => tool,
+        };
+        let name = tool.spec().name.clone();
+        if let Err(e) = registry.register(tool) {
+            eprintln!("cairn acp: tool {name} not offered: {e}");
+        }
+    }
+    let session = Session::open(store, host.session_config())
+        .map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?;
+    Ok(Open { session, registry, approver, cwd, provider: None })
+}
+
+/// A session's thread: opens it, then runs its prompts and loads one at a
+/// time, answering each itself.
+#[allow(clippy::too_many_arguments)]
+fn session_thread(
+    host: &dyn Host,
+    shared: &Arc<Shared>,
+    client_fs: (bool, bool),
+    store: JsonlStore,
+    servers: &[crate::ClientMcpServer],
+    settings: Settings,
+    ready: &mpsc::SyncSender<Result<(), RpcError>>,
+    jobs: &Receiver<Job>,
+) {
+    let sid = store.header().id.clone();
+    let mut open = match open_session(host, shared, client_fs, store, servers, settings.mode.clone()) {
+        Ok(open) => open,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    if ready.send(Ok(())).is_err() {
+        return;
+    }
+    while let Ok(job) = jobs.recv() {
+        match job {
+            Job::Prompt { id, params, cancel } => {
+                let answer = match prompt(host, shared, &sid, &mut open, &settings, &params, &cancel) {
+                    Ok(result) => jsonrpc::response(&id, result),
+                    Err(error) => jsonrpc::error_response(&id, &error),
+                };
+                let _ = shared.out.send(&answer);
+            }
+            Job::Load { id } => {
+                replay(shared, &sid, &open);
+                let answer = json!({"modes": settings.mode.state(), "configOptions": settings.config_options()});
+                let _ = shared.out.send(&jsonrpc::response(&id, answer));
+                shared.notify(&sid, commands_update());
+            }
+        }
+    }
+}
+
+fn prompt(
+    host: &dyn Host,
+    shared: &Arc<Shared>,
+    sid: &str,
+    open: &mut Open,
+    settings: &Settings,
+    params: &Value,
+    cancel: &CancelToken,
+) -> Result<Value, RpcError> {
+    let text = prompt_text(params.get("prompt").unwrap_or(&Value::Null))?;
+    let tell = |text: String| {
+        shared.notify(sid, json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}));
+    };
+    // `/undo [N]`, `/redo`: the host's, never sent to the model; what
+    // happened (a refusal included) is the agent's message.
+    if let Some(request) = rewind_command(&text) {
+        let message = match request {
+            Ok(request) => host.rewind(&mut open.session, &open.cwd, request).unwrap_or_else(|e| format!("{e:#}")),
+            Err(why) => why,
+        };
+        tell(message);
+        return Ok(json!({"stopReason": "end_turn"}));
+    }
+    // An undo killed after its plan was committed is finished first.
+    match host.finish_undo(&mut open.session, &open.cwd) {
+        Ok(Some(done)) => tell(format!("[{done}]\n")),
+        Ok(None) => {}
+        Err(e) => return Err(RpcError::internal(format!("{e:#}"))),
+    }
+    // The provider the editor chose (built again when it changed).
+    let chosen = settings.provider();
+    if open.provider.as_ref().is_none_or(|(name, _)| *name != chosen) {
+        let provider = host.provider_named(&chosen, &open.cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        open.provider = Some((chosen, provider));
+    }
+    let Some(provider) = open.provider.as_ref().map(|(_, p)| &**p) else {
+        return Err(RpcError::internal("no provider"));
+    };
+    let cwd = open.cwd.clone();
+    // Output of running tools so far, by invocation: a tool_call_update's
+    // content replaces the last, so each streamed chunk sends the tail.
+    // Only commands (shell, external tools) stream: a file tool's output is
+    // whole in its completion.
+    let mut streamed: HashMap<String, String> = HashMap::new();
+    let mut observer = |event: &TurnEvent| {
+        if let TurnEvent::ToolRequested { invocation_id, tool, .. } = event
+            && !FILE_TOOLS.contains(&tool.as_str())
+        {
+            streamed.insert(invocation_id.clone(), String::new());
+        }
+        if let TurnEvent::ToolOutput { invocation_id, chunk } = event {
+            let Some(so_far) = streamed.get_mut(invocation_id) else { return };
+            so_far.push_str(chunk);
+            if so_far.len() > STREAMED_TAIL {
+                let mut cut = so_far.len() - STREAMED_TAIL;
+                while !so_far.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                so_far.replace_range(..cut, "");
+            }
+            shared.notify(sid, tool_update(invocation_id, "in_progress", Some(so_far)));
+            return;
+        }
+        if let Some(update) = live_update(event, &cwd) {
+            shared.notify(sid, update);
+        }
+    };
+    let mut env =
+        TurnEnv { provider, tools: &open.registry, approver: &mut open.approver, observer: &mut observer, cancel };
+    let resume_only = text.trim() == RESUME_COMMAND;
+    let session = &mut open.session;
+    let say = |text: String| {
+        shared.notify(sid, json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}));
+    };
+    match text.trim() {
+        COMPACT_COMMAND => {
+            let said = match session.compact(&mut env) {
+                Ok(Some(entry)) => format!("compacted the conversation (its summary is entry {entry})"),
+                Ok(None) => "nothing to compact yet".to_owned(),
+                Err(e) => return Err(RpcError::internal(format!("cannot compact: {e}"))),
+            };
+            say(said);
             return Ok(json!({"stopReason": "end_turn"}));
         }
-        // An undo killed after its plan was committed is finished first.
-        if let Some(open) = self.sessions.get_mut(&sid) {
-            let finished = self.host.finish_undo(&mut open.session, &session_cwd);
-            let told = match finished {
-                Ok(Some(done)) => Some(done),
-                Ok(None) => None,
-                Err(e) => return Err(RpcError::internal(format!("{e:#}"))),
-            };
-            if let Some(done) = told {
-                self.shared.notify(
-                    &sid,
-                    json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": format!("[{done}]\n")}}),
-                );
-            }
+        USAGE_COMMAND => {
+            say(usage_text(session.store()));
+            return Ok(json!({"stopReason": "end_turn"}));
         }
-        self.provider(&session_cwd)?;
-        let Some(provider) = self.providers.get(&session_cwd).map(|p| &**p) else {
-            return Err(RpcError::internal("no provider"));
-        };
-        let Some(open) = self.sessions.get_mut(&sid) else {
-            return Err(RpcError::internal(format!("session {sid:?} vanished while preparing its turn")));
-        };
-        let shared = Arc::clone(&self.shared);
-        let cwd = open.cwd.clone();
-        let mut observer = |event: &TurnEvent| {
-            if let Some(update) = live_update(event, &cwd) {
-                shared.notify(&sid, update);
-            }
-        };
-        let mut env = TurnEnv {
-            provider,
-            tools: &open.registry,
-            approver: &mut open.approver,
-            observer: &mut observer,
-            cancel: &cancel,
-        };
-        let resume_only = text.trim() == RESUME_COMMAND;
-        let session = &mut open.session;
-        let result = (|| -> Result<Option<TurnStop>, TurnError> {
-            let mut last = None;
-            // A crashed or failed turn is finished first (as `cairn chat`
-            // does); a cancelled one only when asked, else a new prompt
-            // replaces it.
-            if session.needs_resume() && (resume_only || session.pc().phase != Phase::Cancelled) {
-                last = session.resume(&mut env)?.map(|o| o.stop);
-                if last != Some(TurnStop::Answered) || resume_only {
-                    return Ok(last);
-                }
-            }
-            if resume_only {
+        _ => {}
+    }
+    let result = (|| -> Result<Option<TurnStop>, TurnError> {
+        let mut last = None;
+        // A crashed or failed turn is finished first (as `cairn chat`
+        // does); a cancelled one only when asked, else a new prompt
+        // replaces it.
+        if session.needs_resume() && (resume_only || session.pc().phase != Phase::Cancelled) {
+            last = session.resume(&mut env)?.map(|o| o.stop);
+            if last != Some(TurnStop::Answered) || resume_only {
                 return Ok(last);
             }
-            Ok(Some(session.run_turn(&text, &mut env)?.stop))
-        })();
-        match result {
-            Ok(stop) => {
-                if stop.is_none() {
-                    self.shared.notify(
-                        &sid,
-                        json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "nothing to resume in this session"}}),
-                    );
-                }
-                let reason = match stop {
-                    None | Some(TurnStop::Answered) => "end_turn",
-                    Some(TurnStop::StepLimit) => "max_turn_requests",
-                    Some(TurnStop::Cancelled) => "cancelled",
-                };
-                Ok(json!({"stopReason": reason}))
-            }
-            Err(e) if cancel.is_cancelled() => {
-                eprintln!("cairn acp: cancelled turn ended with: {e}");
-                Ok(json!({"stopReason": "cancelled"}))
-            }
-            Err(e) => Err(RpcError::internal(format!("{e}; the turn is saved, send {RESUME_COMMAND} to continue it"))),
         }
+        if resume_only {
+            return Ok(last);
+        }
+        Ok(Some(session.run_turn(&text, &mut env)?.stop))
+    })();
+    match result {
+        Ok(stop) => {
+            if stop.is_none() {
+                shared.notify(
+                    sid,
+                    json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "nothing to resume in this session"}}),
+                );
+            }
+            let reason = match stop {
+                None | Some(TurnStop::Answered) => "end_turn",
+                Some(TurnStop::StepLimit) => "max_turn_requests",
+                Some(TurnStop::Cancelled) => "cancelled",
+            };
+            Ok(json!({"stopReason": reason}))
+        }
+        Err(e) if cancel.is_cancelled() => {
+            eprintln!("cairn acp: cancelled turn ended with: {e}");
+            Ok(json!({"stopReason": "cancelled"}))
+        }
+        Err(e) => Err(RpcError::internal(format!("{e}; the turn is saved, send {RESUME_COMMAND} to continue it"))),
     }
 }
 
@@ -511,20 +794,40 @@ impl Agent<'_> {
 /// interrupted turn; `/undo [N]` reverts the files and the conversation of
 /// the last turn (or turn N on), `/redo` reapplies it.
 fn commands_update() -> Value {
+    let command =
+        |name: &str, description: &str| json!({"name": name.trim_start_matches('/'), "description": description});
     json!({
         "sessionUpdate": "available_commands_update",
-        "availableCommands": [{
-            "name": RESUME_COMMAND.trim_start_matches('/'),
-            "description": "continue the cancelled or interrupted turn of this session",
-        }, {
-            "name": "undo",
-            "description": "revert the file changes of the last turn (or of turn N and later) and the conversation with them",
-            "input": {"hint": "turn number (optional)"},
-        }, {
-            "name": "redo",
-            "description": "reapply what the last /undo reverted",
-        }],
+        "availableCommands": [
+            command(RESUME_COMMAND, "continue the cancelled or interrupted turn of this session"),
+            command(COMPACT_COMMAND, "summarise the conversation so far to free the model's context"),
+            command(USAGE_COMMAND, "token totals of this session over every provider attempt"),
+            json!({
+                "name": "undo",
+                "description": "revert the file changes of the last turn (or of turn N and later) and the conversation with them",
+                "input": {"hint": "turn number (optional)"},
+            }),
+            command("/redo", "reapply what the last /undo reverted"),
+        ],
     })
+}
+
+/// The `/usage` answer: token totals over the session's provider attempts.
+fn usage_text(store: &JsonlStore) -> String {
+    let (mut input, mut output, mut cached, mut attempts, mut failed) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for row in store.index().usage() {
+        if let Ok(u) = row.usage.parse::<cairn_core::provider::AttemptUsage>() {
+            input += u.input_tokens;
+            output += u.output_tokens;
+            cached += u.cached_input_tokens;
+            attempts += 1;
+            failed += u64::from(u.error.is_some());
+        }
+    }
+    format!(
+        "{input} input tokens ({cached} cached), {output} output tokens, {} in all, over {attempts} provider attempts ({failed} failed)",
+        input + output
+    )
 }
 
 /// `/undo`, `/undo N` or `/redo` (a usage message for a wrong form);
@@ -728,6 +1031,8 @@ fn replay(shared: &Shared, sid: &str, open: &Open) {
 struct PermissionAsker {
     shared: Arc<Shared>,
     session_id: String,
+    /// The editor offers reads: the diff's old text is the editor's.
+    editor_reads: bool,
 }
 
 const ALLOW_ONCE: &str = "allow-once";
@@ -746,10 +1051,32 @@ fn preview_text(preview: &Preview) -> String {
 /// Editors render a `diff` content as a diff view: the whole new file of a
 /// `write_file` against what is on disk now (text up to 1 MiB, read only
 /// inside the working directory), or the replaced text of an `edit_file`.
-fn diff_content(request: &ApprovalRequest<'_>) -> Option<Value> {
+fn diff_content(request: &ApprovalRequest<'_>, editor: Option<(&Shared, &str)>) -> Option<Value> {
     let args = request.arguments;
     let given = args.get("path").and_then(Value::as_str)?;
     let path = cairn_tools::paths::resolve_in_cwd(request.cwd, given).ok()?;
+    // With the editor's file access, the old text is the editor's (what
+    // the model read and what the edit will change), not the disk's.
+    if let Some((shared, sid)) = editor
+        && matches!(request.tool, "write_file" | "edit_file")
+    {
+        let old = client_fs::editor_text(shared, sid, &path, None).ok();
+        let new = match request.tool {
+            "write_file" => args.get("content").and_then(Value::as_str)?.to_owned(),
+            _ => {
+                let call = cairn_core::tool::ToolRequest {
+                    invocation_id: request.invocation_id.to_owned(),
+                    call_id: String::new(),
+                    session_id: sid.to_owned(),
+                    tool: request.tool.to_owned(),
+                    arguments: args.clone(),
+                };
+                let rel = cairn_tools::paths::display_rel(request.cwd, &path);
+                cairn_tools::builtin::edit::edit_text(&call, old.as_deref()?, &rel).ok()?
+            }
+        };
+        return Some(json!({"type": "diff", "path": path, "oldText": old, "newText": new}));
+    }
     let (old, new) = match request.tool {
         "write_file" => {
             let new = args.get("content").and_then(Value::as_str)?;
@@ -795,7 +1122,8 @@ impl Approver for PermissionAsker {
             None => shown.push_str(&serde_json::to_string_pretty(request.arguments).unwrap_or_default()),
         }
         let mut content = text_content(&shown);
-        if let (Some(diff), Some(items)) = (diff_content(request), content.as_array_mut()) {
+        let editor = self.editor_reads.then_some((&*self.shared, self.session_id.as_str()));
+        if let (Some(diff), Some(items)) = (diff_content(request, editor), content.as_array_mut()) {
             items.insert(0, diff);
         }
         let params = json!({

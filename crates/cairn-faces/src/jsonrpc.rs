@@ -1,8 +1,10 @@
 //! JSON-RPC 2.0 over stdio, one message per line, as both faces speak it:
 //! a line reader with a size bound ([`LineReader`]), the classification of
 //! a line into a request, notification or response ([`Incoming::parse`]),
-//! error objects with the standard codes ([`RpcError`]), and the shared,
-//! line-atomic writer ([`Out`]).
+//! request ids kept as written ([`Id`]: a number beyond 2^53 is echoed
+//! digit for digit, never through a float), error objects with the
+//! standard codes ([`RpcError`]), and the shared, line-atomic writer
+//! ([`Out`]).
 //!
 //! Bad input is answered, never fatal: a line that is not JSON gets a
 //! parse error (-32700, id null), a line over [`MAX_MESSAGE_BYTES`] is
@@ -12,7 +14,63 @@
 use std::io::{BufRead, Write};
 use std::sync::{Arc, Mutex};
 
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
+
+/// A request's id exactly as the client wrote it: a string, a number (kept
+/// as its text, so an id beyond 2^53 is echoed digit for digit, never
+/// through a float) or null.
+#[derive(Debug, Clone)]
+pub struct Id(Box<RawValue>);
+
+impl Id {
+    /// The null id (answers to what could not be read).
+    pub fn null() -> Self {
+        Self(RawValue::from_string("null".to_owned()).unwrap_or_else(|_| unreachable!("null is JSON")))
+    }
+
+    /// Its JSON text (a key for maps of requests).
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+
+    /// Whether `value` (a request id named in a message, e.g. a cancel's)
+    /// is this id.
+    pub fn is(&self, value: &Value) -> bool {
+        serde_json::from_str::<Value>(self.text()).is_ok_and(|v| &v == value)
+    }
+}
+
+impl PartialEq for Id {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl Serialize for Id {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+/// An answer to a request: serialized with the id verbatim.
+#[derive(Debug, Clone, Serialize)]
+pub struct Answer {
+    jsonrpc: &'static str,
+    id: Id,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<Value>,
+}
+
+/// The raw id of a message, read beside its parsed form.
+#[derive(serde::Deserialize)]
+struct RawId<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+}
 
 /// The largest message accepted (one line); longer lines are discarded to
 /// their newline and answered with an error. 16 MiB holds any prompt with
@@ -144,8 +202,8 @@ impl RpcError {
 pub enum Incoming {
     /// A call expecting an answer.
     Request {
-        /// Its id (a string or a number), echoed in the answer.
-        id: Value,
+        /// Its id (a string or a number), echoed in the answer exactly.
+        id: Id,
         /// The method.
         method: String,
         /// The params (`null` when absent).
@@ -170,10 +228,10 @@ pub enum Incoming {
 impl Incoming {
     /// Classify one line. `Err` holds the answer to send back (with the
     /// id when one could be read, else null).
-    pub fn parse(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
+    pub fn parse(line: &[u8]) -> Result<Incoming, (Id, RpcError)> {
         let value: Value = serde_json::from_slice(line).map_err(|e| {
             (
-                Value::Null,
+                Id::null(),
                 RpcError::new(
                     code::PARSE_ERROR,
                     format!("the line is not valid JSON ({e}); send one JSON-RPC 2.0 object per line"),
@@ -186,38 +244,46 @@ impl Incoming {
             } else {
                 "not a JSON object"
             };
-            return Err((Value::Null, RpcError::new(code::INVALID_REQUEST, format!("the message is {what}"))));
+            return Err((Id::null(), RpcError::new(code::INVALID_REQUEST, format!("the message is {what}"))));
         };
         let id = object.remove("id");
-        let invalid = |id: Option<Value>, why: &str| {
-            Err((id.unwrap_or(Value::Null), RpcError::new(code::INVALID_REQUEST, why.to_owned())))
+        // The id's own text: a number is echoed as written.
+        let raw = serde_json::from_slice::<RawId<'_>>(line)
+            .ok()
+            .and_then(|r| r.id)
+            .map(|r| Id(r.to_owned()))
+            .filter(|_| id.as_ref().is_some_and(|v| v.is_string() || v.is_number() || v.is_null()));
+        let invalid = |with_id: bool, why: &str| {
+            let id = if with_id { raw.clone().unwrap_or_else(Id::null) } else { Id::null() };
+            Err((id, RpcError::new(code::INVALID_REQUEST, why.to_owned())))
         };
         if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-            return invalid(id, "the message lacks \"jsonrpc\": \"2.0\"");
+            return invalid(true, "the message lacks \"jsonrpc\": \"2.0\"");
         }
         if let Some(id) = &id
             && !(id.is_string() || id.is_number() || id.is_null())
         {
-            return invalid(None, "the id must be a string or a number");
+            return invalid(false, "the id must be a string or a number");
         }
         match object.remove("method") {
             Some(Value::String(method)) => {
                 let params = object.remove("params").unwrap_or(Value::Null);
                 if !(params.is_object() || params.is_array() || params.is_null()) {
-                    return invalid(id, "params must be an object or an array");
+                    return invalid(true, "params must be an object or an array");
                 }
-                Ok(match id {
-                    Some(id) => Incoming::Request { id, method, params },
-                    None => Incoming::Notification { method, params },
+                Ok(match (id, raw) {
+                    (Some(_), Some(raw)) => Incoming::Request { id: raw, method, params },
+                    (Some(_), None) => Incoming::Request { id: Id::null(), method, params },
+                    (None, _) => Incoming::Notification { method, params },
                 })
             }
-            Some(_) => invalid(id, "the method must be a string"),
+            Some(_) => invalid(true, "the method must be a string"),
             None => {
-                let Some(id) = id else { return invalid(None, "a message needs a method (or an id and a result)") };
+                let Some(id) = id else { return invalid(false, "a message needs a method (or an id and a result)") };
                 match (object.remove("result"), object.remove("error")) {
                     (Some(result), None) => Ok(Incoming::Response { id, result: Ok(result) }),
                     (None, Some(error)) => Ok(Incoming::Response { id, result: Err(error) }),
-                    _ => invalid(Some(id), "a response needs exactly one of result and error"),
+                    _ => invalid(true, "a response needs exactly one of result and error"),
                 }
             }
         }
@@ -225,10 +291,10 @@ impl Incoming {
 }
 
 /// The answer to a line that could not be read as a message.
-pub fn refusal(line: &Line) -> Option<Value> {
+pub fn refusal(line: &Line) -> Option<Answer> {
     match line {
         Line::TooLong(n) => Some(error_response(
-            &Value::Null,
+            &Id::null(),
             &RpcError::new(
                 code::INVALID_REQUEST,
                 format!("the message is {n} bytes, over the limit of {MAX_MESSAGE_BYTES}; it was skipped"),
@@ -239,13 +305,13 @@ pub fn refusal(line: &Line) -> Option<Value> {
 }
 
 /// A success response.
-pub fn response(id: &Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
+pub fn response(id: &Id, result: Value) -> Answer {
+    Answer { jsonrpc: "2.0", id: id.clone(), result: Some(result), error: None }
 }
 
 /// An error response.
-pub fn error_response(id: &Value, error: &RpcError) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": error.to_value()})
+pub fn error_response(id: &Id, error: &RpcError) -> Answer {
+    Answer { jsonrpc: "2.0", id: id.clone(), result: None, error: Some(error.to_value()) }
 }
 
 /// A notification.
@@ -277,7 +343,7 @@ impl Out {
     }
 
     /// Write `message` as one line. An error means the peer is gone.
-    pub fn send(&self, message: &Value) -> std::io::Result<()> {
+    pub fn send<T: Serialize + ?Sized>(&self, message: &T) -> std::io::Result<()> {
         let mut text = serde_json::to_vec(message).map_err(std::io::Error::other)?;
         text.push(b'\n');
         let mut out = self.inner.lock().map_err(|_| std::io::Error::other("output lock poisoned"))?;
@@ -329,7 +395,13 @@ mod tests {
         assert_eq!(bad(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":"s"}"#), code::INVALID_REQUEST);
         assert_eq!(bad(r#"{"jsonrpc":"2.0","id":1}"#), code::INVALID_REQUEST);
         let ok = Incoming::parse(br#"{"jsonrpc":"2.0","id":"a","method":"m"}"#).unwrap();
-        assert_eq!(ok, Incoming::Request { id: json!("a"), method: "m".into(), params: Value::Null });
+        assert!(matches!(ok, Incoming::Request { ref id, .. } if id.text() == r#""a""#), "{ok:?}");
+        // An id beyond 2^53 is kept as written.
+        let big = Incoming::parse(br#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"m"}"#).unwrap();
+        let Incoming::Request { id, .. } = big else { panic!("{big:?}") };
+        assert_eq!(id.text(), "123456789012345678901234567890");
+        let answer = serde_json::to_string(&response(&id, json!({}))).unwrap();
+        assert!(answer.contains(r#""id":123456789012345678901234567890"#), "{answer}");
         let ok = Incoming::parse(br#"{"jsonrpc":"2.0","id":2,"error":{"code":1}}"#).unwrap();
         assert!(matches!(ok, Incoming::Response { result: Err(_), .. }));
     }

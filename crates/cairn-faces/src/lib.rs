@@ -25,18 +25,58 @@ use cairn_core::provider::Provider;
 use cairn_core::storage::JsonlStore;
 use cairn_core::tool::Tool;
 
+/// An MCP server an editor gives for one session (ACP `mcpServers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientMcpServer {
+    /// Its name, as the editor gave it.
+    pub name: String,
+    /// How to reach it.
+    pub transport: ClientMcpTransport,
+}
+
+/// How to reach a [`ClientMcpServer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientMcpTransport {
+    /// A program speaking MCP on stdio.
+    Stdio {
+        /// The program (an absolute path, per ACP).
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Variables to set, with their values.
+        env: Vec<(String, String)>,
+    },
+    /// A streamable-HTTP endpoint.
+    Http {
+        /// Its URL.
+        url: String,
+        /// Headers to send (cairn does not send custom headers yet: a
+        /// server that needs them is reported and not started).
+        headers: Vec<(String, String)>,
+    },
+}
+
 /// What a face needs from the program hosting it (configuration,
 /// providers, tools, where sessions live).
-pub trait Host {
+pub trait Host: Sync {
     /// The configured provider for sessions working in `cwd`.
     fn provider(&self, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>>;
     /// The tools offered in `cwd` (built-ins, then external tools).
     fn tools(&self, cwd: &Path) -> anyhow::Result<HostTools>;
+    /// The tools of MCP servers an editor gave for a session in `cwd`
+    /// (names in `taken` are kept by the tools already offered). Default:
+    /// none, said in the notes.
+    fn client_mcp_tools(&self, cwd: &Path, servers: &[ClientMcpServer], taken: &[String]) -> anyhow::Result<HostTools> {
+        let _ = (cwd, taken);
+        let notes = servers.iter().map(|s| format!("MCP server {} not started: this host runs none", s.name)).collect();
+        Ok(HostTools { tools: Vec::new(), notes, hooks: None })
+    }
     /// The allow rules from `--allow` and the configuration.
     fn allowlist(&self) -> anyhow::Result<Allowlist>;
     /// Create a new session file whose working directory is `cwd`.
     fn create_session(&self, cwd: &Path) -> anyhow::Result<JsonlStore>;
-    /// Open an existing session by id, unique prefix, name or path.
+    /// Open an existing session of the sessions directory by its whole id
+    /// (never a path outside it, never a prefix).
     fn open_session(&self, id: &str) -> anyhow::Result<JsonlStore>;
     /// Limits and settings of turns.
     fn session_config(&self) -> SessionConfig;
@@ -61,6 +101,21 @@ pub trait Host {
         let _ = (session, cwd);
         no_undo_to_finish()
     }
+    /// The providers a session may switch to, each with what it runs (for
+    /// an editor's model picker), and the configured one. Default: only
+    /// the configured one.
+    fn provider_choices(&self) -> ProviderChoices {
+        ProviderChoices {
+            current: "default".to_owned(),
+            choices: vec![("default".to_owned(), "configured".to_owned())],
+        }
+    }
+    /// Provider `name` (one of [`Host::provider_choices`]) for sessions
+    /// working in `cwd`. Default: the configured one.
+    fn provider_named(&self, name: &str, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>> {
+        let _ = name;
+        self.provider(cwd)
+    }
 }
 
 /// Default of [`Host::finish_undo`]: nothing to finish.
@@ -77,6 +132,15 @@ pub enum Rewind {
     Redo,
 }
 
+/// The providers a session may use.
+#[derive(Debug, Clone)]
+pub struct ProviderChoices {
+    /// The configured provider's name.
+    pub current: String,
+    /// (name, the model it runs), the configured one among them.
+    pub choices: Vec<(String, String)>,
+}
+
 /// Tools a host offers in a directory.
 pub struct HostTools {
     /// Built-ins, then external tools.
@@ -84,7 +148,7 @@ pub struct HostTools {
     /// Tools left out and why (broken metadata, untrusted workspace).
     pub notes: Vec<String>,
     /// The hooks every call goes through, set on the face's registry.
-    pub hooks: Option<Arc<dyn cairn_core::hooks::ToolHooks>>,
+    pub hooks: Option<Arc<dyn cairn_core::hooks::Hooks>>,
 }
 
 impl std::fmt::Debug for HostTools {

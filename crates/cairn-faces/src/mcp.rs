@@ -22,7 +22,10 @@
 //! A reader thread owns stdin and handles `notifications/cancelled`: the
 //! named call's turn is cancelled through the core (a running tool is
 //! killed; the session records the cancelled turn) and gets no answer.
-//! Calls themselves run one at a time, in order, on the main thread.
+//! Calls themselves run one at a time, in order, on the main thread;
+//! `ping` is answered by the reader at once, even while a call runs.
+//! Request ids are echoed exactly as written (`jsonrpc::Id`). A call whose
+//! output the core cut at the prompt cap answers the whole stored output.
 //!
 //! This module must not run tools itself or decide approvals.
 
@@ -34,6 +37,7 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use anyhow::Result;
 use cairn_core::approval::PolicyApprover;
+use cairn_core::events::{EntryType, ToolCompletedPayload};
 use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{
     AttemptUsage, ModelRequest, ModelResponse, Provider, ProviderError, StopReason, StreamEvent,
@@ -44,7 +48,7 @@ use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent};
 use serde_json::{Value, json};
 
 use crate::Host;
-use crate::jsonrpc::{self, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
+use crate::jsonrpc::{self, Id, Incoming, Line, LineReader, MAX_MESSAGE_BYTES, Out, RpcError};
 
 /// MCP protocol versions this server speaks (the stdio handshake ones),
 /// oldest first; an unknown request is answered with the newest.
@@ -114,7 +118,7 @@ pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 
         client: "unknown".to_owned(),
         calls: 0,
     };
-    let calls: Arc<Mutex<HashMap<String, CancelToken>>> = Arc::default();
+    let calls: Arc<Mutex<HashMap<String, (Id, CancelToken)>>> = Arc::default();
     let (tx, rx) = mpsc::channel();
     let reader_out = out.clone();
     let reader_calls = Arc::clone(&calls);
@@ -125,7 +129,7 @@ pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 
             Err(error) => jsonrpc::error_response(&id, &error),
         };
         if let Ok(mut calls) = calls.lock() {
-            calls.remove(&id.to_string());
+            calls.remove(id.text());
         }
         // A cancelled request gets no answer (the client has moved on).
         if !cancel.is_cancelled() && out.send(&answer).is_err() {
@@ -138,7 +142,7 @@ pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 
 /// A request for the main thread, with the token a
 /// `notifications/cancelled` naming it sets.
 struct Work {
-    id: Value,
+    id: Id,
     method: String,
     params: Value,
     cancel: CancelToken,
@@ -147,7 +151,12 @@ struct Work {
 /// Own the input: answer what is not a message, cancel calls the client
 /// cancels, queue requests in order. Ends at end of input (the requests
 /// already queued are still answered).
-fn read_loop(input: impl BufRead, out: &Out, calls: &Mutex<HashMap<String, CancelToken>>, work: &mpsc::Sender<Work>) {
+fn read_loop(
+    input: impl BufRead,
+    out: &Out,
+    calls: &Mutex<HashMap<String, (Id, CancelToken)>>,
+    work: &mpsc::Sender<Work>,
+) {
     let mut reader = LineReader::new(input, MAX_MESSAGE_BYTES);
     loop {
         let line = match reader.next_line() {
@@ -170,11 +179,16 @@ fn read_loop(input: impl BufRead, out: &Out, calls: &Mutex<HashMap<String, Cance
             Err((id, error)) => {
                 let _ = out.send(&jsonrpc::error_response(&id, &error));
             }
+            // Answered here, at once, even while a call runs (the spec
+            // asks a server to answer ping promptly).
+            Ok(Incoming::Request { id, method, .. }) if method == "ping" => {
+                let _ = out.send(&jsonrpc::response(&id, json!({})));
+            }
             Ok(Incoming::Request { id, method, params }) => {
                 // Registered when read, so a cancel right behind it is kept.
                 let cancel = CancelToken::new();
                 if let Ok(mut calls) = calls.lock() {
-                    calls.insert(id.to_string(), cancel.clone());
+                    calls.insert(id.text().to_owned(), (id.clone(), cancel.clone()));
                 }
                 if work.send(Work { id, method, params, cancel }).is_err() {
                     return;
@@ -182,7 +196,9 @@ fn read_loop(input: impl BufRead, out: &Out, calls: &Mutex<HashMap<String, Cance
             }
             Ok(Incoming::Notification { method, params }) if method == "notifications/cancelled" => {
                 let Some(request) = params.get("requestId") else { continue };
-                if let Some(token) = calls.lock().ok().and_then(|c| c.get(&request.to_string()).cloned()) {
+                let token =
+                    calls.lock().ok().and_then(|c| c.values().find(|(id, _)| id.is(request)).map(|(_, t)| t.clone()));
+                if let Some(token) = token {
                     token.cancel();
                 }
             }
@@ -297,9 +313,11 @@ impl Server<'_> {
             asked: AtomicBool::new(false),
         };
         let mut settled: Option<(bool, String)> = None;
+        let mut truncated = false;
         let mut observer = |event: &TurnEvent| match event {
-            TurnEvent::ToolCompleted { exit_code, output_summary, .. } => {
+            TurnEvent::ToolCompleted { exit_code, output_summary, truncated: cut, .. } => {
                 settled = Some((*exit_code != 0, output_summary.clone()));
+                truncated = *cut;
             }
             TurnEvent::ToolFailed { reason, .. } => settled = Some((true, format!("the call failed: {reason}"))),
             TurnEvent::ToolRejected { reason, .. } => settled = Some((true, format!("the call was refused: {reason}"))),
@@ -316,13 +334,29 @@ impl Server<'_> {
         session
             .run_turn(&prompt, &mut env)
             .map_err(|e| RpcError::internal(format!("the call could not be recorded: {e}")))?;
+        // The cap keeps a model's prompt small; an MCP client has no prompt
+        // to protect and cannot reach the session file, so it gets the
+        // whole output as stored (bounded by the stored-output limit).
+        let whole = if truncated { stored_full_output(session) } else { None };
         let (is_error, text) = match settled {
-            Some(settled) => settled,
+            Some((is_error, summary)) => (is_error, whole.unwrap_or(summary)),
             None if cancel.is_cancelled() => (true, "the call was cancelled before it ran".to_owned()),
             None => (true, "the call was not settled".to_owned()),
         };
         Ok(json!({"content": [{"type": "text", "text": text}], "isError": is_error}))
     }
+}
+
+/// The full output of the session's last completed call, kept out of the
+/// prompt in its `toolCompleted` entry.
+fn stored_full_output(session: &Session<JsonlStore>) -> Option<String> {
+    let head = session.head()?;
+    let path = session.store().path_to(head).ok()?;
+    path.into_iter()
+        .rev()
+        .find(|e| EntryType::of(&e.entry_type) == Some(EntryType::ToolCompleted))
+        .and_then(|e| e.payload.parse::<ToolCompletedPayload>().ok())
+        .and_then(|p| p.full_output)
 }
 
 /// The provider of one MCP call: its first answer asks for exactly the

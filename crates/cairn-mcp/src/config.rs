@@ -76,6 +76,10 @@ pub struct ServerConfig {
     /// Per-tool overrides.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolOverride>,
+    /// Variables with their values, given by a client that started the
+    /// server for its session (an editor over ACP); never read from a file.
+    #[serde(skip)]
+    pub env_values: Vec<(String, String)>,
 }
 
 fn yes() -> bool {
@@ -156,6 +160,40 @@ impl ServerConfig {
             }
         }
         Ok(())
+    }
+
+    /// A server an editor passes for its session (ACP `mcpServers`): stdio
+    /// with `command` and `args`, or streamable HTTP at `url`; cairn's
+    /// defaults for everything else (the session's directory read-only, no
+    /// network for stdio, annotations not trusted, so every tool is at
+    /// least Write and asks through the editor).
+    pub fn from_client(
+        name: &str,
+        command: Option<String>,
+        args: Vec<String>,
+        env_values: Vec<(String, String)>,
+        url: Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let config = ServerConfig {
+            command,
+            args,
+            env: Vec::new(),
+            cwd: None,
+            url,
+            enabled: true,
+            startup_timeout_ms: default_startup_timeout_ms(),
+            tool_timeout_ms: None,
+            files: FileAccess::Read,
+            network: false,
+            read: Vec::new(),
+            write: Vec::new(),
+            processes: true,
+            trust_annotations: false,
+            tools: BTreeMap::new(),
+            env_values,
+        };
+        config.check(name)?;
+        Ok(config)
     }
 
     /// Whether this is a stdio server (else streamable HTTP).

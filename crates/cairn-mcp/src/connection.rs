@@ -389,6 +389,12 @@ fn spawn(name: &str, command: &str, config: &ServerConfig, cwd: &Path, tools: &T
             Err(_) => {}
         }
     }
+    for (var, value) in &config.env_values {
+        if tools.secrets.matches(value) {
+            return Err(format!("the value given for {var} is one of cairn's provider keys; refusing"));
+        }
+        env.push((var.clone(), value.clone()));
+    }
     env.push(("CAIRN_MCP_SERVER".into(), name.to_owned()));
     // A server is a long-lived Write-tier program: it runs sandboxed, or
     // unsandboxed only where the user opted in (as for external tools).

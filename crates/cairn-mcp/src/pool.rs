@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cairn_tools::ToolsConfig;
+use sha2::Digest as _;
 
 use crate::config::ServerConfig;
 use crate::connection::{Connection, ServerError};
@@ -35,7 +36,10 @@ type Key = (String, PathBuf, String);
 /// a different server).
 pub(crate) fn slot(name: &str, config: &ServerConfig, cwd: &Path, tools: &ToolsConfig) -> Arc<Slot> {
     static POOL: OnceLock<Mutex<HashMap<Key, Arc<Slot>>>> = OnceLock::new();
-    let fingerprint = serde_json::to_string(config).unwrap_or_default();
+    // Values a client gave are part of what makes the server (two
+    // sessions giving different tokens get two servers), kept as a digest.
+    let values = sha2::Sha256::digest(serde_json::to_vec(&config.env_values).unwrap_or_default());
+    let fingerprint = format!("{}{values:x}", serde_json::to_string(config).unwrap_or_default());
     let key = (name.to_owned(), cwd.to_path_buf(), fingerprint);
     let mut pool = lock(POOL.get_or_init(Mutex::default));
     pool.entry(key)

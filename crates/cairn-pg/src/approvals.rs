@@ -86,6 +86,7 @@ pub struct DbApprover {
     url: String,
     session: String,
     lost: Arc<AtomicBool>,
+    cancel: Option<cairn_core::CancelToken>,
     client: Option<Client>,
 }
 
@@ -99,7 +100,15 @@ impl DbApprover {
     /// For `session`; stops waiting once `lost` is set (the worker lost its
     /// lease: the turn cannot commit anyway).
     pub fn new(url: impl Into<String>, session: impl Into<String>, lost: Arc<AtomicBool>) -> Self {
-        Self { url: url.into(), session: session.into(), lost, client: None }
+        Self { url: url.into(), session: session.into(), lost, cancel: None, client: None }
+    }
+
+    /// Also stop waiting once the turn's `cancel` token is set (the worker
+    /// cancels a turn whose lease may be ending).
+    #[must_use]
+    pub fn with_cancel(mut self, cancel: cairn_core::CancelToken) -> Self {
+        self.cancel = Some(cancel);
+        self
     }
 
     /// One look: ask (once) and read the answer, if any.
@@ -158,6 +167,9 @@ impl Approver for DbApprover {
         loop {
             if self.lost.load(Ordering::SeqCst) {
                 return Err(ApprovalError::Unavailable("the worker lost its lease while waiting".to_owned()));
+            }
+            if self.cancel.as_ref().is_some_and(cairn_core::CancelToken::is_cancelled) {
+                return Err(ApprovalError::Unavailable("the turn was cancelled while waiting".to_owned()));
             }
             match self.poll(request) {
                 Ok(Some(verdict)) => return Ok(verdict),

@@ -13,8 +13,16 @@
 //! Runnable means `status` is `queued` (a prompt is waiting) or `running`
 //! with an expired lease (a worker died or stalled mid-turn: an interrupted
 //! turn or an unsettled call to resume).
+//!
+//! The fence stops a lost holder's commits, not its effects. For those the
+//! holder keeps its own [`LeaseClock`]: the instant each successful claim,
+//! renewal or commit was *sent* plus the lease length, which is never later
+//! than the server's `lease_expires` (the server adds the lease to a `now()`
+//! taken after the request left). The worker cancels the running turn when
+//! less than [`safety_margin`] of it is left.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use postgres::Client;
 
@@ -31,6 +39,52 @@ pub struct Claim {
     pub session: String,
     /// The lease it was claimed under.
     pub fence: Fence,
+}
+
+/// A holder's local view of its lease deadline (see the module notes):
+/// shared by the worker's renewal thread, the session's store (each commit
+/// extends the lease) and the watchdog that stops the turn.
+#[derive(Debug, Clone)]
+pub struct LeaseClock {
+    deadline: Arc<Mutex<Instant>>,
+    lease: Duration,
+}
+
+impl LeaseClock {
+    /// A lease of `lease` whose claim was sent at `sent`.
+    pub fn start(sent: Instant, lease: Duration) -> Self {
+        Self { deadline: Arc::new(Mutex::new(sent + lease)), lease }
+    }
+
+    /// A renewal or commit sent at `sent` succeeded: the lease runs at least
+    /// until `sent + lease`.
+    pub fn extend(&self, sent: Instant) {
+        if let Ok(mut d) = self.deadline.lock() {
+            *d = (*d).max(sent + self.lease);
+        }
+    }
+
+    /// When the lease ends at the latest, as far as this holder knows.
+    pub fn deadline(&self) -> Instant {
+        self.deadline.lock().map_or_else(|_| Instant::now(), |d| *d)
+    }
+
+    /// How much of the lease is surely left (zero once it may have ended).
+    pub fn remaining(&self) -> Duration {
+        self.deadline().saturating_duration_since(Instant::now())
+    }
+
+    /// The lease length.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+}
+
+/// How much of a lease must be left for a turn to go on: below it, the
+/// worker cancels the turn (no tool starts, a running tool and the provider
+/// call are told to stop) so that its effects end before the lease does.
+pub fn safety_margin(lease: Duration) -> Duration {
+    (lease / 4).max(Duration::from_millis(100))
 }
 
 fn secs(d: Duration) -> f64 {
@@ -164,4 +218,27 @@ pub fn submit(client: &mut Client, session: &str, prompt: &str) -> Result<i64, P
     tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &session])?;
     tx.commit()?;
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LeaseClock, safety_margin};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_clock_only_moves_forward_from_when_requests_were_sent() {
+        let lease = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let clock = LeaseClock::start(t0, lease);
+        assert_eq!(clock.deadline(), t0 + lease);
+        // A late reply to an early renewal never moves the deadline back.
+        clock.extend(t0 + Duration::from_secs(3));
+        clock.extend(t0 + Duration::from_secs(1));
+        assert_eq!(clock.deadline(), t0 + Duration::from_secs(13));
+        assert!(clock.remaining() <= Duration::from_secs(13));
+        let expired = LeaseClock::start(t0.checked_sub(Duration::from_secs(20)).unwrap_or(t0), lease);
+        assert!(expired.remaining() < Duration::from_secs(10));
+        assert_eq!(safety_margin(lease), Duration::from_millis(2500));
+        assert_eq!(safety_margin(Duration::from_millis(200)), Duration::from_millis(100));
+    }
 }

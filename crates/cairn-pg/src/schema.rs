@@ -1,6 +1,8 @@
 //! The database schema cairn keeps in PostgreSQL, created and migrated by
-//! cairn itself: a version number in `cairn_meta`, forward migrations
-//! applied in one transaction under an advisory lock, and a database whose
+//! cairn itself: a version number in `cairn_meta` (read first, without a
+//! lock), forward migrations applied in one transaction under an advisory
+//! lock taken only when the schema is behind and waited for at most a few
+//! seconds, and a database whose
 //! schema is newer than this build refused (like the file format's
 //! `storageVersion`).
 //!
@@ -73,10 +75,61 @@ CREATE TABLE cairn_claims (
 );
 ";
 
+/// How long a migration waits for another process's migration lock before
+/// giving up with an error (a cut-off migrator must not stall everyone).
+pub const MIGRATION_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The schema version recorded in the database (0 when cairn never
+/// created its tables there). A plain read: no lock, no transaction.
+pub fn version(client: &mut Client) -> Result<i32, PgError> {
+    let row = match client.query_opt("SELECT value FROM cairn_meta WHERE key = 'schema_version'", &[]) {
+        Ok(row) => row,
+        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    match row {
+        Some(row) => {
+            let text: String = row.get(0);
+            text.parse().map_err(|_| PgError::Schema(format!("cairn_meta.schema_version is {text:?}, not a number")))
+        }
+        None => Ok(0),
+    }
+}
+
+fn newer(found: i32) -> PgError {
+    PgError::Schema(format!(
+        "the database's cairn schema is version {found}, newer than this cairn supports (version {SCHEMA_VERSION}); upgrade cairn to use it"
+    ))
+}
+
 /// Create the schema, or migrate it to [`SCHEMA_VERSION`]; refuse a newer one.
+///
+/// The version is read first, without any lock: a database that is up to
+/// date (every connection but the very first) takes no lock at all, so a
+/// process cut off mid-connect holds nothing anyone waits for. Only a
+/// database that is behind takes the migration lock, waiting at most
+/// [`MIGRATION_LOCK_WAIT`] (`lock_timeout`) for another migrator, and
+/// checks the version again under it.
 pub fn ensure(client: &mut Client) -> Result<(), PgError> {
+    let found = version(client)?;
+    if found > SCHEMA_VERSION {
+        return Err(newer(found));
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
     let mut tx = client.transaction()?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    tx.batch_execute(&format!("SET LOCAL lock_timeout = {}", MIGRATION_LOCK_WAIT.as_millis()))?;
+    match tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]) {
+        Ok(_) => {}
+        Err(e) if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+            return Err(PgError::Schema(format!(
+                "another cairn has been migrating the database's schema for more than {} s (it holds cairn's migration lock); try again, or look for a stuck session in pg_stat_activity",
+                MIGRATION_LOCK_WAIT.as_secs()
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    }
     tx.batch_execute("CREATE TABLE IF NOT EXISTS cairn_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")?;
     let found: i32 = match tx.query_opt("SELECT value FROM cairn_meta WHERE key = 'schema_version'", &[])? {
         Some(row) => {
@@ -86,9 +139,7 @@ pub fn ensure(client: &mut Client) -> Result<(), PgError> {
         None => 0,
     };
     if found > SCHEMA_VERSION {
-        return Err(PgError::Schema(format!(
-            "the database's cairn schema is version {found}, newer than this cairn supports (version {SCHEMA_VERSION}); upgrade cairn to use it"
-        )));
+        return Err(newer(found));
     }
     if found < 1 {
         tx.batch_execute(V1)?;

@@ -12,20 +12,29 @@
 //! `state.seq` is then exact: no other writer moved anything in between),
 //! checks the lease and its fencing epoch when the handle is fenced, writes
 //! the line, and — when the turn took a submitted prompt — deletes that
-//! inbox row, all or nothing. It must not decide who drives a session: that
-//! is `lease.rs` and the worker.
+//! inbox row, all or nothing. A commit whose connection broke is retried on
+//! a new connection while the holder's lease clock says the lease is surely
+//! still held (the retry recognises its own line when the first attempt did
+//! commit). It must not decide who drives a session: that is `lease.rs` and
+//! the worker.
+//!
+//! [`import_with`] treats a session file as untrusted input: the file
+//! backend's id rule and line limit, every line replayed, and calls left
+//! unsettled settled without running them.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cairn_core::storage::{
-    Committed, Header, Record, STORAGE_VERSION, SessionIndex, Storage, StorageError, Transaction, decode_header,
-    decode_line_into, encode_header, encode_line, now_millis,
+    Committed, DEFAULT_MAX_LINE_BYTES, Header, Record, STORAGE_VERSION, SessionIndex, Storage, StorageError,
+    Transaction, check_session_id, decode_header, decode_line_into, encode_header, encode_line, now_millis,
 };
 use postgres::Client;
 
 use crate::PgError;
+use crate::lease::LeaseClock;
 
 /// The lease a fenced handle commits under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +49,9 @@ pub struct Fence {
 
 /// A session stored in PostgreSQL.
 pub struct PgStore {
-    client: Client,
+    /// In a cell so that the worker can read the inbox through the
+    /// session's store (one connection per worker thread).
+    client: RefCell<Client>,
     header: Header,
     index: SessionIndex,
     fence: Option<Fence>,
@@ -48,6 +59,11 @@ pub struct PgStore {
     lost: Arc<AtomicBool>,
     /// The inbox row the running turn consumes, deleted by its next commit.
     take: Arc<Mutex<Option<i64>>>,
+    /// The holder's lease deadline, extended by each successful commit.
+    clock: Option<LeaseClock>,
+    /// How to connect again when the connection breaks mid-commit (URL and
+    /// lease of [`connect_for`]).
+    reconnect: Option<(String, Duration)>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -64,6 +80,10 @@ fn backend(id: &str, e: impl std::fmt::Display) -> StorageError {
     StorageError::Backend { path: where_(id), reason: e.to_string() }
 }
 
+fn db(id: &str, e: &postgres::Error) -> StorageError {
+    backend(id, crate::describe(e))
+}
+
 fn signed(seq: u64) -> i64 {
     i64::try_from(seq).unwrap_or(i64::MAX)
 }
@@ -72,9 +92,56 @@ fn unsigned(seq: i64) -> u64 {
     u64::try_from(seq).unwrap_or(0)
 }
 
-/// Connect and make sure the schema is there and not newer than ours.
+/// The lease length cairn's connections are tuned for when the caller
+/// names none (the worker's default lease).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// Connect and make sure the schema is there and not newer than ours, with
+/// the connection settings of [`connect_for`] for the default lease.
 pub fn connect(url: &str) -> Result<Client, PgError> {
-    let mut client = Client::connect(url, postgres::NoTls)?;
+    connect_for(url, DEFAULT_LEASE)
+}
+
+/// Connect for a holder of `lease`-long leases: a dead peer is noticed and a
+/// half-done transaction cannot hold its locks much longer than a lease.
+///
+/// - TCP keepalives on both ends (the client's, and the server's
+///   `tcp_keepalives_*` for its side of the socket), and `tcp_user_timeout`
+///   on both, so a connection into a partition is dropped in seconds, not
+///   after the kernel's two hours;
+/// - `idle_in_transaction_session_timeout` of about the lease: a worker cut
+///   off between two statements of a claim or a commit (row lock held) is
+///   rolled back by the server, so `SKIP LOCKED` stops skipping its session
+///   about when its lease ends anyway;
+/// - a bounded connect.
+///
+/// Then the schema check ([`crate::schema::ensure`]), which takes no lock
+/// when the schema is current.
+pub fn connect_for(url: &str, lease: Duration) -> Result<Client, PgError> {
+    let mut config: postgres::Config = url.parse()?;
+    let lease = lease.max(Duration::from_secs(1));
+    let ms = |d: Duration| d.as_millis();
+    let idle = (lease / 2).max(Duration::from_secs(1));
+    let user_timeout = lease * 2;
+    let ours = format!(
+        "-c idle_in_transaction_session_timeout={} -c tcp_keepalives_idle={} -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3 -c tcp_user_timeout={}",
+        ms(lease),
+        idle.as_secs(),
+        ms(user_timeout)
+    );
+    let options = match config.get_options() {
+        Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {ours}"),
+        _ => ours,
+    };
+    config
+        .options(&options)
+        .keepalives(true)
+        .keepalives_idle(idle)
+        .keepalives_interval(Duration::from_secs(1))
+        .keepalives_retries(3)
+        .tcp_user_timeout(user_timeout)
+        .connect_timeout(Duration::from_secs(10));
+    let mut client = config.connect(postgres::NoTls)?;
     crate::schema::ensure(&mut client)?;
     Ok(client)
 }
@@ -90,7 +157,7 @@ impl PgStore {
                 "INSERT INTO cairn_sessions (id, header) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
                 &[&id, &text],
             )
-            .map_err(|e| backend(&id, e))?;
+            .map_err(|e| db(&id, &e))?;
         if inserted == 0 {
             return Err(StorageError::Exists { path: where_(&id) });
         }
@@ -98,7 +165,16 @@ impl PgStore {
     }
 
     fn new(client: Client, header: Header, index: SessionIndex, fence: Option<Fence>) -> Self {
-        Self { client, header, index, fence, lost: Arc::default(), take: Arc::default() }
+        Self {
+            client: RefCell::new(client),
+            header,
+            index,
+            fence,
+            lost: Arc::default(),
+            take: Arc::default(),
+            clock: None,
+            reconnect: None,
+        }
     }
 
     /// Open a session for reading and unfenced writing (a commit is refused
@@ -133,25 +209,94 @@ impl PgStore {
         self.fence.as_ref()
     }
 
+    /// Extend `clock` with every successful commit (a commit extends the
+    /// lease on the server too).
+    pub fn set_lease_clock(&mut self, clock: LeaseClock) {
+        self.clock = Some(clock);
+    }
+
+    /// When a commit fails because the connection broke (a restart, a
+    /// terminated backend, a network cut), connect again with
+    /// [`connect_for`]`(url, lease)` and retry it — while the lease clock
+    /// says the lease is surely held — instead of failing the turn: the
+    /// retry either finds the line already committed (the reply was lost)
+    /// or commits it under the same fence checks.
+    pub fn set_reconnect(&mut self, url: impl Into<String>, lease: Duration) {
+        self.reconnect = Some((url.into(), lease));
+    }
+
     /// The connection back (to release the lease, or reuse it).
     pub fn into_client(self) -> Client {
-        self.client
+        self.client.into_inner()
     }
 
     /// The connection.
     pub fn client(&mut self) -> &mut Client {
-        &mut self.client
+        self.client.get_mut()
     }
 
+    /// Whether the connection is known to be closed.
+    pub fn is_closed(&self) -> bool {
+        self.client.try_borrow().is_ok_and(|c| c.is_closed())
+    }
+
+    /// The oldest prompt waiting in this session's inbox (read through the
+    /// store's own connection).
+    pub fn next_prompt(&self) -> Result<Option<(i64, String)>, PgError> {
+        let mut client = self
+            .client
+            .try_borrow_mut()
+            .map_err(|_| PgError::Schema("the session's connection is in use by a commit".to_owned()))?;
+        crate::lease::next_prompt(&mut client, &self.header.id)
+    }
+
+    /// Commit `records`, retrying on a broken connection (see
+    /// [`PgStore::set_reconnect`]).
     fn write(&mut self, records: &[Record]) -> Result<(), StorageError> {
+        let mut attempt = 0u32;
+        loop {
+            let sent = Instant::now();
+            let err = match self.write_once(records, attempt > 0) {
+                Ok(()) => {
+                    if let Some(clock) = &self.clock {
+                        clock.extend(sent);
+                    }
+                    return Ok(());
+                }
+                Err(WriteError::Refused(e)) => return Err(e),
+                Err(WriteError::Connection(e)) => e,
+            };
+            attempt += 1;
+            let Some((url, lease)) = self.reconnect.clone() else { return Err(err) };
+            // Only while the lease is surely ours (a fenced handle), or a
+            // few times for an unfenced one.
+            let time_left = match &self.clock {
+                Some(clock) => clock.remaining() > Duration::from_millis(300),
+                None => attempt <= 3,
+            };
+            if !time_left || attempt > 20 {
+                return Err(err);
+            }
+            std::thread::sleep(Duration::from_millis(150 * u64::from(attempt.min(4))));
+            if let Ok(client) = connect_for(&url, lease) {
+                *self.client.get_mut() = client;
+            }
+        }
+    }
+
+    /// One commit transaction. `again`: an earlier attempt may have
+    /// committed before its connection broke, so a stored line identical to
+    /// ours at our seq is that commit, not another writer's.
+    fn write_once(&mut self, records: &[Record], again: bool) -> Result<(), WriteError> {
         let id = self.header.id.clone();
-        let e = |err: postgres::Error| backend(&id, err);
+        let e = |err: postgres::Error| WriteError::from_db(&id, &err);
         let line = encode_line(records).map_err(|err| StorageError::Encode(err.to_string()))?;
         let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
         let first = records.first().map_or(0, Record::seq);
         let last = records.last().map_or(0, Record::seq);
         let take = self.take.lock().ok().and_then(|g| *g);
-        let mut tx = self.client.transaction().map_err(e)?;
+        let client = self.client.get_mut();
+        let mut tx = client.transaction().map_err(e)?;
         let row = tx
             .query_opt(
                 "SELECT last_seq, epoch, lease_owner, COALESCE(lease_expires > now(), false)
@@ -159,7 +304,7 @@ impl PgStore {
                 &[&id],
             )
             .map_err(e)?
-            .ok_or_else(|| backend(&id, "the session row is gone"))?;
+            .ok_or_else(|| WriteError::Refused(backend(&id, "the session row is gone")))?;
         let stored: i64 = row.get(0);
         let epoch: i64 = row.get(1);
         let owner: Option<String> = row.get(2);
@@ -167,7 +312,7 @@ impl PgStore {
         match &self.fence {
             Some(f) if !(live && epoch == f.epoch && owner.as_deref() == Some(f.owner.as_str())) => {
                 self.lost.store(true, Ordering::SeqCst);
-                return Err(backend(
+                return Err(WriteError::Refused(backend(
                     &id,
                     format!(
                         "lease lost: this worker ({}) holds epoch {} but the session is at epoch {epoch}, owner {}, lease {}; nothing was written — the worker must back off",
@@ -176,19 +321,39 @@ impl PgStore {
                         owner.as_deref().unwrap_or("none"),
                         if live { "live" } else { "expired" }
                     ),
-                ));
+                )));
             }
             None if live && owner.is_some() => {
-                return Err(StorageError::Busy { path: where_(&id), pid: None });
+                return Err(StorageError::Busy { path: where_(&id), pid: None }.into());
             }
             _ => {}
+        }
+        if again && unsigned(stored) == last {
+            // The earlier attempt's reply was lost: is the stored line ours?
+            let found: Option<String> = tx
+                .query_opt(
+                    "SELECT line FROM cairn_lines WHERE session_id = $1 AND first_seq = $2",
+                    &[&id, &signed(first)],
+                )
+                .map_err(e)?
+                .map(|r| r.get(0));
+            if found.as_deref() == Some(text.as_str()) {
+                tx.commit().map_err(e)?;
+                if take.is_some()
+                    && let Ok(mut slot) = self.take.lock()
+                {
+                    *slot = None;
+                }
+                return Ok(());
+            }
         }
         if unsigned(stored) != self.index.last_seq() {
             return Err(StorageError::Invalid(format!(
                 "{}: another writer committed (stored seq {stored}, this handle saw {}); reopen the session",
                 where_(&id),
                 self.index.last_seq()
-            )));
+            ))
+            .into());
         }
         let owner_name = self.fence.as_ref().map(|f| f.owner.clone());
         tx.execute(
@@ -212,7 +377,8 @@ impl PgStore {
                 return Err(StorageError::Invalid(format!(
                     "{}: the submitted prompt (inbox row {inbox}) was already taken by another writer",
                     where_(&id)
-                )));
+                ))
+                .into());
             }
         }
         tx.commit().map_err(e)?;
@@ -225,9 +391,46 @@ impl PgStore {
     }
 }
 
+/// Why a commit attempt failed.
+enum WriteError {
+    /// Refused or failed for good (fence, CAS, a constraint): not retried.
+    Refused(StorageError),
+    /// The connection broke: whether it committed is unknown; retried.
+    Connection(StorageError),
+}
+
+impl From<StorageError> for WriteError {
+    fn from(e: StorageError) -> Self {
+        Self::Refused(e)
+    }
+}
+
+impl WriteError {
+    fn from_db(id: &str, e: &postgres::Error) -> Self {
+        if connection_lost(e) { Self::Connection(db(id, e)) } else { Self::Refused(db(id, e)) }
+    }
+}
+
+/// Whether `e` says the connection (not the statement) failed: no reply
+/// from the server, or the server ending the session (shutdown, a
+/// terminated backend, the idle-in-transaction timeout, SQLSTATE class 08).
+pub fn connection_lost(e: &postgres::Error) -> bool {
+    match e.as_db_error() {
+        None => {
+            e.is_closed()
+                || std::error::Error::source(e).is_some_and(|c| c.is::<std::io::Error>())
+                || e.to_string().contains("communicating")
+        }
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || code.starts_with("57P") || code == "25P03"
+        }
+    }
+}
+
 /// The header and the index of session `id`, replayed from its lines.
 fn load(client: &mut Client, id: &str) -> Result<(Header, SessionIndex), StorageError> {
-    let e = |err: postgres::Error| backend(id, err);
+    let e = |err: postgres::Error| db(id, &err);
     let row = client
         .query_opt("SELECT header, last_seq FROM cairn_sessions WHERE id = $1", &[&id])
         .map_err(e)?
@@ -275,7 +478,7 @@ fn load(client: &mut Client, id: &str) -> Result<(Header, SessionIndex), Storage
 /// The session as a JSONL file: the header line and every line, each
 /// followed by a newline — byte for byte what the JSONL backend writes.
 pub fn export(client: &mut Client, id: &str) -> Result<Vec<u8>, StorageError> {
-    let e = |err: postgres::Error| backend(id, err);
+    let e = |err: postgres::Error| db(id, &err);
     let mut tx = client
         .build_transaction()
         .read_only(true)
@@ -298,57 +501,250 @@ pub fn export(client: &mut Client, id: &str) -> Result<Vec<u8>, StorageError> {
     Ok(out)
 }
 
+/// What [`import_with`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    /// The session id (checked by the file backend's rule).
+    pub id: String,
+    /// Invocations the file left unsettled, now settled without running
+    /// them (failed-uncertain, or rejected when not yet approved): a
+    /// verdict recorded elsewhere is not trusted here.
+    pub settled: Vec<String>,
+}
+
 /// Import a JSONL session file (as `cairn export` or the JSONL backend
-/// wrote it) as a new session; every line is replayed and checked first.
-/// Returns the session id.
+/// wrote it) as a new session; see [`import_with`]. Returns the session id.
 pub fn import(client: &mut Client, bytes: &[u8]) -> Result<String, StorageError> {
+    import_with(client, bytes, DEFAULT_MAX_LINE_BYTES).map(|i| i.id)
+}
+
+/// Import a JSONL session file as a new session. The file is untrusted:
+///
+/// - its id must follow the file backend's rule ([`check_session_id`]: no
+///   `/`, no leading `.`…), so no id can later name a path;
+/// - no line may be longer than `max_line` bytes (the file backend's limit,
+///   so that the export passes `cairn check`);
+/// - every line is replayed and checked;
+/// - a tool call the file leaves unsettled is settled without running it,
+///   by the core's own resume with stand-ins that never run and no model (an approval the
+///   file records came from another host and is not trusted: the call ends
+///   failed-uncertain, or rejected when it was still waiting for a verdict;
+///   the next turn's model sees that).
+///
+/// Nothing is written to the database unless all of it passes.
+pub fn import_with(client: &mut Client, bytes: &[u8], max_line: u64) -> Result<Imported, StorageError> {
+    let (id, mut rows, settled_bytes, settled) = parse_import(bytes, max_line)?;
+    let owned;
+    if let Some(after) = settled_bytes {
+        owned = after;
+        let (_, again, _, _) = parse_import(&owned, max_line)?;
+        rows = again;
+    }
+    let e = |err: postgres::Error| db(&id, &err);
+    let (header_line, last) = (rows.header.clone(), rows.last);
+    let mut tx = client.transaction().map_err(e)?;
+    let inserted = tx
+        .execute(
+            "INSERT INTO cairn_sessions (id, header, last_seq) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING",
+            &[&id, &header_line, &signed(last)],
+        )
+        .map_err(e)?;
+    if inserted == 0 {
+        return Err(StorageError::Exists { path: where_(&id) });
+    }
+    for (first, last, line) in &rows.lines {
+        tx.execute(
+            "INSERT INTO cairn_lines (session_id, first_seq, last_seq, line, epoch) VALUES ($1, $2, $3, $4, 0)",
+            &[&id, &signed(*first), &signed(*last), line],
+        )
+        .map_err(e)?;
+    }
+    tx.commit().map_err(e)?;
+    Ok(Imported { id, settled })
+}
+
+/// An import's rows: the header line, (first seq, last seq, line) of each
+/// commit, and the last seq.
+struct ImportRows {
+    header: String,
+    lines: Vec<(u64, u64, String)>,
+    last: u64,
+}
+
+type Parsed = (String, ImportRows, Option<Vec<u8>>, Vec<String>);
+
+/// Check an import file; when it leaves calls unsettled, also the file
+/// with them settled (and their invocation ids).
+fn parse_import(bytes: &[u8], max_line: u64) -> Result<Parsed, StorageError> {
+    let path = || "import".to_owned();
     let text = std::str::from_utf8(bytes)
-        .map_err(|e| StorageError::BadHeader { path: "import".to_owned(), reason: format!("not UTF-8: {e}") })?;
+        .map_err(|e| StorageError::BadHeader { path: path(), reason: format!("not UTF-8: {e}") })?;
+    let mut offset = 0u64;
+    for (n, line) in text.split_terminator('\n').enumerate() {
+        if line.len() as u64 > max_line {
+            return Err(StorageError::LineTooLong { path: path(), line: n as u64 + 1, offset, limit: max_line });
+        }
+        offset += line.len() as u64 + 1;
+    }
     let mut lines = text.split_terminator('\n');
     let header_line = lines.next().unwrap_or_default();
     let header = decode_header(header_line.as_bytes())
-        .map_err(|e| StorageError::BadHeader { path: "import".to_owned(), reason: e.to_string() })?;
+        .map_err(|e| StorageError::BadHeader { path: path(), reason: e.to_string() })?;
     if header.storage_version > STORAGE_VERSION {
         return Err(StorageError::NewerVersion {
-            path: "import".to_owned(),
+            path: path(),
             found: header.storage_version,
             supported: STORAGE_VERSION,
         });
     }
-    let id = header.id.clone();
-    let e = |err: postgres::Error| backend(&id, err);
+    check_session_id(&header.id)?;
     let mut index = SessionIndex::new();
     let mut rows = Vec::new();
     for (n, line) in lines.enumerate() {
-        let corrupt =
-            |reason: String| StorageError::Corrupt { path: "import".to_owned(), line: n as u64 + 2, offset: 0, reason };
+        let corrupt = |reason: String| StorageError::Corrupt { path: path(), line: n as u64 + 2, offset: 0, reason };
         let mut records = Vec::new();
         decode_line_into(line.as_bytes(), &mut records).map_err(|err| corrupt(err.to_string()))?;
         let first = records.first().map_or(0, Record::seq);
         for record in records {
             index.apply(record).map_err(corrupt)?;
         }
-        rows.push((first, index.last_seq(), line));
+        rows.push((first, index.last_seq(), line.to_owned()));
     }
-    let mut tx = client.transaction().map_err(e)?;
-    let inserted = tx
-        .execute(
-            "INSERT INTO cairn_sessions (id, header, last_seq) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING",
-            &[&id, &header_line, &signed(index.last_seq())],
-        )
-        .map_err(e)?;
-    if inserted == 0 {
-        return Err(StorageError::Exists { path: where_(&id) });
+    let pending: Vec<(String, String)> = cairn_core::projection::ToolState::replay(index.entries())
+        .invocations
+        .iter()
+        .filter(|inv| inv.settlements == 0)
+        .map(|inv| (inv.invocation_id.clone(), inv.tool.clone()))
+        .collect();
+    let settled = if pending.is_empty() { None } else { Some(settle_untrusted(bytes, max_line, &pending)?) };
+    let unsettled: Vec<String> = pending.into_iter().map(|(invocation, _)| invocation).collect();
+    let rows = ImportRows { header: header_line.to_owned(), lines: rows, last: index.last_seq() };
+    Ok((header.id, rows, settled, unsettled))
+}
+
+/// The stand-in for an imported call's tool: the import never runs a tool.
+struct NotRunHere(cairn_core::tool::ToolSpec);
+
+impl NotRunHere {
+    fn new(name: &str) -> Self {
+        Self(cairn_core::tool::ToolSpec {
+            name: name.to_owned(),
+            description: "A tool of an imported session; not run by the import.".to_owned(),
+            input_schema: serde_json::json!({"type": "object"}),
+            risk: cairn_core::tool::Risk::Write,
+            capabilities: std::collections::BTreeSet::new(),
+            replay: cairn_core::tool::ReplayPolicy::Never,
+        })
     }
-    for (first, last, line) in rows {
-        tx.execute(
-            "INSERT INTO cairn_lines (session_id, first_seq, last_seq, line, epoch) VALUES ($1, $2, $3, $4, 0)",
-            &[&id, &signed(first), &signed(last), &line],
-        )
-        .map_err(e)?;
+}
+
+impl cairn_core::tool::Tool for NotRunHere {
+    fn spec(&self) -> &cairn_core::tool::ToolSpec {
+        &self.0
     }
-    tx.commit().map_err(e)?;
-    Ok(id)
+
+    fn execute(
+        &self,
+        _: &cairn_core::tool::ToolRequest,
+        _: &mut cairn_core::tool::ToolContext<'_>,
+    ) -> Result<cairn_core::tool::ToolReceipt, cairn_core::tool::ToolError> {
+        Err(cairn_core::tool::ToolError::Rejected(
+            "a call of an imported session is not run on a verdict recorded elsewhere".to_owned(),
+        ))
+    }
+}
+
+/// A model that never answers: the import's resume must settle the
+/// imported calls and stop before asking anything.
+struct NoModel;
+
+impl cairn_core::provider::Provider for NoModel {
+    fn name(&self) -> &str {
+        "import"
+    }
+
+    fn model(&self) -> &str {
+        "none"
+    }
+
+    fn complete(
+        &self,
+        _: &cairn_core::provider::ModelRequest<'_>,
+        _: &mut dyn FnMut(&cairn_core::provider::StreamEvent),
+        _: &cairn_core::CancelToken,
+    ) -> Result<cairn_core::provider::ModelResponse, cairn_core::provider::ProviderError> {
+        Err(cairn_core::provider::ProviderError::new(
+            cairn_core::provider::ProviderErrorKind::Config,
+            "an imported session is not run by the import; submit a prompt to continue it",
+        ))
+    }
+}
+
+/// The file with its unsettled calls settled by the core's resume with
+/// stand-in tools whose effect never runs ([`NotRunHere`]: a started call is
+/// settled failed — uncertain where the effect may have happened — and one
+/// awaiting its verdict is rejected) and no model (the
+/// resume stops at the next model call, which a worker makes later). Done
+/// on a copy in a temporary directory, named `import.jsonl` (never after
+/// the id).
+fn settle_untrusted(bytes: &[u8], max_line: u64, pending: &[(String, String)]) -> Result<Vec<u8>, StorageError> {
+    let unsettled: Vec<&str> = pending.iter().map(|(invocation, _)| invocation.as_str()).collect();
+    use cairn_core::storage::{Durability, JsonlStore, StoreOptions};
+    let dir =
+        tempfile::tempdir().map_err(|source| StorageError::Io { path: "a temporary directory".to_owned(), source })?;
+    let path = dir.path().join("import.jsonl");
+    let io = |source| StorageError::Io { path: path.display().to_string(), source };
+    std::fs::write(&path, bytes).map_err(io)?;
+    let opts = StoreOptions { durability: Durability::None, max_line_bytes: max_line, ..StoreOptions::default() };
+    let store = JsonlStore::open(&path, opts)?;
+    let failed = |e: cairn_core::TurnError| {
+        StorageError::Invalid(format!(
+            "the imported session leaves tool calls unsettled ({}) and they could not be settled: {e}",
+            unsettled.join(", ")
+        ))
+    };
+    let mut session = cairn_core::Session::open(store, cairn_core::SessionConfig::default()).map_err(failed)?;
+    let mut approver = cairn_core::approval::PolicyApprover::new(cairn_core::approval::Allowlist::default(), None);
+    let mut registry = cairn_core::ToolRegistry::new(&approver);
+    let mut names: Vec<&str> = pending.iter().map(|(_, tool)| tool.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        // A stand-in whose effect never runs (the core applies the replay
+        // policy the log recorded: a started call is settled uncertain, or
+        // its stand-in "runs" and refuses; with no allow rule and no person
+        // a call still waiting for its verdict is rejected), so that the
+        // settlements do not claim the tool is gone.
+        let _ = registry.register(std::sync::Arc::new(NotRunHere::new(name)));
+    }
+    let mut observer = |_: &cairn_core::TurnEvent| {};
+    let cancel = cairn_core::CancelToken::new();
+    let mut env = cairn_core::TurnEnv {
+        provider: &NoModel,
+        tools: &registry,
+        approver: &mut approver,
+        observer: &mut observer,
+        cancel: &cancel,
+    };
+    match session.resume(&mut env) {
+        Ok(_) | Err(cairn_core::TurnError::Provider(_)) => {}
+        Err(e) => return Err(failed(e)),
+    }
+    let left: Vec<String> = session
+        .tool_state()
+        .invocations
+        .iter()
+        .filter(|inv| inv.settlements == 0)
+        .map(|inv| inv.invocation_id.clone())
+        .collect();
+    if !left.is_empty() {
+        return Err(StorageError::Invalid(format!(
+            "the imported session leaves tool calls unsettled ({}) that cairn could not settle without running them; settle them where the session ran (cairn resume) and export it again",
+            left.join(", ")
+        )));
+    }
+    drop(session);
+    std::fs::read(&path).map_err(io)
 }
 
 impl Storage for PgStore {

@@ -1,28 +1,39 @@
 //! The worker loop behind `cairn worker`: N threads, each claiming one
 //! runnable session at a time, driving it with the normal turn until its
 //! inbox is empty, and releasing it; a renewal thread keeps the held leases
-//! alive; idle threads sleep on `LISTEN cairn_work` (woken by `submit` and
-//! `release`), with a timeout no longer than the lease so that sessions of
-//! a dead worker are found once their leases expire.
+//! alive; a watchdog thread stops a turn whose lease may be ending; idle
+//! threads sleep on `LISTEN cairn_work` (woken by `submit` and `release`),
+//! with a timeout no longer than the lease so that sessions of a dead worker
+//! are found once their leases expire.
 //!
-//! It owns claiming, renewing, releasing and backing off. What a turn is
-//! (provider, tools, approver) is the host's [`Driver`]; the replay policies
-//! on takeover are the core's `Session::resume`, exactly as a local resume.
-//! A commit refused because the lease was lost makes the thread drop the
-//! session without writing anything more and back off before claiming again.
+//! It owns claiming, renewing, releasing and backing off, and stopping the
+//! effects of a turn whose lease may be lost. What a turn is (provider,
+//! tools, approver) is the host's [`Driver`]; the replay policies on
+//! takeover are the core's `Session::resume`, exactly as a local resume.
+//!
+//! Partitions: each thread keeps one connection ([`crate::connect_for`]:
+//! keepalives, an idle-in-transaction timeout of about the lease) for all
+//! its claims, so a live worker never waits on another's connect. Each held
+//! lease has a [`LeaseClock`] (last successful claim, renewal or commit,
+//! counted from when it was sent, plus the lease); when less than
+//! [`lease::safety_margin`] of it is left, the watchdog cancels the turn's
+//! [`CancelToken`]: no tool starts, the running tool and provider call are
+//! told to stop, and the session is handed back for another try. A commit
+//! refused because the lease was lost makes the thread drop the session
+//! without writing anything more and back off before claiming again.
 
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cairn_core::storage::{Header, Storage};
-use cairn_core::{Session, SessionConfig, TurnError};
+use cairn_core::{CancelToken, Session, SessionConfig, TurnError};
 use postgres::Client;
 
-use crate::lease::{self, Claim, Release};
-use crate::store::{Fence, PgStore, connect};
+use crate::lease::{self, Claim, LeaseClock, Release};
+use crate::store::{Fence, PgStore, connect_for};
 
 /// What a host plugs into the worker: how to run a turn on a session.
 pub trait Driver: Send + Sync {
@@ -30,7 +41,15 @@ pub trait Driver: Send + Sync {
     fn session_config(&self, header: &Header) -> SessionConfig;
 
     /// Run a turn on `prompt`, or resume the interrupted one (`None`).
-    fn drive(&self, session: &mut Session<PgStore>, prompt: Option<&str>) -> Result<(), TurnError>;
+    /// `cancel` is the turn's token: the worker cancels it when the lease
+    /// may be ending, and the driver must hand it to the turn (`TurnEnv`)
+    /// and to anything else that waits (an approval).
+    fn drive(
+        &self,
+        session: &mut Session<PgStore>,
+        prompt: Option<&str>,
+        cancel: &CancelToken,
+    ) -> Result<(), TurnError>;
 }
 
 /// How a worker runs.
@@ -53,13 +72,23 @@ impl WorkerOptions {
         Self {
             url: url.into(),
             concurrency: 1,
-            lease: Duration::from_secs(10),
+            lease: crate::DEFAULT_LEASE,
             name: format!("{}:{}", host.trim(), std::process::id()),
         }
     }
 }
 
-type Held = Arc<Mutex<HashMap<String, (Fence, Arc<AtomicBool>)>>>;
+/// A lease in hand: its fence, the flag set when a commit was refused, the
+/// local deadline, and the turn's cancel token.
+#[derive(Clone)]
+struct Holding {
+    fence: Fence,
+    lost: Arc<AtomicBool>,
+    clock: LeaseClock,
+    cancel: CancelToken,
+}
+
+type Held = Arc<Mutex<HashMap<String, Holding>>>;
 
 fn say(name: &str, text: &str) {
     let _ = writeln!(std::io::stderr(), "cairn worker {name}: {text}");
@@ -69,9 +98,14 @@ fn say(name: &str, text: &str) {
 /// and return).
 pub fn run(opts: &WorkerOptions, driver: Arc<dyn Driver>, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let held: Held = Arc::default();
+    let done = Arc::new(AtomicBool::new(false));
     let renewer = {
-        let (opts, held, stop) = (opts.clone(), Arc::clone(&held), Arc::clone(&stop));
-        std::thread::spawn(move || renew_loop(&opts, &held, &stop))
+        let (opts, held, done) = (opts.clone(), Arc::clone(&held), Arc::clone(&done));
+        std::thread::spawn(move || renew_loop(&opts, &held, &done))
+    };
+    let watchdog = {
+        let (opts, held, done) = (opts.clone(), Arc::clone(&held), Arc::clone(&done));
+        std::thread::spawn(move || watch_loop(&opts, &held, &done))
     };
     let threads: Vec<_> = (0..opts.concurrency.max(1))
         .map(|n| {
@@ -82,39 +116,40 @@ pub fn run(opts: &WorkerOptions, driver: Arc<dyn Driver>, stop: Arc<AtomicBool>)
     for t in threads {
         let _ = t.join();
     }
-    stop.store(true, Ordering::SeqCst);
+    done.store(true, Ordering::SeqCst);
     let _ = renewer.join();
+    let _ = watchdog.join();
     Ok(())
 }
 
-fn renew_loop(opts: &WorkerOptions, held: &Held, stop: &AtomicBool) {
+fn held_now(held: &Held) -> Vec<(String, Holding)> {
+    held.lock().map(|h| h.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default()
+}
+
+fn renew_loop(opts: &WorkerOptions, held: &Held, done: &AtomicBool) {
     let mut client: Option<Client> = None;
     let period = opts.lease / 3;
-    while !stop.load(Ordering::SeqCst) {
+    while !done.load(Ordering::SeqCst) {
         std::thread::sleep(period);
-        let sessions: Vec<_> = held
-            .lock()
-            .map(|h| h.iter().map(|(k, (f, l))| (k.clone(), f.clone(), Arc::clone(l))).collect())
-            .unwrap_or_default();
+        let sessions = held_now(held);
         if sessions.is_empty() {
             continue;
         }
         if client.as_ref().is_none_or(Client::is_closed) {
-            client = connect(&opts.url).ok();
+            client = connect_for(&opts.url, opts.lease).ok();
         }
         let Some(c) = client.as_mut() else { continue };
         let mut broken = false;
-        for (session, fence, lost) in sessions {
-            match lease::renew(c, &session, &fence) {
-                Ok(true) => {}
+        for (session, h) in sessions {
+            let sent = Instant::now();
+            match lease::renew(c, &session, &h.fence) {
+                Ok(true) => h.clock.extend(sent),
                 Ok(false) => {
-                    lost.store(true, Ordering::SeqCst);
+                    h.lost.store(true, Ordering::SeqCst);
+                    h.cancel.cancel();
                     say(
-                        &fence.owner,
-                        &format!(
-                            "lease on {session} (epoch {}) lost; its turn will stop at its next commit",
-                            fence.epoch
-                        ),
+                        &h.fence.owner,
+                        &format!("lease on {} (epoch {}) lost; stopping its turn", escape(&session), h.fence.epoch),
                     );
                 }
                 Err(_) => {
@@ -129,6 +164,36 @@ fn renew_loop(opts: &WorkerOptions, held: &Held, stop: &AtomicBool) {
     }
 }
 
+/// Cancels the turn of every held lease with less than the safety margin
+/// left (the renewals failed: a partition, a stalled database). Runs apart
+/// from the renewals, which may be stuck on a dead connection.
+fn watch_loop(opts: &WorkerOptions, held: &Held, done: &AtomicBool) {
+    let margin = lease::safety_margin(opts.lease);
+    let tick = (opts.lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(100));
+    while !done.load(Ordering::SeqCst) {
+        std::thread::sleep(tick);
+        for (session, h) in held_now(held) {
+            if h.clock.remaining() < margin && !h.cancel.is_cancelled() {
+                h.cancel.cancel();
+                say(
+                    &h.fence.owner,
+                    &format!(
+                        "lease on {} (epoch {}) not renewed in time ({} ms or less left); cancelling its turn",
+                        escape(&session),
+                        h.fence.epoch,
+                        h.clock.remaining().as_millis()
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// A session id as it may be printed (control characters escaped).
+fn escape(id: &str) -> String {
+    id.chars().flat_map(char::escape_debug).collect()
+}
+
 /// A pseudo-random backoff (no rand dependency: time and thread).
 fn backoff(base_ms: u64) -> Duration {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -140,10 +205,13 @@ fn backoff(base_ms: u64) -> Duration {
 
 fn worker_thread(opts: &WorkerOptions, n: usize, driver: &dyn Driver, held: &Held, stop: &AtomicBool) {
     let owner = format!("{}/{n}", opts.name);
+    // One connection for every claim of this thread (reconnected when it
+    // breaks): the schema is checked once per connection, not per claim.
     let mut control: Option<Client> = None;
     while !stop.load(Ordering::SeqCst) {
         if control.as_ref().is_none_or(Client::is_closed) {
-            match connect(&opts.url).and_then(|mut c| {
+            control = None;
+            match connect_for(&opts.url, opts.lease).and_then(|mut c| {
                 lease::listen(&mut c)?;
                 Ok(c)
             }) {
@@ -156,9 +224,11 @@ fn worker_thread(opts: &WorkerOptions, n: usize, driver: &dyn Driver, held: &Hel
             }
         }
         let Some(c) = control.as_mut() else { continue };
+        let sent = Instant::now();
         match lease::claim(c, &owner, opts.lease) {
             Ok(Some(claim)) => {
-                if !drive_claim(opts, &owner, c, claim, driver, held) {
+                let clock = LeaseClock::start(sent, opts.lease);
+                if !drive_claim(opts, &owner, &mut control, claim, clock, driver, held) {
                     // Lost the lease or the connection: back off before
                     // claiming again, so a live holder gets the session.
                     std::thread::sleep(backoff(opts.lease.as_millis().try_into().unwrap_or(1000) / 4));
@@ -180,94 +250,198 @@ fn worker_thread(opts: &WorkerOptions, n: usize, driver: &dyn Driver, held: &Hel
     }
 }
 
-/// Drive one claimed session until its inbox is empty. False when the thread
-/// should back off (lease lost, connection lost).
+/// How a claimed session's driving ended.
+enum Ending {
+    /// The inbox is empty: release as done.
+    Done,
+    /// Something failed (a turn error, a broken connection).
+    Failed(String),
+    /// The session's log does not open as a session (its turn data): it
+    /// will not on the next try either.
+    Unopenable(String),
+}
+
+/// Drive one claimed session until its inbox is empty, on the thread's
+/// connection (`control`, put back when still usable). False when the
+/// thread should back off (lease lost, connection lost).
 fn drive_claim(
     opts: &WorkerOptions,
     owner: &str,
-    control: &mut Client,
+    control: &mut Option<Client>,
     claim: Claim,
+    clock: LeaseClock,
     driver: &dyn Driver,
     held: &Held,
 ) -> bool {
     let Claim { session: id, fence } = claim;
-    say(owner, &format!("claimed {id} (epoch {})", fence.epoch));
-    let store = match connect(&opts.url) {
-        Err(e) => Err((e.to_string(), true)),
-        // A session that does not open (corrupt rows, a newer version) will
-        // not open on the next try either: it is marked failed, with why.
-        Ok(c) => PgStore::open_fenced(c, &id, fence.clone())
-            .map_err(|e| (e.to_string(), matches!(e, cairn_core::storage::StorageError::Backend { .. }))),
-    };
-    let store = match store {
+    let shown = escape(&id);
+    say(owner, &format!("claimed {shown} (epoch {})", fence.epoch));
+    let Some(client) = control.take() else { return false };
+    // A session that does not open (corrupt rows, a newer version) will not
+    // open on the next try either: it is marked failed, with why.
+    let mut store = match PgStore::open_fenced(client, &id, fence.clone()) {
         Ok(s) => s,
-        Err((e, transient)) => {
+        Err(e) => {
+            let transient = matches!(e, cairn_core::storage::StorageError::Backend { .. });
             let how = if transient { Release::Retry } else { Release::Failed };
-            say(owner, &format!("cannot open {id}: {e}; released as {how:?}"));
-            let _ = lease::release(control, &id, &fence, how, Some(&e));
+            let text = e.to_string();
+            say(owner, &format!("cannot open {shown}: {text}; released as {how:?}"));
+            release_fresh(opts, &id, &fence, how, Some(&text));
             return !transient;
         }
     };
+    store.set_lease_clock(clock.clone());
+    store.set_reconnect(opts.url.clone(), opts.lease);
     let lost = store.lease_lost();
     let slot = store.inbox_slot();
+    let cancel = CancelToken::new();
     if let Ok(mut h) = held.lock() {
-        h.insert(id.clone(), (fence.clone(), Arc::clone(&lost)));
+        h.insert(
+            id.clone(),
+            Holding { fence: fence.clone(), lost: Arc::clone(&lost), clock: clock.clone(), cancel: cancel.clone() },
+        );
     }
     let config = driver.session_config(store.header());
-    let result = (|| -> Result<(), String> {
-        let mut session = Session::open(store, config).map_err(|e| e.to_string())?;
-        if session.needs_resume() {
-            say(owner, &format!("resuming the interrupted turn of {id}"));
-            driver.drive(&mut session, None).map_err(|e| e.to_string())?;
+    let mut back: Option<Client> = None;
+    let ending = match Session::open(store, config) {
+        Err(e) => Ending::Unopenable(e.to_string()),
+        Ok(mut session) => {
+            let ending = drive_session(owner, &id, &mut session, driver, &cancel, &lost, &slot);
+            back = Some(session.into_store().into_client());
+            ending
         }
-        loop {
-            if lost.load(Ordering::SeqCst) {
-                return Err("lease lost".to_owned());
-            }
-            let next = lease::next_prompt(control, &id).map_err(|e| e.to_string())?;
-            let Some((inbox, prompt)) = next else { return Ok(()) };
-            if let Ok(mut s) = slot.lock() {
-                *s = Some(inbox);
-            }
-            driver.drive(&mut session, Some(&prompt)).map_err(|e| e.to_string())?;
-            if slot.lock().map(|s| s.is_some()).unwrap_or(true) {
-                return Err(format!("the turn on inbox row {inbox} ended without committing anything"));
-            }
-        }
-    })();
+    };
     if let Ok(mut h) = held.lock() {
         h.remove(&id);
     }
-    match result {
-        Ok(()) => {
-            let _ = lease::release(control, &id, &fence, Release::Done, None);
-            say(owner, &format!("released {id}"));
+    let mut client = back.filter(|c| !c.is_closed());
+    let ok = match ending {
+        Ending::Done => {
+            let released = client.as_mut().map(|c| lease::release(c, &id, &fence, Release::Done, None));
+            match released {
+                Some(Ok(_)) => say(owner, &format!("released {shown}")),
+                _ => {
+                    client = None;
+                    if release_fresh(opts, &id, &fence, Release::Done, None) {
+                        say(owner, &format!("released {shown} (on a new connection)"));
+                    } else {
+                        say(owner, &format!("finished {shown} but could not release it; its lease will expire"));
+                    }
+                }
+            }
             true
         }
-        Err(_) if lost.load(Ordering::SeqCst) => {
-            say(owner, &format!("lease lost on {id} (epoch {}): commit refused; backing off", fence.epoch));
+        Ending::Unopenable(e) => {
+            let released = release_fresh(opts, &id, &fence, Release::Failed, Some(&e));
+            say(
+                owner,
+                &format!(
+                    "cannot open {shown} as a session: {e}; {}",
+                    if released { "released as Failed" } else { "lease left to expire" }
+                ),
+            );
+            true
+        }
+        Ending::Failed(_) if lost.load(Ordering::SeqCst) => {
+            say(owner, &format!("lease lost on {shown} (epoch {}): commit refused; backing off", fence.epoch));
             false
         }
-        Err(e) => {
+        Ending::Failed(e) if cancel.is_cancelled() => {
+            // The lease may be ending (renewals failed): hand the session
+            // back for another try if we still can; otherwise it expires.
+            let released =
+                client.as_mut().is_some_and(|c| lease::release(c, &id, &fence, Release::Retry, Some(&e)).is_ok());
+            say(
+                owner,
+                &format!(
+                    "turn on {shown} stopped: {e}; {}",
+                    if released { "released for another try" } else { "lease left to expire" }
+                ),
+            );
+            false
+        }
+        Ending::Failed(e) => {
             // A connection error is worth another try by anyone; anything
             // else marks the session failed with the reason.
             // (A restart cuts every connection: "terminating connection",
             // "connection closed", "error communicating with the server".)
-            let broken =
-                control.is_closed() || e.contains("connection") || e.contains("communicating") || e.contains("closed");
+            let broken = client.is_none()
+                || e.contains("connection")
+                || e.contains("communicating")
+                || e.contains("closed")
+                || e.contains("SQLSTATE 57P")
+                || e.contains("SQLSTATE 08");
             let how = if broken { Release::Retry } else { Release::Failed };
-            let released = match connect(&opts.url) {
-                Ok(mut c) => lease::release(&mut c, &id, &fence, how, Some(&e)).unwrap_or(false),
-                Err(_) => false,
+            let released = match client.as_mut() {
+                Some(c) if !broken => lease::release(c, &id, &fence, how, Some(&e)).unwrap_or(false),
+                _ => release_fresh(opts, &id, &fence, how, Some(&e)),
             };
             say(
                 owner,
                 &format!(
-                    "turn on {id} failed: {e}; {}",
+                    "turn on {shown} failed: {e}; {}",
                     if released { format!("released as {how:?}") } else { "lease left to expire".to_owned() }
                 ),
             );
             !broken
+        }
+    };
+    *control = client;
+    ok
+}
+
+/// Release over a new connection (the thread's own is gone).
+fn release_fresh(opts: &WorkerOptions, id: &str, fence: &Fence, how: Release, note: Option<&str>) -> bool {
+    match connect_for(&opts.url, opts.lease) {
+        Ok(mut c) => lease::release(&mut c, id, fence, how, note).unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+fn drive_session(
+    owner: &str,
+    id: &str,
+    session: &mut Session<PgStore>,
+    driver: &dyn Driver,
+    cancel: &CancelToken,
+    lost: &AtomicBool,
+    slot: &Mutex<Option<i64>>,
+) -> Ending {
+    let stopped = || {
+        if lost.load(Ordering::SeqCst) {
+            Some(Ending::Failed("lease lost".to_owned()))
+        } else if cancel.is_cancelled() {
+            Some(Ending::Failed("the lease was not renewed in time; the turn was cancelled".to_owned()))
+        } else {
+            None
+        }
+    };
+    if session.needs_resume() {
+        say(owner, &format!("resuming the interrupted turn of {}", escape(id)));
+        if let Err(e) = driver.drive(session, None, cancel) {
+            return stopped().unwrap_or(Ending::Failed(e.to_string()));
+        }
+    }
+    loop {
+        if let Some(end) = stopped() {
+            return end;
+        }
+        let next = match session.store().next_prompt() {
+            Ok(next) => next,
+            Err(e) => return Ending::Failed(e.to_string()),
+        };
+        let Some((inbox, prompt)) = next else { return Ending::Done };
+        if let Ok(mut s) = slot.lock() {
+            *s = Some(inbox);
+        }
+        if let Err(e) = driver.drive(session, Some(&prompt), cancel) {
+            return stopped().unwrap_or(Ending::Failed(e.to_string()));
+        }
+        if let Some(end) = stopped() {
+            return end;
+        }
+        if slot.lock().map(|s| s.is_some()).unwrap_or(true) {
+            return Ending::Failed(format!("the turn on inbox row {inbox} ended without committing anything"));
         }
     }
 }

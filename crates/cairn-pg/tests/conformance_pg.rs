@@ -209,3 +209,93 @@ fn a_fenced_commit_needs_the_live_lease_of_its_epoch() {
     assert_eq!(ids, ["x", "z"]);
     assert!(lease::release(&mut control, &id, &b.fence, lease::Release::Done, None).unwrap());
 }
+
+/// cairn's migration lock key ("cairn" in ASCII), as the schema documents it.
+const MIGRATION_LOCK: i64 = 0x0063_6169_726e;
+
+/// Run `f` on a thread; its result, or a failure when it does not return
+/// within a generous bound (a hang is a failure, never a pass).
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what} did not return in 60 s"))
+}
+
+/// A process cut off while holding cairn's migration lock (issue 27): a
+/// database whose schema is current needs no lock, so connecting goes on;
+/// one whose schema is behind waits a bounded time and says why.
+#[test]
+fn a_held_migration_lock_stalls_no_connect() {
+    let c = cluster();
+    let url = c.create_database(&format!("lock_{}", std::process::id())).unwrap();
+    drop(connect(&url).unwrap());
+    let mut holder = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    holder.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).unwrap();
+    let u = url.clone();
+    within("connect with the schema current", move || connect(&u).map(drop)).unwrap();
+    // Behind (as if a newer build had not migrated yet): bounded, explained.
+    let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    admin.execute("UPDATE cairn_meta SET value = '0' WHERE key = 'schema_version'", &[]).unwrap();
+    let u = url.clone();
+    let err = within("connect with the schema behind", move || connect(&u).map(drop)).unwrap_err().to_string();
+    assert!(err.contains("migrating"), "{err}");
+    holder.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).unwrap();
+}
+
+/// A call whose effect completed before its connection was terminated
+/// (issue 27: "uncertain" although it had taken effect): the settlement's
+/// commit is retried on a new connection, so the call is recorded
+/// completed, not left for the next holder to settle uncertain.
+#[test]
+fn a_settlement_whose_connection_was_terminated_is_retried() {
+    use cairn_core::approval::{Allowlist, PolicyApprover};
+    use cairn_core::projection::ToolInvocationStatus;
+    use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv};
+    let c = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let id = new_session_id();
+    drop(
+        PgStore::create(connect(c.url()).unwrap(), Header::new(id.clone(), dir.path().display().to_string())).unwrap(),
+    );
+    let mut control = connect(c.url()).unwrap();
+    lease::submit(&mut control, &id, "go").unwrap();
+    let lease_len = std::time::Duration::from_secs(60);
+    let sent = std::time::Instant::now();
+    let claim = loop {
+        let claim = lease::claim(&mut control, "w", lease_len).unwrap().unwrap();
+        if claim.session == id {
+            break claim;
+        }
+    };
+    let mut store = PgStore::open_fenced(cairn_pg::connect_for(c.url(), lease_len).unwrap(), &id, claim.fence).unwrap();
+    store.set_lease_clock(lease::LeaseClock::start(sent, lease_len));
+    store.set_reconnect(c.url(), lease_len);
+    let pid: i32 = store.client().query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    // The effect runs, then the server ends the store's connection (as a
+    // restart or an administrator would) before the settlement commits.
+    let url = c.url().to_owned();
+    let hook: cairn_testtools::tools::Hook = Arc::new(move |_: &str| {
+        let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
+    });
+    let script = cairn_testtools::ScriptProvider::from_jsonl(&format!(
+        "{}\n{}\n",
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "append_never", "arguments": {"path": "out.txt", "text": "x"}}]}),
+        json!({"text": "done", "toolCalls": []})
+    ))
+    .unwrap();
+    let tools = cairn_testtools::registry(false, Some(hook));
+    let mut approver = PolicyApprover::new(Allowlist::parse(["append_never"]).unwrap(), None);
+    let mut observer = |_: &cairn_core::TurnEvent| {};
+    let cancel = CancelToken::new();
+    let mut env =
+        TurnEnv { provider: &script, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &cancel };
+    let mut session = Session::open(store, SessionConfig::default()).unwrap();
+    session.run_turn("go", &mut env).unwrap();
+    let state = cairn_core::projection::ToolState::replay(&session.store().entries());
+    let call = &state.invocations[0];
+    assert_eq!((call.status, call.uncertain), (ToolInvocationStatus::Completed, false), "{call:?}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("out.txt")).unwrap().lines().count(), 1);
+}

@@ -48,7 +48,12 @@ impl Driver for TestDriver {
         SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..SessionConfig::default() }
     }
 
-    fn drive(&self, session: &mut Session<PgStore>, prompt: Option<&str>) -> Result<(), TurnError> {
+    fn drive(
+        &self,
+        session: &mut Session<PgStore>,
+        prompt: Option<&str>,
+        cancel: &CancelToken,
+    ) -> Result<(), TurnError> {
         let provider = ScriptProvider::from_jsonl(&self.script).unwrap();
         let tools = registry(false, self.hook.clone());
         let mut approver = PolicyApprover::new(
@@ -56,14 +61,8 @@ impl Driver for TestDriver {
             None,
         );
         let mut observer = |_: &cairn_core::TurnEvent| {};
-        let cancel = CancelToken::new();
-        let mut env = TurnEnv {
-            provider: &provider,
-            tools: &tools,
-            approver: &mut approver,
-            observer: &mut observer,
-            cancel: &cancel,
-        };
+        let mut env =
+            TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel };
         match prompt {
             Some(text) => session.run_turn(text, &mut env).map(drop),
             None => session.resume(&mut env).map(drop),

@@ -328,11 +328,7 @@ impl Tool for ExternalTool {
     }
 
     fn validate(&self, request: &ToolRequest) -> Validation {
-        if request.arguments.is_object() {
-            Validation::Valid
-        } else {
-            Validation::Invalid(format!("{} takes a JSON object of arguments", self.spec.name))
-        }
+        Validation::object_arguments(&self.spec, request)
     }
 
     fn resume_staged(

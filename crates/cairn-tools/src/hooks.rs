@@ -2,7 +2,7 @@
 //! run as sandboxed processes that read a JSON document on stdin and answer
 //! JSON on stdout, in Claude Code's shapes where they fit, so existing
 //! scripts port. [`CommandHooks`] implements core's
-//! [`cairn_core::hooks::ToolHooks`]; the turn records what `pre_tool` said
+//! [`cairn_core::hooks::Hooks`]; the turn records what `pre_tool` said
 //! before it takes effect.
 //!
 //! It owns the hook protocol and its failure rule: a `pre_tool` hook that
@@ -28,8 +28,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cairn_core::CancelToken;
-use cairn_core::events::EntryType;
-use cairn_core::hooks::{PreTool, ToolHooks};
+use cairn_core::events::{CompactionReason, EntryType};
+use cairn_core::hooks::{Hooks, PreTool, UserPrompt};
 use cairn_core::tool::ToolRequest;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -74,6 +74,12 @@ fn default_timeout_ms() -> u64 {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HooksConfig {
+    /// Before each turn starts with a prompt (no `matcher`).
+    #[serde(default)]
+    pub user_prompt: Vec<HookConfig>,
+    /// Before a compaction summarises the conversation (no `matcher`).
+    #[serde(default)]
+    pub pre_compact: Vec<HookConfig>,
     /// Before each call is requested.
     #[serde(default)]
     pub pre_tool: Vec<HookConfig>,
@@ -85,12 +91,36 @@ pub struct HooksConfig {
 impl HooksConfig {
     /// Whether any hook is configured.
     pub fn is_empty(&self) -> bool {
-        self.pre_tool.is_empty() && self.post_tool.is_empty()
+        self.user_prompt.is_empty()
+            && self.pre_compact.is_empty()
+            && self.pre_tool.is_empty()
+            && self.post_tool.is_empty()
+    }
+
+    /// Add `other`'s hooks after these.
+    pub fn extend(&mut self, other: HooksConfig) {
+        self.user_prompt.extend(other.user_prompt);
+        self.pre_compact.extend(other.pre_compact);
+        self.pre_tool.extend(other.pre_tool);
+        self.post_tool.extend(other.post_tool);
     }
 
     /// Refuse hooks cairn could not run as written.
     pub fn check(&self) -> Result<(), String> {
-        for (event, hooks) in [("pre_tool", &self.pre_tool), ("post_tool", &self.post_tool)] {
+        for (event, hooks) in [("user_prompt", &self.user_prompt), ("pre_compact", &self.pre_compact)] {
+            if let Some(hook) = hooks.iter().find(|h| h.matcher.is_some()) {
+                return Err(format!(
+                    "[[hooks.{event}]] {}: this hook takes no `matcher` (it is not about a tool)",
+                    hook.command
+                ));
+            }
+        }
+        for (event, hooks) in [
+            ("user_prompt", &self.user_prompt),
+            ("pre_compact", &self.pre_compact),
+            ("pre_tool", &self.pre_tool),
+            ("post_tool", &self.post_tool),
+        ] {
             for hook in hooks {
                 if hook.command.trim().is_empty() {
                     return Err(format!("[[hooks.{event}]]: `command` is empty"));
@@ -226,6 +256,23 @@ impl CommandHooks {
     }
 }
 
+impl Ran {
+    /// The hook's answer: read from its stdout (`read`), a refusal made
+    /// of its stderr (exit 2, `refuse`), or why it failed.
+    fn answer<T>(
+        self,
+        read: impl FnOnce(&str) -> Result<Option<T>, String>,
+        refuse: impl FnOnce(String) -> T,
+    ) -> Result<Option<T>, String> {
+        match self {
+            Ran::Answered(stdout) => read(&stdout),
+            Ran::Refused(stderr) if stderr.is_empty() => Ok(Some(refuse("refused by a hook".to_owned()))),
+            Ran::Refused(stderr) => Ok(Some(refuse(stderr))),
+            Ran::Failed(why) => Err(why),
+        }
+    }
+}
+
 /// What one `pre_tool` answer says.
 fn read_answer(stdout: &str) -> Result<Option<PreToolAnswer>, String> {
     let text = stdout.trim();
@@ -254,7 +301,65 @@ enum PreToolAnswer {
     Rewrite(Value),
 }
 
-impl ToolHooks for CommandHooks {
+/// What one `user_prompt` answer says: a refusal, context to add, or
+/// nothing. Plain text (not JSON) is context, as in Claude Code.
+fn read_prompt_answer(stdout: &str) -> Result<Option<PromptAnswer>, String> {
+    let text = stdout.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let Ok(answer) = serde_json::from_str::<Value>(text) else {
+        return Ok(Some(PromptAnswer::Context(text.to_owned())));
+    };
+    if answer["decision"] == "block" {
+        let reason = answer["reason"].as_str().filter(|s| !s.is_empty()).unwrap_or("refused by a hook");
+        return Ok(Some(PromptAnswer::Block(reason.to_owned())));
+    }
+    match &answer["hookSpecificOutput"]["additionalContext"] {
+        Value::Null => Ok(None),
+        Value::String(s) if s.trim().is_empty() => Ok(None),
+        Value::String(s) => Ok(Some(PromptAnswer::Context(s.clone()))),
+        _ => Err("its additionalContext is not a string".into()),
+    }
+}
+
+enum PromptAnswer {
+    Block(String),
+    Context(String),
+}
+
+impl Hooks for CommandHooks {
+    fn user_prompt(&self, session_id: &str, cwd: &Path, prompt: &str) -> UserPrompt {
+        let mut context = Vec::new();
+        let mut by = Vec::new();
+        for hook in &self.config.user_prompt {
+            let input = json!({
+                "hook_event_name": "UserPromptSubmit",
+                "session_id": session_id,
+                "cwd": cwd,
+                "prompt": prompt,
+            });
+            let answer = self.run(hook, &input, cwd).answer(read_prompt_answer, PromptAnswer::Block);
+            match answer {
+                Ok(None) => {}
+                Ok(Some(PromptAnswer::Block(reason))) => {
+                    return UserPrompt::Block { by: hook.by("user_prompt"), reason };
+                }
+                Ok(Some(PromptAnswer::Context(text))) => {
+                    context.push(text);
+                    by.push(hook.by("user_prompt"));
+                }
+                // A prompt hook that fails is said and does not refuse.
+                Err(why) => (self.report)(&format!("the user_prompt hook {} failed: {why}", hook.command)),
+            }
+        }
+        if context.is_empty() {
+            UserPrompt::Continue
+        } else {
+            UserPrompt::AddContext { by: by.join(","), text: context.join("\n") }
+        }
+    }
+
     fn pre_tool(&self, request: &ToolRequest, cwd: &Path) -> PreTool {
         let mut arguments = request.arguments.clone();
         let mut rewritten_by = Vec::new();
@@ -268,15 +373,7 @@ impl ToolHooks for CommandHooks {
                 "tool_input": arguments,
                 "invocation_id": request.invocation_id,
             });
-            let answer = match self.run(hook, &input, cwd) {
-                Ran::Answered(stdout) => read_answer(&stdout),
-                Ran::Refused(stderr) => Ok(Some(PreToolAnswer::Deny(if stderr.is_empty() {
-                    "refused by a hook".to_owned()
-                } else {
-                    stderr
-                }))),
-                Ran::Failed(why) => Err(why),
-            };
+            let answer = self.run(hook, &input, cwd).answer(read_answer, PreToolAnswer::Deny);
             match answer {
                 Ok(None) => {}
                 Ok(Some(PreToolAnswer::Deny(reason))) => return PreTool::Deny { by, reason },
@@ -299,6 +396,25 @@ impl ToolHooks for CommandHooks {
             PreTool::Continue
         } else {
             PreTool::Rewrite { by: rewritten_by.join(","), arguments }
+        }
+    }
+
+    fn pre_compact(&self, session_id: &str, cwd: &Path, reason: CompactionReason) {
+        let trigger = match reason {
+            CompactionReason::Forced => "manual",
+            CompactionReason::Threshold | CompactionReason::ProviderRejected => "auto",
+        };
+        for hook in &self.config.pre_compact {
+            let input = json!({
+                "hook_event_name": "PreCompact",
+                "session_id": session_id,
+                "cwd": cwd,
+                "trigger": trigger,
+                "reason": reason,
+            });
+            if let Ran::Failed(why) = self.run(hook, &input, cwd) {
+                (self.report)(&format!("the pre_compact hook {} failed: {why}", hook.command));
+            }
         }
     }
 
@@ -357,7 +473,9 @@ mod tests {
         let h = hook(Some("shell|mcp__git__*"));
         assert!(h.matches("shell") && h.matches("mcp__git__git_add"));
         assert!(!h.matches("shellx") && !h.matches("mcp__gitlab__x") && !h.matches("write_file"));
-        let bad = HooksConfig { pre_tool: vec![hook(Some("sh(ell"))], post_tool: Vec::new() };
+        let bad = HooksConfig { pre_tool: vec![hook(Some("sh(ell"))], ..HooksConfig::default() };
+        assert!(bad.check().is_err());
+        let bad = HooksConfig { user_prompt: vec![hook(Some("shell"))], ..HooksConfig::default() };
         assert!(bad.check().is_err());
     }
 }

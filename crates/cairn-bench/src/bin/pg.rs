@@ -14,7 +14,12 @@
 //! - failover: a holder that stops without releasing (its connection
 //!   dropped, as after SIGKILL), then the time until another worker's first
 //!   commit on that session; bounded by the lease (here 1 s) plus the
-//!   claimer's wake-up (it waits on LISTEN with a timeout of half a lease).
+//!   claimer's wake-up (it waits on LISTEN with a timeout of half a lease);
+//! - claims per second (issue 27): short sessions claimed, finished with one
+//!   commit and released by 1, 2 and 4 threads, each keeping one connection
+//!   for all its claims (as the worker does) vs. a connection per claim.
+//!   (Failover from a *partition* is measured by cairn-pg's
+//!   `partition_pg_workers` soak test, which needs its proxy.)
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::time::{Duration, Instant};
@@ -188,6 +193,77 @@ fn main() -> Result<()> {
             failovers.len()
         ),
     );
+    // Claims per second: short sessions (claim, take the prompt with one
+    // commit, release) driven by 1, 2 and 4 worker threads, each keeping
+    // one connection for all its claims (as `cairn worker` does since issue
+    // 27), against connecting (and checking the schema) for every claim.
+    for threads in [1usize, 2, 4] {
+        let n = size(400, 8) * threads;
+        // Each run in a database of its own: the sessions of the runs above
+        // (leases left to expire) must not be claimed here.
+        let reused =
+            claims_per_second(&cluster.create_database(&format!("claims_{threads}_reused"))?, threads, n, true)?;
+        let fresh =
+            claims_per_second(&cluster.create_database(&format!("claims_{threads}_fresh"))?, threads, n, false)?;
+        table.figure(
+            &format!("{threads} worker thread(s): short sessions claimed and finished per second"),
+            &format!(
+                "one connection per thread {reused:.0}/s vs a connection per claim {fresh:.0}/s; ratio {:.2} ({n} sessions each)",
+                reused / fresh
+            ),
+        );
+    }
     table.print();
     Ok(())
+}
+
+/// `n` sessions with a prompt each, driven by `threads` threads until none
+/// is left; sessions per second.
+fn claims_per_second(url: &str, threads: usize, n: usize, reuse: bool) -> Result<f64> {
+    let mut c = connect(url)?;
+    for _ in 0..n {
+        let header = Header::new(new_session_id(), "/");
+        let id = header.id.clone();
+        c = PgStore::create(c, header)?.into_client();
+        lease::submit(&mut c, &id, "bench")?;
+    }
+    let lease_len = Duration::from_secs(60);
+    let start = Instant::now();
+    let results: Vec<Result<usize>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || -> Result<usize> {
+                    let owner = format!("bench-claims-{t}");
+                    let mut done = 0;
+                    let mut conn = Some(cairn_pg::connect_for(url, lease_len)?);
+                    loop {
+                        let mut c = match conn.take() {
+                            Some(c) if reuse => c,
+                            _ => cairn_pg::connect_for(url, lease_len)?,
+                        };
+                        let Some(claim) = lease::claim(&mut c, &owner, lease_len)? else { break };
+                        let mut store = PgStore::open_fenced(c, &claim.session, claim.fence.clone())?;
+                        let (inbox, _) = store.next_prompt()?.context("a claimed session without its prompt")?;
+                        if let Ok(mut slot) = store.inbox_slot().lock() {
+                            *slot = Some(inbox);
+                        }
+                        store.commit(tx(done)?)?;
+                        let mut c = store.into_client();
+                        lease::release(&mut c, &claim.session, &claim.fence, lease::Release::Done, None)?;
+                        conn = Some(c);
+                        done += 1;
+                    }
+                    Ok(done)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("thread panicked")))).collect()
+    });
+    let wall = start.elapsed();
+    let mut total = 0;
+    for r in results {
+        total += r?;
+    }
+    anyhow::ensure!(total == n, "{total} of {n} sessions were driven");
+    Ok(total as f64 / wall.as_secs_f64())
 }

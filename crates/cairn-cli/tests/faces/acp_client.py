@@ -30,6 +30,9 @@ class Editor:
         self.events = []
         self.commands = set()
         self.conn = None
+        self.held_session = None
+        self.asked = asyncio.Event()
+        self.release = asyncio.Event()
 
     def on_connect(self, conn):
         self.conn = conn
@@ -45,6 +48,15 @@ class Editor:
 
     async def request_permission(self, options, session_id, tool_call, **kwargs):
         self.events.append(("permission", session_id, (tool_call, options)))
+        if self.answer == "hold_first":
+            # The first session's question is held until the test releases
+            # it: its turn keeps running meanwhile.
+            if self.held_session in (None, session_id):
+                self.held_session = session_id
+                self.asked.set()
+                await self.release.wait()
+            chosen = [o for o in options if o.kind == "allow_once"]
+            return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=chosen[0].option_id))
         if self.answer == "forged":
             # A client answering with an option that was not offered.
             return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id="allow-always"))
@@ -124,7 +136,7 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once", "undo": "allow_once", "finish_undo": "allow_once"}[scenario]
+              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -181,6 +193,135 @@ async def main():
             assert "b.txt: it was changed after the turn" in said[0][1], said
             with open(b) as f:
                 expect(f.read(), "mine\n")
+        if scenario == "load_refused":
+            # A prefix of an id, and paths, are refused (nothing is created
+            # beside a path).
+            from acp import RequestError
+            for wanted in rest:
+                try:
+                    await conn.load_session(cwd=cwd, session_id=wanted, mcp_servers=[])
+                except RequestError as e:
+                    print("REFUSED", wanted, str(e.data) + str(e))
+                else:
+                    raise AssertionError(f"session/load {wanted!r} was accepted")
+            return
+        if scenario == "modes":
+            new = await conn.new_session(cwd=cwd, mcp_servers=[])
+            sid = new.session_id
+            expect(new.modes.current_mode_id, "ask")
+            expect([m.id for m in new.modes.available_modes], ["ask", "auto-edit", "plan"])
+            # Plan: a write is refused without a question.
+            await conn.set_session_mode(session_id=sid, mode_id="plan")
+            r = await conn.prompt(session_id=sid, prompt=[text_block("plan it")])
+            expect(r.stop_reason, "end_turn")
+            modes = [u.current_mode_id for k, _, u in editor.events if k == "update" and u.session_update == "current_mode_update"]
+            expect(modes, ["plan"])
+            editor.events.clear()
+            # (the plan turn's summary, without the mode update)
+            assert not os.path.exists(os.path.join(cwd, "b.txt")), "plan mode wrote a file"
+            # Auto-edit: a write runs without a question.
+            await conn.set_session_mode(session_id=sid, mode_id="auto-edit")
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("do it")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [
+                ("tool_call", "edit", "pending"), ("update", "edit", "in_progress"), ("update", "edit", "completed"),
+                ("agent_message_chunk", "Edited."),
+            ])
+            with open(os.path.join(cwd, "c.txt")) as f:
+                expect(f.read(), "auto\n")
+            from acp import RequestError
+            try:
+                await conn.set_session_mode(session_id=sid, mode_id="yolo")
+            except RequestError as e:
+                assert "ask, auto-edit, plan" in str(e.data) + str(e), e
+            else:
+                raise AssertionError("an unknown mode was accepted")
+            print("ok", scenario)
+            return
+        if scenario == "commands":
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            for text in ("hi", "again"):
+                r = await conn.prompt(session_id=sid, prompt=[text_block(text)])
+                expect(r.stop_reason, "end_turn")
+            assert {"resume", "compact", "usage"} <= editor.commands, editor.commands
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("/usage")])
+            expect(r.stop_reason, "end_turn")
+            (said,) = editor.summary()
+            assert said[0] == "agent_message_chunk" and "over 2 provider attempts" in said[1], said
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("/compact")])
+            expect(r.stop_reason, "end_turn")
+            (said,) = editor.summary()
+            assert said[0] == "agent_message_chunk" and said[1].startswith("compacted the conversation"), said
+            print("ok", scenario)
+            return
+        if scenario == "model":
+            new = await conn.new_session(cwd=cwd, mcp_servers=[])
+            sid = new.session_id
+            (picker,) = new.config_options
+            expect((picker.id, picker.category, picker.current_value), ("model", "model", "scripted"))
+            names = {o.value: o.name for o in picker.options}
+            expect(names.get("alt"), "alt: alt-model")
+            r = await conn.prompt(session_id=sid, prompt=[text_block("one")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [("agent_message_chunk", "From the default.")])
+            answer = await conn.set_config_option(config_id="model", session_id=sid, value="alt")
+            expect(answer.config_options[0].current_value, "alt")
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("two")])
+            expect(editor.summary(), [("agent_message_chunk", "From alt.")])
+            from acp import RequestError
+            try:
+                await conn.set_config_option(config_id="model", session_id=sid, value="nope")
+            except RequestError as e:
+                assert "alt" in str(e.data) + str(e), e
+            else:
+                raise AssertionError("an unknown model was accepted")
+            print("ok", scenario)
+            return
+        if scenario == "mcp":
+            # The editor's own MCP server (a real one from PyPI) for this
+            # session: its tool is offered, asks through the editor, runs.
+            from acp.schema import McpServerStdio
+            server = McpServerStdio(name="time", command=rest[0], args=["--local-timezone", "UTC"], env=[])
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[server])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("what time is it in UTC?")])
+            expect(r.stop_reason, "end_turn")
+            asked = [p for k, _, p in editor.events if k == "permission"]
+            assert len(asked) == 1, f"the MCP tool (Write: its annotations are not trusted) asks once: {asked}"
+            done = editor.texts()
+            assert any("UTC" in t for t in done), f"the time server answered: {done}"
+            print("ok", scenario)
+            return
+        if scenario == "stream":
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("run it")])
+            expect(r.stop_reason, "end_turn")
+            updates = [u for k, _, u in editor.events if k == "update" and u.session_update == "tool_call_update"]
+            running = ["".join(c.content.text for c in (u.content or [])) for u in updates if u.status == "in_progress"]
+            assert any("streamed line" in t for t in running), f"no output while the command ran: {running}"
+            last = updates[-1]
+            expect(last.status, "completed")
+            print("ok", scenario)
+            return
+        if scenario == "concurrent":
+            first = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            running = asyncio.ensure_future(conn.prompt(session_id=first, prompt=[text_block("one")]))
+            await asyncio.wait_for(editor.asked.wait(), 60)
+            # The first session's turn is running (waiting for its answer):
+            # another session is created, prompted and finished meanwhile.
+            try:
+                second = (await asyncio.wait_for(conn.new_session(cwd=cwd, mcp_servers=[]), 60)).session_id
+                r = await asyncio.wait_for(conn.prompt(session_id=second, prompt=[text_block("two")]), 60)
+            except asyncio.TimeoutError:
+                raise AssertionError("a second session waited for the first session's turn")
+            expect(r.stop_reason, "end_turn")
+            assert not running.done(), "the first turn ended before its question was answered"
+            editor.release.set()
+            r = await asyncio.wait_for(running, 60)
+            expect(r.stop_reason, "end_turn")
             print("ok", scenario)
             return
         if scenario == "load":
@@ -307,19 +448,38 @@ async def main():
             for name in ("b.txt", "c.txt"):
                 assert os.path.exists(os.path.join(cwd, name)), name
         elif scenario == "client_fs":
+            a = os.path.join(cwd, "a.txt")
             b = os.path.join(cwd, "b.txt")
+            buffer = "unsaved buffer line\nsecond\n"
             expect(got, [
                 ("tool_call", "read", "pending"), ("update", "read", "in_progress"),
-                ("fs_read", os.path.join(cwd, "a.txt")),
+                ("fs_read", a),
                 ("update", "read", "completed"),
                 # Outside the root: refused before the editor is asked.
                 ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "failed"),
+                # The write's preview and diff are made from the editor's text.
                 ("tool_call", "edit", "pending"),
+                ("fs_read", b), ("fs_read", b),
                 ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
                 ("update", "edit", "in_progress"),
                 ("fs_write", (b, "via the editor\n")),
                 ("update", "edit", "completed"),
+                # The edit applies to the editor's buffer (the disk's a.txt
+                # does not hold the old text) and is written back to it.
+                ("tool_call", "edit", "pending"),
+                ("fs_read", a), ("fs_read", a),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "in_progress"),
+                ("fs_read", a),
+                ("fs_write", (a, "edited in the buffer\nsecond\n")),
+                ("update", "edit", "completed"),
                 ("agent_message_chunk", "Edited."),
+            ])
+            asked = [p for k, _, p in editor.events if k == "permission"]
+            diffs = [[c for c in tc.content if c.type == "diff"][0] for tc, _ in asked]
+            expect([(d.path, d.old_text, d.new_text) for d in diffs], [
+                (b, buffer, "via the editor\n"),
+                (a, buffer, "edited in the buffer\nsecond\n"),
             ])
             texts = editor.texts()
             assert "unsaved buffer line" in texts[0] and "hello from the root" not in texts[0], texts

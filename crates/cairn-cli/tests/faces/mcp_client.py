@@ -132,6 +132,47 @@ async def main():
                 assert r.is_error is True, r
                 assert os.path.exists(os.path.join(cwd, "a.txt")) and os.path.exists(os.path.join(cwd, "sub", "keep"))
                 print("pattern enforced")
+            elif scenario == "ping_running":
+                # A call that runs until cancelled; ping is answered meanwhile.
+                call = asyncio.ensure_future(session.call_tool("shell", {"command": "sleep 300"}))
+                await asyncio.sleep(0.5)  # let the call reach the server (not a timing assertion)
+                assert not call.done(), call
+                try:
+                    await asyncio.wait_for(session.send_ping(), 60)
+                except asyncio.TimeoutError:
+                    raise AssertionError("ping waited for the running call")
+                call.cancel()  # the SDK sends notifications/cancelled
+                try:
+                    await call
+                except asyncio.CancelledError:
+                    pass
+                r = await session.call_tool("read_file", {"path": "a.txt"})
+                assert r.is_error is False and "hello" in text(r), r
+                print("ping answered")
+            elif scenario == "long_read":
+                path = os.path.join(cwd, "long.txt")
+                size = os.path.getsize(path)
+                seen, offset, answers = [], None, 0
+                while True:
+                    args = {"path": "long.txt"} if offset is None else {"path": "long.txt", "offset": offset}
+                    r = await session.call_tool("read_file", args)
+                    assert r.is_error is False, r
+                    answers += 1
+                    body = text(r)
+                    for line in body.splitlines():
+                        if "\t" in line and not line.startswith("["):
+                            seen.append(int(line.split("\t")[0]))
+                    note = [l for l in body.splitlines() if l.startswith("[the answer is full")]
+                    if not note:
+                        assert "fullOutput" not in body and "truncated" not in body, body[-300:]
+                        break
+                    assert f"the file is {size} bytes" in note[0], note
+                    offset = int(note[0].rsplit("offset=", 1)[1].rstrip("]"))
+                    assert answers < 100
+                total = sum(1 for _ in open(path))
+                assert seen == list(range(1, total + 1)), (seen[:5], seen[-5:], total)
+                assert answers > 1, answers
+                print("read whole in", answers, "answers")
             else:
                 raise SystemExit(f"unknown scenario {scenario}")
 

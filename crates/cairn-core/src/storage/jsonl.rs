@@ -250,6 +250,13 @@ fn parent_dir(path: &Path) -> &Path {
     path.parent().unwrap_or(Path::new("."))
 }
 
+/// The rule a session id must follow to name a session file: not empty, not
+/// starting with `.`, no `/`, `\` or NUL. Every backend that takes an id
+/// from outside (an import) applies it too, so an id never names a path.
+pub fn check_session_id(id: &str) -> Result<(), StorageError> {
+    check_id(id)
+}
+
 fn check_id(id: &str) -> Result<(), StorageError> {
     if id.is_empty() || id.starts_with('.') || id.contains(['/', '\\', '\0']) {
         return Err(StorageError::Invalid(format!(

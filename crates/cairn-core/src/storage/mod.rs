@@ -103,8 +103,8 @@ mod tail;
 
 pub use check::{CheckReport, check_file, check_file_with, header_id_mismatch};
 pub use jsonl::{
-    CompactStep, DEFAULT_COMPACT_RATIO, DEFAULT_MAX_LINE_BYTES, Durability, JsonlStore, StoreOptions, lock_path,
-    new_session_id,
+    CompactStep, DEFAULT_COMPACT_RATIO, DEFAULT_MAX_LINE_BYTES, Durability, JsonlStore, StoreOptions, check_session_id,
+    lock_path, new_session_id,
 };
 pub use line::{LineError, decode_header, decode_line, decode_line_into, encode_header, encode_line, format_record};
 #[cfg(feature = "sqlite")]

@@ -576,6 +576,9 @@ impl<S: Storage> Session<S> {
                 .then(|| self.ctx.ids.get(read_start - 1).unwrap_or_default().to_owned()),
             reason,
         };
+        if let Some(hooks) = env.tools.hooks() {
+            hooks.pre_compact(&self.store.header().id, &self.cwd, reason);
+        }
         let mut b = self.tx();
         b.set(OP_NS, COMPACT_OP, &op)?;
         let pc = self.pc.clone();

@@ -47,6 +47,7 @@ pub use pc::{Pc, Phase, TransitionError};
 use crate::CancelToken;
 use crate::approval::{AllowRule, AllowRuleError, Allowlist, Approver};
 use crate::events::{EntryPayload, EntryType, TurnEvent};
+use crate::hooks::{PROMPT_REFUSED_FACT, PromptRefused, UserPrompt};
 use crate::message::Message;
 use crate::projection::{LifecycleError, ToolState};
 use crate::provider::{Provider, ProviderError};
@@ -202,6 +203,15 @@ pub enum TurnError {
     /// was sent.
     #[error("{0}")]
     ContextOverflow(String),
+    /// A `user_prompt` hook refused the prompt; no turn started (the
+    /// refusal is the session fact `promptRefused`).
+    #[error("the prompt was refused by {by}: {reason}")]
+    PromptRefused {
+        /// Which hook.
+        by: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl From<LifecycleError> for TurnError {
@@ -442,6 +452,19 @@ impl<S: Storage> Session<S> {
         }
     }
 
+    /// Allow Write calls matching `rule` for the rest of this session (a
+    /// person's standing approval, recorded like "approve for this
+    /// session" and kept across resumes). Like every allow rule it never
+    /// covers a Destructive call.
+    pub fn allow(&mut self, rule: &str, by: &str) -> Result<AllowRule, TurnError> {
+        let parsed = AllowRule::parse(rule)?;
+        let fact =
+            registers::AllowFact { at: crate::storage::now_millis(), by: by.to_owned(), invocation_id: String::new() };
+        self.store.commit(Transaction::new().set_session_allow_rule(parsed.text(), &fact)?)?;
+        self.session_allow.push(parsed.clone());
+        Ok(parsed)
+    }
+
     /// A new lane `lane` whose head is the existing entry `at_entry` (no
     /// copy). Does not switch to it.
     pub fn fork(&mut self, lane: &str, at_entry: &str) -> Result<(), TurnError> {
@@ -576,12 +599,35 @@ impl<S: Storage> Session<S> {
             phase => return Err(TurnError::NeedsResume(phase)),
         }
         self.settle_orphans(env)?;
+        let session_id = self.store.header().id.clone();
+        let context = match env.tools.hooks().map(|h| h.user_prompt(&session_id, &self.cwd, user_text)) {
+            None | Some(UserPrompt::Continue) => None,
+            Some(UserPrompt::AddContext { by, text }) => Some((by, text)),
+            Some(UserPrompt::Block { by, reason }) => {
+                // Recorded before it takes effect; a queued prompt leaves
+                // the queue in the same line, so it is not tried forever.
+                let mut b = self.tx();
+                b.set(
+                    registers::FACT,
+                    PROMPT_REFUSED_FACT,
+                    &PromptRefused { by: by.clone(), reason: reason.clone(), at: crate::storage::now_millis() },
+                )?;
+                if let Some(queue) = queue {
+                    b.set(registers::FACT, registers::QUEUE_FACT, queue)?;
+                }
+                self.commit(b, None, env.observer)?;
+                return Err(TurnError::PromptRefused { by, reason });
+            }
+        };
         let mut b = self.tx();
         if self.pc.phase == Phase::Cancelled {
             self.abandon_cancelled(&mut b)?;
         }
         let turn_id = b.next_id("t");
-        let user = Message::text(crate::message::Role::User, user_text);
+        let mut user = Message::text(crate::message::Role::User, user_text);
+        if let Some((by, text)) = context {
+            user.content.push(crate::message::ContentPart::Text { text: format!("\n\n[context from {by}]\n{text}") });
+        }
         b.entry(&user)?;
         if let Some(queue) = queue {
             b.set(registers::FACT, registers::QUEUE_FACT, queue)?;

@@ -1,6 +1,9 @@
-//! `read_file` and `write_file` through the editor: when the client offers
-//! `fs/read_text_file` / `fs/write_text_file`, the ACP agent wraps those two
-//! built-ins so reads see unsaved buffers and writes land in the editor.
+//! `read_file`, `write_file` and `edit_file` through the editor: when the
+//! client offers `fs/read_text_file` / `fs/write_text_file`, the ACP agent
+//! wraps those built-ins so reads see unsaved buffers, edits apply to them
+//! and writes land in the editor; the preview (the diff a person approves)
+//! is made from the editor's text too, so the model, the diff and the edit
+//! see one text.
 //!
 //! The wrapper keeps everything of the built-in but the I/O: its spec,
 //! risk, validation, preview and guard (so approvals and replay are the
@@ -17,6 +20,7 @@ use cairn_core::storage::now_millis;
 use cairn_core::tool::{
     GuardVerdict, Preview, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
 };
+use cairn_tools::builtin::edit::{edit_text, unified_diff};
 use cairn_tools::paths::{display_rel, resolve_in_cwd};
 use serde_json::{Value, json};
 
@@ -27,6 +31,8 @@ use super::{Reply, Shared};
 pub(super) enum Op {
     Read,
     Write,
+    /// `edit_file`: read, edited, written back through the editor.
+    Edit,
 }
 
 /// A built-in whose file I/O is done by the editor.
@@ -35,6 +41,8 @@ pub(super) struct ClientFile {
     pub(super) op: Op,
     pub(super) shared: Arc<Shared>,
     pub(super) session_id: String,
+    /// The editor also offers reads (previews and edits read from it).
+    pub(super) reads: bool,
 }
 
 impl ClientFile {
@@ -48,6 +56,30 @@ impl ClientFile {
             Ok(Reply::Cancelled) => Err(ToolError::Cancelled),
             Err(why) => Err(ToolError::Other(why)),
         }
+    }
+}
+
+/// The editor's text of `path` (its unsaved buffer, else the disk as the
+/// editor sees it).
+pub(super) fn editor_text(
+    shared: &Shared,
+    session_id: &str,
+    path: &Path,
+    cancel: Option<&cairn_core::CancelToken>,
+) -> Result<String, ToolError> {
+    let params = json!({"sessionId": session_id, "path": path});
+    match shared.ask_until(session_id, "fs/read_text_file", params, cancel) {
+        Ok(Reply::Result(v)) => v
+            .get("content")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| ToolError::Other("the editor's fs/read_text_file answer has no content".into())),
+        Ok(Reply::Error(e)) => {
+            let message = e.get("message").and_then(Value::as_str).unwrap_or("no message");
+            Err(ToolError::Other(format!("the editor refused fs/read_text_file: {message}")))
+        }
+        Ok(Reply::Cancelled) => Err(ToolError::Cancelled),
+        Err(why) => Err(ToolError::Other(why)),
     }
 }
 
@@ -86,7 +118,22 @@ impl Tool for ClientFile {
     }
 
     fn preview(&self, request: &ToolRequest, cwd: &Path) -> Option<Preview> {
-        self.inner.preview(request, cwd)
+        if self.op == Op::Read || !self.reads {
+            return self.inner.preview(request, cwd);
+        }
+        let given = string_arg(request, "path").ok()?;
+        let path = resolve_in_cwd(cwd, given).ok()?;
+        let rel = display_rel(cwd, &path);
+        let current = editor_text(&self.shared, &self.session_id, &path, None);
+        let planned = match self.op {
+            Op::Edit => current.and_then(|old| Ok((edit_text(request, &old, &rel)?, old))),
+            // A file the editor cannot read is new.
+            _ => string_arg(request, "content").map(|new| (new.to_owned(), current.unwrap_or_default())),
+        };
+        Some(match planned {
+            Ok((new, old)) => Preview::Diff { diff: unified_diff(&rel, &old, &new), path: rel },
+            Err(e) => Preview::Text { text: format!("{} will fail: {e}", self.inner.spec().name) },
+        })
     }
 
     fn guard(&self, request: &ToolRequest, cwd: &Path) -> GuardVerdict {
@@ -131,6 +178,17 @@ impl Tool for ClientFile {
                 (ctx.output)(out.as_bytes());
                 let structured = json!({"path": rel, "firstLine": first, "linesShown": shown, "via": "editor"});
                 Ok(receipt(start, Risk::ReadOnly, out, structured, rel))
+            }
+            Op::Edit => {
+                let old = editor_text(&self.shared, &self.session_id, &path, Some(ctx.cancel))?;
+                let new = edit_text(request, &old, &rel)?;
+                let params = json!({"sessionId": self.session_id, "path": path, "content": new});
+                self.ask("fs/write_text_file", params, ctx)?;
+                let diff = unified_diff(&rel, &old, &new);
+                let out = format!("edited {rel} through the editor\n{diff}");
+                (ctx.output)(out.as_bytes());
+                let structured = json!({"path": rel, "bytes": new.len(), "diff": diff, "via": "editor"});
+                Ok(receipt(start, self.inner.risk(&request.arguments), out, structured, rel))
             }
             Op::Write => {
                 let content = string_arg(request, "content")?;

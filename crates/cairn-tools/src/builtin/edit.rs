@@ -27,7 +27,8 @@ use super::{caps, denied, io, parse_args, receipt};
 use crate::paths::{display_rel, resolve_in_cwd};
 use crate::undo::PreimageStore;
 
-fn unified_diff(rel: &str, old: &str, new: &str) -> String {
+/// A unified diff of `old` to `new` of the file `rel` (a/ and b/ names).
+pub fn unified_diff(rel: &str, old: &str, new: &str) -> String {
     let mut options = diffy::DiffOptions::new();
     options.set_original_filename(format!("a/{rel}")).set_modified_filename(format!("b/{rel}"));
     options.create_patch(old, new).to_string()
@@ -392,36 +393,41 @@ impl EditFile {
     /// Path, relative name, current content and the edited content.
     fn plan(&self, request: &ToolRequest, cwd: &Path) -> Result<(PathBuf, String, String, String), ToolError> {
         let args: EditArgs = parse_args(request).map_err(ToolError::InvalidArguments)?;
-        let (given, edit) = edit_of(args).map_err(ToolError::InvalidArguments)?;
+        let (given, _) = edit_of(args).map_err(ToolError::InvalidArguments)?;
         let path = resolve_in_cwd(cwd, &given).map_err(denied)?;
         let rel = display_rel(cwd, &path);
         let current = current_text(&path, &rel)?
             .ok_or_else(|| ToolError::InvalidArguments(format!("{rel} does not exist: use write_file to create it")))?;
-        let edited = match edit {
-            Edit::Replace { old, new } => match current.matches(old.as_str()).count() {
-                1 => current.replacen(old.as_str(), &new, 1),
-                0 => {
-                    return Err(ToolError::InvalidArguments(format!(
-                        "the old text was not found in {rel}: read the file and copy the exact text, whitespace included"
-                    )));
-                }
-                n => {
-                    return Err(ToolError::InvalidArguments(format!(
-                        "the old text occurs {n} times in {rel}: include more surrounding lines so it matches exactly once"
-                    )));
-                }
-            },
-            Edit::Patch(text) => {
-                let patch = diffy::Patch::from_str(&text)
-                    .map_err(|e| ToolError::InvalidArguments(format!("the patch is not a valid unified diff: {e}")))?;
-                diffy::apply(&current, &patch).map_err(|e| {
+        let edited = edit_text(request, &current, &rel)?;
+        Ok((path, rel, current, edited))
+    }
+}
+
+/// The text `current` of the file `rel` with the edit of an `edit_file`
+/// `request` applied, or why it does not apply. Pure (no file access): the
+/// ACP face applies it to the editor's buffer.
+pub fn edit_text(request: &ToolRequest, current: &str, rel: &str) -> Result<String, ToolError> {
+    let args: EditArgs = parse_args(request).map_err(ToolError::InvalidArguments)?;
+    let (_, edit) = edit_of(args).map_err(ToolError::InvalidArguments)?;
+    match edit {
+        Edit::Replace { old, new } => match current.matches(old.as_str()).count() {
+            1 => Ok(current.replacen(old.as_str(), &new, 1)),
+            0 => Err(ToolError::InvalidArguments(format!(
+                "the old text was not found in {rel}: read the file and copy the exact text, whitespace included"
+            ))),
+            n => Err(ToolError::InvalidArguments(format!(
+                "the old text occurs {n} times in {rel}: include more surrounding lines so it matches exactly once"
+            ))),
+        },
+        Edit::Patch(text) => {
+            let patch = diffy::Patch::from_str(&text)
+                .map_err(|e| ToolError::InvalidArguments(format!("the patch is not a valid unified diff: {e}")))?;
+            diffy::apply(current, &patch).map_err(|e| {
                     ToolError::InvalidArguments(format!(
                         "the patch does not apply to {rel} ({e}): read the file again and make the diff against its current content"
                     ))
-                })?
-            }
-        };
-        Ok((path, rel, current, edited))
+                })
+        }
     }
 }
 

@@ -142,6 +142,11 @@ impl Tool for ReadFile {
         let mut number: u64 = 0;
         let mut shown = 0u64;
         let cap = ctx.limits.output_cap;
+        // Room for the note saying where to read on: a range that does not
+        // fit in one answer ends at a whole line, never cut by the cap.
+        let budget = cap.saturating_sub(256);
+        // The first line left out because the answer was full.
+        let mut cut_at: Option<u64> = None;
         loop {
             line.clear();
             let read = reader.read_until(b'\n', &mut line).map_err(io(format!("cannot read {}", args.path)))?;
@@ -149,24 +154,34 @@ impl Tool for ReadFile {
                 break;
             }
             number += 1;
-            if number < first || number >= last || out.len() > cap {
+            if number < first || number >= last || cut_at.is_some() {
                 continue;
             }
             let text = std::str::from_utf8(&line).map_err(|_| binary_refusal(&args.path))?;
             let text = text.trim_end_matches(['\n', '\r']);
-            if text.len() > MAX_READ_LINE {
+            let shown_line = if text.len() > MAX_READ_LINE {
                 let mut end = MAX_READ_LINE;
                 while !text.is_char_boundary(end) {
                     end -= 1;
                 }
-                out.push_str(&format!("{number:>6}\t{}… [line cut at {end} of {} bytes]", &text[..end], text.len()));
+                format!("{number:>6}\t{}… [line cut at {end} of {} bytes]\n", &text[..end], text.len())
             } else {
-                out.push_str(&format!("{number:>6}\t{text}"));
+                format!("{number:>6}\t{text}\n")
+            };
+            if shown > 0 && out.len() + shown_line.len() > budget {
+                cut_at = Some(number);
+                continue;
             }
-            out.push('\n');
+            out.push_str(&shown_line);
             shown += 1;
         }
-        if number >= last {
+        if let Some(next) = cut_at {
+            out.push_str(&format!(
+                "[the answer is full: lines {first}–{} of {number} shown (the file is {} bytes); read on with offset={next}]\n",
+                next - 1,
+                meta.len()
+            ));
+        } else if number >= last {
             out.push_str(&format!("[{} more lines; read on with offset={last}]\n", number - last + 1));
         }
         if number == 0 {
@@ -180,6 +195,8 @@ impl Tool for ReadFile {
             "firstLine": first,
             "linesShown": shown,
             "totalLines": number,
+            "bytes": meta.len(),
+            "nextOffset": cut_at.or((number >= last).then_some(last)),
         });
         Ok(receipt(start, Risk::ReadOnly, out, cap, Some(structured), vec![display_rel(ctx.cwd, &path)]))
     }

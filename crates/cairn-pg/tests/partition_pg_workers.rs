@@ -1,0 +1,608 @@
+//! Partitions (issue 27), a soak test of its own (about 4 minutes): real
+//! worker processes (this test binary re-run as `worker_process`) against a
+//! real PostgreSQL server. Two healthy workers connect directly; a third,
+//! the victim, connects through a loopback TCP proxy written here (std
+//! only) that the test cuts at chosen moments: during the victim's
+//! connect (the schema check), its claim (after the claiming `UPDATE`, so
+//! the row is locked), its commit (after `SELECT … FOR UPDATE`), and while
+//! its tool runs. A cut is a partition, not a reset: every connection of
+//! the victim goes silent (bytes are swallowed both ways, the server's side
+//! stays open, new connections are accepted and swallowed too) for
+//! [`CUT`]; then every connection is closed, as when the partition heals.
+//!
+//! Oracles, from the rows and the tools' files (not from the worker's
+//! code):
+//! - no session waited for a claim longer than [`BOUND`] (the lease, the
+//!   idle-in-transaction timeout of about a lease, and a generous margin),
+//!   counted from when it was submitted, or — for a takeover — from the
+//!   later of the previous epoch's last line and the cut; and no gap
+//!   between consecutive claims of the cluster was longer either. A cut
+//!   lasts longer than that bound, so a lock the victim held through the
+//!   cut (the migration lock, a row lock) fails it;
+//! - no effect after a lost lease: the `stamp` tool appends
+//!   `<invocation> <worker> <unix ms>` to its session's file after its
+//!   work; at that instant the stamping worker must hold the latest claim
+//!   of the session (`cairn_claims`);
+//! - every session ends final, and none failed; once healed, the victim
+//!   works again (an effect of its own, accepted by the oracle above).
+//!
+//! It prints the failover times (cut → the session's claim by another
+//! worker) and the claim gaps it saw. `CAIRN_PG_CUTS` sets the number of
+//! cuts (default 20, at least 4: one per phase).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{Read as _, Write as _};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cairn_core::approval::{Allowlist, PolicyApprover};
+use cairn_core::storage::{Header, now_millis};
+use cairn_core::tool::{
+    Capability, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec,
+};
+use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError};
+use cairn_pg::test_cluster::TestCluster;
+use cairn_pg::worker::{Driver, WorkerOptions};
+use cairn_pg::{PgStore, connect, lease};
+use cairn_testtools::ScriptProvider;
+use postgres::Client;
+use serde_json::json;
+
+/// Every worker's lease.
+const LEASE: Duration = Duration::from_millis(1000);
+/// How long a cut lasts.
+const CUT: Duration = Duration::from_secs(8);
+/// The longest wait for a claim the test accepts: a lease, the server's
+/// idle-in-transaction timeout (about a lease), the workers' wake-up, and a
+/// generous margin for a loaded machine. About correctness (nobody waits
+/// for the partition to end), not speed; still shorter than [`CUT`].
+const BOUND: Duration = Duration::from_secs(6);
+
+// ---------------------------------------------------------------------------
+// The worker process.
+
+fn unix_ms() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()
+}
+
+/// `stamp` (Write, Idempotent): notes its start in `$CAIRN_PG_STARTS`,
+/// works for `$CAIRN_PG_TOOL_MS` (stopping when cancelled, like any tool
+/// that honours the token), then appends `<invocation> <worker> <unix ms>`
+/// to `stamps.txt` in the session's directory — its effect.
+struct StampTool {
+    spec: ToolSpec,
+    worker: String,
+    work: Duration,
+    starts: PathBuf,
+}
+
+fn append(path: &Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    f.write_all(line.as_bytes()).unwrap();
+}
+
+impl Tool for StampTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
+        append(&self.starts, &format!("{} {}\n", self.worker, unix_ms()));
+        let until = Instant::now() + self.work;
+        while Instant::now() < until {
+            if ctx.cancel.is_cancelled() {
+                return Err(ToolError::Cancelled);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        append(&ctx.cwd.join("stamps.txt"), &format!("{} {} {}\n", request.invocation_id, self.worker, unix_ms()));
+        Ok(ToolReceipt {
+            exit_code: 0,
+            output_summary: "stamped".to_owned(),
+            structured_output: None,
+            affected_entities: Vec::new(),
+            duration_ms: 0,
+            tier: Risk::Write,
+            timestamp: now_millis(),
+            truncated: false,
+        })
+    }
+}
+
+struct TestDriver {
+    script: String,
+    worker: String,
+    work: Duration,
+    starts: PathBuf,
+}
+
+impl Driver for TestDriver {
+    fn session_config(&self, header: &Header) -> SessionConfig {
+        SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..SessionConfig::default() }
+    }
+
+    fn drive(
+        &self,
+        session: &mut Session<PgStore>,
+        prompt: Option<&str>,
+        cancel: &CancelToken,
+    ) -> Result<(), TurnError> {
+        let provider = ScriptProvider::from_jsonl(&self.script).unwrap();
+        let mut approver = PolicyApprover::new(Allowlist::parse(["stamp"]).unwrap(), None);
+        let mut tools = ToolRegistry::new(&approver);
+        let spec = ToolSpec {
+            name: "stamp".to_owned(),
+            description: "Work a while, then stamp a file.".to_owned(),
+            input_schema: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            risk: Risk::Write,
+            capabilities: [Capability::FileWrite].into_iter().collect(),
+            replay: ReplayPolicy::Idempotent,
+        };
+        tools
+            .register(Arc::new(StampTool {
+                spec,
+                worker: self.worker.clone(),
+                work: self.work,
+                starts: self.starts.clone(),
+            }))
+            .unwrap();
+        let mut observer = |_: &cairn_core::TurnEvent| {};
+        let mut env =
+            TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel };
+        match prompt {
+            Some(text) => session.run_turn(text, &mut env).map(drop),
+            None => session.resume(&mut env).map(drop),
+        }
+    }
+}
+
+#[test]
+#[ignore = "the worker process of the test below, started by it with --ignored"]
+fn worker_process() {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let name = var("CAIRN_PG_NAME");
+    let driver = TestDriver {
+        script: std::fs::read_to_string(var("CAIRN_PG_SCRIPT")).unwrap(),
+        worker: name.clone(),
+        work: Duration::from_millis(var("CAIRN_PG_TOOL_MS").parse().unwrap()),
+        starts: PathBuf::from(var("CAIRN_PG_STARTS")),
+    };
+    let mut opts = WorkerOptions::new(var("CAIRN_PG_URL"));
+    opts.name = name;
+    opts.concurrency = var("CAIRN_PG_CONCURRENCY").parse().unwrap();
+    opts.lease = LEASE;
+    cairn_pg::worker::run(&opts, Arc::new(driver), Arc::new(AtomicBool::new(false))).unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// The proxy.
+
+struct Conn {
+    client: TcpStream,
+    upstream: Option<UnixStream>,
+    silent: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    conns: Vec<Conn>,
+    /// A partition is on: every connection is silent.
+    cut: bool,
+    /// Start a partition right after the victim sends a message containing
+    /// this text (the message itself is swallowed).
+    armed: Option<&'static str>,
+    /// When each partition began.
+    cuts: Vec<SystemTime>,
+}
+
+/// A loopback TCP proxy to the server's Unix socket.
+struct Proxy {
+    port: u16,
+    state: Arc<Mutex<ProxyState>>,
+}
+
+fn start_cut(state: &mut ProxyState) {
+    state.cut = true;
+    state.armed = None;
+    state.cuts.push(SystemTime::now());
+    for c in &state.conns {
+        c.silent.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Proxy {
+    fn start(socket: PathBuf) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state: Arc<Mutex<ProxyState>> = Arc::default();
+        let st = Arc::clone(&state);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let mut s = st.lock().unwrap();
+                let silent = Arc::new(AtomicBool::new(s.cut));
+                // In a partition the server is never reached.
+                let upstream = if s.cut { None } else { UnixStream::connect(&socket).ok() };
+                s.conns.push(Conn {
+                    client: client.try_clone().unwrap(),
+                    upstream: upstream.as_ref().map(|u| u.try_clone().unwrap()),
+                    silent: Arc::clone(&silent),
+                });
+                drop(s);
+                let (st2, silent2) = (Arc::clone(&st), Arc::clone(&silent));
+                let mut from_client = client.try_clone().unwrap();
+                let mut to_server = upstream.as_ref().map(|u| u.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match from_client.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let chunk = &buf[..n];
+                        {
+                            let mut s = st2.lock().unwrap();
+                            if let Some(pattern) = s.armed
+                                && !silent2.load(Ordering::SeqCst)
+                                && chunk.windows(pattern.len()).any(|w| w == pattern.as_bytes())
+                            {
+                                start_cut(&mut s);
+                            }
+                        }
+                        if silent2.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        let Some(u) = to_server.as_mut() else { break };
+                        if u.write_all(chunk).is_err() {
+                            break;
+                        }
+                    }
+                    if let Some(u) = to_server
+                        && !silent2.load(Ordering::SeqCst)
+                    {
+                        let _ = u.shutdown(Shutdown::Write);
+                    }
+                });
+                if let Some(mut from_server) = upstream {
+                    let mut to_client = client;
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match from_server.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if silent.load(Ordering::SeqCst) {
+                                continue;
+                            }
+                            if to_client.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        // The server closed: the client hears of it, unless
+                        // a partition is on (it hears nothing until it heals).
+                        if !silent.load(Ordering::SeqCst) {
+                            let _ = to_client.shutdown(Shutdown::Both);
+                        }
+                    });
+                }
+            }
+        });
+        Self { port, state }
+    }
+
+    fn url(&self) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname=cairn", self.port)
+    }
+
+    fn cuts(&self) -> usize {
+        self.state.lock().unwrap().cuts.len()
+    }
+
+    fn cut_now(&self) {
+        start_cut(&mut self.state.lock().unwrap());
+    }
+
+    /// End the partition: every connection is closed (as a healed network
+    /// finds them: the server's side was dropped or is dropped now); then
+    /// arm the next cut.
+    fn heal_and_arm(&self, next: Option<&'static str>) {
+        let mut s = self.state.lock().unwrap();
+        for c in s.conns.drain(..) {
+            let _ = c.client.shutdown(Shutdown::Both);
+            if let Some(u) = &c.upstream {
+                let _ = u.shutdown(Shutdown::Both);
+            }
+        }
+        s.cut = false;
+        s.armed = next;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The test.
+
+/// A worker process, SIGKILLed and reaped when dropped.
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    Connect,
+    Claim,
+    Commit,
+    Tool,
+}
+
+impl Phase {
+    fn pattern(self) -> Option<&'static str> {
+        match self {
+            // The schema check every connection makes.
+            Phase::Connect => Some("cairn_meta"),
+            // The statement after the claiming UPDATE (row locked).
+            Phase::Claim => Some("INSERT INTO cairn_claims"),
+            // The statement after SELECT … FOR UPDATE (row locked).
+            Phase::Commit => Some("INSERT INTO cairn_lines"),
+            Phase::Tool => None,
+        }
+    }
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn since(later: SystemTime, earlier: SystemTime) -> Duration {
+    later.duration_since(earlier).unwrap_or_default()
+}
+
+#[test]
+fn partitioned_worker_stalls_nobody_and_stops_its_effects() {
+    let cuts_wanted: usize = std::env::var("CAIRN_PG_CUTS").map_or(20, |v| v.parse().unwrap()).max(4);
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.jsonl");
+    std::fs::write(
+        &script,
+        format!(
+            "{}\n{}\n",
+            json!({"text": "", "toolCalls": [{"id": "c1", "name": "stamp", "arguments": {}}]}),
+            json!({"text": "done", "toolCalls": []})
+        ),
+    )
+    .unwrap();
+    let starts = dir.path().join("starts.txt");
+    let proxy = Proxy::start(cluster.dir().join(".s.PGSQL.5432"));
+    let spawn = |name: &str, url: &str, concurrency: usize, tool_ms: u64| {
+        let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "worker_process", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("CAIRN_PG_URL", url)
+            .env("CAIRN_PG_NAME", name)
+            .env("CAIRN_PG_SCRIPT", &script)
+            .env("CAIRN_PG_CONCURRENCY", concurrency.to_string())
+            .env("CAIRN_PG_TOOL_MS", tool_ms.to_string())
+            .env("CAIRN_PG_STARTS", &starts)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Worker(child)
+    };
+    // The test's own connections are plain ones (no cairn connect, no
+    // schema check): a stall of the code under test must not stall the
+    // test, which has to end the cut.
+    let raw = || Client::connect(cluster.url(), postgres::NoTls).unwrap();
+    drop(connect(cluster.url()).unwrap()); // creates the schema
+    let mut client = raw();
+    // The healthy workers' tools are quick; the victim's outlast the lease
+    // (renewals keep it while it is connected).
+    let workers = [
+        spawn("h1", cluster.url(), 2, 300),
+        spawn("h2", cluster.url(), 2, 300),
+        spawn("victim", &proxy.url(), 1, 2500),
+    ];
+    let mut submitted: Vec<(String, PathBuf, SystemTime)> = Vec::new();
+    let top_up = |client: &mut Client, submitted: &mut Vec<(String, PathBuf, SystemTime)>| {
+        let open: i64 =
+            client.query_one("SELECT count(*) FROM cairn_sessions WHERE status <> 'idle'", &[]).unwrap().get(0);
+        for _ in open..6 {
+            let n = submitted.len();
+            let cwd = dir.path().join(format!("s{n}"));
+            std::fs::create_dir_all(&cwd).unwrap();
+            let id = cairn_core::storage::new_session_id();
+            drop(PgStore::create(raw(), Header::new(id.clone(), cwd.display().to_string())));
+            lease::submit(client, &id, "go").unwrap();
+            submitted.push((id, cwd, SystemTime::now()));
+        }
+    };
+    let victim_starts =
+        || std::fs::read_to_string(&starts).unwrap_or_default().lines().filter(|l| l.starts_with("victim ")).count();
+    let phases = [Phase::Claim, Phase::Connect, Phase::Commit, Phase::Tool];
+    let begin = Instant::now();
+    let mut phase_of_cut = Vec::new();
+    proxy.heal_and_arm(phases[0].pattern());
+    for n in 0..cuts_wanted {
+        let phase = phases[n % phases.len()];
+        let seen = victim_starts();
+        let waiting = Instant::now();
+        loop {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(180),
+                "the victim never reached phase {phase:?} of cut {n}\nvictim log:\n{}",
+                std::fs::read_to_string(dir.path().join("victim.log")).unwrap_or_default()
+            );
+            top_up(&mut client, &mut submitted);
+            if proxy.cuts() > n {
+                break;
+            }
+            if matches!(phase, Phase::Tool) && victim_starts() > seen {
+                proxy.cut_now();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        phase_of_cut.push(phase);
+        let cut_at = Instant::now();
+        while cut_at.elapsed() < CUT {
+            top_up(&mut client, &mut submitted);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        proxy
+            .heal_and_arm(phases.get((n + 1) % phases.len()).and_then(|p| p.pattern()).filter(|_| n + 1 < cuts_wanted));
+    }
+    let cut_times = proxy.state.lock().unwrap().cuts.clone();
+    // Healed, the victim works again: it finishes a tool run of its own
+    // (which the effect oracle below must accept).
+    let stamped_by_victim = |submitted: &[(String, PathBuf, SystemTime)]| {
+        submitted
+            .iter()
+            .any(|(_, cwd, _)| std::fs::read_to_string(cwd.join("stamps.txt")).unwrap_or_default().contains(" victim "))
+    };
+    let healed = Instant::now();
+    while !stamped_by_victim(&submitted) {
+        assert!(
+            healed.elapsed() < Duration::from_secs(180),
+            "the victim did no work after the last partition healed\nvictim log:\n{}",
+            std::fs::read_to_string(dir.path().join("victim.log")).unwrap_or_default()
+        );
+        top_up(&mut client, &mut submitted);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Let everything finish (no more submissions).
+    let settle = Instant::now();
+    loop {
+        let open: i64 =
+            client.query_one("SELECT count(*) FROM cairn_sessions WHERE status <> 'idle'", &[]).unwrap().get(0);
+        if open == 0 {
+            break;
+        }
+        assert!(settle.elapsed() < Duration::from_secs(180), "{open} sessions never became final");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(workers);
+    let logs = || {
+        ["h1", "h2", "victim"]
+            .iter()
+            .map(|w| format!("--- {w}:\n{}", std::fs::read_to_string(dir.path().join(format!("{w}.log"))).unwrap()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    // Claims and lines, from the rows.
+    let mut claims: HashMap<String, Vec<(i64, String, SystemTime)>> = HashMap::new();
+    for r in client.query("SELECT session_id, epoch, owner, claimed_at FROM cairn_claims ORDER BY epoch", &[]).unwrap()
+    {
+        claims.entry(r.get(0)).or_default().push((r.get(1), r.get(2), r.get(3)));
+    }
+    let mut last_line: HashMap<(String, i64), SystemTime> = HashMap::new();
+    for r in client.query("SELECT session_id, epoch, max(committed_at) FROM cairn_lines GROUP BY 1, 2", &[]).unwrap() {
+        last_line.insert((r.get(0), r.get(1)), r.get(2));
+    }
+
+    // 1. Nobody waited for the partition.
+    let mut waits: Vec<(Duration, String)> = Vec::new();
+    let mut failovers: Vec<Duration> = Vec::new();
+    for (id, _, submitted_at) in &submitted {
+        let Some(cs) = claims.get(id) else { panic!("{id} was never claimed\n{}", logs()) };
+        waits.push((since(cs[0].2, *submitted_at), format!("{id}: first claim after submit")));
+        for pair in cs.windows(2) {
+            let ((e, _, claimed), (_, next_owner, next_at)) = (&pair[0], &pair[1]);
+            let mut from = *claimed;
+            if let Some(line) = last_line.get(&(id.clone(), *e)) {
+                from = from.max(*line);
+            }
+            let cut = cut_times.iter().filter(|c| **c >= from && **c <= *next_at).max().copied();
+            if let Some(c) = cut {
+                failovers.push(since(*next_at, c));
+                from = c;
+            }
+            waits.push((since(*next_at, from), format!("{id}: epoch {} ({next_owner}) after epoch {e}", e + 1)));
+        }
+    }
+    let mut all_claims: Vec<SystemTime> = claims.values().flatten().map(|c| c.2).collect();
+    all_claims.sort();
+    let mut gaps: Vec<Duration> = all_claims.windows(2).map(|w| since(w[1], w[0])).collect();
+    gaps.sort();
+    waits.sort_by_key(|w| w.0);
+    failovers.sort();
+    let victim_claims = claims.values().flatten().filter(|c| c.1.starts_with("victim/")).count();
+    let takeovers = claims.values().map(|cs| cs.len().saturating_sub(1)).sum::<usize>();
+    eprintln!(
+        "partition: {cuts_wanted} cuts ({:?}), {} sessions, {} claims ({victim_claims} by the victim, {takeovers} takeovers), {:.0} s\n\
+         failover after a cut (cut -> claim by another worker), {} cases: p50 {:?}, p99 {:?}, max {:?} (lease {LEASE:?})\n\
+         cluster claim gaps: p50 {:?}, p99 {:?}, max {:?}; longest wait for a claim: {:?} ({})",
+        phase_of_cut,
+        submitted.len(),
+        all_claims.len(),
+        begin.elapsed().as_secs_f64(),
+        failovers.len(),
+        pct(&failovers, 0.5),
+        pct(&failovers, 0.99),
+        failovers.last().copied().unwrap_or_default(),
+        pct(&gaps, 0.5),
+        pct(&gaps, 0.99),
+        gaps.last().copied().unwrap_or_default(),
+        waits.last().map(|w| w.0).unwrap_or_default(),
+        waits.last().map(|w| w.1.as_str()).unwrap_or_default(),
+    );
+    let (longest, which) = waits.last().cloned().unwrap();
+    assert!(longest < BOUND, "{which} waited {longest:?} (bound {BOUND:?}, a cut lasts {CUT:?})\n{}", logs());
+    let gap = gaps.last().copied().unwrap_or_default();
+    assert!(gap < BOUND, "no claim in the cluster for {gap:?} (bound {BOUND:?})\n{}", logs());
+
+    // 2. No effect after a lost lease.
+    let mut stamps = 0;
+    let mut victim_stamps = 0;
+    for (id, cwd, _) in &submitted {
+        let text = std::fs::read_to_string(cwd.join("stamps.txt")).unwrap_or_default();
+        let cs = &claims[id];
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let (worker, at) = (fields[1], UNIX_EPOCH + Duration::from_millis(fields[2].parse().unwrap()));
+            let holder = cs.iter().filter(|c| c.2 <= at).max_by_key(|c| c.0);
+            let holder = holder.map(|c| (c.0, c.1.as_str()));
+            assert!(
+                holder.is_some_and(|(_, owner)| owner.starts_with(&format!("{worker}/"))),
+                "{id}: {worker} stamped at {at:?} but the latest claim then was {holder:?} (claims {cs:?})\n{}",
+                logs()
+            );
+            stamps += 1;
+            victim_stamps += usize::from(worker == "victim");
+        }
+    }
+    eprintln!("partition: {stamps} effects checked against the claims ({victim_stamps} by the victim)");
+    assert!(victim_stamps > 0, "the victim's own effects were not seen");
+
+    // 3. Everything final, nothing failed.
+    let failed: i64 =
+        client.query_one("SELECT count(*) FROM cairn_sessions WHERE status = 'failed'", &[]).unwrap().get(0);
+    assert_eq!(failed, 0, "{}", logs());
+    let mut finals = BTreeSet::new();
+    let mut reader = Some(raw());
+    for (id, _, _) in &submitted {
+        let store = PgStore::open(reader.take().unwrap(), id).unwrap();
+        let session = Session::open(store, SessionConfig::default()).unwrap();
+        assert!(!session.needs_resume(), "{id} is not final\n{}", logs());
+        finals.insert(id.clone());
+        reader = Some(session.into_store().into_client());
+    }
+    assert_eq!(finals.len(), submitted.len());
+}
