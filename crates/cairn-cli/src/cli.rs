@@ -406,7 +406,7 @@ fn run(cli: Cli) -> Result<u8> {
             };
             host::resume(&ctx, &path, prompt)
         }
-        Command::Sessions => commands::sessions(&ctx),
+        Command::Sessions => crate::sessions::command(&ctx),
         Command::Show { id, tools: false, all } => commands::show(&ctx, &resolve(&id)?, all),
         Command::Show { id, tools: true, .. } => commands::show_tools(&ctx, &resolve(&id)?),
         Command::Log { id, follow } => commands::log(&ctx, &resolve(&id)?, follow),

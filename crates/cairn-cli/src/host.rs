@@ -456,7 +456,7 @@ fn command_of_chat(
             say(&lines.join("\n"))?;
         }
         Slash::Sessions => {
-            crate::commands::sessions(ctx)?;
+            crate::sessions::command(ctx)?;
         }
         Slash::Diff => {
             let mut changed = std::collections::BTreeSet::new();

@@ -6,11 +6,11 @@
 //! Written by hand rather than with a Markdown crate: a parser of whole
 //! documents (pulldown-cmark) cannot render a stream line by line without
 //! re-rendering, and the subset models write is small. The one rule that
-//! matters: the model's text is escaped (`render::escape_controls`) before
+//! matters: the model's text is escaped (`escape::escape_controls`) before
 //! any styling is added, so the only escape sequences written are cairn's.
 //! It must not write anywhere itself.
 
-use crate::render::escape_controls;
+use crate::escape::escape_controls;
 use crate::style::Style;
 
 /// A Markdown stream being rendered.

@@ -300,6 +300,79 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// A byte count for people (`12.3 MiB`).
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+/// `cairn sessions`: newest first.
+pub fn command(ctx: &crate::context::Context) -> Result<u8> {
+    use crate::context::exit;
+    use crate::render::{escape_controls as esc, escape_json};
+    let all = crate::sessions::list(&ctx.paths, &ctx.settings.store_options())?;
+    let mut out = std::io::stdout().lock();
+    if ctx.common.json {
+        for s in &all {
+            let modified = s.modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+            let row = crate::sessions::SessionRow {
+                id: s.id.clone(),
+                backend: "file",
+                state: s.standing,
+                phase: s.phase.clone(),
+                name: s.name.clone(),
+                cwd: s.cwd.clone(),
+                created_at: s.created_at,
+                last_activity: modified,
+                queued: s.queued,
+                parent: crate::family::parent_of(&s.id).map(str::to_owned),
+                note: None,
+                path: Some(s.path.clone()),
+                size: Some(s.size),
+                header_id: Some(s.header_id.clone()),
+                last_seq: None,
+                epoch: None,
+                holder: None,
+            };
+            writeln!(out, "{}", escape_json(&serde_json::to_string(&row)?))?;
+        }
+        return Ok(exit::SUCCESS);
+    }
+    if all.is_empty() {
+        writeln!(out, "no sessions yet in {}; start one with `cairn run \"…\"`", ctx.paths.sessions().display())?;
+        return Ok(exit::SUCCESS);
+    }
+    writeln!(
+        out,
+        "{}",
+        ctx.out_style.bold(&format!(
+            "{:<36}  {:<12}  {:<20}  {:<20}  {:<22}  {:>9}  {}",
+            "ID", "NAME", "CREATED", "LAST ACTIVITY", "STATE", "SIZE", "CWD"
+        ))
+    )?;
+    for s in &all {
+        let modified = s.modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        writeln!(
+            out,
+            "{:<36}  {:<12}  {:<20}  {:<20}  {:<22}  {:>9}  {}",
+            esc(&crate::family::list_label(&s.id)),
+            esc(s.name.as_deref().unwrap_or("-")),
+            format_time(s.created_at),
+            format_time(modified),
+            esc(&s.state),
+            human_size(s.size),
+            esc(&s.cwd)
+        )?;
+    }
+    Ok(exit::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,7 +27,17 @@ use std::time::{Duration, Instant};
 use postgres::Client;
 
 use crate::PgError;
-use crate::store::Fence;
+
+/// The lease a fenced handle commits under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// Who holds the lease (worker name).
+    pub owner: String,
+    /// The fencing epoch the lease was claimed with.
+    pub epoch: i64,
+    /// How long each commit extends the lease.
+    pub lease: Duration,
+}
 
 /// The notification channel workers LISTEN on.
 pub const CHANNEL: &str = "cairn_work";

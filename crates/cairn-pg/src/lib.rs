@@ -15,7 +15,8 @@ pub mod store;
 pub mod test_cluster;
 pub mod worker;
 
-pub use store::{DEFAULT_LEASE, Fence, Imported, PgStore, connect, connect_for, export, import, import_with};
+pub use lease::Fence;
+pub use store::{DEFAULT_LEASE, Imported, PgStore, connect, connect_for, export, import, import_with};
 
 /// Errors of the database layer outside a `Storage` commit.
 #[derive(Debug, thiserror::Error)]

@@ -34,18 +34,7 @@ use cairn_core::storage::{
 use postgres::Client;
 
 use crate::PgError;
-use crate::lease::LeaseClock;
-
-/// The lease a fenced handle commits under.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
-    /// Who holds the lease (worker name).
-    pub owner: String,
-    /// The fencing epoch the lease was claimed with.
-    pub epoch: i64,
-    /// How long each commit extends the lease.
-    pub lease: Duration,
-}
+use crate::lease::{Fence, LeaseClock};
 
 /// A session stored in PostgreSQL.
 pub struct PgStore {

@@ -32,8 +32,9 @@ use cairn_core::storage::{Header, Storage};
 use cairn_core::{CancelToken, Session, SessionConfig, TurnError};
 use postgres::Client;
 
+use crate::lease::Fence;
 use crate::lease::{self, Claim, LeaseClock, Release};
-use crate::store::{Fence, PgStore, connect_for};
+use crate::store::{PgStore, connect_for};
 
 /// What a host plugs into the worker: how to run a turn on a session.
 pub trait Driver: Send + Sync {
