@@ -13,7 +13,7 @@ pub fn worker(_: Context, _: usize, _: u64) -> Result<u8> {
     bail!(OFF)
 }
 
-pub fn submit(_: &Context, _: Option<&str>, _: &str) -> Result<u8> {
+pub fn submit(_: &Context, _: Option<&str>, _: Option<String>, _: Option<&Path>) -> Result<u8> {
     bail!(OFF)
 }
 
