@@ -193,6 +193,8 @@ async def main():
             assert "b.txt: it was changed after the turn" in said[0][1], said
             with open(b) as f:
                 expect(f.read(), "mine\n")
+            print("ok", scenario)
+            return
         if scenario == "load_refused":
             # A prefix of an id, and paths, are refused (nothing is created
             # beside a path).
