@@ -146,9 +146,10 @@ fn every_headless_face_records_the_same_session() {
         eprintln!("{face}: {} entries", got.len());
         check_effects(&env, face);
         // The rule's own words, not only agreement: the Write by the allow
-        // rule, the Destructive call refused by the headless policy.
+        // rule, its change set (kept for undo) applied by the staged-write
+        // policy, the Destructive call refused by the headless policy.
         let by: Vec<&str> = got.iter().filter_map(|e| e["by"].as_str()).collect();
-        assert_eq!(by, ["allowlist:write_file", "policy:headless"], "{face}: {got:#?}");
+        assert_eq!(by, ["allowlist:write_file", "policy:stagedWrite", "policy:headless"], "{face}: {got:#?}");
         let refused = got.iter().find(|e| e["type"] == "toolRejected").unwrap_or_else(|| panic!("{face}: {got:#?}"));
         assert_eq!(refused["tool"], "shell", "{face}");
         assert!(refused["reason"].as_str().unwrap_or_default().contains("Destructive"), "{face}: {refused}");
