@@ -470,7 +470,7 @@ impl Batch {
         let spec = self.spec_of(job)?;
         let path = self.unit_path(job, k);
         let store = if path.exists() {
-            JsonlStore::open(&path, self.host.store_options())?
+            open_unit(&path, self.host.store_options())?
         } else {
             let header = Header::new(format!("{job}-{k}"), spec.cwd.display().to_string());
             let mut store = JsonlStore::create(&self.host.sessions_dir(), header, self.host.store_options())?;
@@ -502,6 +502,23 @@ impl Batch {
         match outcome.map(|o| o.stop) {
             Some(TurnStop::StepLimit) => bail!("the session reached its step limit"),
             _ => Ok(()),
+        }
+    }
+}
+
+/// Open a unit's session to resume it. This runner owns the unit and the
+/// serve lock keeps other servers out, so a writer still holding the file
+/// is what a killed server left dying (a lock lives until the last process
+/// holding the descriptor is gone): wait for it, bounded, before failing
+/// the unit.
+fn open_unit(path: &std::path::Path, options: cairn_core::storage::StoreOptions) -> Result<JsonlStore> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match JsonlStore::open(path, options) {
+            Err(cairn_core::storage::StorageError::Busy { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return Ok(other?),
         }
     }
 }
