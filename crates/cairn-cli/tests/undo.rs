@@ -69,8 +69,7 @@ fn turn(env: &Env, script: &Path, args: &[&str]) -> String {
     let mut p = rexpect::session::spawn_command(env.cairn(&all), Some(30_000)).unwrap();
     let mut shown = String::new();
     loop {
-        let (before, matched) =
-            p.exp_any(vec![ReadUntil::String("Run it? [y/N] ".to_owned()), ReadUntil::EOF]).unwrap();
+        let (before, matched) = p.exp_any(vec![ReadUntil::String("Run it? [y/N".to_owned()), ReadUntil::EOF]).unwrap();
         shown.push_str(&before);
         if matched.starts_with("Run it?") {
             p.send_line("y").unwrap();
