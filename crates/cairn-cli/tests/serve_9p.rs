@@ -906,6 +906,7 @@ fn ctl_undo_and_redo_revert_a_shell_deletion() {
 /// server finishes the undo before the turn, so the turn starts on the
 /// tree and the conversation the undo went back to.
 #[test]
+#[ignore = "timing-dependent (a random sleep before the kill): under load the undo can finish first and the test then fails without testing anything; to be rewritten to kill at a fixed point of the undo, as undo.rs's SIGKILL test does"]
 fn a_served_turn_finishes_an_interrupted_undo_first() {
     let env = Env::new();
     util::require_staging(&env);
