@@ -44,17 +44,20 @@ pub trait ApprovalBoard: std::fmt::Debug {
 pub struct TreeApprover {
     board: Arc<dyn ApprovalBoard + Send + Sync>,
     cancel: CancelToken,
+    /// The session whose `approvals/` this is (its subagents' questions
+    /// are named apart: `ApprovalRequest::question_id`).
+    session_id: String,
 }
 
 impl TreeApprover {
-    /// The approver of one turn, asking on `board`.
-    pub fn new(board: Arc<dyn ApprovalBoard + Send + Sync>, cancel: CancelToken) -> Self {
-        Self { board, cancel }
+    /// The approver of session `session_id`'s turns, asking on `board`.
+    pub fn new(board: Arc<dyn ApprovalBoard + Send + Sync>, cancel: CancelToken, session_id: String) -> Self {
+        Self { board, cancel, session_id }
     }
 }
 
 /// What reading an approval file shows.
-pub fn describe(request: &ApprovalRequest<'_>) -> String {
+pub fn describe(request: &ApprovalRequest<'_>, asking: &str) -> String {
     let risk = match request.risk {
         Risk::ReadOnly => "read-only",
         Risk::Write => "write",
@@ -64,6 +67,10 @@ pub fn describe(request: &ApprovalRequest<'_>) -> String {
     let _ = writeln!(out, "tool: {}", request.tool);
     let _ = writeln!(out, "risk: {risk}");
     let _ = writeln!(out, "invocation: {}", request.invocation_id);
+    if request.session_id != asking {
+        // A subagent's call, asked of its parent's person.
+        let _ = writeln!(out, "session: {} (a subagent of this session)", request.session_id);
+    }
     let _ = writeln!(out, "cwd: {}", request.cwd.display());
     if let Some(bypass) = request.bypass {
         let _ = writeln!(out, "sandbox bypass: {bypass}");
@@ -105,8 +112,13 @@ impl Approver for TreeApprover {
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         let (tx, rx) = sync_channel(1);
-        let pending = PendingApproval { text: describe(request), session_allowed: request.may_remember(), answer: tx };
-        self.board.post(request.invocation_id, pending, format!("awaiting approval: {}", request.tool));
+        let pending = PendingApproval {
+            text: describe(request, &self.session_id),
+            session_allowed: request.may_remember(),
+            answer: tx,
+        };
+        let name = request.question_id(&self.session_id);
+        self.board.post(&name, pending, format!("awaiting approval: {}", request.tool));
         let result = loop {
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(decision) => break Ok(Verdict { decision, by: "user:9p".to_owned() }),
@@ -121,7 +133,7 @@ impl Approver for TreeApprover {
                 }
             }
         };
-        self.board.withdraw(request.invocation_id);
+        self.board.withdraw(&name);
         result
     }
 }

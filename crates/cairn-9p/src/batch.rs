@@ -484,8 +484,13 @@ impl Batch {
         let allow = Allowlist::parse(spec.session.allow.iter().map(String::as_str))?;
         let approver = PolicyApprover::new(allow, None);
         let mut approver = if spec.session.yes { approver.approve_writes("9p:yes=1") } else { approver };
-        let registry = self.host.tools(&cwd, &approver)?;
-        let mut session = Session::open(store, self.host.session_config())?;
+        // The unit's tools as any served turn gets them (discovery's choice
+        // recorded for a new turn, the recorded one on resume; the family's
+        // tools, whose children are headless too).
+        let mut store = store;
+        let prompt = (store.entry_count() == 0).then_some(spec.prompt.as_str());
+        let (registry, config) = self.host.turn(&cwd, &mut store, prompt, &approver, None)?;
+        let mut session = Session::open(store, config)?;
         let mut observer = |_: &TurnEvent| {};
         let mut env = TurnEnv {
             provider: &*provider,

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use cairn_core::approval::Approver;
+use cairn_core::approval::{PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::{JsonlStore, StoreOptions};
 use cairn_core::{SessionConfig, ToolRegistry};
@@ -79,8 +79,9 @@ pub trait Host: Send + Sync + 'static {
     /// model grounds path arguments in that tree).
     fn provider(&self, spec: &SessionSpec, cwd: &Path) -> Result<Box<dyn Provider + Send>>;
     /// The tools for a session in `cwd`, in a registry for `approver` (the
-    /// one its turns ask: `ToolRegistry::new`).
-    fn tools(&self, cwd: &Path, approver: &dyn Approver) -> Result<ToolRegistry>;
+    /// one its turns ask: `ToolRegistry::new`); `person` (if any) is who
+    /// `approver` asks, shared with the children the session spawns.
+    fn tools(&self, cwd: &Path, approver: &PolicyApprover, person: Option<&SharedApprover>) -> Result<ToolRegistry>;
     /// The tools and settings of one turn of the session in `store`
     /// working in `cwd`: `prompt` is the new turn's request, `None` when
     /// the interrupted turn is resumed. A host that chooses tools by the
@@ -92,10 +93,11 @@ pub trait Host: Send + Sync + 'static {
         cwd: &Path,
         store: &mut JsonlStore,
         prompt: Option<&str>,
-        approver: &dyn Approver,
+        approver: &PolicyApprover,
+        person: Option<&SharedApprover>,
     ) -> Result<(ToolRegistry, SessionConfig)> {
         let _ = (store, prompt);
-        Ok((self.tools(cwd, approver)?, self.session_config()))
+        Ok((self.tools(cwd, approver, person)?, self.session_config()))
     }
     /// `ctl undo [N]` / `ctl redo` on the session in `store` (no turn
     /// runs): revert (or reapply) its file effects and move its lane; what

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use cairn_core::approval::{Allowlist, Answer, Approver, PolicyApprover};
+use cairn_core::approval::{Allowlist, Answer, PolicyApprover, SharedApprover};
 use cairn_core::message::{ContentPart, Role};
 use cairn_core::provider::AttemptUsage;
 use cairn_core::storage::registers::{self, FACT, NAME_FACT};
@@ -518,13 +518,17 @@ impl Runtime {
                 }
             };
             let board = Board { live: Arc::clone(live), runtime: Arc::clone(&self) };
-            let approver = TreeApprover::new(Arc::new(board), cancel.clone());
-            let approver = PolicyApprover::new(allow, Some(Box::new(approver)));
+            // The person behind `approvals/`, shared with the children the
+            // session spawns (their questions appear in this session's
+            // `approvals/`).
+            let person =
+                SharedApprover::new(Box::new(TreeApprover::new(Arc::new(board), cancel.clone(), live.id.clone())));
+            let approver = PolicyApprover::new(allow, Some(Box::new(person.clone())));
             let approver = if spec.yes { approver.approve_writes("9p:yes=1") } else { approver };
-            let (session, registry) = self.for_turn(session, &cwd, first.as_deref(), &approver)?;
-            Ok((cwd, provider, approver, session, registry))
+            let (session, registry) = self.for_turn(session, &cwd, first.as_deref(), &approver, &person)?;
+            Ok((cwd, provider, approver, person, session, registry))
         })();
-        let (cwd, provider, mut approver, session, registry) = match prepared {
+        let (cwd, provider, mut approver, person, session, registry) = match prepared {
             Ok(parts) => parts,
             Err(e) => {
                 let _ = ready.send(Err(format!("{e:#}")));
@@ -576,7 +580,7 @@ impl Runtime {
             ran = true;
             if let (true, Start::Prompt(text)) = (go_on, &start) {
                 // The new prompt gets its own choice of tools.
-                current = self.next_turn(current, &cwd, Some(text), &approver, &end);
+                current = self.next_turn(current, &cwd, Some(text), (&approver, &person), &end);
             }
         }
         if let (true, Start::Prompt(text), Some((session, registry))) = (go_on, &start, current.as_mut()) {
@@ -597,7 +601,7 @@ impl Runtime {
                 // Each queued prompt gets its own choice of tools.
                 let Some((session, _)) = current.as_ref() else { break };
                 let Some(next) = next_in_queue(session.store(), &arrived) else { break };
-                current = self.next_turn(current, &cwd, Some(&next), &approver, &end);
+                current = self.next_turn(current, &cwd, Some(&next), (&approver, &person), &end);
             }
             first_queued = false;
             let Some((session, registry)) = current.as_mut() else { break };
@@ -659,10 +663,11 @@ impl Runtime {
         session: Session<JsonlStore>,
         cwd: &Path,
         prompt: Option<&str>,
-        approver: &dyn Approver,
+        approver: &PolicyApprover,
+        person: &SharedApprover,
     ) -> Result<(Session<JsonlStore>, ToolRegistry)> {
         let mut store = session.into_store();
-        let (registry, config) = self.host.turn(cwd, &mut store, prompt, approver)?;
+        let (registry, config) = self.host.turn(cwd, &mut store, prompt, approver, Some(person))?;
         Ok((Session::open(store, config)?, registry))
     }
 
@@ -673,11 +678,11 @@ impl Runtime {
         current: Option<(Session<JsonlStore>, ToolRegistry)>,
         cwd: &Path,
         prompt: Option<&str>,
-        approver: &dyn Approver,
+        (approver, person): (&PolicyApprover, &SharedApprover),
         end: &dyn Fn(Result<Option<TurnStop>, String>) -> bool,
     ) -> Option<(Session<JsonlStore>, ToolRegistry)> {
         let (session, _) = current?;
-        match self.for_turn(session, cwd, prompt, approver) {
+        match self.for_turn(session, cwd, prompt, approver, person) {
             Ok(next) => Some(next),
             Err(e) => {
                 end(Err(format!("cannot prepare the next turn: {e:#}")));

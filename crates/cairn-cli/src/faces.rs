@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use cairn_core::SessionConfig;
-use cairn_core::approval::Allowlist;
+use cairn_core::approval::{Allowlist, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, new_session_id};
 use cairn_faces::HostTools;
@@ -24,11 +24,19 @@ impl cairn_faces::Host for CliHost<'_> {
         crate::wiring::build_provider(self.ctx, cwd)
     }
 
-    fn tools(&self, cwd: &Path) -> Result<HostTools> {
+    fn tools(&self, cwd: &Path, person: Option<&SharedApprover>) -> Result<HostTools> {
         let tools = crate::wiring::tool_entries(self.ctx, cwd)?;
         let mut notes = tools.notes;
         notes.extend(tools.untrusted);
-        Ok(HostTools { tools: tools.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: tools.hooks })
+        let mut offered: Vec<_> = tools.entries.into_iter().map(|e| e.tool).collect();
+        // The subagent family, as in every face: children ask the same
+        // person (the editor's permission requests; nobody over MCP).
+        let names = offered.iter().map(|t| t.spec().name.clone()).collect();
+        let allow: Vec<String> = self.ctx.settings.allow.value.clone();
+        let authority =
+            crate::subagents::Authority { person: person.cloned(), approve_writes: None, allow, provider: None };
+        offered.extend(crate::subagents::tools(self.ctx, cwd, names, authority)?);
+        Ok(HostTools { tools: offered, notes, hooks: tools.hooks })
     }
 
     fn client_mcp_tools(

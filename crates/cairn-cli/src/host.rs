@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{Context as _, Result, bail};
-use cairn_core::approval::{Allowlist, PolicyApprover};
+use cairn_core::approval::{Allowlist, PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::JsonlStore;
 use cairn_core::storage::Storage;
@@ -35,6 +35,8 @@ pub struct Wiring {
     /// tools: the same instances, so children spawned by one turn can be
     /// waited for by the next.
     family: Vec<Arc<dyn cairn_core::tool::Tool>>,
+    /// Who answers for the session's children (re-attached on resume).
+    authority: crate::subagents::Authority,
 }
 
 impl std::fmt::Debug for Wiring {
@@ -85,12 +87,13 @@ pub fn wire_with(
         .context("invalid allow pattern (from --allow or [approvals] allow)")?;
     let terminal = TerminalApprover::new(ctx.err_style);
     // One approver for the session and its children (`subagents.rs`).
-    let terminal = crate::subagents::SharedApprover::new(if may_ask { terminal } else { terminal.headless() });
+    let terminal = SharedApprover::new(Box::new(if may_ask { terminal } else { terminal.headless() }));
     let approver = policy(ctx.common.yes, allow, Some(Box::new(terminal.clone())));
+    let authority = crate::subagents::Authority::of(&approver, Some(terminal));
     let mut registry = ToolRegistry::new(&approver);
     let (mut notes, untrusted) = fill_registry(tools, keep, &mut registry);
     let before = registry.specs().len();
-    crate::subagents::offer(ctx, cwd, &mut registry, terminal, &mut notes)?;
+    crate::subagents::offer(ctx, cwd, &mut registry, authority.clone(), &mut notes)?;
     let family = registry.specs()[before..].iter().filter_map(|s| registry.get(&s.name).cloned()).collect();
     for note in notes {
         renderer.notice(&note);
@@ -103,7 +106,7 @@ pub fn wire_with(
             let _ = writeln!(std::io::stderr(), "cairn: {note}");
         }
     }
-    Ok(Wiring { provider, registry, approver, family })
+    Ok(Wiring { provider, registry, approver, family, authority })
 }
 
 /// Register the tools read for a turn (`toolsrv::turn_tools`): the
@@ -335,7 +338,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     let mut session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
     let mut code = exit::SUCCESS;
     let interrupted = session.needs_resume();
-    crate::subagents::reattach_children(&id);
+    crate::subagents::reattach_children(&id, &wiring.authority);
     if interrupted {
         renderer.notice(&format!("resuming the interrupted turn of session {id}"));
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use cairn_9p::{Dial, Host, Limits, Runtime, Server, SessionSpec};
-use cairn_core::approval::Approver;
+use cairn_core::approval::{PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::{JsonlStore, StoreOptions};
 use cairn_core::{SessionConfig, ToolRegistry};
@@ -23,6 +23,20 @@ use serde::Deserialize;
 
 use crate::context::{Context, exit};
 use crate::listen::{bind_all, print_addresses, remove_sockets, stop_signal};
+
+/// The provider a served session was created with (its `serve` fact), if
+/// it names one.
+fn served_provider(store: &JsonlStore) -> Option<crate::subagents::ParentProvider> {
+    use cairn_core::storage::Storage as _;
+    let spec: SessionSpec =
+        store.register(cairn_core::storage::registers::FACT, cairn_9p::host::SPEC_FACT)?.parse().ok()?;
+    let some = |s: String| Some(s).filter(|s| !s.is_empty());
+    Some(crate::subagents::ParentProvider {
+        name: some(spec.provider)?,
+        model: some(spec.model),
+        script: some(spec.script).map(PathBuf::from),
+    })
+}
 
 /// The CLI's configuration as the tree's [`Host`].
 #[derive(Debug)]
@@ -93,12 +107,19 @@ impl Host for CliHost {
         crate::wiring::provider_for(&self.ctx, &spec.provider, opt(&spec.model), opt(&spec.script).map(Path::new), cwd)
     }
 
-    fn tools(&self, cwd: &Path, approver: &dyn Approver) -> Result<ToolRegistry> {
+    fn tools(&self, cwd: &Path, approver: &PolicyApprover, person: Option<&SharedApprover>) -> Result<ToolRegistry> {
         let mut registry = ToolRegistry::new(approver);
         // The tool service's tools instead of in-process ones when one is
         // configured (`toolsrv.rs`).
         let tools = crate::toolsrv::turn_tools(&self.ctx, cwd)?;
-        let (notes, untrusted) = crate::host::fill_registry(&tools, None, &mut registry);
+        let (mut notes, untrusted) = crate::host::fill_registry(&tools, None, &mut registry);
+        crate::subagents::offer(
+            &self.ctx,
+            cwd,
+            &mut registry,
+            crate::subagents::Authority::of(approver, person.cloned()),
+            &mut notes,
+        )?;
         for note in notes.iter().chain(&untrusted) {
             eprintln!("cairn serve: {}", crate::render::escape_controls(note));
         }
@@ -110,14 +131,21 @@ impl Host for CliHost {
         cwd: &Path,
         store: &mut JsonlStore,
         prompt: Option<&str>,
-        approver: &dyn Approver,
+        approver: &PolicyApprover,
+        person: Option<&SharedApprover>,
     ) -> Result<(ToolRegistry, SessionConfig)> {
         // Discovery chooses and records the turn's tools and skills exactly
-        // as for `cairn run` (`crate::discover`).
+        // as for `cairn run` (`crate::discover`); the family's tools are
+        // offered with every choice, as in `cairn run`.
         let tools = crate::toolsrv::turn_tools(&self.ctx, cwd)?;
         let choice = crate::discover::choose_for_turn(&self.ctx, cwd, store, prompt, &tools)?;
         let mut registry = ToolRegistry::new(approver);
-        let (notes, untrusted) = crate::host::fill_registry(&tools, choice.keep.as_ref(), &mut registry);
+        let (mut notes, untrusted) = crate::host::fill_registry(&tools, choice.keep.as_ref(), &mut registry);
+        // Children run on the session's provider (its `s/new` or batch
+        // spec), as `cairn run`'s run on the flags'.
+        let mut authority = crate::subagents::Authority::of(approver, person.cloned());
+        authority.provider = served_provider(store);
+        crate::subagents::offer(&self.ctx, cwd, &mut registry, authority, &mut notes)?;
         for note in notes.iter().chain(&untrusted).chain(&choice.notes) {
             eprintln!("cairn serve: {}", crate::render::escape_controls(note));
         }

@@ -28,7 +28,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use cairn_core::approval::{Allowlist, ApprovalError, ApprovalRequest, Approver, Verdict};
+use cairn_core::approval::{Allowlist, Approver, PolicyApprover, SharedApprover};
 use cairn_core::message::Role;
 use cairn_core::storage::registers::FACT;
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, now_millis, to_raw};
@@ -40,7 +40,6 @@ use cairn_provider::{ProviderConfig, ProviderKind};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::approver::TerminalApprover;
 use crate::context::Context;
 use crate::family::{ChildFact, FACT_KEY, SEP, child_fact, child_id, depth_of, parent_of};
 
@@ -78,28 +77,56 @@ impl Limits {
     }
 }
 
-/// The one approver of a session family: the parent's terminal approver,
-/// shared, so a child's call that needs a person goes to the same person
-/// (prompts never interleave), and is refused where the parent is headless.
-#[derive(Debug, Clone)]
-pub struct SharedApprover(Arc<Mutex<TerminalApprover>>);
-
-impl SharedApprover {
-    /// Share `terminal`.
-    pub fn new(terminal: TerminalApprover) -> Self {
-        Self(Arc::new(Mutex::new(terminal)))
-    }
+/// What a parent session hands down to its children: who answers their
+/// calls that no allow rule covers (the person the parent asks, through
+/// its face; `None`: nobody, a headless session), the parent's standing
+/// approval of Write calls (`--yes`, `yes=1`), and the allow patterns a
+/// child may be given. Never more than the parent has.
+#[derive(Debug, Clone, Default)]
+pub struct Authority {
+    /// The parent's person, shared by every session of the family.
+    pub person: Option<SharedApprover>,
+    /// Who approves every Write call (core's `PolicyApprover::approve_writes`).
+    pub approve_writes: Option<String>,
+    /// The parent's allow patterns.
+    pub allow: Vec<String>,
+    /// The parent's provider, which its children run on (`None`: the
+    /// configured one).
+    pub provider: Option<ParentProvider>,
 }
 
-impl Approver for SharedApprover {
-    fn is_interactive(&self) -> bool {
-        self.0.lock().map(|a| a.is_interactive()).unwrap_or(false)
+/// A provider a session was started on other than the configured one (a
+/// served session's `provider=`, `model=`, `script=`).
+#[derive(Debug, Clone, Default)]
+pub struct ParentProvider {
+    /// Its name.
+    pub name: String,
+    /// The model, if one was given.
+    pub model: Option<String>,
+    /// The scripted provider's script, if one was given.
+    pub script: Option<PathBuf>,
+}
+
+impl Authority {
+    /// The authority of a session whose calls `policy` answers, authority
+    /// `person`.
+    pub fn of(policy: &PolicyApprover, person: Option<SharedApprover>) -> Self {
+        Self {
+            person,
+            approve_writes: policy.writes_approved_by().map(str::to_owned),
+            allow: policy.allowlist().rules().iter().map(|r| r.text().to_owned()).collect(),
+            provider: None,
+        }
     }
 
-    fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
-        match self.0.lock() {
-            Ok(mut inner) => inner.decide(request),
-            Err(_) => Err(ApprovalError::Unavailable("the approver failed earlier in another session".to_owned())),
+    /// A child's approval policy: its own allow patterns (a subset of
+    /// these), its parent's person and standing approval.
+    fn policy(&self, allow: Allowlist) -> PolicyApprover {
+        let person = self.person.clone().map(|p| Box::new(p) as Box<dyn Approver>);
+        let policy = PolicyApprover::new(allow, person);
+        match &self.approve_writes {
+            Some(by) => policy.approve_writes(by.clone()),
+            None => policy,
         }
     }
 }
@@ -164,20 +191,14 @@ impl Slot {
 /// The children of this process (one family per `cairn` process).
 struct Family {
     ctx: Context,
-    terminal: SharedApprover,
     limits: Limits,
     slots: Mutex<BTreeMap<String, Arc<Slot>>>,
 }
 
 static FAMILY: OnceLock<Family> = OnceLock::new();
 
-fn family(ctx: &Context, terminal: &SharedApprover, limits: Limits) -> &'static Family {
-    FAMILY.get_or_init(|| Family {
-        ctx: ctx.clone(),
-        terminal: terminal.clone(),
-        limits,
-        slots: Mutex::new(BTreeMap::new()),
-    })
+fn family(ctx: &Context, limits: Limits) -> &'static Family {
+    FAMILY.get_or_init(|| Family { ctx: ctx.clone(), limits, slots: Mutex::new(BTreeMap::new()) })
 }
 
 /// Before the process exits: wait for the children still running on its
@@ -199,7 +220,7 @@ pub fn finish_running() {
 /// `cairn resume` of a parent: resume its children a crash left
 /// unfinished, also those no pending call of the parent will re-attach
 /// (started with `wait: false`; `finish_running` waits for them).
-pub fn reattach_children(parent: &str) {
+pub fn reattach_children(parent: &str, authority: &Authority) {
     let Some(family) = FAMILY.get() else { return };
     for id in family.children_of(parent).unwrap_or_default() {
         // Without its fact the child was cut off while being created: only
@@ -208,7 +229,7 @@ pub fn reattach_children(parent: &str) {
         if has_fact && !matches!(status(&family.ctx, &family.path(&id)), Ok(ChildStatus::Finished(_))) {
             // A child that cannot be re-attached is reported by the call
             // that gathers it.
-            let _ = family.attach(&id, None);
+            let _ = family.attach(&id, None, authority);
         }
     }
 }
@@ -223,40 +244,67 @@ struct Scope {
     model: Option<String>,
     script: Option<PathBuf>,
     scripted: bool,
+    /// Who answers for the session and its children.
+    authority: Authority,
 }
 
-/// Offer `spawn_agent` and `wait_agents` to a top-level session in `cwd`
-/// whose other tools are already in `registry`.
+/// Offer `spawn_agent` and `wait_agents` (and the peer tools a child may
+/// be given) to a top-level session in `cwd` whose other tools are
+/// already in `registry`, its calls answered by `authority`.
 pub fn offer(
     ctx: &Context,
     cwd: &Path,
     registry: &mut ToolRegistry,
-    terminal: SharedApprover,
+    authority: Authority,
     notes: &mut Vec<String>,
 ) -> Result<()> {
+    let parent_tools: Vec<String> = registry.specs().iter().map(|s| s.name.clone()).collect();
+    for tool in tools(ctx, cwd, parent_tools, authority)? {
+        let name = tool.spec().name.clone();
+        if let Err(e) = registry.register(tool) {
+            notes.push(format!("tool {name} not offered: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// The family's tools for a top-level session in `cwd` offered
+/// `parent_tools`, its calls answered by `authority` (for faces that build
+/// their registry themselves: ACP, MCP). Empty where the family is off
+/// (`[subagents] max_depth = 0`) or the provider is the embedded model.
+pub fn tools(
+    ctx: &Context,
+    cwd: &Path,
+    mut parent_tools: Vec<String>,
+    authority: Authority,
+) -> Result<Vec<Arc<dyn Tool>>> {
     let limits = Limits::from_settings(ctx)?;
-    let family = family(ctx, &terminal, limits);
-    let provider = ctx.settings.provider.value.clone();
+    let family = family(ctx, limits);
+    let (provider, model, script) = match &authority.provider {
+        Some(p) => (p.name.clone(), p.model.clone(), p.script.clone()),
+        None => {
+            (ctx.settings.provider.value.clone(), ctx.settings.model.value.clone(), ctx.settings.script.value.clone())
+        }
+    };
     // The embedded 135M model is not offered the family's tools: it cannot
     // use them, and its prompt and decoding grammar stay as they were.
     let local = ProviderConfig::resolve(&provider, ctx.settings.providers.get(&provider))
         .is_ok_and(|c| c.kind == ProviderKind::Local);
     if family.limits.max_depth == 0 || local {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    let mut tools: Vec<String> = registry.specs().iter().map(|s| s.name.clone()).collect();
-    tools.extend([SPAWN, WAIT, crate::peers::SEND, crate::peers::RECEIVE].map(str::to_owned));
+    parent_tools.extend([SPAWN, WAIT, crate::peers::SEND, crate::peers::RECEIVE].map(str::to_owned));
     let scope = Scope {
         cwd: cwd.to_path_buf(),
-        tools,
-        allow: ctx.settings.allow.value.clone(),
+        tools: parent_tools,
+        allow: authority.allow.clone(),
         scripted: is_scripted(ctx, &provider),
         provider,
-        model: ctx.settings.model.value.clone(),
-        script: ctx.settings.script.value.clone(),
+        model,
+        script,
+        authority,
     };
-    register(family, registry, scope, notes, true);
-    Ok(())
+    Ok(build(family, scope, true))
 }
 
 fn is_scripted(ctx: &Context, provider: &str) -> bool {
@@ -264,31 +312,20 @@ fn is_scripted(ctx: &Context, provider: &str) -> bool {
         .is_ok_and(|c| c.kind == ProviderKind::Scripted)
 }
 
-/// Offer what `scope.tools` names of the family's tools: `spawn_agent`
-/// and `wait_agents` only when `may_spawn` (below the depth limit), the
-/// peer tools (`peers.rs`) when named.
-fn register(
-    family: &'static Family,
-    registry: &mut ToolRegistry,
-    scope: Scope,
-    notes: &mut Vec<String>,
-    may_spawn: bool,
-) {
+/// What `scope.tools` names of the family's tools: `spawn_agent` and
+/// `wait_agents` only when `may_spawn` (below the depth limit), the peer
+/// tools (`peers.rs`) when named.
+fn build(family: &'static Family, scope: Scope, may_spawn: bool) -> Vec<Arc<dyn Tool>> {
     let scope = Arc::new(scope);
     let spawn = SpawnAgent { spec: spawn_spec(scope.scripted), scope: Arc::clone(&scope), family };
-    let wait = WaitAgents { spec: wait_spec(), family };
+    let wait = WaitAgents { spec: wait_spec(), authority: scope.authority.clone(), family };
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     if may_spawn {
         tools.extend([Arc::new(spawn) as Arc<dyn Tool>, Arc::new(wait)]);
     }
     let peers = crate::peers::tools(crate::peers::directory(&family.ctx.paths.sessions()));
     tools.extend(peers.into_iter().filter(|t| scope.tools.contains(&t.spec().name)));
-    for tool in tools {
-        let name = tool.spec().name.clone();
-        if let Err(e) = registry.register(tool) {
-            notes.push(format!("tool {name} not offered: {e}"));
-        }
-    }
+    tools
 }
 
 fn spawn_spec(scripted: bool) -> ToolSpec {
@@ -363,6 +400,7 @@ struct SpawnAgent {
 
 struct WaitAgents {
     spec: ToolSpec,
+    authority: Authority,
     family: &'static Family,
 }
 
@@ -484,7 +522,10 @@ impl Tool for SpawnAgent {
         let started = Instant::now();
         let (fact, cwd) = self.plan(request).map_err(ToolError::InvalidArguments)?;
         let id = child_id(&request.session_id, &request.invocation_id);
-        let slot = self.family.attach(&id, Some((&fact, &cwd))).map_err(|e| ToolError::Other(format!("{e:#}")))?;
+        let slot = self
+            .family
+            .attach(&id, Some((&fact, &cwd)), &self.scope.authority)
+            .map_err(|e| ToolError::Other(format!("{e:#}")))?;
         if !Self::waits(request) {
             return Ok(receipt(&id, slot.result().as_ref(), started.elapsed()));
         }
@@ -521,7 +562,7 @@ impl Tool for WaitAgents {
         };
         let mut slots = Vec::new();
         for id in &ids {
-            let slot = self.family.attach(id, None).map_err(|e| ToolError::Other(format!("{e:#}")))?;
+            let slot = self.family.attach(id, None, &self.authority).map_err(|e| ToolError::Other(format!("{e:#}")))?;
             slots.push((id, slot));
         }
         let mut text = String::new();
@@ -584,7 +625,12 @@ impl Family {
     /// its file (finished), or started on a thread (unfinished: resumed).
     /// With `create` the child is created when its file does not exist —
     /// the only place a child is created, so never twice.
-    fn attach(&'static self, id: &str, create: Option<(&ChildFact, &Path)>) -> Result<Arc<Slot>> {
+    fn attach(
+        &'static self,
+        id: &str,
+        create: Option<(&ChildFact, &Path)>,
+        authority: &Authority,
+    ) -> Result<Arc<Slot>> {
         let mut slots = self.slots.lock().map_err(|_| anyhow!("the subagent table is poisoned"))?;
         if let Some(slot) = slots.get(id) {
             return Ok(Arc::clone(slot));
@@ -620,11 +666,11 @@ impl Family {
         if let ChildStatus::Finished(result) = status(&self.ctx, &path)? {
             slot.finish(result);
         } else {
-            let (runner, child) = (Arc::clone(&slot), id.to_owned());
+            let (runner, child, authority) = (Arc::clone(&slot), id.to_owned(), authority.clone());
             std::thread::Builder::new()
                 .name(format!("child {id}"))
                 .spawn(move || {
-                    let result = match self.run_child(&child, writer) {
+                    let result = match self.run_child(&child, writer, authority) {
                         Ok(result) => result,
                         Err(e) => ChildResult::Failed(format!("{e:#}")),
                     };
@@ -665,7 +711,7 @@ impl Family {
 
     /// Drive child `id` to its answer: its first turn, or the resumption of
     /// an interrupted one. The file's writer lock keeps a second process out.
-    fn run_child(&'static self, id: &str, writer: Option<JsonlStore>) -> Result<ChildResult> {
+    fn run_child(&'static self, id: &str, writer: Option<JsonlStore>, authority: Authority) -> Result<ChildResult> {
         let ctx = &self.ctx;
         let store = match writer {
             Some(store) => store,
@@ -680,7 +726,7 @@ impl Family {
         let provider =
             crate::wiring::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
         let allow = Allowlist::parse(fact.allow.iter().map(String::as_str)).context("child allow patterns")?;
-        let mut approver = crate::wiring::policy(ctx.common.yes, allow, Some(Box::new(self.terminal.clone())));
+        let mut approver = authority.policy(allow);
         let mut registry = ToolRegistry::new(&approver);
         let tools = crate::wiring::tool_entries(ctx, &cwd)?;
         registry.set_hooks(tools.hooks);
@@ -701,9 +747,13 @@ impl Family {
                 model: fact.model.clone(),
                 script: fact.script.clone(),
                 scripted,
+                authority: authority.clone(),
             };
             let may_spawn = fact.tools.iter().any(|t| t == SPAWN) && fact.depth < self.limits.max_depth;
-            register(self, &mut registry, scope, &mut Vec::new(), may_spawn);
+            for tool in build(self, scope, may_spawn) {
+                // Offered to the parent under the same rules: not refused.
+                let _ = registry.register(tool);
+            }
         }
         let mut config = crate::wiring::session_config(ctx);
         config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();

@@ -225,6 +225,36 @@ fn acp_prompt_streams_updates_in_order_and_writes_only_when_allowed() {
     assert_eq!(std::fs::read_to_string(env.cwd.join("b.txt")).unwrap(), "new\n");
 }
 
+/// An ACP session offers the subagent family: the child's Write call is
+/// asked of the editor in the parent's session, and the child's answer
+/// reaches the parent.
+#[test]
+fn acp_a_child_asks_the_editor_and_its_answer_reaches_the_parent() {
+    let env = setup();
+    let child = env.home.join("child.jsonl");
+    let lines = [
+        json!({"text": "", "toolCalls": [{"id": "k1", "name": "write_file", "arguments": {"path": "note.txt", "content": "from the child\n"}}]}),
+        json!({"text": "child done"}),
+    ];
+    std::fs::write(&child, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let script = write_script(
+        &env,
+        &[
+            json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent", "arguments": {"prompt": "write the note", "script": child.to_str().unwrap()}}]}),
+            json!({"text": "parent done"}),
+        ],
+    );
+    acp(&env, "subagent", &script, &[]);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("note.txt")).unwrap(), "from the child\n");
+    let children: Vec<_> = std::fs::read_dir(env.home.join("sessions"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains('+') && name.ends_with(".jsonl"))
+        .collect();
+    assert_eq!(children.len(), 1, "one child session file: {children:?}");
+}
+
 #[test]
 fn acp_rejected_permission_leaves_the_file_unwritten() {
     let env = setup();

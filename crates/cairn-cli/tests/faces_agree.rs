@@ -6,9 +6,12 @@
 //! same answer. The approval rule lives in core's gate and policy, so a
 //! face that decided anything itself would show here (issue 26).
 //!
-//! Not covered yet (issue 26 is open): subagents and discovery are offered
-//! by the CLI host only, and the interactive faces (9P sessions, ACP) ask a
-//! person where these refuse.
+//! A second session spawns a child (`spawn_agent`) whose Write call is
+//! covered by the parent's allow rule: every face offers the family's
+//! tools, hands the child the parent's provider and authority, and leaves
+//! the same parent and child files. (The interactive faces, 9P sessions
+//! and ACP, ask a person where these refuse; their subagent tests are in
+//! `serve_9p.rs` and `faces.rs`.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -156,6 +159,80 @@ fn every_headless_face_records_the_same_session() {
         match &reference {
             None => reference = Some((face, got)),
             Some((first, want)) => assert_eq!(&got, want, "{face} differs from {first}"),
+        }
+    }
+}
+
+/// The parent's script: spawn a child (its own script, absolute so every
+/// face resolves it alike) and wait for it, then answer.
+fn family_script(env: &Env) -> std::path::PathBuf {
+    let child = env.home.join("child.jsonl");
+    let lines = [
+        json!({"text": "", "toolCalls": [
+            {"id": "k1", "name": "write_file", "arguments": {"path": "note.txt", "content": "from the child\n"}}
+        ]}),
+        json!({"text": "child done", "toolCalls": []}),
+    ];
+    std::fs::write(&child, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "p1", "name": "spawn_agent", "arguments": {"prompt": "write the note", "script": child.to_str().unwrap()}}
+        ]}),
+        json!({"text": "parent done", "toolCalls": []}),
+    ])
+}
+
+fn family_cli(env: &Env) {
+    let s = family_script(env);
+    let out = env
+        .cairn(&["--script", s.to_str().unwrap(), "--allow", "write_file", "run", "go"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn family_batch(env: &Env) {
+    let s = family_script(env);
+    let spec =
+        format!("cwd={}\nprovider=scripted\nscript={}\nallow=write_file\n---\ngo\n", env.cwd.display(), s.display());
+    std::fs::write(env.home.join("job.spec"), spec).unwrap();
+    let out = env.cairn(&["batch", env.home.join("job.spec").to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A face: its name and how to run the family script through it.
+type FamilyFace = (&'static str, fn(&Env));
+
+#[test]
+fn every_headless_face_runs_a_subagent_the_same_way() {
+    let faces: Vec<FamilyFace> = vec![("cairn run", family_cli), ("9P batch", family_batch)];
+    let mut reference: Option<(&str, Vec<Value>, Vec<Value>)> = None;
+    for (face, run) in faces {
+        let env = Env::new();
+        setup(&env);
+        run(&env);
+        let files = env.session_files();
+        let (children, parents): (Vec<_>, Vec<_>) =
+            files.iter().partition(|p| p.file_stem().unwrap().to_str().unwrap().contains('+'));
+        assert_eq!((parents.len(), children.len()), (1, 1), "{face}: {files:?}");
+        let parent = summary(&entries(parents[0]));
+        let child = summary(&entries(children[0]));
+        eprintln!("{face}: parent {} entries, child {}", parent.len(), child.len());
+        // The child ran its Write under the parent's allow rule, and its
+        // answer came back to the parent as the spawn_agent result.
+        assert_eq!(std::fs::read_to_string(env.cwd.join("note.txt")).unwrap(), "from the child\n", "{face}");
+        let by: Vec<&str> = child.iter().filter_map(|e| e["by"].as_str()).collect();
+        assert_eq!(by.first(), Some(&"allowlist:write_file"), "{face}: {child:#?}");
+        let text = std::fs::read_to_string(parents[0]).unwrap();
+        assert!(text.contains("child done"), "{face}: the child's answer is not in the parent's file");
+        assert_eq!(parent.last().unwrap()["text"], "parent done", "{face}: {parent:#?}");
+        match &reference {
+            None => reference = Some((face, parent, child)),
+            Some((first, want_parent, want_child)) => {
+                assert_eq!(&parent, want_parent, "{face}'s parent differs from {first}'s");
+                assert_eq!(&child, want_child, "{face}'s child differs from {first}'s");
+            }
         }
     }
 }

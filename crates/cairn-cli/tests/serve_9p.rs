@@ -1138,3 +1138,44 @@ fn state_says_busy_elsewhere_while_another_process_holds_the_session() {
     let _ = holder.wait();
     assert_eq!(text(&mut c, &format!("s/{id}/state")), "interrupted\n");
 }
+
+/// A served session offers the subagent family like `cairn run`: its
+/// child runs on the session's provider, and the child's Write call is
+/// asked in the parent's `approvals/` (the same person answers for the
+/// family), then the child's answer reaches the parent.
+#[test]
+fn a_served_session_spawns_a_child_whose_question_is_asked_in_its_approvals() {
+    let env = Env::new();
+    let child = env.home.join("child.jsonl");
+    let lines = [
+        json!({"text": "", "toolCalls": [{"id": "k1", "name": "write_file", "arguments": {"path": "note.txt", "content": "from the child\n"}}]}),
+        json!({"text": "child done"}),
+    ];
+    std::fs::write(&child, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let parent = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent", "arguments": {"prompt": "write the note", "script": child.to_str().unwrap()}}]}),
+        json!({"text": "parent done"}),
+    ]);
+    let (_served, mut c, id) = scripted_session(&env, &parent, "");
+    c.write_file(&format!("s/{id}/prompt"), b"go\n").unwrap();
+    let dir = format!("s/{id}/approvals");
+    let mut pending = Vec::new();
+    wait_for("the child's question in the parent's approvals", || {
+        pending = c.list(&dir).unwrap();
+        !pending.is_empty()
+    });
+    let inv = pending[0].name.clone();
+    let shown = text(&mut c, &format!("{dir}/{inv}"));
+    assert!(shown.contains("tool: write_file") && shown.contains("note.txt"), "{shown}");
+    c.write_file(&format!("{dir}/{inv}"), b"y").unwrap();
+    wait_for("the parent's answer", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: parent done"));
+    assert_eq!(std::fs::read_to_string(env.cwd.join("note.txt")).unwrap(), "from the child\n");
+    let children: Vec<_> = env
+        .session_files()
+        .into_iter()
+        .filter(|p| p.file_stem().unwrap().to_str().unwrap().starts_with(&format!("{id}+")))
+        .collect();
+    assert_eq!(children.len(), 1, "one child file: {children:?}");
+    let parent_text = std::fs::read_to_string(env.home.join("sessions").join(format!("{id}.jsonl"))).unwrap();
+    assert!(parent_text.contains("child done"), "the child's answer is the spawn_agent result");
+}

@@ -33,7 +33,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, PolicyApprover, Verdict};
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, PolicyApprover, SharedApprover, Verdict};
 use cairn_core::events::{
     EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
 };
@@ -567,8 +567,15 @@ fn open_session(
     mode: SharedMode,
 ) -> Result<Open, RpcError> {
     let cwd = PathBuf::from(&store.header().cwd);
+    // The person behind the editor's permission requests, shared with the
+    // children the session spawns.
+    let person = SharedApprover::new(Box::new(PermissionAsker {
+        shared: Arc::clone(shared),
+        session_id: store.header().id.clone(),
+        editor_reads: client_fs.0,
+    }));
     let crate::HostTools { mut tools, mut notes, hooks } =
-        host.tools(&cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        host.tools(&cwd, Some(&person)).map_err(|e| RpcError::internal(format!("{e:#}")))?;
     // The editor's own MCP servers for this session, after cairn's tools
     // (a name already taken stays cairn's).
     if !servers.is_empty() {
@@ -582,12 +589,7 @@ fn open_session(
     }
     // The approver first: the registry offers what it can answer.
     let allow = host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
-    let asker = PermissionAsker {
-        shared: Arc::clone(shared),
-        session_id: store.header().id.clone(),
-        editor_reads: client_fs.0,
-    };
-    let approver = ModeApprover { inner: PolicyApprover::new(allow, Some(Box::new(asker))), mode };
+    let approver = ModeApprover { inner: PolicyApprover::new(allow, Some(Box::new(person))), mode };
     let mut registry = ToolRegistry::new(&approver);
     registry.set_hooks(hooks);
     let session_id = store.header().id.clone();
@@ -1126,10 +1128,28 @@ impl Approver for PermissionAsker {
         if let (Some(diff), Some(items)) = (diff_content(request, editor), content.as_array_mut()) {
             items.insert(0, diff);
         }
+        // A subagent's call is asked in its parent's session under an id of
+        // its own (`i5+i3`), announced first: the editor never saw the
+        // child's turn.
+        let call_id = request.question_id(&self.session_id);
+        let child = request.is_of_descendant(&self.session_id);
+        if child {
+            self.shared.notify(
+                &self.session_id,
+                json!({
+                    "sessionUpdate": "tool_call",
+                    "toolCallId": call_id,
+                    "title": format!("subagent {}: {}", request.session_id, title(request.tool, request.arguments)),
+                    "kind": kind(request.tool),
+                    "status": "pending",
+                    "rawInput": request.arguments,
+                }),
+            );
+        }
         let params = json!({
             "sessionId": self.session_id,
             "toolCall": {
-                "toolCallId": request.invocation_id,
+                "toolCallId": call_id,
                 "title": title(request.tool, request.arguments),
                 "kind": kind(request.tool),
                 "status": "pending",
@@ -1138,6 +1158,31 @@ impl Approver for PermissionAsker {
             },
             "options": options,
         });
+        let verdict = self.ask(params, always);
+        if child {
+            // The child's own turn runs the call; here it is settled as
+            // far as this editor can follow it.
+            let (status, said) = match &verdict {
+                Ok(Verdict { decision: Answer::Approve | Answer::ApproveForSession, .. }) => {
+                    ("completed", format!("approved; it runs in subagent session {}", request.session_id))
+                }
+                Ok(Verdict { decision: Answer::Deny { reason }, .. }) => ("failed", reason.clone()),
+                Err(e) => ("failed", e.to_string()),
+            };
+            self.shared.notify(
+                &self.session_id,
+                json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": status, "content": text_content(&said)}),
+            );
+        }
+        verdict
+    }
+}
+
+impl PermissionAsker {
+    /// Ask the editor `params` (a `session/request_permission`) and read
+    /// its answer as a verdict (`always`: whether "allow always" was
+    /// offered).
+    fn ask(&self, params: Value, always: bool) -> Result<Verdict, ApprovalError> {
         let by = "user:acp".to_owned();
         let deny = |reason: &str| Ok(Verdict { decision: Answer::Deny { reason: reason.to_owned() }, by: by.clone() });
         match self.shared.ask_until(&self.session_id, "session/request_permission", params, None) {

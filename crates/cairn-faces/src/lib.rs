@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cairn_core::SessionConfig;
-use cairn_core::approval::Allowlist;
+use cairn_core::approval::{Allowlist, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::JsonlStore;
 use cairn_core::tool::Tool;
@@ -61,8 +61,11 @@ pub enum ClientMcpTransport {
 pub trait Host: Sync {
     /// The configured provider for sessions working in `cwd`.
     fn provider(&self, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>>;
-    /// The tools offered in `cwd` (built-ins, then external tools).
-    fn tools(&self, cwd: &Path) -> anyhow::Result<HostTools>;
+    /// The tools offered in `cwd` (built-ins, then external tools, then
+    /// the subagent family's), their calls answered by a policy that asks
+    /// `person` (if anyone): the same person answers for the children the
+    /// session spawns.
+    fn tools(&self, cwd: &Path, person: Option<&SharedApprover>) -> anyhow::Result<HostTools>;
     /// The tools of MCP servers an editor gave for a session in `cwd`
     /// (names in `taken` are kept by the tools already offered). Default:
     /// none, said in the notes.

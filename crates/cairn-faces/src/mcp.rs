@@ -81,7 +81,7 @@ struct Server<'h> {
 /// early.
 pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 'static, out: &Out) -> Result<()> {
     let allow = host.allowlist()?;
-    let crate::HostTools { tools, notes, hooks } = host.tools(&options.root)?;
+    let crate::HostTools { tools, notes, hooks } = host.tools(&options.root, None)?;
     for note in notes {
         eprintln!("cairn mcp: {note}");
     }

@@ -71,7 +71,13 @@ impl Host for BenchHost {
         };
         Ok(Box::new(ScriptProvider::new(lines).cycling()))
     }
-    fn tools(&self, _cwd: &Path, approver: &dyn cairn_core::approval::Approver) -> Result<ToolRegistry> {
+    fn tools(
+        &self,
+        _cwd: &Path,
+        approver: &cairn_core::approval::PolicyApprover,
+        _person: Option<&cairn_core::approval::SharedApprover>,
+    ) -> Result<ToolRegistry> {
+        use cairn_core::approval::Approver as _;
         Ok(cairn_testtools::registry(approver.is_interactive(), None))
     }
     fn providers_text(&self) -> String {

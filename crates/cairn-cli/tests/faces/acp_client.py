@@ -136,7 +136,7 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once"}[scenario]
+              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once", "subagent": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario == "client_fs")
@@ -409,6 +409,15 @@ async def main():
             expect((diffs[0].path, diffs[0].old_text, diffs[0].new_text), (os.path.join(cwd, "b.txt"), None, "new\n"))
             with open(os.path.join(cwd, "b.txt")) as f:
                 expect(f.read(), "new\n")
+        elif scenario == "subagent":
+            # The parent spawns a child (spawn_agent); the child's write is
+            # asked of this editor, in the parent's session, and runs once
+            # allowed; the parent then answers with the child's result.
+            kinds = [e[0] for e in got]
+            assert ("permission", "edit", ("allow_once", "allow_always", "reject_once")) in got, got
+            assert kinds[-1] == "agent_message_chunk" and "parent done" in got[-1][1], got
+            with open(os.path.join(cwd, "note.txt")) as f:
+                expect(f.read(), "from the child\n")
         elif scenario == "prompt_reject":
             expect(got, [
                 ("agent_message_chunk", "Let me look."),

@@ -502,6 +502,7 @@ mod tests {
         let args = shell("ls");
         let cwd = std::path::Path::new("/");
         let mut request = ApprovalRequest {
+            session_id: "s",
             invocation_id: "i1",
             tool: "shell",
             risk: Risk::Write,

@@ -19,6 +19,7 @@ pub mod cmdline;
 pub mod gate;
 pub mod indirection;
 mod policy;
+mod shared;
 
 use std::path::Path;
 
@@ -30,7 +31,10 @@ use crate::tool::{Preview, Risk};
 /// What an approver is asked about.
 #[derive(Debug, Clone, Copy)]
 pub struct ApprovalRequest<'a> {
-    /// cairn's invocation id.
+    /// The session whose call this is (a subagent's, when its parent's
+    /// person is asked: `approval::SharedApprover`).
+    pub session_id: &'a str,
+    /// cairn's invocation id (unique within its session).
     pub invocation_id: &'a str,
     /// Tool name.
     pub tool: &'a str,
@@ -52,6 +56,25 @@ pub struct ApprovalRequest<'a> {
 }
 
 impl ApprovalRequest<'_> {
+    /// How a person asked through `asking`'s face (a terminal, a 9P
+    /// `approvals/` file, an editor's permission request) names this call:
+    /// the invocation id for `asking`'s own call; for a call of one of its
+    /// subagents (ids `<asking>+<invocation>[+…]`), the descendant's part
+    /// of its id, `+`, then the invocation (`i5+i3`: call i3 of the child
+    /// spawned by i5), so it never collides with the parent's own ids.
+    pub fn question_id(&self, asking: &str) -> String {
+        match self.session_id.strip_prefix(asking).and_then(|rest| rest.strip_prefix('+')) {
+            Some(descendant) if !descendant.is_empty() => format!("{descendant}+{}", self.invocation_id),
+            _ => self.invocation_id.to_owned(),
+        }
+    }
+
+    /// Whether this is a call of a subagent of `asking` (see
+    /// [`ApprovalRequest::question_id`]).
+    pub fn is_of_descendant(&self, asking: &str) -> bool {
+        self.session_id != asking && self.session_id.strip_prefix(asking).is_some_and(|r| r.starts_with('+'))
+    }
+
     /// Whether the person asked may answer "approve for this session"
     /// ([`gate::may_remember`]).
     pub fn may_remember(&self) -> bool {
@@ -129,3 +152,4 @@ pub trait Approver {
 pub use allowlist::{AllowRule, AllowRuleError, Allowlist, AllowlistApprover};
 pub use gate::{Need, gate};
 pub use policy::PolicyApprover;
+pub use shared::SharedApprover;

@@ -48,6 +48,13 @@ impl PolicyApprover {
         self
     }
 
+    /// Who approves every Write call no rule covers, if anyone
+    /// ([`PolicyApprover::approve_writes`]): a session's children are
+    /// given the same standing approval.
+    pub fn writes_approved_by(&self) -> Option<&str> {
+        self.writes.as_deref()
+    }
+
     /// The allow rules.
     pub fn allowlist(&self) -> &Allowlist {
         self.allow.list()
@@ -144,6 +151,7 @@ mod tests {
 
     fn request<'a>(risk: Risk, bypass: Option<&'a str>, args: &'a serde_json::Value) -> ApprovalRequest<'a> {
         ApprovalRequest {
+            session_id: "s",
             invocation_id: "i",
             tool: "shell",
             risk,

@@ -455,6 +455,7 @@ impl<S: Storage> Session<S> {
                     }
                     Err(_) => {
                         let ask = ApprovalRequest {
+                            session_id: &request.session_id,
                             invocation_id: &invocation_id,
                             tool: &request.tool,
                             risk,
@@ -537,6 +538,7 @@ impl<S: Storage> Session<S> {
                         preview: preview.clone(),
                     });
                     let ask = ApprovalRequest {
+                        session_id: &request.session_id,
                         invocation_id: &invocation_id,
                         tool: &request.tool,
                         risk,

@@ -205,6 +205,7 @@ pub fn decide_bypass(
         Err(refusal) => refusal,
         Ok(need) => {
             let ask = ApprovalRequest {
+                session_id: &request.session_id,
                 invocation_id: &request.invocation_id,
                 tool: &request.tool,
                 risk,
@@ -267,6 +268,7 @@ pub fn review_staged_effect(
         ),
     };
     let question = ApprovalRequest {
+        session_id: &request.session_id,
         invocation_id: &request.invocation_id,
         tool: &request.tool,
         risk: Risk::Destructive,
