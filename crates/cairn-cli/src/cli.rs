@@ -117,6 +117,10 @@ pub enum Command {
         /// some effect cannot be undone.
         #[arg(long)]
         force: bool,
+        /// Instead, remove from the pre-image store every blob no session file names that was not written or
+        /// reused in the last day (with --dry-run: count them). A session can always undo and redo what it holds.
+        #[arg(long, conflicts_with_all = ["id", "turn", "to", "force"])]
+        gc: bool,
     },
     /// Reapply the undo the lane stands on (its file effects and the lane head).
     Redo {
@@ -375,11 +379,14 @@ fn run(cli: Cli) -> Result<u8> {
         return crate::batch::run(ctx, specs);
     }
     let database = ctx.settings.database.value.is_some();
-    match cli.command {
+    // Commands that run turns, which keep pre-images: the store is brought
+    // back under its budget after them (`undo::collect_past_budget`).
+    let keeps_preimages = matches!(cli.command, Command::Run { .. } | Command::Resume { .. } | Command::Chat { .. });
+    let code = match cli.command {
         Command::Serve { .. } | Command::Batch { .. } | Command::Toolsrv { .. } => {
             anyhow::bail!("dispatched before the other commands")
         }
-        Command::Worker { concurrency, lease } => crate::pg::worker(ctx, concurrency, lease),
+        Command::Worker { concurrency, lease } => return crate::pg::worker(ctx, concurrency, lease),
         Command::Submit { prompt, prompt_file, session } => {
             crate::pg::submit(&ctx, session.as_deref(), prompt, prompt_file.as_deref())
         }
@@ -410,7 +417,25 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Show { id, tools: false, all } => commands::show(&ctx, &resolve(&id)?, all),
         Command::Show { id, tools: true, .. } => commands::show_tools(&ctx, &resolve(&id)?),
         Command::Log { id, follow } => commands::log(&ctx, &resolve(&id)?, follow),
-        Command::Undo { id, turn, to, dry_run, force } => {
+        Command::Undo { gc: true, dry_run, .. } => crate::undo::gc(&ctx, dry_run),
+        Command::Undo { id, turn, to, dry_run, force, gc: false } if database => {
+            let Some(id) = id else {
+                anyhow::bail!("which session? give its id (with --database, there is no default)")
+            };
+            let target = match (turn, to) {
+                (Some(n), _) => crate::undo::Target::Turn(n),
+                (None, Some(entry)) => crate::undo::Target::After(entry),
+                (None, None) => crate::undo::Target::LastTurn,
+            };
+            crate::pg::rewind(&ctx, &id, Some(target), dry_run, force)
+        }
+        Command::Redo { id, dry_run, force } if database => {
+            let Some(id) = id else {
+                anyhow::bail!("which session? give its id (with --database, there is no default)")
+            };
+            crate::pg::rewind(&ctx, &id, None, dry_run, force)
+        }
+        Command::Undo { id, turn, to, dry_run, force, gc: false } => {
             let path = match id {
                 Some(id) => resolve(&id)?,
                 None => sessions::last(&ctx.paths, &store_options)?,
@@ -456,5 +481,9 @@ fn run(cli: Cli) -> Result<u8> {
         }
         #[cfg(feature = "actors")]
         Command::World { action } => crate::world::run(&ctx, action),
+    };
+    if keeps_preimages && code.is_ok() {
+        crate::undo::collect_past_budget(&ctx);
     }
+    code
 }

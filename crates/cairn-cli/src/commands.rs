@@ -222,16 +222,27 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
 }
 
 /// `cairn show --tools`: every tool invocation of the session with its
-/// status, verdict, timings and receipt summary. The lifecycle comes from
-/// core's `ToolState` projection of the log; nothing is re-derived here.
+/// status, verdict, timings and receipt summary, and whether `cairn undo`
+/// can revert it. The lifecycle comes from core's `ToolState` projection
+/// of the log and the undoability from `cairn_core::undo::effects`, the
+/// very rule undo acts on (with the same delegating tools); nothing is
+/// re-derived here.
 pub fn show_tools(ctx: &Context, path: &Path) -> Result<u8> {
+    use cairn_core::undo::Undoability;
     let store = JsonlStore::open_read_only(path)?;
     let id = store.header().id.clone();
     let state = ToolState::replay(store.index().entries());
+    // From the whole log: an effect's records are the same on every lane
+    // that holds it.
+    let effects = cairn_core::undo::effects(store.index().entries(), crate::undo::DELEGATING);
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
         for invocation in &state.invocations {
-            writeln!(out, "{}", escape_json(&serde_json::to_string(invocation)?))?;
+            let mut value = serde_json::to_value(invocation)?;
+            if let (Some(map), Some(undo)) = (value.as_object_mut(), effects.undoability(&invocation.invocation_id)) {
+                map.insert("undo".to_owned(), serde_json::to_value(undo)?);
+            }
+            writeln!(out, "{}", escape_json(&value.to_string()))?;
         }
         for anomaly in &state.anomalies {
             writeln!(out, "{}", escape_json(&serde_json::json!({ "anomaly": anomaly }).to_string()))?;
@@ -242,19 +253,16 @@ pub fn show_tools(ctx: &Context, path: &Path) -> Result<u8> {
     if state.invocations.is_empty() {
         writeln!(out, "no tool calls in session {}", esc(&id))?;
     }
-    // Which effects `cairn undo` can revert (from the whole log: an
-    // effect's records are the same on every lane that holds it).
-    let effects = cairn_core::undo::effects(store.index().entries());
     for (n, invocation) in state.invocations.iter().enumerate() {
         if n > 0 {
             writeln!(out)?;
         }
         let mut lines = describe_invocation(invocation);
-        let id = &invocation.invocation_id;
-        if let Some(u) = effects.unrevertible.iter().find(|u| &u.invocation_id == id) {
-            lines.push(format!("undo      cannot be undone: {}", u.reason));
-        } else if effects.revertible.iter().any(|r| &r.staged.invocation_id == id) {
-            lines.push("undo      can be undone (its prior state is kept)".to_owned());
+        match effects.undoability(&invocation.invocation_id) {
+            Some(Undoability::Undoable) => lines.push("undo      can be undone (its prior state is kept)".to_owned()),
+            Some(Undoability::NotUndoable { reason }) => lines.push(format!("undo      cannot be undone: {reason}")),
+            Some(Undoability::NoEffect) => lines.push("undo      nothing to undo (it changed no file)".to_owned()),
+            None => {}
         }
         for (i, line) in lines.into_iter().enumerate() {
             let line = esc(&line);

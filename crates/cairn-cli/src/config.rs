@@ -152,6 +152,9 @@ pub struct ToolsFileConfig {
     /// An effect whose prior contents are larger than this many bytes is
     /// applied without keeping them (it cannot be undone).
     pub undo_max_bytes: Option<u64>,
+    /// Past this many bytes in the whole pre-image store, the blobs no
+    /// session names are collected after a turn (`cairn undo --gc`).
+    pub undo_store_max_bytes: Option<u64>,
     /// Use the tools of the `cairn toolsrv` at this dial string (`toolsrv.rs`).
     pub toolsrv: Option<String>,
 }
@@ -217,6 +220,8 @@ pub struct Settings {
     pub staged_max_files: Setting<usize>,
     /// Most bytes of prior content kept for one effect's undo.
     pub undo_max_bytes: Setting<u64>,
+    /// Budget of the whole pre-image store (automatic collection past it).
+    pub undo_store_max_bytes: Setting<u64>,
     /// Local model threads.
     pub local_threads: Setting<usize>,
     /// Local model fast mode.
@@ -280,6 +285,7 @@ impl Settings {
         let mut staged = Setting::default(true);
         let mut staged_max_files = Setting::default(cairn_core::staged::StagedRules::default().max_files);
         let mut undo_max_bytes = Setting::default(cairn_tools::undo::DEFAULT_MAX_BYTES);
+        let mut undo_store_max_bytes = Setting::default(cairn_tools::undo::DEFAULT_STORE_MAX_BYTES);
         let mut compaction_threshold = Setting::default(75u8);
         let mut local_threads = Setting::default(1);
         let mut local_fast = Setting::default(false);
@@ -326,6 +332,9 @@ impl Settings {
         }
         if let Some(v) = file.tools.staged_max_files {
             staged_max_files.set(v, from_file());
+        }
+        if let Some(v) = file.tools.undo_store_max_bytes {
+            undo_store_max_bytes.set(v, from_file());
         }
         if let Some(v) = file.tools.undo_max_bytes {
             undo_max_bytes.set(v, from_file());
@@ -415,6 +424,7 @@ impl Settings {
             staged,
             staged_max_files,
             undo_max_bytes,
+            undo_store_max_bytes,
             local_threads,
             local_fast,
             local_model_path,
@@ -476,6 +486,11 @@ impl Settings {
                 self.staged_max_files.source.to_string(),
             ),
             ("tools.undo_max_bytes", self.undo_max_bytes.value.to_string(), self.undo_max_bytes.source.to_string()),
+            (
+                "tools.undo_store_max_bytes",
+                self.undo_store_max_bytes.value.to_string(),
+                self.undo_store_max_bytes.source.to_string(),
+            ),
             ("local.threads", self.local_threads.value.to_string(), self.local_threads.source.to_string()),
             ("local.fast", self.local_fast.value.to_string(), self.local_fast.source.to_string()),
             ("local.model_path", path(&self.local_model_path.value), self.local_model_path.source.to_string()),

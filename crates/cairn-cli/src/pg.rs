@@ -1,7 +1,8 @@
 //! The commands over a PostgreSQL database (`--database URL`, or
 //! `database = "postgres://…"` in the config): `cairn worker`, `cairn
 //! submit`, `cairn approvals`/`approve`, `cairn sessions/show/log`, `cairn
-//! export` and `cairn import`.
+//! export` and `cairn import`, and `cairn undo`/`redo` of a database
+//! session on a host that has its working directory and pre-images.
 //!
 //! It only wires: storage, leases and the worker loop are cairn-pg; the
 //! turn is cairn-core's, with this host's provider and tools (as `cairn
@@ -86,6 +87,7 @@ impl Driver for HostDriver {
     ) -> Result<(), TurnError> {
         let id = session.store().header().id.clone();
         let cwd = PathBuf::from(&session.store().header().cwd);
+        finish_undo(&self.ctx, session, &cwd)?;
         let wiring = (|| -> Result<_> {
             let provider = crate::wiring::build_provider(&self.ctx, &cwd)?;
             let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
@@ -127,6 +129,61 @@ impl Driver for HostDriver {
             None => session.resume(&mut env).map(drop),
         }
     }
+}
+
+/// An undo killed after its plan was committed (`cairn undo --database`
+/// on this or another host) is finished before a worker's turn, like
+/// before any other host's turn; what it did is said on stderr.
+fn finish_undo(ctx: &Context, session: &mut Session<PgStore>, cwd: &Path) -> Result<(), TurnError> {
+    let id = session.store().header().id.clone();
+    match cairn_tools::rewind::finish_interrupted(&crate::undo::store(ctx), session, cwd, false) {
+        Ok(Some(done)) => {
+            eprintln!("cairn worker: session {id}: {}", escape_controls(&done));
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(TurnError::Storage(cairn_core::storage::StorageError::Invalid(e.to_string()))),
+    }
+}
+
+/// `cairn undo`/`cairn redo --database URL ID` (`target` `None`: redo): the
+/// same protocol as for a session file (`cairn_tools::rewind`), committed
+/// to the database without a lease of its own (a commit is refused while a
+/// worker holds the session), run on this host's working tree and
+/// pre-image store. So it must run on the host whose turn kept them: a
+/// working directory missing here is refused naming it, and a missing
+/// pre-image is refused (nothing changed) by the protocol itself.
+pub fn rewind(
+    ctx: &Context,
+    session: &str,
+    target: Option<crate::undo::Target>,
+    dry_run: bool,
+    force: bool,
+) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let id = resolve(&mut client, session)?;
+    let store = PgStore::open(client, &id)?;
+    let cwd = PathBuf::from(&store.header().cwd);
+    if !cwd.is_dir() {
+        bail!(
+            "session {id} ran in {}, which is not a directory on this host: undo it on the worker host that ran its \
+             turns (the working tree and the pre-images are there); nothing was changed",
+            escape_controls(&cwd.display().to_string())
+        );
+    }
+    let mut session = Session::open(store, SessionConfig::default())?;
+    if session.needs_resume() {
+        bail!(
+            "a turn of session {id} is in progress (phase {:?}); let a worker finish it, then undo",
+            session.pc().phase
+        );
+    }
+    let kept = crate::undo::store(ctx);
+    let outcome = match target {
+        Some(t) => cairn_tools::rewind::undo(&kept, &mut session, &cwd, &t, crate::undo::DELEGATING, dry_run, force)?,
+        None => cairn_tools::rewind::redo(&kept, &mut session, &cwd, dry_run, force)?,
+    };
+    crate::undo::report(outcome)
 }
 
 /// `cairn worker`.

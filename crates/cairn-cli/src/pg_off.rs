@@ -44,3 +44,7 @@ pub fn approvals(_: &Context) -> Result<u8> {
 pub fn approve(_: &Context, _: &str, _: &str, _: Option<&str>) -> Result<u8> {
     bail!(OFF)
 }
+
+pub fn rewind(_: &Context, _: &str, _: Option<crate::undo::Target>, _: bool, _: bool) -> Result<u8> {
+    bail!(OFF)
+}

@@ -299,3 +299,62 @@ fn a_pending_approval_is_data_that_survives_the_worker() {
     assert_eq!(call["settlements"], 1, "{tools}");
     assert!(call["verdict"]["by"].as_str().unwrap().starts_with("user:cli:"), "{tools}");
 }
+
+/// Undo of a database session (issue 30) by a host that has its working
+/// directory and pre-images (here the worker's own home): `cairn undo
+/// --database URL ID` puts the tree back and `cairn redo` reapplies, both
+/// committed to the database; where the working directory is missing, it
+/// is refused naming it, and nothing changes.
+#[test]
+fn a_database_session_is_undone_and_redone_on_the_host_with_its_tree() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    std::fs::write(env.cwd.join("old.txt"), "old\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "write_file", "arguments": {"path": "old.txt", "content": "new\n"}},
+            {"id": "c2", "name": "write_file", "arguments": {"path": "made.txt", "content": "made\n"}}
+        ]}),
+        json!({"text": "written", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+    let id = stdout(&env.cairn(&["--database", url, "submit", "write them"]).output().unwrap()).trim().to_owned();
+    let guard = Guard(Some(
+        env.cairn(&["--database", url, "--script", s, "--yes", "worker", "--lease", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    let start = Instant::now();
+    while statuses(&env, url)[0]["state"] != "idle" {
+        assert!(start.elapsed() < Duration::from_secs(120), "timed out waiting for the session");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(guard);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("old.txt")).unwrap(), "new\n");
+    assert!(env.cwd.join("made.txt").exists());
+
+    // The working directory is not on this "host": refused, naming it.
+    let moved = env.cwd.with_extension("elsewhere");
+    std::fs::rename(&env.cwd, &moved).unwrap();
+    let out = env.cairn(&["--database", url, "undo", &id]).current_dir(&moved).output().unwrap();
+    std::fs::rename(&moved, &env.cwd).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not a directory on this host"), "{err}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("old.txt")).unwrap(), "new\n", "nothing changed");
+
+    let undone = stdout(&env.cairn(&["--database", url, "undo", &id]).output().unwrap());
+    assert!(undone.contains("2 effect(s)"), "{undone}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("old.txt")).unwrap(), "old\n");
+    assert!(!env.cwd.join("made.txt").exists());
+    // Committed to the database: the log there holds the undo.
+    let log = stdout(&env.cairn(&["--database", url, "log", &id]).output().unwrap());
+    assert!(log.contains("undoApplied"), "{log}");
+    let redone = stdout(&env.cairn(&["--database", url, "redo", &id]).output().unwrap());
+    assert!(redone.contains("redo"), "{redone}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("old.txt")).unwrap(), "new\n");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("made.txt")).unwrap(), "made\n");
+}

@@ -901,12 +901,15 @@ fn ctl_undo_and_redo_revert_a_shell_deletion() {
     assert!(err.contains("undo takes a turn number"), "{err}");
 }
 
-/// An undo killed after its plan was committed (`cairn undo`, SIGKILL at
-/// random moments until one lands there), then a prompt over 9P: the
-/// server finishes the undo before the turn, so the turn starts on the
-/// tree and the conversation the undo went back to.
+/// An undo killed after its plan was committed, then a prompt over 9P:
+/// the server finishes the undo before the turn, so the turn starts on the
+/// tree and the conversation the undo went back to. The killed state is
+/// made exactly (no timing): a complete `cairn undo` whose last line (its
+/// completion, `undoApplied`) is cut off and whose restore is put back by
+/// hand — the session bytes and the tree a SIGKILL right after the plan's
+/// commit leaves (the plan is one line, the completion the next; nothing
+/// else is written between them, and no file is touched before the plan).
 #[test]
-#[ignore = "timing-dependent (a random sleep before the kill): under load the undo can finish first and the test then fails without testing anything; to be rewritten to kill at a fixed point of the undo, as undo.rs's SIGKILL test does"]
 fn a_served_turn_finishes_an_interrupted_undo_first() {
     let env = Env::new();
     util::require_staging(&env);
@@ -937,29 +940,25 @@ fn a_served_turn_finishes_an_interrupted_undo_first() {
     c.write_file(&format!("{dir}/{}", pending[0].name), b"y").unwrap();
     wait_for("turn two", || text(&mut c, &format!("s/{id}/chat")).contains("assistant: two"));
     wait_for("state idle", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
-    assert_ne!(util::snapshot(&env.cwd), target);
+    let after_two = util::snapshot(&env.cwd);
+    assert_ne!(after_two, target);
     let file = env.home.join("sessions").join(format!("{id}.jsonl"));
-    let mut seed: u64 = 0x5851_f42d_4c95_7f2d;
-    let mut interrupted = false;
-    for _ in 0..200 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let mut child =
-            env.cairn(&["undo", &id]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-        std::thread::sleep(Duration::from_micros(seed % 150_000));
-        let _ = child.kill();
-        let _ = child.wait();
-        let types = entry_types(&file);
-        let plans = types.iter().filter(|t| *t == "undo").count();
-        let applied = types.iter().filter(|t| *t == "undoApplied").count();
-        assert_eq!(applied, 0, "an undo finished before any kill left it interrupted; the test shows nothing");
-        if plans > 0 {
-            interrupted = true;
-            break;
-        }
+    let out = env.cairn(&["undo", &id]).stdin(Stdio::null()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(util::snapshot(&env.cwd), target, "the undo ran");
+    // Cut the completion off and put back what the restore changed.
+    let log = std::fs::read_to_string(&file).unwrap();
+    let cut = log.trim_end_matches('\n').rfind('\n').unwrap() + 1;
+    assert!(log[cut..].contains("\"undoApplied\""), "the last line is the completion: {}", &log[cut..]);
+    assert!(log[..cut].trim_end().rsplit('\n').next().unwrap().contains("\"undo\""), "the line before is the plan");
+    std::fs::write(&file, &log[..cut]).unwrap();
+    for i in 0..300 {
+        std::fs::write(env.cwd.join(format!("many/{i}.txt")), format!("file {i}\nmore {i}\n")).unwrap();
     }
-    assert!(interrupted, "no kill in 200 landed between an undo's plan and its completion");
+    assert_eq!(util::snapshot(&env.cwd), after_two, "the tree as a kill right after the plan leaves it");
+    let types = entry_types(&file);
+    assert_eq!(types.iter().filter(|t| *t == "undo").count(), 1);
+    assert_eq!(types.iter().filter(|t| *t == "undoApplied").count(), 0, "an interrupted undo");
     // The third turn's answer is the script's third assistant line (the
     // undo took turn two's out of the conversation).
     env.script(&[json!({"text": "-"}), json!({"text": "-"}), json!({"text": "three"})]);

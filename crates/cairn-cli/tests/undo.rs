@@ -552,3 +552,170 @@ fn undo_of_a_turn_that_spawned_a_subagent_refuses_naming_it() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(!env.cwd.join("child.txt").exists());
 }
+
+/// `cairn show --tools` (human and `--json`) marks each call of a turn
+/// holding an undoable effect (`write_file`), one that is not (a
+/// `spawn_agent`, whose child's calls are its own session's) and one with
+/// no effect (`read_file`) by the rule undo itself uses: the calls show
+/// marks not undoable are exactly those the undo refuses naming, with the
+/// turn, and `--force` reverts the rest and says what it did not.
+#[test]
+fn show_tools_marks_each_call_as_undo_judges_it() {
+    let env = Env::new();
+    fixture(&env.cwd);
+    let write = |name: &str, lines: &[Value]| {
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(env.home.join(name), text).unwrap();
+    };
+    write(
+        "parent.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [
+                {"id": "w1", "name": "write_file", "arguments": {"path": "mine.txt", "content": "parent\n"}},
+                {"id": "r1", "name": "read_file", "arguments": {"path": "keep.txt"}},
+                {"id": "s1", "name": "spawn_agent", "arguments": {"prompt": "write it", "script": "child.jsonl"}},
+            ]}),
+            done("Both wrote."),
+        ],
+    );
+    write("child.jsonl", &[write_file("c1", "child.txt", "from the child\n"), done("Wrote it.")]);
+    let parent = env.home.join("parent.jsonl");
+    let (code, out, err) = cairn(&env, &["--script", parent.to_str().unwrap(), "--yes", "run", "go"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(env.cwd.join("mine.txt").exists() && env.cwd.join("child.txt").exists(), "{out}{err}");
+    let parent_id = env
+        .session_files()
+        .iter()
+        .map(|f| f.file_stem().unwrap().to_string_lossy().into_owned())
+        .find(|id| !id.contains('+'))
+        .unwrap();
+
+    let (code, json_out, err) = cairn(&env, &["--json", "show", "--tools", &parent_id]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<Value> = json_out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let row = |tool: &str| rows.iter().find(|r| r["tool"] == tool).unwrap_or_else(|| panic!("{tool}: {json_out}"));
+    assert_eq!(row("write_file")["undo"]["status"], "undoable", "{json_out}");
+    assert_eq!(row("read_file")["undo"]["status"], "noEffect", "{json_out}");
+    assert_eq!(row("spawn_agent")["undo"]["status"], "notUndoable", "{json_out}");
+    assert!(row("spawn_agent")["undo"]["reason"].as_str().unwrap().contains("another session"), "{json_out}");
+
+    let (code, human, _) = cairn(&env, &["show", "--tools", &parent_id]);
+    assert_eq!(code, 0);
+    let block = |tool: &str| {
+        human
+            .split("\n\n")
+            .find(|b| b.split_whitespace().nth(1).is_some_and(|t| t.trim_end_matches(':') == tool))
+            .unwrap_or_else(|| panic!("{tool}: {human}"))
+    };
+    assert!(block("write_file").contains("undo      can be undone"), "{human}");
+    assert!(block("read_file").contains("undo      nothing to undo"), "{human}");
+    assert!(block("spawn_agent").contains("undo      cannot be undone: spawn_agent ran in another session"), "{human}");
+
+    // Undo refuses naming exactly the calls show marks not undoable, and
+    // the turn they are in.
+    let (code, out, err) = cairn(&env, &["undo", &parent_id]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("these effects of turn 1 cannot be undone"), "{err}");
+    for r in &rows {
+        let named = err.contains(&format!("({}, turn 1)", r["invocationId"].as_str().unwrap()));
+        assert_eq!(named, r["undo"]["status"] == "notUndoable", "{r}\nundo said:\n{err}");
+    }
+    assert!(env.cwd.join("mine.txt").exists(), "nothing changed");
+
+    // --force reverts the parent's own write and says what it did not revert.
+    let (code, out, err) = cairn(&env, &["undo", &parent_id, "--force"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("not fully reverted (turn 1)") && out.contains("not undone: spawn_agent"), "{out}");
+    assert!(!env.cwd.join("mine.txt").exists(), "{out}");
+    assert!(env.cwd.join("child.txt").exists(), "the child's session holds its write: {out}");
+}
+
+/// The blob of the prior content of `path` a session's `toolStaged`
+/// recorded.
+fn kept_blob(env: &Env, session: &Path, path: &str) -> PathBuf {
+    let staged = entries(session).into_iter().find(|e| e["type"] == "toolStaged").unwrap();
+    let change = staged["payload"]["changeSet"]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == path)
+        .unwrap()
+        .clone();
+    let sha = change["before"]["sha256"].as_str().unwrap().to_owned();
+    env.home.join("preimages").join(&sha[..2]).join(&sha)
+}
+
+/// Every file of the pre-image store made two days old (past the grace).
+fn age_store(env: &Env) {
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 24 * 3600);
+    for shard in std::fs::read_dir(env.home.join("preimages")).unwrap() {
+        let shard = shard.unwrap().path();
+        if shard.is_dir() {
+            for blob in std::fs::read_dir(&shard).unwrap() {
+                let f = std::fs::OpenOptions::new().write(true).open(blob.unwrap().path()).unwrap();
+                f.set_modified(old).unwrap();
+            }
+        }
+    }
+}
+
+/// A turn in a new session writing `path`; (its session file, the blob of
+/// the prior content of `path`).
+fn session_writing(env: &Env, path: &str, content: &str) -> (PathBuf, PathBuf) {
+    let before: Vec<PathBuf> = env.session_files();
+    let script = env.script(&[write_file("c1", path, content), done("Done.")]);
+    let (code, out, err) = cairn(env, &["--script", script.to_str().unwrap(), "--yes", "run", "go"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let file = env.session_files().into_iter().find(|f| !before.contains(f)).unwrap();
+    let blob = kept_blob(env, &file, path);
+    assert!(blob.is_file(), "the prior content of {path} is kept");
+    (file, blob)
+}
+
+/// The pre-image store's garbage collection: a pre-image a session names
+/// survives (and that session still undoes), one whose session is gone
+/// goes — by `cairn undo --gc`, and after a turn once the store is over
+/// `tools.undo_store_max_bytes`; a young one stays (the grace); a dry run
+/// removes nothing.
+#[test]
+fn gc_removes_only_the_pre_images_no_session_names() {
+    let env = Env::new();
+    fixture(&env.cwd);
+    let before = snapshot(&env.cwd);
+    let (kept_session, named) = session_writing(&env, "f.txt", "replaced\n");
+    let (gone_session, orphan) = session_writing(&env, "keep.txt", "changed\n");
+    std::fs::remove_file(&gone_session).unwrap();
+    // Young: nothing is removed yet, even unnamed.
+    let (code, out, err) = cairn(&env, &["undo", "--gc"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("removed 0 pre-image(s)"), "{out}");
+    assert!(orphan.is_file() && named.is_file());
+    age_store(&env);
+    let (code, out, err) = cairn(&env, &["undo", "--gc", "--dry-run"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("would remove 1 pre-image(s)"), "{out}");
+    assert!(orphan.is_file(), "a dry run removes nothing");
+    let (code, out, err) = cairn(&env, &["undo", "--gc"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("removed 1 pre-image(s)") && out.contains("kept 1 a session names"), "{out}");
+    assert!(!orphan.exists(), "the pre-image no session names went");
+    assert!(named.is_file(), "the pre-image a session names stayed");
+
+    // Past the store's budget, a turn collects by itself.
+    let (gone_session, orphan) = session_writing(&env, "victim/data.txt", "changed\n");
+    std::fs::remove_file(&gone_session).unwrap();
+    age_store(&env);
+    std::fs::write(env.home.join("config.toml"), "[tools]\nundo_store_max_bytes = 1\n").unwrap();
+    let script = env.script(&[done("Hello.")]);
+    let (code, out, err) = cairn(&env, &["--script", script.to_str().unwrap(), "run", "hi"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.contains("over its budget") && err.contains("removed 1 pre-image(s)"), "{err}");
+    assert!(!orphan.exists() && named.is_file());
+    // The session that names its pre-image still undoes exactly.
+    std::fs::write(env.cwd.join("keep.txt"), "keep\n").unwrap();
+    std::fs::write(env.cwd.join("victim/data.txt"), "keep me\n").unwrap();
+    let id = kept_session.file_stem().unwrap().to_string_lossy().into_owned();
+    let (code, out, err) = cairn(&env, &["undo", &id]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_tree(&env, &before, "after undo of the session whose pre-image was kept");
+}

@@ -43,6 +43,9 @@ pub struct Unrevertible {
     pub tool: String,
     /// Why it cannot be undone.
     pub reason: String,
+    /// The turn it ran in (1-based along the lane), when the host counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<usize>,
 }
 
 /// One effect an undo reverts.
@@ -60,91 +63,208 @@ pub struct Effects {
     /// Effects whose pre-images were kept.
     pub revertible: Vec<Revertible>,
     /// Effects that changed (or may have changed) something undo cannot
-    /// put back.
+    /// put back. An invocation may be in both lists: its files can be
+    /// reverted, but not everything it did (network access, a run outside
+    /// the sandbox).
     pub unrevertible: Vec<Unrevertible>,
+    /// Invocations that started and left nothing to undo (ReadOnly, or a
+    /// staged run that changed nothing).
+    pub no_effect: Vec<String>,
 }
 
-/// The file effects of `entries` (a stretch of one lane, oldest first):
-/// every `toolStaged` change set with kept pre-images is revertible; one
-/// without them, and every call that ran with a Write or Destructive tier
-/// and recorded no change set (an unstaged shell command, an external
-/// tool without staging, a network call), is not. A staged call that
-/// changed nothing (its receipt says so) has no effect at all.
-pub fn effects(entries: &[Entry]) -> Effects {
+/// Whether one invocation's effect can be undone: what `cairn show
+/// --tools` says of it, read from the same [`Effects`] `cairn undo` acts
+/// on, so the two cannot disagree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "camelCase")]
+pub enum Undoability {
+    /// Undo reverts all of it (its prior state is kept).
+    Undoable,
+    /// Undo cannot revert it (or not all of it): it refuses a range holding
+    /// it unless forced.
+    NotUndoable {
+        /// Why (several reasons joined by "; ").
+        reason: String,
+    },
+    /// It started and changed nothing undo would revert.
+    NoEffect,
+}
+
+impl Effects {
+    /// What undo makes of `invocation_id`; `None` when it never started in
+    /// the entries read (rejected, or not there).
+    pub fn undoability(&self, invocation_id: &str) -> Option<Undoability> {
+        let reasons: Vec<&str> =
+            self.unrevertible.iter().filter(|u| u.invocation_id == invocation_id).map(|u| u.reason.as_str()).collect();
+        if !reasons.is_empty() {
+            return Some(Undoability::NotUndoable { reason: reasons.join("; ") });
+        }
+        if self.revertible.iter().any(|r| r.staged.invocation_id == invocation_id) {
+            return Some(Undoability::Undoable);
+        }
+        self.no_effect.iter().any(|i| i == invocation_id).then_some(Undoability::NoEffect)
+    }
+}
+
+/// What an invocation's records say, gathered before it is judged.
+#[derive(Default)]
+struct Seen {
+    tool: String,
+    tier: Option<Risk>,
+    staged: bool,
+    structured: Option<serde_json::Value>,
+}
+
+/// The file effects of `entries` (a stretch of one lane, oldest first),
+/// judged by one rule (the one `cairn undo` and `cairn show --tools` both
+/// use), per invocation that started:
+///
+/// - a call of a `delegating` tool (the host's `spawn_agent`) is not
+///   undoable here: its effects are in the child's own session;
+/// - a `toolStaged` change set with kept pre-images is revertible; one
+///   without them (over `tools.undo_max_bytes`, a FIFO, a read that
+///   failed) or recorded before pre-images existed is not;
+/// - a call whose receipt says it had network access (`"network": true`)
+///   or ran outside the sandbox after an approved bypass
+///   (`"bypassApproved": true`) is not (its files, if staged, are still
+///   reverted by a forced undo): what it did beyond the working tree's
+///   files cannot be put back;
+/// - a call with no change set that ran with a Write or Destructive tier
+///   is not: an unstaged shell command (its receipt says why), an
+///   external tool without `fileWrite`, an MCP server's tool, a network
+///   call; cairn does not know what it changed;
+/// - everything else (a ReadOnly call, a staged run that changed nothing)
+///   has no effect to undo.
+pub fn effects(entries: &[Entry], delegating: &[&str]) -> Effects {
     let mut out = Effects::default();
-    let mut tiers: BTreeMap<String, (String, Option<Risk>)> = BTreeMap::new();
+    let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
     let mut started: Vec<String> = Vec::new();
-    let mut staged: BTreeMap<String, ()> = BTreeMap::new();
-    let mut empty_staged: BTreeMap<String, ()> = BTreeMap::new();
+    let mut staged: Vec<(String, ToolStagedPayload)> = Vec::new();
     for entry in entries {
         match EntryType::of_entry(entry) {
             Some(EntryType::ToolRequested) => {
                 if let Some(p) = payload_of::<ToolRequestedPayload>(entry) {
-                    tiers.insert(p.invocation_id.clone(), (p.request.tool.clone(), p.tier));
+                    let s = seen.entry(p.invocation_id.clone()).or_default();
+                    s.tool = p.request.tool.clone();
+                    s.tier = p.tier;
                 }
             }
             Some(EntryType::ToolStarted) => {
                 if let Some(p) = payload_of::<ToolStartedPayload>(entry) {
+                    let s = seen.entry(p.invocation_id.clone()).or_default();
+                    if s.tool.is_empty() {
+                        s.tool = p.tool.clone();
+                    }
                     started.push(p.invocation_id);
                 }
             }
             Some(EntryType::ToolStaged) => {
                 let Some(p) = payload_of::<ToolStagedPayload>(entry) else { continue };
-                staged.insert(p.invocation_id.clone(), ());
-                match &p.preimages {
-                    Some(pre) if pre.kept() => {
-                        out.revertible.push(Revertible { entry_id: entry.id.clone(), staged: p });
-                    }
-                    Some(crate::staged::Preimages::NotKept { reason }) => out.unrevertible.push(Unrevertible {
-                        invocation_id: p.invocation_id.clone(),
-                        tool: p.tool.clone(),
-                        reason: format!("its prior state was not kept: {reason}"),
-                    }),
-                    _ => out.unrevertible.push(Unrevertible {
-                        invocation_id: p.invocation_id.clone(),
-                        tool: p.tool.clone(),
-                        reason: "it was recorded before cairn kept pre-images".to_owned(),
-                    }),
-                }
+                seen.entry(p.invocation_id.clone()).or_default().staged = true;
+                staged.push((entry.id.clone(), p));
             }
             Some(EntryType::ToolCompleted) => {
-                if let Some(p) = payload_of::<ToolCompletedPayload>(entry)
-                    && receipt_staged_nothing(p.receipt.structured_output.as_ref())
-                {
-                    empty_staged.insert(p.invocation_id, ());
+                if let Some(p) = payload_of::<ToolCompletedPayload>(entry) {
+                    seen.entry(p.invocation_id.clone()).or_default().structured = p.receipt.structured_output;
                 }
             }
             _ => {}
         }
     }
+    let not = |invocation: &str, tool: &str, reason: String| Unrevertible {
+        invocation_id: invocation.to_owned(),
+        tool: tool.to_owned(),
+        reason,
+        turn: None,
+    };
+    // Change sets, in the order they were recorded (the plan's order).
+    for (entry_id, p) in staged {
+        let not_kept = match &p.preimages {
+            Some(crate::staged::Preimages::Kept { .. }) => None,
+            Some(crate::staged::Preimages::NotKept { reason }) => {
+                Some(format!("its prior state was not kept: {reason}"))
+            }
+            None => Some("it was recorded before cairn kept pre-images".to_owned()),
+        };
+        match not_kept {
+            None => out.revertible.push(Revertible { entry_id, staged: p }),
+            Some(reason) => out.unrevertible.push(not(&p.invocation_id, &p.tool, reason)),
+        }
+    }
     for invocation in started {
-        if staged.contains_key(&invocation) || empty_staged.contains_key(&invocation) {
+        let s = seen.remove(&invocation).unwrap_or_default();
+        let tool = s.tool.as_str();
+        if delegating.contains(&tool) {
+            out.unrevertible.push(not(
+                &invocation,
+                tool,
+                format!(
+                    "{tool} ran in another session (a child's calls are its own): undo that session to revert them"
+                ),
+            ));
             continue;
         }
-        let (tool, tier) = tiers.get(&invocation).cloned().unwrap_or_default();
-        if tier == Some(Risk::ReadOnly) {
+        let structured = s.structured.as_ref();
+        let flag = |key: &str| structured.and_then(|v| v.get(key)).and_then(serde_json::Value::as_bool) == Some(true);
+        let mut beyond = Vec::new();
+        if flag("network") {
+            beyond
+                .push(format!("{tool} had network access: what it sent or changed over the network cannot be undone"));
+        }
+        if flag("bypassApproved") {
+            beyond.push(format!(
+                "{tool} ran outside the sandbox (an approved bypass): what it changed outside the working tree, \
+                 or in processes beyond it, cannot be undone"
+            ));
+        }
+        let has_beyond = !beyond.is_empty();
+        for reason in beyond {
+            out.unrevertible.push(not(&invocation, tool, reason));
+        }
+        if s.staged {
             continue;
         }
-        out.unrevertible.push(Unrevertible {
-            invocation_id: invocation,
-            tool: tool.clone(),
-            reason: format!(
-                "{tool} ran with a Write tier and recorded no change set (unstaged, or a tool without file staging), so \
-                 what it changed is not known"
+        if receipt_staged_nothing(structured) || s.tier == Some(Risk::ReadOnly) {
+            if !has_beyond {
+                out.no_effect.push(invocation);
+            }
+            continue;
+        }
+        let reason = match unstaged_why(structured) {
+            Some(why) => {
+                format!(
+                    "{tool} ran unstaged ({why}), so what it changed (files, processes outside the tree) is not known"
+                )
+            }
+            None => format!(
+                "{tool} ran with a Write tier and recorded no change set (a tool without file staging: no \
+                 fileWrite capability, an MCP server's tool, a network call), so what it changed is not known"
             ),
-        });
+        };
+        out.unrevertible.push(not(&invocation, tool, reason));
     }
     out
 }
 
+/// Why a receipt says its call ran unstaged (`staging.mode` is
+/// `unstaged`), if it does.
+fn unstaged_why(structured: Option<&serde_json::Value>) -> Option<String> {
+    let mode = structured?.get("staging")?;
+    (mode.get("mode")?.as_str()? == "unstaged")
+        .then(|| mode.get("why").and_then(|w| w.as_str()).unwrap_or("no overlay").to_owned())
+}
+
 /// Whether a receipt says a staged run changed nothing (`staging` is the
-/// overlay and the change set is empty).
+/// overlay and the change set, beside it (shell) or in it (external
+/// tools), is empty).
 fn receipt_staged_nothing(structured: Option<&serde_json::Value>) -> bool {
     let Some(s) = structured else { return false };
-    let overlay = s.get("staging").and_then(|m| m.get("mode")).and_then(|m| m.as_str()) == Some("overlay");
-    let empty =
-        s.get("changeSet").and_then(|c| c.get("changes")).and_then(|c| c.as_array()).is_some_and(|c| c.is_empty());
-    overlay && empty
+    let Some(staging) = s.get("staging") else { return false };
+    let overlay = staging.get("mode").and_then(|m| m.as_str()) == Some("overlay");
+    let empty = |v: &serde_json::Value| {
+        v.get("changeSet").and_then(|c| c.get("changes")).and_then(|c| c.as_array()).is_some_and(|c| c.is_empty())
+    };
+    overlay && (empty(s) || empty(staging))
 }
 
 /// The net plan that reverts `effects` (oldest first): per path, `from` is
@@ -251,6 +371,45 @@ pub fn reversed(steps: &[UndoStep]) -> Vec<UndoStep> {
     steps.iter().map(|s| UndoStep { path: s.path.clone(), from: s.to.clone(), to: s.from.clone() }).collect()
 }
 
+/// Every content hash `entries` name that the pre-image store may hold
+/// for them: the prior and new states (files and links) of every
+/// `toolStaged` change set, and the states of every `undo` plan (what an
+/// undo puts back, and what a redo puts back). A pre-image store keeps at
+/// least these (its garbage collection removes only blobs no session
+/// names); naming more than the store holds is harmless.
+pub fn named_preimages<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut add = |state: Option<&FileState>| {
+        if let Some(s) = state
+            && matches!(s.kind, crate::staged::EntryKind::File | crate::staged::EntryKind::Symlink)
+        {
+            out.insert(s.sha256.clone());
+        }
+    };
+    for entry in entries {
+        match EntryType::of_entry(entry) {
+            Some(EntryType::ToolStaged) => {
+                if let Some(p) = payload_of::<ToolStagedPayload>(entry) {
+                    for c in &p.change_set.changes {
+                        add(c.before.as_ref());
+                        add(c.after.as_ref());
+                    }
+                }
+            }
+            Some(EntryType::Undo) => {
+                if let Some(p) = payload_of::<UndoPayload>(entry) {
+                    for step in &p.steps {
+                        add(step.from.as_ref());
+                        add(step.to.as_ref());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -297,6 +456,150 @@ mod tests {
             ]
         );
         assert_eq!(reversed(&steps)[1], UndoStep { path: "b".into(), from: None, to: file("9") });
+    }
+
+    /// An entry of `kind` holding `payload`.
+    fn entry<P: serde::Serialize>(id: &str, kind: EntryType, payload: &P) -> Entry {
+        Entry {
+            seq: 1,
+            timestamp: 0,
+            id: id.into(),
+            parent_id: None,
+            entry_type: kind.tag().to_owned(),
+            payload: crate::storage::RawJson::from_json(serde_json::to_string(payload).unwrap()).unwrap(),
+        }
+    }
+
+    /// The records of one call of `tool` at `tier`: requested, started,
+    /// optionally staged (with `preimages`), completed with `structured`.
+    fn call(
+        id: &str,
+        tool: &str,
+        tier: Risk,
+        preimages: Option<Preimages>,
+        structured: serde_json::Value,
+    ) -> Vec<Entry> {
+        let request = crate::tool::ToolRequest {
+            invocation_id: id.into(),
+            call_id: id.into(),
+            session_id: "s".into(),
+            tool: tool.into(),
+            arguments: serde_json::json!({}),
+        };
+        let verdict = VerdictRecord { decision: Answer::Approve, by: "t".into(), at: 0 };
+        let mut out = vec![
+            entry(
+                &format!("{id}r"),
+                EntryType::ToolRequested,
+                &ToolRequestedPayload {
+                    invocation_id: id.into(),
+                    turn_id: "t1".into(),
+                    request,
+                    tier: Some(tier),
+                    replay: None,
+                    hook: None,
+                },
+            ),
+            entry(
+                &format!("{id}s"),
+                EntryType::ToolStarted,
+                &ToolStartedPayload {
+                    invocation_id: id.into(),
+                    call_id: id.into(),
+                    tool: tool.into(),
+                    verdict: verdict.clone(),
+                },
+            ),
+        ];
+        if let Some(pre) = preimages {
+            let mut staged = effect(vec![change("a", ChangeKind::Modified, file("1"), file("2"))]).staged;
+            staged.invocation_id = id.into();
+            staged.tool = tool.into();
+            staged.preimages = Some(pre);
+            out.push(entry(&format!("{id}g"), EntryType::ToolStaged, &staged));
+        }
+        out.push(entry(
+            &format!("{id}c"),
+            EntryType::ToolCompleted,
+            &ToolCompletedPayload {
+                invocation_id: id.into(),
+                call_id: id.into(),
+                tool: tool.into(),
+                receipt: crate::tool::ToolReceipt {
+                    exit_code: 0,
+                    output_summary: String::new(),
+                    structured_output: Some(structured),
+                    affected_entities: Vec::new(),
+                    duration_ms: 0,
+                    tier,
+                    timestamp: 0,
+                    truncated: false,
+                },
+                full_output: None,
+                settled_by: None,
+                bypasses: Vec::new(),
+            },
+        ));
+        out
+    }
+
+    /// One rule for every kind of call: what `undoability` says of each is
+    /// what undo reverts (`revertible`) or refuses over (`unrevertible`).
+    #[test]
+    fn each_kind_of_call_is_judged_by_one_rule() {
+        let kept = || Some(Preimages::Kept { bytes: 1 });
+        let overlay =
+            |n: bool| serde_json::json!({"staging": {"mode": "overlay"}, "network": n, "changeSet": {"changes": [{}]}});
+        let empty = serde_json::json!({"staging": {"mode": "overlay"}, "changeSet": {"changes": []}});
+        let mut entries = Vec::new();
+        entries.extend(call("i1", "write_file", Risk::Write, kept(), serde_json::json!({})));
+        entries.extend(call("i2", "shell", Risk::Write, kept(), overlay(true)));
+        entries.extend(call(
+            "i3",
+            "shell",
+            Risk::Write,
+            None,
+            serde_json::json!({"staging": {"mode": "unstaged", "why": "staged = false"}}),
+        ));
+        entries.extend(call("i4", "mcp__x__send", Risk::Write, None, serde_json::json!({})));
+        entries.extend(call("i5", "spawn_agent", Risk::Write, None, serde_json::json!({})));
+        entries.extend(call(
+            "i6",
+            "write_file",
+            Risk::Write,
+            Some(Preimages::NotKept { reason: "over the undo budget".into() }),
+            serde_json::json!({}),
+        ));
+        entries.extend(call("i7", "read_file", Risk::ReadOnly, None, serde_json::json!({})));
+        entries.extend(call("i8", "shell", Risk::Write, None, empty));
+        entries.extend(call("i9", "shell", Risk::Write, kept(), {
+            let mut v = overlay(false);
+            v["bypassApproved"] = serde_json::json!(true);
+            v
+        }));
+        let e = effects(&entries, &["spawn_agent"]);
+        let reason = |id: &str| match e.undoability(id) {
+            Some(Undoability::NotUndoable { reason }) => reason,
+            other => panic!("{id}: {other:?}"),
+        };
+        assert_eq!(e.undoability("i1"), Some(Undoability::Undoable));
+        assert!(reason("i2").contains("network access"), "{}", reason("i2"));
+        assert!(reason("i3").contains("ran unstaged (staged = false)"), "{}", reason("i3"));
+        assert!(reason("i4").contains("recorded no change set"), "{}", reason("i4"));
+        assert!(reason("i5").contains("another session"), "{}", reason("i5"));
+        assert!(reason("i6").contains("over the undo budget"), "{}", reason("i6"));
+        assert_eq!(e.undoability("i7"), Some(Undoability::NoEffect));
+        assert_eq!(e.undoability("i8"), Some(Undoability::NoEffect));
+        assert!(reason("i9").contains("outside the sandbox"), "{}", reason("i9"));
+        assert_eq!(e.undoability("nope"), None);
+        // What undo acts on: the kept change sets are reverted (a call with
+        // network access or a bypass among them: its files can be, with
+        // --force), and every not-undoable call is refused over.
+        let reverted: Vec<&str> = e.revertible.iter().map(|r| r.staged.invocation_id.as_str()).collect();
+        assert_eq!(reverted, ["i1", "i2", "i9"]);
+        let mut refused: Vec<&str> = e.unrevertible.iter().map(|u| u.invocation_id.as_str()).collect();
+        refused.sort_unstable();
+        assert_eq!(refused, ["i2", "i3", "i4", "i5", "i6", "i9"]);
     }
 
     #[test]

@@ -153,26 +153,18 @@ pub fn undo<S: Storage>(
     if range.iter().all(undo_only) {
         return Ok(Outcome::Nothing(format!("nothing to undo: the lane {} is already there", shown(&lane))));
     }
-    let mut effects = cairn_core::undo::effects(range);
-    for entry in range {
-        if let Some(p) = payload_of::<cairn_core::events::ToolStartedPayload>(entry)
-            && delegating.contains(&p.tool.as_str())
-        {
-            effects.unrevertible.push(cairn_core::undo::Unrevertible {
-                invocation_id: p.invocation_id,
-                tool: p.tool.clone(),
-                reason: format!(
-                    "{} ran in another session (a child's calls are its own): undo that session to revert them",
-                    p.tool
-                ),
-            });
-        }
+    // The one rule `cairn show --tools` also marks calls by.
+    let mut effects = cairn_core::undo::effects(range, delegating);
+    for u in &mut effects.unrevertible {
+        u.turn = turn_of(&entries, &users, &u.invocation_id);
     }
     if !effects.unrevertible.is_empty() && !force {
-        let mut text =
-            "undo refused: these effects cannot be undone, so the files would not match the conversation:\n".to_owned();
+        let mut text = format!(
+            "undo refused: these effects of {} cannot be undone, so the files would not match the conversation:\n",
+            turns(&effects.unrevertible)
+        );
         for u in &effects.unrevertible {
-            text.push_str(&format!("  {} ({}): {}\n", u.tool, u.invocation_id, u.reason));
+            text.push_str(&format!("  {}\n", not_undone(u)));
         }
         text.push_str("nothing was changed; use --force to revert the rest anyway\n");
         return Ok(Outcome::Refused(text));
@@ -298,8 +290,11 @@ fn run<S: Storage>(
                 files::describe(s.to.as_ref())
             ));
         }
+        if !plan.unrevertible.is_empty() {
+            text.push_str(&format!("  not fully reverted ({}):\n", turns(&plan.unrevertible)));
+        }
         for u in &plan.unrevertible {
-            text.push_str(&format!("  cannot undo {} ({}): {}\n", u.tool, u.invocation_id, u.reason));
+            text.push_str(&format!("  cannot undo {}\n", not_undone(u)));
         }
         return Ok(Outcome::DryRun(text));
     }
@@ -330,8 +325,39 @@ fn run<S: Storage>(
             format!(" (overwrote {} changed path(s))", plan.forced.len())
         }
     );
+    if !plan.unrevertible.is_empty() {
+        text.push_str(&format!("not fully reverted ({}):\n", turns(&plan.unrevertible)));
+    }
     for u in &plan.unrevertible {
-        text.push_str(&format!("  not undone: {} ({}): {}\n", u.tool, u.invocation_id, u.reason));
+        text.push_str(&format!("  not undone: {}\n", not_undone(u)));
     }
     Ok(Outcome::Done(text))
+}
+
+/// The turn (1-based along the lane `entries`, whose user messages are at
+/// `users`) in which `invocation` started.
+fn turn_of(entries: &[Entry], users: &[usize], invocation: &str) -> Option<usize> {
+    let at = entries.iter().position(|e| {
+        payload_of::<cairn_core::events::ToolStartedPayload>(e).is_some_and(|p| p.invocation_id == invocation)
+    })?;
+    Some(users.iter().filter(|u| **u < at).count()).filter(|n| *n > 0)
+}
+
+/// "turn 2" or "turns 1, 3" (the turns holding `unrevertible`), or "the
+/// range" when none was counted.
+fn turns(unrevertible: &[cairn_core::undo::Unrevertible]) -> String {
+    let mut n: Vec<usize> = unrevertible.iter().filter_map(|u| u.turn).collect();
+    n.sort_unstable();
+    n.dedup();
+    match n.as_slice() {
+        [] => "the range".to_owned(),
+        [one] => format!("turn {one}"),
+        many => format!("turns {}", many.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+    }
+}
+
+/// One not-undoable effect for a person: "shell (i4, turn 2): why".
+fn not_undone(u: &cairn_core::undo::Unrevertible) -> String {
+    let turn = u.turn.map(|t| format!(", turn {t}")).unwrap_or_default();
+    format!("{} ({}{turn}): {}", u.tool, u.invocation_id, u.reason)
 }

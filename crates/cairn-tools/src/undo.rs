@@ -1,9 +1,11 @@
 //! The file side of undo: the content-addressed pre-image store (prior
 //! contents of files and targets of links, one blob per SHA-256 under
 //! cairn's data directory, deduplicated, made durable before the effect
-//! they precede is applied), the check that a plan's paths are still as
-//! the effects left them (conflicts), and the idempotent restore that
-//! applies an [`UndoStep`] plan to the working tree.
+//! they precede is applied) and its garbage collection
+//! ([`PreimageStore::collect`]: only blobs no session names, past a grace
+//! period), the check that a plan's paths are still as the effects left
+//! them (conflicts), and the idempotent restore that applies an
+//! [`UndoStep`] plan to the working tree.
 //!
 //! It must not decide what to undo (that is `cairn_core::undo`) or write
 //! the session; it touches the working tree only in [`restore`], and only
@@ -13,6 +15,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use cairn_core::staged::{ChangeSet, EntryKind, FileState, Preimages, shown};
 use cairn_core::undo::UndoStep;
@@ -23,6 +26,31 @@ use crate::beneath::{self, Beneath};
 /// Default budget: an effect whose prior contents exceed this many bytes
 /// is not undoable (its pre-images are not kept).
 pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// A blob younger than this (written, or reused by an effect, this
+/// recently) is never collected: an effect keeps its pre-images before the
+/// session records it (across an approval a person may take hours over),
+/// so a blob no session names yet may be about to be named.
+pub const GC_GRACE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Default budget for the whole store: past it, the CLI collects the
+/// blobs no session names after a turn (`tools.undo_store_max_bytes`).
+pub const DEFAULT_STORE_MAX_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+
+/// What a collection of the store found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Collected {
+    /// Blobs kept because a session names them.
+    pub named: usize,
+    /// Blobs no session names, kept because they are younger than the grace.
+    pub young: usize,
+    /// Bytes of the blobs kept (named or young).
+    pub kept_bytes: u64,
+    /// Blobs (and stale temporaries) removed, or that a dry run would remove.
+    pub removed: usize,
+    /// Their bytes.
+    pub removed_bytes: u64,
+}
 
 /// The pre-image store: `<dir>/<first two hex digits>/<sha256>`.
 #[derive(Debug, Clone)]
@@ -101,11 +129,18 @@ impl PreimageStore {
             return Err("it changes a FIFO, socket or device, which cairn does not keep".to_owned());
         }
         let tree = Beneath::open(cwd).map_err(io_err(format!("cannot open {}", cwd.display())))?;
+        // Shared against a collection (exclusive): a blob found here and
+        // reused is made young before any collection can remove it.
+        let _lock = if states.is_empty() {
+            None
+        } else {
+            Some(self.lock(false).map_err(io_err("cannot lock the pre-image store".to_owned()))?)
+        };
         let mut wrote: Vec<PathBuf> = Vec::new();
         for (path, state) in states {
             match state.kind {
                 EntryKind::File => {
-                    if self.has(&state.sha256, state.size) {
+                    if self.reuse(&state.sha256, state.size) {
                         continue;
                     }
                     let file = tree.open_file(path).map_err(io_err(format!("cannot read {}", shown(path))))?;
@@ -115,7 +150,7 @@ impl PreimageStore {
                     );
                 }
                 EntryKind::Symlink => {
-                    if self.has(&state.sha256, state.size) {
+                    if self.reuse(&state.sha256, state.size) {
                         continue;
                     }
                     let target = tree.read_link(path).map_err(io_err(format!("cannot read {}", shown(path))))?;
@@ -166,6 +201,137 @@ impl PreimageStore {
         Ok(())
     }
 
+    /// Whether the blob `sha` is stored (with `size` bytes); if it is, its
+    /// modification time is set to now, so a collection sees it as young.
+    fn reuse(&self, sha: &str, size: u64) -> bool {
+        if !self.has(sha, size) {
+            return false;
+        }
+        fs::OpenOptions::new().write(true).open(self.blob(sha)).and_then(|f| f.set_modified(SystemTime::now())).is_ok()
+    }
+
+    /// The store's lock (`<dir>/gc.lock`): shared while pre-images are
+    /// kept, exclusive while a collection removes blobs.
+    fn lock(&self, exclusive: bool) -> std::io::Result<fs::File> {
+        fs::create_dir_all(&self.dir)?;
+        let file = fs::OpenOptions::new().create(true).truncate(false).write(true).open(self.dir.join("gc.lock"))?;
+        let op =
+            if exclusive { rustix::fs::FlockOperation::LockExclusive } else { rustix::fs::FlockOperation::LockShared };
+        rustix::fs::flock(&file, op)?;
+        Ok(file)
+    }
+
+    /// Bytes of every blob in the store (0 when it does not exist yet).
+    pub fn size(&self) -> std::io::Result<u64> {
+        let mut total = 0;
+        self.each(&mut |_, kind, meta| {
+            if kind == Found::Blob {
+                total += meta.len();
+            }
+            Ok(())
+        })?;
+        Ok(total)
+    }
+
+    /// Call `f` for every blob and temporary in the store (its path, what
+    /// it is, its metadata); other names are left alone.
+    fn each(&self, f: &mut dyn FnMut(&Path, Found, &fs::Metadata) -> std::io::Result<()>) -> std::io::Result<()> {
+        let shards = match fs::read_dir(&self.dir) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut shards: Vec<fs::DirEntry> = shards.collect::<Result<_, _>>()?;
+        shards.sort_by_key(fs::DirEntry::file_name);
+        for shard in shards {
+            let name = shard.file_name();
+            let name = name.to_string_lossy();
+            if name.len() != 2 || !name.bytes().all(|b| b.is_ascii_hexdigit()) || !shard.file_type()?.is_dir() {
+                continue;
+            }
+            let mut files: Vec<fs::DirEntry> = fs::read_dir(shard.path())?.collect::<Result<_, _>>()?;
+            files.sort_by_key(fs::DirEntry::file_name);
+            for file in files {
+                let meta = match fs::symlink_metadata(file.path()) {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                };
+                if !meta.is_file() {
+                    continue;
+                }
+                let file_name = file.file_name();
+                let file_name = file_name.to_string_lossy();
+                let kind = if file_name.len() == 64
+                    && file_name.bytes().all(|b| b.is_ascii_hexdigit())
+                    && file_name.starts_with(&*name)
+                {
+                    Found::Blob
+                } else if file_name.starts_with(".tmp") {
+                    Found::Temporary
+                } else {
+                    continue;
+                };
+                f(&file.path(), kind, &meta)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Garbage collection: remove every blob whose hash `named` does not
+    /// hold (no session names it: `cairn_core::undo::named_preimages` over
+    /// every session) and that was written or reused more than `grace` ago,
+    /// and every temporary a killed write left that is older than `grace`.
+    /// A blob a session names is never removed, whatever its age. With
+    /// `dry_run`, only count. Under the store's exclusive lock, so no
+    /// effect reuses a blob while it goes. Each removal is one `unlink` of
+    /// a whole file, so a collection killed anywhere leaves a store in
+    /// which every blob left is whole and every named one is there; the
+    /// next collection finishes the work. `removed` is told each path
+    /// after it is gone.
+    pub fn collect(
+        &self,
+        named: &BTreeSet<String>,
+        grace: Duration,
+        dry_run: bool,
+        removed: &mut dyn FnMut(&Path),
+    ) -> std::io::Result<Collected> {
+        if !self.dir.exists() {
+            return Ok(Collected::default());
+        }
+        let _lock = self.lock(true)?;
+        let now = SystemTime::now();
+        let mut out = Collected::default();
+        self.each(&mut |path, kind, meta| {
+            let sha = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let age = meta.modified().ok().and_then(|m| now.duration_since(m).ok()).unwrap_or_default();
+            if kind == Found::Blob && named.contains(&sha) {
+                out.named += 1;
+                out.kept_bytes += meta.len();
+                return Ok(());
+            }
+            if age <= grace {
+                if kind == Found::Blob {
+                    out.young += 1;
+                    out.kept_bytes += meta.len();
+                }
+                return Ok(());
+            }
+            if !dry_run {
+                match fs::remove_file(path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                removed(path);
+            }
+            out.removed += 1;
+            out.removed_bytes += meta.len();
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
     fn put(&self, sha: &str, fill: impl FnOnce(&fs::File) -> std::io::Result<String>) -> std::io::Result<PathBuf> {
         let target = self.blob(sha);
         let parent = target.parent().unwrap_or(&self.dir);
@@ -180,6 +346,15 @@ impl PreimageStore {
         tmp.persist(&target).map_err(|e| e.error)?;
         Ok(target)
     }
+}
+
+/// What a file in the store is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// `<2 hex>/<sha256>`.
+    Blob,
+    /// A temporary of a write (`.tmp…`), whole or not.
+    Temporary,
 }
 
 /// A path a plan would overwrite that is neither as the effects left it
@@ -416,5 +591,122 @@ pub fn describe(state: Option<&FileState>) -> String {
             ),
             EntryKind::Special => "a FIFO, socket or device".to_owned(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use sha2::Digest as _;
+
+    /// A store in `root/store` holding one blob per content (kept from a
+    /// tree in `root/tree`); the hashes, in order.
+    fn store_with(root: &Path, contents: &[String]) -> (PreimageStore, Vec<String>) {
+        let tree = root.join("tree");
+        fs::create_dir_all(&tree).unwrap();
+        let store = PreimageStore::new(root.join("store"), u64::MAX);
+        let mut shas = Vec::new();
+        for (i, content) in contents.iter().enumerate() {
+            let name = format!("f{i}");
+            fs::write(tree.join(&name), content).unwrap();
+            let sha = beneath::hex(&sha2::Sha256::digest(content.as_bytes()));
+            let state =
+                FileState { kind: EntryKind::File, size: content.len() as u64, sha256: sha.clone(), mode: 0o644 };
+            store.keep_states(&tree, &[(name.as_str(), &state)]).unwrap();
+            assert!(store.has(&sha, content.len() as u64));
+            shas.push(sha);
+        }
+        (store, shas)
+    }
+
+    /// Make every file in the store two days old.
+    fn age(store: &PreimageStore) {
+        let old = SystemTime::now() - Duration::from_secs(2 * 24 * 60 * 60);
+        store.each(&mut |path, _, _| fs::OpenOptions::new().write(true).open(path)?.set_modified(old)).unwrap();
+    }
+
+    /// Every blob left hashes to its name; the names left.
+    fn readable(store: &PreimageStore) -> BTreeSet<String> {
+        let mut left = BTreeSet::new();
+        store
+            .each(&mut |path, kind, _| {
+                if kind == Found::Blob {
+                    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                    let bytes = fs::read(path)?;
+                    assert_eq!(beneath::hex(&sha2::Sha256::digest(&bytes)), name, "a whole blob");
+                    left.insert(name);
+                }
+                Ok(())
+            })
+            .unwrap();
+        left
+    }
+
+    #[test]
+    fn a_collection_removes_only_old_blobs_no_session_names() {
+        let root = tempfile::tempdir().unwrap();
+        let (store, shas) = store_with(root.path(), &["named\n".into(), "orphan\n".into()]);
+        let stale = store.dir().join(&shas[0][..2]).join(".tmpKilled");
+        fs::write(&stale, "half a blo").unwrap();
+        age(&store);
+        // A young orphan (kept moments ago, not yet named by its session).
+        let (_, young) = store_with(root.path(), &["young\n".into()]);
+        let named: BTreeSet<String> = [shas[0].clone()].into();
+        let dry = store.collect(&named, GC_GRACE, true, &mut |_| {}).unwrap();
+        assert_eq!((dry.named, dry.young, dry.removed), (1, 1, 2), "{dry:?}");
+        assert_eq!(readable(&store).len(), 3, "a dry run removes nothing");
+        let done = store.collect(&named, GC_GRACE, false, &mut |_| {}).unwrap();
+        assert_eq!(done, dry);
+        assert_eq!(readable(&store), [shas[0].clone(), young[0].clone()].into());
+        assert!(!stale.exists(), "the stale temporary went");
+        // Reusing a blob (an effect keeping the same prior content) makes it
+        // young again: a collection leaves it even unnamed.
+        age(&store);
+        store_with(root.path(), &["named\n".into()]);
+        let again = store.collect(&BTreeSet::new(), GC_GRACE, false, &mut |_| {}).unwrap();
+        assert_eq!((again.young, again.removed), (1, 1), "{again:?}");
+        assert_eq!(readable(&store), [shas[0].clone()].into());
+    }
+
+    const CHILD: &str = "CAIRN_TEST_GC_CHILD";
+
+    /// A collection SIGKILLed after its fifth removal (in a child process:
+    /// this test's binary rerun for this test alone): every blob left is
+    /// whole, the named one is there, and the next collection finishes.
+    #[test]
+    fn a_collection_killed_midway_leaves_a_readable_store() {
+        if let Some(root) = std::env::var_os(CHILD) {
+            let store = PreimageStore::new(PathBuf::from(root).join("store"), u64::MAX);
+            let named: BTreeSet<String> = [std::env::var("CAIRN_TEST_GC_NAMED").unwrap()].into();
+            let mut n = 0;
+            store
+                .collect(&named, GC_GRACE, false, &mut |_| {
+                    n += 1;
+                    if n == 5 {
+                        // SAFETY: kill(2) on this process; no memory is touched.
+                        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                    }
+                })
+                .unwrap();
+            panic!("the collection was not killed");
+        }
+        let root = tempfile::tempdir().unwrap();
+        let contents: Vec<String> = (0..40).map(|i| format!("blob {i}\n")).collect();
+        let (store, shas) = store_with(root.path(), &contents);
+        age(&store);
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "undo::tests::a_collection_killed_midway_leaves_a_readable_store", "--nocapture"])
+            .env(CHILD, root.path())
+            .env("CAIRN_TEST_GC_NAMED", &shas[7])
+            .status()
+            .unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "{status:?}");
+        let left = readable(&store);
+        assert_eq!(left.len(), 35, "killed after exactly five removals");
+        assert!(left.contains(&shas[7]), "the named blob is there");
+        let done = store.collect(&[shas[7].clone()].into(), GC_GRACE, false, &mut |_| {}).unwrap();
+        assert_eq!(done.removed, 34);
+        assert_eq!(readable(&store), [shas[7].clone()].into());
     }
 }
