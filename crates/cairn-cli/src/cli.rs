@@ -324,6 +324,11 @@ pub fn main() -> ExitCode {
     };
     let result = run(cli);
     crate::subagents::finish_running();
+    // Every face runs in this process: the sessions it turned end here
+    // (a SIGKILL skips this; the next process starts them again).
+    cairn_tools::hooks::end_all_sessions("exit", &|note| {
+        eprintln!("cairn: {}", crate::render::escape_controls(note));
+    });
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) if is_broken_pipe(&e) => ExitCode::from(exit::SUCCESS),

@@ -674,12 +674,28 @@ impl Family {
                         Ok(result) => result,
                         Err(e) => ChildResult::Failed(format!("{e:#}")),
                     };
+                    self.stopped(&child, &result);
                     runner.finish(result);
                 })
                 .context("cannot start a thread for the child")?;
         }
         slots.insert(id.to_owned(), Arc::clone(&slot));
         Ok(slot)
+    }
+
+    /// Tell the `subagent_stop` hooks (of the child's directory) that
+    /// child `id` ended with `result`, before its parent is given it.
+    fn stopped(&self, id: &str, result: &ChildResult) {
+        let Ok(store) = JsonlStore::open_read_only(&self.path(id)) else { return };
+        let cwd = PathBuf::from(&store.header().cwd);
+        let parent = parent_of(id).unwrap_or_default();
+        if let Some(hooks) = crate::wiring::hooks(&self.ctx, &cwd) {
+            let (answer, failed) = match result {
+                ChildResult::Answered(text) => (text.as_str(), false),
+                ChildResult::Failed(why) => (why.as_str(), true),
+            };
+            hooks.subagent_stop(parent, id, &cwd, answer, failed);
+        }
     }
 
     fn check_limits(&self, parent: &str, slots: &BTreeMap<String, Arc<Slot>>) -> Result<()> {

@@ -318,3 +318,85 @@ fn a_pre_compact_hook_is_told_before_a_compaction() {
     assert_eq!(told["hook_event_name"], "PreCompact");
     assert_eq!(told["trigger"], "manual");
 }
+
+/// `session_start` (its context goes with the first prompt and is
+/// recorded there), `subagent_stop` (told the child's answer) and
+/// `session_end` (when the process leaves), each told in Claude Code's
+/// shapes; a resumed session starts again with source "resume".
+#[test]
+fn session_start_subagent_stop_and_session_end_hooks_are_told_in_order() {
+    let env = Env::new();
+    let log = script(&env, "log-event", "cat >> events.log; echo >> events.log");
+    let context =
+        script(&env, "start-context", "cat >> events.log; echo >> events.log; echo 'The repo builds with make.'");
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "[[hooks.session_start]]\ncommand = \"{c}\"\nfiles = \"write\"\n\n\
+             [[hooks.subagent_stop]]\ncommand = \"{l}\"\nfiles = \"write\"\n\n\
+             [[hooks.session_end]]\ncommand = \"{l}\"\nfiles = \"write\"\n",
+            c = context.display(),
+            l = log.display()
+        ),
+    )
+    .unwrap();
+    let child = env.home.join("child.jsonl");
+    std::fs::write(&child, format!("{}\n", json!({"text": "child done"}))).unwrap();
+    let turn = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent", "arguments": {"prompt": "say done", "script": child.to_str().unwrap()}}]}),
+        json!({"text": "parent done"}),
+        json!({"text": "again"}),
+    ]);
+    let s = turn.to_str().unwrap();
+    let out = env.cairn(&["--script", s, "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let parent_file =
+        env.session_files().into_iter().find(|p| !p.file_stem().unwrap().to_str().unwrap().contains('+')).unwrap();
+    let parent_id = parent_file.file_stem().unwrap().to_str().unwrap().to_owned();
+    let user = util::entries(&parent_file)
+        .into_iter()
+        .find(|e| e["type"] == "message" && e["payload"]["role"] == "user")
+        .unwrap();
+    let parts = user["payload"]["content"].as_array().unwrap();
+    let added = parts[1]["text"].as_str().unwrap_or_default();
+    assert!(added.contains("The repo builds with make.") && added.contains("hook:session_start:"), "{user:#}");
+
+    let read = || -> Vec<Value> {
+        std::fs::read_to_string(env.cwd.join("events.log"))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let events = read();
+    let of = |events: &[Value], name: &str, id: &str| -> Vec<Value> {
+        events.iter().filter(|e| e["hook_event_name"] == name && e["session_id"] == id).cloned().collect()
+    };
+    let started = of(&events, "SessionStart", &parent_id);
+    assert_eq!(started.len(), 1, "{events:#?}");
+    assert_eq!(started[0]["source"], "startup");
+    let stopped = of(&events, "SubagentStop", &parent_id);
+    assert_eq!(stopped.len(), 1, "{events:#?}");
+    assert_eq!(stopped[0]["answer"], "child done");
+    assert_eq!(stopped[0]["status"], "answered");
+    assert!(stopped[0]["subagent_session_id"].as_str().unwrap().starts_with(&format!("{parent_id}+")));
+    let ended = of(&events, "SessionEnd", &parent_id);
+    assert_eq!(ended.len(), 1, "{events:#?}");
+    assert_eq!(ended[0]["reason"], "exit");
+    let order: Vec<&str> = events
+        .iter()
+        .filter(|e| e["session_id"] == parent_id.as_str())
+        .map(|e| e["hook_event_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["SessionStart", "SubagentStop", "SessionEnd"], "{events:#?}");
+
+    let out =
+        env.cairn(&["--script", s, "resume", &parent_id, "--prompt", "more"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let events = read();
+    let started = of(&events, "SessionStart", &parent_id);
+    assert_eq!(started.len(), 2, "{events:#?}");
+    assert_eq!(started[1]["source"], "resume");
+    assert_eq!(of(&events, "SessionEnd", &parent_id).len(), 2, "{events:#?}");
+}

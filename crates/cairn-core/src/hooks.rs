@@ -9,6 +9,9 @@
 //! reason, and changed arguments are what the approval, the tool and a
 //! resume then see (the model's are kept in the record).
 //!
+//! `session_start` is asked before a turn too; `subagent_stop` and a
+//! session's end are the host's to report (they are not part of a turn).
+//!
 //! The core only declares the contract; running hook programs (sandboxed,
 //! with a time limit, failing closed) is the host's (`cairn-tools`). A hook
 //! never approves a call: approvals stay with rules and people.
@@ -86,6 +89,23 @@ pub trait Hooks: Send + Sync + std::fmt::Debug {
     fn user_prompt(&self, session_id: &str, cwd: &std::path::Path, prompt: &str) -> UserPrompt {
         let _ = (session_id, cwd, prompt);
         UserPrompt::Continue
+    }
+
+    /// Before a turn of session `session_id` runs (a new prompt or a
+    /// resumed turn; `resumed`: the session held entries already). A host
+    /// runs its `session_start` hooks the first time a process turns a
+    /// session, and context they give goes with the session's next prompt
+    /// (through [`Hooks::user_prompt`], so it is recorded before it takes
+    /// effect). Nothing it does stops the turn.
+    fn session_start(&self, session_id: &str, cwd: &std::path::Path, resumed: bool) {
+        let _ = (session_id, cwd, resumed);
+    }
+
+    /// A child session (a subagent) of `parent` ended: `answer` is its
+    /// final answer, or why it failed (`failed`). Called by the host that
+    /// ran it; nothing it does changes the child or its parent.
+    fn subagent_stop(&self, parent: &str, child: &str, cwd: &std::path::Path, answer: &str, failed: bool) {
+        let _ = (parent, child, cwd, answer, failed);
     }
 
     /// Before the call is requested. A hook that fails or times out must

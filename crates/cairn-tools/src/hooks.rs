@@ -74,6 +74,16 @@ fn default_timeout_ms() -> u64 {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HooksConfig {
+    /// The first time a process runs a turn of a session (no `matcher`);
+    /// context it gives goes with the session's next prompt.
+    #[serde(default)]
+    pub session_start: Vec<HookConfig>,
+    /// When a process that ran turns of a session leaves it (no `matcher`).
+    #[serde(default)]
+    pub session_end: Vec<HookConfig>,
+    /// When a subagent (a child session) ends (no `matcher`).
+    #[serde(default)]
+    pub subagent_stop: Vec<HookConfig>,
     /// Before each turn starts with a prompt (no `matcher`).
     #[serde(default)]
     pub user_prompt: Vec<HookConfig>,
@@ -91,7 +101,10 @@ pub struct HooksConfig {
 impl HooksConfig {
     /// Whether any hook is configured.
     pub fn is_empty(&self) -> bool {
-        self.user_prompt.is_empty()
+        self.session_start.is_empty()
+            && self.session_end.is_empty()
+            && self.subagent_stop.is_empty()
+            && self.user_prompt.is_empty()
             && self.pre_compact.is_empty()
             && self.pre_tool.is_empty()
             && self.post_tool.is_empty()
@@ -99,6 +112,9 @@ impl HooksConfig {
 
     /// Add `other`'s hooks after these.
     pub fn extend(&mut self, other: HooksConfig) {
+        self.session_start.extend(other.session_start);
+        self.session_end.extend(other.session_end);
+        self.subagent_stop.extend(other.subagent_stop);
         self.user_prompt.extend(other.user_prompt);
         self.pre_compact.extend(other.pre_compact);
         self.pre_tool.extend(other.pre_tool);
@@ -107,7 +123,13 @@ impl HooksConfig {
 
     /// Refuse hooks cairn could not run as written.
     pub fn check(&self) -> Result<(), String> {
-        for (event, hooks) in [("user_prompt", &self.user_prompt), ("pre_compact", &self.pre_compact)] {
+        for (event, hooks) in [
+            ("session_start", &self.session_start),
+            ("session_end", &self.session_end),
+            ("subagent_stop", &self.subagent_stop),
+            ("user_prompt", &self.user_prompt),
+            ("pre_compact", &self.pre_compact),
+        ] {
             if let Some(hook) = hooks.iter().find(|h| h.matcher.is_some()) {
                 return Err(format!(
                     "[[hooks.{event}]] {}: this hook takes no `matcher` (it is not about a tool)",
@@ -116,6 +138,9 @@ impl HooksConfig {
             }
         }
         for (event, hooks) in [
+            ("session_start", &self.session_start),
+            ("session_end", &self.session_end),
+            ("subagent_stop", &self.subagent_stop),
             ("user_prompt", &self.user_prompt),
             ("pre_compact", &self.pre_compact),
             ("pre_tool", &self.pre_tool),
@@ -170,6 +195,50 @@ pub struct CommandHooks {
     config: HooksConfig,
     tools: ToolsConfig,
     report: Box<dyn Fn(&str) + Send + Sync>,
+}
+
+/// The sessions this process started (ran `session_start` for), with
+/// what their `session_end` hooks need; and the context `session_start`
+/// hooks gave that waits for the session's next prompt. Process-wide: a
+/// host builds hooks again for each turn, and a session starts once per
+/// process.
+#[derive(Default)]
+struct Started {
+    sessions: std::collections::BTreeMap<String, (HooksConfig, ToolsConfig, PathBuf)>,
+    context: std::collections::BTreeMap<String, (String, String)>,
+}
+
+fn started() -> std::sync::MutexGuard<'static, Started> {
+    static STARTED: std::sync::OnceLock<std::sync::Mutex<Started>> = std::sync::OnceLock::new();
+    let cell = STARTED.get_or_init(Default::default);
+    cell.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Run the `session_end` hooks of session `id` if this process started
+/// it (`reason`: `exit`, `clear`, …); `report` says what failed.
+pub fn end_session(id: &str, reason: &str, report: &dyn Fn(&str)) {
+    let Some((config, tools, cwd)) = started().sessions.remove(id) else { return };
+    let hooks = CommandHooks { config, tools, report: Box::new(|_| {}) };
+    for hook in &hooks.config.session_end {
+        let input = json!({
+            "hook_event_name": "SessionEnd",
+            "session_id": id,
+            "cwd": cwd,
+            "reason": reason,
+        });
+        if let Ran::Failed(why) = hooks.run(hook, &input, &cwd) {
+            report(&format!("the session_end hook {} failed: {why}", hook.command));
+        }
+    }
+}
+
+/// Before the process leaves: [`end_session`] for every session it
+/// started.
+pub fn end_all_sessions(reason: &str, report: &dyn Fn(&str)) {
+    let ids: Vec<String> = started().sessions.keys().cloned().collect();
+    for id in ids {
+        end_session(&id, reason, report);
+    }
 }
 
 impl std::fmt::Debug for CommandHooks {
@@ -329,9 +398,67 @@ enum PromptAnswer {
 }
 
 impl Hooks for CommandHooks {
+    fn session_start(&self, session_id: &str, cwd: &Path, resumed: bool) {
+        {
+            let mut started = started();
+            if started.sessions.contains_key(session_id) {
+                return;
+            }
+            started
+                .sessions
+                .insert(session_id.to_owned(), (self.config.clone(), self.tools.clone(), cwd.to_path_buf()));
+        }
+        let mut context = Vec::new();
+        let mut by = Vec::new();
+        for hook in &self.config.session_start {
+            let input = json!({
+                "hook_event_name": "SessionStart",
+                "session_id": session_id,
+                "cwd": cwd,
+                "source": if resumed { "resume" } else { "startup" },
+            });
+            match self.run(hook, &input, cwd).answer(read_prompt_answer, PromptAnswer::Block) {
+                Ok(None) => {}
+                Ok(Some(PromptAnswer::Context(text))) => {
+                    context.push(text);
+                    by.push(hook.by("session_start"));
+                }
+                Ok(Some(PromptAnswer::Block(_))) => (self.report)(&format!(
+                    "the session_start hook {} asked to block; a session_start hook cannot refuse anything (use a user_prompt hook)",
+                    hook.command
+                )),
+                Err(why) => (self.report)(&format!("the session_start hook {} failed: {why}", hook.command)),
+            }
+        }
+        if !context.is_empty() {
+            started().context.insert(session_id.to_owned(), (by.join(","), context.join("\n")));
+        }
+    }
+
+    fn subagent_stop(&self, parent: &str, child: &str, cwd: &Path, answer: &str, failed: bool) {
+        for hook in &self.config.subagent_stop {
+            let input = json!({
+                "hook_event_name": "SubagentStop",
+                "session_id": parent,
+                "subagent_session_id": child,
+                "cwd": cwd,
+                "status": if failed { "failed" } else { "answered" },
+                "answer": answer,
+            });
+            if let Ran::Failed(why) = self.run(hook, &input, cwd) {
+                (self.report)(&format!("the subagent_stop hook {} failed: {why}", hook.command));
+            }
+        }
+    }
+
     fn user_prompt(&self, session_id: &str, cwd: &Path, prompt: &str) -> UserPrompt {
         let mut context = Vec::new();
         let mut by = Vec::new();
+        // What session_start hooks said goes with the first prompt after.
+        if let Some((from, text)) = started().context.remove(session_id) {
+            context.push(text);
+            by.push(from);
+        }
         for hook in &self.config.user_prompt {
             let input = json!({
                 "hook_event_name": "UserPromptSubmit",

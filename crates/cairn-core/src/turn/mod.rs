@@ -600,6 +600,9 @@ impl<S: Storage> Session<S> {
         }
         self.settle_orphans(env)?;
         let session_id = self.store.header().id.clone();
+        if let Some(hooks) = env.tools.hooks() {
+            hooks.session_start(&session_id, &self.cwd, self.store.entry_count() > 0);
+        }
         let context = match env.tools.hooks().map(|h| h.user_prompt(&session_id, &self.cwd, user_text)) {
             None | Some(UserPrompt::Continue) => None,
             Some(UserPrompt::AddContext { by, text }) => Some((by, text)),
@@ -658,6 +661,9 @@ impl<S: Storage> Session<S> {
         self.settle_orphans(env)?;
         if !self.pc.in_progress() {
             return Ok(None);
+        }
+        if let Some(hooks) = env.tools.hooks() {
+            hooks.session_start(&self.store.header().id, &self.cwd, true);
         }
         let turn_id = self.pc.turn.clone().unwrap_or_default();
         let started =
