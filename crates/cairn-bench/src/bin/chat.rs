@@ -164,7 +164,7 @@ impl Model {
         Ok(Self { url, next, written })
     }
 
-    /// Stream `line` as one delta; when it was written to the socket.
+    /// Stream `line` as one delta; when it was handed to the socket.
     fn delta(&self, line: &str) -> Result<Instant> {
         self.next.send(Some(line.to_owned()))?;
         Ok(self.written.recv_timeout(DEADLINE)?)
@@ -201,9 +201,11 @@ fn serve(conn: TcpStream, lines: &Receiver<Option<String>>, wrote: &Sender<Insta
     let event = |data: &str| format!("data: {data}\n\n");
     while let Ok(Some(line)) = lines.recv() {
         let content = serde_json::to_string(&line)?;
-        out.write_all(event(&format!(r#"{{"choices":[{{"index":0,"delta":{{"content":{content}}}}}]}}"#)).as_bytes())?;
-        out.flush()?;
+        let bytes = event(&format!(r#"{{"choices":[{{"index":0,"delta":{{"content":{content}}}}}]}}"#));
+        // The delta leaves now: the clock starts before the write.
         let _ = wrote.send(Instant::now());
+        out.write_all(bytes.as_bytes())?;
+        out.flush()?;
     }
     out.write_all(event(r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#).as_bytes())?;
     out.write_all(event("[DONE]").as_bytes())?;
@@ -271,6 +273,11 @@ fn long_session(bin: &Path, home: &Home, messages: usize) -> Result<String> {
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|e| e == "jsonl"))
         .context("no session file")?;
+    let text = std::fs::read_to_string(&file)?;
+    let made = text.matches(r#""type":"message""#).count();
+    if made < messages {
+        bail!("the long session has {made} messages, not {messages}");
+    }
     Ok(file.file_stem().context("name")?.to_string_lossy().into_owned())
 }
 
@@ -308,16 +315,19 @@ fn main() -> Result<()> {
     long_history(&home, size(1_000, 20))?;
     let model = Model::start()?;
     let base_model = Model::start()?;
+    // A window the whole history fits in: every request carries all
+    // 1,000 messages (no compaction first).
     std::fs::write(
         home.home.join("config.toml"),
         format!(
-            "[providers.bench]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"m\"\napi_key_env = \"BENCH_KEY\"\n",
+            "[providers.bench]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"m\"\napi_key_env = \"BENCH_KEY\"\n\
+             context_window = 1000000\n",
             model.url
         ),
     )?;
     let mut chat = Pty::spawn(home.cairn(&bin, &["--provider", "bench", "chat", &id]))?;
     chat.wait_for("Ctrl-D leaves".as_bytes())?;
-    chat.wait_for("› ".as_bytes())?;
+    chat.wait_for("›".as_bytes())?;
     let mut cat = Pty::spawn({
         let mut c = Command::new("sh");
         c.args(["-c", "stty raw -echo; echo ready; exec cat"]);
@@ -333,12 +343,15 @@ fn main() -> Result<()> {
     for i in 0..keys {
         let key = [b'a' + u8::try_from(i % 26).unwrap_or(0)];
         let mut ours = || -> Result<()> {
+            // Only what arrives after the key counts.
+            chat.drain();
             let sent = Instant::now();
             chat.send(&key)?;
             key_ours.push(chat.wait_for(&key)?.saturating_duration_since(sent));
             Ok(())
         };
         let mut theirs = || -> Result<()> {
+            cat.drain();
             let sent = Instant::now();
             cat.send(&key)?;
             key_base.push(cat.wait_for(&key)?.saturating_duration_since(sent));
@@ -354,8 +367,7 @@ fn main() -> Result<()> {
         if (i + 1) % 40 == 0 {
             // Kill the line (Ctrl-U) and let the prompt be redrawn.
             chat.send(b"\x15")?;
-            chat.wait_for("›".as_bytes())?;
-            chat.drain();
+            chat.wait_for(b"\x1b[K")?;
         }
     }
     table.compare("keypress → echo, 1,000-message session", &key_ours, "cat in raw mode", &key_base);
@@ -363,7 +375,7 @@ fn main() -> Result<()> {
 
     // Streamed delta → screen.
     chat.send(b"\x15")?;
-    chat.wait_for("›".as_bytes())?;
+    chat.wait_for(b"\x1b[K")?;
     chat.send(b"stream please\r")?;
     let mut curl = Pty::spawn({
         let mut c = Command::new("curl");
@@ -386,6 +398,7 @@ fn main() -> Result<()> {
             k += 1;
             let line = format!("tick {k:06}\n");
             let needle = format!("tick {k:06}");
+            chat.drain();
             match model.delta(&line).and_then(|wrote| Ok((wrote, chat.wait_for(needle.as_bytes())?))) {
                 Ok((wrote, seen)) => delta_ours.push(seen.saturating_duration_since(wrote)),
                 Err(e) => fail = Some(e),
@@ -393,6 +406,7 @@ fn main() -> Result<()> {
         };
         let mut theirs = || {
             let needle = format!("base {i:06}");
+            curl.drain();
             if let Ok((wrote, seen)) = base_model
                 .delta(&format!("{needle}\n"))
                 .and_then(|wrote| Ok((wrote, curl.wait_for(needle.as_bytes())?)))
