@@ -904,9 +904,9 @@ fn screen_hostile_text_is_shown_escaped_and_bounded() {
         let (row, col) = s.find("fn main()").unwrap();
         let keyword = s.fg(row, col);
         assert!(matches!(keyword, vt100::Color::Idx(_)), "fn is highlighted: {keyword:?}\n{}", s.contents());
-        let (row, col) = s.find("42").unwrap();
-        let number = s.fg(row, col);
-        assert!(matches!(number, vt100::Color::Idx(_)) && number != keyword, "42 too, in another colour: {number:?}");
+        let (row, col) = s.find("= 42;").unwrap();
+        let number = s.fg(row, col + 2);
+        assert!(matches!(number, vt100::Color::Idx(_)) && number != keyword, "42 too, in another colour than fn: {number:?} vs {keyword:?}");
     }
     s.send("\x04");
     assert_eq!(s.wait_exit(), 0);
