@@ -906,7 +906,10 @@ fn screen_hostile_text_is_shown_escaped_and_bounded() {
         assert!(matches!(keyword, vt100::Color::Idx(_)), "fn is highlighted: {keyword:?}\n{}", s.contents());
         let (row, col) = s.find("= 42;").unwrap();
         let number = s.fg(row, col + 2);
-        assert!(matches!(number, vt100::Color::Idx(_)) && number != keyword, "42 too, in another colour than fn: {number:?} vs {keyword:?}");
+        assert!(
+            matches!(number, vt100::Color::Idx(_)) && number != keyword,
+            "42 too, in another colour than fn: {number:?} vs {keyword:?}"
+        );
     }
     s.send("\x04");
     assert_eq!(s.wait_exit(), 0);
@@ -964,4 +967,39 @@ fn screen_provider_lists_and_switches_and_resume_continues_another_session() {
     assert_eq!(files.len(), 2);
     let chat = files.iter().find(|f| **f != first).unwrap();
     assert_eq!(user_prompts(chat), ["hi"]);
+}
+
+#[test]
+#[ignore = "records the README's chat"]
+fn record_readme_chat() {
+    let env = Env::new();
+    std::fs::write(env.cwd.join("config.ini"), "retries = 3\ntimeout = 10\n").unwrap();
+    std::fs::write(env.home.join("config.toml"), "[providers.scripted]\ncontext_window = 8000\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "config.ini"}}]}),
+        json!({"text": "", "toolCalls": [{"id": "c2", "name": "edit_file", "arguments": {"path": "config.ini", "old": "retries = 3", "new": "retries = 5"}}]}),
+        json!({"text": "## Done\n`config.ini` now reads:\n```ini\nretries = 5\ntimeout = 10\n```\n- **retries** is now 5\n- *timeout* is unchanged\n"}),
+    ]);
+    let mut s = on_screen(&env, &["--script", script.to_str().unwrap(), "chat"], 300, 100);
+    s.wait_prompt();
+    s.line("/tools");
+    s.wait_for("wait_for_messages");
+    s.wait_prompt();
+    s.line("set retries to 5 in @config.ini");
+    s.wait_question();
+    s.line("y");
+    s.wait_for("so far");
+    s.wait_prompt();
+    s.line("/status");
+    s.wait_for("tools offered");
+    s.wait_prompt();
+    s.line("/diff");
+    s.wait_until("the diff's files", |t| t.contains("› /diff\nconfig.ini"));
+    s.wait_prompt();
+    s.line("/hepl");
+    s.wait_for("unknown command");
+    s.wait_prompt();
+    println!("{}", s.contents());
+    s.send("\x04");
+    s.wait_exit();
 }
