@@ -4,6 +4,7 @@
 //! writes to the emulator; tests type bytes, resize the terminal
 //! (`TIOCSWINSZ`, which makes the kernel send `SIGWINCH`), and wait for
 //! text to appear on the screen with a generous deadline (never a sleep).
+//! Like a terminal, it answers cursor position requests.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
@@ -79,6 +80,7 @@ impl Screen {
             closed: false,
         }));
         let mut from = master.try_clone().unwrap();
+        let mut reply = master.try_clone().unwrap();
         let into = Arc::clone(&seen);
         let reader = std::thread::spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
@@ -89,6 +91,12 @@ impl Screen {
                     Ok(n) => {
                         let mut seen = into.lock().unwrap();
                         seen.parser.process(&buf[..n]);
+                        // Answer a cursor position request as a terminal
+                        // does (the line editor asks before each prompt).
+                        if buf[..n].windows(4).any(|w| w == b"\x1b[6n") {
+                            let (row, col) = seen.parser.screen().cursor_position();
+                            let _ = reply.write_all(format!("\x1b[{};{}R", row + 1, col + 1).as_bytes());
+                        }
                         seen.total += n;
                         let room = seen.keep_bytes.saturating_sub(seen.bytes.len()).min(n);
                         seen.bytes.extend_from_slice(&buf[..room]);
