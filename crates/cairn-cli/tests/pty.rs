@@ -775,7 +775,7 @@ fn screen_an_approval_answered_with_each_key() {
 fn screen_ctrl_c_mid_turn_interrupts_and_the_chat_goes_on() {
     let env = Env::new();
     let server = cairn_test_server::TestServer::start(vec![
-        paced(400, 50),
+        paced(1_200, 50),
         cairn_test_server::Reply::sse(lines_stream("again", 2)),
     ])
     .unwrap();
@@ -800,7 +800,7 @@ fn screen_ctrl_c_mid_turn_interrupts_and_the_chat_goes_on() {
 #[test]
 fn screen_a_second_ctrl_c_leaves() {
     let env = Env::new();
-    let server = cairn_test_server::TestServer::start(vec![paced(400, 50)]).unwrap();
+    let server = cairn_test_server::TestServer::start(vec![paced(1_200, 50)]).unwrap();
     loop_provider(&env, &server, None);
     let mut s = Screen::spawn(looped(&env, &["chat"]), 40, 100, 5_000);
     s.wait_prompt();
