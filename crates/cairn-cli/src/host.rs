@@ -217,6 +217,8 @@ fn drive(
     disarm();
     let id = session.store().header().id.clone();
     renderer.set_window(wiring.provider.context_window());
+    let cost = crate::status::Cost::of_provider(wiring.provider.name());
+    renderer.set_session(crate::status::SessionUsage::of(session.store()), cost);
     renderer.finish(&id);
     if let Some(e) = renderer.write_error.take() {
         return Err(e.into());
@@ -403,6 +405,9 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     chat_loop(ctx, session, &mut wiring, &mut renderer)
 }
 
+/// The providers every configuration has (`/provider` lists them).
+const BUILT_IN_PROVIDERS: &[&str] = &["openai", "openai-responses", "anthropic", "scripted", "local"];
+
 /// What the chat does after a command.
 enum Flow {
     /// Read the next line.
@@ -436,22 +441,17 @@ fn command_of_chat(
         Slash::Help => say(&crate::slash::help())?,
         Slash::Quit => return Ok(Flow::Quit),
         Slash::Status => {
-            let (mut input, mut output, mut attempts) = (0u64, 0u64, 0usize);
-            for row in store.usage() {
-                if let Ok(u) = serde_json::from_str::<cairn_core::provider::AttemptUsage>(row.usage.get()) {
-                    input += u.input_tokens;
-                    output += u.output_tokens;
-                    attempts += 1;
-                }
+            let usage = crate::status::SessionUsage::of(store);
+            say(&crate::status::Report {
+                session: &store.header().id,
+                lane: session.lane(),
+                provider: wiring.provider.name(),
+                model: wiring.provider.model(),
+                window: wiring.provider.context_window(),
+                usage: &usage,
+                tools: wiring.registry.specs().len(),
             }
-            say(&format!(
-                "session {}\nlane {}\nprovider {} · model {}\n{input} in / {output} out tokens over {attempts} provider attempts\n{} tools offered",
-                store.header().id,
-                session.lane(),
-                wiring.provider.name(),
-                wiring.provider.model(),
-                wiring.registry.specs().len(),
-            ))?;
+            .text())?;
         }
         Slash::Tools => {
             let lines: Vec<String> =
@@ -548,6 +548,76 @@ fn command_of_chat(
                 Err(e) => renderer.notice(&format!("cannot use model {name}: {e:#}")),
             }
         }
+        Slash::Provider(None) => {
+            let configured: Vec<&str> = ctx.settings.providers.keys().map(String::as_str).collect();
+            let configured = if configured.is_empty() { "none".to_owned() } else { configured.join(", ") };
+            say(&format!(
+                "provider {} · model {}\nconfigured ([providers.NAME] in {}): {configured}\nbuilt in: {}\n/provider NAME switches for the next turns",
+                wiring.provider.name(),
+                wiring.provider.model(),
+                ctx.settings.config_file.display(),
+                BUILT_IN_PROVIDERS.join(", ")
+            ))?;
+        }
+        Slash::Provider(Some(name)) => {
+            let cwd = PathBuf::from(&store.header().cwd);
+            let s = &ctx.settings;
+            match crate::wiring::provider_for(ctx, name, None, s.script.value.as_deref(), &cwd) {
+                Ok(provider) => {
+                    wiring.provider = provider;
+                    say(&format!("the next turns use {} · {}", wiring.provider.name(), wiring.provider.model()))?;
+                }
+                Err(e) => renderer.notice(&format!("cannot use provider {name}: {e:#}")),
+            }
+        }
+        Slash::Resume(target) => {
+            let path = match crate::sessions::resolve(&ctx.paths, target, &ctx.settings.store_options()) {
+                Ok(path) => path,
+                Err(e) => {
+                    renderer.notice(&format!("cannot resume: {e:#}"));
+                    return Ok(Flow::Next);
+                }
+            };
+            if path == store.path() {
+                say(&format!("already in session {}", store.header().id))?;
+                return Ok(Flow::Next);
+            }
+            let opened = match crate::wiring::open_session(ctx, &path) {
+                Ok(opened) => opened,
+                Err(e) => {
+                    renderer.notice(&format!("cannot resume {target}: {e:#}"));
+                    return Ok(Flow::Next);
+                }
+            };
+            if let Some(child) = crate::family::child_fact(&opened) {
+                renderer.notice(&format!(
+                    "session {} is a child of session {}; /resume {} (its parent) drives it",
+                    opened.header().id,
+                    child.parent,
+                    child.parent
+                ));
+                return Ok(Flow::Next);
+            }
+            let cwd = PathBuf::from(&opened.header().cwd);
+            if cwd != Path::new(&store.header().cwd) {
+                // Its tools work in its own directory.
+                *wiring = wire(ctx, &cwd, renderer)?;
+            }
+            let mut next = Session::open(opened, session_config(ctx))?;
+            let id = next.store().header().id.clone();
+            let turns = next.store().entries().iter().filter(|e| e.entry_type == "message").count();
+            renderer.notice(&format!("now in session {id} ({turns} messages) in {}", cwd.display()));
+            if let Some(done) = crate::undo::finish_interrupted(ctx, &mut next, &cwd)? {
+                renderer.notice(&done);
+            }
+            if next.needs_resume() {
+                renderer.notice("finishing its interrupted turn first");
+                if let Some(outcome) = drive(&mut next, wiring, renderer, None)? {
+                    outcome_code(&outcome, renderer, &id);
+                }
+            }
+            return Ok(Flow::Switch(Box::new(next)));
+        }
         Slash::Undo(turn) => {
             let cwd = PathBuf::from(&store.header().cwd);
             let target = turn.map_or(crate::undo::Target::LastTurn, crate::undo::Target::Turn);
@@ -572,13 +642,13 @@ fn chat_loop(
     wiring: &mut Wiring,
     renderer: &mut Renderer,
 ) -> Result<u8> {
-    let cwd = PathBuf::from(&session.store().header().cwd);
+    let mut cwd = PathBuf::from(&session.store().header().cwd);
     // Discovery re-chooses the tools and skills for every prompt (and
     // records the choice) when it applies here; see `crate::discover`.
     let rechoose = crate::discover::applies(ctx, &cwd, &turn_tools(ctx, &cwd)?)?;
     // Make sure Ctrl-C at the prompt leaves instead of killing mid-write.
     let _ = interrupts();
-    let id = session.store().header().id.clone();
+    let mut id = session.store().header().id.clone();
     let interactive = std::io::stdin().is_terminal();
     let mut input = crate::lineedit::Input::new(&ctx.paths.data, &cwd, interactive && !ctx.common.json)?;
     let prompt_text = ("› ", ctx.err_style.bold("›") + " ");
@@ -603,6 +673,8 @@ fn chat_loop(
                     Flow::Quit => return Ok(last),
                     Flow::Switch(next) => {
                         session = *next;
+                        id = session.store().header().id.clone();
+                        cwd = PathBuf::from(&session.store().header().cwd);
                         continue;
                     }
                 }

@@ -1,78 +1,124 @@
 //! Answers rendered as Markdown on a terminal, while they stream: each
 //! line is rendered once it is complete (headings, lists, quotes, rules,
-//! fenced code with its language, inline code, bold and italic); the rest
-//! of a line waits for its newline, and `finish` renders what is left.
+//! fenced code with its language and syntax highlighting, inline code,
+//! bold and italic); the rest of a line waits for its newline, and
+//! `finish` renders what is left.
 //!
 //! Written by hand rather than with a Markdown crate: a parser of whole
 //! documents (pulldown-cmark) cannot render a stream line by line without
 //! re-rendering, and the subset models write is small. The one rule that
 //! matters: the model's text is escaped (`escape::escape_controls`) before
-//! any styling is added, so the only escape sequences written are cairn's.
-//! It must not write anywhere itself.
+//! any styling is added (code blocks are coloured by `highlight.rs` after
+//! escaping too), so the only escape sequences written are cairn's. What
+//! one answer costs is bounded: each delta is scanned once, and a line is
+//! shown up to [`MAX_LINE`] bytes (the rest counted, and said to be in the
+//! session). It must not write anywhere itself.
 
 use crate::escape::escape_controls;
+use crate::highlight::Code;
 use crate::style::Style;
 
 /// A Markdown stream being rendered.
 #[derive(Debug)]
 pub struct Markdown {
     style: Style,
-    /// The current line, until its newline.
+    /// The current line, until its newline (at most [`MAX_LINE`] bytes).
     pending: String,
-    /// Inside a fenced code block (its fence).
-    fence: Option<String>,
+    /// Bytes of the current line past [`MAX_LINE`], not shown.
+    cut: usize,
+    /// Whether the shown part of an over-long line went out already.
+    flushed: bool,
+    /// Inside a fenced code block (its fence, and its highlighter).
+    fence: Option<(String, Code)>,
 }
 
-/// Longest line held back waiting for its newline; past it the line is
-/// rendered as it is (a 1 MB line must not wait, or cost, forever).
-const MAX_PENDING: usize = 16 * 1024;
+/// Longest part of one line shown: a line is held back until its newline
+/// up to this many bytes; past it that part is shown as it is and the rest
+/// of the line is counted, not shown (a 1 MB line must not wait, or cost,
+/// or scroll, forever; the session keeps it whole).
+pub const MAX_LINE: usize = 16 * 1024;
 
 impl Markdown {
     /// A renderer styling with `style`.
     pub fn new(style: Style) -> Self {
-        Self { style, pending: String::new(), fence: None }
+        Self { style, pending: String::new(), cut: 0, flushed: false, fence: None }
     }
 
     /// Take `text` (a delta); return what can be shown now.
     pub fn push(&mut self, text: &str) -> String {
-        self.pending.push_str(text);
         let mut out = String::new();
-        while let Some(end) = self.pending.find('\n') {
-            let line: String = self.pending.drain(..=end).collect();
-            out.push_str(&self.line(line.trim_end_matches(['\n', '\r'])));
+        let mut rest = text;
+        while let Some(end) = rest.find('\n') {
+            self.take(&rest[..end], &mut out);
+            self.end_line(&mut out);
             out.push('\n');
+            rest = &rest[end + 1..];
         }
-        if self.pending.len() > MAX_PENDING {
-            let line = std::mem::take(&mut self.pending);
-            out.push_str(&escape_controls(&line));
-        }
+        self.take(rest, &mut out);
         out
+    }
+
+    /// Add `piece` (no newline) to the current line, within the bound.
+    fn take(&mut self, piece: &str, out: &mut String) {
+        let room = MAX_LINE.saturating_sub(self.pending.len());
+        if piece.len() <= room && !self.flushed {
+            self.pending.push_str(piece);
+            return;
+        }
+        let keep = if self.flushed { 0 } else { piece.floor_char_boundary(room) };
+        self.pending.push_str(&piece[..keep]);
+        self.cut += piece.len() - keep;
+        if !self.flushed {
+            // The line is over the bound: show its first part now.
+            self.flushed = true;
+            let shown = std::mem::take(&mut self.pending);
+            out.push_str(&escape_controls(shown.trim_end_matches('\r')));
+        }
+    }
+
+    /// The current line is complete.
+    fn end_line(&mut self, out: &mut String) {
+        let line = std::mem::take(&mut self.pending);
+        if self.flushed {
+            let cut = std::mem::take(&mut self.cut);
+            self.flushed = false;
+            out.push_str(
+                &self.style.dim(&format!(
+                    " … [{cut} more bytes of this line not shown; `cairn show` prints the whole answer]"
+                )),
+            );
+        } else {
+            out.push_str(&self.line(line.trim_end_matches('\r')));
+        }
     }
 
     /// What is left at the end of the answer.
     pub fn finish(&mut self) -> String {
-        let rest = std::mem::take(&mut self.pending);
+        let mut out = String::new();
+        if self.flushed || !self.pending.is_empty() {
+            self.end_line(&mut out);
+        }
         self.fence = None;
-        if rest.is_empty() { String::new() } else { self.line(&rest) }
+        out
     }
 
     fn line(&mut self, raw: &str) -> String {
         let line = escape_controls(raw).into_owned();
         let s = self.style;
         let trimmed = line.trim_start();
-        if let Some(fence) = &self.fence {
+        if let Some((fence, code)) = &mut self.fence {
             if trimmed.starts_with(fence.as_str())
                 && trimmed.trim_start_matches(fence.chars().next().unwrap_or('`')).trim().is_empty()
             {
                 self.fence = None;
                 return s.dim("└────");
             }
-            return s.cyan(&line);
+            return code.line(&line);
         }
         for fence in ["```", "~~~"] {
             if let Some(lang) = trimmed.strip_prefix(fence) {
-                self.fence = Some(fence.to_owned());
                 let lang = lang.trim();
+                self.fence = Some((fence.to_owned(), Code::new(lang, s)));
                 return s.dim(&if lang.is_empty() {
                     "┌────".to_owned()
                 } else {
@@ -157,10 +203,9 @@ mod tests {
             render("# Title\n- one **two** `three`\n> quoted\n```rust\nfn main() {}\n```\nsnake_case_name *it*\n");
         assert!(out.contains("\x1b[1mTitle\x1b[0m"), "{out:?}");
         assert!(out.contains("• one \x1b[1mtwo\x1b[0m \x1b[36mthree\x1b[0m"), "{out:?}");
-        assert!(
-            out.contains("┌──── rust") && out.contains("\x1b[36mfn main() {}\x1b[0m") && out.contains("└"),
-            "{out:?}"
-        );
+        assert!(out.contains("┌──── rust") && out.contains("└"), "{out:?}");
+        // The code is highlighted (256-colour foregrounds), its text whole.
+        assert!(out.contains("\x1b[38;5;") && out.contains("main"), "{out:?}");
         assert!(out.contains("snake_case_name \x1b[3mit\x1b[0m"), "{out:?}");
     }
 
@@ -181,7 +226,34 @@ mod tests {
         assert_eq!(md.push("tle\nnext"), "Title\n");
         assert_eq!(md.finish(), "next");
         let mut md = Markdown::new(Style::forced(false));
-        let out = md.push(&"x".repeat(MAX_PENDING + 1));
-        assert_eq!(out.len(), MAX_PENDING + 1, "past the bound the line is shown as it is");
+        let out = md.push(&"x".repeat(MAX_LINE + 1));
+        assert_eq!(out, "x".repeat(MAX_LINE), "past the bound the line's first part is shown at once");
+        assert_eq!(md.push(&"y".repeat(1 << 20)), "", "the rest is counted, not held");
+        assert_eq!(
+            md.push("\nnext\n"),
+            format!(
+                " … [{} more bytes of this line not shown; `cairn show` prints the whole answer]\nnext\n",
+                (1 << 20) + 1
+            )
+        );
+    }
+
+    #[test]
+    fn a_big_answer_in_one_delta_costs_one_pass() {
+        // 10 MB of short lines in one delta: linear, not a drain per line.
+        let line = "a line of an answer, about sixty bytes long, **bold** here\n";
+        let text = line.repeat(10 * 1024 * 1024 / line.len());
+        let mut md = Markdown::new(Style::forced(true));
+        let out = md.push(&text);
+        assert_eq!(out.matches('\n').count(), text.matches('\n').count());
+    }
+
+    #[test]
+    fn a_long_line_split_across_deltas_keeps_characters_whole() {
+        let mut md = Markdown::new(Style::forced(false));
+        let mut out = md.push(&"é".repeat(MAX_LINE));
+        out.push_str(&md.finish());
+        assert!(out.starts_with(&"é".repeat(MAX_LINE / 2)), "cut on a character boundary");
+        assert!(out.contains(&format!("{} more bytes", MAX_LINE)), "{}", &out[out.len() - 120..]);
     }
 }

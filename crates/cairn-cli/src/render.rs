@@ -70,6 +70,8 @@ pub struct Renderer {
     markdown: Option<crate::markdown::Markdown>,
     /// Tool output shown so far for the running call.
     fold: Fold,
+    /// The session's usage so far and its cost, for the status line.
+    session: Option<(crate::status::SessionUsage, crate::status::Cost)>,
 }
 
 /// Tool output on a terminal: the first lines of each call, the rest
@@ -130,6 +132,7 @@ impl Renderer {
             window: None,
             markdown: None,
             fold: Fold::new(if std::io::stderr().is_terminal() { FOLD_LINES } else { usize::MAX }),
+            session: None,
         }
     }
 
@@ -350,25 +353,26 @@ impl Renderer {
         }
         if self.mode == Mode::Human {
             let t = &self.totals;
+            let so_far = match &self.session {
+                Some((usage, cost)) => {
+                    format!(" · so far {} tokens, {}", crate::status::thousands(usage.total()), cost.short())
+                }
+                None => String::new(),
+            };
             let line = format!(
-                "{} in / {} out tokens · {} attempt{} · {} tool call{} · {:.1}s · session {session_id}",
-                t.input_tokens,
-                t.output_tokens,
+                "{} in / {} out tokens · {} attempt{} · {} tool call{} · {:.1}s{so_far} · session {session_id}",
+                crate::status::thousands(t.input_tokens),
+                crate::status::thousands(t.output_tokens),
                 t.attempts,
                 if t.attempts == 1 { "" } else { "s" },
                 t.tools,
                 if t.tools == 1 { "" } else { "s" },
                 self.started.elapsed().as_secs_f64()
             );
-            let line = match (self.window, t.last_input_tokens) {
-                (Some(window), used) if window > 0 && used > 0 => format!(
-                    "{} · context {}% of {}k · {line}",
-                    t.model,
-                    (used * 100).div_ceil(u64::from(window)).min(100),
-                    window / 1000
-                ),
-                _ if !t.model.is_empty() => format!("{} · {line}", t.model),
-                _ => line,
+            let line = match crate::status::context_share(t.last_input_tokens, self.window) {
+                Some(share) => format!("{} · context {share} · {line}", t.model),
+                None if !t.model.is_empty() => format!("{} · {line}", t.model),
+                None => line,
             };
             let _ = writeln!(std::io::stderr(), "{}", self.err.dim(&escape_controls(&line)));
         }
@@ -380,6 +384,12 @@ impl Renderer {
     pub fn set_markdown(&mut self, plain: bool) {
         self.markdown = (self.mode == Mode::Human && !plain && std::io::stdout().is_terminal())
             .then(|| crate::markdown::Markdown::new(self.out));
+    }
+
+    /// The session's usage so far (the ledger, this turn included) and its
+    /// cost, for the status line after the turn.
+    pub fn set_session(&mut self, usage: crate::status::SessionUsage, cost: crate::status::Cost) {
+        self.session = Some((usage, cost));
     }
 
     /// The model's context window, for the status line's "context N% of

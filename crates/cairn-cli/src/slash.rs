@@ -51,6 +51,11 @@ pub enum Slash {
     Clear,
     /// `/model [NAME]`: show, or switch for the next turns.
     Model(Option<String>),
+    /// `/provider [NAME]`: show the provider and the configured ones, or
+    /// switch to NAME for the next turns.
+    Provider(Option<String>),
+    /// `/resume ID`: continue in another session (id, prefix or name).
+    Resume(String),
     /// A `/word` cairn does not know.
     Unknown(String),
 }
@@ -58,8 +63,9 @@ pub enum Slash {
 /// The commands and what they do, in `/help`'s order.
 pub const COMMANDS: &[(&str, &str)] = &[
     ("/help", "this list"),
-    ("/status", "session, lane, provider and model, tokens so far"),
+    ("/status", "session, lane, provider and model, context used, tokens and cost so far"),
     ("/model [NAME]", "show the model, or use NAME for the next turns"),
+    ("/provider [NAME]", "show the provider and the configured ones, or switch to NAME"),
     ("/tools", "the tools the next turn is offered, with their risk"),
     ("/diff", "the files this session's tool calls changed"),
     ("/last", "the last tool call's whole output (the screen folds it)"),
@@ -69,6 +75,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("/undo [N]", "revert the files the last turn (or turn N and later) changed, and the conversation with them"),
     ("/redo", "reapply what the last /undo reverted"),
     ("/sessions", "the sessions here, newest first"),
+    ("/resume ID", "continue in session ID (an id, its start, or a name; /sessions lists them)"),
     ("/clear", "continue in a new session"),
     ("/quit", "leave (also /exit, Ctrl-D)"),
 ];
@@ -109,6 +116,9 @@ pub fn parse(line: &str) -> Line {
         ("clear", []) => Slash::Clear,
         ("model", []) => Slash::Model(None),
         ("model", [name]) => Slash::Model(Some((*name).to_owned())),
+        ("provider", []) => Slash::Provider(None),
+        ("provider", [name]) => Slash::Provider(Some((*name).to_owned())),
+        ("resume", [id]) => Slash::Resume((*id).to_owned()),
         _ => Slash::Unknown(trimmed.to_owned()),
     })
 }
@@ -117,7 +127,7 @@ pub fn parse(line: &str) -> Line {
 pub fn help() -> String {
     let mut out = String::from("commands:\n");
     for (name, what) in COMMANDS {
-        let _ = writeln!(out, "  {name:<16} {what}");
+        let _ = writeln!(out, "  {name:<18} {what}");
     }
     out.push_str("  @PATH in a prompt attaches that file (or a directory's listing); start with // for a literal /\n");
     out
@@ -206,7 +216,10 @@ mod tests {
         assert_eq!(parse("/help"), Line::Command(Slash::Help));
         assert_eq!(parse("/model gpt-x"), Line::Command(Slash::Model(Some("gpt-x".into()))));
         assert_eq!(parse("//etc/hosts is odd"), Line::Prompt("/etc/hosts is odd".into()));
-        for typo in ["/hepl", "/model a b", "/quit now", "/"] {
+        assert_eq!(parse("/provider"), Line::Command(Slash::Provider(None)));
+        assert_eq!(parse("/provider local"), Line::Command(Slash::Provider(Some("local".into()))));
+        assert_eq!(parse("/resume 01ab"), Line::Command(Slash::Resume("01ab".into())));
+        for typo in ["/hepl", "/model a b", "/quit now", "/", "/resume", "/resume a b"] {
             assert!(matches!(parse(typo), Line::Command(Slash::Unknown(_))), "{typo}");
         }
     }

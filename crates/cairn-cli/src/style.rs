@@ -26,6 +26,17 @@ impl Style {
         Self { color }
     }
 
+    /// Whether this stream is coloured.
+    pub fn coloured(&self) -> bool {
+        self.color
+    }
+
+    /// Foreground colour `index` of the xterm 256-colour palette
+    /// (`highlight.rs`).
+    pub fn colour256(&self, index: u8, text: &str) -> String {
+        self.paint(&format!("38;5;{index}"), text)
+    }
+
     fn paint(&self, code: &str, text: &str) -> String {
         if self.color { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
     }

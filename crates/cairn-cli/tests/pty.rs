@@ -602,3 +602,404 @@ fn slash_fork_continues_on_a_new_lane_and_compact_says_when_there_is_nothing() {
         .collect();
     assert!(lanes.iter().any(|r| r["key"] == "alt"), "{lanes:#?}");
 }
+
+// ---- The screen a person sees (issue 32): cairn's bytes rendered by a
+// terminal emulator (vt100), the final text asserted.
+
+mod screen;
+use screen::Screen;
+
+/// `cairn ARGS` on an emulated terminal of `rows`×`cols`.
+fn on_screen(env: &Env, args: &[&str], rows: u16, cols: u16) -> Screen {
+    Screen::spawn(env.cairn(args), rows, cols, 5_000)
+}
+
+/// A config whose default provider is the loopback test server.
+fn loop_provider(env: &Env, server: &cairn_test_server::TestServer, window: Option<u32>) {
+    let window = window.map(|w| format!("context_window = {w}\n")).unwrap_or_default();
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "provider = \"loop\"\n[providers.loop]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"m\"\napi_key_env = \"LOOP_KEY\"\n{window}",
+            server.url()
+        ),
+    )
+    .unwrap();
+}
+
+/// `cairn ARGS` with the loopback provider's key set.
+fn looped(env: &Env, args: &[&str]) -> Command {
+    let mut cmd = env.cairn(args);
+    cmd.env("LOOP_KEY", "k");
+    cmd
+}
+
+/// A Chat Completions stream of `n` lines `WORD 1`…`WORD n`, one per event,
+/// then usage (100 in, 20 out) and `[DONE]`.
+fn lines_stream(word: &str, n: usize) -> String {
+    use cairn_test_server::streams::event;
+    let mut out = String::new();
+    for k in 1..=n {
+        out.push_str(&event("", &format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"{word} {k}\n"}}}}]}}"#)));
+    }
+    out.push_str(&event("", r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#));
+    out.push_str(&event(
+        "",
+        r#"{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":20,"total_tokens":120}}"#,
+    ));
+    out.push_str(&event("", "[DONE]"));
+    out
+}
+
+/// A slow model: `lines_stream(n)`, one event every `ms` milliseconds.
+fn paced(n: usize, ms: u64) -> cairn_test_server::Reply {
+    cairn_test_server::Reply::sse(lines_stream("line", n))
+        .split(cairn_test_server::Split::PerEvent)
+        .pace(Duration::from_millis(ms))
+}
+
+/// The user prompts of a session file.
+fn user_prompts(file: &Path) -> Vec<String> {
+    entries_of_type(file, "message")
+        .into_iter()
+        .filter(|m| m["payload"]["role"] == "user")
+        .map(|m| m["payload"]["content"][0]["text"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn screen_editing_history_paste_help_model_unknown_command_and_at_file() {
+    let env = Env::new();
+    std::fs::write(env.cwd.join("notes.txt"), "the launch code is 7-4-1\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "# Heading one\n- a **bold** item\n"}),
+        json!({"text": "two"}),
+        json!({"text": "three"}),
+        json!({"text": "four"}),
+    ]);
+    let mut s = on_screen(&env, &["--script", script.to_str().unwrap(), "chat"], 300, 120);
+    s.wait_prompt();
+    // A typo mended with Left, Backspace, Right and End.
+    s.send("hello wrold");
+    s.send("\x1b[D\x1b[D\x1b[D\x7f\x1b[Cr\x1b[F\r");
+    let shown = s.wait_for("Heading one");
+    assert!(shown.contains("› hello world"), "the mended line on screen:\n{shown}");
+    let shown = s.wait_for("• a bold item");
+    assert!(!shown.contains("# Heading") && !shown.contains("**"), "Markdown rendered:\n{shown}");
+    s.wait_prompt();
+    // Up recalls the last prompt.
+    s.send("\x1b[A\r");
+    s.wait_for("two");
+    s.wait_prompt();
+    // A bracketed paste with a newline stays one prompt.
+    s.send("\x1b[200~first line\nsecond line\x1b[201~\r");
+    s.wait_for("three");
+    s.wait_prompt();
+    s.line("/help");
+    let help = s.wait_for("/quit");
+    for command in ["/status", "/model", "/provider", "/resume ID", "/fork NAME", "/allow PATTERN", "/undo", "@PATH"] {
+        assert!(help.contains(command), "/help lists {command}:\n{help}");
+    }
+    s.wait_prompt();
+    s.line("/model");
+    s.wait_for("scripted · script.jsonl");
+    s.wait_prompt();
+    s.line("/hepl");
+    let refused = s.wait_for("unknown command");
+    assert!(refused.contains("nothing was sent to the model"), "{refused}");
+    s.wait_prompt();
+    s.line("what does @notes.txt say?");
+    s.wait_for("four");
+    s.wait_prompt();
+    s.send("\x04");
+    assert_eq!(s.wait_exit(), 0);
+    let prompts = user_prompts(&session(&env));
+    assert_eq!(prompts.len(), 4, "/help, /model and /hepl never reached the model: {prompts:#?}");
+    assert_eq!(prompts[..3], ["hello world", "hello world", "first line\nsecond line"]);
+    assert!(prompts[3].contains("[attached @notes.txt (25 bytes)]") && prompts[3].contains("7-4-1"), "{}", prompts[3]);
+}
+
+#[test]
+fn screen_an_approval_answered_with_each_key() {
+    let env = Env::new();
+    let long: String = (1..=100).map(|i| format!("line {i}\n")).collect();
+    let script = env.script(&[
+        write_call("c1", "long.txt", &long),
+        json!({"text": "Wrote the long file."}),
+        write_call("c2", "no.txt", "no\n"),
+        json!({"text": "Left it."}),
+        write_call("c3", "a.txt", "a\n"),
+        write_call("c4", "b.txt", "b\n"),
+        json!({"text": "Both written."}),
+    ]);
+    let mut s = on_screen(&env, &["--script", script.to_str().unwrap(), "chat"], 500, 120);
+    s.wait_prompt();
+    s.line("write the long file");
+    let first = s.wait_for("e=explain]");
+    assert!(first.contains("approve write_file (write)") && first.contains("+line 30"), "{first}");
+    assert!(!first.contains("+line 99"), "only the start of a long change:\n{first}");
+    s.line("e");
+    let all = s.wait_for("+line 100");
+    assert!(all.contains("+line 99"), "e shows all of it:\n{all}");
+    s.wait_for_n("e=explain]", 2);
+    assert!(!env.cwd.join("long.txt").exists(), "nothing written before y");
+    s.line("y");
+    s.wait_for("Wrote the long file.");
+    s.wait_prompt();
+    s.line("write no.txt");
+    s.wait_for("+no");
+    s.wait_question();
+    s.line("n");
+    s.wait_for("Left it.");
+    s.wait_prompt();
+    s.line("write a and b");
+    s.wait_for("+a");
+    s.wait_question();
+    s.line("a");
+    let end = s.wait_for("Both written.");
+    assert_eq!(end.matches("Run it?").count(), 4, "b.txt was not asked after a:\n{end}");
+    s.send("\x04");
+    assert_eq!(s.wait_exit(), 0);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("long.txt")).unwrap(), long);
+    assert!(!env.cwd.join("no.txt").exists(), "n wrote nothing");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("a.txt")).unwrap(), "a\n");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("b.txt")).unwrap(), "b\n");
+    let by: Vec<String> = entries_of_type(&session(&env), "toolStarted")
+        .iter()
+        .map(|e| e["payload"]["verdict"]["by"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(by, ["user:terminal", "user:terminal", "session:write_file"]);
+}
+
+#[test]
+fn screen_ctrl_c_mid_turn_interrupts_and_the_chat_goes_on() {
+    let env = Env::new();
+    let server = cairn_test_server::TestServer::start(vec![
+        paced(1_200, 50),
+        cairn_test_server::Reply::sse(lines_stream("again", 2)),
+    ])
+    .unwrap();
+    loop_provider(&env, &server, None);
+    let mut s = Screen::spawn(looped(&env, &["chat"]), 40, 100, 5_000);
+    s.wait_prompt();
+    s.line("count slowly");
+    s.wait_for("line 3");
+    s.send("\x03");
+    s.wait_for("turn cancelled");
+    s.wait_prompt();
+    s.line("again");
+    s.wait_for("again 2");
+    s.wait_prompt();
+    s.send("\x04");
+    assert_eq!(s.wait_exit(), 0);
+    let file = session(&env);
+    assert_eq!(entries_of_type(&file, "turnCancelled").len(), 1);
+    assert_eq!(user_prompts(&file), ["count slowly", "again"]);
+}
+
+#[test]
+fn screen_a_second_ctrl_c_leaves() {
+    let env = Env::new();
+    let server = cairn_test_server::TestServer::start(vec![paced(1_200, 50)]).unwrap();
+    loop_provider(&env, &server, None);
+    let mut s = Screen::spawn(looped(&env, &["chat"]), 40, 100, 5_000);
+    s.wait_prompt();
+    s.line("count slowly");
+    s.wait_for("line 3");
+    s.send("\x03");
+    s.wait_for("interrupting");
+    // The second press leaves, whether the turn is still winding down
+    // (exit 3: cancelled) or the chat is back at its prompt (exit 0).
+    s.send("\x03");
+    let code = s.wait_exit();
+    assert!(code == 3 || code == 0, "exit {code}:\n{}", s.contents());
+    let file = session(&env);
+    assert!(live_pending(&file).is_empty());
+    assert_eq!(entries_of_type(&file, "turnCancelled").len(), 1, "the turn was settled as cancelled");
+}
+
+#[test]
+fn screen_a_resize_mid_stream_keeps_the_screen_whole() {
+    let env = Env::new();
+    let server = cairn_test_server::TestServer::start(vec![paced(60, 30)]).unwrap();
+    loop_provider(&env, &server, Some(8_000));
+    let mut s = Screen::spawn(looped(&env, &["chat"]), 40, 100, 5_000);
+    s.wait_prompt();
+    s.line("count");
+    s.wait_for("line 5");
+    s.resize(30, 50);
+    s.wait_for("line 20");
+    s.resize(50, 120);
+    s.wait_for("line 60");
+    s.wait_for("so far");
+    let end = s.wait_prompt();
+    // Every line of the answer is on its own row, whole, in order.
+    let rows: Vec<&str> = end.lines().map(str::trim_end).collect();
+    let at = |k: usize| rows.iter().position(|r| *r == format!("line {k}"));
+    let positions: Vec<Option<usize>> = (41..=60).map(at).collect();
+    assert!(positions.iter().all(Option::is_some), "each line on a row of its own:\n{end}");
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "in order:\n{end}");
+    assert!(end.contains("m · context 2% of 8k"), "the status line after the turn:\n{end}");
+    // The editor knows the new width: a long line typed now wraps cleanly.
+    s.line("/status");
+    let status = s.wait_for("tools offered");
+    assert!(status.contains("context 2% used: 100 of 8,000 tokens"), "{status}");
+    assert!(status.contains("cost unknown"), "{status}");
+    s.send("\x04");
+    assert_eq!(s.wait_exit(), 0);
+}
+
+#[test]
+fn screen_hostile_text_is_shown_escaped_and_bounded() {
+    let env = Env::new();
+    let hostile = "before\n\u{1b}[2J\u{1b}[H\u{1b}]52;c;cGF3bmVk\u{7}clip \u{202e}evil\u{202c} \u{1b}]0;title\u{7}\u{9b}31m\rafter\n";
+    let megabyte_line = format!("{}\nshort tail\n", "x".repeat(1 << 20));
+    let ten_megabytes: String = (0..100_000).map(|k| format!("row {k:06} {}\n", "y".repeat(88))).collect();
+    let script = env.script(&[
+        json!({"text": hostile}),
+        json!({"text": megabyte_line}),
+        json!({"text": ten_megabytes}),
+        json!({"text": "```rust\nfn main() { let answer = 42; }\n```\n"}),
+    ]);
+    let mut cmd = env.cairn(&["--script", script.to_str().unwrap(), "chat"]);
+    cmd.env_remove("NO_COLOR");
+    let mut s = Screen::spawn(cmd, 40, 100, 200);
+    s.keep_bytes(4 << 20);
+    s.wait_prompt();
+    s.line("be hostile");
+    let shown = s.wait_for("after");
+    assert!(shown.contains("before"), "nothing cleared the screen:\n{shown}");
+    assert!(
+        shown.contains("\\u{1b}[2J") && shown.contains("\\u{1b}]52;c;cGF3bmVk\\u{7}clip"),
+        "shown escaped:\n{shown}"
+    );
+    assert!(shown.contains("\\u{202e}evil"), "a bidi override is shown, not obeyed:\n{shown}");
+    s.wait_prompt();
+    let bytes = s.bytes();
+    let raw = String::from_utf8_lossy(&bytes);
+    assert!(!raw.contains("\u{1b}]52") && !raw.contains("\u{1b}]0;") && !raw.contains("\u{1b}[2J"), "never sent raw");
+    assert!(!raw.contains('\u{202e}') && !raw.contains('\u{9b}'), "never sent raw");
+
+    let before = s.total_bytes();
+    s.line("one long line");
+    let shown = s.wait_for("short tail");
+    assert!(shown.contains("more bytes of this line not shown"), "{shown}");
+    s.wait_prompt();
+    let written = s.total_bytes() - before;
+    assert!(written < 64 * 1024, "a 1 MB line is shown in part: {written} bytes written");
+
+    let before = s.total_bytes();
+    s.line("ten megabytes");
+    let shown = s.wait_for("row 099999");
+    s.wait_prompt();
+    let written = s.total_bytes() - before;
+    assert!(written >= ten_megabytes.len() && written < ten_megabytes.len() + (1 << 20), "{written} bytes\n{shown}");
+
+    s.line("some code");
+    s.wait_for("let answer = 42;");
+    s.wait_prompt();
+    {
+        // The code is coloured: `fn` and `42` in the theme's colours, not
+        // the terminal's default.
+        let (row, col) = s.find("fn main()").unwrap();
+        let keyword = s.fg(row, col);
+        assert!(matches!(keyword, vt100::Color::Idx(_)), "fn is highlighted: {keyword:?}\n{}", s.contents());
+        let (row, col) = s.find("= 42;").unwrap();
+        let number = s.fg(row, col + 2);
+        assert!(
+            matches!(number, vt100::Color::Idx(_)) && number != keyword,
+            "42 too, in another colour than fn: {number:?} vs {keyword:?}"
+        );
+    }
+    s.send("\x04");
+    assert_eq!(s.wait_exit(), 0);
+}
+
+#[test]
+fn screen_provider_lists_and_switches_and_resume_continues_another_session() {
+    let env = Env::new();
+    let server = cairn_test_server::TestServer::start(vec![
+        cairn_test_server::Reply::sse(lines_stream("served", 1)),
+        cairn_test_server::Reply::sse(lines_stream("resumed", 1)),
+    ])
+    .unwrap();
+    loop_provider(&env, &server, None);
+    let script = env.script(&[json!({"text": "first session answer"})]);
+    let out =
+        env.cairn(&["--script", script.to_str().unwrap(), "run", "remember me"]).stdin(Stdio::null()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let first = session(&env);
+    let first_id = first.file_stem().unwrap().to_str().unwrap().to_owned();
+
+    let mut s = Screen::spawn(looped(&env, &["--script", script.to_str().unwrap(), "chat"]), 300, 120, 100);
+    s.wait_prompt();
+    s.line("/provider");
+    let shown = s.wait_for("switches for the next turns");
+    assert!(shown.contains("provider scripted · model script.jsonl"), "{shown}");
+    assert!(shown.contains("config.toml): loop"), "the configured providers:\n{shown}");
+    s.wait_prompt();
+    s.line("/provider nosuch");
+    s.wait_for("cannot use provider nosuch");
+    s.wait_prompt();
+    s.line("/provider loop");
+    s.wait_for("the next turns use loop · m");
+    s.wait_prompt();
+    s.line("hi");
+    s.wait_for("served 1");
+    s.wait_prompt();
+    s.line("/resume nosuch");
+    s.wait_for("cannot resume");
+    s.wait_prompt();
+    s.line(&format!("/resume {first_id}"));
+    s.wait_for(&format!("now in session {first_id}"));
+    s.wait_prompt();
+    s.line("and more");
+    s.wait_for("resumed 1");
+    s.wait_prompt();
+    s.line("/status");
+    let status = s.wait_for("tools offered");
+    assert!(status.contains(&format!("session {first_id}")) && status.contains("provider loop · model m"), "{status}");
+    s.wait_prompt();
+    s.send("\x04");
+    assert_eq!(s.wait_exit(), 0);
+    assert_eq!(user_prompts(&first), ["remember me", "and more"], "the resumed session got the prompt");
+    let files = env.session_files();
+    assert_eq!(files.len(), 2);
+    let chat = files.iter().find(|f| **f != first).unwrap();
+    assert_eq!(user_prompts(chat), ["hi"]);
+}
+
+#[test]
+#[ignore = "records the README's chat"]
+fn record_readme_chat() {
+    let env = Env::new();
+    std::fs::write(env.cwd.join("config.ini"), "retries = 3\ntimeout = 10\n").unwrap();
+    std::fs::write(env.home.join("config.toml"), "[providers.scripted]\ncontext_window = 8000\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "read_file", "arguments": {"path": "config.ini"}}]}),
+        json!({"text": "", "toolCalls": [{"id": "c2", "name": "edit_file", "arguments": {"path": "config.ini", "old": "retries = 3", "new": "retries = 5"}}]}),
+        json!({"text": "## Done\n`config.ini` now reads:\n```ini\nretries = 5\ntimeout = 10\n```\n- **retries** is now 5\n- *timeout* is unchanged\n"}),
+    ]);
+    let mut s = on_screen(&env, &["--script", script.to_str().unwrap(), "chat"], 300, 100);
+    s.wait_prompt();
+    s.line("/tools");
+    s.wait_for("wait_for_messages");
+    s.wait_prompt();
+    s.line("set retries to 5 in @config.ini");
+    s.wait_question();
+    s.line("y");
+    s.wait_for("so far");
+    s.wait_prompt();
+    s.line("/status");
+    s.wait_for("tools offered");
+    s.wait_prompt();
+    s.line("/diff");
+    s.wait_until("the diff's files", |t| t.contains("› /diff\nconfig.ini"));
+    s.wait_prompt();
+    s.line("/hepl");
+    s.wait_for("unknown command");
+    s.wait_prompt();
+    println!("{}", s.contents());
+    s.send("\x04");
+    s.wait_exit();
+}
