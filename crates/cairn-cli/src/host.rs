@@ -405,9 +405,6 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     chat_loop(ctx, session, &mut wiring, &mut renderer)
 }
 
-/// The providers every configuration has (`/provider` lists them).
-const BUILT_IN_PROVIDERS: &[&str] = &["openai", "openai-responses", "anthropic", "scripted", "local"];
-
 /// What the chat does after a command.
 enum Flow {
     /// Read the next line.
@@ -532,6 +529,10 @@ fn command_of_chat(
             }
         }
         Slash::Clear => {
+            // The session being left ends here for its hooks (reason clear).
+            cairn_tools::hooks::end_session(&store.header().id, "clear", &|note| {
+                eprintln!("cairn: {}", crate::render::escape_controls(note))
+            });
             let (store, _) = create_session(ctx)?;
             renderer.notice(&format!("new session {}", store.header().id));
             return Ok(Flow::Switch(Box::new(Session::open(store, session_config(ctx))?)));
@@ -556,7 +557,7 @@ fn command_of_chat(
                 wiring.provider.name(),
                 wiring.provider.model(),
                 ctx.settings.config_file.display(),
-                BUILT_IN_PROVIDERS.join(", ")
+                cairn_provider::config::BUILTIN_NAMES.join(", ")
             ))?;
         }
         Slash::Provider(Some(name)) => {
