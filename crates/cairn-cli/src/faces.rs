@@ -67,19 +67,22 @@ impl cairn_faces::Host for CliHost<'_> {
                 continue;
             }
             let config = match &server.transport {
-                cairn_faces::ClientMcpTransport::Stdio { command, args, env } => {
-                    cairn_mcp::ServerConfig::from_client(&name, Some(command.clone()), args.clone(), env.clone(), None)
-                }
-                cairn_faces::ClientMcpTransport::Http { headers, .. } if !headers.is_empty() => {
-                    notes.push(format!(
-                        "the editor's MCP server {:?} is not started: cairn does not send custom HTTP headers yet",
-                        server.name
-                    ));
-                    continue;
-                }
-                cairn_faces::ClientMcpTransport::Http { url, .. } => {
-                    cairn_mcp::ServerConfig::from_client(&name, None, Vec::new(), Vec::new(), Some(url.clone()))
-                }
+                cairn_faces::ClientMcpTransport::Stdio { command, args, env } => cairn_mcp::ServerConfig::from_client(
+                    &name,
+                    Some(command.clone()),
+                    args.clone(),
+                    env.clone(),
+                    None,
+                    Vec::new(),
+                ),
+                cairn_faces::ClientMcpTransport::Http { url, headers } => cairn_mcp::ServerConfig::from_client(
+                    &name,
+                    None,
+                    Vec::new(),
+                    Vec::new(),
+                    Some(url.clone()),
+                    headers.clone(),
+                ),
             };
             match config {
                 Ok(config) => {

@@ -389,6 +389,74 @@ fn a_streamable_http_server_on_loopback_is_called_like_a_stdio_one() {
     assert_eq!(receipt["tier"], "write");
 }
 
+/// Headers for a streamable-HTTP server: `http_headers` with their values,
+/// `env_http_headers` from cairn's environment. The server (the official
+/// Python SDK behind a check) refuses requests without both; an unset
+/// variable keeps the server from starting, named.
+#[test]
+fn a_streamable_http_server_gets_the_configured_headers() {
+    let env = Env::new();
+    let py = python_bin();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut server = Command::new(py.join("python"))
+        .arg(repo().join("crates/cairn-cli/tests/mcp/headers_server.py"))
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = server.stderr.take().unwrap();
+    let _server = Killed(server);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
+    assert!(lines.by_ref().map_while(Result::ok).any(|l| l.contains("listening")), "the header server did not start");
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&refused);
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if line.contains("refused a request") {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    config(
+        &env,
+        &format!(
+            "[mcp_servers.web]\nurl = \"http://127.0.0.1:{port}/mcp\"\nhttp_headers = {{ X-Tenant = \"acme\" }}\nenv_http_headers = {{ Authorization = \"WEB_MCP_AUTH\" }}\n"
+        ),
+    );
+    let call =
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__web__hello", "arguments": {"name": "cairn"}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let s = script.to_str().unwrap();
+
+    // The variable unset: the server is not started, and the note names it.
+    let out =
+        env.cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"]).env_remove("WEB_MCP_AUTH").output().unwrap();
+    assert!(stderr(&out).contains("WEB_MCP_AUTH"), "{}", stderr(&out));
+    assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was sent without the token");
+    std::fs::remove_file(&env.session_files()[0]).unwrap();
+
+    // A wrong token: the server refuses, and so the call cannot happen.
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"])
+        .env("WEB_MCP_AUTH", "Bearer wrong")
+        .output()
+        .unwrap();
+    assert!(refused.load(std::sync::atomic::Ordering::SeqCst) > 0, "{}", stderr(&out));
+    assert!(payloads(&env, "toolCompleted").is_empty(), "{}", stderr(&out));
+    std::fs::remove_file(&env.session_files()[0]).unwrap();
+
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"])
+        .env("WEB_MCP_AUTH", "Bearer s3cret")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done = payloads(&env, "toolCompleted");
+    let receipt = &by_tool(&done, "mcp__web__hello")["receipt"];
+    assert!(receipt["outputSummary"].as_str().unwrap().contains("you were let in"), "{receipt:#}");
+}
+
 /// Discovery ranks MCP tools like any other: with 27 of them configured, a
 /// turn is offered the few that fit the request, not all of them.
 #[test]

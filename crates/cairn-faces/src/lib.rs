@@ -50,8 +50,7 @@ pub enum ClientMcpTransport {
     Http {
         /// Its URL.
         url: String,
-        /// Headers to send (cairn does not send custom headers yet: a
-        /// server that needs them is reported and not started).
+        /// Headers to send with every request (an editor's token, say).
         headers: Vec<(String, String)>,
     },
 }

@@ -44,6 +44,15 @@ pub struct ServerConfig {
     /// The endpoint of a streamable-HTTP server (instead of `command`).
     #[serde(default)]
     pub url: Option<String>,
+    /// Headers sent to a streamable-HTTP server with every request, with
+    /// their values (for what is not secret: a version, a tenant).
+    #[serde(default)]
+    pub http_headers: BTreeMap<String, String>,
+    /// Headers whose values come from cairn's environment: header name →
+    /// variable name (`Authorization = "GITHUB_MCP_AUTH"`), so a token
+    /// never lives in the file.
+    #[serde(default)]
+    pub env_http_headers: BTreeMap<String, String>,
     /// `false` keeps the server configured but unused.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -80,6 +89,55 @@ pub struct ServerConfig {
     /// server for its session (an editor over ACP); never read from a file.
     #[serde(skip)]
     pub env_values: Vec<(String, String)>,
+    /// Headers with their values, given by such a client; never read from
+    /// a file.
+    #[serde(skip)]
+    pub header_values: Vec<(String, String)>,
+}
+
+/// Headers cairn's MCP client sets itself (the protocol's own), which a
+/// configuration may not set.
+const RESERVED_HEADERS: &[&str] =
+    &["accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id"];
+
+/// Why `name: value` cannot be sent as an HTTP header, if it cannot.
+fn bad_header(name: &str, value: Option<&str>) -> Option<String> {
+    let token = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !token {
+        return Some(format!("{name:?} is not an HTTP header name"));
+    }
+    if RESERVED_HEADERS.iter().any(|r| name.eq_ignore_ascii_case(r)) {
+        return Some(format!("header {name} is set by cairn's MCP client itself"));
+    }
+    match value {
+        Some(v) if v.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) => {
+            Some(format!("the value of header {name} holds a control character"))
+        }
+        _ => None,
+    }
+}
+
+impl ServerConfig {
+    /// Every header to send (`http_headers`, `env_http_headers` read from
+    /// cairn's environment now, then a client's), or why one cannot be
+    /// (an unset variable is named).
+    pub fn headers(&self) -> Result<Vec<(String, String)>, String> {
+        let mut headers: Vec<(String, String)> =
+            self.http_headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (header, var) in &self.env_http_headers {
+            match std::env::var(var) {
+                Ok(value) if !value.is_empty() => headers.push((header.clone(), value)),
+                _ => return Err(format!("header {header} takes its value from ${var}, which is not set")),
+            }
+        }
+        headers.extend(self.header_values.iter().cloned());
+        for (name, value) in &headers {
+            if let Some(why) = bad_header(name, Some(value)) {
+                return Err(why);
+            }
+        }
+        Ok(headers)
+    }
 }
 
 fn yes() -> bool {
@@ -137,6 +195,35 @@ impl ServerConfig {
             }
             _ => {}
         }
+        let any_headers =
+            !(self.http_headers.is_empty() && self.env_http_headers.is_empty() && self.header_values.is_empty());
+        if any_headers && self.url.is_none() {
+            return err(
+                "`http_headers` and `env_http_headers` are for a `url` server (a stdio server takes `env`)".into()
+            );
+        }
+        for (name, value) in &self.http_headers {
+            if let Some(why) = bad_header(name, Some(value)) {
+                return err(format!("http_headers: {why}"));
+            }
+        }
+        for (name, var) in &self.env_http_headers {
+            if let Some(why) = bad_header(name, None) {
+                return err(format!("env_http_headers: {why}"));
+            }
+            let valid = var.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return err(format!(
+                    "env_http_headers: {name} = {var:?} must name an environment variable holding the value, never the value itself"
+                ));
+            }
+        }
+        for (name, value) in &self.header_values {
+            if let Some(why) = bad_header(name, Some(value)) {
+                return err(format!("the client's header: {why}"));
+            }
+        }
         for var in &self.env {
             let valid = var.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
@@ -173,6 +260,7 @@ impl ServerConfig {
         args: Vec<String>,
         env_values: Vec<(String, String)>,
         url: Option<String>,
+        header_values: Vec<(String, String)>,
     ) -> Result<Self, ConfigError> {
         let config = ServerConfig {
             command,
@@ -180,6 +268,8 @@ impl ServerConfig {
             env: Vec::new(),
             cwd: None,
             url,
+            http_headers: BTreeMap::new(),
+            env_http_headers: BTreeMap::new(),
             enabled: true,
             startup_timeout_ms: default_startup_timeout_ms(),
             tool_timeout_ms: None,
@@ -191,6 +281,7 @@ impl ServerConfig {
             trust_annotations: false,
             tools: BTreeMap::new(),
             env_values,
+            header_values,
         };
         config.check(name)?;
         Ok(config)
@@ -238,6 +329,11 @@ mod tests {
             ("[a]\ncommand = \"x\"\nread = [\"rel/dir\"]\n", "absolute"),
             ("[a]\ncommand = \"x\"\ncolour = 1\n", "unknown field"),
             ("[a]\ncommand = \"x\"\n[a.tools.t]\nrisk = \"harmless\"\n", "unknown variant"),
+            ("[a]\ncommand = \"x\"\nhttp_headers = { X-A = \"b\" }\n", "for a `url` server"),
+            ("[a]\nurl = \"http://h\"\nhttp_headers = { Accept = \"x\" }\n", "set by cairn's MCP client"),
+            ("[a]\nurl = \"http://h\"\nhttp_headers = { \"X A\" = \"x\" }\n", "not an HTTP header name"),
+            ("[a]\nurl = \"http://h\"\nhttp_headers = { X-A = \"a\\nb\" }\n", "control character"),
+            ("[a]\nurl = \"http://h\"\nenv_http_headers = { Authorization = \"Bearer abc\" }\n", "never the value"),
         ] {
             let e = parse(text).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains(says), "{text:?} gave {e:?}, wanted {says:?}");

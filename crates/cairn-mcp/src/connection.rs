@@ -233,7 +233,25 @@ impl Connection {
                 (service, Some(Mutex::new(process)))
             }
             (None, Some(url)) => {
-                let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
+                let mut headers = std::collections::HashMap::new();
+                for (name, value) in config.headers().map_err(fail)? {
+                    // As for `env`: cairn's own provider keys never leave.
+                    if tools.secrets.matches(&value) {
+                        return Err(fail(format!(
+                            "the value of header {name} is one of cairn's provider keys; refusing"
+                        )));
+                    }
+                    let name =
+                        http::HeaderName::from_bytes(name.as_bytes()).map_err(|e| fail(format!("{name}: {e}")))?;
+                    let value = http::HeaderValue::from_str(&value).map_err(|e| fail(format!("{name}: {e}")))?;
+                    headers.insert(name, value);
+                }
+                let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
+                    rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                        url.as_str(),
+                    )
+                    .custom_headers(headers),
+                );
                 let service = handler.serve(transport).await.map_err(|e| fail(format!("{url}: {e}")))?;
                 (service, None)
             }

@@ -38,7 +38,8 @@ pub(crate) fn slot(name: &str, config: &ServerConfig, cwd: &Path, tools: &ToolsC
     static POOL: OnceLock<Mutex<HashMap<Key, Arc<Slot>>>> = OnceLock::new();
     // Values a client gave are part of what makes the server (two
     // sessions giving different tokens get two servers), kept as a digest.
-    let values = sha2::Sha256::digest(serde_json::to_vec(&config.env_values).unwrap_or_default());
+    let values =
+        sha2::Sha256::digest(serde_json::to_vec(&(&config.env_values, &config.header_values)).unwrap_or_default());
     let fingerprint = format!("{}{values:x}", serde_json::to_string(config).unwrap_or_default());
     let key = (name.to_owned(), cwd.to_path_buf(), fingerprint);
     let mut pool = lock(POOL.get_or_init(Mutex::default));
