@@ -99,6 +99,23 @@ impl Commits {
     pub fn pending(&self) -> usize {
         self.pending.len()
     }
+
+    /// Why the writes not yet committed are too much, if they are: their
+    /// temp files together hold more than the quota (they are on the disk
+    /// already, though no commit would keep them). Committed files are not
+    /// walked here (the commit checks them), so an actor's directories
+    /// hold at most its quota committed plus its quota pending, and what
+    /// one write adds before the next check.
+    pub fn pending_over_quota(&self) -> Option<String> {
+        let (_, quota) = self.quota.as_ref()?;
+        if self.pending.is_empty() {
+            return None;
+        }
+        let bytes: u64 = self.pending.values().map(|p| p.file.metadata().map(|m| m.len()).unwrap_or(0)).sum();
+        (bytes > *quota).then(|| {
+            format!("over the actor's disk quota: writes not yet committed hold {bytes} bytes, the quota is {quota}")
+        })
+    }
 }
 
 /// The view the linker hands to the filesystem functions: wasmtime-wasi's
@@ -160,7 +177,9 @@ pub fn finish(fs: &mut CommitFs<'_>, commit: bool) -> Vec<String> {
 
 /// Removes temp files left under `dir` (recursively, never following
 /// symlinks) by a host that died mid-write. Call only while no instance
-/// uses `dir`. Returns how many were removed; a missing `dir` is 0.
+/// uses `dir` but, at most, an abandoned one that is ending (it writes no
+/// more: once killed it returns from no host call). Returns how many were
+/// removed; a missing `dir` is 0.
 pub fn sweep(dir: &Path) -> std::io::Result<usize> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -174,8 +193,13 @@ pub fn sweep(dir: &Path) -> std::io::Result<usize> {
         if ty.is_dir() {
             n += sweep(&entry.path())?;
         } else if entry.file_name().to_str().is_some_and(is_temp_name) {
-            std::fs::remove_file(entry.path())?;
-            n += 1;
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => n += 1,
+                // An abandoned instance (still ending on its own thread)
+                // may discard its own temp file meanwhile.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(n)

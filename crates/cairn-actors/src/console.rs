@@ -3,7 +3,7 @@
 //! command parsing only; all effects go through [`World`].
 //!
 //! Commands: `@<actor> <json|text>`, plain text (to `agent`), `/deploy <id>
-//! <file.wasm|.wat> [source-dir]`, `/list`, `/sleep <s>`, `/await [s]`,
+//! <file.wasm|.wat> [source-dir]`, `/list`, `/sleep <s>`, `/await [s] [text]`,
 //! `/help`, `/quit`.
 
 use std::io::{BufRead, Write};
@@ -23,7 +23,8 @@ pub const HELP: &str = "\
 /deploy <id> <file.wasm|.wat> [source-dir]   spawn, or upgrade if <id> exists
 /list                  list actors
 /sleep <seconds>       wait (for scripts)
-/await [seconds]       wait for a message to the console not yet awaited (default 10)
+/await [seconds] [text]   wait for a message to the console not yet awaited
+                       (default 10 s); with text, for one whose line contains it
 /help                  this text
 /quit                  stop every actor and leave";
 
@@ -50,8 +51,9 @@ pub enum Command {
     List,
     /// `/sleep`.
     Sleep(Duration),
-    /// `/await`.
-    Await(Duration),
+    /// `/await [seconds] [text]`: the wait, and the text the message's
+    /// line must contain (any message if `None`).
+    Await(Duration, Option<String>),
     /// `/help`.
     Help,
     /// `/quit`.
@@ -98,7 +100,13 @@ pub fn parse(line: &str) -> Result<Command, String> {
             },
             "list" => Ok(Command::List),
             "sleep" => Ok(Command::Sleep(secs(w.next(), 1.0)?)),
-            "await" => Ok(Command::Await(secs(w.next(), 10.0)?)),
+            "await" => {
+                let d = secs(w.next(), 10.0)?;
+                // The rest of the line as written (it may hold spaces).
+                let text = cmd.trim_start().strip_prefix("await").unwrap_or("").trim_start();
+                let text = text.split_once(char::is_whitespace).map(|(_, t)| t.trim()).filter(|t| !t.is_empty());
+                Ok(Command::Await(d, text.map(str::to_owned)))
+            }
             "help" => Ok(Command::Help),
             "quit" => Ok(Command::Quit),
             other => Err(format!("unknown command /{other}; try /help")),
@@ -112,13 +120,17 @@ fn abs(p: &str) -> String {
 }
 
 /// What the console has printed, shared by the reading loop and the
-/// printer thread: the output itself, and how many messages were printed
-/// and how many of them `/await` has already waited for.
+/// printer thread: the output itself, and the lines of the messages
+/// printed that `/await` has not waited for yet (the latest
+/// [`UNAWAITED_KEPT`]).
 struct Printed<W> {
     out: W,
-    printed: u64,
-    awaited: u64,
+    unawaited: std::collections::VecDeque<String>,
 }
+
+/// Message lines kept for `/await` (older ones are forgotten: a session
+/// that never awaits must not grow without end).
+const UNAWAITED_KEPT: usize = 1000;
 
 /// Runs the console until `/quit` or end of input (the caller then stops
 /// the world with [`World::quit`]).
@@ -131,7 +143,7 @@ struct Printed<W> {
 /// waits for one message not yet awaited: a script that expects n messages
 /// says `/await` n times, whether they came before or after it asked.
 pub fn run(world: &World, input: impl BufRead, out: impl Write + Send) -> anyhow::Result<()> {
-    let shared = Mutex::new(Printed { out, printed: 0, awaited: 0 });
+    let shared = Mutex::new(Printed { out, unawaited: std::collections::VecDeque::new() });
     let arrived = Condvar::new();
     let done = AtomicBool::new(false);
     let print = |m: &crate::message::Inbound| -> anyhow::Result<()> {
@@ -139,7 +151,10 @@ pub fn run(world: &World, input: impl BufRead, out: impl Write + Send) -> anyhow
         let mut g = shared.lock().unwrap_or_else(|p| p.into_inner());
         writeln!(g.out, "{line}")?;
         g.out.flush()?;
-        g.printed += 1;
+        if g.unawaited.len() >= UNAWAITED_KEPT {
+            g.unawaited.pop_front();
+        }
+        g.unawaited.push_back(line);
         arrived.notify_all();
         Ok(())
     };
@@ -188,15 +203,19 @@ pub fn run(world: &World, input: impl BufRead, out: impl Write + Send) -> anyhow
                         say(&serde_json::to_string(&r)?)?;
                     }
                     Command::Sleep(d) => std::thread::sleep(d),
-                    Command::Await(d) => {
+                    Command::Await(d, text) => {
+                        let matching = |g: &Printed<_>| {
+                            g.unawaited.iter().position(|l| text.as_ref().is_none_or(|t| l.contains(t)))
+                        };
                         let g = shared.lock().unwrap_or_else(|p| p.into_inner());
                         let (mut g, _) = arrived
-                            .wait_timeout_while(g, d, |g| g.printed <= g.awaited)
+                            .wait_timeout_while(g, d, |g| matching(g).is_none())
                             .unwrap_or_else(|p| p.into_inner());
-                        if g.printed > g.awaited {
-                            g.awaited += 1;
+                        if let Some(i) = matching(&g) {
+                            g.unawaited.remove(i);
                         } else {
-                            writeln!(g.out, "(no message within {} s)", d.as_secs_f64())?;
+                            let what = text.as_ref().map(|t| format!(" containing {t:?}")).unwrap_or_default();
+                            writeln!(g.out, "(no message{what} within {} s)", d.as_secs_f64())?;
                             g.out.flush()?;
                         }
                     }
@@ -228,6 +247,11 @@ mod tests {
         assert_eq!(parse("@echo hi there"), Ok(Command::Send { to: "echo".into(), body: text("hi there") }));
         assert_eq!(parse("hello"), Ok(Command::Send { to: "agent".into(), body: text("hello") }));
         assert_eq!(parse("/sleep 0.5"), Ok(Command::Sleep(Duration::from_millis(500))));
+        assert_eq!(parse("/await"), Ok(Command::Await(Duration::from_secs(10), None)));
+        assert_eq!(
+            parse("/await 60 \"rolled_back\", \"to\""),
+            Ok(Command::Await(Duration::from_secs(60), Some("\"rolled_back\", \"to\"".into())))
+        );
         assert!(parse("/sleep x").is_err());
         assert!(parse("/deploy a").is_err());
         assert!(parse("/bogus").is_err());

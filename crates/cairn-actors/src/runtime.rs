@@ -314,8 +314,16 @@ pub struct Dirs {
 pub struct Instance {
     /// Write end of the guest's stdin; dropping it gives the guest EOF.
     pub stdin: Arc<std::sync::Mutex<Option<std::io::PipeWriter>>>,
-    /// Set to make the guest trap at its next epoch check.
+    /// Set to make the guest trap at its next epoch check, and at its next
+    /// entry into or return from a host call.
     pub kill: Arc<AtomicBool>,
+    /// Whether the guest is inside a host call (a WASI call it made, such
+    /// as a long `sleep`), where the epoch cannot reach it: a kill then
+    /// takes effect only when the call returns. Kept by the store's call
+    /// hook; false before the guest first enters WASM and after it left.
+    /// Read after setting `kill` (both `SeqCst`): if this is false then, the
+    /// guest can no longer enter a host call without seeing the kill.
+    pub in_host: Arc<AtomicBool>,
 }
 
 impl Instance {
@@ -439,18 +447,59 @@ pub fn start(
         w(store.set_fuel(f))?;
     }
     let kill = Arc::new(AtomicBool::new(false));
-    let k2 = kill.clone();
-    store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(move |_| {
-        if k2.load(Ordering::Relaxed) {
-            Err(wasmtime::format_err!("killed by the broker"))
-        } else {
-            Ok(UpdateDeadline::Continue(1))
-        }
-    });
+    let in_host = Arc::new(AtomicBool::new(false));
     // Why the host ended the instance, when it was not the broker's stop
     // (a kill with a reason is a crash).
     let crashed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let (k2, crashed_disk, log_disk) = (kill.clone(), crashed.clone(), stderr_log.to_owned());
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |ctx| {
+        if k2.load(Ordering::Relaxed) {
+            return Err(wasmtime::format_err!("killed by the broker"));
+        }
+        // Writes not yet committed are on the disk already: checked at
+        // every tick the guest runs WASM (a write returns to WASM between
+        // its chunks), so they never pass the quota by more than one write.
+        if let Some(why) = ctx.data().commits.pending_over_quota() {
+            append_note(&log_disk, "host", &format!("{why}: instance killed, its pending writes discarded"));
+            *crashed_disk.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+            k2.store(true, Ordering::Relaxed);
+            return Err(wasmtime::format_err!("{why}"));
+        }
+        Ok(UpdateDeadline::Continue(1))
+    });
+    // Host calls: `in_host` says where the guest is (see `Instance`), and
+    // once killed it neither enters another host call nor returns into
+    // WASM from one. `depth` counts calls into WASM: leaving the outermost
+    // one is the host's own code again, not a guest's host call.
+    let (k_hook, in_host_hook) = (kill.clone(), in_host.clone());
+    let mut depth = 0u32;
+    store.call_hook(move |_, hook| {
+        use wasmtime::CallHook;
+        match hook {
+            CallHook::CallingWasm => {
+                depth += 1;
+                in_host_hook.store(false, Ordering::SeqCst);
+            }
+            CallHook::ReturningFromWasm => {
+                depth = depth.saturating_sub(1);
+                in_host_hook.store(depth > 0, Ordering::SeqCst);
+            }
+            CallHook::CallingHost => {
+                in_host_hook.store(true, Ordering::SeqCst);
+                if k_hook.load(Ordering::SeqCst) {
+                    return Err(wasmtime::format_err!("killed by the broker"));
+                }
+            }
+            CallHook::ReturningFromHost => {
+                in_host_hook.store(false, Ordering::SeqCst);
+                if k_hook.load(Ordering::SeqCst) {
+                    return Err(wasmtime::format_err!("killed by the broker"));
+                }
+            }
+        }
+        Ok(())
+    });
     let (k_out, crashed_out, log_out) = (kill.clone(), crashed.clone(), stderr_log.to_owned());
     let reader = thread::Builder::new()
         .name("actor-stdout".into())
@@ -508,7 +557,7 @@ pub fn start(
             on_exit(exit);
         })
         .context("starting the instance thread")?;
-    Ok(Instance { stdin: Arc::new(std::sync::Mutex::new(Some(stdin_w))), kill })
+    Ok(Instance { stdin: Arc::new(std::sync::Mutex::new(Some(stdin_w))), kill, in_host })
 }
 
 /// Reads `\n`-separated lines from `r` into `on_line` (without the

@@ -314,11 +314,14 @@ int main(void) {
     );
     let out = t.dir.path().join("big/big.wasm");
     common::clang::build_c_actor(&src, &out);
+    let before = rss_mib();
     assert_eq!(t.req(json!({"type":"spawn","id":"big","wasm":out}))["type"], "ok");
     t.subscribe_console("big");
     t.w().send(Some("big"), None, None, json!("go"));
     let s = t.wait_state("big", "a crash", |_| status_exit(&t, "big").contains("quota"));
     lists_within_a_second(&t);
+    let after = rss_mib();
+    assert!(after < before + 150, "host RSS grew from {before} to {after} MiB");
     let exit = status_exit(&t, "big");
     let data = du(&t.root().join("data/big"));
     eprintln!("disk: data/big holds {data} bytes after the refused commit; {s}");
@@ -327,6 +330,60 @@ int main(void) {
     assert!(!t.root().join("data/big/big").exists(), "the 64 MiB file was committed");
     assert_eq!(t.read("data/big/small"), "kept");
     assert!(data < 1 << 20, "data/big holds {data} bytes");
+}
+
+/// A C actor writes 256 MiB to a file it never closes, under an 8 MiB
+/// quota: no commit ever checks it, so the writes not yet committed are
+/// checked as they grow.
+#[test]
+fn writes_never_committed_are_held_to_the_quota_too() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::with(cairn_actors::Limits { disk_bytes: 8 << 20, ..Default::default() });
+    let src = t.file(
+        "hold/hold.c",
+        r#"#include <stdio.h>
+#include <string.h>
+static char buf[1 << 20];
+int main(void) {
+    char line[4096];
+    memset(buf, 'h', sizeof buf);
+    FILE *f = fopen("/data/held", "w");
+    if (!fgets(line, sizeof line, stdin)) return 0;
+    for (int i = 0; i < 256; i++) fwrite(buf, 1, sizeof buf, f);
+    fflush(f);
+    puts("{\"body\":\"written\"}");
+    fflush(stdout);
+    while (fgets(line, sizeof line, stdin)) {}
+    return 0;
+}
+"#,
+    );
+    let out = t.dir.path().join("hold/hold.wasm");
+    common::clang::build_c_actor(&src, &out);
+    let before = rss_mib();
+    assert_eq!(t.req(json!({"type":"spawn","id":"hold","wasm":out}))["type"], "ok");
+    t.subscribe_console("hold");
+    t.w().send(Some("hold"), None, None, json!("go"));
+    let s = t.wait_state("hold", "a crash", |_| status_exit(&t, "hold").contains("quota"));
+    lists_within_a_second(&t);
+    let after = rss_mib();
+    let exit = status_exit(&t, "hold");
+    let data = du(&t.root().join("data/hold"));
+    eprintln!("pending writes: data/hold holds {data} bytes after the kill; RSS {before} → {after} MiB; {s}");
+    assert!(
+        exit.contains("over the actor's disk quota: writes not yet committed hold")
+            && exit.contains("bytes, the quota is 8388608"),
+        "{exit}"
+    );
+    // The temp file went with the instance; the guest never got to say it
+    // had written it all.
+    assert_eq!(data, 0, "data/hold holds {data} bytes");
+    let log = t.read("actor/hold/stderr.log");
+    assert!(log.contains("instance killed, its pending writes discarded"), "{log}");
+    while let Some(m) = t.w().recv(Duration::ZERO) {
+        assert_ne!((m.from.as_str(), &m.body), ("hold", &json!("written")), "the write was let through");
+    }
+    assert!(after < before + 150, "host RSS grew from {before} to {after} MiB");
 }
 
 fn big_wat(path: &Path, funcs: usize) {
@@ -448,11 +505,16 @@ int main(void) {
     let s = lists_within_a_second(&t);
     let me = s["actors"].as_array().unwrap().iter().find(|a| a["id"] == "sleeper").unwrap().clone();
     assert_eq!(me["state"], "stopped", "{s}");
+    // Given up at the kill itself (the seed's 5 s), not half a second
+    // after it: the broker knew the guest was inside a host call.
+    let log = t.read("actor/sleeper/stderr.log");
     assert!(
-        t.read("actor/sleeper/stderr.log").contains("blocked in a host call"),
-        "{}",
-        t.read("actor/sleeper/stderr.log")
+        log.contains(
+            "instance was inside a host call at its kill (blocked there, where the epoch cannot reach it): abandoned at the kill"
+        ),
+        "{log}"
     );
+    assert!(!log.contains("after its kill: abandoned"), "{log}");
     // And `start` starts it again.
     assert_eq!(t.req(json!({"type": "start", "id": "sleeper"}))["type"], "ok");
     t.w().send(Some("sleeper"), None, None, json!("again"));
@@ -626,6 +688,79 @@ fn a_spawn_lowers_an_actors_limits_and_never_raises_them() {
     ] {
         let r = t.req(json!({"type": "spawn", "id": "more", "wasm": p, "limits": limits}));
         assert_eq!(r, json!({"type": "error", "reason": reason}), "{limits}");
+    }
+    lists_within_a_second(&t);
+}
+
+/// An upgrade's compile counts against `COMPILES_AT_ONCE` like a spawn's:
+/// an upgrade and a spawn of a module that takes a while to compile, then
+/// a second spawn, all sent at once.
+#[test]
+fn an_upgrades_compile_counts_with_the_spawns() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    assert_eq!(t.spawn("e", &echo())["type"], "ok");
+    let slow = t.dir.path().join("slow.wat");
+    big_wat(&slow, 20_000);
+    let before = rss_mib();
+    // The broker takes events in order: the second spawn is handled while
+    // the upgrade's and the first spawn's compiles run.
+    t.w().send(Some("broker"), Some("up"), None, json!({"type": "upgrade", "id": "e", "wasm": slow}));
+    t.w().send(Some("broker"), Some("s1"), None, json!({"type": "spawn", "id": "s1", "wasm": slow}));
+    t.w().send(Some("broker"), Some("s2"), None, json!({"type": "spawn", "id": "s2", "wasm": slow}));
+    let (m, _) = t.wait_for("the second spawn's refusal", |m| m["reply_to"] == "console/s2");
+    assert_eq!(
+        m["body"],
+        json!({"type": "error", "reason": "2 modules are compiling already; try again when one is done"}),
+        "{m}"
+    );
+    lists_within_a_second(&t);
+    // The first spawn is answered (`ok`, or, on a machine loaded enough
+    // for the compile to pass its 60 s budget, refused for that).
+    let (m, _) = t.wait_for("the first spawn", |m| m["reply_to"] == "console/s1");
+    assert_eq!(m["body"]["request"], "spawn", "{m}");
+    let (m, _) = t.wait_for("the upgrade's answer", |m| m["reply_to"] == "console/up");
+    eprintln!("the upgrade: {m}");
+    assert_eq!(m["body"]["request"], "upgrade", "{m}");
+    let after = rss_mib();
+    lists_within_a_second(&t);
+    assert!(after < before + 600, "host RSS grew from {before} to {after} MiB");
+}
+
+/// A world opens with three actors whose modules take a while to compile:
+/// it answers at once (they are `starting`), and each starts once
+/// compiled. (Before, the broker compiled them all on its own thread
+/// before it took its first event.)
+#[test]
+fn a_world_opening_compiles_its_actors_off_the_broker_thread() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = TestWorld::new();
+    // Spawned small, then their stored version replaced by the slow module
+    // (a spawn's compile has a 60 s budget, which a loaded machine can
+    // pass; a start's has none).
+    for id in ["b1", "b2", "b3"] {
+        assert_eq!(t.spawn(id, &echo())["type"], "ok");
+        big_wat(&t.root().join(format!("broker/versions/{id}/1/actor.wat")), 40_000);
+    }
+    t.reopen();
+    let l = lists_within_a_second(&t);
+    eprintln!("list right after the world opened: {}", l["actors"]);
+    let states: Vec<(&str, &str)> = l["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["id"].as_str().unwrap(), a["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(states.len(), 3, "{l}");
+    assert!(states.iter().any(|(_, s)| *s == "starting"), "none is compiling: {l}");
+    // Each then runs (its `_start` returns at once: it ends normally),
+    // two compiling at a time (5 minutes at most, for a loaded machine).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    for id in ["b1", "b2", "b3"] {
+        while status_exit(&t, id) != "Normal" {
+            assert!(Instant::now() < deadline, "{id} never ran: {}", t.read(&format!("actor/{id}/status.json")));
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     lists_within_a_second(&t);
 }

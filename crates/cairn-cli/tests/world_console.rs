@@ -149,6 +149,8 @@ fn trap_on_input() -> String {
         .to_owned()
 }
 
+/// Waits for the agent's answer itself, never with `/await` (which waits
+/// for the next message, whatever it is: a count, so a race).
 #[test]
 fn the_agent_is_an_actor_whose_turns_use_the_actor_tools() {
     let env = Env::new();
@@ -160,31 +162,24 @@ fn the_agent_is_an_actor_whose_turns_use_the_actor_tools() {
     ]);
     let out = env.cairn(&["world", "init", "w"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let console = "\
-please spawn hello
-/await 60
-/list
-/quit
-";
-    let mut child = env
-        .cairn(&["--script", script.to_str().unwrap(), "--allow", "actor_spawn", "world", "run", "w"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(console.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let answer =
-        lines.iter().find(|v| v["from"] == "agent").unwrap_or_else(|| panic!("no answer from the agent: {text}"));
-    assert_eq!(answer["body"]["text"], "spawned hello", "{text}");
-    assert!(answer["reply_to"].as_str().is_some_and(|r| r.starts_with("m-")), "{text}");
-    let list = lines.iter().find(|v| v["type"] == "list").unwrap_or_else(|| panic!("no list: {text}"));
-    assert_eq!(list["actors"][0]["id"], "hello", "{text}");
-    assert_eq!(list["actors"][0]["spawner"], "agent", "{text}");
+    let mut run = Running::start(env.cairn(&[
+        "--script",
+        script.to_str().unwrap(),
+        "--allow",
+        "actor_spawn",
+        "world",
+        "run",
+        "w",
+    ]));
+    run.say("please spawn hello");
+    let answer = run.wait("the agent's answer", |v| v["from"] == "agent");
+    assert_eq!(answer["body"]["text"], "spawned hello", "{answer}");
+    assert!(answer["reply_to"].as_str().is_some_and(|r| r.starts_with("m-")), "{answer}");
+    run.say("/list");
+    let list = run.wait("the list", |v| v["type"] == "list");
+    assert_eq!(list["actors"][0]["id"], "hello", "{list}");
+    assert_eq!(list["actors"][0]["spawner"], "agent", "{list}");
+    run.quit();
     // The agent's session is an ordinary cairn session, named in the world.
     let named = std::fs::read_to_string(env.cwd.join("w/broker/agent-session")).unwrap();
     assert!(std::path::Path::new(named.trim()).exists(), "{named}");

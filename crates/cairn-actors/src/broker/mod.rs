@@ -41,9 +41,11 @@ pub const CRASH_WINDOW: Duration = Duration::from_secs(30);
 pub const CRASH_LOOP: usize = 3;
 /// Uptime after which the backoff counter resets.
 pub const BACKOFF_RESET: Duration = Duration::from_secs(60);
-/// How long after its kill an instance that has not ended (its guest is
-/// blocked inside a host call, where the epoch cannot reach it) is given
-/// up: the broker treats it as ended and lets its thread finish alone.
+/// How long after its kill an instance that was running WASM (so the
+/// epoch or its next host call ends it within a tick) and has still not
+/// ended is given up: the broker treats it as ended and lets its thread
+/// finish alone. One inside a host call at its kill (where the epoch cannot
+/// reach it: a long `sleep`) is given up at once, at the kill.
 pub const ABANDON_AFTER: Duration = Duration::from_millis(500);
 /// Abandoned instances (still in a host call after their kill) the world
 /// keeps at once: each holds its memory until its host call returns, so
@@ -81,12 +83,38 @@ pub struct WorldConfig {
 }
 
 enum Event {
-    Out { id: String, line: String },
-    Exited { id: String, generation: u64, exit: Exit },
-    Native { from: String, msg: Outbound },
+    Out {
+        id: String,
+        line: String,
+    },
+    Exited {
+        id: String,
+        generation: u64,
+        exit: Exit,
+    },
+    Native {
+        from: String,
+        msg: Outbound,
+    },
     Tested(Box<Tested>),
-    Compiled { token: u64, result: Result<Component, String>, bytes: Vec<u8> },
-    Abandon { id: String, generation: u64 },
+    Compiled {
+        token: u64,
+        result: Result<Component, String>,
+        bytes: Vec<u8>,
+    },
+    /// A version's module compiled (off the broker thread) for a start.
+    Loaded {
+        id: String,
+        version: u32,
+        result: Result<Component, String>,
+    },
+    /// An instance did not end at its kill: `in_host` if it was inside a
+    /// host call then (given up at once), else 0.5 s later.
+    Abandon {
+        id: String,
+        generation: u64,
+        in_host: bool,
+    },
     Quit(Sender<()>),
 }
 
@@ -149,6 +177,13 @@ struct ActorRt {
     after_stop: Option<AfterStop>,
     components: HashMap<u32, Component>,
     last_exit: Option<String>,
+    /// The version whose module a compile thread is compiling for a start
+    /// (a version not compiled in this run: every actor after the world
+    /// opens, an older one rolled back to).
+    loading: Option<u32>,
+    /// A version whose compile for a start failed, and why: the next start
+    /// fails with it (then the crash backoff retries, compiling again).
+    load_failed: Option<(u32, String)>,
 }
 
 struct Broker {
@@ -217,6 +252,8 @@ impl Broker {
                     after_stop: None,
                     components: HashMap::new(),
                     last_exit: None,
+                    loading: None,
+                    load_failed: None,
                 },
             );
         }
@@ -303,20 +340,23 @@ impl Broker {
             Event::Exited { id, generation, exit } => self.exited(&id, generation, exit),
             Event::Tested(t) => self.tested(*t),
             Event::Compiled { token, result, bytes } => self.compiled(token, result, &bytes),
-            Event::Abandon { id, generation } => {
+            Event::Loaded { id, version, result } => self.loaded(&id, version, result),
+            Event::Abandon { id, generation, in_host } => {
                 let stuck = self
                     .actors
                     .get(&id)
                     .and_then(|a| a.live.as_ref())
                     .is_some_and(|l| l.generation == generation && l.stopping);
                 if stuck {
-                    append_log(
-                        &self.layout.actor_dir(&id).join("stderr.log"),
-                        &format!(
-                            "instance did not end {} ms after its kill (blocked in a host call): abandoned, it ends alone",
+                    let note = if in_host {
+                        "instance was inside a host call at its kill (blocked there, where the epoch cannot reach it): abandoned at the kill, it ends alone when the call returns".to_owned()
+                    } else {
+                        format!(
+                            "instance did not end {} ms after its kill: abandoned, it ends alone",
                             ABANDON_AFTER.as_millis()
-                        ),
-                    );
+                        )
+                    };
+                    append_log(&self.layout.actor_dir(&id).join("stderr.log"), &note);
                     self.exited(&id, generation, Exit::Killed);
                     // After `exited` (which would take it for the late
                     // end of an abandoned one): its real end comes later.
@@ -642,6 +682,7 @@ impl Broker {
         match self.actors.get(id) {
             Some(a) if a.live.as_ref().is_some_and(|l| l.stopping) => "stopping",
             Some(a) if a.live.is_some() => "running",
+            Some(a) if a.loading.is_some() => "starting",
             Some(a) if a.restart_at.is_some() => "restarting",
             _ if desired == Some(Desired::Stopped) => "stopped",
             _ => "exited",
@@ -666,24 +707,33 @@ impl Broker {
         );
     }
 
-    fn component(&mut self, id: &str, v: u32) -> anyhow::Result<Component> {
-        if let Some(c) = self.actors.get(id).and_then(|a| a.components.get(&v)) {
-            return Ok(c.clone());
-        }
-        let dir = self.layout.version(id, v);
-        let p = version_wasm(&dir).ok_or_else(|| anyhow!("{} holds no actor.wasm", dir.display()))?;
-        let c = self.rt.compile(&std::fs::read(&p)?)?;
-        if let Some(a) = self.actors.get_mut(id) {
-            a.components.insert(v, c.clone());
-        }
-        Ok(c)
-    }
-
+    /// Starts `id`'s current version. A version not compiled in this run
+    /// is compiled first on a thread of its own (counted in
+    /// [`COMPILES_AT_ONCE`]; past it the start waits 0.2 s and tries
+    /// again), never on the broker thread: `loaded` starts it when done.
     fn start_actor(&mut self, id: &str, first: Option<String>) {
         let Some(v) = self.reg.actors.get(id).map(|e| e.version) else { return };
-        if self.actors.get(id).is_none_or(|a| a.live.is_some()) {
+        let Some(a) = self.actors.get_mut(id) else { return };
+        if a.live.is_some() {
             return;
         }
+        let compiled = match a.components.get(&v) {
+            Some(c) => Ok(c.clone()),
+            None => match a.load_failed.take() {
+                Some((fv, why)) if fv == v => Err(anyhow!("compiling version {v} failed: {why}")),
+                _ => {
+                    if let Some(m) = first {
+                        // Never the case (a swap's version is compiled),
+                        // but a parked message is never dropped.
+                        a.parked = Some(m);
+                    }
+                    if a.loading.is_none() {
+                        self.load(id, v);
+                    }
+                    return self.write_status(id);
+                }
+            },
+        };
         self.generation += 1;
         let generation = self.generation;
         let log = self.layout.actor_dir(id).join("stderr.log");
@@ -693,9 +743,9 @@ impl Broker {
                 "{stuck} abandoned instances are still blocked in host calls (at most {MAX_ABANDONED}); no new instance until one ends"
             ))
         } else {
-            Ok(())
+            compiled
         };
-        let started = started.and_then(|()| self.component(id, v)).and_then(|c| {
+        let started = started.and_then(|c| {
             let dirs = Dirs {
                 data: self.layout.data(id),
                 public: self.layout.public(id),
@@ -744,6 +794,61 @@ impl Broker {
         self.write_status(id);
     }
 
+    /// Compiles version `v` of `id` on a thread of its own for a start, or,
+    /// with [`COMPILES_AT_ONCE`] compiles running, tries again in 0.2 s.
+    fn load(&mut self, id: &str, v: u32) {
+        let busy = self.compiling.load(Ordering::SeqCst) >= COMPILES_AT_ONCE;
+        let Some(a) = self.actors.get_mut(id) else { return };
+        if busy {
+            a.restart_at = Some(Instant::now() + Duration::from_millis(200));
+            return;
+        }
+        let dir = self.layout.version(id, v);
+        let (rt, tx, compiling, id_owned) = (self.rt.clone(), self.tx.clone(), self.compiling.clone(), id.to_owned());
+        compiling.fetch_add(1, Ordering::SeqCst);
+        let started = thread::Builder::new().name("actor-load".into()).spawn({
+            let compiling = compiling.clone();
+            move || {
+                let result = version_wasm(&dir)
+                    .ok_or_else(|| anyhow!("{} holds no actor.wasm", dir.display()))
+                    .and_then(|p| std::fs::read(&p).with_context(|| format!("reading {}", p.display())))
+                    .and_then(|bytes| rt.compile(&bytes))
+                    .map_err(|e| format!("{e:#}"));
+                compiling.fetch_sub(1, Ordering::SeqCst);
+                let _ = tx.send(Event::Loaded { id: id_owned, version: v, result });
+            }
+        });
+        match started {
+            Ok(_) => a.loading = Some(v),
+            Err(e) => {
+                compiling.fetch_sub(1, Ordering::SeqCst);
+                a.load_failed = Some((v, format!("starting the compile thread: {e}")));
+                a.restart_at = Some(Instant::now());
+            }
+        }
+    }
+
+    /// A start's compile is done: start the actor if it is still to run
+    /// (its current version may be another by now: then that one).
+    fn loaded(&mut self, id: &str, v: u32, result: Result<Component, String>) {
+        let Some(a) = self.actors.get_mut(id) else { return };
+        if a.loading == Some(v) {
+            a.loading = None;
+        }
+        match result {
+            Ok(c) => {
+                a.components.insert(v, c);
+            }
+            Err(why) => a.load_failed = Some((v, why)),
+        }
+        let run = self.reg.actors.get(id).is_some_and(|e| e.desired == Desired::Running);
+        if run && self.quitting.is_none() {
+            self.start_actor(id, None);
+        } else {
+            self.write_status(id);
+        }
+    }
+
     /// The world's limits, lowered where the actor's spawn asked for less.
     fn limits_of(&self, id: &str) -> Limits {
         let mut l = self.cfg.limits;
@@ -766,6 +871,7 @@ impl Broker {
                 inst: Arc::new(Instance {
                     stdin: Arc::new(Mutex::new(Some(w))),
                     kill: Arc::new(AtomicBool::new(true)),
+                    in_host: Arc::new(AtomicBool::new(false)),
                 }),
                 started: Instant::now(),
                 last_delivered: Arc::new(Mutex::new(None)),
@@ -798,14 +904,21 @@ impl Broker {
         let kill = inst.kill.clone();
         let generation = live.generation;
         let (tx, id_owned) = (self.tx.clone(), id.to_owned());
+        let in_host = inst.in_host.clone();
         let _ = thread::Builder::new().name("actor-kill".into()).spawn(move || {
             thread::sleep(KILL_AFTER);
-            kill.store(true, Ordering::Relaxed);
-            // The epoch ends a guest running WASM at once; one blocked in
-            // a host call (a long sleep) never sees it, and would keep the
-            // actor `stopping` for ever.
-            thread::sleep(ABANDON_AFTER);
-            let _ = tx.send(Event::Abandon { id: id_owned, generation });
+            kill.store(true, Ordering::SeqCst);
+            // The epoch (or its next host call) ends a guest running WASM
+            // within a tick; one blocked in a host call (a long sleep) never
+            // sees it, and would keep the actor `stopping` until the call
+            // returns: it is given up now, so the stop is answered at the
+            // seed's 5 s. Read after the kill: if the guest was not in a
+            // host call then, it cannot enter one without trapping.
+            let in_host = in_host.load(Ordering::SeqCst);
+            if !in_host {
+                thread::sleep(ABANDON_AFTER);
+            }
+            let _ = tx.send(Event::Abandon { id: id_owned, generation, in_host });
         });
         let _ = thread::Builder::new().name("actor-stop".into()).spawn(move || {
             let _ = inst.write_line(&line, KILL_AFTER);

@@ -131,9 +131,7 @@ impl Broker {
         if self.spawning.values().any(|s| s.id == id) {
             bail!("actor {id:?} is being spawned already");
         }
-        if self.compiling.load(Ordering::SeqCst) >= COMPILES_AT_ONCE {
-            bail!("{COMPILES_AT_ONCE} spawns are compiling already; try again when one is done");
-        }
+        self.compile_slot_free()?;
         let http = r.body.get("http").and_then(Value::as_bool).unwrap_or(false);
         if http && !self.may_use_http(from) {
             // Else an actor without HTTP could spawn one that has it.
@@ -262,6 +260,16 @@ impl Broker {
         Ok(out)
     }
 
+    /// Refuses a spawn or upgrade while [`COMPILES_AT_ONCE`] modules are
+    /// compiling (for spawns, upgrades, or starts of versions not compiled
+    /// in this run).
+    fn compile_slot_free(&self) -> anyhow::Result<()> {
+        if self.compiling.load(Ordering::SeqCst) >= COMPILES_AT_ONCE {
+            bail!("{COMPILES_AT_ONCE} modules are compiling already; try again when one is done");
+        }
+        Ok(())
+    }
+
     /// Refuses a `source` directory that contains where it would be
     /// copied to (`/actor` copied into `/actor/<id>/source` grows while it
     /// is copied), or that is larger than [`SOURCE_LIMIT`].
@@ -301,6 +309,7 @@ impl Broker {
         if let Some(s) = &source {
             self.check_source(&id, s)?;
         }
+        self.compile_slot_free()?;
         let latest = self.reg.actors.get(&id).map(|e| e.latest).unwrap_or(0);
         let plan = Upgrade {
             id: id.clone(),
@@ -316,38 +325,45 @@ impl Broker {
         let (rt, tx, limits) = (self.rt.clone(), self.tx.clone(), self.limits_of(&id));
         let (data, public, actor_root) = (self.layout.data(&id), self.layout.public(&id), self.layout.actor_root());
         let scratch = self.layout.root().join("broker").join("candidates").join(&id);
-        thread::Builder::new()
-            .name("actor-gate".into())
-            .spawn(move || {
-                // Compiled here, off the broker thread, like a spawn.
-                let component = match rt.compile(&bytes) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let (r, q) = (plan.requester.clone(), plan.req_id.clone());
-                        let body =
-                            json!({"type": "error", "request": "upgrade", "id": plan.id, "reason": format!("{e:#}")});
-                        let msg = Outbound { to: Some(r), id: None, reply_to: Some(q), body };
-                        let _ = tx.send(Event::Native { from: BROKER.into(), msg });
-                        return;
-                    }
-                };
-                let c = Candidate {
-                    rt: &rt,
-                    component: &component,
-                    data: &data,
-                    public: &public,
-                    actor_root: &actor_root,
-                    scratch: scratch.clone(),
-                    limits,
-                };
-                let tests = plan.source.as_ref().map(|s| s.join("tests"));
-                let verdict = transcript::run_gate(&c, tests.as_deref());
-                // The candidates' copies of /data and /public are no use
-                // once the verdict is in.
-                let _ = std::fs::remove_dir_all(&scratch);
-                let _ = tx.send(Event::Tested(Box::new(Tested { plan, component, verdict })));
-            })
-            .context("starting the test thread")?;
+        let compiling = self.compiling.clone();
+        // Counted like a spawn's compile, until the compile ends.
+        compiling.fetch_add(1, Ordering::SeqCst);
+        let count = compiling.clone();
+        let started = thread::Builder::new().name("actor-gate".into()).spawn(move || {
+            // Compiled here, off the broker thread, like a spawn.
+            let compiled = rt.compile(&bytes);
+            count.fetch_sub(1, Ordering::SeqCst);
+            let component = match compiled {
+                Ok(c) => c,
+                Err(e) => {
+                    let (r, q) = (plan.requester.clone(), plan.req_id.clone());
+                    let body =
+                        json!({"type": "error", "request": "upgrade", "id": plan.id, "reason": format!("{e:#}")});
+                    let msg = Outbound { to: Some(r), id: None, reply_to: Some(q), body };
+                    let _ = tx.send(Event::Native { from: BROKER.into(), msg });
+                    return;
+                }
+            };
+            let c = Candidate {
+                rt: &rt,
+                component: &component,
+                data: &data,
+                public: &public,
+                actor_root: &actor_root,
+                scratch: scratch.clone(),
+                limits,
+            };
+            let tests = plan.source.as_ref().map(|s| s.join("tests"));
+            let verdict = transcript::run_gate(&c, tests.as_deref());
+            // The candidates' copies of /data and /public are no use
+            // once the verdict is in.
+            let _ = std::fs::remove_dir_all(&scratch);
+            let _ = tx.send(Event::Tested(Box::new(Tested { plan, component, verdict })));
+        });
+        if let Err(e) = started {
+            compiling.fetch_sub(1, Ordering::SeqCst);
+            return Err(e).context("starting the test thread");
+        }
         Ok(())
     }
 
