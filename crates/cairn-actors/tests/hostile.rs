@@ -460,14 +460,20 @@ fn compiling_never_blocks_the_broker() {
     let l = lists_within_a_second(&t);
     eprintln!("list while compiling {} bytes: {}", std::fs::metadata(&ok).unwrap().len(), l["actors"]);
     let (m, _) = t.wait_for("the spawn", |m| m["reply_to"] == "console/sp");
-    assert_eq!(m["body"], json!({"type": "ok", "request": "spawn", "id": "slow", "version": 1}), "{m}");
+    // `ok`, or, on a machine loaded enough for the compile to pass its
+    // 60 s budget, refused for that (and then no actor is left behind).
+    let spawned = m["body"] == json!({"type": "ok", "request": "spawn", "id": "slow", "version": 1});
+    let over_budget =
+        m["body"]["type"] == "error" && m["body"]["reason"].as_str().is_some_and(|r| r.contains("took longer than"));
+    assert!(spawned || over_budget, "{m}");
     let ids: Vec<String> = lists_within_a_second(&t)["actors"]
         .as_array()
         .unwrap()
         .iter()
         .map(|a| a["id"].as_str().unwrap().into())
         .collect();
-    assert_eq!(ids, ["slow", "spawner"], "no big<n> left behind");
+    let want: &[&str] = if spawned { &["slow", "spawner"] } else { &["spawner"] };
+    assert_eq!(ids, want, "no big<n> left behind");
 }
 
 /// A C actor sleeps an hour inside a host call; the console stops it.
