@@ -153,7 +153,9 @@ impl Live {
         let store = JsonlStore::open_read_only_with(&self.path, options)?;
         let lane = store.index().state().and_then(|s| Pc::decode(&s.pc).ok()).map(|pc| pc.lane).unwrap_or_default();
         let lane = if lane.is_empty() { "main".to_owned() } else { lane };
-        for event in inner.retell.records(store.index().entries(), store.index().usage(), &lane) {
+        // Only the entries not told yet are materialised from the index.
+        let fresh: Vec<_> = store.index().entries_since(inner.retell.last_seq()).collect();
+        for event in inner.retell.records(&fresh, store.index().usage(), &lane) {
             let line = serde_json::to_string(&event)
                 .unwrap_or_else(|e| format!("{{\"type\":\"unencodable\",\"error\":{:?}}}", e.to_string()));
             inner.events.extend_from_slice(line.as_bytes());

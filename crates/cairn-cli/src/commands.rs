@@ -166,18 +166,18 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
     let covered = if all { Default::default() } else { crate::compaction::covered(index) };
     // Walk the tree depth-first; a chain continues at the same indent, and
     // only a branch point indents, so long linear sessions stay flat.
-    let mut stack: Vec<(&Entry, String, bool)> =
+    let mut stack: Vec<(Entry, String, bool)> =
         index.children(None).into_iter().rev().map(|e| (e, String::new(), false)).collect();
     while let Some((entry, indent, branch)) = stack.pop() {
         let marker = if branch { "├─ " } else { "" };
         if covered.contains_key(&entry.id) {
             // Fold the covered chain, stopping at a branch point or a lane head.
-            let (mut last, mut n) = (entry, 1usize);
+            let (mut last, mut n) = (entry.clone(), 1usize);
             loop {
-                let children = index.children(Some(&last.id));
+                let mut children = index.children(Some(&last.id));
                 match children.as_slice() {
                     [only] if covered.contains_key(&only.id) && !heads.contains_key(&last.id) => {
-                        last = only;
+                        last = children.remove(0);
                         n += 1;
                     }
                     _ => break,
@@ -189,10 +189,10 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
                 entry.id, last.id
             );
             writeln!(out, "{indent}{marker}{}", s.dim(&esc(&line)))?;
-            let children = index.children(Some(&last.id));
+            let mut children = index.children(Some(&last.id));
             let child_indent = if branch { format!("{indent}│  ") } else { indent.clone() };
             if children.len() == 1 {
-                stack.push((children[0], child_indent, false));
+                stack.push((children.remove(0), child_indent, false));
             } else {
                 for child in children.into_iter().rev() {
                     stack.push((child, child_indent.clone(), true));
@@ -204,14 +204,14 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
             .get(&entry.id)
             .map(|l| format!("  {}", s.green(&format!("◀ {}", esc(&l.join(", "))))))
             .unwrap_or_default();
-        writeln!(out, "{indent}{marker}{} {}{lanes_here}", s.dim(&esc(&entry.id)), esc(&describe_entry(entry)))?;
-        for line in crate::subagents::child_lines(ctx, &header.id, entry) {
+        writeln!(out, "{indent}{marker}{} {}{lanes_here}", s.dim(&esc(&entry.id)), esc(&describe_entry(&entry)))?;
+        for line in crate::subagents::child_lines(ctx, &header.id, &entry) {
             writeln!(out, "{indent}   {}", esc(&line))?;
         }
-        let children = index.children(Some(&entry.id));
+        let mut children = index.children(Some(&entry.id));
         let child_indent = if branch { format!("{indent}│  ") } else { indent.clone() };
         if children.len() == 1 {
-            stack.push((children[0], child_indent, false));
+            stack.push((children.remove(0), child_indent, false));
         } else {
             for child in children.into_iter().rev() {
                 stack.push((child, child_indent.clone(), true));
@@ -231,10 +231,11 @@ pub fn show_tools(ctx: &Context, path: &Path) -> Result<u8> {
     use cairn_core::undo::Undoability;
     let store = JsonlStore::open_read_only(path)?;
     let id = store.header().id.clone();
-    let state = ToolState::replay(store.index().entries());
+    let entries: Vec<_> = store.index().entries().collect();
+    let state = ToolState::replay(entries.iter());
     // From the whole log: an effect's records are the same on every lane
     // that holds it.
-    let effects = cairn_core::undo::effects(store.index().entries(), crate::undo::DELEGATING);
+    let effects = cairn_core::undo::effects(&entries, crate::undo::DELEGATING);
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
         for invocation in &state.invocations {

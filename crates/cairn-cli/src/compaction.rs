@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use cairn_core::events::CompactionPayload;
+use cairn_core::events::{CompactionPayload, EntryType};
 use cairn_core::provider::AttemptUsage;
 use cairn_core::storage::{JsonlStore, SessionIndex, Storage};
 use cairn_core::{CancelToken, Session, TurnEnv, TurnEvent};
@@ -45,8 +45,9 @@ pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
 /// from each summary's last covered entry back to the previous summary's.
 pub fn covered(index: &SessionIndex) -> HashMap<String, String> {
     let mut out = HashMap::new();
-    for entry in index.entries() {
-        let Some(p) = cairn_core::events::payload_of::<CompactionPayload>(entry) else { continue };
+    // Only compaction entries are materialised for the outer pass.
+    index.visit_entries_of_type(EntryType::Compaction.tag(), |entry| {
+        let Some(p) = cairn_core::events::payload_of::<CompactionPayload>(entry) else { return };
         let stop = p
             .previous
             .as_deref()
@@ -61,7 +62,7 @@ pub fn covered(index: &SessionIndex) -> HashMap<String, String> {
             out.entry(e.id.clone()).or_insert_with(|| entry.id.clone());
             at = e.parent_id.as_deref().and_then(|parent| index.entry(parent));
         }
-    }
+    });
     out
 }
 

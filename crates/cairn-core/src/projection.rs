@@ -95,16 +95,19 @@ pub struct LifecycleError(pub String);
 
 impl ToolState {
     /// The projection of `entries`.
-    pub fn replay<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Self {
+    /// (Owned entries or borrowed: a store's index materialises them.)
+    pub fn replay<E: std::borrow::Borrow<Entry>>(entries: impl IntoIterator<Item = E>) -> Self {
         let mut state = Self::default();
         for entry in entries {
-            state.apply(entry);
+            state.apply(entry.borrow());
         }
         state
     }
 
     /// The projection, failing on the first anomaly.
-    pub fn replay_strict<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Result<Self, LifecycleError> {
+    pub fn replay_strict<E: std::borrow::Borrow<Entry>>(
+        entries: impl IntoIterator<Item = E>,
+    ) -> Result<Self, LifecycleError> {
         Self::replay(entries).into_strict()
     }
 

@@ -377,7 +377,9 @@ pub fn reversed(steps: &[UndoStep]) -> Vec<UndoStep> {
 /// undo puts back, and what a redo puts back). A pre-image store keeps at
 /// least these (its garbage collection removes only blobs no session
 /// names); naming more than the store holds is harmless.
-pub fn named_preimages<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> std::collections::BTreeSet<String> {
+pub fn named_preimages<E: std::borrow::Borrow<Entry>>(
+    entries: impl IntoIterator<Item = E>,
+) -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::new();
     let mut add = |state: Option<&FileState>| {
         if let Some(s) = state
@@ -387,6 +389,7 @@ pub fn named_preimages<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> std:
         }
     };
     for entry in entries {
+        let entry = entry.borrow();
         match EntryType::of_entry(entry) {
             Some(EntryType::ToolStaged) => {
                 if let Some(p) = payload_of::<ToolStagedPayload>(entry) {

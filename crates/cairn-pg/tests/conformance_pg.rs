@@ -294,7 +294,7 @@ fn a_settlement_whose_connection_was_terminated_is_retried() {
         TurnEnv { provider: &script, tools: &tools, approver: &mut approver, observer: &mut observer, cancel: &cancel };
     let mut session = Session::open(store, SessionConfig::default()).unwrap();
     session.run_turn("go", &mut env).unwrap();
-    let state = cairn_core::projection::ToolState::replay(&session.store().entries());
+    let state = cairn_core::projection::ToolState::replay(session.store().entries());
     let call = &state.invocations[0];
     assert_eq!((call.status, call.uncertain), (ToolInvocationStatus::Completed, false), "{call:?}");
     assert_eq!(std::fs::read_to_string(dir.path().join("out.txt")).unwrap().lines().count(), 1);

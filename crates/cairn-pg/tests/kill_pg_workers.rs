@@ -228,7 +228,7 @@ fn check_epochs(client: &mut Client, id: &str) {
 /// the files the tools appended to.
 fn check_tools(rig: &Rig, id: &str, cwd: &Path) -> ToolState {
     let store = PgStore::open(rig.client(), id).unwrap();
-    let state = ToolState::replay(&store.entries());
+    let state = ToolState::replay(store.entries());
     assert!(state.anomalies.is_empty(), "{id}: {:?}", state.anomalies);
     for inv in &state.invocations {
         assert_eq!(inv.settlements, 1, "{id}: {} settled {} times", inv.invocation_id, inv.settlements);

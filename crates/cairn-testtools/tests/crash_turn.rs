@@ -151,7 +151,7 @@ fn sigkill_at_each_sandwich_point_then_resume_settles_exactly_once() {
         assert_eq!(outcome["text"], "done");
 
         let store = case.reader();
-        let state = ToolState::replay_strict(&store.entries()).unwrap();
+        let state = ToolState::replay_strict(store.entries()).unwrap();
         assert_eq!(state.invocations.len(), 1, "{tool}/{point}");
         let record = &state.invocations[0];
         assert_eq!(record.settlements, 1, "{tool}/{point}: settlements");
@@ -201,7 +201,7 @@ fn sigkill_after_an_intent_awaiting_a_person_reasks_and_runs_once() {
         let out = case.cmd("resume").env("CAIRN_APPROVER", "yes").output().unwrap();
         assert!(out.status.success(), "{tool}: {}", String::from_utf8_lossy(&out.stderr));
         let store = case.reader();
-        let state = ToolState::replay_strict(&store.entries()).unwrap();
+        let state = ToolState::replay_strict(store.entries()).unwrap();
         let record = &state.invocations[0];
         assert_eq!((record.settlements, record.status), (1, ToolInvocationStatus::Completed), "{tool}");
         assert_eq!(record.verdict.as_ref().unwrap().by, "user:yes");
@@ -270,7 +270,7 @@ fn two_hundred_random_kill_points_leave_every_session_resumable() {
         {
             let store = JsonlStore::open_read_only(&case.session)
                 .unwrap_or_else(|e| panic!("round {round}: file does not open: {e}"));
-            let state = ToolState::replay_strict(&store.entries()).unwrap();
+            let state = ToolState::replay_strict(store.entries()).unwrap();
             assert!(state.invocations.iter().all(|r| r.settlements <= 1), "round {round}");
             let in_progress = store.state().is_some_and(|s| Pc::decode(&s.pc).unwrap().in_progress());
             match stopped_at {
@@ -295,7 +295,7 @@ fn two_hundred_random_kill_points_leave_every_session_resumable() {
         let store = case.reader();
         assert_eq!(pc(&store).phase, Phase::Final, "round {round}");
         assert!(store.registers("pending").is_empty(), "round {round}");
-        let state = ToolState::replay_strict(&store.entries()).unwrap();
+        let state = ToolState::replay_strict(store.entries()).unwrap();
         assert_eq!(state.invocations.len(), 6, "round {round}");
         assert!(state.invocations.iter().all(|r| r.settlements == 1), "round {round}");
         assert!(case.lines("g.txt") <= 1 && case.lines("n.txt") <= 2, "round {round}");
@@ -364,7 +364,7 @@ fn sigkill_around_the_real_guarded_builtins_leaves_the_file_as_if_written_once()
             assert_eq!(outcome["text"], "done", "{what}");
             assert_eq!(content().as_deref(), Some(*after), "{what}: the file after resume");
             let store = case.reader();
-            let state = ToolState::replay_strict(&store.entries()).unwrap();
+            let state = ToolState::replay_strict(store.entries()).unwrap();
             assert_eq!(state.invocations.len(), 1, "{what}");
             let record = &state.invocations[0];
             assert_eq!(record.settlements, 1, "{what}");
@@ -388,6 +388,6 @@ fn double_drive_from_two_processes_one_gets_busy() {
     let out = case.resume();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(case.lines("out.txt"), 1);
-    let state = ToolState::replay_strict(&case.reader().entries()).unwrap();
+    let state = ToolState::replay_strict(case.reader().entries()).unwrap();
     assert_eq!(state.invocations[0].settlements, 1);
 }

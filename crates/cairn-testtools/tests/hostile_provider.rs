@@ -68,7 +68,7 @@ fn count<S: Storage>(store: &S, entry_type: &str) -> usize {
 }
 
 fn healthy<S: Storage>(store: &S) -> ToolState {
-    let state = ToolState::replay(&store.entries());
+    let state = ToolState::replay(store.entries());
     assert!(state.anomalies.is_empty(), "anomalies: {:?}", state.anomalies);
     assert!(state.invocations.iter().all(|r| r.settlements == 1));
     assert!(store.registers("pending").is_empty());

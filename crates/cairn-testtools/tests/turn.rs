@@ -90,7 +90,7 @@ fn tool_results(messages: &[Message]) -> Vec<(String, bool)> {
 }
 
 fn assert_healthy<S: Storage>(store: &S) -> ToolState {
-    let state = ToolState::replay(&store.entries());
+    let state = ToolState::replay(store.entries());
     assert!(state.anomalies.is_empty(), "anomalies: {:?}", state.anomalies);
     for record in &state.invocations {
         assert_eq!(record.settlements, 1, "invocation {} settled {} times", record.invocation_id, record.settlements);
@@ -632,7 +632,7 @@ fn the_projection_reads_a_recorded_jsonl_log_alone() {
         followed.apply_record(&record);
     }
     let reader = JsonlStore::open_read_only(&path).unwrap();
-    let state = ToolState::replay_strict(&reader.entries()).unwrap();
+    let state = ToolState::replay_strict(reader.entries()).unwrap();
     let statuses: Vec<_> = state.invocations.iter().map(|r| (r.tool.as_str(), r.status)).collect();
     assert_eq!(
         statuses,
@@ -653,7 +653,7 @@ fn the_projection_reads_a_recorded_jsonl_log_alone() {
     bad.commit(Transaction::new().entry("e1", None, "toolRequested", to_raw(&request).unwrap())).unwrap();
     bad.commit(Transaction::new().entry("e2", Some("e1"), "toolRejected", to_raw(&failed).unwrap())).unwrap();
     bad.commit(Transaction::new().entry("e3", Some("e2"), "toolFailed", to_raw(&failed).unwrap())).unwrap();
-    let err = ToolState::replay_strict(&bad.entries()).unwrap_err();
+    let err = ToolState::replay_strict(bad.entries()).unwrap_err();
     assert!(err.to_string().contains("settled twice"), "{err}");
 }
 

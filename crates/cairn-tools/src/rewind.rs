@@ -70,7 +70,14 @@ pub fn finish_interrupted<S: Storage>(
     if session.needs_resume() {
         return Ok(None);
     }
-    let entries = session.store().entries();
+    // Only the undo records are kept (a copy of the whole log here would
+    // double the memory of every resume of a long session).
+    let mut entries = Vec::new();
+    session.store().visit_entries(&mut |entry| {
+        if matches!(EntryType::of_entry(entry), Some(EntryType::Undo | EntryType::UndoApplied)) {
+            entries.push(entry.clone());
+        }
+    });
     let found: Vec<(String, UndoPayload)> =
         cairn_core::undo::interrupted(entries.iter()).into_iter().map(|(e, p)| (e.id.clone(), p)).collect();
     let Some((id, plan)) = found.into_iter().last() else { return Ok(None) };

@@ -220,7 +220,7 @@ mod tests {
             },
             Ok(store) => CheckReport {
                 ok: true,
-                entries: store.index().entries().len() as u64,
+                entries: store.index().entry_count() as u64,
                 registers: store.index().register_count() as u64,
                 usage: store.index().usage().len() as u64,
                 last_seq: store.index().last_seq(),

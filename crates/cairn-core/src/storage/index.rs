@@ -6,14 +6,21 @@
 //! lifecycle through `registers.rs`) and where a record is applied
 //! ([`SessionIndex::apply`]), for every backend and for replay alike, so the
 //! in-memory state always equals a replay of the log. It does no I/O.
+//!
+//! Entries are kept compactly (issue 33: a long session must open in less
+//! memory than its file): each entry's id and payload text are appended to
+//! one byte arena, its type is interned, its parent is the parent's index,
+//! and a fixed 40-byte [`Slot`] says where the rest is. No allocation per
+//! entry. An [`Entry`] is materialised only when a query asks for one
+//! (owned, or lent to a visitor); payloads are never re-parsed.
 
 use std::collections::{BTreeMap, HashSet};
 
-/// Entry ids by position in `entries`: a hash table of indices hashed by
-/// the entry's own id, so ids are not stored twice (one allocation less per
-/// entry on replay). Ids come from the session's own file, so a fast seeded
-/// hasher is enough. Indices are `u32` (4 bytes a slot; a session holds
-/// fewer than [`NONE`] entries, which [`SessionIndex::apply`] enforces).
+/// Entry ids by position in the index: a hash table of indices hashed by
+/// the entry's own id (read from the arena), so ids are not stored twice.
+/// Ids come from the session's own file, so a fast seeded hasher is
+/// enough. Indices are `u32` (4 bytes a slot; a session holds fewer than
+/// [`NONE`] entries, which [`SessionIndex::apply`] enforces).
 #[derive(Clone, Default)]
 struct IdTable {
     table: hashbrown::HashTable<u32>,
@@ -31,23 +38,23 @@ impl IdTable {
         std::hash::BuildHasher::hash_one(&self.hasher, id)
     }
 
-    fn get(&self, entries: &[Entry], id: &str) -> Option<u32> {
-        self.table.find(self.hash(id), |&i| entries[i as usize].id == id).copied()
+    fn get(&self, entries: &Entries, id: &str) -> Option<u32> {
+        self.table.find(self.hash(id), |&i| entries.id(i) == id).copied()
     }
 
     /// Insert `index` (whose entry is already in `entries`).
-    fn insert(&mut self, entries: &[Entry], index: u32) {
-        let hash = self.hash(&entries[index as usize].id);
+    fn insert(&mut self, entries: &Entries, index: u32) {
+        let hash = self.hash(entries.id(index));
         let hasher = &self.hasher;
-        self.table
-            .insert_unique(hash, index, |&i| std::hash::BuildHasher::hash_one(hasher, entries[i as usize].id.as_str()));
+        self.table.insert_unique(hash, index, |&i| std::hash::BuildHasher::hash_one(hasher, entries.id(i)));
     }
 }
 
-/// No entry (in [`Links`]); also the most entries one index holds.
+/// No entry (in [`Links`] and [`Slot::parent`]); also the most entries one
+/// index holds.
 const NONE: u32 = u32::MAX;
 
-/// Tree links of one entry, by index into `entries`: its first and last
+/// Tree links of one entry, by index into the entries: its first and last
 /// child and its next sibling. A flat vector instead of a map of child
 /// lists: no allocation per entry; `u32` indices, 12 bytes an entry.
 #[derive(Debug, Clone, Copy)]
@@ -57,6 +64,168 @@ struct Links {
     next_sibling: u32,
 }
 
+/// Where one entry's parts are: its fixed fields, its parent's index, its
+/// interned type, and its id and payload text in the arena (the id's bytes
+/// at `start`, the payload's right after).
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    seq: u64,
+    timestamp: i64,
+    start: usize,
+    id_len: u32,
+    payload_len: u32,
+    parent: u32,
+    entry_type: u32,
+}
+
+/// The parts of an entry being added, borrowed from wherever they are.
+struct Parts<'a> {
+    seq: u64,
+    timestamp: i64,
+    id: &'a str,
+    parent_id: Option<&'a str>,
+    entry_type: &'a str,
+    payload: &'a str,
+}
+
+impl<'a> Parts<'a> {
+    fn of(entry: &'a Entry, payload: &'a str) -> Self {
+        Self {
+            seq: entry.seq,
+            timestamp: entry.timestamp,
+            id: &entry.id,
+            parent_id: entry.parent_id.as_deref(),
+            entry_type: &entry.entry_type,
+            payload,
+        }
+    }
+}
+
+/// Every entry of a session, compactly: [`Slot`]s in seq order, one text
+/// arena holding ids and payloads, and the distinct entry types.
+#[derive(Debug, Clone, Default)]
+struct Entries {
+    slots: Vec<Slot>,
+    /// Ids and payload texts, back to back (payloads are JSON text as
+    /// their `RawValue` held it, so every slice is valid JSON).
+    arena: String,
+    /// Distinct entry types, by first use, and their numbers.
+    types: Vec<Box<str>>,
+    type_numbers: hashbrown::HashMap<Box<str>, u32, foldhash::fast::RandomState>,
+}
+
+impl Entries {
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn slot(&self, i: u32) -> &Slot {
+        &self.slots[i as usize]
+    }
+
+    fn id(&self, i: u32) -> &str {
+        let s = self.slot(i);
+        &self.arena[s.start..s.start + s.id_len as usize]
+    }
+
+    fn payload(&self, i: u32) -> &str {
+        let s = self.slot(i);
+        let from = s.start + s.id_len as usize;
+        &self.arena[from..from + s.payload_len as usize]
+    }
+
+    fn entry_type(&self, i: u32) -> &str {
+        &self.types[self.slot(i).entry_type as usize]
+    }
+
+    fn parent_id(&self, i: u32) -> Option<&str> {
+        let parent = self.slot(i).parent;
+        (parent != NONE).then(|| self.id(parent))
+    }
+
+    /// Append `entry` (its parent, if any, at index `parent`).
+    fn push(&mut self, entry: &Parts<'_>, parent: u32) -> Result<(), String> {
+        let payload = entry.payload;
+        let too_long =
+            |what: &str, len: usize| format!("entry {:?}: its {what} is {len} bytes, more than 4 GiB", entry.id);
+        let id_len = u32::try_from(entry.id.len()).map_err(|_| too_long("id", entry.id.len()))?;
+        let payload_len = u32::try_from(payload.len()).map_err(|_| too_long("payload", payload.len()))?;
+        let entry_type = match self.type_numbers.get(entry.entry_type) {
+            Some(&t) => t,
+            None => {
+                // Fewer types than entries, so fewer than NONE.
+                let t = self.types.len() as u32;
+                self.types.push(entry.entry_type.into());
+                self.type_numbers.insert(entry.entry_type.into(), t);
+                t
+            }
+        };
+        let start = self.arena.len();
+        self.arena.push_str(entry.id);
+        self.arena.push_str(payload);
+        self.slots.push(Slot {
+            seq: entry.seq,
+            timestamp: entry.timestamp,
+            start,
+            id_len,
+            payload_len,
+            parent,
+            entry_type,
+        });
+        Ok(())
+    }
+
+    /// Entry `i`, owned.
+    fn get(&self, i: u32) -> Entry {
+        let s = self.slot(i);
+        Entry {
+            seq: s.seq,
+            timestamp: s.timestamp,
+            id: self.id(i).to_owned(),
+            parent_id: self.parent_id(i).map(str::to_owned),
+            entry_type: self.entry_type(i).to_owned(),
+            payload: RawJson::from_valid(self.payload(i)),
+        }
+    }
+
+    /// Entry `i` into `into`, reusing its strings' buffers (only the
+    /// payload is a new allocation).
+    fn fill(&self, i: u32, into: &mut Entry) {
+        let s = self.slot(i);
+        into.seq = s.seq;
+        into.timestamp = s.timestamp;
+        into.id.clear();
+        into.id.push_str(self.id(i));
+        match (self.parent_id(i), &mut into.parent_id) {
+            (None, parent) => *parent = None,
+            (Some(id), Some(parent)) => {
+                parent.clear();
+                parent.push_str(id);
+            }
+            (Some(id), parent) => *parent = Some(id.to_owned()),
+        }
+        into.entry_type.clear();
+        into.entry_type.push_str(self.entry_type(i));
+        into.payload = RawJson::from_valid(self.payload(i));
+    }
+
+    /// Call `f` on each entry of `indices`, materialised one at a time in
+    /// one reused [`Entry`].
+    fn visit(&self, indices: impl IntoIterator<Item = u32>, mut f: impl FnMut(&Entry)) {
+        let mut scratch: Option<Entry> = None;
+        for i in indices {
+            match &mut scratch {
+                Some(entry) => self.fill(i, entry),
+                None => scratch = Some(self.get(i)),
+            }
+            if let Some(entry) = &scratch {
+                f(entry);
+            }
+        }
+    }
+}
+
+use super::line::EntryRef;
 use super::record::{
     Entry, NamespaceRoot, RawJson, Record, RegisterOp, RegisterRecord, State, Transaction, TxOp, UsageRow,
 };
@@ -65,7 +234,7 @@ use super::{Committed, StorageError};
 /// Entries, registers, usage and state of one session, in memory.
 #[derive(Debug, Default, Clone)]
 pub struct SessionIndex {
-    entries: Vec<Entry>,
+    entries: Entries,
     by_id: IdTable,
     /// Tree links, parallel to `entries`.
     links: Vec<Links>,
@@ -85,7 +254,7 @@ impl super::registers::Before for SessionIndex {
         self.register(namespace, key).is_some()
     }
     fn has_entry(&self, id: &str) -> bool {
-        self.entry(id).is_some()
+        self.contains(id)
     }
 }
 
@@ -165,31 +334,8 @@ impl SessionIndex {
         let parent = check_record(&record, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
         match record {
             Record::Entry(entry) => {
-                let index = match u32::try_from(self.entries.len()) {
-                    Ok(index) if index < NONE => index,
-                    _ => {
-                        return Err(format!(
-                            "the session already holds {} entries, the most it can",
-                            self.entries.len()
-                        ));
-                    }
-                };
-                self.links.push(Links { first_child: NONE, last_child: NONE, next_sibling: NONE });
-                match parent {
-                    None => self.roots.push(index),
-                    Some(p) => {
-                        let p = p as usize;
-                        let last = self.links[p].last_child;
-                        if last == NONE {
-                            self.links[p].first_child = index;
-                        } else {
-                            self.links[last as usize].next_sibling = index;
-                        }
-                        self.links[p].last_child = index;
-                    }
-                }
-                self.entries.push(entry);
-                self.by_id.insert(&self.entries, index);
+                let payload = entry.payload.get();
+                self.add_entry(&Parts::of(&entry, payload), parent)?;
             }
             Record::Register(register) => {
                 let namespace = self.registers.entry(register.namespace).or_default();
@@ -216,6 +362,66 @@ impl SessionIndex {
         }
         self.last_seq = seq;
         Ok(())
+    }
+
+    /// [`apply`](Self::apply) for an entry borrowed from its line (replay:
+    /// its strings and payload are copied once, into the arena).
+    pub(crate) fn apply_entry_ref(&mut self, entry: EntryRef<'_>) -> Result<(), String> {
+        let parts = Parts {
+            seq: entry.seq,
+            timestamp: entry.timestamp,
+            id: &entry.id,
+            parent_id: entry.parent_id.as_deref(),
+            entry_type: &entry.entry_type,
+            payload: entry.payload.get(),
+        };
+        let parent = check_entry(&parts, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
+        self.add_entry(&parts, parent)?;
+        self.last_seq = parts.seq;
+        Ok(())
+    }
+
+    /// Add a checked entry whose parent (if any) is at index `parent`.
+    fn add_entry(&mut self, parts: &Parts<'_>, parent: Option<u32>) -> Result<(), String> {
+        let index = match u32::try_from(self.entries.len()) {
+            Ok(index) if index < NONE => index,
+            _ => {
+                return Err(format!("the session already holds {} entries, the most it can", self.entries.len()));
+            }
+        };
+        self.entries.push(parts, parent.unwrap_or(NONE))?;
+        self.links.push(Links { first_child: NONE, last_child: NONE, next_sibling: NONE });
+        match parent {
+            None => self.roots.push(index),
+            Some(p) => {
+                let p = p as usize;
+                let last = self.links[p].last_child;
+                if last == NONE {
+                    self.links[p].first_child = index;
+                } else {
+                    self.links[last as usize].next_sibling = index;
+                }
+                self.links[p].last_child = index;
+            }
+        }
+        self.by_id.insert(&self.entries, index);
+        Ok(())
+    }
+
+    /// Reserve room for `bytes` of entry text (ids and payloads) at once:
+    /// replay reserves the file's size, which the text never exceeds, so
+    /// the arena is never copied while it grows.
+    pub(crate) fn reserve_text(&mut self, bytes: usize) {
+        self.entries.arena.reserve(bytes);
+    }
+
+    /// Give back what the vectors hold beyond their contents (after a
+    /// replay).
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.entries.arena.shrink_to_fit();
+        self.entries.slots.shrink_to_fit();
+        self.links.shrink_to_fit();
+        self.roots.shrink_to_fit();
     }
 
     /// The seq range a list of planned records covers.
@@ -246,46 +452,101 @@ impl SessionIndex {
         self.dead_records
     }
 
-    /// One entry by id.
-    pub fn entry(&self, id: &str) -> Option<&Entry> {
-        self.by_id.get(&self.entries, id).map(|i| &self.entries[i as usize])
+    /// Whether an entry `id` exists.
+    pub fn contains(&self, id: &str) -> bool {
+        self.by_id.get(&self.entries, id).is_some()
+    }
+
+    /// One entry by id (materialised: an owned copy).
+    pub fn entry(&self, id: &str) -> Option<Entry> {
+        self.by_id.get(&self.entries, id).map(|i| self.entries.get(i))
+    }
+
+    /// Call `f` on the entry `id`, when there is one; returns whether
+    /// there was.
+    pub fn visit_entry(&self, id: &str, f: impl FnOnce(&Entry)) -> bool {
+        match self.by_id.get(&self.entries, id) {
+            Some(i) => {
+                f(&self.entries.get(i));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Call `f` on every entry, in seq order, one materialised at a time
+    /// (the buffers of one [`Entry`] are reused: no copy of the whole
+    /// session at once).
+    pub fn visit_entries(&self, f: impl FnMut(&Entry)) {
+        self.entries.visit(0..self.entries.len() as u32, f);
+    }
+
+    /// Call `f` on every entry of type `entry_type`, in seq order; the
+    /// others are skipped without being materialised.
+    pub fn visit_entries_of_type(&self, entry_type: &str, f: impl FnMut(&Entry)) {
+        let Some(&t) = self.entries.type_numbers.get(entry_type) else { return };
+        let slots = &self.entries.slots;
+        self.entries.visit((0..slots.len() as u32).filter(|&i| slots[i as usize].entry_type == t), f);
+    }
+
+    /// Number of entries.
+    pub fn entry_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Every entry in seq order, each materialised (owned) as the iterator
+    /// reaches it.
+    pub fn entries(&self) -> impl DoubleEndedIterator<Item = Entry> + ExactSizeIterator + '_ {
+        (0..self.entries.len() as u32).map(|i| self.entries.get(i))
+    }
+
+    /// The entries with a seq above `seq`, in seq order, materialised as
+    /// the iterator reaches them (entries' seqs increase with their
+    /// position, so the start is found by bisection).
+    pub fn entries_since(&self, seq: u64) -> impl DoubleEndedIterator<Item = Entry> + ExactSizeIterator + '_ {
+        let from = self.entries.slots.partition_point(|s| s.seq <= seq) as u32;
+        (from..self.entries.len() as u32).map(|i| self.entries.get(i))
+    }
+
+    /// The seq of the entry at position `i` (seq order); panics past the end.
+    pub(crate) fn entry_seq(&self, i: usize) -> u64 {
+        self.entries.slots[i].seq
+    }
+
+    /// The entry at position `i` (seq order), owned; panics past the end.
+    pub(crate) fn entry_at(&self, i: usize) -> Entry {
+        self.entries.get(i as u32)
     }
 
     /// Children of `parent` (roots for `None`), in seq order.
-    pub fn children(&self, parent: Option<&str>) -> Vec<&Entry> {
+    pub fn children(&self, parent: Option<&str>) -> Vec<Entry> {
         let Some(id) = parent else {
-            return self.roots.iter().map(|&i| &self.entries[i as usize]).collect();
+            return self.roots.iter().map(|&i| self.entries.get(i)).collect();
         };
         let Some(p) = self.by_id.get(&self.entries, id) else { return Vec::new() };
         let mut out = Vec::new();
         let mut child = self.links[p as usize].first_child;
         while child != NONE {
-            out.push(&self.entries[child as usize]);
+            out.push(self.entries.get(child));
             child = self.links[child as usize].next_sibling;
         }
         out
     }
 
     /// Root-first path to `leaf`.
-    pub fn path_to(&self, leaf: &str) -> Result<Vec<&Entry>, StorageError> {
-        let mut path = Vec::new();
-        let mut current = self.entry(leaf).ok_or_else(|| StorageError::NoSuchEntry(leaf.to_owned()))?;
+    pub fn path_to(&self, leaf: &str) -> Result<Vec<Entry>, StorageError> {
+        let mut at = self.by_id.get(&self.entries, leaf).ok_or_else(|| StorageError::NoSuchEntry(leaf.to_owned()))?;
+        let mut path = vec![self.entries.get(at)];
         loop {
-            path.push(current);
-            match &current.parent_id {
-                None => break,
-                Some(parent) => {
-                    current = self.entry(parent).ok_or_else(|| StorageError::NoSuchEntry(parent.clone()))?;
-                }
+            let parent = self.entries.slot(at).parent;
+            if parent == NONE {
+                break;
             }
+            at = parent;
+            path.push(self.entries.get(at));
         }
         path.reverse();
         Ok(path)
-    }
-
-    /// All entries in seq order.
-    pub fn entries(&self) -> &[Entry] {
-        &self.entries
     }
 
     /// A register's value.
@@ -336,18 +597,7 @@ pub(crate) fn check_record<T>(
         return Err(format!("seq {seq} is not greater than the previous seq {last_seq}"));
     }
     match record {
-        Record::Entry(entry) => {
-            if find(&entry.id).is_some() {
-                return Err(format!("duplicate entry id {:?} (entries are write-once)", entry.id));
-            }
-            match &entry.parent_id {
-                None => Ok(None),
-                Some(parent) => match find(parent) {
-                    Some(handle) => Ok(Some(handle)),
-                    None => Err(format!("entry {:?} has unknown parent {parent:?}", entry.id)),
-                },
-            }
-        }
+        Record::Entry(entry) => check_entry(&Parts::of(entry, ""), last_seq, find),
         Record::Register(register) => {
             if NamespaceRoot::of(&register.namespace).is_none() {
                 return Err(format!("unknown register namespace {:?}", register.namespace));
@@ -361,11 +611,109 @@ pub(crate) fn check_record<T>(
     }
 }
 
+/// [`check_record`]'s rules for an entry.
+fn check_entry<T>(entry: &Parts<'_>, last_seq: u64, find: impl Fn(&str) -> Option<T>) -> Result<Option<T>, String> {
+    let seq = entry.seq;
+    if seq <= last_seq {
+        return Err(format!("seq {seq} is not greater than the previous seq {last_seq}"));
+    }
+    if find(entry.id).is_some() {
+        return Err(format!("duplicate entry id {:?} (entries are write-once)", entry.id));
+    }
+    match entry.parent_id {
+        None => Ok(None),
+        Some(parent) => match find(parent) {
+            Some(handle) => Ok(Some(handle)),
+            None => Err(format!("entry {:?} has unknown parent {parent:?}", entry.id)),
+        },
+    }
+}
+
 fn check_namespace(namespace: &str) -> Result<(), StorageError> {
     match NamespaceRoot::of(namespace) {
         Some(_) => Ok(()),
         None => Err(StorageError::Invalid(format!(
             "unknown register namespace {namespace:?}: use lane, op, pending or fact (optionally with a .suffix)"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::record::to_raw;
+
+    fn entry(seq: u64, id: &str, parent: Option<&str>, entry_type: &str, payload: serde_json::Value) -> Entry {
+        Entry {
+            seq,
+            timestamp: 1_000 + seq as i64,
+            id: id.to_owned(),
+            parent_id: parent.map(str::to_owned),
+            entry_type: entry_type.to_owned(),
+            payload: to_raw(&payload).unwrap(),
+        }
+    }
+
+    /// The compact index hands back exactly the entries it was given, by
+    /// every query, whichever way they arrived (owned or borrowed).
+    #[test]
+    fn materialised_entries_equal_the_applied_ones() {
+        let given = vec![
+            entry(1, "root", None, "message", serde_json::json!({"text": "hé \"x\"\n🦀"})),
+            entry(2, "a", Some("root"), "toolRequested", serde_json::json!([1, 2, {"k": null}])),
+            entry(3, "b", Some("root"), "message", serde_json::json!("just a string")),
+            entry(5, "ç-long-id-".repeat(20).as_str(), Some("a"), "compaction", serde_json::json!({})),
+            entry(6, "second-root", None, "message", serde_json::json!(42)),
+            entry(7, "c", Some("b"), "toolCompleted", serde_json::json!({"out": "x".repeat(10_000)})),
+        ];
+        let mut index = SessionIndex::new();
+        for (n, e) in given.iter().enumerate() {
+            if n % 2 == 0 {
+                index.apply(Record::Entry(e.clone())).unwrap();
+            } else {
+                let line = super::super::line::encode_line(&[Record::Entry(e.clone())]).unwrap();
+                let mut records = Vec::new();
+                super::super::line::decode_line_borrowed(&line[..line.len() - 1], &mut records).unwrap();
+                let Some(super::super::line::LineRecord::Entry(borrowed)) = records.pop() else {
+                    panic!("not an entry: {records:?}")
+                };
+                index.apply_entry_ref(borrowed).unwrap();
+            }
+        }
+        assert_eq!(index.entry_count(), given.len());
+        assert_eq!(index.entries().collect::<Vec<_>>(), given);
+        let mut visited = Vec::new();
+        index.visit_entries(|e| visited.push(e.clone()));
+        assert_eq!(visited, given);
+        for e in &given {
+            assert_eq!(index.entry(&e.id).as_ref(), Some(e));
+            assert!(index.contains(&e.id));
+            let mut seen = None;
+            assert!(index.visit_entry(&e.id, |v| seen = Some(v.clone())));
+            assert_eq!(seen.as_ref(), Some(e));
+        }
+        assert_eq!(index.entry("nope"), None);
+        assert!(!index.visit_entry("nope", |_| panic!("visited a missing entry")));
+        assert_eq!(index.children(None), vec![given[0].clone(), given[4].clone()]);
+        assert_eq!(index.children(Some("root")), vec![given[1].clone(), given[2].clone()]);
+        assert_eq!(index.path_to("c").unwrap(), vec![given[0].clone(), given[2].clone(), given[5].clone()]);
+        let mut messages = Vec::new();
+        index.visit_entries_of_type("message", |e| messages.push(e.id.clone()));
+        assert_eq!(messages, ["root", "b", "second-root"]);
+        index.visit_entries_of_type("unknown", |_| panic!("no entry has this type"));
+        assert_eq!(index.entries_since(3).collect::<Vec<_>>(), given[3..]);
+        assert_eq!(index.entries_since(4).collect::<Vec<_>>(), given[3..]);
+        assert_eq!(index.entries_since(0).count(), given.len());
+        assert_eq!(index.entries_since(7).count(), 0);
+        // The borrowed path keeps the index's rules.
+        let dup = entry(8, "a", None, "message", serde_json::json!(1));
+        let line = super::super::line::encode_line(&[Record::Entry(dup)]).unwrap();
+        let mut records = Vec::new();
+        super::super::line::decode_line_borrowed(&line[..line.len() - 1], &mut records).unwrap();
+        let Some(super::super::line::LineRecord::Entry(borrowed)) = records.pop() else { panic!("not an entry") };
+        let err = index.apply_entry_ref(borrowed).unwrap_err();
+        assert!(err.contains("duplicate entry id"), "{err}");
+        assert_eq!(index.entry_count(), given.len());
+        assert_eq!(index.last_seq(), 7);
     }
 }

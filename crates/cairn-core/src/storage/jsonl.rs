@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::index::SessionIndex;
 use super::line::{encode_header, encode_line, encoded_len};
 use super::record::{
-    Committed, Entry, Header, RawJson, Record, RegisterOp, RegisterRecord, State, Transaction, UsageRow, now_millis,
+    Committed, Header, RawJson, Record, RegisterOp, RegisterRecord, State, Transaction, UsageRow, now_millis,
 };
 use super::replay::{Liveness, replay};
 use super::{Storage, StorageError};
@@ -358,7 +358,8 @@ impl JsonlStore {
         // may have renamed a new file over the path in between.
         drop(file);
         let file = open_regular(path, Access::Append)?;
-        let replayed = replay(&path.display().to_string(), &file, opts.max_line_bytes)?;
+        let size = file.metadata().map_or(0, |m| m.len());
+        let replayed = replay(&path.display().to_string(), &file, opts.max_line_bytes, size)?;
         if replayed.torn_bytes > 0 {
             file.set_len(replayed.valid_len).map_err(&io)?;
             file.sync_data().map_err(&io)?;
@@ -387,7 +388,8 @@ impl JsonlStore {
     /// limit is the one that matters to a reader).
     pub fn open_read_only_with(path: &Path, opts: StoreOptions) -> Result<Self, StorageError> {
         let file = open_regular(path, Access::Read)?;
-        let replayed = replay(&path.display().to_string(), file, opts.max_line_bytes)?;
+        let size = file.metadata().map_or(0, |m| m.len());
+        let replayed = replay(&path.display().to_string(), file, opts.max_line_bytes, size)?;
         Ok(Self {
             path: path.to_owned(),
             file_version: replayed.file_version,
@@ -512,14 +514,15 @@ impl JsonlStore {
     /// Write header and live records, one per line in seq order, to `temp`.
     fn write_compacted(&self, temp: &Path) -> Result<u64, StorageError> {
         enum Live<'a> {
-            Entry(&'a Entry),
+            /// By position in the index.
+            Entry(usize),
             Usage(&'a UsageRow),
             Set(&'a str, &'a str, &'a RawJson),
             State(&'a State),
             Delete(&'a RegisterRecord),
         }
-        let mut live: Vec<(u64, Live<'_>)> = Vec::with_capacity(self.index.entries().len());
-        live.extend(self.index.entries().iter().map(|e| (e.seq, Live::Entry(e))));
+        let mut live: Vec<(u64, Live<'_>)> = Vec::with_capacity(self.index.entry_count());
+        live.extend((0..self.index.entry_count()).map(|i| (self.index.entry_seq(i), Live::Entry(i))));
         live.extend(self.index.usage().iter().map(|u| (u.seq, Live::Usage(u))));
         for (namespace, key, value) in self.index.all_registers() {
             let seq = self.liveness.register(namespace, key).map_or(0, |l| l.seq);
@@ -541,7 +544,7 @@ impl JsonlStore {
         let mut written = header.len() as u64;
         for (seq, item) in live {
             let record = match item {
-                Live::Entry(e) => Record::Entry(e.clone()),
+                Live::Entry(i) => Record::Entry(self.index.entry_at(i)),
                 Live::Usage(u) => Record::Usage(u.clone()),
                 Live::Set(namespace, key, value) => Record::Register(RegisterRecord {
                     op: RegisterOp::Set,

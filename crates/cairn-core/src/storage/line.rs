@@ -9,7 +9,10 @@
 //! `Record`'s derived `Serialize` is an internally tagged enum, and
 //! `Box<RawValue>` cannot be deserialized through serde's buffered content,
 //! so decoding goes through [`FlatRecord`]: one flat struct with every field
-//! optional, payloads kept as raw JSON text without being re-parsed.
+//! optional, payloads kept as raw JSON text (borrowed from the line) without
+//! being re-parsed. Replay takes an entry borrowed ([`EntryRef`]: no
+//! allocation for its strings and payload); everyone else gets owned
+//! [`Record`]s.
 
 use std::borrow::Cow;
 
@@ -53,66 +56,115 @@ struct FlatRecord<'a> {
     parent_id: Option<Cow<'a, str>>,
     #[serde(borrow, default, rename = "type")]
     entry_type: Option<Cow<'a, str>>,
-    #[serde(default, deserialize_with = "present")]
-    payload: Option<Box<RawValue>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    payload: Option<&'a RawValue>,
     op: Option<RegisterOp>,
     #[serde(borrow, default)]
     namespace: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     key: Option<Cow<'a, str>>,
-    #[serde(default, deserialize_with = "present")]
-    value: Option<Box<RawValue>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    value: Option<&'a RawValue>,
     #[serde(borrow, default)]
     entry_id: Option<Cow<'a, str>>,
-    #[serde(default, deserialize_with = "present")]
-    usage: Option<Box<RawValue>>,
-    #[serde(default, deserialize_with = "present")]
-    pc: Option<Box<RawValue>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    pc: Option<&'a RawValue>,
 }
 
 /// A raw field that is present (even as `null`) becomes `Some`.
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
-    Box::<RawValue>::deserialize(d).map(Some)
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
+fn owned(raw: &RawValue) -> RawJson {
+    RawJson(raw.to_owned())
+}
+
+/// An entry record as replay reads it: borrowed from the line.
+#[derive(Debug)]
+pub(crate) struct EntryRef<'a> {
+    pub(crate) seq: u64,
+    pub(crate) timestamp: i64,
+    pub(crate) id: Cow<'a, str>,
+    pub(crate) parent_id: Option<Cow<'a, str>>,
+    pub(crate) entry_type: Cow<'a, str>,
+    pub(crate) payload: &'a RawValue,
+}
+
+impl EntryRef<'_> {
+    /// The owned entry.
+    pub(crate) fn into_owned(self) -> Entry {
+        Entry {
+            id: self.id.into_owned(),
+            parent_id: self.parent_id.map(Cow::into_owned),
+            seq: self.seq,
+            timestamp: self.timestamp,
+            entry_type: self.entry_type.into_owned(),
+            payload: owned(self.payload),
+        }
+    }
+}
+
+/// A record of a line as replay reads it: an entry borrowed, any other
+/// record owned (they are few and small).
+#[derive(Debug)]
+pub(crate) enum LineRecord<'a> {
+    /// An entry, borrowed from the line.
+    Entry(EntryRef<'a>),
+    /// Any other record.
+    Other(Record),
+}
+
+impl LineRecord<'_> {
+    /// The owned record.
+    pub(crate) fn into_owned(self) -> Record {
+        match self {
+            LineRecord::Entry(entry) => Record::Entry(entry.into_owned()),
+            LineRecord::Other(record) => record,
+        }
+    }
 }
 
 fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, LineError> {
     value.ok_or_else(|| LineError::Shape(format!("{kind} record lacks `{field}`")))
 }
 
-impl FlatRecord<'_> {
-    fn into_record(self) -> Result<Record, LineError> {
+impl<'a> FlatRecord<'a> {
+    fn into_line_record(self) -> Result<LineRecord<'a>, LineError> {
         let kind = self.kind.as_ref();
         let seq = need(self.seq, kind, "seq")?;
         match kind {
-            "entry" => Ok(Record::Entry(Entry {
-                id: need(self.id, kind, "id")?.into_owned(),
-                parent_id: self.parent_id.map(Cow::into_owned),
+            "entry" => Ok(LineRecord::Entry(EntryRef {
+                id: need(self.id, kind, "id")?,
+                parent_id: self.parent_id,
                 seq,
                 timestamp: need(self.timestamp, kind, "timestamp")?,
-                entry_type: need(self.entry_type, kind, "type")?.into_owned(),
-                payload: RawJson(need(self.payload, kind, "payload")?),
+                entry_type: need(self.entry_type, kind, "type")?,
+                payload: need(self.payload, kind, "payload")?,
             })),
             "register" => {
                 let op = need(self.op, kind, "op")?;
                 let value = match op {
-                    RegisterOp::Set => Some(RawJson(need(self.value, kind, "value")?)),
+                    RegisterOp::Set => Some(owned(need(self.value, kind, "value")?)),
                     RegisterOp::Delete => None,
                 };
-                Ok(Record::Register(RegisterRecord {
+                Ok(LineRecord::Other(Record::Register(RegisterRecord {
                     op,
                     seq,
                     namespace: need(self.namespace, kind, "namespace")?.into_owned(),
                     key: need(self.key, kind, "key")?.into_owned(),
                     value,
-                }))
+                })))
             }
-            "usage" => Ok(Record::Usage(UsageRow {
+            "usage" => Ok(LineRecord::Other(Record::Usage(UsageRow {
                 seq,
                 id: need(self.id, kind, "id")?.into_owned(),
                 entry_id: self.entry_id.map(Cow::into_owned),
-                usage: RawJson(need(self.usage, kind, "usage")?),
-            })),
-            "state" => Ok(Record::State(State { seq, pc: RawJson(need(self.pc, kind, "pc")?) })),
+                usage: owned(need(self.usage, kind, "usage")?),
+            }))),
+            "state" => Ok(LineRecord::Other(Record::State(State { seq, pc: owned(need(self.pc, kind, "pc")?) }))),
             "header" => Err(LineError::Shape("a header line may only be the first line".to_owned())),
             other => Err(LineError::Shape(format!("unknown record kind {other:?}"))),
         }
@@ -142,36 +194,49 @@ pub fn decode_line(line: &[u8]) -> Result<Vec<Record>, LineError> {
 /// keeps the heap from fragmenting on large files). On error, `out` may
 /// hold some records of the line.
 pub fn decode_line_into(line: &[u8], out: &mut Vec<Record>) -> Result<(), LineError> {
+    decode_with(line, &mut |record| out.push(record.into_owned()))
+}
+
+/// Like [`decode_line_into`], with entries borrowed from `line` (replay).
+pub(crate) fn decode_line_borrowed<'a>(line: &'a [u8], out: &mut Vec<LineRecord<'a>>) -> Result<(), LineError> {
+    decode_with(line, &mut |record| out.push(record))
+}
+
+fn decode_with<'a>(line: &'a [u8], push: &mut dyn FnMut(LineRecord<'a>)) -> Result<(), LineError> {
     // from_slice checks UTF-8 inside strings as it parses (everything else
     // in JSON is ASCII), sparing a separate pass over the line.
     let mut de = serde_json::Deserializer::from_slice(line);
     let first = line.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'[') {
-        let before = out.len();
-        de.deserialize_seq(Sink(out)).map_err(syntax_or_shape)?;
-        if out.len() == before {
+        let mut pushed = 0usize;
+        de.deserialize_seq(Sink(&mut |record| {
+            pushed += 1;
+            push(record);
+        }))
+        .map_err(syntax_or_shape)?;
+        if pushed == 0 {
             return Err(LineError::Shape("empty transaction array".to_owned()));
         }
     } else {
         let flat = FlatRecord::deserialize(&mut de).map_err(syntax_or_shape)?;
-        out.push(flat.into_record()?);
+        push(flat.into_line_record()?);
     }
     de.end().map_err(syntax_or_shape)
 }
 
-/// Pushes each element of an array line, as a record, onto a vector.
-struct Sink<'v>(&'v mut Vec<Record>);
+/// Hands each element of an array line, as a record, to a function.
+struct Sink<'f, 'a>(&'f mut dyn FnMut(LineRecord<'a>));
 
-impl<'de> serde::de::Visitor<'de> for Sink<'_> {
+impl<'a> serde::de::Visitor<'a> for Sink<'_, 'a> {
     type Value = ();
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("an array of records")
     }
 
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(flat) = seq.next_element::<FlatRecord<'de>>()? {
-            self.0.push(flat.into_record().map_err(serde::de::Error::custom)?);
+    fn visit_seq<A: serde::de::SeqAccess<'a>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(flat) = seq.next_element::<FlatRecord<'a>>()? {
+            (self.0)(flat.into_line_record().map_err(serde::de::Error::custom)?);
         }
         Ok(())
     }

@@ -29,6 +29,12 @@ pub(super) fn header(path: &str, header: &mut Header) -> Result<u32, StorageErro
     Ok(found)
 }
 
+/// Whether records read from a file of storage version `from` need
+/// [`records`] (replay skips it otherwise, keeping entries borrowed).
+pub(super) fn changes_records(from: u32) -> bool {
+    !matches!(from, 0 | STORAGE_VERSION)
+}
+
 /// Bring the records of one line, read from a file of storage version
 /// `from`, to the current version. An error is the reason the line cannot
 /// be migrated (replay reports it as a corrupt line).

@@ -33,31 +33,31 @@ macro_rules! __storage_reads_from_index {
         }
 
         fn entry(&self, id: &str) -> Option<$crate::storage::Entry> {
-            self.index.entry(id).cloned()
+            self.index.entry(id)
         }
 
         fn visit_entry(&self, id: &str, f: &mut dyn FnMut(&$crate::storage::Entry)) -> bool {
-            self.index.entry(id).map(f).is_some()
+            self.index.visit_entry(id, f)
         }
 
         fn children(&self, parent: Option<&str>) -> Vec<$crate::storage::Entry> {
-            self.index.children(parent).into_iter().cloned().collect()
+            self.index.children(parent)
         }
 
         fn path_to(&self, leaf: &str) -> Result<Vec<$crate::storage::Entry>, $crate::storage::StorageError> {
-            Ok(self.index.path_to(leaf)?.into_iter().cloned().collect())
+            self.index.path_to(leaf)
         }
 
         fn entries(&self) -> Vec<$crate::storage::Entry> {
-            self.index.entries().to_vec()
+            self.index.entries().collect()
         }
 
         fn visit_entries(&self, f: &mut dyn FnMut(&$crate::storage::Entry)) {
-            self.index.entries().iter().for_each(f);
+            self.index.visit_entries(f);
         }
 
         fn entry_count(&self) -> usize {
-            self.index.entries().len()
+            self.index.entry_count()
         }
 
         fn register(&self, namespace: &str, key: &str) -> Option<$crate::storage::RawJson> {

@@ -42,6 +42,18 @@ impl RawJson {
         serde_json::from_str(self.0.get())
     }
 
+    /// Raw JSON text from text known to be one valid JSON value (the
+    /// text of a `RawValue` kept elsewhere, e.g. in the index's arena),
+    /// without parsing it again.
+    pub(crate) fn from_valid(text: &str) -> Self {
+        let text: Box<str> = text.into();
+        // SAFETY: `RawValue` is `#[repr(transparent)]` over `str` (serde_json
+        // converts `Box<str>` to `Box<RawValue>` the same way in its private
+        // `RawValue::from_owned`), so the layouts agree; and the text is
+        // valid JSON because every caller copies it from a `RawValue`.
+        Self(unsafe { std::mem::transmute::<Box<str>, Box<RawValue>>(text) })
+    }
+
     /// Raw JSON text from a string that must be valid JSON.
     pub fn from_json(text: impl Into<String>) -> Result<Self, serde_json::Error> {
         RawValue::from_string(text.into()).map(RawJson)

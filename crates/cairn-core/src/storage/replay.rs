@@ -15,7 +15,7 @@ use std::io::{BufRead, BufReader, Read};
 
 use super::StorageError;
 use super::index::SessionIndex;
-use super::line::{decode_header, decode_line_into, encoded_len};
+use super::line::{EntryRef, LineRecord, decode_header, decode_line_borrowed, encoded_len};
 use super::migrate;
 use super::record::{Header, Record, RegisterOp, RegisterRecord};
 
@@ -42,6 +42,11 @@ pub(crate) struct Liveness {
 }
 
 impl Liveness {
+    /// Account for an entry before it is applied (entries never die).
+    pub(crate) fn account_entry(&mut self) {
+        self.last_delete = None;
+    }
+
     /// Account for `record` before it is applied. Only register and state
     /// records can die, so only their sizes are computed.
     pub(crate) fn account(&mut self, record: &Record) {
@@ -118,11 +123,21 @@ pub(crate) fn read_line_capped(
 pub(crate) trait Apply {
     /// Apply one record, in file order.
     fn apply(&mut self, record: Record) -> Result<(), String>;
+
+    /// Apply one entry, borrowed from its line (by default made owned and
+    /// applied as a record).
+    fn apply_entry(&mut self, entry: EntryRef<'_>) -> Result<(), String> {
+        self.apply(Record::Entry(entry.into_owned()))
+    }
 }
 
 impl Apply for SessionIndex {
     fn apply(&mut self, record: Record) -> Result<(), String> {
         SessionIndex::apply(self, record)
+    }
+
+    fn apply_entry(&mut self, entry: EntryRef<'_>) -> Result<(), String> {
+        SessionIndex::apply_entry_ref(self, entry)
     }
 }
 
@@ -141,10 +156,15 @@ pub(crate) struct ReplayedFile {
 }
 
 /// Replay a whole session file from `reader` into a [`SessionIndex`],
-/// refusing lines longer than `max_line` bytes. `path` is only for messages.
-pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64) -> Result<Replayed, StorageError> {
+/// refusing lines longer than `max_line` bytes. `path` is only for messages;
+/// `size` is the file's size as far as known (the index's text arena is
+/// reserved for it once, so it is never copied while it grows: the pages
+/// it does not use are never touched, and are given back at the end).
+pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64, size: u64) -> Result<Replayed, StorageError> {
     let mut index = SessionIndex::new();
+    index.reserve_text(usize::try_from(size).unwrap_or(0));
     let file = replay_into(path, reader, max_line, &mut index)?;
+    index.shrink_to_fit();
     Ok(Replayed {
         header: file.header,
         file_version: file.file_version,
@@ -185,7 +205,6 @@ pub(crate) fn replay_into(
     let mut lines = 1;
     let mut liveness = Liveness::default();
     let mut torn_bytes = 0;
-    let mut records = Vec::new();
     loop {
         buf.clear();
         let line_no = lines + 1;
@@ -203,8 +222,11 @@ pub(crate) fn replay_into(
             torn_bytes = n as u64;
             break;
         }
-        records.clear();
-        if let Err(e) = decode_line_into(&buf[..buf.len() - 1], &mut records) {
+        // The line's records borrow from `buf` (entries are not copied
+        // before the sink takes them); the whole line is decoded before any
+        // of it is applied, so a torn line is discarded whole.
+        let mut records: Vec<LineRecord<'_>> = Vec::new();
+        if let Err(e) = decode_line_borrowed(&buf[..buf.len() - 1], &mut records) {
             let at_end = reader.fill_buf().map_err(io)?.is_empty();
             if at_end && e.is_syntax() {
                 torn_bytes = n as u64;
@@ -212,10 +234,22 @@ pub(crate) fn replay_into(
             }
             return Err(corrupt(e.to_string()));
         }
-        migrate::records(file_version, &mut records).map_err(corrupt)?;
-        for record in records.drain(..) {
-            liveness.account(&record);
-            sink.apply(record).map_err(corrupt)?;
+        if migrate::changes_records(file_version) {
+            let mut owned: Vec<Record> = records.into_iter().map(LineRecord::into_owned).collect();
+            migrate::records(file_version, &mut owned).map_err(corrupt)?;
+            records = owned.into_iter().map(LineRecord::Other).collect();
+        }
+        for record in records {
+            match record {
+                LineRecord::Entry(entry) => {
+                    liveness.account_entry();
+                    sink.apply_entry(entry).map_err(corrupt)?;
+                }
+                LineRecord::Other(record) => {
+                    liveness.account(&record);
+                    sink.apply(record).map_err(corrupt)?;
+                }
+            }
         }
         valid_len += n as u64;
         lines += 1;

@@ -426,7 +426,10 @@ impl<S: Storage> Session<S> {
 
     /// What happened to every tool invocation, from the log alone.
     pub fn tool_state(&self) -> ToolState {
-        ToolState::replay(&self.store.entries())
+        // One entry at a time: no copy of the whole log.
+        let mut state = ToolState::default();
+        self.store.visit_entries(&mut |entry| state.apply(entry));
+        state
     }
 
     /// The session's allow rules stored by "approve for this session".
