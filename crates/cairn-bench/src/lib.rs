@@ -332,6 +332,24 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The `cairn` binary next to the running benchmark (or `CAIRN_BIN`), for
+/// the benchmarks that run the real program.
+pub fn cairn_bin() -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context as _;
+    if let Some(bin) = std::env::var_os("CAIRN_BIN") {
+        return Ok(std::path::PathBuf::from(bin));
+    }
+    let here = std::env::current_exe()?;
+    let bin = here.parent().context("no directory of this binary")?.join("cairn");
+    if !bin.is_file() {
+        anyhow::bail!(
+            "no cairn binary at {} (build it: cargo build --release -p cairn-cli, or set CAIRN_BIN)",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

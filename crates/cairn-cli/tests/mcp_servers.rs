@@ -429,28 +429,29 @@ fn a_streamable_http_server_gets_the_configured_headers() {
     let script = env.script(&[call, json!({"text": "done"})]);
     let s = script.to_str().unwrap();
 
+    // One run of the turn with the variable set to `token` (unset: None).
+    let run = |token: Option<&str>| {
+        let mut cmd = env.cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"]);
+        match token {
+            Some(t) => cmd.env("WEB_MCP_AUTH", t),
+            None => cmd.env_remove("WEB_MCP_AUTH"),
+        };
+        cmd.output().unwrap()
+    };
+
     // The variable unset: the server is not started, and the note names it.
-    let out =
-        env.cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"]).env_remove("WEB_MCP_AUTH").output().unwrap();
+    let out = run(None);
     assert!(stderr(&out).contains("WEB_MCP_AUTH"), "{}", stderr(&out));
     assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was sent without the token");
     std::fs::remove_file(&env.session_files()[0]).unwrap();
 
     // A wrong token: the server refuses, and so the call cannot happen.
-    let out = env
-        .cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"])
-        .env("WEB_MCP_AUTH", "Bearer wrong")
-        .output()
-        .unwrap();
+    let out = run(Some("Bearer wrong"));
     assert!(refused.load(std::sync::atomic::Ordering::SeqCst) > 0, "{}", stderr(&out));
     assert!(payloads(&env, "toolCompleted").is_empty(), "{}", stderr(&out));
     std::fs::remove_file(&env.session_files()[0]).unwrap();
 
-    let out = env
-        .cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"])
-        .env("WEB_MCP_AUTH", "Bearer s3cret")
-        .output()
-        .unwrap();
+    let out = run(Some("Bearer s3cret"));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let done = payloads(&env, "toolCompleted");
     let receipt = &by_tool(&done, "mcp__web__hello")["receipt"];

@@ -98,16 +98,28 @@ pub struct HooksConfig {
     pub post_tool: Vec<HookConfig>,
 }
 
+/// How many of [`HooksConfig::by_event`]'s events come first and are not
+/// about a tool (they take no `matcher`).
+const EVENTS_WITHOUT_TOOL: usize = 5;
+
 impl HooksConfig {
+    /// Every event's hooks with the event's name, those not about a tool
+    /// first ([`EVENTS_WITHOUT_TOOL`]).
+    fn by_event(&self) -> [(&'static str, &Vec<HookConfig>); 7] {
+        [
+            ("session_start", &self.session_start),
+            ("session_end", &self.session_end),
+            ("subagent_stop", &self.subagent_stop),
+            ("user_prompt", &self.user_prompt),
+            ("pre_compact", &self.pre_compact),
+            ("pre_tool", &self.pre_tool),
+            ("post_tool", &self.post_tool),
+        ]
+    }
+
     /// Whether any hook is configured.
     pub fn is_empty(&self) -> bool {
-        self.session_start.is_empty()
-            && self.session_end.is_empty()
-            && self.subagent_stop.is_empty()
-            && self.user_prompt.is_empty()
-            && self.pre_compact.is_empty()
-            && self.pre_tool.is_empty()
-            && self.post_tool.is_empty()
+        self.by_event().iter().all(|(_, hooks)| hooks.is_empty())
     }
 
     /// Add `other`'s hooks after these.
@@ -123,13 +135,8 @@ impl HooksConfig {
 
     /// Refuse hooks cairn could not run as written.
     pub fn check(&self) -> Result<(), String> {
-        for (event, hooks) in [
-            ("session_start", &self.session_start),
-            ("session_end", &self.session_end),
-            ("subagent_stop", &self.subagent_stop),
-            ("user_prompt", &self.user_prompt),
-            ("pre_compact", &self.pre_compact),
-        ] {
+        let events = self.by_event();
+        for (event, hooks) in &events[..EVENTS_WITHOUT_TOOL] {
             if let Some(hook) = hooks.iter().find(|h| h.matcher.is_some()) {
                 return Err(format!(
                     "[[hooks.{event}]] {}: this hook takes no `matcher` (it is not about a tool)",
@@ -137,15 +144,7 @@ impl HooksConfig {
                 ));
             }
         }
-        for (event, hooks) in [
-            ("session_start", &self.session_start),
-            ("session_end", &self.session_end),
-            ("subagent_stop", &self.subagent_stop),
-            ("user_prompt", &self.user_prompt),
-            ("pre_compact", &self.pre_compact),
-            ("pre_tool", &self.pre_tool),
-            ("post_tool", &self.post_tool),
-        ] {
+        for (event, hooks) in events {
             for hook in hooks {
                 if hook.command.trim().is_empty() {
                     return Err(format!("[[hooks.{event}]]: `command` is empty"));

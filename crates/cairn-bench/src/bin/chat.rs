@@ -35,18 +35,6 @@ const FRAME: Duration = Duration::from_millis(16);
 /// How long any one wait may take before the run is declared broken.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-fn cairn_bin() -> Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("CAIRN_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    let here = std::env::current_exe()?;
-    let bin = here.parent().context("no directory of this binary")?.join("cairn");
-    if !bin.is_file() {
-        bail!("no cairn binary at {} (build it: cargo build --release -p cairn-cli, or set CAIRN_BIN)", bin.display());
-    }
-    Ok(bin)
-}
-
 /// A program on a pty; what it writes arrives as timestamped chunks.
 struct Pty {
     master: std::fs::File,
@@ -305,7 +293,7 @@ fn frames(samples: &[Duration]) -> String {
 }
 
 fn main() -> Result<()> {
-    let bin = cairn_bin()?;
+    let bin = cairn_bench::cairn_bin()?;
     let messages = size(1_000, 20);
     let keys = size(300, 10);
     let deltas = size(200, 10);

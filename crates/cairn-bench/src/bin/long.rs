@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use cairn_bench::{Spread, Table, size};
 use cairn_core::approval::Answer;
 use cairn_core::events::{ToolCompletedPayload, ToolRequestedPayload, ToolStartedPayload, VerdictRecord};
@@ -237,7 +237,9 @@ fn tole_file(dir: &Path, id: &str, conv: Conversation) -> Result<u64> {
 
 #[cfg(not(feature = "tole"))]
 fn tole_file(_dir: &Path, _id: &str, _conv: Conversation) -> Result<u64> {
-    bail!("TOLE is set, but this binary was built without the `tole` feature (--features tole) that writes tole's file")
+    anyhow::bail!(
+        "TOLE is set, but this binary was built without the `tole` feature (--features tole) that writes tole's file"
+    )
 }
 
 /// The floor, in a child: read `path` line by line and parse each line
@@ -276,19 +278,6 @@ fn store_child(path: &Path) -> Result<()> {
     let store = JsonlStore::open(path, opts)?;
     ensure!(store.last_seq() > 0, "empty store");
     Ok(())
-}
-
-/// The release `cairn` next to this binary (or `CAIRN_BIN`).
-fn cairn_bin() -> Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("CAIRN_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    let here = std::env::current_exe()?;
-    let bin = here.parent().context("no directory of this binary")?.join("cairn");
-    if !bin.is_file() {
-        bail!("no cairn binary at {} (build it: cargo build --release -p cairn-cli, or set CAIRN_BIN)", bin.display());
-    }
-    Ok(bin)
 }
 
 /// Run `cmd` to its end; wall time and peak RSS (bytes) of that child,
@@ -448,7 +437,7 @@ fn main() -> Result<()> {
         calls: flag("--calls").unwrap_or(size(37, 5)),
     };
     let runs = flag("--runs").unwrap_or(size(7, 2));
-    let bin = cairn_bin()?;
+    let bin = cairn_bench::cairn_bin()?;
     let me = std::env::current_exe()?;
     let server = TestServer::start(Vec::new())?;
     let home = Home::new(&server.url())?;

@@ -26,18 +26,6 @@ use cairn_core::storage::JsonlStore;
 use cairn_core::{Session, SessionConfig};
 use serde_json::json;
 
-fn cairn_bin() -> Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("CAIRN_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    let here = std::env::current_exe()?;
-    let bin = here.parent().context("no directory of this binary")?.join("cairn");
-    if !bin.is_file() {
-        bail!("no cairn binary at {} (build it: cargo build --release -p cairn-cli, or set CAIRN_BIN)", bin.display());
-    }
-    Ok(bin)
-}
-
 struct Home {
     _dir: tempfile::TempDir,
     home: PathBuf,
@@ -133,7 +121,7 @@ fn replay(path: &Path) -> Result<Duration> {
 }
 
 fn main() -> Result<()> {
-    let bin = cairn_bin()?;
+    let bin = cairn_bench::cairn_bin()?;
     let n = size(100, 3);
     let samples = size(5, 1);
     let mut table = Table::new(&format!("subagents: fan-out of {n} children"));
