@@ -350,6 +350,50 @@ pub fn cairn_bin() -> anyhow::Result<std::path::PathBuf> {
     Ok(bin)
 }
 
+/// A private `CAIRN_HOME` (`home`) and working directory (`cwd`) in a
+/// temporary directory, for the benchmarks that run the real `cairn`.
+#[derive(Debug)]
+pub struct CairnHome {
+    _dir: tempfile::TempDir,
+    /// cairn's home (`CAIRN_HOME`).
+    pub home: std::path::PathBuf,
+    /// The working directory of the runs (canonical).
+    pub cwd: std::path::PathBuf,
+}
+
+impl CairnHome {
+    /// A new, empty home and working directory.
+    pub fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let home = dir.path().join("home");
+        let cwd = dir.path().join("work");
+        std::fs::create_dir_all(&home)?;
+        std::fs::create_dir_all(&cwd)?;
+        let cwd = cwd.canonicalize()?;
+        Ok(Self { _dir: dir, home, cwd })
+    }
+
+    /// `bin ARGS` in `cwd` with this home and a scrubbed environment
+    /// (`PATH`, a fake `HOME`, `CAIRN_HOME` only).
+    pub fn command(&self, bin: &std::path::Path, args: &[&str]) -> std::process::Command {
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(args)
+            .current_dir(&self.cwd)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", self.home.join("fakehome"))
+            .env("CAIRN_HOME", &self.home);
+        cmd
+    }
+
+    /// Write `lines` (one JSON value a line) to `name` in the home.
+    pub fn write_lines(&self, name: &str, lines: &[serde_json::Value]) -> anyhow::Result<std::path::PathBuf> {
+        let path = self.home.join(name);
+        std::fs::write(&path, lines.iter().map(|l| format!("{l}\n")).collect::<String>())?;
+        Ok(path)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
@@ -201,35 +201,13 @@ fn serve(conn: TcpStream, lines: &Receiver<Option<String>>, wrote: &Sender<Insta
     Ok(())
 }
 
-struct Home {
-    _dir: tempfile::TempDir,
-    home: PathBuf,
-    cwd: PathBuf,
-}
+type Home = cairn_bench::CairnHome;
 
-impl Home {
-    fn new() -> Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let home = dir.path().join("home");
-        let cwd = dir.path().join("work");
-        std::fs::create_dir_all(&home)?;
-        std::fs::create_dir_all(&cwd)?;
-        let cwd = cwd.canonicalize()?;
-        Ok(Self { _dir: dir, home, cwd })
-    }
-
-    fn cairn(&self, bin: &Path, args: &[&str]) -> Command {
-        let mut cmd = Command::new(bin);
-        cmd.args(args)
-            .current_dir(&self.cwd)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("HOME", self.home.join("fakehome"))
-            .env("CAIRN_HOME", &self.home)
-            .env("TERM", "xterm-256color")
-            .env("BENCH_KEY", "k");
-        cmd
-    }
+/// `cairn ARGS` in `home` on a colour terminal, with the benchmark's key.
+fn cairn(home: &Home, bin: &Path, args: &[&str]) -> Command {
+    let mut cmd = home.command(bin, args);
+    cmd.env("TERM", "xterm-256color").env("BENCH_KEY", "k");
+    cmd
 }
 
 /// A session of `messages` messages (half prompts, half answers), made by
@@ -243,8 +221,7 @@ fn long_session(bin: &Path, home: &Home, messages: usize) -> Result<String> {
         .collect();
     let script_path = home.home.join("script.jsonl");
     std::fs::write(&script_path, script)?;
-    let mut chat = home
-        .cairn(bin, &["--script", &script_path.display().to_string(), "chat"])
+    let mut chat = cairn(home, bin, &["--script", &script_path.display().to_string(), "chat"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -313,7 +290,7 @@ fn main() -> Result<()> {
             model.url
         ),
     )?;
-    let mut chat = Pty::spawn(home.cairn(&bin, &["--provider", "bench", "chat", &id]))?;
+    let mut chat = Pty::spawn(cairn(&home, &bin, &["--provider", "bench", "chat", &id]))?;
     chat.wait_for("Ctrl-D leaves".as_bytes())?;
     chat.wait_for("›".as_bytes())?;
     let mut cat = Pty::spawn({

@@ -26,57 +26,34 @@ use cairn_core::storage::JsonlStore;
 use cairn_core::{Session, SessionConfig};
 use serde_json::json;
 
-struct Home {
-    _dir: tempfile::TempDir,
-    home: PathBuf,
-    cwd: PathBuf,
+type Home = cairn_bench::CairnHome;
+
+/// A home whose `[subagents]` limits let `children` children run at once.
+fn home_for(children: usize) -> Result<Home> {
+    let home = Home::new()?;
+    std::fs::write(
+        home.home.join("config.toml"),
+        format!("[subagents]\nmax_children = {children}\nmax_running = {children}\n"),
+    )?;
+    Ok(home)
 }
 
-impl Home {
-    fn new(children: usize) -> Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let home = dir.path().join("home");
-        let cwd = dir.path().join("work");
-        std::fs::create_dir_all(&home)?;
-        std::fs::create_dir_all(&cwd)?;
-        std::fs::write(
-            home.join("config.toml"),
-            format!("[subagents]\nmax_children = {children}\nmax_running = {children}\n"),
-        )?;
-        Ok(Self { _dir: dir, home, cwd })
-    }
-
-    fn cairn(&self, bin: &Path, args: &[&str]) -> Command {
-        let mut cmd = Command::new(bin);
-        cmd.args(args)
-            .current_dir(&self.cwd)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("HOME", self.home.join("fakehome"))
-            .env("CAIRN_HOME", &self.home)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        cmd
-    }
-
-    fn write(&self, name: &str, lines: &[serde_json::Value]) -> Result<PathBuf> {
-        let path = self.home.join(name);
-        std::fs::write(&path, lines.iter().map(|l| format!("{l}\n")).collect::<String>())?;
-        Ok(path)
-    }
+/// `cairn ARGS` in `home`, uncoloured and silent.
+fn cairn(home: &Home, bin: &Path, args: &[&str]) -> Command {
+    let mut cmd = home.command(bin, args);
+    cmd.env("NO_COLOR", "1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd
 }
 
 /// One family run: the parent spawns `n` children and gathers them (the
 /// sample times the whole call, as `independent`'s does).
 fn family(bin: &Path, n: usize) -> Result<(Duration, Home)> {
-    let home = Home::new(n)?;
-    home.write("child.jsonl", &[json!({"text": "child answer"})])?;
+    let home = home_for(n)?;
+    home.write_lines("child.jsonl", &[json!({"text": "child answer"})])?;
     let calls: Vec<_> = (0..n)
         .map(|i| json!({"id": format!("s{i}"), "name": "spawn_agent", "arguments": {"prompt": format!("task {i}"), "wait": false, "script": "child.jsonl"}}))
         .collect();
-    let script = home.write(
+    let script = home.write_lines(
         "parent.jsonl",
         &[
             json!({"text": "", "toolCalls": calls}),
@@ -85,7 +62,7 @@ fn family(bin: &Path, n: usize) -> Result<(Duration, Home)> {
         ],
     )?;
     let start = Instant::now();
-    let status = home.cairn(bin, &["--script", script.to_str().unwrap_or_default(), "run", "fan out"]).status()?;
+    let status = cairn(&home, bin, &["--script", script.to_str().unwrap_or_default(), "run", "fan out"]).status()?;
     let took = start.elapsed();
     if !status.success() {
         bail!("the family run failed: {status}");
@@ -95,12 +72,12 @@ fn family(bin: &Path, n: usize) -> Result<(Duration, Home)> {
 
 /// `n` independent `cairn run` processes, all started at once.
 fn independent(bin: &Path, n: usize) -> Result<Duration> {
-    let home = Home::new(n)?;
-    let script = home.write("child.jsonl", &[json!({"text": "child answer"})])?;
+    let home = home_for(n)?;
+    let script = home.write_lines("child.jsonl", &[json!({"text": "child answer"})])?;
     let start = Instant::now();
     let children = (0..n)
         .map(|i| {
-            home.cairn(bin, &["--script", script.to_str().unwrap_or_default(), "run", &format!("task {i}")]).spawn()
+            cairn(&home, bin, &["--script", script.to_str().unwrap_or_default(), "run", &format!("task {i}")]).spawn()
         })
         .collect::<std::io::Result<Vec<_>>>()?;
     for mut child in children {
