@@ -78,16 +78,14 @@ pub trait Host: Send + Sync + 'static {
     /// Build the provider for a session working in `cwd` (the embedded
     /// model grounds path arguments in that tree).
     fn provider(&self, spec: &SessionSpec, cwd: &Path) -> Result<Box<dyn Provider + Send>>;
-    /// The tools for a session in `cwd`, in a registry for `approver` (the
-    /// one its turns ask: `ToolRegistry::new`); `person` (if any) is who
-    /// `approver` asks, shared with the children the session spawns.
-    fn tools(&self, cwd: &Path, approver: &PolicyApprover, person: Option<&SharedApprover>) -> Result<ToolRegistry>;
     /// The tools and settings of one turn of the session in `store`
-    /// working in `cwd`: `prompt` is the new turn's request, `None` when
-    /// the interrupted turn is resumed. A host that chooses tools by the
-    /// request (the CLI's discovery) records its choice in `store` before
-    /// the turn's first entry and offers the recorded choice on resume.
-    /// Default: every tool ([`Host::tools`]) and [`Host::session_config`].
+    /// working in `cwd`, in a registry for `approver` (the one its turns
+    /// ask: `ToolRegistry::new`); `person` (if any) is who `approver` asks,
+    /// shared with the children the session spawns. `prompt` is the new
+    /// turn's request, `None` when the interrupted turn is resumed. A host
+    /// that chooses tools by the request (the CLI's discovery) records its
+    /// choice in `store` before the turn's first entry and offers the
+    /// recorded choice on resume.
     fn turn(
         &self,
         cwd: &Path,
@@ -95,10 +93,7 @@ pub trait Host: Send + Sync + 'static {
         prompt: Option<&str>,
         approver: &PolicyApprover,
         person: Option<&SharedApprover>,
-    ) -> Result<(ToolRegistry, SessionConfig)> {
-        let _ = (store, prompt);
-        Ok((self.tools(cwd, approver, person)?, self.session_config()))
-    }
+    ) -> Result<(ToolRegistry, SessionConfig)>;
     /// `ctl undo [N]` / `ctl redo` on the session in `store` (no turn
     /// runs): revert (or reapply) its file effects and move its lane; what
     /// was done, or an error saying why not (a refusal, with the paths and

@@ -7,13 +7,20 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use cairn_core::SessionConfig;
-use cairn_core::approval::{Allowlist, SharedApprover};
+use cairn_core::approval::{Allowlist, Approver, PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, new_session_id};
 use cairn_faces::HostTools;
 use cairn_faces::jsonrpc::Out;
 
 use crate::context::{Context, exit};
+
+/// What the faces' registry is filled with, from what every face is
+/// equipped with.
+fn host_tools(equipped: crate::equip::Equipped) -> HostTools {
+    let notes = equipped.all_notes().cloned().collect();
+    HostTools { tools: equipped.tools, notes, hooks: equipped.hooks }
+}
 
 struct CliHost<'a> {
     ctx: &'a Context,
@@ -24,19 +31,31 @@ impl cairn_faces::Host for CliHost<'_> {
         crate::wiring::build_provider(self.ctx, cwd)
     }
 
-    fn tools(&self, cwd: &Path, person: Option<&SharedApprover>) -> Result<HostTools> {
-        let tools = crate::wiring::tool_entries(self.ctx, cwd)?;
-        let mut notes = tools.notes;
-        notes.extend(tools.untrusted);
-        let mut offered: Vec<_> = tools.entries.into_iter().map(|e| e.tool).collect();
-        // The subagent family, as in every face: children ask the same
-        // person (the editor's permission requests; nobody over MCP).
-        let names = offered.iter().map(|t| t.spec().name.clone()).collect();
-        let allow: Vec<String> = self.ctx.settings.allow.value.clone();
-        let authority =
-            crate::subagents::Authority { person: person.cloned(), approve_writes: None, allow, provider: None };
-        offered.extend(crate::subagents::tools(self.ctx, cwd, names, authority)?);
-        Ok(HostTools { tools: offered, notes, hooks: tools.hooks })
+    fn tools(&self, cwd: &Path, approver: &PolicyApprover, person: Option<&SharedApprover>) -> Result<HostTools> {
+        // As every face equips a session (`equip.rs`): the tool service's
+        // tools or the in-process ones, and the subagent family, whose
+        // children ask the same person (the editor's permission requests;
+        // nobody over MCP).
+        let authority = crate::subagents::Authority::of(approver, person.cloned());
+        let tools = crate::toolsrv::turn_tools(self.ctx, cwd)?;
+        let asker = crate::equip::Asker { approver, family: Some(&authority) };
+        let equipped = crate::equip::offer(self.ctx, cwd, &tools, None, asker)?;
+        Ok(host_tools(equipped))
+    }
+
+    fn turn(
+        &self,
+        cwd: &Path,
+        store: &mut JsonlStore,
+        prompt: Option<&str>,
+        approver: &PolicyApprover,
+        person: Option<&SharedApprover>,
+    ) -> Result<(HostTools, SessionConfig)> {
+        let authority = crate::subagents::Authority::of(approver, person.cloned());
+        let asker = crate::equip::Asker { approver, family: Some(&authority) };
+        let equipped = crate::equip::turn(self.ctx, cwd, store, prompt, asker, self.session_config())?;
+        let config = equipped.config.clone();
+        Ok((host_tools(equipped), config))
     }
 
     fn client_mcp_tools(
@@ -96,9 +115,10 @@ impl cairn_faces::Host for CliHost<'_> {
         Ok(HostTools { tools: loaded.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: None })
     }
 
-    fn allowlist(&self) -> Result<Allowlist> {
-        Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
-            .context("invalid allow pattern (from --allow or [approvals] allow)")
+    fn policy(&self, person: Option<Box<dyn Approver>>) -> Result<PolicyApprover> {
+        let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
+            .context("invalid allow pattern (from --allow or [approvals] allow)")?;
+        Ok(crate::wiring::policy(self.ctx.common.yes, allow, person))
     }
 
     fn create_session(&self, cwd: &Path) -> Result<JsonlStore> {

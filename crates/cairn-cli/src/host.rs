@@ -1,6 +1,6 @@
 //! Running turns of a CLI session: the parts built by `wiring.rs`, the
-//! tools of the turn (tool service or in-process, `fill_registry`; the
-//! subagent family; discovery's choice), then `run`, `chat` and `resume`,
+//! tools of the turn (`equip.rs`: tool service or in-process, the subagent
+//! family; discovery's choice), then `run`, `chat` and `resume`,
 //! which hand them to `cairn_core::Session`, and Ctrl-C.
 //!
 //! The turn itself (state machine, effect sandwich, approval policy) lives in
@@ -47,16 +47,21 @@ impl std::fmt::Debug for Wiring {
 
 impl Wiring {
     /// Offer only the built-ins and the tools in `keep` from now on
-    /// (discovery's choice for a chat turn; `None`: every tool).
-    pub fn offer_only(&mut self, tools: &TurnTools, keep: Option<&std::collections::BTreeSet<String>>) {
-        let mut registry = ToolRegistry::new(&self.approver);
+    /// (discovery's choice for a chat turn; `None`: every tool), with the
+    /// same family as before.
+    pub fn offer_only(
+        &mut self,
+        ctx: &Context,
+        cwd: &Path,
+        tools: &TurnTools,
+        keep: Option<&std::collections::BTreeSet<String>>,
+    ) -> Result<()> {
+        let asker = crate::equip::Asker { approver: &self.approver, family: None };
+        let mut equipped = crate::equip::offer(ctx, cwd, tools, keep, asker)?;
         // Conflicts and skipped tools were reported when the chat was wired.
-        let _ = fill_registry(tools, keep, &mut registry);
-        for tool in &self.family {
-            // Registered once before under the same rules: cannot be refused.
-            let _ = registry.register(Arc::clone(tool));
-        }
-        self.registry = registry;
+        equipped.tools.extend(self.family.iter().cloned());
+        self.registry = equipped.registry(&self.approver);
+        Ok(())
     }
 
     /// The provider, tools and approver a `TurnEnv` borrows.
@@ -90,16 +95,15 @@ pub fn wire_with(
     let terminal = SharedApprover::new(Box::new(if may_ask { terminal } else { terminal.headless() }));
     let approver = policy(ctx.common.yes, allow, Some(Box::new(terminal.clone())));
     let authority = crate::subagents::Authority::of(&approver, Some(terminal));
-    let mut registry = ToolRegistry::new(&approver);
-    let (mut notes, untrusted) = fill_registry(tools, keep, &mut registry);
-    let before = registry.specs().len();
-    crate::subagents::offer(ctx, cwd, &mut registry, authority.clone(), &mut notes)?;
-    let family = registry.specs()[before..].iter().filter_map(|s| registry.get(&s.name).cloned()).collect();
-    for note in notes {
-        renderer.notice(&note);
+    let asker = crate::equip::Asker { approver: &approver, family: Some(&authority) };
+    let mut equipped = crate::equip::offer(ctx, cwd, tools, keep, asker)?;
+    let registry = equipped.registry(&approver);
+    let family = equipped.family_tools().to_vec();
+    for note in &equipped.notes {
+        renderer.notice(note);
     }
-    for note in untrusted {
-        renderer.notice(&note);
+    for note in &equipped.untrusted {
+        renderer.notice(note);
         // --json and --quiet keep stderr for what a person must know: tools
         // they expected are missing.
         if mode(ctx) != Mode::Human {
@@ -107,39 +111,6 @@ pub fn wire_with(
         }
     }
     Ok(Wiring { provider, registry, approver, family, authority })
-}
-
-/// Register the tools read for a turn (`toolsrv::turn_tools`): the
-/// built-ins always, the others only if in `keep` when it is given
-/// (discovery's choice). Returns the notes to show and the
-/// untrusted-workspace notes.
-pub fn fill_registry(
-    tools: &TurnTools,
-    keep: Option<&std::collections::BTreeSet<String>>,
-    registry: &mut ToolRegistry,
-) -> (Vec<String>, Vec<String>) {
-    match tools {
-        TurnTools::Service { dial, specs, notes, hooks } => {
-            registry.set_hooks(hooks.clone());
-            let mut notes = notes.clone();
-            crate::toolsrv::offer(dial, specs, registry, keep, &mut notes);
-            (notes, Vec::new())
-        }
-        TurnTools::Local(local) => {
-            registry.set_hooks(local.hooks.clone());
-            let mut notes = local.notes.clone();
-            for entry in &local.entries {
-                let name = entry.tool.spec().name.clone();
-                if keep.is_some_and(|k| entry.origin != cairn_tools::ToolOrigin::Builtin && !k.contains(&name)) {
-                    continue;
-                }
-                if let Err(e) = registry.register(Arc::clone(&entry.tool)) {
-                    notes.push(format!("tool {name} not offered: {e}"));
-                }
-            }
-            (notes, local.untrusted.clone())
-        }
-    }
 }
 
 /// Ctrl-C handling shared by every turn of this process: the first press
@@ -396,7 +367,7 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
         let mut store = session.into_store();
         let tools = turn_tools(ctx, &cwd)?;
         let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, None, &tools)?;
-        wiring.offer_only(&tools, choice.keep.as_ref());
+        wiring.offer_only(ctx, &cwd, &tools, choice.keep.as_ref())?;
         session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
             outcome_code(&outcome, &mut renderer, &id);
@@ -694,7 +665,7 @@ fn chat_loop(
             // The prompt's tools, read once: ranked, then offered.
             let tools = turn_tools(ctx, &cwd)?;
             let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text), &tools)?;
-            wiring.offer_only(&tools, choice.keep.as_ref());
+            wiring.offer_only(ctx, &cwd, &tools, choice.keep.as_ref())?;
             session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, renderer))?;
         }
         if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {

@@ -14,6 +14,7 @@ mod compaction;
 mod config;
 mod context;
 mod discover;
+mod equip;
 mod escape;
 mod faces;
 mod family;

@@ -20,9 +20,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use cairn_core::approval::Allowlist;
 use cairn_core::storage::{Header, Storage, new_session_id};
-use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError};
+use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv, TurnError};
 use cairn_pg::approvals::{self, DbApprover};
-use cairn_pg::worker::{Driver, WorkerOptions};
+use cairn_pg::worker::{Driven, Driver, WorkerOptions};
 use cairn_pg::{PgStore, lease};
 use postgres::Client;
 
@@ -79,15 +79,19 @@ impl Driver for HostDriver {
         SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..crate::wiring::session_config(&self.ctx) }
     }
 
-    fn drive(
-        &self,
-        session: &mut Session<PgStore>,
-        prompt: Option<&str>,
-        cancel: &CancelToken,
-    ) -> Result<(), TurnError> {
-        let id = session.store().header().id.clone();
-        let cwd = PathBuf::from(&session.store().header().cwd);
-        finish_undo(&self.ctx, session, &cwd)?;
+    fn drive(&self, mut session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
+        let header = session.store().header().clone();
+        let id = header.id.clone();
+        let cwd = PathBuf::from(&header.cwd);
+        // Nothing is committed when wiring fails: the worker marks the
+        // session failed with this reason.
+        let failed = |e: anyhow::Error| {
+            eprintln!("cairn worker: session {id}: {e:#}");
+            TurnError::Storage(cairn_core::storage::StorageError::Invalid(format!("{e:#}")))
+        };
+        if let Err(e) = finish_undo(&self.ctx, &mut session, &cwd) {
+            return Driven { session: Some(session), result: Err(e) };
+        }
         let wiring = (|| -> Result<_> {
             let provider = crate::wiring::build_provider(&self.ctx, &cwd)?;
             let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
@@ -97,23 +101,30 @@ impl Driver for HostDriver {
             // asked, and so never offered.
             let asker =
                 DbApprover::new(url(&self.ctx)?, id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
-            let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(asker)));
-            let mut registry = ToolRegistry::new(&approver);
-            let tools = crate::toolsrv::turn_tools(&self.ctx, &cwd)?;
-            let (notes, untrusted) = crate::host::fill_registry(&tools, None, &mut registry);
-            for note in notes.iter().chain(&untrusted) {
-                eprintln!("cairn worker: session {id}: {note}");
-            }
-            Ok((provider, registry, approver))
+            Ok((provider, crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(asker)))))
         })();
-        let (provider, registry, mut approver) = match wiring {
+        let (provider, mut approver) = match wiring {
             Ok(w) => w,
-            Err(e) => {
-                // Nothing was committed: the worker marks the session failed
-                // with this reason.
-                eprintln!("cairn worker: session {id}: {e:#}");
-                return Err(TurnError::Storage(cairn_core::storage::StorageError::Invalid(format!("{e:#}"))));
-            }
+            Err(e) => return Driven { session: Some(session), result: Err(failed(e)) },
+        };
+        // The turn's tools as every face equips them (`equip.rs`):
+        // discovery's choice recorded in the session before the turn. No
+        // subagent family: a child's file would live on this worker's disk,
+        // where another worker resuming the parent could not find it.
+        let mut store = session.into_store();
+        let asker = crate::equip::Asker { approver: &approver, family: None };
+        let config = self.session_config(&header);
+        let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, asker, config.clone()) {
+            Ok(equipped) => equipped,
+            Err(e) => return Driven { session: Session::open(store, config).ok(), result: Err(failed(e)) },
+        };
+        let registry = equipped.registry(&approver);
+        for note in equipped.all_notes() {
+            eprintln!("cairn worker: session {id}: {}", escape_controls(note));
+        }
+        let session = match Session::open(store, equipped.config) {
+            Ok(session) => session,
+            Err(e) => return Driven { session: None, result: Err(e) },
         };
         let mut observer = |_: &cairn_core::TurnEvent| {};
         // The worker's token: cancelled when the lease may be ending.
@@ -124,10 +135,10 @@ impl Driver for HostDriver {
             observer: &mut observer,
             cancel,
         };
-        match prompt {
+        Driven::by(session, |session| match prompt {
             Some(text) => session.run_turn(text, &mut env).map(drop),
             None => session.resume(&mut env).map(drop),
-        }
+        })
     }
 }
 

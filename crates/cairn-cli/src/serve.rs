@@ -107,25 +107,6 @@ impl Host for CliHost {
         crate::wiring::provider_for(&self.ctx, &spec.provider, opt(&spec.model), opt(&spec.script).map(Path::new), cwd)
     }
 
-    fn tools(&self, cwd: &Path, approver: &PolicyApprover, person: Option<&SharedApprover>) -> Result<ToolRegistry> {
-        let mut registry = ToolRegistry::new(approver);
-        // The tool service's tools instead of in-process ones when one is
-        // configured (`toolsrv.rs`).
-        let tools = crate::toolsrv::turn_tools(&self.ctx, cwd)?;
-        let (mut notes, untrusted) = crate::host::fill_registry(&tools, None, &mut registry);
-        crate::subagents::offer(
-            &self.ctx,
-            cwd,
-            &mut registry,
-            crate::subagents::Authority::of(approver, person.cloned()),
-            &mut notes,
-        )?;
-        for note in notes.iter().chain(&untrusted) {
-            eprintln!("cairn serve: {}", crate::render::escape_controls(note));
-        }
-        Ok(registry)
-    }
-
     fn turn(
         &self,
         cwd: &Path,
@@ -134,22 +115,17 @@ impl Host for CliHost {
         approver: &PolicyApprover,
         person: Option<&SharedApprover>,
     ) -> Result<(ToolRegistry, SessionConfig)> {
-        // Discovery chooses and records the turn's tools and skills exactly
-        // as for `cairn run` (`crate::discover`); the family's tools are
-        // offered with every choice, as in `cairn run`.
-        let tools = crate::toolsrv::turn_tools(&self.ctx, cwd)?;
-        let choice = crate::discover::choose_for_turn(&self.ctx, cwd, store, prompt, &tools)?;
-        let mut registry = ToolRegistry::new(approver);
-        let (mut notes, untrusted) = crate::host::fill_registry(&tools, choice.keep.as_ref(), &mut registry);
         // Children run on the session's provider (its `s/new` or batch
         // spec), as `cairn run`'s run on the flags'.
         let mut authority = crate::subagents::Authority::of(approver, person.cloned());
         authority.provider = served_provider(store);
-        crate::subagents::offer(&self.ctx, cwd, &mut registry, authority, &mut notes)?;
-        for note in notes.iter().chain(&untrusted).chain(&choice.notes) {
+        let asker = crate::equip::Asker { approver, family: Some(&authority) };
+        let mut equipped = crate::equip::turn(&self.ctx, cwd, store, prompt, asker, self.session_config())?;
+        let registry = equipped.registry(approver);
+        for note in equipped.all_notes() {
             eprintln!("cairn serve: {}", crate::render::escape_controls(note));
         }
-        Ok((registry, crate::discover::skills_config(self.session_config(), &choice)))
+        Ok((registry, equipped.config))
     }
 
     fn providers_text(&self) -> String {

@@ -35,7 +35,7 @@ use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, now_millis, 
 use cairn_core::tool::{
     GuardVerdict, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
 };
-use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
+use cairn_core::{CancelToken, Session, TurnEnv, TurnEvent, TurnStop};
 use cairn_provider::{ProviderConfig, ProviderKind};
 use serde::Deserialize;
 use serde_json::json;
@@ -248,29 +248,9 @@ struct Scope {
     authority: Authority,
 }
 
-/// Offer `spawn_agent` and `wait_agents` (and the peer tools a child may
-/// be given) to a top-level session in `cwd` whose other tools are
-/// already in `registry`, its calls answered by `authority`.
-pub fn offer(
-    ctx: &Context,
-    cwd: &Path,
-    registry: &mut ToolRegistry,
-    authority: Authority,
-    notes: &mut Vec<String>,
-) -> Result<()> {
-    let parent_tools: Vec<String> = registry.specs().iter().map(|s| s.name.clone()).collect();
-    for tool in tools(ctx, cwd, parent_tools, authority)? {
-        let name = tool.spec().name.clone();
-        if let Err(e) = registry.register(tool) {
-            notes.push(format!("tool {name} not offered: {e}"));
-        }
-    }
-    Ok(())
-}
-
 /// The family's tools for a top-level session in `cwd` offered
-/// `parent_tools`, its calls answered by `authority` (for faces that build
-/// their registry themselves: ACP, MCP). Empty where the family is off
+/// `parent_tools`, its calls answered by `authority` (`equip.rs` offers
+/// them to every face that has a family). Empty where the family is off
 /// (`[subagents] max_depth = 0`) or the provider is the embedded model.
 pub fn tools(
     ctx: &Context,
@@ -743,16 +723,15 @@ impl Family {
             crate::wiring::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
         let allow = Allowlist::parse(fact.allow.iter().map(String::as_str)).context("child allow patterns")?;
         let mut approver = authority.policy(allow);
-        let mut registry = ToolRegistry::new(&approver);
-        let tools = crate::wiring::tool_entries(ctx, &cwd)?;
-        registry.set_hooks(tools.hooks);
-        for entry in tools.entries {
-            if fact.tools.contains(&entry.tool.spec().name) {
-                // A tool the registry refuses here (Destructive, headless) is
-                // simply not offered, as for the parent.
-                let _ = registry.register(entry.tool);
-            }
-        }
+        // The tools as the parent's face was equipped with them (the tool
+        // service's when one is configured), only those the child was
+        // given; a tool the registry refuses here (Destructive, headless) is
+        // simply not offered, as for the parent.
+        let tools = crate::toolsrv::turn_tools(ctx, &cwd)?;
+        let asker = crate::equip::Asker { approver: &approver, family: None };
+        let mut equipped = crate::equip::offer(ctx, &cwd, &tools, None, asker)?;
+        equipped.tools.retain(|t| fact.tools.contains(&t.spec().name));
+        let mut registry = equipped.registry(&approver);
         {
             let scripted = is_scripted(ctx, &fact.provider);
             let scope = Scope {

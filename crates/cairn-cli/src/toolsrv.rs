@@ -31,13 +31,13 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_9p::client::{Conn, mode};
 use cairn_9p::toolsrv::{JobRequest, Service, ToolHost, ToolServer, job_id};
 use cairn_9p::{Dial, Limits};
+use cairn_core::CancelToken;
 use cairn_core::approval::{Allowlist, Answer, PolicyApprover};
 use cairn_core::staged::StagedReview;
 use cairn_core::tool::{
     GuardVerdict, ReplayPolicy, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest, ToolSpec,
     Validation,
 };
-use cairn_core::{CancelToken, ToolRegistry};
 use cairn_tools::{ExternalTool, MetadataError, ToolDirScan, ToolEntry, ToolsConfig, TrustStore};
 
 use crate::context::{Context, exit};
@@ -265,7 +265,7 @@ pub fn is_core(spec: &ToolSpec) -> bool {
 /// The tools a session's turn may be offered, read once per turn: the tool
 /// service's when one is configured ([`address`] — the one place that
 /// choice is made), else the in-process ones. Discovery ranks from it and
-/// the registry is filled from it (`host::fill_registry`), so a turn never
+/// the registry is filled from it (`equip::offer`), so a turn never
 /// reads its tools twice nor decides twice where they come from.
 #[derive(Debug)]
 pub enum TurnTools {
@@ -296,25 +296,14 @@ pub fn turn_tools(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
     }
 }
 
-/// Register a tool service's tools in `registry`: the core ones and, when
-/// `keep` is given (discovery's choice for the turn), only the others it
-/// names.
-pub fn offer(
-    dial: &Dial,
-    specs: &[ToolSpec],
-    registry: &mut ToolRegistry,
-    keep: Option<&BTreeSet<String>>,
-    notes: &mut Vec<String>,
-) {
-    for spec in specs {
-        if keep.is_some_and(|k| !is_core(spec) && !k.contains(&spec.name)) {
-            continue;
-        }
-        let name = spec.name.clone();
-        if let Err(e) = registry.register(Arc::new(RemoteTool::new(spec.clone(), dial.clone()))) {
-            notes.push(format!("tool {name} not offered: {e}"));
-        }
-    }
+/// A tool service's tools: the core ones and, when `keep` is given
+/// (discovery's choice for the turn), only the others it names.
+pub fn remote_tools(dial: &Dial, specs: &[ToolSpec], keep: Option<&BTreeSet<String>>) -> Vec<Arc<dyn Tool>> {
+    specs
+        .iter()
+        .filter(|spec| keep.is_none_or(|k| is_core(spec) || k.contains(&spec.name)))
+        .map(|spec| Arc::new(RemoteTool::new(spec.clone(), dial.clone())) as Arc<dyn Tool>)
+        .collect()
 }
 
 /// A tool of a tool service: each call is a job there.

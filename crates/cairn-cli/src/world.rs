@@ -140,12 +140,16 @@ impl Agent {
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
         // Headless: nobody answers here, so Destructive tools are not
         // offered and a Write call needs an allow rule or --yes.
-        let mut registry = ToolRegistry::new(&crate::wiring::policy(ctx.common.yes, allow.clone(), None));
-        // The session's tools as any host offers them (a tool service when
-        // configured); what is not offered is said, not dropped silently.
+        let policy = crate::wiring::policy(ctx.common.yes, allow.clone(), None);
+        // The session's tools as every face offers them (a tool service
+        // when configured, the subagent family); what is not offered is
+        // said, not dropped silently.
         let tools = crate::toolsrv::turn_tools(ctx, &cwd)?;
-        let (mut notes, untrusted) = crate::host::fill_registry(&tools, None, &mut registry);
-        notes.extend(untrusted);
+        let authority = crate::subagents::Authority::of(&policy, None);
+        let asker = crate::equip::Asker { approver: &policy, family: Some(&authority) };
+        let mut equipped = crate::equip::offer(ctx, &cwd, &tools, None, asker)?;
+        let mut registry = equipped.registry(&policy);
+        let mut notes: Vec<String> = equipped.all_notes().cloned().collect();
         // Without a person at a terminal, Destructive tools (actor_remove)
         // cannot be approved, so the registry refuses them: not offered.
         for tool in cairn_actors::tools::actor_tools(world.clone()) {

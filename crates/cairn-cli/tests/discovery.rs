@@ -456,3 +456,110 @@ fn a_served_session_offers_the_provider_only_the_discovered_tools() {
     let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
     assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
 }
+
+/// A session of `cairn acp` (an editor's) with 222 tools installed: each
+/// prompt's turn is offered the built-ins and the tools discovery chose for
+/// it, recorded in the session, as in every face (`equip.rs`). The client
+/// is a plain JSON-RPC exchange over the agent's stdio.
+#[test]
+fn an_editor_session_offers_the_provider_only_the_discovered_tools() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    use std::process::Stdio;
+    let env = Env::new();
+    install_tools(&env, 222);
+    let server = cairn_test_server::TestServer::start(vec![
+        cairn_test_server::Reply::sse(cairn_test_server::fixtures::CHAT_TEXT),
+        cairn_test_server::Reply::sse(cairn_test_server::fixtures::CHAT_TEXT),
+    ])
+    .unwrap();
+    test_server_provider(&env, &server);
+    let mut acp = env
+        .cairn(&["acp"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .env("LOOP_KEY", "k")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = acp.stdin.take().unwrap();
+    let mut lines = BufReader::new(acp.stdout.take().unwrap()).lines();
+    // Send a request and read until its answer (notifications skipped).
+    let mut call = |id: i64, method: &str, params: Value| -> Value {
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(stdin, "{line}").unwrap();
+        loop {
+            let text = lines.next().expect("the agent answers").unwrap();
+            let message: Value = serde_json::from_str(&text).unwrap();
+            if message["id"] == id && message.get("method").is_none() {
+                assert!(message.get("error").is_none(), "{method}: {message}");
+                return message["result"].clone();
+            }
+        }
+    };
+    call(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let session = call(2, "session/new", json!({"cwd": env.cwd.to_str().unwrap(), "mcpServers": []}));
+    let id = session["sessionId"].as_str().unwrap().to_owned();
+    let prompt = |text: &str| json!({"sessionId": id, "prompt": [{"type": "text", "text": text}]});
+    assert_eq!(call(3, "session/prompt", prompt("make this photo smaller, 800 wide"))["stopReason"], "end_turn");
+    // The next prompt gets its own choice.
+    let second = prompt("which author last changed each line of parser.c");
+    assert_eq!(call(4, "session/prompt", second)["stopReason"], "end_turn");
+    let _ = acp.kill();
+    let _ = acp.wait();
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert_discovered(&offered(&requests[0].json()));
+    let second = offered(&requests[1].json());
+    assert!(second.iter().any(|n| n == "git_blame"), "{second:?}");
+    assert!(!second.iter().any(|n| n == "image_resize"), "{second:?}");
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
+}
+
+/// A session run by a PostgreSQL worker with 222 tools installed: its turn
+/// is offered the built-ins and the tools discovery chose for it, and the
+/// choice is recorded in the session in the database.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_database_session_offers_the_provider_only_the_discovered_tools() {
+    use std::process::Stdio;
+    let cluster = cairn_pg::test_cluster::TestCluster::start()
+        .unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    install_tools(&env, 222);
+    let server = cairn_test_server::TestServer::start(vec![cairn_test_server::Reply::sse(
+        cairn_test_server::fixtures::CHAT_TEXT,
+    )])
+    .unwrap();
+    test_server_provider(&env, &server);
+    let out = env.cairn(&["--database", url, "submit", "make this photo smaller, 800 wide"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_owned();
+    let mut worker = env
+        .cairn(&["--database", url, "worker", "--lease", "5"])
+        .env("CAIRN_MINILM_DIR", model_dir())
+        .env("LOOP_KEY", "k")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let exported = loop {
+        let out = env.cairn(&["--database", url, "export", &id]).output().unwrap();
+        let text = stdout(&out);
+        if server.request_count() >= 1 && text.contains("\"assistant\"") {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "the worker never answered: {}", stderr(&out));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    assert_discovered(&offered(&requests[0].json()));
+    let fact = exported.lines().find(|l| l.contains("\"discovery\"")).expect("the choice is recorded");
+    assert!(fact.contains("image_") && fact.contains("filtered"), "{fact}");
+}

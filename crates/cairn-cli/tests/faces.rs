@@ -159,6 +159,19 @@ fn mcp_refuses_a_write_tool_that_is_not_exposed() {
     assert!(!env.cwd.join("nuked").exists());
 }
 
+/// `--yes` is honoured over MCP as everywhere (the standing approval of
+/// Write calls, in core's policy): a Write tool is exposed and its call is
+/// approved by the flag, never silently refused or ignored.
+#[test]
+fn mcp_yes_exposes_write_tools_and_approves_their_calls_by_the_flag() {
+    let env = setup();
+    mcp(&env, "write_exposed", &["--yes"]);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("new.txt")).unwrap(), "written by mcp\n");
+    let files = env.session_files();
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(text.contains("flag:--yes"), "the verdict names the flag: {text}");
+}
+
 #[test]
 fn mcp_runs_an_exposed_write_tool_and_records_the_verdict() {
     let env = setup();

@@ -33,7 +33,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, PolicyApprover, SharedApprover, Verdict};
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, SharedApprover, Verdict};
 use cairn_core::events::{
     EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
 };
@@ -249,14 +249,28 @@ fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
 
 /// One open session, owned by its own thread.
 struct Open {
-    session: Session<JsonlStore>,
+    /// `None` only while a turn is re-equipped (`equip`).
+    session: Option<Session<JsonlStore>>,
     registry: ToolRegistry,
     approver: ModeApprover,
     cwd: PathBuf,
+    /// Who answers for the session and its children (the editor).
+    person: SharedApprover,
+    /// The editor's file access: (reads, writes).
+    client_fs: (bool, bool),
+    /// The tools of the MCP servers the editor gave, started once for the
+    /// session and offered with every turn's choice.
+    client_tools: Vec<Arc<dyn cairn_core::tool::Tool>>,
     /// Built at the first prompt (a missing key fails that prompt, not
     /// session/new) and again when the editor chooses another; one per
     /// session, so sessions run at once. With the name it was built for.
     provider: Option<(String, Box<dyn Provider + Send>)>,
+}
+
+impl Open {
+    fn session(&mut self) -> Result<&mut Session<JsonlStore>, RpcError> {
+        self.session.as_mut().ok_or_else(|| RpcError::internal("the session could not be reopened; load it again"))
+    }
 }
 
 /// Work for a session's thread, in the order it was read.
@@ -556,8 +570,9 @@ fn mcp_servers(params: &Value) -> Result<Vec<crate::ClientMcpServer>, RpcError> 
         .collect()
 }
 
-/// Open `store` as a session of this agent: its tools (through the editor
-/// where it offers file access), its approver, the core session.
+/// Open `store` as a session of this agent: its approver, the editor's
+/// MCP servers, then its tools for the interrupted turn if any (`equip`),
+/// the core session.
 fn open_session(
     host: &dyn Host,
     shared: &Arc<Shared>,
@@ -574,26 +589,68 @@ fn open_session(
         session_id: store.header().id.clone(),
         editor_reads: client_fs.0,
     }));
-    let crate::HostTools { mut tools, mut notes, hooks } =
-        host.tools(&cwd, Some(&person)).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+    // The approver first: the registry offers what it can answer.
+    let inner = host.policy(Some(Box::new(person.clone()))).map_err(|e| RpcError::internal(format!("{e:#}")))?;
+    let approver = ModeApprover { inner, mode };
     // The editor's own MCP servers for this session, after cairn's tools
     // (a name already taken stays cairn's).
+    let mut client_tools = Vec::new();
     if !servers.is_empty() {
-        let taken: Vec<String> = tools.iter().map(|t| t.spec().name.clone()).collect();
+        let taken = host
+            .tools(&cwd, &approver.inner, Some(&person))
+            .map_err(|e| RpcError::internal(format!("{e:#}")))?
+            .tools
+            .iter()
+            .map(|t| t.spec().name.clone())
+            .collect::<Vec<_>>();
         let client = host.client_mcp_tools(&cwd, servers, &taken).map_err(|e| RpcError::internal(format!("{e:#}")))?;
-        tools.extend(client.tools);
-        notes.extend(client.notes);
+        client_tools = client.tools;
+        for note in client.notes {
+            eprintln!("cairn acp: {note}");
+        }
     }
+    let mut open = Open {
+        session: None,
+        registry: ToolRegistry::new(&approver),
+        approver,
+        cwd,
+        person,
+        client_fs,
+        client_tools,
+        provider: None,
+    };
+    equip(host, shared, &mut open, store, None)?;
+    Ok(open)
+}
+
+/// Equip the turn of the session in `store` (the host's tools, chosen for
+/// `prompt`, or as recorded for the interrupted turn when `None`; the
+/// editor's MCP servers' tools), then open it into `open`. File tools go
+/// through the editor where it offers file access.
+fn equip(
+    host: &dyn Host,
+    shared: &Arc<Shared>,
+    open: &mut Open,
+    mut store: JsonlStore,
+    prompt: Option<&str>,
+) -> Result<(), RpcError> {
+    let session_id = store.header().id.clone();
+    let (crate::HostTools { tools, notes, hooks }, config) =
+        match host.turn(&open.cwd, &mut store, prompt, &open.approver.inner, Some(&open.person)) {
+            Ok(equipped) => equipped,
+            Err(e) => {
+                // The session stays open with what it was equipped with.
+                open.session = Session::open(store, host.session_config()).ok();
+                return Err(RpcError::internal(format!("{e:#}")));
+            }
+        };
     for note in notes {
         eprintln!("cairn acp: {note}");
     }
-    // The approver first: the registry offers what it can answer.
-    let allow = host.allowlist().map_err(|e| RpcError::internal(format!("{e:#}")))?;
-    let approver = ModeApprover { inner: PolicyApprover::new(allow, Some(Box::new(person))), mode };
-    let mut registry = ToolRegistry::new(&approver);
+    let client_fs = open.client_fs;
+    let mut registry = ToolRegistry::new(&open.approver);
     registry.set_hooks(hooks);
-    let session_id = store.header().id.clone();
-    for tool in tools {
+    for tool in tools.into_iter().chain(open.client_tools.iter().cloned()) {
         let op = match tool.spec().name.as_str() {
             "read_file" if client_fs.0 => Some(client_fs::Op::Read),
             "write_file" if client_fs.1 => Some(client_fs::Op::Write),
@@ -615,9 +672,19 @@ fn open_session(
             eprintln!("cairn acp: tool {name} not offered: {e}");
         }
     }
-    let session = Session::open(store, host.session_config())
-        .map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?;
-    Ok(Open { session, registry, approver, cwd, provider: None })
+    open.registry = registry;
+    open.session =
+        Some(Session::open(store, config).map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?);
+    Ok(())
+}
+
+/// Re-equip the open session for a new turn on `prompt` (discovery's
+/// choice for it is recorded before the turn's first entry).
+fn equip_for(host: &dyn Host, shared: &Arc<Shared>, open: &mut Open, prompt: &str) -> Result<(), RpcError> {
+    let Some(session) = open.session.take() else {
+        return Err(RpcError::internal("the session could not be reopened; load it again"));
+    };
+    equip(host, shared, open, session.into_store(), Some(prompt))
 }
 
 /// A session's thread: opens it, then runs its prompts and loads one at a
@@ -680,14 +747,18 @@ fn prompt(
     // happened (a refusal included) is the agent's message.
     if let Some(request) = rewind_command(&text) {
         let message = match request {
-            Ok(request) => host.rewind(&mut open.session, &open.cwd, request).unwrap_or_else(|e| format!("{e:#}")),
+            Ok(request) => {
+                let cwd = open.cwd.clone();
+                host.rewind(open.session()?, &cwd, request).unwrap_or_else(|e| format!("{e:#}"))
+            }
             Err(why) => why,
         };
         tell(message);
         return Ok(json!({"stopReason": "end_turn"}));
     }
     // An undo killed after its plan was committed is finished first.
-    match host.finish_undo(&mut open.session, &open.cwd) {
+    let cwd = open.cwd.clone();
+    match host.finish_undo(open.session()?, &cwd) {
         Ok(Some(done)) => tell(format!("[{done}]\n")),
         Ok(None) => {}
         Err(e) => return Err(RpcError::internal(format!("{e:#}"))),
@@ -698,10 +769,6 @@ fn prompt(
         let provider = host.provider_named(&chosen, &open.cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
         open.provider = Some((chosen, provider));
     }
-    let Some(provider) = open.provider.as_ref().map(|(_, p)| &**p) else {
-        return Err(RpcError::internal("no provider"));
-    };
-    let cwd = open.cwd.clone();
     // Output of running tools so far, by invocation: a tool_call_update's
     // content replaces the last, so each streamed chunk sends the tail.
     // Only commands (shell, external tools) stream: a file tool's output is
@@ -730,45 +797,63 @@ fn prompt(
             shared.notify(sid, update);
         }
     };
-    let mut env =
-        TurnEnv { provider, tools: &open.registry, approver: &mut open.approver, observer: &mut observer, cancel };
     let resume_only = text.trim() == RESUME_COMMAND;
-    let session = &mut open.session;
     let say = |text: String| {
         shared.notify(sid, json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}));
     };
-    match text.trim() {
-        COMPACT_COMMAND => {
-            let said = match session.compact(&mut env) {
-                Ok(Some(entry)) => format!("compacted the conversation (its summary is entry {entry})"),
-                Ok(None) => "nothing to compact yet".to_owned(),
-                Err(e) => return Err(RpcError::internal(format!("cannot compact: {e}"))),
-            };
-            say(said);
-            return Ok(json!({"stopReason": "end_turn"}));
+    // The commands and the interrupted turn, with the tools the session
+    // was equipped with for it; then a new turn, equipped for its prompt.
+    let first = {
+        let Open { session, registry, approver, provider, .. } = &mut *open;
+        let session = session.as_mut().ok_or_else(|| RpcError::internal("the session is not open; load it again"))?;
+        let provider = provider.as_ref().map(|(_, p)| &**p).ok_or_else(|| RpcError::internal("no provider"))?;
+        let mut env = TurnEnv { provider, tools: registry, approver, observer: &mut observer, cancel };
+        match text.trim() {
+            COMPACT_COMMAND => {
+                let said = match session.compact(&mut env) {
+                    Ok(Some(entry)) => format!("compacted the conversation (its summary is entry {entry})"),
+                    Ok(None) => "nothing to compact yet".to_owned(),
+                    Err(e) => return Err(RpcError::internal(format!("cannot compact: {e}"))),
+                };
+                say(said);
+                return Ok(json!({"stopReason": "end_turn"}));
+            }
+            USAGE_COMMAND => {
+                say(usage_text(session.store()));
+                return Ok(json!({"stopReason": "end_turn"}));
+            }
+            _ => {}
         }
-        USAGE_COMMAND => {
-            say(usage_text(session.store()));
-            return Ok(json!({"stopReason": "end_turn"}));
-        }
-        _ => {}
-    }
-    let result = (|| -> Result<Option<TurnStop>, TurnError> {
-        let mut last = None;
         // A crashed or failed turn is finished first (as `cairn chat`
         // does); a cancelled one only when asked, else a new prompt
-        // replaces it.
-        if session.needs_resume() && (resume_only || session.pc().phase != Phase::Cancelled) {
-            last = session.resume(&mut env)?.map(|o| o.stop);
-            if last != Some(TurnStop::Answered) || resume_only {
-                return Ok(last);
+        // replaces it. `Ok(Err(stop))`: the prompt's turn is not run.
+        (|| -> Result<Result<(), Option<TurnStop>>, TurnError> {
+            let mut last = None;
+            if session.needs_resume() && (resume_only || session.pc().phase != Phase::Cancelled) {
+                last = session.resume(&mut env)?.map(|o| o.stop);
+                if last != Some(TurnStop::Answered) || resume_only {
+                    return Ok(Err(last));
+                }
             }
+            if resume_only {
+                return Ok(Err(last));
+            }
+            Ok(Ok(()))
+        })()
+    };
+    let result = match first {
+        Err(e) => Err(e),
+        Ok(Err(stop)) => Ok(stop),
+        Ok(Ok(())) => {
+            equip_for(host, shared, open, &text)?;
+            let Open { session, registry, approver, provider, .. } = &mut *open;
+            let session =
+                session.as_mut().ok_or_else(|| RpcError::internal("the session is not open; load it again"))?;
+            let provider = provider.as_ref().map(|(_, p)| &**p).ok_or_else(|| RpcError::internal("no provider"))?;
+            let mut env = TurnEnv { provider, tools: registry, approver, observer: &mut observer, cancel };
+            session.run_turn(&text, &mut env).map(|o| Some(o.stop))
         }
-        if resume_only {
-            return Ok(last);
-        }
-        Ok(Some(session.run_turn(&text, &mut env)?.stop))
-    })();
+    };
     match result {
         Ok(stop) => {
             if stop.is_none() {
@@ -975,8 +1060,9 @@ fn live_update(event: &TurnEvent, cwd: &Path) -> Option<Value> {
 
 /// Replay the lane of a loaded session as the updates a live turn sends.
 fn replay(shared: &Shared, sid: &str, open: &Open) {
-    let store = open.session.store();
-    let Some(head) = open.session.head() else { return };
+    let Some(session) = &open.session else { return };
+    let store = session.store();
+    let Some(head) = session.head() else { return };
     let Ok(path) = store.path_to(head) else { return };
     for entry in path {
         let Some(kind) = EntryType::of(&entry.entry_type) else { continue };

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cairn_core::SessionConfig;
-use cairn_core::approval::{Allowlist, SharedApprover};
+use cairn_core::approval::{Approver, PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::JsonlStore;
 use cairn_core::tool::Tool;
@@ -61,10 +61,33 @@ pub trait Host: Sync {
     /// The configured provider for sessions working in `cwd`.
     fn provider(&self, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>>;
     /// The tools offered in `cwd` (built-ins, then external tools, then
-    /// the subagent family's), their calls answered by a policy that asks
-    /// `person` (if anyone): the same person answers for the children the
-    /// session spawns.
-    fn tools(&self, cwd: &Path, person: Option<&SharedApprover>) -> anyhow::Result<HostTools>;
+    /// the subagent family's) to a session whose calls `approver` answers
+    /// (the registry will offer only what it can answer), asking `person`
+    /// (if anyone): the same person answers for the children the session
+    /// spawns.
+    fn tools(
+        &self,
+        cwd: &Path,
+        approver: &PolicyApprover,
+        person: Option<&SharedApprover>,
+    ) -> anyhow::Result<HostTools>;
+    /// The tools and settings of one turn of the session in `store`
+    /// working in `cwd`: `prompt` is the new turn's request, `None` when
+    /// the interrupted turn is resumed. A host that chooses tools by the
+    /// request (the CLI's discovery) records its choice in `store` before
+    /// the turn's first entry and offers the recorded choice on resume.
+    /// Default: every tool ([`Host::tools`]) and [`Host::session_config`].
+    fn turn(
+        &self,
+        cwd: &Path,
+        store: &mut JsonlStore,
+        prompt: Option<&str>,
+        approver: &PolicyApprover,
+        person: Option<&SharedApprover>,
+    ) -> anyhow::Result<(HostTools, SessionConfig)> {
+        let _ = (store, prompt);
+        Ok((self.tools(cwd, approver, person)?, self.session_config()))
+    }
     /// The tools of MCP servers an editor gave for a session in `cwd`
     /// (names in `taken` are kept by the tools already offered). Default:
     /// none, said in the notes.
@@ -73,8 +96,11 @@ pub trait Host: Sync {
         let notes = servers.iter().map(|s| format!("MCP server {} not started: this host runs none", s.name)).collect();
         Ok(HostTools { tools: Vec::new(), notes, hooks: None })
     }
-    /// The allow rules from `--allow` and the configuration.
-    fn allowlist(&self) -> anyhow::Result<Allowlist>;
+    /// The approval policy of a session whose calls no rule covers are
+    /// asked of `person` (`None`: nobody): the allow rules from `--allow`
+    /// and the configuration, and `--yes` (the host's standing approval of
+    /// Write calls, never of Destructive ones).
+    fn policy(&self, person: Option<Box<dyn Approver>>) -> anyhow::Result<PolicyApprover>;
     /// Create a new session file whose working directory is `cwd`.
     fn create_session(&self, cwd: &Path) -> anyhow::Result<JsonlStore>;
     /// Open an existing session of the sessions directory by its whole id

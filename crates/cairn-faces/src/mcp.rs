@@ -80,24 +80,25 @@ struct Server<'h> {
 /// answered and skipped; only a failed write (the client is gone) ends it
 /// early.
 pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 'static, out: &Out) -> Result<()> {
-    let allow = host.allowlist()?;
-    let crate::HostTools { tools, notes, hooks } = host.tools(&options.root, None)?;
+    // Nobody answers over MCP: the registry offers no Destructive tool
+    // (the gate's refusal is what the client is told), and a Write tool is
+    // exposed only when an allow rule names it or `--yes` approves every
+    // Write call.
+    let approver = host.policy(None)?;
+    let crate::HostTools { tools, notes, hooks } = host.tools(&options.root, &approver, None)?;
     for note in notes {
         eprintln!("cairn mcp: {note}");
     }
-    // Nobody answers over MCP: the registry offers no Destructive tool
-    // (the gate's refusal is what the client is told), and a Write tool is
-    // exposed only when an allow rule names it.
-    let approver = PolicyApprover::new(allow, None);
     let mut registry = ToolRegistry::new(&approver);
     registry.set_hooks(hooks);
     let mut hidden = HashMap::new();
     for tool in tools {
         let spec = tool.spec().clone();
-        let named = approver.allowlist().rules().iter().any(|r| r.tool() == spec.name);
+        let named = approver.writes_approved_by().is_some()
+            || approver.allowlist().rules().iter().any(|r| r.tool() == spec.name);
         let refusal = if spec.risk == Risk::Write && !named {
             Some(format!(
-                "{} is a Write tool and is not exposed; start the server with `cairn mcp --allow {}` (or a pattern such as '{}(…)', or [approvals] allow in the config) to expose it",
+                "{} is a Write tool and is not exposed; start the server with `cairn mcp --allow {}` (or a pattern such as '{}(…)', or [approvals] allow in the config) to expose it, or with `cairn --yes mcp` to expose every Write tool",
                 spec.name, spec.name, spec.name
             ))
         } else {

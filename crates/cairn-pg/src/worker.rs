@@ -44,13 +44,42 @@ pub trait Driver: Send + Sync {
     /// Run a turn on `prompt`, or resume the interrupted one (`None`).
     /// `cancel` is the turn's token: the worker cancels it when the lease
     /// may be ending, and the driver must hand it to the turn (`TurnEnv`)
-    /// and to anything else that waits (an approval).
-    fn drive(
-        &self,
-        session: &mut Session<PgStore>,
-        prompt: Option<&str>,
-        cancel: &CancelToken,
-    ) -> Result<(), TurnError>;
+    /// and to anything else that waits (an approval). The driver owns the
+    /// session for the turn and gives it back ([`Driven`]): it may reopen
+    /// it with the turn's own settings (the CLI records discovery's choice
+    /// for the turn in the store first, then opens the session with the
+    /// chosen skills).
+    fn drive(&self, session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven;
+}
+
+/// A turn driven, and the session given back.
+pub struct Driven {
+    /// The session after the turn; `None` when the driver could not reopen
+    /// it (`result` says why).
+    pub session: Option<Session<PgStore>>,
+    /// How the turn ended.
+    pub result: Result<(), TurnError>,
+}
+
+impl std::fmt::Debug for Driven {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driven")
+            .field("session", &self.session.as_ref().map(|s| s.store().header().id.clone()))
+            .field("result", &self.result)
+            .finish()
+    }
+}
+
+impl Driven {
+    /// Run `turn` on `session` and give it back (a driver that does not
+    /// reopen the session).
+    pub fn by(
+        mut session: Session<PgStore>,
+        turn: impl FnOnce(&mut Session<PgStore>) -> Result<(), TurnError>,
+    ) -> Self {
+        let result = turn(&mut session);
+        Self { session: Some(session), result }
+    }
 }
 
 /// How a worker runs.
@@ -306,9 +335,9 @@ fn drive_claim(
     let mut back: Option<Client> = None;
     let ending = match Session::open(store, config) {
         Err(e) => Ending::Unopenable(e.to_string()),
-        Ok(mut session) => {
-            let ending = drive_session(owner, &id, &mut session, driver, &cancel, &lost, &slot);
-            back = Some(session.into_store().into_client());
+        Ok(session) => {
+            let (ending, session) = drive_session(owner, &id, session, driver, &cancel, &lost, &slot);
+            back = session.map(|s| s.into_store().into_client());
             ending
         }
     };
@@ -399,15 +428,18 @@ fn release_fresh(opts: &WorkerOptions, id: &str, fence: &Fence, how: Release, no
     }
 }
 
+/// Drive `session`'s interrupted turn and queued prompts until none is
+/// left or the lease may be ending; the session is given back unless a
+/// driver could not reopen it.
 fn drive_session(
     owner: &str,
     id: &str,
-    session: &mut Session<PgStore>,
+    mut session: Session<PgStore>,
     driver: &dyn Driver,
     cancel: &CancelToken,
     lost: &AtomicBool,
     slot: &Mutex<Option<i64>>,
-) -> Ending {
+) -> (Ending, Option<Session<PgStore>>) {
     let stopped = || {
         if lost.load(Ordering::SeqCst) {
             Some(Ending::Failed("lease lost".to_owned()))
@@ -419,30 +451,45 @@ fn drive_session(
     };
     if session.needs_resume() {
         say(owner, &format!("resuming the interrupted turn of {}", escape(id)));
-        if let Err(e) = driver.drive(session, None, cancel) {
-            return stopped().unwrap_or(Ending::Failed(e.to_string()));
+        let Driven { session: back, result } = driver.drive(session, None, cancel);
+        let Some(back) = back else {
+            let why = result.err().map_or_else(|| "the session could not be reopened".to_owned(), |e| e.to_string());
+            return (stopped().unwrap_or(Ending::Failed(why)), None);
+        };
+        session = back;
+        if let Err(e) = result {
+            return (stopped().unwrap_or(Ending::Failed(e.to_string())), Some(session));
         }
     }
     loop {
         if let Some(end) = stopped() {
-            return end;
+            return (end, Some(session));
         }
         let next = match session.store().next_prompt() {
             Ok(next) => next,
-            Err(e) => return Ending::Failed(e.to_string()),
+            Err(e) => return (Ending::Failed(e.to_string()), Some(session)),
         };
-        let Some((inbox, prompt)) = next else { return Ending::Done };
+        let Some((inbox, prompt)) = next else { return (Ending::Done, Some(session)) };
         if let Ok(mut s) = slot.lock() {
             *s = Some(inbox);
         }
-        if let Err(e) = driver.drive(session, Some(&prompt), cancel) {
-            return stopped().unwrap_or(Ending::Failed(e.to_string()));
+        let Driven { session: back, result } = driver.drive(session, Some(&prompt), cancel);
+        let Some(back) = back else {
+            let why = result.err().map_or_else(|| "the session could not be reopened".to_owned(), |e| e.to_string());
+            return (stopped().unwrap_or(Ending::Failed(why)), None);
+        };
+        session = back;
+        if let Err(e) = result {
+            return (stopped().unwrap_or(Ending::Failed(e.to_string())), Some(session));
         }
         if let Some(end) = stopped() {
-            return end;
+            return (end, Some(session));
         }
         if slot.lock().map(|s| s.is_some()).unwrap_or(true) {
-            return Ending::Failed(format!("the turn on inbox row {inbox} ended without committing anything"));
+            return (
+                Ending::Failed(format!("the turn on inbox row {inbox} ended without committing anything")),
+                Some(session),
+            );
         }
     }
 }

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use cairn_core::approval::{Allowlist, PolicyApprover};
 use cairn_core::projection::{ToolInvocationStatus, ToolState};
 use cairn_core::storage::{Header, Storage, check_file, new_session_id};
-use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv, TurnError};
+use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv};
 use cairn_pg::test_cluster::TestCluster;
-use cairn_pg::worker::{Driver, WorkerOptions};
+use cairn_pg::worker::{Driven, Driver, WorkerOptions};
 use cairn_pg::{PgStore, connect, lease};
 use cairn_testtools::{ScriptProvider, registry};
 use postgres::Client;
@@ -48,12 +48,7 @@ impl Driver for TestDriver {
         SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..SessionConfig::default() }
     }
 
-    fn drive(
-        &self,
-        session: &mut Session<PgStore>,
-        prompt: Option<&str>,
-        cancel: &CancelToken,
-    ) -> Result<(), TurnError> {
+    fn drive(&self, session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
         let provider = ScriptProvider::from_jsonl(&self.script).unwrap();
         let tools = registry(false, self.hook.clone());
         let mut approver = PolicyApprover::new(
@@ -63,10 +58,10 @@ impl Driver for TestDriver {
         let mut observer = |_: &cairn_core::TurnEvent| {};
         let mut env =
             TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel };
-        match prompt {
+        Driven::by(session, |session| match prompt {
             Some(text) => session.run_turn(text, &mut env).map(drop),
             None => session.resume(&mut env).map(drop),
-        }
+        })
     }
 }
 

@@ -47,9 +47,9 @@ use cairn_core::storage::{Header, now_millis};
 use cairn_core::tool::{
     Capability, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec,
 };
-use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError};
+use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv};
 use cairn_pg::test_cluster::TestCluster;
-use cairn_pg::worker::{Driver, WorkerOptions};
+use cairn_pg::worker::{Driven, Driver, WorkerOptions};
 use cairn_pg::{PgStore, connect, lease};
 use cairn_testtools::ScriptProvider;
 use postgres::Client;
@@ -128,12 +128,7 @@ impl Driver for TestDriver {
         SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..SessionConfig::default() }
     }
 
-    fn drive(
-        &self,
-        session: &mut Session<PgStore>,
-        prompt: Option<&str>,
-        cancel: &CancelToken,
-    ) -> Result<(), TurnError> {
+    fn drive(&self, session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
         let provider = ScriptProvider::from_jsonl(&self.script).unwrap();
         let mut approver = PolicyApprover::new(Allowlist::parse(["stamp"]).unwrap(), None);
         let mut tools = ToolRegistry::new(&approver);
@@ -156,10 +151,10 @@ impl Driver for TestDriver {
         let mut observer = |_: &cairn_core::TurnEvent| {};
         let mut env =
             TurnEnv { provider: &provider, tools: &tools, approver: &mut approver, observer: &mut observer, cancel };
-        match prompt {
+        Driven::by(session, |session| match prompt {
             Some(text) => session.run_turn(text, &mut env).map(drop),
             None => session.resume(&mut env).map(drop),
-        }
+        })
     }
 }
 

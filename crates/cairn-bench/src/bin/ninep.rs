@@ -71,14 +71,16 @@ impl Host for BenchHost {
         };
         Ok(Box::new(ScriptProvider::new(lines).cycling()))
     }
-    fn tools(
+    fn turn(
         &self,
         _cwd: &Path,
+        _store: &mut cairn_core::storage::JsonlStore,
+        _prompt: Option<&str>,
         approver: &cairn_core::approval::PolicyApprover,
         _person: Option<&cairn_core::approval::SharedApprover>,
-    ) -> Result<ToolRegistry> {
+    ) -> Result<(ToolRegistry, SessionConfig)> {
         use cairn_core::approval::Approver as _;
-        Ok(cairn_testtools::registry(approver.is_interactive(), None))
+        Ok((cairn_testtools::registry(approver.is_interactive(), None), self.session_config()))
     }
     fn providers_text(&self) -> String {
         "scripted\n".to_owned()

@@ -1,0 +1,166 @@
+//! The one place a turn of a session is equipped, for every face that runs
+//! sessions (`cairn run`, `chat`, `resume`, `ask`; 9P sessions and batch
+//! units; ACP and MCP; PostgreSQL workers; the actors' agent): the tools of
+//! the working directory, read once (the tool service's or the in-process
+//! ones, `toolsrv::turn_tools`), discovery's choice among them recorded in
+//! the session before the turn's first entry (`discover::choose_for_turn`),
+//! the subagent family with what the parent hands down, the hooks every call
+//! goes through, and the turn's settings with the chosen skills. A
+//! capability added here reaches every face at once.
+//!
+//! Must not: render, ask a person or run a turn. A face presents questions
+//! and events (its approver, its observer); cairn-core's turn decides and
+//! runs; the registry built here for a face's approver offers only what
+//! that approver can answer (`ToolRegistry::new`).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Result;
+use cairn_core::approval::Approver;
+use cairn_core::hooks::Hooks;
+use cairn_core::storage::Storage;
+use cairn_core::tool::Tool;
+use cairn_core::{SessionConfig, ToolRegistry};
+
+use crate::context::Context;
+use crate::subagents::Authority;
+use crate::toolsrv::TurnTools;
+
+/// Who answers a session's calls, as equipping needs it.
+#[derive(Clone, Copy)]
+pub struct Asker<'a> {
+    /// The face's approver for the session (it decides which tools can be
+    /// offered: `ToolRegistry::new`).
+    pub approver: &'a dyn Approver,
+    /// What the session hands down to the children it may spawn (`None`:
+    /// this face offers no subagent family).
+    pub family: Option<&'a Authority>,
+}
+
+/// What a turn is offered, before a face puts it in a registry.
+pub struct Equipped {
+    /// The built-ins, the other tools discovery kept (all of them when it
+    /// chose nothing), then the family's (`family` of them, last).
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// How many of `tools`, at the end, are the subagent family's.
+    pub family: usize,
+    /// The hooks every call goes through (`[hooks]`).
+    pub hooks: Option<Arc<dyn Hooks>>,
+    /// The turn's settings: the configured ones, with the skills discovery
+    /// chose appended to the system prompt.
+    pub config: SessionConfig,
+    /// Tools skipped and why, discovery's fallbacks, broken skills.
+    pub notes: Vec<String>,
+    /// Workspace tools and files not loaded because the directory is not
+    /// trusted, and how to trust it: said even by a headless face.
+    pub untrusted: Vec<String>,
+}
+
+impl std::fmt::Debug for Equipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.tools.iter().map(|t| t.spec().name.clone()).collect();
+        f.debug_struct("Equipped").field("tools", &names).field("notes", &self.notes).finish_non_exhaustive()
+    }
+}
+
+impl Equipped {
+    /// A registry for `approver` holding the tools and hooks; a tool it
+    /// refuses (a Destructive one where nobody can be asked) is noted and
+    /// not offered.
+    pub fn registry(&mut self, approver: &dyn Approver) -> ToolRegistry {
+        let mut registry = ToolRegistry::new(approver);
+        registry.set_hooks(self.hooks.clone());
+        for tool in &self.tools {
+            let name = tool.spec().name.clone();
+            if let Err(e) = registry.register(Arc::clone(tool)) {
+                self.notes.push(format!("tool {name} not offered: {e}"));
+            }
+        }
+        registry
+    }
+
+    /// The family's tools (the last `family` of `tools`).
+    pub fn family_tools(&self) -> &[Arc<dyn Tool>] {
+        &self.tools[self.tools.len() - self.family..]
+    }
+
+    /// Every note, the untrusted ones last.
+    pub fn all_notes(&self) -> impl Iterator<Item = &String> {
+        self.notes.iter().chain(&self.untrusted)
+    }
+}
+
+/// Equip a turn of the session in `store` working in `cwd`: `prompt` is
+/// the new turn's request (discovery ranks the tools and skills for it and
+/// records its choice in `store`), `None` when the interrupted turn is
+/// resumed (the recorded choice is offered again). `asker` is the face's
+/// approver for the session, `family` what the session hands down to the
+/// children it may spawn (`None`: this face offers no family); `config` is
+/// the face's settings for the session.
+pub fn turn<S: Storage>(
+    ctx: &Context,
+    cwd: &Path,
+    store: &mut S,
+    prompt: Option<&str>,
+    asker: Asker<'_>,
+    config: SessionConfig,
+) -> Result<Equipped> {
+    let tools = crate::toolsrv::turn_tools(ctx, cwd)?;
+    let choice = crate::discover::choose_for_turn(ctx, cwd, store, prompt, &tools)?;
+    let mut equipped = offer(ctx, cwd, &tools, choice.keep.as_ref(), asker)?;
+    equipped.notes.extend(choice.notes.iter().cloned());
+    equipped.config = crate::discover::skills_config(config, &choice);
+    Ok(equipped)
+}
+
+/// The tools read for a turn (`tools`), only the built-ins and the ones in
+/// `keep` when it is given (discovery's choice; `None`: every tool), then
+/// the family's (see [`Asker`]), with the configured settings. For a face
+/// without turns of its own to choose for (MCP), or one that chose already.
+pub fn offer(
+    ctx: &Context,
+    cwd: &Path,
+    tools: &TurnTools,
+    keep: Option<&BTreeSet<String>>,
+    asker: Asker<'_>,
+) -> Result<Equipped> {
+    let (mut offered, hooks, notes, untrusted) = match tools {
+        TurnTools::Service { dial, specs, notes, hooks } => {
+            (crate::toolsrv::remote_tools(dial, specs, keep), hooks.clone(), notes.clone(), Vec::new())
+        }
+        TurnTools::Local(local) => {
+            let kept = local
+                .entries
+                .iter()
+                .filter(|e| {
+                    e.origin == cairn_tools::ToolOrigin::Builtin || keep.is_none_or(|k| k.contains(&e.tool.spec().name))
+                })
+                .map(|e| Arc::clone(&e.tool))
+                .collect();
+            (kept, local.hooks.clone(), local.notes.clone(), local.untrusted.clone())
+        }
+    };
+    let mut family_count = 0;
+    if let Some(authority) = asker.family {
+        // A child may be given only what its parent is offered: the tools
+        // a registry for the parent's approver admits.
+        let mut parent = ToolRegistry::new(asker.approver);
+        for tool in &offered {
+            let _ = parent.register(Arc::clone(tool));
+        }
+        let names = parent.specs().iter().map(|s| s.name.clone()).collect();
+        let tools = crate::subagents::tools(ctx, cwd, names, authority.clone())?;
+        family_count = tools.len();
+        offered.extend(tools);
+    }
+    Ok(Equipped {
+        tools: offered,
+        family: family_count,
+        hooks,
+        config: crate::wiring::session_config(ctx),
+        notes,
+        untrusted,
+    })
+}
