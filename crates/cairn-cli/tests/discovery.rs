@@ -354,6 +354,23 @@ fn assert_discovered(names: &[String]) {
     assert!(!names.iter().any(|n| n == "git_log"), "{names:?}");
 }
 
+/// After the two prompts of [`TWO_PROMPTS`]: the first was offered what
+/// [`assert_discovered`] wants, the second the tools for its own request,
+/// and the session recorded one choice per prompt.
+fn assert_two_choices(env: &Env, server: &cairn_test_server::TestServer) {
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert_discovered(&offered(&requests[0].json()));
+    let second = offered(&requests[1].json());
+    assert!(second.iter().any(|n| n == "git_blame"), "{second:?}");
+    assert!(!second.iter().any(|n| n == "image_resize"), "{second:?}");
+    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
+    assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
+}
+
+/// Two requests needing different tools (an image, then a blame).
+const TWO_PROMPTS: [&str; 2] = ["make this photo smaller, 800 wide", "which author last changed each line of parser.c"];
+
 /// 222 tools behind a separate `cairn toolsrv` (its own home: the agent has
 /// none installed): a `cairn run --toolsrv` ranks the service's metadata and
 /// offers the provider only the built-ins and the chosen ones, and records
@@ -440,21 +457,14 @@ fn a_served_session_offers_the_provider_only_the_discovered_tools() {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
     };
-    conn.write_file(&format!("s/{id}/prompt"), b"make this photo smaller, 800 wide").unwrap();
+    conn.write_file(&format!("s/{id}/prompt"), TWO_PROMPTS[0].as_bytes()).unwrap();
     wait_idle(&mut conn, 1);
     // The next prompt gets its own choice.
-    conn.write_file(&format!("s/{id}/prompt"), b"which author last changed each line of parser.c").unwrap();
+    conn.write_file(&format!("s/{id}/prompt"), TWO_PROMPTS[1].as_bytes()).unwrap();
     wait_idle(&mut conn, 2);
     let _ = serve.kill();
     let _ = serve.wait();
-    let requests = server.requests();
-    assert_eq!(requests.len(), 2);
-    assert_discovered(&offered(&requests[0].json()));
-    let second = offered(&requests[1].json());
-    assert!(second.iter().any(|n| n == "git_blame"), "{second:?}");
-    assert!(!second.iter().any(|n| n == "image_resize"), "{second:?}");
-    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
-    assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
+    assert_two_choices(&env, &server);
 }
 
 /// A session of `cairn acp` (an editor's) with 222 tools installed: each
@@ -501,20 +511,12 @@ fn an_editor_session_offers_the_provider_only_the_discovered_tools() {
     let session = call(2, "session/new", json!({"cwd": env.cwd.to_str().unwrap(), "mcpServers": []}));
     let id = session["sessionId"].as_str().unwrap().to_owned();
     let prompt = |text: &str| json!({"sessionId": id, "prompt": [{"type": "text", "text": text}]});
-    assert_eq!(call(3, "session/prompt", prompt("make this photo smaller, 800 wide"))["stopReason"], "end_turn");
+    assert_eq!(call(3, "session/prompt", prompt(TWO_PROMPTS[0]))["stopReason"], "end_turn");
     // The next prompt gets its own choice.
-    let second = prompt("which author last changed each line of parser.c");
-    assert_eq!(call(4, "session/prompt", second)["stopReason"], "end_turn");
+    assert_eq!(call(4, "session/prompt", prompt(TWO_PROMPTS[1]))["stopReason"], "end_turn");
     let _ = acp.kill();
     let _ = acp.wait();
-    let requests = server.requests();
-    assert_eq!(requests.len(), 2);
-    assert_discovered(&offered(&requests[0].json()));
-    let second = offered(&requests[1].json());
-    assert!(second.iter().any(|n| n == "git_blame"), "{second:?}");
-    assert!(!second.iter().any(|n| n == "image_resize"), "{second:?}");
-    let log = std::fs::read_to_string(&env.session_files()[0]).unwrap();
-    assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per prompt: {log}");
+    assert_two_choices(&env, &server);
 }
 
 /// A session run by a PostgreSQL worker with 222 tools installed: its turn

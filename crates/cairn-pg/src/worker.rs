@@ -449,17 +449,25 @@ fn drive_session(
             None
         }
     };
+    // One turn through the driver: the session given back, or how driving
+    // it ends (with the session, unless the driver could not reopen it).
+    enum Next {
+        Go(Session<PgStore>),
+        End(Ending, Option<Session<PgStore>>),
+    }
+    let drive = |session: Session<PgStore>, prompt: Option<&str>| match driver.drive(session, prompt, cancel) {
+        Driven { session: Some(back), result: Ok(()) } => Next::Go(back),
+        Driven { session: back, result: Err(e) } => Next::End(stopped().unwrap_or(Ending::Failed(e.to_string())), back),
+        Driven { session: None, result: Ok(()) } => {
+            Next::End(stopped().unwrap_or(Ending::Failed("the session could not be reopened".to_owned())), None)
+        }
+    };
     if session.needs_resume() {
         say(owner, &format!("resuming the interrupted turn of {}", escape(id)));
-        let Driven { session: back, result } = driver.drive(session, None, cancel);
-        let Some(back) = back else {
-            let why = result.err().map_or_else(|| "the session could not be reopened".to_owned(), |e| e.to_string());
-            return (stopped().unwrap_or(Ending::Failed(why)), None);
+        session = match drive(session, None) {
+            Next::Go(back) => back,
+            Next::End(end, back) => return (end, back),
         };
-        session = back;
-        if let Err(e) = result {
-            return (stopped().unwrap_or(Ending::Failed(e.to_string())), Some(session));
-        }
     }
     loop {
         if let Some(end) = stopped() {
@@ -473,15 +481,10 @@ fn drive_session(
         if let Ok(mut s) = slot.lock() {
             *s = Some(inbox);
         }
-        let Driven { session: back, result } = driver.drive(session, Some(&prompt), cancel);
-        let Some(back) = back else {
-            let why = result.err().map_or_else(|| "the session could not be reopened".to_owned(), |e| e.to_string());
-            return (stopped().unwrap_or(Ending::Failed(why)), None);
+        session = match drive(session, Some(&prompt)) {
+            Next::Go(back) => back,
+            Next::End(end, back) => return (end, back),
         };
-        session = back;
-        if let Err(e) = result {
-            return (stopped().unwrap_or(Ending::Failed(e.to_string())), Some(session));
-        }
         if let Some(end) = stopped() {
             return (end, Some(session));
         }
