@@ -1,5 +1,6 @@
 //! The interactive approver: a y/N prompt on the terminal, default No,
-//! showing the tool, its risk and a preview a person can judge.
+//! showing the tool, its risk (and why, when the tool raised it) and a
+//! preview a person can judge.
 //!
 //! This is the host side of the approval boundary: it presents a question
 //! and relays the answer. The policy (what needs asking, what an allowlist
@@ -53,6 +54,9 @@ impl Approver for TerminalApprover {
         };
         // Everything shown here comes from the model or a tool: escaped.
         let _ = writeln!(err, "{} {} ({risk})", self.style.bold("approve"), self.style.bold(&esc(request.tool)));
+        if let Some(why) = request.why {
+            let _ = writeln!(err, "  {} {}", self.style.dim("why:"), esc(why));
+        }
         if let Some(bypass) = request.bypass {
             let _ = writeln!(err, "  {} {}", self.style.red_bold("sandbox bypass:"), esc(bypass));
         }

@@ -37,6 +37,9 @@ pub struct Wiring {
     family: Vec<Arc<dyn cairn_core::tool::Tool>>,
     /// Who answers for the session's children (re-attached on resume).
     authority: crate::subagents::Authority,
+    /// The `[providers.NAME]` tables, to price each attempt of the ledger
+    /// by the provider and model that made it.
+    provider_tables: std::collections::BTreeMap<String, toml::Value>,
 }
 
 impl std::fmt::Debug for Wiring {
@@ -62,6 +65,20 @@ impl Wiring {
         equipped.tools.extend(self.family.iter().cloned());
         self.registry = equipped.registry(&self.approver);
         Ok(())
+    }
+
+    /// The session's usage so far, each attempt priced at its provider's
+    /// prices for its model (`cairn_provider::ProviderConfig::prices_for`).
+    fn usage(&self, store: &JsonlStore) -> crate::status::SessionUsage {
+        crate::status::SessionUsage::of(store, &|provider, model| {
+            match cairn_provider::ProviderConfig::resolve(provider, self.provider_tables.get(provider)) {
+                Ok(config) => config.prices_for(model),
+                // A provider no longer configured (or no longer valid).
+                Err(_) => {
+                    Err(cairn_provider::Unpriced::NoPrices { provider: provider.to_owned(), model: model.to_owned() })
+                }
+            }
+        })
     }
 
     /// The provider, tools and approver a `TurnEnv` borrows.
@@ -110,7 +127,8 @@ pub fn wire_with(
             let _ = writeln!(std::io::stderr(), "cairn: {note}");
         }
     }
-    Ok(Wiring { provider, registry, approver, family, authority })
+    let provider_tables = ctx.settings.providers.clone();
+    Ok(Wiring { provider, registry, approver, family, authority, provider_tables })
 }
 
 /// Ctrl-C handling shared by every turn of this process: the first press
@@ -188,8 +206,7 @@ fn drive(
     disarm();
     let id = session.store().header().id.clone();
     renderer.set_window(wiring.provider.context_window());
-    let cost = crate::status::Cost::of_provider(wiring.provider.name());
-    renderer.set_session(crate::status::SessionUsage::of(session.store()), cost);
+    renderer.set_session(wiring.usage(session.store()));
     renderer.finish(&id);
     if let Some(e) = renderer.write_error.take() {
         return Err(e.into());
@@ -409,7 +426,7 @@ fn command_of_chat(
         Slash::Help => say(&crate::slash::help())?,
         Slash::Quit => return Ok(Flow::Quit),
         Slash::Status => {
-            let usage = crate::status::SessionUsage::of(store);
+            let usage = wiring.usage(store);
             say(&crate::status::Report {
                 session: &store.header().id,
                 lane: session.lane(),

@@ -71,7 +71,7 @@ pub struct Renderer {
     /// Tool output shown so far for the running call.
     fold: Fold,
     /// The session's usage so far and its cost, for the status line.
-    session: Option<(crate::status::SessionUsage, crate::status::Cost)>,
+    session: Option<crate::status::SessionUsage>,
 }
 
 /// Tool output on a terminal: the first lines of each call, the rest
@@ -354,8 +354,8 @@ impl Renderer {
         if self.mode == Mode::Human {
             let t = &self.totals;
             let so_far = match &self.session {
-                Some((usage, cost)) => {
-                    format!(" · so far {} tokens, {}", crate::status::thousands(usage.total()), cost.short())
+                Some(usage) => {
+                    format!(" · so far {} tokens, {}", crate::status::thousands(usage.total()), usage.cost_short())
                 }
                 None => String::new(),
             };
@@ -388,8 +388,8 @@ impl Renderer {
 
     /// The session's usage so far (the ledger, this turn included) and its
     /// cost, for the status line after the turn.
-    pub fn set_session(&mut self, usage: crate::status::SessionUsage, cost: crate::status::Cost) {
-        self.session = Some((usage, cost));
+    pub fn set_session(&mut self, usage: crate::status::SessionUsage) {
+        self.session = Some(usage);
     }
 
     /// The model's context window, for the status line's "context N% of

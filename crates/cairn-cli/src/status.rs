@@ -3,14 +3,19 @@
 //! attempt in the session's usage ledger, how full the model's context
 //! window was at the last attempt, and what it cost.
 //!
-//! Cost is said only where cairn knows it: the embedded model and the
-//! scripted provider cost nothing; for a remote provider cairn has no price
-//! table (prices change, and a wrong figure is worse than none), so the
-//! cost is "unknown" and the tokens are what to price. It reads the ledger;
-//! it must not write anywhere.
+//! Cost is said only where cairn knows it: each attempt is priced by the
+//! provider and model its ledger row names, at the prices the user wrote in
+//! that `[providers.NAME]` table (`cairn_provider::price`); the embedded
+//! model and scripts cost nothing. cairn keeps no price table of its own
+//! (prices change, and a wrong figure is worse than none), so tokens with
+//! no price are counted apart and said to be unpriced, with how to price
+//! them. It reads the ledger; it must not write anywhere.
+
+use std::collections::HashMap;
 
 use cairn_core::provider::AttemptUsage;
 use cairn_core::storage::Storage;
+use cairn_provider::{Prices, Unpriced, Usd};
 
 /// A session's usage so far.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -26,56 +31,92 @@ pub struct SessionUsage {
     /// Input tokens of the last attempt that reported any (how full the
     /// context was).
     pub last_input: u64,
+    /// What the attempts with a known price cost.
+    pub cost: Usd,
+    /// Attempts with a known price (free ones included).
+    pub priced_attempts: usize,
+    /// Tokens (input and output) of attempts with no known price, by why,
+    /// in the order first met.
+    pub unpriced: Vec<(Unpriced, u64)>,
 }
 
 impl SessionUsage {
-    /// Sum the usage ledger of `store` (every lane, compactions included).
-    pub fn of(store: &impl Storage) -> Self {
+    /// Sum the usage ledger of `store` (every lane, compactions included),
+    /// pricing each attempt with `price` (its provider's name and model, as
+    /// the row records them).
+    pub fn of(store: &impl Storage, price: &dyn Fn(&str, &str) -> Result<Prices, Unpriced>) -> Self {
         let mut usage = Self::default();
+        // One resolution per provider and model, not per row.
+        let mut known: HashMap<(String, String), Result<Prices, Unpriced>> = HashMap::new();
         for row in store.usage() {
             if let Ok(u) = serde_json::from_str::<AttemptUsage>(row.usage.get()) {
-                usage.input += u.input_tokens;
-                usage.output += u.output_tokens;
-                usage.cached += u.cached_input_tokens;
-                usage.attempts += 1;
-                if u.input_tokens > 0 {
-                    usage.last_input = u.input_tokens;
-                }
+                usage.add(&u, &mut |provider, model| {
+                    known
+                        .entry((provider.to_owned(), model.to_owned()))
+                        .or_insert_with(|| price(provider, model))
+                        .clone()
+                });
             }
         }
         usage
+    }
+
+    /// Count one attempt.
+    fn add(&mut self, u: &AttemptUsage, price: &mut dyn FnMut(&str, &str) -> Result<Prices, Unpriced>) {
+        self.input += u.input_tokens;
+        self.output += u.output_tokens;
+        self.cached += u.cached_input_tokens;
+        self.attempts += 1;
+        if u.input_tokens > 0 {
+            self.last_input = u.input_tokens;
+        }
+        match price(&u.provider, &u.model) {
+            Ok(prices) => {
+                self.cost += prices.cost(u.input_tokens, u.cached_input_tokens, u.output_tokens);
+                self.priced_attempts += 1;
+            }
+            Err(why) => {
+                let tokens = u.input_tokens + u.output_tokens;
+                match self.unpriced.iter_mut().find(|(w, _)| *w == why) {
+                    Some((_, n)) => *n += tokens,
+                    None => self.unpriced.push((why, tokens)),
+                }
+            }
+        }
     }
 
     /// Input and output tokens together.
     pub fn total(&self) -> u64 {
         self.input + self.output
     }
-}
 
-/// What the session cost, as far as cairn knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cost {
-    /// Nothing: the model runs here, or is a script.
-    Free,
-    /// No price table for this provider.
-    Unknown,
-}
-
-impl Cost {
-    /// The cost of the provider named `provider` (as `Provider::name` says).
-    pub fn of_provider(provider: &str) -> Self {
-        match provider {
-            "local" | "scripted" => Cost::Free,
-            _ => Cost::Unknown,
+    /// The cost in a few words, for the status line: `$0.0123`; `cost
+    /// unknown` when no attempt has a price; `$0.0123 + unpriced` when some
+    /// have none (`/status` says which and how to price them).
+    pub fn cost_short(&self) -> String {
+        if self.unpriced.is_empty() {
+            self.cost.to_string()
+        } else if self.priced_attempts == 0 {
+            "cost unknown".to_owned()
+        } else {
+            format!("{} + unpriced", self.cost)
         }
     }
 
-    /// Short form, for the status line.
-    pub fn short(self) -> &'static str {
-        match self {
-            Cost::Free => "$0",
-            Cost::Unknown => "cost unknown",
+    /// The cost as `/status` says it: the sum, and for tokens without a
+    /// price, how many and how to price them.
+    pub fn cost_text(&self) -> String {
+        let mut text = if self.unpriced.is_empty() {
+            format!("cost {}", self.cost)
+        } else if self.priced_attempts == 0 {
+            "cost unknown".to_owned()
+        } else {
+            format!("cost {} for the priced tokens, the rest unknown", self.cost)
+        };
+        for (why, tokens) in &self.unpriced {
+            text.push_str(&format!("\n  {} tokens unpriced: {why}", thousands(*tokens)));
         }
+        text
     }
 }
 
@@ -136,12 +177,7 @@ impl Report<'_> {
             _ => "context window unknown (set context_window in [providers.NAME])".to_owned(),
         };
         let cached = if u.cached > 0 { format!(", {} cached", thousands(u.cached)) } else { String::new() };
-        let cost = match Cost::of_provider(self.provider) {
-            Cost::Free => format!("cost $0 ({} provider)", self.provider),
-            Cost::Unknown => {
-                format!("cost unknown: cairn has no price table for {}; price the tokens above", self.provider)
-            }
-        };
+        let cost = u.cost_text();
         format!(
             "session {}\nlane {}\nprovider {} · model {}\n{context}\ntokens {} in / {} out{cached} over {} provider attempt{}\n{cost}\n{} tools offered",
             self.session,
@@ -170,13 +206,70 @@ mod tests {
         assert_eq!(context_share(1, Some(128_000)).as_deref(), Some("1% of 128k"));
         assert_eq!(context_share(64_000, Some(128_000)).as_deref(), Some("50% of 128k"));
         assert_eq!(context_share(500, None), None);
-        assert_eq!(Cost::of_provider("local"), Cost::Free);
-        assert_eq!(Cost::of_provider("openai"), Cost::Unknown);
+    }
+
+    fn row(provider: &str, model: &str, input: u64, cached: u64, output: u64) -> AttemptUsage {
+        AttemptUsage {
+            provider: provider.to_owned(),
+            model: model.to_owned(),
+            input_tokens: input,
+            cached_input_tokens: cached,
+            output_tokens: output,
+            ..AttemptUsage::default()
+        }
+    }
+
+    /// "openai · gpt-x" at $2 in, $0.5 cached, $8 out per million;
+    /// "local" free; everything else unpriced.
+    fn price(provider: &str, model: &str) -> Result<Prices, Unpriced> {
+        match (provider, model) {
+            ("openai", "gpt-x") => Ok(Prices { input: 2_000_000, cached_input: 500_000, output: 8_000_000 }),
+            ("local", _) => Ok(Prices::FREE),
+            _ => Err(Unpriced::NoPrices { provider: provider.to_owned(), model: model.to_owned() }),
+        }
+    }
+
+    fn usage_of(rows: &[AttemptUsage]) -> SessionUsage {
+        let mut usage = SessionUsage::default();
+        for r in rows {
+            usage.add(r, &mut price);
+        }
+        usage
+    }
+
+    #[test]
+    fn each_attempt_is_priced_by_its_own_provider_and_model() {
+        // By hand: 10,000 in (4,000 cached) and 1,000 out at $2 / $0.5 / $8
+        // per million: 6,000 × 2 + 4,000 × 0.5 + 1,000 × 8 = 12,000 + 2,000
+        // + 8,000 µ$ = $0.022; a second attempt of 5,000 in, 500 out:
+        // 10,000 + 4,000 µ$ = $0.014. Together $0.036.
+        let priced = usage_of(&[row("openai", "gpt-x", 10_000, 4_000, 1_000), row("openai", "gpt-x", 5_000, 0, 500)]);
+        assert_eq!(priced.cost.pico, 36_000 * 1_000_000);
+        assert_eq!(priced.cost_short(), "$0.0360");
+        assert_eq!(priced.cost_text(), "cost $0.0360");
+        let free = usage_of(&[row("local", "smol", 900, 0, 90)]);
+        assert_eq!((free.cost_short(), free.cost_text()), ("$0".to_owned(), "cost $0".to_owned()));
+        // Another model of the same provider, and a provider without prices.
+        let mixed = usage_of(&[
+            row("openai", "gpt-x", 10_000, 4_000, 1_000),
+            row("openai", "gpt-y", 300, 0, 20),
+            row("anthropic", "claude", 1_000, 0, 234),
+            row("openai", "gpt-y", 700, 0, 80),
+        ]);
+        assert_eq!(mixed.cost_short(), "$0.0220 + unpriced");
+        let text = mixed.cost_text();
+        assert!(text.starts_with("cost $0.0220 for the priced tokens, the rest unknown"), "{text}");
+        assert!(text.contains("1,100 tokens unpriced: no price for openai · gpt-y"), "{text}");
+        assert!(text.contains("1,234 tokens unpriced: no price for anthropic · claude"), "{text}");
+        let unknown = usage_of(&[row("anthropic", "claude", 1_000, 0, 234)]);
+        assert_eq!(unknown.cost_short(), "cost unknown");
+        assert!(unknown.cost_text().contains("set input_per_mtok and output_per_mtok"), "{}", unknown.cost_text());
     }
 
     #[test]
     fn the_report_names_every_fact() {
-        let usage = SessionUsage { input: 12_345, output: 678, cached: 0, attempts: 3, last_input: 4_000 };
+        let mut usage = usage_of(&[row("openai", "gpt-x", 4_000, 0, 678), row("openai", "gpt-x", 8_345, 0, 0)]);
+        usage.last_input = 4_000;
         let text = Report {
             session: "s1",
             lane: "main",
@@ -187,13 +280,14 @@ mod tests {
             tools: 6,
         }
         .text();
+        // By hand: 12,345 × 2 + 678 × 8 = 24,690 + 5,424 µ$ = $0.030114.
         for part in [
             "session s1",
             "lane main",
             "provider openai · model gpt-x",
             "context 50% used: 4,000 of 8,000 tokens",
-            "tokens 12,345 in / 678 out over 3 provider attempts",
-            "cost unknown",
+            "tokens 12,345 in / 678 out over 2 provider attempts",
+            "cost $0.0301",
             "6 tools offered",
         ] {
             assert!(text.contains(part), "{part}: {text}");

@@ -297,6 +297,14 @@ pub trait Tool: Send + Sync {
         self.spec().risk
     }
 
+    /// Why [`Tool::risk`] raised this call above `spec().risk` (e.g. the
+    /// destructive pattern a command matched), said to the person asked to
+    /// approve it. `None`: the spec's risk, which needs no reason.
+    fn risk_reason(&self, arguments: &Value) -> Option<String> {
+        let _ = arguments;
+        None
+    }
+
     /// Whether this call runs staged: its file effect is held in a staging
     /// layer, judged by what it actually did (a Destructive effect asks a
     /// person, refused headless) and applied only then. A rule for the whole

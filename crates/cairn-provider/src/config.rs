@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::price::{Prices, UsdPerMtok};
 use crate::retry::RetryPolicy;
 
 /// The wire API a provider speaks.
@@ -141,6 +142,41 @@ pub struct ProviderConfig {
     /// A cheaper model of the same provider that writes compaction
     /// summaries; `None` uses `model`.
     pub compaction_model: Option<String>,
+    /// What the provider's model costs, as the user wrote it
+    /// (`input_per_mtok`, `output_per_mtok`, `cached_input_per_mtok`);
+    /// `None`: not said. They price only the table's own model (see
+    /// [`ProviderConfig::prices_for`]).
+    pub prices: Option<Prices>,
+}
+
+/// Why the tokens of a model have no price (see
+/// [`ProviderConfig::prices_for`]); says what to write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unpriced {
+    /// The table states no prices.
+    #[error(
+        "no price for {provider} · {model}: set input_per_mtok and output_per_mtok (US dollars per million tokens) in [providers.{provider}]"
+    )]
+    NoPrices {
+        /// The provider's name.
+        provider: String,
+        /// The model asked for.
+        model: String,
+    },
+    /// The table's prices are for another model (a `/model` or `--model`
+    /// switch, a `compaction_model`).
+    #[error(
+        "no price for {provider} · {model}: the prices in [providers.{provider}] are for its model {priced}; price {model} in a table of its own (kind, model = \"{model}\" and its prices)"
+    )]
+    OtherModel {
+        /// The provider's name.
+        provider: String,
+        /// The model asked for.
+        model: String,
+        /// The model the table's prices are for.
+        priced: String,
+    },
 }
 
 /// The names users can type without any config file.
@@ -174,6 +210,7 @@ impl ProviderConfig {
             context_window: None,
             context_window_from_server: false,
             compaction_model: None,
+            prices: None,
         }
     }
 
@@ -205,7 +242,8 @@ impl ProviderConfig {
     /// `initial_backoff_ms`, `max_backoff_ms`, `max_output_tokens`,
     /// `max_response_bytes`, `max_event_bytes`, `max_tool_calls`,
     /// `reasoning_effort`, `thinking_budget_tokens`, `encrypted_reasoning`,
-    /// `context_window`, `context_window_from_server`, `compaction_model`.
+    /// `context_window`, `context_window_from_server`, `compaction_model`,
+    /// `input_per_mtok`, `output_per_mtok`, `cached_input_per_mtok`.
     /// `kind` may be left out when NAME is a built-in name (the table then
     /// adjusts the built-in).
     pub fn from_toml(name: &str, table: &toml::Value) -> Result<Self, ConfigError> {
@@ -303,7 +341,37 @@ impl ProviderConfig {
             config.context_window_from_server = v;
         }
         config.compaction_model = raw.compaction_model.or(config.compaction_model);
+        let prices = Prices::from_written(raw.input_per_mtok, raw.output_per_mtok, raw.cached_input_per_mtok)
+            .map_err(|reason| ConfigError::Invalid { name: name.to_owned(), reason })?;
+        if prices.is_some() && config.kind == ProviderKind::Local {
+            return Err(ConfigError::Invalid {
+                name: name.to_owned(),
+                reason: "the embedded model runs on this machine and costs nothing: remove `input_per_mtok`, `output_per_mtok` and `cached_input_per_mtok`".to_owned(),
+            });
+        }
+        config.prices = prices.or(config.prices);
         Ok(config)
+    }
+
+    /// The prices of `model` as asked of this provider: nothing for the
+    /// embedded model, nothing for a script unless its table says a price
+    /// (a demo may), and for a remote provider the table's prices when
+    /// `model` is the table's own model ([`Self::effective_model`]): a
+    /// price written for one model is never put on another's tokens.
+    pub fn prices_for(&self, model: &str) -> Result<Prices, Unpriced> {
+        match (self.kind, self.prices) {
+            (ProviderKind::Local, _) => Ok(Prices::FREE),
+            (ProviderKind::Scripted, prices) => Ok(prices.unwrap_or(Prices::FREE)),
+            (_, None) => Err(Unpriced::NoPrices { provider: self.name.clone(), model: model.to_owned() }),
+            (_, Some(prices)) => {
+                let priced = self.effective_model();
+                if priced == model {
+                    Ok(prices)
+                } else {
+                    Err(Unpriced::OtherModel { provider: self.name.clone(), model: model.to_owned(), priced })
+                }
+            }
+        }
     }
 
     /// The base URL this config will call, after the environment fallback.
@@ -391,6 +459,12 @@ pub struct ProviderTable {
     pub context_window_from_server: Option<bool>,
     /// A cheaper model that writes compaction summaries.
     pub compaction_model: Option<String>,
+    /// US dollars per million input tokens of the table's model.
+    pub input_per_mtok: Option<UsdPerMtok>,
+    /// US dollars per million output tokens of the table's model.
+    pub output_per_mtok: Option<UsdPerMtok>,
+    /// US dollars per million cached input tokens (default: the input price).
+    pub cached_input_per_mtok: Option<UsdPerMtok>,
 }
 
 /// Why a provider could not be built.
@@ -547,6 +621,45 @@ idle_timeout_ms = 1500"#,
         assert_eq!(openai.effective_base_url(&no_env), DEFAULT_OPENAI_BASE);
         let anthropic = ProviderConfig::builtin("anthropic").unwrap();
         assert_eq!(anthropic.effective_base_url(&env), DEFAULT_ANTHROPIC_BASE);
+    }
+
+    #[test]
+    fn prices_are_read_checked_and_put_only_on_their_model() {
+        let table: toml::Value = toml::from_str(
+            "model = \"gpt-x\"\ninput_per_mtok = 1.25\noutput_per_mtok = 10\ncached_input_per_mtok = 0.125",
+        )
+        .unwrap();
+        let c = ProviderConfig::from_toml("openai", &table).unwrap();
+        let prices = Prices { input: 1_250_000, cached_input: 125_000, output: 10_000_000 };
+        assert_eq!(c.prices_for("gpt-x"), Ok(prices));
+        let other = c.prices_for("gpt-y").unwrap_err();
+        assert!(other.to_string().contains("are for its model gpt-x"), "{other}");
+        let unset = ProviderConfig::builtin("anthropic").unwrap().prices_for("claude-sonnet-4-5").unwrap_err();
+        assert!(unset.to_string().contains("set input_per_mtok and output_per_mtok"), "{unset}");
+        // Without a `model` key the prices are the default model's.
+        let table: toml::Value = toml::from_str("input_per_mtok = 3\noutput_per_mtok = 15").unwrap();
+        let c = ProviderConfig::from_toml("anthropic", &table).unwrap();
+        assert!(c.prices_for(&c.effective_model()).is_ok());
+        // The embedded model costs nothing and takes no price; a script is
+        // free unless its table prices it.
+        assert_eq!(ProviderConfig::builtin("local").unwrap().prices_for("any"), Ok(Prices::FREE));
+        assert_eq!(ProviderConfig::builtin("scripted").unwrap().prices_for("script"), Ok(Prices::FREE));
+        let table: toml::Value = toml::from_str("input_per_mtok = 1\noutput_per_mtok = 2").unwrap();
+        let err = ProviderConfig::from_toml("local", &table).unwrap_err();
+        assert!(err.to_string().contains("costs nothing"), "{err}");
+        // A bad value is refused with its key, NaN and negatives included.
+        for (written, key) in [
+            ("input_per_mtok = -3\noutput_per_mtok = 15", "input_per_mtok"),
+            ("input_per_mtok = 3\noutput_per_mtok = nan", "output_per_mtok"),
+            ("input_per_mtok = 3\noutput_per_mtok = 15000000", "output_per_mtok"),
+            ("input_per_mtok = 3", "output_per_mtok"),
+        ] {
+            let table: toml::Value = toml::from_str(&format!("kind = \"anthropic\"\n{written}")).unwrap();
+            let err = ProviderConfig::from_toml("work", &table).unwrap_err().to_string();
+            assert!(err.contains("[providers.work]") && err.contains(&format!("`{key}`")), "{err}");
+        }
+        let table: toml::Value = toml::from_str("kind = \"anthropic\"\ninput_per_mtok = \"3\"").unwrap();
+        assert!(ProviderConfig::from_toml("work", &table).is_err(), "a price is a number");
     }
 
     #[test]

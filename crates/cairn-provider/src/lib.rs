@@ -36,6 +36,7 @@
 //! - [`retry`]: retryable statuses, backoff with jitter, `retry-after`.
 //! - [`sse`]: server-sent events framing.
 //! - `wire`: request bodies and stream decoders of the three APIs.
+//! - [`price`]: prices the user states per provider, and cost sums.
 //! - [`script_file`]: [`ScriptFileProvider`] and the script line format.
 //! - [`secret`]: the [`Secret`] type for keys.
 #![deny(missing_docs)]
@@ -44,6 +45,7 @@
 pub mod config;
 mod factory;
 mod http;
+pub mod price;
 pub mod retry;
 pub mod script_file;
 pub mod secret;
@@ -52,9 +54,10 @@ mod transport;
 pub mod window;
 mod wire;
 
-pub use config::{BUILTIN_NAMES, ConfigError, ProviderConfig, ProviderKind, ProviderTable, Timeouts};
+pub use config::{BUILTIN_NAMES, ConfigError, ProviderConfig, ProviderKind, ProviderTable, Timeouts, Unpriced};
 pub use factory::build;
 pub use http::HttpProvider;
+pub use price::{Prices, Usd, UsdPerMtok};
 pub use retry::RetryPolicy;
 pub use script_file::ScriptFileProvider;
 pub use secret::Secret;

@@ -5,9 +5,10 @@
 //! every request it received, so tests assert on both sides of the wire.
 //! Hand-written on `std::net` and threads so every byte and every timing of a
 //! reply is under the test's control (split at every byte, cut mid-event,
-//! stall after the headers, pace a slow model, notice a client that hung
-//! up). [`fixtures`] holds recorded streams of the three APIs (files in
-//! `tests/data/`) for any crate's tests; [`streams`] builds hostile ones.
+//! stall after the headers, pace a slow model, hold a reply until the test
+//! opens a [`Gate`], notice a client that hung up). [`fixtures`] holds
+//! recorded streams of the three APIs (files in `tests/data/`) for any
+//! crate's tests; [`streams`] builds hostile ones.
 //! It must only ever bind to 127.0.0.1, and it is test support: no TLS, no
 //! keep-alive (every reply says `Connection: close`), request bodies by
 //! `Content-Length` only.
@@ -18,7 +19,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -82,6 +83,41 @@ pub struct Reply {
     pub ending: Ending,
     /// A pause before each write after the first (a slowly generating model).
     pub pace: Option<Duration>,
+    /// Send the headers, then wait for this gate to open before the body
+    /// (a model that thinks until the test says so).
+    pub hold: Option<Gate>,
+}
+
+/// A latch a test opens: a reply held by it ([`Reply::hold`]) sends its
+/// headers, then waits until [`Gate::open`] before its body, so a test can
+/// act while the client waits for its first token with no clock involved.
+/// Stopping the server lets a held reply go too.
+#[derive(Debug, Clone, Default)]
+pub struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Open the gate: held replies go on (for good).
+    pub fn open(&self) {
+        let (open, changed) = &*self.0;
+        *open.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        changed.notify_all();
+    }
+
+    /// Wait until the gate is open or the server stops.
+    fn wait(&self, stop: &AtomicBool) {
+        let (open, changed) = &*self.0;
+        let mut is_open = open.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*is_open && !stop.load(Ordering::SeqCst) {
+            // Woken by `open`; the timeout only lets a stop be noticed.
+            is_open =
+                changed.wait_timeout(is_open, Duration::from_millis(50)).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
 }
 
 impl Reply {
@@ -98,6 +134,7 @@ impl Reply {
             framing: Framing::Chunked,
             ending: Ending::Complete,
             pace: None,
+            hold: None,
         }
     }
 
@@ -111,6 +148,7 @@ impl Reply {
             framing: Framing::Length,
             ending: Ending::Complete,
             pace: None,
+            hold: None,
         }
     }
 
@@ -151,6 +189,12 @@ impl Reply {
     /// Pause this long before each write after the first.
     pub fn pace(mut self, pause: Duration) -> Self {
         self.pace = Some(pause);
+        self
+    }
+
+    /// Send the headers, then wait for `gate` to open before the body.
+    pub fn hold(mut self, gate: Gate) -> Self {
+        self.hold = Some(gate);
         self
     }
 }
@@ -450,6 +494,9 @@ fn write_reply(mut conn: TcpStream, reply: &Reply, stop: &AtomicBool) -> std::io
     head.push_str("connection: close\r\n\r\n");
     conn.write_all(head.as_bytes())?;
     conn.flush()?;
+    if let Some(gate) = &reply.hold {
+        gate.wait(stop);
+    }
     if let Ending::StallAfterHeaders(d) = reply.ending {
         pause(d, stop);
         let _ = conn.shutdown(Shutdown::Both);

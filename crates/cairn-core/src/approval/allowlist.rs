@@ -511,6 +511,7 @@ mod tests {
             cwd,
             bypass: None,
             staged: false,
+            why: None,
         };
         assert_eq!(approver.decide(&request).unwrap().decision, Answer::Approve);
         request.risk = Risk::Destructive;

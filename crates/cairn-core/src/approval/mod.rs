@@ -53,6 +53,10 @@ pub struct ApprovalRequest<'a> {
     /// anything is applied. A rule naming the whole tool then covers a
     /// command line no pattern can read.
     pub staged: bool,
+    /// Why the call is at its risk, when the tool raised it above its
+    /// spec's (`Tool::risk_reason`: the destructive pattern it matched, a
+    /// command that cannot be classified), for the person asked.
+    pub why: Option<&'a str>,
 }
 
 impl ApprovalRequest<'_> {

@@ -160,6 +160,7 @@ mod tests {
             cwd: Path::new("/"),
             bypass,
             staged: false,
+            why: None,
         }
     }
 

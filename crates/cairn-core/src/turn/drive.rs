@@ -454,6 +454,7 @@ impl<S: Storage> Session<S> {
                         Some(record(Verdict { decision: Answer::Approve, by: format!("session:{}", rule.text()) }))
                     }
                     Err(_) => {
+                        let why = tool.as_ref().and_then(|t| t.risk_reason(&request.arguments));
                         let ask = ApprovalRequest {
                             session_id: &request.session_id,
                             invocation_id: &invocation_id,
@@ -464,6 +465,7 @@ impl<S: Storage> Session<S> {
                             cwd: &self.cwd,
                             bypass: None,
                             staged,
+                            why: why.as_deref(),
                         };
                         env.approver.pre_approve(&ask).map(record)
                     }
@@ -537,6 +539,7 @@ impl<S: Storage> Session<S> {
                         risk,
                         preview: preview.clone(),
                     });
+                    let why = tool.risk_reason(&request.arguments);
                     let ask = ApprovalRequest {
                         session_id: &request.session_id,
                         invocation_id: &invocation_id,
@@ -547,6 +550,7 @@ impl<S: Storage> Session<S> {
                         cwd: &self.cwd,
                         bypass: None,
                         staged: tool.stages_effect(&request.arguments),
+                        why: why.as_deref(),
                     };
                     match env.approver.decide(&ask) {
                         Ok(answer) => record(need.bound(answer)),

@@ -215,6 +215,7 @@ pub fn decide_bypass(
                 bypass: Some(what),
                 // A bypass is never covered by a rule, staged or not.
                 staged: false,
+                why: None,
             };
             match approver.decide(&ask) {
                 Ok(v) => need.bound(v),
@@ -277,6 +278,8 @@ pub fn review_staged_effect(
         cwd,
         bypass: None,
         staged: true,
+        // The preview says what the effect does (it is why it asks).
+        why: None,
     };
     match approver.decide(&question).map(|v| ask.bound(v)) {
         Ok(v) => match v.decision {

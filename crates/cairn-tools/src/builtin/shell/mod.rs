@@ -256,6 +256,10 @@ impl Tool for Shell {
         }
     }
 
+    fn risk_reason(&self, arguments: &Value) -> Option<String> {
+        arguments.get("command").and_then(Value::as_str).and_then(|command| self.destructive_match(command))
+    }
+
     fn stages_effect(&self, _arguments: &Value) -> bool {
         matches!(self.staging_mode(), StagingMode::Overlay)
     }
