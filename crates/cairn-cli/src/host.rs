@@ -315,17 +315,20 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
         renderer.notice(&done);
     }
     let interrupted_before = opened.needs_resume();
-    let mut store = opened.into_store();
+    // Reopened below without checking the whole log again (discovery only
+    // records a fact).
+    let mut reopen = opened.into_reopen();
     let tools = turn_tools(ctx, &cwd)?;
     let choice = match (interrupted_before, prompt.as_deref()) {
         (false, None) => crate::discover::TurnChoice::default(),
-        (true, _) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, None, &tools)?,
-        (false, Some(text)) => crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text), &tools)?,
+        (true, _) => crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), None, &tools)?,
+        (false, Some(text)) => crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), Some(text), &tools)?,
     };
     let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, &tools, choice.keep.as_ref())?;
-    announce(&mut renderer, &store);
-    let id = store.header().id.clone();
-    let mut session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
+    announce(&mut renderer, reopen.store());
+    let id = reopen.store().header().id.clone();
+    let mut session =
+        Session::reopen(reopen, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
     let mut code = exit::SUCCESS;
     let interrupted = session.needs_resume();
     crate::subagents::reattach_children(&id, &wiring.authority);
@@ -381,11 +384,11 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     if session.needs_resume() {
         renderer.notice("finishing the interrupted turn first");
         // The interrupted turn is offered what discovery recorded for it.
-        let mut store = session.into_store();
+        let mut reopen = session.into_reopen();
         let tools = turn_tools(ctx, &cwd)?;
-        let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, None, &tools)?;
+        let choice = crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), None, &tools)?;
         wiring.offer_only(ctx, &cwd, &tools, choice.keep.as_ref())?;
-        session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
+        session = Session::reopen(reopen, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
             outcome_code(&outcome, &mut renderer, &id);
         }
@@ -678,12 +681,12 @@ fn chat_loop(
         };
         let text = prompt.as_str();
         if rechoose {
-            let mut store = session.into_store();
+            let mut reopen = session.into_reopen();
             // The prompt's tools, read once: ranked, then offered.
             let tools = turn_tools(ctx, &cwd)?;
-            let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(text), &tools)?;
+            let choice = crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), Some(text), &tools)?;
             wiring.offer_only(ctx, &cwd, &tools, choice.keep.as_ref())?;
-            session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, renderer))?;
+            session = Session::reopen(reopen, crate::discover::with_skills(session_config(ctx), &choice, renderer))?;
         }
         if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {
             last = outcome_code(&outcome, renderer, &id);

@@ -46,7 +46,7 @@ fn generated(env: &Env, id: &str) -> (PathBuf, JsonlStore) {
 fn check(env: &Env, path: &Path) -> (Value, i32, u64) {
     let cairn = env.cairn(&["--json", "check", path.to_str().unwrap()]);
     let mut helper = Command::new(std::env::current_exe().unwrap());
-    helper.args(["--exact", "measure_helper", "--nocapture", "--test-threads=1"]).env_clear();
+    helper.args(["--exact", "measure_helper", "--ignored", "--nocapture", "--test-threads=1"]).env_clear();
     for (key, value) in cairn.get_envs() {
         if let Some(value) = value {
             helper.env(key, value);
@@ -71,15 +71,18 @@ fn check(env: &Env, path: &Path) -> (Value, i32, u64) {
     (report, field("MEASURED-CODE ").parse().unwrap(), field("MEASURED-RSS ").parse().unwrap())
 }
 
-/// Not a test of its own: the helper [`check`] runs (does nothing unless
-/// `CAIRN_MEASURE_PROGRAM` is set). Spawns the program with this
-/// process's environment, reaps it with `wait4` and prints its exit code,
-/// peak RSS and output.
+/// Not a test of its own: the helper [`check`] runs (ignored, so a plain
+/// test run never counts it as a pass; [`check`] runs it with `--ignored`
+/// and `CAIRN_MEASURE_PROGRAM` set, and it fails without that). Spawns the
+/// program with this process's environment, reaps it with `wait4` and
+/// prints its exit code, peak RSS and output.
 // The child is reaped by `wait4` (for its rusage), which clippy cannot see.
 #[allow(clippy::zombie_processes)]
 #[test]
+#[ignore = "a helper process of check_peaks_under_one_and_a_half_times_the_file_and_still_refuses_far_anomalies, not a test"]
 fn measure_helper() {
-    let Some(program) = std::env::var_os("CAIRN_MEASURE_PROGRAM") else { return };
+    let program = std::env::var_os("CAIRN_MEASURE_PROGRAM")
+        .expect("CAIRN_MEASURE_PROGRAM names the program to measure (this helper is run by the check test)");
     let args = std::env::var("CAIRN_MEASURE_ARGS").unwrap();
     let mut child = Command::new(program)
         .args(args.split('\u{1f}'))

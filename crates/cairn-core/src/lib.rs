@@ -47,4 +47,4 @@ pub mod undo;
 pub use cancel::CancelToken;
 pub use events::TurnEvent;
 pub use registry::{RegistryError, ToolRegistry};
-pub use turn::{Session, SessionConfig, TurnEnv, TurnError, TurnOutcome, TurnStop};
+pub use turn::{Reopen, Session, SessionConfig, TurnEnv, TurnError, TurnOutcome, TurnStop};

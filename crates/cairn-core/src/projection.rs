@@ -16,7 +16,7 @@ use crate::events::{
     BypassRecord, EntryType, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload,
     ToolRequestedPayload, ToolStartedPayload, VerdictRecord,
 };
-use crate::storage::{Entry, Record};
+use crate::storage::{Entry, EntryView, Record};
 use crate::tool::{Risk, ToolReceipt, ToolRequest};
 
 /// Where an invocation is in its lifecycle.
@@ -308,7 +308,7 @@ fn settled_status(tag: u8) -> ToolInvocationStatus {
 
 impl LifecycleCheck {
     /// Fold one entry; after the first anomaly nothing more is looked at.
-    pub fn apply(&mut self, entry: &Entry) {
+    pub fn apply(&mut self, entry: EntryView<'_>) {
         if self.first.is_some() {
             return;
         }
@@ -319,7 +319,7 @@ impl LifecycleCheck {
 
     /// [`apply`](Self::apply), answering with the first anomaly (this
     /// entry's or an earlier one's).
-    pub fn check(&mut self, entry: &Entry) -> Result<(), LifecycleError> {
+    pub fn check(&mut self, entry: EntryView<'_>) -> Result<(), LifecycleError> {
         self.apply(entry);
         match &self.first {
             Some(first) => Err(LifecycleError(first.clone())),
@@ -332,6 +332,30 @@ impl LifecycleCheck {
         match self.first {
             Some(first) => Err(LifecycleError(first)),
             None => Ok(()),
+        }
+    }
+
+    /// Whether entries of `entry_type` are looked at (the tool events);
+    /// an entry of any other type never changes the check's verdict.
+    pub fn looks_at(entry_type: &str) -> bool {
+        EntryType::of(entry_type).is_some_and(|t| Self::looks_at_type(t))
+    }
+
+    fn looks_at_type(entry_type: EntryType) -> bool {
+        match entry_type {
+            EntryType::ToolRequested
+            | EntryType::ToolStarted
+            | EntryType::ToolBypass
+            | EntryType::ToolStaged
+            | EntryType::ToolCompleted
+            | EntryType::ToolFailed
+            | EntryType::ToolRejected => true,
+            EntryType::Message
+            | EntryType::TurnCancelled
+            | EntryType::TurnEnded
+            | EntryType::Compaction
+            | EntryType::Undo
+            | EntryType::UndoApplied => false,
         }
     }
 
@@ -350,13 +374,15 @@ impl LifecycleCheck {
         self.open.get(invocation_id).copied().or_else(|| self.settled.get(invocation_id).map(settled_status))
     }
 
-    fn step(&mut self, entry: &Entry) -> Result<(), String> {
+    fn step(&mut self, entry: EntryView<'_>) -> Result<(), String> {
         use ToolInvocationStatus as S;
-        let Some(entry_type) = EntryType::of(&entry.entry_type) else { return Ok(()) };
+        let Some(entry_type) = EntryType::of(entry.entry_type).filter(|&t| Self::looks_at_type(t)) else {
+            return Ok(());
+        };
         let bad = |what: &str, e: &dyn std::fmt::Display| format!("entry {}: bad {what} payload: {e}", entry.id);
         let (id, settle) = match entry_type {
             EntryType::ToolRequested => {
-                let p = entry.payload.parse::<ToolRequestedPayload>().map_err(|e| bad("toolRequested", &e))?;
+                let p = entry.parse::<ToolRequestedPayload>().map_err(|e| bad("toolRequested", &e))?;
                 if self.status(&p.invocation_id).is_some() {
                     return Err(format!("invocation {} requested twice", p.invocation_id));
                 }
@@ -364,8 +390,8 @@ impl LifecycleCheck {
                 return Ok(());
             }
             EntryType::ToolStarted => {
-                let p = entry.payload.parse::<ToolStartedPayload>().map_err(|e| bad("toolStarted", &e))?;
-                let status = self.known(&entry.id, &p.invocation_id)?;
+                let p = entry.parse::<ToolStartedPayload>().map_err(|e| bad("toolStarted", &e))?;
+                let status = self.known(entry.id, &p.invocation_id)?;
                 if status != S::Requested {
                     return Err(format!("invocation {} started while {:?}", p.invocation_id, status));
                 }
@@ -373,31 +399,31 @@ impl LifecycleCheck {
                 return Ok(());
             }
             EntryType::ToolBypass => {
-                let p = entry.payload.parse::<ToolBypassPayload>().map_err(|e| bad("toolBypass", &e))?;
-                let status = self.known(&entry.id, &p.invocation_id)?;
+                let p = entry.parse::<ToolBypassPayload>().map_err(|e| bad("toolBypass", &e))?;
+                let status = self.known(entry.id, &p.invocation_id)?;
                 if status != S::Started {
                     return Err(format!("invocation {} asked a bypass while {:?}", p.invocation_id, status));
                 }
                 return Ok(());
             }
             EntryType::ToolStaged => {
-                let p = entry.payload.parse::<crate::events::ToolStagedPayload>().map_err(|e| bad("toolStaged", &e))?;
-                let status = self.known(&entry.id, &p.invocation_id)?;
+                let p = entry.parse::<crate::events::ToolStagedPayload>().map_err(|e| bad("toolStaged", &e))?;
+                let status = self.known(entry.id, &p.invocation_id)?;
                 if status != S::Started {
                     return Err(format!("invocation {} staged while {:?}", p.invocation_id, status));
                 }
                 return Ok(());
             }
             EntryType::ToolCompleted => {
-                let p = entry.payload.parse::<ToolCompletedPayload>().map_err(|e| bad("toolCompleted", &e))?;
+                let p = entry.parse::<ToolCompletedPayload>().map_err(|e| bad("toolCompleted", &e))?;
                 (p.invocation_id, (S::Completed, true))
             }
             EntryType::ToolFailed => {
-                let p = entry.payload.parse::<ToolFailedPayload>().map_err(|e| bad("toolFailed", &e))?;
+                let p = entry.parse::<ToolFailedPayload>().map_err(|e| bad("toolFailed", &e))?;
                 (p.invocation_id, (S::Failed, true))
             }
             EntryType::ToolRejected => {
-                let p = entry.payload.parse::<ToolRejectedPayload>().map_err(|e| bad("toolRejected", &e))?;
+                let p = entry.parse::<ToolRejectedPayload>().map_err(|e| bad("toolRejected", &e))?;
                 (p.invocation_id, (S::Rejected, false))
             }
             EntryType::Message
@@ -410,7 +436,7 @@ impl LifecycleCheck {
             }
         };
         let (settled, needs_start) = settle;
-        let status = self.known(&entry.id, &id)?;
+        let status = self.known(entry.id, &id)?;
         if status.is_settled() {
             return Err(format!("invocation {id} settled twice"));
         }
@@ -516,7 +542,7 @@ mod tests {
     fn check_all(entries: &[Entry]) -> (LifecycleCheck, Result<(), LifecycleError>) {
         let mut check = LifecycleCheck::default();
         for e in entries {
-            check.apply(e);
+            check.apply(e.view());
         }
         let verdict = match &check.first {
             Some(first) => Err(LifecycleError(first.clone())),
@@ -579,7 +605,7 @@ mod tests {
                 .collect();
             let mut check = LifecycleCheck::default();
             for e in &entries {
-                check.apply(e);
+                check.apply(e.view());
             }
             let expected = ToolState::replay_strict(&entries).err();
             if expected.is_some() {

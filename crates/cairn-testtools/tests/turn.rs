@@ -1161,3 +1161,64 @@ fn queued_prompts_run_once_in_order_and_leave_the_queue_with_their_message() {
     }
     assert_eq!(seen, 2);
 }
+
+#[test]
+fn a_reopened_session_is_checked_again_when_tool_events_were_added() {
+    // A healthy session with one settled call.
+    let provider =
+        ScriptProvider::new(vec![line("", vec![call("c1", "echo", json!({"text": "hi"}))]), line("done: hi", vec![])]);
+    let mut session = Session::open(mem("/tmp"), SessionConfig::default()).unwrap();
+    run(&mut session, &provider, &registry(false, None), &mut headless());
+    let invocation = ToolState::replay(session.store().entries()).invocations[0].invocation_id.clone();
+    let head = session.head().unwrap().to_owned();
+
+    // A host's fact and a plain message added: reopened as it was.
+    let mut reopen = session.into_reopen();
+    let fact = to_raw(&json!({"chosen": []})).unwrap();
+    reopen.store_mut().commit(Transaction::new().set("fact", "discovery", fact)).unwrap();
+    let note = to_raw(&Message::text(Role::User, "a note")).unwrap();
+    reopen.store_mut().commit(Transaction::new().entry("note", Some(&head), "message", note)).unwrap();
+    let session = Session::reopen(reopen, SessionConfig::default()).unwrap();
+    assert_eq!(session.head(), Some(head.as_str()));
+    // The context it kept is what an open of the same store builds.
+    let fresh = Session::open(session.store().clone(), SessionConfig::default()).unwrap();
+    assert_eq!(session.messages(), fresh.messages());
+    assert_eq!(session.messages().len(), 4);
+
+    // A second settlement of the settled call added: the reopen checks the
+    // whole log again and refuses it, as an open does.
+    let mut reopen = session.into_reopen();
+    let failed = json!({"invocationId": invocation, "callId": "c1", "tool": "echo", "reason": "again"});
+    reopen
+        .store_mut()
+        .commit(Transaction::new().entry("again", Some(&head), "toolFailed", to_raw(&failed).unwrap()))
+        .unwrap();
+    let err = Session::reopen(reopen, SessionConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("settled twice"), "{err}");
+
+    // Another store put in its place (as many entries, a broken log): not
+    // taken for the one checked.
+    let mut session = Session::open(mem("/tmp"), SessionConfig::default()).unwrap();
+    run(
+        &mut session,
+        &ScriptProvider::new(vec![line("", vec![call("c1", "echo", json!({"text": "hi"}))]), line("ok", vec![])]),
+        &registry(false, None),
+        &mut headless(),
+    );
+    let count = session.store().entry_count();
+    let mut reopen = session.into_reopen();
+    let mut other = mem("/tmp");
+    let request = json!({"invocationId": "i1", "turnId": "t1", "request": {"invocationId": "i1", "callId": "c", "sessionId": "s", "tool": "echo", "arguments": {}}});
+    let failed = json!({"invocationId": "i1", "callId": "c", "tool": "echo", "reason": "x"});
+    other.commit(Transaction::new().entry("e1", None, "toolRequested", to_raw(&request).unwrap())).unwrap();
+    other.commit(Transaction::new().entry("e2", Some("e1"), "toolRejected", to_raw(&failed).unwrap())).unwrap();
+    other.commit(Transaction::new().entry("e3", Some("e2"), "toolFailed", to_raw(&failed).unwrap())).unwrap();
+    for i in 3..count {
+        let note = to_raw(&Message::text(Role::User, "n")).unwrap();
+        other.commit(Transaction::new().entry(format!("n{i}"), None, "message", note)).unwrap();
+    }
+    assert_eq!(other.entry_count(), count);
+    *reopen.store_mut() = other;
+    let err = Session::reopen(reopen, SessionConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("settled twice"), "{err}");
+}

@@ -40,8 +40,13 @@
 //! cairn-cli`, or `CAIRN_BIN`); against tole: `TOLE=/path/to/tole cargo
 //! run --release -p cairn-bench --features tole --bin long`. `--turns N`,
 //! `--calls K`, `--runs R` override the spec (default: 1,333 turns of 37
-//! calls, 199,950 cairn entries; 7 runs). `--smoke`: a tiny session, two
-//! runs, for `scripts/test`.
+//! calls, 199,950 cairn entries; 7 runs); `--only resume,check` runs only
+//! those measures (and the floor); `--write DIR` only writes the
+//! conversation to `DIR/long.jsonl`. `--smoke`: a tiny session, two runs,
+//! for `scripts/test`. Against the code before a change, in the same
+//! runs: `BASE_LONG=path` (this benchmark built from it: `base store`,
+//! `base open`) and `BASE_CAIRN=path` (its `cairn`: `base check`, `base
+//! show`, `base resume`).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead, BufReader};
@@ -436,6 +441,13 @@ fn main() -> Result<()> {
         turns: flag("--turns").unwrap_or(size(1_333, 6)),
         calls: flag("--calls").unwrap_or(size(37, 5)),
     };
+    // `--write DIR`: only write the conversation (as DIR/long.jsonl), for
+    // profiling a measure by hand.
+    if let Some(dir) = args.iter().position(|a| a == "--write").and_then(|i| args.get(i + 1)) {
+        let path = write_cairn(Path::new(dir), "long", conv)?;
+        println!("{}", path.display());
+        return Ok(());
+    }
     let runs = flag("--runs").unwrap_or(size(7, 2));
     let bin = cairn_bench::cairn_bin()?;
     let me = std::env::current_exe()?;
@@ -462,6 +474,25 @@ fn main() -> Result<()> {
     if tole.is_some() {
         names.extend(["tole status", "tole resume"]);
     }
+    // The code before a change, in the same runs: BASE_LONG (this
+    // benchmark built from it: its store and open children) and BASE_CAIRN
+    // (its `cairn`).
+    let base_long = std::env::var_os("BASE_LONG").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let base_cairn = std::env::var_os("BASE_CAIRN").filter(|v| !v.is_empty()).map(PathBuf::from);
+    if base_long.is_some() {
+        names.extend(["base store", "base open"]);
+    }
+    if base_cairn.is_some() {
+        names.extend(["base check", "base show", "base resume"]);
+    }
+    // `--only a,b`: those measures and the floor (every ratio needs it).
+    if let Some(only) = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)) {
+        let wanted: Vec<&str> = only.split(',').map(str::trim).collect();
+        for w in &wanted {
+            ensure!(names.contains(w), "--only: no measure {w:?} (measures: {})", names.join(", "));
+        }
+        names.retain(|n| *n == "floor" || wanted.contains(n));
+    }
     let mut samples: Vec<Samples> = names.iter().map(|_| Samples::default()).collect();
     let path_s = path.display().to_string();
     let copy = home.sessions.join("resumed.jsonl");
@@ -473,9 +504,15 @@ fn main() -> Result<()> {
                 "floor" => measured(&me, &["--floor-child", &path_s])?,
                 "store" => measured(&me, &["--store-child", &path_s])?,
                 "open" => measured(&me, &["--open-child", &path_s])?,
+                "base store" => measured(base_long.as_deref().context("BASE_LONG")?, &["--store-child", &path_s])?,
+                "base open" => measured(base_long.as_deref().context("BASE_LONG")?, &["--open-child", &path_s])?,
                 "check" => home.cairn(&bin, &["--json", "check", &path_s])?,
+                "base check" => {
+                    home.cairn(base_cairn.as_deref().context("BASE_CAIRN")?, &["--json", "check", &path_s])?
+                }
                 "show" => home.cairn(&bin, &["show", id])?,
-                "resume" => {
+                "base show" => home.cairn(base_cairn.as_deref().context("BASE_CAIRN")?, &["show", id])?,
+                "resume" | "base resume" => {
                     // A fresh copy, its header id its own name (the lookup
                     // checks it); not timed.
                     let text = std::fs::read_to_string(&path)?;
@@ -483,7 +520,11 @@ fn main() -> Result<()> {
                     for _ in 0..4 {
                         server.push(Reply::sse(streams::chat_text_with_usage("ok")));
                     }
-                    home.cairn(&bin, &["resume", "resumed", "--prompt", "one more question"])?
+                    let which_bin = match names[which] {
+                        "resume" => bin.as_path(),
+                        _ => base_cairn.as_deref().context("BASE_CAIRN")?,
+                    };
+                    home.cairn(which_bin, &["resume", "resumed", "--prompt", "one more question"])?
                 }
                 "tole status" => home.tole(tole.as_deref().context("tole")?, &["status", id])?,
                 _ => {
@@ -539,6 +580,17 @@ fn main() -> Result<()> {
     }
     // cairn against tole on the same conversation: time ratio of medians
     // (per-run spread) and peak RSS ratio, for open/check and resume.
+    for name in ["store", "open", "check", "show", "resume"] {
+        let base = format!("base {name}");
+        if let (Some(new), Some(old)) = (by_name(name), by_name(&base)) {
+            table.compare(&format!("{name} vs the code before: wall time"), &new.times, &base, &old.times);
+            let rss = |s: &Samples| Spread::of(&s.rss.iter().map(|&b| b as f64).collect::<Vec<_>>()).median;
+            table.figure(
+                &format!("{name} vs the code before: peak RSS"),
+                &format!("{:.1} MiB vs {:.1} MiB", mib(rss(new)), mib(rss(old))),
+            );
+        }
+    }
     for (ours, theirs) in [("check", "tole status"), ("show", "tole status"), ("resume", "tole resume")] {
         if let (Some(a), Some(b)) = (by_name(ours), by_name(theirs)) {
             table.compare(&format!("{ours} vs {theirs}: wall time"), &a.times, theirs, &b.times);

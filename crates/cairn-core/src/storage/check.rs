@@ -21,7 +21,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::jsonl::{Access, StoreOptions, open_regular};
-use super::record::{Entry, Record};
+use super::line::EntryRef;
+use super::record::{EntryView, Record};
 use super::replay::{Apply, replay_into};
 
 /// What `cairn check` reports about a session file.
@@ -65,7 +66,7 @@ pub fn check_file(path: &Path) -> CheckReport {
 pub fn check_file_with(
     path: &Path,
     opts: StoreOptions,
-    mut validate: impl FnMut(&Entry) -> Result<(), String>,
+    mut validate: impl FnMut(EntryView<'_>) -> Result<(), String>,
 ) -> CheckReport {
     let failed = |error: String| CheckReport {
         ok: false,
@@ -123,8 +124,22 @@ struct Verify<'a> {
     last_seq: u64,
     entries: u64,
     usage: u64,
-    validate: &'a mut dyn FnMut(&Entry) -> Result<(), String>,
+    validate: &'a mut dyn FnMut(EntryView<'_>) -> Result<(), String>,
     invalid: Option<String>,
+}
+
+impl Verify<'_> {
+    /// An entry that passed the index's rules.
+    fn entry(&mut self, entry: EntryView<'_>) {
+        self.last_seq = entry.seq;
+        self.ids.insert(entry.id, 0);
+        self.entries += 1;
+        if self.invalid.is_none()
+            && let Err(e) = (self.validate)(entry)
+        {
+            self.invalid = Some(e);
+        }
+    }
 }
 
 impl Apply for Verify<'_> {
@@ -132,18 +147,19 @@ impl Apply for Verify<'_> {
         super::index::check_record(&record, self.last_seq, |id| self.ids.get(id))?;
         self.last_seq = record.seq();
         match &record {
-            Record::Entry(entry) => {
-                self.ids.insert(&entry.id, 0);
-                self.entries += 1;
-                if self.invalid.is_none()
-                    && let Err(e) = (self.validate)(entry)
-                {
-                    self.invalid = Some(e);
-                }
-            }
+            Record::Entry(entry) => self.entry(entry.view()),
             Record::Usage(_) => self.usage += 1,
             Record::Register(_) | Record::State(_) => {}
         }
+        Ok(())
+    }
+
+    /// An entry as it stands in its line: checked and validated in place
+    /// (no copy of its strings or payload).
+    fn apply_entry(&mut self, entry: EntryRef<'_>) -> Result<(), String> {
+        let view = entry.view();
+        super::index::check_entry(&view, self.last_seq, |id| self.ids.get(id))?;
+        self.entry(view);
         Ok(())
     }
 }

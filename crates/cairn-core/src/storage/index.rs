@@ -78,29 +78,6 @@ struct Slot {
     entry_type: u32,
 }
 
-/// The parts of an entry being added, borrowed from wherever they are.
-struct Parts<'a> {
-    seq: u64,
-    timestamp: i64,
-    id: &'a str,
-    parent_id: Option<&'a str>,
-    entry_type: &'a str,
-    payload: &'a str,
-}
-
-impl<'a> Parts<'a> {
-    fn of(entry: &'a Entry, payload: &'a str) -> Self {
-        Self {
-            seq: entry.seq,
-            timestamp: entry.timestamp,
-            id: &entry.id,
-            parent_id: entry.parent_id.as_deref(),
-            entry_type: &entry.entry_type,
-            payload,
-        }
-    }
-}
-
 /// Every entry of a session, compactly: [`Slot`]s in seq order, one text
 /// arena holding ids and payloads, and the distinct entry types.
 #[derive(Debug, Clone, Default)]
@@ -144,7 +121,7 @@ impl Entries {
     }
 
     /// Append `entry` (its parent, if any, at index `parent`).
-    fn push(&mut self, entry: &Parts<'_>, parent: u32) -> Result<(), String> {
+    fn push(&mut self, entry: &EntryView<'_>, parent: u32) -> Result<(), String> {
         let payload = entry.payload;
         let too_long =
             |what: &str, len: usize| format!("entry {:?}: its {what} is {len} bytes, more than 4 GiB", entry.id);
@@ -173,6 +150,19 @@ impl Entries {
             entry_type,
         });
         Ok(())
+    }
+
+    /// Entry `i`, lent from the arena.
+    fn view(&self, i: u32) -> EntryView<'_> {
+        let s = self.slot(i);
+        EntryView {
+            seq: s.seq,
+            timestamp: s.timestamp,
+            id: self.id(i),
+            parent_id: self.parent_id(i),
+            entry_type: self.entry_type(i),
+            payload: self.payload(i),
+        }
     }
 
     /// Entry `i`, owned.
@@ -227,7 +217,7 @@ impl Entries {
 
 use super::line::EntryRef;
 use super::record::{
-    Entry, NamespaceRoot, RawJson, Record, RegisterOp, RegisterRecord, State, Transaction, TxOp, UsageRow,
+    Entry, EntryView, NamespaceRoot, RawJson, Record, RegisterOp, RegisterRecord, State, Transaction, TxOp, UsageRow,
 };
 use super::{Committed, StorageError};
 
@@ -334,8 +324,7 @@ impl SessionIndex {
         let parent = check_record(&record, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
         match record {
             Record::Entry(entry) => {
-                let payload = entry.payload.get();
-                self.add_entry(&Parts::of(&entry, payload), parent)?;
+                self.add_entry(&entry.view(), parent)?;
             }
             Record::Register(register) => {
                 let namespace = self.registers.entry(register.namespace).or_default();
@@ -367,14 +356,7 @@ impl SessionIndex {
     /// [`apply`](Self::apply) for an entry borrowed from its line (replay:
     /// its strings and payload are copied once, into the arena).
     pub(crate) fn apply_entry_ref(&mut self, entry: EntryRef<'_>) -> Result<(), String> {
-        let parts = Parts {
-            seq: entry.seq,
-            timestamp: entry.timestamp,
-            id: &entry.id,
-            parent_id: entry.parent_id.as_deref(),
-            entry_type: &entry.entry_type,
-            payload: entry.payload.get(),
-        };
+        let parts = entry.view();
         let parent = check_entry(&parts, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
         self.add_entry(&parts, parent)?;
         self.last_seq = parts.seq;
@@ -382,7 +364,7 @@ impl SessionIndex {
     }
 
     /// Add a checked entry whose parent (if any) is at index `parent`.
-    fn add_entry(&mut self, parts: &Parts<'_>, parent: Option<u32>) -> Result<(), String> {
+    fn add_entry(&mut self, parts: &EntryView<'_>, parent: Option<u32>) -> Result<(), String> {
         let index = match u32::try_from(self.entries.len()) {
             Ok(index) if index < NONE => index,
             _ => {
@@ -481,6 +463,14 @@ impl SessionIndex {
         self.entries.visit(0..self.entries.len() as u32, f);
     }
 
+    /// Call `f` on every entry, in seq order, lent from the arena (no
+    /// copy at all: what a reader that looks at every entry once takes).
+    pub fn visit_entry_views(&self, mut f: impl FnMut(EntryView<'_>)) {
+        for i in 0..self.entries.len() as u32 {
+            f(self.entries.view(i));
+        }
+    }
+
     /// Call `f` on every entry of type `entry_type`, in seq order; the
     /// others are skipped without being materialised.
     pub fn visit_entries_of_type(&self, entry_type: &str, f: impl FnMut(&Entry)) {
@@ -549,6 +539,20 @@ impl SessionIndex {
         Ok(path)
     }
 
+    /// Call `f` on each entry from `leaf` up to its root, leaf first, lent
+    /// from the arena (parents followed by index: no lookup by id, no copy).
+    pub fn visit_path_views(&self, leaf: &str, mut f: impl FnMut(EntryView<'_>)) -> Result<(), StorageError> {
+        let mut at = self.by_id.get(&self.entries, leaf).ok_or_else(|| StorageError::NoSuchEntry(leaf.to_owned()))?;
+        loop {
+            f(self.entries.view(at));
+            let parent = self.entries.slot(at).parent;
+            if parent == NONE {
+                return Ok(());
+            }
+            at = parent;
+        }
+    }
+
     /// A register's value.
     pub fn register(&self, namespace: &str, key: &str) -> Option<&RawJson> {
         self.registers.get(namespace)?.get(key)
@@ -597,7 +601,7 @@ pub(crate) fn check_record<T>(
         return Err(format!("seq {seq} is not greater than the previous seq {last_seq}"));
     }
     match record {
-        Record::Entry(entry) => check_entry(&Parts::of(entry, ""), last_seq, find),
+        Record::Entry(entry) => check_entry(&entry.view(), last_seq, find),
         Record::Register(register) => {
             if NamespaceRoot::of(&register.namespace).is_none() {
                 return Err(format!("unknown register namespace {:?}", register.namespace));
@@ -612,7 +616,11 @@ pub(crate) fn check_record<T>(
 }
 
 /// [`check_record`]'s rules for an entry.
-fn check_entry<T>(entry: &Parts<'_>, last_seq: u64, find: impl Fn(&str) -> Option<T>) -> Result<Option<T>, String> {
+pub(crate) fn check_entry<T>(
+    entry: &EntryView<'_>,
+    last_seq: u64,
+    find: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>, String> {
     let seq = entry.seq;
     if seq <= last_seq {
         return Err(format!("seq {seq} is not greater than the previous seq {last_seq}"));

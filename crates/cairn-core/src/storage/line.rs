@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use super::record::{Entry, Header, RawJson, Record, RegisterOp, RegisterRecord, State, UsageRow};
+use super::record::{Entry, EntryView, Header, RawJson, Record, RegisterOp, RegisterRecord, State, UsageRow};
 
 /// Why a line is not a valid record line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,6 +94,18 @@ pub(crate) struct EntryRef<'a> {
 }
 
 impl EntryRef<'_> {
+    /// This entry lent as an [`EntryView`].
+    pub(crate) fn view(&self) -> EntryView<'_> {
+        EntryView {
+            seq: self.seq,
+            timestamp: self.timestamp,
+            id: &self.id,
+            parent_id: self.parent_id.as_deref(),
+            entry_type: &self.entry_type,
+            payload: self.payload.get(),
+        }
+    }
+
     /// The owned entry.
     pub(crate) fn into_owned(self) -> Entry {
         Entry {

@@ -48,12 +48,24 @@ macro_rules! __storage_reads_from_index {
             self.index.path_to(leaf)
         }
 
+        fn visit_path_views(
+            &self,
+            leaf: &str,
+            f: &mut dyn FnMut($crate::storage::EntryView<'_>),
+        ) -> Result<(), $crate::storage::StorageError> {
+            self.index.visit_path_views(leaf, f)
+        }
+
         fn entries(&self) -> Vec<$crate::storage::Entry> {
             self.index.entries().collect()
         }
 
         fn visit_entries(&self, f: &mut dyn FnMut(&$crate::storage::Entry)) {
             self.index.visit_entries(f);
+        }
+
+        fn visit_entry_views(&self, f: &mut dyn FnMut($crate::storage::EntryView<'_>)) {
+            self.index.visit_entry_views(f);
         }
 
         fn entry_count(&self) -> usize {
@@ -115,8 +127,8 @@ pub use tail::Tail;
 pub use index::SessionIndex;
 pub use memory::MemStore;
 pub use record::{
-    Committed, Entry, Header, NamespaceRoot, RawJson, Record, RegisterOp, RegisterRecord, STORAGE_VERSION, State,
-    Transaction, TxOp, UsageRow, now_millis, to_raw,
+    Committed, Entry, EntryView, Header, NamespaceRoot, RawJson, Record, RegisterOp, RegisterRecord, STORAGE_VERSION,
+    State, Transaction, TxOp, UsageRow, now_millis, to_raw,
 };
 
 /// Errors of the session store. Every message says what was wrong and, where
@@ -289,6 +301,17 @@ pub trait Storage {
     /// The path from the root to `leaf`, root first.
     fn path_to(&self, leaf: &str) -> Result<Vec<Entry>, StorageError>;
 
+    /// Call `f` on each entry from `leaf` up to its root, leaf first, lent
+    /// as an [`EntryView`] (the backends that hold entries in memory
+    /// override the default, which copies the path through
+    /// [`path_to`](Self::path_to)).
+    fn visit_path_views(&self, leaf: &str, f: &mut dyn FnMut(EntryView<'_>)) -> Result<(), StorageError> {
+        for entry in self.path_to(leaf)?.iter().rev() {
+            f(entry.view());
+        }
+        Ok(())
+    }
+
     /// Every entry, in seq order.
     fn entries(&self) -> Vec<Entry>;
 
@@ -299,6 +322,13 @@ pub trait Storage {
         for entry in self.entries() {
             f(&entry);
         }
+    }
+
+    /// Call `f` on every entry, in seq order, lent as an [`EntryView`]
+    /// (the backends that hold entries in memory override the default,
+    /// which lends each entry of [`visit_entries`](Self::visit_entries)).
+    fn visit_entry_views(&self, f: &mut dyn FnMut(EntryView<'_>)) {
+        self.visit_entries(&mut |entry| f(entry.view()));
     }
 
     /// Number of entries.

@@ -141,26 +141,22 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Conte
     // Compactions, newest first: (messages after it, its entry id, the
     // last entry it covers).
     let mut compactions: Vec<(usize, String, String)> = Vec::new();
-    let mut at = Some(head.to_owned());
-    while let Some(id) = at {
-        // Each entry is read in place (no copy of its payload).
-        let mut parent = None;
-        let found = store.visit_entry(&id, &mut |entry| {
-            if entry.entry_type == EntryType::Compaction.tag() {
-                if let Ok(p) = entry.payload.parse::<CompactionPayload>() {
-                    compactions.push((ids.len(), entry.id.clone(), p.last_entry));
-                }
-            } else if let Some(m) = super::entry_message(entry) {
-                costs.push(Ledger::byte_costs(&m));
-                roles.push(m.role);
-                ids.push(&entry.id);
+    // Each entry is read in place (no copy of its id or payload).
+    let walked = store.visit_path_views(head, &mut |entry| {
+        if entry.entry_type == EntryType::Compaction.tag() {
+            if let Ok(p) = entry.parse::<CompactionPayload>() {
+                compactions.push((ids.len(), entry.id.to_owned(), p.last_entry));
             }
-            parent = entry.parent_id.clone();
-        });
-        if !found {
-            return Err(TurnError::NoSuchEntry(id));
+        } else if let Some(m) = super::conversation::message_of(entry.entry_type, entry.payload) {
+            costs.push(Ledger::byte_costs(&m));
+            roles.push(m.role);
+            ids.push(entry.id);
         }
-        at = parent;
+    });
+    match walked {
+        Ok(()) => {}
+        Err(crate::storage::StorageError::NoSuchEntry(id)) => return Err(TurnError::NoSuchEntry(id)),
+        Err(e) => return Err(e.into()),
     }
     let ids = ids.reversed();
     roles.reverse();

@@ -8,7 +8,7 @@
 
 use crate::events::{EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload};
 use crate::message::{ContentPart, Message, Role};
-use crate::storage::{Entry, RawJson, Storage};
+use crate::storage::{Entry, Storage};
 
 use super::TurnError;
 
@@ -17,14 +17,15 @@ fn tool_result(call_id: String, content: String, is_error: bool) -> Message {
 }
 
 /// The message an entry contributes to the conversation, if any.
-pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message> {
+/// (`payload` is the entry's JSON text.)
+pub(crate) fn message_of(entry_type: &str, payload: &str) -> Option<Message> {
     match EntryType::of(entry_type)? {
-        EntryType::Message => payload.parse::<Message>().ok(),
-        EntryType::ToolCompleted => payload.parse::<ToolCompletedPayload>().ok().map(|p| {
+        EntryType::Message => serde_json::from_str::<Message>(payload).ok(),
+        EntryType::ToolCompleted => serde_json::from_str::<ToolCompletedPayload>(payload).ok().map(|p| {
             let is_error = p.receipt.exit_code != 0;
             tool_result(p.call_id, p.receipt.output_summary, is_error)
         }),
-        EntryType::ToolFailed => payload.parse::<ToolFailedPayload>().ok().map(|p| {
+        EntryType::ToolFailed => serde_json::from_str::<ToolFailedPayload>(payload).ok().map(|p| {
             let text = if p.uncertain {
                 format!("error (uncertain whether the effect happened): {}", p.reason)
             } else {
@@ -32,8 +33,7 @@ pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message>
             };
             tool_result(p.call_id, text, true)
         }),
-        EntryType::ToolRejected => payload
-            .parse::<ToolRejectedPayload>()
+        EntryType::ToolRejected => serde_json::from_str::<ToolRejectedPayload>(payload)
             .ok()
             .map(|p| tool_result(p.call_id, format!("rejected: {}", p.reason), true)),
         EntryType::ToolRequested
@@ -50,7 +50,7 @@ pub(crate) fn message_of(entry_type: &str, payload: &RawJson) -> Option<Message>
 
 /// The message an entry contributes, for readers of the log.
 pub fn entry_message(entry: &Entry) -> Option<Message> {
-    message_of(&entry.entry_type, &entry.payload)
+    message_of(&entry.entry_type, entry.payload.get())
 }
 
 /// The conversation ending at `head` (empty for none).

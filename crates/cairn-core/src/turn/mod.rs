@@ -275,7 +275,7 @@ impl TxBuilder {
         let raw = to_raw(payload)?;
         let entry_type = P::TYPE.tag();
         let tx = std::mem::take(&mut self.tx);
-        if let Some(message) = conversation::message_of(entry_type, &raw) {
+        if let Some(message) = conversation::message_of(entry_type, raw.get()) {
             self.new_messages.push(message);
             self.new_message_ids.push(id.clone());
         }
@@ -331,6 +331,106 @@ pub struct Session<S: Storage> {
     /// The invocation whose `toolStarted` this process committed (so its
     /// effect has not run yet); any other `Executing` pc is a resume.
     started_here: Option<String>,
+    /// What the open's lifecycle check passed (for [`Session::reopen`]).
+    checked: Checked,
+}
+
+/// The prefix of a log the strict lifecycle check passed: its length and
+/// its last entry's id (so another store of at least as many entries is
+/// not taken for the one checked).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Checked {
+    entries: usize,
+    last_id: Option<String>,
+}
+
+impl Checked {
+    /// Run the strict lifecycle check over every entry of `store`.
+    fn run<S: Storage>(store: &S) -> Result<Self, LifecycleError> {
+        let mut tools = crate::projection::LifecycleCheck::default();
+        let mut checked = Checked::default();
+        let total = store.entry_count();
+        store.visit_entry_views(&mut |entry| {
+            tools.apply(entry);
+            checked.entries += 1;
+            if checked.entries == total {
+                checked.last_id = Some(entry.id.to_owned());
+            }
+        });
+        tools.finish()?;
+        Ok(checked)
+    }
+
+    /// Whether the check of `store` would still pass without running it:
+    /// `store` holds the checked prefix (same length up to the same last
+    /// id) and every entry after it is of a type the check does not look
+    /// at (a host's facts, turn marks — not tool events). Reading only
+    /// types and ids, this parses no payload.
+    fn still_holds<S: Storage>(&self, store: &S) -> bool {
+        let mut at = 0usize;
+        let mut holds = store.entry_count() >= self.entries;
+        store.visit_entry_views(&mut |entry| {
+            at += 1;
+            if !holds {
+                return;
+            }
+            if at == self.entries {
+                holds = self.last_id.as_deref() == Some(entry.id);
+            } else if at > self.entries && crate::projection::LifecycleCheck::looks_at(entry.entry_type) {
+                holds = false;
+            }
+        });
+        holds
+    }
+}
+
+/// A session's store taken out of it ([`Session::into_reopen`]) so that a
+/// host can change it between turns (record a fact, choose the turn's
+/// tools) and open it again ([`Session::reopen`]) without the full
+/// re-check of a long log: what the first open checked stays checked as
+/// long as nothing the check looks at was added.
+pub struct Reopen<S: Storage> {
+    store: S,
+    checked: Checked,
+    kept: LaneContext,
+}
+
+/// The lane a session was on, its head then and the context bookkeeping
+/// of that head's path: still true while the head is (entries never
+/// change), so a reopen on the same lane and head does not walk it again.
+struct LaneContext {
+    lane: String,
+    head: Option<String>,
+    ctx: context::ContextState,
+}
+
+impl<S: Storage> std::fmt::Debug for Reopen<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reopen")
+            .field("id", &self.store.header().id)
+            .field("checked", &self.checked)
+            .field("lane", &self.kept.lane)
+            .field("head", &self.kept.head)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Storage> Reopen<S> {
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The store, to commit to (a host's facts; anything the lifecycle
+    /// check looks at is checked again by [`Session::reopen`]).
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
+    /// The store alone (its next open checks everything).
+    pub fn into_store(self) -> S {
+        self.store
+    }
 }
 
 impl<S: Storage> std::fmt::Debug for Session<S> {
@@ -353,6 +453,32 @@ impl<S: Storage> Session<S> {
     /// lifecycle and the pending registers against it, and rebuild the
     /// conversation of the lane.
     pub fn open(store: S, config: SessionConfig) -> Result<Self, TurnError> {
+        Self::open_checked(store, config, None)
+    }
+
+    /// [`Session::open`] of a store taken out of a session with
+    /// [`Session::into_reopen`]: the same checks and state, except that the
+    /// strict lifecycle check is not run again when nothing it looks at was
+    /// added since (on a long log it is most of an open's time).
+    pub fn reopen(reopen: Reopen<S>, config: SessionConfig) -> Result<Self, TurnError> {
+        let Reopen { store, checked, kept } = reopen;
+        // A store that is not the one checked gets a full open.
+        match checked.still_holds(&store) {
+            true => Self::open_checked(store, config, Some((checked, kept))),
+            false => Self::open_checked(store, config, None),
+        }
+    }
+
+    /// Take the store out of this session to open it again with
+    /// [`Session::reopen`].
+    pub fn into_reopen(self) -> Reopen<S> {
+        let kept = LaneContext { lane: self.lane, head: self.head, ctx: self.ctx };
+        Reopen { store: self.store, checked: self.checked, kept }
+    }
+
+    /// An open; `known` is what a previous open of this store found and
+    /// still holds (its lifecycle check, its lane's context).
+    fn open_checked(store: S, config: SessionConfig, known: Option<(Checked, LaneContext)>) -> Result<Self, TurnError> {
         let (pc, state_seq) = match store.state() {
             None => (Pc::idle(&config.lane), 0),
             Some(state) => {
@@ -364,9 +490,10 @@ impl<S: Storage> Session<S> {
         // turn acts on it.
         // (The check keeps statuses only: the full projection would hold
         // every request and receipt a second time while the session opens.)
-        let mut tools = crate::projection::LifecycleCheck::default();
-        store.visit_entries(&mut |entry| tools.apply(entry));
-        tools.finish()?;
+        let (checked, kept) = match known {
+            Some((checked, kept)) => (checked, Some(kept)),
+            None => (Checked::run(&store)?, None),
+        };
         check_pc(&store, &pc)?;
         let lane = if pc.in_progress() { pc.lane.clone() } else { config.lane.clone() };
         let head = match store.register(LANE_NS, &lane) {
@@ -374,13 +501,16 @@ impl<S: Storage> Session<S> {
             None if lane == DEFAULT_LANE => None,
             None => return Err(TurnError::NoSuchLane(lane)),
         };
-        let ctx = context::rebuild(&store, head.as_deref())?;
+        let ctx = match kept {
+            Some(kept) if kept.lane == lane && kept.head == head => kept.ctx,
+            _ => context::rebuild(&store, head.as_deref())?,
+        };
         let mut session_allow = Allowlist::new();
         for rule in registers::session_allow_rules(&store) {
             session_allow.push(AllowRule::parse(&rule)?);
         }
         let cwd = config.cwd.clone().unwrap_or_else(|| PathBuf::from(&store.header().cwd));
-        Ok(Self { store, config, pc, state_seq, lane, head, ctx, session_allow, cwd, started_here: None })
+        Ok(Self { store, config, pc, state_seq, lane, head, ctx, session_allow, cwd, started_here: None, checked })
     }
 
     /// Whether a turn was interrupted (crash, provider failure) or cancelled
@@ -789,4 +919,45 @@ fn check_pc<S: Storage>(store: &S, pc: &Pc) -> Result<(), TurnError> {
         frontier = next;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod reopen_tests {
+    use super::*;
+    use crate::storage::{Header, MemStore};
+
+    fn add(store: &mut MemStore, id: &str, entry_type: &str) {
+        let payload = to_raw(&serde_json::json!({"invocationId": "i1"})).unwrap();
+        store.commit(Transaction::new().entry(id, None, entry_type, payload)).unwrap();
+    }
+
+    #[test]
+    fn what_was_checked_holds_until_a_tool_event_is_added_or_the_log_is_another() {
+        let mut store = MemStore::new(Header::new("s", "/"));
+        add(&mut store, "e1", "message");
+        add(&mut store, "e2", "turnEnded");
+        let checked = Checked::run(&store).unwrap();
+        assert_eq!(checked, Checked { entries: 2, last_id: Some("e2".to_owned()) });
+        assert!(checked.still_holds(&store));
+        // Entries the check does not look at: still holds, nothing parsed.
+        add(&mut store, "e3", "message");
+        add(&mut store, "e4", "turnEnded");
+        add(&mut store, "e5", "somethingNew");
+        store.commit(Transaction::new().set("lane", "main", to_raw(&"e4").unwrap())).unwrap();
+        assert!(checked.still_holds(&store));
+        // A tool event: checked again.
+        let mut with_tool = store.clone();
+        add(&mut with_tool, "e6", "toolCompleted");
+        assert!(!checked.still_holds(&with_tool));
+        // Another log: shorter, or its entry at the checked length differs.
+        let mut other = MemStore::new(Header::new("s", "/"));
+        add(&mut other, "e1", "message");
+        assert!(!checked.still_holds(&other));
+        add(&mut other, "x2", "message");
+        add(&mut other, "e3", "message");
+        assert!(!checked.still_holds(&other));
+        // The empty prefix holds for any log without tool events.
+        assert!(Checked::default().still_holds(&other));
+        assert!(!Checked::default().still_holds(&with_tool));
+    }
 }
