@@ -23,14 +23,19 @@
 //!   [`sweep`] removes those a killed host left behind;
 //! - symlinks are refused: `symlink-at` is not permitted, and a path whose
 //!   last component is a symlink is never followed (opening it is
-//!   `loop`, as with `O_NOFOLLOW`).
+//!   `loop`, as with `O_NOFOLLOW`);
+//! - the actor's disk quota ([`Quota`]): bytes at every commit (and, for
+//!   writes not yet committed, when the runtime asks,
+//!   [`Commits::pending_over_quota`]); files and directories together at
+//!   every call that makes one (a temp file, `create-directory-at`,
+//!   `link-at`: `quota` past the limit) and at every commit.
 //!
 //! It must not: route messages, decide how an instance ended (the runtime
 //! tells [`finish`]), or touch files outside the directories wasmtime-wasi
 //! resolved for the guest. All state lives in the store ([`Commits`]).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -76,9 +81,53 @@ struct Pending {
 #[derive(Default)]
 pub struct Commits {
     pending: BTreeMap<u32, Pending>,
-    /// The actor's disk quota: its host directories (`/data`, `/public`)
-    /// and the bytes they may hold together once a commit is done.
-    quota: Option<(Vec<std::path::PathBuf>, u64)>,
+    /// The actor's disk quota (none: unlimited, for tests of the layer).
+    quota: Option<Quota>,
+}
+
+/// Tells the actor's log why the layer refused something (a host note).
+pub type Note = Box<dyn Fn(&str) + Send + Sync>;
+
+/// An actor's disk quota: what its host directories (`/data`, `/public`)
+/// may hold together, in bytes and in entries (files, directories and
+/// anything else, temp files of writes not yet committed included: they
+/// are on the disk).
+pub struct Quota {
+    dirs: Vec<PathBuf>,
+    bytes: u64,
+    entries: usize,
+    /// The entries under `dirs` as far as this instance knows: every entry
+    /// it makes is counted when made, a removal where the call says so
+    /// (unlink, rmdir, a discarded temp file, a commit over an old file),
+    /// so this is never below the truth for what the guest does; it is
+    /// recounted (a walk) at every commit and before any refusal, so a
+    /// refusal is never for entries that are gone.
+    entries_now: usize,
+    /// Where a refusal is told (once per instance: a guest retrying in a
+    /// loop would otherwise fill its log with the same line).
+    note: Option<Note>,
+    noted: bool,
+}
+
+impl std::fmt::Debug for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Quota({} bytes, {} of {} entries)", self.bytes, self.entries_now, self.entries)
+    }
+}
+
+impl Quota {
+    /// A quota of `bytes` and `entries` over `dirs`; counts what they
+    /// hold now (a walk).
+    pub fn new(dirs: &[&Path], bytes: u64, entries: usize, note: Option<Note>) -> Quota {
+        let dirs: Vec<PathBuf> = dirs.iter().map(|d| d.to_path_buf()).collect();
+        let entries_now = dirs.iter().map(|d| crate::layout::tree_usage(d).1).sum();
+        Quota { dirs, bytes, entries, entries_now, note, noted: false }
+    }
+
+    /// Bytes and entries under the directories now (a walk).
+    fn usage(&self) -> (u64, usize) {
+        self.dirs.iter().map(|d| crate::layout::tree_usage(d)).fold((0, 0), |a, u| (a.0 + u.0, a.1 + u.1))
+    }
 }
 
 impl std::fmt::Debug for Commits {
@@ -88,11 +137,12 @@ impl std::fmt::Debug for Commits {
 }
 
 impl Commits {
-    /// No pending write yet; every commit is refused if afterwards `dirs`
-    /// together would hold more than `bytes` (files not yet committed
-    /// count too: they are on the disk already).
-    pub fn with_quota(dirs: &[&Path], bytes: u64) -> Commits {
-        Commits { pending: BTreeMap::new(), quota: Some((dirs.iter().map(|d| d.to_path_buf()).collect(), bytes)) }
+    /// No pending write yet; a commit is refused if afterwards the quota's
+    /// directories would hold more than its bytes or entries (files not
+    /// yet committed count too: they are on the disk already), and a call
+    /// that would make an entry past its entries fails with `quota`.
+    pub fn with_quota(quota: Quota) -> Commits {
+        Commits { pending: BTreeMap::new(), quota: Some(quota) }
     }
 
     /// Number of descriptors whose writes are not committed yet.
@@ -105,16 +155,49 @@ impl Commits {
     /// already, though no commit would keep them). Committed files are not
     /// walked here (the commit checks them), so an actor's directories
     /// hold at most its quota committed plus its quota pending, and what
-    /// one write adds before the next check.
+    /// one write adds before the next check. (Their number needs no
+    /// check here: each temp file is counted against the entries when it
+    /// is made.)
     pub fn pending_over_quota(&self) -> Option<String> {
-        let (_, quota) = self.quota.as_ref()?;
+        let quota = self.quota.as_ref()?.bytes;
         if self.pending.is_empty() {
             return None;
         }
         let bytes: u64 = self.pending.values().map(|p| p.file.metadata().map(|m| m.len()).unwrap_or(0)).sum();
-        (bytes > *quota).then(|| {
+        (bytes > quota).then(|| {
             format!("over the actor's disk quota: writes not yet committed hold {bytes} bytes, the quota is {quota}")
         })
+    }
+
+    /// Room for one more entry (`what`, the guest's path, for the note):
+    /// `quota` if the directories hold the quota's entries already
+    /// (recounted first, so removals the count missed are seen).
+    fn room_for_entry(&mut self, what: &str) -> FsResult<()> {
+        let Some(q) = self.quota.as_mut() else { return Ok(()) };
+        if q.entries_now < q.entries {
+            return Ok(());
+        }
+        q.entries_now = q.usage().1;
+        if q.entries_now < q.entries {
+            return Ok(());
+        }
+        if !q.noted {
+            q.noted = true;
+            if let Some(note) = &q.note {
+                note(&format!(
+                    "creating {what:?} refused (quota): /data and /public hold {} files and directories, the limit is {} (later refusals of this instance are not noted)",
+                    q.entries_now, q.entries
+                ));
+            }
+        }
+        fail(ErrorCode::Quota)
+    }
+
+    /// One entry more (made) or fewer under the quota's directories.
+    fn count_entry(&mut self, made: bool) {
+        if let Some(q) = self.quota.as_mut() {
+            q.entries_now = if made { q.entries_now.saturating_add(1) } else { q.entries_now.saturating_sub(1) };
+        }
     }
 }
 
@@ -236,24 +319,39 @@ impl CommitFs<'_> {
     /// fsync the temp file, rename it onto the target, fsync the directory.
     fn rename_durably(&mut self, p: &Pending) -> Result<(), String> {
         let dir = Resource::<Descriptor>::new_borrow(p.dir);
-        if let Some((dirs, quota)) = &self.commits.quota {
-            // Enforced here, at the commit, because only a commit makes a
-            // write last: the temp file replaces the target, so the
-            // target's old size no longer counts.
-            let old = t::HostDescriptor::stat_at(&mut self.fs, b(&dir), nofollow(), p.target.clone())
-                .map(|st| st.size)
-                .unwrap_or(0);
-            let used: u64 = dirs.iter().map(|d| crate::layout::tree_bytes(d)).sum();
-            let after = used.saturating_sub(old);
-            if after > *quota {
+        // The quota is enforced here, at the commit, because only a commit
+        // makes a write last: the temp file replaces the target, so the
+        // target's old size (and its entry) no longer count.
+        let old =
+            t::HostDescriptor::stat_at(&mut self.fs, b(&dir), nofollow(), p.target.clone()).ok().map(|st| st.size);
+        let mut entries_after = None;
+        if let Some(q) = self.commits.quota.as_mut() {
+            let (used, entries) = q.usage();
+            q.entries_now = entries;
+            let after = used.saturating_sub(old.unwrap_or(0));
+            if after > q.bytes {
                 return Err(format!(
-                    "over the actor's disk quota: /data and /public would hold {after} bytes, the quota is {quota}"
+                    "over the actor's disk quota: /data and /public would hold {after} bytes, the quota is {}",
+                    q.bytes
                 ));
             }
+            // The temp file is counted already (when it was made): the
+            // commit adds no entry, and takes one away over an old file.
+            let after = entries.saturating_sub(usize::from(old.is_some()));
+            if after > q.entries {
+                return Err(format!(
+                    "over the actor's file quota: /data and /public would hold {after} files and directories, the limit is {}",
+                    q.entries
+                ));
+            }
+            entries_after = Some(after);
         }
         p.file.sync_all().map_err(|e| format!("fsync: {e}"))?;
         t::HostDescriptor::rename_at(&mut self.fs, b(&dir), p.tmp.clone(), b(&dir), p.target.clone())
             .map_err(|e| format!("rename: {e}"))?;
+        if let (Some(q), Some(n)) = (self.commits.quota.as_mut(), entries_after) {
+            q.entries_now = n;
+        }
         match self.fs.table.get(&dir) {
             Ok(Descriptor::Dir(d)) => d.dir.sync_all().map_err(|e| format!("fsync of the directory: {e}")),
             _ => Err("the directory handle is gone".into()),
@@ -267,7 +365,9 @@ impl CommitFs<'_> {
 
     fn discard_file(&mut self, p: &Pending) {
         let dir = Resource::<Descriptor>::new_borrow(p.dir);
-        let _ = t::HostDescriptor::unlink_file_at(&mut self.fs, dir, p.tmp.clone());
+        if t::HostDescriptor::unlink_file_at(&mut self.fs, dir, p.tmp.clone()).is_ok() {
+            self.commits.count_entry(false);
+        }
     }
 
     /// The write path of `open-at`: `fd` is a writable directory.
@@ -295,8 +395,14 @@ impl CommitFs<'_> {
             t::DescriptorFlags::READ,
         )?;
         let name = name.to_owned();
+        // The temp file is an entry on the disk from now on.
+        if let Err(e) = self.commits.room_for_entry(&path) {
+            let _ = self.fs.table.delete(dir);
+            return Err(e);
+        }
         match self.open_temp(&dir, &name, oflags, flags) {
             Ok((tmp, tmp_name, file)) => {
+                self.commits.count_entry(true);
                 self.commits
                     .pending
                     .insert(tmp.rep(), Pending { file, dir: dir.rep(), tmp: tmp_name, target: name, shown: path });
@@ -467,7 +573,10 @@ impl t::HostDescriptor for CommitFs<'_> {
         if hides(&path) {
             return fail(ErrorCode::NotPermitted);
         }
-        t::HostDescriptor::create_directory_at(&mut self.fs, fd, path)
+        self.commits.room_for_entry(&path)?;
+        t::HostDescriptor::create_directory_at(&mut self.fs, fd, path)?;
+        self.commits.count_entry(true);
+        Ok(())
     }
 
     fn stat(&mut self, fd: Resource<Descriptor>) -> FsResult<t::DescriptorStat> {
@@ -519,7 +628,10 @@ impl t::HostDescriptor for CommitFs<'_> {
         if hides(&new_path) {
             return fail(ErrorCode::NotPermitted);
         }
-        t::HostDescriptor::link_at(&mut self.fs, fd, old_path_flags, old_path, new_descriptor, new_path)
+        self.commits.room_for_entry(&new_path)?;
+        t::HostDescriptor::link_at(&mut self.fs, fd, old_path_flags, old_path, new_descriptor, new_path)?;
+        self.commits.count_entry(true);
+        Ok(())
     }
 
     fn open_at(
@@ -567,7 +679,9 @@ impl t::HostDescriptor for CommitFs<'_> {
         if hides(&path) {
             return fail(ErrorCode::NoEntry);
         }
-        t::HostDescriptor::remove_directory_at(&mut self.fs, fd, path)
+        t::HostDescriptor::remove_directory_at(&mut self.fs, fd, path)?;
+        self.commits.count_entry(false);
+        Ok(())
     }
 
     fn rename_at(
@@ -594,7 +708,9 @@ impl t::HostDescriptor for CommitFs<'_> {
         if hides(&path) {
             return fail(ErrorCode::NoEntry);
         }
-        t::HostDescriptor::unlink_file_at(&mut self.fs, fd, path)
+        t::HostDescriptor::unlink_file_at(&mut self.fs, fd, path)?;
+        self.commits.count_entry(false);
+        Ok(())
     }
 
     fn read_via_stream(

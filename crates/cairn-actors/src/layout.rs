@@ -94,7 +94,10 @@ pub struct ActorEntry {
     pub limits: ActorLimits,
 }
 
-/// Per-actor limits below the world's, as a spawn request gave them.
+/// Per-actor limits below the world's, as a spawn request gave them (or
+/// its spawner had, for those it did not give: an actor's child never gets
+/// more than the actor). Each is a cap on the field of the same name of
+/// `runtime::Limits`; the broker applies the lower of it and the world's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActorLimits {
     /// All linear memories together, bytes.
@@ -103,9 +106,24 @@ pub struct ActorLimits {
     /// All table elements together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table_elements: Option<u64>,
+    /// Core instances of an instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instances: Option<u64>,
+    /// Linear memories of an instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memories: Option<u64>,
+    /// Tables of an instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables: Option<u64>,
     /// `/data` + `/public`, bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
+    /// `/data` + `/public`, files and directories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_entries: Option<u64>,
+    /// Fuel per instance (only in a world that meters fuel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuel: Option<u64>,
 }
 
 impl ActorLimits {
@@ -289,17 +307,20 @@ pub fn copy_tree(from: &Path, to: &Path) -> Result<(), LayoutError> {
     Ok(())
 }
 
-/// Bytes of the regular files under `dir` (recursively, symlinks not
-/// followed); unreadable entries count nothing.
-pub fn tree_bytes(dir: &Path) -> u64 {
-    let Ok(rd) = fs::read_dir(dir) else { return 0 };
-    rd.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
-            _ => 0,
-        })
-        .sum()
+/// Bytes of the regular files under `dir` and its entries (files,
+/// directories and anything else), recursively, symlinks not followed;
+/// unreadable entries count one entry and no bytes, a missing `dir` is
+/// `(0, 0)`.
+pub fn tree_usage(dir: &Path) -> (u64, usize) {
+    let Ok(rd) = fs::read_dir(dir) else { return (0, 0) };
+    rd.flatten().fold((0, 0), |(bytes, entries), e| {
+        let (b, n) = match e.file_type() {
+            Ok(t) if t.is_dir() => tree_usage(&e.path()),
+            Ok(t) if t.is_file() => (e.metadata().map(|m| m.len()).unwrap_or(0), 0),
+            _ => (0, 0),
+        };
+        (bytes + b, entries + n + 1)
+    })
 }
 
 /// Bytes and entries under `dir` (recursively, symlinks not followed),

@@ -2,8 +2,9 @@
 //! p1 modules are turned into p2 command components in-process), wiring
 //! stdin/stdout/stderr to OS pipes and files, preopening the actor's
 //! directories behind the commit-on-close layer (`commitfs`: this module
-//! tells it how the instance ended), and enforcing limits (epoch ticks every
-//! 10 ms, memory cap, optional fuel). Owns no routing: lines go to a
+//! tells it how the instance ended, and the actor's disk quota), and
+//! enforcing limits (epoch ticks every 10 ms, the store's resource limiter,
+//! optional fuel). Owns no routing: lines go to a
 //! caller-given sink.
 
 use std::io::{BufRead, BufReader, Write};
@@ -19,7 +20,7 @@ use wasmtime::{Config, Engine, ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
-use crate::commitfs::{self, CommitFs, Commits};
+use crate::commitfs::{self, CommitFs, Commits, Quota};
 
 /// How long a message may wait for room in an actor's stdin pipe before it
 /// is dropped (and the drop logged).
@@ -48,6 +49,11 @@ pub struct Limits {
     /// Bytes of `/data` plus `/public`, checked when a write commits.
     /// Default 256 MiB.
     pub disk_bytes: u64,
+    /// Files and directories (and anything else) in `/data` plus
+    /// `/public` together, temp files of writes not yet committed
+    /// included: a call that would make one more fails with `quota`
+    /// (`EDQUOT`). Default 10,000 (what a `source` copy may hold).
+    pub disk_entries: usize,
     /// Fuel per instance (`None` = unlimited; the epoch still applies).
     pub fuel: Option<u64>,
 }
@@ -61,6 +67,7 @@ impl Default for Limits {
             memories: 8,
             tables: 32,
             disk_bytes: 256 << 20,
+            disk_entries: 10_000,
             fuel: None,
         }
     }
@@ -435,11 +442,17 @@ pub fn start(
     w(b.preopened_dir(&dirs.public, "/public", FsPerms::ReadWrite))?;
     w(b.preopened_dir(&dirs.actor_root, "/actor", FsPerms::ReadOnly))?;
     let ctx = b.build();
+    let log_quota = stderr_log.to_owned();
     let state = ActorState {
         ctx,
         table: ResourceTable::new(),
         limits: ActorLimiter { limits, memory_used: 0, table_used: 0 },
-        commits: Commits::with_quota(&[&dirs.data, &dirs.public], limits.disk_bytes),
+        commits: Commits::with_quota(Quota::new(
+            &[&dirs.data, &dirs.public],
+            limits.disk_bytes,
+            limits.disk_entries,
+            Some(Box::new(move |note: &str| append_note(&log_quota, "host", note))),
+        )),
     };
     let mut store = Store::new(&rt.engine, state);
     store.limiter(|s| &mut s.limits);

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use cairn_actors::{Limits, WorldConfig};
 use common::*;
 use serde_json::{Value, json};
 
@@ -688,7 +689,14 @@ fn a_spawn_lowers_an_actors_limits_and_never_raises_them() {
             json!({"memory_bytes": 1u64 << 40}),
             "limit \"memory_bytes\" of 1099511627776 is above the world's 67108864; a spawn may only lower a limit",
         ),
-        (json!({"cpu": 1}), "unknown limit \"cpu\"; one of memory_bytes, table_elements, disk_bytes"),
+        (
+            json!({"cpu": 1}),
+            "unknown limit \"cpu\"; one of memory_bytes, table_elements, instances, memories, tables, disk_bytes, disk_entries, fuel",
+        ),
+        (
+            json!({"fuel": 5}),
+            "limit \"fuel\" cannot be set: this world does not meter fuel (`cairn world run --fuel N` turns it on)",
+        ),
         (json!({"disk_bytes": -1}), "limit \"disk_bytes\" must be a whole number, not -1"),
         (json!(5), "\"limits\" must be an object, not 5"),
     ] {
@@ -742,13 +750,13 @@ fn a_world_opening_compiles_its_actors_off_the_broker_thread() {
     let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
     let mut t = TestWorld::new();
     // Spawned small, then their stored version replaced by the slow module
-    // (a spawn's compile has a 60 s budget, which a loaded machine can
-    // pass; a start's has none).
+    // (every compile has a budget, 60 s by default, which a loaded machine
+    // can pass: this world gets ten minutes).
     for id in ["b1", "b2", "b3"] {
         assert_eq!(t.spawn(id, &echo())["type"], "ok");
         big_wat(&t.root().join(format!("broker/versions/{id}/1/actor.wat")), 40_000);
     }
-    t.reopen();
+    t.reopen_with(WorldConfig { compile_budget: Duration::from_secs(600), ..Default::default() });
     let l = lists_within_a_second(&t);
     eprintln!("list right after the world opened: {}", l["actors"]);
     let states: Vec<(&str, &str)> = l["actors"]
@@ -768,5 +776,235 @@ fn a_world_opening_compiles_its_actors_off_the_broker_thread() {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    lists_within_a_second(&t);
+}
+
+/// Every compile has the size cap and the world's time budget, a start's
+/// too (a world opening, `start`, a restart and a rollback compile a
+/// stored version not compiled in this run). First a stored module
+/// replaced by one past the size cap (9 MiB: an echo and a comment) meets
+/// the world opening; then, in a world whose compile budget is 1 ms (no
+/// module compiles that fast: the WASI adapter alone takes longer), an
+/// upgrade, a spawn and a start.
+#[test]
+fn every_compile_has_the_size_cap_and_the_budget() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = TestWorld::new();
+    for id in ["big", "up", "st"] {
+        assert_eq!(t.spawn(id, &echo())["type"], "ok");
+    }
+    for id in ["up", "st"] {
+        assert_eq!(t.req(json!({"type": "stop", "id": id}))["type"], "ok");
+    }
+    let stored = t.root().join("broker/versions/big/1/actor.wat");
+    let padded = format!("{}\n;; {}\n", echo(), "x".repeat(9 << 20));
+    std::fs::write(&stored, &padded).unwrap();
+    // Opening the world starts `big`: its compile refuses the module.
+    t.reopen();
+    t.wait_state("big", "a failed start", |_| status_exit(&t, "big").contains("start failed"));
+    lists_within_a_second(&t);
+    let want = format!(
+        "start failed: compiling version 1 failed: {} is {} bytes; a module may have at most 8388608 bytes",
+        stored.display(),
+        padded.len()
+    );
+    assert_eq!(status_exit(&t, "big"), format!("Trap({want:?})"));
+    assert!(t.read("actor/big/stderr.log").contains(&format!("[broker] {want}")));
+    assert_eq!(t.req(json!({"type": "stop", "id": "big"}))["type"], "ok");
+
+    t.reopen_with(WorldConfig { compile_budget: Duration::from_millis(1), ..Default::default() });
+    let up2 = t.file("up2.wat", &echo());
+    let r = t.req(json!({"type": "upgrade", "id": "up", "wasm": up2}));
+    let reason =
+        format!("upgrade refused, the old version keeps running: compiling {} took longer than 0.001 s", up2.display());
+    assert_eq!(r, json!({"type": "error", "request": "upgrade", "id": "up", "reason": reason}));
+    let l = lists_within_a_second(&t);
+    let up = l["actors"].as_array().unwrap().iter().find(|a| a["id"] == "up").unwrap().clone();
+    assert_eq!((up["version"].as_u64(), up["latest"].as_u64()), (Some(1), Some(1)), "{l}");
+
+    let sp = t.file("sp.wat", &echo());
+    let r = t.req(json!({"type": "spawn", "id": "sp", "wasm": sp}));
+    let reason = format!("compiling {} took longer than 0.001 s; spawn of \"sp\" refused", sp.display());
+    assert_eq!(r, json!({"type": "error", "request": "spawn", "reason": reason}));
+    assert!(!t.root().join("actor/sp").exists() && !t.root().join("broker/versions/sp").exists());
+
+    assert_eq!(t.req(json!({"type": "start", "id": "st"}))["type"], "ok");
+    t.wait_state("st", "a failed start", |_| status_exit(&t, "st").contains("start failed"));
+    lists_within_a_second(&t);
+    let want = format!(
+        "start failed: compiling version 1 failed: compiling {} took longer than 0.001 s",
+        t.root().join("broker/versions/st/1/actor.wat").display()
+    );
+    assert_eq!(status_exit(&t, "st"), format!("Trap({want:?})"));
+    assert!(t.read("actor/st/stderr.log").contains(&format!("[broker] {want}")));
+    assert_eq!(t.req(json!({"type": "stop", "id": "st"}))["type"], "ok");
+    lists_within_a_second(&t);
+}
+
+/// Entries (files, directories, anything) under `dir`, recursively.
+fn entries(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else { return 0 };
+    rd.flatten().map(|e| 1 + if e.file_type().is_ok_and(|t| t.is_dir()) { entries(&e.path()) } else { 0 }).sum()
+}
+
+/// A C actor makes directories until it is refused, removes six, holds
+/// three files open for writing (their temp files are on the disk: they
+/// count), creates and closes files until refused, then makes a hard
+/// link: all under its own limit of 50 files and directories (its
+/// spawn's `disk_entries`; the world's is 10,000).
+#[test]
+fn files_and_directories_are_capped_in_number() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    let src = t.file(
+        "many/many.c",
+        r#"#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+static const char *name(int e) { return e == EDQUOT ? "EDQUOT" : strerror(e); }
+int main(void) {
+    char line[4096], p[64];
+    FILE *held[3];
+    int dirs = 0, nheld = 0, files = 0, e_mkdir = 0, e_open = 0;
+    if (!fgets(line, sizeof line, stdin)) return 0;
+    while (dirs <= 100000) {
+        snprintf(p, sizeof p, "/data/d%d", dirs);
+        if (mkdir(p, 0755) != 0) { e_mkdir = errno; break; }
+        dirs++;
+    }
+    for (int i = 0; i < 6; i++) {
+        snprintf(p, sizeof p, "/data/d%d", i);
+        rmdir(p);
+    }
+    for (; nheld < 3; nheld++) {
+        snprintf(p, sizeof p, "/data/h%d", nheld);
+        if (!(held[nheld] = fopen(p, "w"))) break;
+    }
+    while (files <= 100000) {
+        snprintf(p, sizeof p, "/data/f%d", files);
+        FILE *f = fopen(p, "w");
+        if (!f) { e_open = errno; break; }
+        fclose(f);
+        files++;
+    }
+    int l = link("/data/f0", "/data/l0");
+    const char *e_link = l == 0 ? "made" : name(errno);
+    printf("{\"body\":{\"dirs\":%d,\"mkdir\":\"%s\",\"held\":%d,\"files\":%d,\"open\":\"%s\",\"link\":\"%s\"}}\n",
+           dirs, name(e_mkdir), nheld, files, name(e_open), e_link);
+    fflush(stdout);
+    while (fgets(line, sizeof line, stdin)) {}
+    return 0;
+}
+"#,
+    );
+    let out = t.dir.path().join("many/many.wasm");
+    common::clang::build_c_actor(&src, &out);
+    let r = t.req(json!({"type": "spawn", "id": "many", "wasm": out, "limits": {"disk_entries": 50}}));
+    assert_eq!(r["type"], "ok", "{r}");
+    t.subscribe_console("many");
+    t.w().send(Some("many"), None, None, json!("go"));
+    let (m, _) = t.wait_for("the report", |m| m["from"] == "many" && m["body"]["dirs"].is_number());
+    lists_within_a_second(&t);
+    assert_eq!(
+        m["body"],
+        json!({"dirs": 50, "mkdir": "EDQUOT", "held": 3, "files": 3, "open": "EDQUOT", "link": "EDQUOT"}),
+        "{m}"
+    );
+    // 44 directories, 3 files, 3 temp files of the held ones.
+    let on_disk = entries(&t.root().join("data/many")) + entries(&t.root().join("actor/many/public"));
+    assert_eq!(on_disk, 50);
+    let log = t.read("actor/many/stderr.log");
+    assert_eq!(log.matches("refused (quota)").count(), 1, "noted once: {log}");
+    assert!(
+        log.contains(
+            "[host] creating \"d50\" refused (quota): /data and /public hold 50 files and directories, the limit is 50 (later refusals of this instance are not noted)"
+        ),
+        "{log}"
+    );
+    let reg: Value = serde_json::from_str(&t.read("broker/registry.json")).unwrap();
+    assert_eq!(reg["actors"]["many"]["limits"], json!({"disk_entries": 50}));
+    assert_eq!(Limits::default().disk_entries, 10_000, "the documented default");
+}
+
+/// The store's limits are per actor: a spawn lowers an actor's memories,
+/// tables, core instances and fuel below the world's (never above), and
+/// an actor's child never gets more than the actor. A module with three
+/// extra memories and three extra tables runs under the world's limits and
+/// fails to instantiate under its own lower ones; a spinning actor runs
+/// out of its own fuel in a world that meters fuel (2^40 per instance).
+#[test]
+fn instance_memory_table_and_fuel_limits_are_per_actor() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let world_fuel: u64 = 1 << 40;
+    let t = TestWorld::with(Limits { fuel: Some(world_fuel), ..Default::default() });
+    let extra = "(memory $m1 0) (memory $m2 0) (memory $m3 0) (table $t1 0 funcref) (table $t2 0 funcref) (table $t3 0 funcref)";
+    let wide = t.file("wide.wat", &wat(extra, "", ""));
+    assert_eq!(t.req(json!({"type": "spawn", "id": "free", "wasm": wide}))["type"], "ok");
+    t.subscribe_console("free");
+    t.w().send(Some("free"), None, None, json!("hi"));
+    t.wait_for("free's echo", |m| m["from"] == "free" && m["body"] == "hi");
+    for (id, limits, what) in [
+        ("mem", json!({"memories": 2}), "resource limit exceeded: memory count too high at"),
+        ("tab", json!({"tables": 2}), "resource limit exceeded: table count too high at"),
+        ("ins", json!({"instances": 1}), "resource limit exceeded: instance count too high at"),
+    ] {
+        let r = t.req(json!({"type": "spawn", "id": id, "wasm": wide, "limits": limits}));
+        assert_eq!(r["type"], "ok", "{id}: {r}");
+        t.wait_state(id, "a failed instantiation", |_| status_exit(&t, id).contains("instantiation failed"));
+        let exit = status_exit(&t, id);
+        assert!(exit.contains(what), "{id}: {exit}");
+        assert_eq!(t.req(json!({"type": "stop", "id": id}))["type"], "ok");
+        let reg: Value = serde_json::from_str(&t.read("broker/registry.json")).unwrap();
+        assert_eq!(reg["actors"][id]["limits"], limits);
+    }
+    lists_within_a_second(&t);
+    let spin = t.file("spin.wat", &spinner());
+    let r = t.req(json!({"type": "spawn", "id": "spin", "wasm": spin, "limits": {"fuel": 1_000_000}}));
+    assert_eq!(r["type"], "ok", "{r}");
+    t.wait_state("spin", "out of fuel", |_| status_exit(&t, "spin").contains("all fuel consumed by WebAssembly"));
+    assert_eq!(t.req(json!({"type": "stop", "id": "spin"}))["type"], "ok");
+    lists_within_a_second(&t);
+    for (limits, reason) in [
+        (json!({"memories": 9}), "limit \"memories\" of 9 is above the world's 8; a spawn may only lower a limit"),
+        (json!({"tables": 33}), "limit \"tables\" of 33 is above the world's 32; a spawn may only lower a limit"),
+        (json!({"instances": 33}), "limit \"instances\" of 33 is above the world's 32; a spawn may only lower a limit"),
+        (
+            json!({"disk_entries": 10_001}),
+            "limit \"disk_entries\" of 10001 is above the world's 10000; a spawn may only lower a limit",
+        ),
+        (
+            json!({"fuel": world_fuel + 1}),
+            "limit \"fuel\" of 1099511627777 is above the world's 1099511627776; a spawn may only lower a limit",
+        ),
+    ] {
+        let r = t.req(json!({"type": "spawn", "id": "more", "wasm": wide, "limits": limits}));
+        assert_eq!(r, json!({"type": "error", "reason": reason}), "{limits}");
+    }
+    // An actor with its own limits spawns two children: one asks for more
+    // memories than the actor has (refused), one asks for nothing (it gets
+    // the actor's).
+    let reqs = concat!(
+        "{\"to\":\"broker\",\"id\":\"c2\",\"body\":{\"type\":\"spawn\",\"id\":\"c2\",\"wasm\":\"/public/x.wat\",\"limits\":{\"memories\":5}}}\n",
+        "{\"to\":\"broker\",\"id\":\"c1\",\"body\":{\"type\":\"spawn\",\"id\":\"c1\",\"wasm\":\"/public/x.wat\"}}\n",
+    );
+    let parent = t.file("parent.wat", &actor(reqs, "", ""));
+    let r =
+        t.req(json!({"type": "spawn", "id": "parent", "wasm": parent, "limits": {"memories": 4, "fuel": 1u64 << 30}}));
+    assert_eq!(r["type"], "ok", "{r}");
+    std::fs::write(t.root().join("actor/parent/public/x.wat"), echo()).unwrap();
+    t.subscribe_console("parent");
+    t.w().send(Some("parent"), None, None, json!("go"));
+    let (m, _) = t.wait_for("c2's refusal", |m| m["from"] == "parent" && m["reply_to"] == "parent/c2");
+    assert_eq!(
+        m["body"],
+        json!({"type": "error", "reason": "limit \"memories\" of 5 is above \"parent\"'s own 4; a spawn may only lower a limit"}),
+        "{m}"
+    );
+    let (m, _) = t.wait_for("c1's spawn", |m| m["from"] == "parent" && m["reply_to"] == "parent/c1");
+    assert_eq!(m["body"], json!({"type": "ok", "request": "spawn", "id": "c1", "version": 1}), "{m}");
+    let reg: Value = serde_json::from_str(&t.read("broker/registry.json")).unwrap();
+    assert_eq!(reg["actors"]["c1"]["limits"], json!({"memories": 4, "fuel": 1u64 << 30}));
     lists_within_a_second(&t);
 }

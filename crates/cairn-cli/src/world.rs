@@ -73,6 +73,7 @@ pub fn run(ctx: &Context, action: WorldAction) -> Result<u8> {
             let d = dir(d);
             let cfg = cairn_actors::WorldConfig {
                 limits: cairn_actors::Limits { memory_bytes: memory_mib << 20, fuel, ..Default::default() },
+                ..Default::default()
             };
             let world = Arc::new(World::open(&d, cfg)?);
             let agent = if no_agent {

@@ -57,12 +57,16 @@ pub const MAX_ABANDONED: usize = 8;
 /// time than the file's size (a 12 MB `.wat` of small functions took
 /// 800 MB and over a minute on a loaded 2-core machine).
 pub const WASM_LIMIT: u64 = 8 << 20;
-/// Time a spawn's compilation may take before the spawn is refused (the
-/// compile runs off the broker thread; a late result is dropped).
+/// Time a compile may take (a spawn's, an upgrade's, a start's), the
+/// default of [`WorldConfig::compile_budget`]: past it the spawn or
+/// upgrade is refused, or the start fails (a crash), and the late result is
+/// dropped. A module under [`WASM_LIMIT`] compiles in about a minute at
+/// worst on a loaded 2-core machine.
 pub const COMPILE_BUDGET: Duration = Duration::from_secs(60);
-/// Spawn compilations running at once (counted until their thread ends,
-/// past the budget too: cranelift cannot be interrupted); more spawns are
-/// refused until one is done.
+/// Compilations running at once (spawns, upgrades and starts together,
+/// each counted until its thread ends, past the budget too: cranelift
+/// cannot be interrupted); more spawns and upgrades are refused until one
+/// is done, a start waits.
 pub const COMPILES_AT_ONCE: usize = 2;
 /// The largest `source` directory a spawn or upgrade copies: bytes and
 /// entries (files and directories).
@@ -76,10 +80,33 @@ pub fn backoff(n: u32) -> Duration {
 }
 
 /// World settings.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct WorldConfig {
-    /// Per-instance limits.
+    /// Per-instance limits (an actor's own may be lower, never higher).
     pub limits: Limits,
+    /// Time any compile may take ([`COMPILE_BUDGET`] by default).
+    pub compile_budget: Duration,
+}
+
+impl Default for WorldConfig {
+    fn default() -> Self {
+        WorldConfig { limits: Limits::default(), compile_budget: COMPILE_BUDGET }
+    }
+}
+
+/// `d` in seconds, for messages (`60 s`, `0.05 s`).
+fn secs(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
+}
+
+/// Reads a module, refusing one larger than [`WASM_LIMIT`] before reading
+/// it (compiling an 80 MB `.wat` takes seconds and gigabytes).
+fn read_wasm(p: &Path) -> anyhow::Result<Vec<u8>> {
+    let len = std::fs::metadata(p).with_context(|| format!("reading {}", p.display()))?.len();
+    if len > WASM_LIMIT {
+        anyhow::bail!("{} is {len} bytes; a module may have at most {WASM_LIMIT} bytes", p.display());
+    }
+    std::fs::read(p).with_context(|| format!("reading {}", p.display()))
 }
 
 enum Event {
@@ -97,16 +124,13 @@ enum Event {
         msg: Outbound,
     },
     Tested(Box<Tested>),
+    /// A compile started by `start_compile` ended (at `ended`): the
+    /// module as read and what it compiled to.
     Compiled {
         token: u64,
         result: Result<Component, String>,
         bytes: Vec<u8>,
-    },
-    /// A version's module compiled (off the broker thread) for a start.
-    Loaded {
-        id: String,
-        version: u32,
-        result: Result<Component, String>,
+        ended: Instant,
     },
     /// An instance did not end at its kill: `in_host` if it was inside a
     /// host call then (given up at once), else 0.5 s later.
@@ -128,6 +152,36 @@ struct Spawning {
     built_by: Option<String>,
     http: bool,
     limits: layout::ActorLimits,
+}
+
+/// What a compile is for: whoever waits for it when it ends, or when it
+/// runs past the budget.
+enum Purpose {
+    Spawn(Spawning),
+    /// Compiled, the module goes through the upgrade's gate.
+    Upgrade(Box<Upgrade>),
+    /// A start of a version not compiled in this run.
+    Load {
+        id: String,
+        version: u32,
+    },
+}
+
+/// Where a compile's module comes from.
+enum ModuleBytes {
+    /// Read already (a spawn's or an upgrade's: the version stores them).
+    Read(Vec<u8>),
+    /// The module stored in a version directory, read (under
+    /// [`WASM_LIMIT`]) on the compile's thread.
+    Stored(PathBuf),
+}
+
+/// A compile running on a thread of its own.
+struct Compile {
+    purpose: Purpose,
+    /// The module's file, for messages.
+    wasm: PathBuf,
+    /// Past it the compile's purpose is refused and its result dropped.
     deadline: Instant,
 }
 
@@ -201,8 +255,10 @@ struct Broker {
     agent_box: Arc<Mailbox>,
     generation: u64,
     quitting: Option<Sender<()>>,
-    /// Spawns waiting for their compilation, by token.
-    spawning: HashMap<u64, Spawning>,
+    /// Compiles running (spawns, upgrades, starts), by token; one past its
+    /// deadline is taken out (and its purpose refused), so its late result
+    /// finds nothing.
+    compiles: HashMap<u64, Compile>,
     /// Instances given up in a host call, by actor and generation, until
     /// their thread ends (see [`MAX_ABANDONED`]).
     abandoned: std::collections::HashSet<(String, u64)>,
@@ -298,16 +354,10 @@ impl Broker {
                 continue;
             }
             let now = Instant::now();
-            let late: Vec<u64> = self.spawning.iter().filter(|(_, s)| s.deadline <= now).map(|(t, _)| *t).collect();
+            let late: Vec<u64> = self.compiles.iter().filter(|(_, c)| c.deadline <= now).map(|(t, _)| *t).collect();
             for t in late {
-                if let Some(sp) = self.spawning.remove(&t) {
-                    let reason = format!(
-                        "compiling {} took longer than {} s; spawn of {:?} refused",
-                        sp.wasm.display(),
-                        COMPILE_BUDGET.as_secs(),
-                        sp.id
-                    );
-                    self.reply(&sp.from, &sp.req_id, json!({"type": "error", "request": "spawn", "reason": reason}));
+                if let Some(c) = self.compiles.remove(&t) {
+                    self.compile_late(c);
                 }
             }
             let due: Vec<String> = self
@@ -339,8 +389,19 @@ impl Broker {
             Event::Native { from, msg } => self.route(&from, msg),
             Event::Exited { id, generation, exit } => self.exited(&id, generation, exit),
             Event::Tested(t) => self.tested(*t),
-            Event::Compiled { token, result, bytes } => self.compiled(token, result, &bytes),
-            Event::Loaded { id, version, result } => self.loaded(&id, version, result),
+            Event::Compiled { token, result, bytes, ended } => match self.compiles.remove(&token) {
+                // Taken out at its deadline: answered already.
+                None => {}
+                // Compiled after its deadline, before the broker saw the
+                // deadline pass: late all the same. (A failed compile is
+                // told as it failed: its reason says more.)
+                Some(c) if result.is_ok() && ended > c.deadline => self.compile_late(c),
+                Some(c) => match c.purpose {
+                    Purpose::Spawn(sp) => self.compiled(sp, result, &bytes),
+                    Purpose::Upgrade(plan) => self.upgrade_compiled(*plan, result),
+                    Purpose::Load { id, version } => self.loaded(&id, version, result),
+                },
+            },
             Event::Abandon { id, generation, in_host } => {
                 let stuck = self
                     .actors
@@ -794,6 +855,64 @@ impl Broker {
         self.write_status(id);
     }
 
+    /// Compiles `bytes` on a thread of its own (counted in
+    /// [`COMPILES_AT_ONCE`] until it ends), for `purpose`; its result comes
+    /// back as [`Event::Compiled`], or, past the world's compile budget,
+    /// `compile_late` refuses the purpose first.
+    fn start_compile(&mut self, bytes: ModuleBytes, wasm: PathBuf, purpose: Purpose) -> anyhow::Result<()> {
+        self.next_token += 1;
+        let token = self.next_token;
+        let (rt, tx, compiling) = (self.rt.clone(), self.tx.clone(), self.compiling.clone());
+        compiling.fetch_add(1, Ordering::SeqCst);
+        let started = thread::Builder::new().name("actor-compile".into()).spawn({
+            let compiling = compiling.clone();
+            move || {
+                let read = match bytes {
+                    ModuleBytes::Read(b) => Ok(b),
+                    ModuleBytes::Stored(dir) => version_wasm(&dir)
+                        .ok_or_else(|| anyhow!("{} holds no actor.wasm", dir.display()))
+                        .and_then(|p| read_wasm(&p)),
+                };
+                let (result, bytes) = match read {
+                    Ok(b) => (rt.compile(&b).map_err(|e| format!("{e:#}")), b),
+                    Err(e) => (Err(format!("{e:#}")), Vec::new()),
+                };
+                let ended = Instant::now();
+                compiling.fetch_sub(1, Ordering::SeqCst);
+                let _ = tx.send(Event::Compiled { token, result, bytes, ended });
+            }
+        });
+        if let Err(e) = started {
+            compiling.fetch_sub(1, Ordering::SeqCst);
+            return Err(e).context("starting the compile thread");
+        }
+        let deadline = Instant::now() + self.cfg.compile_budget;
+        self.compiles.insert(token, Compile { purpose, wasm, deadline });
+        Ok(())
+    }
+
+    /// A compile ran past the world's budget: its spawn or upgrade is
+    /// refused, its start fails (a crash, retried with the backoff). The
+    /// thread runs to its end alone (cranelift cannot be interrupted).
+    fn compile_late(&mut self, c: Compile) {
+        let why = format!("compiling {} took longer than {}", c.wasm.display(), secs(self.cfg.compile_budget));
+        match c.purpose {
+            Purpose::Spawn(sp) => {
+                let reason = format!("{why}; spawn of {:?} refused", sp.id);
+                self.reply(&sp.from, &sp.req_id, json!({"type": "error", "request": "spawn", "reason": reason}));
+            }
+            Purpose::Upgrade(plan) => {
+                let reason = format!("upgrade refused, the old version keeps running: {why}");
+                self.reply(
+                    &plan.requester,
+                    &plan.req_id,
+                    json!({"type": "error", "request": "upgrade", "id": plan.id, "reason": reason}),
+                );
+            }
+            Purpose::Load { id, version } => self.loaded(&id, version, Err(why)),
+        }
+    }
+
     /// Compiles version `v` of `id` on a thread of its own for a start, or,
     /// with [`COMPILES_AT_ONCE`] compiles running, tries again in 0.2 s.
     fn load(&mut self, id: &str, v: u32) {
@@ -804,25 +923,14 @@ impl Broker {
             return;
         }
         let dir = self.layout.version(id, v);
-        let (rt, tx, compiling, id_owned) = (self.rt.clone(), self.tx.clone(), self.compiling.clone(), id.to_owned());
-        compiling.fetch_add(1, Ordering::SeqCst);
-        let started = thread::Builder::new().name("actor-load".into()).spawn({
-            let compiling = compiling.clone();
-            move || {
-                let result = version_wasm(&dir)
-                    .ok_or_else(|| anyhow!("{} holds no actor.wasm", dir.display()))
-                    .and_then(|p| std::fs::read(&p).with_context(|| format!("reading {}", p.display())))
-                    .and_then(|bytes| rt.compile(&bytes))
-                    .map_err(|e| format!("{e:#}"));
-                compiling.fetch_sub(1, Ordering::SeqCst);
-                let _ = tx.send(Event::Loaded { id: id_owned, version: v, result });
-            }
-        });
+        let wasm = version_wasm(&dir).unwrap_or_else(|| dir.join("actor.wasm"));
+        let purpose = Purpose::Load { id: id.to_owned(), version: v };
+        let started = self.start_compile(ModuleBytes::Stored(dir), wasm, purpose);
+        let Some(a) = self.actors.get_mut(id) else { return };
         match started {
-            Ok(_) => a.loading = Some(v),
+            Ok(()) => a.loading = Some(v),
             Err(e) => {
-                compiling.fetch_sub(1, Ordering::SeqCst);
-                a.load_failed = Some((v, format!("starting the compile thread: {e}")));
+                a.load_failed = Some((v, format!("{e:#}")));
                 a.restart_at = Some(Instant::now());
             }
         }
@@ -849,7 +957,9 @@ impl Broker {
         }
     }
 
-    /// The world's limits, lowered where the actor's spawn asked for less.
+    /// The world's limits, lowered where the actor's own are lower (its
+    /// spawn request's, or its spawner's: `ActorEntry::limits`). An
+    /// actor's fuel applies only in a world that meters fuel.
     fn limits_of(&self, id: &str) -> Limits {
         let mut l = self.cfg.limits;
         if let Some(a) = self.reg.actors.get(id).map(|e| e.limits) {
@@ -858,7 +968,12 @@ impl Broker {
             };
             l.memory_bytes = low(l.memory_bytes, a.memory_bytes);
             l.table_elements = low(l.table_elements, a.table_elements);
+            l.instances = low(l.instances, a.instances);
+            l.memories = low(l.memories, a.memories);
+            l.tables = low(l.tables, a.tables);
+            l.disk_entries = low(l.disk_entries, a.disk_entries);
             l.disk_bytes = a.disk_bytes.map_or(l.disk_bytes, |d| d.min(l.disk_bytes));
+            l.fuel = l.fuel.map(|world| a.fuel.map_or(world, |f| f.min(world)));
         }
         l
     }

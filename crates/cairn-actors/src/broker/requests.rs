@@ -10,18 +10,23 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::thread;
-use std::time::Instant;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{anyhow, bail};
 use serde_json::{Value, json};
 use wasmtime::component::Component;
 
 use super::{
-    AfterStop, Broker, COMPILE_BUDGET, COMPILES_AT_ONCE, Event, SOURCE_LIMIT, Spawning, Tested, Upgrade, WASM_LIMIT,
+    AfterStop, Broker, COMPILES_AT_ONCE, Event, ModuleBytes, Purpose, SOURCE_LIMIT, Spawning, Tested, Upgrade,
+    read_wasm,
 };
 use crate::layout::{self, ActorEntry, ActorLimits, Desired};
-use crate::message::{self, AGENT, BROKER, CONSOLE, Outbound};
+use crate::message::{self, AGENT, CONSOLE};
 use crate::transcript::{self, Candidate};
+
+/// The limits a spawn request may set (`"limits"`), as in
+/// [`ActorLimits`].
+const LIMIT_NAMES: [&str; 8] =
+    ["memory_bytes", "table_elements", "instances", "memories", "tables", "disk_bytes", "disk_entries", "fuel"];
 
 /// One request as received: who sent it, its full id, its body and type.
 struct Req<'a> {
@@ -128,7 +133,7 @@ impl Broker {
         if self.reg.actors.contains_key(&id) {
             bail!("actor {id:?} exists; use upgrade");
         }
-        if self.spawning.values().any(|s| s.id == id) {
+        if self.compiles.values().any(|c| matches!(&c.purpose, Purpose::Spawn(s) if s.id == id)) {
             bail!("actor {id:?} is being spawned already");
         }
         self.compile_slot_free()?;
@@ -137,7 +142,7 @@ impl Broker {
             // Else an actor without HTTP could spawn one that has it.
             bail!("{from} may not grant \"http\": it did not declare it in its own spawn request");
         }
-        let limits = self.requested_limits(r.body.get("limits"))?;
+        let limits = self.requested_limits(from, r.body.get("limits"))?;
         let wasm = self.path(from, &r.need("wasm")?)?;
         let source = r.field("source").map(|s| self.path(from, s)).transpose()?;
         let bytes = read_wasm(&wasm)?;
@@ -145,46 +150,25 @@ impl Broker {
         if let Some(s) = &source {
             self.check_source(&id, s)?;
         }
-        self.next_token += 1;
-        let token = self.next_token;
-        let (rt, tx, compiling) = (self.rt.clone(), self.tx.clone(), self.compiling.clone());
-        compiling.fetch_add(1, Ordering::SeqCst);
-        let started = thread::Builder::new().name("actor-compile".into()).spawn({
-            let compiling = compiling.clone();
-            move || {
-                let result = rt.compile(&bytes).map_err(|e| format!("{e:#}"));
-                compiling.fetch_sub(1, Ordering::SeqCst);
-                let _ = tx.send(Event::Compiled { token, result, bytes });
-            }
-        });
-        if let Err(e) = started {
-            compiling.fetch_sub(1, Ordering::SeqCst);
-            return Err(e).context("starting the compile thread");
-        }
-        self.spawning.insert(
-            token,
-            Spawning {
-                id,
-                from: from.to_owned(),
-                req_id: r.req_id.to_owned(),
-                wasm,
-                source,
-                built_by: r.field("built_by").map(str::to_owned),
-                http,
-                limits,
-                deadline: Instant::now() + COMPILE_BUDGET,
-            },
-        );
-        Ok(())
+        let sp = Spawning {
+            id,
+            from: from.to_owned(),
+            req_id: r.req_id.to_owned(),
+            wasm: wasm.clone(),
+            source,
+            built_by: r.field("built_by").map(str::to_owned),
+            http,
+            limits,
+        };
+        self.start_compile(ModuleBytes::Read(bytes), wasm, Purpose::Spawn(sp))
     }
 
-    /// A spawn's compilation is done: install version 1 and start it, or
-    /// answer why not. Whatever fails leaves no trace of the actor.
-    pub(super) fn compiled(&mut self, token: u64, result: Result<Component, String>, bytes: &[u8]) {
-        // Gone when it ran past its budget (already answered).
-        let Some(sp) = self.spawning.remove(&token) else { return };
+    /// A spawn's compilation is done (within the budget: one past it was
+    /// answered already): install version 1 and start it, or answer why
+    /// not. Whatever fails leaves no trace of the actor.
+    pub(super) fn compiled(&mut self, sp: Spawning, result: Result<Component, String>, bytes: &[u8]) {
         if self.reg.actors.contains_key(&sp.id) {
-            // Never possible while `spawning` holds the id, but never
+            // Never possible while its compile runs (`spawn` refuses), but never
             // clean up (below) another actor's directories either.
             let reason = format!("actor {:?} exists; use upgrade", sp.id);
             return self.reply(&sp.from, &sp.req_id, json!({"type": "error", "request": "spawn", "reason": reason}));
@@ -232,30 +216,43 @@ impl Broker {
         Ok(())
     }
 
-    /// A spawn's `"limits": {"memory_bytes"?, "table_elements"?,
-    /// "disk_bytes"?}`: each a whole number at most the world's (a spawner
-    /// can lower what its actor gets, never raise it).
-    fn requested_limits(&self, v: Option<&Value>) -> anyhow::Result<ActorLimits> {
-        let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(ActorLimits::default()) };
+    /// A spawn's `"limits": {name: n, …}` (names: [`LIMIT_NAMES`]): each a
+    /// whole number at most its spawner's own (the world's for the console
+    /// and the agent; an actor's limits for an actor), so a spawner can
+    /// lower what its actor gets, never raise it. An actor's child gets
+    /// its spawner's limits for those the request does not give.
+    fn requested_limits(&self, from: &str, v: Option<&Value>) -> anyhow::Result<ActorLimits> {
+        let spawner = self.reg.actors.get(from).map(|e| e.limits);
+        let mut out = spawner.unwrap_or_default();
+        let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(out) };
         let Some(map) = v.as_object() else { bail!("\"limits\" must be an object, not {v}") };
-        let world = self.cfg.limits;
-        let mut out = ActorLimits::default();
+        let (ceiling, whose) = match spawner {
+            Some(_) => (self.limits_of(from), format!("{from:?}'s own")),
+            None => (self.cfg.limits, "the world's".to_owned()),
+        };
         for (k, x) in map {
-            let max = match k.as_str() {
-                "memory_bytes" => world.memory_bytes as u64,
-                "table_elements" => world.table_elements as u64,
-                "disk_bytes" => world.disk_bytes,
-                other => bail!("unknown limit {other:?}; one of memory_bytes, table_elements, disk_bytes"),
+            let as64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+            let (max, field) = match k.as_str() {
+                "memory_bytes" => (Some(as64(ceiling.memory_bytes)), &mut out.memory_bytes),
+                "table_elements" => (Some(as64(ceiling.table_elements)), &mut out.table_elements),
+                "instances" => (Some(as64(ceiling.instances)), &mut out.instances),
+                "memories" => (Some(as64(ceiling.memories)), &mut out.memories),
+                "tables" => (Some(as64(ceiling.tables)), &mut out.tables),
+                "disk_bytes" => (Some(ceiling.disk_bytes), &mut out.disk_bytes),
+                "disk_entries" => (Some(as64(ceiling.disk_entries)), &mut out.disk_entries),
+                "fuel" => (ceiling.fuel, &mut out.fuel),
+                other => bail!("unknown limit {other:?}; one of {}", LIMIT_NAMES.join(", ")),
             };
             let Some(n) = x.as_u64() else { bail!("limit {k:?} must be a whole number, not {x}") };
+            let Some(max) = max else {
+                bail!(
+                    "limit {k:?} cannot be set: this world does not meter fuel (`cairn world run --fuel N` turns it on)"
+                )
+            };
             if n > max {
-                bail!("limit {k:?} of {n} is above the world's {max}; a spawn may only lower a limit");
+                bail!("limit {k:?} of {n} is above {whose} {max}; a spawn may only lower a limit");
             }
-            match k.as_str() {
-                "memory_bytes" => out.memory_bytes = Some(n),
-                "table_elements" => out.table_elements = Some(n),
-                _ => out.disk_bytes = Some(n),
-            }
+            *field = Some(n);
         }
         Ok(out)
     }
@@ -293,8 +290,8 @@ impl Broker {
         Ok(())
     }
 
-    /// Starts the upgrade's gate on its own thread (routing goes on
-    /// meanwhile); `tested` continues when it is done.
+    /// Checks an upgrade and starts compiling its module off the broker
+    /// thread; `upgrade_compiled` runs its gate.
     fn upgrade(&mut self, r: &Req<'_>) -> anyhow::Result<()> {
         let from = r.from;
         let id = r.need("id")?;
@@ -315,35 +312,37 @@ impl Broker {
             id: id.clone(),
             requester: from.to_owned(),
             req_id: r.req_id.to_owned(),
-            wasm,
+            wasm: wasm.clone(),
             bytes: bytes.clone(),
             source,
             built_by: r.field("built_by").map(str::to_owned),
             new_version: latest + 1,
             tests: 0,
         };
+        // Compiled off the broker thread, like a spawn, under the same
+        // budget; `upgrade_compiled` goes on.
+        self.start_compile(ModuleBytes::Read(bytes), wasm, Purpose::Upgrade(Box::new(plan)))
+    }
+
+    /// An upgrade's module compiled (within the budget): its gate runs on
+    /// a thread of its own (routing goes on meanwhile); `tested` continues
+    /// when it is done.
+    pub(super) fn upgrade_compiled(&mut self, plan: Upgrade, result: Result<Component, String>) {
+        let (id, requester, req_id) = (plan.id.clone(), plan.requester.clone(), plan.req_id.clone());
+        let refuse = |b: &mut Broker, reason: String| {
+            b.reply(&requester, &req_id, json!({"type": "error", "request": "upgrade", "id": id, "reason": reason}));
+        };
+        let component = match result {
+            Ok(c) => c,
+            Err(e) => return refuse(self, e),
+        };
+        if !self.reg.actors.contains_key(&id) {
+            return refuse(self, format!("no actor {id:?} (removed while its upgrade compiled)"));
+        }
         let (rt, tx, limits) = (self.rt.clone(), self.tx.clone(), self.limits_of(&id));
         let (data, public, actor_root) = (self.layout.data(&id), self.layout.public(&id), self.layout.actor_root());
         let scratch = self.layout.root().join("broker").join("candidates").join(&id);
-        let compiling = self.compiling.clone();
-        // Counted like a spawn's compile, until the compile ends.
-        compiling.fetch_add(1, Ordering::SeqCst);
-        let count = compiling.clone();
         let started = thread::Builder::new().name("actor-gate".into()).spawn(move || {
-            // Compiled here, off the broker thread, like a spawn.
-            let compiled = rt.compile(&bytes);
-            count.fetch_sub(1, Ordering::SeqCst);
-            let component = match compiled {
-                Ok(c) => c,
-                Err(e) => {
-                    let (r, q) = (plan.requester.clone(), plan.req_id.clone());
-                    let body =
-                        json!({"type": "error", "request": "upgrade", "id": plan.id, "reason": format!("{e:#}")});
-                    let msg = Outbound { to: Some(r), id: None, reply_to: Some(q), body };
-                    let _ = tx.send(Event::Native { from: BROKER.into(), msg });
-                    return;
-                }
-            };
             let c = Candidate {
                 rt: &rt,
                 component: &component,
@@ -361,10 +360,8 @@ impl Broker {
             let _ = tx.send(Event::Tested(Box::new(Tested { plan, component, verdict })));
         });
         if let Err(e) = started {
-            compiling.fetch_sub(1, Ordering::SeqCst);
-            return Err(e).context("starting the test thread");
+            refuse(self, format!("starting the test thread: {e}"));
         }
-        Ok(())
     }
 
     fn rollback_request(&mut self, r: &Req<'_>) -> anyhow::Result<()> {
@@ -442,16 +439,6 @@ impl Broker {
     fn path(&self, from: &str, p: &str) -> anyhow::Result<PathBuf> {
         Ok(layout::resolve(&self.layout, from, Self::native(from), p)?)
     }
-}
-
-/// Reads a module, refusing one larger than [`WASM_LIMIT`] before reading
-/// it (compiling an 80 MB `.wat` takes seconds and gigabytes).
-fn read_wasm(p: &Path) -> anyhow::Result<Vec<u8>> {
-    let len = std::fs::metadata(p).with_context(|| format!("reading {}", p.display()))?.len();
-    if len > WASM_LIMIT {
-        bail!("{} is {len} bytes; a module may have at most {WASM_LIMIT} bytes", p.display());
-    }
-    std::fs::read(p).with_context(|| format!("reading {}", p.display()))
 }
 
 fn check_ext(p: &Path) -> anyhow::Result<()> {

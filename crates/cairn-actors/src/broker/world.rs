@@ -159,7 +159,7 @@ impl World {
             agent_box: agent_box.clone(),
             generation: 0,
             quitting: None,
-            spawning: HashMap::new(),
+            compiles: HashMap::new(),
             compiling: Arc::default(),
             abandoned: Default::default(),
             next_token: 0,

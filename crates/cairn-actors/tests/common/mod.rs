@@ -114,9 +114,12 @@ impl TestWorld {
         Self::with(Limits::default())
     }
     pub fn with(limits: Limits) -> TestWorld {
+        Self::with_config(WorldConfig { limits, ..Default::default() })
+    }
+    pub fn with_config(cfg: WorldConfig) -> TestWorld {
         let dir = tempfile::tempdir().unwrap();
         cairn_actors::init(&dir.path().join("w")).unwrap();
-        let world = World::open(&dir.path().join("w"), WorldConfig { limits }).unwrap();
+        let world = World::open(&dir.path().join("w"), cfg).unwrap();
         TestWorld { dir, world: Some(world), pending: Default::default() }
     }
     pub fn w(&self) -> &World {
@@ -126,8 +129,11 @@ impl TestWorld {
         self.dir.path().join("w")
     }
     pub fn reopen(&mut self) {
+        self.reopen_with(WorldConfig::default());
+    }
+    pub fn reopen_with(&mut self, cfg: WorldConfig) {
         self.world.take().unwrap().quit();
-        self.world = Some(World::open(&self.root(), WorldConfig::default()).unwrap());
+        self.world = Some(World::open(&self.root(), cfg).unwrap());
     }
     /// Writes an actor file and returns its path.
     pub fn file(&self, name: &str, text: &str) -> PathBuf {
