@@ -26,7 +26,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use util::{Env, entries, entries_of_text};
+#[cfg(feature = "postgres")]
+use util::entries_of_text;
+use util::{Env, entries};
 
 /// Wait until `f` holds (a minute at most: a face that never gets there
 /// fails the test, saying what it waited for).
@@ -274,6 +276,7 @@ type Face = (&'static str, fn(&Env) -> Vec<Value>, &'static str);
 
 #[test]
 fn every_face_records_the_same_session() {
+    #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
     let mut faces: Vec<Face> = vec![
         ("cairn run", cli, "policy:headless"),
         ("9P session", served, "user:9p"),

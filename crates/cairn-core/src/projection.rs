@@ -338,7 +338,7 @@ impl LifecycleCheck {
     /// Whether entries of `entry_type` are looked at (the tool events);
     /// an entry of any other type never changes the check's verdict.
     pub fn looks_at(entry_type: &str) -> bool {
-        EntryType::of(entry_type).is_some_and(|t| Self::looks_at_type(t))
+        EntryType::of(entry_type).is_some_and(Self::looks_at_type)
     }
 
     fn looks_at_type(entry_type: EntryType) -> bool {

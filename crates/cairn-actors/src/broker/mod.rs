@@ -157,7 +157,7 @@ struct Spawning {
 /// What a compile is for: whoever waits for it when it ends, or when it
 /// runs past the budget.
 enum Purpose {
-    Spawn(Spawning),
+    Spawn(Box<Spawning>),
     /// Compiled, the module goes through the upgrade's gate.
     Upgrade(Box<Upgrade>),
     /// A start of a version not compiled in this run.
@@ -397,7 +397,7 @@ impl Broker {
                 // told as it failed: its reason says more.)
                 Some(c) if result.is_ok() && ended > c.deadline => self.compile_late(c),
                 Some(c) => match c.purpose {
-                    Purpose::Spawn(sp) => self.compiled(sp, result, &bytes),
+                    Purpose::Spawn(sp) => self.compiled(*sp, result, &bytes),
                     Purpose::Upgrade(plan) => self.upgrade_compiled(*plan, result),
                     Purpose::Load { id, version } => self.loaded(&id, version, result),
                 },

@@ -160,7 +160,7 @@ impl Broker {
             http,
             limits,
         };
-        self.start_compile(ModuleBytes::Read(bytes), wasm, Purpose::Spawn(sp))
+        self.start_compile(ModuleBytes::Read(bytes), wasm, Purpose::Spawn(Box::new(sp)))
     }
 
     /// A spawn's compilation is done (within the budget: one past it was
