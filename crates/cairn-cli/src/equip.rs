@@ -83,7 +83,7 @@ impl Equipped {
 
     /// The family's tools (the last `family` of `tools`).
     pub fn family_tools(&self) -> &[Arc<dyn Tool>] {
-        &self.tools[self.tools.len() - self.family..]
+        self.tools.get(self.tools.len().saturating_sub(self.family)..).unwrap_or(&[])
     }
 
     /// Every note, the untrusted ones last.
@@ -126,22 +126,7 @@ pub fn offer(
     keep: Option<&BTreeSet<String>>,
     asker: Asker<'_>,
 ) -> Result<Equipped> {
-    let (mut offered, hooks, notes, untrusted) = match tools {
-        TurnTools::Service { dial, specs, notes, hooks } => {
-            (crate::toolsrv::remote_tools(dial, specs, keep), hooks.clone(), notes.clone(), Vec::new())
-        }
-        TurnTools::Local(local) => {
-            let kept = local
-                .entries
-                .iter()
-                .filter(|e| {
-                    e.origin == cairn_tools::ToolOrigin::Builtin || keep.is_none_or(|k| k.contains(&e.tool.spec().name))
-                })
-                .map(|e| Arc::clone(&e.tool))
-                .collect();
-            (kept, local.hooks.clone(), local.notes.clone(), local.untrusted.clone())
-        }
-    };
+    let (mut offered, hooks, notes, untrusted) = tools.chosen(keep);
     let mut family_count = 0;
     if let Some(authority) = asker.family {
         // A child may be given only what its parent is offered: the tools

@@ -35,7 +35,7 @@ use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, now_millis, 
 use cairn_core::tool::{
     GuardVerdict, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
 };
-use cairn_core::{CancelToken, Session, TurnEnv, TurnEvent, TurnStop};
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
 use cairn_provider::{ProviderConfig, ProviderKind};
 use serde::Deserialize;
 use serde_json::json;
@@ -727,11 +727,12 @@ impl Family {
         // service's when one is configured), only those the child was
         // given; a tool the registry refuses here (Destructive, headless) is
         // simply not offered, as for the parent.
-        let tools = crate::toolsrv::turn_tools(ctx, &cwd)?;
-        let asker = crate::equip::Asker { approver: &approver, family: None };
-        let mut equipped = crate::equip::offer(ctx, &cwd, &tools, None, asker)?;
-        equipped.tools.retain(|t| fact.tools.contains(&t.spec().name));
-        let mut registry = equipped.registry(&approver);
+        let (tools, hooks, _, _) = crate::toolsrv::turn_tools(ctx, &cwd)?.chosen(None);
+        let mut registry = ToolRegistry::new(&approver);
+        registry.set_hooks(hooks);
+        for tool in tools.into_iter().filter(|t| fact.tools.contains(&t.spec().name)) {
+            let _ = registry.register(tool);
+        }
         {
             let scripted = is_scripted(ctx, &fact.provider);
             let scope = Scope {

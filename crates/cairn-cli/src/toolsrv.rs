@@ -284,6 +284,35 @@ pub enum TurnTools {
     Local(crate::wiring::HostTools),
 }
 
+/// [`TurnTools::chosen`]: the tools, the hooks, the notes and the
+/// untrusted-workspace notes.
+pub type Chosen = (Vec<Arc<dyn Tool>>, Option<Arc<dyn cairn_core::hooks::Hooks>>, Vec<String>, Vec<String>);
+
+impl TurnTools {
+    /// The built-ins and, when `keep` is given (discovery's choice), only
+    /// the other tools it names; with the hooks, the notes and the
+    /// untrusted-workspace notes.
+    pub fn chosen(&self, keep: Option<&BTreeSet<String>>) -> Chosen {
+        match self {
+            TurnTools::Service { dial, specs, notes, hooks } => {
+                (remote_tools(dial, specs, keep), hooks.clone(), notes.clone(), Vec::new())
+            }
+            TurnTools::Local(local) => {
+                let kept = local
+                    .entries
+                    .iter()
+                    .filter(|e| {
+                        e.origin == cairn_tools::ToolOrigin::Builtin
+                            || keep.is_none_or(|k| k.contains(&e.tool.spec().name))
+                    })
+                    .map(|e| Arc::clone(&e.tool))
+                    .collect();
+                (kept, local.hooks.clone(), local.notes.clone(), local.untrusted.clone())
+            }
+        }
+    }
+}
+
 /// Read the tools for a turn of a session in `cwd` (see [`TurnTools`]).
 pub fn turn_tools(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
     match address(ctx) {
