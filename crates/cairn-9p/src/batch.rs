@@ -246,7 +246,7 @@ impl Batch {
             .filter(|d| d.is_dir())
             .ok_or_else(|| anyhow!("cwd={}: no such directory", spec.cwd.display()))?;
         if spec.session.provider.is_empty() {
-            spec.session.provider = self.host.default_provider();
+            spec.session.provider = self.host.providers().current;
         }
         self.host.check_provider(&spec.session.provider)?;
         if !spec.session.script.is_empty() && !Path::new(&spec.session.script).is_file() {
@@ -489,7 +489,8 @@ impl Batch {
         // tools, whose children are headless too).
         let mut store = store;
         let prompt = (store.entry_count() == 0).then_some(spec.prompt.as_str());
-        let (registry, config) = self.host.turn(&cwd, &mut store, prompt, &approver, None)?;
+        let (tools, config) = self.host.turn(&cwd, &mut store, prompt, &approver, None)?;
+        let registry = tools.into_registry(&approver, |note| eprintln!("cairn batch: {}", note.escape_debug()));
         let mut session = Session::open(store, config)?;
         let mut observer = |_: &TurnEvent| {};
         let mut env = TurnEnv {

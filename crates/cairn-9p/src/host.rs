@@ -10,10 +10,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use cairn_core::approval::{PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
-use cairn_core::storage::{JsonlStore, StoreOptions};
-use cairn_core::{SessionConfig, ToolRegistry};
+use cairn_core::storage::StoreOptions;
+pub use cairn_host::{HostTools, ProviderChoices, Rewind, Rewound, SessionHost};
 use serde::{Deserialize, Serialize};
 
 /// The `fact` register holding a session's [`SessionSpec`].
@@ -51,67 +50,21 @@ pub fn parse_yes(value: &str) -> Result<bool> {
     }
 }
 
-/// What `ctl undo [N]` and `ctl redo` ask of the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rewind {
-    /// Undo the last turn (`None`) or turn N and every later one.
-    Undo(Option<usize>),
-    /// Reapply the undo the lane stands on.
-    Redo,
-}
-
-/// The binary's side of the tree.
-pub trait Host: Send + Sync + 'static {
+/// The binary's side of the tree, beyond what every face needs
+/// ([`SessionHost`]: each turn's tools and settings, undo, the providers).
+pub trait Host: SessionHost + 'static {
     /// The directory holding session files.
     fn sessions_dir(&self) -> PathBuf;
     /// Where removed sessions are moved (never deleted).
     fn archive_dir(&self) -> PathBuf;
     /// Options for opening session files.
     fn store_options(&self) -> StoreOptions;
-    /// Settings of a session's turns (system prompt, limits).
-    fn session_config(&self) -> SessionConfig;
-    /// The provider name used when a spec names none.
-    fn default_provider(&self) -> String;
     /// Whether `name` is a provider this host can build (an error naming
     /// the known ones otherwise).
     fn check_provider(&self, name: &str) -> Result<()>;
     /// Build the provider for a session working in `cwd` (the embedded
     /// model grounds path arguments in that tree).
     fn provider(&self, spec: &SessionSpec, cwd: &Path) -> Result<Box<dyn Provider + Send>>;
-    /// The tools and settings of one turn of the session in `store`
-    /// working in `cwd`, in a registry for `approver` (the one its turns
-    /// ask: `ToolRegistry::new`); `person` (if any) is who `approver` asks,
-    /// shared with the children the session spawns. `prompt` is the new
-    /// turn's request, `None` when the interrupted turn is resumed. A host
-    /// that chooses tools by the request (the CLI's discovery) records its
-    /// choice in `store` before the turn's first entry and offers the
-    /// recorded choice on resume.
-    fn turn(
-        &self,
-        cwd: &Path,
-        store: &mut JsonlStore,
-        prompt: Option<&str>,
-        approver: &PolicyApprover,
-        person: Option<&SharedApprover>,
-    ) -> Result<(ToolRegistry, SessionConfig)>;
-    /// `ctl undo [N]` / `ctl redo` on the session in `store` (no turn
-    /// runs): revert (or reapply) its file effects and move its lane; what
-    /// was done, or an error saying why not (a refusal, with the paths and
-    /// diffs, included). Default: this host keeps no pre-images and
-    /// cannot.
-    fn rewind(&self, store: JsonlStore, request: Rewind) -> Result<String> {
-        let _ = (store, request);
-        anyhow::bail!("this server keeps no pre-images, so it cannot undo or redo")
-    }
-    /// Before a turn of the session in `store`: finish an undo that was
-    /// killed after its plan was committed, so no turn runs on a half
-    /// reverted tree. Default: nothing (a host without pre-images has no
-    /// undo to finish).
-    fn finish_undo(&self, store: JsonlStore) -> Result<JsonlStore> {
-        Ok(store)
-    }
-    /// The `providers` file: one configured provider a line.
-    fn providers_text(&self) -> String;
     /// The `tools` file: what `cairn tools` lists for the server's
     /// working directory, one tool a line.
     fn tools_text(&self) -> String;

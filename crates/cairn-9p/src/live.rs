@@ -29,7 +29,7 @@ use cairn_core::turn::Pc;
 use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
 
 use crate::approver::{ApprovalBoard, PendingApproval, TreeApprover};
-use crate::host::{Host, Rewind, SPEC_FACT, SessionSpec};
+use crate::host::{Host, Rewind, Rewound, SPEC_FACT, SessionSpec};
 use crate::queue;
 
 /// Wakes blocked readers when anything changes (a bump per event).
@@ -362,7 +362,7 @@ impl Runtime {
             bail!("cwd={cwd:?} is not a directory");
         }
         if spec.provider.is_empty() {
-            spec.provider = self.host.default_provider();
+            spec.provider = self.host.providers().current;
         }
         self.host.check_provider(&spec.provider)?;
         if !spec.script.is_empty() && !Path::new(&spec.script).is_file() {
@@ -497,8 +497,10 @@ impl Runtime {
                 // drives it (and re-attaches it on resume).
                 bail!("session {} is a child session; its parent drives it", live.id);
             }
-            let store = self.host.finish_undo(store)?;
-            let session = Session::open(store, self.host.session_config())?;
+            let mut session = Session::open(store, self.host.session_config())?;
+            if let Some(done) = self.host.finish_undo(&mut session, &cwd)? {
+                eprintln!("cairn serve: session {}: {}", live.id, done.escape_debug());
+            }
             if start == Start::Resume && !session.needs_resume() {
                 bail!("nothing to resume in session {}: the last turn finished", live.id);
             }
@@ -668,9 +670,12 @@ impl Runtime {
         approver: &PolicyApprover,
         person: &SharedApprover,
     ) -> Result<(Session<JsonlStore>, ToolRegistry)> {
-        let mut store = session.into_store();
-        let (registry, config) = self.host.turn(cwd, &mut store, prompt, approver, Some(person))?;
-        Ok((Session::open(store, config)?, registry))
+        // Reopened without checking the whole log again when only the
+        // host's choice was recorded since (`Session::reopen`).
+        let mut reopen = session.into_reopen();
+        let (tools, config) = self.host.turn(cwd, reopen.store_mut(), prompt, approver, Some(person))?;
+        let registry = tools.into_registry(approver, |note| eprintln!("cairn serve: {}", note.escape_debug()));
+        Ok((Session::reopen(reopen, config)?, registry))
     }
 
     /// [`Runtime::for_turn`] between two turns of one thread; a failure
@@ -861,7 +866,14 @@ impl Runtime {
     /// turn runs.
     fn rewind(&self, id: &str, request: Rewind) -> Result<()> {
         let host = Arc::clone(&self.host);
-        self.with_store(id, move |store| host.rewind(store, request).map(|_| ()))
+        self.with_store(id, move |store| {
+            let cwd = PathBuf::from(&store.header().cwd);
+            let mut session = Session::open(store, host.session_config())?;
+            match host.rewind(&mut session, &cwd, request)? {
+                Rewound::Done(_) => Ok(()),
+                Rewound::Refused(why) => bail!("{}", why.trim_end()),
+            }
+        })
     }
 
     /// Run `f` on the session's store while no turn runs (here: checked

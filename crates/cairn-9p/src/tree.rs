@@ -361,7 +361,7 @@ pub fn open(rt: &Runtime, node: &Node, read: bool, write: bool) -> Result<()> {
 fn content(rt: &Runtime, node: &Node, created: Option<&str>) -> Option<Result<String>> {
     Some(match node {
         Node::Help => Ok(HELP.to_owned()),
-        Node::Providers => Ok(rt.host().providers_text()),
+        Node::Providers => Ok(rt.host().providers().lines()),
         Node::Tools => Ok(rt.host().tools_text()),
         Node::New => Ok(created.map_or_else(new_template, |id| format!("{id}\n"))),
         Node::Idx => Ok(rt

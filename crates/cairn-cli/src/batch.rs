@@ -16,8 +16,9 @@ use cairn_9p::Host as _;
 use cairn_9p::batch::Batch;
 
 use crate::context::{Context, exit};
+use crate::hosting::CliHost;
 use crate::render::escape_controls;
-use crate::serve::{CliHost, ServeLock};
+use crate::serve::ServeLock;
 
 fn read_spec(path: &Path) -> Result<String> {
     if path == Path::new("-") {

@@ -61,7 +61,7 @@ pub enum Command {
         /// Spec files ('-' for stdin).
         specs: Vec<PathBuf>,
     },
-    /// A line-based conversation. Ctrl-C interrupts a running turn; a second Ctrl-C or Ctrl-D leaves.
+    /// A line-based conversation. Ctrl-C interrupts a running turn or clears the line; a second Ctrl-C within a second, or Ctrl-D, leaves.
     Chat {
         /// Continue this session instead of starting a new one.
         id: Option<String>,

@@ -90,6 +90,13 @@ impl Equipped {
     pub fn all_notes(&self) -> impl Iterator<Item = &String> {
         self.notes.iter().chain(&self.untrusted)
     }
+
+    /// The tools, hooks and every note, for a served face to put in its
+    /// own registry (`cairn_host::HostTools::into_registry`).
+    pub fn into_host_tools(self) -> cairn_host::HostTools {
+        let notes = self.all_notes().cloned().collect();
+        cairn_host::HostTools { tools: self.tools, notes, hooks: self.hooks }
+    }
 }
 
 /// Equip a turn of the session in `store` working in `cwd`: `prompt` is

@@ -1,12 +1,13 @@
 //! `cairn acp` and `cairn mcp`: the CLI's side of the editor and agent
-//! faces. It only implements [`cairn_faces::Host`] with the CLI's wiring
-//! (`host.rs`: provider, tools, session settings; `sessions.rs`: finding a
-//! session) and hands stdio to `cairn-faces`, which owns the protocols.
+//! faces. It only adds to [`CliHost`] (every served face's host, which
+//! equips each turn: `hosting.rs`) what these protocols need besides
+//! ([`cairn_faces::Host`]: the provider, every tool for MCP, an editor's
+//! MCP servers, the approval policy, finding a session by id), and hands
+//! stdio to `cairn-faces`, which owns the protocols.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
-use cairn_core::SessionConfig;
 use cairn_core::approval::{Allowlist, Approver, PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, new_session_id};
@@ -14,21 +15,11 @@ use cairn_faces::HostTools;
 use cairn_faces::jsonrpc::Out;
 
 use crate::context::{Context, exit};
+use crate::hosting::CliHost;
 
-/// What the faces' registry is filled with, from what every face is
-/// equipped with.
-fn host_tools(equipped: crate::equip::Equipped) -> HostTools {
-    let notes = equipped.all_notes().cloned().collect();
-    HostTools { tools: equipped.tools, notes, hooks: equipped.hooks }
-}
-
-struct CliHost<'a> {
-    ctx: &'a Context,
-}
-
-impl cairn_faces::Host for CliHost<'_> {
+impl cairn_faces::Host for CliHost {
     fn provider(&self, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
-        crate::wiring::build_provider(self.ctx, cwd)
+        crate::wiring::build_provider(&self.ctx, cwd)
     }
 
     fn tools(&self, cwd: &Path, approver: &PolicyApprover, person: Option<&SharedApprover>) -> Result<HostTools> {
@@ -37,25 +28,10 @@ impl cairn_faces::Host for CliHost<'_> {
         // children ask the same person (the editor's permission requests;
         // nobody over MCP).
         let authority = crate::subagents::Authority::of(approver, person.cloned());
-        let tools = crate::toolsrv::turn_tools(self.ctx, cwd)?;
+        let tools = crate::toolsrv::turn_tools(&self.ctx, cwd)?;
         let asker = crate::equip::Asker { approver, family: Some(&authority) };
-        let equipped = crate::equip::offer(self.ctx, cwd, &tools, None, asker)?;
-        Ok(host_tools(equipped))
-    }
-
-    fn turn(
-        &self,
-        cwd: &Path,
-        store: &mut JsonlStore,
-        prompt: Option<&str>,
-        approver: &PolicyApprover,
-        person: Option<&SharedApprover>,
-    ) -> Result<(HostTools, SessionConfig)> {
-        let authority = crate::subagents::Authority::of(approver, person.cloned());
-        let asker = crate::equip::Asker { approver, family: Some(&authority) };
-        let equipped = crate::equip::turn(self.ctx, cwd, store, prompt, asker, self.session_config())?;
-        let config = equipped.config.clone();
-        Ok((host_tools(equipped), config))
+        let equipped = crate::equip::offer(&self.ctx, cwd, &tools, None, asker)?;
+        Ok(equipped.into_host_tools())
     }
 
     fn client_mcp_tools(
@@ -110,7 +86,7 @@ impl cairn_faces::Host for CliHost<'_> {
                 Err(e) => notes.push(format!("the editor's MCP server {:?} is not started: {e}", server.name)),
             }
         }
-        let loaded = cairn_mcp::load(&configs, cwd, &crate::wiring::tools_config(self.ctx), taken);
+        let loaded = cairn_mcp::load(&configs, cwd, &crate::wiring::tools_config(&self.ctx), taken);
         notes.extend(loaded.notes);
         Ok(HostTools { tools: loaded.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: None })
     }
@@ -154,64 +130,7 @@ impl cairn_faces::Host for CliHost<'_> {
                 ),
             }
         }
-        crate::wiring::open_session(self.ctx, &path)
-    }
-
-    fn session_config(&self) -> SessionConfig {
-        crate::wiring::session_config(self.ctx)
-    }
-
-    fn finish_undo(&self, session: &mut cairn_core::Session<JsonlStore>, cwd: &Path) -> Result<Option<String>> {
-        crate::undo::finish_interrupted(self.ctx, session, cwd)
-    }
-
-    fn rewind(
-        &self,
-        session: &mut cairn_core::Session<JsonlStore>,
-        cwd: &Path,
-        request: cairn_faces::Rewind,
-    ) -> Result<String> {
-        use cairn_tools::rewind::{self, Outcome, Target};
-        let kept = crate::undo::store(self.ctx);
-        let outcome = match request {
-            cairn_faces::Rewind::Undo(n) => rewind::undo(
-                &kept,
-                session,
-                cwd,
-                &n.map_or(Target::LastTurn, Target::Turn),
-                crate::undo::DELEGATING,
-                false,
-                false,
-            )?,
-            cairn_faces::Rewind::Redo => rewind::redo(&kept, session, cwd, false, false)?,
-        };
-        let (Outcome::Nothing(text) | Outcome::DryRun(text) | Outcome::Done(text) | Outcome::Refused(text)) = outcome;
-        Ok(text)
-    }
-
-    fn provider_choices(&self) -> cairn_faces::ProviderChoices {
-        let s = &self.ctx.settings;
-        let current = s.provider.value.clone();
-        let mut names: Vec<String> = cairn_provider::config::BUILTIN_NAMES.iter().map(|n| (*n).to_owned()).collect();
-        names.extend(s.providers.keys().filter(|k| !names.contains(k)).cloned().collect::<Vec<_>>());
-        let choices = names
-            .into_iter()
-            .map(|name| {
-                let model = if name == current {
-                    s.model.value.clone()
-                } else {
-                    cairn_provider::config::ProviderConfig::resolve(&name, s.providers.get(&name))
-                        .ok()
-                        .and_then(|c| c.model)
-                };
-                let label = match model {
-                    Some(model) => format!("{name}: {model}"),
-                    None => name.clone(),
-                };
-                (name, label)
-            })
-            .collect();
-        cairn_faces::ProviderChoices { current, choices }
+        crate::wiring::open_session(&self.ctx, &path)
     }
 
     fn provider_named(&self, name: &str, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
@@ -220,7 +139,7 @@ impl cairn_faces::Host for CliHost<'_> {
         }
         // Another provider runs as its configuration says (the command
         // line's --model and --script are the configured provider's).
-        crate::wiring::provider_for(self.ctx, name, None, None, cwd)
+        crate::wiring::provider_for(&self.ctx, name, None, None, cwd)
     }
 }
 
@@ -231,7 +150,7 @@ fn stdout() -> Out {
 /// `cairn acp`.
 pub fn acp(ctx: &Context) -> Result<u8> {
     let stdin = std::io::BufReader::new(std::io::stdin());
-    cairn_faces::acp::serve(&CliHost { ctx }, stdin, stdout())?;
+    cairn_faces::acp::serve(&CliHost { ctx: ctx.clone() }, stdin, stdout())?;
     Ok(exit::SUCCESS)
 }
 
@@ -244,6 +163,6 @@ pub fn mcp(ctx: &Context, page_size: usize) -> Result<u8> {
     let root = root.canonicalize().with_context(|| format!("--cwd {}: no such directory", root.display()))?;
     let options = cairn_faces::mcp::McpOptions { root, page_size };
     let stdin = std::io::BufReader::new(std::io::stdin());
-    cairn_faces::mcp::serve(&CliHost { ctx }, options, stdin, &stdout())?;
+    cairn_faces::mcp::serve(&CliHost { ctx: ctx.clone() }, options, stdin, &stdout())?;
     Ok(exit::SUCCESS)
 }

@@ -11,6 +11,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use cairn_core::approval::{Allowlist, PolicyApprover, SharedApprover};
@@ -132,21 +133,54 @@ pub fn wire_with(
 }
 
 /// Ctrl-C handling shared by every turn of this process: the first press
-/// cancels the running turn (settled durably by the core); a press with no
-/// turn running, or a second press, leaves.
+/// cancels the running turn (settled durably by the core); a second press
+/// within [`leave_window`] of the one before leaves; a press with no turn
+/// running (and no prompt reading keys) leaves at once, there being
+/// nothing to interrupt. At chat's idle prompt the line editor reads Ctrl-C
+/// as a key, and `chat_loop` applies the same two-press rule through
+/// [`pressed_again`].
 struct Interrupts {
     current: Mutex<Option<CancelToken>>,
     in_turn: AtomicBool,
+    /// When Ctrl-C was last pressed, in a turn or at the prompt.
+    last_press: Mutex<Option<Instant>>,
+}
+
+/// How close a second Ctrl-C must follow the first to leave: a second.
+/// `CAIRN_CTRL_C_WINDOW_MS` sets it (a slow terminal or a test that must
+/// not depend on the machine's speed).
+fn leave_window() -> Duration {
+    static WINDOW: OnceLock<Duration> = OnceLock::new();
+    *WINDOW.get_or_init(|| {
+        std::env::var("CAIRN_CTRL_C_WINDOW_MS")
+            .ok()
+            .and_then(|ms| ms.trim().parse::<u64>().ok())
+            .map_or(Duration::from_secs(1), Duration::from_millis)
+    })
+}
+
+/// Record a Ctrl-C now; true when the press before it came within the
+/// leave window (so this one leaves).
+fn pressed_again() -> bool {
+    let state = interrupts();
+    let now = Instant::now();
+    let before = state.last_press.lock().ok().and_then(|mut last| last.replace(now));
+    before.is_some_and(|t| now.duration_since(t) <= leave_window())
 }
 
 fn interrupts() -> &'static Arc<Interrupts> {
     static CELL: OnceLock<Arc<Interrupts>> = OnceLock::new();
     CELL.get_or_init(|| {
-        let state = Arc::new(Interrupts { current: Mutex::new(None), in_turn: AtomicBool::new(false) });
+        let state = Arc::new(Interrupts {
+            current: Mutex::new(None),
+            in_turn: AtomicBool::new(false),
+            last_press: Mutex::new(None),
+        });
         let handler_state = Arc::clone(&state);
         // If the handler cannot be installed Ctrl-C keeps its default
         // behaviour (kill): the session file stays valid and resumable.
         let _ = ctrlc::set_handler(move || {
+            let again = pressed_again();
             let token = handler_state.current.lock().ok().and_then(|g| g.clone());
             match token {
                 Some(token) if handler_state.in_turn.load(Ordering::SeqCst) && !token.is_cancelled() => {
@@ -154,7 +188,13 @@ fn interrupts() -> &'static Arc<Interrupts> {
                     token.cancel();
                     let _ = writeln!(std::io::stderr(), "\ninterrupting… (press Ctrl-C again to leave)");
                 }
-                Some(_) => std::process::exit(i32::from(exit::CANCELLED)),
+                // The turn is winding down (a tool being stopped and
+                // settled): leave only on a quick second press, so a
+                // stray one much later does not cut the settling short.
+                Some(_) if again => std::process::exit(i32::from(exit::CANCELLED)),
+                Some(_) => {
+                    let _ = writeln!(std::io::stderr(), "\nstill stopping the turn… (press Ctrl-C twice to leave now)");
+                }
                 None => std::process::exit(i32::from(exit::SUCCESS)),
             }
         });
@@ -638,7 +678,8 @@ fn chat_loop(
     // Discovery re-chooses the tools and skills for every prompt (and
     // records the choice) when it applies here; see `crate::discover`.
     let rechoose = crate::discover::applies(ctx, &cwd, &turn_tools(ctx, &cwd)?)?;
-    // Make sure Ctrl-C at the prompt leaves instead of killing mid-write.
+    // Install the Ctrl-C handler before the first turn: its default (kill)
+    // would cut a write short.
     let _ = interrupts();
     let mut id = session.store().header().id.clone();
     let interactive = std::io::stdin().is_terminal();
@@ -648,8 +689,13 @@ fn chat_loop(
     loop {
         let line = match input.read(&prompt_text)? {
             crate::lineedit::Read::Line(line) => line,
-            // Ctrl-C or Ctrl-D at an idle prompt: leave (Ctrl-C during a
-            // turn interrupts the turn instead, see `interrupts`).
+            // Ctrl-C at an idle prompt clears the line; a second one
+            // within the leave window leaves (as after interrupting a
+            // turn, see `interrupts`). Ctrl-D leaves at once.
+            crate::lineedit::Read::Interrupted if !pressed_again() => {
+                renderer.notice("press Ctrl-C again to leave (or Ctrl-D)");
+                continue;
+            }
             crate::lineedit::Read::Interrupted | crate::lineedit::Read::Eof => {
                 if interactive {
                     let _ = writeln!(std::io::stderr());

@@ -20,6 +20,7 @@ mod faces;
 mod family;
 mod highlight;
 mod host;
+mod hosting;
 mod lineedit;
 mod listen;
 mod local;

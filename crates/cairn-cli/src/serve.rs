@@ -1,6 +1,7 @@
 //! `cairn serve`: the 9P control plane (crate `cairn-9p`) over this
-//! `$CAIRN_HOME`, with providers and tools wired exactly as `cairn run`
-//! wires them (`host.rs`). Owns: the one-server-per-home lock
+//! `$CAIRN_HOME`, with each turn equipped as every face's is
+//! (`hosting.rs`; this file adds what the tree needs besides:
+//! `cairn_9p::Host`). Owns: the one-server-per-home lock
 //! (`$CAIRN_HOME/serve.lock`, holding the pid and addresses), binding the
 //! listeners, and the clean shutdown on SIGINT/SIGTERM (running turns are
 //! cancelled and settled durably; `ctl resume` or `cairn resume` continues
@@ -14,68 +15,18 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use cairn_9p::{Dial, Host, Limits, Runtime, Server, SessionSpec};
-use cairn_core::approval::{PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
-use cairn_core::storage::{JsonlStore, StoreOptions};
-use cairn_core::{SessionConfig, ToolRegistry};
+use cairn_core::storage::StoreOptions;
 use cairn_provider::ProviderConfig;
 use serde::Deserialize;
 
 use crate::context::{Context, exit};
+use crate::hosting::CliHost;
 use crate::listen::{bind_all, print_addresses, remove_sockets, stop_signal};
-
-/// The provider a served session was created with (its `serve` fact), if
-/// it names one.
-fn served_provider(store: &JsonlStore) -> Option<crate::subagents::ParentProvider> {
-    use cairn_core::storage::Storage as _;
-    let spec: SessionSpec =
-        store.register(cairn_core::storage::registers::FACT, cairn_9p::host::SPEC_FACT)?.parse().ok()?;
-    let some = |s: String| Some(s).filter(|s| !s.is_empty());
-    Some(crate::subagents::ParentProvider {
-        name: some(spec.provider)?,
-        model: some(spec.model),
-        script: some(spec.script).map(PathBuf::from),
-    })
-}
-
-/// The CLI's configuration as the tree's [`Host`].
-#[derive(Debug)]
-pub(crate) struct CliHost {
-    pub(crate) ctx: Context,
-}
 
 impl Host for CliHost {
     fn sessions_dir(&self) -> PathBuf {
         self.ctx.paths.sessions()
-    }
-
-    fn finish_undo(&self, store: cairn_core::storage::JsonlStore) -> Result<cairn_core::storage::JsonlStore> {
-        use cairn_core::storage::Storage as _;
-        let cwd = PathBuf::from(&store.header().cwd);
-        let mut session = cairn_core::Session::open(store, self.session_config())?;
-        if let Some(done) = crate::undo::finish_interrupted(&self.ctx, &mut session, &cwd)? {
-            eprintln!("cairn serve: {}", crate::render::escape_controls(&done));
-        }
-        Ok(session.into_store())
-    }
-
-    fn rewind(&self, store: cairn_core::storage::JsonlStore, request: cairn_9p::host::Rewind) -> Result<String> {
-        use cairn_core::storage::Storage as _;
-        use cairn_tools::rewind::{self, Outcome, Target};
-        let cwd = PathBuf::from(&store.header().cwd);
-        let mut session = cairn_core::Session::open(store, self.session_config())?;
-        let kept = crate::undo::store(&self.ctx);
-        let outcome = match request {
-            cairn_9p::host::Rewind::Undo(n) => {
-                let target = n.map_or(Target::LastTurn, Target::Turn);
-                rewind::undo(&kept, &mut session, &cwd, &target, crate::undo::DELEGATING, false, false)?
-            }
-            cairn_9p::host::Rewind::Redo => rewind::redo(&kept, &mut session, &cwd, false, false)?,
-        };
-        match outcome {
-            Outcome::Refused(why) => anyhow::bail!("{}", why.trim_end()),
-            Outcome::Nothing(text) | Outcome::DryRun(text) | Outcome::Done(text) => Ok(text),
-        }
     }
 
     fn archive_dir(&self) -> PathBuf {
@@ -84,14 +35,6 @@ impl Host for CliHost {
 
     fn store_options(&self) -> StoreOptions {
         self.ctx.settings.store_options()
-    }
-
-    fn session_config(&self) -> SessionConfig {
-        crate::wiring::session_config(&self.ctx)
-    }
-
-    fn default_provider(&self) -> String {
-        self.ctx.settings.provider.value.clone()
     }
 
     fn check_provider(&self, name: &str) -> Result<()> {
@@ -105,34 +48,6 @@ impl Host for CliHost {
             Some(s).filter(|s| !s.is_empty())
         }
         crate::wiring::provider_for(&self.ctx, &spec.provider, opt(&spec.model), opt(&spec.script).map(Path::new), cwd)
-    }
-
-    fn turn(
-        &self,
-        cwd: &Path,
-        store: &mut JsonlStore,
-        prompt: Option<&str>,
-        approver: &PolicyApprover,
-        person: Option<&SharedApprover>,
-    ) -> Result<(ToolRegistry, SessionConfig)> {
-        // Children run on the session's provider (its `s/new` or batch
-        // spec), as `cairn run`'s run on the flags'.
-        let mut authority = crate::subagents::Authority::of(approver, person.cloned());
-        authority.provider = served_provider(store);
-        let asker = crate::equip::Asker { approver, family: Some(&authority) };
-        let mut equipped = crate::equip::turn(&self.ctx, cwd, store, prompt, asker, self.session_config())?;
-        let registry = equipped.registry(approver);
-        for note in equipped.all_notes() {
-            eprintln!("cairn serve: {}", crate::render::escape_controls(note));
-        }
-        Ok((registry, equipped.config))
-    }
-
-    fn providers_text(&self) -> String {
-        let default = &self.ctx.settings.provider.value;
-        let mut names: Vec<String> = cairn_provider::config::BUILTIN_NAMES.iter().map(|s| (*s).to_owned()).collect();
-        names.extend(self.ctx.settings.providers.keys().filter(|k| !names.contains(k)).cloned().collect::<Vec<_>>());
-        names.iter().map(|n| if n == default { format!("{n} default\n") } else { format!("{n}\n") }).collect()
     }
 
     fn batch_max_running(&self) -> usize {

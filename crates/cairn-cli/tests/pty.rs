@@ -109,11 +109,19 @@ fn shell_call(command: &str) -> Value {
     json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": command}}]})
 }
 
+/// A second Ctrl-C leaves when it follows the first within this window;
+/// the tests widen it so a loaded machine cannot make a quick second press
+/// look slow (`ctrl_c_presses_further_apart_than_the_window_never_leave`
+/// narrows it instead).
+const WIDE_WINDOW: (&str, &str) = ("CAIRN_CTRL_C_WINDOW_MS", "600000");
+
 /// Run `cairn --script S ARGS` in a pty.
 fn cairn_pty(env: &Env, script: &Path, args: &[&str]) -> PtySession {
     let mut all = vec!["--script", script.to_str().unwrap()];
     all.extend_from_slice(args);
-    spawn(env.cairn(&all))
+    let mut cmd = env.cairn(&all);
+    cmd.env(WIDE_WINDOW.0, WIDE_WINDOW.1);
+    spawn(cmd)
 }
 
 #[test]
@@ -396,7 +404,7 @@ fn chat_answers_two_prompts_and_ctrl_d_leaves() {
 }
 
 #[test]
-fn ctrl_c_at_an_idle_chat_prompt_leaves_with_success() {
+fn ctrl_c_at_an_idle_chat_prompt_clears_the_line_and_a_second_leaves() {
     let env = Env::new();
     let script = env.script(&[json!({"text": "only reply"})]);
     let mut p = cairn_pty(&env, &script, &["chat"]);
@@ -404,12 +412,41 @@ fn ctrl_c_at_an_idle_chat_prompt_leaves_with_success() {
     answer(&mut p, "hello");
     p.exp_string("only reply").unwrap();
     p.exp_string(&raw("› ")).unwrap();
+    // Half a prompt, then Ctrl-C: the line is dropped, the chat stays.
+    p.send("never sent").unwrap();
+    p.flush().unwrap();
+    p.send_control('c').unwrap();
+    p.exp_string("press Ctrl-C again to leave").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
     p.send_control('c').unwrap();
     let (rest, code) = finish(&mut p);
     assert_eq!(code, 0, "nothing was cancelled: {rest}");
     let file = session(&env);
     assert!(entries_of_type(&file, "turnCancelled").is_empty());
-    assert_eq!(entries_of_type(&file, "message").len(), 2);
+    assert_eq!(entries_of_type(&file, "message").len(), 2, "the cleared line was never a prompt");
+}
+
+#[test]
+fn ctrl_c_presses_further_apart_than_the_window_never_leave() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "first reply"}), json!({"text": "second reply"})]);
+    let mut cmd = env.cairn(&["--script", script.to_str().unwrap(), "chat"]);
+    // A window of 0 ms: no second press is ever quick enough.
+    cmd.env("CAIRN_CTRL_C_WINDOW_MS", "0");
+    let mut p = spawn(cmd);
+    p.exp_string(&raw("› ")).unwrap();
+    for _ in 0..3 {
+        p.send_control('c').unwrap();
+        p.exp_string("press Ctrl-C again to leave").unwrap();
+        p.exp_string(&raw("› ")).unwrap();
+    }
+    answer(&mut p, "still here?");
+    p.exp_string("first reply").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    assert_eq!(user_prompts(&session(&env)), ["still here?"]);
 }
 
 #[test]
@@ -651,7 +688,7 @@ fn loop_provider_with(env: &Env, server: &cairn_test_server::TestServer, extra: 
 /// `cairn ARGS` with the loopback provider's key set.
 fn looped(env: &Env, args: &[&str]) -> Command {
     let mut cmd = env.cairn(args);
-    cmd.env("LOOP_KEY", "k");
+    cmd.env("LOOP_KEY", "k").env(WIDE_WINDOW.0, WIDE_WINDOW.1);
     cmd
 }
 

@@ -42,7 +42,7 @@ use cairn_core::provider::{Provider, StreamEvent};
 use cairn_core::storage::{JsonlStore, Storage};
 use cairn_core::tool::{Preview, Risk};
 use cairn_core::turn::Phase;
-use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnError, TurnEvent, TurnStop};
+use cairn_core::{CancelToken, Reopen, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError, TurnEvent, TurnStop};
 use serde_json::{Value, json};
 
 mod client_fs;
@@ -440,7 +440,7 @@ impl<'h> Agent<'h> {
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let (jobs_tx, jobs_rx) = mpsc::channel();
         let (host, shared, client_fs) = (self.host, Arc::clone(&self.shared), self.client_fs);
-        let settings = Settings::new(self.host.provider_choices());
+        let settings = Settings::new(self.host.providers());
         let thread_settings = settings.clone();
         std::thread::Builder::new()
             .name(format!("acp-{id}"))
@@ -619,7 +619,7 @@ fn open_session(
         client_tools,
         provider: None,
     };
-    equip(host, shared, &mut open, store, None)?;
+    equip(host, shared, &mut open, Opening::Fresh(Box::new(store)), None)?;
     Ok(open)
 }
 
@@ -631,16 +631,16 @@ fn equip(
     host: &dyn Host,
     shared: &Arc<Shared>,
     open: &mut Open,
-    mut store: JsonlStore,
+    mut opening: Opening,
     prompt: Option<&str>,
 ) -> Result<(), RpcError> {
-    let session_id = store.header().id.clone();
+    let session_id = opening.store_mut().header().id.clone();
     let (crate::HostTools { tools, notes, hooks }, config) =
-        match host.turn(&open.cwd, &mut store, prompt, &open.approver.inner, Some(&open.person)) {
+        match host.turn(&open.cwd, opening.store_mut(), prompt, &open.approver.inner, Some(&open.person)) {
             Ok(equipped) => equipped,
             Err(e) => {
                 // The session stays open with what it was equipped with.
-                open.session = Session::open(store, host.session_config()).ok();
+                open.session = opening.into_session(host.session_config()).ok();
                 return Err(RpcError::internal(format!("{e:#}")));
             }
         };
@@ -674,8 +674,33 @@ fn equip(
     }
     open.registry = registry;
     open.session =
-        Some(Session::open(store, config).map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?);
+        Some(opening.into_session(config).map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?);
     Ok(())
+}
+
+/// A session store on its way to being (re)opened by [`equip`].
+enum Opening {
+    /// Loaded from its file: the open checks the whole log.
+    Fresh(Box<JsonlStore>),
+    /// The session of the previous turn: its reopen skips the log check
+    /// when only discovery's choice was added since (`Session::reopen`).
+    Again(Box<Reopen<JsonlStore>>),
+}
+
+impl Opening {
+    fn store_mut(&mut self) -> &mut JsonlStore {
+        match self {
+            Opening::Fresh(store) => store,
+            Opening::Again(reopen) => reopen.store_mut(),
+        }
+    }
+
+    fn into_session(self, config: SessionConfig) -> Result<Session<JsonlStore>, TurnError> {
+        match self {
+            Opening::Fresh(store) => Session::open(*store, config),
+            Opening::Again(reopen) => Session::reopen(*reopen, config),
+        }
+    }
 }
 
 /// Re-equip the open session for a new turn on `prompt` (discovery's
@@ -684,7 +709,7 @@ fn equip_for(host: &dyn Host, shared: &Arc<Shared>, open: &mut Open, prompt: &st
     let Some(session) = open.session.take() else {
         return Err(RpcError::internal("the session could not be reopened; load it again"));
     };
-    equip(host, shared, open, session.into_store(), Some(prompt))
+    equip(host, shared, open, Opening::Again(Box::new(session.into_reopen())), Some(prompt))
 }
 
 /// A session's thread: opens it, then runs its prompts and loads one at a
@@ -749,7 +774,8 @@ fn prompt(
         let message = match request {
             Ok(request) => {
                 let cwd = open.cwd.clone();
-                host.rewind(open.session()?, &cwd, request).unwrap_or_else(|e| format!("{e:#}"))
+                host.rewind(open.session()?, &cwd, request)
+                    .map_or_else(|e| format!("{e:#}"), |done| done.text().to_owned())
             }
             Err(why) => why,
         };

@@ -17,13 +17,11 @@ pub mod jsonrpc;
 pub mod mcp;
 
 use std::path::Path;
-use std::sync::Arc;
 
-use cairn_core::SessionConfig;
 use cairn_core::approval::{Approver, PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::JsonlStore;
-use cairn_core::tool::Tool;
+pub use cairn_host::{HostTools, ProviderChoices, Rewind, Rewound, SessionHost};
 
 /// An MCP server an editor gives for one session (ACP `mcpServers`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,39 +53,23 @@ pub enum ClientMcpTransport {
     },
 }
 
-/// What a face needs from the program hosting it (configuration,
-/// providers, tools, where sessions live).
-pub trait Host: Sync {
+/// What the editor and agent faces need from the program hosting them,
+/// beyond what every face needs ([`SessionHost`]: each turn's tools and
+/// settings, undo, the providers).
+pub trait Host: SessionHost {
     /// The configured provider for sessions working in `cwd`.
     fn provider(&self, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>>;
-    /// The tools offered in `cwd` (built-ins, then external tools, then
-    /// the subagent family's) to a session whose calls `approver` answers
-    /// (the registry will offer only what it can answer), asking `person`
-    /// (if anyone): the same person answers for the children the session
-    /// spawns.
+    /// Every tool offered in `cwd` (built-ins, then external tools, then
+    /// the subagent family's), unchosen: what MCP serves, and the names an
+    /// editor's MCP servers may not take. `approver` answers the calls (the
+    /// registry will offer only what it can answer), asking `person` (if
+    /// anyone): the same person answers for the children a session spawns.
     fn tools(
         &self,
         cwd: &Path,
         approver: &PolicyApprover,
         person: Option<&SharedApprover>,
     ) -> anyhow::Result<HostTools>;
-    /// The tools and settings of one turn of the session in `store`
-    /// working in `cwd`: `prompt` is the new turn's request, `None` when
-    /// the interrupted turn is resumed. A host that chooses tools by the
-    /// request (the CLI's discovery) records its choice in `store` before
-    /// the turn's first entry and offers the recorded choice on resume.
-    /// Default: every tool ([`Host::tools`]) and [`Host::session_config`].
-    fn turn(
-        &self,
-        cwd: &Path,
-        store: &mut JsonlStore,
-        prompt: Option<&str>,
-        approver: &PolicyApprover,
-        person: Option<&SharedApprover>,
-    ) -> anyhow::Result<(HostTools, SessionConfig)> {
-        let _ = (store, prompt);
-        Ok((self.tools(cwd, approver, person)?, self.session_config()))
-    }
     /// The tools of MCP servers an editor gave for a session in `cwd`
     /// (names in `taken` are kept by the tools already offered). Default:
     /// none, said in the notes.
@@ -106,81 +88,10 @@ pub trait Host: Sync {
     /// Open an existing session of the sessions directory by its whole id
     /// (never a path outside it, never a prefix).
     fn open_session(&self, id: &str) -> anyhow::Result<JsonlStore>;
-    /// Limits and settings of turns.
-    fn session_config(&self) -> SessionConfig;
-    /// `/undo [N]` or `/redo` typed in an editor: revert (or reapply) the
-    /// file effects of `session`'s last turn (or turn N on), working in
-    /// `cwd`, and move its lane; what happened for the person, a refusal
-    /// included (with the paths and diffs). Default: this host keeps no
-    /// pre-images and cannot.
-    fn rewind(
-        &self,
-        session: &mut cairn_core::Session<JsonlStore>,
-        cwd: &Path,
-        request: Rewind,
-    ) -> anyhow::Result<String> {
-        let _ = (session, cwd, request);
-        anyhow::bail!("this host keeps no pre-images, so it cannot undo or redo")
-    }
-    /// Before a turn of `session`: finish an undo that was killed after
-    /// its plan was committed (what was done, for the person), so no turn
-    /// runs on a half-reverted tree. Default: nothing to finish.
-    fn finish_undo(&self, session: &mut cairn_core::Session<JsonlStore>, cwd: &Path) -> anyhow::Result<Option<String>> {
-        let _ = (session, cwd);
-        no_undo_to_finish()
-    }
-    /// The providers a session may switch to, each with what it runs (for
-    /// an editor's model picker), and the configured one. Default: only
-    /// the configured one.
-    fn provider_choices(&self) -> ProviderChoices {
-        ProviderChoices {
-            current: "default".to_owned(),
-            choices: vec![("default".to_owned(), "configured".to_owned())],
-        }
-    }
-    /// Provider `name` (one of [`Host::provider_choices`]) for sessions
+    /// Provider `name` (one of [`SessionHost::providers`]) for sessions
     /// working in `cwd`. Default: the configured one.
     fn provider_named(&self, name: &str, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>> {
         let _ = name;
         self.provider(cwd)
-    }
-}
-
-/// Default of [`Host::finish_undo`]: nothing to finish.
-pub fn no_undo_to_finish() -> anyhow::Result<Option<String>> {
-    Ok(None)
-}
-
-/// What `/undo [N]` and `/redo` ask of the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rewind {
-    /// Undo the last turn (`None`) or turn N and every later one.
-    Undo(Option<usize>),
-    /// Reapply the undo the lane stands on.
-    Redo,
-}
-
-/// The providers a session may use.
-#[derive(Debug, Clone)]
-pub struct ProviderChoices {
-    /// The configured provider's name.
-    pub current: String,
-    /// (name, the model it runs), the configured one among them.
-    pub choices: Vec<(String, String)>,
-}
-
-/// Tools a host offers in a directory.
-pub struct HostTools {
-    /// Built-ins, then external tools.
-    pub tools: Vec<Arc<dyn Tool>>,
-    /// Tools left out and why (broken metadata, untrusted workspace).
-    pub notes: Vec<String>,
-    /// The hooks every call goes through, set on the face's registry.
-    pub hooks: Option<Arc<dyn cairn_core::hooks::Hooks>>,
-}
-
-impl std::fmt::Debug for HostTools {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostTools").field("tools", &self.tools.len()).field("notes", &self.notes).finish()
     }
 }

@@ -26,17 +26,41 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use cairn_9p::client::{Conn, mode};
+use cairn_9p::host::{HostTools, ProviderChoices, SessionHost};
 use cairn_9p::{Host, Limits, Runtime, Server, SessionSpec};
 use cairn_bench::{Table, sample_pairs, size};
+use cairn_core::SessionConfig;
 use cairn_core::provider::Provider;
 use cairn_core::storage::{Durability, StoreOptions};
-use cairn_core::{SessionConfig, ToolRegistry};
-use cairn_testtools::{ScriptLine, ScriptProvider};
+use cairn_testtools::{EchoTool, ScriptLine, ScriptProvider};
 
 /// A host with the in-process scripted provider and no tools.
 #[derive(Debug)]
 struct BenchHost {
     dir: PathBuf,
+}
+
+impl SessionHost for BenchHost {
+    fn session_config(&self) -> SessionConfig {
+        SessionConfig::default()
+    }
+    fn turn(
+        &self,
+        _cwd: &Path,
+        _store: &mut cairn_core::storage::JsonlStore,
+        _prompt: Option<&str>,
+        _approver: &cairn_core::approval::PolicyApprover,
+        _person: Option<&cairn_core::approval::SharedApprover>,
+    ) -> Result<(HostTools, SessionConfig)> {
+        let tools = HostTools { tools: vec![Arc::new(EchoTool::new())], notes: Vec::new(), hooks: None };
+        Ok((tools, self.session_config()))
+    }
+    fn providers(&self) -> ProviderChoices {
+        ProviderChoices {
+            current: "scripted".to_owned(),
+            choices: vec![("scripted".to_owned(), "a script".to_owned())],
+        }
+    }
 }
 
 impl Host for BenchHost {
@@ -48,12 +72,6 @@ impl Host for BenchHost {
     }
     fn store_options(&self) -> StoreOptions {
         StoreOptions::with_durability(Durability::None)
-    }
-    fn session_config(&self) -> SessionConfig {
-        SessionConfig::default()
-    }
-    fn default_provider(&self) -> String {
-        "scripted".to_owned()
     }
     fn check_provider(&self, _name: &str) -> Result<()> {
         // Any name: the spec's `script` picks the bench script.
@@ -70,20 +88,6 @@ impl Host for BenchHost {
             serde_json::from_value(serde_json::json!([{"text": "ok"}]))?
         };
         Ok(Box::new(ScriptProvider::new(lines).cycling()))
-    }
-    fn turn(
-        &self,
-        _cwd: &Path,
-        _store: &mut cairn_core::storage::JsonlStore,
-        _prompt: Option<&str>,
-        approver: &cairn_core::approval::PolicyApprover,
-        _person: Option<&cairn_core::approval::SharedApprover>,
-    ) -> Result<(ToolRegistry, SessionConfig)> {
-        use cairn_core::approval::Approver as _;
-        Ok((cairn_testtools::registry(approver.is_interactive(), None), self.session_config()))
-    }
-    fn providers_text(&self) -> String {
-        "scripted\n".to_owned()
     }
     fn tools_text(&self) -> String {
         String::new()
