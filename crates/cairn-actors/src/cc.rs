@@ -59,7 +59,7 @@ const STDERR_CAP: usize = 32 * 1024;
 /// Most files a `files` request may hold, and their total size.
 const MAX_FILES: usize = 256;
 const MAX_BYTES: usize = 8 << 20;
-/// The clang arguments (besides the inputs, `-o` and `--ld-path`).
+/// The clang arguments (besides the inputs, `-o` and `-fuse-ld`).
 pub const CLANG_ARGS: [&str; 3] = ["--target=wasm32-wasi", "--sysroot=/usr", "-O2"];
 /// The sysroot of [`CLANG_ARGS`] (Debian's wasi-libc) and its target:
 /// clang reads `<sysroot>/include/<target>` and `<sysroot>/lib/<target>`
@@ -210,8 +210,10 @@ fn build_in(
     // own executable (and from it the resource directory) by argv[0].
     let mut argv: Vec<std::ffi::OsString> = vec![view.clang.clone().into_os_string()];
     argv.extend(CLANG_ARGS.iter().map(Into::into));
-    // Debian's clang looks for `wasm-ld-<N>` in `/usr/bin`, which is covered.
-    let mut ld_path = std::ffi::OsString::from("--ld-path=");
+    // Debian's clang looks for `wasm-ld-<N>` in `/usr/bin`, which is
+    // covered; its WebAssembly driver takes an absolute `-fuse-ld` (and
+    // ignores `--ld-path`).
+    let mut ld_path = std::ffi::OsString::from("-fuse-ld=");
     ld_path.push(&view.ld);
     argv.push(ld_path);
     argv.extend(["-o".into(), "actor.wasm".into()]);
@@ -302,7 +304,8 @@ fn confined(argv: Vec<std::ffi::OsString>, cwd: &Path, world: &Path, reads: Vec<
 struct ClangView {
     /// clang's real path (symlinks resolved).
     clang: PathBuf,
-    /// wasm-ld's real path (clang is told it with `--ld-path`).
+    /// wasm-ld (a name of the multi-call `lld`, so only its directory is
+    /// resolved); clang is told it with `-fuse-ld`.
     ld: PathBuf,
     /// Directories it reads, none inside another: its installation (the
     /// directory above its `bin`, e.g. `/usr/lib/llvm-14`, which holds
@@ -352,12 +355,24 @@ fn clang_view(clang: &Path, cwd: &Path, world: &Path) -> anyhow::Result<ClangVie
         Some(prefix) if ![Path::new("/"), Path::new("/usr"), Path::new("/usr/local")].contains(&prefix) => {
             reads.push(prefix.to_path_buf());
         }
-        _ => reads.push(bin),
+        _ => reads.push(bin.clone()),
     }
     reads.push(PathBuf::from(ask(&real, &["-print-resource-dir"], None)?.trim()));
-    let ld = ask(&real, &[CLANG_ARGS[0], "-print-prog-name=wasm-ld"], None)?;
-    let ld = std::fs::canonicalize(ld.trim())
-        .map_err(|e| anyhow!("clang finds no wasm-ld ({}: {e}): {INSTALL_HINT}", ld.trim()))?;
+    // wasm-ld is a name of the multi-call `lld`, which acts by the name
+    // it is run as: its directory is resolved, never its own link. The
+    // one beside clang's real binary first (Debian's `/usr/lib/llvm-14/bin`).
+    let beside = bin.join("wasm-ld");
+    let ld = if beside.is_file() {
+        beside
+    } else {
+        let printed = ask(&real, &[CLANG_ARGS[0], "-print-prog-name=wasm-ld"], None)?;
+        let printed = Path::new(printed.trim());
+        let dir = printed.parent().and_then(|d| std::fs::canonicalize(d).ok());
+        match (dir, printed.file_name()) {
+            (Some(dir), Some(name)) if dir.join(name).is_file() => dir.join(name),
+            _ => bail!("clang finds no wasm-ld ({}): {INSTALL_HINT}", printed.display()),
+        }
+    };
     let dirs = ask(&real, &[CLANG_ARGS[0], CLANG_ARGS[1], "-print-search-dirs"], None)?;
     for line in dirs.lines() {
         if let Some(list) = line.strip_prefix("libraries: =") {
