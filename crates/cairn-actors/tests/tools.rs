@@ -132,8 +132,9 @@ fn the_agent_spawns_sends_upgrades_rolls_back_and_reads_logs() {
 
 /// `actor_spawn` takes `limits` like the console's spawn, under the same
 /// rule: the agent may lower an actor's limits below the world's, never
-/// raise them. The lowered limit reaches the actor (one memory is too few
-/// for an adapted p1 module: it fails to instantiate).
+/// raise them. The lowered limit reaches the actor (one core instance is
+/// too few for an adapted p1 module, which has several: it fails to
+/// instantiate).
 #[test]
 fn the_agent_spawns_with_lower_limits_and_never_higher() {
     let mut t = TestWorld::new();
@@ -144,7 +145,7 @@ fn the_agent_spawns_with_lower_limits_and_never_higher() {
     let spec = tools.iter().find(|t| t.spec().name == "actor_spawn").unwrap().spec().input_schema.clone();
     assert_eq!(spec["properties"]["limits"]["properties"]["memories"]["type"], "integer", "{spec}");
 
-    let limits = json!({"memories": 1, "disk_bytes": 4096});
+    let limits = json!({"instances": 1, "disk_bytes": 4096});
     let r = call(&tools, &cwd, "actor_spawn", json!({"id": "tight", "wasm": "e.wat", "limits": limits}));
     assert_eq!(r.exit_code, 0, "{}", r.output_summary);
     let reg: Value =
@@ -153,7 +154,7 @@ fn the_agent_spawns_with_lower_limits_and_never_higher() {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let status = std::fs::read_to_string(t.root().join("actor/tight/status.json")).unwrap_or_default();
-        if status.contains("memory count too high") {
+        if status.contains("instance count too high") {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "tight never failed to instantiate: {status}");
