@@ -270,7 +270,8 @@ fn confined(argv: Vec<std::ffi::OsString>, cwd: &Path, world: &Path, reads: Vec<
             // A top-level symlink (`/lib -> usr/lib`) is not covered: what
             // it points to is, where it lies.
             let plain_dir_or_file = e.file_type().is_ok_and(|t| !t.is_symlink());
-            let system = ["usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin"].iter().any(|k| name.as_os_str() == *k);
+            let system =
+                ["usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin"].iter().any(|k| name.as_os_str() == *k);
             if plain_dir_or_file && !UNCOVERED.iter().any(|k| name.as_os_str() == *k) && (narrow || !system) {
                 hidden.push(e.path());
             }

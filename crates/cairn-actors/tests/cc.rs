@@ -158,7 +158,12 @@ fn some_text_file(dir: &Path) -> Option<(std::path::PathBuf, String)> {
         } else if meta.is_file() && meta.len() < 1 << 20 {
             let text = std::fs::read_to_string(&p).unwrap_or_default();
             let first = text.lines().next().unwrap_or("").trim().to_owned();
-            if first.len() >= 12 && first.is_ascii() && !first.contains('\t') && !first.contains('"') && !first.contains('\\') {
+            if first.len() >= 12
+                && first.is_ascii()
+                && !first.contains('\t')
+                && !first.contains('"')
+                && !first.contains('\\')
+            {
                 return Some((p, first));
             }
         }

@@ -1091,7 +1091,8 @@ fn old_versions_are_deleted_past_the_bound() {
     let vdir = t.root().join("broker/versions/selfup");
     std::fs::rename(vdir.join((cur - 3).to_string()), vdir.join(format!(".pruned-{}", cur - 3))).unwrap();
     std::fs::remove_file(vdir.join(format!(".pruned-{}/meta.json", cur - 3))).unwrap();
-    t.world = Some(cairn_actors::World::open(&t.root(), WorldConfig { versions_kept: 1, ..Default::default() }).unwrap());
+    t.world =
+        Some(cairn_actors::World::open(&t.root(), WorldConfig { versions_kept: 1, ..Default::default() }).unwrap());
     let (kept, other) = version_dirs(&t, "selfup");
     assert_eq!(kept, [cur - 1, cur], "the running version and the newest other");
     assert!(other.is_empty(), "{other:?}");

@@ -173,7 +173,10 @@ fn the_agent_spawns_with_lower_limits_and_never_higher() {
             json!({"fuel": 10}),
             "limit \"fuel\" cannot be set: this world does not meter fuel (`cairn world run --fuel N` turns it on)",
         ),
-        (json!({"stack": 1}), "unknown limit \"stack\"; one of memory_bytes, table_elements, instances, memories, tables, disk_bytes, disk_entries, fuel"),
+        (
+            json!({"stack": 1}),
+            "unknown limit \"stack\"; one of memory_bytes, table_elements, instances, memories, tables, disk_bytes, disk_entries, fuel",
+        ),
     ] {
         let r = call(&tools, &cwd, "actor_spawn", json!({"id": "more", "wasm": "e.wat", "limits": limits}));
         assert_eq!(r.exit_code, 1, "{limits}: {}", r.output_summary);

@@ -748,7 +748,10 @@ impl Broker {
         let keep = versions_to_keep(&installed, e.version, e.watch.as_ref().map(|w| w.prev), self.cfg.versions_kept);
         for v in installed.into_iter().filter(|v| !keep.contains(v)) {
             if let Err(err) = self.layout.delete_version(id, v) {
-                append_log(&self.layout.actor_dir(id).join("stderr.log"), &format!("deleting version {v} failed: {err}"));
+                append_log(
+                    &self.layout.actor_dir(id).join("stderr.log"),
+                    &format!("deleting version {v} failed: {err}"),
+                );
             }
         }
     }
