@@ -258,9 +258,10 @@ const UNCOVERED: &[&str] = &["dev", "tmp"];
 /// namespace every top-level directory of `/` but [`UNCOVERED`] covered by
 /// an empty one, the world too, with only `cwd` and `reads` (and the
 /// program's own directory) visible beneath the covers. Landlock alone
-/// confines writes only: without the covers an `#include "/etc/passwd"`,
-/// of a file under `/usr/share`, or of `/proc/1/environ` came back in
-/// clang's error output. With `narrow` false, `/usr` and `/lib*` stay
+/// confines writes only: without the covers an `#include "/etc/passwd"`
+/// or of a file under `/usr/share` came back in clang's error output (and
+/// `/proc` was there whole: clang reads its files as empty, procfs says
+/// they have size 0, but no program of the guest's should find them). With `narrow` false, `/usr` and `/lib*` stay
 /// visible whole (for the questions that find what clang needs there).
 fn confined(argv: Vec<std::ffi::OsString>, cwd: &Path, world: &Path, reads: Vec<PathBuf>, narrow: bool) -> RunSpec {
     let mut hidden = vec![world.to_path_buf()];

@@ -177,8 +177,10 @@ fn some_text_file(dir: &Path) -> Option<(std::path::PathBuf, String)> {
 /// output: a file outside the system directories, `/etc/passwd`, a file
 /// under `/usr/share/doc` (`/usr` is not visible whole), the environment
 /// of this process (which runs the world, as `cairn world run` would:
-/// provider keys live there) and of the namespace's first process
-/// (`/proc` is not visible at all).
+/// provider keys live there), of the namespace's first process and of
+/// clang itself: `/proc` is not visible at all. (clang reads a `/proc`
+/// file as empty, procfs saying its size is 0, so before `/proc` was
+/// covered those builds succeeded, showing nothing.)
 #[test]
 fn cc_cannot_read_host_files() {
     let t = TestWorld::new();
