@@ -24,13 +24,19 @@
 //!
 //! The run: one worker thread (builds are serial; the broker thread never
 //! waits for one), clang as a subprocess under cairn-tools' sandbox
-//! (Landlock + seccomp: no network, writes only in the build directory;
-//! reads only the build directory and the system's `/usr`, `/lib*`,
-//! `/bin`, `/sbin`, `/dev` and `/proc`: every other top-level directory is
-//! covered in its mount namespace, see [`hidden_from_clang`]),
-//! a cleared environment (`PATH` only), its own process group, killed
-//! after [`BUILD_TIMEOUT`]. Where the sandbox cannot be set up the build
-//! fails and says why: clang never runs unconfined.
+//! (Landlock + seccomp: no network, writes only in the build directory),
+//! in a mount and PID namespace of its own where every top-level directory
+//! of `/` but `/dev` and the private `/tmp` is covered, `/usr` and `/proc`
+//! included, and only the build directory and what clang needs stay
+//! visible beneath the covers: its installation, resource directory,
+//! wasm-ld, the sysroot's `include/wasm32-wasi` and `lib/wasm32-wasi`, and
+//! the directories of the shared libraries it loads ([`ClangView`], found
+//! by asking clang and the dynamic loader once per process; see
+//! [`confined`]). No `/proc` at all: LLVM then finds its own executable by
+//! argv[0], which is clang's real path. A cleared environment (`PATH`
+//! only), its own process group, killed after [`BUILD_TIMEOUT`]. Where the
+//! sandbox or the mount namespace cannot be set up the build fails and
+//! says why: clang never runs unconfined.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,8 +59,15 @@ const STDERR_CAP: usize = 32 * 1024;
 /// Most files a `files` request may hold, and their total size.
 const MAX_FILES: usize = 256;
 const MAX_BYTES: usize = 8 << 20;
-/// The clang arguments (besides the inputs and `-o`).
+/// The clang arguments (besides the inputs, `-o` and `-fuse-ld`).
 pub const CLANG_ARGS: [&str; 3] = ["--target=wasm32-wasi", "--sysroot=/usr", "-O2"];
+/// The sysroot of [`CLANG_ARGS`] (Debian's wasi-libc) and its target:
+/// clang reads `<sysroot>/include/<target>` and `<sysroot>/lib/<target>`
+/// of it, nothing else.
+const SYSROOT: &str = "/usr";
+const TARGET: &str = "wasm32-wasi";
+/// Longest a question to clang about its own layout may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// What to run when clang or wasi-libc is missing.
 const INSTALL_HINT: &str =
     "run scripts/ensure-wasi-clang (installs Debian's clang, lld, wasi-libc and libclang-rt-*-dev-wasm32)";
@@ -185,33 +198,28 @@ fn build_in(
         bail!("no .c file at the top of the source");
     }
     let clang = find_clang().ok_or_else(|| anyhow!("clang is not installed: {INSTALL_HINT}"))?;
-    let mut argv: Vec<std::ffi::OsString> = vec![clang.into_os_string()];
+    // The covers that keep host files from clang exist only in a mount
+    // namespace of its own; without one Landlock alone would let it read
+    // every system directory (`/etc` and `/proc` included).
+    cairn_tools::sandbox::isolation_status().map_err(|why| {
+        anyhow!("cannot confine clang to its build directory and the sysroot here (no mount namespace: {why})")
+    })?;
+    let scratch_abs = std::path::absolute(scratch)?;
+    let view = clang_view(&clang, &scratch_abs, layout.root())?;
+    // argv[0] is clang's real path: with `/proc` covered, LLVM finds its
+    // own executable (and from it the resource directory) by argv[0].
+    let mut argv: Vec<std::ffi::OsString> = vec![view.clang.clone().into_os_string()];
     argv.extend(CLANG_ARGS.iter().map(Into::into));
+    // Debian's clang looks for `wasm-ld-<N>` in `/usr/bin`, which is
+    // covered; its WebAssembly driver takes an absolute `-fuse-ld` (and
+    // ignores `--ld-path`).
+    let mut ld_path = std::ffi::OsString::from("-fuse-ld=");
+    ld_path.push(&view.ld);
+    argv.push(ld_path);
     argv.extend(["-o".into(), "actor.wasm".into()]);
     argv.extend(inputs.iter().map(|i| Path::new("source").join(i).into_os_string()));
-    let scratch_abs = std::path::absolute(scratch)?;
-    let spec = RunSpec {
-        argv,
-        cwd: scratch_abs.clone(),
-        stdin: Vec::new(),
-        env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
-        sandbox: Some(SandboxPolicy {
-            cwd: scratch_abs,
-            read_cwd: true,
-            write_cwd: true,
-            network: false,
-            process_spawn: true,
-            ..SandboxPolicy::default()
-        }),
-        timeout: BUILD_TIMEOUT,
-        output_cap: STDERR_CAP,
-        max_processes: 32,
-        pid_namespace: true,
-        // Everything but the system's programs, libraries and sysroot is
-        // covered (the world, its sockets and other actors' files
-        // included); the build directory stays visible beneath.
-        hidden: hidden_from_clang(layout.root()),
-    };
+    let mut spec = confined(argv, &scratch_abs, layout.root(), view.reads.clone(), true);
+    spec.timeout = BUILD_TIMEOUT;
     let out = cairn_tools::process::run(&spec, &CancelToken::new(), &mut |_: &[u8]| {})
         .map_err(|e| anyhow!("cannot run clang confined (no network, writes only in its build directory): {e}"))?;
     let stderr = cairn_tools::process::capped_text(&out.stderr);
@@ -240,27 +248,178 @@ fn build_in(
     Ok(json!({"type": "built", "name": name, "wasm": wasm, "source": source, "warnings": stderr}))
 }
 
-/// Top-level directories clang may read: its programs, the libraries it
-/// loads, Debian's wasi-libc sysroot (`/usr`), devices, and `/proc` (LLVM
-/// finds its own resource directory through `/proc/self/exe`). `/tmp` is
-/// the sandbox's private one.
-const CLANG_READS: &[&str] = &["usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "dev", "proc", "tmp"];
+/// Top-level directories never covered: `/dev` (Landlock lets clang
+/// read `/dev/null` and `/dev/urandom` there, nothing else) and `/tmp`
+/// (the sandbox's private one).
+const UNCOVERED: &[&str] = &["dev", "tmp"];
 
-/// What the sandbox covers for clang: every top-level directory of `/`
-/// but [`CLANG_READS`], and the world. Landlock confines clang's writes
-/// only; without these covers an `#include "/etc/passwd"` (or any file
-/// the host user can read) came back in clang's error output.
-fn hidden_from_clang(world: &Path) -> Vec<PathBuf> {
+/// The run of `argv` (clang, or a question to it) in the build directory
+/// `cwd`: no network, writes only in `cwd`, and in its own mount and PID
+/// namespace every top-level directory of `/` but [`UNCOVERED`] covered by
+/// an empty one, the world too, with only `cwd` and `reads` (and the
+/// program's own directory) visible beneath the covers. Landlock alone
+/// confines writes only: without the covers an `#include "/etc/passwd"`
+/// or of a file under `/usr/share` came back in clang's error output (and
+/// `/proc` was there whole: clang reads its files as empty, procfs says
+/// they have size 0, but no program of the guest's should find them). With `narrow` false, `/usr` and `/lib*` stay
+/// visible whole (for the questions that find what clang needs there).
+fn confined(argv: Vec<std::ffi::OsString>, cwd: &Path, world: &Path, reads: Vec<PathBuf>, narrow: bool) -> RunSpec {
     let mut hidden = vec![world.to_path_buf()];
     if let Ok(rd) = std::fs::read_dir("/") {
         for e in rd.flatten() {
             let name = e.file_name();
-            if !CLANG_READS.iter().any(|k| name.as_os_str() == *k) {
+            // A top-level symlink (`/lib -> usr/lib`) is not covered: what
+            // it points to is, where it lies.
+            let plain_dir_or_file = e.file_type().is_ok_and(|t| !t.is_symlink());
+            let system =
+                ["usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin"].iter().any(|k| name.as_os_str() == *k);
+            if plain_dir_or_file && !UNCOVERED.iter().any(|k| name.as_os_str() == *k) && (narrow || !system) {
                 hidden.push(e.path());
             }
         }
     }
-    hidden
+    RunSpec {
+        argv,
+        cwd: cwd.to_path_buf(),
+        stdin: Vec::new(),
+        env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
+        sandbox: Some(SandboxPolicy {
+            cwd: cwd.to_path_buf(),
+            read_cwd: true,
+            write_cwd: true,
+            network: false,
+            process_spawn: true,
+            extra_read: reads,
+            ..SandboxPolicy::default()
+        }),
+        timeout: PROBE_TIMEOUT,
+        output_cap: STDERR_CAP,
+        max_processes: 32,
+        pid_namespace: true,
+        hidden,
+    }
+}
+
+/// What clang needs to read besides its build directory, and how to run
+/// it there.
+#[derive(Debug, Clone)]
+struct ClangView {
+    /// clang's real path (symlinks resolved).
+    clang: PathBuf,
+    /// wasm-ld (a name of the multi-call `lld`, so only its directory is
+    /// resolved); clang is told it with `-fuse-ld`.
+    ld: PathBuf,
+    /// Directories it reads, none inside another: its installation (the
+    /// directory above its `bin`, e.g. `/usr/lib/llvm-14`, which holds
+    /// the resource directory and wasm-ld), the resource directory and
+    /// library search directories it prints, the sysroot's
+    /// `include/wasm32-wasi` and `lib/wasm32-wasi`, and the directories of
+    /// the shared libraries clang and wasm-ld load (the dynamic loader's
+    /// own included).
+    reads: Vec<PathBuf>,
+}
+
+/// Finds [`ClangView`] for `clang` once per process, by asking clang
+/// itself (`-print-resource-dir`, `-print-prog-name=wasm-ld`,
+/// `-print-search-dirs`) and the dynamic loader
+/// (`LD_TRACE_LOADED_OBJECTS=1`: it lists the libraries a program loads
+/// and exits before the program runs), each confined like a build with
+/// only the system directories visible.
+fn clang_view(clang: &Path, cwd: &Path, world: &Path) -> anyhow::Result<ClangView> {
+    static VIEW: std::sync::Mutex<Option<(PathBuf, ClangView)>> = std::sync::Mutex::new(None);
+    let mut cached = VIEW.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, v)) = cached.as_ref().filter(|(c, _)| c == clang) {
+        return Ok(v.clone());
+    }
+    let real = std::fs::canonicalize(clang).with_context(|| format!("resolving {}", clang.display()))?;
+    let ask = |program: &Path, args: &[&str], env: Option<(&str, &str)>| -> anyhow::Result<String> {
+        let mut argv: Vec<std::ffi::OsString> = vec![program.into()];
+        argv.extend(args.iter().map(Into::into));
+        let mut spec = confined(argv, cwd, world, Vec::new(), false);
+        spec.env.extend(env.map(|(k, v)| (k.to_owned(), v.to_owned())));
+        let out = cairn_tools::process::run(&spec, &CancelToken::new(), &mut |_: &[u8]| {})
+            .map_err(|e| anyhow!("asking {} {args:?}: {e}", program.display()))?;
+        if out.exit_code != 0 {
+            bail!(
+                "asking {} {args:?}: status {}: {}",
+                program.display(),
+                out.exit_code,
+                cairn_tools::process::capped_text(&out.stderr)
+            );
+        }
+        Ok(cairn_tools::process::capped_text(&out.stdout))
+    };
+    let mut reads: Vec<PathBuf> = Vec::new();
+    // Its installation, unless clang lies directly in a system `bin`
+    // (then the rest of that prefix is not clang's own).
+    let bin = real.parent().map(Path::to_path_buf).unwrap_or_default();
+    match bin.parent() {
+        Some(prefix) if ![Path::new("/"), Path::new("/usr"), Path::new("/usr/local")].contains(&prefix) => {
+            reads.push(prefix.to_path_buf());
+        }
+        _ => reads.push(bin.clone()),
+    }
+    reads.push(PathBuf::from(ask(&real, &["-print-resource-dir"], None)?.trim()));
+    // wasm-ld is a name of the multi-call `lld`, which acts by the name
+    // it is run as: its directory is resolved, never its own link. The
+    // one beside clang's real binary first (Debian's `/usr/lib/llvm-14/bin`).
+    let beside = bin.join("wasm-ld");
+    let ld = if beside.is_file() {
+        beside
+    } else {
+        let printed = ask(&real, &[CLANG_ARGS[0], "-print-prog-name=wasm-ld"], None)?;
+        let printed = Path::new(printed.trim());
+        let dir = printed.parent().and_then(|d| std::fs::canonicalize(d).ok());
+        match (dir, printed.file_name()) {
+            (Some(dir), Some(name)) if dir.join(name).is_file() => dir.join(name),
+            _ => bail!("clang finds no wasm-ld ({}): {INSTALL_HINT}", printed.display()),
+        }
+    };
+    let dirs = ask(&real, &[CLANG_ARGS[0], CLANG_ARGS[1], "-print-search-dirs"], None)?;
+    for line in dirs.lines() {
+        if let Some(list) = line.strip_prefix("libraries: =") {
+            reads.extend(list.split(':').filter(|d| !d.is_empty()).map(PathBuf::from));
+        }
+    }
+    reads.push(Path::new(SYSROOT).join("include").join(TARGET));
+    reads.push(Path::new(SYSROOT).join("lib").join(TARGET));
+    reads.push(ld.parent().map(Path::to_path_buf).unwrap_or_default());
+    for program in [&real, &ld] {
+        let listed = ask(program, &[], Some(("LD_TRACE_LOADED_OBJECTS", "1")))?;
+        reads.extend(loaded_library_dirs(&listed));
+    }
+    let view = ClangView { clang: real, ld, reads: outermost(reads) };
+    *cached = Some((clang.to_path_buf(), view.clone()));
+    Ok(view)
+}
+
+/// The directories of the libraries in the dynamic loader's list
+/// (`LD_TRACE_LOADED_OBJECTS=1`: `libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1
+/// (0x…)`, and the loader itself as `/lib64/ld-linux-x86-64.so.2 (0x…)`),
+/// as listed (the loader finds them by these names, symlinks included).
+fn loaded_library_dirs(listed: &str) -> Vec<PathBuf> {
+    listed
+        .lines()
+        .filter_map(|l| {
+            let path = l.split("=>").last()?.split_whitespace().next()?;
+            path.starts_with('/').then(|| Path::new(path).parent().map(Path::to_path_buf)).flatten()
+        })
+        .collect()
+}
+
+/// `paths` resolved (symlinks: the real directory is what a cover keeps
+/// visible), existing, sorted, and without any that lies inside another.
+fn outermost(paths: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut real: Vec<PathBuf> = paths.iter().filter_map(|p| std::fs::canonicalize(p).ok()).collect();
+    real.sort();
+    real.dedup();
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in real {
+        if !out.iter().any(|o| p.starts_with(o)) {
+            out.push(p);
+        }
+    }
+    out
 }
 
 /// `clang` on the host's `PATH`.

@@ -6,6 +6,7 @@
 //! DIR/.lock                          one running world per directory
 //! DIR/broker/registry.json           actors, versions, subscriptions, counters
 //! DIR/broker/versions/<id>/<n>/      actor.wasm|actor.wat, source/, meta.json, snapshot/
+//!                                    (the running version and the newest few others)
 //! DIR/broker/mailbox/<id>.jsonl      queued (not yet delivered) messages
 //! DIR/actor/<id>/public|source       readable by every actor as /actor/<id>/...
 //! DIR/actor/<id>/status.json|stderr.log   written by the broker
@@ -235,12 +236,57 @@ impl Layout {
         Ok(())
     }
 
-    /// Creates an actor's directories.
     /// `broker/versions/<id>`: every version of an actor.
     pub fn versions(&self, id: &str) -> PathBuf {
         self.root.join("broker").join("versions").join(id)
     }
 
+    /// The version numbers installed for `id` (directories
+    /// `broker/versions/<id>/<n>`), ascending. A version being deleted
+    /// (renamed to `.pruned-<n>` first, see [`Layout::delete_version`])
+    /// is not one.
+    pub fn installed_versions(&self, id: &str) -> Vec<u32> {
+        let Ok(rd) = fs::read_dir(self.versions(id)) else { return Vec::new() };
+        let mut v: Vec<u32> = rd
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Deletes version `n` of `id` so that a crash at any moment leaves
+    /// the version whole or gone: the directory is first renamed out of
+    /// the version names (`.pruned-<n>`, one atomic rename, the parent
+    /// fsynced), then removed; [`Layout::sweep_pruned`] finishes a removal
+    /// a crash cut short.
+    pub fn delete_version(&self, id: &str, n: u32) -> Result<(), LayoutError> {
+        let from = self.version(id, n);
+        let doomed = self.versions(id).join(format!(".pruned-{n}"));
+        if doomed.exists() {
+            fs::remove_dir_all(&doomed).map_err(io(&doomed))?;
+        }
+        fs::rename(&from, &doomed).map_err(io(&from))?;
+        if let Ok(d) = fs::File::open(self.versions(id)) {
+            let _ = d.sync_all();
+        }
+        fs::remove_dir_all(&doomed).map_err(io(&doomed))
+    }
+
+    /// Removes what a deletion of versions of `id` left behind when the
+    /// host died in it (`.pruned-<n>` directories).
+    pub fn sweep_pruned(&self, id: &str) -> Result<(), LayoutError> {
+        let Ok(rd) = fs::read_dir(self.versions(id)) else { return Ok(()) };
+        for e in rd.flatten() {
+            if e.file_name().to_str().is_some_and(|n| n.starts_with(".pruned-")) {
+                fs::remove_dir_all(e.path()).map_err(io(&e.path()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates an actor's directories.
     pub fn init_actor(&self, id: &str) -> Result<(), LayoutError> {
         for d in [self.public(id), self.source(id), self.data(id)] {
             fs::create_dir_all(&d).map_err(io(&d))?;

@@ -80,6 +80,28 @@ fn id_schema(extra: Value) -> Value {
     json!({"type": "object", "properties": props, "required": ["id"], "additionalProperties": false})
 }
 
+/// The `limits` of `actor_spawn`: the spawn request's (see
+/// `broker::requests`, which checks them: each a whole number, never above
+/// the spawner's own, here the world's).
+fn limits_schema() -> Value {
+    let n = |d: &str| json!({"type": "integer", "minimum": 0, "description": d});
+    json!({
+        "type": "object",
+        "description": "lower this actor's limits below the world's (never above; absent ones are the world's)",
+        "properties": {
+            "memory_bytes": n("all linear memories of an instance together, bytes"),
+            "table_elements": n("all table elements of an instance together"),
+            "instances": n("core instances of an instance"),
+            "memories": n("linear memories of an instance"),
+            "tables": n("tables of an instance"),
+            "disk_bytes": n("/data and /public together, bytes"),
+            "disk_entries": n("/data and /public together, files and directories"),
+            "fuel": n("fuel per instance (only in a world that meters fuel)")
+        },
+        "additionalProperties": false
+    })
+}
+
 /// Every `actor_*` tool for `world`, acting as `agent`.
 pub fn actor_tools(world: Arc<World>) -> Vec<Arc<dyn Tool>> {
     let wasm = json!({
@@ -112,7 +134,8 @@ pub fn actor_tools(world: Arc<World>) -> Vec<Arc<dyn Tool>> {
                 json!({"type": "object", "properties": {
                 "id": {"type": "string", "description": "new actor id (a-z 0-9 - _, at most 64)"},
                 "wasm": wasm["wasm"], "source": wasm["source"], "built_by": wasm["built_by"],
-                "http": {"type": "boolean", "description": "let the actor send requests to the native `http` (outgoing HTTP); default false"}},
+                "http": {"type": "boolean", "description": "let the actor send requests to the native `http` (outgoing HTTP); default false"},
+                "limits": limits_schema()},
                 "required": ["id", "wasm"], "additionalProperties": false}),
             ),
         ),
@@ -272,6 +295,12 @@ impl ActorTool {
                 }
                 if self.kind == Kind::Spawn && args.get("http").and_then(Value::as_bool) == Some(true) {
                     req["http"] = json!(true);
+                }
+                // Passed as given: the broker checks them (the rule is the
+                // console's: a spawn may only lower a limit) and says why
+                // it refuses.
+                if let Some(l) = args.get("limits").filter(|l| self.kind == Kind::Spawn && !l.is_null()) {
+                    req["limits"] = l.clone();
                 }
                 Ok(from_broker(self.broker(req)?))
             }

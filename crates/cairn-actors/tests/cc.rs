@@ -144,10 +144,43 @@ int main(void) {{
     t.wait_for("echo from the child", |m| m["from"] == "child" && m["body"] == json!({"hi": "child"}));
 }
 
-/// Issue 28: clang reads only its build directory and the system's
-/// programs, libraries and sysroot (`/usr`, `/lib*`, `/bin`, `/sbin`,
-/// `/dev`, `/proc`): an `#include` of a host file finds nothing, so its
-/// content never comes back in clang's error output.
+/// A file under `dir` (recursively, in name order) whose first line is
+/// at least 12 bytes of text, and that line.
+fn some_text_file(dir: &Path) -> Option<(std::path::PathBuf, String)> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for p in entries {
+        let meta = std::fs::symlink_metadata(&p).ok()?;
+        if meta.is_dir() {
+            if let Some(found) = some_text_file(&p) {
+                return Some(found);
+            }
+        } else if meta.is_file() && meta.len() < 1 << 20 {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let first = text.lines().next().unwrap_or("").trim().to_owned();
+            if first.len() >= 12
+                && first.is_ascii()
+                && !first.contains('\t')
+                && !first.contains('"')
+                && !first.contains('\\')
+            {
+                return Some((p, first));
+            }
+        }
+    }
+    None
+}
+
+/// Issue 28: clang reads only its build directory, its own installation
+/// and libraries, and the wasi sysroot. An `#include` of any other host
+/// file finds nothing, so its content never comes back in clang's error
+/// output: a file outside the system directories, `/etc/passwd`, a file
+/// under `/usr/share/doc` (`/usr` is not visible whole), the environment
+/// of this process (which runs the world, as `cairn world run` would:
+/// provider keys live there), of the namespace's first process and of
+/// clang itself: `/proc` is not visible at all. (clang reads a `/proc`
+/// file as empty, procfs saying its size is 0, so before `/proc` was
+/// covered those builds succeeded, showing nothing.)
 #[test]
 fn cc_cannot_read_host_files() {
     let t = TestWorld::new();
@@ -159,8 +192,18 @@ fn cc_cannot_read_host_files() {
     std::fs::write(&secret, "SECRET-LINE-4711 is not C\n").unwrap();
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
     let first = passwd.lines().next().unwrap().to_owned();
-    for (path, needle) in [(secret.display().to_string(), "SECRET-LINE-4711".to_owned()), ("/etc/passwd".into(), first)]
-    {
+    let (doc, doc_line) = some_text_file(Path::new("/usr/share/doc")).expect("a text file under /usr/share/doc");
+    let me = format!("/proc/{}/environ", std::process::id());
+    let my_env = std::fs::read(&me).unwrap();
+    let my_first = String::from_utf8_lossy(my_env.split(|b| *b == 0).next().unwrap()).into_owned();
+    for (path, needle) in [
+        (secret.display().to_string(), "SECRET-LINE-4711".to_owned()),
+        ("/etc/passwd".into(), first),
+        (doc.display().to_string(), doc_line),
+        (me, my_first),
+        ("/proc/1/environ".into(), "PATH=".into()),
+        ("/proc/self/environ".into(), "PATH=".into()),
+    ] {
         let main = format!("#include \"{path}\"\nint main(void) {{ return 0; }}\n");
         let r = build(&t, json!({"type": "build", "name": "peek", "files": {"main.c": main}}));
         assert_eq!(r["type"], "build_failed", "{path}: {r}");
@@ -169,6 +212,6 @@ fn cc_cannot_read_host_files() {
         assert!(stderr.contains("file not found"), "{path}: {stderr}");
     }
     let _ = std::fs::remove_dir_all(&secret_dir);
-    // Builds still work.
+    // Builds still work, with the sysroot's headers and libc.
     assert_eq!(built(&t, json!({"type": "build", "name": "ok", "files": {"main.c": ECHO_C}}))["type"], "built");
 }

@@ -1008,3 +1008,104 @@ fn instance_memory_table_and_fuel_limits_are_per_actor() {
     assert_eq!(reg["actors"]["c1"]["limits"], json!({"memories": 4, "fuel": 1u64 << 30}));
     lists_within_a_second(&t);
 }
+
+/// The version numbers installed for `id` (numeric directories of
+/// `broker/versions/<id>`), ascending, and whether anything else is there.
+fn version_dirs(t: &TestWorld, id: &str) -> (Vec<u64>, Vec<String>) {
+    let mut nums = Vec::new();
+    let mut other = Vec::new();
+    for e in std::fs::read_dir(t.root().join("broker/versions").join(id)).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        match name.parse() {
+            Ok(n) => nums.push(n),
+            Err(_) => other.push(name),
+        }
+    }
+    nums.sort_unstable();
+    (nums, other)
+}
+
+/// An actor upgrades itself again and again: each new version's first
+/// input is the broker's answer to the last upgrade, and it asks for the
+/// next one. Its `/data` holds 1 MiB, so every upgrade snapshots 1 MiB
+/// into the old version's directory. After eight upgrades the actor
+/// keeps its running version and the three newest others (the default
+/// `versions_kept`), so the versions' disk use stays under four times a
+/// version's size; a rollback goes to the newest older one kept, one to a
+/// deleted version is refused and says which are kept. A deletion cut
+/// short by a host crash (a `.pruned-<n>` left behind) is finished when
+/// the world opens, which also applies a lower `versions_kept`.
+#[test]
+fn old_versions_are_deleted_past_the_bound() {
+    let _one = RSS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = TestWorld::new();
+    let again = "{\"to\":\"broker\",\"body\":{\"type\":\"upgrade\",\"id\":\"selfup\",\"wasm\":\"/public/v.wat\"}}\n";
+    let module = actor(again, "", "");
+    let p = t.file("selfup.wat", &module);
+    assert_eq!(t.req(json!({"type": "spawn", "id": "selfup", "wasm": p}))["type"], "ok");
+    std::fs::write(t.root().join("actor/selfup/public/v.wat"), &module).unwrap();
+    std::fs::write(t.root().join("data/selfup/blob"), vec![7u8; 1 << 20]).unwrap();
+    t.subscribe_console("selfup");
+    let before = rss_mib();
+    t.w().send(Some("selfup"), None, None, json!("go"));
+    for v in 2..=9 {
+        t.wait_for(&format!("the upgrade to version {v}"), |m| {
+            m["from"] == "selfup" && m["body"]["type"] == "ok" && m["body"]["version"] == v
+        });
+    }
+    // End the loop: the next upgrade (or the one after, if the broker
+    // read the module already) finds no module.
+    std::fs::remove_file(t.root().join("actor/selfup/public/v.wat")).unwrap();
+    let (m, _) = t.wait_for("the refused upgrade", |m| m["from"] == "selfup" && m["body"]["type"] == "error");
+    assert!(m["body"]["reason"].as_str().unwrap().contains("v.wat"), "{m}");
+    let cur = t.actor_state("selfup")["version"].as_u64().unwrap();
+    assert!(cur >= 9, "{cur}");
+    let (kept, other) = version_dirs(&t, "selfup");
+    assert_eq!(kept, ((cur - 3)..=cur).collect::<Vec<_>>(), "kept versions");
+    assert!(other.is_empty(), "{other:?}");
+    // A version: its module, a snapshot of /data (1 MiB) and /public.
+    let per_version = module.len() as u64 + (1 << 20) + (64 << 10);
+    let used = du(&t.root().join("broker/versions/selfup"));
+    assert!(used <= 4 * per_version, "versions take {used} bytes; at most {}", 4 * per_version);
+    eprintln!("versions of selfup after {} upgrades: {kept:?}, {used} bytes", cur - 1);
+    lists_within_a_second(&t);
+
+    // The newest older version kept, then one deleted.
+    let r = t.req(json!({"type": "rollback", "id": "selfup"}));
+    assert_eq!(r["type"], "rolled_back", "{r}");
+    assert_eq!(r["to"].as_u64(), Some(cur - 1), "{r}");
+    let r = t.req(json!({"type": "rollback", "id": "selfup", "version": 1}));
+    let kept_list: Vec<String> = kept.iter().map(u64::to_string).collect();
+    let reason = format!(
+        "version 1 of \"selfup\" is no longer kept; kept: {} (the running version and up to 3 more)",
+        kept_list.join(", ")
+    );
+    assert_eq!(r, json!({"type": "error", "reason": reason}));
+    assert_eq!(t.actor_state("selfup")["version"].as_u64(), Some(cur - 1));
+    assert_eq!(t.read("data/selfup/blob").len(), 1 << 20, "the snapshot came back");
+
+    // A host killed while deleting version cur-3 left its renamed
+    // directory half removed; the next world (keeping one other version)
+    // opens, finishes it and deletes down to its own bound.
+    t.world.take().unwrap().quit();
+    let vdir = t.root().join("broker/versions/selfup");
+    std::fs::rename(vdir.join((cur - 3).to_string()), vdir.join(format!(".pruned-{}", cur - 3))).unwrap();
+    std::fs::remove_file(vdir.join(format!(".pruned-{}/meta.json", cur - 3))).unwrap();
+    t.world =
+        Some(cairn_actors::World::open(&t.root(), WorldConfig { versions_kept: 1, ..Default::default() }).unwrap());
+    let (kept, other) = version_dirs(&t, "selfup");
+    assert_eq!(kept, [cur - 1, cur], "the running version and the newest other");
+    assert!(other.is_empty(), "{other:?}");
+    t.wait_state("selfup", "running", |s| s["state"] == "running");
+    let r = t.req(json!({"type": "rollback", "id": "selfup", "version": cur - 2}));
+    assert_eq!(r["type"], "error", "{r}");
+    let reason = format!(
+        "version {} of \"selfup\" is no longer kept; kept: {}, {cur} (the running version and up to 1 more)",
+        cur - 2,
+        cur - 1
+    );
+    assert_eq!(r, json!({"type": "error", "reason": reason}));
+    let after = rss_mib();
+    assert!(after < before + 300, "host RSS grew from {before} to {after} MiB");
+    lists_within_a_second(&t);
+}

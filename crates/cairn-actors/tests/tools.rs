@@ -129,3 +129,58 @@ fn the_agent_spawns_sends_upgrades_rolls_back_and_reads_logs() {
     assert_eq!(r.exit_code, 0, "{}", r.output_summary);
     assert!(t.root().join("archive/e-1/versions/2").exists());
 }
+
+/// `actor_spawn` takes `limits` like the console's spawn, under the same
+/// rule: the agent may lower an actor's limits below the world's, never
+/// raise them. The lowered limit reaches the actor (one core instance is
+/// too few for an adapted p1 module, which has several: it fails to
+/// instantiate).
+#[test]
+fn the_agent_spawns_with_lower_limits_and_never_higher() {
+    let mut t = TestWorld::new();
+    let cwd = t.dir.path().to_owned();
+    t.file("e.wat", &echo());
+    let world = Arc::new(t.world.take().unwrap());
+    let tools = actor_tools(world.clone());
+    let spec = tools.iter().find(|t| t.spec().name == "actor_spawn").unwrap().spec().input_schema.clone();
+    assert_eq!(spec["properties"]["limits"]["properties"]["memories"]["type"], "integer", "{spec}");
+
+    let limits = json!({"instances": 1, "disk_bytes": 4096});
+    let r = call(&tools, &cwd, "actor_spawn", json!({"id": "tight", "wasm": "e.wat", "limits": limits}));
+    assert_eq!(r.exit_code, 0, "{}", r.output_summary);
+    let reg: Value =
+        serde_json::from_str(&std::fs::read_to_string(t.root().join("broker/registry.json")).unwrap()).unwrap();
+    assert_eq!(reg["actors"]["tight"]["limits"], limits);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = std::fs::read_to_string(t.root().join("actor/tight/status.json")).unwrap_or_default();
+        if status.contains("instance count too high") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "tight never failed to instantiate: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = call(&tools, &cwd, "actor_stop", json!({"id": "tight"}));
+    assert_eq!(r.exit_code, 0, "{}", r.output_summary);
+
+    for (limits, reason) in [
+        (json!({"memories": 9}), "limit \"memories\" of 9 is above the world's 8; a spawn may only lower a limit"),
+        (
+            json!({"disk_bytes": (256u64 << 20) + 1}),
+            "limit \"disk_bytes\" of 268435457 is above the world's 268435456; a spawn may only lower a limit",
+        ),
+        (
+            json!({"fuel": 10}),
+            "limit \"fuel\" cannot be set: this world does not meter fuel (`cairn world run --fuel N` turns it on)",
+        ),
+        (
+            json!({"stack": 1}),
+            "unknown limit \"stack\"; one of memory_bytes, table_elements, instances, memories, tables, disk_bytes, disk_entries, fuel",
+        ),
+    ] {
+        let r = call(&tools, &cwd, "actor_spawn", json!({"id": "more", "wasm": "e.wat", "limits": limits}));
+        assert_eq!(r.exit_code, 1, "{limits}: {}", r.output_summary);
+        assert_eq!(r.output_summary, format!("refused: {reason}"), "{limits}");
+    }
+    assert!(!t.root().join("actor/more").exists());
+}

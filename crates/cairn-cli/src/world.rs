@@ -54,6 +54,10 @@ pub enum WorldAction {
         /// Fuel per actor instance (default: unlimited; the epoch still applies).
         #[arg(long)]
         fuel: Option<u64>,
+        /// Versions an actor keeps besides the running one, for rollback
+        /// (older ones are deleted when an upgrade commits; at least 1).
+        #[arg(long, default_value_t = cairn_actors::broker::VERSIONS_KEPT)]
+        versions_kept: u32,
         /// Do not run the native agent (messages to `agent` then wait unread).
         #[arg(long)]
         no_agent: bool,
@@ -69,10 +73,11 @@ pub fn run(ctx: &Context, action: WorldAction) -> Result<u8> {
             cairn_actors::init(&d)?;
             println!("world ready in {}; run it with `cairn world run {}`", d.display(), d.display());
         }
-        WorldAction::Run { dir: d, memory_mib, fuel, no_agent } => {
+        WorldAction::Run { dir: d, memory_mib, fuel, versions_kept, no_agent } => {
             let d = dir(d);
             let cfg = cairn_actors::WorldConfig {
                 limits: cairn_actors::Limits { memory_bytes: memory_mib << 20, fuel, ..Default::default() },
+                versions_kept,
                 ..Default::default()
             };
             let world = Arc::new(World::open(&d, cfg)?);

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 use wasmtime::component::Component;
 
@@ -71,6 +71,35 @@ pub const COMPILES_AT_ONCE: usize = 2;
 /// The largest `source` directory a spawn or upgrade copies: bytes and
 /// entries (files and directories).
 pub const SOURCE_LIMIT: (u64, usize) = (16 << 20, 10_000);
+/// Versions an actor keeps besides the one it runs, for rollback (the
+/// default of [`WorldConfig::versions_kept`]). Each version directory
+/// holds a module (at most [`WASM_LIMIT`]), a `source` copy (at most
+/// [`SOURCE_LIMIT`]) and a snapshot of `/data` and `/public` (at most
+/// the disk quota): without a bound, an actor that upgrades itself again
+/// and again grows the world's disk by that much per upgrade.
+pub const VERSIONS_KEPT: u32 = 3;
+
+/// One of the [`COMPILES_AT_ONCE`] compile slots, held by a compile's
+/// thread until that thread ends, however it ends: past the budget (its
+/// thread runs on: cranelift cannot be interrupted) and on a panic inside
+/// the compiler (the slot would else be lost for the rest of the run, and
+/// two such panics would refuse every later spawn and upgrade, and hold
+/// every start).
+#[derive(Debug)]
+struct CompileSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl CompileSlot {
+    fn take(count: &Arc<std::sync::atomic::AtomicUsize>) -> CompileSlot {
+        count.fetch_add(1, Ordering::SeqCst);
+        CompileSlot(count.clone())
+    }
+}
+
+impl Drop for CompileSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// Restart delay after the `n`th consecutive crash (0-based):
 /// 0.5 s × 2ⁿ, at most 30 s.
@@ -86,12 +115,35 @@ pub struct WorldConfig {
     pub limits: Limits,
     /// Time any compile may take ([`COMPILE_BUDGET`] by default).
     pub compile_budget: Duration,
+    /// Versions an actor keeps besides the running one
+    /// ([`VERSIONS_KEPT`] by default; at least 1, the version a crash
+    /// loop rolls back to); older ones are deleted when an upgrade
+    /// commits (see [`versions_to_keep`]).
+    pub versions_kept: u32,
 }
 
 impl Default for WorldConfig {
     fn default() -> Self {
-        WorldConfig { limits: Limits::default(), compile_budget: COMPILE_BUDGET }
+        WorldConfig { limits: Limits::default(), compile_budget: COMPILE_BUDGET, versions_kept: VERSIONS_KEPT }
     }
+}
+
+/// Which of the `installed` versions (ascending) an actor keeps: the one
+/// it runs (`current`), the one its crash-loop watch would roll back to
+/// (`prev`, the persisted rollback marker: never deleted while it
+/// stands), and the newest others, so that at most `kept` (at least 1)
+/// besides the running one remain.
+pub fn versions_to_keep(installed: &[u32], current: u32, prev: Option<u32>, kept: u32) -> BTreeSet<u32> {
+    let others = usize::try_from(kept.max(1)).unwrap_or(usize::MAX);
+    let mut keep = BTreeSet::from([current]);
+    keep.extend(prev);
+    for v in installed.iter().rev() {
+        if keep.len() > others {
+            break;
+        }
+        keep.insert(*v);
+    }
+    keep
 }
 
 /// `d` in seconds, for messages (`60 s`, `0.05 s`).
@@ -672,6 +724,10 @@ impl Broker {
             });
         }
         self.save();
+        // The registry (the new version and its rollback marker) is saved
+        // first: whatever a crash cuts short here, the running version and
+        // the marker's stay.
+        self.prune_versions(&plan.id);
         let parked = self.actors.get_mut(&plan.id).and_then(|a| {
             a.components.insert(plan.new_version, component);
             a.crashes.clear();
@@ -682,10 +738,44 @@ impl Broker {
         Ok(())
     }
 
+    /// Deletes the versions of `id` it no longer keeps (see
+    /// [`versions_to_keep`]), each whole or not at all
+    /// ([`Layout::delete_version`]); a failure is noted in its
+    /// `stderr.log` and tried again at the next upgrade or world open.
+    fn prune_versions(&self, id: &str) {
+        let Some(e) = self.reg.actors.get(id) else { return };
+        let installed = self.layout.installed_versions(id);
+        let keep = versions_to_keep(&installed, e.version, e.watch.as_ref().map(|w| w.prev), self.cfg.versions_kept);
+        for v in installed.into_iter().filter(|v| !keep.contains(v)) {
+            if let Err(err) = self.layout.delete_version(id, v) {
+                append_log(
+                    &self.layout.actor_dir(id).join("stderr.log"),
+                    &format!("deleting version {v} failed: {err}"),
+                );
+            }
+        }
+    }
+
+    /// Why a rollback to version `to` of `id` (deleted by
+    /// [`Broker::prune_versions`]) is refused, naming the kept ones.
+    fn not_kept(&self, id: &str, to: u32) -> String {
+        let kept: Vec<String> = self.layout.installed_versions(id).iter().map(u32::to_string).collect();
+        format!(
+            "version {to} of {id:?} is no longer kept; kept: {} (the running version and up to {} more)",
+            kept.join(", "),
+            self.cfg.versions_kept.max(1)
+        )
+    }
+
     fn rollback(&mut self, id: &str, to: u32) -> anyhow::Result<()> {
         let cur = self.reg.actors.get(id).map(|e| e.version).unwrap_or(0);
-        self.snapshot(id, cur)?;
         let vdir = self.layout.version(id, to);
+        if !vdir.is_dir() {
+            // Checked before anything changes (the request was checked
+            // too, but a version may go between the request and the stop).
+            bail!("{}", self.not_kept(id, to));
+        }
+        self.snapshot(id, cur)?;
         let snap = vdir.join("snapshot");
         if snap.exists() {
             layout::replace_tree(&snap.join("data"), &self.layout.data(id))?;
@@ -862,10 +952,9 @@ impl Broker {
     fn start_compile(&mut self, bytes: ModuleBytes, wasm: PathBuf, purpose: Purpose) -> anyhow::Result<()> {
         self.next_token += 1;
         let token = self.next_token;
-        let (rt, tx, compiling) = (self.rt.clone(), self.tx.clone(), self.compiling.clone());
-        compiling.fetch_add(1, Ordering::SeqCst);
+        let (rt, tx) = (self.rt.clone(), self.tx.clone());
+        let slot = CompileSlot::take(&self.compiling);
         let started = thread::Builder::new().name("actor-compile".into()).spawn({
-            let compiling = compiling.clone();
             move || {
                 let read = match bytes {
                     ModuleBytes::Read(b) => Ok(b),
@@ -874,16 +963,24 @@ impl Broker {
                         .and_then(|p| read_wasm(&p)),
                 };
                 let (result, bytes) = match read {
-                    Ok(b) => (rt.compile(&b).map_err(|e| format!("{e:#}")), b),
+                    // A compiler panic (a bug, or a module that finds one)
+                    // refuses this module only.
+                    Ok(b) => {
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.compile(&b)));
+                        let r = r.unwrap_or_else(|_| Err(anyhow!("the compiler panicked on this module")));
+                        (r.map_err(|e| format!("{e:#}")), b)
+                    }
                     Err(e) => (Err(format!("{e:#}")), Vec::new()),
                 };
                 let ended = Instant::now();
-                compiling.fetch_sub(1, Ordering::SeqCst);
+                // Freed before the event: the broker may start the next
+                // compile as soon as it sees this one end.
+                drop(slot);
                 let _ = tx.send(Event::Compiled { token, result, bytes, ended });
             }
         });
+        // (A thread that did not start dropped its slot with its closure.)
         if let Err(e) = started {
-            compiling.fetch_sub(1, Ordering::SeqCst);
             return Err(e).context("starting the compile thread");
         }
         let deadline = Instant::now() + self.cfg.compile_budget;
@@ -1203,5 +1300,36 @@ mod tests {
         assert_eq!(backoff(5), Duration::from_secs(16));
         assert_eq!(backoff(6), Duration::from_secs(30));
         assert_eq!(backoff(60), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_compile_slot_is_freed_when_its_thread_ends_even_by_a_panic() {
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let slot = CompileSlot::take(&count);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        let t = thread::spawn(move || {
+            let _held = slot;
+            panic!("a compiler panic");
+        });
+        assert!(t.join().is_err());
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_running_version_the_marker_and_the_newest_others_are_kept() {
+        let keep = |installed: &[u32], cur, prev, kept| -> Vec<u32> {
+            versions_to_keep(installed, cur, prev, kept).into_iter().collect()
+        };
+        let all: Vec<u32> = (1..=9).collect();
+        assert_eq!(keep(&all, 9, Some(8), 3), [6, 7, 8, 9]);
+        // Rolled back to 5, then upgraded to 10 (marker: 5).
+        let after: Vec<u32> = [5, 6, 7, 8, 10].into();
+        assert_eq!(keep(&after, 10, Some(5), 3), [5, 7, 8, 10]);
+        // Rolled back to 6 (no marker): the newest others.
+        assert_eq!(keep(&after, 6, None, 3), [6, 7, 8, 10]);
+        // At least one besides the running one: the marker's.
+        assert_eq!(keep(&all, 9, Some(4), 0), [4, 9]);
+        assert_eq!(keep(&all, 9, None, 0), [8, 9]);
+        assert_eq!(keep(&[1], 1, None, 3), [1]);
     }
 }

@@ -372,9 +372,14 @@ impl Broker {
             bail!("{from:?} may not roll back {id:?}");
         }
         let (cur, latest) = self.reg.actors.get(&id).map(|e| (e.version, e.latest)).unwrap_or((1, 1));
+        let installed = self.layout.installed_versions(&id);
         let to = match r.body.get("version") {
-            None | Some(Value::Null) if cur > 1 => cur - 1,
-            None | Some(Value::Null) => bail!("{id:?} is at version 1; there is no older version"),
+            // The highest older version still kept.
+            None | Some(Value::Null) => match installed.iter().rev().find(|v| **v < cur) {
+                Some(v) => *v,
+                None if cur > 1 => bail!("{}", self.not_kept(&id, cur - 1)),
+                None => bail!("{id:?} is at version 1; there is no older version"),
+            },
             // Anything else but a whole number ≥ 1 is refused, never read
             // as "the previous version".
             Some(v) => match v.as_u64() {
@@ -384,6 +389,9 @@ impl Broker {
         };
         if to == 0 || to > latest || to == cur {
             bail!("version {to} is not another installed version of {id:?} (1..={latest}, current {cur})");
+        }
+        if !installed.contains(&to) {
+            bail!("{}", self.not_kept(&id, to));
         }
         let after = AfterStop::Rollback {
             to,

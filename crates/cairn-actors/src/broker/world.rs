@@ -167,6 +167,12 @@ impl World {
         let ids: Vec<String> = b.reg.actors.keys().cloned().collect();
         for id in &ids {
             b.ensure_rt(id)?;
+            // Finishes what a host killed while deleting old versions
+            // left, and applies this run's `versions_kept`.
+            if let Err(e) = b.layout.sweep_pruned(id) {
+                super::append_log(&b.layout.actor_dir(id).join("stderr.log"), &format!("deleting old versions: {e}"));
+            }
+            b.prune_versions(id);
         }
         let thread = thread::Builder::new()
             .name("broker".into())
