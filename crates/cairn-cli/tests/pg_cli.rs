@@ -358,3 +358,115 @@ fn a_database_session_is_undone_and_redone_on_the_host_with_its_tree() {
     assert_eq!(std::fs::read_to_string(env.cwd.join("old.txt")).unwrap(), "new\n");
     assert_eq!(std::fs::read_to_string(env.cwd.join("made.txt")).unwrap(), "made\n");
 }
+
+/// A worker's session spawns a child (a session of the same database,
+/// driven within the parent's lease); the worker is SIGKILLed while the
+/// child's tool runs; another worker takes the parent over once the lease
+/// expires, resumes the child where its rows say it stands (its killed
+/// call settled once, uncertain, never run again) and gathers its answer
+/// once.
+#[test]
+fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let child_script = env.home.join("child.jsonl");
+    let child_lines = [
+        json!({"text": "", "toolCalls": [{"id": "k1", "name": "shell",
+            "arguments": {"command": "echo start >> child.log; sleep 30"}}]}),
+        json!({"text": "child done", "toolCalls": []}),
+    ];
+    std::fs::write(&child_script, child_lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
+            "arguments": {"prompt": "start the job", "script": child_script.to_str().unwrap()}}]}),
+        json!({"text": "parent done", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+    let id = stdout(&env.cairn(&["--database", url, "submit", "delegate"]).output().unwrap()).trim().to_owned();
+    let worker = || {
+        env.cairn(&["--database", url, "--script", s, "--yes", "worker", "--lease", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let log = env.cwd.join("child.log");
+    let mut first = Guard(Some(worker()));
+    let start = Instant::now();
+    while !log.exists() {
+        assert!(start.elapsed() < Duration::from_secs(120), "the child's tool never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SIGKILL, mid-child: the parent waits in spawn_agent, the child in
+    // its shell call.
+    if let Some(mut w) = first.0.take() {
+        w.kill().unwrap();
+        w.wait().unwrap();
+    }
+    let _second = Guard(Some(worker()));
+    let export = |id: &str| stdout(&env.cairn(&["--database", url, "export", id]).output().unwrap());
+    let start = Instant::now();
+    loop {
+        let idle = statuses(&env, url).iter().any(|r| r["id"] == id.as_str() && r["state"] == "idle");
+        if idle && export(&id).contains("parent done") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "the second worker never finished the parent");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let rows = statuses(&env, url);
+    let children: Vec<&Value> = rows.iter().filter(|r| r["parent"] == id.as_str()).collect();
+    assert_eq!((rows.len(), children.len()), (2, 1), "one child, created once: {rows:#?}");
+    let child = children[0]["id"].as_str().unwrap().to_owned();
+    let settled = |entries: &[Value], tool: &str| -> Vec<Value> {
+        entries
+            .iter()
+            .filter(|e| {
+                ["toolCompleted", "toolFailed", "toolRejected"].contains(&e["type"].as_str().unwrap())
+                    && e["payload"]["tool"] == tool
+            })
+            .cloned()
+            .collect()
+    };
+    let requested = |entries: &[Value], tool: &str| {
+        entries.iter().filter(|e| e["type"] == "toolRequested" && e["payload"]["request"]["tool"] == tool).count()
+    };
+    // The child's killed call: asked once, settled once (failed, the
+    // effect uncertain), never run again.
+    let child_log = util::entries_of_text(&export(&child));
+    assert_eq!(requested(&child_log, "shell"), 1, "{child_log:#?}");
+    let shell = settled(&child_log, "shell");
+    assert_eq!(shell.len(), 1, "{child_log:#?}");
+    assert_eq!(shell[0]["type"], "toolFailed", "{shell:#?}");
+    let ran = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(ran.matches("start").count(), 1, "the child's command ran once: {ran:?}");
+    // The parent's spawn: asked once, settled once, with the child's answer.
+    let parent_log = util::entries_of_text(&export(&id));
+    assert_eq!(requested(&parent_log, "spawn_agent"), 1, "{parent_log:#?}");
+    let spawn = settled(&parent_log, "spawn_agent");
+    assert_eq!(spawn.len(), 1, "{parent_log:#?}");
+    assert_eq!(spawn[0]["type"], "toolCompleted", "{spawn:#?}");
+    assert_eq!(spawn[0]["payload"]["receipt"]["structuredOutput"]["answer"], "child done", "{spawn:#?}");
+    // Two holders of the parent's lease, and the child's lines written
+    // under the one or the other (never under a lease of its own).
+    let mut client = cairn_pg::connect(url).unwrap();
+    let owners: i64 = client
+        .query_one("SELECT count(DISTINCT owner) FROM cairn_claims WHERE session_id = $1", &[&id])
+        .unwrap()
+        .get(0);
+    assert_eq!(owners, 2, "the parent was taken over");
+    let stray: i64 = client
+        .query_one(
+            "SELECT count(*) FROM cairn_lines l WHERE l.session_id = $1 AND NOT EXISTS
+                 (SELECT 1 FROM cairn_claims c WHERE c.session_id = $2 AND c.epoch = l.epoch AND c.owner = l.owner)",
+            &[&child, &id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(stray, 0, "child lines written outside the parent's lease");
+    let none: i64 =
+        client.query_one("SELECT count(*) FROM cairn_claims WHERE session_id = $1", &[&child]).unwrap().get(0);
+    assert_eq!(none, 0, "a child is never claimed by itself");
+}
