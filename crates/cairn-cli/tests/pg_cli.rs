@@ -374,7 +374,7 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
     let child_script = env.home.join("child.jsonl");
     let child_lines = [
         json!({"text": "", "toolCalls": [{"id": "k1", "name": "shell",
-            "arguments": {"command": "echo start >> child.log; sleep 30"}}]}),
+            "arguments": {"command": "mkdir -p runs && mktemp -p runs && sleep 30"}}]}),
         json!({"text": "child done", "toolCalls": []}),
     ];
     std::fs::write(&child_script, child_lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
@@ -385,18 +385,30 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
     ]);
     let s = script.to_str().unwrap();
     let id = stdout(&env.cairn(&["--database", url, "submit", "delegate"]).output().unwrap()).trim().to_owned();
+    // The workers' stderr, said when the test fails.
+    let said = env.home.join("workers.log");
     let worker = || {
+        let err = std::fs::OpenOptions::new().create(true).append(true).open(&said).unwrap();
         env.cairn(&["--database", url, "--script", s, "--yes", "worker", "--lease", "2"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(err)
             .spawn()
             .unwrap()
     };
-    let log = env.cwd.join("child.log");
+    let said = || {
+        let mut text = std::fs::read_to_string(env.home.join("workers.log")).unwrap_or_default();
+        for row in statuses(&env, url) {
+            let out = env.cairn(&["--database", url, "export", row["id"].as_str().unwrap()]).output().unwrap();
+            text.push_str(&String::from_utf8_lossy(&out.stdout));
+        }
+        text
+    };
+    // Each run of the child's command leaves one file in `runs/`.
+    let runs = || std::fs::read_dir(env.cwd.join("runs")).map(|d| d.count()).unwrap_or(0);
     let mut first = Guard(Some(worker()));
     let start = Instant::now();
-    while !log.exists() {
-        assert!(start.elapsed() < Duration::from_secs(120), "the child's tool never started");
+    while runs() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(120), "the child's tool never started:\n{}", said());
         std::thread::sleep(Duration::from_millis(20));
     }
     // SIGKILL, mid-child: the parent waits in spawn_agent, the child in
@@ -413,7 +425,7 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
         if idle && export(&id).contains("parent done") {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "the second worker never finished the parent");
+        assert!(start.elapsed() < Duration::from_secs(120), "the second worker never finished the parent:\n{}", said());
         std::thread::sleep(Duration::from_millis(100));
     }
     let rows = statuses(&env, url);
@@ -440,8 +452,7 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
     let shell = settled(&child_log, "shell");
     assert_eq!(shell.len(), 1, "{child_log:#?}");
     assert_eq!(shell[0]["type"], "toolFailed", "{shell:#?}");
-    let ran = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(ran.matches("start").count(), 1, "the child's command ran once: {ran:?}");
+    assert_eq!(runs(), 1, "the child's command ran once");
     // The parent's spawn: asked once, settled once, with the child's answer.
     let parent_log = util::entries_of_text(&export(&id));
     assert_eq!(requested(&parent_log, "spawn_agent"), 1, "{parent_log:#?}");
