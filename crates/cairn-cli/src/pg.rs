@@ -28,8 +28,8 @@ use postgres::Client;
 
 use crate::context::{Context, exit};
 use crate::redact::redact;
-use crate::subagents::Home;
 use crate::render::escape_controls;
+use crate::subagents::Home;
 
 /// The database URL from `--database` or the config, or a clear error.
 pub fn url(ctx: &Context) -> Result<String> {
@@ -113,7 +113,8 @@ impl Driver for HostDriver {
             // asked, and so never offered. The same person answers the
             // session's children (their questions are rows of this
             // session, `i5+i3`).
-            let asker = DbApprover::new(url.clone(), id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
+            let asker =
+                DbApprover::new(url.clone(), id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
             let person = SharedApprover::new(Box::new(asker));
             let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(person.clone())));
             // The subagent family lives in this database, within the

@@ -458,7 +458,10 @@ fn every_face_records_the_same_session() {
         let settled = |tool: &str| {
             parent
                 .iter()
-                .filter(|e| e["tool"] == tool && ["toolCompleted", "toolFailed", "toolRejected"].contains(&e["type"].as_str().unwrap()))
+                .filter(|e| {
+                    e["tool"] == tool
+                        && ["toolCompleted", "toolFailed", "toolRejected"].contains(&e["type"].as_str().unwrap())
+                })
                 .cloned()
                 .collect::<Vec<_>>()
         };

@@ -411,11 +411,10 @@ impl PgStore {
         match &self.fence {
             // Driven within the holder's lease (checked above): nobody may
             // hold a lease of this session's own meanwhile.
-            Some(_) if holder.is_some() => {
-                if live && owner.is_some() {
-                    return Err(StorageError::Busy { path: where_(&id), pid: None }.into());
-                }
+            Some(_) if holder.is_some() && live && owner.is_some() => {
+                return Err(StorageError::Busy { path: where_(&id), pid: None }.into());
             }
+            Some(_) if holder.is_some() => {}
             Some(f) if !(live && epoch == f.epoch && owner.as_deref() == Some(f.owner.as_str())) => {
                 self.lost.store(true, Ordering::SeqCst);
                 return Err(WriteError::Refused(backend(

@@ -232,7 +232,8 @@ fn a_session_within_a_lease_commits_only_while_the_lease_is_held() {
     let hold_a = parent_a.hold().unwrap();
     assert_eq!(hold_a.session(), id);
     let child = format!("{id}+i1");
-    let mut child_a = PgStore::create_within(connect(c.url()).unwrap(), Header::new(child.clone(), "/"), &hold_a).unwrap();
+    let mut child_a =
+        PgStore::create_within(connect(c.url()).unwrap(), Header::new(child.clone(), "/"), &hold_a).unwrap();
     // Created once.
     assert!(matches!(
         PgStore::create_within(connect(c.url()).unwrap(), Header::new(child.clone(), "/"), &hold_a),
