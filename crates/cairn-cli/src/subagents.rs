@@ -357,7 +357,10 @@ fn reattach<P: Place>(place: &Arc<P>, parent: &str, authority: &Authority) {
 /// Wait until the children of `parent` (and theirs) that this drive of the
 /// family started are no longer running (a worker, before it leaves a
 /// turn: its children run within its lease, which it must not release
-/// under them). A child stopped by the drive's token ends at once.
+/// under them), then forget them: their results are in the place, read
+/// again should a later call gather them (a long-running worker keeps no
+/// table of every child it ever ran). A child stopped by the drive's token
+/// ends at once.
 pub fn finish_children(parent: &str, authority: &Authority) {
     let generation = match &authority.home {
         Home::Files => Files.generation(),
@@ -380,6 +383,9 @@ pub fn finish_children(parent: &str, authority: &Authority) {
             })
             .unwrap_or_default();
         if running.is_empty() {
+            if let Ok(mut slots) = family.slots.lock() {
+                slots.retain(|(g, id), slot| !(*g == generation && id.starts_with(&prefix) && slot.result().is_some()));
+            }
             return;
         }
         // A child may start a grandchild while we wait: look again.

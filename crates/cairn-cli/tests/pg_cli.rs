@@ -481,3 +481,76 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
         client.query_one("SELECT count(*) FROM cairn_claims WHERE session_id = $1", &[&child]).unwrap().get(0);
     assert_eq!(none, 0, "a child is never claimed by itself");
 }
+
+/// A worker's child asks its Write call (no allow rule covers it) as a
+/// question of its parent, named `i5+i3` as the 9P face names it; answered
+/// with `cairn approve PARENT i5+i3`, the child runs it and the parent
+/// gathers its answer.
+#[test]
+fn a_childs_question_is_asked_as_its_parents() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    let child_script = env.home.join("child.jsonl");
+    let child_lines = [
+        json!({"text": "", "toolCalls": [
+            {"id": "k1", "name": "write_file", "arguments": {"path": "asked.txt", "content": "child\n"}}
+        ]}),
+        json!({"text": "child wrote", "toolCalls": []}),
+    ];
+    std::fs::write(&child_script, child_lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
+            "arguments": {"prompt": "write it", "script": child_script.to_str().unwrap()}}]}),
+        json!({"text": "parent done", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+    let id = stdout(&env.cairn(&["--database", url, "submit", "delegate"]).output().unwrap()).trim().to_owned();
+    let _worker = Guard(Some(
+        env.cairn(&["--database", url, "--script", s, "worker", "--lease", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    let pending = || -> Vec<Value> {
+        let out = stdout(&env.cairn(&["--database", url, "--json", "approvals"]).output().unwrap());
+        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let start = Instant::now();
+    while pending().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(120), "the child's question was never asked");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let question = pending().remove(0);
+    assert_eq!(question["sessionId"], id.as_str(), "{question}");
+    assert_eq!(question["tool"], "write_file", "{question}");
+    let inv = question["invocationId"].as_str().unwrap().to_owned();
+    let (spawn, call) = inv.split_once('+').unwrap_or_else(|| panic!("a child's question is named i5+i3: {inv}"));
+    assert!(spawn.starts_with('i') && call.starts_with('i'), "{inv}");
+    assert!(!env.cwd.join("asked.txt").exists(), "nothing ran before the answer");
+    // The parent's full id names it, not also its child (`+` ids).
+    stdout(&env.cairn(&["--database", url, "approve", &id, &inv]).output().unwrap());
+    let start = Instant::now();
+    loop {
+        let idle = statuses(&env, url).iter().any(|r| r["id"] == id.as_str() && r["state"] == "idle");
+        let out = stdout(&env.cairn(&["--database", url, "export", &id]).output().unwrap());
+        if idle && out.contains("parent done") {
+            assert!(out.contains("child wrote"), "the child's answer is gathered: {out}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "the parent never finished");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(std::fs::read_to_string(env.cwd.join("asked.txt")).unwrap(), "child\n");
+    assert!(pending().is_empty());
+    // `cairn submit` refuses a child: it is driven through its parent.
+    let child = format!("{id}+{spawn}");
+    let refused = env.cairn(&["--database", url, "submit", "--session", &child, "more"]).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("subagent"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
