@@ -139,6 +139,12 @@ pub trait Place: Send + Sync + 'static {
     /// The token a child's turn runs under (the lease's, in a database).
     fn cancel(&self) -> CancelToken;
 
+    /// Child `id`'s turn ended with its answer (a database marks its row
+    /// idle; files need nothing: the log says it).
+    fn ended(&self, _store: &mut Self::Store) -> Result<()> {
+        Ok(())
+    }
+
     /// Which drive of the family this process is in: the children this
     /// process knows are keyed by it, so a child stopped when an earlier
     /// drive ended (a lost lease) is re-attached, never taken for a result.
@@ -948,10 +954,13 @@ impl Family {
         } else {
             session.resume(&mut env)?
         };
-        if outcome.is_some_and(|o| o.stop == TurnStop::StepLimit) {
-            return Ok(ChildResult::Failed("the child reached its step limit".to_owned()));
-        }
-        Ok(ChildResult::Answered(last_answer(&session)))
+        let result = if outcome.is_some_and(|o| o.stop == TurnStop::StepLimit) {
+            ChildResult::Failed("the child reached its step limit".to_owned())
+        } else {
+            ChildResult::Answered(last_answer(&session))
+        };
+        place.ended(&mut session.into_store())?;
+        Ok(result)
     }
 }
 

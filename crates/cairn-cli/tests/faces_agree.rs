@@ -350,6 +350,7 @@ fn worker(env: &Env) -> Family {
     let children: Vec<&Value> = rows.iter().filter(|r| r["parent"] == id.as_str()).collect();
     assert_eq!((rows.len(), children.len()), (2, 1), "the session and its child, in the database: {rows:#?}");
     let child = children[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(children[0]["state"], "idle", "the child's turn ended: {rows:#?}");
     assert!(env.session_files().is_empty(), "no session file on the worker's disk");
     // Every line of the child was written within a lease the worker
     // claimed on the parent (its epoch and owner), none under its own.

@@ -417,6 +417,9 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
         w.kill().unwrap();
         w.wait().unwrap();
     }
+    // Killed mid-turn, the child's row says so (as its parent's does).
+    let child_row = statuses(&env, url).into_iter().find(|r| r["parent"] == id.as_str()).unwrap();
+    assert_eq!(child_row["state"], "running", "{child_row}");
     let _second = Guard(Some(worker()));
     let export = |id: &str| stdout(&env.cairn(&["--database", url, "export", id]).output().unwrap());
     let start = Instant::now();
@@ -431,6 +434,7 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
     let rows = statuses(&env, url);
     let children: Vec<&Value> = rows.iter().filter(|r| r["parent"] == id.as_str()).collect();
     assert_eq!((rows.len(), children.len()), (2, 1), "one child, created once: {rows:#?}");
+    assert_eq!(children[0]["state"], "idle", "the resumed child's turn ended: {rows:#?}");
     let child = children[0]["id"].as_str().unwrap().to_owned();
     let settled = |entries: &[Value], tool: &str| -> Vec<Value> {
         entries

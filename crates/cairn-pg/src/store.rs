@@ -252,6 +252,24 @@ impl PgStore {
         Ok(Self::within(client, header, SessionIndex::new(), hold))
     }
 
+    /// A session driven within another's lease finished its turn: its row
+    /// says `idle` (checked under the lease, like a commit). Nothing
+    /// happens for a session that holds its own lease (its worker releases
+    /// it).
+    pub fn idle_within(&mut self) -> Result<(), StorageError> {
+        let (Some(holder), Some(fence)) = (self.holder.clone(), self.fence.clone()) else { return Ok(()) };
+        let id = self.header.id.clone();
+        let hold = Hold { session: holder, fence, lost: Arc::clone(&self.lost), clock: None, reconnect: None };
+        let e = |err: postgres::Error| db(&id, &err);
+        let mut tx = self.client.get_mut().transaction().map_err(e)?;
+        check_hold(&mut tx, &id, &hold).map_err(|err| match err {
+            HoldError::Db(err) => db(&id, &err),
+            HoldError::Refused(err) => err,
+        })?;
+        tx.execute("UPDATE cairn_sessions SET status = 'idle', updated_at = now() WHERE id = $1", &[&id]).map_err(e)?;
+        tx.commit().map_err(e)
+    }
+
     /// Open session `id` to drive it within `hold` (see
     /// [`PgStore::create_within`]).
     pub fn open_within(mut client: Client, id: &str, hold: &Hold) -> Result<Self, StorageError> {
@@ -474,12 +492,18 @@ impl PgStore {
         .map_err(e)?;
         let lease_secs = self.fence.as_ref().map(|f| f.lease.as_secs_f64());
         let (own_lease, holder_lease) = if holder.is_some() { (None, lease_secs) } else { (lease_secs, None) };
+        // A session driven within another's lease is `running` from its
+        // first commit until its driver says its turn ended
+        // ([`PgStore::idle_within`]); a crash leaves it `running`, as it
+        // leaves its holder.
+        let within = holder.is_some();
         tx.execute(
             "UPDATE cairn_sessions SET last_seq = $2, updated_at = now(),
                  lease_expires = CASE WHEN $3::float8 IS NULL THEN lease_expires
-                                      ELSE now() + make_interval(secs => $3::float8) END
+                                      ELSE now() + make_interval(secs => $3::float8) END,
+                 status = CASE WHEN $4::bool THEN 'running' ELSE status END
              WHERE id = $1",
-            &[&id, &signed(last), &own_lease],
+            &[&id, &signed(last), &own_lease, &within],
         )
         .map_err(e)?;
         if let (Some(holder), Some(secs)) = (&holder, holder_lease) {

@@ -269,6 +269,15 @@ fn a_session_within_a_lease_commits_only_while_the_lease_is_held() {
     let mut child_b = PgStore::open_within(connect(c.url()).unwrap(), &child, &parent_b.hold().unwrap()).unwrap();
     child_b.commit(Transaction::new().entry("z", None, "m", raw(json!(3)))).unwrap();
     assert!(child_a.commit(Transaction::new().entry("y", None, "m", raw(json!(2)))).is_err());
+    // Running from its commits until its driver says its turn ended, and
+    // only the holder may say so.
+    let status = |control: &mut postgres::Client| -> String {
+        control.query_one("SELECT status FROM cairn_sessions WHERE id = $1", &[&child]).unwrap().get(0)
+    };
+    assert_eq!(status(&mut control), "running");
+    assert!(child_a.idle_within().is_err());
+    child_b.idle_within().unwrap();
+    assert_eq!(status(&mut control), "idle");
     let reopened = PgStore::open(connect(c.url()).unwrap(), &child).unwrap();
     let ids: Vec<String> = reopened.entries().into_iter().map(|e| e.id).collect();
     assert_eq!(ids, ["x", "z"]);

@@ -102,6 +102,10 @@ impl Place for Database {
             .collect())
     }
 
+    fn ended(&self, store: &mut PgStore) -> Result<()> {
+        store.idle_within().context("cannot mark the child session idle")
+    }
+
     fn cancel(&self) -> CancelToken {
         self.cancel.clone()
     }
