@@ -139,9 +139,15 @@ pub trait Place: Send + Sync + 'static {
     /// The token a child's turn runs under (the lease's, in a database).
     fn cancel(&self) -> CancelToken;
 
-    /// Child `id`'s turn ended with its answer (a database marks its row
+    /// A child's turn ended with its answer (a database marks its row
     /// idle; files need nothing: the log says it).
     fn ended(&self, _store: &mut Self::Store) -> Result<()> {
+        Ok(())
+    }
+
+    /// Child `id` was found finished when attached: what `ended` says, for
+    /// a child whose driver was cut off between its answer and `ended`.
+    fn found_finished(&self, _ctx: &Context, _id: &str) -> Result<()> {
         Ok(())
     }
 
@@ -352,7 +358,14 @@ fn reattach<P: Place>(place: &Arc<P>, parent: &str, authority: &Authority) {
         // Without its fact the child was cut off while being created: only
         // its `spawn_agent` call (pending, so re-run) can finish that.
         let Ok(Some(store)) = place.read(&family.ctx, &id) else { continue };
-        if child_fact(&store).is_some() && !matches!(status(&family.ctx, store), Ok(ChildStatus::Finished(_))) {
+        if child_fact(&store).is_none() {
+            continue;
+        }
+        if matches!(status(&family.ctx, store), Ok(ChildStatus::Finished(_))) {
+            // Its driver may have been cut off between its answer and
+            // saying so (a database row left `running`).
+            let _ = place.found_finished(&family.ctx, &id);
+        } else {
             // A child that cannot be re-attached is reported by the call
             // that gathers it.
             let _ = family.attach(place, &id, None, authority);
@@ -826,6 +839,9 @@ impl Family {
         let slot = Arc::new(Slot::default());
         let stored = place.read(ctx, id)?.ok_or_else(|| anyhow!("child session {id} is gone"))?;
         if let ChildStatus::Finished(result) = status(ctx, stored)? {
+            // Said by its stored state; a row left `running` says it too
+            // (a failure to say so leaves the answer as it is).
+            let _ = place.found_finished(ctx, id);
             slot.finish(result);
         } else {
             let (runner, child, authority, place) =

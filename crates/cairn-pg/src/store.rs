@@ -260,14 +260,7 @@ impl PgStore {
         let (Some(holder), Some(fence)) = (self.holder.clone(), self.fence.clone()) else { return Ok(()) };
         let id = self.header.id.clone();
         let hold = Hold { session: holder, fence, lost: Arc::clone(&self.lost), clock: None, reconnect: None };
-        let e = |err: postgres::Error| db(&id, &err);
-        let mut tx = self.client.get_mut().transaction().map_err(e)?;
-        check_hold(&mut tx, &id, &hold).map_err(|err| match err {
-            HoldError::Db(err) => db(&id, &err),
-            HoldError::Refused(err) => err,
-        })?;
-        tx.execute("UPDATE cairn_sessions SET status = 'idle', updated_at = now() WHERE id = $1", &[&id]).map_err(e)?;
-        tx.commit().map_err(e)
+        idle_within(self.client.get_mut(), &id, &hold)
     }
 
     /// Open session `id` to drive it within `hold` (see
@@ -534,6 +527,25 @@ impl PgStore {
         }
         Ok(())
     }
+}
+
+/// Session `id`, driven within `hold`, finished its turn: its row says
+/// `idle` (checked under the lease, like a commit; see
+/// [`PgStore::idle_within`]). Also for a driver that finds a finished
+/// session whose row a crash left `running`.
+pub fn idle_within(client: &mut Client, id: &str, hold: &Hold) -> Result<(), StorageError> {
+    let e = |err: postgres::Error| db(id, &err);
+    let mut tx = client.transaction().map_err(e)?;
+    check_hold(&mut tx, id, hold).map_err(|err| match err {
+        HoldError::Db(err) => db(id, &err),
+        HoldError::Refused(err) => err,
+    })?;
+    tx.execute(
+        "UPDATE cairn_sessions SET status = 'idle', updated_at = now() WHERE id = $1 AND status <> 'idle'",
+        &[&id],
+    )
+    .map_err(e)?;
+    tx.commit().map_err(e)
 }
 
 /// In `tx`, lock the row of `hold`'s session and check that its lease is

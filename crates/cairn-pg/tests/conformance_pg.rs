@@ -278,9 +278,16 @@ fn a_session_within_a_lease_commits_only_while_the_lease_is_held() {
     assert!(child_a.idle_within().is_err());
     child_b.idle_within().unwrap();
     assert_eq!(status(&mut control), "idle");
+    // A driver that finds it finished with its row left `running` (its
+    // last driver cut off before saying so) says it, under the lease.
+    child_b.commit(Transaction::new().entry("w", None, "m", raw(json!(4)))).unwrap();
+    assert_eq!(status(&mut control), "running");
+    assert!(cairn_pg::store::idle_within(&mut connect(c.url()).unwrap(), &child, &hold_a).is_err());
+    cairn_pg::store::idle_within(&mut connect(c.url()).unwrap(), &child, &parent_b.hold().unwrap()).unwrap();
+    assert_eq!(status(&mut control), "idle");
     let reopened = PgStore::open(connect(c.url()).unwrap(), &child).unwrap();
     let ids: Vec<String> = reopened.entries().into_iter().map(|e| e.id).collect();
-    assert_eq!(ids, ["x", "z"]);
+    assert_eq!(ids, ["x", "z", "w"]);
     // Each line records the lease it was written under.
     let epochs: Vec<(i64, Option<String>)> = control
         .query("SELECT epoch, owner FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq", &[&child])
@@ -288,7 +295,8 @@ fn a_session_within_a_lease_commits_only_while_the_lease_is_held() {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(epochs, [(a.fence.epoch, Some("a".to_owned())), (b.fence.epoch, Some("b".to_owned()))]);
+    let (ea, eb) = ((a.fence.epoch, Some("a".to_owned())), (b.fence.epoch, Some("b".to_owned())));
+    assert_eq!(epochs, [ea, eb.clone(), eb]);
     assert!(lease::release(&mut control, &id, &b.fence, lease::Release::Done, None).unwrap());
 }
 

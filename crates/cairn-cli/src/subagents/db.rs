@@ -106,6 +106,18 @@ impl Place for Database {
         store.idle_within().context("cannot mark the child session idle")
     }
 
+    fn found_finished(&self, _: &Context, id: &str) -> Result<()> {
+        let mut client = self.connect()?;
+        let running = client
+            .query_opt("SELECT 1 FROM cairn_sessions WHERE id = $1 AND status = 'running'", &[&id])
+            .map_err(|e| anyhow::anyhow!("database error: {}", cairn_pg::describe(&e)))?
+            .is_some();
+        if running {
+            cairn_pg::store::idle_within(&mut client, id, &self.hold).context("cannot mark the child session idle")?;
+        }
+        Ok(())
+    }
+
     fn cancel(&self) -> CancelToken {
         self.cancel.clone()
     }
