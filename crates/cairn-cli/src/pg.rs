@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use cairn_core::approval::Allowlist;
+use cairn_core::approval::{Allowlist, SharedApprover};
 use cairn_core::storage::{Header, Storage, new_session_id};
 use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv, TurnError};
 use cairn_pg::approvals::{self, DbApprover};
@@ -29,6 +29,7 @@ use postgres::Client;
 use crate::context::{Context, exit};
 use crate::redact::redact;
 use crate::render::escape_controls;
+use crate::subagents::Home;
 
 /// The database URL from `--database` or the config, or a clear error.
 pub fn url(ctx: &Context) -> Result<String> {
@@ -56,11 +57,21 @@ fn db_error(e: postgres::Error) -> anyhow::Error {
     anyhow::anyhow!("database error: {}", cairn_pg::describe(&e))
 }
 
-/// A session id from an exact id or a unique prefix.
+/// A session id from an exact id or a unique prefix (a prefix names a
+/// subagent's session only when it reaches into the child's part, `+`,
+/// as for session files).
 fn resolve(client: &mut Client, target: &str) -> Result<String> {
+    let exact = client.query_opt("SELECT id FROM cairn_sessions WHERE id = $1", &[&target]).map_err(db_error)?;
+    if let Some(row) = exact {
+        return Ok(row.get(0));
+    }
     let pattern = format!("{}%", target.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+    let children = crate::family::is_child_id(target);
     let rows = client
-        .query("SELECT id FROM cairn_sessions WHERE id LIKE $1 ORDER BY id LIMIT 2", &[&pattern])
+        .query(
+            "SELECT id FROM cairn_sessions WHERE id LIKE $1 AND ($2 OR strpos(id, '+') = 0) ORDER BY id LIMIT 2",
+            &[&pattern, &children],
+        )
         .map_err(db_error)?;
     match rows.as_slice() {
         [one] => Ok(one.get(0)),
@@ -93,26 +104,38 @@ impl Driver for HostDriver {
             return Driven { session: Some(session), result: Err(e) };
         }
         let wiring = (|| -> Result<_> {
+            let url = url(&self.ctx)?;
             let provider = crate::wiring::build_provider(&self.ctx, &cwd)?;
             let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
                 .context("invalid allow pattern (from --allow or [approvals] allow)")?;
             // Allow rules and --yes, then a durable question any host can
             // answer (`cairn approve`); Destructive calls are refused, never
-            // asked, and so never offered.
+            // asked, and so never offered. The same person answers the
+            // session's children (their questions are rows of this
+            // session, `i5+i3`).
             let asker =
-                DbApprover::new(url(&self.ctx)?, id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
-            Ok((provider, crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(asker)))))
+                DbApprover::new(url.clone(), id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
+            let person = SharedApprover::new(Box::new(asker));
+            let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(person.clone())));
+            // The subagent family lives in this database, within the
+            // session's lease (`subagents/db.rs`): any worker that later
+            // resumes the session finds its children there.
+            let mut authority = crate::subagents::Authority::of(&approver, Some(person));
+            if let Some(hold) = session.store().hold() {
+                authority.home = Home::Database(crate::subagents::db::Database::new(url, hold, cancel.clone()));
+            }
+            Ok((provider, approver, authority))
         })();
-        let (provider, mut approver) = match wiring {
+        let (provider, mut approver, authority) = match wiring {
             Ok(w) => w,
             Err(e) => return Driven { session: Some(session), result: Err(failed(e)) },
         };
+        let family = matches!(authority.home, Home::Database(_)).then_some(&authority);
         // The turn's tools as every face equips them (`equip.rs`):
-        // discovery's choice recorded in the session before the turn. No
-        // subagent family: a child's file would live on this worker's disk,
-        // where another worker resuming the parent could not find it.
+        // discovery's choice recorded in the session before the turn, and
+        // the family.
         let mut store = session.into_store();
-        let asker = crate::equip::Asker { approver: &approver, family: None };
+        let asker = crate::equip::Asker { approver: &approver, family };
         let config = self.session_config(&header);
         let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, asker, config.clone()) {
             Ok(equipped) => equipped,
@@ -121,6 +144,11 @@ impl Driver for HostDriver {
         let registry = equipped.registry(&approver);
         for note in equipped.all_notes() {
             eprintln!("cairn worker: session {id}: {}", escape_controls(note));
+        }
+        if family.is_some() {
+            // Children a crash left unfinished that no pending call of this
+            // turn would re-attach (started with `wait: false`).
+            crate::subagents::reattach_children(&id, &authority);
         }
         let session = match Session::open(store, equipped.config) {
             Ok(session) => session,
@@ -135,10 +163,14 @@ impl Driver for HostDriver {
             observer: &mut observer,
             cancel,
         };
-        Driven::by(session, |session| match prompt {
+        let driven = Driven::by(session, |session| match prompt {
             Some(text) => session.run_turn(text, &mut env).map(drop),
             None => session.resume(&mut env).map(drop),
-        })
+        });
+        // The children still running run within this lease: the worker
+        // must not release it under them (a cancelled turn's stop at once).
+        crate::subagents::finish_children(&id, &authority);
+        driven
     }
 }
 
@@ -355,7 +387,7 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
                 created_at: header.as_ref().map_or(0, |h| h.created_at),
                 last_activity: updated_ms,
                 queued: u64::try_from(queued).unwrap_or(0),
-                parent: None,
+                parent: crate::family::parent_of(&id).map(str::to_owned),
                 note: note.clone(),
                 path: None,
                 size: None,
@@ -369,7 +401,7 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
             writeln!(
                 out,
                 "{:<36}  {:<8}  {:>6}  {:>7}  {:>5}  {:<19}  {:<24}  {}",
-                escape_controls(&id),
+                escape_controls(&crate::family::list_label(&id)),
                 status,
                 seq,
                 queued,

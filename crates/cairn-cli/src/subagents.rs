@@ -2,22 +2,27 @@
 //! which a session (the parent) runs child sessions, and the host side of a
 //! session family.
 //!
-//! A child is an ordinary durable session file. Its id is a function of the
-//! spawning call, `<parent id>+<invocation id>` ([`child_id`]), so the
-//! parent's intent entry (`toolRequested`, holding the session and
-//! invocation ids) names the child before the child exists, and creating it
-//! twice is impossible: `JsonlStore::create` refuses an existing file. Its
-//! `fact` `subagent` ([`ChildFact`], committed right after the header) names
-//! the parent, the invocation, the depth, the prompt and the authority the
-//! child was given.
+//! A child is an ordinary durable session where its parent lives ([`Home`],
+//! a [`Place`]): a session file beside the parent's, or — for a session a
+//! PostgreSQL worker drives — a session of the same database, driven within
+//! the parent's lease (`db.rs`). Its id is a function of the spawning call,
+//! `<parent id>+<invocation id>` ([`child_id`]), so the parent's intent
+//! entry (`toolRequested`, holding the session and invocation ids) names
+//! the child before the child exists, and creating it twice is impossible:
+//! the place refuses an existing id (`JsonlStore::create`,
+//! `PgStore::create_within`). Its `fact` `subagent` ([`ChildFact`],
+//! committed right after the header) names the parent, the invocation, the
+//! depth, the prompt and the authority the child was given.
 //!
 //! Owns: the child id rule, creating a child once, re-attaching a child by
 //! id (finished → its answer is read; unfinished → it is resumed, never run
 //! anew), the authority checks (tools ⊆ parent's, allow patterns ⊆
 //! parent's, cwd inside the parent's working directory) and the limits
 //! (`[subagents]`: depth, children per session, children running at once).
-//! Children run on host threads of this process; cairn-core only sees two
-//! more tools (`spawn_agent` is `Guarded`, its guard being the child file).
+//! Children run on host threads of this process, never in a slot a parent
+//! may be waiting in; cairn-core only sees two more tools (`spawn_agent` is
+//! `Guarded`, its guard being the child's stored state). The family's code
+//! is one, generic over the [`Place`].
 //! Must not: drive a child other than through `Session::run_turn` /
 //! `Session::resume`, or give a child an approver other than the parent's.
 
@@ -32,6 +37,8 @@ use cairn_core::approval::{Allowlist, Approver, PolicyApprover, SharedApprover};
 use cairn_core::message::Role;
 use cairn_core::storage::registers::FACT;
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, now_millis, to_raw};
+#[cfg(feature = "postgres")]
+pub mod db;
 use cairn_core::tool::{
     GuardVerdict, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
 };
@@ -93,6 +100,117 @@ pub struct Authority {
     /// The parent's provider, which its children run on (`None`: the
     /// configured one).
     pub provider: Option<ParentProvider>,
+    /// Where the family's sessions live.
+    pub home: Home,
+}
+
+/// Where a family's sessions live: where its top-level session does.
+#[derive(Debug, Clone, Default)]
+pub enum Home {
+    /// Session files in the sessions directory (every face but workers).
+    #[default]
+    Files,
+    /// The database of a session a PostgreSQL worker drives, within that
+    /// session's lease (`db.rs`).
+    #[cfg(feature = "postgres")]
+    Database(Arc<db::Database>),
+}
+
+/// Where children are created, found, read and opened to be driven (the
+/// one thing the family's code is generic over): [`Files`], or a database
+/// (`db::Database`). Ids follow [`child_id`] everywhere.
+pub trait Place: Send + Sync + 'static {
+    /// A child's store.
+    type Store: Storage + Send + 'static;
+
+    /// Create child `header.id`, refused when it exists: the only place a
+    /// child is created, so never twice.
+    fn create(&self, ctx: &Context, header: Header) -> Result<Self::Store>;
+
+    /// Child `id` opened to drive it (`None`: it does not exist).
+    fn open(&self, ctx: &Context, id: &str) -> Result<Option<Self::Store>>;
+
+    /// Child `id` read, never written (`None`: it does not exist).
+    fn read(&self, ctx: &Context, id: &str) -> Result<Option<Self::Store>>;
+
+    /// The ids of `parent`'s children, in any order.
+    fn children(&self, ctx: &Context, parent: &str) -> Result<Vec<String>>;
+
+    /// The token a child's turn runs under (the lease's, in a database).
+    fn cancel(&self) -> CancelToken;
+
+    /// A child's turn ended with its answer (a database marks its row
+    /// idle; files need nothing: the log says it).
+    fn ended(&self, _store: &mut Self::Store) -> Result<()> {
+        Ok(())
+    }
+
+    /// Child `id` was found finished when attached: what `ended` says, for
+    /// a child whose driver was cut off between its answer and `ended`.
+    fn found_finished(&self, _ctx: &Context, _id: &str) -> Result<()> {
+        Ok(())
+    }
+
+    /// Which drive of the family this process is in: the children this
+    /// process knows are keyed by it, so a child stopped when an earlier
+    /// drive ended (a lost lease) is re-attached, never taken for a result.
+    fn generation(&self) -> String;
+}
+
+/// Children as session files in the sessions directory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Files;
+
+impl Files {
+    fn path(ctx: &Context, id: &str) -> PathBuf {
+        ctx.paths.sessions().join(format!("{id}.jsonl"))
+    }
+}
+
+impl Place for Files {
+    type Store = JsonlStore;
+
+    fn create(&self, ctx: &Context, header: Header) -> Result<JsonlStore> {
+        let id = header.id.clone();
+        JsonlStore::create(&ctx.paths.sessions(), header, ctx.settings.store_options())
+            .with_context(|| format!("cannot create child session {id}"))
+    }
+
+    fn open(&self, ctx: &Context, id: &str) -> Result<Option<JsonlStore>> {
+        let path = Self::path(ctx, id);
+        if !path.exists() {
+            return Ok(None);
+        }
+        crate::wiring::open_session(ctx, &path).map(Some)
+    }
+
+    fn read(&self, ctx: &Context, id: &str) -> Result<Option<JsonlStore>> {
+        let path = Self::path(ctx, id);
+        if !path.exists() {
+            return Ok(None);
+        }
+        Ok(Some(JsonlStore::open_read_only_with(&path, ctx.settings.store_options())?))
+    }
+
+    fn children(&self, ctx: &Context, parent: &str) -> Result<Vec<String>> {
+        let prefix = format!("{parent}{SEP}");
+        Ok(crate::sessions::session_files(&ctx.paths)?
+            .iter()
+            .filter_map(|p| p.file_stem().and_then(|s| s.to_str()).map(str::to_owned))
+            .filter(|stem| stem.strip_prefix(&prefix).is_some_and(|rest| !rest.contains(SEP)))
+            .collect())
+    }
+
+    fn cancel(&self) -> CancelToken {
+        // A child of this process stops with it (and is resumed with its
+        // parent).
+        CancelToken::new()
+    }
+
+    fn generation(&self) -> String {
+        // One process drives its files' families; it never loses them.
+        String::new()
+    }
 }
 
 /// A provider a session was started on other than the configured one (a
@@ -116,6 +234,7 @@ impl Authority {
             approve_writes: policy.writes_approved_by().map(str::to_owned),
             allow: policy.allowlist().rules().iter().map(|r| r.text().to_owned()).collect(),
             provider: None,
+            home: Home::Files,
         }
     }
 
@@ -188,11 +307,15 @@ impl Slot {
     }
 }
 
+/// A child known to this process: the drive of its family it belongs to
+/// ([`Place::generation`]) and its id.
+type SlotKey = (String, String);
+
 /// The children of this process (one family per `cairn` process).
 struct Family {
     ctx: Context,
     limits: Limits,
-    slots: Mutex<BTreeMap<String, Arc<Slot>>>,
+    slots: Mutex<BTreeMap<SlotKey, Arc<Slot>>>,
 }
 
 static FAMILY: OnceLock<Family> = OnceLock::new();
@@ -217,19 +340,76 @@ pub fn finish_running() {
     }
 }
 
-/// `cairn resume` of a parent: resume its children a crash left
-/// unfinished, also those no pending call of the parent will re-attach
-/// (started with `wait: false`; `finish_running` waits for them).
+/// `cairn resume` of a parent (or a worker's turn of one): resume its
+/// children a crash left unfinished, also those no pending call of the
+/// parent will re-attach (started with `wait: false`; `finish_running`, or
+/// for a worker `finish_children`, waits for them).
 pub fn reattach_children(parent: &str, authority: &Authority) {
+    match &authority.home {
+        Home::Files => reattach(&Arc::new(Files), parent, authority),
+        #[cfg(feature = "postgres")]
+        Home::Database(db) => reattach(db, parent, authority),
+    }
+}
+
+fn reattach<P: Place>(place: &Arc<P>, parent: &str, authority: &Authority) {
     let Some(family) = FAMILY.get() else { return };
-    for id in family.children_of(parent).unwrap_or_default() {
+    for id in family.children_of(&**place, parent).unwrap_or_default() {
         // Without its fact the child was cut off while being created: only
         // its `spawn_agent` call (pending, so re-run) can finish that.
-        let has_fact = JsonlStore::open_read_only(&family.path(&id)).is_ok_and(|s| child_fact(&s).is_some());
-        if has_fact && !matches!(status(&family.ctx, &family.path(&id)), Ok(ChildStatus::Finished(_))) {
+        let Ok(Some(store)) = place.read(&family.ctx, &id) else { continue };
+        if child_fact(&store).is_none() {
+            continue;
+        }
+        if matches!(status(&family.ctx, store), Ok(ChildStatus::Finished(_))) {
+            // Its driver may have been cut off between its answer and
+            // saying so (a database row left `running`).
+            let _ = place.found_finished(&family.ctx, &id);
+        } else {
             // A child that cannot be re-attached is reported by the call
             // that gathers it.
-            let _ = family.attach(&id, None, authority);
+            let _ = family.attach(place, &id, None, authority);
+        }
+    }
+}
+
+/// Wait until the children of `parent` (and theirs) that this drive of the
+/// family started are no longer running (a worker, before it leaves a
+/// turn: its children run within its lease, which it must not release
+/// under them), then forget them: their results are in the place, read
+/// again should a later call gather them (a long-running worker keeps no
+/// table of every child it ever ran). A child stopped by the drive's token
+/// ends at once.
+pub fn finish_children(parent: &str, authority: &Authority) {
+    let generation = match &authority.home {
+        Home::Files => Files.generation(),
+        #[cfg(feature = "postgres")]
+        Home::Database(db) => db.generation(),
+    };
+    let Some(family) = FAMILY.get() else { return };
+    let prefix = format!("{parent}{SEP}");
+    let never = CancelToken::new();
+    loop {
+        let running: Vec<Arc<Slot>> = family
+            .slots
+            .lock()
+            .map(|slots| {
+                slots
+                    .iter()
+                    .filter(|((g, id), slot)| *g == generation && id.starts_with(&prefix) && slot.result().is_none())
+                    .map(|(_, slot)| Arc::clone(slot))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if running.is_empty() {
+            if let Ok(mut slots) = family.slots.lock() {
+                slots.retain(|(g, id), slot| !(*g == generation && id.starts_with(&prefix) && slot.result().is_some()));
+            }
+            return;
+        }
+        // A child may start a grandchild while we wait: look again.
+        for slot in running {
+            slot.wait(None, &never);
         }
     }
 }
@@ -260,6 +440,7 @@ pub fn tools(
 ) -> Result<Vec<Arc<dyn Tool>>> {
     let limits = Limits::from_settings(ctx)?;
     let family = family(ctx, limits);
+    let home = authority.home.clone();
     let (provider, model, script) = match &authority.provider {
         Some(p) => (p.name.clone(), p.model.clone(), p.script.clone()),
         None => {
@@ -273,7 +454,12 @@ pub fn tools(
     if family.limits.max_depth == 0 || local {
         return Ok(Vec::new());
     }
-    parent_tools.extend([SPAWN, WAIT, crate::peers::SEND, crate::peers::RECEIVE].map(str::to_owned));
+    parent_tools.extend([SPAWN, WAIT].map(str::to_owned));
+    // Peer messages are read from the senders' session files: offered
+    // where the family's sessions are files.
+    if matches!(home, Home::Files) {
+        parent_tools.extend([crate::peers::SEND, crate::peers::RECEIVE].map(str::to_owned));
+    }
     let scope = Scope {
         cwd: cwd.to_path_buf(),
         tools: parent_tools,
@@ -284,7 +470,11 @@ pub fn tools(
         script,
         authority,
     };
-    Ok(build(family, scope, true))
+    Ok(match home {
+        Home::Files => build(family, scope, Arc::new(Files), true),
+        #[cfg(feature = "postgres")]
+        Home::Database(db) => build(family, scope, db, true),
+    })
 }
 
 fn is_scripted(ctx: &Context, provider: &str) -> bool {
@@ -295,10 +485,11 @@ fn is_scripted(ctx: &Context, provider: &str) -> bool {
 /// What `scope.tools` names of the family's tools: `spawn_agent` and
 /// `wait_agents` only when `may_spawn` (below the depth limit), the peer
 /// tools (`peers.rs`) when named.
-fn build(family: &'static Family, scope: Scope, may_spawn: bool) -> Vec<Arc<dyn Tool>> {
+fn build<P: Place>(family: &'static Family, scope: Scope, place: Arc<P>, may_spawn: bool) -> Vec<Arc<dyn Tool>> {
     let scope = Arc::new(scope);
-    let spawn = SpawnAgent { spec: spawn_spec(scope.scripted), scope: Arc::clone(&scope), family };
-    let wait = WaitAgents { spec: wait_spec(), authority: scope.authority.clone(), family };
+    let spawn =
+        SpawnAgent { spec: spawn_spec(scope.scripted), scope: Arc::clone(&scope), place: Arc::clone(&place), family };
+    let wait = WaitAgents { spec: wait_spec(), authority: scope.authority.clone(), place, family };
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     if may_spawn {
         tools.extend([Arc::new(spawn) as Arc<dyn Tool>, Arc::new(wait)]);
@@ -372,19 +563,21 @@ struct WaitArgs {
     timeout: Option<u64>,
 }
 
-struct SpawnAgent {
+struct SpawnAgent<P> {
     spec: ToolSpec,
     scope: Arc<Scope>,
+    place: Arc<P>,
     family: &'static Family,
 }
 
-struct WaitAgents {
+struct WaitAgents<P> {
     spec: ToolSpec,
     authority: Authority,
+    place: Arc<P>,
     family: &'static Family,
 }
 
-impl SpawnAgent {
+impl<P: Place> SpawnAgent<P> {
     /// The child's fact and working directory, or why the call exceeds the
     /// parent's authority or the limits.
     fn plan(&self, request: &ToolRequest) -> Result<(ChildFact, PathBuf), String> {
@@ -469,7 +662,7 @@ impl SpawnAgent {
     }
 }
 
-impl Tool for SpawnAgent {
+impl<P: Place> Tool for SpawnAgent<P> {
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -481,16 +674,15 @@ impl Tool for SpawnAgent {
         }
     }
 
-    /// The child file is the guard: finished → its answer (a `wait: false`
-    /// call → its id); anything else → run again, which re-attaches the
-    /// existing child instead of creating one.
+    /// The child's stored state is the guard: finished → its answer (a
+    /// `wait: false` call → its id); anything else → run again, which
+    /// re-attaches the existing child instead of creating one.
     fn guard(&self, request: &ToolRequest, _cwd: &Path) -> GuardVerdict {
         let id = child_id(&request.session_id, &request.invocation_id);
-        let path = self.family.path(&id);
-        if !path.exists() {
+        let Ok(Some(store)) = self.place.read(&self.family.ctx, &id) else {
             return GuardVerdict::NotDone;
-        }
-        match status(&self.family.ctx, &path) {
+        };
+        match status(&self.family.ctx, store) {
             Ok(ChildStatus::Finished(result)) if Self::waits(request) => {
                 GuardVerdict::AlreadyDone(receipt(&id, Some(&result), Duration::ZERO))
             }
@@ -504,7 +696,7 @@ impl Tool for SpawnAgent {
         let id = child_id(&request.session_id, &request.invocation_id);
         let slot = self
             .family
-            .attach(&id, Some((&fact, &cwd)), &self.scope.authority)
+            .attach(&self.place, &id, Some((&fact, &cwd)), &self.scope.authority)
             .map_err(|e| ToolError::Other(format!("{e:#}")))?;
         if !Self::waits(request) {
             return Ok(receipt(&id, slot.result().as_ref(), started.elapsed()));
@@ -516,7 +708,7 @@ impl Tool for SpawnAgent {
     }
 }
 
-impl Tool for WaitAgents {
+impl<P: Place> Tool for WaitAgents<P> {
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -538,11 +730,17 @@ impl Tool for WaitAgents {
         let deadline = args.timeout.map(|s| started + Duration::from_secs(s));
         let ids = match args.ids {
             Some(ids) => ids,
-            None => self.family.children_of(&request.session_id).map_err(|e| ToolError::Other(format!("{e:#}")))?,
+            None => self
+                .family
+                .children_of(&*self.place, &request.session_id)
+                .map_err(|e| ToolError::Other(format!("{e:#}")))?,
         };
         let mut slots = Vec::new();
         for id in &ids {
-            let slot = self.family.attach(id, None, &self.authority).map_err(|e| ToolError::Other(format!("{e:#}")))?;
+            let slot = self
+                .family
+                .attach(&self.place, id, None, &self.authority)
+                .map_err(|e| ToolError::Other(format!("{e:#}")))?;
             slots.push((id, slot));
         }
         let mut text = String::new();
@@ -597,76 +795,77 @@ fn receipt(id: &str, result: Option<&ChildResult>, took: Duration) -> ToolReceip
 }
 
 impl Family {
-    fn path(&self, id: &str) -> PathBuf {
-        self.ctx.paths.sessions().join(format!("{id}.jsonl"))
-    }
-
-    /// The slot of child `id`: already known to this process, or read from
-    /// its file (finished), or started on a thread (unfinished: resumed).
-    /// With `create` the child is created when its file does not exist —
-    /// the only place a child is created, so never twice.
-    fn attach(
+    /// The slot of child `id` of `place`: already known to this drive of
+    /// the family, or read from the place (finished), or started on a
+    /// thread (unfinished: resumed). With `create` the child is created
+    /// when it does not exist — the only place a child is created, so never
+    /// twice.
+    fn attach<P: Place>(
         &'static self,
+        place: &Arc<P>,
         id: &str,
         create: Option<(&ChildFact, &Path)>,
         authority: &Authority,
     ) -> Result<Arc<Slot>> {
+        let ctx = &self.ctx;
+        let key = (place.generation(), id.to_owned());
         let mut slots = self.slots.lock().map_err(|_| anyhow!("the subagent table is poisoned"))?;
-        if let Some(slot) = slots.get(id) {
+        if let Some(slot) = slots.get(&key) {
             return Ok(Arc::clone(slot));
         }
-        let path = self.path(id);
         // A store opened for writing here is handed to the child's thread,
         // never closed and reopened: a process forked meanwhile (a tool's
-        // namespace waiter) would hold the closed lock a while.
+        // namespace waiter) would hold a closed file's lock a while.
         let mut writer = None;
-        match (path.exists(), create) {
-            (false, None) => bail!("no child session {id}"),
-            (false, Some((fact, cwd))) => {
-                self.check_limits(&fact.parent, &slots)?;
-                let header = Header::new(id, cwd.display().to_string());
-                let mut store =
-                    JsonlStore::create(&self.ctx.paths.sessions(), header, self.ctx.settings.store_options())
-                        .with_context(|| format!("cannot create child session {id}"))?;
+        match (place.read(ctx, id)?, create) {
+            (None, None) => bail!("no child session {id}"),
+            (None, Some((fact, cwd))) => {
+                self.check_limits(&**place, &fact.parent, &slots)?;
+                let mut store = place.create(ctx, Header::new(id, cwd.display().to_string()))?;
                 store.commit(Transaction::new().set(FACT, FACT_KEY, to_raw(fact)?))?;
                 writer = Some(store);
             }
-            (true, Some((fact, _))) => {
+            (Some(existing), Some((fact, _))) => {
                 // Killed between the header and the fact: add the fact.
-                let missing = JsonlStore::open_read_only(&path)?.register(FACT, FACT_KEY).is_none();
-                if missing {
-                    let mut store = crate::wiring::open_session(&self.ctx, &path)?;
+                if existing.register(FACT, FACT_KEY).is_none() {
+                    drop(existing);
+                    let mut store = place.open(ctx, id)?.ok_or_else(|| anyhow!("child session {id} is gone"))?;
                     store.commit(Transaction::new().set(FACT, FACT_KEY, to_raw(fact)?))?;
                     writer = Some(store);
                 }
             }
-            (true, None) => {}
+            (Some(_), None) => {}
         }
         let slot = Arc::new(Slot::default());
-        if let ChildStatus::Finished(result) = status(&self.ctx, &path)? {
+        let stored = place.read(ctx, id)?.ok_or_else(|| anyhow!("child session {id} is gone"))?;
+        if let ChildStatus::Finished(result) = status(ctx, stored)? {
+            // Said by its stored state; a row left `running` says it too
+            // (a failure to say so leaves the answer as it is).
+            let _ = place.found_finished(ctx, id);
             slot.finish(result);
         } else {
-            let (runner, child, authority) = (Arc::clone(&slot), id.to_owned(), authority.clone());
+            let (runner, child, authority, place) =
+                (Arc::clone(&slot), id.to_owned(), authority.clone(), Arc::clone(place));
             std::thread::Builder::new()
                 .name(format!("child {id}"))
                 .spawn(move || {
-                    let result = match self.run_child(&child, writer, authority) {
+                    let result = match self.run_child(&place, &child, writer, authority) {
                         Ok(result) => result,
                         Err(e) => ChildResult::Failed(format!("{e:#}")),
                     };
-                    self.stopped(&child, &result);
+                    self.stopped(&*place, &child, &result);
                     runner.finish(result);
                 })
                 .context("cannot start a thread for the child")?;
         }
-        slots.insert(id.to_owned(), Arc::clone(&slot));
+        slots.insert(key, Arc::clone(&slot));
         Ok(slot)
     }
 
     /// Tell the `subagent_stop` hooks (of the child's directory) that
     /// child `id` ended with `result`, before its parent is given it.
-    fn stopped(&self, id: &str, result: &ChildResult) {
-        let Ok(store) = JsonlStore::open_read_only(&self.path(id)) else { return };
+    fn stopped<P: Place>(&self, place: &P, id: &str, result: &ChildResult) {
+        let Ok(Some(store)) = place.read(&self.ctx, id) else { return };
         let cwd = PathBuf::from(&store.header().cwd);
         let parent = parent_of(id).unwrap_or_default();
         if let Some(hooks) = crate::wiring::hooks(&self.ctx, &cwd) {
@@ -678,14 +877,14 @@ impl Family {
         }
     }
 
-    fn check_limits(&self, parent: &str, slots: &BTreeMap<String, Arc<Slot>>) -> Result<()> {
+    fn check_limits<P: Place>(&self, place: &P, parent: &str, slots: &BTreeMap<SlotKey, Arc<Slot>>) -> Result<()> {
         let running = slots.values().filter(|s| s.result().is_none()).count();
         if running >= self.limits.max_running {
             bail!(
                 "{running} children are running, the limit ([subagents] max_running); collect some with wait_agents first"
             );
         }
-        let mine = self.children_of(parent)?.len();
+        let mine = self.children_of(place, parent)?.len();
         if mine >= self.limits.max_children {
             bail!("this session has started {mine} children, the limit ([subagents] max_children)");
         }
@@ -694,24 +893,26 @@ impl Family {
 
     /// The ids of `parent`'s children, in the order they were started
     /// (invocation ids grow with the log).
-    fn children_of(&self, parent: &str) -> Result<Vec<String>> {
-        let prefix = format!("{parent}{SEP}");
-        let mut ids: Vec<String> = crate::sessions::session_files(&self.ctx.paths)?
-            .iter()
-            .filter_map(|p| p.file_stem().and_then(|s| s.to_str()).map(str::to_owned))
-            .filter(|stem| stem.strip_prefix(&prefix).is_some_and(|rest| !rest.contains(SEP)))
-            .collect();
+    fn children_of<P: Place>(&self, place: &P, parent: &str) -> Result<Vec<String>> {
+        let mut ids = place.children(&self.ctx, parent)?;
         ids.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
         Ok(ids)
     }
 
     /// Drive child `id` to its answer: its first turn, or the resumption of
-    /// an interrupted one. The file's writer lock keeps a second process out.
-    fn run_child(&'static self, id: &str, writer: Option<JsonlStore>, authority: Authority) -> Result<ChildResult> {
+    /// an interrupted one. The place keeps a second driver out (a file's
+    /// writer lock; a database's lease).
+    fn run_child<P: Place>(
+        &'static self,
+        place: &Arc<P>,
+        id: &str,
+        writer: Option<P::Store>,
+        authority: Authority,
+    ) -> Result<ChildResult> {
         let ctx = &self.ctx;
         let store = match writer {
             Some(store) => store,
-            None => crate::wiring::open_session(ctx, &self.path(id))?,
+            None => place.open(ctx, id)?.ok_or_else(|| anyhow!("no child session {id}"))?,
         };
         let fact: ChildFact = store
             .register(FACT, FACT_KEY)
@@ -746,7 +947,8 @@ impl Family {
                 authority: authority.clone(),
             };
             let may_spawn = fact.tools.iter().any(|t| t == SPAWN) && fact.depth < self.limits.max_depth;
-            for tool in build(self, scope, may_spawn) {
+            // Its own children live where it does.
+            for tool in build(self, scope, Arc::clone(place), may_spawn) {
                 // Offered to the parent under the same rules: not refused.
                 let _ = registry.register(tool);
             }
@@ -754,7 +956,7 @@ impl Family {
         let mut config = crate::wiring::session_config(ctx);
         config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
         let mut session = Session::open(store, config)?;
-        let cancel = CancelToken::new();
+        let cancel = place.cancel();
         let mut observer = |_: &TurnEvent| {};
         let mut env = TurnEnv {
             provider: &*provider,
@@ -768,10 +970,13 @@ impl Family {
         } else {
             session.resume(&mut env)?
         };
-        if outcome.is_some_and(|o| o.stop == TurnStop::StepLimit) {
-            return Ok(ChildResult::Failed("the child reached its step limit".to_owned()));
-        }
-        Ok(ChildResult::Answered(last_answer(&session)))
+        let result = if outcome.is_some_and(|o| o.stop == TurnStop::StepLimit) {
+            ChildResult::Failed("the child reached its step limit".to_owned())
+        } else {
+            ChildResult::Answered(last_answer(&session))
+        };
+        place.ended(&mut session.into_store())?;
+        Ok(result)
     }
 }
 
@@ -779,9 +984,8 @@ fn last_answer<S: Storage>(session: &Session<S>) -> String {
     session.messages().iter().rev().find(|m| m.role == Role::Assistant).map(|m| m.joined_text()).unwrap_or_default()
 }
 
-/// A child's state as its file says (read-only).
-fn status(ctx: &Context, path: &Path) -> Result<ChildStatus> {
-    let store = JsonlStore::open_read_only(path)?;
+/// A child's state as its store says (read, never written).
+fn status<S: Storage>(ctx: &Context, store: S) -> Result<ChildStatus> {
     if store.entry_count() == 0 {
         return Ok(ChildStatus::NotStarted);
     }
@@ -884,7 +1088,15 @@ fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
         return;
     };
     let tokens = tokens_of(&store);
-    let state = match status(ctx, &path) {
+    let mut grandchildren = Vec::new();
+    store.visit_entries(&mut |e| {
+        if let Some(p) = cairn_core::events::payload_of::<cairn_core::events::ToolRequestedPayload>(e)
+            && p.request.tool == SPAWN
+        {
+            grandchildren.push(child_id(id, &p.invocation_id));
+        }
+    });
+    let state = match status(ctx, store) {
         Ok(ChildStatus::NotStarted) => "not started".to_owned(),
         Ok(ChildStatus::Unfinished) => "interrupted (resumed by its parent)".to_owned(),
         Ok(ChildStatus::Finished(ChildResult::Answered(a))) => {
@@ -894,14 +1106,6 @@ fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
         Err(e) => format!("unreadable: {e:#}"),
     };
     lines.push(format!("{pad}└─ child {id} — {} in / {} out tokens — {state}", tokens.input, tokens.output));
-    let mut grandchildren = Vec::new();
-    store.visit_entries(&mut |e| {
-        if let Some(p) = cairn_core::events::payload_of::<cairn_core::events::ToolRequestedPayload>(e)
-            && p.request.tool == SPAWN
-        {
-            grandchildren.push(child_id(id, &p.invocation_id));
-        }
-    });
     for grandchild in grandchildren {
         child_tree(ctx, &grandchild, depth + 1, lines);
     }

@@ -1,21 +1,21 @@
-//! The same scripted session through every face that runs one — `cairn
-//! run` with no terminal, a 9P session of `cairn serve`, a 9P batch job
-//! (`cairn batch`), an editor's session over ACP (`cairn acp`), a
-//! PostgreSQL worker — must leave the same entries in its session file
-//! (ids and timestamps aside): an allowlisted Write call approved by the
-//! same rule, a Destructive call refused (by the headless policy where
-//! nobody can be asked; by the person, asked, in 9P and ACP), the same
-//! answer. Every face is equipped in one place (`equip.rs`) and the
-//! approval rule lives in core's gate and policy, so a face that decided
-//! anything itself would show here (issue 26).
+//! One scripted session through every face that runs one — `cairn run`
+//! with no terminal, a 9P session of `cairn serve`, a 9P batch job (`cairn
+//! batch`), an editor's session over ACP (`cairn acp`), a PostgreSQL worker
+//! — must leave the same entries (ids and timestamps aside), in the
+//! session and in its child: a Write call approved by the same allow rule,
+//! a Destructive call refused (by the headless policy where nobody can be
+//! asked; by the person, asked, in 9P and ACP), a subagent spawned
+//! (`spawn_agent`) whose own Write call is covered by the parent's allow
+//! rule and whose answer is gathered, and a tool that discovery chose for
+//! the prompt among more than it offers at once, called. MCP has no model:
+//! a client makes the same four tool calls through `cairn mcp`, and its
+//! session's tool entries (who decided what, how each call settled) and its
+//! child's entries must be the same. Every face is equipped in one place
+//! (`equip.rs`) and the approval rule lives in core's gate and policy, so a
+//! face that decided anything itself would show here (issue 26).
 //!
-//! A second session spawns a child (`spawn_agent`) whose Write call is
-//! covered by the parent's allow rule: every face that offers the family
-//! hands the child the parent's provider and authority, and leaves the
-//! same parent and child files. (A PostgreSQL worker offers no family: a
-//! child's file would live on one worker's disk; `a_worker_offers_no_family`
-//! checks it says so rather than running a child another worker could not
-//! find.) MCP has no model, so its tool calls are compared in `faces.rs`.
+//! The worker's child is a session of the same database (never a file on
+//! the worker's disk), committed within the parent's lease.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,9 +26,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-#[cfg(feature = "postgres")]
-use util::entries_of_text;
-use util::{Env, entries};
+use util::{Env, entries_of_text};
+
+/// The prompt, the same in every face: discovery ranks the installed tools
+/// for it.
+const PROMPT: &str = "compute the sha-256 checksum of a file";
 
 /// Wait until `f` holds (a minute at most: a face that never gets there
 /// fails the test, saying what it waited for).
@@ -135,22 +137,92 @@ impl Drop for Editor {
     }
 }
 
-/// The script: one Write call (allowlisted), one Destructive call, then
-/// an answer.
-fn script(env: &Env) -> std::path::PathBuf {
-    env.script(&[
-        json!({"text": "", "toolCalls": [
-            {"id": "c1", "name": "write_file", "arguments": {"path": "out.txt", "content": "hi\n"}},
-            {"id": "c2", "name": "shell", "arguments": {"command": "rm -rf precious"}}
-        ]}),
-        json!({"text": "all done", "toolCalls": []}),
-    ])
+/// The tools discovery chooses among: more than it offers at once
+/// (`[discovery] max_tools`, 5), each a ReadOnly executable that prints
+/// its name. With no embedding model here, discovery ranks them by BM25.
+fn install_tools(env: &Env) {
+    use std::os::unix::fs::PermissionsExt;
+    let text = include_str!("../../cairn-discovery/eval/tools.tsv");
+    let dir = env.home.join("tools");
+    std::fs::create_dir_all(&dir).unwrap();
+    for line in text.lines().filter(|l| !l.starts_with('#')).take(20) {
+        let (name, desc) = line.split_once('\t').unwrap();
+        std::fs::write(
+            dir.join(format!("{name}.toml")),
+            format!(
+                "description = {desc:?}\nrisk = \"readOnly\"\ncapabilities = []\nreplay = \"idempotent\"\n\
+                 [parameters]\ntype = \"object\"\n"
+            ),
+        )
+        .unwrap();
+        let exe = dir.join(name);
+        std::fs::write(&exe, format!("#!/bin/sh\necho ran {name}\n")).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
 }
 
 fn setup(env: &Env) {
     // Unstaged, so the Destructive line is judged by its words everywhere.
     std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
     std::fs::create_dir_all(env.cwd.join("precious")).unwrap();
+    install_tools(env);
+}
+
+/// The four calls, as the model asks for them and as an MCP client makes
+/// them: a Write call (allowlisted), a Destructive call, a child spawned
+/// (its own script, absolute so every face resolves it alike) and
+/// waited for, the discovered tool.
+fn calls(env: &Env) -> Vec<Value> {
+    let child = env.home.join("child.jsonl");
+    let lines = [
+        json!({"text": "", "toolCalls": [
+            {"id": "k1", "name": "write_file", "arguments": {"path": "note.txt", "content": "from the child\n"}}
+        ]}),
+        json!({"text": "child done", "toolCalls": []}),
+    ];
+    std::fs::write(&child, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    vec![
+        json!({"id": "c1", "name": "write_file", "arguments": {"path": "out.txt", "content": "hi\n"}}),
+        json!({"id": "c2", "name": "shell", "arguments": {"command": "rm -rf precious"}}),
+        json!({"id": "c3", "name": "spawn_agent", "arguments": {"prompt": "write the note", "script": child.to_str().unwrap()}}),
+        json!({"id": "c4", "name": "fs_checksum", "arguments": {}}),
+    ]
+}
+
+/// The parent's script: the four calls in one message, then an answer.
+fn script(env: &Env) -> std::path::PathBuf {
+    env.script(&[json!({"text": "", "toolCalls": calls(env)}), json!({"text": "all done", "toolCalls": []})])
+}
+
+/// A face's session and its child, as session files (the database's
+/// exported).
+type Family = (String, String);
+
+/// The session file and its child's in the sessions directory.
+fn on_disk(env: &Env) -> Family {
+    let files = env.session_files();
+    let (children, parents): (Vec<_>, Vec<_>) =
+        files.iter().partition(|p| p.file_stem().unwrap().to_str().unwrap().contains('+'));
+    assert_eq!((parents.len(), children.len()), (1, 1), "one session and its child: {files:?}");
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+    (read(parents[0]), read(children[0]))
+}
+
+/// The value of the session's `fact` register `key`, as last set.
+fn fact(text: &str, key: &str) -> Option<Value> {
+    let mut found = None;
+    for line in text.lines().skip(1) {
+        let records = match serde_json::from_str::<Value>(line).unwrap() {
+            Value::Array(items) => items,
+            one => vec![one],
+        };
+        for r in records {
+            if r["kind"] == "register" && r["namespace"] == "fact" && r["key"] == key {
+                found = Some(r["value"].clone());
+            }
+        }
+    }
+    found
 }
 
 /// What must agree across faces, entry by entry: the type, the role of a
@@ -179,100 +251,169 @@ fn summary(entries: &[Value]) -> Vec<Value> {
         .collect()
 }
 
+/// The tool entries of a summary: what an MCP client's calls leave.
+fn tool_calls(summary: &[Value]) -> Vec<Value> {
+    summary.iter().filter(|e| e["type"].as_str().is_some_and(|t| t.starts_with("tool"))).cloned().collect()
+}
+
 fn check_effects(env: &Env, face: &str) {
     assert_eq!(std::fs::read_to_string(env.cwd.join("out.txt")).unwrap(), "hi\n", "{face}: the Write ran");
     assert!(env.cwd.join("precious").exists(), "{face}: the Destructive call never ran");
+    assert_eq!(
+        std::fs::read_to_string(env.cwd.join("note.txt")).unwrap(),
+        "from the child\n",
+        "{face}: the child's Write ran"
+    );
 }
 
-fn cli(env: &Env) -> Vec<Value> {
+fn cli(env: &Env) -> Family {
     let s = script(env);
     let out = env
-        .cairn(&["--script", s.to_str().unwrap(), "--allow", "write_file", "run", "go"])
-        .stdin(std::process::Stdio::null())
+        .cairn(&["--script", s.to_str().unwrap(), "--allow", "write_file", "run", PROMPT])
+        .stdin(Stdio::null())
         .output()
         .unwrap();
     // Exit 4 (denied): the Destructive call was refused.
     assert_eq!(out.status.code(), Some(4), "{}", String::from_utf8_lossy(&out.stderr));
-    let files = env.session_files();
-    assert_eq!(files.len(), 1, "{files:?}");
-    entries(&files[0])
+    on_disk(env)
 }
 
-fn batch(env: &Env) -> Vec<Value> {
+fn batch(env: &Env) -> Family {
     let s = script(env);
-    let spec =
-        format!("cwd={}\nprovider=scripted\nscript={}\nallow=write_file\n---\ngo\n", env.cwd.display(), s.display());
+    let spec = format!(
+        "cwd={}\nprovider=scripted\nscript={}\nallow=write_file\n---\n{PROMPT}\n",
+        env.cwd.display(),
+        s.display()
+    );
     std::fs::write(env.home.join("job.spec"), spec).unwrap();
     let out = env.cairn(&["batch", env.home.join("job.spec").to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let files = env.session_files();
-    assert_eq!(files.len(), 1, "{files:?}");
-    entries(&files[0])
+    on_disk(env)
 }
 
 /// A 9P session: the Destructive call is asked in its `approvals/` and
 /// denied there.
-fn served(env: &Env) -> Vec<Value> {
+fn served(env: &Env) -> Family {
     let s = script(env);
     let (mut served, id) =
-        served_session(env, &format!("provider=scripted script={} allow=write_file", s.display()), "go");
+        served_session(env, &format!("provider=scripted script={} allow=write_file", s.display()), PROMPT);
     settle_served(&mut served, &id, "all done", b"n");
     drop(served);
-    entries(&env.home.join("sessions").join(format!("{id}.jsonl")))
+    on_disk(env)
 }
 
 /// An editor's session: the Destructive call is asked of the editor,
 /// which rejects it.
-fn editor(env: &Env) -> Vec<Value> {
+fn editor(env: &Env) -> Family {
     let s = script(env);
     let args = ["--provider", "scripted", "--script", s.to_str().unwrap(), "--allow", "write_file", "acp"];
     let mut editor = Editor::start(env, &args, "reject-once");
-    let id = editor.session(env, "go");
+    editor.session(env, PROMPT);
     drop(editor);
-    entries(&env.home.join("sessions").join(format!("{id}.jsonl")))
+    on_disk(env)
 }
 
+/// A session submitted to a PostgreSQL database and driven by a worker:
+/// its child is a session of the same database, written within the
+/// parent's lease, and nothing is left on the worker's disk.
 #[cfg(feature = "postgres")]
-fn worker(env: &Env) -> Vec<Value> {
-    use std::time::{Duration, Instant};
+fn worker(env: &Env) -> Family {
     let cluster = cairn_pg::test_cluster::TestCluster::start()
         .unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
     let url = cluster.url();
     let s = script(env);
-    let out = env.cairn(&["--database", url, "submit", "go"]).output().unwrap();
+    let out = env.cairn(&["--database", url, "submit", PROMPT]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     let mut worker = env
         .cairn(&["--database", url, "--script", s.to_str().unwrap(), "--allow", "write_file", "worker", "--lease", "2"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    let state = || -> String {
+    let rows = || -> Vec<Value> {
         let out = env.cairn(&["--database", url, "--json", "sessions"]).output().unwrap();
-        let row: Value =
-            serde_json::from_slice(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("{}").as_bytes())
-                .unwrap_or_default();
-        row["state"].as_str().unwrap_or_default().to_owned()
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     };
-    while state() != "idle" {
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = worker.kill();
-            panic!("the worker never finished the session");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let export = |id: &str| -> String {
+        let out = env.cairn(&["--database", url, "export", id]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    wait_for("the worker's answer", || {
+        let idle = rows().iter().any(|r| r["id"] == id.as_str() && r["state"] == "idle");
+        idle && export(&id).contains("all done")
+    });
     let _ = worker.kill();
     let _ = worker.wait();
-    let out = env.cairn(&["--database", url, "export", &id]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    entries_of_text(&String::from_utf8(out.stdout).unwrap())
+    let rows = rows();
+    let children: Vec<&Value> = rows.iter().filter(|r| r["parent"] == id.as_str()).collect();
+    assert_eq!((rows.len(), children.len()), (2, 1), "the session and its child, in the database: {rows:#?}");
+    let child = children[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(children[0]["state"], "idle", "the child's turn ended: {rows:#?}");
+    assert!(env.session_files().is_empty(), "no session file on the worker's disk");
+    // Every line of the child was written within a lease the worker
+    // claimed on the parent (its epoch and owner), none under its own.
+    let mut client = cairn_pg::connect(url).unwrap();
+    let stray = client
+        .query(
+            "SELECT l.first_seq FROM cairn_lines l WHERE l.session_id = $1 AND NOT EXISTS
+                 (SELECT 1 FROM cairn_claims c WHERE c.session_id = $2 AND c.epoch = l.epoch AND c.owner = l.owner)",
+            &[&child, &id],
+        )
+        .unwrap();
+    assert!(stray.is_empty(), "child lines written outside the parent's lease: {}", stray.len());
+    (export(&id), export(&child))
 }
 
-/// A face: its name, how to run the script through it, and who refuses
+/// An MCP client (plain JSON-RPC over `cairn mcp`'s stdio) making the
+/// script's four calls; the Destructive one is refused by the gate (the
+/// client names `shell` in an allow rule so that the server offers it).
+fn mcp(env: &Env) -> Family {
+    let s = script(env);
+    let args = [
+        "--provider",
+        "scripted",
+        "--script",
+        s.to_str().unwrap(),
+        "--allow",
+        "write_file",
+        "--allow",
+        "shell(echo *)",
+        "mcp",
+    ];
+    let mut child = env.cairn(&args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut call = |id: i64, method: &str, params: Value| -> Value {
+        writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
+        loop {
+            let message: Value = serde_json::from_str(&lines.next().expect("the server answers").unwrap()).unwrap();
+            if message["id"] == id {
+                assert!(message.get("error").is_none(), "{method}: {message}");
+                return message["result"].clone();
+            }
+        }
+    };
+    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "faces_agree"}});
+    call(1, "initialize", init);
+    let mut answers = Vec::new();
+    for (n, c) in calls(env).into_iter().enumerate() {
+        let params = json!({"name": c["name"], "arguments": c["arguments"]});
+        answers.push(call(10 + n as i64, "tools/call", params));
+    }
+    drop(stdin);
+    let _ = child.wait();
+    assert_eq!(answers[0]["isError"], false, "{answers:#?}");
+    assert_eq!(answers[1]["isError"], true, "the Destructive call is refused: {answers:#?}");
+    assert_eq!(answers[2]["content"][0]["text"], "child done", "{answers:#?}");
+    assert_eq!(answers[3]["content"][0]["text"].as_str().unwrap().trim(), "ran fs_checksum", "{answers:#?}");
+    on_disk(env)
+}
+
+/// A face: its name, how to run the session through it, and who refuses
 /// the Destructive call there.
-type Face = (&'static str, fn(&Env) -> Vec<Value>, &'static str);
+type Face = (&'static str, fn(&Env) -> Family, &'static str);
 
 #[test]
 fn every_face_records_the_same_session() {
@@ -285,171 +426,78 @@ fn every_face_records_the_same_session() {
     ];
     #[cfg(feature = "postgres")]
     faces.push(("PostgreSQL worker", worker, "policy:headless"));
-    let mut reference: Option<(&str, Vec<Value>)> = None;
+    faces.push(("MCP", mcp, "policy:headless"));
+    let mut reference: Option<(&str, Vec<Value>, Vec<Value>)> = None;
     for (face, run, refuser) in faces {
         let env = Env::new();
         setup(&env);
-        let mut got = summary(&run(&env));
-        eprintln!("{face}: {} entries", got.len());
+        let (parent_text, child_text) = run(&env);
+        let (mut parent, child) = (summary(&entries_of_text(&parent_text)), summary(&entries_of_text(&child_text)));
+        // Discovery chose among the installed tools for the prompt, and its
+        // choice (recorded before the turn) holds the tool called. MCP
+        // offers every tool: an MCP client chooses its calls itself.
+        if face != "MCP" {
+            let chosen = fact(&parent_text, "discovery").unwrap_or_else(|| panic!("{face}: no discovery choice"));
+            assert_eq!(chosen["filtered"], true, "{face}: {chosen}");
+            assert!(chosen.to_string().contains("fs_checksum"), "{face}: {chosen}");
+        }
+        eprintln!("{face}: parent {} entries, child {}", parent.len(), child.len());
         check_effects(&env, face);
         // The rule's own words, not only agreement: the Write by the allow
         // rule, its change set (kept for undo) applied by the staged-write
         // policy, the Destructive call refused by the headless policy or
-        // by the person it was asked of.
-        let by: Vec<&str> = got.iter().filter_map(|e| e["by"].as_str()).collect();
-        assert_eq!(by, ["allowlist:write_file", "policy:stagedWrite", refuser], "{face}: {got:#?}");
-        let refused = got.iter().find(|e| e["type"] == "toolRejected").unwrap_or_else(|| panic!("{face}: {got:#?}"));
+        // by the person it was asked of; the child's Write by the parent's
+        // rule, and its answer gathered; the discovered tool run.
+        let by: Vec<&str> = parent.iter().filter_map(|e| e["by"].as_str()).collect();
+        assert_eq!(by[..3], ["allowlist:write_file", "policy:stagedWrite", refuser], "{face}: {parent:#?}");
+        let refused =
+            parent.iter().find(|e| e["type"] == "toolRejected").unwrap_or_else(|| panic!("{face}: {parent:#?}"));
         assert_eq!(refused["tool"], "shell", "{face}");
         if refuser == "policy:headless" {
             assert!(refused["reason"].as_str().unwrap_or_default().contains("Destructive"), "{face}: {refused}");
         }
+        let settled = |tool: &str| {
+            parent
+                .iter()
+                .filter(|e| {
+                    e["tool"] == tool
+                        && ["toolCompleted", "toolFailed", "toolRejected"].contains(&e["type"].as_str().unwrap())
+                })
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        for tool in ["spawn_agent", "fs_checksum"] {
+            let once = settled(tool);
+            assert_eq!(once.len(), 1, "{face}: {tool} settled once: {parent:#?}");
+            assert_eq!(once[0]["type"], "toolCompleted", "{face}: {tool}: {parent:#?}");
+            assert_eq!(once[0]["exitCode"], 0, "{face}: {tool}: {parent:#?}");
+        }
+        let child_by: Vec<&str> = child.iter().filter_map(|e| e["by"].as_str()).collect();
+        assert_eq!(child_by.first(), Some(&"allowlist:write_file"), "{face}: {child:#?}");
+        assert_eq!(child.last().unwrap()["text"], "child done", "{face}: {child:#?}");
         // Who refused, and in whose words, is the face's; everything else
         // must be the same entry by entry.
-        for e in &mut got {
+        for e in &mut parent {
             if e["by"] == refuser || e["type"] == "toolRejected" {
                 e["by"] = json!("(the refuser)");
                 e["reason"] = json!("(the refusal)");
             }
         }
         match &reference {
-            None => reference = Some((face, got)),
-            Some((first, want)) => assert_eq!(&got, want, "{face} differs from {first}"),
-        }
-    }
-}
-
-/// The parent's script: spawn a child (its own script, absolute so every
-/// face resolves it alike) and wait for it, then answer.
-fn family_script(env: &Env) -> std::path::PathBuf {
-    let child = env.home.join("child.jsonl");
-    let lines = [
-        json!({"text": "", "toolCalls": [
-            {"id": "k1", "name": "write_file", "arguments": {"path": "note.txt", "content": "from the child\n"}}
-        ]}),
-        json!({"text": "child done", "toolCalls": []}),
-    ];
-    std::fs::write(&child, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
-    env.script(&[
-        json!({"text": "", "toolCalls": [
-            {"id": "p1", "name": "spawn_agent", "arguments": {"prompt": "write the note", "script": child.to_str().unwrap()}}
-        ]}),
-        json!({"text": "parent done", "toolCalls": []}),
-    ])
-}
-
-fn family_cli(env: &Env) {
-    let s = family_script(env);
-    let out = env
-        .cairn(&["--script", s.to_str().unwrap(), "--allow", "write_file", "run", "go"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn family_batch(env: &Env) {
-    let s = family_script(env);
-    let spec =
-        format!("cwd={}\nprovider=scripted\nscript={}\nallow=write_file\n---\ngo\n", env.cwd.display(), s.display());
-    std::fs::write(env.home.join("job.spec"), spec).unwrap();
-    let out = env.cairn(&["batch", env.home.join("job.spec").to_str().unwrap()]).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn family_served(env: &Env) {
-    let s = family_script(env);
-    let (mut served, id) =
-        served_session(env, &format!("provider=scripted script={} allow=write_file", s.display()), "go");
-    settle_served(&mut served, &id, "parent done", b"n");
-}
-
-fn family_editor(env: &Env) {
-    let s = family_script(env);
-    let args = ["--provider", "scripted", "--script", s.to_str().unwrap(), "--allow", "write_file", "acp"];
-    let mut editor = Editor::start(env, &args, "reject-once");
-    editor.session(env, "go");
-}
-
-/// A face: its name and how to run the family script through it.
-type FamilyFace = (&'static str, fn(&Env));
-
-#[test]
-fn every_face_runs_a_subagent_the_same_way() {
-    let faces: Vec<FamilyFace> = vec![
-        ("cairn run", family_cli),
-        ("9P session", family_served),
-        ("9P batch", family_batch),
-        ("ACP", family_editor),
-    ];
-    let mut reference: Option<(&str, Vec<Value>, Vec<Value>)> = None;
-    for (face, run) in faces {
-        let env = Env::new();
-        setup(&env);
-        run(&env);
-        let files = env.session_files();
-        let (children, parents): (Vec<_>, Vec<_>) =
-            files.iter().partition(|p| p.file_stem().unwrap().to_str().unwrap().contains('+'));
-        assert_eq!((parents.len(), children.len()), (1, 1), "{face}: {files:?}");
-        let parent = summary(&entries(parents[0]));
-        let child = summary(&entries(children[0]));
-        eprintln!("{face}: parent {} entries, child {}", parent.len(), child.len());
-        // The child ran its Write under the parent's allow rule, and its
-        // answer came back to the parent as the spawn_agent result.
-        assert_eq!(std::fs::read_to_string(env.cwd.join("note.txt")).unwrap(), "from the child\n", "{face}");
-        let by: Vec<&str> = child.iter().filter_map(|e| e["by"].as_str()).collect();
-        assert_eq!(by.first(), Some(&"allowlist:write_file"), "{face}: {child:#?}");
-        let text = std::fs::read_to_string(parents[0]).unwrap();
-        assert!(text.contains("child done"), "{face}: the child's answer is not in the parent's file");
-        assert_eq!(parent.last().unwrap()["text"], "parent done", "{face}: {parent:#?}");
-        match &reference {
-            None => reference = Some((face, parent, child)),
+            None => {
+                assert_eq!(parent.last().unwrap()["text"], "all done", "{face}: {parent:#?}");
+                reference = Some((face, parent, child));
+            }
+            // MCP has no model: its turns are the client's calls, so only
+            // the tool entries are compared (and its child, which has one).
+            Some((first, want_parent, want_child)) if face == "MCP" => {
+                assert_eq!(tool_calls(&parent), tool_calls(want_parent), "{face}'s tool calls differ from {first}'s");
+                assert_eq!(&child, want_child, "{face}'s child differs from {first}'s");
+            }
             Some((first, want_parent, want_child)) => {
-                assert_eq!(&parent, want_parent, "{face}'s parent differs from {first}'s");
+                assert_eq!(&parent, want_parent, "{face}'s session differs from {first}'s");
                 assert_eq!(&child, want_child, "{face}'s child differs from {first}'s");
             }
         }
     }
-}
-
-/// A PostgreSQL worker offers no subagent family (a child's file would
-/// live on this worker's disk, where another worker resuming the parent
-/// could not find it): a `spawn_agent` call is refused as an unknown tool,
-/// no child session exists, and the parent still answers.
-#[cfg(feature = "postgres")]
-#[test]
-fn a_worker_offers_no_family() {
-    let cluster = cairn_pg::test_cluster::TestCluster::start()
-        .unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
-    let env = Env::new();
-    setup(&env);
-    let s = family_script(&env);
-    let out = env.cairn(&["--database", url, "submit", "go"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    let mut worker = env
-        .cairn(&["--database", url, "--script", s.to_str().unwrap(), "--allow", "write_file", "worker", "--lease", "5"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut exported = String::new();
-    wait_for("the parent's answer", || {
-        let out = env.cairn(&["--database", url, "export", &id]).output().unwrap();
-        exported = String::from_utf8_lossy(&out.stdout).into_owned();
-        exported.contains("parent done")
-    });
-    let _ = worker.kill();
-    let _ = worker.wait();
-    let got = summary(&entries_of_text(&exported));
-    let refused = got
-        .iter()
-        .find(|e| e["tool"] == "spawn_agent" && e["type"] == "toolRejected")
-        .unwrap_or_else(|| panic!("{got:#?}"));
-    assert!(refused["reason"].as_str().unwrap_or_default().contains("unknown tool"), "{refused}");
-    let listed = env.cairn(&["--database", url, "--json", "sessions"]).output().unwrap();
-    let rows = String::from_utf8_lossy(&listed.stdout).lines().count();
-    assert_eq!(rows, 1, "no child session: {}", String::from_utf8_lossy(&listed.stdout));
-    assert!(!env.cwd.join("note.txt").exists(), "no child ran");
-    assert!(env.session_files().is_empty(), "no session file on the worker's disk");
 }

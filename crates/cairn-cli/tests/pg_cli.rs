@@ -358,3 +358,203 @@ fn a_database_session_is_undone_and_redone_on_the_host_with_its_tree() {
     assert_eq!(std::fs::read_to_string(env.cwd.join("old.txt")).unwrap(), "new\n");
     assert_eq!(std::fs::read_to_string(env.cwd.join("made.txt")).unwrap(), "made\n");
 }
+
+/// A worker's session spawns a child (a session of the same database,
+/// driven within the parent's lease); the worker is SIGKILLed while the
+/// child's tool runs; another worker takes the parent over once the lease
+/// expires, resumes the child where its rows say it stands (its killed
+/// call settled once, uncertain, never run again) and gathers its answer
+/// once.
+#[test]
+fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let child_script = env.home.join("child.jsonl");
+    let child_lines = [
+        json!({"text": "", "toolCalls": [{"id": "k1", "name": "shell",
+            "arguments": {"command": "mkdir -p runs && mktemp -p runs && sleep 30"}}]}),
+        json!({"text": "child done", "toolCalls": []}),
+    ];
+    std::fs::write(&child_script, child_lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
+            "arguments": {"prompt": "start the job", "script": child_script.to_str().unwrap()}}]}),
+        json!({"text": "parent done", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+    let id = stdout(&env.cairn(&["--database", url, "submit", "delegate"]).output().unwrap()).trim().to_owned();
+    // The workers' stderr, said when the test fails.
+    let said = env.home.join("workers.log");
+    let worker = || {
+        let err = std::fs::OpenOptions::new().create(true).append(true).open(&said).unwrap();
+        env.cairn(&["--database", url, "--script", s, "--yes", "worker", "--lease", "2"])
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap()
+    };
+    let said = || {
+        let mut text = std::fs::read_to_string(env.home.join("workers.log")).unwrap_or_default();
+        for row in statuses(&env, url) {
+            let out = env.cairn(&["--database", url, "export", row["id"].as_str().unwrap()]).output().unwrap();
+            text.push_str(&String::from_utf8_lossy(&out.stdout));
+        }
+        text
+    };
+    // Each run of the child's command leaves one file in `runs/`.
+    let runs = || std::fs::read_dir(env.cwd.join("runs")).map(|d| d.count()).unwrap_or(0);
+    let mut first = Guard(Some(worker()));
+    let start = Instant::now();
+    while runs() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(120), "the child's tool never started:\n{}", said());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SIGKILL, mid-child: the parent waits in spawn_agent, the child in
+    // its shell call.
+    if let Some(mut w) = first.0.take() {
+        w.kill().unwrap();
+        w.wait().unwrap();
+    }
+    // Killed mid-turn, the child's row says so (as its parent's does).
+    let child_row = statuses(&env, url).into_iter().find(|r| r["parent"] == id.as_str()).unwrap();
+    assert_eq!(child_row["state"], "running", "{child_row}");
+    let _second = Guard(Some(worker()));
+    let export = |id: &str| stdout(&env.cairn(&["--database", url, "export", id]).output().unwrap());
+    let start = Instant::now();
+    loop {
+        let idle = statuses(&env, url).iter().any(|r| r["id"] == id.as_str() && r["state"] == "idle");
+        if idle && export(&id).contains("parent done") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "the second worker never finished the parent:\n{}", said());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let rows = statuses(&env, url);
+    let children: Vec<&Value> = rows.iter().filter(|r| r["parent"] == id.as_str()).collect();
+    assert_eq!((rows.len(), children.len()), (2, 1), "one child, created once: {rows:#?}");
+    assert_eq!(children[0]["state"], "idle", "the resumed child's turn ended: {rows:#?}");
+    let child = children[0]["id"].as_str().unwrap().to_owned();
+    let settled = |entries: &[Value], tool: &str| -> Vec<Value> {
+        entries
+            .iter()
+            .filter(|e| {
+                ["toolCompleted", "toolFailed", "toolRejected"].contains(&e["type"].as_str().unwrap())
+                    && e["payload"]["tool"] == tool
+            })
+            .cloned()
+            .collect()
+    };
+    let requested = |entries: &[Value], tool: &str| {
+        entries.iter().filter(|e| e["type"] == "toolRequested" && e["payload"]["request"]["tool"] == tool).count()
+    };
+    // The child's killed call: asked once, settled once (failed, the
+    // effect uncertain), never run again.
+    let child_log = util::entries_of_text(&export(&child));
+    assert_eq!(requested(&child_log, "shell"), 1, "{child_log:#?}");
+    let shell = settled(&child_log, "shell");
+    assert_eq!(shell.len(), 1, "{child_log:#?}");
+    assert_eq!(shell[0]["type"], "toolFailed", "{shell:#?}");
+    assert_eq!(runs(), 1, "the child's command ran once");
+    // The parent's spawn: asked once, settled once, with the child's answer.
+    let parent_log = util::entries_of_text(&export(&id));
+    assert_eq!(requested(&parent_log, "spawn_agent"), 1, "{parent_log:#?}");
+    let spawn = settled(&parent_log, "spawn_agent");
+    assert_eq!(spawn.len(), 1, "{parent_log:#?}");
+    assert_eq!(spawn[0]["type"], "toolCompleted", "{spawn:#?}");
+    assert_eq!(spawn[0]["payload"]["receipt"]["structuredOutput"]["answer"], "child done", "{spawn:#?}");
+    // Two holders of the parent's lease, and the child's lines written
+    // under the one or the other (never under a lease of its own).
+    let mut client = cairn_pg::connect(url).unwrap();
+    let owners: i64 = client
+        .query_one("SELECT count(DISTINCT owner) FROM cairn_claims WHERE session_id = $1", &[&id])
+        .unwrap()
+        .get(0);
+    assert_eq!(owners, 2, "the parent was taken over");
+    let stray: i64 = client
+        .query_one(
+            "SELECT count(*) FROM cairn_lines l WHERE l.session_id = $1 AND NOT EXISTS
+                 (SELECT 1 FROM cairn_claims c WHERE c.session_id = $2 AND c.epoch = l.epoch AND c.owner = l.owner)",
+            &[&child, &id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(stray, 0, "child lines written outside the parent's lease");
+    let none: i64 =
+        client.query_one("SELECT count(*) FROM cairn_claims WHERE session_id = $1", &[&child]).unwrap().get(0);
+    assert_eq!(none, 0, "a child is never claimed by itself");
+}
+
+/// A worker's child asks its Write call (no allow rule covers it) as a
+/// question of its parent, named `i5+i3` as the 9P face names it; answered
+/// with `cairn approve PARENT i5+i3`, the child runs it and the parent
+/// gathers its answer.
+#[test]
+fn a_childs_question_is_asked_as_its_parents() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    let child_script = env.home.join("child.jsonl");
+    let child_lines = [
+        json!({"text": "", "toolCalls": [
+            {"id": "k1", "name": "write_file", "arguments": {"path": "asked.txt", "content": "child\n"}}
+        ]}),
+        json!({"text": "child wrote", "toolCalls": []}),
+    ];
+    std::fs::write(&child_script, child_lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
+            "arguments": {"prompt": "write it", "script": child_script.to_str().unwrap()}}]}),
+        json!({"text": "parent done", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+    let id = stdout(&env.cairn(&["--database", url, "submit", "delegate"]).output().unwrap()).trim().to_owned();
+    let _worker = Guard(Some(
+        env.cairn(&["--database", url, "--script", s, "worker", "--lease", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    let pending = || -> Vec<Value> {
+        let out = stdout(&env.cairn(&["--database", url, "--json", "approvals"]).output().unwrap());
+        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let start = Instant::now();
+    while pending().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(120), "the child's question was never asked");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let question = pending().remove(0);
+    assert_eq!(question["sessionId"], id.as_str(), "{question}");
+    assert_eq!(question["tool"], "write_file", "{question}");
+    let inv = question["invocationId"].as_str().unwrap().to_owned();
+    let (spawn, call) = inv.split_once('+').unwrap_or_else(|| panic!("a child's question is named i5+i3: {inv}"));
+    assert!(spawn.starts_with('i') && call.starts_with('i'), "{inv}");
+    assert!(!env.cwd.join("asked.txt").exists(), "nothing ran before the answer");
+    // The parent's full id names it, not also its child (`+` ids).
+    stdout(&env.cairn(&["--database", url, "approve", &id, &inv]).output().unwrap());
+    let start = Instant::now();
+    loop {
+        let idle = statuses(&env, url).iter().any(|r| r["id"] == id.as_str() && r["state"] == "idle");
+        let out = stdout(&env.cairn(&["--database", url, "export", &id]).output().unwrap());
+        if idle && out.contains("parent done") {
+            assert!(out.contains("child wrote"), "the child's answer is gathered: {out}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "the parent never finished");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(std::fs::read_to_string(env.cwd.join("asked.txt")).unwrap(), "child\n");
+    assert!(pending().is_empty());
+    // `cairn submit` refuses a child: it is driven through its parent.
+    let child = format!("{id}+{spawn}");
+    let refused = env.cairn(&["--database", url, "submit", "--session", &child, "more"]).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("subagent"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}

@@ -6,6 +6,10 @@
 //! row (answered or still pending): the question is data, not a prompt on
 //! some terminal.
 //!
+//! A subagent's question (its family runs within the top-level session's
+//! lease) is a row of the top-level session named as the 9P face names it,
+//! `i5+i3`: `cairn approve SESSION i5+i3`.
+//!
 //! It owns the question rows and [`DbApprover`], which a worker puts under
 //! core's `PolicyApprover` (allow rules and `--yes` are decided there). It
 //! must never approve a Destructive call or a sandbox bypass: it is not
@@ -121,15 +125,19 @@ impl DbApprover {
         }
         let Some(c) = self.client.as_mut() else { return Ok(None) };
         let arguments = request.arguments.to_string();
+        // A subagent's call is asked as its parent's question `i5+i3` (call
+        // i3 of the child spawned by i5), never colliding with the
+        // parent's own invocation ids.
+        let question = request.question_id(&self.session);
         c.execute(
             "INSERT INTO cairn_approvals (session_id, invocation_id, tool, arguments) VALUES ($1, $2, $3, $4)
              ON CONFLICT (session_id, invocation_id) DO NOTHING",
-            &[&self.session, &request.invocation_id, &request.tool, &arguments],
+            &[&self.session, &question, &request.tool, &arguments],
         )?;
         let row = c.query_opt(
             "SELECT decision, reason, answered_by FROM cairn_approvals
              WHERE session_id = $1 AND invocation_id = $2 AND decision IS NOT NULL",
-            &[&self.session, &request.invocation_id],
+            &[&self.session, &question],
         )?;
         Ok(row.map(|r| {
             let decision: String = r.get(0);

@@ -12,7 +12,11 @@
 //!
 //! Runnable means `status` is `queued` (a prompt is waiting) or `running`
 //! with an expired lease (a worker died or stalled mid-turn: an interrupted
-//! turn or an unsettled call to resume).
+//! turn or an unsettled call to resume). A subagent's session (id
+//! `<parent>+<invocation>`) is never runnable by itself and takes no
+//! prompts: it is driven within its family's top-level lease by the worker
+//! that drives its parent (`PgStore::create_within`), and resumed by the
+//! worker that resumes its parent.
 //!
 //! The fence stops a lost holder's commits, not its effects. For those the
 //! holder keeps its own [`LeaseClock`]: the instant each successful claim,
@@ -110,6 +114,7 @@ pub fn claim(client: &mut Client, owner: &str, lease: Duration) -> Result<Option
          WHERE id = (SELECT id FROM cairn_sessions
                      WHERE status IN ('queued', 'running')
                        AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= now())
+                       AND strpos(id, '+') = 0
                      ORDER BY updated_at LIMIT 1 FOR UPDATE SKIP LOCKED)
          RETURNING id, epoch",
         &[&owner, &secs(lease)],
@@ -212,6 +217,11 @@ pub fn next_prompt(client: &mut Client, session: &str) -> Result<Option<(i64, St
 
 /// Enqueue `prompt` for an existing session and wake a worker.
 pub fn submit(client: &mut Client, session: &str, prompt: &str) -> Result<i64, PgError> {
+    if let Some((parent, _)) = session.split_once('+') {
+        return Err(PgError::Refused(format!(
+            "session {session} is a subagent: it is driven by the worker that drives its family's session {parent}, and takes no prompts of its own; submit to {parent}"
+        )));
+    }
     let mut tx = client.transaction()?;
     // Touch the row unconditionally: it serialises with `release`.
     let n = tx.execute(

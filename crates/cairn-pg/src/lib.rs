@@ -16,7 +16,7 @@ pub mod test_cluster;
 pub mod worker;
 
 pub use lease::Fence;
-pub use store::{DEFAULT_LEASE, Imported, PgStore, connect, connect_for, export, import, import_with};
+pub use store::{DEFAULT_LEASE, Hold, Imported, PgStore, connect, connect_for, export, import, import_with};
 
 /// Errors of the database layer outside a `Storage` commit.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +31,9 @@ pub enum PgError {
     /// The schema is missing pieces or newer than this build.
     #[error("{0}")]
     Schema(String),
+    /// The request is refused (what to do instead is said).
+    #[error("{0}")]
+    Refused(String),
     /// No session with this id in the database.
     #[error("no session {0:?} in the database; list them with `cairn sessions --database URL`")]
     NoSuchSession(String),

@@ -18,6 +18,13 @@
 //! commit). It must not decide who drives a session: that is `lease.rs` and
 //! the worker.
 //!
+//! A session driven within another's lease (a subagent of a database
+//! session, [`PgStore::create_within`], [`PgStore::open_within`]) has no
+//! lease of its own: each of its commits locks the lease holder's row first
+//! and checks the fence there, then its own row, so it commits only while
+//! the holder's lease is held by this worker at this epoch, and it extends
+//! that lease as the holder's own commits do.
+//!
 //! [`import_with`] treats a session file as untrusted input: the file
 //! backend's id rule and line limit, every line replayed, and calls left
 //! unsettled settled without running them.
@@ -53,6 +60,35 @@ pub struct PgStore {
     /// How to connect again when the connection breaks mid-commit (URL and
     /// lease of [`connect_for`]).
     reconnect: Option<(String, Duration)>,
+    /// The session whose lease fences this one (`fence` is that lease):
+    /// `None` for a session that holds its own.
+    holder: Option<String>,
+}
+
+/// A lease in hand, as the stores of the sessions driven within it share
+/// it (a database session's subagents, [`PgStore::create_within`]): the
+/// session whose row holds the lease, its fence, the flag set once a
+/// commit was refused because it was lost, the holder's lease clock (every
+/// commit within the lease extends it) and how to reconnect.
+#[derive(Debug, Clone)]
+pub struct Hold {
+    session: String,
+    fence: Fence,
+    lost: Arc<AtomicBool>,
+    clock: Option<LeaseClock>,
+    reconnect: Option<(String, Duration)>,
+}
+
+impl Hold {
+    /// The session whose row holds the lease.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// The lease's fence.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
 }
 
 impl std::fmt::Debug for PgStore {
@@ -163,7 +199,75 @@ impl PgStore {
             take: Arc::default(),
             clock: None,
             reconnect: None,
+            holder: None,
         }
+    }
+
+    /// The lease this handle commits under, to share with the sessions
+    /// driven within it; `None` for an unfenced handle.
+    pub fn hold(&self) -> Option<Hold> {
+        let fence = self.fence.clone()?;
+        Some(Hold {
+            session: self.holder.clone().unwrap_or_else(|| self.header.id.clone()),
+            fence,
+            lost: Arc::clone(&self.lost),
+            clock: self.clock.clone(),
+            reconnect: self.reconnect.clone(),
+        })
+    }
+
+    fn within(client: Client, header: Header, index: SessionIndex, hold: &Hold) -> Self {
+        let mut store = Self::new(client, header, index, Some(hold.fence.clone()));
+        store.holder = Some(hold.session.clone());
+        store.lost = Arc::clone(&hold.lost);
+        store.clock = hold.clock.clone();
+        store.reconnect = hold.reconnect.clone();
+        store
+    }
+
+    /// Create a new session row driven within `hold` (a subagent of the
+    /// holder's session): created only while the lease is held, in the same
+    /// transaction that checks it, and refused when the id exists — so a
+    /// session named by a recorded intent is created once.
+    pub fn create_within(mut client: Client, header: Header, hold: &Hold) -> Result<Self, StorageError> {
+        let id = header.id.clone();
+        let e = |err: postgres::Error| db(&id, &err);
+        let line = encode_header(&header).map_err(|e| StorageError::Encode(e.to_string()))?;
+        let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+        let mut tx = client.transaction().map_err(e)?;
+        check_hold(&mut tx, &id, hold).map_err(|err| match err {
+            HoldError::Db(err) => db(&id, &err),
+            HoldError::Refused(err) => err,
+        })?;
+        let inserted = tx
+            .execute(
+                "INSERT INTO cairn_sessions (id, header) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+                &[&id, &text],
+            )
+            .map_err(e)?;
+        if inserted == 0 {
+            return Err(StorageError::Exists { path: where_(&id) });
+        }
+        tx.commit().map_err(e)?;
+        Ok(Self::within(client, header, SessionIndex::new(), hold))
+    }
+
+    /// A session driven within another's lease finished its turn: its row
+    /// says `idle` (checked under the lease, like a commit). Nothing
+    /// happens for a session that holds its own lease (its worker releases
+    /// it).
+    pub fn idle_within(&mut self) -> Result<(), StorageError> {
+        let (Some(holder), Some(fence)) = (self.holder.clone(), self.fence.clone()) else { return Ok(()) };
+        let id = self.header.id.clone();
+        let hold = Hold { session: holder, fence, lost: Arc::clone(&self.lost), clock: None, reconnect: None };
+        idle_within(self.client.get_mut(), &id, &hold)
+    }
+
+    /// Open session `id` to drive it within `hold` (see
+    /// [`PgStore::create_within`]).
+    pub fn open_within(mut client: Client, id: &str, hold: &Hold) -> Result<Self, StorageError> {
+        let (header, index) = load(&mut client, id)?;
+        Ok(Self::within(client, header, index, hold))
     }
 
     /// Open a session for reading and unfenced writing (a commit is refused
@@ -284,8 +388,25 @@ impl PgStore {
         let first = records.first().map_or(0, Record::seq);
         let last = records.last().map_or(0, Record::seq);
         let take = self.take.lock().ok().and_then(|g| *g);
+        let holder = self.holder.clone();
         let client = self.client.get_mut();
         let mut tx = client.transaction().map_err(e)?;
+        // Within another session's lease: its row is locked first (every
+        // writer of a family locks the holder's row before its own, so they
+        // cannot deadlock) and the fence is checked there.
+        if let (Some(holder), Some(fence)) = (&holder, &self.fence) {
+            let hold = Hold {
+                session: holder.clone(),
+                fence: fence.clone(),
+                lost: Arc::clone(&self.lost),
+                clock: None,
+                reconnect: None,
+            };
+            check_hold(&mut tx, &id, &hold).map_err(|err| match err {
+                HoldError::Db(err) => WriteError::from_db(&id, &err),
+                HoldError::Refused(err) => WriteError::Refused(err),
+            })?;
+        }
         let row = tx
             .query_opt(
                 "SELECT last_seq, epoch, lease_owner, COALESCE(lease_expires > now(), false)
@@ -299,6 +420,12 @@ impl PgStore {
         let owner: Option<String> = row.get(2);
         let live: bool = row.get(3);
         match &self.fence {
+            // Driven within the holder's lease (checked above): nobody may
+            // hold a lease of this session's own meanwhile.
+            Some(_) if holder.is_some() && live && owner.is_some() => {
+                return Err(StorageError::Busy { path: where_(&id), pid: None }.into());
+            }
+            Some(_) if holder.is_some() => {}
             Some(f) if !(live && epoch == f.epoch && owner.as_deref() == Some(f.owner.as_str())) => {
                 self.lost.store(true, Ordering::SeqCst);
                 return Err(WriteError::Refused(backend(
@@ -345,20 +472,42 @@ impl PgStore {
             .into());
         }
         let owner_name = self.fence.as_ref().map(|f| f.owner.clone());
+        // A line records the lease it was written under: the holder's epoch
+        // for a session driven within another's lease.
+        let epoch = match (&holder, &self.fence) {
+            (Some(_), Some(f)) => f.epoch,
+            _ => epoch,
+        };
         tx.execute(
             "INSERT INTO cairn_lines (session_id, first_seq, last_seq, line, epoch, owner) VALUES ($1, $2, $3, $4, $5, $6)",
             &[&id, &signed(first), &signed(last), &text, &epoch, &owner_name],
         )
         .map_err(e)?;
         let lease_secs = self.fence.as_ref().map(|f| f.lease.as_secs_f64());
+        let (own_lease, holder_lease) = if holder.is_some() { (None, lease_secs) } else { (lease_secs, None) };
+        // A session driven within another's lease is `running` from its
+        // first commit until its driver says its turn ended
+        // ([`PgStore::idle_within`]); a crash leaves it `running`, as it
+        // leaves its holder.
+        let within = holder.is_some();
         tx.execute(
             "UPDATE cairn_sessions SET last_seq = $2, updated_at = now(),
                  lease_expires = CASE WHEN $3::float8 IS NULL THEN lease_expires
-                                      ELSE now() + make_interval(secs => $3::float8) END
+                                      ELSE now() + make_interval(secs => $3::float8) END,
+                 status = CASE WHEN $4::bool THEN 'running' ELSE status END
              WHERE id = $1",
-            &[&id, &signed(last), &lease_secs],
+            &[&id, &signed(last), &own_lease, &within],
         )
         .map_err(e)?;
+        if let (Some(holder), Some(secs)) = (&holder, holder_lease) {
+            // A commit within the holder's lease extends it, as the
+            // holder's own commits do.
+            tx.execute(
+                "UPDATE cairn_sessions SET lease_expires = now() + make_interval(secs => $2::float8) WHERE id = $1",
+                &[holder, &secs],
+            )
+            .map_err(e)?;
+        }
         if let Some(inbox) = take {
             let n =
                 tx.execute("DELETE FROM cairn_inbox WHERE id = $1 AND session_id = $2", &[&inbox, &id]).map_err(e)?;
@@ -378,6 +527,72 @@ impl PgStore {
         }
         Ok(())
     }
+}
+
+/// Session `id`, driven within `hold`, finished its turn: its row says
+/// `idle` (checked under the lease, like a commit; see
+/// [`PgStore::idle_within`]). Also for a driver that finds a finished
+/// session whose row a crash left `running`.
+pub fn idle_within(client: &mut Client, id: &str, hold: &Hold) -> Result<(), StorageError> {
+    let e = |err: postgres::Error| db(id, &err);
+    let mut tx = client.transaction().map_err(e)?;
+    check_hold(&mut tx, id, hold).map_err(|err| match err {
+        HoldError::Db(err) => db(id, &err),
+        HoldError::Refused(err) => err,
+    })?;
+    tx.execute(
+        "UPDATE cairn_sessions SET status = 'idle', updated_at = now() WHERE id = $1 AND status <> 'idle'",
+        &[&id],
+    )
+    .map_err(e)?;
+    tx.commit().map_err(e)
+}
+
+/// In `tx`, lock the row of `hold`'s session and check that its lease is
+/// live and held under `hold`'s fence; when it is not, set the lost flag
+/// and refuse (for a write to `id`, driven within that lease).
+fn check_hold(tx: &mut postgres::Transaction<'_>, id: &str, hold: &Hold) -> Result<(), HoldError> {
+    let row = tx
+        .query_opt(
+            "SELECT epoch, lease_owner, COALESCE(lease_expires > now(), false)
+             FROM cairn_sessions WHERE id = $1 FOR UPDATE",
+            &[&hold.session],
+        )
+        .map_err(HoldError::Db)?;
+    let Some(row) = row else {
+        hold.lost.store(true, Ordering::SeqCst);
+        return Err(HoldError::Refused(backend(
+            id,
+            format!("the session {} whose lease it is driven within is gone", hold.session),
+        )));
+    };
+    let epoch: i64 = row.get(0);
+    let owner: Option<String> = row.get(1);
+    let live: bool = row.get(2);
+    let f = &hold.fence;
+    if live && epoch == f.epoch && owner.as_deref() == Some(f.owner.as_str()) {
+        return Ok(());
+    }
+    hold.lost.store(true, Ordering::SeqCst);
+    Err(HoldError::Refused(backend(
+        id,
+        format!(
+            "lease lost: it is driven within the lease of {}, where this worker ({}) holds epoch {} but the session is at epoch {epoch}, owner {}, lease {}; nothing was written — the worker must back off",
+            hold.session,
+            f.owner,
+            f.epoch,
+            owner.as_deref().unwrap_or("none"),
+            if live { "live" } else { "expired" }
+        ),
+    )))
+}
+
+/// Why [`check_hold`] failed.
+enum HoldError {
+    /// The query failed (the connection, perhaps).
+    Db(postgres::Error),
+    /// The lease is not held (the lost flag is set).
+    Refused(StorageError),
 }
 
 /// Why a commit attempt failed.

@@ -210,6 +210,96 @@ fn a_fenced_commit_needs_the_live_lease_of_its_epoch() {
     assert!(lease::release(&mut control, &id, &b.fence, lease::Release::Done, None).unwrap());
 }
 
+/// A subagent's session (`<parent>+<invocation>`) is created and committed
+/// within its parent's lease: only while that lease is live and held at
+/// its epoch, each commit extending it; never claimed or submitted to by
+/// itself; a takeover of the parent fences the old holder's child store.
+#[test]
+fn a_session_within_a_lease_commits_only_while_the_lease_is_held() {
+    let c = cluster();
+    let id = new_session_id();
+    drop(PgStore::create(connect(c.url()).unwrap(), Header::new(id.clone(), "/")).unwrap());
+    let mut control = connect(c.url()).unwrap();
+    lease::submit(&mut control, &id, "go").unwrap();
+    let lease_len = std::time::Duration::from_secs(60);
+    let a = loop {
+        let claim = lease::claim(&mut control, "a", lease_len).unwrap().unwrap();
+        if claim.session == id {
+            break claim;
+        }
+    };
+    let parent_a = PgStore::open_fenced(connect(c.url()).unwrap(), &id, a.fence.clone()).unwrap();
+    let hold_a = parent_a.hold().unwrap();
+    assert_eq!(hold_a.session(), id);
+    let child = format!("{id}+i1");
+    let mut child_a =
+        PgStore::create_within(connect(c.url()).unwrap(), Header::new(child.clone(), "/"), &hold_a).unwrap();
+    // Created once.
+    assert!(matches!(
+        PgStore::create_within(connect(c.url()).unwrap(), Header::new(child.clone(), "/"), &hold_a),
+        Err(StorageError::Exists { .. })
+    ));
+    // Its own store hands on the same lease (a grandchild is fenced by it too).
+    assert_eq!(child_a.hold().unwrap().session(), id);
+    // A commit extends the parent's lease.
+    control
+        .execute("UPDATE cairn_sessions SET lease_expires = now() + interval '5 seconds' WHERE id = $1", &[&id])
+        .unwrap();
+    child_a.commit(Transaction::new().entry("x", None, "m", raw(json!(1)))).unwrap();
+    let left: f64 = control
+        .query_one("SELECT extract(epoch FROM lease_expires - now())::float8 FROM cairn_sessions WHERE id = $1", &[&id])
+        .unwrap()
+        .get(0);
+    assert!(left > 30.0, "the parent's lease was extended by the child's commit: {left} s left");
+    // Never submitted to or claimed by itself.
+    assert!(matches!(lease::submit(&mut control, &child, "go"), Err(cairn_pg::PgError::Refused(_))));
+    // The parent's lease expires: the child's commit is refused, and the
+    // holder's lost flag is set (the worker backs off).
+    control
+        .execute("UPDATE cairn_sessions SET lease_expires = now() - interval '1 second' WHERE id = $1", &[&id])
+        .unwrap();
+    let err = child_a.commit(Transaction::new().entry("y", None, "m", raw(json!(2)))).unwrap_err();
+    assert!(err.to_string().contains("lease lost"), "{err}");
+    assert!(parent_a.lease_lost().load(std::sync::atomic::Ordering::SeqCst));
+    // b takes the parent over; within its lease the child goes on, and the
+    // old holder's child store stays fenced out.
+    let b = lease::claim(&mut control, "b", lease_len).unwrap().unwrap();
+    assert_eq!(b.session, id);
+    let parent_b = PgStore::open_fenced(connect(c.url()).unwrap(), &id, b.fence.clone()).unwrap();
+    let mut child_b = PgStore::open_within(connect(c.url()).unwrap(), &child, &parent_b.hold().unwrap()).unwrap();
+    child_b.commit(Transaction::new().entry("z", None, "m", raw(json!(3)))).unwrap();
+    assert!(child_a.commit(Transaction::new().entry("y", None, "m", raw(json!(2)))).is_err());
+    // Running from its commits until its driver says its turn ended, and
+    // only the holder may say so.
+    let status = |control: &mut postgres::Client| -> String {
+        control.query_one("SELECT status FROM cairn_sessions WHERE id = $1", &[&child]).unwrap().get(0)
+    };
+    assert_eq!(status(&mut control), "running");
+    assert!(child_a.idle_within().is_err());
+    child_b.idle_within().unwrap();
+    assert_eq!(status(&mut control), "idle");
+    // A driver that finds it finished with its row left `running` (its
+    // last driver cut off before saying so) says it, under the lease.
+    child_b.commit(Transaction::new().entry("w", None, "m", raw(json!(4)))).unwrap();
+    assert_eq!(status(&mut control), "running");
+    assert!(cairn_pg::store::idle_within(&mut connect(c.url()).unwrap(), &child, &hold_a).is_err());
+    cairn_pg::store::idle_within(&mut connect(c.url()).unwrap(), &child, &parent_b.hold().unwrap()).unwrap();
+    assert_eq!(status(&mut control), "idle");
+    let reopened = PgStore::open(connect(c.url()).unwrap(), &child).unwrap();
+    let ids: Vec<String> = reopened.entries().into_iter().map(|e| e.id).collect();
+    assert_eq!(ids, ["x", "z", "w"]);
+    // Each line records the lease it was written under.
+    let epochs: Vec<(i64, Option<String>)> = control
+        .query("SELECT epoch, owner FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq", &[&child])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let (ea, eb) = ((a.fence.epoch, Some("a".to_owned())), (b.fence.epoch, Some("b".to_owned())));
+    assert_eq!(epochs, [ea, eb.clone(), eb]);
+    assert!(lease::release(&mut control, &id, &b.fence, lease::Release::Done, None).unwrap());
+}
+
 /// cairn's migration lock key ("cairn" in ASCII), as the schema documents it.
 const MIGRATION_LOCK: i64 = 0x0063_6169_726e;
 
