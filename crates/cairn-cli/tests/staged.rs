@@ -330,6 +330,23 @@ fn damage_beyond_the_tree_is_refused_before_it_runs() {
     }
 }
 
+/// Probing whether overlays work (every `cairn` that stages probes once)
+/// leaves nothing in the temp directory. The overlay leaves its work
+/// directory mode 000, which only root could remove without opening it
+/// up first: as uid 65534 (the rerun below) every run left a
+/// `cairn-overlay-probe-*` directory behind.
+#[test]
+fn probing_for_overlays_leaves_no_directory_behind() {
+    let env = Env::new();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let out = env.cairn(&["tools"]).env("TMPDIR", tmp.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("staging: overlay"), "the probe must succeed for this test to mean anything:\n{text}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "the overlay probe left {left:?} in TMPDIR");
+}
+
 /// Issue 25: staging holds for a non-root user too: the tests above rerun
 /// as uid 65534, whose staging goes through an unprivileged user
 /// namespace (`util::rerun_as_non_root`).

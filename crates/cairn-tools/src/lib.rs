@@ -32,6 +32,7 @@
 
 pub mod beneath;
 pub mod builtin;
+mod calltemp;
 pub mod env;
 pub mod external;
 pub mod hooks;

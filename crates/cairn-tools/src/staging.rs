@@ -126,7 +126,7 @@ impl Staging {
 /// permissions (its `work/work` is mode 000): root removes it anyway, a
 /// non-root user (whose overlay ran in a user namespace) must first give
 /// the directories back their owner's rights.
-fn remove_tree(path: &Path) {
+pub(crate) fn remove_tree(path: &Path) {
     if fs::remove_dir_all(path).is_ok() {
         return;
     }
@@ -304,7 +304,7 @@ fn probe() -> Result<(), String> {
     let mode = crate::sandbox::namespace_mode().map_err(|why| format!("no private mount namespace: {why}"))?;
     let maps = UserMaps::for_mode(Ok(mode));
     let dir = tempfile::Builder::new()
-        .prefix("cairn-overlay-probe-")
+        .prefix(crate::calltemp::PROBE)
         .tempdir_in(std::env::temp_dir())
         .map_err(|e| format!("cannot create a probe directory: {e}"))?;
     let (lower, upper, work) = (dir.path().join("l"), dir.path().join("u"), dir.path().join("w"));
@@ -371,6 +371,10 @@ fn probe() -> Result<(), String> {
         }
         if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 127 }
     };
+    // The overlay left its work directory mode 000 (and a whiteout in it),
+    // which a non-root owner cannot list: `TempDir`'s own removal would
+    // fail silently and leave a probe directory behind on every run.
+    remove_tree(&dir.keep());
     match code {
         0 => Ok(()),
         1 => Err("the kernel refused a new mount namespace".into()),
