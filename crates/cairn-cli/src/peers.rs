@@ -1,7 +1,8 @@
 //! Peer links inside a session family: `send_message {to, text}` and
 //! `wait_for_messages {timeout?}`.
 //!
-//! No mailbox beside the session files: a message is sent when the
+//! No mailbox beside the sessions (files, or a worker's database: the
+//! family's [`Logs`]): a message is sent when the
 //! sender's `send_message` call is settled (its receipt holds `from`,
 //! `to`, `text` and the message id `<sender id>/<invocation id>`), so it is
 //! committed in the sender's log exactly once (the turn settles an
@@ -15,22 +16,21 @@
 //! Who may talk: a child and its parent (`to: "parent"`, a child id, or
 //! `"children"` for every child), and siblings whose parent started them
 //! with `peers: true`. Owns: addressing, the message id, the scan. Must
-//! not: write any file (both tools only read logs; the turn commits).
+//! not: write any session (both tools only read logs; the turn commits).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_core::events::ToolCompletedPayload;
-use cairn_core::storage::{JsonlStore, Storage, now_millis};
+use cairn_core::storage::{Entry, now_millis};
 use cairn_core::tool::{
     ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::family::{SEP, parent_of};
+use crate::family::parent_of;
 
 /// The tool that sends.
 pub const SEND: &str = "send_message";
@@ -39,70 +39,44 @@ pub const RECEIVE: &str = "wait_for_messages";
 /// Broadcast to every direct child.
 pub const CHILDREN: &str = "children";
 
-/// Where session files live, and whether siblings may talk (per session,
-/// from its `subagent` fact).
-#[derive(Debug, Clone)]
-pub struct Directory {
-    sessions: PathBuf,
+/// The family's logs, read, never written: session files, or sessions of
+/// a worker's database (`subagents::FamilyLogs` over either `Place`).
+pub trait Logs: std::marker::Send + Sync + 'static {
+    /// Whether session `id` exists.
+    fn exists(&self, id: &str) -> bool;
+
+    /// The ids of `id`'s direct children, sorted.
+    fn children(&self, id: &str) -> Vec<String>;
+
+    /// Whether `id` was started with `peers: true` (its `subagent` fact).
+    fn peers_allowed(&self, id: &str) -> bool;
+
+    /// Each entry of `id`'s log, in order (none when it cannot be read).
+    fn visit(&self, id: &str, f: &mut dyn FnMut(&Entry));
+
+    /// How long a `wait_for_messages` waits between two looks (each look
+    /// reads every sender's log).
+    fn poll_every(&self) -> Duration;
 }
 
-impl Directory {
-    /// Sessions in `sessions`.
-    pub fn new(sessions: PathBuf) -> Self {
-        Self { sessions }
+/// Whether `from` may send to `to` (a session id).
+fn may_talk(logs: &dyn Logs, from: &str, to: &str) -> bool {
+    if parent_of(from) == Some(to) || parent_of(to) == Some(from) {
+        return true;
     }
+    parent_of(from).is_some() && parent_of(from) == parent_of(to) && logs.peers_allowed(from) && logs.peers_allowed(to)
+}
 
-    fn path(&self, id: &str) -> PathBuf {
-        self.sessions.join(format!("{id}.jsonl"))
-    }
-
-    fn exists(&self, id: &str) -> bool {
-        self.path(id).is_file()
-    }
-
-    fn children(&self, id: &str) -> Vec<String> {
-        let prefix = format!("{id}{SEP}");
-        let mut ids: Vec<String> = std::fs::read_dir(&self.sessions)
-            .map(|rd| {
-                rd.flatten()
-                    .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".jsonl")).map(str::to_owned))
-                    .filter(|stem| stem.strip_prefix(&prefix).is_some_and(|rest| !rest.contains(SEP)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        ids.sort();
-        ids
-    }
-
-    fn peers_allowed(&self, id: &str) -> bool {
-        JsonlStore::open_read_only(&self.path(id))
-            .ok()
-            .and_then(|s| crate::family::child_fact(&s))
-            .is_some_and(|f| f.peers)
-    }
-
-    /// Whether `from` may send to `to` (a session id).
-    fn may_talk(&self, from: &str, to: &str) -> bool {
-        if parent_of(from) == Some(to) || parent_of(to) == Some(from) {
-            return true;
+/// Who `id` may hear from: its parent, its children, its allowed siblings.
+fn senders(logs: &dyn Logs, id: &str) -> Vec<String> {
+    let mut out = logs.children(id);
+    if let Some(parent) = parent_of(id) {
+        out.push(parent.to_owned());
+        if logs.peers_allowed(id) {
+            out.extend(logs.children(parent).into_iter().filter(|s| s != id && logs.peers_allowed(s)));
         }
-        parent_of(from).is_some()
-            && parent_of(from) == parent_of(to)
-            && self.peers_allowed(from)
-            && self.peers_allowed(to)
     }
-
-    /// Who `id` may hear from: its parent, its children, its allowed siblings.
-    fn senders(&self, id: &str) -> Vec<String> {
-        let mut out = self.children(id);
-        if let Some(parent) = parent_of(id) {
-            out.push(parent.to_owned());
-            if self.peers_allowed(id) {
-                out.extend(self.children(parent).into_iter().filter(|s| s != id && self.peers_allowed(s)));
-            }
-        }
-        out
-    }
+    out
 }
 
 /// One message as both logs hold it.
@@ -115,10 +89,9 @@ struct Message {
 
 /// Settled `send_message` receipts of `sender` addressed to `to` (directly
 /// or, from its parent, to `children`).
-fn sent_to(dir: &Directory, sender: &str, to: &str) -> Vec<Message> {
+fn sent_to(logs: &dyn Logs, sender: &str, to: &str) -> Vec<Message> {
     let mut out = Vec::new();
-    let Ok(store) = JsonlStore::open_read_only(&dir.path(sender)) else { return out };
-    store.visit_entries(&mut |e| {
+    logs.visit(sender, &mut |e| {
         let Some(p) = cairn_core::events::payload_of::<ToolCompletedPayload>(e) else { return };
         if p.tool != SEND {
             return;
@@ -134,10 +107,9 @@ fn sent_to(dir: &Directory, sender: &str, to: &str) -> Vec<Message> {
 }
 
 /// Message ids `me` has received (its settled `wait_for_messages` calls).
-fn received(dir: &Directory, me: &str) -> BTreeSet<String> {
+fn received(logs: &dyn Logs, me: &str) -> BTreeSet<String> {
     let mut ids = BTreeSet::new();
-    let Ok(store) = JsonlStore::open_read_only(&dir.path(me)) else { return ids };
-    store.visit_entries(&mut |e| {
+    logs.visit(me, &mut |e| {
         let Some(p) = cairn_core::events::payload_of::<ToolCompletedPayload>(e) else { return };
         if p.tool != RECEIVE {
             return;
@@ -149,9 +121,9 @@ fn received(dir: &Directory, me: &str) -> BTreeSet<String> {
     ids
 }
 
-fn unread(dir: &Directory, me: &str) -> Vec<Message> {
-    let seen = received(dir, me);
-    dir.senders(me).iter().flat_map(|s| sent_to(dir, s, me)).filter(|m| !seen.contains(&m.id)).collect()
+fn unread(logs: &dyn Logs, me: &str) -> Vec<Message> {
+    let seen = received(logs, me);
+    senders(logs, me).iter().flat_map(|s| sent_to(logs, s, me)).filter(|m| !seen.contains(&m.id)).collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -168,16 +140,16 @@ struct WaitArgs {
 
 struct Send {
     spec: ToolSpec,
-    dir: Arc<Directory>,
+    logs: Arc<dyn Logs>,
 }
 
 struct Receive {
     spec: ToolSpec,
-    dir: Arc<Directory>,
+    logs: Arc<dyn Logs>,
 }
 
-/// The two tools over session files in `dir`.
-pub fn tools(dir: Arc<Directory>) -> [Arc<dyn Tool>; 2] {
+/// The two tools over the family's `logs`.
+pub fn tools(logs: Arc<dyn Logs>) -> [Arc<dyn Tool>; 2] {
     let send = ToolSpec {
         name: SEND.to_owned(),
         description: "Send a message to your parent (\"parent\"), a child (its id), every child (\"children\"), or a sibling when allowed.".to_owned(),
@@ -197,7 +169,7 @@ pub fn tools(dir: Arc<Directory>) -> [Arc<dyn Tool>; 2] {
         capabilities: BTreeSet::new(),
         replay: ReplayPolicy::Idempotent,
     };
-    [Arc::new(Send { spec: send, dir: Arc::clone(&dir) }), Arc::new(Receive { spec: receive, dir })]
+    [Arc::new(Send { spec: send, logs: Arc::clone(&logs) }), Arc::new(Receive { spec: receive, logs })]
 }
 
 impl Send {
@@ -207,12 +179,12 @@ impl Send {
         let to = match args.to.as_str() {
             "parent" => parent_of(me).ok_or("this session has no parent")?.to_owned(),
             CHILDREN => {
-                if self.dir.children(me).is_empty() {
+                if self.logs.children(me).is_empty() {
                     return Err("this session has no children yet".to_owned());
                 }
                 CHILDREN.to_owned()
             }
-            id if self.dir.exists(id) && self.dir.may_talk(me, id) => id.to_owned(),
+            id if self.logs.exists(id) && may_talk(self.logs.as_ref(), me, id) => id.to_owned(),
             id => {
                 return Err(format!(
                     "{id:?} is not a session this one may message (its parent, its children, or siblings started with peers: true)"
@@ -269,14 +241,14 @@ impl Tool for Receive {
         let deadline = Instant::now() + Duration::from_secs(args.timeout.unwrap_or(60));
         let me = request.session_id.as_str();
         let messages = loop {
-            let found = unread(&self.dir, me);
+            let found = unread(self.logs.as_ref(), me);
             if !found.is_empty() || Instant::now() >= deadline {
                 break found;
             }
             if ctx.cancel.is_cancelled() {
                 return Err(ToolError::Cancelled);
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(self.logs.poll_every());
         };
         let summary = if messages.is_empty() {
             "no messages".to_owned()
@@ -286,9 +258,4 @@ impl Tool for Receive {
         let list: Vec<Value> = messages.iter().map(|m| json!({"id": m.id, "from": m.from, "text": m.text})).collect();
         Ok(receipt(summary, json!({"messages": list})))
     }
-}
-
-/// The directory of session files (for the CLI's wiring).
-pub fn directory(sessions: &Path) -> Arc<Directory> {
-    Arc::new(Directory::new(sessions.to_path_buf()))
 }

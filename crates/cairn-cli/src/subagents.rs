@@ -151,6 +151,12 @@ pub trait Place: Send + Sync + 'static {
         Ok(())
     }
 
+    /// How often a waiting peer looks at the family's logs again (each
+    /// look reads every sender's log once).
+    fn poll_every(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+
     /// Which drive of the family this process is in: the children this
     /// process knows are keyed by it, so a child stopped when an earlier
     /// drive ended (a lost lease) is re-attached, never taken for a result.
@@ -455,11 +461,9 @@ pub fn tools(
         return Ok(Vec::new());
     }
     parent_tools.extend([SPAWN, WAIT].map(str::to_owned));
-    // Peer messages are read from the senders' session files: offered
-    // where the family's sessions are files.
-    if matches!(home, Home::Files) {
-        parent_tools.extend([crate::peers::SEND, crate::peers::RECEIVE].map(str::to_owned));
-    }
+    // Peer messages are read from the senders' logs, wherever the
+    // family's sessions live (`FamilyLogs`).
+    parent_tools.extend([crate::peers::SEND, crate::peers::RECEIVE].map(str::to_owned));
     let scope = Scope {
         cwd: cwd.to_path_buf(),
         tools: parent_tools,
@@ -477,6 +481,39 @@ pub fn tools(
     })
 }
 
+/// The family's logs as the peer tools read them, wherever its sessions
+/// live: through the same [`Place`] the family creates and drives them in.
+struct FamilyLogs<P> {
+    place: Arc<P>,
+    ctx: &'static Context,
+}
+
+impl<P: Place> crate::peers::Logs for FamilyLogs<P> {
+    fn exists(&self, id: &str) -> bool {
+        matches!(self.place.read(self.ctx, id), Ok(Some(_)))
+    }
+
+    fn children(&self, id: &str) -> Vec<String> {
+        let mut ids = self.place.children(self.ctx, id).unwrap_or_default();
+        ids.sort();
+        ids
+    }
+
+    fn peers_allowed(&self, id: &str) -> bool {
+        self.place.read(self.ctx, id).ok().flatten().and_then(|s| child_fact(&s)).is_some_and(|f| f.peers)
+    }
+
+    fn visit(&self, id: &str, f: &mut dyn FnMut(&cairn_core::storage::Entry)) {
+        if let Ok(Some(store)) = self.place.read(self.ctx, id) {
+            store.visit_entries(f);
+        }
+    }
+
+    fn poll_every(&self) -> Duration {
+        self.place.poll_every()
+    }
+}
+
 fn is_scripted(ctx: &Context, provider: &str) -> bool {
     ProviderConfig::resolve(provider, ctx.settings.providers.get(provider))
         .is_ok_and(|c| c.kind == ProviderKind::Scripted)
@@ -489,12 +526,13 @@ fn build<P: Place>(family: &'static Family, scope: Scope, place: Arc<P>, may_spa
     let scope = Arc::new(scope);
     let spawn =
         SpawnAgent { spec: spawn_spec(scope.scripted), scope: Arc::clone(&scope), place: Arc::clone(&place), family };
+    let logs = Arc::new(FamilyLogs { place: Arc::clone(&place), ctx: &family.ctx });
     let wait = WaitAgents { spec: wait_spec(), authority: scope.authority.clone(), place, family };
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     if may_spawn {
         tools.extend([Arc::new(spawn) as Arc<dyn Tool>, Arc::new(wait)]);
     }
-    let peers = crate::peers::tools(crate::peers::directory(&family.ctx.paths.sessions()));
+    let peers = crate::peers::tools(logs);
     tools.extend(peers.into_iter().filter(|t| scope.tools.contains(&t.spec().name)));
     tools
 }

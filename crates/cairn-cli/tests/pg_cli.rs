@@ -558,3 +558,83 @@ fn a_childs_question_is_asked_as_its_parents() {
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+/// A worker's family talks as a files family does: the child sends to its
+/// parent, the parent waits for it, answers every child, and the child
+/// waits for that answer; each message is committed once in the sender's
+/// database log and once in the receiver's, with the same id.
+#[test]
+fn a_workers_parent_and_child_exchange_messages_through_the_database() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    let child_script = env.home.join("child.jsonl");
+    let child_lines = [
+        json!({"text": "", "toolCalls": [{"id": "m1", "name": "send_message", "arguments": {"to": "parent", "text": "hello"}}]}),
+        json!({"text": "", "toolCalls": [{"id": "m2", "name": "wait_for_messages", "arguments": {"timeout": 60}}]}),
+        json!({"text": "child got ack", "toolCalls": []}),
+    ];
+    std::fs::write(&child_script, child_lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "s1", "name": "spawn_agent",
+            "arguments": {"prompt": "talk", "wait": false, "script": child_script.to_str().unwrap()}}]}),
+        json!({"text": "", "toolCalls": [{"id": "r1", "name": "wait_for_messages", "arguments": {"timeout": 60}}]}),
+        json!({"text": "", "toolCalls": [{"id": "m1", "name": "send_message", "arguments": {"to": "children", "text": "ack"}}]}),
+        json!({"text": "", "toolCalls": [{"id": "w1", "name": "wait_agents", "arguments": {}}]}),
+        json!({"text": "conversation over", "toolCalls": []}),
+    ]);
+    let s = script.to_str().unwrap();
+    let id = stdout(&env.cairn(&["--database", url, "submit", "go"]).output().unwrap()).trim().to_owned();
+    let said = env.home.join("worker.log");
+    let _worker = Guard(Some(
+        env.cairn(&["--database", url, "--script", s, "worker", "--lease", "5"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&said).unwrap())
+            .spawn()
+            .unwrap(),
+    ));
+    let export = |id: &str| stdout(&env.cairn(&["--database", url, "export", id]).output().unwrap());
+    let start = Instant::now();
+    loop {
+        let idle = statuses(&env, url).iter().any(|r| r["id"] == id.as_str() && r["state"] == "idle");
+        if idle && export(&id).contains("conversation over") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the parent never finished:\n{}\n{}",
+            std::fs::read_to_string(&said).unwrap_or_default(),
+            export(&id)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let rows = statuses(&env, url);
+    let child = rows.iter().find(|r| r["parent"] == id.as_str()).unwrap_or_else(|| panic!("no child: {rows:#?}"));
+    let child = child["id"].as_str().unwrap().to_owned();
+    let (parent_log, child_log) = (util::entries_of_text(&export(&id)), util::entries_of_text(&export(&child)));
+    let completed = |log: &[Value], tool: &str| -> Vec<Value> {
+        log.iter()
+            .filter(|e| e["type"] == "toolCompleted" && e["payload"]["tool"] == tool)
+            .map(|e| e["payload"]["receipt"]["structuredOutput"].clone())
+            .collect()
+    };
+    let received = |log: &[Value]| -> Vec<Value> {
+        completed(log, "wait_for_messages")
+            .iter()
+            .flat_map(|s| s["messages"].as_array().cloned().unwrap_or_default())
+            .collect()
+    };
+    let up = completed(&child_log, "send_message");
+    assert_eq!(up.len(), 1, "{child_log:#?}");
+    assert_eq!((up[0]["to"].as_str(), up[0]["text"].as_str()), (Some(id.as_str()), Some("hello")));
+    let got = received(&parent_log);
+    assert_eq!(got.len(), 1, "{parent_log:#?}");
+    assert_eq!((&got[0]["id"], got[0]["from"].as_str()), (&up[0]["id"], Some(child.as_str())));
+    let down = completed(&parent_log, "send_message");
+    assert_eq!(down.len(), 1, "{parent_log:#?}");
+    let got = received(&child_log);
+    assert_eq!(got.len(), 1, "{child_log:#?}");
+    assert_eq!((&got[0]["id"], got[0]["text"].as_str()), (&down[0]["id"], Some("ack")));
+    let gathered = completed(&parent_log, "wait_agents");
+    assert!(gathered.iter().any(|g| g.to_string().contains("child got ack")), "{gathered:#?}");
+}

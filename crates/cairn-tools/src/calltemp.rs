@@ -11,15 +11,15 @@
 //! call starts die with cairn (`PR_SET_PDEATHSIG`, the PID namespace), so
 //! nothing still uses a leftover.
 //!
-//! Owns: naming, locking, removal and the sweep of these directories. Must
+//! Owns: naming, locking, removal and the sweep of these directories, and
+//! removing a tree its non-root owner made unreadable (`remove_tree`, for
+//! staging too). Must
 //! not: touch anything in the temp directory but its own prefixes, follow
 //! a link, or remove another user's directory.
 
-use std::fs::File;
+use std::fs::{self, File};
 use std::path::Path;
 use std::time::Duration;
-
-use crate::process::RunError;
 
 /// The prefixes of call directories (one per kind of owner).
 pub(crate) const CALL: &str = "cairn-tool-";
@@ -46,14 +46,14 @@ pub(crate) struct CallTemp {
 impl CallTemp {
     /// Create and lock a directory named `prefix…` in the temp directory,
     /// first sweeping leftovers (once per process).
-    pub(crate) fn new(prefix: &str) -> Result<Self, RunError> {
+    pub(crate) fn new(prefix: &str) -> std::io::Result<Self> {
         static SWEPT: std::sync::Once = std::sync::Once::new();
         SWEPT.call_once(|| {
             sweep(&std::env::temp_dir(), SETTLE);
         });
-        let dir = tempfile::Builder::new().prefix(prefix).tempdir().map_err(RunError::TempDir)?;
-        let lock = File::open(dir.path()).map_err(RunError::TempDir)?;
-        lock.try_lock().map_err(|e| RunError::TempDir(e.into()))?;
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+        let lock = File::open(dir.path())?;
+        lock.try_lock().map_err(std::io::Error::from)?;
         Ok(Self { dir: Some(dir), _lock: lock })
     }
 
@@ -66,7 +66,7 @@ impl CallTemp {
 impl Drop for CallTemp {
     fn drop(&mut self) {
         if let Some(dir) = self.dir.take() {
-            crate::staging::remove_tree(&dir.keep());
+            remove_tree(&dir.keep());
         }
     }
 }
@@ -103,11 +103,33 @@ pub(crate) fn sweep(base: &Path, settle: Duration) -> usize {
             continue;
         }
         if dir.try_lock().is_ok() {
-            crate::staging::remove_tree(&path);
+            remove_tree(&path);
             removed += 1;
         }
     }
     removed
+}
+
+/// `remove_dir_all`, also where overlayfs left a directory without
+/// permissions (its `work/work` is mode 000): root removes it anyway, a
+/// non-root user (whose overlay ran in a user namespace) must first give
+/// the directories back their owner's rights.
+pub(crate) fn remove_tree(path: &Path) {
+    if fs::remove_dir_all(path).is_ok() {
+        return;
+    }
+    fn open_up(dir: &Path) {
+        let _ = fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700));
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    open_up(&e.path());
+                }
+            }
+        }
+    }
+    open_up(path);
+    let _ = fs::remove_dir_all(path);
 }
 
 #[cfg(test)]

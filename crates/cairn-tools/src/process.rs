@@ -173,7 +173,7 @@ pub fn kill_group(pgid: u32, prepared: &Prepared) {
 /// Run `spec`, streaming output chunks to `output`, until it exits, times
 /// out or `cancel` fires.
 pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) -> Result<RunOutcome, RunError> {
-    let tmp = crate::calltemp::CallTemp::new(crate::calltemp::CALL)?;
+    let tmp = crate::calltemp::CallTemp::new(crate::calltemp::CALL).map_err(RunError::TempDir)?;
     let (mut cmd, prepared) = command(spec, tmp.path())?;
     cmd.stdin(Stdio::piped());
     let program = spec.argv.first().cloned().unwrap_or_default();
@@ -355,7 +355,7 @@ impl std::fmt::Debug for Service {
 impl Service {
     /// Start `spec` (its `stdin`, `timeout` and `output_cap` are not used).
     pub fn spawn(spec: &RunSpec) -> Result<Self, RunError> {
-        let tmp = crate::calltemp::CallTemp::new(crate::calltemp::SERVICE)?;
+        let tmp = crate::calltemp::CallTemp::new(crate::calltemp::SERVICE).map_err(RunError::TempDir)?;
         let (mut cmd, prepared) = command(spec, tmp.path())?;
         cmd.stdin(Stdio::piped());
         let program = spec.argv.first().cloned().unwrap_or_default();

@@ -118,30 +118,8 @@ impl Staging {
 
     /// Remove the staging directory (best effort: a leftover is only disk).
     pub fn remove(self) {
-        remove_tree(&self.root);
+        crate::calltemp::remove_tree(&self.root);
     }
-}
-
-/// `remove_dir_all`, also where overlayfs left a directory without
-/// permissions (its `work/work` is mode 000): root removes it anyway, a
-/// non-root user (whose overlay ran in a user namespace) must first give
-/// the directories back their owner's rights.
-pub(crate) fn remove_tree(path: &Path) {
-    if fs::remove_dir_all(path).is_ok() {
-        return;
-    }
-    fn open_up(dir: &Path) {
-        let _ = fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700));
-        if let Ok(entries) = fs::read_dir(dir) {
-            for e in entries.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    open_up(&e.path());
-                }
-            }
-        }
-    }
-    open_up(path);
-    let _ = fs::remove_dir_all(path);
 }
 
 /// What the staged part of a call came to (it was applied, or there was
@@ -260,7 +238,7 @@ pub fn remove_leftovers(base: &Path, call: &str) {
     if let Ok(entries) = fs::read_dir(base) {
         for e in entries.flatten() {
             if e.file_name().to_string_lossy().starts_with(&prefix) {
-                remove_tree(&e.path());
+                crate::calltemp::remove_tree(&e.path());
             }
         }
     }
@@ -374,7 +352,7 @@ fn probe() -> Result<(), String> {
     // The overlay left its work directory mode 000 (and a whiteout in it),
     // which a non-root owner cannot list: `TempDir`'s own removal would
     // fail silently and leave a probe directory behind on every run.
-    remove_tree(&dir.keep());
+    crate::calltemp::remove_tree(&dir.keep());
     match code {
         0 => Ok(()),
         1 => Err("the kernel refused a new mount namespace".into()),
