@@ -44,6 +44,28 @@ impl Drop for Guard {
     }
 }
 
+/// A child's script (`child.jsonl` beside the parent's), for `spawn_agent`'s
+/// `script` argument.
+fn child_script(env: &Env, lines: &[Value]) -> String {
+    let path = env.home.join("child.jsonl");
+    std::fs::write(&path, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// Wait until session `id` is idle with `text` in its log; `said` tells
+/// what happened when it never is.
+fn wait_for_answer(env: &Env, url: &str, id: &str, text: &str, said: &dyn Fn() -> String) {
+    let start = Instant::now();
+    loop {
+        let idle = statuses(env, url).iter().any(|r| r["id"] == id && r["state"] == "idle");
+        if idle && stdout(&env.cairn(&["--database", url, "export", id]).output().unwrap()).contains(text) {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "{id} never answered {text:?}:\n{}", said());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn submit_worker_show_log_export_check_import() {
     let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
@@ -371,16 +393,17 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
     let url = cluster.url();
     let env = Env::new();
     std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
-    let child_script = env.home.join("child.jsonl");
-    let child_lines = [
-        json!({"text": "", "toolCalls": [{"id": "k1", "name": "shell",
-            "arguments": {"command": "mkdir -p runs && mktemp -p runs && sleep 30"}}]}),
-        json!({"text": "child done", "toolCalls": []}),
-    ];
-    std::fs::write(&child_script, child_lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let child_script = child_script(
+        &env,
+        &[
+            json!({"text": "", "toolCalls": [{"id": "k1", "name": "shell",
+                "arguments": {"command": "mkdir -p runs && mktemp -p runs && sleep 30"}}]}),
+            json!({"text": "child done", "toolCalls": []}),
+        ],
+    );
     let script = env.script(&[
         json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
-            "arguments": {"prompt": "start the job", "script": child_script.to_str().unwrap()}}]}),
+            "arguments": {"prompt": "start the job", "script": child_script}}]}),
         json!({"text": "parent done", "toolCalls": []}),
     ]);
     let s = script.to_str().unwrap();
@@ -422,15 +445,7 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
     assert_eq!(child_row["state"], "running", "{child_row}");
     let _second = Guard(Some(worker()));
     let export = |id: &str| stdout(&env.cairn(&["--database", url, "export", id]).output().unwrap());
-    let start = Instant::now();
-    loop {
-        let idle = statuses(&env, url).iter().any(|r| r["id"] == id.as_str() && r["state"] == "idle");
-        if idle && export(&id).contains("parent done") {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(120), "the second worker never finished the parent:\n{}", said());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_answer(&env, url, &id, "parent done", &said);
     let rows = statuses(&env, url);
     let children: Vec<&Value> = rows.iter().filter(|r| r["parent"] == id.as_str()).collect();
     assert_eq!((rows.len(), children.len()), (2, 1), "one child, created once: {rows:#?}");
@@ -495,17 +510,18 @@ fn a_childs_question_is_asked_as_its_parents() {
     let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
     let url = cluster.url();
     let env = Env::new();
-    let child_script = env.home.join("child.jsonl");
-    let child_lines = [
-        json!({"text": "", "toolCalls": [
-            {"id": "k1", "name": "write_file", "arguments": {"path": "asked.txt", "content": "child\n"}}
-        ]}),
-        json!({"text": "child wrote", "toolCalls": []}),
-    ];
-    std::fs::write(&child_script, child_lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let child_script = child_script(
+        &env,
+        &[
+            json!({"text": "", "toolCalls": [
+                {"id": "k1", "name": "write_file", "arguments": {"path": "asked.txt", "content": "child\n"}}
+            ]}),
+            json!({"text": "child wrote", "toolCalls": []}),
+        ],
+    );
     let script = env.script(&[
         json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
-            "arguments": {"prompt": "write it", "script": child_script.to_str().unwrap()}}]}),
+            "arguments": {"prompt": "write it", "script": child_script}}]}),
         json!({"text": "parent done", "toolCalls": []}),
     ]);
     let s = script.to_str().unwrap();
@@ -535,17 +551,9 @@ fn a_childs_question_is_asked_as_its_parents() {
     assert!(!env.cwd.join("asked.txt").exists(), "nothing ran before the answer");
     // The parent's full id names it, not also its child (`+` ids).
     stdout(&env.cairn(&["--database", url, "approve", &id, &inv]).output().unwrap());
-    let start = Instant::now();
-    loop {
-        let idle = statuses(&env, url).iter().any(|r| r["id"] == id.as_str() && r["state"] == "idle");
-        let out = stdout(&env.cairn(&["--database", url, "export", &id]).output().unwrap());
-        if idle && out.contains("parent done") {
-            assert!(out.contains("child wrote"), "the child's answer is gathered: {out}");
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(120), "the parent never finished");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_answer(&env, url, &id, "parent done", &String::new);
+    let out = stdout(&env.cairn(&["--database", url, "export", &id]).output().unwrap());
+    assert!(out.contains("child wrote"), "the child's answer is gathered: {out}");
     assert_eq!(std::fs::read_to_string(env.cwd.join("asked.txt")).unwrap(), "child\n");
     assert!(pending().is_empty());
     // `cairn submit` refuses a child: it is driven through its parent.
@@ -568,16 +576,17 @@ fn a_workers_parent_and_child_exchange_messages_through_the_database() {
     let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
     let url = cluster.url();
     let env = Env::new();
-    let child_script = env.home.join("child.jsonl");
-    let child_lines = [
-        json!({"text": "", "toolCalls": [{"id": "m1", "name": "send_message", "arguments": {"to": "parent", "text": "hello"}}]}),
-        json!({"text": "", "toolCalls": [{"id": "m2", "name": "wait_for_messages", "arguments": {"timeout": 60}}]}),
-        json!({"text": "child got ack", "toolCalls": []}),
-    ];
-    std::fs::write(&child_script, child_lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let child_script = child_script(
+        &env,
+        &[
+            json!({"text": "", "toolCalls": [{"id": "m1", "name": "send_message", "arguments": {"to": "parent", "text": "hello"}}]}),
+            json!({"text": "", "toolCalls": [{"id": "m2", "name": "wait_for_messages", "arguments": {"timeout": 60}}]}),
+            json!({"text": "child got ack", "toolCalls": []}),
+        ],
+    );
     let script = env.script(&[
         json!({"text": "", "toolCalls": [{"id": "s1", "name": "spawn_agent",
-            "arguments": {"prompt": "talk", "wait": false, "script": child_script.to_str().unwrap()}}]}),
+            "arguments": {"prompt": "talk", "wait": false, "script": child_script}}]}),
         json!({"text": "", "toolCalls": [{"id": "r1", "name": "wait_for_messages", "arguments": {"timeout": 60}}]}),
         json!({"text": "", "toolCalls": [{"id": "m1", "name": "send_message", "arguments": {"to": "children", "text": "ack"}}]}),
         json!({"text": "", "toolCalls": [{"id": "w1", "name": "wait_agents", "arguments": {}}]}),
@@ -594,20 +603,7 @@ fn a_workers_parent_and_child_exchange_messages_through_the_database() {
             .unwrap(),
     ));
     let export = |id: &str| stdout(&env.cairn(&["--database", url, "export", id]).output().unwrap());
-    let start = Instant::now();
-    loop {
-        let idle = statuses(&env, url).iter().any(|r| r["id"] == id.as_str() && r["state"] == "idle");
-        if idle && export(&id).contains("conversation over") {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "the parent never finished:\n{}\n{}",
-            std::fs::read_to_string(&said).unwrap_or_default(),
-            export(&id)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_answer(&env, url, &id, "conversation over", &|| std::fs::read_to_string(&said).unwrap_or_default());
     let rows = statuses(&env, url);
     let child = rows.iter().find(|r| r["parent"] == id.as_str()).unwrap_or_else(|| panic!("no child: {rows:#?}"));
     let child = child["id"].as_str().unwrap().to_owned();
