@@ -201,6 +201,48 @@ pub(crate) struct Completed<'a> {
     bypasses: Vec<BypassRecord>,
 }
 
+/// [`crate::events::ToolCompletedPayload`]'s shape again, with what its
+/// tool-result message is made of lent (the call id, the exit code and the
+/// output summary; borrowed where the text has no escape): what the
+/// context's rebuild costs a settled call by, without building the payload
+/// and its message (`turn::conversation::costs_of`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // Fields are parsed to be checked, not read.
+pub(crate) struct CompletedResult<'a> {
+    invocation_id: Text,
+    #[serde(borrow)]
+    pub(crate) call_id: Cow<'a, str>,
+    tool: Text,
+    #[serde(borrow)]
+    pub(crate) receipt: ResultReceipt<'a>,
+    #[serde(default)]
+    full_output: Option<Text>,
+    #[serde(default)]
+    settled_by: Option<Text>,
+    #[serde(default)]
+    bypasses: Vec<BypassRecord>,
+}
+
+/// [`crate::tool::ToolReceipt`]'s shape with its exit code and output lent.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // Fields are parsed to be checked, not read.
+pub(crate) struct ResultReceipt<'a> {
+    pub(crate) exit_code: i32,
+    #[serde(borrow)]
+    pub(crate) output_summary: Cow<'a, str>,
+    #[serde(default)]
+    structured_output: Option<AnyJson>,
+    #[serde(default)]
+    affected_entities: TextSeq,
+    duration_ms: u64,
+    tier: Risk,
+    timestamp: i64,
+    #[serde(default)]
+    truncated: bool,
+}
+
 /// [`crate::tool::ToolReceipt`]'s shape.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -357,6 +399,9 @@ mod tests {
     fn completed_shape(t: &str) -> bool {
         serde_json::from_str::<Completed<'_>>(t).is_ok()
     }
+    fn result_shape(t: &str) -> bool {
+        serde_json::from_str::<CompletedResult<'_>>(t).is_ok()
+    }
     fn completed_type(t: &str) -> bool {
         serde_json::from_str::<ToolCompletedPayload>(t).is_ok()
     }
@@ -383,12 +428,14 @@ mod tests {
             "bypasses": [{"what": "net", "verdict": verdict}]
         });
         same_verdicts("toolCompleted", &completed, completed_shape, completed_type);
+        same_verdicts("toolCompleted as a result", &completed, result_shape, completed_type);
         // The minimal forms (optional fields absent) too.
         let minimal = json!({
             "invocationId": "i1", "callId": "c1", "tool": "t",
             "receipt": {"exitCode": 0, "outputSummary": "", "durationMs": 0, "tier": "write", "timestamp": 0}
         });
         same_verdicts("minimal toolCompleted", &minimal, completed_shape, completed_type);
+        same_verdicts("minimal toolCompleted as a result", &minimal, result_shape, completed_type);
         let minimal = json!({"invocationId": "i1", "turnId": "t",
             "request": {"invocationId": "i1", "callId": "c", "sessionId": "s", "tool": "t", "arguments": null}});
         same_verdicts("minimal toolRequested", &minimal, requested_shape, requested_type);
