@@ -192,16 +192,23 @@ impl Ledger {
     /// `toolCompleted` contributes), from its call id and content, without
     /// building the message or its elided copy.
     pub fn tool_result_byte_costs(call_id: &str, content: &str) -> (u64, u64) {
-        let bytes = |content_len: usize| MESSAGE_OVERHEAD.saturating_add((call_id.len() + content_len + 16) as u64);
-        let full = bytes(content.len());
-        if content.len() <= ELIDE_ABOVE {
+        let mut keep = ELIDED_KEEP.min(content.len());
+        while !content.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        Self::tool_result_byte_costs_of(call_id.len(), content.len(), keep)
+    }
+
+    /// [`Ledger::tool_result_byte_costs`] from the lengths alone: the call
+    /// id's, the content's and that of the content's longest prefix of at
+    /// most [`ELIDED_KEEP`] bytes ending on a char boundary.
+    pub(crate) fn tool_result_byte_costs_of(call_id_len: usize, content_len: usize, keep: usize) -> (u64, u64) {
+        let bytes = |content_len: usize| MESSAGE_OVERHEAD.saturating_add((call_id_len + content_len + 16) as u64);
+        let full = bytes(content_len);
+        if content_len <= ELIDE_ABOVE {
             return (full, full);
         }
-        let mut cut = ELIDED_KEEP;
-        while !content.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        (full, bytes(cut + elision_note(content.len() - cut).len()))
+        (full, bytes(keep + elision_note(content_len - keep).len()))
     }
 
     /// A ledger in bytes of messages whose costs ([`Ledger::byte_costs`])

@@ -15,7 +15,7 @@
 //! `serde_json` and keep nothing:
 //!
 //! - [`Text`] for a `String`: a JSON string (escapes checked, UTF-8
-//!   checked by the parser), not copied;
+//!   checked by the parser), not copied ([`TextLen`]: only its length);
 //! - [`TextSeq`] for a `Vec<String>`: an array of such strings;
 //! - [`AnyJson`] for a `serde_json::Value`: any JSON value, walked as
 //!   `Value`'s own visitor walks it (numbers parsed, so an out-of-range one
@@ -43,27 +43,66 @@ use std::fmt;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 
 use crate::events::{BypassRecord, HookRecord, VerdictRecord};
 use crate::tool::{ReplayPolicy, Risk};
 
 /// A JSON string where the payload's type has a `String`: checked, not kept.
+///
+/// Read as the raw text of the value (skimmed by the parser, which checks
+/// its escapes and control characters without copying it; the text is
+/// already UTF-8), then: not a string (no opening quote) is refused; a
+/// string with a `\u` escape is parsed in full, since only a full parse
+/// refuses a lone surrogate as `String` does; any other string is accepted,
+/// which is what `String` would do with it.
 #[derive(Debug, Default)]
 pub(crate) struct Text;
 
 impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = <&'de RawValue>::deserialize(d)?;
+        let text = raw.get();
+        if !text.starts_with('"') {
+            return Err(de::Error::invalid_type(de::Unexpected::Other(text), &"a string"));
+        }
+        if text.contains("\\u") {
+            serde_json::from_str::<Cow<'_, str>>(text).map_err(de::Error::custom)?;
+        }
+        Ok(Text)
+    }
+}
+
+/// A JSON string's length as text (escapes decoded) and the largest char
+/// boundary of it at most [`ELIDED_KEEP`](crate::context::ELIDED_KEEP),
+/// where the payload's type has a `String` whose size is all a reader
+/// needs (the context's costs): checked as `String` checks it, not kept.
+#[derive(Debug, Default)]
+pub(crate) struct TextLen {
+    pub(crate) len: usize,
+    pub(crate) keep: usize,
+}
+
+impl<'de> Deserialize<'de> for TextLen {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl Visitor<'_> for V {
-            type Value = Text;
+            type Value = TextLen;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a string")
             }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Text, E> {
-                Ok(Text)
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TextLen, E> {
+                let mut keep = crate::context::ELIDED_KEEP.min(v.len());
+                while !v.is_char_boundary(keep) {
+                    keep -= 1;
+                }
+                Ok(TextLen { len: v.len(), keep })
             }
-            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Text, E> {
-                std::str::from_utf8(v).map(|_| Text).map_err(|_| E::invalid_value(de::Unexpected::Bytes(v), &self))
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<TextLen, E> {
+                match std::str::from_utf8(v) {
+                    Ok(text) => self.visit_str(text),
+                    Err(_) => Err(E::invalid_value(de::Unexpected::Bytes(v), &self)),
+                }
             }
         }
         d.deserialize_string(V)
@@ -202,8 +241,8 @@ pub(crate) struct Completed<'a> {
 }
 
 /// [`crate::events::ToolCompletedPayload`]'s shape again, with what its
-/// tool-result message is made of lent (the call id, the exit code and the
-/// output summary; borrowed where the text has no escape): what the
+/// tool-result message is made of lent (the call id, borrowed where it has
+/// no escape; the exit code; the output summary's length): what the
 /// context's rebuild costs a settled call by, without building the payload
 /// and its message (`turn::conversation::costs_of`).
 #[derive(Debug, Deserialize)]
@@ -214,8 +253,7 @@ pub(crate) struct CompletedResult<'a> {
     #[serde(borrow)]
     pub(crate) call_id: Cow<'a, str>,
     tool: Text,
-    #[serde(borrow)]
-    pub(crate) receipt: ResultReceipt<'a>,
+    pub(crate) receipt: ResultReceipt,
     #[serde(default)]
     full_output: Option<Text>,
     #[serde(default)]
@@ -224,14 +262,13 @@ pub(crate) struct CompletedResult<'a> {
     bypasses: Vec<BypassRecord>,
 }
 
-/// [`crate::tool::ToolReceipt`]'s shape with its exit code and output lent.
+/// [`crate::tool::ToolReceipt`]'s shape with its exit code and its output's length.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[allow(dead_code)] // Fields are parsed to be checked, not read.
-pub(crate) struct ResultReceipt<'a> {
+pub(crate) struct ResultReceipt {
     pub(crate) exit_code: i32,
-    #[serde(borrow)]
-    pub(crate) output_summary: Cow<'a, str>,
+    pub(crate) output_summary: TextLen,
     #[serde(default)]
     structured_output: Option<AnyJson>,
     #[serde(default)]
@@ -404,6 +441,24 @@ mod tests {
     }
     fn completed_type(t: &str) -> bool {
         serde_json::from_str::<ToolCompletedPayload>(t).is_ok()
+    }
+
+    #[test]
+    fn an_outputs_length_and_kept_prefix_are_the_strings() {
+        for output in
+            ["".to_owned(), "line\n\"q\"\t".repeat(400), "é".repeat(1500), "a🦀".repeat(900), "\u{1}x".repeat(10)]
+        {
+            let payload = json!({"invocationId": "i", "callId": "c\u{e9}", "tool": "t", "receipt":
+                {"exitCode": 0, "outputSummary": output, "durationMs": 1, "tier": "readOnly", "timestamp": 1}});
+            let text = payload.to_string();
+            let p: CompletedResult<'_> = serde_json::from_str(&text).expect("parses");
+            let mut keep = crate::context::ELIDED_KEEP.min(output.len());
+            while !output.is_char_boundary(keep) {
+                keep -= 1;
+            }
+            assert_eq!((p.receipt.output_summary.len, p.receipt.output_summary.keep), (output.len(), keep));
+            assert_eq!(p.call_id, "c\u{e9}");
+        }
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub(crate) fn message_of(entry_type: &str, payload: &str) -> Option<Message> {
 
 /// The role and byte costs ([`Ledger::byte_costs`]) of the message an
 /// entry contributes, if any, as [`message_of`] would give them: a
-/// `toolCompleted`'s from its call id and output lent
+/// `toolCompleted`'s from its call id and its output's length
 /// (`payload_shape::CompletedResult`, which accepts only what
 /// `ToolCompletedPayload` accepts), without building the payload and its
 /// message; any other entry (and a payload the shape refuses) through
@@ -60,7 +60,8 @@ pub(crate) fn costs_of(entry_type: &str, payload: &str) -> Option<(Role, (u64, u
     if EntryType::of(entry_type) == Some(EntryType::ToolCompleted)
         && let Ok(p) = serde_json::from_str::<crate::payload_shape::CompletedResult<'_>>(payload)
     {
-        return Some((Role::Tool, Ledger::tool_result_byte_costs(&p.call_id, &p.receipt.output_summary)));
+        let output = &p.receipt.output_summary;
+        return Some((Role::Tool, Ledger::tool_result_byte_costs_of(p.call_id.len(), output.len, output.keep)));
     }
     message_of(entry_type, payload).map(|m| (m.role, Ledger::byte_costs(&m)))
 }
