@@ -43,33 +43,35 @@ use std::fmt;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::value::RawValue;
 
 use crate::events::{BypassRecord, HookRecord, VerdictRecord};
 use crate::tool::{ReplayPolicy, Risk};
 
-/// A JSON string where the payload's type has a `String`: checked, not kept.
+/// A JSON string where the payload's type has a `String`: checked, not kept
+/// (parsed by the parser into its scratch buffer, never allocated).
 ///
-/// Read as the raw text of the value (skimmed by the parser, which checks
-/// its escapes and control characters without copying it; the text is
-/// already UTF-8), then: not a string (no opening quote) is refused; a
-/// string with a `\u` escape is parsed in full, since only a full parse
-/// refuses a lone surrogate as `String` does; any other string is accepted,
-/// which is what `String` would do with it.
+/// (Reading it as raw text instead — skimmed, then only its opening quote
+/// looked at — was tried and cost more instructions, for the many short
+/// strings: see `docs/benchmarks/long.md`.)
 #[derive(Debug, Default)]
 pub(crate) struct Text;
 
 impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = <&'de RawValue>::deserialize(d)?;
-        let text = raw.get();
-        if !text.starts_with('"') {
-            return Err(de::Error::invalid_type(de::Unexpected::Other(text), &"a string"));
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Text, E> {
+                Ok(Text)
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Text, E> {
+                std::str::from_utf8(v).map(|_| Text).map_err(|_| E::invalid_value(de::Unexpected::Bytes(v), &self))
+            }
         }
-        if text.contains("\\u") {
-            serde_json::from_str::<Cow<'_, str>>(text).map_err(de::Error::custom)?;
-        }
-        Ok(Text)
+        d.deserialize_string(V)
     }
 }
 
