@@ -64,6 +64,11 @@ pub fn message_text(message: &Message) -> String {
     out
 }
 
+/// The marker that replaces the `rest` bytes cut from a large output.
+fn elision_note(rest: usize) -> String {
+    format!("\n[… {rest} more bytes of this older output are left out of the prompt; the session log keeps them]")
+}
+
 /// `message` with its large tool outputs cut to their first part and a
 /// marker, or `None` when nothing in it is large.
 pub fn elided(message: &Message) -> Option<Message> {
@@ -87,10 +92,7 @@ pub fn elided(message: &Message) -> Option<Message> {
                 let rest = content.len() - cut;
                 ContentPart::ToolResult {
                     call_id: call_id.clone(),
-                    content: format!(
-                        "{}\n[… {rest} more bytes of this older output are left out of the prompt; the session log keeps them]",
-                        &content[..cut]
-                    ),
+                    content: format!("{}{}", &content[..cut], elision_note(rest)),
                     is_error: *is_error,
                 }
             }
@@ -184,6 +186,29 @@ impl Ledger {
     pub fn byte_costs(m: &Message) -> (u64, u64) {
         let full = message_bytes(m);
         (full, elided(m).map_or(full, |e| message_bytes(&e)))
+    }
+
+    /// [`Ledger::byte_costs`] of a tool-result message of one part (what a
+    /// `toolCompleted` contributes), from its call id and content, without
+    /// building the message or its elided copy.
+    pub fn tool_result_byte_costs(call_id: &str, content: &str) -> (u64, u64) {
+        let mut keep = ELIDED_KEEP.min(content.len());
+        while !content.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        Self::tool_result_byte_costs_of(call_id.len(), content.len(), keep)
+    }
+
+    /// [`Ledger::tool_result_byte_costs`] from the lengths alone: the call
+    /// id's, the content's and that of the content's longest prefix of at
+    /// most [`ELIDED_KEEP`] bytes ending on a char boundary.
+    pub(crate) fn tool_result_byte_costs_of(call_id_len: usize, content_len: usize, keep: usize) -> (u64, u64) {
+        let bytes = |content_len: usize| MESSAGE_OVERHEAD.saturating_add((call_id_len + content_len + 16) as u64);
+        let full = bytes(content_len);
+        if content_len <= ELIDE_ABOVE {
+            return (full, full);
+        }
+        (full, bytes(keep + elision_note(content_len - keep).len()))
     }
 
     /// A ledger in bytes of messages whose costs ([`Ledger::byte_costs`])
@@ -305,6 +330,28 @@ mod tests {
         Message {
             role: Role::Tool,
             content: vec![ContentPart::ToolResult { call_id: "c".into(), content: "é".repeat(n), is_error: false }],
+        }
+    }
+
+    #[test]
+    fn a_tool_results_costs_from_its_parts_are_its_messages() {
+        for content in ["".to_owned(), "x".repeat(2048), "x".repeat(2049), "é".repeat(1100), "a🦀".repeat(900)] {
+            for call_id in ["", "call_1", "c\u{e9}"] {
+                let m = Message {
+                    role: Role::Tool,
+                    content: vec![ContentPart::ToolResult {
+                        call_id: call_id.into(),
+                        content: content.clone(),
+                        is_error: true,
+                    }],
+                };
+                assert_eq!(
+                    Ledger::tool_result_byte_costs(call_id, &content),
+                    Ledger::byte_costs(&m),
+                    "{}",
+                    content.len()
+                );
+            }
         }
     }
 

@@ -33,6 +33,7 @@ pub mod history;
 pub mod hooks;
 mod idset;
 pub mod message;
+mod payload_shape;
 pub mod projection;
 pub mod provider;
 pub mod registry;

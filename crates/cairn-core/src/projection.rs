@@ -8,6 +8,7 @@
 //! [`ToolState::replay_strict`] turns the first one into an error, which is
 //! how the turn re-checks the log at open.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
@@ -16,6 +17,7 @@ use crate::events::{
     BypassRecord, EntryType, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload,
     ToolRequestedPayload, ToolStartedPayload, VerdictRecord,
 };
+use crate::payload_shape as shape;
 use crate::storage::{Entry, EntryView, Record};
 use crate::tool::{Risk, ToolReceipt, ToolRequest};
 
@@ -278,8 +280,11 @@ impl ToolState {
 /// far from its intent it comes. Nothing of a request or receipt is kept
 /// (a session's open and `cairn check` run it over every entry; the full
 /// projection would hold every request and receipt a second time). Each
-/// payload is still parsed in full, so a malformed one is refused as
-/// [`ToolState`] refuses it.
+/// payload is still checked in full, so a malformed one is refused as
+/// [`ToolState`] refuses it; the hot ones (`toolRequested`, `toolStarted`,
+/// `toolCompleted`) through shapes that check every field as its type
+/// would and keep only the invocation id (`payload_shape.rs`), the rest
+/// into their own types.
 #[derive(Debug, Default)]
 pub struct LifecycleCheck {
     /// Invocations requested and not settled (at most a few at any time).
@@ -374,7 +379,7 @@ impl LifecycleCheck {
         self.open.get(invocation_id).copied().or_else(|| self.settled.get(invocation_id).map(settled_status))
     }
 
-    fn step(&mut self, entry: EntryView<'_>) -> Result<(), String> {
+    fn step<'a>(&mut self, entry: EntryView<'a>) -> Result<(), String> {
         use ToolInvocationStatus as S;
         let Some(entry_type) = EntryType::of(entry.entry_type).filter(|&t| Self::looks_at_type(t)) else {
             return Ok(());
@@ -382,20 +387,33 @@ impl LifecycleCheck {
         let bad = |what: &str, e: &dyn std::fmt::Display| format!("entry {}: bad {what} payload: {e}", entry.id);
         let (id, settle) = match entry_type {
             EntryType::ToolRequested => {
-                let p = entry.parse::<ToolRequestedPayload>().map_err(|e| bad("toolRequested", &e))?;
-                if self.status(&p.invocation_id).is_some() {
-                    return Err(format!("invocation {} requested twice", p.invocation_id));
+                let id = shaped_id(
+                    entry,
+                    "toolRequested",
+                    |p: shape::Requested<'a>| p.invocation_id,
+                    |p: ToolRequestedPayload| p.invocation_id,
+                )?;
+                if self.status(&id).is_some() {
+                    return Err(format!("invocation {id} requested twice"));
                 }
-                self.open.insert(p.invocation_id, S::Requested);
+                self.open.insert(id.into_owned(), S::Requested);
                 return Ok(());
             }
             EntryType::ToolStarted => {
-                let p = entry.parse::<ToolStartedPayload>().map_err(|e| bad("toolStarted", &e))?;
-                let status = self.known(entry.id, &p.invocation_id)?;
+                let id = shaped_id(
+                    entry,
+                    "toolStarted",
+                    |p: shape::Started<'a>| p.invocation_id,
+                    |p: ToolStartedPayload| p.invocation_id,
+                )?;
+                let status = self.known(entry.id, &id)?;
                 if status != S::Requested {
-                    return Err(format!("invocation {} started while {:?}", p.invocation_id, status));
+                    return Err(format!("invocation {id} started while {status:?}"));
                 }
-                self.open.insert(p.invocation_id, S::Started);
+                // Requested, so open (the settled keep only settled states).
+                if let Some(open) = self.open.get_mut(&*id) {
+                    *open = S::Started;
+                }
                 return Ok(());
             }
             EntryType::ToolBypass => {
@@ -415,16 +433,21 @@ impl LifecycleCheck {
                 return Ok(());
             }
             EntryType::ToolCompleted => {
-                let p = entry.parse::<ToolCompletedPayload>().map_err(|e| bad("toolCompleted", &e))?;
-                (p.invocation_id, (S::Completed, true))
+                let id = shaped_id(
+                    entry,
+                    "toolCompleted",
+                    |p: shape::Completed<'a>| p.invocation_id,
+                    |p: ToolCompletedPayload| p.invocation_id,
+                )?;
+                (id, (S::Completed, true))
             }
             EntryType::ToolFailed => {
                 let p = entry.parse::<ToolFailedPayload>().map_err(|e| bad("toolFailed", &e))?;
-                (p.invocation_id, (S::Failed, true))
+                (Cow::Owned(p.invocation_id), (S::Failed, true))
             }
             EntryType::ToolRejected => {
                 let p = entry.parse::<ToolRejectedPayload>().map_err(|e| bad("toolRejected", &e))?;
-                (p.invocation_id, (S::Rejected, false))
+                (Cow::Owned(p.invocation_id), (S::Rejected, false))
             }
             EntryType::Message
             | EntryType::TurnCancelled
@@ -444,7 +467,7 @@ impl LifecycleCheck {
             return Err(format!("invocation {id} settled without being started"));
         }
         // Settled: its open state goes; its id and outcome stay, packed.
-        self.open.remove(&id);
+        self.open.remove(&*id);
         self.settled.insert(&id, settled_tag(settled));
         Ok(())
     }
@@ -452,6 +475,26 @@ impl LifecycleCheck {
     fn known(&self, entry_id: &str, invocation_id: &str) -> Result<ToolInvocationStatus, String> {
         self.status(invocation_id)
             .ok_or_else(|| format!("entry {entry_id}: invocation {invocation_id} was never requested"))
+    }
+}
+
+/// The invocation id of one of the hot tool payloads, read through its
+/// shape (`payload_shape.rs`: the payload checked as its type would check
+/// it, nothing of it kept). A payload the shape refuses is parsed into its
+/// type for the refusal's text, the same as before; should the type accept
+/// it, the type's answer stands (a shape never refuses more than its type).
+fn shaped_id<'a, L: Deserialize<'a>, F: serde::de::DeserializeOwned>(
+    entry: EntryView<'a>,
+    what: &str,
+    from_shape: impl FnOnce(L) -> Cow<'a, str>,
+    from_type: impl FnOnce(F) -> String,
+) -> Result<Cow<'a, str>, String> {
+    match serde_json::from_str::<L>(entry.payload) {
+        Ok(shape) => Ok(from_shape(shape)),
+        Err(_) => match serde_json::from_str::<F>(entry.payload) {
+            Ok(full) => Ok(Cow::Owned(from_type(full))),
+            Err(e) => Err(format!("entry {}: bad {what} payload: {e}", entry.id)),
+        },
     }
 }
 

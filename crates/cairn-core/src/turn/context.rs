@@ -147,9 +147,9 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Conte
             if let Ok(p) = entry.parse::<CompactionPayload>() {
                 compactions.push((ids.len(), entry.id.to_owned(), p.last_entry));
             }
-        } else if let Some(m) = super::conversation::message_of(entry.entry_type, entry.payload) {
-            costs.push(Ledger::byte_costs(&m));
-            roles.push(m.role);
+        } else if let Some((role, cost)) = super::conversation::costs_of(entry.entry_type, entry.payload) {
+            costs.push(cost);
+            roles.push(role);
             ids.push(entry.id);
         }
     });

@@ -6,6 +6,7 @@
 //! It must not write: the session keeps a cache built incrementally from the
 //! same function, so the cache always equals a rebuild.
 
+use crate::context::Ledger;
 use crate::events::{EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload};
 use crate::message::{ContentPart, Message, Role};
 use crate::storage::{Entry, Storage};
@@ -46,6 +47,23 @@ pub(crate) fn message_of(entry_type: &str, payload: &str) -> Option<Message> {
         | EntryType::Undo
         | EntryType::UndoApplied => None,
     }
+}
+
+/// The role and byte costs ([`Ledger::byte_costs`]) of the message an
+/// entry contributes, if any, as [`message_of`] would give them: a
+/// `toolCompleted`'s from its call id and its output's length
+/// (`payload_shape::CompletedResult`, which accepts only what
+/// `ToolCompletedPayload` accepts), without building the payload and its
+/// message; any other entry (and a payload the shape refuses) through
+/// [`message_of`].
+pub(crate) fn costs_of(entry_type: &str, payload: &str) -> Option<(Role, (u64, u64))> {
+    if EntryType::of(entry_type) == Some(EntryType::ToolCompleted)
+        && let Ok(p) = serde_json::from_str::<crate::payload_shape::CompletedResult<'_>>(payload)
+    {
+        let output = &p.receipt.output_summary;
+        return Some((Role::Tool, Ledger::tool_result_byte_costs_of(p.call_id.len(), output.len, output.keep)));
+    }
+    message_of(entry_type, payload).map(|m| (m.role, Ledger::byte_costs(&m)))
 }
 
 /// The message an entry contributes, for readers of the log.
