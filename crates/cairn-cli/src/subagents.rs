@@ -386,6 +386,7 @@ fn reattach<P: Place>(place: &Arc<P>, parent: &str, authority: &Authority) {
 /// again should a later call gather them (a long-running worker keeps no
 /// table of every child it ever ran). A child stopped by the drive's token
 /// ends at once.
+#[cfg(feature = "postgres")]
 pub fn finish_children(parent: &str, authority: &Authority) {
     let generation = match &authority.home {
         Home::Files => Files.generation(),
