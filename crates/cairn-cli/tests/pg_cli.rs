@@ -52,6 +52,16 @@ fn child_script(env: &Env, lines: &[Value]) -> String {
     path.to_str().unwrap().to_owned()
 }
 
+/// A parent's script: spawn one child on `prompt` with `child_script`,
+/// then answer "parent done".
+fn parent_spawning(env: &Env, prompt: &str, child_script: &str) -> std::path::PathBuf {
+    env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
+            "arguments": {"prompt": prompt, "script": child_script}}]}),
+        json!({"text": "parent done", "toolCalls": []}),
+    ])
+}
+
 /// Wait until session `id` is idle with `text` in its log; `said` tells
 /// what happened when it never is.
 fn wait_for_answer(env: &Env, url: &str, id: &str, text: &str, said: &dyn Fn() -> String) {
@@ -401,11 +411,7 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
             json!({"text": "child done", "toolCalls": []}),
         ],
     );
-    let script = env.script(&[
-        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
-            "arguments": {"prompt": "start the job", "script": child_script}}]}),
-        json!({"text": "parent done", "toolCalls": []}),
-    ]);
+    let script = parent_spawning(&env, "start the job", &child_script);
     let s = script.to_str().unwrap();
     let id = stdout(&env.cairn(&["--database", url, "submit", "delegate"]).output().unwrap()).trim().to_owned();
     // The workers' stderr, said when the test fails.
@@ -519,11 +525,7 @@ fn a_childs_question_is_asked_as_its_parents() {
             json!({"text": "child wrote", "toolCalls": []}),
         ],
     );
-    let script = env.script(&[
-        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
-            "arguments": {"prompt": "write it", "script": child_script}}]}),
-        json!({"text": "parent done", "toolCalls": []}),
-    ]);
+    let script = parent_spawning(&env, "write it", &child_script);
     let s = script.to_str().unwrap();
     let id = stdout(&env.cairn(&["--database", url, "submit", "delegate"]).output().unwrap()).trim().to_owned();
     let _worker = Guard(Some(
