@@ -133,6 +133,9 @@ pub trait Place: Send + Sync + 'static {
     /// Child `id` read, never written (`None`: it does not exist).
     fn read(&self, ctx: &Context, id: &str) -> Result<Option<Self::Store>>;
 
+    /// Whether child `id` exists (without reading it).
+    fn exists(&self, ctx: &Context, id: &str) -> Result<bool>;
+
     /// The ids of `parent`'s children, in any order.
     fn children(&self, ctx: &Context, parent: &str) -> Result<Vec<String>>;
 
@@ -196,6 +199,10 @@ impl Place for Files {
             return Ok(None);
         }
         Ok(Some(JsonlStore::open_read_only_with(&path, ctx.settings.store_options())?))
+    }
+
+    fn exists(&self, ctx: &Context, id: &str) -> Result<bool> {
+        Ok(Self::path(ctx, id).is_file())
     }
 
     fn children(&self, ctx: &Context, parent: &str) -> Result<Vec<String>> {
@@ -491,7 +498,7 @@ struct FamilyLogs<P> {
 
 impl<P: Place> crate::peers::Logs for FamilyLogs<P> {
     fn exists(&self, id: &str) -> bool {
-        matches!(self.place.read(self.ctx, id), Ok(Some(_)))
+        self.place.exists(self.ctx, id).unwrap_or(false)
     }
 
     fn children(&self, id: &str) -> Vec<String> {

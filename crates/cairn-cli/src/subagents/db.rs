@@ -55,7 +55,7 @@ impl Database {
             .map_err(|e| anyhow::anyhow!("cannot reach the database for a child session: {e}"))
     }
 
-    fn exists(client: &mut Client, id: &str) -> Result<bool> {
+    fn row_exists(client: &mut Client, id: &str) -> Result<bool> {
         let row = client
             .query_opt("SELECT 1 FROM cairn_sessions WHERE id = $1", &[&id])
             .map_err(|e| anyhow::anyhow!("database error: {}", cairn_pg::describe(&e)))?;
@@ -74,7 +74,7 @@ impl Place for Database {
 
     fn open(&self, _: &Context, id: &str) -> Result<Option<PgStore>> {
         let mut client = self.connect()?;
-        if !Self::exists(&mut client, id)? {
+        if !Self::row_exists(&mut client, id)? {
             return Ok(None);
         }
         Ok(Some(PgStore::open_within(client, id, &self.hold)?))
@@ -82,11 +82,15 @@ impl Place for Database {
 
     fn read(&self, _: &Context, id: &str) -> Result<Option<PgStore>> {
         let mut client = self.connect()?;
-        if !Self::exists(&mut client, id)? {
+        if !Self::row_exists(&mut client, id)? {
             return Ok(None);
         }
         // Unfenced: it is only read.
         Ok(Some(PgStore::open(client, id)?))
+    }
+
+    fn exists(&self, _: &Context, id: &str) -> Result<bool> {
+        Self::row_exists(&mut self.connect()?, id)
     }
 
     fn children(&self, _: &Context, parent: &str) -> Result<Vec<String>> {
