@@ -324,7 +324,7 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
     let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, &tools, choice.keep.as_ref())?;
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
-    let mut session = Session::open(store, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
+    let mut session = Session::open(store, with_skills(session_config(ctx), &choice, &mut renderer))?;
     let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&prompt))?;
     Ok(outcome.map_or(exit::SUCCESS, |o| outcome_code(&o, &mut renderer, &id)))
 }
@@ -367,8 +367,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, &tools, choice.keep.as_ref())?;
     announce(&mut renderer, reopen.store());
     let id = reopen.store().header().id.clone();
-    let mut session =
-        Session::reopen(reopen, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
+    let mut session = Session::reopen(reopen, with_skills(session_config(ctx), &choice, &mut renderer))?;
     let mut code = exit::SUCCESS;
     let interrupted = session.needs_resume();
     crate::subagents::reattach_children(&id, &wiring.authority);
@@ -428,7 +427,7 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
         let tools = turn_tools(ctx, &cwd)?;
         let choice = crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), None, &tools)?;
         wiring.offer_only(ctx, &cwd, &tools, choice.keep.as_ref())?;
-        session = Session::reopen(reopen, crate::discover::with_skills(session_config(ctx), &choice, &mut renderer))?;
+        session = Session::reopen(reopen, with_skills(session_config(ctx), &choice, &mut renderer))?;
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
             outcome_code(&outcome, &mut renderer, &id);
         }
@@ -732,10 +731,23 @@ fn chat_loop(
             let tools = turn_tools(ctx, &cwd)?;
             let choice = crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), Some(text), &tools)?;
             wiring.offer_only(ctx, &cwd, &tools, choice.keep.as_ref())?;
-            session = Session::reopen(reopen, crate::discover::with_skills(session_config(ctx), &choice, renderer))?;
+            session = Session::reopen(reopen, with_skills(session_config(ctx), &choice, renderer))?;
         }
         if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {
             last = outcome_code(&outcome, renderer, &id);
         }
     }
+}
+
+/// The session settings with the chosen skills appended to the system
+/// prompt; the choice's notes are told to the user.
+pub fn with_skills(
+    config: cairn_core::SessionConfig,
+    choice: &crate::discover::TurnChoice,
+    renderer: &mut crate::render::Renderer,
+) -> cairn_core::SessionConfig {
+    for note in &choice.notes {
+        renderer.notice(note);
+    }
+    crate::discover::skills_config(config, choice)
 }

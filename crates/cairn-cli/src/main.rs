@@ -11,43 +11,31 @@ mod batch;
 mod cli;
 mod commands;
 mod compaction;
-mod config;
-mod context;
-mod discover;
-mod equip;
-mod escape;
 mod faces;
-mod family;
 mod highlight;
 mod host;
-mod hosting;
 mod lineedit;
 mod listen;
-mod local;
 mod markdown;
 mod mount;
-mod paths;
-mod peers;
 #[cfg(feature = "postgres")]
 mod pg;
 #[cfg(not(feature = "postgres"))]
 #[path = "pg_off.rs"]
 mod pg;
-mod redact;
 mod render;
-mod secrets;
 mod serve;
-mod sessions;
+mod serve_tools;
 mod slash;
 mod status;
-mod style;
-mod subagents;
-mod toolsrv;
-mod trust;
-mod undo;
-mod wiring;
 #[cfg(feature = "actors")]
 mod world;
+
+// The session runtime, under the names the binary's modules use for it.
+use cairn_runtime::{
+    config, context, discover, equip, escape, family, hosting, local, paths, secrets, sessions, style, subagents,
+    toolsrv, trust, undo, wiring,
+};
 
 use std::process::ExitCode;
 

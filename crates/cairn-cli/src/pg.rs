@@ -27,9 +27,9 @@ use cairn_pg::{PgStore, lease};
 use postgres::Client;
 
 use crate::context::{Context, exit};
-use crate::redact::redact;
 use crate::render::escape_controls;
 use crate::subagents::Home;
+use cairn_runtime::redact::redact;
 
 /// The database URL from `--database` or the config, or a clear error.
 pub fn url(ctx: &Context) -> Result<String> {
@@ -47,7 +47,11 @@ fn client(ctx: &Context) -> Result<Client> {
 /// and carries PostgreSQL's own message and code.
 fn connect_shown(url: &str) -> Result<Client> {
     cairn_pg::connect(url).map_err(|e| {
-        anyhow::anyhow!("cannot use the database {}: {}", redact(url), crate::redact::scrub(&e.to_string(), url))
+        anyhow::anyhow!(
+            "cannot use the database {}: {}",
+            redact(url),
+            cairn_runtime::redact::scrub(&e.to_string(), url)
+        )
     })
 }
 

@@ -10,7 +10,7 @@
 //! tool output, arguments and anything read back from a session file go
 //! through it, so no control sequence they carry reaches the terminal raw.
 
-pub use crate::escape::{escape_controls, escape_json};
+pub use crate::escape::{escape_controls, escape_json, short};
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -396,27 +396,6 @@ impl Renderer {
     /// W" (unknown: not shown).
     pub fn set_window(&mut self, window: Option<u32>) {
         self.window = window;
-    }
-}
-
-/// At most `max` characters of `text`, with an ellipsis when cut.
-pub fn short(text: &str, max: usize) -> String {
-    let flat: String = text.chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
-    if flat.chars().count() <= max {
-        flat
-    } else {
-        let cut: String = flat.chars().take(max).collect();
-        format!("{cut}…")
-    }
-}
-
-/// `path` as a shell word, for commands printed to copy.
-pub fn quoted(path: &std::path::Path) -> String {
-    let text = path.display().to_string();
-    if !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+,:@%".contains(c)) {
-        text
-    } else {
-        format!("'{}'", text.replace('\'', "'\\''"))
     }
 }
 

@@ -9,67 +9,16 @@
 
 use std::io::{Read as _, Seek as _, Write as _};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use cairn_9p::{Dial, Host, Limits, Runtime, Server, SessionSpec};
-use cairn_core::provider::Provider;
-use cairn_core::storage::StoreOptions;
-use cairn_provider::ProviderConfig;
-use serde::Deserialize;
+use cairn_9p::{Dial, Limits, Runtime, Server};
 
 use crate::context::{Context, exit};
 use crate::hosting::CliHost;
 use crate::listen::{bind_all, print_addresses, remove_sockets, stop_signal};
-
-impl Host for CliHost {
-    fn sessions_dir(&self) -> PathBuf {
-        self.ctx.paths.sessions()
-    }
-
-    fn archive_dir(&self) -> PathBuf {
-        self.ctx.paths.data.join("archive")
-    }
-
-    fn store_options(&self) -> StoreOptions {
-        self.ctx.settings.store_options()
-    }
-
-    fn check_provider(&self, name: &str) -> Result<()> {
-        ProviderConfig::resolve(name, self.ctx.settings.providers.get(name))
-            .map(|_| ())
-            .map_err(|e| anyhow::anyhow!("provider={name:?}: {e} (read the providers file for the configured ones)"))
-    }
-
-    fn provider(&self, spec: &SessionSpec, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
-        fn opt(s: &str) -> Option<&str> {
-            Some(s).filter(|s| !s.is_empty())
-        }
-        crate::wiring::provider_for(&self.ctx, &spec.provider, opt(&spec.model), opt(&spec.script).map(Path::new), cwd)
-    }
-
-    fn batch_max_running(&self) -> usize {
-        crate::serve::max_running(&self.ctx)
-    }
-
-    fn tools_text(&self) -> String {
-        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-        match crate::wiring::tool_entries(&self.ctx, &cwd) {
-            Ok(tools) => tools
-                .entries
-                .iter()
-                .map(|e| {
-                    let spec = e.tool.spec();
-                    let caps: Vec<String> = spec.capabilities.iter().map(|c| format!("{c:?}")).collect();
-                    format!("{} {:?} {} {}\n", spec.name, spec.risk, caps.join(","), e.origin)
-                })
-                .collect(),
-            Err(e) => format!("error: {e:#}\n"),
-        }
-    }
-}
 
 /// Whether the server a lock file names (`pid N on …`, written by
 /// `ServeLock::record`) no longer exists. False when it names none (a
@@ -164,30 +113,4 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool, handshake_timeout: D
     remove_sockets(&addresses);
     drop(lock);
     Ok(exit::SUCCESS)
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BatchConfig {
-    #[serde(default = "default_max_running")]
-    max_running: usize,
-}
-
-fn default_max_running() -> usize {
-    2
-}
-
-/// `[batch] max_running`: sessions of batch jobs run at once.
-pub fn max_running(ctx: &Context) -> usize {
-    match ctx.settings.batch.clone().map(toml::Value::try_into::<BatchConfig>) {
-        None => default_max_running(),
-        Some(Ok(config)) => config.max_running.max(1),
-        Some(Err(e)) => {
-            eprintln!(
-                "cairn: [batch] in {} is invalid ({e}); using max_running = 2",
-                ctx.settings.config_file.display()
-            );
-            default_max_running()
-        }
-    }
 }

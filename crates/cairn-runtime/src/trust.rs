@@ -95,7 +95,7 @@ fn trust(ctx: &Context, store: &mut TrustStore, dir: &Path) -> Result<u8> {
     writeln!(
         out,
         "{}",
-        s.dim(&format!("revoke with `cairn trust --revoke {}`", crate::render::quoted(&record.workspace)))
+        s.dim(&format!("revoke with `cairn trust --revoke {}`", crate::escape::quoted(&record.workspace)))
     )?;
     Ok(exit::SUCCESS)
 }

@@ -18,7 +18,7 @@ use cairn_tools::rewind::{self, Outcome};
 use cairn_tools::undo::PreimageStore;
 
 use crate::context::{Context, exit};
-use crate::render::escape_controls;
+use crate::escape::escape_controls;
 use crate::sessions::human_size;
 
 pub use cairn_tools::rewind::Target;
@@ -53,7 +53,7 @@ pub fn finish_interrupted(ctx: &Context, session: &mut Session<JsonlStore>, cwd:
 
 /// Print `outcome` (escaped: it quotes file contents and names) and say
 /// what it exits with.
-pub(crate) fn report(outcome: Outcome) -> Result<u8> {
+pub fn report(outcome: Outcome) -> Result<u8> {
     match outcome {
         Outcome::Nothing(text) | Outcome::DryRun(text) | Outcome::Done(text) => {
             let mut out = std::io::stdout().lock();

@@ -20,8 +20,7 @@ impl Style {
         Self { color: colour_allowed() && std::io::stdout().is_terminal() }
     }
 
-    /// Colour on or off whatever the streams are (tests).
-    #[cfg(test)]
+    /// Colour on or off whatever the streams are (the renderers' tests).
     pub fn forced(color: bool) -> Self {
         Self { color }
     }

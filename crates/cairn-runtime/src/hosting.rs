@@ -1,7 +1,7 @@
-//! The CLI's configuration as every face's host: one [`CliHost`]
-//! implements `cairn_host::SessionHost` (each turn's tools and settings
-//! from `equip.rs`, undo and redo, the providers) for the 9P tree and its
-//! batch queue (`serve.rs` adds `cairn_9p::Host`) and for ACP and MCP
+//! The configuration as every face's host: one [`CliHost`] implements
+//! `cairn_host::SessionHost` (each turn's tools and settings from
+//! `equip.rs`, undo and redo, the providers) for the 9P tree and its batch
+//! queue (`ninep.rs` adds `cairn_9p::Host`) and for ACP and MCP
 //! (`faces.rs` adds `cairn_faces::Host`), so a capability added to
 //! sessions reaches every served face through this one implementation.
 //!
@@ -17,10 +17,15 @@ use cairn_host::{HostTools, ProviderChoices, Rewind, Rewound, SessionHost};
 
 use crate::context::Context;
 
+mod faces;
+mod ninep;
+
+pub use ninep::max_running;
+
 /// The CLI's configuration, hosting sessions for the served faces.
 #[derive(Debug)]
-pub(crate) struct CliHost {
-    pub(crate) ctx: Context,
+pub struct CliHost {
+    pub ctx: Context,
 }
 
 /// The provider a served session was created with (its 9P `serve` fact),

@@ -318,7 +318,7 @@ pub fn human_size(bytes: u64) -> String {
 /// `cairn sessions`: newest first.
 pub fn command(ctx: &crate::context::Context) -> Result<u8> {
     use crate::context::exit;
-    use crate::render::{escape_controls as esc, escape_json};
+    use crate::escape::{escape_controls as esc, escape_json};
     let all = crate::sessions::list(&ctx.paths, &ctx.settings.store_options())?;
     let mut out = std::io::stdout().lock();
     if ctx.common.json {

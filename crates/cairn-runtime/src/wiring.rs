@@ -146,7 +146,7 @@ pub fn extensions(ctx: &Context, cwd: &Path, trust: &TrustStore) -> Extensions {
     let Ok(meta) = std::fs::symlink_metadata(&file) else {
         return ext;
     };
-    let shown = crate::render::quoted(&file);
+    let shown = crate::escape::quoted(&file);
     match trust.check(cwd, &cwd.join(cairn_tools::trust::WORKSPACE_TOOLS_DIR)) {
         Ok(TrustState::Trusted) => {}
         Ok(state) => {
@@ -154,7 +154,7 @@ pub fn extensions(ctx: &Context, cwd: &Path, trust: &TrustStore) -> Extensions {
             ext.untrusted.push(format!(
                 "{shown} (MCP servers, hooks) not loaded: the directory is not trusted; review it, then run `cairn \
                  trust {}`{again}",
-                crate::render::quoted(cwd)
+                crate::escape::quoted(cwd)
             ));
             return ext;
         }
@@ -209,7 +209,7 @@ fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Ar
     if config.is_empty() {
         return None;
     }
-    let report = Box::new(|note: &str| eprintln!("cairn: {}", crate::render::escape_controls(note)));
+    let report = Box::new(|note: &str| eprintln!("cairn: {}", crate::escape::escape_controls(note)));
     Some(Arc::new(cairn_tools::hooks::CommandHooks::new(config, tools_config(ctx), report)))
 }
 
@@ -233,7 +233,7 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
     let mut notes: Vec<String> = loaded.errors.iter().map(|e| format!("tool skipped: {e}")).collect();
     untrusted.extend(loaded.untrusted.iter().map(|u| {
         let again = if u.state == TrustState::Changed { " again" } else { "" };
-        format!("{u}; review them, then run `cairn trust {}`{again} to load them", crate::render::quoted(&u.workspace))
+        format!("{u}; review them, then run `cairn trust {}`{again} to load them", crate::escape::quoted(&u.workspace))
     }));
     let mut entries = loaded.tools;
     let ext = extensions(ctx, cwd, &trust);

@@ -39,6 +39,12 @@ pub struct Asker<'a> {
     pub family: Option<&'a Authority>,
 }
 
+impl std::fmt::Debug for Asker<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Asker").field("family", &self.family.is_some()).finish_non_exhaustive()
+    }
+}
+
 /// What a turn is offered, before a face puts it in a registry.
 pub struct Equipped {
     /// The built-ins, the other tools discovery kept (all of them when it

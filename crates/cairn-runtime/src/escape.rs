@@ -1,7 +1,9 @@
 //! The one escaping rule for untrusted text printed to a terminal
 //! (`escape_controls`, and `escape_json` for JSON lines): what no model,
 //! tool or session file may write raw. Used by the renderer, the Markdown
-//! renderer and every command that prints such text. It must not print.
+//! renderer and every command that prints such text; with it, how text is
+//! shortened (`short`) and a path quoted as a shell word (`quoted`) for a
+//! person. It must not print.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -11,7 +13,7 @@ use std::fmt::Write as _;
 /// what was shown), DEL, the C1 controls (U+009B is a one-character CSI on
 /// some terminals), and the bidi marks, embeddings, overrides and isolates
 /// that reorder what a line appears to say.
-pub(crate) fn is_unsafe_char(c: char) -> bool {
+pub fn is_unsafe_char(c: char) -> bool {
     matches!(
         c,
         '\u{0}'..='\u{8}'
@@ -66,4 +68,25 @@ pub fn escape_json(json: &str) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// At most `max` characters of `text`, with an ellipsis when cut.
+pub fn short(text: &str, max: usize) -> String {
+    let flat: String = text.chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let cut: String = flat.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+/// `path` as a shell word, for commands printed to copy.
+pub fn quoted(path: &std::path::Path) -> String {
+    let text = path.display().to_string();
+    if !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+,:@%".contains(c)) {
+        text
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
 }

@@ -1146,7 +1146,7 @@ fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
         Ok(ChildStatus::NotStarted) => "not started".to_owned(),
         Ok(ChildStatus::Unfinished) => "interrupted (resumed by its parent)".to_owned(),
         Ok(ChildStatus::Finished(ChildResult::Answered(a))) => {
-            format!("answered: {}", crate::render::short(a.trim(), 80))
+            format!("answered: {}", crate::escape::short(a.trim(), 80))
         }
         Ok(ChildStatus::Finished(ChildResult::Failed(why))) => format!("failed: {why}"),
         Err(e) => format!("unreadable: {e:#}"),

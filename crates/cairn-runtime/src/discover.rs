@@ -30,7 +30,7 @@ use cairn_discovery::{
 use cairn_tools::{ToolEntry, ToolOrigin};
 
 use crate::context::{Context, exit};
-use crate::render::{escape_controls, escape_json};
+use crate::escape::{escape_controls, escape_json};
 use crate::toolsrv::TurnTools;
 
 /// The session fact holding the latest turn's choice.
@@ -104,6 +104,7 @@ fn is_core(entry: &ToolEntry) -> bool {
 /// offered) and the specs discovery chooses among. With a tool service
 /// (`--toolsrv`) they are the service's, read from its `t/*/meta`
 /// (`crate::toolsrv`); else the in-process ones (`crate::wiring::tool_entries`).
+#[derive(Debug)]
 pub struct Candidates {
     /// Names of the core tools.
     pub core: Vec<String>,
@@ -340,19 +341,6 @@ fn choice_from(recorded: &Recorded, skills: &[Skill], mut notes: Vec<String>) ->
         }
     }
     TurnChoice { keep, skill_text: (!text.is_empty()).then_some(text), notes }
-}
-
-/// The session settings with the chosen skills appended to the system
-/// prompt; the choice's notes are told to the user.
-pub fn with_skills(
-    config: cairn_core::SessionConfig,
-    choice: &TurnChoice,
-    renderer: &mut crate::render::Renderer,
-) -> cairn_core::SessionConfig {
-    for note in &choice.notes {
-        renderer.notice(note);
-    }
-    skills_config(config, choice)
 }
 
 /// The session settings with the chosen skills appended to the system prompt.

@@ -1,0 +1,38 @@
+//! How cairn builds and runs a session, for every face that runs one: the
+//! `cairn` command's own turns (`run`, `chat`, `resume`, `ask`), the 9P
+//! tree and its batch queue, ACP and MCP, PostgreSQL workers and the
+//! actors' agent. From the resolved configuration ([`context`],
+//! [`config`], [`paths`]) it builds the provider and the tool settings
+//! ([`wiring`]), reads a turn's tools once, in-process or from a tool
+//! service ([`toolsrv`]), records discovery's choice ([`discover`]), adds
+//! the subagent family and its peer links ([`subagents`], [`peers`],
+//! [`family`]) and the hooks, in one place ([`equip`]); it keeps undo's
+//! pre-images ([`undo`]) and the trusted workspaces ([`trust`]), and
+//! implements `cairn_host::SessionHost` once ([`hosting`]) so the faces,
+//! which depend only on that trait, all get the same session.
+//!
+//! Must not: speak a face's protocol, render a turn or ask a person (the
+//! faces and the binary do: their approver and observer). The commands
+//! over its own state (`cairn trust`, `cairn sessions`, `cairn undo`,
+//! `cairn tools --discover`, `cairn model install`) print their results
+//! here, beside that state; what a turn shows is the binary's renderer's.
+
+pub mod config;
+pub mod context;
+pub mod discover;
+pub mod equip;
+pub mod escape;
+pub mod family;
+pub mod hosting;
+pub mod local;
+pub mod paths;
+pub mod peers;
+pub mod redact;
+pub mod secrets;
+pub mod sessions;
+pub mod style;
+pub mod subagents;
+pub mod toolsrv;
+pub mod trust;
+pub mod undo;
+pub mod wiring;
