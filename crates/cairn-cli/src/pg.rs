@@ -18,25 +18,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use cairn_core::approval::{Allowlist, SharedApprover};
 use cairn_core::storage::{Header, Storage, new_session_id};
-use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv, TurnError};
-use cairn_pg::approvals::{self, DbApprover};
-use cairn_pg::worker::{Driven, Driver, WorkerOptions};
+use cairn_core::{Session, SessionConfig};
+use cairn_pg::approvals;
+use cairn_pg::worker::WorkerOptions;
 use cairn_pg::{PgStore, lease};
 use postgres::Client;
 
 use crate::context::{Context, exit};
 use crate::render::escape_controls;
-use crate::subagents::Home;
 use cairn_runtime::redact::redact;
 
-/// The database URL from `--database` or the config, or a clear error.
-pub fn url(ctx: &Context) -> Result<String> {
-    ctx.settings.database.value.clone().context(
-        "no database: give --database postgres://USER@HOST/DB, or set database = \"postgres://…\" in cairn's config",
-    )
-}
+use crate::wiring::database_url as url;
 
 fn client(ctx: &Context) -> Result<Client> {
     let url = url(ctx)?;
@@ -73,123 +66,14 @@ fn resolve(client: &mut Client, target: &str) -> Result<String> {
     let children = crate::family::is_child_id(target);
     let rows = client
         .query(
-            "SELECT id FROM cairn_sessions WHERE id LIKE $1 AND ($2 OR strpos(id, '+') = 0) ORDER BY id LIMIT 2",
-            &[&pattern, &children],
+            "SELECT id FROM cairn_sessions WHERE id LIKE $1 AND ($2 OR strpos(id, $3) = 0) ORDER BY id LIMIT 2",
+            &[&pattern, &children, &crate::family::SEP.to_string()],
         )
         .map_err(db_error)?;
     match rows.as_slice() {
         [one] => Ok(one.get(0)),
         [] => bail!("no session {target:?} in the database; list them with `cairn sessions --database URL`"),
         _ => bail!("{target:?} matches more than one session; give more of the id"),
-    }
-}
-
-/// The turn as `cairn run` wires it, headless.
-struct HostDriver {
-    ctx: Context,
-}
-
-impl Driver for HostDriver {
-    fn session_config(&self, header: &Header) -> SessionConfig {
-        SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..crate::wiring::session_config(&self.ctx) }
-    }
-
-    fn drive(&self, mut session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
-        let header = session.store().header().clone();
-        let id = header.id.clone();
-        let cwd = PathBuf::from(&header.cwd);
-        // Nothing is committed when wiring fails: the worker marks the
-        // session failed with this reason.
-        let failed = |e: anyhow::Error| {
-            eprintln!("cairn worker: session {id}: {e:#}");
-            TurnError::Storage(cairn_core::storage::StorageError::Invalid(format!("{e:#}")))
-        };
-        if let Err(e) = finish_undo(&self.ctx, &mut session, &cwd) {
-            return Driven { session: Some(session), result: Err(e) };
-        }
-        let wiring = (|| -> Result<_> {
-            let url = url(&self.ctx)?;
-            let provider = crate::wiring::build_provider(&self.ctx, &cwd)?;
-            let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
-                .context("invalid allow pattern (from --allow or [approvals] allow)")?;
-            // Allow rules and --yes, then a durable question any host can
-            // answer (`cairn approve`); Destructive calls are refused, never
-            // asked, and so never offered. The same person answers the
-            // session's children (their questions are rows of this
-            // session, `i5+i3`).
-            let asker =
-                DbApprover::new(url.clone(), id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
-            let person = SharedApprover::new(Box::new(asker));
-            let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(person.clone())));
-            // The subagent family lives in this database, within the
-            // session's lease (`subagents/db.rs`): any worker that later
-            // resumes the session finds its children there.
-            let mut authority = crate::subagents::Authority::of(&approver, Some(person));
-            if let Some(hold) = session.store().hold() {
-                authority.home = Home::Database(crate::subagents::db::Database::new(url, hold, cancel.clone()));
-            }
-            Ok((provider, approver, authority))
-        })();
-        let (provider, mut approver, authority) = match wiring {
-            Ok(w) => w,
-            Err(e) => return Driven { session: Some(session), result: Err(failed(e)) },
-        };
-        let family = matches!(authority.home, Home::Database(_)).then_some(&authority);
-        // The turn's tools as every face equips them (`equip.rs`):
-        // discovery's choice recorded in the session before the turn, and
-        // the family.
-        let mut store = session.into_store();
-        let asker = crate::equip::Asker { approver: &approver, family };
-        let config = self.session_config(&header);
-        let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, asker, config.clone()) {
-            Ok(equipped) => equipped,
-            Err(e) => return Driven { session: Session::open(store, config).ok(), result: Err(failed(e)) },
-        };
-        let registry = equipped.registry(&approver);
-        for note in equipped.all_notes() {
-            eprintln!("cairn worker: session {id}: {}", escape_controls(note));
-        }
-        if family.is_some() {
-            // Children a crash left unfinished that no pending call of this
-            // turn would re-attach (started with `wait: false`).
-            crate::subagents::reattach_children(&id, &authority);
-        }
-        let session = match Session::open(store, equipped.config) {
-            Ok(session) => session,
-            Err(e) => return Driven { session: None, result: Err(e) },
-        };
-        let mut observer = |_: &cairn_core::TurnEvent| {};
-        // The worker's token: cancelled when the lease may be ending.
-        let mut env = TurnEnv {
-            provider: &*provider,
-            tools: &registry,
-            approver: &mut approver,
-            observer: &mut observer,
-            cancel,
-        };
-        let driven = Driven::by(session, |session| match prompt {
-            Some(text) => session.run_turn(text, &mut env).map(drop),
-            None => session.resume(&mut env).map(drop),
-        });
-        // The children still running run within this lease: the worker
-        // must not release it under them (a cancelled turn's stop at once).
-        crate::subagents::finish_children(&id, &authority);
-        driven
-    }
-}
-
-/// An undo killed after its plan was committed (`cairn undo --database`
-/// on this or another host) is finished before a worker's turn, like
-/// before any other host's turn; what it did is said on stderr.
-fn finish_undo(ctx: &Context, session: &mut Session<PgStore>, cwd: &Path) -> Result<(), TurnError> {
-    let id = session.store().header().id.clone();
-    match cairn_tools::rewind::finish_interrupted(&crate::undo::store(ctx), session, cwd, false) {
-        Ok(Some(done)) => {
-            eprintln!("cairn worker: session {id}: {}", escape_controls(&done));
-            Ok(())
-        }
-        Ok(None) => Ok(()),
-        Err(e) => Err(TurnError::Storage(cairn_core::storage::StorageError::Invalid(e.to_string()))),
     }
 }
 
@@ -259,7 +143,7 @@ pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
         opts.concurrency,
         opts.lease.as_secs()
     );
-    cairn_pg::worker::run(&opts, Arc::new(HostDriver { ctx }), stop)?;
+    cairn_pg::worker::run(&opts, Arc::new(crate::hosting::CliHost { ctx }), stop)?;
     Ok(exit::SUCCESS)
 }
 

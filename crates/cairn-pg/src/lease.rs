@@ -28,6 +28,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cairn_core::storage::FAMILY_SEP;
 use postgres::Client;
 
 use crate::PgError;
@@ -114,10 +115,10 @@ pub fn claim(client: &mut Client, owner: &str, lease: Duration) -> Result<Option
          WHERE id = (SELECT id FROM cairn_sessions
                      WHERE status IN ('queued', 'running')
                        AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= now())
-                       AND strpos(id, '+') = 0
+                       AND strpos(id, $3) = 0
                      ORDER BY updated_at LIMIT 1 FOR UPDATE SKIP LOCKED)
          RETURNING id, epoch",
-        &[&owner, &secs(lease)],
+        &[&owner, &secs(lease), &FAMILY_SEP.to_string()],
     )?;
     let Some(row) = row else {
         tx.commit()?;
@@ -217,7 +218,7 @@ pub fn next_prompt(client: &mut Client, session: &str) -> Result<Option<(i64, St
 
 /// Enqueue `prompt` for an existing session and wake a worker.
 pub fn submit(client: &mut Client, session: &str, prompt: &str) -> Result<i64, PgError> {
-    if let Some((parent, _)) = session.split_once('+') {
+    if let Some((parent, _)) = session.split_once(FAMILY_SEP) {
         return Err(PgError::Refused(format!(
             "session {session} is a subagent: it is driven by the worker that drives its family's session {parent}, and takes no prompts of its own; submit to {parent}"
         )));

@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 /// The `fact` key describing a child session.
 pub const FACT_KEY: &str = cairn_core::storage::registers::SUBAGENT_FACT;
 
-/// Separates a parent's id from the spawning invocation in a child's id.
-pub const SEP: char = '+';
+/// Separates a parent's id from the spawning invocation in a child's id
+/// (core's, the one spelling for every backend).
+pub const SEP: char = cairn_core::storage::FAMILY_SEP;
 
 /// The id of the child started by invocation `invocation` of `parent`.
 pub fn child_id(parent: &str, invocation: &str) -> String {

@@ -19,6 +19,8 @@ use crate::context::Context;
 
 mod faces;
 mod ninep;
+#[cfg(feature = "postgres")]
+mod worker;
 
 pub use ninep::max_running;
 

@@ -18,7 +18,7 @@
 //! with `peers: true`. Owns: addressing, the message id, the scan. Must
 //! not: write any session (both tools only read logs; the turn commits).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,9 +54,19 @@ pub trait Logs: std::marker::Send + Sync + 'static {
     /// Each entry of `id`'s log, in order (none when it cannot be read).
     fn visit(&self, id: &str, f: &mut dyn FnMut(&Entry));
 
-    /// How long a `wait_for_messages` waits between two looks (each look
-    /// reads every sender's log).
+    /// A reader of `id`'s log from its start, for a wait that looks again
+    /// and again: each look reads only what was appended since the last.
+    fn follow(&self, id: &str) -> Box<dyn Follow>;
+
+    /// How long a `wait_for_messages` waits between two looks.
     fn poll_every(&self) -> Duration;
+}
+
+/// One session's log, read in order across looks.
+pub trait Follow: std::marker::Send {
+    /// Visit each entry appended since the last call (every entry the first
+    /// time; none while the log cannot be read).
+    fn poll(&mut self, f: &mut dyn FnMut(&Entry));
 }
 
 /// Whether `from` may send to `to` (a session id).
@@ -67,18 +77,6 @@ fn may_talk(logs: &dyn Logs, from: &str, to: &str) -> bool {
     parent_of(from).is_some() && parent_of(from) == parent_of(to) && logs.peers_allowed(from) && logs.peers_allowed(to)
 }
 
-/// Who `id` may hear from: its parent, its children, its allowed siblings.
-fn senders(logs: &dyn Logs, id: &str) -> Vec<String> {
-    let mut out = logs.children(id);
-    if let Some(parent) = parent_of(id) {
-        out.push(parent.to_owned());
-        if logs.peers_allowed(id) {
-            out.extend(logs.children(parent).into_iter().filter(|s| s != id && logs.peers_allowed(s)));
-        }
-    }
-    out
-}
-
 /// One message as both logs hold it.
 #[derive(Debug, Clone, PartialEq)]
 struct Message {
@@ -87,23 +85,23 @@ struct Message {
     text: String,
 }
 
-/// Settled `send_message` receipts of `sender` addressed to `to` (directly
-/// or, from its parent, to `children`).
-fn sent_to(logs: &dyn Logs, sender: &str, to: &str) -> Vec<Message> {
-    let mut out = Vec::new();
-    logs.visit(sender, &mut |e| {
-        let Some(p) = cairn_core::events::payload_of::<ToolCompletedPayload>(e) else { return };
-        if p.tool != SEND {
-            return;
+/// The message in `e`, if it is a settled `send_message` receipt of
+/// `sender` addressed to `to` (directly or, from its parent, to
+/// `children`).
+fn sent_to(e: &Entry, sender: &str, to: &str) -> Option<Message> {
+    let p = cairn_core::events::payload_of::<ToolCompletedPayload>(e)?;
+    if p.tool != SEND {
+        return None;
+    }
+    let s = p.receipt.structured_output.as_ref()?;
+    let addressed =
+        s["to"].as_str() == Some(to) || (s["to"].as_str() == Some(CHILDREN) && parent_of(to) == Some(sender));
+    match (addressed, s["id"].as_str(), s["text"].as_str()) {
+        (true, Some(id), Some(text)) => {
+            Some(Message { id: id.to_owned(), from: sender.to_owned(), text: text.to_owned() })
         }
-        let Some(s) = p.receipt.structured_output.as_ref() else { return };
-        let addressed =
-            s["to"].as_str() == Some(to) || (s["to"].as_str() == Some(CHILDREN) && parent_of(to) == Some(sender));
-        if addressed && let (Some(id), Some(text)) = (s["id"].as_str(), s["text"].as_str()) {
-            out.push(Message { id: id.to_owned(), from: sender.to_owned(), text: text.to_owned() });
-        }
-    });
-    out
+        _ => None,
+    }
 }
 
 /// Message ids `me` has received (its settled `wait_for_messages` calls).
@@ -121,9 +119,73 @@ fn received(logs: &dyn Logs, me: &str) -> BTreeSet<String> {
     ids
 }
 
-fn unread(logs: &dyn Logs, me: &str) -> Vec<Message> {
-    let seen = received(logs, me);
-    senders(logs, me).iter().flat_map(|s| sent_to(logs, s, me)).filter(|m| !seen.contains(&m.id)).collect()
+/// One `wait_for_messages` call's view of the family, kept across its
+/// looks: what `me` had received when the call began (its own log does not
+/// change while the call runs), a reader per sender that reads only what
+/// was appended since the last look, the messages found so far, and which
+/// siblings were started with `peers: true` (a fact, written once).
+struct Look<'a> {
+    logs: &'a dyn Logs,
+    me: &'a str,
+    seen: BTreeSet<String>,
+    readers: BTreeMap<String, Box<dyn Follow>>,
+    found: Vec<Message>,
+    peers: BTreeSet<String>,
+}
+
+impl<'a> Look<'a> {
+    fn new(logs: &'a dyn Logs, me: &'a str) -> Self {
+        let seen = received(logs, me);
+        Self { logs, me, seen, readers: BTreeMap::new(), found: Vec::new(), peers: BTreeSet::new() }
+    }
+
+    /// Whether `id` was started with `peers: true` (asked again only
+    /// while it was not: the fact may not be committed yet).
+    fn peers_allowed(&mut self, id: &str) -> bool {
+        if self.peers.contains(id) {
+            return true;
+        }
+        let allowed = self.logs.peers_allowed(id);
+        if allowed {
+            self.peers.insert(id.to_owned());
+        }
+        allowed
+    }
+
+    /// Who `me` may hear from now: its parent, its children, its allowed
+    /// siblings (children are started while the wait runs).
+    fn senders(&mut self) -> Vec<String> {
+        let mut out = self.logs.children(self.me);
+        if let Some(parent) = parent_of(self.me) {
+            out.push(parent.to_owned());
+            if self.peers_allowed(self.me) {
+                for sibling in self.logs.children(parent) {
+                    if sibling != self.me && self.peers_allowed(&sibling) {
+                        out.push(sibling);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every message for `me` not received before, found so far.
+    fn unread(&mut self) -> Vec<Message> {
+        for sender in self.senders() {
+            let logs = self.logs;
+            let reader = self.readers.entry(sender.clone()).or_insert_with(|| logs.follow(&sender));
+            let (me, seen, found) = (self.me, &self.seen, &mut self.found);
+            reader.poll(&mut |e| {
+                if let Some(m) = sent_to(e, &sender, me)
+                    && !seen.contains(&m.id)
+                    && !found.iter().any(|f| f.id == m.id)
+                {
+                    found.push(m);
+                }
+            });
+        }
+        self.found.clone()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -240,8 +302,9 @@ impl Tool for Receive {
             .map_err(|e| ToolError::InvalidArguments(e.to_string()))?;
         let deadline = Instant::now() + Duration::from_secs(args.timeout.unwrap_or(60));
         let me = request.session_id.as_str();
+        let mut look = Look::new(self.logs.as_ref(), me);
         let messages = loop {
-            let found = unread(self.logs.as_ref(), me);
+            let found = look.unread();
             if !found.is_empty() || Instant::now() >= deadline {
                 break found;
             }
@@ -257,5 +320,144 @@ impl Tool for Receive {
         };
         let list: Vec<Value> = messages.iter().map(|m| json!({"id": m.id, "from": m.from, "text": m.text})).collect();
         Ok(receipt(summary, json!({"messages": list})))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use cairn_core::storage::RawJson;
+
+    use super::*;
+
+    /// A family in memory that counts how many entries were handed out, so
+    /// a test can tell one read of a log from a read at every look.
+    #[derive(Default)]
+    struct Memory {
+        logs: Mutex<HashMap<String, Vec<Entry>>>,
+        handed: AtomicUsize,
+    }
+
+    impl Memory {
+        fn append(&self, id: &str, tool: &str, structured: Value) {
+            let mut logs = self.logs.lock().unwrap();
+            let log = logs.entry(id.to_owned()).or_default();
+            let n = log.len() + 1;
+            let payload = ToolCompletedPayload {
+                invocation_id: format!("i{n}"),
+                call_id: format!("c{n}"),
+                tool: tool.to_owned(),
+                receipt: receipt("".to_owned(), structured),
+                full_output: None,
+                settled_by: None,
+                bypasses: Vec::new(),
+            };
+            log.push(Entry {
+                seq: n as u64,
+                timestamp: 0,
+                id: format!("e{n}"),
+                parent_id: None,
+                entry_type: "toolCompleted".to_owned(),
+                payload: RawJson::from_json(serde_json::to_string(&payload).unwrap()).unwrap(),
+            });
+        }
+
+        fn send(&self, from: &str, to: &str, n: usize) {
+            let id = format!("{from}/s{n}");
+            self.append(from, SEND, json!({"id": id, "from": from, "to": to, "text": format!("m{n}")}));
+        }
+    }
+
+    struct Cursor {
+        memory: Arc<Memory>,
+        id: String,
+        next: usize,
+    }
+
+    impl Follow for Cursor {
+        fn poll(&mut self, f: &mut dyn FnMut(&Entry)) {
+            let logs = self.memory.logs.lock().unwrap();
+            for e in logs.get(&self.id).map(|l| &l[self.next..]).unwrap_or_default() {
+                self.memory.handed.fetch_add(1, Ordering::SeqCst);
+                f(e);
+                self.next += 1;
+            }
+        }
+    }
+
+    impl Logs for Arc<Memory> {
+        fn exists(&self, id: &str) -> bool {
+            self.logs.lock().unwrap().contains_key(id)
+        }
+        fn children(&self, id: &str) -> Vec<String> {
+            let prefix = format!("{id}+");
+            let mut ids: Vec<String> = self
+                .logs
+                .lock()
+                .unwrap()
+                .keys()
+                .filter(|k| k.strip_prefix(&prefix).is_some_and(|rest| !rest.contains('+')))
+                .cloned()
+                .collect();
+            ids.sort();
+            ids
+        }
+        fn peers_allowed(&self, _id: &str) -> bool {
+            false
+        }
+        fn visit(&self, id: &str, f: &mut dyn FnMut(&Entry)) {
+            for e in self.logs.lock().unwrap().get(id).cloned().unwrap_or_default() {
+                self.handed.fetch_add(1, Ordering::SeqCst);
+                f(&e);
+            }
+        }
+        fn follow(&self, id: &str) -> Box<dyn Follow> {
+            Box::new(Cursor { memory: Arc::clone(self), id: id.to_owned(), next: 0 })
+        }
+        fn poll_every(&self) -> Duration {
+            Duration::from_millis(1)
+        }
+    }
+
+    #[test]
+    fn a_wait_reads_each_senders_entry_once_however_many_looks_it_takes() {
+        let memory = Arc::new(Memory::default());
+        memory.append("p", "other", json!({}));
+        // The child's long log: 200 settled calls, none a message.
+        for _ in 0..200 {
+            memory.append("p+c", "other", json!({}));
+        }
+        let logs = Arc::clone(&memory);
+        let mut look = Look::new(&logs, "p");
+        let looks = 50;
+        for _ in 0..looks {
+            assert!(look.unread().is_empty());
+        }
+        memory.send("p+c", "p", 1);
+        let found = look.unread();
+        assert_eq!(found, vec![Message { id: "p+c/s1".into(), from: "p+c".into(), text: "m1".into() }]);
+        // The parent's own log once (what it had received), each of the
+        // child's 201 entries once: not 201 × 51 looks.
+        assert_eq!(memory.handed.load(Ordering::SeqCst), 1 + 201);
+    }
+
+    #[test]
+    fn a_message_received_before_is_not_received_again_and_a_broadcast_reaches_each_child() {
+        let memory = Arc::new(Memory::default());
+        memory.append("p", "other", json!({}));
+        memory.append("p+a", "other", json!({}));
+        memory.send("p", CHILDREN, 1);
+        memory.send("p", "p+a", 2);
+        memory.append("p+a", RECEIVE, json!({"messages": [{"id": "p/s1"}]}));
+        let logs = Arc::clone(&memory);
+        let ids = |found: Vec<Message>| found.into_iter().map(|m| m.id).collect::<Vec<_>>();
+        assert_eq!(ids(Look::new(&logs, "p+a").unread()), ["p/s2"]);
+        memory.append("p+b", "other", json!({}));
+        assert_eq!(ids(Look::new(&logs, "p+b").unread()), ["p/s1"]);
+        // Nothing is addressed to the parent.
+        assert!(Look::new(&logs, "p").unread().is_empty());
     }
 }

@@ -36,7 +36,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_core::approval::{Allowlist, Approver, PolicyApprover, SharedApprover};
 use cairn_core::message::Role;
 use cairn_core::storage::registers::FACT;
-use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, now_millis, to_raw};
+use cairn_core::storage::{Header, JsonlStore, Record, Storage, Tail, Transaction, now_millis, to_raw};
 #[cfg(feature = "postgres")]
 pub mod db;
 use cairn_core::tool::{
@@ -154,10 +154,17 @@ pub trait Place: Send + Sync + 'static {
         Ok(())
     }
 
-    /// How often a waiting peer looks at the family's logs again (each
-    /// look reads every sender's log once).
+    /// How often a waiting peer looks at the family's logs again.
     fn poll_every(&self) -> Duration {
         Duration::from_millis(50)
+    }
+
+    /// A reader of session `id`'s log that reads only what was appended
+    /// since its last look, if this place has one (`None`: each look
+    /// reads the whole log again and skips what it visited before).
+    fn follow(&self, ctx: &Context, id: &str) -> Option<Box<dyn crate::peers::Follow>> {
+        let _ = (ctx, id);
+        None
     }
 
     /// Which drive of the family this process is in: the children this
@@ -203,6 +210,10 @@ impl Place for Files {
 
     fn exists(&self, ctx: &Context, id: &str) -> Result<bool> {
         Ok(Self::path(ctx, id).is_file())
+    }
+
+    fn follow(&self, ctx: &Context, id: &str) -> Option<Box<dyn crate::peers::Follow>> {
+        Some(Box::new(FileFollow { path: Self::path(ctx, id), tail: None }))
     }
 
     fn children(&self, ctx: &Context, parent: &str) -> Result<Vec<String>> {
@@ -517,8 +528,61 @@ impl<P: Place> crate::peers::Logs for FamilyLogs<P> {
         }
     }
 
+    fn follow(&self, id: &str) -> Box<dyn crate::peers::Follow> {
+        self.place.follow(self.ctx, id).unwrap_or_else(|| {
+            Box::new(Rescan { place: Arc::clone(&self.place), ctx: self.ctx, id: id.to_owned(), visited: 0 })
+        })
+    }
+
     fn poll_every(&self) -> Duration {
         self.place.poll_every()
+    }
+}
+
+/// A session file followed with core's [`Tail`] (complete lines only;
+/// a compaction or a cut torn tail re-read without repeating an entry),
+/// opened once the file exists.
+struct FileFollow {
+    path: PathBuf,
+    tail: Option<Tail>,
+}
+
+impl crate::peers::Follow for FileFollow {
+    fn poll(&mut self, f: &mut dyn FnMut(&cairn_core::storage::Entry)) {
+        if self.tail.is_none() {
+            self.tail = Tail::open(&self.path).ok();
+        }
+        // A log that cannot be read now is read at a later look.
+        let records = self.tail.as_mut().map(Tail::poll).and_then(Result::ok).unwrap_or_default();
+        for record in records {
+            if let Record::Entry(entry) = record {
+                f(&entry);
+            }
+        }
+    }
+}
+
+/// A log followed by reading it whole at each look and visiting only the
+/// entries past those visited before (entries are only ever appended), for
+/// a place without a reader of its own.
+struct Rescan<P> {
+    place: Arc<P>,
+    ctx: &'static Context,
+    id: String,
+    visited: usize,
+}
+
+impl<P: Place> crate::peers::Follow for Rescan<P> {
+    fn poll(&mut self, f: &mut dyn FnMut(&cairn_core::storage::Entry)) {
+        let Ok(Some(store)) = self.place.read(self.ctx, &self.id) else { return };
+        let mut n = 0;
+        store.visit_entries(&mut |e| {
+            if n >= self.visited {
+                f(e);
+            }
+            n += 1;
+        });
+        self.visited = self.visited.max(n);
     }
 }
 

@@ -297,3 +297,10 @@ pub fn create_session(ctx: &Context) -> Result<(JsonlStore, PathBuf)> {
 pub fn open_session(ctx: &Context, path: &Path) -> Result<JsonlStore> {
     Ok(JsonlStore::open(path, ctx.settings.store_options())?)
 }
+
+/// The database URL from `--database` or the config, or a clear error.
+pub fn database_url(ctx: &Context) -> Result<String> {
+    ctx.settings.database.value.clone().context(
+        "no database: give --database postgres://USER@HOST/DB, or set database = \"postgres://…\" in cairn's config",
+    )
+}

@@ -120,7 +120,7 @@ fn run_task(model: &Arc<LocalModel>, task: &Task, sessions: &Path) -> Result<Out
         ..SessionConfig::default()
     };
     let mut session = Session::open(store, config)?;
-    // As the CLI builds it (crates/cairn-cli/src/local.rs): grounded in the session's cwd.
+    // As the CLI builds it (crates/cairn-runtime/src/local.rs): grounded in the session's cwd.
     let provider = LocalProvider::new(Arc::clone(model)).with_workdir(&cwd);
     let mut tools = ToolRegistry::new(&cairn_testtools::ScriptedApprover::new(false, []));
     for entry in cairn_tools::builtin_tools(&cairn_tools::ToolsConfig::default())? {

@@ -26,6 +26,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::storage::FAMILY_SEP;
 use crate::tool::{Preview, Risk};
 
 /// What an approver is asked about.
@@ -67,8 +68,8 @@ impl ApprovalRequest<'_> {
     /// of its id, `+`, then the invocation (`i5+i3`: call i3 of the child
     /// spawned by i5), so it never collides with the parent's own ids.
     pub fn question_id(&self, asking: &str) -> String {
-        match self.session_id.strip_prefix(asking).and_then(|rest| rest.strip_prefix('+')) {
-            Some(descendant) if !descendant.is_empty() => format!("{descendant}+{}", self.invocation_id),
+        match self.session_id.strip_prefix(asking).and_then(|rest| rest.strip_prefix(FAMILY_SEP)) {
+            Some(descendant) if !descendant.is_empty() => format!("{descendant}{FAMILY_SEP}{}", self.invocation_id),
             _ => self.invocation_id.to_owned(),
         }
     }
@@ -76,7 +77,7 @@ impl ApprovalRequest<'_> {
     /// Whether this is a call of a subagent of `asking` (see
     /// [`ApprovalRequest::question_id`]).
     pub fn is_of_descendant(&self, asking: &str) -> bool {
-        self.session_id != asking && self.session_id.strip_prefix(asking).is_some_and(|r| r.starts_with('+'))
+        self.session_id != asking && self.session_id.strip_prefix(asking).is_some_and(|r| r.starts_with(FAMILY_SEP))
     }
 
     /// Whether the person asked may answer "approve for this session"

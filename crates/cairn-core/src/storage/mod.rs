@@ -99,6 +99,13 @@ macro_rules! __storage_reads_from_index {
 }
 pub use crate::__storage_reads_from_index as reads_from_index;
 
+/// Separates a parent session's id from the invocation that spawned a
+/// child in the child's id (`<parent>+<invocation>`, nested as deep as the
+/// family goes). The one spelling for every backend and face: a file
+/// family's ids, a database family's rows, approval question ids and the
+/// worker's claim (a child is never claimed on its own).
+pub const FAMILY_SEP: char = '+';
+
 mod check;
 mod index;
 mod jsonl;

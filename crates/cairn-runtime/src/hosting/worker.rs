@@ -1,0 +1,129 @@
+//! The PostgreSQL worker's host (`cairn_pg::worker::Driver`): a claimed
+//! session's turn built as every face's is (`equip.rs`: discovery's choice
+//! recorded before the turn, the subagent family, here in the same
+//! database and within the session's lease), with this host's provider,
+//! and a headless approver: the allow rules and `--yes`, then a durable
+//! question any host can answer (`cairn approve`), so a Destructive call is
+//! refused, never asked, and never offered. An undo killed after its plan
+//! was committed is finished first, as before any face's turn.
+//!
+//! Must not: claim, renew or release leases (cairn-pg's worker loop does).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use cairn_core::approval::{Allowlist, SharedApprover};
+use cairn_core::storage::{Header, Storage};
+use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv, TurnError};
+use cairn_pg::PgStore;
+use cairn_pg::approvals::DbApprover;
+use cairn_pg::worker::{Driven, Driver};
+
+use crate::context::Context;
+use crate::escape::escape_controls;
+use crate::hosting::CliHost;
+use crate::subagents::Home;
+
+impl Driver for CliHost {
+    fn session_config(&self, header: &Header) -> SessionConfig {
+        SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..crate::wiring::session_config(&self.ctx) }
+    }
+
+    fn drive(&self, mut session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
+        let header = session.store().header().clone();
+        let id = header.id.clone();
+        let cwd = PathBuf::from(&header.cwd);
+        // Nothing is committed when wiring fails: the worker marks the
+        // session failed with this reason.
+        let failed = |e: anyhow::Error| {
+            eprintln!("cairn worker: session {id}: {e:#}");
+            TurnError::Storage(cairn_core::storage::StorageError::Invalid(format!("{e:#}")))
+        };
+        if let Err(e) = finish_undo(&self.ctx, &mut session, &cwd) {
+            return Driven { session: Some(session), result: Err(e) };
+        }
+        let wiring = (|| -> Result<_> {
+            let url = crate::wiring::database_url(&self.ctx)?;
+            let provider = crate::wiring::build_provider(&self.ctx, &cwd)?;
+            let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
+                .context("invalid allow pattern (from --allow or [approvals] allow)")?;
+            // Allow rules and --yes, then a durable question any host can
+            // answer (`cairn approve`); Destructive calls are refused, never
+            // asked, and so never offered. The same person answers the
+            // session's children (their questions are rows of this
+            // session, `i5+i3`).
+            let asker =
+                DbApprover::new(url.clone(), id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
+            let person = SharedApprover::new(Box::new(asker));
+            let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(person.clone())));
+            // The subagent family lives in this database, within the
+            // session's lease (`subagents/db.rs`): any worker that later
+            // resumes the session finds its children there.
+            let mut authority = crate::subagents::Authority::of(&approver, Some(person));
+            if let Some(hold) = session.store().hold() {
+                authority.home = Home::Database(crate::subagents::db::Database::new(url, hold, cancel.clone()));
+            }
+            Ok((provider, approver, authority))
+        })();
+        let (provider, mut approver, authority) = match wiring {
+            Ok(w) => w,
+            Err(e) => return Driven { session: Some(session), result: Err(failed(e)) },
+        };
+        let family = matches!(authority.home, Home::Database(_)).then_some(&authority);
+        // The turn's tools as every face equips them (`equip.rs`):
+        // discovery's choice recorded in the session before the turn, and
+        // the family.
+        let mut store = session.into_store();
+        let asker = crate::equip::Asker { approver: &approver, family };
+        let config = self.session_config(&header);
+        let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, asker, config.clone()) {
+            Ok(equipped) => equipped,
+            Err(e) => return Driven { session: Session::open(store, config).ok(), result: Err(failed(e)) },
+        };
+        let registry = equipped.registry(&approver);
+        for note in equipped.all_notes() {
+            eprintln!("cairn worker: session {id}: {}", escape_controls(note));
+        }
+        if family.is_some() {
+            // Children a crash left unfinished that no pending call of this
+            // turn would re-attach (started with `wait: false`).
+            crate::subagents::reattach_children(&id, &authority);
+        }
+        let session = match Session::open(store, equipped.config) {
+            Ok(session) => session,
+            Err(e) => return Driven { session: None, result: Err(e) },
+        };
+        let mut observer = |_: &cairn_core::TurnEvent| {};
+        // The worker's token: cancelled when the lease may be ending.
+        let mut env = TurnEnv {
+            provider: &*provider,
+            tools: &registry,
+            approver: &mut approver,
+            observer: &mut observer,
+            cancel,
+        };
+        let driven = Driven::by(session, |session| match prompt {
+            Some(text) => session.run_turn(text, &mut env).map(drop),
+            None => session.resume(&mut env).map(drop),
+        });
+        // The children still running run within this lease: the worker
+        // must not release it under them (a cancelled turn's stop at once).
+        crate::subagents::finish_children(&id, &authority);
+        driven
+    }
+}
+
+/// An undo killed after its plan was committed (`cairn undo --database`
+/// on this or another host) is finished before a worker's turn, like
+/// before any other host's turn; what it did is said on stderr.
+fn finish_undo(ctx: &Context, session: &mut Session<PgStore>, cwd: &Path) -> Result<(), TurnError> {
+    let id = session.store().header().id.clone();
+    match cairn_tools::rewind::finish_interrupted(&crate::undo::store(ctx), session, cwd, false) {
+        Ok(Some(done)) => {
+            eprintln!("cairn worker: session {id}: {}", escape_controls(&done));
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(TurnError::Storage(cairn_core::storage::StorageError::Invalid(e.to_string()))),
+    }
+}
