@@ -11,7 +11,7 @@ use anyhow::Result;
 use cairn_core::approval::Answer;
 use cairn_core::projection::{LifecycleCheck, ToolInvocationRecord, ToolInvocationStatus, ToolState};
 use cairn_core::storage::Storage;
-use cairn_core::storage::{Entry, JsonlStore, Tail, check_file_with, format_record};
+use cairn_core::storage::{Entry, JsonlStore, Tail, check_file_read, format_record};
 
 use crate::context::{Context, exit};
 use crate::render::{escape_controls as esc, escape_json};
@@ -434,10 +434,13 @@ pub fn check(ctx: &Context, path: &Path) -> Result<u8> {
     let started = std::time::Instant::now();
     // Beside the storage invariants, the tool lifecycle the turn relies on:
     // exactly one settlement per invocation, none without a request. The
-    // check streams the file and keeps only what open invocations need.
+    // check streams the file and keeps only what open invocations need;
+    // the lines and the tool payloads are read on a second thread, the
+    // lifecycle folded here in file order.
     let mut tools = LifecycleCheck::default();
-    let report =
-        check_file_with(path, ctx.settings.store_options(), |entry| tools.check(entry).map_err(|e| e.to_string()));
+    let report = check_file_read(path, ctx.settings.store_options(), LifecycleCheck::read, |entry, read| {
+        tools.check_read(entry.id, read).map_err(|e| e.to_string())
+    });
     let seconds = started.elapsed().as_secs_f64();
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
