@@ -20,7 +20,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::chunked::{ApplyRead, CHUNK, replay_chunks};
+use super::chunked::{ApplyRead, CHUNK, decoding_threads, replay_chunks};
 use super::jsonl::{Access, StoreOptions, open_regular};
 use super::line::EntryRef;
 use super::record::{EntryView, Record};
@@ -81,8 +81,8 @@ pub fn check_file_with(
 
 /// [`check_file_with`] with each entry's payload read ahead by `read` on
 /// other threads (the file's lines are decoded there too: `chunked.rs`),
-/// and `validate` given, in file order, each entry's index fields (its
-/// view's `payload` is empty) with what `read` made of it. The same report
+/// and `validate` given, in file order, each entry with what `read` made
+/// of it. The same report
 /// as [`check_file_with`] with a `validate` that reads the payload itself,
 /// in less wall time on a machine with a second core.
 pub fn check_file_read<P: Send>(
@@ -91,10 +91,7 @@ pub fn check_file_read<P: Send>(
     read: impl Fn(EntryView<'_>) -> P + Sync,
     mut validate: impl FnMut(EntryView<'_>, P) -> Result<(), String>,
 ) -> CheckReport {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(DECODING_THREADS);
-    // One core: decoded on this thread (a second thread would only share it).
-    let threads = if threads < 2 { 0 } else { threads };
-    check_read_in(path, opts, threads, CHUNK, &read, &mut validate)
+    check_read_in(path, opts, decoding_threads(), CHUNK, &read, &mut validate)
 }
 
 /// [`check_file_read`] with `threads` decoding threads and chunks of
@@ -116,10 +113,6 @@ fn check_read_in<P: Send>(
         replay_chunks(&path.display().to_string(), file, opts.max_line_bytes, threads, chunk, read, &mut verify);
     report(path, replayed, verify)
 }
-
-/// Decoding threads [`check_file_read`] uses at most (beside the one that
-/// applies the lines; more bring little, the applying being sequential).
-const DECODING_THREADS: usize = 2;
 
 fn failed(error: String) -> CheckReport {
     CheckReport {
@@ -475,6 +468,29 @@ mod tests {
                         tools.check_read(e.id, read).map_err(|e| e.to_string())
                     });
                     assert_eq!(chunked, sequential, "{name}, {threads} threads, chunks of {chunk}");
+                }
+            }
+            // The store's replay through the chunks: the same index and
+            // the same refusals as the sequential replay.
+            let replayed = |threads: Option<(usize, usize)>| {
+                let file = std::fs::File::open(&path).unwrap();
+                let mut index = crate::storage::index::SessionIndex::new();
+                let file = match threads {
+                    None => super::super::replay::replay_into("p", file, 300, &mut index),
+                    Some((threads, chunk)) => replay_chunks("p", file, 300, threads, chunk, &|_| (), &mut index),
+                };
+                let file = file.map(|f| (f.valid_len, f.torn_bytes, f.liveness.dead_bytes, f.liveness.registers.len()));
+                let entries: Vec<_> = index.entries().collect();
+                format!("{file:?} {entries:?} {}", index.last_seq())
+            };
+            let sequential_index = replayed(None);
+            for threads in [0, 2] {
+                for chunk in [1, 301, CHUNK] {
+                    assert_eq!(
+                        replayed(Some((threads, chunk))),
+                        sequential_index,
+                        "{name}, {threads} threads, {chunk}"
+                    );
                 }
             }
             let mut tools = LifecycleCheck::default();

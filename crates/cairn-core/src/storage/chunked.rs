@@ -32,19 +32,42 @@ use super::replay::{Liveness, ReplayedFile, read_header};
 /// Bytes a chunk is read in (whole lines: it is cut after its last `\n`).
 pub(crate) const CHUNK: usize = 512 * 1024;
 
+/// Decoding threads a replay uses at most (beside the one that applies
+/// the lines; more bring little, the applying being sequential).
+const DECODING_THREADS: usize = 2;
+
+/// The decoding threads for this machine: none on one core (a thread
+/// would only share it with the applying one).
+pub(crate) fn decoding_threads() -> usize {
+    match std::thread::available_parallelism().map_or(1, |n| n.get()).min(DECODING_THREADS) {
+        0 | 1 => 0,
+        n => n,
+    }
+}
+
 /// Chunks in flight per decoding thread.
 const DEPTH: usize = 2;
 
-/// An entry of a decoded line: its index fields (strings in the chunk's
-/// text) and what the caller's `read` made of it.
+/// Where a string of a decoded entry is in its chunk's text: in the
+/// chunk's own bytes (borrowed from the line, as most are), or among the
+/// strings the decoding made (those with escapes), kept after them.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: usize,
+    len: usize,
+}
+
+/// An entry of a decoded line: where its strings are and what the
+/// caller's `read` made of it.
 #[derive(Debug)]
-pub(crate) struct EntryItem<P> {
-    pub(crate) seq: u64,
-    pub(crate) timestamp: i64,
-    id: (u32, u32),
-    parent_id: Option<(u32, u32)>,
-    entry_type: (u32, u32),
-    pub(crate) read: P,
+struct EntryItem<P> {
+    seq: u64,
+    timestamp: i64,
+    id: Span,
+    parent_id: Option<Span>,
+    entry_type: Span,
+    payload: Span,
+    read: P,
 }
 
 #[derive(Debug)]
@@ -65,64 +88,76 @@ enum LineFault {
 /// One chunk decoded: its lines' records, in order.
 #[derive(Debug)]
 struct Decoded<P> {
-    /// The chunk's bytes (given back for the next read).
-    bytes: Vec<u8>,
-    /// The entries' ids, parents and types, back to back.
+    /// The decoded lines' bytes (valid UTF-8, as every decoded line is),
+    /// then the strings the decoding made; given back for the next read.
     text: String,
     items: Vec<Item<P>>,
-    /// Per decoded line: its end in `bytes` (after its `\n`) and the end
+    /// Per decoded line: its end in `text` (after its `\n`) and the end
     /// of its records in `items`.
     lines: Vec<(usize, usize)>,
     /// The line the decoding stopped at (the one after the last of
-    /// `lines`) and why.
-    fault: Option<LineFault>,
+    /// `lines`): why, its length, and whether it ends the chunk.
+    fault: Option<(LineFault, usize, bool)>,
 }
 
 impl<P> Decoded<P> {
-    fn str(&self, (start, len): (u32, u32)) -> &str {
-        let start = start as usize;
-        self.text.get(start..start + len as usize).unwrap_or_default()
+    fn str(&self, span: Span) -> &str {
+        self.text.get(span.start..span.start + span.len).unwrap_or_default()
     }
 
-    /// An entry's index fields lent as a view (its payload is not kept: the
-    /// caller's `read` saw it).
-    pub(crate) fn view<'a>(&'a self, entry: &EntryItem<P>) -> EntryView<'a> {
+    /// An entry lent as a view of the chunk's text.
+    fn view<'a>(&'a self, entry: &EntryItem<P>) -> EntryView<'a> {
         EntryView {
             seq: entry.seq,
             timestamp: entry.timestamp,
             id: self.str(entry.id),
             parent_id: entry.parent_id.map(|p| self.str(p)),
             entry_type: self.str(entry.entry_type),
-            payload: "",
+            payload: self.str(entry.payload),
         }
     }
 }
 
-fn push_str(text: &mut String, s: &str) -> (u32, u32) {
-    let start = u32::try_from(text.len()).unwrap_or(u32::MAX);
-    text.push_str(s);
-    (start, u32::try_from(s.len()).unwrap_or(0))
+/// Where `s` is: in `bytes` when it is a slice of them; else appended to
+/// `made`, its start marked with `MADE` (fixed up once the chunk's length
+/// is known).
+fn span_of(bytes: &[u8], made: &mut String, s: &str) -> Span {
+    let at = (s.as_ptr() as usize).wrapping_sub(bytes.as_ptr() as usize);
+    if at <= bytes.len() && s.len() <= bytes.len() - at {
+        return Span { start: at, len: s.len() };
+    }
+    let start = made.len() | MADE;
+    made.push_str(s);
+    Span { start, len: s.len() }
+}
+
+/// The mark of a [`Span`] among the made strings (no chunk is that long).
+const MADE: usize = 1 << (usize::BITS - 1);
+
+fn fix(span: Span, base: usize) -> Span {
+    if span.start & MADE == 0 { span } else { Span { start: (span.start & !MADE) + base, len: span.len } }
 }
 
 /// Decode the whole lines of `bytes` (each ends with `\n`), stopping at the
 /// first that is too long or not a record line.
-fn decode_chunk<P>(bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'_>) -> P + Sync)) -> Decoded<P> {
-    let mut text = String::new();
+fn decode_chunk<P>(mut bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'_>) -> P + Sync)) -> Decoded<P> {
+    let mut made = String::new();
     let mut items = Vec::new();
     let mut lines = Vec::new();
     let mut fault = None;
+    let mut start = 0usize;
     {
+        let bytes = bytes.as_slice();
         let mut records: Vec<LineRecord<'_>> = Vec::new();
-        let mut start = 0usize;
         while start < bytes.len() {
             let end = memchr::memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |at| start + at + 1);
             if (end - start) as u64 > max_line {
-                fault = Some(LineFault::TooLong);
+                fault = Some((LineFault::TooLong, end - start, end == bytes.len()));
                 break;
             }
             records.clear();
             if let Err(e) = decode_line_borrowed(&bytes[start..end - 1], &mut records) {
-                fault = Some(LineFault::Bad(e));
+                fault = Some((LineFault::Bad(e), end - start, end == bytes.len()));
                 break;
             }
             for record in records.drain(..) {
@@ -132,9 +167,10 @@ fn decode_chunk<P>(bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'_>) 
                         Item::Entry(EntryItem {
                             seq: entry.seq,
                             timestamp: entry.timestamp,
-                            id: push_str(&mut text, &entry.id),
-                            parent_id: entry.parent_id.as_deref().map(|p| push_str(&mut text, p)),
-                            entry_type: push_str(&mut text, &entry.entry_type),
+                            id: span_of(bytes, &mut made, &entry.id),
+                            parent_id: entry.parent_id.as_deref().map(|p| span_of(bytes, &mut made, p)),
+                            entry_type: span_of(bytes, &mut made, &entry.entry_type),
+                            payload: span_of(bytes, &mut made, entry.payload.get()),
                             read: got,
                         })
                     }
@@ -145,14 +181,40 @@ fn decode_chunk<P>(bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'_>) 
             start = end;
         }
     }
-    Decoded { bytes, text, items, lines, fault }
+    bytes.truncate(start);
+    let text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            // Not reached: the parser checked every decoded line's UTF-8.
+            let bytes = e.into_bytes();
+            lines.clear();
+            items.clear();
+            let fault = LineFault::Bad(LineError::Syntax("invalid UTF-8".to_owned()));
+            let len = memchr::memchr(b'\n', &bytes).map_or(bytes.len(), |at| at + 1);
+            return Decoded { text: String::new(), items, lines, fault: Some((fault, len, false)) };
+        }
+    };
+    let base = text.len();
+    let mut text = text;
+    if !made.is_empty() {
+        text.push_str(&made);
+        for item in &mut items {
+            if let Item::Entry(entry) = item {
+                entry.id = fix(entry.id, base);
+                entry.parent_id = entry.parent_id.map(|p| fix(p, base));
+                entry.entry_type = fix(entry.entry_type, base);
+                entry.payload = fix(entry.payload, base);
+            }
+        }
+    }
+    Decoded { text, items, lines, fault }
 }
 
 /// What the applying side does with the records, in file order; an error
 /// is the reason the record is refused.
 pub(crate) trait ApplyRead<P> {
-    /// An entry (its index fields; its payload was read on a decoding
-    /// thread into `read`).
+    /// An entry (lent from its line), with what `read` made of it on a
+    /// decoding thread.
     fn entry(&mut self, entry: EntryView<'_>, read: P) -> Result<(), String>;
 
     /// Any other record.
@@ -432,10 +494,8 @@ impl Applying<'_> {
             self.lines += 1;
             start = end;
         }
-        if let Some(fault) = decoded.fault {
-            let line_len =
-                memchr::memchr(b'\n', &decoded.bytes[start..]).map_or(decoded.bytes.len(), |at| start + at + 1) - start;
-            let at_end = last && start + line_len == decoded.bytes.len();
+        if let Some((fault, line_len, ends_chunk)) = decoded.fault {
+            let at_end = last && ends_chunk;
             match fault {
                 LineFault::TooLong => {
                     return Err(StorageError::LineTooLong {
@@ -459,7 +519,7 @@ impl Applying<'_> {
                 }
             }
         }
-        spare.push(decoded.bytes);
+        spare.push(decoded.text.into_bytes());
         Ok(())
     }
 }
@@ -475,9 +535,19 @@ impl<P> super::replay::Apply for ReadEach<'_, P> {
         match record {
             Record::Entry(entry) => {
                 let got = (self.read)(entry.view());
-                self.sink.entry(EntryView { payload: "", ..entry.view() }, got)
+                self.sink.entry(entry.view(), got)
             }
             other => self.sink.other(other),
         }
+    }
+}
+
+impl ApplyRead<()> for super::index::SessionIndex {
+    fn entry(&mut self, entry: EntryView<'_>, (): ()) -> Result<(), String> {
+        self.apply_entry_view(&entry)
+    }
+
+    fn other(&mut self, record: Record) -> Result<(), String> {
+        self.apply(record)
     }
 }

@@ -356,9 +356,14 @@ impl SessionIndex {
     /// [`apply`](Self::apply) for an entry borrowed from its line (replay:
     /// its strings and payload are copied once, into the arena).
     pub(crate) fn apply_entry_ref(&mut self, entry: EntryRef<'_>) -> Result<(), String> {
-        let parts = entry.view();
-        let parent = check_entry(&parts, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
-        self.add_entry(&parts, parent)?;
+        self.apply_entry_view(&entry.view())
+    }
+
+    /// [`apply`](Self::apply) for an entry lent as a view (the chunked
+    /// replay: its strings and payload are copied once, into the arena).
+    pub(crate) fn apply_entry_view(&mut self, parts: &EntryView<'_>) -> Result<(), String> {
+        let parent = check_entry(parts, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
+        self.add_entry(parts, parent)?;
         self.last_seq = parts.seq;
         Ok(())
     }
