@@ -14,7 +14,7 @@
 //! decoding threads over each entry (e.g. the lifecycle check's payload
 //! parse) and its answer is handed to the applying side with the entry.
 //!
-//! Memory stays bounded: a chunk is ~512 KiB of whole lines (longer only
+//! Memory stays bounded: a chunk is ~256 KiB of whole lines (longer only
 //! for a longer line, up to the line limit), and at most two chunks per
 //! decoding thread are in flight. Files of an older storage version (whose
 //! records a migration rewrites) and machines with one core go through
@@ -30,7 +30,7 @@ use super::record::{EntryView, Record};
 use super::replay::{Liveness, ReplayedFile, read_header};
 
 /// Bytes a chunk is read in (whole lines: it is cut after its last `\n`).
-pub(crate) const CHUNK: usize = 512 * 1024;
+pub(crate) const CHUNK: usize = 256 * 1024;
 
 /// Decoding threads a replay uses at most (beside the one that applies
 /// the lines; more bring little, the applying being sequential).

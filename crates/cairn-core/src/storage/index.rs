@@ -528,6 +528,22 @@ impl SessionIndex {
         out
     }
 
+    /// [`children`](Self::children) lent from the arena (no copy): what a
+    /// walk of the whole tree takes (`cairn show`).
+    pub fn children_views(&self, parent: Option<&str>) -> Vec<EntryView<'_>> {
+        let Some(id) = parent else {
+            return self.roots.iter().map(|&i| self.entries.view(i)).collect();
+        };
+        let Some(p) = self.by_id.get(&self.entries, id) else { return Vec::new() };
+        let mut out = Vec::new();
+        let mut child = self.links[p as usize].first_child;
+        while child != NONE {
+            out.push(self.entries.view(child));
+            child = self.links[child as usize].next_sibling;
+        }
+        out
+    }
+
     /// Root-first path to `leaf`.
     pub fn path_to(&self, leaf: &str) -> Result<Vec<Entry>, StorageError> {
         let mut at = self.by_id.get(&self.entries, leaf).ok_or_else(|| StorageError::NoSuchEntry(leaf.to_owned()))?;
