@@ -161,14 +161,15 @@ pub(crate) struct ReplayedFile {
 /// reserved for it once, so it is never copied while it grows: the pages
 /// it does not use are never touched, and are given back at the end).
 ///
-/// A file of more than a few chunks is decoded on a second thread
-/// (`chunked.rs`: the same rules, the index filled here in file order).
+/// It stays on this thread: decoding the lines on a second one
+/// (`chunked.rs`, as `cairn check` does) raised the peak of an open by
+/// 1–2 MiB (chunks in flight, the decoding threads' allocator arenas) and
+/// gained no wall time on the loaded 2-core machine it was measured on
+/// (issue 33, `docs/benchmarks/long.md`).
 pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64, size: u64) -> Result<Replayed, StorageError> {
     let mut index = SessionIndex::new();
     index.reserve_text(usize::try_from(size).unwrap_or(0));
-    let threads = if size < 4 * super::chunked::CHUNK as u64 { 0 } else { super::chunked::decoding_threads() };
-    let file =
-        super::chunked::replay_chunks(path, reader, max_line, threads, super::chunked::CHUNK, &|_| (), &mut index)?;
+    let file = replay_into(path, reader, max_line, &mut index)?;
     index.shrink_to_fit();
     Ok(Replayed {
         header: file.header,
