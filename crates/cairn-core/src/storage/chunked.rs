@@ -16,8 +16,9 @@
 //!
 //! The store's own replay (`replay.rs`, an open) does not use it: there
 //! the chunks in flight and the decoding threads' allocator arenas raised
-//! the peak by 1–2 MiB for no wall time gained on a loaded machine; the
-//! tests hold an index filled through the chunks to the sequential one's.
+//! the peak by 1–2 MiB for no wall time gained on a loaded machine (and
+//! the applying side is lent only an entry's index fields, not its
+//! payload, whose text would cost a UTF-8 pass over the chunk).
 //!
 //! Memory stays bounded: a chunk is ~256 KiB of whole lines (longer only
 //! for a longer line, up to the line limit), and at most two chunks per
@@ -53,9 +54,7 @@ pub(crate) fn decoding_threads() -> usize {
 /// Chunks in flight per decoding thread.
 const DEPTH: usize = 2;
 
-/// Where a string of a decoded entry is in its chunk's text: in the
-/// chunk's own bytes (borrowed from the line, as most are), or among the
-/// strings the decoding made (those with escapes), kept after them.
+/// Where a string of a decoded entry is in its chunk's text.
 #[derive(Debug, Clone, Copy)]
 struct Span {
     start: usize,
@@ -71,7 +70,6 @@ struct EntryItem<P> {
     id: Span,
     parent_id: Option<Span>,
     entry_type: Span,
-    payload: Span,
     read: P,
 }
 
@@ -93,11 +91,14 @@ enum LineFault {
 /// One chunk decoded: its lines' records, in order.
 #[derive(Debug)]
 struct Decoded<P> {
-    /// The decoded lines' bytes (valid UTF-8, as every decoded line is),
-    /// then the strings the decoding made; given back for the next read.
+    /// The chunk's bytes (given back for the next read).
+    bytes: Vec<u8>,
+    /// The entries' ids, parents and types, back to back (copied: a view
+    /// of the chunk's bytes as text would cost a UTF-8 pass over all of
+    /// them, ~10 % of a check's instructions).
     text: String,
     items: Vec<Item<P>>,
-    /// Per decoded line: its end in `text` (after its `\n`) and the end
+    /// Per decoded line: its end in `bytes` (after its `\n`) and the end
     /// of its records in `items`.
     lines: Vec<(usize, usize)>,
     /// The line the decoding stopped at (the one after the last of
@@ -110,7 +111,8 @@ impl<P> Decoded<P> {
         self.text.get(span.start..span.start + span.len).unwrap_or_default()
     }
 
-    /// An entry lent as a view of the chunk's text.
+    /// An entry's index fields lent as a view (its `payload` is empty:
+    /// the caller's `read` saw it on the decoding thread).
     fn view<'a>(&'a self, entry: &EntryItem<P>) -> EntryView<'a> {
         EntryView {
             seq: entry.seq,
@@ -118,35 +120,21 @@ impl<P> Decoded<P> {
             id: self.str(entry.id),
             parent_id: entry.parent_id.map(|p| self.str(p)),
             entry_type: self.str(entry.entry_type),
-            payload: self.str(entry.payload),
+            payload: "",
         }
     }
 }
 
-/// Where `s` is: in `bytes` when it is a slice of them; else appended to
-/// `made`, its start marked with `MADE` (fixed up once the chunk's length
-/// is known).
-fn span_of(bytes: &[u8], made: &mut String, s: &str) -> Span {
-    let at = (s.as_ptr() as usize).wrapping_sub(bytes.as_ptr() as usize);
-    if at <= bytes.len() && s.len() <= bytes.len() - at {
-        return Span { start: at, len: s.len() };
-    }
-    let start = made.len() | MADE;
-    made.push_str(s);
+fn push_str(text: &mut String, s: &str) -> Span {
+    let start = text.len();
+    text.push_str(s);
     Span { start, len: s.len() }
-}
-
-/// The mark of a [`Span`] among the made strings (no chunk is that long).
-const MADE: usize = 1 << (usize::BITS - 1);
-
-fn fix(span: Span, base: usize) -> Span {
-    if span.start & MADE == 0 { span } else { Span { start: (span.start & !MADE) + base, len: span.len } }
 }
 
 /// Decode the whole lines of `bytes` (each ends with `\n`), stopping at the
 /// first that is too long or not a record line.
-fn decode_chunk<P>(mut bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'_>) -> P + Sync)) -> Decoded<P> {
-    let mut made = String::new();
+fn decode_chunk<P>(bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'_>) -> P + Sync)) -> Decoded<P> {
+    let mut text = String::new();
     let mut items = Vec::new();
     let mut lines = Vec::new();
     let mut fault = None;
@@ -172,10 +160,9 @@ fn decode_chunk<P>(mut bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'
                         Item::Entry(EntryItem {
                             seq: entry.seq,
                             timestamp: entry.timestamp,
-                            id: span_of(bytes, &mut made, &entry.id),
-                            parent_id: entry.parent_id.as_deref().map(|p| span_of(bytes, &mut made, p)),
-                            entry_type: span_of(bytes, &mut made, &entry.entry_type),
-                            payload: span_of(bytes, &mut made, entry.payload.get()),
+                            id: push_str(&mut text, &entry.id),
+                            parent_id: entry.parent_id.as_deref().map(|p| push_str(&mut text, p)),
+                            entry_type: push_str(&mut text, &entry.entry_type),
                             read: got,
                         })
                     }
@@ -186,33 +173,7 @@ fn decode_chunk<P>(mut bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'
             start = end;
         }
     }
-    bytes.truncate(start);
-    let text = match String::from_utf8(bytes) {
-        Ok(text) => text,
-        Err(e) => {
-            // Not reached: the parser checked every decoded line's UTF-8.
-            let bytes = e.into_bytes();
-            lines.clear();
-            items.clear();
-            let fault = LineFault::Bad(LineError::Syntax("invalid UTF-8".to_owned()));
-            let len = memchr::memchr(b'\n', &bytes).map_or(bytes.len(), |at| at + 1);
-            return Decoded { text: String::new(), items, lines, fault: Some((fault, len, false)) };
-        }
-    };
-    let base = text.len();
-    let mut text = text;
-    if !made.is_empty() {
-        text.push_str(&made);
-        for item in &mut items {
-            if let Item::Entry(entry) = item {
-                entry.id = fix(entry.id, base);
-                entry.parent_id = entry.parent_id.map(|p| fix(p, base));
-                entry.entry_type = fix(entry.entry_type, base);
-                entry.payload = fix(entry.payload, base);
-            }
-        }
-    }
-    Decoded { text, items, lines, fault }
+    Decoded { bytes, text, items, lines, fault }
 }
 
 /// What the applying side does with the records, in file order; an error
@@ -276,19 +237,14 @@ impl<R: Read> Chunks<R> {
                 }
             }
             let want = self.chunk.max(buf.len() + 1).saturating_sub(buf.len()).max(64 * 1024);
-            let len = buf.len();
-            buf.resize(len + want, 0);
+            // Read into the vector's spare room (not zeroed first).
             let got = loop {
-                match self.reader.read(&mut buf[len..]) {
+                match (&mut self.reader).take(want as u64).read_to_end(&mut buf) {
                     Ok(n) => break n,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        buf.truncate(len);
-                        return Err(e);
-                    }
+                    Err(e) => return Err(e),
                 }
             };
-            buf.truncate(len + got);
             if got == 0 {
                 self.eof = true;
             }
@@ -524,7 +480,7 @@ impl Applying<'_> {
                 }
             }
         }
-        spare.push(decoded.text.into_bytes());
+        spare.push(decoded.bytes);
         Ok(())
     }
 }
@@ -544,15 +500,5 @@ impl<P> super::replay::Apply for ReadEach<'_, P> {
             }
             other => self.sink.other(other),
         }
-    }
-}
-
-impl ApplyRead<()> for super::index::SessionIndex {
-    fn entry(&mut self, entry: EntryView<'_>, (): ()) -> Result<(), String> {
-        self.apply_entry_view(&entry)
-    }
-
-    fn other(&mut self, record: Record) -> Result<(), String> {
-        self.apply(record)
     }
 }
