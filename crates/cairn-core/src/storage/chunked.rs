@@ -15,8 +15,8 @@
 //! parse) and its answer is handed to the applying side with the entry.
 //!
 //! The store's own replay (`replay.rs`, an open) does not use it: there
-//! the chunks in flight and the decoding threads' allocator arenas raised
-//! the peak by 1–2 MiB for no wall time gained on a loaded machine (and
+//! the chunks in flight and the decoding threads' allocator arenas add to
+//! the peak, for no wall time gained on a loaded machine (and
 //! the applying side is lent only an entry's index fields, not its
 //! payload, whose text would cost a UTF-8 pass over the chunk).
 //!

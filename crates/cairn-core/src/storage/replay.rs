@@ -162,10 +162,10 @@ pub(crate) struct ReplayedFile {
 /// it does not use are never touched, and are given back at the end).
 ///
 /// It stays on this thread: decoding the lines on a second one
-/// (`chunked.rs`, as `cairn check` does) raised the peak of an open by
-/// 1–2 MiB (chunks in flight, the decoding threads' allocator arenas) and
-/// gained no wall time on the loaded 2-core machine it was measured on
-/// (issue 33, `docs/benchmarks/long.md`).
+/// (`chunked.rs`, as `cairn check` does) gained no wall time on the loaded
+/// 2-core machine it was tried on, and its chunks in flight and decoding
+/// threads' allocator arenas would add to the peak of every open (issue
+/// 33, `docs/benchmarks/long.md`).
 pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64, size: u64) -> Result<Replayed, StorageError> {
     let mut index = SessionIndex::new();
     index.reserve_text(usize::try_from(size).unwrap_or(0));
