@@ -38,8 +38,7 @@ pub fn config(ctx: &Context) -> Result<u8> {
 /// One line describing an entry for `cairn show`.
 fn describe_entry(entry: EntryView<'_>) -> String {
     use cairn_core::events::{
-        EntryPayload, EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
-        ToolStartedPayload,
+        EntryPayload, EntryType, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload, ToolStartedPayload,
     };
     // The payload read as `P` when the entry is of `P`'s type
     // (`events::payload_of` for a view).
@@ -110,10 +109,10 @@ fn describe_entry(entry: EntryView<'_>) -> String {
             Some(p) => format!("tool started: {} (approved by {})", p.tool, p.verdict.by),
             None => "tool started".to_owned(),
         },
-        EntryType::ToolCompleted => match payload_of::<ToolCompletedPayload>(entry) {
-            Some(p) => {
-                format!("tool completed: {} exit {} — {}", p.tool, p.receipt.exit_code, text(&p.receipt.output_summary))
-            }
+        // Read through a shape that accepts what `ToolCompletedPayload`
+        // accepts and keeps only the output's start (not its copy).
+        EntryType::ToolCompleted => match cairn_core::events::tool_completed_line(entry.payload) {
+            Some(p) => format!("tool completed: {} exit {} — {}", p.tool, p.exit_code, text(&p.output_start)),
             None => "tool completed".to_owned(),
         },
         EntryType::ToolFailed => match payload_of::<ToolFailedPayload>(entry) {

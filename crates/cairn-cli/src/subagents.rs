@@ -1120,6 +1120,11 @@ pub fn child_lines(ctx: &Context, parent: &str, entry: cairn_core::storage::Entr
     if entry.entry_type != ToolRequestedPayload::TYPE.tag() {
         return lines;
     }
+    // Only a payload naming the tool (or with a `\u` escape, which could
+    // spell it) can be a spawn: the others are not parsed a second time.
+    if !entry.payload.contains(SPAWN) && !entry.payload.contains("\\u") {
+        return lines;
+    }
     let Ok(p) = entry.parse::<ToolRequestedPayload>() else {
         return lines;
     };
