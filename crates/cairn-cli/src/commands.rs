@@ -11,7 +11,7 @@ use anyhow::Result;
 use cairn_core::approval::Answer;
 use cairn_core::projection::{LifecycleCheck, ToolInvocationRecord, ToolInvocationStatus, ToolState};
 use cairn_core::storage::Storage;
-use cairn_core::storage::{Entry, JsonlStore, Tail, check_file_with, format_record};
+use cairn_core::storage::{EntryView, JsonlStore, Tail, check_file_read, format_record};
 
 use crate::context::{Context, exit};
 use crate::render::{escape_controls as esc, escape_json};
@@ -36,18 +36,22 @@ pub fn config(ctx: &Context) -> Result<u8> {
 }
 
 /// One line describing an entry for `cairn show`.
-fn describe_entry(entry: &Entry) -> String {
+fn describe_entry(entry: EntryView<'_>) -> String {
     use cairn_core::events::{
-        EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
-        ToolStartedPayload, payload_of,
+        EntryPayload, EntryType, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload, ToolStartedPayload,
     };
+    // The payload read as `P` when the entry is of `P`'s type
+    // (`events::payload_of` for a view).
+    fn payload_of<P: EntryPayload>(entry: EntryView<'_>) -> Option<P> {
+        (entry.entry_type == P::TYPE.tag()).then(|| serde_json::from_str::<P>(entry.payload).ok()).flatten()
+    }
     let text = |t: &str| crate::render::short(t, 100);
-    let Some(kind) = EntryType::of_entry(entry) else {
+    let Some(kind) = EntryType::of(entry.entry_type) else {
         // Written by a newer cairn: shown by its tag.
-        return entry.entry_type.clone();
+        return entry.entry_type.to_owned();
     };
     match kind {
-        EntryType::Message => match cairn_core::turn::entry_message(entry) {
+        EntryType::Message => match cairn_core::turn::entry_view_message(entry) {
             Some(message) => {
                 let role = format!("{:?}", message.role).to_lowercase();
                 let calls: Vec<&str> = message.tool_calls().map(|c| c.name.as_str()).collect();
@@ -105,10 +109,10 @@ fn describe_entry(entry: &Entry) -> String {
             Some(p) => format!("tool started: {} (approved by {})", p.tool, p.verdict.by),
             None => "tool started".to_owned(),
         },
-        EntryType::ToolCompleted => match payload_of::<ToolCompletedPayload>(entry) {
-            Some(p) => {
-                format!("tool completed: {} exit {} — {}", p.tool, p.receipt.exit_code, text(&p.receipt.output_summary))
-            }
+        // Read through a shape that accepts what `ToolCompletedPayload`
+        // accepts and keeps only the output's start (not its copy).
+        EntryType::ToolCompleted => match cairn_core::events::tool_completed_line(entry.payload) {
+            Some(p) => format!("tool completed: {} exit {} — {}", p.tool, p.exit_code, text(&p.output_start)),
             None => "tool completed".to_owned(),
         },
         EntryType::ToolFailed => match payload_of::<ToolFailedPayload>(entry) {
@@ -147,7 +151,8 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
             heads.entry(head).or_default().push(lane.to_owned());
         }
     }
-    let mut out = std::io::stdout().lock();
+    // One write per 64 KiB, not per line (a long session is 200k lines).
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout().lock());
     let s = &ctx.out_style;
     writeln!(out, "{} {}", s.bold("session"), esc(&header.id))?;
     writeln!(out, "  cwd {}  created {}", esc(&header.cwd), format_time(header.created_at))?;
@@ -166,30 +171,30 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
     let covered = if all { Default::default() } else { crate::compaction::covered(index) };
     // Walk the tree depth-first; a chain continues at the same indent, and
     // only a branch point indents, so long linear sessions stay flat.
-    let mut stack: Vec<(Entry, String, bool)> =
-        index.children(None).into_iter().rev().map(|e| (e, String::new(), false)).collect();
+    let mut stack: Vec<(EntryView<'_>, String, bool)> =
+        index.children_views(None).into_iter().rev().map(|e| (e, String::new(), false)).collect();
     while let Some((entry, indent, branch)) = stack.pop() {
         let marker = if branch { "├─ " } else { "" };
-        if covered.contains_key(&entry.id) {
+        if covered.contains_key(entry.id) {
             // Fold the covered chain, stopping at a branch point or a lane head.
-            let (mut last, mut n) = (entry.clone(), 1usize);
+            let (mut last, mut n) = (entry, 1usize);
             loop {
-                let mut children = index.children(Some(&last.id));
+                let mut children = index.children_views(Some(last.id));
                 match children.as_slice() {
-                    [only] if covered.contains_key(&only.id) && !heads.contains_key(&last.id) => {
+                    [only] if covered.contains_key(only.id) && !heads.contains_key(last.id) => {
                         last = children.remove(0);
                         n += 1;
                     }
                     _ => break,
                 }
             }
-            let by = covered.get(&last.id).map_or("", String::as_str);
+            let by = covered.get(last.id).map_or("", String::as_str);
             let line = format!(
                 "… {n} entries ({} to {}) covered by compaction summaries (the latest: {by}) — `cairn show --all` lists them",
                 entry.id, last.id
             );
             writeln!(out, "{indent}{marker}{}", s.dim(&esc(&line)))?;
-            let mut children = index.children(Some(&last.id));
+            let mut children = index.children_views(Some(last.id));
             let child_indent = if branch { format!("{indent}│  ") } else { indent.clone() };
             if children.len() == 1 {
                 stack.push((children.remove(0), child_indent, false));
@@ -201,14 +206,14 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
             continue;
         }
         let lanes_here = heads
-            .get(&entry.id)
+            .get(entry.id)
             .map(|l| format!("  {}", s.green(&format!("◀ {}", esc(&l.join(", "))))))
             .unwrap_or_default();
-        writeln!(out, "{indent}{marker}{} {}{lanes_here}", s.dim(&esc(&entry.id)), esc(&describe_entry(&entry)))?;
-        for line in crate::subagents::child_lines(ctx, &header.id, &entry) {
+        writeln!(out, "{indent}{marker}{} {}{lanes_here}", s.dim(&esc(entry.id)), esc(&describe_entry(entry)))?;
+        for line in crate::subagents::child_lines(ctx, &header.id, entry) {
             writeln!(out, "{indent}   {}", esc(&line))?;
         }
-        let mut children = index.children(Some(&entry.id));
+        let mut children = index.children_views(Some(entry.id));
         let child_indent = if branch { format!("{indent}│  ") } else { indent.clone() };
         if children.len() == 1 {
             stack.push((children.remove(0), child_indent, false));
@@ -218,6 +223,7 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
             }
         }
     }
+    out.flush()?;
     Ok(exit::SUCCESS)
 }
 
@@ -434,10 +440,13 @@ pub fn check(ctx: &Context, path: &Path) -> Result<u8> {
     let started = std::time::Instant::now();
     // Beside the storage invariants, the tool lifecycle the turn relies on:
     // exactly one settlement per invocation, none without a request. The
-    // check streams the file and keeps only what open invocations need.
+    // check streams the file and keeps only what open invocations need;
+    // the lines and the tool payloads are read on a second thread, the
+    // lifecycle folded here in file order.
     let mut tools = LifecycleCheck::default();
-    let report =
-        check_file_with(path, ctx.settings.store_options(), |entry| tools.check(entry).map_err(|e| e.to_string()));
+    let report = check_file_read(path, ctx.settings.store_options(), LifecycleCheck::read, |entry, read| {
+        tools.check_read(entry.id, read).map_err(|e| e.to_string())
+    });
     let seconds = started.elapsed().as_secs_f64();
     let mut out = std::io::stdout().lock();
     if ctx.common.json {

@@ -282,6 +282,78 @@ pub(crate) struct ResultReceipt {
     truncated: bool,
 }
 
+/// The start of a JSON string where the payload's type has a `String` of
+/// which a reader shows only its beginning (`cairn show`): checked as
+/// `String` checks it, its first [`PREFIX_CHARS`] characters kept (one
+/// more than shown, so the reader still knows whether it was cut).
+#[derive(Debug, Default)]
+pub(crate) struct TextPrefix(pub(crate) String);
+
+/// Characters [`TextPrefix`] keeps.
+pub(crate) const PREFIX_CHARS: usize = 101;
+
+impl<'de> Deserialize<'de> for TextPrefix {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = TextPrefix;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TextPrefix, E> {
+                let end = v.char_indices().nth(PREFIX_CHARS).map_or(v.len(), |(at, _)| at);
+                Ok(TextPrefix(v.get(..end).unwrap_or(v).to_owned()))
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<TextPrefix, E> {
+                match std::str::from_utf8(v) {
+                    Ok(text) => self.visit_str(text),
+                    Err(_) => Err(E::invalid_value(de::Unexpected::Bytes(v), &self)),
+                }
+            }
+        }
+        d.deserialize_string(V)
+    }
+}
+
+/// [`crate::events::ToolCompletedPayload`]'s shape again, keeping what a
+/// one-line description shows (`cairn show`): the tool, the exit code and
+/// the start of the output summary.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // Fields are parsed to be checked, not read.
+pub(crate) struct CompletedLine<'a> {
+    invocation_id: Text,
+    call_id: Text,
+    #[serde(borrow)]
+    pub(crate) tool: Cow<'a, str>,
+    pub(crate) receipt: LineReceipt,
+    #[serde(default)]
+    full_output: Option<Text>,
+    #[serde(default)]
+    settled_by: Option<Text>,
+    #[serde(default)]
+    bypasses: Vec<BypassRecord>,
+}
+
+/// [`crate::tool::ToolReceipt`]'s shape with its exit code and the start
+/// of its output.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // Fields are parsed to be checked, not read.
+pub(crate) struct LineReceipt {
+    pub(crate) exit_code: i32,
+    pub(crate) output_summary: TextPrefix,
+    #[serde(default)]
+    structured_output: Option<AnyJson>,
+    #[serde(default)]
+    affected_entities: TextSeq,
+    duration_ms: u64,
+    tier: Risk,
+    timestamp: i64,
+    #[serde(default)]
+    truncated: bool,
+}
+
 /// [`crate::tool::ToolReceipt`]'s shape.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -441,6 +513,9 @@ mod tests {
     fn result_shape(t: &str) -> bool {
         serde_json::from_str::<CompletedResult<'_>>(t).is_ok()
     }
+    fn line_shape(t: &str) -> bool {
+        serde_json::from_str::<CompletedLine<'_>>(t).is_ok()
+    }
     fn completed_type(t: &str) -> bool {
         serde_json::from_str::<ToolCompletedPayload>(t).is_ok()
     }
@@ -486,6 +561,7 @@ mod tests {
         });
         same_verdicts("toolCompleted", &completed, completed_shape, completed_type);
         same_verdicts("toolCompleted as a result", &completed, result_shape, completed_type);
+        same_verdicts("toolCompleted as a line", &completed, line_shape, completed_type);
         // The minimal forms (optional fields absent) too.
         let minimal = json!({
             "invocationId": "i1", "callId": "c1", "tool": "t",
@@ -493,6 +569,7 @@ mod tests {
         });
         same_verdicts("minimal toolCompleted", &minimal, completed_shape, completed_type);
         same_verdicts("minimal toolCompleted as a result", &minimal, result_shape, completed_type);
+        same_verdicts("minimal toolCompleted as a line", &minimal, line_shape, completed_type);
         let minimal = json!({"invocationId": "i1", "turnId": "t",
             "request": {"invocationId": "i1", "callId": "c", "sessionId": "s", "tool": "t", "arguments": null}});
         same_verdicts("minimal toolRequested", &minimal, requested_shape, requested_type);
@@ -505,5 +582,22 @@ mod tests {
         ] {
             assert_eq!(started_shape(bad), started_type(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_completed_line_keeps_the_start_a_description_shows() {
+        for output in ["", "short\nlines", &"é🦀x".repeat(60)] {
+            let payload = json!({
+                "invocationId": "i1", "callId": "c1", "tool": "read_file",
+                "receipt": {"exitCode": 3, "outputSummary": output, "durationMs": 0, "tier": "write", "timestamp": 0}
+            })
+            .to_string();
+            let full = serde_json::from_str::<ToolCompletedPayload>(&payload).unwrap();
+            let line = crate::events::tool_completed_line(&payload).unwrap();
+            assert_eq!((line.tool.as_str(), line.exit_code), (full.tool.as_str(), full.receipt.exit_code));
+            let start: String = full.receipt.output_summary.chars().take(PREFIX_CHARS).collect();
+            assert_eq!(line.output_start, start);
+        }
+        assert_eq!(crate::events::tool_completed_line(r#"{"tool":"t"}"#), None);
     }
 }

@@ -311,6 +311,35 @@ fn settled_status(tag: u8) -> ToolInvocationStatus {
     }
 }
 
+/// What [`LifecycleCheck::read`] found in one entry's payload, for
+/// [`LifecycleCheck::apply_read`] (owned, so it can cross threads).
+#[derive(Debug)]
+pub struct LifecycleRead(ToolRead<'static>);
+
+impl LifecycleRead {
+    /// The same read with its borrowed invocation id made owned.
+    fn owned(read: ToolRead<'_>) -> ToolRead<'static> {
+        match read {
+            ToolRead::Ignored => ToolRead::Ignored,
+            ToolRead::Bad(e) => ToolRead::Bad(e),
+            ToolRead::Tool { kind, invocation_id } => {
+                ToolRead::Tool { kind, invocation_id: Cow::Owned(invocation_id.into_owned()) }
+            }
+        }
+    }
+}
+
+/// An entry's payload as the lifecycle check reads it.
+#[derive(Debug)]
+enum ToolRead<'a> {
+    /// Not a tool event: never changes the verdict.
+    Ignored,
+    /// A tool event about an invocation.
+    Tool { kind: EntryType, invocation_id: Cow<'a, str> },
+    /// A tool event whose payload is refused (the anomaly's text).
+    Bad(String),
+}
+
 impl LifecycleCheck {
     /// Fold one entry; after the first anomaly nothing more is looked at.
     pub fn apply(&mut self, entry: EntryView<'_>) {
@@ -379,87 +408,149 @@ impl LifecycleCheck {
         self.open.get(invocation_id).copied().or_else(|| self.settled.get(invocation_id).map(settled_status))
     }
 
-    fn step<'a>(&mut self, entry: EntryView<'a>) -> Result<(), String> {
-        use ToolInvocationStatus as S;
-        let Some(entry_type) = EntryType::of(entry.entry_type).filter(|&t| Self::looks_at_type(t)) else {
-            return Ok(());
+    fn step(&mut self, entry: EntryView<'_>) -> Result<(), String> {
+        match Self::read_inner(entry) {
+            ToolRead::Ignored => Ok(()),
+            ToolRead::Bad(e) => Err(e),
+            ToolRead::Tool { kind, invocation_id } => self.transition(entry.id, kind, &invocation_id),
+        }
+    }
+
+    /// What the check reads of `entry`'s payload, on its own: the entry
+    /// type it dispatches on and the invocation id, or the payload's
+    /// refusal. Pure (no state of the check), so it may run on another
+    /// thread and ahead of the fold ([`LifecycleCheck::apply_read`]), which
+    /// takes the reads in file order: `cairn check` reads payloads on its
+    /// decoding threads.
+    pub fn read(entry: EntryView<'_>) -> LifecycleRead {
+        LifecycleRead(LifecycleRead::owned(Self::read_inner(entry)))
+    }
+
+    /// [`apply`](Self::apply) of an entry whose payload was read ahead with
+    /// [`LifecycleCheck::read`]: the same verdict.
+    pub fn apply_read(&mut self, entry_id: &str, read: LifecycleRead) {
+        if self.first.is_some() {
+            return;
+        }
+        let verdict = match read.0 {
+            ToolRead::Ignored => Ok(()),
+            ToolRead::Bad(e) => Err(e),
+            ToolRead::Tool { kind, invocation_id } => self.transition(entry_id, kind, &invocation_id),
+        };
+        if let Err(anomaly) = verdict {
+            self.first = Some(anomaly);
+        }
+    }
+
+    /// [`check`](Self::check) of an entry read ahead ([`LifecycleCheck::read`]).
+    pub fn check_read(&mut self, entry_id: &str, read: LifecycleRead) -> Result<(), LifecycleError> {
+        self.apply_read(entry_id, read);
+        match &self.first {
+            Some(first) => Err(LifecycleError(first.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn read_inner<'a>(entry: EntryView<'a>) -> ToolRead<'a> {
+        let Some(kind) = EntryType::of(entry.entry_type).filter(|&t| Self::looks_at_type(t)) else {
+            return ToolRead::Ignored;
         };
         let bad = |what: &str, e: &dyn std::fmt::Display| format!("entry {}: bad {what} payload: {e}", entry.id);
-        let (id, settle) = match entry_type {
-            EntryType::ToolRequested => {
-                let id = shaped_id(
-                    entry,
-                    "toolRequested",
-                    |p: shape::Requested<'a>| p.invocation_id,
-                    |p: ToolRequestedPayload| p.invocation_id,
-                )?;
-                if self.status(&id).is_some() {
-                    return Err(format!("invocation {id} requested twice"));
-                }
-                self.open.insert(id.into_owned(), S::Requested);
-                return Ok(());
-            }
-            EntryType::ToolStarted => {
-                let id = shaped_id(
-                    entry,
-                    "toolStarted",
-                    |p: shape::Started<'a>| p.invocation_id,
-                    |p: ToolStartedPayload| p.invocation_id,
-                )?;
-                let status = self.known(entry.id, &id)?;
-                if status != S::Requested {
-                    return Err(format!("invocation {id} started while {status:?}"));
-                }
-                // Requested, so open (the settled keep only settled states).
-                if let Some(open) = self.open.get_mut(&*id) {
-                    *open = S::Started;
-                }
-                return Ok(());
-            }
-            EntryType::ToolBypass => {
-                let p = entry.parse::<ToolBypassPayload>().map_err(|e| bad("toolBypass", &e))?;
-                let status = self.known(entry.id, &p.invocation_id)?;
-                if status != S::Started {
-                    return Err(format!("invocation {} asked a bypass while {:?}", p.invocation_id, status));
-                }
-                return Ok(());
-            }
-            EntryType::ToolStaged => {
-                let p = entry.parse::<crate::events::ToolStagedPayload>().map_err(|e| bad("toolStaged", &e))?;
-                let status = self.known(entry.id, &p.invocation_id)?;
-                if status != S::Started {
-                    return Err(format!("invocation {} staged while {:?}", p.invocation_id, status));
-                }
-                return Ok(());
-            }
-            EntryType::ToolCompleted => {
-                let id = shaped_id(
-                    entry,
-                    "toolCompleted",
-                    |p: shape::Completed<'a>| p.invocation_id,
-                    |p: ToolCompletedPayload| p.invocation_id,
-                )?;
-                (id, (S::Completed, true))
-            }
-            EntryType::ToolFailed => {
-                let p = entry.parse::<ToolFailedPayload>().map_err(|e| bad("toolFailed", &e))?;
-                (Cow::Owned(p.invocation_id), (S::Failed, true))
-            }
-            EntryType::ToolRejected => {
-                let p = entry.parse::<ToolRejectedPayload>().map_err(|e| bad("toolRejected", &e))?;
-                (Cow::Owned(p.invocation_id), (S::Rejected, false))
-            }
+        let id = match kind {
+            EntryType::ToolRequested => shaped_id(
+                entry,
+                "toolRequested",
+                |p: shape::Requested<'a>| p.invocation_id,
+                |p: ToolRequestedPayload| p.invocation_id,
+            ),
+            EntryType::ToolStarted => shaped_id(
+                entry,
+                "toolStarted",
+                |p: shape::Started<'a>| p.invocation_id,
+                |p: ToolStartedPayload| p.invocation_id,
+            ),
+            EntryType::ToolBypass => entry
+                .parse::<ToolBypassPayload>()
+                .map(|p| Cow::Owned(p.invocation_id))
+                .map_err(|e| bad("toolBypass", &e)),
+            EntryType::ToolStaged => entry
+                .parse::<crate::events::ToolStagedPayload>()
+                .map(|p| Cow::Owned(p.invocation_id))
+                .map_err(|e| bad("toolStaged", &e)),
+            EntryType::ToolCompleted => shaped_id(
+                entry,
+                "toolCompleted",
+                |p: shape::Completed<'a>| p.invocation_id,
+                |p: ToolCompletedPayload| p.invocation_id,
+            ),
+            EntryType::ToolFailed => entry
+                .parse::<ToolFailedPayload>()
+                .map(|p| Cow::Owned(p.invocation_id))
+                .map_err(|e| bad("toolFailed", &e)),
+            EntryType::ToolRejected => entry
+                .parse::<ToolRejectedPayload>()
+                .map(|p| Cow::Owned(p.invocation_id))
+                .map_err(|e| bad("toolRejected", &e)),
             EntryType::Message
             | EntryType::TurnCancelled
             | EntryType::TurnEnded
             | EntryType::Compaction
             | EntryType::Undo
-            | EntryType::UndoApplied => {
+            | EntryType::UndoApplied => return ToolRead::Ignored,
+        };
+        match id {
+            Ok(invocation_id) => ToolRead::Tool { kind, invocation_id },
+            Err(e) => ToolRead::Bad(e),
+        }
+    }
+
+    /// The lifecycle's rules for a tool event of `kind` about `id`.
+    fn transition(&mut self, entry_id: &str, kind: EntryType, id: &str) -> Result<(), String> {
+        use ToolInvocationStatus as S;
+        let (settled, needs_start) = match kind {
+            EntryType::ToolRequested => {
+                if self.status(id).is_some() {
+                    return Err(format!("invocation {id} requested twice"));
+                }
+                self.open.insert(id.to_owned(), S::Requested);
                 return Ok(());
             }
+            EntryType::ToolStarted => {
+                let status = self.known(entry_id, id)?;
+                if status != S::Requested {
+                    return Err(format!("invocation {id} started while {status:?}"));
+                }
+                // Requested, so open (the settled keep only settled states).
+                if let Some(open) = self.open.get_mut(id) {
+                    *open = S::Started;
+                }
+                return Ok(());
+            }
+            EntryType::ToolBypass => {
+                let status = self.known(entry_id, id)?;
+                if status != S::Started {
+                    return Err(format!("invocation {id} asked a bypass while {status:?}"));
+                }
+                return Ok(());
+            }
+            EntryType::ToolStaged => {
+                let status = self.known(entry_id, id)?;
+                if status != S::Started {
+                    return Err(format!("invocation {id} staged while {status:?}"));
+                }
+                return Ok(());
+            }
+            EntryType::ToolCompleted => (S::Completed, true),
+            EntryType::ToolFailed => (S::Failed, true),
+            EntryType::ToolRejected => (S::Rejected, false),
+            EntryType::Message
+            | EntryType::TurnCancelled
+            | EntryType::TurnEnded
+            | EntryType::Compaction
+            | EntryType::Undo
+            | EntryType::UndoApplied => return Ok(()),
         };
-        let (settled, needs_start) = settle;
-        let status = self.known(entry.id, &id)?;
+        let status = self.known(entry_id, id)?;
         if status.is_settled() {
             return Err(format!("invocation {id} settled twice"));
         }
@@ -467,8 +558,8 @@ impl LifecycleCheck {
             return Err(format!("invocation {id} settled without being started"));
         }
         // Settled: its open state goes; its id and outcome stay, packed.
-        self.open.remove(&*id);
-        self.settled.insert(&id, settled_tag(settled));
+        self.open.remove(id);
+        self.settled.insert(id, settled_tag(settled));
         Ok(())
     }
 

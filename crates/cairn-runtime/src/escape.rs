@@ -72,13 +72,13 @@ pub fn escape_json(json: &str) -> Cow<'_, str> {
 
 /// At most `max` characters of `text`, with an ellipsis when cut.
 pub fn short(text: &str, max: usize) -> String {
-    let flat: String = text.chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
-    if flat.chars().count() <= max {
-        flat
-    } else {
-        let cut: String = flat.chars().take(max).collect();
-        format!("{cut}…")
+    // Only the kept prefix is looked at (a tool's output may be long).
+    let mut chars = text.chars();
+    let mut out: String = chars.by_ref().take(max).map(|c| if c == '\n' { ' ' } else { c }).collect();
+    if chars.next().is_some() {
+        out.push('…');
     }
+    out
 }
 
 /// `path` as a shell word, for commands printed to copy.

@@ -1178,9 +1178,18 @@ pub fn usage_line<S: Storage>(ctx: &Context, store: &S) -> String {
 /// For `cairn show`: under a `spawn_agent` intent of session `parent`, the
 /// child it names (and, indented, that child's own children): state,
 /// tokens and answer.
-pub fn child_lines(ctx: &Context, parent: &str, entry: &cairn_core::storage::Entry) -> Vec<String> {
+pub fn child_lines(ctx: &Context, parent: &str, entry: cairn_core::storage::EntryView<'_>) -> Vec<String> {
+    use cairn_core::events::{EntryPayload, ToolRequestedPayload};
     let mut lines = Vec::new();
-    let Some(p) = cairn_core::events::payload_of::<cairn_core::events::ToolRequestedPayload>(entry) else {
+    if entry.entry_type != ToolRequestedPayload::TYPE.tag() {
+        return lines;
+    }
+    // Only a payload naming the tool (or with a `\u` escape, which could
+    // spell it) can be a spawn: the others are not parsed a second time.
+    if !entry.payload.contains(SPAWN) && !entry.payload.contains("\\u") {
+        return lines;
+    }
+    let Ok(p) = entry.parse::<ToolRequestedPayload>() else {
         return lines;
     };
     if p.request.tool != SPAWN {

@@ -20,10 +20,11 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::chunked::{ApplyRead, CHUNK, decoding_threads, replay_chunks};
 use super::jsonl::{Access, StoreOptions, open_regular};
 use super::line::EntryRef;
 use super::record::{EntryView, Record};
-use super::replay::{Apply, replay_into};
+use super::replay::{Apply, ReplayedFile, replay_into};
 
 /// What `cairn check` reports about a session file.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -68,7 +69,53 @@ pub fn check_file_with(
     opts: StoreOptions,
     mut validate: impl FnMut(EntryView<'_>) -> Result<(), String>,
 ) -> CheckReport {
-    let failed = |error: String| CheckReport {
+    let file = match open_regular(path, Access::Read) {
+        Ok(file) => file,
+        Err(e) => return failed(e.to_string()),
+    };
+    let mut validate = |entry: EntryView<'_>, ()| validate(entry);
+    let mut verify = Verify::new(&mut validate);
+    let replayed = replay_into(&path.display().to_string(), file, opts.max_line_bytes, &mut verify);
+    report(path, replayed, verify)
+}
+
+/// [`check_file_with`] with each entry's payload read ahead by `read` on
+/// other threads (the file's lines are decoded there too: `chunked.rs`),
+/// and `validate` given, in file order, each entry's index fields (its
+/// view's `payload` is empty) with what `read` made of it. The same report
+/// as [`check_file_with`] with a `validate` that reads the payload itself,
+/// in less wall time on a machine with a second core.
+pub fn check_file_read<P: Send>(
+    path: &Path,
+    opts: StoreOptions,
+    read: impl Fn(EntryView<'_>) -> P + Sync,
+    mut validate: impl FnMut(EntryView<'_>, P) -> Result<(), String>,
+) -> CheckReport {
+    check_read_in(path, opts, decoding_threads(), CHUNK, &read, &mut validate)
+}
+
+/// [`check_file_read`] with `threads` decoding threads and chunks of
+/// `chunk` bytes.
+fn check_read_in<P: Send>(
+    path: &Path,
+    opts: StoreOptions,
+    threads: usize,
+    chunk: usize,
+    read: &(dyn Fn(EntryView<'_>) -> P + Sync),
+    validate: &mut dyn FnMut(EntryView<'_>, P) -> Result<(), String>,
+) -> CheckReport {
+    let file = match open_regular(path, Access::Read) {
+        Ok(file) => file,
+        Err(e) => return failed(e.to_string()),
+    };
+    let mut verify = Verify::new(validate);
+    let replayed =
+        replay_chunks(&path.display().to_string(), file, opts.max_line_bytes, threads, chunk, read, &mut verify);
+    report(path, replayed, verify)
+}
+
+fn failed(error: String) -> CheckReport {
+    CheckReport {
         ok: false,
         entries: 0,
         registers: 0,
@@ -79,20 +126,11 @@ pub fn check_file_with(
         storage_version: 0,
         warnings: Vec::new(),
         error: Some(error),
-    };
-    let file = match open_regular(path, Access::Read) {
-        Ok(file) => file,
-        Err(e) => return failed(e.to_string()),
-    };
-    let mut verify = Verify {
-        ids: crate::idset::IdSet::default(),
-        last_seq: 0,
-        entries: 0,
-        usage: 0,
-        validate: &mut validate,
-        invalid: None,
-    };
-    let replayed = match replay_into(&path.display().to_string(), file, opts.max_line_bytes, &mut verify) {
+    }
+}
+
+fn report<P>(path: &Path, replayed: Result<ReplayedFile, super::StorageError>, verify: Verify<'_, P>) -> CheckReport {
+    let replayed = match replayed {
         Ok(replayed) => replayed,
         Err(e) => return failed(e.to_string()),
     };
@@ -119,48 +157,67 @@ pub fn check_file_with(
 /// The index's rules over a stream of records, keeping of them only the
 /// entry ids (packed) and counts; each entry also goes to the caller's
 /// validation until it first fails.
-struct Verify<'a> {
+struct Verify<'a, P> {
     ids: crate::idset::IdSet,
     last_seq: u64,
     entries: u64,
     usage: u64,
-    validate: &'a mut dyn FnMut(EntryView<'_>) -> Result<(), String>,
+    validate: &'a mut dyn FnMut(EntryView<'_>, P) -> Result<(), String>,
     invalid: Option<String>,
 }
 
-impl Verify<'_> {
-    /// An entry that passed the index's rules.
-    fn entry(&mut self, entry: EntryView<'_>) {
+impl<'a, P> Verify<'a, P> {
+    fn new(validate: &'a mut dyn FnMut(EntryView<'_>, P) -> Result<(), String>) -> Self {
+        Self { ids: crate::idset::IdSet::default(), last_seq: 0, entries: 0, usage: 0, validate, invalid: None }
+    }
+
+    /// An entry: the index's rules, then the caller's validation.
+    fn entry(&mut self, entry: EntryView<'_>, read: P) -> Result<(), String> {
+        super::index::check_entry(&entry, self.last_seq, |id| self.ids.get(id))?;
         self.last_seq = entry.seq;
         self.ids.insert(entry.id, 0);
         self.entries += 1;
         if self.invalid.is_none()
-            && let Err(e) = (self.validate)(entry)
+            && let Err(e) = (self.validate)(entry, read)
         {
             self.invalid = Some(e);
         }
+        Ok(())
+    }
+
+    /// Any other record: the index's rules.
+    fn other(&mut self, record: &Record) -> Result<(), String> {
+        super::index::check_record::<u8>(record, self.last_seq, |_| None)?;
+        self.last_seq = record.seq();
+        if let Record::Usage(_) = record {
+            self.usage += 1;
+        }
+        Ok(())
     }
 }
 
-impl Apply for Verify<'_> {
+impl Apply for Verify<'_, ()> {
     fn apply(&mut self, record: Record) -> Result<(), String> {
-        super::index::check_record(&record, self.last_seq, |id| self.ids.get(id))?;
-        self.last_seq = record.seq();
         match &record {
-            Record::Entry(entry) => self.entry(entry.view()),
-            Record::Usage(_) => self.usage += 1,
-            Record::Register(_) | Record::State(_) => {}
+            Record::Entry(entry) => self.entry(entry.view(), ()),
+            other => self.other(other),
         }
-        Ok(())
     }
 
     /// An entry as it stands in its line: checked and validated in place
     /// (no copy of its strings or payload).
     fn apply_entry(&mut self, entry: EntryRef<'_>) -> Result<(), String> {
-        let view = entry.view();
-        super::index::check_entry(&view, self.last_seq, |id| self.ids.get(id))?;
-        self.entry(view);
-        Ok(())
+        self.entry(entry.view(), ())
+    }
+}
+
+impl<P> ApplyRead<P> for Verify<'_, P> {
+    fn entry(&mut self, entry: EntryView<'_>, read: P) -> Result<(), String> {
+        Verify::entry(self, entry, read)
+    }
+
+    fn other(&mut self, record: Record) -> Result<(), String> {
+        Verify::other(self, &record)
     }
 }
 
@@ -324,6 +381,109 @@ mod tests {
                     || name.starts_with("an array"),
                 "{name}: {streamed:?}"
             );
+        }
+    }
+
+    /// A tool event's entry line (the lifecycle check's payloads).
+    fn tool(seq: u64, id: &str, parent: &str, entry_type: &str, invocation: &str) -> String {
+        let payload = match entry_type {
+            "toolRequested" => format!(
+                r#"{{"invocationId":"{invocation}","turnId":"t","request":{{"invocationId":"{invocation}","callId":"c","sessionId":"s","tool":"read_file","arguments":{{"path":"a"}}}}}}"#
+            ),
+            "toolStarted" => format!(
+                r#"{{"invocationId":"{invocation}","callId":"c","tool":"read_file","verdict":{{"decision":"approve","by":"policy","at":1}}}}"#
+            ),
+            _ => format!(
+                r#"{{"invocationId":"{invocation}","callId":"c","tool":"read_file","receipt":{{"exitCode":0,"outputSummary":"ok","durationMs":1,"tier":"readOnly","timestamp":1}}}}"#
+            ),
+        };
+        format!(
+            r#"{{"kind":"entry","seq":{seq},"timestamp":1,"id":"{id}","parentId":"{parent}","type":"{entry_type}","payload":{payload}}}"#
+        )
+    }
+
+    #[test]
+    fn the_chunked_check_reports_what_the_sequential_check_reports() {
+        use crate::projection::LifecycleCheck;
+        let dir = tempfile::tempdir().unwrap();
+        let mut body = vec![entry(1, "e0", None)];
+        let mut seq = 1;
+        for i in 0..60u64 {
+            for (n, kind) in ["toolRequested", "toolStarted", "toolCompleted"].into_iter().enumerate() {
+                seq += 1;
+                body.push(tool(seq, &format!("t{i}.{n}"), "e0", kind, &format!("i{i}")));
+            }
+            seq += 1;
+            body.push(set(seq, "fact", &format!("k{}", i % 3)));
+        }
+        let long = format!(
+            r#"{{"kind":"entry","seq":{},"timestamp":1,"id":"long","parentId":"e0","type":"message","payload":"{}"}}"#,
+            seq + 1,
+            "x".repeat(400)
+        );
+        let cases: Vec<(&str, Vec<String>)> = vec![
+            ("healthy", vec![]),
+            ("torn tail", vec!["{\"kind\":\"entr".to_owned()]),
+            ("torn tail that is valid JSON", vec![entry(seq + 1, "x", Some("e0"))]),
+            ("syntax error on the last whole line", vec!["{not json".to_owned()]),
+            ("syntax error then a torn tail", vec!["{not json".to_owned(), "{\"kind".to_owned()]),
+            ("shape error on the last line", vec!["42".to_owned()]),
+            ("empty line in the middle", vec![String::new(), entry(seq + 1, "x", Some("e0"))]),
+            ("too long in the middle", vec![long.clone(), entry(seq + 2, "x", Some("e0"))]),
+            ("too long at the end", vec![long.clone()]),
+            ("duplicate id", vec![entry(seq + 1, "e0", None)]),
+            ("lifecycle: requested twice", vec![tool(seq + 1, "x", "e0", "toolRequested", "i3")]),
+            (
+                "lifecycle: bad payload",
+                vec![tool(seq + 1, "x", "e0", "toolStarted", "i3").replace("\"callId\"", "\"callid\"")],
+            ),
+            (
+                "lifecycle anomaly then a corrupt line",
+                vec![
+                    tool(seq + 1, "x", "e0", "toolCompleted", "nope"),
+                    "{not json".to_owned(),
+                    entry(seq + 2, "y", None),
+                ],
+            ),
+            ("an array line", vec![format!("[{},{}]", entry(seq + 1, "a", Some("e0")), set(seq + 2, "lane", "main"))]),
+        ];
+        for (name, tail) in cases {
+            let path = dir.path().join(format!("{}.jsonl", name.replace([' ', ':'], "-")));
+            let mut text = format!("{HEADER}\n");
+            for line in body.iter().chain(&tail) {
+                text.push_str(line);
+                text.push('\n');
+            }
+            if name.starts_with("torn tail") || name.ends_with("torn tail") {
+                text.pop();
+            }
+            std::fs::write(&path, text).unwrap();
+            let opts = StoreOptions { max_line_bytes: 300, ..StoreOptions::default() };
+            let mut tools = LifecycleCheck::default();
+            let sequential = check_file_with(&path, opts, |e| tools.check(e).map_err(|e| e.to_string()));
+            for threads in [0, 1, 2, 3] {
+                for chunk in [1, 7, 100, 299, 300, 301, 4096, CHUNK] {
+                    let mut tools = LifecycleCheck::default();
+                    let chunked = check_read_in(&path, opts, threads, chunk, &LifecycleCheck::read, &mut |e, read| {
+                        tools.check_read(e.id, read).map_err(|e| e.to_string())
+                    });
+                    assert_eq!(chunked, sequential, "{name}, {threads} threads, chunks of {chunk}");
+                }
+            }
+            let mut tools = LifecycleCheck::default();
+            let public = check_file_read(&path, opts, LifecycleCheck::read, |e, read| {
+                tools.check_read(e.id, read).map_err(|e| e.to_string())
+            });
+            assert_eq!(public, sequential, "{name}");
+            let ok = matches!(
+                name,
+                "healthy"
+                    | "torn tail"
+                    | "torn tail that is valid JSON"
+                    | "syntax error on the last whole line"
+                    | "an array line"
+            );
+            assert_eq!(sequential.ok, ok, "{name}: {sequential:?}");
         }
     }
 }

@@ -356,9 +356,14 @@ impl SessionIndex {
     /// [`apply`](Self::apply) for an entry borrowed from its line (replay:
     /// its strings and payload are copied once, into the arena).
     pub(crate) fn apply_entry_ref(&mut self, entry: EntryRef<'_>) -> Result<(), String> {
-        let parts = entry.view();
-        let parent = check_entry(&parts, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
-        self.add_entry(&parts, parent)?;
+        self.apply_entry_view(&entry.view())
+    }
+
+    /// [`apply`](Self::apply) for an entry lent as a view (the chunked
+    /// replay: its strings and payload are copied once, into the arena).
+    pub(crate) fn apply_entry_view(&mut self, parts: &EntryView<'_>) -> Result<(), String> {
+        let parent = check_entry(parts, self.last_seq, |id| self.by_id.get(&self.entries, id))?;
+        self.add_entry(parts, parent)?;
         self.last_seq = parts.seq;
         Ok(())
     }
@@ -518,6 +523,22 @@ impl SessionIndex {
         let mut child = self.links[p as usize].first_child;
         while child != NONE {
             out.push(self.entries.get(child));
+            child = self.links[child as usize].next_sibling;
+        }
+        out
+    }
+
+    /// [`children`](Self::children) lent from the arena (no copy): what a
+    /// walk of the whole tree takes (`cairn show`).
+    pub fn children_views(&self, parent: Option<&str>) -> Vec<EntryView<'_>> {
+        let Some(id) = parent else {
+            return self.roots.iter().map(|&i| self.entries.view(i)).collect();
+        };
+        let Some(p) = self.by_id.get(&self.entries, id) else { return Vec::new() };
+        let mut out = Vec::new();
+        let mut child = self.links[p as usize].first_child;
+        while child != NONE {
+            out.push(self.entries.view(child));
             child = self.links[child as usize].next_sibling;
         }
         out

@@ -107,6 +107,7 @@ pub use crate::__storage_reads_from_index as reads_from_index;
 pub const FAMILY_SEP: char = '+';
 
 mod check;
+mod chunked;
 mod index;
 mod jsonl;
 mod line;
@@ -120,7 +121,7 @@ mod sqlite;
 mod summary;
 mod tail;
 
-pub use check::{CheckReport, check_file, check_file_with, header_id_mismatch};
+pub use check::{CheckReport, check_file, check_file_read, check_file_with, header_id_mismatch};
 pub use jsonl::{
     CompactStep, DEFAULT_COMPACT_RATIO, DEFAULT_MAX_LINE_BYTES, Durability, JsonlStore, StoreOptions, check_session_id,
     lock_path, new_session_id,

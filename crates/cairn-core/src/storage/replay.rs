@@ -160,6 +160,12 @@ pub(crate) struct ReplayedFile {
 /// `size` is the file's size as far as known (the index's text arena is
 /// reserved for it once, so it is never copied while it grows: the pages
 /// it does not use are never touched, and are given back at the end).
+///
+/// It stays on this thread: decoding the lines on a second one
+/// (`chunked.rs`, as `cairn check` does) gained no wall time on the loaded
+/// 2-core machine it was tried on, and its chunks in flight and decoding
+/// threads' allocator arenas would add to the peak of every open (issue
+/// 33, `docs/benchmarks/long.md`).
 pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64, size: u64) -> Result<Replayed, StorageError> {
     let mut index = SessionIndex::new();
     index.reserve_text(usize::try_from(size).unwrap_or(0));
@@ -175,23 +181,20 @@ pub(crate) fn replay(path: &str, reader: impl Read, max_line: u64, size: u64) ->
     })
 }
 
-/// Replay a whole session file from `reader` into `sink`, one line at a
-/// time, with every rule of [`replay`] (the sink adds its own).
-pub(crate) fn replay_into(
+/// Read and check the header line (the first of the file): the header
+/// as this build reads it, the storage version the file declares and the
+/// line's length.
+pub(crate) fn read_header(
     path: &str,
-    reader: impl Read,
+    reader: &mut impl BufRead,
     max_line: u64,
-    sink: &mut impl Apply,
-) -> Result<ReplayedFile, StorageError> {
-    let mut reader = BufReader::with_capacity(1 << 20, reader);
+) -> Result<(Header, u32, u64), StorageError> {
     let io = |source| StorageError::Io { path: path.to_owned(), source };
     let bad_header = |reason: String| StorageError::BadHeader { path: path.to_owned(), reason };
-    let too_long =
-        |line: u64, offset: u64| StorageError::LineTooLong { path: path.to_owned(), line, offset, limit: max_line };
     let mut buf = Vec::new();
-    let (n, long) = read_line_capped(&mut reader, &mut buf, max_line).map_err(io)?;
+    let (n, long) = read_line_capped(reader, &mut buf, max_line).map_err(io)?;
     if long {
-        return Err(too_long(1, 0));
+        return Err(StorageError::LineTooLong { path: path.to_owned(), line: 1, offset: 0, limit: max_line });
     }
     if n == 0 {
         return Err(bad_header("the file is empty (not a cairn session, or its creation never finished)".to_owned()));
@@ -201,7 +204,35 @@ pub(crate) fn replay_into(
     }
     let mut header = decode_header(&buf[..buf.len() - 1]).map_err(|e| bad_header(e.to_string()))?;
     let file_version = migrate::header(path, &mut header)?;
-    let mut valid_len = n as u64;
+    Ok((header, file_version, n as u64))
+}
+
+/// Replay a whole session file from `reader` into `sink`, one line at a
+/// time, with every rule of [`replay`] (the sink adds its own).
+pub(crate) fn replay_into(
+    path: &str,
+    reader: impl Read,
+    max_line: u64,
+    sink: &mut impl Apply,
+) -> Result<ReplayedFile, StorageError> {
+    let mut reader = BufReader::with_capacity(1 << 20, reader);
+    let (header, file_version, n) = read_header(path, &mut reader, max_line)?;
+    replay_rest(path, reader, max_line, (header, file_version, n), sink)
+}
+
+/// [`replay_into`] after the header line (`read_header`'s answer).
+pub(crate) fn replay_rest(
+    path: &str,
+    mut reader: impl BufRead,
+    max_line: u64,
+    (header, file_version, header_len): (Header, u32, u64),
+    sink: &mut impl Apply,
+) -> Result<ReplayedFile, StorageError> {
+    let io = |source| StorageError::Io { path: path.to_owned(), source };
+    let too_long =
+        |line: u64, offset: u64| StorageError::LineTooLong { path: path.to_owned(), line, offset, limit: max_line };
+    let mut buf = Vec::new();
+    let mut valid_len = header_len;
     let mut lines = 1;
     let mut liveness = Liveness::default();
     let mut torn_bytes = 0;

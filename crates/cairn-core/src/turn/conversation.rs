@@ -9,7 +9,7 @@
 use crate::context::Ledger;
 use crate::events::{EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload};
 use crate::message::{ContentPart, Message, Role};
-use crate::storage::{Entry, Storage};
+use crate::storage::{Entry, EntryView, Storage};
 
 use super::TurnError;
 
@@ -69,6 +69,11 @@ pub(crate) fn costs_of(entry_type: &str, payload: &str) -> Option<(Role, (u64, u
 /// The message an entry contributes, for readers of the log.
 pub fn entry_message(entry: &Entry) -> Option<Message> {
     message_of(&entry.entry_type, entry.payload.get())
+}
+
+/// [`entry_message`] of an entry lent as a view.
+pub fn entry_view_message(entry: EntryView<'_>) -> Option<Message> {
+    message_of(entry.entry_type, entry.payload)
 }
 
 /// The conversation ending at `head` (empty for none).

@@ -40,7 +40,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use conversation::entry_message;
+pub use conversation::{entry_message, entry_view_message};
 pub use effect::{decide_bypass, review_staged_effect};
 pub use pc::{Pc, Phase, TransitionError};
 
