@@ -111,7 +111,7 @@ fn describe_entry(entry: EntryView<'_>) -> String {
         },
         // Read through a shape that accepts what `ToolCompletedPayload`
         // accepts and keeps only the output's start (not its copy).
-        EntryType::ToolCompleted => match cairn_core::events::tool_completed_line(entry.payload) {
+        EntryType::ToolCompleted => match cairn_core::tool_completed_line(entry.payload) {
             Some(p) => format!("tool completed: {} exit {} — {}", p.tool, p.exit_code, text(&p.output_start)),
             None => "tool completed".to_owned(),
         },

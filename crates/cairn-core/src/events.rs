@@ -125,32 +125,6 @@ impl EntryType {
     }
 }
 
-/// What a one-line description of a `toolCompleted` entry shows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolCompletedLine {
-    /// The tool.
-    pub tool: String,
-    /// The receipt's exit code.
-    pub exit_code: i32,
-    /// The start of the receipt's output summary: its first 101
-    /// characters (one more than `cairn show` prints, so a cut shows).
-    pub output_start: String,
-}
-
-/// The one-line description's parts of a `toolCompleted` payload, when
-/// [`ToolCompletedPayload`] accepts the payload (read through a shape
-/// that checks it as the type would, keeping only these parts:
-/// `payload_shape.rs`, whose test holds it to the type's verdicts), so a
-/// long output is not copied to show its start.
-pub fn tool_completed_line(payload: &str) -> Option<ToolCompletedLine> {
-    let line = serde_json::from_str::<crate::payload_shape::CompletedLine<'_>>(payload).ok()?;
-    Some(ToolCompletedLine {
-        tool: line.tool.into_owned(),
-        exit_code: line.receipt.exit_code,
-        output_start: line.receipt.output_summary.0,
-    })
-}
-
 /// A payload of an entry: its Rust type fixes its entry type.
 pub trait EntryPayload: Serialize + DeserializeOwned {
     /// The entry type this payload is written under.

@@ -233,7 +233,7 @@ pub(crate) struct Completed<'a> {
     pub(crate) invocation_id: Cow<'a, str>,
     call_id: Text,
     tool: Text,
-    receipt: Receipt,
+    receipt: KeptReceipt<Text>,
     #[serde(default)]
     full_output: Option<Text>,
     #[serde(default)]
@@ -255,7 +255,7 @@ pub(crate) struct CompletedResult<'a> {
     #[serde(borrow)]
     pub(crate) call_id: Cow<'a, str>,
     tool: Text,
-    pub(crate) receipt: ResultReceipt,
+    pub(crate) receipt: KeptReceipt<TextLen>,
     #[serde(default)]
     full_output: Option<Text>,
     #[serde(default)]
@@ -264,13 +264,15 @@ pub(crate) struct CompletedResult<'a> {
     bypasses: Vec<BypassRecord>,
 }
 
-/// [`crate::tool::ToolReceipt`]'s shape with its exit code and its output's length.
+/// [`crate::tool::ToolReceipt`]'s shape with its exit code and what a
+/// reader keeps of its output (`S`: nothing, [`Text`]; its length,
+/// [`TextLen`]; or its start, [`TextPrefix`]).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[allow(dead_code)] // Fields are parsed to be checked, not read.
-pub(crate) struct ResultReceipt {
+pub(crate) struct KeptReceipt<S> {
     pub(crate) exit_code: i32,
-    pub(crate) output_summary: TextLen,
+    pub(crate) output_summary: S,
     #[serde(default)]
     structured_output: Option<AnyJson>,
     #[serde(default)]
@@ -326,7 +328,7 @@ pub(crate) struct CompletedLine<'a> {
     call_id: Text,
     #[serde(borrow)]
     pub(crate) tool: Cow<'a, str>,
-    pub(crate) receipt: LineReceipt,
+    pub(crate) receipt: KeptReceipt<TextPrefix>,
     #[serde(default)]
     full_output: Option<Text>,
     #[serde(default)]
@@ -335,41 +337,30 @@ pub(crate) struct CompletedLine<'a> {
     bypasses: Vec<BypassRecord>,
 }
 
-/// [`crate::tool::ToolReceipt`]'s shape with its exit code and the start
-/// of its output.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[allow(dead_code)] // Fields are parsed to be checked, not read.
-pub(crate) struct LineReceipt {
-    pub(crate) exit_code: i32,
-    pub(crate) output_summary: TextPrefix,
-    #[serde(default)]
-    structured_output: Option<AnyJson>,
-    #[serde(default)]
-    affected_entities: TextSeq,
-    duration_ms: u64,
-    tier: Risk,
-    timestamp: i64,
-    #[serde(default)]
-    truncated: bool,
+/// What a one-line description of a `toolCompleted` entry shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCompletedLine {
+    /// The tool.
+    pub tool: String,
+    /// The receipt's exit code.
+    pub exit_code: i32,
+    /// The start of the receipt's output summary: its first 101
+    /// characters (one more than `cairn show` prints, so a cut shows).
+    pub output_start: String,
 }
 
-/// [`crate::tool::ToolReceipt`]'s shape.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[allow(dead_code)] // Fields are parsed to be checked, not read.
-struct Receipt {
-    exit_code: i32,
-    output_summary: Text,
-    #[serde(default)]
-    structured_output: Option<AnyJson>,
-    #[serde(default)]
-    affected_entities: TextSeq,
-    duration_ms: u64,
-    tier: Risk,
-    timestamp: i64,
-    #[serde(default)]
-    truncated: bool,
+/// The one-line description's parts of a `toolCompleted` payload, when
+/// [`crate::events::ToolCompletedPayload`] accepts the payload (read through a shape
+/// that checks it as the type would, keeping only these parts; this
+/// module's test holds it to the type's verdicts), so a
+/// long output is not copied to show its start.
+pub fn tool_completed_line(payload: &str) -> Option<ToolCompletedLine> {
+    let line = serde_json::from_str::<CompletedLine<'_>>(payload).ok()?;
+    Some(ToolCompletedLine {
+        tool: line.tool.into_owned(),
+        exit_code: line.receipt.exit_code,
+        output_start: line.receipt.output_summary.0,
+    })
 }
 
 #[cfg(test)]
@@ -593,11 +584,11 @@ mod tests {
             })
             .to_string();
             let full = serde_json::from_str::<ToolCompletedPayload>(&payload).unwrap();
-            let line = crate::events::tool_completed_line(&payload).unwrap();
+            let line = super::tool_completed_line(&payload).unwrap();
             assert_eq!((line.tool.as_str(), line.exit_code), (full.tool.as_str(), full.receipt.exit_code));
             let start: String = full.receipt.output_summary.chars().take(PREFIX_CHARS).collect();
             assert_eq!(line.output_start, start);
         }
-        assert_eq!(crate::events::tool_completed_line(r#"{"tool":"t"}"#), None);
+        assert_eq!(super::tool_completed_line(r#"{"tool":"t"}"#), None);
     }
 }
