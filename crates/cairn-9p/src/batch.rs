@@ -31,7 +31,8 @@ use cairn_core::message::Role;
 use cairn_core::provider::AttemptUsage;
 use cairn_core::storage::registers::FACT;
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, new_session_id, to_raw};
-use cairn_core::{CancelToken, Session, TurnEnv, TurnEvent, TurnStop};
+use cairn_core::{CancelToken, Session, TurnStop};
+use cairn_host::{Equipment, Step};
 
 use crate::host::{Host, SPEC_FACT, SessionSpec};
 
@@ -483,28 +484,14 @@ impl Batch {
         // Destructive tool and a Write call needs an allow rule or `yes`.
         let allow = Allowlist::parse(spec.session.allow.iter().map(String::as_str))?;
         let approver = PolicyApprover::new(allow, None);
-        let mut approver = if spec.session.yes { approver.approve_writes("9p:yes=1") } else { approver };
+        let approver = if spec.session.yes { approver.approve_writes("9p:yes=1") } else { approver };
         // The unit's tools as any served turn gets them (discovery's choice
         // recorded for a new turn, the recorded one on resume; the family's
         // tools, whose children are headless too).
-        let mut store = store;
         let prompt = (store.entry_count() == 0).then_some(spec.prompt.as_str());
-        let (tools, config) = self.host.turn(&cwd, &mut store, prompt, &approver, None)?;
-        let registry = tools.into_registry(&approver, |note| eprintln!("cairn batch: {}", note.escape_debug()));
-        let mut session = Session::open(store, config)?;
-        let mut observer = |_: &TurnEvent| {};
-        let mut env = TurnEnv {
-            provider: &*provider,
-            tools: &registry,
-            approver: &mut approver,
-            observer: &mut observer,
-            cancel,
-        };
-        let outcome = if session.store().entry_count() == 0 {
-            Some(session.run_turn(&spec.prompt, &mut env)?)
-        } else {
-            session.resume(&mut env)?
-        };
+        let note = |note: &str| eprintln!("cairn batch: {}", note.escape_debug());
+        let (mut session, mut equipment) = Equipment::for_turn(&*self.host, store, &cwd, prompt, approver, None, note)?;
+        let outcome = equipment.run(&mut session, &*provider, Step::Once(&spec.prompt), &mut |_| {}, cancel)?;
         match outcome.map(|o| o.stop) {
             Some(TurnStop::StepLimit) => bail!("the session reached its step limit"),
             _ => Ok(()),

@@ -26,7 +26,8 @@ use cairn_core::storage::{
     Header, JsonlStore, Storage, StoreOptions, Transaction, new_session_id, read_summary, to_raw,
 };
 use cairn_core::turn::Pc;
-use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnEvent, TurnStop};
+use cairn_host::{Equipment, Step};
 
 use crate::approver::{ApprovalBoard, PendingApproval, TreeApprover};
 use crate::host::{Host, Rewind, Rewound, SPEC_FACT, SessionSpec};
@@ -529,10 +530,11 @@ impl Runtime {
                 SharedApprover::new(Box::new(TreeApprover::new(Arc::new(board), cancel.clone(), live.id.clone())));
             let approver = PolicyApprover::new(allow, Some(Box::new(person.clone())));
             let approver = if spec.yes { approver.approve_writes("9p:yes=1") } else { approver };
-            let (session, registry) = self.for_turn(session, &cwd, first.as_deref(), &approver, &person)?;
-            Ok((cwd, provider, approver, person, session, registry))
+            let mut equipment = Equipment { tools: ToolRegistry::new(&approver), approver };
+            let session = self.for_turn(&mut equipment, session, &cwd, first.as_deref(), &person)?;
+            Ok((cwd, provider, equipment, person, session))
         })();
-        let (cwd, provider, mut approver, person, session, registry) = match prepared {
+        let (cwd, provider, mut equipment, person, session) = match prepared {
             Ok(parts) => parts,
             Err(e) => {
                 let _ = ready.send(Err(format!("{e:#}")));
@@ -558,38 +560,29 @@ impl Runtime {
             matches!(stop, Ok(Some(TurnStop::Answered)) | Ok(None))
         };
         // Every turn of this thread (resumed, prompted, queued) runs with the
-        // same provider, approver, observer and cancel token.
-        macro_rules! turn_env {
-            ($tools:expr) => {
-                TurnEnv {
-                    provider: &*provider,
-                    tools: $tools,
-                    approver: &mut approver,
-                    observer: &mut observer,
-                    cancel,
-                }
-            };
-        }
-        // The session and the tools of its next turn; None once reopening
-        // the session for a turn failed (the failure was told).
-        let mut current = Some((session, registry));
+        // same provider, approver, observer and cancel token; `equipment`
+        // holds the tools of the next turn.
+        let mut run = |equipment: &mut Equipment, session: &mut Session<JsonlStore>, step: Step<'_>| {
+            equipment.run(session, &*provider, step, &mut observer, cancel).map_err(|e| format!("{e:#}"))
+        };
+        // The session; None once reopening it for a turn failed (the
+        // failure was told).
+        let mut current = Some(session);
         let mut go_on = true;
         let mut ran = false;
-        if let Some((session, registry)) = current.as_mut()
+        if let Some(session) = current.as_mut()
             && session.needs_resume()
         {
-            let mut env = turn_env!(registry);
-            let result = session.resume(&mut env).map(|o| o.map(|o| o.stop)).map_err(|e| format!("{e:#}"));
+            let result = run(&mut equipment, session, Step::Resume).map(|o| o.map(|o| o.stop));
             go_on = end(result);
             ran = true;
             if let (true, Start::Prompt(text)) = (go_on, &start) {
                 // The new prompt gets its own choice of tools.
-                current = self.next_turn(current, &cwd, Some(text), (&approver, &person), &end);
+                current = self.next_turn(current, &mut equipment, &cwd, Some(text), &person, &end);
             }
         }
-        if let (true, Start::Prompt(text), Some((session, registry))) = (go_on, &start, current.as_mut()) {
-            let mut env = turn_env!(registry);
-            let result = session.run_turn(text, &mut env).map(|o| Some(o.stop)).map_err(|e| format!("{e:#}"));
+        if let (true, Start::Prompt(text), Some(session)) = (go_on, &start, current.as_mut()) {
+            let result = run(&mut equipment, session, Step::Prompt(text)).map(|o| o.map(|o| o.stop));
             go_on = end(result);
             ran = true;
         }
@@ -603,24 +596,23 @@ impl Runtime {
             };
             if !first_queued {
                 // Each queued prompt gets its own choice of tools.
-                let Some((session, _)) = current.as_ref() else { break };
+                let Some(session) = current.as_ref() else { break };
                 let Some(next) = next_in_queue(session.store(), &arrived) else { break };
-                current = self.next_turn(current, &cwd, Some(&next), (&approver, &person), &end);
+                current = self.next_turn(current, &mut equipment, &cwd, Some(&next), &person, &end);
             }
             first_queued = false;
-            let Some((session, registry)) = current.as_mut() else { break };
-            let mut env = turn_env!(registry);
-            match session.run_queued(&arrived, &mut env) {
+            let Some(session) = current.as_mut() else { break };
+            match run(&mut equipment, session, Step::Queued(&arrived)) {
                 Ok(None) => break,
                 Ok(Some(outcome)) => go_on = end(Ok(Some(outcome.stop))),
-                Err(e) => go_on = end(Err(format!("{e:#}"))),
+                Err(e) => go_on = end(Err(e)),
             }
             ran = true;
             self.forget_queued(live, &journal, registers::prompt_queue(session.store()).through);
         }
-        let through = current.as_ref().map_or(0, |(s, _)| registers::prompt_queue(s.store()).through);
+        let through = current.as_ref().map_or(0, |s| registers::prompt_queue(s.store()).through);
         // This turn's records were told live: `event` skips them.
-        let told_through = current.as_ref().map(|(s, _)| s.store().index().last_seq());
+        let told_through = current.as_ref().map(|s| s.store().index().last_seq());
         drop(current);
         // The writer lock is released (the store dropped) before the
         // session reads as not running.
@@ -664,32 +656,28 @@ impl Runtime {
     /// does), so a resumed turn is offered the same tools.
     fn for_turn(
         &self,
+        equipment: &mut Equipment,
         session: Session<JsonlStore>,
         cwd: &Path,
         prompt: Option<&str>,
-        approver: &PolicyApprover,
         person: &SharedApprover,
-    ) -> Result<(Session<JsonlStore>, ToolRegistry)> {
-        // Reopened without checking the whole log again when only the
-        // host's choice was recorded since (`Session::reopen`).
-        let mut reopen = session.into_reopen();
-        let (tools, config) = self.host.turn(cwd, reopen.store_mut(), prompt, approver, Some(person))?;
-        let registry = tools.into_registry(approver, |note| eprintln!("cairn serve: {}", note.escape_debug()));
-        Ok((Session::reopen(reopen, config)?, registry))
+    ) -> Result<Session<JsonlStore>> {
+        let note = |note: &str| eprintln!("cairn serve: {}", note.escape_debug());
+        equipment.reequip(&*self.host, session, cwd, prompt, Some(person), note).map_err(|e| e.error)
     }
 
     /// [`Runtime::for_turn`] between two turns of one thread; a failure
     /// ends the thread's turns and is told like a failed turn.
     fn next_turn(
         &self,
-        current: Option<(Session<JsonlStore>, ToolRegistry)>,
+        current: Option<Session<JsonlStore>>,
+        equipment: &mut Equipment,
         cwd: &Path,
         prompt: Option<&str>,
-        (approver, person): (&PolicyApprover, &SharedApprover),
+        person: &SharedApprover,
         end: &dyn Fn(Result<Option<TurnStop>, String>) -> bool,
-    ) -> Option<(Session<JsonlStore>, ToolRegistry)> {
-        let (session, _) = current?;
-        match self.for_turn(session, cwd, prompt, approver, person) {
+    ) -> Option<Session<JsonlStore>> {
+        match self.for_turn(equipment, current?, cwd, prompt, person) {
             Ok(next) => Some(next),
             Err(e) => {
                 end(Err(format!("cannot prepare the next turn: {e:#}")));

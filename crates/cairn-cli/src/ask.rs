@@ -12,7 +12,8 @@ use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{Context as _, Result, bail};
 use cairn_core::storage::Storage;
-use cairn_core::{CancelToken, Session, TurnEnv, TurnEvent, TurnStop};
+use cairn_core::{CancelToken, Session, TurnEvent, TurnStop};
+use cairn_runtime::Step;
 
 use crate::context::{Context, exit};
 use crate::render::{Mode, Renderer, escape_controls};
@@ -57,14 +58,13 @@ pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
     let cancel = CancelToken::new();
     let mut refused: Vec<(String, String)> = Vec::new();
     let outcome = {
-        let (provider, tools, approver) = wiring.parts();
         let mut observer = |event: &TurnEvent| {
             if let TurnEvent::ToolRejected { tool, reason, .. } = event {
                 refused.push((tool.clone(), reason.clone()));
             }
         };
-        let mut env = TurnEnv { provider, tools, approver, observer: &mut observer, cancel: &cancel };
-        session.run_turn(&text, &mut env).with_context(|| format!("session {id}"))?
+        let outcome = wiring.run(&mut session, Step::Prompt(&text), &mut observer, &cancel);
+        outcome.with_context(|| format!("session {id}"))?.context("the new turn did not start")?
     };
     let mut err = std::io::stderr().lock();
     if let Some((tool, reason)) = refused.first() {

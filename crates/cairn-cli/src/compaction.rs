@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 use cairn_core::events::{CompactionPayload, EntryType};
 use cairn_core::provider::AttemptUsage;
 use cairn_core::storage::{JsonlStore, SessionIndex, Storage};
-use cairn_core::{CancelToken, Session, TurnEnv, TurnEvent};
+use cairn_core::{CancelToken, Session};
 use cairn_provider::ProviderConfig;
 
 use crate::context::{Context, exit};
@@ -30,10 +30,9 @@ pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
     let mut wiring = host::wire(ctx, &cwd, &mut renderer)?;
     let mut session = Session::open(store, crate::wiring::session_config(ctx))?;
     let cancel = CancelToken::new();
-    let (provider, tools, approver) = wiring.parts();
-    let mut observer = |event: &TurnEvent| renderer.event(event);
-    let mut env = TurnEnv { provider, tools, approver, observer: &mut observer, cancel: &cancel };
-    let made = session.compact(&mut env).with_context(|| format!("session {id}"))?;
+    let made = wiring
+        .compact(&mut session, &mut |event| renderer.event(event), &cancel)
+        .with_context(|| format!("session {id}"))?;
     match made {
         Some(entry) => println!("compacted session {id}: summary entry {}", escape_controls(&entry)),
         None => println!("nothing to compact in session {id}: no messages before the last user message"),

@@ -14,11 +14,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use cairn_core::approval::{Allowlist, PolicyApprover, SharedApprover};
+use cairn_core::approval::{Allowlist, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::JsonlStore;
 use cairn_core::storage::Storage;
-use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnOutcome, TurnStop};
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnError, TurnEvent, TurnOutcome, TurnStop};
+use cairn_runtime::{Equipment, Step};
 use serde_json::json;
 
 use crate::approver::TerminalApprover;
@@ -30,8 +31,8 @@ use crate::wiring::{build_provider, create_session, open_session, policy, sessio
 /// The parts a turn needs, built once per command.
 pub struct Wiring {
     provider: Box<dyn Provider + Send>,
-    registry: ToolRegistry,
-    approver: PolicyApprover,
+    /// The tools of the current turn and who answers their calls.
+    equipment: Equipment,
     /// The family's tools (subagents, peers), offered with every choice of
     /// tools: the same instances, so children spawned by one turn can be
     /// waited for by the next.
@@ -60,11 +61,11 @@ impl Wiring {
         tools: &TurnTools,
         keep: Option<&std::collections::BTreeSet<String>>,
     ) -> Result<()> {
-        let asker = crate::equip::Asker { approver: &self.approver, family: None };
+        let asker = crate::equip::Asker { approver: &self.equipment.approver, family: None };
         let mut equipped = crate::equip::offer(ctx, cwd, tools, keep, asker)?;
         // Conflicts and skipped tools were reported when the chat was wired.
         equipped.tools.extend(self.family.iter().cloned());
-        self.registry = equipped.registry(&self.approver);
+        self.equipment.tools = equipped.registry(&self.equipment.approver);
         Ok(())
     }
 
@@ -82,9 +83,31 @@ impl Wiring {
         })
     }
 
-    /// The provider, tools and approver a `TurnEnv` borrows.
-    pub fn parts(&mut self) -> (&dyn Provider, &ToolRegistry, &mut PolicyApprover) {
-        (&*self.provider, &self.registry, &mut self.approver)
+    /// Run `step` of `session` with this provider and the current tools
+    /// (`cairn_host::Equipment::run`).
+    pub fn run(
+        &mut self,
+        session: &mut Session<JsonlStore>,
+        step: Step<'_>,
+        observer: &mut dyn FnMut(&TurnEvent),
+        cancel: &CancelToken,
+    ) -> Result<Option<TurnOutcome>, TurnError> {
+        self.equipment.run(session, &*self.provider, step, observer, cancel)
+    }
+
+    /// Compact `session` now (`cairn_host::Equipment::compact`).
+    pub fn compact(
+        &mut self,
+        session: &mut Session<JsonlStore>,
+        observer: &mut dyn FnMut(&TurnEvent),
+        cancel: &CancelToken,
+    ) -> Result<Option<String>, TurnError> {
+        self.equipment.compact(session, &*self.provider, observer, cancel)
+    }
+
+    /// The tools offered now.
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.equipment.tools
     }
 }
 
@@ -129,7 +152,7 @@ pub fn wire_with(
         }
     }
     let provider_tables = ctx.settings.providers.clone();
-    Ok(Wiring { provider, registry, approver, family, authority, provider_tables })
+    Ok(Wiring { provider, equipment: Equipment { tools: registry, approver }, family, authority, provider_tables })
 }
 
 /// Ctrl-C handling shared by every turn of this process: the first press
@@ -230,18 +253,8 @@ fn drive(
     arm(&cancel);
     renderer.begin();
     let result = {
-        let mut observer = |event: &TurnEvent| renderer.event(event);
-        let mut env = TurnEnv {
-            provider: &*wiring.provider,
-            tools: &wiring.registry,
-            approver: &mut wiring.approver,
-            observer: &mut observer,
-            cancel: &cancel,
-        };
-        match prompt {
-            Some(text) => session.run_turn(text, &mut env).map(Some),
-            None => session.resume(&mut env),
-        }
+        let step = prompt.map_or(Step::Resume, Step::Prompt);
+        wiring.run(session, step, &mut |event| renderer.event(event), &cancel)
     };
     disarm();
     let id = session.store().header().id.clone();
@@ -476,13 +489,13 @@ fn command_of_chat(
                 model: wiring.provider.model(),
                 window: wiring.provider.context_window(),
                 usage: &usage,
-                tools: wiring.registry.specs().len(),
+                tools: wiring.tools().specs().len(),
             }
             .text())?;
         }
         Slash::Tools => {
             let lines: Vec<String> =
-                wiring.registry.specs().iter().map(|s| format!("{:<40} {:?}", s.name, s.risk)).collect();
+                wiring.tools().specs().iter().map(|s| format!("{:<40} {:?}", s.name, s.risk)).collect();
             say(&lines.join("\n"))?;
         }
         Slash::Sessions => {
@@ -532,15 +545,7 @@ fn command_of_chat(
         },
         Slash::Compact => {
             let cancel = CancelToken::new();
-            let mut observer = |event: &TurnEvent| renderer.event(event);
-            let mut env = TurnEnv {
-                provider: &*wiring.provider,
-                tools: &wiring.registry,
-                approver: &mut wiring.approver,
-                observer: &mut observer,
-                cancel: &cancel,
-            };
-            match session.compact(&mut env) {
+            match wiring.compact(session, &mut |event| renderer.event(event), &cancel) {
                 Ok(Some(entry)) => say(&format!("compacted: summary entry {entry}"))?,
                 Ok(None) => say("nothing to compact: no messages before the last prompt")?,
                 Err(e) => renderer.notice(&format!("cannot compact: {e}")),

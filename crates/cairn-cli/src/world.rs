@@ -30,7 +30,8 @@ use cairn_core::approval::Allowlist;
 use cairn_core::provider::Provider;
 use cairn_core::storage::registers::{self, QueuedPrompt};
 use cairn_core::storage::{JsonlStore, Storage};
-use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEnv, TurnEvent};
+use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEvent};
+use cairn_runtime::{Equipment, Step};
 use clap::Subcommand;
 use serde_json::{Value, json};
 
@@ -210,41 +211,34 @@ fn last_answer<S: Storage>(session: &Session<S>) -> String {
         .unwrap_or_default()
 }
 
-fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool) {
+fn agent_loop(p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool) {
     let cancel = CancelToken::new();
-    let mut approver = crate::wiring::policy(p.yes, p.allow.clone(), None);
+    let AgentParts { provider, registry, allow, yes, mut session } = p;
+    // An approver is not `Send`: the agent's is built on its own thread.
+    let mut equipment = Equipment { tools: registry, approver: crate::wiring::policy(yes, allow, None) };
     let mut observer = |_: &TurnEvent| {};
     // Resumed and new turns run with the same parts.
-    macro_rules! turn_env {
-        () => {
-            TurnEnv {
-                provider: &*p.provider,
-                tools: &p.registry,
-                approver: &mut approver,
-                observer: &mut observer,
-                cancel: &cancel,
-            }
-        };
-    }
+    let mut run = |session: &mut Session<JsonlStore>, step: Step<'_>| {
+        equipment.run(session, &*provider, step, &mut observer, &cancel)
+    };
     // Messages numbered up to `through` were taken into the session; the
     // one still in the mailbox is the turn not yet answered.
-    let through = registers::prompt_queue(p.session.store()).through;
+    let through = registers::prompt_queue(session.store()).through;
     if let Err(e) = world.agent_reserve(through + 1) {
         eprintln!("cairn: the agent's mailbox: {e:#}");
     }
     let asked = world.agent_waiting().into_iter().find(|(n, m)| *n <= through && prompt(m).is_some());
-    if p.session.needs_resume() || asked.is_some() {
+    if session.needs_resume() || asked.is_some() {
         idle.store(false, Ordering::SeqCst);
-        let body = if p.session.needs_resume() {
-            let mut env = turn_env!();
-            match p.session.resume(&mut env) {
+        let body = if session.needs_resume() {
+            match run(&mut session, Step::Resume) {
                 Ok(Some(o)) => json!({"type": "text", "text": o.text, "resumed": true}),
                 Ok(None) => Value::Null,
                 Err(e) => json!({"type": "error", "reason": format!("resuming the agent's turn: {e}")}),
             }
         } else {
             // The turn ended before its answer went out.
-            json!({"type": "text", "text": last_answer(&p.session), "resumed": true})
+            json!({"type": "text", "text": last_answer(&session), "resumed": true})
         };
         match (&asked, body.is_null()) {
             (_, true) => {}
@@ -264,11 +258,10 @@ fn agent_loop(mut p: AgentParts, world: &World, stop: &AtomicBool, idle: &Atomic
             continue;
         };
         idle.store(false, Ordering::SeqCst);
-        let mut env = turn_env!();
-        let body = match p.session.run_queued(&[QueuedPrompt { n, prompt: text }], &mut env) {
+        let body = match run(&mut session, Step::Queued(&[QueuedPrompt { n, prompt: text }])) {
             Ok(Some(o)) => json!({"type": "text", "text": o.text, "stop": o.stop}),
             // Taken before (its number is not above the session's mark).
-            Ok(None) => json!({"type": "text", "text": last_answer(&p.session), "resumed": true}),
+            Ok(None) => json!({"type": "text", "text": last_answer(&session), "resumed": true}),
             Err(e) => json!({"type": "error", "reason": format!("the agent's turn failed: {e}")}),
         };
         // Answered (handed to the broker), then forgotten: a crash between

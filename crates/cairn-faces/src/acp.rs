@@ -42,7 +42,8 @@ use cairn_core::provider::{Provider, StreamEvent};
 use cairn_core::storage::{JsonlStore, Storage};
 use cairn_core::tool::{Preview, Risk};
 use cairn_core::turn::Phase;
-use cairn_core::{CancelToken, Reopen, Session, SessionConfig, ToolRegistry, TurnEnv, TurnError, TurnEvent, TurnStop};
+use cairn_core::{CancelToken, Reopen, Session, SessionConfig, ToolRegistry, TurnError, TurnEvent, TurnStop};
+use cairn_host::{Equipment, Step};
 use serde_json::{Value, json};
 
 mod client_fs;
@@ -251,8 +252,8 @@ fn read_loop(input: impl BufRead, shared: &Shared, work: &Sender<Work>) {
 struct Open {
     /// `None` only while a turn is re-equipped (`equip`).
     session: Option<Session<JsonlStore>>,
-    registry: ToolRegistry,
-    approver: ModeApprover,
+    /// The tools of the current turn and who answers their calls.
+    equipment: Equipment<ModeApprover>,
     cwd: PathBuf,
     /// Who answers for the session and its children (the editor).
     person: SharedApprover,
@@ -611,8 +612,7 @@ fn open_session(
     }
     let mut open = Open {
         session: None,
-        registry: ToolRegistry::new(&approver),
-        approver,
+        equipment: Equipment { tools: ToolRegistry::new(&approver), approver },
         cwd,
         person,
         client_fs,
@@ -636,7 +636,7 @@ fn equip(
 ) -> Result<(), RpcError> {
     let session_id = opening.store_mut().header().id.clone();
     let (crate::HostTools { tools, notes, hooks }, config) =
-        match host.turn(&open.cwd, opening.store_mut(), prompt, &open.approver.inner, Some(&open.person)) {
+        match host.turn(&open.cwd, opening.store_mut(), prompt, &open.equipment.approver.inner, Some(&open.person)) {
             Ok(equipped) => equipped,
             Err(e) => {
                 // The session stays open with what it was equipped with.
@@ -648,7 +648,7 @@ fn equip(
         eprintln!("cairn acp: {note}");
     }
     let client_fs = open.client_fs;
-    let mut registry = ToolRegistry::new(&open.approver);
+    let mut registry = ToolRegistry::new(&open.equipment.approver);
     registry.set_hooks(hooks);
     for tool in tools.into_iter().chain(open.client_tools.iter().cloned()) {
         let op = match tool.spec().name.as_str() {
@@ -672,7 +672,7 @@ fn equip(
             eprintln!("cairn acp: tool {name} not offered: {e}");
         }
     }
-    open.registry = registry;
+    open.equipment.tools = registry;
     open.session =
         Some(opening.into_session(config).map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?);
     Ok(())
@@ -830,13 +830,12 @@ fn prompt(
     // The commands and the interrupted turn, with the tools the session
     // was equipped with for it; then a new turn, equipped for its prompt.
     let first = {
-        let Open { session, registry, approver, provider, .. } = &mut *open;
+        let Open { session, equipment, provider, .. } = &mut *open;
         let session = session.as_mut().ok_or_else(|| RpcError::internal("the session is not open; load it again"))?;
         let provider = provider.as_ref().map(|(_, p)| &**p).ok_or_else(|| RpcError::internal("no provider"))?;
-        let mut env = TurnEnv { provider, tools: registry, approver, observer: &mut observer, cancel };
         match text.trim() {
             COMPACT_COMMAND => {
-                let said = match session.compact(&mut env) {
+                let said = match equipment.compact(session, provider, &mut observer, cancel) {
                     Ok(Some(entry)) => format!("compacted the conversation (its summary is entry {entry})"),
                     Ok(None) => "nothing to compact yet".to_owned(),
                     Err(e) => return Err(RpcError::internal(format!("cannot compact: {e}"))),
@@ -856,7 +855,7 @@ fn prompt(
         (|| -> Result<Result<(), Option<TurnStop>>, TurnError> {
             let mut last = None;
             if session.needs_resume() && (resume_only || session.pc().phase != Phase::Cancelled) {
-                last = session.resume(&mut env)?.map(|o| o.stop);
+                last = equipment.run(session, provider, Step::Resume, &mut observer, cancel)?.map(|o| o.stop);
                 if last != Some(TurnStop::Answered) || resume_only {
                     return Ok(Err(last));
                 }
@@ -872,12 +871,11 @@ fn prompt(
         Ok(Err(stop)) => Ok(stop),
         Ok(Ok(())) => {
             equip_for(host, shared, open, &text)?;
-            let Open { session, registry, approver, provider, .. } = &mut *open;
+            let Open { session, equipment, provider, .. } = &mut *open;
             let session =
                 session.as_mut().ok_or_else(|| RpcError::internal("the session is not open; load it again"))?;
             let provider = provider.as_ref().map(|(_, p)| &**p).ok_or_else(|| RpcError::internal("no provider"))?;
-            let mut env = TurnEnv { provider, tools: registry, approver, observer: &mut observer, cancel };
-            session.run_turn(&text, &mut env).map(|o| Some(o.stop))
+            equipment.run(session, provider, Step::Prompt(&text), &mut observer, cancel).map(|o| o.map(|o| o.stop))
         }
     };
     match result {

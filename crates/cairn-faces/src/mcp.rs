@@ -36,7 +36,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 
 use anyhow::Result;
-use cairn_core::approval::PolicyApprover;
 use cairn_core::events::{EntryType, ToolCompletedPayload};
 use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{
@@ -44,7 +43,8 @@ use cairn_core::provider::{
 };
 use cairn_core::storage::{JsonlStore, Storage};
 use cairn_core::tool::{Capability, ReplayPolicy, Risk};
-use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent};
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnEvent};
+use cairn_host::{Equipment, Step};
 use serde_json::{Value, json};
 
 use crate::Host;
@@ -66,8 +66,9 @@ pub struct McpOptions {
 struct Server<'h> {
     host: &'h dyn Host,
     options: McpOptions,
-    registry: ToolRegistry,
-    approver: PolicyApprover,
+    /// The tools served (the session's registry) and who answers their
+    /// calls.
+    equipment: Equipment,
     /// Tools loaded but not exposed, and why (said when one is called).
     hidden: HashMap<String, String>,
     session: Option<Session<JsonlStore>>,
@@ -111,8 +112,7 @@ pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 
     let mut server = Server {
         host,
         options,
-        registry,
-        approver,
+        equipment: Equipment { tools: registry, approver },
         hidden,
         session: None,
         initialized: false,
@@ -249,14 +249,14 @@ impl Server<'_> {
             Some(Value::String(c)) => c
                 .strip_prefix("cairn-")
                 .and_then(|n| n.parse::<usize>().ok())
-                .filter(|n| *n <= self.registry.len())
+                .filter(|n| *n <= self.equipment.tools.len())
                 .ok_or_else(|| {
                     RpcError::params(format!("invalid cursor {c:?}: pass back a nextCursor this server gave"))
                 })?,
             Some(_) => return Err(RpcError::params("the cursor must be a string")),
         };
         let page = self.options.page_size.max(1);
-        let specs = self.registry.specs();
+        let specs = self.equipment.tools.specs();
         let end = start.saturating_add(page).min(specs.len());
         let tools: Vec<Value> = specs[start..end]
             .iter()
@@ -288,7 +288,7 @@ impl Server<'_> {
             .and_then(Value::as_str)
             .ok_or_else(|| RpcError::params("tools/call needs a string \"name\""))?
             .to_owned();
-        if self.registry.get(&name).is_none() {
+        if self.equipment.tools.get(&name).is_none() {
             return Err(RpcError::params(match self.hidden.get(&name) {
                 Some(reason) => reason.clone(),
                 None => format!("unknown tool {name:?}; tools/list says which tools this server offers"),
@@ -324,16 +324,9 @@ impl Server<'_> {
             TurnEvent::ToolRejected { reason, .. } => settled = Some((true, format!("the call was refused: {reason}"))),
             _ => {}
         };
-        let mut env = TurnEnv {
-            provider: &provider,
-            tools: &self.registry,
-            approver: &mut self.approver,
-            observer: &mut observer,
-            cancel,
-        };
         let prompt = format!("MCP client {:?} called tools/call {name}", self.client);
-        session
-            .run_turn(&prompt, &mut env)
+        self.equipment
+            .run(session, &provider, Step::Prompt(&prompt), &mut observer, cancel)
             .map_err(|e| RpcError::internal(format!("the call could not be recorded: {e}")))?;
         // The cap keeps a model's prompt small; an MCP client has no prompt
         // to protect and cannot reach the session file, so it gets the

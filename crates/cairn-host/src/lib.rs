@@ -12,8 +12,13 @@
 //! live, the `providers` and `tools` files; `cairn_faces::Host`: creating
 //! and opening sessions by id, an editor's MCP servers).
 //!
+//! A face runs its turns through [`Equipment`] (`running.rs`), the one
+//! place core's `TurnEnv` is put together for a face.
+//!
 //! This crate must not build providers or tools, start processes or touch
 //! the terminal: it is types and a trait over `cairn-core`.
+
+mod running;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +28,7 @@ use cairn_core::hooks::Hooks;
 use cairn_core::storage::JsonlStore;
 use cairn_core::tool::Tool;
 use cairn_core::{Session, SessionConfig, ToolRegistry};
+pub use running::{Equipment, Step, Unequipped};
 
 /// What every face needs from the program hosting its sessions.
 pub trait SessionHost: Send + Sync {

@@ -908,7 +908,7 @@ fn settle_untrusted(bytes: &[u8], max_line: u64, pending: &[(String, String)]) -
         ))
     };
     let mut session = cairn_core::Session::open(store, cairn_core::SessionConfig::default()).map_err(failed)?;
-    let mut approver = cairn_core::approval::PolicyApprover::new(cairn_core::approval::Allowlist::default(), None);
+    let approver = cairn_core::approval::PolicyApprover::new(cairn_core::approval::Allowlist::default(), None);
     let mut registry = cairn_core::ToolRegistry::new(&approver);
     let mut names: Vec<&str> = pending.iter().map(|(_, tool)| tool.as_str()).collect();
     names.sort_unstable();
@@ -921,16 +921,9 @@ fn settle_untrusted(bytes: &[u8], max_line: u64, pending: &[(String, String)]) -
         // settlements do not claim the tool is gone.
         let _ = registry.register(std::sync::Arc::new(NotRunHere::new(name)));
     }
-    let mut observer = |_: &cairn_core::TurnEvent| {};
     let cancel = cairn_core::CancelToken::new();
-    let mut env = cairn_core::TurnEnv {
-        provider: &NoModel,
-        tools: &registry,
-        approver: &mut approver,
-        observer: &mut observer,
-        cancel: &cancel,
-    };
-    match session.resume(&mut env) {
+    let mut equipment = cairn_host::Equipment { tools: registry, approver };
+    match equipment.run(&mut session, &NoModel, cairn_host::Step::Resume, &mut |_| {}, &cancel) {
         Ok(_) | Err(cairn_core::TurnError::Provider(_)) => {}
         Err(e) => return Err(failed(e)),
     }

@@ -36,3 +36,7 @@ pub mod toolsrv;
 pub mod trust;
 pub mod undo;
 pub mod wiring;
+
+/// What every face's turns run with and how a turn is started: the one
+/// place core's `TurnEnv` is put together (cairn-host's `running.rs`).
+pub use cairn_host::{Equipment, Step};

@@ -42,7 +42,8 @@ pub mod db;
 use cairn_core::tool::{
     GuardVerdict, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
 };
-use cairn_core::{CancelToken, Session, ToolRegistry, TurnEnv, TurnEvent, TurnStop};
+use cairn_core::{CancelToken, Session, ToolRegistry, TurnStop};
+use cairn_host::{Equipment, Step};
 use cairn_provider::{ProviderConfig, ProviderKind};
 use serde::Deserialize;
 use serde_json::json;
@@ -1033,7 +1034,7 @@ impl Family {
         let provider =
             crate::wiring::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
         let allow = Allowlist::parse(fact.allow.iter().map(String::as_str)).context("child allow patterns")?;
-        let mut approver = authority.policy(allow);
+        let approver = authority.policy(allow);
         // The tools as the parent's face was equipped with them (the tool
         // service's when one is configured), only those the child was
         // given; a tool the registry refuses here (Destructive, headless) is
@@ -1066,20 +1067,9 @@ impl Family {
         let mut config = crate::wiring::session_config(ctx);
         config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
         let mut session = Session::open(store, config)?;
-        let cancel = place.cancel();
-        let mut observer = |_: &TurnEvent| {};
-        let mut env = TurnEnv {
-            provider: &*provider,
-            tools: &registry,
-            approver: &mut approver,
-            observer: &mut observer,
-            cancel: &cancel,
-        };
-        let outcome = if session.store().entry_count() == 0 {
-            Some(session.run_turn(&fact.prompt, &mut env)?)
-        } else {
-            session.resume(&mut env)?
-        };
+        let mut equipment = Equipment { tools: registry, approver };
+        let outcome =
+            equipment.run(&mut session, &*provider, Step::Once(&fact.prompt), &mut |_| {}, &place.cancel())?;
         let result = if outcome.is_some_and(|o| o.stop == TurnStop::StepLimit) {
             ChildResult::Failed("the child reached its step limit".to_owned())
         } else {

@@ -14,6 +14,10 @@
 //!
 //! This is deliberately its own small reader, not `syn`: it must not share
 //! code with what it checks, and it needs only paths.
+//!
+//! The same reader holds one more rule of the module layout: only
+//! cairn-host's `running.rs` puts a turn's environment (core's `TurnEnv`)
+//! together for a face, so what a turn is given is decided in one place.
 
 #![allow(clippy::expect_used)] // test helpers outside #[test] fns
 
@@ -426,6 +430,42 @@ fn no_crate_has_an_import_circle() {
     assert!(
         found.is_empty(),
         "import circles (break each by moving the shared piece to the module both need, or the user's piece beside its only user):\n{}",
+        found.join("\n")
+    );
+}
+
+/// Every face runs its turns through `cairn_host::Equipment`: no crate's
+/// library or binary modules but cairn-core's (which defines it) and
+/// cairn-host's `running.rs` build a `TurnEnv` (benchmarks, test drivers
+/// and tests drive core directly and are not faces).
+#[test]
+fn only_the_host_crate_puts_a_turn_environment_together() {
+    let mut found = Vec::new();
+    let mut crates = 0;
+    for entry in std::fs::read_dir(workspace()).expect("crates/").flatten() {
+        let dir = entry.path();
+        let name = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        if !dir.join("src").is_dir() || name == "cairn-core" {
+            continue;
+        }
+        crates += 1;
+        for (module, path) in modules(&dir) {
+            if name == "cairn-host" && module == "running" {
+                continue;
+            }
+            let code = code_only(&std::fs::read_to_string(&path).expect("read a module"));
+            for (n, line) in code.lines().enumerate() {
+                let at = line.find("TurnEnv").map(|i| line[i + "TurnEnv".len()..].trim_start());
+                if at.is_some_and(|rest| rest.starts_with('{')) {
+                    found.push(format!("{}:{}", path.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(crates >= 10, "expected the workspace's crates under {}", workspace().display());
+    assert!(
+        found.is_empty(),
+        "a face builds core's TurnEnv itself; run the turn through cairn_host::Equipment instead:\n{}",
         found.join("\n")
     );
 }

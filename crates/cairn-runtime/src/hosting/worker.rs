@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use cairn_core::approval::{Allowlist, SharedApprover};
 use cairn_core::storage::{Header, Storage};
-use cairn_core::{CancelToken, Session, SessionConfig, TurnEnv, TurnError};
+use cairn_core::{CancelToken, Session, SessionConfig, TurnError};
+use cairn_host::{Equipment, Step};
 use cairn_pg::PgStore;
 use cairn_pg::approvals::DbApprover;
 use cairn_pg::worker::{Driven, Driver};
@@ -65,7 +66,7 @@ impl Driver for CliHost {
             }
             Ok((provider, approver, authority))
         })();
-        let (provider, mut approver, authority) = match wiring {
+        let (provider, approver, authority) = match wiring {
             Ok(w) => w,
             Err(e) => return Driven { session: Some(session), result: Err(failed(e)) },
         };
@@ -93,19 +94,11 @@ impl Driver for CliHost {
             Ok(session) => session,
             Err(e) => return Driven { session: None, result: Err(e) },
         };
-        let mut observer = |_: &cairn_core::TurnEvent| {};
+        let mut equipment = Equipment { tools: registry, approver };
         // The worker's token: cancelled when the lease may be ending.
-        let mut env = TurnEnv {
-            provider: &*provider,
-            tools: &registry,
-            approver: &mut approver,
-            observer: &mut observer,
-            cancel,
-        };
-        let driven = Driven::by(session, |session| match prompt {
-            Some(text) => session.run_turn(text, &mut env).map(drop),
-            None => session.resume(&mut env).map(drop),
-        });
+        let step = prompt.map_or(Step::Resume, Step::Prompt);
+        let driven =
+            Driven::by(session, |session| equipment.run(session, &*provider, step, &mut |_| {}, cancel).map(drop));
         // The children still running run within this lease: the worker
         // must not release it under them (a cancelled turn's stop at once).
         crate::subagents::finish_children(&id, &authority);
