@@ -632,6 +632,48 @@ pub fn connection_lost(e: &postgres::Error) -> bool {
     }
 }
 
+/// Visit each entry of session `id` committed with a seq above `after`,
+/// in order, reading only the lines past it (`last_seq > after`), and
+/// return the last seq read (`after` when nothing was appended): a reader
+/// that looks again and again (a peer's wait) reads each line once. A
+/// line that does not decode is an error naming the session and the line,
+/// as at open.
+pub fn entries_after(
+    client: &mut Client,
+    id: &str,
+    after: u64,
+    f: &mut dyn FnMut(&cairn_core::storage::Entry),
+) -> Result<u64, StorageError> {
+    let rows = client
+        .query(
+            "SELECT line, first_seq, last_seq FROM cairn_lines WHERE session_id = $1 AND last_seq > $2 ORDER BY first_seq",
+            &[&id, &signed(after)],
+        )
+        .map_err(|err| db(id, &err))?;
+    // Every new line is decoded before the first entry is handed out, so
+    // a failed read hands out nothing and the next one starts at `after`.
+    let mut last = after;
+    let mut records = Vec::new();
+    for row in &rows {
+        let (line, first): (&str, i64) = (row.get(0), row.get(1));
+        decode_line_into(line.as_bytes(), &mut records).map_err(|err| StorageError::Corrupt {
+            path: where_(id),
+            line: 0,
+            offset: 0,
+            reason: format!("the line at seq {first}: {err}"),
+        })?;
+        last = last.max(unsigned(row.get(2)));
+    }
+    for record in &records {
+        if let Record::Entry(entry) = record
+            && entry.seq > after
+        {
+            f(entry);
+        }
+    }
+    Ok(last)
+}
+
 /// The header and the index of session `id`, replayed from its lines.
 fn load(client: &mut Client, id: &str) -> Result<(Header, SessionIndex), StorageError> {
     let e = |err: postgres::Error| db(id, &err);

@@ -148,6 +148,48 @@ fn a_corrupt_row_is_an_error_naming_it_never_skipped() {
     assert!(matches!(err, StorageError::Corrupt { line: 3, .. }), "{err}");
 }
 
+/// A peer's wait follows a family member's log with `entries_after`: it
+/// hands out only entries committed past what it read, reads only those
+/// lines (a corrupt line before them is never read again), and a read that
+/// fails hands out nothing.
+#[test]
+fn a_follower_reads_only_the_lines_committed_since_its_last_read() {
+    let c = cluster();
+    let mut pg = PgStore::create(connect(c.url()).unwrap(), Header::new(new_session_id(), "/")).unwrap();
+    fill(&mut pg);
+    let id = pg.header().id.clone();
+    let mut client = connect(c.url()).unwrap();
+    let mut read = |after: u64| {
+        let mut ids = Vec::new();
+        let last = cairn_pg::store::entries_after(&mut client, &id, after, &mut |e| ids.push(e.id.clone()));
+        (last, ids)
+    };
+    let (last, ids) = read(0);
+    let last = last.unwrap();
+    assert_eq!(ids, ["a", "b"]);
+    assert_eq!(last, pg.last_seq());
+    let (again, none) = read(last);
+    assert_eq!((again.unwrap(), none.len()), (last, 0), "nothing new: nothing handed out");
+    pg.commit(Transaction::new().entry("c", Some("b"), "m", raw(json!(1)))).unwrap();
+    let (newer, ids) = read(last);
+    assert_eq!(ids, ["c"]);
+    assert_eq!(newer.unwrap(), pg.last_seq());
+    drop(read);
+    // The first line is broken: a read from the start fails and hands
+    // nothing out; a read past it never touches it.
+    let mut other = connect(c.url()).unwrap();
+    other
+        .execute("UPDATE cairn_lines SET line = '{\"kind\":' WHERE session_id = $1 AND first_seq = 1", &[&id])
+        .unwrap();
+    let mut handed = 0;
+    let err = cairn_pg::store::entries_after(&mut other, &id, 0, &mut |_| handed += 1).unwrap_err();
+    assert!(matches!(err, StorageError::Corrupt { .. }), "{err}");
+    assert_eq!(handed, 0);
+    let mut ids = Vec::new();
+    cairn_pg::store::entries_after(&mut other, &id, last, &mut |e| ids.push(e.id.clone())).unwrap();
+    assert_eq!(ids, ["c"]);
+}
+
 #[test]
 fn a_newer_schema_is_refused_and_an_older_one_migrated() {
     let c = cluster();

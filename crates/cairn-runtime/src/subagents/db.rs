@@ -126,6 +126,16 @@ impl Place for Database {
         self.cancel.clone()
     }
 
+    fn follow(&self, _: &Context, id: &str) -> Option<Box<dyn crate::peers::Follow>> {
+        Some(Box::new(Follow {
+            url: self.url.clone(),
+            lease: self.hold.fence().lease,
+            id: id.to_owned(),
+            client: None,
+            seen: 0,
+        }))
+    }
+
     fn poll_every(&self) -> std::time::Duration {
         // Each look opens a connection per log it reads: a few looks a
         // second, not twenty.
@@ -135,5 +145,33 @@ impl Place for Database {
     fn generation(&self) -> String {
         let fence = self.hold.fence();
         format!("{} epoch {} by {}", self.hold.session(), fence.epoch, fence.owner)
+    }
+}
+
+/// A family member's log followed in the database: each look reads only
+/// the lines committed past the last one read (`cairn_pg::store::
+/// entries_after`), over one connection kept between looks.
+struct Follow {
+    url: String,
+    lease: std::time::Duration,
+    id: String,
+    client: Option<Client>,
+    /// The last seq handed out.
+    seen: u64,
+}
+
+impl crate::peers::Follow for Follow {
+    fn poll(&mut self, f: &mut dyn FnMut(&cairn_core::storage::Entry)) {
+        if self.client.is_none() {
+            self.client = cairn_pg::connect_for(&self.url, self.lease).ok();
+        }
+        let Some(client) = self.client.as_mut() else { return };
+        match cairn_pg::store::entries_after(client, &self.id, self.seen, f) {
+            Ok(last) => self.seen = last,
+            // Read again at the next look, over a new connection (the
+            // entries handed out before the failure are not repeated:
+            // `seen` moves only with a whole read).
+            Err(_) => self.client = None,
+        }
     }
 }
