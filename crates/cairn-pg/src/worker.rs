@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cairn_core::storage::{Header, Storage};
+use cairn_core::storage::Storage;
 use cairn_core::{CancelToken, Session, SessionConfig, TurnError};
 use postgres::Client;
 
@@ -36,11 +36,12 @@ use crate::lease::Fence;
 use crate::lease::{self, Claim, LeaseClock, Release};
 use crate::store::{PgStore, connect_for};
 
-/// What a host plugs into the worker: how to run a turn on a session.
-pub trait Driver: Send + Sync {
-    /// The session settings for a session with this header.
-    fn session_config(&self, header: &Header) -> SessionConfig;
-
+/// What a host plugs into the worker: every face's host contract
+/// (`cairn_host::SessionHost`: the settings of turns, the providers, undo),
+/// and how to run a turn on a session of the database. A worker opens a
+/// claimed session with the host's settings in the session's own working
+/// directory (its header's `cwd`).
+pub trait Driver: cairn_host::SessionHost {
     /// Run a turn on `prompt`, or resume the interrupted one (`None`).
     /// `cancel` is the turn's token: the worker cancels it when the lease
     /// may be ending, and the driver must hand it to the turn (`TurnEnv`)
@@ -331,7 +332,7 @@ fn drive_claim(
             Holding { fence: fence.clone(), lost: Arc::clone(&lost), clock: clock.clone(), cancel: cancel.clone() },
         );
     }
-    let config = driver.session_config(store.header());
+    let config = SessionConfig { cwd: Some(std::path::PathBuf::from(&store.header().cwd)), ..driver.session_config() };
     let mut back: Option<Client> = None;
     let ending = match Session::open(store, config) {
         Err(e) => Ending::Unopenable(e.to_string()),

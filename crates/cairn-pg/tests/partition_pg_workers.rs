@@ -123,11 +123,26 @@ struct TestDriver {
     starts: PathBuf,
 }
 
-impl Driver for TestDriver {
-    fn session_config(&self, header: &Header) -> SessionConfig {
-        SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..SessionConfig::default() }
+/// The settings of turns; the tools are the driver's own (the worker
+/// never asks the host to equip a session file).
+impl cairn_host::SessionHost for TestDriver {
+    fn session_config(&self) -> SessionConfig {
+        SessionConfig::default()
     }
 
+    fn turn(
+        &self,
+        _: &std::path::Path,
+        _: &mut cairn_core::storage::JsonlStore,
+        _: Option<&str>,
+        _: &PolicyApprover,
+        _: Option<&cairn_core::approval::SharedApprover>,
+    ) -> anyhow::Result<(cairn_host::HostTools, SessionConfig)> {
+        Ok((cairn_host::HostTools { tools: vec![], notes: vec![], hooks: None }, self.session_config()))
+    }
+}
+
+impl Driver for TestDriver {
     fn drive(&self, session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
         let provider = ScriptProvider::from_jsonl(&self.script).unwrap();
         let mut approver = PolicyApprover::new(Allowlist::parse(["stamp"]).unwrap(), None);

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use cairn_core::approval::{Allowlist, SharedApprover};
-use cairn_core::storage::{Header, Storage};
+use cairn_core::storage::Storage;
 use cairn_core::{CancelToken, Session, SessionConfig, TurnError};
 use cairn_host::{Equipment, Step};
 use cairn_pg::PgStore;
@@ -26,10 +26,6 @@ use crate::hosting::CliHost;
 use crate::subagents::Home;
 
 impl Driver for CliHost {
-    fn session_config(&self, header: &Header) -> SessionConfig {
-        SessionConfig { cwd: Some(PathBuf::from(&header.cwd)), ..crate::wiring::session_config(&self.ctx) }
-    }
-
     fn drive(&self, mut session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
         let header = session.store().header().clone();
         let id = header.id.clone();
@@ -76,7 +72,7 @@ impl Driver for CliHost {
         // the family.
         let mut store = session.into_store();
         let asker = crate::equip::Asker { approver: &approver, family };
-        let config = self.session_config(&header);
+        let config = SessionConfig { cwd: Some(cwd.clone()), ..crate::wiring::session_config(&self.ctx) };
         let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, asker, config.clone()) {
             Ok(equipped) => equipped,
             Err(e) => return Driven { session: Session::open(store, config).ok(), result: Err(failed(e)) },
