@@ -11,8 +11,9 @@
 //! a client makes the same four tool calls through `cairn mcp`, and its
 //! session's tool entries (who decided what, how each call settled) and its
 //! child's entries must be the same. Every face is equipped in one place
-//! (`equip.rs`) and the approval rule lives in core's gate and policy, so a
-//! face that decided anything itself would show here (issue 26).
+//! (`equip.rs`), runs its turns through one (`cairn_host::Equipment`), and
+//! the approval rule lives in core's gate and policy, so a face that
+//! decided anything itself would show here (issue 26).
 //!
 //! The worker's child is a session of the same database (never a file on
 //! the worker's disk), committed within the parent's lease.
