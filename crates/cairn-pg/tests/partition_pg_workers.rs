@@ -32,6 +32,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+#[macro_use]
+mod driver;
+
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -123,24 +126,7 @@ struct TestDriver {
     starts: PathBuf,
 }
 
-/// The settings of turns; the tools are the driver's own (the worker
-/// never asks the host to equip a session file).
-impl cairn_host::SessionHost for TestDriver {
-    fn session_config(&self) -> SessionConfig {
-        SessionConfig::default()
-    }
-
-    fn turn(
-        &self,
-        _: &std::path::Path,
-        _: &mut cairn_core::storage::JsonlStore,
-        _: Option<&str>,
-        _: &PolicyApprover,
-        _: Option<&cairn_core::approval::SharedApprover>,
-    ) -> anyhow::Result<(cairn_host::HostTools, SessionConfig)> {
-        Ok((cairn_host::HostTools { tools: vec![], notes: vec![], hooks: None }, self.session_config()))
-    }
-}
+own_tools_host!(TestDriver);
 
 impl Driver for TestDriver {
     fn drive(&self, session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
