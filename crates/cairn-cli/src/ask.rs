@@ -50,11 +50,13 @@ pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
     }
     let text = prompt(question, &read_input()?);
     let mut renderer = Renderer::new(Mode::Quiet);
-    let (store, cwd) = crate::wiring::create_session(ctx)?;
-    let tools = crate::toolsrv::turn_tools(ctx, &cwd)?;
-    let mut wiring = crate::host::wire_with(ctx, &cwd, &mut renderer, false, &tools, None)?;
+    let (mut store, cwd) = crate::wiring::create_session(ctx)?;
+    let mut wiring = crate::host::wire(ctx, &cwd, false)?;
+    // The tools for the question (discovery ranks them by it, not by the
+    // context read from stdin), as any turn is equipped.
+    let config = wiring.equip(ctx, &cwd, &mut store, Some(question), &mut renderer)?;
     let id = store.header().id.clone();
-    let mut session = Session::open(store, crate::wiring::session_config(ctx))?;
+    let mut session = Session::open(store, config)?;
     let cancel = CancelToken::new();
     let mut refused: Vec<(String, String)> = Vec::new();
     let outcome = {

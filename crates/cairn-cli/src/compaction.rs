@@ -27,8 +27,9 @@ pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
     let store = crate::wiring::open_session(ctx, path)?;
     let cwd = std::path::PathBuf::from(&store.header().cwd);
     let id = store.header().id.clone();
-    let mut wiring = host::wire(ctx, &cwd, &mut renderer)?;
-    let mut session = Session::open(store, crate::wiring::session_config(ctx))?;
+    let mut wiring = host::wire(ctx, &cwd, true)?;
+    let session = Session::open(store, crate::wiring::session_config(ctx))?;
+    let mut session = wiring.reequip(ctx, session, None, &mut renderer)?;
     let cancel = CancelToken::new();
     let made = wiring
         .compact(&mut session, &mut |event| renderer.event(event), &cancel)

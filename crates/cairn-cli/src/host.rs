@@ -25,7 +25,6 @@ use serde_json::json;
 use crate::approver::TerminalApprover;
 use crate::context::{Context, exit};
 use crate::render::{Mode, Renderer};
-use crate::toolsrv::{TurnTools, turn_tools};
 use crate::wiring::{build_provider, create_session, open_session, policy, session_config};
 
 /// The parts a turn needs, built once per command.
@@ -33,10 +32,13 @@ pub struct Wiring {
     provider: Box<dyn Provider + Send>,
     /// The tools of the current turn and who answers their calls.
     equipment: Equipment,
-    /// The family's tools (subagents, peers), offered with every choice of
-    /// tools: the same instances, so children spawned by one turn can be
-    /// waited for by the next.
-    family: Vec<Arc<dyn cairn_core::tool::Tool>>,
+    /// The family's tools (subagents, peers), built for the first turn and
+    /// offered with every later choice of tools: the same instances, so
+    /// children spawned by one turn can be waited for by the next.
+    family: Option<Vec<Arc<dyn cairn_core::tool::Tool>>>,
+    /// Notes on the tools already told (each is said once per command,
+    /// not at every turn).
+    told: std::collections::HashSet<String>,
     /// Who answers for the session's children (re-attached on resume).
     authority: crate::subagents::Authority,
     /// The `[providers.NAME]` tables, to price each attempt of the ledger
@@ -51,22 +53,60 @@ impl std::fmt::Debug for Wiring {
 }
 
 impl Wiring {
-    /// Offer only the built-ins and the tools in `keep` from now on
-    /// (discovery's choice for a chat turn; `None`: every tool), with the
-    /// same family as before.
-    pub fn offer_only(
+    /// Equip the next turn of the session in `store`, working in `cwd`, as
+    /// every face does (`equip::turn`): the tools read once, discovery's
+    /// choice for `prompt` recorded (`None`: the interrupted turn, offered
+    /// what was recorded for it), the family, and the settings with the
+    /// chosen skills, returned for the session's (re)open. Notes not told
+    /// before are told.
+    pub fn equip(
         &mut self,
         ctx: &Context,
         cwd: &Path,
-        tools: &TurnTools,
-        keep: Option<&std::collections::BTreeSet<String>>,
-    ) -> Result<()> {
-        let asker = crate::equip::Asker { approver: &self.equipment.approver, family: None };
-        let mut equipped = crate::equip::offer(ctx, cwd, tools, keep, asker)?;
-        // Conflicts and skipped tools were reported when the chat was wired.
-        equipped.tools.extend(self.family.iter().cloned());
+        store: &mut JsonlStore,
+        prompt: Option<&str>,
+        renderer: &mut Renderer,
+    ) -> Result<cairn_core::SessionConfig> {
+        let family = self.family.is_none().then_some(&self.authority);
+        let asker = crate::equip::Asker { approver: &self.equipment.approver, family };
+        let mut equipped = crate::equip::turn(ctx, cwd, store, prompt, asker, session_config(ctx))?;
+        match &self.family {
+            None => self.family = Some(equipped.family_tools().to_vec()),
+            Some(family) => equipped.tools.extend(family.iter().cloned()),
+        }
         self.equipment.tools = equipped.registry(&self.equipment.approver);
-        Ok(())
+        for note in &equipped.notes {
+            if self.told.insert(note.clone()) {
+                renderer.notice(note);
+            }
+        }
+        for note in &equipped.untrusted {
+            if self.told.insert(note.clone()) {
+                renderer.notice(note);
+                // --json and --quiet keep stderr for what a person must
+                // know: tools they expected are missing.
+                if mode(ctx) != Mode::Human {
+                    let _ = writeln!(std::io::stderr(), "cairn: {note}");
+                }
+            }
+        }
+        Ok(equipped.config)
+    }
+
+    /// [`Wiring::equip`] for the next turn of an open session, reopened
+    /// without checking the whole log again (discovery only records a
+    /// fact).
+    pub fn reequip(
+        &mut self,
+        ctx: &Context,
+        session: Session<JsonlStore>,
+        prompt: Option<&str>,
+        renderer: &mut Renderer,
+    ) -> Result<Session<JsonlStore>> {
+        let cwd = PathBuf::from(&session.store().header().cwd);
+        let mut reopen = session.into_reopen();
+        let config = self.equip(ctx, &cwd, reopen.store_mut(), prompt, renderer)?;
+        Ok(Session::reopen(reopen, config)?)
     }
 
     /// The session's usage so far, each attempt priced at its provider's
@@ -111,23 +151,10 @@ impl Wiring {
     }
 }
 
-/// Build provider, tools and approver for a session in `cwd`.
-pub fn wire(ctx: &Context, cwd: &Path, renderer: &mut Renderer) -> Result<Wiring> {
-    wire_with(ctx, cwd, renderer, true, &turn_tools(ctx, cwd)?, None)
-}
-
-/// [`wire`], headless when `may_ask` is false (`cairn ask`: no person is
-/// asked even when stdin is a terminal), offering only the built-ins and
-/// the tools in `keep` when given (discovery's choice for the turn,
-/// `crate::discover`; `None` offers every tool).
-pub fn wire_with(
-    ctx: &Context,
-    cwd: &Path,
-    renderer: &mut Renderer,
-    may_ask: bool,
-    tools: &TurnTools,
-    keep: Option<&std::collections::BTreeSet<String>>,
-) -> Result<Wiring> {
+/// The provider and approver for a session in `cwd`, headless when
+/// `may_ask` is false (`cairn ask`: no person is asked even when stdin is a
+/// terminal); its tools come with each turn ([`Wiring::equip`]).
+pub fn wire(ctx: &Context, cwd: &Path, may_ask: bool) -> Result<Wiring> {
     let provider = build_provider(ctx, cwd)?;
     let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
         .context("invalid allow pattern (from --allow or [approvals] allow)")?;
@@ -136,23 +163,15 @@ pub fn wire_with(
     let terminal = SharedApprover::new(Box::new(if may_ask { terminal } else { terminal.headless() }));
     let approver = policy(ctx.common.yes, allow, Some(Box::new(terminal.clone())));
     let authority = crate::subagents::Authority::of(&approver, Some(terminal));
-    let asker = crate::equip::Asker { approver: &approver, family: Some(&authority) };
-    let mut equipped = crate::equip::offer(ctx, cwd, tools, keep, asker)?;
-    let registry = equipped.registry(&approver);
-    let family = equipped.family_tools().to_vec();
-    for note in &equipped.notes {
-        renderer.notice(note);
-    }
-    for note in &equipped.untrusted {
-        renderer.notice(note);
-        // --json and --quiet keep stderr for what a person must know: tools
-        // they expected are missing.
-        if mode(ctx) != Mode::Human {
-            let _ = writeln!(std::io::stderr(), "cairn: {note}");
-        }
-    }
-    let provider_tables = ctx.settings.providers.clone();
-    Ok(Wiring { provider, equipment: Equipment { tools: registry, approver }, family, authority, provider_tables })
+    let tools = ToolRegistry::new(&approver);
+    Ok(Wiring {
+        provider,
+        equipment: Equipment { tools, approver },
+        family: None,
+        told: std::collections::HashSet::new(),
+        authority,
+        provider_tables: ctx.settings.providers.clone(),
+    })
 }
 
 /// Ctrl-C handling shared by every turn of this process: the first press
@@ -332,12 +351,11 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
     let mut renderer = Renderer::new(mode(ctx));
     renderer.set_markdown(ctx.common.plain);
     let (mut store, cwd) = create_session(ctx)?;
-    let tools = turn_tools(ctx, &cwd)?;
-    let choice = crate::discover::choose_for_turn(ctx, &cwd, &mut store, Some(&prompt), &tools)?;
-    let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, &tools, choice.keep.as_ref())?;
+    let mut wiring = wire(ctx, &cwd, true)?;
+    let config = wiring.equip(ctx, &cwd, &mut store, Some(&prompt), &mut renderer)?;
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
-    let mut session = Session::open(store, with_skills(session_config(ctx), &choice, &mut renderer))?;
+    let mut session = Session::open(store, config)?;
     let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&prompt))?;
     Ok(outcome.map_or(exit::SUCCESS, |o| outcome_code(&o, &mut renderer, &id)))
 }
@@ -367,22 +385,15 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     if let Some(done) = crate::undo::finish_interrupted(ctx, &mut opened, &cwd)? {
         renderer.notice(&done);
     }
-    let interrupted_before = opened.needs_resume();
-    // Reopened below without checking the whole log again (discovery only
-    // records a fact).
-    let mut reopen = opened.into_reopen();
-    let tools = turn_tools(ctx, &cwd)?;
-    let choice = match (interrupted_before, prompt.as_deref()) {
-        (false, None) => crate::discover::TurnChoice::default(),
-        (true, _) => crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), None, &tools)?,
-        (false, Some(text)) => crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), Some(text), &tools)?,
-    };
-    let mut wiring = wire_with(ctx, &cwd, &mut renderer, true, &tools, choice.keep.as_ref())?;
-    announce(&mut renderer, reopen.store());
-    let id = reopen.store().header().id.clone();
-    let mut session = Session::reopen(reopen, with_skills(session_config(ctx), &choice, &mut renderer))?;
+    let interrupted = opened.needs_resume();
+    let mut wiring = wire(ctx, &cwd, true)?;
+    // The interrupted turn is offered what discovery recorded for it; a new
+    // prompt (when nothing is interrupted) gets a new choice.
+    let first = if interrupted { None } else { prompt.as_deref() };
+    let mut session = wiring.reequip(ctx, opened, first, &mut renderer)?;
+    announce(&mut renderer, session.store());
+    let id = session.store().header().id.clone();
     let mut code = exit::SUCCESS;
-    let interrupted = session.needs_resume();
     crate::subagents::reattach_children(&id, &wiring.authority);
     if interrupted {
         renderer.notice(&format!("resuming the interrupted turn of session {id}"));
@@ -395,6 +406,10 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     }
     match prompt {
         Some(text) => {
+            if interrupted {
+                // The new prompt gets its own choice of tools.
+                session = wiring.reequip(ctx, session, Some(&text), &mut renderer)?;
+            }
             let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&text))?;
             Ok(outcome.map_or(code, |o| outcome_code(&o, &mut renderer, &id)))
         }
@@ -422,7 +437,7 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
         }
         None => create_session(ctx)?,
     };
-    let mut wiring = wire(ctx, &cwd, &mut renderer)?;
+    let mut wiring = wire(ctx, &cwd, true)?;
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, session_config(ctx))?;
@@ -433,14 +448,11 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     if let Some(done) = crate::undo::finish_interrupted(ctx, &mut session, &cwd)? {
         renderer.notice(&done);
     }
+    // The interrupted turn (if any) is offered what discovery recorded for
+    // it; each prompt gets its own choice (`chat_loop`).
+    session = wiring.reequip(ctx, session, None, &mut renderer)?;
     if session.needs_resume() {
         renderer.notice("finishing the interrupted turn first");
-        // The interrupted turn is offered what discovery recorded for it.
-        let mut reopen = session.into_reopen();
-        let tools = turn_tools(ctx, &cwd)?;
-        let choice = crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), None, &tools)?;
-        wiring.offer_only(ctx, &cwd, &tools, choice.keep.as_ref())?;
-        session = Session::reopen(reopen, with_skills(session_config(ctx), &choice, &mut renderer))?;
         if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
             outcome_code(&outcome, &mut renderer, &id);
         }
@@ -637,7 +649,7 @@ fn command_of_chat(
             let cwd = PathBuf::from(&opened.header().cwd);
             if cwd != Path::new(&store.header().cwd) {
                 // Its tools work in its own directory.
-                *wiring = wire(ctx, &cwd, renderer)?;
+                *wiring = wire(ctx, &cwd, true)?;
             }
             let mut next = Session::open(opened, session_config(ctx))?;
             let id = next.store().header().id.clone();
@@ -648,6 +660,7 @@ fn command_of_chat(
             }
             if next.needs_resume() {
                 renderer.notice("finishing its interrupted turn first");
+                next = wiring.reequip(ctx, next, None, renderer)?;
                 if let Some(outcome) = drive(&mut next, wiring, renderer, None)? {
                     outcome_code(&outcome, renderer, &id);
                 }
@@ -679,9 +692,6 @@ fn chat_loop(
     renderer: &mut Renderer,
 ) -> Result<u8> {
     let mut cwd = PathBuf::from(&session.store().header().cwd);
-    // Discovery re-chooses the tools and skills for every prompt (and
-    // records the choice) when it applies here; see `crate::discover`.
-    let rechoose = crate::discover::applies(ctx, &cwd, &turn_tools(ctx, &cwd)?)?;
     // Install the Ctrl-C handler before the first turn: its default (kill)
     // would cut a write short.
     let _ = interrupts();
@@ -730,29 +740,11 @@ fn chat_loop(
             },
         };
         let text = prompt.as_str();
-        if rechoose {
-            let mut reopen = session.into_reopen();
-            // The prompt's tools, read once: ranked, then offered.
-            let tools = turn_tools(ctx, &cwd)?;
-            let choice = crate::discover::choose_for_turn(ctx, &cwd, reopen.store_mut(), Some(text), &tools)?;
-            wiring.offer_only(ctx, &cwd, &tools, choice.keep.as_ref())?;
-            session = Session::reopen(reopen, with_skills(session_config(ctx), &choice, renderer))?;
-        }
+        // The prompt's tools, read once: ranked (discovery records its
+        // choice when it applies here), then offered.
+        session = wiring.reequip(ctx, session, Some(text), renderer)?;
         if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {
             last = outcome_code(&outcome, renderer, &id);
         }
     }
-}
-
-/// The session settings with the chosen skills appended to the system
-/// prompt; the choice's notes are told to the user.
-pub fn with_skills(
-    config: cairn_core::SessionConfig,
-    choice: &crate::discover::TurnChoice,
-    renderer: &mut crate::render::Renderer,
-) -> cairn_core::SessionConfig {
-    for note in &choice.notes {
-        renderer.notice(note);
-    }
-    crate::discover::skills_config(config, choice)
 }

@@ -259,15 +259,6 @@ pub fn skills_command(ctx: &Context) -> Result<u8> {
     Ok(exit::SUCCESS)
 }
 
-/// Whether discovery chooses anything in `cwd`: more than `max_tools`
-/// non-core tools, or skills to choose from.
-pub fn applies(ctx: &Context, cwd: &Path, tools: &TurnTools) -> Result<bool> {
-    let policy = policy(ctx)?;
-    let extra = candidates(tools).extra.len();
-    let (skills, _) = load_skills(&skill_roots(ctx, cwd));
-    Ok(extra > policy.max_tools || (!skills.is_empty() && policy.max_skills > 0))
-}
-
 /// What a turn is offered.
 #[derive(Debug, Default)]
 pub struct TurnChoice {
