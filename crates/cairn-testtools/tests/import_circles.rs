@@ -15,9 +15,10 @@
 //! This is deliberately its own small reader, not `syn`: it must not share
 //! code with what it checks, and it needs only paths.
 //!
-//! The same reader holds one more rule of the module layout: only
-//! cairn-host's `running.rs` puts a turn's environment (core's `TurnEnv`)
-//! together for a face, so what a turn is given is decided in one place.
+//! The same reader holds two more rules of the module layout, so what a
+//! turn is given is decided in one place for every face: only cairn-host's
+//! `running.rs` puts a turn's environment (core's `TurnEnv`) together, and
+//! only cairn-runtime's `equip.rs` chooses a turn's tools.
 
 #![allow(clippy::expect_used)] // test helpers outside #[test] fns
 
@@ -440,34 +441,60 @@ fn no_crate_has_an_import_circle() {
 /// and tests drive core directly and are not faces).
 #[test]
 fn only_the_host_crate_puts_a_turn_environment_together() {
+    let found = uses_outside(
+        |line| line.find("TurnEnv").is_some_and(|i| line[i + "TurnEnv".len()..].trim_start().starts_with('{')),
+        &[("cairn-core", None), ("cairn-host", Some("running"))],
+    );
+    assert!(
+        found.is_empty(),
+        "a face builds core's TurnEnv itself; run the turn through cairn_host::Equipment instead:\n{}",
+        found.join("\n")
+    );
+}
+
+/// Every face equips a turn through cairn-runtime's `equip.rs` (the tools
+/// read once, discovery's choice recorded, the family): no other module
+/// calls discovery's `choose_for_turn`.
+#[test]
+fn only_equip_chooses_a_turns_tools() {
+    let found = uses_outside(
+        |line| line.contains("choose_for_turn("),
+        &[("cairn-runtime", Some("equip")), ("cairn-runtime", Some("discover"))],
+    );
+    assert!(
+        found.is_empty(),
+        "a face chooses its turn's tools itself; call equip::turn instead:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The lines (file:line) of every crate's library and binary modules,
+/// code only, where `hit` holds, leaving out the `allowed` (crate, module;
+/// `None`: the whole crate).
+fn uses_outside(hit: impl Fn(&str) -> bool, allowed: &[(&str, Option<&str>)]) -> Vec<String> {
     let mut found = Vec::new();
     let mut crates = 0;
     for entry in std::fs::read_dir(workspace()).expect("crates/").flatten() {
         let dir = entry.path();
         let name = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
-        if !dir.join("src").is_dir() || name == "cairn-core" {
+        if !dir.join("src").is_dir() {
             continue;
         }
         crates += 1;
         for (module, path) in modules(&dir) {
-            if name == "cairn-host" && module == "running" {
+            if allowed.iter().any(|(c, m)| *c == name && m.is_none_or(|m| m == module)) {
                 continue;
             }
             let code = code_only(&std::fs::read_to_string(&path).expect("read a module"));
             for (n, line) in code.lines().enumerate() {
-                let at = line.find("TurnEnv").map(|i| line[i + "TurnEnv".len()..].trim_start());
-                if at.is_some_and(|rest| rest.starts_with('{')) {
+                if hit(line) {
                     found.push(format!("{}:{}", path.display(), n + 1));
                 }
             }
         }
     }
     assert!(crates >= 10, "expected the workspace's crates under {}", workspace().display());
-    assert!(
-        found.is_empty(),
-        "a face builds core's TurnEnv itself; run the turn through cairn_host::Equipment instead:\n{}",
-        found.join("\n")
-    );
+    found
 }
 
 /// The reader itself, on a made-up crate: a circle through a use group, an
