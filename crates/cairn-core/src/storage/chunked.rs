@@ -12,7 +12,9 @@
 //! so a file is refused where and as `replay_into` refuses it (the tests
 //! hold the two to the same reports). A caller's `read` runs on the
 //! decoding threads over each entry (e.g. the lifecycle check's payload
-//! parse) and its answer is handed to the applying side with the entry.
+//! parse; for the payloads it reads inline, while their line is parsed:
+//! `line.rs`'s one-pass decode) and its answer is handed to the applying
+//! side with the entry.
 //!
 //! The store's own replay (`replay.rs`, an open) does not use it: there
 //! the chunks in flight and the decoding threads' allocator arenas add to

@@ -13,6 +13,16 @@
 //! being re-parsed. Replay takes an entry borrowed ([`EntryRef`]: no
 //! allocation for its strings and payload); everyone else gets owned
 //! [`Record`]s.
+//!
+//! The replay and `cairn check` decode through a one-pass decode
+//! ([`decode_line_inline`]): the line checked as UTF-8 once and parsed as
+//! text, the records read by a visitor that mirrors [`FlatRecord`]'s
+//! derived one, and the payloads of the entry types an [`EntryRead`]
+//! reader asks for read by it as they are parsed (`cairn check`'s tool
+//! payloads through their shapes) instead of skimmed as raw text and
+//! parsed again. It answers only for a line it accepts whole; any other
+//! line goes through the usual decode ([`decode_line_borrowed`]), which
+//! gives the error, so the one-pass decode never decides what is refused.
 
 use std::borrow::Cow;
 
@@ -301,6 +311,29 @@ pub(crate) fn decode_line_inline<'a, R: EntryRead>(
     reader: &R,
     out: &mut Vec<InlineRecord<'a, R::Out>>,
 ) -> bool {
+    decode_inline_with(line, reader, &mut |record, read| out.push((record, read)))
+}
+
+/// [`decode_line_borrowed`] through the one-pass decode (no payload read
+/// inline): the line checked as UTF-8 once, then parsed as text, which
+/// costs fewer instructions than parsing bytes (each string checked as it
+/// is parsed, each payload's text again); a line it does not accept whole
+/// goes through `decode_line_borrowed`, which gives the error. What the
+/// store's replay decodes each line with.
+pub(crate) fn decode_line_lent<'a>(line: &'a [u8], out: &mut Vec<LineRecord<'a>>) -> Result<(), LineError> {
+    if decode_inline_with(line, &|_: EntryView<'_>| (), &mut |record, _| out.push(record)) {
+        return Ok(());
+    }
+    out.clear();
+    decode_line_borrowed(line, out)
+}
+
+/// [`decode_line_inline`], handing each record to `push`.
+fn decode_inline_with<'a, R: EntryRead>(
+    line: &'a [u8],
+    reader: &R,
+    push: &mut dyn FnMut(LineRecord<'a>, Option<R::Out>),
+) -> bool {
     // One UTF-8 pass over the line (mostly ASCII: a fast one), after which
     // the parser checks no string again; `from_slice` would check the
     // strings it parses but not the values it skips inside a payload read
@@ -309,12 +342,12 @@ pub(crate) fn decode_line_inline<'a, R: EntryRead>(
     let mut de = serde_json::Deserializer::from_str(text);
     let first = line.iter().find(|b| !b.is_ascii_whitespace());
     let decoded = if first == Some(&b'[') {
-        de.deserialize_seq(InlineSink { reader, out }).is_ok()
+        de.deserialize_seq(InlineSink { reader, push }).is_ok()
     } else {
         match InlineSeed(reader).deserialize(&mut de) {
             Ok((flat, read)) => match flat.into_line_record() {
                 Ok(record) => {
-                    out.push((record, read));
+                    push(record, read);
                     true
                 }
                 Err(_) => false,
@@ -326,9 +359,9 @@ pub(crate) fn decode_line_inline<'a, R: EntryRead>(
 }
 
 /// The elements of an array line, decoded by [`InlineSeed`].
-struct InlineSink<'r, 'o, 'a, R: EntryRead> {
+struct InlineSink<'r, 'p, 'a, R: EntryRead> {
     reader: &'r R,
-    out: &'o mut Vec<InlineRecord<'a, R::Out>>,
+    push: &'p mut dyn FnMut(LineRecord<'a>, Option<R::Out>),
 }
 
 impl<'a, R: EntryRead> serde::de::Visitor<'a> for InlineSink<'_, '_, 'a, R> {
@@ -341,7 +374,7 @@ impl<'a, R: EntryRead> serde::de::Visitor<'a> for InlineSink<'_, '_, 'a, R> {
     fn visit_seq<A: serde::de::SeqAccess<'a>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut pushed = 0usize;
         while let Some((flat, read)) = seq.next_element_seed(InlineSeed(self.reader))? {
-            self.out.push((flat.into_line_record().map_err(serde::de::Error::custom)?, read));
+            (self.push)(flat.into_line_record().map_err(serde::de::Error::custom)?, read);
             pushed += 1;
         }
         if pushed == 0 {
@@ -793,6 +826,13 @@ mod tests {
             let shown = String::from_utf8_lossy(line);
             let mut want = Vec::new();
             let usual = decode_line_borrowed(line, &mut want);
+            // The replay's decode: the same records, or the same error.
+            let mut lent = Vec::new();
+            let replayed = decode_line_lent(line, &mut lent);
+            assert_eq!(replayed, usual, "{shown}");
+            if usual.is_ok() {
+                assert_eq!(format!("{lent:?}"), format!("{want:?}"), "{shown}");
+            }
             for inline_reads in [true, false] {
                 let mut got = Vec::new();
                 let answered = if inline_reads {
