@@ -335,10 +335,6 @@ pub struct Session<S: Storage> {
     checked: Checked,
 }
 
-/// Entries from which `Session::open` checks the tool lifecycle on a
-/// second thread (below, a thread costs more than it saves).
-const PARALLEL_OPEN: usize = 4096;
-
 /// The prefix of a log the strict lifecycle check passed: its length and
 /// its last entry's id (so another store of at least as many entries is
 /// not taken for the one checked).
@@ -351,23 +347,10 @@ struct Checked {
 impl Checked {
     /// Run the strict lifecycle check over every entry of `store`.
     fn run<S: Storage>(store: &S) -> Result<Self, LifecycleError> {
-        Self::run_over(store.entry_count(), |f| store.visit_entry_views(f))
-    }
-
-    /// [`run`](Self::run) over a store's index (what another thread may
-    /// read).
-    fn run_index(index: &crate::storage::SessionIndex) -> Result<Self, LifecycleError> {
-        Self::run_over(index.entry_count(), |f| index.visit_entry_views(f))
-    }
-
-    /// The check over the `total` entries `visit` lends, in seq order.
-    fn run_over(
-        total: usize,
-        visit: impl FnOnce(&mut dyn FnMut(crate::storage::EntryView<'_>)),
-    ) -> Result<Self, LifecycleError> {
         let mut tools = crate::projection::LifecycleCheck::default();
         let mut checked = Checked::default();
-        visit(&mut |entry| {
+        let total = store.entry_count();
+        store.visit_entry_views(&mut |entry| {
             tools.apply(entry);
             checked.entries += 1;
             if checked.entries == total {
@@ -507,64 +490,11 @@ impl<S: Storage> Session<S> {
         // turn acts on it.
         // (The check keeps statuses only: the full projection would hold
         // every request and receipt a second time while the session opens.)
-        let (checked, (lane, head, ctx)) = match known {
-            Some((checked, kept)) => (checked, Self::lane_context(&store, &config, &pc, Some(kept))?),
-            None => Self::check_and_lane_context(&store, &config, &pc)?,
+        let (checked, kept) = match known {
+            Some((checked, kept)) => (checked, Some(kept)),
+            None => (Checked::run(&store)?, None),
         };
-        let mut session_allow = Allowlist::new();
-        for rule in registers::session_allow_rules(&store) {
-            session_allow.push(AllowRule::parse(&rule)?);
-        }
-        let cwd = config.cwd.clone().unwrap_or_else(|| PathBuf::from(&store.header().cwd));
-        Ok(Self { store, config, pc, state_seq, lane, head, ctx, session_allow, cwd, started_here: None, checked })
-    }
-
-    /// The strict lifecycle check of the whole log, then
-    /// [`lane_context`](Self::lane_context); an error of the check comes
-    /// first. Past [`PARALLEL_OPEN`] entries, on a store whose index may be
-    /// read from another thread, the check runs on a second thread while
-    /// this one rebuilds the context (the two read the same entries and
-    /// write nothing; each is about a fifth of an open's work); the
-    /// answer is the same as one after the other.
-    #[allow(clippy::type_complexity)]
-    fn check_and_lane_context(
-        store: &S,
-        config: &SessionConfig,
-        pc: &Pc,
-    ) -> Result<(Checked, (String, Option<String>, context::ContextState)), TurnError> {
-        if store.entry_count() >= PARALLEL_OPEN {
-            if let Some(index) = store.shared_index() {
-                let both = std::thread::scope(|scope| {
-                    let checking = std::thread::Builder::new()
-                        .name("cairn-open-check".to_owned())
-                        .spawn_scoped(scope, move || Checked::run_index(index))
-                        .ok()?;
-                    let rest = Self::lane_context(store, config, pc, None);
-                    // A thread that stopped (it cannot panic, but were it
-                    // to): the check runs again here.
-                    let checked = checking.join().ok()?;
-                    Some((checked, rest))
-                });
-                if let Some((checked, rest)) = both {
-                    return Ok((checked?, rest?));
-                }
-            }
-        }
-        let checked = Checked::run(store)?;
-        Ok((checked, Self::lane_context(store, config, pc, None)?))
-    }
-
-    /// The stored pc checked against the store, the lane the session is
-    /// on, its head and the context of the head's path (`kept`'s, when it
-    /// is of the same lane and head).
-    #[allow(clippy::type_complexity)]
-    fn lane_context(
-        store: &S,
-        config: &SessionConfig,
-        pc: &Pc,
-        kept: Option<LaneContext>,
-    ) -> Result<(String, Option<String>, context::ContextState), TurnError> {
-        check_pc(store, pc)?;
+        check_pc(&store, &pc)?;
         let lane = if pc.in_progress() { pc.lane.clone() } else { config.lane.clone() };
         let head = match store.register(LANE_NS, &lane) {
             Some(raw) => Some(parse_register::<String>(&raw, "lane register")?),
@@ -573,9 +503,14 @@ impl<S: Storage> Session<S> {
         };
         let ctx = match kept {
             Some(kept) if kept.lane == lane && kept.head == head => kept.ctx,
-            _ => context::rebuild(store, head.as_deref())?,
+            _ => context::rebuild(&store, head.as_deref())?,
         };
-        Ok((lane, head, ctx))
+        let mut session_allow = Allowlist::new();
+        for rule in registers::session_allow_rules(&store) {
+            session_allow.push(AllowRule::parse(&rule)?);
+        }
+        let cwd = config.cwd.clone().unwrap_or_else(|| PathBuf::from(&store.header().cwd));
+        Ok(Self { store, config, pc, state_seq, lane, head, ctx, session_allow, cwd, started_here: None, checked })
     }
 
     /// Whether a turn was interrupted (crash, provider failure) or cancelled
@@ -990,43 +925,6 @@ fn check_pc<S: Storage>(store: &S, pc: &Pc) -> Result<(), TurnError> {
 mod reopen_tests {
     use super::*;
     use crate::storage::{Header, MemStore};
-
-    /// The open of a long log (the lifecycle check on a second thread)
-    /// answers what the check then the lane's context, one after the
-    /// other, answer: the same checked prefix and context, and the check's
-    /// error first when both fail.
-    #[test]
-    fn a_long_log_opens_as_it_would_one_step_after_the_other() {
-        let message = to_raw(&Message::text(crate::message::Role::User, "hello")).unwrap();
-        let mut store = MemStore::new(Header::new("s", "/"));
-        let mut parent: Option<String> = None;
-        for n in 0..PARALLEL_OPEN + 10 {
-            let id = format!("e{n}");
-            store
-                .commit(Transaction::new().entry(&id, parent.as_deref(), "message", message.clone()).set(
-                    LANE_NS,
-                    DEFAULT_LANE,
-                    to_raw(&id).unwrap(),
-                ))
-                .unwrap();
-            parent = Some(id);
-        }
-        let mut broken = store.clone();
-        add(&mut broken, "bad", "toolStarted"); // started, never requested
-        assert!(store.shared_index().is_some() && store.entry_count() >= PARALLEL_OPEN);
-        for (store, name) in [(&store, "healthy"), (&broken, "a lifecycle anomaly")] {
-            for lane in [DEFAULT_LANE, "nowhere"] {
-                let config = SessionConfig { lane: lane.to_owned(), ..SessionConfig::default() };
-                let pc = Pc::idle(lane);
-                let both = Session::<MemStore>::check_and_lane_context(store, &config, &pc);
-                let one_then_other = Checked::run(store)
-                    .map_err(TurnError::from)
-                    .and_then(|checked| Ok((checked, Session::<MemStore>::lane_context(store, &config, &pc, None)?)));
-                assert_eq!(format!("{both:?}"), format!("{one_then_other:?}"), "{name}, lane {lane}");
-                assert_eq!(both.is_ok(), name == "healthy" && lane == DEFAULT_LANE, "{name}, lane {lane}: {both:?}");
-            }
-        }
-    }
 
     fn add(store: &mut MemStore, id: &str, entry_type: &str) {
         let payload = to_raw(&serde_json::json!({"invocationId": "i1"})).unwrap();
