@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use cairn_core::approval::Answer;
-use cairn_core::projection::{LifecycleCheck, ToolInvocationRecord, ToolInvocationStatus, ToolState};
+use cairn_core::projection::{LifecycleCheck, LifecycleReader, ToolInvocationRecord, ToolInvocationStatus, ToolState};
 use cairn_core::storage::Storage;
 use cairn_core::storage::{EntryView, JsonlStore, Tail, check_file_read, format_record};
 
@@ -442,9 +442,10 @@ pub fn check(ctx: &Context, path: &Path) -> Result<u8> {
     // exactly one settlement per invocation, none without a request. The
     // check streams the file and keeps only what open invocations need;
     // the lines and the tool payloads are read on a second thread, the
-    // lifecycle folded here in file order.
+    // lifecycle folded here in file order (the hot tool payloads parsed
+    // once, as their lines are).
     let mut tools = LifecycleCheck::default();
-    let report = check_file_read(path, ctx.settings.store_options(), LifecycleCheck::read, |entry, read| {
+    let report = check_file_read(path, ctx.settings.store_options(), LifecycleReader, |entry, read| {
         tools.check_read(entry.id, read).map_err(|e| e.to_string())
     });
     let seconds = started.elapsed().as_secs_f64();

@@ -18,7 +18,7 @@ use crate::events::{
     ToolRequestedPayload, ToolStartedPayload, VerdictRecord,
 };
 use crate::payload_shape as shape;
-use crate::storage::{Entry, EntryView, Record};
+use crate::storage::{Entry, EntryRead, EntryView, Record};
 use crate::tool::{Risk, ToolReceipt, ToolRequest};
 
 /// Where an invocation is in its lifecycle.
@@ -586,6 +586,46 @@ fn shaped_id<'a, L: Deserialize<'a>, F: serde::de::DeserializeOwned>(
             Ok(full) => Ok(Cow::Owned(from_type(full))),
             Err(e) => Err(format!("entry {}: bad {what} payload: {e}", entry.id)),
         },
+    }
+}
+
+/// [`LifecycleCheck::read`] as the reader of `cairn check`'s decoding
+/// threads ([`check_file_read`](crate::storage::check_file_read)), reading
+/// the hot tool payloads (`toolRequested`, `toolStarted`,
+/// `toolCompleted`) through their shapes as the line is parsed: each
+/// parsed once, not skimmed as raw text and then parsed again. A payload
+/// its shape refuses there is not a verdict: the line is decoded again
+/// and [`LifecycleCheck::read`] gives the answer (the type's error text).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LifecycleReader;
+
+impl EntryRead for LifecycleReader {
+    type Out = LifecycleRead;
+
+    fn read(&self, entry: EntryView<'_>) -> LifecycleRead {
+        LifecycleCheck::read(entry)
+    }
+
+    fn reads_inline(&self, entry_type: &str) -> bool {
+        matches!(
+            EntryType::of(entry_type),
+            Some(EntryType::ToolRequested | EntryType::ToolStarted | EntryType::ToolCompleted)
+        )
+    }
+
+    fn read_inline<'de, D: serde::Deserializer<'de>>(
+        &self,
+        entry_type: &str,
+        payload: D,
+    ) -> Result<LifecycleRead, D::Error> {
+        // What `read_inner` keeps when the shape accepts the payload.
+        let (kind, invocation_id) = match EntryType::of(entry_type) {
+            Some(kind @ EntryType::ToolRequested) => (kind, shape::Requested::deserialize(payload)?.invocation_id),
+            Some(kind @ EntryType::ToolStarted) => (kind, shape::Started::deserialize(payload)?.invocation_id),
+            Some(kind @ EntryType::ToolCompleted) => (kind, shape::Completed::deserialize(payload)?.invocation_id),
+            _ => return Err(serde::de::Error::custom("not read inline")),
+        };
+        Ok(LifecycleRead(ToolRead::Tool { kind, invocation_id: Cow::Owned(invocation_id.into_owned()) }))
     }
 }
 

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use super::chunked::{ApplyRead, CHUNK, decoding_threads, replay_chunks};
 use super::jsonl::{Access, StoreOptions, open_regular};
-use super::line::EntryRef;
+use super::line::{EntryRead, EntryRef};
 use super::record::{EntryView, Record};
 use super::replay::{Apply, ReplayedFile, replay_into};
 
@@ -85,24 +85,27 @@ pub fn check_file_with(
 /// view's `payload` is empty) with what `read` made of it. The same report
 /// as [`check_file_with`] with a `validate` that reads the payload itself,
 /// in less wall time on a machine with a second core.
-pub fn check_file_read<P: Send>(
+pub fn check_file_read<R: EntryRead>(
     path: &Path,
     opts: StoreOptions,
-    read: impl Fn(EntryView<'_>) -> P + Sync,
-    mut validate: impl FnMut(EntryView<'_>, P) -> Result<(), String>,
+    read: R,
+    mut validate: impl FnMut(EntryView<'_>, R::Out) -> Result<(), String>,
 ) -> CheckReport {
     check_read_in(path, opts, decoding_threads(), CHUNK, &read, &mut validate)
 }
 
+/// The applying side's validation of an entry and what was read of it.
+type Validate<'v, P> = dyn FnMut(EntryView<'_>, P) -> Result<(), String> + 'v;
+
 /// [`check_file_read`] with `threads` decoding threads and chunks of
 /// `chunk` bytes.
-fn check_read_in<P: Send>(
+fn check_read_in<R: EntryRead>(
     path: &Path,
     opts: StoreOptions,
     threads: usize,
     chunk: usize,
-    read: &(dyn Fn(EntryView<'_>) -> P + Sync),
-    validate: &mut dyn FnMut(EntryView<'_>, P) -> Result<(), String>,
+    read: &R,
+    validate: &mut Validate<'_, R::Out>,
 ) -> CheckReport {
     let file = match open_regular(path, Access::Read) {
         Ok(file) => file,
@@ -404,7 +407,7 @@ mod tests {
 
     #[test]
     fn the_chunked_check_reports_what_the_sequential_check_reports() {
-        use crate::projection::LifecycleCheck;
+        use crate::projection::{LifecycleCheck, LifecycleReader};
         let dir = tempfile::tempdir().unwrap();
         let mut body = vec![entry(1, "e0", None)];
         let mut seq = 1;
@@ -419,7 +422,7 @@ mod tests {
         let long = format!(
             r#"{{"kind":"entry","seq":{},"timestamp":1,"id":"long","parentId":"e0","type":"message","payload":"{}"}}"#,
             seq + 1,
-            "x".repeat(400)
+            "x".repeat(1000)
         );
         let cases: Vec<(&str, Vec<String>)> = vec![
             ("healthy", vec![]),
@@ -446,9 +449,36 @@ mod tests {
                 ],
             ),
             ("an array line", vec![format!("[{},{}]", entry(seq + 1, "a", Some("e0")), set(seq + 2, "lane", "main"))]),
+            (
+                "lifecycle: payload before type",
+                vec![
+                    tool(seq + 1, "x", "e0", "toolRequested", "j1"),
+                    format!(
+                        r#"{{"kind":"entry","seq":{},"timestamp":1,"id":"y","parentId":"e0","payload":{{"invocationId":"j1","callId":"c","tool":"t","verdict":{{"decision":"approve","by":"p","at":1}}}},"type":"toolStarted"}}"#,
+                        seq + 2
+                    ),
+                    tool(seq + 3, "z", "e0", "toolRequested", "j1"),
+                ],
+            ),
+            (
+                "lifecycle: bad payload in an array line",
+                vec![format!(
+                    "[{},{}]",
+                    tool(seq + 1, "x", "e0", "toolRequested", "j1"),
+                    tool(seq + 2, "y", "e0", "toolCompleted", "j1").replace("\"exitCode\":0", "\"exitCode\":\"0\"")
+                )],
+            ),
+            (
+                "not UTF-8 in a tool payload's unknown field",
+                vec![
+                    tool(seq + 1, "x", "e0", "toolRequested", "j1")
+                        .replace("\"turnId\"", "\"extra\":\"\u{1}\",\"turnId\""),
+                    entry(seq + 2, "y", Some("e0")),
+                ],
+            ),
         ];
         for (name, tail) in cases {
-            let path = dir.path().join(format!("{}.jsonl", name.replace([' ', ':'], "-")));
+            let path = dir.path().join(format!("{}.jsonl", name.replace([' ', ':', '\''], "-")));
             let mut text = format!("{HEADER}\n");
             for line in body.iter().chain(&tail) {
                 text.push_str(line);
@@ -457,17 +487,25 @@ mod tests {
             if name.starts_with("torn tail") || name.ends_with("torn tail") {
                 text.pop();
             }
+            // A byte that is not UTF-8 where a payload read inline skips.
+            let text: Vec<u8> = text.into_bytes().into_iter().map(|b| if b == 1 { 0xff } else { b }).collect();
             std::fs::write(&path, text).unwrap();
-            let opts = StoreOptions { max_line_bytes: 300, ..StoreOptions::default() };
+            let opts = StoreOptions { max_line_bytes: 900, ..StoreOptions::default() };
             let mut tools = LifecycleCheck::default();
             let sequential = check_file_with(&path, opts, |e| tools.check(e).map_err(|e| e.to_string()));
             for threads in [0, 1, 2, 3] {
-                for chunk in [1, 7, 100, 299, 300, 301, 4096, CHUNK] {
+                for chunk in [1, 7, 100, 299, 300, 301, 899, 900, 901, 4096, CHUNK] {
                     let mut tools = LifecycleCheck::default();
                     let chunked = check_read_in(&path, opts, threads, chunk, &LifecycleCheck::read, &mut |e, read| {
                         tools.check_read(e.id, read).map_err(|e| e.to_string())
                     });
                     assert_eq!(chunked, sequential, "{name}, {threads} threads, chunks of {chunk}");
+                    // The reader `cairn check` uses: hot payloads read inline.
+                    let mut tools = LifecycleCheck::default();
+                    let inline = check_read_in(&path, opts, threads, chunk, &LifecycleReader, &mut |e, read| {
+                        tools.check_read(e.id, read).map_err(|e| e.to_string())
+                    });
+                    assert_eq!(inline, sequential, "{name}, inline reads, {threads} threads, chunks of {chunk}");
                 }
             }
             let mut tools = LifecycleCheck::default();
@@ -475,6 +513,11 @@ mod tests {
                 tools.check_read(e.id, read).map_err(|e| e.to_string())
             });
             assert_eq!(public, sequential, "{name}");
+            let mut tools = LifecycleCheck::default();
+            let public = check_file_read(&path, opts, LifecycleReader, |e, read| {
+                tools.check_read(e.id, read).map_err(|e| e.to_string())
+            });
+            assert_eq!(public, sequential, "{name}, inline reads");
             let ok = matches!(
                 name,
                 "healthy"

@@ -12,7 +12,9 @@
 //! so a file is refused where and as `replay_into` refuses it (the tests
 //! hold the two to the same reports). A caller's `read` runs on the
 //! decoding threads over each entry (e.g. the lifecycle check's payload
-//! parse) and its answer is handed to the applying side with the entry.
+//! parse; for the payloads it reads inline, while their line is parsed:
+//! `line.rs`'s one-pass decode) and its answer is handed to the applying
+//! side with the entry.
 //!
 //! The store's own replay (`replay.rs`, an open) does not use it: there
 //! the chunks in flight and the decoding threads' allocator arenas add to
@@ -30,7 +32,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::sync::mpsc;
 
 use super::StorageError;
-use super::line::{LineError, LineRecord, decode_line_borrowed};
+use super::line::{EntryRead, InlineRecord, LineError, LineRecord, decode_line_borrowed, decode_line_inline};
 use super::migrate;
 use super::record::{EntryView, Record};
 use super::replay::{Liveness, ReplayedFile, read_header};
@@ -133,7 +135,7 @@ fn push_str(text: &mut String, s: &str) -> Span {
 
 /// Decode the whole lines of `bytes` (each ends with `\n`), stopping at the
 /// first that is too long or not a record line.
-fn decode_chunk<P>(bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'_>) -> P + Sync)) -> Decoded<P> {
+fn decode_chunk<R: EntryRead>(bytes: Vec<u8>, max_line: u64, read: &R) -> Decoded<R::Out> {
     let mut text = String::new();
     let mut items = Vec::new();
     let mut lines = Vec::new();
@@ -142,21 +144,33 @@ fn decode_chunk<P>(bytes: Vec<u8>, max_line: u64, read: &(dyn Fn(EntryView<'_>) 
     {
         let bytes = bytes.as_slice();
         let mut records: Vec<LineRecord<'_>> = Vec::new();
+        let mut inline: Vec<InlineRecord<'_, R::Out>> = Vec::new();
         while start < bytes.len() {
             let end = memchr::memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |at| start + at + 1);
             if (end - start) as u64 > max_line {
                 fault = Some((LineFault::TooLong, end - start, end == bytes.len()));
                 break;
             }
-            records.clear();
-            if let Err(e) = decode_line_borrowed(&bytes[start..end - 1], &mut records) {
-                fault = Some((LineFault::Bad(e), end - start, end == bytes.len()));
-                break;
+            let line = &bytes[start..end - 1];
+            inline.clear();
+            if !decode_line_inline(line, read, &mut inline) {
+                // Not a line the one-pass decode answers for: the usual
+                // decode says what it holds or why it is refused.
+                inline.clear();
+                records.clear();
+                if let Err(e) = decode_line_borrowed(line, &mut records) {
+                    fault = Some((LineFault::Bad(e), end - start, end == bytes.len()));
+                    break;
+                }
+                inline.extend(records.drain(..).map(|record| (record, None)));
             }
-            for record in records.drain(..) {
+            for (record, read_inline) in inline.drain(..) {
                 items.push(match record {
                     LineRecord::Entry(entry) => {
-                        let got = read(entry.view());
+                        let got = match read_inline {
+                            Some(got) => got,
+                            None => read.read(entry.view()),
+                        };
                         Item::Entry(EntryItem {
                             seq: entry.seq,
                             timestamp: entry.timestamp,
@@ -257,14 +271,14 @@ impl<R: Read> Chunks<R> {
 /// bytes decoded on `threads` other threads (none: on this one) with
 /// `read` run over each entry there, and applied to `sink` here in file
 /// order.
-pub(crate) fn replay_chunks<P: Send>(
+pub(crate) fn replay_chunks<R: EntryRead>(
     path: &str,
     reader: impl Read,
     max_line: u64,
     threads: usize,
     chunk: usize,
-    read: &(dyn Fn(EntryView<'_>) -> P + Sync),
-    sink: &mut dyn ApplyRead<P>,
+    read: &R,
+    sink: &mut dyn ApplyRead<R::Out>,
 ) -> Result<ReplayedFile, StorageError> {
     let mut reader = BufReader::with_capacity(64 * 1024, reader);
     let (header, file_version, header_len) = read_header(path, &mut reader, max_line)?;
@@ -290,7 +304,7 @@ pub(crate) fn replay_chunks<P: Send>(
         let mut handles = Vec::new();
         for n in 0..threads {
             let (to_worker, work) = mpsc::channel::<Vec<u8>>();
-            let (done, from_worker) = mpsc::channel::<Decoded<P>>();
+            let (done, from_worker) = mpsc::channel::<Decoded<R::Out>>();
             let spawned =
                 std::thread::Builder::new().name(format!("cairn-decode-{n}")).spawn_scoped(scope, move || {
                     while let Ok(bytes) = work.recv() {
@@ -336,12 +350,12 @@ type Worker<P> = (mpsc::Sender<Vec<u8>>, mpsc::Receiver<Decoded<P>>);
 /// at most [`DEPTH`] per worker in flight, apply them as they come back,
 /// and apply how the file ends. Without workers, each chunk is decoded
 /// here.
-fn drive<R: Read, P>(
-    chunks: &mut Chunks<R>,
+fn drive<F: Read, R: EntryRead>(
+    chunks: &mut Chunks<F>,
     applying: &mut Applying<'_>,
-    workers: &[Worker<P>],
-    read: &(dyn Fn(EntryView<'_>) -> P + Sync),
-    sink: &mut dyn ApplyRead<P>,
+    workers: &[Worker<R::Out>],
+    read: &R,
+    sink: &mut dyn ApplyRead<R::Out>,
 ) -> Result<(), StorageError> {
     let path = applying.path;
     let io = |source| StorageError::Io { path: path.to_owned(), source };
@@ -486,16 +500,16 @@ impl Applying<'_> {
 }
 
 /// An [`ApplyRead`] fed by the sequential replay: `read` run here.
-struct ReadEach<'r, P> {
-    read: &'r (dyn Fn(EntryView<'_>) -> P + Sync),
-    sink: &'r mut dyn ApplyRead<P>,
+struct ReadEach<'r, R: EntryRead> {
+    read: &'r R,
+    sink: &'r mut dyn ApplyRead<R::Out>,
 }
 
-impl<P> super::replay::Apply for ReadEach<'_, P> {
+impl<R: EntryRead> super::replay::Apply for ReadEach<'_, R> {
     fn apply(&mut self, record: Record) -> Result<(), String> {
         match record {
             Record::Entry(entry) => {
-                let got = (self.read)(entry.view());
+                let got = self.read.read(entry.view());
                 self.sink.entry(entry.view(), got)
             }
             other => self.sink.other(other),

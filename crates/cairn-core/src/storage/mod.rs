@@ -126,7 +126,9 @@ pub use jsonl::{
     CompactStep, DEFAULT_COMPACT_RATIO, DEFAULT_MAX_LINE_BYTES, Durability, JsonlStore, StoreOptions, check_session_id,
     lock_path, new_session_id,
 };
-pub use line::{LineError, decode_header, decode_line, decode_line_into, encode_header, encode_line, format_record};
+pub use line::{
+    EntryRead, LineError, decode_header, decode_line, decode_line_into, encode_header, encode_line, format_record,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use summary::{FileSummary, read_summary};

@@ -15,7 +15,7 @@ use std::io::{BufRead, BufReader, Read};
 
 use super::StorageError;
 use super::index::SessionIndex;
-use super::line::{EntryRef, LineRecord, decode_header, decode_line_borrowed, encoded_len};
+use super::line::{EntryRef, LineRecord, decode_header, decode_line_lent, encoded_len};
 use super::migrate;
 use super::record::{Header, Record, RegisterOp, RegisterRecord};
 
@@ -257,7 +257,7 @@ pub(crate) fn replay_rest(
         // before the sink takes them); the whole line is decoded before any
         // of it is applied, so a torn line is discarded whole.
         let mut records: Vec<LineRecord<'_>> = Vec::new();
-        if let Err(e) = decode_line_borrowed(&buf[..buf.len() - 1], &mut records) {
+        if let Err(e) = decode_line_lent(&buf[..buf.len() - 1], &mut records) {
             let at_end = reader.fill_buf().map_err(io)?.is_empty();
             if at_end && e.is_syntax() {
                 torn_bytes = n as u64;
