@@ -34,7 +34,7 @@ mod world;
 // The session runtime, under the names the binary's modules use for it.
 use cairn_runtime::{
     config, context, discover, equip, escape, family, hosting, local, paths, secrets, sessions, style, subagents,
-    toolsrv, trust, undo, wiring,
+    trust, undo, wiring,
 };
 
 use std::process::ExitCode;

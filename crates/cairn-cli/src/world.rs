@@ -151,7 +151,7 @@ impl Agent {
         // The session's tools as every face offers them (a tool service
         // when configured, the subagent family); what is not offered is
         // said, not dropped silently.
-        let tools = crate::toolsrv::turn_tools(ctx, &cwd)?;
+        let tools = cairn_runtime::toolsrv::turn_tools(ctx, &cwd)?;
         let authority = crate::subagents::Authority::of(&policy, None);
         let asker = crate::equip::Asker { approver: &policy, family: Some(&authority) };
         let mut equipped = crate::equip::offer(ctx, &cwd, &tools, None, asker)?;
