@@ -635,7 +635,7 @@ fn equip(
     prompt: Option<&str>,
 ) -> Result<(), RpcError> {
     let session_id = opening.store_mut().header().id.clone();
-    let (crate::HostTools { tools, notes, hooks }, config) =
+    let (mut equipped, config) =
         match host.turn(&open.cwd, opening.store_mut(), prompt, &open.equipment.approver.inner, Some(&open.person)) {
             Ok(equipped) => equipped,
             Err(e) => {
@@ -644,35 +644,31 @@ fn equip(
                 return Err(RpcError::internal(format!("{e:#}")));
             }
         };
-    for note in notes {
-        eprintln!("cairn acp: {note}");
-    }
+    // The editor's MCP servers' tools after cairn's; the file tools through
+    // the editor where it offers file access.
     let client_fs = open.client_fs;
-    let mut registry = ToolRegistry::new(&open.equipment.approver);
-    registry.set_hooks(hooks);
-    for tool in tools.into_iter().chain(open.client_tools.iter().cloned()) {
-        let op = match tool.spec().name.as_str() {
-            "read_file" if client_fs.0 => Some(client_fs::Op::Read),
-            "write_file" if client_fs.1 => Some(client_fs::Op::Write),
-            "edit_file" if client_fs.0 && client_fs.1 => Some(client_fs::Op::Edit),
-            _ => None,
-        };
-        let tool: Arc<dyn cairn_core::tool::Tool> = match op {
-            Some(op) => Arc::new(client_fs::ClientFile {
-                inner: tool,
-                op,
-                shared: Arc::clone(shared),
-                session_id: session_id.clone(),
-                reads: client_fs.0,
-            }),
-            None => tool,
-        };
-        let name = tool.spec().name.clone();
-        if let Err(e) = registry.register(tool) {
-            eprintln!("cairn acp: tool {name} not offered: {e}");
-        }
-    }
-    open.equipment.tools = registry;
+    let tools = std::mem::take(&mut equipped.tools).into_iter().chain(open.client_tools.iter().cloned());
+    equipped.tools = tools
+        .map(|tool| {
+            let op = match tool.spec().name.as_str() {
+                "read_file" if client_fs.0 => Some(client_fs::Op::Read),
+                "write_file" if client_fs.1 => Some(client_fs::Op::Write),
+                "edit_file" if client_fs.0 && client_fs.1 => Some(client_fs::Op::Edit),
+                _ => None,
+            };
+            match op {
+                Some(op) => Arc::new(client_fs::ClientFile {
+                    inner: tool,
+                    op,
+                    shared: Arc::clone(shared),
+                    session_id: session_id.clone(),
+                    reads: client_fs.0,
+                }) as Arc<dyn cairn_core::tool::Tool>,
+                None => tool,
+            }
+        })
+        .collect();
+    open.equipment.tools = equipped.into_registry(&open.equipment.approver, |note| eprintln!("cairn acp: {note}"));
     open.session =
         Some(opening.into_session(config).map_err(|e| RpcError::internal(format!("cannot open the session: {e}")))?);
     Ok(())
