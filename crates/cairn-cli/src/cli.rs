@@ -387,6 +387,8 @@ fn run(cli: Cli) -> Result<u8> {
     // Commands that run turns, which keep pre-images: the store is brought
     // back under its budget after them (`undo::collect_past_budget`).
     let keeps_preimages = matches!(cli.command, Command::Run { .. } | Command::Resume { .. } | Command::Chat { .. });
+    // They register tools after opening a session, which can be long.
+    let _probes = (keeps_preimages || matches!(cli.command, Command::Ask { .. })).then(cairn_tools::probe_ahead);
     let code = match cli.command {
         Command::Serve { .. } | Command::Batch { .. } | Command::Toolsrv { .. } => {
             anyhow::bail!("dispatched before the other commands")

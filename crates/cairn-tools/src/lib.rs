@@ -236,6 +236,37 @@ pub fn tool_dirs(data_dir: &Path, config_dir: &Path, cwd: &Path) -> Vec<ToolDir>
     dirs
 }
 
+/// Start the kernel probes tool registration asks (namespaces, the pids
+/// cgroup, overlay staging; each probed once per process) on a thread of
+/// their own, for a command that will register tools after opening a
+/// session: the probes' throwaway children are forked while the process is
+/// still small (forking it after a long session's replay copies the page
+/// tables of all of it), and the answers are ready when the registration
+/// asks (it waits for a probe still running). The children issue raw
+/// syscalls only, so forking beside other threads is safe. Keep the guard
+/// for the command's life: dropping it waits for the probes, so a command
+/// that ends early leaves no probe directory behind.
+pub fn probe_ahead() -> ProbesAhead {
+    let spawned = std::thread::Builder::new().name("cairn-probe".into()).spawn(|| {
+        let _ = staging::overlay_status();
+        let _ = sandbox::landlock_status();
+    });
+    // Without the thread, registration probes when it asks, as before.
+    ProbesAhead(spawned.ok())
+}
+
+/// The probes [`probe_ahead`] started; waited for when dropped.
+#[derive(Debug)]
+pub struct ProbesAhead(Option<std::thread::JoinHandle<()>>);
+
+impl Drop for ProbesAhead {
+    fn drop(&mut self) {
+        if let Some(thread) = self.0.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Every tool a session may offer, and why others are missing.
 #[derive(Debug, Clone)]
 pub struct LoadedTools {

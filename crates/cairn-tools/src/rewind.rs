@@ -73,9 +73,11 @@ pub fn finish_interrupted<S: Storage>(
     // Only the undo records are kept (a copy of the whole log here would
     // double the memory of every resume of a long session).
     let mut entries = Vec::new();
-    session.store().visit_entries(&mut |entry| {
-        if matches!(EntryType::of_entry(entry), Some(EntryType::Undo | EntryType::UndoApplied)) {
-            entries.push(entry.clone());
+    // Lent views: only the few undo records are copied, not every entry.
+    session.store().visit_entry_views(&mut |entry| {
+        if matches!(EntryType::of(entry.entry_type), Some(EntryType::Undo | EntryType::UndoApplied)) {
+            // Lent from the store, so valid JSON: `to_entry` cannot fail.
+            entries.extend(entry.to_entry().ok());
         }
     });
     let found: Vec<(String, UndoPayload)> =

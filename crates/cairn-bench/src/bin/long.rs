@@ -423,6 +423,17 @@ fn mib(bytes: f64) -> f64 {
 }
 
 /// The tole binary to compare with (`TOLE=path`), if any.
+/// Ask the kernel to drop `path`'s pages from the page cache (clean
+/// pages only; a file in use keeps its mapped pages). Best effort: a
+/// failure only leaves the cache as it was.
+fn drop_from_page_cache(path: &Path) {
+    use std::os::fd::AsRawFd as _;
+    if let Ok(file) = std::fs::File::open(path) {
+        // SAFETY: fadvise on an open descriptor; it changes no memory of ours.
+        let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+}
+
 fn tole_bin() -> Option<PathBuf> {
     std::env::var_os("TOLE").filter(|v| !v.is_empty()).map(PathBuf::from)
 }
@@ -492,6 +503,16 @@ fn main() -> Result<()> {
             ensure!(names.contains(w), "--only: no measure {w:?} (measures: {})", names.join(", "));
         }
         names.retain(|n| *n == "floor" || wanted.contains(n));
+    }
+    // Every measured binary's pages leave the page cache first: a binary
+    // just written by the linker or `cp` sits there in larger folios, and a
+    // fault then maps more of it, so two equal binaries could differ by
+    // over a MiB of peak RSS by how they were last written.
+    for program in [Some(bin.clone()), Some(me.clone()), tole.clone(), base_long.clone(), base_cairn.clone()]
+        .into_iter()
+        .flatten()
+    {
+        drop_from_page_cache(&program);
     }
     let mut samples: Vec<Samples> = names.iter().map(|_| Samples::default()).collect();
     let path_s = path.display().to_string();

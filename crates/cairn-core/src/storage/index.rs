@@ -39,6 +39,14 @@ impl IdTable {
     }
 
     fn get(&self, entries: &Entries, id: &str) -> Option<u32> {
+        // Most lookups are of the newest entry (the parent of the entry
+        // being added: a turn's steps follow one another), which is in
+        // cache: compared before hashing.
+        if let Some(last) = (entries.len() as u32).checked_sub(1)
+            && entries.id(last) == id
+        {
+            return Some(last);
+        }
         self.table.find(self.hash(id), |&i| entries.id(i) == id).copied()
     }
 
@@ -473,6 +481,14 @@ impl SessionIndex {
     pub fn visit_entry_views(&self, mut f: impl FnMut(EntryView<'_>)) {
         for i in 0..self.entries.len() as u32 {
             f(self.entries.view(i));
+        }
+    }
+
+    /// [`visit_entry_views`](Self::visit_entry_views) from position
+    /// `first` on (nothing when there are no more entries).
+    pub fn visit_entry_views_from(&self, first: usize, mut f: impl FnMut(EntryView<'_>)) {
+        for i in first.min(self.entries.len())..self.entries.len() {
+            f(self.entries.view(i as u32));
         }
     }
 

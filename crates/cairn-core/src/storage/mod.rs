@@ -68,6 +68,10 @@ macro_rules! __storage_reads_from_index {
             self.index.visit_entry_views(f);
         }
 
+        fn visit_entry_views_from(&self, first: usize, f: &mut dyn FnMut($crate::storage::EntryView<'_>)) {
+            self.index.visit_entry_views_from(first, f);
+        }
+
         fn entry_count(&self) -> usize {
             self.index.entry_count()
         }
@@ -339,6 +343,20 @@ pub trait Storage {
     /// which lends each entry of [`visit_entries`](Self::visit_entries)).
     fn visit_entry_views(&self, f: &mut dyn FnMut(EntryView<'_>)) {
         self.visit_entries(&mut |entry| f(entry.view()));
+    }
+
+    /// [`visit_entry_views`](Self::visit_entry_views) from the entry at
+    /// position `first` (0 is the first entry) on: what a reader that
+    /// already saw the first `first` entries takes (the backends that hold
+    /// entries in memory override the default, which walks past them).
+    fn visit_entry_views_from(&self, first: usize, f: &mut dyn FnMut(EntryView<'_>)) {
+        let mut at = 0usize;
+        self.visit_entry_views(&mut |entry| {
+            if at >= first {
+                f(entry);
+            }
+            at += 1;
+        });
     }
 
     /// Number of entries.

@@ -168,6 +168,19 @@ impl<'a> EntryView<'a> {
     pub fn parse<T: Deserialize<'a>>(&self) -> Result<T, serde_json::Error> {
         serde_json::from_str(self.payload)
     }
+
+    /// An owned copy of the entry (for the few a reader keeps). The
+    /// payload is checked as JSON again: a view may be made by anyone.
+    pub fn to_entry(&self) -> Result<Entry, serde_json::Error> {
+        Ok(Entry {
+            seq: self.seq,
+            timestamp: self.timestamp,
+            id: self.id.to_owned(),
+            parent_id: self.parent_id.map(str::to_owned),
+            entry_type: self.entry_type.to_owned(),
+            payload: RawJson::from_json(self.payload)?,
+        })
+    }
 }
 
 /// Set or delete.

@@ -120,8 +120,6 @@ pub(crate) struct ContextState {
     roles: Vec<Role>,
     active: Option<Active>,
     ledger: Ledger,
-    /// Prefix counts of assistant messages (`assistants[i]`: among `..i`).
-    assistants: Vec<usize>,
     calibrations: BTreeMap<(String, String), Calibration>,
 }
 
@@ -133,7 +131,7 @@ pub(crate) struct ContextState {
 /// compaction its position and range: no copy of the path, and the peak of
 /// an open stays near the store's own size.
 pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<ContextState, TurnError> {
-    let mut state = ContextState { assistants: vec![0], ..ContextState::default() };
+    let mut state = ContextState::default();
     let Some(head) = head else {
         return Ok(state);
     };
@@ -163,12 +161,6 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Conte
     costs.reverse();
     let n = ids.len();
     state.ledger = Ledger::from_byte_costs(costs.into_iter());
-    state.assistants = Vec::with_capacity(n + 1);
-    state.assistants.push(0);
-    for role in &roles {
-        let last = state.assistants.last().copied().unwrap_or(0);
-        state.assistants.push(last + usize::from(*role == Role::Assistant));
-    }
     // The active summary is the newest compaction whose range ends among
     // the messages before it (as a forward replay would leave it).
     for (after, entry_id, last_entry) in compactions {
@@ -200,8 +192,6 @@ impl ContextState {
     fn push(&mut self, id: String, role: Role) {
         self.ids.push(&id);
         self.roles.push(role);
-        let last = self.assistants.last().copied().unwrap_or(0);
-        self.assistants.push(last + usize::from(role == Role::Assistant));
     }
 
     /// Messages committed by the turn (in order, with their entry ids).
@@ -481,7 +471,12 @@ impl<S: Storage> Session<S> {
             max_output_tokens: limits
                 .map(|l| u32::try_from(l.reserve).unwrap_or(u32::MAX))
                 .or(self.config.max_output_tokens),
-            earlier_assistant_messages: self.ctx.assistants.get(start).copied().unwrap_or(0),
+            // Counted per request (a byte a message) rather than kept as
+            // prefix counts (a word a message for the session's life).
+            earlier_assistant_messages: self.ctx.roles[..start.min(self.ctx.roles.len())]
+                .iter()
+                .filter(|r| **r == Role::Assistant)
+                .count(),
             tokens: self.tokens_of(units, cal),
             request_bytes: matches!(self.ctx.ledger.unit(), Unit::Bytes).then_some(units),
         })

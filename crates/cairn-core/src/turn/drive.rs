@@ -663,9 +663,10 @@ impl<S: Storage> Session<S> {
     /// The committed change set of a staged invocation, if any.
     fn staged_record(&self, invocation: &str) -> Result<Option<ToolStagedPayload>, TurnError> {
         let mut found: Option<Result<ToolStagedPayload, TurnError>> = None;
-        self.store.visit_entries(&mut |entry| {
+        // Lent views: no copy of every entry of a long log per staged call.
+        self.store.visit_entry_views(&mut |entry| {
             if found.is_none() && entry.entry_type == EntryType::ToolStaged.tag() {
-                match entry.payload.parse::<ToolStagedPayload>() {
+                match entry.parse::<ToolStagedPayload>() {
                     Ok(p) if p.invocation_id == invocation => found = Some(Ok(p)),
                     Ok(_) => {}
                     Err(e) => found = Some(Err(TurnError::Corrupt(format!("toolStaged {}: {e}", entry.id)))),

@@ -367,9 +367,15 @@ impl Checked {
     /// at (a host's facts, turn marks — not tool events). Reading only
     /// types and ids, this parses no payload.
     fn still_holds<S: Storage>(&self, store: &S) -> bool {
-        let mut at = 0usize;
-        let mut holds = store.entry_count() >= self.entries;
-        store.visit_entry_views(&mut |entry| {
+        if store.entry_count() < self.entries {
+            return false;
+        }
+        // Only the checked last entry and those after it are read: a
+        // reopen costs what was added, not the log.
+        let first = self.entries.saturating_sub(1);
+        let mut at = first;
+        let mut holds = true;
+        store.visit_entry_views_from(first, &mut |entry| {
             at += 1;
             if !holds {
                 return;
