@@ -380,6 +380,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     // An interrupted turn is offered what discovery recorded for it; a new
     // prompt gets a new choice (see `crate::discover`).
     let mut opened = Session::open(store, session_config(ctx))?;
+    cairn_runtime::wiring::give_back_free_memory();
     // An undo killed after its plan was committed is finished first: no
     // turn runs on a half-reverted tree.
     if let Some(done) = crate::undo::finish_interrupted(ctx, &mut opened, &cwd)? {
@@ -441,6 +442,7 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, session_config(ctx))?;
+    cairn_runtime::wiring::give_back_free_memory();
     renderer.notice(&format!(
         "session {id} in {} — Ctrl-C interrupts a turn, Ctrl-D leaves, /undo reverts the last turn's files",
         cwd.display()

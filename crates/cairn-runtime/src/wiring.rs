@@ -292,6 +292,21 @@ pub fn create_session(ctx: &Context) -> Result<(JsonlStore, PathBuf)> {
     Ok((store, cwd))
 }
 
+/// Give the allocator's free pages back to the system: after a long
+/// session's open, whose replay, lifecycle check and context rebuild free
+/// several MiB of working memory (some of it in a second thread's arena,
+/// which this thread's allocations would never reuse), so the turn that
+/// follows starts from what the session keeps. glibc only; elsewhere a
+/// no-op.
+pub fn give_back_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's free lists and
+    // returns free pages to the system; it frees nothing that is in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Open an existing session for writing, with the configured store
 /// options (automatic compaction, line limit).
 pub fn open_session(ctx: &Context, path: &Path) -> Result<JsonlStore> {

@@ -508,9 +508,8 @@ fn main() -> Result<()> {
     // just written by the linker or `cp` sits there in larger folios, and a
     // fault then maps more of it, so two equal binaries could differ by
     // over a MiB of peak RSS by how they were last written.
-    for program in [Some(bin.clone()), Some(me.clone()), tole.clone(), base_long.clone(), base_cairn.clone()]
-        .into_iter()
-        .flatten()
+    for program in
+        [Some(bin.clone()), Some(me.clone()), tole.clone(), base_long.clone(), base_cairn.clone()].into_iter().flatten()
     {
         drop_from_page_cache(&program);
     }

@@ -750,6 +750,16 @@ mod tests {
         assert_eq!(index.entries_since(4).collect::<Vec<_>>(), given[3..]);
         assert_eq!(index.entries_since(0).count(), given.len());
         assert_eq!(index.entries_since(7).count(), 0);
+        for first in 0..=given.len() + 2 {
+            let mut from = Vec::new();
+            index.visit_entry_views_from(first, |v| from.push(v.to_entry().unwrap()));
+            assert_eq!(from, given[first.min(given.len())..], "from {first}");
+        }
+        // Every id is found, newest first or not, and an id that is a
+        // prefix of the newest is not taken for it.
+        assert_eq!(index.by_id.get(&index.entries, "c"), Some(5));
+        assert_eq!(index.by_id.get(&index.entries, "root"), Some(0));
+        assert_eq!(index.by_id.get(&index.entries, ""), None);
         // The borrowed path keeps the index's rules.
         let dup = entry(8, "a", None, "message", serde_json::json!(1));
         let line = super::super::line::encode_line(&[Record::Entry(dup)]).unwrap();

@@ -72,6 +72,10 @@ macro_rules! __storage_reads_from_index {
             self.index.visit_entry_views_from(first, f);
         }
 
+        fn shared_index(&self) -> Option<&$crate::storage::SessionIndex> {
+            Some(&self.index)
+        }
+
         fn entry_count(&self) -> usize {
             self.index.entry_count()
         }
@@ -361,6 +365,15 @@ pub trait Storage {
 
     /// Number of entries.
     fn entry_count(&self) -> usize;
+
+    /// The in-memory index that answers this store's reads, for a reader
+    /// of every entry on another thread (a [`SessionIndex`] is `Sync`, a
+    /// store need not be): `Session::open` checks the tool lifecycle there
+    /// while it rebuilds the context. `None` (the default) for a backend
+    /// that holds no such index.
+    fn shared_index(&self) -> Option<&SessionIndex> {
+        None
+    }
 
     /// A register's current value.
     fn register(&self, namespace: &str, key: &str) -> Option<RawJson>;

@@ -28,7 +28,7 @@ use crate::context::{Calibration, Ledger, Unit, elided, message_text};
 use crate::events::{CompactionPayload, CompactionReason, EntryType, TurnEvent};
 use crate::message::{Message, Role};
 use crate::provider::{ModelRequest, Provider, ProviderErrorKind, RequestPurpose};
-use crate::storage::Storage;
+use crate::storage::{Entry, EntryView, SessionIndex, Storage, StorageError};
 use crate::tool::ToolSpec;
 
 /// The `op` key of a compaction in flight.
@@ -123,6 +123,36 @@ pub(crate) struct ContextState {
     calibrations: BTreeMap<(String, String), Calibration>,
 }
 
+/// What [`rebuild`] reads: a store, or the index that answers its reads
+/// (which `Session::open` hands to a second thread; a store need not be
+/// `Sync`, its index is).
+pub(crate) trait PathReader {
+    /// [`Storage::visit_path_views`].
+    fn path_views(&self, leaf: &str, f: &mut dyn FnMut(EntryView<'_>)) -> Result<(), StorageError>;
+    /// [`Storage::entry`].
+    fn entry_by_id(&self, id: &str) -> Option<Entry>;
+}
+
+impl<S: Storage> PathReader for S {
+    fn path_views(&self, leaf: &str, f: &mut dyn FnMut(EntryView<'_>)) -> Result<(), StorageError> {
+        self.visit_path_views(leaf, f)
+    }
+
+    fn entry_by_id(&self, id: &str) -> Option<Entry> {
+        self.entry(id)
+    }
+}
+
+impl PathReader for SessionIndex {
+    fn path_views(&self, leaf: &str, f: &mut dyn FnMut(EntryView<'_>)) -> Result<(), StorageError> {
+        self.visit_path_views(leaf, f)
+    }
+
+    fn entry_by_id(&self, id: &str) -> Option<Entry> {
+        self.entry(id)
+    }
+}
+
 /// The conversation ending at `head`, as context bookkeeping.
 ///
 /// One walk down the parent links from the head, keeping of each message
@@ -130,7 +160,7 @@ pub(crate) struct ContextState {
 /// step after an open does not read the history again), and of each
 /// compaction its position and range: no copy of the path, and the peak of
 /// an open stays near the store's own size.
-pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<ContextState, TurnError> {
+pub(crate) fn rebuild<P: PathReader + ?Sized>(store: &P, head: Option<&str>) -> Result<ContextState, TurnError> {
     let mut state = ContextState::default();
     let Some(head) = head else {
         return Ok(state);
@@ -140,7 +170,7 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Conte
     // last entry it covers).
     let mut compactions: Vec<(usize, String, String)> = Vec::new();
     // Each entry is read in place (no copy of its id or payload).
-    let walked = store.visit_path_views(head, &mut |entry| {
+    let walked = store.path_views(head, &mut |entry| {
         if entry.entry_type == EntryType::Compaction.tag() {
             if let Ok(p) = entry.parse::<CompactionPayload>() {
                 compactions.push((ids.len(), entry.id.to_owned(), p.last_entry));
@@ -166,7 +196,7 @@ pub(crate) fn rebuild<S: Storage>(store: &S, head: Option<&str>) -> Result<Conte
     for (after, entry_id, last_entry) in compactions {
         let before = n - after;
         if let Some(at) = ids.rposition(before, &last_entry)
-            && let Some(entry) = store.entry(&entry_id)
+            && let Some(entry) = store.entry_by_id(&entry_id)
             && let Ok(p) = entry.payload.parse::<CompactionPayload>()
         {
             state.active = Some(Active { entry_id, summary: p.summary, covered: at + 1, last_entry });

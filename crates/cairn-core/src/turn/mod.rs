@@ -335,6 +335,10 @@ pub struct Session<S: Storage> {
     checked: Checked,
 }
 
+/// Entries from which `Session::open` checks the tool lifecycle on a
+/// second thread (below, a thread costs more than it saves).
+const PARALLEL_OPEN: usize = 4096;
+
 /// The prefix of a log the strict lifecycle check passed: its length and
 /// its last entry's id (so another store of at least as many entries is
 /// not taken for the one checked).
@@ -496,20 +500,9 @@ impl<S: Storage> Session<S> {
         // turn acts on it.
         // (The check keeps statuses only: the full projection would hold
         // every request and receipt a second time while the session opens.)
-        let (checked, kept) = match known {
-            Some((checked, kept)) => (checked, Some(kept)),
-            None => (Checked::run(&store)?, None),
-        };
-        check_pc(&store, &pc)?;
-        let lane = if pc.in_progress() { pc.lane.clone() } else { config.lane.clone() };
-        let head = match store.register(LANE_NS, &lane) {
-            Some(raw) => Some(parse_register::<String>(&raw, "lane register")?),
-            None if lane == DEFAULT_LANE => None,
-            None => return Err(TurnError::NoSuchLane(lane)),
-        };
-        let ctx = match kept {
-            Some(kept) if kept.lane == lane && kept.head == head => kept.ctx,
-            _ => context::rebuild(&store, head.as_deref())?,
+        let (checked, (lane, head, ctx)) = match known {
+            Some((checked, kept)) => (checked, Self::lane_context(&store, &config, &pc, Some(kept))?),
+            None => Self::check_and_lane_context(&store, &config, &pc)?,
         };
         let mut session_allow = Allowlist::new();
         for rule in registers::session_allow_rules(&store) {
@@ -517,6 +510,77 @@ impl<S: Storage> Session<S> {
         }
         let cwd = config.cwd.clone().unwrap_or_else(|| PathBuf::from(&store.header().cwd));
         Ok(Self { store, config, pc, state_seq, lane, head, ctx, session_allow, cwd, started_here: None, checked })
+    }
+
+    /// The strict lifecycle check of the whole log, then
+    /// [`lane_context`](Self::lane_context); an error of the check comes
+    /// first. Past [`PARALLEL_OPEN`] entries, on a store whose index may be
+    /// read from another thread, the lane's context is rebuilt on a second
+    /// thread while this one runs the check (the two read the same entries
+    /// and write nothing; each is about a fifth of an open's work); the
+    /// answer is the same as one after the other. The check's own memory
+    /// (every settled invocation's id) is taken and given back on this
+    /// thread, so the turn that follows reuses it rather than growing the
+    /// process; the context, which the session keeps, is what the other
+    /// thread allocates.
+    #[allow(clippy::type_complexity)]
+    fn check_and_lane_context(
+        store: &S,
+        config: &SessionConfig,
+        pc: &Pc,
+    ) -> Result<(Checked, (String, Option<String>, context::ContextState)), TurnError> {
+        if store.entry_count() >= PARALLEL_OPEN
+            && let Some(index) = store.shared_index()
+            && let Ok((lane, head)) = Self::opened_lane(store, config, pc)
+        {
+            let both = std::thread::scope(|scope| {
+                let rebuilding = std::thread::Builder::new()
+                    .name("cairn-open-context".to_owned())
+                    .spawn_scoped(scope, || context::rebuild(index, head.as_deref()))
+                    .ok()?;
+                let checked = Checked::run(store);
+                // A thread that stopped (it cannot panic, but were it to):
+                // both run again below, one after the other.
+                let ctx = rebuilding.join().ok()?;
+                Some((checked, ctx))
+            });
+            if let Some((checked, ctx)) = both {
+                let checked = checked?;
+                return Ok((checked, (lane, head, ctx?)));
+            }
+        }
+        let checked = Checked::run(store)?;
+        Ok((checked, Self::lane_context(store, config, pc, None)?))
+    }
+
+    /// The stored pc checked against the store, the lane the session is
+    /// on and its head.
+    fn opened_lane(store: &S, config: &SessionConfig, pc: &Pc) -> Result<(String, Option<String>), TurnError> {
+        check_pc(store, pc)?;
+        let lane = if pc.in_progress() { pc.lane.clone() } else { config.lane.clone() };
+        let head = match store.register(LANE_NS, &lane) {
+            Some(raw) => Some(parse_register::<String>(&raw, "lane register")?),
+            None if lane == DEFAULT_LANE => None,
+            None => return Err(TurnError::NoSuchLane(lane)),
+        };
+        Ok((lane, head))
+    }
+
+    /// [`opened_lane`](Self::opened_lane) and the context of the head's path
+    /// (`kept`'s, when it is of the same lane and head).
+    #[allow(clippy::type_complexity)]
+    fn lane_context(
+        store: &S,
+        config: &SessionConfig,
+        pc: &Pc,
+        kept: Option<LaneContext>,
+    ) -> Result<(String, Option<String>, context::ContextState), TurnError> {
+        let (lane, head) = Self::opened_lane(store, config, pc)?;
+        let ctx = match kept {
+            Some(kept) if kept.lane == lane && kept.head == head => kept.ctx,
+            _ => context::rebuild(store, head.as_deref())?,
+        };
+        Ok((lane, head, ctx))
     }
 
     /// Whether a turn was interrupted (crash, provider failure) or cancelled
@@ -931,6 +995,43 @@ fn check_pc<S: Storage>(store: &S, pc: &Pc) -> Result<(), TurnError> {
 mod reopen_tests {
     use super::*;
     use crate::storage::{Header, MemStore};
+
+    /// The open of a long log (the lifecycle check on a second thread)
+    /// answers what the check then the lane's context, one after the
+    /// other, answer: the same checked prefix and context, and the check's
+    /// error first when both fail.
+    #[test]
+    fn a_long_log_opens_as_it_would_one_step_after_the_other() {
+        let message = to_raw(&Message::text(crate::message::Role::User, "hello")).unwrap();
+        let mut store = MemStore::new(Header::new("s", "/"));
+        let mut parent: Option<String> = None;
+        for n in 0..PARALLEL_OPEN + 10 {
+            let id = format!("e{n}");
+            store
+                .commit(Transaction::new().entry(&id, parent.as_deref(), "message", message.clone()).set(
+                    LANE_NS,
+                    DEFAULT_LANE,
+                    to_raw(&id).unwrap(),
+                ))
+                .unwrap();
+            parent = Some(id);
+        }
+        let mut broken = store.clone();
+        add(&mut broken, "bad", "toolStarted"); // started, never requested
+        assert!(store.shared_index().is_some() && store.entry_count() >= PARALLEL_OPEN);
+        for (store, name) in [(&store, "healthy"), (&broken, "a lifecycle anomaly")] {
+            for lane in [DEFAULT_LANE, "nowhere"] {
+                let config = SessionConfig { lane: lane.to_owned(), ..SessionConfig::default() };
+                let pc = Pc::idle(lane);
+                let both = Session::<MemStore>::check_and_lane_context(store, &config, &pc);
+                let one_then_other = Checked::run(store)
+                    .map_err(TurnError::from)
+                    .and_then(|checked| Ok((checked, Session::<MemStore>::lane_context(store, &config, &pc, None)?)));
+                assert_eq!(format!("{both:?}"), format!("{one_then_other:?}"), "{name}, lane {lane}");
+                assert_eq!(both.is_ok(), name == "healthy" && lane == DEFAULT_LANE, "{name}, lane {lane}: {both:?}");
+            }
+        }
+    }
 
     fn add(store: &mut MemStore, id: &str, entry_type: &str) {
         let payload = to_raw(&serde_json::json!({"invocationId": "i1"})).unwrap();
