@@ -212,21 +212,25 @@ impl Ledger {
     }
 
     /// A ledger in bytes of messages whose costs ([`Ledger::byte_costs`])
-    /// are given in order.
-    pub fn from_byte_costs(costs: impl ExactSizeIterator<Item = (u64, u64)>) -> Self {
-        let mut ledger = Self {
-            unit: Unit::Bytes,
-            full: Vec::with_capacity(costs.len() + 1),
-            elided: Vec::with_capacity(costs.len() + 1),
-        };
-        ledger.full.push(0);
-        ledger.elided.push(0);
-        for (full, short) in costs {
-            let (f, e) = (ledger.last_full(), ledger.last_elided());
-            ledger.full.push(f.saturating_add(full));
-            ledger.elided.push(e.saturating_add(short));
+    /// are given newest first (full in `full`, elided in `elided`, one
+    /// each a message, as a walk from the head up its parents finds them),
+    /// turned into the prefix sums in place: no second copy of the costs
+    /// while a long session opens. `room` more messages fit before the
+    /// vectors grow (a grown vector is a copy, which the first turn after
+    /// an open would otherwise pay for every message of the session).
+    pub fn from_newest_first(mut full: Vec<u64>, mut elided: Vec<u64>, room: usize) -> Self {
+        for costs in [&mut full, &mut elided] {
+            costs.reserve(room + 1);
+            // The sum before the first message, first once reversed.
+            costs.push(0);
+            costs.reverse();
+            let mut sum = 0u64;
+            for c in costs.iter_mut() {
+                sum = sum.saturating_add(*c);
+                *c = sum;
+            }
         }
-        ledger
+        Self { unit: Unit::Bytes, full, elided }
     }
 
     /// Cost the messages not costed yet, in `unit` (starting over when the
@@ -383,6 +387,28 @@ mod tests {
             let s = ledger.fitting_start(3, 40, budget);
             assert!(s == 50 || ledger.suffix(s, 40) <= budget);
             assert!(s == 3 || ledger.suffix(s - 1, 40) > budget);
+        }
+    }
+
+    /// The ledger an open builds from costs found newest first is the
+    /// one built by costing the messages in order, and takes more messages
+    /// without growing its vectors.
+    #[test]
+    fn a_ledger_from_newest_first_costs_is_the_ledger_of_the_messages() {
+        for n in [0usize, 1, 2, 37] {
+            let messages: Vec<Message> = (0..n)
+                .map(|i| if i % 3 == 2 { tool(i * 300) } else { Message::text(Role::User, "y".repeat(i * 11)) })
+                .collect();
+            let mut expected = Ledger::default();
+            expected.extend(&messages, &Unit::Bytes, &|_| None);
+            let (full, elided): (Vec<u64>, Vec<u64>) = messages.iter().rev().map(Ledger::byte_costs).unzip();
+            let mut built = Ledger::from_newest_first(full, elided, 8);
+            assert_eq!((&built.full, &built.elided, &built.unit), (&expected.full, &expected.elided, &expected.unit));
+            let capacity = (built.full.capacity(), built.elided.capacity());
+            for m in messages.iter().take(8) {
+                built.push(m, &|_| None);
+            }
+            assert_eq!((built.full.capacity(), built.elided.capacity()), capacity, "{n} messages");
         }
     }
 

@@ -10,8 +10,9 @@
 //! Entries are kept compactly (issue 33: a long session must open in less
 //! memory than its file): each entry's id and payload text are appended to
 //! one byte arena, its type is interned, its parent is the parent's index,
-//! and a fixed 40-byte [`Slot`] says where the rest is. No allocation per
-//! entry. An [`Entry`] is materialised only when a query asks for one
+//! and a fixed 32-byte [`Slot`] (and a byte for its type number) says where
+//! the rest is. No allocation per entry. An [`Entry`] is materialised only
+//! when a query asks for one
 //! (owned, or lent to a visitor); payloads are never re-parsed.
 
 use std::collections::{BTreeMap, HashSet};
@@ -74,17 +75,21 @@ struct Links {
 
 /// Where one entry's parts are: its fixed fields, its parent's index, its
 /// interned type, and its id and payload text in the arena (the id's bytes
-/// at `start`, the payload's right after).
+/// at `start`, the payload's right after, up to the next entry's `start`:
+/// entries are appended to the arena in order and never removed). 32
+/// bytes; the type number is kept beside it ([`Entries::type_of`]).
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     seq: u64,
     timestamp: i64,
     start: usize,
     id_len: u32,
-    payload_len: u32,
     parent: u32,
-    entry_type: u32,
 }
+
+/// In [`Entries::type_of`]: the entry's type number is in
+/// [`Entries::wide_types`] (a session of more than 254 distinct types).
+const WIDE_TYPE: u8 = u8::MAX;
 
 /// Every entry of a session, compactly: [`Slot`]s in seq order, one text
 /// arena holding ids and payloads, and the distinct entry types.
@@ -97,6 +102,11 @@ struct Entries {
     /// Distinct entry types, by first use, and their numbers.
     types: Vec<Box<str>>,
     type_numbers: hashbrown::HashMap<Box<str>, u32, foldhash::fast::RandomState>,
+    /// Each entry's type number, one byte an entry ([`WIDE_TYPE`] when it
+    /// does not fit: then it is in `wide_types`).
+    type_of: Vec<u8>,
+    /// Type numbers of 255 and above, by entry index.
+    wide_types: hashbrown::HashMap<u32, u32, foldhash::fast::RandomState>,
 }
 
 impl Entries {
@@ -116,11 +126,20 @@ impl Entries {
     fn payload(&self, i: u32) -> &str {
         let s = self.slot(i);
         let from = s.start + s.id_len as usize;
-        &self.arena[from..from + s.payload_len as usize]
+        let to = self.slots.get(i as usize + 1).map_or(self.arena.len(), |next| next.start);
+        &self.arena[from..to]
+    }
+
+    /// The number of entry `i`'s type.
+    fn type_number(&self, i: u32) -> u32 {
+        match self.type_of[i as usize] {
+            WIDE_TYPE => self.wide_types.get(&i).copied().unwrap_or(u32::MAX),
+            t => u32::from(t),
+        }
     }
 
     fn entry_type(&self, i: u32) -> &str {
-        &self.types[self.slot(i).entry_type as usize]
+        self.types.get(self.type_number(i) as usize).map_or("", |t| t)
     }
 
     fn parent_id(&self, i: u32) -> Option<&str> {
@@ -134,7 +153,9 @@ impl Entries {
         let too_long =
             |what: &str, len: usize| format!("entry {:?}: its {what} is {len} bytes, more than 4 GiB", entry.id);
         let id_len = u32::try_from(entry.id.len()).map_err(|_| too_long("id", entry.id.len()))?;
-        let payload_len = u32::try_from(payload.len()).map_err(|_| too_long("payload", payload.len()))?;
+        // Not kept (the next entry's start says where it ends), but a
+        // payload of 4 GiB or more is refused as before.
+        u32::try_from(payload.len()).map_err(|_| too_long("payload", payload.len()))?;
         let entry_type = match self.type_numbers.get(entry.entry_type) {
             Some(&t) => t,
             None => {
@@ -148,15 +169,15 @@ impl Entries {
         let start = self.arena.len();
         self.arena.push_str(entry.id);
         self.arena.push_str(payload);
-        self.slots.push(Slot {
-            seq: entry.seq,
-            timestamp: entry.timestamp,
-            start,
-            id_len,
-            payload_len,
-            parent,
-            entry_type,
-        });
+        let index = self.slots.len() as u32;
+        self.slots.push(Slot { seq: entry.seq, timestamp: entry.timestamp, start, id_len, parent });
+        match u8::try_from(entry_type) {
+            Ok(t) if t != WIDE_TYPE => self.type_of.push(t),
+            _ => {
+                self.type_of.push(WIDE_TYPE);
+                self.wide_types.insert(index, entry_type);
+            }
+        }
         Ok(())
     }
 
@@ -415,6 +436,7 @@ impl SessionIndex {
     pub(crate) fn shrink_to_fit(&mut self) {
         self.entries.arena.shrink_to_fit();
         self.entries.slots.shrink_to_fit();
+        self.entries.type_of.shrink_to_fit();
         self.links.shrink_to_fit();
         self.roots.shrink_to_fit();
     }
@@ -496,8 +518,8 @@ impl SessionIndex {
     /// others are skipped without being materialised.
     pub fn visit_entries_of_type(&self, entry_type: &str, f: impl FnMut(&Entry)) {
         let Some(&t) = self.entries.type_numbers.get(entry_type) else { return };
-        let slots = &self.entries.slots;
-        self.entries.visit((0..slots.len() as u32).filter(|&i| slots[i as usize].entry_type == t), f);
+        let entries = &self.entries;
+        entries.visit((0..entries.len() as u32).filter(|&i| entries.type_number(i) == t), f);
     }
 
     /// Number of entries.
@@ -696,6 +718,35 @@ mod tests {
             parent_id: parent.map(str::to_owned),
             entry_type: entry_type.to_owned(),
             payload: to_raw(&payload).unwrap(),
+        }
+    }
+
+    /// A session of more distinct entry types than a byte numbers keeps
+    /// every entry's type (and payload, which ends where the next entry
+    /// starts).
+    #[test]
+    fn entries_keep_their_types_past_255_distinct_types() {
+        let mut index = SessionIndex::new();
+        let given: Vec<Entry> = (0..600u64)
+            .map(|n| {
+                let parent = n.checked_sub(1).map(|p| format!("e{p}"));
+                entry(
+                    n + 1,
+                    &format!("e{n}"),
+                    parent.as_deref(),
+                    &format!("type{}", n % 300),
+                    serde_json::json!({"n": n}),
+                )
+            })
+            .collect();
+        for e in &given {
+            index.apply(Record::Entry(e.clone())).unwrap();
+        }
+        assert_eq!(index.entries().collect::<Vec<_>>(), given);
+        for t in [0, 1, 254, 255, 256, 299] {
+            let mut seen = Vec::new();
+            index.visit_entries_of_type(&format!("type{t}"), |e| seen.push(e.id.clone()));
+            assert_eq!(seen, [format!("e{t}"), format!("e{}", t + 300)], "type{t}");
         }
     }
 

@@ -99,13 +99,27 @@ impl IdList {
         (0..before.min(self.len())).rev().find(|&i| self.get(i) == Some(id))
     }
 
-    /// The same ids in the opposite order.
-    fn reversed(&self) -> IdList {
-        let mut out = IdList { bytes: String::with_capacity(self.bytes.len()), ends: Vec::with_capacity(self.len()) };
-        for i in (0..self.len()).rev() {
-            out.push(self.get(i).unwrap_or_default());
+    /// Put the ids in the opposite order, in place (no second list while
+    /// a long session opens): the bytes are reversed as a whole, then each
+    /// id's bytes back.
+    fn reverse(&mut self) {
+        // Ends to lengths, in the new order.
+        for i in (1..self.ends.len()).rev() {
+            self.ends[i] -= self.ends[i - 1];
         }
-        out
+        self.ends.reverse();
+        let mut bytes = std::mem::take(&mut self.bytes).into_bytes();
+        bytes.reverse();
+        let mut at = 0;
+        for end in &mut self.ends {
+            let to = at + *end;
+            bytes[at..to].reverse();
+            *end = to;
+            at = to;
+        }
+        // Each id is its own bytes again, so this is UTF-8; were it not,
+        // nothing would match it rather than anything failing.
+        self.bytes = String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
     }
 }
 
@@ -123,6 +137,11 @@ pub(crate) struct ContextState {
     calibrations: BTreeMap<(String, String), Calibration>,
 }
 
+/// Messages the bookkeeping of a rebuilt context takes before its vectors
+/// grow: a turn's messages are appended without copying the session's
+/// (a grown vector is a copy, paid in the turn's peak memory).
+const APPEND_ROOM: usize = 4096;
+
 /// What [`rebuild`] reads: a store, or the index that answers its reads
 /// (which `Session::open` hands to a second thread; a store need not be
 /// `Sync`, its index is).
@@ -131,6 +150,8 @@ pub(crate) trait PathReader {
     fn path_views(&self, leaf: &str, f: &mut dyn FnMut(EntryView<'_>)) -> Result<(), StorageError>;
     /// [`Storage::entry`].
     fn entry_by_id(&self, id: &str) -> Option<Entry>;
+    /// [`Storage::entry_count`].
+    fn entries_held(&self) -> usize;
 }
 
 impl<S: Storage> PathReader for S {
@@ -141,6 +162,10 @@ impl<S: Storage> PathReader for S {
     fn entry_by_id(&self, id: &str) -> Option<Entry> {
         self.entry(id)
     }
+
+    fn entries_held(&self) -> usize {
+        self.entry_count()
+    }
 }
 
 impl PathReader for SessionIndex {
@@ -150,6 +175,10 @@ impl PathReader for SessionIndex {
 
     fn entry_by_id(&self, id: &str) -> Option<Entry> {
         self.entry(id)
+    }
+
+    fn entries_held(&self) -> usize {
+        self.entry_count()
     }
 }
 
@@ -165,7 +194,15 @@ pub(crate) fn rebuild<P: PathReader + ?Sized>(store: &P, head: Option<&str>) -> 
     let Some(head) = head else {
         return Ok(state);
     };
-    let (mut ids, mut roles, mut costs) = (IdList::default(), Vec::new(), Vec::new());
+    // Room for every entry (a path holds at most all of them) and a turn's
+    // messages, reserved once: the vectors never grow while the walk fills
+    // them (each growth a copy and the old buffer left behind) and are
+    // turned around in place. Untouched room costs address space, not
+    // memory.
+    let most = store.entries_held().saturating_add(APPEND_ROOM);
+    let mut ids = IdList { bytes: String::with_capacity(APPEND_ROOM * 32), ends: Vec::with_capacity(most) };
+    let mut roles = Vec::with_capacity(most);
+    let (mut full, mut elided) = (Vec::with_capacity(most), Vec::with_capacity(most));
     // Compactions, newest first: (messages after it, its entry id, the
     // last entry it covers).
     let mut compactions: Vec<(usize, String, String)> = Vec::new();
@@ -175,8 +212,9 @@ pub(crate) fn rebuild<P: PathReader + ?Sized>(store: &P, head: Option<&str>) -> 
             if let Ok(p) = entry.parse::<CompactionPayload>() {
                 compactions.push((ids.len(), entry.id.to_owned(), p.last_entry));
             }
-        } else if let Some((role, cost)) = super::conversation::costs_of(entry.entry_type, entry.payload) {
-            costs.push(cost);
+        } else if let Some((role, (f, e))) = super::conversation::costs_of(entry.entry_type, entry.payload) {
+            full.push(f);
+            elided.push(e);
             roles.push(role);
             ids.push(entry.id);
         }
@@ -186,11 +224,10 @@ pub(crate) fn rebuild<P: PathReader + ?Sized>(store: &P, head: Option<&str>) -> 
         Err(crate::storage::StorageError::NoSuchEntry(id)) => return Err(TurnError::NoSuchEntry(id)),
         Err(e) => return Err(e.into()),
     }
-    let ids = ids.reversed();
+    ids.reverse();
     roles.reverse();
-    costs.reverse();
     let n = ids.len();
-    state.ledger = Ledger::from_byte_costs(costs.into_iter());
+    state.ledger = Ledger::from_newest_first(full, elided, APPEND_ROOM);
     // The active summary is the newest compaction whose range ends among
     // the messages before it (as a forward replay would leave it).
     for (after, entry_id, last_entry) in compactions {
@@ -726,5 +763,35 @@ impl<S: Storage> Session<S> {
         let pc = self.pc.clone();
         self.commit(b, Some(pc), env.observer)?;
         Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdList;
+
+    fn list(ids: &[&str]) -> IdList {
+        let mut l = IdList::default();
+        for id in ids {
+            l.push(id);
+        }
+        l
+    }
+
+    /// Turned around in place, the list holds the same ids as one built in
+    /// the opposite order: empty ids, multi-byte characters, one id, none.
+    #[test]
+    fn an_id_list_reversed_in_place_is_the_list_built_backwards() {
+        let cases: [&[&str]; 5] =
+            [&[], &["only"], &["e1", "e22", "e333"], &["", "ç€🦀", "", "x", "long-id-".repeat(9).leak()], &["a", ""]];
+        for ids in cases {
+            let mut turned = list(ids);
+            turned.reverse();
+            let backwards: Vec<&str> = ids.iter().rev().copied().collect();
+            let expected = list(&backwards);
+            assert_eq!((turned.bytes.as_str(), &turned.ends), (expected.bytes.as_str(), &expected.ends), "{ids:?}");
+            let got: Vec<&str> = (0..turned.len()).filter_map(|i| turned.get(i)).collect();
+            assert_eq!(got, backwards);
+        }
     }
 }
