@@ -63,13 +63,14 @@ impl IdTable {
 /// index holds.
 const NONE: u32 = u32::MAX;
 
-/// Tree links of one entry, by index into the entries: its first and last
-/// child and its next sibling. A flat vector instead of a map of child
-/// lists: no allocation per entry; `u32` indices, 12 bytes an entry.
+/// Tree links of one entry, by index into the entries: its first child
+/// and its next sibling. A flat vector instead of a map of child lists: no
+/// allocation per entry; `u32` indices, 8 bytes an entry. (The last child,
+/// which an append needs, is the first one, or for the few entries with
+/// more than one child in [`SessionIndex::last_children`].)
 #[derive(Debug, Clone, Copy)]
 struct Links {
     first_child: u32,
-    last_child: u32,
     next_sibling: u32,
 }
 
@@ -257,6 +258,9 @@ pub struct SessionIndex {
     by_id: IdTable,
     /// Tree links, parallel to `entries`.
     links: Vec<Links>,
+    /// The last child of each entry with two children or more (a fork of
+    /// the conversation; most entries have one child or none).
+    last_children: hashbrown::HashMap<u32, u32, foldhash::fast::RandomState>,
     /// Root entries (no parent), in seq order.
     roots: Vec<u32>,
     registers: BTreeMap<String, BTreeMap<String, RawJson>>,
@@ -406,18 +410,18 @@ impl SessionIndex {
             }
         };
         self.entries.push(parts, parent.unwrap_or(NONE))?;
-        self.links.push(Links { first_child: NONE, last_child: NONE, next_sibling: NONE });
+        self.links.push(Links { first_child: NONE, next_sibling: NONE });
         match parent {
             None => self.roots.push(index),
             Some(p) => {
-                let p = p as usize;
-                let last = self.links[p].last_child;
-                if last == NONE {
-                    self.links[p].first_child = index;
+                let first = self.links[p as usize].first_child;
+                if first == NONE {
+                    self.links[p as usize].first_child = index;
                 } else {
+                    let last = self.last_children.get(&p).copied().unwrap_or(first);
                     self.links[last as usize].next_sibling = index;
+                    self.last_children.insert(p, index);
                 }
-                self.links[p].last_child = index;
             }
         }
         self.by_id.insert(&self.entries, index);
@@ -748,6 +752,32 @@ mod tests {
             index.visit_entries_of_type(&format!("type{t}"), |e| seen.push(e.id.clone()));
             assert_eq!(seen, [format!("e{t}"), format!("e{}", t + 300)], "type{t}");
         }
+    }
+
+    /// Children come back in seq order however many a parent has and
+    /// however their own children interleave with them.
+    #[test]
+    fn children_keep_their_order_past_the_first_two() {
+        let mut index = SessionIndex::new();
+        let mut seq = 0;
+        let mut add = |index: &mut SessionIndex, id: &str, parent: Option<&str>| {
+            seq += 1;
+            index.apply(Record::Entry(entry(seq, id, parent, "message", serde_json::json!(seq)))).unwrap();
+        };
+        add(&mut index, "r", None);
+        for c in 0..6 {
+            add(&mut index, &format!("c{c}"), Some("r"));
+            add(&mut index, &format!("g{c}"), Some(&format!("c{c}")));
+            if c % 2 == 0 {
+                add(&mut index, &format!("h{c}"), Some(&format!("c{c}")));
+            }
+        }
+        let ids = |v: Vec<Entry>| v.into_iter().map(|e| e.id).collect::<Vec<_>>();
+        assert_eq!(ids(index.children(Some("r"))), ["c0", "c1", "c2", "c3", "c4", "c5"]);
+        assert_eq!(ids(index.children(Some("c0"))), ["g0", "h0"]);
+        assert_eq!(ids(index.children(Some("c1"))), ["g1"]);
+        assert_eq!(ids(index.children(Some("g5"))), Vec::<String>::new());
+        assert_eq!(ids(index.children(None)), ["r"]);
     }
 
     /// The compact index hands back exactly the entries it was given, by
