@@ -75,7 +75,7 @@ pub fn finish_interrupted<S: Storage>(
     let mut entries = Vec::new();
     // Lent views: only the few undo records are copied, not every entry.
     session.store().visit_entry_views(&mut |entry| {
-        if matches!(EntryType::of(entry.entry_type), Some(EntryType::Undo | EntryType::UndoApplied)) {
+        if entry.entry_type == EntryType::Undo.tag() || entry.entry_type == EntryType::UndoApplied.tag() {
             // Lent from the store, so valid JSON: `to_entry` cannot fail.
             entries.extend(entry.to_entry().ok());
         }
