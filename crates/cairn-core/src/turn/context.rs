@@ -199,7 +199,8 @@ pub(crate) fn rebuild<P: PathReader + ?Sized>(store: &P, head: Option<&str>) -> 
     // them (each growth a copy and the old buffer left behind) and are
     // turned around in place. Untouched room costs address space, not
     // memory.
-    let most = store.entries_held().saturating_add(APPEND_ROOM);
+    // (+ 1: the ledger's sum before the first message.)
+    let most = store.entries_held().saturating_add(APPEND_ROOM + 1);
     let mut ids = IdList { bytes: String::with_capacity(APPEND_ROOM * 32), ends: Vec::with_capacity(most) };
     let mut roles = Vec::with_capacity(most);
     let (mut full, mut elided) = (Vec::with_capacity(most), Vec::with_capacity(most));

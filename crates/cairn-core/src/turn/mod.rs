@@ -996,10 +996,10 @@ mod reopen_tests {
     use super::*;
     use crate::storage::{Header, MemStore};
 
-    /// The open of a long log (the lifecycle check on a second thread)
-    /// answers what the check then the lane's context, one after the
-    /// other, answer: the same checked prefix and context, and the check's
-    /// error first when both fail.
+    /// The open of a long log (the lane's context rebuilt on a second
+    /// thread, from the store's index) answers what the check then the
+    /// lane's context, one after the other, answer: the same checked
+    /// prefix and context, and the check's error first when both fail.
     #[test]
     fn a_long_log_opens_as_it_would_one_step_after_the_other() {
         let message = to_raw(&Message::text(crate::message::Role::User, "hello")).unwrap();
