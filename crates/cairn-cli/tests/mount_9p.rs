@@ -232,8 +232,24 @@ fn blocked_stream_readers_leave_the_mount_answering_and_end_on_a_signal() {
     let event = mnt.join(format!("s/{id}/event"));
     // Four readers at the end of the stream (more than the mount's FUSE
     // workers), each blocked in read(2).
+    // Each with SIGINT's default action: a shell that starts the suite in
+    // the background (`cmd &` without job control) leaves SIGINT ignored,
+    // and an ignored signal stays ignored across exec, so cat would never
+    // see it.
     let mut readers: Vec<Child> = (0..4)
-        .map(|_| Command::new("cat").arg(&event).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap())
+        .map(|_| {
+            let mut cat = Command::new("cat");
+            cat.arg(&event).stdout(Stdio::piped()).stderr(Stdio::null());
+            // SAFETY: signal(2) is async-signal-safe; nothing else runs
+            // between fork and exec here.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cat, || {
+                    libc::signal(libc::SIGINT, libc::SIG_DFL);
+                    Ok(())
+                });
+            }
+            cat.spawn().unwrap()
+        })
         .collect();
     for r in &mut readers {
         // The first read answers what is there; the next one blocks.
