@@ -5,7 +5,7 @@
 //! builds fail and so do these tests, saying so.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The agent's `actor_*` tools against a real world: each call goes to the
 //! broker as `agent`, and the receipts say what happened.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Upgrades gated by transcript tests, the swap with the parked message,
 //! crash-loop rollback and explicit rollback / roll-forward.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::json;

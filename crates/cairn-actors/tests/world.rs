@@ -1,7 +1,7 @@
 //! A real world: wasmtime, WAT and C actors, the broker's routing, ids,
 //! subscriptions, limits and lifecycle.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

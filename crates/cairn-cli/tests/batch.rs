@@ -5,7 +5,7 @@
 //! job durably (it is not resumed after a restart).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_debug_implementations, unreachable_pub)]
 
-mod util;
+use crate::util;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};

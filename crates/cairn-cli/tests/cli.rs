@@ -1,7 +1,7 @@
 //! The `cairn` command as a user runs it: real processes, a private
 //! `CAIRN_HOME`, no network.
 
-mod util;
+use crate::util;
 
 use util::Env;
 

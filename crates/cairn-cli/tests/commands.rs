@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::path::PathBuf;
 

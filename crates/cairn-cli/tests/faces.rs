@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -20,7 +20,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod util;
+use crate::util;
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::Stdio;

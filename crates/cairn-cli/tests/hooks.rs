@@ -3,7 +3,7 @@
 //! decisions are read from the session file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod util;
+use crate::util;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;

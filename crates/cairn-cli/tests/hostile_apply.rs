@@ -18,7 +18,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;

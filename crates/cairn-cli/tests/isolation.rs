@@ -14,7 +14,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod util;
+use crate::util;
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;

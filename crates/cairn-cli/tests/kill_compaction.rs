@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::path::PathBuf;
 use std::process::{Child, Stdio};

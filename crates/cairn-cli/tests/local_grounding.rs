@@ -8,7 +8,7 @@
 #![cfg(feature = "local")]
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use serde_json::Value;
 use util::Env;

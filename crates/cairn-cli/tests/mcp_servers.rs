@@ -5,7 +5,7 @@
 //! the `cairn` binary with a scripted provider and reads the session file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod util;
+use crate::util;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

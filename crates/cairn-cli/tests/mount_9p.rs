@@ -3,7 +3,7 @@
 //! missing the test fails saying so.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_debug_implementations, unreachable_pub)]
 
-mod util;
+use crate::util;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};

@@ -10,7 +10,7 @@
 //! namespaces) and `/usr/bin/python3`; without them they fail saying so.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_debug_implementations, unreachable_pub)]
 
-mod util;
+use crate::util;
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -8,7 +8,7 @@
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod util;
+use crate::util;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

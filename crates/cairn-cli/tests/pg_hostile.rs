@@ -18,7 +18,7 @@
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod util;
+use crate::util;
 
 use std::io::Write as _;
 use std::process::Stdio;

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -659,7 +659,7 @@ fn slash_fork_continues_on_a_new_lane_and_compact_says_when_there_is_nothing() {
 // ---- The screen a person sees (issue 32): cairn's bytes rendered by a
 // terminal emulator (vt100), the final text asserted.
 
-mod screen;
+use crate::screen;
 use screen::Screen;
 
 /// `cairn ARGS` on an emulated terminal of `rows`×`cols`.

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod util;
+use crate::util;
 
 use std::os::unix::fs::PermissionsExt;
 

@@ -4,7 +4,7 @@
 //! binary; sessions it writes are checked with `cairn` itself.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_debug_implementations, unreachable_pub)]
 
-mod util;
+use crate::util;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;

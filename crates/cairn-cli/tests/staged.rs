@@ -19,7 +19,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

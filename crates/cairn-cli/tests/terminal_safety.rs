@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::process::{Output, Stdio};
 

@@ -4,7 +4,7 @@
 //! client. Crashes are real SIGKILLs of either process.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_debug_implementations, unreachable_pub)]
 
-mod util;
+use crate::util;
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::io::Read;
 use std::process::Stdio;

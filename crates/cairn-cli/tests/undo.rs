@@ -15,7 +15,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

@@ -6,7 +6,7 @@
 
 #[path = "../../cairn-actors/tests/common/clang.rs"]
 mod clang;
-mod util;
+use crate::util;
 
 use std::io::Write;
 use std::process::Stdio;

@@ -15,8 +15,7 @@ use cairn_core::storage::{
 };
 use serde_json::json;
 
-#[macro_use]
-mod conformance;
+use crate::conformance;
 use conformance::{Backend, snapshot};
 
 fn raw(v: serde_json::Value) -> RawJson {

@@ -525,3 +525,40 @@ fn the_reader_finds_a_planted_circle_and_nothing_else() {
     assert!(edges["a"].is_empty());
     assert_eq!(circles(&edges), vec![vec!["a::inner".to_owned(), "b".to_owned(), "c".to_owned()]]);
 }
+
+/// A crate that gathers its integration tests into one binary
+/// (`autotests = false`, `tests/main.rs` declaring each file as a module)
+/// compiles only the files `main.rs` names: a test file added beside it and
+/// not declared there would never run, silently. Each `tests/*.rs` of such a
+/// crate is either `main.rs`, a `[[test]]` target's own path, or a `mod`
+/// line of `main.rs`.
+#[test]
+fn every_integration_test_file_is_compiled() {
+    let mut unlisted = Vec::new();
+    let mut gathered = 0;
+    for entry in std::fs::read_dir(workspace()).expect("crates/") {
+        let dir = entry.expect("crates/ entry").path();
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else { continue };
+        if !manifest.lines().any(|l| l.replace(' ', "") == "autotests=false") {
+            continue;
+        }
+        gathered += 1;
+        let main = std::fs::read_to_string(dir.join("tests/main.rs")).expect("an autotests = false crate has tests/main.rs");
+        let declared: BTreeSet<String> = main
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';').map(str::to_owned))
+            .collect();
+        for file in std::fs::read_dir(dir.join("tests")).expect("tests/") {
+            let path = file.expect("tests/ entry").path();
+            let (Some(stem), Some("rs")) = (path.file_stem().and_then(|s| s.to_str()), path.extension().and_then(|e| e.to_str())) else {
+                continue;
+            };
+            let own_target = manifest.contains(&format!("path = \"tests/{stem}.rs\""));
+            if stem != "main" && !own_target && !declared.contains(stem) {
+                unlisted.push(path.display().to_string());
+            }
+        }
+    }
+    assert!(gathered > 0, "no crate gathers its tests into one binary: the check reads nothing");
+    assert!(unlisted.is_empty(), "test files no binary compiles (add `mod NAME;` to tests/main.rs): {unlisted:?}");
+}

@@ -146,7 +146,12 @@ pub const AS_NON_ROOT: &str = "CAIRN_TEST_AS_NON_ROOT";
 /// this) as uid 65534 with `setpriv`, against a copy of `cairn`; both
 /// copied where any user may execute them (/root is 0700). Fails with the
 /// rerun's output unless every test passed; the number that passed.
+#[track_caller]
 pub fn rerun_as_non_root(skip: &str) -> usize {
+    // One test binary holds every file as a module: rerun only the caller's
+    // module (its file's name), not every test of the binary.
+    let caller = Path::new(std::panic::Location::caller().file());
+    let module = format!("{}::", caller.file_stem().and_then(|s| s.to_str()).unwrap());
     use std::os::unix::fs::PermissionsExt as _;
     assert!(std::env::var_os(AS_NON_ROOT).is_none(), "the non-root rerun must not rerun itself");
     let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap();
@@ -169,7 +174,7 @@ pub fn rerun_as_non_root(skip: &str) -> usize {
         Command::new(setpriv)
             .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
             .arg(&exe)
-            .args(["--skip", skip, "--test-threads=2"])
+            .args([module.as_str(), "--skip", skip, "--test-threads=2"])
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", &home)
