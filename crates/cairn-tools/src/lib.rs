@@ -113,6 +113,11 @@ pub struct ToolsConfig {
     /// `process::RunSpec::hidden`). Filled by the host.
     #[serde(skip)]
     pub hidden_paths: Vec<PathBuf>,
+    /// Which paths carry authority (issue 46), with the host's locations:
+    /// a change to one is Destructive, or refused under cairn's own
+    /// directories, staged or not. Filled by the host.
+    #[serde(skip)]
+    pub authority: cairn_core::authority::AuthorityRules,
 }
 
 impl Default for ToolsConfig {
@@ -135,6 +140,7 @@ impl Default for ToolsConfig {
             preimage_dir: None,
             undo_max_bytes: undo::DEFAULT_MAX_BYTES,
             hidden_paths: Vec::new(),
+            authority: cairn_core::authority::AuthorityRules::default(),
         }
     }
 }
