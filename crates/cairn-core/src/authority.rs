@@ -375,7 +375,7 @@ impl AuthorityRules {
             let rel = names(rel);
             let joined = rel.join("/");
             let under = |d: &&str| joined == **d || joined.starts_with(&format!("{d}/"));
-            if (rel.len() == 1 && HOME_FILES.contains(&rel[0])) || HOME_DIRS.iter().any(|d| under(&d)) {
+            if (rel.len() == 1 && HOME_FILES.contains(&rel[0])) || HOME_DIRS.iter().any(under) {
                 return found(AuthorityClass::HomeStartup);
             }
         }
