@@ -63,10 +63,8 @@ fn planted_markers(dir: &Path, marks: &Path) -> Vec<String> {
     let home = tempfile::tempdir().unwrap();
     users_git(dir, home.path(), &["status"]);
     users_git(dir, home.path(), &["checkout", "-q", "-b", "next"]);
-    let mut found: Vec<String> = std::fs::read_dir(marks)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let mut found: Vec<String> =
+        std::fs::read_dir(marks).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     found.sort();
     found
 }
@@ -186,8 +184,8 @@ fn writing_git_code_with_the_file_tools_is_destructive() {
         for flags in [&["--yes"][..], &["--allow", rule][..]] {
             let before = snapshot(&env.cwd);
             let log = run_tool(&env, tool, arguments.clone(), flags);
-            let (reason, by) =
-                rejection(&log).unwrap_or_else(|| panic!("{tool} {arguments} {flags:?}: not rejected: {:?}", types(&log)));
+            let (reason, by) = rejection(&log)
+                .unwrap_or_else(|| panic!("{tool} {arguments} {flags:?}: not rejected: {:?}", types(&log)));
             assert!(reason.contains("Destructive") && reason.contains("git"), "{tool} {flags:?}: {reason}");
             assert_eq!(by, "policy:headless", "{tool} {flags:?}: {reason}");
             assert!(snapshot(&env.cwd) == before, "{tool} {arguments} {flags:?}: THE TREE CHANGED");
@@ -233,9 +231,8 @@ fn run_in_home(home: &Path, data: &Path, tool: &str, arguments: Value, flags: &[
     std::fs::write(&script, format!("{call}\n{}\n", json!({"text": "done"}))).unwrap();
     let sessions = data.join("cairn/sessions");
     let _ = std::fs::remove_dir_all(&sessions);
-    let bin = std::env::var_os("CAIRN_TEST_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| assert_cmd::cargo::cargo_bin("cairn"));
+    let bin =
+        std::env::var_os("CAIRN_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| assert_cmd::cargo::cargo_bin("cairn"));
     let mut args = vec!["--script", script.to_str().unwrap()];
     args.extend_from_slice(flags);
     args.extend_from_slice(&["run", "go"]);
@@ -300,7 +297,8 @@ fn cairns_own_configuration_is_refused_with_the_tree_at_home() {
     // as it was, whatever the command does.
     std::fs::create_dir_all(config.parent().unwrap()).unwrap();
     std::fs::write(&config, "# mine\n").unwrap();
-    for command in [plant, "cat .config/cairn/config.toml > seen.txt; echo '[mcp_servers.evil]' >> .config/cairn/config.toml"]
+    for command in
+        [plant, "cat .config/cairn/config.toml > seen.txt; echo '[mcp_servers.evil]' >> .config/cairn/config.toml"]
     {
         let log = run_in_home(&home, &data, "shell", json!({"command": command}), &["--yes"]);
         assert_eq!(std::fs::read_to_string(&config).unwrap(), "# mine\n", "{command}: {:?}", types(&log));
