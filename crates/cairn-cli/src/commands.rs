@@ -496,9 +496,11 @@ fn home_note(ctx: &Context) -> String {
 }
 
 /// The protected path classes (`cairn_core::authority`), one line each:
-/// how a change is protected, what the paths are, where.
-fn protections() -> Vec<(cairn_core::authority::AuthorityClass, String)> {
+/// how a change is protected, what the paths are, where (cairn's own
+/// directories by name).
+fn protections(ctx: &Context) -> Vec<(cairn_core::authority::AuthorityClass, String)> {
     use cairn_core::authority::{AuthorityClass, Protection};
+    let own: Vec<String> = ctx.paths.own_dirs().iter().map(|d| d.display().to_string()).collect();
     AuthorityClass::ALL
         .iter()
         .map(|&class| {
@@ -506,7 +508,11 @@ fn protections() -> Vec<(cairn_core::authority::AuthorityClass, String)> {
                 Protection::Refused => "refused",
                 Protection::Destructive => "Destructive",
             };
-            (class, format!("{how:<11}  {}: {}", class.what(), class.paths()))
+            let paths = match class {
+                AuthorityClass::CairnHome => own.join(", "),
+                _ => class.paths().to_owned(),
+            };
+            (class, format!("{how:<11}  {}: {paths}", class.what()))
         })
         .collect()
 }
@@ -591,7 +597,7 @@ pub fn tools(ctx: &Context) -> Result<u8> {
             "sandbox": status.describe(), "staging": cairn_tools::staging::describe(ctx.settings.staged.value),
             "home": home_note(ctx), "problems": notes,
             "hidden": ctx.paths.own_dirs(),
-            "protectedPaths": protections().iter().map(|(class, _)| serde_json::json!({
+            "protectedPaths": protections(ctx).iter().map(|(class, _)| serde_json::json!({
                 "class": class, "protection": class.protection(), "what": class.what(), "paths": class.paths(),
                 "why": class.why(),
             })).collect::<Vec<_>>(),
@@ -619,7 +625,7 @@ pub fn tools(ctx: &Context) -> Result<u8> {
         "protected paths (a change is Destructive: a person sees it and decides, never --yes or an allow rule, \
          refused headless; or refused outright), staged or not:"
     )?;
-    for (_, line) in protections() {
+    for (_, line) in protections(ctx) {
         writeln!(out, "  {}", esc(&line))?;
     }
     for note in notes {

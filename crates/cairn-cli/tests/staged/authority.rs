@@ -309,3 +309,34 @@ fn cairns_own_configuration_is_refused_with_the_tree_at_home() {
     let text = log.iter().map(Value::to_string).collect::<String>();
     assert!(!text.contains("# mine"), "read_file showed cairn's configuration: {text}");
 }
+
+/// Item 5: `cairn tools` says which protections are active: cairn's
+/// directories hidden, and each protected path class with how it is
+/// protected.
+#[test]
+fn cairn_tools_lists_the_protections() {
+    let env = Env::new();
+    let out = env.cairn(&["tools"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let home = env.home.display().to_string();
+    let line = text.lines().find(|l| l.starts_with("cairn's home:")).unwrap_or_default();
+    assert!(line.contains(&home) && line.contains(".config/cairn") && line.contains("refused"), "{text}");
+    assert!(text.contains("protected paths"), "{text}");
+    for (how, what) in [
+        ("refused", "cairn's own configuration or data"),
+        ("Destructive", "git configuration"),
+        ("Destructive", "a git hook"),
+        ("Destructive", "another agent's or editor's configuration"),
+        ("Destructive", "a start-up or configuration file in your home directory"),
+    ] {
+        assert!(text.lines().any(|l| l.trim_start().starts_with(how) && l.contains(what)), "{how} {what}:\n{text}");
+    }
+    let out = env.cairn(&["--json", "tools"]).output().unwrap();
+    let summary: Value = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v.get("protectedPaths").is_some())
+        .unwrap_or_else(|| panic!("no protectedPaths in --json tools: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(summary["protectedPaths"].as_array().map(Vec::len), Some(7), "{summary}");
+    assert!(summary["hidden"].to_string().contains(&home), "{summary}");
+}
