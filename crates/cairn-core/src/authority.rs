@@ -43,8 +43,9 @@ pub enum AuthorityClass {
     /// submodule's or worktree's), `.git/commondir` (where git finds it),
     /// `.git/info/attributes`.
     GitConfig,
-    /// A git hook: anything under a git directory's `hooks/`, and the
-    /// conventional `core.hooksPath` directories `.husky/` and `.githooks/`.
+    /// A git hook: anything under a git directory's `hooks/`, under the
+    /// tree's configured `core.hooksPath` ([`AuthorityRules::hooks_dirs`]),
+    /// and the conventional hooks directories `.husky/` and `.githooks/`.
     GitHook,
     /// A `.git` entry itself (a directory replaced, or a `gitdir:` file).
     GitLink,
@@ -106,7 +107,7 @@ impl AuthorityClass {
                 "config, config.worktree, commondir and info/attributes of any git directory (.git/, a submodule's, \
                  a worktree's, a bare NAME.git/)"
             }
-            AuthorityClass::GitHook => "hooks/ of any git directory, .husky/, .githooks/",
+            AuthorityClass::GitHook => "hooks/ of any git directory, the tree's core.hooksPath, .husky/, .githooks/",
             AuthorityClass::GitLink => "a .git directory replaced, or a .git file (gitdir:) created",
             AuthorityClass::AgentConfig => {
                 ".mcp.json, .envrc, .claude.json, .devcontainer.json; .claude/, .codex/, .cursor/, .vscode/, \
@@ -191,7 +192,45 @@ pub struct AuthorityRules {
     /// tree holds them.
     #[serde(default)]
     pub home: Option<PathBuf>,
+    /// The directories the tree's git configuration names as
+    /// `core.hooksPath` (absolute; read by the host for each tree, see
+    /// `cairn_tools::authority_here`): git runs the hooks there.
+    #[serde(default)]
+    pub hooks_dirs: Vec<PathBuf>,
 }
+
+/// The names git runs as hooks (`githooks(5)`), for a `core.hooksPath`
+/// that is the tree itself or above it: only these files are hooks there.
+const HOOK_NAMES: &[&str] = &[
+    "applypatch-msg",
+    "pre-applypatch",
+    "post-applypatch",
+    "pre-commit",
+    "pre-merge-commit",
+    "prepare-commit-msg",
+    "commit-msg",
+    "post-commit",
+    "pre-rebase",
+    "post-checkout",
+    "post-merge",
+    "pre-push",
+    "pre-receive",
+    "update",
+    "proc-receive",
+    "post-receive",
+    "post-update",
+    "reference-transaction",
+    "push-to-checkout",
+    "pre-auto-gc",
+    "post-rewrite",
+    "sendemail-validate",
+    "fsmonitor-watchman",
+    "post-index-change",
+    "p4-changelist",
+    "p4-prepare-changelist",
+    "p4-post-changelist",
+    "p4-pre-submit",
+];
 
 /// Directories (anywhere in a tree) holding another agent's or editor's
 /// configuration.
@@ -344,6 +383,16 @@ impl AuthorityRules {
         if self.cairn_dirs.iter().any(|d| !d.as_os_str().is_empty() && abs.starts_with(d)) {
             return found(AuthorityClass::CairnHome);
         }
+        for dir in self.hooks_dirs.iter().filter(|d| !d.as_os_str().is_empty() && abs.starts_with(d)) {
+            // A hooks path that is the tree (or above it) would make every
+            // file a hook: there only git's hook names count.
+            let whole = !tree.as_os_str().is_empty() && tree.starts_with(dir);
+            let hook_name = abs.parent() == Some(dir.as_path())
+                && abs.file_name().and_then(|n| n.to_str()).is_some_and(|n| HOOK_NAMES.contains(&n));
+            if !whole || hook_name {
+                return found(AuthorityClass::GitHook);
+            }
+        }
         let all = names(&abs);
         // Only names inside the tree count for the tree-wide rules: a tree
         // that is itself under `.vscode/` does not make all of it authority.
@@ -400,6 +449,7 @@ mod tests {
         AuthorityRules {
             cairn_dirs: vec!["/h/.config/cairn".into(), "/h/.local/share/cairn".into()],
             home: Some("/h".into()),
+            hooks_dirs: Vec::new(),
         }
     }
 
@@ -459,6 +509,17 @@ mod tests {
             let got = r.classify(Path::new(tree), path).map(|a| a.class);
             assert_eq!(got, *want, "{tree} {path}");
         }
+    }
+
+    #[test]
+    fn a_configured_hooks_path_holds_hooks() {
+        let r = AuthorityRules { hooks_dirs: vec!["/p/tools/hooks".into(), "/p".into()], ..rules() };
+        let tree = Path::new("/p");
+        let class = |path| r.classify(tree, path).map(|a| a.class);
+        assert_eq!(class("tools/hooks/anything"), Some(AuthorityClass::GitHook));
+        assert_eq!(class("pre-commit"), Some(AuthorityClass::GitHook));
+        assert_eq!(class("notes.txt"), None);
+        assert_eq!(class("src/pre-commit"), None);
     }
 
     #[test]

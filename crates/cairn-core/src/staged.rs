@@ -484,7 +484,11 @@ mod tests {
     #[test]
     fn changes_under_cairns_own_directories_are_refused() {
         let rules = StagedRules {
-            authority: AuthorityRules { cairn_dirs: vec!["/h/.config/cairn".into()], home: Some("/h".into()) },
+            authority: AuthorityRules {
+                cairn_dirs: vec!["/h/.config/cairn".into()],
+                home: Some("/h".into()),
+                hooks_dirs: Vec::new(),
+            },
             ..StagedRules::default()
         };
         let home = Path::new("/h");

@@ -91,6 +91,8 @@ pub fn authority_rules(paths: &crate::paths::Paths) -> cairn_core::authority::Au
     cairn_core::authority::AuthorityRules {
         cairn_dirs: paths.own_dirs().iter().map(|d| resolved(d)).collect(),
         home: paths.user_home.as_deref().map(resolved),
+        // Per tree: `cairn_tools::authority_here` reads its hooks path.
+        hooks_dirs: Vec::new(),
     }
 }
 

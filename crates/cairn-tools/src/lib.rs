@@ -24,6 +24,7 @@
 //! - [`external`]: the metadata format and its checks, the scan of the
 //!   tools directories and the external tool.
 //! - [`trust`]: which working directories' own tools may be loaded.
+//! - [`hookspath`]: the tree's `core.hooksPath`, for the authority rule.
 //!
 //! Where tools come from: [`tool_dirs`] (the one precedence) and
 //! [`load_tools`] (built-ins, then every external tool that may load).
@@ -36,6 +37,7 @@ mod calltemp;
 pub mod env;
 pub mod external;
 pub mod hooks;
+pub mod hookspath;
 pub mod paths;
 pub mod process;
 pub mod programs;

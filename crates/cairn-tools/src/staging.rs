@@ -155,14 +155,17 @@ pub fn settle(
     store: Option<&crate::undo::PreimageStore>,
     review: &mut dyn FnMut(&cairn_core::staged::StagedReview<'_>) -> cairn_core::staged::StagedDecision,
 ) -> Result<Settled, cairn_core::tool::ToolError> {
-    use cairn_core::staged::{StagedDecision, StagedReview};
+    use cairn_core::staged::{StagedDecision, StagedReview, StagedRules};
     use cairn_core::tool::ToolError;
     let result = (|| {
         let changes = staging.read(cwd).map_err(|e| match e {
             StagingError::Special { .. } | StagingError::TooDeep { .. } => ToolError::Rejected(e.to_string()),
             e => ToolError::Other(format!("cannot read the staged effect: {e}")),
         })?;
-        let judgement = changes.judge(rules, &tree_of(cwd));
+        let tree = tree_of(cwd);
+        let here =
+            StagedRules { authority: crate::hookspath::authority_here(&rules.authority, &tree), ..rules.clone() };
+        let judgement = changes.judge(&here, &tree);
         let diff = render_diff(&changes, &staging.dirs().upper, cwd, 64 * 1024);
         if changes.is_empty() {
             return Ok(Settled { changes, risk: judgement.risk, diff, applied_by: None });

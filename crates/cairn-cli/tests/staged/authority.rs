@@ -340,3 +340,49 @@ fn cairn_tools_lists_the_protections() {
     assert_eq!(summary["protectedPaths"].as_array().map(Vec::len), Some(7), "{summary}");
     assert!(summary["hidden"].to_string().contains(&home), "{summary}");
 }
+
+/// Item 1: the directory the repository's `core.hooksPath` names (here
+/// `tools/git-hooks`, set by the user) holds hooks like `.git/hooks/`: a
+/// staged call or `write_file` planting `post-checkout` there is refused
+/// headless, and the user's next checkout runs nothing.
+#[test]
+fn a_configured_hooks_path_is_protected_like_git_hooks() {
+    let env = Env::new();
+    require_staging(&env);
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(scratch.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let setup = |dir: &Path| {
+        repo(dir);
+        std::fs::create_dir_all(dir.join("tools/git-hooks")).unwrap();
+        git(dir, &["config", "core.hooksPath", "tools/git-hooks"]);
+    };
+    let line = |marks: &Path| {
+        format!(
+            "printf '#!/bin/sh\\ntouch {}\\n' > tools/git-hooks/post-checkout && chmod +x tools/git-hooks/post-checkout",
+            marks.join("hook-ran").display()
+        )
+    };
+    // The oracle: the user's checkout runs what bash put there.
+    let oracle = scratch.path().join("oracle");
+    setup(&oracle);
+    let oracle_marks = marks_dir(scratch.path(), "oracle-marks");
+    let out = Command::new("bash").arg("-c").arg(line(&oracle_marks)).current_dir(&oracle).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(planted_markers(&oracle, &oracle_marks), ["hook-ran"], "the oracle's hook must run");
+
+    std::fs::remove_dir_all(&env.cwd).unwrap();
+    setup(&env.cwd);
+    let marks = marks_dir(scratch.path(), "marks");
+    let before = snapshot(&env.cwd);
+    let log = run_call(&env, &line(&marks), &["--yes"]);
+    let (reason, by) = rejection(&log).unwrap_or_else(|| panic!("not rejected: {:?}", types(&log)));
+    assert!(reason.contains("creates tools/git-hooks/post-checkout (a git hook"), "{reason}");
+    assert_eq!(by, "policy:headless", "{reason}");
+    let hook = format!("#!/bin/sh\ntouch {}\n", marks.join("hook-ran").display());
+    let log =
+        run_tool(&env, "write_file", json!({"path": "tools/git-hooks/post-checkout", "content": hook}), &["--yes"]);
+    let (reason, _) = rejection(&log).unwrap_or_else(|| panic!("write_file not rejected: {:?}", types(&log)));
+    assert!(reason.contains("a git hook"), "{reason}");
+    assert!(snapshot(&env.cwd) == before, "THE TREE CHANGED");
+    assert!(planted_markers(&env.cwd, &marks).is_empty(), "the planted hook ran");
+}

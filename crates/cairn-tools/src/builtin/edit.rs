@@ -148,7 +148,7 @@ fn named_authority(rules: &AuthorityRules, arguments: &Value) -> Option<Authorit
 /// it carries, if any.
 fn authority_of(rules: &AuthorityRules, cwd: &Path, rel: &str) -> Result<Option<Authority>, ToolError> {
     let tree = cwd.canonicalize().unwrap_or_else(|_| cwd.to_path_buf());
-    match rules.classify(&tree, rel) {
+    match crate::hookspath::authority_here(rules, &tree).classify(&tree, rel) {
         Some(a) if a.protection() == Protection::Refused => Err(ToolError::AccessDenied(format!(
             "{}; cairn refuses every tool access to it. Edit it yourself outside cairn if it must change",
             a.reason()
