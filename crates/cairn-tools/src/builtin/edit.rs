@@ -157,6 +157,27 @@ fn authority_of(rules: &AuthorityRules, cwd: &Path, rel: &str) -> Result<Option<
     }
 }
 
+/// For a host that writes `new` to `rel` through another channel (an ACP
+/// editor's `fs/write_text_file`): the checks `write_file` and `edit_file`
+/// make before they write — refused under cairn's own directories, and a
+/// path carrying authority that the call's `tier` did not already show a
+/// person is held for one (refused headless). `diff` is what a person is
+/// shown.
+pub fn hold_authority(
+    rules: &AuthorityRules,
+    ctx: &mut ToolContext<'_>,
+    rel: &str,
+    new: &str,
+    diff: &str,
+    tier: Risk,
+) -> Result<(), ToolError> {
+    let authority = authority_of(rules, ctx.cwd, rel)?;
+    match authority.as_ref().filter(|_| tier != Risk::Destructive) {
+        Some(a) => record_write(None, ctx, rel, diff, new, Some(a)),
+        None => Ok(()),
+    }
+}
+
 /// Before writing `new` to `rel`: keep its prior state in `store` and have
 /// the turn record the change with it (`toolStaged`), so the write can be
 /// undone and a resumed session finishes it. Without a store, nothing,
