@@ -477,16 +477,44 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Whether tools can be kept from cairn's home (and its control sockets).
+/// Whether tools can be kept from cairn's home (and its control sockets)
+/// and its configuration directories.
 fn home_note(ctx: &Context) -> String {
+    let dirs: Vec<String> = ctx.paths.own_dirs().iter().map(|d| d.display().to_string()).collect();
+    let dirs = dirs.join(", ");
     match cairn_tools::sandbox::isolation_status() {
-        Ok(()) => format!("hidden from tools ({} is covered in each call's mount namespace)", ctx.paths.data.display()),
+        Ok(()) => format!(
+            "hidden from tools ({dirs} covered in each call's mount namespace; the built-in file tools refuse them); \
+             any change under them is refused"
+        ),
         Err(why) => format!(
             "CANNOT be hidden from tools: there is no mount namespace for them here ({why}); a tool can reach \
-             {} and the control sockets in it",
-            ctx.paths.data.display()
+             {dirs} and the control sockets in the first (the built-in file tools still refuse them, and any \
+             staged change under them is refused)"
         ),
     }
+}
+
+/// The protected path classes (`cairn_core::authority`), one line each:
+/// how a change is protected, what the paths are, where (cairn's own
+/// directories by name).
+fn protections(ctx: &Context) -> Vec<(cairn_core::authority::AuthorityClass, String)> {
+    use cairn_core::authority::{AuthorityClass, Protection};
+    let own: Vec<String> = ctx.paths.own_dirs().iter().map(|d| d.display().to_string()).collect();
+    AuthorityClass::ALL
+        .iter()
+        .map(|&class| {
+            let how = match class.protection() {
+                Protection::Refused => "refused",
+                Protection::Destructive => "Destructive",
+            };
+            let paths = match class {
+                AuthorityClass::CairnHome => own.join(", "),
+                _ => class.paths().to_owned(),
+            };
+            (class, format!("{how:<11}  {}: {paths}", class.what()))
+        })
+        .collect()
 }
 
 /// `cairn mcp list`.
@@ -568,6 +596,11 @@ pub fn tools(ctx: &Context) -> Result<u8> {
         let summary = serde_json::json!({
             "sandbox": status.describe(), "staging": cairn_tools::staging::describe(ctx.settings.staged.value),
             "home": home_note(ctx), "problems": notes,
+            "hidden": ctx.paths.own_dirs(),
+            "protectedPaths": protections(ctx).iter().map(|(class, _)| serde_json::json!({
+                "class": class, "protection": class.protection(), "what": class.what(), "paths": class.paths(),
+                "why": class.why(),
+            })).collect::<Vec<_>>(),
         });
         writeln!(out, "{}", escape_json(&summary.to_string()))?;
         return Ok(exit::SUCCESS);
@@ -587,6 +620,14 @@ pub fn tools(ctx: &Context) -> Result<u8> {
     writeln!(out, "\nsandbox: {}", status.describe())?;
     writeln!(out, "staging: {}", esc(&cairn_tools::staging::describe(ctx.settings.staged.value)))?;
     writeln!(out, "cairn's home: {}", esc(&home_note(ctx)))?;
+    writeln!(
+        out,
+        "protected paths (a change is Destructive: a person sees it and decides, never --yes or an allow rule, \
+         refused headless; or refused outright), staged or not:"
+    )?;
+    for (_, line) in protections(ctx) {
+        writeln!(out, "  {}", esc(&line))?;
+    }
     for note in notes {
         writeln!(out, "{}", ctx.out_style.yellow(&esc(&note)))?;
     }

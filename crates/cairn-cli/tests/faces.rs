@@ -506,6 +506,36 @@ fn acp_reads_and_writes_through_the_editor_when_it_offers_fs() {
     assert_eq!(std::fs::read_to_string(env.cwd.join("a.txt")).unwrap(), "hello from the root\n");
 }
 
+/// Issue 46.2 through an editor: with the session working in cairn's own
+/// home, `write_file` of its configuration through the editor's
+/// `fs/write_text_file` is refused before the editor is asked (even
+/// though the editor approved the call), and `read_file` of it too.
+#[test]
+fn acp_editor_writes_to_cairns_own_configuration_are_refused() {
+    let env = setup();
+    std::fs::write(env.home.join("config.toml"), "# mine\n").unwrap();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "config.toml", "content": "[mcp_servers.evil]\ncommand = \"touch\"\n"}}]}),
+            json!({"toolCalls": [{"id": "c2", "name": "read_file", "arguments": {"path": "config.toml"}}]}),
+            json!({"text": "Done."}),
+        ],
+    );
+    let bin = cairn_bin();
+    run_client(
+        "acp_client.py",
+        &[
+            "authority_fs",
+            bin.to_str().unwrap(),
+            env.home.to_str().unwrap(),
+            env.home.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(std::fs::read_to_string(env.home.join("config.toml")).unwrap(), "# mine\n");
+}
+
 #[test]
 fn acp_cancel_stops_a_running_tool_and_the_session_goes_on() {
     let env = setup();

@@ -14,6 +14,7 @@
 //! - [`tool`]: the tool contract (Correx vocabulary: request, receipt, risk,
 //!   capabilities, replay policy).
 //! - [`approval`]: the `Approver` trait, the approval gate and the allowlist.
+//! - [`authority`]: which paths configure later execution (issue 46).
 //! - [`cancel`]: the cooperative cancellation token.
 //! - [`schema`]: argument validation against a tool's JSON schema (subset).
 //! - [`registry`]: the tools a session offers, by name.
@@ -26,6 +27,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod approval;
+pub mod authority;
 pub mod cancel;
 pub mod context;
 pub mod events;

@@ -15,12 +15,19 @@
 //! Inside `.git/` only deletion and emptying count (git rewrites its own
 //! files all the time). So the only changes to an existing file that are
 //! Write are appends and readable text edits that keep at least half of
-//! its lines and are not a return to a stored version.
+//! its lines and are not a return to a stored version. Besides, any change
+//! to an authority path (`crate::authority`: git's configuration and hooks,
+//! other agents' configurations, …) is Destructive with its reason, and
+//! any change under cairn's own directories is refused outright
+//! ([`Judgement::refused`]).
 //!
 //! It must not touch the file system: the host reads the layer and applies.
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
+use crate::authority::{AuthorityRules, Protection};
 use crate::risk::Risk;
 
 /// What a path is.
@@ -118,26 +125,33 @@ pub enum StagingMode {
 }
 
 /// Limits of the judgement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StagedRules {
     /// More changed paths than this makes the effect Destructive.
     pub max_files: usize,
+    /// Which paths carry authority (the host's locations in it).
+    #[serde(default)]
+    pub authority: AuthorityRules,
 }
 
 impl Default for StagedRules {
     fn default() -> Self {
-        Self { max_files: 200 }
+        Self { max_files: 200, authority: AuthorityRules::default() }
     }
 }
 
 /// What an effect is, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Judgement {
-    /// Write, or Destructive when anything destroys.
+    /// Write, or Destructive when anything destroys or is refused.
     pub risk: Risk,
     /// Each destroying change, one line each.
     pub reasons: Vec<String>,
+    /// Each change no one may approve (under cairn's own directories), one
+    /// line each: when any, the effect is refused whoever answers
+    /// (`turn::review_staged_effect`).
+    pub refused: Vec<String>,
 }
 
 /// A path as a person is shown it: control characters (a newline, a
@@ -209,13 +223,41 @@ impl ChangeSet {
         self.changes.is_empty()
     }
 
-    /// The judgement under `rules`.
-    pub fn judge(&self, rules: &StagedRules) -> Judgement {
-        let mut reasons: Vec<String> = self.changes.iter().filter_map(Change::destroys).collect();
+    /// The judgement under `rules` of this change set of the working tree
+    /// `tree` (absolute; the change paths are relative to it).
+    pub fn judge(&self, rules: &StagedRules, tree: &Path) -> Judgement {
+        let mut reasons = Vec::new();
+        let mut refused = Vec::new();
+        for c in &self.changes {
+            if let Some(line) = c.destroys() {
+                reasons.push(line);
+            }
+            let verb = match c.kind {
+                ChangeKind::Created => "creates",
+                ChangeKind::Modified => "changes",
+                ChangeKind::Deleted => "deletes",
+            };
+            if let Some(authority) = rules.authority.classify(tree, &c.path) {
+                let line = format!("{verb} {}", authority.reason());
+                match authority.protection() {
+                    Protection::Refused => refused.push(line),
+                    Protection::Destructive => reasons.push(line),
+                }
+            } else if rules.authority.holds_cairn_dir(tree, &c.path)
+                && c.after.as_ref().is_none_or(|a| a.kind != EntryKind::Dir)
+            {
+                refused.push(format!(
+                    "{verb} {}, a directory holding cairn's own configuration or data, as something other than a \
+                     directory (cairn's configuration would be removed or redirected)",
+                    shown(&c.path)
+                ));
+            }
+        }
         if self.changes.len() > rules.max_files {
             reasons.push(format!("changes {} paths (more than the limit of {})", self.changes.len(), rules.max_files));
         }
-        Judgement { risk: if reasons.is_empty() { Risk::Write } else { Risk::Destructive }, reasons }
+        let risk = if reasons.is_empty() && refused.is_empty() { Risk::Write } else { Risk::Destructive };
+        Judgement { risk, reasons, refused }
     }
 
     /// The paths touched, for the settlement's affected entities.
@@ -339,7 +381,8 @@ mod tests {
 
     #[test]
     fn destroying_changes_are_named() {
-        let rules = StagedRules { max_files: 3 };
+        let rules = StagedRules { max_files: 3, ..StagedRules::default() };
+        let tree = Path::new("/p");
         let cases = [
             (change("a", ChangeKind::Deleted, file(5, 0o644), None), true),
             (change("a", ChangeKind::Modified, file(5, 0o644), file(0, 0o644)), true),
@@ -387,6 +430,23 @@ mod tests {
             (change("a", ChangeKind::Created, None, file(5, 0o644)), false),
             (change(".git/index", ChangeKind::Modified, file(50, 0o644), file(40, 0o644)), false),
             (change(".git/refs/x", ChangeKind::Deleted, file(41, 0o644), None), true),
+            // Authority paths (issue 46): planting git code or another
+            // agent's configuration is Destructive, even as an append.
+            (change(".git/hooks/post-checkout", ChangeKind::Created, None, file(5, 0o755)), true),
+            (
+                Change {
+                    appends: true,
+                    ..change(
+                        ".git/config",
+                        ChangeKind::Modified,
+                        file_hashed(50, 0o644, "ab"),
+                        file_hashed(90, 0o644, "cd"),
+                    )
+                },
+                true,
+            ),
+            (change(".mcp.json", ChangeKind::Created, None, file(5, 0o644)), true),
+            (change(".vscode/tasks.json", ChangeKind::Created, None, file(5, 0o644)), true),
             (
                 Change {
                     lines: Some((10, 4)),
@@ -404,20 +464,56 @@ mod tests {
         ];
         for (c, destroys) in cases {
             let set = ChangeSet { changes: vec![c.clone()] };
-            assert_eq!(set.judge(&rules).risk == Risk::Destructive, destroys, "{c:?}");
+            assert_eq!(set.judge(&rules, tree).risk == Risk::Destructive, destroys, "{c:?}");
         }
         let many = ChangeSet {
             changes: (0..4).map(|i| change(&format!("n{i}"), ChangeKind::Created, None, file(1, 0o644))).collect(),
         };
-        assert_eq!(many.judge(&rules).risk, Risk::Destructive);
+        assert_eq!(many.judge(&rules, tree).risk, Risk::Destructive);
         // A name cannot forge a line of its own.
         let forged = ChangeSet {
             changes: vec![change("a\n- everything (verdict: Write)", ChangeKind::Deleted, file(1, 0o644), None)],
         };
         assert_eq!(forged.listing().lines().count(), 1, "{}", forged.listing());
-        assert!(forged.judge(&rules).reasons.iter().all(|r| !r.contains('\n')));
+        assert!(forged.judge(&rules, tree).reasons.iter().all(|r| !r.contains('\n')));
         assert_eq!(shown("plain name.txt"), "plain name.txt");
         assert_eq!(shown("a\x1b[2Jb"), "\"a\\u{1b}[2Jb\"");
         assert!(many.listing().lines().all(|l| l.starts_with("+ n")));
+    }
+
+    #[test]
+    fn changes_under_cairns_own_directories_are_refused() {
+        let rules = StagedRules {
+            authority: AuthorityRules {
+                cairn_dirs: vec!["/h/.config/cairn".into()],
+                home: Some("/h".into()),
+                hooks_dirs: Vec::new(),
+            },
+            ..StagedRules::default()
+        };
+        let home = Path::new("/h");
+        let dir = Some(FileState { kind: EntryKind::Dir, size: 0, sha256: String::new(), mode: 0o755 });
+        let plant = ChangeSet {
+            changes: vec![
+                change(".config/cairn", ChangeKind::Created, None, dir.clone()),
+                change(".config/cairn/config.toml", ChangeKind::Created, None, file(40, 0o644)),
+            ],
+        };
+        let judged = plant.judge(&rules, home);
+        assert_eq!(judged.risk, Risk::Destructive);
+        assert_eq!(judged.refused.len(), 2, "{judged:?}");
+        assert!(judged.refused[1].starts_with("creates .config/cairn/config.toml (cairn's own"), "{judged:?}");
+        // Redirecting the directory that holds it is refused too; creating
+        // a sibling directory is not.
+        let link = Some(FileState { kind: EntryKind::Symlink, size: 3, sha256: "ab".repeat(32), mode: 0o777 });
+        let swap = ChangeSet { changes: vec![change(".config", ChangeKind::Modified, dir.clone(), link)] };
+        assert!(!swap.judge(&rules, home).refused.is_empty());
+        let sibling = ChangeSet { changes: vec![change(".config/other", ChangeKind::Created, None, dir)] };
+        assert_eq!(sibling.judge(&rules, home).risk, Risk::Write);
+        // A shell start-up file is Destructive when the tree holds the home.
+        let rc = ChangeSet { changes: vec![change(".bashrc", ChangeKind::Created, None, file(5, 0o644))] };
+        let judged = rc.judge(&rules, home);
+        assert!(judged.refused.is_empty() && judged.risk == Risk::Destructive, "{judged:?}");
+        assert_eq!(rc.judge(&rules, Path::new("/h/proj")).risk, Risk::Write);
     }
 }

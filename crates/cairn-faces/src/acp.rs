@@ -663,6 +663,7 @@ fn equip(
                     shared: Arc::clone(shared),
                     session_id: session_id.clone(),
                     reads: client_fs.0,
+                    authority: host.authority(),
                 }) as Arc<dyn cairn_core::tool::Tool>,
                 None => tool,
             }

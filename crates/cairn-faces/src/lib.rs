@@ -94,4 +94,10 @@ pub trait Host: SessionHost {
         let _ = name;
         self.provider(cwd)
     }
+    /// Which paths carry authority here (`cairn_core::authority`, with the
+    /// host's locations): an editor's writes are checked against them as
+    /// the built-ins' own are. Default: the rules that hold in every tree.
+    fn authority(&self) -> cairn_core::authority::AuthorityRules {
+        cairn_core::authority::AuthorityRules::default()
+    }
 }

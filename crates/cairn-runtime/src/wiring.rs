@@ -72,7 +72,49 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     config.staged = ctx.settings.staged.value;
     config.staged_max_files = ctx.settings.staged_max_files.value;
     config.hidden_paths = hidden_paths(&ctx.paths.data);
+    // cairn's configuration directories (the one in use and the default
+    // ones a later `cairn` would read) are hidden like its data (issue 46).
+    for dir in ctx.paths.own_dirs() {
+        if !config.hidden_paths.contains(&dir) {
+            config.hidden_paths.push(dir);
+        }
+    }
+    config.authority = authority_rules(&ctx.paths);
     config
+}
+
+/// Which paths carry authority here (`cairn_core::authority`): cairn's own
+/// directories and the user's home, each resolved as the judge will see a
+/// tree (through links, for the part that exists), since a tree is
+/// compared canonically.
+pub fn authority_rules(paths: &crate::paths::Paths) -> cairn_core::authority::AuthorityRules {
+    cairn_core::authority::AuthorityRules {
+        cairn_dirs: paths.own_dirs().iter().map(|d| resolved(d)).collect(),
+        home: paths.user_home.as_deref().map(resolved),
+        // Per tree: `cairn_tools::authority_here` reads its hooks path.
+        hooks_dirs: Vec::new(),
+    }
+}
+
+/// `path` with its longest existing ancestor canonicalized and the rest
+/// appended (a directory that does not exist yet is still found).
+fn resolved(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        if let Ok(canonical) = at.canonicalize() {
+            let mut out = canonical;
+            out.extend(rest.iter().rev());
+            return out;
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                at = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
 }
 
 /// What no tool may see: cairn's home (its control sockets `cairn.sock`

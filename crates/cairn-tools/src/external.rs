@@ -287,7 +287,10 @@ impl ExternalTool {
             secrets: config.secrets.clone(),
             hidden: config.hidden_paths.clone(),
             staged: config.staged,
-            staged_rules: cairn_core::staged::StagedRules { max_files: config.staged_max_files },
+            staged_rules: cairn_core::staged::StagedRules {
+                max_files: config.staged_max_files,
+                authority: config.authority.clone(),
+            },
             preimages: crate::undo::PreimageStore::from_config(config),
             staging_dir: config.staging_dir.clone().unwrap_or_else(crate::staging::default_base),
         })

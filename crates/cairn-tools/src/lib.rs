@@ -24,6 +24,7 @@
 //! - [`external`]: the metadata format and its checks, the scan of the
 //!   tools directories and the external tool.
 //! - [`trust`]: which working directories' own tools may be loaded.
+//! - [`hookspath`]: the tree's `core.hooksPath`, for the authority rule.
 //!
 //! Where tools come from: [`tool_dirs`] (the one precedence) and
 //! [`load_tools`] (built-ins, then every external tool that may load).
@@ -36,6 +37,7 @@ mod calltemp;
 pub mod env;
 pub mod external;
 pub mod hooks;
+pub mod hookspath;
 pub mod paths;
 pub mod process;
 pub mod programs;
@@ -113,6 +115,11 @@ pub struct ToolsConfig {
     /// `process::RunSpec::hidden`). Filled by the host.
     #[serde(skip)]
     pub hidden_paths: Vec<PathBuf>,
+    /// Which paths carry authority (issue 46), with the host's locations:
+    /// a change to one is Destructive, or refused under cairn's own
+    /// directories, staged or not. Filled by the host.
+    #[serde(skip)]
+    pub authority: cairn_core::authority::AuthorityRules,
 }
 
 impl Default for ToolsConfig {
@@ -135,6 +142,7 @@ impl Default for ToolsConfig {
             preimage_dir: None,
             undo_max_bytes: undo::DEFAULT_MAX_BYTES,
             hidden_paths: Vec::new(),
+            authority: cairn_core::authority::AuthorityRules::default(),
         }
     }
 }

@@ -122,6 +122,13 @@ impl Staging {
     }
 }
 
+/// The working tree as the judge compares it with the host's locations
+/// (`cairn_core::authority`): canonical, or as given when it cannot be
+/// resolved.
+fn tree_of(cwd: &Path) -> PathBuf {
+    cwd.canonicalize().unwrap_or_else(|_| cwd.to_path_buf())
+}
+
 /// What the staged part of a call came to (it was applied, or there was
 /// nothing to apply).
 #[derive(Debug)]
@@ -148,14 +155,17 @@ pub fn settle(
     store: Option<&crate::undo::PreimageStore>,
     review: &mut dyn FnMut(&cairn_core::staged::StagedReview<'_>) -> cairn_core::staged::StagedDecision,
 ) -> Result<Settled, cairn_core::tool::ToolError> {
-    use cairn_core::staged::{StagedDecision, StagedReview};
+    use cairn_core::staged::{StagedDecision, StagedReview, StagedRules};
     use cairn_core::tool::ToolError;
     let result = (|| {
         let changes = staging.read(cwd).map_err(|e| match e {
             StagingError::Special { .. } | StagingError::TooDeep { .. } => ToolError::Rejected(e.to_string()),
             e => ToolError::Other(format!("cannot read the staged effect: {e}")),
         })?;
-        let judgement = changes.judge(rules);
+        let tree = tree_of(cwd);
+        let here =
+            StagedRules { authority: crate::hookspath::authority_here(&rules.authority, &tree), ..rules.clone() };
+        let judgement = changes.judge(&here, &tree);
         let diff = render_diff(&changes, &staging.dirs().upper, cwd, 64 * 1024);
         if changes.is_empty() {
             return Ok(Settled { changes, risk: judgement.risk, diff, applied_by: None });
@@ -221,7 +231,7 @@ pub fn resume(
                 })),
                 affected_entities: staged.changes.affected(),
                 duration_ms: 0,
-                tier: staged.changes.judge(rules).risk,
+                tier: staged.changes.judge(rules, &tree_of(cwd)).risk,
                 timestamp: crate::now_ms(),
                 truncated: false,
             })

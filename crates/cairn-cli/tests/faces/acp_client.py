@@ -136,10 +136,10 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once", "subagent": "allow_once"}[scenario]
+              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once", "subagent": "allow_once", "authority_fs": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
-        await start(conn, fs=scenario == "client_fs")
+        await start(conn, fs=scenario in ("client_fs", "authority_fs"))
         if scenario == "recover":
             sid = rest[0]
             await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
@@ -458,6 +458,16 @@ async def main():
             ])
             for name in ("b.txt", "c.txt"):
                 assert os.path.exists(os.path.join(cwd, name)), name
+        elif scenario == "authority_fs":
+            # The session works in cairn's own home: writing its
+            # configuration through the editor is refused before the editor
+            # is asked to write, and reading it is refused too.
+            writes = [e for e in got if e[0] == "fs_write"]
+            expect(writes, [])
+            finished = [e for e in got if e[0] == "update" and e[2] in ("completed", "failed")]
+            expect(finished, [("update", "edit", "failed"), ("update", "read", "failed")])
+            texts = editor.texts()
+            assert all("cairn's own configuration" in t for t in texts), texts
         elif scenario == "client_fs":
             a = os.path.join(cwd, "a.txt")
             b = os.path.join(cwd, "b.txt")

@@ -445,7 +445,9 @@ impl<S: Storage> Session<S> {
         };
         let staged = tool.as_ref().is_some_and(|t| t.stages_effect(&request.arguments));
         let quick = match gate::gate(&request.tool, risk, None, env.approver.is_interactive()) {
-            Err(refusal) => Some(record(refusal)),
+            Err(refusal) => {
+                Some(record(with_why(refusal, tool.as_ref().and_then(|t| t.risk_reason(&request.arguments)))))
+            }
             Ok(Need::Nothing) => Some(record(Verdict { decision: Answer::Approve, by: READ_ONLY.to_owned() })),
             Ok(Need::Person) => None,
             Ok(Need::RuleOrVerdict) => {
@@ -529,7 +531,7 @@ impl<S: Storage> Session<S> {
         let mut v = match &tool {
             None => deny(format!("tool {:?} is no longer available", request.tool), "policy:unavailable"),
             Some(tool) => match gate::gate(&request.tool, risk, None, env.approver.is_interactive()) {
-                Err(refusal) => record(refusal),
+                Err(refusal) => record(with_why(refusal, tool.risk_reason(&request.arguments))),
                 Ok(need) => {
                     let preview = tool.preview(&request, &self.cwd);
                     // Not an entry: a person is being asked right now.
@@ -823,4 +825,14 @@ impl<S: Storage> Session<S> {
         self.commit(b, Some(pc), env.observer)?;
         Ok(())
     }
+}
+
+/// A refusal by the gate with why the tool raised the call's tier (a
+/// destructive pattern, an authority path), so the headless reason says
+/// what a person would have been shown.
+fn with_why(mut refusal: Verdict, why: Option<String>) -> Verdict {
+    if let (Answer::Deny { reason }, Some(why)) = (&mut refusal.decision, why) {
+        reason.push_str(&format!("; why it is Destructive: {why}"));
+    }
+    refusal
 }

@@ -225,15 +225,30 @@ pub fn decide_bypass(
     }
 }
 
-/// The decision on a staged run's change set, and who made it: a Write
-/// effect is applied by policy; a Destructive one goes through the gate and
-/// `approver`. The turn records it; the tool service asks it too.
+/// The decision on a staged run's change set, and who made it: one the
+/// judge refused (`Judgement::refused`) is discarded without asking; a
+/// Write effect is applied by policy; a Destructive one goes through the
+/// gate and `approver`. The turn records it; the tool service asks it too.
 pub fn review_staged_effect(
     request: &ToolRequest,
     cwd: &Path,
     approver: &mut dyn Approver,
     review: &StagedReview<'_>,
 ) -> (StagedDecision, String) {
+    // A change under cairn's own directories is refused whoever answers
+    // (issue 46): no approver is asked, so no `--yes`, rule or person
+    // lets a tool rewrite cairn's configuration.
+    if !review.judgement.refused.is_empty() {
+        let reason = format!(
+            "{} was refused: its staged effect {}; no tool may change these, whoever approves. Nothing was applied, \
+             the working tree is unchanged. Staged changes:\n{}",
+            request.tool,
+            review.judgement.refused.join("; "),
+            review.changes.listing()
+        );
+        let by = crate::authority::REFUSED_BY.to_owned();
+        return (StagedDecision::Discard { reason }, by);
+    }
     if review.judgement.risk != Risk::Destructive {
         return (StagedDecision::Apply { by: "policy:stagedWrite".to_owned() }, "policy:stagedWrite".to_owned());
     }

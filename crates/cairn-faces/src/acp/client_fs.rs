@@ -9,18 +9,22 @@
 //! risk, validation, preview and guard (so approvals and replay are the
 //! same), and the path confinement of `cairn_tools::paths` is applied
 //! before the client is asked — a path outside the working directory is
-//! refused without a request. It must not decide approvals (the turn has
-//! already approved the call when `execute` runs).
+//! refused without a request — and so are the built-ins' authority checks
+//! (`cairn_tools::builtin::edit::hold_authority`: cairn's own directories
+//! refused, other authority paths held for a person). It must not decide
+//! approvals (the turn has already approved the call when `execute`
+//! runs).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use cairn_core::authority::Protection;
 use cairn_core::storage::now_millis;
 use cairn_core::tool::{
     GuardVerdict, Preview, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
 };
-use cairn_tools::builtin::edit::{edit_text, unified_diff};
+use cairn_tools::builtin::edit::{edit_text, hold_authority, unified_diff};
 use cairn_tools::paths::{display_rel, resolve_in_cwd};
 use serde_json::{Value, json};
 
@@ -43,6 +47,8 @@ pub(super) struct ClientFile {
     pub(super) session_id: String,
     /// The editor also offers reads (previews and edits read from it).
     pub(super) reads: bool,
+    /// Which paths carry authority (the host's rules).
+    pub(super) authority: cairn_core::authority::AuthorityRules,
 }
 
 impl ClientFile {
@@ -145,6 +151,11 @@ impl Tool for ClientFile {
         let given = string_arg(request, "path")?;
         let path = resolve_in_cwd(ctx.cwd, given).map_err(|e| ToolError::AccessDenied(e.to_string()))?;
         let rel = display_rel(ctx.cwd, &path);
+        // cairn's own directories are hidden from tools, through the editor too.
+        let tree = ctx.cwd.canonicalize().unwrap_or_else(|_| ctx.cwd.to_path_buf());
+        if let Some(a) = self.authority.classify(&tree, &rel).filter(|a| a.protection() == Protection::Refused) {
+            return Err(ToolError::AccessDenied(format!("{}; cairn refuses every tool access to it", a.reason())));
+        }
         match self.op {
             Op::Read => {
                 let line = request.arguments.get("offset").and_then(Value::as_u64);
@@ -182,9 +193,10 @@ impl Tool for ClientFile {
             Op::Edit => {
                 let old = editor_text(&self.shared, &self.session_id, &path, Some(ctx.cancel))?;
                 let new = edit_text(request, &old, &rel)?;
+                let diff = unified_diff(&rel, &old, &new);
+                hold_authority(&self.authority, ctx, &rel, &new, &diff, self.inner.risk(&request.arguments))?;
                 let params = json!({"sessionId": self.session_id, "path": path, "content": new});
                 self.ask("fs/write_text_file", params, ctx)?;
-                let diff = unified_diff(&rel, &old, &new);
                 let out = format!("edited {rel} through the editor\n{diff}");
                 (ctx.output)(out.as_bytes());
                 let structured = json!({"path": rel, "bytes": new.len(), "diff": diff, "via": "editor"});
@@ -192,6 +204,8 @@ impl Tool for ClientFile {
             }
             Op::Write => {
                 let content = string_arg(request, "content")?;
+                let diff = unified_diff(&rel, "", content);
+                hold_authority(&self.authority, ctx, &rel, content, &diff, self.inner.risk(&request.arguments))?;
                 let params = json!({"sessionId": self.session_id, "path": path, "content": content});
                 self.ask("fs/write_text_file", params, ctx)?;
                 let out = format!("wrote {rel} ({} bytes) through the editor\n", content.len());

@@ -16,6 +16,10 @@ use cairn_faces::HostTools;
 use crate::hosting::CliHost;
 
 impl cairn_faces::Host for CliHost {
+    fn authority(&self) -> cairn_core::authority::AuthorityRules {
+        crate::wiring::authority_rules(&self.ctx.paths)
+    }
+
     fn provider(&self, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
         crate::wiring::build_provider(&self.ctx, cwd)
     }

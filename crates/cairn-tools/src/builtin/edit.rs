@@ -8,10 +8,17 @@
 //! store, each keeps the file's prior state and has the turn record its
 //! change (`toolStaged`) before writing, so the write can be undone and a
 //! resume finishes it. They never run a process.
+//!
+//! A path that carries authority (`cairn_core::authority`: git's
+//! configuration and hooks, other agents' configurations, …) makes the
+//! call Destructive with the reason, before it runs when the path alone
+//! tells ([`Tool::risk`]) and otherwise at the record before the write
+//! (the turn's gate); under cairn's own directories the call is refused.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use cairn_core::authority::{Authority, AuthorityRules, Protection};
 use cairn_core::staged::{
     Change, ChangeKind, ChangeSet, EntryKind, FileState, Judgement, Preimages, StagedCommit, StagedDecision,
     StagedReview,
@@ -21,7 +28,7 @@ use cairn_core::tool::{
     ToolSpec, Validation,
 };
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{caps, denied, io, parse_args, receipt};
 use crate::paths::{display_rel, resolve_in_cwd};
@@ -128,27 +135,83 @@ fn change_set(cwd: &Path, rel: &str, content: &str) -> Result<ChangeSet, String>
     Ok(ChangeSet { changes })
 }
 
+/// The authority the path argument of a call names, from the path alone
+/// (the rules that hold in every tree): what [`Tool::risk`] can see
+/// before the call runs.
+fn named_authority(rules: &AuthorityRules, arguments: &Value) -> Option<Authority> {
+    let path = arguments.get("path").and_then(Value::as_str)?;
+    rules.classify(Path::new(""), path)
+}
+
+/// Refuse `rel` (canonical, relative to `cwd`) when it lies under cairn's
+/// own directories, which no tool may read or change; else the authority
+/// it carries, if any.
+fn authority_of(rules: &AuthorityRules, cwd: &Path, rel: &str) -> Result<Option<Authority>, ToolError> {
+    let tree = cwd.canonicalize().unwrap_or_else(|_| cwd.to_path_buf());
+    match crate::hookspath::authority_here(rules, &tree).classify(&tree, rel) {
+        Some(a) if a.protection() == Protection::Refused => Err(ToolError::AccessDenied(format!(
+            "{}; cairn refuses every tool access to it. Edit it yourself outside cairn if it must change",
+            a.reason()
+        ))),
+        other => Ok(other),
+    }
+}
+
+/// For a host that writes `new` to `rel` through another channel (an ACP
+/// editor's `fs/write_text_file`): the checks `write_file` and `edit_file`
+/// make before they write — refused under cairn's own directories, and a
+/// path carrying authority that the call's `tier` did not already show a
+/// person is held for one (refused headless). `diff` is what a person is
+/// shown.
+pub fn hold_authority(
+    rules: &AuthorityRules,
+    ctx: &mut ToolContext<'_>,
+    rel: &str,
+    new: &str,
+    diff: &str,
+    tier: Risk,
+) -> Result<(), ToolError> {
+    let authority = authority_of(rules, ctx.cwd, rel)?;
+    match authority.as_ref().filter(|_| tier != Risk::Destructive) {
+        Some(a) => record_write(None, ctx, rel, diff, new, Some(a)),
+        None => Ok(()),
+    }
+}
+
 /// Before writing `new` to `rel`: keep its prior state in `store` and have
 /// the turn record the change with it (`toolStaged`), so the write can be
-/// undone and a resumed session finishes it. Without a store, nothing.
+/// undone and a resumed session finishes it. Without a store, nothing,
+/// unless `authority` is set: a path carrying authority that the call's
+/// tier did not already show a person (it needed the tree to tell), so the
+/// record is judged Destructive and the turn's gate asks a person (refused
+/// headless).
 fn record_write(
     store: Option<&PreimageStore>,
     ctx: &mut ToolContext<'_>,
     rel: &str,
     diff: &str,
     new: &str,
+    authority: Option<&Authority>,
 ) -> Result<(), ToolError> {
-    let Some(store) = store else { return Ok(()) };
-    let (changes, preimages) = match change_set(ctx.cwd, rel, new) {
-        Ok(changes) => {
+    if store.is_none() && authority.is_none() {
+        return Ok(());
+    }
+    let (changes, preimages) = match (change_set(ctx.cwd, rel, new), store) {
+        (Ok(changes), Some(store)) => {
             let preimages = store.keep(ctx.cwd, &changes);
             (changes, preimages)
         }
-        Err(reason) => (ChangeSet::default(), Preimages::NotKept { reason }),
+        (Ok(changes), None) => (changes, Preimages::NotKept { reason: "no pre-image store is configured".to_owned() }),
+        (Err(reason), _) => (ChangeSet::default(), Preimages::NotKept { reason }),
     };
-    // The call was approved as a Write with its preview; the record adds
-    // nothing to decide.
-    let judgement = Judgement { risk: Risk::Write, reasons: Vec::new() };
+    // Otherwise the call was approved at its tier with its preview; the
+    // record adds nothing to decide.
+    let judgement = match authority {
+        Some(a) => {
+            Judgement { risk: Risk::Destructive, reasons: vec![format!("writes {}", a.reason())], refused: Vec::new() }
+        }
+        None => Judgement { risk: Risk::Write, reasons: Vec::new(), refused: Vec::new() },
+    };
     let review = StagedReview { changes: &changes, judgement: &judgement, diff, staging: "", preimages: &preimages };
     match (ctx.review_staged)(&review) {
         StagedDecision::Apply { .. } => Ok(()),
@@ -189,6 +252,7 @@ fn finish(
 pub struct WriteFile {
     spec: ToolSpec,
     preimages: Option<PreimageStore>,
+    authority: AuthorityRules,
 }
 
 #[derive(Deserialize)]
@@ -209,6 +273,12 @@ impl WriteFile {
     /// (recorded before each write, so the write can be undone).
     pub fn with_preimages(store: Option<PreimageStore>) -> Self {
         Self { preimages: store, ..Self::new() }
+    }
+
+    /// The tool with the host's authority locations (cairn's own
+    /// directories, the user's home).
+    pub fn with_authority(self, authority: AuthorityRules) -> Self {
+        Self { authority, ..self }
     }
 }
 
@@ -235,6 +305,7 @@ impl WriteFile {
                 replay: ReplayPolicy::Guarded,
             },
             preimages: None,
+            authority: AuthorityRules::default(),
         }
     }
 
@@ -242,6 +313,7 @@ impl WriteFile {
         let args: WriteArgs = parse_args(request).map_err(ToolError::InvalidArguments)?;
         let path = resolve_in_cwd(cwd, &args.path).map_err(denied)?;
         let rel = display_rel(cwd, &path);
+        authority_of(&self.authority, cwd, &rel)?;
         let old = current_text(&path, &rel)?;
         Ok((path, rel, old, args.content))
     }
@@ -250,6 +322,14 @@ impl WriteFile {
 impl Tool for WriteFile {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    fn risk(&self, arguments: &Value) -> Risk {
+        if named_authority(&self.authority, arguments).is_some() { Risk::Destructive } else { self.spec.risk }
+    }
+
+    fn risk_reason(&self, arguments: &Value) -> Option<String> {
+        named_authority(&self.authority, arguments).map(|a| format!("it writes {}", a.reason()))
     }
 
     fn validate(&self, request: &ToolRequest) -> Validation {
@@ -297,13 +377,17 @@ impl Tool for WriteFile {
             return Err(ToolError::Cancelled);
         }
         let diff = unified_diff(&rel, old.as_deref().unwrap_or(""), &new);
-        record_write(self.preimages.as_ref(), ctx, &rel, &diff, &new)?;
+        let tier = self.risk(&request.arguments);
+        let authority = authority_of(&self.authority, ctx.cwd, &rel)?;
+        let unasked = authority.as_ref().filter(|_| tier != Risk::Destructive);
+        record_write(self.preimages.as_ref(), ctx, &rel, &diff, &new, unasked)?;
         write_atomic(&path, &new, &rel)?;
         let verb = if old.is_some() { "updated" } else { "created" };
         let summary = format!("{verb} {rel} ({} bytes)\n{diff}", new.len());
         (ctx.output)(summary.as_bytes());
         let structured = json!({"path": rel, "created": old.is_none(), "bytes": new.len(), "diff": diff});
-        Ok(receipt(start, Risk::Write, summary, ctx.limits.output_cap, Some(structured), vec![rel]))
+        let tier = if authority.is_some() { Risk::Destructive } else { tier };
+        Ok(receipt(start, tier, summary, ctx.limits.output_cap, Some(structured), vec![rel]))
     }
 }
 
@@ -313,6 +397,7 @@ impl Tool for WriteFile {
 pub struct EditFile {
     spec: ToolSpec,
     preimages: Option<PreimageStore>,
+    authority: AuthorityRules,
 }
 
 #[derive(Deserialize)]
@@ -359,6 +444,12 @@ impl EditFile {
     pub fn with_preimages(store: Option<PreimageStore>) -> Self {
         Self { preimages: store, ..Self::new() }
     }
+
+    /// The tool with the host's authority locations (cairn's own
+    /// directories, the user's home).
+    pub fn with_authority(self, authority: AuthorityRules) -> Self {
+        Self { authority, ..self }
+    }
 }
 
 impl EditFile {
@@ -387,6 +478,7 @@ impl EditFile {
                 replay: ReplayPolicy::Guarded,
             },
             preimages: None,
+            authority: AuthorityRules::default(),
         }
     }
 
@@ -396,6 +488,7 @@ impl EditFile {
         let (given, _) = edit_of(args).map_err(ToolError::InvalidArguments)?;
         let path = resolve_in_cwd(cwd, &given).map_err(denied)?;
         let rel = display_rel(cwd, &path);
+        authority_of(&self.authority, cwd, &rel)?;
         let current = current_text(&path, &rel)?
             .ok_or_else(|| ToolError::InvalidArguments(format!("{rel} does not exist: use write_file to create it")))?;
         let edited = edit_text(request, &current, &rel)?;
@@ -434,6 +527,14 @@ pub fn edit_text(request: &ToolRequest, current: &str, rel: &str) -> Result<Stri
 impl Tool for EditFile {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    fn risk(&self, arguments: &Value) -> Risk {
+        if named_authority(&self.authority, arguments).is_some() { Risk::Destructive } else { self.spec.risk }
+    }
+
+    fn risk_reason(&self, arguments: &Value) -> Option<String> {
+        named_authority(&self.authority, arguments).map(|a| format!("it edits {}", a.reason()))
     }
 
     fn validate(&self, request: &ToolRequest) -> Validation {
@@ -498,11 +599,15 @@ impl Tool for EditFile {
             return Err(ToolError::Cancelled);
         }
         let diff = unified_diff(&rel, &old, &new);
-        record_write(self.preimages.as_ref(), ctx, &rel, &diff, &new)?;
+        let tier = self.risk(&request.arguments);
+        let authority = authority_of(&self.authority, ctx.cwd, &rel)?;
+        let unasked = authority.as_ref().filter(|_| tier != Risk::Destructive);
+        record_write(self.preimages.as_ref(), ctx, &rel, &diff, &new, unasked)?;
         write_atomic(&path, &new, &rel)?;
         let summary = format!("edited {rel}\n{diff}");
         (ctx.output)(summary.as_bytes());
         let structured = json!({"path": rel, "diff": diff});
-        Ok(receipt(start, Risk::Write, summary, ctx.limits.output_cap, Some(structured), vec![rel]))
+        let tier = if authority.is_some() { Risk::Destructive } else { tier };
+        Ok(receipt(start, tier, summary, ctx.limits.output_cap, Some(structured), vec![rel]))
     }
 }

@@ -2,7 +2,9 @@
 //! refusal), `list_dir` (gitignore-aware) and `search` (ripgrep's engine,
 //! capped matches).
 //!
-//! They read only inside the working directory and never write anything.
+//! They read only inside the working directory and never write anything,
+//! and never show anything under cairn's own directories (issue 46: they
+//! are hidden from tools, as the sandbox hides them from processes).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -21,6 +23,22 @@ use serde_json::json;
 
 use super::{caps, denied, io, parse_args, receipt};
 use crate::ToolsConfig;
+use cairn_core::authority::{AuthorityClass, AuthorityRules};
+
+/// Whether the canonical `path` lies under cairn's own directories.
+fn hidden(rules: &AuthorityRules, path: &Path) -> bool {
+    path.to_str().and_then(|p| rules.classify(Path::new(""), p)).is_some_and(|a| a.class == AuthorityClass::CairnHome)
+}
+
+/// Refuse the canonical `path` (given as `given`) when it is hidden.
+fn refuse_hidden(rules: &AuthorityRules, path: &Path, given: &str) -> Result<(), ToolError> {
+    if hidden(rules, path) {
+        return Err(ToolError::AccessDenied(format!(
+            "{given} is under cairn's own configuration or data, which is hidden from tools: read it yourself outside cairn"
+        )));
+    }
+    Ok(())
+}
 use crate::paths::{display_rel, resolve_in_cwd};
 
 fn read_only_spec(name: &str, description: &str, schema: serde_json::Value) -> ToolSpec {
@@ -51,6 +69,7 @@ pub struct ReadFile {
     spec: ToolSpec,
     max_bytes: u64,
     default_lines: usize,
+    authority: AuthorityRules,
 }
 
 #[derive(Deserialize)]
@@ -79,7 +98,12 @@ impl ReadFile {
                 "additionalProperties": false
             }),
         );
-        Self { spec, max_bytes: config.read_max_bytes, default_lines: config.read_default_lines }
+        Self {
+            spec,
+            max_bytes: config.read_max_bytes,
+            default_lines: config.read_default_lines,
+            authority: config.authority.clone(),
+        }
     }
 }
 
@@ -107,6 +131,7 @@ impl Tool for ReadFile {
         let start = Instant::now();
         let args: ReadArgs = parse_args(request).map_err(ToolError::InvalidArguments)?;
         let path = resolve_in_cwd(ctx.cwd, &args.path).map_err(denied)?;
+        refuse_hidden(&self.authority, &path, &args.path)?;
         let meta = std::fs::metadata(&path).map_err(io(format!("cannot read {}", args.path)))?;
         if meta.is_dir() {
             return Err(ToolError::InvalidArguments(format!("{} is a directory: use list_dir", args.path)));
@@ -207,6 +232,7 @@ impl Tool for ReadFile {
 pub struct ListDir {
     spec: ToolSpec,
     max_entries: usize,
+    authority: AuthorityRules,
 }
 
 #[derive(Deserialize)]
@@ -230,7 +256,7 @@ impl ListDir {
                 "additionalProperties": false
             }),
         );
-        Self { spec, max_entries: config.list_max_entries }
+        Self { spec, max_entries: config.list_max_entries, authority: config.authority.clone() }
     }
 }
 
@@ -251,15 +277,17 @@ impl Tool for ListDir {
         let args: ListArgs = parse_args(request).map_err(ToolError::InvalidArguments)?;
         let given = args.path.unwrap_or_else(|| ".".into());
         let dir = resolve_in_cwd(ctx.cwd, &given).map_err(denied)?;
+        refuse_hidden(&self.authority, &dir, &given)?;
         if !dir.is_dir() {
             return Err(ToolError::InvalidArguments(format!("{given} is not a directory: use read_file for files")));
         }
+        let authority = self.authority.clone();
         let walker = ignore::WalkBuilder::new(&dir)
             .max_depth(Some(1))
             .hidden(false)
             .require_git(false)
             .follow_links(false)
-            .filter_entry(|e| e.file_name() != ".git")
+            .filter_entry(move |e| e.file_name() != ".git" && !hidden(&authority, e.path()))
             .build();
         let mut entries = Vec::new();
         for entry in walker.flatten() {
@@ -296,6 +324,7 @@ impl Tool for ListDir {
 pub struct Search {
     spec: ToolSpec,
     max_matches: usize,
+    authority: AuthorityRules,
 }
 
 #[derive(Deserialize)]
@@ -327,19 +356,25 @@ impl Search {
                 "additionalProperties": false
             }),
         );
-        Self { spec, max_matches: config.search_max_matches }
+        Self { spec, max_matches: config.search_max_matches, authority: config.authority.clone() }
     }
 
     /// Run a search outside the `Tool` plumbing: `(matches, truncated)`.
     /// Each match is `(relative path, line number, line text)`.
     pub fn search(&self, cwd: &Path, pattern: &str, path: Option<&str>) -> Result<(Vec<SearchMatch>, bool), ToolError> {
         let root = resolve_in_cwd(cwd, path.unwrap_or(".")).map_err(denied)?;
+        refuse_hidden(&self.authority, &root, path.unwrap_or("."))?;
         let matcher = RegexMatcherBuilder::new()
             .line_terminator(Some(b'\n'))
             .build(pattern)
             .map_err(|e| ToolError::InvalidArguments(format!("invalid regex: {e}")))?;
         let mut searcher = SearcherBuilder::new().binary_detection(BinaryDetection::quit(0)).line_number(true).build();
-        let walker = ignore::WalkBuilder::new(&root).require_git(false).follow_links(false).build();
+        let authority = self.authority.clone();
+        let walker = ignore::WalkBuilder::new(&root)
+            .require_git(false)
+            .follow_links(false)
+            .filter_entry(move |e| !hidden(&authority, e.path()))
+            .build();
         let mut matches = Vec::new();
         let mut truncated = false;
         for entry in walker.flatten() {

@@ -27,8 +27,14 @@ pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, shell::Patt
         Arc::new(files::ReadFile::new(config)),
         Arc::new(files::ListDir::new(config)),
         Arc::new(files::Search::new(config)),
-        Arc::new(edit::WriteFile::with_preimages(crate::undo::PreimageStore::from_config(config))),
-        Arc::new(edit::EditFile::with_preimages(crate::undo::PreimageStore::from_config(config))),
+        Arc::new(
+            edit::WriteFile::with_preimages(crate::undo::PreimageStore::from_config(config))
+                .with_authority(config.authority.clone()),
+        ),
+        Arc::new(
+            edit::EditFile::with_preimages(crate::undo::PreimageStore::from_config(config))
+                .with_authority(config.authority.clone()),
+        ),
         Arc::new(shell::Shell::new(config)?),
     ];
     Ok(tools.into_iter().map(|tool| ToolEntry { tool, origin: ToolOrigin::Builtin }).collect())

@@ -293,13 +293,17 @@ fn discarding_uncommitted_work_is_destructive_loose_or_packed() {
         });
         assert!(result.is_err());
         let set = seen.unwrap();
-        assert_eq!(set.judge(&Default::default()).risk, cairn_core::tool::Risk::Write, "packed={packed}: {set:?}");
+        assert_eq!(
+            set.judge(&Default::default(), cwd.path()).risk,
+            cairn_core::tool::Risk::Write,
+            "packed={packed}: {set:?}"
+        );
         let (result, seen) = staged_run(cwd.path(), "HOME=$PWD git checkout -- notes.txt", |_| {
             StagedDecision::Discard { reason: "test".into() }
         });
         assert!(result.is_err(), "packed={packed}: {result:?}");
         let set = seen.unwrap();
-        let judged = set.judge(&Default::default());
+        let judged = set.judge(&Default::default(), cwd.path());
         assert_eq!(judged.risk, cairn_core::tool::Risk::Destructive, "packed={packed}: {set:?}");
         assert!(judged.reasons.iter().any(|r| r.contains("discards uncommitted")), "{judged:?}");
         // Once the work is committed, putting back a committed version
@@ -310,7 +314,11 @@ fn discarding_uncommitted_work_is_destructive_loose_or_packed() {
         });
         assert!(result.is_err());
         let set = seen.unwrap();
-        assert_eq!(set.judge(&Default::default()).risk, cairn_core::tool::Risk::Write, "packed={packed}: {set:?}");
+        assert_eq!(
+            set.judge(&Default::default(), cwd.path()).risk,
+            cairn_core::tool::Risk::Write,
+            "packed={packed}: {set:?}"
+        );
     }
 }
 
@@ -343,7 +351,7 @@ fn modes_that_lock_the_owner_out_are_read_and_applied_exactly() {
     let set = seen.unwrap();
     let mode_of = |p: &str| set.changes.iter().find(|c| c.path == p).and_then(|c| c.after.as_ref()).map(|a| a.mode);
     assert_eq!((mode_of("dir1"), mode_of("dir1/a"), mode_of("keep.txt")), (Some(0), Some(0), Some(0)), "{set:?}");
-    assert_eq!(set.judge(&Default::default()).risk, cairn_core::tool::Risk::Destructive);
+    assert_eq!(set.judge(&Default::default(), cwd.path()).risk, cairn_core::tool::Risk::Destructive);
 
     let (result, _) = staged_run(cwd.path(), "mkdir -p ro/in && echo x > ro/in/f && chmod 555 ro/in ro", |_| {
         StagedDecision::Apply { by: "test".into() }
