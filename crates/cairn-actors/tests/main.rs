@@ -6,9 +6,9 @@
 
 #![allow(unreachable_pub, missing_debug_implementations)]
 
-mod common;
 mod cc;
 mod commitfs;
+mod common;
 mod tools;
 mod upgrade;
 mod world;

@@ -46,7 +46,9 @@ fn generated(env: &Env, id: &str) -> (PathBuf, JsonlStore) {
 fn check(env: &Env, path: &Path) -> (Value, i32, u64) {
     let cairn = env.cairn(&["--json", "check", path.to_str().unwrap()]);
     let mut helper = Command::new(std::env::current_exe().unwrap());
-    helper.args(["--exact", "check_memory::measure_helper", "--ignored", "--nocapture", "--test-threads=1"]).env_clear();
+    helper
+        .args(["--exact", "check_memory::measure_helper", "--ignored", "--nocapture", "--test-threads=1"])
+        .env_clear();
     for (key, value) in cairn.get_envs() {
         if let Some(value) = value {
             helper.env(key, value);

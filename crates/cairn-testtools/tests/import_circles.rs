@@ -543,14 +543,15 @@ fn every_integration_test_file_is_compiled() {
             continue;
         }
         gathered += 1;
-        let main = std::fs::read_to_string(dir.join("tests/main.rs")).expect("an autotests = false crate has tests/main.rs");
-        let declared: BTreeSet<String> = main
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';').map(str::to_owned))
-            .collect();
+        let main =
+            std::fs::read_to_string(dir.join("tests/main.rs")).expect("an autotests = false crate has tests/main.rs");
+        let declared: BTreeSet<String> =
+            main.lines().filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';').map(str::to_owned)).collect();
         for file in std::fs::read_dir(dir.join("tests")).expect("tests/") {
             let path = file.expect("tests/ entry").path();
-            let (Some(stem), Some("rs")) = (path.file_stem().and_then(|s| s.to_str()), path.extension().and_then(|e| e.to_str())) else {
+            let (Some(stem), Some("rs")) =
+                (path.file_stem().and_then(|s| s.to_str()), path.extension().and_then(|e| e.to_str()))
+            else {
                 continue;
             };
             let own_target = manifest.contains(&format!("path = \"tests/{stem}.rs\""));
