@@ -147,6 +147,12 @@ pub const AS_NON_ROOT: &str = "CAIRN_TEST_AS_NON_ROOT";
 /// copied where any user may execute them (/root is 0700). Fails with the
 /// rerun's output unless every test passed; the number that passed.
 pub fn rerun_as_non_root(skip: &str) -> usize {
+    rerun_as_non_root_skipping(&[skip])
+}
+
+/// [`rerun_as_non_root`], skipping every test whose name contains one of
+/// `skip` (the caller, and tests that need root to set up, e.g. a mount).
+pub fn rerun_as_non_root_skipping(skip: &[&str]) -> usize {
     use std::os::unix::fs::PermissionsExt as _;
     assert!(std::env::var_os(AS_NON_ROOT).is_none(), "the non-root rerun must not rerun itself");
     let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap();
@@ -169,7 +175,8 @@ pub fn rerun_as_non_root(skip: &str) -> usize {
         Command::new(setpriv)
             .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
             .arg(&exe)
-            .args(["--skip", skip, "--test-threads=2"])
+            .args(skip.iter().flat_map(|s| ["--skip", *s]))
+            .arg("--test-threads=2")
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", &home)
