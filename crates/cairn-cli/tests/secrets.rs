@@ -239,3 +239,59 @@ fn a_tools_children_die_with_cairn_on_sigkill() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Issue 46.7: cairn's own settings (`CAIRN_HOME`, any `CAIRN_*`) never
+/// reach a tool: a `shell` call and a hook print their environment, and
+/// neither names cairn's home or the marker variable.
+#[test]
+fn cairns_own_variables_never_reach_a_tool_or_a_hook() {
+    let env = Env::new();
+    let hooks = env.home.parent().unwrap().join("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let hook = hooks.join("env-hook");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\ncat >/dev/null\nr=$(env | grep -c CAIRN_)\nprintf '{\"hookSpecificOutput\":{\"hookEventName\":\
+         \"PreToolUse\",\"permissionDecision\":\"deny\",\"permissionDecisionReason\":\"hook saw %s CAIRN_ variables: %s\"}}' \
+         \"$r\" \"$(env | grep CAIRN_ | grep -v CAIRN_HOOK_EVENT | tr '\\n\"' '  ')\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"read_file\"\n", hook.display()),
+    )
+    .unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "shell", "arguments": {"command": "env; echo end-of-env"}},
+            {"id": "c2", "name": "read_file", "arguments": {"path": "x"}},
+        ]}),
+        json!({"text": "done"}),
+    ]);
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "go"])
+        .env("CAIRN_UNRELATED_MARKER", "marker-8817")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let log = util::entries(&env.session_files()[0]);
+    let completed: Vec<String> =
+        log.iter().filter(|e| e["type"] == "toolCompleted").map(|e| e["payload"].to_string()).collect();
+    let shell = completed.iter().find(|p| p.contains("end-of-env")).unwrap_or_else(|| panic!("{text}"));
+    assert!(shell.contains("PATH="), "the environment was printed: {shell}");
+    // (`HOME` is the test's fake home below cairn's: not checked.)
+    for leak in ["CAIRN_", "marker-8817"] {
+        assert!(!shell.contains(leak), "{leak} reached the tool: {shell}");
+    }
+    let hook_said = log
+        .iter()
+        .filter(|e| e["type"] == "toolRejected")
+        .map(|e| e["payload"].to_string())
+        .find(|p| p.contains("hook saw"))
+        .unwrap_or_else(|| panic!("the hook's answer is missing: {text}"));
+    // Only the hook's own CAIRN_HOOK_EVENT.
+    assert!(hook_said.contains("hook saw 1 CAIRN_ variables"), "{hook_said}");
+    assert!(!hook_said.contains("marker-8817"), "{hook_said}");
+}

@@ -307,6 +307,36 @@ fn the_sandbox_still_holds_inside_the_overlay() {
     assert_eq!(std::fs::read_to_string(env.cwd.join("in.txt")).unwrap(), "inside\n");
 }
 
+/// Issue 46.7: `shell_network` in `[tools]` (documented in docs/tools.md)
+/// is accepted and means what the docs say: `shell` may reach a TCP
+/// server, which it may not without it; `cairn config` shows the value.
+#[test]
+fn shell_network_in_the_config_gives_shell_the_network() {
+    let env = Env::new();
+    require_staging(&env);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let mut buf = [0u8; 1024];
+            let _ = std::io::Read::read(&mut stream, &mut buf);
+            let _ = std::io::Write::write_all(&mut stream, b"HTTP/1.0 200 OK\r\n\r\nhello-net\n");
+        }
+    });
+    let line = format!("curl -s http://127.0.0.1:{port}/; echo end");
+    for (config, connects) in [("", false), ("[tools]\nshell_network = true\n", true)] {
+        std::fs::write(env.home.join("config.toml"), config).unwrap();
+        let shown = env.cairn(&["config"]).output().unwrap();
+        let shown = format!("{}{}", String::from_utf8_lossy(&shown.stdout), String::from_utf8_lossy(&shown.stderr));
+        let row = shown.lines().find(|l| l.contains("tools.shell_network")).unwrap_or_else(|| panic!("{shown}"));
+        assert!(row.contains(if connects { "true" } else { "false" }), "{row}");
+        let log = run_call(&env, &line, &["--yes"]);
+        let completed = payload_of(&log, "toolCompleted").unwrap_or_else(|| panic!("{config:?}: {log:?}")).to_string();
+        assert_eq!(completed.contains("hello-net"), connects, "{config:?}: {completed}");
+    }
+}
+
 /// Damage staging cannot hold (remotes, disks, the machine) is Destructive
 /// before the run, whatever the spelling: refused headless, never started.
 #[test]

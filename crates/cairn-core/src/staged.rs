@@ -217,6 +217,12 @@ impl Change {
     }
 }
 
+/// Most lines [`ChangeSet::listing`] names one change in.
+pub const LISTING_MAX_LINES: usize = 100;
+
+/// Most bytes of [`ChangeSet::listing`] before the rest is counted.
+pub const LISTING_MAX_BYTES: usize = 16 * 1024;
+
 impl ChangeSet {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
@@ -266,10 +272,27 @@ impl ChangeSet {
     }
 
     /// One line per change (`+ created`, `~ modified`, `- deleted`), with
-    /// sizes and short hashes.
+    /// sizes and short hashes; past [`LISTING_MAX_LINES`] lines or
+    /// [`LISTING_MAX_BYTES`] bytes, one last line counts the rest (this
+    /// text goes into a refusal's reason, a receipt and a prompt: a change
+    /// set of 100,000 paths must not make one session line of megabytes;
+    /// the change set itself keeps every path).
     pub fn listing(&self) -> String {
         let mut out = String::new();
-        for c in &self.changes {
+        for (shown_so_far, c) in self.changes.iter().enumerate() {
+            if shown_so_far >= LISTING_MAX_LINES || out.len() >= LISTING_MAX_BYTES {
+                let rest = &self.changes[shown_so_far..];
+                let count = |k: ChangeKind| rest.iter().filter(|c| c.kind == k).count();
+                out.push_str(&format!(
+                    "… and {} more ({} created, {} modified, {} deleted; {} changes in all)\n",
+                    rest.len(),
+                    count(ChangeKind::Created),
+                    count(ChangeKind::Modified),
+                    count(ChangeKind::Deleted),
+                    self.changes.len()
+                ));
+                break;
+            }
             let (mark, state) = match c.kind {
                 ChangeKind::Created => ('+', c.after.as_ref()),
                 ChangeKind::Modified => ('~', c.after.as_ref()),
@@ -479,6 +502,18 @@ mod tests {
         assert_eq!(shown("plain name.txt"), "plain name.txt");
         assert_eq!(shown("a\x1b[2Jb"), "\"a\\u{1b}[2Jb\"");
         assert!(many.listing().lines().all(|l| l.starts_with("+ n")));
+        // A long change set is listed in part, the rest counted.
+        let huge = ChangeSet {
+            changes: (0..LISTING_MAX_LINES + 7)
+                .map(|i| change(&format!("n{i:04}"), ChangeKind::Created, None, file(1, 0o644)))
+                .collect(),
+        };
+        let listing = huge.listing();
+        assert_eq!(listing.lines().count(), LISTING_MAX_LINES + 1, "{listing}");
+        assert!(
+            listing.ends_with("… and 7 more (7 created, 0 modified, 0 deleted; 107 changes in all)\n"),
+            "{listing}"
+        );
     }
 
     #[test]

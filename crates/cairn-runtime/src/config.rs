@@ -149,6 +149,9 @@ pub struct ToolsFileConfig {
     pub staged: Option<bool>,
     /// A staged effect changing more paths than this is Destructive.
     pub staged_max_files: Option<usize>,
+    /// Give `shell` network access (TCP and non-unix sockets; off by
+    /// default). docs/tools.md says what changes with it.
+    pub shell_network: Option<bool>,
     /// An effect whose prior contents are larger than this many bytes is
     /// applied without keeping them (it cannot be undone).
     pub undo_max_bytes: Option<u64>,
@@ -218,6 +221,8 @@ pub struct Settings {
     pub staged: Setting<bool>,
     /// Most paths a staged effect may change before it is Destructive.
     pub staged_max_files: Setting<usize>,
+    /// `shell` may reach the network.
+    pub shell_network: Setting<bool>,
     /// Most bytes of prior content kept for one effect's undo.
     pub undo_max_bytes: Setting<u64>,
     /// Budget of the whole pre-image store (automatic collection past it).
@@ -285,6 +290,7 @@ impl Settings {
         let mut staged = Setting::default(true);
         let mut staged_max_files = Setting::default(cairn_core::staged::StagedRules::default().max_files);
         let mut undo_max_bytes = Setting::default(cairn_tools::undo::DEFAULT_MAX_BYTES);
+        let mut shell_network = Setting::default(false);
         let mut undo_store_max_bytes = Setting::default(cairn_tools::undo::DEFAULT_STORE_MAX_BYTES);
         let mut compaction_threshold = Setting::default(75u8);
         let mut local_threads = Setting::default(1);
@@ -332,6 +338,9 @@ impl Settings {
         }
         if let Some(v) = file.tools.staged_max_files {
             staged_max_files.set(v, from_file());
+        }
+        if let Some(v) = file.tools.shell_network {
+            shell_network.set(v, from_file());
         }
         if let Some(v) = file.tools.undo_store_max_bytes {
             undo_store_max_bytes.set(v, from_file());
@@ -423,6 +432,7 @@ impl Settings {
             destructive_patterns,
             staged,
             staged_max_files,
+            shell_network,
             undo_max_bytes,
             undo_store_max_bytes,
             local_threads,
@@ -485,6 +495,7 @@ impl Settings {
                 self.staged_max_files.value.to_string(),
                 self.staged_max_files.source.to_string(),
             ),
+            ("tools.shell_network", self.shell_network.value.to_string(), self.shell_network.source.to_string()),
             ("tools.undo_max_bytes", self.undo_max_bytes.value.to_string(), self.undo_max_bytes.source.to_string()),
             (
                 "tools.undo_store_max_bytes",

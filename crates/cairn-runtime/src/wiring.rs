@@ -71,6 +71,7 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     config.undo_max_bytes = ctx.settings.undo_max_bytes.value;
     config.staged = ctx.settings.staged.value;
     config.staged_max_files = ctx.settings.staged_max_files.value;
+    config.shell_network = ctx.settings.shell_network.value;
     config.hidden_paths = hidden_paths(&ctx.paths.data);
     // cairn's configuration directories (the one in use and the default
     // ones a later `cairn` would read) are hidden like its data (issue 46).

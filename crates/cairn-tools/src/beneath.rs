@@ -150,6 +150,12 @@ impl Beneath {
         Ok(layer)
     }
 
+    /// Where the directory really is now (read from its open descriptor,
+    /// not from the path it was opened by).
+    pub fn real_path(&self) -> io::Result<PathBuf> {
+        std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&self.root)))
+    }
+
     /// The directory's path, for messages.
     pub fn path(&self) -> &Path {
         &self.shown
@@ -240,6 +246,32 @@ impl Beneath {
         // the descriptor behaves as an ordinary one.
         rustix::fs::fcntl_setfl(&fd, OFlags::empty())?;
         Ok(File::from(fd))
+    }
+
+    /// The directory `rel` beneath this one as a [`Beneath`] of its own
+    /// (no link followed on the way); `None` when it is missing or not a
+    /// directory.
+    pub fn sub(&self, rel: &str) -> io::Result<Option<Beneath>> {
+        Ok(self.dir(rel)?.map(|root| Self { root, shown: self.shown.join(rel), modes: Default::default() }))
+    }
+
+    /// The bytes of the regular file `rel`, at most `cap` of them: `None`
+    /// when it is missing; an error when it is a link, not a regular file,
+    /// or longer than `cap` (a tree file read this way can never make
+    /// cairn follow a link, block on a FIFO, or read without bound).
+    pub fn read_capped(&self, rel: &str, cap: u64) -> io::Result<Option<Vec<u8>>> {
+        use std::io::Read as _;
+        let file = match self.open_file(rel) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut bytes = Vec::new();
+        (&file).take(cap + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > cap {
+            return Err(invalid(format!("{} is longer than the {cap} bytes cairn reads of it", self.show(rel))));
+        }
+        Ok(Some(bytes))
     }
 
     /// The state of `rel` (content hashed for a file, target hashed for a
@@ -417,6 +449,20 @@ impl Beneath {
         })
     }
 
+    /// Remove the temporary `temp` (a name [`Beneath::write_temp`] or
+    /// [`Beneath::symlink_temp`] returned) beside `rel`; a missing one is
+    /// not an error.
+    pub fn remove_temp(&self, rel: &str, temp: &str) -> io::Result<()> {
+        if !temp.starts_with(TEMP_PREFIX) || temp.contains('/') {
+            return Err(invalid(format!("{temp:?} is not a temporary name of cairn's")));
+        }
+        let Some((dir, _)) = self.parent(rel)? else { return Ok(()) };
+        match rustix::fs::unlinkat(&dir, temp, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Remove temporaries the apply step left in directory `rel` (after
     /// a crash between writing and renaming). Only regular files and
     /// links named with [`TEMP_PREFIX`] and 32 hex digits.
@@ -548,108 +594,300 @@ fn create_excl(dir: &OwnedFd) -> io::Result<(OwnedFd, String)> {
 /// Bytes read or written at a time.
 const CHUNK: usize = 128 * 1024;
 
-/// Holes are hashed as zeros from here.
+/// Holes of small files are hashed as zeros from here.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
-/// The size and SHA-256 of an open regular file's bytes.
-pub fn hash_file(file: &File) -> io::Result<(u64, String)> {
-    let mut hasher = Sha256::new();
-    let size = rustix::fs::fstat(file)?.st_size as u64;
-    let mut buf = vec![0u8; size.clamp(1, CHUNK as u64) as usize];
-    let mut offset = 0u64;
-    loop {
-        let n = rustix::io::pread(file, &mut buf[..], offset)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        offset += n as u64;
-    }
-    Ok((offset, hex(&hasher.finalize())))
+/// From this size on, a file's digest is its block digest
+/// ([`ContentDigest`]); below it, the SHA-256 of its bytes.
+pub const BLOCK_DIGEST_MIN: u64 = 64 << 20;
+
+/// The block of the block digest.
+const BLOCK: usize = 4096;
+
+/// The digest cairn records for a regular file's content
+/// (`FileState::sha256`, what the apply and the pre-image store check
+/// copies against). Below [`BLOCK_DIGEST_MIN`] bytes it is the SHA-256 of
+/// the bytes. From there on it is the SHA-256 of the file's block
+/// encoding: `cairn-blocks-v1\0` and the size (u64 LE), then for each
+/// 4 KiB block from offset 0 either `D` and its bytes, or, for a run of
+/// all-zero blocks, `Z` and the run's length (u64 LE), and a short last
+/// block as `T`, its length and bytes. The encoding is a function of the
+/// bytes alone (a hole and written zeros encode alike) and can be decoded
+/// back, so equal digests still mean equal content; and a hole costs a
+/// counter, not a hash of every zero (a 4 GiB sparse file took 21–29 s to
+/// judge, issue 46).
+struct ContentDigest {
+    sha: Sha256,
+    blocks: bool,
+    /// The block being filled (block encoding only).
+    block: Vec<u8>,
+    zero_run: u64,
 }
 
-/// Copy `src` to the empty file `dst`, data regions only (holes stay
-/// holes: `SEEK_DATA`/`SEEK_HOLE`), hashing every byte (holes as zeros);
-/// the SHA-256 of what was copied.
-pub(crate) fn copy_sparse(src: &File, dst: &File) -> io::Result<String> {
+impl ContentDigest {
+    fn new(size: u64) -> Self {
+        let blocks = size >= BLOCK_DIGEST_MIN;
+        let mut sha = Sha256::new();
+        if blocks {
+            sha.update(b"cairn-blocks-v1\0");
+            sha.update(size.to_le_bytes());
+        }
+        Self { sha, blocks, block: Vec::with_capacity(if blocks { BLOCK } else { 0 }), zero_run: 0 }
+    }
+
+    fn data(&mut self, mut bytes: &[u8]) {
+        if !self.blocks {
+            self.sha.update(bytes);
+            return;
+        }
+        if !self.block.is_empty() {
+            let take = (BLOCK - self.block.len()).min(bytes.len());
+            self.block.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            self.flush_full_block();
+        }
+        while bytes.len() >= BLOCK {
+            self.whole_block(&bytes[..BLOCK]);
+            bytes = &bytes[BLOCK..];
+        }
+        self.block.extend_from_slice(bytes);
+    }
+
+    fn hole(&mut self, mut len: u64) {
+        if !self.blocks {
+            while len > 0 {
+                let n = len.min(ZEROS.len() as u64) as usize;
+                self.sha.update(&ZEROS[..n]);
+                len -= n as u64;
+            }
+            return;
+        }
+        if !self.block.is_empty() {
+            let take = ((BLOCK - self.block.len()) as u64).min(len);
+            self.block.resize(self.block.len() + take as usize, 0);
+            len -= take;
+            self.flush_full_block();
+            if !self.block.is_empty() {
+                return; // the hole ended inside this block
+            }
+        }
+        self.zero_run += len / BLOCK as u64;
+        self.block.resize((len % BLOCK as u64) as usize, 0);
+    }
+
+    fn flush_full_block(&mut self) {
+        if self.block.len() == BLOCK {
+            let block = std::mem::take(&mut self.block);
+            self.whole_block(&block);
+            self.block = block;
+            self.block.clear();
+        }
+    }
+
+    fn whole_block(&mut self, block: &[u8]) {
+        if block.iter().all(|&b| b == 0) {
+            self.zero_run += 1;
+        } else {
+            self.flush_zeros();
+            self.sha.update(b"D");
+            self.sha.update(block);
+        }
+    }
+
+    fn flush_zeros(&mut self) {
+        if self.zero_run > 0 {
+            self.sha.update(b"Z");
+            self.sha.update(self.zero_run.to_le_bytes());
+            self.zero_run = 0;
+        }
+    }
+
+    fn finish(mut self) -> String {
+        if self.blocks {
+            self.flush_zeros();
+            if !self.block.is_empty() {
+                self.sha.update(b"T");
+                self.sha.update((self.block.len() as u64).to_le_bytes());
+                self.sha.update(&self.block);
+            }
+        }
+        hex(&self.sha.finalize())
+    }
+}
+
+/// Walk the first `size` bytes of `file` region by region: `hole(offset,
+/// len)` for each hole (`SEEK_HOLE`/`SEEK_DATA`: never read), `data(offset, bytes)`
+/// for the data (read in chunks into `buf`). Returns the bytes covered:
+/// less than `size` when the file shrank while it was read.
+fn regions(
+    file: &File,
+    size: u64,
+    buf: &mut [u8],
+    hole: &mut dyn FnMut(u64, u64) -> io::Result<()>,
+    data: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+) -> io::Result<u64> {
     use rustix::fs::SeekFrom;
-    let size = rustix::fs::fstat(src)?.st_size as u64;
-    let mut hasher = Sha256::new();
-    // Sized to the file: most files a build writes are small, and a
-    // 128 KiB buffer zeroed per file cost more than the copy.
-    let mut buf = vec![0u8; size.clamp(1, CHUNK as u64) as usize];
-    let zeros = &ZEROS[..];
     let mut pos = 0u64;
     while pos < size {
         // The next data region; ENXIO: only a hole is left.
-        let data = match rustix::fs::seek(src, SeekFrom::Data(pos)) {
-            Ok(d) => d,
+        let next = match rustix::fs::seek(file, SeekFrom::Data(pos)) {
+            Ok(d) => d.min(size),
             Err(rustix::io::Errno::NXIO) => size,
             Err(rustix::io::Errno::INVAL) => pos, // no SEEK_DATA here: all data
             Err(e) => return Err(e.into()),
         };
-        let mut hole = data - pos;
-        while hole > 0 {
-            let n = hole.min(zeros.len() as u64) as usize;
-            hasher.update(&zeros[..n]);
-            hole -= n as u64;
+        if next > pos {
+            hole(pos, next - pos)?;
+            pos = next;
         }
-        pos = data;
         if pos >= size {
             break;
         }
-        let end = match rustix::fs::seek(src, SeekFrom::Hole(pos)) {
+        let end = match rustix::fs::seek(file, SeekFrom::Hole(pos)) {
             Ok(h) => h.min(size),
             Err(_) => size,
         };
         while pos < end {
             let want = ((end - pos) as usize).min(buf.len());
-            let n = rustix::io::pread(src, &mut buf[..want], pos)?;
+            let n = rustix::io::pread(file, &mut buf[..want], pos)?;
             if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the staged file shrank while it was copied"));
+                return Ok(pos);
             }
-            hasher.update(&buf[..n]);
-            let mut written = 0;
-            while written < n {
-                written += rustix::io::pwrite(dst, &buf[written..n], pos + written as u64)?;
-            }
+            data(pos, &buf[..n])?;
             pos += n as u64;
         }
     }
+    Ok(pos)
+}
+
+/// The size and content digest ([`ContentDigest`]) of an open regular
+/// file's bytes; holes are never read. A file that shrinks while it is
+/// read is read again (a few times, then it is an error).
+pub fn hash_file(file: &File) -> io::Result<(u64, String)> {
+    for _ in 0..3 {
+        let size = rustix::fs::fstat(file)?.st_size as u64;
+        let digest = std::cell::RefCell::new(ContentDigest::new(size));
+        let mut buf = vec![0u8; size.clamp(1, CHUNK as u64) as usize];
+        let covered = regions(
+            file,
+            size,
+            &mut buf,
+            &mut |_, len| {
+                digest.borrow_mut().hole(len);
+                Ok(())
+            },
+            &mut |_, bytes| {
+                digest.borrow_mut().data(bytes);
+                Ok(())
+            },
+        )?;
+        if covered == size {
+            return Ok((size, digest.into_inner().finish()));
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file kept shrinking while it was read"))
+}
+
+/// Copy `src` to the empty file `dst`, data regions only (holes stay
+/// holes), computing the content digest ([`ContentDigest`]) of what was
+/// copied without reading a hole.
+pub(crate) fn copy_sparse(src: &File, dst: &File) -> io::Result<String> {
+    let size = rustix::fs::fstat(src)?.st_size as u64;
+    let digest = std::cell::RefCell::new(ContentDigest::new(size));
+    // Sized to the file: most files a build writes are small, and a
+    // 128 KiB buffer zeroed per file cost more than the copy.
+    let mut buf = vec![0u8; size.clamp(1, CHUNK as u64) as usize];
+    let covered = regions(
+        src,
+        size,
+        &mut buf,
+        &mut |_, len| {
+            digest.borrow_mut().hole(len);
+            Ok(())
+        },
+        &mut |at, bytes| {
+            digest.borrow_mut().data(bytes);
+            let mut written = 0;
+            while written < bytes.len() {
+                written += rustix::io::pwrite(dst, &bytes[written..], at + written as u64)?;
+            }
+            Ok(())
+        },
+    )?;
+    if covered < size {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the staged file shrank while it was copied"));
+    }
     rustix::fs::ftruncate(dst, size)?;
-    Ok(hex(&hasher.finalize()))
+    Ok(digest.into_inner().finish())
 }
 
 /// Whether the file `rel` of `tree` begins with the whole content of the
-/// file `old_rel` of `old` (so the change only appended).
+/// file `old_rel` of `old` (so the change only appended). A hole of the
+/// old file is compared without reading it: the new file must hold no
+/// data there, or only zeros.
 pub fn starts_with(tree: &Beneath, rel: &str, old: &Beneath, old_rel: &str) -> io::Result<bool> {
+    use rustix::fs::SeekFrom;
     let (new, old) = (tree.open_file(rel)?, old.open_file(old_rel)?);
     let old_size = rustix::fs::fstat(&old)?.st_size as u64;
     if rustix::fs::fstat(&new)?.st_size as u64 <= old_size {
         return Ok(false);
     }
-    let (mut a, mut b) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
-    let mut offset = 0u64;
-    while offset < old_size {
-        let want = ((old_size - offset) as usize).min(a.len());
-        let n = rustix::io::pread(&old, &mut a[..want], offset)?;
-        if n == 0 {
-            return Ok(false);
+    // Any difference stops the walk as this error.
+    #[derive(Debug)]
+    struct Differs;
+    impl std::fmt::Display for Differs {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the files differ")
         }
+    }
+    impl std::error::Error for Differs {}
+    let differs = || io::Error::other(Differs);
+    let theirs = std::cell::RefCell::new(vec![0u8; 64 * 1024]);
+    let same_bytes = |at: u64, ours: &[u8], zeros: bool| -> io::Result<()> {
+        let mut theirs = theirs.borrow_mut();
         let mut got = 0;
-        while got < n {
-            let m = rustix::io::pread(&new, &mut b[got..n], offset + got as u64)?;
+        while got < ours.len() {
+            let m = rustix::io::pread(&new, &mut theirs[got..ours.len()], at + got as u64)?;
             if m == 0 {
-                return Ok(false);
+                return Err(differs());
             }
             got += m;
         }
-        if a[..n] != b[..n] {
-            return Ok(false);
-        }
-        offset += n as u64;
+        let same = if zeros { theirs[..got].iter().all(|&b| b == 0) } else { theirs[..got] == *ours };
+        if same { Ok(()) } else { Err(differs()) }
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    let walked = regions(
+        &old,
+        old_size,
+        &mut buf,
+        &mut |at, len| {
+            // The old file's hole: the new one's data there must be zeros.
+            let end = at + len;
+            let mut pos = at;
+            while pos < end {
+                let data = match rustix::fs::seek(&new, SeekFrom::Data(pos)) {
+                    Ok(d) => d,
+                    Err(rustix::io::Errno::NXIO) => return Ok(()),
+                    Err(rustix::io::Errno::INVAL) => pos,
+                    Err(e) => return Err(e.into()),
+                };
+                if data >= end {
+                    return Ok(());
+                }
+                let n = ((end - data) as usize).min(ZEROS.len());
+                same_bytes(data, &ZEROS[..n], true)?;
+                pos = data + n as u64;
+            }
+            Ok(())
+        },
+        &mut |at, ours| same_bytes(at, ours, false),
+    );
+    match walked {
+        Ok(n) => Ok(n == old_size),
+        Err(e) if e.get_ref().is_some_and(|inner| inner.is::<Differs>()) => Ok(false),
+        Err(e) => Err(e),
     }
-    Ok(true)
 }
 
 /// A directory descriptor's file system is flushed (`syncfs`).
@@ -721,5 +959,127 @@ mod tests {
         assert_eq!(meta.mode() & 0o7777, 0o755, "setuid kept");
         assert!(b.write_temp("other", &File::open(&src).unwrap(), 0o644, "00").is_err());
         assert_eq!(std::fs::read_dir(tree.path()).unwrap().count(), 1, "a refused copy left its temporary");
+    }
+
+    /// Bytes this thread has read with read-class syscalls so far.
+    fn thread_rchar() -> u64 {
+        let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+        io.lines().find_map(|l| l.strip_prefix("rchar: ")).unwrap().trim().parse().unwrap()
+    }
+
+    fn sparse(dir: &Path, name: &str, size: u64, writes: &[(u64, &[u8])]) -> std::path::PathBuf {
+        let path = dir.join(name);
+        let f = File::create(&path).unwrap();
+        f.set_len(size).unwrap();
+        for (at, bytes) in writes {
+            rustix::io::pwrite(&f, bytes, *at).unwrap();
+        }
+        path
+    }
+
+    /// Issue 46.7: a small file's digest is the SHA-256 of its bytes; a
+    /// large one's is its block digest, the same for a hole as for written
+    /// zeros, different for any other byte, and computed without reading
+    /// a hole (a 4 GiB sparse file: what this thread read is counted).
+    #[test]
+    fn digests_skip_holes_and_still_tell_contents_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = sparse(dir.path(), "small", 10_000, &[(9_000, &b"x"[..])]);
+        let bytes = std::fs::read(&small).unwrap();
+        assert_eq!(hash_file(&File::open(&small).unwrap()).unwrap().1, hex(&Sha256::digest(&bytes)));
+        let size = 4u64 << 30;
+        let holes = sparse(dir.path(), "holes", size, &[(size / 2, &b"middle"[..]), (size - 3, &b"end"[..])]);
+        let before = thread_rchar();
+        let (n, digest) = hash_file(&File::open(&holes).unwrap()).unwrap();
+        let read = thread_rchar() - before;
+        assert_eq!(n, size);
+        assert!(read < 1 << 20, "hashing 4 GiB of holes read {read} bytes");
+        // The same bytes with a block of zeros written out: the same digest.
+        let zeros = [0u8; 8192];
+        let written = sparse(
+            dir.path(),
+            "written",
+            size,
+            &[(size / 2, &b"middle"[..]), (size - 3, &b"end"[..]), (4096, &zeros[..])],
+        );
+        assert_eq!(hash_file(&File::open(&written).unwrap()).unwrap().1, digest);
+        for (at, byte) in
+            [(0u64, &b"y"[..]), (size / 2 - 1, &b"y"[..]), (size - 1, &b"y"[..]), (4096 * 7 + 5, &b"\0"[..])]
+        {
+            let other =
+                sparse(dir.path(), "other", size, &[(size / 2, &b"middle"[..]), (size - 3, &b"end"[..]), (at, byte)]);
+            let changed = byte != &b"\0"[..];
+            assert_eq!(hash_file(&File::open(&other).unwrap()).unwrap().1 != digest, changed, "a byte at {at}");
+        }
+        // An append to it is an append; a byte in its hole is not.
+        let b = Beneath::open(dir.path()).unwrap();
+        let appended =
+            sparse(dir.path(), "appended", size + 4, &[(size / 2, &b"middle"[..]), (size - 3, &b"end+"[..])]);
+        let before = thread_rchar();
+        assert!(starts_with(&b, "appended", &b, "holes").unwrap());
+        assert!(thread_rchar() - before < 1 << 20, "comparing holes read them");
+        drop(appended);
+        let poked = sparse(
+            dir.path(),
+            "poked",
+            size + 4,
+            &[(size / 2, &b"middle"[..]), (size - 3, &b"end+"[..]), (4096, &b"p"[..])],
+        );
+        drop(poked);
+        assert!(!starts_with(&b, "poked", &b, "holes").unwrap());
+    }
+
+    /// The block digest as its documentation spells it, written from the
+    /// bytes (the oracle for `ContentDigest`, which never sees a hole's).
+    fn block_digest_of(bytes: &[u8]) -> String {
+        let mut sha = Sha256::new();
+        sha.update(b"cairn-blocks-v1\0");
+        sha.update((bytes.len() as u64).to_le_bytes());
+        let mut zeros = 0u64;
+        let chunks = bytes.chunks_exact(4096);
+        let tail = chunks.remainder();
+        for chunk in chunks {
+            if chunk.iter().all(|&b| b == 0) {
+                zeros += 1;
+                continue;
+            }
+            if zeros > 0 {
+                sha.update(b"Z");
+                sha.update(zeros.to_le_bytes());
+                zeros = 0;
+            }
+            sha.update(b"D");
+            sha.update(chunk);
+        }
+        if zeros > 0 {
+            sha.update(b"Z");
+            sha.update(zeros.to_le_bytes());
+        }
+        if !tail.is_empty() {
+            sha.update(b"T");
+            sha.update((tail.len() as u64).to_le_bytes());
+            sha.update(tail);
+        }
+        hex(&sha.finalize())
+    }
+
+    #[test]
+    fn the_block_digest_is_what_its_documentation_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = BLOCK_DIGEST_MIN + 4096 * 3 + 123;
+        for writes in [
+            vec![],
+            vec![(0u64, &b"head"[..])],
+            vec![(5000, &b"odd"[..]), (BLOCK_DIGEST_MIN / 2 + 77, &b"mid"[..]), (size - 1, &b"z"[..])],
+            vec![(4095, &b"across"[..]), (size - 200, &b"near the end"[..])],
+        ] {
+            let path = sparse(dir.path(), "f", size, &writes);
+            let bytes = std::fs::read(&path).unwrap();
+            let (n, digest) = hash_file(&File::open(&path).unwrap()).unwrap();
+            assert_eq!(n, size);
+            assert_eq!(digest, block_digest_of(&bytes), "{writes:?}");
+            let copy = File::create(dir.path().join("copy")).unwrap();
+            assert_eq!(copy_sparse(&File::open(&path).unwrap(), &copy).unwrap(), digest);
+        }
     }
 }

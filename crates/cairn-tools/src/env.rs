@@ -4,8 +4,10 @@
 //! name looks like a key, token, secret, password or credential, every known
 //! provider variable, and every variable whose value equals or contains a
 //! secret the host holds ([`SecretValues`], whatever the variable's name) is
-//! dropped. It does not add variables beyond what the caller asks (e.g.
-//! `TMPDIR`).
+//! dropped, and so is every one of cairn's own settings (`CAIRN_*`: where
+//! its home, configuration and trust records are). It does not add
+//! variables beyond what the caller asks (e.g. `TMPDIR`,
+//! `CAIRN_HOOK_EVENT`).
 //!
 //! It also gives hosts [`take_from_own_environment`], which removes
 //! variables from the host's own environment *and* overwrites their bytes
@@ -141,9 +143,19 @@ impl FromIterator<String> for SecretValues {
     }
 }
 
+/// Whether a variable of this name is one of cairn's own settings
+/// (`CAIRN_HOME`, `CAIRN_CONFIG`, its test and tuning knobs): they say
+/// where cairn keeps its configuration, trust records and sessions, which
+/// are none of a tool's business (a tool that knows `$CAIRN_HOME` knows
+/// where to plant a configuration). Case-insensitive, like the secret
+/// names.
+pub fn is_cairn_own(name: &str) -> bool {
+    name.get(..6).is_some_and(|p| p.eq_ignore_ascii_case("CAIRN_"))
+}
+
 /// Whether the variable `name=value` may reach a tool.
 pub fn may_pass(name: &str, value: &str, secrets: &SecretValues) -> bool {
-    !is_secret_name(name) && !secrets.matches(value)
+    !is_secret_name(name) && !is_cairn_own(name) && !secrets.matches(value)
 }
 
 /// The current environment minus every secret-looking variable and every
@@ -228,6 +240,10 @@ mod tests {
         }
         for name in ["PATH", "HOME", "LANG", "TERM", "USER", "TMPDIR", "LLM_PAT"] {
             assert!(!is_secret_name(name), "{name} should be kept");
+            assert!(!is_cairn_own(name), "{name} is not cairn's");
+        }
+        for name in ["CAIRN_HOME", "cairn_config", "CAIRN_CTRL_C_WINDOW_MS"] {
+            assert!(is_cairn_own(name) && !may_pass(name, "/x", &SecretValues::new()), "{name} is cairn's own");
         }
         for name in ["OPENAI_API_KEY", "github_token", "DB_PASSWD", "X_PRIVATE", "MY_COOKIE_JAR"] {
             assert!(is_credential_name(name), "{name} is a credential");

@@ -1,6 +1,7 @@
 //! Process lifecycle for every tool that runs a program (`shell` and the
-//! external tools): spawn in its own process group (and pids cgroup, and
-//! PID namespace, when available) under the sandbox, feed stdin, capture
+//! external tools): spawn in its own session and process group with no
+//! controlling terminal (and pids cgroup, and PID namespace, when
+//! available) under the sandbox, feed stdin, capture
 //! stdout/stderr up to a cap while streaming them, and kill the whole group
 //! on timeout, on cancellation and when the leader exits. Every process it
 //! starts dies with cairn, even on SIGKILL: `PR_SET_PDEATHSIG` on the
@@ -317,8 +318,10 @@ fn command(spec: &RunSpec, tmp: &Path) -> Result<(Command, Prepared), RunError> 
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .env("TMPDIR", tmp)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        .stderr(Stdio::piped());
+    // No `process_group(0)`: the hook's `setsid` makes the child the leader
+    // of a new session and process group (the group `kill_group` kills),
+    // which a process already leading a group could not do.
     // SAFETY: the hook only issues raw syscalls (no allocation, no locks),
     // which is what is allowed between fork and exec.
     unsafe {

@@ -88,6 +88,8 @@ pub fn finish_interrupted<S: Storage>(
     // plan's, and a directory holding one could not be removed.
     files::remove_temporaries(cwd, &plan.steps);
     files::restore(store, cwd, &plan.steps, force).map_err(|e| {
+        // A failed restore leaves none of its temporaries (issue 46.6).
+        files::remove_temporaries(cwd, &plan.steps);
         RewindError(format!(
             "cannot finish the interrupted {what} {id}: {e}; fix that path (or {what} with --force) and {what} again"
         ))
@@ -319,8 +321,11 @@ fn run<S: Storage>(
     files::keep_current(store, cwd, &kept)
         .map_err(|e| RewindError(format!("cannot keep the current contents: {e}; nothing was changed")))?;
     let id = session.begin_undo(&plan).map_err(|e| RewindError(format!("cannot record the plan: {e}")))?;
-    files::restore(store, cwd, &plan.steps, force)
-        .map_err(|e| RewindError(format!("{what} {id} stopped: {e}; {what} again to finish it")))?;
+    files::restore(store, cwd, &plan.steps, force).map_err(|e| {
+        // A failed restore leaves none of its temporaries (issue 46.6).
+        files::remove_temporaries(cwd, &plan.steps);
+        RewindError(format!("{what} {id} stopped: {e}; {what} again to finish it"))
+    })?;
     files::remove_temporaries(cwd, &plan.steps);
     let applied = session.finish_undo(&id, &plan).map_err(err)?;
     let mut text = format!(

@@ -559,57 +559,112 @@ fn line_kept(low: &Beneath, up: &Beneath, rel: &str) -> Option<(u64, u64)> {
 /// The object store of the git repository a working tree belongs to, read
 /// as files only (cairn never runs git on a tree a tool may have written:
 /// a planted `core.fsmonitor` would run as cairn). Only SHA-1 stores.
+///
+/// Every file it reads may have been written by a tool (`.git`,
+/// `commondir`, `config`, the pack indexes, the loose objects): each is
+/// read through [`Beneath`] (no link followed, regular files only) and
+/// within [`GIT_TEXT_CAP`]; a pack index is searched in place, never read
+/// whole. A pointer read from a file inside the tree (`gitdir:`,
+/// `commondir`) is followed only beneath the tree, except a linked
+/// worktree's `gitdir:` whose directory (outside the tree) names this
+/// `.git` back, as git writes it. Anything else (a link, a device, a file
+/// too long, a pointer elsewhere) means "no git information": the change
+/// set is judged without it, and nothing is followed.
 struct GitStore {
-    objects: PathBuf,
-    /// The pack indexes, read once (at the first lookup a loose object
+    objects: Beneath,
+    /// The pack indexes, opened once (at the first lookup a loose object
     /// does not answer) for the whole change set.
-    packs: std::cell::OnceCell<Vec<Vec<u8>>>,
+    packs: std::cell::OnceCell<Vec<PackIndex>>,
+}
+
+/// Longest `.git` file, `commondir` or `config` cairn reads.
+const GIT_TEXT_CAP: u64 = 64 * 1024;
+
+/// Most names of `objects/pack` cairn looks at (a repository has a few
+/// dozen packs; a planted directory of millions of names must not cost
+/// the judgement its memory).
+const MAX_PACK_NAMES: usize = 4096;
+
+/// A pack index (version 2) searched with `pread`: its fan-out table and
+/// the open file.
+struct PackIndex {
+    file: fs::File,
+    fan: [u32; 256],
 }
 
 impl GitStore {
     /// The store of the repository holding `tree` (the nearest `.git`
-    /// directory, or a `.git` file's `gitdir:` with its `commondir`).
+    /// directory, or a `.git` file's `gitdir:` with its `commondir`), or
+    /// `None` when there is none or it cannot be read safely.
     fn find(tree: &Path) -> Option<Self> {
         let mut dir = Some(tree);
         while let Some(d) = dir {
-            let dot = d.join(".git");
-            let meta = fs::symlink_metadata(&dot).ok();
-            let gitdir = match meta {
-                Some(m) if m.is_dir() => Some(dot),
-                Some(m) if m.is_file() => fs::read_to_string(&dot)
-                    .ok()
-                    .and_then(|t| t.trim().strip_prefix("gitdir:").map(|p| d.join(p.trim()))),
-                _ => None,
+            // A directory this user cannot read holds no git information
+            // cairn can use.
+            let Ok(here) = Beneath::open(d) else {
+                dir = d.parent();
+                continue;
             };
-            if let Some(gitdir) = gitdir {
-                let common =
-                    fs::read_to_string(gitdir.join("commondir")).map(|c| gitdir.join(c.trim())).unwrap_or(gitdir);
-                let format = fs::read_to_string(common.join("config")).unwrap_or_default();
-                if format.contains("objectformat = sha256") || format.contains("objectFormat = sha256") {
-                    return None;
-                }
-                return Some(Self { objects: common.join("objects"), packs: std::cell::OnceCell::new() });
+            match here.node(".git") {
+                Ok(None) => dir = d.parent(),
+                // Inside the tree (the tree's own `.git`), a tool may
+                // have written every byte; above it, the user did.
+                Ok(Some(node)) => return Self::at(&here, node.kind, d == tree, tree),
+                Err(_) => return None,
             }
-            dir = d.parent();
         }
         None
+    }
+
+    /// The store named by `here/.git` (a `kind`); `in_tree`: `here` is
+    /// the working tree itself.
+    fn at(here: &Beneath, kind: EntryKind, in_tree: bool, tree: &Path) -> Option<Self> {
+        // The git directory, and its path relative to `here` while it is
+        // beneath the tree (pointers read from it must stay there too).
+        let (gitdir, mut beneath_tree): (Beneath, Option<String>) = match kind {
+            EntryKind::Dir => (here.sub(".git").ok()??, in_tree.then(|| ".git".to_owned())),
+            EntryKind::File => {
+                let text = here.read_capped(".git", GIT_TEXT_CAP).ok()??;
+                let text = String::from_utf8(text).ok()?;
+                let target = text.lines().next()?.trim().strip_prefix("gitdir:")?.trim().to_owned();
+                match lexical_beneath("", &target) {
+                    Some(rel) => (here.sub(&rel).ok()??, in_tree.then_some(rel)),
+                    None if !in_tree => (Beneath::open(&here.path().join(&target)).ok()?, None),
+                    None => (linked_worktree(here, &target, tree)?, None),
+                }
+            }
+            EntryKind::Symlink | EntryKind::Special => return None,
+        };
+        let common = match gitdir.read_capped("commondir", GIT_TEXT_CAP).ok()? {
+            None => gitdir,
+            Some(bytes) => {
+                let text = String::from_utf8(bytes).ok()?;
+                let pointer = text.lines().next().unwrap_or("").trim();
+                match beneath_tree.take() {
+                    Some(at) => here.sub(&lexical_beneath(&at, pointer)?).ok()??,
+                    None => Beneath::open(&gitdir.path().join(pointer)).ok()?,
+                }
+            }
+        };
+        let config = common.read_capped("config", GIT_TEXT_CAP).ok()?.unwrap_or_default();
+        let config = String::from_utf8_lossy(&config);
+        if config.contains("objectformat = sha256") || config.contains("objectFormat = sha256") {
+            return None;
+        }
+        Some(Self { objects: common.sub("objects").ok()??, packs: std::cell::OnceCell::new() })
     }
 
     /// Whether the blob with the bytes of `file` is stored.
     fn stores(&self, file: &fs::File) -> bool {
         let Some(id) = blob_id(file) else { return false };
         let text = beneath::hex(&id);
-        if fs::symlink_metadata(self.objects.join(&text[..2]).join(&text[2..])).is_ok() {
+        // A loose object is a regular file (a link there is not followed).
+        if matches!(self.objects.node(&format!("{}/{}", &text[..2], &text[2..])), Ok(Some(n)) if n.kind == EntryKind::File)
+        {
             return true;
         }
-        let packs = self.packs.get_or_init(|| {
-            let Ok(dir) = fs::read_dir(self.objects.join("pack")) else { return Vec::new() };
-            dir.flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".idx"))
-                .filter_map(|e| fs::read(e.path()).ok())
-                .collect()
-        });
-        packs.iter().any(|idx| pack_index_has(idx, &id))
+        let packs = self.packs.get_or_init(|| pack_indexes(&self.objects));
+        packs.iter().any(|idx| idx.has(&id))
     }
 
     /// Whether changing `rel` from the lower to the upper content discards
@@ -619,6 +674,112 @@ impl GitStore {
         let (Ok(old), Ok(new)) = (low.open_file(rel), up.open_file(rel)) else { return false };
         self.stores(&new) && !self.stores(&old)
     }
+}
+
+/// `base` (a plain relative path) joined with the relative `pointer`,
+/// resolved by name: `None` when `pointer` is absolute or climbs above
+/// the directory `base` is relative to.
+fn lexical_beneath(base: &str, pointer: &str) -> Option<String> {
+    if pointer.starts_with('/') || pointer.is_empty() {
+        return None;
+    }
+    let mut parts: Vec<&str> = base.split('/').filter(|p| !p.is_empty()).collect();
+    for part in pointer.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            name => parts.push(name),
+        }
+    }
+    Some(parts.join("/"))
+}
+
+/// A linked worktree's git directory (`gitdir: /repo/.git/worktrees/x` in
+/// the tree's `.git` file): followed only when it lies outside the tree
+/// and its own `gitdir` file names the tree's `.git` back, as `git
+/// worktree add` writes it (a tool cannot write outside the tree, so it
+/// cannot forge that answer).
+fn linked_worktree(here: &Beneath, target: &str, tree: &Path) -> Option<Beneath> {
+    let dir = Beneath::open(&here.path().join(target)).ok()?;
+    let real = dir.real_path().ok()?;
+    let tree_real = fs::canonicalize(tree).ok()?;
+    if real.starts_with(&tree_real) {
+        return None;
+    }
+    let back = dir.read_capped("gitdir", GIT_TEXT_CAP).ok()??;
+    let back = String::from_utf8(back).ok()?;
+    let dot_git = tree_real.join(".git");
+    let named = Path::new(back.trim());
+    (named == dot_git || fs::canonicalize(named).ok()? == dot_git).then_some(dir)
+}
+
+/// The version-2 pack indexes of `objects/pack` (at most
+/// [`MAX_PACK_NAMES`] names looked at; each opened through [`Beneath`]).
+fn pack_indexes(objects: &Beneath) -> Vec<PackIndex> {
+    let Ok(Some(dir)) = objects.dir("pack") else { return Vec::new() };
+    let Ok(listing) = rustix::fs::Dir::read_from(&dir) else { return Vec::new() };
+    let mut names = Vec::new();
+    for entry in listing.take(MAX_PACK_NAMES).flatten() {
+        if let Ok(name) = entry.file_name().to_str()
+            && name.ends_with(".idx")
+        {
+            names.push(name.to_owned());
+        }
+    }
+    names.iter().filter_map(|name| PackIndex::open(objects, &format!("pack/{name}"))).collect()
+}
+
+impl PackIndex {
+    /// Header: magic `\377tOc`, version 2; then 256 big-endian fan-out
+    /// counts; then the sorted 20-byte ids.
+    const HEADER: u64 = 8;
+    const IDS: u64 = Self::HEADER + 256 * 4;
+
+    fn open(objects: &Beneath, rel: &str) -> Option<Self> {
+        let file = objects.open_file(rel).ok()?;
+        let mut head = [0u8; Self::IDS as usize];
+        read_exact_at(&file, &mut head, 0)?;
+        if head[..4] != [0xff, b't', b'O', b'c'] || head[4..8] != [0, 0, 0, 2] {
+            return None;
+        }
+        let mut fan = [0u32; 256];
+        for (i, slot) in fan.iter_mut().enumerate() {
+            let at = Self::HEADER as usize + i * 4;
+            *slot = u32::from_be_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+        }
+        let len = file.metadata().ok()?.len();
+        if fan.windows(2).any(|w| w[0] > w[1]) || Self::IDS + u64::from(fan[255]) * 20 > len {
+            return None;
+        }
+        Some(Self { file, fan })
+    }
+
+    /// Whether the index lists `id` (a binary search of the ids whose
+    /// first byte is `id`'s, 20 bytes read per step).
+    fn has(&self, id: &[u8; 20]) -> bool {
+        let first = id[0] as usize;
+        let (mut a, mut b) = (if first == 0 { 0 } else { self.fan[first - 1] }, self.fan[first]);
+        let mut probe = [0u8; 20];
+        while a < b {
+            let mid = a + (b - a) / 2;
+            if read_exact_at(&self.file, &mut probe, Self::IDS + u64::from(mid) * 20).is_none() {
+                return false;
+            }
+            match probe[..].cmp(&id[..]) {
+                std::cmp::Ordering::Equal => return true,
+                std::cmp::Ordering::Less => a = mid + 1,
+                std::cmp::Ordering::Greater => b = mid,
+            }
+        }
+        false
+    }
+}
+
+/// Fill `buf` from `file` at `offset`; `None` when the file is shorter.
+fn read_exact_at(file: &fs::File, buf: &mut [u8], offset: u64) -> Option<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset).ok()
 }
 
 /// git's id of a blob with `file`'s bytes: SHA-1 of `blob <len>\0<bytes>`.
@@ -637,37 +798,6 @@ fn blob_id(file: &fs::File) -> Option<[u8; 20]> {
         hasher.update(&buf[..n]);
     }
     Some(hasher.finalize().into())
-}
-
-/// Whether a pack index (version 2: magic, version, 256 fan-out counts,
-/// then the sorted 20-byte ids) lists `id`.
-fn pack_index_has(idx: &[u8], id: &[u8]) -> bool {
-    const HEADER: usize = 8;
-    if idx.len() < HEADER + 256 * 4 || idx[..4] != [0xff, b't', b'O', b'c'] || idx[4..8] != [0, 0, 0, 2] {
-        return false;
-    }
-    let fan = |i: usize| -> usize {
-        let at = HEADER + i * 4;
-        u32::from_be_bytes([idx[at], idx[at + 1], idx[at + 2], idx[at + 3]]) as usize
-    };
-    let first = id[0] as usize;
-    let (lo, hi) = (if first == 0 { 0 } else { fan(first - 1) }, fan(first));
-    let ids = HEADER + 256 * 4;
-    let total = fan(255);
-    if ids + total * 20 > idx.len() || lo > hi || hi > total {
-        return false;
-    }
-    let slice = |k: usize| &idx[ids + k * 20..ids + k * 20 + 20];
-    let (mut a, mut b) = (lo, hi);
-    while a < b {
-        let mid = (a + b) / 2;
-        match slice(mid).cmp(id) {
-            std::cmp::Ordering::Equal => return true,
-            std::cmp::Ordering::Less => a = mid + 1,
-            std::cmp::Ordering::Greater => b = mid,
-        }
-    }
-    false
 }
 
 /// What a person is shown: a unified diff per text file, size and hash for
@@ -766,10 +896,50 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
     // Files and symlinks are written to temporary names first, made
     // durable with one `syncfs`, then renamed into place, and the renames
     // made durable with another (a crash in between is finished by the
-    // next apply: the change set is in the log).
+    // next apply: the change set is in the log). A failure on the way
+    // (ENOSPC, EIO, a refused copy) removes every temporary not renamed
+    // yet: nothing of cairn's is left in the tree.
     let mut renames: Vec<(String, &str)> = Vec::new();
     let mut dir_modes: Vec<(&str, u32)> = Vec::new();
-    for (c, now) in changes.changes.iter().zip(&found).filter(|(c, _)| c.kind != ChangeKind::Deleted) {
+    let written = write_temporaries(changes, &found, &tree, upper, &mut stage, &mut renames, &mut dir_modes);
+    if let Err(e) = written {
+        discard_temporaries(&tree, &renames);
+        return Err(e);
+    }
+    if renames.is_empty() && deletions.is_empty() && dir_modes.is_empty() {
+        return Ok(());
+    }
+    if let Err(e) = tree.sync() {
+        discard_temporaries(&tree, &renames);
+        return Err(StagingError::Io { what: format!("cannot sync the file system of {}", cwd.display()), source: e });
+    }
+    for (i, (temp, rel)) in renames.iter().enumerate() {
+        if let Err(e) = tree.rename_into(temp, rel) {
+            discard_temporaries(&tree, &renames[i..]);
+            return Err(StagingError::Io { what: format!("cannot rename onto {}", tree.show(rel)), source: e });
+        }
+    }
+    dir_modes.sort_by(|a, b| b.0.cmp(a.0));
+    for (rel, mode) in dir_modes {
+        tree.set_dir_mode(rel, mode).map_err(io_at(format!("cannot set the mode of {}", tree.show(rel))))?;
+    }
+    tree.sync().map_err(io(format!("cannot sync the file system of {}", cwd.display())))
+}
+
+/// [`apply`]'s second step: every created or modified file and link of
+/// `changes` not already in its staged state (`found`) written to a
+/// temporary beside it (pushed to `renames` as it is made, so a failure
+/// leaves the caller the list to remove), every directory created.
+fn write_temporaries<'a>(
+    changes: &'a ChangeSet,
+    found: &[Option<FileState>],
+    tree: &Beneath,
+    upper: &Path,
+    stage: &mut Option<Beneath>,
+    renames: &mut Vec<(String, &'a str)>,
+    dir_modes: &mut Vec<(&'a str, u32)>,
+) -> Result<(), StagingError> {
+    for (c, now) in changes.changes.iter().zip(found).filter(|(c, _)| c.kind != ChangeKind::Deleted) {
         let Some(after) = &c.after else { continue };
         if now.as_ref() == Some(after) {
             continue;
@@ -787,32 +957,29 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
                 dir_modes.push((&c.path, after.mode));
             }
             EntryKind::Symlink => {
-                let link =
-                    staged(&mut stage, upper, &c.path)?.read_link(&c.path).map_err(at("read the staged link for"))?;
+                let link = staged(stage, upper, &c.path)?.read_link(&c.path).map_err(at("read the staged link for"))?;
                 let temp = tree.symlink_temp(&c.path, &link).map_err(at("create a link for"))?;
                 renames.push((temp, &c.path));
             }
             EntryKind::File => {
                 let source =
-                    staged(&mut stage, upper, &c.path)?.open_file(&c.path).map_err(at("read the staged content of"))?;
+                    staged(stage, upper, &c.path)?.open_file(&c.path).map_err(at("read the staged content of"))?;
                 let temp = tree.write_temp(&c.path, &source, after.mode, &after.sha256).map_err(at("write"))?;
                 renames.push((temp, &c.path));
             }
             EntryKind::Special => return Err(StagingError::Special { path: cairn_core::staged::shown(&c.path) }),
         }
     }
-    if renames.is_empty() && deletions.is_empty() && dir_modes.is_empty() {
-        return Ok(());
+    Ok(())
+}
+
+/// Remove the temporaries `renames` names (best effort: one that cannot
+/// be removed now is removed by the next apply's resume or left as
+/// disk; the error the caller returns says what failed).
+fn discard_temporaries(tree: &Beneath, renames: &[(String, &str)]) {
+    for (temp, rel) in renames {
+        let _ = tree.remove_temp(rel, temp);
     }
-    tree.sync().map_err(io(format!("cannot sync the file system of {}", cwd.display())))?;
-    for (temp, rel) in &renames {
-        tree.rename_into(temp, rel).map_err(io_at(format!("cannot rename onto {}", tree.show(rel))))?;
-    }
-    dir_modes.sort_by(|a, b| b.0.cmp(a.0));
-    for (rel, mode) in dir_modes {
-        tree.set_dir_mode(rel, mode).map_err(io_at(format!("cannot set the mode of {}", tree.show(rel))))?;
-    }
-    tree.sync().map_err(io(format!("cannot sync the file system of {}", cwd.display())))
 }
 
 /// The staging layer, opened on first use (for `rel`).

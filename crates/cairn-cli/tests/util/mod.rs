@@ -148,6 +148,13 @@ pub const AS_NON_ROOT: &str = "CAIRN_TEST_AS_NON_ROOT";
 /// rerun's output unless every test passed; the number that passed.
 #[track_caller]
 pub fn rerun_as_non_root(skip: &str) -> usize {
+    rerun_as_non_root_skipping(&[skip])
+}
+
+/// [`rerun_as_non_root`], skipping every test whose name contains one of
+/// `skip` (the caller, and tests that need root to set up, e.g. a mount).
+#[track_caller]
+pub fn rerun_as_non_root_skipping(skip: &[&str]) -> usize {
     // One test binary holds every file as a module: rerun only the caller's
     // module (its file's name), not every test of the binary.
     let caller = Path::new(std::panic::Location::caller().file());
@@ -174,7 +181,9 @@ pub fn rerun_as_non_root(skip: &str) -> usize {
         Command::new(setpriv)
             .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
             .arg(&exe)
-            .args([module.as_str(), "--skip", skip, "--test-threads=2"])
+            .arg(&module)
+            .args(skip.iter().flat_map(|s| ["--skip", *s]))
+            .arg("--test-threads=2")
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", &home)

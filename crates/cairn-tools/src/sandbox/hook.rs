@@ -33,6 +33,9 @@ pub struct Prepared {
 pub(crate) struct MountPlan {
     covers: Vec<Cover>,
     masks: Vec<std::ffi::CString>,
+    /// Files bind-mounted over themselves read-only
+    /// ([`SandboxPolicy::read_only_files`]).
+    pins: Vec<std::ffi::CString>,
     /// Where to `chdir` once everything is mounted (the working directory,
     /// possibly re-exposed under a cover).
     cwd: Option<std::ffi::CString>,
@@ -192,7 +195,7 @@ impl Prepared {
             return Ok(self);
         }
         let plan = mount_plan(cwd, policy, program, hidden, private_tmp)?;
-        if !plan.covers.is_empty() || !plan.masks.is_empty() {
+        if !plan.covers.is_empty() || !plan.masks.is_empty() || !plan.pins.is_empty() {
             self.mounts = Some(Box::new(plan));
         }
         Ok(self)
@@ -249,7 +252,13 @@ impl Prepared {
 impl ChildHook {
     /// Apply the sandbox to the calling (forked, single-threaded) process,
     /// in this order:
-    /// 0. mark every descriptor above 2 close-on-exec;
+    /// 0. mark every descriptor above 2 close-on-exec, and start a new
+    ///    session (`setsid`): the process leads its own session and
+    ///    process group and has no controlling terminal, so neither it nor
+    ///    anything it starts can open `/dev/tty` and push input into
+    ///    cairn's terminal with `TIOCSTI`, whatever its sandbox (a bypassed
+    ///    call, a hook and an MCP server too); cairn kills the call by
+    ///    that group;
     /// 1. die with cairn (`PR_SET_PDEATHSIG`), join the call's pids cgroup;
     /// 2. with a PID namespace: `unshare(CLONE_NEWPID | CLONE_NEWNS)` (not
     ///    root: `CLONE_NEWUSER` too, and the uid/gid maps) and fork; this
@@ -275,6 +284,9 @@ impl ChildHook {
             // the filter memory, which the parent keeps alive.
             unsafe {
                 close_inherited_fds();
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -548,6 +560,9 @@ pub(super) fn mount_plan(
             plan.masks.push(c_path(&h)?);
         }
     }
+    for f in policy.map(|p| p.read_only_files.as_slice()).unwrap_or_default() {
+        plan.pins.push(c_path(f)?);
+    }
     Ok(plan)
 }
 
@@ -616,6 +631,30 @@ pub(super) unsafe fn apply_mounts(plan: &MountPlan, ruleset_fd: i32) -> std::io:
                 if e.raw_os_error() != Some(libc::ENOENT) {
                     return Err(e);
                 }
+            }
+        }
+        for pin in &plan.pins {
+            if libc::mount(pin.as_ptr(), pin.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ENOENT) {
+                    continue; // gone since it was found: nothing to write through
+                }
+                return Err(e);
+            }
+            // Read-only without touching the mount's other (possibly
+            // locked) flags.
+            const MOUNT_ATTR_RDONLY: u64 = 1;
+            let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
+            if libc::syscall(
+                libc::SYS_mount_setattr,
+                libc::AT_FDCWD,
+                pin.as_ptr(),
+                0u32,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
             }
         }
         if let Some(cwd) = &plan.cwd

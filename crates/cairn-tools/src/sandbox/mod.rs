@@ -107,6 +107,47 @@ pub struct SandboxPolicy {
     /// An approved bypass: none of the file or network rules above apply
     /// (only what [`Prepared::unsandboxed`] keeps), but the overlay does.
     pub bypass: bool,
+    /// Files of the working directory the call must not write although
+    /// it may write the directory: each is bind-mounted over itself
+    /// read-only in the call's mount namespace. An unstaged call gets the
+    /// files that share their inode with a name outside the tree
+    /// ([`linked_outside`]): Landlock checks the path written, so a write
+    /// through such a hard link would change a file outside the tree.
+    pub read_only_files: Vec<PathBuf>,
+}
+
+/// The most files [`linked_outside`] reports (each is one mount in the
+/// call's namespace); a tree with more is refused unstaged.
+pub const MAX_READ_ONLY_FILES: usize = 1024;
+
+/// The regular files under `tree` whose inode has more links than the
+/// tree holds (so at least one name outside it: writing the file in place
+/// would change that file too), not following links, `None` past
+/// [`MAX_READ_ONLY_FILES`]. A directory that cannot be read is skipped (a
+/// sandboxed call cannot write into it either).
+pub fn linked_outside(tree: &Path) -> Option<Vec<PathBuf>> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut seen: std::collections::HashMap<(u64, u64), (u64, Vec<PathBuf>)> = std::collections::HashMap::new();
+    let mut dirs = vec![tree.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                dirs.push(entry.path());
+            } else if meta.is_file() && meta.nlink() > 1 {
+                let slot = seen.entry((meta.dev(), meta.ino())).or_insert_with(|| (meta.nlink(), Vec::new()));
+                slot.1.push(entry.path());
+            }
+        }
+    }
+    let mut out: Vec<PathBuf> =
+        seen.into_values().filter(|(links, names)| *links > names.len() as u64).flat_map(|(_, names)| names).collect();
+    if out.len() > MAX_READ_ONLY_FILES {
+        return None;
+    }
+    out.sort();
+    Some(out)
 }
 
 /// The staging layer of an overlay: `upper` receives the writes, `work` is

@@ -219,6 +219,36 @@ impl Shell {
     }
 }
 
+/// The files of `cwd` an unstaged, sandboxed call must not write: those
+/// sharing their inode with a file outside the tree (a hard link), which
+/// the call's mount namespace makes read-only. Where the call gets no
+/// mount namespace, or there are too many, the call is refused with what
+/// to do: Landlock alone would let the write through to the file outside.
+fn outside_links_held(cwd: &Path) -> Result<Vec<std::path::PathBuf>, ToolError> {
+    let Some(files) = sandbox::linked_outside(cwd) else {
+        return Err(ToolError::Sandbox(format!(
+            "more than {} files of {} are hard links to files outside it; an unstaged command could write through \
+             them to those files, so it does not run: break the links (copy each file over itself) or turn \
+             staging on (`staged = true` in [tools])",
+            sandbox::MAX_READ_ONLY_FILES,
+            cwd.display()
+        )));
+    };
+    if !files.is_empty() && sandbox::isolation_status().is_err() {
+        let shown: Vec<String> = files.iter().take(5).map(|f| f.display().to_string()).collect();
+        return Err(ToolError::Sandbox(format!(
+            "{} file(s) of the working directory are hard links to files outside it ({}{}), and this kernel gives \
+             the call no mount namespace to make them read-only; an unstaged command could write through them, so \
+             it does not run: break the links (copy each file over itself) or run cairn where `cairn tools` shows \
+             isolation",
+            files.len(),
+            shown.join(", "),
+            if files.len() > 5 { ", …" } else { "" }
+        )));
+    }
+    Ok(files)
+}
+
 /// Whether a failed run looks like the sandbox said no.
 fn looks_denied(outcome: &RunOutcome) -> bool {
     if outcome.exit_code == 0 || outcome.end != End::Exited {
@@ -328,6 +358,9 @@ impl Tool for Shell {
         }
         let mut spec = self.spec_for(&args.command, ctx.cwd, timeout, sandboxed, None);
         spec.output_cap = ctx.limits.output_cap;
+        if let Some(policy) = spec.sandbox.as_mut() {
+            policy.read_only_files = outside_links_held(ctx.cwd)?;
+        }
         let mut outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
         let mut bypassed = false;
         if sandboxed && self.offer_bypass && looks_denied(&outcome) {
