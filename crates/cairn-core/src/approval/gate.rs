@@ -69,6 +69,17 @@ pub fn gate(tool: &str, risk: Risk, bypass: Option<&str>, interactive: bool) -> 
     Ok(need)
 }
 
+/// A headless refusal that says what made the call need a person (`why`:
+/// the tool's `risk_reason`, e.g. the shape a shell line matched), so the
+/// session log and the model see the reason, not only the tier.
+pub fn explained(mut verdict: Verdict, why: Option<&str>) -> Verdict {
+    if let (Answer::Deny { reason }, Some(why)) = (&mut verdict.decision, why) {
+        reason.push_str("; why: ");
+        reason.push_str(why);
+    }
+    verdict
+}
+
 /// Whether a person may be offered "approve for this session" for a request
 /// (every host asks this, none decides it): only for what an allow rule
 /// may answer, a Write call that is not a sandbox bypass.

@@ -445,7 +445,10 @@ impl<S: Storage> Session<S> {
         };
         let staged = tool.as_ref().is_some_and(|t| t.stages_effect(&request.arguments));
         let quick = match gate::gate(&request.tool, risk, None, env.approver.is_interactive()) {
-            Err(refusal) => Some(record(refusal)),
+            Err(refusal) => {
+                let why = tool.as_ref().and_then(|t| t.risk_reason(&request.arguments));
+                Some(record(gate::explained(refusal, why.as_deref())))
+            }
             Ok(Need::Nothing) => Some(record(Verdict { decision: Answer::Approve, by: READ_ONLY.to_owned() })),
             Ok(Need::Person) => None,
             Ok(Need::RuleOrVerdict) => {
@@ -529,7 +532,7 @@ impl<S: Storage> Session<S> {
         let mut v = match &tool {
             None => deny(format!("tool {:?} is no longer available", request.tool), "policy:unavailable"),
             Some(tool) => match gate::gate(&request.tool, risk, None, env.approver.is_interactive()) {
-                Err(refusal) => record(refusal),
+                Err(refusal) => record(gate::explained(refusal, tool.risk_reason(&request.arguments).as_deref())),
                 Ok(need) => {
                     let preview = tool.preview(&request, &self.cwd);
                     // Not an entry: a person is being asked right now.
