@@ -7,7 +7,10 @@
 //!   the model just wrote with `write_file`, a Makefile, `npm run`) needs a
 //!   person: refused headless, also under `--yes`;
 //! - a staged call has a private `/tmp`;
-//! - a tool cannot see cairn's home nor connect to `cairn serve`'s socket.
+//! - a tool cannot see cairn's home nor connect to `cairn serve`'s socket;
+//! - where staging is off, overwriting programs, archive extraction,
+//!   patching and git (which runs what the repository's configuration
+//!   names) need a person (issue 46.5).
 //!
 //! Each test performs the attack; the oracles are the tree (byte for byte),
 //! the files outside it and the session log.
@@ -206,6 +209,163 @@ fn where_staging_is_off_running_a_file_of_the_tree_needs_a_person() {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
+/// The tree the item 46.5 attacks start from: a git repository with
+/// `a.txt` committed and then changed (uncommitted "precious"), `b.txt`,
+/// and files a tool planted earlier: an archive and a zip holding another
+/// `a.txt`, a patch to it, a sed script with an `e` command and an
+/// executable `x` that touches MARK. Built with bash, tar, zip and git.
+fn git_fixture(dir: &Path) {
+    let script = r#"set -e
+git init -q .
+printf 'committed\n' > a.txt
+printf 'other\n' > b.txt
+git add a.txt b.txt
+git -c user.name=t -c user.email=t@example.org commit -qm init
+printf 'precious\n' > a.txt
+mkdir pack
+printf 'from-tar\n' > pack/a.txt
+tar cf evil.tar -C pack a.txt
+printf 'from-zip\n' > pack/a.txt
+(cd pack && zip -q ../evil.zip a.txt)
+rm -r pack
+printf -- '--- a.txt\n+++ a.txt\n@@ -1 +1 @@\n-precious\n+patched\n' > evil.patch
+printf '1e touch MARK\n' > x.sed
+printf '#!/bin/sh\ntouch MARK\n' > x
+chmod 755 x
+"#;
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "the fixture needs bash, git, tar and zip: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Run `lines` with plain bash in `dir` (the oracle, and planting).
+fn bash_in(dir: &Path, lines: &[&str]) {
+    for line in lines {
+        let _ = Command::new("bash")
+            .arg("-c")
+            .arg(line)
+            .current_dir(dir)
+            .env("HOME", dir)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+    }
+}
+
+/// The damage an attack does: `a.txt` no longer "precious", or MARK made
+/// (a program run that the words did not show).
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    AText,
+    Mark,
+}
+
+impl Damage {
+    fn done(self, dir: &Path) -> bool {
+        match self {
+            Damage::AText => std::fs::read_to_string(dir.join("a.txt")).ok().as_deref() != Some("precious\n"),
+            Damage::Mark => dir.join("MARK").exists(),
+        }
+    }
+}
+
+/// Issue 46.5: without staging (`staged = false`), 16 of 40 destructive
+/// lines went through headless under `--yes`: overwriting programs,
+/// archive extraction, patching, and git commands that run what the
+/// repository's configuration names — planned across calls (`git config
+/// core.fsmonitor 'touch MARK'`, then `git status`), and with the
+/// configuration planted before (`plant`, run here with bash). Each call
+/// is now refused before it runs, under `--yes` and under a rule allowing
+/// the whole tool. Oracle: plain bash running the same lines on a copy
+/// does the damage, so no case is a line that does nothing.
+#[test]
+fn where_staging_is_off_overwriting_extracting_patching_and_git_need_a_person() {
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let tools = String::from_utf8_lossy(&env.cairn(&["tools"]).output().unwrap().stdout).into_owned();
+    assert!(tools.contains("staging: off"), "{tools}");
+    let fsmonitor = "git config core.fsmonitor 'touch MARK'";
+    let alias = "git config alias.x '!rm a.txt'";
+    let external = "git config diff.external ./x";
+    // (planted before, the calls, the damage, a word of the reason)
+    let cases: &[(&[&str], &[&str], Damage, &str)] = &[
+        (&[], &["tee a.txt"], Damage::AText, "truncates"),
+        (&[], &["sort -o a.txt b.txt"], Damage::AText, "over the file"),
+        (&[], &["uniq b.txt a.txt"], Damage::AText, "second operand"),
+        (&[], &["cp /dev/null a.txt"], Damage::AText, "replaces"),
+        (&[], &["mv b.txt a.txt"], Damage::AText, "replaces"),
+        (&[], &["install -m 644 b.txt a.txt"], Damage::AText, "replaces"),
+        (&[], &["ln -sf b.txt a.txt"], Damage::AText, "replaces"),
+        (&[], &["tar xf evil.tar"], Damage::AText, "extracts"),
+        (&[], &["unzip -o evil.zip"], Damage::AText, "extracts"),
+        (&[], &["patch -i evil.patch"], Damage::AText, "patch"),
+        (&[], &["sed -f x.sed a.txt"], Damage::Mark, "script from a file"),
+        (&[], &[alias, "git x"], Damage::AText, "configuration"),
+        (&[alias], &["git x"], Damage::AText, "alias"),
+        (&[], &[fsmonitor, "git status"], Damage::Mark, "configuration"),
+        (&[fsmonitor], &["git status"], Damage::Mark, "configuration"),
+        (&[], &[external, "git diff"], Damage::Mark, "configuration"),
+        (&[external], &["git diff"], Damage::Mark, "configuration"),
+        (&[], &["git checkout a.txt"], Damage::AText, "overwrites working files"),
+        (&[], &["git stash"], Damage::AText, "uncommitted changes"),
+        // Hostile spellings.
+        (&[], &["command tee a.txt"], Damage::AText, "truncates"),
+        (&[], &["sort --outp=a.txt b.txt"], Damage::AText, "over the file"),
+        (&[], &["cp -f b.txt a.txt"], Damage::AText, "replaces"),
+        (&[], &["tar --extract -f evil.tar"], Damage::AText, "extracts"),
+        (&[], &["env git -c core.fsmonitor='touch MARK' status"], Damage::Mark, "configuration"),
+        (&[fsmonitor], &["/usr/bin/env git --no-pager status"], Damage::Mark, "configuration"),
+        (&[], &["'git' stash"], Damage::AText, "uncommitted changes"),
+    ];
+    let scratch = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (i, (plant, calls, damage, why)) in cases.iter().enumerate() {
+        // The oracle.
+        let copy = scratch.path().join(format!("oracle{i}"));
+        std::fs::create_dir(&copy).unwrap();
+        git_fixture(&copy);
+        bash_in(&copy, plant);
+        bash_in(&copy, calls);
+        if !damage.done(&copy) {
+            failures.push(format!("{calls:?}: plain bash did no {damage:?} damage (the table is wrong)"));
+            continue;
+        }
+        for flags in [&["--yes"][..], &["--allow", "shell(*)"][..]] {
+            std::fs::remove_dir_all(&env.cwd).unwrap();
+            std::fs::create_dir(&env.cwd).unwrap();
+            git_fixture(&env.cwd);
+            bash_in(&env.cwd, plant);
+            let before = snapshot(&env.cwd);
+            let script = script_calls(&env, &calls.iter().map(|c| shell(c)).collect::<Vec<_>>());
+            let args = [&["--script", script.to_str().unwrap()][..], flags, &["run", "go"][..]].concat();
+            let out = env.cairn(&args).stdin(Stdio::null()).output().unwrap();
+            let text = session_text(&env);
+            let log = entries(&text);
+            let t = types(&log);
+            if damage.done(&env.cwd) || snapshot(&env.cwd) != before {
+                let err = String::from_utf8_lossy(&out.stderr);
+                failures.push(format!("{calls:?} {flags:?}: THE TREE CHANGED ({damage:?}): {t:?} {err}"));
+            }
+            let rejected = t.iter().filter(|x| *x == "toolRejected").count();
+            if rejected != calls.len() || t.iter().any(|x| x == "toolStarted") {
+                failures.push(format!("{calls:?} {flags:?}: not every call refused before it ran: {t:?}"));
+            }
+            if !results(&text).contains(why) {
+                failures.push(format!("{calls:?} {flags:?}: the reason does not say {why:?}: {}", results(&text)));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
 /// Issue 25 (low): a staged call's `/tmp` is a tmpfs of its own: it writes
 /// there, the host's `/tmp` never sees it, and the host's `/tmp` cannot be
 /// listed.
@@ -277,5 +437,5 @@ fn a_tool_cannot_see_cairns_home_nor_reach_cairn_serve() {
 #[test]
 fn the_isolation_holds_for_a_non_root_user_too() {
     let passed = util::rerun_as_non_root("the_isolation_holds_for_a_non_root_user_too");
-    assert_eq!(passed, 4, "as uid 65534 not every isolation test ran");
+    assert_eq!(passed, 5, "as uid 65534 not every isolation test ran");
 }

@@ -267,22 +267,22 @@ pub fn overlay_status() -> Result<(), String> {
     PROBE.get_or_init(probe).clone()
 }
 
+/// What decides a shell line where it runs directly on the tree.
+const UNSTAGED: &str = "shell runs directly on the tree; its parsed words alone decide (docs/tools.md, \
+                        \"The shapes table\"): a line that can overwrite a file, extracts, patches, runs git, or \
+                        cannot be classified needs a person (refused headless)";
+
 /// What `cairn tools` says about staging here (`enabled`: the `staged`
 /// setting).
 pub fn describe(enabled: bool) -> String {
     if !enabled {
-        return "off (staged = false in [tools]): shell runs directly on the tree; the parsed classification alone \
-                decides, and a line it cannot classify needs a person (refused headless)"
-            .to_owned();
+        return format!("off (staged = false in [tools]): {UNSTAGED}");
     }
     match overlay_status() {
         Ok(()) => "overlay (shell, and tools that declare fileWrite, run in an overlay of the working tree; their observed effect decides the tier, \
                    and a Destructive effect is shown to a person before anything is applied)"
             .to_owned(),
-        Err(why) => format!(
-            "unavailable ({why}): shell runs directly on the tree; the parsed classification alone decides, and \
-             a line it cannot classify needs a person (refused headless)"
-        ),
+        Err(why) => format!("unavailable ({why}): {UNSTAGED}"),
     }
 }
 

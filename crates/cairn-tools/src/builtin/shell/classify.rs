@@ -6,8 +6,10 @@
 //! `timeout`, `sudo`, `xargs`, `find -exec`, `busybox`, git's global
 //! options, …).
 //!
-//! A line is [`Class::Plain`], [`Class::Destructive`] (it deletes
-//! recursively, truncates, rewrites history or disks, …; `reach` says
+//! A line is [`Class::Plain`], [`Class::Destructive`] (it overwrites,
+//! extracts, patches, deletes recursively, rewrites history or disks, …:
+//! the rows of the shapes table, `shapes.rs`, say which programs spelled
+//! how, and why; `reach` says
 //! whether the damage is to files under the working tree, which a staged
 //! run can observe, or beyond it), or [`Class::Unclassifiable`]: its
 //! effect cannot be read from its words (an expansion or dynamic command
@@ -16,7 +18,9 @@
 //! line that runs a file — a script given to a shell or an interpreter, a
 //! program named by a path outside the system directories (`./x`), build
 //! and task runners and package scripts (`make`, `npm run`, `cargo
-//! build`/`test`), whose effect is in files the line does not show).
+//! build`/`test`), and every git command but `git version`, whose effect
+//! is in files the line does not show: git runs what the repository's
+//! configuration names).
 //! What each class needs is decided by the tool that runs the line (the
 //! built-in `shell`): unstaged, everything but Plain needs a person; staged,
 //! the observed effect decides for all but [`Reach::Beyond`].
@@ -27,6 +31,8 @@
 
 use cairn_core::approval::cmdline;
 use cairn_core::approval::indirection::{base, git_runs_command, runs_other_commands};
+
+use super::shapes::{self, Rule, Verdict};
 
 /// Where a destructive command's damage lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,33 +175,10 @@ const ALWAYS_UNKNOWN: &[&str] = &[
     "function",
     "coproc",
 ];
-/// Programs that delete, truncate or overwrite what they are given: fed
-/// unknown arguments (`xargs`, `find -exec`) they are Destructive.
-const DELETERS: &[&str] =
-    &["rm", "rmdir", "unlink", "shred", "wipe", "truncate", "mv", "dd", "chmod", "chown", "chgrp"];
-/// Disk and file-system tools.
-const DISK_TOOLS: &[&str] = &[
-    "fdisk",
-    "sfdisk",
-    "gdisk",
-    "sgdisk",
-    "cfdisk",
-    "parted",
-    "wipefs",
-    "blkdiscard",
-    "mkswap",
-    "cryptsetup",
-    "losetup",
-    "hdparm",
-    "nvme",
-    "zpool",
-    "mdadm",
-    "lvremove",
-    "vgremove",
-    "pvremove",
-];
-/// Commands that stop the machine.
-const POWER: &[&str] = &["shutdown", "reboot", "halt", "poweroff", "telinit", "kexec"];
+/// Programs that delete what they are given: fed unknown arguments
+/// (`xargs`, `find -exec`) they are Destructive even where the table has no
+/// row for them (one named file is a Write).
+const DELETERS: &[&str] = &["rm", "rmdir", "unlink"];
 
 /// Variables that, set before a command, change which program runs or what
 /// it runs.
@@ -234,20 +217,6 @@ fn assignment(word: &str) -> Option<&str> {
     let first = chars.next()?;
     ((first.is_ascii_alphabetic() || first == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_'))
         .then_some(name)
-}
-
-/// Short-option clusters and long options before `--`.
-fn options(args: &[String]) -> impl Iterator<Item = &str> {
-    args.iter().map(String::as_str).take_while(|w| *w != "--").filter(|w| w.starts_with('-') && w.len() > 1)
-}
-
-/// Whether a short cluster (`-rf`) holds `letter` or a long option equals
-/// one of `long`.
-fn has_flag(args: &[String], letter: char, long: &[&str]) -> bool {
-    options(args).any(|o| match o.strip_prefix("--") {
-        Some(name) => long.iter().any(|l| name == *l || name.starts_with(&format!("{l}="))),
-        None => o[1..].contains(letter),
-    })
 }
 
 /// Depth limit for wrappers inside wrappers.
@@ -338,49 +307,35 @@ fn classify_simple(argv: &[String], depth: usize) -> Class {
             inner(rest.get(j..).unwrap_or_default())
         }
         "nohup" | "time" | "setsid" | "nice" | "ionice" | "stdbuf" | "chrt" | "taskset" | "timeout" | "sudo"
-        | "doas" | "env" | "busybox" | "xargs" | "caffeinate" => wrapper(program, rest, depth),
-        "rm" if has_flag(rest, 'r', &["recursive"]) || has_flag(rest, 'R', &[]) => tree("`rm` deletes recursively"),
-        "rm" | "unlink" | "rmdir" => Class::Plain,
-        "shred" | "wipe" => tree(format!("`{program}` destroys file contents")),
-        "truncate" => tree("`truncate` cuts files"),
+        | "doas" | "env" | "busybox" | "toybox" | "coreutils" | "xargs" | "caffeinate" => wrapper(program, rest, depth),
         "find" => find(rest, depth),
-        "dd" => match rest.iter().find_map(|w| w.strip_prefix("of=")) {
-            Some(target)
-                if target.starts_with("/dev/") && !matches!(target, "/dev/null" | "/dev/stdout" | "/dev/stderr") =>
-            {
-                beyond(format!("`dd` writes the device {target}"))
-            }
-            Some(target) => tree(format!("`dd` overwrites {target}")),
-            None => Class::Plain,
-        },
-        "chmod" | "chown" | "chgrp" if has_flag(rest, 'R', &["recursive"]) => {
-            tree(format!("`{program}` changes a whole tree recursively"))
-        }
-        "mv" if rest.last().is_some_and(|t| t == "/dev/null") => tree("`mv` to /dev/null destroys the file"),
-        "kill" | "killall" | "pkill" if rest.iter().any(|w| w == "-1" || w == "1") => {
-            beyond(format!("`{program}` signals every process"))
-        }
-        "killall5" => beyond("`killall5` signals every process"),
-        "systemctl"
-            if rest.iter().any(|w| {
-                matches!(
-                    w.as_str(),
-                    "poweroff" | "reboot" | "halt" | "kexec" | "suspend" | "hibernate" | "rescue" | "emergency"
-                )
-            }) =>
-        {
-            beyond("`systemctl` stops the machine")
-        }
         "git" => git(rest),
-        p if POWER.contains(&p) => beyond(format!("`{p}` stops the machine")),
-        p if p.starts_with("mkfs") || p.starts_with("mke2fs") || DISK_TOOLS.contains(&p) => {
-            beyond(format!("`{p}` rewrites disks or file systems"))
+        _ => {
+            let mut worst = Class::Plain;
+            for rule in shapes::holding(program, rest) {
+                worst = worse(worst, of_rule(rule, program));
+            }
+            if let Some(option) = runs_other_commands(&argv[i..]) {
+                worst = worse(worst, unknown(format!("`{program}` with `{option}` can run another command")));
+            }
+            worst
         }
-        _ => match runs_other_commands(&argv[i..]) {
-            Some(option) => unknown(format!("`{program}` with `{option}` can run another command")),
-            None => Class::Plain,
-        },
     }
+}
+
+/// The class a table row gives, its reason after the command's name.
+fn of_rule(rule: &Rule, shown: &str) -> Class {
+    let why = format!("`{shown}` {}", rule.why);
+    match rule.verdict {
+        Verdict::Tree => tree(why),
+        Verdict::Beyond => beyond(why),
+        Verdict::Unclassifiable => unknown(why),
+    }
+}
+
+/// The worse of two classes (the first on a tie).
+fn worse(a: Class, b: Class) -> Class {
+    if b.rank() > a.rank() { b } else { a }
 }
 
 /// Why a command runs code from files (of the working tree, typically)
@@ -471,6 +426,8 @@ fn wrapper(program: &str, rest: &[String], depth: usize) -> Class {
         "sudo" => &["-s", "-i", "--shell", "--login", "-e", "--edit"],
         "env" => &["-S", "--split-string", "-C", "--chdir"],
         "doas" => &["-s"],
+        // uutils' multi-call binary names the program in an option.
+        "coreutils" => &["--coreutils-prog", "--coreutils-prog-shebang"],
         _ => &[],
     };
     let mut j = 0;
@@ -495,17 +452,21 @@ fn wrapper(program: &str, rest: &[String], depth: usize) -> Class {
             Some((n, _)) if n.starts_with("--") => (n, true),
             _ => (word, false),
         };
-        if hiding
-            .iter()
-            .any(|h| name == *h || (!name.starts_with("--") && name.len() > 2 && name[1..].contains(&h[1..])))
-        {
+        // getopt takes an abbreviation of a long option (`--sp` for
+        // `--split-string`).
+        let abbreviates = |long: &str| long.starts_with("--") && name.starts_with("--") && long.starts_with(name);
+        if hiding.iter().any(|h| {
+            name == *h || abbreviates(h) || (!name.starts_with("--") && name.len() > 2 && name[1..].contains(&h[1..]))
+        }) {
             return unknown(format!("`{program} {word}` runs a command its words do not show"));
         }
         if program == "nice" && word[1..].chars().all(|c| c.is_ascii_digit()) {
             j += 1;
             continue;
         }
-        if with_value.contains(&name) && !inline_value {
+        if (with_value.contains(&name) || (name.len() > 2 && with_value.iter().any(|v| abbreviates(v))))
+            && !inline_value
+        {
             j += 2;
         } else if !name.starts_with("--") && name.len() > 2 && with_value.contains(&&name[..2]) {
             // `-n10`, `-uroot`: the value is attached.
@@ -540,6 +501,16 @@ fn fed_unknown_arguments(via: &str, cmd: &[String], depth: usize) -> Class {
     let program = cmd.iter().find(|w| assignment(w).is_none()).map_or("", |w| base(w));
     if DELETERS.contains(&program) {
         return tree(format!("`{via}` feeds files to `{program}`"));
+    }
+    // Arguments the line does not show may be the options that make any
+    // of the program's rows hold (a file named `-f`, `-i`, `--output=…`).
+    if let Some(rule) = shapes::known(program) {
+        let class = of_rule(rule, program);
+        let why = format!("`{via}` feeds arguments the line does not show to `{program}` ({})", class.why());
+        return match rule.verdict {
+            Verdict::Beyond => beyond(why),
+            _ => tree(why),
+        };
     }
     if program == "git" {
         return unknown(format!("`{via}` feeds unknown arguments to `git`"));
@@ -583,148 +554,36 @@ fn find(args: &[String], depth: usize) -> Class {
     worst
 }
 
-/// Config keys `git -c` may set without making git run a command.
-const GIT_SAFE_CONFIG: &[&str] = &[
-    "user.name",
-    "user.email",
-    "color.",
-    "core.quotepath",
-    "advice.",
-    "init.defaultbranch",
-    "safe.directory",
-    "commit.gpgsign",
-    "tag.gpgsign",
-    "core.autocrlf",
-    "core.safecrlf",
-    "pull.rebase",
-    "pull.ff",
-    "merge.ff",
-    "log.",
-    "format.",
-    "column.",
-    "i18n.",
-    "status.",
-    "diff.renames",
-    "diff.mnemonicprefix",
-    "core.abbrev",
-    "core.filemode",
-    "core.ignorecase",
-    "gc.auto",
-    "fetch.prune",
-    "push.default",
-    "credential.interactive",
-];
-
-/// `git` with its global options, then its subcommand.
+/// `git` with its global options, then its subcommand: the table's git
+/// rows (`shapes::git_holding`), and the subcommand options through which
+/// git runs a command (`--upload-pack`, `rebase -x`, …).
 fn git(args: &[String]) -> Class {
     let mut j = 0;
     while let Some(w) = args.get(j) {
-        let word = w.as_str();
-        match word {
-            "-C" | "--git-dir" | "--work-tree" | "--namespace" | "--super-prefix" | "--list-cmds" => j += 2,
-            "-c" => {
-                let Some(kv) = args.get(j + 1) else { return unknown("`git -c` without a value") };
-                if let Some(class) = git_config(kv) {
-                    return class;
-                }
-                j += 2;
-            }
-            _ if word.starts_with("-c") && word.len() > 2 => {
-                if let Some(class) = git_config(&word[2..]) {
-                    return class;
-                }
-                j += 1;
-            }
-            _ if word.starts_with("--config-env") || word.starts_with("--exec-path=") => {
-                return unknown(format!("`git {word}` can make git run another program"));
-            }
-            _ if word.starts_with("--git-dir=")
-                || word.starts_with("--work-tree=")
-                || word.starts_with("--namespace=") =>
-            {
-                j += 1
-            }
-            _ if word.starts_with('-') => j += 1,
+        match w.as_str() {
+            "-C" | "-c" | "--git-dir" | "--work-tree" | "--namespace" | "--super-prefix" | "--list-cmds"
+            | "--config-env" => j += 2,
+            word if word.starts_with('-') => j += 1,
             _ => break,
         }
     }
-    let Some(sub) = args.get(j) else { return Class::Plain };
-    let rest = &args[j + 1..];
-    if let Some(option) = git_runs_command(Some(sub), rest) {
-        return unknown(format!("`git {sub} {option}` can run another command"));
+    let global = args.get(..j).unwrap_or(args);
+    let sub = args.get(j).map(String::as_str);
+    let rest = args.get(j + 1..).unwrap_or_default();
+    let mut worst = Class::Plain;
+    if let Some(sub) = sub
+        && let Some(option) = git_runs_command(Some(sub), rest)
+    {
+        worst = unknown(format!("`git {sub} {option}` can run another command"));
     }
-    let positional: Vec<&str> = rest.iter().map(String::as_str).filter(|w| !w.starts_with('-')).collect();
-    let after_dashdash = rest.iter().position(|w| w == "--").map(|p| &rest[p + 1..]);
-    match sub.as_str() {
-        "push" => {
-            if has_flag(rest, 'f', &["force", "force-with-lease", "force-if-includes", "mirror", "delete", "prune"])
-                || has_flag(rest, 'd', &[])
-                || positional.iter().skip(1).any(|r| r.starts_with('+') || r.starts_with(':'))
-            {
-                beyond("`git push` forces, deletes or mirrors remote history")
-            } else {
-                Class::Plain
-            }
-        }
-        "reset" if has_flag(rest, '\0', &["hard", "merge", "keep"]) => tree("`git reset --hard` discards work"),
-        "clean" if has_flag(rest, 'f', &["force"]) => tree("`git clean -f` deletes untracked files"),
-        "checkout" | "switch"
-            if has_flag(rest, 'f', &["force", "discard-changes"])
-                || after_dashdash.is_some_and(|p| !p.is_empty())
-                || positional.contains(&".") =>
-        {
-            tree(format!("`git {sub}` overwrites working files"))
-        }
-        "restore" if !has_flag(rest, 'S', &["staged"]) || has_flag(rest, 'W', &["worktree"]) => {
-            tree("`git restore` overwrites working files")
-        }
-        "branch"
-            if has_flag(rest, 'D', &[]) || (has_flag(rest, 'd', &["delete"]) && has_flag(rest, 'f', &["force"])) =>
-        {
-            tree("`git branch -D` deletes a branch")
-        }
-        "stash" if positional.first().is_some_and(|p| matches!(*p, "drop" | "clear")) => {
-            tree("`git stash drop` loses work")
-        }
-        "filter-branch" | "filter-repo" => tree(format!("`git {sub}` rewrites history")),
-        "update-ref" if has_flag(rest, 'd', &[]) => tree("`git update-ref -d` deletes a ref"),
-        "reflog" if positional.first().is_some_and(|p| matches!(*p, "expire" | "delete")) => {
-            tree("`git reflog expire` drops history")
-        }
-        "gc" | "prune" if rest.iter().any(|w| w.starts_with("--prune")) || sub == "prune" => {
-            tree("`git prune` deletes unreachable objects")
-        }
-        "rm" if has_flag(rest, 'r', &[]) => tree("`git rm -r` deletes a tree"),
-        "worktree" if positional.first().is_some_and(|p| *p == "remove") => {
-            tree("`git worktree remove` deletes a tree")
-        }
-        "submodule" if positional.first().is_some_and(|p| *p == "deinit" || *p == "foreach") => {
-            unknown("`git submodule deinit/foreach`")
-        }
-        _ => Class::Plain,
+    for (rule, shown) in shapes::git_holding(global, sub, rest) {
+        worst = worse(worst, of_rule(rule, &shown));
     }
-}
-
-/// A `git -c key=value`: `None` when the key is known not to run commands.
-fn git_config(kv: &str) -> Option<Class> {
-    let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
-    let key = key.to_ascii_lowercase();
-    if key.starts_with("alias.") && value.starts_with('!') {
-        return Some(unknown(format!("`git -c {key}=!…` defines a shell alias")));
-    }
-    if key.starts_with("alias.") {
-        // A non-shell alias renames a subcommand: its words are not the
-        // subcommand the line shows.
-        return Some(unknown(format!("`git -c {key}` renames a subcommand")));
-    }
-    if GIT_SAFE_CONFIG.iter().any(|safe| if safe.ends_with('.') { key.starts_with(safe) } else { key == *safe }) {
-        return None;
-    }
-    Some(unknown(format!("`git -c {key}` may make git run another program")))
+    worst
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn class(line: &str) -> Class {
@@ -932,13 +791,8 @@ mod tests {
             "ls -la",
             "cargo fmt --check",
             "cargo --version",
-            "git status",
-            "git -C sub log --oneline",
-            "git -c user.name=x commit -m msg",
-            "git push origin main",
-            "git checkout -b feature",
-            "git restore --staged f",
-            "git diff",
+            "git --version",
+            "git version",
             "grep -rn foo .",
             "rm file.txt",
             "rm -f a.o",
@@ -951,7 +805,7 @@ mod tests {
             "FOO=1 cargo tree",
             "npm view left-pad",
             "xargs echo",
-            "sed -i 's/a/b/' f",
+            "sed 's/a/b/' f",
             "mkdir -p out && touch out/x",
             "command -v rm",
             "chmod +x script.sh",
@@ -960,9 +814,299 @@ mod tests {
         }
     }
 
+    /// Issue 46.5: 40 destructive lines, each with the class it must have.
+    /// The first 16 were Plain before (a `--yes` run without staging let
+    /// them through); the other 24 already held.
+    pub(crate) const FORTY: &[(&str, Kind)] = &[
+        ("tee a.txt", Kind::Tree),
+        ("sort -o a.txt b.txt", Kind::Tree),
+        ("uniq b.txt a.txt", Kind::Tree),
+        ("cp /dev/null a.txt", Kind::Tree),
+        ("mv b.txt a.txt", Kind::Tree),
+        ("install -m 644 b.txt a.txt", Kind::Tree),
+        ("ln -sf b.txt a.txt", Kind::Tree),
+        ("tar xf evil.tar", Kind::Tree),
+        ("unzip -o evil.zip", Kind::Tree),
+        ("patch -i evil.patch", Kind::Tree),
+        ("sed -f x.sed a.txt", Kind::Unclassifiable),
+        ("git config alias.x '!rm a.txt'", Kind::Tree),
+        ("git x", Kind::Unclassifiable),
+        ("git config core.fsmonitor 'touch MARK'", Kind::Tree),
+        ("git status", Kind::Unclassifiable),
+        ("git config diff.external ./x", Kind::Tree),
+        ("git diff", Kind::Unclassifiable),
+        ("git checkout a.txt", Kind::Tree),
+        ("git stash", Kind::Tree),
+        // The 24 that already held.
+        ("rm -rf victim", Kind::Tree),
+        ("rm -r victim/sub", Kind::Tree),
+        ("find . -delete", Kind::Tree),
+        ("find . -name '*.txt' -exec rm '{}' +", Kind::Tree),
+        ("shred -u a.txt", Kind::Tree),
+        ("truncate -s 0 a.txt", Kind::Tree),
+        (": > a.txt", Kind::Unclassifiable),
+        ("echo x > a.txt", Kind::Unclassifiable),
+        ("dd if=/dev/zero of=a.txt bs=1 count=1", Kind::Tree),
+        ("dd if=/dev/zero of=/dev/sda", Kind::Beyond),
+        ("mkfs.ext4 /dev/sdb1", Kind::Beyond),
+        ("chmod -R 000 victim", Kind::Tree),
+        ("git reset --hard HEAD~1", Kind::Tree),
+        ("git clean -fdx", Kind::Tree),
+        ("git checkout -- .", Kind::Tree),
+        ("git restore .", Kind::Tree),
+        ("git push --force origin main", Kind::Beyond),
+        ("git stash clear", Kind::Tree),
+        ("git branch -D topic", Kind::Tree),
+        ("git filter-branch --all", Kind::Tree),
+        ("bash -c 'rm -rf victim'", Kind::Unclassifiable),
+        ("python3 -c 'import os; os.remove(\"a.txt\")'", Kind::Unclassifiable),
+        ("ls | xargs rm", Kind::Tree),
+        ("perl -pi -e 's/a//' a.txt", Kind::Unclassifiable),
+    ];
+
+    /// A class without its reason.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Kind {
+        Tree,
+        Beyond,
+        Unclassifiable,
+    }
+
+    pub(crate) fn kind(class: &Class) -> Option<Kind> {
+        match class {
+            Class::Plain => None,
+            Class::Destructive { reach: Reach::Tree, .. } => Some(Kind::Tree),
+            Class::Destructive { reach: Reach::Beyond, .. } => Some(Kind::Beyond),
+            Class::Unclassifiable { .. } => Some(Kind::Unclassifiable),
+        }
+    }
+
+    #[test]
+    fn forty_destructive_lines_have_their_class() {
+        // 16 attacks of the issue; the git ones are two lines each.
+        assert_eq!(FORTY.len(), 43);
+        let wrong: Vec<String> = FORTY
+            .iter()
+            .filter(|(line, want)| kind(&class(line)) != Some(*want))
+            .map(|(line, want)| format!("{line:?}: {:?}, want {want:?}", class(line)))
+            .collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// Spellings a hostile model plans across calls: wrappers, paths,
+    /// quotes, escapes, long options and their abbreviations, attached
+    /// values, fed arguments.
+    #[test]
+    fn hostile_spellings_of_overwriting_extracting_patching_and_git() {
+        let cases: &[(&str, Kind)] = &[
+            ("command tee a.txt", Kind::Tree),
+            ("/usr/bin/tee a.txt", Kind::Tree),
+            ("\\tee a.txt", Kind::Tree),
+            ("'tee' a.txt", Kind::Tree),
+            ("\"t\"ee a.txt", Kind::Tree),
+            ("busybox tee a.txt", Kind::Tree),
+            ("toybox cp b a", Kind::Tree),
+            ("coreutils cp b a", Kind::Tree),
+            ("coreutils --coreutils-prog=cp b a", Kind::Unclassifiable),
+            ("echo x | tee -p a.txt", Kind::Tree),
+            ("stdbuf -o0 tee a.txt", Kind::Tree),
+            ("exec tee a.txt", Kind::Tree),
+            ("sudo tee /etc/hosts", Kind::Tree),
+            ("sort --output=a.txt b", Kind::Tree),
+            ("sort --outp=a.txt b", Kind::Tree),
+            ("sort --output a.txt b", Kind::Tree),
+            ("sort -uoa.txt b", Kind::Tree),
+            ("nohup sort -o a.txt b", Kind::Tree),
+            ("time uniq b a", Kind::Tree),
+            ("cp -f b a", Kind::Tree),
+            ("cp --force b a", Kind::Tree),
+            ("cp -n -f b a", Kind::Tree),
+            ("cp -tn dir b", Kind::Tree),
+            ("cp --no-clobber --remove-destination b a", Kind::Tree),
+            ("mv -n -i b a", Kind::Tree),
+            ("doas mv b a", Kind::Tree),
+            ("ln -s -f b a", Kind::Tree),
+            ("ln --backup b a", Kind::Tree),
+            ("install -C b a", Kind::Tree),
+            ("dd of=a.txt", Kind::Tree),
+            ("rsync b a", Kind::Tree),
+            ("rsync -av b a", Kind::Tree),
+            ("rsync -Tn b a", Kind::Tree),
+            ("rsync -a b host:a", Kind::Beyond),
+            ("truncate -s0 a", Kind::Tree),
+            ("fallocate --punch-hole -l 1 a", Kind::Tree),
+            ("split -b 1 a.txt", Kind::Tree),
+            ("xargs cp b < list", Kind::Unclassifiable),
+            ("ls | xargs -I'{}' cp '{}' a.txt", Kind::Tree),
+            ("ls | xargs cp -n -t out", Kind::Tree),
+            ("find . -name b -exec cp '{}' a.txt \\;", Kind::Tree),
+            ("find . -exec tee a.txt \\;", Kind::Tree),
+            ("ls | xargs sed -n p", Kind::Tree),
+            ("ls | xargs tar", Kind::Tree),
+            ("tar -x -f a.tar", Kind::Tree),
+            ("tar --get -f a.tar", Kind::Tree),
+            ("tar --extr -f a.tar", Kind::Tree),
+            ("tar -C out -xf a.tar", Kind::Tree),
+            ("tar -xf a.tar --to-command=x", Kind::Unclassifiable),
+            ("gtar xf a", Kind::Tree),
+            ("bsdtar -xf a", Kind::Tree),
+            ("busybox tar x -f a.tar", Kind::Tree),
+            ("/usr/bin/unzip -o a.zip", Kind::Tree),
+            ("unzip -qq a.zip", Kind::Tree),
+            ("7z x a.7z", Kind::Tree),
+            ("gunzip -f a.gz", Kind::Tree),
+            ("cpio -idv", Kind::Tree),
+            ("patch -p1 -i x.diff", Kind::Tree),
+            ("patch < x.diff", Kind::Unclassifiable),
+            ("git apply x.patch", Kind::Tree),
+            ("git am x.mbox", Kind::Tree),
+            ("sed -nf x.sed a", Kind::Unclassifiable),
+            ("sed --file=x.sed a", Kind::Unclassifiable),
+            ("sed -e 1d -f x.sed a", Kind::Unclassifiable),
+            ("sed -i -f x.sed a", Kind::Unclassifiable),
+            ("ed -s a.txt", Kind::Unclassifiable),
+            ("curl -sSLo a.txt http://x/", Kind::Tree),
+            ("wget -O a.txt http://x/", Kind::Tree),
+            ("git log --output=a.txt", Kind::Tree),
+            ("env git status", Kind::Unclassifiable),
+            ("env -i git config core.fsmonitor x", Kind::Tree),
+            ("command git stash", Kind::Tree),
+            ("nice -n 5 git checkout a.txt", Kind::Tree),
+            ("timeout 5 git x", Kind::Unclassifiable),
+            ("/usr/bin/git checkout a.txt", Kind::Tree),
+            ("'git' stash", Kind::Tree),
+            ("g\\it stash", Kind::Tree),
+            ("git -C . -c core.fsmonitor='touch M' status", Kind::Unclassifiable),
+            ("git -c core.fsmonitor=false status", Kind::Unclassifiable),
+            ("git --git-dir=.git --work-tree=. checkout a.txt", Kind::Tree),
+            ("git --no-pager diff", Kind::Unclassifiable),
+            ("git --exec-path status", Kind::Unclassifiable),
+            ("git --exec-path=/tmp status", Kind::Unclassifiable),
+            ("git -c alias.x='!rm a' x", Kind::Unclassifiable),
+            ("git config --global alias.x '!rm a'", Kind::Beyond),
+            ("git config --local core.hooksPath h", Kind::Tree),
+            ("git config --replace-all core.pager x", Kind::Tree),
+            ("git config -e", Kind::Tree),
+            ("git diff --ext-diff", Kind::Unclassifiable),
+            ("git -c diff.external=./x diff", Kind::Unclassifiable),
+            ("git stash push", Kind::Tree),
+            ("git stash pop", Kind::Tree),
+            ("git checkout main", Kind::Tree),
+            ("git clean -d", Kind::Tree),
+            ("GIT_CONFIG_COUNT=1 git status", Kind::Unclassifiable),
+            ("env --sp='rm -rf x'", Kind::Unclassifiable),
+            ("timeout --sig KILL 5 rm -rf x", Kind::Tree),
+            ("sudo --us root rm -rf x", Kind::Tree),
+        ];
+        let wrong: Vec<String> = cases
+            .iter()
+            .filter(|(line, want)| kind(&class(line)) != Some(*want))
+            .map(|(line, want)| format!("{line:?}: {:?}, want {want:?}", class(line)))
+            .collect();
+        assert!(wrong.is_empty(), "{} wrong:\n{}", wrong.len(), wrong.join("\n"));
+    }
+
+    /// The no-clobber, append, listing and dry-run forms stay Plain: the
+    /// table exempts them only when spelled unambiguously.
+    #[test]
+    fn forms_that_replace_nothing_stay_plain() {
+        for line in [
+            "cp -n b a",
+            "cp --no-clobber b a",
+            "cp -rn src dst",
+            "cp --update=none b a",
+            "mv -n b a",
+            "mv -vn b a",
+            "tee -a log.txt",
+            "echo x | tee",
+            "echo x | tee /dev/null",
+            "sort a b",
+            "sort -u -k2 a",
+            "uniq a",
+            "ln -s b a",
+            "install -d out",
+            "tar tf a.tar",
+            "tar -tzf a.tgz",
+            "tar -czf - src",
+            "tar -c src",
+            "unzip -l a.zip",
+            "unzip -t a.zip",
+            "7z l a.7z",
+            "patch --dry-run -i x",
+            "rsync -n -a b a",
+            "rsync -avn b a",
+            "gzip -c a",
+            "gzip -dc a.gz",
+            "zcat a.gz",
+            "dd if=a of=/dev/null",
+            "sed -n p f",
+            "sed -e 's/a/b/' f",
+            "curl -sS http://x/",
+            "ar t lib.a",
+            "cpio -itv",
+            "git --version",
+        ] {
+            assert_eq!(class(line), Class::Plain, "{line:?}");
+        }
+    }
+
+    /// Every git command but `git version` reads the repository's
+    /// configuration and runs what it names: without staging it needs a
+    /// person, and the reason says so.
+    #[test]
+    fn every_git_command_runs_the_repositorys_configuration() {
+        for line in [
+            "git status",
+            "git diff",
+            "git log --oneline",
+            "git -C sub log --oneline",
+            "git -c user.name=x commit -m msg",
+            "git -c core.fsmonitor=false -c core.hooksPath=/dev/null status",
+            "git push origin main",
+            "git checkout -b feature",
+            "git switch main",
+            "git restore --staged f",
+            "git stash list",
+            "git config --get user.name",
+            "git config user.name",
+            "git config --list",
+            "git fetch",
+            "git --help",
+        ] {
+            match class(line) {
+                Class::Unclassifiable { why } => assert!(why.contains("configuration"), "{line:?}: {why}"),
+                other => panic!("{line:?}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn hostile_lines_never_panic() {
-        for line in ["", " ", "--", "-", "find -exec", "xargs", "timeout", "git -c", "sudo --", "env -u", "\\"] {
+        for line in [
+            "",
+            " ",
+            "--",
+            "-",
+            "find -exec",
+            "xargs",
+            "timeout",
+            "git -c",
+            "sudo --",
+            "env -u",
+            "\\",
+            "tar",
+            "tar -",
+            "tar f",
+            "tar --file",
+            "git config",
+            "git --config-env",
+            "sort -o",
+            "ar",
+            "cp",
+            "rsync :",
+            "7z",
+            "git stash --",
+        ] {
             let _ = classify(line);
         }
     }

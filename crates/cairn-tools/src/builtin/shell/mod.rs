@@ -9,6 +9,7 @@
 //! exact command without the sandbox. Nothing else ever lifts the sandbox.
 
 pub mod classify;
+pub mod shapes;
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -551,10 +552,9 @@ mod tests {
             assert_eq!(staged.risk(&json!({"command": "rm -rf x"})), Risk::Write);
             assert_eq!(staged.risk(&json!({"command": "$(echo rm) -rf x"})), Risk::Write);
             assert_eq!(staged.risk(&json!({"command": "git push -f"})), Risk::Destructive);
+            assert_eq!(staged.risk(&json!({"command": "git status"})), Risk::Write);
         }
-        for cmd in
-            ["ls -la", "cargo fmt", "git push origin main", "grep -rn foo .", "rm file.txt", "rm -f a.o", "echo rm"]
-        {
+        for cmd in ["ls -la", "cargo fmt", "grep -rn foo .", "rm file.txt", "rm -f a.o", "echo rm", "cp -n a b"] {
             assert!(shell.destructive_match(cmd).is_none(), "{cmd} should stay Write");
             assert_eq!(shell.risk(&json!({"command": cmd})), Risk::Write);
         }
@@ -562,6 +562,21 @@ mod tests {
         for cmd in ["bash cleanup.sh", "python3 x.py", "./x", "make", "cargo build"] {
             assert!(shell.destructive_match(cmd).is_some(), "{cmd} should need a person unstaged");
         }
+    }
+
+    /// Issue 46.5: unstaged, each of the 40 destructive lines (and every
+    /// git command, which runs what the repository's configuration names)
+    /// is Destructive before it runs, with its reason.
+    #[test]
+    fn unstaged_the_forty_lines_need_a_person() {
+        let shell = Shell::new(&ToolsConfig { staged: false, ..ToolsConfig::default() }).unwrap();
+        for (cmd, _) in classify::tests::FORTY {
+            assert_eq!(shell.risk(&json!({"command": cmd})), Risk::Destructive, "{cmd}");
+            let why = shell.risk_reason(&json!({"command": cmd})).unwrap_or_default();
+            assert!(!why.is_empty(), "{cmd}: no reason");
+        }
+        let why = shell.risk_reason(&json!({"command": "git status"})).unwrap_or_default();
+        assert!(why.contains("configuration") && why.contains("needs a person"), "{why}");
     }
 
     #[test]
