@@ -106,11 +106,29 @@ pub fn classify(line: &str) -> Class {
     let mut worst = Class::Plain;
     for command in &commands {
         let class = classify_simple(command, 0);
+        let class = match names_authority(command) {
+            Some(named) if named.rank() > class.rank() => named,
+            _ => class,
+        };
         if class.rank() > worst.rank() {
             worst = class;
         }
     }
     worst
+}
+
+/// A command naming an authority path (git's configuration and hooks, other
+/// agents' configurations, `.cairn/`: `cairn_core::authority`, the rules
+/// that hold in every tree) in any word, an option's value included: what
+/// it does there would run later with the user's authority, and without
+/// staging nothing shows what changed (issue 46.1: `cp -n x
+/// .git/hooks/post-checkout` is no less a planted hook than a redirect).
+fn names_authority(command: &[String]) -> Option<Class> {
+    let rules = cairn_core::authority::AuthorityRules::default();
+    command.iter().skip(1).find_map(|word| {
+        let path = word.rsplit_once('=').map_or(word.as_str(), |(_, value)| value);
+        rules.classify(std::path::Path::new(""), path).map(|a| tree(format!("it names {}", a.reason())))
+    })
 }
 
 /// Programs that interpret code given on their command line or stdin.
@@ -588,6 +606,29 @@ pub(crate) mod tests {
 
     fn class(line: &str) -> Class {
         classify(line)
+    }
+
+    /// A word naming an authority path makes the line Destructive however
+    /// harmless its program looks (the shapes table's no-overwrite forms
+    /// included); a line naming none stays as the table says.
+    #[test]
+    fn naming_an_authority_path_is_destructive() {
+        for line in [
+            "cp -n x .git/hooks/post-checkout",
+            "mv -n x sub/.git/hooks/pre-commit",
+            "tee -a .git/config",
+            "install --target-directory=.git/hooks x",
+            "cp -n tasks.json .vscode/tasks.json",
+            "ln -s /tmp/x .mcp.json",
+            "touch .envrc",
+            "cp -n x .claude/settings.json",
+        ] {
+            assert!(matches!(class(line), Class::Destructive { .. }), "{line:?}: {:?}", class(line));
+            assert!(class(line).why().contains("it names"), "{line:?}: {:?}", class(line));
+        }
+        for line in ["cat notes.txt", "cp -n a b", "touch src/main.rs"] {
+            assert!(!class(line).why().contains("it names"), "{line:?}: {:?}", class(line));
+        }
     }
 
     /// Every spelling named in issue 16 and more: each is Destructive on
