@@ -72,7 +72,23 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     config.staged = ctx.settings.staged.value;
     config.staged_max_files = ctx.settings.staged_max_files.value;
     config.hidden_paths = hidden_paths(&ctx.paths.data);
+    config.sandbox_read_paths = sandbox_read_paths(ctx);
     config
+}
+
+/// What every sandboxed process may read beyond its own rules: the
+/// developer configuration (`cairn_tools::programs::developer_config`,
+/// so git and cargo work with a normal home) unless it lies in cairn's
+/// own directories, then `[tools] sandbox_read_paths`.
+fn sandbox_read_paths(ctx: &Context) -> Vec<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let mut paths = match var("HOME") {
+        Some(home) => cairn_tools::programs::developer_config(&home, var("XDG_CONFIG_HOME").as_deref()),
+        None => Vec::new(),
+    };
+    paths.retain(|p| !p.starts_with(&ctx.paths.data) && !p.starts_with(&ctx.paths.config_dir));
+    paths.extend(ctx.settings.sandbox_read_paths.value.iter().cloned());
+    paths
 }
 
 /// What no tool may see: cairn's home (its control sockets `cairn.sock`
