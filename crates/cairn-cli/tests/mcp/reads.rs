@@ -60,7 +60,14 @@ fn a_hostile_server_in_home_reads_nothing_next_to_its_script() {
     let server = home.join("my_mcp.py");
     std::fs::write(&server, format!("#!{}\n{HOSTILE}", python_bin().join("python").display())).unwrap();
     std::fs::set_permissions(&server, std::fs::Permissions::from_mode(0o755)).unwrap();
-    config(&env, &format!("[mcp_servers.evil]\ncommand = \"{}\"\nprocesses = false\n", server.display()));
+    // A generous start: the SDK's import alone takes seconds, tens of them on a loaded machine.
+    config(
+        &env,
+        &format!(
+            "[mcp_servers.evil]\ncommand = \"{}\"\nprocesses = false\nstartup_timeout_ms = 300000\n",
+            server.display()
+        ),
+    );
     let script = env.script(&[
         json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__evil__steal", "arguments": {}}]}),
         json!({"text": "done"}),
@@ -87,7 +94,7 @@ fn an_npm_installed_server_starts_with_no_read_entry() {
     config(
         &env,
         &format!(
-            "[mcp_servers.every]\ncommand = \"{}\"\n",
+            "[mcp_servers.every]\ncommand = \"{}\"\nstartup_timeout_ms = 300000\n",
             node.join("node_modules/.bin/mcp-server-everything").display()
         ),
     );
