@@ -583,6 +583,13 @@ pub fn tools(ctx: &Context) -> Result<u8> {
     let crate::wiring::HostTools { entries, mut notes, untrusted, .. } = crate::wiring::tool_entries(ctx, &cwd)?;
     notes.extend(untrusted);
     let status = cairn_tools::landlock_status();
+    // What every sandboxed process reads beyond its own rules (those that exist).
+    let reads: Vec<String> = crate::wiring::tools_config(ctx)
+        .sandbox_read_paths
+        .iter()
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
         for entry in &entries {
@@ -595,7 +602,7 @@ pub fn tools(ctx: &Context) -> Result<u8> {
         }
         let summary = serde_json::json!({
             "sandbox": status.describe(), "staging": cairn_tools::staging::describe(ctx.settings.staged.value),
-            "home": home_note(ctx), "problems": notes,
+            "home": home_note(ctx), "reads": reads, "problems": notes,
             "hidden": ctx.paths.own_dirs(),
             "protectedPaths": protections(ctx).iter().map(|(class, _)| serde_json::json!({
                 "class": class, "protection": class.protection(), "what": class.what(), "paths": class.paths(),
@@ -627,6 +634,9 @@ pub fn tools(ctx: &Context) -> Result<u8> {
     )?;
     for (_, line) in protections(ctx) {
         writeln!(out, "  {}", esc(&line))?;
+    }
+    if !reads.is_empty() {
+        writeln!(out, "tools also read: {}", esc(&reads.join(", ")))?;
     }
     for note in notes {
         writeln!(out, "{}", ctx.out_style.yellow(&esc(&note)))?;

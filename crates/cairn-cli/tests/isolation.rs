@@ -11,12 +11,16 @@
 //! - where staging is off, overwriting programs, archive extraction,
 //!   patching and git (which runs what the repository's configuration
 //!   names) need a person (issue 46.5).
+//! - what sandboxed processes may read (`reads`: `/etc` secrets, git's
+//!   configuration, `sandbox_read_paths`, a hook's neighbours).
 //!
 //! Each test performs the attack; the oracles are the tree (byte for byte),
 //! the files outside it and the session log.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "isolation/reads.rs"]
+mod reads;
 use crate::util;
 
 use std::io::{BufRead, BufReader};
@@ -432,10 +436,10 @@ fn a_tool_cannot_see_cairns_home_nor_reach_cairn_serve() {
     let _ = served.wait();
 }
 
-/// The isolation attacks above, as uid 65534 (a user namespace instead of
-/// root's namespaces): the same answers.
+/// The isolation attacks above and in `reads`, as uid 65534 (a user
+/// namespace instead of root's namespaces): the same answers.
 #[test]
 fn the_isolation_holds_for_a_non_root_user_too() {
     let passed = util::rerun_as_non_root("the_isolation_holds_for_a_non_root_user_too");
-    assert_eq!(passed, 5, "as uid 65534 not every isolation test ran");
+    assert_eq!(passed, 9, "as uid 65534 not every isolation test ran");
 }

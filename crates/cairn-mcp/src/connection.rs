@@ -27,7 +27,7 @@ use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use crate::config::{FileAccess, ServerConfig};
-use cairn_tools::programs::{expand, install_dirs, resolve};
+use cairn_tools::programs::{expand, install_reads, resolve};
 
 /// Why a server could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -422,7 +422,7 @@ fn spawn(name: &str, command: &str, config: &ServerConfig, cwd: &Path, tools: &T
             Decision::Unsandboxed(_) => false,
             Decision::Refuse(why) => return Err(why),
         };
-    let mut extra_read = install_dirs(&program);
+    let mut extra_read = install_reads(&program).map_err(|e| e.to_string())?;
     extra_read.extend(config.read.iter().map(|p| expand(p)));
     extra_read.extend(tools.sandbox_read_paths.iter().cloned());
     let policy = SandboxPolicy {

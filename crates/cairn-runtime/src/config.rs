@@ -160,6 +160,11 @@ pub struct ToolsFileConfig {
     pub undo_store_max_bytes: Option<u64>,
     /// Use the tools of the `cairn toolsrv` at this dial string (`toolsrv.rs`).
     pub toolsrv: Option<String>,
+    /// Paths (absolute or `~/`) every sandboxed process (shell, external
+    /// tools, MCP servers, hooks) may read and execute, besides the
+    /// developer configuration it reads by default.
+    #[serde(default)]
+    pub sandbox_read_paths: Vec<PathBuf>,
 }
 
 /// `[local]`.
@@ -227,6 +232,8 @@ pub struct Settings {
     pub undo_max_bytes: Setting<u64>,
     /// Budget of the whole pre-image store (automatic collection past it).
     pub undo_store_max_bytes: Setting<u64>,
+    /// `[tools] sandbox_read_paths`, `~/` expanded.
+    pub sandbox_read_paths: Setting<Vec<PathBuf>>,
     /// Local model threads.
     pub local_threads: Setting<usize>,
     /// Local model fast mode.
@@ -293,6 +300,7 @@ impl Settings {
         let mut shell_network = Setting::default(false);
         let mut undo_store_max_bytes = Setting::default(cairn_tools::undo::DEFAULT_STORE_MAX_BYTES);
         let mut compaction_threshold = Setting::default(75u8);
+        let mut sandbox_read_paths = Setting::default(Vec::new());
         let mut local_threads = Setting::default(1);
         let mut local_fast = Setting::default(false);
         let mut local_model_path = Setting::default(None);
@@ -347,6 +355,22 @@ impl Settings {
         }
         if let Some(v) = file.tools.undo_max_bytes {
             undo_max_bytes.set(v, from_file());
+        }
+        if !file.tools.sandbox_read_paths.is_empty() {
+            let mut paths = Vec::new();
+            for p in &file.tools.sandbox_read_paths {
+                let expanded = cairn_tools::programs::expand(p);
+                if !expanded.is_absolute() {
+                    anyhow::bail!(
+                        "{}: [tools] sandbox_read_paths entry {} is relative; give an absolute path or one starting \
+                         with ~/",
+                        config_file.display(),
+                        p.display()
+                    );
+                }
+                paths.push(expanded);
+            }
+            sandbox_read_paths.set(paths, from_file());
         }
         if let Some(v) = file.local.threads {
             local_threads.set(v, from_file());
@@ -435,6 +459,7 @@ impl Settings {
             shell_network,
             undo_max_bytes,
             undo_store_max_bytes,
+            sandbox_read_paths,
             local_threads,
             local_fast,
             local_model_path,
@@ -501,6 +526,11 @@ impl Settings {
                 "tools.undo_store_max_bytes",
                 self.undo_store_max_bytes.value.to_string(),
                 self.undo_store_max_bytes.source.to_string(),
+            ),
+            (
+                "tools.sandbox_read_paths",
+                format!("{:?}", self.sandbox_read_paths.value),
+                self.sandbox_read_paths.source.to_string(),
             ),
             ("local.threads", self.local_threads.value.to_string(), self.local_threads.source.to_string()),
             ("local.fast", self.local_fast.value.to_string(), self.local_fast.source.to_string()),

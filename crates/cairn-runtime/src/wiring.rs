@@ -81,6 +81,7 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
         }
     }
     config.authority = authority_rules(&ctx.paths);
+    config.sandbox_read_paths = sandbox_read_paths(ctx);
     config
 }
 
@@ -116,6 +117,23 @@ fn resolved(path: &Path) -> PathBuf {
             _ => return path.to_path_buf(),
         }
     }
+}
+
+/// What every sandboxed process may read beyond its own rules: the
+/// developer configuration (`cairn_tools::programs::developer_config`,
+/// so git and cargo work with a normal home) unless it lies in cairn's
+/// own directories, then `[tools] sandbox_read_paths`.
+fn sandbox_read_paths(ctx: &Context) -> Vec<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let mut paths = match var("HOME") {
+        Some(home) => cairn_tools::programs::developer_config(&home, var("XDG_CONFIG_HOME").as_deref()),
+        None => Vec::new(),
+    };
+    // Never what is hidden (cairn's own directories, issue 46).
+    let own = ctx.paths.own_dirs();
+    paths.retain(|p| !own.iter().any(|d| p.starts_with(d)));
+    paths.extend(ctx.settings.sandbox_read_paths.value.iter().cloned());
+    paths
 }
 
 /// What no tool may see: cairn's home (its control sockets `cairn.sock`

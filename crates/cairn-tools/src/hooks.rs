@@ -36,7 +36,7 @@ use serde_json::{Value, json};
 
 use crate::ToolsConfig;
 use crate::process::{End, RunSpec};
-use crate::programs::{FileAccess, expand, install_dirs, resolve};
+use crate::programs::{FileAccess, expand, install_reads, resolve};
 use crate::sandbox::{self, Decision, SandboxPolicy};
 
 /// One hook program.
@@ -277,7 +277,10 @@ impl CommandHooks {
             Decision::Unsandboxed(_) => false,
             Decision::Refuse(why) => return Ran::Failed(why),
         };
-        let mut extra_read = install_dirs(&program);
+        let mut extra_read = match install_reads(&program) {
+            Ok(reads) => reads,
+            Err(e) => return Ran::Failed(e.to_string()),
+        };
         extra_read.extend(hook.read.iter().map(|p| expand(p)));
         extra_read.extend(self.tools.sandbox_read_paths.iter().cloned());
         let policy = SandboxPolicy {

@@ -86,10 +86,11 @@ pub struct ToolsConfig {
     /// Most processes one call may have at once (pids cgroup, when cairn
     /// can create one).
     pub max_processes: u32,
-    /// Extra read-only (and executable) paths every sandboxed process gets,
-    /// e.g. toolchains under `$HOME` (`~/.cargo/bin`, `~/.pyenv`). Part of
-    /// the rules the user configured, shown by `cairn tools`; never a
-    /// write, never a bypass.
+    /// Extra read-only (and executable) paths every sandboxed process gets:
+    /// in `cairn`, the developer configuration
+    /// ([`programs::developer_config`]) and `[tools] sandbox_read_paths`
+    /// (e.g. toolchains under `$HOME`: `~/.cargo/bin`, `~/.rustup`). Never
+    /// a write, never a bypass.
     pub sandbox_read_paths: Vec<PathBuf>,
     /// Secret values the host holds (provider keys): no tool's environment
     /// carries a variable whose value equals or contains one, whatever its

@@ -1,5 +1,5 @@
-//! Capabilities → kernel rules: the Landlock ruleset (files, TCP, scopes)
-//! and the seccomp programs (no new processes without `ProcessSpawn`, no
+//! Capabilities → kernel rules: the Landlock ruleset (files, TCP, scopes;
+//! `/etc` by entries, its secrets left out) and the seccomp programs (no new processes without `ProcessSpawn`, no
 //! sockets but `AF_UNIX` without `Network`, the always-on denials). Built
 //! in the parent; applied by the child hook.
 
@@ -12,14 +12,18 @@ use seccompiler::{
 };
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The ABI whose rights cairn asks for (tested here); newer kernels keep
 /// these semantics, older ones get the best they can enforce.
 const ABI_TARGET: ABI = ABI::V6;
 
-const SYSTEM_READ: &[&str] =
-    &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys"];
+const SYSTEM_READ: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/proc", "/sys"];
+/// `/etc` is readable by entries ([`etc_reads`]), never whole.
+const ETC: &str = "/etc";
+/// Under `/etc`, never readable whatever their modes: password and group
+/// hashes (and their backups), TLS private keys, old password hashes.
+const ETC_SECRETS: &[&str] = &["shadow", "shadow-", "gshadow", "gshadow-", "ssl/private", "security/opasswd"];
 const DEV_RW: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 const DEV_R: &[&str] = &["/dev/urandom", "/dev/random"];
 const NET_CONFIG: &[&str] = &["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf"];
@@ -48,6 +52,12 @@ pub(super) fn ruleset(policy: &SandboxPolicy) -> Result<OwnedFd, SandboxError> {
     };
     for p in SYSTEM_READ {
         add(Path::new(p), read)?;
+    }
+    // Listing `/etc` (and so `cat /etc/*release`) works; what is read is
+    // decided entry by entry.
+    add(Path::new(ETC), AccessFs::ReadDir.into())?;
+    for p in etc_reads(Path::new(ETC)) {
+        add(&p, read)?;
     }
     for p in DEV_RW {
         add(Path::new(p), file_rw)?;
@@ -78,6 +88,55 @@ pub(super) fn ruleset(policy: &SandboxPolicy) -> Result<OwnedFd, SandboxError> {
     }
     let fd: Option<OwnedFd> = created.into();
     fd.ok_or_else(|| SandboxError::Landlock("this kernel does not support Landlock".into()))
+}
+
+/// What of `etc` a sandboxed process may read: every entry any user may
+/// read (a file readable by others, a directory readable and searchable
+/// by others), except [`ETC_SECRETS`]; a directory whose whole tree
+/// qualifies as one path, else its qualifying entries. Tools drop every
+/// capability but a root tool still owns root's files, so the mode bits
+/// for *others* are the test of what is meant for everyone (`shadow` is
+/// 0640, SSH host keys 0600, `ssl/private` 0710). Symbolic links get no
+/// rule: what they point to is decided by its own path.
+pub(super) fn etc_reads(etc: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if public_tree(etc, etc, &mut out) {
+        out = vec![etc.to_path_buf()];
+    }
+    out
+}
+
+/// Whether all of `dir` is public (then nothing is pushed); else its
+/// public parts are pushed into `out`.
+fn public_tree(etc: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    let mut parts = Vec::new();
+    let mut whole = true;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            whole = false;
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.permissions().mode();
+        let secret = path.strip_prefix(etc).is_ok_and(|rel| ETC_SECRETS.iter().any(|s| rel == Path::new(s)));
+        let public = if meta.is_dir() { mode & 0o005 == 0o005 } else { mode & 0o004 != 0 };
+        if secret || !public {
+            whole = false;
+        } else if !meta.is_dir() || public_tree(etc, &path, &mut parts) {
+            parts.push(path);
+        } else {
+            whole = false;
+        }
+    }
+    if !whole {
+        out.extend(parts);
+    }
+    whole
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -185,4 +244,42 @@ pub(super) fn filters(policy: Option<&SandboxPolicy>) -> Result<Vec<Vec<RawFilte
         out.push(compile(enosys, libc::ENOSYS)?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn etc_is_granted_by_entries_without_its_secrets() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let etc = dir.path();
+        let file = |rel: &str, mode: u32| {
+            let p = etc.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap_or(etc)).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(&p, "x").unwrap_or_else(|e| panic!("{e}"));
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap_or_else(|e| panic!("{e}"));
+        };
+        file("passwd", 0o644);
+        file("shadow", 0o640);
+        file("gshadow", 0o644); // named: refused whatever its mode
+        file("default/locale", 0o644);
+        file("ssl/certs/ca.pem", 0o644);
+        file("ssl/private/key.pem", 0o644);
+        file("ssh/ssh_config", 0o644);
+        file("ssh/ssh_host_ed25519_key", 0o600);
+        std::fs::set_permissions(etc.join("ssl/private"), std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink("shadow", etc.join("link")).unwrap_or_else(|e| panic!("{e}"));
+        let mut got = etc_reads(etc);
+        got.sort();
+        let want: Vec<PathBuf> =
+            ["default", "passwd", "ssh/ssh_config", "ssl/certs"].into_iter().map(|r| etc.join(r)).collect();
+        assert_eq!(got, want);
+        // A tree with nothing to hide is one rule.
+        let clean = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(clean.path().join("hosts"), "x").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(etc_reads(clean.path()), vec![clean.path().to_path_buf()]);
+    }
 }

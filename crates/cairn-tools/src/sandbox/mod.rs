@@ -10,8 +10,13 @@
 //!
 //! Rules (what a sandboxed process may do):
 //! - read and execute the system directories (`/usr`, `/bin`, `/sbin`,
-//!   `/lib*`, `/etc`, `/opt`, `/proc`, `/sys`), read and write `/dev/null`,
+//!   `/lib*`, `/opt`, `/proc`, `/sys`) and of `/etc` what any user may read
+//!   but its secrets (`shadow`, `gshadow`, `ssl/private`, … —
+//!   `linux::etc_reads`; root's tools too), read and write `/dev/null`,
 //!   `/dev/zero`, `/dev/full`, read `/dev/urandom` and `/dev/random`;
+//! - read the configured `extra_read` paths: a program's install
+//!   (`programs::install_reads`), developer configuration
+//!   (`programs::developer_config`), `sandbox_read_paths`;
 //! - read (and execute) the working directory only with `FileRead`;
 //! - write the working directory and a private temp directory (`TMPDIR`)
 //!   only with `FileWrite`;
