@@ -328,7 +328,7 @@ impl Tool for Shell {
         }
         let mut spec = self.spec_for(&args.command, ctx.cwd, timeout, sandboxed, None);
         spec.output_cap = ctx.limits.output_cap;
-        let mut outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
+        let mut outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(ToolError::from)?;
         let mut bypassed = false;
         if sandboxed && self.offer_bypass && looks_denied(&outcome) {
             let question = format!(
@@ -340,7 +340,7 @@ impl Tool for Shell {
                 notes.push("[cairn: re-ran once without the sandbox after an approved bypass]".into());
                 let mut again = self.spec_for(&args.command, ctx.cwd, timeout, false, None);
                 again.output_cap = ctx.limits.output_cap;
-                outcome = process::run(&again, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
+                outcome = process::run(&again, ctx.cancel, ctx.output).map_err(ToolError::from)?;
                 bypassed = true;
             }
         }
@@ -401,7 +401,7 @@ impl Shell {
             Ok(o) => Ok((staging, o)),
             Err(e) => {
                 staging.remove();
-                Err(ToolError::Other(e.to_string()))
+                Err(e.into())
             }
         }
     }
