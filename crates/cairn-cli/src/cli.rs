@@ -204,8 +204,8 @@ pub enum Command {
         /// Sessions driven at once.
         #[arg(long, default_value_t = 1, value_name = "N")]
         concurrency: usize,
-        /// Lease length in seconds (a stalled worker's sessions are taken over after it).
-        #[arg(long, default_value_t = 10, value_name = "SECS")]
+        /// Lease length in seconds, 1 to 86400 (a stalled worker's sessions are taken over after it).
+        #[arg(long, default_value_t = 10, value_name = "SECS", value_parser = crate::pg::lease_secs)]
         lease: u64,
     },
     /// Enqueue a prompt in PostgreSQL for a worker: a new session (printing its id), or --session ID.
@@ -236,10 +236,13 @@ pub enum Command {
         /// Session id or unique prefix.
         id: String,
     },
-    /// Copy a JSONL session file into PostgreSQL ('-' for stdin).
+    /// Copy a JSONL session file into PostgreSQL ('-' for stdin); says the directory the session works in.
     Import {
         /// The session file.
         file: PathBuf,
+        /// The directory the session's turns run in (default: the one the file names, which may be another host's).
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
     },
     /// Serve the session tree over 9P (see `cat help` once connected) until SIGINT/SIGTERM.
     Serve {
@@ -402,7 +405,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Approve { session, invocation, deny } => {
             crate::pg::approve(&ctx, &session, &invocation, deny.as_deref())
         }
-        Command::Import { file } => crate::pg::import(&ctx, &file),
+        Command::Import { file, cwd } => crate::pg::import(&ctx, &file, cwd.as_deref()),
         Command::Sessions if database => crate::pg::sessions(&ctx),
         Command::Show { id, tools, all } if database => crate::pg::show(&ctx, &id, tools, all),
         Command::Log { id, follow } if database => crate::pg::log(&ctx, &id, follow),

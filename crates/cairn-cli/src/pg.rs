@@ -117,6 +117,13 @@ pub fn rewind(
     crate::undo::report(outcome)
 }
 
+/// `--lease SECS` as `cairn worker` takes it (checked at argument parsing
+/// by cairn-pg's rule, so an out-of-range lease is a usage error).
+pub fn lease_secs(text: &str) -> Result<u64, String> {
+    let secs: u64 = text.trim().parse().map_err(|e| format!("{e}; give a whole number of seconds"))?;
+    cairn_pg::lease::lease_from_secs(secs).map(|_| secs).map_err(|e| e.to_string())
+}
+
 /// `cairn worker`.
 pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
     let url = url(&ctx)?;
@@ -124,7 +131,7 @@ pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
     drop(connect_shown(&url)?);
     let mut opts = WorkerOptions::new(url.clone());
     opts.concurrency = concurrency.max(1);
-    opts.lease = Duration::from_secs(lease_secs.max(1));
+    opts.lease = cairn_pg::lease::lease_from_secs(lease_secs)?;
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -347,7 +354,21 @@ pub fn export(ctx: &Context, target: &str) -> Result<u8> {
 
 /// `cairn import FILE`: a session file into the database (replayed and
 /// checked first; refused when the id exists).
-pub fn import(ctx: &Context, file: &Path) -> Result<u8> {
+pub fn import(ctx: &Context, file: &Path, cwd: Option<&Path>) -> Result<u8> {
+    // The directory must exist here (turns run in it); stored absolute.
+    let cwd = match cwd {
+        None => None,
+        Some(dir) => {
+            let abs = std::fs::canonicalize(dir).with_context(|| {
+                format!("--cwd {}: no such directory here", escape_controls(&dir.display().to_string()))
+            })?;
+            if !abs.is_dir() {
+                bail!("--cwd {}: not a directory", escape_controls(&dir.display().to_string()));
+            }
+            let text = abs.to_str().map(str::to_owned);
+            Some(text.with_context(|| format!("--cwd {}: the path is not UTF-8", abs.display()))?)
+        }
+    };
     let bytes = if file == Path::new("-") {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).context("cannot read stdin")?;
@@ -357,8 +378,8 @@ pub fn import(ctx: &Context, file: &Path) -> Result<u8> {
     };
     let mut client = client(ctx)?;
     let max_line = ctx.settings.max_line_bytes.value;
-    let imported = cairn_pg::import_with(&mut client, &bytes, max_line)
-        .with_context(|| format!("cannot import {}", file.display()))?;
+    let imported = cairn_pg::import_with(&mut client, &bytes, max_line, cwd.as_deref())
+        .with_context(|| format!("cannot import {}", escape_controls(&file.display().to_string())))?;
     if !imported.settled.is_empty() {
         eprintln!(
             "cairn import: the file left {} tool call(s) unsettled ({}); they were settled without running them (failed-uncertain, or rejected if not yet approved): an approval recorded elsewhere is not trusted",
@@ -366,7 +387,20 @@ pub fn import(ctx: &Context, file: &Path) -> Result<u8> {
             escape_controls(&imported.settled.join(", "))
         );
     }
-    println!("{}", escape_controls(&imported.id));
+    // Escaped as the worker prints ids (a newline as `\n`), never raw.
+    println!("{}", imported.id.escape_debug());
+    let here = Path::new(&imported.cwd).is_dir();
+    eprintln!(
+        "cairn import: session {} works in {}{}",
+        imported.id.escape_debug(),
+        imported.cwd.escape_debug(),
+        if here {
+            "; import it with --cwd DIR to have it work elsewhere".to_owned()
+        } else {
+            " — no such directory here: its turns will fail until it exists; import it with --cwd DIR instead"
+                .to_owned()
+        }
+    );
     Ok(exit::SUCCESS)
 }
 

@@ -9,6 +9,11 @@ use crate::context::Context;
 
 const OFF: &str = "this cairn was built without PostgreSQL support; rebuild with `--features postgres`";
 
+/// Any whole number: `cairn worker` says what is missing when run.
+pub fn lease_secs(text: &str) -> Result<u64, String> {
+    text.trim().parse().map_err(|e| format!("{e}"))
+}
+
 pub fn worker(_: Context, _: usize, _: u64) -> Result<u8> {
     bail!(OFF)
 }
@@ -33,7 +38,7 @@ pub fn export(_: &Context, _: &str) -> Result<u8> {
     bail!(OFF)
 }
 
-pub fn import(_: &Context, _: &Path) -> Result<u8> {
+pub fn import(_: &Context, _: &Path, _: Option<&Path>) -> Result<u8> {
     bail!(OFF)
 }
 

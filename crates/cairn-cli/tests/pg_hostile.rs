@@ -211,13 +211,17 @@ fn submit_and_import_print_safely_and_read_prompts_from_stdin() {
     let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
     let url = cluster.url();
     let env = Env::new();
-    // An id with a terminal escape is a legal file name; printed escaped.
+    // An id with a terminal escape is refused at import (issue 47.2),
+    // and the refusal shows it escaped.
     let id = "evil\u{1b}]0;owned\u{7}id";
     let file = env.home.join("esc.jsonl");
     std::fs::write(&file, session_file_with_id(&env, id)).unwrap();
+    let err = refused(&env.cairn(&["--database", url, "import", file.to_str().unwrap()]).output().unwrap());
+    assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
+    assert!(err.contains("control character"), "{err}");
+    std::fs::write(&file, session_file_with_id(&env, "evil-id")).unwrap();
     let out = ok(&env.cairn(&["--database", url, "import", file.to_str().unwrap()]).output().unwrap());
-    assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
-    assert!(out.contains("evil"), "{out:?}");
+    assert_eq!(out, "evil-id\n");
     let out = ok(&env.cairn(&["--database", url, "submit", "--session", "evil", "hi"]).output().unwrap());
     assert!(!out.contains('\u{1b}'), "{out:?}");
     // --session "" (an unset variable) is refused, nothing is queued.
@@ -269,4 +273,155 @@ fn a_postgres_refusal_reaches_the_user_with_its_message_and_code() {
     let err = refused(&env.cairn(&["--database", &reader, "submit", "hello"]).output().unwrap());
     assert!(err.contains("permission denied") && err.contains("42501"), "{err}");
     assert!(!err.contains("db error"), "{err}");
+}
+
+/// Issue 47.2: an imported file never names a subagent (`<parent>+<call>`:
+/// it would answer for that call), a control character (ids are printed)
+/// or more than 255 bytes — refused, nothing stored; a file that is
+/// imported has its id printed and the directory it works in said, and
+/// `--cwd` sets that directory.
+#[test]
+fn an_import_never_names_a_subagent_and_says_where_it_works() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    let file = env.home.join("in.jsonl");
+    let long = "a".repeat(300);
+    for (id, why) in
+        [("parent+i10", "names a subagent"), ("two\nlines", "control character"), (long.as_str(), "bytes long")]
+    {
+        std::fs::write(&file, session_file_with_id(&env, id)).unwrap();
+        let err = refused(&env.cairn(&["--database", url, "import", file.to_str().unwrap()]).output().unwrap());
+        assert!(err.contains(why), "{id:?}: {err}");
+        assert!(!err.contains("two\nlines"), "the id is shown escaped: {err}");
+        assert_eq!(sessions_in(&cluster), 0, "{id:?}: the database changed");
+    }
+    // Imported as it is: the id on stdout, where it works on stderr.
+    std::fs::write(&file, session_file_with_id(&env, "imported-1")).unwrap();
+    let out = env.cairn(&["--database", url, "import", file.to_str().unwrap()]).output().unwrap();
+    assert_eq!(ok(&out), "imported-1\n");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(said.contains(&format!("works in {}", env.cwd.display())) && said.contains("--cwd"), "{said}");
+    // Moved with --cwd: the stored header names the new directory.
+    let elsewhere = env.home.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let elsewhere = elsewhere.canonicalize().unwrap();
+    std::fs::write(&file, session_file_with_id(&env, "imported-2")).unwrap();
+    let out = env
+        .cairn(&["--database", url, "import", "--cwd", elsewhere.to_str().unwrap(), file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(ok(&out), "imported-2\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("works in {}", elsewhere.display())));
+    let exported = ok(&env.cairn(&["--database", url, "export", "imported-2"]).output().unwrap());
+    let header: Value = serde_json::from_str(exported.lines().next().unwrap()).unwrap();
+    assert_eq!(header["cwd"], elsewhere.to_str().unwrap());
+    // A directory that is not there is refused before anything is stored.
+    std::fs::write(&file, session_file_with_id(&env, "imported-3")).unwrap();
+    let err = refused(
+        &env.cairn(&["--database", url, "import", "--cwd", "/no/such/dir", file.to_str().unwrap()]).output().unwrap(),
+    );
+    assert!(err.contains("no such directory"), "{err}");
+    assert_eq!(sessions_in(&cluster), 2);
+}
+
+/// Issue 47.2: rows under a child's name that its family did not create
+/// (here as an older cairn's import left them: lines written under no
+/// lease, no `subagent` fact, a finished conversation with a forged
+/// answer) are never adopted by the parent's `spawn_agent`: the call fails
+/// saying so, and the forged answer never reaches the parent.
+#[test]
+fn a_worker_never_adopts_a_child_its_family_did_not_create() {
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.url();
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    // The forged answer: a finished local conversation.
+    let forged = env.script(&[json!({"text": "FORGED ANSWER planted by an imported file", "toolCalls": []})]);
+    ok(&env.cairn(&["--script", forged.to_str().unwrap(), "run", "hi"]).output().unwrap());
+    let forged_file = env.session_files().pop().unwrap();
+    let text = std::fs::read_to_string(&forged_file).unwrap();
+    std::fs::remove_file(&forged_file).unwrap();
+    let child_script = env.home.join("child.jsonl");
+    std::fs::write(&child_script, format!("{}\n", json!({"text": "the genuine child's answer"}))).unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "p1", "name": "spawn_agent",
+            "arguments": {"prompt": "delegate", "script": child_script.to_str().unwrap()}}]}),
+        json!({"text": "parent done", "toolCalls": []}),
+    ]);
+    let parent = ok(&env.cairn(&["--database", url, "submit", "delegate"]).output().unwrap()).trim().to_owned();
+    // Its calls' invocation ids are `i<seq>`: every name its spawn may take
+    // is planted.
+    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let (header, lines) = text.split_once('\n').unwrap();
+    for n in 1..=60 {
+        let id = format!("{parent}+i{n}");
+        let mut h: Value = serde_json::from_str(header).unwrap();
+        h["id"] = json!(id);
+        c.execute("INSERT INTO cairn_sessions (id, header, last_seq) VALUES ($1, $2, 0)", &[&id, &h.to_string()])
+            .unwrap();
+        let mut seq = 0i64;
+        for line in lines.lines() {
+            let records = cairn_core::storage::decode_line(line.as_bytes()).unwrap();
+            let first = i64::try_from(records.first().unwrap().seq()).unwrap();
+            seq = i64::try_from(records.last().unwrap().seq()).unwrap();
+            c.execute(
+                "INSERT INTO cairn_lines (session_id, first_seq, last_seq, line, epoch) VALUES ($1, $2, $3, $4, 0)",
+                &[&id, &first, &seq, &line],
+            )
+            .unwrap();
+        }
+        c.execute("UPDATE cairn_sessions SET last_seq = $2 WHERE id = $1", &[&id, &seq]).unwrap();
+    }
+    let log = env.home.join("worker.log");
+    let mut worker = env
+        .cairn(&["--database", url, "--script", script.to_str().unwrap(), "--yes", "worker", "--lease", "2"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let exported = loop {
+        let idle: bool = c
+            .query_opt("SELECT 1 FROM cairn_sessions WHERE id = $1 AND status = 'idle'", &[&parent])
+            .unwrap()
+            .is_some();
+        let exported = ok(&env.cairn(&["--database", url, "export", &parent]).output().unwrap());
+        if idle && exported.contains("parent done") {
+            break exported;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = worker.kill();
+            panic!("the parent never finished:\n{}\n{exported}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = worker.kill();
+    let _ = worker.wait();
+    assert!(!exported.contains("FORGED"), "the planted answer reached the parent:\n{exported}");
+    let spawn: Vec<Value> = util::entries_of_text(&exported)
+        .into_iter()
+        .filter(|e| e["type"] == "toolFailed" && e["payload"]["tool"] == "spawn_agent")
+        .collect();
+    assert_eq!(spawn.len(), 1, "{exported}");
+    assert!(spawn[0].to_string().contains("not adopted"), "{spawn:?}");
+}
+
+/// Issue 47.6: `cairn worker --lease` out of range is a usage error at
+/// argument parsing, saying the range (3,000,000 s looped forever on
+/// "Invalid argument"; u64::MAX panicked a worker thread and left a silent
+/// process). The database named cannot be reached: a lease let through
+/// would fail at connect instead, with another message.
+#[test]
+fn an_out_of_range_lease_is_refused_at_argument_parsing() {
+    let env = Env::new();
+    let url = "postgres://nobody@127.0.0.1:9/none";
+    for lease in ["0", "86401", "3000000", "18446744073709551615", "99999999999999999999", "ten"] {
+        let out = env.cairn(&["--database", url, "worker", "--lease", lease]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "--lease {lease}: {err}");
+        assert!(err.contains("--lease"), "--lease {lease}: {err}");
+        let why = if lease.parse::<u64>().is_err() { "whole number of seconds" } else { "give 1 to 86400 seconds" };
+        assert!(err.contains(why), "--lease {lease}: {err}");
+    }
 }

@@ -22,8 +22,11 @@
 //! holder keeps its own [`LeaseClock`]: the instant each successful claim,
 //! renewal or commit was *sent* plus the lease length, which is never later
 //! than the server's `lease_expires` (the server adds the lease to a `now()`
-//! taken after the request left). The worker cancels the running turn when
-//! less than [`safety_margin`] of it is left.
+//! taken after the request left). With less than [`safety_margin`] of it
+//! left ([`LeaseClock::held_with_margin`]) no effect starts (the store's
+//! `may_act`, asked by the turn right before each one), the turn is
+//! cancelled (by the worker's watchdog, and by a commit whose reply came
+//! that late), and the running tool is told to stop.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -92,6 +95,31 @@ impl LeaseClock {
     /// The lease length.
     pub fn lease(&self) -> Duration {
         self.lease
+    }
+
+    /// The holder's precondition for every effect and for going on with a
+    /// turn: at least [`safety_margin`] of the lease is surely left. `Err`
+    /// holds how much is left.
+    pub fn held_with_margin(&self) -> Result<(), Duration> {
+        let left = self.remaining();
+        if left < safety_margin(self.lease) { Err(left) } else { Ok(()) }
+    }
+}
+
+/// The longest lease a worker takes (a day). Its connections' timeouts are
+/// derived from the lease (`connect_for`: `tcp_user_timeout` of two leases
+/// in milliseconds, `idle_in_transaction_session_timeout` of one), and the
+/// server and the kernel refuse them past about 24 days.
+pub const MAX_LEASE_SECS: u64 = 86_400;
+
+/// A lease length given in seconds, checked: 1 to [`MAX_LEASE_SECS`].
+pub fn lease_from_secs(secs: u64) -> Result<Duration, PgError> {
+    if (1..=MAX_LEASE_SECS).contains(&secs) {
+        Ok(Duration::from_secs(secs))
+    } else {
+        Err(PgError::Refused(format!(
+            "a lease of {secs} s is out of range: give 1 to {MAX_LEASE_SECS} seconds (a day); a stalled worker's sessions are taken over one lease after it stalls"
+        )))
     }
 }
 

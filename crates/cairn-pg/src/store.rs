@@ -34,9 +34,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cairn_core::CancelToken;
 use cairn_core::storage::{
-    Committed, DEFAULT_MAX_LINE_BYTES, Header, Record, STORAGE_VERSION, SessionIndex, Storage, StorageError,
-    Transaction, check_session_id, decode_header, decode_line_into, encode_header, encode_line, now_millis,
+    Committed, DEFAULT_MAX_LINE_BYTES, Header, NotHeld, Record, STORAGE_VERSION, SessionIndex, Storage, StorageError,
+    Transaction, check_imported_id, decode_header, decode_line_into, encode_header, encode_line, now_millis,
 };
 use postgres::Client;
 
@@ -63,6 +64,9 @@ pub struct PgStore {
     /// The session whose lease fences this one (`fence` is that lease):
     /// `None` for a session that holds its own.
     holder: Option<String>,
+    /// The turn's token, cancelled when a commit's reply comes with less
+    /// than the safety margin of the lease left.
+    cancel: Option<CancelToken>,
 }
 
 /// A lease in hand, as the stores of the sessions driven within it share
@@ -77,6 +81,7 @@ pub struct Hold {
     lost: Arc<AtomicBool>,
     clock: Option<LeaseClock>,
     reconnect: Option<(String, Duration)>,
+    cancel: Option<CancelToken>,
 }
 
 impl Hold {
@@ -200,6 +205,7 @@ impl PgStore {
             clock: None,
             reconnect: None,
             holder: None,
+            cancel: None,
         }
     }
 
@@ -213,6 +219,7 @@ impl PgStore {
             lost: Arc::clone(&self.lost),
             clock: self.clock.clone(),
             reconnect: self.reconnect.clone(),
+            cancel: self.cancel.clone(),
         })
     }
 
@@ -222,6 +229,7 @@ impl PgStore {
         store.lost = Arc::clone(&hold.lost);
         store.clock = hold.clock.clone();
         store.reconnect = hold.reconnect.clone();
+        store.cancel = hold.cancel.clone();
         store
     }
 
@@ -231,6 +239,15 @@ impl PgStore {
     /// session named by a recorded intent is created once.
     pub fn create_within(mut client: Client, header: Header, hold: &Hold) -> Result<Self, StorageError> {
         let id = header.id.clone();
+        // Only the holder's own family: `<holder>+<invocation>`, nested.
+        let family = format!("{}{}", hold.session, cairn_core::storage::FAMILY_SEP);
+        if !id.strip_prefix(&family).is_some_and(|rest| !rest.is_empty()) {
+            return Err(StorageError::Invalid(format!(
+                "session {} is not a subagent of {} and cannot be created within its lease",
+                id.escape_debug(),
+                hold.session.escape_debug()
+            )));
+        }
         let e = |err: postgres::Error| db(&id, &err);
         let line = encode_header(&header).map_err(|e| StorageError::Encode(e.to_string()))?;
         let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
@@ -259,7 +276,8 @@ impl PgStore {
     pub fn idle_within(&mut self) -> Result<(), StorageError> {
         let (Some(holder), Some(fence)) = (self.holder.clone(), self.fence.clone()) else { return Ok(()) };
         let id = self.header.id.clone();
-        let hold = Hold { session: holder, fence, lost: Arc::clone(&self.lost), clock: None, reconnect: None };
+        let hold =
+            Hold { session: holder, fence, lost: Arc::clone(&self.lost), clock: None, reconnect: None, cancel: None };
         idle_within(self.client.get_mut(), &id, &hold)
     }
 
@@ -308,6 +326,14 @@ impl PgStore {
         self.clock = Some(clock);
     }
 
+    /// Cancel `token` (the turn's) when a commit's reply comes with less
+    /// than the safety margin of the lease left: the turn must not go on
+    /// toward effects that could outlive the lease (the turn also asks
+    /// [`Storage::may_act`] right before each effect).
+    pub fn set_cancel(&mut self, token: CancelToken) {
+        self.cancel = Some(token);
+    }
+
     /// When a commit fails because the connection broke (a restart, a
     /// terminated backend, a network cut), connect again with
     /// [`connect_for`]`(url, lease)` and retry it — while the lease clock
@@ -353,6 +379,14 @@ impl PgStore {
                 Ok(()) => {
                     if let Some(clock) = &self.clock {
                         clock.extend(sent);
+                        // A reply that came this late (a delayed or cut
+                        // connection): the lease may end before anything
+                        // the turn would do next.
+                        if clock.held_with_margin().is_err()
+                            && let Some(cancel) = &self.cancel
+                        {
+                            cancel.cancel();
+                        }
                     }
                     return Ok(());
                 }
@@ -401,6 +435,7 @@ impl PgStore {
                 lost: Arc::clone(&self.lost),
                 clock: None,
                 reconnect: None,
+                cancel: None,
             };
             check_hold(&mut tx, &id, &hold).map_err(|err| match err {
                 HoldError::Db(err) => WriteError::from_db(&id, &err),
@@ -750,8 +785,11 @@ pub fn export(client: &mut Client, id: &str) -> Result<Vec<u8>, StorageError> {
 /// What [`import_with`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Imported {
-    /// The session id (checked by the file backend's rule).
+    /// The session id (checked by `check_imported_id`).
     pub id: String,
+    /// The working directory the session's turns run in (its header's
+    /// `cwd`: the file's, or the one the import was given).
+    pub cwd: String,
     /// Invocations the file left unsettled, now settled without running
     /// them (failed-uncertain, or rejected when not yet approved): a
     /// verdict recorded elsewhere is not trusted here.
@@ -761,13 +799,15 @@ pub struct Imported {
 /// Import a JSONL session file (as `cairn export` or the JSONL backend
 /// wrote it) as a new session; see [`import_with`]. Returns the session id.
 pub fn import(client: &mut Client, bytes: &[u8]) -> Result<String, StorageError> {
-    import_with(client, bytes, DEFAULT_MAX_LINE_BYTES).map(|i| i.id)
+    import_with(client, bytes, DEFAULT_MAX_LINE_BYTES, None).map(|i| i.id)
 }
 
 /// Import a JSONL session file as a new session. The file is untrusted:
 ///
-/// - its id must follow the file backend's rule ([`check_session_id`]: no
-///   `/`, no leading `.`…), so no id can later name a path;
+/// - its id must follow the rule for ids from elsewhere
+///   ([`check_imported_id`]: the file backend's rule, so no id can later
+///   name a path; at most 255 bytes; no control character; and no `+`, so
+///   no import names — and answers for — another session's subagent);
 /// - no line may be longer than `max_line` bytes (the file backend's limit,
 ///   so that the export passes `cairn check`);
 /// - every line is replayed and checked;
@@ -777,8 +817,23 @@ pub fn import(client: &mut Client, bytes: &[u8]) -> Result<String, StorageError>
 ///   failed-uncertain, or rejected when it was still waiting for a verdict;
 ///   the next turn's model sees that).
 ///
+/// With `cwd`, the session works in that directory instead of the one its
+/// header names (a file from another host names a directory of that host).
 /// Nothing is written to the database unless all of it passes.
-pub fn import_with(client: &mut Client, bytes: &[u8], max_line: u64) -> Result<Imported, StorageError> {
+pub fn import_with(
+    client: &mut Client,
+    bytes: &[u8],
+    max_line: u64,
+    cwd: Option<&str>,
+) -> Result<Imported, StorageError> {
+    let moved;
+    let bytes = match cwd {
+        None => bytes,
+        Some(dir) => {
+            moved = with_cwd(bytes, dir)?;
+            &moved
+        }
+    };
     let (id, mut rows, settled_bytes, settled) = parse_import(bytes, max_line)?;
     let owned;
     if let Some(after) = settled_bytes {
@@ -806,7 +861,19 @@ pub fn import_with(client: &mut Client, bytes: &[u8], max_line: u64) -> Result<I
         .map_err(e)?;
     }
     tx.commit().map_err(e)?;
-    Ok(Imported { id, settled })
+    let cwd = decode_header(header_line.as_bytes()).map(|h| h.cwd).unwrap_or_default();
+    Ok(Imported { id, cwd, settled })
+}
+
+/// The file with its header's `cwd` replaced by `dir`.
+fn with_cwd(bytes: &[u8], dir: &str) -> Result<Vec<u8>, StorageError> {
+    let bad = |reason: String| StorageError::BadHeader { path: "import".to_owned(), reason };
+    let end = bytes.iter().position(|b| *b == b'\n').unwrap_or(bytes.len());
+    let mut header = decode_header(&bytes[..end]).map_err(|e| bad(e.to_string()))?;
+    header.cwd = dir.to_owned();
+    let mut out = encode_header(&header).map_err(|e| StorageError::Encode(e.to_string()))?;
+    out.extend_from_slice(bytes.get(end + 1..).unwrap_or_default());
+    Ok(out)
 }
 
 /// An import's rows: the header line, (first seq, last seq, line) of each
@@ -843,7 +910,7 @@ fn parse_import(bytes: &[u8], max_line: u64) -> Result<Parsed, StorageError> {
             supported: STORAGE_VERSION,
         });
     }
-    check_session_id(&header.id)?;
+    check_imported_id(&header.id)?;
     let mut index = SessionIndex::new();
     let mut rows = Vec::new();
     for (n, line) in lines.enumerate() {
@@ -1007,5 +1074,27 @@ impl Storage for PgStore {
     fn sync(&mut self) -> Result<(), StorageError> {
         // Every commit is a committed PostgreSQL transaction.
         Ok(())
+    }
+
+    /// A fenced handle acts only while its lease is held with margin
+    /// (`LeaseClock::held_with_margin`), counted from the last claim,
+    /// renewal or commit *sent*: so a commit answered late (the reply held
+    /// past the lease while another worker took over) is never followed by
+    /// an effect. A handle without a lease clock (unfenced, or a test's
+    /// fenced handle) is limited by the fence alone.
+    fn may_act(&self) -> Result<(), NotHeld> {
+        let holder = self.holder.as_deref().unwrap_or(&self.header.id);
+        let epoch = self.fence.as_ref().map_or(0, |f| f.epoch);
+        if self.fence.is_some() && self.lost.load(Ordering::SeqCst) {
+            return Err(NotHeld(format!("the lease on session {holder} (epoch {epoch}) was lost")));
+        }
+        let Some(clock) = &self.clock else { return Ok(()) };
+        clock.held_with_margin().map_err(|left| {
+            NotHeld(format!(
+                "the lease on session {holder} (epoch {epoch}) has {} ms surely left, under the safety margin of {} ms, so nothing that could outlive it starts",
+                left.as_millis(),
+                crate::lease::safety_margin(clock.lease()).as_millis()
+            ))
+        })
     }
 }

@@ -128,6 +128,15 @@ fn say(name: &str, text: &str) {
 /// Run until `stop` is set (then finish the sessions in hand, release them
 /// and return).
 pub fn run(opts: &WorkerOptions, driver: Arc<dyn Driver>, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    // Whole seconds or not, a lease past the range breaks the connections'
+    // timeouts (and its arithmetic): refused before any thread starts.
+    if opts.lease < Duration::from_millis(100) || opts.lease > Duration::from_secs(lease::MAX_LEASE_SECS) {
+        anyhow::bail!(
+            "a lease of {:?} is out of range: give 100 ms to {} s (a day)",
+            opts.lease,
+            lease::MAX_LEASE_SECS
+        );
+    }
     let held: Held = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let renewer = {
@@ -199,12 +208,11 @@ fn renew_loop(opts: &WorkerOptions, held: &Held, done: &AtomicBool) {
 /// left (the renewals failed: a partition, a stalled database). Runs apart
 /// from the renewals, which may be stuck on a dead connection.
 fn watch_loop(opts: &WorkerOptions, held: &Held, done: &AtomicBool) {
-    let margin = lease::safety_margin(opts.lease);
     let tick = (opts.lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(100));
     while !done.load(Ordering::SeqCst) {
         std::thread::sleep(tick);
         for (session, h) in held_now(held) {
-            if h.clock.remaining() < margin && !h.cancel.is_cancelled() {
+            if h.clock.held_with_margin().is_err() && !h.cancel.is_cancelled() {
                 h.cancel.cancel();
                 say(
                     &h.fence.owner,
@@ -321,11 +329,12 @@ fn drive_claim(
             return !transient;
         }
     };
+    let cancel = CancelToken::new();
     store.set_lease_clock(clock.clone());
+    store.set_cancel(cancel.clone());
     store.set_reconnect(opts.url.clone(), opts.lease);
     let lost = store.lease_lost();
     let slot = store.inbox_slot();
-    let cancel = CancelToken::new();
     if let Ok(mut h) = held.lock() {
         h.insert(
             id.clone(),

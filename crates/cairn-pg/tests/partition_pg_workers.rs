@@ -84,6 +84,12 @@ struct StampTool {
     worker: String,
     work: Duration,
     starts: PathBuf,
+    /// `$CAIRN_PG_ORACLE` (a direct connection string, never through a
+    /// proxy) and `$CAIRN_PG_MARKS`: at its start the tool reads its
+    /// session's row there and appends `<session> <worker> <epoch>
+    /// <owner>` — who held the lease when it started, seen from outside
+    /// the worker.
+    oracle: Option<(String, PathBuf)>,
 }
 
 fn append(path: &Path, line: &str) {
@@ -98,6 +104,15 @@ impl Tool for StampTool {
 
     fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {
         append(&self.starts, &format!("{} {}\n", self.worker, unix_ms()));
+        if let Some((url, marks)) = &self.oracle {
+            let mut db = Client::connect(url, postgres::NoTls).unwrap();
+            let row = db
+                .query_one("SELECT epoch, lease_owner FROM cairn_sessions WHERE id = $1", &[&request.session_id])
+                .unwrap();
+            let (epoch, owner): (i64, Option<String>) = (row.get(0), row.get(1));
+            let owner = owner.unwrap_or_else(|| "none".to_owned());
+            append(marks, &format!("{} {} {epoch} {owner}\n", request.session_id, self.worker));
+        }
         let until = Instant::now() + self.work;
         while Instant::now() < until {
             if ctx.cancel.is_cancelled() {
@@ -124,6 +139,7 @@ struct TestDriver {
     worker: String,
     work: Duration,
     starts: PathBuf,
+    oracle: Option<(String, PathBuf)>,
 }
 
 own_tools_host!(TestDriver);
@@ -147,6 +163,7 @@ impl Driver for TestDriver {
                 worker: self.worker.clone(),
                 work: self.work,
                 starts: self.starts.clone(),
+                oracle: self.oracle.clone(),
             }))
             .unwrap();
         let mut observer = |_: &cairn_core::TurnEvent| {};
@@ -169,6 +186,7 @@ fn worker_process() {
         worker: name.clone(),
         work: Duration::from_millis(var("CAIRN_PG_TOOL_MS").parse().unwrap()),
         starts: PathBuf::from(var("CAIRN_PG_STARTS")),
+        oracle: std::env::var("CAIRN_PG_ORACLE").ok().map(|url| (url, PathBuf::from(var("CAIRN_PG_MARKS")))),
     };
     let mut opts = WorkerOptions::new(var("CAIRN_PG_URL"));
     opts.name = name;
@@ -184,6 +202,9 @@ struct Conn {
     client: TcpStream,
     upstream: Option<UnixStream>,
     silent: Arc<AtomicBool>,
+    /// While `Some`, what the server sends is kept here (not swallowed)
+    /// until [`Proxy::deliver_held`]: a reply held back, not lost.
+    held: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 #[derive(Default)]
@@ -196,6 +217,20 @@ struct ProxyState {
     armed: Option<&'static str>,
     /// When each partition began.
     cuts: Vec<SystemTime>,
+    /// Armed for the targeted cut: on the connection whose transaction
+    /// inserts a line recording `toolStarted`, let its `COMMIT` reach the
+    /// server and hold the server's reply back (with everything else the
+    /// server sends there), and partition every other connection.
+    hold_commit: bool,
+    /// The targeted cuts made so far.
+    held_cuts: usize,
+}
+
+/// The simple-protocol query `COMMIT` (how the client ends a transaction).
+const COMMIT_QUERY: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// A loopback TCP proxy to the server's Unix socket.
@@ -224,35 +259,60 @@ impl Proxy {
                 let Ok(client) = client else { continue };
                 let mut s = st.lock().unwrap();
                 let silent = Arc::new(AtomicBool::new(s.cut));
+                let held: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
                 // In a partition the server is never reached.
                 let upstream = if s.cut { None } else { UnixStream::connect(&socket).ok() };
                 s.conns.push(Conn {
                     client: client.try_clone().unwrap(),
                     upstream: upstream.as_ref().map(|u| u.try_clone().unwrap()),
                     silent: Arc::clone(&silent),
+                    held: Arc::clone(&held),
                 });
                 drop(s);
-                let (st2, silent2) = (Arc::clone(&st), Arc::clone(&silent));
+                let (st2, silent2, held2) = (Arc::clone(&st), Arc::clone(&silent), Arc::clone(&held));
                 let mut from_client = client.try_clone().unwrap();
                 let mut to_server = upstream.as_ref().map(|u| u.try_clone().unwrap());
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 64 * 1024];
+                    // The end of the previous chunk, for a pattern cut in two.
+                    let mut tail: Vec<u8> = Vec::new();
+                    let mut started_in_tx = false;
                     loop {
                         let n = match from_client.read(&mut buf) {
                             Ok(0) | Err(_) => break,
                             Ok(n) => n,
                         };
                         let chunk = &buf[..n];
+                        let mut hay = std::mem::take(&mut tail);
+                        hay.extend_from_slice(chunk);
+                        let mut pass_anyway = false;
                         {
                             let mut s = st2.lock().unwrap();
                             if let Some(pattern) = s.armed
                                 && !silent2.load(Ordering::SeqCst)
-                                && chunk.windows(pattern.len()).any(|w| w == pattern.as_bytes())
+                                && contains(&hay, pattern.as_bytes())
                             {
                                 start_cut(&mut s);
                             }
+                            if s.hold_commit && !silent2.load(Ordering::SeqCst) {
+                                if contains(&hay, b"ROLLBACK") {
+                                    started_in_tx = false;
+                                } else if started_in_tx && contains(&hay, COMMIT_QUERY) {
+                                    // The COMMIT reaches the server; its
+                                    // reply (and all else) is held back.
+                                    s.hold_commit = false;
+                                    s.held_cuts += 1;
+                                    started_in_tx = false;
+                                    *held2.lock().unwrap() = Some(Vec::new());
+                                    start_cut(&mut s);
+                                    pass_anyway = true;
+                                } else if contains(&hay, b"toolStarted") {
+                                    started_in_tx = true;
+                                }
+                            }
                         }
-                        if silent2.load(Ordering::SeqCst) {
+                        tail = hay[hay.len().saturating_sub(16)..].to_vec();
+                        if silent2.load(Ordering::SeqCst) && !pass_anyway {
                             continue;
                         }
                         let Some(u) = to_server.as_mut() else { break };
@@ -275,6 +335,12 @@ impl Proxy {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
+                            // Held: kept in order for delivery (checked
+                            // under the lock `deliver_held` flushes under).
+                            if let Some(kept) = held.lock().unwrap().as_mut() {
+                                kept.extend_from_slice(&buf[..n]);
+                                continue;
+                            }
                             if silent.load(Ordering::SeqCst) {
                                 continue;
                             }
@@ -300,6 +366,38 @@ impl Proxy {
 
     fn cuts(&self) -> usize {
         self.state.lock().unwrap().cuts.len()
+    }
+
+    /// Arm the targeted cut (see [`ProxyState::hold_commit`]).
+    fn arm_commit_hold(&self) {
+        self.state.lock().unwrap().hold_commit = true;
+    }
+
+    fn held_cuts(&self) -> usize {
+        self.state.lock().unwrap().held_cuts
+    }
+
+    /// End a targeted cut: the held reply finally reaches the worker and
+    /// its connection carries on as if merely slow (as in the issue: the
+    /// reply arrives, late); every other connection is closed, as a healed
+    /// partition finds them.
+    fn deliver_held(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.conns.retain(|c| {
+            let mut held = c.held.lock().unwrap();
+            if let Some(bytes) = held.take() {
+                let mut to_client = c.client.try_clone().unwrap();
+                let _ = to_client.write_all(&bytes);
+                c.silent.store(false, Ordering::SeqCst);
+                return true;
+            }
+            let _ = c.client.shutdown(Shutdown::Both);
+            if let Some(u) = &c.upstream {
+                let _ = u.shutdown(Shutdown::Both);
+            }
+            false
+        });
+        s.cut = false;
     }
 
     fn cut_now(&self) {
@@ -601,4 +699,217 @@ fn partitioned_worker_stalls_nobody_and_stops_its_effects() {
         reader = Some(session.into_store().into_client());
     }
     assert_eq!(finals.len(), submitted.len());
+}
+
+/// Issue 47.1, the targeted cut: a victim's `COMMIT` of the line that
+/// records `toolStarted` reaches the server, but its reply is held back —
+/// with the rest of the victim's traffic — until another worker has
+/// claimed the session (its lease ran out meanwhile); then the reply
+/// arrives. The victim must not start the tool then: another worker holds
+/// the session, resumes the call and runs it itself. Several victims (each
+/// behind its own proxy) are cut at once, to keep the test short.
+///
+/// Oracle, from outside the workers: at its start the tool reads its
+/// session's row over a direct connection and notes who held the lease
+/// then (`$CAIRN_PG_MARKS`); a start whose row names another worker is an
+/// effect after a lost lease. Conditions, not times: a reply is delivered
+/// once the claim by another worker is in `cairn_claims`, and a cut counts
+/// once its victim has claimed again afterwards (so it has left the
+/// session, having started the tool or not).
+#[test]
+fn a_commit_reply_held_past_the_lease_starts_no_tool() {
+    const VICTIMS: usize = 4;
+    let cuts_wanted: usize = std::env::var("CAIRN_PG_HOLD_CUTS").map_or(20, |v| v.parse().unwrap()).max(VICTIMS);
+    let per_victim = cuts_wanted.div_ceil(VICTIMS);
+    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.jsonl");
+    std::fs::write(
+        &script,
+        format!(
+            "{}\n{}\n",
+            json!({"text": "", "toolCalls": [{"id": "c1", "name": "stamp", "arguments": {}}]}),
+            json!({"text": "done", "toolCalls": []})
+        ),
+    )
+    .unwrap();
+    let (starts, marks) = (dir.path().join("starts.txt"), dir.path().join("marks.txt"));
+    let spawn = |name: &str, url: &str, concurrency: usize| {
+        let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "worker_process", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("CAIRN_PG_URL", url)
+            .env("CAIRN_PG_NAME", name)
+            .env("CAIRN_PG_SCRIPT", &script)
+            .env("CAIRN_PG_CONCURRENCY", concurrency.to_string())
+            .env("CAIRN_PG_TOOL_MS", "50")
+            .env("CAIRN_PG_STARTS", &starts)
+            .env("CAIRN_PG_ORACLE", cluster.url())
+            .env("CAIRN_PG_MARKS", &marks)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Worker(child)
+    };
+    let raw = || Client::connect(cluster.url(), postgres::NoTls).unwrap();
+    drop(connect(cluster.url()).unwrap()); // creates the schema
+    let mut client = raw();
+    let proxies: Vec<Proxy> = (0..VICTIMS).map(|_| Proxy::start(cluster.dir().join(".s.PGSQL.5432"))).collect();
+    let names: Vec<String> = (0..VICTIMS).map(|v| format!("v{v}")).collect();
+    for p in &proxies {
+        p.arm_commit_hold();
+    }
+    let mut workers = vec![spawn("h1", cluster.url(), 2), spawn("h2", cluster.url(), 2)];
+    for (p, name) in proxies.iter().zip(&names) {
+        workers.push(spawn(name, &p.url(), 1));
+    }
+    let logs = || {
+        ["h1", "h2"]
+            .iter()
+            .map(|w| (*w).to_owned())
+            .chain(names.iter().cloned())
+            .map(|w| format!("--- {w}:\n{}", std::fs::read_to_string(dir.path().join(format!("{w}.log"))).unwrap()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let mut sessions = 0usize;
+    let mut top_up = |client: &mut Client| {
+        let open: i64 =
+            client.query_one("SELECT count(*) FROM cairn_sessions WHERE status <> 'idle'", &[]).unwrap().get(0);
+        for _ in open..10 {
+            let cwd = dir.path().join(format!("s{sessions}"));
+            sessions += 1;
+            std::fs::create_dir_all(&cwd).unwrap();
+            let id = cairn_core::storage::new_session_id();
+            drop(PgStore::create(raw(), Header::new(id.clone(), cwd.display().to_string())));
+            lease::submit(client, &id, "go").unwrap();
+        }
+    };
+    let claims_by = |client: &mut Client, name: &str| -> i64 {
+        client
+            .query_one("SELECT count(*) FROM cairn_claims WHERE owner LIKE $1", &[&format!("{name}/%")])
+            .unwrap()
+            .get(0)
+    };
+    /// Where a victim is in its current cut.
+    enum Cut {
+        /// Armed, waiting for its `toolStarted` commit.
+        Armed,
+        /// The reply is held; the session and the victim's epoch.
+        Held(String, i64),
+        /// Delivered; the victim's claims so far, and when.
+        Delivered(i64, Instant),
+    }
+    let mut state: Vec<Cut> = (0..VICTIMS).map(|_| Cut::Armed).collect();
+    let mut done = vec![0usize; VICTIMS];
+    let mut cut_sessions: Vec<(String, String)> = Vec::new();
+    let begin = Instant::now();
+    while done.iter().any(|d| *d < per_victim) {
+        assert!(
+            begin.elapsed() < Duration::from_secs(300),
+            "the cuts did not finish ({done:?} of {per_victim})\n{}",
+            logs()
+        );
+        top_up(&mut client);
+        for v in 0..VICTIMS {
+            if done[v] >= per_victim {
+                continue;
+            }
+            let name = &names[v];
+            state[v] = match std::mem::replace(&mut state[v], Cut::Armed) {
+                Cut::Armed if proxies[v].held_cuts() > done[v] => {
+                    // Its session is its latest claim (one at a time).
+                    let row = client
+                        .query_one(
+                            "SELECT session_id, epoch FROM cairn_claims WHERE owner LIKE $1 ORDER BY claimed_at DESC LIMIT 1",
+                            &[&format!("{name}/%")],
+                        )
+                        .unwrap();
+                    cut_sessions.push((name.clone(), row.get(0)));
+                    Cut::Held(row.get(0), row.get(1))
+                }
+                Cut::Held(session, epoch) => {
+                    let taken: i64 = client
+                        .query_one(
+                            "SELECT count(*) FROM cairn_claims WHERE session_id = $1 AND epoch > $2",
+                            &[&session, &epoch],
+                        )
+                        .unwrap()
+                        .get(0);
+                    if taken > 0 {
+                        proxies[v].deliver_held();
+                        Cut::Delivered(claims_by(&mut client, name), Instant::now())
+                    } else {
+                        Cut::Held(session, epoch)
+                    }
+                }
+                // Seen twice: a victim left waiting on its kept connection
+                // after the delivery (a query never answered; not
+                // understood). Its connections are then closed, as a
+                // healed partition would: by then it has long started the
+                // tool or not (it is past the commit), so the oracle is
+                // unaffected; the test only goes on.
+                Cut::Delivered(before, at) if at.elapsed() > Duration::from_secs(20) => {
+                    proxies[v].heal_and_arm(None);
+                    Cut::Delivered(before, Instant::now())
+                }
+                Cut::Delivered(before, _) if claims_by(&mut client, name) > before => {
+                    done[v] += 1;
+                    if done[v] < per_victim {
+                        proxies[v].arm_commit_hold();
+                    }
+                    Cut::Armed
+                }
+                other => other,
+            };
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = begin.elapsed();
+    // Everything finishes (no more submissions): the cut sessions too,
+    // taken over by the workers that claimed them.
+    let settle = Instant::now();
+    loop {
+        let open: i64 =
+            client.query_one("SELECT count(*) FROM cairn_sessions WHERE status <> 'idle'", &[]).unwrap().get(0);
+        if open == 0 {
+            break;
+        }
+        assert!(settle.elapsed() < Duration::from_secs(180), "{open} sessions never became final\n{}", logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(workers);
+    let text = std::fs::read_to_string(&marks).unwrap_or_default();
+    let mut late = Vec::new();
+    let mut started = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (session, worker, epoch, owner) = (f[0], f[1], f[2], f[3]);
+        started += 1;
+        if !owner.starts_with(&format!("{worker}/")) {
+            late.push(format!("{worker} started the tool of {session} while epoch {epoch} was held by {owner}"));
+        }
+    }
+    let late_cuts = cut_sessions
+        .iter()
+        .filter(|(victim, session)| {
+            late.iter().any(|l| l.starts_with(&format!("{victim} ")) && l.contains(session.as_str()))
+        })
+        .count();
+    eprintln!(
+        "held commit replies: {late_cuts} of {} cuts started a tool after another worker's claim; {started} tool starts checked, {} after a lost lease; cuts took {:.1} s",
+        cut_sessions.len(),
+        late.len(),
+        took.as_secs_f64()
+    );
+    assert!(late.is_empty(), "effects after a lost lease:\n{}\n{}", late.join("\n"), logs());
+    // The cut sessions were finished by the workers that took them over.
+    let mut reader = Some(raw());
+    for (_, id) in &cut_sessions {
+        let store = PgStore::open(reader.take().unwrap(), id).unwrap();
+        let session = Session::open(store, SessionConfig::default()).unwrap();
+        assert!(!session.needs_resume(), "{id} is not final\n{}", logs());
+        reader = Some(session.into_store().into_client());
+    }
 }

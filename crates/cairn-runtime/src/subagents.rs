@@ -168,6 +168,13 @@ pub trait Place: Send + Sync + 'static {
         None
     }
 
+    /// Whether every line of session `id` was written by a family's driver
+    /// (a database line records the lease it was written under; an
+    /// imported one records none). Files cannot tell: true.
+    fn written_by_a_family(&self, _ctx: &Context, _id: &str) -> Result<bool> {
+        Ok(true)
+    }
+
     /// Which drive of the family this process is in: the children this
     /// process knows are keyed by it, so a child stopped when an earlier
     /// drive ended (a lost lease) is re-attached, never taken for a result.
@@ -383,7 +390,7 @@ fn reattach<P: Place>(place: &Arc<P>, parent: &str, authority: &Authority) {
         // Without its fact the child was cut off while being created: only
         // its `spawn_agent` call (pending, so re-run) can finish that.
         let Ok(Some(store)) = place.read(&family.ctx, &id) else { continue };
-        if child_fact(&store).is_none() {
+        if child_fact(&store).is_none() || own_child(&**place, &family.ctx, &id, &store, None).is_err() {
             continue;
         }
         if matches!(status(&family.ctx, store), Ok(ChildStatus::Finished(_))) {
@@ -793,6 +800,12 @@ impl<P: Place> Tool for SpawnAgent<P> {
         let Ok(Some(store)) = self.place.read(&self.family.ctx, &id) else {
             return GuardVerdict::NotDone;
         };
+        // Only this call's own child answers for it; anything else under
+        // its name is refused when the call runs again (`attach`).
+        let expected = self.plan(request).ok().map(|(fact, _)| fact);
+        if own_child(&*self.place, &self.family.ctx, &id, &store, expected.as_ref()).is_err() {
+            return GuardVerdict::NotDone;
+        }
         match status(&self.family.ctx, store) {
             Ok(ChildStatus::Finished(result)) if Self::waits(request) => {
                 GuardVerdict::AlreadyDone(receipt(&id, Some(&result), Duration::ZERO))
@@ -928,7 +941,11 @@ impl Family {
         // never closed and reopened: a process forked meanwhile (a tool's
         // namespace waiter) would hold a closed file's lock a while.
         let mut writer = None;
-        match (place.read(ctx, id)?, create) {
+        let found = place.read(ctx, id)?;
+        if let Some(existing) = &found {
+            own_child(&**place, ctx, id, existing, create.map(|(fact, _)| fact))?;
+        }
+        match (found, create) {
             (None, None) => bail!("no child session {id}"),
             (None, Some((fact, cwd))) => {
                 self.check_limits(&**place, &fact.parent, &slots)?;
@@ -1082,6 +1099,60 @@ impl Family {
 
 fn last_answer<S: Storage>(session: &Session<S>) -> String {
     session.messages().iter().rev().find(|m| m.role == Role::Assistant).map(|m| m.joined_text()).unwrap_or_default()
+}
+
+/// Whether the existing session `id` is its family's own child — the one
+/// invariant that keeps a session under a child's name (imported, copied
+/// in) from answering for the parent's call or being driven as its child.
+/// A child is created only by [`Family::attach`], whose first record is the
+/// child's `subagent` fact, made from the parent's record of the spawn (its
+/// `spawn_agent` request: parent, invocation, depth, prompt, peers). So a
+/// session is the family's own only when it holds that fact naming the
+/// parent and call its id names, equal in those fields to `expected` (the
+/// fact the call's request makes, when the caller has it), or — cut off
+/// between the header and the fact — holds nothing at all; and, in a
+/// database, when every line of it was written under a family's lease
+/// ([`Place::written_by_a_family`]). `Err` says why not, and what to do.
+fn own_child<P: Place + ?Sized>(
+    place: &P,
+    ctx: &Context,
+    id: &str,
+    store: &P::Store,
+    expected: Option<&ChildFact>,
+) -> Result<()> {
+    let refuse = |why: String| {
+        anyhow!(
+            "session {} has a subagent's name but was not created by this call of its parent ({why}); it is not adopted — it was imported or copied in: remove it, then run the call again",
+            id.escape_debug()
+        )
+    };
+    match child_fact(store) {
+        None if store.entry_count() == 0 && store.last_seq() == 0 => {}
+        None => return Err(refuse("it holds records but no `subagent` fact".to_owned())),
+        Some(fact) => {
+            if child_id(&fact.parent, &fact.invocation) != id {
+                return Err(refuse(format!(
+                    "its `subagent` fact names call {} of {}",
+                    fact.invocation.escape_debug(),
+                    fact.parent.escape_debug()
+                )));
+            }
+            if let Some(want) = expected {
+                let same = fact.parent == want.parent
+                    && fact.invocation == want.invocation
+                    && fact.depth == want.depth
+                    && fact.prompt == want.prompt
+                    && fact.peers == want.peers;
+                if !same {
+                    return Err(refuse("its `subagent` fact is not the one the parent's request makes".to_owned()));
+                }
+            }
+        }
+    }
+    if !place.written_by_a_family(ctx, id)? {
+        return Err(refuse("some of its lines were not written under its family's lease".to_owned()));
+    }
+    Ok(())
 }
 
 /// A child's state as its store says (read, never written).

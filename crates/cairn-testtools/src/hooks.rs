@@ -129,6 +129,9 @@ impl<S: Storage> Storage for HookStore<S> {
     fn sync(&mut self) -> Result<(), StorageError> {
         self.inner.sync()
     }
+    fn may_act(&self) -> Result<(), cairn_core::storage::NotHeld> {
+        self.inner.may_act()
+    }
 }
 
 /// An in-memory store that keeps a copy of itself after every commit.

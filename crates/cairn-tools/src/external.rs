@@ -407,7 +407,7 @@ impl Tool for ExternalTool {
                 return match result.map(|o| o.end) {
                     Ok(End::TimedOut) => Err(ToolError::Timeout(timeout)),
                     Ok(_) => Err(ToolError::Cancelled),
-                    Err(e) => Err(ToolError::Other(e.to_string())),
+                    Err(e) => Err(e.into()),
                 };
             }
         };

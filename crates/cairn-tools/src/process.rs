@@ -23,6 +23,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use cairn_core::CancelToken;
+use cairn_core::tool::ToolError;
 
 use crate::sandbox::{Prepared, SandboxError, SandboxPolicy};
 
@@ -121,6 +122,18 @@ pub enum RunError {
     /// Waiting on the child failed.
     #[error("waiting for the tool process failed: {0}")]
     Wait(std::io::Error),
+    /// The cancel token fired before the program was started: nothing ran.
+    #[error("cancelled before the program was started; nothing was run")]
+    Cancelled,
+}
+
+impl From<RunError> for ToolError {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Cancelled => ToolError::Cancelled,
+            other => ToolError::Other(other.to_string()),
+        }
+    }
 }
 
 enum Msg {
@@ -179,6 +192,11 @@ pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) 
     cmd.stdin(Stdio::piped());
     let program = spec.argv.first().cloned().unwrap_or_default();
     let start = Instant::now();
+    // A call cancelled before its spawn (the lease may be ending, the host
+    // stopped the turn) starts nothing; checked last, right before it.
+    if cancel.is_cancelled() {
+        return Err(RunError::Cancelled);
+    }
     let mut child =
         cmd.spawn().map_err(|source| RunError::Spawn { program: Path::new(&program).display().to_string(), source })?;
     let pid = child.id();

@@ -257,6 +257,39 @@ pub fn check_session_id(id: &str) -> Result<(), StorageError> {
     check_id(id)
 }
 
+/// The longest session id taken from a file made elsewhere (an import).
+pub const MAX_IMPORTED_ID_BYTES: usize = 255;
+
+/// The rule for an id taken from a file made elsewhere (`cairn import`):
+/// [`check_session_id`], at most [`MAX_IMPORTED_ID_BYTES`] bytes, no
+/// control character (ids are printed and typed), and no
+/// [`super::FAMILY_SEP`]: such an id names a subagent of another session
+/// (`<parent>+<invocation>`), which only that parent's `spawn_agent` call
+/// creates — an imported one would answer for it.
+pub fn check_imported_id(id: &str) -> Result<(), StorageError> {
+    check_id(id)?;
+    let shown: String = id.chars().take(80).flat_map(char::escape_debug).collect();
+    let shown = if id.chars().count() > 80 { format!("{shown}…") } else { shown };
+    if id.len() > MAX_IMPORTED_ID_BYTES {
+        return Err(StorageError::Invalid(format!(
+            "session id \"{shown}\" is {} bytes long, more than the {MAX_IMPORTED_ID_BYTES} an imported id may have; give the file's header a shorter \"id\"",
+            id.len()
+        )));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(StorageError::Invalid(format!(
+            "session id \"{shown}\" holds a control character; give the file's header an \"id\" of letters, digits, '-' or '_'"
+        )));
+    }
+    if id.contains(super::FAMILY_SEP) {
+        return Err(StorageError::Invalid(format!(
+            "session id \"{shown}\" contains '{sep}', which names a subagent of another session (<parent>{sep}<invocation>); a subagent is created only by its parent's spawn_agent call and is never imported — import its top-level session, or give the file's header an \"id\" without '{sep}'",
+            sep = super::FAMILY_SEP
+        )));
+    }
+    Ok(())
+}
+
 fn check_id(id: &str) -> Result<(), StorageError> {
     if id.is_empty() || id.starts_with('.') || id.contains(['/', '\\', '\0']) {
         return Err(StorageError::Invalid(format!(

@@ -131,8 +131,8 @@ mod tail;
 
 pub use check::{CheckReport, check_file, check_file_read, check_file_with, header_id_mismatch};
 pub use jsonl::{
-    CompactStep, DEFAULT_COMPACT_RATIO, DEFAULT_MAX_LINE_BYTES, Durability, JsonlStore, StoreOptions, check_session_id,
-    lock_path, new_session_id,
+    CompactStep, DEFAULT_COMPACT_RATIO, DEFAULT_MAX_LINE_BYTES, Durability, JsonlStore, MAX_IMPORTED_ID_BYTES,
+    StoreOptions, check_imported_id, check_session_id, lock_path, new_session_id,
 };
 pub use line::{
     EntryRead, LineError, decode_header, decode_line, decode_line_into, encode_header, encode_line, format_record,
@@ -400,4 +400,20 @@ pub trait Storage {
 
     /// Make every commit so far durable (for grouped or no durability).
     fn sync(&mut self) -> Result<(), StorageError>;
+
+    /// Whether this handle may let an effect start now (a tool's run, a
+    /// re-run on resume, a staged change set's apply, a bypassed command):
+    /// a store whose right to write is limited in time (a PostgreSQL
+    /// worker's lease) refuses once too little of it is surely left for the
+    /// effect to end before it. The turn asks immediately before every
+    /// effect (`turn::effect::precondition`); the default always allows.
+    fn may_act(&self) -> Result<(), NotHeld> {
+        Ok(())
+    }
 }
+
+/// Why a store refused to let an effect start ([`Storage::may_act`]): the
+/// handle's right to write may end before the effect would.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotHeld(pub String);

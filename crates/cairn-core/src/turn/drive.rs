@@ -593,21 +593,23 @@ impl<S: Storage> Session<S> {
                 "interrupted: cairn stopped while {} ran and the tool is no longer registered, so it was not re-run; whether its effect happened is unknown",
                 request.tool
             )),
-            (Some(tool), Some(staged), _, _) => match tool.resume_staged(
-                &request,
-                &self.cwd,
-                &crate::staged::StagedCommit {
+            (Some(tool), Some(staged), _, _) => {
+                // Finishing the apply is an effect: not once the lease (or
+                // the turn) may be ending; the call stays unsettled.
+                effect::precondition(&self.store, env.cancel).map_err(TurnError::NotStarted)?;
+                let commit = crate::staged::StagedCommit {
                     changes: &staged.change_set,
                     staging: &staged.staging,
                     approved_by: &staged.verdict.by,
-                },
-            ) {
-                GuardVerdict::NotDone | GuardVerdict::Unknown => uncertain(format!(
-                    "interrupted: cairn stopped while applying the committed change set of {}, and it could not be finished; the working tree may hold part of it — check before retrying",
-                    request.tool
-                )),
-                verdict => self.guarded(verdict, &request, tool.as_ref(), risk, env)?,
-            },
+                };
+                match tool.resume_staged(&request, &self.cwd, &commit) {
+                    GuardVerdict::NotDone | GuardVerdict::Unknown => uncertain(format!(
+                        "interrupted: cairn stopped while applying the committed change set of {}, and it could not be finished; the working tree may hold part of it — check before retrying",
+                        request.tool
+                    )),
+                    verdict => self.guarded(verdict, &request, tool.as_ref(), risk, env)?,
+                }
+            }
             (Some(tool), None, true, _) | (Some(tool), None, false, ReplayPolicy::Idempotent) => {
                 self.run_effect(tool.as_ref(), &request, risk, env)?
             }
@@ -690,15 +692,26 @@ impl<S: Storage> Session<S> {
         risk: Risk,
         env: &mut TurnEnv<'_>,
     ) -> Result<Settlement, TurnError> {
+        // Checked right before the tool starts (its toolStarted commit may
+        // have been answered late): a call that never started is settled
+        // as not run, which is true whoever commits next.
+        if let Err(why) = effect::precondition(&self.store, env.cancel) {
+            let reason = format!("not run: {why} before it started");
+            return Ok(Settlement::Failed(ToolFailedPayload::new(request, reason, false, Vec::new())));
+        }
         let limits = ToolLimits { timeout: self.config.tool_timeout, output_cap: self.config.output_cap };
         let cwd = self.cwd.clone();
+        let cancel = env.cancel;
         let mut commit_bypass = |what: effect::Record<'_>| -> Result<(), TurnError> {
             let mut b = self.tx();
             match what {
                 effect::Record::Bypass(bypass) => b.entry(&ToolBypassPayload::new(request, bypass.clone()))?,
                 effect::Record::Staged(staged) => b.entry(staged)?,
             };
-            self.commit(b, None, &mut |_: &TurnEvent| {})
+            self.commit(b, None, &mut |_: &TurnEvent| {})?;
+            // What the record allows (a bypassed re-run, the apply) is an
+            // effect of its own, and this commit's reply may have come late.
+            effect::precondition(&self.store, cancel).map_err(TurnError::NotStarted)
         };
         let ran = effect::run(
             tool,

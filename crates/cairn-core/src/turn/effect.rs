@@ -20,8 +20,22 @@ use crate::CancelToken;
 use crate::approval::{Answer, ApprovalRequest, Approver, Verdict, gate};
 use crate::events::{BypassRecord, ToolStagedPayload, TurnEvent, VerdictRecord};
 use crate::staged::{StagedDecision, StagedReview};
-use crate::storage::now_millis;
+use crate::storage::{Storage, now_millis};
 use crate::tool::{Preview, Risk, Tool, ToolContext, ToolError, ToolLimits, ToolReceipt, ToolRequest};
+
+/// The precondition of every effect, checked immediately before it starts
+/// (a tool's run, a re-run on resume, a staged change set's apply, a
+/// command re-run after an approved bypass): the turn is not cancelled,
+/// and the store may still act ([`Storage::may_act`]: a worker's lease is
+/// held with margin, so a commit whose reply came late cannot be followed
+/// by an effect another holder does not know of). `Err` says why not;
+/// nothing was started.
+pub(crate) fn precondition<S: Storage + ?Sized>(store: &S, cancel: &CancelToken) -> Result<(), String> {
+    if cancel.is_cancelled() {
+        return Err("the turn was cancelled".to_owned());
+    }
+    store.may_act().map_err(|e| e.0)
+}
 
 /// What running an effect gave.
 pub(crate) struct EffectResult {
@@ -149,10 +163,14 @@ pub(crate) fn run(
             match recorded {
                 Ok(()) => decision,
                 Err(e) => {
+                    let reason = match &e {
+                        TurnError::NotStarted(why) => {
+                            format!("the change set was recorded but {why}, so nothing was applied yet")
+                        }
+                        _ => "the change set could not be recorded, so nothing was applied".to_owned(),
+                    };
                     *record_error.borrow_mut() = Some(e);
-                    StagedDecision::Discard {
-                        reason: "the change set could not be recorded, so nothing was applied".to_owned(),
-                    }
+                    StagedDecision::Discard { reason }
                 }
             }
         };

@@ -203,6 +203,14 @@ pub enum TurnError {
     /// was sent.
     #[error("{0}")]
     ContextOverflow(String),
+    /// An effect's precondition failed after its record was committed
+    /// (the turn was cancelled, or the store may no longer act: a lease
+    /// ending): the effect did not start, and the call stays unsettled for
+    /// resume to settle by its replay policy.
+    #[error(
+        "no effect was started: {0}; the call stays unsettled — resuming the session settles it by its replay policy"
+    )]
+    NotStarted(String),
     /// A `user_prompt` hook refused the prompt; no turn started (the
     /// refusal is the session fact `promptRefused`).
     #[error("the prompt was refused by {by}: {reason}")]

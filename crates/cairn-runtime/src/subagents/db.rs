@@ -142,6 +142,16 @@ impl Place for Database {
         std::time::Duration::from_millis(250)
     }
 
+    fn written_by_a_family(&self, _: &Context, id: &str) -> Result<bool> {
+        // A child's lines record the lease of its family they were written
+        // under; an imported session's lines record no owner.
+        let row = self
+            .connect()?
+            .query_one("SELECT NOT EXISTS (SELECT 1 FROM cairn_lines WHERE session_id = $1 AND owner IS NULL)", &[&id])
+            .map_err(|e| anyhow::anyhow!("database error: {}", cairn_pg::describe(&e)))?;
+        Ok(row.get(0))
+    }
+
     fn generation(&self) -> String {
         let fence = self.hold.fence();
         format!("{} epoch {} by {}", self.hold.session(), fence.epoch, fence.owner)

@@ -362,7 +362,7 @@ impl Tool for Shell {
         if let Some(policy) = spec.sandbox.as_mut() {
             policy.read_only_files = outside_links_held(ctx.cwd)?;
         }
-        let mut outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
+        let mut outcome = process::run(&spec, ctx.cancel, ctx.output).map_err(ToolError::from)?;
         let mut bypassed = false;
         if sandboxed && self.offer_bypass && looks_denied(&outcome) {
             let question = format!(
@@ -374,7 +374,7 @@ impl Tool for Shell {
                 notes.push("[cairn: re-ran once without the sandbox after an approved bypass]".into());
                 let mut again = self.spec_for(&args.command, ctx.cwd, timeout, false, None);
                 again.output_cap = ctx.limits.output_cap;
-                outcome = process::run(&again, ctx.cancel, ctx.output).map_err(|e| ToolError::Other(e.to_string()))?;
+                outcome = process::run(&again, ctx.cancel, ctx.output).map_err(ToolError::from)?;
                 bypassed = true;
             }
         }
@@ -435,7 +435,7 @@ impl Shell {
             Ok(o) => Ok((staging, o)),
             Err(e) => {
                 staging.remove();
-                Err(ToolError::Other(e.to_string()))
+                Err(e.into())
             }
         }
     }
