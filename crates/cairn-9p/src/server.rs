@@ -251,13 +251,6 @@ impl<T: Tree> NineServer<T> {
         })?)
     }
 
-    /// Serve one already-connected stream on this thread (tests, benchmarks).
-    pub fn serve_stream(&self, stream: UnixStream) -> Result<()> {
-        let reader = stream.try_clone()?;
-        Connection::new(Arc::clone(&self.tree), self.limits, Box::new(stream)).run(reader);
-        Ok(())
-    }
-
     /// Open connections now.
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)

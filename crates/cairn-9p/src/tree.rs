@@ -216,11 +216,6 @@ impl Node {
             _ => 0o400,
         }
     }
-
-    /// Whether reads of it are streams that block at the end.
-    pub fn is_stream(&self) -> bool {
-        matches!(self, Self::File(_, FileKind::Event | FileKind::Log))
-    }
 }
 
 /// The child `name` of `dir`, if it exists now.

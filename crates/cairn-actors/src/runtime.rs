@@ -29,7 +29,7 @@ pub const STDIN_WAIT: Duration = Duration::from_secs(30);
 /// Per-actor resource limits. Each is enforced per instance (a live actor
 /// or one of its upgrade candidates), in the instance's store (memory,
 /// tables, instances, fuel) or by the host threads around it (stdout,
-/// stderr, disk). ARCHITECTURE.md ("WASM actors", limits table) lists them
+/// stderr, disk). docs/actors.md ("Limits of an actor") lists them
 /// with their defaults and where they are enforced.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {

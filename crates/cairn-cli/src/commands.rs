@@ -1,8 +1,9 @@
 //! The commands that inspect or configure rather than run a turn.
 //!
 //! Everything they print from a session file (ids, names, paths, messages,
-//! arguments, tool output) passes through `render::escape_controls` (or
-//! `escape_json` for JSON), like the live output of a turn.
+//! arguments, tool output) passes through cairn-runtime's
+//! `escape::escape_controls` (or `escape_json` for JSON; `render` re-exports
+//! both), like the live output of a turn.
 
 use std::io::Write;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! `tests/*.rs` file is a module): the program under test is the real
 //! `cairn` executable, so linking one test binary instead of one per file
 //! saves a whole-program link per file on a cold CI machine. Every `.rs`
-//! file beside this one must be listed here (`tidy_test_modules` in
+//! file beside this one must be listed here (`every_integration_test_file_is_compiled` in
 //! cairn-testtools' `import_circles.rs` fails on one that is not).
 
 #![allow(unreachable_pub, missing_debug_implementations)]

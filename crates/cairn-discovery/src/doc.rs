@@ -1,9 +1,8 @@
-//! What gets ranked: a tool's or a skill's metadata, the text derived from it
-//! for BM25 and for the embedding, and the content hash that keys the cache.
+//! What gets ranked: a tool's or a skill's metadata and the text derived from
+//! it for BM25 and for the embedding (the cache keys vectors by that text,
+//! `cache.rs`).
 //!
 //! This module must not load files or rank; it only shapes metadata.
-
-use sha2::{Digest, Sha256};
 
 /// Whether a document describes a tool or a skill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -60,12 +59,6 @@ impl Document {
             text.push_str(&format!(" {}: {}.", p.name.replace(['_', '-'], " "), p.description.trim()));
         }
         text
-    }
-
-    /// sha256 (hex) of what ranking sees, so a changed description is
-    /// re-embedded and an unchanged one is not.
-    pub fn content_hash(&self) -> String {
-        hex(&Sha256::digest(self.text().as_bytes()))
     }
 }
 

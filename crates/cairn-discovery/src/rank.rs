@@ -107,11 +107,6 @@ impl Index {
         &self.docs
     }
 
-    /// Whether embeddings are available.
-    pub fn has_embeddings(&self) -> bool {
-        self.vectors.is_some()
-    }
-
     /// Score every document against a request. `query_vector` is the
     /// request's embedding; without it (or without document embeddings) the
     /// ranking is BM25 whatever `method` asked for, and says so.

@@ -64,17 +64,6 @@ impl LocalProvider {
         self.workdir = Some(dir.into());
         self
     }
-
-    /// Cap generated tokens when the request sets no limit.
-    pub fn with_max_output_tokens(mut self, n: u32) -> Self {
-        self.max_output_tokens = n.max(1);
-        self
-    }
-
-    /// The model behind this provider.
-    pub fn local_model(&self) -> &Arc<LocalModel> {
-        &self.model
-    }
 }
 
 /// Streams bytes as UTF-8 text, holding back an incomplete final sequence.

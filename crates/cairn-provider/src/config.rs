@@ -36,19 +36,7 @@ pub enum ProviderKind {
     Local,
 }
 
-impl ProviderKind {
-    /// The tag stored in `Reasoning { provider }` parts this kind produces,
-    /// and the one whose opaque reasoning it accepts back.
-    pub fn reasoning_tag(self) -> &'static str {
-        match self {
-            ProviderKind::OpenAiChat => "openai-chat",
-            ProviderKind::OpenAiResponses => "openai-responses",
-            ProviderKind::Anthropic => "anthropic",
-            ProviderKind::Scripted => "scripted",
-            ProviderKind::Local => "local",
-        }
-    }
-}
+impl ProviderKind {}
 
 /// Timeouts of a call. `connect`, `first_byte` and `idle` bound one HTTP
 /// attempt: each that fires ends the attempt with a `Timeout` error, which

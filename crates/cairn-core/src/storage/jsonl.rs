@@ -459,11 +459,6 @@ impl JsonlStore {
         &self.opts
     }
 
-    /// Whether this handle may commit.
-    pub fn is_writable(&self) -> bool {
-        self.writer.is_some()
-    }
-
     /// Bytes of the torn final line that open discarded (0 if none). A
     /// writable open also cut them off the file.
     pub fn torn_tail_bytes(&self) -> u64 {

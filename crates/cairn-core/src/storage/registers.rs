@@ -228,11 +228,6 @@ pub fn prompt_queue<S: Storage + ?Sized>(store: &S) -> PromptQueue {
 }
 
 impl Transaction {
-    /// Store the prompt queue (`fact` `queue`).
-    pub fn set_prompt_queue(self, queue: &PromptQueue) -> Result<Self, StorageError> {
-        Ok(self.set(FACT, QUEUE_FACT, to_raw(queue)?))
-    }
-
     /// Name the session (`fact` `name`).
     pub fn set_session_name(self, name: &str) -> Result<Self, StorageError> {
         Ok(self.set(FACT, NAME_FACT, to_raw(name)?))

@@ -550,24 +550,6 @@ impl<S: Storage> Session<S> {
         })
     }
 
-    /// The estimated context the next request of the current lane would
-    /// use, and the window, for displays (`None` window: unbounded).
-    pub fn context_estimate(&mut self, env: &mut TurnEnv<'_>) -> Result<(u64, Option<u64>), TurnError> {
-        let limits = self.limits(env.provider);
-        let cal = self.calibration(env.provider);
-        let s = self.sizes(env.provider, env.tools.specs());
-        let start = match limits {
-            Some(l) => {
-                let fixed = self.tokens_of(s.fixed, cal) + SLACK_TOKENS + l.reserve;
-                let budget = self.units_of(l.window.saturating_sub(fixed), cal);
-                self.ctx.ledger.fitting_start(s.covered, s.current, budget)
-            }
-            None => s.covered,
-        };
-        let used = self.tokens_of(s.fixed + self.ctx.ledger.suffix(start, s.current), cal);
-        Ok((used, limits.map(|l| l.window)))
-    }
-
     /// Force a compaction of the current lane (`cairn compact`): every
     /// message before the last user message is summarised. Returns the
     /// `compaction` entry, or `None` when there was nothing to cover. A
