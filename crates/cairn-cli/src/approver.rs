@@ -45,6 +45,9 @@ impl Approver for TerminalApprover {
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
+        // The question stays on screen while cairn waits: no spinner may
+        // draw over it, whichever turn (a child's too) is asking.
+        crate::render::hide_spinner();
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err);
         let risk = match request.risk {

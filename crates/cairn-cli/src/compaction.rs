@@ -28,6 +28,7 @@ pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
     let cwd = std::path::PathBuf::from(&store.header().cwd);
     let id = store.header().id.clone();
     let mut wiring = host::wire(ctx, &cwd, true)?;
+    wiring.continue_provider(ctx, &store, &mut renderer);
     let session = Session::open(store, crate::wiring::session_config(ctx))?;
     let mut session = wiring.reequip(ctx, session, None, &mut renderer)?;
     let cancel = CancelToken::new();

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use cairn_core::approval::{Allowlist, SharedApprover};
 use cairn_core::provider::Provider;
-use cairn_core::storage::JsonlStore;
-use cairn_core::storage::Storage;
+use cairn_core::storage::registers::{self, ProviderFact};
+use cairn_core::storage::{JsonlStore, Storage};
 use cairn_core::{CancelToken, Session, ToolRegistry, TurnError, TurnEvent, TurnOutcome, TurnStop};
 use cairn_runtime::{Equipment, Step};
 use serde_json::json;
@@ -30,6 +30,9 @@ use crate::wiring::{build_provider, create_session, open_session, policy, sessio
 /// The parts a turn needs, built once per command.
 pub struct Wiring {
     provider: Box<dyn Provider + Send>,
+    /// The provider's name as configured (what `fact` `provider` records,
+    /// so a resume can build it again).
+    provider_name: String,
     /// The tools of the current turn and who answers their calls.
     equipment: Equipment,
     /// The family's tools (subagents, peers), built for the first turn and
@@ -75,6 +78,7 @@ impl Wiring {
             Some(family) => equipped.tools.extend(family.iter().cloned()),
         }
         self.equipment.tools = equipped.registry(&self.equipment.approver);
+        self.record_provider(store)?;
         for note in &equipped.notes {
             if self.told.insert(note.clone()) {
                 renderer.notice(note);
@@ -91,6 +95,74 @@ impl Wiring {
             }
         }
         Ok(equipped.config)
+    }
+
+    /// Record in `store` the provider and model the next turn runs on,
+    /// when they are not what it records already (one line per change).
+    fn record_provider(&self, store: &mut JsonlStore) -> Result<()> {
+        let fact = ProviderFact { name: self.provider_name.clone(), model: self.provider.model().to_owned() };
+        if registers::provider_fact(store).as_ref() != Some(&fact) {
+            store
+                .commit(cairn_core::storage::Transaction::new().set_provider_fact(&fact)?)
+                .context("cannot record the session's provider")?;
+        }
+        Ok(())
+    }
+
+    /// Continue an existing session on the provider and model its turns
+    /// ran on (`fact` `provider`), unless `--provider`/`--model`/`--script`
+    /// (or `CAIRN_PROVIDER`/`CAIRN_MODEL`) choose another; says which it
+    /// is whenever it differs from the configured default or from the
+    /// session's. A session without the fact (older) runs on the
+    /// configured one.
+    pub fn continue_provider(&mut self, ctx: &Context, store: &JsonlStore, renderer: &mut Renderer) {
+        let Some(recorded) = registers::provider_fact(store) else { return };
+        let s = &ctx.settings;
+        let told = |source: &crate::config::Source| {
+            matches!(source, crate::config::Source::Flag(_) | crate::config::Source::Env(_))
+        };
+        let (told_provider, told_model) = (told(&s.provider.source), told(&s.model.source));
+        let name = if told_provider { s.provider.value.clone() } else { recorded.name.clone() };
+        let model = match (told_model, name == recorded.name) {
+            (true, _) => s.model.value.clone(),
+            (false, true) => Some(recorded.model.clone()),
+            (false, false) => s.model.value.clone(),
+        };
+        let same_as_now = name == self.provider_name && model.as_deref().is_none_or(|m| m == self.provider.model());
+        if !same_as_now {
+            let cwd = PathBuf::from(&store.header().cwd);
+            match crate::wiring::provider_for(ctx, &name, model.as_deref(), s.script.value.as_deref(), &cwd) {
+                Ok(provider) => {
+                    self.provider = provider;
+                    self.provider_name = name;
+                }
+                Err(e) => {
+                    renderer.notice(&format!(
+                        "the session's turns ran on {} · {}, which cannot be used now ({e:#}); this turn runs on {} · {} \
+                         (--provider NAME --model MODEL choose another)",
+                        recorded.name,
+                        recorded.model,
+                        self.provider_name,
+                        self.provider.model()
+                    ));
+                    return;
+                }
+            }
+        }
+        let now = (self.provider_name.as_str(), self.provider.model());
+        if now == (recorded.name.as_str(), recorded.model.as_str()) {
+            if !same_as_now {
+                renderer.notice(&format!(
+                    "continuing on {} · {}, as the session's turns ran (--provider/--model choose another)",
+                    now.0, now.1
+                ));
+            }
+        } else {
+            renderer.notice(&format!(
+                "the session's turns ran on {} · {}; from now on they run on {} · {}",
+                recorded.name, recorded.model, now.0, now.1
+            ));
+        }
     }
 
     /// [`Wiring::equip`] for the next turn of an open session, reopened
@@ -166,6 +238,7 @@ pub fn wire(ctx: &Context, cwd: &Path, may_ask: bool) -> Result<Wiring> {
     let tools = ToolRegistry::new(&approver);
     Ok(Wiring {
         provider,
+        provider_name: ctx.settings.provider.value.clone(),
         equipment: Equipment { tools, approver },
         family: None,
         told: std::collections::HashSet::new(),
@@ -388,6 +461,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     }
     let interrupted = opened.needs_resume();
     let mut wiring = wire(ctx, &cwd, true)?;
+    wiring.continue_provider(ctx, opened.store(), &mut renderer);
     // The interrupted turn is offered what discovery recorded for it; a new
     // prompt (when nothing is interrupted) gets a new choice.
     let first = if interrupted { None } else { prompt.as_deref() };
@@ -439,6 +513,7 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
         None => create_session(ctx)?,
     };
     let mut wiring = wire(ctx, &cwd, true)?;
+    wiring.continue_provider(ctx, &store, &mut renderer);
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, session_config(ctx))?;
@@ -593,6 +668,7 @@ fn command_of_chat(
             match crate::wiring::provider_for(ctx, &s.provider.value, Some(name), s.script.value.as_deref(), &cwd) {
                 Ok(provider) => {
                     wiring.provider = provider;
+                    wiring.provider_name = name.clone();
                     say(&format!("the next turns use {} · {}", wiring.provider.name(), wiring.provider.model()))?;
                 }
                 Err(e) => renderer.notice(&format!("cannot use model {name}: {e:#}")),
@@ -615,6 +691,7 @@ fn command_of_chat(
             match crate::wiring::provider_for(ctx, name, None, s.script.value.as_deref(), &cwd) {
                 Ok(provider) => {
                     wiring.provider = provider;
+                    wiring.provider_name = name.clone();
                     say(&format!("the next turns use {} · {}", wiring.provider.name(), wiring.provider.model()))?;
                 }
                 Err(e) => renderer.notice(&format!("cannot use provider {name}: {e:#}")),
@@ -653,6 +730,7 @@ fn command_of_chat(
                 // Its tools work in its own directory.
                 *wiring = wire(ctx, &cwd, true)?;
             }
+            wiring.continue_provider(ctx, &opened, renderer);
             let mut next = Session::open(opened, session_config(ctx))?;
             let id = next.store().header().id.clone();
             let turns = next.store().entries().iter().filter(|e| e.entry_type == "message").count();
@@ -745,8 +823,15 @@ fn chat_loop(
         // The prompt's tools, read once: ranked (discovery records its
         // choice when it applies here), then offered.
         session = wiring.reequip(ctx, session, Some(text), renderer)?;
-        if let Some(outcome) = drive(&mut session, wiring, renderer, Some(text))? {
-            last = outcome_code(&outcome, renderer, &id);
+        match drive(&mut session, wiring, renderer, Some(text)) {
+            Ok(Some(outcome)) => last = outcome_code(&outcome, renderer, &id),
+            Ok(None) => {}
+            // Refused before anything was recorded: the chat goes on.
+            Err(e) if matches!(e.downcast_ref::<TurnError>(), Some(TurnError::PromptTooLarge(_))) => {
+                renderer.notice(&format!("{e:#}"));
+                last = exit::ERROR;
+            }
+            Err(e) => return Err(e),
         }
     }
 }

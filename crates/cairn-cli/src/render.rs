@@ -21,6 +21,20 @@ use serde_json::json;
 
 use crate::style::Style;
 
+/// The spinner on the terminal now, if any. A question to the person
+/// hides it first ([`hide_spinner`]), whoever asks: a subagent's question
+/// comes while its parent's spinner runs, and tells no event of its own.
+static DRAWN: std::sync::Mutex<Option<indicatif::ProgressBar>> = std::sync::Mutex::new(None);
+
+/// Take the spinner off the terminal (it is drawn again with the turn's
+/// next event), so what is written next stays on screen.
+pub fn hide_spinner() {
+    let drawn = DRAWN.lock().ok().and_then(|mut drawn| drawn.take());
+    if let Some(spinner) = drawn {
+        spinner.finish_and_clear();
+    }
+}
+
 /// How to render.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -153,12 +167,18 @@ impl Renderer {
             }
             spinner.set_message(message.to_owned());
             spinner.enable_steady_tick(Duration::from_millis(100));
+            if let Ok(mut drawn) = DRAWN.lock() {
+                *drawn = Some(spinner.clone());
+            }
             self.spinner = Some(spinner);
         }
     }
 
     fn stop_spinner(&mut self) {
         if let Some(spinner) = self.spinner.take() {
+            if let Ok(mut drawn) = DRAWN.lock() {
+                drawn.take();
+            }
             spinner.finish_and_clear();
         }
     }

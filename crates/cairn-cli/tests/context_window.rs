@@ -186,3 +186,63 @@ fn llama_cpp_exceed_context_size_triggers_one_compaction_and_one_retry() {
     let text = Reply::sse(fixtures::CHAT_TEXT);
     rejected_once("openai", 400, body, "Hello! How can I help", text.clone(), text);
 }
+
+/// The user prompts of a session file.
+fn user_prompts(path: &PathBuf) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        let records = match serde_json::from_str::<Value>(line).unwrap() {
+            Value::Array(records) => records,
+            record => vec![record],
+        };
+        for r in records.iter().filter(|r| r["kind"] == "entry" && r["type"] == "message") {
+            if r["payload"]["role"] == "user" {
+                out.push(r["payload"]["content"][0]["text"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Issue 49.2: a prompt that cannot fit the window (300 KB from a file to
+/// `cairn run`, 120 KB to `cairn resume --prompt`) is refused before it is
+/// recorded, saying how large it is and what fits; nothing reaches the
+/// model, and the session stays usable: a small prompt on `resume --last`
+/// is answered and `cairn undo` works.
+#[test]
+fn a_prompt_larger_than_the_window_is_refused_before_it_is_recorded() {
+    let server = TestServer::start(vec![Reply::sse(streams::chat_text_with_usage("A small answer."))]).unwrap();
+    let env = Env::new();
+    config(&env, "openai", &format!("{}/v1", server.url()), 8_192);
+    let big = "lorem ipsum dolor sit amet ".repeat(300 * 1024 / 27);
+    std::fs::write(env.cwd.join("big.txt"), &big).unwrap();
+    let out = env.cairn(&["run", "--prompt-file", "big.txt"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("the prompt is {} bytes", big.len())), "says how large: {stderr}");
+    assert!(
+        stderr.contains("context window of 8192 tokens") && stderr.contains("tokens are left for a prompt"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Nothing was recorded"), "{stderr}");
+    let files = env.session_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(user_prompts(&files[0]).is_empty(), "the prompt was not recorded");
+    let medium = "x".repeat(120 * 1024);
+    let out = env.cairn(&["resume", "--last", "--prompt", &medium]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("the prompt is {} bytes", medium.len())), "{stderr}");
+    assert_eq!(server.request_count(), 0, "nothing was sent");
+    let out = env.cairn(&["resume", "--last", "--prompt", "a small question"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("A small answer."), "{stdout}\n{stderr}");
+    assert_eq!(user_prompts(&files[0]), ["a small question"]);
+    let id = files[0].file_stem().unwrap().to_str().unwrap().to_owned();
+    let out = env.cairn(&["undo", &id]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "undo works: {stdout}\n{stderr}");
+    assert_eq!(server.request_count(), 1);
+}

@@ -92,3 +92,67 @@ fn prices_in_the_table_cost_the_session_and_a_bad_one_is_refused() {
     }
     assert_eq!(server.requests().len(), 1, "no request with a bad price");
 }
+
+/// Issue 49.3: a turn started with `--provider loop --model m-chosen` and
+/// killed (SIGKILL while the model thinks) is resumed by `cairn resume
+/// --last` on that provider and model, not on the configured default, and
+/// cairn says so; `--provider` on a later resume chooses another, said too.
+#[test]
+fn resume_continues_on_the_provider_and_model_the_turn_ran_on() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let gate = cairn_test_server::Gate::new();
+    let chosen =
+        TestServer::start(vec![Reply::sse(fixtures::CHAT_TEXT).hold(gate.clone()), Reply::sse(fixtures::CHAT_TEXT)])
+            .unwrap();
+    let default = TestServer::start(vec![Reply::sse(fixtures::CHAT_TEXT)]).unwrap();
+    let env = Env::new();
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "provider = \"home\"\n\
+             [providers.home]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"m-home\"\napi_key_env = \"K\"\n\
+             [providers.loop]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"m-config\"\napi_key_env = \"K\"\n",
+            default.url(),
+            chosen.url()
+        ),
+    )
+    .unwrap();
+    let mut child = env
+        .cairn(&["--provider", "loop", "--model", "m-chosen", "run", "say hello"])
+        .env("K", "k")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while chosen.request_count() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "the turn never reached the chosen provider");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL, mid-turn
+    child.wait().unwrap();
+    let out = env.cairn(&["resume", "--last"]).env("K", "k").stdin(Stdio::null()).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Hello! How can I help"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("continuing on loop · m-chosen"), "says where it continues: {stderr}");
+    assert_eq!(default.request_count(), 0, "the configured default was not asked");
+    let requests = chosen.requests();
+    assert_eq!(requests.len(), 2, "the resumed turn asked the same server again");
+    assert_eq!(requests[1].json()["model"], "m-chosen");
+    // Told otherwise: the next turn runs there, and cairn says so.
+    let out = env
+        .cairn(&["--provider", "home", "resume", "--last", "--prompt", "again"])
+        .env("K", "k")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.contains("ran on loop · m-chosen; from now on they run on home · m-home"), "{stderr}");
+    assert_eq!(default.request_count(), 1);
+    assert_eq!(default.requests()[0].json()["model"], "m-home");
+    assert_eq!(chosen.request_count(), 2);
+}

@@ -1296,3 +1296,85 @@ fn tools_hooks_and_bypassed_calls_have_no_controlling_terminal() {
     assert!(shell.contains("no terminal") && !shell.contains("injected"), "the bypassed call opened /dev/tty: {shell}");
     assert_eq!(user_prompts(&file), ["probe", "second"], "the tool typed into cairn's input line");
 }
+
+/// Issue 49.1: a Destructive staged effect asks its second question while
+/// the spinner of the running call is drawn; the question must stay on the
+/// screen (a real TERM, so indicatif draws) for as long as cairn waits,
+/// every time. Each round waits past many spinner ticks (100 ms each)
+/// before the question is looked at again.
+#[test]
+fn screen_a_staged_destructive_question_stays_on_screen_while_cairn_waits() {
+    cairn_tools::staging::overlay_status().expect("overlay staging is needed for this test");
+    const ROUNDS: usize = 20;
+    let env = Env::new();
+    let mut script = Vec::new();
+    for k in 0..ROUNDS {
+        std::fs::create_dir(env.cwd.join(format!("dir{k}"))).unwrap();
+        std::fs::write(env.cwd.join(format!("dir{k}/data")), "old\n").unwrap();
+        // Spelled so no word says `rm`: only the staged effect is Destructive.
+        script.push(shell_call(&format!("R=r; ${{R}}m -r dir{k}")));
+        script.push(json!({"text": format!("Round {k} done.")}));
+    }
+    let script = env.script(&script);
+    let mut chat = env.cairn(&["--script", script.to_str().unwrap(), "--yes", "chat"]);
+    chat.env("TERM", "xterm-256color").env(WIDE_WINDOW.0, WIDE_WINDOW.1);
+    let mut s = Screen::spawn(chat, 40, 120, 5_000);
+    let last_row_asks =
+        |t: &str| t.lines().rev().find(|l| !l.trim().is_empty()).is_some_and(|l| l.starts_with("Run it?"));
+    let mut still_shown = 0;
+    for k in 0..ROUNDS {
+        s.wait_prompt();
+        s.line(&format!("clean dir{k}"));
+        s.wait_until("the staged effect's question", |t| t.contains(&format!("-r dir{k}")) && last_row_asks(t));
+        // cairn waits for the answer; the spinner ticks every 100 ms.
+        std::thread::sleep(Duration::from_millis(1_200));
+        let now = s.contents();
+        if last_row_asks(&now) {
+            still_shown += 1;
+        } else {
+            eprintln!("round {k}: the question is gone from the last row:\n{now}");
+        }
+        // The last round says y: chat exits with its last turn's code.
+        let answer = if k % 2 == 1 { "y" } else { "n" };
+        s.line(answer);
+        s.wait_for(&format!("Round {k} done."));
+    }
+    s.wait_prompt();
+    s.send("\x04");
+    assert_eq!(s.wait_exit(), 0);
+    assert_eq!(still_shown, ROUNDS, "the question was on screen after the wait in {still_shown}/{ROUNDS} rounds");
+    for k in 0..ROUNDS {
+        assert_eq!(env.cwd.join(format!("dir{k}")).exists(), k % 2 == 0, "dir{k}: y applied, n kept");
+    }
+}
+
+/// Issue 49.2 in chat: a pasted prompt that cannot fit the window is
+/// refused on screen before it is recorded (nothing reaches the model),
+/// and the chat goes on: the next prompt is answered and `/undo` works.
+#[test]
+fn screen_a_paste_larger_than_the_window_is_refused_and_the_chat_goes_on() {
+    let env = Env::new();
+    let server =
+        cairn_test_server::TestServer::start(vec![cairn_test_server::Reply::sse(lines_stream("small", 1))]).unwrap();
+    loop_provider_with(&env, &server, "context_window = 8000\nmax_output_tokens = 1024\n");
+    let mut chat = looped(&env, &["chat"]);
+    chat.env("TERM", "xterm-256color");
+    let mut s = Screen::spawn(chat, 40, 200, 5_000);
+    s.wait_prompt();
+    let big = "lorem ipsum dolor sit amet ".repeat(2_000);
+    s.send(&format!("\x1b[200~{big}\x1b[201~\r"));
+    let joined = |t: &str| t.replace('\n', "");
+    s.wait_until("the refusal", |t| joined(t).contains(&format!("the prompt is {} bytes", big.len())));
+    s.wait_prompt();
+    assert_eq!(server.request_count(), 0, "nothing was sent");
+    s.line("a small question");
+    s.wait_for("small 1");
+    s.wait_prompt();
+    s.line("/undo");
+    s.wait_for("path(s) restored");
+    s.wait_prompt();
+    s.send("\x04");
+    s.wait_exit();
+    assert_eq!(server.request_count(), 1);
+    assert_eq!(user_prompts(&session(&env)), ["a small question"]);
+}

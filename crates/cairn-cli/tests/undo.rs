@@ -719,3 +719,135 @@ fn gc_removes_only_the_pre_images_no_session_names() {
     assert_eq!(code, 0, "{out}{err}");
     assert_tree(&env, &before, "after undo of the session whose pre-image was kept");
 }
+
+/// `cairn --script S --yes ARGS` in a pseudo-terminal that answers `n` to
+/// every question; its exit code.
+fn declined_turn(env: &Env, script: &Path, args: &[&str]) -> i32 {
+    let mut all = vec!["--script", script.to_str().unwrap(), "--yes"];
+    all.extend_from_slice(args);
+    let mut p = rexpect::session::spawn_command(env.cairn(&all), Some(30_000)).unwrap();
+    loop {
+        let (_, matched) = p.exp_any(vec![ReadUntil::String("Run it? [y/N".to_owned()), ReadUntil::EOF]).unwrap();
+        if !matched.starts_with("Run it?") {
+            break;
+        }
+        p.send_line("n").unwrap();
+        p.flush().unwrap();
+    }
+    match p.process().wait().unwrap() {
+        rexpect::process::WaitStatus::Exited(_, code) => code,
+        other => panic!("cairn {args:?} did not exit: {other:?}"),
+    }
+}
+
+/// Issue 49.5: staged calls that changed nothing — a Destructive effect
+/// refused headless, one a person declined, one cancelled by Ctrl-C while
+/// it ran — block no undo: each turn is undone without `--force`, the
+/// cancelled turn included (no `cairn resume`, no model call), down to the
+/// first turn, whose file goes.
+#[test]
+fn staged_calls_that_never_applied_block_no_undo() {
+    let env = Env::new();
+    require_staging(&env);
+    fixture(&env.cwd);
+    let before = snapshot(&env.cwd);
+    let script = env.script(&[
+        write_file("c1", "notes.md", "one\n"),
+        done("Turn one."),
+        // Spelled so no word says `rm`: only the staged effect is Destructive.
+        shell("c2", "R=r; ${R}m -r victim"),
+        done("Turn two."),
+        shell("c3", "R=r; ${R}m -r victim"),
+        done("Turn three."),
+        shell("c4", "echo started > started.txt; sleep 600"),
+        done("Turn four."),
+    ]);
+    turn(&env, &script, &["run", "first"]);
+    let id = session_id(&env);
+    // Headless: refused, nothing applied.
+    let (_, out, err) =
+        cairn(&env, &["--script", script.to_str().unwrap(), "--yes", "resume", &id, "--prompt", "second"]);
+    assert!(env.cwd.join("victim/data.txt").exists(), "refused headless: {out}{err}");
+    // A person says n.
+    declined_turn(&env, &script, &["resume", &id, "--prompt", "third"]);
+    assert!(env.cwd.join("victim/data.txt").exists(), "declined");
+    // Ctrl-C while the staged command runs.
+    let all = ["--script", script.to_str().unwrap(), "--yes", "resume", &id, "--prompt", "fourth"];
+    let mut cmd = env.cairn(&all);
+    cmd.env("CAIRN_CTRL_C_WINDOW_MS", "600000");
+    let mut p = rexpect::session::spawn_command(cmd, Some(30_000)).unwrap();
+    let start = std::time::Instant::now();
+    while !env.staged_file_exists("started.txt") {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "the staged command never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    p.send_control('c').unwrap();
+    p.exp_eof().unwrap();
+    let _ = p.process().wait();
+    assert!(!env.cwd.join("started.txt").exists(), "a cancelled staged run applies nothing");
+    let file = session(&env);
+    let kinds = |t: &str| entries(&file).into_iter().filter(|e| e["type"] == t).count();
+    assert_eq!(kinds("turnCancelled"), 1, "the fourth turn was cancelled");
+    let answers =
+        entries(&file).iter().filter(|e| e["type"] == "message" && e["payload"]["role"] == "assistant").count();
+    // Four undos, newest first, none forced.
+    for k in (1..=4).rev() {
+        let (code, out, err) = cairn(&env, &["undo", &id]);
+        assert_eq!(code, 0, "undo of turn {k} without --force: {out}{err}");
+    }
+    assert_tree(&env, &before, "after undoing the four turns");
+    let after = entries(&file);
+    assert_eq!(
+        after.iter().filter(|e| e["type"] == "message" && e["payload"]["role"] == "assistant").count(),
+        answers,
+        "no model call was made"
+    );
+    assert_eq!(after.iter().filter(|e| e["type"] == "undoApplied").count(), 4);
+}
+
+/// Issue 49.5, in chat: after Ctrl-C stops a staged command, `/undo`
+/// reverts the cancelled turn at once (no "finish the turn first", no
+/// model call), and a second `/undo` the turn before it.
+#[test]
+fn chat_undo_right_after_ctrl_c() {
+    let env = Env::new();
+    require_staging(&env);
+    fixture(&env.cwd);
+    let before = snapshot(&env.cwd);
+    let script = env.script(&[
+        write_file("c1", "a.txt", "from chat\n"),
+        done("Wrote it."),
+        shell("c2", "echo started > started.txt; sleep 600"),
+        done("Slept."),
+        done("A model call was made."),
+    ]);
+    let mut cmd = env.cairn(&["--script", script.to_str().unwrap(), "--yes", "chat"]);
+    cmd.env("CAIRN_CTRL_C_WINDOW_MS", "600000");
+    let mut p = rexpect::session::spawn_command(cmd, Some(30_000)).unwrap();
+    p.exp_string("/undo").unwrap();
+    p.send_line("write a.txt").unwrap();
+    p.exp_string("Wrote it.").unwrap();
+    p.send_line("sleep").unwrap();
+    let start = std::time::Instant::now();
+    while !env.staged_file_exists("started.txt") {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "the staged command never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    p.send_control('c').unwrap();
+    p.exp_string("turn cancelled").unwrap();
+    p.send_line("/undo").unwrap();
+    p.exp_string("path(s) restored").unwrap();
+    assert!(env.cwd.join("a.txt").exists(), "the first /undo reverts only the cancelled turn");
+    p.send_line("/undo").unwrap();
+    p.exp_string("path(s) restored").unwrap();
+    assert_tree(&env, &before, "after two /undo");
+    p.send_control('d').unwrap();
+    p.exp_eof().unwrap();
+    let file = session(&env);
+    let all = entries(&file);
+    assert!(
+        !all.iter().any(|e| e["type"] == "message" && e["payload"]["content"][0]["text"] == "A model call was made."),
+        "no model call was made"
+    );
+    assert_eq!(all.iter().filter(|e| e["type"] == "undoApplied").count(), 2);
+}

@@ -170,15 +170,20 @@ impl Ledger {
     /// Cost the next message (in the ledger's unit; `count` counts tokens
     /// when the unit is tokens).
     pub fn push(&mut self, m: &Message, count: &dyn Fn(&str) -> Option<u64>) {
-        let cost = |m: &Message| match self.unit {
-            Unit::Bytes => message_bytes(m),
-            Unit::Tokens(..) => count(&message_text(m)).unwrap_or_else(|| message_bytes(m)) + MESSAGE_OVERHEAD_TOKENS,
-        };
-        let full = cost(m);
-        let short = elided(m).map_or(full, |e| cost(&e));
+        let full = self.cost_of(m, count);
+        let short = elided(m).map_or(full, |e| self.cost_of(&e, count));
         let (f, e) = (self.last_full(), self.last_elided());
         self.full.push(f.saturating_add(full));
         self.elided.push(e.saturating_add(short));
+    }
+
+    /// What `m` costs in full, in the ledger's unit (what [`Ledger::push`]
+    /// adds for it), without adding it.
+    pub fn cost_of(&self, m: &Message, count: &dyn Fn(&str) -> Option<u64>) -> u64 {
+        match self.unit {
+            Unit::Bytes => message_bytes(m),
+            Unit::Tokens(..) => count(&message_text(m)).unwrap_or_else(|| message_bytes(m)) + MESSAGE_OVERHEAD_TOKENS,
+        }
     }
 
     /// What `m` costs in bytes, in full and with its large tool outputs

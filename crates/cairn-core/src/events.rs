@@ -227,6 +227,12 @@ pub struct ToolStartedPayload {
     pub tool: String,
     /// The verdict that let it run.
     pub verdict: VerdictRecord,
+    /// The call runs staged (`Tool::stages_effect`): nothing of it reaches
+    /// the working tree before a `toolStaged` entry records its change set,
+    /// so a call that ended without one (discarded, failed, cancelled)
+    /// changed nothing undo would revert. Absent (false) in older logs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub staged: bool,
 }
 
 /// A sandbox bypass asked for during an effect, and its answer.
@@ -494,7 +500,15 @@ impl ToolStartedPayload {
             call_id: request.call_id.clone(),
             tool: request.tool.clone(),
             verdict,
+            staged: false,
         }
+    }
+
+    /// This start, saying whether the call runs staged.
+    #[must_use]
+    pub fn staged(mut self, staged: bool) -> Self {
+        self.staged = staged;
+        self
     }
 }
 

@@ -51,4 +51,4 @@ pub use cancel::CancelToken;
 pub use events::TurnEvent;
 pub use payload_shape::{ToolCompletedLine, tool_completed_line};
 pub use registry::{RegistryError, ToolRegistry};
-pub use turn::{Reopen, Session, SessionConfig, TurnEnv, TurnError, TurnOutcome, TurnStop};
+pub use turn::{PromptTooLarge, Reopen, Session, SessionConfig, TurnEnv, TurnError, TurnOutcome, TurnStop};

@@ -12,9 +12,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::approval::Answer;
 use crate::events::{
-    EntryPayload, EntryType, ToolCompletedPayload, ToolRequestedPayload, ToolStagedPayload, ToolStartedPayload,
-    payload_of,
+    EntryPayload, EntryType, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload,
+    ToolRequestedPayload, ToolStagedPayload, ToolStartedPayload, payload_of,
 };
 use crate::risk::Risk;
 use crate::staged::{ChangeKind, FileState};
@@ -113,6 +114,25 @@ struct Seen {
     tier: Option<Risk>,
     staged: bool,
     structured: Option<serde_json::Value>,
+    /// Its `toolStarted` says it ran staged.
+    ran_staged: bool,
+    /// Settled rejected after it started: its staged effect was discarded
+    /// (`ToolError::Rejected`: nothing was applied).
+    discarded: bool,
+    /// Settled failed (cancelled, timed out, an error).
+    failed: bool,
+    /// A person approved a run outside the sandbox during it.
+    bypassed: bool,
+}
+
+impl Seen {
+    /// It started and ended without applying anything: its staged effect
+    /// was discarded (refused, declined), or it ran staged and failed
+    /// (cancelled, timed out) before a change set was recorded — and it
+    /// never ran outside the sandbox.
+    fn changed_nothing(&self) -> bool {
+        !self.staged && !self.bypassed && (self.discarded || (self.failed && self.ran_staged))
+    }
 }
 
 /// The file effects of `entries` (a stretch of one lane, oldest first),
@@ -133,8 +153,10 @@ struct Seen {
 ///   is not: an unstaged shell command (its receipt says why), an
 ///   external tool without `fileWrite`, an MCP server's tool, a network
 ///   call; cairn does not know what it changed;
-/// - everything else (a ReadOnly call, a staged run that changed nothing)
-///   has no effect to undo.
+/// - everything else (a ReadOnly call, a staged run that changed nothing,
+///   a started call whose staged effect was discarded — refused, declined
+///   — or that ran staged and failed or was cancelled before its change
+///   set was recorded, without a bypass) has no effect to undo.
 pub fn effects(entries: &[Entry], delegating: &[&str]) -> Effects {
     let mut out = Effects::default();
     let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
@@ -155,6 +177,7 @@ pub fn effects(entries: &[Entry], delegating: &[&str]) -> Effects {
                     if s.tool.is_empty() {
                         s.tool = p.tool.clone();
                     }
+                    s.ran_staged = p.staged;
                     started.push(p.invocation_id);
                 }
             }
@@ -166,6 +189,24 @@ pub fn effects(entries: &[Entry], delegating: &[&str]) -> Effects {
             Some(EntryType::ToolCompleted) => {
                 if let Some(p) = payload_of::<ToolCompletedPayload>(entry) {
                     seen.entry(p.invocation_id.clone()).or_default().structured = p.receipt.structured_output;
+                }
+            }
+            Some(EntryType::ToolRejected) => {
+                if let Some(p) = payload_of::<ToolRejectedPayload>(entry) {
+                    seen.entry(p.invocation_id).or_default().discarded = true;
+                }
+            }
+            Some(EntryType::ToolFailed) => {
+                if let Some(p) = payload_of::<ToolFailedPayload>(entry) {
+                    let s = seen.entry(p.invocation_id).or_default();
+                    s.failed = true;
+                    s.bypassed |= p.bypasses.iter().any(|b| !matches!(b.verdict.decision, Answer::Deny { .. }));
+                }
+            }
+            Some(EntryType::ToolBypass) => {
+                if let Some(p) = payload_of::<ToolBypassPayload>(entry) {
+                    let approved = !matches!(p.bypass.verdict.decision, Answer::Deny { .. });
+                    seen.entry(p.invocation_id).or_default().bypassed |= approved;
                 }
             }
             _ => {}
@@ -224,7 +265,7 @@ pub fn effects(entries: &[Entry], delegating: &[&str]) -> Effects {
         if s.staged {
             continue;
         }
-        if receipt_staged_nothing(structured) || s.tier == Some(Risk::ReadOnly) {
+        if receipt_staged_nothing(structured) || s.tier == Some(Risk::ReadOnly) || s.changed_nothing() {
             if !has_beyond {
                 out.no_effect.push(invocation);
             }
@@ -511,6 +552,7 @@ mod tests {
                     call_id: id.into(),
                     tool: tool.into(),
                     verdict: verdict.clone(),
+                    staged: false,
                 },
             ),
         ];

@@ -32,16 +32,12 @@ pub fn store(ctx: &Context) -> PreimageStore {
     PreimageStore::new(ctx.paths.data.join("preimages"), u64::MAX)
 }
 
+/// Open the session at `path`; whether a turn in progress may be undone
+/// is `rewind`'s to say (an interrupted turn at rest is ended by the undo).
 fn open(ctx: &Context, path: &Path) -> Result<(Session<JsonlStore>, PathBuf)> {
     let store = crate::wiring::open_session(ctx, path)?;
     let cwd = PathBuf::from(&store.header().cwd);
     let session = Session::open(store, SessionConfig::default())?;
-    if session.needs_resume() {
-        bail!(
-            "a turn of this session is in progress (phase {:?}); finish it first with `cairn resume`, then undo",
-            session.pc().phase
-        );
-    }
     Ok((session, cwd))
 }
 

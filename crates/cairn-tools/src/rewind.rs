@@ -116,9 +116,14 @@ pub fn undo<S: Storage>(
     dry_run: bool,
     force: bool,
 ) -> Result<Outcome, RewindError> {
-    if session.needs_resume() {
+    // A turn interrupted where nothing of a tool is in flight (Ctrl-C, a
+    // failed provider call, a kill between calls) is ended by the undo
+    // itself, without a model call; one whose call was executing must be
+    // settled by `resume` first (its effect may be half done).
+    if session.needs_resume() && !session.interrupted_at_rest() {
         return Err(RewindError(format!(
-            "a turn of this session is in progress (phase {:?}); finish it first (resume it), then undo",
+            "a call of this session's last turn was executing when it stopped (phase {:?}); settle it first with \
+             `cairn resume`, then undo",
             session.pc().phase
         )));
     }
@@ -320,6 +325,15 @@ fn run<S: Storage>(
     let kept: Vec<UndoStep> = plan.steps.clone();
     files::keep_current(store, cwd, &kept)
         .map_err(|e| RewindError(format!("cannot keep the current contents: {e}; nothing was changed")))?;
+    if session.needs_resume() {
+        // An interrupted turn at rest (`undo` checked) is ended here, once
+        // nothing can refuse: the unrun calls it settles change nothing,
+        // so the plan stands, from the new head.
+        session.end_interrupted("ended by an undo of it; nothing more of it runs").map_err(err)?;
+        if let Some(head) = session.head() {
+            plan.from_entry = head.to_owned();
+        }
+    }
     let id = session.begin_undo(&plan).map_err(|e| RewindError(format!("cannot record the plan: {e}")))?;
     files::restore(store, cwd, &plan.steps, force).map_err(|e| {
         // A failed restore leaves none of its temporaries (issue 46.6).

@@ -54,6 +54,10 @@ pub const NAME_FACT: &str = "name";
 pub const SUBAGENT_FACT: &str = "subagent";
 /// The `fact` key of the session's prompt queue ([`PromptQueue`]).
 pub const QUEUE_FACT: &str = "queue";
+/// The `fact` key of the provider and model the session's turns run on
+/// ([`ProviderFact`]): `cairn resume` continues there unless told
+/// otherwise. Absent in sessions written before it existed.
+pub const PROVIDER_FACT: &str = "provider";
 /// The prefix of `fact` keys holding a session allow rule.
 const ALLOW_FACT: &str = "allow:";
 
@@ -181,6 +185,23 @@ pub struct AllowFact {
     pub invocation_id: String,
 }
 
+/// The provider and model a session's turns run on (`fact` `provider`),
+/// set by the host when it starts a turn on another than the one recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderFact {
+    /// The provider's name as configured (a built-in or a
+    /// `[providers.NAME]` table).
+    pub name: String,
+    /// The model it was asked for.
+    pub model: String,
+}
+
+/// The provider and model the session's turns run on, when recorded.
+pub fn provider_fact<S: Storage + ?Sized>(store: &S) -> Option<ProviderFact> {
+    store.register(FACT, PROVIDER_FACT).and_then(|raw| raw.parse::<ProviderFact>().ok())
+}
+
 /// A prompt waiting for its turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -228,6 +249,12 @@ pub fn prompt_queue<S: Storage + ?Sized>(store: &S) -> PromptQueue {
 }
 
 impl Transaction {
+    /// Record the provider and model the session's turns run on (`fact`
+    /// `provider`).
+    pub fn set_provider_fact(self, fact: &ProviderFact) -> Result<Self, StorageError> {
+        Ok(self.set(FACT, PROVIDER_FACT, to_raw(fact)?))
+    }
+
     /// Name the session (`fact` `name`).
     pub fn set_session_name(self, name: &str) -> Result<Self, StorageError> {
         Ok(self.set(FACT, NAME_FACT, to_raw(name)?))

@@ -550,6 +550,43 @@ impl<S: Storage> Session<S> {
         })
     }
 
+    /// Refuse a prompt that cannot fit the window even alone (the request
+    /// view would refuse every request of its turn once it was recorded,
+    /// and the session would be stuck on it): nothing is written, and the
+    /// error says how large it is and how much fits. The same estimate as
+    /// [`Session::request_view`]'s, so what passes here fits there.
+    pub(super) fn check_prompt_fits(
+        &mut self,
+        provider: &dyn Provider,
+        tools: &[ToolSpec],
+        user: &Message,
+    ) -> Result<(), TurnError> {
+        let Some(l) = self.limits(provider) else { return Ok(()) };
+        let cal = self.calibration(provider);
+        let s = self.sizes(provider, tools);
+        let fixed = self.tokens_of(s.fixed, cal);
+        let budget = self.units_of(l.window.saturating_sub(fixed + SLACK_TOKENS + l.reserve), cal);
+        let cost = self.ctx.ledger.cost_of(user, &|t| provider.count_tokens(t));
+        if cost <= budget {
+            return Ok(());
+        }
+        Err(TurnError::PromptTooLarge(super::PromptTooLarge {
+            bytes: user
+                .content
+                .iter()
+                .map(|p| match p {
+                    crate::message::ContentPart::Text { text } => text.len() as u64,
+                    _ => 0,
+                })
+                .sum(),
+            tokens: self.tokens_of(cost, cal),
+            room: self.tokens_of(budget, cal),
+            window: l.window,
+            reserve: l.reserve,
+            fixed,
+        }))
+    }
+
     /// Force a compaction of the current lane (`cairn compact`): every
     /// message before the last user message is summarised. Returns the
     /// `compaction` entry, or `None` when there was nothing to cover. A

@@ -13,13 +13,14 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::asked::Announced;
 use super::effect;
 use super::{
     OP_NS, PENDING_NS, PROVIDER_OP, PendingValue, Phase, ProviderOp, Session, TurnEnv, TurnError, TurnOutcome,
     TurnStop, TxBuilder,
 };
 use crate::approval::gate::{self, READ_ONLY};
-use crate::approval::{AllowRule, Answer, ApprovalRequest, Need, Verdict};
+use crate::approval::{AllowRule, Answer, ApprovalRequest, Approver, Need, Verdict};
 use crate::events::{
     EntryType, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
     ToolStagedPayload, ToolStartedPayload, TurnCancelledPayload, TurnEndedPayload, TurnEvent, VerdictRecord,
@@ -367,7 +368,8 @@ impl<S: Storage> Session<S> {
         pending: Option<PendingValue>,
     ) -> Result<(), TurnError> {
         let invocation_id = request.invocation_id.clone();
-        b.entry(&ToolStartedPayload::new(request, v.clone()))?;
+        let staged = env.tools.get(&request.tool).is_some_and(|t| t.stages_effect(&request.arguments));
+        b.entry(&ToolStartedPayload::new(request, v.clone()).staged(staged))?;
         let rule = self.remember(&mut b, &v, risk, request)?;
         if let Some(pending) = &pending {
             b.set(PENDING_NS, &invocation_id, pending)?;
@@ -534,13 +536,6 @@ impl<S: Storage> Session<S> {
                 Err(refusal) => record(with_why(refusal, tool.risk_reason(&request.arguments))),
                 Ok(need) => {
                     let preview = tool.preview(&request, &self.cwd);
-                    // Not an entry: a person is being asked right now.
-                    (env.observer)(&TurnEvent::ApprovalAsked {
-                        invocation_id: invocation_id.clone(),
-                        tool: request.tool.clone(),
-                        risk,
-                        preview: preview.clone(),
-                    });
                     let why = tool.risk_reason(&request.arguments);
                     let ask = ApprovalRequest {
                         session_id: &request.session_id,
@@ -554,7 +549,8 @@ impl<S: Storage> Session<S> {
                         staged: tool.stages_effect(&request.arguments),
                         why: why.as_deref(),
                     };
-                    match env.approver.decide(&ask) {
+                    let mut asked = Announced { approver: &mut *env.approver, announce: &mut *env.observer };
+                    match asked.decide(&ask) {
                         Ok(answer) => record(need.bound(answer)),
                         Err(e) => deny(format!("the approver failed ({e}); the call was not run"), "approver:error"),
                     }
@@ -785,6 +781,13 @@ impl<S: Storage> Session<S> {
         let Some(inner) = self.pc.resume.clone() else {
             return Ok(());
         };
+        self.abandon_calls(&inner, b)
+    }
+
+    /// Settle as rejected the calls a turn standing at `inner` never ran
+    /// (the one awaiting approval, the rest of its assistant message).
+    /// Adds to `b`.
+    pub(super) fn abandon_calls(&mut self, inner: &super::Pc, b: &mut TxBuilder) -> Result<(), TurnError> {
         let Some(assistant) = inner.assistant.clone() else {
             return Ok(());
         };

@@ -16,6 +16,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::TurnError;
+use super::asked::Announced;
 use crate::CancelToken;
 use crate::approval::{Answer, ApprovalRequest, Approver, Verdict, gate};
 use crate::events::{BypassRecord, ToolStagedPayload, TurnEvent, VerdictRecord};
@@ -105,14 +106,27 @@ pub(crate) fn run(
             }
         });
         let invocation_id = request.invocation_id.clone();
+        // The output and the questions go to the one observer, one at a
+        // time (a tool asks between chunks, never inside one).
+        let observer = std::cell::RefCell::new(observer);
         let mut output = |chunk: &[u8]| {
-            observer(&TurnEvent::ToolOutput {
-                invocation_id: invocation_id.clone(),
-                chunk: String::from_utf8_lossy(chunk).into_owned(),
-            });
+            if let Ok(mut observer) = observer.try_borrow_mut() {
+                (**observer)(&TurnEvent::ToolOutput {
+                    invocation_id: invocation_id.clone(),
+                    chunk: String::from_utf8_lossy(chunk).into_owned(),
+                });
+            }
         };
+        let mut announce = |event: &TurnEvent| {
+            if let Ok(mut observer) = observer.try_borrow_mut() {
+                (**observer)(event);
+            }
+        };
+        // Every question a running tool raises is announced like the
+        // call's own (`asked.rs`): a bypass, a Destructive staged effect.
+        let mut announced = Announced { approver, announce: &mut announce };
         // Both brokers ask the one approver; a tool asks one at a time.
-        let approver = std::cell::RefCell::new(approver);
+        let approver = std::cell::RefCell::new(&mut announced as &mut dyn Approver);
         let mut approve_bypass = |what: &str| -> bool {
             let Ok(mut approver) = approver.try_borrow_mut() else { return false };
             if record_error.borrow().is_some() {

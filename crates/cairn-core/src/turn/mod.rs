@@ -26,6 +26,7 @@
 //! to messages), `lifecycle` (the turn's half of the register lifecycles). This module must not print, spawn or talk HTTP: providers,
 //! tools and approvers are injected through [`TurnEnv`].
 
+mod asked;
 mod context;
 mod conversation;
 mod drive;
@@ -211,6 +212,10 @@ pub enum TurnError {
         "no effect was started: {0}; the call stays unsettled — resuming the session settles it by its replay policy"
     )]
     NotStarted(String),
+    /// The prompt cannot fit the context window even alone; nothing was
+    /// recorded and no turn started.
+    #[error("{0}")]
+    PromptTooLarge(PromptTooLarge),
     /// A `user_prompt` hook refused the prompt; no turn started (the
     /// refusal is the session fact `promptRefused`).
     #[error("the prompt was refused by {by}: {reason}")]
@@ -220,6 +225,38 @@ pub enum TurnError {
         /// Why.
         reason: String,
     },
+}
+
+/// A prompt refused because it cannot fit the model's context window:
+/// its size, and what the window leaves for a prompt (estimates, tokens).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptTooLarge {
+    /// The prompt's bytes.
+    pub bytes: u64,
+    /// Its estimated tokens.
+    pub tokens: u64,
+    /// About how many tokens a prompt may have here.
+    pub room: u64,
+    /// The context window.
+    pub window: u64,
+    /// Tokens reserved for the answer.
+    pub reserve: u64,
+    /// The system prompt's, tool definitions' and summary's estimate.
+    pub fixed: u64,
+}
+
+impl std::fmt::Display for PromptTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the prompt is {} bytes (about {} tokens) and cannot fit the model's context window of {} tokens: \
+             after {} reserved for the answer and about {} for the system prompt and tool definitions, about {} \
+             tokens are left for a prompt. Nothing was recorded; the session is as it was. Shorten the prompt, or \
+             save the text to a file in the working directory and ask the model to read it (read_file reads a \
+             file in parts), or raise `context_window` if the model allows more",
+            self.bytes, self.tokens, self.window, self.reserve, self.fixed, self.room
+        )
+    }
 }
 
 impl From<LifecycleError> for TurnError {
@@ -833,15 +870,25 @@ impl<S: Storage> Session<S> {
                 return Err(TurnError::PromptRefused { by, reason });
             }
         };
+        let mut user = Message::text(crate::message::Role::User, user_text);
+        if let Some((by, text)) = context {
+            user.content.push(crate::message::ContentPart::Text { text: format!("\n\n[context from {by}]\n{text}") });
+        }
+        if let Err(refused) = self.check_prompt_fits(env.provider, env.tools.specs(), &user) {
+            // A queued prompt leaves the queue all the same, so it is not
+            // tried forever; nothing else is written.
+            if let Some(queue) = queue {
+                let mut b = self.tx();
+                b.set(registers::FACT, registers::QUEUE_FACT, queue)?;
+                self.commit(b, None, env.observer)?;
+            }
+            return Err(refused);
+        }
         let mut b = self.tx();
         if self.pc.phase == Phase::Cancelled {
             self.abandon_cancelled(&mut b)?;
         }
         let turn_id = b.next_id("t");
-        let mut user = Message::text(crate::message::Role::User, user_text);
-        if let Some((by, text)) = context {
-            user.content.push(crate::message::ContentPart::Text { text: format!("\n\n[context from {by}]\n{text}") });
-        }
         b.entry(&user)?;
         if let Some(queue) = queue {
             b.set(registers::FACT, registers::QUEUE_FACT, queue)?;

@@ -84,7 +84,7 @@ pub fn legal(from: Phase, to: Phase) -> bool {
             | (AwaitingApproval, Executing | ToolCall | Planning | Final | Cancelled)
             | (Executing, Settling | Planning)
             | (Settling, ToolCall | Planning | Final | Cancelled)
-            | (Cancelled, ToolCall | AwaitingApproval)
+            | (Cancelled, ToolCall | AwaitingApproval | Final)
     )
 }
 
@@ -147,6 +147,7 @@ mod tests {
             (Settling, Planning),
             (Final, Planning),
             (Cancelled, Planning),
+            (Cancelled, Final),
         ];
         for (from, to) in legal_moves {
             assert!(legal(from, to), "{from:?} → {to:?} should be legal");

@@ -4,12 +4,54 @@
 //! in the same line). The plan itself is [`crate::undo`]'s; checking and
 //! changing the working tree is the host's. It must not touch files.
 
-use super::{LANE_NS, Session, TurnError, to_raw};
+use super::{LANE_NS, OP_NS, PROVIDER_OP, Phase, Session, TurnError, to_raw};
 use crate::events::EntryPayload;
+use crate::events::{TurnEndedPayload, TurnEvent};
 use crate::storage::{Storage, Transaction};
 use crate::undo::{UndoAppliedPayload, UndoPayload};
 
 impl<S: Storage> Session<S> {
+    /// Whether the turn in progress stands where nothing of a tool is in
+    /// flight — cancelled, a provider call outstanding (a failed or killed
+    /// one), between calls, a question unanswered — so an undo may end it
+    /// first ([`Session::end_interrupted`]) without losing any effect.
+    /// False with no turn in progress, and while a call executes (its
+    /// effect must be settled by `resume` first).
+    pub fn interrupted_at_rest(&self) -> bool {
+        matches!(self.pc.phase, Phase::Cancelled | Phase::Planning | Phase::ToolCall | Phase::AwaitingApproval)
+    }
+
+    /// End the turn in progress before an undo reverts it, as a new prompt
+    /// ends a cancelled turn: the calls it never ran are settled as
+    /// rejected, a `turnEnded` entry says why, and the pc is Final, in one
+    /// line. No model is asked. Refused while a call executes
+    /// ([`Session::interrupted_at_rest`]). Returns whether a turn was ended.
+    pub fn end_interrupted(&mut self, why: &str) -> Result<bool, TurnError> {
+        if !self.pc.in_progress() {
+            return Ok(false);
+        }
+        if !self.interrupted_at_rest() {
+            return Err(TurnError::NeedsResume(self.pc.phase));
+        }
+        let inner = match self.pc.phase {
+            Phase::Cancelled => self.pc.resume.as_deref().cloned(),
+            _ => Some(self.pc.clone()),
+        };
+        let mut b = self.tx();
+        if let Some(inner) = &inner {
+            self.abandon_calls(inner, &mut b)?;
+        }
+        if self.pc.phase == Phase::Planning {
+            b.delete(OP_NS, PROVIDER_OP);
+        }
+        b.entry(&TurnEndedPayload { turn_id: self.pc.turn.clone().unwrap_or_default(), reason: why.to_owned() })?;
+        let mut pc = self.pc.to(Phase::Final)?;
+        pc.assistant = None;
+        pc.invocation = None;
+        self.commit(b, Some(pc), &mut |_: &TurnEvent| {})?;
+        Ok(true)
+    }
+
     /// Commit the plan of an undo (or redo) as an `undo` entry, a child of
     /// the current lane head; the lane does not move. Refused while a turn
     /// is in progress. Returns the entry's id.
