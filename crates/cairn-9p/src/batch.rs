@@ -494,6 +494,7 @@ impl Batch {
         let outcome = equipment.run(&mut session, &*provider, Step::Once(&spec.prompt), &mut |_| {}, cancel)?;
         match outcome.map(|o| o.stop) {
             Some(TurnStop::StepLimit) => bail!("the session reached its step limit"),
+            Some(TurnStop::Stopped) => bail!("a pre_tool hook stopped the turn"),
             _ => Ok(()),
         }
     }

@@ -99,5 +99,9 @@ pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
             let _ = writeln!(err, "cairn ask: cancelled; continue with `cairn resume {id}`");
             Ok(exit::CANCELLED)
         }
+        TurnStop::Stopped => {
+            let _ = writeln!(err, "cairn ask: a pre_tool hook stopped the turn: {}", escape_controls(&outcome.text));
+            Ok(exit::DENIED)
+        }
     }
 }

@@ -374,6 +374,13 @@ fn outcome_code(outcome: &TurnOutcome, renderer: &mut Renderer, session_id: &str
             ));
             exit::ERROR
         }
+        TurnStop::Stopped => {
+            renderer.notice(&format!(
+                "a pre_tool hook stopped the turn: {}",
+                crate::render::escape_controls(&outcome.text)
+            ));
+            exit::DENIED
+        }
     };
     renderer.json_line(&json!({"type": "turnEnd", "stop": outcome.stop, "exitCode": code, "sessionId": session_id}));
     code

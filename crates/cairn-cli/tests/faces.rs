@@ -41,8 +41,9 @@ fn client(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/faces").join(file)
 }
 
+/// The binary under test (`CAIRN_TEST_BIN` overrides, as in `util`).
 fn cairn_bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("cairn")
+    std::env::var_os("CAIRN_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| assert_cmd::cargo::cargo_bin("cairn"))
 }
 
 /// A home with one read-only and one Destructive external tool, and a root
@@ -715,6 +716,48 @@ fn acp_modes_map_to_the_approval_policy() {
     let text = std::fs::read_to_string(&env.session_files()[0]).unwrap();
     assert!(text.contains("plan mode"), "the refusal names the mode");
     assert!(text.contains("auto-edit mode"), "the approval names the mode");
+}
+
+/// Issue 53.1: after "allow always" for a write, plan mode still refuses
+/// the next write (the remembered rule does not outrank the mode), and a
+/// subagent spawned in plan mode (spawn_agent is ReadOnly) is held by it
+/// too; no question is put to the editor, nothing is written.
+#[test]
+fn acp_plan_mode_holds_after_allow_always_and_for_subagents() {
+    let env = setup();
+    let child = env.home.join("child.jsonl");
+    let lines = [
+        json!({"text": "", "toolCalls": [{"id": "k1", "name": "write_file", "arguments": {"path": "note.txt", "content": "from the child\n"}}]}),
+        json!({"text": "child done"}),
+    ];
+    std::fs::write(&child, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let script = write_script(
+        &env,
+        &[
+            json!({"toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "b.txt", "content": "1\n"}}]}),
+            json!({"text": "One."}),
+            json!({"toolCalls": [{"id": "c2", "name": "write_file", "arguments": {"path": "c.txt", "content": "2\n"}}]}),
+            json!({"text": "Two."}),
+            json!({"toolCalls": [{"id": "p1", "name": "spawn_agent", "arguments": {"prompt": "write the note", "script": child.to_str().unwrap()}}]}),
+            json!({"text": "Three."}),
+        ],
+    );
+    acp(&env, "plan_after_always", &script, &[]);
+    assert!(env.cwd.join("b.txt").exists());
+    assert!(!env.cwd.join("c.txt").exists() && !env.cwd.join("note.txt").exists());
+    let files = env.session_files();
+    let parent = files.iter().find(|f| !f.to_string_lossy().contains('+')).unwrap();
+    let rejected: Vec<Value> = util::entries(parent)
+        .into_iter()
+        .filter(|r| r["type"] == "toolRejected")
+        .map(|r| r["payload"]["verdict"]["by"].clone())
+        .collect();
+    assert_eq!(rejected, [json!("mode:plan")], "the refusal is recorded as the mode's");
+    let child_file = files.iter().find(|f| f.to_string_lossy().contains('+')).unwrap();
+    assert!(
+        std::fs::read_to_string(child_file).unwrap().contains("mode:plan"),
+        "the child's write was refused by the mode"
+    );
 }
 
 #[test]

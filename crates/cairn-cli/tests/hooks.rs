@@ -22,6 +22,10 @@ fn script(env: &Env, name: &str, body: &str) -> PathBuf {
     path
 }
 
+fn py_hook(env: &Env, name: &str) -> PathBuf {
+    env.python_hook(name)
+}
+
 fn entries(env: &Env) -> Vec<Value> {
     util::entries(&env.session_files()[0])
 }
@@ -166,7 +170,8 @@ fn a_post_tool_hook_sees_the_receipt() {
     let log = std::fs::read_to_string(env.cwd.join("post.log")).unwrap();
     let seen: Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
     assert_eq!(seen["hook_event_name"], "PostToolUse");
-    assert_eq!(seen["tool_name"], "read_file");
+    assert_eq!(seen["tool_name"], "Read", "Claude Code's name");
+    assert_eq!(seen["cairn_tool_name"], "read_file");
     assert_eq!(seen["settlement"], "toolCompleted");
     assert!(seen["tool_response"]["receipt"]["outputSummary"].as_str().unwrap().contains("7-4-1"), "{seen:#}");
 }
@@ -399,4 +404,134 @@ fn session_start_subagent_stop_and_session_end_hooks_are_told_in_order() {
     assert_eq!(started.len(), 2, "{events:#?}");
     assert_eq!(started[1]["source"], "resume");
     assert_eq!(of(&events, "SessionEnd", &parent_id).len(), 2, "{events:#?}");
+}
+
+/// Issue 53.2: hooks written to Claude Code's documented interface block
+/// under cairn as they do there: its tool names (`Bash`, `Write`, `Read`)
+/// and fields (`tool_input.file_path`, absolute), its matchers (names
+/// separated by `|`, regular expressions), exit code 2 with stderr, and the
+/// JSON deny; the common input fields are given; a matcher naming no tool
+/// is a warning at load.
+#[test]
+fn claude_code_s_hooks_block_under_cairn_as_written() {
+    let env = Env::new();
+    let validator = py_hook(&env, "bash_command_validator.py");
+    let guard = py_hook(&env, "file_guard.py");
+    let probe = py_hook(&env, "read_probe.py");
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "[[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"Bash\"\n\n\
+             [[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"Edit|Write|MultiEdit\"\n\n\
+             [[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"^Rea.*\"\n\n\
+             [[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"Bsh|Wirte\"\n",
+            validator.display(),
+            guard.display(),
+            probe.display(),
+            validator.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::write(env.cwd.join("a.txt"), "a\n").unwrap();
+    let turn = env.script(&[
+        json!({"text": "", "toolCalls": [
+            {"id": "c1", "name": "shell", "arguments": {"command": "grep -r needle . > found.txt"}},
+            {"id": "c2", "name": "shell", "arguments": {"command": "echo fine > ok.txt"}},
+            {"id": "c3", "name": "write_file", "arguments": {"path": ".env", "content": "TOKEN=x\n"}},
+            {"id": "c4", "name": "write_file", "arguments": {"path": "notes.txt", "content": "n\n"}},
+            {"id": "c5", "name": "edit_file", "arguments": {"path": "package-lock.json", "old": "a", "new": "b"}},
+            {"id": "c6", "name": "read_file", "arguments": {"path": "a.txt"}},
+        ]}),
+        json!({"text": "done"}),
+    ]);
+    let out =
+        env.cairn(&["--script", turn.to_str().unwrap(), "--yes", "run", "go"]).stdin(Stdio::null()).output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(4), "refused calls make the run exit 4: {err}");
+    assert!(
+        err.contains("\"Bsh|Wirte\"") && err.contains("names no tool"),
+        "the matcher naming no tool is a warning: {err}"
+    );
+    assert!(env.cwd.join("ok.txt").exists() && env.cwd.join("notes.txt").exists(), "the rest ran: {err}");
+    assert!(!env.cwd.join("found.txt").exists(), "the validator's exit 2 did not block grep");
+    assert!(!env.cwd.join(".env").exists(), "the file guard did not block .env");
+    let all = entries(&env);
+    let rejected = of_type(&all, "toolRejected");
+    let reason = |call: &str| {
+        rejected
+            .iter()
+            .find(|r| r["callId"] == call)
+            .map(|r| r["reason"].as_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    assert!(reason("c1").contains("Use 'rg' (ripgrep) instead of 'grep'"), "{rejected:#?}");
+    assert!(reason("c3").contains(".env is protected"), "{rejected:#?}");
+    assert!(reason("c5").contains("package-lock.json is protected"), "{rejected:#?}");
+    assert_eq!(rejected.len(), 4, "{rejected:#?}");
+    // The probe saw Claude Code's common fields.
+    let said = reason("c6");
+    let fields: Value = serde_json::from_str(said.split_once("probe ").unwrap().1).unwrap();
+    let session = &env.session_files()[0];
+    assert_eq!(fields["tool_name"], "Read");
+    assert_eq!(fields["hook_event_name"], "PreToolUse");
+    assert_eq!(fields["permission_mode"], "default");
+    assert_eq!(fields["transcript_path"], session.to_str().unwrap());
+    assert_eq!(fields["file_path"], env.cwd.join("a.txt").to_str().unwrap());
+    assert_eq!(fields["cwd"], env.cwd.to_str().unwrap());
+    assert_eq!(fields["session_id"], session.file_stem().unwrap().to_str().unwrap());
+}
+
+/// Issue 53.2: `permissionDecision: "ask"` puts the call to a person, which
+/// no allow rule or `--yes` answers (headless: refused); `"continue":
+/// false` refuses the call and ends the turn with its `stopReason`, without
+/// another model call.
+#[test]
+fn claude_code_s_ask_needs_a_person_and_continue_false_stops_the_turn() {
+    let env = Env::new();
+    let ask = py_hook(&env, "ask_for_writes.py");
+    let freeze = py_hook(&env, "freeze.py");
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "[[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"Write\"\n\n\
+             [[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"Bash\"\n",
+            ask.display(),
+            freeze.display(),
+        ),
+    )
+    .unwrap();
+    let turn = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "write_file", "arguments": {"path": "w.txt", "content": "w\n"}}]}),
+        json!({"text": "", "toolCalls": [
+            {"id": "c2", "name": "shell", "arguments": {"command": "echo a > a.txt"}},
+            {"id": "c3", "name": "read_file", "arguments": {"path": "w.txt"}},
+        ]}),
+        json!({"text": "never said"}),
+    ]);
+    let out = env
+        .cairn(&["--script", turn.to_str().unwrap(), "--yes", "--allow", "write_file", "run", "go"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(!env.cwd.join("w.txt").exists(), "--yes or an allow rule answered a hook's ask");
+    assert!(!env.cwd.join("a.txt").exists(), "continue:false did not stop the command");
+    assert!(err.contains("the build is frozen"), "the stop reason is shown: {err}");
+    let all = entries(&env);
+    let requested = of_type(&all, "toolRequested");
+    let c1 = requested.iter().find(|p| p["request"]["callId"] == "c1").unwrap();
+    assert_eq!(c1["hook"]["decision"], "ask", "{c1:#}");
+    let rejected = of_type(&all, "toolRejected");
+    let c1 = rejected.iter().find(|r| r["callId"] == "c1").unwrap();
+    assert_eq!(c1["verdict"]["by"], "policy:headless", "{c1:#}");
+    assert!(c1["reason"].as_str().unwrap().contains("need a person's look"), "{c1:#}");
+    let c2 = requested.iter().find(|p| p["request"]["callId"] == "c2").unwrap();
+    assert_eq!(c2["hook"]["decision"], "stop", "{c2:#}");
+    assert!(rejected.iter().any(|r| r["callId"] == "c3"), "the rest of the message is refused: {rejected:#?}");
+    assert!(of_type(&all, "toolStarted").is_empty(), "nothing ran");
+    let ended = of_type(&all, "turnEnded");
+    assert_eq!(ended.len(), 1, "{ended:#?}");
+    assert!(ended[0]["reason"].as_str().unwrap().contains("the build is frozen"));
+    assert!(!all.iter().any(|e| e.to_string().contains("never said")), "the model was called again");
 }

@@ -243,6 +243,32 @@ fn a_destructive_call_says_why_it_asks() {
     assert!(entries_of_type(&session(&env), "toolStarted").is_empty(), "nothing ran");
 }
 
+/// Issue 53.2: a hook's `permissionDecision: "ask"` (Claude Code's) puts
+/// the call to the person even under `--yes`, with the hook's reason, and
+/// offers no "always" (it is never remembered).
+#[test]
+fn a_hook_s_ask_is_put_to_the_person_under_yes_without_always() {
+    let env = Env::new();
+    let hook = env.python_hook("ask_for_writes.py");
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("[[hooks.pre_tool]]\ncommand = \"{}\"\nmatcher = \"Write\"\n", hook.display()),
+    )
+    .unwrap();
+    let script = env.script(&[write_call("c1", "out.txt", "hello\n"), json!({"text": "Wrote it."})]);
+    let mut p = cairn_pty(&env, &script, &["--yes", "run", "write hello to out.txt"]);
+    let shown = p.exp_string("Run it? [y/N] ").unwrap();
+    assert!(shown.contains("need a person's look"), "the hook's reason: {shown}");
+    assert!(!env.cwd.join("out.txt").exists(), "nothing written before the answer");
+    answer(&mut p, "y");
+    p.exp_string("Wrote it.").unwrap();
+    let (_, code) = finish(&mut p);
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out.txt")).unwrap(), "hello\n");
+    let started = entries_of_type(&session(&env), "toolStarted");
+    assert_eq!(started[0]["payload"]["verdict"]["by"], "user:terminal");
+}
+
 #[test]
 fn a_staged_destructive_effect_answered_y_applies_exactly_that_change() {
     cairn_tools::staging::overlay_status().expect("overlay staging is needed for this test");

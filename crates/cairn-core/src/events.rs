@@ -213,6 +213,41 @@ pub enum HookRecord {
         /// The arguments as the model gave them.
         original_arguments: Value,
     },
+    /// A hook asked that a person approve the call (the gate then needs a
+    /// person, on resume too).
+    #[serde(rename_all = "camelCase")]
+    Ask {
+        /// Which hook asked.
+        by: String,
+        /// Why.
+        reason: String,
+        /// When earlier hooks changed the arguments: which, and the
+        /// model's arguments.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rewritten_by: Option<String>,
+        /// The arguments as the model gave them (when changed).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        original_arguments: Option<Value>,
+    },
+    /// A hook stopped the turn (Claude Code's `continue: false`): the call
+    /// was refused and the turn ended.
+    #[serde(rename_all = "camelCase")]
+    Stop {
+        /// Which hook.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl HookRecord {
+    /// The reason a hook asked a person to approve the call, if it did.
+    pub fn asks(&self) -> Option<&str> {
+        match self {
+            HookRecord::Ask { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
 }
 
 /// Payload of `toolStarted` (Correx `ToolExecutionStartedEvent`).

@@ -1,7 +1,7 @@
 //! Hooks: what a host's hooks may say about a prompt before its turn starts
 //! (`user_prompt`: go on, refuse it, or add context to it) and about a tool
-//! call before it is
-//! requested (`pre_tool`: go on, refuse it, or change its arguments) and
+//! call before it is requested (`pre_tool`: go on, refuse it, change its
+//! arguments, put it to a person, or stop the turn) and
 //! what they are told once it is settled (`post_tool`). The turn asks the
 //! registry's hooks ([`crate::registry::ToolRegistry::hooks`]) and records
 //! the answer in the call's `toolRequested` entry ([`HookRecord`]) before it
@@ -14,7 +14,9 @@
 //!
 //! The core only declares the contract; running hook programs (sandboxed,
 //! with a time limit, failing closed) is the host's (`cairn-tools`). A hook
-//! never approves a call: approvals stay with rules and people.
+//! never approves a call: approvals stay with rules and people. A hook that
+//! asks makes the call need a person (the approval gate's rule,
+//! [`crate::approval::gate::gate`]).
 
 use serde_json::Value;
 
@@ -41,6 +43,24 @@ pub enum PreTool {
         by: String,
         /// The new arguments object.
         arguments: Value,
+    },
+    /// A person must approve the call (no rule, `--yes` or remembered
+    /// approval answers it; refused where no person can answer).
+    Ask {
+        /// Which hook asked.
+        by: String,
+        /// Why, shown to the person.
+        reason: String,
+        /// Arguments earlier hooks changed, and which hooks changed them.
+        rewrite: Option<(String, Value)>,
+    },
+    /// Refuse the call and end the turn without another provider call
+    /// (Claude Code's `continue: false`).
+    Stop {
+        /// Which hook.
+        by: String,
+        /// Why (its `stopReason`), shown to the person and the model.
+        reason: String,
     },
 }
 
@@ -108,9 +128,9 @@ pub trait Hooks: Send + Sync + std::fmt::Debug {
         let _ = (parent, child, cwd, answer, failed);
     }
 
-    /// Before the call is requested. A hook that fails or times out must
-    /// answer [`PreTool::Deny`] (fail closed).
-    fn pre_tool(&self, request: &ToolRequest, cwd: &std::path::Path) -> PreTool;
+    /// Before the call is requested, in the session's `mode` now. A hook
+    /// that fails or times out must answer [`PreTool::Deny`] (fail closed).
+    fn pre_tool(&self, request: &ToolRequest, cwd: &std::path::Path, mode: crate::approval::SessionMode) -> PreTool;
 
     /// Before a compaction summarises the conversation (`reason`: why);
     /// nothing it does stops the compaction.

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::approval::{Answer, Approver, gate};
+use crate::approval::{Answer, Approver, Asker, Gated, SessionMode, gate};
 use crate::tool::{Capability, Risk, Tool, ToolSpec};
 
 /// Why the registry refused a tool.
@@ -102,7 +102,10 @@ impl ToolRegistry {
         if spec.risk < floor {
             return Err(RegistryError::BelowFloor { tool: spec.name, declared: spec.risk, floor });
         }
-        if let Err(refusal) = gate(&spec.name, spec.risk, None, self.interactive) {
+        // What is offered does not depend on the mode, which may change
+        // between calls: the gate refuses by mode at each call.
+        let asker = Asker { interactive: self.interactive, mode: SessionMode::Ask };
+        if let Err(refusal) = gate(Gated::call(&spec.name, spec.risk), asker) {
             let reason = match refusal.decision {
                 Answer::Deny { reason } => reason,
                 Answer::Approve | Answer::ApproveForSession => String::new(),

@@ -589,6 +589,7 @@ fn open_session(
         shared: Arc::clone(shared),
         session_id: store.header().id.clone(),
         editor_reads: client_fs.0,
+        mode: mode.clone(),
     }));
     // The approver first: the registry offers what it can answer.
     let inner = host.policy(Some(Box::new(person.clone()))).map_err(|e| RpcError::internal(format!("{e:#}")))?;
@@ -887,6 +888,8 @@ fn prompt(
                 None | Some(TurnStop::Answered) => "end_turn",
                 Some(TurnStop::StepLimit) => "max_turn_requests",
                 Some(TurnStop::Cancelled) => "cancelled",
+                // A hook ended the turn (Claude Code's `continue: false`).
+                Some(TurnStop::Stopped) => "refusal",
             };
             Ok(json!({"stopReason": reason}))
         }
@@ -1142,6 +1145,9 @@ struct PermissionAsker {
     session_id: String,
     /// The editor offers reads: the diff's old text is the editor's.
     editor_reads: bool,
+    /// The session's mode: the person's, so the subagents that share this
+    /// person are held by it too (plan mode holds for them).
+    mode: SharedMode,
 }
 
 const ALLOW_ONCE: &str = "allow-once";
@@ -1209,6 +1215,10 @@ impl Approver for PermissionAsker {
         true
     }
 
+    fn mode(&self) -> cairn_core::approval::SessionMode {
+        self.mode.get().session_mode()
+    }
+
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         // "Always" is offered for Write calls only: a Destructive call or a
         // sandbox bypass is asked every time (the core would refuse to
@@ -1225,6 +1235,9 @@ impl Approver for PermissionAsker {
         }
         if let Some(bypass) = request.bypass {
             shown.push_str(&format!("sandbox bypass: {bypass}\n"));
+        }
+        if let Some(why) = request.why {
+            shown.push_str(&format!("{why}\n"));
         }
         match request.preview {
             Some(preview) => shown.push_str(&preview_text(preview)),

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, Verdict, gate};
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, Asker, Verdict, gate};
 use postgres::Client;
 
 use crate::PgError;
@@ -169,7 +169,7 @@ impl Approver for DbApprover {
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
-        if let Err(refusal) = gate(request.tool, request.risk, request.bypass, self.is_interactive()) {
+        if let Err(refusal) = gate(request.gated(), Asker::of(&*self)) {
             return Ok(refusal);
         }
         loop {

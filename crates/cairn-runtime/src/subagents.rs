@@ -1087,7 +1087,9 @@ impl Family {
         let mut equipment = Equipment { tools: registry, approver };
         let outcome =
             equipment.run(&mut session, &*provider, Step::Once(&fact.prompt), &mut |_| {}, &place.cancel())?;
-        let result = if outcome.is_some_and(|o| o.stop == TurnStop::StepLimit) {
+        let result = if let Some(o) = outcome.as_ref().filter(|o| o.stop == TurnStop::Stopped) {
+            ChildResult::Failed(format!("a pre_tool hook stopped the child's turn: {}", o.text))
+        } else if outcome.is_some_and(|o| o.stop == TurnStop::StepLimit) {
             ChildResult::Failed("the child reached its step limit".to_owned())
         } else {
             ChildResult::Answered(last_answer(&session))

@@ -271,7 +271,9 @@ fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Ar
         return None;
     }
     let report = Box::new(|note: &str| eprintln!("cairn: {}", crate::escape::escape_controls(note)));
-    Some(Arc::new(cairn_tools::hooks::CommandHooks::new(config, tools_config(ctx), report)))
+    Some(Arc::new(
+        cairn_tools::hooks::CommandHooks::new(config, tools_config(ctx), report).with_sessions(ctx.paths.sessions()),
+    ))
 }
 
 /// The hook programs of a session in `cwd` (the user's, then a trusted
@@ -308,6 +310,12 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
         notes.extend(mcp.notes);
         entries.extend(mcp.entries);
     }
+    // A hook whose matcher names no tool here would silently never run.
+    let mut known: Vec<String> = entries.iter().map(|e| e.tool.spec().name.clone()).collect();
+    known.extend([crate::subagents::SPAWN, crate::subagents::WAIT].map(str::to_owned));
+    known.extend([crate::peers::SEND, crate::peers::RECEIVE, crate::peers::CHILDREN].map(str::to_owned));
+    let servers: Vec<String> = ext.mcp_servers.keys().cloned().collect();
+    notes.extend(ext.hooks.matcher_warnings(&known, &servers));
     Ok(HostTools { entries, notes, untrusted, hooks: hooks_of(ctx, ext.hooks) })
 }
 

@@ -1,39 +1,52 @@
 //! Hook programs: `[[hooks.pre_tool]]` and `[[hooks.post_tool]]` entries
 //! run as sandboxed processes that read a JSON document on stdin and answer
-//! JSON on stdout, in Claude Code's shapes where they fit, so existing
-//! scripts port. [`CommandHooks`] implements core's
+//! JSON on stdout, in Claude Code's shapes, so its hook scripts run
+//! unchanged (its tool names and fields, matchers, exit codes and answers:
+//! [`claude_code`]). [`CommandHooks`] implements core's
 //! [`cairn_core::hooks::Hooks`]; the turn records what `pre_tool` said
 //! before it takes effect.
 //!
 //! It owns the hook protocol and its failure rule: a `pre_tool` hook that
 //! cannot start, times out, exits non-zero or answers something unreadable
 //! refuses the call (fails closed), with the reason. It must not approve a
-//! call (an "allow" answer only means "no objection") nor decide a tier.
+//! call (an "allow" answer only means "no objection") nor decide a tier;
+//! an "ask" answer only says a person must approve (the gate decides how).
 //!
 //! Input (stdin): `{"hook_event_name": "PreToolUse" | "PostToolUse",
-//! "session_id", "cwd", "tool_name", "tool_input", "invocation_id"}`, and
-//! for `PostToolUse` `"settlement"` (`toolCompleted` | `toolFailed` |
-//! `toolRejected`) and `"tool_response"` (that entry's payload).
+//! "session_id", "transcript_path", "cwd", "permission_mode" (pre),
+//! "tool_name" (Claude Code's name: `Bash`, `Write`, …), "cairn_tool_name",
+//! "tool_input" (cairn's arguments and Claude Code's names beside them),
+//! "invocation_id"}`, and for `PostToolUse` `"settlement"` (`toolCompleted`
+//! | `toolFailed` | `toolRejected`) and `"tool_response"` (that entry's
+//! payload).
 //!
 //! Output of a `pre_tool` hook (stdout; empty means no objection):
+//! - `{"continue": false, "stopReason": "…"}` refuses the call and stops
+//!   the turn (before anything else it says);
 //! - `{"hookSpecificOutput": {"permissionDecision": "deny",
-//!   "permissionDecisionReason": "…"}}` refuses the call;
+//!   "permissionDecisionReason": "…"}}` refuses the call; `"ask"` puts it to
+//!   a person (refused where none can answer); `"allow"` is no objection;
 //! - `{"hookSpecificOutput": {"updatedInput": {…}}}` replaces the arguments
-//!   (checked against the tool's schema, then approved as usual);
+//!   (in either spelling; checked against the tool's schema, then approved
+//!   as usual);
 //! - `{"decision": "block", "reason": "…"}` (the older shape) refuses;
 //! - exit status 2 refuses with stderr as the reason.
+
+pub mod claude_code;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cairn_core::CancelToken;
+use cairn_core::approval::SessionMode;
 use cairn_core::events::{CompactionReason, EntryType};
 use cairn_core::hooks::{Hooks, PreTool, UserPrompt};
 use cairn_core::tool::ToolRequest;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use self::claude_code::Matcher;
 use crate::ToolsConfig;
 use crate::process::{End, RunSpec};
 use crate::programs::{FileAccess, expand, install_reads, resolve};
@@ -48,8 +61,10 @@ pub struct HookConfig {
     /// Its arguments.
     #[serde(default)]
     pub args: Vec<String>,
-    /// Which tools: names separated by `|`, each exact or a prefix ending
-    /// in `*` (`shell|mcp__git__*`); none means every tool.
+    /// Which tools, as Claude Code reads a matcher ([`Matcher`]): names
+    /// separated by `|` (cairn's or Claude Code's: `Bash|write_file`), a
+    /// name ending in `*` for a prefix, or a regular expression
+    /// (`mcp__git__.*`); none, `""` or `*` means every tool.
     #[serde(default)]
     pub matcher: Option<String>,
     /// Its time limit (default 10 s); past it the call is refused.
@@ -155,32 +170,41 @@ impl HooksConfig {
                         hook.command, hook.timeout_ms
                     ));
                 }
-                if let Some(m) = &hook.matcher
-                    && m.split('|').any(|p| {
-                        let plain = p.trim().strip_suffix('*').unwrap_or(p.trim());
-                        plain.is_empty() || !plain.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c))
-                    })
-                {
-                    return Err(format!(
-                        "[[hooks.{event}]] {}: matcher {m:?} must be tool names separated by `|`, each exact or a \
-                         prefix ending in `*`",
-                        hook.command
-                    ));
+                if let Err(e) = Matcher::parse(hook.matcher.as_deref()) {
+                    return Err(format!("[[hooks.{event}]] {}: {e}", hook.command));
                 }
             }
         }
         Ok(())
     }
+
+    /// A warning for each tool hook whose matcher can match no tool known
+    /// here (`known`: the tools loaded besides the built-in ones;
+    /// `mcp_servers`: the configured servers' names): such a hook would
+    /// silently never run.
+    pub fn matcher_warnings(&self, known: &[String], mcp_servers: &[String]) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for (event, hooks) in &self.by_event()[EVENTS_WITHOUT_TOOL..] {
+            for hook in hooks.iter() {
+                let Some(m) = &hook.matcher else { continue };
+                if Matcher::parse(Some(m)).is_ok_and(|matcher| !matcher.names_a_tool(known, mcp_servers)) {
+                    warnings.push(format!(
+                        "[[hooks.{event}]] {}: matcher {m:?} names no tool cairn knows (cairn's names, Claude \
+                         Code's, or mcp__SERVER__… of a configured server), so this hook never runs",
+                        hook.command
+                    ));
+                }
+            }
+        }
+        warnings
+    }
 }
 
 impl HookConfig {
     fn matches(&self, tool: &str) -> bool {
-        self.matcher.as_deref().is_none_or(|m| {
-            m.split('|').map(str::trim).any(|p| match p.strip_suffix('*') {
-                Some(prefix) => tool.starts_with(prefix),
-                None => tool == p,
-            })
-        })
+        // A matcher that cannot be read (refused at load) runs the hook for
+        // every tool: a hook is never skipped by mistake.
+        Matcher::parse(self.matcher.as_deref()).map_or(true, |m| m.matches(tool))
     }
 
     /// Its name in the log: `hook:pre_tool:COMMAND`.
@@ -194,6 +218,8 @@ pub struct CommandHooks {
     config: HooksConfig,
     tools: ToolsConfig,
     report: Box<dyn Fn(&str) + Send + Sync>,
+    /// Where session files live (`transcript_path`), if sessions are files.
+    sessions: Option<PathBuf>,
 }
 
 /// The sessions this process started (ran `session_start` for), with
@@ -217,7 +243,7 @@ fn started() -> std::sync::MutexGuard<'static, Started> {
 /// it (`reason`: `exit`, `clear`, …); `report` says what failed.
 pub fn end_session(id: &str, reason: &str, report: &dyn Fn(&str)) {
     let Some((config, tools, cwd)) = started().sessions.remove(id) else { return };
-    let hooks = CommandHooks { config, tools, report: Box::new(|_| {}) };
+    let hooks = CommandHooks { config, tools, report: Box::new(|_| {}), sessions: None };
     for hook in &hooks.config.session_end {
         let input = json!({
             "hook_event_name": "SessionEnd",
@@ -261,7 +287,23 @@ impl CommandHooks {
     /// `report` says what failed in a hook that cannot refuse anything
     /// (`post_tool`).
     pub fn new(config: HooksConfig, tools: ToolsConfig, report: Box<dyn Fn(&str) + Send + Sync>) -> Self {
-        Self { config, tools, report }
+        Self { config, tools, report, sessions: None }
+    }
+
+    /// Session files live in `dir`: hooks are given a session's file as
+    /// `transcript_path` (cairn's log, one JSON record a line).
+    pub fn with_sessions(mut self, dir: PathBuf) -> Self {
+        self.sessions = Some(dir);
+        self
+    }
+
+    /// The session's file, when sessions are files and it exists.
+    fn transcript(&self, session_id: &str) -> Value {
+        self.sessions
+            .as_ref()
+            .map(|dir| dir.join(format!("{session_id}.jsonl")))
+            .filter(|p| p.is_file())
+            .map_or(Value::Null, |p| Value::String(p.to_string_lossy().into_owned()))
     }
 
     fn run(&self, hook: &HookConfig, input: &Value, cwd: &Path) -> Ran {
@@ -344,7 +386,8 @@ impl Ran {
     }
 }
 
-/// What one `pre_tool` answer says.
+/// What one `pre_tool` answer says, in Claude Code's order: `continue:
+/// false` first, then a refusal, then a question, then changed arguments.
 fn read_answer(stdout: &str) -> Result<Option<PreToolAnswer>, String> {
     let text = stdout.trim();
     if text.is_empty() {
@@ -352,24 +395,41 @@ fn read_answer(stdout: &str) -> Result<Option<PreToolAnswer>, String> {
     }
     let answer: Value = serde_json::from_str(text).map_err(|e| format!("its answer is not JSON ({e})"))?;
     let specific = &answer["hookSpecificOutput"];
-    let reason =
-        |key: &str, v: &Value| v[key].as_str().filter(|s| !s.is_empty()).unwrap_or("refused by a hook").to_owned();
-    if specific["permissionDecision"] == "deny" {
-        return Ok(Some(PreToolAnswer::Deny(reason("permissionDecisionReason", specific))));
+    let said = |key: &str, v: &Value, or: &str| v[key].as_str().filter(|s| !s.is_empty()).unwrap_or(or).to_owned();
+    match &answer["continue"] {
+        Value::Null | Value::Bool(true) => {}
+        Value::Bool(false) => return Ok(Some(PreToolAnswer::Stop(said("stopReason", &answer, "stopped by a hook")))),
+        other => return Err(format!("its continue is {other}, not true or false")),
+    }
+    let rewrite = match &specific["updatedInput"] {
+        Value::Null => None,
+        Value::Object(v) => Some(v.clone()),
+        _ => return Err("its updatedInput is not a JSON object".into()),
+    };
+    match &specific["permissionDecision"] {
+        Value::Null => {}
+        d if d == "deny" => {
+            return Ok(Some(PreToolAnswer::Deny(said("permissionDecisionReason", specific, "refused by a hook"))));
+        }
+        d if d == "ask" => {
+            let why = said("permissionDecisionReason", specific, "a hook asks for a person's approval");
+            return Ok(Some(PreToolAnswer::Ask(why, rewrite)));
+        }
+        // "allow" is no objection: approvals stay with rules and people.
+        d if d == "allow" => {}
+        other => return Err(format!("its permissionDecision {other} is not allow, deny or ask")),
     }
     if answer["decision"] == "block" {
-        return Ok(Some(PreToolAnswer::Deny(reason("reason", &answer))));
+        return Ok(Some(PreToolAnswer::Deny(said("reason", &answer, "refused by a hook"))));
     }
-    match &specific["updatedInput"] {
-        Value::Null => Ok(None),
-        v @ Value::Object(_) => Ok(Some(PreToolAnswer::Rewrite(v.clone()))),
-        _ => Err("its updatedInput is not a JSON object".into()),
-    }
+    Ok(rewrite.map(PreToolAnswer::Rewrite))
 }
 
 enum PreToolAnswer {
     Deny(String),
-    Rewrite(Value),
+    Stop(String),
+    Ask(String, Option<serde_json::Map<String, Value>>),
+    Rewrite(serde_json::Map<String, Value>),
 }
 
 /// What one `user_prompt` answer says: a refusal, context to add, or
@@ -416,6 +476,7 @@ impl Hooks for CommandHooks {
             let input = json!({
                 "hook_event_name": "SessionStart",
                 "session_id": session_id,
+                "transcript_path": self.transcript(session_id),
                 "cwd": cwd,
                 "source": if resumed { "resume" } else { "startup" },
             });
@@ -465,6 +526,7 @@ impl Hooks for CommandHooks {
             let input = json!({
                 "hook_event_name": "UserPromptSubmit",
                 "session_id": session_id,
+                "transcript_path": self.transcript(session_id),
                 "cwd": cwd,
                 "prompt": prompt,
             });
@@ -489,42 +551,63 @@ impl Hooks for CommandHooks {
         }
     }
 
-    fn pre_tool(&self, request: &ToolRequest, cwd: &Path) -> PreTool {
+    fn pre_tool(&self, request: &ToolRequest, cwd: &Path, mode: SessionMode) -> PreTool {
         let mut arguments = request.arguments.clone();
         let mut rewritten_by = Vec::new();
+        let mut asked: Option<(String, String)> = None;
         for hook in self.config.pre_tool.iter().filter(|h| h.matches(&request.tool)) {
             let by = hook.by("pre_tool");
+            let tool_input = claude_code::input_of(&request.tool, &arguments, cwd);
             let input = json!({
                 "hook_event_name": "PreToolUse",
                 "session_id": request.session_id,
+                "transcript_path": self.transcript(&request.session_id),
                 "cwd": cwd,
-                "tool_name": request.tool,
-                "tool_input": arguments,
+                "permission_mode": mode.claude_code_name(),
+                "tool_name": claude_code::name_of(&request.tool),
+                "cairn_tool_name": request.tool,
+                "tool_input": tool_input,
                 "invocation_id": request.invocation_id,
             });
             let answer = self.run(hook, &input, cwd).answer(read_answer, PreToolAnswer::Deny);
-            match answer {
-                Ok(None) => {}
-                Ok(Some(PreToolAnswer::Deny(reason))) => return PreTool::Deny { by, reason },
-                Ok(Some(PreToolAnswer::Rewrite(new))) => {
+            let mut rewrite = |new| match claude_code::arguments_from(&request.tool, &tool_input, new, cwd) {
+                Ok(new) => {
                     arguments = new;
-                    rewritten_by.push(by);
+                    rewritten_by.push(by.clone());
+                    Ok(())
                 }
-                Err(why) => {
-                    return PreTool::Deny {
-                        reason: format!(
-                            "the pre_tool hook {} failed ({why}); hooks fail closed, so the call was refused",
-                            hook.command
-                        ),
-                        by,
-                    };
+                Err(why) => Err(why),
+            };
+            let failed = match answer {
+                Ok(None) => None,
+                Ok(Some(PreToolAnswer::Deny(reason))) => return PreTool::Deny { by, reason },
+                Ok(Some(PreToolAnswer::Stop(reason))) => return PreTool::Stop { by, reason },
+                Ok(Some(PreToolAnswer::Rewrite(new))) => rewrite(new).err(),
+                Ok(Some(PreToolAnswer::Ask(reason, new))) => {
+                    // The first hook that asks is the one named; later
+                    // hooks still run (one may refuse).
+                    if asked.is_none() {
+                        asked = Some((by.clone(), reason));
+                    }
+                    new.and_then(|new| rewrite(new).err())
                 }
+                Err(why) => Some(why),
+            };
+            if let Some(why) = failed {
+                return PreTool::Deny {
+                    reason: format!(
+                        "the pre_tool hook {} failed ({why}); hooks fail closed, so the call was refused",
+                        hook.command
+                    ),
+                    by,
+                };
             }
         }
-        if rewritten_by.is_empty() {
-            PreTool::Continue
-        } else {
-            PreTool::Rewrite { by: rewritten_by.join(","), arguments }
+        let rewrite = (!rewritten_by.is_empty()).then(|| (rewritten_by.join(","), arguments));
+        match (asked, rewrite) {
+            (Some((by, reason)), rewrite) => PreTool::Ask { by, reason, rewrite },
+            (None, Some((by, arguments))) => PreTool::Rewrite { by, arguments },
+            (None, None) => PreTool::Continue,
         }
     }
 
@@ -537,6 +620,7 @@ impl Hooks for CommandHooks {
             let input = json!({
                 "hook_event_name": "PreCompact",
                 "session_id": session_id,
+                "transcript_path": self.transcript(session_id),
                 "cwd": cwd,
                 "trigger": trigger,
                 "reason": reason,
@@ -553,7 +637,8 @@ impl Hooks for CommandHooks {
             let input = json!({
                 "hook_event_name": "PostToolUse",
                 "cwd": cwd,
-                "tool_name": tool,
+                "tool_name": claude_code::name_of(tool),
+                "cairn_tool_name": tool,
                 "invocation_id": settlement["invocationId"],
                 "settlement": kind.tag(),
                 "tool_response": settlement,
@@ -582,6 +667,14 @@ mod tests {
         // "allow" is no objection: approvals stay with rules and people.
         let allow = r#"{"hookSpecificOutput":{"permissionDecision":"allow"}}"#;
         assert!(matches!(read_answer(allow), Ok(None)));
+        let ask = r#"{"hookSpecificOutput":{"permissionDecision":"ask","permissionDecisionReason":"check"}}"#;
+        assert!(matches!(read_answer(ask), Ok(Some(PreToolAnswer::Ask(r, None))) if r == "check"));
+        // continue: false wins over everything else it says.
+        let stop = r#"{"continue":false,"stopReason":"enough","hookSpecificOutput":{"permissionDecision":"allow"}}"#;
+        assert!(matches!(read_answer(stop), Ok(Some(PreToolAnswer::Stop(r))) if r == "enough"));
+        assert!(matches!(read_answer(r#"{"continue":true}"#), Ok(None)));
+        assert!(read_answer(r#"{"continue":"no"}"#).is_err());
+        assert!(read_answer(r#"{"hookSpecificOutput":{"permissionDecision":"maybe"}}"#).is_err());
         assert!(matches!(read_answer("  \n"), Ok(None)));
         assert!(read_answer("yes please").is_err(), "unreadable answers fail closed");
         assert!(read_answer(r#"{"hookSpecificOutput":{"updatedInput":"ls"}}"#).is_err());

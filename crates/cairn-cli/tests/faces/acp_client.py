@@ -136,7 +136,8 @@ async def start(conn, fs=False):
 async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
-              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once", "subagent": "allow_once", "authority_fs": "allow_once"}[scenario]
+              "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once", "subagent": "allow_once", "authority_fs": "allow_once",
+              "plan_after_always": "allow_always"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         await start(conn, fs=scenario in ("client_fs", "authority_fs"))
@@ -239,6 +240,38 @@ async def main():
                 assert "ask, auto-edit, plan" in str(e.data) + str(e), e
             else:
                 raise AssertionError("an unknown mode was accepted")
+            print("ok", scenario)
+            return
+        if scenario == "plan_after_always":
+            # "Allow always" for a write, then plan mode: the remembered
+            # rule does not let the next write through, nor a subagent's.
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("write b")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [
+                ("tool_call", "edit", "pending"),
+                ("permission", "edit", ("allow_once", "allow_always", "reject_once")),
+                ("update", "edit", "in_progress"), ("update", "edit", "completed"),
+                ("agent_message_chunk", "One."),
+            ])
+            assert os.path.exists(os.path.join(cwd, "b.txt")), "the allowed write did not run"
+            await conn.set_session_mode(session_id=sid, mode_id="plan")
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("write c")])
+            expect(r.stop_reason, "end_turn")
+            expect(editor.summary(), [
+                ("tool_call", "edit", "pending"), ("update", "edit", "failed"),
+                ("agent_message_chunk", "Two."),
+            ])
+            refused = editor.texts()
+            assert len(refused) == 1 and "plan mode" in refused[0], refused
+            assert not os.path.exists(os.path.join(cwd, "c.txt")), "plan mode let a remembered write through"
+            editor.events.clear()
+            r = await conn.prompt(session_id=sid, prompt=[text_block("delegate")])
+            expect(r.stop_reason, "end_turn")
+            asked = [p for k, _, p in editor.events if k == "permission"]
+            expect(asked, [])
+            assert not os.path.exists(os.path.join(cwd, "note.txt")), "plan mode let a subagent's write through"
             print("ok", scenario)
             return
         if scenario == "commands":

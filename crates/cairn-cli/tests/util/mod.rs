@@ -65,6 +65,25 @@ impl Env {
     }
 
     /// Session files under this home.
+    /// A hook from `tests/hooks/` (Python, written to Claude Code's
+    /// documented hook interface), installed outside cairn's home with the
+    /// system's python as its interpreter (one a hook's sandbox can read:
+    /// system directories, not a user's pyenv).
+    pub fn python_hook(&self, name: &str) -> PathBuf {
+        let python = ["/usr/bin/python3", "/usr/local/bin/python3"].into_iter().find(|p| Path::new(p).exists()).expect(
+            "these tests need python3 in /usr/bin or /usr/local/bin (a hook's sandbox reads system directories)",
+        );
+        let source =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hooks").join(name)).unwrap();
+        let body = source.strip_prefix("#!/usr/bin/env python3\n").expect("the hook starts with its shebang");
+        let dir = self.home.parent().unwrap().join("hooks");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!{python}\n{body}")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
     pub fn session_files(&self) -> Vec<PathBuf> {
         let dir = self.home.join("sessions");
         let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)

@@ -26,7 +26,7 @@
 use serde_json::Value;
 
 use super::cmdline;
-use super::gate::{READ_ONLY, gate};
+use super::gate::{Asker, READ_ONLY, gate};
 use super::{Answer, ApprovalError, ApprovalRequest, Approver, Need, Verdict};
 use crate::tool::Risk;
 
@@ -305,7 +305,7 @@ impl AllowlistApprover {
 
     /// The verdict of the list for one request (`None` when no rule covers it).
     pub fn lookup(&self, request: &ApprovalRequest<'_>) -> Option<Verdict> {
-        if request.bypass.is_some() {
+        if request.bypass.is_some() || request.hook_asks.is_some() {
             return None;
         }
         match request.risk {
@@ -326,7 +326,7 @@ impl Approver for AllowlistApprover {
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         // Not interactive: the gate refuses bypasses and Destructive calls.
-        match gate(request.tool, request.risk, request.bypass, self.is_interactive()) {
+        match gate(request.gated(), Asker::of(&*self)) {
             Err(refusal) => return Ok(refusal),
             Ok(Need::Nothing) => return Ok(Verdict { decision: Answer::Approve, by: READ_ONLY.to_owned() }),
             Ok(Need::RuleOrVerdict | Need::Person) => {}
@@ -512,6 +512,7 @@ mod tests {
             bypass: None,
             staged: false,
             why: None,
+            hook_asks: None,
         };
         assert_eq!(approver.decide(&request).unwrap().decision, Answer::Approve);
         request.risk = Risk::Destructive;

@@ -7,20 +7,71 @@
 //! That way "Destructive is refused when headless" is one rule, not five
 //! copies that could drift apart.
 //!
-//! It also owns what "approve for this session" may remember
-//! ([`session_rule`]): Write calls only, never Destructive, never a bypass.
+//! It owns the rule that a mode narrowing authority wins over every
+//! allowance: in [`SessionMode::Plan`] (ACP's plan mode) every call that
+//! could change something, and every sandbox bypass, is refused here,
+//! before any allow rule, `--yes`, remembered "allow always" or mode that
+//! approves is consulted. It also owns what makes a call need a person (a
+//! Destructive risk, a bypass, a `pre_tool` hook that asks), and what
+//! "approve for this session" may remember ([`session_rule`]): Write calls
+//! only, never Destructive, never a bypass, never a call a hook put to a
+//! person.
 //!
 //! It must not ask anyone and must not read or write the log.
 
 use serde_json::Value;
 
-use super::{Answer, Verdict};
+use super::{Answer, Approver, SessionMode, Verdict};
 use crate::tool::Risk;
 
 /// Who decided a refusal by the gate.
 pub const HEADLESS: &str = "policy:headless";
 /// Who decided that a ReadOnly call runs.
 pub const READ_ONLY: &str = "policy:readOnly";
+/// Who refused a call that could change something in plan mode.
+pub const PLAN_MODE: &str = "mode:plan";
+
+/// What the gate judges: one call, or a sandbox bypass it asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Gated<'a> {
+    /// Tool name.
+    pub tool: &'a str,
+    /// The call's risk.
+    pub risk: Risk,
+    /// For a sandbox bypass request: what access outside the rules is asked.
+    pub bypass: Option<&'a str>,
+    /// A `pre_tool` hook asked that a person approve the call (its reason).
+    pub hook_asks: Option<&'a str>,
+}
+
+impl<'a> Gated<'a> {
+    /// A plain call of `tool` at `risk`.
+    pub fn call(tool: &'a str, risk: Risk) -> Self {
+        Self { tool, risk, bypass: None, hook_asks: None }
+    }
+}
+
+/// Who answers, as the gate sees it: whether a person can, and the mode
+/// the session is in now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asker {
+    /// A person can answer in this host.
+    pub interactive: bool,
+    /// The session's mode ([`Approver::mode`]).
+    pub mode: SessionMode,
+}
+
+impl Asker {
+    /// `approver` as the gate sees it.
+    pub fn of(approver: &dyn Approver) -> Self {
+        Self { interactive: approver.is_interactive(), mode: approver.mode() }
+    }
+
+    /// A person at hand, in the default mode: what the gate says a call
+    /// needs at best (what a tool may be offered for, what may be
+    /// remembered).
+    pub const PERSON: Asker = Asker { interactive: true, mode: SessionMode::Ask };
+}
 
 /// What a request needs before it may run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,22 +96,40 @@ impl Need {
     }
 }
 
-/// The approval gate. `risk` is the call's risk, `bypass` what access
-/// outside the sandbox is asked (for a bypass request), `interactive`
-/// whether a person can answer in this host. Returns what the request needs,
-/// or the denial to record when it needs a person and none can answer.
-pub fn gate(tool: &str, risk: Risk, bypass: Option<&str>, interactive: bool) -> Result<Need, Verdict> {
-    let need = match (bypass, risk) {
-        (Some(_), _) | (None, Risk::Destructive) => Need::Person,
-        (None, Risk::Write) => Need::RuleOrVerdict,
-        (None, Risk::ReadOnly) => Need::Nothing,
+/// The approval gate: what `what` needs before it may run, or the denial
+/// to record. First the mode: in plan mode anything but a ReadOnly call
+/// without a bypass is refused, whatever allows it elsewhere. Then the
+/// need: a bypass, a Destructive call or a call a hook put to a person
+/// needs a person (refused when none can answer); a Write call needs a rule
+/// or a verdict; a ReadOnly call nothing.
+pub fn gate(what: Gated<'_>, asker: Asker) -> Result<Need, Verdict> {
+    let Gated { tool, risk, bypass, hook_asks } = what;
+    if asker.mode == SessionMode::Plan && (risk != Risk::ReadOnly || bypass.is_some()) {
+        let what = match bypass {
+            Some(access) => format!("{tool} asked for a sandbox bypass ({access})"),
+            None => format!("{tool} could change something"),
+        };
+        let reason = format!(
+            "{what} and the session is in plan mode (read only), which refuses every such call whatever an allow \
+             rule, --yes or an earlier \"allow always\" says; it was not run (switch the session to another mode \
+             to let it change things)"
+        );
+        return Err(Verdict { decision: Answer::Deny { reason }, by: PLAN_MODE.to_owned() });
+    }
+    let need = match (bypass, risk, hook_asks) {
+        (Some(_), _, _) | (None, Risk::Destructive, _) | (None, _, Some(_)) => Need::Person,
+        (None, Risk::Write, None) => Need::RuleOrVerdict,
+        (None, Risk::ReadOnly, None) => Need::Nothing,
     };
-    if need == Need::Person && !interactive {
-        let reason = match bypass {
-            Some(what) => format!(
+    if need == Need::Person && !asker.interactive {
+        let reason = match (bypass, hook_asks) {
+            (Some(what), _) => format!(
                 "{tool} asked for a sandbox bypass ({what}), which needs a person's approval, but no interactive approver is available; it was not granted (run cairn in a terminal to approve it)"
             ),
-            None => format!(
+            (None, Some(why)) if risk != Risk::Destructive => format!(
+                "a pre_tool hook asks a person to approve this {tool} call ({why}), but no interactive approver is available; it was not run (run cairn in a terminal to approve it)"
+            ),
+            (None, _) => format!(
                 "{tool} is Destructive here and needs a person's approval, but no interactive approver is available (run cairn in a terminal to approve such calls)"
             ),
         };
@@ -71,9 +140,10 @@ pub fn gate(tool: &str, risk: Risk, bypass: Option<&str>, interactive: bool) -> 
 
 /// Whether a person may be offered "approve for this session" for a request
 /// (every host asks this, none decides it): only for what an allow rule
-/// may answer, a Write call that is not a sandbox bypass.
-pub fn may_remember(risk: Risk, bypass: Option<&str>) -> bool {
-    matches!(gate("", risk, bypass, true), Ok(Need::RuleOrVerdict))
+/// may answer, a Write call that is not a sandbox bypass and that no hook
+/// put to a person.
+pub fn may_remember(what: Gated<'_>) -> bool {
+    matches!(gate(what, Asker::PERSON), Ok(Need::RuleOrVerdict))
 }
 
 /// The allow rule "approve for this session" remembers for a call, as rule
@@ -110,22 +180,46 @@ mod tests {
         // ARCHITECTURE.md, spelled out case by case.
         for risk in [Risk::ReadOnly, Risk::Write, Risk::Destructive] {
             for bypass in [None, Some("write /etc")] {
-                for interactive in [false, true] {
-                    let got = gate("t", risk, bypass, interactive);
-                    let person = bypass.is_some() || risk == Risk::Destructive;
-                    match got {
-                        Err(v) => {
-                            assert!(person && !interactive, "{risk:?} {bypass:?} {interactive}");
-                            assert_eq!(v.by, HEADLESS);
-                            assert!(matches!(v.decision, Answer::Deny { ref reason } if reason.contains("person")));
+                for hook_asks in [None, Some("check this")] {
+                    for interactive in [false, true] {
+                        for mode in [SessionMode::Ask, SessionMode::AutoEdit, SessionMode::Plan] {
+                            let what = Gated { tool: "t", risk, bypass, hook_asks };
+                            let got = gate(what, Asker { interactive, mode });
+                            let changes = risk != Risk::ReadOnly || bypass.is_some();
+                            let person = bypass.is_some() || risk == Risk::Destructive || hook_asks.is_some();
+                            let case = format!("{risk:?} {bypass:?} {hook_asks:?} {interactive} {mode:?}");
+                            match got {
+                                Err(v) if mode == SessionMode::Plan && changes => {
+                                    assert_eq!(v.by, PLAN_MODE, "{case}");
+                                    assert!(
+                                        matches!(v.decision, Answer::Deny { ref reason } if reason.contains("plan mode"))
+                                    );
+                                }
+                                Err(v) => {
+                                    assert!(person && !interactive, "{case}");
+                                    assert_eq!(v.by, HEADLESS);
+                                    assert!(
+                                        matches!(v.decision, Answer::Deny { ref reason } if reason.contains("person"))
+                                    );
+                                }
+                                Ok(_) if mode == SessionMode::Plan && changes => panic!("plan mode let {case} through"),
+                                Ok(Need::Person) => assert!(person && interactive, "{case}"),
+                                Ok(Need::RuleOrVerdict) => assert!(!person && risk == Risk::Write, "{case}"),
+                                Ok(Need::Nothing) => assert!(!person && risk == Risk::ReadOnly, "{case}"),
+                            }
                         }
-                        Ok(Need::Person) => assert!(person && interactive),
-                        Ok(Need::RuleOrVerdict) => assert!(!person && risk == Risk::Write),
-                        Ok(Need::Nothing) => assert!(!person && risk == Risk::ReadOnly),
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn nothing_a_hook_put_to_a_person_or_a_bypass_may_be_remembered() {
+        assert!(may_remember(Gated::call("write_file", Risk::Write)));
+        assert!(!may_remember(Gated { hook_asks: Some("why"), ..Gated::call("write_file", Risk::Write) }));
+        assert!(!may_remember(Gated { bypass: Some("net"), ..Gated::call("write_file", Risk::Write) }));
+        assert!(!may_remember(Gated::call("nuke", Risk::Destructive)));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! The policy: ReadOnly runs; Write asks unless allowlisted; Destructive
 //! always asks an *interactive* approver and is never allowlisted, and so
-//! does a sandbox bypass. What a request needs, and the refusal when no
+//! does a sandbox bypass and a call a `pre_tool` hook put to a person; in
+//! plan mode ([`SessionMode::Plan`]) only ReadOnly calls run. What a request needs, and the refusal when no
 //! person can answer, is decided in one function, [`gate::gate`], which the
 //! registry, the turn, the effect and the approvers all call. Interactive
 //! approvers (a y/N prompt, a 9P approval file) live in hosts; the core
@@ -58,9 +59,12 @@ pub struct ApprovalRequest<'a> {
     /// spec's (`Tool::risk_reason`: the destructive pattern it matched, a
     /// command that cannot be classified), for the person asked.
     pub why: Option<&'a str>,
+    /// A `pre_tool` hook asked that a person approve this call (its
+    /// reason): no rule, flag or remembered approval answers it.
+    pub hook_asks: Option<&'a str>,
 }
 
-impl ApprovalRequest<'_> {
+impl<'a> ApprovalRequest<'a> {
     /// How a person asked through `asking`'s face (a terminal, a 9P
     /// `approvals/` file, an editor's permission request) names this call:
     /// the invocation id for `asking`'s own call; for a call of one of its
@@ -83,7 +87,37 @@ impl ApprovalRequest<'_> {
     /// Whether the person asked may answer "approve for this session"
     /// ([`gate::may_remember`]).
     pub fn may_remember(&self) -> bool {
-        gate::may_remember(self.risk, self.bypass)
+        gate::may_remember(self.gated())
+    }
+
+    /// What the gate judges of this request.
+    pub fn gated(&self) -> gate::Gated<'a> {
+        gate::Gated { tool: self.tool, risk: self.risk, bypass: self.bypass, hook_asks: self.hook_asks }
+    }
+}
+
+/// A mode a face put the session in (ACP's `session/set_mode`), which the
+/// gate reads on every call ([`gate::gate`]). Only [`SessionMode::Plan`]
+/// narrows authority there; `AutoEdit` is the face's approver's to apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionMode {
+    /// Every call the policy puts to a person is asked.
+    #[default]
+    Ask,
+    /// File edits run without asking (the face's approver decides).
+    AutoEdit,
+    /// Read only: every call that could change something is refused.
+    Plan,
+}
+
+impl SessionMode {
+    /// The mode as Claude Code names it in a hook's `permission_mode`.
+    pub fn claude_code_name(self) -> &'static str {
+        match self {
+            SessionMode::Ask => "default",
+            SessionMode::AutoEdit => "acceptEdits",
+            SessionMode::Plan => "plan",
+        }
     }
 }
 
@@ -140,6 +174,11 @@ pub trait Approver {
     fn answers_writes(&self) -> bool {
         self.is_interactive()
     }
+    /// The mode the session is in now ([`SessionMode`]); an approver that
+    /// wraps or shares another says that one's. Default: `Ask`.
+    fn mode(&self) -> SessionMode {
+        SessionMode::Ask
+    }
     /// Decide on one request.
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError>;
 
@@ -155,6 +194,6 @@ pub trait Approver {
 }
 
 pub use allowlist::{AllowRule, AllowRuleError, Allowlist, AllowlistApprover};
-pub use gate::{Need, gate};
+pub use gate::{Asker, Gated, Need, gate};
 pub use policy::PolicyApprover;
 pub use shared::SharedApprover;

@@ -12,8 +12,10 @@
 //!
 //! It must not prompt by itself: the interactive part is injected.
 
-use super::gate::{HEADLESS, gate};
-use super::{Allowlist, AllowlistApprover, Answer, ApprovalError, ApprovalRequest, Approver, Need, Verdict};
+use super::gate::{Asker, HEADLESS, gate};
+use super::{
+    Allowlist, AllowlistApprover, Answer, ApprovalError, ApprovalRequest, Approver, Need, SessionMode, Verdict,
+};
 
 /// The policy over an allowlist and an optional interactive approver.
 pub struct PolicyApprover {
@@ -96,8 +98,14 @@ impl Approver for PolicyApprover {
         self.writes.is_some() || self.interactive.as_ref().is_some_and(|a| a.answers_writes())
     }
 
+    fn mode(&self) -> SessionMode {
+        // The person's: a subagent's policy shares its parent's person, so
+        // the parent's plan mode holds for its children too.
+        self.interactive.as_ref().map_or(SessionMode::Ask, |a| a.mode())
+    }
+
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
-        let need = match gate(request.tool, request.risk, request.bypass, self.is_interactive()) {
+        let need = match gate(request.gated(), Asker::of(&*self)) {
             Err(refusal) => return Ok(refusal),
             Ok(Need::Person) => return Ok(Need::Person.bound(self.ask(request, String::new())?)),
             Ok(need) => need,
@@ -115,8 +123,9 @@ impl Approver for PolicyApprover {
     }
 
     fn pre_approve(&mut self, request: &ApprovalRequest<'_>) -> Option<Verdict> {
-        // Whether a person is at hand does not change what a rule covers.
-        let need = gate(request.tool, request.risk, request.bypass, true).ok()?;
+        // Whether a person is at hand does not change what a rule covers;
+        // the mode does (plan mode refuses what a rule covers).
+        let need = gate(request.gated(), Asker { interactive: true, mode: self.mode() }).ok()?;
         self.lookup(need, request)
     }
 }
@@ -161,6 +170,7 @@ mod tests {
             bypass,
             staged: false,
             why: None,
+            hook_asks: None,
         }
     }
 

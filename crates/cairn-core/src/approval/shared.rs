@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::{ApprovalError, ApprovalRequest, Approver, Verdict};
+use super::{ApprovalError, ApprovalRequest, Approver, SessionMode, Verdict};
 
 /// An approver behind a lock, cloned into every session of a family.
 #[derive(Clone)]
@@ -33,6 +33,11 @@ impl Approver for SharedApprover {
 
     fn answers_writes(&self) -> bool {
         self.0.lock().map(|a| a.answers_writes()).unwrap_or(false)
+    }
+
+    fn mode(&self) -> SessionMode {
+        // A poisoned lock: the narrowest mode (nothing is asked then anyway).
+        self.0.lock().map(|a| a.mode()).unwrap_or(SessionMode::Plan)
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {

@@ -20,7 +20,7 @@ use super::{
     TurnStop, TxBuilder,
 };
 use crate::approval::gate::{self, READ_ONLY};
-use crate::approval::{AllowRule, Answer, ApprovalRequest, Approver, Need, Verdict};
+use crate::approval::{AllowRule, Answer, ApprovalRequest, Approver, Asker, Gated, Need, Verdict};
 use crate::events::{
     EntryType, ToolBypassPayload, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
     ToolStagedPayload, ToolStartedPayload, TurnCancelledPayload, TurnEndedPayload, TurnEvent, VerdictRecord,
@@ -148,7 +148,10 @@ impl<S: Storage> Session<S> {
                     .unwrap_or_default();
                 (TurnStop::Answered, text, Some(id.clone()))
             }
-            (_, None) => (TurnStop::StepLimit, String::new(), None),
+            (_, None) => match &self.pc.stopped {
+                Some(reason) => (TurnStop::Stopped, reason.clone(), None),
+                None => (TurnStop::StepLimit, String::new(), None),
+            },
         };
         TurnOutcome { turn_id: self.turn_id(), stop, text, entry_id, steps: self.pc.step }
     }
@@ -321,7 +324,13 @@ impl<S: Storage> Session<S> {
         b.settle(settlement, pending)?;
         let pc = self.after_call(&mut b, calls)?;
         self.commit(b, Some(pc), env.observer)?;
-        // Told once the settlement is durable; nothing it does changes it.
+        self.tell_post_tool(env, settlement);
+        Ok(())
+    }
+
+    /// Tell the `post_tool` hooks a settlement, once it is durable; nothing
+    /// they do changes it.
+    fn tell_post_tool(&self, env: &TurnEnv<'_>, settlement: &Settlement) {
         if let Some(hooks) = env.tools.hooks() {
             let (kind, payload) = match settlement {
                 Settlement::Completed(p) => (EntryType::ToolCompleted, serde_json::to_value(p)),
@@ -332,6 +341,38 @@ impl<S: Storage> Session<S> {
                 hooks.post_tool(kind, &payload, &self.cwd);
             }
         }
+    }
+
+    /// A `pre_tool` hook stopped the turn at the current call (`by`, its
+    /// `reason`): the call's refusal, a refusal of each remaining call of
+    /// the message, and the end of the turn, in one line; no provider call
+    /// follows.
+    fn stop_turn(
+        &mut self,
+        env: &mut TurnEnv<'_>,
+        mut b: TxBuilder,
+        settlement: &Settlement,
+        calls: &[ToolCall],
+        by: &str,
+        reason: &str,
+    ) -> Result<(), TurnError> {
+        b.settle(settlement, false)?;
+        let rest = format!("not run: {by} stopped the turn before this call ({reason})");
+        for call in calls.iter().skip(self.pc.call + 1) {
+            let invocation_id = b.next_id("i");
+            let request = self.tool_request(&invocation_id, call);
+            let requested = ToolRequestedPayload::new(self.turn_id(), request.clone(), None, None);
+            b.entry(&requested)?;
+            b.tell(requested.event());
+            b.settle(&Settlement::Rejected(ToolRejectedPayload::new(&request, None, rest.clone())), false)?;
+        }
+        b.entry(&TurnEndedPayload { turn_id: self.turn_id(), reason: format!("stopped by {by}: {reason}") })?;
+        let mut pc = self.pc.to(Phase::Final)?;
+        pc.assistant = None;
+        pc.invocation = None;
+        pc.stopped = Some(reason.to_owned());
+        self.commit(b, Some(pc), env.observer)?;
+        self.tell_post_tool(env, settlement);
         Ok(())
     }
 
@@ -413,16 +454,33 @@ impl<S: Storage> Session<S> {
         let mut request = self.tool_request(&invocation_id, &call);
         // The hooks speak before the intent is committed, and what they
         // said is part of it.
-        let (hook, refused) = match env.tools.hooks().map(|h| h.pre_tool(&request, &self.cwd)) {
+        let mode = env.approver.mode();
+        let mut stop = None;
+        let (hook, refused) = match env.tools.hooks().map(|h| h.pre_tool(&request, &self.cwd, mode)) {
             None | Some(PreTool::Continue) => (None, None),
             Some(PreTool::Deny { by, reason }) => {
                 (Some(HookRecord::Deny { by: by.clone(), reason: reason.clone() }), Some(deny(reason, &by)))
+            }
+            Some(PreTool::Stop { by, reason }) => {
+                let refusal = deny(format!("{by} stopped the turn: {reason}"), &by);
+                stop = Some((by.clone(), reason.clone()));
+                (Some(HookRecord::Stop { by, reason }), Some(refusal))
             }
             Some(PreTool::Rewrite { by, arguments }) => {
                 let original_arguments = std::mem::replace(&mut request.arguments, arguments);
                 (Some(HookRecord::Rewrite { by, original_arguments }), None)
             }
+            Some(PreTool::Ask { by, reason, rewrite }) => {
+                let (rewritten_by, original_arguments) = match rewrite {
+                    Some((rewritten_by, arguments)) => {
+                        (Some(rewritten_by), Some(std::mem::replace(&mut request.arguments, arguments)))
+                    }
+                    None => (None, None),
+                };
+                (Some(HookRecord::Ask { by, reason, rewritten_by, original_arguments }), None)
+            }
         };
+        let hook_asks = hook.as_ref().and_then(HookRecord::asks).map(str::to_owned);
         let tool = env.tools.get(&request.tool).cloned();
         let requested = ToolRequestedPayload::new(
             self.turn_id(),
@@ -436,6 +494,9 @@ impl<S: Storage> Session<S> {
         if let Some(v) = refused {
             b.tell(TurnEvent::ApprovalVerdict { invocation_id, verdict: v.clone() });
             let rejected = ToolRejectedPayload::by_verdict(&request, requested.tier.unwrap_or(Risk::Write), v);
+            if let Some((by, reason)) = stop {
+                return self.stop_turn(env, b, &Settlement::Rejected(rejected), &calls, &by, &reason);
+            }
             return self.settle_call(env, b, &Settlement::Rejected(rejected), false, calls.len());
         }
         let risk = match check_call(tool.as_ref(), &request, env.tools) {
@@ -446,7 +507,8 @@ impl<S: Storage> Session<S> {
             }
         };
         let staged = tool.as_ref().is_some_and(|t| t.stages_effect(&request.arguments));
-        let quick = match gate::gate(&request.tool, risk, None, env.approver.is_interactive()) {
+        let gated = Gated { hook_asks: hook_asks.as_deref(), ..Gated::call(&request.tool, risk) };
+        let quick = match gate::gate(gated, Asker::of(&*env.approver)) {
             Err(refusal) => {
                 Some(record(with_why(refusal, tool.as_ref().and_then(|t| t.risk_reason(&request.arguments)))))
             }
@@ -470,6 +532,7 @@ impl<S: Storage> Session<S> {
                             bypass: None,
                             staged,
                             why: why.as_deref(),
+                            hook_asks: None,
                         };
                         env.approver.pre_approve(&ask).map(record)
                     }
@@ -527,16 +590,23 @@ impl<S: Storage> Session<S> {
             return self.cancel_turn(env, b);
         }
         let calls = self.call_count()?;
+        // A hook's question is part of the intent: a resumed turn asks a
+        // person too.
+        let hook_asks = requested.hook.as_ref().and_then(HookRecord::asks).map(str::to_owned);
         let request = requested.request;
         let risk = requested.tier.unwrap_or(Risk::Write);
         let tool = env.tools.get(&request.tool).cloned();
+        let gated = Gated { hook_asks: hook_asks.as_deref(), ..Gated::call(&request.tool, risk) };
         let mut v = match &tool {
             None => deny(format!("tool {:?} is no longer available", request.tool), "policy:unavailable"),
-            Some(tool) => match gate::gate(&request.tool, risk, None, env.approver.is_interactive()) {
+            Some(tool) => match gate::gate(gated, Asker::of(&*env.approver)) {
                 Err(refusal) => record(with_why(refusal, tool.risk_reason(&request.arguments))),
                 Ok(need) => {
                     let preview = tool.preview(&request, &self.cwd);
-                    let why = tool.risk_reason(&request.arguments);
+                    let why = match &hook_asks {
+                        Some(reason) => Some(format!("a pre_tool hook asks for a person's approval: {reason}")),
+                        None => tool.risk_reason(&request.arguments),
+                    };
                     let ask = ApprovalRequest {
                         session_id: &request.session_id,
                         invocation_id: &invocation_id,
@@ -548,6 +618,7 @@ impl<S: Storage> Session<S> {
                         bypass: None,
                         staged: tool.stages_effect(&request.arguments),
                         why: why.as_deref(),
+                        hook_asks: hook_asks.as_deref(),
                     };
                     let mut asked = Announced { approver: &mut *env.approver, announce: &mut *env.observer };
                     match asked.decide(&ask) {

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use super::TurnError;
 use super::asked::Announced;
 use crate::CancelToken;
-use crate::approval::{Answer, ApprovalRequest, Approver, Verdict, gate};
+use crate::approval::gate::PLAN_MODE;
+use crate::approval::{Answer, ApprovalRequest, Approver, Asker, Gated, Verdict, gate};
 use crate::events::{BypassRecord, ToolStagedPayload, TurnEvent, VerdictRecord};
 use crate::staged::{StagedDecision, StagedReview};
 use crate::storage::{Storage, now_millis};
@@ -233,7 +234,7 @@ pub fn decide_bypass(
     what: &str,
     approver: &mut dyn Approver,
 ) -> Verdict {
-    match gate(&request.tool, risk, Some(what), approver.is_interactive()) {
+    match gate(Gated { tool: &request.tool, risk, bypass: Some(what), hook_asks: None }, Asker::of(&*approver)) {
         Err(refusal) => refusal,
         Ok(need) => {
             let ask = ApprovalRequest {
@@ -248,6 +249,7 @@ pub fn decide_bypass(
                 // A bypass is never covered by a rule, staged or not.
                 staged: false,
                 why: None,
+                hook_asks: None,
             };
             match approver.decide(&ask) {
                 Ok(v) => need.bound(v),
@@ -289,12 +291,14 @@ pub fn review_staged_effect(
         review.judgement.reasons.join("; "),
         review.changes.listing()
     );
-    let ask = match gate(&request.tool, Risk::Destructive, None, approver.is_interactive()) {
+    let ask = match gate(Gated::call(&request.tool, Risk::Destructive), Asker::of(&*approver)) {
         Err(refusal) => {
-            let reason = format!(
-                "{} needs a person's approval because {staged}(no interactive approver is available: run cairn in a terminal to approve such effects)",
-                request.tool
-            );
+            let why = match refusal.decision {
+                // The session was put in plan mode while the command ran.
+                Answer::Deny { reason } if refusal.by == PLAN_MODE => reason,
+                _ => "no interactive approver is available: run cairn in a terminal to approve such effects".to_owned(),
+            };
+            let reason = format!("{} needs a person's approval because {staged}({why})", request.tool);
             return (StagedDecision::Discard { reason }, refusal.by);
         }
         Ok(need) => need,
@@ -327,6 +331,7 @@ pub fn review_staged_effect(
         staged: true,
         // The preview says what the effect does (it is why it asks).
         why: None,
+        hook_asks: None,
     };
     match approver.decide(&question).map(|v| ask.bound(v)) {
         Ok(v) => match v.decision {

@@ -147,6 +147,9 @@ pub enum TurnStop {
     StepLimit,
     /// Cancelled through the token (durably; `resume` continues it).
     Cancelled,
+    /// A `pre_tool` hook stopped the turn (`continue: false`); the
+    /// outcome's text is its reason.
+    Stopped,
 }
 
 /// The result of a turn.
@@ -157,7 +160,8 @@ pub struct TurnOutcome {
     pub turn_id: String,
     /// How it ended.
     pub stop: TurnStop,
-    /// The final answer's text (empty unless `Answered`).
+    /// The final answer's text (empty unless `Answered`); for `Stopped`,
+    /// the hook's reason.
     pub text: String,
     /// The final answer's entry id.
     pub entry_id: Option<String>,

@@ -61,6 +61,10 @@ pub struct Pc {
     /// For `Cancelled`: where a resume continues.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<Box<Pc>>,
+    /// For `Final`: a `pre_tool` hook stopped the turn (Claude Code's
+    /// `continue: false`), with its reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 /// A move the state machine does not allow.
@@ -100,6 +104,7 @@ impl Pc {
             call: 0,
             invocation: None,
             resume: None,
+            stopped: None,
         }
     }
 
@@ -112,6 +117,9 @@ impl Pc {
         next.phase = to;
         if to != Phase::Cancelled {
             next.resume = None;
+        }
+        if to != Phase::Final {
+            next.stopped = None;
         }
         Ok(next)
     }

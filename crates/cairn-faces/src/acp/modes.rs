@@ -2,20 +2,23 @@
 //! call the policy puts to a person is asked), `auto-edit` (`write_file` and
 //! `edit_file` calls run without asking; shell and every Destructive call
 //! are still asked) and `plan` (read only: every call that could change
-//! something is refused, even one an allow rule covers).
+//! something is refused, even one an allow rule, `--yes` or an earlier
+//! "allow always" covers: the approval gate's rule, which reads the mode
+//! through [`Approver::mode`]).
 //!
 //! [`ModeApprover`] wraps the session's [`PolicyApprover`]; the mode is
 //! shared with the main thread, which answers `session/set_mode`, so a
 //! change applies from the next call of a running turn. [`Settings`] also
 //! holds the provider the editor chose (`session/set_config_option` of the
 //! `model` option), used from the session's next prompt. This module must
-//! not ask anyone itself or weaken the gate: a Destructive call and a
-//! sandbox bypass still go to the person in `auto-edit`.
+//! not ask anyone itself, refuse by itself or weaken the gate: a
+//! Destructive call and a sandbox bypass still go to the person in
+//! `auto-edit`, and plan mode's refusal is the gate's alone.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, PolicyApprover, Verdict};
+use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, PolicyApprover, SessionMode, Verdict};
 use cairn_core::tool::Risk;
 use serde_json::{Value, json};
 
@@ -51,6 +54,15 @@ impl Mode {
             Mode::Ask => "Ask before every call that changes something (unless an allow rule covers it)",
             Mode::AutoEdit => "Edit and write files without asking; still ask for shell commands and destructive calls",
             Mode::Plan => "Read only: calls that would change something are refused",
+        }
+    }
+
+    /// The mode as the approval gate reads it.
+    pub(super) fn session_mode(self) -> SessionMode {
+        match self {
+            Mode::Ask => SessionMode::Ask,
+            Mode::AutoEdit => SessionMode::AutoEdit,
+            Mode::Plan => SessionMode::Plan,
         }
     }
 
@@ -106,7 +118,11 @@ pub(super) struct ModeApprover {
 const BY_MODE: &str = "user:acp";
 
 fn auto_edit(request: &ApprovalRequest<'_>) -> bool {
-    matches!(request.tool, "write_file" | "edit_file") && request.risk == Risk::Write && request.bypass.is_none()
+    // Never a call a hook put to a person: the person answers that one.
+    matches!(request.tool, "write_file" | "edit_file")
+        && request.risk == Risk::Write
+        && request.bypass.is_none()
+        && request.hook_asks.is_none()
 }
 
 impl Approver for ModeApprover {
@@ -118,10 +134,12 @@ impl Approver for ModeApprover {
         self.inner.answers_writes()
     }
 
+    fn mode(&self) -> SessionMode {
+        self.mode.get().session_mode()
+    }
+
     fn pre_approve(&mut self, request: &ApprovalRequest<'_>) -> Option<Verdict> {
         match self.mode.get() {
-            // Refused in `decide`, after the intent is committed.
-            Mode::Plan if request.risk != Risk::ReadOnly => None,
             Mode::AutoEdit if auto_edit(request) => {
                 Some(Verdict { decision: Answer::Approve, by: format!("{BY_MODE} (auto-edit mode)") })
             }
@@ -131,12 +149,6 @@ impl Approver for ModeApprover {
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         match self.mode.get() {
-            Mode::Plan if request.risk != Risk::ReadOnly => Ok(Verdict {
-                decision: Answer::Deny {
-                    reason: "the session is in plan mode (read only): switch it to ask or auto-edit in the editor to let it change things".to_owned(),
-                },
-                by: format!("{BY_MODE} (plan mode)"),
-            }),
             Mode::AutoEdit if auto_edit(request) => {
                 Ok(Verdict { decision: Answer::Approve, by: format!("{BY_MODE} (auto-edit mode)") })
             }
