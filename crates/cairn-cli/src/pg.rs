@@ -15,7 +15,6 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use cairn_core::storage::{Header, Storage, new_session_id};

@@ -85,7 +85,7 @@ fn fixture(dir: &Path, files: usize) -> Result<()> {
 fn judge(dir: &Path) -> usize {
     let set = cairn_tools::staging::read_layer(&dir.join("upper"), &dir.join("repo"))
         .unwrap_or_else(|e| panic!("reading the layer: {e}"));
-    std::hint::black_box(set.judge(&StagedRules::default()));
+    std::hint::black_box(set.judge(&StagedRules::default(), &dir.join("repo")));
     set.changes.len()
 }
 
