@@ -4,8 +4,7 @@
 //! reading `/actor/<id>/public`, and from the host.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "common/clang.rs"]
-mod clang;
+use crate::common::clang;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

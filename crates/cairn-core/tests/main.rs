@@ -9,6 +9,7 @@
 // The storage conformance suite (shared with cairn-pg's tests); its
 // `conformance!` macro names `$crate::conformance`.
 #[macro_use]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod conformance;
 
 mod allowlist_bash;

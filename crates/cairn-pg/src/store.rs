@@ -241,7 +241,7 @@ impl PgStore {
         let id = header.id.clone();
         // Only the holder's own family: `<holder>+<invocation>`, nested.
         let family = format!("{}{}", hold.session, cairn_core::storage::FAMILY_SEP);
-        if !id.strip_prefix(&family).is_some_and(|rest| !rest.is_empty()) {
+        if id.strip_prefix(&family).is_none_or(|rest| rest.is_empty()) {
             return Err(StorageError::Invalid(format!(
                 "session {} is not a subagent of {} and cannot be created within its lease",
                 id.escape_debug(),

@@ -11,10 +11,14 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+/// One tool as both agents name it: cairn's name, Claude Code's, and the
+/// arguments named differently (cairn's, Claude Code's).
+pub type Naming = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
+
 /// cairn's tool, Claude Code's name for it, and the arguments named
 /// differently (cairn's, Claude Code's). Paths are made absolute for Claude
 /// Code's `file_path`, as it gives them.
-pub const TOOLS: &[(&str, &str, &[(&str, &str)])] = &[
+pub const TOOLS: &[Naming] = &[
     ("shell", "Bash", &[]),
     ("write_file", "Write", &[("path", "file_path")]),
     ("edit_file", "Edit", &[("path", "file_path"), ("old", "old_string"), ("new", "new_string")]),
