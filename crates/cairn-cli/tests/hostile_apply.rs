@@ -429,11 +429,19 @@ fn an_unstaged_write_never_goes_through_a_hard_link_out_of_the_tree_with(flags: 
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::hard_link(&secret, env.cwd.join("linked.txt")).unwrap();
     std::fs::write(env.cwd.join("src.txt"), "owned\n").unwrap();
-    let output =
-        run_calls(&env, flags, &["chmod 666 linked.txt; cp src.txt linked.txt; cp src.txt other.txt; echo end"]);
+    let mtime = std::fs::metadata(&secret).unwrap().modified().unwrap();
+    // Commands the unstaged judge lets through under --yes (an overwrite
+    // such as `cp src linked` needs a person since issue 46.5): a change of
+    // mode and of times would reach the outside file through the link.
+    let output = run_calls(
+        &env,
+        flags,
+        &["chmod 666 linked.txt; touch -d 2001-01-01 linked.txt; cp -n src.txt other.txt; echo end"],
+    );
     let log = session_log(&env);
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "secret\n", "the write went through the link\n{output}");
-    assert_eq!(std::fs::metadata(&secret).unwrap().mode() & 0o7777, 0o600, "the mode went through the link");
+    assert_eq!(std::fs::metadata(&secret).unwrap().mode() & 0o7777, 0o600, "the mode went through the link\n{output}");
+    assert_eq!(std::fs::metadata(&secret).unwrap().modified().unwrap(), mtime, "the times went through the link");
     let completed =
         log.iter().find(|e| e["type"] == "toolCompleted").unwrap_or_else(|| panic!("{:?}\n{output}", types(&log)));
     assert!(completed.to_string().contains("Read-only file system"), "{completed}");
