@@ -33,6 +33,9 @@ pub struct Wiring {
     /// The provider's name as configured (what `fact` `provider` records,
     /// so a resume can build it again).
     provider_name: String,
+    /// A person chose the provider in this chat (`/provider NAME`): like
+    /// `--provider`, that choice wins over a resumed session's own.
+    provider_chosen: bool,
     /// The tools of the current turn and who answers their calls.
     equipment: Equipment,
     /// The family's tools (subagents, peers), built for the first turn and
@@ -114,9 +117,23 @@ impl Wiring {
     /// (or `CAIRN_PROVIDER`/`CAIRN_MODEL`) choose another; says which it
     /// is whenever it differs from the configured default or from the
     /// session's. A session without the fact (older) runs on the
-    /// configured one.
+    /// configured one; a provider chosen with `/provider` in this chat
+    /// counts as told.
     pub fn continue_provider(&mut self, ctx: &Context, store: &JsonlStore, renderer: &mut Renderer) {
         let Some(recorded) = registers::provider_fact(store) else { return };
+        if self.provider_chosen {
+            if (recorded.name.as_str(), recorded.model.as_str()) != (self.provider_name.as_str(), self.provider.model())
+            {
+                renderer.notice(&format!(
+                    "the session's turns ran on {} · {}; they go on with {} · {}, chosen with /provider",
+                    recorded.name,
+                    recorded.model,
+                    self.provider_name,
+                    self.provider.model()
+                ));
+            }
+            return;
+        }
         let s = &ctx.settings;
         let told = |source: &crate::config::Source| {
             matches!(source, crate::config::Source::Flag(_) | crate::config::Source::Env(_))
@@ -239,6 +256,7 @@ pub fn wire(ctx: &Context, cwd: &Path, may_ask: bool) -> Result<Wiring> {
     Ok(Wiring {
         provider,
         provider_name: ctx.settings.provider.value.clone(),
+        provider_chosen: false,
         equipment: Equipment { tools, approver },
         family: None,
         told: std::collections::HashSet::new(),
@@ -675,7 +693,9 @@ fn command_of_chat(
             match crate::wiring::provider_for(ctx, &s.provider.value, Some(name), s.script.value.as_deref(), &cwd) {
                 Ok(provider) => {
                     wiring.provider = provider;
-                    wiring.provider_name = name.clone();
+                    // The provider it was built from; `name` is the model.
+                    wiring.provider_name = s.provider.value.clone();
+                    wiring.provider_chosen = true;
                     say(&format!("the next turns use {} · {}", wiring.provider.name(), wiring.provider.model()))?;
                 }
                 Err(e) => renderer.notice(&format!("cannot use model {name}: {e:#}")),
@@ -699,6 +719,7 @@ fn command_of_chat(
                 Ok(provider) => {
                     wiring.provider = provider;
                     wiring.provider_name = name.clone();
+                    wiring.provider_chosen = true;
                     say(&format!("the next turns use {} · {}", wiring.provider.name(), wiring.provider.model()))?;
                 }
                 Err(e) => renderer.notice(&format!("cannot use provider {name}: {e:#}")),
