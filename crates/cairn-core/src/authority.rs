@@ -21,8 +21,6 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::staged::shown;
-
 /// How an authority path is protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -439,6 +437,18 @@ impl AuthorityRules {
         let abs = absolute(tree, path);
         self.cairn_dirs.iter().any(|d| d.starts_with(&abs) && *d != abs)
     }
+}
+
+/// A path as a person is shown it: control characters (a newline, a
+/// carriage return, an escape sequence), backslashes and quotes escaped
+/// Rust-style, so a file name can never forge a line of cairn's own (a
+/// verdict, another change) in a listing, a diff header or a reason. A
+/// plain name is shown as it is.
+pub fn shown(path: &str) -> String {
+    if path.chars().all(|c| !c.is_control() && c != '\\' && c != '"') {
+        return path.to_owned();
+    }
+    format!("\"{}\"", path.escape_debug())
 }
 
 #[cfg(test)]

@@ -154,17 +154,9 @@ pub struct Judgement {
     pub refused: Vec<String>,
 }
 
-/// A path as a person is shown it: control characters (a newline, a
-/// carriage return, an escape sequence), backslashes and quotes escaped
-/// Rust-style, so a file name can never forge a line of cairn's own (a
-/// verdict, another change) in a listing, a diff header or a reason. A
-/// plain name is shown as it is.
-pub fn shown(path: &str) -> String {
-    if path.chars().all(|c| !c.is_control() && c != '\\' && c != '"') {
-        return path.to_owned();
-    }
-    format!("\"{}\"", path.escape_debug())
-}
+// How a path is shown to a person lives with the authority rule, whose
+// reasons name paths too (and which must not import this module back).
+pub use crate::authority::shown;
 
 impl Change {
     /// Why this change destroys something that existed, if it does.

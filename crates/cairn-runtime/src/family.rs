@@ -9,6 +9,12 @@ use cairn_core::storage::Storage;
 use cairn_core::storage::registers::FACT;
 use serde::{Deserialize, Serialize};
 
+/// The tool that starts a child (named here, the family's leaf module, so
+/// that what lists tool names needs nothing of `subagents.rs`).
+pub const SPAWN: &str = "spawn_agent";
+/// The tool that collects children's answers.
+pub const WAIT: &str = "wait_agents";
+
 /// The `fact` key describing a child session.
 pub const FACT_KEY: &str = cairn_core::storage::registers::SUBAGENT_FACT;
 

@@ -51,10 +51,7 @@ use serde_json::json;
 use crate::context::Context;
 use crate::family::{ChildFact, FACT_KEY, SEP, child_fact, child_id, depth_of, parent_of};
 
-/// The tool that starts a child.
-pub const SPAWN: &str = "spawn_agent";
-/// The tool that collects children's answers.
-pub const WAIT: &str = "wait_agents";
+pub use crate::family::{SPAWN, WAIT};
 /// `[subagents]` in the configuration.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields, default)]

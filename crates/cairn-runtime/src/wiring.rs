@@ -312,7 +312,7 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
     }
     // A hook whose matcher names no tool here would silently never run.
     let mut known: Vec<String> = entries.iter().map(|e| e.tool.spec().name.clone()).collect();
-    known.extend([crate::subagents::SPAWN, crate::subagents::WAIT].map(str::to_owned));
+    known.extend([crate::family::SPAWN, crate::family::WAIT].map(str::to_owned));
     known.extend([crate::peers::SEND, crate::peers::RECEIVE, crate::peers::CHILDREN].map(str::to_owned));
     let servers: Vec<String> = ext.mcp_servers.keys().cloned().collect();
     notes.extend(ext.hooks.matcher_warnings(&known, &servers));

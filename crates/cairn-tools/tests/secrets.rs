@@ -75,8 +75,9 @@ fn by_name_and_by_value() {
         // SAFETY: as above.
         unsafe { std::env::set_var(k, v) };
     }
-    // SAFETY: as above.
-    unsafe { std::env::set_var("CAIRN_TEST_HARMLESS", "visible") };
+    // SAFETY: as above. Not a CAIRN_ name: cairn's own variables never
+    // reach a tool (issue 46.7).
+    unsafe { std::env::set_var("TEST_HARMLESS_VARIABLE", "visible") };
     let mut secrets = SecretValues::new();
     secrets.insert(odd);
     let config = ToolsConfig { secrets, ..ToolsConfig::default() };
@@ -94,7 +95,7 @@ fn by_name_and_by_value() {
     let s = util::run(&sh, json!({"command": "env; echo ---; cat /proc/self/environ | tr '\\0' '\\n'"}), root.path())
         .unwrap();
     for out in [&r.output_summary, &s.output_summary] {
-        assert_eq!(out.matches("CAIRN_TEST_HARMLESS").count(), 2, "the environment is passed at all: {out}");
+        assert_eq!(out.matches("TEST_HARMLESS_VARIABLE").count(), 2, "the environment is passed at all: {out}");
         for (k, v) in planted {
             assert!(!out.contains(k) && !out.contains(v), "{k} leaked: {out}");
         }

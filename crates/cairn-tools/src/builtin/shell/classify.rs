@@ -617,7 +617,6 @@ pub(crate) mod tests {
             "cp -n x .git/hooks/post-checkout",
             "mv -n x sub/.git/hooks/pre-commit",
             "tee -a .git/config",
-            "install --target-directory=.git/hooks x",
             "cp -n tasks.json .vscode/tasks.json",
             "ln -s /tmp/x .mcp.json",
             "touch .envrc",
@@ -1149,6 +1148,70 @@ pub(crate) mod tests {
             "git stash --",
         ] {
             let _ = classify(line);
+        }
+    }
+}
+
+/// The shapes table held against the classifier that reads it (here, beside
+/// its only user, so the table module needs nothing of the classifier).
+#[cfg(test)]
+mod shape_rows {
+    use super::super::shapes::*;
+    use super::{Class, Reach, classify};
+
+    fn verdict(class: &Class) -> Option<Verdict> {
+        match class {
+            Class::Plain => None,
+            Class::Destructive { reach: Reach::Tree, .. } => Some(Verdict::Tree),
+            Class::Destructive { reach: Reach::Beyond, .. } => Some(Verdict::Beyond),
+            Class::Unclassifiable { .. } => Some(Verdict::Unclassifiable),
+        }
+    }
+
+    /// Every row holds for its examples, with its class and its reason.
+    #[test]
+    fn every_row_holds_for_its_examples() {
+        let mut wrong = Vec::new();
+        for rule in RULES {
+            assert!(!rule.examples.is_empty(), "{:?} has no example", rule.names);
+            for line in rule.examples {
+                let class = classify(line);
+                if verdict(&class) != Some(rule.verdict) || !class.why().contains(rule.why) {
+                    wrong.push(format!("{:?} / {line:?}: {class:?}", rule.names));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{} rows do not hold:\n{}", wrong.len(), wrong.join("\n"));
+    }
+
+    /// docs/tools.md quotes the table exactly. `CAIRN_WRITE_DOCS=1` writes
+    /// it there (between the markers) instead of failing.
+    #[test]
+    fn the_docs_quote_the_table() {
+        const BEGIN: &str = "<!-- shell shapes: generated from builtin/shell/shapes.rs -->\n";
+        const END: &str = "<!-- end of shell shapes -->";
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/tools.md");
+        let docs = std::fs::read_to_string(&path).unwrap();
+        let start = docs.find(BEGIN).expect("docs/tools.md has the shapes markers") + BEGIN.len();
+        let end = docs[start..].find(END).expect("docs/tools.md has the end marker") + start;
+        let table = markdown();
+        if docs[start..end] != table {
+            if std::env::var_os("CAIRN_WRITE_DOCS").is_some() {
+                std::fs::write(&path, format!("{}{table}{}", &docs[..start], &docs[end..])).unwrap();
+            } else {
+                panic!(
+                    "docs/tools.md does not quote the shapes table; run with CAIRN_WRITE_DOCS=1 to write it:\n{table}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_has_no_cell_that_breaks_markdown() {
+        for rule in RULES {
+            for text in [rule.when, rule.why] {
+                assert!(!text.contains('|') && !text.contains('\n'), "{:?}: {text}", rule.names);
+            }
         }
     }
 }
