@@ -27,8 +27,7 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_core::approval::{Allowlist, PolicyApprover};
-use cairn_core::message::Role;
-use cairn_core::provider::AttemptUsage;
+use cairn_core::report::UsageTotals;
 use cairn_core::storage::registers::FACT;
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, new_session_id, to_raw};
 use cairn_core::{CancelToken, Session, TurnStop};
@@ -336,9 +335,8 @@ impl Batch {
             if let Ok(store) = JsonlStore::open_read_only_with(&self.unit_path(job, k), self.host.store_options())
                 && let Ok(session) = Session::open(store, self.host.session_config())
                 && !session.needs_resume()
-                && let Some(answer) = session.messages().iter().rev().find(|m| m.role == Role::Assistant)
             {
-                text.push_str(answer.joined_text().trim_end());
+                text.push_str(cairn_core::report::last_answer(&session.messages()).trim_end());
                 text.push('\n');
             }
         }
@@ -348,21 +346,20 @@ impl Batch {
     /// `usage`: token totals over the job's sessions.
     pub fn usage(&self, job: &str) -> Result<String> {
         let spec = self.spec_of(job)?;
-        let (mut input, mut output, mut attempts) = (0u64, 0u64, 0u64);
+        let mut totals = UsageTotals::default();
         for k in 0..spec.parallel {
             if let Ok(store) = JsonlStore::open_read_only_with(&self.unit_path(job, k), self.host.store_options()) {
-                for row in store.usage() {
-                    if let Ok(u) = row.usage.parse::<AttemptUsage>() {
-                        input += u.input_tokens;
-                        output += u.output_tokens;
-                        attempts += 1;
-                    }
-                }
+                totals.merge(&UsageTotals::of(&store));
             }
         }
         Ok(format!(
-            "input {input}\noutput {output}\ntotal {}\nattempts {attempts}\nsessions {}\n",
-            input + output,
+            "input {}\noutput {}\ncached {}\ntotal {}\nattempts {}\nfailed {}\nsessions {}\n",
+            totals.input,
+            totals.output,
+            totals.cached,
+            totals.total(),
+            totals.attempts,
+            totals.failed,
             spec.parallel
         ))
     }

@@ -20,11 +20,9 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_core::approval::{Allowlist, Answer, PolicyApprover, SharedApprover};
 use cairn_core::message::{ContentPart, Role};
-use cairn_core::provider::AttemptUsage;
+use cairn_core::report::{FamilyUsage, UsageTotals};
 use cairn_core::storage::registers::{self, FACT, NAME_FACT};
-use cairn_core::storage::{
-    Header, JsonlStore, Storage, StoreOptions, Transaction, new_session_id, read_summary, to_raw,
-};
+use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, new_session_id, read_summary, to_raw};
 use cairn_core::turn::Pc;
 use cairn_core::{CancelToken, Session, ToolRegistry, TurnEvent, TurnStop};
 use cairn_host::{Equipment, Step};
@@ -950,21 +948,21 @@ impl Runtime {
     pub fn usage(&self, id: &str) -> Result<String> {
         let live = self.require(id)?;
         let store = JsonlStore::open_read_only_with(&live.path, self.host.store_options())?;
-        let (mut input, mut output, mut cached, mut attempts, mut failed) = (0u64, 0u64, 0u64, 0u64, 0u64);
-        for row in store.index().usage() {
-            if let Ok(u) = row.usage.parse::<AttemptUsage>() {
-                input += u.input_tokens;
-                output += u.output_tokens;
-                cached += u.cached_input_tokens;
-                attempts += 1;
-                failed += u64::from(u.error.is_some());
-            }
-        }
-        let (children, child_input, child_output) = descendant_tokens(&live.path, id, self.host.store_options());
+        let own = UsageTotals::of(&store);
+        let dir = live.path.parent().unwrap_or(Path::new("."));
+        let family = FamilyUsage::of(dir, id, self.host.store_options());
         Ok(format!(
-            "input {input}\noutput {output}\ncached {cached}\ntotal {}\nattempts {attempts}\nfailed {failed}\n\
-             children {children}\nchildren_input {child_input}\nchildren_output {child_output}\n",
-            input + output
+            "input {}\noutput {}\ncached {}\ntotal {}\nattempts {}\nfailed {}\n\
+             children {}\nchildren_input {}\nchildren_output {}\n",
+            own.input,
+            own.output,
+            own.cached,
+            own.total(),
+            own.attempts,
+            own.failed,
+            family.sessions,
+            family.totals.input,
+            family.totals.output
         ))
     }
 
@@ -1171,28 +1169,4 @@ pub(crate) fn slice(data: &[u8], offset: u64, count: usize) -> Vec<u8> {
     let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
     let end = start.saturating_add(count).min(data.len());
     data[start..end].to_vec()
-}
-
-/// Subagent sessions descending from `id` (files `<id>+…` beside its file,
-/// cairn-cli's `subagents.rs`): how many, and their input and output tokens.
-fn descendant_tokens(path: &Path, id: &str, opts: StoreOptions) -> (u64, u64, u64) {
-    let prefix = format!("{id}+");
-    let (mut n, mut input, mut output) = (0u64, 0u64, 0u64);
-    let Some(entries) = path.parent().and_then(|dir| std::fs::read_dir(dir).ok()) else { return (0, 0, 0) };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".jsonl")) else { continue };
-        if !stem.starts_with(&prefix) {
-            continue;
-        }
-        let Ok(store) = JsonlStore::open_read_only_with(&entry.path(), opts) else { continue };
-        n += 1;
-        for row in store.index().usage() {
-            if let Ok(u) = row.usage.parse::<AttemptUsage>() {
-                input += u.input_tokens;
-                output += u.output_tokens;
-            }
-        }
-    }
-    (n, input, output)
 }

@@ -49,20 +49,14 @@ pub enum Mode {
 /// Totals of one turn, for the usage line and the exit code.
 #[derive(Debug, Default, Clone)]
 pub struct Totals {
-    /// Input tokens over all attempts.
-    pub input_tokens: u64,
-    /// Output tokens over all attempts.
-    pub output_tokens: u64,
-    /// Provider attempts.
-    pub attempts: u32,
+    /// The turn's provider attempts, summed as every face sums a ledger.
+    pub usage: cairn_core::report::UsageTotals,
     /// Tool calls denied or refused.
     pub denied: u32,
     /// Tool calls settled.
     pub tools: u32,
     /// The model of the last attempt.
     pub model: String,
-    /// Input tokens of the last attempt (how full the context was).
-    pub last_input_tokens: u64,
 }
 
 /// Renders events as they come.
@@ -344,10 +338,7 @@ impl Renderer {
         match event {
             TurnEvent::Usage { usage } => {
                 self.totals.model.clone_from(&usage.model);
-                self.totals.last_input_tokens = usage.input_tokens;
-                self.totals.attempts += 1;
-                self.totals.input_tokens += usage.input_tokens;
-                self.totals.output_tokens += usage.output_tokens;
+                self.totals.usage.add(usage);
             }
             TurnEvent::ToolCompleted { .. } | TurnEvent::ToolFailed { .. } => self.totals.tools += 1,
             TurnEvent::ToolRejected { .. } => {
@@ -381,15 +372,15 @@ impl Renderer {
             };
             let line = format!(
                 "{} in / {} out tokens · {} attempt{} · {} tool call{} · {:.1}s{so_far} · session {session_id}",
-                crate::status::thousands(t.input_tokens),
-                crate::status::thousands(t.output_tokens),
-                t.attempts,
-                if t.attempts == 1 { "" } else { "s" },
+                crate::status::thousands(t.usage.input),
+                crate::status::thousands(t.usage.output),
+                t.usage.attempts,
+                if t.usage.attempts == 1 { "" } else { "s" },
                 t.tools,
                 if t.tools == 1 { "" } else { "s" },
                 self.started.elapsed().as_secs_f64()
             );
-            let line = match crate::status::context_share(t.last_input_tokens, self.window) {
+            let line = match crate::status::context_share(t.usage.last_input, self.window) {
                 Some(share) => format!("{} · context {share} · {line}", t.model),
                 None if !t.model.is_empty() => format!("{} · {line}", t.model),
                 None => line,

@@ -11,9 +11,7 @@
 //! no price are counted apart and said to be unpriced, with how to price
 //! them. It reads the ledger; it must not write anywhere.
 
-use std::collections::HashMap;
-
-use cairn_core::provider::AttemptUsage;
+use cairn_core::report::UsageTotals;
 use cairn_core::storage::Storage;
 use cairn_provider::{Prices, Unpriced, Usd};
 
@@ -41,48 +39,41 @@ pub struct SessionUsage {
 }
 
 impl SessionUsage {
-    /// Sum the usage ledger of `store` (every lane, compactions included),
-    /// pricing each attempt with `price` (its provider's name and model, as
-    /// the row records them).
+    /// The usage ledger of `store` (every lane, compactions included,
+    /// summed by `cairn_core::ledger`), each provider and model priced by
+    /// `price` (its provider's name and model, as the rows record them).
     pub fn of(store: &impl Storage, price: &dyn Fn(&str, &str) -> Result<Prices, Unpriced>) -> Self {
-        let mut usage = Self::default();
-        // One resolution per provider and model, not per row.
-        let mut known: HashMap<(String, String), Result<Prices, Unpriced>> = HashMap::new();
-        for row in store.usage() {
-            if let Ok(u) = serde_json::from_str::<AttemptUsage>(row.usage.get()) {
-                usage.add(&u, &mut |provider, model| {
-                    known
-                        .entry((provider.to_owned(), model.to_owned()))
-                        .or_insert_with(|| price(provider, model))
-                        .clone()
-                });
-            }
-        }
-        usage
+        Self::priced(&UsageTotals::of(store), price)
     }
 
-    /// Count one attempt.
-    fn add(&mut self, u: &AttemptUsage, price: &mut dyn FnMut(&str, &str) -> Result<Prices, Unpriced>) {
-        self.input += u.input_tokens;
-        self.output += u.output_tokens;
-        self.cached += u.cached_input_tokens;
-        self.attempts += 1;
-        if u.input_tokens > 0 {
-            self.last_input = u.input_tokens;
-        }
-        match price(&u.provider, &u.model) {
-            Ok(prices) => {
-                self.cost += prices.cost(u.input_tokens, u.cached_input_tokens, u.output_tokens);
-                self.priced_attempts += 1;
-            }
-            Err(why) => {
-                let tokens = u.input_tokens + u.output_tokens;
-                match self.unpriced.iter_mut().find(|(w, _)| *w == why) {
-                    Some((_, n)) => *n += tokens,
-                    None => self.unpriced.push((why, tokens)),
+    /// `totals` with what they cost. Prices are linear in tokens, so one
+    /// price per provider and model costs exactly what pricing each
+    /// attempt would.
+    fn priced(totals: &UsageTotals, price: &dyn Fn(&str, &str) -> Result<Prices, Unpriced>) -> Self {
+        let mut usage = Self {
+            input: totals.input,
+            output: totals.output,
+            cached: totals.cached,
+            attempts: usize::try_from(totals.attempts).unwrap_or(usize::MAX),
+            last_input: totals.last_input,
+            ..Self::default()
+        };
+        for m in &totals.by_model {
+            match price(&m.provider, &m.model) {
+                Ok(prices) => {
+                    usage.cost += prices.cost(m.input, m.cached, m.output);
+                    usage.priced_attempts += usize::try_from(m.attempts).unwrap_or(usize::MAX);
+                }
+                Err(why) => {
+                    let tokens = m.input + m.output;
+                    match usage.unpriced.iter_mut().find(|(w, _)| *w == why) {
+                        Some((_, n)) => *n += tokens,
+                        None => usage.unpriced.push((why, tokens)),
+                    }
                 }
             }
         }
+        usage
     }
 
     /// Input and output tokens together.
@@ -196,6 +187,7 @@ impl Report<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_core::provider::AttemptUsage;
 
     #[test]
     fn figures_read_as_people_write_them() {
@@ -230,11 +222,11 @@ mod tests {
     }
 
     fn usage_of(rows: &[AttemptUsage]) -> SessionUsage {
-        let mut usage = SessionUsage::default();
+        let mut totals = UsageTotals::default();
         for r in rows {
-            usage.add(r, &mut price);
+            totals.add(r);
         }
-        usage
+        SessionUsage::priced(&totals, &price)
     }
 
     #[test]

@@ -202,13 +202,7 @@ fn prompt(m: &cairn_actors::message::Inbound) -> Option<&str> {
 
 /// The last assistant text of the session (a finished turn's answer).
 fn last_answer<S: Storage>(session: &Session<S>) -> String {
-    session
-        .messages()
-        .iter()
-        .rev()
-        .find(|m| m.role == cairn_core::message::Role::Assistant)
-        .map(|m| m.joined_text())
-        .unwrap_or_default()
+    cairn_core::report::last_answer(&session.messages())
 }
 
 fn agent_loop(p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool) {

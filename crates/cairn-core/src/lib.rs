@@ -20,6 +20,8 @@
 //! - [`registry`]: the tools a session offers, by name.
 //! - [`events`]: lifecycle entry payloads and the observer's [`TurnEvent`]s.
 //! - [`history`]: the events a log re-tells, for readers that arrive late.
+//! - [`report`]: the read side every face shares: usage totals, a
+//!   session's descendants, its last answer.
 //! - [`projection`]: the `ToolState` reducer over the log.
 //! - [`turn`]: the [`Session`], its state machine, the effect sandwich and
 //!   resume.
@@ -39,6 +41,7 @@ mod payload_shape;
 pub mod projection;
 pub mod provider;
 pub mod registry;
+pub mod report;
 pub mod risk;
 pub mod schema;
 pub mod staged;

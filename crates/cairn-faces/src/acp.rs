@@ -925,19 +925,15 @@ fn commands_update() -> Value {
 
 /// The `/usage` answer: token totals over the session's provider attempts.
 fn usage_text(store: &JsonlStore) -> String {
-    let (mut input, mut output, mut cached, mut attempts, mut failed) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    for row in store.index().usage() {
-        if let Ok(u) = row.usage.parse::<cairn_core::provider::AttemptUsage>() {
-            input += u.input_tokens;
-            output += u.output_tokens;
-            cached += u.cached_input_tokens;
-            attempts += 1;
-            failed += u64::from(u.error.is_some());
-        }
-    }
+    let u = cairn_core::report::UsageTotals::of(store);
     format!(
-        "{input} input tokens ({cached} cached), {output} output tokens, {} in all, over {attempts} provider attempts ({failed} failed)",
-        input + output
+        "{} input tokens ({} cached), {} output tokens, {} in all, over {} provider attempts ({} failed)",
+        u.input,
+        u.cached,
+        u.output,
+        u.total(),
+        u.attempts,
+        u.failed
     )
 }
 

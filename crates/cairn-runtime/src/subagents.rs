@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use cairn_core::approval::{Allowlist, Approver, PolicyApprover, SharedApprover};
-use cairn_core::message::Role;
+use cairn_core::report::{FamilyUsage, UsageTotals};
 use cairn_core::storage::registers::FACT;
 use cairn_core::storage::{Header, JsonlStore, Record, Storage, Tail, Transaction, now_millis, to_raw};
 #[cfg(feature = "postgres")]
@@ -1097,7 +1097,7 @@ impl Family {
 }
 
 fn last_answer<S: Storage>(session: &Session<S>) -> String {
-    session.messages().iter().rev().find(|m| m.role == Role::Assistant).map(|m| m.joined_text()).unwrap_or_default()
+    cairn_core::report::last_answer(&session.messages())
 }
 
 /// Whether the existing session `id` is its family's own child — the one
@@ -1168,63 +1168,17 @@ fn status<S: Storage>(ctx: &Context, store: S) -> Result<ChildStatus> {
     Ok(ChildStatus::Finished(ChildResult::Answered(last_answer(&session))))
 }
 
-/// Token totals of provider attempts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tokens {
-    /// Input tokens.
-    pub input: u64,
-    /// Output tokens.
-    pub output: u64,
-    /// Provider attempts.
-    pub attempts: u64,
-}
-
-impl Tokens {
-    fn add(&mut self, other: Tokens) {
-        self.input += other.input;
-        self.output += other.output;
-        self.attempts += other.attempts;
-    }
-}
-
-/// The usage ledger of one session.
-pub fn tokens_of<S: Storage>(store: &S) -> Tokens {
-    let mut total = Tokens::default();
-    for row in store.usage() {
-        if let Ok(u) = row.usage.parse::<cairn_core::provider::AttemptUsage>() {
-            total.add(Tokens { input: u.input_tokens, output: u.output_tokens, attempts: 1 });
-        }
-    }
-    total
-}
-
-/// Every descendant of session `id` (children, their children, …) in the
-/// sessions directory: files whose id starts with `id+`.
-pub fn descendants(ctx: &Context, id: &str) -> Vec<PathBuf> {
-    let prefix = format!("{id}{SEP}");
-    crate::sessions::session_files(&ctx.paths)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|p| p.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s.starts_with(&prefix)))
-        .collect()
-}
-
 /// `usage …` for `cairn show`: the session's own tokens and its
-/// descendants'.
+/// descendants' (the ledgers summed by `cairn_core::ledger`).
 pub fn usage_line<S: Storage>(ctx: &Context, store: &S) -> String {
-    let own = tokens_of(store);
-    let family = descendants(ctx, &store.header().id);
-    let mut children = Tokens::default();
-    for path in &family {
-        if let Ok(child) = JsonlStore::open_read_only_with(path, ctx.settings.store_options()) {
-            children.add(tokens_of(&child));
-        }
-    }
+    let own = UsageTotals::of(store);
+    let family = FamilyUsage::of(&ctx.paths.sessions(), &store.header().id, ctx.settings.store_options());
+    let children = &family.totals;
     let mut line = format!("usage: own {} in / {} out tokens ({} attempts)", own.input, own.output, own.attempts);
-    if !family.is_empty() {
+    if family.sessions > 0 {
         line.push_str(&format!(
             "; {} descendant sessions {} in / {} out ({} attempts); total {} in / {} out",
-            family.len(),
+            family.sessions,
             children.input,
             children.output,
             children.attempts,
@@ -1266,7 +1220,7 @@ fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
         lines.push(format!("{pad}└─ child {id}: not created"));
         return;
     };
-    let tokens = tokens_of(&store);
+    let tokens = UsageTotals::of(&store);
     let mut grandchildren = Vec::new();
     store.visit_entries(&mut |e| {
         if let Some(p) = cairn_core::events::payload_of::<cairn_core::events::ToolRequestedPayload>(e)

@@ -468,6 +468,27 @@ fn only_equip_chooses_a_turns_tools() {
     );
 }
 
+/// Issue 50.4: a session's usage is summed in one place, cairn-core's
+/// `report` (`UsageTotals`), which every face reads: no other module adds
+/// up an attempt's token fields, so a new usage field reaches them all.
+#[test]
+fn only_core_report_sums_usage() {
+    let sums = |line: &str| {
+        line.contains("+=")
+            && ["input_tokens", "output_tokens", "cached_input_tokens"].iter().any(|f| line.contains(&format!(".{f}")))
+    };
+    let found = uses_outside(sums, &[("cairn-core", Some("report"))]);
+    assert!(
+        found.is_empty(),
+        "a face sums usage itself; read cairn_core::report::UsageTotals instead:\n{}",
+        found.join("\n")
+    );
+    // The check itself: it sees the sums the faces used to write.
+    assert!(sums("                input += u.input_tokens;"));
+    assert!(sums("self.totals.output_tokens += usage.output_tokens;"));
+    assert!(!sums("let t = u.input_tokens + u.output_tokens;"));
+}
+
 /// The lines (file:line) of every crate's library and binary modules,
 /// code only, where `hit` holds, leaving out the `allowed` (crate, module;
 /// `None`: the whole crate).
