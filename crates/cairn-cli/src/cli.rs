@@ -22,11 +22,26 @@ Exit codes:
   3  cancelled: the turn was interrupted and settled durably; continue it with `cairn resume --last`
   4  finished, but at least one tool call was denied or refused
 
-Environment:
-  CAIRN_HOME         data and config directory (sessions in $CAIRN_HOME/sessions, config in $CAIRN_HOME/config.toml)
-  CAIRN_PROVIDER     default provider (local, openai, openai-responses, anthropic, scripted, or a name from the config)
+Environment (every variable cairn reads; docs/config.md lists the config file's keys):
+  CAIRN_HOME              data and config directory (sessions in $CAIRN_HOME/sessions, config in $CAIRN_HOME/config.toml)
+  HOME, XDG_DATA_HOME, XDG_CONFIG_HOME
+                          without CAIRN_HOME: data in $XDG_DATA_HOME/cairn (~/.local/share/cairn),
+                          config in $XDG_CONFIG_HOME/cairn (~/.config/cairn); `~/` in paths
+  CAIRN_PROVIDER          default provider (local, openai, openai-responses, anthropic, scripted, or a name from the config)
+  CAIRN_MODEL             default model (over `model =`; --model wins)
+  CAIRN_DATABASE          PostgreSQL URL of the sessions (over `database =`; --database wins)
+  CAIRN_LOCAL_MODEL       the embedded model's .gguf file (over [local] model_path)
+  CAIRN_SCRIPT            the scripted provider's script when its table names none
+  CAIRN_MINILM_DIR        the discovery model's directory (all-MiniLM-L6-v2)
+  CAIRN_MODEL_CACHE       the download cache of models (default ~/.cache/cairn/model)
+  CAIRN_CTRL_C_WINDOW_MS  how soon a second Ctrl-C must follow the first to leave (default 1000)
   OPENAI_API_KEY, OPENAI_BASE_URL, ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL
-  NO_COLOR           disable colours";
+                          keys and servers of the built-in providers; [providers.NAME] api_key_env names
+                          another variable, and [mcp_servers.NAME] env/env_http_headers name the ones passed on
+  CANDLE_NUM_THREADS      the embedded model's kernel threads (default: [local] threads)
+  USER                    who answered, recorded with `cairn approve`
+  PATH                    where programs (tools, MCP servers, hooks) are found
+  NO_COLOR                disable colours";
 
 /// cairn: a durable, safe agent runtime. Every step of a turn is committed to
 /// an append-only session file; kill it anywhere and `cairn resume` continues.

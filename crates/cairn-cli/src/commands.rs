@@ -18,7 +18,8 @@ use crate::context::{Context, exit};
 use crate::render::{escape_controls as esc, escape_json};
 use crate::sessions::{format_time, human_size};
 
-/// `cairn config`: every setting, its value and where it came from.
+/// `cairn config`: every setting of every section, its value and where it
+/// came from (docs/config.md describes each key).
 pub fn config(ctx: &Context) -> Result<u8> {
     let mut out = std::io::stdout().lock();
     let found = if ctx.settings.config_file_found { "" } else { " (not present)" };
@@ -29,9 +30,6 @@ pub fn config(ctx: &Context) -> Result<u8> {
     let width = rows.iter().map(|(k, _, _)| k.len()).max().unwrap_or(0);
     for (key, value, source) in rows {
         writeln!(out, "{key:width$}  {value}  {}", ctx.out_style.dim(&format!("({source})")))?;
-    }
-    for name in ctx.settings.providers.keys() {
-        writeln!(out, "providers.{name}  {}", ctx.out_style.dim(&format!("({})", ctx.settings.config_file.display())))?;
     }
     Ok(exit::SUCCESS)
 }

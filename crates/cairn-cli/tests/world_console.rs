@@ -83,6 +83,66 @@ fn console_deploys_upgrades_and_rolls_back() {
     assert!(env.cwd.join("w/broker/versions/hello/2/meta.json").exists());
 }
 
+/// Issue 49.7: the README's world transcript runs as written with the
+/// repository's examples/world/v1.wat and v2.wat: its console lines are
+/// typed in order and every message it shows arrives (ids aside; in any
+/// order, as the broker's and the actor's lines may interleave).
+#[test]
+fn the_readme_world_transcript_runs_with_the_repository_examples() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let start = readme.find("$ cairn world init w\n").expect("the README's world transcript");
+    let transcript = &readme[start..readme[start..].find("```").unwrap() + start];
+    let env = Env::new();
+    std::os::unix::fs::symlink(std::fs::canonicalize(repo.join("examples")).unwrap(), env.cwd.join("examples"))
+        .unwrap();
+    let out = env.cairn(&["world", "init", "w"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Ids and reply ids number messages; the rest is what the README shows.
+    let shape = |v: &serde_json::Value| {
+        let mut v = v.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("id");
+            o.remove("reply_to");
+        }
+        v
+    };
+    let mut run = Running::start(env.cairn(&["world", "run", "w"]));
+    let mut unmatched: Vec<serde_json::Value> = Vec::new();
+    let mut inputs = 0;
+    for line in transcript.lines().skip(2) {
+        if line.starts_with('/') || line.starts_with('@') {
+            assert!(!line.contains(" #"), "a console line holds no comment: {line}");
+            if line == "/quit" {
+                continue;
+            }
+            run.say(line);
+            inputs += 1;
+            continue;
+        }
+        let want = shape(&serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")));
+        if let Some(i) = unmatched.iter().position(|v| *v == want) {
+            unmatched.remove(i);
+            continue;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Ok(l) = run.lines.recv_timeout(left) else {
+                panic!("the README shows {line} but it never came; saw:\n{}", run.seen.join("\n"));
+            };
+            run.seen.push(l.clone());
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&l) else { continue };
+            if shape(&v) == want {
+                break;
+            }
+            unmatched.push(shape(&v));
+        }
+    }
+    assert_eq!(inputs, 5, "the transcript's console lines: {transcript}");
+    run.quit();
+}
+
 /// Issue 28: the crash-loop count survives a SIGKILL of the host. Version
 /// 2 passes its smoke test (no input) but traps on every message; one
 /// crash, SIGKILL, then two more in the next run: the third rolls back.

@@ -262,6 +262,88 @@ pub struct Settings {
     pub hooks: cairn_tools::hooks::HooksConfig,
 }
 
+/// The name of a provider kind as a person writes it in `kind =`.
+fn kind_name(kind: cairn_provider::ProviderKind) -> &'static str {
+    use cairn_provider::ProviderKind as K;
+    match kind {
+        K::OpenAiChat => "openai-chat",
+        K::OpenAiResponses => "openai-responses",
+        K::Anthropic => "anthropic",
+        K::Scripted => "scripted",
+        K::Local => "local",
+        _ => "other",
+    }
+}
+
+/// Every key the configuration file accepts, as `section.key` paths
+/// (`providers.NAME.kind`, `mcp_servers.NAME.tools.TOOL.risk`,
+/// `hooks.EVENT.command`) and each section's own name, read from the serde structs that parse the file
+/// (their field lists), so the list cannot drift from the parser.
+/// docs/config.md documents each (a test checks both ways).
+pub fn accepted_keys() -> Vec<String> {
+    let mut keys = Vec::new();
+    let nest = |keys: &mut Vec<String>, prefix: &str, fields: &[&str]| {
+        keys.extend(fields.iter().map(|f| format!("{prefix}.{f}")));
+    };
+    for &section in fields_of::<FileConfig>() {
+        // The section itself (a table) or a top-level key.
+        keys.push(section.to_owned());
+        match section {
+            "providers" => nest(&mut keys, "providers.NAME", fields_of::<cairn_provider::ProviderTable>()),
+            "approvals" => nest(&mut keys, section, fields_of::<ApprovalsConfig>()),
+            "limits" => nest(&mut keys, section, fields_of::<LimitsConfig>()),
+            "tools" => nest(&mut keys, section, fields_of::<ToolsFileConfig>()),
+            "local" => nest(&mut keys, section, fields_of::<LocalConfig>()),
+            "storage" => nest(&mut keys, section, fields_of::<StorageConfig>()),
+            "subagents" => nest(&mut keys, section, fields_of::<crate::subagents::Limits>()),
+            "batch" => nest(&mut keys, section, fields_of::<crate::hosting::BatchConfig>()),
+            "discovery" => nest(&mut keys, section, fields_of::<crate::discover::DiscoveryConfig>()),
+            "mcp_servers" => {
+                nest(&mut keys, "mcp_servers.NAME", fields_of::<cairn_mcp::ServerConfig>());
+                nest(&mut keys, "mcp_servers.NAME.tools.TOOL", fields_of::<cairn_mcp::ToolOverride>());
+            }
+            "hooks" => {
+                nest(&mut keys, "hooks", fields_of::<cairn_tools::hooks::HooksConfig>());
+                nest(&mut keys, "hooks.EVENT", fields_of::<cairn_tools::hooks::HookConfig>());
+            }
+            _ => {}
+        }
+    }
+    // `mcp_servers.NAME.tools` is the table of per-tool overrides above.
+    keys.retain(|k| k != "mcp_servers.NAME.tools");
+    keys
+}
+
+/// The field names serde's derive gives `T` (what `deny_unknown_fields`
+/// accepts): a deserializer that stops at `deserialize_struct` and keeps
+/// the list it is handed.
+fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{Error as _, Visitor};
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Probe<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(Self::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(Self::Error::custom("fields read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
+
 /// Default model steps per turn.
 pub const DEFAULT_MAX_STEPS: u32 = 24;
 /// Default bytes of tool output shown to the model.
@@ -402,6 +484,19 @@ impl Settings {
             max_line_bytes.set(v, from_file());
         }
 
+        // Every section is checked here, not when a command first uses it,
+        // so `cairn config` is the check of a whole file (issue 49.8).
+        if let Err(e) = crate::subagents::Limits::of(file.subagents.as_ref()) {
+            anyhow::bail!("{}: [subagents] is invalid: {e}", config_file.display());
+        }
+        if let Err(e) = crate::hosting::BatchConfig::of(file.batch.as_ref()) {
+            anyhow::bail!("{}: [batch] is invalid: {e}; its one key is max_running (default 2)", config_file.display());
+        }
+        crate::discover::policy_of(&file.discovery, config_file)?;
+        for (name, table) in &file.providers {
+            cairn_provider::ProviderConfig::from_toml(name, table)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", config_file.display()))?;
+        }
         let mcp_servers = cairn_mcp::parse_servers(&file.mcp_servers)
             .with_context(|| format!("{} has an MCP server cairn cannot use", config_file.display()))?;
         file.hooks.check().map_err(|e| anyhow::anyhow!("{}: {e}", config_file.display()))?;
@@ -485,13 +580,14 @@ impl Settings {
         }
     }
 
-    /// `(key, value, source)` rows for `cairn config`.
-    pub fn rows(&self) -> Vec<(&'static str, String, String)> {
+    /// `(key, value, source)` rows for `cairn config`: every section of
+    /// the file, with the defaults of what it does not set.
+    pub fn rows(&self) -> Vec<(String, String, String)> {
         fn opt<T: fmt::Display>(v: &Option<T>) -> String {
             v.as_ref().map_or_else(|| "(none)".to_owned(), ToString::to_string)
         }
         let path = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "(none)".to_owned(), |p| p.display().to_string());
-        vec![
+        let rows = vec![
             ("provider", self.provider.value.clone(), self.provider.source.to_string()),
             ("model", opt(&self.model.value), self.model.source.to_string()),
             ("script", path(&self.script.value), self.script.source.to_string()),
@@ -542,6 +638,121 @@ impl Settings {
                 self.database.value.as_deref().map_or_else(|| "(none)".to_owned(), crate::redact::redact),
                 self.database.source.to_string(),
             ),
-        ]
+        ];
+        let mut rows: Vec<(String, String, String)> = rows.into_iter().map(|(k, v, s)| (k.to_owned(), v, s)).collect();
+        let file = Source::File(self.config_file.clone()).to_string();
+        let default = Source::Default.to_string();
+        // The source of `section.key`: the file when the table sets it.
+        let from = |table: Option<&toml::Table>, key: &str| {
+            if table.is_some_and(|t| t.contains_key(key)) { file.clone() } else { default.clone() }
+        };
+        rows.push((
+            "tools.toolsrv".to_owned(),
+            self.toolsrv.clone().unwrap_or_else(|| "(none)".to_owned()),
+            if self.toolsrv.is_some() { file.clone() } else { default.clone() },
+        ));
+        // Checked by `load`; a table that no longer parses shows the defaults.
+        let subagents = crate::subagents::Limits::of(self.subagents.as_ref()).unwrap_or_default();
+        let table = self.subagents.as_ref().and_then(toml::Value::as_table);
+        rows.push(("subagents.max_depth".to_owned(), subagents.max_depth.to_string(), from(table, "max_depth")));
+        rows.push((
+            "subagents.max_children".to_owned(),
+            subagents.max_children.to_string(),
+            from(table, "max_children"),
+        ));
+        rows.push(("subagents.max_running".to_owned(), subagents.max_running.to_string(), from(table, "max_running")));
+        let batch = crate::hosting::BatchConfig::of(self.batch.as_ref()).map_or(2, |b| b.max_running);
+        let table = self.batch.as_ref().and_then(toml::Value::as_table);
+        rows.push(("batch.max_running".to_owned(), batch.to_string(), from(table, "max_running")));
+        let discovery = crate::discover::policy_of(&self.discovery, &self.config_file).unwrap_or_default();
+        let table = Some(&self.discovery);
+        rows.push(("discovery.threshold".to_owned(), discovery.threshold.to_string(), from(table, "threshold")));
+        rows.push((
+            "discovery.bm25_threshold".to_owned(),
+            discovery.bm25_threshold.to_string(),
+            from(table, "bm25_threshold"),
+        ));
+        rows.push(("discovery.max_tools".to_owned(), discovery.max_tools.to_string(), from(table, "max_tools")));
+        rows.push(("discovery.max_skills".to_owned(), discovery.max_skills.to_string(), from(table, "max_skills")));
+        for (name, table) in &self.providers {
+            let value = match cairn_provider::ProviderConfig::from_toml(name, table) {
+                Ok(p) => {
+                    let base = p.base_url.as_deref().map(|u| format!(", base_url {u}")).unwrap_or_default();
+                    let window = p.context_window.map(|w| format!(", context_window {w}")).unwrap_or_default();
+                    format!("{} model {}{base}{window}", kind_name(p.kind), p.effective_model())
+                }
+                Err(e) => format!("(invalid: {e})"),
+            };
+            rows.push((format!("providers.{name}"), value, file.clone()));
+        }
+        for (name, server) in &self.mcp_servers {
+            let what = match (&server.command, &server.url) {
+                (Some(command), _) => format!("command {command:?} {:?}", server.args),
+                (None, Some(url)) => format!("url {url}"),
+                (None, None) => "(neither command nor url)".to_owned(),
+            };
+            let state = if server.enabled { "" } else { ", disabled" };
+            rows.push((
+                format!("mcp_servers.{name}"),
+                format!(
+                    "{what}, files {}, network {}{state}",
+                    format!("{:?}", server.files).to_lowercase(),
+                    server.network
+                ),
+                file.clone(),
+            ));
+        }
+        let hooks = &self.hooks;
+        for (event, list) in [
+            ("session_start", &hooks.session_start),
+            ("session_end", &hooks.session_end),
+            ("subagent_stop", &hooks.subagent_stop),
+            ("user_prompt", &hooks.user_prompt),
+            ("pre_compact", &hooks.pre_compact),
+            ("pre_tool", &hooks.pre_tool),
+            ("post_tool", &hooks.post_tool),
+        ] {
+            let commands: Vec<&str> = list.iter().map(|h| h.command.as_str()).collect();
+            let source = if list.is_empty() { default.clone() } else { file.clone() };
+            rows.push((format!("hooks.{event}"), format!("{commands:?}"), source));
+        }
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The `key` cells of docs/config.md's tables (the first cell of each
+    /// row, in backticks).
+    fn documented_keys() -> BTreeSet<String> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/config.md");
+        let text = std::fs::read_to_string(path).expect("docs/config.md is readable");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|rest| rest.split_once('`').map(|(key, _)| key.to_owned()))
+            .collect()
+    }
+
+    /// Issue 49.8: the reference and the parser cannot drift. The parser's
+    /// side is read from serde's field lists, not from a hand-kept table.
+    #[test]
+    fn every_accepted_key_is_documented_and_every_documented_key_is_accepted() {
+        let accepted: BTreeSet<String> = super::accepted_keys().into_iter().collect();
+        // Sanity of the probe itself: keys of every kind of section.
+        for key in ["provider", "limits.max_steps", "providers.NAME.context_window", "hooks.EVENT.matcher"] {
+            assert!(accepted.contains(key), "{key} not read from the structs: {accepted:?}");
+        }
+        for key in
+            ["subagents.max_depth", "batch.max_running", "discovery.max_tools", "mcp_servers.NAME.tools.TOOL.risk"]
+        {
+            assert!(accepted.contains(key), "{key} not read from the structs: {accepted:?}");
+        }
+        let documented = documented_keys();
+        let undocumented: Vec<_> = accepted.difference(&documented).collect();
+        let unknown: Vec<_> = documented.difference(&accepted).collect();
+        assert!(undocumented.is_empty(), "accepted by the parser but not in docs/config.md: {undocumented:?}");
+        assert!(unknown.is_empty(), "in docs/config.md but refused by the parser: {unknown:?}");
     }
 }

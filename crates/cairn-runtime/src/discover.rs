@@ -36,22 +36,56 @@ use crate::toolsrv::TurnTools;
 /// The session fact holding the latest turn's choice.
 pub const FACT_KEY: &str = "discovery";
 
+/// `[discovery]` as written: every key optional, the ranges checked by
+/// [`policy_of`] (docs/config.md lists them).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Cosine similarity a tool or skill must reach (-1..1).
+    pub threshold: Option<f64>,
+    /// BM25 score a tool must reach when no embedding model is installed.
+    pub bm25_threshold: Option<f64>,
+    /// Most non-built-in tools a turn is offered (0..64).
+    pub max_tools: Option<i64>,
+    /// Most skills a turn is given (0..16).
+    pub max_skills: Option<i64>,
+}
+
 /// The policy from `[discovery]` in the config (defaults: BENCHMARKS.md).
 pub fn policy(ctx: &Context) -> Result<SelectionPolicy> {
+    policy_of(&ctx.settings.discovery, &ctx.settings.config_file)
+}
+
+/// The policy a `[discovery]` table gives, or what is wrong with it
+/// (checked when the configuration is loaded, so `cairn config` says so).
+pub fn policy_of(table: &toml::Table, config_file: &Path) -> Result<SelectionPolicy> {
+    const USE: &str = "use threshold (cosine, -1..1, default 0.25), bm25_threshold (>= 0, default 3), \
+                       max_tools (0..64, default 5) or max_skills (0..16, default 3)";
+    let file = config_file.display();
+    let written: DiscoveryConfig = toml::Value::Table(table.clone())
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("{file}: [discovery] is not valid ({}); {USE}", e.message()))?;
+    let bad = |key: &str, value: &dyn std::fmt::Display| {
+        anyhow::anyhow!("{file}: [discovery] {key} = {value} is not valid; {USE}")
+    };
     let mut p = SelectionPolicy::default();
-    let table = &ctx.settings.discovery;
-    let file = ctx.settings.config_file.display();
-    for (key, value) in table {
-        match (key.as_str(), value) {
-            ("threshold", toml::Value::Float(v)) if (-1.0..=1.0).contains(v) => p.threshold = *v as f32,
-            ("bm25_threshold", toml::Value::Float(v)) if *v >= 0.0 => p.bm25_threshold = *v as f32,
-            ("max_tools", toml::Value::Integer(v)) if (0..=64).contains(v) => p.max_tools = *v as usize,
-            ("max_skills", toml::Value::Integer(v)) if (0..=16).contains(v) => p.max_skills = *v as usize,
-            _ => anyhow::bail!(
-                "{file}: [discovery] {key} = {value} is not valid; use threshold (cosine, -1..1, default 0.25), \
-                 bm25_threshold (>= 0, default 3), max_tools (0..64, default 5) or max_skills (0..16, default 3)"
-            ),
+    if let Some(v) = written.threshold {
+        if !(-1.0..=1.0).contains(&v) {
+            return Err(bad("threshold", &v));
         }
+        p.threshold = v as f32;
+    }
+    if let Some(v) = written.bm25_threshold {
+        if v.is_nan() || v < 0.0 {
+            return Err(bad("bm25_threshold", &v));
+        }
+        p.bm25_threshold = v as f32;
+    }
+    if let Some(v) = written.max_tools {
+        p.max_tools = usize::try_from(v).ok().filter(|n| *n <= 64).ok_or_else(|| bad("max_tools", &v))?;
+    }
+    if let Some(v) = written.max_skills {
+        p.max_skills = usize::try_from(v).ok().filter(|n| *n <= 16).ok_or_else(|| bad("max_skills", &v))?;
     }
     Ok(p)
 }

@@ -22,7 +22,7 @@ mod ninep;
 #[cfg(feature = "postgres")]
 mod worker;
 
-pub use ninep::max_running;
+pub use ninep::{BatchConfig, max_running};
 
 /// The CLI's configuration, hosting sessions for the served faces.
 #[derive(Debug)]

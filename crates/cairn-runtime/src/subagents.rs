@@ -71,6 +71,14 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The `[subagents]` table as written (`None`: absent), or what is wrong.
+    pub fn of(table: Option<&toml::Value>) -> Result<Self, String> {
+        match table {
+            None => Ok(Self::default()),
+            Some(t) => t.clone().try_into().map_err(|e: toml::de::Error| e.message().to_owned()),
+        }
+    }
+
     fn from_settings(ctx: &Context) -> Result<Self> {
         match &ctx.settings.subagents {
             None => Ok(Self::default()),

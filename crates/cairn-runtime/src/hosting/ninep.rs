@@ -64,11 +64,23 @@ impl Host for CliHost {
     }
 }
 
+/// `[batch]` in the configuration (checked when it is loaded).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BatchConfig {
+pub struct BatchConfig {
+    /// Sessions of batch jobs run at once.
     #[serde(default = "default_max_running")]
-    max_running: usize,
+    pub max_running: usize,
+}
+
+impl BatchConfig {
+    /// The `[batch]` table as written (`None`: absent), or what is wrong.
+    pub fn of(table: Option<&toml::Value>) -> Result<Self, String> {
+        match table {
+            None => Ok(Self { max_running: default_max_running() }),
+            Some(t) => t.clone().try_into().map_err(|e: toml::de::Error| e.message().to_owned()),
+        }
+    }
 }
 
 fn default_max_running() -> usize {
