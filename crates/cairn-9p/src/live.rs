@@ -1110,16 +1110,25 @@ fn next_in_queue(store: &JsonlStore, arrived: &[registers::QueuedPrompt]) -> Opt
     queue.items.into_iter().next().map(|q| q.prompt)
 }
 
-/// The state of a session no turn of this server runs: idle, interrupted,
-/// or busy in another process (whose turn is in progress in the file and
-/// who holds its writer lock).
+/// The state of a session no turn of this server runs: busy in another
+/// process (which holds its writer lock: a turn of `cairn run`, or a
+/// `cairn chat` between turns; a prompt would be refused), else interrupted
+/// or idle as the file says.
 fn stored_state(path: &Path, in_progress: bool) -> String {
-    if !in_progress {
-        return "idle".to_owned();
-    }
     match busy_elsewhere(path) {
-        Some(pid) => elsewhere(pid),
-        None => "interrupted".to_owned(),
+        // This process's own lock is not "elsewhere".
+        Some(pid) if pid != Some(std::process::id()) => {
+            if in_progress {
+                elsewhere(pid)
+            } else {
+                match pid {
+                    Some(pid) => format!("busy elsewhere: process {pid} has the session open"),
+                    None => "busy elsewhere: another process has the session open".to_owned(),
+                }
+            }
+        }
+        _ if in_progress => "interrupted".to_owned(),
+        _ => "idle".to_owned(),
     }
 }
 

@@ -336,11 +336,15 @@ impl Filesystem for Mount {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        // The tree's files go with their directory: `rmdir s/ID` archives
-        // the session (`rm -r` would remove each file first).
-        let path = self.path(parent).map_or_else(|| name.to_string_lossy().into_owned(), |p| join(&p, name));
-        eprintln!("cairn mount: {path}: files cannot be removed; `rmdir` the session (or job) directory to archive it");
-        reply.error(Errno::EPERM);
+        // As a 9P client's Tremove: the server decides (a session's files
+        // go with their directory, so removing one changes nothing and
+        // `rm -r s/ID` reaches the `rmdir` that archives the session).
+        let Some(parent) = self.path(parent) else { return reply.error(Errno::ENOENT) };
+        let path = join(&parent, name);
+        match lock(&self.shared).remove(&path) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&path, &e)),
+        }
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {

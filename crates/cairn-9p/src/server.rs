@@ -25,7 +25,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, bail};
 use ninep::fs::{FileType, Qid};
@@ -281,6 +281,27 @@ impl Input for TcpStream {
     }
 }
 
+/// A connection's input with a total deadline for the handshake: each
+/// read may wait only for what is left of it (a socket's read timeout is
+/// an idle timer, renewed by every byte).
+struct Deadline<R> {
+    inner: R,
+    until: Option<Instant>,
+}
+
+impl<R: Input> std::io::Read for Deadline<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(until) = self.until {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            self.inner.set_read_timeout(Some(left));
+        }
+        self.inner.read(buf)
+    }
+}
+
 /// The largest first message a refused peer may send (Tversion is tiny).
 const REFUSED_MSIZE: u32 = 8192;
 /// How long a refused peer has to send its first message.
@@ -359,6 +380,8 @@ struct Connection<T: Tree> {
     msize: u32,
     fids: HashMap<u32, Fid<T>>,
     blocked: Blocked,
+    /// Tversion was answered with 9P2000.
+    negotiated: bool,
 }
 
 impl<T: Tree> Connection<T> {
@@ -371,15 +394,17 @@ impl<T: Tree> Connection<T> {
             msize: limits.max_msize,
             fids: HashMap::new(),
             blocked: Arc::new(Mutex::new(HashMap::new())),
+            negotiated: false,
         }
     }
 
     fn run<R: Input>(mut self, reader: R) {
-        // A peer that never negotiates is dropped after a while; once
-        // Tversion is answered the connection may idle (a mount does).
-        reader.set_read_timeout(Some(self.limits.handshake_timeout));
-        let mut negotiated = false;
-        let mut input = BufReader::new(reader);
+        // A peer that never negotiates is dropped when the handshake
+        // timeout has passed since it connected (a total deadline: bytes
+        // trickled one at a time do not extend it); once Tversion is
+        // answered the connection may idle (a mount does).
+        let until = Instant::now() + self.limits.handshake_timeout;
+        let mut input = BufReader::new(Deadline { inner: reader, until: Some(until) });
         let buf = SharedBuf::default();
         // Only broken framing (a short size, end of input) ends the
         // connection; a message over msize or one that does not decode is
@@ -390,12 +415,11 @@ impl<T: Tree> Connection<T> {
                 Frame::Whole(bytes) => match Tmessage::read_from(self.msize, &buf, &mut bytes.as_slice()) {
                     Ok(message) => {
                         let tag = message.tag;
-                        let version = matches!(message.content, Tdata::Version { .. });
                         match self.handle(message) {
                             Ok(Some(rdata)) => {
-                                if version && !negotiated && matches!(rdata, Rdata::Version { .. }) {
-                                    negotiated = true;
-                                    input.get_ref().set_read_timeout(None);
+                                if self.negotiated && input.get_ref().until.is_some() {
+                                    input.get_mut().until = None;
+                                    input.get_ref().inner.set_read_timeout(None);
                                 }
                                 (tag, rdata)
                             }
@@ -419,7 +443,7 @@ impl<T: Tree> Connection<T> {
             }
         }
         self.alive.store(false, Ordering::SeqCst);
-        input.get_ref().close();
+        input.get_ref().inner.close();
         self.clunk_all();
     }
 
@@ -463,10 +487,17 @@ impl<T: Tree> Connection<T> {
                     bail!("msize {msize} is below the least this server can work with ({MIN_MSIZE}): offer more");
                 }
                 if !version.starts_with("9P2000") {
+                    self.negotiated = false;
                     return Ok(Some(Rdata::version(msize.min(self.limits.max_msize), "unknown")));
                 }
                 self.msize = msize.min(self.limits.max_msize);
+                self.negotiated = true;
                 Rdata::version(self.msize, "9P2000")
+            }
+            // version(5): Tversion must be the first message; nothing is
+            // served on a connection that has not agreed on one.
+            _ if !self.negotiated => {
+                bail!("no version was negotiated: send Tversion (9P2000) first")
             }
             Tdata::Auth { .. } => bail!("no authentication is required (none is possible: keep the socket private)"),
             Tdata::Attach { fid, .. } => {

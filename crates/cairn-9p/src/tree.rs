@@ -106,12 +106,12 @@ s/ID/prompt           write a prompt; the turn starts when the file is closed (f
 s/ID/enqueue          write a prompt to run after the running turn (kept durably when closed); read: the prompts waiting
 s/ID/chat             the transcript: user:, assistant:, -> tool(args), = result; tail -f follows it
 s/ID/event            one JSON event a line (as --json) from the session's start; blocks at the end like a pipe
-s/ID/state            idle, thinking, calling: TOOL, awaiting approval: TOOL, interrupted, cancelled, busy elsewhere: PROCESS; a second line `not started: REASON` when the last prompt could not start (event: startRefused)
+s/ID/state            idle, thinking, calling: TOOL, awaiting approval: TOOL, interrupted, cancelled, busy elsewhere: PROCESS (another process runs or has the session open); a second line `not started: REASON` when the last prompt could not start (event: startRefused)
 s/ID/usage            token totals over every provider attempt
 s/ID/ctl              write: stop, resume, compact, rn NAME, model NAME, fork ENTRY [LANE]
 s/ID/log              the session file's records, one a line; blocks at the end like `cairn log --follow`
 s/ID/approvals/INV    one file per pending approval: read it, write y, n or a (a: allow this Write tool for the session)
-rmdir s/ID            archives the session file to $CAIRN_HOME/archive (refused while a turn runs; 9P: remove s/ID)
+rmdir s/ID            archives the session file to $CAIRN_HOME/archive (refused while a turn runs; 9P: remove s/ID); rm -r s/ID too (removing a file inside changes nothing)
 b/new                 write a batch spec (key=value lines: cwd= required, provider, model, script, parallel=N, allow; then ---; then the prompt), taken whole: the job is created at the next read (which answers its id) or at close
 b/JOB/status          queued, running, done, failed: REASON
 b/JOB/result          the answers (parallel=N: one section per session)
@@ -511,11 +511,15 @@ pub fn close(rt: &Arc<Runtime>, node: &Node, handle: &mut Handle) -> Result<()> 
     if *kind == FileKind::Prompt { rt.start(id, Some(text)) } else { rt.enqueue(id, text).map(|_| ()) }
 }
 
-/// Remove `node` (a session directory: archive it).
+/// Remove `node` (a session directory: archive it; a batch job: cancel
+/// it). What lies inside either is a view of it that goes with it:
+/// removing it is accepted and changes nothing, so `rm -r s/ID` (which
+/// removes each file before the directory) works as `rmdir s/ID` does.
 pub fn remove(rt: &Runtime, node: &Node) -> Result<()> {
     match node {
         Node::Session(id) => rt.archive(id),
         Node::Batch(job) => rt.batch()?.cancel(job),
+        Node::File(..) | Node::Approvals(..) | Node::Approval(..) | Node::JobFile(..) => Ok(()),
         other => bail!(
             "{}: cannot be removed (only a session directory, which is archived, or a batch job, which is cancelled)",
             other.path()

@@ -518,8 +518,7 @@ fn protections(ctx: &Context) -> Vec<(cairn_core::authority::AuthorityClass, Str
 
 /// `cairn mcp list`.
 pub fn mcp_list(ctx: &Context) -> Result<u8> {
-    let cwd = std::env::current_dir()?;
-    let cwd = ctx.common.cwd.clone().unwrap_or(cwd);
+    let cwd = crate::wiring::new_session_cwd(ctx)?;
     let trust =
         cairn_tools::TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|_| cairn_tools::TrustStore::empty());
     let ext = crate::wiring::extensions(ctx, &cwd, &trust);
@@ -549,6 +548,7 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
                 format!("running, {tools} tools, started in {} ms", t.as_millis())
             }
             cairn_mcp::ServerState::Running { tools, started_in: None } => format!("running, {tools} tools"),
+            cairn_mcp::ServerState::NotStarted { tools } => format!("not started, {tools} tools as listed before"),
             cairn_mcp::ServerState::Failed(why) => {
                 failed = true;
                 format!("failed: {why}")
@@ -577,8 +577,7 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
 
 /// `cairn tools`.
 pub fn tools(ctx: &Context) -> Result<u8> {
-    let cwd = std::env::current_dir()?;
-    let cwd = ctx.common.cwd.clone().unwrap_or(cwd);
+    let cwd = crate::wiring::new_session_cwd(ctx)?;
     let crate::wiring::HostTools { entries, mut notes, untrusted, .. } = crate::wiring::tool_entries(ctx, &cwd)?;
     notes.extend(untrusted);
     let status = cairn_tools::landlock_status();

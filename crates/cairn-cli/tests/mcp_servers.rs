@@ -460,10 +460,11 @@ fn a_streamable_http_server_gets_the_configured_headers() {
     assert!(receipt["outputSummary"].as_str().unwrap().contains("you were let in"), "{receipt:#}");
 }
 
-/// Discovery ranks MCP tools like any other: with 27 of them configured, a
-/// turn is offered the few that fit the request, not all of them.
+/// Within the budget a user sets (`[discovery] mcp_tools`), discovery
+/// ranks MCP tools: with 27 of them configured and a budget of 5, a turn is
+/// offered the few that fit the request, not all of them.
 #[test]
-fn discovery_offers_the_mcp_tools_that_fit_the_request_not_all_of_them() {
+fn discovery_offers_the_mcp_tools_that_fit_the_request_within_the_budget() {
     let minilm = std::env::var_os("CAIRN_MINILM_DIR")
         .expect("this test needs the discovery model: set CAIRN_MINILM_DIR (scripts/fetch-minilm prints it)");
     let env = Env::new();
@@ -471,7 +472,7 @@ fn discovery_offers_the_mcp_tools_that_fit_the_request_not_all_of_them() {
     std::fs::write(
         env.home.join("config.toml"),
         format!(
-            "[mcp_servers.time]\ncommand = \"{}\"\n\n[mcp_servers.git]\ncommand = \"{}\"\n\n\
+            "[discovery]\nmcp_tools = 5\n\n[mcp_servers.time]\ncommand = \"{}\"\n\n[mcp_servers.git]\ncommand = \"{}\"\n\n\
              [mcp_servers.every]\ncommand = \"{node}/node_modules/.bin/mcp-server-everything\"\nread = [\"{node}\"]\n",
             py.join("mcp-server-time").display(),
             py.join("mcp-server-git").display(),
@@ -492,5 +493,239 @@ fn discovery_offers_the_mcp_tools_that_fit_the_request_not_all_of_them() {
     let offered: Vec<&str> =
         candidates.iter().filter(|c| c["injected"] == true).map(|c| c["name"].as_str().unwrap()).collect();
     assert!(offered.contains(&"mcp__every__echo"), "{offered:?}");
-    assert!(offered.len() <= 5, "at most max_tools are offered: {offered:?}");
+    assert!(offered.len() <= 5, "at most mcp_tools are offered: {offered:?}");
+}
+
+/// A stdio server on the official Python SDK whose tool answers
+/// `size` bytes (its answer line is about twice that: the SDK sends the
+/// text as `content` and as `structuredContent`), configured with `extra`,
+/// called once in a `cairn run`; the call's completion or failure.
+fn call_big(env: &Env, size: usize, extra: &str) -> (std::process::Output, Value) {
+    let cwd = env.cwd.canonicalize().unwrap();
+    std::fs::copy(repo().join("crates/cairn-cli/tests/mcp/big_server.py"), cwd.join("big_server.py")).unwrap();
+    // The tool timeout is long: an answer that is dropped (the SDK's
+    // limit) would hold the call this long and fail it as a timeout.
+    config(
+        env,
+        &format!(
+            "[mcp_servers.big]\ncommand = \"{}\"\nargs = [\"{}\"]\ntool_timeout_ms = 120000\n{extra}",
+            python_bin().join("python").display(),
+            cwd.join("big_server.py").display()
+        ),
+    );
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__big__big", "arguments": {"size": size}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--allow", "mcp__big__*", "run", "go"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let files = env.session_files();
+    assert_eq!(files.len(), 1, "one session: {}", stderr(&out));
+    let log = std::fs::read_to_string(&files[0]).unwrap();
+    let settled = util::entries(&files[0])
+        .into_iter()
+        .find(|e| e["type"] == "toolCompleted" || e["type"] == "toolFailed")
+        .unwrap_or_else(|| panic!("the call was never settled: {}\n{log}", stderr(&out)));
+    (out, settled)
+}
+
+/// 53.5: an answer of about 20 MB (over the SDK's 16 MiB line limit, which
+/// drops the line and leaves the call waiting for the tool timeout) is
+/// read, and the model sees it capped.
+#[test]
+fn a_20_mb_answer_is_read_and_capped_for_the_model() {
+    let env = Env::new();
+    let (out, settled) = call_big(&env, 10_000_000, "");
+    assert_eq!(settled["type"], "toolCompleted", "{settled:#}\n{}", stderr(&out));
+    let summary = settled["payload"]["receipt"]["outputSummary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("xxxx") && summary.contains("output truncated"),
+        "{}",
+        &summary[summary.len().saturating_sub(200)..]
+    );
+    assert!(summary.len() < 1 << 20, "the model sees a capped text: {} bytes", summary.len());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+/// 53.5: an answer over the server's `max_answer_bytes` fails its call at
+/// once, saying its size (not after the tool timeout).
+#[test]
+fn an_answer_over_the_limit_fails_the_call_at_once_with_its_size() {
+    let env = Env::new();
+    let (out, settled) = call_big(&env, 10_000_000, "max_answer_bytes = 1048576\n");
+    assert_eq!(settled["type"], "toolFailed", "{settled:#}\n{}", stderr(&out));
+    let error = settled["payload"].to_string();
+    assert!(error.contains("answered too much") && error.contains("limit of 1048576 bytes"), "{error}");
+    assert!(!error.contains("timed out"), "{error}");
+    // The answer's size is said: about 20 MB (the text twice, as JSON).
+    let bytes: u64 = error
+        .split("answer was ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no size in {error}"));
+    assert!((20_000_000..21_000_000).contains(&bytes), "{bytes}");
+}
+
+/// 53.6: the README's MCP example, as written (its `[mcp_servers]` block,
+/// the servers on PATH), on a default install (no discovery model: BM25):
+/// "what changed since yesterday?" is offered the git server's tools, and
+/// the call the model makes runs.
+#[test]
+fn the_readme_mcp_example_offers_the_git_tools_on_a_default_install() {
+    let env = Env::new();
+    let cwd = env.cwd.canonicalize().unwrap();
+    repo_with_a_staged_file(&cwd);
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let block = readme
+        .split("```toml\n")
+        .find(|b| b.starts_with("[mcp_servers.git]"))
+        .and_then(|b| b.split("```").next())
+        .expect("the README's [mcp_servers.git] example");
+    // Nothing else: discovery's defaults, as a new user has them.
+    std::fs::write(env.home.join("config.toml"), block).unwrap();
+    let path = format!("{}:{}", python_bin().display(), std::env::var("PATH").unwrap_or_default());
+    let log = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__git__git_log",
+        "arguments": {"repo_path": cwd, "max_count": 5}}]});
+    let script = env.script(&[log, json!({"text": "one commit: first"})]);
+    let out = env
+        .cairn(&[
+            "--script",
+            script.to_str().unwrap(),
+            "run",
+            "--allow",
+            "mcp__git__*",
+            "what changed since yesterday?",
+        ])
+        .env("PATH", &path)
+        .env("CAIRN_MINILM_DIR", env.home.join("no-model-here"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done = payloads(&env, "toolCompleted");
+    let receipt = &by_tool(&done, "mcp__git__git_log")["receipt"];
+    assert!(receipt["outputSummary"].as_str().unwrap().contains("first"), "{receipt:#}");
+    // `cairn tools --discover` says the same: every MCP tool is offered.
+    let ranked = env
+        .cairn(&["--json", "tools", "--discover", "what changed since yesterday?"])
+        .env("PATH", &path)
+        .env("CAIRN_MINILM_DIR", env.home.join("no-model-here"))
+        .output()
+        .unwrap();
+    assert_eq!(ranked.status.code(), Some(0), "{}", stderr(&ranked));
+    let ranking: Value = serde_json::from_str(&stdout(&ranked)).unwrap();
+    let candidates = ranking["candidates"].as_array().unwrap();
+    let git: Vec<&Value> =
+        candidates.iter().filter(|c| c["name"].as_str().unwrap().starts_with("mcp__git__")).collect();
+    assert!(git.len() >= 10, "{ranking}");
+    assert!(git.iter().all(|c| c["injected"] == true), "{ranking}");
+}
+
+/// 53.9: a relative `--cwd` is resolved against the current directory for
+/// `cairn mcp list` and `cairn tools` (the server starts, sandboxed to that
+/// directory); one that does not exist is named.
+#[test]
+fn a_relative_cwd_works_for_mcp_list_and_tools() {
+    let env = Env::new();
+    let cwd = env.cwd.canonicalize().unwrap();
+    repo_with_a_staged_file(&cwd);
+    config(&env, &format!("[mcp_servers.git]\ncommand = \"{}\"\n", python_bin().join("mcp-server-git").display()));
+    let parent = cwd.parent().unwrap();
+    let relative = cwd.file_name().unwrap().to_str().unwrap();
+    let listed = env.cairn(&["--cwd", relative, "mcp", "list"]).current_dir(parent).output().unwrap();
+    assert_eq!(listed.status.code(), Some(0), "{}\n{}", stdout(&listed), stderr(&listed));
+    assert!(stdout(&listed).contains("mcp__git__git_status"), "{}", stdout(&listed));
+    let tools = env.cairn(&["--cwd", relative, "tools"]).current_dir(parent).output().unwrap();
+    assert_eq!(tools.status.code(), Some(0), "{}", stderr(&tools));
+    assert!(stdout(&tools).contains("mcp__git__git_status"), "{}\n{}", stdout(&tools), stderr(&tools));
+    assert!(!stderr(&tools).contains("did not start"), "{}", stderr(&tools));
+    let missing = env.cairn(&["--cwd", "no-such-dir", "mcp", "list"]).current_dir(parent).output().unwrap();
+    assert_ne!(missing.status.code(), Some(0));
+    assert!(stderr(&missing).contains("--cwd no-such-dir: no such directory"), "{}", stderr(&missing));
+}
+
+/// 53.7: a server whose tools an earlier run listed is not started by a
+/// run that calls none of them (its tools are still offered, from the
+/// listing kept in cairn's data directory); a call starts it, and a tool no
+/// longer as listed is not called (the listing is renewed for the next).
+#[test]
+fn a_listed_server_starts_only_when_a_run_calls_it() {
+    let env = Env::new();
+    let cwd = env.cwd.canonicalize().unwrap();
+    repo_with_a_staged_file(&cwd);
+    let py = python_bin();
+    // mcp-server-git, behind a script of the venv's python that counts
+    // its starts.
+    let wrapper = cwd.join("git_server.py");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "import sys\nwith open({:?}, 'a') as f:\n    f.write('started\\n')\nfrom mcp_server_git import main\n\
+             sys.argv[0] = 'mcp-server-git'\nsys.exit(main())\n",
+            cwd.join("starts.log").display().to_string()
+        ),
+    )
+    .unwrap();
+    config(
+        &env,
+        &format!(
+            "[mcp_servers.git]\ncommand = \"{}\"\nargs = [\"{}\"]\nfiles = \"write\"\n",
+            py.join("python").display(),
+            wrapper.display()
+        ),
+    );
+    let starts = || std::fs::read_to_string(cwd.join("starts.log")).unwrap_or_default().lines().count();
+    let run = |calls: bool| {
+        let first = if calls {
+            json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__git__git_status", "arguments": {"repo_path": cwd}}]})
+        } else {
+            json!({"text": "nothing to call"})
+        };
+        let script = env.script(&[first, json!({"text": "done"})]);
+        let out = env
+            .cairn(&["--script", script.to_str().unwrap(), "--allow", "mcp__git__*", "run", "status?"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let files = env.session_files();
+        let log = files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect::<String>();
+        for f in files {
+            std::fs::remove_file(f).unwrap();
+        }
+        (out, log)
+    };
+    // The first run lists the tools (the server starts once).
+    let (out, _) = run(false);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("did not start"), "{}", stderr(&out));
+    assert_eq!(starts(), 1);
+    // The next run calls nothing: nothing starts, and the tools are offered.
+    let (out, _) = run(false);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(starts(), 1, "a run that calls no MCP tool started the server");
+    let tools = env.cairn(&["tools"]).output().unwrap();
+    assert!(stdout(&tools).contains("mcp__git__git_status"), "{}", stdout(&tools));
+    assert_eq!(starts(), 1, "listing the tools started the server");
+    // A call starts it.
+    let (out, log) = run(true);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(log.contains("staged.txt") && log.contains("toolCompleted"), "{log}");
+    assert_eq!(starts(), 2);
+    // A listing that no longer matches what the server says (as after an
+    // upgrade): the call is refused, not made, and the next run's is made.
+    let cached: Vec<_> = std::fs::read_dir(env.home.join("cache/mcp")).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    let text = std::fs::read_to_string(&cached[0]).unwrap();
+    let mut listing: Value = serde_json::from_str(&text).unwrap();
+    let status = listing.as_array_mut().unwrap().iter_mut().find(|t| t["name"] == "git_status").unwrap();
+    status["description"] = json!("an older description");
+    std::fs::write(&cached[0], listing.to_string()).unwrap();
+    let (_, log) = run(true);
+    assert!(log.contains("not as cairn listed it before"), "{log}");
+    assert!(!log.contains("staged.txt"), "the call was made: {log}");
+    let (out, log) = run(true);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(log.contains("staged.txt"), "{log}");
 }

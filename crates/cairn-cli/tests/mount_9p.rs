@@ -297,20 +297,26 @@ fn a_prompt_that_cannot_start_fails_its_write_through_the_mount() {
 }
 
 #[test]
-fn rmdir_archives_a_session_as_help_says_and_rm_of_a_file_says_why_not() {
+fn rmdir_archives_a_session_as_help_says_and_so_does_rm_r() {
     let env = Env::new();
     let (_serve, _mount, mnt) = serve_and_mount(&env);
     let script = env.script(&[json!({"text": "x"})]);
     let id = mounted_session(&env, &mnt, &script);
     let m = mnt.display();
     let help = std::fs::read_to_string(mnt.join("help")).unwrap();
-    assert!(help.contains("rmdir s/ID"), "{help}");
-    let rm = sh_within(&format!("rm {m}/s/{id}/chat"), "rm");
+    assert!(help.contains("rmdir s/ID") && help.contains("rm -r s/ID"), "{help}");
+    // A file outside a session cannot be removed, and says so.
+    let rm = sh_within(&format!("rm {m}/help"), "rm");
     assert!(!rm.status.success());
-    let said = String::from_utf8_lossy(&rm.stderr);
-    assert!(said.contains("Operation not permitted"), "{said}");
     let rmdir = sh_within(&format!("rmdir {m}/s/{id}"), "rmdir");
     assert!(rmdir.status.success(), "{}", String::from_utf8_lossy(&rmdir.stderr));
     assert!(!std::fs::read_to_string(mnt.join("s/idx")).unwrap().contains(&id));
-    assert!(env.home.join("archive").read_dir().unwrap().count() > 0, "nothing archived");
+    assert!(env.home.join("archive").read_dir().unwrap().count() == 1, "nothing archived");
+    // 53.9: `rm -r` removes the files first (which changes nothing), then
+    // the directory, which archives the session.
+    let other = mounted_session(&env, &mnt, &script);
+    let rm_r = sh_within(&format!("rm -r {m}/s/{other}"), "rm -r");
+    assert!(rm_r.status.success(), "{}", String::from_utf8_lossy(&rm_r.stderr));
+    assert!(!std::fs::read_to_string(mnt.join("s/idx")).unwrap().contains(&other));
+    assert!(env.home.join("archive").join(format!("{other}.jsonl")).exists(), "rm -r did not archive");
 }

@@ -1178,3 +1178,113 @@ fn a_served_session_spawns_a_child_whose_question_is_asked_in_its_approvals() {
     let parent_text = std::fs::read_to_string(env.home.join("sessions").join(format!("{id}.jsonl"))).unwrap();
     assert!(parent_text.contains("child done"), "the child's answer is the spawn_agent result");
 }
+
+/// 53.9: a session whose last turn ended (idle in its file) but which
+/// another process has open (its writer lock held, as `cairn chat` holds it
+/// between turns) is not `idle`: a prompt would be refused "busy elsewhere",
+/// and `state` and `idx` say so first.
+#[test]
+fn state_says_busy_elsewhere_while_another_process_has_an_idle_session_open() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "done"})]);
+    let (served, mut c, id) = scripted_session(&env, &script, "");
+    c.write_file(&format!("s/{id}/prompt"), b"go").unwrap();
+    wait_for("the turn", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    drop(c);
+    drop(served);
+    let file = env.home.join("sessions").join(format!("{id}.jsonl"));
+    let lock = format!("{}.lock", file.display());
+    let mut holder = Command::new("sh")
+        .args(["-c", &format!("exec 9>>{lock}; flock -x 9; echo $$ > {lock}; echo locked; exec sleep 600")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    BufReader::new(holder.stdout.take().unwrap()).read_line(&mut said).unwrap();
+    assert_eq!(said.trim(), "locked");
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut c = connect(&served.addresses[0]);
+    let state = text(&mut c, &format!("s/{id}/state"));
+    assert!(state.starts_with(&format!("busy elsewhere: process {}", holder.id())), "{state}");
+    assert!(text(&mut c, "s/idx").contains(&format!("{id} busy elsewhere")), "idx");
+    let prompt = c.write_file(&format!("s/{id}/prompt"), b"again").unwrap_err().to_string();
+    assert!(prompt.contains("busy"), "{prompt}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(text(&mut c, &format!("s/{id}/state")), "idle\n");
+}
+
+/// 53.9: `rm -r s/ID` removes each file before the directory; removing a
+/// session's file is accepted (it changes nothing: the files are views of
+/// the session), so the directory's removal then archives it, as `rmdir`.
+#[test]
+fn removing_a_sessions_files_then_its_directory_archives_it_as_rm_r_does() {
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "done"})]);
+    let (_served, mut c, id) = scripted_session(&env, &script, "");
+    c.write_file(&format!("s/{id}/prompt"), b"go").unwrap();
+    wait_for("the turn", || text(&mut c, &format!("s/{id}/state")) == "idle\n");
+    let names: Vec<String> = c.list(&format!("s/{id}")).unwrap().iter().map(|s| s.name.to_string()).collect();
+    assert!(names.iter().any(|n| n == "chat") && names.iter().any(|n| n == "approvals"), "{names:?}");
+    // As rm -r: the files, the subdirectory, then the directory.
+    for name in &names {
+        c.remove(&format!("s/{id}/{name}")).unwrap_or_else(|e| panic!("remove s/{id}/{name}: {e:#}"));
+    }
+    assert!(text(&mut c, &format!("s/{id}/chat")).contains("done"), "a removed file changed nothing");
+    c.remove(&format!("s/{id}")).unwrap();
+    assert!(!text(&mut c, "s/idx").contains(&id), "the session is gone from idx");
+    assert!(env.home.join("archive").join(format!("{id}.jsonl")).exists(), "archived");
+    // Files outside a session are still not removable.
+    assert!(c.remove("help").is_err());
+}
+
+/// 53.9: the handshake timeout is a total deadline: a Tversion trickled one
+/// byte at a time (each byte well within the timeout) is never negotiated.
+#[test]
+fn a_trickled_tversion_is_cut_off_at_the_handshake_deadline() {
+    use ninep::sansio::protocol::NineP as _;
+    let env = Env::new();
+    let mut child = env
+        .cairn(&["serve", "--listen", "tcp!127.0.0.1!0", "--handshake-timeout", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let served = Served { child, addresses: vec![line.trim().to_owned()] };
+    let mut s = raw_tcp(&served.addresses[0]);
+    let bytes =
+        ninep::sansio::protocol::Tmessage::new(0xffff, Tdata::Version { msize: 8192, version: "9P2000".into() })
+            .write_9p_bytes()
+            .unwrap();
+    // About 0.3 s a byte: each byte renews an idle timer of 1 s, and the
+    // whole message takes several times the deadline.
+    for b in &bytes {
+        if s.write_all(std::slice::from_ref(b)).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let mut buf = [0u8; 64];
+    let got = s.read(&mut buf).unwrap_or(0);
+    assert_eq!(got, 0, "the trickled Tversion was answered: {:?}", &buf[..got]);
+}
+
+/// 53.9: a Tattach on a connection that sent no Tversion is refused.
+#[test]
+fn tattach_without_tversion_is_refused() {
+    let env = Env::new();
+    let served = serve(&env, &["tcp!127.0.0.1!0"]);
+    let mut s = raw_tcp(&served.addresses[0]);
+    send_raw(&mut s, 1, Tdata::Attach { fid: 0, afid: u32::MAX, uname: "x".into(), aname: "".into() });
+    let reply = recv_raw(&mut s);
+    assert_eq!(reply.tag, 1);
+    let Rdata::Error { ename } = reply.content else { panic!("a Tattach without Tversion was served: {reply:?}") };
+    assert!(ename.contains("Tversion"), "{ename}");
+    // After Tversion the same connection is served.
+    send_raw(&mut s, 0xffff, Tdata::Version { msize: 65536, version: "9P2000".into() });
+    assert!(matches!(recv_raw(&mut s).content, Rdata::Version { .. }));
+    send_raw(&mut s, 2, Tdata::Attach { fid: 0, afid: u32::MAX, uname: "x".into(), aname: "".into() });
+    assert!(matches!(recv_raw(&mut s).content, Rdata::Attach { .. }));
+}

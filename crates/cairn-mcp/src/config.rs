@@ -82,6 +82,11 @@ pub struct ServerConfig {
     /// access). Off: every tool is at least Write unless overridden.
     #[serde(default)]
     pub trust_annotations: bool,
+    /// The largest message cairn reads from a stdio server (one JSON-RPC
+    /// line); a call answered with more fails at once, saying the size.
+    /// What the model sees of an answer is capped separately.
+    #[serde(default = "default_max_answer_bytes")]
+    pub max_answer_bytes: u64,
     /// Per-tool overrides.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolOverride>,
@@ -147,6 +152,15 @@ fn yes() -> bool {
 fn default_startup_timeout_ms() -> u64 {
     20_000
 }
+
+/// 64 MiB: four times the SDK's own limit, so large answers (a big file,
+/// a long log) are read and capped for the model rather than refused.
+fn default_max_answer_bytes() -> u64 {
+    64 << 20
+}
+
+/// The most `max_answer_bytes` may be (the line is held in memory).
+const MAX_ANSWER_LIMIT: u64 = 1 << 30;
 
 /// A server description cairn refuses, and what to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -237,6 +251,12 @@ impl ServerConfig {
         if self.startup_timeout_ms == 0 || self.startup_timeout_ms > 600_000 {
             return err(format!("startup_timeout_ms = {} must be between 1 and 600000", self.startup_timeout_ms));
         }
+        if !(1024..=MAX_ANSWER_LIMIT).contains(&self.max_answer_bytes) {
+            return err(format!(
+                "max_answer_bytes = {} must be between 1024 and {MAX_ANSWER_LIMIT}",
+                self.max_answer_bytes
+            ));
+        }
         if self.tool_timeout_ms == Some(0) {
             return err("tool_timeout_ms = 0 would refuse every call; leave it out for the turn's limit".into());
         }
@@ -279,6 +299,7 @@ impl ServerConfig {
             write: Vec::new(),
             processes: true,
             trust_annotations: false,
+            max_answer_bytes: default_max_answer_bytes(),
             tools: BTreeMap::new(),
             env_values,
             header_values,

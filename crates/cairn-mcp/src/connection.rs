@@ -26,6 +26,7 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
+use crate::bounded::{Bounded, OVERSIZED_CODE, Unattributed};
 use crate::config::{FileAccess, ServerConfig};
 use cairn_tools::programs::{expand, install_reads, resolve};
 
@@ -67,6 +68,14 @@ pub enum ServerError {
     /// The turn was cancelled (the server was told to cancel).
     #[error("cancelled")]
     Cancelled,
+    /// Its answer was over `max_answer_bytes` (`bounded.rs`); said at once.
+    #[error("MCP server {server} answered too much: {reason}")]
+    TooLarge {
+        /// The server's name.
+        server: String,
+        /// The size and the limit.
+        reason: String,
+    },
 }
 
 /// The process-wide runtime the SDK runs on: one worker thread that lives
@@ -158,6 +167,8 @@ pub(crate) struct Connection {
     stderr: Arc<Mutex<Tail>>,
     progress: Progress,
     tools_changed: Arc<AtomicBool>,
+    /// Oversized answers whose request could not be told (`bounded.rs`).
+    unattributed: Unattributed,
     /// How long starting it took.
     pub(crate) started_in: Duration,
 }
@@ -209,6 +220,7 @@ impl Connection {
         let tools_changed = Arc::new(AtomicBool::new(false));
         let handler = Handler { progress: progress.clone(), tools_changed: tools_changed.clone() };
         let stderr = Arc::new(Mutex::new(Tail::default()));
+        let unattributed = Unattributed::default();
         let (service, process) = match (&config.command, &config.url) {
             (Some(command), _) => {
                 let mut process = spawn(name, command, config, cwd, tools).map_err(fail)?;
@@ -226,7 +238,13 @@ impl Connection {
                     .map_err(|e| fail(format!("its stdout: {e}")))?;
                 let tx = tokio::net::unix::pipe::Sender::from_owned_fd(std::os::fd::OwnedFd::from(stdin))
                     .map_err(|e| fail(format!("its stdin: {e}")))?;
-                let service = handler.serve((rx, tx)).await.map_err(|e| {
+                // cairn bounds each message itself (`bounded.rs`), so the
+                // SDK's own limit only has to let a cut line through.
+                let limit = usize::try_from(config.max_answer_bytes).unwrap_or(usize::MAX);
+                let rx = Bounded::new(rx, limit, unattributed.clone());
+                let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(rx, tx)
+                    .with_max_line_length(limit.saturating_add(1024));
+                let service = handler.serve(transport).await.map_err(|e| {
                     let said = lock(&stderr).text();
                     fail(if said.is_empty() { e.to_string() } else { format!("{e}; it said: {said}") })
                 })?;
@@ -269,6 +287,7 @@ impl Connection {
             stderr,
             progress,
             tools_changed,
+            unattributed,
             started_in: started.elapsed(),
         })
     }
@@ -324,6 +343,7 @@ impl Connection {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let deadline = Instant::now() + timeout;
+        let oversized_before = self.unattributed.load(Ordering::SeqCst);
         let result = rt.block_on(async {
             let mut handle = peer
                 .send_cancellable_request(request, PeerRequestOptions::no_options())
@@ -350,6 +370,17 @@ impl Connection {
                         if let Err(why) = self.alive() {
                             break Err(gone(why));
                         }
+                        // An answer too large to read whose id was not
+                        // found may have been this call's: it would never
+                        // be answered otherwise.
+                        if self.unattributed.load(Ordering::SeqCst) != oversized_before {
+                            break Err(ServerError::TooLarge {
+                                server: self.name.clone(),
+                                reason: "it sent a message over the limit of max_answer_bytes whose request could \
+                                         not be told, while this call waited"
+                                    .into(),
+                            });
+                        }
                     }
                 }
             };
@@ -373,6 +404,12 @@ impl Connection {
                 server: self.name.clone(),
                 reason: format!("it answered tools/call with something else: {other:?}"),
             }),
+            Ok(Err(rmcp::ServiceError::McpError(e)))
+                if e.code.0 == OVERSIZED_CODE
+                    && e.data.as_ref().is_some_and(|d| d.get("cairn").is_some_and(|c| c == "oversized")) =>
+            {
+                Err(ServerError::TooLarge { server: self.name.clone(), reason: e.message.to_string() })
+            }
             Ok(Err(rmcp::ServiceError::McpError(e))) => {
                 Err(ServerError::Refused { server: self.name.clone(), reason: e.message.to_string() })
             }

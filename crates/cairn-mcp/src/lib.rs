@@ -8,11 +8,16 @@
 //! - `pool`: the process's servers, shared across sessions and turns.
 //! - `tool`: a server's tool as a [`cairn_core::tool::Tool`].
 //!
+//! - `bounded`: the limit on one message from a stdio server.
+//! - `cache`: servers' tool lists kept between runs ([`load_lazily`]).
+//!
 //! Hosts call [`load`] once per turn (it reuses running servers) and add
 //! the entries to the turn's tools; approvals, discovery and the session
 //! log then treat them like any other tool. Heavy dependencies (tokio,
 //! hyper) live here so that `cairn-tools` and `cairn-core` stay light.
 
+mod bounded;
+mod cache;
 pub mod config;
 mod connection;
 mod pool;
@@ -42,6 +47,12 @@ pub enum ServerState {
         tools: usize,
         /// Start time, if started now.
         started_in: Option<Duration>,
+    },
+    /// Not started: its tools are offered as it listed them before (it
+    /// starts on its first call; [`load_lazily`]).
+    NotStarted {
+        /// Tools offered.
+        tools: usize,
     },
     /// It could not be started; why.
     Failed(String),
@@ -76,6 +87,38 @@ pub struct Loaded {
 /// reported in `notes` and the others still load. `taken` are the names
 /// already in use (built-in and external tools win a clash).
 pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsConfig, taken: &[String]) -> Loaded {
+    load_with(servers, cwd, tools, taken, None)
+}
+
+/// As [`load`], but a stdio server whose tools were listed before (kept in
+/// `cache`, cairn's `cache/mcp/`) is not started: its tools are offered
+/// from that listing, and it starts on its first call, which checks the
+/// tool is still as listed before calling it. A run that calls no MCP tool
+/// starts no server.
+pub fn load_lazily(
+    servers: &BTreeMap<String, ServerConfig>,
+    cwd: &Path,
+    tools: &ToolsConfig,
+    taken: &[String],
+    cache: &Path,
+) -> Loaded {
+    load_with(servers, cwd, tools, taken, Some(cache))
+}
+
+/// A server's tools: from its running (or just started) connection, or
+/// from the listing kept in this file.
+enum Listing {
+    Live(pool::Found),
+    Cached(Vec<rmcp::model::Tool>, std::path::PathBuf),
+}
+
+fn load_with(
+    servers: &BTreeMap<String, ServerConfig>,
+    cwd: &Path,
+    tools: &ToolsConfig,
+    taken: &[String],
+    cache: Option<&Path>,
+) -> Loaded {
     let mut loaded = Loaded::default();
     let started: Vec<_> = std::thread::scope(|scope| {
         let handles: Vec<_> = servers
@@ -83,7 +126,22 @@ pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsC
             .filter(|(_, config)| config.enabled)
             .map(|(name, config)| {
                 let slot = pool::slot(name, config, cwd, tools);
-                (name, scope.spawn(move || (slot.ensure(true), slot)))
+                let file = cache.and_then(|dir| cache::file(dir, name, config, cwd));
+                (
+                    name,
+                    scope.spawn(move || {
+                        // A server already running here is used as it is.
+                        let listed = match &file {
+                            Some(f) if !slot.is_running() => cache::read(f).map(|t| (t, f.clone())),
+                            _ => None,
+                        };
+                        let got = match listed {
+                            Some((tools, f)) => Ok(Listing::Cached(tools, f)),
+                            None => slot.ensure(true).map(Listing::Live),
+                        };
+                        (got, slot, file)
+                    }),
+                )
             })
             .collect();
         handles.into_iter().map(|(name, h)| (name, h.join())).collect()
@@ -103,7 +161,7 @@ pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsC
             loaded.servers.push(status);
             continue;
         };
-        let (found, slot) = match result {
+        let (got, slot, file) = match result {
             Ok(r) => r,
             Err(_) => {
                 status.state = ServerState::Failed("its start panicked".into());
@@ -112,8 +170,8 @@ pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsC
                 continue;
             }
         };
-        let found = match found {
-            Ok(found) => found,
+        let got = match got {
+            Ok(got) => got,
             Err(e) => {
                 loaded.notes.push(format!("{e}; its tools are not offered"));
                 status.state = ServerState::Failed(e.to_string());
@@ -121,15 +179,25 @@ pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsC
                 continue;
             }
         };
-        let started_in = match &found {
-            pool::Found::Running(_) => None,
-            pool::Found::Started(c) => Some(c.started_in),
-            pool::Found::Restarted(c, why) => {
-                loaded.notes.push(format!("MCP server {name} had stopped ({why}); restarted it"));
-                Some(c.started_in)
+        let (listed, started_in, from_cache) = match got {
+            Listing::Cached(listed, f) => (Ok(listed), None, Some(f)),
+            Listing::Live(found) => {
+                let started_in = match &found {
+                    pool::Found::Running(_) => None,
+                    pool::Found::Started(c) => Some(c.started_in),
+                    pool::Found::Restarted(c, why) => {
+                        loaded.notes.push(format!("MCP server {name} had stopped ({why}); restarted it"));
+                        Some(c.started_in)
+                    }
+                };
+                let listed = found.connection().tools();
+                if let (Ok(listed), Some(f)) = (&listed, &file) {
+                    cache::write(f, listed);
+                }
+                (listed, started_in, None)
             }
         };
-        let listed = match found.connection().tools() {
+        let listed = match listed {
             Ok(listed) => listed,
             Err(e) => {
                 loaded.notes.push(format!("{e}; its tools are not offered"));
@@ -144,7 +212,7 @@ pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsC
             if config.tools.get(remote.name.as_ref()).is_some_and(|o| !o.enabled) {
                 continue;
             }
-            let tool = McpTool::new(slot.clone(), remote, restart.clone());
+            let tool = McpTool::new(slot.clone(), remote, restart.clone(), from_cache.clone());
             let cairn_name = cairn_core::tool::Tool::spec(&tool).name.clone();
             if seen.contains(&cairn_name) {
                 loaded.notes.push(format!(
@@ -163,7 +231,11 @@ pub fn load(servers: &BTreeMap<String, ServerConfig>, cwd: &Path, tools: &ToolsC
                 .notes
                 .push(format!("MCP server {name}: [mcp_servers.{name}.tools.{unknown}] names no tool it offers"));
         }
-        status.state = ServerState::Running { tools: offered, started_in };
+        status.state = if from_cache.is_some() {
+            ServerState::NotStarted { tools: offered }
+        } else {
+            ServerState::Running { tools: offered, started_in }
+        };
         loaded.servers.push(status);
     }
     loaded

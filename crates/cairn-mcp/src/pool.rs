@@ -105,6 +105,11 @@ impl Slot {
         })
     }
 
+    /// Whether its server is running now (started and not found dead).
+    pub(crate) fn is_running(&self) -> bool {
+        lock(&self.conn).as_ref().is_some_and(|c| c.alive().is_ok())
+    }
+
     /// The server's configuration.
     pub(crate) fn config(&self) -> &ServerConfig {
         &self.config

@@ -8,7 +8,7 @@
 //! It must not start servers (`pool.rs`) or talk MCP (`connection.rs`).
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -131,10 +131,19 @@ pub struct McpTool {
     /// Whether this turn may still restart the server (shared by the
     /// server's tools of the turn).
     restart: Arc<AtomicBool>,
+    /// When the tool was offered from a listing kept between runs
+    /// (`cache.rs`): that file, and the definition it held, which the call
+    /// checks against what the running server lists before calling.
+    cached: Option<(PathBuf, Value)>,
 }
 
 impl McpTool {
-    pub(crate) fn new(slot: Arc<Slot>, tool: &rmcp::model::Tool, restart: Arc<AtomicBool>) -> Self {
+    pub(crate) fn new(
+        slot: Arc<Slot>,
+        tool: &rmcp::model::Tool,
+        restart: Arc<AtomicBool>,
+        cached: Option<PathBuf>,
+    ) -> Self {
         let config = slot.config();
         let hints = Hints::of(tool);
         let user = config.tools.get(tool.name.as_ref());
@@ -151,7 +160,8 @@ impl McpTool {
             capabilities: capabilities(config),
             replay: replay(config, hints),
         };
-        Self { spec, remote: tool.name.to_string(), slot, restart }
+        let cached = cached.map(|file| (file, serde_json::to_value(tool).unwrap_or(Value::Null)));
+        Self { spec, remote: tool.name.to_string(), slot, restart, cached }
     }
 
     /// The server it belongs to.
@@ -204,6 +214,29 @@ fn cap(text: String, cap: usize) -> (String, bool) {
     (format!("{}\n[cairn: output truncated: {end} of {total} bytes shown]", &text[..end]), true)
 }
 
+impl McpTool {
+    /// A tool offered from a kept listing is called only if the running
+    /// server still lists it the same way (its tier and schema came from
+    /// that listing); else the listing is renewed and the call refused.
+    fn still_as_listed(&self, conn: &crate::connection::Connection) -> Result<(), ToolError> {
+        let Some((file, definition)) = &self.cached else { return Ok(()) };
+        let now = conn.tools().map_err(|e| ToolError::Other(e.to_string()))?;
+        let same = now
+            .iter()
+            .find(|t| t.name.as_ref() == self.remote)
+            .is_some_and(|t| serde_json::to_value(t).is_ok_and(|v| &v == definition));
+        if same {
+            return Ok(());
+        }
+        crate::cache::write(file, &now);
+        Err(ToolError::Other(format!(
+            "MCP server {}'s tool {} is not as cairn listed it before (it changed or is gone since); the call was not \
+             made; the next turn offers the server's tools as they are now",
+            self.slot.name, self.remote
+        )))
+    }
+}
+
 /// The largest structured result kept in a receipt (the session file's
 /// lines are bounded; the text the model sees is capped separately).
 const MAX_STRUCTURED: usize = 1 << 20;
@@ -239,6 +272,7 @@ impl Tool for McpTool {
             Ok(found) => found.connection().clone(),
             Err(e) => return Err(ToolError::Other(e.to_string())),
         };
+        self.still_as_listed(&conn)?;
         let timeout = self
             .slot
             .config()

@@ -664,7 +664,8 @@ impl Settings {
         let batch = crate::hosting::BatchConfig::of(self.batch.as_ref()).map_or(2, |b| b.max_running);
         let table = self.batch.as_ref().and_then(toml::Value::as_table);
         rows.push(("batch.max_running".to_owned(), batch.to_string(), from(table, "max_running")));
-        let discovery = crate::discover::policy_of(&self.discovery, &self.config_file).unwrap_or_default();
+        let policy = crate::discover::policy_of(&self.discovery, &self.config_file).unwrap_or_default();
+        let discovery = policy.select;
         let table = Some(&self.discovery);
         rows.push(("discovery.threshold".to_owned(), discovery.threshold.to_string(), from(table, "threshold")));
         rows.push((
@@ -674,6 +675,7 @@ impl Settings {
         ));
         rows.push(("discovery.max_tools".to_owned(), discovery.max_tools.to_string(), from(table, "max_tools")));
         rows.push(("discovery.max_skills".to_owned(), discovery.max_skills.to_string(), from(table, "max_skills")));
+        rows.push(("discovery.mcp_tools".to_owned(), policy.mcp_tools.to_string(), from(table, "mcp_tools")));
         for (name, table) in &self.providers {
             let value = match cairn_provider::ProviderConfig::from_toml(name, table) {
                 Ok(p) => {

@@ -1,10 +1,12 @@
 //! Discovery in the CLI: `cairn tools --discover QUERY`, `cairn skills`, and
 //! the per-turn choice of which tools and skills a turn is offered.
 //!
-//! The core tools (cairn's built-ins) are always offered. When more than
-//! `max_tools` other tools are installed, a new turn offers only the best
-//! `max_tools` of them whose score against the prompt passes the threshold,
-//! and at most `max_skills` skills, whose text is appended to the system
+//! The core tools (cairn's built-ins) are always offered, and so are the
+//! tools of the MCP servers the user configured, up to `mcp_tools` of them
+//! (past it, the best-ranked, with no threshold: a weak ranking must not
+//! hide them). When more than `max_tools` other (installed) tools exist, a
+//! new turn offers only the best `max_tools` of them whose score against
+//! the prompt passes the threshold, and at most `max_skills` skills, whose text is appended to the system
 //! prompt. The choice is recorded as the session fact `discovery` before the
 //! turn starts, so resuming an interrupted turn offers the same tools. With
 //! no model installed the ranking falls back to BM25 and says so. The
@@ -36,6 +38,30 @@ use crate::toolsrv::TurnTools;
 /// The session fact holding the latest turn's choice.
 pub const FACT_KEY: &str = "discovery";
 
+/// How many of the configured MCP servers' tools a turn is offered unless
+/// `[discovery] mcp_tools` says otherwise: all of them, as other agents do,
+/// for any usual configuration (a person configured them to be used).
+pub const DEFAULT_MCP_TOOLS: usize = 64;
+
+/// What a turn may be offered: the ranking's policy for installed tools
+/// and skills, and the budget of MCP tools.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Installed (external) tools and skills: the best `max_tools` above
+    /// the threshold, when there are more than `max_tools`.
+    pub select: SelectionPolicy,
+    /// MCP tools (`mcp__SERVER__TOOL`): all of them up to this many; past
+    /// it, the best this many by the ranking, with no threshold (a weak
+    /// ranking, BM25 without the model, must not hide what the user set up).
+    pub mcp_tools: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self { select: SelectionPolicy::default(), mcp_tools: DEFAULT_MCP_TOOLS }
+    }
+}
+
 /// `[discovery]` as written: every key optional, the ranges checked by
 /// [`policy_of`] (docs/config.md lists them).
 #[derive(Debug, Default, serde::Deserialize)]
@@ -49,18 +75,20 @@ pub struct DiscoveryConfig {
     pub max_tools: Option<i64>,
     /// Most skills a turn is given (0..16).
     pub max_skills: Option<i64>,
+    /// Most MCP tools a turn is offered (0..256); past it, the best ranked.
+    pub mcp_tools: Option<i64>,
 }
 
 /// The policy from `[discovery]` in the config (defaults: BENCHMARKS.md).
-pub fn policy(ctx: &Context) -> Result<SelectionPolicy> {
+pub fn policy(ctx: &Context) -> Result<Policy> {
     policy_of(&ctx.settings.discovery, &ctx.settings.config_file)
 }
 
 /// The policy a `[discovery]` table gives, or what is wrong with it
 /// (checked when the configuration is loaded, so `cairn config` says so).
-pub fn policy_of(table: &toml::Table, config_file: &Path) -> Result<SelectionPolicy> {
+pub fn policy_of(table: &toml::Table, config_file: &Path) -> Result<Policy> {
     const USE: &str = "use threshold (cosine, -1..1, default 0.25), bm25_threshold (>= 0, default 3), \
-                       max_tools (0..64, default 5) or max_skills (0..16, default 3)";
+                       max_tools (0..64, default 5), max_skills (0..16, default 3) or mcp_tools (0..256, default 64)";
     let file = config_file.display();
     let written: DiscoveryConfig = toml::Value::Table(table.clone())
         .try_into()
@@ -69,6 +97,10 @@ pub fn policy_of(table: &toml::Table, config_file: &Path) -> Result<SelectionPol
         anyhow::anyhow!("{file}: [discovery] {key} = {value} is not valid; {USE}")
     };
     let mut p = SelectionPolicy::default();
+    let mut mcp_tools = DEFAULT_MCP_TOOLS;
+    if let Some(v) = written.mcp_tools {
+        mcp_tools = usize::try_from(v).ok().filter(|n| *n <= 256).ok_or_else(|| bad("mcp_tools", &v))?;
+    }
     if let Some(v) = written.threshold {
         if !(-1.0..=1.0).contains(&v) {
             return Err(bad("threshold", &v));
@@ -87,7 +119,43 @@ pub fn policy_of(table: &toml::Table, config_file: &Path) -> Result<SelectionPol
     if let Some(v) = written.max_skills {
         p.max_skills = usize::try_from(v).ok().filter(|n| *n <= 16).ok_or_else(|| bad("max_skills", &v))?;
     }
-    Ok(p)
+    Ok(Policy { select: p, mcp_tools })
+}
+
+/// Whether `name` is an MCP server's tool.
+fn is_mcp(name: &str) -> bool {
+    name.starts_with(cairn_mcp::PREFIX)
+}
+
+/// Which kinds of tools a turn must choose among: (installed tools over
+/// `max_tools`, MCP tools over their budget).
+fn must_filter(policy: &Policy, extra: &[ToolSpec]) -> (bool, bool) {
+    let mcp = extra.iter().filter(|s| is_mcp(&s.name)).count();
+    (extra.len() - mcp > policy.select.max_tools, mcp > policy.mcp_tools)
+}
+
+/// The tools and skills chosen from `ranking` (over `extra` and the
+/// skills): installed tools by the selection policy when there are too
+/// many (else all), MCP tools all within their budget (else the best of
+/// them by rank, no threshold), skills by the selection policy.
+fn choose(policy: &Policy, ranking: &Ranking, extra: &[ToolSpec]) -> Selection {
+    let (filter_other, filter_mcp) = must_filter(policy, extra);
+    let without_mcp = Ranking {
+        method: ranking.method,
+        candidates: ranking.candidates.iter().filter(|c| !is_mcp(&c.name)).cloned().collect(),
+    };
+    let mut selection = policy.select.select(&without_mcp);
+    if !filter_other {
+        selection.tools = extra.iter().filter(|s| !is_mcp(&s.name)).map(|s| s.name.clone()).collect();
+    }
+    let mcp: Vec<String> = if filter_mcp {
+        let ranked = ranking.candidates.iter().filter(|c| c.kind == DocKind::Tool && is_mcp(&c.name));
+        ranked.take(policy.mcp_tools).map(|c| c.name.clone()).collect()
+    } else {
+        extra.iter().filter(|s| is_mcp(&s.name)).map(|s| s.name.clone()).collect()
+    };
+    selection.tools.extend(mcp);
+    selection
 }
 
 /// Where skills live: `sk/` under the config directory, the data directory
@@ -203,14 +271,14 @@ impl Ranker {
 
 /// `cairn tools --discover QUERY [--json]`.
 pub fn discover_command(ctx: &Context, query: &str) -> Result<u8> {
-    let cwd = ctx.common.cwd.clone().map_or_else(std::env::current_dir, Ok)?;
+    let cwd = crate::wiring::new_session_cwd(ctx)?;
     let Candidates { core, extra, notes } = candidates(&crate::toolsrv::turn_tools(ctx, &cwd)?);
     let (skills, skill_errors) = load_skills(&skill_roots(ctx, &cwd));
     let policy = policy(ctx)?;
     let docs: Vec<Document> = extra.iter().map(tool_document).chain(skills.iter().map(Skill::document)).collect();
     let ranker = Ranker::new(ctx, docs)?;
     let ranking = ranker.rank(query)?;
-    let selection = policy.select(&ranking);
+    let selection = choose(&policy, &ranking, &extra);
     let mut out = std::io::stdout().lock();
     let mut err = std::io::stderr().lock();
     if let Some(note) = &ranker.fallback {
@@ -230,7 +298,8 @@ pub fn discover_command(ctx: &Context, query: &str) -> Result<u8> {
         let line = serde_json::json!({
             "method": ranking.method.as_str(),
             "fallback": ranker.fallback,
-            "threshold": policy.threshold_for(ranking.method),
+            "threshold": policy.select.threshold_for(ranking.method),
+            "mcpTools": policy.mcp_tools,
             "core": core,
             "candidates": ranking.candidates.iter().map(|c| serde_json::json!({
                 "name": c.name, "kind": c.kind, "score": c.score, "cosine": c.cosine, "bm25": c.bm25,
@@ -249,10 +318,11 @@ pub fn discover_command(ctx: &Context, query: &str) -> Result<u8> {
     };
     writeln!(
         out,
-        "ranking: {method}; threshold {}; at most {} tools and {} skills",
-        policy.threshold_for(ranking.method),
-        policy.max_tools,
-        policy.max_skills
+        "ranking: {method}; threshold {}; at most {} tools and {} skills; MCP tools: all, up to {}",
+        policy.select.threshold_for(ranking.method),
+        policy.select.max_tools,
+        policy.select.max_skills,
+        policy.mcp_tools
     )?;
     writeln!(out, "core tools (always offered): {}", escape_controls(&core.join(", ")))?;
     writeln!(out, "{:<3} {:<8} {:<6} {:>8} {:>8}  NAME", "", "SCORE", "KIND", "COSINE", "BM25")?;
@@ -269,7 +339,7 @@ pub fn discover_command(ctx: &Context, query: &str) -> Result<u8> {
 
 /// `cairn skills`.
 pub fn skills_command(ctx: &Context) -> Result<u8> {
-    let cwd = ctx.common.cwd.clone().map_or_else(std::env::current_dir, Ok)?;
+    let cwd = crate::wiring::new_session_cwd(ctx)?;
     let (skills, errors) = load_skills(&skill_roots(ctx, &cwd));
     let mut out = std::io::stdout().lock();
     if ctx.common.json {
@@ -338,15 +408,16 @@ pub fn choose_for_turn<S: Storage>(
     // Tools left out are told by the wiring, not here.
     let Candidates { extra, .. } = candidates(tools);
     let policy = policy(ctx)?;
-    let filter_tools = extra.len() > policy.max_tools;
-    if !filter_tools && (skills.is_empty() || policy.max_skills == 0) {
+    let (filter_other, filter_mcp) = must_filter(&policy, &extra);
+    let filter_tools = filter_other || filter_mcp;
+    if !filter_tools && (skills.is_empty() || policy.select.max_skills == 0) {
         return Ok(TurnChoice { notes, ..TurnChoice::default() });
     }
     let docs: Vec<Document> =
         extra.iter().filter(|_| filter_tools).map(tool_document).chain(skills.iter().map(Skill::document)).collect();
     let ranker = Ranker::new(ctx, docs)?;
     notes.extend(ranker.fallback.clone());
-    let mut selection = policy.select(&ranker.rank(prompt)?);
+    let mut selection = choose(&policy, &ranker.rank(prompt)?, &extra);
     if !filter_tools {
         selection.tools.clear();
     }

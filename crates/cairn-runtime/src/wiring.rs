@@ -302,11 +302,14 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
     let ext = extensions(ctx, cwd, &trust);
     notes.extend(ext.notes);
     untrusted.extend(ext.untrusted);
-    // The MCP servers' tools (servers are started once per process and
-    // reused); a server that fails is said, the rest load.
+    // The MCP servers' tools: a stdio server whose tools were listed by an
+    // earlier run is offered from that listing and starts at its first
+    // call (a run that calls none starts none); others start now, once
+    // per process. A server that fails is said, the rest load.
     if !ext.mcp_servers.is_empty() {
         let taken: Vec<String> = entries.iter().map(|e| e.tool.spec().name.clone()).collect();
-        let mcp = cairn_mcp::load(&ext.mcp_servers, cwd, &config, &taken);
+        let cache = ctx.paths.data.join("cache").join("mcp");
+        let mcp = cairn_mcp::load_lazily(&ext.mcp_servers, cwd, &config, &taken, &cache);
         notes.extend(mcp.notes);
         entries.extend(mcp.entries);
     }
@@ -340,8 +343,10 @@ pub fn session_config(ctx: &Context) -> SessionConfig {
     }
 }
 
-/// The working directory for a new session.
-fn new_session_cwd(ctx: &Context) -> Result<PathBuf> {
+/// The working directory for a new session, or for a command about one
+/// (`cairn tools`, `cairn mcp list`): `--cwd` (resolved against the
+/// current directory, so a relative one works) else the current one.
+pub fn new_session_cwd(ctx: &Context) -> Result<PathBuf> {
     let cwd = match &ctx.common.cwd {
         Some(dir) => dir.clone(),
         None => std::env::current_dir().context("cannot read the current directory")?,
