@@ -16,6 +16,7 @@ mod cli;
 mod commands;
 mod context_window;
 mod discovery;
+mod everyday;
 mod faces;
 mod faces_agree;
 mod hooks;
