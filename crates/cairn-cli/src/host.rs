@@ -862,6 +862,7 @@ fn chat_loop(
     let typing_ahead = interactive && !ctx.common.json && crate::typeahead::available();
     let mut queued: std::collections::VecDeque<String> = std::collections::VecDeque::new();
     let mut started = (String::new(), String::new());
+    let mut leave = false;
     loop {
         let read = match queued.pop_front() {
             Some(line) => {
@@ -869,6 +870,8 @@ fn chat_loop(
                 let _ = writeln!(std::io::stdout(), "{}{}", prompt_text.1, crate::render::escape_controls(&line));
                 crate::lineedit::Read::Line(line)
             }
+            // Ctrl-D typed during the turn, once the queued lines ran.
+            None if leave => crate::lineedit::Read::Eof,
             None => {
                 let (left, right) = std::mem::take(&mut started);
                 input.read_with(&prompt_text, (&left, &right))?
@@ -924,6 +927,7 @@ fn chat_loop(
             let keys = crate::typeahead::replay(&crate::typeahead::finish());
             queued.extend(keys.lines);
             started = keys.partial;
+            leave |= keys.eof;
         }
         match driven {
             Ok(Some(outcome)) => last = outcome_code(&outcome, renderer, &id),

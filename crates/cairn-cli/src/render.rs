@@ -327,6 +327,14 @@ impl Renderer {
             }
             TurnEvent::Final { .. } => {
                 self.stop_spinner();
+                // The rest of a line shown in part while it streamed ends
+                // the answer before its newline.
+                if let Some(rest) = self.markdown.as_mut().map(crate::markdown::Markdown::finish)
+                    && !rest.is_empty()
+                {
+                    self.open_line = !rest.ends_with('\n');
+                    self.write_out(&rest);
+                }
                 if self.open_line {
                     self.write_out("\n");
                     self.open_line = false;

@@ -189,6 +189,9 @@ pub struct Queued {
     pub lines: Vec<String>,
     /// The unfinished line: before and after the cursor.
     pub partial: (String, String),
+    /// Ctrl-D was typed on an empty line: leave once the lines are sent
+    /// (what it does at the prompt; the keys after it are dropped).
+    pub eof: bool,
 }
 
 /// Replay `keys` as the line editor would: printable text inserted at the
@@ -259,6 +262,13 @@ pub fn replay(keys: &[u8]) -> Queued {
                 at -= 1;
                 line.remove(at);
             }
+            '\x04' if line.is_empty() => {
+                out.eof = true;
+                break;
+            }
+            '\x04' if at < line.len() => {
+                line.remove(at);
+            }
             '\x01' => at = 0,
             '\x05' => at = line.len(),
             '\x15' => {
@@ -294,7 +304,7 @@ mod tests {
     #[test]
     fn keys_are_replayed_as_the_editor_would() {
         let q = replay(b"helo\x1b[Dl\x1b[F world");
-        assert_eq!(q, Queued { lines: vec![], partial: ("hello world".into(), String::new()) });
+        assert_eq!(q, Queued { lines: vec![], partial: ("hello world".into(), String::new()), eof: false });
         let q = replay(b"first\rsecx\x7fond\x1b[D\x1b[D");
         assert_eq!(q.lines, ["first"]);
         assert_eq!(q.partial, ("seco".to_owned(), "nd".to_owned()));
@@ -302,5 +312,7 @@ mod tests {
         assert_eq!(q.partial, (">".to_owned(), "a\nb!".to_owned()));
         let q = replay("é\x1b[Dx\x1b[3~".as_bytes());
         assert_eq!(q.partial, ("x".to_owned(), String::new()));
+        let q = replay(b"last\r\x04more");
+        assert!(q.eof && q.lines == ["last"] && q.partial.0.is_empty(), "{q:?}");
     }
 }
