@@ -157,6 +157,22 @@ pub struct Judgement {
     pub refused: Vec<String>,
 }
 
+/// Most reasons [`Judgement::reasons_shown`] names before counting the rest.
+pub const REASONS_SHOWN: usize = 10;
+
+impl Judgement {
+    /// The reasons for a person or a refusal, the first
+    /// [`REASONS_SHOWN`] named and the rest counted (5,000 emptied files
+    /// must not make one line of 5,000 reasons; the listing follows).
+    pub fn reasons_shown(&self) -> String {
+        let mut text = self.reasons.iter().take(REASONS_SHOWN).cloned().collect::<Vec<_>>().join("; ");
+        if self.reasons.len() > REASONS_SHOWN {
+            text.push_str(&format!("; … and {} more", self.reasons.len() - REASONS_SHOWN));
+        }
+        text
+    }
+}
+
 // How a path is shown to a person lives with the authority rule, whose
 // reasons name paths too (and which must not import this module back).
 pub use crate::authority::shown;
