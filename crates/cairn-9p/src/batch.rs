@@ -246,7 +246,10 @@ impl Batch {
             .filter(|d| d.is_dir())
             .ok_or_else(|| anyhow!("cwd={}: no such directory", spec.cwd.display()))?;
         if spec.session.provider.is_empty() {
-            spec.session.provider = self.host.providers().current;
+            // `script=` alone names the scripted provider (issue 49.9: the
+            // job ran on the default one).
+            spec.session.provider =
+                if spec.session.script.is_empty() { self.host.providers().current } else { "scripted".to_owned() };
         }
         self.host.check_provider(&spec.session.provider)?;
         if !spec.session.script.is_empty() && !Path::new(&spec.session.script).is_file() {

@@ -361,7 +361,8 @@ impl Runtime {
             bail!("cwd={cwd:?} is not a directory");
         }
         if spec.provider.is_empty() {
-            spec.provider = self.host.providers().current;
+            // `script=` alone names the scripted provider (issue 49.9).
+            spec.provider = if spec.script.is_empty() { self.host.providers().current } else { "scripted".to_owned() };
         }
         self.host.check_provider(&spec.provider)?;
         if !spec.script.is_empty() && !Path::new(&spec.script).is_file() {

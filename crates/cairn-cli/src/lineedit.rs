@@ -141,14 +141,16 @@ impl Input {
 
     /// Read the next line, showing `prompt` on a terminal (as written, and
     /// styled).
-    pub fn read(&mut self, prompt: &(&str, String)) -> Result<Read> {
+    /// The line starts as `initial`: the text before and after the cursor
+    /// (keys typed while a turn ran, `typeahead.rs`).
+    pub fn read_with(&mut self, prompt: &(&str, String), initial: (&str, &str)) -> Result<Read> {
         match self {
             Input::Plain => {
                 let mut line = String::new();
                 let n = std::io::stdin().lock().read_line(&mut line).context("cannot read from stdin")?;
                 Ok(if n == 0 { Read::Eof } else { Read::Line(line) })
             }
-            Input::Terminal { editor, history } => match editor.readline(prompt) {
+            Input::Terminal { editor, history } => match editor.readline_with_initial(prompt, initial) {
                 Ok(line) => {
                     if !line.trim().is_empty() {
                         let _ = editor.add_history_entry(line.as_str());

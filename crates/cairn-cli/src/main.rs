@@ -28,6 +28,7 @@ mod serve;
 mod serve_tools;
 mod slash;
 mod status;
+mod typeahead;
 #[cfg(feature = "actors")]
 mod world;
 

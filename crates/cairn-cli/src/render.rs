@@ -288,7 +288,13 @@ impl Renderer {
             TurnEvent::ToolCompleted { tool, exit_code, truncated, .. } => {
                 let cut = if *truncated { ", output truncated for the model" } else { "" };
                 let tool = escape_controls(tool);
-                self.note(&format!("  {} {tool} (exit {exit_code}{cut})", self.err.green("✓")));
+                // A command that ran and exited non-zero did not succeed:
+                // marked as failed, not with a green tick (issue 49.9).
+                if *exit_code == 0 {
+                    self.note(&format!("  {} {tool} (exit {exit_code}{cut})", self.err.green("✓")));
+                } else {
+                    self.note(&format!("  {} {tool} failed (exit {exit_code}{cut})", self.err.red("✗")));
+                }
                 self.start_spinner("thinking");
             }
             TurnEvent::ToolFailed { tool, reason, uncertain, .. } => {
@@ -315,6 +321,14 @@ impl Renderer {
             }
             TurnEvent::Final { .. } => {
                 self.stop_spinner();
+                // The rest of a line shown in part while it streamed ends
+                // the answer before its newline.
+                if let Some(rest) = self.markdown.as_mut().map(crate::markdown::Markdown::finish)
+                    && !rest.is_empty()
+                {
+                    self.open_line = !rest.ends_with('\n');
+                    self.write_out(&rest);
+                }
                 if self.open_line {
                     self.write_out("\n");
                     self.open_line = false;

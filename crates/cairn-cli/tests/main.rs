@@ -17,6 +17,7 @@ mod commands;
 mod context_window;
 mod discovery;
 mod docs;
+mod everyday;
 mod faces;
 mod faces_agree;
 mod hooks;

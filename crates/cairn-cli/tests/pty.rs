@@ -1411,3 +1411,81 @@ fn screen_a_paste_larger_than_the_window_is_refused_and_the_chat_goes_on() {
     assert_eq!(server.request_count(), 1);
     assert_eq!(user_prompts(&session(&env)), ["a small question"]);
 }
+
+/// A Chat Completions stream of `parts` as text deltas and nothing after
+/// them (no finish, no `[DONE]`): with [`cairn_test_server::Ending::StallAtEnd`]
+/// the model goes quiet mid-paragraph, as a slow model does between words.
+fn partial_stream(parts: &[&str]) -> String {
+    use cairn_test_server::streams::event;
+    parts.iter().map(|p| event("", &json!({"choices": [{"index": 0, "delta": {"content": p}}]}).to_string())).collect()
+}
+
+/// Issue 49.6: the first words of a paragraph streamed slowly reach the
+/// screen, Markdown rendered, while the rest of the paragraph (and its
+/// newline) has not arrived; the model stays silent after them for longer
+/// than the screen's deadline, so the words can only be there if cairn
+/// shows them before the line ends.
+#[test]
+fn screen_the_first_words_of_a_streamed_paragraph_show_before_it_ends() {
+    let env = Env::new();
+    let server = cairn_test_server::TestServer::start(vec![
+        cairn_test_server::Reply::sse(partial_stream(&["The **first** wor", "ds of a long paragraph that ", "eventu"]))
+            .split(cairn_test_server::Split::PerEvent)
+            .ending(cairn_test_server::Ending::StallAtEnd(Duration::from_secs(600))),
+    ])
+    .unwrap();
+    loop_provider(&env, &server, Some(8000));
+    let mut chat = looped(&env, &["chat"]);
+    // A colour terminal, so bold is drawn.
+    chat.env("TERM", "xterm-256color").env_remove("NO_COLOR");
+    let mut s = Screen::spawn(chat, 30, 120, 5_000);
+    s.wait_prompt();
+    s.line("tell me");
+    let shown = s.wait_for("The first words of a long paragraph that");
+    assert!(!shown.contains("**"), "Markdown rendered: {shown}");
+    // The word still arriving ("eventu…") waits for its end.
+    assert!(!shown.contains("eventu"), "{shown}");
+    // Bold is an attribute, not text.
+    let (row, col) = s.find("first").unwrap();
+    assert!(s.bold(row, col), "`first` is bold:\n{shown}");
+    s.send("\x03");
+    s.wait_prompt();
+    s.send("\x04");
+    s.wait_exit();
+}
+
+/// Issue 49.6: keys typed while a turn runs are not echoed into the answer;
+/// they become the next prompt with their editing keys applied (a Left
+/// arrow mends a typo), and Esc interrupts the turn.
+#[test]
+fn screen_keys_typed_during_a_turn_become_the_next_prompt_and_esc_interrupts() {
+    let env = Env::new();
+    let server = cairn_test_server::TestServer::start(vec![
+        cairn_test_server::Reply::sse(partial_stream(&["Thinking it over "]))
+            .split(cairn_test_server::Split::PerEvent)
+            .ending(cairn_test_server::Ending::StallAtEnd(Duration::from_secs(600))),
+        cairn_test_server::Reply::sse(lines_stream("second", 1)),
+    ])
+    .unwrap();
+    loop_provider(&env, &server, Some(8000));
+    let mut chat = looped(&env, &["chat"]);
+    chat.env("TERM", "xterm-256color");
+    let mut s = Screen::spawn(chat, 30, 120, 5_000);
+    s.wait_prompt();
+    s.line("first question");
+    s.wait_for("Thinking it over");
+    // A typo mended with three Lefts, then Esc.
+    s.send("next quesion\x1b[D\x1b[D\x1b[Dt");
+    s.send("\x1b");
+    s.wait_for("interrupting");
+    let shown = s.wait_until("the typed line at the prompt", |t| {
+        t.lines().rev().find(|l| !l.trim().is_empty()).is_some_and(|l| l.trim_end() == "› next question")
+    });
+    assert!(!shown.contains("quesion"), "the keys were echoed raw:\n{shown}");
+    s.send("\r");
+    s.wait_for("second 1");
+    s.wait_prompt();
+    s.send("\x04");
+    s.wait_exit();
+    assert_eq!(user_prompts(&session(&env)), ["first question", "next question"]);
+}

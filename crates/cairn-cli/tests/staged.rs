@@ -285,6 +285,76 @@ fn adding_and_editing_apply_under_yes_with_the_diff_recorded() {
     assert!(affected.to_string().contains("out/new.txt"), "affected entities: {completed}");
 }
 
+/// Issue 49.10: a build that writes 1,000 new files (more than
+/// `staged_max_files`, 200) destroys nothing, so it is one Write and
+/// applies headless under `--yes`, its listing capped; 201 appends to files
+/// that existed are still over the limit and refused.
+#[test]
+fn a_build_writing_a_thousand_new_files_applies_under_yes() {
+    let env = Env::new();
+    require_staging(&env);
+    std::fs::write(env.cwd.join("keep.txt"), "keep\n").unwrap();
+    let log =
+        run_call(&env, "mkdir -p out && for i in $(seq 1 1000); do echo \"object $i\" > out/f$i.o; done", &["--yes"]);
+    let completed = payload_of(&log, "toolCompleted").unwrap_or_else(|| {
+        panic!("not completed: {:?}", payload_of(&log, "toolRejected").map(|p| p["reason"].to_string()))
+    });
+    assert_eq!(std::fs::read_dir(env.cwd.join("out")).unwrap().count(), 1000);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out/f777.o")).unwrap(), "object 777\n");
+    assert_eq!(completed["receipt"]["tier"], "write", "{}", completed["receipt"]["tier"]);
+    let summary = completed["receipt"]["outputSummary"].as_str().unwrap_or("");
+    assert!(summary.len() < 64 * 1024, "the summary is capped: {} bytes", summary.len());
+    // Edits of files that existed still count against the limit.
+    for i in 0..201 {
+        std::fs::write(env.cwd.join(format!("out/f{}.o", i + 1)), "x\n").unwrap();
+    }
+    let before = snapshot(&env.cwd);
+    let log = run_call(&env, "for i in $(seq 1 201); do echo more >> out/f$i.o; done", &["--yes"]);
+    let rejected = payload_of(&log, "toolRejected").unwrap_or_else(|| panic!("not rejected: {log:?}"));
+    assert!(rejected["reason"].to_string().contains("201 paths that existed"), "{rejected}");
+    assert_eq!(snapshot(&env.cwd), before, "nothing applied");
+}
+
+/// Issue 49.10, unstaged (`staged = false`): a `for` loop writing new files
+/// is judged (a Write) and runs headless under `--yes`, under noclobber: a
+/// `>` onto a file that exists fails and the file keeps its bytes; a loop
+/// planting git hooks stays Destructive and is refused.
+#[test]
+fn unstaged_a_build_loop_writes_new_files_and_replaces_none() {
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    git(&env.cwd, &["init", "-q"]);
+    std::fs::write(env.cwd.join("keep.txt"), "keep me\n").unwrap();
+    let log =
+        run_call(&env, "mkdir -p out && for i in $(seq 1 1000); do echo \"object $i\" > out/f$i.o; done", &["--yes"]);
+    let completed = payload_of(&log, "toolCompleted").unwrap_or_else(|| {
+        panic!("not completed: {:?}", payload_of(&log, "toolRejected").map(|p| p["reason"].to_string()))
+    });
+    assert_eq!(completed["receipt"]["exitCode"], 0, "{completed}");
+    assert_eq!(std::fs::read_dir(env.cwd.join("out")).unwrap().count(), 1000);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("out/f1000.o")).unwrap(), "object 1000\n");
+    // Overwriting is not what the judgement let through.
+    let before = snapshot(&env.cwd);
+    let log = run_call(&env, "for f in keep x1; do echo gone > $f.txt; done; echo x > keep.txt", &["--yes"]);
+    assert_eq!(std::fs::read_to_string(env.cwd.join("keep.txt")).unwrap(), "keep me\n", "{log:?}");
+    let completed = payload_of(&log, "toolCompleted").unwrap_or_else(|| panic!("{log:?}"));
+    assert!(completed.to_string().contains("cannot overwrite existing file"), "{completed}");
+    let after = snapshot(&env.cwd);
+    let added: Vec<&String> = after.keys().filter(|k| !before.contains_key(*k)).collect();
+    assert_eq!(added, ["x1.txt"], "only the new file was created");
+    // Planting hooks is still refused headless.
+    for line in [
+        "for h in pre-commit post-checkout; do echo 'touch PWNED' > .git/hooks/$h; done",
+        "echo x >| keep.txt",
+        "cd out && echo x > f2.o",
+    ] {
+        let before = snapshot(&env.cwd);
+        let log = run_call(&env, line, &["--yes"]);
+        assert!(payload_of(&log, "toolRejected").is_some(), "{line}: {log:?}");
+        assert_eq!(snapshot(&env.cwd), before, "{line}: the tree changed");
+    }
+}
+
 #[test]
 fn the_sandbox_still_holds_inside_the_overlay() {
     let env = Env::new();

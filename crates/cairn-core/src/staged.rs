@@ -11,7 +11,9 @@
 //! of a file git already stores over uncommitted work (`git checkout --
 //! f`, `git restore`, `git stash`), taking its owner's read or write
 //! permission away (and search, for a directory), replacing it with another
-//! kind of entry, or changing more files than [`StagedRules::max_files`].
+//! kind of entry, or changing more existing paths than
+//! [`StagedRules::max_files`] (creations do not count: a change set that
+//! only creates destroys nothing, however many files it holds).
 //! Inside `.git/` only deletion and emptying count (git rewrites its own
 //! files all the time). So the only changes to an existing file that are
 //! Write are appends and readable text edits that keep at least half of
@@ -128,7 +130,8 @@ pub enum StagingMode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StagedRules {
-    /// More changed paths than this makes the effect Destructive.
+    /// More changed paths that existed before (modified or deleted) than
+    /// this makes the effect Destructive; created paths do not count.
     pub max_files: usize,
     /// Which paths carry authority (the host's locations in it).
     #[serde(default)]
@@ -152,6 +155,22 @@ pub struct Judgement {
     /// line each: when any, the effect is refused whoever answers
     /// (`turn::review_staged_effect`).
     pub refused: Vec<String>,
+}
+
+/// Most reasons [`Judgement::reasons_shown`] names before counting the rest.
+pub const REASONS_SHOWN: usize = 10;
+
+impl Judgement {
+    /// The reasons for a person or a refusal, the first
+    /// [`REASONS_SHOWN`] named and the rest counted (5,000 emptied files
+    /// must not make one line of 5,000 reasons; the listing follows).
+    pub fn reasons_shown(&self) -> String {
+        let mut text = self.reasons.iter().take(REASONS_SHOWN).cloned().collect::<Vec<_>>().join("; ");
+        if self.reasons.len() > REASONS_SHOWN {
+            text.push_str(&format!("; … and {} more", self.reasons.len() - REASONS_SHOWN));
+        }
+        text
+    }
 }
 
 // How a path is shown to a person lives with the authority rule, whose
@@ -251,8 +270,18 @@ impl ChangeSet {
                 ));
             }
         }
-        if self.changes.len() > rules.max_files {
-            reasons.push(format!("changes {} paths (more than the limit of {})", self.changes.len(), rules.max_files));
+        // The limit counts paths that existed: a person cannot review
+        // hundreds of edits to their files, but a change set that only
+        // creates (a build's output, `npm install`, an unpacked archive)
+        // destroys nothing however many paths it holds, and is one
+        // summarised Write (its listing is capped, `listing`).
+        let existing = self.changes.iter().filter(|c| c.kind != ChangeKind::Created).count();
+        if existing > rules.max_files {
+            reasons.push(format!(
+                "changes {existing} paths that existed (more than the limit of {}; {} changes in all)",
+                rules.max_files,
+                self.changes.len()
+            ));
         }
         let risk = if reasons.is_empty() && refused.is_empty() { Risk::Write } else { Risk::Destructive };
         Judgement { risk, reasons, refused }
@@ -484,7 +513,17 @@ mod tests {
         let many = ChangeSet {
             changes: (0..4).map(|i| change(&format!("n{i}"), ChangeKind::Created, None, file(1, 0o644))).collect(),
         };
-        assert_eq!(many.judge(&rules, tree).risk, Risk::Destructive);
+        // Creations alone are a Write however many (issue 49.10); past the
+        // limit, changes to paths that existed are Destructive.
+        assert_eq!(many.judge(&rules, tree).risk, Risk::Write);
+        let edits = ChangeSet {
+            changes: (0..4)
+                .map(|i| change(&format!("n{i}"), ChangeKind::Modified, file(0, 0o644), file(1, 0o644)))
+                .collect(),
+        };
+        let judged = edits.judge(&rules, tree);
+        assert_eq!(judged.risk, Risk::Destructive);
+        assert!(judged.reasons[0].starts_with("changes 4 paths that existed"), "{judged:?}");
         // A name cannot forge a line of its own.
         let forged = ChangeSet {
             changes: vec![change("a\n- everything (verdict: Write)", ChangeKind::Deleted, file(1, 0o644), None)],

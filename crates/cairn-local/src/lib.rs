@@ -57,7 +57,7 @@ pub mod tokenizer;
 pub use error::LocalError;
 pub use grammar::Grammar;
 pub use ground::{PathCandidates, PathKind};
-pub use install::{MODEL_SHA256, default_model_path, install_model};
+pub use install::{MODEL_SHA256, default_model_path, install_model, install_model_reporting};
 pub use model::{GenStop, Generation, LocalModel, LocalOptions, Precision};
 pub use provider::LocalProvider;
 pub use tokenizer::LocalTokenizer;

@@ -52,7 +52,12 @@ mod embedded {
 
     /// `cairn model install [--from PATH]`.
     pub fn install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
-        let installed = cairn_local::install_model(&ctx.paths.data, from)?;
+        // Each step is said as it starts, on stderr (a 98 MB download must
+        // not look like a hang).
+        let say = |line: &str| {
+            let _ = writeln!(std::io::stderr(), "cairn: {}", crate::escape::escape_controls(line));
+        };
+        let installed = cairn_local::install_model_reporting(&ctx.paths.data, from, &say)?;
         writeln!(std::io::stdout(), "installed {} (sha256 verified)", installed.display())?;
         Ok(exit::SUCCESS)
     }

@@ -36,6 +36,21 @@ impl Style {
         self.paint(&format!("38;5;{index}"), text)
     }
 
+    /// The sequence that resets every attribute and then sets `codes`
+    /// (SGR parameters, `1` bold, `2` dim, `3` italic, `36` cyan), or
+    /// nothing uncoloured: for a renderer that styles text as it streams
+    /// and cannot wrap a whole span (`cairn-cli`'s `markdown.rs`).
+    pub fn set(&self, codes: &[&str]) -> String {
+        if !self.color {
+            return String::new();
+        }
+        let mut out = "\x1b[0m".to_owned();
+        if !codes.is_empty() {
+            out.push_str(&format!("\x1b[{}m", codes.join(";")));
+        }
+        out
+    }
+
     fn paint(&self, code: &str, text: &str) -> String {
         if self.color { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
     }

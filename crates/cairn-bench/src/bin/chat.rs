@@ -5,6 +5,8 @@
 //! - keypress → echo: from writing a key to the pty until the terminal
 //!   receives its echo, against `cat` in raw mode on a pty of its own (the
 //!   least a program that echoes keys can cost: the pty round trip).
+//! - first word of a paragraph → screen (issue 49.6): the same, one word of
+//!   a line still arriving per delta (no newline), against `curl -N`;
 //! - streamed delta → screen: from a loopback model server writing one SSE
 //!   text delta (a line) until the rendered line reaches the terminal,
 //!   against `curl -N` reading the same kind of stream from the same kind
@@ -398,8 +400,49 @@ fn main() -> Result<()> {
             return Err(e);
         }
     }
+    // First word of a paragraph → screen (issue 49.6): one long line
+    // streamed a word at a time, no newline until the end; each word must
+    // show on its own, before the line is complete.
+    let mut word_ours = Vec::new();
+    let mut word_base = Vec::new();
+    for i in 0..deltas {
+        let mut ours = || {
+            let needle = format!("word{i:06}");
+            chat.drain();
+            match model.delta(&format!("{needle} ")).and_then(|wrote| Ok((wrote, chat.wait_for(needle.as_bytes())?))) {
+                Ok((wrote, seen)) => word_ours.push(seen.saturating_duration_since(wrote)),
+                Err(e) => fail = Some(e),
+            }
+        };
+        let mut theirs = || {
+            let Some(curl) = curl.as_mut() else { return };
+            let needle = format!("wbase{i:06}");
+            curl.drain();
+            if let Ok((wrote, seen)) =
+                base_model.delta(&format!("{needle} ")).and_then(|wrote| Ok((wrote, curl.wait_for(needle.as_bytes())?)))
+            {
+                word_base.push(seen.saturating_duration_since(wrote));
+            }
+        };
+        if i % 2 == 0 {
+            ours();
+            theirs();
+        } else {
+            theirs();
+            ours();
+        }
+        if let Some(e) = fail.take() {
+            return Err(e.context("a word of a paragraph still arriving never reached the screen"));
+        }
+    }
+    let _ = model.delta("end of the paragraph\n");
     model.finish();
     base_model.finish();
+    if word_base.is_empty() {
+        table.figure("first word of a streamed paragraph → screen", &cairn_bench::describe(&word_ours));
+    } else {
+        table.compare("first word of a streamed paragraph → screen", &word_ours, "curl -N onto a pty", &word_base);
+    }
     if delta_base.is_empty() {
         table.figure("streamed delta → screen, 1,000-message session", &cairn_bench::describe(&delta_ours));
     } else {

@@ -182,6 +182,12 @@ impl Screen {
         seen.parser.screen().cell(row, col).map_or(vt100::Color::Default, vt100::Cell::fgcolor)
     }
 
+    /// Whether the cell at `row`, `col` of the screen is bold.
+    pub fn bold(&self, row: u16, col: u16) -> bool {
+        let seen = self.seen.lock().unwrap();
+        seen.parser.screen().cell(row, col).is_some_and(vt100::Cell::bold)
+    }
+
     /// Every byte the program wrote (up to [`Screen::keep_bytes`]).
     pub fn bytes(&self) -> Vec<u8> {
         self.seen.lock().unwrap().bytes.clone()

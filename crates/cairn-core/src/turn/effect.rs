@@ -288,7 +288,7 @@ pub fn review_staged_effect(
     }
     let staged = format!(
         "its staged effect is Destructive ({}); nothing was applied, the working tree is unchanged. Staged changes:\n{}",
-        review.judgement.reasons.join("; "),
+        review.judgement.reasons_shown(),
         review.changes.listing()
     );
     let ask = match gate(Gated::call(&request.tool, Risk::Destructive), Asker::of(&*approver)) {
@@ -308,7 +308,7 @@ pub fn review_staged_effect(
         text: format!(
             "$ {command}\nin {}\nstaged effect (Destructive: {})\n{}\n{}{}",
             cwd.display(),
-            review.judgement.reasons.join("; "),
+            review.judgement.reasons_shown(),
             review.changes.listing(),
             review.diff,
             match review.preimages {

@@ -40,7 +40,14 @@ impl Host for CliHost {
         fn opt(s: &str) -> Option<&str> {
             Some(s).filter(|s| !s.is_empty())
         }
-        crate::wiring::provider_for(&self.ctx, &spec.provider, opt(&spec.model), opt(&spec.script).map(Path::new), cwd)
+        // A session on the server's own provider without a script of its
+        // own keeps the server's `--script` (issue 49.9: `cairn --script F
+        // serve` dropped it, and every prompt failed).
+        let s = &self.ctx.settings;
+        let script = opt(&spec.script)
+            .map(Path::new)
+            .or_else(|| (spec.provider == s.provider.value).then_some(s.script.value.as_deref()).flatten());
+        crate::wiring::provider_for(&self.ctx, &spec.provider, opt(&spec.model), script, cwd)
     }
 
     fn batch_max_running(&self) -> usize {
