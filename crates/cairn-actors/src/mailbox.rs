@@ -111,9 +111,10 @@ fn sender_of(line: &str) -> &str {
 
 /// Senders whose share of a mailbox is not capped: the host's own
 /// participants (the broker's replies must always fit; the console and
-/// the agent are the world's operators).
+/// the agent are the world's operators), and lines that name no sender
+/// (never an actor's: the broker sets `from`).
 fn uncapped(sender: &str) -> bool {
-    matches!(sender, "broker" | "console" | "agent" | "cc" | "http")
+    matches!(sender, "" | "broker" | "console" | "agent" | "cc" | "http")
 }
 
 impl Inner {
