@@ -543,7 +543,7 @@ int main(void) {
     let exit = status_exit(&t, "sleeper");
     assert!(
         exit.contains(
-            "4 abandoned instances of \"sleeper\" and the actors it spawned are still blocked in host calls (the world's budget: at most 4 per spawner)"
+            "4 abandoned instances of \\\"sleeper\\\" and the actors it spawned are still blocked in host calls (the world's budget: at most 4 per spawner)"
         ),
         "{exit}"
     );
