@@ -243,7 +243,7 @@ fn read_until(t: &TestWorld, from: &str, key: &str, shown: &mut usize) -> Value 
 /// fit comes back to the sender as `undeliverable`, and every message is
 /// either shown or told back.
 #[test]
-#[ignore = "the flood's end marker (/data/done) never appeared within 60 s in the run of 15:45 UTC: not diagnosed yet (the bounds themselves are in; this test does not yet show them)"]
+#[ignore = "the puppet traps in `big` (its first printf: wasi_snapshot_preview1 adapter assert_fail in fd_fdstat_get under __isatty), so the flood never runs; the actor must write its stdout differently (e.g. write(1, …) with a prebuilt line) before this test shows the bound"]
 fn a_flood_to_an_unread_console_is_refused_not_buffered() {
     let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
     let t = TestWorld::new();
@@ -277,7 +277,7 @@ fn a_flood_to_an_unread_console_is_refused_not_buffered() {
 /// host grew from 45 to 700 MB before: the broker's event queue had no
 /// bound). The flood's writes now wait for the broker.
 #[test]
-#[ignore = "the flood's end marker (/data/done) never appeared within 60 s in the run of 15:45 UTC: not diagnosed yet (the bounds themselves are in; this test does not yet show them)"]
+#[ignore = "the puppet traps in `big` (its first printf: wasi_snapshot_preview1 adapter assert_fail in fd_fdstat_get under __isatty), so the flood never runs; the actor must write its stdout differently (e.g. write(1, …) with a prebuilt line) before this test shows the bound"]
 fn a_flood_of_large_lines_is_slowed_not_buffered() {
     let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
     let t = TestWorld::new();
