@@ -23,7 +23,11 @@
 //! "name","reason","stderr"}`. A new build of a name replaces the last one.
 //!
 //! The run: one worker thread (builds are serial; the broker thread never
-//! waits for one), clang as a subprocess under cairn-tools' sandbox
+//! waits for one), taking requests from a queue per sender: the console's
+//! first, then the agent's, then the actors' round-robin (the one served
+//! least recently first), at most [`QUEUED_PER_SENDER`] waiting per actor
+//! (more are answered `build_failed` at once: issue 48.8, twelve queued
+//! builds of one actor no longer hold up the console's); clang as a subprocess under cairn-tools' sandbox
 //! (Landlock + seccomp: no network, writes only in the build directory),
 //! in a mount and PID namespace of its own where every top-level directory
 //! of `/` but `/dev` and the private `/tmp` is covered, `/usr` and `/proc`
@@ -38,9 +42,9 @@
 //! sandbox or the mount namespace cannot be set up the build fails and
 //! says why: clang never runs unconfined.
 
+use std::collections::{HashMap, VecDeque};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
@@ -75,15 +79,85 @@ const INSTALL_HINT: &str =
 /// A reply to send: (to, reply_to, body).
 pub(crate) type Reply = (String, String, Value);
 
+/// Builds an actor may have waiting at once (the console's and the
+/// agent's are not capped).
+pub const QUEUED_PER_SENDER: usize = 4;
+
+/// The requests waiting, one queue per sender, and when each sender was
+/// last served.
+#[derive(Default)]
+struct Waiting {
+    queues: HashMap<String, VecDeque<Inbound>>,
+    served: HashMap<String, u64>,
+    clock: u64,
+}
+
+impl Waiting {
+    /// Queues `m`, or gives it back with why not (its sender's queue is full).
+    fn add(&mut self, m: Inbound) -> Result<(), Box<(Inbound, String)>> {
+        let q = self.queues.entry(m.from.clone()).or_default();
+        if !native(&m.from) && q.len() >= QUEUED_PER_SENDER {
+            let why = format!(
+                "{} builds of {} are waiting already (at most {QUEUED_PER_SENDER} per sender); send it again after one is answered",
+                q.len(),
+                m.from
+            );
+            return Err(Box::new((m, why)));
+        }
+        q.push_back(m);
+        Ok(())
+    }
+
+    /// The next request: the console's, the agent's, then the actor
+    /// served least recently.
+    fn take_next(&mut self) -> Option<Inbound> {
+        let who =
+            [CONSOLE, AGENT].into_iter().find(|w| self.queues.contains_key(*w)).map(str::to_owned).or_else(|| {
+                self.queues.keys().min_by_key(|k| (self.served.get(*k).copied().unwrap_or(0), (*k).clone())).cloned()
+            })?;
+        let q = self.queues.get_mut(&who)?;
+        let m = q.pop_front();
+        if q.is_empty() {
+            self.queues.remove(&who);
+        }
+        self.clock += 1;
+        if self.served.len() > 4096 {
+            let live = &self.queues;
+            self.served.retain(|k, _| live.contains_key(k));
+        }
+        self.served.insert(who, self.clock);
+        m
+    }
+}
+
 /// Runs the `cc` worker until `rx` closes; `send` hands each reply to the
 /// broker.
-pub(crate) fn run(layout: Layout, rx: Receiver<Inbound>, send: impl Fn(Reply)) {
+pub(crate) fn run(layout: Layout, rx: crate::queue::InboxRx, send: impl Fn(Reply)) {
     let counter = AtomicU64::new(0);
-    for m in rx {
-        // Replies (and undeliverable notes) are never answered: no loops.
-        if m.reply_to.is_some() {
-            continue;
+    let mut waiting = Waiting::default();
+    loop {
+        // Everything that arrived meanwhile is queued before one is
+        // chosen (waiting for the inbox only when nothing is queued).
+        let first = if waiting.queues.is_empty() {
+            match rx.recv() {
+                Some(m) => Some(m),
+                None => return,
+            }
+        } else {
+            None
+        };
+        for m in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv())) {
+            // Replies (and undeliverable notes) are never answered: no loops.
+            if m.reply_to.is_some() {
+                continue;
+            }
+            if let Err(refused) = waiting.add(m) {
+                let (m, why) = *refused;
+                let name = m.body.get("name").and_then(Value::as_str).unwrap_or("main").to_owned();
+                send((m.from, m.id, json!({"type": "build_failed", "name": name, "reason": why, "stderr": ""})));
+            }
         }
+        let Some(m) = waiting.take_next() else { continue };
         let name = m.body.get("name").and_then(Value::as_str).unwrap_or("main").to_owned();
         let body = if m.body.get("type").and_then(Value::as_str) != Some("build") {
             json!({"type": "build_failed", "name": name,

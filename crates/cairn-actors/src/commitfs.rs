@@ -83,6 +83,13 @@ pub struct Commits {
     pending: BTreeMap<u32, Pending>,
     /// The actor's disk quota (none: unlimited, for tests of the layer).
     quota: Option<Quota>,
+    /// Descriptors the guest opened (`open-at`) and has not dropped, and
+    /// the most it may hold at once (none: unlimited). Each holds a host
+    /// file descriptor, and the process's are shared by every actor.
+    open: usize,
+    max_open: Option<usize>,
+    /// Whether the refusal of a descriptor was noted in `stderr.log`.
+    open_noted: bool,
 }
 
 /// Tells the actor's log why the layer refused something (a host note).
@@ -142,7 +149,29 @@ impl Commits {
     /// yet committed count too: they are on the disk already), and a call
     /// that would make an entry past its entries fails with `quota`.
     pub fn with_quota(quota: Quota) -> Commits {
-        Commits { pending: BTreeMap::new(), quota: Some(quota) }
+        Commits { quota: Some(quota), ..Default::default() }
+    }
+
+    /// At most `max` descriptors open at once (preopens not counted):
+    /// an `open-at` past it fails with `quota` (`EDQUOT` in C).
+    pub fn with_descriptors(mut self, max: usize) -> Commits {
+        self.max_open = Some(max);
+        self
+    }
+
+    /// Refuses one more descriptor past the cap (noting the first refusal).
+    fn room_for_descriptor(&mut self, path: &str) -> FsResult<()> {
+        let Some(max) = self.max_open.filter(|m| self.open >= *m) else { return Ok(()) };
+        if !self.open_noted {
+            self.open_noted = true;
+            if let Some(note) = self.quota.as_ref().and_then(|q| q.note.as_ref()) {
+                note(&format!(
+                    "opening {path:?} refused (quota): {} descriptors are open, an instance may hold at most {max}",
+                    self.open
+                ));
+            }
+        }
+        fail(ErrorCode::Quota)
     }
 
     /// Number of descriptors whose writes are not committed yet.
@@ -646,19 +675,25 @@ impl t::HostDescriptor for CommitFs<'_> {
         if hides(&path) {
             return fail(if create { ErrorCode::NotPermitted } else { ErrorCode::NoEntry });
         }
+        self.commits.room_for_descriptor(&path)?;
         let writes = create || oflags.contains(t::OpenFlags::TRUNCATE) || flags.contains(t::DescriptorFlags::WRITE);
         let writable_dir = matches!(self.fs.table.get(&fd)?, Descriptor::Dir(d) if !d.perms.write_not_permitted());
-        if writes && writable_dir && !oflags.contains(t::OpenFlags::DIRECTORY) {
-            return self.open_for_write(fd, path, oflags, flags);
-        }
-        // Reads, directories, read-only preopens (which refuse writes
-        // themselves): as they are, but never through a final symlink.
-        t::HostDescriptor::open_at(&mut self.fs, fd, nofollow(), path, oflags, flags)
+        let opened = if writes && writable_dir && !oflags.contains(t::OpenFlags::DIRECTORY) {
+            self.open_for_write(fd, path, oflags, flags)
+        } else {
+            // Reads, directories, read-only preopens (which refuse writes
+            // themselves): as they are, but never through a final symlink.
+            t::HostDescriptor::open_at(&mut self.fs, fd, nofollow(), path, oflags, flags)
+        }?;
+        self.commits.open += 1;
+        Ok(opened)
     }
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
         let rep = fd.rep();
         t::HostDescriptor::drop(&mut self.fs, fd)?;
+        // Preopens are dropped too (never counted): never below zero.
+        self.commits.open = self.commits.open.saturating_sub(1);
         if let Some(p) = self.commits.pending.remove(&rep) {
             // A commit that cannot be made durable ends the instance (a trap,
             // which discards its other pending writes) rather than losing

@@ -21,12 +21,9 @@
 use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-
-use crate::message::Inbound;
 
 /// Longest one exchange may take, connection to last byte.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -40,7 +37,7 @@ pub(crate) type Reply = (String, String, Value);
 
 /// Runs the `http` participant until `rx` closes; `send` hands each reply
 /// to the broker (from the exchange's thread).
-pub(crate) fn run(rx: Receiver<Inbound>, send: impl Fn(Reply) + Clone + Send + 'static) {
+pub(crate) fn run(rx: crate::queue::InboxRx, send: impl Fn(Reply) + Clone + Send + 'static) {
     let agent = |proxy: bool| -> ureq::Agent {
         let mut b = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -54,7 +51,7 @@ pub(crate) fn run(rx: Receiver<Inbound>, send: impl Fn(Reply) + Clone + Send + '
     // A proxy from the environment never sees loopback traffic.
     let (proxied, direct) = (agent(true), agent(false));
     let running = Arc::new(AtomicUsize::new(0));
-    for m in rx {
+    for m in &rx {
         // Replies (and undeliverable notes) are never answered: no loops.
         if m.reply_to.is_some() {
             continue;

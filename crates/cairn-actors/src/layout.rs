@@ -294,14 +294,19 @@ impl Layout {
         Ok(())
     }
 
-    /// Takes the world lock (held as long as the returned file lives).
+    /// Takes the world lock (held as long as the returned file lives): an
+    /// exclusive `flock` on the world directory itself, which no one can
+    /// delete while it holds the world (deleting `.lock`, a file, let a
+    /// second run lock a new file of the same name, issue 48.8). `.lock` is
+    /// still created, for whoever looks for it, but proves nothing.
     pub fn lock(&self) -> Result<fs::File, LayoutError> {
         let p = self.root.join(".lock");
-        let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(io(&p))?;
-        match f.try_lock() {
-            Ok(()) => Ok(f),
-            Err(fs::TryLockError::WouldBlock) => Err(LayoutError::Locked(p)),
-            Err(fs::TryLockError::Error(e)) => Err(LayoutError::Io { path: p, source: e }),
+        let _ = fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p);
+        let d = fs::File::open(&self.root).map_err(io(&self.root))?;
+        match d.try_lock() {
+            Ok(()) => Ok(d),
+            Err(fs::TryLockError::WouldBlock) => Err(LayoutError::Locked(self.root.clone())),
+            Err(fs::TryLockError::Error(e)) => Err(LayoutError::Io { path: self.root.clone(), source: e }),
         }
     }
 

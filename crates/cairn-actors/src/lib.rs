@@ -6,7 +6,7 @@
 //!
 //! Modules: `message` (formats, ids), `cc` (the native C compiler
 //! participant), `http` (the native HTTP participant), `layout` (world directory, registry,
-//! path rules), `mailbox` (bounded durable queues), `runtime` (wasmtime),
+//! path rules), `mailbox` (bounded durable queues), `queue` (bounded in-memory queues), `runtime` (wasmtime),
 //! `commitfs` (commit-on-close files), `transcript` (upgrade gates),
 //! `broker` (routing and lifecycle),
 //! `console` (the line-oriented console of `cairn world run`), `tools`
@@ -20,6 +20,7 @@ pub mod http;
 pub mod layout;
 pub mod mailbox;
 pub mod message;
+pub mod queue;
 pub mod runtime;
 pub mod tools;
 pub mod transcript;

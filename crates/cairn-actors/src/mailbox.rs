@@ -1,7 +1,10 @@
-//! Durable per-actor mailboxes: a bounded FIFO (1,000 messages) whose
-//! content is journaled to `broker/mailbox/<id>.jsonl` so messages accepted
-//! for an actor (or for the native `agent`) survive a host crash. Owns
-//! queueing only, not routing.
+//! Durable per-actor mailboxes: a bounded queue (1,000 messages, 16 MiB)
+//! whose content is journaled to `broker/mailbox/<id>.jsonl` so messages
+//! accepted for an actor (or for the native `agent`) survive a host crash.
+//! Served round-robin across senders (each sender's messages in order),
+//! and one actor may hold at most half of a mailbox, so a storm from one
+//! sender neither fills another's way in nor waits ahead of it (issue 48).
+//! Owns queueing only, not routing.
 //!
 //! Every message gets a sequence number, increasing for the life of the
 //! journal (compaction keeps them), so a reader can name one message (the
@@ -15,10 +18,11 @@
 //! opened. Delivery stays at most once: a message is popped (journaled)
 //! before it is written to the actor's stdin.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,6 +56,21 @@ pub enum MailboxError {
         /// The refused message's bytes.
         size: usize,
     },
+    /// One sender (an actor) holds half the mailbox already, in messages
+    /// or bytes: the other half stays for everyone else.
+    #[error(
+        "mailbox full for {sender} ({count} messages, {bytes} bytes of it queued; one sender may hold at most half of a mailbox: {} messages, {} bytes)",
+        MAILBOX_LIMIT / 2,
+        MAILBOX_BYTES / 2
+    )]
+    SenderFull {
+        /// The sender.
+        sender: String,
+        /// Its messages queued.
+        count: usize,
+        /// Their bytes.
+        bytes: usize,
+    },
     /// The message alone is larger than [`crate::message::MESSAGE_LIMIT`].
     #[error("message too large ({0} bytes; the limit is {limit} bytes)", limit = crate::message::MESSAGE_LIMIT)]
     TooLarge(usize),
@@ -69,6 +88,74 @@ struct Inner {
     bytes: usize,
     /// Bytes of the journal file (as written by this process).
     journal_bytes: u64,
+    /// Who sent each queued message, by number.
+    who: HashMap<u64, Arc<str>>,
+    /// Each sender's queued messages, in queue order, and their bytes.
+    by_sender: HashMap<Arc<str>, (VecDeque<u64>, usize)>,
+    /// When each sender was last served (`clock` at its last removal):
+    /// [`Mailbox::peek_wait`] serves the least recently served first.
+    served: HashMap<Arc<str>, u64>,
+    clock: u64,
+}
+
+/// The sender of a queued line (a serialized `Inbound`, whose first
+/// fields are `id` and `from`); a JSON string never holds `"from":"`
+/// unescaped, so the first match is the field. Lines that are not
+/// messages share one empty sender.
+fn sender_of(line: &str) -> &str {
+    const KEY: &str = "\"from\":\"";
+    let Some(i) = line.find(KEY) else { return "" };
+    let rest = &line[i + KEY.len()..];
+    rest.find('"').map_or("", |j| &rest[..j])
+}
+
+/// Senders whose share of a mailbox is not capped: the host's own
+/// participants (the broker's replies must always fit; the console and
+/// the agent are the world's operators), and lines that name no sender
+/// (never an actor's: the broker sets `from`).
+fn uncapped(sender: &str) -> bool {
+    matches!(sender, "" | "broker" | "console" | "agent" | "cc" | "http")
+}
+
+impl Inner {
+    fn index_add(&mut self, n: u64, line: &str, front: bool) {
+        let s: Arc<str> = Arc::from(sender_of(line));
+        let e = self.by_sender.entry(s.clone()).or_default();
+        if front {
+            e.0.push_front(n);
+        } else {
+            e.0.push_back(n);
+        }
+        e.1 += line.len();
+        self.who.insert(n, s);
+    }
+
+    fn index_remove(&mut self, n: u64, len: usize) {
+        let Some(s) = self.who.remove(&n) else { return };
+        if let Some(e) = self.by_sender.get_mut(&s) {
+            if let Some(i) = e.0.iter().position(|x| *x == n) {
+                e.0.remove(i);
+            }
+            e.1 = e.1.saturating_sub(len);
+            if e.0.is_empty() {
+                self.by_sender.remove(&s);
+            }
+        }
+        self.clock += 1;
+        if self.served.len() > 4096 {
+            // Senders long gone: forget them (they start level again).
+            let live = &self.by_sender;
+            self.served.retain(|k, _| live.contains_key(k));
+        }
+        self.served.insert(s, self.clock);
+    }
+
+    /// The number of the oldest message of the least recently served
+    /// sender (round-robin across senders; one sender's are in order).
+    fn fair_front(&self) -> Option<u64> {
+        let turn = |s: &Arc<str>| self.served.get(s).copied().unwrap_or(0);
+        self.by_sender.iter().filter_map(|(s, (q, _))| Some((turn(s), *q.front()?))).min().map(|(_, n)| n)
+    }
 }
 
 /// One actor's mailbox.
@@ -145,11 +232,22 @@ impl Mailbox {
         };
         let (journal, journal_bytes) = compact(path, &queue, next).map_err(err)?;
         let bytes = queue.iter().map(|(_, m)| m.len()).sum();
-        Ok(Mailbox {
-            path: path.to_owned(),
-            inner: Mutex::new(Inner { queue, next, journal, bytes, journal_bytes }),
-            ready: Condvar::new(),
-        })
+        let mut inner = Inner {
+            queue,
+            next,
+            journal,
+            bytes,
+            journal_bytes,
+            who: HashMap::new(),
+            by_sender: HashMap::new(),
+            served: HashMap::new(),
+            clock: 0,
+        };
+        let queued: Vec<(u64, String)> = inner.queue.iter().cloned().collect();
+        for (n, m) in &queued {
+            inner.index_add(*n, m, false);
+        }
+        Ok(Mailbox { path: path.to_owned(), inner: Mutex::new(inner), ready: Condvar::new() })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -181,12 +279,21 @@ impl Mailbox {
         if !front && g.bytes + line.len() > MAILBOX_BYTES {
             return Err(MailboxError::FullBytes { queued: g.bytes, size: line.len() });
         }
+        let sender = sender_of(&line);
+        if !front
+            && !uncapped(sender)
+            && let Some((q, b)) = g.by_sender.get(sender)
+            && (q.len() >= MAILBOX_LIMIT / 2 || b + line.len() > MAILBOX_BYTES / 2)
+        {
+            return Err(MailboxError::SenderFull { sender: sender.to_owned(), count: q.len(), bytes: *b });
+        }
         let record = if front { '^' } else { '+' };
         writeln!(g.journal, "{record}{line}").map_err(|e| MailboxError::Journal(self.path.clone(), e))?;
         g.journal_bytes += line.len() as u64 + 2;
         g.bytes += line.len();
         let n = g.next;
         g.next += 1;
+        g.index_add(n, &line, front);
         if front {
             g.queue.push_front((n, line));
         } else {
@@ -216,18 +323,23 @@ impl Mailbox {
         let g = self.lock();
         let (mut g, _) =
             self.ready.wait_timeout_while(g, wait, |i| i.queue.is_empty()).unwrap_or_else(|p| p.into_inner());
-        let (_, m) = g.queue.pop_front()?;
+        let (n, m) = g.queue.pop_front()?;
         g.bytes -= m.len();
+        g.index_remove(n, m.len());
         self.journal_removal(&mut g, "-");
         Some(m)
     }
 
-    /// The oldest message and its number, left in the mailbox, waiting up
-    /// to `wait` for one.
+    /// The next message to serve and its number, left in the mailbox,
+    /// waiting up to `wait` for one: the oldest of the sender served least
+    /// recently (round-robin across senders, so one sender's storm delays
+    /// another's message by at most one message of the storm per turn;
+    /// each sender's messages stay in their order).
     pub fn peek_wait(&self, wait: Duration) -> Option<(u64, String)> {
         let g = self.lock();
         let (g, _) = self.ready.wait_timeout_while(g, wait, |i| i.queue.is_empty()).unwrap_or_else(|p| p.into_inner());
-        g.queue.front().cloned()
+        let n = g.fair_front()?;
+        g.queue.iter().find(|(s, _)| *s == n).cloned()
     }
 
     /// Takes the oldest message for which `pred` holds, waiting up to `wait`
@@ -239,6 +351,7 @@ impl Mailbox {
             if let Some(i) = g.queue.iter().position(|(_, m)| pred(m)) {
                 let (n, m) = g.queue.remove(i)?;
                 g.bytes -= m.len();
+                g.index_remove(n, m.len());
                 self.journal_removal(&mut g, &format!("x{n}"));
                 return Some((n, m));
             }
@@ -256,6 +369,7 @@ impl Mailbox {
         let Some(i) = g.queue.iter().position(|(s, _)| *s == n) else { return false };
         if let Some((_, m)) = g.queue.remove(i) {
             g.bytes -= m.len();
+            g.index_remove(n, m.len());
         }
         self.journal_removal(&mut g, &format!("x{n}"));
         true

@@ -3,7 +3,10 @@
 //! or a 2 s smoke test when there are none. Owns candidate runs only; the
 //! broker decides what to do with the verdict.
 //!
-//! Lines: `{"send": body}` writes a message to the candidate;
+//! Lines: `{"send": body, "from"?}` writes a message to the candidate,
+//! shaped as live traffic is (`m-<n>` ids from the world's counter, `from`
+//! the console unless the step names a sender), so a candidate cannot pass
+//! its gate by recognising the test;
 //! `{"expect": subset, "to"?}` waits up to 10 s for a stdout message whose
 //! body contains `subset` (objects: every key recursively; other values:
 //! equal) and, if given, whose `to` equals it.
@@ -53,6 +56,10 @@ pub struct Candidate<'a> {
     pub scratch: PathBuf,
     /// Limits as for the live actor.
     pub limits: Limits,
+    /// The number of the first message id the transcript's messages get
+    /// (`m-<n>`, as live messages are numbered: issue 48.7, a candidate
+    /// must not tell test traffic from live traffic).
+    pub first_id: u64,
 }
 
 impl std::fmt::Debug for Candidate<'_> {
@@ -160,7 +167,15 @@ fn transcript(c: &Candidate<'_>, file: &Path) -> Result<(), String> {
         let step: Value = serde_json::from_str(line).map_err(|e| format!("{at}: not JSON: {e}"))?;
         if let Some(body) = step.get("send") {
             sent += 1;
-            let msg = Inbound { id: format!("t-{sent}"), from: "test".into(), reply_to: None, body: body.clone() };
+            // As live traffic looks: an `m-<n>` id near the world's own
+            // counter, from the console unless the step says who.
+            let from = step.get("from").and_then(Value::as_str).unwrap_or(crate::message::CONSOLE);
+            let msg = Inbound {
+                id: format!("m-{}", c.first_id + sent),
+                from: from.to_owned(),
+                reply_to: None,
+                body: body.clone(),
+            };
             let line = serde_json::to_string(&msg).unwrap_or_default();
             r.inst.write_line(&line, EXPECT_WAIT).map_err(|e| format!("{at}: candidate stdin closed: {e}"))?;
         } else if let Some(want) = step.get("expect") {

@@ -59,6 +59,16 @@ pub enum WorldAction {
         /// (older ones are deleted when an upgrade commits; at least 1).
         #[arg(long, default_value_t = cairn_actors::broker::VERSIONS_KEPT)]
         versions_kept: u32,
+        /// Actors the world may hold (running or stopped); a spawn past it
+        /// is refused.
+        #[arg(long, default_value_t = cairn_actors::broker::WorldBudget::default().actors)]
+        max_actors: usize,
+        /// Actors descending from one actor (children, theirs, …).
+        #[arg(long, default_value_t = cairn_actors::broker::WorldBudget::default().descendants)]
+        max_descendants: usize,
+        /// The actors' memory caps together, in MiB.
+        #[arg(long, default_value_t = cairn_actors::broker::WorldBudget::default().memory_bytes >> 20)]
+        world_memory_mib: u64,
         /// Do not run the native agent (messages to `agent` then wait unread).
         #[arg(long)]
         no_agent: bool,
@@ -74,10 +84,25 @@ pub fn run(ctx: &Context, action: WorldAction) -> Result<u8> {
             cairn_actors::init(&d)?;
             println!("world ready in {}; run it with `cairn world run {}`", d.display(), d.display());
         }
-        WorldAction::Run { dir: d, memory_mib, fuel, versions_kept, no_agent } => {
+        WorldAction::Run {
+            dir: d,
+            memory_mib,
+            fuel,
+            versions_kept,
+            max_actors,
+            max_descendants,
+            world_memory_mib,
+            no_agent,
+        } => {
             let d = dir(d);
             let cfg = cairn_actors::WorldConfig {
                 limits: cairn_actors::Limits { memory_bytes: memory_mib << 20, fuel, ..Default::default() },
+                budget: cairn_actors::broker::WorldBudget {
+                    actors: max_actors,
+                    descendants: max_descendants,
+                    memory_bytes: world_memory_mib << 20,
+                    ..Default::default()
+                },
                 versions_kept,
                 ..Default::default()
             };

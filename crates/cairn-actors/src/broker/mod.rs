@@ -47,11 +47,14 @@ pub const BACKOFF_RESET: Duration = Duration::from_secs(60);
 /// finish alone. One inside a host call at its kill (where the epoch cannot
 /// reach it: a long `sleep`) is given up at once, at the kill.
 pub const ABANDON_AFTER: Duration = Duration::from_millis(500);
-/// Abandoned instances (still in a host call after their kill) the world
-/// keeps at once: each holds its memory until its host call returns, so
-/// past this no new instance starts (the start fails, and is retried with
-/// the crash backoff) until one of them ends.
-pub const MAX_ABANDONED: usize = 8;
+/// Abandoned instances (still in a host call after their kill) one
+/// spawner's lineage keeps at once (the default of
+/// [`WorldBudget::abandoned_per_spawner`]): each holds its memory until
+/// its host call returns, so past this no new instance of that lineage
+/// starts (the start fails, and is retried with the crash backoff) until
+/// one of them ends. Counted per lineage, not per world: one guest
+/// stopping its sleeping children must not stop every start in the world.
+pub const MAX_ABANDONED: usize = 4;
 /// The largest `.wasm` (or `.wat`) file a spawn or upgrade accepts: C
 /// actors are well under 1 MiB, and compiling costs far more memory and
 /// time than the file's size (a 12 MB `.wat` of small functions took
@@ -108,11 +111,54 @@ pub fn backoff(n: u32) -> Duration {
     Duration::from_millis(ms.min(30_000))
 }
 
+/// What the whole world may hold (issue 48): a spawn past any of these is
+/// refused with a message naming the budget. Memory, disk and descriptors
+/// are counted as the limits each actor was given (its reservation, see
+/// [`Broker::limits_of`]), not as what it uses now, so a refusal never
+/// depends on timing: an actor that lowers its child's limits fits more
+/// children.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorldBudget {
+    /// Actors in the registry (running or stopped) plus spawns compiling.
+    pub actors: usize,
+    /// Actors descending from one actor (its children, theirs, …).
+    pub descendants: usize,
+    /// The actors' memory limits together, plus those of abandoned
+    /// instances (they keep their memory until their host call returns).
+    pub memory_bytes: u64,
+    /// The actors' disk quotas together (`/data` + `/public`).
+    pub disk_bytes: u64,
+    /// The actors' descriptor caps together (each instance's own cap is
+    /// [`Limits::descriptors`]); keep it under the process's open-file limit.
+    pub descriptors: usize,
+    /// Abandoned instances one spawner's lineage (an actor the console or
+    /// the agent spawned, and everything it spawned) may have at once.
+    pub abandoned_per_spawner: usize,
+}
+
+impl Default for WorldBudget {
+    fn default() -> Self {
+        WorldBudget {
+            actors: 64,
+            descendants: 16,
+            memory_bytes: 4 << 30,
+            disk_bytes: 16 << 30,
+            descriptors: 64 * 64,
+            abandoned_per_spawner: MAX_ABANDONED,
+        }
+    }
+}
+
 /// World settings.
 #[derive(Debug, Clone, Copy)]
 pub struct WorldConfig {
     /// Per-instance limits (an actor's own may be lower, never higher).
     pub limits: Limits,
+    /// What the whole world may hold ([`WorldBudget`]).
+    pub budget: WorldBudget,
+    /// How long a message may wait for room in an actor's stdin before it
+    /// is dropped and its sender told ([`runtime::STDIN_WAIT`] by default).
+    pub stdin_wait: Duration,
     /// Time any compile may take ([`COMPILE_BUDGET`] by default).
     pub compile_budget: Duration,
     /// Versions an actor keeps besides the running one
@@ -124,7 +170,13 @@ pub struct WorldConfig {
 
 impl Default for WorldConfig {
     fn default() -> Self {
-        WorldConfig { limits: Limits::default(), compile_budget: COMPILE_BUDGET, versions_kept: VERSIONS_KEPT }
+        WorldConfig {
+            limits: Limits::default(),
+            budget: WorldBudget::default(),
+            stdin_wait: runtime::STDIN_WAIT,
+            compile_budget: COMPILE_BUDGET,
+            versions_kept: VERSIONS_KEPT,
+        }
     }
 }
 
@@ -162,9 +214,19 @@ fn read_wasm(p: &Path) -> anyhow::Result<Vec<u8>> {
 }
 
 enum Event {
+    /// A stdout line of an actor, holding credit of its gate until routed
+    /// (or dropped).
     Out {
         id: String,
         line: String,
+        _credit: crate::queue::Ticket,
+    },
+    /// A message taken out of `to`'s mailbox that never reached it
+    /// (`line` as queued): its sender is told why.
+    Undelivered {
+        to: String,
+        line: String,
+        reason: String,
     },
     Exited {
         id: String,
@@ -299,9 +361,9 @@ struct Broker {
     cfg: WorldConfig,
     actors: HashMap<String, ActorRt>,
     tx: Sender<Event>,
-    /// Native participants without a mailbox (`console`, `cc`): messages
-    /// to them go to these channels.
-    natives: HashMap<String, Sender<Inbound>>,
+    /// Native participants without a mailbox (`console`, `cc`, `http`):
+    /// messages to them go to these inboxes, each bounded in bytes.
+    natives: HashMap<String, crate::queue::Inbox>,
     /// The native `agent`'s durable mailbox (`broker/mailbox/agent.jsonl`):
     /// what waits for it survives a host crash like an actor's mailbox.
     agent_box: Arc<Mailbox>,
@@ -312,8 +374,9 @@ struct Broker {
     /// finds nothing.
     compiles: HashMap<u64, Compile>,
     /// Instances given up in a host call, by actor and generation, until
-    /// their thread ends (see [`MAX_ABANDONED`]).
-    abandoned: std::collections::HashSet<(String, u64)>,
+    /// their thread ends: the lineage they count against and the memory
+    /// they may still hold (see [`WorldBudget::abandoned_per_spawner`]).
+    abandoned: HashMap<(String, u64), (String, u64)>,
     /// Compile threads still running (a spawn past its budget included).
     compiling: Arc<std::sync::atomic::AtomicUsize>,
     next_token: u64,
@@ -431,13 +494,18 @@ impl Broker {
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Out { id, line } => match Outbound::parse(&line) {
+            Event::Out { id, line, _credit } => match Outbound::parse(&line) {
                 Ok(msg) => self.route(&id, msg),
                 Err(e) => append_log(
                     &self.layout.actor_dir(&id).join("stderr.log"),
                     &format!("dropped stdout line: {e}: {line}"),
                 ),
             },
+            Event::Undelivered { to, line, reason } => {
+                if let Ok(m) = serde_json::from_str::<Inbound>(&line) {
+                    self.undeliverable(&m.from, &m.id, &to, &reason);
+                }
+            }
             Event::Native { from, msg } => self.route(&from, msg),
             Event::Exited { id, generation, exit } => self.exited(&id, generation, exit),
             Event::Tested(t) => self.tested(*t),
@@ -470,10 +538,11 @@ impl Broker {
                         )
                     };
                     append_log(&self.layout.actor_dir(&id).join("stderr.log"), &note);
+                    let held = (self.lineage(&id), self.limits_of(&id).memory_bytes as u64);
                     self.exited(&id, generation, Exit::Killed);
                     // After `exited` (which would take it for the late
                     // end of an abandoned one): its real end comes later.
-                    self.abandoned.insert((id.clone(), generation));
+                    self.abandoned.insert((id.clone(), generation), held);
                 }
             }
             Event::Quit(done) => {
@@ -525,7 +594,7 @@ impl Broker {
 
     fn deliver(&mut self, to: &str, m: Inbound) -> Result<(), String> {
         if let Some(tx) = self.natives.get(to) {
-            return tx.send(m).map_err(|_| format!("{to} is gone"));
+            return tx.send(m).map_err(|e| e.to_string());
         }
         if to == AGENT {
             let line = serde_json::to_string(&m).map_err(|e| e.to_string())?;
@@ -888,10 +957,12 @@ impl Broker {
         self.generation += 1;
         let generation = self.generation;
         let log = self.layout.actor_dir(id).join("stderr.log");
-        let stuck = self.abandoned.len();
-        let started = if stuck >= MAX_ABANDONED {
+        let lineage = self.lineage(id);
+        let stuck = self.abandoned.values().filter(|(l, _)| *l == lineage).count();
+        let most = self.cfg.budget.abandoned_per_spawner;
+        let started = if stuck >= most {
             Err(anyhow!(
-                "{stuck} abandoned instances are still blocked in host calls (at most {MAX_ABANDONED}); no new instance until one ends"
+                "{stuck} abandoned instances of {lineage:?} and the actors it spawned are still blocked in host calls (the world's budget: at most {most} per spawner); no new instance of them until one ends"
             ))
         } else {
             compiled
@@ -903,6 +974,9 @@ impl Broker {
                 actor_root: self.layout.actor_root(),
             };
             let (tx1, tx2, id1, id2) = (self.tx.clone(), self.tx.clone(), id.to_owned(), id.to_owned());
+            // Credit per instance: a guest writing faster than the broker
+            // routes waits in its own write (see `queue::Gate`).
+            let gate = Arc::new(crate::queue::Gate::default());
             runtime::start(
                 &self.rt,
                 &c,
@@ -910,7 +984,8 @@ impl Broker {
                 &log,
                 self.limits_of(id),
                 move |line| {
-                    let _ = tx1.send(Event::Out { id: id1.clone(), line });
+                    let _credit = gate.acquire(line.len());
+                    let _ = tx1.send(Event::Out { id: id1.clone(), line, _credit });
                 },
                 move |exit| {
                     let _ = tx2.send(Event::Exited { id: id2, generation, exit });
@@ -933,7 +1008,17 @@ impl Broker {
         let Some(a) = self.actors.get_mut(id) else { return };
         let last = Arc::new(Mutex::new(None));
         let done = Arc::new(AtomicBool::new(false));
-        spawn_writer(inst.clone(), a.mailbox.clone(), last.clone(), done.clone(), first, log);
+        spawn_writer(
+            inst.clone(),
+            a.mailbox.clone(),
+            last.clone(),
+            done.clone(),
+            first,
+            log,
+            id.to_owned(),
+            self.tx.clone(),
+            self.cfg.stdin_wait,
+        );
         a.live = Some(Live {
             generation,
             inst,
@@ -1058,8 +1143,18 @@ impl Broker {
     /// spawn request's, or its spawner's: `ActorEntry::limits`). An
     /// actor's fuel applies only in a world that meters fuel.
     fn limits_of(&self, id: &str) -> Limits {
+        match self.reg.actors.get(id) {
+            Some(e) => self.effective(&e.limits),
+            None => self.cfg.limits,
+        }
+    }
+
+    /// The world's limits, lowered where `a` (an actor's own, as its spawn
+    /// gave them) is lower: what an instance of it gets, and what the
+    /// world's budgets count for it.
+    fn effective(&self, a: &layout::ActorLimits) -> Limits {
         let mut l = self.cfg.limits;
-        if let Some(a) = self.reg.actors.get(id).map(|e| e.limits) {
+        {
             let low = |world: usize, own: Option<u64>| {
                 own.and_then(|o| usize::try_from(o).ok()).map_or(world, |o| o.min(world))
             };
@@ -1140,7 +1235,7 @@ impl Broker {
     }
 
     fn exited(&mut self, id: &str, generation: u64, exit: Exit) {
-        if self.abandoned.remove(&(id.to_owned(), generation)) {
+        if self.abandoned.remove(&(id.to_owned(), generation)).is_some() {
             let note = format!("an abandoned instance ended at last: {exit:?}");
             append_log(&self.layout.actor_dir(id).join("stderr.log"), &note);
             return;
@@ -1218,6 +1313,7 @@ impl Broker {
 /// order, for the next instance. The parked message `first` (not in the
 /// mailbox) and a message the guest died before reading go back to the
 /// mailbox's front.
+#[allow(clippy::too_many_arguments)]
 fn spawn_writer(
     inst: Arc<Instance>,
     mailbox: Arc<Mailbox>,
@@ -1225,12 +1321,21 @@ fn spawn_writer(
     done: Arc<AtomicBool>,
     first: Option<String>,
     log: PathBuf,
+    to: String,
+    events: Sender<Event>,
+    wait: Duration,
 ) {
+    // Every message that leaves the mailbox and does not reach the guest
+    // is told to its sender (`undeliverable`), besides the note here.
+    let tell = move |line: &str, reason: String| {
+        let _ = events.send(Event::Undelivered { to: to.clone(), line: line.to_owned(), reason });
+    };
     let put_back = {
-        let (mailbox, log) = (mailbox.clone(), log.clone());
+        let (mailbox, log, tell) = (mailbox.clone(), log.clone(), tell.clone());
         move |m: String| {
             if let Err(e) = mailbox.push_front(m.clone()) {
                 append_log(&log, &format!("message lost, putting it back failed ({e}): {m}"));
+                tell(&m, format!("the instance ended before reading it and putting it back failed: {e}"));
             }
         }
     };
@@ -1260,7 +1365,7 @@ fn spawn_writer(
                 before = last.lock().unwrap_or_else(|p| p.into_inner()).replace(m.clone());
                 true
             };
-            match inst.write_line_if(&m, runtime::STDIN_WAIT, take) {
+            match inst.write_line_if(&m, wait, take) {
                 // Not taken: it stays in the mailbox (or, parked, is put
                 // back when the loop sees `done`).
                 None => {
@@ -1273,6 +1378,7 @@ fn spawn_writer(
                     // Dropped (at most once); the next message gets its own wait.
                     last.lock().unwrap_or_else(|p| p.into_inner()).take();
                     append_log(&log, &format!("message dropped: {e}: {m}"));
+                    tell(&m, format!("dropped: the actor did not read its stdin for {}", secs(wait)));
                 }
                 Some(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
                     // The guest is gone: it never read the whole line.
@@ -1282,6 +1388,7 @@ fn spawn_writer(
                 }
                 Some(Err(e)) => {
                     append_log(&log, &format!("message dropped, stdin write failed ({e}): {m}"));
+                    tell(&m, format!("dropped: writing it to the actor's stdin failed ({e})"));
                     return;
                 }
             }

@@ -143,6 +143,7 @@ impl Broker {
             bail!("{from} may not grant \"http\": it did not declare it in its own spawn request");
         }
         let limits = self.requested_limits(from, r.body.get("limits"))?;
+        self.within_budget(from, &id, &limits)?;
         let wasm = self.path(from, &r.need("wasm")?)?;
         let source = r.field("source").map(|s| self.path(from, s)).transpose()?;
         let bytes = read_wasm(&wasm)?;
@@ -257,6 +258,94 @@ impl Broker {
         Ok(out)
     }
 
+    /// The actors `from` descends from, itself first (nothing for the
+    /// console, the agent, or an id not in the registry), following each
+    /// actor's spawner; a chain that loops (ids reused after a remove) is
+    /// cut where it comes back.
+    fn ancestors(&self, from: &str) -> Vec<String> {
+        let mut chain: Vec<String> = Vec::new();
+        let mut at = from;
+        while let Some(e) = self.reg.actors.get(at) {
+            if chain.iter().any(|c| c == at) {
+                break;
+            }
+            chain.push(at.to_owned());
+            at = &e.spawner;
+        }
+        chain
+    }
+
+    /// The lineage an actor's abandoned instances count against: the
+    /// first of its ancestors spawned by the console or the agent (itself
+    /// if they spawned it).
+    pub(super) fn lineage(&self, id: &str) -> String {
+        self.ancestors(id).pop().unwrap_or_else(|| id.to_owned())
+    }
+
+    /// Refuses a spawn of `id` by `from` with `limits` that would take the
+    /// world past one of its budgets ([`super::WorldBudget`]), naming it.
+    /// Spawns still compiling count as actors already.
+    fn within_budget(&self, from: &str, id: &str, limits: &ActorLimits) -> anyhow::Result<()> {
+        let b = self.cfg.budget;
+        let spawning: Vec<&Spawning> = self
+            .compiles
+            .values()
+            .filter_map(|c| match &c.purpose {
+                Purpose::Spawn(s) => Some(&**s),
+                _ => None,
+            })
+            .collect();
+        let actors = self.reg.actors.len() + spawning.len();
+        if actors >= b.actors {
+            bail!(
+                "spawn of {id:?} refused: the world holds {actors} actors (spawns compiling included); its budget is {} actors",
+                b.actors
+            );
+        }
+        // Every actor `from` descends from gains a descendant.
+        let mut lines: Vec<Vec<String>> = self.reg.actors.values().map(|e| self.ancestors(&e.spawner)).collect();
+        lines.extend(spawning.iter().map(|s| self.ancestors(&s.from)));
+        for a in self.ancestors(from) {
+            let n = lines.iter().filter(|l| l.contains(&a)).count();
+            if n >= b.descendants {
+                bail!(
+                    "spawn of {id:?} refused: {a:?} has {n} descendants already; the world's budget is {} descendants per spawner",
+                    b.descendants
+                );
+            }
+        }
+        let mine = self.effective(limits);
+        let mut memory: u64 = self.reg.actors.keys().map(|a| self.limits_of(a).memory_bytes as u64).sum();
+        memory += spawning.iter().map(|s| self.effective(&s.limits).memory_bytes as u64).sum::<u64>();
+        memory += self.abandoned.values().map(|(_, m)| *m).sum::<u64>();
+        if memory + mine.memory_bytes as u64 > b.memory_bytes {
+            bail!(
+                "spawn of {id:?} refused: the actors' memory limits (abandoned instances included) add up to {memory} bytes and this one's is {}; the world's memory budget is {} bytes (a spawn may ask for less with \"limits\": {{\"memory_bytes\": …}})",
+                mine.memory_bytes,
+                b.memory_bytes
+            );
+        }
+        let mut disk: u64 = self.reg.actors.keys().map(|a| self.limits_of(a).disk_bytes).sum();
+        disk += spawning.iter().map(|s| self.effective(&s.limits).disk_bytes).sum::<u64>();
+        if disk + mine.disk_bytes > b.disk_bytes {
+            bail!(
+                "spawn of {id:?} refused: the actors' disk quotas add up to {disk} bytes and this one's is {}; the world's disk budget is {} bytes (a spawn may ask for less with \"limits\": {{\"disk_bytes\": …}})",
+                mine.disk_bytes,
+                b.disk_bytes
+            );
+        }
+        let fds = (actors + 1).saturating_mul(self.cfg.limits.descriptors);
+        if fds > b.descriptors {
+            bail!(
+                "spawn of {id:?} refused: {} actors of {} descriptors each would hold {fds}; the world's descriptor budget is {}",
+                actors + 1,
+                self.cfg.limits.descriptors,
+                b.descriptors
+            );
+        }
+        Ok(())
+    }
+
     /// Refuses a spawn or upgrade while [`COMPILES_AT_ONCE`] modules are
     /// compiling (for spawns, upgrades, or starts of versions not compiled
     /// in this run).
@@ -340,6 +429,14 @@ impl Broker {
             return refuse(self, format!("no actor {id:?} (removed while its upgrade compiled)"));
         }
         let (rt, tx, limits) = (self.rt.clone(), self.tx.clone(), self.limits_of(&id));
+        // The transcript's messages take ids as live ones do, from numbers
+        // reserved now (never handed out to live messages again).
+        let first_id = self.reg.next_msg + 1;
+        self.reg.next_msg += 1000;
+        if self.reg.next_msg >= self.reg.msg_reserved {
+            self.reg.msg_reserved = self.reg.next_msg + super::MSG_ID_BLOCK;
+            self.save();
+        }
         let (data, public, actor_root) = (self.layout.data(&id), self.layout.public(&id), self.layout.actor_root());
         let scratch = self.layout.root().join("broker").join("candidates").join(&id);
         let started = thread::Builder::new().name("actor-gate".into()).spawn(move || {
@@ -351,6 +448,7 @@ impl Broker {
                 actor_root: &actor_root,
                 scratch: scratch.clone(),
                 limits,
+                first_id,
             };
             let tests = plan.source.as_ref().map(|s| s.join("tests"));
             let verdict = transcript::run_gate(&c, tests.as_deref());

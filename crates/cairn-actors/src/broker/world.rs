@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -20,6 +20,7 @@ use super::{Broker, Event, KILL_AFTER, WorldConfig};
 use crate::layout::{Desired, Layout};
 use crate::mailbox::Mailbox;
 use crate::message::{AGENT, BROKER, CC, CONSOLE, HTTP, Inbound, Outbound};
+use crate::queue::{self, InboxRx};
 use crate::runtime::Runtime;
 
 /// The console's inbox on the embedding side. Several threads take from
@@ -30,7 +31,9 @@ use crate::runtime::Runtime;
 /// request, and everything else by [`World::recv`].
 #[derive(Debug)]
 struct ConsoleInbox {
-    rx: Mutex<Receiver<Inbound>>,
+    /// Messages set aside in `held` stay counted in the inbox's bytes
+    /// until they are handed out: the bound covers both.
+    rx: Mutex<InboxRx>,
     held: Mutex<Held>,
     changed: Condvar,
 }
@@ -54,14 +57,14 @@ impl ConsoleInbox {
             {
                 let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(i) = h.queue.iter().position(|m| wanted(m, &h.pending)) {
-                    return h.queue.remove(i);
+                    return self.handed(h.queue.remove(i));
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let slice = left.min(SLICE);
             match self.rx.try_lock() {
                 Ok(rx) => {
-                    if let Ok(m) = rx.recv_timeout(slice) {
+                    if let Ok(m) = rx.recv_kept(slice) {
                         drop(rx);
                         let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
                         h.queue.push_back(m);
@@ -77,9 +80,17 @@ impl ConsoleInbox {
                 // One last look at what was set aside meanwhile.
                 let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
                 let i = h.queue.iter().position(|m| wanted(m, &h.pending))?;
-                return h.queue.remove(i);
+                return self.handed(h.queue.remove(i));
             }
         }
+    }
+
+    /// A message leaves the inbox (its bytes no longer counted).
+    fn handed(&self, m: Option<Inbound>) -> Option<Inbound> {
+        if let Some(m) = &m {
+            self.rx.lock().unwrap_or_else(|p| p.into_inner()).done(m);
+        }
+        m
     }
 }
 
@@ -118,13 +129,16 @@ impl World {
         }
         layout.init()?;
         let lock = layout.lock()?;
+        // The descriptor budget must fit under the process's open-file
+        // limit, with room for the host's own files (journals, pipes).
+        raise_open_files(u64::try_from(cfg.budget.descriptors).unwrap_or(u64::MAX).saturating_add(1024));
         let mut reg = layout.load_registry()?;
         // The last run may have handed out ids up to its reservation.
         reg.next_msg = reg.next_msg.max(reg.msg_reserved);
         let rt = Runtime::new(cfg.limits.fuel.is_some())?;
         let (tx, rx) = mpsc::channel();
-        let (ctx, crx) = mpsc::channel();
-        let (cctx, ccrx) = mpsc::channel();
+        let (ctx, crx) = queue::inbox(CONSOLE, queue::CONSOLE_INBOX_BYTES);
+        let (cctx, ccrx) = queue::inbox(CC, queue::CC_INBOX_BYTES);
         let agent_box = Arc::new(Mailbox::open(&layout.mailbox(AGENT))?);
         let cc_tx = tx.clone();
         let cc_layout = layout.clone();
@@ -137,7 +151,7 @@ impl World {
                 });
             })
             .context("starting the cc thread")?;
-        let (httx, htrx) = mpsc::channel();
+        let (httx, htrx) = queue::inbox(HTTP, queue::HTTP_INBOX_BYTES);
         let http_tx = tx.clone();
         thread::Builder::new()
             .name("http".into())
@@ -353,6 +367,20 @@ impl World {
             if done {
                 let _ = t.join();
             }
+        }
+    }
+}
+
+/// Raises this process's soft open-file limit to `want` (at most the hard
+/// limit) when it is lower; where it cannot, the budget's refusals still
+/// hold each actor to its own cap.
+fn raise_open_files(want: u64) {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < want {
+            r.rlim_cur = want.min(r.rlim_max);
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &r);
         }
     }
 }
