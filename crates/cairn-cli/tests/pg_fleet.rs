@@ -322,8 +322,9 @@ fn cairn_cancel_stops_a_queued_or_a_running_session() {
     let queued = submit(&env, &url, "never run");
     let out = env.cairn(&["--database", &url, "cancel", &queued]).output().unwrap();
     stdout(&out);
+    // Idle (shown `new`: nothing was ever committed), its prompt gone.
     let row = session(&env, &url, &queued);
-    assert_eq!((row["state"].as_str(), row["queued"].as_i64()), (Some("idle"), Some(0)), "{row}");
+    assert_eq!((row["state"].as_str(), row["queued"].as_i64()), (Some("new"), Some(0)), "{row}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 waiting prompt(s) dropped"));
 
     let script = env.script(&[
