@@ -263,7 +263,19 @@ pub mod bench {
              SELECT 'done-' || g, 1, 1, '{\"finished\":true}', 1, 'bench' FROM generate_series(1, $1::bigint) g",
             &[&n],
         )?;
-        c.batch_execute("ANALYZE cairn_sessions; ANALYZE cairn_lines")?;
+        // Settled before anything is measured: vacuumed (no autovacuum
+        // starts under the measurement) and checkpointed (no flush of the
+        // fill's pages either).
+        for settle in ["VACUUM ANALYZE cairn_sessions", "VACUUM ANALYZE cairn_lines", "CHECKPOINT"] {
+            c.batch_execute(settle)?;
+        }
+        Ok(())
+    }
+
+    /// A checkpoint (so that two databases are measured from the same
+    /// state: the pages of earlier writes flushed).
+    pub fn checkpoint(url: &str) -> Result<()> {
+        crate::connect(url)?.batch_execute("CHECKPOINT")?;
         Ok(())
     }
 

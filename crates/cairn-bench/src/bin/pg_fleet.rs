@@ -16,10 +16,10 @@
 //!   registered, takes the session over; the gap from the cut to the new
 //!   holder's first commit, by the server's clock (47.5).
 //!
-//! Run: `CAIRN_BIN=target/debug/cairn cargo run -p cairn-bench
-//! --no-default-features --bin pg_fleet -- [--sessions N] [--finished N]
-//! [--cuts N] [--rounds N]` (`CAIRN_BIN` defaults to the `cairn` beside
-//! this binary).
+//! Run: `scripts/bench pg_fleet`, or `CAIRN_BIN=target/debug/cairn cargo
+//! run -p cairn-bench --no-default-features --bin pg_fleet -- [--sessions N]
+//! [--finished N] [--cuts N] [--rounds N] [--only e2e|statements|finished|failover]`
+//! (`CAIRN_BIN` defaults to the `cairn` beside this binary).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::path::{Path, PathBuf};
@@ -32,6 +32,8 @@ use cairn_pg::test_cluster::{TestCluster, bench};
 use cairn_pg::{Connection, PgStore, connect, lease};
 
 struct Args {
+    /// Only this part (`e2e`, `statements`, `finished`, `failover`).
+    only: Option<String>,
     sessions: usize,
     finished: usize,
     cuts: usize,
@@ -39,9 +41,19 @@ struct Args {
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args { sessions: 200, finished: 100_000, cuts: 24, rounds: 3 };
+    let mut a = Args {
+        only: None,
+        sessions: cairn_bench::size(200, 10),
+        finished: cairn_bench::size(100_000, 1000),
+        cuts: cairn_bench::size(24, 2),
+        rounds: cairn_bench::size(3, 1),
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--only" {
+            a.only = it.next();
+            continue;
+        }
         let value: usize = it.next().with_context(|| format!("{flag} needs a number"))?.parse()?;
         match flag.as_str() {
             "--sessions" => a.sessions = value,
@@ -236,7 +248,8 @@ fn main() -> Result<()> {
         drop(connect(&url)?);
         Ok(url)
     };
-    for workers in [1usize, 2, 4] {
+    let part = |name: &str| a.only.as_deref().is_none_or(|only| only == name);
+    for workers in [1usize, 2, 4].into_iter().filter(|_| part("e2e")) {
         let (mut e2e, mut ceiling) = (Vec::new(), Vec::new());
         for _ in 0..a.rounds {
             let url = fresh("e2e")?;
@@ -254,7 +267,7 @@ fn main() -> Result<()> {
     }
 
     // Statements per trivial session, from the server's log.
-    {
+    if part("statements") {
         let url = fresh("statements")?;
         let n = 20;
         fleet.submit(&url, n)?;
@@ -285,10 +298,11 @@ fn main() -> Result<()> {
     }
 
     // One worker's sessions per second with many finished sessions vs none.
-    {
+    if part("finished") {
         let (mut empty, mut full) = (Vec::new(), Vec::new());
         for _ in 0..a.rounds {
             let url = fresh("empty")?;
+            bench::checkpoint(&url)?;
             empty.push(end_to_end(&fleet, &url, &trivial, 1, a.sessions)?);
             let url = fresh("finished")?;
             bench::fill_finished(&url, a.finished)?;
@@ -304,7 +318,7 @@ fn main() -> Result<()> {
     }
 
     // Failover with 1 s leases.
-    {
+    if part("failover") {
         let busy: Vec<serde_json::Value> = (0..400)
             .map(|k| {
                 serde_json::json!({"text": "", "toolCalls": [{"id": format!("c{k}"), "name": "read_file",
