@@ -234,6 +234,18 @@ pub enum Command {
         #[arg(long, value_name = "ID")]
         session: Option<String>,
     },
+    /// The workers of the PostgreSQL database: host and pid, heartbeat age, sessions held, lease losses and why.
+    Workers,
+    /// Put a failed PostgreSQL session back in the queue once its fault is cleared (a worker resumes it).
+    Requeue {
+        /// Session id or unique prefix.
+        id: String,
+    },
+    /// Stop a PostgreSQL session: its waiting prompts are dropped; a running turn is told to stop.
+    Cancel {
+        /// Session id or unique prefix.
+        id: String,
+    },
     /// List the tool calls in PostgreSQL sessions waiting for a person's approval.
     Approvals,
     /// Answer a waiting approval (see `cairn approvals`): run the call, or --deny it.
@@ -474,6 +486,9 @@ fn run(cli: Cli) -> Result<u8> {
         }
         Command::Export { id } => crate::pg::export(&ctx, &id),
         Command::Approvals => crate::pg::approvals(&ctx),
+        Command::Workers => crate::pg::workers(&ctx),
+        Command::Requeue { id } => crate::pg::requeue(&ctx, &id),
+        Command::Cancel { id } => crate::pg::cancel(&ctx, &id),
         Command::Approve { session, invocation, deny } => {
             crate::pg::approve(&ctx, &session, &invocation, deny.as_deref())
         }

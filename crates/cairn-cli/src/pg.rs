@@ -47,33 +47,10 @@ fn connect_shown(url: &str) -> Result<Client> {
     })
 }
 
-/// A PostgreSQL error with the server's message and SQLSTATE code (the
-/// client's own text is only "db error").
-fn db_error(e: postgres::Error) -> anyhow::Error {
-    anyhow::anyhow!("database error: {}", cairn_pg::describe(&e))
-}
-
-/// A session id from an exact id or a unique prefix (a prefix names a
-/// subagent's session only when it reaches into the child's part, `+`,
-/// as for session files).
+/// A session id from an exact id or a unique prefix (cairn-pg's
+/// `catalog::resolve`, with core's prefix rule, as for session files).
 fn resolve(client: &mut Client, target: &str) -> Result<String> {
-    let exact = client.query_opt("SELECT id FROM cairn_sessions WHERE id = $1", &[&target]).map_err(db_error)?;
-    if let Some(row) = exact {
-        return Ok(row.get(0));
-    }
-    let pattern = format!("{}%", target.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
-    let children = crate::family::is_child_id(target);
-    let rows = client
-        .query(
-            "SELECT id FROM cairn_sessions WHERE id LIKE $1 AND ($2 OR strpos(id, $3) = 0) ORDER BY id LIMIT 2",
-            &[&pattern, &children, &crate::family::SEP.to_string()],
-        )
-        .map_err(db_error)?;
-    match rows.as_slice() {
-        [one] => Ok(one.get(0)),
-        [] => bail!("no session {target:?} in the database; list them with `cairn sessions --database URL`"),
-        _ => bail!("{target:?} matches more than one session; give more of the id"),
-    }
+    Ok(cairn_pg::catalog::resolve(client, target)?)
 }
 
 /// `cairn undo`/`cairn redo --database URL ID` (`target` `None`: redo): the
@@ -228,16 +205,7 @@ pub fn submit(ctx: &Context, session: Option<&str>, prompt: Option<String>, prom
 /// `cairn sessions --database`.
 pub fn sessions(ctx: &Context) -> Result<u8> {
     let mut client = client(ctx)?;
-    let rows = client
-        .query(
-            "SELECT s.id, s.status, s.last_seq, s.epoch, s.lease_owner, s.header,
-                (SELECT count(*) FROM cairn_inbox i WHERE i.session_id = s.id),
-                to_char(s.updated_at, 'YYYY-MM-DD HH24:MI:SS'), s.note,
-                (extract(epoch FROM s.updated_at) * 1000)::bigint
-         FROM cairn_sessions s ORDER BY s.updated_at DESC, s.id",
-            &[],
-        )
-        .map_err(db_error)?;
+    let rows = cairn_pg::catalog::list(&mut client)?;
     let mut out = std::io::stdout().lock();
     if !ctx.common.json {
         if rows.is_empty() {
@@ -254,22 +222,28 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
         )?;
     }
     for row in rows {
-        let (id, status, seq, epoch, owner, header): (String, String, i64, i64, Option<String>, String) =
-            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
-        let queued: i64 = row.get(6);
-        let updated: String = row.get(7);
-        let note: Option<String> = row.get(8);
-        let updated_ms: i64 = row.get(9);
-        let header = cairn_core::storage::decode_header(header.as_bytes()).ok();
+        use cairn_pg::catalog::Status;
+        let cairn_pg::catalog::Listed {
+            id,
+            status,
+            last_seq: seq,
+            epoch,
+            holder: owner,
+            header,
+            queued,
+            updated,
+            updated_ms,
+            note,
+        } = row;
         let cwd = header.as_ref().map(|h| h.cwd.clone()).unwrap_or_default();
         if ctx.common.json {
             use crate::sessions::Standing;
-            let state = match status.as_str() {
-                "queued" => Standing::Queued,
-                "running" => Standing::Running,
-                "failed" => Standing::Failed,
-                _ if seq == 0 => Standing::New,
-                _ => Standing::Idle,
+            let state = match status {
+                Status::Queued => Standing::Queued,
+                Status::Running => Standing::Running,
+                Status::Failed => Standing::Failed,
+                Status::Idle if seq == 0 => Standing::New,
+                Status::Idle => Standing::Idle,
             };
             let row = crate::sessions::SessionRow {
                 id: id.clone(),
@@ -296,7 +270,7 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
                 out,
                 "{:<36}  {:<8}  {:>6}  {:>7}  {:>5}  {:<19}  {:<24}  {}",
                 escape_controls(&crate::family::list_label(&id)),
-                status,
+                status.as_str(),
                 seq,
                 queued,
                 epoch,
@@ -304,7 +278,7 @@ pub fn sessions(ctx: &Context) -> Result<u8> {
                 escape_controls(owner.as_deref().unwrap_or("-")),
                 escape_controls(&cwd)
             )?;
-            if let Some(note) = note.filter(|_| status == "failed") {
+            if let Some(note) = note.filter(|_| status == Status::Failed) {
                 writeln!(out, "    {}", escape_controls(&note))?;
             }
         }
@@ -431,6 +405,110 @@ pub fn approvals(ctx: &Context) -> Result<u8> {
             escape_controls(&p.session),
             escape_controls(&p.invocation)
         )?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn workers`: each registered worker's host and pid, heartbeat age,
+/// sessions held, and the leases it lost with why (`--json`: one object a
+/// line).
+pub fn workers(ctx: &Context) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let all = cairn_pg::fleet::workers(&mut client)?;
+    let mut out = std::io::stdout().lock();
+    let state = |w: &cairn_pg::fleet::Worker| {
+        if w.stopped {
+            "stopped"
+        } else if w.heartbeat_age_ms > w.lease_ms.max(1000) * 3 {
+            // No heartbeat for three leases: killed, or cut off.
+            "silent"
+        } else if w.draining {
+            "draining"
+        } else {
+            "alive"
+        }
+    };
+    if ctx.common.json {
+        for w in &all {
+            let losses: Vec<serde_json::Value> = w
+                .recent_losses
+                .iter()
+                .map(|l| serde_json::json!({"sessionId": l.session, "epoch": l.epoch, "reason": l.reason, "at": l.at}))
+                .collect();
+            let line = serde_json::json!({"type": "worker", "name": w.name, "host": w.host, "pid": w.pid,
+                "state": state(w), "concurrency": w.concurrency, "leaseMs": w.lease_ms, "startedAt": w.started,
+                "heartbeatAgeMs": w.heartbeat_age_ms, "held": w.held, "draining": w.draining,
+                "leaseLosses": w.losses, "recentLosses": losses});
+            writeln!(out, "{}", crate::render::escape_json(&line.to_string()))?;
+        }
+        return Ok(exit::SUCCESS);
+    }
+    if all.is_empty() {
+        writeln!(out, "no workers have registered in this database; start one with `cairn worker --database URL`")?;
+        return Ok(exit::SUCCESS);
+    }
+    writeln!(
+        out,
+        "{}",
+        ctx.out_style.bold(&format!(
+            "{:<32}  {:>8}  {:<8}  {:>10}  {:>4}  {:>6}  STARTED",
+            "WORKER", "PID", "STATE", "HEARTBEAT", "HELD", "LOSSES"
+        ))
+    )?;
+    for w in &all {
+        writeln!(
+            out,
+            "{:<32}  {:>8}  {:<8}  {:>8.1} s  {:>4}  {:>6}  {}",
+            escape_controls(&w.name),
+            w.pid,
+            state(w),
+            w.heartbeat_age_ms as f64 / 1000.0,
+            w.held,
+            w.losses,
+            w.started
+        )?;
+        for l in &w.recent_losses {
+            writeln!(
+                out,
+                "    lost {} (epoch {}) at {}: {}",
+                escape_controls(&l.session),
+                l.epoch,
+                l.at,
+                escape_controls(&l.reason)
+            )?;
+        }
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn requeue ID`: a failed session back in the queue.
+pub fn requeue(ctx: &Context, target: &str) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let id = resolve(&mut client, target)?;
+    let done = cairn_pg::fleet::requeue(&mut client, &id)?;
+    eprintln!(
+        "cairn requeue: session {} is queued ({} prompt(s) waiting); a worker resumes it",
+        escape_controls(&id),
+        done.waiting
+    );
+    Ok(exit::SUCCESS)
+}
+
+/// `cairn cancel ID`: stop a session (its prompts dropped, a running turn
+/// told to stop).
+pub fn cancel(ctx: &Context, target: &str) -> Result<u8> {
+    let mut client = client(ctx)?;
+    let id = resolve(&mut client, target)?;
+    let by = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "cli".to_owned()));
+    match cairn_pg::fleet::cancel(&mut client, &id, &by)? {
+        cairn_pg::fleet::Cancelled::Stopped { dropped } => {
+            eprintln!("cairn cancel: session {} is idle; {dropped} waiting prompt(s) dropped", escape_controls(&id))
+        }
+        cairn_pg::fleet::Cancelled::Asked { holder } => eprintln!(
+            "cairn cancel: worker {} is told to stop the turn of session {} at its next renewal; its waiting prompts are dropped then",
+            escape_controls(&holder),
+            escape_controls(&id)
+        ),
     }
     Ok(exit::SUCCESS)
 }

@@ -46,6 +46,18 @@ pub fn approvals(_: &Context) -> Result<u8> {
     bail!(OFF)
 }
 
+pub fn workers(_: &Context) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn requeue(_: &Context, _: &str) -> Result<u8> {
+    bail!(OFF)
+}
+
+pub fn cancel(_: &Context, _: &str) -> Result<u8> {
+    bail!(OFF)
+}
+
 pub fn approve(_: &Context, _: &str, _: &str, _: Option<&str>) -> Result<u8> {
     bail!(OFF)
 }

@@ -31,6 +31,7 @@ mod mcp_servers;
 mod mount_9p;
 mod peers;
 mod pg_cli;
+mod pg_fleet;
 mod pg_hostile;
 mod providers;
 mod pty;

@@ -35,6 +35,7 @@ use cairn_core::storage::FAMILY_SEP;
 use postgres::Client;
 
 use crate::PgError;
+use crate::conn::Db;
 
 /// The lease a fenced handle commits under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,40 +135,75 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-/// Claim one runnable session for `owner`, or `None` when there is none.
-pub fn claim(client: &mut Client, owner: &str, lease: Duration) -> Result<Option<Claim>, PgError> {
-    let mut tx = client.transaction()?;
-    let row = tx.query_opt(
-        "UPDATE cairn_sessions SET lease_owner = $1, lease_expires = now() + make_interval(secs => $2),
-             epoch = epoch + 1, status = 'running', updated_at = now()
+/// The claim: the oldest runnable session (through the partial index of
+/// runnable rows, so finished sessions cost nothing), its lease taken and
+/// its epoch raised, and the claim recorded — one statement, one round
+/// trip, atomic by itself.
+const CLAIM: &str = "WITH claimed AS (
+        UPDATE cairn_sessions SET lease_owner = $1, lease_expires = now() + make_interval(secs => $2),
+             epoch = epoch + 1, status = 'running', updated_at = now(), cancel_requested = NULL
          WHERE id = (SELECT id FROM cairn_sessions
                      WHERE status IN ('queued', 'running')
                        AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= now())
+                       AND (not_before IS NULL OR not_before <= now())
                        AND strpos(id, $3) = 0
                      ORDER BY updated_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-         RETURNING id, epoch",
-        &[&owner, &secs(lease), &FAMILY_SEP.to_string()],
-    )?;
-    let Some(row) = row else {
-        tx.commit()?;
-        return Ok(None);
-    };
-    let session: String = row.get(0);
-    let epoch: i64 = row.get(1);
-    tx.execute("INSERT INTO cairn_claims (session_id, epoch, owner) VALUES ($1, $2, $3)", &[&session, &epoch, &owner])?;
-    tx.commit()?;
-    Ok(Some(Claim { session, fence: Fence { owner: owner.to_owned(), epoch, lease } }))
+         RETURNING id, epoch),
+     recorded AS (INSERT INTO cairn_claims (session_id, epoch, owner) SELECT id, epoch, $1 FROM claimed)
+     SELECT id, epoch FROM claimed";
+
+/// Claim one runnable session for `owner`, or `None` when there is none.
+pub fn claim(db: &mut impl Db, owner: &str, lease: Duration) -> Result<Option<Claim>, PgError> {
+    let stmt = db.statement(CLAIM)?;
+    let row = db.client().query_opt(&stmt, &[&owner, &secs(lease), &FAMILY_SEP.to_string()])?;
+    Ok(row.map(|row| Claim { session: row.get(0), fence: Fence { owner: owner.to_owned(), epoch: row.get(1), lease } }))
+}
+
+const RENEW: &str = "UPDATE cairn_sessions SET lease_expires = now() + make_interval(secs => $4)
+         WHERE id = $1 AND lease_owner = $2 AND epoch = $3 AND lease_expires > now()
+         RETURNING cancel_requested";
+
+/// What a renewal found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Renewed {
+    /// Extended.
+    Held,
+    /// Extended, and an operator asked to stop the running turn (`cairn
+    /// cancel`; who asked).
+    CancelRequested(String),
+    /// No longer ours, or already expired (never revived: the holder must
+    /// back off).
+    Lost,
 }
 
 /// Extend a live lease; false when it is no longer ours or already expired
 /// (an expired lease is never revived: its holder must back off).
-pub fn renew(client: &mut Client, session: &str, fence: &Fence) -> Result<bool, PgError> {
-    let n = client.execute(
-        "UPDATE cairn_sessions SET lease_expires = now() + make_interval(secs => $4)
-         WHERE id = $1 AND lease_owner = $2 AND epoch = $3 AND lease_expires > now()",
-        &[&session, &fence.owner, &fence.epoch, &secs(fence.lease)],
-    )?;
-    Ok(n == 1)
+pub fn renew(db: &mut impl Db, session: &str, fence: &Fence) -> Result<bool, PgError> {
+    Ok(renew_asking(db, session, fence)? != Renewed::Lost)
+}
+
+/// [`renew`], also saying whether an operator asked to stop the turn.
+pub fn renew_asking(db: &mut impl Db, session: &str, fence: &Fence) -> Result<Renewed, PgError> {
+    let stmt = db.statement(RENEW)?;
+    let row = db.client().query_opt(&stmt, &[&session, &fence.owner, &fence.epoch, &secs(fence.lease)])?;
+    Ok(match row {
+        None => Renewed::Lost,
+        Some(row) => match row.get::<_, Option<String>>(0) {
+            Some(by) => Renewed::CancelRequested(by),
+            None => Renewed::Held,
+        },
+    })
+}
+
+/// How many times in a row a session is handed back after a transient
+/// failure ([`Release::Transient`]) before it is marked failed.
+pub const MAX_TRANSIENT_RETRIES: i32 = 6;
+
+/// The wait before the next try after `retries` transient failures: 1 s,
+/// doubling, at most a minute.
+pub fn transient_backoff(retries: i32) -> Duration {
+    let exp = u32::try_from(retries.clamp(0, 6)).unwrap_or(6);
+    Duration::from_secs(2u64.pow(exp)).min(Duration::from_secs(60))
 }
 
 /// How a holder leaves a session.
@@ -179,46 +215,93 @@ pub enum Release {
     Failed,
     /// Hand it back at once for another try (e.g. after a lost connection).
     Retry,
+    /// A transient failure of the database (SQLSTATE classes 53, insufficient
+    /// resources such as a full disk, and 58, system errors): handed back
+    /// for another try after [`transient_backoff`], at most
+    /// [`MAX_TRANSIENT_RETRIES`] times in a row, then failed.
+    Transient,
+    /// An operator stopped it (`cairn cancel`): idle, its prompts gone.
+    Cancelled,
 }
 
 /// Give up a lease we still hold (nothing happens when it is not ours any
 /// more). Wakes the other workers when work is left.
 pub fn release(
-    client: &mut Client,
+    db: &mut impl Db,
     session: &str,
     fence: &Fence,
     how: Release,
     note: Option<&str>,
 ) -> Result<bool, PgError> {
-    let mut tx = client.transaction()?;
+    const OURS: &str = "SELECT 1 FROM cairn_sessions WHERE id = $1 AND lease_owner = $2 AND epoch = $3 FOR UPDATE";
+    const WAITING: &str = "SELECT EXISTS (SELECT 1 FROM cairn_inbox WHERE session_id = $1)";
+    // retries: kept for a transient failure (counted), else reset;
+    // not_before: a transient failure's backoff.
+    const LEAVE: &str =
+        "UPDATE cairn_sessions SET lease_owner = NULL, lease_expires = NULL, status = $2, updated_at = now(), note = $3,
+             retries = $4, not_before = CASE WHEN $5::float8 IS NULL THEN NULL
+                                             ELSE now() + make_interval(secs => $5::float8) END,
+             cancel_requested = NULL
+         WHERE id = $1 RETURNING retries";
+    const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+    const RETRIES: &str = "SELECT retries FROM cairn_sessions WHERE id = $1";
+    const DROP_PROMPTS: &str = "DELETE FROM cairn_inbox WHERE session_id = $1";
+    let (ours_q, waiting_q, leave_q, notify_q, retries_q, drop_q) = (
+        db.statement(OURS)?,
+        db.statement(WAITING)?,
+        db.statement(LEAVE)?,
+        db.statement(NOTIFY)?,
+        db.statement(RETRIES)?,
+        db.statement(DROP_PROMPTS)?,
+    );
+    let mut tx = db.client().transaction()?;
     // Lock the row first, so the inbox check below (a new statement, a new
     // snapshot) sees every prompt submitted before we got the lock.
-    let ours = tx.query_opt(
-        "SELECT 1 FROM cairn_sessions WHERE id = $1 AND lease_owner = $2 AND epoch = $3 FOR UPDATE",
-        &[&session, &fence.owner, &fence.epoch],
-    )?;
+    let ours = tx.query_opt(&ours_q, &[&session, &fence.owner, &fence.epoch])?;
     if ours.is_none() {
         tx.commit()?;
         return Ok(false);
     }
-    let waiting: bool =
-        tx.query_one("SELECT EXISTS (SELECT 1 FROM cairn_inbox WHERE session_id = $1)", &[&session])?.get(0);
-    let status = match how {
-        Release::Failed => "failed",
-        Release::Retry => "running",
-        Release::Done if waiting => "queued",
-        Release::Done => "idle",
+    if how == Release::Cancelled {
+        tx.execute(&drop_q, &[&session])?;
+    }
+    let waiting: bool = tx.query_one(&waiting_q, &[&session])?.get(0);
+    let tried: i32 = tx.query_one(&retries_q, &[&session])?.get(0);
+    let mut note = note.map(str::to_owned);
+    let (status, retries, wait) = match how {
+        Release::Failed => ("failed", 0, None),
+        Release::Retry => ("running", tried, None),
+        Release::Transient if tried + 1 >= MAX_TRANSIENT_RETRIES => {
+            note = Some(format!(
+                "gave up after {} tries of a transient failure: {}; when the fault is cleared, `cairn requeue` it",
+                tried + 1,
+                note.as_deref().unwrap_or("no reason given")
+            ));
+            ("failed", 0, None)
+        }
+        Release::Transient => ("running", tried + 1, Some(transient_backoff(tried).as_secs_f64())),
+        Release::Done | Release::Cancelled if waiting => ("queued", 0, None),
+        Release::Done | Release::Cancelled => ("idle", 0, None),
     };
-    tx.execute(
-        "UPDATE cairn_sessions SET lease_owner = NULL, lease_expires = NULL, status = $2, updated_at = now(), note = $3
-         WHERE id = $1",
-        &[&session, &status, &note],
-    )?;
+    tx.query_one(&leave_q, &[&session, &status, &note, &retries, &wait])?;
     if status != "idle" && status != "failed" {
-        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &session])?;
+        tx.execute(&notify_q, &[&CHANNEL, &session])?;
     }
     tx.commit()?;
     Ok(true)
+}
+
+/// How long until the first live lease of a runnable top-level session
+/// ends (`None`: none is held): an idle worker wakes then, not up to half
+/// a lease later, to take a dead holder's session over (its lease ends
+/// without a notification). Read through the partial index of runnable rows.
+pub fn next_expiry(db: &mut impl Db) -> Result<Option<Duration>, PgError> {
+    const SQL: &str = "SELECT (extract(epoch FROM (min(lease_expires) - now())) * 1000)::bigint
+         FROM cairn_sessions
+         WHERE status IN ('queued', 'running') AND lease_expires > now() AND strpos(id, $1) = 0";
+    let stmt = db.statement(SQL)?;
+    let ms: Option<i64> = db.client().query_one(&stmt, &[&FAMILY_SEP.to_string()])?.get(0);
+    Ok(ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
 }
 
 /// Start listening for work on this connection (see [`wait`]).
@@ -238,14 +321,15 @@ pub fn wait(client: &mut Client, timeout: Duration) -> Result<bool, PgError> {
 }
 
 /// The oldest prompt waiting for `session`: (inbox row id, text).
-pub fn next_prompt(client: &mut Client, session: &str) -> Result<Option<(i64, String)>, PgError> {
-    Ok(client
-        .query_opt("SELECT id, prompt FROM cairn_inbox WHERE session_id = $1 ORDER BY id LIMIT 1", &[&session])?
-        .map(|row| (row.get(0), row.get(1))))
+pub fn next_prompt(db: &mut impl Db, session: &str) -> Result<Option<(i64, String)>, PgError> {
+    const NEXT: &str = "SELECT id, prompt FROM cairn_inbox WHERE session_id = $1 ORDER BY id LIMIT 1";
+    let stmt = db.statement(NEXT)?;
+    Ok(db.client().query_opt(&stmt, &[&session])?.map(|row| (row.get(0), row.get(1))))
 }
 
 /// Enqueue `prompt` for an existing session and wake a worker.
-pub fn submit(client: &mut Client, session: &str, prompt: &str) -> Result<i64, PgError> {
+pub fn submit(db: &mut impl Db, session: &str, prompt: &str) -> Result<i64, PgError> {
+    let client = db.client();
     if let Some((parent, _)) = session.split_once(FAMILY_SEP) {
         return Err(PgError::Refused(format!(
             "session {session} is a subagent: it is driven by the worker that drives its family's session {parent}, and takes no prompts of its own; submit to {parent}"

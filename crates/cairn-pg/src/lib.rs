@@ -1,20 +1,29 @@
 //! cairn's PostgreSQL backend and worker: sessions stored in PostgreSQL
 //! behind cairn-core's `Storage` trait ([`PgStore`]), the schema and its
 //! migrations ([`schema`]), leases with fencing epochs and the prompt inbox
-//! ([`lease`]), approvals that wait durably ([`approvals`]), the worker loop that drives sessions ([`worker`]), and a
+//! ([`lease`]), approvals that wait durably ([`approvals`]), the worker loop that drives sessions ([`worker`]), the
+//! reads the commands make ([`catalog`]), the operators' registry and levers
+//! ([`fleet`]), connections with their prepared statements ([`conn`]), and a
 //! throwaway server for tests ([`test_cluster`]).
+//!
+//! Every SQL statement on cairn's tables is in this crate (a layout test,
+//! cairn-testtools' `import_circles.rs`, fails on one elsewhere).
 //!
 //! It is a host-side crate: it talks to a database and spawns processes,
 //! which cairn-core must not. It must not change what a turn does; it only
 //! decides where records live and who may commit them.
 
 pub mod approvals;
+pub mod catalog;
+pub mod conn;
+pub mod fleet;
 pub mod lease;
 pub mod schema;
 pub mod store;
 pub mod test_cluster;
 pub mod worker;
 
+pub use conn::{Connection, Db};
 pub use lease::Fence;
 pub use store::{DEFAULT_LEASE, Hold, Imported, PgStore, connect, connect_for, export, import, import_with};
 

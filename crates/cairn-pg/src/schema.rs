@@ -14,7 +14,7 @@ use postgres::Client;
 use crate::PgError;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Advisory lock key serialising migrations ("cairn" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0063_6169_726e;
@@ -73,6 +73,42 @@ CREATE TABLE cairn_claims (
     claimed_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (session_id, epoch)
 );
+";
+
+/// Version 2 (issue 47): an index on `id` in the C collation, so a
+/// family's children and an id prefix are a range of it (a million finished
+/// sessions cost a claim nothing); the fleet's registry (`cairn_workers`,
+/// heartbeats, `cairn workers`) and the lease losses it shows with their
+/// reasons; per session, the retries of transient failures and when the next
+/// may start (`retries`, `not_before`), and an operator's request to stop
+/// its running turn (`cancel_requested`, `cairn cancel`). Written to run
+/// again harmlessly (`IF NOT EXISTS`).
+const V2: &str = "
+CREATE INDEX IF NOT EXISTS cairn_sessions_id_c ON cairn_sessions (id COLLATE \"C\");
+ALTER TABLE cairn_sessions ADD COLUMN IF NOT EXISTS retries INT NOT NULL DEFAULT 0;
+ALTER TABLE cairn_sessions ADD COLUMN IF NOT EXISTS not_before TIMESTAMPTZ;
+ALTER TABLE cairn_sessions ADD COLUMN IF NOT EXISTS cancel_requested TEXT;
+CREATE TABLE IF NOT EXISTS cairn_workers (
+    name TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    concurrency INT NOT NULL,
+    lease_ms BIGINT NOT NULL,
+    started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    held INT NOT NULL DEFAULT 0,
+    draining BOOLEAN NOT NULL DEFAULT false,
+    stopped_at TIMESTAMPTZ
+);
+CREATE TABLE IF NOT EXISTS cairn_lease_losses (
+    id BIGSERIAL PRIMARY KEY,
+    worker TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    epoch BIGINT NOT NULL,
+    reason TEXT NOT NULL,
+    at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS cairn_lease_losses_worker ON cairn_lease_losses (worker, id);
 ";
 
 /// How long a migration waits for another process's migration lock before
@@ -143,6 +179,9 @@ pub fn ensure(client: &mut Client) -> Result<(), PgError> {
     }
     if found < 1 {
         tx.batch_execute(V1)?;
+    }
+    if found < 2 {
+        tx.batch_execute(V2)?;
     }
     if found < SCHEMA_VERSION {
         tx.execute(

@@ -42,13 +42,15 @@ use cairn_core::storage::{
 use postgres::Client;
 
 use crate::PgError;
+use crate::conn::{Connection, Db};
 use crate::lease::{Fence, LeaseClock};
 
 /// A session stored in PostgreSQL.
 pub struct PgStore {
     /// In a cell so that the worker can read the inbox through the
-    /// session's store (one connection per worker thread).
-    client: RefCell<Client>,
+    /// session's store (one connection per worker thread), with the
+    /// statements prepared on it.
+    client: RefCell<Connection>,
     header: Header,
     index: SessionIndex,
     fence: Option<Fence>,
@@ -194,9 +196,9 @@ impl PgStore {
         Ok(Self::new(client, header, SessionIndex::new(), None))
     }
 
-    fn new(client: Client, header: Header, index: SessionIndex, fence: Option<Fence>) -> Self {
+    fn new(client: impl Into<Connection>, header: Header, index: SessionIndex, fence: Option<Fence>) -> Self {
         Self {
-            client: RefCell::new(client),
+            client: RefCell::new(client.into()),
             header,
             index,
             fence,
@@ -223,7 +225,7 @@ impl PgStore {
         })
     }
 
-    fn within(client: Client, header: Header, index: SessionIndex, hold: &Hold) -> Self {
+    fn within(client: impl Into<Connection>, header: Header, index: SessionIndex, hold: &Hold) -> Self {
         let mut store = Self::new(client, header, index, Some(hold.fence.clone()));
         store.holder = Some(hold.session.clone());
         store.lost = Arc::clone(&hold.lost);
@@ -251,8 +253,9 @@ impl PgStore {
         let e = |err: postgres::Error| db(&id, &err);
         let line = encode_header(&header).map_err(|e| StorageError::Encode(e.to_string()))?;
         let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+        let lock = client.prepare(LOCK_ROW).map_err(e)?;
         let mut tx = client.transaction().map_err(e)?;
-        check_hold(&mut tx, &id, hold).map_err(|err| match err {
+        check_hold(&mut tx, &lock, &id, hold).map_err(|err| match err {
             HoldError::Db(err) => db(&id, &err),
             HoldError::Refused(err) => err,
         })?;
@@ -278,7 +281,7 @@ impl PgStore {
         let id = self.header.id.clone();
         let hold =
             Hold { session: holder, fence, lost: Arc::clone(&self.lost), clock: None, reconnect: None, cancel: None };
-        idle_within(self.client.get_mut(), &id, &hold)
+        idle_within(self.client.get_mut().client(), &id, &hold)
     }
 
     /// Open session `id` to drive it within `hold` (see
@@ -291,18 +294,25 @@ impl PgStore {
     /// Open a session for reading and unfenced writing (a commit is refused
     /// while another holder's lease is live).
     pub fn open(client: Client, id: &str) -> Result<Self, StorageError> {
-        Self::open_with(client, id, None)
+        Self::open_with(Connection::from(client), id, None)
     }
 
     /// Open a session to drive it under `fence` (a lease claimed by
     /// `lease::claim`).
     pub fn open_fenced(client: Client, id: &str, fence: Fence) -> Result<Self, StorageError> {
-        Self::open_with(client, id, Some(fence))
+        Self::open_with(Connection::from(client), id, Some(fence))
     }
 
-    fn open_with(mut client: Client, id: &str, fence: Option<Fence>) -> Result<Self, StorageError> {
-        let (header, index) = load(&mut client, id)?;
-        Ok(Self::new(client, header, index, fence))
+    /// [`PgStore::open_fenced`] on a connection whose prepared statements
+    /// it goes on using (a worker thread's, for every session it claims);
+    /// [`PgStore::into_connection`] gives it back.
+    pub fn open_fenced_on(conn: Connection, id: &str, fence: Fence) -> Result<Self, StorageError> {
+        Self::open_with(conn, id, Some(fence))
+    }
+
+    fn open_with(mut conn: Connection, id: &str, fence: Option<Fence>) -> Result<Self, StorageError> {
+        let (header, index) = load(&mut conn, id)?;
+        Ok(Self::new(conn, header, index, fence))
     }
 
     /// The flag set when a commit was refused because the lease was lost.
@@ -346,12 +356,17 @@ impl PgStore {
 
     /// The connection back (to release the lease, or reuse it).
     pub fn into_client(self) -> Client {
+        self.client.into_inner().into_client()
+    }
+
+    /// The connection back with its prepared statements.
+    pub fn into_connection(self) -> Connection {
         self.client.into_inner()
     }
 
     /// The connection.
     pub fn client(&mut self) -> &mut Client {
-        self.client.get_mut()
+        self.client.get_mut().client()
     }
 
     /// Whether the connection is known to be closed.
@@ -366,7 +381,7 @@ impl PgStore {
             .client
             .try_borrow_mut()
             .map_err(|_| PgError::Schema("the session's connection is in use by a commit".to_owned()))?;
-        crate::lease::next_prompt(&mut client, &self.header.id)
+        crate::lease::next_prompt(&mut *client, &self.header.id)
     }
 
     /// Commit `records`, retrying on a broken connection (see
@@ -406,7 +421,7 @@ impl PgStore {
             }
             std::thread::sleep(Duration::from_millis(150 * u64::from(attempt.min(4))));
             if let Ok(client) = connect_for(&url, lease) {
-                *self.client.get_mut() = client;
+                *self.client.get_mut() = Connection::from(client);
             }
         }
     }
@@ -423,8 +438,21 @@ impl PgStore {
         let last = records.last().map_or(0, Record::seq);
         let take = self.take.lock().ok().and_then(|g| *g);
         let holder = self.holder.clone();
-        let client = self.client.get_mut();
-        let mut tx = client.transaction().map_err(e)?;
+        let conn = self.client.get_mut();
+        // Prepared once per connection (a reconnect prepares them again).
+        let [lock_row, lock_own, line_at, insert_line, advance, extend_holder, take_prompt] =
+            [LOCK_ROW, LOCK_OWN_ROW, LINE_AT, INSERT_LINE, ADVANCE, EXTEND_HOLDER, TAKE_PROMPT]
+                .map(|sql| conn.statement(sql));
+        let (lock_row, lock_own, line_at, insert_line, advance, extend_holder, take_prompt) = (
+            lock_row.map_err(e)?,
+            lock_own.map_err(e)?,
+            line_at.map_err(e)?,
+            insert_line.map_err(e)?,
+            advance.map_err(e)?,
+            extend_holder.map_err(e)?,
+            take_prompt.map_err(e)?,
+        );
+        let mut tx = conn.client().transaction().map_err(e)?;
         // Within another session's lease: its row is locked first (every
         // writer of a family locks the holder's row before its own, so they
         // cannot deadlock) and the fence is checked there.
@@ -437,17 +465,13 @@ impl PgStore {
                 reconnect: None,
                 cancel: None,
             };
-            check_hold(&mut tx, &id, &hold).map_err(|err| match err {
+            check_hold(&mut tx, &lock_row, &id, &hold).map_err(|err| match err {
                 HoldError::Db(err) => WriteError::from_db(&id, &err),
                 HoldError::Refused(err) => WriteError::Refused(err),
             })?;
         }
         let row = tx
-            .query_opt(
-                "SELECT last_seq, epoch, lease_owner, COALESCE(lease_expires > now(), false)
-                 FROM cairn_sessions WHERE id = $1 FOR UPDATE",
-                &[&id],
-            )
+            .query_opt(&lock_own, &[&id])
             .map_err(e)?
             .ok_or_else(|| WriteError::Refused(backend(&id, "the session row is gone")))?;
         let stored: i64 = row.get(0);
@@ -481,13 +505,7 @@ impl PgStore {
         }
         if again && unsigned(stored) == last {
             // The earlier attempt's reply was lost: is the stored line ours?
-            let found: Option<String> = tx
-                .query_opt(
-                    "SELECT line FROM cairn_lines WHERE session_id = $1 AND first_seq = $2",
-                    &[&id, &signed(first)],
-                )
-                .map_err(e)?
-                .map(|r| r.get(0));
+            let found: Option<String> = tx.query_opt(&line_at, &[&id, &signed(first)]).map_err(e)?.map(|r| r.get(0));
             if found.as_deref() == Some(text.as_str()) {
                 tx.commit().map_err(e)?;
                 if take.is_some()
@@ -513,11 +531,7 @@ impl PgStore {
             (Some(_), Some(f)) => f.epoch,
             _ => epoch,
         };
-        tx.execute(
-            "INSERT INTO cairn_lines (session_id, first_seq, last_seq, line, epoch, owner) VALUES ($1, $2, $3, $4, $5, $6)",
-            &[&id, &signed(first), &signed(last), &text, &epoch, &owner_name],
-        )
-        .map_err(e)?;
+        tx.execute(&insert_line, &[&id, &signed(first), &signed(last), &text, &epoch, &owner_name]).map_err(e)?;
         let lease_secs = self.fence.as_ref().map(|f| f.lease.as_secs_f64());
         let (own_lease, holder_lease) = if holder.is_some() { (None, lease_secs) } else { (lease_secs, None) };
         // A session driven within another's lease is `running` from its
@@ -525,27 +539,14 @@ impl PgStore {
         // ([`PgStore::idle_within`]); a crash leaves it `running`, as it
         // leaves its holder.
         let within = holder.is_some();
-        tx.execute(
-            "UPDATE cairn_sessions SET last_seq = $2, updated_at = now(),
-                 lease_expires = CASE WHEN $3::float8 IS NULL THEN lease_expires
-                                      ELSE now() + make_interval(secs => $3::float8) END,
-                 status = CASE WHEN $4::bool THEN 'running' ELSE status END
-             WHERE id = $1",
-            &[&id, &signed(last), &own_lease, &within],
-        )
-        .map_err(e)?;
+        tx.execute(&advance, &[&id, &signed(last), &own_lease, &within]).map_err(e)?;
         if let (Some(holder), Some(secs)) = (&holder, holder_lease) {
             // A commit within the holder's lease extends it, as the
             // holder's own commits do.
-            tx.execute(
-                "UPDATE cairn_sessions SET lease_expires = now() + make_interval(secs => $2::float8) WHERE id = $1",
-                &[holder, &secs],
-            )
-            .map_err(e)?;
+            tx.execute(&extend_holder, &[holder, &secs]).map_err(e)?;
         }
         if let Some(inbox) = take {
-            let n =
-                tx.execute("DELETE FROM cairn_inbox WHERE id = $1 AND session_id = $2", &[&inbox, &id]).map_err(e)?;
+            let n = tx.execute(&take_prompt, &[&inbox, &id]).map_err(e)?;
             if n != 1 {
                 return Err(StorageError::Invalid(format!(
                     "{}: the submitted prompt (inbox row {inbox}) was already taken by another writer",
@@ -564,14 +565,33 @@ impl PgStore {
     }
 }
 
+/// A lease row locked and read: epoch, owner, live.
+const LOCK_ROW: &str = "SELECT epoch, lease_owner, COALESCE(lease_expires > now(), false)
+     FROM cairn_sessions WHERE id = $1 FOR UPDATE";
+/// The session row locked and read for a commit: last seq, epoch, owner, live.
+const LOCK_OWN_ROW: &str = "SELECT last_seq, epoch, lease_owner, COALESCE(lease_expires > now(), false)
+     FROM cairn_sessions WHERE id = $1 FOR UPDATE";
+const LINE_AT: &str = "SELECT line FROM cairn_lines WHERE session_id = $1 AND first_seq = $2";
+const INSERT_LINE: &str =
+    "INSERT INTO cairn_lines (session_id, first_seq, last_seq, line, epoch, owner) VALUES ($1, $2, $3, $4, $5, $6)";
+const ADVANCE: &str = "UPDATE cairn_sessions SET last_seq = $2, updated_at = now(),
+         lease_expires = CASE WHEN $3::float8 IS NULL THEN lease_expires
+                              ELSE now() + make_interval(secs => $3::float8) END,
+         status = CASE WHEN $4::bool THEN 'running' ELSE status END
+     WHERE id = $1";
+const EXTEND_HOLDER: &str =
+    "UPDATE cairn_sessions SET lease_expires = now() + make_interval(secs => $2::float8) WHERE id = $1";
+const TAKE_PROMPT: &str = "DELETE FROM cairn_inbox WHERE id = $1 AND session_id = $2";
+
 /// Session `id`, driven within `hold`, finished its turn: its row says
 /// `idle` (checked under the lease, like a commit; see
 /// [`PgStore::idle_within`]). Also for a driver that finds a finished
 /// session whose row a crash left `running`.
 pub fn idle_within(client: &mut Client, id: &str, hold: &Hold) -> Result<(), StorageError> {
     let e = |err: postgres::Error| db(id, &err);
+    let lock = client.prepare(LOCK_ROW).map_err(e)?;
     let mut tx = client.transaction().map_err(e)?;
-    check_hold(&mut tx, id, hold).map_err(|err| match err {
+    check_hold(&mut tx, &lock, id, hold).map_err(|err| match err {
         HoldError::Db(err) => db(id, &err),
         HoldError::Refused(err) => err,
     })?;
@@ -586,14 +606,13 @@ pub fn idle_within(client: &mut Client, id: &str, hold: &Hold) -> Result<(), Sto
 /// In `tx`, lock the row of `hold`'s session and check that its lease is
 /// live and held under `hold`'s fence; when it is not, set the lost flag
 /// and refuse (for a write to `id`, driven within that lease).
-fn check_hold(tx: &mut postgres::Transaction<'_>, id: &str, hold: &Hold) -> Result<(), HoldError> {
-    let row = tx
-        .query_opt(
-            "SELECT epoch, lease_owner, COALESCE(lease_expires > now(), false)
-             FROM cairn_sessions WHERE id = $1 FOR UPDATE",
-            &[&hold.session],
-        )
-        .map_err(HoldError::Db)?;
+fn check_hold(
+    tx: &mut postgres::Transaction<'_>,
+    stmt: &postgres::Statement,
+    id: &str,
+    hold: &Hold,
+) -> Result<(), HoldError> {
+    let row = tx.query_opt(stmt, &[&hold.session]).map_err(HoldError::Db)?;
     let Some(row) = row else {
         hold.lost.store(true, Ordering::SeqCst);
         return Err(HoldError::Refused(backend(
@@ -710,15 +729,16 @@ pub fn entries_after(
 }
 
 /// The header and the index of session `id`, replayed from its lines.
-fn load(client: &mut Client, id: &str) -> Result<(Header, SessionIndex), StorageError> {
+fn load(conn: &mut impl Db, id: &str) -> Result<(Header, SessionIndex), StorageError> {
+    const HEADER: &str = "SELECT header, last_seq FROM cairn_sessions WHERE id = $1";
+    const LINES: &str = "SELECT line, first_seq FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq";
     let e = |err: postgres::Error| db(id, &err);
-    let row = client
-        .query_opt("SELECT header, last_seq FROM cairn_sessions WHERE id = $1", &[&id])
-        .map_err(e)?
-        .ok_or_else(|| StorageError::Io {
-            path: where_(id),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such session in the database"),
-        })?;
+    let (header_q, lines_q) = (conn.statement(HEADER).map_err(e)?, conn.statement(LINES).map_err(e)?);
+    let client = conn.client();
+    let row = client.query_opt(&header_q, &[&id]).map_err(e)?.ok_or_else(|| StorageError::Io {
+        path: where_(id),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such session in the database"),
+    })?;
     let header_text: String = row.get(0);
     let last: i64 = row.get(1);
     let header = decode_header(header_text.as_bytes())
@@ -732,9 +752,7 @@ fn load(client: &mut Client, id: &str) -> Result<(Header, SessionIndex), Storage
     }
     let mut index = SessionIndex::new();
     let mut records = Vec::new();
-    let rows = client
-        .query("SELECT line, first_seq FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq", &[&id])
-        .map_err(e)?;
+    let rows = client.query(&lines_q, &[&id]).map_err(e)?;
     for (n, row) in rows.iter().enumerate() {
         let line: &str = row.get(0);
         let corrupt =

@@ -210,3 +210,140 @@ impl Drop for TestCluster {
         }
     }
 }
+
+/// What benchmarks measure the fleet with (`cairn-bench`'s `pg_fleet`),
+/// here because every statement on cairn's tables is cairn-pg's.
+pub mod bench {
+    use std::time::{Duration, Instant};
+
+    use anyhow::Result;
+
+    use crate::conn::Db;
+
+    /// The database's own commit rate, the ceiling of anything that commits:
+    /// `threads` connections each making `commits` single-row commits
+    /// (autocommit inserts into a scratch table). Commits per second.
+    pub fn commit_ceiling(url: &str, threads: usize, commits: usize) -> Result<f64> {
+        let mut admin = crate::connect(url)?;
+        admin.batch_execute("CREATE TABLE IF NOT EXISTS bench_ceiling (id BIGSERIAL PRIMARY KEY, v TEXT NOT NULL)")?;
+        let start = Instant::now();
+        std::thread::scope(|s| -> Result<()> {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(move || -> Result<()> {
+                        let mut c = crate::Connection::from(crate::connect(url)?);
+                        let stmt = c.statement("INSERT INTO bench_ceiling (v) VALUES ($1)")?;
+                        for n in 0..commits {
+                            c.client().execute(&stmt, &[&format!("row {n}")])?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().map_err(|_| anyhow::anyhow!("a committing thread panicked"))??;
+            }
+            Ok(())
+        })?;
+        Ok((threads * commits) as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// Add `n` finished sessions (idle, one line each), as a busy
+    /// database accumulates them.
+    pub fn fill_finished(url: &str, n: usize) -> Result<()> {
+        let mut c = crate::connect(url)?;
+        let n = i64::try_from(n)?;
+        c.execute(
+            "INSERT INTO cairn_sessions (id, header, status, last_seq, updated_at)
+             SELECT 'done-' || g, '{}', 'idle', 1, now() - interval '1 day' FROM generate_series(1, $1::bigint) g",
+            &[&n],
+        )?;
+        c.execute(
+            "INSERT INTO cairn_lines (session_id, first_seq, last_seq, line, epoch, owner)
+             SELECT 'done-' || g, 1, 1, '{\"finished\":true}', 1, 'bench' FROM generate_series(1, $1::bigint) g",
+            &[&n],
+        )?;
+        // Settled before anything is measured: vacuumed (no autovacuum
+        // starts under the measurement) and checkpointed (no flush of the
+        // fill's pages either).
+        for settle in ["VACUUM ANALYZE cairn_sessions", "VACUUM ANALYZE cairn_lines", "CHECKPOINT"] {
+            c.batch_execute(settle)?;
+        }
+        Ok(())
+    }
+
+    /// A checkpoint (so that two databases are measured from the same
+    /// state: the pages of earlier writes flushed).
+    pub fn checkpoint(url: &str) -> Result<()> {
+        crate::connect(url)?.batch_execute("CHECKPOINT")?;
+        Ok(())
+    }
+
+    /// Sessions queued or running (top-level and children).
+    pub fn unfinished(db: &mut impl Db) -> Result<i64> {
+        let stmt = db.statement("SELECT count(*) FROM cairn_sessions WHERE status IN ('queued', 'running')")?;
+        Ok(db.client().query_one(&stmt, &[])?.get(0))
+    }
+
+    /// Sessions failed.
+    pub fn failed(db: &mut impl Db) -> Result<i64> {
+        let stmt = db.statement("SELECT count(*) FROM cairn_sessions WHERE status = 'failed'")?;
+        Ok(db.client().query_one(&stmt, &[])?.get(0))
+    }
+
+    /// Session `id`'s lease owner and epoch now.
+    pub fn holder(db: &mut impl Db, id: &str) -> Result<(Option<String>, i64)> {
+        let stmt = db.statement("SELECT lease_owner, epoch FROM cairn_sessions WHERE id = $1")?;
+        let row = db.client().query_one(&stmt, &[&id])?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    /// When (ms since the Unix epoch, the server's clock) the first line
+    /// of session `id` written under an epoch above `epoch` was committed.
+    pub fn first_commit_after(db: &mut impl Db, id: &str, epoch: i64) -> Result<Option<i64>> {
+        let stmt = db.statement(
+            "SELECT (extract(epoch FROM min(committed_at)) * 1000)::bigint FROM cairn_lines
+             WHERE session_id = $1 AND epoch > $2",
+        )?;
+        Ok(db.client().query_one(&stmt, &[&id, &epoch])?.get(0))
+    }
+
+    /// Connections of this database left inside a transaction (a stopped
+    /// worker's, holding its row locks).
+    pub fn idle_in_transaction(db: &mut impl Db) -> Result<i64> {
+        let stmt = db.statement(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+        )?;
+        Ok(db.client().query_one(&stmt, &[])?.get(0))
+    }
+
+    /// Lines of session `id`.
+    pub fn lines(db: &mut impl Db, id: &str) -> Result<i64> {
+        let stmt = db.statement("SELECT count(*) FROM cairn_lines WHERE session_id = $1")?;
+        Ok(db.client().query_one(&stmt, &[&id])?.get(0))
+    }
+
+    /// Turn durability on for the whole cluster (`fsync`,
+    /// `synchronous_commit`, `full_page_writes`; the test cluster starts
+    /// without), so that figures are those of a real server on this disk.
+    pub fn durable(url: &str) -> Result<()> {
+        let mut c = crate::connect(url)?;
+        for setting in ["fsync = on", "synchronous_commit = on", "full_page_writes = on"] {
+            c.batch_execute(&format!("ALTER SYSTEM SET {setting}"))?;
+        }
+        c.batch_execute("SELECT pg_reload_conf()")?;
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(())
+    }
+
+    /// Log every statement (`log_statement = 'all'`) or stop, for counting
+    /// statements per session in the server log.
+    pub fn log_statements(url: &str, on: bool) -> Result<()> {
+        let mut c = crate::connect(url)?;
+        c.batch_execute(&format!("ALTER SYSTEM SET log_statement = '{}'", if on { "all" } else { "none" }))?;
+        c.batch_execute("SELECT pg_reload_conf()")?;
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(())
+    }
+}

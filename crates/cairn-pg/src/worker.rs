@@ -28,13 +28,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cairn_core::storage::Storage;
-use cairn_core::{CancelToken, Session, SessionConfig, TurnError};
-use postgres::Client;
-
+use crate::conn::Connection;
 use crate::lease::Fence;
 use crate::lease::{self, Claim, LeaseClock, Release};
 use crate::store::{PgStore, connect_for};
+use cairn_core::storage::Storage;
+use cairn_core::{CancelToken, Session, SessionConfig, TurnError};
 
 /// What a host plugs into the worker: every face's host contract
 /// (`cairn_host::SessionHost`: the settings of turns, the providers, undo),
@@ -117,6 +116,8 @@ struct Holding {
     lost: Arc<AtomicBool>,
     clock: LeaseClock,
     cancel: CancelToken,
+    /// Who asked to stop the turn (`cairn cancel`), seen by a renewal.
+    cancelled_by: Arc<Mutex<Option<String>>>,
 }
 
 type Held = Arc<Mutex<HashMap<String, Holding>>>;
@@ -139,9 +140,12 @@ pub fn run(opts: &WorkerOptions, driver: Arc<dyn Driver>, stop: Arc<AtomicBool>)
     }
     let held: Held = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
+    // In the registry `cairn workers` reads (best effort: a worker that
+    // cannot register still drives sessions; its heartbeats register it).
+    register(opts);
     let renewer = {
-        let (opts, held, done) = (opts.clone(), Arc::clone(&held), Arc::clone(&done));
-        std::thread::spawn(move || renew_loop(&opts, &held, &done))
+        let (opts, held, done, stop) = (opts.clone(), Arc::clone(&held), Arc::clone(&done), Arc::clone(&stop));
+        std::thread::spawn(move || renew_loop(&opts, &held, &done, &stop))
     };
     let watchdog = {
         let (opts, held, done) = (opts.clone(), Arc::clone(&held), Arc::clone(&done));
@@ -159,32 +163,95 @@ pub fn run(opts: &WorkerOptions, driver: Arc<dyn Driver>, stop: Arc<AtomicBool>)
     done.store(true, Ordering::SeqCst);
     let _ = renewer.join();
     let _ = watchdog.join();
+    if let Ok(c) = connect_for(&opts.url, opts.lease) {
+        let _ = crate::fleet::stopped(&mut Connection::from(c), &opts.name);
+    }
     Ok(())
+}
+
+fn register(opts: &WorkerOptions) {
+    let (host, _) = opts.name.rsplit_once(':').unwrap_or((opts.name.as_str(), ""));
+    let lease_ms = u64::try_from(opts.lease.as_millis()).unwrap_or(u64::MAX);
+    let registration = crate::fleet::Registration {
+        name: &opts.name,
+        host,
+        pid: std::process::id(),
+        concurrency: opts.concurrency,
+        lease_ms,
+    };
+    match connect_for(&opts.url, opts.lease) {
+        Ok(mut c) => {
+            if let Err(e) = crate::fleet::register(&mut c, &registration) {
+                say(&opts.name, &format!("cannot register in cairn_workers ({e}); driving sessions anyway"));
+            }
+        }
+        Err(e) => say(&opts.name, &format!("cannot register in cairn_workers ({e}); driving sessions anyway")),
+    }
+}
+
+/// Record a lease loss for `cairn workers` (best effort: the database may
+/// be what cut the worker off).
+fn note_loss(opts: &WorkerOptions, client: Option<&mut Connection>, session: &str, epoch: i64, reason: &str) {
+    let owner = &opts.name;
+    match client {
+        Some(c) => {
+            let _ = crate::fleet::lost(c, owner, session, epoch, reason);
+        }
+        None => {
+            if let Ok(mut c) = connect_for(&opts.url, opts.lease) {
+                let _ = crate::fleet::lost(&mut c, owner, session, epoch, reason);
+            }
+        }
+    }
 }
 
 fn held_now(held: &Held) -> Vec<(String, Holding)> {
     held.lock().map(|h| h.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default()
 }
 
-fn renew_loop(opts: &WorkerOptions, held: &Held, done: &AtomicBool) {
-    let mut client: Option<Client> = None;
+fn renew_loop(opts: &WorkerOptions, held: &Held, done: &AtomicBool, stop: &AtomicBool) {
+    let mut client: Option<Connection> = None;
     let period = opts.lease / 3;
+    // The registry's heartbeat: about once a second, and with every round
+    // of renewals.
+    let beat = period.min(Duration::from_secs(1));
+    let mut last_renewal = Instant::now();
     while !done.load(Ordering::SeqCst) {
-        std::thread::sleep(period);
+        std::thread::sleep(beat);
         let sessions = held_now(held);
-        if sessions.is_empty() {
-            continue;
-        }
-        if client.as_ref().is_none_or(Client::is_closed) {
-            client = connect_for(&opts.url, opts.lease).ok();
+        if client.as_ref().is_none_or(Connection::is_closed) {
+            client = connect_for(&opts.url, opts.lease).ok().map(Connection::from);
         }
         let Some(c) = client.as_mut() else { continue };
+        // A failed heartbeat never stops the renewals, unless the
+        // connection itself is gone.
+        if let Err(crate::PgError::Db(e)) =
+            crate::fleet::heartbeat(c, &opts.name, sessions.len(), stop.load(Ordering::SeqCst))
+            && crate::store::connection_lost(&e)
+        {
+            client = None;
+            continue;
+        }
+        if last_renewal.elapsed() < period || sessions.is_empty() {
+            continue;
+        }
+        last_renewal = Instant::now();
         let mut broken = false;
         for (session, h) in sessions {
             let sent = Instant::now();
-            match lease::renew(c, &session, &h.fence) {
-                Ok(true) => h.clock.extend(sent),
-                Ok(false) => {
+            match lease::renew_asking(c, &session, &h.fence) {
+                Ok(lease::Renewed::Held) => h.clock.extend(sent),
+                Ok(lease::Renewed::CancelRequested(by)) => {
+                    h.clock.extend(sent);
+                    if !h.cancel.is_cancelled() {
+                        if let Ok(mut slot) = h.cancelled_by.lock() {
+                            *slot = Some(by.clone());
+                        }
+                        h.cancel.cancel();
+                        say(&h.fence.owner, &format!("{by} cancelled {}; stopping its turn", escape(&session)));
+                    }
+                }
+                Ok(lease::Renewed::Lost) => {
                     h.lost.store(true, Ordering::SeqCst);
                     h.cancel.cancel();
                     say(
@@ -246,13 +313,13 @@ fn worker_thread(opts: &WorkerOptions, n: usize, driver: &dyn Driver, held: &Hel
     let owner = format!("{}/{n}", opts.name);
     // One connection for every claim of this thread (reconnected when it
     // breaks): the schema is checked once per connection, not per claim.
-    let mut control: Option<Client> = None;
+    let mut control: Option<Connection> = None;
     while !stop.load(Ordering::SeqCst) {
-        if control.as_ref().is_none_or(Client::is_closed) {
+        if control.as_ref().is_none_or(Connection::is_closed) {
             control = None;
             match connect_for(&opts.url, opts.lease).and_then(|mut c| {
                 lease::listen(&mut c)?;
-                Ok(c)
+                Ok(Connection::from(c))
             }) {
                 Ok(c) => control = Some(c),
                 Err(e) => {
@@ -267,16 +334,26 @@ fn worker_thread(opts: &WorkerOptions, n: usize, driver: &dyn Driver, held: &Hel
         match lease::claim(c, &owner, opts.lease) {
             Ok(Some(claim)) => {
                 let clock = LeaseClock::start(sent, opts.lease);
-                if !drive_claim(opts, &owner, &mut control, claim, clock, driver, held) {
+                if !drive_claim(opts, &owner, &mut control, claim, clock, driver, held, stop) {
                     // Lost the lease or the connection: back off before
                     // claiming again, so a live holder gets the session.
                     std::thread::sleep(backoff(opts.lease.as_millis().try_into().unwrap_or(1000) / 4));
                 }
             }
             Ok(None) => {
-                // Sleep until a submit or release notifies, or until a lease
-                // may have expired (a dead worker sends no notification).
-                if lease::wait(c, opts.lease / 2).is_err() {
+                // Sleep until a submit or release notifies, or until the
+                // first held lease ends (a dead worker sends no
+                // notification; a few ms past it, so that it has ended by
+                // the server's clock), at most half a lease.
+                let wake = match lease::next_expiry(c) {
+                    Ok(Some(left)) => (left + Duration::from_millis(20)).min(opts.lease / 2),
+                    Ok(None) => opts.lease / 2,
+                    Err(_) => {
+                        control = None;
+                        continue;
+                    }
+                };
+                if lease::wait(c.client(), wake).is_err() {
                     control = None;
                 }
             }
@@ -300,17 +377,19 @@ enum Ending {
     Unopenable(String),
 }
 
+#[allow(clippy::too_many_arguments)] // the worker thread's state, passed down as it is
 /// Drive one claimed session until its inbox is empty, on the thread's
 /// connection (`control`, put back when still usable). False when the
 /// thread should back off (lease lost, connection lost).
 fn drive_claim(
     opts: &WorkerOptions,
     owner: &str,
-    control: &mut Option<Client>,
+    control: &mut Option<Connection>,
     claim: Claim,
     clock: LeaseClock,
     driver: &dyn Driver,
     held: &Held,
+    stop: &AtomicBool,
 ) -> bool {
     let Claim { session: id, fence } = claim;
     let shown = escape(&id);
@@ -318,7 +397,7 @@ fn drive_claim(
     let Some(client) = control.take() else { return false };
     // A session that does not open (corrupt rows, a newer version) will not
     // open on the next try either: it is marked failed, with why.
-    let mut store = match PgStore::open_fenced(client, &id, fence.clone()) {
+    let mut store = match PgStore::open_fenced_on(client, &id, fence.clone()) {
         Ok(s) => s,
         Err(e) => {
             let transient = matches!(e, cairn_core::storage::StorageError::Backend { .. });
@@ -335,19 +414,26 @@ fn drive_claim(
     store.set_reconnect(opts.url.clone(), opts.lease);
     let lost = store.lease_lost();
     let slot = store.inbox_slot();
+    let cancelled_by: Arc<Mutex<Option<String>>> = Arc::default();
     if let Ok(mut h) = held.lock() {
         h.insert(
             id.clone(),
-            Holding { fence: fence.clone(), lost: Arc::clone(&lost), clock: clock.clone(), cancel: cancel.clone() },
+            Holding {
+                fence: fence.clone(),
+                lost: Arc::clone(&lost),
+                clock: clock.clone(),
+                cancel: cancel.clone(),
+                cancelled_by: Arc::clone(&cancelled_by),
+            },
         );
     }
     let config = SessionConfig { cwd: Some(std::path::PathBuf::from(&store.header().cwd)), ..driver.session_config() };
-    let mut back: Option<Client> = None;
+    let mut back: Option<Connection> = None;
     let ending = match Session::open(store, config) {
         Err(e) => Ending::Unopenable(e.to_string()),
         Ok(session) => {
-            let (ending, session) = drive_session(owner, &id, session, driver, &cancel, &lost, &slot);
-            back = session.map(|s| s.into_store().into_client());
+            let (ending, session) = drive_session(owner, &id, session, driver, &cancel, &lost, &slot, stop);
+            back = session.map(|s| s.into_store().into_connection());
             ending
         }
     };
@@ -355,7 +441,24 @@ fn drive_claim(
         h.remove(&id);
     }
     let mut client = back.filter(|c| !c.is_closed());
+    let by = cancelled_by.lock().ok().and_then(|b| b.clone());
     let ok = match ending {
+        Ending::Failed(_) if by.is_some() && !lost.load(Ordering::SeqCst) => {
+            // An operator's `cairn cancel`: its prompts dropped, idle.
+            let note = format!("cancelled by {}", by.as_deref().unwrap_or("an operator"));
+            let released = match client.as_mut() {
+                Some(c) => lease::release(c, &id, &fence, Release::Cancelled, Some(&note)).unwrap_or(false),
+                None => release_fresh(opts, &id, &fence, Release::Cancelled, Some(&note)),
+            };
+            say(
+                owner,
+                &format!(
+                    "turn on {shown} stopped: {note}; {}",
+                    if released { "released as idle" } else { "lease left to expire" }
+                ),
+            );
+            true
+        }
         Ending::Done => {
             let released = client.as_mut().map(|c| lease::release(c, &id, &fence, Release::Done, None));
             match released {
@@ -382,8 +485,9 @@ fn drive_claim(
             );
             true
         }
-        Ending::Failed(_) if lost.load(Ordering::SeqCst) => {
+        Ending::Failed(e) if lost.load(Ordering::SeqCst) => {
             say(owner, &format!("lease lost on {shown} (epoch {}): commit refused; backing off", fence.epoch));
+            note_loss(opts, client.as_mut(), &id, fence.epoch, &format!("lease lost: {e}"));
             false
         }
         Ending::Failed(e) if cancel.is_cancelled() => {
@@ -391,6 +495,7 @@ fn drive_claim(
             // back for another try if we still can; otherwise it expires.
             let released =
                 client.as_mut().is_some_and(|c| lease::release(c, &id, &fence, Release::Retry, Some(&e)).is_ok());
+            note_loss(opts, client.as_mut(), &id, fence.epoch, &format!("lease not renewed in time: {e}"));
             say(
                 owner,
                 &format!(
@@ -411,7 +516,17 @@ fn drive_claim(
                 || e.contains("closed")
                 || e.contains("SQLSTATE 57P")
                 || e.contains("SQLSTATE 08");
-            let how = if broken { Release::Retry } else { Release::Failed };
+            // Insufficient resources (a full disk, out of memory, too many
+            // connections) and system errors pass: tried again after a
+            // backoff, a few times, then failed (`cairn requeue` after).
+            let transient = e.contains("SQLSTATE 53") || e.contains("SQLSTATE 58");
+            let how = if broken {
+                Release::Retry
+            } else if transient {
+                Release::Transient
+            } else {
+                Release::Failed
+            };
             let released = match client.as_mut() {
                 Some(c) if !broken => lease::release(c, &id, &fence, how, Some(&e)).unwrap_or(false),
                 _ => release_fresh(opts, &id, &fence, how, Some(&e)),
@@ -438,6 +553,7 @@ fn release_fresh(opts: &WorkerOptions, id: &str, fence: &Fence, how: Release, no
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the claim's state, passed down as it is
 /// Drive `session`'s interrupted turn and queued prompts until none is
 /// left or the lease may be ending; the session is given back unless a
 /// driver could not reopen it.
@@ -449,6 +565,7 @@ fn drive_session(
     cancel: &CancelToken,
     lost: &AtomicBool,
     slot: &Mutex<Option<i64>>,
+    stop: &AtomicBool,
 ) -> (Ending, Option<Session<PgStore>>) {
     let stopped = || {
         if lost.load(Ordering::SeqCst) {
@@ -482,6 +599,11 @@ fn drive_session(
     loop {
         if let Some(end) = stopped() {
             return (end, Some(session));
+        }
+        if stop.load(Ordering::SeqCst) {
+            // Draining: the running turn is finished; the prompts still
+            // waiting go to another worker (released as queued).
+            return (Ending::Done, Some(session));
         }
         let next = match session.store().next_prompt() {
             Ok(next) => next,

@@ -430,3 +430,80 @@ fn a_settlement_whose_connection_was_terminated_is_retried() {
     assert_eq!((call.status, call.uncertain), (ToolInvocationStatus::Completed, false), "{call:?}");
     assert_eq!(std::fs::read_to_string(dir.path().join("out.txt")).unwrap().lines().count(), 1);
 }
+
+/// Sequential scans of `cairn_sessions` so far, read by `client` itself
+/// (its own pending counts flushed first).
+fn seq_scans(client: &mut postgres::Client) -> i64 {
+    client.batch_execute("SELECT pg_stat_force_next_flush()").unwrap();
+    client.batch_execute("SELECT pg_stat_clear_snapshot()").unwrap();
+    client
+        .query_one("SELECT COALESCE(seq_scan, 0) FROM pg_stat_user_tables WHERE relname = 'cairn_sessions'", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// Issue 47.3: with many finished sessions in the table, what a worker does
+/// for every session (claim, the family's children, open, commit, release)
+/// and what the commands do (an id prefix) read `cairn_sessions` through
+/// its indexes, never a scan of the whole table; and a family's children
+/// are exactly the direct ones (the range's edges: `p,x` sorts right after
+/// `p+…`, `pa+i1` after that).
+#[test]
+fn a_workers_statements_never_scan_the_finished_sessions() {
+    use cairn_pg::catalog;
+    let c = cluster();
+    let url = c.create_database(&format!("indexed_{}", std::process::id())).unwrap();
+    let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    drop(connect(&url).unwrap());
+    admin
+        .batch_execute(
+            "INSERT INTO cairn_sessions (id, header, status, last_seq)
+             SELECT md5(g::text)::uuid::text, '{}', 'idle', 3 FROM generate_series(1, 20000) g;
+             ANALYZE cairn_sessions",
+        )
+        .unwrap();
+    let family = ["p", "p+i1", "p+i2", "p+i1+i3", "p,x", "pa+i1"];
+    for id in family {
+        drop(PgStore::create(connect(&url).unwrap(), Header::new(id.to_owned(), "/")).unwrap());
+    }
+    let mut conn = cairn_pg::Connection::from(connect(&url).unwrap());
+    let before = seq_scans(&mut admin);
+    assert_eq!(catalog::children(&mut conn, "p").unwrap(), ["p+i1", "p+i2"]);
+    assert_eq!(catalog::children(&mut conn, "p+i1").unwrap(), ["p+i1+i3"]);
+    assert_eq!(catalog::children(&mut conn, "pa").unwrap(), ["pa+i1"]);
+    assert!(catalog::children(&mut conn, "p+i2").unwrap().is_empty());
+    assert!(catalog::exists(&mut conn, "p+i2").unwrap());
+    // A prefix names the parent, not its children (core's rule).
+    assert_eq!(catalog::resolve(&mut conn, "p+i1+").unwrap(), "p+i1+i3");
+    assert_eq!(catalog::resolve(&mut conn, "p,").unwrap(), "p,x");
+    assert!(catalog::resolve(&mut conn, "pa").is_err(), "a parent's prefix named its child");
+    lease::submit(&mut conn, "p", "go").unwrap();
+    let lease_len = std::time::Duration::from_secs(60);
+    let claim = lease::claim(&mut conn, "w/0", lease_len).unwrap().unwrap();
+    assert_eq!(claim.session, "p");
+    let mut store = PgStore::open_fenced_on(conn, "p", claim.fence.clone()).unwrap();
+    store.commit(tx_of(0)).unwrap();
+    let mut conn = store.into_connection();
+    let prepared = conn.prepared();
+    assert!(lease::release(&mut conn, "p", &claim.fence, lease::Release::Cancelled, None).unwrap());
+    // A second round prepares nothing new: the statements are reused.
+    lease::submit(&mut conn, "p", "again").unwrap();
+    let claim = lease::claim(&mut conn, "w/0", lease_len).unwrap().unwrap();
+    let mut store = PgStore::open_fenced_on(conn, "p", claim.fence.clone()).unwrap();
+    store.commit(tx_of(1)).unwrap();
+    let mut conn = store.into_connection();
+    assert!(lease::release(&mut conn, "p", &claim.fence, lease::Release::Done, None).unwrap());
+    assert!(prepared > 5, "{prepared} statements prepared");
+    let after_two = conn.prepared();
+    assert_eq!(catalog::children(&mut conn, "p").unwrap().len(), 2);
+    assert_eq!(conn.prepared(), after_two, "a statement was prepared again");
+    // Its own counts flushed before it answers (not at its exit, later).
+    conn.client().batch_execute("SELECT pg_stat_force_next_flush()").unwrap();
+    drop(conn);
+    let after = seq_scans(&mut admin);
+    assert_eq!(after - before, 0, "cairn_sessions was scanned whole {} time(s)", after - before);
+}
+
+fn tx_of(n: usize) -> Transaction {
+    Transaction::new().entry(format!("e{n}"), None, "message", raw(json!({"n": n})))
+}

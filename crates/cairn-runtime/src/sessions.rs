@@ -232,9 +232,10 @@ pub fn resolve(paths: &Paths, target: &str, opts: &StoreOptions) -> Result<PathB
     if let Some(exact) = files.iter().find(|p| stem(p) == target) {
         return Ok(exact.clone());
     }
-    // A parent's id prefix names the parent, not its children (`subagents.rs`).
-    let child = |p: &PathBuf| crate::family::is_child_id(&stem(p)) && !crate::family::is_child_id(target);
-    let prefixed: Vec<&PathBuf> = files.iter().filter(|p| stem(p).starts_with(target) && !child(p)).collect();
+    // A parent's id prefix names the parent, not its children (core's
+    // rule, the database resolver's too).
+    let prefixed: Vec<&PathBuf> =
+        files.iter().filter(|p| cairn_core::storage::prefix_names(target, &stem(p))).collect();
     match prefixed.as_slice() {
         [one] => return Ok((*one).clone()),
         [] => {}

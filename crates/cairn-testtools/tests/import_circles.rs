@@ -584,3 +584,183 @@ fn every_integration_test_file_is_compiled() {
     assert!(gathered > 0, "no crate gathers its tests into one binary: the check reads nothing");
     assert!(unlisted.is_empty(), "test files no binary compiles (add `mod NAME;` to tests/main.rs): {unlisted:?}");
 }
+
+/// The contents of the string literals of `text` (plain and raw), each with
+/// the line it starts on; comments are skipped. Its own small reader, like
+/// `code_only`, not shared with what it checks.
+fn string_literals(text: &str) -> Vec<(usize, String)> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let (mut i, mut line) = (0, 1);
+    while i < b.len() {
+        match b[i] {
+            b'\n' => {
+                line += 1;
+                i += 1;
+            }
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i < b.len() && !(b[i] == b'*' && b.get(i + 1) == Some(&b'/')) {
+                    line += usize::from(b[i] == b'\n');
+                    i += 1;
+                }
+                i += 2;
+            }
+            b'r' if matches!(b.get(i + 1), Some(b'"' | b'#')) && (i == 0 || !is_ident(b[i - 1])) => {
+                let mut j = i + 1;
+                let mut hashes = 0;
+                while b.get(j) == Some(&b'#') {
+                    hashes += 1;
+                    j += 1;
+                }
+                if b.get(j) != Some(&b'"') {
+                    i += 1;
+                    continue;
+                }
+                let (start, at) = (j + 1, line);
+                j += 1;
+                while j < b.len()
+                    && !(b[j] == b'"' && b[j + 1..].iter().take(hashes).filter(|&&c| c == b'#').count() == hashes)
+                {
+                    line += usize::from(b[j] == b'\n');
+                    j += 1;
+                }
+                out.push((at, String::from_utf8_lossy(&b[start..j.min(b.len())]).into_owned()));
+                i = j + 1 + hashes;
+            }
+            b'"' => {
+                let (start, at) = (i + 1, line);
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    if b[i] == b'\\' {
+                        i += 1;
+                    }
+                    line += usize::from(b.get(i) == Some(&b'\n'));
+                    i += 1;
+                }
+                out.push((at, String::from_utf8_lossy(&b[start..i.min(b.len())]).into_owned()));
+                i += 1;
+            }
+            b'\'' => {
+                // A char literal ('"', '\'', '→') or a lifetime ('a): skipped.
+                let next = text[i + 1..].chars().next().map_or(1, char::len_utf8);
+                if b.get(i + 1) == Some(&b'\\') {
+                    // Past the escaped character (it may be a quote).
+                    i += 3;
+                    while i < b.len() && b[i] != b'\'' {
+                        i += 1;
+                    }
+                    i += 1;
+                } else if b.get(i + 1 + next) == Some(&b'\'') {
+                    i += 2 + next;
+                } else {
+                    i += 1;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// The tables cairn keeps in PostgreSQL, read from cairn-pg's schema (its
+/// `CREATE TABLE` lines).
+fn pg_tables() -> Vec<String> {
+    let schema = std::fs::read_to_string(workspace().join("cairn-pg/src/schema.rs")).expect("cairn-pg's schema.rs");
+    let mut tables: Vec<String> = schema
+        .split("CREATE TABLE ")
+        .skip(1)
+        .filter_map(|rest| {
+            let rest = rest.trim_start().strip_prefix("IF NOT EXISTS ").unwrap_or(rest).trim_start();
+            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            name.starts_with("cairn_").then_some(name)
+        })
+        .collect();
+    tables.sort();
+    tables.dedup();
+    tables
+}
+
+/// Whether a string literal is SQL on cairn's PostgreSQL tables, or a
+/// statement sent through the PostgreSQL client.
+fn is_pg_sql(literal: &str, tables: &[String], pg_file: bool) -> bool {
+    let words: Vec<&str> = literal.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).collect();
+    let names_a_table = words.iter().any(|w| tables.iter().any(|t| t == w));
+    let statement = ["SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "ALTER", "LISTEN", "NOTIFY", "TRUNCATE", "DROP"];
+    // An upper-case statement word first, then SQL's own structure (a
+    // sentence may start with "SELECT" too).
+    let first = literal.split_whitespace().next().unwrap_or("");
+    let structure = [" FROM ", " INTO ", " SET ", " WHERE ", " TABLE ", " INDEX ", "$1", "pg_"];
+    let starts_a_statement = statement.contains(&first)
+        && (matches!(first, "LISTEN" | "NOTIFY") || structure.iter().any(|s| literal.contains(s)));
+    names_a_table || (pg_file && starts_a_statement)
+}
+
+/// Issue 50.2: PostgreSQL's schema does not leak out of cairn-pg. Outside
+/// it, no library or binary source (benchmarks' binaries too) holds SQL on
+/// cairn's tables, and no file that uses the PostgreSQL client writes a
+/// statement of its own: every statement is a function of cairn-pg.
+/// (Tests may poke the database to plant faults; they are not read.)
+#[test]
+fn no_sql_outside_cairn_pg() {
+    let tables = pg_tables();
+    assert!(
+        ["cairn_sessions", "cairn_lines", "cairn_inbox"].iter().all(|t| tables.iter().any(|x| x == t)),
+        "the schema's tables were not found in cairn-pg/src/schema.rs: {tables:?}"
+    );
+    let mut found = Vec::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(workspace()).expect("crates/").flatten() {
+        let dir = entry.path();
+        if dir.file_name().is_some_and(|n| n == "cairn-pg") || !dir.join("src").is_dir() {
+            continue;
+        }
+        let mut stack = vec![dir.join("src")];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).expect("a source dir").flatten() {
+                let path = e.path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                if path.extension().is_none_or(|x| x != "rs") {
+                    continue;
+                }
+                files += 1;
+                let text = std::fs::read_to_string(&path).expect("read a source file");
+                let pg_file = text.contains("postgres::") || text.contains("cairn_pg");
+                for (line, literal) in string_literals(&text) {
+                    if is_pg_sql(&literal, &tables, pg_file) {
+                        found.push(format!(
+                            "{}:{line}: {}",
+                            path.display(),
+                            literal.trim().lines().next().unwrap_or("")
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(files > 100, "expected the workspace's sources, read {files} files");
+    assert!(
+        found.is_empty(),
+        "SQL outside cairn-pg (put the statement behind a function of cairn-pg: catalog.rs, fleet.rs, lease.rs, store.rs):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The SQL reader itself: it finds statements in plain and raw strings,
+/// not in comments, and not a word that merely looks like SQL.
+#[test]
+fn the_sql_reader_finds_planted_statements_only() {
+    let tables = vec!["cairn_sessions".to_owned(), "cairn_inbox".to_owned()];
+    let text = "use postgres::Client;\n// SELECT id FROM cairn_sessions\nfn f(c: &mut Client) {\n  c.query(\"SELECT 1 FROM cairn_sessions WHERE id = $1\", &[]);\n  c.execute(r#\"DELETE FROM cairn_inbox\"#, &[]);\n  c.batch_execute(\"LISTEN x\");\n  let _ = ('\"', \"Update the file\", \"SELECT a model\");\n}\n";
+    let hits: Vec<usize> =
+        string_literals(text).into_iter().filter(|(_, l)| is_pg_sql(l, &tables, true)).map(|(line, _)| line).collect();
+    assert_eq!(hits, vec![4, 5, 6]);
+}

@@ -176,11 +176,12 @@ fn main() -> Result<()> {
                 }
             }
         };
-        let mut store = PgStore::open_fenced(other, &claim.session, claim.fence)?;
+        let mut store = PgStore::open_fenced(other, &claim.session, claim.fence.clone())?;
         store.commit(tx(1)?)?;
         failovers.push(died.elapsed());
+        // Out of the way of the next rounds: idle, its prompt dropped.
         let mut c = store.into_client();
-        c.execute("UPDATE cairn_sessions SET status = 'idle', lease_owner = NULL WHERE id = $1", &[&id])?;
+        lease::release(&mut c, &id, &claim.fence, lease::Release::Cancelled, None)?;
     }
     failovers.sort();
     table.figure(

@@ -114,6 +114,15 @@ pub use crate::__storage_reads_from_index as reads_from_index;
 /// worker's claim (a child is never claimed on its own).
 pub const FAMILY_SEP: char = '+';
 
+/// Whether `target`, given as an id prefix, names session `id`: the id
+/// starts with it, and a child's id (`<parent>+<invocation>`) only when the
+/// target reaches into the child's part (has [`FAMILY_SEP`]), so a parent's
+/// prefix names the parent, not its children. The one rule of every
+/// backend's resolver (session files, database rows).
+pub fn prefix_names(target: &str, id: &str) -> bool {
+    id.starts_with(target) && (target.contains(FAMILY_SEP) || !id.contains(FAMILY_SEP))
+}
+
 mod check;
 mod chunked;
 mod index;

@@ -15,8 +15,15 @@
 //! turn (`subagents::finish_children`). When the lease is lost, a takeover
 //! of the parent resumes the child where its rows say it stands.
 //!
+//! The reads a family makes for every turn (its children, whether a row
+//! exists) go over the driving thread's one connection
+//! (`cairn_pg::conn::with_thread`), not a new one each, and through
+//! cairn-pg's indexed statements (`cairn_pg::catalog`): a worker's claims
+//! cost the same with a million finished sessions in the table.
+//!
 //! Owns: where a database family's sessions are created, read and opened.
-//! Must not: decide anything about a child (that is `subagents.rs`).
+//! Must not: decide anything about a child (that is `subagents.rs`), or
+//! write SQL (every statement is cairn-pg's).
 
 use std::sync::Arc;
 
@@ -28,7 +35,6 @@ use postgres::Client;
 
 use super::Place;
 use crate::context::Context;
-use crate::family::SEP;
 
 /// The database of a session a worker drives, within its lease.
 pub struct Database {
@@ -55,11 +61,14 @@ impl Database {
             .map_err(|e| anyhow::anyhow!("cannot reach the database for a child session: {e}"))
     }
 
-    fn row_exists(client: &mut Client, id: &str) -> Result<bool> {
-        let row = client
-            .query_opt("SELECT 1 FROM cairn_sessions WHERE id = $1", &[&id])
-            .map_err(|e| anyhow::anyhow!("database error: {}", cairn_pg::describe(&e)))?;
-        Ok(row.is_some())
+    /// `f` over this thread's connection (see the module notes).
+    fn with_conn<T>(&self, f: impl FnOnce(&mut cairn_pg::Connection) -> Result<T, cairn_pg::PgError>) -> Result<T> {
+        cairn_pg::conn::with_thread(&self.url, self.hold.fence().lease, f)
+            .map_err(|e| anyhow::anyhow!("cannot read the family's sessions in the database: {e}"))
+    }
+
+    fn row_exists(&self, id: &str) -> Result<bool> {
+        self.with_conn(|c| cairn_pg::catalog::exists(c, id))
     }
 }
 
@@ -73,37 +82,26 @@ impl Place for Database {
     }
 
     fn open(&self, _: &Context, id: &str) -> Result<Option<PgStore>> {
-        let mut client = self.connect()?;
-        if !Self::row_exists(&mut client, id)? {
+        if !self.row_exists(id)? {
             return Ok(None);
         }
-        Ok(Some(PgStore::open_within(client, id, &self.hold)?))
+        Ok(Some(PgStore::open_within(self.connect()?, id, &self.hold)?))
     }
 
     fn read(&self, _: &Context, id: &str) -> Result<Option<PgStore>> {
-        let mut client = self.connect()?;
-        if !Self::row_exists(&mut client, id)? {
+        if !self.row_exists(id)? {
             return Ok(None);
         }
         // Unfenced: it is only read.
-        Ok(Some(PgStore::open(client, id)?))
+        Ok(Some(PgStore::open(self.connect()?, id)?))
     }
 
     fn exists(&self, _: &Context, id: &str) -> Result<bool> {
-        Self::row_exists(&mut self.connect()?, id)
+        self.row_exists(id)
     }
 
     fn children(&self, _: &Context, parent: &str) -> Result<Vec<String>> {
-        let prefix = format!("{parent}{SEP}");
-        let rows = self
-            .connect()?
-            .query("SELECT id FROM cairn_sessions WHERE left(id, length($1::text)) = $1::text", &[&prefix])
-            .map_err(|e| anyhow::anyhow!("database error: {}", cairn_pg::describe(&e)))?;
-        Ok(rows
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .filter(|id| id.strip_prefix(&prefix).is_some_and(|rest| !rest.contains(SEP)))
-            .collect())
+        self.with_conn(|c| cairn_pg::catalog::children(c, parent))
     }
 
     fn ended(&self, store: &mut PgStore) -> Result<()> {
@@ -111,12 +109,8 @@ impl Place for Database {
     }
 
     fn found_finished(&self, _: &Context, id: &str) -> Result<()> {
-        let mut client = self.connect()?;
-        let running = client
-            .query_opt("SELECT 1 FROM cairn_sessions WHERE id = $1 AND status = 'running'", &[&id])
-            .map_err(|e| anyhow::anyhow!("database error: {}", cairn_pg::describe(&e)))?
-            .is_some();
-        if running {
+        if self.with_conn(|c| cairn_pg::catalog::is_running(c, id))? {
+            let mut client = self.connect()?;
             cairn_pg::store::idle_within(&mut client, id, &self.hold).context("cannot mark the child session idle")?;
         }
         Ok(())
@@ -145,11 +139,7 @@ impl Place for Database {
     fn written_by_a_family(&self, _: &Context, id: &str) -> Result<bool> {
         // A child's lines record the lease of its family they were written
         // under; an imported session's lines record no owner.
-        let row = self
-            .connect()?
-            .query_one("SELECT NOT EXISTS (SELECT 1 FROM cairn_lines WHERE session_id = $1 AND owner IS NULL)", &[&id])
-            .map_err(|e| anyhow::anyhow!("database error: {}", cairn_pg::describe(&e)))?;
-        Ok(row.get(0))
+        self.with_conn(|c| cairn_pg::catalog::written_by_a_family(c, id))
     }
 
     fn generation(&self) -> String {

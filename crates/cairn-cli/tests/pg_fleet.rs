@@ -1,0 +1,420 @@
+//! The operators' side of a fleet of `cairn worker` processes against a
+//! real PostgreSQL (issue 47): a worker's reads stay on its own
+//! connections whatever the number of sessions it claims (47.3);
+//! `cairn workers` shows each worker, its heartbeat and the leases it lost
+//! with why; a session failed by a fault is put back with `cairn requeue`
+//! once the fault is cleared, and a transient fault (a full disk) is retried
+//! by itself with a backoff; `cairn cancel` stops a queued or a running
+//! session; SIGTERM drains a worker: its running turn finishes, nothing new
+//! is taken (47.6).
+//!
+//! Faults are planted with triggers on cairn's tables (a test may write SQL;
+//! the product may not outside cairn-pg).
+
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::util;
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_pg::test_cluster::TestCluster;
+use serde_json::{Value, json};
+use util::Env;
+
+fn stdout(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn lines(text: &str) -> Vec<Value> {
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn sessions(env: &Env, url: &str) -> Vec<Value> {
+    lines(&stdout(&env.cairn(&["--database", url, "--json", "sessions"]).output().unwrap()))
+}
+
+fn session(env: &Env, url: &str, id: &str) -> Value {
+    sessions(env, url).into_iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("no session {id}"))
+}
+
+fn submit(env: &Env, url: &str, prompt: &str) -> String {
+    stdout(&env.cairn(&["--database", url, "submit", prompt]).output().unwrap()).trim().to_owned()
+}
+
+/// Wait (at most two minutes, polling) until `cond` holds; `what` and
+/// `said` explain a failure.
+fn wait_until(what: &str, said: &dyn Fn() -> String, cond: &mut dyn FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(120), "never: {what}\n{}", said());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Kills the worker if the test fails before stopping it.
+struct Guard(Option<Child>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = std::process::Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
+    assert!(ok.success());
+}
+
+/// A database of its own in the shared cluster.
+fn database(cluster: &TestCluster, name: &str) -> String {
+    cluster.create_database(&format!("{name}_{}", std::process::id())).unwrap()
+}
+
+fn raw(url: &str) -> postgres::Client {
+    postgres::Client::connect(url, postgres::NoTls).unwrap()
+}
+
+fn cluster() -> std::sync::Arc<TestCluster> {
+    TestCluster::shared().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"))
+}
+
+/// 47.3: a worker keeps its connections for all its claims; the family
+/// lookup made for every claimed session used to open a connection (and
+/// check the schema) per session. The server's own log counts the
+/// connections made while one worker drives 20 sessions.
+#[test]
+fn a_workers_connections_do_not_grow_with_the_sessions_it_drives() {
+    let cluster = cluster();
+    let url = database(&cluster, "fleet_conns");
+    let dbname = url.rsplit("dbname=").next().unwrap().to_owned();
+    let mut admin = raw(&url);
+    admin.batch_execute("ALTER SYSTEM SET log_connections = on").unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    drop(admin);
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "done", "toolCalls": []})]);
+    let n = 20;
+    let ids: Vec<String> = (0..n).map(|i| submit(&env, &url, &format!("task {i}"))).collect();
+    let token = format!("database={dbname}");
+    let connections = || {
+        cluster
+            .log()
+            .lines()
+            .filter(|l| l.contains("connection authorized") && l.split_whitespace().any(|w| w == token))
+            .count()
+    };
+    let before = connections();
+    let mut guard = Guard(Some(
+        env.cairn(&["--database", &url, "--script", script.to_str().unwrap(), "worker", "--lease", "5"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    // Count the releases on the worker's own output (polling the database
+    // would add connections of its own).
+    let mut err = BufReader::new(guard.0.as_mut().unwrap().stderr.take().unwrap());
+    let (mut released, mut log) = (0, String::new());
+    while released < n {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "the worker ended early:\n{log}");
+        released += usize::from(line.contains("released "));
+        log.push_str(&line);
+    }
+    let worker = guard.0.take().unwrap();
+    signal(&worker, "-TERM");
+    let mut worker = worker;
+    assert!(worker.wait().unwrap().success(), "{log}");
+    let made = connections() - before;
+    // The worker's own: its check at start, the registry, the renewals, its
+    // thread's connection and the goodbye — none per session.
+    assert!(made < 10, "the worker made {made} connections to drive {n} sessions (one per session?):\n{log}");
+    for id in &ids {
+        assert_eq!(session(&env, &url, id)["state"], "idle", "{id}");
+    }
+}
+
+/// 47.6: `cairn workers` shows each worker (host, pid, heartbeat, sessions
+/// held) and the leases it lost with the reason; a worker stopped by
+/// SIGTERM shows as stopped.
+#[test]
+fn cairn_workers_shows_heartbeats_and_lease_losses() {
+    let cluster = cluster();
+    let url = database(&cluster, "fleet_workers");
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let none = stdout(&env.cairn(&["--database", &url, "workers"]).output().unwrap());
+    assert!(none.contains("no workers"), "{none}");
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "sleep 20"}}]}),
+        json!({"text": "slept", "toolCalls": []}),
+    ]);
+    let id = submit(&env, &url, "sleep");
+    let mut guard = Guard(Some(
+        env.cairn(&[
+            "--database",
+            &url,
+            "--script",
+            script.to_str().unwrap(),
+            "--allow",
+            "shell",
+            "worker",
+            "--lease",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    ));
+    let pid = i64::from(guard.0.as_ref().unwrap().id());
+    let workers = || lines(&stdout(&env.cairn(&["--database", &url, "--json", "workers"]).output().unwrap()));
+    wait_until("the worker holds the session", &|| format!("{:?}", workers()), &mut || {
+        workers().iter().any(|w| w["pid"] == pid && w["held"] == 1)
+    });
+    let w = workers().into_iter().find(|w| w["pid"] == pid).unwrap();
+    assert_eq!(w["state"], "alive", "{w}");
+    assert!(
+        !w["host"].as_str().unwrap().is_empty() || w["name"].as_str().unwrap().ends_with(&format!(":{pid}")),
+        "{w}"
+    );
+    assert!(w["heartbeatAgeMs"].as_i64().unwrap() >= 0, "{w}");
+    assert_eq!(w["leaseLosses"], 0, "{w}");
+    // Another holder takes the lease over (as a worker whose claim came
+    // after this one's lease ran out would): the worker's renewal is
+    // refused, it stops its turn and records the loss.
+    raw(&url)
+        .execute("UPDATE cairn_sessions SET epoch = epoch + 1, lease_owner = 'elsewhere/0' WHERE id = $1", &[&id])
+        .unwrap();
+    wait_until("the loss is recorded", &|| format!("{:?}", workers()), &mut || {
+        workers().iter().any(|w| w["pid"] == pid && w["leaseLosses"].as_i64() >= Some(1))
+    });
+    let w = workers().into_iter().find(|w| w["pid"] == pid).unwrap();
+    let loss = &w["recentLosses"][0];
+    assert_eq!(loss["sessionId"], id.as_str(), "{w}");
+    assert!(loss["reason"].as_str().unwrap().contains("lease"), "{w}");
+    let text = stdout(&env.cairn(&["--database", &url, "workers"]).output().unwrap());
+    assert!(text.contains(&format!("lost {id}")), "{text}");
+    let worker = guard.0.take().unwrap();
+    signal(&worker, "-TERM");
+    let mut worker = worker;
+    assert!(worker.wait().unwrap().success());
+    let w = workers().into_iter().find(|w| w["pid"] == pid).unwrap();
+    assert_eq!((w["state"].as_str(), w["held"].as_i64()), (Some("stopped"), Some(0)), "{w}");
+}
+
+/// Plant a fault: every insert of a line fails with `sqlstate`, the first
+/// `times` times (a sequence counts them: it is not rolled back with the
+/// failed transaction).
+fn plant_fault(url: &str, sqlstate: &str, times: i64) {
+    raw(url)
+        .batch_execute(&format!(
+            "CREATE SEQUENCE planted_faults;
+             CREATE FUNCTION planted_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF nextval('planted_faults') <= {times} THEN
+                     RAISE EXCEPTION 'planted fault' USING ERRCODE = '{sqlstate}';
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER planted_fault BEFORE INSERT ON cairn_lines FOR EACH ROW EXECUTE FUNCTION planted_fault();"
+        ))
+        .unwrap();
+}
+
+fn clear_fault(url: &str) {
+    raw(url).batch_execute("DROP TRIGGER planted_fault ON cairn_lines").unwrap();
+}
+
+/// 47.6: a session failed by a fault that retrying does not fix (here a
+/// refused privilege, SQLSTATE 42501) keeps its prompt; once the fault is
+/// cleared, `cairn requeue` puts it back and a worker finishes it. A
+/// requeue of a session with nothing to do is refused, saying why.
+#[test]
+fn a_failed_session_is_requeued_once_its_fault_is_cleared() {
+    let cluster = cluster();
+    let url = database(&cluster, "fleet_requeue");
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "answered", "toolCalls": []})]);
+    // The session exists before the fault (its row); its turn's lines fail.
+    let id = submit(&env, &url, "answer me");
+    plant_fault(&url, "42501", 1_000_000);
+    let _guard = Guard(Some(
+        env.cairn(&["--database", &url, "--script", script.to_str().unwrap(), "worker", "--lease", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    wait_until("the session fails", &|| format!("{:?}", sessions(&env, &url)), &mut || {
+        session(&env, &url, &id)["state"] == "failed"
+    });
+    let row = session(&env, &url, &id);
+    assert!(row["note"].as_str().unwrap().contains("42501"), "{row}");
+    assert_eq!(row["queued"], 1, "the prompt is kept: {row}");
+    clear_fault(&url);
+    let out = env.cairn(&["--database", &url, "requeue", &id[..8]]).output().unwrap();
+    stdout(&out);
+    wait_until("the requeued session is answered", &|| format!("{:?}", sessions(&env, &url)), &mut || {
+        session(&env, &url, &id)["state"] == "idle"
+    });
+    let log = stdout(&env.cairn(&["--database", &url, "export", &id]).output().unwrap());
+    assert!(log.contains("answered"), "{log}");
+    let again = env.cairn(&["--database", &url, "requeue", &id]).output().unwrap();
+    assert!(!again.status.success());
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(said.contains("idle with no prompt waiting"), "{said}");
+}
+
+/// 47.6: a transient fault of the database (a full disk, SQLSTATE 53100)
+/// does not fail the session: it is tried again after a backoff and
+/// finishes once the fault passes, with no operator.
+#[test]
+fn a_transient_fault_is_retried_with_a_backoff() {
+    let cluster = cluster();
+    let url = database(&cluster, "fleet_transient");
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "answered", "toolCalls": []})]);
+    let id = submit(&env, &url, "answer me");
+    plant_fault(&url, "53100", 2);
+    let _guard = Guard(Some(
+        env.cairn(&["--database", &url, "--script", script.to_str().unwrap(), "worker", "--lease", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    let mut states = Vec::new();
+    wait_until("the session is answered", &|| format!("{:?}", sessions(&env, &url)), &mut || {
+        let row = session(&env, &url, &id);
+        states.push(row["state"].as_str().unwrap_or("").to_owned());
+        assert_ne!(row["state"], "failed", "a full disk failed the session: {row}");
+        row["state"] == "idle"
+    });
+    let log = stdout(&env.cairn(&["--database", &url, "export", &id]).output().unwrap());
+    assert!(log.contains("answered"), "{log}");
+    let tried: i64 = raw(&url).query_one("SELECT nextval('planted_faults')", &[]).unwrap().get(0);
+    assert!(tried > 3, "the fault was hit {} times, not twice then passed", tried - 1);
+}
+
+/// 47.6: `cairn cancel` stops a session: a queued one drops its prompts
+/// and is idle; a running one's turn is stopped through its worker (the
+/// running tool told to stop), then it is idle with who cancelled it, and
+/// the worker goes on.
+#[test]
+fn cairn_cancel_stops_a_queued_or_a_running_session() {
+    let cluster = cluster();
+    let url = database(&cluster, "fleet_cancel");
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let queued = submit(&env, &url, "never run");
+    let out = env.cairn(&["--database", &url, "cancel", &queued]).output().unwrap();
+    stdout(&out);
+    // Idle (shown `new`: nothing was ever committed), its prompt gone.
+    let row = session(&env, &url, &queued);
+    assert_eq!((row["state"].as_str(), row["queued"].as_i64()), (Some("new"), Some(0)), "{row}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 waiting prompt(s) dropped"));
+
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "sleep 60 && touch slept"}}]}),
+        json!({"text": "slept", "toolCalls": []}),
+    ]);
+    let running = submit(&env, &url, "sleep");
+    let mut guard = Guard(Some(
+        env.cairn(&[
+            "--database",
+            &url,
+            "--script",
+            script.to_str().unwrap(),
+            "--allow",
+            "shell",
+            "worker",
+            "--lease",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    ));
+    let tool_started =
+        || stdout(&env.cairn(&["--database", &url, "export", &running]).output().unwrap()).contains("toolStarted");
+    wait_until("the tool runs", &|| format!("{:?}", sessions(&env, &url)), &mut || tool_started());
+    let out = env.cairn(&["--database", &url, "cancel", &running]).output().unwrap();
+    stdout(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("told to stop"), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until("the cancelled session is idle", &|| format!("{:?}", sessions(&env, &url)), &mut || {
+        let row = session(&env, &url, &running);
+        assert_ne!(row["state"], "failed", "{row}");
+        row["state"] == "idle" && row["holder"].is_null()
+    });
+    let row = session(&env, &url, &running);
+    assert!(row["note"].as_str().unwrap_or("").contains("cancelled by"), "{row}");
+    assert!(!env.cwd.join("slept").exists(), "the tool ran to its end");
+    // The worker goes on: a new session is driven.
+    let next = submit(&env, &url, "after");
+    let answer_of = |id: &str| stdout(&env.cairn(&["--database", &url, "export", id]).output().unwrap());
+    wait_until("the next session is taken", &|| answer_of(&next), &mut || answer_of(&next).contains("toolStarted"));
+    let worker = guard.0.as_mut().unwrap();
+    assert!(worker.try_wait().unwrap().is_none(), "the worker left after a cancel");
+}
+
+/// 47.6: SIGTERM drains a worker: the running turn finishes and commits,
+/// the session's next prompt is left queued for another worker, nothing new
+/// is claimed, and the worker leaves cleanly.
+#[test]
+fn sigterm_finishes_the_running_turn_and_takes_nothing_more() {
+    let cluster = cluster();
+    let url = database(&cluster, "fleet_drain");
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "sleep 3"}}]}),
+        json!({"text": "first done", "toolCalls": []}),
+        json!({"text": "second done", "toolCalls": []}),
+    ]);
+    let id = submit(&env, &url, "first");
+    stdout(&env.cairn(&["--database", &url, "submit", "--session", &id, "second"]).output().unwrap());
+    let mut guard = Guard(Some(
+        env.cairn(&[
+            "--database",
+            &url,
+            "--script",
+            script.to_str().unwrap(),
+            "--allow",
+            "shell",
+            "worker",
+            "--lease",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    ));
+    let export = || stdout(&env.cairn(&["--database", &url, "export", &id]).output().unwrap());
+    wait_until("the first turn's tool starts", &export, &mut || export().contains("toolStarted"));
+    signal(guard.0.as_ref().unwrap(), "-TERM");
+    let other = submit(&env, &url, "new work");
+    let out = guard.0.take().unwrap().wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{:?}\n{log}", out.status);
+    let text = export();
+    assert!(text.contains("first done"), "the running turn was not finished:\n{text}\n{log}");
+    assert!(!text.contains("second done"), "a draining worker took the next prompt:\n{log}");
+    let row = session(&env, &url, &id);
+    assert_eq!((row["state"].as_str(), row["queued"].as_i64()), (Some("queued"), Some(1)), "{row}");
+    assert_eq!(session(&env, &url, &other)["state"], "queued", "a draining worker claimed new work:\n{log}");
+}
