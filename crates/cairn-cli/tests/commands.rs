@@ -5,6 +5,8 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::util;
+use util::stderr_text as stderr;
+use util::stdout_text as stdout;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -12,14 +14,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use util::Env;
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 #[test]
 fn log_prints_every_record_and_follow_sees_new_commits() {

@@ -9,18 +9,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::util;
+use util::stderr_text as stderr;
+use util::stdout_text as stdout;
 
 use std::os::unix::fs::PermissionsExt;
 
 use serde_json::{Value, json};
 use util::Env;
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 fn model_dir() -> std::path::PathBuf {
     let dir = cairn_discovery::default_model_dir();

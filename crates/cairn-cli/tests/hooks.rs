@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::util;
+use util::stderr_text as stderr;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -32,10 +33,6 @@ fn entries(env: &Env) -> Vec<Value> {
 
 fn of_type(entries: &[Value], kind: &str) -> Vec<Value> {
     entries.iter().filter(|e| e["type"] == kind).map(|e| e["payload"].clone()).collect()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

@@ -8,6 +8,8 @@
 #[path = "mcp/reads.rs"]
 mod reads;
 use crate::util;
+use util::stderr_text as stderr;
+use util::stdout_text as stdout;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -39,14 +41,6 @@ fn python_bin() -> PathBuf {
 /// The npm prefix holding server-everything and server-filesystem.
 fn node_prefix() -> PathBuf {
     setup("node-env", "mcpservers")
-}
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Every entry's payload of `kind` (`toolStarted`, `toolCompleted`, …).

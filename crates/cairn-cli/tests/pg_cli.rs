@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::util;
+use util::stdout_ok as stdout;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -16,16 +17,6 @@ use std::time::{Duration, Instant};
 use cairn_pg::test_cluster::TestCluster;
 use serde_json::{Value, json};
 use util::Env;
-
-fn stdout(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
 
 fn statuses(env: &Env, url: &str) -> Vec<Value> {
     let out = env.cairn(&["--database", url, "--json", "sessions"]).output().unwrap();

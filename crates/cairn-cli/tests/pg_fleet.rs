@@ -15,6 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::util;
+use util::stdout_ok as stdout;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Stdio};
@@ -23,16 +24,6 @@ use std::time::{Duration, Instant};
 use cairn_pg::test_cluster::TestCluster;
 use serde_json::{Value, json};
 use util::Env;
-
-fn stdout(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
 
 fn lines(text: &str) -> Vec<Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()

@@ -19,6 +19,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::util;
+use util::stdout_ok as ok;
 
 use std::io::Write as _;
 use std::process::Stdio;
@@ -27,16 +28,6 @@ use std::time::{Duration, Instant};
 use cairn_pg::test_cluster::TestCluster;
 use serde_json::{Value, json};
 use util::Env;
-
-fn ok(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
 
 fn refused(out: &std::process::Output) -> String {
     assert!(!out.status.success(), "accepted: {}", String::from_utf8_lossy(&out.stdout));

@@ -6,20 +6,14 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::util;
+use util::stderr_text as stderr;
+use util::stdout_text as stdout;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 use util::Env;
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// Every entry record of a session file (batched lines flattened).
 fn entries(path: &Path) -> Vec<Value> {

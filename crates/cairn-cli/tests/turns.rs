@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::util;
+use util::stderr_text as stderr;
+use util::stdout_text as stdout;
 
 use std::io::Read;
 use std::process::Stdio;
@@ -13,14 +15,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use util::Env;
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 fn json_lines(text: &str) -> Vec<Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}"))).collect()

@@ -98,6 +98,28 @@ fn is_jsonl(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "jsonl")
 }
 
+/// A command's standard output, after asserting it succeeded (its
+/// output and error shown when it did not).
+pub fn stdout_ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// A command's standard output as text (invalid UTF-8 replaced).
+pub fn stdout_text(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A command's standard error as text (invalid UTF-8 replaced).
+pub fn stderr_text(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// path → (kind, mode, content) of every entry under `root` (kind `f`
 /// file, `d` directory, `l` link with its target as content, `s` special).
 pub fn snapshot(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
