@@ -145,6 +145,17 @@ const COMMANDS: &[(&str, Plan)] = &[
         "cairn submit --database postgres://cairn@db.example/cairn \"summarise the open issues\"",
         NotRun("needs a PostgreSQL server; pg_cli.rs runs worker and submit against one"),
     ),
+    (
+        "cairn workers [--json]",
+        NotRun("needs a PostgreSQL server; pg_fleet.rs runs `cairn workers --json` against one"),
+    ),
+    ("cairn requeue ID", NotRun("needs a PostgreSQL server and a failed session; pg_fleet.rs requeues one")),
+    ("cairn cancel ID", NotRun("needs a PostgreSQL server and a running session; pg_fleet.rs cancels one")),
+    ("kill -TERM PID", NotRun("PID is a running worker's; pg_fleet.rs drains one with SIGTERM")),
+    (
+        "cairn completions bash|zsh|fish",
+        NotRun("a synopsis (one of three shells); everyday.rs runs `cairn completions` for each"),
+    ),
     ("cairn serve &", NotRun("a server in the background; serve_9p.rs starts it and drives it over 9P")),
     (
         "9p -a unix!$CAIRN_HOME/cairn.sock read help",

@@ -1,6 +1,7 @@
 //! A connection with the statements prepared on it ([`Connection`]), what
-//! cairn-pg's functions run their SQL through ([`Db`]), and one
-//! connection per thread for short reads ([`with_thread`]).
+//! cairn-pg's functions run their SQL through ([`Db`]), and the
+//! connections kept between short reads ([`with_thread`]), shared by a
+//! worker's threads.
 //!
 //! Why: a statement sent as text is prepared afresh every time (a parse, a
 //! plan and one more round trip each); a worker runs the same few dozen
@@ -10,8 +11,8 @@
 //! (a reconnect starts a new one). It owns no SQL of its own and decides
 //! nothing about sessions.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use postgres::{Client, Statement};
@@ -93,30 +94,46 @@ impl Db for Connection {
     }
 }
 
-thread_local! {
-    /// This thread's connection for short reads (URL, lease, connection).
-    static THREAD: RefCell<Option<(String, Duration, Connection)>> = const { RefCell::new(None) };
-}
+/// Connections kept for short reads (URL, lease, connection), shared by a
+/// worker's threads: taken for one use and put back. Not a thread-local:
+/// a `postgres::Client` dropped in a thread-local's destructor enters its
+/// tokio runtime after tokio's own thread-locals are gone, which panics and
+/// aborts the worker whenever a thread that used one ends (a child's
+/// thread, a drained worker thread). A static is never dropped, and a
+/// connection over the cap is dropped in an ordinary call.
+static KEPT: Mutex<Vec<(String, Duration, Connection)>> = Mutex::new(Vec::new());
 
-/// Run `f` on this thread's connection to `url` (made with
-/// [`crate::connect_for`]`(url, lease)` the first time, and again after it
-/// broke): the reads a worker thread makes for every session it drives (a
-/// family's children, whether a row exists) cost no connect and no schema
-/// check after the first. A connection whose use failed is dropped, so the
-/// next call connects again.
+/// The most connections [`with_thread`] keeps between uses (more are
+/// closed): one per thread that reads at once is enough.
+const KEPT_MAX: usize = 16;
+
+/// Run `f` on a kept connection to `url` (made with
+/// [`crate::connect_for`]`(url, lease)` when none is kept, and again after
+/// one broke): the reads a worker thread makes for every session it drives
+/// (a family's children, whether a row exists) cost no connect and no
+/// schema check after the first. A connection whose use failed is
+/// dropped, so the next call connects again.
 pub fn with_thread<T>(
     url: &str,
     lease: Duration,
     f: impl FnOnce(&mut Connection) -> Result<T, PgError>,
 ) -> Result<T, PgError> {
-    let taken = THREAD.with(|slot| slot.borrow_mut().take());
+    let taken = {
+        let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let i = kept.iter().position(|(u, l, c)| u == url && *l == lease && !c.is_closed());
+        i.map(|i| kept.swap_remove(i).2)
+    };
     let mut conn = match taken {
-        Some((u, l, c)) if u == url && l == lease && !c.is_closed() => c,
-        _ => Connection::from(crate::connect_for(url, lease)?),
+        Some(c) => c,
+        None => Connection::from(crate::connect_for(url, lease)?),
     };
     let out = f(&mut conn);
     if out.is_ok() && !conn.is_closed() {
-        THREAD.with(|slot| *slot.borrow_mut() = Some((url.to_owned(), lease, conn)));
+        let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if kept.len() < KEPT_MAX {
+            kept.push((url.to_owned(), lease, conn));
+            return out;
+        }
     }
     out
 }
