@@ -240,6 +240,9 @@ fn main() -> Result<()> {
     anyhow::ensure!(a.cuts >= 2 && a.rounds >= 1 && a.sessions >= 1, "give at least 2 cuts, 1 round and 1 session");
     let fleet = Fleet { bin: cairn_bin()?, home: tempfile::tempdir()?, cwd: tempfile::tempdir()? };
     std::fs::write(fleet.cwd.path().join("notes.txt"), "a line to read\n")?;
+    // The failover's busy session is 2,000 steps: with the default step
+    // limit (24) its turn ended before a cut could land on a quiet machine.
+    std::fs::write(fleet.home.path().join("config.toml"), "[limits]\nmax_steps = 5000\n")?;
     let cluster = TestCluster::start().context("cannot start a PostgreSQL server for the benchmark")?;
     bench::durable(cluster.url())?;
     let trivial = fleet.script("trivial.jsonl", &[serde_json::json!({"text": "done", "toolCalls": []})])?;
