@@ -10,6 +10,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use cairn_discovery::SelectionPolicy;
 use serde::Deserialize;
 
 /// Where a setting's value came from.
@@ -295,9 +296,9 @@ pub fn accepted_keys() -> Vec<String> {
             "tools" => nest(&mut keys, section, fields_of::<ToolsFileConfig>()),
             "local" => nest(&mut keys, section, fields_of::<LocalConfig>()),
             "storage" => nest(&mut keys, section, fields_of::<StorageConfig>()),
-            "subagents" => nest(&mut keys, section, fields_of::<crate::subagents::Limits>()),
-            "batch" => nest(&mut keys, section, fields_of::<crate::hosting::BatchConfig>()),
-            "discovery" => nest(&mut keys, section, fields_of::<crate::discover::DiscoveryConfig>()),
+            "subagents" => nest(&mut keys, section, fields_of::<SubagentLimits>()),
+            "batch" => nest(&mut keys, section, fields_of::<BatchConfig>()),
+            "discovery" => nest(&mut keys, section, fields_of::<DiscoveryConfig>()),
             "mcp_servers" => {
                 nest(&mut keys, "mcp_servers.NAME", fields_of::<cairn_mcp::ServerConfig>());
                 nest(&mut keys, "mcp_servers.NAME.tools.TOOL", fields_of::<cairn_mcp::ToolOverride>());
@@ -486,13 +487,13 @@ impl Settings {
 
         // Every section is checked here, not when a command first uses it,
         // so `cairn config` is the check of a whole file (issue 49.8).
-        if let Err(e) = crate::subagents::Limits::of(file.subagents.as_ref()) {
+        if let Err(e) = SubagentLimits::of(file.subagents.as_ref()) {
             anyhow::bail!("{}: [subagents] is invalid: {e}", config_file.display());
         }
-        if let Err(e) = crate::hosting::BatchConfig::of(file.batch.as_ref()) {
+        if let Err(e) = BatchConfig::of(file.batch.as_ref()) {
             anyhow::bail!("{}: [batch] is invalid: {e}; its one key is max_running (default 2)", config_file.display());
         }
-        crate::discover::policy_of(&file.discovery, config_file)?;
+        policy_of(&file.discovery, config_file)?;
         for (name, table) in &file.providers {
             cairn_provider::ProviderConfig::from_toml(name, table)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", config_file.display()))?;
@@ -652,7 +653,7 @@ impl Settings {
             if self.toolsrv.is_some() { file.clone() } else { default.clone() },
         ));
         // Checked by `load`; a table that no longer parses shows the defaults.
-        let subagents = crate::subagents::Limits::of(self.subagents.as_ref()).unwrap_or_default();
+        let subagents = SubagentLimits::of(self.subagents.as_ref()).unwrap_or_default();
         let table = self.subagents.as_ref().and_then(toml::Value::as_table);
         rows.push(("subagents.max_depth".to_owned(), subagents.max_depth.to_string(), from(table, "max_depth")));
         rows.push((
@@ -661,10 +662,10 @@ impl Settings {
             from(table, "max_children"),
         ));
         rows.push(("subagents.max_running".to_owned(), subagents.max_running.to_string(), from(table, "max_running")));
-        let batch = crate::hosting::BatchConfig::of(self.batch.as_ref()).map_or(2, |b| b.max_running);
+        let batch = BatchConfig::of(self.batch.as_ref()).map_or(2, |b| b.max_running);
         let table = self.batch.as_ref().and_then(toml::Value::as_table);
         rows.push(("batch.max_running".to_owned(), batch.to_string(), from(table, "max_running")));
-        let policy = crate::discover::policy_of(&self.discovery, &self.config_file).unwrap_or_default();
+        let policy = policy_of(&self.discovery, &self.config_file).unwrap_or_default();
         let discovery = policy.select;
         let table = Some(&self.discovery);
         rows.push(("discovery.threshold".to_owned(), discovery.threshold.to_string(), from(table, "threshold")));
@@ -720,6 +721,139 @@ impl Settings {
         }
         rows
     }
+}
+
+// The sections other modules read, parsed here so that checking a whole
+// file at load names no module above the configuration (no import circle).
+
+/// `[subagents]` in the configuration.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SubagentLimits {
+    /// Deepest child (a top-level session is depth 0); 0 turns the tools off.
+    pub max_depth: u32,
+    /// Children one session may start.
+    pub max_children: usize,
+    /// Children running at once in this process.
+    pub max_running: usize,
+}
+
+impl Default for SubagentLimits {
+    fn default() -> Self {
+        Self { max_depth: 3, max_children: 16, max_running: 8 }
+    }
+}
+
+impl SubagentLimits {
+    /// The `[subagents]` table as written (`None`: absent), or what is wrong.
+    pub fn of(table: Option<&toml::Value>) -> Result<Self, String> {
+        match table {
+            None => Ok(Self::default()),
+            Some(t) => t.clone().try_into().map_err(|e: toml::de::Error| e.message().to_owned()),
+        }
+    }
+}
+
+/// `[batch]` in the configuration (checked when it is loaded).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Sessions of batch jobs run at once.
+    #[serde(default = "default_max_running")]
+    pub max_running: usize,
+}
+
+impl BatchConfig {
+    /// The `[batch]` table as written (`None`: absent), or what is wrong.
+    pub fn of(table: Option<&toml::Value>) -> Result<Self, String> {
+        match table {
+            None => Ok(Self { max_running: default_max_running() }),
+            Some(t) => t.clone().try_into().map_err(|e: toml::de::Error| e.message().to_owned()),
+        }
+    }
+}
+
+pub(crate) fn default_max_running() -> usize {
+    2
+}
+
+/// How many of the configured MCP servers' tools a turn is offered unless
+/// `[discovery] mcp_tools` says otherwise: all of them, as other agents do,
+/// for any usual configuration (a person configured them to be used).
+pub const DEFAULT_MCP_TOOLS: usize = 64;
+
+/// What a turn may be offered: the ranking's policy for installed tools
+/// and skills, and the budget of MCP tools.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Installed (external) tools and skills: the best `max_tools` above
+    /// the threshold, when there are more than `max_tools`.
+    pub select: SelectionPolicy,
+    /// MCP tools (`mcp__SERVER__TOOL`): all of them up to this many; past
+    /// it, the best this many by the ranking, with no threshold (a weak
+    /// ranking, BM25 without the model, must not hide what the user set up).
+    pub mcp_tools: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self { select: SelectionPolicy::default(), mcp_tools: DEFAULT_MCP_TOOLS }
+    }
+}
+
+/// `[discovery]` as written: every key optional, the ranges checked by
+/// [`policy_of`] (docs/config.md lists them).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Cosine similarity a tool or skill must reach (-1..1).
+    pub threshold: Option<f64>,
+    /// BM25 score a tool must reach when no embedding model is installed.
+    pub bm25_threshold: Option<f64>,
+    /// Most non-built-in tools a turn is offered (0..64).
+    pub max_tools: Option<i64>,
+    /// Most skills a turn is given (0..16).
+    pub max_skills: Option<i64>,
+    /// Most MCP tools a turn is offered (0..256); past it, the best ranked.
+    pub mcp_tools: Option<i64>,
+}
+
+/// The policy a `[discovery]` table gives, or what is wrong with it
+/// (checked when the configuration is loaded, so `cairn config` says so).
+pub fn policy_of(table: &toml::Table, config_file: &Path) -> Result<Policy> {
+    const USE: &str = "use threshold (cosine, -1..1, default 0.25), bm25_threshold (>= 0, default 3), \
+                       max_tools (0..64, default 5), max_skills (0..16, default 3) or mcp_tools (0..256, default 64)";
+    let file = config_file.display();
+    let written: DiscoveryConfig = toml::Value::Table(table.clone())
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("{file}: [discovery] is not valid ({}); {USE}", e.message()))?;
+    let bad = |key: &str, value: &dyn std::fmt::Display| {
+        anyhow::anyhow!("{file}: [discovery] {key} = {value} is not valid; {USE}")
+    };
+    let mut p = SelectionPolicy::default();
+    let mut mcp_tools = DEFAULT_MCP_TOOLS;
+    if let Some(v) = written.mcp_tools {
+        mcp_tools = usize::try_from(v).ok().filter(|n| *n <= 256).ok_or_else(|| bad("mcp_tools", &v))?;
+    }
+    if let Some(v) = written.threshold {
+        if !(-1.0..=1.0).contains(&v) {
+            return Err(bad("threshold", &v));
+        }
+        p.threshold = v as f32;
+    }
+    if let Some(v) = written.bm25_threshold {
+        if v.is_nan() || v < 0.0 {
+            return Err(bad("bm25_threshold", &v));
+        }
+        p.bm25_threshold = v as f32;
+    }
+    if let Some(v) = written.max_tools {
+        p.max_tools = usize::try_from(v).ok().filter(|n| *n <= 64).ok_or_else(|| bad("max_tools", &v))?;
+    }
+    if let Some(v) = written.max_skills {
+        p.max_skills = usize::try_from(v).ok().filter(|n| *n <= 16).ok_or_else(|| bad("max_skills", &v))?;
+    }
+    Ok(Policy { select: p, mcp_tools })
 }
 
 #[cfg(test)]

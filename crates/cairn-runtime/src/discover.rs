@@ -27,7 +27,6 @@ use cairn_core::tool::ToolSpec;
 use cairn_discovery::skills::{Skill, load_skills};
 use cairn_discovery::{
     DocKind, Document, Embedder, EmbeddingCache, Index, Method, ParamDoc, Ranking, SHIPPED_METHOD, Selection,
-    SelectionPolicy,
 };
 use cairn_tools::{ToolEntry, ToolOrigin};
 
@@ -38,88 +37,11 @@ use crate::toolsrv::TurnTools;
 /// The session fact holding the latest turn's choice.
 pub const FACT_KEY: &str = "discovery";
 
-/// How many of the configured MCP servers' tools a turn is offered unless
-/// `[discovery] mcp_tools` says otherwise: all of them, as other agents do,
-/// for any usual configuration (a person configured them to be used).
-pub const DEFAULT_MCP_TOOLS: usize = 64;
-
-/// What a turn may be offered: the ranking's policy for installed tools
-/// and skills, and the budget of MCP tools.
-#[derive(Debug, Clone, Copy)]
-pub struct Policy {
-    /// Installed (external) tools and skills: the best `max_tools` above
-    /// the threshold, when there are more than `max_tools`.
-    pub select: SelectionPolicy,
-    /// MCP tools (`mcp__SERVER__TOOL`): all of them up to this many; past
-    /// it, the best this many by the ranking, with no threshold (a weak
-    /// ranking, BM25 without the model, must not hide what the user set up).
-    pub mcp_tools: usize,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Self { select: SelectionPolicy::default(), mcp_tools: DEFAULT_MCP_TOOLS }
-    }
-}
-
-/// `[discovery]` as written: every key optional, the ranges checked by
-/// [`policy_of`] (docs/config.md lists them).
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DiscoveryConfig {
-    /// Cosine similarity a tool or skill must reach (-1..1).
-    pub threshold: Option<f64>,
-    /// BM25 score a tool must reach when no embedding model is installed.
-    pub bm25_threshold: Option<f64>,
-    /// Most non-built-in tools a turn is offered (0..64).
-    pub max_tools: Option<i64>,
-    /// Most skills a turn is given (0..16).
-    pub max_skills: Option<i64>,
-    /// Most MCP tools a turn is offered (0..256); past it, the best ranked.
-    pub mcp_tools: Option<i64>,
-}
+pub use crate::config::{DEFAULT_MCP_TOOLS, DiscoveryConfig, Policy, policy_of};
 
 /// The policy from `[discovery]` in the config (defaults: BENCHMARKS.md).
 pub fn policy(ctx: &Context) -> Result<Policy> {
     policy_of(&ctx.settings.discovery, &ctx.settings.config_file)
-}
-
-/// The policy a `[discovery]` table gives, or what is wrong with it
-/// (checked when the configuration is loaded, so `cairn config` says so).
-pub fn policy_of(table: &toml::Table, config_file: &Path) -> Result<Policy> {
-    const USE: &str = "use threshold (cosine, -1..1, default 0.25), bm25_threshold (>= 0, default 3), \
-                       max_tools (0..64, default 5), max_skills (0..16, default 3) or mcp_tools (0..256, default 64)";
-    let file = config_file.display();
-    let written: DiscoveryConfig = toml::Value::Table(table.clone())
-        .try_into()
-        .map_err(|e: toml::de::Error| anyhow::anyhow!("{file}: [discovery] is not valid ({}); {USE}", e.message()))?;
-    let bad = |key: &str, value: &dyn std::fmt::Display| {
-        anyhow::anyhow!("{file}: [discovery] {key} = {value} is not valid; {USE}")
-    };
-    let mut p = SelectionPolicy::default();
-    let mut mcp_tools = DEFAULT_MCP_TOOLS;
-    if let Some(v) = written.mcp_tools {
-        mcp_tools = usize::try_from(v).ok().filter(|n| *n <= 256).ok_or_else(|| bad("mcp_tools", &v))?;
-    }
-    if let Some(v) = written.threshold {
-        if !(-1.0..=1.0).contains(&v) {
-            return Err(bad("threshold", &v));
-        }
-        p.threshold = v as f32;
-    }
-    if let Some(v) = written.bm25_threshold {
-        if v.is_nan() || v < 0.0 {
-            return Err(bad("bm25_threshold", &v));
-        }
-        p.bm25_threshold = v as f32;
-    }
-    if let Some(v) = written.max_tools {
-        p.max_tools = usize::try_from(v).ok().filter(|n| *n <= 64).ok_or_else(|| bad("max_tools", &v))?;
-    }
-    if let Some(v) = written.max_skills {
-        p.max_skills = usize::try_from(v).ok().filter(|n| *n <= 16).ok_or_else(|| bad("max_skills", &v))?;
-    }
-    Ok(Policy { select: p, mcp_tools })
 }
 
 /// Whether `name` is an MCP server's tool.

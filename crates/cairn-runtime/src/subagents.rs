@@ -51,34 +51,10 @@ use serde_json::json;
 use crate::context::Context;
 use crate::family::{ChildFact, FACT_KEY, SEP, child_fact, child_id, depth_of, parent_of};
 
+pub use crate::config::SubagentLimits as Limits;
 pub use crate::family::{SPAWN, WAIT};
-/// `[subagents]` in the configuration.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Limits {
-    /// Deepest child (a top-level session is depth 0); 0 turns the tools off.
-    pub max_depth: u32,
-    /// Children one session may start.
-    pub max_children: usize,
-    /// Children running at once in this process.
-    pub max_running: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self { max_depth: 3, max_children: 16, max_running: 8 }
-    }
-}
 
 impl Limits {
-    /// The `[subagents]` table as written (`None`: absent), or what is wrong.
-    pub fn of(table: Option<&toml::Value>) -> Result<Self, String> {
-        match table {
-            None => Ok(Self::default()),
-            Some(t) => t.clone().try_into().map_err(|e: toml::de::Error| e.message().to_owned()),
-        }
-    }
-
     fn from_settings(ctx: &Context) -> Result<Self> {
         match &ctx.settings.subagents {
             None => Ok(Self::default()),

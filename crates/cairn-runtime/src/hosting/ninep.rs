@@ -12,7 +12,6 @@ use cairn_9p::{Host, SessionSpec};
 use cairn_core::provider::Provider;
 use cairn_core::storage::StoreOptions;
 use cairn_provider::ProviderConfig;
-use serde::Deserialize;
 
 use crate::context::Context;
 use crate::hosting::CliHost;
@@ -71,28 +70,8 @@ impl Host for CliHost {
     }
 }
 
-/// `[batch]` in the configuration (checked when it is loaded).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BatchConfig {
-    /// Sessions of batch jobs run at once.
-    #[serde(default = "default_max_running")]
-    pub max_running: usize,
-}
-
-impl BatchConfig {
-    /// The `[batch]` table as written (`None`: absent), or what is wrong.
-    pub fn of(table: Option<&toml::Value>) -> Result<Self, String> {
-        match table {
-            None => Ok(Self { max_running: default_max_running() }),
-            Some(t) => t.clone().try_into().map_err(|e: toml::de::Error| e.message().to_owned()),
-        }
-    }
-}
-
-fn default_max_running() -> usize {
-    2
-}
+pub use crate::config::BatchConfig;
+use crate::config::default_max_running;
 
 /// `[batch] max_running`: sessions of batch jobs run at once.
 pub fn max_running(ctx: &Context) -> usize {
