@@ -78,18 +78,7 @@ impl UsageTotals {
         if u.input_tokens > 0 {
             self.last_input = u.input_tokens;
         }
-        let model = match self.by_model.iter_mut().find(|m| m.provider == u.provider && m.model == u.model) {
-            Some(m) => m,
-            None => {
-                self.by_model.push(ModelTokens {
-                    provider: u.provider.clone(),
-                    model: u.model.clone(),
-                    ..ModelTokens::default()
-                });
-                let last = self.by_model.len() - 1;
-                &mut self.by_model[last]
-            }
-        };
+        let model = model_entry(&mut self.by_model, &u.provider, &u.model);
         model.input += u.input_tokens;
         model.cached += u.cached_input_tokens;
         model.output += u.output_tokens;
@@ -105,15 +94,11 @@ impl UsageTotals {
         self.attempts += other.attempts;
         self.failed += other.failed;
         for m in &other.by_model {
-            match self.by_model.iter_mut().find(|mine| mine.provider == m.provider && mine.model == m.model) {
-                Some(mine) => {
-                    mine.input += m.input;
-                    mine.cached += m.cached;
-                    mine.output += m.output;
-                    mine.attempts += m.attempts;
-                }
-                None => self.by_model.push(m.clone()),
-            }
+            let mine = model_entry(&mut self.by_model, &m.provider, &m.model);
+            mine.input += m.input;
+            mine.cached += m.cached;
+            mine.output += m.output;
+            mine.attempts += m.attempts;
         }
     }
 
@@ -121,6 +106,24 @@ impl UsageTotals {
     pub fn total(&self) -> u64 {
         self.input + self.output
     }
+}
+
+/// The figures of `provider` and `model` in `by_model`, added (zero) at
+/// the end when first met.
+fn model_entry<'a>(by_model: &'a mut Vec<ModelTokens>, provider: &str, model: &str) -> &'a mut ModelTokens {
+    let i = match by_model.iter().position(|m| m.provider == provider && m.model == model) {
+        Some(i) => i,
+        None => {
+            by_model.push(ModelTokens {
+                provider: provider.to_owned(),
+                model: model.to_owned(),
+                ..ModelTokens::default()
+            });
+            by_model.len() - 1
+        }
+    };
+    // In bounds: `i` was found in the list or is the entry just pushed.
+    &mut by_model[i]
 }
 
 /// The session files in `dir` that descend from session `id` (its
