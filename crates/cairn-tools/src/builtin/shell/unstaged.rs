@@ -277,18 +277,10 @@ fn pieces(line: &str) -> Vec<Piece> {
         let c = chars[i];
         if single {
             single = c != '\'';
-        } else if double {
-            if c == '\\' {
-                text.push(c);
-                i += 1;
-                if let Some(n) = chars.get(i) {
-                    text.push(*n);
-                }
-                i += 1;
-                continue;
-            }
-            double = c != '"';
         } else if c == '\\' {
+            // Outside single quotes (bare or in double quotes) a backslash
+            // takes the next character with it: an escaped quote or
+            // separator neither opens nor splits anything.
             text.push(c);
             i += 1;
             if let Some(n) = chars.get(i) {
@@ -296,6 +288,8 @@ fn pieces(line: &str) -> Vec<Piece> {
             }
             i += 1;
             continue;
+        } else if double {
+            double = c != '"';
         } else if c == '\'' {
             single = true;
         } else if c == '"' {
