@@ -22,9 +22,10 @@ from pathlib import Path
 
 
 def wall(cmd, env):
+    """Wall time of the process, and what it printed."""
     start = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return time.perf_counter() - start, out.stdout
 
 
 def spread(xs):
@@ -51,8 +52,10 @@ def main():
     py = [
         sys.executable,
         "-c",
-        "import cairn, sys; a = cairn.Agent(home=sys.argv[1], cwd=sys.argv[2], provider='scripted', script=sys.argv[3],"
-        " builtin_tools=['read_file']); r = a.run('code?'); assert r.answer == '7-ALPHA-42', r",
+        "import time; t = time.perf_counter(); import cairn, sys; i = time.perf_counter();"
+        " a = cairn.Agent(home=sys.argv[1], cwd=sys.argv[2], provider='scripted', script=sys.argv[3],"
+        " builtin_tools=['read_file']); r = a.run('code?'); e = time.perf_counter();"
+        " assert r.answer == '7-ALPHA-42', r; print(e - i)",
         str(home),
         str(work),
         str(script),
@@ -60,17 +63,23 @@ def main():
     # Warm the page cache for both.
     wall(cli, env)
     wall(py, env)
-    cli_t, py_t = [], []
+    cli_t, py_t, api_t, bare_t = [], [], [], []
     for _ in range(rounds):
-        cli_t.append(wall(cli, env))
-        py_t.append(wall(py, env))
-    print(f"cairn run (one read_file call): {spread(cli_t)}")
-    print(f"python Agent.run (same turn):   {spread(py_t)}")
-    ratios = [p / c for p, c in zip(py_t, cli_t)]
-    print(
-        f"ratio python/cli: {statistics.median(py_t) / statistics.median(cli_t):.2f}"
-        f" (per round: min {min(ratios):.2f}, max {max(ratios):.2f})"
-    )
+        bare_t.append(wall([sys.executable, "-c", "pass"], env)[0])
+        cli_t.append(wall(cli, env)[0])
+        took, out = wall(py, env)
+        py_t.append(took)
+        api_t.append(float(out))
+    print(f"cairn run, the whole process (one read_file call): {spread(cli_t)}")
+    print(f"python, the whole process (start, import, Agent, run): {spread(py_t)}")
+    print(f"python, Agent(...) + its first run() in that process: {spread(api_t)}")
+    print(f"python -c pass (the interpreter's own start): {spread(bare_t)}")
+    for name, xs in (("whole process", py_t), ("Agent + run", api_t)):
+        ratios = [p / c for p, c in zip(xs, cli_t)]
+        print(
+            f"ratio python ({name}) / cairn run: {statistics.median(xs) / statistics.median(cli_t):.2f}"
+            f" (per round: min {min(ratios):.2f}, max {max(ratios):.2f})"
+        )
 
     probe = "import time; t = time.perf_counter(); import {m}; print(time.perf_counter() - t)"
     imp, base = [], []

@@ -18,12 +18,10 @@ settled exactly once on resume, and calls are approved by risk tier.
 
 from __future__ import annotations
 
-import json
-import sys
-import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
-
+# `import cairn` loads only the extension: json, typing, dataclasses and
+# their imports (re, enum, inspect) would triple its time. Annotations are
+# not evaluated (see __init__.pyi for the types); json is imported at first
+# use.
 from . import _cairn
 
 __all__ = [
@@ -49,6 +47,49 @@ __all__ = [
 
 RISKS = ("read_only", "write", "destructive")
 REPLAYS = ("never", "idempotent")
+
+
+def _json():
+    import json
+
+    return json
+
+
+class _Record:
+    """A small immutable record (what a frozen dataclass would be)."""
+
+    __slots__ = ()
+    _defaults: dict = {}
+
+    def __init__(self, *args, **kwargs):
+        names = self.__slots__
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes at most {len(names)} arguments")
+        values = dict(zip(names, args))
+        for name, value in kwargs.items():
+            if name not in names or name in values:
+                raise TypeError(f"{type(self).__name__}: unexpected or repeated argument {name!r}")
+            values[name] = value
+        for name in names:
+            if name in values:
+                value = values[name]
+            elif name in self._defaults:
+                value = self._defaults[name]
+            else:
+                raise TypeError(f"{type(self).__name__} needs {name!r}")
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __eq__(self, other):
+        return type(self) is type(other) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __repr__(self):
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+    __hash__ = None
 
 
 # --- tools -----------------------------------------------------------------
@@ -87,6 +128,7 @@ class Tool:
 
     def _native(self) -> tuple:
         fn = self.fn
+        json = _json()
 
         def call(arguments: str) -> str:
             # An exception here is the call's failure, which the model sees.
@@ -127,132 +169,89 @@ def tool(
 # --- results and events ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ApprovalRequest:
+class ApprovalRequest(_Record):
     """A call the approver is asked about."""
 
-    tool: str
-    arguments: dict
-    risk: str
-    diff: Optional[str] = None
-    staged: bool = False
-    reason: Optional[str] = None
-    session_id: str = ""
-    invocation_id: str = ""
+    __slots__ = ("tool", "arguments", "risk", "diff", "staged", "reason", "session_id", "invocation_id")
+    _defaults = {"diff": None, "staged": False, "reason": None, "session_id": "", "invocation_id": ""}
 
 
-@dataclass(frozen=True)
-class ToolCall:
+class ToolCall(_Record):
     """A tool call a run settled: ``status`` is completed, failed or rejected."""
 
-    invocation_id: str
-    tool: str
-    arguments: Any
-    status: str
-    output: str
-    uncertain: bool = False
+    __slots__ = ("invocation_id", "tool", "arguments", "status", "output", "uncertain")
+    _defaults = {"uncertain": False}
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(_Record):
     """Tokens of model calls (one event per call; totals on a :class:`Result`)."""
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    calls: int = 1
+    __slots__ = ("input_tokens", "output_tokens", "calls")
+    _defaults = {"input_tokens": 0, "output_tokens": 0, "calls": 1}
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(_Record):
     """How a run ended: the answer, the session's id, the settled tool calls."""
 
-    answer: str
-    session_id: str
-    stop: str
-    tool_calls: list = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-    notes: list = field(default_factory=list)
+    __slots__ = ("answer", "session_id", "stop", "tool_calls", "usage", "notes")
 
 
-@dataclass(frozen=True)
-class TextDelta:
+class TextDelta(_Record):
     """More of the model's answer."""
 
-    text: str
+    __slots__ = ("text",)
 
 
-@dataclass(frozen=True)
-class Retry:
+class Retry(_Record):
     """The model call is retried from the start: earlier deltas are void."""
 
-    attempt: int
+    __slots__ = ("attempt",)
 
 
-@dataclass(frozen=True)
-class ToolRequested:
+class ToolRequested(_Record):
     """The model asked for a call (its intent is recorded)."""
 
-    invocation_id: str
-    tool: str
-    arguments: Any
-    risk: Optional[str]
+    __slots__ = ("invocation_id", "tool", "arguments", "risk")
 
 
-@dataclass(frozen=True)
-class ApprovalAsked:
+class ApprovalAsked(_Record):
     """The approver is being asked about a call."""
 
-    invocation_id: str
-    tool: str
-    risk: str
+    __slots__ = ("invocation_id", "tool", "risk")
 
 
-@dataclass(frozen=True)
-class ToolStarted:
+class ToolStarted(_Record):
     """A call was approved and starts."""
 
-    invocation_id: str
-    tool: str
+    __slots__ = ("invocation_id", "tool")
 
 
-@dataclass(frozen=True)
-class ToolCompleted:
+class ToolCompleted(_Record):
     """A call finished; the model sees ``output``."""
 
-    invocation_id: str
-    tool: str
-    output: str
+    __slots__ = ("invocation_id", "tool", "output")
 
 
-@dataclass(frozen=True)
-class ToolFailed:
+class ToolFailed(_Record):
     """A call failed, or was cut short and not re-run (``uncertain``)."""
 
-    invocation_id: str
-    tool: str
-    reason: str
-    uncertain: bool
+    __slots__ = ("invocation_id", "tool", "reason", "uncertain")
 
 
-@dataclass(frozen=True)
-class ToolRejected:
+class ToolRejected(_Record):
     """A call was refused before it ran."""
 
-    invocation_id: str
-    tool: str
-    reason: str
+    __slots__ = ("invocation_id", "tool", "reason")
 
 
-@dataclass(frozen=True)
-class Final:
+class Final(_Record):
     """The turn's final answer."""
 
-    text: str
+    __slots__ = ("text",)
 
 
-Event = Union[
-    TextDelta, Retry, ToolRequested, ApprovalAsked, ToolStarted, ToolCompleted, ToolFailed, ToolRejected, Usage, Final
-]
+Event = (TextDelta, Retry, ToolRequested, ApprovalAsked, ToolStarted, ToolCompleted, ToolFailed, ToolRejected, Usage, Final)
+"""The event classes (``isinstance(e, cairn.Event)`` holds for every event)."""
 
 _EVENTS = {
     "text_delta": TextDelta,
@@ -271,7 +270,7 @@ _RISK_NAMES = {"readOnly": "read_only", "write": "write", "destructive": "destru
 
 
 def _event(text: str) -> Event:
-    data = json.loads(text)
+    data = _json().loads(text)
     kind = data.pop("type")
     if "risk" in data and data["risk"] is not None:
         data["risk"] = _RISK_NAMES.get(data["risk"], data["risk"])
@@ -279,7 +278,7 @@ def _event(text: str) -> Event:
 
 
 def _result(text: str) -> Result:
-    data = json.loads(text)
+    data = _json().loads(text)
     return Result(
         answer=data["answer"],
         session_id=data["session_id"],
@@ -355,13 +354,15 @@ class Agent:
         if approve is not None:
 
             def ask(question: str) -> bool:
-                data = json.loads(question)
+                data = _json().loads(question)
                 data["risk"] = _RISK_NAMES.get(data["risk"], data["risk"])
                 try:
                     return bool(approve(ApprovalRequest(**data)))
                 except Exception:
                     # An approver that fails denies; say why.
-                    traceback.print_exc(file=sys.stderr)
+                    import traceback
+
+                    traceback.print_exc()
                     return False
 
         only = None

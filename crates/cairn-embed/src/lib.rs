@@ -227,6 +227,9 @@ impl AgentBuilder {
             ..Common::default()
         };
         let ctx = Context { common, paths, settings, err_style: Style::forced(false), out_style: Style::forced(false) };
+        // The sandbox's kernel probes fork throwaway children: start them
+        // now, on a thread, while the process is small, as `cairn run` does.
+        let probes = cairn_tools::probe_ahead();
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from allow or [approvals] allow)")?;
         let cwd = cairn_runtime::wiring::new_session_cwd(&ctx)?;
@@ -239,6 +242,7 @@ impl AgentBuilder {
             builtins: self.builtins,
             allow,
             person,
+            _probes: probes,
         })
     }
 }
@@ -259,6 +263,8 @@ pub struct Agent {
     builtins: Builtins,
     allow: Allowlist,
     person: Option<SharedApprover>,
+    /// Waited for when the agent is dropped (no probe directory is left).
+    _probes: cairn_tools::ProbesAhead,
 }
 
 impl std::fmt::Debug for Agent {
