@@ -202,3 +202,31 @@ def test_arun_and_astream(home, work, script):
 def test_an_unknown_provider_is_a_clear_error(home, work):
     with pytest.raises(RuntimeError, match="nosuch"):
         cairn.Agent(home=home, cwd=work, provider="nosuch")
+
+
+def test_a_staged_destructive_effect_reaches_the_approver_with_its_diff(home, work, script):
+    # `shell` runs staged: the command is a Write call, and what it did
+    # (emptying a file that existed) is judged Destructive and shown as a
+    # diff before anything is applied.
+    (work / "old.txt").write_text("precious\n")
+    asked = []
+
+    def approve(request):
+        asked.append(request)
+        return request.risk != "destructive"
+
+    path = script(call("shell", {"command": "cp /dev/null old.txt"}), answer("left it"))
+    agent = cairn.Agent(home=home, cwd=work, provider="scripted", script=path, builtin_tools=["shell"], approve=approve)
+    result = agent.run("empty old.txt")
+    assert [(r.tool, r.risk, r.staged) for r in asked] == [("shell", "write", True), ("shell", "destructive", True)]
+    assert "-precious" in asked[1].diff
+    assert (work / "old.txt").read_text() == "precious\n"
+    assert result.tool_calls[0].status == "rejected"
+
+
+def test_builtin_tools_are_offered_only_when_asked(home, work, script):
+    path = script(call("read_file", {"path": "x"}), answer("no such tool"))
+    agent = cairn.Agent(home=home, cwd=work, provider="scripted", script=path)
+    result = agent.run("read x")
+    assert result.tool_calls[0].status == "rejected"
+    assert "read_file" in result.tool_calls[0].output
