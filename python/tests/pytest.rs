@@ -80,7 +80,11 @@ fn the_python_package_passes_its_pytest_suite() {
 fn the_rust_embedding_example_runs_and_the_cli_reads_its_session() {
     let built = profile_dir();
     let example = built.join("examples/embed");
-    assert!(example.is_file(), "the example was not built at {}", example.display());
+    assert!(
+        example.is_file(),
+        "no example at {}: run this with the workspace (cargo test --workspace --all-features), which builds it",
+        example.display()
+    );
     let out = Command::new(&example).output().expect("cannot run the example");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "the example failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));

@@ -237,15 +237,29 @@ impl From<cairn_core::TurnStop> for Stop {
     }
 }
 
-/// Collects a run's tool calls and usage from its events.
+/// Collects a run's tool calls from its events, and its usage from the
+/// core's (summed by `cairn_core::report::UsageTotals`, the one place usage
+/// is added up).
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
     pub(crate) calls: Vec<ToolCall>,
-    pub(crate) usage: Usage,
+    totals: cairn_core::report::UsageTotals,
     requested: Vec<(String, Value)>,
 }
 
 impl Tally {
+    /// Count a core event's usage.
+    pub(crate) fn see_core(&mut self, event: &TurnEvent) {
+        if let TurnEvent::Usage { usage } = event {
+            self.totals.add(usage);
+        }
+    }
+
+    /// The run's usage so far.
+    pub(crate) fn usage(&self) -> Usage {
+        Usage { input_tokens: self.totals.input, output_tokens: self.totals.output, calls: self.totals.attempts }
+    }
+
     pub(crate) fn see(&mut self, event: &Event) {
         let mut settle = |id: &str, tool: &str, status, output: &str, uncertain| {
             let arguments = self
@@ -274,11 +288,6 @@ impl Tally {
             }
             Event::ToolRejected { invocation_id, tool, reason } => {
                 settle(invocation_id, tool, CallStatus::Rejected, reason, false)
-            }
-            Event::Usage { input_tokens, output_tokens } => {
-                self.usage.input_tokens += input_tokens;
-                self.usage.output_tokens += output_tokens;
-                self.usage.calls += 1;
             }
             _ => {}
         }

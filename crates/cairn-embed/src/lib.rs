@@ -390,6 +390,7 @@ impl Agent {
         let session_id = session.store().header().id.clone();
         let mut tally = Tally::default();
         let mut observer = |event: &cairn_core::TurnEvent| {
+            tally.see_core(event);
             if let Some(event) = Event::of(event) {
                 tally.see(&event);
                 on_event(&event);
@@ -402,6 +403,6 @@ impl Agent {
             Some(outcome) => (outcome.text, Stop::from(outcome.stop)),
             None => (cairn_core::report::last_answer(&session.messages()), Stop::Nothing),
         };
-        Ok(Outcome { session_id, answer, stop, tool_calls: tally.calls, usage: tally.usage, notes })
+        Ok(Outcome { session_id, answer, stop, usage: tally.usage(), tool_calls: tally.calls, notes })
     }
 }
