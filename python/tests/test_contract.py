@@ -230,3 +230,32 @@ def test_builtin_tools_are_offered_only_when_asked(home, work, script):
     result = agent.run("read x")
     assert result.tool_calls[0].status == "rejected"
     assert "read_file" in result.tool_calls[0].output
+
+
+def test_an_approver_that_raises_denies_the_call(home, work, script):
+    runs = []
+
+    @cairn.tool(risk="write")
+    def save(text: str) -> dict:
+        runs.append(text)
+        return {"saved": text}
+
+    def approve(request):
+        raise RuntimeError("approver broke")
+
+    path = script(call("save", {"text": "x"}), answer("not saved"))
+    agent = cairn.Agent(home=home, cwd=work, provider="scripted", script=path, tools=[save], approve=approve)
+    result = agent.run("save x")
+    assert runs == []
+    assert result.tool_calls[0].status == "rejected"
+
+
+def test_a_tool_result_that_is_not_text_is_sent_as_json(home, work, script):
+    @cairn.tool(risk="read_only")
+    def lookup(key: str) -> dict:
+        return {"key": key, "value": 42}
+
+    path = script(call("lookup", {"key": "k"}), answer("42"))
+    agent = cairn.Agent(home=home, cwd=work, provider="scripted", script=path, tools=[lookup])
+    result = agent.run("look up k")
+    assert result.tool_calls[0].output == '{"key": "k", "value": 42}'
