@@ -1,0 +1,54 @@
+"""Shared pieces of the package's tests: a cairn home and working directory
+per test, scripts for the scripted provider, the `cairn` binary."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def script(tmp_path: Path):
+    """Write the scripted provider's turns (dicts) and return the file."""
+
+    def write(*turns: dict) -> Path:
+        path = tmp_path / "script.jsonl"
+        path.write_text("".join(json.dumps(t) + "\n" for t in turns))
+        return path
+
+    return write
+
+
+def call(name: str, arguments: dict, id: str = "c1") -> dict:
+    """A script turn calling one tool."""
+    return {"toolCalls": [{"id": id, "name": name, "arguments": arguments}]}
+
+
+def answer(text: str) -> dict:
+    return {"text": text}
+
+
+@pytest.fixture
+def cairn_bin() -> str:
+    """The `cairn` binary the tests check the sessions with: $CAIRN_BIN
+    (scripts/test sets it to the one it built), else `cairn` on PATH."""
+    found = os.environ.get("CAIRN_BIN") or shutil.which("cairn")
+    if not found:
+        pytest.fail("no cairn binary: set CAIRN_BIN to it (scripts/test does) or put cairn on PATH")
+    return found

@@ -1,0 +1,145 @@
+"""The same durability as the CLI: a Python process killed with SIGKILL
+while a tool runs leaves a session that a new process resumes, settling
+the call once (uncertain for replay="never", re-run for "idempotent"),
+and the sessions are the files the `cairn` command reads."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import cairn
+from conftest import answer, call
+
+# The child: one turn whose tool records that it ran, says it started,
+# and then blocks until it is killed.
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import cairn
+
+    home, work, script, marker, started, replay = sys.argv[1:7]
+
+    @cairn.tool(name="charge", risk="write", replay=replay)
+    def charge(amount: int) -> str:
+        with open(marker, "a") as f:
+            f.write("ran\\n")
+        Path(started).write_text("1")
+        time.sleep(3600)
+        return "charged"
+
+    agent = cairn.Agent(home=home, cwd=work, provider="scripted", script=script, tools=[charge], approve=lambda r: True)
+    agent.run("charge 5")
+    """
+)
+
+
+def kill_while_the_tool_runs(tmp_path: Path, home: Path, work: Path, script: Path, replay: str) -> Path:
+    marker, started = tmp_path / "marker", tmp_path / "started"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(home), str(work), str(script), str(marker), str(started), replay],
+        env=os.environ.copy(),
+    )
+    try:
+        # Wait for the tool to start (bounded, so a broken child fails the
+        # test instead of hanging it).
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            if child.poll() is not None:
+                pytest.fail(f"the child exited ({child.returncode}) before its tool started")
+            if time.monotonic() > deadline:
+                pytest.fail("the child's tool did not start within 120 s")
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    return marker
+
+
+def only_session(home: Path) -> str:
+    files = sorted((home / "sessions").glob("*.jsonl"))
+    assert len(files) == 1, files
+    return files[0].stem
+
+
+@pytest.mark.parametrize("replay", ["never", "idempotent"])
+def test_sigkill_mid_tool_then_resume_in_a_new_process_settles_the_call_once(
+    tmp_path, home, work, script, cairn_bin, replay
+):
+    path = script(call("charge", {"amount": 5}), answer("Charged, or not: see above."))
+    marker = kill_while_the_tool_runs(tmp_path, home, work, path, replay)
+    assert marker.read_text() == "ran\n"
+    session = only_session(home)
+
+    runs = []
+
+    @cairn.tool(name="charge", risk="write", replay=replay)
+    def charge(amount: int) -> str:
+        runs.append(amount)
+        with open(marker, "a") as f:
+            f.write("ran\n")
+        return "charged"
+
+    # This process is not the one that was killed.
+    agent = cairn.Agent(home=home, cwd=work, provider="scripted", script=path, tools=[charge], approve=lambda r: True)
+    result = agent.resume(session)
+    assert result.session_id == session
+    assert result.answer == "Charged, or not: see above."
+    assert len(result.tool_calls) == 1
+    settled = result.tool_calls[0]
+    if replay == "never":
+        # Not run again: settled once, as failed and uncertain.
+        assert runs == []
+        assert marker.read_text() == "ran\n"
+        assert (settled.status, settled.uncertain) == ("failed", True)
+    else:
+        # Safe to run again: it ran once more.
+        assert runs == [5]
+        assert marker.read_text() == "ran\nran\n"
+        assert settled.status == "completed"
+
+    # Nothing is left to resume, and nothing runs again.
+    again = agent.resume(session)
+    assert again.stop == "nothing" and again.tool_calls == []
+    assert marker.read_text().count("ran") == (1 if replay == "never" else 2)
+
+    # The command reads the same file: one settlement of the call.
+    shown = subprocess.run(
+        [cairn_bin, "show", session], env={**os.environ, "CAIRN_HOME": str(home)}, capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    settlement = "tool uncertain: charge" if replay == "never" else "tool completed: charge"
+    assert shown.stdout.count("tool requested: charge") == 1, shown.stdout
+    assert shown.stdout.count(settlement) == 1, shown.stdout
+
+
+def test_the_cli_shows_and_undoes_a_session_python_wrote(home, work, script, cairn_bin):
+    path = script(call("write_file", {"path": "hello.txt", "content": "hi\n"}), answer("wrote it"))
+    agent = cairn.Agent(
+        home=home, cwd=work, provider="scripted", script=path, builtin_tools=["write_file"], approve=lambda r: True
+    )
+    result = agent.run("write hello.txt")
+    assert result.tool_calls[0].status == "completed", result.tool_calls
+    assert (work / "hello.txt").read_text() == "hi\n"
+    env = {**os.environ, "CAIRN_HOME": str(home)}
+
+    shown = subprocess.run([cairn_bin, "show", result.session_id], env=env, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "write hello.txt" in shown.stdout and "wrote it" in shown.stdout
+
+    undone = subprocess.run([cairn_bin, "undo", result.session_id], env=env, capture_output=True, text=True)
+    assert undone.returncode == 0, undone.stderr
+    assert not (work / "hello.txt").exists()
+
+    resumed = subprocess.run(
+        [cairn_bin, "resume", result.session_id, "--script", str(path)], env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "nothing to resume" in resumed.stderr
