@@ -345,7 +345,10 @@ pub fn finish_running() {
     let Some(family) = FAMILY.get() else { return };
     let slots: Vec<Arc<Slot>> = family.slots.lock().map(|s| s.values().cloned().collect()).unwrap_or_default();
     if slots.iter().any(|s| s.result().is_none()) {
-        eprintln!("cairn: waiting for running child sessions to finish (Ctrl-C leaves; they resume with their parent)");
+        family
+            .ctx
+            .notes
+            .info("waiting for running child sessions to finish (Ctrl-C leaves; they resume with their parent)");
     }
     let never = CancelToken::new();
     for slot in slots {

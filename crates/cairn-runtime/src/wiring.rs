@@ -270,7 +270,8 @@ fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Ar
     if config.is_empty() {
         return None;
     }
-    let report = Box::new(|note: &str| eprintln!("cairn: {}", crate::escape::escape_controls(note)));
+    let notes = ctx.notes.clone();
+    let report = Box::new(move |note: &str| notes.info(note));
     Some(Arc::new(
         cairn_tools::hooks::CommandHooks::new(config, tools_config(ctx), report).with_sessions(ctx.paths.sessions()),
     ))
@@ -392,4 +393,26 @@ pub fn database_url(ctx: &Context) -> Result<String> {
     ctx.settings.database.value.clone().context(
         "no database: give --database postgres://USER@HOST/DB, or set database = \"postgres://…\" in cairn's config",
     )
+}
+
+/// What a command that needs PostgreSQL says in a build without it.
+pub const NO_POSTGRES: &str = "this cairn was built without PostgreSQL support; rebuild with `--features postgres`";
+
+/// A connection to the configured database (see [`connect_database`]).
+#[cfg(feature = "postgres")]
+pub fn database_client(ctx: &Context) -> Result<postgres::Client> {
+    connect_database(&database_url(ctx)?)
+}
+
+/// Connect to the database at `url`, with an error that names it without
+/// its password and carries PostgreSQL's own message and code.
+#[cfg(feature = "postgres")]
+pub fn connect_database(url: &str) -> Result<postgres::Client> {
+    cairn_pg::connect(url).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot use the database {}: {}",
+            crate::redact::redact(url),
+            crate::redact::scrub(&e.to_string(), url)
+        )
+    })
 }

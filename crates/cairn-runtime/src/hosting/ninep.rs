@@ -79,10 +79,10 @@ pub fn max_running(ctx: &Context) -> usize {
         None => default_max_running(),
         Some(Ok(config)) => config.max_running.max(1),
         Some(Err(e)) => {
-            eprintln!(
-                "cairn: [batch] in {} is invalid ({e}); using max_running = 2",
+            ctx.notes.info(format!(
+                "[batch] in {} is invalid ({e}); using max_running = 2",
                 ctx.settings.config_file.display()
-            );
+            ));
             default_max_running()
         }
     }
