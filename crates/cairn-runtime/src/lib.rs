@@ -44,5 +44,6 @@ pub mod undo;
 pub mod wiring;
 
 /// What every face's turns run with and how a turn is started: the one
-/// place core's `TurnEnv` is put together (cairn-host's `running.rs`).
-pub use cairn_host::{Equipment, Step};
+/// place core's `TurnEnv` is put together (cairn-host's `running.rs`);
+/// the host contract a face equips its turns through.
+pub use cairn_host::{Equipment, HostTools, SessionHost, Step};
