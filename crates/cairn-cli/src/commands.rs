@@ -578,7 +578,9 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
 /// `cairn tools`.
 pub fn tools(ctx: &Context) -> Result<u8> {
     let cwd = crate::wiring::new_session_cwd(ctx)?;
-    let crate::wiring::HostTools { entries, mut notes, untrusted, .. } = crate::wiring::tool_entries(ctx, &cwd)?;
+    // What a turn here gets: the tool service's tools with `--toolsrv`.
+    let cairn_runtime::tools::TurnTools { entries, mut notes, untrusted, .. } =
+        cairn_runtime::toolsrv::turn_tools(ctx, &cwd)?;
     notes.extend(untrusted);
     let status = cairn_tools::landlock_status();
     // What every sandboxed process reads beyond its own rules (those that exist).

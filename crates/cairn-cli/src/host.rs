@@ -78,11 +78,11 @@ impl Wiring {
         let mut equipped = crate::equip::turn(ctx, cwd, store, prompt, asker, session_config(ctx))?;
         match &self.family {
             None => self.family = Some(equipped.family_tools().to_vec()),
-            Some(family) => equipped.tools.extend(family.iter().cloned()),
+            Some(family) => equipped.tools.tools.extend(family.iter().cloned()),
         }
         self.equipment.tools = equipped.registry(&self.equipment.approver);
         self.record_provider(store)?;
-        for note in &equipped.notes {
+        for note in &equipped.tools.notes {
             if self.told.insert(note.clone()) {
                 renderer.notice(note);
             }

@@ -26,10 +26,10 @@ use cairn_core::storage::{RawJson, Storage, Transaction};
 use cairn_core::tool::ToolSpec;
 use cairn_discovery::skills::{Skill, load_skills};
 use cairn_discovery::{Document, Embedder, EmbeddingCache, Index, ParamDoc, Ranking, SHIPPED_METHOD, Selection};
-use cairn_tools::{ToolEntry, ToolOrigin};
+use cairn_tools::ToolEntry;
 
 use crate::context::Context;
-use crate::toolsrv::TurnTools;
+use crate::tools::TurnTools;
 
 /// The session fact holding the latest turn's choice.
 pub const FACT_KEY: &str = "discovery";
@@ -119,10 +119,6 @@ fn tool_document(spec: &ToolSpec) -> Document {
     Document::tool(spec.name.clone(), spec.description.clone(), params)
 }
 
-fn is_core(entry: &ToolEntry) -> bool {
-    matches!(entry.origin, ToolOrigin::Builtin)
-}
-
 /// The tools a turn in `cwd` could be offered: the core ones' names (always
 /// offered) and the specs discovery chooses among. With a tool service
 /// (`--toolsrv`) they are the service's, read from its `t/*/meta`
@@ -137,23 +133,13 @@ pub struct Candidates {
     pub notes: Vec<String>,
 }
 
-/// [`Candidates`] for a session in `cwd`.
+/// [`Candidates`] of a turn's tools.
 pub fn candidates(tools: &TurnTools) -> Candidates {
-    match tools {
-        TurnTools::Service { specs, notes, .. } => {
-            let (core, extra): (Vec<&ToolSpec>, Vec<&ToolSpec>) =
-                specs.iter().partition(|s| crate::toolsrv::is_core(s));
-            Candidates {
-                core: core.into_iter().map(|s| s.name.clone()).collect(),
-                extra: extra.into_iter().cloned().collect(),
-                notes: notes.clone(),
-            }
-        }
-        TurnTools::Local(local) => {
-            let core = local.entries.iter().filter(|e| is_core(e)).map(|e| e.tool.spec().name.clone()).collect();
-            let extra = local.entries.iter().filter(|e| !is_core(e)).map(|e| e.tool.spec().clone()).collect();
-            Candidates { core, extra, notes: Vec::new() }
-        }
+    let (core, extra): (Vec<&ToolEntry>, Vec<&ToolEntry>) = tools.entries.iter().partition(|e| TurnTools::is_core(e));
+    Candidates {
+        core: core.into_iter().map(|e| e.tool.spec().name.clone()).collect(),
+        extra: extra.into_iter().map(|e| e.tool.spec().clone()).collect(),
+        notes: tools.notes.clone(),
     }
 }
 

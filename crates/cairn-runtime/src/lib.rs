@@ -4,7 +4,7 @@
 //! actors' agent. From the resolved configuration ([`context`],
 //! [`config`], [`paths`]) it builds the provider and the tool settings
 //! ([`wiring`]), reads a turn's tools once, in-process or from a tool
-//! service ([`toolsrv`]), records discovery's choice ([`discover`]), adds
+//! service ([`toolsrv`]) into one carrier ([`tools`]), records discovery's choice ([`discover`]), adds
 //! the subagent family and its peer links ([`subagents`], [`peers`],
 //! [`family`]) and the hooks, in one place ([`equip`]); it keeps undo's
 //! pre-images ([`undo`]) and the trusted workspaces ([`trust`]), and
@@ -38,6 +38,7 @@ pub mod redact;
 pub mod secrets;
 pub mod sessions;
 pub mod subagents;
+pub mod tools;
 pub mod toolsrv;
 pub mod trust;
 pub mod undo;

@@ -54,8 +54,9 @@ impl Host for CliHost {
     }
 
     fn tools_text(&self) -> String {
+        // What a turn here gets: the tool service's tools with `--toolsrv`.
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-        match crate::wiring::tool_entries(&self.ctx, &cwd) {
+        match crate::toolsrv::turn_tools(&self.ctx, &cwd) {
             Ok(tools) => tools
                 .entries
                 .iter()
