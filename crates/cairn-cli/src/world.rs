@@ -214,8 +214,13 @@ impl Agent {
         // Each turn's tools are chosen when it starts (`agent_loop`), as
         // every face's are; until then the session holds no tools.
         let config: SessionConfig = crate::wiring::session_config(ctx);
-        let session = Session::open(store, config)?;
+        let mut session = Session::open(store, config)?;
         let host = AgentHost { host: CliHost { ctx: ctx.run.clone() }, world: world.clone() };
+        // An undo killed after its plan was committed is finished before
+        // any turn, as for every face's session.
+        if let Some(done) = host.finish_undo(&mut session, &cwd)? {
+            eprintln!("cairn: the agent: {}", crate::render::escape_controls(&done));
+        }
         let parts = AgentParts { provider, host, cwd, allow, yes: ctx.common.yes, session };
         let stop = Arc::new(AtomicBool::new(false));
         let idle = Arc::new(AtomicBool::new(true));
