@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::config::{Overrides, Settings};
-use crate::context::{Common, Context, exit};
+use crate::config::Settings;
+use crate::context::{Context, Flags, exit};
 use crate::paths::Paths;
 use crate::render::escape_controls;
 use crate::style::Style;
@@ -49,7 +49,7 @@ Environment (every variable cairn reads; docs/config.md lists the config file's 
 #[command(name = "cairn", version, after_help = AFTER_HELP)]
 pub struct Cli {
     #[command(flatten)]
-    pub common: Common,
+    pub flags: Flags,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -438,14 +438,7 @@ fn run(cli: Cli) -> Result<u8> {
         return Ok(code);
     }
     let paths = Paths::from_env()?;
-    let overrides = Overrides {
-        provider: cli.common.provider.clone(),
-        model: cli.common.model.clone(),
-        script: cli.common.script.clone(),
-        allow: cli.common.allow.clone(),
-        database: cli.common.database.clone(),
-    };
-    let settings = Settings::load(&paths.config_file, &overrides)?;
+    let settings = Settings::load(&paths.config_file, &cli.flags.overrides())?;
     // SAFETY: no other thread exists yet (see CANDLE_NUM_THREADS below).
     unsafe { crate::secrets::take_provider_keys(&settings.providers) };
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
@@ -456,10 +449,13 @@ fn run(cli: Cli) -> Result<u8> {
         // environment concurrently.
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", settings.local_threads.value.max(1).to_string()) };
     }
-    let ctx = Context { common: cli.common, paths, settings, err_style: Style::stderr(), out_style: Style::stdout() };
-    use crate::{commands, host, local, sessions, trust};
-    let store_options = ctx.settings.store_options();
-    let resolve = |target: &str| sessions::resolve(&ctx.paths, target, &store_options);
+    let err_style = Style::stderr();
+    let run = cairn_runtime::context::Context::new(paths, settings)
+        .with_common(cli.flags.common())
+        .with_notes(crate::context::notes_on_stderr(err_style));
+    let ctx = Context { run, flags: cli.flags, err_style, out_style: Style::stdout() };
+    use crate::{commands, host, sessions, state};
+    let resolve = |target: &str| sessions::resolve(&ctx, target);
     if let Command::Serve { listen, listen_insecure, handshake_timeout } = &cli.command {
         let handshake = std::time::Duration::from_secs((*handshake_timeout).max(1));
         return crate::serve::run(ctx, listen, *listen_insecure, handshake);
@@ -493,7 +489,6 @@ fn run(cli: Cli) -> Result<u8> {
             crate::pg::approve(&ctx, &session, &invocation, deny.as_deref())
         }
         Command::Import { file, cwd } => crate::pg::import(&ctx, &file, cwd.as_deref()),
-        Command::Sessions if database => crate::pg::sessions(&ctx),
         Command::Show { id, tools, all } if database => crate::pg::show(&ctx, &id, tools, all),
         Command::Log { id, follow } if database => crate::pg::log(&ctx, &id, follow),
         Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
@@ -505,76 +500,48 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Resume { id, last, prompt } => {
             let path = match (id, last) {
                 (Some(id), _) => resolve(&id)?,
-                (None, true) => sessions::last(&ctx.paths, &store_options)?,
+                (None, true) => sessions::last(&ctx)?,
                 (None, false) => anyhow::bail!("which session? give an id or name, or --last for the most recent"),
             };
             host::resume(&ctx, &path, prompt)
         }
-        Command::Sessions => crate::sessions::command(&ctx),
+        Command::Sessions => state::sessions(&ctx),
         Command::Show { id, tools: false, all } => commands::show(&ctx, &resolve(&id)?, all),
         Command::Show { id, tools: true, .. } => commands::show_tools(&ctx, &resolve(&id)?),
         Command::Log { id, follow } => commands::log(&ctx, &resolve(&id)?, follow),
-        Command::Undo { gc: true, dry_run, .. } => crate::undo::gc(&ctx, dry_run),
-        Command::Undo { id, turn, to, dry_run, force, gc: false } if database => {
-            let Some(id) = id else {
-                anyhow::bail!("which session? give its id (with --database, there is no default)")
-            };
-            let target = match (turn, to) {
-                (Some(n), _) => crate::undo::Target::Turn(n),
-                (None, Some(entry)) => crate::undo::Target::After(entry),
-                (None, None) => crate::undo::Target::LastTurn,
-            };
-            crate::pg::rewind(&ctx, &id, Some(target), dry_run, force)
-        }
-        Command::Redo { id, dry_run, force } if database => {
-            let Some(id) = id else {
-                anyhow::bail!("which session? give its id (with --database, there is no default)")
-            };
-            crate::pg::rewind(&ctx, &id, None, dry_run, force)
-        }
+        Command::Undo { gc: true, dry_run, .. } => state::gc(&ctx, dry_run),
         Command::Undo { id, turn, to, dry_run, force, gc: false } => {
-            let path = match id {
-                Some(id) => resolve(&id)?,
-                None => sessions::last(&ctx.paths, &store_options)?,
-            };
             let target = match (turn, to) {
                 (Some(n), _) => crate::undo::Target::Turn(n),
                 (None, Some(entry)) => crate::undo::Target::After(entry),
                 (None, None) => crate::undo::Target::LastTurn,
             };
-            crate::undo::undo(&ctx, &path, target, dry_run, force)
+            state::rewind(&ctx, id.as_deref(), crate::undo::Request::Undo(target), dry_run, force)
         }
         Command::Redo { id, dry_run, force } => {
-            let path = match id {
-                Some(id) => resolve(&id)?,
-                None => sessions::last(&ctx.paths, &store_options)?,
-            };
-            crate::undo::redo(&ctx, &path, dry_run, force)
+            state::rewind(&ctx, id.as_deref(), crate::undo::Request::Redo, dry_run, force)
         }
         Command::Fork { id, entry, lane } => commands::fork(&ctx, &resolve(&id)?, &entry, lane),
         Command::Compact { id, context: true, .. } => crate::compaction::compact(&ctx, &resolve(&id)?),
         Command::Compact { id, force, .. } => commands::compact(&ctx, &resolve(&id)?, force),
         Command::Check { target } => commands::check(&ctx, &resolve(&target)?),
         Command::Tools { discover: None } => commands::tools(&ctx),
-        Command::Tools { discover: Some(query) } => crate::discover::discover_command(&ctx, &query),
-        Command::Skills => crate::discover::skills_command(&ctx),
-        Command::Trust { dir, revoke, list } => {
-            let action = match (revoke, list) {
-                (true, _) => trust::Action::Revoke,
-                (_, true) => trust::Action::List,
-                _ => trust::Action::Trust,
-            };
-            trust::run(&ctx, dir, action)
-        }
+        Command::Tools { discover: Some(query) } => state::discover(&ctx, &query),
+        Command::Skills => state::skills(&ctx),
+        Command::Trust { dir, revoke, list } => match (revoke, list) {
+            (true, _) => state::revoke(&ctx, dir),
+            (_, true) => state::trust_list(&ctx),
+            _ => state::trust(&ctx, dir),
+        },
         Command::Config => commands::config(&ctx),
         Command::Acp => crate::faces::acp(&ctx),
         Command::Mcp { action: Some(McpAction::List), .. } => commands::mcp_list(&ctx),
         Command::Mcp { page_size, action: None } => crate::faces::mcp(&ctx, page_size),
         Command::Mount { dir, address } => crate::mount::run(&ctx, &dir, address.as_deref()),
-        Command::Model { action: ModelAction::Install { from } } => local::install(&ctx, from.as_deref()),
-        Command::Model { action: ModelAction::Path } => local::path(&ctx),
+        Command::Model { action: ModelAction::Install { from } } => state::model_install(&ctx, from.as_deref()),
+        Command::Model { action: ModelAction::Path } => state::model_path(&ctx),
         Command::Model { action: ModelAction::InstallDiscovery { from } } => {
-            crate::discover::install(&ctx, from.as_deref())
+            state::discovery_install(&ctx, from.as_deref())
         }
         #[cfg(feature = "actors")]
         Command::World { action } => crate::world::run(&ctx, action),

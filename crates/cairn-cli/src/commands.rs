@@ -242,7 +242,7 @@ pub fn show_tools(ctx: &Context, path: &Path) -> Result<u8> {
     // that holds it.
     let effects = cairn_core::undo::effects(&entries, crate::undo::DELEGATING);
     let mut out = std::io::stdout().lock();
-    if ctx.common.json {
+    if ctx.flags.json {
         for invocation in &state.invocations {
             let mut value = serde_json::to_value(invocation)?;
             if let (Some(map), Some(undo)) = (value.as_object_mut(), effects.undoability(&invocation.invocation_id)) {
@@ -338,7 +338,7 @@ pub fn log(ctx: &Context, path: &Path, follow: bool) -> Result<u8> {
     drop(JsonlStore::open_read_only_with(path, opts)?);
     let mut tail = Tail::open_with(path, opts.max_line_bytes)?;
     let mut out = std::io::stdout().lock();
-    if !ctx.common.json {
+    if !ctx.flags.json {
         let h = tail.header().clone();
         let line = format!("# session {} cwd {} created {}", h.id, h.cwd, format_time(h.created_at));
         writeln!(out, "{}", ctx.out_style.dim(&esc(&line)))?;
@@ -347,7 +347,7 @@ pub fn log(ctx: &Context, path: &Path, follow: bool) -> Result<u8> {
         for record in tail.poll()? {
             // Both forms are JSON text; escaping keeps their value and keeps
             // what a hand-edited file holds away from the terminal.
-            if ctx.common.json {
+            if ctx.flags.json {
                 writeln!(out, "{}", escape_json(&serde_json::to_string(&record)?))?;
             } else {
                 writeln!(out, "{}", escape_json(&format_record(&record)))?;
@@ -375,7 +375,7 @@ pub fn fork(ctx: &Context, path: &Path, entry: &str, lane: Option<String>) -> Re
     session.fork(&lane, entry)?;
     let id = session.store().header().id.clone();
     let mut out = std::io::stdout().lock();
-    if ctx.common.json {
+    if ctx.flags.json {
         writeln!(out, "{}", serde_json::json!({"session": id, "lane": lane, "at": entry}))?;
     } else {
         writeln!(out, "lane {lane} now starts at {entry} in session {id}")?;
@@ -393,7 +393,7 @@ pub fn compact(ctx: &Context, path: &Path, force: bool) -> Result<u8> {
     if !force && !opts.compaction_due(before, ratio) {
         let threshold = opts.compact_ratio.unwrap_or(cairn_core::storage::DEFAULT_COMPACT_RATIO);
         let mut out = std::io::stdout().lock();
-        if ctx.common.json {
+        if ctx.flags.json {
             let line = serde_json::json!({
                 "compacted": false, "before": before, "after": before, "deadBytesRatio": ratio,
                 "threshold": threshold, "minBytes": opts.compact_min_bytes,
@@ -413,7 +413,7 @@ pub fn compact(ctx: &Context, path: &Path, force: bool) -> Result<u8> {
     store.compact()?;
     let after = store.len_bytes();
     let mut out = std::io::stdout().lock();
-    if ctx.common.json {
+    if ctx.flags.json {
         writeln!(
             out,
             "{}",
@@ -449,7 +449,7 @@ pub fn check(ctx: &Context, path: &Path) -> Result<u8> {
     });
     let seconds = started.elapsed().as_secs_f64();
     let mut out = std::io::stdout().lock();
-    if ctx.common.json {
+    if ctx.flags.json {
         let mut value = serde_json::to_value(&report)?;
         if let Some(fields) = value.as_object_mut() {
             let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
@@ -527,7 +527,7 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
     for note in ext.notes.iter().chain(&ext.untrusted) {
         eprintln!("cairn: {}", esc(note));
     }
-    if servers.is_empty() && !ctx.common.json {
+    if servers.is_empty() && !ctx.flags.json {
         writeln!(
             out,
             "no MCP servers are configured; add [mcp_servers.NAME] with `command` (or `url`) to {}",
@@ -554,7 +554,7 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
                 format!("failed: {why}")
             }
         };
-        if ctx.common.json {
+        if ctx.flags.json {
             let tools: Vec<_> =
                 server.tools.iter().map(|(name, risk)| serde_json::json!({"name": name, "risk": risk})).collect();
             let line = serde_json::json!({
@@ -578,7 +578,9 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
 /// `cairn tools`.
 pub fn tools(ctx: &Context) -> Result<u8> {
     let cwd = crate::wiring::new_session_cwd(ctx)?;
-    let crate::wiring::HostTools { entries, mut notes, untrusted, .. } = crate::wiring::tool_entries(ctx, &cwd)?;
+    // What a turn here gets: the tool service's tools with `--toolsrv`.
+    let cairn_runtime::tools::TurnTools { entries, mut notes, untrusted, .. } =
+        cairn_runtime::toolsrv::turn_tools(ctx, &cwd)?;
     notes.extend(untrusted);
     let status = cairn_tools::landlock_status();
     // What every sandboxed process reads beyond its own rules (those that exist).
@@ -589,7 +591,7 @@ pub fn tools(ctx: &Context) -> Result<u8> {
         .map(|p| p.display().to_string())
         .collect();
     let mut out = std::io::stdout().lock();
-    if ctx.common.json {
+    if ctx.flags.json {
         for entry in &entries {
             let spec = entry.tool.spec();
             let line = serde_json::json!({

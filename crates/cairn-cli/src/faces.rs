@@ -20,7 +20,7 @@ fn stdout() -> Out {
 /// `cairn acp`.
 pub fn acp(ctx: &Context) -> Result<u8> {
     let stdin = std::io::BufReader::new(std::io::stdin());
-    cairn_faces::acp::serve(&CliHost { ctx: ctx.clone() }, stdin, stdout())?;
+    cairn_faces::acp::serve(&CliHost { ctx: ctx.run.clone() }, stdin, stdout())?;
     Ok(exit::SUCCESS)
 }
 
@@ -33,6 +33,6 @@ pub fn mcp(ctx: &Context, page_size: usize) -> Result<u8> {
     let root = root.canonicalize().with_context(|| format!("--cwd {}: no such directory", root.display()))?;
     let options = cairn_faces::mcp::McpOptions { root, page_size };
     let stdin = std::io::BufReader::new(std::io::stdin());
-    cairn_faces::mcp::serve(&CliHost { ctx: ctx.clone() }, options, stdin, &stdout())?;
+    cairn_faces::mcp::serve(&CliHost { ctx: ctx.run.clone() }, options, stdin, &stdout())?;
     Ok(exit::SUCCESS)
 }

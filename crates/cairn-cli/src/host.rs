@@ -78,11 +78,11 @@ impl Wiring {
         let mut equipped = crate::equip::turn(ctx, cwd, store, prompt, asker, session_config(ctx))?;
         match &self.family {
             None => self.family = Some(equipped.family_tools().to_vec()),
-            Some(family) => equipped.tools.extend(family.iter().cloned()),
+            Some(family) => equipped.tools.tools.extend(family.iter().cloned()),
         }
         self.equipment.tools = equipped.registry(&self.equipment.approver);
         self.record_provider(store)?;
-        for note in &equipped.notes {
+        for note in &equipped.tools.notes {
             if self.told.insert(note.clone()) {
                 renderer.notice(note);
             }
@@ -425,9 +425,9 @@ fn outcome_code(outcome: &TurnOutcome, renderer: &mut Renderer, session_id: &str
 }
 
 pub fn mode(ctx: &Context) -> Mode {
-    if ctx.common.json {
+    if ctx.flags.json {
         Mode::Json
-    } else if ctx.common.quiet {
+    } else if ctx.flags.quiet {
         Mode::Quiet
     } else {
         Mode::Human
@@ -467,7 +467,7 @@ pub(crate) fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result
 pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
     let prompt = read_prompt(prompt, prompt_file)?;
     let mut renderer = Renderer::new(mode(ctx));
-    renderer.set_markdown(ctx.common.plain);
+    renderer.set_markdown(ctx.flags.plain);
     let (mut store, cwd) = create_session(ctx)?;
     let started = wire(ctx, &cwd, true)
         .and_then(|mut wiring| Ok((wiring.equip(ctx, &cwd, &mut store, Some(&prompt), &mut renderer)?, wiring)));
@@ -485,7 +485,7 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
 /// `cairn resume`.
 pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
-    renderer.set_markdown(ctx.common.plain);
+    renderer.set_markdown(ctx.flags.plain);
     let store = open_session(ctx, path)?;
     if let Some(child) = crate::family::child_fact(&store) {
         // A child's authority is a subset of its parent's, recorded in its
@@ -552,7 +552,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
 /// `cairn chat`.
 pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
-    renderer.set_markdown(ctx.common.plain);
+    renderer.set_markdown(ctx.flags.plain);
     let (store, cwd) = match existing {
         Some(path) => {
             let store = open_session(ctx, path)?;
@@ -662,7 +662,7 @@ fn command_of_chat(
             say(&lines.join("\n"))?;
         }
         Slash::Sessions => {
-            crate::sessions::command(ctx)?;
+            crate::state::sessions(ctx)?;
         }
         Slash::Diff => {
             let mut changed = std::collections::BTreeSet::new();
@@ -775,7 +775,7 @@ fn command_of_chat(
             }
         }
         Slash::Resume(target) => {
-            let path = match crate::sessions::resolve(&ctx.paths, target, &ctx.settings.store_options()) {
+            let path = match crate::sessions::resolve(ctx, target) {
                 Ok(path) => path,
                 Err(e) => {
                     renderer.notice(&format!("cannot resume: {e:#}"));
@@ -827,14 +827,16 @@ fn command_of_chat(
         Slash::Undo(turn) => {
             let cwd = PathBuf::from(&store.header().cwd);
             let target = turn.map_or(crate::undo::Target::LastTurn, crate::undo::Target::Turn);
-            if let Err(e) = crate::undo::undo_session(ctx, session, &cwd, target, false, false) {
-                renderer.notice(&format!("{e:#}"));
+            match crate::undo::undo_session(ctx, session, &cwd, target, false, false) {
+                Ok(outcome) => drop(crate::state::report(outcome)?),
+                Err(e) => renderer.notice(&format!("{e:#}")),
             }
         }
         Slash::Redo => {
             let cwd = PathBuf::from(&store.header().cwd);
-            if let Err(e) = crate::undo::redo_session(ctx, session, &cwd, false, false) {
-                renderer.notice(&format!("{e:#}"));
+            match crate::undo::redo_session(ctx, session, &cwd, false, false) {
+                Ok(outcome) => drop(crate::state::report(outcome)?),
+                Err(e) => renderer.notice(&format!("{e:#}")),
             }
         }
         Slash::Unknown(text) => renderer.notice(&crate::slash::unknown(text)),
@@ -854,12 +856,12 @@ fn chat_loop(
     let _ = interrupts();
     let mut id = session.store().header().id.clone();
     let interactive = std::io::stdin().is_terminal();
-    let mut input = crate::lineedit::Input::new(&ctx.paths.data, &cwd, interactive && !ctx.common.json)?;
+    let mut input = crate::lineedit::Input::new(&ctx.paths.data, &cwd, interactive && !ctx.flags.json)?;
     let prompt_text = ("› ", ctx.err_style.bold("›") + " ");
     let mut last = exit::SUCCESS;
     // Keys typed while a turn ran (`typeahead.rs`): lines to send, and the
     // start of the next one.
-    let typing_ahead = interactive && !ctx.common.json && crate::typeahead::available();
+    let typing_ahead = interactive && !ctx.flags.json && crate::typeahead::available();
     let mut queued: std::collections::VecDeque<String> = std::collections::VecDeque::new();
     let mut started = (String::new(), String::new());
     let mut leave = false;

@@ -11,6 +11,7 @@ mod batch;
 mod cli;
 mod commands;
 mod compaction;
+mod context;
 mod faces;
 mod highlight;
 mod host;
@@ -27,15 +28,16 @@ mod render;
 mod serve;
 mod serve_tools;
 mod slash;
+mod state;
 mod status;
+mod style;
 mod typeahead;
 #[cfg(feature = "actors")]
 mod world;
 
 // The session runtime, under the names the binary's modules use for it.
 use cairn_runtime::{
-    config, context, discover, equip, escape, family, hosting, local, paths, secrets, sessions, style, subagents,
-    trust, undo, wiring,
+    config, discover, equip, escape, family, hosting, local, paths, secrets, sessions, subagents, trust, undo, wiring,
 };
 
 use std::process::ExitCode;

@@ -1,8 +1,9 @@
 //! The commands over a PostgreSQL database (`--database URL`, or
 //! `database = "postgres://…"` in the config): `cairn worker`, `cairn
-//! submit`, `cairn approvals`/`approve`, `cairn sessions/show/log`, `cairn
-//! export` and `cairn import`, and `cairn undo`/`redo` of a database
-//! session on a host that has its working directory and pre-images.
+//! submit`, `cairn approvals`/`approve`, `cairn show/log`, `cairn export`
+//! and `cairn import` (`cairn sessions` and `cairn undo`/`redo` are one
+//! command each for every backend: the runtime's `sessions::listing` and
+//! `undo::rewind`, printed by `state.rs`).
 //!
 //! It only wires: storage, leases and the worker loop are cairn-pg; the
 //! turn is cairn-core's, with this host's provider and tools (as `cairn
@@ -18,7 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context as _, Result, bail};
 use cairn_core::storage::{Header, Storage, new_session_id};
-use cairn_core::{Session, SessionConfig};
 use cairn_pg::approvals;
 use cairn_pg::worker::WorkerOptions;
 use cairn_pg::{PgStore, lease};
@@ -35,62 +35,12 @@ fn client(ctx: &Context) -> Result<Client> {
     connect_shown(&url)
 }
 
-/// Connect, with an error that names the database without its password
-/// and carries PostgreSQL's own message and code.
-fn connect_shown(url: &str) -> Result<Client> {
-    cairn_pg::connect(url).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot use the database {}: {}",
-            redact(url),
-            cairn_runtime::redact::scrub(&e.to_string(), url)
-        )
-    })
-}
+use crate::wiring::connect_database as connect_shown;
 
 /// A session id from an exact id or a unique prefix (cairn-pg's
 /// `catalog::resolve`, with core's prefix rule, as for session files).
 fn resolve(client: &mut Client, target: &str) -> Result<String> {
     Ok(cairn_pg::catalog::resolve(client, target)?)
-}
-
-/// `cairn undo`/`cairn redo --database URL ID` (`target` `None`: redo): the
-/// same protocol as for a session file (`cairn_tools::rewind`), committed
-/// to the database without a lease of its own (a commit is refused while a
-/// worker holds the session), run on this host's working tree and
-/// pre-image store. So it must run on the host whose turn kept them: a
-/// working directory missing here is refused naming it, and a missing
-/// pre-image is refused (nothing changed) by the protocol itself.
-pub fn rewind(
-    ctx: &Context,
-    session: &str,
-    target: Option<crate::undo::Target>,
-    dry_run: bool,
-    force: bool,
-) -> Result<u8> {
-    let mut client = client(ctx)?;
-    let id = resolve(&mut client, session)?;
-    let store = PgStore::open(client, &id)?;
-    let cwd = PathBuf::from(&store.header().cwd);
-    if !cwd.is_dir() {
-        bail!(
-            "session {id} ran in {}, which is not a directory on this host: undo it on the worker host that ran its \
-             turns (the working tree and the pre-images are there); nothing was changed",
-            escape_controls(&cwd.display().to_string())
-        );
-    }
-    let mut session = Session::open(store, SessionConfig::default())?;
-    if session.needs_resume() {
-        bail!(
-            "a turn of session {id} is in progress (phase {:?}); let a worker finish it, then undo",
-            session.pc().phase
-        );
-    }
-    let kept = crate::undo::store(ctx);
-    let outcome = match target {
-        Some(t) => cairn_tools::rewind::undo(&kept, &mut session, &cwd, &t, crate::undo::DELEGATING, dry_run, force)?,
-        None => cairn_tools::rewind::redo(&kept, &mut session, &cwd, dry_run, force)?,
-    };
-    crate::undo::report(outcome)
 }
 
 /// `--lease SECS` as `cairn worker` takes it (checked at argument parsing
@@ -126,7 +76,7 @@ pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
         opts.concurrency,
         opts.lease.as_secs()
     );
-    cairn_pg::worker::run(&opts, Arc::new(crate::hosting::CliHost { ctx }), stop)?;
+    cairn_pg::worker::run(&opts, Arc::new(crate::hosting::CliHost { ctx: ctx.run }), stop)?;
     Ok(exit::SUCCESS)
 }
 
@@ -136,7 +86,7 @@ pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
 /// model (it holds the keys), its allow rules and `--yes`. A flag that
 /// would say otherwise here is refused, never silently ignored.
 pub fn submit(ctx: &Context, session: Option<&str>, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
-    let c = &ctx.common;
+    let c = &ctx.flags;
     let ignored: Vec<&str> = [
         ("--provider", c.provider.is_some()),
         ("--model", c.model.is_some()),
@@ -191,97 +141,13 @@ pub fn submit(ctx: &Context, session: Option<&str>, prompt: Option<String>, prom
         }
     };
     lease::submit(&mut client, &id, prompt)?;
-    if ctx.common.json {
+    if ctx.flags.json {
         println!(
             "{}",
             crate::render::escape_json(&serde_json::json!({"type": "submitted", "sessionId": id}).to_string())
         );
     } else {
         println!("{}", escape_controls(&id));
-    }
-    Ok(exit::SUCCESS)
-}
-
-/// `cairn sessions --database`.
-pub fn sessions(ctx: &Context) -> Result<u8> {
-    let mut client = client(ctx)?;
-    let rows = cairn_pg::catalog::list(&mut client)?;
-    let mut out = std::io::stdout().lock();
-    if !ctx.common.json {
-        if rows.is_empty() {
-            writeln!(out, "no sessions in the database yet; add one with `cairn submit --database URL \"…\"`")?;
-            return Ok(exit::SUCCESS);
-        }
-        writeln!(
-            out,
-            "{}",
-            ctx.out_style.bold(&format!(
-                "{:<36}  {:<8}  {:>6}  {:>7}  {:>5}  {:<19}  {:<24}  CWD",
-                "ID", "STATUS", "SEQ", "QUEUED", "EPOCH", "UPDATED", "HOLDER"
-            ))
-        )?;
-    }
-    for row in rows {
-        use cairn_pg::catalog::Status;
-        let cairn_pg::catalog::Listed {
-            id,
-            status,
-            last_seq: seq,
-            epoch,
-            holder: owner,
-            header,
-            queued,
-            updated,
-            updated_ms,
-            note,
-        } = row;
-        let cwd = header.as_ref().map(|h| h.cwd.clone()).unwrap_or_default();
-        if ctx.common.json {
-            use crate::sessions::Standing;
-            let state = match status {
-                Status::Queued => Standing::Queued,
-                Status::Running => Standing::Running,
-                Status::Failed => Standing::Failed,
-                Status::Idle if seq == 0 => Standing::New,
-                Status::Idle => Standing::Idle,
-            };
-            let row = crate::sessions::SessionRow {
-                id: id.clone(),
-                backend: "postgres",
-                state,
-                phase: None,
-                name: None,
-                cwd: cwd.clone(),
-                created_at: header.as_ref().map_or(0, |h| h.created_at),
-                last_activity: updated_ms,
-                queued: u64::try_from(queued).unwrap_or(0),
-                parent: crate::family::parent_of(&id).map(str::to_owned),
-                note: note.clone(),
-                path: None,
-                size: None,
-                header_id: None,
-                last_seq: Some(seq),
-                epoch: Some(epoch),
-                holder: owner.clone(),
-            };
-            writeln!(out, "{}", crate::render::escape_json(&serde_json::to_string(&row)?))?;
-        } else {
-            writeln!(
-                out,
-                "{:<36}  {:<8}  {:>6}  {:>7}  {:>5}  {:<19}  {:<24}  {}",
-                escape_controls(&crate::family::list_label(&id)),
-                status.as_str(),
-                seq,
-                queued,
-                epoch,
-                updated,
-                escape_controls(owner.as_deref().unwrap_or("-")),
-                escape_controls(&cwd)
-            )?;
-            if let Some(note) = note.filter(|_| status == Status::Failed) {
-                writeln!(out, "    {}", escape_controls(&note))?;
-            }
-        }
     }
     Ok(exit::SUCCESS)
 }
@@ -382,7 +248,7 @@ pub fn approvals(ctx: &Context) -> Result<u8> {
     let mut client = client(ctx)?;
     let all = approvals::pending(&mut client)?;
     let mut out = std::io::stdout().lock();
-    if ctx.common.json {
+    if ctx.flags.json {
         for p in &all {
             let line = serde_json::json!({"sessionId": p.session, "invocationId": p.invocation, "tool": p.tool,
                 "arguments": p.arguments, "askedAt": p.asked_at});
@@ -428,7 +294,7 @@ pub fn workers(ctx: &Context) -> Result<u8> {
             "alive"
         }
     };
-    if ctx.common.json {
+    if ctx.flags.json {
         for w in &all {
             let losses: Vec<serde_json::Value> = w
                 .recent_losses

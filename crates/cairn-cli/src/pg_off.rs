@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 
 use crate::context::Context;
 
-const OFF: &str = "this cairn was built without PostgreSQL support; rebuild with `--features postgres`";
+const OFF: &str = crate::wiring::NO_POSTGRES;
 
 /// Any whole number: `cairn worker` says what is missing when run.
 pub fn lease_secs(text: &str) -> Result<u64, String> {
@@ -19,10 +19,6 @@ pub fn worker(_: Context, _: usize, _: u64) -> Result<u8> {
 }
 
 pub fn submit(_: &Context, _: Option<&str>, _: Option<String>, _: Option<&Path>) -> Result<u8> {
-    bail!(OFF)
-}
-
-pub fn sessions(_: &Context) -> Result<u8> {
     bail!(OFF)
 }
 
@@ -59,9 +55,5 @@ pub fn cancel(_: &Context, _: &str) -> Result<u8> {
 }
 
 pub fn approve(_: &Context, _: &str, _: &str, _: Option<&str>) -> Result<u8> {
-    bail!(OFF)
-}
-
-pub fn rewind(_: &Context, _: &str, _: Option<crate::undo::Target>, _: bool, _: bool) -> Result<u8> {
     bail!(OFF)
 }

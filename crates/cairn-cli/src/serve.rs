@@ -98,7 +98,7 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool, handshake_timeout: D
     let mut lock = ServeLock::take(&data)?;
     let (listeners, addresses) = bind_all(&dials, insecure)?;
     lock.record(&addresses)?;
-    let runtime = Runtime::new(Arc::new(CliHost { ctx }));
+    let runtime = Runtime::new(Arc::new(CliHost { ctx: ctx.run }));
     let server = Server::new(Arc::clone(&runtime), Limits { handshake_timeout, ..Limits::default() });
     let stop = stop_signal()?;
     for listener in listeners {

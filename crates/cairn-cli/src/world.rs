@@ -6,7 +6,10 @@
 //!
 //! The agent: a `{"type":"text","text":…}` message without `reply_to`
 //! starts a turn (replies never do); the final answer goes back to the
-//! sender as a reply `{"type":"text","text":…}`. The session file's path is
+//! sender as a reply `{"type":"text","text":…}`. Each turn is equipped as
+//! every face's is (`AgentHost`: `CliHost`'s `equip::turn`, so discovery
+//! chooses for the message and records its choice), with the world's
+//! `actor_*` tools added. The session file's path is
 //! kept in `DIR/broker/agent-session`.
 //!
 //! Nothing sent to the agent is lost to a crash: messages wait in its
@@ -26,16 +29,17 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use cairn_actors::World;
-use cairn_core::approval::Allowlist;
+use cairn_core::approval::{Allowlist, PolicyApprover, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::registers::{self, QueuedPrompt};
 use cairn_core::storage::{JsonlStore, Storage};
-use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEvent};
-use cairn_runtime::{Equipment, Step};
+use cairn_core::{CancelToken, Session, SessionConfig, ToolRegistry, TurnEvent, TurnOutcome};
+use cairn_runtime::{Equipment, HostTools, SessionHost, Step};
 use clap::Subcommand;
 use serde_json::{Value, json};
 
 use crate::context::{Context, exit};
+use crate::hosting::CliHost;
 
 /// `cairn world …`.
 #[derive(Debug, Subcommand)]
@@ -142,11 +146,48 @@ struct Agent {
 /// What the agent thread owns.
 struct AgentParts {
     provider: Box<dyn Provider + Send>,
-    registry: ToolRegistry,
+    /// Every face's host, with the world's tools: equips each turn.
+    host: AgentHost,
+    /// The session's working directory.
+    cwd: PathBuf,
     allow: Allowlist,
     /// `--yes`: the session's standing approval of Write calls.
     yes: bool,
     session: Session<JsonlStore>,
+}
+
+/// The agent's host: every served face's (`CliHost`: each turn equipped by
+/// `equip::turn`, the tools read once, discovery's choice for the prompt
+/// recorded before the turn, the subagent family), with the world's
+/// `actor_*` tools added to each turn's.
+struct AgentHost {
+    host: CliHost,
+    world: Arc<World>,
+}
+
+impl SessionHost for AgentHost {
+    fn session_config(&self) -> SessionConfig {
+        self.host.session_config()
+    }
+
+    fn turn(
+        &self,
+        cwd: &Path,
+        store: &mut JsonlStore,
+        prompt: Option<&str>,
+        approver: &PolicyApprover,
+        person: Option<&SharedApprover>,
+    ) -> Result<(HostTools, SessionConfig)> {
+        let (mut tools, config) = self.host.turn(cwd, store, prompt, approver, person)?;
+        // Without a person at a terminal, Destructive tools (actor_remove)
+        // cannot be approved, so the registry refuses them: not offered.
+        tools.tools.extend(cairn_actors::tools::actor_tools(self.world.clone()));
+        Ok((tools, config))
+    }
+
+    fn finish_undo(&self, session: &mut Session<JsonlStore>, cwd: &Path) -> Result<Option<String>> {
+        self.host.finish_undo(session, cwd)
+    }
 }
 
 impl Agent {
@@ -170,32 +211,17 @@ impl Agent {
         let provider = crate::wiring::build_provider(ctx, &cwd)?;
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
-        // Headless: nobody answers here, so Destructive tools are not
-        // offered and a Write call needs an allow rule or --yes.
-        let policy = crate::wiring::policy(ctx.common.yes, allow.clone(), None);
-        // The session's tools as every face offers them (a tool service
-        // when configured, the subagent family); what is not offered is
-        // said, not dropped silently.
-        let tools = cairn_runtime::toolsrv::turn_tools(ctx, &cwd)?;
-        let authority = crate::subagents::Authority::of(&policy, None);
-        let asker = crate::equip::Asker { approver: &policy, family: Some(&authority) };
-        let mut equipped = crate::equip::offer(ctx, &cwd, &tools, None, asker)?;
-        let mut registry = equipped.registry(&policy);
-        let mut notes: Vec<String> = equipped.all_notes().cloned().collect();
-        // Without a person at a terminal, Destructive tools (actor_remove)
-        // cannot be approved, so the registry refuses them: not offered.
-        for tool in cairn_actors::tools::actor_tools(world.clone()) {
-            let name = tool.spec().name.clone();
-            if let Err(e) = registry.register(tool) {
-                notes.push(format!("tool {name} not offered: {e}"));
-            }
-        }
-        for note in notes {
-            eprintln!("cairn: the agent: {note}");
-        }
+        // Each turn's tools are chosen when it starts (`agent_loop`), as
+        // every face's are; until then the session holds no tools.
         let config: SessionConfig = crate::wiring::session_config(ctx);
-        let session = Session::open(store, config)?;
-        let parts = AgentParts { provider, registry, allow, yes: ctx.common.yes, session };
+        let mut session = Session::open(store, config)?;
+        let host = AgentHost { host: CliHost { ctx: ctx.run.clone() }, world: world.clone() };
+        // An undo killed after its plan was committed is finished before
+        // any turn, as for every face's session.
+        if let Some(done) = host.finish_undo(&mut session, &cwd)? {
+            eprintln!("cairn: the agent: {}", crate::render::escape_controls(&done));
+        }
+        let parts = AgentParts { provider, host, cwd, allow, yes: ctx.common.yes, session };
         let stop = Arc::new(AtomicBool::new(false));
         let idle = Arc::new(AtomicBool::new(true));
         let (s2, i2) = (stop.clone(), idle.clone());
@@ -230,34 +256,77 @@ fn last_answer<S: Storage>(session: &Session<S>) -> String {
     cairn_core::report::last_answer(&session.messages())
 }
 
+/// What an agent's turn came to: its outcome, or why it did not run (the
+/// session is still open), or the session is gone (it could not be
+/// reopened after equipping failed; the agent stops).
+enum Ran {
+    Done(Result<Option<TurnOutcome>, String>),
+    Lost(String),
+}
+
 fn agent_loop(p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool) {
     let cancel = CancelToken::new();
-    let AgentParts { provider, registry, allow, yes, mut session } = p;
+    let AgentParts { provider, host, cwd, allow, yes, session } = p;
     // An approver is not `Send`: the agent's is built on its own thread.
-    let mut equipment = Equipment { tools: registry, approver: crate::wiring::policy(yes, allow, None) };
+    // Headless: nobody answers here, so Destructive tools are not offered
+    // and a Write call needs an allow rule or --yes.
+    let approver = crate::wiring::policy(yes, allow, None);
+    let tools = ToolRegistry::new(&approver);
+    let mut equipment = Equipment { tools, approver };
     let mut observer = |_: &TurnEvent| {};
-    // Resumed and new turns run with the same parts.
-    let mut run = |session: &mut Session<JsonlStore>, step: Step<'_>| {
-        equipment.run(session, &*provider, step, &mut observer, &cancel)
+    // What is not offered is said once, not dropped silently.
+    let mut told = std::collections::HashSet::new();
+    let mut note = move |note: &str| {
+        if told.insert(note.to_owned()) {
+            eprintln!("cairn: the agent: {}", crate::render::escape_controls(note));
+        }
+    };
+    let mut session = Some(session);
+    // Each turn equipped as every face's (`equip::turn` through the host):
+    // discovery chooses for `prompt` (`None`: the interrupted turn, offered
+    // what was recorded for it), then the step runs.
+    let mut run = |session: &mut Option<Session<JsonlStore>>, prompt: Option<&str>, step: Step<'_>| -> Ran {
+        let Some(open) = session.take() else { return Ran::Lost("the agent's session is closed".to_owned()) };
+        match equipment.reequip(&host, open, &cwd, prompt, None, &mut note) {
+            Ok(mut open) => {
+                let ran = equipment.run(&mut open, &*provider, step, &mut observer, &cancel).map_err(|e| e.to_string());
+                *session = Some(open);
+                Ran::Done(ran)
+            }
+            Err(unequipped) => {
+                let why = format!("equipping the agent's turn: {:#}", unequipped.error);
+                match unequipped.session {
+                    Some(open) => {
+                        *session = Some(*open);
+                        Ran::Done(Err(why))
+                    }
+                    None => Ran::Lost(why),
+                }
+            }
+        }
     };
     // Messages numbered up to `through` were taken into the session; the
     // one still in the mailbox is the turn not yet answered.
-    let through = registers::prompt_queue(session.store()).through;
+    let Some(open) = session.as_ref() else { return };
+    let through = registers::prompt_queue(open.store()).through;
     if let Err(e) = world.agent_reserve(through + 1) {
         eprintln!("cairn: the agent's mailbox: {e:#}");
     }
     let asked = world.agent_waiting().into_iter().find(|(n, m)| *n <= through && prompt(m).is_some());
-    if session.needs_resume() || asked.is_some() {
+    let needs_resume = open.needs_resume();
+    if needs_resume || asked.is_some() {
         idle.store(false, Ordering::SeqCst);
-        let body = if session.needs_resume() {
-            match run(&mut session, Step::Resume) {
-                Ok(Some(o)) => json!({"type": "text", "text": o.text, "resumed": true}),
-                Ok(None) => Value::Null,
-                Err(e) => json!({"type": "error", "reason": format!("resuming the agent's turn: {e}")}),
+        let body = if needs_resume {
+            match run(&mut session, None, Step::Resume) {
+                Ran::Done(Ok(Some(o))) => json!({"type": "text", "text": o.text, "resumed": true}),
+                Ran::Done(Ok(None)) => Value::Null,
+                Ran::Done(Err(e)) | Ran::Lost(e) => {
+                    json!({"type": "error", "reason": format!("resuming the agent's turn: {e}")})
+                }
             }
         } else {
             // The turn ended before its answer went out.
-            json!({"type": "text", "text": last_answer(&session), "resumed": true})
+            json!({"type": "text", "text": session.as_ref().map(last_answer).unwrap_or_default(), "resumed": true})
         };
         match (&asked, body.is_null()) {
             (_, true) => {}
@@ -270,18 +339,23 @@ fn agent_loop(p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool
         }
         idle.store(true, Ordering::SeqCst);
     }
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.load(Ordering::SeqCst) && session.is_some() {
         let Some((n, m)) = world.agent_peek(Duration::from_millis(100)) else { continue };
         let Some(text) = prompt(&m).map(str::to_owned) else {
             world.agent_done(n);
             continue;
         };
         idle.store(false, Ordering::SeqCst);
-        let body = match run(&mut session, Step::Queued(&[QueuedPrompt { n, prompt: text }])) {
-            Ok(Some(o)) => json!({"type": "text", "text": o.text, "stop": o.stop}),
+        let queued = [QueuedPrompt { n, prompt: text.clone() }];
+        let body = match run(&mut session, Some(&text), Step::Queued(&queued)) {
+            Ran::Done(Ok(Some(o))) => json!({"type": "text", "text": o.text, "stop": o.stop}),
             // Taken before (its number is not above the session's mark).
-            Ok(None) => json!({"type": "text", "text": last_answer(&session), "resumed": true}),
-            Err(e) => json!({"type": "error", "reason": format!("the agent's turn failed: {e}")}),
+            Ran::Done(Ok(None)) => {
+                json!({"type": "text", "text": session.as_ref().map(last_answer).unwrap_or_default(), "resumed": true})
+            }
+            Ran::Done(Err(e)) | Ran::Lost(e) => {
+                json!({"type": "error", "reason": format!("the agent's turn failed: {e}")})
+            }
         };
         // Answered (handed to the broker), then forgotten: a crash between
         // the two sends the answer again at the next run.

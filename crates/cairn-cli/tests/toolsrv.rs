@@ -535,3 +535,44 @@ fn toolsrv_makes_a_fresh_home_private_and_serves_in_it() {
     let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "the fresh home is mode {mode:o}");
 }
+
+/// Issue 50.3: with a tool service, `cairn tools` and the 9P `tools` file
+/// of `cairn serve` list what a turn gets (the service's tools, read as a
+/// turn reads them: `toolsrv::turn_tools`), not this process's own tools.
+#[test]
+fn listings_with_a_tool_service_show_the_tools_a_turn_gets() {
+    // The service's home has a tool this process does not, and the other
+    // way round.
+    let service = Env::new();
+    install_tool(&service.home.join("tools"), "only_in_the_service", "a test tool", "ran");
+    let srv = toolsrv(&service, &socket(&service));
+    let env = Env::new();
+    install_tool(&env.home.join("tools"), "only_here", "a test tool", "ran");
+
+    let out = env.cairn(&["--json", "--toolsrv", &srv.address, "tools"]).output().unwrap();
+    let text = util::stdout_ok(&out);
+    let listed: Vec<Value> =
+        text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|v| v["name"].is_string()).collect();
+    let names: Vec<&str> = listed.iter().filter_map(|v| v["name"].as_str()).collect();
+    assert!(names.contains(&"only_in_the_service") && names.contains(&"shell"), "{text}");
+    assert!(!names.contains(&"only_here"), "a turn with --toolsrv is not offered this process's tools: {text}");
+    let source = listed.iter().find(|v| v["name"] == "only_in_the_service").unwrap()["source"].clone();
+    assert_eq!(source, format!("tool service {}", srv.address), "{text}");
+
+    // The 9P tree's `tools` file of a server using the service.
+    let mut serve = env
+        .cairn(&["--toolsrv", &srv.address, "serve", "--listen", "tcp!127.0.0.1!0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut address = String::new();
+    BufReader::new(serve.stdout.take().unwrap()).read_line(&mut address).unwrap();
+    let read = Conn::dial(&Dial::parse(address.trim()).unwrap()).and_then(|mut conn| conn.read_text("tools"));
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let file = read.unwrap();
+    let names: Vec<&str> = file.lines().filter_map(|l| l.split(' ').next()).collect();
+    assert!(names.contains(&"only_in_the_service") && names.contains(&"shell"), "{file}");
+    assert!(!names.contains(&"only_here"), "{file}");
+}

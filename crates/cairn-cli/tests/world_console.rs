@@ -666,3 +666,40 @@ int main(void) {
         assert_eq!(last - first + 1, lost.len() as u64, "{lost:?}");
     }
 }
+
+/// Issue 50.6: the agent's turns are equipped as every face's
+/// (`equip::turn`), not once per world: discovery ranks the installed
+/// skills and tools for each message and records its choice in the agent's
+/// session before that turn's first entry, once per prompt.
+#[test]
+fn each_agent_turn_is_equipped_with_discovery_like_every_face() {
+    let env = Env::new();
+    let skill = env.home.join("sk").join("photo-editing");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(
+        skill.join("SKILL.md"),
+        "---\nname: photo-editing\ndescription: How to resize and prepare photos\n---\nKeep EXIF.\n",
+    )
+    .unwrap();
+    let script =
+        env.script(&[serde_json::json!({"text": "first answer"}), serde_json::json!({"text": "second answer"})]);
+    let out = env.cairn(&["world", "init", "w"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut cmd = env.cairn(&["--script", script.to_str().unwrap(), "world", "run", "w"]);
+    // BM25: the ranking needs no model, and still records its choice.
+    cmd.env("CAIRN_MINILM_DIR", env.home.join("no-model-here"));
+    let mut run = Running::start(cmd);
+    run.say("please resize this photo");
+    let answer = run.wait("the first answer", |v| v["from"] == "agent");
+    assert_eq!(answer["body"]["text"], "first answer", "{answer}");
+    run.say("and prepare another photo");
+    let answer = run.wait("the second answer", |v| v["from"] == "agent");
+    assert_eq!(answer["body"]["text"], "second answer", "{answer}");
+    run.quit();
+    let named = std::fs::read_to_string(env.cwd.join("w/broker/agent-session")).unwrap();
+    let log = std::fs::read_to_string(named.trim()).unwrap();
+    assert_eq!(log.matches("\"discovery\"").count(), 2, "one recorded choice per message: {log}");
+    let fact = log.lines().position(|l| l.contains("\"discovery\"")).unwrap();
+    let first_entry = log.lines().position(|l| l.contains("\"message\"")).unwrap();
+    assert!(fact < first_entry, "the choice is recorded before the turn: {log}");
+}

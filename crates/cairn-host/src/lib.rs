@@ -141,15 +141,22 @@ impl HostTools {
     /// note, and each tool the registry refuses (a name taken twice),
     /// goes to `note` for the face to show.
     pub fn into_registry(self, approver: &dyn Approver, mut note: impl FnMut(&str)) -> ToolRegistry {
-        let HostTools { tools, notes, hooks } = self;
-        for text in &notes {
+        for text in &self.notes {
             note(text);
         }
+        self.registry(approver, note)
+    }
+
+    /// A registry for `approver` holding these tools and hooks; each tool
+    /// it refuses (a name taken twice, a Destructive tool where nobody can
+    /// be asked) goes to `note` (the notes are not told). The one place a
+    /// turn's tools are registered, for every face.
+    pub fn registry(&self, approver: &dyn Approver, mut note: impl FnMut(&str)) -> ToolRegistry {
         let mut registry = ToolRegistry::new(approver);
-        registry.set_hooks(hooks);
-        for tool in tools {
+        registry.set_hooks(self.hooks.clone());
+        for tool in &self.tools {
             let name = tool.spec().name.clone();
-            if let Err(e) = registry.register(tool) {
+            if let Err(e) = registry.register(Arc::clone(tool)) {
                 note(&format!("tool {name} not offered: {e}"));
             }
         }

@@ -1,86 +1,128 @@
-//! What every command receives from `main`: the flags shared by all
-//! commands, the resolved paths and settings, the output styles, and the
-//! documented exit codes. It sits below `cli` (which parses and dispatches)
-//! and the command modules (which use it), and depends on neither.
+//! What the runtime is given by whoever runs it (the `cairn` binary parses
+//! it from its command line; an embedder fills it in): the person's choices
+//! for this run beyond the configuration file ([`Common`]), the resolved
+//! paths and settings, and where the runtime's notes go ([`Notes`]).
+//!
+//! Plain data: it must not parse a command line, know exit codes or touch
+//! the terminal (the CLI owns clap, printing and `--json`). "Context" here
+//! is the run's; the model's context window is core's `SessionConfig`.
 
 use std::path::PathBuf;
-
-use clap::Args;
+use std::sync::Arc;
 
 use crate::config::Settings;
 use crate::paths::Paths;
-use crate::style::Style;
 
-/// Exit codes, documented in `--help`.
-pub mod exit {
-    /// The command did what was asked.
-    pub const SUCCESS: u8 = 0;
-    /// Something failed (the message says what to do).
-    pub const ERROR: u8 = 1;
-    /// The command line was wrong.
-    pub const USAGE: u8 = 2;
-    /// The turn was cancelled (Ctrl-C) and can be resumed with `cairn resume`.
-    pub const CANCELLED: u8 = 3;
-    /// The turn finished, but a tool call was denied or refused.
-    pub const DENIED: u8 = 4;
-}
-
-/// Flags shared by every command.
-#[derive(Debug, Args, Clone, Default)]
+/// What the person chose for this run that the configuration file does not
+/// say (the CLI's global flags, less the ones folded into [`Settings`]
+/// through `config::Overrides` and the ones only the CLI's output reads).
+#[derive(Debug, Clone, Default)]
 pub struct Common {
-    /// Provider: local (default), openai, openai-responses, anthropic, scripted, or a name from the config file.
-    #[arg(long, global = true, value_name = "NAME")]
-    pub provider: Option<String>,
-    /// Model name for the provider.
-    #[arg(long, global = true, value_name = "M")]
-    pub model: Option<String>,
-    /// Use the scripted provider with this JSONL script (one model turn per line).
-    #[arg(long, global = true, value_name = "FILE")]
-    pub script: Option<PathBuf>,
     /// Working directory of a new session (default: the current directory).
-    #[arg(long, global = true, value_name = "DIR")]
     pub cwd: Option<PathBuf>,
-    /// A name for the session (usable instead of its id).
-    #[arg(long, global = true, value_name = "ALIAS")]
+    /// A name for a new session (usable instead of its id).
     pub name: Option<String>,
-    /// Allow Write tool calls matching PATTERN without asking, e.g. 'shell(ls *)' or 'write_file'. Never Destructive.
-    #[arg(long, global = true, value_name = "PATTERN")]
-    pub allow: Vec<String>,
-    /// Approve every Write call without asking. Destructive calls still ask.
-    #[arg(long, global = true)]
+    /// Approve every Write call without asking (never Destructive ones).
     pub yes: bool,
-    /// One JSON event per line on stdout (deltas, tool lifecycle, approvals, usage, final).
-    #[arg(long, global = true)]
-    pub json: bool,
-    /// Print only the answer.
-    #[arg(long, short, global = true)]
-    pub quiet: bool,
-    /// Print answers as the model wrote them (no Markdown rendering on a terminal).
-    #[arg(long, global = true)]
-    pub plain: bool,
-    /// Never compact the conversation by summary (requests still fit the context window: the oldest messages are left out).
-    #[arg(long, global = true)]
+    /// Never compact the conversation by summary.
     pub no_compaction: bool,
-    /// The lane (branch) a resumed or continued session runs on (see `cairn fork`).
-    #[arg(long, global = true, value_name = "LANE")]
+    /// The lane a resumed or continued session runs on.
     pub lane: Option<String>,
-    /// Keep sessions in this PostgreSQL database (postgres://USER@HOST/DB) instead of files; also `database` in the config.
-    #[arg(long, global = true, value_name = "URL")]
-    pub database: Option<String>,
-    /// Run external tools unsandboxed when the kernel cannot sandbox them (this session only).
-    #[arg(long, global = true)]
+    /// Run external tools unsandboxed when the kernel cannot sandbox them.
     pub allow_unsandboxed: bool,
-    /// Use the tools of a `cairn toolsrv` at this dial string (unix!PATH or tcp!HOST!PORT); also `[tools] toolsrv`.
-    #[arg(long, global = true, value_name = "ADDR")]
+    /// The tool service to use (over `[tools] toolsrv`).
     pub toolsrv: Option<String>,
 }
 
-/// Everything a command needs from the environment.
+/// Something the runtime tells the person running it beside a result: a
+/// problem that did not stop the work, or what a long-running part is
+/// doing. The CLI writes it on stderr; an embedder decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// A problem that did not stop the command (a session file skipped,
+    /// the pre-image store collected past its budget).
+    Warning(String),
+    /// What the runtime is doing or found (a hook's failure, waiting for
+    /// running children, a bad `[batch]` table).
+    Info(String),
+    /// About one session a PostgreSQL worker drives (its notes, what an
+    /// interrupted undo did, why it failed).
+    Worker {
+        /// The session's id.
+        session: String,
+        /// What happened.
+        text: String,
+    },
+}
+
+/// Where the runtime's [`Note`]s go. The default drops them (an embedder
+/// that wants them gives a function: [`Notes::new`]).
+#[derive(Clone)]
+pub struct Notes(Arc<dyn Fn(Note) + Send + Sync>);
+
+impl Notes {
+    /// Notes handed to `sink`.
+    pub fn new(sink: impl Fn(Note) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(sink))
+    }
+
+    /// Tell `note`.
+    pub fn tell(&self, note: Note) {
+        (self.0)(note);
+    }
+
+    /// Tell a [`Note::Warning`].
+    pub fn warn(&self, text: impl Into<String>) {
+        self.tell(Note::Warning(text.into()));
+    }
+
+    /// Tell a [`Note::Info`].
+    pub fn info(&self, text: impl Into<String>) {
+        self.tell(Note::Info(text.into()));
+    }
+}
+
+impl Default for Notes {
+    fn default() -> Self {
+        Self::new(|_| {})
+    }
+}
+
+impl std::fmt::Debug for Notes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Notes")
+    }
+}
+
+/// Everything the runtime's functions need from the environment.
 #[derive(Debug, Clone)]
 pub struct Context {
+    /// The person's choices for this run.
     pub common: Common,
+    /// Where cairn's files are.
     pub paths: Paths,
+    /// The resolved configuration.
     pub settings: Settings,
-    pub err_style: Style,
-    pub out_style: Style,
+    /// Where notes go.
+    pub notes: Notes,
+}
+
+impl Context {
+    /// A context over `paths` and `settings` with no choices beyond them
+    /// and notes dropped (see [`Context::with_notes`]).
+    pub fn new(paths: Paths, settings: Settings) -> Self {
+        Self { common: Common::default(), paths, settings, notes: Notes::default() }
+    }
+
+    /// This context with `common`.
+    pub fn with_common(mut self, common: Common) -> Self {
+        self.common = common;
+        self
+    }
+
+    /// This context with its notes going to `notes`.
+    pub fn with_notes(mut self, notes: Notes) -> Self {
+        self.notes = notes;
+        self
+    }
 }

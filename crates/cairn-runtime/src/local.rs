@@ -1,5 +1,6 @@
 //! The embedded default model, from the host's side: where it is installed,
-//! `cairn model install`, and building the `local` provider. The model
+//! `cairn model install`, and building the `local` provider. It returns
+//! what it did (the CLI says it); it must not print. The model
 //! itself (candle inference, constrained decoding) lives in cairn-local,
 //! behind the `local` feature so the rest builds without candle.
 
@@ -13,7 +14,6 @@ use crate::context::Context;
 
 #[cfg(feature = "local")]
 mod embedded {
-    use std::io::Write;
     use std::path::{Path, PathBuf};
     use std::sync::Arc;
 
@@ -21,7 +21,7 @@ mod embedded {
     use cairn_core::provider::Provider;
     use cairn_local::{LocalModel, LocalOptions, LocalProvider, Precision};
 
-    use crate::context::{Context, exit};
+    use crate::context::Context;
 
     /// Where the model file is: the configured path, else the data directory.
     fn model_path(ctx: &Context) -> PathBuf {
@@ -50,24 +50,16 @@ mod embedded {
         Ok(Box::new(LocalProvider::new(model).with_workdir(cwd)))
     }
 
-    /// `cairn model install [--from PATH]`.
-    pub fn install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
-        // Each step is said as it starts, on stderr (a 98 MB download must
-        // not look like a hang).
-        let say = |line: &str| {
-            let _ = writeln!(std::io::stderr(), "cairn: {}", crate::escape::escape_controls(line));
-        };
-        let installed = cairn_local::install_model_reporting(&ctx.paths.data, from, &say)?;
-        writeln!(std::io::stdout(), "installed {} (sha256 verified)", installed.display())?;
-        Ok(exit::SUCCESS)
+    /// `cairn model path`: where the model file is expected.
+    pub fn path(ctx: &Context) -> Result<PathBuf> {
+        Ok(model_path(ctx))
     }
 
-    /// `cairn model path`.
-    pub fn path(ctx: &Context) -> Result<u8> {
-        let path = model_path(ctx);
-        let state = if path.is_file() { "installed" } else { "missing: run `cairn model install`" };
-        writeln!(std::io::stdout(), "{} ({state})", path.display())?;
-        Ok(if path.is_file() { exit::SUCCESS } else { exit::ERROR })
+    /// `cairn model install [--from PATH]`: the installed file. Each step
+    /// is told to `say` as it starts (a 98 MB download must not look like
+    /// a hang).
+    pub fn install(ctx: &Context, from: Option<&Path>, say: &dyn Fn(&str)) -> Result<PathBuf> {
+        Ok(cairn_local::install_model_reporting(&ctx.paths.data, from, say)?)
     }
 }
 
@@ -86,12 +78,12 @@ pub fn provider(_ctx: &Context, _cwd: &std::path::Path) -> Result<Box<dyn Provid
 
 /// `cairn model install`.
 #[cfg(not(feature = "local"))]
-pub fn install(_ctx: &Context, _from: Option<&std::path::Path>) -> Result<u8> {
+pub fn install(_ctx: &Context, _from: Option<&std::path::Path>, _say: &dyn Fn(&str)) -> Result<std::path::PathBuf> {
     anyhow::bail!(NOT_BUILT)
 }
 
 /// `cairn model path`.
 #[cfg(not(feature = "local"))]
-pub fn path(_ctx: &Context) -> Result<u8> {
+pub fn path(_ctx: &Context) -> Result<std::path::PathBuf> {
     anyhow::bail!(NOT_BUILT)
 }

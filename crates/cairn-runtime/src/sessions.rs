@@ -2,24 +2,29 @@
 //! unique id prefix, or a name given with `--name`) to a session file, and
 //! summarise sessions for `cairn sessions` and `resume --last`.
 //!
+//! `cairn sessions` is one command whatever the backend: [`listing`] asks
+//! the configured one (the session files, or PostgreSQL's catalog) and
+//! returns what it keeps; the CLI prints it, as text or one
+//! [`SessionRow`] a line with `--json`.
+//!
 //! A listing reads only what it shows (header, name, last state) through
 //! `read_summary`'s backward scan, never a full replay. A file that is not a
 //! readable session (a FIFO, a device, a bad header, an over-long line) is
-//! skipped with a warning on stderr instead of failing or hanging the
-//! listing; a header id that differs from the file name is listed under the
-//! file name (the id lookups use) with a warning. Everything here opens
-//! session files read-only; it never writes.
+//! skipped with a warning (a `Note` to the embedder) instead of failing or
+//! hanging the listing; a header id that differs from the file name is
+//! listed under the file name (the id lookups use) with a warning.
+//! Everything here opens session files read-only; it never writes. Must
+//! not print: it returns data.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context as _, Result, bail};
 use cairn_core::storage::{StoreOptions, header_id_mismatch, read_summary, registers};
 use cairn_core::turn::Pc;
 
+use crate::context::{Context, Notes};
 use crate::paths::Paths;
-use crate::style::Style;
 
 /// What `cairn sessions` shows of one session.
 #[derive(Debug, Clone)]
@@ -115,12 +120,6 @@ pub struct SessionRow {
     pub holder: Option<String>,
 }
 
-/// Print a warning on stderr (listing problems that do not stop a command).
-pub fn warn(text: &str) {
-    let style = Style::stderr();
-    let _ = writeln!(std::io::stderr().lock(), "{} {text}", style.yellow("warning:"));
-}
-
 /// Every `*.jsonl` file in the sessions directory (not opened).
 pub fn session_files(paths: &Paths) -> Result<Vec<PathBuf>> {
     let dir = paths.sessions();
@@ -198,32 +197,127 @@ pub fn summarise(path: &Path, opts: &StoreOptions) -> Result<(SessionSummary, Op
 
 /// Summarise `files`, skipping (with a warning) those that are not
 /// readable sessions.
-fn summarise_all(files: &[PathBuf], opts: &StoreOptions) -> Vec<SessionSummary> {
+fn summarise_all(files: &[PathBuf], opts: &StoreOptions, notes: &Notes) -> Vec<SessionSummary> {
     let mut all = Vec::with_capacity(files.len());
     for path in files {
         match summarise(path, opts) {
             Ok((summary, warning)) => {
                 if let Some(warning) = warning {
-                    warn(&warning);
+                    notes.warn(warning);
                 }
                 all.push(summary);
             }
-            Err(e) => warn(&format!("skipping {}: {e:#}", path.display())),
+            Err(e) => notes.warn(format!("skipping {}: {e:#}", path.display())),
         }
     }
     all
 }
 
-/// All readable sessions, most recently active first; unreadable files are
-/// skipped with a warning.
-pub fn list(paths: &Paths, opts: &StoreOptions) -> Result<Vec<SessionSummary>> {
-    let mut all = summarise_all(&session_files(paths)?, opts);
+/// All readable session files, most recently active first; unreadable
+/// files are skipped with a warning.
+pub fn list(ctx: &Context) -> Result<Vec<SessionSummary>> {
+    let mut all = summarise_all(&session_files(&ctx.paths)?, &ctx.settings.store_options(), &ctx.notes);
     all.sort_by(|a, b| b.modified.cmp(&a.modified).then_with(|| b.id.cmp(&a.id)));
     Ok(all)
 }
 
+/// What `cairn sessions` shows, from the backend that keeps the sessions.
+#[derive(Debug)]
+pub enum Listing {
+    /// Session files, most recently active first.
+    Files(Vec<SessionSummary>),
+    /// Sessions in PostgreSQL, as its catalog lists them.
+    #[cfg(feature = "postgres")]
+    Database(Vec<cairn_pg::catalog::Listed>),
+}
+
+/// The sessions of the configured backend (`database`: PostgreSQL, else
+/// the session files).
+pub fn listing(ctx: &Context) -> Result<Listing> {
+    if ctx.settings.database.value.is_none() {
+        return Ok(Listing::Files(list(ctx)?));
+    }
+    #[cfg(feature = "postgres")]
+    {
+        let mut client = crate::wiring::database_client(ctx)?;
+        Ok(Listing::Database(cairn_pg::catalog::list(&mut client)?))
+    }
+    #[cfg(not(feature = "postgres"))]
+    bail!(crate::wiring::NO_POSTGRES)
+}
+
+impl Listing {
+    /// One [`SessionRow`] a session, the same shape for every backend.
+    pub fn rows(&self) -> Vec<SessionRow> {
+        match self {
+            Listing::Files(all) => all
+                .iter()
+                .map(|s| SessionRow {
+                    id: s.id.clone(),
+                    backend: "file",
+                    state: s.standing,
+                    phase: s.phase.clone(),
+                    name: s.name.clone(),
+                    cwd: s.cwd.clone(),
+                    created_at: s.created_at,
+                    last_activity: millis(s.modified),
+                    queued: s.queued,
+                    parent: crate::family::parent_of(&s.id).map(str::to_owned),
+                    note: None,
+                    path: Some(s.path.clone()),
+                    size: Some(s.size),
+                    header_id: Some(s.header_id.clone()),
+                    last_seq: None,
+                    epoch: None,
+                    holder: None,
+                })
+                .collect(),
+            #[cfg(feature = "postgres")]
+            Listing::Database(rows) => rows.iter().map(database_row).collect(),
+        }
+    }
+}
+
+/// A time as ms since the epoch (0 before it).
+pub fn millis(time: SystemTime) -> i64 {
+    time.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A session of PostgreSQL's catalog as a [`SessionRow`].
+#[cfg(feature = "postgres")]
+fn database_row(listed: &cairn_pg::catalog::Listed) -> SessionRow {
+    use cairn_pg::catalog::Status;
+    let state = match listed.status {
+        Status::Queued => Standing::Queued,
+        Status::Running => Standing::Running,
+        Status::Failed => Standing::Failed,
+        Status::Idle if listed.last_seq == 0 => Standing::New,
+        Status::Idle => Standing::Idle,
+    };
+    SessionRow {
+        id: listed.id.clone(),
+        backend: "postgres",
+        state,
+        phase: None,
+        name: None,
+        cwd: listed.header.as_ref().map(|h| h.cwd.clone()).unwrap_or_default(),
+        created_at: listed.header.as_ref().map_or(0, |h| h.created_at),
+        last_activity: listed.updated_ms,
+        queued: u64::try_from(listed.queued).unwrap_or(0),
+        parent: crate::family::parent_of(&listed.id).map(str::to_owned),
+        note: listed.note.clone(),
+        path: None,
+        size: None,
+        header_id: None,
+        last_seq: Some(listed.last_seq),
+        epoch: Some(listed.epoch),
+        holder: listed.holder.clone(),
+    }
+}
+
 /// Resolve a path, id, unique id prefix or name to a session file.
-pub fn resolve(paths: &Paths, target: &str, opts: &StoreOptions) -> Result<PathBuf> {
+pub fn resolve(ctx: &Context, target: &str) -> Result<PathBuf> {
+    let (paths, opts) = (&ctx.paths, &ctx.settings.store_options());
     let as_path = Path::new(target);
     if as_path.is_file() {
         return Ok(as_path.to_path_buf());
@@ -246,7 +340,7 @@ pub fn resolve(paths: &Paths, target: &str, opts: &StoreOptions) -> Result<PathB
         ),
     }
     let named: Vec<SessionSummary> =
-        summarise_all(&files, opts).into_iter().filter(|s| s.name.as_deref() == Some(target)).collect();
+        summarise_all(&files, opts, &ctx.notes).into_iter().filter(|s| s.name.as_deref() == Some(target)).collect();
     match named.as_slice() {
         [one] => Ok(one.path.clone()),
         [] => bail!("no session {target:?} in {}; list them with `cairn sessions`", paths.sessions().display()),
@@ -259,7 +353,8 @@ pub fn resolve(paths: &Paths, target: &str, opts: &StoreOptions) -> Result<PathB
 /// The most recently active readable session: files are tried newest
 /// first, and only until one reads (unreadable ones are skipped with a
 /// warning).
-pub fn last(paths: &Paths, opts: &StoreOptions) -> Result<PathBuf> {
+pub fn last(ctx: &Context) -> Result<PathBuf> {
+    let (paths, opts) = (&ctx.paths, &ctx.settings.store_options());
     let mut files: Vec<(SystemTime, PathBuf)> = session_files(paths)?
         .into_iter()
         // Children are resumed through their parent (`subagents.rs`).
@@ -271,11 +366,11 @@ pub fn last(paths: &Paths, opts: &StoreOptions) -> Result<PathBuf> {
         match summarise(&path, opts) {
             Ok((summary, warning)) => {
                 if let Some(warning) = warning {
-                    warn(&warning);
+                    ctx.notes.warn(warning);
                 }
                 return Ok(summary.path);
             }
-            Err(e) => warn(&format!("skipping {}: {e:#}", path.display())),
+            Err(e) => ctx.notes.warn(format!("skipping {}: {e:#}", path.display())),
         }
     }
     bail!("no sessions yet in {}; start one with `cairn run`", paths.sessions().display())
@@ -314,67 +409,6 @@ pub fn human_size(bytes: u64) -> String {
         unit += 1;
     }
     if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
-}
-
-/// `cairn sessions`: newest first.
-pub fn command(ctx: &crate::context::Context) -> Result<u8> {
-    use crate::context::exit;
-    use crate::escape::{escape_controls as esc, escape_json};
-    let all = crate::sessions::list(&ctx.paths, &ctx.settings.store_options())?;
-    let mut out = std::io::stdout().lock();
-    if ctx.common.json {
-        for s in &all {
-            let modified = s.modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-            let row = crate::sessions::SessionRow {
-                id: s.id.clone(),
-                backend: "file",
-                state: s.standing,
-                phase: s.phase.clone(),
-                name: s.name.clone(),
-                cwd: s.cwd.clone(),
-                created_at: s.created_at,
-                last_activity: modified,
-                queued: s.queued,
-                parent: crate::family::parent_of(&s.id).map(str::to_owned),
-                note: None,
-                path: Some(s.path.clone()),
-                size: Some(s.size),
-                header_id: Some(s.header_id.clone()),
-                last_seq: None,
-                epoch: None,
-                holder: None,
-            };
-            writeln!(out, "{}", escape_json(&serde_json::to_string(&row)?))?;
-        }
-        return Ok(exit::SUCCESS);
-    }
-    if all.is_empty() {
-        writeln!(out, "no sessions yet in {}; start one with `cairn run \"…\"`", ctx.paths.sessions().display())?;
-        return Ok(exit::SUCCESS);
-    }
-    writeln!(
-        out,
-        "{}",
-        ctx.out_style.bold(&format!(
-            "{:<36}  {:<12}  {:<20}  {:<20}  {:<22}  {:>9}  {}",
-            "ID", "NAME", "CREATED", "LAST ACTIVITY", "STATE", "SIZE", "CWD"
-        ))
-    )?;
-    for s in &all {
-        let modified = s.modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-        writeln!(
-            out,
-            "{:<36}  {:<12}  {:<20}  {:<20}  {:<22}  {:>9}  {}",
-            esc(&crate::family::list_label(&s.id)),
-            esc(s.name.as_deref().unwrap_or("-")),
-            format_time(s.created_at),
-            format_time(modified),
-            esc(&s.state),
-            human_size(s.size),
-            esc(&s.cwd)
-        )?;
-    }
-    Ok(exit::SUCCESS)
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ pub mod db;
 use cairn_core::tool::{
     GuardVerdict, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec, Validation,
 };
-use cairn_core::{CancelToken, Session, ToolRegistry, TurnStop};
+use cairn_core::{CancelToken, Session, TurnStop};
 use cairn_host::{Equipment, Step};
 use cairn_provider::{ProviderConfig, ProviderKind};
 use serde::Deserialize;
@@ -345,7 +345,10 @@ pub fn finish_running() {
     let Some(family) = FAMILY.get() else { return };
     let slots: Vec<Arc<Slot>> = family.slots.lock().map(|s| s.values().cloned().collect()).unwrap_or_default();
     if slots.iter().any(|s| s.result().is_none()) {
-        eprintln!("cairn: waiting for running child sessions to finish (Ctrl-C leaves; they resume with their parent)");
+        family
+            .ctx
+            .notes
+            .info("waiting for running child sessions to finish (Ctrl-C leaves; they resume with their parent)");
     }
     let never = CancelToken::new();
     for slot in slots {
@@ -1037,12 +1040,8 @@ impl Family {
         // service's when one is configured), only those the child was
         // given; a tool the registry refuses here (Destructive, headless) is
         // simply not offered, as for the parent.
-        let (tools, hooks, _, _) = crate::toolsrv::turn_tools(ctx, &cwd)?.chosen(None);
-        let mut registry = ToolRegistry::new(&approver);
-        registry.set_hooks(hooks);
-        for tool in tools.into_iter().filter(|t| fact.tools.contains(&t.spec().name)) {
-            let _ = registry.register(tool);
-        }
+        let mut given = crate::toolsrv::turn_tools(ctx, &cwd)?.chosen(None);
+        given.tools.retain(|t| fact.tools.contains(&t.spec().name));
         {
             let scripted = is_scripted(ctx, &fact.provider);
             let scope = Scope {
@@ -1057,11 +1056,10 @@ impl Family {
             };
             let may_spawn = fact.tools.iter().any(|t| t == SPAWN) && fact.depth < self.limits.max_depth;
             // Its own children live where it does.
-            for tool in build(self, scope, Arc::clone(place), may_spawn) {
-                // Offered to the parent under the same rules: not refused.
-                let _ = registry.register(tool);
-            }
+            // Offered to the parent under the same rules: not refused.
+            given.tools.extend(build(self, scope, Arc::clone(place), may_spawn));
         }
+        let registry = given.registry(&approver, |_| {});
         let mut config = crate::wiring::session_config(ctx);
         config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
         let mut session = Session::open(store, config)?;

@@ -2,10 +2,11 @@
 //! binary's `serve_tools`), and the one choice between those and the
 //! in-process ones.
 //!
-//! [`turn_tools`], `offer`, [`RemoteTool`]: `--toolsrv
-//! ADDR` (or `[tools] toolsrv`) offers the service's tools instead of
-//! in-process ones; `turn_tools` is the one place that choice is made, and
-//! reads a turn's tools once for discovery and the registry alike.
+//! [`turn_tools`], [`RemoteTool`]: `--toolsrv ADDR` (or `[tools] toolsrv`)
+//! offers the service's tools instead of in-process ones; `turn_tools` is
+//! the one place that choice is made, and reads a turn's tools once (the
+//! carrier, `tools::TurnTools`) for discovery, the registry and the
+//! listings alike.
 //! A remote call's job id is derived from the session and invocation ids
 //! (`cairn_9p::toolsrv::job_id`), both committed in the intent entry before
 //! the job is asked for, so a resumed turn finds the job (`guard`): still
@@ -16,7 +17,6 @@
 //! with a failed settlement naming the service), or run a job twice for one
 //! invocation.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -27,7 +27,10 @@ use cairn_9p::toolsrv::{JobRequest, job_id};
 use cairn_core::CancelToken;
 use cairn_core::tool::{GuardVerdict, ReplayPolicy, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec};
 
+use cairn_tools::{ToolEntry, ToolOrigin};
+
 use crate::context::Context;
+use crate::tools::TurnTools;
 
 /// The address of the tool service to use, if any (flag over config).
 pub fn address(ctx: &Context) -> Option<String> {
@@ -60,83 +63,25 @@ pub fn remote_specs(address: &str, notes: &mut Vec<String>) -> Result<(Dial, Vec
     Ok((dial, specs))
 }
 
-/// Whether a tool of the service is one of cairn's core tools (the
-/// built-ins, always offered; discovery chooses among the others).
-pub fn is_core(spec: &ToolSpec) -> bool {
-    cairn_tools::builtin::BUILTIN_NAMES.contains(&spec.name.as_str())
-}
-
-/// The tools a session's turn may be offered, read once per turn: the tool
-/// service's when one is configured ([`address`] — the one place that
-/// choice is made), else the in-process ones. Discovery ranks from it and
-/// the registry is filled from it (`equip::offer`), so a turn never
-/// reads its tools twice nor decides twice where they come from.
-#[derive(Debug)]
-pub enum TurnTools {
-    /// A tool service's tools.
-    Service {
-        /// Where the service is.
-        dial: Dial,
-        /// Its tools' specs.
-        specs: Vec<ToolSpec>,
-        /// Tools of the service skipped (unreadable meta).
-        notes: Vec<String>,
-        /// The session's hooks (they run here, not in the service).
-        hooks: Option<std::sync::Arc<dyn cairn_core::hooks::Hooks>>,
-    },
-    /// The built-ins and external tools of the working directory.
-    Local(crate::wiring::HostTools),
-}
-
-/// [`TurnTools::chosen`]: the tools, the hooks, the notes and the
-/// untrusted-workspace notes.
-pub type Chosen = (Vec<Arc<dyn Tool>>, Option<Arc<dyn cairn_core::hooks::Hooks>>, Vec<String>, Vec<String>);
-
-impl TurnTools {
-    /// The built-ins and, when `keep` is given (discovery's choice), only
-    /// the other tools it names; with the hooks, the notes and the
-    /// untrusted-workspace notes.
-    pub fn chosen(&self, keep: Option<&BTreeSet<String>>) -> Chosen {
-        match self {
-            TurnTools::Service { dial, specs, notes, hooks } => {
-                (remote_tools(dial, specs, keep), hooks.clone(), notes.clone(), Vec::new())
-            }
-            TurnTools::Local(local) => {
-                let kept = local
-                    .entries
-                    .iter()
-                    .filter(|e| {
-                        e.origin == cairn_tools::ToolOrigin::Builtin
-                            || keep.is_none_or(|k| k.contains(&e.tool.spec().name))
-                    })
-                    .map(|e| Arc::clone(&e.tool))
-                    .collect();
-                (kept, local.hooks.clone(), local.notes.clone(), local.untrusted.clone())
-            }
-        }
-    }
-}
-
-/// Read the tools for a turn of a session in `cwd` (see [`TurnTools`]).
+/// Read the tools for a turn of a session in `cwd`: the tool service's
+/// when one is configured ([`address`] — the one place that choice is
+/// made), else the in-process ones (`wiring::tool_entries`). Discovery
+/// ranks from it, the registry is filled from it (`equip::offer`) and
+/// `cairn tools` and the 9P `tools` file list it, so a turn never reads its
+/// tools twice nor decides twice where they come from, and a listing shows
+/// what a turn gets.
 pub fn turn_tools(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
-    match address(ctx) {
-        Some(address) => {
-            let mut notes = Vec::new();
-            let (dial, specs) = remote_specs(&address, &mut notes)?;
-            Ok(TurnTools::Service { dial, specs, notes, hooks: crate::wiring::hooks(ctx, cwd) })
-        }
-        None => Ok(TurnTools::Local(crate::wiring::tool_entries(ctx, cwd)?)),
-    }
-}
-
-/// A tool service's tools: the core ones and, when `keep` is given
-/// (discovery's choice for the turn), only the others it names.
-pub fn remote_tools(dial: &Dial, specs: &[ToolSpec], keep: Option<&BTreeSet<String>>) -> Vec<Arc<dyn Tool>> {
-    specs
-        .iter()
-        .filter(|spec| keep.is_none_or(|k| is_core(spec) || k.contains(&spec.name)))
-        .map(|spec| Arc::new(RemoteTool::new(spec.clone(), dial.clone())) as Arc<dyn Tool>)
-        .collect()
+    let Some(address) = address(ctx) else {
+        return crate::wiring::tool_entries(ctx, cwd);
+    };
+    let mut notes = Vec::new();
+    let (dial, specs) = remote_specs(&address, &mut notes)?;
+    let origin = ToolOrigin::Service { address: dial.to_string() };
+    let entries = specs
+        .into_iter()
+        .map(|spec| ToolEntry { tool: Arc::new(RemoteTool::new(spec, dial.clone())), origin: origin.clone() })
+        .collect();
+    Ok(TurnTools { entries, notes, untrusted: Vec::new(), hooks: crate::wiring::hooks(ctx, cwd) })
 }
 
 /// A tool of a tool service: each call is a job there.

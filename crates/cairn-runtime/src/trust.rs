@@ -2,31 +2,21 @@
 //! whose own tools (`.cairn/tools/`) cairn may load.
 //!
 //! The rule and the record live in `cairn_tools::trust`; this module only
-//! resolves the directory, shows what is being trusted and saves the record
-//! in the data directory (`Paths::trust_file`). Nothing else in the CLI ever
+//! resolves the directory, saves the record in the data directory
+//! (`Paths::trust_file`) and returns what is now trusted (the CLI shows
+//! it). Nothing else in the CLI ever
 //! adds a record: sessions, `--yes` and `--json` only read it.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
+use cairn_core::tool::ToolSpec;
 use cairn_tools::trust::WORKSPACE_TOOLS_DIR;
 use cairn_tools::{ToolDir, ToolDirScan, TrustState, TrustStore};
-use serde_json::json;
 
-use crate::context::{Context, exit};
-use crate::sessions::format_time;
+use crate::context::Context;
 
-/// What `cairn trust` was asked to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Record the directory as trusted with its current tools.
-    Trust,
-    /// Forget it.
-    Revoke,
-    /// Show every record.
-    List,
-}
+pub use cairn_tools::trust::TrustRecord;
 
 /// The directory meant: the argument, else `--cwd`, else the current one.
 fn target(ctx: &Context, dir: Option<PathBuf>) -> Result<PathBuf> {
@@ -36,115 +26,87 @@ fn target(ctx: &Context, dir: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-/// `cairn trust [DIR] [--revoke | --list]`.
-pub fn run(ctx: &Context, dir: Option<PathBuf>, action: Action) -> Result<u8> {
-    let file = ctx.paths.trust_file();
-    let mut store = TrustStore::load(&file)?;
-    match action {
-        Action::Trust => trust(ctx, &mut store, &target(ctx, dir)?),
-        Action::Revoke => revoke(ctx, &mut store, &target(ctx, dir)?),
-        Action::List => list(ctx, &store),
-    }
+/// A directory just trusted, and what now loads there.
+#[derive(Debug)]
+pub struct Trusted {
+    /// The record saved.
+    pub record: TrustRecord,
+    /// Whether the directory has a `.cairn/config.toml` (its MCP servers
+    /// and hooks load too).
+    pub has_config: bool,
+    /// The tools that now load there, read back through the scan sessions
+    /// use.
+    pub tools: Vec<ToolSpec>,
+    /// The tools there that do not load, and why.
+    pub problems: Vec<String>,
 }
 
-fn trust(ctx: &Context, store: &mut TrustStore, dir: &Path) -> Result<u8> {
-    let record = store.trust(dir)?.clone();
+/// `cairn trust [DIR]`: record `dir` (else `--cwd`, else the current
+/// directory) as trusted with its current tools.
+pub fn trust(ctx: &Context, dir: Option<PathBuf>) -> Result<Trusted> {
+    let dir = target(ctx, dir)?;
+    let mut store = TrustStore::load(&ctx.paths.trust_file())?;
+    let record = store.trust(&dir)?.clone();
     store.save()?;
-    // What now loads there, read back through the same scan sessions use.
-    let scan = ToolDirScan::scan(&[ToolDir::workspace(&record.workspace)], &crate::wiring::tools_config(ctx), store);
+    let scan = ToolDirScan::scan(&[ToolDir::workspace(&record.workspace)], &crate::wiring::tools_config(ctx), &store);
     let (tools, errors) = scan.load_all();
-    let mut out = std::io::stdout().lock();
-    if ctx.common.json {
-        let tools: Vec<_> = tools
-            .iter()
-            .map(|t| {
-                let spec = t.tool.spec();
-                json!({"name": spec.name, "risk": spec.risk, "capabilities": spec.capabilities})
-            })
-            .collect();
-        let problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        writeln!(
-            out,
-            "{}",
-            json!({"trusted": record.workspace, "fingerprint": record.fingerprint, "tools": tools, "problems": problems})
-        )?;
-        return Ok(exit::SUCCESS);
-    }
-    let s = &ctx.out_style;
-    writeln!(
-        out,
-        "trusted {}: its {WORKSPACE_TOOLS_DIR}/ tools{} now load in sessions there, until any of it changes",
-        record.workspace.display(),
-        if record.workspace.join(cairn_tools::trust::WORKSPACE_CONFIG).exists() {
-            format!(" and the MCP servers and hooks of {}", cairn_tools::trust::WORKSPACE_CONFIG)
-        } else {
-            String::new()
-        }
-    )?;
-    for tool in &tools {
-        let spec = tool.tool.spec();
-        let caps: Vec<String> = spec.capabilities.iter().map(|c| format!("{c:?}")).collect();
-        writeln!(out, "  {:<20} {:<12} {}", spec.name, format!("{:?}", spec.risk), caps.join(","))?;
-    }
-    if tools.is_empty() {
-        writeln!(out, "  (no tool loads there yet)")?;
-    }
-    for e in &errors {
-        writeln!(out, "  {}", s.yellow(&format!("not loaded: {e}")))?;
-    }
-    writeln!(
-        out,
-        "{}",
-        s.dim(&format!("revoke with `cairn trust --revoke {}`", crate::escape::quoted(&record.workspace)))
-    )?;
-    Ok(exit::SUCCESS)
+    Ok(Trusted {
+        has_config: record.workspace.join(cairn_tools::trust::WORKSPACE_CONFIG).exists(),
+        tools: tools.iter().map(|t| t.tool.spec().clone()).collect(),
+        problems: errors.iter().map(ToString::to_string).collect(),
+        record,
+    })
 }
 
-fn revoke(ctx: &Context, store: &mut TrustStore, dir: &Path) -> Result<u8> {
-    let removed = store.revoke(dir);
+/// A revocation: the directory meant, and its record if it had one.
+#[derive(Debug)]
+pub struct Revoked {
+    /// The directory meant.
+    pub dir: PathBuf,
+    /// The record removed (`None`: it was not trusted; nothing changed).
+    pub removed: Option<TrustRecord>,
+}
+
+/// `cairn trust --revoke [DIR]`: forget the directory.
+pub fn revoke(ctx: &Context, dir: Option<PathBuf>) -> Result<Revoked> {
+    let dir = target(ctx, dir)?;
+    let mut store = TrustStore::load(&ctx.paths.trust_file())?;
+    let removed = store.revoke(&dir);
     if removed.is_some() {
         store.save()?;
     }
-    let mut out = std::io::stdout().lock();
-    match (&removed, ctx.common.json) {
-        (Some(r), true) => writeln!(out, "{}", json!({"revoked": r.workspace}))?,
-        (Some(r), false) => writeln!(out, "{} is no longer trusted: its tools will not load", r.workspace.display())?,
-        (None, true) => writeln!(out, "{}", json!({"revoked": null}))?,
-        (None, false) => writeln!(out, "{} was not trusted; nothing changed", dir.display())?,
-    }
-    Ok(exit::SUCCESS)
+    Ok(Revoked { dir, removed })
 }
 
-fn list(ctx: &Context, store: &TrustStore) -> Result<u8> {
-    let mut out = std::io::stdout().lock();
-    let state = |workspace: &Path| match store.check(workspace, &workspace.join(WORKSPACE_TOOLS_DIR)) {
-        Ok(TrustState::Trusted) => "trusted",
-        Ok(TrustState::Changed) => "changed since trusted (not loaded)",
-        Ok(TrustState::Untrusted) | Err(_) => "missing (not loaded)",
-    };
-    for record in store.records() {
-        if ctx.common.json {
-            let line = json!({
-                "workspace": record.workspace, "trustedAt": record.trusted_at, "tools": record.tools,
-                "fingerprint": record.fingerprint, "state": state(&record.workspace),
-            });
-            writeln!(out, "{line}")?;
-        } else {
-            writeln!(
-                out,
-                "{}  {}  {}  [{}]",
-                record.workspace.display(),
-                format_time(record.trusted_at),
-                state(&record.workspace),
-                record.tools.join(", ")
-            )?;
+/// Where a trusted directory stands now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// As trusted: its tools load.
+    Trusted,
+    /// Its tools changed since: they do not load until trusted again.
+    Changed,
+    /// It is gone (or unreadable): nothing loads.
+    Missing,
+}
+
+impl Standing {
+    /// How a listing says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Standing::Trusted => "trusted",
+            Standing::Changed => "changed since trusted (not loaded)",
+            Standing::Missing => "missing (not loaded)",
         }
     }
-    if store.records().is_empty() && !ctx.common.json {
-        writeln!(
-            out,
-            "no trusted workspaces; trust one with `cairn trust DIR` after reading its {WORKSPACE_TOOLS_DIR}/"
-        )?;
-    }
-    Ok(exit::SUCCESS)
+}
+
+/// `cairn trust --list`: every record, with where its directory stands.
+pub fn list(ctx: &Context) -> Result<Vec<(TrustRecord, Standing)>> {
+    let store = TrustStore::load(&ctx.paths.trust_file())?;
+    let state = |workspace: &Path| match store.check(workspace, &workspace.join(WORKSPACE_TOOLS_DIR)) {
+        Ok(TrustState::Trusted) => Standing::Trusted,
+        Ok(TrustState::Changed) => Standing::Changed,
+        Ok(TrustState::Untrusted) | Err(_) => Standing::Missing,
+    };
+    Ok(store.records().iter().map(|r| (r.clone(), state(&r.workspace))).collect())
 }

@@ -1,27 +1,37 @@
-//! `cairn undo` and `cairn redo` (and `/undo`, `/redo` in chat): open the
-//! session, run `cairn_tools::rewind` with this home's pre-image store,
-//! print what it came to and map it to an exit code (a refusal is 1,
-//! nothing changed). The protocol is `cairn_tools::rewind`'s
-//! (`docs/turn.md`, "Undo and redo"); this module must not touch the tree
-//! or the session itself. Also the store's garbage collection (`cairn undo
-//! --gc`, and after a turn past `tools.undo_store_max_bytes`): it reads
-//! which pre-images every session file of this home names and has
+//! `cairn undo` and `cairn redo` (and `/undo`, `/redo` in chat), one
+//! command path whatever the backend ([`rewind`]): find the session (a
+//! session file, or a PostgreSQL session whose working tree is on this
+//! host), run `cairn_tools::rewind` with this home's pre-image store and
+//! return what it came to (the CLI prints it and maps a refusal to exit
+//! code 1). The protocol is `cairn_tools::rewind`'s (`docs/turn.md`, "Undo
+//! and redo"); this module must not touch the tree or the session itself,
+//! nor print. Also the store's garbage collection (`cairn undo --gc`, and
+//! after a turn past `tools.undo_store_max_bytes`): it reads which
+//! pre-images every session file of this home names and has
 //! `PreimageStore::collect` remove only the others (past its grace).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use cairn_core::storage::{JsonlStore, Storage};
 use cairn_core::{Session, SessionConfig};
-use cairn_tools::rewind::{self, Outcome};
+use cairn_tools::rewind;
 use cairn_tools::undo::PreimageStore;
 
-use crate::context::{Context, exit};
-use crate::escape::escape_controls;
+use crate::context::Context;
 use crate::sessions::human_size;
 
-pub use cairn_tools::rewind::Target;
+pub use cairn_tools::rewind::{Outcome, Target};
+pub use cairn_tools::undo::Collected;
+
+/// What `cairn undo` or `cairn redo` is asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Undo the turns `Target` names.
+    Undo(Target),
+    /// Reapply the undo the lane stands on.
+    Redo,
+}
 
 /// The CLI's tools whose effects happen in other sessions: a subagent's
 /// calls are recorded (and undone) in the child's own session.
@@ -47,27 +57,24 @@ pub fn finish_interrupted(ctx: &Context, session: &mut Session<JsonlStore>, cwd:
     Ok(rewind::finish_interrupted(&store(ctx), session, cwd, false)?)
 }
 
-/// Print `outcome` (escaped: it quotes file contents and names) and say
-/// what it exits with.
-pub fn report(outcome: Outcome) -> Result<u8> {
-    match outcome {
-        Outcome::Nothing(text) | Outcome::DryRun(text) | Outcome::Done(text) => {
-            let mut out = std::io::stdout().lock();
-            writeln!(out, "{}", escape_controls(text.trim_end()))?;
-            Ok(exit::SUCCESS)
-        }
-        Outcome::Refused(text) => {
-            let mut err = std::io::stderr().lock();
-            writeln!(err, "{}", escape_controls(text.trim_end()))?;
-            Ok(exit::ERROR)
-        }
+/// `cairn undo`/`cairn redo` of the session `target` names (an id, prefix,
+/// name or path; `None`: the most recent session file), in whichever
+/// backend keeps it: session files, or with `database` a PostgreSQL
+/// session (by id or prefix; `target` is required there).
+pub fn rewind(ctx: &Context, target: Option<&str>, request: Request, dry_run: bool, force: bool) -> Result<Outcome> {
+    if ctx.settings.database.value.is_some() {
+        let Some(target) = target else { bail!("which session? give its id (with --database, there is no default)") };
+        return database_rewind(ctx, target, request, dry_run, force);
     }
-}
-
-/// `cairn undo`.
-pub fn undo(ctx: &Context, path: &Path, target: Target, dry_run: bool, force: bool) -> Result<u8> {
-    let (mut session, cwd) = open(ctx, path)?;
-    undo_session(ctx, &mut session, &cwd, target, dry_run, force)
+    let path = match target {
+        Some(target) => crate::sessions::resolve(ctx, target)?,
+        None => crate::sessions::last(ctx)?,
+    };
+    let (mut session, cwd) = open(ctx, &path)?;
+    match request {
+        Request::Undo(target) => undo_session(ctx, &mut session, &cwd, target, dry_run, force),
+        Request::Redo => redo_session(ctx, &mut session, &cwd, dry_run, force),
+    }
 }
 
 /// Undo on an open session (`cairn undo`, `/undo` in chat).
@@ -78,14 +85,8 @@ pub fn undo_session(
     target: Target,
     dry_run: bool,
     force: bool,
-) -> Result<u8> {
-    report(rewind::undo(&store(ctx), session, cwd, &target, DELEGATING, dry_run, force)?)
-}
-
-/// `cairn redo`.
-pub fn redo(ctx: &Context, path: &Path, dry_run: bool, force: bool) -> Result<u8> {
-    let (mut session, cwd) = open(ctx, path)?;
-    redo_session(ctx, &mut session, &cwd, dry_run, force)
+) -> Result<Outcome> {
+    Ok(rewind::undo(&store(ctx), session, cwd, &target, DELEGATING, dry_run, force)?)
 }
 
 /// Redo on an open session (`cairn redo`, `/redo` in chat).
@@ -95,8 +96,47 @@ pub fn redo_session(
     cwd: &Path,
     dry_run: bool,
     force: bool,
-) -> Result<u8> {
-    report(rewind::redo(&store(ctx), session, cwd, dry_run, force)?)
+) -> Result<Outcome> {
+    Ok(rewind::redo(&store(ctx), session, cwd, dry_run, force)?)
+}
+
+/// Undo or redo of a PostgreSQL session: the same protocol as for a
+/// session file, committed to the database without a lease of its own (a
+/// commit is refused while a worker holds the session), run on this
+/// host's working tree and pre-image store. So it must run on the host
+/// whose turn kept them: a working directory missing here is refused
+/// naming it, and a missing pre-image is refused (nothing changed) by the
+/// protocol itself.
+#[cfg(feature = "postgres")]
+fn database_rewind(ctx: &Context, target: &str, request: Request, dry_run: bool, force: bool) -> Result<Outcome> {
+    let mut client = crate::wiring::database_client(ctx)?;
+    let id = cairn_pg::catalog::resolve(&mut client, target)?;
+    let opened = cairn_pg::PgStore::open(client, &id)?;
+    let cwd = PathBuf::from(&opened.header().cwd);
+    if !cwd.is_dir() {
+        bail!(
+            "session {id} ran in {}, which is not a directory on this host: undo it on the worker host that ran its \
+             turns (the working tree and the pre-images are there); nothing was changed",
+            crate::escape::escape_controls(&cwd.display().to_string())
+        );
+    }
+    let mut session = Session::open(opened, SessionConfig::default())?;
+    if session.needs_resume() {
+        bail!(
+            "a turn of session {id} is in progress (phase {:?}); let a worker finish it, then undo",
+            session.pc().phase
+        );
+    }
+    let kept = store(ctx);
+    Ok(match request {
+        Request::Undo(t) => rewind::undo(&kept, &mut session, &cwd, &t, DELEGATING, dry_run, force)?,
+        Request::Redo => rewind::redo(&kept, &mut session, &cwd, dry_run, force)?,
+    })
+}
+
+#[cfg(not(feature = "postgres"))]
+fn database_rewind(_: &Context, _: &str, _: Request, _: bool, _: bool) -> Result<Outcome> {
+    bail!(crate::wiring::NO_POSTGRES)
 }
 
 /// Every pre-image a session file of this home names: the sessions
@@ -127,8 +167,9 @@ fn named(ctx: &Context) -> Result<std::collections::BTreeSet<String>> {
 }
 
 /// `cairn undo --gc [--dry-run]`: remove the pre-images no session file
-/// names and that were not written or reused in the last day.
-pub fn gc(ctx: &Context, dry_run: bool) -> Result<u8> {
+/// names and that were not written or reused in the last day; what was
+/// (or would be) removed and kept.
+pub fn gc(ctx: &Context, dry_run: bool) -> Result<Collected> {
     if ctx.settings.database.value.is_some() {
         bail!(
             "a database is configured: the sessions there may name pre-images in this store, and a collection reads \
@@ -137,26 +178,12 @@ pub fn gc(ctx: &Context, dry_run: bool) -> Result<u8> {
     }
     let kept = store(ctx);
     let named = named(ctx)?;
-    let done = kept.collect(&named, cairn_tools::undo::GC_GRACE, dry_run, &mut |_| {})?;
-    let verb = if dry_run { "would remove" } else { "removed" };
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "{verb} {} pre-image(s) ({}) no session names; kept {} a session names and {} written in the last day ({} \
-         in all) in {}",
-        done.removed,
-        human_size(done.removed_bytes),
-        done.named,
-        done.young,
-        human_size(done.kept_bytes),
-        escape_controls(&kept.dir().display().to_string())
-    )?;
-    Ok(exit::SUCCESS)
+    Ok(kept.collect(&named, cairn_tools::undo::GC_GRACE, dry_run, &mut |_| {})?)
 }
 
 /// After a turn: when the store is over `tools.undo_store_max_bytes`,
-/// collect what no session names (as `cairn undo --gc`), saying so on
-/// stderr. Never with a database configured; failures are a warning.
+/// collect what no session names (as `cairn undo --gc`), saying so in a
+/// warning note. Never with a database configured; failures are a warning.
 pub fn collect_past_budget(ctx: &Context) {
     if ctx.settings.database.value.is_some() {
         return;
@@ -173,7 +200,7 @@ pub fn collect_past_budget(ctx: &Context) {
     let done =
         named(ctx).and_then(|named| Ok(kept.collect(&named, cairn_tools::undo::GC_GRACE, false, &mut |_| {})?));
     match done {
-        Ok(done) => crate::sessions::warn(&format!(
+        Ok(done) => ctx.notes.warn(format!(
             "the pre-image store is over its budget of {} (tools.undo_store_max_bytes): removed {} pre-image(s) ({}) \
              no session names; {} remain",
             human_size(budget),
@@ -181,7 +208,7 @@ pub fn collect_past_budget(ctx: &Context) {
             human_size(done.removed_bytes),
             human_size(done.kept_bytes)
         )),
-        Err(e) => crate::sessions::warn(&format!(
+        Err(e) => ctx.notes.warn(format!(
             "the pre-image store is over its budget of {}, and collecting it failed: {e:#}",
             human_size(budget)
         )),

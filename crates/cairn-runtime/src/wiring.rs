@@ -17,9 +17,10 @@ use cairn_core::hooks::Hooks;
 use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, new_session_id};
 use cairn_provider::{ProviderConfig, ProviderKind};
-use cairn_tools::{ToolEntry, ToolsConfig, TrustState, TrustStore};
+use cairn_tools::{ToolsConfig, TrustState, TrustStore};
 
 use crate::context::Context;
+use crate::tools::TurnTools;
 
 /// The system prompt when none is configured.
 const DEFAULT_SYSTEM: &str = "You are cairn, a careful agent working in the user's directory. \
@@ -152,22 +153,6 @@ pub fn hidden_paths(home: &Path) -> Vec<PathBuf> {
     vec![home.to_path_buf(), home.join("cairn.sock"), home.join("toolsrv.sock")]
 }
 
-/// The tools of a session in `cwd`, and what to tell the user about the
-/// ones left out.
-#[derive(Debug)]
-pub struct HostTools {
-    /// Built-ins, then external tools (`cairn_tools::load_tools`).
-    pub entries: Vec<ToolEntry>,
-    /// Broken metadata, shadowed names.
-    pub notes: Vec<String>,
-    /// Workspace tools not loaded because the directory is not trusted, and
-    /// how to trust it. Always said on stderr, even headless.
-    pub untrusted: Vec<String>,
-    /// The hooks every call goes through (`[hooks]`), set on the registry
-    /// with the tools.
-    pub hooks: Option<Arc<dyn Hooks>>,
-}
-
 /// A working directory's own `.cairn/config.toml`: only these tables.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -270,7 +255,8 @@ fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Ar
     if config.is_empty() {
         return None;
     }
-    let report = Box::new(|note: &str| eprintln!("cairn: {}", crate::escape::escape_controls(note)));
+    let notes = ctx.notes.clone();
+    let report = Box::new(move |note: &str| notes.info(note));
     Some(Arc::new(
         cairn_tools::hooks::CommandHooks::new(config, tools_config(ctx), report).with_sessions(ctx.paths.sessions()),
     ))
@@ -284,10 +270,13 @@ pub fn hooks(ctx: &Context, cwd: &Path) -> Option<Arc<dyn Hooks>> {
     hooks_of(ctx, extensions(ctx, cwd, &trust).hooks)
 }
 
-/// Built-in and external tools for `cwd` (directories, precedence and trust
-/// as `cairn_tools::tool_dirs` and `load_tools` define them), then the
-/// tools of the MCP servers of [`extensions`] (`cairn_mcp::load`).
-pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
+/// The in-process tools for `cwd`: built-in and external tools
+/// (directories, precedence and trust as `cairn_tools::tool_dirs` and
+/// `load_tools` define them), then the tools of the MCP servers of
+/// [`extensions`] (`cairn_mcp::load`). A turn reads its tools through
+/// `toolsrv::turn_tools`, which calls this unless a tool service is
+/// configured.
+pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
     let config = tools_config(ctx);
     let mut untrusted = Vec::new();
     let trust = trust_store(ctx, &mut untrusted);
@@ -319,7 +308,7 @@ pub fn tool_entries(ctx: &Context, cwd: &Path) -> Result<HostTools> {
     known.extend([crate::peers::SEND, crate::peers::RECEIVE, crate::peers::CHILDREN].map(str::to_owned));
     let servers: Vec<String> = ext.mcp_servers.keys().cloned().collect();
     notes.extend(ext.hooks.matcher_warnings(&known, &servers));
-    Ok(HostTools { entries, notes, untrusted, hooks: hooks_of(ctx, ext.hooks) })
+    Ok(TurnTools { entries, notes, untrusted, hooks: hooks_of(ctx, ext.hooks) })
 }
 
 /// The approval policy of a CLI session over `allow` and the person
@@ -392,4 +381,26 @@ pub fn database_url(ctx: &Context) -> Result<String> {
     ctx.settings.database.value.clone().context(
         "no database: give --database postgres://USER@HOST/DB, or set database = \"postgres://…\" in cairn's config",
     )
+}
+
+/// What a command that needs PostgreSQL says in a build without it.
+pub const NO_POSTGRES: &str = "this cairn was built without PostgreSQL support; rebuild with `--features postgres`";
+
+/// A connection to the configured database (see [`connect_database`]).
+#[cfg(feature = "postgres")]
+pub fn database_client(ctx: &Context) -> Result<postgres::Client> {
+    connect_database(&database_url(ctx)?)
+}
+
+/// Connect to the database at `url`, with an error that names it without
+/// its password and carries PostgreSQL's own message and code.
+#[cfg(feature = "postgres")]
+pub fn connect_database(url: &str) -> Result<postgres::Client> {
+    cairn_pg::connect(url).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot use the database {}: {}",
+            crate::redact::redact(url),
+            crate::redact::scrub(&e.to_string(), url)
+        )
+    })
 }

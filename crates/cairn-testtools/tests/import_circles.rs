@@ -764,3 +764,108 @@ fn the_sql_reader_finds_planted_statements_only() {
         string_literals(text).into_iter().filter(|(_, l)| is_pg_sql(l, &tables, true)).map(|(line, _)| line).collect();
     assert_eq!(hits, vec![4, 5, 6]);
 }
+
+/// The dependency names of the `[dependencies]` tables of a manifest (the
+/// plain one and any `[target.….dependencies]`), with the path of each that
+/// is a path dependency. Its own small reader of the manifest's lines.
+fn dependencies(manifest: &str) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    let mut in_deps = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            let table = line.trim_matches(|c| c == '[' || c == ']');
+            in_deps = table == "dependencies" || (table.starts_with("target.") && table.ends_with(".dependencies"));
+            continue;
+        }
+        if !in_deps || line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, rest)) = line.split_once('=') else { continue };
+        let name = name.trim().trim_end_matches(".workspace").to_owned();
+        let path = rest.split_once("path = \"").and_then(|(_, p)| p.split_once('"')).map(|(p, _)| p.to_owned());
+        out.push((name, path));
+    }
+    out
+}
+
+/// Issue 50.1: cairn-runtime's API is data, not the command line. Neither
+/// it nor any crate it depends on through a path depends on clap (the
+/// command line is the binary's: cairn-cli parses it and hands the runtime
+/// plain settings).
+#[test]
+fn the_runtime_does_not_depend_on_clap() {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![workspace().join("cairn-runtime")];
+    let mut found = Vec::new();
+    while let Some(dir) = stack.pop() {
+        let Ok(dir) = dir.canonicalize() else { continue };
+        if !seen.insert(dir.clone()) {
+            continue;
+        }
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).expect("a crate's Cargo.toml");
+        for (name, path) in dependencies(&manifest) {
+            if name == "clap" || name.starts_with("clap_") || name.starts_with("clap-") {
+                found.push(format!("{}: {name}", dir.join("Cargo.toml").display()));
+            }
+            if let Some(path) = path {
+                stack.push(dir.join(path));
+            }
+        }
+    }
+    assert!(seen.len() >= 5, "expected cairn-runtime and its path dependencies, read {}", seen.len());
+    assert!(
+        found.is_empty(),
+        "cairn-runtime depends on clap (the flags are the CLI's: take plain settings, config::Overrides or a struct):\n{}",
+        found.join("\n")
+    );
+    // The reader itself.
+    let planted = "[package]\nname = \"x\"\n[dependencies]\nclap = { version = \"4\" }\ncairn-core.workspace = true\n\
+                   y = { path = \"../y\" }\n[dev-dependencies]\nclap_complete = \"4\"\n";
+    assert_eq!(
+        dependencies(planted),
+        vec![("clap".to_owned(), None), ("cairn-core".to_owned(), None), ("y".to_owned(), Some("../y".to_owned()))]
+    );
+}
+
+/// Whether a line of code (comments and strings blanked) prints: a print
+/// macro, or a handle on the process's stdout or stderr.
+fn prints(line: &str) -> bool {
+    let macros = ["println!", "eprintln!", "print!", "eprint!", "dbg!"];
+    let at_word = |m: &str| {
+        line.match_indices(m)
+            .any(|(i, _)| i == 0 || !line.as_bytes()[i - 1].is_ascii_alphanumeric() && line.as_bytes()[i - 1] != b'_')
+    };
+    macros.iter().any(|m| at_word(m))
+        || ["stdout()", "stderr()", "io::stdout", "io::stderr"].iter().any(|h| line.contains(h))
+}
+
+/// Issue 50.1: cairn-runtime returns data and the CLI prints it. No module
+/// of cairn-runtime prints or holds the process's stdout or stderr: a
+/// command's result is a value the CLI renders (text or `--json`), and a
+/// note on the way (a skipped file, a worker's failed session) goes to the
+/// embedder's `Notes`.
+#[test]
+fn the_runtime_does_not_print() {
+    let mods = modules(&workspace().join("cairn-runtime"));
+    assert!(mods.len() >= 10, "expected cairn-runtime's modules, found {}", mods.len());
+    let mut found = Vec::new();
+    for path in mods.values() {
+        let code = code_only(&std::fs::read_to_string(path).expect("read a module"));
+        for (n, line) in code.lines().enumerate() {
+            if prints(line) {
+                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "cairn-runtime prints (return the data and print it in cairn-cli; send a note through ctx.notes):\n{}",
+        found.join("\n")
+    );
+    // The check itself.
+    assert!(prints("    eprintln!(\"x\");"));
+    assert!(prints("let mut out = std::io::stdout().lock();"));
+    assert!(prints("print!(\"{x}\")"));
+    assert!(!prints("let s = reprint!(x); sprint!(y);"));
+    assert!(!prints("writeln!(out, \"x\")?;"));
+}

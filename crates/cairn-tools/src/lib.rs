@@ -165,6 +165,11 @@ pub enum ToolOrigin {
         /// The server's name.
         server: String,
     },
+    /// A tool of a tool service (`cairn toolsrv`), which runs its calls.
+    Service {
+        /// The service's dial string.
+        address: String,
+    },
 }
 
 impl std::fmt::Display for ToolOrigin {
@@ -173,6 +178,7 @@ impl std::fmt::Display for ToolOrigin {
             ToolOrigin::Builtin => f.write_str("builtin"),
             ToolOrigin::External { metadata, .. } => write!(f, "{}", metadata.display()),
             ToolOrigin::Mcp { server } => write!(f, "MCP server {server}"),
+            ToolOrigin::Service { address } => write!(f, "tool service {address}"),
         }
     }
 }

@@ -54,8 +54,9 @@ impl Host for CliHost {
     }
 
     fn tools_text(&self) -> String {
+        // What a turn here gets: the tool service's tools with `--toolsrv`.
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-        match crate::wiring::tool_entries(&self.ctx, &cwd) {
+        match crate::toolsrv::turn_tools(&self.ctx, &cwd) {
             Ok(tools) => tools
                 .entries
                 .iter()
@@ -79,10 +80,10 @@ pub fn max_running(ctx: &Context) -> usize {
         None => default_max_running(),
         Some(Ok(config)) => config.max_running.max(1),
         Some(Err(e)) => {
-            eprintln!(
-                "cairn: [batch] in {} is invalid ({e}); using max_running = 2",
+            ctx.notes.info(format!(
+                "[batch] in {} is invalid ({e}); using max_running = 2",
                 ctx.settings.config_file.display()
-            );
+            ));
             default_max_running()
         }
     }

@@ -20,8 +20,7 @@ use cairn_pg::PgStore;
 use cairn_pg::approvals::DbApprover;
 use cairn_pg::worker::{Driven, Driver};
 
-use crate::context::Context;
-use crate::escape::escape_controls;
+use crate::context::{Context, Note};
 use crate::hosting::CliHost;
 use crate::subagents::Home;
 
@@ -33,7 +32,7 @@ impl Driver for CliHost {
         // Nothing is committed when wiring fails: the worker marks the
         // session failed with this reason.
         let failed = |e: anyhow::Error| {
-            eprintln!("cairn worker: session {id}: {e:#}");
+            self.ctx.notes.tell(Note::Worker { session: id.clone(), text: format!("{e:#}") });
             TurnError::Storage(cairn_core::storage::StorageError::Invalid(format!("{e:#}")))
         };
         if let Err(e) = finish_undo(&self.ctx, &mut session, &cwd) {
@@ -79,7 +78,7 @@ impl Driver for CliHost {
         };
         let registry = equipped.registry(&approver);
         for note in equipped.all_notes() {
-            eprintln!("cairn worker: session {id}: {}", escape_controls(note));
+            self.ctx.notes.tell(Note::Worker { session: id.clone(), text: note.clone() });
         }
         if family.is_some() {
             // Children a crash left unfinished that no pending call of this
@@ -104,12 +103,12 @@ impl Driver for CliHost {
 
 /// An undo killed after its plan was committed (`cairn undo --database`
 /// on this or another host) is finished before a worker's turn, like
-/// before any other host's turn; what it did is said on stderr.
+/// before any other host's turn; what it did is told (a worker note).
 fn finish_undo(ctx: &Context, session: &mut Session<PgStore>, cwd: &Path) -> Result<(), TurnError> {
     let id = session.store().header().id.clone();
     match cairn_tools::rewind::finish_interrupted(&crate::undo::store(ctx), session, cwd, false) {
         Ok(Some(done)) => {
-            eprintln!("cairn worker: session {id}: {}", escape_controls(&done));
+            ctx.notes.tell(Note::Worker { session: id, text: done });
             Ok(())
         }
         Ok(None) => Ok(()),

@@ -21,6 +21,7 @@ impl Style {
     }
 
     /// Colour on or off whatever the streams are (the renderers' tests).
+    #[cfg(test)]
     pub fn forced(color: bool) -> Self {
         Self { color }
     }
