@@ -4,10 +4,11 @@
 //! beside its baseline measured in the same run:
 //!
 //! - sessions per second, submit → final, of trivial sessions (one model
-//!   answer, scripted) driven by 1, 2 and 4 worker processes, next to the
+//!   answer, scripted) driven by 1, 2, 4 and 8 worker processes, next to the
 //!   database's own ceiling: single-row commits per second by as many
 //!   connections (`test_cluster::bench::commit_ceiling`);
-//! - statements per trivial session, counted in the server's log;
+//! - statements, transactions and WAL flushes per trivial session, counted
+//!   in the server's log and `pg_stat_wal`;
 //! - one worker's sessions per second with `--finished` finished sessions
 //!   in the table against an empty one (47.3);
 //! - failover with 1 s leases: a worker in the middle of a busy session is
@@ -259,7 +260,7 @@ fn main() -> Result<()> {
         Ok(url)
     };
     let part = |name: &str| a.only.as_deref().is_none_or(|only| only == name);
-    for workers in [1usize, 2, 4].into_iter().filter(|_| part("e2e")) {
+    for workers in [1usize, 2, 4, 8].into_iter().filter(|_| part("e2e")) {
         let (mut e2e, mut ceiling) = (Vec::new(), Vec::new());
         for _ in 0..a.rounds {
             let url = fresh("e2e")?;
@@ -284,6 +285,7 @@ fn main() -> Result<()> {
         let dbname = url.rsplit("dbname=").next().unwrap_or("").to_owned();
         bench::log_statements(&url, true)?;
         let before = cluster.log().len();
+        let syncs_before = bench::wal_syncs(&url)?;
         let worker = fleet.worker(&url, &trivial, 10)?;
         let mut watch = Connection::from(connect(&url)?);
         let start = Instant::now();
@@ -292,6 +294,9 @@ fn main() -> Result<()> {
         }
         signal(&worker, "-TERM");
         stop_all(vec![worker]);
+        // The worker's backend reports its WAL figures as it exits.
+        std::thread::sleep(Duration::from_millis(1500));
+        let syncs = bench::wal_syncs(&url)? - syncs_before;
         bench::log_statements(&url, false)?;
         let log = cluster.log();
         let _ = dbname;
@@ -301,9 +306,17 @@ fn main() -> Result<()> {
             .lines()
             .filter(|l| l.contains("LOG:  execute ") || l.contains("LOG:  statement: "))
             .count();
+        let commits = log
+            .get(before..)
+            .unwrap_or("")
+            .lines()
+            .filter(|l| l.contains("LOG:  statement: COMMIT") || l.contains("WITH claimed AS"))
+            .count();
         println!(
-            "statements per trivial session: {:.1} ({statements} logged for {n} sessions by one worker, its heartbeats and watchers included)",
-            statements as f64 / n as f64
+            "statements per trivial session: {:.1} ({statements} logged for {n} sessions by one worker, its heartbeats and watchers included); commits {:.1} per session; WAL flushes {:.2} per session ({syncs} for {n}, the server's, WAL writer included)",
+            statements as f64 / n as f64,
+            commits as f64 / n as f64,
+            syncs as f64 / n as f64
         );
     }
 
