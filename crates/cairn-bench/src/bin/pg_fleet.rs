@@ -261,16 +261,24 @@ fn main() -> Result<()> {
     };
     let part = |name: &str| a.only.as_deref().is_none_or(|only| only == name);
     for workers in [1usize, 2, 4, 8].into_iter().filter(|_| part("e2e")) {
-        let (mut e2e, mut ceiling) = (Vec::new(), Vec::new());
+        let (mut e2e, mut ceiling, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.rounds {
             let url = fresh("e2e")?;
-            ceiling.push(bench::commit_ceiling(&url, workers, 500)?);
-            e2e.push(end_to_end(&fleet, &url, &trivial, workers, a.sessions)?);
+            // The ceiling just before and just after the sessions (the
+            // disk's flush time drifts with the machine's other load).
+            let before = bench::commit_ceiling(&url, workers, 500)?;
+            let rate = end_to_end(&fleet, &url, &trivial, workers, a.sessions)?;
+            let after = bench::commit_ceiling(&url, workers, 500)?;
+            let roof = (before + after) / 2.0;
+            e2e.push(rate);
+            ceiling.push(roof);
+            ratios.push(rate / roof);
         }
         let (em, elo, ehi) = median_spread(&mut e2e);
         let (cm, clo, chi) = median_spread(&mut ceiling);
+        let (rm, rlo, rhi) = median_spread(&mut ratios);
         println!(
-            "{workers} worker(s): {em:.1} sessions/s ({elo:.1}–{ehi:.1}) vs ceiling {cm:.0} single-row commits/s ({clo:.0}–{chi:.0}) with {workers} connection(s); ratio {:.3} ({} rounds of {} sessions)",
+            "{workers} worker(s): {em:.1} sessions/s ({elo:.1}–{ehi:.1}) vs ceiling {cm:.0} single-row commits/s ({clo:.0}–{chi:.0}) with {workers} connection(s); ratio of medians {:.3}, median of the rounds' ratios {rm:.3} ({rlo:.3}–{rhi:.3}) ({} rounds of {} sessions)",
             em / cm,
             a.rounds,
             a.sessions
@@ -322,19 +330,23 @@ fn main() -> Result<()> {
 
     // One worker's sessions per second with many finished sessions vs none.
     if part("finished") {
-        let (mut empty, mut full) = (Vec::new(), Vec::new());
+        let (mut empty, mut full, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.rounds {
             let url = fresh("empty")?;
             bench::checkpoint(&url)?;
-            empty.push(end_to_end(&fleet, &url, &trivial, 1, a.sessions)?);
+            let e = end_to_end(&fleet, &url, &trivial, 1, a.sessions)?;
             let url = fresh("finished")?;
             bench::fill_finished(&url, a.finished)?;
-            full.push(end_to_end(&fleet, &url, &trivial, 1, a.sessions)?);
+            let f = end_to_end(&fleet, &url, &trivial, 1, a.sessions)?;
+            empty.push(e);
+            full.push(f);
+            ratios.push(f / e);
         }
         let (em, elo, ehi) = median_spread(&mut empty);
         let (fm, flo, fhi) = median_spread(&mut full);
+        let (rm, rlo, rhi) = median_spread(&mut ratios);
         println!(
-            "one worker, {} finished sessions in the table: {fm:.1} sessions/s ({flo:.1}–{fhi:.1}) vs empty {em:.1} ({elo:.1}–{ehi:.1}); ratio {:.3}",
+            "one worker, {} finished sessions in the table: {fm:.1} sessions/s ({flo:.1}–{fhi:.1}) vs empty {em:.1} ({elo:.1}–{ehi:.1}); ratio of medians {:.3}, median of the rounds' ratios {rm:.3} ({rlo:.3}–{rhi:.3})",
             a.finished,
             fm / em
         );
