@@ -266,9 +266,9 @@ fn main() -> Result<()> {
             let url = fresh("e2e")?;
             // The ceiling just before and just after the sessions (the
             // disk's flush time drifts with the machine's other load).
-            let before = bench::commit_ceiling(&url, workers, 500)?;
+            let before = bench::commit_ceiling(&url, workers, cairn_bench::size(500, 50))?;
             let rate = end_to_end(&fleet, &url, &trivial, workers, a.sessions)?;
-            let after = bench::commit_ceiling(&url, workers, 500)?;
+            let after = bench::commit_ceiling(&url, workers, cairn_bench::size(500, 50))?;
             let roof = (before + after) / 2.0;
             e2e.push(rate);
             ceiling.push(roof);
