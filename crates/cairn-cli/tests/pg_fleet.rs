@@ -18,6 +18,7 @@ use crate::util;
 use util::stdout_ok as stdout;
 
 use std::io::{BufRead as _, BufReader};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,29 @@ impl Drop for Guard {
             let _ = child.wait();
         }
     }
+}
+
+/// Start `cairn worker` on `url` with the scripted provider `script`, a
+/// lease of `lease` seconds and `extra` options before the command (e.g.
+/// `--allow shell`); its stderr goes to `stderr`. The guard kills it if the
+/// test fails before stopping it.
+fn start_worker(env: &Env, url: &str, script: &Path, extra: &[&str], lease: &str, stderr: Stdio) -> Guard {
+    let mut args = vec!["--database", url, "--script", script.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["worker", "--lease", lease]);
+    Guard(Some(env.cairn(&args).stdout(Stdio::null()).stderr(stderr).spawn().unwrap()))
+}
+
+/// Wait (at most two minutes) for the worker to leave by itself, then give
+/// its output; a worker still there is killed and the test fails (a worker
+/// that ignores its signal must not hang the suite).
+fn wait_exit(guard: &mut Guard, what: &str) -> std::process::Output {
+    let start = Instant::now();
+    while guard.0.as_mut().unwrap().try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(120), "the worker did not leave: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    guard.0.take().unwrap().wait_with_output().unwrap()
 }
 
 fn signal(child: &Child, sig: &str) {
@@ -107,13 +131,7 @@ fn a_workers_connections_do_not_grow_with_the_sessions_it_drives() {
             .count()
     };
     let before = connections();
-    let mut guard = Guard(Some(
-        env.cairn(&["--database", &url, "--script", script.to_str().unwrap(), "worker", "--lease", "5"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
+    let mut guard = start_worker(&env, &url, &script, &[], "5", Stdio::piped());
     // Count the releases on the worker's own output (polling the database
     // would add connections of its own).
     let mut err = BufReader::new(guard.0.as_mut().unwrap().stderr.take().unwrap());
@@ -124,10 +142,8 @@ fn a_workers_connections_do_not_grow_with_the_sessions_it_drives() {
         released += usize::from(line.contains("released "));
         log.push_str(&line);
     }
-    let worker = guard.0.take().unwrap();
-    signal(&worker, "-TERM");
-    let mut worker = worker;
-    assert!(worker.wait().unwrap().success(), "{log}");
+    signal(guard.0.as_ref().unwrap(), "-TERM");
+    assert!(wait_exit(&mut guard, "after SIGTERM").status.success(), "{log}");
     let made = connections() - before;
     // The worker's own: its check at start, the registry, the renewals, its
     // thread's connection and the goodbye — none per session.
@@ -153,23 +169,7 @@ fn cairn_workers_shows_heartbeats_and_lease_losses() {
         json!({"text": "slept", "toolCalls": []}),
     ]);
     let id = submit(&env, &url, "sleep");
-    let mut guard = Guard(Some(
-        env.cairn(&[
-            "--database",
-            &url,
-            "--script",
-            script.to_str().unwrap(),
-            "--allow",
-            "shell",
-            "worker",
-            "--lease",
-            "2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap(),
-    ));
+    let mut guard = start_worker(&env, &url, &script, &["--allow", "shell"], "2", Stdio::null());
     let pid = i64::from(guard.0.as_ref().unwrap().id());
     let workers = || lines(&stdout(&env.cairn(&["--database", &url, "--json", "workers"]).output().unwrap()));
     wait_until("the worker holds the session", &|| format!("{:?}", workers()), &mut || {
@@ -198,12 +198,26 @@ fn cairn_workers_shows_heartbeats_and_lease_losses() {
     assert!(loss["reason"].as_str().unwrap().contains("lease"), "{w}");
     let text = stdout(&env.cairn(&["--database", &url, "workers"]).output().unwrap());
     assert!(text.contains(&format!("lost {id}")), "{text}");
-    let worker = guard.0.take().unwrap();
-    signal(&worker, "-TERM");
-    let mut worker = worker;
-    assert!(worker.wait().unwrap().success());
+    signal(guard.0.as_ref().unwrap(), "-TERM");
+    assert!(wait_exit(&mut guard, "after SIGTERM").status.success());
     let w = workers().into_iter().find(|w| w["pid"] == pid).unwrap();
     assert_eq!((w["state"].as_str(), w["held"].as_i64()), (Some("stopped"), Some(0)), "{w}");
+}
+
+/// Processes (not zombies) whose command line contains `marker`.
+fn live_processes(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let dir = entry.path();
+        let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        let zombie = stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'));
+        if cmdline.contains(marker) && !zombie {
+            found.push(format!("{}: {cmdline}", dir.display()));
+        }
+    }
+    found
 }
 
 /// Plant a fault: every insert of a line fails with `sqlstate`, the first
@@ -242,13 +256,7 @@ fn a_failed_session_is_requeued_once_its_fault_is_cleared() {
     // The session exists before the fault (its row); its turn's lines fail.
     let id = submit(&env, &url, "answer me");
     plant_fault(&url, "42501", 1_000_000);
-    let _guard = Guard(Some(
-        env.cairn(&["--database", &url, "--script", script.to_str().unwrap(), "worker", "--lease", "2"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ));
+    let _guard = start_worker(&env, &url, &script, &[], "2", Stdio::null());
     wait_until("the session fails", &|| format!("{:?}", sessions(&env, &url)), &mut || {
         session(&env, &url, &id)["state"] == "failed"
     });
@@ -280,17 +288,9 @@ fn a_transient_fault_is_retried_with_a_backoff() {
     let script = env.script(&[json!({"text": "answered", "toolCalls": []})]);
     let id = submit(&env, &url, "answer me");
     plant_fault(&url, "53100", 2);
-    let _guard = Guard(Some(
-        env.cairn(&["--database", &url, "--script", script.to_str().unwrap(), "worker", "--lease", "2"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ));
-    let mut states = Vec::new();
+    let _guard = start_worker(&env, &url, &script, &[], "2", Stdio::null());
     wait_until("the session is answered", &|| format!("{:?}", sessions(&env, &url)), &mut || {
         let row = session(&env, &url, &id);
-        states.push(row["state"].as_str().unwrap_or("").to_owned());
         assert_ne!(row["state"], "failed", "a full disk failed the session: {row}");
         row["state"] == "idle"
     });
@@ -298,6 +298,24 @@ fn a_transient_fault_is_retried_with_a_backoff() {
     assert!(log.contains("answered"), "{log}");
     let tried: i64 = raw(&url).query_one("SELECT nextval('planted_faults')", &[]).unwrap().get(0);
     assert!(tried > 3, "the fault was hit {} times, not twice then passed", tried - 1);
+    // Tried three times (two faults, then the answer), each try after the
+    // backoff of the failures before it (1 s, then 2 s; the release sets a
+    // not-before the claim respects, by the server's clock, so the gaps
+    // are lower bounds that load can only lengthen). A worker that handed
+    // the session straight back would claim it again within milliseconds.
+    let gaps: Vec<f64> = raw(&url)
+        .query(
+            "SELECT extract(epoch FROM claimed_at - lag(claimed_at) OVER (ORDER BY epoch))::float8
+             FROM cairn_claims WHERE session_id = $1 ORDER BY epoch",
+            &[&id],
+        )
+        .unwrap()
+        .iter()
+        .skip(1)
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(gaps.len(), 2, "claims after the first: {gaps:?}");
+    assert!(gaps[0] >= 1.0 && gaps[1] >= 2.0, "tries not spaced by the backoff (1 s, 2 s): {gaps:?}");
 }
 
 /// 47.6: `cairn cancel` stops a session: a queued one drops its prompts
@@ -319,27 +337,11 @@ fn cairn_cancel_stops_a_queued_or_a_running_session() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 waiting prompt(s) dropped"));
 
     let script = env.script(&[
-        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "sleep 60 && touch slept"}}]}),
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "sleep 73.25 && touch slept"}}]}),
         json!({"text": "slept", "toolCalls": []}),
     ]);
     let running = submit(&env, &url, "sleep");
-    let mut guard = Guard(Some(
-        env.cairn(&[
-            "--database",
-            &url,
-            "--script",
-            script.to_str().unwrap(),
-            "--allow",
-            "shell",
-            "worker",
-            "--lease",
-            "2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap(),
-    ));
+    let mut guard = start_worker(&env, &url, &script, &["--allow", "shell"], "2", Stdio::null());
     let tool_started =
         || stdout(&env.cairn(&["--database", &url, "export", &running]).output().unwrap()).contains("toolStarted");
     wait_until("the tool runs", &|| format!("{:?}", sessions(&env, &url)), &mut || tool_started());
@@ -353,6 +355,13 @@ fn cairn_cancel_stops_a_queued_or_a_running_session() {
     });
     let row = session(&env, &url, &running);
     assert!(row["note"].as_str().unwrap_or("").contains("cancelled by"), "{row}");
+    // The tool was stopped, not left to run out its 73 s: its process is
+    // gone once the session is idle, and the log says the call failed by
+    // the cancel (a cancel that only waited for the turn's end would find
+    // the sleep still running, and the call not settled this way).
+    assert!(live_processes("sleep 73.25").is_empty(), "the tool still runs: {:?}", live_processes("sleep 73.25"));
+    let log = stdout(&env.cairn(&["--database", &url, "export", &running]).output().unwrap());
+    assert!(log.contains(r#""type":"toolFailed""#) && log.contains("cancelled"), "{log}");
     assert!(!env.cwd.join("slept").exists(), "the tool ran to its end");
     // The worker goes on: a new session is driven.
     let next = submit(&env, &url, "after");
@@ -378,28 +387,12 @@ fn sigterm_finishes_the_running_turn_and_takes_nothing_more() {
     ]);
     let id = submit(&env, &url, "first");
     stdout(&env.cairn(&["--database", &url, "submit", "--session", &id, "second"]).output().unwrap());
-    let mut guard = Guard(Some(
-        env.cairn(&[
-            "--database",
-            &url,
-            "--script",
-            script.to_str().unwrap(),
-            "--allow",
-            "shell",
-            "worker",
-            "--lease",
-            "2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap(),
-    ));
+    let mut guard = start_worker(&env, &url, &script, &["--allow", "shell"], "2", Stdio::piped());
     let export = || stdout(&env.cairn(&["--database", &url, "export", &id]).output().unwrap());
     wait_until("the first turn's tool starts", &export, &mut || export().contains("toolStarted"));
     signal(guard.0.as_ref().unwrap(), "-TERM");
     let other = submit(&env, &url, "new work");
-    let out = guard.0.take().unwrap().wait_with_output().unwrap();
+    let out = wait_exit(&mut guard, "a draining worker with one turn to finish");
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{:?}\n{log}", out.status);
     let text = export();

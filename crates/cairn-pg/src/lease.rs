@@ -139,6 +139,17 @@ fn secs(d: Duration) -> f64 {
 /// runnable rows, so finished sessions cost nothing), its lease taken and
 /// its epoch raised, and the claim recorded — one statement, one round
 /// trip, atomic by itself.
+///
+/// Committed without waiting for its WAL flush (`synchronous_commit` off
+/// for this transaction alone, 47.4): a claim is no effect, and nothing
+/// that rests on it waits on it. Visible at once, it locks other workers
+/// out as a flushed one does; lost in a crash of the server before the
+/// flush, it was never a lease, and the claimer's fence (epoch *and*
+/// owner) refuses its next commit. Before any effect the claimer's store
+/// makes it durable: by the first line's commit (synchronous, so the WAL
+/// up to it, the claim's record included, is flushed) or, when an effect
+/// would come first (a resumed turn's re-run), by a synchronous touch of
+/// the row (`PgStore::may_act`). This saves one flush per claimed session.
 const CLAIM: &str = "WITH claimed AS (
         UPDATE cairn_sessions SET lease_owner = $1, lease_expires = now() + make_interval(secs => $2),
              epoch = epoch + 1, status = 'running', updated_at = now(), cancel_requested = NULL
@@ -150,7 +161,7 @@ const CLAIM: &str = "WITH claimed AS (
                      ORDER BY updated_at LIMIT 1 FOR UPDATE SKIP LOCKED)
          RETURNING id, epoch),
      recorded AS (INSERT INTO cairn_claims (session_id, epoch, owner) SELECT id, epoch, $1 FROM claimed)
-     SELECT id, epoch FROM claimed";
+     SELECT id, epoch FROM claimed WHERE set_config('synchronous_commit', 'off', true) = 'off'";
 
 /// Claim one runnable session for `owner`, or `None` when there is none.
 pub fn claim(db: &mut impl Db, owner: &str, lease: Duration) -> Result<Option<Claim>, PgError> {
@@ -233,40 +244,40 @@ pub fn release(
     how: Release,
     note: Option<&str>,
 ) -> Result<bool, PgError> {
-    const OURS: &str = "SELECT 1 FROM cairn_sessions WHERE id = $1 AND lease_owner = $2 AND epoch = $3 FOR UPDATE";
+    const OURS: &str =
+        "SELECT retries FROM cairn_sessions WHERE id = $1 AND lease_owner = $2 AND epoch = $3 FOR UPDATE";
     const WAITING: &str = "SELECT EXISTS (SELECT 1 FROM cairn_inbox WHERE session_id = $1)";
     // retries: kept for a transient failure (counted), else reset;
-    // not_before: a transient failure's backoff.
+    // not_before: a transient failure's backoff. $6: commit without
+    // waiting for the flush (a finished turn's release, see below).
     const LEAVE: &str =
         "UPDATE cairn_sessions SET lease_owner = NULL, lease_expires = NULL, status = $2, updated_at = now(), note = $3,
              retries = $4, not_before = CASE WHEN $5::float8 IS NULL THEN NULL
                                              ELSE now() + make_interval(secs => $5::float8) END,
              cancel_requested = NULL
-         WHERE id = $1 RETURNING retries";
+         WHERE id = $1
+         RETURNING retries, CASE WHEN $6::bool THEN set_config('synchronous_commit', 'off', true) END";
     const NOTIFY: &str = "SELECT pg_notify($1, $2)";
-    const RETRIES: &str = "SELECT retries FROM cairn_sessions WHERE id = $1";
     const DROP_PROMPTS: &str = "DELETE FROM cairn_inbox WHERE session_id = $1";
-    let (ours_q, waiting_q, leave_q, notify_q, retries_q, drop_q) = (
+    let (ours_q, waiting_q, leave_q, notify_q, drop_q) = (
         db.statement(OURS)?,
         db.statement(WAITING)?,
         db.statement(LEAVE)?,
         db.statement(NOTIFY)?,
-        db.statement(RETRIES)?,
         db.statement(DROP_PROMPTS)?,
     );
     let mut tx = db.client().transaction()?;
     // Lock the row first, so the inbox check below (a new statement, a new
     // snapshot) sees every prompt submitted before we got the lock.
-    let ours = tx.query_opt(&ours_q, &[&session, &fence.owner, &fence.epoch])?;
-    if ours.is_none() {
+    let Some(ours) = tx.query_opt(&ours_q, &[&session, &fence.owner, &fence.epoch])? else {
         tx.commit()?;
         return Ok(false);
-    }
+    };
+    let tried: i32 = ours.get(0);
     if how == Release::Cancelled {
         tx.execute(&drop_q, &[&session])?;
     }
     let waiting: bool = tx.query_one(&waiting_q, &[&session])?.get(0);
-    let tried: i32 = tx.query_one(&retries_q, &[&session])?.get(0);
     let mut note = note.map(str::to_owned);
     let (status, retries, wait) = match how {
         Release::Failed => ("failed", 0, None),
@@ -283,7 +294,14 @@ pub fn release(
         Release::Done | Release::Cancelled if waiting => ("queued", 0, None),
         Release::Done | Release::Cancelled => ("idle", 0, None),
     };
-    tx.query_one(&leave_q, &[&session, &status, &note, &retries, &wait])?;
+    // A finished turn's release is committed without waiting for its
+    // flush (47.4): every line of the turn is already durable, and a
+    // release lost in a crash only leaves the lease to expire, after
+    // which the next holder finds nothing to do and releases again. Any
+    // later synchronous commit (a submit, the next claim's first line)
+    // flushes it on the way. A failure, a retry or a cancel is flushed.
+    let lazy = how == Release::Done;
+    tx.query_one(&leave_q, &[&session, &status, &note, &retries, &wait, &lazy])?;
     if status != "idle" && status != "failed" {
         tx.execute(&notify_q, &[&CHANNEL, &session])?;
     }

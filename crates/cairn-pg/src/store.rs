@@ -69,6 +69,13 @@ pub struct PgStore {
     /// The turn's token, cancelled when a commit's reply comes with less
     /// than the safety margin of the lease left.
     cancel: Option<CancelToken>,
+    /// Something this handle rests on was committed without waiting for
+    /// its WAL flush (47.4: the claim, `lease::claim`; a commit taking a
+    /// submitted prompt) and no synchronous commit has followed yet:
+    /// [`Storage::may_act`] makes it durable before any effect starts.
+    /// Cleared by a synchronous commit of a line (it flushes the WAL up to
+    /// its own record, which follows the earlier ones).
+    unflushed: std::cell::Cell<bool>,
 }
 
 /// A lease in hand, as the stores of the sessions driven within it share
@@ -208,6 +215,7 @@ impl PgStore {
             reconnect: None,
             holder: None,
             cancel: None,
+            unflushed: std::cell::Cell::new(false),
         }
     }
 
@@ -344,6 +352,40 @@ impl PgStore {
         self.cancel = Some(token);
     }
 
+    /// The claim of this handle's lease may not be flushed yet (a worker's
+    /// claim commits asynchronously): the first effect waits for a
+    /// synchronous commit that makes it durable, unless a line's commit
+    /// did first (see [`Storage::may_act`]).
+    pub fn set_claim_unsynced(&mut self) {
+        self.unflushed.set(true);
+    }
+
+    /// A synchronous commit under the fence (the lease's row touched,
+    /// checked to be still ours): it flushes the WAL past every commit
+    /// before it, so an effect may follow. Refused when the lease is not
+    /// ours any more.
+    fn flush(&self) -> Result<(), NotHeld> {
+        const TOUCH: &str = "UPDATE cairn_sessions SET updated_at = now()
+             WHERE id = $1 AND epoch = $2 AND lease_owner = $3 AND lease_expires > now()";
+        let Some(fence) = &self.fence else { return Ok(()) };
+        let id = self.holder.as_ref().unwrap_or(&self.header.id);
+        let mut conn = self.client.try_borrow_mut().map_err(|_| {
+            NotHeld(format!("session {id}: its connection is in use, so its last commit cannot be flushed"))
+        })?;
+        let touched = conn
+            .statement(TOUCH)
+            .and_then(|stmt| conn.client().execute(&stmt, &[id, &fence.epoch, &fence.owner]))
+            .map_err(|e| {
+                NotHeld(format!("session {id}: cannot flush its lease's commits (epoch {}): {e}", fence.epoch))
+            })?;
+        if touched != 1 {
+            self.lost.store(true, Ordering::SeqCst);
+            return Err(NotHeld(format!("the lease on session {id} (epoch {}) is not ours any more", fence.epoch)));
+        }
+        self.unflushed.set(false);
+        Ok(())
+    }
+
     /// When a commit fails because the connection broke (a restart, a
     /// terminated backend, a network cut), connect again with
     /// [`connect_for`]`(url, lease)` and retry it — while the lease clock
@@ -391,7 +433,12 @@ impl PgStore {
         loop {
             let sent = Instant::now();
             let err = match self.write_once(records, attempt > 0) {
-                Ok(()) => {
+                Ok(flushed) => {
+                    if flushed {
+                        self.unflushed.set(false);
+                    } else {
+                        self.unflushed.set(true);
+                    }
                     if let Some(clock) = &self.clock {
                         clock.extend(sent);
                         // A reply that came this late (a delayed or cut
@@ -428,8 +475,17 @@ impl PgStore {
 
     /// One commit transaction. `again`: an earlier attempt may have
     /// committed before its connection broke, so a stored line identical to
-    /// ours at our seq is that commit, not another writer's.
-    fn write_once(&mut self, records: &[Record], again: bool) -> Result<(), WriteError> {
+    /// ours at our seq is that commit, not another writer's. True when the
+    /// commit waited for its WAL flush.
+    ///
+    /// The commit taking a submitted prompt (the turn's first line: the
+    /// prompt's entry, the provider step about to be asked) does not wait
+    /// for its flush (47.4): what follows it is the provider call, no
+    /// effect, and the turn's next commit is synchronous. Before an effect
+    /// could come first, `may_act` flushes it. Lost in a crash of the
+    /// server, it takes the inbox row's deletion with it: the prompt is
+    /// queued again, never lost.
+    fn write_once(&mut self, records: &[Record], again: bool) -> Result<bool, WriteError> {
         let id = self.header.id.clone();
         let e = |err: postgres::Error| WriteError::from_db(&id, &err);
         let line = encode_line(records).map_err(|err| StorageError::Encode(err.to_string()))?;
@@ -513,7 +569,9 @@ impl PgStore {
                 {
                     *slot = None;
                 }
-                return Ok(());
+                // The earlier attempt's commit may have been one that did
+                // not wait for its flush.
+                return Ok(false);
             }
         }
         if unsigned(stored) != self.index.last_seq() {
@@ -561,7 +619,7 @@ impl PgStore {
         {
             *slot = None;
         }
-        Ok(())
+        Ok(take.is_none())
     }
 }
 
@@ -581,7 +639,10 @@ const ADVANCE: &str = "UPDATE cairn_sessions SET last_seq = $2, updated_at = now
      WHERE id = $1";
 const EXTEND_HOLDER: &str =
     "UPDATE cairn_sessions SET lease_expires = now() + make_interval(secs => $2::float8) WHERE id = $1";
-const TAKE_PROMPT: &str = "DELETE FROM cairn_inbox WHERE id = $1 AND session_id = $2";
+/// The prompt taken, and this transaction's commit not waiting for its
+/// flush (see [`PgStore::write_once`]).
+const TAKE_PROMPT: &str = "DELETE FROM cairn_inbox WHERE id = $1 AND session_id = $2
+     RETURNING set_config('synchronous_commit', 'off', true)";
 
 /// Session `id`, driven within `hold`, finished its turn: its row says
 /// `idle` (checked under the lease, like a commit; see
@@ -1106,13 +1167,17 @@ impl Storage for PgStore {
         if self.fence.is_some() && self.lost.load(Ordering::SeqCst) {
             return Err(NotHeld(format!("the lease on session {holder} (epoch {epoch}) was lost")));
         }
-        let Some(clock) = &self.clock else { return Ok(()) };
-        clock.held_with_margin().map_err(|left| {
-            NotHeld(format!(
-                "the lease on session {holder} (epoch {epoch}) has {} ms surely left, under the safety margin of {} ms, so nothing that could outlive it starts",
-                left.as_millis(),
-                crate::lease::safety_margin(clock.lease()).as_millis()
-            ))
-        })
+        if let Some(clock) = &self.clock {
+            clock.held_with_margin().map_err(|left| {
+                NotHeld(format!(
+                    "the lease on session {holder} (epoch {epoch}) has {} ms surely left, under the safety margin of {} ms, so nothing that could outlive it starts",
+                    left.as_millis(),
+                    crate::lease::safety_margin(clock.lease()).as_millis()
+                ))
+            })?;
+        }
+        // A claim or a prompt's commit not yet flushed is made durable
+        // first: an effect never rests on a commit a crash could undo.
+        if self.unflushed.get() { self.flush() } else { Ok(()) }
     }
 }

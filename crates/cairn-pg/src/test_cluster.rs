@@ -337,6 +337,15 @@ pub mod bench {
         Ok(())
     }
 
+    /// WAL flushes (`pg_stat_wal.wal_sync`) of the whole server so far:
+    /// with `fsync` on, one per synchronous commit that was not grouped
+    /// with another, plus the WAL writer's (asynchronous commits).
+    pub fn wal_syncs(url: &str) -> Result<i64> {
+        let mut c = crate::connect(url)?;
+        c.batch_execute("SELECT pg_stat_force_next_flush()")?;
+        Ok(c.query_one("SELECT wal_sync FROM pg_stat_wal", &[])?.get(0))
+    }
+
     /// Log every statement (`log_statement = 'all'`) or stop, for counting
     /// statements per session in the server log.
     pub fn log_statements(url: &str, on: bool) -> Result<()> {

@@ -409,6 +409,9 @@ fn drive_claim(
         }
     };
     let cancel = CancelToken::new();
+    // The claim was committed without waiting for its flush: the store
+    // makes it durable before any effect (`lease::claim`).
+    store.set_claim_unsynced();
     store.set_lease_clock(clock.clone());
     store.set_cancel(cancel.clone());
     store.set_reconnect(opts.url.clone(), opts.lease);

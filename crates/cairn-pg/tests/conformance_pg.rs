@@ -251,6 +251,60 @@ fn a_fenced_commit_needs_the_live_lease_of_its_epoch() {
     assert!(lease::release(&mut control, &id, &b.fence, lease::Release::Done, None).unwrap());
 }
 
+/// 47.4: the claim and the commit taking a submitted prompt do not wait
+/// for their WAL flush, and the setting never leaks to the connection's
+/// later commits (each later line is flushed before its commit returns);
+/// an effect never rests on such a commit: `may_act` first commits
+/// synchronously under the fence, so a claim replaced by another holder
+/// before its flush refuses the effect.
+#[test]
+fn no_effect_rests_on_an_unflushed_claim_and_the_setting_never_leaks() {
+    let c = cluster();
+    let setting =
+        |db: &mut postgres::Client| -> String { db.query_one("SHOW synchronous_commit", &[]).unwrap().get(0) };
+    let claim_alone = |owner: &str| {
+        let id = new_session_id();
+        drop(PgStore::create(connect(c.url()).unwrap(), Header::new(id.clone(), "/")).unwrap());
+        let mut control = connect(c.url()).unwrap();
+        let inbox = lease::submit(&mut control, &id, "go").unwrap();
+        let claim = loop {
+            let claim = lease::claim(&mut control, owner, std::time::Duration::from_secs(60)).unwrap().unwrap();
+            if claim.session == id {
+                break claim;
+            }
+        };
+        assert_eq!(setting(&mut control), "on", "the claim's setting leaked to its connection");
+        let mut store = PgStore::open_fenced(control, &id, claim.fence.clone()).unwrap();
+        store.set_claim_unsynced();
+        (id, inbox, claim, store)
+    };
+    // Taken over before anything flushed the claim: no effect starts.
+    let (id, _, _, store) = claim_alone("a");
+    connect(c.url())
+        .unwrap()
+        .execute("UPDATE cairn_sessions SET epoch = epoch + 1, lease_owner = 'b' WHERE id = $1", &[&id])
+        .unwrap();
+    let refused = store.may_act().unwrap_err();
+    assert!(refused.0.contains("not ours"), "{}", refused.0);
+    assert!(store.lease_lost().load(std::sync::atomic::Ordering::SeqCst));
+    // Held: the effect may start; the prompt's commit and the next one
+    // leave the connection flushing as before.
+    let (id, inbox, claim, mut store) = claim_alone("a2");
+    store.may_act().unwrap();
+    *store.inbox_slot().lock().unwrap() = Some(inbox);
+    store.commit(Transaction::new().entry("p", None, "m", raw(json!("the prompt")))).unwrap();
+    assert_eq!(setting(store.client()), "on", "the prompt's commit setting leaked");
+    store.may_act().unwrap();
+    store.commit(Transaction::new().entry("q", Some("p"), "m", raw(json!("the answer")))).unwrap();
+    assert_eq!(setting(store.client()), "on");
+    let mut control = store.into_client();
+    assert!(lease::release(&mut control, &id, &claim.fence, lease::Release::Done, None).unwrap());
+    assert_eq!(setting(&mut control), "on", "the release's setting leaked");
+    let queued: i64 =
+        control.query_one("SELECT count(*) FROM cairn_inbox WHERE session_id = $1", &[&id]).unwrap().get(0);
+    assert_eq!(queued, 0, "the prompt's commit took its inbox row");
+}
+
 /// A subagent's session (`<parent>+<invocation>`) is created and committed
 /// within its parent's lease: only while that lease is live and held at
 /// its epoch, each commit extending it; never claimed or submitted to by

@@ -84,6 +84,12 @@ pub fn finish_interrupted<S: Storage>(
         cairn_core::undo::interrupted(entries.iter()).into_iter().map(|(e, p)| (e.id.clone(), p)).collect();
     let Some((id, plan)) = found.into_iter().last() else { return Ok(None) };
     let what = direction(plan.direction);
+    // Restoring files is an effect: only while the store may act (a
+    // worker's lease held with margin, its claim durable).
+    session
+        .store()
+        .may_act()
+        .map_err(|e| RewindError(format!("cannot finish the interrupted {what} {id} now: {}", e.0)))?;
     // Temporaries a killed apply left are removed first: they are not the
     // plan's, and a directory holding one could not be removed.
     files::remove_temporaries(cwd, &plan.steps);

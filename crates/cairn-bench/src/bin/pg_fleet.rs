@@ -4,10 +4,11 @@
 //! beside its baseline measured in the same run:
 //!
 //! - sessions per second, submit → final, of trivial sessions (one model
-//!   answer, scripted) driven by 1, 2 and 4 worker processes, next to the
+//!   answer, scripted) driven by 1, 2, 4 and 8 worker processes, next to the
 //!   database's own ceiling: single-row commits per second by as many
 //!   connections (`test_cluster::bench::commit_ceiling`);
-//! - statements per trivial session, counted in the server's log;
+//! - statements, transactions and WAL flushes per trivial session, counted
+//!   in the server's log and `pg_stat_wal`;
 //! - one worker's sessions per second with `--finished` finished sessions
 //!   in the table against an empty one (47.3);
 //! - failover with 1 s leases: a worker in the middle of a busy session is
@@ -259,17 +260,25 @@ fn main() -> Result<()> {
         Ok(url)
     };
     let part = |name: &str| a.only.as_deref().is_none_or(|only| only == name);
-    for workers in [1usize, 2, 4].into_iter().filter(|_| part("e2e")) {
-        let (mut e2e, mut ceiling) = (Vec::new(), Vec::new());
+    for workers in [1usize, 2, 4, 8].into_iter().filter(|_| part("e2e")) {
+        let (mut e2e, mut ceiling, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.rounds {
             let url = fresh("e2e")?;
-            ceiling.push(bench::commit_ceiling(&url, workers, 500)?);
-            e2e.push(end_to_end(&fleet, &url, &trivial, workers, a.sessions)?);
+            // The ceiling just before and just after the sessions (the
+            // disk's flush time drifts with the machine's other load).
+            let before = bench::commit_ceiling(&url, workers, cairn_bench::size(500, 50))?;
+            let rate = end_to_end(&fleet, &url, &trivial, workers, a.sessions)?;
+            let after = bench::commit_ceiling(&url, workers, cairn_bench::size(500, 50))?;
+            let roof = (before + after) / 2.0;
+            e2e.push(rate);
+            ceiling.push(roof);
+            ratios.push(rate / roof);
         }
         let (em, elo, ehi) = median_spread(&mut e2e);
         let (cm, clo, chi) = median_spread(&mut ceiling);
+        let (rm, rlo, rhi) = median_spread(&mut ratios);
         println!(
-            "{workers} worker(s): {em:.1} sessions/s ({elo:.1}–{ehi:.1}) vs ceiling {cm:.0} single-row commits/s ({clo:.0}–{chi:.0}) with {workers} connection(s); ratio {:.3} ({} rounds of {} sessions)",
+            "{workers} worker(s): {em:.1} sessions/s ({elo:.1}–{ehi:.1}) vs ceiling {cm:.0} single-row commits/s ({clo:.0}–{chi:.0}) with {workers} connection(s); ratio of medians {:.3}, median of the rounds' ratios {rm:.3} ({rlo:.3}–{rhi:.3}) ({} rounds of {} sessions)",
             em / cm,
             a.rounds,
             a.sessions
@@ -284,6 +293,7 @@ fn main() -> Result<()> {
         let dbname = url.rsplit("dbname=").next().unwrap_or("").to_owned();
         bench::log_statements(&url, true)?;
         let before = cluster.log().len();
+        let syncs_before = bench::wal_syncs(&url)?;
         let worker = fleet.worker(&url, &trivial, 10)?;
         let mut watch = Connection::from(connect(&url)?);
         let start = Instant::now();
@@ -292,6 +302,9 @@ fn main() -> Result<()> {
         }
         signal(&worker, "-TERM");
         stop_all(vec![worker]);
+        // The worker's backend reports its WAL figures as it exits.
+        std::thread::sleep(Duration::from_millis(1500));
+        let syncs = bench::wal_syncs(&url)? - syncs_before;
         bench::log_statements(&url, false)?;
         let log = cluster.log();
         let _ = dbname;
@@ -301,27 +314,39 @@ fn main() -> Result<()> {
             .lines()
             .filter(|l| l.contains("LOG:  execute ") || l.contains("LOG:  statement: "))
             .count();
+        let commits = log
+            .get(before..)
+            .unwrap_or("")
+            .lines()
+            .filter(|l| l.contains("LOG:  statement: COMMIT") || l.contains("WITH claimed AS"))
+            .count();
         println!(
-            "statements per trivial session: {:.1} ({statements} logged for {n} sessions by one worker, its heartbeats and watchers included)",
-            statements as f64 / n as f64
+            "statements per trivial session: {:.1} ({statements} logged for {n} sessions by one worker, its heartbeats and watchers included); commits {:.1} per session; WAL flushes {:.2} per session ({syncs} for {n}, the server's, WAL writer included)",
+            statements as f64 / n as f64,
+            commits as f64 / n as f64,
+            syncs as f64 / n as f64
         );
     }
 
     // One worker's sessions per second with many finished sessions vs none.
     if part("finished") {
-        let (mut empty, mut full) = (Vec::new(), Vec::new());
+        let (mut empty, mut full, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.rounds {
             let url = fresh("empty")?;
             bench::checkpoint(&url)?;
-            empty.push(end_to_end(&fleet, &url, &trivial, 1, a.sessions)?);
+            let e = end_to_end(&fleet, &url, &trivial, 1, a.sessions)?;
             let url = fresh("finished")?;
             bench::fill_finished(&url, a.finished)?;
-            full.push(end_to_end(&fleet, &url, &trivial, 1, a.sessions)?);
+            let f = end_to_end(&fleet, &url, &trivial, 1, a.sessions)?;
+            empty.push(e);
+            full.push(f);
+            ratios.push(f / e);
         }
         let (em, elo, ehi) = median_spread(&mut empty);
         let (fm, flo, fhi) = median_spread(&mut full);
+        let (rm, rlo, rhi) = median_spread(&mut ratios);
         println!(
-            "one worker, {} finished sessions in the table: {fm:.1} sessions/s ({flo:.1}–{fhi:.1}) vs empty {em:.1} ({elo:.1}–{ehi:.1}); ratio {:.3}",
+            "one worker, {} finished sessions in the table: {fm:.1} sessions/s ({flo:.1}–{fhi:.1}) vs empty {em:.1} ({elo:.1}–{ehi:.1}); ratio of medians {:.3}, median of the rounds' ratios {rm:.3} ({rlo:.3}–{rhi:.3})",
             a.finished,
             fm / em
         );
