@@ -65,7 +65,6 @@ use cairn_runtime::config::{Overrides, Settings};
 use cairn_runtime::context::{Common, Context};
 use cairn_runtime::hosting::CliHost;
 use cairn_runtime::paths::Paths;
-use cairn_runtime::style::Style;
 
 pub use approve::{ApproveFn, Question};
 pub use cairn_core::CancelToken;
@@ -217,16 +216,9 @@ impl AgentBuilder {
             database: None,
         };
         let settings = Settings::load(&paths.config_file, &overrides)?;
-        let common = Common {
-            provider: overrides.provider.clone(),
-            model: overrides.model.clone(),
-            script: overrides.script.clone(),
-            cwd: self.cwd.as_deref().map(absolute).transpose()?,
-            name: self.name,
-            allow: self.allow,
-            ..Common::default()
-        };
-        let ctx = Context { common, paths, settings, err_style: Style::forced(false), out_style: Style::forced(false) };
+        let common =
+            Common { cwd: self.cwd.as_deref().map(absolute).transpose()?, name: self.name, ..Common::default() };
+        let ctx = Context::new(paths, settings).with_common(common);
         // The sandbox's kernel probes fork throwaway children: start them
         // now, on a thread, while the process is small, as `cairn run` does.
         let probes = cairn_tools::probe_ahead();
@@ -325,7 +317,7 @@ impl Agent {
     /// [`Agent::resume`], telling each [`Event`] to `on_event`.
     pub fn resume_with(&self, id: &str, on_event: &mut dyn FnMut(&Event), cancel: &CancelToken) -> Result<Outcome> {
         let ctx = &self.host.ctx;
-        let path = cairn_runtime::sessions::resolve(&ctx.paths, id, &ctx.settings.store_options())?;
+        let path = cairn_runtime::sessions::resolve(&ctx, id)?;
         let mut store = cairn_runtime::wiring::open_session(ctx, &path)?;
         if let Some(child) = cairn_runtime::family::child_fact(&store) {
             bail!(
