@@ -815,3 +815,15 @@ fn acp_slash_commands_compact_and_usage() {
     let types = entry_types(&env.session_files()[0]);
     assert!(types.iter().any(|t| t == "compaction"), "{types:?}");
 }
+
+/// Issue 53.8: what Zed shows of a session besides its messages: the
+/// session's title (its first prompt's first line) told once, how full the
+/// model's context is after each turn (the provider's window configured),
+/// and `session/list` with titles, filtered by cwd.
+#[test]
+fn acp_session_list_title_and_usage_updates() {
+    let env = setup();
+    std::fs::write(env.home.join("config.toml"), "[providers.scripted]\ncontext_window = 100000\n").unwrap();
+    let script = write_script(&env, &[json!({"text": "Looking."}), json!({"text": "Tests too."})]);
+    acp(&env, "session_info", &script, &[]);
+}

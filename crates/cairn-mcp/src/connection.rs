@@ -169,8 +169,37 @@ pub(crate) struct Connection {
     tools_changed: Arc<AtomicBool>,
     /// Oversized answers whose request could not be told (`bounded.rs`).
     unattributed: Unattributed,
+    /// What it offers besides tools (found at the start).
+    offers: Offers,
     /// How long starting it took.
     pub(crate) started_in: Duration,
+}
+
+/// What a server offers besides tools, which cairn turns into read-only
+/// tools (`extra.rs`): what its `initialize` declares and the first page
+/// of its listing shows (the Python SDK declares both for every server,
+/// so a declaration alone would give a server with none four empty tools).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Offers {
+    /// `resources`: `resources/list`, `resources/read`.
+    #[serde(default)]
+    pub(crate) resources: bool,
+    /// `prompts`: `prompts/list`, `prompts/get`.
+    #[serde(default)]
+    pub(crate) prompts: bool,
+}
+
+/// A request cairn makes of a server besides `tools/call`.
+#[derive(Debug, Clone)]
+pub(crate) enum Ask {
+    /// `resources/list` and `resources/templates/list`, every page.
+    ListResources,
+    /// `resources/read` of this URI.
+    ReadResource(String),
+    /// `prompts/list`, every page.
+    ListPrompts,
+    /// `prompts/get` of this prompt with these arguments.
+    GetPrompt(String, serde_json::Map<String, serde_json::Value>),
 }
 
 impl std::fmt::Debug for Connection {
@@ -279,8 +308,10 @@ impl Connection {
             let said = lock(&stderr).text();
             fail(if said.is_empty() { format!("tools/list: {e}") } else { format!("tools/list: {e}; it said: {said}") })
         })?;
+        let offers = offers(&service).await;
         Ok(Connection {
             name: name.to_owned(),
+            offers,
             service,
             tools: Mutex::new(listed),
             process,
@@ -309,6 +340,81 @@ impl Connection {
             return Err("its connection closed".into());
         }
         Ok(())
+    }
+
+    /// What it offers besides tools, as found at its start.
+    pub(crate) fn offers(&self) -> Offers {
+        self.offers
+    }
+
+    /// Make `ask` of the server, within `timeout` and until `cancel`; the
+    /// answer as JSON (what the model is shown is decided by `extra.rs`).
+    pub(crate) fn ask(
+        &self,
+        ask: Ask,
+        cancel: &CancelToken,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, ServerError> {
+        let rt = runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
+        let server = self.name.clone();
+        let peer = self.service.peer().clone();
+        let refused = |e: rmcp::ServiceError| match e {
+            rmcp::ServiceError::McpError(e) => {
+                ServerError::Refused { server: server.clone(), reason: e.message.to_string() }
+            }
+            other => ServerError::Gone { server: server.clone(), reason: other.to_string() },
+        };
+        let json = |v: Result<serde_json::Value, serde_json::Error>| {
+            v.map_err(|e| ServerError::Refused { server: self.name.clone(), reason: e.to_string() })
+        };
+        let work = async {
+            match ask {
+                Ask::ListResources => {
+                    let resources = json(serde_json::to_value(peer.list_all_resources().await.map_err(refused)?))?;
+                    // Templates are optional; a server without them answers
+                    // with an error, which is not the listing's failure.
+                    let templates = peer.list_all_resource_templates().await.unwrap_or_default();
+                    let templates = json(serde_json::to_value(templates))?;
+                    Ok(serde_json::json!({"resources": resources, "resourceTemplates": templates}))
+                }
+                Ask::ReadResource(uri) => {
+                    let params = rmcp::model::ReadResourceRequestParams::new(uri);
+                    json(serde_json::to_value(peer.read_resource(params).await.map_err(refused)?))
+                }
+                Ask::ListPrompts => {
+                    let prompts = json(serde_json::to_value(peer.list_all_prompts().await.map_err(refused)?))?;
+                    Ok(serde_json::json!({"prompts": prompts}))
+                }
+                Ask::GetPrompt(name, arguments) => {
+                    let mut params = rmcp::model::GetPromptRequestParams::new(name);
+                    if !arguments.is_empty() {
+                        params = params.with_arguments(arguments);
+                    }
+                    json(serde_json::to_value(peer.get_prompt(params).await.map_err(refused)?))
+                }
+            }
+        };
+        rt.block_on(async {
+            tokio::pin!(work);
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            let deadline = Instant::now() + timeout;
+            loop {
+                tokio::select! {
+                    answer = &mut work => return answer,
+                    _ = tick.tick() => {
+                        if cancel.is_cancelled() {
+                            return Err(ServerError::Cancelled);
+                        }
+                        if Instant::now() >= deadline {
+                            return Err(ServerError::Timeout { server: self.name.clone(), after: timeout });
+                        }
+                        if let Err(why) = self.alive() {
+                            return Err(ServerError::Gone { server: self.name.clone(), reason: why });
+                        }
+                    }
+                }
+            }
+        })
     }
 
     /// Its tools, listed again first when the server said they changed
@@ -417,6 +523,18 @@ impl Connection {
             Err(_) => Err(gone(self.alive().err().unwrap_or_else(|| "it closed the connection".into()))),
         }
     }
+}
+
+/// What `service`'s server offers besides tools: a capability it declares
+/// and whose first page lists something (an error counts as nothing).
+async fn offers(service: &RunningService<RoleClient, Handler>) -> Offers {
+    let peer = service.peer();
+    let declared = peer.peer_info().map(|info| info.capabilities.clone()).unwrap_or_default();
+    let resources = declared.resources.is_some()
+        && (peer.list_resources(None).await.is_ok_and(|r| !r.resources.is_empty())
+            || peer.list_resource_templates(None).await.is_ok_and(|t| !t.resource_templates.is_empty()));
+    let prompts = declared.prompts.is_some() && peer.list_prompts(None).await.is_ok_and(|p| !p.prompts.is_empty());
+    Offers { resources, prompts }
 }
 
 fn drain_stderr(mut err: std::process::ChildStderr, tail: &Mutex<Tail>) {

@@ -137,10 +137,10 @@ async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
               "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once", "subagent": "allow_once", "authority_fs": "allow_once",
-              "plan_after_always": "allow_always"}[scenario]
+              "plan_after_always": "allow_always", "session_info": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
-        await start(conn, fs=scenario in ("client_fs", "authority_fs"))
+        editor_init = [await start(conn, fs=scenario in ("client_fs", "authority_fs"))]
         if scenario == "recover":
             sid = rest[0]
             await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
@@ -272,6 +272,33 @@ async def main():
             asked = [p for k, _, p in editor.events if k == "permission"]
             expect(asked, [])
             assert not os.path.exists(os.path.join(cwd, "note.txt")), "plan mode let a subagent's write through"
+            print("ok", scenario)
+            return
+        if scenario == "session_info":
+            # Issue 53.8: session/list, the session's title and the
+            # context's fill, as Zed shows them.
+            init_caps = editor_init[0].agent_capabilities
+            assert init_caps.session_capabilities and init_caps.session_capabilities.list is not None, init_caps
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("\n  Fix the parser bug\nin lexer.rs")])
+            expect(r.stop_reason, "end_turn")
+            titles = [u.title for k, s, u in editor.events if k == "update" and u.session_update == "session_info_update"]
+            expect(titles, ["Fix the parser bug"])
+            usage = [(u.used, u.size) for k, s, u in editor.events if k == "update" and u.session_update == "usage_update"]
+            assert len(usage) == 1 and usage[0][1] == 100000 and usage[0][0] > 0, usage
+            r = await conn.prompt(session_id=sid, prompt=[text_block("and the tests")])
+            titles = [u.title for k, s, u in editor.events if k == "update" and u.session_update == "session_info_update"]
+            expect(titles, ["Fix the parser bug"])  # told once, not again
+            other = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            listed = await conn.list_sessions(cwd=cwd)
+            by_id = {s.session_id: s for s in listed.sessions}
+            assert sid in by_id and other in by_id, listed
+            expect(by_id[sid].title, "Fix the parser bug")
+            expect(by_id[sid].cwd, os.path.realpath(cwd))
+            assert by_id[sid].updated_at and by_id[sid].updated_at.endswith("Z"), by_id[sid]
+            assert by_id[other].title is None, by_id[other]
+            elsewhere = await conn.list_sessions(cwd=os.path.dirname(cwd))
+            expect(elsewhere.sessions, [])
             print("ok", scenario)
             return
         if scenario == "commands":
