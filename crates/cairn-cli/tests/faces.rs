@@ -827,3 +827,23 @@ fn acp_session_list_title_and_usage_updates() {
     let script = write_script(&env, &[json!({"text": "Looking."}), json!({"text": "Tests too."})]);
     acp(&env, "session_info", &script, &[]);
 }
+
+/// Issue 53.8: with an editor that offers its terminal, `shell` runs there
+/// (terminal/create, wait_for_exit, output, release), outside cairn's
+/// sandbox, so each call is put to the person — allow once or reject, no
+/// "always", even under `--allow shell` in the config — and a rejected
+/// call never reaches the terminal.
+#[test]
+fn acp_shell_runs_in_the_editors_terminal_asked_every_time() {
+    for (scenario, answer) in [("terminal", "completed"), ("terminal_rejected", "failed")] {
+        let env = setup();
+        std::fs::write(env.home.join("config.toml"), "[approvals]\nallow = [\"shell\"]\n").unwrap();
+        let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
+            "arguments": {"command": "echo from-the-editor > t.txt; echo done-in-terminal"}}]});
+        let script = write_script(&env, &[call, json!({"text": "Ran."})]);
+        acp(&env, scenario, &script, &[]);
+        let types = entry_types(&env.session_files()[0]);
+        let settled = if answer == "completed" { "toolCompleted" } else { "toolRejected" };
+        assert!(types.iter().any(|t| t == settled), "{scenario}: {types:?}");
+    }
+}

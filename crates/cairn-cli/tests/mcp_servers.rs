@@ -5,6 +5,8 @@
 //! the `cairn` binary with a scripted provider and reads the session file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "mcp/oauth.rs"]
+mod oauth;
 #[path = "mcp/reads.rs"]
 mod reads;
 #[path = "mcp/resources.rs"]

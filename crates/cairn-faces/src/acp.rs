@@ -48,6 +48,7 @@ use serde_json::{Value, json};
 
 mod client_fs;
 mod modes;
+mod terminal;
 
 use modes::{MODEL_OPTION, Mode, ModeApprover, Settings, SharedMode};
 
@@ -92,6 +93,9 @@ struct Shared {
     cancels: Mutex<HashMap<String, Vec<CancelToken>>>,
     /// The input is closed: nobody will answer a question any more.
     eof: AtomicBool,
+    /// The client offers its terminal (`clientCapabilities.terminal`):
+    /// `shell` runs there, each call asked (`terminal.rs`).
+    terminal: AtomicBool,
 }
 
 impl Shared {
@@ -155,6 +159,7 @@ pub fn serve(host: &dyn Host, input: impl BufRead + Send + 'static, out: Out) ->
         pending: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
         eof: AtomicBool::new(false),
+        terminal: AtomicBool::new(false),
     });
     let (tx, rx) = mpsc::channel();
     let reader_shared = Arc::clone(&shared);
@@ -445,6 +450,8 @@ impl<'h> Agent<'h> {
         let fs = params.pointer("/clientCapabilities/fs");
         let offers = |key: &str| fs.and_then(|f| f.get(key)).and_then(Value::as_bool).unwrap_or(false);
         self.client_fs = (offers("readTextFile"), offers("writeTextFile"));
+        let terminal = params.pointer("/clientCapabilities/terminal").and_then(Value::as_bool) == Some(true);
+        self.shared.terminal.store(terminal, Ordering::SeqCst);
         // One version exists; a client asking for another gets ours and
         // decides whether it can go on.
         Ok(json!({
@@ -683,9 +690,14 @@ fn equip(
     // The editor's MCP servers' tools after cairn's; the file tools through
     // the editor where it offers file access.
     let client_fs = open.client_fs;
+    let editor_terminal = shared.terminal.load(Ordering::SeqCst);
     let tools = std::mem::take(&mut equipped.tools).into_iter().chain(open.client_tools.iter().cloned());
     equipped.tools = tools
         .map(|tool| {
+            if editor_terminal && tool.spec().name == "shell" {
+                let wrapped = terminal::EditorTerminal::new(tool, Arc::clone(shared), session_id.clone());
+                return Arc::new(wrapped) as Arc<dyn cairn_core::tool::Tool>;
+            }
             let op = match tool.spec().name.as_str() {
                 "read_file" if client_fs.0 => Some(client_fs::Op::Read),
                 "write_file" if client_fs.1 => Some(client_fs::Op::Write),

@@ -293,13 +293,37 @@ impl Connection {
                     let value = http::HeaderValue::from_str(&value).map_err(|e| fail(format!("{name}: {e}")))?;
                     headers.insert(name, value);
                 }
-                let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
-                    rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                        url.as_str(),
-                    )
-                    .custom_headers(headers),
-                );
-                let service = handler.serve(transport).await.map_err(|e| fail(format!("{url}: {e}")))?;
+                let http = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                    url.as_str(),
+                )
+                .custom_headers(headers);
+                // A refusal for want of a token says what to configure.
+                let refused = |e: rmcp::service::ClientInitializeError| {
+                    let said = e.to_string();
+                    match auth_challenge(&e) {
+                        Some(challenge) if config.oauth.is_none() => fail(format!(
+                            "{url} requires authorization (HTTP 401, {challenge:?}): give [mcp_servers.{name}.oauth] \
+                             with client_id and client_secret_env for OAuth client credentials, or a token you hold \
+                             with env_http_headers = {{ Authorization = \"VARIABLE\" }} (VARIABLE holding \"Bearer …\")"
+                        )),
+                        Some(_) => fail(format!("{url} refused the OAuth token cairn obtained: {said}")),
+                        None => fail(format!("{url}: {said}")),
+                    }
+                };
+                let service = match &config.oauth {
+                    None => handler
+                        .serve(rmcp::transport::StreamableHttpClientTransport::from_config(http))
+                        .await
+                        .map_err(refused)?,
+                    Some(oauth) => {
+                        let manager = authorize(url, oauth).await.map_err(fail)?;
+                        let client = rmcp::transport::AuthClient::new(reqwest::Client::default(), manager);
+                        handler
+                            .serve(rmcp::transport::StreamableHttpClientTransport::with_client(client, http))
+                            .await
+                            .map_err(refused)?
+                    }
+                };
                 (service, None)
             }
             (None, None) => return Err(fail("neither `command` nor `url` is set".into())),
@@ -523,6 +547,61 @@ impl Connection {
             Err(_) => Err(gone(self.alive().err().unwrap_or_else(|| "it closed the connection".into()))),
         }
     }
+}
+
+/// A token for `url` by OAuth client credentials: the authorization server
+/// is found from the server's protected resource metadata (RFC 9728) and
+/// its own (RFC 8414), then asked with the client's id and secret and the
+/// server's URL as `resource` (RFC 8707). Why not, said with what to check.
+async fn authorize(
+    url: &str,
+    oauth: &crate::config::OAuthConfig,
+) -> Result<rmcp::transport::AuthorizationManager, String> {
+    let var = &oauth.client_secret_env;
+    let secret = match crate::credential(var) {
+        crate::Credential::Value(s) if !s.is_empty() => s,
+        crate::Credential::Value(_) | crate::Credential::Unset => {
+            return Err(format!("its OAuth client secret is read from ${var}, which is not set"));
+        }
+        // As for headers and `env`: cairn's own provider keys never leave.
+        crate::Credential::ProviderKey => {
+            return Err(format!("${var} holds one of cairn's provider keys; refusing to send it as an OAuth secret"));
+        }
+    };
+    let mut state =
+        rmcp::transport::auth::OAuthState::new(url, None).await.map_err(|e| format!("OAuth for {url}: {e}"))?;
+    let credentials = rmcp::transport::ClientCredentialsConfig::ClientSecret {
+        client_id: oauth.client_id.clone(),
+        client_secret: secret,
+        scopes: oauth.scopes.clone(),
+        resource: Some(url.to_owned()),
+    };
+    state.authenticate_client_credentials(credentials).await.map_err(|e| {
+        format!(
+            "OAuth client credentials for {url} failed: {e} (check oauth.client_id {:?}, the secret in ${var} and \
+             oauth.scopes)",
+            oauth.client_id
+        )
+    })?;
+    state.into_authorization_manager().ok_or_else(|| format!("OAuth for {url}: the authorization server gave no token"))
+}
+
+/// The `WWW-Authenticate` challenge of a server's 401 behind `e`, if that
+/// is why it failed.
+fn auth_challenge(e: &rmcp::service::ClientInitializeError) -> Option<String> {
+    // The transport's error is a field, not a `source`, of rmcp's error.
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
+        rmcp::service::ClientInitializeError::TransportError { error, .. } => Some(error),
+        other => Some(other),
+    };
+    while let Some(err) = cause {
+        if let Some(required) = err.downcast_ref::<rmcp::transport::streamable_http_client::AuthRequiredError>() {
+            return Some(required.www_authenticate_header.clone());
+        }
+        cause = err.source();
+    }
+    // rmcp's own words, should the typed cause be out of reach.
+    e.to_string().contains("Auth required").then(|| "no challenge given".to_owned())
 }
 
 /// What `service`'s server offers besides tools: a capability it declares

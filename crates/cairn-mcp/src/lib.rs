@@ -37,6 +37,38 @@ pub use config::{ConfigError, FileAccess, ServerConfig, ToolOverride, parse_serv
 pub use connection::ServerError;
 pub use tool::{McpTool, PREFIX, tool_name};
 
+/// What a host's environment holds under a variable's name, for an OAuth
+/// client secret (`[mcp_servers.NAME.oauth] client_secret_env`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// Its value.
+    Value(String),
+    /// Not set.
+    Unset,
+    /// The variable holds one of the host's provider keys, which never
+    /// leave for an MCP server or its authorization server.
+    ProviderKey,
+}
+
+type Lookup = Box<dyn Fn(&str) -> Credential + Send + Sync>;
+
+static CREDENTIALS: std::sync::OnceLock<Lookup> = std::sync::OnceLock::new();
+
+/// Where OAuth client secrets are read: a host that takes credentials out
+/// of its environment at startup (the `cairn` binary keeps them aside)
+/// says where they are and which are its provider keys. Set once; without
+/// it, the process's environment is read as it is now.
+pub fn set_credential_lookup(lookup: impl Fn(&str) -> Credential + Send + Sync + 'static) {
+    let _ = CREDENTIALS.set(Box::new(lookup));
+}
+
+pub(crate) fn credential(name: &str) -> Credential {
+    match CREDENTIALS.get() {
+        Some(lookup) => lookup(name),
+        None => std::env::var(name).map_or(Credential::Unset, Credential::Value),
+    }
+}
+
 /// How one configured server stands after [`load`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerState {

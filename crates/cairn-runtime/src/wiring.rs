@@ -62,6 +62,15 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     config.destructive_patterns.extend(ctx.settings.destructive_patterns.value.iter().cloned());
     config.allow_unsandboxed = ctx.common.allow_unsandboxed;
     config.secrets = crate::secrets::values();
+    // OAuth client secrets of MCP servers come from where cairn keeps the
+    // credentials it took out of its environment; provider keys never go.
+    let provider_keys = crate::secrets::provider_key_vars(&ctx.settings.providers);
+    cairn_mcp::set_credential_lookup(move |name| {
+        if provider_keys.iter().any(|k| k == name) {
+            return cairn_mcp::Credential::ProviderKey;
+        }
+        crate::secrets::var(name).map_or(cairn_mcp::Credential::Unset, cairn_mcp::Credential::Value)
+    });
     // Staging layers live with cairn's data (they must outlive a crash
     // until their change set is applied on resume).
     config.staging_dir = Some(ctx.paths.data.join("staging"));
