@@ -151,8 +151,16 @@ impl ServerConfig {
         let mut headers: Vec<(String, String)> =
             self.http_headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (header, var) in &self.env_http_headers {
-            match std::env::var(var) {
-                Ok(value) if !value.is_empty() => headers.push((header.clone(), value)),
+            // Where the host keeps credentials (a `*TOKEN*` variable is
+            // taken out of cairn's environment at startup), never a
+            // provider key.
+            match crate::credential(var) {
+                crate::Credential::Value(value) if !value.is_empty() => headers.push((header.clone(), value)),
+                crate::Credential::ProviderKey => {
+                    return Err(format!(
+                        "header {header} takes its value from ${var}, which holds one of cairn's provider keys; refusing"
+                    ));
+                }
                 _ => return Err(format!("header {header} takes its value from ${var}, which is not set")),
             }
         }

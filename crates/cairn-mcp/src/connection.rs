@@ -282,8 +282,11 @@ impl Connection {
             (None, Some(url)) => {
                 let mut headers = std::collections::HashMap::new();
                 for (name, value) in config.headers().map_err(fail)? {
-                    // As for `env`: cairn's own provider keys never leave.
-                    if tools.secrets.matches(&value) {
+                    // As for `env`: cairn's own provider keys never leave
+                    // (a variable's value was checked by the host's lookup;
+                    // the credentials it holds are among `secrets`).
+                    let from_env = config.env_http_headers.contains_key(&name);
+                    if !from_env && tools.secrets.matches(&value) {
                         return Err(fail(format!(
                             "the value of header {name} is one of cairn's provider keys; refusing"
                         )));

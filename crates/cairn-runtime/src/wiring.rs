@@ -66,10 +66,16 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     // credentials it took out of its environment; provider keys never go.
     let provider_keys = crate::secrets::provider_key_vars(&ctx.settings.providers);
     cairn_mcp::set_credential_lookup(move |name| {
-        if provider_keys.iter().any(|k| k == name) {
-            return cairn_mcp::Credential::ProviderKey;
+        // A provider's variable, or another holding (a value containing) a
+        // provider's key.
+        let keys = provider_keys.iter().filter_map(|k| crate::secrets::var(k)).filter(|v| !v.trim().is_empty());
+        let keys: Vec<String> = keys.collect();
+        match crate::secrets::var(name) {
+            _ if provider_keys.iter().any(|k| k == name) => cairn_mcp::Credential::ProviderKey,
+            Some(v) if keys.iter().any(|k| v.contains(k.as_str())) => cairn_mcp::Credential::ProviderKey,
+            Some(v) => cairn_mcp::Credential::Value(v),
+            None => cairn_mcp::Credential::Unset,
         }
-        crate::secrets::var(name).map_or(cairn_mcp::Credential::Unset, cairn_mcp::Credential::Value)
     });
     // Staging layers live with cairn's data (they must outlive a crash
     // until their change set is applied on resume).

@@ -124,3 +124,68 @@ fn an_oauth_server_is_reached_with_client_credentials_and_refusals_say_why() {
     let receipt = &by_tool(&done, "mcp__web__whoami")["receipt"];
     assert!(receipt["outputSummary"].as_str().unwrap().contains("client-credentials grant"), "{receipt:#}");
 }
+
+/// A token you hold, in a credential-named variable (`*TOKEN*`, which cairn
+/// takes out of its own environment at startup): `env_http_headers` found
+/// it "not set" before; now it is read from where cairn keeps it. A
+/// provider's key variable named there is refused, never sent.
+#[test]
+fn a_token_in_a_credential_named_variable_reaches_the_server_and_provider_keys_do_not() {
+    let env = Env::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(python_bin().join("python"))
+        .arg(repo().join("crates/cairn-cli/tests/mcp/headers_server.py"))
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let _server = Killed(child);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
+    assert!(lines.by_ref().map_while(Result::ok).any(|l| l.contains("listening")), "the header server did not start");
+    let refused = Arc::new(AtomicUsize::new(0));
+    let counter = refused.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if line.contains("refused a request") {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let call =
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__web__hello", "arguments": {"name": "cairn"}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let s = script.to_str().unwrap();
+    let with_var = |var: &str| {
+        format!(
+            "[mcp_servers.web]\nurl = \"http://127.0.0.1:{port}/mcp\"\nhttp_headers = {{ X-Tenant = \"acme\" }}\n\
+             env_http_headers = {{ Authorization = \"{var}\" }}\n"
+        )
+    };
+
+    // A provider's key variable: refused before anything is sent.
+    config(&env, &with_var("OPENAI_API_KEY"));
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"])
+        .env("OPENAI_API_KEY", "Bearer s3cret")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("holds one of cairn's provider keys"), "{}", stderr(&out));
+    assert!(payloads(&env, "toolCompleted").is_empty());
+    assert_eq!(refused.load(Ordering::SeqCst), 0, "the key was sent");
+    std::fs::remove_file(&env.session_files()[0]).unwrap();
+
+    config(&env, &with_var("WEB_MCP_TOKEN"));
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"])
+        .env("WEB_MCP_TOKEN", "Bearer s3cret")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done = payloads(&env, "toolCompleted");
+    let receipt = &by_tool(&done, "mcp__web__hello")["receipt"];
+    assert!(receipt["outputSummary"].as_str().unwrap().contains("you were let in"), "{receipt:#}");
+}
