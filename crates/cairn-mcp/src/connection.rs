@@ -636,12 +636,15 @@ fn spawn(name: &str, command: &str, config: &ServerConfig, cwd: &Path, tools: &T
     let cwd = config.cwd.as_deref().map(expand).unwrap_or_else(|| cwd.to_path_buf());
     let mut env = cairn_tools::env::scrubbed_env(&tools.secrets);
     for var in &config.env {
-        match std::env::var(var) {
-            // Passed because the user named it, unless it carries one of
-            // cairn's own provider keys.
-            Ok(value) if !tools.secrets.matches(&value) => env.push((var.clone(), value)),
-            Ok(_) => return Err(format!("`env` names {var}, whose value is one of cairn's provider keys; refusing")),
-            Err(_) => {}
+        // Passed because the user named it (a credential-named one, such
+        // as GITHUB_TOKEN, from where the host keeps it), unless it carries
+        // one of cairn's own provider keys.
+        match crate::credential(var) {
+            crate::Credential::Value(value) => env.push((var.clone(), value)),
+            crate::Credential::ProviderKey => {
+                return Err(format!("`env` names {var}, whose value is one of cairn's provider keys; refusing"));
+            }
+            crate::Credential::Unset => {}
         }
     }
     for (var, value) in &config.env_values {

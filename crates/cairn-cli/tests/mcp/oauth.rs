@@ -5,7 +5,9 @@
 //! the note says what to configure (it said only "Auth required" before);
 //! with a wrong secret or an unset variable it says which; with the
 //! client's id and secret cairn gets a token through rmcp's OAuth client
-//! and the call goes through.
+//! and the call goes through. Also the credentials a configuration names
+//! by variable (`env_http_headers`, a stdio server's `env`): a
+//! credential-named one reaches the server, a provider key never does.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -188,4 +190,47 @@ fn a_token_in_a_credential_named_variable_reaches_the_server_and_provider_keys_d
     let done = payloads(&env, "toolCompleted");
     let receipt = &by_tool(&done, "mcp__web__hello")["receipt"];
     assert!(receipt["outputSummary"].as_str().unwrap().contains("you were let in"), "{receipt:#}");
+}
+
+/// The README's `env = ["GITHUB_TOKEN"]` for a stdio server: a
+/// credential-named variable is taken out of cairn's environment at
+/// startup, and was silently not passed; now the server gets it (the
+/// registry's server-everything shows its environment with `get-env`). A
+/// provider's key variable named there still keeps the server from
+/// starting.
+#[test]
+fn a_stdio_server_gets_the_credential_named_variables_its_env_names() {
+    let env = Env::new();
+    let node = super::node_prefix();
+    let server = |var: &str| {
+        format!(
+            "[mcp_servers.every]\ncommand = \"{}/node_modules/.bin/mcp-server-everything\"\nenv = [\"{var}\"]\n",
+            node.display()
+        )
+    };
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__every__get-env", "arguments": {}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let s = script.to_str().unwrap();
+    config(&env, &server("GITHUB_TOKEN"));
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__every__*", "run", "go"])
+        .env("GITHUB_TOKEN", "ghp_passed-on-by-name-1234")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done = payloads(&env, "toolCompleted");
+    let shown = by_tool(&done, "mcp__every__get-env")["receipt"]["outputSummary"].as_str().unwrap().to_owned();
+    assert!(shown.contains("ghp_passed-on-by-name-1234"), "{shown}");
+    std::fs::remove_file(&env.session_files()[0]).unwrap();
+
+    config(&env, &server("OPENAI_API_KEY"));
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__every__*", "run", "go"])
+        .env("OPENAI_API_KEY", "sk-never-to-a-server-1234")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("one of cairn's provider keys"), "{}", stderr(&out));
+    assert!(payloads(&env, "toolCompleted").is_empty());
 }
