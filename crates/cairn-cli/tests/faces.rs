@@ -815,3 +815,35 @@ fn acp_slash_commands_compact_and_usage() {
     let types = entry_types(&env.session_files()[0]);
     assert!(types.iter().any(|t| t == "compaction"), "{types:?}");
 }
+
+/// Issue 53.8: what Zed shows of a session besides its messages: the
+/// session's title (its first prompt's first line) told once, how full the
+/// model's context is after each turn (the provider's window configured),
+/// and `session/list` with titles, filtered by cwd.
+#[test]
+fn acp_session_list_title_and_usage_updates() {
+    let env = setup();
+    std::fs::write(env.home.join("config.toml"), "[providers.scripted]\ncontext_window = 100000\n").unwrap();
+    let script = write_script(&env, &[json!({"text": "Looking."}), json!({"text": "Tests too."})]);
+    acp(&env, "session_info", &script, &[]);
+}
+
+/// Issue 53.8: with an editor that offers its terminal, `shell` runs there
+/// (terminal/create, wait_for_exit, output, release), outside cairn's
+/// sandbox, so each call is put to the person — allow once or reject, no
+/// "always", even under `--allow shell` in the config — and a rejected
+/// call never reaches the terminal.
+#[test]
+fn acp_shell_runs_in_the_editors_terminal_asked_every_time() {
+    for (scenario, answer) in [("terminal", "completed"), ("terminal_rejected", "failed")] {
+        let env = setup();
+        std::fs::write(env.home.join("config.toml"), "[approvals]\nallow = [\"shell\"]\n").unwrap();
+        let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
+            "arguments": {"command": "echo from-the-editor > t.txt; echo done-in-terminal"}}]});
+        let script = write_script(&env, &[call, json!({"text": "Ran."})]);
+        acp(&env, scenario, &script, &[]);
+        let types = entry_types(&env.session_files()[0]);
+        let settled = if answer == "completed" { "toolCompleted" } else { "toolRejected" };
+        assert!(types.iter().any(|t| t == settled), "{scenario}: {types:?}");
+    }
+}

@@ -5,8 +5,12 @@
 //! the `cairn` binary with a scripted provider and reads the session file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "mcp/oauth.rs"]
+mod oauth;
 #[path = "mcp/reads.rs"]
 mod reads;
+#[path = "mcp/resources.rs"]
+mod resources;
 use crate::util;
 use util::stderr_text as stderr;
 use util::stdout_text as stdout;
@@ -713,7 +717,7 @@ fn a_listed_server_starts_only_when_a_run_calls_it() {
     assert_eq!(cached.len(), 1, "{cached:?}");
     let text = std::fs::read_to_string(&cached[0]).unwrap();
     let mut listing: Value = serde_json::from_str(&text).unwrap();
-    let status = listing.as_array_mut().unwrap().iter_mut().find(|t| t["name"] == "git_status").unwrap();
+    let status = listing["tools"].as_array_mut().unwrap().iter_mut().find(|t| t["name"] == "git_status").unwrap();
     status["description"] = json!("an older description");
     std::fs::write(&cached[0], listing.to_string()).unwrap();
     let (_, log) = run(true);

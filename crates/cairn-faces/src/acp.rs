@@ -48,6 +48,7 @@ use serde_json::{Value, json};
 
 mod client_fs;
 mod modes;
+mod terminal;
 
 use modes::{MODEL_OPTION, Mode, ModeApprover, Settings, SharedMode};
 
@@ -92,6 +93,9 @@ struct Shared {
     cancels: Mutex<HashMap<String, Vec<CancelToken>>>,
     /// The input is closed: nobody will answer a question any more.
     eof: AtomicBool,
+    /// The client offers its terminal (`clientCapabilities.terminal`):
+    /// `shell` runs there, each call asked (`terminal.rs`).
+    terminal: AtomicBool,
 }
 
 impl Shared {
@@ -155,6 +159,7 @@ pub fn serve(host: &dyn Host, input: impl BufRead + Send + 'static, out: Out) ->
         pending: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
         eof: AtomicBool::new(false),
+        terminal: AtomicBool::new(false),
     });
     let (tx, rx) = mpsc::channel();
     let reader_shared = Arc::clone(&shared);
@@ -266,6 +271,8 @@ struct Open {
     /// session/new) and again when the editor chooses another; one per
     /// session, so sessions run at once. With the name it was built for.
     provider: Option<(String, Box<dyn Provider + Send>)>,
+    /// The title last told the editor (`session_info_update`).
+    title: Option<String>,
 }
 
 impl Open {
@@ -357,6 +364,7 @@ impl<'h> Agent<'h> {
             "authenticate" => Ok(Some(json!({}))),
             "session/new" => self.new_session(scope, params).map(Some),
             "session/load" => self.load_session(scope, id, params).map(|()| None),
+            "session/list" => self.list_sessions(params).map(Some),
             "session/prompt" => {
                 let sid = str_param(params, "sessionId")?;
                 let Some((thread, _)) = self.sessions.get(sid) else {
@@ -404,6 +412,36 @@ impl<'h> Agent<'h> {
         }
     }
 
+    /// `session/list`: every session (of `cwd`, when given), most recently
+    /// changed first, with its title (its name, else its first prompt's
+    /// first line) and when it changed. One page: no cursor is issued.
+    fn list_sessions(&self, params: &Value) -> Result<Value, RpcError> {
+        if params.get("cursor").is_some_and(|c| !c.is_null()) {
+            return Err(RpcError::params("cairn answers session/list in one page and issued no cursor"));
+        }
+        let cwd = match params.get("cwd") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) if Path::new(c).is_absolute() => {
+                Some(Path::new(c).canonicalize().unwrap_or_else(|_| PathBuf::from(c)))
+            }
+            Some(other) => return Err(RpcError::params(format!("cwd {other} must be an absolute path"))),
+        };
+        let listed = self.host.list_sessions().map_err(|e| RpcError::internal(format!("{e:#}")))?;
+        let sessions: Vec<Value> = listed
+            .into_iter()
+            .filter(|s| cwd.as_deref().is_none_or(|c| Path::new(&s.cwd) == c))
+            .map(|s| {
+                let title = s.name.clone().or_else(|| title_in_file(&s.path));
+                let mut info = json!({"sessionId": s.id, "cwd": s.cwd, "updatedAt": iso8601(s.modified)});
+                if let Some(title) = title {
+                    info["title"] = json!(title);
+                }
+                info
+            })
+            .collect();
+        Ok(json!({"sessions": sessions}))
+    }
+
     fn initialize(&mut self, params: &Value) -> Result<Value, RpcError> {
         if params.get("protocolVersion").and_then(Value::as_u64).is_none() {
             return Err(RpcError::params("initialize needs an integer protocolVersion (this agent speaks 1)"));
@@ -412,6 +450,8 @@ impl<'h> Agent<'h> {
         let fs = params.pointer("/clientCapabilities/fs");
         let offers = |key: &str| fs.and_then(|f| f.get(key)).and_then(Value::as_bool).unwrap_or(false);
         self.client_fs = (offers("readTextFile"), offers("writeTextFile"));
+        let terminal = params.pointer("/clientCapabilities/terminal").and_then(Value::as_bool) == Some(true);
+        self.shared.terminal.store(terminal, Ordering::SeqCst);
         // One version exists; a client asking for another gets ours and
         // decides whether it can go on.
         Ok(json!({
@@ -420,6 +460,7 @@ impl<'h> Agent<'h> {
                 "loadSession": true,
                 "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
                 "mcpCapabilities": {"http": true, "sse": false},
+                "sessionCapabilities": {"list": {}},
             },
             "authMethods": [],
             "agentInfo": {"name": "cairn", "title": "cairn", "version": env!("CARGO_PKG_VERSION")},
@@ -619,6 +660,7 @@ fn open_session(
         client_fs,
         client_tools,
         provider: None,
+        title: None,
     };
     equip(host, shared, &mut open, Opening::Fresh(Box::new(store)), None)?;
     Ok(open)
@@ -648,9 +690,14 @@ fn equip(
     // The editor's MCP servers' tools after cairn's; the file tools through
     // the editor where it offers file access.
     let client_fs = open.client_fs;
+    let editor_terminal = shared.terminal.load(Ordering::SeqCst);
     let tools = std::mem::take(&mut equipped.tools).into_iter().chain(open.client_tools.iter().cloned());
     equipped.tools = tools
         .map(|tool| {
+            if editor_terminal && tool.spec().name == "shell" {
+                let wrapped = terminal::EditorTerminal::new(tool, Arc::clone(shared), session_id.clone());
+                return Arc::new(wrapped) as Arc<dyn cairn_core::tool::Tool>;
+            }
             let op = match tool.spec().name.as_str() {
                 "read_file" if client_fs.0 => Some(client_fs::Op::Read),
                 "write_file" if client_fs.1 => Some(client_fs::Op::Write),
@@ -741,10 +788,15 @@ fn session_thread(
                     Ok(result) => jsonrpc::response(&id, result),
                     Err(error) => jsonrpc::error_response(&id, &error),
                 };
+                // The title and the context's fill, before the answer (an
+                // editor reads the turn's updates until its answer).
+                tell_title(shared, &sid, &mut open);
+                tell_usage(shared, &sid, &open);
                 let _ = shared.out.send(&answer);
             }
             Job::Load { id } => {
                 replay(shared, &sid, &open);
+                tell_title(shared, &sid, &mut open);
                 let answer = json!({"modes": settings.mode.state(), "configOptions": settings.config_options()});
                 let _ = shared.out.send(&jsonrpc::response(&id, answer));
                 shared.notify(&sid, commands_update());
@@ -921,6 +973,118 @@ fn commands_update() -> Value {
             command("/redo", "reapply what the last /undo reverted"),
         ],
     })
+}
+
+/// The longest title told an editor, in characters.
+const MAX_TITLE: usize = 80;
+
+/// A title from a session's first prompt: its first non-empty line, cut.
+fn title_from(prompt: &str) -> Option<String> {
+    let line = prompt.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let mut title: String = line.chars().take(MAX_TITLE).collect();
+    if line.chars().count() > MAX_TITLE {
+        title.push('…');
+    }
+    Some(title)
+}
+
+/// The text of the first user message of the session's current lane.
+fn first_prompt(open: &Open) -> Option<String> {
+    let session = open.session.as_ref()?;
+    let path = session.store().path_to(session.head()?).ok()?;
+    path.into_iter().find_map(|entry| {
+        if EntryType::of(&entry.entry_type) != Some(EntryType::Message) {
+            return None;
+        }
+        let message = entry.payload.parse::<Message>().ok()?;
+        (message.role == Role::User).then(|| {
+            message
+                .content
+                .iter()
+                .filter_map(|p| match p {
+                    ContentPart::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<String>()
+        })
+    })
+}
+
+/// The title of a session file not open here (`session/list`): the first
+/// user message among its first lines, read without opening the session
+/// (which would take its writer's lock).
+fn title_in_file(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    // The first prompt is among the first entries; a bounded read keeps a
+    // list of many long sessions cheap.
+    let mut head = Vec::new();
+    std::fs::File::open(path).ok()?.take(256 * 1024).read_to_end(&mut head).ok()?;
+    let text = String::from_utf8_lossy(&head);
+    // A line is one record or an array of records committed together.
+    let records = text.lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()).flat_map(|v| match v {
+        Value::Array(batch) => batch,
+        one => vec![one],
+    });
+    records.into_iter().find_map(|entry| {
+        if entry.get("type").and_then(Value::as_str) != Some("message") {
+            return None;
+        }
+        let message = serde_json::from_value::<Message>(entry.get("payload")?.clone()).ok()?;
+        if message.role != Role::User {
+            return None;
+        }
+        let text: String = message
+            .content
+            .iter()
+            .filter_map(|p| match p {
+                ContentPart::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        title_from(&text)
+    })
+}
+
+/// Tell the editor the session's title (`session_info_update`) when it
+/// has one it was not told yet.
+fn tell_title(shared: &Shared, sid: &str, open: &mut Open) {
+    let Some(title) = first_prompt(open).as_deref().and_then(title_from) else { return };
+    if open.title.as_ref() == Some(&title) {
+        return;
+    }
+    shared.notify(
+        sid,
+        json!({"sessionUpdate": "session_info_update", "title": title, "updatedAt": iso8601(std::time::SystemTime::now())}),
+    );
+    open.title = Some(title);
+}
+
+/// Tell the editor how full the model's context is (`usage_update`): the
+/// input tokens of the last provider attempt against the provider's
+/// context window. Not told when the window is unknown (ACP requires it).
+fn tell_usage(shared: &Shared, sid: &str, open: &Open) {
+    let Some((_, provider)) = &open.provider else { return };
+    let Some(size) = provider.context_window() else { return };
+    let Some(session) = &open.session else { return };
+    let used = cairn_core::report::UsageTotals::of(session.store()).last_input;
+    shared.notify(sid, json!({"sessionUpdate": "usage_update", "used": used, "size": size}));
+}
+
+/// `t` as ISO 8601 in UTC, to the second (`2026-12-07T18:20:00Z`).
+fn iso8601(t: std::time::SystemTime) -> String {
+    let secs = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// The `/usage` answer: token totals over the session's provider attempts.
@@ -1351,6 +1515,19 @@ mod tests {
             let e = prompt_text(&bad).unwrap_err();
             assert_eq!(e.code, jsonrpc::code::INVALID_PARAMS, "{bad}");
         }
+    }
+
+    #[test]
+    fn iso8601_in_utc_and_titles_from_the_first_line() {
+        let at = |secs: u64| iso8601(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        // `date -u -d @1700000000` and a leap day.
+        assert_eq!(at(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(title_from("\n  fix the parser  \nmore"), Some("fix the parser".to_owned()));
+        assert_eq!(title_from(" \n "), None);
+        let long = "é".repeat(100);
+        assert_eq!(title_from(&long).map(|t| t.chars().count()), Some(MAX_TITLE + 1));
     }
 
     #[test]

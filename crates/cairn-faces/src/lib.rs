@@ -53,6 +53,21 @@ pub enum ClientMcpTransport {
     },
 }
 
+/// A session as `session/list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedSession {
+    /// Its id (what `session/load` takes).
+    pub id: String,
+    /// Its working directory.
+    pub cwd: String,
+    /// Its file (read for its title, never opened for writing).
+    pub path: std::path::PathBuf,
+    /// The name a person gave it, if any.
+    pub name: Option<String>,
+    /// When it last changed.
+    pub modified: std::time::SystemTime,
+}
+
 /// What the editor and agent faces need from the program hosting them,
 /// beyond what every face needs ([`SessionHost`]: each turn's tools and
 /// settings, undo, the providers).
@@ -88,6 +103,12 @@ pub trait Host: SessionHost {
     /// Open an existing session of the sessions directory by its whole id
     /// (never a path outside it, never a prefix).
     fn open_session(&self, id: &str) -> anyhow::Result<JsonlStore>;
+    /// The sessions an editor may load (`session/list`), most recently
+    /// changed first; a subagent's child sessions are not among them.
+    /// Default: refused (this host keeps no list).
+    fn list_sessions(&self) -> anyhow::Result<Vec<ListedSession>> {
+        anyhow::bail!("this host keeps no list of sessions")
+    }
     /// Provider `name` (one of [`SessionHost::providers`]) for sessions
     /// working in `cwd`. Default: the configured one.
     fn provider_named(&self, name: &str, cwd: &Path) -> anyhow::Result<Box<dyn Provider + Send>> {

@@ -17,6 +17,7 @@ use std::time::UNIX_EPOCH;
 use sha2::Digest as _;
 
 use crate::config::ServerConfig;
+use crate::connection::Offers;
 
 /// What a file is now, for the digest (None: absent).
 fn stamp(path: &Path) -> Option<(String, u64, u128)> {
@@ -49,20 +50,32 @@ pub(crate) fn file(dir: &Path, name: &str, config: &ServerConfig, cwd: &Path) ->
     Some(dir.join(format!("{name}-{digest:x}.json")))
 }
 
-/// The tools listed in `file`, if it holds a readable listing.
-pub(crate) fn read(file: &Path) -> Option<Vec<rmcp::model::Tool>> {
-    let text = std::fs::read(file).ok()?;
-    serde_json::from_slice(&text).ok()
+/// What is kept of a server: its tools and whether it offers resources
+/// and prompts (`extra.rs`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Kept {
+    tools: Vec<rmcp::model::Tool>,
+    #[serde(default)]
+    offers: Offers,
 }
 
-/// Keep `tools` in `file` (written whole, then renamed into place; a
-/// failure only means the next run lists them again).
-pub(crate) fn write(file: &Path, tools: &[rmcp::model::Tool]) {
+/// The tools listed in `file` and what else the server offers, if it
+/// holds a readable listing (a listing of tools alone, as kept before
+/// resources and prompts were offered, is read again from the server).
+pub(crate) fn read(file: &Path) -> Option<(Vec<rmcp::model::Tool>, Offers)> {
+    let text = std::fs::read(file).ok()?;
+    let kept: Kept = serde_json::from_slice(&text).ok()?;
+    Some((kept.tools, kept.offers))
+}
+
+/// Keep `tools` and `offers` in `file` (written whole, then renamed into
+/// place; a failure only means the next run lists them again).
+pub(crate) fn write(file: &Path, tools: &[rmcp::model::Tool], offers: Offers) {
     let Some(dir) = file.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
-    let Ok(bytes) = serde_json::to_vec(tools) else { return };
+    let Ok(bytes) = serde_json::to_vec(&Kept { tools: tools.to_vec(), offers }) else { return };
     let tmp = file.with_extension(format!("tmp{}", std::process::id()));
     if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, file).is_err() {
         let _ = std::fs::remove_file(&tmp);

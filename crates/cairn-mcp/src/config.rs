@@ -24,6 +24,24 @@ pub struct ToolOverride {
     pub enabled: bool,
 }
 
+/// `[mcp_servers.NAME.oauth]`: OAuth 2.0 client credentials (RFC 6749
+/// §4.4, MCP's SEP-1046) for a streamable-HTTP server that requires a
+/// token: cairn finds the authorization server from the server's protected
+/// resource metadata, asks it for a token with this client's id and secret
+/// (and the server's URL as `resource`), and sends it as a bearer token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthConfig {
+    /// The client id registered with the authorization server.
+    pub client_id: String,
+    /// The environment variable holding the client secret (never the
+    /// secret itself).
+    pub client_secret_env: String,
+    /// Scopes to ask for.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
 /// One configured MCP server.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +71,9 @@ pub struct ServerConfig {
     /// never lives in the file.
     #[serde(default)]
     pub env_http_headers: BTreeMap<String, String>,
+    /// OAuth client credentials for a `url` server that requires a token.
+    #[serde(default)]
+    pub oauth: Option<OAuthConfig>,
     /// `false` keeps the server configured but unused.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -130,8 +151,16 @@ impl ServerConfig {
         let mut headers: Vec<(String, String)> =
             self.http_headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (header, var) in &self.env_http_headers {
-            match std::env::var(var) {
-                Ok(value) if !value.is_empty() => headers.push((header.clone(), value)),
+            // Where the host keeps credentials (a `*TOKEN*` variable is
+            // taken out of cairn's environment at startup), never a
+            // provider key.
+            match crate::credential(var) {
+                crate::Credential::Value(value) if !value.is_empty() => headers.push((header.clone(), value)),
+                crate::Credential::ProviderKey => {
+                    return Err(format!(
+                        "header {header} takes its value from ${var}, which holds one of cairn's provider keys; refusing"
+                    ));
+                }
                 _ => return Err(format!("header {header} takes its value from ${var}, which is not set")),
             }
         }
@@ -143,6 +172,11 @@ impl ServerConfig {
         }
         Ok(headers)
     }
+}
+
+fn is_var_name(var: &str) -> bool {
+    var.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 fn yes() -> bool {
@@ -221,6 +255,24 @@ impl ServerConfig {
                 return err(format!("http_headers: {why}"));
             }
         }
+        if let Some(oauth) = &self.oauth {
+            if self.url.is_none() {
+                return err("`oauth` is for a `url` server".into());
+            }
+            if oauth.client_id.trim().is_empty() {
+                return err("oauth.client_id is empty".into());
+            }
+            if !is_var_name(&oauth.client_secret_env) {
+                return err(format!(
+                    "oauth.client_secret_env = {:?} must name an environment variable holding the secret, never the secret itself",
+                    oauth.client_secret_env
+                ));
+            }
+            let authorization = self.http_headers.keys().chain(self.env_http_headers.keys());
+            if authorization.into_iter().any(|h| h.eq_ignore_ascii_case("authorization")) {
+                return err("give either `oauth` or an Authorization header, not both".into());
+            }
+        }
         for (name, var) in &self.env_http_headers {
             if let Some(why) = bad_header(name, None) {
                 return err(format!("env_http_headers: {why}"));
@@ -290,6 +342,7 @@ impl ServerConfig {
             url,
             http_headers: BTreeMap::new(),
             env_http_headers: BTreeMap::new(),
+            oauth: None,
             enabled: true,
             startup_timeout_ms: default_startup_timeout_ms(),
             tool_timeout_ms: None,
@@ -355,6 +408,19 @@ mod tests {
             ("[a]\nurl = \"http://h\"\nhttp_headers = { \"X A\" = \"x\" }\n", "not an HTTP header name"),
             ("[a]\nurl = \"http://h\"\nhttp_headers = { X-A = \"a\\nb\" }\n", "control character"),
             ("[a]\nurl = \"http://h\"\nenv_http_headers = { Authorization = \"Bearer abc\" }\n", "never the value"),
+            ("[a]\ncommand = \"x\"\noauth = { client_id = \"c\", client_secret_env = \"S\" }\n", "for a `url` server"),
+            (
+                "[a]\nurl = \"http://h\"\noauth = { client_id = \"c\", client_secret_env = \"s3cr3t-value!\" }\n",
+                "never the secret",
+            ),
+            (
+                "[a]\nurl = \"http://h\"\noauth = { client_id = \"\", client_secret_env = \"S\" }\n",
+                "client_id is empty",
+            ),
+            (
+                "[a]\nurl = \"http://h\"\nenv_http_headers = { Authorization = \"T\" }\noauth = { client_id = \"c\", client_secret_env = \"S\" }\n",
+                "not both",
+            ),
         ] {
             let e = parse(text).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains(says), "{text:?} gave {e:?}, wanted {says:?}");

@@ -169,8 +169,37 @@ pub(crate) struct Connection {
     tools_changed: Arc<AtomicBool>,
     /// Oversized answers whose request could not be told (`bounded.rs`).
     unattributed: Unattributed,
+    /// What it offers besides tools (found at the start).
+    offers: Offers,
     /// How long starting it took.
     pub(crate) started_in: Duration,
+}
+
+/// What a server offers besides tools, which cairn turns into read-only
+/// tools (`extra.rs`): what its `initialize` declares and the first page
+/// of its listing shows (the Python SDK declares both for every server,
+/// so a declaration alone would give a server with none four empty tools).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Offers {
+    /// `resources`: `resources/list`, `resources/read`.
+    #[serde(default)]
+    pub(crate) resources: bool,
+    /// `prompts`: `prompts/list`, `prompts/get`.
+    #[serde(default)]
+    pub(crate) prompts: bool,
+}
+
+/// A request cairn makes of a server besides `tools/call`.
+#[derive(Debug, Clone)]
+pub(crate) enum Ask {
+    /// `resources/list` and `resources/templates/list`, every page.
+    ListResources,
+    /// `resources/read` of this URI.
+    ReadResource(String),
+    /// `prompts/list`, every page.
+    ListPrompts,
+    /// `prompts/get` of this prompt with these arguments.
+    GetPrompt(String, serde_json::Map<String, serde_json::Value>),
 }
 
 impl std::fmt::Debug for Connection {
@@ -253,8 +282,11 @@ impl Connection {
             (None, Some(url)) => {
                 let mut headers = std::collections::HashMap::new();
                 for (name, value) in config.headers().map_err(fail)? {
-                    // As for `env`: cairn's own provider keys never leave.
-                    if tools.secrets.matches(&value) {
+                    // As for `env`: cairn's own provider keys never leave
+                    // (a variable's value was checked by the host's lookup;
+                    // the credentials it holds are among `secrets`).
+                    let from_env = config.env_http_headers.contains_key(&name);
+                    if !from_env && tools.secrets.matches(&value) {
                         return Err(fail(format!(
                             "the value of header {name} is one of cairn's provider keys; refusing"
                         )));
@@ -264,13 +296,37 @@ impl Connection {
                     let value = http::HeaderValue::from_str(&value).map_err(|e| fail(format!("{name}: {e}")))?;
                     headers.insert(name, value);
                 }
-                let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
-                    rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                        url.as_str(),
-                    )
-                    .custom_headers(headers),
-                );
-                let service = handler.serve(transport).await.map_err(|e| fail(format!("{url}: {e}")))?;
+                let http = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                    url.as_str(),
+                )
+                .custom_headers(headers);
+                // A refusal for want of a token says what to configure.
+                let refused = |e: rmcp::service::ClientInitializeError| {
+                    let said = e.to_string();
+                    match auth_challenge(&e) {
+                        Some(challenge) if config.oauth.is_none() => fail(format!(
+                            "{url} requires authorization (HTTP 401, {challenge:?}): give [mcp_servers.{name}.oauth] \
+                             with client_id and client_secret_env for OAuth client credentials, or a token you hold \
+                             with env_http_headers = {{ Authorization = \"VARIABLE\" }} (VARIABLE holding \"Bearer …\")"
+                        )),
+                        Some(_) => fail(format!("{url} refused the OAuth token cairn obtained: {said}")),
+                        None => fail(format!("{url}: {said}")),
+                    }
+                };
+                let service = match &config.oauth {
+                    None => handler
+                        .serve(rmcp::transport::StreamableHttpClientTransport::from_config(http))
+                        .await
+                        .map_err(refused)?,
+                    Some(oauth) => {
+                        let manager = authorize(url, oauth).await.map_err(fail)?;
+                        let client = rmcp::transport::AuthClient::new(reqwest::Client::default(), manager);
+                        handler
+                            .serve(rmcp::transport::StreamableHttpClientTransport::with_client(client, http))
+                            .await
+                            .map_err(refused)?
+                    }
+                };
                 (service, None)
             }
             (None, None) => return Err(fail("neither `command` nor `url` is set".into())),
@@ -279,8 +335,10 @@ impl Connection {
             let said = lock(&stderr).text();
             fail(if said.is_empty() { format!("tools/list: {e}") } else { format!("tools/list: {e}; it said: {said}") })
         })?;
+        let offers = offers(&service).await;
         Ok(Connection {
             name: name.to_owned(),
+            offers,
             service,
             tools: Mutex::new(listed),
             process,
@@ -309,6 +367,81 @@ impl Connection {
             return Err("its connection closed".into());
         }
         Ok(())
+    }
+
+    /// What it offers besides tools, as found at its start.
+    pub(crate) fn offers(&self) -> Offers {
+        self.offers
+    }
+
+    /// Make `ask` of the server, within `timeout` and until `cancel`; the
+    /// answer as JSON (what the model is shown is decided by `extra.rs`).
+    pub(crate) fn ask(
+        &self,
+        ask: Ask,
+        cancel: &CancelToken,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, ServerError> {
+        let rt = runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
+        let server = self.name.clone();
+        let peer = self.service.peer().clone();
+        let refused = |e: rmcp::ServiceError| match e {
+            rmcp::ServiceError::McpError(e) => {
+                ServerError::Refused { server: server.clone(), reason: e.message.to_string() }
+            }
+            other => ServerError::Gone { server: server.clone(), reason: other.to_string() },
+        };
+        let json = |v: Result<serde_json::Value, serde_json::Error>| {
+            v.map_err(|e| ServerError::Refused { server: self.name.clone(), reason: e.to_string() })
+        };
+        let work = async {
+            match ask {
+                Ask::ListResources => {
+                    let resources = json(serde_json::to_value(peer.list_all_resources().await.map_err(refused)?))?;
+                    // Templates are optional; a server without them answers
+                    // with an error, which is not the listing's failure.
+                    let templates = peer.list_all_resource_templates().await.unwrap_or_default();
+                    let templates = json(serde_json::to_value(templates))?;
+                    Ok(serde_json::json!({"resources": resources, "resourceTemplates": templates}))
+                }
+                Ask::ReadResource(uri) => {
+                    let params = rmcp::model::ReadResourceRequestParams::new(uri);
+                    json(serde_json::to_value(peer.read_resource(params).await.map_err(refused)?))
+                }
+                Ask::ListPrompts => {
+                    let prompts = json(serde_json::to_value(peer.list_all_prompts().await.map_err(refused)?))?;
+                    Ok(serde_json::json!({"prompts": prompts}))
+                }
+                Ask::GetPrompt(name, arguments) => {
+                    let mut params = rmcp::model::GetPromptRequestParams::new(name);
+                    if !arguments.is_empty() {
+                        params = params.with_arguments(arguments);
+                    }
+                    json(serde_json::to_value(peer.get_prompt(params).await.map_err(refused)?))
+                }
+            }
+        };
+        rt.block_on(async {
+            tokio::pin!(work);
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            let deadline = Instant::now() + timeout;
+            loop {
+                tokio::select! {
+                    answer = &mut work => return answer,
+                    _ = tick.tick() => {
+                        if cancel.is_cancelled() {
+                            return Err(ServerError::Cancelled);
+                        }
+                        if Instant::now() >= deadline {
+                            return Err(ServerError::Timeout { server: self.name.clone(), after: timeout });
+                        }
+                        if let Err(why) = self.alive() {
+                            return Err(ServerError::Gone { server: self.name.clone(), reason: why });
+                        }
+                    }
+                }
+            }
+        })
     }
 
     /// Its tools, listed again first when the server said they changed
@@ -419,6 +552,73 @@ impl Connection {
     }
 }
 
+/// A token for `url` by OAuth client credentials: the authorization server
+/// is found from the server's protected resource metadata (RFC 9728) and
+/// its own (RFC 8414), then asked with the client's id and secret and the
+/// server's URL as `resource` (RFC 8707). Why not, said with what to check.
+async fn authorize(
+    url: &str,
+    oauth: &crate::config::OAuthConfig,
+) -> Result<rmcp::transport::AuthorizationManager, String> {
+    let var = &oauth.client_secret_env;
+    let secret = match crate::credential(var) {
+        crate::Credential::Value(s) if !s.is_empty() => s,
+        crate::Credential::Value(_) | crate::Credential::Unset => {
+            return Err(format!("its OAuth client secret is read from ${var}, which is not set"));
+        }
+        // As for headers and `env`: cairn's own provider keys never leave.
+        crate::Credential::ProviderKey => {
+            return Err(format!("${var} holds one of cairn's provider keys; refusing to send it as an OAuth secret"));
+        }
+    };
+    let mut state =
+        rmcp::transport::auth::OAuthState::new(url, None).await.map_err(|e| format!("OAuth for {url}: {e}"))?;
+    let credentials = rmcp::transport::ClientCredentialsConfig::ClientSecret {
+        client_id: oauth.client_id.clone(),
+        client_secret: secret,
+        scopes: oauth.scopes.clone(),
+        resource: Some(url.to_owned()),
+    };
+    state.authenticate_client_credentials(credentials).await.map_err(|e| {
+        format!(
+            "OAuth client credentials for {url} failed: {e} (check oauth.client_id {:?}, the secret in ${var} and \
+             oauth.scopes)",
+            oauth.client_id
+        )
+    })?;
+    state.into_authorization_manager().ok_or_else(|| format!("OAuth for {url}: the authorization server gave no token"))
+}
+
+/// The `WWW-Authenticate` challenge of a server's 401 behind `e`, if that
+/// is why it failed.
+fn auth_challenge(e: &rmcp::service::ClientInitializeError) -> Option<String> {
+    // The transport's error is a field, not a `source`, of rmcp's error.
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
+        rmcp::service::ClientInitializeError::TransportError { error, .. } => Some(error),
+        other => Some(other),
+    };
+    while let Some(err) = cause {
+        if let Some(required) = err.downcast_ref::<rmcp::transport::streamable_http_client::AuthRequiredError>() {
+            return Some(required.www_authenticate_header.clone());
+        }
+        cause = err.source();
+    }
+    // rmcp's own words, should the typed cause be out of reach.
+    e.to_string().contains("Auth required").then(|| "no challenge given".to_owned())
+}
+
+/// What `service`'s server offers besides tools: a capability it declares
+/// and whose first page lists something (an error counts as nothing).
+async fn offers(service: &RunningService<RoleClient, Handler>) -> Offers {
+    let peer = service.peer();
+    let declared = peer.peer_info().map(|info| info.capabilities.clone()).unwrap_or_default();
+    let resources = declared.resources.is_some()
+        && (peer.list_resources(None).await.is_ok_and(|r| !r.resources.is_empty())
+            || peer.list_resource_templates(None).await.is_ok_and(|t| !t.resource_templates.is_empty()));
+    let prompts = declared.prompts.is_some() && peer.list_prompts(None).await.is_ok_and(|p| !p.prompts.is_empty());
+    Offers { resources, prompts }
+}
+
 fn drain_stderr(mut err: std::process::ChildStderr, tail: &Mutex<Tail>) {
     let mut buf = [0u8; 4096];
     loop {
@@ -436,12 +636,15 @@ fn spawn(name: &str, command: &str, config: &ServerConfig, cwd: &Path, tools: &T
     let cwd = config.cwd.as_deref().map(expand).unwrap_or_else(|| cwd.to_path_buf());
     let mut env = cairn_tools::env::scrubbed_env(&tools.secrets);
     for var in &config.env {
-        match std::env::var(var) {
-            // Passed because the user named it, unless it carries one of
-            // cairn's own provider keys.
-            Ok(value) if !tools.secrets.matches(&value) => env.push((var.clone(), value)),
-            Ok(_) => return Err(format!("`env` names {var}, whose value is one of cairn's provider keys; refusing")),
-            Err(_) => {}
+        // Passed because the user named it (a credential-named one, such
+        // as GITHUB_TOKEN, from where the host keeps it), unless it carries
+        // one of cairn's own provider keys.
+        match crate::credential(var) {
+            crate::Credential::Value(value) => env.push((var.clone(), value)),
+            crate::Credential::ProviderKey => {
+                return Err(format!("`env` names {var}, whose value is one of cairn's provider keys; refusing"));
+            }
+            crate::Credential::Unset => {}
         }
     }
     for (var, value) in &config.env_values {

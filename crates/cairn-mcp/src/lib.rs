@@ -7,6 +7,7 @@
 //! - `connection`: one running server (start, handshake, list, call).
 //! - `pool`: the process's servers, shared across sessions and turns.
 //! - `tool`: a server's tool as a [`cairn_core::tool::Tool`].
+//! - `extra`: its resources and prompts as read-only tools.
 //!
 //! - `bounded`: the limit on one message from a stdio server.
 //! - `cache`: servers' tool lists kept between runs ([`load_lazily`]).
@@ -20,6 +21,7 @@ mod bounded;
 mod cache;
 pub mod config;
 mod connection;
+mod extra;
 mod pool;
 pub mod tool;
 
@@ -34,6 +36,38 @@ use cairn_tools::{ToolEntry, ToolOrigin, ToolsConfig};
 pub use config::{ConfigError, FileAccess, ServerConfig, ToolOverride, parse_servers};
 pub use connection::ServerError;
 pub use tool::{McpTool, PREFIX, tool_name};
+
+/// What a host's environment holds under a variable's name, for an OAuth
+/// client secret (`[mcp_servers.NAME.oauth] client_secret_env`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// Its value.
+    Value(String),
+    /// Not set.
+    Unset,
+    /// The variable holds one of the host's provider keys, which never
+    /// leave for an MCP server or its authorization server.
+    ProviderKey,
+}
+
+type Lookup = Box<dyn Fn(&str) -> Credential + Send + Sync>;
+
+static CREDENTIALS: std::sync::OnceLock<Lookup> = std::sync::OnceLock::new();
+
+/// Where OAuth client secrets are read: a host that takes credentials out
+/// of its environment at startup (the `cairn` binary keeps them aside)
+/// says where they are and which are its provider keys. Set once; without
+/// it, the process's environment is read as it is now.
+pub fn set_credential_lookup(lookup: impl Fn(&str) -> Credential + Send + Sync + 'static) {
+    let _ = CREDENTIALS.set(Box::new(lookup));
+}
+
+pub(crate) fn credential(name: &str) -> Credential {
+    match CREDENTIALS.get() {
+        Some(lookup) => lookup(name),
+        None => std::env::var(name).map_or(Credential::Unset, Credential::Value),
+    }
+}
 
 /// How one configured server stands after [`load`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +143,7 @@ pub fn load_lazily(
 /// from the listing kept in this file.
 enum Listing {
     Live(pool::Found),
-    Cached(Vec<rmcp::model::Tool>, std::path::PathBuf),
+    Cached(Vec<rmcp::model::Tool>, connection::Offers, std::path::PathBuf),
 }
 
 fn load_with(
@@ -132,11 +166,11 @@ fn load_with(
                     scope.spawn(move || {
                         // A server already running here is used as it is.
                         let listed = match &file {
-                            Some(f) if !slot.is_running() => cache::read(f).map(|t| (t, f.clone())),
+                            Some(f) if !slot.is_running() => cache::read(f).map(|(t, o)| (t, o, f.clone())),
                             _ => None,
                         };
                         let got = match listed {
-                            Some((tools, f)) => Ok(Listing::Cached(tools, f)),
+                            Some((tools, offers, f)) => Ok(Listing::Cached(tools, offers, f)),
                             None => slot.ensure(true).map(Listing::Live),
                         };
                         (got, slot, file)
@@ -179,8 +213,8 @@ fn load_with(
                 continue;
             }
         };
-        let (listed, started_in, from_cache) = match got {
-            Listing::Cached(listed, f) => (Ok(listed), None, Some(f)),
+        let (listed, offers, started_in, from_cache) = match got {
+            Listing::Cached(listed, offers, f) => (Ok(listed), offers, None, Some(f)),
             Listing::Live(found) => {
                 let started_in = match &found {
                     pool::Found::Running(_) => None,
@@ -191,10 +225,11 @@ fn load_with(
                     }
                 };
                 let listed = found.connection().tools();
+                let offers = found.connection().offers();
                 if let (Ok(listed), Some(f)) = (&listed, &file) {
-                    cache::write(f, listed);
+                    cache::write(f, listed, offers);
                 }
-                (listed, started_in, None)
+                (listed, offers, started_in, None)
             }
         };
         let listed = match listed {
@@ -226,7 +261,32 @@ fn load_with(
             loaded.entries.push(ToolEntry { tool: Arc::new(tool), origin: ToolOrigin::Mcp { server: name.clone() } });
             offered += 1;
         }
-        for unknown in config.tools.keys().filter(|t| !listed.iter().any(|r| r.name.as_ref() == t.as_str())) {
+        // Its resources and prompts, after its own tools (a tool of its own
+        // by the same name keeps the name).
+        for kind in extra::Kind::offered(offers) {
+            if config.tools.get(kind.local()).is_some_and(|o| !o.enabled) {
+                continue;
+            }
+            let tool = extra::ExtraTool::new(slot.clone(), kind, restart.clone(), from_cache.is_some());
+            let cairn_name = cairn_core::tool::Tool::spec(&tool).name.clone();
+            if seen.contains(&cairn_name) {
+                loaded.notes.push(format!(
+                    "MCP server {name}: its {} is not offered: the name {cairn_name} is already taken",
+                    kind.local()
+                ));
+                continue;
+            }
+            seen.push(cairn_name.clone());
+            status.tools.push((cairn_name, cairn_core::tool::Tool::spec(&tool).risk));
+            loaded.entries.push(ToolEntry { tool: Arc::new(tool), origin: ToolOrigin::Mcp { server: name.clone() } });
+            offered += 1;
+        }
+        let extra_names: Vec<&str> = extra::Kind::offered(offers).into_iter().map(extra::Kind::local).collect();
+        for unknown in config
+            .tools
+            .keys()
+            .filter(|t| !listed.iter().any(|r| r.name.as_ref() == t.as_str()) && !extra_names.contains(&t.as_str()))
+        {
             loaded
                 .notes
                 .push(format!("MCP server {name}: [mcp_servers.{name}.tools.{unknown}] names no tool it offers"));

@@ -57,7 +57,7 @@ pub struct Hints {
 }
 
 impl Hints {
-    fn of(tool: &rmcp::model::Tool) -> Self {
+    pub(crate) fn of(tool: &rmcp::model::Tool) -> Self {
         tool.annotations.as_ref().map_or_else(Self::default, |a| Self {
             read_only: a.read_only_hint,
             destructive: a.destructive_hint,
@@ -98,7 +98,7 @@ pub fn replay(config: &ServerConfig, hints: Hints) -> ReplayPolicy {
 
 /// What a server may touch, as cairn's capabilities (shown by `cairn
 /// tools`; the server's sandbox enforces them).
-fn capabilities(config: &ServerConfig) -> BTreeSet<Capability> {
+pub(crate) fn capabilities(config: &ServerConfig) -> BTreeSet<Capability> {
     let mut caps = BTreeSet::new();
     if !config.is_stdio() || config.network {
         caps.insert(Capability::Network);
@@ -170,7 +170,7 @@ impl McpTool {
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
@@ -202,7 +202,7 @@ fn result_text(result: &rmcp::model::CallToolResult) -> String {
     parts.join("\n")
 }
 
-fn cap(text: String, cap: usize) -> (String, bool) {
+pub(crate) fn cap(text: String, cap: usize) -> (String, bool) {
     if text.len() <= cap {
         return (text, false);
     }
@@ -228,7 +228,7 @@ impl McpTool {
         if same {
             return Ok(());
         }
-        crate::cache::write(file, &now);
+        crate::cache::write(file, &now, conn.offers());
         Err(ToolError::Other(format!(
             "MCP server {}'s tool {} is not as cairn listed it before (it changed or is gone since); the call was not \
              made; the next turn offers the server's tools as they are now",

@@ -61,7 +61,7 @@ pub unsafe fn take_at_startup() -> std::io::Result<()> {
 /// The key variables of every provider cairn knows: the built-ins and each
 /// `[providers.NAME]` table of the config file (tables that do not parse
 /// are skipped here; using them reports the error).
-fn provider_key_vars(tables: &BTreeMap<String, toml::Value>) -> Vec<String> {
+pub(crate) fn provider_key_vars(tables: &BTreeMap<String, toml::Value>) -> Vec<String> {
     let builtins = cairn_provider::BUILTIN_NAMES.iter().map(|n| ProviderConfig::resolve(n, None));
     let configured = tables.iter().map(|(name, table)| ProviderConfig::resolve(name, Some(table)));
     builtins

@@ -63,6 +63,21 @@ pub fn tools_config(ctx: &Context) -> ToolsConfig {
     config.destructive_patterns.extend(ctx.settings.destructive_patterns.value.iter().cloned());
     config.allow_unsandboxed = ctx.common.allow_unsandboxed;
     config.secrets = crate::secrets::values();
+    // OAuth client secrets of MCP servers come from where cairn keeps the
+    // credentials it took out of its environment; provider keys never go.
+    let provider_keys = crate::secrets::provider_key_vars(&ctx.settings.providers);
+    cairn_mcp::set_credential_lookup(move |name| {
+        // A provider's variable, or another holding (a value containing) a
+        // provider's key.
+        let keys = provider_keys.iter().filter_map(|k| crate::secrets::var(k)).filter(|v| !v.trim().is_empty());
+        let keys: Vec<String> = keys.collect();
+        match crate::secrets::var(name) {
+            _ if provider_keys.iter().any(|k| k == name) => cairn_mcp::Credential::ProviderKey,
+            Some(v) if keys.iter().any(|k| v.contains(k.as_str())) => cairn_mcp::Credential::ProviderKey,
+            Some(v) => cairn_mcp::Credential::Value(v),
+            None => cairn_mcp::Credential::Unset,
+        }
+    });
     // Staging layers live with cairn's data (they must outlive a crash
     // until their change set is applied on resume).
     config.staging_dir = Some(ctx.paths.data.join("staging"));

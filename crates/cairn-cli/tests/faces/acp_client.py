@@ -11,10 +11,16 @@ from acp import text_block
 from acp.schema import (
     AllowedOutcome,
     ClientCapabilities,
+    CreateTerminalResponse,
     DeniedOutcome,
     FileSystemCapabilities,
+    KillTerminalResponse,
     ReadTextFileResponse,
+    ReleaseTerminalResponse,
     RequestPermissionResponse,
+    TerminalExitStatus,
+    TerminalOutputResponse,
+    WaitForTerminalExitResponse,
     WriteTextFileResponse,
 )
 from acp.stdio import spawn_agent_process
@@ -77,11 +83,36 @@ class Editor:
         self.events.append(("fs_write", session_id, (path, content)))
         return WriteTextFileResponse()
 
+    # The editor's terminal: the command runs here, in the client.
+    async def create_terminal(self, session_id, command, args=None, env=None, cwd=None, output_byte_limit=None, **kwargs):
+        import subprocess
+        self.events.append(("terminal", session_id, (command, tuple(args or []), cwd)))
+        done = subprocess.run([command, *(args or [])], cwd=cwd, capture_output=True, text=True)
+        self.terminals = getattr(self, "terminals", {})
+        tid = f"term-{len(self.terminals)}"
+        self.terminals[tid] = done
+        return CreateTerminalResponse(terminal_id=tid)
+
+    async def wait_for_terminal_exit(self, session_id, terminal_id, **kwargs):
+        return WaitForTerminalExitResponse(exit_code=self.terminals[terminal_id].returncode)
+
+    async def terminal_output(self, session_id, terminal_id, **kwargs):
+        done = self.terminals[terminal_id]
+        return TerminalOutputResponse(output=done.stdout + done.stderr, truncated=False,
+                                      exit_status=TerminalExitStatus(exit_code=done.returncode))
+
+    async def release_terminal(self, session_id, terminal_id, **kwargs):
+        self.events.append(("terminal_release", session_id, terminal_id))
+        return ReleaseTerminalResponse()
+
+    async def kill_terminal(self, session_id, terminal_id, **kwargs):
+        return KillTerminalResponse()
+
     def summary(self):
         """Consecutive text chunks joined; tool calls and updates with their status."""
         out, ids = [], {}
         for kind, _, payload in self.events:
-            if kind in ("fs_read", "fs_write"):
+            if kind in ("fs_read", "fs_write", "terminal", "terminal_release"):
                 out.append((kind, payload))
                 continue
             if kind == "permission":
@@ -125,8 +156,8 @@ def expect(got, want):
     assert got == want, f"\n got: {got}\nwant: {want}"
 
 
-async def start(conn, fs=False):
-    caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=fs, write_text_file=fs))
+async def start(conn, fs=False, terminal=False):
+    caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=fs, write_text_file=fs), terminal=terminal)
     init = await conn.initialize(protocol_version=1, client_capabilities=caps)
     assert init.protocol_version == 1, init
     assert init.agent_capabilities.load_session is True, init
@@ -137,10 +168,12 @@ async def main():
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
               "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once", "subagent": "allow_once", "authority_fs": "allow_once",
-              "plan_after_always": "allow_always"}[scenario]
+              "plan_after_always": "allow_always", "session_info": "allow_once", "terminal": "allow_once",
+              "terminal_rejected": "reject_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
-        await start(conn, fs=scenario in ("client_fs", "authority_fs"))
+        editor_init = [await start(conn, fs=scenario in ("client_fs", "authority_fs"),
+                                   terminal=scenario in ("terminal", "terminal_rejected"))]
         if scenario == "recover":
             sid = rest[0]
             await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
@@ -272,6 +305,54 @@ async def main():
             asked = [p for k, _, p in editor.events if k == "permission"]
             expect(asked, [])
             assert not os.path.exists(os.path.join(cwd, "note.txt")), "plan mode let a subagent's write through"
+            print("ok", scenario)
+            return
+        if scenario in ("terminal", "terminal_rejected"):
+            # Issue 53.8: shell runs in the editor's terminal, outside
+            # cairn's sandbox, so every call is asked (no "always"), even
+            # with an allow rule for shell (the test passes --allow shell).
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("run it")])
+            expect(r.stop_reason, "end_turn")
+            said = editor.summary()
+            asked = [e for e in said if e[0] == "permission"]
+            expect(asked, [("permission", "execute", ("allow_once", "reject_once"))])
+            ran = [e for e in said if e[0] == "terminal"]
+            if scenario == "terminal":
+                expect(ran, [("terminal", ("bash", ("-c", "echo from-the-editor > t.txt; echo done-in-terminal"), os.path.realpath(cwd)))])
+                assert os.path.exists(os.path.join(cwd, "t.txt")), "the command did not run in the editor's terminal"
+                assert [e for e in said if e[0] == "terminal_release"], said
+                assert any("done-in-terminal" in t for t in editor.texts()), editor.texts()
+            else:
+                expect(ran, [])
+                assert not os.path.exists(os.path.join(cwd, "t.txt")), "a rejected command ran"
+            print("ok", scenario)
+            return
+        if scenario == "session_info":
+            # Issue 53.8: session/list, the session's title and the
+            # context's fill, as Zed shows them.
+            init_caps = editor_init[0].agent_capabilities
+            assert init_caps.session_capabilities and init_caps.session_capabilities.list is not None, init_caps
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("\n  Fix the parser bug\nin lexer.rs")])
+            expect(r.stop_reason, "end_turn")
+            titles = [u.title for k, s, u in editor.events if k == "update" and u.session_update == "session_info_update"]
+            expect(titles, ["Fix the parser bug"])
+            usage = [(u.used, u.size) for k, s, u in editor.events if k == "update" and u.session_update == "usage_update"]
+            assert len(usage) == 1 and usage[0][1] == 100000 and usage[0][0] > 0, usage
+            r = await conn.prompt(session_id=sid, prompt=[text_block("and the tests")])
+            titles = [u.title for k, s, u in editor.events if k == "update" and u.session_update == "session_info_update"]
+            expect(titles, ["Fix the parser bug"])  # told once, not again
+            other = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            listed = await conn.list_sessions(cwd=cwd)
+            by_id = {s.session_id: s for s in listed.sessions}
+            assert sid in by_id and other in by_id, listed
+            expect(by_id[sid].title, "Fix the parser bug")
+            expect(by_id[sid].cwd, os.path.realpath(cwd))
+            assert by_id[sid].updated_at and by_id[sid].updated_at.endswith("Z"), by_id[sid]
+            assert by_id[other].title is None, by_id[other]
+            elsewhere = await conn.list_sessions(cwd=os.path.dirname(cwd))
+            expect(elsewhere.sessions, [])
             print("ok", scenario)
             return
         if scenario == "commands":

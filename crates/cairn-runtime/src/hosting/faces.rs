@@ -135,6 +135,21 @@ impl cairn_faces::Host for CliHost {
         crate::wiring::open_session(&self.ctx, &path)
     }
 
+    fn list_sessions(&self) -> Result<Vec<cairn_faces::ListedSession>> {
+        let all = crate::sessions::list(&self.ctx.paths, &self.ctx.settings.store_options())?;
+        Ok(all
+            .into_iter()
+            .filter(|s| !crate::family::is_child_id(&s.id))
+            .map(|s| cairn_faces::ListedSession {
+                id: s.id,
+                cwd: s.cwd,
+                path: s.path,
+                name: s.name,
+                modified: s.modified,
+            })
+            .collect())
+    }
+
     fn provider_named(&self, name: &str, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
         if name == self.ctx.settings.provider.value {
             return self.provider(cwd);

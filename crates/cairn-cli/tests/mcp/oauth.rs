@@ -1,0 +1,236 @@
+//! Issue 53.8 through the real `cairn` binary: a streamable-HTTP MCP server
+//! that requires OAuth (`oauth_server.py`: the official Python SDK's
+//! resource server, with a client-credentials authorization server beside
+//! it). Without `[mcp_servers.NAME.oauth]` the server is not started and
+//! the note says what to configure (it said only "Auth required" before);
+//! with a wrong secret or an unset variable it says which; with the
+//! client's id and secret cairn gets a token through rmcp's OAuth client
+//! and the call goes through. Also the credentials a configuration names
+//! by variable (`env_http_headers`, a stdio server's `env`): a
+//! credential-named one reaches the server, a provider key never does.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::json;
+
+use super::util::Env;
+use super::{Killed, by_tool, config, payloads, python_bin, repo, stderr};
+
+/// The server on a free loopback port; counts of what it logged.
+struct Server {
+    port: u16,
+    issued: Arc<AtomicUsize>,
+    refused_clients: Arc<AtomicUsize>,
+    _child: Killed,
+}
+
+fn start() -> Server {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(python_bin().join("python"))
+        .arg(repo().join("crates/cairn-cli/tests/mcp/oauth_server.py"))
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let child = Killed(child);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
+    assert!(lines.by_ref().map_while(Result::ok).any(|l| l.contains("listening")), "the OAuth server did not start");
+    let (issued, refused_clients) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (i, r) = (issued.clone(), refused_clients.clone());
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if line.contains("issued a token") {
+                i.fetch_add(1, Ordering::SeqCst);
+            }
+            if line.contains("refused a client") {
+                r.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    Server { port, issued, refused_clients, _child: child }
+}
+
+#[test]
+fn an_oauth_server_is_reached_with_client_credentials_and_refusals_say_why() {
+    let env = Env::new();
+    let server = start();
+    let url = format!("http://127.0.0.1:{}/mcp", server.port);
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__web__whoami", "arguments": {}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let s = script.to_str().unwrap();
+    let run_with = |vars: &[(&str, &str)]| {
+        let mut cmd = env.cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"]);
+        cmd.env_remove("WEB_MCP_SECRET");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.stdin(Stdio::null()).output().unwrap();
+        let done = payloads(&env, "toolCompleted");
+        for f in env.session_files() {
+            std::fs::remove_file(f).unwrap();
+        }
+        (out, done)
+    };
+    let run = |secret: Option<&str>| match secret {
+        Some(v) => run_with(&[("WEB_MCP_SECRET", v)]),
+        None => run_with(&[]),
+    };
+
+    // No OAuth configured: the server's 401 is reported with what to do.
+    config(&env, &format!("[mcp_servers.web]\nurl = \"{url}\"\n"));
+    let (out, done) = run(None);
+    assert!(done.is_empty(), "{done:#?}");
+    let said = stderr(&out);
+    assert!(said.contains("requires authorization (HTTP 401"), "{said}");
+    assert!(said.contains("[mcp_servers.web.oauth]") && said.contains("env_http_headers"), "{said}");
+
+    let oauth = format!(
+        "[mcp_servers.web]\nurl = \"{url}\"\n[mcp_servers.web.oauth]\nclient_id = \"cairn-test\"\n\
+         client_secret_env = \"WEB_MCP_SECRET\"\nscopes = [\"mcp\"]\n"
+    );
+    config(&env, &oauth);
+    // The secret's variable unset: nothing is asked of the server.
+    let (out, done) = run(None);
+    assert!(done.is_empty());
+    assert!(stderr(&out).contains("$WEB_MCP_SECRET, which is not set"), "{}", stderr(&out));
+    assert_eq!(server.refused_clients.load(Ordering::SeqCst), 0);
+
+    // A wrong secret: the authorization server refuses, cairn says so.
+    let (out, done) = run(Some("wrong"));
+    assert!(done.is_empty());
+    assert!(server.refused_clients.load(Ordering::SeqCst) > 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("OAuth client credentials for"), "{}", stderr(&out));
+    assert_eq!(server.issued.load(Ordering::SeqCst), 0);
+
+    // cairn's provider key named as the secret: refused, never sent.
+    let refused_before = server.refused_clients.load(Ordering::SeqCst);
+    config(&env, &oauth.replace("WEB_MCP_SECRET", "OPENAI_API_KEY"));
+    let (out, done) = run_with(&[("OPENAI_API_KEY", "sk-the-provider-key-0123456789")]);
+    assert!(done.is_empty());
+    assert!(stderr(&out).contains("holds one of cairn's provider keys"), "{}", stderr(&out));
+    assert_eq!(
+        server.refused_clients.load(Ordering::SeqCst),
+        refused_before,
+        "the key reached the authorization server"
+    );
+    config(&env, &oauth);
+
+    // The right secret: a token is issued and the call goes through.
+    let (out, done) = run(Some("m2m-s3cret"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(server.issued.load(Ordering::SeqCst) > 0, "{}", stderr(&out));
+    let receipt = &by_tool(&done, "mcp__web__whoami")["receipt"];
+    assert!(receipt["outputSummary"].as_str().unwrap().contains("client-credentials grant"), "{receipt:#}");
+}
+
+/// A token you hold, in a credential-named variable (`*TOKEN*`, which cairn
+/// takes out of its own environment at startup): `env_http_headers` found
+/// it "not set" before; now it is read from where cairn keeps it. A
+/// provider's key variable named there is refused, never sent.
+#[test]
+fn a_token_in_a_credential_named_variable_reaches_the_server_and_provider_keys_do_not() {
+    let env = Env::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(python_bin().join("python"))
+        .arg(repo().join("crates/cairn-cli/tests/mcp/headers_server.py"))
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let _server = Killed(child);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
+    assert!(lines.by_ref().map_while(Result::ok).any(|l| l.contains("listening")), "the header server did not start");
+    let refused = Arc::new(AtomicUsize::new(0));
+    let counter = refused.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if line.contains("refused a request") {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let call =
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__web__hello", "arguments": {"name": "cairn"}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let s = script.to_str().unwrap();
+    let with_var = |var: &str| {
+        format!(
+            "[mcp_servers.web]\nurl = \"http://127.0.0.1:{port}/mcp\"\nhttp_headers = {{ X-Tenant = \"acme\" }}\n\
+             env_http_headers = {{ Authorization = \"{var}\" }}\n"
+        )
+    };
+
+    // A provider's key variable: refused before anything is sent.
+    config(&env, &with_var("OPENAI_API_KEY"));
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"])
+        .env("OPENAI_API_KEY", "Bearer s3cret")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("holds one of cairn's provider keys"), "{}", stderr(&out));
+    assert!(payloads(&env, "toolCompleted").is_empty());
+    assert_eq!(refused.load(Ordering::SeqCst), 0, "the key was sent");
+    std::fs::remove_file(&env.session_files()[0]).unwrap();
+
+    config(&env, &with_var("WEB_MCP_TOKEN"));
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__web__*", "run", "go"])
+        .env("WEB_MCP_TOKEN", "Bearer s3cret")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done = payloads(&env, "toolCompleted");
+    let receipt = &by_tool(&done, "mcp__web__hello")["receipt"];
+    assert!(receipt["outputSummary"].as_str().unwrap().contains("you were let in"), "{receipt:#}");
+}
+
+/// The README's `env = ["GITHUB_TOKEN"]` for a stdio server: a
+/// credential-named variable is taken out of cairn's environment at
+/// startup, and was silently not passed; now the server gets it (the
+/// registry's server-everything shows its environment with `get-env`). A
+/// provider's key variable named there still keeps the server from
+/// starting.
+#[test]
+fn a_stdio_server_gets_the_credential_named_variables_its_env_names() {
+    let env = Env::new();
+    let node = super::node_prefix();
+    let server = |var: &str| {
+        format!(
+            "[mcp_servers.every]\ncommand = \"{}/node_modules/.bin/mcp-server-everything\"\nenv = [\"{var}\"]\n",
+            node.display()
+        )
+    };
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__every__get-env", "arguments": {}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let s = script.to_str().unwrap();
+    config(&env, &server("GITHUB_TOKEN"));
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__every__*", "run", "go"])
+        .env("GITHUB_TOKEN", "ghp_passed-on-by-name-1234")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done = payloads(&env, "toolCompleted");
+    let shown = by_tool(&done, "mcp__every__get-env")["receipt"]["outputSummary"].as_str().unwrap().to_owned();
+    assert!(shown.contains("ghp_passed-on-by-name-1234"), "{shown}");
+    std::fs::remove_file(&env.session_files()[0]).unwrap();
+
+    config(&env, &server("OPENAI_API_KEY"));
+    let out = env
+        .cairn(&["--script", s, "--allow", "mcp__every__*", "run", "go"])
+        .env("OPENAI_API_KEY", "sk-never-to-a-server-1234")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("one of cairn's provider keys"), "{}", stderr(&out));
+    assert!(payloads(&env, "toolCompleted").is_empty());
+}
