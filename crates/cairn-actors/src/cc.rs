@@ -70,6 +70,26 @@ pub const CLANG_ARGS: [&str; 3] = ["--target=wasm32-wasi", "--sysroot=/usr", "-O
 /// of it, nothing else.
 const SYSROOT: &str = "/usr";
 const TARGET: &str = "wasm32-wasi";
+/// Compiled into every build: an exported `cabi_realloc` on the module's
+/// own malloc. The adapter that turns a WASI p1 module into a component
+/// keeps its state (a 64 KiB page) in the module's memory, from the
+/// module's `cabi_realloc`, or by `memory.grow` when there is none. Debian's
+/// wasi-libc (2022) has none, and at its first `malloc` it takes every
+/// page from `__heap_base` to the memory's end as its heap, the adapter's
+/// page included: an actor that allocated a few hundred KiB overwrote the
+/// adapter's state and trapped at its next WASI call ("assertion failed
+/// at adapter line 2857"). Weak, so a source's own `cabi_realloc` wins.
+const CABI_REALLOC_C: &str = "#include <stdlib.h>
+__attribute__((weak, export_name(\"cabi_realloc\")))
+void *cabi_realloc(void *old, size_t old_len, size_t align, size_t new_len) {
+    (void)old_len;
+    (void)align;
+    return realloc(old, new_len);
+}
+";
+/// [`CABI_REALLOC_C`]'s name in the build directory.
+const CABI_REALLOC_FILE: &str = "cairn-cabi-realloc.c";
+
 /// Longest a question to clang about its own layout may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// What to run when clang or wasi-libc is missing.
@@ -292,6 +312,11 @@ fn build_in(
     argv.push(ld_path);
     argv.extend(["-o".into(), "actor.wasm".into()]);
     argv.extend(inputs.iter().map(|i| Path::new("source").join(i).into_os_string()));
+    // Beside the sources, not among them (the stored source stays the
+    // sender's): see [`CABI_REALLOC_C`].
+    std::fs::write(scratch_abs.join(CABI_REALLOC_FILE), CABI_REALLOC_C)
+        .with_context(|| format!("writing {CABI_REALLOC_FILE} into the build directory"))?;
+    argv.push(CABI_REALLOC_FILE.into());
     let mut spec = confined(argv, &scratch_abs, layout.root(), view.reads.clone(), true);
     spec.timeout = BUILD_TIMEOUT;
     let out = cairn_tools::process::run(&spec, &CancelToken::new(), &mut |_: &[u8]| {})

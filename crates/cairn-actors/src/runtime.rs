@@ -356,7 +356,12 @@ impl Instance {
     /// [`Instance::write_line`], if `take` (called while stdin is held, so
     /// no other line can come between it and the write) says the line is
     /// to be written; `None` (nothing written) if it says no or stdin is
-    /// already closed.
+    /// already closed. `take` is called only once the pipe has room (the
+    /// guest read the line before) or `wait` has passed (the line is then
+    /// not written: `TimedOut`): a line taken from a journaled mailbox
+    /// goes into the pipe at once, never waits outside both, so a host
+    /// crash loses at most the line in the pipe and the one the guest was
+    /// handling (taken first and then waited for, a third was lost).
     pub fn write_line_if(
         &self,
         line: &str,
@@ -368,10 +373,17 @@ impl Instance {
             Err(_) => return Some(Err(std::io::Error::other("stdin lock poisoned"))),
         };
         let p = g.as_mut()?;
+        let room = wait_writable(p, wait);
         if !take() {
             return None;
         }
-        Some(write_whole_line(p, line, wait))
+        if !room {
+            return Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("stdin not drained within {} s", wait.as_secs_f64()),
+            )));
+        }
+        Some(write_into_room(p, line))
     }
 
     /// Closes stdin (EOF for the guest).
@@ -396,6 +408,24 @@ fn writable(p: &impl std::os::fd::AsRawFd, wait: Duration) -> bool {
     r > 0 || (r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted)
 }
 
+/// Polling slice of the waits on a full stdin pipe.
+const SLICE: Duration = Duration::from_millis(100);
+
+/// Waits up to `wait` (in slices, so a signal or a late hang-up is seen)
+/// until [`writable`]; whether it became so.
+fn wait_writable(p: &impl std::os::fd::AsRawFd, wait: Duration) -> bool {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if writable(p, left.min(SLICE)) {
+            return true;
+        }
+        if left.is_zero() {
+            return false;
+        }
+    }
+}
+
 /// Writes `line` and a newline to the non-blocking pipe `p` (see
 /// [`Instance::write_line`] for the waiting rule). The line waits until
 /// the guest has read the one before (see [`writable`]): the pipe holds
@@ -404,20 +434,23 @@ fn writable(p: &impl std::os::fd::AsRawFd, wait: Duration) -> bool {
 /// sixteen slots, or a 4 KiB pipe filled with lines, it lost every line
 /// in the pipe: 79 of 300 small messages).
 fn write_whole_line(p: &mut std::io::PipeWriter, line: &str, wait: Duration) -> std::io::Result<()> {
+    if !wait_writable(p, wait) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("stdin not drained within {} s", wait.as_secs_f64()),
+        ));
+    }
+    write_into_room(p, line)
+}
+
+/// Writes `line` and a newline to `p`, which has room (the guest read
+/// everything before): a line once started is finished, waiting for the
+/// guest to read it (a half line would corrupt the framing).
+fn write_into_room(p: &mut std::io::PipeWriter, line: &str) -> std::io::Result<()> {
     use std::io::ErrorKind;
     let mut bytes = Vec::with_capacity(line.len() + 1);
     bytes.extend_from_slice(line.as_bytes());
     bytes.push(b'\n');
-    let deadline = std::time::Instant::now() + wait;
-    const SLICE: Duration = Duration::from_millis(100);
-    while !writable(p, deadline.saturating_duration_since(std::time::Instant::now()).min(SLICE)) {
-        if std::time::Instant::now() >= deadline {
-            return Err(std::io::Error::new(
-                ErrorKind::TimedOut,
-                format!("stdin not drained within {} s", wait.as_secs_f64()),
-            ));
-        }
-    }
     let mut off = 0;
     while off < bytes.len() {
         match p.write(&bytes[off..]) {
@@ -425,13 +458,6 @@ fn write_whole_line(p: &mut std::io::PipeWriter, line: &str, wait: Duration) -> 
             Ok(n) => off += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if off == 0 && std::time::Instant::now() >= deadline {
-                    return Err(std::io::Error::new(
-                        ErrorKind::TimedOut,
-                        format!("stdin not drained within {} s", wait.as_secs_f64()),
-                    ));
-                }
-                // A line once started is finished: wait for room.
                 writable(p, SLICE);
             }
             Err(e) => return Err(e),

@@ -72,6 +72,27 @@ fn the_console_builds_c_through_cc_and_spawns_it() {
     assert_eq!((u["type"].as_str(), u["tests"].as_u64()), (Some("ok"), Some(1)), "{u}");
 }
 
+/// An actor built by `cc` that allocates 256 KiB and then prints: the
+/// first large block of Debian's wasi-libc overwrote the WASI adapter's
+/// state (its heap took the adapter's page), and the print trapped
+/// ("assertion failed at adapter line 2857"); `cc` now exports a
+/// `cabi_realloc` so the adapter's state is a block of the actor's own.
+#[test]
+fn a_cc_built_actor_may_malloc_without_breaking_its_wasi_adapter() {
+    let t = TestWorld::new();
+    let src = "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\nint main(void){char b[4096];while(fgets(b,sizeof b,stdin)){char*p=malloc(262145);if(!p)return 2;memset(p,'x',262144);p[262144]=0;printf(\"{\\\"body\\\":{\\\"len\\\":%zu}}\\n\",strlen(p));fflush(stdout);free(p);}return 0;}\n";
+    let r = built(&t, json!({"type": "build", "name": "alloc", "files": {"main.c": src}}));
+    let s = t.req(json!({"type": "spawn", "id": "alloc", "wasm": r["wasm"]}));
+    assert_eq!(s["type"], "ok", "{s}");
+    t.subscribe_console("alloc");
+    for _ in 0..3 {
+        t.w().send(Some("alloc"), None, None, json!("go"));
+        t.wait_for("the allocation's answer", |m| m["from"] == "alloc" && m["body"]["len"] == 262144);
+    }
+    let log = t.read("actor/alloc/stderr.log");
+    assert!(!log.contains("assertion failed"), "{log}");
+}
+
 #[test]
 fn cc_reports_what_is_wrong() {
     let t = TestWorld::new();

@@ -317,6 +317,8 @@ struct Upgrade {
     built_by: Option<String>,
     new_version: u32,
     tests: usize,
+    /// Its key in [`Broker::candidates`].
+    candidate: u64,
 }
 
 enum AfterStop {
@@ -377,6 +379,11 @@ struct Broker {
     /// their thread ends: the lineage they count against and the memory
     /// they may still hold (see [`WorldBudget::abandoned_per_spawner`]).
     abandoned: HashMap<(String, u64), (String, u64)>,
+    /// Upgrade candidates from their request to their verdict, by
+    /// [`Upgrade::candidate`]: the memory and disk limits each may use (a
+    /// candidate runs beside the live version, on copies of its files),
+    /// counted in the world's budgets.
+    candidates: HashMap<u64, (u64, u64)>,
     /// Compile threads still running (a spawn past its budget included).
     compiling: Arc<std::sync::atomic::AtomicUsize>,
     next_token: u64,
@@ -676,6 +683,7 @@ impl Broker {
 
     fn tested(&mut self, t: Tested) {
         let Tested { mut plan, component, verdict } = t;
+        self.candidates.remove(&plan.candidate);
         match verdict {
             Err(why) => {
                 let (r, q) = (plan.requester.clone(), plan.req_id.clone());
@@ -1084,6 +1092,7 @@ impl Broker {
                 self.reply(&sp.from, &sp.req_id, json!({"type": "error", "request": "spawn", "reason": reason}));
             }
             Purpose::Upgrade(plan) => {
+                self.candidates.remove(&plan.candidate);
                 let reason = format!("upgrade refused, the old version keeps running: {why}");
                 self.reply(
                     &plan.requester,

@@ -315,18 +315,14 @@ impl Broker {
             }
         }
         let mine = self.effective(limits);
-        let mut memory: u64 = self.reg.actors.keys().map(|a| self.limits_of(a).memory_bytes as u64).sum();
-        memory += spawning.iter().map(|s| self.effective(&s.limits).memory_bytes as u64).sum::<u64>();
-        memory += self.abandoned.values().map(|(_, m)| *m).sum::<u64>();
+        let (memory, disk) = self.held(&spawning);
         if memory + mine.memory_bytes as u64 > b.memory_bytes {
             bail!(
-                "spawn of {id:?} refused: the actors' memory limits (abandoned instances included) add up to {memory} bytes and this one's is {}; the world's memory budget is {} bytes (a spawn may ask for less with \"limits\": {{\"memory_bytes\": …}})",
+                "spawn of {id:?} refused: the actors' memory limits (abandoned instances and upgrade candidates included) add up to {memory} bytes and this one's is {}; the world's memory budget is {} bytes (a spawn may ask for less with \"limits\": {{\"memory_bytes\": …}})",
                 mine.memory_bytes,
                 b.memory_bytes
             );
         }
-        let mut disk: u64 = self.reg.actors.keys().map(|a| self.limits_of(a).disk_bytes).sum();
-        disk += spawning.iter().map(|s| self.effective(&s.limits).disk_bytes).sum::<u64>();
         if disk + mine.disk_bytes > b.disk_bytes {
             bail!(
                 "spawn of {id:?} refused: the actors' disk quotas add up to {disk} bytes and this one's is {}; the world's disk budget is {} bytes (a spawn may ask for less with \"limits\": {{\"disk_bytes\": …}})",
@@ -344,6 +340,54 @@ impl Broker {
             );
         }
         Ok(())
+    }
+
+    /// The memory and disk limits the world holds now: its actors', the
+    /// spawns compiling (`spawning`), abandoned instances' memory and
+    /// upgrade candidates' (each runs beside its live version, on copies
+    /// of its files).
+    fn held(&self, spawning: &[&Spawning]) -> (u64, u64) {
+        let mut memory: u64 = self.reg.actors.keys().map(|a| self.limits_of(a).memory_bytes as u64).sum();
+        memory += spawning.iter().map(|s| self.effective(&s.limits).memory_bytes as u64).sum::<u64>();
+        memory += self.abandoned.values().map(|(_, m)| *m).sum::<u64>();
+        memory += self.candidates.values().map(|(m, _)| *m).sum::<u64>();
+        let mut disk: u64 = self.reg.actors.keys().map(|a| self.limits_of(a).disk_bytes).sum();
+        disk += spawning.iter().map(|s| self.effective(&s.limits).disk_bytes).sum::<u64>();
+        disk += self.candidates.values().map(|(_, d)| *d).sum::<u64>();
+        (memory, disk)
+    }
+
+    /// Refuses an upgrade of `id` whose candidate (the actor's own memory
+    /// and disk limits, beside the live version) would take the world
+    /// past its memory or disk budget; the refusal names the budget.
+    fn candidate_within_budget(&self, id: &str) -> anyhow::Result<(u64, u64)> {
+        let b = self.cfg.budget;
+        let spawning: Vec<&Spawning> = self
+            .compiles
+            .values()
+            .filter_map(|c| match &c.purpose {
+                Purpose::Spawn(s) => Some(&**s),
+                _ => None,
+            })
+            .collect();
+        let (memory, disk) = self.held(&spawning);
+        let l = self.limits_of(id);
+        let mine = (l.memory_bytes as u64, l.disk_bytes);
+        if memory + mine.0 > b.memory_bytes {
+            bail!(
+                "upgrade of {id:?} refused: its candidate runs beside the live version with the actor's memory limit, {} bytes, and the actors' memory limits (abandoned instances and upgrade candidates included) add up to {memory} bytes; the world's memory budget is {} bytes (try again when other upgrades are done)",
+                mine.0,
+                b.memory_bytes
+            );
+        }
+        if disk + mine.1 > b.disk_bytes {
+            bail!(
+                "upgrade of {id:?} refused: its candidate works on copies of the actor's files, up to its disk quota of {} bytes, and the actors' disk quotas (upgrade candidates included) add up to {disk} bytes; the world's disk budget is {} bytes",
+                mine.1,
+                b.disk_bytes
+            );
+        }
+        Ok(mine)
     }
 
     /// Refuses a spawn or upgrade while [`COMPILES_AT_ONCE`] modules are
@@ -396,6 +440,9 @@ impl Broker {
             self.check_source(&id, s)?;
         }
         self.compile_slot_free()?;
+        let held = self.candidate_within_budget(&id)?;
+        self.next_token += 1;
+        let candidate = self.next_token;
         let latest = self.reg.actors.get(&id).map(|e| e.latest).unwrap_or(0);
         let plan = Upgrade {
             id: id.clone(),
@@ -407,10 +454,17 @@ impl Broker {
             built_by: r.field("built_by").map(str::to_owned),
             new_version: latest + 1,
             tests: 0,
+            candidate,
         };
+        // Counted from now until its verdict (`tested`) or its refusal.
+        self.candidates.insert(candidate, held);
         // Compiled off the broker thread, like a spawn, under the same
         // budget; `upgrade_compiled` goes on.
-        self.start_compile(ModuleBytes::Read(bytes), wasm, Purpose::Upgrade(Box::new(plan)))
+        let started = self.start_compile(ModuleBytes::Read(bytes), wasm, Purpose::Upgrade(Box::new(plan)));
+        if started.is_err() {
+            self.candidates.remove(&candidate);
+        }
+        started
     }
 
     /// An upgrade's module compiled (within the budget): its gate runs on
@@ -418,7 +472,9 @@ impl Broker {
     /// when it is done.
     pub(super) fn upgrade_compiled(&mut self, plan: Upgrade, result: Result<Component, String>) {
         let (id, requester, req_id) = (plan.id.clone(), plan.requester.clone(), plan.req_id.clone());
+        let candidate = plan.candidate;
         let refuse = |b: &mut Broker, reason: String| {
+            b.candidates.remove(&candidate);
             b.reply(&requester, &req_id, json!({"type": "error", "request": "upgrade", "id": id, "reason": reason}));
         };
         let component = match result {

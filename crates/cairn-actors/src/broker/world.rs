@@ -176,6 +176,7 @@ impl World {
             compiles: HashMap::new(),
             compiling: Arc::default(),
             abandoned: Default::default(),
+            candidates: Default::default(),
             next_token: 0,
         };
         let ids: Vec<String> = b.reg.actors.keys().cloned().collect();

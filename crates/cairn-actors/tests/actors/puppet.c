@@ -28,6 +28,22 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The adapter that turns this WASI p1 module into a p2 component keeps
+   its state (64 KiB) in this module's memory, taken from the module's
+   `cabi_realloc` if it exports one, else by memory.grow. Debian's
+   wasi-libc (2022) exports none, and its malloc, at its first call, takes
+   every page from __heap_base to the memory's end as its own heap, the
+   adapter's page included: the first large block (`big`) overwrote the
+   adapter's state and its next call trapped (adapter "assertion failed",
+   its canary, in fd_fdstat_get under printf's isatty). Exported, the
+   adapter's state is a malloc block like any other. */
+__attribute__((export_name("cabi_realloc")))
+void *cabi_realloc(void *old, size_t old_len, size_t align, size_t new_len) {
+    (void)old_len;
+    (void)align; /* malloc's blocks are 16-aligned, the adapter asks ≤ 8 */
+    return realloc(old, new_len);
+}
+
 static char line[1 << 21];
 static char cmd[1 << 21];
 static long seen, undeliverable;
