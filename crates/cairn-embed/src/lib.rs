@@ -317,7 +317,7 @@ impl Agent {
     /// [`Agent::resume`], telling each [`Event`] to `on_event`.
     pub fn resume_with(&self, id: &str, on_event: &mut dyn FnMut(&Event), cancel: &CancelToken) -> Result<Outcome> {
         let ctx = &self.host.ctx;
-        let path = cairn_runtime::sessions::resolve(&ctx, id)?;
+        let path = cairn_runtime::sessions::resolve(ctx, id)?;
         let mut store = cairn_runtime::wiring::open_session(ctx, &path)?;
         if let Some(child) = cairn_runtime::family::child_fact(&store) {
             bail!(
