@@ -136,7 +136,7 @@ impl cairn_faces::Host for CliHost {
     }
 
     fn list_sessions(&self) -> Result<Vec<cairn_faces::ListedSession>> {
-        let all = crate::sessions::list(&self.ctx.paths, &self.ctx.settings.store_options())?;
+        let all = crate::sessions::list(&self.ctx)?;
         Ok(all
             .into_iter()
             .filter(|s| !crate::family::is_child_id(&s.id))
