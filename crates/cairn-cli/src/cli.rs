@@ -202,7 +202,13 @@ pub enum Command {
     /// Show the resolved configuration and where each value came from.
     Config,
     /// Serve the Agent Client Protocol on stdio (for editors such as Zed); see README.
-    Acp,
+    Acp {
+        /// Run `shell` in the editor's terminal when the editor offers one. That terminal is outside cairn's
+        /// sandbox, so every such call is asked of the person (never "always", no allow rule, no --yes);
+        /// without this flag `shell` runs in cairn's sandbox whatever the editor offers.
+        #[arg(long)]
+        editor_terminal: bool,
+    },
     /// Serve cairn's tools over the Model Context Protocol on stdio (Write tools only with --allow; never Destructive);
     /// `cairn mcp list` shows the MCP servers cairn itself uses.
     #[command(args_conflicts_with_subcommands = true)]
@@ -534,7 +540,7 @@ fn run(cli: Cli) -> Result<u8> {
             _ => state::trust(&ctx, dir),
         },
         Command::Config => commands::config(&ctx),
-        Command::Acp => crate::faces::acp(&ctx),
+        Command::Acp { editor_terminal } => crate::faces::acp(&ctx, editor_terminal),
         Command::Mcp { action: Some(McpAction::List), .. } => commands::mcp_list(&ctx),
         Command::Mcp { page_size, action: None } => crate::faces::mcp(&ctx, page_size),
         Command::Mount { dir, address } => crate::mount::run(&ctx, &dir, address.as_deref()),

@@ -17,10 +17,12 @@ fn stdout() -> Out {
     Out::new(Box::new(std::io::stdout()))
 }
 
-/// `cairn acp`.
-pub fn acp(ctx: &Context) -> Result<u8> {
+/// `cairn acp` (`--editor-terminal`: `shell` may run in the editor's
+/// terminal when it offers one).
+pub fn acp(ctx: &Context, editor_terminal: bool) -> Result<u8> {
     let stdin = std::io::BufReader::new(std::io::stdin());
-    cairn_faces::acp::serve(&CliHost { ctx: ctx.run.clone() }, stdin, stdout())?;
+    let options = cairn_faces::acp::Options { editor_terminal };
+    cairn_faces::acp::serve(&CliHost { ctx: ctx.run.clone() }, stdin, stdout(), options)?;
     Ok(exit::SUCCESS)
 }
 

@@ -847,3 +847,21 @@ fn acp_shell_runs_in_the_editors_terminal_asked_every_time() {
         assert!(types.iter().any(|t| t == settled), "{scenario}: {types:?}");
     }
 }
+
+/// An editor offering its terminal is not enough to leave the sandbox: Zed
+/// offers it to every agent. Without `cairn acp --editor-terminal`, `shell`
+/// runs in cairn's sandbox and an allow rule for it applies as in every
+/// other face (the client checks nothing was asked or sent to its
+/// terminal).
+#[test]
+fn acp_an_offered_terminal_is_used_only_when_the_person_chose_it() {
+    let env = setup();
+    std::fs::write(env.home.join("config.toml"), "[approvals]\nallow = [\"shell\"]\n").unwrap();
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
+        "arguments": {"command": "echo from-the-sandbox > t.txt"}}]});
+    let script = write_script(&env, &[call, json!({"text": "Ran."})]);
+    acp(&env, "terminal_not_chosen", &script, &[]);
+    let types = entry_types(&env.session_files()[0]);
+    assert!(types.iter().any(|t| t == "toolCompleted"), "{types:?}");
+    assert_eq!(std::fs::read_to_string(env.cwd.join("t.txt")).unwrap(), "from-the-sandbox\n");
+}

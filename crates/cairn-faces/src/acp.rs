@@ -93,9 +93,22 @@ struct Shared {
     cancels: Mutex<HashMap<String, Vec<CancelToken>>>,
     /// The input is closed: nobody will answer a question any more.
     eof: AtomicBool,
-    /// The client offers its terminal (`clientCapabilities.terminal`):
-    /// `shell` runs there, each call asked (`terminal.rs`).
+    /// The person allowed the editor's terminal (`Options`) and the client
+    /// offers it (`clientCapabilities.terminal`): `shell` runs there, each
+    /// call asked (`terminal.rs`).
     terminal: AtomicBool,
+    /// What the person chose when starting the server.
+    options: Options,
+}
+
+/// What the person chose when starting `cairn acp`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Run `shell` in the editor's terminal when the editor offers one.
+    /// Off by default: that terminal is outside cairn's sandbox (no
+    /// Landlock, staging or undo), and an editor such as Zed offers it to
+    /// every agent, so offering it must not be enough to leave the sandbox.
+    pub editor_terminal: bool,
 }
 
 impl Shared {
@@ -152,7 +165,7 @@ enum Work {
 
 /// Serve ACP on `input`/`out` until the input closes and every request
 /// read before is answered.
-pub fn serve(host: &dyn Host, input: impl BufRead + Send + 'static, out: Out) -> Result<()> {
+pub fn serve(host: &dyn Host, input: impl BufRead + Send + 'static, out: Out, options: Options) -> Result<()> {
     let shared = Arc::new(Shared {
         out,
         next_id: AtomicU64::new(0),
@@ -160,6 +173,7 @@ pub fn serve(host: &dyn Host, input: impl BufRead + Send + 'static, out: Out) ->
         cancels: Mutex::new(HashMap::new()),
         eof: AtomicBool::new(false),
         terminal: AtomicBool::new(false),
+        options,
     });
     let (tx, rx) = mpsc::channel();
     let reader_shared = Arc::clone(&shared);
@@ -450,8 +464,8 @@ impl<'h> Agent<'h> {
         let fs = params.pointer("/clientCapabilities/fs");
         let offers = |key: &str| fs.and_then(|f| f.get(key)).and_then(Value::as_bool).unwrap_or(false);
         self.client_fs = (offers("readTextFile"), offers("writeTextFile"));
-        let terminal = params.pointer("/clientCapabilities/terminal").and_then(Value::as_bool) == Some(true);
-        self.shared.terminal.store(terminal, Ordering::SeqCst);
+        let offered = params.pointer("/clientCapabilities/terminal").and_then(Value::as_bool) == Some(true);
+        self.shared.terminal.store(offered && self.shared.options.editor_terminal, Ordering::SeqCst);
         // One version exists; a client asking for another gets ours and
         // decides whether it can go on.
         Ok(json!({

@@ -149,7 +149,10 @@ def env():
 
 
 async def connect(editor):
-    return spawn_agent_process(editor, cairn, "--provider", "scripted", "--script", script, "acp", env=env(), cwd=cwd)
+    # The editor's terminal is the person's choice (`--editor-terminal`);
+    # "terminal_not_chosen" offers it to a server started without it.
+    chosen = ["--editor-terminal"] if scenario in ("terminal", "terminal_rejected") else []
+    return spawn_agent_process(editor, cairn, "--provider", "scripted", "--script", script, "acp", *chosen, env=env(), cwd=cwd)
 
 
 def expect(got, want):
@@ -169,11 +172,11 @@ async def main():
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
               "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once", "subagent": "allow_once", "authority_fs": "allow_once",
               "plan_after_always": "allow_always", "session_info": "allow_once", "terminal": "allow_once",
-              "terminal_rejected": "reject_once"}[scenario]
+              "terminal_rejected": "reject_once", "terminal_not_chosen": "reject_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         editor_init = [await start(conn, fs=scenario in ("client_fs", "authority_fs"),
-                                   terminal=scenario in ("terminal", "terminal_rejected"))]
+                                   terminal=scenario in ("terminal", "terminal_rejected", "terminal_not_chosen"))]
         if scenario == "recover":
             sid = rest[0]
             await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
@@ -326,6 +329,19 @@ async def main():
             else:
                 expect(ran, [])
                 assert not os.path.exists(os.path.join(cwd, "t.txt")), "a rejected command ran"
+            print("ok", scenario)
+            return
+        if scenario == "terminal_not_chosen":
+            # The editor offers its terminal but the person did not choose
+            # it: shell runs in cairn's sandbox, where the allow rule for
+            # shell applies (nothing asked, nothing sent to the editor).
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("run it")])
+            expect(r.stop_reason, "end_turn")
+            said = editor.summary()
+            expect([e for e in said if e[0] in ("permission", "terminal", "terminal_release")], [])
+            with open(os.path.join(cwd, "t.txt")) as f:
+                expect(f.read(), "from-the-sandbox\n")
             print("ok", scenario)
             return
         if scenario == "session_info":
