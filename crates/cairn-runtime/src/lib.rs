@@ -32,6 +32,7 @@ pub mod secrets;
 pub mod sessions;
 pub mod style;
 pub mod subagents;
+pub mod telemetry;
 pub mod toolsrv;
 pub mod trust;
 pub mod undo;
