@@ -84,8 +84,10 @@ fn run(home: &CairnHome, bin: &Path, script: &Path, endpoint: Option<&str>) -> R
         cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", e);
     }
     let out = cmd.output()?;
-    if !out.status.success() || !out.stderr.is_empty() {
-        bail!("cairn run failed or warned: {} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    // The turn's progress goes to stderr; a telemetry note means an export failed.
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() || err.contains("telemetry") {
+        bail!("cairn run failed or lost telemetry: {} {err}", out.status);
     }
     Ok(())
 }
