@@ -41,6 +41,12 @@ Environment (every variable cairn reads; docs/config.md lists the config file's 
   CANDLE_NUM_THREADS      the embedded model's kernel threads (default: [local] threads)
   USER                    who answered, recorded with `cairn approve`
   PATH                    where programs (tools, MCP servers, hooks) are found
+  OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL,
+  OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_SERVICE_NAME, OTEL_SDK_DISABLED, TRACEPARENT,
+  OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
+                          OpenTelemetry export (off unless an endpoint is set, here or in [telemetry]); the
+                          exporter also reads OTEL_EXPORTER_OTLP_HEADERS and OTEL_RESOURCE_ATTRIBUTES (README,
+                          Observability)
   NO_COLOR                disable colours";
 
 /// cairn: a durable, safe agent runtime. Every step of a turn is committed to
@@ -414,6 +420,10 @@ pub fn main() -> ExitCode {
     };
     let result = run(cli);
     crate::subagents::finish_running();
+    // After the children: their spans are flushed too (bounded).
+    if let Some(note) = cairn_runtime::telemetry::finish() {
+        eprintln!("cairn: {note}");
+    }
     // Every face runs in this process: the sessions it turned end here
     // (a SIGKILL skips this; the next process starts them again).
     cairn_tools::hooks::end_all_sessions("exit", &|note| {
@@ -454,6 +464,10 @@ fn run(cli: Cli) -> Result<u8> {
         // provider workers all start later), so nothing reads the
         // environment concurrently.
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", settings.local_threads.value.max(1).to_string()) };
+    }
+    // Telemetry's exporter threads start after the environment is final.
+    if let Some(note) = cairn_runtime::telemetry::start(&settings) {
+        eprintln!("cairn: {note}");
     }
     let err_style = Style::stderr();
     let run = cairn_runtime::context::Context::new(paths, settings)

@@ -108,6 +108,10 @@ const COMMANDS: &[(&str, Plan)] = &[
         ),
     ),
     ("./scripts/test", NotRun("runs the whole suite, this test included")),
+    (
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:6006 cairn run \"fix the failing test\"",
+        NotRun("needs a collector and a model; telemetry.rs runs a scripted turn against Arize Phoenix"),
+    ),
     ("mkdir -p /tmp/notes && echo \"The launch code is 7-ALPHA-42.\" > /tmp/notes/notes.txt", Run),
     (
         "(cd /tmp/notes && \"$OLDPWD/scripts/quickstart\" \"Read notes.txt and tell me the launch code.\")",

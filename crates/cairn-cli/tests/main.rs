@@ -41,6 +41,7 @@ mod staged;
 mod storage_cli;
 mod subagents;
 mod subagents_pty;
+mod telemetry;
 mod terminal_safety;
 mod toolsrv;
 mod trust;

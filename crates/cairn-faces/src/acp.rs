@@ -829,6 +829,8 @@ fn prompt(
     cancel: &CancelToken,
 ) -> Result<Value, RpcError> {
     let text = prompt_text(params.get("prompt").unwrap_or(&Value::Null))?;
+    // The client's trace, when it sends one (issue 51).
+    cairn_telemetry::adopt_traceparent(sid, params.pointer("/_meta/traceparent").and_then(Value::as_str));
     let tell = |text: String| {
         shared.notify(sid, json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}));
     };

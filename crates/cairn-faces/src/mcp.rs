@@ -309,6 +309,9 @@ impl Server<'_> {
             return Err(RpcError::internal("no session"));
         };
         self.calls += 1;
+        // The client's trace, when it sends one (issue 51).
+        let traceparent = params.pointer("/_meta/traceparent").and_then(Value::as_str);
+        cairn_telemetry::adopt_traceparent(&session.store().header().id, traceparent);
         let provider = OneCall {
             call: ToolCall { id: format!("mcp-{}", self.calls), name: name.clone(), arguments },
             asked: AtomicBool::new(false),

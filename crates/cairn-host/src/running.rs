@@ -3,8 +3,10 @@
 //! who answers their calls), built from the host's choice for the turn
 //! ([`Equipment::for_turn`], [`Equipment::reequip`]); [`Equipment::run`]
 //! assembles core's `TurnEnv` with the face's model, observer and cancel
-//! token and starts what the face asked for ([`Step`]). No face builds a
-//! `TurnEnv` itself, so what a turn is given is decided here once.
+//! token and starts what the face asked for ([`Step`]), telling each event
+//! to the face's observer and, when telemetry is on, to a
+//! `cairn_telemetry::TurnTrace` (one implementation for every face). No
+//! face builds a `TurnEnv` itself, so what a turn is given is decided here once.
 //!
 //! Must not: decide a verdict (the approver's gate does), choose tools
 //! (the host does, [`SessionHost::turn`]) or present anything (the face's
@@ -17,6 +19,7 @@ use cairn_core::provider::Provider;
 use cairn_core::storage::registers::QueuedPrompt;
 use cairn_core::storage::{JsonlStore, Storage};
 use cairn_core::{CancelToken, Reopen, Session, ToolRegistry, TurnEnv, TurnError, TurnEvent, TurnOutcome};
+use cairn_telemetry::TurnTrace;
 
 use crate::SessionHost;
 
@@ -51,6 +54,33 @@ impl<A: Approver> Equipment<A> {
     /// Run `step` on `session` with `provider`, telling each event to
     /// `observer`, until it ends or `cancel` is cancelled.
     pub fn run<S: Storage>(
+        &mut self,
+        session: &mut Session<S>,
+        provider: &dyn Provider,
+        step: Step<'_>,
+        observer: &mut dyn FnMut(&TurnEvent),
+        cancel: &CancelToken,
+    ) -> Result<Option<TurnOutcome>, TurnError> {
+        // Telemetry hears the same events as the face (`cairn-telemetry`);
+        // off, this is one check and the face's observer runs alone.
+        let Some(mut trace) = TurnTrace::start(&session.store().header().id, provider.name(), provider.model()) else {
+            return self.step(session, provider, step, observer, cancel);
+        };
+        let result = self.step(
+            session,
+            provider,
+            step,
+            &mut |event| {
+                observer(event);
+                trace.observe(event);
+            },
+            cancel,
+        );
+        trace.finish(result.as_ref().map(Option::as_ref));
+        result
+    }
+
+    fn step<S: Storage>(
         &mut self,
         session: &mut Session<S>,
         provider: &dyn Provider,

@@ -103,6 +103,10 @@ pub struct FileConfig {
     /// `[[hooks.pre_tool]]`, `[[hooks.post_tool]]`: hook programs.
     #[serde(default)]
     pub hooks: cairn_tools::hooks::HooksConfig,
+    /// `[telemetry]`: OpenTelemetry export (cairn-telemetry; the `OTEL_*`
+    /// variables win over it).
+    #[serde(default)]
+    pub telemetry: Option<cairn_telemetry::TelemetryConfig>,
 }
 
 /// `[storage]`.
@@ -261,6 +265,9 @@ pub struct Settings {
     pub mcp_servers: BTreeMap<String, cairn_mcp::ServerConfig>,
     /// `[hooks]`, checked.
     pub hooks: cairn_tools::hooks::HooksConfig,
+    /// `[telemetry]` as written (resolved with the environment by
+    /// `cairn_telemetry::resolve`).
+    pub telemetry: Option<cairn_telemetry::TelemetryConfig>,
 }
 
 /// The name of a provider kind as a person writes it in `kind =`.
@@ -303,6 +310,7 @@ pub fn accepted_keys() -> Vec<String> {
                 nest(&mut keys, "mcp_servers.NAME", fields_of::<cairn_mcp::ServerConfig>());
                 nest(&mut keys, "mcp_servers.NAME.tools.TOOL", fields_of::<cairn_mcp::ToolOverride>());
             }
+            "telemetry" => nest(&mut keys, section, fields_of::<cairn_telemetry::TelemetryConfig>()),
             "hooks" => {
                 nest(&mut keys, "hooks", fields_of::<cairn_tools::hooks::HooksConfig>());
                 nest(&mut keys, "hooks.EVENT", fields_of::<cairn_tools::hooks::HookConfig>());
@@ -569,6 +577,7 @@ impl Settings {
             toolsrv: file.tools.toolsrv,
             mcp_servers,
             hooks: file.hooks,
+            telemetry: file.telemetry,
         })
     }
 

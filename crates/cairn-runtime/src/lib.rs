@@ -38,6 +38,7 @@ pub mod redact;
 pub mod secrets;
 pub mod sessions;
 pub mod subagents;
+pub mod telemetry;
 pub mod tools;
 pub mod toolsrv;
 pub mod trust;

@@ -119,6 +119,21 @@ impl SecretValues {
         self.0.is_empty()
     }
 
+    /// `text` with every secret in it replaced by `***` (a short one only
+    /// when it is the whole text), for text that leaves cairn (telemetry).
+    pub fn redact(&self, text: &str) -> String {
+        if self.0.iter().any(|s| text.trim() == s) {
+            return "***".to_owned();
+        }
+        let mut out = text.to_owned();
+        for s in self.0.iter().filter(|s| s.len() >= Self::MIN_CONTAINED_LEN) {
+            if out.contains(s.as_str()) {
+                out = out.replace(s.as_str(), "***");
+            }
+        }
+        out
+    }
+
     /// Whether `value` equals a secret or contains one (long enough to
     /// match inside a value).
     pub fn matches(&self, value: &str) -> bool {
@@ -166,6 +181,17 @@ pub fn scrubbed_env(secrets: &SecretValues) -> Vec<(String, String)> {
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .filter(|(k, v)| may_pass(k, v, secrets))
         .collect()
+}
+
+/// Give a tool's process the W3C `TRACEPARENT` of its call's
+/// `execute_tool` span when cairn exports telemetry (so the tool's own
+/// telemetry joins the trace), replacing one inherited from cairn's
+/// environment; nothing when telemetry is off.
+pub fn add_traceparent(env: &mut Vec<(String, String)>, request: &cairn_core::tool::ToolRequest) {
+    if let Some(tp) = cairn_telemetry::call_traceparent(&request.session_id, &request.invocation_id) {
+        env.retain(|(k, _)| k != "TRACEPARENT");
+        env.push(("TRACEPARENT".to_owned(), tp));
+    }
 }
 
 /// Remove from the calling process's environment every variable for which

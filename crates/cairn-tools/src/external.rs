@@ -370,6 +370,7 @@ impl Tool for ExternalTool {
         let mut env = crate::env::scrubbed_env(&self.secrets);
         env.push(("CAIRN_TOOL_NAME".into(), self.spec.name.clone()));
         env.push(("CAIRN_INVOCATION_ID".into(), request.invocation_id.clone()));
+        crate::env::add_traceparent(&mut env, request);
         // The metadata's timeout can only shorten the turn's limit.
         let timeout = self.timeout.map_or(ctx.limits.timeout, |t| t.min(ctx.limits.timeout));
         let spec = RunSpec {

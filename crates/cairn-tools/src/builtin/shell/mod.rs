@@ -365,6 +365,7 @@ impl Tool for Shell {
         // runs with noclobber; a line a person approved runs as written.
         let noclobber = tier != Risk::Destructive && unstaged::judge(&args.command).noclobber;
         let mut spec = self.spec_for(&args.command, ctx.cwd, timeout, sandboxed, None);
+        crate::env::add_traceparent(&mut spec.env, request);
         if noclobber {
             spec.argv.insert(1, OsString::from("-C"));
         }
@@ -440,6 +441,7 @@ impl Shell {
         let staging = Staging::create(&self.staging_dir, &request.invocation_id)
             .map_err(|e| ToolError::Sandbox(format!("cannot stage the call: {e}")))?;
         let mut spec = self.spec_for(command, ctx.cwd, timeout, true, Some(staging.dirs()));
+        crate::env::add_traceparent(&mut spec.env, request);
         if let Some(policy) = &mut spec.sandbox {
             policy.bypass = bypass;
         }

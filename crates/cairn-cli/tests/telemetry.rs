@@ -1,0 +1,371 @@
+//! OpenTelemetry export (issue 51) through the real `cairn` binary: a
+//! scripted turn with a tool call and a subagent exported to a real
+//! receiver — Arize Phoenix from PyPI (`scripts/venv phoenix`), started
+//! by the test — whose REST API gives back the spans' names, attributes
+//! and parent links; the metric names through an OTLP metrics sink decoding
+//! with the official `opentelemetry-proto` package (Phoenix takes no
+//! metrics); content only when asked and never a provider key; a collector
+//! that accepts the connection and never answers costs neither the turn
+//! nor the exit.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::util::{self, Env};
+use util::stderr_text as stderr;
+use util::stdout_text as stdout;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The interpreter of the pinned venv `name` (`scripts/venv`).
+fn venv_python(name: &str) -> PathBuf {
+    let out = Command::new(repo().join("scripts/venv")).arg(name).output().expect("cannot run scripts/venv");
+    assert!(
+        out.status.success(),
+        "scripts/venv {name} failed (python3 with venv and PyPI are needed for this test): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A GET over plain HTTP/1.0: (status, body); `None` when nothing listens.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Arize Phoenix serving OTLP/HTTP and its REST API on one port.
+struct Phoenix {
+    port: u16,
+    _dir: tempfile::TempDir,
+    _process: Killed,
+}
+
+impl Phoenix {
+    fn start(python: &Path) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("phoenix.log")).unwrap();
+        let process = Command::new(python.parent().unwrap().join("phoenix"))
+            .arg("serve")
+            .env("PHOENIX_WORKING_DIR", dir.path())
+            .env("PHOENIX_PORT", port.to_string())
+            .env("PHOENIX_HOST", "127.0.0.1")
+            .env("PHOENIX_GRPC_PORT", free_port().to_string())
+            .env("PHOENIX_TELEMETRY_ENABLED", "false")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("cannot start phoenix");
+        let phoenix = Phoenix { port, _process: Killed(process), _dir: dir };
+        // Its database migrations take a minute on a loaded machine.
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while get(port, "/v1/projects").is_none_or(|(status, _)| status != 200) {
+            assert!(
+                Instant::now() < deadline,
+                "phoenix did not come up: {}",
+                std::fs::read_to_string(phoenix._dir.path().join("phoenix.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        phoenix
+    }
+
+    /// The spans of `project` once at least `want` of them arrived
+    /// (Phoenix ingests in the background).
+    fn spans(&self, project: &str, want: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let spans = get(self.port, &format!("/v1/projects/{project}/spans?limit=1000"))
+                .filter(|(status, _)| *status == 200)
+                .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+                .and_then(|v| v["data"].as_array().cloned())
+                .unwrap_or_default();
+            if spans.len() >= want || Instant::now() > deadline {
+                return spans;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+fn write(dir: &Path, name: &str, lines: &[Value]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    path
+}
+
+fn named<'a>(spans: &'a [Value], name: &str) -> Vec<&'a Value> {
+    spans.iter().filter(|s| s["name"] == name).collect()
+}
+
+fn attr<'a>(span: &'a Value, key: &str) -> &'a Value {
+    &span["attributes"][key]
+}
+
+fn span_id(span: &Value) -> &str {
+    span["context"]["span_id"].as_str().unwrap()
+}
+
+fn trace_id(span: &Value) -> &str {
+    span["context"]["trace_id"].as_str().unwrap()
+}
+
+/// A parent that runs `shell` (writing its environment to env.txt), spawns a child that runs `shell` too, waits
+/// for it and answers; the child's script beside it.
+fn family_scripts(env: &Env) -> PathBuf {
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    write(
+        &env.home,
+        "child.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [{"id": "k1", "name": "shell", "arguments": {"command": "echo child"}}]}),
+            json!({"text": "child done"}),
+        ],
+    );
+    write(
+        &env.home,
+        "parent.jsonl",
+        &[
+            json!({"text": "", "toolCalls": [
+                {"id": "c1", "name": "shell", "arguments": {"command": "env > env.txt"}},
+                {"id": "s1", "name": "spawn_agent", "arguments": {"prompt": "help", "wait": false, "script": "child.jsonl"}}
+            ]}),
+            json!({"text": "", "toolCalls": [{"id": "w1", "name": "wait_agents", "arguments": {}}]}),
+            json!({"text": "all done"}),
+        ],
+    )
+}
+
+/// One turn with a tool call and a subagent, exported to Phoenix: the
+/// GenAI spans with their attributes, one trace for the family, the
+/// child's turn under the parent's `spawn_agent` call, no content unless
+/// asked, the conventions' metric names; then the same with content asked
+/// for, and a provider key in the prompt never leaves.
+#[test]
+fn a_turn_with_a_tool_and_a_subagent_is_one_trace_in_phoenix() {
+    let python = venv_python("phoenix");
+    let phoenix = Phoenix::start(&python);
+    let sink_out = tempfile::NamedTempFile::new().unwrap();
+    let mut sink = Command::new(&python)
+        .arg(repo().join("tests/python/otlp_metrics_sink.py"))
+        .arg(sink_out.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    {
+        use std::io::BufRead as _;
+        std::io::BufReader::new(sink.stdout.take().unwrap()).read_line(&mut port).unwrap();
+    }
+    let _sink = Killed(sink);
+    let metrics_port: u16 = port.trim().parse().unwrap();
+
+    let env = Env::new();
+    let script = family_scripts(&env);
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "go"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{}", phoenix.port))
+        .env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", format!("http://127.0.0.1:{metrics_port}/v1/metrics"))
+        .env("OTEL_RESOURCE_ATTRIBUTES", "openinference.project.name=family")
+        .env("OTEL_SERVICE_NAME", "cairn-test")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("all done"), "{}", stdout(&out));
+    assert!(!stderr(&out).contains("telemetry"), "nothing was lost: {}", stderr(&out));
+    let files = env.session_files();
+    let parent_file = files.iter().find(|p| !p.to_str().unwrap().contains('+')).unwrap();
+    let parent_id = parent_file.file_stem().unwrap().to_str().unwrap().to_owned();
+
+    // 2 turns, 3 + 2 chats, 3 + 1 tool calls.
+    let spans = phoenix.spans("family", 11);
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let turns = named(&spans, "invoke_agent cairn");
+    assert_eq!(turns.len(), 2, "{names:?}");
+    let chats: Vec<&Value> = spans.iter().filter(|s| s["name"].as_str().unwrap().starts_with("chat ")).collect();
+    assert_eq!(chats.len(), 5, "{names:?}");
+    let trace = trace_id(turns[0]);
+    assert!(spans.iter().all(|s| trace_id(s) == trace), "one trace for the family: {spans:#?}");
+
+    let parent_turn = turns.iter().find(|t| attr(t, "gen_ai.conversation.id") == parent_id.as_str()).unwrap();
+    let child_turn = turns.iter().find(|t| attr(t, "gen_ai.conversation.id") != parent_id.as_str()).unwrap();
+    let child_id = attr(child_turn, "gen_ai.conversation.id").as_str().unwrap();
+    assert!(child_id.starts_with(&format!("{parent_id}+")), "{child_id}");
+    assert_eq!(attr(parent_turn, "gen_ai.operation.name"), "invoke_agent");
+    assert_eq!(attr(parent_turn, "cairn.stop"), "answered");
+    assert!(parent_turn["parent_id"].is_null(), "the parent's turn is the root");
+
+    for chat in &chats {
+        assert_eq!(attr(chat, "gen_ai.operation.name"), "chat");
+        assert!(attr(chat, "gen_ai.provider.name").is_string(), "{chat:#}");
+        assert!(attr(chat, "gen_ai.request.model").is_string(), "{chat:#}");
+        assert!(attr(chat, "gen_ai.usage.input_tokens").is_number(), "{chat:#}");
+        assert!(attr(chat, "gen_ai.usage.output_tokens").is_number(), "{chat:#}");
+        assert!(attr(chat, "gen_ai.response.finish_reasons").is_array(), "{chat:#}");
+        let turn = if attr(chat, "gen_ai.conversation.id") == parent_id.as_str() { parent_turn } else { child_turn };
+        assert_eq!(chat["parent_id"], span_id(turn), "a chat is a child of its turn");
+    }
+
+    let shells = named(&spans, "execute_tool shell");
+    assert_eq!(shells.len(), 2, "{names:?}");
+    let parent_shell = shells.iter().find(|s| attr(s, "gen_ai.tool.call.id") == "c1").unwrap();
+    assert_eq!(attr(parent_shell, "gen_ai.tool.name"), "shell");
+    assert_eq!(attr(parent_shell, "gen_ai.conversation.id"), parent_id.as_str());
+    assert_eq!(attr(parent_shell, "cairn.settlement"), "done");
+    assert!(attr(parent_shell, "cairn.risk").is_string(), "{parent_shell:#}");
+    assert!(attr(parent_shell, "cairn.approval.by").is_string(), "{parent_shell:#}");
+    assert_eq!(parent_shell["parent_id"], span_id(parent_turn));
+    // The tool's process got its call's span as TRACEPARENT.
+    let tool_env = std::fs::read_to_string(env.cwd.join("env.txt")).unwrap();
+    let tp = tool_env.lines().find_map(|l| l.strip_prefix("TRACEPARENT="));
+    assert_eq!(tp, Some(format!("00-{trace}-{}-01", span_id(parent_shell)).as_str()), "in the tool's environment");
+    let child_shell = shells.iter().find(|s| attr(s, "gen_ai.tool.call.id") == "k1").unwrap();
+    assert_eq!(child_shell["parent_id"], span_id(child_turn));
+
+    let spawn = named(&spans, "execute_tool spawn_agent");
+    assert_eq!(spawn.len(), 1, "{names:?}");
+    assert_eq!(spawn[0]["parent_id"], span_id(parent_turn));
+    assert_eq!(child_turn["parent_id"], span_id(spawn[0]), "the child's turn is under the spawning call");
+
+    for span in &spans {
+        for key in ["gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments"] {
+            assert!(attr(span, key).is_null(), "no content unless asked: {span:#}");
+        }
+    }
+
+    // The metric names, as the SDK's periodic reader delivered them at exit.
+    let metrics = std::fs::read_to_string(sink_out.path()).unwrap();
+    for name in ["gen_ai.client.token.usage", "gen_ai.client.operation.duration", "cairn.tool.calls", "cairn.turns"] {
+        assert!(metrics.lines().any(|l| l == name), "metric {name} missing: {metrics}");
+    }
+
+    // Content when asked, scrubbed of the provider key cairn holds.
+    let key = "sk-test-0123456789abcdef";
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "noted"})]);
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "run", &format!("remember {key} for later")])
+        .env("OPENAI_API_KEY", key)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{}", phoenix.port))
+        .env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", format!("http://127.0.0.1:{metrics_port}/v1/metrics"))
+        .env("OTEL_RESOURCE_ATTRIBUTES", "openinference.project.name=content")
+        .env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+    let spans = phoenix.spans("content", 2);
+    let turn = named(&spans, "invoke_agent cairn");
+    assert_eq!(turn.len(), 1, "{spans:#?}");
+    let input = attr(turn[0], "gen_ai.input.messages").as_str().unwrap_or_default();
+    assert!(input.contains("remember") && input.contains("***"), "{input}");
+    assert!(!serde_json::to_string(&spans).unwrap().contains(key), "the key never leaves: {spans:#?}");
+    assert!(attr(turn[0], "gen_ai.output.messages").as_str().unwrap_or_default().contains("noted"));
+}
+
+/// A collector that accepts the connection and never answers: the turn
+/// runs and answers, and cairn exits after its bounded flush, saying what
+/// was dropped. (Unbounded, the exit would wait for the export's own
+/// timeout, set here to ten minutes; the test gives up long before.)
+#[test]
+fn a_collector_that_never_answers_costs_neither_the_turn_nor_the_exit() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let held = std::sync::Arc::clone(&accepted);
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            // Held open, never read from nor answered.
+            held.lock().unwrap().push(stream);
+        }
+    });
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell", "arguments": {"command": "echo hi"}}]}),
+        json!({"text": "finished"}),
+    ]);
+    let mut child = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "go"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("OTEL_EXPORTER_OTLP_TIMEOUT", "600000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("cairn did not exit: the flush at exit waited for a collector that never answers");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("finished"), "{}", stdout(&out));
+    assert!(!accepted.lock().unwrap().is_empty(), "cairn tried to export");
+    assert!(stderr(&out).contains("telemetry:") && stderr(&out).contains("dropped"), "{}", stderr(&out));
+}
+
+/// Opt-in: with `[telemetry] enabled = false` the variables are ignored,
+/// and a refused protocol is said, not silently dropped; nothing connects.
+#[test]
+fn telemetry_off_or_refused_sends_nothing() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let env = Env::new();
+    let script = env.script(&[json!({"text": "ok"})]);
+    std::fs::write(env.home.join("config.toml"), "[telemetry]\nenabled = false\n").unwrap();
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "run", "go"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("telemetry"), "{}", stderr(&out));
+    std::fs::remove_file(env.home.join("config.toml")).unwrap();
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "run", "go"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("telemetry is off") && stderr(&out).contains("http/protobuf"), "{}", stderr(&out));
+    assert!(listener.accept().is_err(), "nothing connected to the endpoint");
+}

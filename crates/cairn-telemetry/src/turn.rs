@@ -1,0 +1,475 @@
+//! One turn's spans and metrics, built from the events the turn tells its
+//! observer (cairn-core's `TurnEvent`, committed before they are told), so
+//! the core stays free of telemetry and every face is covered by the one
+//! observer `Equipment::run` wraps.
+//!
+//! Spans (GenAI semantic conventions): `invoke_agent cairn` per turn (or
+//! resume), `chat {model}` per model call, `execute_tool {tool}` per tool
+//! call with an `approval` child while a person is asked; compaction is an
+//! event of the turn's span. Attributes of cairn's own are under `cairn.*`.
+//!
+//! Must not: block (spans end into the batch processor's bounded queue) or
+//! export content unless the plan captures it.
+
+use std::collections::HashMap;
+
+use cairn_core::TurnEvent;
+use cairn_core::approval::Answer;
+use cairn_core::report::UsageTotals;
+use cairn_core::{TurnError, TurnOutcome, TurnStop};
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanKind, Status, TraceContextExt as _, TraceFlags, TraceId, TraceState, Tracer as _,
+};
+use opentelemetry::{Context, KeyValue, Value};
+use opentelemetry_sdk::trace::Span;
+
+use crate::{Telemetry, adopted, global, ids};
+
+/// Spans and metrics of one run of a face's step (a turn, a resume).
+pub struct TurnTrace {
+    t: &'static Telemetry,
+    session: String,
+    provider: String,
+    model: String,
+    turn: Option<Span>,
+    chat: Option<Span>,
+    /// The model call's attempts, summed as every report sums them.
+    chat_usage: UsageTotals,
+    tools: HashMap<String, Call>,
+    approvals: HashMap<String, Span>,
+    ended_as: Option<&'static str>,
+}
+
+struct Call {
+    span: Span,
+    tool: String,
+    risk: Option<&'static str>,
+    verdict: Option<&'static str>,
+}
+
+impl std::fmt::Debug for TurnTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TurnTrace").field("session", &self.session).finish_non_exhaustive()
+    }
+}
+
+fn risk_name(risk: cairn_core::tool::Risk) -> &'static str {
+    use cairn_core::tool::Risk;
+    match risk {
+        Risk::ReadOnly => "readOnly",
+        Risk::Write => "write",
+        Risk::Destructive => "destructive",
+    }
+}
+
+fn finish_reason(stop: cairn_core::provider::StopReason) -> &'static str {
+    use cairn_core::provider::StopReason;
+    // The conventions' values where one exists.
+    match stop {
+        StopReason::EndTurn => "stop",
+        StopReason::ToolUse => "tool_call",
+        StopReason::MaxTokens => "length",
+        StopReason::Other => "other",
+    }
+}
+
+/// `gen_ai.provider.name` for cairn's provider names (the conventions'
+/// well-known values where one applies).
+fn provider_name(name: &str) -> String {
+    match name {
+        "openai" | "openai-chat" | "openai-responses" => "openai".to_owned(),
+        "anthropic" => "anthropic".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
+/// The trace a session's turns belong to.
+pub(crate) fn trace_of(t: &Telemetry, session: &str) -> TraceId {
+    match ids::split_child(session) {
+        Some((parent, _)) => trace_of(t, parent),
+        None => adopted(session)
+            .or_else(|| t.parent.clone())
+            .map_or_else(|| ids::session_trace(session), |sc| sc.trace_id()),
+    }
+}
+
+/// The span a turn of `session` is a child of: the client's traceparent,
+/// the spawning call's `execute_tool` span for a child, the process's
+/// `TRACEPARENT`, or none (a root whose trace id is the session's).
+fn turn_parent(t: &Telemetry, session: &str) -> Option<SpanContext> {
+    if let Some(sc) = adopted(session) {
+        return Some(sc);
+    }
+    if let Some((parent, invocation)) = ids::split_child(session) {
+        return Some(SpanContext::new(
+            trace_of(t, parent),
+            ids::call_span(parent, invocation),
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::default(),
+        ));
+    }
+    t.parent.clone()
+}
+
+impl TurnTrace {
+    /// A trace for one step of `session` run with `provider` / `model`;
+    /// `None` when telemetry is off (the turn then pays nothing more).
+    pub fn start(session: &str, provider: &str, model: &str) -> Option<Self> {
+        let t = global()?;
+        Some(TurnTrace {
+            t,
+            session: session.to_owned(),
+            provider: provider_name(provider),
+            model: model.to_owned(),
+            turn: None,
+            chat: None,
+            chat_usage: UsageTotals::default(),
+            tools: HashMap::new(),
+            approvals: HashMap::new(),
+            ended_as: None,
+        })
+    }
+
+    fn span(
+        &self,
+        name: String,
+        kind: SpanKind,
+        parent: Option<SpanContext>,
+        ids: (Option<TraceId>, Option<opentelemetry::trace::SpanId>),
+        attributes: Vec<KeyValue>,
+    ) -> Span {
+        let cx = match parent {
+            Some(sc) => Context::new().with_remote_span_context(sc),
+            None => Context::new(),
+        };
+        let tracer = &self.t.tracer;
+        ids::with_ids(ids.0, ids.1, || {
+            tracer.span_builder(name).with_kind(kind).with_attributes(attributes).start_with_context(tracer, &cx)
+        })
+    }
+
+    fn under_turn(&self) -> Option<SpanContext> {
+        self.turn.as_ref().map(|s| s.span_context().clone())
+    }
+
+    fn content(&self, text: &str) -> Option<Value> {
+        self.t.capture.then(|| Value::from((self.t.scrub)(text)))
+    }
+
+    fn conversation(&self) -> KeyValue {
+        KeyValue::new("gen_ai.conversation.id", self.session.clone())
+    }
+
+    /// Tell the trace one of the turn's events.
+    pub fn observe(&mut self, event: &TurnEvent) {
+        match event {
+            TurnEvent::TurnStarted { turn_id, lane, resumed, prompt } => {
+                self.end_turn_span(None);
+                let mut attrs = vec![
+                    KeyValue::new("gen_ai.operation.name", "invoke_agent"),
+                    KeyValue::new("gen_ai.agent.name", "cairn"),
+                    KeyValue::new("gen_ai.provider.name", self.provider.clone()),
+                    KeyValue::new("gen_ai.request.model", self.model.clone()),
+                    self.conversation(),
+                    KeyValue::new("cairn.turn.id", turn_id.clone()),
+                    KeyValue::new("cairn.lane", lane.clone()),
+                    KeyValue::new("cairn.resumed", *resumed),
+                ];
+                if let Some(v) = prompt.as_deref().and_then(|p| self.content(&input_messages(p))) {
+                    attrs.push(KeyValue::new("gen_ai.input.messages", v));
+                }
+                let parent = turn_parent(self.t, &self.session);
+                let trace = parent.is_none().then(|| trace_of(self.t, &self.session));
+                self.turn =
+                    Some(self.span("invoke_agent cairn".to_owned(), SpanKind::Internal, parent, (trace, None), attrs));
+            }
+            TurnEvent::ProviderRequested { step, .. } => {
+                self.end_chat(None);
+                let attrs = vec![
+                    KeyValue::new("gen_ai.operation.name", "chat"),
+                    KeyValue::new("gen_ai.provider.name", self.provider.clone()),
+                    KeyValue::new("gen_ai.request.model", self.model.clone()),
+                    self.conversation(),
+                    KeyValue::new("cairn.step", i64::from(*step)),
+                ];
+                let parent = self.under_turn();
+                self.chat =
+                    Some(self.span(format!("chat {}", self.model), SpanKind::Client, parent, (None, None), attrs));
+                self.chat_usage = UsageTotals::default();
+            }
+            TurnEvent::Usage { usage } => {
+                let i = &self.t.instruments;
+                let common = [
+                    KeyValue::new("gen_ai.operation.name", "chat"),
+                    KeyValue::new("gen_ai.provider.name", provider_name(&usage.provider)),
+                    KeyValue::new("gen_ai.request.model", usage.model.clone()),
+                ];
+                let mut with_error = common.to_vec();
+                if let Some(status) = usage.status.filter(|s| *s >= 400) {
+                    with_error.push(KeyValue::new("error.type", status.to_string()));
+                } else if usage.error.is_some() {
+                    with_error.push(KeyValue::new("error.type", "_OTHER"));
+                }
+                i.duration.record(usage.duration_ms as f64 / 1000.0, &with_error);
+                if usage.error.is_none() {
+                    let mut input = common.to_vec();
+                    input.push(KeyValue::new("gen_ai.token.type", "input"));
+                    i.tokens.record(usage.input_tokens, &input);
+                    let mut output = common.to_vec();
+                    output.push(KeyValue::new("gen_ai.token.type", "output"));
+                    i.tokens.record(usage.output_tokens, &output);
+                }
+                self.chat_usage.add(usage);
+                if let Some(chat) = self.chat.as_mut() {
+                    chat.set_attribute(KeyValue::new("gen_ai.response.model", usage.model.clone()));
+                    chat.set_attribute(KeyValue::new("cairn.attempts", i64::from(usage.attempt)));
+                }
+            }
+            TurnEvent::ProviderSettled { stop, tool_calls, .. } => {
+                if let Some(chat) = self.chat.as_mut() {
+                    chat.set_attribute(KeyValue::new(
+                        "gen_ai.response.finish_reasons",
+                        Value::Array(vec![opentelemetry::StringValue::from(finish_reason(*stop))].into()),
+                    ));
+                    chat.set_attribute(KeyValue::new("cairn.tool_calls", *tool_calls as i64));
+                }
+                self.end_chat(None);
+            }
+            TurnEvent::ProviderFailed { kind, message } => {
+                self.end_chat(Some((kind.clone(), message.clone())));
+            }
+            TurnEvent::ToolRequested { invocation_id, call_id, tool, risk, arguments } => {
+                let mut attrs = vec![
+                    KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                    KeyValue::new("gen_ai.tool.name", tool.clone()),
+                    KeyValue::new("gen_ai.tool.call.id", call_id.clone()),
+                    KeyValue::new("gen_ai.tool.type", "function"),
+                    self.conversation(),
+                    KeyValue::new("cairn.invocation.id", invocation_id.clone()),
+                ];
+                let risk = risk.map(risk_name);
+                if let Some(r) = risk {
+                    attrs.push(KeyValue::new("cairn.risk", r));
+                }
+                if let Some(v) = self.content(&arguments.to_string()) {
+                    attrs.push(KeyValue::new("gen_ai.tool.call.arguments", v));
+                }
+                let parent = self.under_turn();
+                // The span id is the call's, so a child session spawned by
+                // it finds its parent from its own id (`ids.rs`).
+                let id = Some(ids::call_span(&self.session, invocation_id));
+                let span = self.span(format!("execute_tool {tool}"), SpanKind::Internal, parent, (None, id), attrs);
+                self.tools.insert(invocation_id.clone(), Call { span, tool: tool.clone(), risk, verdict: None });
+            }
+            TurnEvent::ApprovalAsked { invocation_id, tool, risk, .. } => {
+                let parent = self.tools.get(invocation_id).map(|c| c.span.span_context().clone()).or(self.under_turn());
+                let attrs = vec![
+                    KeyValue::new("gen_ai.tool.name", tool.clone()),
+                    KeyValue::new("cairn.risk", risk_name(*risk)),
+                    self.conversation(),
+                ];
+                let span = self.span("approval".to_owned(), SpanKind::Internal, parent, (None, None), attrs);
+                self.approvals.insert(invocation_id.clone(), span);
+                self.t.instruments.approvals_waiting.add(1, &[KeyValue::new("gen_ai.tool.name", tool.clone())]);
+            }
+            TurnEvent::ApprovalVerdict { invocation_id, verdict } => {
+                let decision = match &verdict.decision {
+                    Answer::Approve => "approve",
+                    Answer::ApproveForSession => "approveForSession",
+                    Answer::Deny { .. } => "deny",
+                };
+                if let Some(mut span) = self.approvals.remove(invocation_id) {
+                    span.set_attribute(KeyValue::new("cairn.approval.verdict", decision));
+                    span.set_attribute(KeyValue::new("cairn.approval.by", verdict.by.clone()));
+                    span.end();
+                    let tool = self.tools.get(invocation_id).map(|c| c.tool.clone()).unwrap_or_default();
+                    self.t.instruments.approvals_waiting.add(-1, &[KeyValue::new("gen_ai.tool.name", tool)]);
+                }
+                if let Some(call) = self.tools.get_mut(invocation_id) {
+                    call.span.set_attribute(KeyValue::new("cairn.approval.verdict", decision));
+                    call.span.set_attribute(KeyValue::new("cairn.approval.by", verdict.by.clone()));
+                    call.verdict = Some(decision);
+                }
+            }
+            TurnEvent::ToolStarted { invocation_id, tool, risk } => {
+                if !self.tools.contains_key(invocation_id) {
+                    // A resumed call: its intent was told by an earlier process.
+                    let attrs = vec![
+                        KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                        KeyValue::new("gen_ai.tool.name", tool.clone()),
+                        self.conversation(),
+                        KeyValue::new("cairn.invocation.id", invocation_id.clone()),
+                        KeyValue::new("cairn.risk", risk_name(*risk)),
+                        KeyValue::new("cairn.resumed", true),
+                    ];
+                    let parent = self.under_turn();
+                    let span =
+                        self.span(format!("execute_tool {tool}"), SpanKind::Internal, parent, (None, None), attrs);
+                    let call = Call { span, tool: tool.clone(), risk: Some(risk_name(*risk)), verdict: None };
+                    self.tools.insert(invocation_id.clone(), call);
+                }
+                if let Some(call) = self.tools.get_mut(invocation_id) {
+                    call.span.add_event("started", vec![]);
+                }
+            }
+            TurnEvent::ToolCompleted { invocation_id, exit_code, output_summary, truncated, .. } => {
+                let result = self.content(output_summary);
+                self.settle(invocation_id, "done", None, |span| {
+                    span.set_attribute(KeyValue::new("cairn.exit_code", i64::from(*exit_code)));
+                    span.set_attribute(KeyValue::new("cairn.truncated", *truncated));
+                    if let Some(v) = result {
+                        span.set_attribute(KeyValue::new("gen_ai.tool.call.result", v));
+                    }
+                });
+            }
+            TurnEvent::ToolFailed { invocation_id, reason, uncertain, .. } => {
+                let settlement = if *uncertain { "uncertain" } else { "failed" };
+                self.settle(invocation_id, settlement, Some(reason.clone()), |_| {});
+            }
+            TurnEvent::ToolRejected { invocation_id, tool, risk, reason } => {
+                if !self.tools.contains_key(invocation_id) {
+                    let parent = self.under_turn();
+                    let attrs = vec![
+                        KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                        KeyValue::new("gen_ai.tool.name", tool.clone()),
+                        self.conversation(),
+                    ];
+                    let span =
+                        self.span(format!("execute_tool {tool}"), SpanKind::Internal, parent, (None, None), attrs);
+                    self.tools.insert(
+                        invocation_id.clone(),
+                        Call { span, tool: tool.clone(), risk: risk.map(risk_name), verdict: None },
+                    );
+                }
+                self.settle(invocation_id, "rejected", Some(reason.clone()), |_| {});
+            }
+            TurnEvent::Final { text, .. } => {
+                self.ended_as = Some("answered");
+                if let Some(v) = self.content(&output_messages(text))
+                    && let Some(turn) = self.turn.as_mut()
+                {
+                    turn.set_attribute(KeyValue::new("gen_ai.output.messages", v));
+                }
+            }
+            TurnEvent::StepLimit { max_steps, .. } => {
+                self.ended_as = Some("stepLimit");
+                if let Some(turn) = self.turn.as_mut() {
+                    turn.set_attribute(KeyValue::new("cairn.max_steps", i64::from(*max_steps)));
+                }
+            }
+            TurnEvent::TurnCancelled { .. } => self.ended_as = Some("cancelled"),
+            TurnEvent::Compacted { entry_id, messages, reason } => {
+                if let Some(turn) = self.turn.as_mut() {
+                    turn.add_event(
+                        "compaction",
+                        vec![
+                            KeyValue::new("cairn.entry.id", entry_id.clone()),
+                            KeyValue::new("cairn.compaction.messages", *messages as i64),
+                            KeyValue::new("cairn.compaction.reason", format!("{reason:?}")),
+                        ],
+                    );
+                }
+            }
+            // Deltas and output chunks are the face's to show; events added
+            // to core later are not traced until named here.
+            _ => {}
+        }
+    }
+
+    fn settle(
+        &mut self,
+        invocation_id: &str,
+        settlement: &'static str,
+        error: Option<String>,
+        more: impl FnOnce(&mut Span),
+    ) {
+        let Some(mut call) = self.tools.remove(invocation_id) else { return };
+        call.span.set_attribute(KeyValue::new("cairn.settlement", settlement));
+        more(&mut call.span);
+        if let Some(reason) = error {
+            call.span.set_attribute(KeyValue::new("error.type", settlement));
+            call.span.set_status(Status::error(reason));
+        }
+        call.span.end();
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.tool.name", call.tool),
+            KeyValue::new("cairn.settlement", settlement),
+            KeyValue::new("cairn.approval.verdict", call.verdict.unwrap_or("none")),
+        ];
+        if let Some(r) = call.risk {
+            attrs.push(KeyValue::new("cairn.risk", r));
+        }
+        self.t.instruments.tool_calls.add(1, &attrs);
+        if let Some(mut span) = self.approvals.remove(invocation_id) {
+            span.end();
+        }
+    }
+
+    fn end_chat(&mut self, error: Option<(String, String)>) {
+        let Some(mut chat) = self.chat.take() else { return };
+        let (input, output) = (self.chat_usage.input, self.chat_usage.output);
+        chat.set_attribute(KeyValue::new("gen_ai.usage.input_tokens", input as i64));
+        chat.set_attribute(KeyValue::new("gen_ai.usage.output_tokens", output as i64));
+        if let Some((kind, message)) = error {
+            chat.set_attribute(KeyValue::new("error.type", kind));
+            chat.set_status(Status::error(message));
+        }
+        chat.end();
+    }
+
+    fn end_turn_span(&mut self, error: Option<String>) {
+        self.end_chat(error.clone().map(|e| ("turn_error".to_owned(), e)));
+        for (_, mut span) in self.approvals.drain() {
+            span.set_attribute(KeyValue::new("cairn.approval.verdict", "unanswered"));
+            span.end();
+        }
+        for (_, mut call) in self.tools.drain() {
+            // Still open when the step ended: its settlement is in a later
+            // process's resume (or the session's log).
+            call.span.set_attribute(KeyValue::new("cairn.settlement", "open"));
+            call.span.end();
+        }
+        let Some(mut turn) = self.turn.take() else { return };
+        let ended = if error.is_some() { "error" } else { self.ended_as.take().unwrap_or("open") };
+        turn.set_attribute(KeyValue::new("cairn.stop", ended));
+        if let Some(e) = error {
+            turn.set_attribute(KeyValue::new("error.type", "turn_error"));
+            turn.set_status(Status::error(e));
+        }
+        turn.end();
+        self.t.instruments.turns.add(1, &[KeyValue::new("cairn.stop", ended)]);
+    }
+
+    /// The step ended with `result`: end every span still open.
+    pub fn finish(mut self, result: Result<Option<&TurnOutcome>, &TurnError>) {
+        if let Ok(Some(outcome)) = result {
+            self.ended_as.get_or_insert(match outcome.stop {
+                TurnStop::Answered => "answered",
+                TurnStop::StepLimit => "stepLimit",
+                TurnStop::Cancelled => "cancelled",
+                TurnStop::Stopped => "stopped",
+            });
+        }
+        self.end_turn_span(result.err().map(|e| e.to_string()));
+    }
+}
+
+impl Drop for TurnTrace {
+    fn drop(&mut self) {
+        // A panic or an early return: what is open still ends (spans end
+        // when dropped, but the turn's attributes are set here).
+        if self.turn.is_some() || self.chat.is_some() {
+            self.end_turn_span(None);
+        }
+    }
+}
+
+fn input_messages(prompt: &str) -> String {
+    serde_json::json!([{"role": "user", "parts": [{"type": "text", "content": prompt}]}]).to_string()
+}
+
+fn output_messages(text: &str) -> String {
+    serde_json::json!([{"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": "stop"}])
+        .to_string()
+}
