@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::connection::{Ask, Offers, ServerError};
 use crate::pool::{Found, Slot};
-use crate::tool::{Hints, cap, capabilities, now_ms, replay, tier, tool_name};
+use crate::tool::{Hints, MAX_STRUCTURED, cap, capabilities, now_ms, preview_call, replay, tier, tool_name};
 
 /// Which of the four requests a tool makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,9 +237,6 @@ fn answer_text(kind: Kind, answer: &Value) -> String {
     lines.join("\n")
 }
 
-/// The largest answer kept whole in a receipt (as for tool results).
-const MAX_STRUCTURED: usize = 1 << 20;
-
 impl Tool for ExtraTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
@@ -250,9 +247,7 @@ impl Tool for ExtraTool {
     }
 
     fn preview(&self, request: &ToolRequest, _cwd: &Path) -> Option<Preview> {
-        let args = serde_json::to_string_pretty(&request.arguments).unwrap_or_default();
-        let (args, _) = cap(args, 4096);
-        Some(Preview::Text { text: format!("MCP server {}: {}\n{args}", self.slot.name, self.kind.local()) })
+        Some(preview_call(&self.slot.name, self.kind.local(), &request.arguments))
     }
 
     fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {

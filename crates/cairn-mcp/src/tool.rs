@@ -238,8 +238,17 @@ impl McpTool {
 }
 
 /// The largest structured result kept in a receipt (the session file's
-/// lines are bounded; the text the model sees is capped separately).
-const MAX_STRUCTURED: usize = 1 << 20;
+/// lines are bounded; the text the model sees is capped separately); the
+/// resource and prompt tools (`extra.rs`) keep answers under it too.
+pub(crate) const MAX_STRUCTURED: usize = 1 << 20;
+
+/// What a person is shown before a call to server `server`: `what` it
+/// calls (a tool, a resource read, a prompt) and its arguments, capped.
+pub(crate) fn preview_call(server: &str, what: &str, arguments: &Value) -> Preview {
+    let args = serde_json::to_string_pretty(arguments).unwrap_or_default();
+    let (args, _) = cap(args, 4096);
+    Preview::Text { text: format!("MCP server {server}: {what}\n{args}") }
+}
 
 impl Tool for McpTool {
     fn spec(&self) -> &ToolSpec {
@@ -251,9 +260,7 @@ impl Tool for McpTool {
     }
 
     fn preview(&self, request: &ToolRequest, _cwd: &Path) -> Option<Preview> {
-        let args = serde_json::to_string_pretty(&request.arguments).unwrap_or_default();
-        let (args, _) = cap(args, 4096);
-        Some(Preview::Text { text: format!("MCP server {}: tool {}\n{args}", self.slot.name, self.remote) })
+        Some(preview_call(&self.slot.name, &format!("tool {}", self.remote), &request.arguments))
     }
 
     fn execute(&self, request: &ToolRequest, ctx: &mut ToolContext<'_>) -> Result<ToolReceipt, ToolError> {

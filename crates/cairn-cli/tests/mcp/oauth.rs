@@ -26,10 +26,13 @@ struct Server {
     _child: Killed,
 }
 
-fn start() -> Server {
+/// A Python test server `script` started on a free loopback port, once it
+/// said "listening"; each of `counted` is how many of its later stderr
+/// lines contained that text.
+fn python_server(script: &str, counted: &[&'static str]) -> (u16, Killed, Vec<Arc<AtomicUsize>>) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = Command::new(python_bin().join("python"))
-        .arg(repo().join("crates/cairn-cli/tests/mcp/oauth_server.py"))
+        .arg(repo().join("crates/cairn-cli/tests/mcp").join(script))
         .arg(port.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -38,20 +41,33 @@ fn start() -> Server {
     let err = child.stderr.take().unwrap();
     let child = Killed(child);
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
-    assert!(lines.by_ref().map_while(Result::ok).any(|l| l.contains("listening")), "the OAuth server did not start");
-    let (issued, refused_clients) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (i, r) = (issued.clone(), refused_clients.clone());
+    assert!(lines.by_ref().map_while(Result::ok).any(|l| l.contains("listening")), "{script} did not start");
+    // The scripts say "listening" before uvicorn binds the port: on a
+    // loaded machine cairn's first request came before the bind and was
+    // refused. Ready means a connection is accepted (a deadline to fail
+    // with a reason, not a timing assertion).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "{script} said listening but never accepted on port {port}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let counters: Vec<Arc<AtomicUsize>> = counted.iter().map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let (texts, counts) = (counted.to_vec(), counters.clone());
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
-            if line.contains("issued a token") {
-                i.fetch_add(1, Ordering::SeqCst);
-            }
-            if line.contains("refused a client") {
-                r.fetch_add(1, Ordering::SeqCst);
+            for (text, count) in texts.iter().zip(&counts) {
+                if line.contains(text) {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
             }
         }
     });
-    Server { port, issued, refused_clients, _child: child }
+    (port, child, counters)
+}
+
+fn start() -> Server {
+    let (port, child, counts) = python_server("oauth_server.py", &["issued a token", "refused a client"]);
+    Server { port, issued: counts[0].clone(), refused_clients: counts[1].clone(), _child: child }
 }
 
 #[test]
@@ -134,27 +150,8 @@ fn an_oauth_server_is_reached_with_client_credentials_and_refusals_say_why() {
 #[test]
 fn a_token_in_a_credential_named_variable_reaches_the_server_and_provider_keys_do_not() {
     let env = Env::new();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = Command::new(python_bin().join("python"))
-        .arg(repo().join("crates/cairn-cli/tests/mcp/headers_server.py"))
-        .arg(port.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let _server = Killed(child);
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
-    assert!(lines.by_ref().map_while(Result::ok).any(|l| l.contains("listening")), "the header server did not start");
-    let refused = Arc::new(AtomicUsize::new(0));
-    let counter = refused.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            if line.contains("refused a request") {
-                counter.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-    });
+    let (port, _server, counts) = python_server("headers_server.py", &["refused a request"]);
+    let refused = &counts[0];
     let call =
         json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__web__hello", "arguments": {"name": "cairn"}}]});
     let script = env.script(&[call, json!({"text": "done"})]);
