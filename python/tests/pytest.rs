@@ -62,6 +62,10 @@ fn the_python_package_passes_its_pytest_suite() {
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(root.join("python/tests"))
         .env("PYTHONPATH", site.path())
+        // `python -m` puts the working directory first on sys.path; cargo
+        // runs this in python/, whose `cairn/` has no extension in a fresh
+        // clone ("cannot import name '_cairn'"): run in the laid-out site.
+        .current_dir(site.path())
         .env("CAIRN_BIN", &cairn)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         // Nothing of the developer's own cairn: each test names its home.
