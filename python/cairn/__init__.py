@@ -388,7 +388,12 @@ class Agent:
         return str(self._native.sessions_dir)
 
     def run(self, prompt: str) -> Result:
-        """Run ``prompt`` as the first turn of a new session."""
+        """Run ``prompt`` as the first turn of a new session.
+
+        Tools run on a thread of cairn's, not the calling one. Ctrl-C
+        (``KeyboardInterrupt``) stops the turn at its next step, once a
+        running tool returns; the session keeps the interrupted turn, which
+        :meth:`resume` finishes."""
         return _result(self._native.run(prompt))
 
     def resume(self, session_id: str) -> Result:

@@ -9,8 +9,9 @@
 //! Python exception in a tool is the call's failure, which the model sees.
 
 use std::path::PathBuf;
-use std::sync::mpsc::{Receiver, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cairn_embed::{Builtins, CancelToken, Event, Question, Replay, Risk, ToolDef};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -121,16 +122,19 @@ impl Agent {
         Ok(Agent { agent: Arc::new(agent) })
     }
 
-    /// Run `prompt` in a new session: the outcome as JSON.
+    /// Run `prompt` in a new session: the outcome as JSON. Ctrl-C stops
+    /// the turn (settled as cancelled, resumable) and raises
+    /// `KeyboardInterrupt`.
     fn run(&self, py: Python<'_>, prompt: String) -> PyResult<String> {
-        let outcome = py.detach(|| self.agent.run(&prompt)).map_err(error)?;
-        to_json(&outcome)
+        let agent = Arc::clone(&self.agent);
+        interruptible(py, move |cancel| agent.run_with(&prompt, &mut |_| {}, cancel))
     }
 
     /// Finish session `session_id`'s interrupted turn: the outcome as JSON.
+    /// Ctrl-C as for [`Agent::run`].
     fn resume(&self, py: Python<'_>, session_id: String) -> PyResult<String> {
-        let outcome = py.detach(|| self.agent.resume(&session_id)).map_err(error)?;
-        to_json(&outcome)
+        let agent = Arc::clone(&self.agent);
+        interruptible(py, move |cancel| agent.resume_with(&session_id, &mut |_| {}, cancel))
     }
 
     /// Run `prompt` (or resume session `resume`) on a thread of its own,
@@ -198,17 +202,35 @@ impl Stream {
         slf
     }
 
+    /// The next item. Ctrl-C while waiting stops the turn (settled as
+    /// cancelled, resumable) and raises `KeyboardInterrupt`; the stream
+    /// then yields what the stopped turn sends, ending with its outcome.
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<(&'static str, String)>> {
-        let next = py.detach(|| {
-            let mut rx = self.rx.lock().map_err(|_| "the stream's lock is poisoned".to_owned())?;
-            let Some(receiver) = rx.as_ref() else { return Ok(None) };
-            let item = receiver.recv().ok();
-            if matches!(item, None | Some(Item::Done(_) | Item::Failed(_))) {
-                *rx = None;
+        let next = loop {
+            let waited = py.detach(|| {
+                let mut rx = self.rx.lock().map_err(|_| "the stream's lock is poisoned".to_owned())?;
+                let Some(receiver) = rx.as_ref() else { return Ok(Some(None)) };
+                let item = match receiver.recv_timeout(SIGNAL_POLL) {
+                    Ok(item) => Some(item),
+                    Err(RecvTimeoutError::Timeout) => return Ok(None),
+                    Err(RecvTimeoutError::Disconnected) => None,
+                };
+                if matches!(item, None | Some(Item::Done(_) | Item::Failed(_))) {
+                    *rx = None;
+                }
+                Ok::<_, String>(Some(item))
+            });
+            match waited.map_err(PyRuntimeError::new_err)? {
+                Some(item) => break item,
+                None => {
+                    if let Err(interrupt) = py.check_signals() {
+                        self.cancel.cancel();
+                        return Err(interrupt);
+                    }
+                }
             }
-            Ok::<_, String>(item)
-        });
-        match next.map_err(PyRuntimeError::new_err)? {
+        };
+        match next {
             None => Ok(None),
             Some(Item::Event(json)) => Ok(Some(("event", json))),
             Some(Item::Done(json)) => Ok(Some(("outcome", json))),
@@ -229,6 +251,59 @@ impl Drop for Stream {
         if !finished {
             self.cancel.cancel();
         }
+    }
+}
+
+/// How often a thread waiting for cairn looks at Python's signals (a
+/// Ctrl-C is seen only when Python code runs, and none runs while the
+/// GIL is released for a turn).
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// Run `turn` on a thread of its own while this one, without the GIL,
+/// waits for it and looks at Python's signals between waits: a signal
+/// handler that raises (Ctrl-C's `KeyboardInterrupt`) cancels the turn,
+/// which is then waited for (it settles its calls as cancelled, so the
+/// session resumes cleanly) before the exception is raised. The outcome
+/// as JSON otherwise.
+fn interruptible(
+    py: Python<'_>,
+    turn: impl FnOnce(&CancelToken) -> anyhow::Result<cairn_embed::Outcome> + Send + 'static,
+) -> PyResult<String> {
+    let cancel = CancelToken::new();
+    let token = cancel.clone();
+    let (tx, rx) = channel();
+    // Behind a lock so the wait can leave the GIL: a receiver alone cannot
+    // be shared across threads.
+    let rx = Mutex::new(rx);
+    let worker = std::thread::Builder::new()
+        .name("cairn-turn".to_owned())
+        .spawn(move || {
+            let _ = tx.send(turn(&token));
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the turn's thread: {e}")))?;
+    let mut interrupt = None;
+    let outcome = loop {
+        let waited = py.detach(|| rx.lock().map(|rx| rx.recv_timeout(SIGNAL_POLL)).map_err(|_| ()));
+        match waited.map_err(|()| PyRuntimeError::new_err("the turn's lock is poisoned"))? {
+            Ok(outcome) => break Some(outcome),
+            Err(RecvTimeoutError::Disconnected) => break None,
+            Err(RecvTimeoutError::Timeout) => {
+                if interrupt.is_none()
+                    && let Err(e) = py.check_signals()
+                {
+                    cancel.cancel();
+                    interrupt = Some(e);
+                }
+            }
+        }
+    };
+    let _ = py.detach(move || worker.join());
+    if let Some(interrupt) = interrupt {
+        return Err(interrupt);
+    }
+    match outcome {
+        Some(outcome) => to_json(&outcome.map_err(error)?),
+        None => Err(PyRuntimeError::new_err("the turn's thread ended without an outcome (it panicked)")),
     }
 }
 

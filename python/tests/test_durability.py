@@ -143,3 +143,82 @@ def test_the_cli_shows_and_undoes_a_session_python_wrote(home, work, script, cai
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "nothing to resume" in resumed.stderr
+
+
+# The child for Ctrl-C: its SIGINT handler notes that it ran (so the test
+# knows the interrupt was seen while the turn was still going) before
+# raising KeyboardInterrupt as Python's default does; the tool blocks
+# until the test releases it.
+CTRL_C_CHILD = textwrap.dedent(
+    """
+    import signal, sys, time
+    from pathlib import Path
+    import cairn
+
+    home, work, script, started, seen, release = sys.argv[1:7]
+
+    def on_sigint(signum, frame):
+        Path(seen).write_text("1")
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+    @cairn.tool(name="slow", risk="read_only", replay="never")
+    def slow() -> str:
+        Path(started).write_text("1")
+        while not Path(release).exists():
+            time.sleep(0.02)
+        return "slow done"
+
+    agent = cairn.Agent(home=home, cwd=work, provider="scripted", script=script, tools=[slow])
+    try:
+        agent.run("go slowly")
+    except KeyboardInterrupt:
+        sys.exit(3)
+    sys.exit(0)
+    """
+)
+
+
+def wait_for(path: Path, child: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if child.poll() is not None:
+            pytest.fail(f"the child exited ({child.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within 120 s")
+        time.sleep(0.02)
+
+
+def test_ctrl_c_stops_the_turn_raises_keyboard_interrupt_and_the_session_resumes(tmp_path, home, work, script):
+    path = script(call("slow", {}), answer("Finished after the interruption."))
+    started, seen, release = tmp_path / "started", tmp_path / "seen", tmp_path / "release"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_CHILD, str(home), str(work), str(path), str(started), str(seen), str(release)],
+        env=os.environ.copy(),
+    )
+    try:
+        wait_for(started, child, "its tool started")
+        child.send_signal(signal.SIGINT)
+        # Seen while the turn still runs (the tool is still blocked): a
+        # run that left the GIL without looking at signals would see it
+        # only after the turn ended.
+        wait_for(seen, child, "the interrupt was seen while the turn ran")
+        release.write_text("1")
+        assert child.wait(timeout=120) == 3, "run() raised KeyboardInterrupt"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    # The turn stopped before asking the model again: the session has a
+    # turn to finish, and a new process finishes it.
+    session = only_session(home)
+
+    @cairn.tool(name="slow", risk="read_only", replay="never")
+    def slow() -> str:
+        return "slow done"
+
+    agent = cairn.Agent(home=home, cwd=work, provider="scripted", script=path, tools=[slow])
+    result = agent.resume(session)
+    assert result.stop != "nothing", "the interrupted turn had been finished"
+    assert result.answer == "Finished after the interruption."
