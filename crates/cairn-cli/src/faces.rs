@@ -33,8 +33,8 @@ pub fn mcp(ctx: &Context, page_size: usize) -> Result<u8> {
         None => std::env::current_dir().context("cannot read the current directory")?,
     };
     let root = root.canonicalize().with_context(|| format!("--cwd {}: no such directory", root.display()))?;
-    let options = cairn_faces::mcp::McpOptions { root, page_size };
+    let options = cairn_faces::mcp_server::McpOptions { root, page_size };
     let stdin = std::io::BufReader::new(std::io::stdin());
-    cairn_faces::mcp::serve(&CliHost { ctx: ctx.run.clone() }, options, stdin, &stdout())?;
+    cairn_faces::mcp_server::serve(&CliHost { ctx: ctx.run.clone() }, options, stdin, &stdout())?;
     Ok(exit::SUCCESS)
 }
