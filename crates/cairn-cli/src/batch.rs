@@ -16,7 +16,7 @@ use cairn_9p::Host as _;
 use cairn_9p::batch::Batch;
 
 use crate::context::{Context, exit};
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
 use crate::render::escape_controls;
 use crate::serve::ServeLock;
 
@@ -39,7 +39,7 @@ pub fn run(ctx: Context, specs: &[PathBuf]) -> Result<u8> {
     for (text, path) in texts.iter().zip(specs) {
         cairn_9p::batch::BatchSpec::parse(text).with_context(|| format!("spec {}", path.display()))?;
     }
-    let host = Arc::new(CliHost { ctx: ctx.run });
+    let host = Arc::new(RuntimeHost { ctx: ctx.run });
     let (dir, max) = (host.batch_dir(), host.batch_max_running());
     let batch = Batch::open(host, dir, max)?;
     let mut jobs = Vec::new();

@@ -1,5 +1,5 @@
 //! `cairn acp` and `cairn mcp`: the CLI's side of the editor and agent
-//! faces. It only adds to [`CliHost`] (every served face's host, which
+//! faces. It only adds to [`RuntimeHost`] (every served face's host, which
 //! equips each turn: `hosting.rs`) what these protocols need besides
 //! ([`cairn_faces::Host`]: the provider, every tool for MCP, an editor's
 //! MCP servers, the approval policy, finding a session by id), and hands
@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result};
 use cairn_faces::jsonrpc::Out;
 
 use crate::context::{Context, exit};
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
 
 fn stdout() -> Out {
     Out::new(Box::new(std::io::stdout()))
@@ -22,7 +22,7 @@ fn stdout() -> Out {
 pub fn acp(ctx: &Context, editor_terminal: bool) -> Result<u8> {
     let stdin = std::io::BufReader::new(std::io::stdin());
     let options = cairn_faces::acp::Options { editor_terminal };
-    cairn_faces::acp::serve(&CliHost { ctx: ctx.run.clone() }, stdin, stdout(), options)?;
+    cairn_faces::acp::serve(&RuntimeHost { ctx: ctx.run.clone() }, stdin, stdout(), options)?;
     Ok(exit::SUCCESS)
 }
 
@@ -35,6 +35,6 @@ pub fn mcp(ctx: &Context, page_size: usize) -> Result<u8> {
     let root = root.canonicalize().with_context(|| format!("--cwd {}: no such directory", root.display()))?;
     let options = cairn_faces::mcp_server::McpOptions { root, page_size };
     let stdin = std::io::BufReader::new(std::io::stdin());
-    cairn_faces::mcp_server::serve(&CliHost { ctx: ctx.run.clone() }, options, stdin, &stdout())?;
+    cairn_faces::mcp_server::serve(&RuntimeHost { ctx: ctx.run.clone() }, options, stdin, &stdout())?;
     Ok(exit::SUCCESS)
 }

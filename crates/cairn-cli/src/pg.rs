@@ -76,7 +76,7 @@ pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
         opts.concurrency,
         opts.lease.as_secs()
     );
-    cairn_pg::worker::run(&opts, Arc::new(crate::hosting::CliHost { ctx: ctx.run }), stop)?;
+    cairn_pg::worker::run(&opts, Arc::new(crate::hosting::RuntimeHost { ctx: ctx.run }), stop)?;
     Ok(exit::SUCCESS)
 }
 

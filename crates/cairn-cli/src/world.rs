@@ -7,7 +7,7 @@
 //! The agent: a `{"type":"text","text":…}` message without `reply_to`
 //! starts a turn (replies never do); the final answer goes back to the
 //! sender as a reply `{"type":"text","text":…}`. Each turn is equipped as
-//! every face's is (`AgentHost`: `CliHost`'s `equip::turn`, so discovery
+//! every face's is (`AgentHost`: `RuntimeHost`'s `equip::turn`, so discovery
 //! chooses for the message and records its choice), with the world's
 //! `actor_*` tools added. The session file's path is
 //! kept in `DIR/broker/agent-session`.
@@ -39,7 +39,7 @@ use clap::Subcommand;
 use serde_json::{Value, json};
 
 use crate::context::{Context, exit};
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
 
 /// `cairn world …`.
 #[derive(Debug, Subcommand)]
@@ -156,12 +156,12 @@ struct AgentParts {
     session: Session<JsonlStore>,
 }
 
-/// The agent's host: every served face's (`CliHost`: each turn equipped by
+/// The agent's host: every served face's (`RuntimeHost`: each turn equipped by
 /// `equip::turn`, the tools read once, discovery's choice for the prompt
 /// recorded before the turn, the subagent family), with the world's
 /// `actor_*` tools added to each turn's.
 struct AgentHost {
-    host: CliHost,
+    host: RuntimeHost,
     world: Arc<World>,
 }
 
@@ -215,7 +215,7 @@ impl Agent {
         // every face's are; until then the session holds no tools.
         let config: SessionConfig = crate::wiring::session_config(ctx);
         let mut session = Session::open(store, config)?;
-        let host = AgentHost { host: CliHost { ctx: ctx.run.clone() }, world: world.clone() };
+        let host = AgentHost { host: RuntimeHost { ctx: ctx.run.clone() }, world: world.clone() };
         // An undo killed after its plan was committed is finished before
         // any turn, as for every face's session.
         if let Some(done) = host.finish_undo(&mut session, &cwd)? {

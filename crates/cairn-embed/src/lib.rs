@@ -8,7 +8,7 @@
 //!
 //! It is a face like the command line, the 9P tree or ACP: each turn is
 //! equipped by the runtime the `cairn` binary uses (`cairn_runtime`'s
-//! `CliHost`: the configuration, the built-in tools with their sandbox and
+//! `RuntimeHost`: the configuration, the built-in tools with their sandbox and
 //! staging, discovery, hooks) and put together and started by
 //! `cairn_host::Equipment`, the one place a face's turn is built, so its
 //! sessions are the same files `cairn show`, `cairn undo` and
@@ -63,7 +63,7 @@ use cairn_core::{Session, ToolRegistry};
 use cairn_host::{Equipment, SessionHost as _, Step};
 use cairn_runtime::config::{Overrides, Settings};
 use cairn_runtime::context::{Common, Context};
-use cairn_runtime::hosting::CliHost;
+use cairn_runtime::hosting::RuntimeHost;
 use cairn_runtime::paths::Paths;
 
 pub use approve::{ApproveFn, Question};
@@ -228,7 +228,7 @@ impl AgentBuilder {
         let provider = cairn_runtime::wiring::build_provider(&ctx, &cwd)?;
         let person = self.approve.map(|f| SharedApprover::new(Box::new(approve::CallbackApprover(f))));
         Ok(Agent {
-            host: CliHost { ctx },
+            host: RuntimeHost { ctx },
             provider: Mutex::new(provider),
             tools: self.tools,
             builtins: self.builtins,
@@ -249,7 +249,7 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 /// configuration. Each [`Agent::run`] starts a new session; one run at a
 /// time per agent (a second waits).
 pub struct Agent {
-    host: CliHost,
+    host: RuntimeHost,
     provider: Mutex<Box<dyn Provider + Send>>,
     tools: Vec<ToolDef>,
     builtins: Builtins,

@@ -1,4 +1,4 @@
-//! The configuration as every face's host: one [`CliHost`] implements
+//! The configuration as every face's host: one [`RuntimeHost`] implements
 //! `cairn_host::SessionHost` (each turn's tools and settings from
 //! `equip.rs`, undo and redo, the providers) for the 9P tree and its batch
 //! queue (`ninep.rs` adds `cairn_9p::Host`) and for ACP and MCP
@@ -24,9 +24,12 @@ mod worker;
 
 pub use ninep::{BatchConfig, max_running};
 
-/// The CLI's configuration, hosting sessions for the served faces.
+/// The runtime as the faces' host: the resolved configuration, hosting
+/// the sessions of every face (`cairn run`'s own turns, 9P, ACP, MCP,
+/// PostgreSQL workers, the actors' agent, `cairn-embed`). "Host" names only
+/// this side of cairn-host's contract.
 #[derive(Debug)]
-pub struct CliHost {
+pub struct RuntimeHost {
     pub ctx: Context,
 }
 
@@ -44,7 +47,7 @@ fn served_provider(store: &JsonlStore) -> Option<crate::subagents::ParentProvide
     })
 }
 
-impl SessionHost for CliHost {
+impl SessionHost for RuntimeHost {
     fn session_config(&self) -> SessionConfig {
         crate::wiring::session_config(&self.ctx)
     }

@@ -1,7 +1,7 @@
 //! The editor and agent faces' host (`cairn_faces::Host`): the provider
 //! of an ACP or MCP session, every tool for MCP (equipped as every face's
 //! turn is: `equip.rs`), an editor's own MCP servers, and creating and
-//! opening sessions by id; everything else is [`CliHost`]'s `SessionHost`.
+//! opening sessions by id; everything else is [`RuntimeHost`]'s `SessionHost`.
 //!
 //! Must not: speak JSON-RPC or read stdio (`cairn-faces` does).
 
@@ -13,9 +13,9 @@ use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, new_session_id};
 use cairn_faces::HostTools;
 
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
 
-impl cairn_faces::Host for CliHost {
+impl cairn_faces::Host for RuntimeHost {
     fn authority(&self) -> cairn_core::authority::AuthorityRules {
         crate::wiring::authority_rules(&self.ctx.paths)
     }

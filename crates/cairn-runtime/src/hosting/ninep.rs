@@ -1,7 +1,7 @@
 //! The 9P tree's and batch queue's host (`cairn_9p::Host`): where served
 //! sessions and the batch queue live, the providers a served session may
 //! name, `[batch] max_running`, and the `tools` file; everything else a
-//! served session is built from is [`CliHost`]'s `SessionHost`.
+//! served session is built from is [`RuntimeHost`]'s `SessionHost`.
 //!
 //! Must not: speak 9P or listen (`cairn serve` does, in the binary).
 
@@ -14,9 +14,9 @@ use cairn_core::storage::StoreOptions;
 use cairn_provider::ProviderConfig;
 
 use crate::context::Context;
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
 
-impl Host for CliHost {
+impl Host for RuntimeHost {
     fn sessions_dir(&self) -> PathBuf {
         self.ctx.paths.sessions()
     }

@@ -21,10 +21,10 @@ use cairn_pg::approvals::DbApprover;
 use cairn_pg::worker::{Driven, Driver};
 
 use crate::context::{Context, Note};
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
 use crate::subagents::Home;
 
-impl Driver for CliHost {
+impl Driver for RuntimeHost {
     fn drive(&self, mut session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
         let header = session.store().header().clone();
         let id = header.id.clone();
