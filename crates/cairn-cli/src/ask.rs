@@ -51,10 +51,10 @@ pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
     let text = prompt(question, &read_input()?);
     let mut renderer = Renderer::new(Mode::Quiet);
     let (mut store, cwd) = crate::wiring::create_session(ctx)?;
-    let mut wiring = crate::host::wire(ctx, &cwd, false)?;
+    let mut runner = crate::turns::Runner::new(ctx, &cwd, false)?;
     // The tools for the question (discovery ranks them by it, not by the
     // context read from stdin), as any turn is equipped.
-    let config = wiring.equip(ctx, &cwd, &mut store, Some(question), &mut renderer)?;
+    let config = runner.equip(ctx, &cwd, &mut store, Some(question), &mut renderer)?;
     let id = store.header().id.clone();
     let mut session = Session::open(store, config)?;
     let cancel = CancelToken::new();
@@ -65,7 +65,7 @@ pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
                 refused.push((tool.clone(), reason.clone()));
             }
         };
-        let outcome = wiring.run(&mut session, Step::Prompt(&text), &mut observer, &cancel);
+        let outcome = runner.run(&mut session, Step::Prompt(&text), &mut observer, &cancel);
         outcome.with_context(|| format!("session {id}"))?.context("the new turn did not start")?
     };
     let mut err = std::io::stderr().lock();

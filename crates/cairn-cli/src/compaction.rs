@@ -18,21 +18,21 @@ use cairn_core::{CancelToken, Session};
 use cairn_provider::ProviderConfig;
 
 use crate::context::{Context, exit};
-use crate::host;
+use crate::turns;
 use crate::render::{Renderer, escape_controls};
 
 /// `cairn compact --context ID`: one compaction of the session's lane now.
 pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
-    let mut renderer = Renderer::new(host::mode(ctx));
+    let mut renderer = Renderer::new(turns::mode(ctx));
     let store = crate::wiring::open_session(ctx, path)?;
     let cwd = std::path::PathBuf::from(&store.header().cwd);
     let id = store.header().id.clone();
-    let mut wiring = host::wire(ctx, &cwd, true)?;
-    wiring.continue_provider(ctx, &store, &mut renderer);
+    let mut runner = turns::Runner::new(ctx, &cwd, true)?;
+    runner.continue_provider(ctx, &store, &mut renderer);
     let session = Session::open(store, crate::wiring::session_config(ctx))?;
-    let mut session = wiring.reequip(ctx, session, None, &mut renderer)?;
+    let mut session = runner.reequip(ctx, session, None, &mut renderer)?;
     let cancel = CancelToken::new();
-    let made = wiring
+    let made = runner
         .compact(&mut session, &mut |event| renderer.event(event), &cancel)
         .with_context(|| format!("session {id}"))?;
     match made {

@@ -14,7 +14,6 @@ mod compaction;
 mod context;
 mod faces;
 mod highlight;
-mod host;
 mod lineedit;
 mod listen;
 mod markdown;
@@ -31,6 +30,7 @@ mod slash;
 mod state;
 mod status;
 mod style;
+mod turns;
 mod typeahead;
 #[cfg(feature = "actors")]
 mod world;

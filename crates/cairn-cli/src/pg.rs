@@ -119,7 +119,7 @@ pub fn submit(ctx: &Context, session: Option<&str>, prompt: Option<String>, prom
     if prompt.is_none() && prompt_file.is_none() {
         bail!("no prompt: give one (`cairn submit \"…\"`), or --prompt-file FILE, or - for standard input");
     }
-    let prompt = crate::host::read_prompt(prompt, prompt_file)?;
+    let prompt = crate::turns::read_prompt(prompt, prompt_file)?;
     let prompt = prompt.as_str();
     let mut client = client(ctx)?;
     let id = match session {
