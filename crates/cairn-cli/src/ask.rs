@@ -50,7 +50,7 @@ pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
     }
     let text = prompt(question, &read_input()?);
     let mut renderer = Renderer::new(Mode::Quiet);
-    let (mut store, cwd) = crate::wiring::create_session(ctx)?;
+    let (mut store, cwd) = crate::parts::create_session(ctx)?;
     let mut runner = crate::turns::Runner::new(ctx, &cwd, false)?;
     // The tools for the question (discovery ranks them by it, not by the
     // context read from stdin), as any turn is equipped.

@@ -481,7 +481,7 @@ fn run(cli: Cli) -> Result<u8> {
         return crate::serve::run(ctx, listen, *listen_insecure, handshake);
     }
     if let Command::Toolsrv { listen, listen_insecure } = &cli.command {
-        return crate::serve_tools::run(ctx, listen, *listen_insecure);
+        return crate::toolsrv::run(ctx, listen, *listen_insecure);
     }
     if let Command::Batch { specs } = &cli.command {
         return crate::batch::run(ctx, specs);

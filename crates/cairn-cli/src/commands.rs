@@ -363,7 +363,7 @@ pub fn log(ctx: &Context, path: &Path, follow: bool) -> Result<u8> {
 
 /// `cairn fork`: a new lane at an entry.
 pub fn fork(ctx: &Context, path: &Path, entry: &str, lane: Option<String>) -> Result<u8> {
-    let store = crate::wiring::open_session(ctx, path)?;
+    let store = crate::parts::open_session(ctx, path)?;
     let mut session = cairn_core::Session::open(store, cairn_core::SessionConfig::default())?;
     let lane = match lane {
         Some(lane) => lane,
@@ -386,7 +386,7 @@ pub fn fork(ctx: &Context, path: &Path, entry: &str, lane: Option<String>) -> Re
 /// `cairn compact`: compacts when the automatic rule would
 /// (`storage.compact_ratio`, files of at least 1 MiB), or always with `--force`.
 pub fn compact(ctx: &Context, path: &Path, force: bool) -> Result<u8> {
-    let mut store = crate::wiring::open_session(ctx, path)?;
+    let mut store = crate::parts::open_session(ctx, path)?;
     let before = store.len_bytes();
     let ratio = store.dead_bytes_ratio();
     let opts = *store.options();
@@ -518,10 +518,10 @@ fn protections(ctx: &Context) -> Vec<(cairn_core::authority::AuthorityClass, Str
 
 /// `cairn mcp list`.
 pub fn mcp_list(ctx: &Context) -> Result<u8> {
-    let cwd = crate::wiring::new_session_cwd(ctx)?;
+    let cwd = crate::parts::new_session_cwd(ctx)?;
     let trust =
         cairn_tools::TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|_| cairn_tools::TrustStore::empty());
-    let ext = crate::wiring::extensions(ctx, &cwd, &trust);
+    let ext = cairn_runtime::tools::extensions(ctx, &cwd, &trust);
     let servers = &ext.mcp_servers;
     let mut out = std::io::stdout().lock();
     for note in ext.notes.iter().chain(&ext.untrusted) {
@@ -535,7 +535,7 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
         )?;
         return Ok(exit::SUCCESS);
     }
-    let config = crate::wiring::tools_config(ctx);
+    let config = cairn_runtime::tools::tools_config(ctx);
     let builtin: Vec<String> = cairn_tools::builtin_tools(&config)
         .map(|tools| tools.iter().map(|e| e.tool.spec().name.clone()).collect())
         .unwrap_or_default();
@@ -577,14 +577,14 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
 
 /// `cairn tools`.
 pub fn tools(ctx: &Context) -> Result<u8> {
-    let cwd = crate::wiring::new_session_cwd(ctx)?;
+    let cwd = crate::parts::new_session_cwd(ctx)?;
     // What a turn here gets: the tool service's tools with `--toolsrv`.
     let cairn_runtime::tools::TurnTools { entries, mut notes, untrusted, .. } =
-        cairn_runtime::toolsrv::turn_tools(ctx, &cwd)?;
+        cairn_runtime::tools::turn_tools(ctx, &cwd)?;
     notes.extend(untrusted);
     let status = cairn_tools::landlock_status();
     // What every sandboxed process reads beyond its own rules (those that exist).
-    let reads: Vec<String> = crate::wiring::tools_config(ctx)
+    let reads: Vec<String> = cairn_runtime::tools::tools_config(ctx)
         .sandbox_read_paths
         .iter()
         .filter(|p| p.exists())

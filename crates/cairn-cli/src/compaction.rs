@@ -18,18 +18,18 @@ use cairn_core::{CancelToken, Session};
 use cairn_provider::ProviderConfig;
 
 use crate::context::{Context, exit};
-use crate::turns;
 use crate::render::{Renderer, escape_controls};
+use crate::turns;
 
 /// `cairn compact --context ID`: one compaction of the session's lane now.
 pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
     let mut renderer = Renderer::new(turns::mode(ctx));
-    let store = crate::wiring::open_session(ctx, path)?;
+    let store = crate::parts::open_session(ctx, path)?;
     let cwd = std::path::PathBuf::from(&store.header().cwd);
     let id = store.header().id.clone();
     let mut runner = turns::Runner::new(ctx, &cwd, true)?;
     runner.continue_provider(ctx, &store, &mut renderer);
-    let session = Session::open(store, crate::wiring::session_config(ctx))?;
+    let session = Session::open(store, crate::parts::session_config(ctx))?;
     let mut session = runner.reequip(ctx, session, None, &mut renderer)?;
     let cancel = CancelToken::new();
     let made = runner

@@ -25,11 +25,11 @@ mod pg;
 mod pg;
 mod render;
 mod serve;
-mod serve_tools;
 mod slash;
 mod state;
 mod status;
 mod style;
+mod toolsrv;
 mod turns;
 mod typeahead;
 #[cfg(feature = "actors")]
@@ -37,7 +37,7 @@ mod world;
 
 // The session runtime, under the names the binary's modules use for it.
 use cairn_runtime::{
-    config, discover, equip, escape, family, hosting, local, paths, secrets, sessions, subagents, trust, undo, wiring,
+    config, discover, equip, escape, family, hosting, local, parts, paths, secrets, sessions, subagents, trust, undo,
 };
 
 use std::process::ExitCode;

@@ -28,14 +28,14 @@ use crate::context::{Context, exit};
 use crate::render::escape_controls;
 use cairn_runtime::redact::redact;
 
-use crate::wiring::database_url as url;
+use crate::parts::database_url as url;
 
 fn client(ctx: &Context) -> Result<Client> {
     let url = url(ctx)?;
     connect_shown(&url)
 }
 
-use crate::wiring::connect_database as connect_shown;
+use crate::parts::connect_database as connect_shown;
 
 /// A session id from an exact id or a unique prefix (cairn-pg's
 /// `catalog::resolve`, with core's prefix rule, as for session files).

@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 
 use crate::context::Context;
 
-const OFF: &str = crate::wiring::NO_POSTGRES;
+const OFF: &str = crate::parts::NO_POSTGRES;
 
 /// Any whole number: `cairn worker` says what is missing when run.
 pub fn lease_secs(text: &str) -> Result<u64, String> {

@@ -1,5 +1,5 @@
 //! The CLI's own turns (`cairn run`, `chat`, `resume`; `ask` and
-//! `compact` use its [`Runner`]): the parts built by `wiring.rs`, the
+//! `compact` use its [`Runner`]): the parts built by `parts.rs`, the
 //! tools of the turn (`equip.rs`: tool service or in-process, the subagent
 //! family; discovery's choice), then `run`, `chat` and `resume`,
 //! which hand them to `cairn_core::Session`, and Ctrl-C.
@@ -25,7 +25,7 @@ use serde_json::json;
 
 use crate::approver::TerminalApprover;
 use crate::context::{Context, exit};
-use crate::wiring::{build_provider, create_session, open_session, policy, session_config};
+use crate::parts::{build_provider, create_session, open_session, policy, session_config};
 use crate::render::{Mode, Renderer};
 
 /// What runs a CLI command's turns: the parts a turn needs, built once
@@ -150,7 +150,7 @@ impl Runner {
         let same_as_now = name == self.provider_name && model.as_deref().is_none_or(|m| m == self.provider.model());
         if !same_as_now {
             let cwd = PathBuf::from(&store.header().cwd);
-            match crate::wiring::provider_for(ctx, &name, model.as_deref(), s.script.value.as_deref(), &cwd) {
+            match crate::parts::provider_for(ctx, &name, model.as_deref(), s.script.value.as_deref(), &cwd) {
                 Ok(provider) => {
                     self.provider = provider;
                     self.provider_name = name;
@@ -506,7 +506,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     // An interrupted turn is offered what discovery recorded for it; a new
     // prompt gets a new choice (see `crate::discover`).
     let mut opened = Session::open(store, session_config(ctx))?;
-    cairn_runtime::wiring::give_back_free_memory();
+    cairn_runtime::parts::give_back_free_memory();
     // An undo killed after its plan was committed is finished first: no
     // turn runs on a half-reverted tree.
     if let Some(done) = crate::undo::finish_interrupted(ctx, &mut opened, &cwd)? {
@@ -595,7 +595,7 @@ fn chat_in(ctx: &Context, store: JsonlStore, cwd: PathBuf, mut runner: Runner, m
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, session_config(ctx))?;
-    cairn_runtime::wiring::give_back_free_memory();
+    cairn_runtime::parts::give_back_free_memory();
     renderer.notice(&format!(
         "session {id} in {} — Ctrl-C interrupts a turn, Ctrl-D leaves, /undo reverts the last turn's files",
         cwd.display()
@@ -743,7 +743,7 @@ fn command_of_chat(
         Slash::Model(Some(name)) => {
             let cwd = PathBuf::from(&store.header().cwd);
             let s = &ctx.settings;
-            match crate::wiring::provider_for(ctx, &s.provider.value, Some(name), s.script.value.as_deref(), &cwd) {
+            match crate::parts::provider_for(ctx, &s.provider.value, Some(name), s.script.value.as_deref(), &cwd) {
                 Ok(provider) => {
                     runner.provider = provider;
                     // The provider it was built from; `name` is the model.
@@ -768,7 +768,7 @@ fn command_of_chat(
         Slash::Provider(Some(name)) => {
             let cwd = PathBuf::from(&store.header().cwd);
             let s = &ctx.settings;
-            match crate::wiring::provider_for(ctx, name, None, s.script.value.as_deref(), &cwd) {
+            match crate::parts::provider_for(ctx, name, None, s.script.value.as_deref(), &cwd) {
                 Ok(provider) => {
                     runner.provider = provider;
                     runner.provider_name = name.clone();
@@ -790,7 +790,7 @@ fn command_of_chat(
                 say(&format!("already in session {}", store.header().id))?;
                 return Ok(Flow::Next);
             }
-            let opened = match crate::wiring::open_session(ctx, &path) {
+            let opened = match crate::parts::open_session(ctx, &path) {
                 Ok(opened) => opened,
                 Err(e) => {
                     renderer.notice(&format!("cannot resume {target}: {e:#}"));

@@ -196,24 +196,24 @@ impl Agent {
         let (store, cwd) = match std::fs::read_to_string(&marker) {
             Ok(p) => {
                 let path = PathBuf::from(p.trim());
-                let store = crate::wiring::open_session(ctx, &path).with_context(|| {
+                let store = crate::parts::open_session(ctx, &path).with_context(|| {
                     format!("the agent's session {} (named in {})", path.display(), marker.display())
                 })?;
                 let cwd = PathBuf::from(&store.header().cwd);
                 (store, cwd)
             }
             Err(_) => {
-                let (store, cwd) = crate::wiring::create_session(ctx)?;
+                let (store, cwd) = crate::parts::create_session(ctx)?;
                 cairn_actors::layout::write_atomic(&marker, store.path().to_string_lossy().as_bytes())?;
                 (store, cwd)
             }
         };
-        let provider = crate::wiring::build_provider(ctx, &cwd)?;
+        let provider = crate::parts::build_provider(ctx, &cwd)?;
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
         // Each turn's tools are chosen when it starts (`agent_loop`), as
         // every face's are; until then the session holds no tools.
-        let config: SessionConfig = crate::wiring::session_config(ctx);
+        let config: SessionConfig = crate::parts::session_config(ctx);
         let mut session = Session::open(store, config)?;
         let host = AgentHost { host: RuntimeHost { ctx: ctx.run.clone() }, world: world.clone() };
         // An undo killed after its plan was committed is finished before
@@ -270,7 +270,7 @@ fn agent_loop(p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool
     // An approver is not `Send`: the agent's is built on its own thread.
     // Headless: nobody answers here, so Destructive tools are not offered
     // and a Write call needs an allow rule or --yes.
-    let approver = crate::wiring::policy(yes, allow, None);
+    let approver = crate::parts::policy(yes, allow, None);
     let tools = ToolRegistry::new(&approver);
     let mut equipment = Equipment { tools, approver };
     let mut observer = |_: &TurnEvent| {};

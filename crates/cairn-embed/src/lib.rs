@@ -224,8 +224,8 @@ impl AgentBuilder {
         let probes = cairn_tools::probe_ahead();
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from allow or [approvals] allow)")?;
-        let cwd = cairn_runtime::wiring::new_session_cwd(&ctx)?;
-        let provider = cairn_runtime::wiring::build_provider(&ctx, &cwd)?;
+        let cwd = cairn_runtime::parts::new_session_cwd(&ctx)?;
+        let provider = cairn_runtime::parts::build_provider(&ctx, &cwd)?;
         let person = self.approve.map(|f| SharedApprover::new(Box::new(approve::CallbackApprover(f))));
         Ok(Agent {
             host: RuntimeHost { ctx },
@@ -293,7 +293,7 @@ impl Agent {
             bail!("the prompt is empty");
         }
         let ctx = &self.host.ctx;
-        let (mut store, cwd) = cairn_runtime::wiring::create_session(ctx)?;
+        let (mut store, cwd) = cairn_runtime::parts::create_session(ctx)?;
         let mut notes = Vec::new();
         let mut provider = self.provider.lock().map_err(|_| anyhow::anyhow!("an earlier run panicked"))?;
         let equipped = self.record_provider(&mut store, &**provider).and_then(|()| {
@@ -318,7 +318,7 @@ impl Agent {
     pub fn resume_with(&self, id: &str, on_event: &mut dyn FnMut(&Event), cancel: &CancelToken) -> Result<Outcome> {
         let ctx = &self.host.ctx;
         let path = cairn_runtime::sessions::resolve(ctx, id)?;
-        let mut store = cairn_runtime::wiring::open_session(ctx, &path)?;
+        let mut store = cairn_runtime::parts::open_session(ctx, &path)?;
         if let Some(child) = cairn_runtime::family::child_fact(&store) {
             bail!(
                 "session {} is a child of session {}; resume its parent, which re-attaches its children",
@@ -352,7 +352,7 @@ impl Agent {
     /// Write calls; everything else the policy puts to a person asks it.
     fn approver(&self) -> cairn_core::approval::PolicyApprover {
         let ask = self.person.clone().map(|p| Box::new(p) as Box<dyn cairn_core::approval::Approver>);
-        cairn_runtime::wiring::policy(false, self.allow.clone(), ask)
+        cairn_runtime::parts::policy(false, self.allow.clone(), ask)
     }
 
     /// Record the provider the session's turns run on (the fact `cairn

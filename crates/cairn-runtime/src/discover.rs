@@ -122,7 +122,7 @@ fn tool_document(spec: &ToolSpec) -> Document {
 /// The tools a turn in `cwd` could be offered: the core ones' names (always
 /// offered) and the specs discovery chooses among. With a tool service
 /// (`--toolsrv`) they are the service's, read from its `t/*/meta`
-/// (`crate::toolsrv`); else the in-process ones (`crate::wiring::tool_entries`).
+/// (`crate::toolsrv`); else the in-process ones (`crate::tools::in_process`).
 #[derive(Debug)]
 pub struct Candidates {
     /// Names of the core tools.
@@ -207,8 +207,8 @@ impl Discovered {
 /// Rank the tools a turn in the working directory could be offered (the
 /// tool service's with `--toolsrv`) and the skills against `query`.
 pub fn rank(ctx: &Context, query: &str) -> Result<Discovered> {
-    let cwd = crate::wiring::new_session_cwd(ctx)?;
-    let Candidates { core, extra, notes: tool_notes } = candidates(&crate::toolsrv::turn_tools(ctx, &cwd)?);
+    let cwd = crate::parts::new_session_cwd(ctx)?;
+    let Candidates { core, extra, notes: tool_notes } = candidates(&crate::tools::turn_tools(ctx, &cwd)?);
     let (skills, skill_errors) = load_skills(&skill_roots(ctx, &cwd));
     let policy = policy(ctx)?;
     let docs: Vec<Document> = extra.iter().map(tool_document).chain(skills.iter().map(Skill::document)).collect();
@@ -233,7 +233,7 @@ pub struct Skills {
 
 /// The skills of the working directory's sessions.
 pub fn skills(ctx: &Context) -> Result<Skills> {
-    let cwd = crate::wiring::new_session_cwd(ctx)?;
+    let cwd = crate::parts::new_session_cwd(ctx)?;
     let roots = skill_roots(ctx, &cwd);
     let (skills, errors) = load_skills(&roots);
     Ok(Skills {

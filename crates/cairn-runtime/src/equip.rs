@@ -2,7 +2,7 @@
 //! sessions (`cairn run`, `chat`, `resume`, `ask`; 9P sessions and batch
 //! units; ACP and MCP; PostgreSQL workers; the actors' agent): the tools of
 //! the working directory, read once (the tool service's or the in-process
-//! ones, `toolsrv::turn_tools`), discovery's choice among them recorded in
+//! ones, `tools::turn_tools`), discovery's choice among them recorded in
 //! the session before the turn's first entry (`discover::choose_for_turn`),
 //! the subagent family with what the parent hands down, the hooks every call
 //! goes through, and the turn's settings with the chosen skills. A
@@ -116,7 +116,7 @@ pub fn turn<S: Storage>(
     asker: Asker<'_>,
     config: SessionConfig,
 ) -> Result<Equipped> {
-    let tools = crate::toolsrv::turn_tools(ctx, cwd)?;
+    let tools = crate::tools::turn_tools(ctx, cwd)?;
     let choice = crate::discover::choose_for_turn(ctx, cwd, store, prompt, &tools)?;
     let mut equipped = offer(ctx, cwd, &tools, choice.keep.as_ref(), asker)?;
     equipped.tools.notes.extend(choice.notes.iter().cloned());
@@ -149,7 +149,7 @@ pub fn offer(
     Ok(Equipped {
         tools: offered,
         family,
-        config: crate::wiring::session_config(ctx),
+        config: crate::parts::session_config(ctx),
         untrusted: tools.untrusted.clone(),
     })
 }

@@ -49,7 +49,7 @@ fn served_provider(store: &JsonlStore) -> Option<crate::subagents::ParentProvide
 
 impl SessionHost for RuntimeHost {
     fn session_config(&self) -> SessionConfig {
-        crate::wiring::session_config(&self.ctx)
+        crate::parts::session_config(&self.ctx)
     }
 
     fn turn(

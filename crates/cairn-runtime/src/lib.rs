@@ -2,9 +2,11 @@
 //! `cairn` command's own turns (`run`, `chat`, `resume`, `ask`), the 9P
 //! tree and its batch queue, ACP and MCP, PostgreSQL workers and the
 //! actors' agent. From the resolved configuration ([`context`],
-//! [`config`], [`paths`]) it builds the provider and the tool settings
-//! ([`wiring`]), reads a turn's tools once, in-process or from a tool
-//! service ([`toolsrv`]) into one carrier ([`tools`]), records discovery's choice ([`discover`]), adds
+//! [`config`], [`paths`]) it builds a session's parts ([`parts`]: the
+//! provider, the approval policy, the settings, the session file), reads a
+//! turn's tools once, in-process or from a tool service ([`toolsrv`], its
+//! client), into one carrier ([`tools`]), records discovery's choice
+//! ([`discover`]), adds
 //! the subagent family and its peer links ([`subagents`], [`peers`],
 //! [`family`]) and the hooks, in one place ([`equip`]); it keeps undo's
 //! pre-images ([`undo`]) and the trusted workspaces ([`trust`]), and
@@ -32,6 +34,7 @@ pub mod escape;
 pub mod family;
 pub mod hosting;
 pub mod local;
+pub mod parts;
 pub mod paths;
 pub mod peers;
 pub mod redact;
@@ -43,7 +46,6 @@ pub mod tools;
 pub mod toolsrv;
 pub mod trust;
 pub mod undo;
-pub mod wiring;
 
 /// What every face's turns run with and how a turn is started: the one
 /// place core's `TurnEnv` is put together (cairn-host's `running.rs`);

@@ -239,11 +239,11 @@ pub fn listing(ctx: &Context) -> Result<Listing> {
     }
     #[cfg(feature = "postgres")]
     {
-        let mut client = crate::wiring::database_client(ctx)?;
+        let mut client = crate::parts::database_client(ctx)?;
         Ok(Listing::Database(cairn_pg::catalog::list(&mut client)?))
     }
     #[cfg(not(feature = "postgres"))]
-    bail!(crate::wiring::NO_POSTGRES)
+    bail!(crate::parts::NO_POSTGRES)
 }
 
 impl Listing {

@@ -186,7 +186,7 @@ impl Place for Files {
         if !path.exists() {
             return Ok(None);
         }
-        crate::wiring::open_session(ctx, &path).map(Some)
+        crate::parts::open_session(ctx, &path).map(Some)
     }
 
     fn read(&self, ctx: &Context, id: &str) -> Result<Option<JsonlStore>> {
@@ -980,7 +980,7 @@ impl Family {
         let Ok(Some(store)) = place.read(&self.ctx, id) else { return };
         let cwd = PathBuf::from(&store.header().cwd);
         let parent = parent_of(id).unwrap_or_default();
-        if let Some(hooks) = crate::wiring::hooks(&self.ctx, &cwd) {
+        if let Some(hooks) = crate::tools::hooks(&self.ctx, &cwd) {
             let (answer, failed) = match result {
                 ChildResult::Answered(text) => (text.as_str(), false),
                 ChildResult::Failed(why) => (why.as_str(), true),
@@ -1033,14 +1033,14 @@ impl Family {
             .with_context(|| format!("child session {id}: unreadable `subagent` fact"))?;
         let cwd = PathBuf::from(&store.header().cwd);
         let provider =
-            crate::wiring::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
+            crate::parts::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
         let allow = Allowlist::parse(fact.allow.iter().map(String::as_str)).context("child allow patterns")?;
         let approver = authority.policy(allow);
         // The tools as the parent's face was equipped with them (the tool
         // service's when one is configured), only those the child was
         // given; a tool the registry refuses here (Destructive, headless) is
         // simply not offered, as for the parent.
-        let mut given = crate::toolsrv::turn_tools(ctx, &cwd)?.chosen(None);
+        let mut given = crate::tools::turn_tools(ctx, &cwd)?.chosen(None);
         given.tools.retain(|t| fact.tools.contains(&t.spec().name));
         {
             let scripted = is_scripted(ctx, &fact.provider);
@@ -1060,7 +1060,7 @@ impl Family {
             given.tools.extend(build(self, scope, Arc::clone(place), may_spawn));
         }
         let registry = given.registry(&approver, |_| {});
-        let mut config = crate::wiring::session_config(ctx);
+        let mut config = crate::parts::session_config(ctx);
         config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
         let mut session = Session::open(store, config)?;
         let mut equipment = Equipment { tools: registry, approver };
@@ -1141,7 +1141,7 @@ fn status<S: Storage>(ctx: &Context, store: S) -> Result<ChildStatus> {
     if store.entry_count() == 0 {
         return Ok(ChildStatus::NotStarted);
     }
-    let mut config = crate::wiring::session_config(ctx);
+    let mut config = crate::parts::session_config(ctx);
     config.lane = cairn_core::turn::DEFAULT_LANE.to_owned();
     let session = Session::open(store, config)?;
     if session.needs_resume() {

@@ -48,7 +48,7 @@ pub fn trust(ctx: &Context, dir: Option<PathBuf>) -> Result<Trusted> {
     let mut store = TrustStore::load(&ctx.paths.trust_file())?;
     let record = store.trust(&dir)?.clone();
     store.save()?;
-    let scan = ToolDirScan::scan(&[ToolDir::workspace(&record.workspace)], &crate::wiring::tools_config(ctx), &store);
+    let scan = ToolDirScan::scan(&[ToolDir::workspace(&record.workspace)], &crate::tools::tools_config(ctx), &store);
     let (tools, errors) = scan.load_all();
     Ok(Trusted {
         has_config: record.workspace.join(cairn_tools::trust::WORKSPACE_CONFIG).exists(),

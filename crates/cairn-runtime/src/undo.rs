@@ -45,7 +45,7 @@ pub fn store(ctx: &Context) -> PreimageStore {
 /// Open the session at `path`; whether a turn in progress may be undone
 /// is `rewind`'s to say (an interrupted turn at rest is ended by the undo).
 fn open(ctx: &Context, path: &Path) -> Result<(Session<JsonlStore>, PathBuf)> {
-    let store = crate::wiring::open_session(ctx, path)?;
+    let store = crate::parts::open_session(ctx, path)?;
     let cwd = PathBuf::from(&store.header().cwd);
     let session = Session::open(store, SessionConfig::default())?;
     Ok((session, cwd))
@@ -109,7 +109,7 @@ pub fn redo_session(
 /// protocol itself.
 #[cfg(feature = "postgres")]
 fn database_rewind(ctx: &Context, target: &str, request: Request, dry_run: bool, force: bool) -> Result<Outcome> {
-    let mut client = crate::wiring::database_client(ctx)?;
+    let mut client = crate::parts::database_client(ctx)?;
     let id = cairn_pg::catalog::resolve(&mut client, target)?;
     let opened = cairn_pg::PgStore::open(client, &id)?;
     let cwd = PathBuf::from(&opened.header().cwd);
@@ -136,7 +136,7 @@ fn database_rewind(ctx: &Context, target: &str, request: Request, dry_run: bool,
 
 #[cfg(not(feature = "postgres"))]
 fn database_rewind(_: &Context, _: &str, _: Request, _: bool, _: bool) -> Result<Outcome> {
-    bail!(crate::wiring::NO_POSTGRES)
+    bail!(crate::parts::NO_POSTGRES)
 }
 
 /// Every pre-image a session file of this home names: the sessions

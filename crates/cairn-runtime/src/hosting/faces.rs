@@ -17,11 +17,11 @@ use crate::hosting::RuntimeHost;
 
 impl cairn_faces::Host for RuntimeHost {
     fn authority(&self) -> cairn_core::authority::AuthorityRules {
-        crate::wiring::authority_rules(&self.ctx.paths)
+        crate::tools::authority_rules(&self.ctx.paths)
     }
 
     fn provider(&self, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
-        crate::wiring::build_provider(&self.ctx, cwd)
+        crate::parts::build_provider(&self.ctx, cwd)
     }
 
     fn tools(&self, cwd: &Path, approver: &PolicyApprover, person: Option<&SharedApprover>) -> Result<HostTools> {
@@ -30,7 +30,7 @@ impl cairn_faces::Host for RuntimeHost {
         // children ask the same person (the editor's permission requests;
         // nobody over MCP).
         let authority = crate::subagents::Authority::of(approver, person.cloned());
-        let tools = crate::toolsrv::turn_tools(&self.ctx, cwd)?;
+        let tools = crate::tools::turn_tools(&self.ctx, cwd)?;
         let asker = crate::equip::Asker { approver, family: Some(&authority) };
         let equipped = crate::equip::offer(&self.ctx, cwd, &tools, None, asker)?;
         Ok(equipped.into_host_tools())
@@ -88,7 +88,7 @@ impl cairn_faces::Host for RuntimeHost {
                 Err(e) => notes.push(format!("the editor's MCP server {:?} is not started: {e}", server.name)),
             }
         }
-        let loaded = cairn_mcp::load(&configs, cwd, &crate::wiring::tools_config(&self.ctx), taken);
+        let loaded = cairn_mcp::load(&configs, cwd, &crate::tools::tools_config(&self.ctx), taken);
         notes.extend(loaded.notes);
         Ok(HostTools { tools: loaded.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: None })
     }
@@ -96,7 +96,7 @@ impl cairn_faces::Host for RuntimeHost {
     fn policy(&self, person: Option<Box<dyn Approver>>) -> Result<PolicyApprover> {
         let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
-        Ok(crate::wiring::policy(self.ctx.common.yes, allow, person))
+        Ok(crate::parts::policy(self.ctx.common.yes, allow, person))
     }
 
     fn create_session(&self, cwd: &Path) -> Result<JsonlStore> {
@@ -132,7 +132,7 @@ impl cairn_faces::Host for RuntimeHost {
                 ),
             }
         }
-        crate::wiring::open_session(&self.ctx, &path)
+        crate::parts::open_session(&self.ctx, &path)
     }
 
     fn list_sessions(&self) -> Result<Vec<cairn_faces::ListedSession>> {
@@ -156,6 +156,6 @@ impl cairn_faces::Host for RuntimeHost {
         }
         // Another provider runs as its configuration says (the command
         // line's --model and --script are the configured provider's).
-        crate::wiring::provider_for(&self.ctx, name, None, None, cwd)
+        crate::parts::provider_for(&self.ctx, name, None, None, cwd)
     }
 }

@@ -46,7 +46,7 @@ impl Host for RuntimeHost {
         let script = opt(&spec.script)
             .map(Path::new)
             .or_else(|| (spec.provider == s.provider.value).then_some(s.script.value.as_deref()).flatten());
-        crate::wiring::provider_for(&self.ctx, &spec.provider, opt(&spec.model), script, cwd)
+        crate::parts::provider_for(&self.ctx, &spec.provider, opt(&spec.model), script, cwd)
     }
 
     fn batch_max_running(&self) -> usize {
@@ -56,7 +56,7 @@ impl Host for RuntimeHost {
     fn tools_text(&self) -> String {
         // What a turn here gets: the tool service's tools with `--toolsrv`.
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-        match crate::toolsrv::turn_tools(&self.ctx, &cwd) {
+        match crate::tools::turn_tools(&self.ctx, &cwd) {
             Ok(tools) => tools
                 .entries
                 .iter()

@@ -39,8 +39,8 @@ impl Driver for RuntimeHost {
             return Driven { session: Some(session), result: Err(e) };
         }
         let wiring = (|| -> Result<_> {
-            let url = crate::wiring::database_url(&self.ctx)?;
-            let provider = crate::wiring::build_provider(&self.ctx, &cwd)?;
+            let url = crate::parts::database_url(&self.ctx)?;
+            let provider = crate::parts::build_provider(&self.ctx, &cwd)?;
             let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
                 .context("invalid allow pattern (from --allow or [approvals] allow)")?;
             // Allow rules and --yes, then a durable question any host can
@@ -51,7 +51,7 @@ impl Driver for RuntimeHost {
             let asker =
                 DbApprover::new(url.clone(), id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
             let person = SharedApprover::new(Box::new(asker));
-            let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(person.clone())));
+            let approver = crate::parts::policy(self.ctx.common.yes, allow, Some(Box::new(person.clone())));
             // The subagent family lives in this database, within the
             // session's lease (`subagents/db.rs`): any worker that later
             // resumes the session finds its children there.
@@ -71,7 +71,7 @@ impl Driver for RuntimeHost {
         // the family.
         let mut store = session.into_store();
         let asker = crate::equip::Asker { approver: &approver, family };
-        let config = SessionConfig { cwd: Some(cwd.clone()), ..crate::wiring::session_config(&self.ctx) };
+        let config = SessionConfig { cwd: Some(cwd.clone()), ..crate::parts::session_config(&self.ctx) };
         let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, asker, config.clone()) {
             Ok(equipped) => equipped,
             Err(e) => return Driven { session: Session::open(store, config).ok(), result: Err(failed(e)) },
