@@ -48,7 +48,7 @@ pub struct Runner {
     /// not at every turn).
     told: std::collections::HashSet<String>,
     /// Who answers for the session's children (re-attached on resume).
-    authority: crate::subagents::Authority,
+    inheritance: crate::subagents::Inheritance,
     /// The `[providers.NAME]` tables, to price each attempt of the ledger
     /// by the provider and model that made it.
     provider_tables: std::collections::BTreeMap<String, toml::Value>,
@@ -75,9 +75,9 @@ impl Runner {
         prompt: Option<&str>,
         renderer: &mut Renderer,
     ) -> Result<cairn_core::SessionConfig> {
-        let family = self.family.is_none().then_some(&self.authority);
-        let asker = crate::equip::Asker { approver: &self.equipment.approver, family };
-        let mut equipped = crate::equip::turn(ctx, cwd, store, prompt, asker, session_config(ctx))?;
+        let family = self.family.is_none().then_some(&self.inheritance);
+        let answerer = crate::equip::Answerer { approver: &self.equipment.approver, family };
+        let mut equipped = crate::equip::turn(ctx, cwd, store, prompt, answerer, session_config(ctx))?;
         match &self.family {
             None => self.family = Some(equipped.family_tools().to_vec()),
             Some(family) => equipped.tools.tools.extend(family.iter().cloned()),
@@ -254,7 +254,7 @@ impl Runner {
         // One approver for the session and its children (`subagents.rs`).
         let terminal = SharedApprover::new(Box::new(if may_ask { terminal } else { terminal.headless() }));
         let approver = policy(ctx.common.yes, allow, Some(Box::new(terminal.clone())));
-        let authority = crate::subagents::Authority::of(&approver, Some(terminal));
+        let inheritance = crate::subagents::Inheritance::of(&approver, Some(terminal));
         let tools = ToolRegistry::new(&approver);
         Ok(Runner {
             provider,
@@ -263,7 +263,7 @@ impl Runner {
             equipment: Equipment { tools, approver },
             family: None,
             told: std::collections::HashSet::new(),
-            authority,
+            inheritance,
             provider_tables: ctx.settings.providers.clone(),
         })
     }
@@ -522,7 +522,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     announce(&mut renderer, session.store());
     let id = session.store().header().id.clone();
     let mut code = exit::SUCCESS;
-    crate::subagents::reattach_children(&id, &runner.authority);
+    crate::subagents::reattach_children(&id, &runner.inheritance);
     if interrupted {
         renderer.notice(&format!("resuming the interrupted turn of session {id}"));
         if let Some(outcome) = drive(&mut session, &mut runner, &mut renderer, None)? {

@@ -60,10 +60,10 @@ impl SessionHost for RuntimeHost {
         approver: &PolicyApprover,
         person: Option<&SharedApprover>,
     ) -> Result<(HostTools, SessionConfig)> {
-        let mut authority = crate::subagents::Authority::of(approver, person.cloned());
-        authority.provider = served_provider(store);
-        let asker = crate::equip::Asker { approver, family: Some(&authority) };
-        let equipped = crate::equip::turn(&self.ctx, cwd, store, prompt, asker, self.session_config())?;
+        let mut inheritance = crate::subagents::Inheritance::of(approver, person.cloned());
+        inheritance.provider = served_provider(store);
+        let answerer = crate::equip::Answerer { approver, family: Some(&inheritance) };
+        let equipped = crate::equip::turn(&self.ctx, cwd, store, prompt, answerer, self.session_config())?;
         let config = equipped.config.clone();
         Ok((equipped.into_host_tools(), config))
     }

@@ -29,10 +29,10 @@ impl cairn_faces::Host for RuntimeHost {
         // tools or the in-process ones, and the subagent family, whose
         // children ask the same person (the editor's permission requests;
         // nobody over MCP).
-        let authority = crate::subagents::Authority::of(approver, person.cloned());
+        let inheritance = crate::subagents::Inheritance::of(approver, person.cloned());
         let tools = crate::tools::turn_tools(&self.ctx, cwd)?;
-        let asker = crate::equip::Asker { approver, family: Some(&authority) };
-        let equipped = crate::equip::offer(&self.ctx, cwd, &tools, None, asker)?;
+        let answerer = crate::equip::Answerer { approver, family: Some(&inheritance) };
+        let equipped = crate::equip::offer(&self.ctx, cwd, &tools, None, answerer)?;
         Ok(equipped.into_host_tools())
     }
 

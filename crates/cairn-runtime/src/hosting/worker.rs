@@ -22,7 +22,7 @@ use cairn_pg::worker::{Driven, Driver};
 
 use crate::context::{Context, Note};
 use crate::hosting::RuntimeHost;
-use crate::subagents::Home;
+use crate::subagents::FamilyPlace;
 
 impl Driver for RuntimeHost {
     fn drive(&self, mut session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
@@ -48,31 +48,32 @@ impl Driver for RuntimeHost {
             // asked, and so never offered. The same person answers the
             // session's children (their questions are rows of this
             // session, `i5+i3`).
-            let asker =
+            let answerer =
                 DbApprover::new(url.clone(), id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
-            let person = SharedApprover::new(Box::new(asker));
+            let person = SharedApprover::new(Box::new(answerer));
             let approver = crate::parts::policy(self.ctx.common.yes, allow, Some(Box::new(person.clone())));
             // The subagent family lives in this database, within the
             // session's lease (`subagents/db.rs`): any worker that later
             // resumes the session finds its children there.
-            let mut authority = crate::subagents::Authority::of(&approver, Some(person));
+            let mut inheritance = crate::subagents::Inheritance::of(&approver, Some(person));
             if let Some(hold) = session.store().hold() {
-                authority.home = Home::Database(crate::subagents::db::Database::new(url, hold, cancel.clone()));
+                inheritance.place =
+                    FamilyPlace::Database(crate::subagents::db::Database::new(url, hold, cancel.clone()));
             }
-            Ok((provider, approver, authority))
+            Ok((provider, approver, inheritance))
         })();
-        let (provider, approver, authority) = match wiring {
+        let (provider, approver, inheritance) = match wiring {
             Ok(w) => w,
             Err(e) => return Driven { session: Some(session), result: Err(failed(e)) },
         };
-        let family = matches!(authority.home, Home::Database(_)).then_some(&authority);
+        let family = matches!(inheritance.place, FamilyPlace::Database(_)).then_some(&inheritance);
         // The turn's tools as every face equips them (`equip.rs`):
         // discovery's choice recorded in the session before the turn, and
         // the family.
         let mut store = session.into_store();
-        let asker = crate::equip::Asker { approver: &approver, family };
+        let answerer = crate::equip::Answerer { approver: &approver, family };
         let config = SessionConfig { cwd: Some(cwd.clone()), ..crate::parts::session_config(&self.ctx) };
-        let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, asker, config.clone()) {
+        let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, answerer, config.clone()) {
             Ok(equipped) => equipped,
             Err(e) => return Driven { session: Session::open(store, config).ok(), result: Err(failed(e)) },
         };
@@ -83,7 +84,7 @@ impl Driver for RuntimeHost {
         if family.is_some() {
             // Children a crash left unfinished that no pending call of this
             // turn would re-attach (started with `wait: false`).
-            crate::subagents::reattach_children(&id, &authority);
+            crate::subagents::reattach_children(&id, &inheritance);
         }
         let session = match Session::open(store, equipped.config) {
             Ok(session) => session,
@@ -96,7 +97,7 @@ impl Driver for RuntimeHost {
             Driven::by(session, |session| equipment.run(session, &*provider, step, &mut |_| {}, cancel).map(drop));
         // The children still running run within this lease: the worker
         // must not release it under them (a cancelled turn's stop at once).
-        crate::subagents::finish_children(&id, &authority);
+        crate::subagents::finish_children(&id, &inheritance);
         driven
     }
 }

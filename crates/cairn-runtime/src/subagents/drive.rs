@@ -20,8 +20,8 @@ use cairn_core::{CancelToken, Session, TurnStop};
 use cairn_host::{Equipment, Step};
 
 use super::{
-    Authority, ChildResult, ChildStatus, Files, Home, Limits, Place, SPAWN, Scope, build, is_scripted, last_answer,
-    own_child, status,
+    ChildResult, ChildStatus, FamilyPlace, Files, Inheritance, Limits, Place, SPAWN, Scope, build, is_scripted,
+    last_answer, own_child, status,
 };
 use crate::context::Context;
 use crate::family::{ChildFact, FACT_KEY, SEP, child_fact, parent_of};
@@ -106,15 +106,15 @@ pub fn finish_running() {
 /// children a crash left unfinished, also those no pending call of the
 /// parent will re-attach (started with `wait: false`; `finish_running`, or
 /// for a worker `finish_children`, waits for them).
-pub fn reattach_children(parent: &str, authority: &Authority) {
-    match &authority.home {
-        Home::Files => reattach(&Arc::new(Files), parent, authority),
+pub fn reattach_children(parent: &str, inheritance: &Inheritance) {
+    match &inheritance.place {
+        FamilyPlace::Files => reattach(&Arc::new(Files), parent, inheritance),
         #[cfg(feature = "postgres")]
-        Home::Database(db) => reattach(db, parent, authority),
+        FamilyPlace::Database(db) => reattach(db, parent, inheritance),
     }
 }
 
-fn reattach<P: Place>(place: &Arc<P>, parent: &str, authority: &Authority) {
+fn reattach<P: Place>(place: &Arc<P>, parent: &str, inheritance: &Inheritance) {
     let Some(family) = FAMILY.get() else { return };
     for id in family.children_of(&**place, parent).unwrap_or_default() {
         // Without its fact the child was cut off while being created: only
@@ -130,7 +130,7 @@ fn reattach<P: Place>(place: &Arc<P>, parent: &str, authority: &Authority) {
         } else {
             // A child that cannot be re-attached is reported by the call
             // that gathers it.
-            let _ = family.attach(place, &id, None, authority);
+            let _ = family.attach(place, &id, None, inheritance);
         }
     }
 }
@@ -143,11 +143,11 @@ fn reattach<P: Place>(place: &Arc<P>, parent: &str, authority: &Authority) {
 /// table of every child it ever ran). A child stopped by the drive's token
 /// ends at once.
 #[cfg(feature = "postgres")]
-pub fn finish_children(parent: &str, authority: &Authority) {
-    let generation = match &authority.home {
-        Home::Files => Files.generation(),
+pub fn finish_children(parent: &str, inheritance: &Inheritance) {
+    let generation = match &inheritance.place {
+        FamilyPlace::Files => Files.generation(),
         #[cfg(feature = "postgres")]
-        Home::Database(db) => db.generation(),
+        FamilyPlace::Database(db) => db.generation(),
     };
     let Some(family) = FAMILY.get() else { return };
     let prefix = format!("{parent}{SEP}");
@@ -188,7 +188,7 @@ impl Family {
         place: &Arc<P>,
         id: &str,
         create: Option<(&ChildFact, &Path)>,
-        authority: &Authority,
+        inheritance: &Inheritance,
     ) -> Result<Arc<Slot>> {
         let ctx = &self.ctx;
         let key = (place.generation(), id.to_owned());
@@ -231,12 +231,12 @@ impl Family {
             let _ = place.found_finished(ctx, id);
             slot.finish(result);
         } else {
-            let (runner, child, authority, place) =
-                (Arc::clone(&slot), id.to_owned(), authority.clone(), Arc::clone(place));
+            let (runner, child, inheritance, place) =
+                (Arc::clone(&slot), id.to_owned(), inheritance.clone(), Arc::clone(place));
             std::thread::Builder::new()
                 .name(format!("child {id}"))
                 .spawn(move || {
-                    let result = match self.run_child(&place, &child, writer, authority) {
+                    let result = match self.run_child(&place, &child, writer, inheritance) {
                         Ok(result) => result,
                         Err(e) => ChildResult::Failed(format!("{e:#}")),
                     };
@@ -294,7 +294,7 @@ impl Family {
         place: &Arc<P>,
         id: &str,
         writer: Option<P::Store>,
-        authority: Authority,
+        inheritance: Inheritance,
     ) -> Result<ChildResult> {
         let ctx = &self.ctx;
         let store = match writer {
@@ -310,7 +310,7 @@ impl Family {
         let provider =
             crate::parts::provider_for(ctx, &fact.provider, fact.model.as_deref(), fact.script.as_deref(), &cwd)?;
         let allow = Allowlist::parse(fact.allow.iter().map(String::as_str)).context("child allow patterns")?;
-        let approver = authority.policy(allow);
+        let approver = inheritance.policy(allow);
         // The tools as the parent's face was equipped with them (the tool
         // service's when one is configured), only those the child was
         // given; a tool the registry refuses here (Destructive, headless) is
@@ -327,7 +327,7 @@ impl Family {
                 model: fact.model.clone(),
                 script: fact.script.clone(),
                 scripted,
-                authority: authority.clone(),
+                inheritance: inheritance.clone(),
             };
             let may_spawn = fact.tools.iter().any(|t| t == SPAWN) && fact.depth < self.limits.max_depth;
             // Its own children live where it does.

@@ -3,7 +3,7 @@
 //! session family.
 //!
 //! A child is an ordinary durable session where its parent lives (a
-//! [`Place`], handed down as a [`Home`]): a session file beside the parent's, or — for a session a
+//! [`Place`], handed down as a [`FamilyPlace`]): a session file beside the parent's, or — for a session a
 //! PostgreSQL worker drives — a session of the same database, driven within
 //! the parent's lease (`db.rs`). Its id is a function of the spawning call,
 //! `<parent id>+<invocation id>` ([`child_id`]), so the parent's intent
@@ -26,11 +26,11 @@
 //! Must not: drive a child other than through `Session::run_turn` /
 //! `Session::resume`, or give a child an approver other than the parent's.
 //!
-//! By concern: this file holds what a parent hands down ([`Authority`],
+//! By concern: this file holds what a parent hands down ([`Inheritance`],
 //! [`ParentProvider`], [`Limits`]), the rule a child is adopted by
 //! (`own_child`) and `build`, the family's tools for one session;
 //! `place.rs` where a family's sessions live ([`Place`], [`Files`],
-//! [`Home`]; `db.rs` the database); `tools.rs` the tools and the
+//! [`FamilyPlace`]; `db.rs` the database); `tools.rs` the tools and the
 //! authority checks of a spawn; `drive.rs` running children on this
 //! process's threads and waiting for them; `show.rs` what `cairn show`
 //! says of a family.
@@ -62,7 +62,7 @@ pub use crate::family::{SPAWN, WAIT};
 #[cfg(feature = "postgres")]
 pub use drive::finish_children;
 pub use drive::{finish_running, reattach_children};
-pub use place::{Files, Home, Place};
+pub use place::{FamilyPlace, Files, Place};
 pub use show::{child_lines, usage_line};
 pub use tools::tools;
 
@@ -84,7 +84,7 @@ impl Limits {
 /// approval of Write calls (`--yes`, `yes=1`), and the allow patterns a
 /// child may be given. Never more than the parent has.
 #[derive(Debug, Clone, Default)]
-pub struct Authority {
+pub struct Inheritance {
     /// The parent's person, shared by every session of the family.
     pub person: Option<SharedApprover>,
     /// Who approves every Write call (core's `PolicyApprover::approve_writes`).
@@ -95,7 +95,7 @@ pub struct Authority {
     /// configured one).
     pub provider: Option<ParentProvider>,
     /// Where the family's sessions live.
-    pub home: Home,
+    pub place: FamilyPlace,
 }
 
 /// A provider a session was started on other than the configured one (a
@@ -110,7 +110,7 @@ pub struct ParentProvider {
     pub script: Option<PathBuf>,
 }
 
-impl Authority {
+impl Inheritance {
     /// What a session whose calls `policy` answers, asking `person`, hands
     /// down.
     pub fn of(policy: &PolicyApprover, person: Option<SharedApprover>) -> Self {
@@ -119,7 +119,7 @@ impl Authority {
             approve_writes: policy.writes_approved_by().map(str::to_owned),
             allow: policy.allowlist().rules().iter().map(|r| r.text().to_owned()).collect(),
             provider: None,
-            home: Home::Files,
+            place: FamilyPlace::Files,
         }
     }
 
@@ -235,7 +235,7 @@ struct Scope {
     script: Option<PathBuf>,
     scripted: bool,
     /// Who answers for the session and its children.
-    authority: Authority,
+    inheritance: Inheritance,
 }
 
 fn is_scripted(ctx: &Context, provider: &str) -> bool {
@@ -251,7 +251,7 @@ fn build<P: Place>(family: &'static Family, scope: Scope, place: Arc<P>, may_spa
     let spawn =
         SpawnAgent { spec: spawn_spec(scope.scripted), scope: Arc::clone(&scope), place: Arc::clone(&place), family };
     let logs = Arc::new(place::FamilyLogs { place: Arc::clone(&place), ctx: &family.ctx });
-    let wait = WaitAgents { spec: wait_spec(), authority: scope.authority.clone(), place, family };
+    let wait = WaitAgents { spec: wait_spec(), inheritance: scope.inheritance.clone(), place, family };
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     if may_spawn {
         tools.extend([Arc::new(spawn) as Arc<dyn Tool>, Arc::new(wait)]);

@@ -1,7 +1,7 @@
 //! Where a family's sessions live: [`Place`], the one thing the family's
 //! code is generic over (create, find, read and open children), with its
 //! file implementation [`Files`] (the database's is `db.rs`); which of
-//! them a family uses, as a value handed down ([`Home`]); and the
+//! them a family uses, as a value handed down ([`FamilyPlace`]); and the
 //! family's logs as the peer tools read them through the same place.
 //!
 //! Must not: decide what a child may do or drive one (`tools.rs`,
@@ -22,7 +22,7 @@ use crate::family::{SEP, child_fact};
 
 /// Where a family's sessions live: where its top-level session does.
 #[derive(Debug, Clone, Default)]
-pub enum Home {
+pub enum FamilyPlace {
     /// Session files in the sessions directory (every face but workers).
     #[default]
     Files,

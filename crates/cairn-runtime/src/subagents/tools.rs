@@ -22,8 +22,8 @@ use serde_json::json;
 
 use super::drive::{Family, family};
 use super::{
-    Authority, ChildResult, ChildStatus, Files, Home, Limits, Place, SPAWN, Scope, WAIT, build, is_scripted, own_child,
-    status,
+    ChildResult, ChildStatus, FamilyPlace, Files, Inheritance, Limits, Place, SPAWN, Scope, WAIT, build, is_scripted,
+    own_child, status,
 };
 use crate::context::Context;
 use crate::family::{ChildFact, child_id, depth_of, parent_of};
@@ -36,12 +36,12 @@ pub fn tools(
     ctx: &Context,
     cwd: &Path,
     mut parent_tools: Vec<String>,
-    authority: Authority,
+    inheritance: Inheritance,
 ) -> Result<Vec<Arc<dyn Tool>>> {
     let limits = Limits::from_settings(ctx)?;
     let family = family(ctx, limits);
-    let home = authority.home.clone();
-    let (provider, model, script) = match &authority.provider {
+    let family_place = inheritance.place.clone();
+    let (provider, model, script) = match &inheritance.provider {
         Some(p) => (p.name.clone(), p.model.clone(), p.script.clone()),
         None => {
             (ctx.settings.provider.value.clone(), ctx.settings.model.value.clone(), ctx.settings.script.value.clone())
@@ -61,17 +61,17 @@ pub fn tools(
     let scope = Scope {
         cwd: cwd.to_path_buf(),
         tools: parent_tools,
-        allow: authority.allow.clone(),
+        allow: inheritance.allow.clone(),
         scripted: is_scripted(ctx, &provider),
         provider,
         model,
         script,
-        authority,
+        inheritance,
     };
-    Ok(match home {
-        Home::Files => build(family, scope, Arc::new(Files), true),
+    Ok(match family_place {
+        FamilyPlace::Files => build(family, scope, Arc::new(Files), true),
         #[cfg(feature = "postgres")]
-        Home::Database(db) => build(family, scope, db, true),
+        FamilyPlace::Database(db) => build(family, scope, db, true),
     })
 }
 
@@ -148,7 +148,7 @@ pub(super) struct SpawnAgent<P> {
 
 pub(super) struct WaitAgents<P> {
     pub(super) spec: ToolSpec,
-    pub(super) authority: Authority,
+    pub(super) inheritance: Inheritance,
     pub(super) place: Arc<P>,
     pub(super) family: &'static Family,
 }
@@ -278,7 +278,7 @@ impl<P: Place> Tool for SpawnAgent<P> {
         let id = child_id(&request.session_id, &request.invocation_id);
         let slot = self
             .family
-            .attach(&self.place, &id, Some((&fact, &cwd)), &self.scope.authority)
+            .attach(&self.place, &id, Some((&fact, &cwd)), &self.scope.inheritance)
             .map_err(|e| ToolError::Other(format!("{e:#}")))?;
         if !Self::waits(request) {
             return Ok(receipt(&id, slot.result().as_ref(), started.elapsed()));
@@ -321,7 +321,7 @@ impl<P: Place> Tool for WaitAgents<P> {
         for id in &ids {
             let slot = self
                 .family
-                .attach(&self.place, id, None, &self.authority)
+                .attach(&self.place, id, None, &self.inheritance)
                 .map_err(|e| ToolError::Other(format!("{e:#}")))?;
             slots.push((id, slot));
         }
