@@ -15,7 +15,7 @@ use cairn_core::storage::Storage;
 use cairn_core::{CancelToken, Session, TurnEvent, TurnStop};
 use cairn_runtime::Step;
 
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 use crate::render::{Mode, Renderer, escape_controls};
 
 /// Most bytes of standard input taken as context.
@@ -44,7 +44,7 @@ fn read_input() -> Result<String> {
 }
 
 /// `cairn ask`.
-pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
+pub fn ask(ctx: &Invocation, question: &str) -> Result<u8> {
     if question.trim().is_empty() {
         bail!("the question is empty: `cairn ask \"QUESTION\"` (standard input is the context)");
     }

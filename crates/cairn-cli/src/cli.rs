@@ -9,7 +9,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
-use crate::context::{Context, Flags, exit};
+use crate::invocation::{Flags, Invocation, exit};
 use crate::paths::Paths;
 use crate::render::escape_controls;
 use crate::style::Style;
@@ -470,10 +470,10 @@ fn run(cli: Cli) -> Result<u8> {
         eprintln!("cairn: {note}");
     }
     let err_style = Style::stderr();
-    let run = cairn_runtime::context::Context::new(paths, settings)
+    let run = cairn_runtime::setup::Setup::new(paths, settings)
         .with_common(cli.flags.common())
-        .with_notes(crate::context::notes_on_stderr(err_style));
-    let ctx = Context { run, flags: cli.flags, err_style, out_style: Style::stdout() };
+        .with_notes(crate::invocation::notes_on_stderr(err_style));
+    let ctx = Invocation { setup: run, flags: cli.flags, err_style, out_style: Style::stdout() };
     use crate::{commands, sessions, state, turns};
     let resolve = |target: &str| sessions::resolve(&ctx, target);
     if let Command::Serve { listen, listen_insecure, handshake_timeout } = &cli.command {

@@ -17,12 +17,12 @@ use cairn_core::storage::{JsonlStore, SessionIndex, Storage};
 use cairn_core::{CancelToken, Session};
 use cairn_provider::ProviderConfig;
 
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 use crate::render::{Renderer, escape_controls};
 use crate::turns;
 
 /// `cairn compact --context ID`: one compaction of the session's lane now.
-pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
+pub fn compact(ctx: &Invocation, path: &Path) -> Result<u8> {
     let mut renderer = Renderer::new(turns::mode(ctx));
     let store = crate::parts::open_session(ctx, path)?;
     let cwd = std::path::PathBuf::from(&store.header().cwd);
@@ -69,7 +69,7 @@ pub fn covered(index: &SessionIndex) -> HashMap<String, String> {
 
 /// The context line of `cairn show`: the input tokens the API reported
 /// for the session's last request, against the window of its model.
-pub fn context_line(ctx: &Context, store: &JsonlStore) -> Option<String> {
+pub fn context_line(ctx: &Invocation, store: &JsonlStore) -> Option<String> {
     let rows = store.usage();
     let last = rows
         .iter()

@@ -26,7 +26,7 @@ use cairn_core::staged::StagedReview;
 use cairn_core::tool::{Tool, ToolContext, ToolLimits, ToolReceipt, ToolRequest, ToolSpec, Validation};
 use cairn_tools::{ExternalTool, MetadataError, ToolDirScan, ToolEntry, ToolsConfig, TrustStore};
 
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 
 /// The CLI's tools as the service's [`ToolHost`]: the built-ins, and the
 /// external tools of the tools directories (`cairn_tools::ToolDirScan`,
@@ -34,7 +34,7 @@ use crate::context::{Context, exit};
 /// file names only; a tool's metadata is parsed when its spec is asked for
 /// or it runs, and kept until its file changes (size, mtime or inode).
 struct CliToolHost {
-    ctx: Context,
+    ctx: Invocation,
     /// Where `t/` lists tools for (the service's working directory).
     here: PathBuf,
     config: ToolsConfig,
@@ -171,7 +171,7 @@ impl ToolHost for CliToolHost {
 }
 
 /// `cairn toolsrv`.
-pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
+pub fn run(ctx: Invocation, listen: &[String], insecure: bool) -> Result<u8> {
     let data = ctx.paths.data.clone();
     let mut dials = listen.iter().map(|d| Dial::parse(d)).collect::<Result<Vec<_>>>()?;
     if dials.is_empty() {

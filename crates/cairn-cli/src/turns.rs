@@ -24,7 +24,7 @@ use cairn_runtime::{Equipment, Step};
 use serde_json::json;
 
 use crate::approver::TerminalApprover;
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 use crate::parts::{build_provider, create_session, open_session, policy, session_config};
 use crate::render::{Mode, Renderer};
 
@@ -69,7 +69,7 @@ impl Runner {
     /// before are told.
     pub fn equip(
         &mut self,
-        ctx: &Context,
+        ctx: &Invocation,
         cwd: &Path,
         store: &mut JsonlStore,
         prompt: Option<&str>,
@@ -121,7 +121,7 @@ impl Runner {
     /// session's. A session without the fact (older) runs on the
     /// configured one; a provider chosen with `/provider` in this chat
     /// counts as told.
-    pub fn continue_provider(&mut self, ctx: &Context, store: &JsonlStore, renderer: &mut Renderer) {
+    pub fn continue_provider(&mut self, ctx: &Invocation, store: &JsonlStore, renderer: &mut Renderer) {
         let Some(recorded) = registers::provider_fact(store) else { return };
         if self.provider_chosen {
             if (recorded.name.as_str(), recorded.model.as_str()) != (self.provider_name.as_str(), self.provider.model())
@@ -189,7 +189,7 @@ impl Runner {
     /// fact).
     pub fn reequip(
         &mut self,
-        ctx: &Context,
+        ctx: &Invocation,
         session: Session<JsonlStore>,
         prompt: Option<&str>,
         renderer: &mut Renderer,
@@ -246,7 +246,7 @@ impl Runner {
     /// The provider and approver for a session in `cwd`, headless when
     /// `may_ask` is false (`cairn ask`: no person is asked even when stdin is a
     /// terminal); its tools come with each turn ([`Runner::equip`]).
-    pub fn new(ctx: &Context, cwd: &Path, may_ask: bool) -> Result<Runner> {
+    pub fn new(ctx: &Invocation, cwd: &Path, may_ask: bool) -> Result<Runner> {
         let provider = build_provider(ctx, cwd)?;
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
@@ -428,7 +428,7 @@ fn outcome_code(outcome: &TurnOutcome, renderer: &mut Renderer, session_id: &str
     code
 }
 
-pub fn mode(ctx: &Context) -> Mode {
+pub fn mode(ctx: &Invocation) -> Mode {
     if ctx.flags.json {
         Mode::Json
     } else if ctx.flags.quiet {
@@ -468,7 +468,7 @@ pub(crate) fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result
 }
 
 /// `cairn run`.
-pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
+pub fn run(ctx: &Invocation, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
     let prompt = read_prompt(prompt, prompt_file)?;
     let mut renderer = Renderer::new(mode(ctx));
     renderer.set_markdown(ctx.flags.plain);
@@ -487,7 +487,7 @@ pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) ->
 }
 
 /// `cairn resume`.
-pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> {
+pub fn resume(ctx: &Invocation, path: &Path, prompt: Option<String>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
     renderer.set_markdown(ctx.flags.plain);
     let store = open_session(ctx, path)?;
@@ -554,7 +554,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
 }
 
 /// `cairn chat`.
-pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
+pub fn chat(ctx: &Invocation, existing: Option<&Path>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
     renderer.set_markdown(ctx.flags.plain);
     let (store, cwd) = match existing {
@@ -590,7 +590,13 @@ fn discard_unstarted(store: JsonlStore, error: anyhow::Error) -> anyhow::Error {
 }
 
 /// [`chat`] once its session and runner are ready.
-fn chat_in(ctx: &Context, store: JsonlStore, cwd: PathBuf, mut runner: Runner, mut renderer: Renderer) -> Result<u8> {
+fn chat_in(
+    ctx: &Invocation,
+    store: JsonlStore,
+    cwd: PathBuf,
+    mut runner: Runner,
+    mut renderer: Renderer,
+) -> Result<u8> {
     runner.continue_provider(ctx, &store, &mut renderer);
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
@@ -636,7 +642,7 @@ fn say(text: &str) -> Result<()> {
 
 /// Run one of the chat's slash commands (`crate::slash`).
 fn command_of_chat(
-    ctx: &Context,
+    ctx: &Invocation,
     command: &crate::slash::Slash,
     session: &mut Session<JsonlStore>,
     runner: &mut Runner,
@@ -849,7 +855,7 @@ fn command_of_chat(
 }
 
 fn chat_loop(
-    ctx: &Context,
+    ctx: &Invocation,
     mut session: Session<JsonlStore>,
     runner: &mut Runner,
     renderer: &mut Renderer,

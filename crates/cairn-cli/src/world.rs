@@ -38,8 +38,8 @@ use cairn_runtime::{Equipment, HostTools, SessionHost, Step};
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use crate::context::{Context, exit};
 use crate::hosting::RuntimeHost;
+use crate::invocation::{Invocation, exit};
 
 /// `cairn world …`.
 #[derive(Debug, Subcommand)]
@@ -80,7 +80,7 @@ pub enum WorldAction {
 }
 
 /// Runs a `cairn world` command.
-pub fn run(ctx: &Context, action: WorldAction) -> Result<u8> {
+pub fn run(ctx: &Invocation, action: WorldAction) -> Result<u8> {
     let dir = |d: Option<PathBuf>| d.unwrap_or_else(|| PathBuf::from("world"));
     match action {
         WorldAction::Init { dir: d } => {
@@ -191,7 +191,7 @@ impl SessionHost for AgentHost {
 }
 
 impl Agent {
-    fn start(ctx: &Context, world: Arc<World>, dir: &Path) -> Result<Agent> {
+    fn start(ctx: &Invocation, world: Arc<World>, dir: &Path) -> Result<Agent> {
         let marker = dir.join("broker").join("agent-session");
         let (store, cwd) = match std::fs::read_to_string(&marker) {
             Ok(p) => {
@@ -215,7 +215,7 @@ impl Agent {
         // every face's are; until then the session holds no tools.
         let config: SessionConfig = crate::parts::session_config(ctx);
         let mut session = Session::open(store, config)?;
-        let host = AgentHost { host: RuntimeHost { ctx: ctx.run.clone() }, world: world.clone() };
+        let host = AgentHost { host: RuntimeHost { ctx: ctx.setup.clone() }, world: world.clone() };
         // An undo killed after its plan was committed is finished before
         // any turn, as for every face's session.
         if let Some(done) = host.finish_undo(&mut session, &cwd)? {

@@ -62,9 +62,9 @@ use cairn_core::storage::{JsonlStore, Storage as _, Transaction};
 use cairn_core::{Session, ToolRegistry};
 use cairn_host::{Equipment, SessionHost as _, Step};
 use cairn_runtime::config::{Overrides, Settings};
-use cairn_runtime::context::{Common, Context};
 use cairn_runtime::hosting::RuntimeHost;
 use cairn_runtime::paths::Paths;
+use cairn_runtime::setup::{Common, Setup};
 
 pub use approve::{ApproveFn, Question};
 pub use cairn_core::CancelToken;
@@ -218,7 +218,7 @@ impl AgentBuilder {
         let settings = Settings::load(&paths.config_file, &overrides)?;
         let common =
             Common { cwd: self.cwd.as_deref().map(absolute).transpose()?, name: self.name, ..Common::default() };
-        let ctx = Context::new(paths, settings).with_common(common);
+        let ctx = Setup::new(paths, settings).with_common(common);
         // The sandbox's kernel probes fork throwaway children: start them
         // now, on a thread, while the process is small, as `cairn run` does.
         let probes = cairn_tools::probe_ahead();

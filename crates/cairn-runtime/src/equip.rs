@@ -24,7 +24,7 @@ use cairn_core::tool::Tool;
 use cairn_core::{SessionConfig, ToolRegistry};
 use cairn_host::HostTools;
 
-use crate::context::Context;
+use crate::setup::Setup;
 use crate::subagents::Inheritance;
 use crate::tools::TurnTools;
 
@@ -109,7 +109,7 @@ impl TurnOffer {
 /// children it may spawn (`None`: this face offers no family); `config` is
 /// the face's settings for the session.
 pub fn turn<S: Storage>(
-    ctx: &Context,
+    ctx: &Setup,
     cwd: &Path,
     store: &mut S,
     prompt: Option<&str>,
@@ -129,7 +129,7 @@ pub fn turn<S: Storage>(
 /// the family's (see [`Answerer`]), with the configured settings. For a face
 /// without turns of its own to choose for (MCP), or one that chose already.
 pub fn offer(
-    ctx: &Context,
+    ctx: &Setup,
     cwd: &Path,
     tools: &TurnTools,
     keep: Option<&BTreeSet<String>>,

@@ -15,7 +15,7 @@ use cairn_core::storage::{JsonlStore, Storage as _};
 use cairn_core::{Session, SessionConfig};
 use cairn_host::{HostTools, ProviderChoices, Rewind, Rewound, SessionHost};
 
-use crate::context::Context;
+use crate::setup::Setup;
 
 mod faces;
 mod ninep;
@@ -30,7 +30,7 @@ pub use ninep::{BatchConfig, max_running};
 /// this side of cairn-host's contract.
 #[derive(Debug)]
 pub struct RuntimeHost {
-    pub ctx: Context,
+    pub ctx: Setup,
 }
 
 /// The provider a served session was created with (its 9P `serve` fact),

@@ -1,7 +1,7 @@
 //! How cairn builds and runs a session, for every face that runs one: the
 //! `cairn` command's own turns (`run`, `chat`, `resume`, `ask`), the 9P
 //! tree and its batch queue, ACP and MCP, PostgreSQL workers and the
-//! actors' agent. From the resolved configuration ([`context`],
+//! actors' agent. From the resolved configuration ([`setup`],
 //! [`config`], [`paths`]) it builds a session's parts ([`parts`]: the
 //! provider, the approval policy, the settings, the session file), reads a
 //! turn's tools once, in-process or from a tool service ([`toolsrv`], its
@@ -13,12 +13,12 @@
 //! implements `cairn_host::SessionHost` once ([`hosting`]) so the faces,
 //! which depend only on that trait, all get the same session.
 //!
-//! Its API is data: functions take the resolved settings ([`context`]:
+//! Its API is data: functions take the resolved settings ([`setup`]:
 //! plain structs, no command line) and return values; the commands over
 //! its own state (`cairn trust`, `cairn sessions`, `cairn undo`, `cairn
 //! tools --discover`, `cairn model install`) return what they found or
 //! did, one function each whatever the backend keeps the sessions, and
-//! notes on the way go to the embedder's `context::Notes`.
+//! notes on the way go to the embedder's `setup::Notes`.
 //!
 //! Must not: parse a command line (no clap), print or hold stdout/stderr
 //! (the CLI renders results, `--json` included), speak a face's protocol,
@@ -27,7 +27,6 @@
 //! (`the_runtime_does_not_depend_on_clap`, `the_runtime_does_not_print`).
 
 pub mod config;
-pub mod context;
 pub mod discover;
 pub mod equip;
 pub mod escape;
@@ -40,6 +39,7 @@ pub mod peers;
 pub mod redact;
 pub mod secrets;
 pub mod sessions;
+pub mod setup;
 pub mod subagents;
 pub mod telemetry;
 pub mod tools;

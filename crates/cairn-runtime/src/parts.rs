@@ -14,7 +14,7 @@ use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, Storage, Transaction, new_session_id};
 use cairn_provider::{ProviderConfig, ProviderKind};
 
-use crate::context::Context;
+use crate::setup::Setup;
 
 /// The system prompt when none is configured.
 const DEFAULT_SYSTEM: &str = "You are cairn, a careful agent working in the user's directory. \
@@ -22,7 +22,7 @@ Use the tools to look before you change anything, keep changes small, and answer
 
 /// Build the configured provider (the `local` one grounds path arguments in
 /// the session's `cwd`).
-pub fn build_provider(ctx: &Context, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+pub fn build_provider(ctx: &Setup, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
     let s = &ctx.settings;
     provider_for(ctx, &s.provider.value, s.model.value.as_deref(), s.script.value.as_deref(), cwd)
 }
@@ -32,7 +32,7 @@ pub fn build_provider(ctx: &Context, cwd: &Path) -> Result<Box<dyn Provider + Se
 /// builds each session's provider from what `s/new` was given), for a
 /// session working in `cwd`.
 pub fn provider_for(
-    ctx: &Context,
+    ctx: &Setup,
     name: &str,
     model: Option<&str>,
     script: Option<&Path>,
@@ -60,7 +60,7 @@ pub fn policy(yes: bool, allow: Allowlist, ask: Option<Box<dyn Approver>>) -> Po
 }
 
 /// The session settings from configuration.
-pub fn session_config(ctx: &Context) -> SessionConfig {
+pub fn session_config(ctx: &Setup) -> SessionConfig {
     SessionConfig {
         system: Some(ctx.settings.system_prompt.value.clone().unwrap_or_else(|| DEFAULT_SYSTEM.to_owned())),
         max_steps: ctx.settings.max_steps.value,
@@ -75,7 +75,7 @@ pub fn session_config(ctx: &Context) -> SessionConfig {
 /// The working directory for a new session, or for a command about one
 /// (`cairn tools`, `cairn mcp list`): `--cwd` (resolved against the
 /// current directory, so a relative one works) else the current one.
-pub fn new_session_cwd(ctx: &Context) -> Result<PathBuf> {
+pub fn new_session_cwd(ctx: &Setup) -> Result<PathBuf> {
     let cwd = match &ctx.common.cwd {
         Some(dir) => dir.clone(),
         None => std::env::current_dir().context("cannot read the current directory")?,
@@ -84,7 +84,7 @@ pub fn new_session_cwd(ctx: &Context) -> Result<PathBuf> {
 }
 
 /// Create a new session file (named with `--name` if given).
-pub fn create_session(ctx: &Context) -> Result<(JsonlStore, PathBuf)> {
+pub fn create_session(ctx: &Setup) -> Result<(JsonlStore, PathBuf)> {
     let cwd = new_session_cwd(ctx)?;
     let header = Header::new(new_session_id(), cwd.display().to_string());
     let mut store = JsonlStore::create(&ctx.paths.sessions(), header, ctx.settings.store_options())
@@ -112,12 +112,12 @@ pub fn give_back_free_memory() {
 
 /// Open an existing session for writing, with the configured store
 /// options (automatic compaction, line limit).
-pub fn open_session(ctx: &Context, path: &Path) -> Result<JsonlStore> {
+pub fn open_session(ctx: &Setup, path: &Path) -> Result<JsonlStore> {
     Ok(JsonlStore::open(path, ctx.settings.store_options())?)
 }
 
 /// The database URL from `--database` or the config, or a clear error.
-pub fn database_url(ctx: &Context) -> Result<String> {
+pub fn database_url(ctx: &Setup) -> Result<String> {
     ctx.settings.database.value.clone().context(
         "no database: give --database postgres://USER@HOST/DB, or set database = \"postgres://…\" in cairn's config",
     )
@@ -128,7 +128,7 @@ pub const NO_POSTGRES: &str = "this cairn was built without PostgreSQL support; 
 
 /// A connection to the configured database (see [`connect_database`]).
 #[cfg(feature = "postgres")]
-pub fn database_client(ctx: &Context) -> Result<postgres::Client> {
+pub fn database_client(ctx: &Setup) -> Result<postgres::Client> {
     connect_database(&database_url(ctx)?)
 }
 

@@ -24,7 +24,7 @@ use cairn_core::hooks::Hooks;
 use cairn_host::HostTools;
 use cairn_tools::{ToolEntry, ToolOrigin, ToolsConfig, TrustState, TrustStore};
 
-use crate::context::Context;
+use crate::setup::Setup;
 
 /// The tools a turn of a session may be offered, and what to tell about
 /// the ones left out.
@@ -79,7 +79,7 @@ impl TurnTools {
 /// `cairn tools` and the 9P `tools` file list it, so a turn never reads its
 /// tools twice nor decides twice where they come from, and a listing shows
 /// what a turn gets.
-pub fn turn_tools(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
+pub fn turn_tools(ctx: &Setup, cwd: &Path) -> Result<TurnTools> {
     let Some(address) = crate::toolsrv::address(ctx) else {
         return in_process(ctx, cwd);
     };
@@ -97,7 +97,7 @@ pub fn turn_tools(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
 }
 
 /// The tools settings from configuration and flags.
-pub fn tools_config(ctx: &Context) -> ToolsConfig {
+pub fn tools_config(ctx: &Setup) -> ToolsConfig {
     let mut config = ToolsConfig::default();
     config.destructive_patterns.extend(ctx.settings.destructive_patterns.value.iter().cloned());
     config.allow_unsandboxed = ctx.common.allow_unsandboxed;
@@ -178,7 +178,7 @@ fn resolved(path: &Path) -> PathBuf {
 /// developer configuration (`cairn_tools::programs::developer_config`,
 /// so git and cargo work with a normal home) unless it lies in cairn's
 /// own directories, then `[tools] sandbox_read_paths`.
-fn sandbox_read_paths(ctx: &Context) -> Vec<PathBuf> {
+fn sandbox_read_paths(ctx: &Setup) -> Vec<PathBuf> {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
     let mut paths = match var("HOME") {
         Some(home) => cairn_tools::programs::developer_config(&home, var("XDG_CONFIG_HOME").as_deref()),
@@ -236,7 +236,7 @@ pub struct Extensions {
 }
 
 /// See [`Extensions`].
-pub fn extensions(ctx: &Context, cwd: &Path, trust: &TrustStore) -> Extensions {
+pub fn extensions(ctx: &Setup, cwd: &Path, trust: &TrustStore) -> Extensions {
     let mut ext = Extensions {
         mcp_servers: ctx.settings.mcp_servers.clone(),
         hooks: ctx.settings.hooks.clone(),
@@ -297,7 +297,7 @@ pub fn extensions(ctx: &Context, cwd: &Path, trust: &TrustStore) -> Extensions {
 
 /// The trust record, or none (said in `untrusted`): an unreadable trust
 /// file trusts nothing (fails closed).
-fn trust_store(ctx: &Context, untrusted: &mut Vec<String>) -> TrustStore {
+fn trust_store(ctx: &Setup, untrusted: &mut Vec<String>) -> TrustStore {
     TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|e| {
         untrusted.push(format!("no workspace tools loaded: {e}"));
         TrustStore::empty()
@@ -305,7 +305,7 @@ fn trust_store(ctx: &Context, untrusted: &mut Vec<String>) -> TrustStore {
 }
 
 /// Hook programs from `config`, if any.
-fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Arc<dyn Hooks>> {
+fn hooks_of(ctx: &Setup, config: cairn_tools::hooks::HooksConfig) -> Option<Arc<dyn Hooks>> {
     if config.is_empty() {
         return None;
     }
@@ -318,7 +318,7 @@ fn hooks_of(ctx: &Context, config: cairn_tools::hooks::HooksConfig) -> Option<Ar
 
 /// The hook programs of a session in `cwd` (the user's, then a trusted
 /// project's), if any.
-pub fn hooks(ctx: &Context, cwd: &Path) -> Option<Arc<dyn Hooks>> {
+pub fn hooks(ctx: &Setup, cwd: &Path) -> Option<Arc<dyn Hooks>> {
     let mut ignored = Vec::new();
     let trust = trust_store(ctx, &mut ignored);
     hooks_of(ctx, extensions(ctx, cwd, &trust).hooks)
@@ -330,7 +330,7 @@ pub fn hooks(ctx: &Context, cwd: &Path) -> Option<Arc<dyn Hooks>> {
 /// [`extensions`] (`cairn_mcp::load`). A turn reads its tools through
 /// [`turn_tools`], which calls this unless a tool service is
 /// configured.
-pub fn in_process(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
+pub fn in_process(ctx: &Setup, cwd: &Path) -> Result<TurnTools> {
     let config = tools_config(ctx);
     let mut untrusted = Vec::new();
     let trust = trust_store(ctx, &mut untrusted);

@@ -24,10 +24,10 @@ use cairn_9p::toolsrv::{JobRequest, job_id};
 use cairn_core::CancelToken;
 use cairn_core::tool::{GuardVerdict, ReplayPolicy, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec};
 
-use crate::context::Context;
+use crate::setup::Setup;
 
 /// The address of the tool service to use, if any (flag over config).
-pub fn address(ctx: &Context) -> Option<String> {
+pub fn address(ctx: &Setup) -> Option<String> {
     ctx.common.toolsrv.clone().or_else(|| ctx.settings.toolsrv.clone())
 }
 

@@ -13,8 +13,8 @@ use cairn_core::provider::Provider;
 use cairn_core::storage::StoreOptions;
 use cairn_provider::ProviderConfig;
 
-use crate::context::Context;
 use crate::hosting::RuntimeHost;
+use crate::setup::Setup;
 
 impl Host for RuntimeHost {
     fn sessions_dir(&self) -> PathBuf {
@@ -75,7 +75,7 @@ pub use crate::config::BatchConfig;
 use crate::config::default_max_running;
 
 /// `[batch] max_running`: sessions of batch jobs run at once.
-pub fn max_running(ctx: &Context) -> usize {
+pub fn max_running(ctx: &Setup) -> usize {
     match ctx.settings.batch.clone().map(toml::Value::try_into::<BatchConfig>) {
         None => default_max_running(),
         Some(Ok(config)) => config.max_running.max(1),

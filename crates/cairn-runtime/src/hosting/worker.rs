@@ -20,8 +20,8 @@ use cairn_pg::PgStore;
 use cairn_pg::approvals::DbApprover;
 use cairn_pg::worker::{Driven, Driver};
 
-use crate::context::{Context, Note};
 use crate::hosting::RuntimeHost;
+use crate::setup::{Note, Setup};
 use crate::subagents::FamilyPlace;
 
 impl Driver for RuntimeHost {
@@ -105,7 +105,7 @@ impl Driver for RuntimeHost {
 /// An undo killed after its plan was committed (`cairn undo --database`
 /// on this or another host) is finished before a worker's turn, like
 /// before any other host's turn; what it did is told (a worker note).
-fn finish_undo(ctx: &Context, session: &mut Session<PgStore>, cwd: &Path) -> Result<(), TurnError> {
+fn finish_undo(ctx: &Setup, session: &mut Session<PgStore>, cwd: &Path) -> Result<(), TurnError> {
     let id = session.store().header().id.clone();
     match cairn_tools::rewind::finish_interrupted(&crate::undo::store(ctx), session, cwd, false) {
         Ok(Some(done)) => {

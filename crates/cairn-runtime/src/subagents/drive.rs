@@ -23,8 +23,8 @@ use super::{
     ChildResult, ChildStatus, FamilyPlace, Files, Inheritance, Limits, Place, SPAWN, Scope, build, is_scripted,
     last_answer, own_child, status,
 };
-use crate::context::Context;
 use crate::family::{ChildFact, FACT_KEY, SEP, child_fact, parent_of};
+use crate::setup::Setup;
 
 /// One child known to this process: running on a thread, or finished.
 #[derive(Debug, Default)]
@@ -72,14 +72,14 @@ type SlotKey = (String, String);
 
 /// The children of this process (one family per `cairn` process).
 pub(super) struct Family {
-    pub(super) ctx: Context,
+    pub(super) ctx: Setup,
     pub(super) limits: Limits,
     slots: Mutex<BTreeMap<SlotKey, Arc<Slot>>>,
 }
 
 static FAMILY: OnceLock<Family> = OnceLock::new();
 
-pub(super) fn family(ctx: &Context, limits: Limits) -> &'static Family {
+pub(super) fn family(ctx: &Setup, limits: Limits) -> &'static Family {
     FAMILY.get_or_init(|| Family { ctx: ctx.clone(), limits, slots: Mutex::new(BTreeMap::new()) })
 }
 

@@ -45,8 +45,8 @@ use cairn_core::storage::Storage;
 use cairn_core::tool::Tool;
 use cairn_provider::{ProviderConfig, ProviderKind};
 
-use crate::context::Context;
 use crate::family::{ChildFact, child_fact, child_id};
+use crate::setup::Setup;
 use drive::Family;
 use tools::{SpawnAgent, WaitAgents, spawn_spec, wait_spec};
 
@@ -67,7 +67,7 @@ pub use show::{child_lines, usage_line};
 pub use tools::tools;
 
 impl Limits {
-    fn from_settings(ctx: &Context) -> Result<Self> {
+    fn from_settings(ctx: &Setup) -> Result<Self> {
         match &ctx.settings.subagents {
             None => Ok(Self::default()),
             Some(table) => table
@@ -170,7 +170,7 @@ fn last_answer<S: Storage>(session: &Session<S>) -> String {
 /// ([`Place::written_by_a_family`]). `Err` says why not, and what to do.
 fn own_child<P: Place + ?Sized>(
     place: &P,
-    ctx: &Context,
+    ctx: &Setup,
     id: &str,
     store: &P::Store,
     expected: Option<&ChildFact>,
@@ -211,7 +211,7 @@ fn own_child<P: Place + ?Sized>(
 }
 
 /// A child's state as its store says (read, never written).
-fn status<S: Storage>(ctx: &Context, store: S) -> Result<ChildStatus> {
+fn status<S: Storage>(ctx: &Setup, store: S) -> Result<ChildStatus> {
     if store.entry_count() == 0 {
         return Ok(ChildStatus::NotStarted);
     }
@@ -238,7 +238,7 @@ struct Scope {
     inheritance: Inheritance,
 }
 
-fn is_scripted(ctx: &Context, provider: &str) -> bool {
+fn is_scripted(ctx: &Setup, provider: &str) -> bool {
     ProviderConfig::resolve(provider, ctx.settings.providers.get(provider))
         .is_ok_and(|c| c.kind == ProviderKind::Scripted)
 }

@@ -17,8 +17,8 @@ use cairn_core::storage::{Header, JsonlStore, Record, Storage, Tail};
 
 #[cfg(feature = "postgres")]
 use super::db;
-use crate::context::Context;
 use crate::family::{SEP, child_fact};
+use crate::setup::Setup;
 
 /// Where a family's sessions live: where its top-level session does.
 #[derive(Debug, Clone, Default)]
@@ -41,19 +41,19 @@ pub trait Place: Send + Sync + 'static {
 
     /// Create child `header.id`, refused when it exists: the only place a
     /// child is created, so never twice.
-    fn create(&self, ctx: &Context, header: Header) -> Result<Self::Store>;
+    fn create(&self, ctx: &Setup, header: Header) -> Result<Self::Store>;
 
     /// Child `id` opened to drive it (`None`: it does not exist).
-    fn open(&self, ctx: &Context, id: &str) -> Result<Option<Self::Store>>;
+    fn open(&self, ctx: &Setup, id: &str) -> Result<Option<Self::Store>>;
 
     /// Child `id` read, never written (`None`: it does not exist).
-    fn read(&self, ctx: &Context, id: &str) -> Result<Option<Self::Store>>;
+    fn read(&self, ctx: &Setup, id: &str) -> Result<Option<Self::Store>>;
 
     /// Whether child `id` exists (without reading it).
-    fn exists(&self, ctx: &Context, id: &str) -> Result<bool>;
+    fn exists(&self, ctx: &Setup, id: &str) -> Result<bool>;
 
     /// The ids of `parent`'s children, in any order.
-    fn children(&self, ctx: &Context, parent: &str) -> Result<Vec<String>>;
+    fn children(&self, ctx: &Setup, parent: &str) -> Result<Vec<String>>;
 
     /// The token a child's turn runs under (the lease's, in a database).
     fn cancel(&self) -> CancelToken;
@@ -66,7 +66,7 @@ pub trait Place: Send + Sync + 'static {
 
     /// Child `id` was found finished when attached: what `ended` says, for
     /// a child whose driver was cut off between its answer and `ended`.
-    fn found_finished(&self, _ctx: &Context, _id: &str) -> Result<()> {
+    fn found_finished(&self, _ctx: &Setup, _id: &str) -> Result<()> {
         Ok(())
     }
 
@@ -78,7 +78,7 @@ pub trait Place: Send + Sync + 'static {
     /// A reader of session `id`'s log that reads only what was appended
     /// since its last look, if this place has one (`None`: each look
     /// reads the whole log again and skips what it visited before).
-    fn follow(&self, ctx: &Context, id: &str) -> Option<Box<dyn crate::peers::Follow>> {
+    fn follow(&self, ctx: &Setup, id: &str) -> Option<Box<dyn crate::peers::Follow>> {
         let _ = (ctx, id);
         None
     }
@@ -86,7 +86,7 @@ pub trait Place: Send + Sync + 'static {
     /// Whether every line of session `id` was written by a family's driver
     /// (a database line records the lease it was written under; an
     /// imported one records none). Files cannot tell: true.
-    fn written_by_a_family(&self, _ctx: &Context, _id: &str) -> Result<bool> {
+    fn written_by_a_family(&self, _ctx: &Setup, _id: &str) -> Result<bool> {
         Ok(true)
     }
 
@@ -101,7 +101,7 @@ pub trait Place: Send + Sync + 'static {
 pub struct Files;
 
 impl Files {
-    fn path(ctx: &Context, id: &str) -> PathBuf {
+    fn path(ctx: &Setup, id: &str) -> PathBuf {
         ctx.paths.sessions().join(format!("{id}.jsonl"))
     }
 }
@@ -109,13 +109,13 @@ impl Files {
 impl Place for Files {
     type Store = JsonlStore;
 
-    fn create(&self, ctx: &Context, header: Header) -> Result<JsonlStore> {
+    fn create(&self, ctx: &Setup, header: Header) -> Result<JsonlStore> {
         let id = header.id.clone();
         JsonlStore::create(&ctx.paths.sessions(), header, ctx.settings.store_options())
             .with_context(|| format!("cannot create child session {id}"))
     }
 
-    fn open(&self, ctx: &Context, id: &str) -> Result<Option<JsonlStore>> {
+    fn open(&self, ctx: &Setup, id: &str) -> Result<Option<JsonlStore>> {
         let path = Self::path(ctx, id);
         if !path.exists() {
             return Ok(None);
@@ -123,7 +123,7 @@ impl Place for Files {
         crate::parts::open_session(ctx, &path).map(Some)
     }
 
-    fn read(&self, ctx: &Context, id: &str) -> Result<Option<JsonlStore>> {
+    fn read(&self, ctx: &Setup, id: &str) -> Result<Option<JsonlStore>> {
         let path = Self::path(ctx, id);
         if !path.exists() {
             return Ok(None);
@@ -131,15 +131,15 @@ impl Place for Files {
         Ok(Some(JsonlStore::open_read_only_with(&path, ctx.settings.store_options())?))
     }
 
-    fn exists(&self, ctx: &Context, id: &str) -> Result<bool> {
+    fn exists(&self, ctx: &Setup, id: &str) -> Result<bool> {
         Ok(Self::path(ctx, id).is_file())
     }
 
-    fn follow(&self, ctx: &Context, id: &str) -> Option<Box<dyn crate::peers::Follow>> {
+    fn follow(&self, ctx: &Setup, id: &str) -> Option<Box<dyn crate::peers::Follow>> {
         Some(Box::new(FileFollow { path: Self::path(ctx, id), tail: None }))
     }
 
-    fn children(&self, ctx: &Context, parent: &str) -> Result<Vec<String>> {
+    fn children(&self, ctx: &Setup, parent: &str) -> Result<Vec<String>> {
         let prefix = format!("{parent}{SEP}");
         Ok(crate::sessions::session_files(&ctx.paths)?
             .iter()
@@ -164,7 +164,7 @@ impl Place for Files {
 /// live: through the same [`Place`] the family creates and drives them in.
 pub(super) struct FamilyLogs<P> {
     pub(super) place: Arc<P>,
-    pub(super) ctx: &'static Context,
+    pub(super) ctx: &'static Setup,
 }
 
 impl<P: Place> crate::peers::Logs for FamilyLogs<P> {
@@ -227,7 +227,7 @@ impl crate::peers::Follow for FileFollow {
 /// a place without a reader of its own.
 struct Rescan<P> {
     place: Arc<P>,
-    ctx: &'static Context,
+    ctx: &'static Setup,
     id: String,
     visited: usize,
 }

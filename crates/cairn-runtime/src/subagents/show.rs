@@ -8,12 +8,12 @@ use cairn_core::report::{FamilyUsage, UsageTotals};
 use cairn_core::storage::{JsonlStore, Storage};
 
 use super::{ChildResult, ChildStatus, SPAWN, status};
-use crate::context::Context;
 use crate::family::child_id;
+use crate::setup::Setup;
 
 /// `usage …` for `cairn show`: the session's own tokens and its
 /// descendants' (the ledgers summed by `cairn_core::ledger`).
-pub fn usage_line<S: Storage>(ctx: &Context, store: &S) -> String {
+pub fn usage_line<S: Storage>(ctx: &Setup, store: &S) -> String {
     let own = UsageTotals::of(store);
     let family = FamilyUsage::of(&ctx.paths.sessions(), &store.header().id, ctx.settings.store_options());
     let children = &family.totals;
@@ -35,7 +35,7 @@ pub fn usage_line<S: Storage>(ctx: &Context, store: &S) -> String {
 /// For `cairn show`: under a `spawn_agent` intent of session `parent`, the
 /// child it names (and, indented, that child's own children): state,
 /// tokens and answer.
-pub fn child_lines(ctx: &Context, parent: &str, entry: cairn_core::storage::EntryView<'_>) -> Vec<String> {
+pub fn child_lines(ctx: &Setup, parent: &str, entry: cairn_core::storage::EntryView<'_>) -> Vec<String> {
     use cairn_core::events::{EntryPayload, ToolRequestedPayload};
     let mut lines = Vec::new();
     if entry.entry_type != ToolRequestedPayload::TYPE.tag() {
@@ -56,7 +56,7 @@ pub fn child_lines(ctx: &Context, parent: &str, entry: cairn_core::storage::Entr
     lines
 }
 
-fn child_tree(ctx: &Context, id: &str, depth: usize, lines: &mut Vec<String>) {
+fn child_tree(ctx: &Setup, id: &str, depth: usize, lines: &mut Vec<String>) {
     let pad = "   ".repeat(depth);
     let path = ctx.paths.sessions().join(format!("{id}.jsonl"));
     let Ok(store) = JsonlStore::open_read_only_with(&path, ctx.settings.store_options()) else {

@@ -25,15 +25,15 @@ use super::{
     ChildResult, ChildStatus, FamilyPlace, Files, Inheritance, Limits, Place, SPAWN, Scope, WAIT, build, is_scripted,
     own_child, status,
 };
-use crate::context::Context;
 use crate::family::{ChildFact, child_id, depth_of, parent_of};
+use crate::setup::Setup;
 
 /// The family's tools for a top-level session in `cwd` offered
 /// `parent_tools`, its calls answered by `authority` (`equip.rs` offers
 /// them to every face that has a family). Empty where the family is off
 /// (`[subagents] max_depth = 0`) or the provider is the embedded model.
 pub fn tools(
-    ctx: &Context,
+    ctx: &Setup,
     cwd: &Path,
     mut parent_tools: Vec<String>,
     inheritance: Inheritance,
