@@ -251,7 +251,7 @@ impl Runner {
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
         let terminal = TerminalApprover::new(ctx.err_style);
-        // One approver for the session and its children (`subagents.rs`).
+        // One approver for the session and its children (`subagents/`).
         let terminal = SharedApprover::new(Box::new(if may_ask { terminal } else { terminal.headless() }));
         let approver = policy(ctx.common.yes, allow, Some(Box::new(terminal.clone())));
         let inheritance = crate::subagents::Inheritance::of(&approver, Some(terminal));

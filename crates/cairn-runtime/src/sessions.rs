@@ -357,7 +357,7 @@ pub fn last(ctx: &Setup) -> Result<PathBuf> {
     let (paths, opts) = (&ctx.paths, &ctx.settings.store_options());
     let mut files: Vec<(SystemTime, PathBuf)> = session_files(paths)?
         .into_iter()
-        // Children are resumed through their parent (`subagents.rs`).
+        // Children are resumed through their parent (`subagents/`).
         .filter(|p| !crate::family::is_child_id(&stem(p)))
         .map(|p| (std::fs::metadata(&p).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH), p))
         .collect();

@@ -22,7 +22,7 @@
 //! cost the same with a million finished sessions in the table.
 //!
 //! Owns: where a database family's sessions are created, read and opened.
-//! Must not: decide anything about a child (that is `subagents.rs`), or
+//! Must not: decide anything about a child (that is the rest of `subagents/`), or
 //! write SQL (every statement is cairn-pg's).
 
 use std::sync::Arc;
