@@ -15,7 +15,7 @@ use cairn_core::storage::Storage;
 use cairn_core::{CancelToken, Session, TurnEvent, TurnStop};
 use cairn_runtime::Step;
 
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 use crate::render::{Mode, Renderer, escape_controls};
 
 /// Most bytes of standard input taken as context.
@@ -44,17 +44,17 @@ fn read_input() -> Result<String> {
 }
 
 /// `cairn ask`.
-pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
+pub fn ask(ctx: &Invocation, question: &str) -> Result<u8> {
     if question.trim().is_empty() {
         bail!("the question is empty: `cairn ask \"QUESTION\"` (standard input is the context)");
     }
     let text = prompt(question, &read_input()?);
     let mut renderer = Renderer::new(Mode::Quiet);
-    let (mut store, cwd) = crate::wiring::create_session(ctx)?;
-    let mut wiring = crate::host::wire(ctx, &cwd, false)?;
+    let (mut store, cwd) = crate::parts::create_session(ctx)?;
+    let mut runner = crate::turns::Runner::new(ctx, &cwd, false)?;
     // The tools for the question (discovery ranks them by it, not by the
     // context read from stdin), as any turn is equipped.
-    let config = wiring.equip(ctx, &cwd, &mut store, Some(question), &mut renderer)?;
+    let config = runner.equip(ctx, &cwd, &mut store, Some(question), &mut renderer)?;
     let id = store.header().id.clone();
     let mut session = Session::open(store, config)?;
     let cancel = CancelToken::new();
@@ -65,7 +65,7 @@ pub fn ask(ctx: &Context, question: &str) -> Result<u8> {
                 refused.push((tool.clone(), reason.clone()));
             }
         };
-        let outcome = wiring.run(&mut session, Step::Prompt(&text), &mut observer, &cancel);
+        let outcome = runner.run(&mut session, Step::Prompt(&text), &mut observer, &cancel);
         outcome.with_context(|| format!("session {id}"))?.context("the new turn did not start")?
     };
     let mut err = std::io::stderr().lock();

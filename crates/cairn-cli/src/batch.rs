@@ -15,8 +15,8 @@ use anyhow::{Context as _, Result, bail};
 use cairn_9p::Host as _;
 use cairn_9p::batch::Batch;
 
-use crate::context::{Context, exit};
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
+use crate::invocation::{Invocation, exit};
 use crate::render::escape_controls;
 use crate::serve::ServeLock;
 
@@ -30,7 +30,7 @@ fn read_spec(path: &Path) -> Result<String> {
 }
 
 /// `cairn batch`.
-pub fn run(ctx: Context, specs: &[PathBuf]) -> Result<u8> {
+pub fn run(ctx: Invocation, specs: &[PathBuf]) -> Result<u8> {
     let data = ctx.paths.data.clone();
     std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
     let _lock = ServeLock::take(&data)?;
@@ -39,7 +39,7 @@ pub fn run(ctx: Context, specs: &[PathBuf]) -> Result<u8> {
     for (text, path) in texts.iter().zip(specs) {
         cairn_9p::batch::BatchSpec::parse(text).with_context(|| format!("spec {}", path.display()))?;
     }
-    let host = Arc::new(CliHost { ctx: ctx.run });
+    let host = Arc::new(RuntimeHost { ctx: ctx.setup });
     let (dir, max) = (host.batch_dir(), host.batch_max_running());
     let batch = Batch::open(host, dir, max)?;
     let mut jobs = Vec::new();

@@ -9,7 +9,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
-use crate::context::{Context, Flags, exit};
+use crate::invocation::{Flags, Invocation, exit};
 use crate::paths::Paths;
 use crate::render::escape_controls;
 use crate::style::Style;
@@ -470,18 +470,18 @@ fn run(cli: Cli) -> Result<u8> {
         eprintln!("cairn: {note}");
     }
     let err_style = Style::stderr();
-    let run = cairn_runtime::context::Context::new(paths, settings)
+    let run = cairn_runtime::setup::Setup::new(paths, settings)
         .with_common(cli.flags.common())
-        .with_notes(crate::context::notes_on_stderr(err_style));
-    let ctx = Context { run, flags: cli.flags, err_style, out_style: Style::stdout() };
-    use crate::{commands, host, sessions, state};
+        .with_notes(crate::invocation::notes_on_stderr(err_style));
+    let ctx = Invocation { setup: run, flags: cli.flags, err_style, out_style: Style::stdout() };
+    use crate::{commands, sessions, state, turns};
     let resolve = |target: &str| sessions::resolve(&ctx, target);
     if let Command::Serve { listen, listen_insecure, handshake_timeout } = &cli.command {
         let handshake = std::time::Duration::from_secs((*handshake_timeout).max(1));
         return crate::serve::run(ctx, listen, *listen_insecure, handshake);
     }
     if let Command::Toolsrv { listen, listen_insecure } = &cli.command {
-        return crate::serve_tools::run(ctx, listen, *listen_insecure);
+        return crate::toolsrv::run(ctx, listen, *listen_insecure);
     }
     if let Command::Batch { specs } = &cli.command {
         return crate::batch::run(ctx, specs);
@@ -511,11 +511,11 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Import { file, cwd } => crate::pg::import(&ctx, &file, cwd.as_deref()),
         Command::Show { id, tools, all } if database => crate::pg::show(&ctx, &id, tools, all),
         Command::Log { id, follow } if database => crate::pg::log(&ctx, &id, follow),
-        Command::Run { prompt, prompt_file } => host::run(&ctx, prompt, prompt_file.as_deref()),
+        Command::Run { prompt, prompt_file } => turns::run(&ctx, prompt, prompt_file.as_deref()),
         Command::Ask { question } => crate::ask::ask(&ctx, &question),
         Command::Chat { id } => {
             let path = id.as_deref().map(resolve).transpose()?;
-            host::chat(&ctx, path.as_deref())
+            turns::chat(&ctx, path.as_deref())
         }
         Command::Resume { id, last, prompt } => {
             let path = match (id, last) {
@@ -523,7 +523,7 @@ fn run(cli: Cli) -> Result<u8> {
                 (None, true) => sessions::last(&ctx)?,
                 (None, false) => anyhow::bail!("which session? give an id or name, or --last for the most recent"),
             };
-            host::resume(&ctx, &path, prompt)
+            turns::resume(&ctx, &path, prompt)
         }
         Command::Sessions => state::sessions(&ctx),
         Command::Show { id, tools: false, all } => commands::show(&ctx, &resolve(&id)?, all),

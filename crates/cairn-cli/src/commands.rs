@@ -14,13 +14,13 @@ use cairn_core::projection::{LifecycleCheck, LifecycleReader, ToolInvocationReco
 use cairn_core::storage::Storage;
 use cairn_core::storage::{EntryView, JsonlStore, Tail, check_file_read, format_record};
 
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 use crate::render::{escape_controls as esc, escape_json};
 use crate::sessions::{format_time, human_size};
 
 /// `cairn config`: every setting of every section, its value and where it
 /// came from (docs/config.md describes each key).
-pub fn config(ctx: &Context) -> Result<u8> {
+pub fn config(ctx: &Invocation) -> Result<u8> {
     let mut out = std::io::stdout().lock();
     let found = if ctx.settings.config_file_found { "" } else { " (not present)" };
     writeln!(out, "config file: {}{found}", ctx.settings.config_file.display())?;
@@ -140,7 +140,7 @@ fn describe_entry(entry: EntryView<'_>) -> String {
 }
 
 /// `cairn show`: the tree, its branches, and each lane's head.
-pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
+pub fn show(ctx: &Invocation, path: &Path, all: bool) -> Result<u8> {
     let store = JsonlStore::open_read_only_with(path, ctx.settings.store_options())?;
     let header = store.header().clone();
     let index = store.index();
@@ -232,7 +232,7 @@ pub fn show(ctx: &Context, path: &Path, all: bool) -> Result<u8> {
 /// of the log and the undoability from `cairn_core::undo::effects`, the
 /// very rule undo acts on (with the same delegating tools); nothing is
 /// re-derived here.
-pub fn show_tools(ctx: &Context, path: &Path) -> Result<u8> {
+pub fn show_tools(ctx: &Invocation, path: &Path) -> Result<u8> {
     use cairn_core::undo::Undoability;
     let store = JsonlStore::open_read_only(path)?;
     let id = store.header().id.clone();
@@ -333,7 +333,7 @@ fn describe_invocation(r: &ToolInvocationRecord) -> Vec<String> {
 /// The file is validated by a full read-only replay first, so a corrupt
 /// file or one of a newer storage version is an error (exit 1), not a
 /// partial listing.
-pub fn log(ctx: &Context, path: &Path, follow: bool) -> Result<u8> {
+pub fn log(ctx: &Invocation, path: &Path, follow: bool) -> Result<u8> {
     let opts = ctx.settings.store_options();
     drop(JsonlStore::open_read_only_with(path, opts)?);
     let mut tail = Tail::open_with(path, opts.max_line_bytes)?;
@@ -362,8 +362,8 @@ pub fn log(ctx: &Context, path: &Path, follow: bool) -> Result<u8> {
 }
 
 /// `cairn fork`: a new lane at an entry.
-pub fn fork(ctx: &Context, path: &Path, entry: &str, lane: Option<String>) -> Result<u8> {
-    let store = crate::wiring::open_session(ctx, path)?;
+pub fn fork(ctx: &Invocation, path: &Path, entry: &str, lane: Option<String>) -> Result<u8> {
+    let store = crate::parts::open_session(ctx, path)?;
     let mut session = cairn_core::Session::open(store, cairn_core::SessionConfig::default())?;
     let lane = match lane {
         Some(lane) => lane,
@@ -385,8 +385,8 @@ pub fn fork(ctx: &Context, path: &Path, entry: &str, lane: Option<String>) -> Re
 
 /// `cairn compact`: compacts when the automatic rule would
 /// (`storage.compact_ratio`, files of at least 1 MiB), or always with `--force`.
-pub fn compact(ctx: &Context, path: &Path, force: bool) -> Result<u8> {
-    let mut store = crate::wiring::open_session(ctx, path)?;
+pub fn compact(ctx: &Invocation, path: &Path, force: bool) -> Result<u8> {
+    let mut store = crate::parts::open_session(ctx, path)?;
     let before = store.len_bytes();
     let ratio = store.dead_bytes_ratio();
     let opts = *store.options();
@@ -435,7 +435,7 @@ pub fn compact(ctx: &Context, path: &Path, force: bool) -> Result<u8> {
 /// cost: `fileBytes`, `seconds`, `bytesPerSec`, `entriesPerSec` and
 /// `peakRssBytes` (the process's peak resident memory, so a regression in
 /// the check's memory shows in benchmarks and tests).
-pub fn check(ctx: &Context, path: &Path) -> Result<u8> {
+pub fn check(ctx: &Invocation, path: &Path) -> Result<u8> {
     let started = std::time::Instant::now();
     // Beside the storage invariants, the tool lifecycle the turn relies on:
     // exactly one settlement per invocation, none without a request. The
@@ -478,7 +478,7 @@ fn peak_rss_bytes() -> Option<u64> {
 
 /// Whether tools can be kept from cairn's home (and its control sockets)
 /// and its configuration directories.
-fn home_note(ctx: &Context) -> String {
+fn home_note(ctx: &Invocation) -> String {
     let dirs: Vec<String> = ctx.paths.own_dirs().iter().map(|d| d.display().to_string()).collect();
     let dirs = dirs.join(", ");
     match cairn_tools::sandbox::isolation_status() {
@@ -497,7 +497,7 @@ fn home_note(ctx: &Context) -> String {
 /// The protected path classes (`cairn_core::authority`), one line each:
 /// how a change is protected, what the paths are, where (cairn's own
 /// directories by name).
-fn protections(ctx: &Context) -> Vec<(cairn_core::authority::AuthorityClass, String)> {
+fn protections(ctx: &Invocation) -> Vec<(cairn_core::authority::AuthorityClass, String)> {
     use cairn_core::authority::{AuthorityClass, Protection};
     let own: Vec<String> = ctx.paths.own_dirs().iter().map(|d| d.display().to_string()).collect();
     AuthorityClass::ALL
@@ -517,11 +517,11 @@ fn protections(ctx: &Context) -> Vec<(cairn_core::authority::AuthorityClass, Str
 }
 
 /// `cairn mcp list`.
-pub fn mcp_list(ctx: &Context) -> Result<u8> {
-    let cwd = crate::wiring::new_session_cwd(ctx)?;
+pub fn mcp_list(ctx: &Invocation) -> Result<u8> {
+    let cwd = crate::parts::new_session_cwd(ctx)?;
     let trust =
         cairn_tools::TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|_| cairn_tools::TrustStore::empty());
-    let ext = crate::wiring::extensions(ctx, &cwd, &trust);
+    let ext = cairn_runtime::tools::extensions(ctx, &cwd, &trust);
     let servers = &ext.mcp_servers;
     let mut out = std::io::stdout().lock();
     for note in ext.notes.iter().chain(&ext.untrusted) {
@@ -535,7 +535,7 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
         )?;
         return Ok(exit::SUCCESS);
     }
-    let config = crate::wiring::tools_config(ctx);
+    let config = cairn_runtime::tools::tools_config(ctx);
     let builtin: Vec<String> = cairn_tools::builtin_tools(&config)
         .map(|tools| tools.iter().map(|e| e.tool.spec().name.clone()).collect())
         .unwrap_or_default();
@@ -576,15 +576,15 @@ pub fn mcp_list(ctx: &Context) -> Result<u8> {
 }
 
 /// `cairn tools`.
-pub fn tools(ctx: &Context) -> Result<u8> {
-    let cwd = crate::wiring::new_session_cwd(ctx)?;
+pub fn tools(ctx: &Invocation) -> Result<u8> {
+    let cwd = crate::parts::new_session_cwd(ctx)?;
     // What a turn here gets: the tool service's tools with `--toolsrv`.
     let cairn_runtime::tools::TurnTools { entries, mut notes, untrusted, .. } =
-        cairn_runtime::toolsrv::turn_tools(ctx, &cwd)?;
+        cairn_runtime::tools::turn_tools(ctx, &cwd)?;
     notes.extend(untrusted);
     let status = cairn_tools::landlock_status();
     // What every sandboxed process reads beyond its own rules (those that exist).
-    let reads: Vec<String> = crate::wiring::tools_config(ctx)
+    let reads: Vec<String> = cairn_runtime::tools::tools_config(ctx)
         .sandbox_read_paths
         .iter()
         .filter(|p| p.exists())

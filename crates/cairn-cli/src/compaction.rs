@@ -17,22 +17,22 @@ use cairn_core::storage::{JsonlStore, SessionIndex, Storage};
 use cairn_core::{CancelToken, Session};
 use cairn_provider::ProviderConfig;
 
-use crate::context::{Context, exit};
-use crate::host;
+use crate::invocation::{Invocation, exit};
 use crate::render::{Renderer, escape_controls};
+use crate::turns;
 
 /// `cairn compact --context ID`: one compaction of the session's lane now.
-pub fn compact(ctx: &Context, path: &Path) -> Result<u8> {
-    let mut renderer = Renderer::new(host::mode(ctx));
-    let store = crate::wiring::open_session(ctx, path)?;
+pub fn compact(ctx: &Invocation, path: &Path) -> Result<u8> {
+    let mut renderer = Renderer::new(turns::mode(ctx));
+    let store = crate::parts::open_session(ctx, path)?;
     let cwd = std::path::PathBuf::from(&store.header().cwd);
     let id = store.header().id.clone();
-    let mut wiring = host::wire(ctx, &cwd, true)?;
-    wiring.continue_provider(ctx, &store, &mut renderer);
-    let session = Session::open(store, crate::wiring::session_config(ctx))?;
-    let mut session = wiring.reequip(ctx, session, None, &mut renderer)?;
+    let mut runner = turns::Runner::new(ctx, &cwd, true)?;
+    runner.continue_provider(ctx, &store, &mut renderer);
+    let session = Session::open(store, crate::parts::session_config(ctx))?;
+    let mut session = runner.reequip(ctx, session, None, &mut renderer)?;
     let cancel = CancelToken::new();
-    let made = wiring
+    let made = runner
         .compact(&mut session, &mut |event| renderer.event(event), &cancel)
         .with_context(|| format!("session {id}"))?;
     match made {
@@ -69,7 +69,7 @@ pub fn covered(index: &SessionIndex) -> HashMap<String, String> {
 
 /// The context line of `cairn show`: the input tokens the API reported
 /// for the session's last request, against the window of its model.
-pub fn context_line(ctx: &Context, store: &JsonlStore) -> Option<String> {
+pub fn context_line(ctx: &Invocation, store: &JsonlStore) -> Option<String> {
     let rows = store.usage();
     let last = rows
         .iter()

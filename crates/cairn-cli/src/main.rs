@@ -11,10 +11,9 @@ mod batch;
 mod cli;
 mod commands;
 mod compaction;
-mod context;
 mod faces;
 mod highlight;
-mod host;
+mod invocation;
 mod lineedit;
 mod listen;
 mod markdown;
@@ -26,18 +25,19 @@ mod pg;
 mod pg;
 mod render;
 mod serve;
-mod serve_tools;
 mod slash;
 mod state;
 mod status;
 mod style;
+mod toolsrv;
+mod turns;
 mod typeahead;
 #[cfg(feature = "actors")]
 mod world;
 
 // The session runtime, under the names the binary's modules use for it.
 use cairn_runtime::{
-    config, discover, equip, escape, family, hosting, local, paths, secrets, sessions, subagents, trust, undo, wiring,
+    config, discover, equip, escape, family, hosting, local, parts, paths, secrets, sessions, subagents, trust, undo,
 };
 
 use std::process::ExitCode;

@@ -10,10 +10,10 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 use cairn_9p::Dial;
 
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 
 /// `cairn mount`.
-pub fn run(ctx: &Context, dir: &Path, address: Option<&str>) -> Result<u8> {
+pub fn run(ctx: &Invocation, dir: &Path, address: Option<&str>) -> Result<u8> {
     let dial = match address {
         Some(a) => Dial::parse(a)?,
         None => Dial::Unix(ctx.paths.data.join("cairn.sock")),

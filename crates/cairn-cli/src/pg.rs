@@ -24,18 +24,18 @@ use cairn_pg::worker::WorkerOptions;
 use cairn_pg::{PgStore, lease};
 use postgres::Client;
 
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 use crate::render::escape_controls;
 use cairn_runtime::redact::redact;
 
-use crate::wiring::database_url as url;
+use crate::parts::database_url as url;
 
-fn client(ctx: &Context) -> Result<Client> {
+fn client(ctx: &Invocation) -> Result<Client> {
     let url = url(ctx)?;
     connect_shown(&url)
 }
 
-use crate::wiring::connect_database as connect_shown;
+use crate::parts::connect_database as connect_shown;
 
 /// A session id from an exact id or a unique prefix (cairn-pg's
 /// `catalog::resolve`, with core's prefix rule, as for session files).
@@ -51,7 +51,7 @@ pub fn lease_secs(text: &str) -> Result<u64, String> {
 }
 
 /// `cairn worker`.
-pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
+pub fn worker(ctx: Invocation, concurrency: usize, lease_secs: u64) -> Result<u8> {
     let url = url(&ctx)?;
     // Fail early on a bad URL or a newer schema.
     drop(connect_shown(&url)?);
@@ -76,7 +76,7 @@ pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
         opts.concurrency,
         opts.lease.as_secs()
     );
-    cairn_pg::worker::run(&opts, Arc::new(crate::hosting::CliHost { ctx: ctx.run }), stop)?;
+    cairn_pg::worker::run(&opts, Arc::new(crate::hosting::RuntimeHost { ctx: ctx.setup }), stop)?;
     Ok(exit::SUCCESS)
 }
 
@@ -85,7 +85,12 @@ pub fn worker(ctx: Context, concurrency: usize, lease_secs: u64) -> Result<u8> {
 /// The worker that claims the session owns how it runs: its provider and
 /// model (it holds the keys), its allow rules and `--yes`. A flag that
 /// would say otherwise here is refused, never silently ignored.
-pub fn submit(ctx: &Context, session: Option<&str>, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
+pub fn submit(
+    ctx: &Invocation,
+    session: Option<&str>,
+    prompt: Option<String>,
+    prompt_file: Option<&Path>,
+) -> Result<u8> {
     let c = &ctx.flags;
     let ignored: Vec<&str> = [
         ("--provider", c.provider.is_some()),
@@ -119,7 +124,7 @@ pub fn submit(ctx: &Context, session: Option<&str>, prompt: Option<String>, prom
     if prompt.is_none() && prompt_file.is_none() {
         bail!("no prompt: give one (`cairn submit \"…\"`), or --prompt-file FILE, or - for standard input");
     }
-    let prompt = crate::host::read_prompt(prompt, prompt_file)?;
+    let prompt = crate::turns::read_prompt(prompt, prompt_file)?;
     let prompt = prompt.as_str();
     let mut client = client(ctx)?;
     let id = match session {
@@ -153,7 +158,7 @@ pub fn submit(ctx: &Context, session: Option<&str>, prompt: Option<String>, prom
 }
 
 /// Export `target` into a temporary session file for the file commands.
-fn exported(ctx: &Context, target: &str) -> Result<(tempfile::TempDir, PathBuf)> {
+fn exported(ctx: &Invocation, target: &str) -> Result<(tempfile::TempDir, PathBuf)> {
     let mut client = client(ctx)?;
     let id = resolve(&mut client, target)?;
     let bytes = cairn_pg::export(&mut client, &id)?;
@@ -165,13 +170,13 @@ fn exported(ctx: &Context, target: &str) -> Result<(tempfile::TempDir, PathBuf)>
 }
 
 /// `cairn show --database` (and `--tools`, `--all`).
-pub fn show(ctx: &Context, target: &str, tools: bool, all: bool) -> Result<u8> {
+pub fn show(ctx: &Invocation, target: &str, tools: bool, all: bool) -> Result<u8> {
     let (_dir, path) = exported(ctx, target)?;
     if tools { crate::commands::show_tools(ctx, &path) } else { crate::commands::show(ctx, &path, all) }
 }
 
 /// `cairn log --database`.
-pub fn log(ctx: &Context, target: &str, follow: bool) -> Result<u8> {
+pub fn log(ctx: &Invocation, target: &str, follow: bool) -> Result<u8> {
     if follow {
         bail!("cairn log --follow reads a session file; with --database, run it again to see new records");
     }
@@ -181,7 +186,7 @@ pub fn log(ctx: &Context, target: &str, follow: bool) -> Result<u8> {
 
 /// `cairn export ID`: the session as a JSONL file on stdout, byte for byte
 /// what the JSONL backend writes.
-pub fn export(ctx: &Context, target: &str) -> Result<u8> {
+pub fn export(ctx: &Invocation, target: &str) -> Result<u8> {
     let mut client = client(ctx)?;
     let id = resolve(&mut client, target)?;
     let bytes = cairn_pg::export(&mut client, &id)?;
@@ -193,7 +198,7 @@ pub fn export(ctx: &Context, target: &str) -> Result<u8> {
 
 /// `cairn import FILE`: a session file into the database (replayed and
 /// checked first; refused when the id exists).
-pub fn import(ctx: &Context, file: &Path, cwd: Option<&Path>) -> Result<u8> {
+pub fn import(ctx: &Invocation, file: &Path, cwd: Option<&Path>) -> Result<u8> {
     // The directory must exist here (turns run in it); stored absolute.
     let cwd = match cwd {
         None => None,
@@ -244,7 +249,7 @@ pub fn import(ctx: &Context, file: &Path, cwd: Option<&Path>) -> Result<u8> {
 }
 
 /// `cairn approvals`: the questions waiting for a person.
-pub fn approvals(ctx: &Context) -> Result<u8> {
+pub fn approvals(ctx: &Invocation) -> Result<u8> {
     let mut client = client(ctx)?;
     let all = approvals::pending(&mut client)?;
     let mut out = std::io::stdout().lock();
@@ -278,7 +283,7 @@ pub fn approvals(ctx: &Context) -> Result<u8> {
 /// `cairn workers`: each registered worker's host and pid, heartbeat age,
 /// sessions held, and the leases it lost with why (`--json`: one object a
 /// line).
-pub fn workers(ctx: &Context) -> Result<u8> {
+pub fn workers(ctx: &Invocation) -> Result<u8> {
     let mut client = client(ctx)?;
     let all = cairn_pg::fleet::workers(&mut client)?;
     let mut out = std::io::stdout().lock();
@@ -348,7 +353,7 @@ pub fn workers(ctx: &Context) -> Result<u8> {
 }
 
 /// `cairn requeue ID`: a failed session back in the queue.
-pub fn requeue(ctx: &Context, target: &str) -> Result<u8> {
+pub fn requeue(ctx: &Invocation, target: &str) -> Result<u8> {
     let mut client = client(ctx)?;
     let id = resolve(&mut client, target)?;
     let done = cairn_pg::fleet::requeue(&mut client, &id)?;
@@ -362,7 +367,7 @@ pub fn requeue(ctx: &Context, target: &str) -> Result<u8> {
 
 /// `cairn cancel ID`: stop a session (its prompts dropped, a running turn
 /// told to stop).
-pub fn cancel(ctx: &Context, target: &str) -> Result<u8> {
+pub fn cancel(ctx: &Invocation, target: &str) -> Result<u8> {
     let mut client = client(ctx)?;
     let id = resolve(&mut client, target)?;
     let by = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "cli".to_owned()));
@@ -380,7 +385,7 @@ pub fn cancel(ctx: &Context, target: &str) -> Result<u8> {
 }
 
 /// `cairn approve SESSION INVOCATION [--deny REASON]`.
-pub fn approve(ctx: &Context, session: &str, invocation: &str, deny: Option<&str>) -> Result<u8> {
+pub fn approve(ctx: &Invocation, session: &str, invocation: &str, deny: Option<&str>) -> Result<u8> {
     let mut client = client(ctx)?;
     let id = resolve(&mut client, session)?;
     let by = std::env::var("USER").unwrap_or_else(|_| "cli".to_owned());

@@ -16,8 +16,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use cairn_9p::{Dial, Limits, Runtime, Server};
 
-use crate::context::{Context, exit};
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
+use crate::invocation::{Invocation, exit};
 use crate::listen::{bind_all, print_addresses, remove_sockets, stop_signal};
 
 /// Whether the server a lock file names (`pid N on …`, written by
@@ -80,7 +80,7 @@ impl ServeLock {
 }
 
 /// `cairn serve`.
-pub fn run(ctx: Context, listen: &[String], insecure: bool, handshake_timeout: Duration) -> Result<u8> {
+pub fn run(ctx: Invocation, listen: &[String], insecure: bool, handshake_timeout: Duration) -> Result<u8> {
     let data = ctx.paths.data.clone();
     let mut dials = listen.iter().map(|d| Dial::parse(d)).collect::<Result<Vec<_>>>()?;
     if dials.is_empty() {
@@ -98,7 +98,7 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool, handshake_timeout: D
     let mut lock = ServeLock::take(&data)?;
     let (listeners, addresses) = bind_all(&dials, insecure)?;
     lock.record(&addresses)?;
-    let runtime = Runtime::new(Arc::new(CliHost { ctx: ctx.run }));
+    let runtime = Runtime::new(Arc::new(RuntimeHost { ctx: ctx.setup }));
     let server = Server::new(Arc::clone(&runtime), Limits { handshake_timeout, ..Limits::default() });
     let stop = stop_signal()?;
     for listener in listeners {

@@ -2,7 +2,7 @@
 //! `/help`), or a prompt, whose `@path` words attach files or directory
 //! listings from the session's directory (bounded, the path recorded with
 //! the text). An unknown `/word` is an error, never a prompt; `//` starts a
-//! prompt with a literal `/`. It must not run turns (`host.rs` does) or
+//! prompt with a literal `/`. It must not run turns (`turns.rs` does) or
 //! print (it returns text for the renderer).
 
 use std::fmt::Write as _;

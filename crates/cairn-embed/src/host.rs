@@ -1,9 +1,9 @@
-//! The agent's session host: the runtime's own (`CliHost`, which equips
+//! The agent's session host: the runtime's own (`RuntimeHost`, which equips
 //! every face's turns), with the offer narrowed to the [`Builtins`] the
 //! application chose and its own tools added.
 //!
 //! Must not: choose tools by itself or change how a turn is equipped: it
-//! only filters what `CliHost::turn` equipped and appends.
+//! only filters what `RuntimeHost::turn` equipped and appends.
 
 use std::path::Path;
 
@@ -13,12 +13,12 @@ use cairn_core::SessionConfig;
 use cairn_core::approval::{PolicyApprover, SharedApprover};
 use cairn_core::storage::JsonlStore;
 use cairn_host::{HostTools, ProviderChoices, Rewind, Rewound, SessionHost};
-use cairn_runtime::hosting::CliHost;
+use cairn_runtime::hosting::RuntimeHost;
 
 use crate::{Builtins, ToolDef};
 
 pub(crate) struct EmbedHost<'a> {
-    pub(crate) inner: &'a CliHost,
+    pub(crate) inner: &'a RuntimeHost,
     pub(crate) tools: &'a [ToolDef],
     pub(crate) builtins: &'a Builtins,
 }

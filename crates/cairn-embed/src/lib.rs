@@ -8,7 +8,7 @@
 //!
 //! It is a face like the command line, the 9P tree or ACP: each turn is
 //! equipped by the runtime the `cairn` binary uses (`cairn_runtime`'s
-//! `CliHost`: the configuration, the built-in tools with their sandbox and
+//! `RuntimeHost`: the configuration, the built-in tools with their sandbox and
 //! staging, discovery, hooks) and put together and started by
 //! `cairn_host::Equipment`, the one place a face's turn is built, so its
 //! sessions are the same files `cairn show`, `cairn undo` and
@@ -62,9 +62,9 @@ use cairn_core::storage::{JsonlStore, Storage as _, Transaction};
 use cairn_core::{Session, ToolRegistry};
 use cairn_host::{Equipment, SessionHost as _, Step};
 use cairn_runtime::config::{Overrides, Settings};
-use cairn_runtime::context::{Common, Context};
-use cairn_runtime::hosting::CliHost;
+use cairn_runtime::hosting::RuntimeHost;
 use cairn_runtime::paths::Paths;
+use cairn_runtime::setup::{Common, Setup};
 
 pub use approve::{ApproveFn, Question};
 pub use cairn_core::CancelToken;
@@ -218,17 +218,17 @@ impl AgentBuilder {
         let settings = Settings::load(&paths.config_file, &overrides)?;
         let common =
             Common { cwd: self.cwd.as_deref().map(absolute).transpose()?, name: self.name, ..Common::default() };
-        let ctx = Context::new(paths, settings).with_common(common);
+        let ctx = Setup::new(paths, settings).with_common(common);
         // The sandbox's kernel probes fork throwaway children: start them
         // now, on a thread, while the process is small, as `cairn run` does.
         let probes = cairn_tools::probe_ahead();
         let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from allow or [approvals] allow)")?;
-        let cwd = cairn_runtime::wiring::new_session_cwd(&ctx)?;
-        let provider = cairn_runtime::wiring::build_provider(&ctx, &cwd)?;
+        let cwd = cairn_runtime::parts::new_session_cwd(&ctx)?;
+        let provider = cairn_runtime::parts::build_provider(&ctx, &cwd)?;
         let person = self.approve.map(|f| SharedApprover::new(Box::new(approve::CallbackApprover(f))));
         Ok(Agent {
-            host: CliHost { ctx },
+            host: RuntimeHost { ctx },
             provider: Mutex::new(provider),
             tools: self.tools,
             builtins: self.builtins,
@@ -249,7 +249,7 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 /// configuration. Each [`Agent::run`] starts a new session; one run at a
 /// time per agent (a second waits).
 pub struct Agent {
-    host: CliHost,
+    host: RuntimeHost,
     provider: Mutex<Box<dyn Provider + Send>>,
     tools: Vec<ToolDef>,
     builtins: Builtins,
@@ -293,7 +293,7 @@ impl Agent {
             bail!("the prompt is empty");
         }
         let ctx = &self.host.ctx;
-        let (mut store, cwd) = cairn_runtime::wiring::create_session(ctx)?;
+        let (mut store, cwd) = cairn_runtime::parts::create_session(ctx)?;
         let mut notes = Vec::new();
         let mut provider = self.provider.lock().map_err(|_| anyhow::anyhow!("an earlier run panicked"))?;
         let equipped = self.record_provider(&mut store, &**provider).and_then(|()| {
@@ -318,7 +318,7 @@ impl Agent {
     pub fn resume_with(&self, id: &str, on_event: &mut dyn FnMut(&Event), cancel: &CancelToken) -> Result<Outcome> {
         let ctx = &self.host.ctx;
         let path = cairn_runtime::sessions::resolve(ctx, id)?;
-        let mut store = cairn_runtime::wiring::open_session(ctx, &path)?;
+        let mut store = cairn_runtime::parts::open_session(ctx, &path)?;
         if let Some(child) = cairn_runtime::family::child_fact(&store) {
             bail!(
                 "session {} is a child of session {}; resume its parent, which re-attaches its children",
@@ -352,7 +352,7 @@ impl Agent {
     /// Write calls; everything else the policy puts to a person asks it.
     fn approver(&self) -> cairn_core::approval::PolicyApprover {
         let ask = self.person.clone().map(|p| Box::new(p) as Box<dyn cairn_core::approval::Approver>);
-        cairn_runtime::wiring::policy(false, self.allow.clone(), ask)
+        cairn_runtime::parts::policy(false, self.allow.clone(), ask)
     }
 
     /// Record the provider the session's turns run on (the fact `cairn

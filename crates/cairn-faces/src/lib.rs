@@ -2,19 +2,20 @@
 //! agent for editors) and `cairn mcp` (a Model Context Protocol server of
 //! cairn's tools), both JSON-RPC 2.0 over stdio, one message per line.
 //!
-//! Both are thin hosts over `cairn-core`, like the CLI: every tool call goes
+//! Both are thin faces over `cairn-core`, like the CLI: every tool call goes
 //! through the core's turn (the effect sandwich, the approval gate, the
 //! limits) and is committed to a session file. This crate owns the wire
 //! protocols only; it must not build providers or tools itself — the
 //! [`Host`] (the `cairn` binary) supplies them from its configuration.
 //!
 //! Layout: [`jsonrpc`] (bounded line framing, message classification,
-//! error objects, the shared writer), [`mcp`] (the MCP server), [`acp`]
-//! (the ACP agent and its permission approver).
+//! error objects, the shared writer), [`mcp_server`] (`cairn mcp`, the MCP
+//! server; cairn as an MCP client is the crate cairn-mcp), [`acp`] (the
+//! ACP agent and its permission approver).
 
 pub mod acp;
 pub mod jsonrpc;
-pub mod mcp;
+pub mod mcp_server;
 
 use std::path::Path;
 

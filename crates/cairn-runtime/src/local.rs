@@ -10,7 +10,7 @@ use anyhow::Result;
 use cairn_core::provider::Provider;
 
 #[cfg(not(feature = "local"))]
-use crate::context::Context;
+use crate::setup::Setup;
 
 #[cfg(feature = "local")]
 mod embedded {
@@ -21,16 +21,16 @@ mod embedded {
     use cairn_core::provider::Provider;
     use cairn_local::{LocalModel, LocalOptions, LocalProvider, Precision};
 
-    use crate::context::Context;
+    use crate::setup::Setup;
 
     /// Where the model file is: the configured path, else the data directory.
-    fn model_path(ctx: &Context) -> PathBuf {
+    fn model_path(ctx: &Setup) -> PathBuf {
         ctx.settings.local_model_path.value.clone().unwrap_or_else(|| cairn_local::default_model_path(&ctx.paths.data))
     }
 
     /// Build the `local` provider (loads the model once per process) for a
     /// session in `cwd`.
-    pub fn provider(ctx: &Context, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
+    pub fn provider(ctx: &Setup, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
         let path = model_path(ctx);
         if !path.is_file() {
             anyhow::bail!(
@@ -51,14 +51,14 @@ mod embedded {
     }
 
     /// `cairn model path`: where the model file is expected.
-    pub fn path(ctx: &Context) -> Result<PathBuf> {
+    pub fn path(ctx: &Setup) -> Result<PathBuf> {
         Ok(model_path(ctx))
     }
 
     /// `cairn model install [--from PATH]`: the installed file. Each step
     /// is told to `say` as it starts (a 98 MB download must not look like
     /// a hang).
-    pub fn install(ctx: &Context, from: Option<&Path>, say: &dyn Fn(&str)) -> Result<PathBuf> {
+    pub fn install(ctx: &Setup, from: Option<&Path>, say: &dyn Fn(&str)) -> Result<PathBuf> {
         Ok(cairn_local::install_model_reporting(&ctx.paths.data, from, say)?)
     }
 }
@@ -72,18 +72,18 @@ rebuild with default features, or choose a provider with --provider (see `cairn 
 
 /// Build the `local` provider.
 #[cfg(not(feature = "local"))]
-pub fn provider(_ctx: &Context, _cwd: &std::path::Path) -> Result<Box<dyn Provider + Send>> {
+pub fn provider(_ctx: &Setup, _cwd: &std::path::Path) -> Result<Box<dyn Provider + Send>> {
     anyhow::bail!(NOT_BUILT)
 }
 
 /// `cairn model install`.
 #[cfg(not(feature = "local"))]
-pub fn install(_ctx: &Context, _from: Option<&std::path::Path>, _say: &dyn Fn(&str)) -> Result<std::path::PathBuf> {
+pub fn install(_ctx: &Setup, _from: Option<&std::path::Path>, _say: &dyn Fn(&str)) -> Result<std::path::PathBuf> {
     anyhow::bail!(NOT_BUILT)
 }
 
 /// `cairn model path`.
 #[cfg(not(feature = "local"))]
-pub fn path(_ctx: &Context) -> Result<std::path::PathBuf> {
+pub fn path(_ctx: &Setup) -> Result<std::path::PathBuf> {
     anyhow::bail!(NOT_BUILT)
 }

@@ -23,8 +23,8 @@ use anyhow::{Context as _, Result, bail};
 use cairn_core::storage::{StoreOptions, header_id_mismatch, read_summary, registers};
 use cairn_core::turn::Pc;
 
-use crate::context::{Context, Notes};
 use crate::paths::Paths;
+use crate::setup::{Notes, Setup};
 
 /// What `cairn sessions` shows of one session.
 #[derive(Debug, Clone)]
@@ -215,7 +215,7 @@ fn summarise_all(files: &[PathBuf], opts: &StoreOptions, notes: &Notes) -> Vec<S
 
 /// All readable session files, most recently active first; unreadable
 /// files are skipped with a warning.
-pub fn list(ctx: &Context) -> Result<Vec<SessionSummary>> {
+pub fn list(ctx: &Setup) -> Result<Vec<SessionSummary>> {
     let mut all = summarise_all(&session_files(&ctx.paths)?, &ctx.settings.store_options(), &ctx.notes);
     all.sort_by(|a, b| b.modified.cmp(&a.modified).then_with(|| b.id.cmp(&a.id)));
     Ok(all)
@@ -233,17 +233,17 @@ pub enum Listing {
 
 /// The sessions of the configured backend (`database`: PostgreSQL, else
 /// the session files).
-pub fn listing(ctx: &Context) -> Result<Listing> {
+pub fn listing(ctx: &Setup) -> Result<Listing> {
     if ctx.settings.database.value.is_none() {
         return Ok(Listing::Files(list(ctx)?));
     }
     #[cfg(feature = "postgres")]
     {
-        let mut client = crate::wiring::database_client(ctx)?;
+        let mut client = crate::parts::database_client(ctx)?;
         Ok(Listing::Database(cairn_pg::catalog::list(&mut client)?))
     }
     #[cfg(not(feature = "postgres"))]
-    bail!(crate::wiring::NO_POSTGRES)
+    bail!(crate::parts::NO_POSTGRES)
 }
 
 impl Listing {
@@ -316,7 +316,7 @@ fn database_row(listed: &cairn_pg::catalog::Listed) -> SessionRow {
 }
 
 /// Resolve a path, id, unique id prefix or name to a session file.
-pub fn resolve(ctx: &Context, target: &str) -> Result<PathBuf> {
+pub fn resolve(ctx: &Setup, target: &str) -> Result<PathBuf> {
     let (paths, opts) = (&ctx.paths, &ctx.settings.store_options());
     let as_path = Path::new(target);
     if as_path.is_file() {
@@ -353,11 +353,11 @@ pub fn resolve(ctx: &Context, target: &str) -> Result<PathBuf> {
 /// The most recently active readable session: files are tried newest
 /// first, and only until one reads (unreadable ones are skipped with a
 /// warning).
-pub fn last(ctx: &Context) -> Result<PathBuf> {
+pub fn last(ctx: &Setup) -> Result<PathBuf> {
     let (paths, opts) = (&ctx.paths, &ctx.settings.store_options());
     let mut files: Vec<(SystemTime, PathBuf)> = session_files(paths)?
         .into_iter()
-        // Children are resumed through their parent (`subagents.rs`).
+        // Children are resumed through their parent (`subagents/`).
         .filter(|p| !crate::family::is_child_id(&stem(p)))
         .map(|p| (std::fs::metadata(&p).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH), p))
         .collect();

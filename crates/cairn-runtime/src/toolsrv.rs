@@ -1,12 +1,9 @@
-//! A session's tools from a tool service (`cairn toolsrv`, served by the
-//! binary's `serve_tools`), and the one choice between those and the
-//! in-process ones.
-//!
-//! [`turn_tools`], [`RemoteTool`]: `--toolsrv ADDR` (or `[tools] toolsrv`)
-//! offers the service's tools instead of in-process ones; `turn_tools` is
-//! the one place that choice is made, and reads a turn's tools once (the
-//! carrier, `tools::TurnTools`) for discovery, the registry and the
-//! listings alike.
+//! The tool service's client: a session's tools from a tool service
+//! (`cairn toolsrv`, whose tree is cairn-9p's `toolsrv.rs` and whose host
+//! is the binary's `toolsrv.rs`). `--toolsrv ADDR` (or `[tools] toolsrv`,
+//! [`address`]) offers the service's tools ([`remote_specs`], each a
+//! [`RemoteTool`]) instead of in-process ones; `tools::turn_tools` is the
+//! one place that choice is made.
 //! A remote call's job id is derived from the session and invocation ids
 //! (`cairn_9p::toolsrv::job_id`), both committed in the intent entry before
 //! the job is asked for, so a resumed turn finds the job (`guard`): still
@@ -27,13 +24,10 @@ use cairn_9p::toolsrv::{JobRequest, job_id};
 use cairn_core::CancelToken;
 use cairn_core::tool::{GuardVerdict, ReplayPolicy, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec};
 
-use cairn_tools::{ToolEntry, ToolOrigin};
-
-use crate::context::Context;
-use crate::tools::TurnTools;
+use crate::setup::Setup;
 
 /// The address of the tool service to use, if any (flag over config).
-pub fn address(ctx: &Context) -> Option<String> {
+pub fn address(ctx: &Setup) -> Option<String> {
     ctx.common.toolsrv.clone().or_else(|| ctx.settings.toolsrv.clone())
 }
 
@@ -61,27 +55,6 @@ pub fn remote_specs(address: &str, notes: &mut Vec<String>) -> Result<(Dial, Vec
         }
     }
     Ok((dial, specs))
-}
-
-/// Read the tools for a turn of a session in `cwd`: the tool service's
-/// when one is configured ([`address`] — the one place that choice is
-/// made), else the in-process ones (`wiring::tool_entries`). Discovery
-/// ranks from it, the registry is filled from it (`equip::offer`) and
-/// `cairn tools` and the 9P `tools` file list it, so a turn never reads its
-/// tools twice nor decides twice where they come from, and a listing shows
-/// what a turn gets.
-pub fn turn_tools(ctx: &Context, cwd: &Path) -> Result<TurnTools> {
-    let Some(address) = address(ctx) else {
-        return crate::wiring::tool_entries(ctx, cwd);
-    };
-    let mut notes = Vec::new();
-    let (dial, specs) = remote_specs(&address, &mut notes)?;
-    let origin = ToolOrigin::Service { address: dial.to_string() };
-    let entries = specs
-        .into_iter()
-        .map(|spec| ToolEntry { tool: Arc::new(RemoteTool::new(spec, dial.clone())), origin: origin.clone() })
-        .collect();
-    Ok(TurnTools { entries, notes, untrusted: Vec::new(), hooks: crate::wiring::hooks(ctx, cwd) })
 }
 
 /// A tool of a tool service: each call is a job there.

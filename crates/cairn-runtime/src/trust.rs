@@ -14,12 +14,12 @@ use cairn_core::tool::ToolSpec;
 use cairn_tools::trust::WORKSPACE_TOOLS_DIR;
 use cairn_tools::{ToolDir, ToolDirScan, TrustState, TrustStore};
 
-use crate::context::Context;
+use crate::setup::Setup;
 
 pub use cairn_tools::trust::TrustRecord;
 
 /// The directory meant: the argument, else `--cwd`, else the current one.
-fn target(ctx: &Context, dir: Option<PathBuf>) -> Result<PathBuf> {
+fn target(ctx: &Setup, dir: Option<PathBuf>) -> Result<PathBuf> {
     match dir.or_else(|| ctx.common.cwd.clone()) {
         Some(dir) => Ok(dir),
         None => std::env::current_dir().context("cannot read the current directory"),
@@ -43,12 +43,12 @@ pub struct Trusted {
 
 /// `cairn trust [DIR]`: record `dir` (else `--cwd`, else the current
 /// directory) as trusted with its current tools.
-pub fn trust(ctx: &Context, dir: Option<PathBuf>) -> Result<Trusted> {
+pub fn trust(ctx: &Setup, dir: Option<PathBuf>) -> Result<Trusted> {
     let dir = target(ctx, dir)?;
     let mut store = TrustStore::load(&ctx.paths.trust_file())?;
     let record = store.trust(&dir)?.clone();
     store.save()?;
-    let scan = ToolDirScan::scan(&[ToolDir::workspace(&record.workspace)], &crate::wiring::tools_config(ctx), &store);
+    let scan = ToolDirScan::scan(&[ToolDir::workspace(&record.workspace)], &crate::tools::tools_config(ctx), &store);
     let (tools, errors) = scan.load_all();
     Ok(Trusted {
         has_config: record.workspace.join(cairn_tools::trust::WORKSPACE_CONFIG).exists(),
@@ -68,7 +68,7 @@ pub struct Revoked {
 }
 
 /// `cairn trust --revoke [DIR]`: forget the directory.
-pub fn revoke(ctx: &Context, dir: Option<PathBuf>) -> Result<Revoked> {
+pub fn revoke(ctx: &Setup, dir: Option<PathBuf>) -> Result<Revoked> {
     let dir = target(ctx, dir)?;
     let mut store = TrustStore::load(&ctx.paths.trust_file())?;
     let removed = store.revoke(&dir);
@@ -101,7 +101,7 @@ impl Standing {
 }
 
 /// `cairn trust --list`: every record, with where its directory stands.
-pub fn list(ctx: &Context) -> Result<Vec<(TrustRecord, Standing)>> {
+pub fn list(ctx: &Setup) -> Result<Vec<(TrustRecord, Standing)>> {
     let store = TrustStore::load(&ctx.paths.trust_file())?;
     let state = |workspace: &Path| match store.check(workspace, &workspace.join(WORKSPACE_TOOLS_DIR)) {
         Ok(TrustState::Trusted) => Standing::Trusted,

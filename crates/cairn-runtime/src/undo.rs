@@ -18,8 +18,8 @@ use cairn_core::{Session, SessionConfig};
 use cairn_tools::rewind;
 use cairn_tools::undo::PreimageStore;
 
-use crate::context::Context;
 use crate::sessions::human_size;
+use crate::setup::Setup;
 
 pub use cairn_tools::rewind::{Outcome, Target};
 pub use cairn_tools::undo::Collected;
@@ -38,14 +38,14 @@ pub enum Request {
 pub const DELEGATING: &[&str] = &[crate::subagents::SPAWN];
 
 /// The pre-image store of this cairn home.
-pub fn store(ctx: &Context) -> PreimageStore {
+pub fn store(ctx: &Setup) -> PreimageStore {
     PreimageStore::new(ctx.paths.data.join("preimages"), u64::MAX)
 }
 
 /// Open the session at `path`; whether a turn in progress may be undone
 /// is `rewind`'s to say (an interrupted turn at rest is ended by the undo).
-fn open(ctx: &Context, path: &Path) -> Result<(Session<JsonlStore>, PathBuf)> {
-    let store = crate::wiring::open_session(ctx, path)?;
+fn open(ctx: &Setup, path: &Path) -> Result<(Session<JsonlStore>, PathBuf)> {
+    let store = crate::parts::open_session(ctx, path)?;
     let cwd = PathBuf::from(&store.header().cwd);
     let session = Session::open(store, SessionConfig::default())?;
     Ok((session, cwd))
@@ -53,7 +53,7 @@ fn open(ctx: &Context, path: &Path) -> Result<(Session<JsonlStore>, PathBuf)> {
 
 /// Finish an undo killed after its plan was committed, before a session
 /// continues (`resume`, `chat`): what was done, if anything.
-pub fn finish_interrupted(ctx: &Context, session: &mut Session<JsonlStore>, cwd: &Path) -> Result<Option<String>> {
+pub fn finish_interrupted(ctx: &Setup, session: &mut Session<JsonlStore>, cwd: &Path) -> Result<Option<String>> {
     Ok(rewind::finish_interrupted(&store(ctx), session, cwd, false)?)
 }
 
@@ -61,7 +61,7 @@ pub fn finish_interrupted(ctx: &Context, session: &mut Session<JsonlStore>, cwd:
 /// name or path; `None`: the most recent session file), in whichever
 /// backend keeps it: session files, or with `database` a PostgreSQL
 /// session (by id or prefix; `target` is required there).
-pub fn rewind(ctx: &Context, target: Option<&str>, request: Request, dry_run: bool, force: bool) -> Result<Outcome> {
+pub fn rewind(ctx: &Setup, target: Option<&str>, request: Request, dry_run: bool, force: bool) -> Result<Outcome> {
     if ctx.settings.database.value.is_some() {
         let Some(target) = target else { bail!("which session? give its id (with --database, there is no default)") };
         return database_rewind(ctx, target, request, dry_run, force);
@@ -79,7 +79,7 @@ pub fn rewind(ctx: &Context, target: Option<&str>, request: Request, dry_run: bo
 
 /// Undo on an open session (`cairn undo`, `/undo` in chat).
 pub fn undo_session(
-    ctx: &Context,
+    ctx: &Setup,
     session: &mut Session<JsonlStore>,
     cwd: &Path,
     target: Target,
@@ -91,7 +91,7 @@ pub fn undo_session(
 
 /// Redo on an open session (`cairn redo`, `/redo` in chat).
 pub fn redo_session(
-    ctx: &Context,
+    ctx: &Setup,
     session: &mut Session<JsonlStore>,
     cwd: &Path,
     dry_run: bool,
@@ -108,8 +108,8 @@ pub fn redo_session(
 /// naming it, and a missing pre-image is refused (nothing changed) by the
 /// protocol itself.
 #[cfg(feature = "postgres")]
-fn database_rewind(ctx: &Context, target: &str, request: Request, dry_run: bool, force: bool) -> Result<Outcome> {
-    let mut client = crate::wiring::database_client(ctx)?;
+fn database_rewind(ctx: &Setup, target: &str, request: Request, dry_run: bool, force: bool) -> Result<Outcome> {
+    let mut client = crate::parts::database_client(ctx)?;
     let id = cairn_pg::catalog::resolve(&mut client, target)?;
     let opened = cairn_pg::PgStore::open(client, &id)?;
     let cwd = PathBuf::from(&opened.header().cwd);
@@ -135,15 +135,15 @@ fn database_rewind(ctx: &Context, target: &str, request: Request, dry_run: bool,
 }
 
 #[cfg(not(feature = "postgres"))]
-fn database_rewind(_: &Context, _: &str, _: Request, _: bool, _: bool) -> Result<Outcome> {
-    bail!(crate::wiring::NO_POSTGRES)
+fn database_rewind(_: &Setup, _: &str, _: Request, _: bool, _: bool) -> Result<Outcome> {
+    bail!(crate::parts::NO_POSTGRES)
 }
 
 /// Every pre-image a session file of this home names: the sessions
 /// directory and the 9P server's archive (`data/archive`), each file read
 /// whole. A file that cannot be read as a session fails the whole read
 /// (a collection must not guess what it names).
-fn named(ctx: &Context) -> Result<std::collections::BTreeSet<String>> {
+fn named(ctx: &Setup) -> Result<std::collections::BTreeSet<String>> {
     let mut files = crate::sessions::session_files(&ctx.paths)?;
     if let Ok(archived) = std::fs::read_dir(ctx.paths.data.join("archive")) {
         for entry in archived {
@@ -169,7 +169,7 @@ fn named(ctx: &Context) -> Result<std::collections::BTreeSet<String>> {
 /// `cairn undo --gc [--dry-run]`: remove the pre-images no session file
 /// names and that were not written or reused in the last day; what was
 /// (or would be) removed and kept.
-pub fn gc(ctx: &Context, dry_run: bool) -> Result<Collected> {
+pub fn gc(ctx: &Setup, dry_run: bool) -> Result<Collected> {
     if ctx.settings.database.value.is_some() {
         bail!(
             "a database is configured: the sessions there may name pre-images in this store, and a collection reads \
@@ -184,7 +184,7 @@ pub fn gc(ctx: &Context, dry_run: bool) -> Result<Collected> {
 /// After a turn: when the store is over `tools.undo_store_max_bytes`,
 /// collect what no session names (as `cairn undo --gc`), saying so in a
 /// warning note. Never with a database configured; failures are a warning.
-pub fn collect_past_budget(ctx: &Context) {
+pub fn collect_past_budget(ctx: &Setup) {
     if ctx.settings.database.value.is_some() {
         return;
     }

@@ -489,6 +489,33 @@ fn only_core_report_sums_usage() {
     assert!(!sums("let t = u.input_tokens + u.output_tokens;"));
 }
 
+/// Issue 50.3: a turn's tools are put in a face's registry by one loop,
+/// cairn-host's `HostTools::registry_where` ("register each tool, note a
+/// refusal"); a face that serves fewer tools (MCP hides Write tools) passes
+/// it a filter. No other module keeps a registry's refusal of a tool
+/// (`.register(…)` whose error is looked at): a stand-in registered
+/// blindly (`let _ =`) or a test driver's `?` is not such a loop.
+#[test]
+fn the_register_loop_is_written_once() {
+    let keeps_refusal = |line: &str| {
+        line.contains(".register(")
+            && (line.contains(".err()") || line.contains("Err(") || line.contains("map_err") || line.contains("match "))
+    };
+    let found = uses_outside(keeps_refusal, &[("cairn-core", None), ("cairn-host", Some(""))]);
+    assert!(
+        found.is_empty(),
+        "a face registers a turn's tools itself; use cairn_host::HostTools::registry (or registry_where, with a \
+         filter) instead:\n{}",
+        found.join("\n")
+    );
+    // The check itself: it sees the loops the faces used to write, not a
+    // register whose refusal is dropped or a session's fact being read.
+    assert!(keeps_refusal("            if let Err(e) = registry.register(Arc::clone(tool)) {"));
+    assert!(keeps_refusal("registry.register(tool).err().map(|e| format!(\"{} is not offered\", spec.name))"));
+    assert!(!keeps_refusal("        let _ = registry.register(std::sync::Arc::new(NotRunHere::new(name)));"));
+    assert!(!keeps_refusal("    let spec = store.register(FACT, SPEC_FACT).and_then(|r| r.parse().ok());"));
+}
+
 /// The lines (file:line) of every crate's library and binary modules,
 /// code only, where `hit` holds, leaving out the `allowed` (crate, module;
 /// `None`: the whole crate).

@@ -33,7 +33,7 @@ use cairn_local::{LocalModel, LocalOptions, LocalProvider, MODEL_ENV, Precision}
 use serde::Deserialize;
 
 /// The CLI's default system prompt (`DEFAULT_SYSTEM` in
-/// `crates/cairn-cli/src/host.rs`), so the model sees what `cairn run` sends.
+/// `crates/cairn-cli/src/turns.rs`), so the model sees what `cairn run` sends.
 const CLI_SYSTEM: &str = "You are cairn, a careful agent working in the user's directory. \
 Use the tools to look before you change anything, keep changes small, and answer concisely.";
 

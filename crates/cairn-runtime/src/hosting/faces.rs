@@ -1,7 +1,7 @@
 //! The editor and agent faces' host (`cairn_faces::Host`): the provider
 //! of an ACP or MCP session, every tool for MCP (equipped as every face's
 //! turn is: `equip.rs`), an editor's own MCP servers, and creating and
-//! opening sessions by id; everything else is [`CliHost`]'s `SessionHost`.
+//! opening sessions by id; everything else is [`RuntimeHost`]'s `SessionHost`.
 //!
 //! Must not: speak JSON-RPC or read stdio (`cairn-faces` does).
 
@@ -13,15 +13,15 @@ use cairn_core::provider::Provider;
 use cairn_core::storage::{Header, JsonlStore, new_session_id};
 use cairn_faces::HostTools;
 
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
 
-impl cairn_faces::Host for CliHost {
+impl cairn_faces::Host for RuntimeHost {
     fn authority(&self) -> cairn_core::authority::AuthorityRules {
-        crate::wiring::authority_rules(&self.ctx.paths)
+        crate::tools::authority_rules(&self.ctx.paths)
     }
 
     fn provider(&self, cwd: &Path) -> Result<Box<dyn Provider + Send>> {
-        crate::wiring::build_provider(&self.ctx, cwd)
+        crate::parts::build_provider(&self.ctx, cwd)
     }
 
     fn tools(&self, cwd: &Path, approver: &PolicyApprover, person: Option<&SharedApprover>) -> Result<HostTools> {
@@ -29,10 +29,10 @@ impl cairn_faces::Host for CliHost {
         // tools or the in-process ones, and the subagent family, whose
         // children ask the same person (the editor's permission requests;
         // nobody over MCP).
-        let authority = crate::subagents::Authority::of(approver, person.cloned());
-        let tools = crate::toolsrv::turn_tools(&self.ctx, cwd)?;
-        let asker = crate::equip::Asker { approver, family: Some(&authority) };
-        let equipped = crate::equip::offer(&self.ctx, cwd, &tools, None, asker)?;
+        let inheritance = crate::subagents::Inheritance::of(approver, person.cloned());
+        let tools = crate::tools::turn_tools(&self.ctx, cwd)?;
+        let answerer = crate::equip::Answerer { approver, family: Some(&inheritance) };
+        let equipped = crate::equip::offer(&self.ctx, cwd, &tools, None, answerer)?;
         Ok(equipped.into_host_tools())
     }
 
@@ -88,7 +88,7 @@ impl cairn_faces::Host for CliHost {
                 Err(e) => notes.push(format!("the editor's MCP server {:?} is not started: {e}", server.name)),
             }
         }
-        let loaded = cairn_mcp::load(&configs, cwd, &crate::wiring::tools_config(&self.ctx), taken);
+        let loaded = cairn_mcp::load(&configs, cwd, &crate::tools::tools_config(&self.ctx), taken);
         notes.extend(loaded.notes);
         Ok(HostTools { tools: loaded.entries.into_iter().map(|e| e.tool).collect(), notes, hooks: None })
     }
@@ -96,7 +96,7 @@ impl cairn_faces::Host for CliHost {
     fn policy(&self, person: Option<Box<dyn Approver>>) -> Result<PolicyApprover> {
         let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
             .context("invalid allow pattern (from --allow or [approvals] allow)")?;
-        Ok(crate::wiring::policy(self.ctx.common.yes, allow, person))
+        Ok(crate::parts::policy(self.ctx.common.yes, allow, person))
     }
 
     fn create_session(&self, cwd: &Path) -> Result<JsonlStore> {
@@ -132,7 +132,7 @@ impl cairn_faces::Host for CliHost {
                 ),
             }
         }
-        crate::wiring::open_session(&self.ctx, &path)
+        crate::parts::open_session(&self.ctx, &path)
     }
 
     fn list_sessions(&self) -> Result<Vec<cairn_faces::ListedSession>> {
@@ -156,6 +156,6 @@ impl cairn_faces::Host for CliHost {
         }
         // Another provider runs as its configuration says (the command
         // line's --model and --script are the configured provider's).
-        crate::wiring::provider_for(&self.ctx, name, None, None, cwd)
+        crate::parts::provider_for(&self.ctx, name, None, None, cwd)
     }
 }

@@ -1,7 +1,7 @@
 //! The 9P tree's and batch queue's host (`cairn_9p::Host`): where served
 //! sessions and the batch queue live, the providers a served session may
 //! name, `[batch] max_running`, and the `tools` file; everything else a
-//! served session is built from is [`CliHost`]'s `SessionHost`.
+//! served session is built from is [`RuntimeHost`]'s `SessionHost`.
 //!
 //! Must not: speak 9P or listen (`cairn serve` does, in the binary).
 
@@ -13,10 +13,10 @@ use cairn_core::provider::Provider;
 use cairn_core::storage::StoreOptions;
 use cairn_provider::ProviderConfig;
 
-use crate::context::Context;
-use crate::hosting::CliHost;
+use crate::hosting::RuntimeHost;
+use crate::setup::Setup;
 
-impl Host for CliHost {
+impl Host for RuntimeHost {
     fn sessions_dir(&self) -> PathBuf {
         self.ctx.paths.sessions()
     }
@@ -46,7 +46,7 @@ impl Host for CliHost {
         let script = opt(&spec.script)
             .map(Path::new)
             .or_else(|| (spec.provider == s.provider.value).then_some(s.script.value.as_deref()).flatten());
-        crate::wiring::provider_for(&self.ctx, &spec.provider, opt(&spec.model), script, cwd)
+        crate::parts::provider_for(&self.ctx, &spec.provider, opt(&spec.model), script, cwd)
     }
 
     fn batch_max_running(&self) -> usize {
@@ -56,7 +56,7 @@ impl Host for CliHost {
     fn tools_text(&self) -> String {
         // What a turn here gets: the tool service's tools with `--toolsrv`.
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-        match crate::toolsrv::turn_tools(&self.ctx, &cwd) {
+        match crate::tools::turn_tools(&self.ctx, &cwd) {
             Ok(tools) => tools
                 .entries
                 .iter()
@@ -75,7 +75,7 @@ pub use crate::config::BatchConfig;
 use crate::config::default_max_running;
 
 /// `[batch] max_running`: sessions of batch jobs run at once.
-pub fn max_running(ctx: &Context) -> usize {
+pub fn max_running(ctx: &Setup) -> usize {
     match ctx.settings.batch.clone().map(toml::Value::try_into::<BatchConfig>) {
         None => default_max_running(),
         Some(Ok(config)) => config.max_running.max(1),

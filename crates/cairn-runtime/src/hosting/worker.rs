@@ -20,11 +20,11 @@ use cairn_pg::PgStore;
 use cairn_pg::approvals::DbApprover;
 use cairn_pg::worker::{Driven, Driver};
 
-use crate::context::{Context, Note};
-use crate::hosting::CliHost;
-use crate::subagents::Home;
+use crate::hosting::RuntimeHost;
+use crate::setup::{Note, Setup};
+use crate::subagents::FamilyPlace;
 
-impl Driver for CliHost {
+impl Driver for RuntimeHost {
     fn drive(&self, mut session: Session<PgStore>, prompt: Option<&str>, cancel: &CancelToken) -> Driven {
         let header = session.store().header().clone();
         let id = header.id.clone();
@@ -39,8 +39,8 @@ impl Driver for CliHost {
             return Driven { session: Some(session), result: Err(e) };
         }
         let wiring = (|| -> Result<_> {
-            let url = crate::wiring::database_url(&self.ctx)?;
-            let provider = crate::wiring::build_provider(&self.ctx, &cwd)?;
+            let url = crate::parts::database_url(&self.ctx)?;
+            let provider = crate::parts::build_provider(&self.ctx, &cwd)?;
             let allow = Allowlist::parse(self.ctx.settings.allow.value.iter().map(String::as_str))
                 .context("invalid allow pattern (from --allow or [approvals] allow)")?;
             // Allow rules and --yes, then a durable question any host can
@@ -48,31 +48,32 @@ impl Driver for CliHost {
             // asked, and so never offered. The same person answers the
             // session's children (their questions are rows of this
             // session, `i5+i3`).
-            let asker =
+            let answerer =
                 DbApprover::new(url.clone(), id.clone(), session.store().lease_lost()).with_cancel(cancel.clone());
-            let person = SharedApprover::new(Box::new(asker));
-            let approver = crate::wiring::policy(self.ctx.common.yes, allow, Some(Box::new(person.clone())));
+            let person = SharedApprover::new(Box::new(answerer));
+            let approver = crate::parts::policy(self.ctx.common.yes, allow, Some(Box::new(person.clone())));
             // The subagent family lives in this database, within the
             // session's lease (`subagents/db.rs`): any worker that later
             // resumes the session finds its children there.
-            let mut authority = crate::subagents::Authority::of(&approver, Some(person));
+            let mut inheritance = crate::subagents::Inheritance::of(&approver, Some(person));
             if let Some(hold) = session.store().hold() {
-                authority.home = Home::Database(crate::subagents::db::Database::new(url, hold, cancel.clone()));
+                inheritance.place =
+                    FamilyPlace::Database(crate::subagents::db::Database::new(url, hold, cancel.clone()));
             }
-            Ok((provider, approver, authority))
+            Ok((provider, approver, inheritance))
         })();
-        let (provider, approver, authority) = match wiring {
+        let (provider, approver, inheritance) = match wiring {
             Ok(w) => w,
             Err(e) => return Driven { session: Some(session), result: Err(failed(e)) },
         };
-        let family = matches!(authority.home, Home::Database(_)).then_some(&authority);
+        let family = matches!(inheritance.place, FamilyPlace::Database(_)).then_some(&inheritance);
         // The turn's tools as every face equips them (`equip.rs`):
         // discovery's choice recorded in the session before the turn, and
         // the family.
         let mut store = session.into_store();
-        let asker = crate::equip::Asker { approver: &approver, family };
-        let config = SessionConfig { cwd: Some(cwd.clone()), ..crate::wiring::session_config(&self.ctx) };
-        let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, asker, config.clone()) {
+        let answerer = crate::equip::Answerer { approver: &approver, family };
+        let config = SessionConfig { cwd: Some(cwd.clone()), ..crate::parts::session_config(&self.ctx) };
+        let mut equipped = match crate::equip::turn(&self.ctx, &cwd, &mut store, prompt, answerer, config.clone()) {
             Ok(equipped) => equipped,
             Err(e) => return Driven { session: Session::open(store, config).ok(), result: Err(failed(e)) },
         };
@@ -83,7 +84,7 @@ impl Driver for CliHost {
         if family.is_some() {
             // Children a crash left unfinished that no pending call of this
             // turn would re-attach (started with `wait: false`).
-            crate::subagents::reattach_children(&id, &authority);
+            crate::subagents::reattach_children(&id, &inheritance);
         }
         let session = match Session::open(store, equipped.config) {
             Ok(session) => session,
@@ -96,7 +97,7 @@ impl Driver for CliHost {
             Driven::by(session, |session| equipment.run(session, &*provider, step, &mut |_| {}, cancel).map(drop));
         // The children still running run within this lease: the worker
         // must not release it under them (a cancelled turn's stop at once).
-        crate::subagents::finish_children(&id, &authority);
+        crate::subagents::finish_children(&id, &inheritance);
         driven
     }
 }
@@ -104,7 +105,7 @@ impl Driver for CliHost {
 /// An undo killed after its plan was committed (`cairn undo --database`
 /// on this or another host) is finished before a worker's turn, like
 /// before any other host's turn; what it did is told (a worker note).
-fn finish_undo(ctx: &Context, session: &mut Session<PgStore>, cwd: &Path) -> Result<(), TurnError> {
+fn finish_undo(ctx: &Setup, session: &mut Session<PgStore>, cwd: &Path) -> Result<(), TurnError> {
     let id = session.store().header().id.clone();
     match cairn_tools::rewind::finish_interrupted(&crate::undo::store(ctx), session, cwd, false) {
         Ok(Some(done)) => {

@@ -22,7 +22,7 @@
 //! cost the same with a million finished sessions in the table.
 //!
 //! Owns: where a database family's sessions are created, read and opened.
-//! Must not: decide anything about a child (that is `subagents.rs`), or
+//! Must not: decide anything about a child (that is the rest of `subagents/`), or
 //! write SQL (every statement is cairn-pg's).
 
 use std::sync::Arc;
@@ -34,7 +34,7 @@ use cairn_pg::{Hold, PgStore};
 use postgres::Client;
 
 use super::Place;
-use crate::context::Context;
+use crate::setup::Setup;
 
 /// The database of a session a worker drives, within its lease.
 pub struct Database {
@@ -75,20 +75,20 @@ impl Database {
 impl Place for Database {
     type Store = PgStore;
 
-    fn create(&self, _: &Context, header: Header) -> Result<PgStore> {
+    fn create(&self, _: &Setup, header: Header) -> Result<PgStore> {
         let id = header.id.clone();
         PgStore::create_within(self.connect()?, header, &self.hold)
             .with_context(|| format!("cannot create child session {id}"))
     }
 
-    fn open(&self, _: &Context, id: &str) -> Result<Option<PgStore>> {
+    fn open(&self, _: &Setup, id: &str) -> Result<Option<PgStore>> {
         if !self.row_exists(id)? {
             return Ok(None);
         }
         Ok(Some(PgStore::open_within(self.connect()?, id, &self.hold)?))
     }
 
-    fn read(&self, _: &Context, id: &str) -> Result<Option<PgStore>> {
+    fn read(&self, _: &Setup, id: &str) -> Result<Option<PgStore>> {
         if !self.row_exists(id)? {
             return Ok(None);
         }
@@ -96,11 +96,11 @@ impl Place for Database {
         Ok(Some(PgStore::open(self.connect()?, id)?))
     }
 
-    fn exists(&self, _: &Context, id: &str) -> Result<bool> {
+    fn exists(&self, _: &Setup, id: &str) -> Result<bool> {
         self.row_exists(id)
     }
 
-    fn children(&self, _: &Context, parent: &str) -> Result<Vec<String>> {
+    fn children(&self, _: &Setup, parent: &str) -> Result<Vec<String>> {
         self.with_conn(|c| cairn_pg::catalog::children(c, parent))
     }
 
@@ -108,7 +108,7 @@ impl Place for Database {
         store.idle_within().context("cannot mark the child session idle")
     }
 
-    fn found_finished(&self, _: &Context, id: &str) -> Result<()> {
+    fn found_finished(&self, _: &Setup, id: &str) -> Result<()> {
         if self.with_conn(|c| cairn_pg::catalog::is_running(c, id))? {
             let mut client = self.connect()?;
             cairn_pg::store::idle_within(&mut client, id, &self.hold).context("cannot mark the child session idle")?;
@@ -120,7 +120,7 @@ impl Place for Database {
         self.cancel.clone()
     }
 
-    fn follow(&self, _: &Context, id: &str) -> Option<Box<dyn crate::peers::Follow>> {
+    fn follow(&self, _: &Setup, id: &str) -> Option<Box<dyn crate::peers::Follow>> {
         Some(Box::new(Follow {
             url: self.url.clone(),
             lease: self.hold.fence().lease,
@@ -136,7 +136,7 @@ impl Place for Database {
         std::time::Duration::from_millis(250)
     }
 
-    fn written_by_a_family(&self, _: &Context, id: &str) -> Result<bool> {
+    fn written_by_a_family(&self, _: &Setup, id: &str) -> Result<bool> {
         // A child's lines record the lease of its family they were written
         // under; an imported session's lines record no owner.
         self.with_conn(|c| cairn_pg::catalog::written_by_a_family(c, id))

@@ -1,4 +1,4 @@
-//! `cairn toolsrv`: the tools `cairn run` would load (`wiring::tool_entries`,
+//! `cairn toolsrv`: the tools `cairn run` would load (`tools::in_process`,
 //! for the job's working directory, with the same sandbox, scrubbed
 //! environment and limits) served as a 9P tree by `cairn_9p::toolsrv`, jobs
 //! kept under `$CAIRN_HOME/toolsrv/jobs/`. The service has no person to ask:
@@ -26,7 +26,7 @@ use cairn_core::staged::StagedReview;
 use cairn_core::tool::{Tool, ToolContext, ToolLimits, ToolReceipt, ToolRequest, ToolSpec, Validation};
 use cairn_tools::{ExternalTool, MetadataError, ToolDirScan, ToolEntry, ToolsConfig, TrustStore};
 
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
 
 /// The CLI's tools as the service's [`ToolHost`]: the built-ins, and the
 /// external tools of the tools directories (`cairn_tools::ToolDirScan`,
@@ -34,7 +34,7 @@ use crate::context::{Context, exit};
 /// file names only; a tool's metadata is parsed when its spec is asked for
 /// or it runs, and kept until its file changes (size, mtime or inode).
 struct CliToolHost {
-    ctx: Context,
+    ctx: Invocation,
     /// Where `t/` lists tools for (the service's working directory).
     here: PathBuf,
     config: ToolsConfig,
@@ -144,7 +144,7 @@ impl ToolHost for CliToolHost {
                 request.tool
             ));
         }
-        let config = crate::wiring::session_config(&self.ctx);
+        let config = crate::parts::session_config(&self.ctx);
         let limits = ToolLimits { timeout: config.tool_timeout, output_cap: config.output_cap };
         // Nobody answers here: core's gate refuses a bypass and a staged
         // Destructive effect (discarded, nothing applied) as in any
@@ -171,7 +171,7 @@ impl ToolHost for CliToolHost {
 }
 
 /// `cairn toolsrv`.
-pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
+pub fn run(ctx: Invocation, listen: &[String], insecure: bool) -> Result<u8> {
     let data = ctx.paths.data.clone();
     let mut dials = listen.iter().map(|d| Dial::parse(d)).collect::<Result<Vec<_>>>()?;
     if dials.is_empty() {
@@ -189,7 +189,7 @@ pub fn run(ctx: Context, listen: &[String], insecure: bool) -> Result<u8> {
     }
     let (listeners, addresses) = crate::listen::bind_all(&dials, insecure)?;
     let here = std::env::current_dir().context("cannot read the current directory")?;
-    let config = crate::wiring::tools_config(&ctx);
+    let config = cairn_runtime::tools::tools_config(&ctx);
     let builtins = cairn_tools::builtin_tools(&config).context("invalid [tools] destructive_patterns")?;
     let host = Arc::new(CliToolHost {
         ctx,

@@ -1,4 +1,5 @@
-//! Running turns of a CLI session: the parts built by `wiring.rs`, the
+//! The CLI's own turns (`cairn run`, `chat`, `resume`; `ask` and
+//! `compact` use its [`Runner`]): the parts built by `parts.rs`, the
 //! tools of the turn (`equip.rs`: tool service or in-process, the subagent
 //! family; discovery's choice), then `run`, `chat` and `resume`,
 //! which hand them to `cairn_core::Session`, and Ctrl-C.
@@ -23,12 +24,13 @@ use cairn_runtime::{Equipment, Step};
 use serde_json::json;
 
 use crate::approver::TerminalApprover;
-use crate::context::{Context, exit};
+use crate::invocation::{Invocation, exit};
+use crate::parts::{build_provider, create_session, open_session, policy, session_config};
 use crate::render::{Mode, Renderer};
-use crate::wiring::{build_provider, create_session, open_session, policy, session_config};
 
-/// The parts a turn needs, built once per command.
-pub struct Wiring {
+/// What runs a CLI command's turns: the parts a turn needs, built once
+/// per command.
+pub struct Runner {
     provider: Box<dyn Provider + Send>,
     /// The provider's name as configured (what `fact` `provider` records,
     /// so a resume can build it again).
@@ -46,19 +48,19 @@ pub struct Wiring {
     /// not at every turn).
     told: std::collections::HashSet<String>,
     /// Who answers for the session's children (re-attached on resume).
-    authority: crate::subagents::Authority,
+    inheritance: crate::subagents::Inheritance,
     /// The `[providers.NAME]` tables, to price each attempt of the ledger
     /// by the provider and model that made it.
     provider_tables: std::collections::BTreeMap<String, toml::Value>,
 }
 
-impl std::fmt::Debug for Wiring {
+impl std::fmt::Debug for Runner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wiring").field("provider", &self.provider.name()).finish_non_exhaustive()
+        f.debug_struct("Runner").field("provider", &self.provider.name()).finish_non_exhaustive()
     }
 }
 
-impl Wiring {
+impl Runner {
     /// Equip the next turn of the session in `store`, working in `cwd`, as
     /// every face does (`equip::turn`): the tools read once, discovery's
     /// choice for `prompt` recorded (`None`: the interrupted turn, offered
@@ -67,15 +69,15 @@ impl Wiring {
     /// before are told.
     pub fn equip(
         &mut self,
-        ctx: &Context,
+        ctx: &Invocation,
         cwd: &Path,
         store: &mut JsonlStore,
         prompt: Option<&str>,
         renderer: &mut Renderer,
     ) -> Result<cairn_core::SessionConfig> {
-        let family = self.family.is_none().then_some(&self.authority);
-        let asker = crate::equip::Asker { approver: &self.equipment.approver, family };
-        let mut equipped = crate::equip::turn(ctx, cwd, store, prompt, asker, session_config(ctx))?;
+        let family = self.family.is_none().then_some(&self.inheritance);
+        let answerer = crate::equip::Answerer { approver: &self.equipment.approver, family };
+        let mut equipped = crate::equip::turn(ctx, cwd, store, prompt, answerer, session_config(ctx))?;
         match &self.family {
             None => self.family = Some(equipped.family_tools().to_vec()),
             Some(family) => equipped.tools.tools.extend(family.iter().cloned()),
@@ -119,7 +121,7 @@ impl Wiring {
     /// session's. A session without the fact (older) runs on the
     /// configured one; a provider chosen with `/provider` in this chat
     /// counts as told.
-    pub fn continue_provider(&mut self, ctx: &Context, store: &JsonlStore, renderer: &mut Renderer) {
+    pub fn continue_provider(&mut self, ctx: &Invocation, store: &JsonlStore, renderer: &mut Renderer) {
         let Some(recorded) = registers::provider_fact(store) else { return };
         if self.provider_chosen {
             if (recorded.name.as_str(), recorded.model.as_str()) != (self.provider_name.as_str(), self.provider.model())
@@ -148,7 +150,7 @@ impl Wiring {
         let same_as_now = name == self.provider_name && model.as_deref().is_none_or(|m| m == self.provider.model());
         if !same_as_now {
             let cwd = PathBuf::from(&store.header().cwd);
-            match crate::wiring::provider_for(ctx, &name, model.as_deref(), s.script.value.as_deref(), &cwd) {
+            match crate::parts::provider_for(ctx, &name, model.as_deref(), s.script.value.as_deref(), &cwd) {
                 Ok(provider) => {
                     self.provider = provider;
                     self.provider_name = name;
@@ -182,12 +184,12 @@ impl Wiring {
         }
     }
 
-    /// [`Wiring::equip`] for the next turn of an open session, reopened
+    /// [`Runner::equip`] for the next turn of an open session, reopened
     /// without checking the whole log again (discovery only records a
     /// fact).
     pub fn reequip(
         &mut self,
-        ctx: &Context,
+        ctx: &Invocation,
         session: Session<JsonlStore>,
         prompt: Option<&str>,
         renderer: &mut Renderer,
@@ -240,29 +242,31 @@ impl Wiring {
     }
 }
 
-/// The provider and approver for a session in `cwd`, headless when
-/// `may_ask` is false (`cairn ask`: no person is asked even when stdin is a
-/// terminal); its tools come with each turn ([`Wiring::equip`]).
-pub fn wire(ctx: &Context, cwd: &Path, may_ask: bool) -> Result<Wiring> {
-    let provider = build_provider(ctx, cwd)?;
-    let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
-        .context("invalid allow pattern (from --allow or [approvals] allow)")?;
-    let terminal = TerminalApprover::new(ctx.err_style);
-    // One approver for the session and its children (`subagents.rs`).
-    let terminal = SharedApprover::new(Box::new(if may_ask { terminal } else { terminal.headless() }));
-    let approver = policy(ctx.common.yes, allow, Some(Box::new(terminal.clone())));
-    let authority = crate::subagents::Authority::of(&approver, Some(terminal));
-    let tools = ToolRegistry::new(&approver);
-    Ok(Wiring {
-        provider,
-        provider_name: ctx.settings.provider.value.clone(),
-        provider_chosen: false,
-        equipment: Equipment { tools, approver },
-        family: None,
-        told: std::collections::HashSet::new(),
-        authority,
-        provider_tables: ctx.settings.providers.clone(),
-    })
+impl Runner {
+    /// The provider and approver for a session in `cwd`, headless when
+    /// `may_ask` is false (`cairn ask`: no person is asked even when stdin is a
+    /// terminal); its tools come with each turn ([`Runner::equip`]).
+    pub fn new(ctx: &Invocation, cwd: &Path, may_ask: bool) -> Result<Runner> {
+        let provider = build_provider(ctx, cwd)?;
+        let allow = Allowlist::parse(ctx.settings.allow.value.iter().map(String::as_str))
+            .context("invalid allow pattern (from --allow or [approvals] allow)")?;
+        let terminal = TerminalApprover::new(ctx.err_style);
+        // One approver for the session and its children (`subagents/`).
+        let terminal = SharedApprover::new(Box::new(if may_ask { terminal } else { terminal.headless() }));
+        let approver = policy(ctx.common.yes, allow, Some(Box::new(terminal.clone())));
+        let inheritance = crate::subagents::Inheritance::of(&approver, Some(terminal));
+        let tools = ToolRegistry::new(&approver);
+        Ok(Runner {
+            provider,
+            provider_name: ctx.settings.provider.value.clone(),
+            provider_chosen: false,
+            equipment: Equipment { tools, approver },
+            family: None,
+            told: std::collections::HashSet::new(),
+            inheritance,
+            provider_tables: ctx.settings.providers.clone(),
+        })
+    }
 }
 
 /// Ctrl-C handling shared by every turn of this process: the first press
@@ -375,7 +379,7 @@ fn disarm() {
 /// Run one turn (a new prompt) or resume the interrupted one (`prompt` None).
 fn drive(
     session: &mut Session<JsonlStore>,
-    wiring: &mut Wiring,
+    runner: &mut Runner,
     renderer: &mut Renderer,
     prompt: Option<&str>,
 ) -> Result<Option<TurnOutcome>> {
@@ -384,12 +388,12 @@ fn drive(
     renderer.begin();
     let result = {
         let step = prompt.map_or(Step::Resume, Step::Prompt);
-        wiring.run(session, step, &mut |event| renderer.event(event), &cancel)
+        runner.run(session, step, &mut |event| renderer.event(event), &cancel)
     };
     disarm();
     let id = session.store().header().id.clone();
-    renderer.set_window(wiring.provider.context_window());
-    renderer.set_session(wiring.usage(session.store()));
+    renderer.set_window(runner.provider.context_window());
+    renderer.set_session(runner.usage(session.store()));
     renderer.finish(&id);
     if let Some(e) = renderer.write_error.take() {
         return Err(e.into());
@@ -424,7 +428,7 @@ fn outcome_code(outcome: &TurnOutcome, renderer: &mut Renderer, session_id: &str
     code
 }
 
-pub fn mode(ctx: &Context) -> Mode {
+pub fn mode(ctx: &Invocation) -> Mode {
     if ctx.flags.json {
         Mode::Json
     } else if ctx.flags.quiet {
@@ -464,26 +468,26 @@ pub(crate) fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result
 }
 
 /// `cairn run`.
-pub fn run(ctx: &Context, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
+pub fn run(ctx: &Invocation, prompt: Option<String>, prompt_file: Option<&Path>) -> Result<u8> {
     let prompt = read_prompt(prompt, prompt_file)?;
     let mut renderer = Renderer::new(mode(ctx));
     renderer.set_markdown(ctx.flags.plain);
     let (mut store, cwd) = create_session(ctx)?;
-    let started = wire(ctx, &cwd, true)
-        .and_then(|mut wiring| Ok((wiring.equip(ctx, &cwd, &mut store, Some(&prompt), &mut renderer)?, wiring)));
-    let (config, mut wiring) = match started {
+    let started = Runner::new(ctx, &cwd, true)
+        .and_then(|mut runner| Ok((runner.equip(ctx, &cwd, &mut store, Some(&prompt), &mut renderer)?, runner)));
+    let (config, mut runner) = match started {
         Ok(started) => started,
         Err(e) => return Err(discard_unstarted(store, e)),
     };
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, config)?;
-    let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&prompt))?;
+    let outcome = drive(&mut session, &mut runner, &mut renderer, Some(&prompt))?;
     Ok(outcome.map_or(exit::SUCCESS, |o| outcome_code(&o, &mut renderer, &id)))
 }
 
 /// `cairn resume`.
-pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> {
+pub fn resume(ctx: &Invocation, path: &Path, prompt: Option<String>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
     renderer.set_markdown(ctx.flags.plain);
     let store = open_session(ctx, path)?;
@@ -502,26 +506,26 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
     // An interrupted turn is offered what discovery recorded for it; a new
     // prompt gets a new choice (see `crate::discover`).
     let mut opened = Session::open(store, session_config(ctx))?;
-    cairn_runtime::wiring::give_back_free_memory();
+    cairn_runtime::parts::give_back_free_memory();
     // An undo killed after its plan was committed is finished first: no
     // turn runs on a half-reverted tree.
     if let Some(done) = crate::undo::finish_interrupted(ctx, &mut opened, &cwd)? {
         renderer.notice(&done);
     }
     let interrupted = opened.needs_resume();
-    let mut wiring = wire(ctx, &cwd, true)?;
-    wiring.continue_provider(ctx, opened.store(), &mut renderer);
+    let mut runner = Runner::new(ctx, &cwd, true)?;
+    runner.continue_provider(ctx, opened.store(), &mut renderer);
     // The interrupted turn is offered what discovery recorded for it; a new
     // prompt (when nothing is interrupted) gets a new choice.
     let first = if interrupted { None } else { prompt.as_deref() };
-    let mut session = wiring.reequip(ctx, opened, first, &mut renderer)?;
+    let mut session = runner.reequip(ctx, opened, first, &mut renderer)?;
     announce(&mut renderer, session.store());
     let id = session.store().header().id.clone();
     let mut code = exit::SUCCESS;
-    crate::subagents::reattach_children(&id, &wiring.authority);
+    crate::subagents::reattach_children(&id, &runner.inheritance);
     if interrupted {
         renderer.notice(&format!("resuming the interrupted turn of session {id}"));
-        if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
+        if let Some(outcome) = drive(&mut session, &mut runner, &mut renderer, None)? {
             code = outcome_code(&outcome, &mut renderer, &id);
             if outcome.stop != TurnStop::Answered {
                 return Ok(code);
@@ -532,12 +536,12 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
         Some(text) => {
             if interrupted {
                 // The new prompt gets its own choice of tools.
-                session = wiring.reequip(ctx, session, Some(&text), &mut renderer)?;
+                session = runner.reequip(ctx, session, Some(&text), &mut renderer)?;
             }
-            let outcome = drive(&mut session, &mut wiring, &mut renderer, Some(&text))?;
+            let outcome = drive(&mut session, &mut runner, &mut renderer, Some(&text))?;
             Ok(outcome.map_or(code, |o| outcome_code(&o, &mut renderer, &id)))
         }
-        None if !interrupted && std::io::stdin().is_terminal() => chat_loop(ctx, session, &mut wiring, &mut renderer),
+        None if !interrupted && std::io::stdin().is_terminal() => chat_loop(ctx, session, &mut runner, &mut renderer),
         None => {
             if !interrupted {
                 renderer.notice(&format!(
@@ -550,7 +554,7 @@ pub fn resume(ctx: &Context, path: &Path, prompt: Option<String>) -> Result<u8> 
 }
 
 /// `cairn chat`.
-pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
+pub fn chat(ctx: &Invocation, existing: Option<&Path>) -> Result<u8> {
     let mut renderer = Renderer::new(mode(ctx));
     renderer.set_markdown(ctx.flags.plain);
     let (store, cwd) = match existing {
@@ -561,14 +565,14 @@ pub fn chat(ctx: &Context, existing: Option<&Path>) -> Result<u8> {
         }
         None => {
             let (store, cwd) = create_session(ctx)?;
-            match wire(ctx, &cwd, true) {
-                Ok(wiring) => return chat_in(ctx, store, cwd, wiring, renderer),
+            match Runner::new(ctx, &cwd, true) {
+                Ok(runner) => return chat_in(ctx, store, cwd, runner, renderer),
                 Err(e) => return Err(discard_unstarted(store, e)),
             }
         }
     };
-    let wiring = wire(ctx, &cwd, true)?;
-    chat_in(ctx, store, cwd, wiring, renderer)
+    let runner = Runner::new(ctx, &cwd, true)?;
+    chat_in(ctx, store, cwd, runner, renderer)
 }
 
 /// A new session whose start failed before anything was recorded in it
@@ -585,13 +589,19 @@ fn discard_unstarted(store: JsonlStore, error: anyhow::Error) -> anyhow::Error {
     error
 }
 
-/// [`chat`] once its session and wiring are ready.
-fn chat_in(ctx: &Context, store: JsonlStore, cwd: PathBuf, mut wiring: Wiring, mut renderer: Renderer) -> Result<u8> {
-    wiring.continue_provider(ctx, &store, &mut renderer);
+/// [`chat`] once its session and runner are ready.
+fn chat_in(
+    ctx: &Invocation,
+    store: JsonlStore,
+    cwd: PathBuf,
+    mut runner: Runner,
+    mut renderer: Renderer,
+) -> Result<u8> {
+    runner.continue_provider(ctx, &store, &mut renderer);
     announce(&mut renderer, &store);
     let id = store.header().id.clone();
     let mut session = Session::open(store, session_config(ctx))?;
-    cairn_runtime::wiring::give_back_free_memory();
+    cairn_runtime::parts::give_back_free_memory();
     renderer.notice(&format!(
         "session {id} in {} — Ctrl-C interrupts a turn, Ctrl-D leaves, /undo reverts the last turn's files",
         cwd.display()
@@ -601,14 +611,14 @@ fn chat_in(ctx: &Context, store: JsonlStore, cwd: PathBuf, mut wiring: Wiring, m
     }
     // The interrupted turn (if any) is offered what discovery recorded for
     // it; each prompt gets its own choice (`chat_loop`).
-    session = wiring.reequip(ctx, session, None, &mut renderer)?;
+    session = runner.reequip(ctx, session, None, &mut renderer)?;
     if session.needs_resume() {
         renderer.notice("finishing the interrupted turn first");
-        if let Some(outcome) = drive(&mut session, &mut wiring, &mut renderer, None)? {
+        if let Some(outcome) = drive(&mut session, &mut runner, &mut renderer, None)? {
             outcome_code(&outcome, &mut renderer, &id);
         }
     }
-    chat_loop(ctx, session, &mut wiring, &mut renderer)
+    chat_loop(ctx, session, &mut runner, &mut renderer)
 }
 
 /// What the chat does after a command.
@@ -632,10 +642,10 @@ fn say(text: &str) -> Result<()> {
 
 /// Run one of the chat's slash commands (`crate::slash`).
 fn command_of_chat(
-    ctx: &Context,
+    ctx: &Invocation,
     command: &crate::slash::Slash,
     session: &mut Session<JsonlStore>,
-    wiring: &mut Wiring,
+    runner: &mut Runner,
     renderer: &mut Renderer,
 ) -> Result<Flow> {
     use crate::slash::Slash;
@@ -644,21 +654,21 @@ fn command_of_chat(
         Slash::Help => say(&crate::slash::help())?,
         Slash::Quit => return Ok(Flow::Quit),
         Slash::Status => {
-            let usage = wiring.usage(store);
+            let usage = runner.usage(store);
             say(&crate::status::Report {
                 session: &store.header().id,
                 lane: session.lane(),
-                provider: wiring.provider.name(),
-                model: wiring.provider.model(),
-                window: wiring.provider.context_window(),
+                provider: runner.provider.name(),
+                model: runner.provider.model(),
+                window: runner.provider.context_window(),
                 usage: &usage,
-                tools: wiring.tools().specs().len(),
+                tools: runner.tools().specs().len(),
             }
             .text())?;
         }
         Slash::Tools => {
             let lines: Vec<String> =
-                wiring.tools().specs().iter().map(|s| format!("{:<40} {:?}", s.name, s.risk)).collect();
+                runner.tools().specs().iter().map(|s| format!("{:<40} {:?}", s.name, s.risk)).collect();
             say(&lines.join("\n"))?;
         }
         Slash::Sessions => {
@@ -708,7 +718,7 @@ fn command_of_chat(
         },
         Slash::Compact => {
             let cancel = CancelToken::new();
-            match wiring.compact(session, &mut |event| renderer.event(event), &cancel) {
+            match runner.compact(session, &mut |event| renderer.event(event), &cancel) {
                 Ok(Some(entry)) => say(&format!("compacted: summary entry {entry}"))?,
                 Ok(None) => say("nothing to compact: no messages before the last prompt")?,
                 Err(e) => renderer.notice(&format!("cannot compact: {e}")),
@@ -735,17 +745,17 @@ fn command_of_chat(
             renderer.notice(&format!("new session {}", store.header().id));
             return Ok(Flow::Switch(Box::new(Session::open(store, session_config(ctx))?)));
         }
-        Slash::Model(None) => say(&format!("{} · {}", wiring.provider.name(), wiring.provider.model()))?,
+        Slash::Model(None) => say(&format!("{} · {}", runner.provider.name(), runner.provider.model()))?,
         Slash::Model(Some(name)) => {
             let cwd = PathBuf::from(&store.header().cwd);
             let s = &ctx.settings;
-            match crate::wiring::provider_for(ctx, &s.provider.value, Some(name), s.script.value.as_deref(), &cwd) {
+            match crate::parts::provider_for(ctx, &s.provider.value, Some(name), s.script.value.as_deref(), &cwd) {
                 Ok(provider) => {
-                    wiring.provider = provider;
+                    runner.provider = provider;
                     // The provider it was built from; `name` is the model.
-                    wiring.provider_name = s.provider.value.clone();
-                    wiring.provider_chosen = true;
-                    say(&format!("the next turns use {} · {}", wiring.provider.name(), wiring.provider.model()))?;
+                    runner.provider_name = s.provider.value.clone();
+                    runner.provider_chosen = true;
+                    say(&format!("the next turns use {} · {}", runner.provider.name(), runner.provider.model()))?;
                 }
                 Err(e) => renderer.notice(&format!("cannot use model {name}: {e:#}")),
             }
@@ -755,8 +765,8 @@ fn command_of_chat(
             let configured = if configured.is_empty() { "none".to_owned() } else { configured.join(", ") };
             say(&format!(
                 "provider {} · model {}\nconfigured ([providers.NAME] in {}): {configured}\nbuilt in: {}\n/provider NAME switches for the next turns",
-                wiring.provider.name(),
-                wiring.provider.model(),
+                runner.provider.name(),
+                runner.provider.model(),
                 ctx.settings.config_file.display(),
                 cairn_provider::config::BUILTIN_NAMES.join(", ")
             ))?;
@@ -764,12 +774,12 @@ fn command_of_chat(
         Slash::Provider(Some(name)) => {
             let cwd = PathBuf::from(&store.header().cwd);
             let s = &ctx.settings;
-            match crate::wiring::provider_for(ctx, name, None, s.script.value.as_deref(), &cwd) {
+            match crate::parts::provider_for(ctx, name, None, s.script.value.as_deref(), &cwd) {
                 Ok(provider) => {
-                    wiring.provider = provider;
-                    wiring.provider_name = name.clone();
-                    wiring.provider_chosen = true;
-                    say(&format!("the next turns use {} · {}", wiring.provider.name(), wiring.provider.model()))?;
+                    runner.provider = provider;
+                    runner.provider_name = name.clone();
+                    runner.provider_chosen = true;
+                    say(&format!("the next turns use {} · {}", runner.provider.name(), runner.provider.model()))?;
                 }
                 Err(e) => renderer.notice(&format!("cannot use provider {name}: {e:#}")),
             }
@@ -786,7 +796,7 @@ fn command_of_chat(
                 say(&format!("already in session {}", store.header().id))?;
                 return Ok(Flow::Next);
             }
-            let opened = match crate::wiring::open_session(ctx, &path) {
+            let opened = match crate::parts::open_session(ctx, &path) {
                 Ok(opened) => opened,
                 Err(e) => {
                     renderer.notice(&format!("cannot resume {target}: {e:#}"));
@@ -805,9 +815,9 @@ fn command_of_chat(
             let cwd = PathBuf::from(&opened.header().cwd);
             if cwd != Path::new(&store.header().cwd) {
                 // Its tools work in its own directory.
-                *wiring = wire(ctx, &cwd, true)?;
+                *runner = Runner::new(ctx, &cwd, true)?;
             }
-            wiring.continue_provider(ctx, &opened, renderer);
+            runner.continue_provider(ctx, &opened, renderer);
             let mut next = Session::open(opened, session_config(ctx))?;
             let id = next.store().header().id.clone();
             let turns = next.store().entries().iter().filter(|e| e.entry_type == "message").count();
@@ -817,8 +827,8 @@ fn command_of_chat(
             }
             if next.needs_resume() {
                 renderer.notice("finishing its interrupted turn first");
-                next = wiring.reequip(ctx, next, None, renderer)?;
-                if let Some(outcome) = drive(&mut next, wiring, renderer, None)? {
+                next = runner.reequip(ctx, next, None, renderer)?;
+                if let Some(outcome) = drive(&mut next, runner, renderer, None)? {
                     outcome_code(&outcome, renderer, &id);
                 }
             }
@@ -845,9 +855,9 @@ fn command_of_chat(
 }
 
 fn chat_loop(
-    ctx: &Context,
+    ctx: &Invocation,
     mut session: Session<JsonlStore>,
-    wiring: &mut Wiring,
+    runner: &mut Runner,
     renderer: &mut Renderer,
 ) -> Result<u8> {
     let mut cwd = PathBuf::from(&session.store().header().cwd);
@@ -898,7 +908,7 @@ fn chat_loop(
         let prompt = match crate::slash::parse(&line) {
             crate::slash::Line::Empty => continue,
             crate::slash::Line::Command(command) => {
-                match command_of_chat(ctx, &command, &mut session, wiring, renderer)? {
+                match command_of_chat(ctx, &command, &mut session, runner, renderer)? {
                     Flow::Next => continue,
                     Flow::Quit => return Ok(last),
                     Flow::Switch(next) => {
@@ -920,11 +930,11 @@ fn chat_loop(
         let text = prompt.as_str();
         // The prompt's tools, read once: ranked (discovery records its
         // choice when it applies here), then offered.
-        session = wiring.reequip(ctx, session, Some(text), renderer)?;
+        session = runner.reequip(ctx, session, Some(text), renderer)?;
         if typing_ahead {
             crate::typeahead::start(std::sync::Arc::new(interrupt_by_escape));
         }
-        let driven = drive(&mut session, wiring, renderer, Some(text));
+        let driven = drive(&mut session, runner, renderer, Some(text));
         if typing_ahead {
             let keys = crate::typeahead::replay(&crate::typeahead::finish());
             queued.extend(keys.lines);

@@ -1,5 +1,6 @@
-//! What every command of the binary receives from `main`: the runtime's
-//! context (the settings sessions are built from: `cairn_runtime::context`),
+//! What every command of the binary receives from `main` ([`Invocation`]):
+//! the runtime's setup (the settings sessions are built from:
+//! `cairn_runtime::setup`),
 //! the flags as parsed ([`Flags`]: the output's form, `--json`, `--quiet`,
 //! `--plain`, is read only here), the output styles, and the documented
 //! exit codes. It sits below `cli` (which parses and dispatches) and the
@@ -78,8 +79,8 @@ pub struct Flags {
 
 impl Flags {
     /// What the runtime reads of them beyond the configuration.
-    pub fn common(&self) -> cairn_runtime::context::Common {
-        cairn_runtime::context::Common {
+    pub fn common(&self) -> cairn_runtime::setup::Common {
+        cairn_runtime::setup::Common {
             cwd: self.cwd.clone(),
             name: self.name.clone(),
             yes: self.yes,
@@ -102,13 +103,13 @@ impl Flags {
     }
 }
 
-/// Everything a command needs from the environment: the runtime's context
+/// Everything a command needs from the environment: the runtime's setup
 /// (read through it: `ctx.paths`, `ctx.settings`, `ctx.common`, and passed
 /// as it to the runtime's functions), the flags as parsed, and the styles.
 #[derive(Debug, Clone)]
-pub struct Context {
-    /// The runtime's context.
-    pub run: cairn_runtime::context::Context,
+pub struct Invocation {
+    /// The runtime's setup.
+    pub setup: cairn_runtime::setup::Setup,
     /// The flags as parsed.
     pub flags: Flags,
     /// Styles of stderr and stdout.
@@ -116,22 +117,22 @@ pub struct Context {
     pub out_style: Style,
 }
 
-impl std::ops::Deref for Context {
-    type Target = cairn_runtime::context::Context;
+impl std::ops::Deref for Invocation {
+    type Target = cairn_runtime::setup::Setup;
 
     fn deref(&self) -> &Self::Target {
-        &self.run
+        &self.setup
     }
 }
 
 /// The runtime's notes, each a line on stderr: a warning as `warning: …`
 /// (in `style`'s yellow), the rest as `cairn: …` or `cairn worker: session
 /// ID: …`; escaped, since they quote file names and errors.
-pub fn notes_on_stderr(style: Style) -> cairn_runtime::context::Notes {
-    use cairn_runtime::context::Note;
+pub fn notes_on_stderr(style: Style) -> cairn_runtime::setup::Notes {
+    use cairn_runtime::setup::Note;
     use std::io::Write as _;
     let esc = crate::escape::escape_controls;
-    cairn_runtime::context::Notes::new(move |note| {
+    cairn_runtime::setup::Notes::new(move |note| {
         let line = match note {
             Note::Warning(text) => format!("{} {}", style.yellow("warning:"), esc(&text)),
             Note::Info(text) => format!("cairn: {}", esc(&text)),

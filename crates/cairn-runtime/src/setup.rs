@@ -4,8 +4,9 @@
 //! paths and settings, and where the runtime's notes go ([`Notes`]).
 //!
 //! Plain data: it must not parse a command line, know exit codes or touch
-//! the terminal (the CLI owns clap, printing and `--json`). "Context" here
-//! is the run's; the model's context window is core's `SessionConfig`.
+//! the terminal (the CLI owns clap, printing and `--json`). It was called
+//! "context", a word cairn keeps for the model's context window (core's
+//! `context.rs`, `turn/context.rs`, `docs/context.md`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -96,7 +97,7 @@ impl std::fmt::Debug for Notes {
 
 /// Everything the runtime's functions need from the environment.
 #[derive(Debug, Clone)]
-pub struct Context {
+pub struct Setup {
     /// The person's choices for this run.
     pub common: Common,
     /// Where cairn's files are.
@@ -107,20 +108,20 @@ pub struct Context {
     pub notes: Notes,
 }
 
-impl Context {
-    /// A context over `paths` and `settings` with no choices beyond them
-    /// and notes dropped (see [`Context::with_notes`]).
+impl Setup {
+    /// A setup over `paths` and `settings` with no choices beyond them
+    /// and notes dropped (see [`Setup::with_notes`]).
     pub fn new(paths: Paths, settings: Settings) -> Self {
         Self { common: Common::default(), paths, settings, notes: Notes::default() }
     }
 
-    /// This context with `common`.
+    /// This setup with `common`.
     pub fn with_common(mut self, common: Common) -> Self {
         self.common = common;
         self
     }
 
-    /// This context with its notes going to `notes`.
+    /// This setup with its notes going to `notes`.
     pub fn with_notes(mut self, notes: Notes) -> Self {
         self.notes = notes;
         self

@@ -43,8 +43,8 @@ use cairn_core::provider::{
 };
 use cairn_core::storage::{JsonlStore, Storage};
 use cairn_core::tool::{Capability, ReplayPolicy, Risk};
-use cairn_core::{CancelToken, Session, ToolRegistry, TurnEvent};
-use cairn_host::{Equipment, Step};
+use cairn_core::{CancelToken, Session, TurnEvent};
+use cairn_host::{Equipment, LeftOut, Step};
 use serde_json::{Value, json};
 
 use crate::Host;
@@ -86,29 +86,31 @@ pub fn serve(host: &dyn Host, options: McpOptions, input: impl BufRead + Send + 
     // exposed only when an allow rule names it or `--yes` approves every
     // Write call.
     let approver = host.policy(None)?;
-    let crate::HostTools { tools, notes, hooks } = host.tools(&options.root, &approver, None)?;
-    for note in notes {
+    let tools = host.tools(&options.root, &approver, None)?;
+    for note in &tools.notes {
         eprintln!("cairn mcp: {note}");
     }
-    let mut registry = ToolRegistry::new(&approver);
-    registry.set_hooks(hooks);
+    let exposes_writes = approver.writes_approved_by().is_some();
+    let named = |name: &str| approver.allowlist().rules().iter().any(|r| r.tool() == name);
     let mut hidden = HashMap::new();
-    for tool in tools {
-        let spec = tool.spec().clone();
-        let named = approver.writes_approved_by().is_some()
-            || approver.allowlist().rules().iter().any(|r| r.tool() == spec.name);
-        let refusal = if spec.risk == Risk::Write && !named {
-            Some(format!(
-                "{} is a Write tool and is not exposed; start the server with `cairn mcp --allow {}` (or a pattern such as '{}(…)', or [approvals] allow in the config) to expose it, or with `cairn --yes mcp` to expose every Write tool",
-                spec.name, spec.name, spec.name
-            ))
-        } else {
-            registry.register(tool).err().map(|e| format!("{} is not offered over MCP: {e}", spec.name))
-        };
-        if let Some(reason) = refusal {
-            hidden.insert(spec.name, reason);
-        }
-    }
+    let registry = tools.registry_where(
+        &approver,
+        |spec| {
+            (spec.risk == Risk::Write && !exposes_writes && !named(&spec.name)).then(|| {
+                format!(
+                    "{} is a Write tool and is not exposed; start the server with `cairn mcp --allow {}` (or a pattern such as '{}(…)', or [approvals] allow in the config) to expose it, or with `cairn --yes mcp` to expose every Write tool",
+                    spec.name, spec.name, spec.name
+                )
+            })
+        },
+        |spec, why| {
+            let reason = match why {
+                LeftOut::Hidden(reason) => reason,
+                LeftOut::Refused(e) => format!("{} is not offered over MCP: {e}", spec.name),
+            };
+            hidden.insert(spec.name.clone(), reason);
+        },
+    );
     let mut server = Server {
         host,
         options,
