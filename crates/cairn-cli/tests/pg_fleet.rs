@@ -7,7 +7,8 @@
 //! by itself with a backoff; `cairn cancel` stops a queued or a running
 //! session; SIGTERM drains a worker: its running turn finishes, nothing new
 //! is taken (47.6). A worker whose connections are reset, blackholed
-//! (inside a transaction) or delayed past its lease by a proxy
+//! (inside a transaction), delayed past its lease, or whose replies alone
+//! come late (47.1's window) through a proxy
 //! (`cairn_testtools::proxy`) loses its session to another worker, which
 //! finishes it, with no effect of the cut-off worker after its lease was
 //! lost; healed, it works again (47.5).
@@ -583,6 +584,21 @@ fn a_worker_whose_connections_are_reset_is_taken_over() {
 #[test]
 fn a_worker_blackholed_inside_a_transaction_is_taken_over() {
     a_cut_off_worker_loses_its_session_to_another("cut_blackhole", Fault::Blackhole, Some(COMMIT_QUERY));
+}
+
+/// 47.1 through the network: what the victim sends lands at once, but
+/// every reply reaches it 6 s late (longer than its 4 s lease): its
+/// renewals and commits take effect, yet it hears of them after the lease
+/// they extended may have ended, and another worker takes the session over
+/// in a gap; a reply (say, to the commit recording `toolStarted`) arriving
+/// after that claim must start nothing.
+#[test]
+fn a_worker_hearing_the_server_late_starts_nothing_after_its_lease() {
+    a_cut_off_worker_loses_its_session_to_another(
+        "cut_late_replies",
+        Fault::DelayReplies(Duration::from_secs(6)),
+        None,
+    );
 }
 
 /// 47.5: every byte to and from the victim arrives 6 s late (longer than

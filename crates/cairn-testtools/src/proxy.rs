@@ -3,7 +3,7 @@
 //! connection closed at once, new ones closed as they come), a blackhole
 //! (bytes swallowed both ways, connections left open, new ones accepted
 //! and swallowed too: a partition, not a reset), and a delay (every chunk
-//! delivered late, in order). A fault can be started now or armed to start
+//! delivered late, in order; both ways, or only the server's replies). A fault can be started now or armed to start
 //! when the client sends given bytes (e.g. the `COMMIT` of a
 //! transaction, so the server is left inside it).
 //!
@@ -35,6 +35,10 @@ pub enum Fault {
     Blackhole,
     /// Every chunk (both ways) is delivered this long after it was read.
     Delay(Duration),
+    /// What the server sends is delivered this long after it was read;
+    /// what the client sends passes at once (its commits land in time,
+    /// their replies come late).
+    DelayReplies(Duration),
 }
 
 /// The two ends of one proxied connection, kept to close them.
@@ -150,7 +154,8 @@ fn reader(mut input: impl Read, tx: Sender<Chunk>, state: Shared, from_client: b
             Some(Fault::Blackhole) => continue,
             Some(Fault::Reset) => break,
             Some(Fault::Delay(d)) => Instant::now() + d,
-            None => Instant::now(),
+            Some(Fault::DelayReplies(d)) if !from_client => Instant::now() + d,
+            Some(Fault::DelayReplies(_)) | None => Instant::now(),
         };
         if tx.send(Chunk::Data(at, chunk.to_vec())).is_err() {
             break;
@@ -162,6 +167,7 @@ fn reader(mut input: impl Read, tx: Sender<Chunk>, state: Shared, from_client: b
     if fault != Some(Fault::Blackhole) {
         let at = match fault {
             Some(Fault::Delay(d)) => Instant::now() + d,
+            Some(Fault::DelayReplies(d)) if !from_client => Instant::now() + d,
             _ => Instant::now(),
         };
         let _ = tx.send(Chunk::End(at));
