@@ -6,7 +6,12 @@
 //! once the fault is cleared, and a transient fault (a full disk) is retried
 //! by itself with a backoff; `cairn cancel` stops a queued or a running
 //! session; SIGTERM drains a worker: its running turn finishes, nothing new
-//! is taken (47.6).
+//! is taken (47.6). A worker whose connections are reset, blackholed
+//! (inside a transaction), delayed past its lease, or whose replies alone
+//! come late (47.1's window) through a proxy
+//! (`cairn_testtools::proxy`) loses its session to another worker, which
+//! finishes it, with no effect of the cut-off worker after its lease was
+//! lost; healed, it works again (47.5).
 //!
 //! Faults are planted with triggers on cairn's tables (a test may write SQL;
 //! the product may not outside cairn-pg).
@@ -23,15 +28,16 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use cairn_pg::test_cluster::TestCluster;
+use cairn_testtools::proxy::{Fault, Proxy};
 use serde_json::{Value, json};
 use util::Env;
 
-fn lines(text: &str) -> Vec<Value> {
+fn lines_of(text: &str) -> Vec<Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 fn sessions(env: &Env, url: &str) -> Vec<Value> {
-    lines(&stdout(&env.cairn(&["--database", url, "--json", "sessions"]).output().unwrap()))
+    lines_of(&stdout(&env.cairn(&["--database", url, "--json", "sessions"]).output().unwrap()))
 }
 
 fn session(env: &Env, url: &str, id: &str) -> Value {
@@ -171,7 +177,7 @@ fn cairn_workers_shows_heartbeats_and_lease_losses() {
     let id = submit(&env, &url, "sleep");
     let mut guard = start_worker(&env, &url, &script, &["--allow", "shell"], "2", Stdio::null());
     let pid = i64::from(guard.0.as_ref().unwrap().id());
-    let workers = || lines(&stdout(&env.cairn(&["--database", &url, "--json", "workers"]).output().unwrap()));
+    let workers = || lines_of(&stdout(&env.cairn(&["--database", &url, "--json", "workers"]).output().unwrap()));
     wait_until("the worker holds the session", &|| format!("{:?}", workers()), &mut || {
         workers().iter().any(|w| w["pid"] == pid && w["held"] == 1)
     });
@@ -401,4 +407,203 @@ fn sigterm_finishes_the_running_turn_and_takes_nothing_more() {
     let row = session(&env, &url, &id);
     assert_eq!((row["state"].as_str(), row["queued"].as_i64()), (Some("queued"), Some(1)), "{row}");
     assert_eq!(session(&env, &url, &other)["state"], "queued", "a draining worker claimed new work:\n{log}");
+}
+
+/// The steps of the busy session the network tests drive: each one a
+/// shell call that stamps `stamps.txt` first thing with two lines, the
+/// time (unix ms) and the worker (`$FLEET_WORKER`, set per worker
+/// process; the shell's `$` expansion would need a person), then works a
+/// little.
+const STEPS: usize = 40;
+
+/// 47.5 through the network: a `cairn worker` (the victim) driving a busy
+/// session reaches the database through a proxy that `fault`s its
+/// connections (when the victim next sends `armed`, or at once); another
+/// worker, connected directly, takes the session over once the victim's
+/// lease ends, and finishes it. Then the network heals and the victim
+/// claims work again.
+///
+/// Oracles, from outside the workers: the session's claims
+/// (`cairn_claims`: the takeover happened, by the healthy worker) and the
+/// stamps its shell calls wrote: when a stamp was written, the latest claim
+/// of the session was its writer's (no effect after a lost lease; a stamp
+/// is written first thing in its call, and a worker starts a call only with
+/// a quarter of its lease, 1 s, left, so a stamp would have to lag its
+/// call's start by that margin to be misjudged). Every wait has a generous
+/// deadline and fails saying what never happened; nothing is timed. The
+/// failover time (fault → takeover, by the server's clock) is printed.
+fn a_cut_off_worker_loses_its_session_to_another(name: &str, fault: Fault, armed: Option<&[u8]>) {
+    let cluster = cluster();
+    let url = database(&cluster, name);
+    let dbname = url.rsplit("dbname=").next().unwrap().to_owned();
+    let proxy = Proxy::to_unix_socket(&cluster.dir().join(".s.PGSQL.5432")).unwrap();
+    let via_proxy = format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", proxy.port());
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n[limits]\nmax_steps = 200\n").unwrap();
+    let mut lines: Vec<Value> = (1..=STEPS)
+        .map(|k| {
+            let command = "date +%s%3N >> stamps.txt && printenv FLEET_WORKER >> stamps.txt && sleep 0.3";
+            json!({"text": "", "toolCalls": [{"id": format!("c{k}"), "name": "shell", "arguments": {"command": command}}]})
+        })
+        .collect();
+    lines.push(json!({"text": "all steps done", "toolCalls": []}));
+    let script = env.script(&lines);
+    let spawn = |who: &str, db: &str, log: &Path| {
+        // `--yes`: the stamps are Write calls.
+        let args = ["--database", db, "--script", script.to_str().unwrap(), "--yes", "worker", "--lease", "4"];
+        let log = std::fs::File::create(log).unwrap();
+        Guard(Some(env.cairn(&args).env("FLEET_WORKER", who).stdout(Stdio::null()).stderr(log).spawn().unwrap()))
+    };
+    let (victim_log, healthy_log) = (env.home.join("victim.log"), env.home.join("healthy.log"));
+    let said = || {
+        format!(
+            "--- victim:\n{}\n--- healthy:\n{}\n--- stamps:\n{}",
+            std::fs::read_to_string(&victim_log).unwrap_or_default(),
+            std::fs::read_to_string(&healthy_log).unwrap_or_default(),
+            std::fs::read_to_string(env.cwd.join("stamps.txt")).unwrap_or_default()
+        )
+    };
+    let stamps = || std::fs::read_to_string(env.cwd.join("stamps.txt")).unwrap_or_default();
+    let id = submit(&env, &url, "work through the steps");
+    let mut db = raw(&url);
+    let victim = spawn("victim", &via_proxy, &victim_log);
+    let victim_pid = victim.0.as_ref().unwrap().id();
+    wait_until("the victim's first steps", &said, &mut || stamps().lines().filter(|l| *l == "victim").count() >= 2);
+    // The other worker starts now (nothing else to claim), and is
+    // registered before the fault: its start-up is not the failover's.
+    let mut healthy = spawn("healthy", &url, &healthy_log);
+    let healthy_pid = i64::from(healthy.0.as_ref().unwrap().id());
+    let workers = || lines_of(&stdout(&env.cairn(&["--database", &url, "--json", "workers"]).output().unwrap()));
+    wait_until("the healthy worker registers", &said, &mut || {
+        workers().iter().any(|w| w["pid"] == healthy_pid && w["state"] == "alive")
+    });
+    match armed {
+        Some(pattern) => proxy.arm(pattern, fault),
+        None => proxy.fault_now(fault),
+    }
+    let took = |db: &mut postgres::Client| -> Option<std::time::SystemTime> {
+        db.query_opt(
+            "SELECT claimed_at FROM cairn_claims WHERE session_id = $1 AND owner LIKE $2 ORDER BY epoch LIMIT 1",
+            &[&id, &format!("%:{healthy_pid}/%")],
+        )
+        .unwrap()
+        .map(|r| r.get(0))
+    };
+    wait_until("the healthy worker takes the session over", &said, &mut || {
+        assert!(
+            session(&env, &url, &id)["state"] != "idle" || took(&mut db).is_some(),
+            "the session was finished by the victim before the fault landed (lengthen the script)\n{}",
+            said()
+        );
+        took(&mut db).is_some()
+    });
+    let fault_at = proxy.last_started().expect("the armed fault never started");
+    let taken_at = took(&mut db).unwrap();
+    proxy.heal();
+    let export = || stdout(&env.cairn(&["--database", &url, "export", &id]).output().unwrap());
+    wait_until("the session is finished by its new holder", &|| format!("{}\n{}", export(), said()), &mut || {
+        session(&env, &url, &id)["state"] == "idle"
+    });
+    assert!(export().contains("all steps done"), "{}\n{}", export(), said());
+    assert_eq!(session(&env, &url, &id)["state"], "idle", "{}", said());
+    if let Some(mut c) = healthy.0.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    // No effect after a lost lease: each stamp's writer held the latest
+    // claim when it wrote it.
+    let claims: Vec<(i64, String, std::time::SystemTime)> = db
+        .query("SELECT epoch, owner, claimed_at FROM cairn_claims WHERE session_id = $1 ORDER BY epoch", &[&id])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let pid_of = |who: &str| if who == "victim" { i64::from(victim_pid) } else { healthy_pid };
+    let (mut by_victim, mut by_healthy) = (0, 0);
+    let text = stamps();
+    let lines: Vec<&str> = text.lines().collect();
+    for pair in lines.chunks(2) {
+        // Two workers stamping at once would interleave their lines.
+        let (Some(Ok(ms)), Some(who @ ("victim" | "healthy"))) =
+            (pair.first().map(|t| t.parse()), pair.get(1).copied())
+        else {
+            panic!("stamps interleaved ({pair:?}): two workers ran a step at once\n{}", said());
+        };
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+        let holder = claims.iter().filter(|c| c.2 <= at).max_by_key(|c| c.0);
+        assert!(
+            holder.is_some_and(|c| c.1.contains(&format!(":{}/", pid_of(who)))),
+            "{who} stamped at {at:?} while the latest claim was {holder:?} (claims {claims:?})\n{}",
+            said()
+        );
+        if who == "victim" {
+            by_victim += 1;
+        } else {
+            by_healthy += 1;
+        }
+    }
+    assert!(by_healthy > 0, "the healthy worker stamped nothing after its takeover\n{}", said());
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!(
+            "{name}: {fault:?}{} -> takeover in {:?} (lease 4 s); {by_victim} steps by the victim, {by_healthy} by the other worker; {} proxied connections",
+            if armed.is_some() { " when armed" } else { "" },
+            taken_at.duration_since(fault_at).unwrap_or_default(),
+            proxy.accepted()
+        );
+    }
+
+    // Healed, the victim claims work again.
+    let next = submit(&env, &url, "more work");
+    wait_until("the healed victim claims new work", &said, &mut || {
+        db.query_one(
+            "SELECT count(*) FROM cairn_claims WHERE session_id = $1 AND owner LIKE $2",
+            &[&next, &format!("%:{victim_pid}/%")],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+            > 0
+    });
+    drop(victim);
+}
+
+/// The simple-protocol query `COMMIT` (how the client ends a transaction).
+const COMMIT_QUERY: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+/// 47.5: the victim's connections are reset (and new ones refused) while
+/// it drives a session.
+#[test]
+fn a_worker_whose_connections_are_reset_is_taken_over() {
+    a_cut_off_worker_loses_its_session_to_another("cut_reset", Fault::Reset, None);
+}
+
+/// 47.5, the hard case: a blackhole swallows the victim's `COMMIT`, so the
+/// server sits inside its transaction (the session's row locked) until its
+/// idle-in-transaction timeout ends it; nobody waits for the partition.
+#[test]
+fn a_worker_blackholed_inside_a_transaction_is_taken_over() {
+    a_cut_off_worker_loses_its_session_to_another("cut_blackhole", Fault::Blackhole, Some(COMMIT_QUERY));
+}
+
+/// 47.1 through the network: what the victim sends lands at once, but
+/// every reply reaches it 6 s late (longer than its 4 s lease): its
+/// renewals and commits take effect, yet it hears of them after the lease
+/// they extended may have ended, and another worker takes the session over
+/// in a gap; a reply (say, to the commit recording `toolStarted`) arriving
+/// after that claim must start nothing.
+#[test]
+fn a_worker_hearing_the_server_late_starts_nothing_after_its_lease() {
+    a_cut_off_worker_loses_its_session_to_another(
+        "cut_late_replies",
+        Fault::DelayReplies(Duration::from_secs(6)),
+        None,
+    );
+}
+
+/// 47.5: every byte to and from the victim arrives 6 s late (longer than
+/// its 4 s lease): its renewals come too late; what it sent still arrives.
+#[test]
+fn a_worker_whose_replies_arrive_after_its_lease_is_taken_over() {
+    a_cut_off_worker_loses_its_session_to_another("cut_delay", Fault::Delay(Duration::from_secs(6)), None);
 }

@@ -279,6 +279,44 @@ pub mod bench {
         Ok(())
     }
 
+    /// Keep every queued session from being claimed (`not_before` at
+    /// infinity), so that workers can start and register first.
+    pub fn hold_queued(db: &mut impl Db) -> Result<u64> {
+        let stmt = db.statement("UPDATE cairn_sessions SET not_before = 'infinity' WHERE status = 'queued'")?;
+        Ok(db.client().execute(&stmt, &[])?)
+    }
+
+    /// Let the held sessions go, all at once, and wake the idle workers
+    /// (as a submit does).
+    pub fn let_go(db: &mut impl Db) -> Result<u64> {
+        let free = db.statement("UPDATE cairn_sessions SET not_before = NULL WHERE not_before = 'infinity'")?;
+        let notify = db.statement("SELECT pg_notify($1, '')")?;
+        let mut tx = db.client().transaction()?;
+        let n = tx.execute(&free, &[])?;
+        tx.execute(&notify, &[&crate::lease::CHANNEL])?;
+        tx.commit()?;
+        Ok(n)
+    }
+
+    /// Worker threads of this database asleep on `LISTEN` after finding no
+    /// work (their connection's last statement is `lease::next_expiry`'s).
+    pub fn idle_claimers(db: &mut impl Db) -> Result<i64> {
+        let stmt = db.statement(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle' AND query LIKE '%min(lease_expires)%'",
+        )?;
+        Ok(db.client().query_one(&stmt, &[])?.get(0))
+    }
+
+    /// The server processes of this database's other connections (to read
+    /// their CPU time in `/proc`).
+    pub fn backend_pids(db: &mut impl Db) -> Result<Vec<i64>> {
+        let stmt = db.statement(
+            "SELECT pid::int8 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )?;
+        Ok(db.client().query(&stmt, &[])?.iter().map(|r| r.get(0)).collect())
+    }
+
     /// Sessions queued or running (top-level and children).
     pub fn unfinished(db: &mut impl Db) -> Result<i64> {
         let stmt = db.statement("SELECT count(*) FROM cairn_sessions WHERE status IN ('queued', 'running')")?;

@@ -10,6 +10,8 @@
 //!   request k with script line k, k = assistant messages already in the
 //!   request (the rule of cairn-provider's scripted provider).
 //! - [`approvers`]: scripted, erroring and counting approvers.
+//! - [`proxy`]: a loopback TCP proxy to a server's Unix socket that resets,
+//!   blackholes or delays the connections through it (network faults).
 //! - [`hooks`]: a [`hooks::HookStore`] that pauses a process at a chosen
 //!   point of the effect sandwich so a test can SIGKILL it there; used by
 //!   the `cairn-crash-driver` binary.
@@ -22,6 +24,7 @@ pub mod approvers;
 pub mod history;
 pub mod hooks;
 pub mod provider;
+pub mod proxy;
 pub mod tools;
 
 pub use approvers::{ErrApprover, ScriptedApprover, YesApprover};

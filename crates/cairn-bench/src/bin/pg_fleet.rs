@@ -3,10 +3,12 @@
 //! (`fsync`, `synchronous_commit` and `full_page_writes` on), each figure
 //! beside its baseline measured in the same run:
 //!
-//! - sessions per second, submit → final, of trivial sessions (one model
-//!   answer, scripted) driven by 1, 2, 4 and 8 worker processes, next to the
-//!   database's own ceiling: single-row commits per second by as many
-//!   connections (`test_cluster::bench::commit_ceiling`);
+//! - sessions per second, runnable → final, of trivial sessions (one model
+//!   answer, scripted) driven by 1, 2, 4 and 8 worker processes (started
+//!   and registered before the sessions are let go, all at once), next to
+//!   the database's own ceiling: single-row commits per second by as many
+//!   connections (`test_cluster::bench::commit_ceiling`); and the CPU time
+//!   per session of the workers and of their server processes;
 //! - statements, transactions and WAL flushes per trivial session, counted
 //!   in the server's log and `pg_stat_wal`;
 //! - one worker's sessions per second with `--finished` finished sessions
@@ -133,13 +135,75 @@ fn stop_all(children: Vec<Child>) {
     }
 }
 
-/// `n` trivial sessions submitted, then `workers` worker processes start;
-/// sessions per second until none is queued or running.
-fn end_to_end(fleet: &Fleet, url: &str, script: &Path, workers: usize, n: usize) -> Result<f64> {
+/// CPU time (user + system) of the processes `pids` so far, in clock ticks;
+/// a process gone counts nothing.
+fn cpu_ticks(pids: &[i64]) -> u64 {
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .filter_map(|stat| {
+            // Fields after the command's closing parenthesis: state is the
+            // 3rd field of the line, utime the 14th, stime the 15th.
+            let rest = stat.rsplit_once(") ")?.1.split_whitespace().collect::<Vec<_>>();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum()
+}
+
+fn clock_ticks_per_sec() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// What one `end_to_end` run measured.
+struct Throughput {
+    /// Sessions per second, from the let-go to the last final.
+    rate: f64,
+    /// Seconds the workers took to start and register (not counted).
+    startup: f64,
+    /// CPU ms per session of the worker processes, and of their server
+    /// processes, over the measured span.
+    worker_cpu_ms: f64,
+    server_cpu_ms: f64,
+}
+
+/// A fleet's throughput: `n` trivial sessions submitted and held, `workers`
+/// worker processes started and registered, then the sessions let go all
+/// at once; sessions per second from then until none is queued or
+/// running, and the seconds the workers took to start and register (not
+/// counted: until 47.4's second look it was, and a debug `cairn` process
+/// takes about as long to start on this loaded VM as a few hundred
+/// sessions take to run, so more workers looked slower).
+fn end_to_end(fleet: &Fleet, url: &str, script: &Path, workers: usize, n: usize) -> Result<Throughput> {
     fleet.submit(url, n)?;
     let mut watch = Connection::from(connect(url)?);
-    let start = Instant::now();
+    bench::hold_queued(&mut watch)?;
+    let spawned = Instant::now();
     let children: Vec<Child> = (0..workers).map(|_| fleet.worker(url, script, 10)).collect::<Result<_>>()?;
+    let pids: Vec<i64> = children.iter().map(|c| i64::from(c.id())).collect();
+    // Registered, and each one's thread asleep on LISTEN (a notification
+    // before it listens would be missed until its next timed look).
+    loop {
+        let live = cairn_pg::fleet::workers(&mut watch)?;
+        if pids.iter().all(|p| live.iter().any(|w| w.pid == *p && !w.stopped))
+            && bench::idle_claimers(&mut watch)? >= i64::try_from(workers)?
+        {
+            break;
+        }
+        if spawned.elapsed() > Duration::from_secs(300) {
+            stop_all(children);
+            bail!("the workers did not register in 5 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let startup = spawned.elapsed().as_secs_f64();
+    let backends = bench::backend_pids(&mut watch)?;
+    let (workers_cpu, server_cpu) = (cpu_ticks(&pids), cpu_ticks(&backends));
+    let start = Instant::now();
+    anyhow::ensure!(bench::let_go(&mut watch)? == n as u64, "not every session was held");
     loop {
         if bench::unfinished(&mut watch)? == 0 {
             break;
@@ -151,13 +215,16 @@ fn end_to_end(fleet: &Fleet, url: &str, script: &Path, workers: usize, n: usize)
         std::thread::sleep(Duration::from_millis(10));
     }
     let wall = start.elapsed();
+    let per_session_ms = |ticks: u64| ticks as f64 / clock_ticks_per_sec() * 1000.0 / n as f64;
+    let worker_cpu_ms = per_session_ms(cpu_ticks(&pids).saturating_sub(workers_cpu));
+    let server_cpu_ms = per_session_ms(cpu_ticks(&backends).saturating_sub(server_cpu));
     for c in &children {
         signal(c, "-TERM");
     }
     stop_all(children);
     let failed = bench::failed(&mut watch)?;
     anyhow::ensure!(failed == 0, "{failed} sessions failed");
-    Ok(n as f64 / wall.as_secs_f64())
+    Ok(Throughput { rate: n as f64 / wall.as_secs_f64(), startup, worker_cpu_ms, server_cpu_ms })
 }
 
 fn median_spread(v: &mut [f64]) -> (f64, f64, f64) {
@@ -261,13 +328,18 @@ fn main() -> Result<()> {
     };
     let part = |name: &str| a.only.as_deref().is_none_or(|only| only == name);
     for workers in [1usize, 2, 4, 8].into_iter().filter(|_| part("e2e")) {
-        let (mut e2e, mut ceiling, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut e2e, mut ceiling, mut ratios, mut startups) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut wcpu, mut scpu) = (Vec::new(), Vec::new());
         for _ in 0..a.rounds {
             let url = fresh("e2e")?;
             // The ceiling just before and just after the sessions (the
             // disk's flush time drifts with the machine's other load).
             let before = bench::commit_ceiling(&url, workers, cairn_bench::size(500, 50))?;
-            let rate = end_to_end(&fleet, &url, &trivial, workers, a.sessions)?;
+            let Throughput { rate, startup, worker_cpu_ms, server_cpu_ms } =
+                end_to_end(&fleet, &url, &trivial, workers, a.sessions)?;
+            startups.push(startup);
+            wcpu.push(worker_cpu_ms);
+            scpu.push(server_cpu_ms);
             let after = bench::commit_ceiling(&url, workers, cairn_bench::size(500, 50))?;
             let roof = (before + after) / 2.0;
             e2e.push(rate);
@@ -277,8 +349,11 @@ fn main() -> Result<()> {
         let (em, elo, ehi) = median_spread(&mut e2e);
         let (cm, clo, chi) = median_spread(&mut ceiling);
         let (rm, rlo, rhi) = median_spread(&mut ratios);
+        let (sm, slo, shi) = median_spread(&mut startups);
+        let (wm, wlo, whi) = median_spread(&mut wcpu);
+        let (bm, blo, bhi) = median_spread(&mut scpu);
         println!(
-            "{workers} worker(s): {em:.1} sessions/s ({elo:.1}–{ehi:.1}) vs ceiling {cm:.0} single-row commits/s ({clo:.0}–{chi:.0}) with {workers} connection(s); ratio of medians {:.3}, median of the rounds' ratios {rm:.3} ({rlo:.3}–{rhi:.3}) ({} rounds of {} sessions)",
+            "{workers} worker(s): {em:.1} sessions/s ({elo:.1}–{ehi:.1}) vs ceiling {cm:.0} single-row commits/s ({clo:.0}–{chi:.0}) with {workers} connection(s); ratio of medians {:.3}, median of the rounds' ratios {rm:.3} ({rlo:.3}–{rhi:.3}) ({} rounds of {} sessions; the workers started and registered in {sm:.2} s ({slo:.2}–{shi:.2}), not counted); CPU per session: workers {wm:.2} ms ({wlo:.2}–{whi:.2}), their server processes {bm:.2} ms ({blo:.2}–{bhi:.2})",
             em / cm,
             a.rounds,
             a.sessions
@@ -334,10 +409,10 @@ fn main() -> Result<()> {
         for _ in 0..a.rounds {
             let url = fresh("empty")?;
             bench::checkpoint(&url)?;
-            let e = end_to_end(&fleet, &url, &trivial, 1, a.sessions)?;
+            let e = end_to_end(&fleet, &url, &trivial, 1, a.sessions)?.rate;
             let url = fresh("finished")?;
             bench::fill_finished(&url, a.finished)?;
-            let f = end_to_end(&fleet, &url, &trivial, 1, a.sessions)?;
+            let f = end_to_end(&fleet, &url, &trivial, 1, a.sessions)?.rate;
             empty.push(e);
             full.push(f);
             ratios.push(f / e);
