@@ -443,3 +443,127 @@ fn telemetry_off_or_refused_sends_nothing() {
     assert!(stderr(&out).contains("telemetry is off") && stderr(&out).contains("http/protobuf"), "{}", stderr(&out));
     assert!(listener.accept().is_err(), "nothing connected to the endpoint");
 }
+
+/// Start the OTLP metrics sink (`tests/python/otlp_metrics_sink.py`): its
+/// process, and the file it writes each metric's name to.
+fn metrics_sink(python: &Path) -> (Killed, u16, tempfile::NamedTempFile) {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let mut sink = Command::new(python)
+        .arg(repo().join("tests/python/otlp_metrics_sink.py"))
+        .arg(out.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    {
+        use std::io::BufRead as _;
+        std::io::BufReader::new(sink.stdout.take().unwrap()).read_line(&mut port).unwrap();
+    }
+    (Killed(sink), port.trim().parse().unwrap(), out)
+}
+
+/// A PostgreSQL worker SIGKILLed mid-turn (its shell call running), and
+/// another taking the session over once the lease expires: one trace in
+/// Phoenix with both workers' spans, each saying its worker and lease
+/// epoch, the successor's resumed turn settling the killed call as
+/// uncertain; the claims and the takeover counted.
+#[test]
+fn a_worker_killed_mid_turn_and_its_successor_make_one_trace() {
+    let python = venv_python("phoenix");
+    let phoenix = Phoenix::start(&python);
+    let (_sink, metrics_port, sink_out) = metrics_sink(&python);
+    let cluster = cairn_pg::test_cluster::TestCluster::shared()
+        .unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.create_database(&format!("otel_fleet_{}", std::process::id())).unwrap();
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
+            "arguments": {"command": "mkdir -p runs && mktemp -p runs && sleep 30"}}]}),
+        json!({"text": "fleet done"}),
+    ]);
+    let s = script.to_str().unwrap();
+    let submitted = env.cairn(&["--database", &url, "submit", "go"]).output().unwrap();
+    let id = util::stdout_ok(&submitted).trim().to_owned();
+    let log = env.home.join("workers.log");
+    let worker = || {
+        let err = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        Killed(
+            env.cairn(&["--database", &url, "--script", s, "--yes", "worker", "--lease", "2"])
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{}", phoenix.port))
+                .env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", format!("http://127.0.0.1:{metrics_port}/v1/metrics"))
+                .env("OTEL_RESOURCE_ATTRIBUTES", "openinference.project.name=fleet")
+                .stdout(Stdio::null())
+                .stderr(err)
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    let runs = || std::fs::read_dir(env.cwd.join("runs")).map(|d| d.count()).unwrap_or(0);
+
+    let first = worker();
+    let start = Instant::now();
+    while runs() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(120), "the tool never started:\n{}", said());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The first worker's model call ended before its tool started: its span
+    // leaves on the exporter's timer; the kill comes once it is in Phoenix.
+    let before = phoenix.spans("fleet", 1);
+    assert!(!before.is_empty(), "the first worker exported nothing before its kill:\n{}", said());
+    drop(first); // SIGKILL
+
+    let _second = worker();
+    let start = Instant::now();
+    let spans = loop {
+        let spans = phoenix.spans("fleet", 1);
+        let workers: std::collections::BTreeSet<&str> =
+            spans.iter().filter_map(|s| attr(s, "cairn.worker.id").as_str()).collect();
+        let settled =
+            spans.iter().any(|s| s["name"] == "execute_tool shell" && attr(s, "cairn.settlement") == "uncertain");
+        if workers.len() >= 2 && settled {
+            break spans;
+        }
+        assert!(start.elapsed() < Duration::from_secs(180), "no second worker's spans: {spans:#?}\n{}", said());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let trace = trace_id(&spans[0]);
+    assert!(spans.iter().all(|s| trace_id(s) == trace), "one trace: {names:?}");
+    assert!(spans.iter().all(|s| attr(s, "gen_ai.conversation.id") == id.as_str()), "{spans:#?}");
+    let by_worker = |w: &str| -> Vec<&Value> { spans.iter().filter(|s| attr(s, "cairn.worker.id") == w).collect() };
+    let workers: Vec<&str> = {
+        let set: std::collections::BTreeSet<&str> =
+            spans.iter().filter_map(|s| attr(s, "cairn.worker.id").as_str()).collect();
+        set.into_iter().collect()
+    };
+    assert_eq!(workers.len(), 2, "{spans:#?}");
+    let epochs: Vec<i64> = workers
+        .iter()
+        .map(|w| {
+            let e: std::collections::BTreeSet<i64> =
+                by_worker(w).iter().filter_map(|s| attr(s, "cairn.lease.epoch").as_i64()).collect();
+            assert_eq!(e.len(), 1, "one epoch per worker: {e:?}");
+            *e.first().unwrap()
+        })
+        .collect();
+    assert_ne!(epochs[0], epochs[1], "the takeover is a new lease epoch");
+    // The successor's resumed turn settles the killed call as uncertain.
+    let resumed = named(&spans, "invoke_agent cairn");
+    assert!(resumed.iter().any(|t| attr(t, "cairn.resumed") == true), "{resumed:#?}");
+    let uncertain =
+        spans.iter().any(|s| s["name"] == "execute_tool shell" && attr(s, "cairn.settlement") == "uncertain");
+    assert!(uncertain, "the killed call, settled by the successor: {names:?}");
+
+    // Claims and the takeover, on the successor's 10-second metric timer.
+    let start = Instant::now();
+    loop {
+        let metrics = std::fs::read_to_string(sink_out.path()).unwrap_or_default();
+        if ["cairn.worker.claims", "cairn.worker.takeovers"].iter().all(|m| metrics.lines().any(|l| l == *m)) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "worker metrics missing: {metrics}\n{}", said());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

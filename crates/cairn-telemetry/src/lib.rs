@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, MeterProvider as _, UpDownCounter};
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState, TracerProvider as _,
@@ -68,6 +69,9 @@ struct Instruments {
     tool_calls: Counter<u64>,
     approvals_waiting: UpDownCounter<i64>,
     turns: Counter<u64>,
+    claims: Counter<u64>,
+    takeovers: Counter<u64>,
+    lease_losses: Counter<u64>,
 }
 
 static GLOBAL: OnceLock<Telemetry> = OnceLock::new();
@@ -212,6 +216,52 @@ impl Operation {
     }
 }
 
+/// The PostgreSQL worker holding each session's lease in this process, for
+/// the `cairn.worker.id` and `cairn.lease.epoch` of its spans.
+static WORKERS: Mutex<Option<HashMap<String, (String, i64)>>> = Mutex::new(None);
+
+/// A child session is driven within its root's lease.
+pub(crate) fn worker_of(session: &str) -> Option<(String, i64)> {
+    let map = WORKERS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = map.as_ref()?;
+    let mut id = session;
+    loop {
+        if let Some(w) = map.get(id) {
+            return Some(w.clone());
+        }
+        id = ids::split_child(id)?.0;
+    }
+}
+
+/// Worker `worker` claimed `session` at lease `epoch`; `takeover`: another
+/// worker had left a turn of it unfinished. Its spans say both until
+/// [`worker_released`]. Nothing when telemetry is off.
+pub fn worker_claimed(session: &str, worker: &str, epoch: i64, takeover: bool) {
+    let Some(t) = global() else { return };
+    let worker_attr = [KeyValue::new("cairn.worker.id", worker.to_owned())];
+    t.instruments.claims.add(1, &worker_attr);
+    if takeover {
+        t.instruments.takeovers.add(1, &worker_attr);
+    }
+    let mut map = WORKERS.lock().unwrap_or_else(|p| p.into_inner());
+    map.get_or_insert_with(HashMap::new).insert(session.to_owned(), (worker.to_owned(), epoch));
+}
+
+/// The worker let `session` go (released, lost, failed).
+pub fn worker_released(session: &str) {
+    if let Some(map) = WORKERS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        map.remove(session);
+    }
+}
+
+/// Worker `worker` lost a lease (`reason`: `lost`, `notRenewed`).
+pub fn lease_lost(worker: &str, reason: &'static str) {
+    let Some(t) = global() else { return };
+    t.instruments
+        .lease_losses
+        .add(1, &[KeyValue::new("cairn.worker.id", worker.to_owned()), KeyValue::new("cairn.lease.loss", reason)]);
+}
+
 /// What the exporter lost, told at exit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Summary {
@@ -349,6 +399,21 @@ pub fn init(plan: &Plan, scrub: Scrub) -> anyhow::Result<Guard> {
             .u64_counter("cairn.turns")
             .with_unit("{turn}")
             .with_description("Turns run, by how they ended")
+            .build(),
+        claims: meter
+            .u64_counter("cairn.worker.claims")
+            .with_unit("{claim}")
+            .with_description("Sessions a PostgreSQL worker claimed")
+            .build(),
+        takeovers: meter
+            .u64_counter("cairn.worker.takeovers")
+            .with_unit("{claim}")
+            .with_description("Claims of a session whose turn another worker left unfinished")
+            .build(),
+        lease_losses: meter
+            .u64_counter("cairn.worker.lease_losses")
+            .with_unit("{loss}")
+            .with_description("Leases a worker lost, by reason")
             .build(),
     };
     let parent = plan.traceparent.as_deref().and_then(parse_traceparent);

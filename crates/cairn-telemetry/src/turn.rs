@@ -46,6 +46,8 @@ pub struct TurnTrace {
     spawns: HashMap<String, Span>,
     /// Each offered tool's replay class (`ToolSpec::replay`).
     replay: HashMap<String, &'static str>,
+    /// The PostgreSQL worker holding the session's lease, and its epoch.
+    worker: Option<(String, i64)>,
     ended_as: Option<&'static str>,
 }
 
@@ -147,6 +149,7 @@ impl TurnTrace {
             approvals: HashMap::new(),
             spawns: HashMap::new(),
             replay: HashMap::new(),
+            worker: crate::worker_of(session),
             ended_as: None,
         })
     }
@@ -175,6 +178,11 @@ impl TurnTrace {
             Some(sc) => Context::new().with_remote_span_context(sc),
             None => Context::new(),
         };
+        let mut attributes = attributes;
+        if let Some((worker, epoch)) = &self.worker {
+            attributes.push(KeyValue::new("cairn.worker.id", worker.clone()));
+            attributes.push(KeyValue::new("cairn.lease.epoch", *epoch));
+        }
         let tracer = &self.t.tracer;
         ids::with_ids(ids.0, ids.1, || {
             tracer.span_builder(name).with_kind(kind).with_attributes(attributes).start_with_context(tracer, &cx)
@@ -357,7 +365,8 @@ impl TurnTrace {
                     call.span.set_attribute(KeyValue::new("cairn.staged.changes", *changes as i64));
                 }
             }
-            TurnEvent::ToolCompleted { invocation_id, exit_code, output_summary, truncated, .. } => {
+            TurnEvent::ToolCompleted { invocation_id, tool, exit_code, output_summary, truncated } => {
+                self.resumed_call(invocation_id, tool);
                 let result = self.content(output_summary);
                 self.settle(invocation_id, "done", None, |span| {
                     span.set_attribute(KeyValue::new("cairn.exit_code", i64::from(*exit_code)));
@@ -367,7 +376,10 @@ impl TurnTrace {
                     }
                 });
             }
-            TurnEvent::ToolFailed { invocation_id, reason, uncertain, .. } => {
+            TurnEvent::ToolFailed { invocation_id, tool, reason, uncertain } => {
+                // A call settled by a resume (after a crash, on another
+                // worker) was started by an earlier process.
+                self.resumed_call(invocation_id, tool);
                 let settlement = if *uncertain { "uncertain" } else { "failed" };
                 self.settle(invocation_id, settlement, Some(reason.clone()), |_| {});
             }
@@ -419,6 +431,25 @@ impl TurnTrace {
             // to core later are not traced until named here.
             _ => {}
         }
+    }
+
+    /// An `execute_tool` span for a call this process did not see start
+    /// (settled on resume), so its settlement is traced too.
+    fn resumed_call(&mut self, invocation_id: &str, tool: &str) {
+        if self.tools.contains_key(invocation_id) {
+            return;
+        }
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+            self.conversation(),
+            KeyValue::new("cairn.invocation.id", invocation_id.to_owned()),
+            KeyValue::new("cairn.resumed", true),
+        ];
+        attrs.extend(self.replay_attr(tool));
+        let parent = self.under_turn();
+        let span = self.span(format!("execute_tool {tool}"), SpanKind::Internal, parent, (None, None), attrs);
+        self.tools.insert(invocation_id.to_owned(), Call { span, tool: tool.to_owned(), risk: None, verdict: None });
     }
 
     /// A `create_agent` span for the child a `spawn_agent` call starts,
