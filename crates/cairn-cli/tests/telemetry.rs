@@ -208,8 +208,8 @@ fn a_turn_with_a_tool_and_a_subagent_is_one_trace_in_phoenix() {
     let parent_file = files.iter().find(|p| !p.to_str().unwrap().contains('+')).unwrap();
     let parent_id = parent_file.file_stem().unwrap().to_str().unwrap().to_owned();
 
-    // 2 turns, 3 + 2 chats, 3 + 1 tool calls.
-    let spans = phoenix.spans("family", 11);
+    // 2 turns, 3 + 2 chats, 3 + 1 tool calls, 1 spawn.
+    let spans = phoenix.spans("family", 12);
     let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
     let turns = named(&spans, "invoke_agent cairn");
     assert_eq!(turns.len(), 2, "{names:?}");
@@ -256,7 +256,16 @@ fn a_turn_with_a_tool_and_a_subagent_is_one_trace_in_phoenix() {
     let spawn = named(&spans, "execute_tool spawn_agent");
     assert_eq!(spawn.len(), 1, "{names:?}");
     assert_eq!(spawn[0]["parent_id"], span_id(parent_turn));
-    assert_eq!(child_turn["parent_id"], span_id(spawn[0]), "the child's turn is under the spawning call");
+    // The spawn is a span of its own under the call, the child's turn under it.
+    let create = named(&spans, "create_agent cairn");
+    assert_eq!(create.len(), 1, "{names:?}");
+    assert_eq!(create[0]["parent_id"], span_id(spawn[0]), "the spawn is under the spawning call");
+    assert_eq!(attr(create[0], "gen_ai.operation.name"), "create_agent");
+    assert_eq!(attr(create[0], "gen_ai.agent.id"), child_id);
+    assert_eq!(child_turn["parent_id"], span_id(create[0]), "the child's turn is under the spawn");
+    // Every call says how a resume may replay it.
+    assert_eq!(attr(parent_shell, "cairn.replay"), "never", "{parent_shell:#}");
+    assert!(attr(spawn[0], "cairn.replay").is_string(), "{:#}", spawn[0]);
 
     for span in &spans {
         for key in ["gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments"] {
@@ -291,6 +300,71 @@ fn a_turn_with_a_tool_and_a_subagent_is_one_trace_in_phoenix() {
     assert!(input.contains("remember") && input.contains("***"), "{input}");
     assert!(!serde_json::to_string(&spans).unwrap().contains(key), "the key never leaves: {spans:#?}");
     assert!(attr(turn[0], "gen_ai.output.messages").as_str().unwrap_or_default().contains("noted"));
+
+    staged_undo_and_a_kept_parent(&phoenix);
+}
+
+/// A staged write says its staged verdict and replay class; `cairn undo`
+/// is a span of its own in the session's trace; a `TRACEPARENT` handed to
+/// the first run is kept in the session, so a resume without it (another
+/// process) continues under the same parent.
+fn staged_undo_and_a_kept_parent(phoenix: &Phoenix) {
+    let env = Env::new();
+    util::require_staging(&env);
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    // A loaded machine's Phoenix may take longer than the default bound.
+    std::fs::write(env.home.join("config.toml"), "[telemetry]\nflush_timeout_ms = 120000\n").unwrap();
+    // The scripted model's lines for both runs (it counts the session's answers).
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "w1", "name": "write_file", "arguments": {"path": "new.txt", "content": "hi\n"}}]}),
+        json!({"text": "written"}),
+        json!({"text": "again"}),
+    ]);
+    let otel = |cmd: &mut Command| {
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{}", phoenix.port))
+            .env("OTEL_RESOURCE_ATTRIBUTES", "openinference.project.name=staged")
+            .stdin(Stdio::null());
+    };
+    let mut run = env.cairn(&["--script", script.to_str().unwrap(), "--yes", "run", "go"]);
+    otel(&mut run);
+    let out = run.env("TRACEPARENT", parent).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(env.cwd.join("new.txt").exists(), "the write was applied");
+    let id = env.session_files()[0].file_stem().unwrap().to_str().unwrap().to_owned();
+
+    // The same session again, in a process without TRACEPARENT.
+    let mut resumed = env.cairn(&["--script", script.to_str().unwrap(), "resume", &id, "--prompt", "more"]);
+    otel(&mut resumed);
+    let out = resumed.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+
+    let mut undo = env.cairn(&["undo", &id, "--turn", "1"]);
+    otel(&mut undo);
+    let out = undo.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(!env.cwd.join("new.txt").exists(), "the undo removed the file");
+
+    // 2 turns, 3 chats, 1 call, 1 undo.
+    let spans = phoenix.spans("staged", 7);
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let write = named(&spans, "execute_tool write_file");
+    assert_eq!(write.len(), 1, "{names:?}");
+    assert_eq!(attr(write[0], "cairn.staged.verdict"), "apply", "{:#}", write[0]);
+    assert!(attr(write[0], "cairn.staged.by").as_str().is_some_and(|b| !b.is_empty()), "{:#}", write[0]);
+    assert_eq!(attr(write[0], "cairn.staged.changes"), 1, "{:#}", write[0]);
+    assert!(attr(write[0], "cairn.replay").is_string(), "{:#}", write[0]);
+
+    let turns = named(&spans, "invoke_agent cairn");
+    assert_eq!(turns.len(), 2, "{names:?}");
+    for turn in &turns {
+        assert_eq!(trace_id(turn), "0af7651916cd43dd8448eb211c80319c", "under the handed-in trace: {turn:#}");
+        assert_eq!(turn["parent_id"], "b7ad6b7169203331", "under the handed-in parent, resumed too: {turn:#}");
+    }
+    let undo = named(&spans, "undo");
+    assert_eq!(undo.len(), 1, "{names:?}");
+    assert_eq!(attr(undo[0], "gen_ai.conversation.id"), id.as_str());
+    assert_eq!(attr(undo[0], "cairn.outcome"), "done", "{:#}", undo[0]);
+    assert_eq!(trace_id(undo[0]), "0af7651916cd43dd8448eb211c80319c", "the undo is in the session's trace");
 }
 
 /// A collector that accepts the connection and never answers: the turn
@@ -368,4 +442,128 @@ fn telemetry_off_or_refused_sends_nothing() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).contains("telemetry is off") && stderr(&out).contains("http/protobuf"), "{}", stderr(&out));
     assert!(listener.accept().is_err(), "nothing connected to the endpoint");
+}
+
+/// Start the OTLP metrics sink (`tests/python/otlp_metrics_sink.py`): its
+/// process, and the file it writes each metric's name to.
+fn metrics_sink(python: &Path) -> (Killed, u16, tempfile::NamedTempFile) {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let mut sink = Command::new(python)
+        .arg(repo().join("tests/python/otlp_metrics_sink.py"))
+        .arg(out.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    {
+        use std::io::BufRead as _;
+        std::io::BufReader::new(sink.stdout.take().unwrap()).read_line(&mut port).unwrap();
+    }
+    (Killed(sink), port.trim().parse().unwrap(), out)
+}
+
+/// A PostgreSQL worker SIGKILLed mid-turn (its shell call running), and
+/// another taking the session over once the lease expires: one trace in
+/// Phoenix with both workers' spans, each saying its worker and lease
+/// epoch, the successor's resumed turn settling the killed call as
+/// uncertain; the claims and the takeover counted.
+#[test]
+fn a_worker_killed_mid_turn_and_its_successor_make_one_trace() {
+    let python = venv_python("phoenix");
+    let phoenix = Phoenix::start(&python);
+    let (_sink, metrics_port, sink_out) = metrics_sink(&python);
+    let cluster = cairn_pg::test_cluster::TestCluster::shared()
+        .unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.create_database(&format!("otel_fleet_{}", std::process::id())).unwrap();
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
+            "arguments": {"command": "mkdir -p runs && mktemp -p runs && sleep 30"}}]}),
+        json!({"text": "fleet done"}),
+    ]);
+    let s = script.to_str().unwrap();
+    let submitted = env.cairn(&["--database", &url, "submit", "go"]).output().unwrap();
+    let id = util::stdout_ok(&submitted).trim().to_owned();
+    let log = env.home.join("workers.log");
+    let worker = || {
+        let err = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        Killed(
+            env.cairn(&["--database", &url, "--script", s, "--yes", "worker", "--lease", "2"])
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{}", phoenix.port))
+                .env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", format!("http://127.0.0.1:{metrics_port}/v1/metrics"))
+                .env("OTEL_RESOURCE_ATTRIBUTES", "openinference.project.name=fleet")
+                .stdout(Stdio::null())
+                .stderr(err)
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    let runs = || std::fs::read_dir(env.cwd.join("runs")).map(|d| d.count()).unwrap_or(0);
+
+    let first = worker();
+    let start = Instant::now();
+    while runs() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(120), "the tool never started:\n{}", said());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The first worker's model call ended before its tool started: its span
+    // leaves on the exporter's timer; the kill comes once it is in Phoenix.
+    let before = phoenix.spans("fleet", 1);
+    assert!(!before.is_empty(), "the first worker exported nothing before its kill:\n{}", said());
+    drop(first); // SIGKILL
+
+    let _second = worker();
+    let start = Instant::now();
+    let spans = loop {
+        let spans = phoenix.spans("fleet", 1);
+        let workers: std::collections::BTreeSet<&str> =
+            spans.iter().filter_map(|s| attr(s, "cairn.worker.id").as_str()).collect();
+        let settled =
+            spans.iter().any(|s| s["name"] == "execute_tool shell" && attr(s, "cairn.settlement") == "uncertain");
+        if workers.len() >= 2 && settled {
+            break spans;
+        }
+        assert!(start.elapsed() < Duration::from_secs(180), "no second worker's spans: {spans:#?}\n{}", said());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let trace = trace_id(&spans[0]);
+    assert!(spans.iter().all(|s| trace_id(s) == trace), "one trace: {names:?}");
+    assert!(spans.iter().all(|s| attr(s, "gen_ai.conversation.id") == id.as_str()), "{spans:#?}");
+    let by_worker = |w: &str| -> Vec<&Value> { spans.iter().filter(|s| attr(s, "cairn.worker.id") == w).collect() };
+    let workers: Vec<&str> = {
+        let set: std::collections::BTreeSet<&str> =
+            spans.iter().filter_map(|s| attr(s, "cairn.worker.id").as_str()).collect();
+        set.into_iter().collect()
+    };
+    assert_eq!(workers.len(), 2, "{spans:#?}");
+    let epochs: Vec<i64> = workers
+        .iter()
+        .map(|w| {
+            let e: std::collections::BTreeSet<i64> =
+                by_worker(w).iter().filter_map(|s| attr(s, "cairn.lease.epoch").as_i64()).collect();
+            assert_eq!(e.len(), 1, "one epoch per worker: {e:?}");
+            *e.first().unwrap()
+        })
+        .collect();
+    assert_ne!(epochs[0], epochs[1], "the takeover is a new lease epoch");
+    // The successor's resumed turn settles the killed call as uncertain.
+    let resumed = named(&spans, "invoke_agent cairn");
+    assert!(resumed.iter().any(|t| attr(t, "cairn.resumed") == true), "{resumed:#?}");
+    let uncertain =
+        spans.iter().any(|s| s["name"] == "execute_tool shell" && attr(s, "cairn.settlement") == "uncertain");
+    assert!(uncertain, "the killed call, settled by the successor: {names:?}");
+
+    // Claims and the takeover, on the successor's 10-second metric timer.
+    let start = Instant::now();
+    loop {
+        let metrics = std::fs::read_to_string(sink_out.path()).unwrap_or_default();
+        if ["cairn.worker.claims", "cairn.worker.takeovers"].iter().all(|m| metrics.lines().any(|l| l == *m)) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "worker metrics missing: {metrics}\n{}", said());
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

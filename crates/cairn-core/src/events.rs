@@ -388,6 +388,16 @@ impl EntryPayload for ToolStagedPayload {
 }
 
 impl ToolStagedPayload {
+    /// What observers are told of this record.
+    pub fn event(&self) -> TurnEvent {
+        TurnEvent::ToolStaged {
+            invocation_id: self.invocation_id.clone(),
+            tool: self.tool.clone(),
+            by: self.verdict.by.clone(),
+            changes: self.change_set.changes.len(),
+        }
+    }
+
     /// The record of `request`'s approved change set.
     pub fn new(
         request: &ToolRequest,
@@ -737,6 +747,19 @@ pub enum TurnEvent {
         tool: String,
         /// Risk.
         risk: Risk,
+    },
+    /// A staged call's change set was recorded as approved to apply (its
+    /// `toolStaged` entry): who let it apply and how many paths it changes.
+    /// A discarded change set is told by the call's rejection.
+    ToolStaged {
+        /// Invocation id.
+        invocation_id: String,
+        /// Tool.
+        tool: String,
+        /// Who let it apply (`policy:stagedWrite`, or a person).
+        by: String,
+        /// Paths it changes.
+        changes: usize,
     },
     /// Output streamed by a running tool (lossy UTF-8).
     ToolOutput {

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use crate::events::{
     CompactionPayload, EntryType, ToolCompletedPayload, ToolFailedPayload, ToolRejectedPayload, ToolRequestedPayload,
-    ToolStartedPayload, TurnCancelledPayload, TurnEvent, payload_of,
+    ToolStagedPayload, ToolStartedPayload, TurnCancelledPayload, TurnEvent, payload_of,
 };
 use crate::message::{Message, Role};
 use crate::provider::{AttemptUsage, StopReason};
@@ -126,6 +126,11 @@ impl Retell {
                     out.push(TurnEvent::ToolStarted { invocation_id: p.invocation_id, tool: p.tool, risk });
                 }
             }
+            EntryType::ToolStaged => {
+                if let Some(p) = payload_of::<ToolStagedPayload>(entry) {
+                    out.push(p.event());
+                }
+            }
             EntryType::ToolCompleted => {
                 if let Some(p) = payload_of::<ToolCompletedPayload>(entry) {
                     out.push(p.event());
@@ -156,11 +161,7 @@ impl Retell {
                 }
             }
             // No event of their own; their verdicts and reasons are in the log.
-            EntryType::ToolBypass
-            | EntryType::ToolStaged
-            | EntryType::TurnEnded
-            | EntryType::Undo
-            | EntryType::UndoApplied => {}
+            EntryType::ToolBypass | EntryType::TurnEnded | EntryType::Undo | EntryType::UndoApplied => {}
         }
     }
 }

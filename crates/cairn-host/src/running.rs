@@ -63,9 +63,11 @@ impl<A: Approver> Equipment<A> {
     ) -> Result<Option<TurnOutcome>, TurnError> {
         // Telemetry hears the same events as the face (`cairn-telemetry`);
         // off, this is one check and the face's observer runs alone.
-        let Some(mut trace) = TurnTrace::start(&session.store().header().id, provider.name(), provider.model()) else {
+        let Some(trace) = TurnTrace::start(&session.store().header().id, provider.name(), provider.model()) else {
             return self.step(session, provider, step, observer, cancel);
         };
+        let mut trace = trace.with_tools(self.tools.specs());
+        keep_parent(session);
         let result = self.step(
             session,
             provider,
@@ -109,6 +111,23 @@ impl<A: Approver> Equipment<A> {
     ) -> Result<Option<String>, TurnError> {
         let mut env = TurnEnv { provider, tools: &self.tools, approver: &mut self.approver, observer, cancel };
         session.compact(&mut env)
+    }
+}
+
+/// Keep the traceparent a session's turns run under in its log, so a
+/// resume in another process or on another worker continues under it
+/// (`cairn_telemetry::keep_parent`); with none handed in, the kept one is
+/// used. Best effort: telemetry never fails a turn, so a commit refused
+/// here (a lost lease) is left to the turn's own commit to report.
+fn keep_parent<S: Storage>(session: &mut Session<S>) {
+    let (ns, key) = cairn_telemetry::PARENT_REGISTER;
+    let kept = session.store().register(ns, key).and_then(|raw| raw.parse::<String>().ok());
+    let id = session.store().header().id.clone();
+    if let Some(given) = cairn_telemetry::keep_parent(&id, kept.as_deref())
+        // Hex digits and dashes only (`cairn_telemetry::traceparent`).
+        && let Ok(raw) = cairn_core::storage::RawJson::from_json(format!("\"{given}\""))
+    {
+        let _ = session.keep_fact(ns, key, raw);
     }
 }
 

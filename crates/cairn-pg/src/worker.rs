@@ -435,6 +435,8 @@ fn drive_claim(
     let ending = match Session::open(store, config) {
         Err(e) => Ending::Unopenable(e.to_string()),
         Ok(session) => {
+            // A turn left unfinished is another worker's, taken over.
+            cairn_telemetry::worker_claimed(&id, owner, fence.epoch, session.needs_resume());
             let (ending, session) = drive_session(owner, &id, session, driver, &cancel, &lost, &slot, stop);
             back = session.map(|s| s.into_store().into_connection());
             ending
@@ -443,6 +445,7 @@ fn drive_claim(
     if let Ok(mut h) = held.lock() {
         h.remove(&id);
     }
+    cairn_telemetry::worker_released(&id);
     let mut client = back.filter(|c| !c.is_closed());
     let by = cancelled_by.lock().ok().and_then(|b| b.clone());
     let ok = match ending {
@@ -491,6 +494,7 @@ fn drive_claim(
         Ending::Failed(e) if lost.load(Ordering::SeqCst) => {
             say(owner, &format!("lease lost on {shown} (epoch {}): commit refused; backing off", fence.epoch));
             note_loss(opts, client.as_mut(), &id, fence.epoch, &format!("lease lost: {e}"));
+            cairn_telemetry::lease_lost(owner, "lost");
             false
         }
         Ending::Failed(e) if cancel.is_cancelled() => {
@@ -499,6 +503,7 @@ fn drive_claim(
             let released =
                 client.as_mut().is_some_and(|c| lease::release(c, &id, &fence, Release::Retry, Some(&e)).is_ok());
             note_loss(opts, client.as_mut(), &id, fence.epoch, &format!("lease not renewed in time: {e}"));
+            cairn_telemetry::lease_lost(owner, "notRenewed");
             say(
                 owner,
                 &format!(

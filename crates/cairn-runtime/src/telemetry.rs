@@ -39,6 +39,9 @@ pub fn finish() -> Option<String> {
     if summary.failed_exports > 0 {
         lost.push(format!("{} export(s) to the collector failed", summary.failed_exports));
     }
+    if summary.dropped_spans > 0 {
+        lost.push(format!("{} span(s) found the queue full", summary.dropped_spans));
+    }
     if summary.flush_timed_out {
         lost.push("the last flush did not finish in time".to_owned());
     }

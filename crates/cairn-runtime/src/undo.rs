@@ -57,6 +57,16 @@ pub fn finish_interrupted(ctx: &Setup, session: &mut Session<JsonlStore>, cwd: &
     Ok(rewind::finish_interrupted(&store(ctx), session, cwd, false)?)
 }
 
+impl Request {
+    /// The span's name (`undo`, `redo`).
+    fn name(&self) -> &'static str {
+        match self {
+            Request::Undo(_) => "undo",
+            Request::Redo => "redo",
+        }
+    }
+}
+
 /// `cairn undo`/`cairn redo` of the session `target` names (an id, prefix,
 /// name or path; `None`: the most recent session file), in whichever
 /// backend keeps it: session files, or with `database` a PostgreSQL
@@ -77,6 +87,34 @@ pub fn rewind(ctx: &Setup, target: Option<&str>, request: Request, dry_run: bool
     }
 }
 
+/// The span of an undo or redo of the session in `store`, under the
+/// traceparent its turns ran under (kept in the session) when one was
+/// handed in.
+fn operation(store: &impl Storage, name: &str) -> cairn_telemetry::Operation {
+    let (ns, key) = cairn_telemetry::PARENT_REGISTER;
+    let kept = store.register(ns, key).and_then(|raw| raw.parse::<String>().ok());
+    let id = &store.header().id;
+    // Nothing is written here: a traceparent handed to this process is
+    // this command's, the session keeps the one its turns ran under.
+    let _ = cairn_telemetry::keep_parent(id, kept.as_deref());
+    cairn_telemetry::Operation::start(id, name)
+}
+
+/// End an undo's or redo's span (a span of its own in the session's
+/// trace, `cairn_telemetry::Operation`) with what came of it.
+fn traced(span: cairn_telemetry::Operation, result: Result<Outcome>) -> Result<Outcome> {
+    match &result {
+        Ok(outcome) => span.finish(Ok(match outcome {
+            Outcome::Nothing(_) => "nothing",
+            Outcome::Refused(_) => "refused",
+            Outcome::DryRun(_) => "dryRun",
+            Outcome::Done(_) => "done",
+        })),
+        Err(e) => span.finish(Err(&format!("{e:#}"))),
+    }
+    result
+}
+
 /// Undo on an open session (`cairn undo`, `/undo` in chat).
 pub fn undo_session(
     ctx: &Setup,
@@ -86,7 +124,8 @@ pub fn undo_session(
     dry_run: bool,
     force: bool,
 ) -> Result<Outcome> {
-    Ok(rewind::undo(&store(ctx), session, cwd, &target, DELEGATING, dry_run, force)?)
+    let span = operation(session.store(), "undo");
+    traced(span, rewind::undo(&store(ctx), session, cwd, &target, DELEGATING, dry_run, force).map_err(Into::into))
 }
 
 /// Redo on an open session (`cairn redo`, `/redo` in chat).
@@ -97,7 +136,8 @@ pub fn redo_session(
     dry_run: bool,
     force: bool,
 ) -> Result<Outcome> {
-    Ok(rewind::redo(&store(ctx), session, cwd, dry_run, force)?)
+    let span = operation(session.store(), "redo");
+    traced(span, rewind::redo(&store(ctx), session, cwd, dry_run, force).map_err(Into::into))
 }
 
 /// Undo or redo of a PostgreSQL session: the same protocol as for a
@@ -128,10 +168,12 @@ fn database_rewind(ctx: &Setup, target: &str, request: Request, dry_run: bool, f
         );
     }
     let kept = store(ctx);
-    Ok(match request {
-        Request::Undo(t) => rewind::undo(&kept, &mut session, &cwd, &t, DELEGATING, dry_run, force)?,
-        Request::Redo => rewind::redo(&kept, &mut session, &cwd, dry_run, force)?,
-    })
+    let span = operation(session.store(), request.name());
+    let result = match request {
+        Request::Undo(t) => rewind::undo(&kept, &mut session, &cwd, &t, DELEGATING, dry_run, force),
+        Request::Redo => rewind::redo(&kept, &mut session, &cwd, dry_run, force),
+    };
+    traced(span, result.map_err(anyhow::Error::from))
 }
 
 #[cfg(not(feature = "postgres"))]

@@ -3,11 +3,17 @@
 //! SDK's batch processor and periodic reader call it from their threads,
 //! never from a turn's. Counts failed exports for the summary at exit.
 //!
-//! Must not: retry (the exporter's policy does) or wait past its timeout.
+//! At exit every request is bounded by the flush's deadline too
+//! ([`Ureq::set_deadline`]), so the exit's export can run on the exiting
+//! thread itself: no thread to hand it to, and a collector that never
+//! answers costs at most the flush bound.
+//!
+//! Must not: retry (the exporter's policy does) or wait past its timeout
+//! or the flush's deadline.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use opentelemetry_http::{HttpClient, HttpError, Request, Response};
@@ -17,6 +23,9 @@ use opentelemetry_http::{HttpClient, HttpError, Request, Response};
 pub(crate) struct Ureq {
     agent: ureq::Agent,
     failures: Arc<AtomicU64>,
+    timeout: Duration,
+    /// The flush's deadline at exit: no request waits past it.
+    deadline: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Ureq {
@@ -27,12 +36,25 @@ impl Ureq {
             .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        Ureq { agent, failures }
+        Ureq { agent, failures, timeout, deadline: Arc::default() }
+    }
+
+    /// From now on, no request waits past `deadline`.
+    pub(crate) fn set_deadline(&self, deadline: Instant) {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
     }
 
     fn send(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let (parts, body) = request.into_parts();
-        let request = http::Request::from_parts(parts, body.to_vec());
+        let mut request = http::Request::from_parts(parts, body.to_vec());
+        let deadline = *self.deadline.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err("the flush at exit ran out of time".into());
+            }
+            request = self.agent.configure_request(request).timeout_global(Some(left.min(self.timeout))).build();
+        }
         let mut response = self.agent.run(request)?;
         let status = response.status();
         let body = response.body_mut().with_config().limit(4 * 1024 * 1024).read_to_vec()?;

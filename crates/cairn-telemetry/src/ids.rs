@@ -43,6 +43,14 @@ pub fn call_span(session: &str, invocation: &str) -> SpanId {
     SpanId::from(if id == 0 { 1 } else { id })
 }
 
+/// The span id of the `create_agent` span of the child that `invocation`
+/// (a `spawn_agent` call) in `session` spawned (never zero): the child's
+/// turns name it as their parent from their own id.
+pub fn spawn_span(session: &str, invocation: &str) -> SpanId {
+    let id = fnv(4, &[session, invocation]);
+    SpanId::from(if id == 0 { 1 } else { id })
+}
+
 /// The parent session and the spawning invocation of a child session id
 /// (`<parent>+<invocation>`), `None` for a root session.
 pub(crate) fn split_child(session: &str) -> Option<(&str, &str)> {
@@ -88,6 +96,7 @@ mod tests {
         assert_ne!(session_trace("s1"), session_trace("s2"));
         assert_ne!(call_span("s", "i1"), call_span("s", "i2"));
         assert_ne!(call_span("ab", "c"), call_span("a", "bc"));
+        assert_ne!(call_span("s", "i1"), spawn_span("s", "i1"));
         assert_eq!(split_child("p+i3"), Some(("p", "i3")));
         assert_eq!(split_child("p+i3+i9"), Some(("p+i3", "i9")));
         assert_eq!(split_child("p"), None);

@@ -6,10 +6,10 @@
 //! starts an exporter only when an endpoint is configured (`config.rs`);
 //! otherwise [`TurnTrace::start`] is `None` and a turn pays one atomic load.
 //!
-//! Owns: the exporter (OTLP http/protobuf over ureq, batch span processor
-//! with a bounded queue and a periodic metric reader, each on its own
-//! thread), the bounded flush at exit, and the ids that keep a session's
-//! trace across processes (`ids.rs`).
+//! Owns: the exporter (OTLP http/protobuf over ureq; a bounded span queue
+//! and one exporter thread started with the first span, `export.rs`), the
+//! bounded flush at exit (run on the exiting thread), and the ids that
+//! keep a session's trace across processes (`ids.rs`).
 //!
 //! Must not: block, slow or fail a turn (a full queue drops, a dead
 //! collector costs the exporter's thread only), export message content
@@ -17,6 +17,7 @@
 //! export a provider key (content goes through the host's scrubber).
 
 mod config;
+mod export;
 mod http;
 mod ids;
 mod turn;
@@ -26,16 +27,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, MeterProvider as _, UpDownCounter};
-use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState, TracerProvider as _};
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState, TracerProvider as _,
+};
 use opentelemetry_otlp::{Protocol, WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, Tracer};
+use opentelemetry_sdk::metrics::{ManualReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as _, Tracer};
 
 pub use config::{DEFAULT_ENDPOINT, Plan, Refused, TelemetryConfig, resolve};
 
-pub use ids::{call_span, session_trace};
+pub use ids::{call_span, session_trace, spawn_span};
 pub use turn::TurnTrace;
 
 /// Rewrites exported content so no secret the host holds leaves (the
@@ -45,8 +49,10 @@ pub type Scrub = Arc<dyn Fn(&str) -> String + Send + Sync>;
 /// The process's telemetry, once [`init`] ran with a plan.
 struct Telemetry {
     tracer: Tracer,
-    tracer_provider: SdkTracerProvider,
-    meter_provider: SdkMeterProvider,
+    /// Kept so the providers live as long as the process.
+    _tracer_provider: SdkTracerProvider,
+    _meter_provider: SdkMeterProvider,
+    exporter: Arc<export::Shared>,
     instruments: Instruments,
     capture: bool,
     scrub: Scrub,
@@ -63,6 +69,9 @@ struct Instruments {
     tool_calls: Counter<u64>,
     approvals_waiting: UpDownCounter<i64>,
     turns: Counter<u64>,
+    claims: Counter<u64>,
+    takeovers: Counter<u64>,
+    lease_losses: Counter<u64>,
 }
 
 static GLOBAL: OnceLock<Telemetry> = OnceLock::new();
@@ -132,6 +141,127 @@ fn adopted(session: &str) -> Option<SpanContext> {
     ADOPTED.lock().unwrap_or_else(|p| p.into_inner()).as_ref()?.get(session).cloned()
 }
 
+/// The register a session keeps the traceparent it was run under in, so a
+/// resume (another process, another worker) continues under it.
+pub const PARENT_REGISTER: (&str, &str) = ("fact.telemetry", "traceparent");
+
+/// The traceparent `session`'s turns run under, reconciled with the one
+/// its log kept (`kept`, the [`PARENT_REGISTER`] value): one handed in now
+/// (a client's `_meta`, the process's `TRACEPARENT`) wins and is returned
+/// for the host to keep when it differs from `kept`; with none handed in,
+/// the kept one is adopted for this process. `None`: nothing to write
+/// (also when telemetry is off).
+pub fn keep_parent(session: &str, kept: Option<&str>) -> Option<String> {
+    let t = global()?;
+    let given = adopted(session).or_else(|| t.parent.clone()).map(|sc| traceparent(&sc));
+    match given {
+        Some(given) => (kept != Some(given.as_str())).then_some(given),
+        None => {
+            if let Some(kept) = kept.filter(|k| parse_traceparent(k).is_some()) {
+                adopt_traceparent(session, Some(kept));
+            }
+            None
+        }
+    }
+}
+
+/// A span of its own for an operation on a session outside a turn (`undo`,
+/// `redo`), in the session's trace; ended by [`Operation::finish`] or when
+/// dropped. Nothing when telemetry is off.
+pub struct Operation {
+    span: Option<opentelemetry_sdk::trace::Span>,
+}
+
+impl std::fmt::Debug for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operation").field("on", &self.span.is_some()).finish()
+    }
+}
+
+impl Operation {
+    /// Start the span `name` for `session`.
+    pub fn start(session: &str, name: &str) -> Operation {
+        use opentelemetry::trace::{Span as _, Tracer as _};
+        let Some(t) = global() else { return Operation { span: None } };
+        let parent = turn::parent_of(t, session);
+        let trace = parent.is_none().then(|| turn::trace_of(t, session));
+        let cx = match parent {
+            Some(sc) => opentelemetry::Context::new().with_remote_span_context(sc),
+            None => opentelemetry::Context::new(),
+        };
+        let attrs = vec![
+            opentelemetry::KeyValue::new("gen_ai.conversation.id", session.to_owned()),
+            opentelemetry::KeyValue::new("cairn.operation", name.to_owned()),
+        ];
+        let mut span = ids::with_ids(trace, None, || {
+            t.tracer.span_builder(name.to_owned()).with_attributes(attrs).start_with_context(&t.tracer, &cx)
+        });
+        span.add_event("started", vec![]);
+        Operation { span: Some(span) }
+    }
+
+    /// End it with what came of it (`outcome`: done, refused, nothing,
+    /// dryRun) or the error.
+    pub fn finish(mut self, result: Result<&str, &str>) {
+        use opentelemetry::trace::{Span as _, Status};
+        let Some(mut span) = self.span.take() else { return };
+        match result {
+            Ok(outcome) => span.set_attribute(opentelemetry::KeyValue::new("cairn.outcome", outcome.to_owned())),
+            Err(e) => {
+                span.set_attribute(opentelemetry::KeyValue::new("error.type", "error"));
+                span.set_status(Status::error(e.to_owned()));
+            }
+        }
+        span.end();
+    }
+}
+
+/// The PostgreSQL worker holding each session's lease in this process, for
+/// the `cairn.worker.id` and `cairn.lease.epoch` of its spans.
+static WORKERS: Mutex<Option<HashMap<String, (String, i64)>>> = Mutex::new(None);
+
+/// A child session is driven within its root's lease.
+pub(crate) fn worker_of(session: &str) -> Option<(String, i64)> {
+    let map = WORKERS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = map.as_ref()?;
+    let mut id = session;
+    loop {
+        if let Some(w) = map.get(id) {
+            return Some(w.clone());
+        }
+        id = ids::split_child(id)?.0;
+    }
+}
+
+/// Worker `worker` claimed `session` at lease `epoch`; `takeover`: another
+/// worker had left a turn of it unfinished. Its spans say both until
+/// [`worker_released`]. Nothing when telemetry is off.
+pub fn worker_claimed(session: &str, worker: &str, epoch: i64, takeover: bool) {
+    let Some(t) = global() else { return };
+    let worker_attr = [KeyValue::new("cairn.worker.id", worker.to_owned())];
+    t.instruments.claims.add(1, &worker_attr);
+    if takeover {
+        t.instruments.takeovers.add(1, &worker_attr);
+    }
+    let mut map = WORKERS.lock().unwrap_or_else(|p| p.into_inner());
+    map.get_or_insert_with(HashMap::new).insert(session.to_owned(), (worker.to_owned(), epoch));
+}
+
+/// The worker let `session` go (released, lost, failed).
+pub fn worker_released(session: &str) {
+    if let Some(map) = WORKERS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        map.remove(session);
+    }
+}
+
+/// Worker `worker` lost a lease (`reason`: `lost`, `notRenewed`).
+pub fn lease_lost(worker: &str, reason: &'static str) {
+    let Some(t) = global() else { return };
+    t.instruments
+        .lease_losses
+        .add(1, &[KeyValue::new("cairn.worker.id", worker.to_owned()), KeyValue::new("cairn.lease.loss", reason)]);
+}
+
 /// What the exporter lost, told at exit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Summary {
@@ -139,6 +269,8 @@ pub struct Summary {
     pub failed_exports: u64,
     /// The flush at exit did not finish within its bound.
     pub flush_timed_out: bool,
+    /// Spans dropped because the queue was full (a slow collector).
+    pub dropped_spans: u64,
 }
 
 /// Ends the exporter when dropped or [`Guard::shutdown`] is called: the
@@ -169,20 +301,15 @@ impl Drop for Guard {
 /// when telemetry is off or already stopped).
 pub fn shutdown() -> Summary {
     let Some(t) = global() else { return Summary::default() };
-    // On a thread of its own: the SDK's shutdown waits for the exporter,
-    // and a collector that accepted the connection and never answers would
-    // hold the process at exit until the export's own timeout.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let tracer_provider = t.tracer_provider.clone();
-    let meter_provider = t.meter_provider.clone();
-    let bound = t.flush_timeout;
-    let spawned = std::thread::Builder::new().name("cairn-otel-flush".to_owned()).spawn(move || {
-        let _ = tracer_provider.shutdown_with_timeout(bound);
-        let _ = meter_provider.shutdown_with_timeout(bound);
-        let _ = tx.send(());
-    });
-    let flush_timed_out = spawned.is_err() || rx.recv_timeout(bound).is_err();
-    Summary { failed_exports: t.failures.load(Ordering::Relaxed), flush_timed_out }
+    // On this thread: every request is bounded by the flush's deadline
+    // (`http.rs`), so a collector that never answers costs at most the
+    // bound, and no hand-off to another thread waits for a time slice.
+    let flushed = t.exporter.flush_at_exit(t.flush_timeout);
+    Summary {
+        failed_exports: t.failures.load(Ordering::Relaxed),
+        flush_timed_out: flushed.timed_out,
+        dropped_spans: t.exporter.dropped(),
+    }
 }
 
 /// Start exporting as `plan` says (once per process; a second call keeps
@@ -194,47 +321,57 @@ pub fn init(plan: &Plan, scrub: Scrub) -> anyhow::Result<Guard> {
     let failures = Arc::new(AtomicU64::new(0));
     let client = http::Ureq::new(plan.export_timeout, Arc::clone(&failures));
     let headers: HashMap<String, String> = plan.headers.clone().into_iter().collect();
-    // One retry: the batch is small and the next one comes soon; a dead
-    // collector should cost the exporter's thread little.
-    let retry = opentelemetry_otlp::RetryPolicy::default().with_max_retries(1);
-    let mut spans = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(client.clone())
-        .with_protocol(Protocol::HttpBinary)
-        .with_timeout(plan.export_timeout)
-        .with_headers(headers.clone())
-        .with_retry_policy(retry.clone());
-    let mut metrics = opentelemetry_otlp::MetricExporter::builder()
-        .with_http()
-        .with_http_client(client)
-        .with_protocol(Protocol::HttpBinary)
-        .with_timeout(plan.export_timeout)
-        .with_headers(headers)
-        .with_retry_policy(retry);
-    if let Some(base) = &plan.endpoint {
-        spans = spans.with_endpoint(format!("{base}/v1/traces"));
-        metrics = metrics.with_endpoint(format!("{base}/v1/metrics"));
-    }
-    let spans = spans.build()?;
-    let metrics = metrics.build()?;
     let mut resource = Resource::builder();
     if let Some(name) = &plan.service_name {
         resource = resource.with_service_name(name.clone());
     }
     let resource = resource.build();
-    let batch = BatchConfigBuilder::default()
-        .with_max_queue_size(2048)
-        .with_scheduled_delay(Duration::from_millis(500))
-        .build();
+    // One retry on the exporter thread: the batch is small and the next
+    // one comes soon; none at exit, where the flush bound is short.
+    let span_exporter = |retries: usize| {
+        let mut b = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client.clone())
+            .with_protocol(Protocol::HttpBinary)
+            .with_timeout(plan.export_timeout)
+            .with_headers(headers.clone())
+            .with_retry_policy(opentelemetry_otlp::RetryPolicy::default().with_max_retries(retries));
+        if let Some(base) = &plan.endpoint {
+            b = b.with_endpoint(format!("{base}/v1/traces"));
+        }
+        b.build().map(|mut e| {
+            e.set_resource(&resource);
+            e
+        })
+    };
+    let metric_exporter = |retries: usize| {
+        let mut b = opentelemetry_otlp::MetricExporter::builder()
+            .with_http()
+            .with_http_client(client.clone())
+            .with_protocol(Protocol::HttpBinary)
+            .with_timeout(plan.export_timeout)
+            .with_headers(headers.clone())
+            .with_retry_policy(opentelemetry_otlp::RetryPolicy::default().with_max_retries(retries));
+        if let Some(base) = &plan.endpoint {
+            b = b.with_endpoint(format!("{base}/v1/metrics"));
+        }
+        b.build()
+    };
+    let exporters = export::Exporters {
+        spans: span_exporter(1)?,
+        metrics: metric_exporter(1)?,
+        exit_spans: span_exporter(0)?,
+        exit_metrics: metric_exporter(0)?,
+    };
+    let reader = Arc::new(ManualReader::builder().build());
+    let exporter = export::Shared::new(exporters, Arc::clone(&reader), client);
     let tracer_provider = SdkTracerProvider::builder()
-        .with_span_processor(BatchSpanProcessor::builder(spans).with_batch_config(batch).build())
+        .with_span_processor(export::Queue(Arc::clone(&exporter)))
         .with_id_generator(ids::Ids::default())
         .with_resource(resource.clone())
         .build();
-    let meter_provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(metrics).with_interval(Duration::from_secs(10)).build())
-        .with_resource(resource)
-        .build();
+    let meter_provider =
+        SdkMeterProvider::builder().with_reader(export::Reader(reader)).with_resource(resource).build();
     let tracer = tracer_provider.tracer("cairn");
     let meter = meter_provider.meter("cairn");
     let instruments = Instruments {
@@ -263,12 +400,28 @@ pub fn init(plan: &Plan, scrub: Scrub) -> anyhow::Result<Guard> {
             .with_unit("{turn}")
             .with_description("Turns run, by how they ended")
             .build(),
+        claims: meter
+            .u64_counter("cairn.worker.claims")
+            .with_unit("{claim}")
+            .with_description("Sessions a PostgreSQL worker claimed")
+            .build(),
+        takeovers: meter
+            .u64_counter("cairn.worker.takeovers")
+            .with_unit("{claim}")
+            .with_description("Claims of a session whose turn another worker left unfinished")
+            .build(),
+        lease_losses: meter
+            .u64_counter("cairn.worker.lease_losses")
+            .with_unit("{loss}")
+            .with_description("Leases a worker lost, by reason")
+            .build(),
     };
     let parent = plan.traceparent.as_deref().and_then(parse_traceparent);
     let telemetry = Telemetry {
         tracer,
-        tracer_provider,
-        meter_provider,
+        _tracer_provider: tracer_provider,
+        _meter_provider: meter_provider,
+        exporter,
         instruments,
         capture: plan.capture_content,
         scrub,

@@ -5,8 +5,10 @@
 //!
 //! Spans (GenAI semantic conventions): `invoke_agent cairn` per turn (or
 //! resume), `chat {model}` per model call, `execute_tool {tool}` per tool
-//! call with an `approval` child while a person is asked; compaction is an
-//! event of the turn's span. Attributes of cairn's own are under `cairn.*`.
+//! call with an `approval` child while a person is asked and a
+//! `create_agent cairn` child for a `spawn_agent` call (the child's turns
+//! are under it); compaction is an event of the turn's span. Undo and redo
+//! are spans of their own (`lib.rs`, [`crate::Operation`]). Attributes of cairn's own are under `cairn.*`.
 //!
 //! Must not: block (spans end into the batch processor's bounded queue) or
 //! export content unless the plan captures it.
@@ -25,6 +27,9 @@ use opentelemetry_sdk::trace::Span;
 
 use crate::{Telemetry, adopted, global, ids};
 
+/// The tool that spawns a subagent (cairn-runtime's `subagents.rs`).
+const SPAWN_TOOL: &str = "spawn_agent";
+
 /// Spans and metrics of one run of a face's step (a turn, a resume).
 pub struct TurnTrace {
     t: &'static Telemetry,
@@ -37,6 +42,12 @@ pub struct TurnTrace {
     chat_usage: UsageTotals,
     tools: HashMap<String, Call>,
     approvals: HashMap<String, Span>,
+    /// `create_agent` spans of `spawn_agent` calls, by invocation.
+    spawns: HashMap<String, Span>,
+    /// Each offered tool's replay class (`ToolSpec::replay`).
+    replay: HashMap<String, &'static str>,
+    /// The PostgreSQL worker holding the session's lease, and its epoch.
+    worker: Option<(String, i64)>,
     ended_as: Option<&'static str>,
 }
 
@@ -59,6 +70,15 @@ fn risk_name(risk: cairn_core::tool::Risk) -> &'static str {
         Risk::ReadOnly => "readOnly",
         Risk::Write => "write",
         Risk::Destructive => "destructive",
+    }
+}
+
+fn replay_name(replay: cairn_core::tool::ReplayPolicy) -> &'static str {
+    use cairn_core::tool::ReplayPolicy;
+    match replay {
+        ReplayPolicy::Idempotent => "idempotent",
+        ReplayPolicy::Guarded => "guarded",
+        ReplayPolicy::Never => "never",
     }
 }
 
@@ -94,16 +114,16 @@ pub(crate) fn trace_of(t: &Telemetry, session: &str) -> TraceId {
 }
 
 /// The span a turn of `session` is a child of: the client's traceparent,
-/// the spawning call's `execute_tool` span for a child, the process's
+/// the spawning call's `create_agent` span for a child, the process's
 /// `TRACEPARENT`, or none (a root whose trace id is the session's).
-fn turn_parent(t: &Telemetry, session: &str) -> Option<SpanContext> {
+pub(crate) fn parent_of(t: &Telemetry, session: &str) -> Option<SpanContext> {
     if let Some(sc) = adopted(session) {
         return Some(sc);
     }
     if let Some((parent, invocation)) = ids::split_child(session) {
         return Some(SpanContext::new(
             trace_of(t, parent),
-            ids::call_span(parent, invocation),
+            ids::spawn_span(parent, invocation),
             TraceFlags::SAMPLED,
             true,
             TraceState::default(),
@@ -127,8 +147,23 @@ impl TurnTrace {
             chat_usage: UsageTotals::default(),
             tools: HashMap::new(),
             approvals: HashMap::new(),
+            spawns: HashMap::new(),
+            replay: HashMap::new(),
+            worker: crate::worker_of(session),
             ended_as: None,
         })
+    }
+
+    /// The turn's tools, for the replay class of each call
+    /// (`cairn.replay` on `execute_tool`).
+    #[must_use]
+    pub fn with_tools(mut self, specs: &[cairn_core::tool::ToolSpec]) -> Self {
+        self.replay = specs.iter().map(|s| (s.name.clone(), replay_name(s.replay))).collect();
+        self
+    }
+
+    fn replay_attr(&self, tool: &str) -> Option<KeyValue> {
+        self.replay.get(tool).map(|r| KeyValue::new("cairn.replay", *r))
     }
 
     fn span(
@@ -143,6 +178,11 @@ impl TurnTrace {
             Some(sc) => Context::new().with_remote_span_context(sc),
             None => Context::new(),
         };
+        let mut attributes = attributes;
+        if let Some((worker, epoch)) = &self.worker {
+            attributes.push(KeyValue::new("cairn.worker.id", worker.clone()));
+            attributes.push(KeyValue::new("cairn.lease.epoch", *epoch));
+        }
         let tracer = &self.t.tracer;
         ids::with_ids(ids.0, ids.1, || {
             tracer.span_builder(name).with_kind(kind).with_attributes(attributes).start_with_context(tracer, &cx)
@@ -179,7 +219,7 @@ impl TurnTrace {
                 if let Some(v) = prompt.as_deref().and_then(|p| self.content(&input_messages(p))) {
                     attrs.push(KeyValue::new("gen_ai.input.messages", v));
                 }
-                let parent = turn_parent(self.t, &self.session);
+                let parent = parent_of(self.t, &self.session);
                 let trace = parent.is_none().then(|| trace_of(self.t, &self.session));
                 self.turn =
                     Some(self.span("invoke_agent cairn".to_owned(), SpanKind::Internal, parent, (trace, None), attrs));
@@ -252,6 +292,7 @@ impl TurnTrace {
                 if let Some(r) = risk {
                     attrs.push(KeyValue::new("cairn.risk", r));
                 }
+                attrs.extend(self.replay_attr(tool));
                 if let Some(v) = self.content(&arguments.to_string()) {
                     attrs.push(KeyValue::new("gen_ai.tool.call.arguments", v));
                 }
@@ -295,7 +336,7 @@ impl TurnTrace {
             TurnEvent::ToolStarted { invocation_id, tool, risk } => {
                 if !self.tools.contains_key(invocation_id) {
                     // A resumed call: its intent was told by an earlier process.
-                    let attrs = vec![
+                    let mut attrs = vec![
                         KeyValue::new("gen_ai.operation.name", "execute_tool"),
                         KeyValue::new("gen_ai.tool.name", tool.clone()),
                         self.conversation(),
@@ -303,6 +344,7 @@ impl TurnTrace {
                         KeyValue::new("cairn.risk", risk_name(*risk)),
                         KeyValue::new("cairn.resumed", true),
                     ];
+                    attrs.extend(self.replay_attr(tool));
                     let parent = self.under_turn();
                     let span =
                         self.span(format!("execute_tool {tool}"), SpanKind::Internal, parent, (None, None), attrs);
@@ -312,8 +354,19 @@ impl TurnTrace {
                 if let Some(call) = self.tools.get_mut(invocation_id) {
                     call.span.add_event("started", vec![]);
                 }
+                if tool == SPAWN_TOOL {
+                    self.start_spawn(invocation_id);
+                }
             }
-            TurnEvent::ToolCompleted { invocation_id, exit_code, output_summary, truncated, .. } => {
+            TurnEvent::ToolStaged { invocation_id, by, changes, .. } => {
+                if let Some(call) = self.tools.get_mut(invocation_id) {
+                    call.span.set_attribute(KeyValue::new("cairn.staged.verdict", "apply"));
+                    call.span.set_attribute(KeyValue::new("cairn.staged.by", by.clone()));
+                    call.span.set_attribute(KeyValue::new("cairn.staged.changes", *changes as i64));
+                }
+            }
+            TurnEvent::ToolCompleted { invocation_id, tool, exit_code, output_summary, truncated } => {
+                self.resumed_call(invocation_id, tool);
                 let result = self.content(output_summary);
                 self.settle(invocation_id, "done", None, |span| {
                     span.set_attribute(KeyValue::new("cairn.exit_code", i64::from(*exit_code)));
@@ -323,7 +376,10 @@ impl TurnTrace {
                     }
                 });
             }
-            TurnEvent::ToolFailed { invocation_id, reason, uncertain, .. } => {
+            TurnEvent::ToolFailed { invocation_id, tool, reason, uncertain } => {
+                // A call settled by a resume (after a crash, on another
+                // worker) was started by an earlier process.
+                self.resumed_call(invocation_id, tool);
                 let settlement = if *uncertain { "uncertain" } else { "failed" };
                 self.settle(invocation_id, settlement, Some(reason.clone()), |_| {});
             }
@@ -377,6 +433,44 @@ impl TurnTrace {
         }
     }
 
+    /// An `execute_tool` span for a call this process did not see start
+    /// (settled on resume), so its settlement is traced too.
+    fn resumed_call(&mut self, invocation_id: &str, tool: &str) {
+        if self.tools.contains_key(invocation_id) {
+            return;
+        }
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+            self.conversation(),
+            KeyValue::new("cairn.invocation.id", invocation_id.to_owned()),
+            KeyValue::new("cairn.resumed", true),
+        ];
+        attrs.extend(self.replay_attr(tool));
+        let parent = self.under_turn();
+        let span = self.span(format!("execute_tool {tool}"), SpanKind::Internal, parent, (None, None), attrs);
+        self.tools.insert(invocation_id.to_owned(), Call { span, tool: tool.to_owned(), risk: None, verdict: None });
+    }
+
+    /// A `create_agent` span for the child a `spawn_agent` call starts,
+    /// under the call's span, with the id the child's turns name as their
+    /// parent (`ids::spawn_span`).
+    fn start_spawn(&mut self, invocation_id: &str) {
+        let parent = self.tools.get(invocation_id).map(|c| c.span.span_context().clone()).or(self.under_turn());
+        let child = format!("{}+{invocation_id}", self.session);
+        let attrs = vec![
+            KeyValue::new("gen_ai.operation.name", "create_agent"),
+            KeyValue::new("gen_ai.agent.name", "cairn"),
+            KeyValue::new("gen_ai.agent.id", child.clone()),
+            self.conversation(),
+            KeyValue::new("cairn.child.session", child),
+            KeyValue::new("cairn.invocation.id", invocation_id.to_owned()),
+        ];
+        let id = Some(ids::spawn_span(&self.session, invocation_id));
+        let span = self.span("create_agent cairn".to_owned(), SpanKind::Internal, parent, (None, id), attrs);
+        self.spawns.insert(invocation_id.to_owned(), span);
+    }
+
     fn settle(
         &mut self,
         invocation_id: &str,
@@ -384,6 +478,13 @@ impl TurnTrace {
         error: Option<String>,
         more: impl FnOnce(&mut Span),
     ) {
+        if let Some(mut spawn) = self.spawns.remove(invocation_id) {
+            spawn.set_attribute(KeyValue::new("cairn.settlement", settlement));
+            if error.is_some() {
+                spawn.set_status(Status::error("the spawn_agent call did not complete"));
+            }
+            spawn.end();
+        }
         let Some(mut call) = self.tools.remove(invocation_id) else { return };
         call.span.set_attribute(KeyValue::new("cairn.settlement", settlement));
         more(&mut call.span);
@@ -423,6 +524,10 @@ impl TurnTrace {
         for (_, mut span) in self.approvals.drain() {
             span.set_attribute(KeyValue::new("cairn.approval.verdict", "unanswered"));
             span.end();
+        }
+        for (_, mut spawn) in self.spawns.drain() {
+            spawn.set_attribute(KeyValue::new("cairn.settlement", "open"));
+            spawn.end();
         }
         for (_, mut call) in self.tools.drain() {
             // Still open when the step ended: its settlement is in a later

@@ -8,7 +8,8 @@
 //! The receiver is `$CAIRN_BENCH_OTLP_ENDPOINT` (e.g. Arize Phoenix) when
 //! set, else a minimal one in this process that answers every POST with
 //! 200 (what a healthy collector costs the sender: a local round trip).
-//! Run: `scripts/bench telemetry` (`--smoke`: a few pairs).
+//! Run: `scripts/bench telemetry` (`--smoke`: a few pairs;
+//! `CAIRN_BENCH_PAIRS=N`: N pairs).
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
@@ -94,7 +95,9 @@ fn run(home: &CairnHome, bin: &Path, script: &Path, endpoint: Option<&str>) -> R
 
 fn main() -> Result<()> {
     let bin = cairn_bench::cairn_bin()?;
-    let pairs = size(15, 3);
+    // More pairs for a loaded machine (`CAIRN_BENCH_PAIRS`): the per-pair
+    // ratios spread widely there.
+    let pairs = std::env::var("CAIRN_BENCH_PAIRS").ok().and_then(|n| n.parse().ok()).unwrap_or(size(15, 3));
     let home = CairnHome::new()?;
     std::fs::write(home.home.join("config.toml"), "[tools]\nstaged = false\n")?;
     let script = home.write_lines(

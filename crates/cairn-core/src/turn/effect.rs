@@ -176,7 +176,12 @@ pub(crate) fn run(
                 Err(_) => Err(TurnError::Corrupt("the effect recorder is busy".to_owned())),
             };
             match recorded {
-                Ok(()) => decision,
+                Ok(()) => {
+                    if let Ok(mut observer) = observer.try_borrow_mut() {
+                        (**observer)(&payload.event());
+                    }
+                    decision
+                }
                 Err(e) => {
                     let reason = match &e {
                         TurnError::NotStarted(why) => {

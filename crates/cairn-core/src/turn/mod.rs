@@ -717,6 +717,15 @@ impl<S: Storage> Session<S> {
         Ok(parsed)
     }
 
+    /// Keep a host's fact about this session (the traceparent its turns
+    /// run under) in `namespace`, a `fact.<suffix>` register namespace of
+    /// the host's own that no turn reads: committed on its own, between
+    /// turns.
+    pub fn keep_fact(&mut self, namespace: &str, key: &str, value: crate::storage::RawJson) -> Result<(), TurnError> {
+        self.store.commit(Transaction::new().set(namespace, key, value))?;
+        Ok(())
+    }
+
     /// A new lane `lane` whose head is the existing entry `at_entry` (no
     /// copy). Does not switch to it.
     pub fn fork(&mut self, lane: &str, at_entry: &str) -> Result<(), TurnError> {
