@@ -203,7 +203,7 @@ impl Beneath {
 
     /// The parent directory of `rel` and its last name; `None` when the
     /// parent does not exist.
-    fn parent<'a>(&self, rel: &'a str) -> io::Result<Option<(OwnedFd, &'a str)>> {
+    pub(crate) fn parent<'a>(&self, rel: &'a str) -> io::Result<Option<(OwnedFd, &'a str)>> {
         let (parent, name) = split(rel)?;
         Ok(self.dir(parent)?.map(|fd| (fd, name)))
     }
@@ -278,6 +278,14 @@ impl Beneath {
     /// link, nothing opened for anything else); `None` when missing.
     pub fn state(&self, rel: &str) -> io::Result<Option<FileState>> {
         let Some(node) = self.node(rel)? else { return Ok(None) };
+        self.state_of(rel, node).map(Some)
+    }
+
+    /// [`Beneath::state`] of `rel` when its [`Node`] was just read (one
+    /// lookup fewer per file for the change-set reader, issue 49.10); the
+    /// content is read from what is at `rel` now, opened as the regular
+    /// file the node says it is.
+    pub fn state_of(&self, rel: &str, node: Node) -> io::Result<FileState> {
         let (size, sha256) = match node.kind {
             EntryKind::Dir | EntryKind::Special => {
                 (if node.kind == EntryKind::Dir { 0 } else { node.size }, String::new())
@@ -292,7 +300,7 @@ impl Beneath {
                 (size, digest)
             }
         };
-        Ok(Some(FileState { kind: node.kind, size, sha256, mode: node.mode }))
+        Ok(FileState { kind: node.kind, size, sha256, mode: node.mode })
     }
 
     /// [`Beneath::state`] as a change set records it: the permission bits

@@ -412,7 +412,10 @@ impl Tool for ExternalTool {
                 };
             }
         };
-        let (outcome, staging) = outcome;
+        let (outcome, mut staging) = outcome;
+        if let Some(staging) = &mut staging {
+            staging.ran(&outcome);
+        }
         let settled = match staging {
             Some(staging) => Some(crate::staging::settle(
                 staging,

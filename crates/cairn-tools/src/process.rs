@@ -99,6 +99,13 @@ pub struct RunOutcome {
     pub duration: Duration,
     /// The leader's pid (= process group id).
     pub pid: u32,
+    /// Every process the call started is gone: it ran in its own PID
+    /// namespace and the waiter outside it exited on its own, which it
+    /// does only once it reaped the namespace's first process, and the
+    /// kernel reaps that one only after killing and reaping every other
+    /// process of the namespace (a background child included). A staged
+    /// call's layer may then be moved into the tree (`staging::Writers`).
+    pub contained: bool,
 }
 
 /// Why a program could not be run.
@@ -288,11 +295,14 @@ pub fn run(spec: &RunSpec, cancel: &CancelToken, output: &mut dyn FnMut(&[u8])) 
         }
     }
     let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    // Killed by a signal (the deadline, cancel, anything else), the waiter
+    // did not wait for the namespace: its processes die, but maybe later.
+    let contained = prepared.pid_namespace() && end == End::Exited && status.code().is_some();
     let [stdout, stderr] = captured;
     // The hook's raw pointers into `prepared` die with `cmd`, first.
     drop(cmd);
     drop(prepared);
-    Ok(RunOutcome { exit_code, stdout, stderr, end, duration: start.elapsed(), pid })
+    Ok(RunOutcome { exit_code, stdout, stderr, end, duration: start.elapsed(), pid, contained })
 }
 
 /// The command for `spec` under its sandbox (or the explicit lack of one),

@@ -82,6 +82,22 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StagingError {
 pub struct Staging {
     root: PathBuf,
     dirs: OverlayDirs,
+    writers: Writers,
+}
+
+/// Whether anything may still write the files of a staging layer, which
+/// decides whether [`apply`] may move them into the tree (a file moved
+/// while a process of the command still held it open would take that
+/// process's later writes into the tree, unreviewed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writers {
+    /// None: every process of the command is gone
+    /// (`process::RunOutcome::contained`), or the layer is cairn's own
+    /// plain directory. Created files are moved.
+    Gone,
+    /// Not known: every file is copied (what a lingering writer does to
+    /// the layer afterwards stays there).
+    Unknown,
 }
 
 impl Staging {
@@ -97,7 +113,13 @@ impl Staging {
         let dirs = OverlayDirs { upper: root.join("upper"), work: root.join("work") };
         fs::create_dir(&dirs.upper).map_err(io("cannot create the staging layer"))?;
         fs::create_dir(&dirs.work).map_err(io("cannot create the overlay work directory"))?;
-        Ok(Self { root, dirs })
+        Ok(Self { root, dirs, writers: Writers::Unknown })
+    }
+
+    /// The command that wrote the layer ended as `outcome` says: when all
+    /// its processes are gone, the layer's files may be moved.
+    pub fn ran(&mut self, outcome: &crate::process::RunOutcome) {
+        self.writers = if outcome.contained { Writers::Gone } else { Writers::Unknown };
     }
 
     /// The overlay's directories.
@@ -189,7 +211,7 @@ pub fn settle(
         };
         match review(&asked) {
             StagedDecision::Apply { by } => {
-                apply(&changes, &staging.dirs().upper, cwd).map_err(|e| {
+                apply(&changes, &staging.dirs().upper, cwd, staging.writers).map_err(|e| {
                     ToolError::Other(format!("the staged change set was approved but applying it failed: {e}"))
                 })?;
                 Ok(Settled { changes, risk: judgement.risk, diff, applied_by: Some(by) })
@@ -212,7 +234,9 @@ pub fn resume(
     rules: &cairn_core::staged::StagedRules,
 ) -> cairn_core::tool::GuardVerdict {
     use cairn_core::tool::{GuardVerdict, ToolReceipt};
-    match apply(staged.changes, Path::new(staged.staging), cwd) {
+    // Copied, not moved: nothing here says what became of the processes
+    // of the run that wrote the layer.
+    match apply(staged.changes, Path::new(staged.staging), cwd, Writers::Unknown) {
         Ok(()) => {
             remove_temporaries(staged.changes, cwd);
             remove_leftovers(base, invocation);
@@ -263,8 +287,31 @@ pub fn default_base() -> PathBuf {
 /// Whether staged execution works here (probed once: a throwaway child
 /// mounts an overlay in a new mount namespace), or why not.
 pub fn overlay_status() -> Result<(), String> {
-    static PROBE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    PROBE.get_or_init(probe).clone()
+    overlay_probe().clone().map(|_| ())
+}
+
+/// Whether the staging overlay is mounted `volatile` here (the probe
+/// mounted one; Linux ≥ 5.10). Without it, overlayfs syncs the staging
+/// layer's whole file system when the call's mount namespace goes away
+/// (`syncfs` at unmount), which on a disk shared with other writers cost
+/// every staged call, even `true`, tens of milliseconds to seconds
+/// (issue 49.10), and turns a tool's own `fsync` calls into real flushes
+/// of a layer that may be discarded. Durability does not depend on it:
+/// cairn makes the layer durable itself (`Staging::sync`) before a change
+/// set is recorded, and never mounts a staging layer twice (the next
+/// mount of a volatile layer is refused by overlayfs; a resumed apply
+/// reads the layer as plain files).
+pub(crate) fn overlay_volatile() -> bool {
+    matches!(overlay_probe(), Ok(true))
+}
+
+/// The probe's answer: `Ok(volatile)` or why overlays do not work.
+fn overlay_probe() -> &'static Result<bool, String> {
+    static PROBE: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    PROBE.get_or_init(|| match probe(true) {
+        Ok(()) => Ok(true),
+        Err(_) => probe(false).map(|()| false),
+    })
 }
 
 /// What decides a shell line where it runs directly on the tree.
@@ -287,7 +334,7 @@ pub fn describe(enabled: bool) -> String {
 }
 
 #[cfg(target_os = "linux")]
-fn probe() -> Result<(), String> {
+fn probe(volatile: bool) -> Result<(), String> {
     use crate::sandbox::{NamespaceMode, UserMaps};
     let mode = crate::sandbox::namespace_mode().map_err(|why| format!("no private mount namespace: {why}"))?;
     let maps = UserMaps::for_mode(Ok(mode));
@@ -305,7 +352,7 @@ fn probe() -> Result<(), String> {
         lower.display(),
         upper.display(),
         work.display(),
-        crate::sandbox::overlay_flags(mode == NamespaceMode::UserNamespace)
+        crate::sandbox::overlay_flags(mode == NamespaceMode::UserNamespace, volatile)
     );
     // The probe writes through the overlay (a copy-up and a whiteout), as a
     // staged command would.
@@ -378,7 +425,7 @@ fn probe() -> Result<(), String> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn probe() -> Result<(), String> {
+fn probe(_volatile: bool) -> Result<(), String> {
     Err("overlay staging exists only on Linux".into())
 }
 
@@ -396,7 +443,7 @@ pub fn read_layer(upper: &Path, lower: &Path) -> Result<ChangeSet, StagingError>
     let low = Beneath::open(lower).map_err(io(format!("cannot open the working tree {}", lower.display())))?;
     let git = GitStore::find(lower);
     let mut changes = BTreeMap::new();
-    walk_upper(&up, &low, git.as_ref(), "", &mut changes)?;
+    walk_upper(&up, &low, git.as_ref(), "", true, &mut changes)?;
     Ok(ChangeSet { changes: changes.into_values().collect() })
 }
 
@@ -419,11 +466,16 @@ fn before_state(low: &Beneath, rel: &str) -> Result<Option<FileState>, StagingEr
     low.state(rel).map_err(io_at(format!("cannot read {}", low.show(rel))))
 }
 
+/// Read the upper layer's directory `rel` into `out`; `in_lower`: `rel` is
+/// a directory of the lower tree too (else nothing below it existed
+/// before, and the lower tree is not asked: a build's new output
+/// directory costs one lookup per file, not two).
 fn walk_upper(
     up: &Beneath,
     low: &Beneath,
     git: Option<&GitStore>,
     rel: &str,
+    in_lower: bool,
     out: &mut BTreeMap<String, Change>,
 ) -> Result<(), StagingError> {
     if rel.split('/').count() > MAX_DEPTH {
@@ -438,7 +490,7 @@ fn walk_upper(
                 source: std::io::ErrorKind::NotFound.into(),
             }
         })?;
-        let before = before_state(low, &path)?;
+        let before = if in_lower { before_state(low, &path)? } else { None };
         if node.whiteout {
             deleted_tree(low, &path, before, out)?;
             continue;
@@ -446,7 +498,7 @@ fn walk_upper(
         if node.kind == EntryKind::Special {
             return Err(StagingError::Special { path: cairn_core::staged::shown(&path) });
         }
-        let after = recorded(up, &path)?;
+        let after = Some(writable(up.state_of(&path, node).map_err(io_at(format!("cannot read {}", up.show(&path))))?));
         if node.kind == EntryKind::Dir {
             let lower_is_dir = before.as_ref().is_some_and(|b| b.kind == EntryKind::Dir);
             if !lower_is_dir {
@@ -466,7 +518,7 @@ fn walk_upper(
             } else if before.as_ref().map(|b| b.mode) != after.as_ref().map(|a| a.mode) {
                 out.insert(path.clone(), change(&path, ChangeKind::Modified, before, after));
             }
-            walk_upper(up, low, git, &path, out)?;
+            walk_upper(up, low, git, &path, lower_is_dir, out)?;
             continue;
         }
         match before {
@@ -864,7 +916,20 @@ pub fn render_diff(changes: &ChangeSet, upper: &Path, lower: &Path, cap: usize) 
 /// deletions of missing paths are no-ops; so a crash during the apply is
 /// finished by applying again. A change set whose result holds a FIFO,
 /// socket or device is refused before anything is touched.
-pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), StagingError> {
+///
+/// A created file whose staged copy can stand in the tree as it is (same
+/// file system, one link, owned as a file cairn creates there would be,
+/// no extended attributes, no default ACL on its directory) is not copied
+/// but moved (`renameat2(RENAME_NOREPLACE)`) after its bytes were hashed
+/// and its mode set, and checked to be the inode that was hashed once it
+/// is in place ([`Movable`]; issue 49.10: the copy was most of a staged
+/// build's extra time). Its bytes are durable already: the layer is
+/// synced before its change set is recorded (`Staging::sync`), which
+/// [`settle`] sees to. The command's processes
+/// must be gone (`writers`, [`Writers::Gone`]: the call's PID namespace
+/// ended with it, `process::RunOutcome::contained`), so nothing of the
+/// command still holds the moved file open; else every file is copied.
+pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path, writers: Writers) -> Result<(), StagingError> {
     let tree = Beneath::open(cwd).map_err(io(format!("cannot open the working tree {}", cwd.display())))?;
     // The staging layer is opened only when something must be copied from
     // it: a finished apply re-applied after the layer was removed is a
@@ -898,47 +963,96 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path) -> Result<(), Stagin
     // made durable with another (a crash in between is finished by the
     // next apply: the change set is in the log). A failure on the way
     // (ENOSPC, EIO, a refused copy) removes every temporary not renamed
-    // yet: nothing of cairn's is left in the tree.
-    let mut renames: Vec<(String, &str)> = Vec::new();
-    let mut dir_modes: Vec<(&str, u32)> = Vec::new();
-    let written = write_temporaries(changes, &found, &tree, upper, &mut stage, &mut renames, &mut dir_modes);
+    // yet: nothing of cairn's is left in the tree. Files moved from the
+    // layer are checked in that step and moved with the renames.
+    let mut plan = Plan::default();
+    let written = write_temporaries(changes, &found, &tree, upper, &mut stage, writers, &mut plan);
     if let Err(e) = written {
-        discard_temporaries(&tree, &renames);
+        discard_temporaries(&tree, &plan.renames);
         return Err(e);
     }
-    if renames.is_empty() && deletions.is_empty() && dir_modes.is_empty() {
+    if plan.renames.is_empty() && plan.moves.is_empty() && deletions.is_empty() && plan.dir_modes.is_empty() {
         return Ok(());
     }
-    if let Err(e) = tree.sync() {
-        discard_temporaries(&tree, &renames);
+    // Only copies need flushing before they are renamed: a moved file's
+    // bytes were made durable with its layer.
+    if !plan.renames.is_empty()
+        && let Err(e) = tree.sync()
+    {
+        discard_temporaries(&tree, &plan.renames);
         return Err(StagingError::Io { what: format!("cannot sync the file system of {}", cwd.display()), source: e });
     }
-    for (i, (temp, rel)) in renames.iter().enumerate() {
+    for (i, (temp, rel)) in plan.renames.iter().enumerate() {
         if let Err(e) = tree.rename_into(temp, rel) {
-            discard_temporaries(&tree, &renames[i..]);
+            discard_temporaries(&tree, &plan.renames[i..]);
             return Err(StagingError::Io { what: format!("cannot rename onto {}", tree.show(rel)), source: e });
         }
     }
-    dir_modes.sort_by(|a, b| b.0.cmp(a.0));
-    for (rel, mode) in dir_modes {
-        tree.set_dir_mode(rel, mode).map_err(io_at(format!("cannot set the mode of {}", tree.show(rel))))?;
+    if let Some(stage) = &stage {
+        for (file, rel, after) in &plan.moves {
+            move_into(stage, &tree, rel, file, after)?;
+        }
     }
-    tree.sync().map_err(io(format!("cannot sync the file system of {}", cwd.display())))
+    plan.dir_modes.sort_by(|a, b| b.0.cmp(a.0));
+    for (rel, mode) in &plan.dir_modes {
+        tree.set_dir_mode(rel, *mode).map_err(io_at(format!("cannot set the mode of {}", tree.show(rel))))?;
+    }
+    make_durable(&tree, changes, &plan).map_err(io(format!("cannot sync the file system of {}", cwd.display())))
+}
+
+/// What [`write_temporaries`] prepared: temporaries to rename (each
+/// pushed as it is made, so a failure leaves the list to remove), staged
+/// files to move, directories whose mode is set last.
+#[derive(Default)]
+struct Plan<'a> {
+    renames: Vec<(String, &'a str)>,
+    moves: Vec<(fs::File, &'a str, &'a FileState)>,
+    dir_modes: Vec<(&'a str, u32)>,
+}
+
+/// Most directories [`make_durable`] flushes one by one; past this, one
+/// `syncfs` is cheaper (the pre-image store's rule too).
+const FEW_DIRS: usize = 16;
+
+/// Make an apply's renames, moves, deletions and modes durable: `fsync`
+/// of each directory that holds a changed name (and each changed
+/// directory), or one `syncfs` when there are many. Flushing only these
+/// leaves the other writers of a shared disk alone (a `syncfs` writes
+/// their dirty data too: seconds on a disk busy with builds).
+fn make_durable(tree: &Beneath, changes: &ChangeSet, plan: &Plan<'_>) -> std::io::Result<()> {
+    let mut dirs: Vec<&str> = changes
+        .changes
+        .iter()
+        .map(|c| c.path.rsplit_once('/').map_or("", |(parent, _)| parent))
+        .chain(plan.dir_modes.iter().map(|(rel, _)| *rel))
+        .collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    if dirs.len() > FEW_DIRS {
+        return tree.sync();
+    }
+    for dir in dirs {
+        if let Some(fd) = tree.dir(dir)? {
+            rustix::fs::fsync(&fd)?;
+        }
+    }
+    Ok(())
 }
 
 /// [`apply`]'s second step: every created or modified file and link of
 /// `changes` not already in its staged state (`found`) written to a
-/// temporary beside it (pushed to `renames` as it is made, so a failure
-/// leaves the caller the list to remove), every directory created.
+/// temporary beside it, or checked to be moved as it is ([`Movable`]),
+/// every directory created.
 fn write_temporaries<'a>(
     changes: &'a ChangeSet,
     found: &[Option<FileState>],
     tree: &Beneath,
     upper: &Path,
     stage: &mut Option<Beneath>,
-    renames: &mut Vec<(String, &'a str)>,
-    dir_modes: &mut Vec<(&'a str, u32)>,
+    writers: Writers,
+    plan: &mut Plan<'a>,
 ) -> Result<(), StagingError> {
+    let mut movable = Movable::new(tree);
     for (c, now) in changes.changes.iter().zip(found).filter(|(c, _)| c.kind != ChangeKind::Deleted) {
         let Some(after) = &c.after else { continue };
         if now.as_ref() == Some(after) {
@@ -954,21 +1068,157 @@ fn write_temporaries<'a>(
                 // non-root cairn could not fill a `chmod 555` directory);
                 // its own mode is set last, deepest first.
                 tree.make_dir(&c.path, after.mode | 0o700).map_err(at("create"))?;
-                dir_modes.push((&c.path, after.mode));
+                plan.dir_modes.push((&c.path, after.mode));
             }
             EntryKind::Symlink => {
                 let link = staged(stage, upper, &c.path)?.read_link(&c.path).map_err(at("read the staged link for"))?;
                 let temp = tree.symlink_temp(&c.path, &link).map_err(at("create a link for"))?;
-                renames.push((temp, &c.path));
+                plan.renames.push((temp, &c.path));
             }
             EntryKind::File => {
                 let source =
                     staged(stage, upper, &c.path)?.open_file(&c.path).map_err(at("read the staged content of"))?;
+                if writers == Writers::Gone
+                    && c.kind == ChangeKind::Created
+                    && now.is_none()
+                    && movable.check(&source, &c.path).map_err(at("stat"))?
+                {
+                    let (size, digest) = beneath::hash_file(&source).map_err(at("read the staged content of"))?;
+                    if size != after.size || digest != after.sha256 {
+                        return Err(StagingError::Io {
+                            what: format!(
+                                "the staged content of {} changed after it was reviewed; nothing of it was applied",
+                                tree.show(&c.path)
+                            ),
+                            source: std::io::ErrorKind::InvalidData.into(),
+                        });
+                    }
+                    rustix::fs::fchmod(&source, rustix::fs::Mode::from_raw_mode(after.mode & beneath::WRITABLE_MODE))
+                        .map_err(|e| at("set the mode of")(e.into()))?;
+                    plan.moves.push((source, &c.path, after));
+                    continue;
+                }
                 let temp = tree.write_temp(&c.path, &source, after.mode, &after.sha256).map_err(at("write"))?;
-                renames.push((temp, &c.path));
+                plan.renames.push((temp, &c.path));
             }
             EntryKind::Special => return Err(StagingError::Special { path: cairn_core::staged::shown(&c.path) }),
         }
+    }
+    Ok(())
+}
+
+/// Whether a staged file may be moved into the tree as it is rather than
+/// copied: only when the moved file is what a copy would have made. It
+/// must be on the tree's file system (a rename cannot cross), have one
+/// link (no other name, in the layer or anywhere, reaches its inode), be
+/// owned by cairn's user and the group a file created in its directory
+/// would get (a setgid directory's), and carry no extended attribute (a
+/// file capability, an overlayfs mark, a label), in a directory without
+/// a default ACL (a copy would inherit it). Anything else is copied.
+struct Movable<'t> {
+    tree: &'t Beneath,
+    uid: u32,
+    gid: u32,
+    /// Per directory of the tree: its device and the group of a file
+    /// created in it, or `None` when it has a default ACL.
+    dirs: std::collections::HashMap<String, Option<(u64, u32)>>,
+}
+
+impl<'t> Movable<'t> {
+    fn new(tree: &'t Beneath) -> Self {
+        Self {
+            tree,
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+            dirs: Default::default(),
+        }
+    }
+
+    fn check(&mut self, source: &fs::File, rel: &str) -> std::io::Result<bool> {
+        let parent = rel.rsplit_once('/').map_or("", |(parent, _)| parent);
+        if !self.dirs.contains_key(parent) {
+            let info = match self.tree.dir(parent)? {
+                None => None,
+                Some(fd) => {
+                    let st = rustix::fs::fstat(&fd)?;
+                    let mut probe = [0u8; 1];
+                    let acl = match rustix::fs::fgetxattr(&fd, "system.posix_acl_default", &mut probe[..]) {
+                        Ok(_) | Err(rustix::io::Errno::RANGE) => true,
+                        Err(_) => false,
+                    };
+                    let gid = if st.st_mode & libc::S_ISGID != 0 { st.st_gid } else { self.gid };
+                    (!acl).then_some((st.st_dev, gid))
+                }
+            };
+            self.dirs.insert(parent.to_owned(), info);
+        }
+        let Some(Some((dev, gid))) = self.dirs.get(parent).copied() else { return Ok(false) };
+        let st = rustix::fs::fstat(source)?;
+        if st.st_dev != dev || st.st_nlink != 1 || st.st_uid != self.uid || st.st_gid != gid {
+            return Ok(false);
+        }
+        Ok(rustix::fs::flistxattr_query(source)? == 0)
+    }
+}
+
+/// Move the checked staged file `file` (see [`Movable`]) from the layer
+/// onto `rel` of the tree, which must not exist (`RENAME_NOREPLACE`),
+/// then check that the inode now at `rel` is the one that was hashed (a
+/// name of the layer swapped in between would otherwise be applied
+/// unreviewed: it is removed again and the apply fails). Where the
+/// rename cannot be made (another mount of the same file system, a
+/// directory of the layer the command made read-only), the file is
+/// copied instead, flushed and renamed.
+fn move_into(
+    stage: &Beneath,
+    tree: &Beneath,
+    rel: &str,
+    file: &fs::File,
+    after: &FileState,
+) -> Result<(), StagingError> {
+    let fail = |what: &str| io_at(format!("cannot {what} {}", tree.show(rel)));
+    let (from, name) = stage.parent(rel).map_err(fail("find the staged"))?.ok_or_else(|| StagingError::Io {
+        what: format!("the staged directory of {} is missing", tree.show(rel)),
+        source: std::io::ErrorKind::NotFound.into(),
+    })?;
+    let (to, _) = tree.parent(rel).map_err(fail("open the directory of"))?.ok_or_else(|| StagingError::Io {
+        what: format!("the parent of {} is missing", tree.show(rel)),
+        source: std::io::ErrorKind::NotFound.into(),
+    })?;
+    match rustix::fs::renameat_with(&from, name, &to, name, rustix::fs::RenameFlags::NOREPLACE) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::EXIST) => return Err(StagingError::Conflict { path: cairn_core::staged::shown(rel) }),
+        Err(
+            rustix::io::Errno::XDEV | rustix::io::Errno::ACCESS | rustix::io::Errno::PERM | rustix::io::Errno::INVAL,
+        ) => {
+            let temp = tree.write_temp(rel, file, after.mode, &after.sha256).map_err(fail("write"))?;
+            let flushed = rustix::fs::openat(
+                &to,
+                temp.as_str(),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .and_then(|fd| rustix::fs::fsync(&fd));
+            if let Err(e) = flushed.map_err(std::io::Error::from).and_then(|()| tree.rename_into(&temp, rel)) {
+                let _ = tree.remove_temp(rel, &temp);
+                return Err(fail("write")(e));
+            }
+            return Ok(());
+        }
+        Err(e) => return Err(fail("move the staged file onto")(e.into())),
+    }
+    let placed =
+        rustix::fs::statat(&to, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).map_err(|e| fail("stat")(e.into()))?;
+    let hashed = rustix::fs::fstat(file).map_err(|e| fail("stat")(e.into()))?;
+    if (placed.st_dev, placed.st_ino) != (hashed.st_dev, hashed.st_ino) {
+        let _ = rustix::fs::unlinkat(&to, name, rustix::fs::AtFlags::empty());
+        return Err(StagingError::Io {
+            what: format!(
+                "the staged file of {} was replaced after it was checked; it was not applied",
+                tree.show(rel)
+            ),
+            source: std::io::ErrorKind::InvalidData.into(),
+        });
     }
     Ok(())
 }

@@ -478,7 +478,7 @@ pub(super) fn overlay_mount_args(
         plain(cwd)?,
         plain(&dirs.upper)?,
         plain(&dirs.work)?,
-        overlay_flags(userxattr)
+        overlay_flags(userxattr, crate::staging::overlay_volatile())
     );
     let target = std::ffi::CString::new(cwd.as_os_str().as_bytes())
         .map_err(|_| SandboxError::Overlay("the working directory holds a NUL byte".into()))?;
@@ -497,8 +497,14 @@ pub(super) fn userxattr() -> bool {
 /// are then `user.overlay.*` xattrs, which the change-set reader checks),
 /// which implies `redirect_dir=nofollow` and `metacopy=off` and refuses an
 /// explicit `redirect_dir=off` (that means "follow" on this kernel).
-pub(crate) fn overlay_flags(userxattr: bool) -> &'static str {
-    if userxattr { "index=off,xino=off,userxattr" } else { "redirect_dir=off,metacopy=off,index=off,xino=off" }
+/// With `volatile` (where the probe mounted it,
+/// `staging::overlay_volatile`), overlayfs never syncs the staging
+/// layer's file system, at unmount or on a tool's `fsync`: cairn syncs
+/// the layer itself before recording a change set.
+pub(crate) fn overlay_flags(userxattr: bool, volatile: bool) -> String {
+    let base =
+        if userxattr { "index=off,xino=off,userxattr" } else { "redirect_dir=off,metacopy=off,index=off,xino=off" };
+    if volatile { format!("{base},volatile") } else { base.to_owned() }
 }
 
 pub(super) fn c_path(p: &Path) -> Result<std::ffi::CString, SandboxError> {

@@ -162,12 +162,12 @@ fn applying_twice_equals_applying_once() {
     std::fs::write(upper.join("d/new"), "new\n").unwrap();
     let set = cairn_tools::staging::read_layer(&upper, &lower).unwrap();
     assert_eq!(set.changes.len(), 2, "{set:?}");
-    cairn_tools::staging::apply(&set, &upper, &lower).unwrap();
+    cairn_tools::staging::apply(&set, &upper, &lower, cairn_tools::staging::Writers::Gone).unwrap();
     let once = (std::fs::read(lower.join("d/old")).unwrap(), std::fs::read(lower.join("d/new")).unwrap());
-    cairn_tools::staging::apply(&set, &upper, &lower).unwrap();
+    cairn_tools::staging::apply(&set, &upper, &lower, cairn_tools::staging::Writers::Gone).unwrap();
     std::fs::remove_dir_all(&upper).unwrap();
     // Even without the staging layer, a finished apply applies again (no-op).
-    cairn_tools::staging::apply(&set, &upper, &lower).unwrap();
+    cairn_tools::staging::apply(&set, &upper, &lower, cairn_tools::staging::Writers::Gone).unwrap();
     let twice = (std::fs::read(lower.join("d/old")).unwrap(), std::fs::read(lower.join("d/new")).unwrap());
     assert_eq!(once, twice);
     assert_eq!(twice, (b"old\nnew\n".to_vec(), b"new\n".to_vec()));
@@ -229,7 +229,7 @@ fn reading_the_change_set_never_follows_a_link_of_the_tree() {
     let diff = cairn_tools::staging::render_diff(&set, &upper, &lower, 1 << 16);
     assert!(!diff.contains("TOP SECRET"), "{diff}");
     // Applying it replaces the link, and never writes through it.
-    cairn_tools::staging::apply(&set, &upper, &lower).unwrap();
+    cairn_tools::staging::apply(&set, &upper, &lower, cairn_tools::staging::Writers::Gone).unwrap();
     assert_eq!(std::fs::read_to_string(outside.join("secret.txt")).unwrap(), "TOP SECRET LINE\n");
     assert!(std::fs::symlink_metadata(lower.join("link")).unwrap().is_dir());
     assert_eq!(std::fs::read_to_string(lower.join("link/secret.txt")).unwrap(), "hi\n");
@@ -250,7 +250,7 @@ fn a_link_planted_after_the_review_stops_the_apply() {
     let set = cairn_tools::staging::read_layer(&upper, &lower).unwrap();
     std::fs::remove_dir(lower.join("d")).unwrap();
     std::os::unix::fs::symlink(&outside, lower.join("d")).unwrap();
-    assert!(cairn_tools::staging::apply(&set, &upper, &lower).is_err());
+    assert!(cairn_tools::staging::apply(&set, &upper, &lower, cairn_tools::staging::Writers::Gone).is_err());
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "the apply wrote beyond the link");
 }
 
@@ -363,4 +363,90 @@ fn modes_that_lock_the_owner_out_are_read_and_applied_exactly() {
     for d in ["ro/in", "ro"] {
         std::fs::set_permissions(cwd.path().join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
+}
+
+/// Issue 49.10: created files are moved from the staging layer into the
+/// tree rather than copied, but only when nothing of the command can
+/// still write them. A writer that still holds a staged file open (a
+/// command's background child, had it outlived the command) must never
+/// reach the tree: with `Writers::Unknown` the file is copied, and what
+/// the writer adds afterwards stays in the layer. With `Writers::Gone` the
+/// file is moved, and is the inode that was hashed.
+#[test]
+fn a_lingering_writer_of_the_layer_never_reaches_the_tree() {
+    use cairn_tools::staging::{Writers, apply, read_layer};
+    use std::io::Write as _;
+    use std::os::unix::fs::MetadataExt as _;
+    let base = tempfile::tempdir().unwrap();
+    let (lower, upper) = (base.path().join("lower"), base.path().join("upper"));
+    std::fs::create_dir_all(&lower).unwrap();
+    std::fs::create_dir_all(upper.join("out")).unwrap();
+    std::fs::write(upper.join("out/new.txt"), "reviewed\n").unwrap();
+    std::fs::write(upper.join("moved.txt"), "moved\n").unwrap();
+    let set = read_layer(&upper, &lower).unwrap();
+    let mut writer = std::fs::OpenOptions::new().append(true).open(upper.join("out/new.txt")).unwrap();
+    let moved_inode = std::fs::metadata(upper.join("moved.txt")).unwrap().ino();
+    // Unknown writers: copied.
+    let only_new = ChangeSet { changes: set.changes.iter().filter(|c| c.path != "moved.txt").cloned().collect() };
+    apply(&only_new, &upper, &lower, Writers::Unknown).unwrap();
+    writer.write_all(b"late, unreviewed\n").unwrap();
+    writer.sync_all().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(lower.join("out/new.txt")).unwrap(),
+        "reviewed\n",
+        "the late write reached the tree"
+    );
+    assert!(upper.join("out/new.txt").exists(), "copied, so the layer keeps its file");
+    // No writers: moved, and it is the file that was hashed.
+    apply(&set, &upper, &lower, Writers::Gone).unwrap();
+    assert_eq!(std::fs::read_to_string(lower.join("moved.txt")).unwrap(), "moved\n");
+    assert_eq!(std::fs::metadata(lower.join("moved.txt")).unwrap().ino(), moved_inode, "not moved");
+    assert!(!upper.join("moved.txt").exists());
+}
+
+/// Issue 49.10, through the sandbox: a command whose background child
+/// keeps writing the file it created after the command returns. The
+/// child dies with the command's PID namespace before the change set is
+/// read, so what is applied is what was reviewed, and the tree's file
+/// does not change afterwards.
+#[test]
+fn a_background_writer_of_a_staged_command_never_reaches_the_tree() {
+    require_staging();
+    let cwd = tempfile::tempdir().unwrap();
+    let command = "exec 3>>out.txt; echo reviewed >&3; \
+                   (trap '' HUP TERM; while :; do echo late >&3; sleep 0.01; done) </dev/null >/dev/null 2>&1 & \
+                   sleep 0.1";
+    let (result, seen) = staged_run(cwd.path(), command, |_| StagedDecision::Apply { by: "test".into() });
+    result.unwrap();
+    let set = seen.expect("reviewed");
+    let reviewed = set.changes.iter().find(|c| c.path == "out.txt").and_then(|c| c.after.clone()).unwrap();
+    let sha = |bytes: &[u8]| {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let applied = std::fs::read(cwd.path().join("out.txt")).unwrap();
+    assert_eq!(sha(&applied), reviewed.sha256, "the tree holds bytes nobody reviewed");
+    // Long enough for a surviving writer (one line per 10 ms) to show.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(std::fs::read(cwd.path().join("out.txt")).unwrap(), applied, "a writer outlived the command");
+}
+
+/// Issue 49.10: a created file the apply could move but whose move would
+/// not equal a copy is copied: two names of one inode (a hard link made by
+/// the command) become two files, as before.
+#[test]
+fn hard_linked_staged_files_are_copied_not_moved() {
+    use std::os::unix::fs::MetadataExt as _;
+    let base = tempfile::tempdir().unwrap();
+    let (lower, upper) = (base.path().join("lower"), base.path().join("upper"));
+    std::fs::create_dir_all(&lower).unwrap();
+    std::fs::create_dir_all(&upper).unwrap();
+    std::fs::write(upper.join("a"), "one inode\n").unwrap();
+    std::fs::hard_link(upper.join("a"), upper.join("b")).unwrap();
+    let set = cairn_tools::staging::read_layer(&upper, &lower).unwrap();
+    cairn_tools::staging::apply(&set, &upper, &lower, cairn_tools::staging::Writers::Gone).unwrap();
+    let (a, b) = (std::fs::metadata(lower.join("a")).unwrap(), std::fs::metadata(lower.join("b")).unwrap());
+    assert_ne!(a.ino(), b.ino(), "the two names share an inode in the tree");
+    assert_eq!((a.nlink(), b.nlink()), (1, 1));
+    assert!(upper.join("a").exists() && upper.join("b").exists(), "moved out of the layer");
 }

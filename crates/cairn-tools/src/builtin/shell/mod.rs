@@ -447,7 +447,11 @@ impl Shell {
         }
         spec.output_cap = ctx.limits.output_cap;
         match process::run(&spec, ctx.cancel, ctx.output) {
-            Ok(o) => Ok((staging, o)),
+            Ok(o) => {
+                let mut staging = staging;
+                staging.ran(&o);
+                Ok((staging, o))
+            }
             Err(e) => {
                 staging.remove();
                 Err(e.into())
