@@ -152,6 +152,23 @@ pub(crate) fn has_text(parts: &[ContentPart]) -> bool {
     parts.iter().any(|p| matches!(p, ContentPart::Text { text } if !text.is_empty()))
 }
 
+/// Whether a message carries an image.
+pub(crate) fn has_image(parts: &[ContentPart]) -> bool {
+    parts.iter().any(|p| matches!(p, ContentPart::Image { .. }))
+}
+
+/// An image as a `data:` URL (how both OpenAI APIs take an inline image).
+pub(crate) struct DataUrl<'a> {
+    pub(crate) mime_type: &'a str,
+    pub(crate) data: &'a str,
+}
+
+impl serde::Serialize for DataUrl<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("data:{};base64,{}", self.mime_type, self.data))
+    }
+}
+
 /// [`tool_result_text`] written straight into a body.
 pub(crate) struct ResultText<'a> {
     pub(crate) content: &'a str,
@@ -274,7 +291,11 @@ mod tests {
             .map(|_| {
                 let role = [Role::User, Role::Assistant, Role::Tool, Role::System][next(4) as usize];
                 let content = (0..next(4))
-                    .map(|_| match next(5) {
+                    .map(|_| match next(6) {
+                        5 => ContentPart::Image {
+                            mime_type: ["image/png", "image/jpeg"][next(2) as usize].to_owned(),
+                            data: ["iVBORw0KGgo=", "/9j/4AAQ"][next(2) as usize].to_owned(),
+                        },
                         0 | 1 => ContentPart::Text { text: texts[next(texts.len() as u64) as usize].to_owned() },
                         2 => ContentPart::ToolCall(ToolCall {
                             id: ids[next(ids.len() as u64) as usize].to_owned(),

@@ -15,7 +15,7 @@ fn tool(name: &str) -> std::sync::Arc<dyn Tool> {
 fn builtins_have_the_contract_names_and_tiers() {
     let entries = builtin_tools(&ToolsConfig::default()).unwrap();
     let names: Vec<_> = entries.iter().map(|e| e.tool.spec().name.clone()).collect();
-    assert_eq!(names, ["read_file", "list_dir", "search", "write_file", "edit_file", "shell"]);
+    assert_eq!(names, ["read_file", "list_dir", "search", "write_file", "edit_file", "shell", "plan"]);
     for e in &entries {
         assert_eq!(e.origin.to_string(), "builtin");
         assert_eq!(e.tool.spec().input_schema["type"], "object");
