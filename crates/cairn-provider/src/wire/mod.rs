@@ -387,6 +387,60 @@ mod tests {
         assert_eq!(compared, 399 * 3);
     }
 
+    /// A user message with an image, as each API documents an inline
+    /// image: Chat Completions `image_url` with a `data:` URL beside a
+    /// `text` part, Responses `input_image`, Anthropic a `base64` source.
+    #[test]
+    fn images_take_each_apis_documented_shape() {
+        use cairn_core::message::Role;
+        use cairn_core::provider::{ModelRequest, RequestPurpose};
+        use serde_json::json;
+        let messages = vec![Message {
+            role: Role::User,
+            content: vec![
+                ContentPart::Text { text: "what is this?".into() },
+                ContentPart::Image { mime_type: "image/png".into(), data: "iVBORw==".into() },
+            ],
+        }];
+        let request = ModelRequest {
+            system: None,
+            messages: &messages,
+            tools: &[],
+            max_output_tokens: None,
+            earlier_assistant_messages: 0,
+            purpose: RequestPurpose::Turn,
+        };
+        let options = Options {
+            default_max: 100,
+            reasoning_effort: None,
+            thinking_budget: None,
+            encrypted_reasoning: false,
+            legacy_max_tokens: false,
+        };
+        let sent = |bytes: Vec<u8>| serde_json::from_slice::<Value>(&bytes).unwrap();
+        let chat = sent(serde_json::to_vec(&chat::Body { model: "m", request: &request, options: &options }).unwrap());
+        assert_eq!(
+            chat["messages"],
+            json!([{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}},
+            ]}])
+        );
+        let responses =
+            sent(serde_json::to_vec(&responses::Body { model: "m", request: &request, options: &options }).unwrap());
+        assert_eq!(
+            responses["input"][1],
+            json!({"type": "message", "role": "user",
+                "content": [{"type": "input_image", "image_url": "data:image/png;base64,iVBORw=="}]})
+        );
+        let anthropic =
+            sent(serde_json::to_vec(&anthropic::Body { model: "m", request: &request, options: &options }).unwrap());
+        assert_eq!(
+            anthropic["messages"][0]["content"][1],
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw=="}})
+        );
+    }
+
     #[test]
     fn error_objects() {
         let v = serde_json::json!({"error": {"message": "Bad key", "type": "invalid_request_error", "code": "invalid_api_key"}});
