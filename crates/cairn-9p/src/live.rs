@@ -992,6 +992,9 @@ impl Runtime {
                     (_, ContentPart::ToolResult { content, .. }) => {
                         let _ = writeln!(out, "= {}", one_line(content.lines().next().unwrap_or_default()));
                     }
+                    (_, ContentPart::Image { mime_type, data }) => {
+                        let _ = writeln!(out, "[image {}, {} bytes of base64]", one_line(mime_type), data.len());
+                    }
                 }
             }
         }

@@ -37,6 +37,7 @@ fn try_call(tools: &[Arc<dyn Tool>], cwd: &std::path::Path, name: &str, args: Va
         output: &mut output,
         approve_bypass: &mut bypass,
         review_staged: &mut review,
+        elicit: &mut |_, _| cairn_core::elicit::nobody(),
     };
     tool.execute(&request, &mut ctx).map_err(|e| e.to_string())
 }

@@ -44,6 +44,17 @@ impl Approver for TerminalApprover {
         self.interactive
     }
 
+    fn elicit(&mut self, question: &cairn_core::elicit::Elicitation<'_>) -> cairn_core::elicit::ElicitAnswer {
+        // Not asked on the terminal yet: said plainly, so the model and
+        // the person know why the server got no answer.
+        let _ = question;
+        cairn_core::elicit::ElicitAnswer::Decline(
+            "cairn's terminal does not answer a server's questions (MCP elicitation) yet: it was declined; an \
+             editor over ACP that offers elicitation does"
+                .to_owned(),
+        )
+    }
+
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         // The question stays on screen while cairn waits: no spinner may
         // draw over it, whichever turn (a child's too) is asking.

@@ -272,6 +272,20 @@ impl Renderer {
                 let running = format!("running {}", short(&escape_controls(tool), 60));
                 self.start_spinner(&running);
             }
+            TurnEvent::ToolRequested { tool, arguments, .. } if tool == cairn_tools::builtin::plan::NAME => {
+                // The model's plan, as a checklist (a plan the tool will
+                // refuse is shown as its arguments).
+                match cairn_tools::builtin::plan::Plan::from_arguments(arguments) {
+                    Ok(plan) => {
+                        let list = escape_controls(plan.checklist().trim_end()).into_owned().replace('\n', "\n    ");
+                        self.note(&format!("{} {}\n    {list}", self.err.cyan("●"), self.err.bold("plan")));
+                    }
+                    Err(_) => {
+                        let args = escape_controls(&short(&arguments.to_string(), 120)).into_owned();
+                        self.note(&format!("{} {} {}", self.err.cyan("●"), self.err.bold(tool), self.err.dim(&args)));
+                    }
+                }
+            }
             TurnEvent::ToolRequested { tool, arguments, .. } => {
                 let args = escape_controls(&short(&arguments.to_string(), 120)).into_owned();
                 let tool = escape_controls(tool);

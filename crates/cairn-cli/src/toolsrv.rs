@@ -165,6 +165,7 @@ impl ToolHost for CliToolHost {
             output,
             approve_bypass: &mut approve_bypass,
             review_staged: &mut review_staged,
+            elicit: &mut |_, _| cairn_core::elicit::nobody(),
         };
         tool.execute(request, &mut ctx).map_err(|e| e.to_string())
     }

@@ -333,10 +333,10 @@ fn test_server_provider(env: &Env, server: &cairn_test_server::TestServer) {
     .unwrap();
 }
 
-/// What discovery offered: the six built-ins, at most five others, one
+/// What discovery offered: the built-ins, at most five others, one
 /// that can shrink an image among them, and nothing about commits.
 fn assert_discovered(names: &[String]) {
-    let builtins = ["read_file", "list_dir", "search", "write_file", "edit_file", "shell"];
+    let builtins = ["read_file", "list_dir", "search", "write_file", "edit_file", "shell", "plan"];
     for b in builtins {
         assert!(names.iter().any(|n| n == b), "core tool {b} offered: {names:?}");
     }

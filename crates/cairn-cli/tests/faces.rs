@@ -865,3 +865,130 @@ fn acp_an_offered_terminal_is_used_only_when_the_person_chose_it() {
     assert!(types.iter().any(|t| t == "toolCompleted"), "{types:?}");
     assert_eq!(std::fs::read_to_string(env.cwd.join("t.txt")).unwrap(), "from-the-sandbox\n");
 }
+
+/// The script of a turn that plans, reads, updates its plan (and sends one
+/// plan the tool refuses), then answers.
+fn planning_turn() -> Vec<Value> {
+    let plan = |first: &str, second: &str| {
+        json!({"entries": [
+            {"content": "read a.txt", "priority": "high", "status": first},
+            {"content": "tell what it says", "status": second},
+        ]})
+    };
+    vec![
+        json!({"toolCalls": [{"id": "p1", "name": "plan", "arguments": plan("in_progress", "pending")}]}),
+        json!({"toolCalls": [{"id": "r1", "name": "read_file", "arguments": {"path": "a.txt"}}]}),
+        json!({"toolCalls": [
+            {"id": "p2", "name": "plan", "arguments": plan("completed", "in_progress")},
+            {"id": "p3", "name": "plan", "arguments": {"entries": [{"content": "x", "status": "done"}]}},
+        ]}),
+        json!({"text": "It says hello."}),
+    ]
+}
+
+/// Issue 53.8: the model's `plan` calls reach the editor as ACP `plan`
+/// updates (the whole plan each time, with priority and status), not as
+/// tool calls; a plan the tool refuses is not shown; the plan is in the
+/// session file, so a new process loading the session shows it again.
+#[test]
+fn acp_a_plan_is_the_editors_plan_and_is_replayed_on_load() {
+    let env = setup();
+    let script = write_script(&env, &planning_turn());
+    acp(&env, "plan", &script, &[]);
+    let types = entry_types(&env.session_files()[0]);
+    assert_eq!(types.iter().filter(|t| *t == "toolCompleted").count(), 3, "{types:?}");
+    assert_eq!(types.iter().filter(|t| *t == "toolRejected").count(), 1, "{types:?}");
+}
+
+/// The command line shows the plan as a checklist where other tools show
+/// their arguments.
+#[test]
+fn run_prints_the_models_plan_as_a_checklist() {
+    let env = setup();
+    let script = write_script(&env, &planning_turn());
+    let out = env.cairn(&["--script", script.to_str().unwrap(), "run", "read a.txt, step by step"]).output().unwrap();
+    // (the refused plan makes the run's exit status say a call was refused)
+    let stderr = util::stderr_text(&out);
+    assert!(stderr.contains("[>] ! read a.txt\n    [ ] tell what it says"), "{stderr}");
+    assert!(stderr.contains("[x] ! read a.txt\n    [>] tell what it says"), "{stderr}");
+    assert!(util::stdout_text(&out).contains("It says hello."));
+}
+
+/// Issue 53.8: image prompts over ACP. The configured provider (a loopback
+/// OpenAI-compatible server) takes images, so `promptCapabilities.image` is
+/// offered and an image block reaches the server in the request (as a
+/// `data:` URL beside the text), kept in the session file (which stays
+/// valid, and a new process loading it shows the image); a wrong type, bad
+/// base64 or too much image is refused saying so, and so is an image for a
+/// model configured `images = false` (offered nothing when it is the
+/// configured one); refused prompts send and record nothing.
+#[test]
+fn acp_image_prompts_reach_a_provider_that_takes_them_and_are_refused_otherwise() {
+    use cairn_test_server::{Reply, TestServer, fixtures};
+    let env = setup();
+    let server = TestServer::start(vec![Reply::sse(fixtures::CHAT_TEXT)]).unwrap();
+    let table = |name: &str, images: bool| {
+        format!(
+            "[providers.{name}]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"m\"\napi_key_env = \"LOOP_KEY\"\nimages = {images}\n",
+            server.url()
+        )
+    };
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!("provider = \"loop\"\n{}{}", table("loop", true), table("textonly", false)),
+    )
+    .unwrap();
+    let bin = cairn_bin();
+    let args = ["image", bin.to_str().unwrap(), env.home.to_str().unwrap(), env.cwd.to_str().unwrap(), "-"];
+    let out = Command::new(python()).arg(client("acp_client.py")).args(args).env("LOOP_KEY", "k").output().unwrap();
+    assert!(
+        out.status.success(),
+        "acp_client.py image failed:\n--- stdout\n{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1, "only the accepted prompt reached the provider");
+    let body = requests[0].json();
+    let user = body["messages"].as_array().unwrap().iter().rfind(|m| m["role"] == "user").unwrap().clone();
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
+    assert_eq!(
+        user["content"],
+        json!([
+            {"type": "text", "text": "what is in this picture?"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{png}")}},
+        ]),
+        "{body}"
+    );
+    let files = env.session_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let messages: Vec<Value> = util::entries(&files[0]).into_iter().filter(|r| r["type"] == "message").collect();
+    let users: Vec<&Value> = messages.iter().filter(|m| m["payload"]["role"] == "user").collect();
+    assert_eq!(users.len(), 1, "a refused prompt records nothing: {users:?}");
+    assert_eq!(users[0]["payload"]["content"][1], json!({"type": "image", "mimeType": "image/png", "data": png}));
+    let check = env.cairn(&["check", files[0].to_str().unwrap()]).output().unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+}
+
+/// Issue 53.8: MCP elicitation reaches the person where approvals do. An
+/// editor's MCP server (the official Python SDK) asks the user's name while
+/// its tool runs; an editor offering form elicitation is asked
+/// (`elicitation/create`, tied to the session and the call) and its answer
+/// reaches the server; one that offers none gets a decline that says so.
+#[test]
+fn acp_an_mcp_servers_question_is_put_to_the_editor_and_declined_when_it_offers_none() {
+    let env = setup();
+    std::fs::write(env.home.join("config.toml"), "[approvals]\nallow = [\"mcp__ask__*\"]\n").unwrap();
+    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/venv"))
+        .arg("mcpservers")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scripts/venv mcpservers: {}", String::from_utf8_lossy(&out.stderr));
+    let server_python = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let server = env.cwd.join("elicit_server.py");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/elicit_server.py"), &server).unwrap();
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__ask__greet", "arguments": {}}]});
+    // (each of the client's two sessions replays the script from its start)
+    let script = write_script(&env, &[call, json!({"text": "Greeted."})]);
+    acp(&env, "elicit", &script, &[&server_python, server.to_str().unwrap()]);
+}

@@ -727,3 +727,39 @@ fn a_listed_server_starts_only_when_a_run_calls_it() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(log.contains("staged.txt"), "{log}");
 }
+
+/// A `[mcp_servers.ask]` table running `tests/mcp/elicit_server.py` (the
+/// official Python SDK; its tool asks the user's name).
+fn elicit_server_config(cwd: &Path) -> String {
+    std::fs::copy(repo().join("crates/cairn-cli/tests/mcp/elicit_server.py"), cwd.join("elicit_server.py")).unwrap();
+    format!(
+        "[mcp_servers.ask]\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+        python_bin().join("python").display(),
+        cwd.join("elicit_server.py").display()
+    )
+}
+
+/// 53.8: a server that asks the user for input (`elicitation/create`)
+/// while cairn runs headless gets a clear decline at once (not a hang,
+/// not a made-up answer), and the model is told why beside the result.
+#[test]
+fn a_servers_question_is_declined_headless_and_the_model_is_told_why() {
+    let env = Env::new();
+    let cwd = env.cwd.canonicalize().unwrap();
+    config(&env, &elicit_server_config(&cwd));
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__ask__greet", "arguments": {}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--allow", "mcp__ask__*", "run", "greet me"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done = payloads(&env, "toolCompleted");
+    let summary = by_tool(&done, "mcp__ask__greet")["receipt"]["outputSummary"].as_str().unwrap().to_owned();
+    assert!(summary.contains("no name: decline"), "the server was told 'decline': {summary}");
+    assert!(
+        summary.contains("the server asked \"What is your name?\"") && summary.contains("nobody can answer"),
+        "{summary}"
+    );
+}

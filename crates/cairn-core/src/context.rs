@@ -20,6 +20,14 @@ const MESSAGE_OVERHEAD: u64 = 16;
 /// Tokens a message costs beyond its text when a tokenizer counts.
 const MESSAGE_OVERHEAD_TOKENS: u64 = 8;
 
+/// Tokens an image is counted as: what the APIs charge for an image of
+/// about a megapixel (Anthropic ~1,600, OpenAI at most ~1,100 at high
+/// detail), so the estimate errs towards too many. Its base64 text is not
+/// what the model reads, so it is never counted.
+pub const IMAGE_TOKENS: u64 = 1_600;
+/// [`IMAGE_TOKENS`] in the byte estimate's unit.
+const IMAGE_BYTES: u64 = (IMAGE_TOKENS as f64 * DEFAULT_BYTES_PER_TOKEN) as u64;
+
 /// The bytes-per-token ratio assumed before any usage is reported: on
 /// the low side of English prose (~4), so the first estimate errs towards
 /// too many tokens.
@@ -41,6 +49,7 @@ pub fn message_bytes(message: &Message) -> u64 {
             ContentPart::Reasoning { text, opaque, .. } => {
                 text.len() + opaque.as_ref().and_then(|o| serde_json::to_string(o).ok()).map_or(0, |s| s.len())
             }
+            ContentPart::Image { .. } => IMAGE_BYTES as usize,
         };
         n = n.saturating_add(len as u64);
     }
@@ -58,6 +67,8 @@ pub fn message_text(message: &Message) -> String {
                 out.push_str(&serde_json::to_string(&call.arguments).unwrap_or_default());
             }
             ContentPart::ToolResult { content, .. } => out.push_str(content),
+            // Counted apart (`images`): its base64 is not read as text.
+            ContentPart::Image { .. } => {}
         }
         out.push('\n');
     }
@@ -182,7 +193,12 @@ impl Ledger {
     pub fn cost_of(&self, m: &Message, count: &dyn Fn(&str) -> Option<u64>) -> u64 {
         match self.unit {
             Unit::Bytes => message_bytes(m),
-            Unit::Tokens(..) => count(&message_text(m)).unwrap_or_else(|| message_bytes(m)) + MESSAGE_OVERHEAD_TOKENS,
+            Unit::Tokens(..) => {
+                let images = m.content.iter().filter(|p| matches!(p, ContentPart::Image { .. })).count() as u64;
+                count(&message_text(m)).unwrap_or_else(|| message_bytes(m))
+                    + MESSAGE_OVERHEAD_TOKENS
+                    + images * IMAGE_TOKENS
+            }
         }
     }
 

@@ -32,6 +32,7 @@ pub mod approval;
 pub mod authority;
 pub mod cancel;
 pub mod context;
+pub mod elicit;
 pub mod events;
 pub mod history;
 pub mod hooks;

@@ -228,6 +228,12 @@ pub trait Provider {
     fn max_tool_calls(&self) -> usize {
         DEFAULT_MAX_TOOL_CALLS
     }
+    /// Whether this provider's model takes images in a user message
+    /// (`ContentPart::Image`). A turn with images is refused before
+    /// anything is recorded when it does not.
+    fn accepts_images(&self) -> bool {
+        false
+    }
     /// The model's context window in tokens, when known (configuration,
     /// the server's metadata, or a default for a well-known model name).
     /// `None`: unbounded as far as cairn knows; requests are not trimmed.

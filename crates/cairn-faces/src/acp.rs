@@ -93,6 +93,9 @@ struct Shared {
     cancels: Mutex<HashMap<String, Vec<CancelToken>>>,
     /// The input is closed: nobody will answer a question any more.
     eof: AtomicBool,
+    /// The client offers form elicitation (`clientCapabilities.elicitation
+    /// .form`): an MCP server's question is put to the person there.
+    elicitation: AtomicBool,
     /// The person allowed the editor's terminal (`Options`) and the client
     /// offers it (`clientCapabilities.terminal`): `shell` runs there, each
     /// call asked (`terminal.rs`).
@@ -172,6 +175,7 @@ pub fn serve(host: &dyn Host, input: impl BufRead + Send + 'static, out: Out, op
         pending: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
         eof: AtomicBool::new(false),
+        elicitation: AtomicBool::new(false),
         terminal: AtomicBool::new(false),
         options,
     });
@@ -464,15 +468,21 @@ impl<'h> Agent<'h> {
         let fs = params.pointer("/clientCapabilities/fs");
         let offers = |key: &str| fs.and_then(|f| f.get(key)).and_then(Value::as_bool).unwrap_or(false);
         self.client_fs = (offers("readTextFile"), offers("writeTextFile"));
+        let form = params.pointer("/clientCapabilities/elicitation/form").is_some_and(Value::is_object);
+        self.shared.elicitation.store(form, Ordering::SeqCst);
         let offered = params.pointer("/clientCapabilities/terminal").and_then(Value::as_bool) == Some(true);
         self.shared.terminal.store(offered && self.shared.options.editor_terminal, Ordering::SeqCst);
+        // Images when the configured provider's model takes them (a
+        // session whose editor picks another model is checked at its
+        // prompt).
+        let images = self.host.accepts_images(&self.host.providers().current);
         // One version exists; a client asking for another gets ours and
         // decides whether it can go on.
         Ok(json!({
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
                 "loadSession": true,
-                "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
+                "promptCapabilities": {"image": images, "audio": false, "embeddedContext": true},
                 "mcpCapabilities": {"http": true, "sse": false},
                 "sessionCapabilities": {"list": {}},
             },
@@ -828,7 +838,7 @@ fn prompt(
     params: &Value,
     cancel: &CancelToken,
 ) -> Result<Value, RpcError> {
-    let text = prompt_text(params.get("prompt").unwrap_or(&Value::Null))?;
+    let (text, images) = prompt_content(params.get("prompt").unwrap_or(&Value::Null))?;
     // The client's trace, when it sends one (issue 51).
     cairn_telemetry::adopt_traceparent(sid, params.pointer("/_meta/traceparent").and_then(Value::as_str));
     let tell = |text: String| {
@@ -836,7 +846,7 @@ fn prompt(
     };
     // `/undo [N]`, `/redo`: the host's, never sent to the model; what
     // happened (a refusal included) is the agent's message.
-    if let Some(request) = rewind_command(&text) {
+    if let Some(request) = rewind_command(&text).filter(|_| images.is_empty()) {
         let message = match request {
             Ok(request) => {
                 let cwd = open.cwd.clone();
@@ -861,12 +871,30 @@ fn prompt(
         let provider = host.provider_named(&chosen, &open.cwd).map_err(|e| RpcError::internal(format!("{e:#}")))?;
         open.provider = Some((chosen, provider));
     }
+    // Images only to a model that takes them; refused before anything is
+    // recorded (the core refuses them too).
+    if !images.is_empty()
+        && let Some((name, provider)) = &open.provider
+        && !provider.accepts_images()
+    {
+        return Err(RpcError::params(format!(
+            "the session's model ({name}: {}) takes no images (promptCapabilities.image is false for it): choose a model that takes them, or send text",
+            provider.model()
+        )));
+    }
     // Output of running tools so far, by invocation: a tool_call_update's
     // content replaces the last, so each streamed chunk sends the tail.
     // Only commands (shell, external tools) stream: a file tool's output is
     // whole in its completion.
     let mut streamed: HashMap<String, String> = HashMap::new();
+    // `plan` calls are shown as the editor's plan, not as tool calls.
+    let mut plans = PlanCalls::default();
     let mut observer = |event: &TurnEvent| {
+        match plans.live(event) {
+            Seen::Plan(update) => return shared.notify(sid, update),
+            Seen::Hidden => return,
+            Seen::Other => {}
+        }
         if let TurnEvent::ToolRequested { invocation_id, tool, .. } = event
             && !FILE_TOOLS.contains(&tool.as_str())
         {
@@ -889,7 +917,7 @@ fn prompt(
             shared.notify(sid, update);
         }
     };
-    let resume_only = text.trim() == RESUME_COMMAND;
+    let resume_only = text.trim() == RESUME_COMMAND && images.is_empty();
     let say = |text: String| {
         shared.notify(sid, json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}));
     };
@@ -900,6 +928,7 @@ fn prompt(
         let session = session.as_mut().ok_or_else(|| RpcError::internal("the session is not open; load it again"))?;
         let provider = provider.as_ref().map(|(_, p)| &**p).ok_or_else(|| RpcError::internal("no provider"))?;
         match text.trim() {
+            _ if !images.is_empty() => {}
             COMPACT_COMMAND => {
                 let said = match equipment.compact(session, provider, &mut observer, cancel) {
                     Ok(Some(entry)) => format!("compacted the conversation (its summary is entry {entry})"),
@@ -941,7 +970,8 @@ fn prompt(
             let session =
                 session.as_mut().ok_or_else(|| RpcError::internal("the session is not open; load it again"))?;
             let provider = provider.as_ref().map(|(_, p)| &**p).ok_or_else(|| RpcError::internal("no provider"))?;
-            equipment.run(session, provider, Step::Prompt(&text), &mut observer, cancel).map(|o| o.map(|o| o.stop))
+            let step = if images.is_empty() { Step::Prompt(&text) } else { Step::PromptWithImages(&text, &images) };
+            equipment.run(session, provider, step, &mut observer, cancel).map(|o| o.map(|o| o.stop))
         }
     };
     match result {
@@ -1137,14 +1167,32 @@ fn rewind_command(text: &str) -> Option<Result<crate::Rewind, String>> {
 }
 
 /// The text of an ACP prompt (text blocks, resource links, embedded text
-/// resources); other content is refused with what to do.
-fn prompt_text(prompt: &Value) -> Result<String, RpcError> {
+/// resources) and its images (checked: type, base64, the prompt's size
+/// limit); other content is refused with what to do.
+fn prompt_content(prompt: &Value) -> Result<(String, Vec<ContentPart>), RpcError> {
     let Some(blocks) = prompt.as_array() else {
         return Err(RpcError::params("prompt must be an array of content blocks"));
     };
     let mut text = String::new();
+    let mut images = Vec::new();
+    let mut image_bytes = 0;
     for block in blocks {
         match block.get("type").and_then(Value::as_str) {
+            Some("image") => {
+                let (Some(mime), Some(data)) =
+                    (block.get("mimeType").and_then(Value::as_str), block.get("data").and_then(Value::as_str))
+                else {
+                    return Err(RpcError::params(
+                        "an image block needs its mimeType and its data (base64); a uri alone is not fetched",
+                    ));
+                };
+                let image = cairn_core::message::image(mime, data, image_bytes)
+                    .map_err(|e| RpcError::params(format!("image {}: {e}", images.len() + 1)))?;
+                if let ContentPart::Image { data, .. } = &image {
+                    image_bytes += data.len();
+                }
+                images.push(image);
+            }
             Some("text") => text.push_str(block.get("text").and_then(Value::as_str).unwrap_or_default()),
             Some("resource_link") => {
                 let uri = block.get("uri").and_then(Value::as_str).unwrap_or_default();
@@ -1170,10 +1218,10 @@ fn prompt_text(prompt: &Value) -> Result<String, RpcError> {
             None => return Err(RpcError::params("a content block needs a \"type\"")),
         }
     }
-    if text.trim().is_empty() {
+    if text.trim().is_empty() && images.is_empty() {
         return Err(RpcError::params("the prompt is empty"));
     }
-    Ok(text)
+    Ok((text, images))
 }
 
 /// The ACP tool kind of a cairn tool.
@@ -1258,12 +1306,84 @@ fn live_update(event: &TurnEvent, cwd: &Path) -> Option<Value> {
     }
 }
 
+/// What a turn event is to the editor, as far as `plan` calls go.
+enum Seen {
+    /// A plan was recorded: tell the editor (a `plan` update).
+    Plan(Value),
+    /// An event of a `plan` call: not shown as a tool call.
+    Hidden,
+    /// Not a `plan` call's.
+    Other,
+}
+
+/// The `plan` calls of a turn (or a replayed lane) by invocation, with
+/// the plan each sets: the editor is told the plan once the call
+/// completed (a call refused by a hook or cancelled sets none).
+#[derive(Default)]
+struct PlanCalls(HashMap<String, Option<cairn_tools::builtin::plan::Plan>>);
+
+impl PlanCalls {
+    /// Note the call if it is a `plan` call (true).
+    fn requested(&mut self, invocation_id: &str, tool: &str, arguments: &Value) -> bool {
+        if tool != cairn_tools::builtin::plan::NAME {
+            return false;
+        }
+        // Arguments the tool refuses set no plan (the call fails).
+        let plan = cairn_tools::builtin::plan::Plan::from_arguments(arguments).ok();
+        self.0.insert(invocation_id.to_owned(), plan);
+        true
+    }
+
+    fn holds(&self, invocation_id: &str) -> bool {
+        self.0.contains_key(invocation_id)
+    }
+
+    /// A `plan` call settled: its plan when it completed.
+    fn settled(&mut self, invocation_id: &str, exit_code: Option<i32>) -> Seen {
+        match self.0.remove(invocation_id) {
+            Some(Some(plan)) if exit_code == Some(0) => Seen::Plan(plan_update(&plan)),
+            _ => Seen::Hidden,
+        }
+    }
+
+    fn live(&mut self, event: &TurnEvent) -> Seen {
+        match event {
+            TurnEvent::ToolRequested { invocation_id, tool, arguments, .. } => {
+                if self.requested(invocation_id, tool, arguments) { Seen::Hidden } else { Seen::Other }
+            }
+            TurnEvent::ToolCompleted { invocation_id, exit_code, .. } if self.holds(invocation_id) => {
+                self.settled(invocation_id, Some(*exit_code))
+            }
+            TurnEvent::ToolFailed { invocation_id, .. } | TurnEvent::ToolRejected { invocation_id, .. }
+                if self.holds(invocation_id) =>
+            {
+                self.settled(invocation_id, None)
+            }
+            TurnEvent::ToolStarted { invocation_id, .. }
+            | TurnEvent::ToolOutput { invocation_id, .. }
+            | TurnEvent::ApprovalAsked { invocation_id, .. }
+            | TurnEvent::ApprovalVerdict { invocation_id, .. }
+                if self.holds(invocation_id) =>
+            {
+                Seen::Hidden
+            }
+            _ => Seen::Other,
+        }
+    }
+}
+
+/// The `plan` update telling the editor the whole plan.
+fn plan_update(plan: &cairn_tools::builtin::plan::Plan) -> Value {
+    json!({"sessionUpdate": "plan", "entries": plan.entries})
+}
+
 /// Replay the lane of a loaded session as the updates a live turn sends.
 fn replay(shared: &Shared, sid: &str, open: &Open) {
     let Some(session) = &open.session else { return };
     let store = session.store();
     let Some(head) = session.head() else { return };
     let Ok(path) = store.path_to(head) else { return };
+    let mut plans = PlanCalls::default();
     for entry in path {
         let Some(kind) = EntryType::of(&entry.entry_type) else { continue };
         let updates: Vec<Value> = match kind {
@@ -1283,15 +1403,25 @@ fn replay(shared: &Shared, sid: &str, open: &Open) {
                         ContentPart::Reasoning { text, .. } if !text.is_empty() => Some(
                             json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": text}}),
                         ),
+                        ContentPart::Image { mime_type, data } => Some(
+                            json!({"sessionUpdate": chunk, "content": {"type": "image", "mimeType": mime_type, "data": data}}),
+                        ),
                         _ => None,
                     })
                     .collect()
             }
             EntryType::ToolRequested => match entry.payload.parse::<ToolRequestedPayload>() {
+                Ok(p) if plans.requested(&p.invocation_id, &p.request.tool, &p.request.arguments) => continue,
                 Ok(p) => vec![tool_call(&p.invocation_id, &p.request.tool, &p.request.arguments, &open.cwd)],
                 Err(_) => continue,
             },
             EntryType::ToolCompleted => match entry.payload.parse::<ToolCompletedPayload>() {
+                Ok(p) if plans.holds(&p.invocation_id) => {
+                    match plans.settled(&p.invocation_id, Some(p.receipt.exit_code)) {
+                        Seen::Plan(update) => vec![update],
+                        _ => continue,
+                    }
+                }
                 Ok(p) => {
                     let status = if p.receipt.exit_code == 0 { "completed" } else { "failed" };
                     vec![tool_update(&p.invocation_id, status, Some(&p.receipt.output_summary))]
@@ -1299,10 +1429,18 @@ fn replay(shared: &Shared, sid: &str, open: &Open) {
                 Err(_) => continue,
             },
             EntryType::ToolFailed => match entry.payload.parse::<ToolFailedPayload>() {
+                Ok(p) if plans.holds(&p.invocation_id) => {
+                    plans.settled(&p.invocation_id, None);
+                    continue;
+                }
                 Ok(p) => vec![tool_update(&p.invocation_id, "failed", Some(&p.reason))],
                 Err(_) => continue,
             },
             EntryType::ToolRejected => match entry.payload.parse::<ToolRejectedPayload>() {
+                Ok(p) if plans.holds(&p.invocation_id) => {
+                    plans.settled(&p.invocation_id, None);
+                    continue;
+                }
                 Ok(p) => vec![tool_update(&p.invocation_id, "failed", Some(&p.reason))],
                 Err(_) => continue,
             },
@@ -1395,6 +1533,10 @@ impl Approver for PermissionAsker {
         self.mode.get().session_mode()
     }
 
+    fn elicit(&mut self, question: &cairn_core::elicit::Elicitation<'_>) -> cairn_core::elicit::ElicitAnswer {
+        PermissionAsker::elicit(self, question)
+    }
+
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
         // "Always" is offered for Write calls only: a Destructive call or a
         // sandbox bypass is asked every time (the core would refuse to
@@ -1475,6 +1617,44 @@ impl Approver for PermissionAsker {
 }
 
 impl PermissionAsker {
+    /// Put an MCP server's question to the person in the editor
+    /// (`elicitation/create`, form mode, tied to the session and the call).
+    fn elicit(&self, question: &cairn_core::elicit::Elicitation<'_>) -> cairn_core::elicit::ElicitAnswer {
+        use cairn_core::elicit::ElicitAnswer;
+        if !self.shared.elicitation.load(Ordering::SeqCst) {
+            return ElicitAnswer::Decline(
+                "the editor does not offer elicitation (clientCapabilities.elicitation.form), so the server's \
+                 question was declined"
+                    .to_owned(),
+            );
+        }
+        let mut params = json!({
+            "sessionId": self.session_id,
+            "mode": "form",
+            "message": format!("{} asks: {}", question.tool, question.message),
+            "requestedSchema": question.schema,
+        });
+        // A subagent's call is not one the editor was told of.
+        if question.session_id == self.session_id {
+            params["toolCallId"] = json!(question.invocation_id);
+        }
+        match self.shared.ask_until(&self.session_id, "elicitation/create", params, None) {
+            Err(why) => ElicitAnswer::Decline(why),
+            Ok(Reply::Cancelled) => ElicitAnswer::Cancel,
+            Ok(Reply::Error(e)) => ElicitAnswer::Decline(format!("the editor answered with an error: {e}")),
+            Ok(Reply::Result(result)) => match result.get("action").and_then(Value::as_str) {
+                Some("accept") => match result.get("content") {
+                    Some(Value::Object(content)) => ElicitAnswer::Accept(content.clone()),
+                    None | Some(Value::Null) => ElicitAnswer::Accept(serde_json::Map::new()),
+                    Some(_) => ElicitAnswer::Decline("the editor's answer was not an object; declined".to_owned()),
+                },
+                Some("decline") => ElicitAnswer::Decline("the person declined in the editor".to_owned()),
+                Some("cancel") => ElicitAnswer::Cancel,
+                _ => ElicitAnswer::Decline("the editor's answer was not understood; declined".to_owned()),
+            },
+        }
+    }
+
     /// Ask the editor `params` (a `session/request_permission`) and read
     /// its answer as a verdict (`always`: whether "allow always" was
     /// offered).
@@ -1510,14 +1690,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prompt_text_takes_text_links_and_text_resources_and_refuses_the_rest() {
-        let ok = prompt_text(&json!([
+    fn prompt_content_takes_text_links_text_resources_and_images_and_refuses_the_rest() {
+        let (ok, images) = prompt_content(&json!([
             {"type": "text", "text": "look at "},
             {"type": "resource_link", "uri": "file:///w/a.rs", "name": "a.rs"},
             {"type": "resource", "resource": {"uri": "file:///w/b.rs", "text": "fn b() {}"}},
         ]))
         .unwrap();
         assert_eq!(ok, "look at [a.rs](file:///w/a.rs)\n<context uri=\"file:///w/b.rs\">\nfn b() {}\n</context>\n");
+        assert!(images.is_empty());
+        let (text, images) =
+            prompt_content(&json!([{"type": "image", "data": "iVBORw==", "mimeType": "image/png"}])).unwrap();
+        assert_eq!((text.as_str(), images.len()), ("", 1));
         for bad in [
             json!(null),
             json!("text"),
@@ -1525,10 +1709,12 @@ mod tests {
             json!([{"type": "text", "text": "  \n"}]),
             json!([{"text": "no type"}]),
             json!([{"type": "image", "data": "", "mimeType": "image/png"}]),
+            json!([{"type": "image", "data": "AAAA", "mimeType": "image/tiff"}]),
+            json!([{"type": "image", "uri": "file:///x.png", "mimeType": "image/png"}]),
             json!([{"type": "audio", "data": "", "mimeType": "audio/wav"}]),
             json!([{"type": "resource", "resource": {"uri": "file:///x", "blob": "AAAA"}}]),
         ] {
-            let e = prompt_text(&bad).unwrap_err();
+            let e = prompt_content(&bad).unwrap_err();
             assert_eq!(e.code, jsonrpc::code::INVALID_PARAMS, "{bad}");
         }
     }

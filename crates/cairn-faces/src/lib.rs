@@ -116,6 +116,13 @@ pub trait Host: SessionHost {
         let _ = name;
         self.provider(cwd)
     }
+    /// Whether provider `name`'s model takes images (its configuration
+    /// says so, without building it: no key is needed to answer), so an
+    /// editor may be offered image prompts. Default: no.
+    fn accepts_images(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
     /// Which paths carry authority here (`cairn_core::authority`, with the
     /// host's locations): an editor's writes are checked against them as
     /// the built-ins' own are. Default: the rules that hold in every tree.

@@ -24,11 +24,15 @@ use cairn_telemetry::TurnTrace;
 use crate::SessionHost;
 
 /// What a face asks a session to do next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Step<'a> {
     /// A new turn with this prompt (an unfinished turn must be resumed
     /// first).
     Prompt(&'a str),
+    /// A new turn with this prompt and images after its text (parts made
+    /// by `cairn_core::message::image`; refused unless the provider takes
+    /// images).
+    PromptWithImages(&'a str, &'a [cairn_core::message::ContentPart]),
     /// Continue the interrupted or cancelled turn; nothing when there is
     /// none.
     Resume,
@@ -93,6 +97,7 @@ impl<A: Approver> Equipment<A> {
         let mut env = TurnEnv { provider, tools: &self.tools, approver: &mut self.approver, observer, cancel };
         match step {
             Step::Prompt(text) => session.run_turn(text, &mut env).map(Some),
+            Step::PromptWithImages(text, images) => session.run_turn_with_images(text, images, &mut env).map(Some),
             Step::Resume => session.resume(&mut env),
             Step::Once(text) if session.store().entry_count() == 0 => session.run_turn(text, &mut env).map(Some),
             Step::Once(_) => session.resume(&mut env),

@@ -246,7 +246,7 @@ pub fn to_turns(system: &str, examples: &[Turn], messages: &[Message]) -> Vec<Tu
                     let name = names.get(call_id.as_str()).copied().unwrap_or("the tool");
                     push(&result_text(name, content, *is_error, request.as_deref()));
                 }
-                ContentPart::Reasoning { .. } => {}
+                ContentPart::Reasoning { .. } | ContentPart::Image { .. } => {}
             }
         }
         let role = match msg.role {

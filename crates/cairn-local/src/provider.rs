@@ -167,7 +167,7 @@ fn conversation_paths(messages: &[Message]) -> Vec<String> {
                 ContentPart::Text { text } => mentioned_paths(text),
                 ContentPart::ToolResult { content, .. } => mentioned_paths(content),
                 ContentPart::ToolCall(call) => mentioned_paths(&call.arguments.to_string()),
-                ContentPart::Reasoning { .. } => Vec::new(),
+                ContentPart::Reasoning { .. } | ContentPart::Image { .. } => Vec::new(),
             };
             for p in found {
                 if !out.contains(&p) {

@@ -16,14 +16,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cairn_core::CancelToken;
+use cairn_core::elicit::ElicitAnswer;
 use cairn_tools::ToolsConfig;
 use cairn_tools::process::{RunSpec, Service};
 use cairn_tools::sandbox::{self, Decision, SandboxPolicy};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
-    Implementation, ProgressNotificationParam, ServerResult,
+    ElicitRequestParams, ElicitResult, ElicitationAction, Implementation, ProgressNotificationParam, ServerResult,
 };
-use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use crate::bounded::{Bounded, OVERSIZED_CODE, Unattributed};
@@ -103,6 +104,18 @@ pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
 /// Progress lines of the calls in flight, by progress token.
 type Progress = Arc<Mutex<HashMap<String, std::sync::mpsc::Sender<String>>>>;
 
+/// A server's question for the person (`elicitation/create`): its message,
+/// the schema of what it asks for, and where the answer goes.
+type Question = (String, serde_json::Value, tokio::sync::oneshot::Sender<cairn_core::elicit::ElicitAnswer>);
+
+/// Where a server's questions go: the calls in flight (the newest asks;
+/// a server asks while it runs a call of cairn's, and cairn runs one call
+/// of a server at a time). None: the question is declined.
+type Questions = Arc<Mutex<Vec<(u64, std::sync::mpsc::Sender<Question>)>>>;
+
+/// Names each call's entry in [`Questions`].
+static NEXT_CALL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -113,6 +126,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Handler {
     progress: Progress,
     tools_changed: Arc<AtomicBool>,
+    questions: Questions,
 }
 
 impl ClientHandler for Handler {
@@ -132,8 +146,40 @@ impl ClientHandler for Handler {
         self.tools_changed.store(true, Ordering::SeqCst);
     }
 
+    /// A form is put to the person through the call that is running (its
+    /// turn's approver, `ToolContext::elicit`); a URL, or a question with
+    /// no call of cairn's running, is declined.
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        let ElicitRequestParams::FormElicitationParams { message, requested_schema, .. } = request else {
+            return Ok(ElicitResult::new(ElicitationAction::Decline));
+        };
+        let schema = serde_json::to_value(&requested_schema).unwrap_or_default();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let asked = lock(&self.questions).last().is_some_and(|(_, call)| call.send((message, schema, tx)).is_ok());
+        if !asked {
+            return Ok(ElicitResult::new(ElicitationAction::Decline));
+        }
+        Ok(match rx.await {
+            Ok(ElicitAnswer::Accept(content)) => {
+                ElicitResult::new(ElicitationAction::Accept).with_content(serde_json::Value::Object(content))
+            }
+            Ok(ElicitAnswer::Decline(_)) => ElicitResult::new(ElicitationAction::Decline),
+            // The call ended (cancelled, timed out) before an answer.
+            Ok(ElicitAnswer::Cancel) | Err(_) => ElicitResult::new(ElicitationAction::Cancel),
+        })
+    }
+
     fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(ClientCapabilities::default(), Implementation::new("cairn", env!("CARGO_PKG_VERSION")))
+        // Form elicitation is declared: a question reaches the person where
+        // one can answer and is declined, saying so, where none can.
+        let capabilities =
+            serde_json::from_value::<ClientCapabilities>(serde_json::json!({"elicitation": {"form": {}}}))
+                .unwrap_or_default();
+        ClientConfig::new(capabilities, Implementation::new("cairn", env!("CARGO_PKG_VERSION")))
     }
 }
 
@@ -167,6 +213,8 @@ pub(crate) struct Connection {
     stderr: Arc<Mutex<Tail>>,
     progress: Progress,
     tools_changed: Arc<AtomicBool>,
+    /// The running calls' question channels (see [`Questions`]).
+    questions: Questions,
     /// Oversized answers whose request could not be told (`bounded.rs`).
     unattributed: Unattributed,
     /// What it offers besides tools (found at the start).
@@ -247,7 +295,9 @@ impl Connection {
         let fail = |reason: String| ServerError::Start { server: name.to_owned(), reason };
         let progress: Progress = Arc::default();
         let tools_changed = Arc::new(AtomicBool::new(false));
-        let handler = Handler { progress: progress.clone(), tools_changed: tools_changed.clone() };
+        let questions: Questions = Arc::default();
+        let handler =
+            Handler { progress: progress.clone(), tools_changed: tools_changed.clone(), questions: questions.clone() };
         let stderr = Arc::new(Mutex::new(Tail::default()));
         let unattributed = Unattributed::default();
         let (service, process) = match (&config.command, &config.url) {
@@ -345,6 +395,7 @@ impl Connection {
             stderr,
             progress,
             tools_changed,
+            questions,
             unattributed,
             started_in: started.elapsed(),
         })
@@ -461,6 +512,9 @@ impl Connection {
 
     /// Call `tool` with `arguments`; progress lines go to `output` while it
     /// runs; `cancel` and `timeout` end it with `notifications/cancelled`.
+    /// A question the server asks meanwhile (`elicitation/create`) is put
+    /// to `elicit` (the person, through the turn's approver); the time the
+    /// person takes does not count against `timeout`.
     pub(crate) fn call(
         &self,
         tool: &str,
@@ -468,6 +522,7 @@ impl Connection {
         cancel: &CancelToken,
         timeout: Duration,
         output: &mut dyn FnMut(&[u8]),
+        elicit: &mut dyn FnMut(&str, &serde_json::Value) -> ElicitAnswer,
     ) -> Result<CallToolResult, ServerError> {
         let rt = runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
         let gone = |reason: String| ServerError::Gone { server: self.name.clone(), reason };
@@ -475,7 +530,10 @@ impl Connection {
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         let (tx, rx) = std::sync::mpsc::channel::<String>();
-        let deadline = Instant::now() + timeout;
+        let (ask_tx, asks) = std::sync::mpsc::channel::<Question>();
+        let call_id = NEXT_CALL.fetch_add(1, Ordering::SeqCst);
+        lock(&self.questions).push((call_id, ask_tx));
+        let mut deadline = Instant::now() + timeout;
         let oversized_before = self.unattributed.load(Ordering::SeqCst);
         let result = rt.block_on(async {
             let mut handle = peer
@@ -493,6 +551,12 @@ impl Connection {
                     _ = tick.tick() => {
                         while let Ok(line) = rx.try_recv() {
                             output(line.as_bytes());
+                        }
+                        while let Ok((message, schema, reply)) = asks.try_recv() {
+                            let asked_at = Instant::now();
+                            let answer = elicit(&message, &schema);
+                            deadline += asked_at.elapsed();
+                            let _ = reply.send(answer);
                         }
                         if cancel.is_cancelled() {
                             break Err(ServerError::Cancelled);
@@ -530,7 +594,10 @@ impl Connection {
                     Err(e)
                 }
             }
-        })?;
+        });
+        // A question still waiting is cancelled (its answer channel dropped).
+        lock(&self.questions).retain(|(id, _)| *id != call_id);
+        let result = result?;
         match result {
             Ok(Ok(ServerResult::CallToolResult(result))) => Ok(result),
             Ok(Ok(other)) => Err(ServerError::Refused {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use cairn_core::elicit::ElicitAnswer;
 use cairn_core::tool::{
     Capability, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec,
     Validation,
@@ -285,7 +286,21 @@ impl Tool for McpTool {
             .config()
             .tool_timeout_ms
             .map_or(ctx.limits.timeout, |ms| Duration::from_millis(ms).min(ctx.limits.timeout));
-        let result = match conn.call(&self.remote, arguments, ctx.cancel, timeout, ctx.output) {
+        // What the person was asked and how it went, said to the model
+        // beside the result (MCP carries no reason for a decline).
+        let ask = &mut *ctx.elicit;
+        let mut elicit = |message: &str, schema: &Value| {
+            let answer = ask(message, schema);
+            let said = match &answer {
+                ElicitAnswer::Accept(_) => "the person answered".to_owned(),
+                ElicitAnswer::Decline(why) => format!("declined: {why}"),
+                ElicitAnswer::Cancel => "the person dismissed it".to_owned(),
+            };
+            notes.push(format!("[cairn: the server asked {:?}; {said}]", message.trim()));
+            answer
+        };
+        let called = conn.call(&self.remote, arguments, ctx.cancel, timeout, ctx.output, &mut elicit);
+        let result = match called {
             Ok(result) => result,
             Err(ServerError::Cancelled) => return Err(ToolError::Cancelled),
             Err(ServerError::Timeout { after, .. }) => return Err(ToolError::Timeout(after)),

@@ -55,6 +55,7 @@ fn call(entry: &ToolEntry, cwd: &Path, arguments: Value, cancel: &CancelToken) -
         output: &mut |_| {},
         approve_bypass: &mut |_| false,
         review_staged: &mut |_| StagedDecision::Apply { by: "test".into() },
+        elicit: &mut |_, _| cairn_core::elicit::nobody(),
     };
     entry.tool.execute(&request, &mut ctx)
 }

@@ -130,6 +130,11 @@ pub struct ProviderConfig {
     /// A cheaper model of the same provider that writes compaction
     /// summaries; `None` uses `model`.
     pub compaction_model: Option<String>,
+    /// The model takes images in prompts (`images`): on by default for the
+    /// HTTP APIs, which all carry them; off for a server whose model reads
+    /// text only (its API would refuse the request). The scripted and
+    /// embedded providers take none.
+    pub images: bool,
     /// What the provider's model costs, as the user wrote it
     /// (`input_per_mtok`, `output_per_mtok`, `cached_input_per_mtok`);
     /// `None`: not said. They price only the table's own model (see
@@ -198,6 +203,7 @@ impl ProviderConfig {
             context_window: None,
             context_window_from_server: false,
             compaction_model: None,
+            images: matches!(kind, ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses | ProviderKind::Anthropic),
             prices: None,
         }
     }
@@ -231,7 +237,7 @@ impl ProviderConfig {
     /// `max_response_bytes`, `max_event_bytes`, `max_tool_calls`,
     /// `reasoning_effort`, `thinking_budget_tokens`, `encrypted_reasoning`,
     /// `context_window`, `context_window_from_server`, `compaction_model`,
-    /// `input_per_mtok`, `output_per_mtok`, `cached_input_per_mtok`.
+    /// `images`, `input_per_mtok`, `output_per_mtok`, `cached_input_per_mtok`.
     /// `kind` may be left out when NAME is a built-in name (the table then
     /// adjusts the built-in).
     pub fn from_toml(name: &str, table: &toml::Value) -> Result<Self, ConfigError> {
@@ -329,6 +335,16 @@ impl ProviderConfig {
             config.context_window_from_server = v;
         }
         config.compaction_model = raw.compaction_model.or(config.compaction_model);
+        match raw.images {
+            Some(true) if matches!(config.kind, ProviderKind::Scripted | ProviderKind::Local) => {
+                return Err(ConfigError::Invalid {
+                    name: name.to_owned(),
+                    reason: "`images = true`: the scripted and embedded providers take no images; remove it".to_owned(),
+                });
+            }
+            Some(v) => config.images = v,
+            None => {}
+        }
         let prices = Prices::from_written(raw.input_per_mtok, raw.output_per_mtok, raw.cached_input_per_mtok)
             .map_err(|reason| ConfigError::Invalid { name: name.to_owned(), reason })?;
         if prices.is_some() && config.kind == ProviderKind::Local {
@@ -447,6 +463,8 @@ pub struct ProviderTable {
     pub context_window_from_server: Option<bool>,
     /// A cheaper model that writes compaction summaries.
     pub compaction_model: Option<String>,
+    /// The model takes images in prompts (default: true for HTTP APIs).
+    pub images: Option<bool>,
     /// US dollars per million input tokens of the table's model.
     pub input_per_mtok: Option<UsdPerMtok>,
     /// US dollars per million output tokens of the table's model.

@@ -53,6 +53,8 @@ pub struct HttpProvider {
     server_window: std::sync::OnceLock<Option<u32>>,
     /// The provider for `compaction_model`, if one is configured.
     compaction: Option<Box<HttpProvider>>,
+    /// The model takes images (`images`).
+    images: bool,
 }
 
 impl fmt::Debug for HttpProvider {
@@ -166,6 +168,7 @@ impl HttpProvider {
             probe_window: config.context_window_from_server && config.kind != ProviderKind::Anthropic,
             server_window: std::sync::OnceLock::new(),
             compaction,
+            images: config.images,
         })
     }
 
@@ -563,6 +566,10 @@ impl Provider for HttpProvider {
 
     fn max_tool_calls(&self) -> usize {
         self.max_tool_calls
+    }
+
+    fn accepts_images(&self) -> bool {
+        self.images
     }
 
     /// Configured, else stated by the server (when asked to ask), else a

@@ -136,6 +136,12 @@ pub fn offer(
     answerer: Answerer<'_>,
 ) -> Result<TurnOffer> {
     let mut offered = tools.chosen(keep);
+    // The embedded 135M model is not offered `plan` (as it is not offered
+    // the family's tools): it cannot use it, and its prompt and decoding
+    // grammar stay as they were.
+    if crate::subagents::is_local(ctx, &ctx.settings.provider.value) {
+        offered.tools.retain(|t| t.spec().name != cairn_tools::builtin::plan::NAME);
+    }
     let mut family = 0;
     if let Some(inheritance) = answerer.family {
         // A child may be given only what its parent is offered: the tools

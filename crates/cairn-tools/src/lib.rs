@@ -20,7 +20,7 @@
 //! - [`sandbox`]: capabilities → Landlock ruleset + seccomp filters + pids
 //!   cgroup; [`landlock_status`] reports what the kernel enforces.
 //! - [`process`]: spawn, stream, cap, time out, cancel, kill the group.
-//! - [`builtin`]: the six built-in tools.
+//! - [`builtin`]: the built-in tools.
 //! - [`external`]: the metadata format and its checks, the scan of the
 //!   tools directories and the external tool.
 //! - [`trust`]: which working directories' own tools may be loaded.

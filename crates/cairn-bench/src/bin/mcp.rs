@@ -65,6 +65,7 @@ fn call(entry: &ToolEntry, cwd: &Path, n: usize) {
         output: &mut |_| {},
         approve_bypass: &mut |_| false,
         review_staged: &mut |_| StagedDecision::Apply { by: "bench".into() },
+        elicit: &mut |_, _| cairn_core::elicit::nobody(),
     };
     let receipt = entry.tool.execute(&request, &mut ctx);
     assert!(matches!(&receipt, Ok(r) if r.output_summary.contains("hello")), "{receipt:?}");

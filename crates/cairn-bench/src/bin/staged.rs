@@ -47,6 +47,7 @@ fn run(shell: &Shell, cwd: &Path, command: &str) {
         output: &mut output,
         approve_bypass: &mut bypass,
         review_staged: &mut review,
+        elicit: &mut |_, _| cairn_core::elicit::nobody(),
     };
     match shell.execute(&request, &mut ctx) {
         Ok(r) if r.exit_code == 0 => {}

@@ -153,6 +153,7 @@ fn raw_step(path: &Path) -> anyhow::Result<Vec<Duration>> {
                 output: &mut output,
                 approve_bypass: &mut bypass,
                 review_staged: &mut review,
+                elicit: &mut |_, _| cairn_core::elicit::nobody(),
             };
             let _ = echo.execute(&request, &mut ctx);
         }

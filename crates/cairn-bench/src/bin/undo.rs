@@ -49,6 +49,7 @@ fn run(tool: &dyn Tool, name: &str, cwd: &Path, arguments: Value) -> Option<(Cha
         output: &mut output,
         approve_bypass: &mut bypass,
         review_staged: &mut review,
+        elicit: &mut |_, _| cairn_core::elicit::nobody(),
     };
     match tool.execute(&request, &mut ctx) {
         Ok(r) if r.exit_code == 0 => {}

@@ -144,8 +144,37 @@ class Editor:
         ]
 
 
+def plan_and_tools(editor):
+    """Messages, tool calls and plans (\"plan\", [(content, priority, status)]) in arrival order."""
+    out, ids = [], {}
+    for kind, _, u in editor.events:
+        if kind == "permission":
+            out.append(("permission",))
+        if kind != "update":
+            continue
+        t = u.session_update
+        if t == "plan":
+            out.append(("plan", [(e.content, e.priority, e.status) for e in u.entries]))
+        elif t in ("agent_message_chunk", "user_message_chunk"):
+            if out and out[-1][0] == t:
+                out[-1] = (t, out[-1][1] + u.content.text)
+            else:
+                out.append((t, u.content.text))
+        elif t == "tool_call":
+            assert u.tool_call_id not in ids, f"tool call id reused: {u.tool_call_id}"
+            ids[u.tool_call_id] = u.kind
+            out.append(("tool_call", u.kind, u.status))
+        elif t == "tool_call_update":
+            assert u.tool_call_id in ids, f"update of an unannounced tool call {u.tool_call_id}"
+            out.append(("update", ids[u.tool_call_id], u.status))
+    return out
+
+
 def env():
-    return {"CAIRN_HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.path.join(home, "fakehome"), "NO_COLOR": "1"}
+    e = {"CAIRN_HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.path.join(home, "fakehome"), "NO_COLOR": "1"}
+    if "LOOP_KEY" in os.environ:
+        e["LOOP_KEY"] = os.environ["LOOP_KEY"]
+    return e
 
 
 async def connect(editor):
@@ -167,12 +196,139 @@ async def start(conn, fs=False, terminal=False):
     return init
 
 
+async def plan():
+    # The model's `plan` calls reach the editor as its plan (whole, each
+    # time), not as tool calls; a plan the tool refuses is not shown; a new
+    # process loading the session shows it again.
+    editor = Editor("allow_once")
+    async with await connect(editor) as (conn, _):
+        await start(conn)
+        sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+        r = await conn.prompt(session_id=sid, prompt=[text_block("read a.txt, step by step")])
+        expect(r.stop_reason, "end_turn")
+        seen = plan_and_tools(editor)
+        expect(seen, [
+            ("plan", [("read a.txt", "high", "in_progress"), ("tell what it says", "medium", "pending")]),
+            ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "completed"),
+            ("plan", [("read a.txt", "high", "completed"), ("tell what it says", "medium", "in_progress")]),
+            ("agent_message_chunk", "It says hello."),
+        ])
+    print("ok", scenario)
+    loaded = Editor("allow_once")
+    async with await connect(loaded) as (conn, _):
+        await start(conn)
+        await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
+        # (a replayed call shows where it ended, not its running)
+        expect(plan_and_tools(loaded), [("user_message_chunk", "read a.txt, step by step")]
+               + [e for e in seen if e != ("update", "read", "in_progress")])
+    print("ok replayed")
+
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+
+
+async def refused(conn, sid, prompt, said):
+    from acp import RequestError
+    try:
+        await conn.prompt(session_id=sid, prompt=prompt)
+    except RequestError as e:
+        text = str(e.data) + str(e)
+        assert said in text, f"{said!r} not in {text!r}"
+    else:
+        raise AssertionError(f"a prompt was accepted that should be refused ({said})")
+
+
+async def image():
+    # The configured provider (a loopback OpenAI-compatible server) takes
+    # images: they are offered, accepted and sent; bad ones are refused
+    # with the reason; a model that takes none refuses them; a new process
+    # loading the session shows the image again.
+    from acp import image_block
+    editor = Editor("allow_once")
+    async with spawn_agent_process(editor, cairn, "acp", env=env(), cwd=cwd) as (conn, _):
+        init = await start(conn)
+        assert init.agent_capabilities.prompt_capabilities.image is True, init.agent_capabilities
+        sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
+        r = await conn.prompt(session_id=sid, prompt=[text_block("what is in this picture?"), image_block(PNG, "image/png")])
+        expect(r.stop_reason, "end_turn")
+        await refused(conn, sid, [text_block("and this?"), image_block("AAAA", "image/tiff")], "PNG, JPEG, GIF or WebP")
+        await refused(conn, sid, [text_block("and this?"), image_block("AA-A", "image/png")], "not valid base64")
+        big = "A" * (8 * 1024 * 1024 + 4)
+        await refused(conn, sid, [text_block("and this?"), image_block(big, "image/png")], "over the limit of 8388608")
+        await conn.set_config_option(config_id="model", session_id=sid, value="textonly")
+        await refused(conn, sid, [text_block("and this?"), image_block(PNG, "image/png")], "takes no images")
+    print("ok", scenario)
+    loaded = Editor("allow_once")
+    async with spawn_agent_process(loaded, cairn, "acp", env=env(), cwd=cwd) as (conn, _):
+        await start(conn)
+        await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
+        shown = [(u.content.type, getattr(u.content, "mime_type", None), getattr(u.content, "data", None))
+                 for k, _, u in loaded.events if k == "update" and u.session_update == "user_message_chunk"]
+        expect(shown, [("text", None, None), ("image", "image/png", PNG)])
+    print("ok replayed")
+    async with spawn_agent_process(Editor("allow_once"), cairn, "--provider", "textonly", "acp", env=env(), cwd=cwd) as (conn, _):
+        init = await start(conn)
+        assert init.agent_capabilities.prompt_capabilities.image is False, init.agent_capabilities
+    print("ok text only")
+
+
+async def elicit():
+    # An editor's MCP server (the official Python SDK) asks the user's
+    # name while its tool runs: the question reaches the editor as
+    # `elicitation/create` (form) tied to the session and the call, and the
+    # answer reaches the server; an editor that offers no elicitation gets
+    # the question declined, saying so.
+    from acp.schema import AcceptElicitationResponse, ClientCapabilities, ElicitationCapabilities, McpServerStdio
+    python, server_script = rest
+    server = McpServerStdio(name="ask", command=python, args=[server_script], env=[])
+    asked = []
+
+    class Answering(Editor):
+        async def create_elicitation(self, message, mode, **kwargs):
+            asked.append((message, mode))
+            return AcceptElicitationResponse(action="accept", content={"name": "Ada"})
+
+    editor = Answering("allow_once")
+    # (elicitation is in ACP's unstable part: the SDK routes it only when asked to)
+    async with spawn_agent_process(editor, cairn, "--provider", "scripted", "--script", script, "acp", env=env(),
+                                   cwd=cwd, use_unstable_protocol=True) as (conn, _):
+        caps = ClientCapabilities(elicitation=ElicitationCapabilities(form={}))
+        await conn.initialize(protocol_version=1, client_capabilities=caps)
+        sid = (await conn.new_session(cwd=cwd, mcp_servers=[server])).session_id
+        r = await conn.prompt(session_id=sid, prompt=[text_block("greet me")])
+        expect(r.stop_reason, "end_turn")
+        ((message, mode),) = asked
+        expect(message, "mcp__ask__greet asks: What is your name?")
+        root = mode.root if hasattr(mode, "root") else mode
+        expect(root.session_id, sid)
+        assert root.tool_call_id, root
+        assert "name" in root.requested_schema.properties, root.requested_schema
+        done = editor.texts()
+        assert any("hello Ada" in t for t in done), f"the server got the answer: {done}"
+    print("ok answered")
+    plain = Editor("allow_once")
+    async with await connect(plain) as (conn, _):
+        await start(conn)
+        sid = (await conn.new_session(cwd=cwd, mcp_servers=[server])).session_id
+        r = await conn.prompt(session_id=sid, prompt=[text_block("greet me")])
+        expect(r.stop_reason, "end_turn")
+        done = plain.texts()
+        assert any("no name: decline" in t and "does not offer elicitation" in t for t in done), done
+    print("ok declined")
+
+
 async def main():
+    if scenario == "elicit":
+        return await elicit()
+    if scenario == "plan":
+        return await plan()
+    if scenario == "image":
+        return await image()
     answer = {"prompt_allow": "allow_once", "prompt_reject": "reject_once", "destructive": "reject_once",
               "always": "allow_always", "cancel": "cancel", "load": "allow_once", "client_fs": "allow_once", "cancel_running": "cancel_running", "fail": "allow_once", "forged": "forged",
               "recover": "allow_once", "concurrent": "hold_first", "load_refused": "allow_once", "modes": "reject_once", "stream": "allow_once", "model": "allow_once", "commands": "allow_once", "mcp": "allow_once", "undo": "allow_once", "finish_undo": "allow_once", "subagent": "allow_once", "authority_fs": "allow_once",
               "plan_after_always": "allow_always", "session_info": "allow_once", "terminal": "allow_once",
-              "terminal_rejected": "reject_once", "terminal_not_chosen": "reject_once"}[scenario]
+              "terminal_rejected": "reject_once", "terminal_not_chosen": "reject_once", "plan": "allow_once"}[scenario]
     editor = Editor(answer)
     async with await connect(editor) as (conn, proc):
         editor_init = [await start(conn, fs=scenario in ("client_fs", "authority_fs"),

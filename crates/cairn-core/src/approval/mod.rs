@@ -191,6 +191,14 @@ pub trait Approver {
         let _ = request;
         None
     }
+
+    /// Put a running tool's question for structured input to the person
+    /// (`crate::elicit`). An approver that wraps another forwards it; one
+    /// with nobody to ask declines, saying so (the default).
+    fn elicit(&mut self, question: &crate::elicit::Elicitation<'_>) -> crate::elicit::ElicitAnswer {
+        let _ = question;
+        crate::elicit::nobody()
+    }
 }
 
 pub use allowlist::{AllowRule, AllowRuleError, Allowlist, AllowlistApprover};

@@ -128,6 +128,14 @@ impl Approver for PolicyApprover {
         let need = gate(request.gated(), Asker { interactive: true, mode: self.mode() }).ok()?;
         self.lookup(need, request)
     }
+
+    fn elicit(&mut self, question: &crate::elicit::Elicitation<'_>) -> crate::elicit::ElicitAnswer {
+        // Only a person answers (no rule or flag fills in a form).
+        match &mut self.interactive {
+            Some(person) if person.is_interactive() => person.elicit(question),
+            _ => crate::elicit::nobody(),
+        }
+    }
 }
 
 #[cfg(test)]

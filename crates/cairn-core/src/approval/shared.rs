@@ -48,4 +48,13 @@ impl Approver for SharedApprover {
             Err(_) => Err(ApprovalError::Unavailable("the approver failed earlier in another session".to_owned())),
         }
     }
+
+    fn elicit(&mut self, question: &crate::elicit::Elicitation<'_>) -> crate::elicit::ElicitAnswer {
+        match self.0.lock() {
+            Ok(mut inner) => inner.elicit(question),
+            Err(_) => crate::elicit::ElicitAnswer::Decline(
+                "the approver failed earlier in another session; nobody can answer".to_owned(),
+            ),
+        }
+    }
 }

@@ -43,4 +43,8 @@ impl Approver for Announced<'_> {
         // Answered without asking anyone: nothing to announce.
         self.approver.pre_approve(request)
     }
+
+    fn elicit(&mut self, question: &crate::elicit::Elicitation<'_>) -> crate::elicit::ElicitAnswer {
+        self.approver.elicit(question)
+    }
 }

@@ -194,6 +194,19 @@ pub(crate) fn run(
                 }
             }
         };
+        let mut elicit = |message: &str, schema: &serde_json::Value| -> crate::elicit::ElicitAnswer {
+            let question = crate::elicit::Elicitation {
+                session_id: &request.session_id,
+                invocation_id: &request.invocation_id,
+                tool: &request.tool,
+                message,
+                schema,
+            };
+            match approver.try_borrow_mut() {
+                Ok(mut approver) => approver.elicit(&question),
+                Err(_) => crate::elicit::ElicitAnswer::Decline("the approver is busy with another question".to_owned()),
+            }
+        };
         let mut ctx = ToolContext {
             cwd,
             cancel: &call_cancel,
@@ -201,6 +214,7 @@ pub(crate) fn run(
             output: &mut output,
             approve_bypass: &mut approve_bypass,
             review_staged: &mut review_staged,
+            elicit: &mut elicit,
         };
         // A tool that panics is settled as failed; the turn goes on.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.execute(request, &mut ctx)))

@@ -49,7 +49,7 @@ use crate::CancelToken;
 use crate::approval::{AllowRule, AllowRuleError, Allowlist, Approver};
 use crate::events::{EntryPayload, EntryType, TurnEvent};
 use crate::hooks::{PROMPT_REFUSED_FACT, PromptRefused, UserPrompt};
-use crate::message::Message;
+use crate::message::{ContentPart, Message};
 use crate::projection::{LifecycleError, ToolState};
 use crate::provider::{Provider, ProviderError};
 use crate::registry::ToolRegistry;
@@ -220,6 +220,11 @@ pub enum TurnError {
     /// recorded and no turn started.
     #[error("{0}")]
     PromptTooLarge(PromptTooLarge),
+    /// An image given with the prompt was refused (its type, its data,
+    /// the prompt's images too large together, or a provider that takes
+    /// no images); nothing was recorded.
+    #[error("{0}; nothing was recorded")]
+    Image(String),
     /// A `user_prompt` hook refused the prompt; no turn started (the
     /// refusal is the session fact `promptRefused`).
     #[error("the prompt was refused by {by}: {reason}")]
@@ -822,7 +827,36 @@ impl<S: Storage> Session<S> {
     /// be resumed first. `pending` keys the pc does not point at (a log
     /// written by something else) are settled first, as on resume.
     pub fn run_turn(&mut self, user_text: &str, env: &mut TurnEnv<'_>) -> Result<TurnOutcome, TurnError> {
-        self.start_turn(user_text, None, env)
+        self.start_turn(user_text, &[], None, env)
+    }
+
+    /// [`Session::run_turn`] with images after the text, in the user's
+    /// message (each an image part made by [`crate::message::image`]). They
+    /// are refused, with nothing recorded, unless the provider takes images
+    /// (`Provider::accepts_images`), and checked again here: only images,
+    /// of a known type, valid, within the prompt's size limit.
+    pub fn run_turn_with_images(
+        &mut self,
+        user_text: &str,
+        images: &[ContentPart],
+        env: &mut TurnEnv<'_>,
+    ) -> Result<TurnOutcome, TurnError> {
+        if !images.is_empty() && !env.provider.accepts_images() {
+            return Err(TurnError::Image(format!(
+                "{} ({}) takes no images: choose a provider and model that take them, or describe the image in text",
+                env.provider.name(),
+                env.provider.model()
+            )));
+        }
+        let mut so_far = 0;
+        for part in images {
+            let ContentPart::Image { mime_type, data } = part else {
+                return Err(TurnError::Image("only images may be given beside the prompt's text".to_owned()));
+            };
+            crate::message::image(mime_type, data, so_far).map_err(|e| TurnError::Image(e.to_string()))?;
+            so_far += data.len();
+        }
+        self.start_turn(user_text, images, None, env)
     }
 
     /// Bring `arrived` prompts into the session's prompt queue (those not
@@ -842,7 +876,7 @@ impl<S: Storage> Session<S> {
             return Ok(None);
         }
         let next = queue.items.remove(0);
-        self.start_turn(&next.prompt, Some(&queue), env).map(Some)
+        self.start_turn(&next.prompt, &[], Some(&queue), env).map(Some)
     }
 
     /// Start a turn with `user_text`; `queue`, when given, is the prompt
@@ -851,6 +885,7 @@ impl<S: Storage> Session<S> {
     fn start_turn(
         &mut self,
         user_text: &str,
+        images: &[ContentPart],
         queue: Option<&registers::PromptQueue>,
         env: &mut TurnEnv<'_>,
     ) -> Result<TurnOutcome, TurnError> {
@@ -884,6 +919,7 @@ impl<S: Storage> Session<S> {
             }
         };
         let mut user = Message::text(crate::message::Role::User, user_text);
+        user.content.extend(images.iter().cloned());
         if let Some((by, text)) = context {
             user.content.push(crate::message::ContentPart::Text { text: format!("\n\n[context from {by}]\n{text}") });
         }

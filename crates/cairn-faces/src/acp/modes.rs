@@ -155,6 +155,10 @@ impl Approver for ModeApprover {
             _ => self.inner.decide(request),
         }
     }
+
+    fn elicit(&mut self, question: &cairn_core::elicit::Elicitation<'_>) -> cairn_core::elicit::ElicitAnswer {
+        self.inner.elicit(question)
+    }
 }
 
 /// The id of the model picker among a session's configuration options.

@@ -64,7 +64,16 @@ pub(crate) struct Body<'a> {
 enum OutBlock<'a> {
     Text(&'a str),
     ToolUse(&'a ToolCall),
-    ToolResult { call_id: &'a str, content: &'a str, is_error: bool },
+    ToolResult {
+        call_id: &'a str,
+        content: &'a str,
+        is_error: bool,
+    },
+    /// A base64 image (`{"type": "image", "source": {"type": "base64", …}}`).
+    Image {
+        mime_type: &'a str,
+        data: &'a str,
+    },
     Opaque(&'a Value),
 }
 
@@ -90,6 +99,7 @@ fn block_refs(message: &Message) -> impl Iterator<Item = OutBlock<'_>> {
             Some(OutBlock::Opaque(block))
         }
         ContentPart::Reasoning { .. } => None,
+        ContentPart::Image { mime_type, data } => Some(OutBlock::Image { mime_type, data }),
     })
 }
 
@@ -127,6 +137,20 @@ impl Serialize for OutBlock<'_> {
                 map.serialize_entry("is_error", is_error)?;
                 map.serialize_entry("tool_use_id", &ToolId(call_id))?;
                 map.serialize_entry("type", "tool_result")?;
+            }
+            OutBlock::Image { mime_type, data } => {
+                struct Source<'a>(&'a str, &'a str);
+                impl Serialize for Source<'_> {
+                    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                        let mut map = s.serialize_map(Some(3))?;
+                        map.serialize_entry("data", self.1)?;
+                        map.serialize_entry("media_type", self.0)?;
+                        map.serialize_entry("type", "base64")?;
+                        map.end()
+                    }
+                }
+                map.serialize_entry("source", &Source(mime_type, data))?;
+                map.serialize_entry("type", "image")?;
             }
             OutBlock::Opaque(_) => {}
         }
@@ -306,6 +330,8 @@ fn blocks_of(message: &Message) -> Vec<Value> {
                 blocks.push(block.clone())
             }
             ContentPart::Reasoning { .. } => {}
+            ContentPart::Image { mime_type, data } => blocks
+                .push(json!({"type": "image", "source": {"type": "base64", "media_type": mime_type, "data": data}})),
         }
     }
     blocks

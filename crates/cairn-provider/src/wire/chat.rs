@@ -8,14 +8,14 @@
 
 use cairn_core::message::{ContentPart, Message, Role, ToolCall};
 use cairn_core::provider::{ModelRequest, StopReason, StreamEvent};
-use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::Value;
 #[cfg(test)]
 use serde_json::json;
 
 use super::{
-    ArgumentsText, Decoder, Joined, Options, ResultText, Seq, Settled, StreamError, Usage, has_text, json,
-    parse_arguments, str_of, u64_of,
+    ArgumentsText, DataUrl, Decoder, Joined, Options, ResultText, Seq, Settled, StreamError, Usage, has_image,
+    has_text, json, parse_arguments, str_of, u64_of,
 };
 #[cfg(test)]
 use super::{arguments_text, text_of};
@@ -85,6 +85,55 @@ impl Serialize for FunctionTool<'_> {
     }
 }
 
+/// A user message's content with images: its text as one `text` part,
+/// then each image as an `image_url` part holding a `data:` URL.
+struct WithImages<'a>(&'a [ContentPart]);
+
+impl Serialize for WithImages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Part<'a>(&'a ContentPart);
+        impl Serialize for Part<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut map = s.serialize_map(Some(2))?;
+                if let ContentPart::Image { mime_type, data } = self.0 {
+                    struct Url<'a>(DataUrl<'a>);
+                    impl Serialize for Url<'_> {
+                        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                            let mut map = s.serialize_map(Some(1))?;
+                            map.serialize_entry("url", &self.0)?;
+                            map.end()
+                        }
+                    }
+                    map.serialize_entry("image_url", &Url(DataUrl { mime_type, data }))?;
+                    map.serialize_entry("type", "image_url")?;
+                }
+                map.end()
+            }
+        }
+        let images = self.0.iter().filter(|p| matches!(p, ContentPart::Image { .. })).map(Part);
+        let mut seq = s.serialize_seq(None)?;
+        if has_text(self.0) {
+            seq.serialize_element(&TextPart(self.0))?;
+        }
+        for image in images {
+            seq.serialize_element(&image)?;
+        }
+        seq.end()
+    }
+}
+
+/// The text parts of a message as one `{"text", "type": "text"}` part.
+struct TextPart<'a>(&'a [ContentPart]);
+
+impl Serialize for TextPart<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("text", &Joined(self.0))?;
+        map.serialize_entry("type", "text")?;
+        map.end()
+    }
+}
+
 /// One message of the body, borrowed from the history.
 enum ChatMessage<'a> {
     System(&'a str),
@@ -105,7 +154,9 @@ fn chat_messages(message: &Message) -> impl Iterator<Item = ChatMessage<'_>> {
     let text = has_text(&message.content);
     let main = match message.role {
         Role::System if text => Some(ChatMessage::Text { role: "system", parts: &message.content }),
-        Role::User if text => Some(ChatMessage::Text { role: "user", parts: &message.content }),
+        Role::User if text || has_image(&message.content) => {
+            Some(ChatMessage::Text { role: "user", parts: &message.content })
+        }
         Role::Assistant if text || message.tool_calls().next().is_some() => Some(ChatMessage::Assistant(message)),
         _ => None,
     };
@@ -124,6 +175,10 @@ impl Serialize for ChatMessage<'_> {
                 map.serialize_entry("content", &ResultText { content, is_error: *is_error })?;
                 map.serialize_entry("role", "tool")?;
                 map.serialize_entry("tool_call_id", call_id)?;
+            }
+            ChatMessage::Text { role, parts } if *role == "user" && has_image(parts) => {
+                map.serialize_entry("content", &WithImages(parts))?;
+                map.serialize_entry("role", role)?;
             }
             ChatMessage::Text { role, parts } => {
                 map.serialize_entry("content", &Joined(parts))?;
@@ -215,7 +270,22 @@ fn push_message(out: &mut Vec<Value>, message: &Message) {
         }
     }
     let text = text_of(&message.content);
+    let images: Vec<Value> = message
+        .content
+        .iter()
+        .filter_map(|p| match p {
+            ContentPart::Image { mime_type, data } => {
+                Some(json!({"type": "image_url", "image_url": {"url": format!("data:{mime_type};base64,{data}")}}))
+            }
+            _ => None,
+        })
+        .collect();
     match message.role {
+        Role::User if !images.is_empty() => {
+            let mut parts = if text.is_empty() { Vec::new() } else { vec![json!({"type": "text", "text": text})] };
+            parts.extend(images);
+            out.push(json!({"role": "user", "content": parts}));
+        }
         Role::System if !text.is_empty() => out.push(json!({"role": "system", "content": text})),
         Role::User if !text.is_empty() => out.push(json!({"role": "user", "content": text})),
         Role::Assistant => {

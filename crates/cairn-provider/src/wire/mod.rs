@@ -152,6 +152,23 @@ pub(crate) fn has_text(parts: &[ContentPart]) -> bool {
     parts.iter().any(|p| matches!(p, ContentPart::Text { text } if !text.is_empty()))
 }
 
+/// Whether a message carries an image.
+pub(crate) fn has_image(parts: &[ContentPart]) -> bool {
+    parts.iter().any(|p| matches!(p, ContentPart::Image { .. }))
+}
+
+/// An image as a `data:` URL (how both OpenAI APIs take an inline image).
+pub(crate) struct DataUrl<'a> {
+    pub(crate) mime_type: &'a str,
+    pub(crate) data: &'a str,
+}
+
+impl serde::Serialize for DataUrl<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("data:{};base64,{}", self.mime_type, self.data))
+    }
+}
+
 /// [`tool_result_text`] written straight into a body.
 pub(crate) struct ResultText<'a> {
     pub(crate) content: &'a str,
@@ -274,7 +291,11 @@ mod tests {
             .map(|_| {
                 let role = [Role::User, Role::Assistant, Role::Tool, Role::System][next(4) as usize];
                 let content = (0..next(4))
-                    .map(|_| match next(5) {
+                    .map(|_| match next(6) {
+                        5 => ContentPart::Image {
+                            mime_type: ["image/png", "image/jpeg"][next(2) as usize].to_owned(),
+                            data: ["iVBORw0KGgo=", "/9j/4AAQ"][next(2) as usize].to_owned(),
+                        },
                         0 | 1 => ContentPart::Text { text: texts[next(texts.len() as u64) as usize].to_owned() },
                         2 => ContentPart::ToolCall(ToolCall {
                             id: ids[next(ids.len() as u64) as usize].to_owned(),
@@ -364,6 +385,60 @@ mod tests {
             }
         }
         assert_eq!(compared, 399 * 3);
+    }
+
+    /// A user message with an image, as each API documents an inline
+    /// image: Chat Completions `image_url` with a `data:` URL beside a
+    /// `text` part, Responses `input_image`, Anthropic a `base64` source.
+    #[test]
+    fn images_take_each_apis_documented_shape() {
+        use cairn_core::message::Role;
+        use cairn_core::provider::{ModelRequest, RequestPurpose};
+        use serde_json::json;
+        let messages = vec![Message {
+            role: Role::User,
+            content: vec![
+                ContentPart::Text { text: "what is this?".into() },
+                ContentPart::Image { mime_type: "image/png".into(), data: "iVBORw==".into() },
+            ],
+        }];
+        let request = ModelRequest {
+            system: None,
+            messages: &messages,
+            tools: &[],
+            max_output_tokens: None,
+            earlier_assistant_messages: 0,
+            purpose: RequestPurpose::Turn,
+        };
+        let options = Options {
+            default_max: 100,
+            reasoning_effort: None,
+            thinking_budget: None,
+            encrypted_reasoning: false,
+            legacy_max_tokens: false,
+        };
+        let sent = |bytes: Vec<u8>| serde_json::from_slice::<Value>(&bytes).unwrap();
+        let chat = sent(serde_json::to_vec(&chat::Body { model: "m", request: &request, options: &options }).unwrap());
+        assert_eq!(
+            chat["messages"],
+            json!([{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}},
+            ]}])
+        );
+        let responses =
+            sent(serde_json::to_vec(&responses::Body { model: "m", request: &request, options: &options }).unwrap());
+        assert_eq!(
+            responses["input"][1],
+            json!({"type": "message", "role": "user",
+                "content": [{"type": "input_image", "image_url": "data:image/png;base64,iVBORw=="}]})
+        );
+        let anthropic =
+            sent(serde_json::to_vec(&anthropic::Body { model: "m", request: &request, options: &options }).unwrap());
+        assert_eq!(
+            anthropic["messages"][0]["content"][1],
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw=="}})
+        );
     }
 
     #[test]

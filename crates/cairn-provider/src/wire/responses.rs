@@ -18,8 +18,8 @@ use serde_json::json;
 #[cfg(test)]
 use super::arguments_text;
 use super::{
-    ArgumentsText, Decoder, Options, ResultText, Seq, Settled, StreamError, Usage, json, parse_arguments, str_of,
-    u64_of,
+    ArgumentsText, DataUrl, Decoder, Options, ResultText, Seq, Settled, StreamError, Usage, json, parse_arguments,
+    str_of, u64_of,
 };
 use crate::sse::SseEvent;
 
@@ -87,9 +87,22 @@ impl Serialize for FunctionTool<'_> {
 
 /// One input item, borrowed from the history.
 enum Item<'a> {
-    Text { role: &'static str, kind: &'static str, text: &'a str },
+    Text {
+        role: &'static str,
+        kind: &'static str,
+        text: &'a str,
+    },
     Call(&'a ToolCall),
-    Output { call_id: &'a str, content: &'a str, is_error: bool },
+    Output {
+        call_id: &'a str,
+        content: &'a str,
+        is_error: bool,
+    },
+    /// A user message of one `input_image` holding a `data:` URL.
+    Image {
+        mime_type: &'a str,
+        data: &'a str,
+    },
     Opaque(&'a Value),
 }
 
@@ -109,6 +122,7 @@ fn items(message: &Message) -> impl Iterator<Item = Item<'_>> {
         ContentPart::Reasoning { provider, opaque: Some(item), .. } if provider == TAG => Some(Item::Opaque(item)),
         // Reasoning of another provider kind cannot be passed back.
         ContentPart::Reasoning { .. } => None,
+        ContentPart::Image { mime_type, data } => Some(Item::Image { mime_type, data }),
     })
 }
 
@@ -143,6 +157,20 @@ impl Serialize for Item<'_> {
                 map.serialize_entry("call_id", call_id)?;
                 map.serialize_entry("output", &ResultText { content, is_error: *is_error })?;
                 map.serialize_entry("type", "function_call_output")?;
+            }
+            Item::Image { mime_type, data } => {
+                struct Input<'a>(DataUrl<'a>);
+                impl Serialize for Input<'_> {
+                    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                        let mut map = s.serialize_map(Some(2))?;
+                        map.serialize_entry("image_url", &self.0)?;
+                        map.serialize_entry("type", "input_image")?;
+                        map.end()
+                    }
+                }
+                map.serialize_entry("content", &[Input(DataUrl { mime_type, data })])?;
+                map.serialize_entry("role", "user")?;
+                map.serialize_entry("type", "message")?;
             }
             Item::Opaque(_) => {}
         }
@@ -213,6 +241,8 @@ fn push_items(out: &mut Vec<Value>, message: &Message) {
             ContentPart::Reasoning { provider, opaque: Some(item), .. } if provider == TAG => out.push(item.clone()),
             // Reasoning of another provider kind cannot be passed back.
             ContentPart::Reasoning { .. } => {}
+            ContentPart::Image { mime_type, data } => out.push(json!({"type": "message", "role": "user",
+                "content": [{"type": "input_image", "image_url": format!("data:{mime_type};base64,{data}")}]})),
         }
     }
 }

@@ -158,4 +158,9 @@ impl cairn_faces::Host for RuntimeHost {
         // line's --model and --script are the configured provider's).
         crate::parts::provider_for(&self.ctx, name, None, None, cwd)
     }
+
+    fn accepts_images(&self, name: &str) -> bool {
+        let providers = &self.ctx.settings.providers;
+        cairn_provider::config::ProviderConfig::resolve(name, providers.get(name)).is_ok_and(|c| c.images)
+    }
 }

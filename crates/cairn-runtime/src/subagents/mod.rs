@@ -64,6 +64,7 @@ pub use drive::finish_children;
 pub use drive::{finish_running, reattach_children};
 pub use place::{FamilyPlace, Files, Place};
 pub use show::{child_lines, usage_line};
+pub(crate) use tools::is_local;
 pub use tools::tools;
 
 impl Limits {

@@ -28,6 +28,12 @@ use super::{
 use crate::family::{ChildFact, child_id, depth_of, parent_of};
 use crate::setup::Setup;
 
+/// Whether the provider `name` is the embedded model, which is offered
+/// neither the family's tools nor `plan`.
+pub(crate) fn is_local(ctx: &Setup, name: &str) -> bool {
+    ProviderConfig::resolve(name, ctx.settings.providers.get(name)).is_ok_and(|c| c.kind == ProviderKind::Local)
+}
+
 /// The family's tools for a top-level session in `cwd` offered
 /// `parent_tools`, its calls answered by `authority` (`equip.rs` offers
 /// them to every face that has a family). Empty where the family is off
@@ -49,8 +55,7 @@ pub fn tools(
     };
     // The embedded 135M model is not offered the family's tools: it cannot
     // use them, and its prompt and decoding grammar stay as they were.
-    let local = ProviderConfig::resolve(&provider, ctx.settings.providers.get(&provider))
-        .is_ok_and(|c| c.kind == ProviderKind::Local);
+    let local = is_local(ctx, &provider);
     if family.limits.max_depth == 0 || local {
         return Ok(Vec::new());
     }

@@ -1,13 +1,15 @@
-//! The six built-in tools and what they share: argument parsing, receipts
+//! The built-in tools and what they share: argument parsing, receipts
 //! and the list the CLI registers.
 //!
 //! In-process built-ins (`read_file`, `list_dir`, `search`, `write_file`,
 //! `edit_file`) confine every path with [`crate::paths`]; `shell` starts a
-//! process and therefore runs under the sandbox. This module does not know
-//! about external tools.
+//! process and therefore runs under the sandbox; `plan` only records the
+//! model's plan in the session. This module does not know about external
+//! tools.
 
 pub mod edit;
 pub mod files;
+pub mod plan;
 pub mod shell;
 
 use std::collections::BTreeSet;
@@ -36,12 +38,13 @@ pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, shell::Patt
                 .with_authority(config.authority.clone()),
         ),
         Arc::new(shell::Shell::new(config)?),
+        Arc::new(plan::PlanTool::new()),
     ];
     Ok(tools.into_iter().map(|tool| ToolEntry { tool, origin: ToolOrigin::Builtin }).collect())
 }
 
 /// Names of the built-ins (external tools may not take them).
-pub const BUILTIN_NAMES: &[&str] = &["read_file", "list_dir", "search", "write_file", "edit_file", "shell"];
+pub const BUILTIN_NAMES: &[&str] = &["read_file", "list_dir", "search", "write_file", "edit_file", "shell", "plan"];
 
 /// Parse a request's arguments into `T`, with a message the model can act on.
 pub(crate) fn parse_args<T: DeserializeOwned>(request: &ToolRequest) -> Result<T, String> {

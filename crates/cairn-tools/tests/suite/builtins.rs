@@ -15,14 +15,31 @@ fn tool(name: &str) -> std::sync::Arc<dyn Tool> {
 fn builtins_have_the_contract_names_and_tiers() {
     let entries = builtin_tools(&ToolsConfig::default()).unwrap();
     let names: Vec<_> = entries.iter().map(|e| e.tool.spec().name.clone()).collect();
-    assert_eq!(names, ["read_file", "list_dir", "search", "write_file", "edit_file", "shell"]);
+    assert_eq!(names, ["read_file", "list_dir", "search", "write_file", "edit_file", "shell", "plan"]);
     for e in &entries {
         assert_eq!(e.origin.to_string(), "builtin");
         assert_eq!(e.tool.spec().input_schema["type"], "object");
     }
     use cairn_core::tool::Risk::*;
     let risks: Vec<_> = entries.iter().map(|e| e.tool.spec().risk).collect();
-    assert_eq!(risks, [ReadOnly, ReadOnly, ReadOnly, Write, Write, Write]);
+    assert_eq!(risks, [ReadOnly, ReadOnly, ReadOnly, Write, Write, Write, ReadOnly]);
+}
+
+/// `plan` records the model's plan in its receipt and touches nothing: no
+/// capability, nothing written.
+#[test]
+fn plan_records_the_plan_and_touches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = tool("plan");
+    assert!(plan.spec().capabilities.is_empty());
+    let entries = json!({"entries": [{"content": "a", "status": "completed"}, {"content": "b", "status": "pending"}]});
+    let r = run(&*plan, entries, dir.path()).unwrap();
+    assert!(r.output_summary.contains("1 of 2 steps done\n[x] a\n[ ] b"), "{}", r.output_summary);
+    assert_eq!(
+        r.structured_output.unwrap()["entries"][1],
+        json!({"content": "b", "priority": "medium", "status": "pending"})
+    );
+    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "plan wrote something");
 }
 
 #[test]

@@ -289,6 +289,7 @@ fn staged_files_belong_to_the_user_who_runs_cairn() {
             output: &mut out,
             approve_bypass: &mut bypass,
             review_staged: &mut review,
+            elicit: &mut |_, _| cairn_core::elicit::nobody(),
         };
         let req = super::util::request("shell", json!({"command": "mkdir -p d && echo x > d/new.txt && id -u"}));
         shell.execute(&req, &mut ctx).unwrap()

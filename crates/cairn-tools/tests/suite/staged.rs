@@ -60,6 +60,7 @@ fn run_tool(
             output: &mut output,
             approve_bypass: &mut bypass,
             review_staged: &mut review,
+            elicit: &mut |_, _| cairn_core::elicit::nobody(),
         };
         tool.execute(&request(&tool.spec().name, arguments), &mut ctx)
     };

@@ -65,6 +65,7 @@ pub(crate) fn run_with(
             output: &mut output,
             approve_bypass: &mut approve_bypass,
             review_staged: &mut review_staged,
+            elicit: &mut |_, _| cairn_core::elicit::nobody(),
         };
         tool.execute(&req, &mut ctx)
     };
