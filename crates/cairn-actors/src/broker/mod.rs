@@ -792,7 +792,7 @@ impl Broker {
             }
             AfterStop::Swap(plan, component) => {
                 let r = self.swap(&plan, component);
-                if !self.probations.get(id).is_some_and(|p| p.candidate == plan.candidate) {
+                if self.probations.get(id).is_none_or(|p| p.candidate != plan.candidate) {
                     self.candidates.remove(&plan.candidate);
                 }
                 let body = match r {
