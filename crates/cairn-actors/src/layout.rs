@@ -8,6 +8,7 @@
 //! DIR/broker/versions/<id>/<n>/      actor.wasm|actor.wat, source/, meta.json, snapshot/
 //!                                    (the running version and the newest few others)
 //! DIR/broker/mailbox/<id>.jsonl      queued (not yet delivered) messages
+//! DIR/broker/journal.jsonl           the world's journal (live checks' verdicts)
 //! DIR/actor/<id>/public|source       readable by every actor as /actor/<id>/...
 //! DIR/actor/<id>/status.json|stderr.log   written by the broker
 //! DIR/data/<id>/                     the actor's private /data
@@ -208,6 +209,11 @@ impl Layout {
     /// `broker/versions/<id>/<n>/`.
     pub fn version(&self, id: &str, n: u32) -> PathBuf {
         self.root.join("broker").join("versions").join(id).join(n.to_string())
+    }
+    /// `broker/journal.jsonl`: the world's journal (events such as a
+    /// live check's verdict, one JSON object a line).
+    pub fn journal(&self) -> PathBuf {
+        self.root.join("broker").join("journal.jsonl")
     }
     /// `broker/mailbox/<id>.jsonl`.
     pub fn mailbox(&self, id: &str) -> PathBuf {

@@ -112,7 +112,7 @@ pub fn append_note(path: &Path, tag: &str, note: &str) {
 
 /// Appends `bytes` to the log at `path` (created 0600), first rotating it
 /// to `<path>.1` if it already holds [`LOG_LIMIT`] bytes.
-fn append_log_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn append_log_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if std::fs::metadata(path).is_ok_and(|m| m.len() >= LOG_LIMIT) {
         let mut old = path.as_os_str().to_owned();

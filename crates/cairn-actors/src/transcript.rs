@@ -10,6 +10,11 @@
 //! `{"expect": subset, "to"?}` waits up to 10 s for a stdout message whose
 //! body contains `subset` (objects: every key recursively; other values:
 //! equal) and, if given, whose `to` equals it.
+//!
+//! After the swap the same expectations judge the new version's first
+//! live answers (`judge`, issue 48.7): the broker compares each with the
+//! old version's answers to the same messages (run in shadow) and accepts
+//! a different one only where an `expect` of the transcripts describes it.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -33,6 +38,81 @@ pub fn contains(have: &Value, want: &Value) -> bool {
         (Value::Object(h), Value::Object(w)) => w.iter().all(|(k, wv)| h.get(k).is_some_and(|hv| contains(hv, wv))),
         _ => have == want,
     }
+}
+
+/// One `expect` step of a transcript: the subset an answer's body must
+/// contain, and the `to` it must have if the step names one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expectation {
+    /// Subset of the body (see [`contains`]).
+    pub body: Value,
+    /// Required `to`, if the step gives one.
+    pub to: Option<String>,
+}
+
+/// Every `expect` step of the transcripts (`*.jsonl`) in `tests_dir`, in
+/// file and line order; lines that are not steps are skipped (the gate
+/// refused those already).
+pub fn expectations(tests_dir: &Path) -> Vec<Expectation> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(tests_dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(&f) else { continue };
+        for line in text.lines() {
+            let Ok(step) = serde_json::from_str::<Value>(line) else { continue };
+            if let Some(want) = step.get("expect") {
+                let to = step.get("to").and_then(Value::as_str).map(str::to_owned);
+                out.push(Expectation { body: want.clone(), to });
+            }
+        }
+    }
+    out
+}
+
+/// What [`judge`] found for one live answer of a new version.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// The old version gave the same answer (same `to`, `reply_to` and
+    /// body): the one at this index of its answers.
+    Same(usize),
+    /// An expectation of the new version's transcripts describes it (the
+    /// tests say the behaviour changed there).
+    Described,
+    /// Neither: what was answered, and what the old version answered.
+    Unexplained(String),
+}
+
+/// Judges one live answer of a new version (issue 48.7) against the old
+/// version's answers to the same messages not yet matched (`olds`, in
+/// order) and the new version's transcripts' expectations.
+pub fn judge(new: &Outbound, olds: &[Outbound], expects: &[Expectation]) -> Verdict {
+    if let Some(i) = olds.iter().position(|o| o.to == new.to && o.reply_to == new.reply_to && o.body == new.body) {
+        return Verdict::Same(i);
+    }
+    if expects
+        .iter()
+        .any(|e| contains(&new.body, &e.body) && e.to.as_deref().is_none_or(|t| new.to.as_deref() == Some(t)))
+    {
+        return Verdict::Described;
+    }
+    let was = if olds.is_empty() {
+        "the old version gave no other answer to the same messages".to_owned()
+    } else {
+        let shown: Vec<String> = olds.iter().take(4).map(|o| o.body.to_string()).collect();
+        format!("the old version answered {} to the same messages", shown.join(", "))
+    };
+    Verdict::Unexplained(format!(
+        "answered {} (to {}) where {was}, and no expect step of its transcripts describes that answer",
+        new.body,
+        new.to.as_deref().unwrap_or("its subscribers")
+    ))
 }
 
 enum Ev {
@@ -209,6 +289,29 @@ fn transcript(c: &Candidate<'_>, file: &Path) -> Result<(), String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn out(to: Option<&str>, body: Value) -> Outbound {
+        Outbound { to: to.map(str::to_owned), id: None, reply_to: None, body }
+    }
+
+    #[test]
+    fn a_live_answer_is_one_of_the_old_ones_or_one_the_transcript_describes() {
+        let expects = [Expectation { body: json!({"v": 2}), to: None }];
+        let olds = [out(None, json!({"q": 0})), out(None, json!({"q": 1}))];
+        assert_eq!(judge(&out(None, json!({"q": 1})), &olds, &[]), Verdict::Same(1));
+        assert_eq!(judge(&out(None, json!({"q": 1, "v": 2})), &olds, &expects), Verdict::Described);
+        assert_eq!(judge(&out(None, json!({"q": 1, "v": 2})), &[], &expects), Verdict::Described);
+        let Verdict::Unexplained(evil) = judge(&out(None, json!("EVIL version 2 (live)")), &olds, &expects) else {
+            panic!("an unexplained answer passed")
+        };
+        assert!(evil.contains("answered \"EVIL version 2 (live)\" (to its subscribers)"), "{evil}");
+        assert!(evil.contains("the old version answered {\"q\":0}, {\"q\":1} to the same messages"), "{evil}");
+        // Same body to another participant is another answer.
+        assert!(matches!(judge(&out(Some("x"), json!({"q": 1})), &olds, &[]), Verdict::Unexplained(_)));
+        let only_to = [Expectation { body: json!({"v": 2}), to: Some("y".into()) }];
+        assert!(matches!(judge(&out(Some("x"), json!({"v": 2})), &[], &only_to), Verdict::Unexplained(_)));
+        assert_eq!(judge(&out(Some("y"), json!({"v": 2})), &[], &only_to), Verdict::Described);
+    }
 
     #[test]
     fn subset() {

@@ -496,3 +496,109 @@ int main(void) {
     assert!(r["reason"].as_str().unwrap().contains("upgrade refused, the old version keeps running"), "{r}");
     assert!(r["reason"].as_str().unwrap().contains("expected {\"q\":1} not seen"), "{r}");
 }
+
+/// 48.7, second half: a candidate that passes its transcript (it answers
+/// the transcript's message as the old version does) and answers "EVIL
+/// version 2 (live)" to everything else. It goes live, and its first live
+/// answer is held for the live check: the old version, run in shadow on
+/// the same messages, answered otherwise and no `expect` describes the
+/// evil answer, so it is dropped, the upgrade is rolled back, the world's
+/// journal records it and the console is told. No EVIL answer reaches a
+/// live requester (the check lets none through: an answer is routed only
+/// once judged). Before this check the evil answers were routed at once.
+#[test]
+fn a_version_that_misbehaves_live_after_its_gate_is_rolled_back_before_any_evil_answer_leaves() {
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    assert_eq!(t.spawn("u", &echo())["type"], "ok");
+    t.subscribe_console("u");
+    let src = t.file(
+        "evil2/main.c",
+        r#"#include <stdio.h>
+#include <string.h>
+int main(void) {
+    static char l[65536];
+    while (fgets(l, sizeof l, stdin)) {
+        if (strstr(l, "\"body\":{\"q\":1}"))
+            fputs(l, stdout);
+        else
+            puts("{\"body\":\"EVIL version 2 (live)\"}");
+        fflush(stdout);
+    }
+    return 0;
+}
+"#,
+    );
+    let dir = src.parent().unwrap().to_owned();
+    let wasm = dir.join("evil.wasm");
+    common::clang::build_c_actor(&src, &wasm);
+    write_tests(&dir, "q.jsonl", &[json!({"send": {"q": 1}}), json!({"expect": {"q": 1}})]);
+    let r = t.req(json!({"type": "upgrade", "id": "u", "wasm": wasm, "source": dir}));
+    assert_eq!(r["type"], "ok", "the candidate should pass its gate: {r}");
+    assert_eq!(r["version"], 2, "{r}");
+    // Live traffic the transcript did not show.
+    for q in 2..5 {
+        t.w().send(Some("u"), None, None, json!({"q": q}));
+    }
+    let (rolled, mut seen) = t.wait_for("the rollback told to the console", |m| m["body"]["type"] == "rolled_back");
+    eprintln!("rolled back: {rolled}");
+    assert_eq!(rolled["from"], "broker", "{rolled}");
+    assert_eq!((rolled["body"]["from"].as_u64(), rolled["body"]["to"].as_u64()), (Some(2), Some(1)), "{rolled}");
+    let why = rolled["body"]["reason"].as_str().unwrap();
+    assert!(why.contains("live check of version 2: answer 1 answered \"EVIL version 2 (live)\""), "{why}");
+    let s = t.wait_state("u", "version 1 running", |s| s["state"] == "running" && s["version"] == 1);
+    assert_eq!(s["version"], 1, "{s}");
+    // The old version answers again; by then every line of the refused
+    // instance was handled (it ended before version 1 started).
+    t.w().send(Some("u"), None, None, json!({"q": 9}));
+    let (_, more) = t.wait_for("version 1's echo", |m| m["from"] == "u" && m["body"] == json!({"q": 9}));
+    seen.extend(more);
+    let evil: Vec<&Value> = seen.iter().filter(|m| m.to_string().contains("EVIL")).collect();
+    assert!(evil.is_empty(), "EVIL answers reached the console: {evil:#?}");
+    // The world's journal says what happened.
+    let journal = t.read("broker/journal.jsonl");
+    let entry: Value = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "live_check")
+        .unwrap_or_else(|| panic!("no live_check entry in the journal: {journal:?}"));
+    assert_eq!(entry["result"], "refused", "{entry}");
+    assert_eq!(
+        (entry["id"].as_str(), entry["version"].as_u64(), entry["rollback_to"].as_u64()),
+        (Some("u"), Some(2), Some(1))
+    );
+    assert_eq!(entry["answers_checked"], 0, "{entry}");
+    assert!(t.read("actor/u/stderr.log").contains("dropped, not routed"));
+}
+
+/// 48.7: the live check lets a version whose transcripts describe its
+/// changed answers through, and answers it shares with the old version
+/// need no description.
+#[test]
+fn a_version_whose_transcript_describes_its_changes_passes_its_live_check() {
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TestWorld::new();
+    assert_eq!(t.spawn("g", &echo())["type"], "ok");
+    t.subscribe_console("g");
+    // v2 greets its subscribers once (described by its transcript), then
+    // echoes as v1 does.
+    let dir = t.dir.path().join("v2");
+    let wasm = t.file("v2/actor.wat", &actor("{\"body\":{\"hello\":2}}\n", "", ""));
+    write_tests(
+        &dir,
+        "t.jsonl",
+        &[json!({"send": {"q": 1}}), json!({"expect": {"hello": 2}}), json!({"expect": {"q": 1}})],
+    );
+    let r = t.req(json!({"type": "upgrade", "id": "g", "wasm": wasm, "source": dir}));
+    assert_eq!(r["type"], "ok", "{r}");
+    for q in 2..5 {
+        t.w().send(Some("g"), None, None, json!({"q": q}));
+    }
+    for q in 2..5 {
+        t.wait_for("v2's echo", |m| m["from"] == "g" && m["body"] == json!({"q": q}));
+    }
+    let journal = t.read("broker/journal.jsonl");
+    assert!(journal.contains("\"result\":\"passed\""), "{journal}");
+    assert!(journal.contains("\"answers_checked\":3"), "{journal}");
+    assert_eq!(t.actor_state("g")["version"], 2);
+}

@@ -61,7 +61,13 @@ fn the_agent_spawns_sends_upgrades_rolls_back_and_reads_logs() {
     let cwd = t.dir.path().to_owned();
     t.file("v1.wat", &echo());
     t.file("v2/actor.wat", &actor("{\"to\":\"agent\",\"body\":\"v2 up\"}\n", "", ""));
-    write_tests(&cwd.join("v2"), "echo.jsonl", &[json!({"send": {"q": 1}}), json!({"expect": {"q": 1}})]);
+    // The greeting is new behaviour: its transcript describes it, or the
+    // live check (issue 48.7) would roll v2 back at its first answer.
+    write_tests(
+        &cwd.join("v2"),
+        "echo.jsonl",
+        &[json!({"send": {"q": 1}}), json!({"expect": "v2 up", "to": "agent"}), json!({"expect": {"q": 1}})],
+    );
     let world = Arc::new(t.world.take().unwrap());
     let tools = actor_tools(world.clone());
 

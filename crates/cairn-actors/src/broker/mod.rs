@@ -26,13 +26,20 @@ use crate::mailbox::Mailbox;
 use crate::message::{self, AGENT, BROKER, HTTP, Inbound, Outbound};
 use crate::runtime::{self, Dirs, Exit, Instance, Limits, Runtime};
 
+mod probation;
 mod requests;
 mod world;
+
+pub use probation::{FEED_LINES, LIVE_CHECKS, OLD_ANSWERS};
 
 pub use world::{World, init};
 
 /// Message numbers reserved (saved) at a time; see `Broker::new_id`.
-const MSG_ID_BLOCK: u64 = 1024;
+/// Each reservation saves the registry (two fsyncs, on the broker
+/// thread): with 1,024 a busy world stalled its routing every few hundred
+/// messages (issue 48.9). A run that ends without saving skips at most
+/// this many numbers, which only makes ids sparser.
+const MSG_ID_BLOCK: u64 = 1 << 20;
 /// Grace period between `shutdown` + EOF and the kill.
 pub const KILL_AFTER: Duration = Duration::from_secs(5);
 /// Crashes within this window after an upgrade count towards a crash loop.
@@ -166,6 +173,13 @@ pub struct WorldConfig {
     /// loop rolls back to); older ones are deleted when an upgrade
     /// commits (see [`versions_to_keep`]).
     pub versions_kept: u32,
+    /// Answers of an upgraded version checked live before its old version
+    /// is let go ([`LIVE_CHECKS`] by default; 0: none): each is held until
+    /// it matches the old version's answer to the same messages (run in
+    /// shadow) or an `expect` of the new version's transcripts, and the
+    /// first that does not rolls the upgrade back (issue 48.7). Only
+    /// upgrades gated by transcripts are checked.
+    pub live_checks: usize,
 }
 
 impl Default for WorldConfig {
@@ -176,6 +190,7 @@ impl Default for WorldConfig {
             stdin_wait: runtime::STDIN_WAIT,
             compile_budget: COMPILE_BUDGET,
             versions_kept: VERSIONS_KEPT,
+            live_checks: LIVE_CHECKS,
         }
     }
 }
@@ -218,8 +233,16 @@ enum Event {
     /// (or dropped).
     Out {
         id: String,
+        generation: u64,
         line: String,
         _credit: crate::queue::Ticket,
+    },
+    /// A stdout line of an upgrade's shadow (the old version during the
+    /// live check, `probation`), or its end (`None`); never routed.
+    Shadow {
+        id: String,
+        token: u64,
+        line: Option<String>,
     },
     /// A message taken out of `to`'s mailbox that never reached it
     /// (`line` as queued): its sender is told why.
@@ -354,6 +377,9 @@ struct ActorRt {
     /// A version whose compile for a start failed, and why: the next start
     /// fails with it (then the crash backoff retries, compiling again).
     load_failed: Option<(u32, String)>,
+    /// The live check's feed to the old version's shadow, handed to the
+    /// next instance's writer (see `probation`).
+    feed: Option<probation::Feed>,
 }
 
 struct Broker {
@@ -387,6 +413,8 @@ struct Broker {
     /// Compile threads still running (a spawn past its budget included).
     compiling: Arc<std::sync::atomic::AtomicUsize>,
     next_token: u64,
+    /// Live checks of upgraded versions, by actor (see `probation`).
+    probations: HashMap<String, probation::Probation>,
 }
 
 impl std::fmt::Debug for Event {
@@ -432,6 +460,7 @@ impl Broker {
                     last_exit: None,
                     loading: None,
                     load_failed: None,
+                    feed: None,
                 },
             );
         }
@@ -475,6 +504,9 @@ impl Broker {
                 }
                 continue;
             }
+            if !self.probations.is_empty() {
+                self.probation_ticks();
+            }
             let now = Instant::now();
             let late: Vec<u64> = self.compiles.iter().filter(|(_, c)| c.deadline <= now).map(|(t, _)| *t).collect();
             for t in late {
@@ -501,13 +533,18 @@ impl Broker {
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Out { id, line, _credit } => match Outbound::parse(&line) {
-                Ok(msg) => self.route(&id, msg),
-                Err(e) => append_log(
-                    &self.layout.actor_dir(&id).join("stderr.log"),
-                    &format!("dropped stdout line: {e}: {line}"),
-                ),
-            },
+            Event::Out { id, generation, line, _credit } => {
+                // An upgraded version's first answers wait for its live check.
+                let line = if self.probations.is_empty() {
+                    Some((line, _credit))
+                } else {
+                    self.probation_line(&id, generation, line, _credit)
+                };
+                if let Some((line, _credit)) = line {
+                    self.route_line(&id, line);
+                }
+            }
+            Event::Shadow { id, token, line } => self.shadow_line(&id, token, line),
             Event::Undelivered { to, line, reason } => {
                 if let Ok(m) = serde_json::from_str::<Inbound>(&line) {
                     self.undeliverable(&m.from, &m.id, &to, &reason);
@@ -683,7 +720,11 @@ impl Broker {
 
     fn tested(&mut self, t: Tested) {
         let Tested { mut plan, component, verdict } = t;
-        self.candidates.remove(&plan.candidate);
+        // A passed candidate's reservation goes on as its live check's
+        // shadow (released when the check ends, or after the swap if none).
+        if verdict.is_err() || !self.reg.actors.contains_key(&plan.id) {
+            self.candidates.remove(&plan.candidate);
+        }
         match verdict {
             Err(why) => {
                 let (r, q) = (plan.requester.clone(), plan.req_id.clone());
@@ -708,6 +749,7 @@ impl Broker {
                     plan.built_by.as_deref(),
                     &plan.requester,
                 ) {
+                    self.candidates.remove(&plan.candidate);
                     let (r, q) = (plan.requester.clone(), plan.req_id.clone());
                     self.reply(&r, &q, json!({"type": "error", "reason": format!("{e:#}")}));
                     return;
@@ -750,6 +792,9 @@ impl Broker {
             }
             AfterStop::Swap(plan, component) => {
                 let r = self.swap(&plan, component);
+                if self.probations.get(id).is_none_or(|p| p.candidate != plan.candidate) {
+                    self.candidates.remove(&plan.candidate);
+                }
                 let body = match r {
                     Ok(()) => json!({"type": "ok", "request": "upgrade", "id": plan.id,
                         "version": plan.new_version, "tests": plan.tests}),
@@ -811,6 +856,13 @@ impl Broker {
             a.backoff_n = 0;
             a.parked.take()
         });
+        // A version gated by transcripts is checked live: the old one
+        // stays ready in shadow until its first answers are judged.
+        if plan.tests > 0 && self.cfg.live_checks > 0 {
+            let tests = self.layout.version(&plan.id, plan.new_version).join("source").join("tests");
+            let expects = crate::transcript::expectations(&tests);
+            self.start_probation(&plan.id, plan.new_version, old, &plan.requester, plan.candidate, expects);
+        }
         self.start_actor(&plan.id, parked);
         Ok(())
     }
@@ -993,7 +1045,7 @@ impl Broker {
                 self.limits_of(id),
                 move |line| {
                     let _credit = gate.acquire(line.len());
-                    let _ = tx1.send(Event::Out { id: id1.clone(), line, _credit });
+                    let _ = tx1.send(Event::Out { id: id1.clone(), generation, line, _credit });
                 },
                 move |exit| {
                     let _ = tx2.send(Event::Exited { id: id2, generation, exit });
@@ -1013,6 +1065,7 @@ impl Broker {
                 return self.placeholder(id, generation);
             }
         };
+        self.probation_started(id, generation);
         let Some(a) = self.actors.get_mut(id) else { return };
         let last = Arc::new(Mutex::new(None));
         let done = Arc::new(AtomicBool::new(false));
@@ -1026,6 +1079,7 @@ impl Broker {
             id.to_owned(),
             self.tx.clone(),
             self.cfg.stdin_wait,
+            a.feed.take(),
         );
         a.live = Some(Live {
             generation,
@@ -1255,6 +1309,11 @@ impl Broker {
         }
         let Some(live) = a.live.take() else { return };
         live.writer_done.store(true, Ordering::SeqCst);
+        if !self.probations.is_empty() {
+            // May leave a rollback in `after_stop` (taken below).
+            self.probation_exited(id, generation);
+        }
+        let Some(a) = self.actors.get_mut(id) else { return };
         let log = self.layout.actor_dir(id).join("stderr.log");
         a.last_exit = Some(format!("{exit:?}"));
         if let Some(after) = a.after_stop.take() {
@@ -1333,6 +1392,7 @@ fn spawn_writer(
     to: String,
     events: Sender<Event>,
     wait: Duration,
+    feed: Option<probation::Feed>,
 ) {
     // Every message that leaves the mailbox and does not reach the guest
     // is told to its sender (`undeliverable`), besides the note here.
@@ -1382,7 +1442,13 @@ fn spawn_writer(
                         parked = Some(m);
                     }
                 }
-                Some(Ok(())) => {}
+                Some(Ok(())) => {
+                    // An upgraded version's live check: its old version
+                    // in shadow reads the same message.
+                    if let Some(f) = &feed {
+                        probation::offer(f, &m);
+                    }
+                }
                 Some(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
                     // Dropped (at most once); the next message gets its own wait.
                     last.lock().unwrap_or_else(|p| p.into_inner()).take();

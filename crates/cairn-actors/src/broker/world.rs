@@ -178,6 +178,7 @@ impl World {
             abandoned: Default::default(),
             candidates: Default::default(),
             next_token: 0,
+            probations: HashMap::new(),
         };
         let ids: Vec<String> = b.reg.actors.keys().cloned().collect();
         for id in &ids {
