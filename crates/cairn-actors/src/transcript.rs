@@ -50,11 +50,11 @@ pub struct Expectation {
     pub to: Option<String>,
 }
 
-/// Every `expect` step of the transcripts (`*.jsonl`) in `tests_dir`, in
-/// file and line order; lines that are not steps are skipped (the gate
-/// refused those already).
-pub fn expectations(tests_dir: &Path) -> Vec<Expectation> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(tests_dir)
+/// The transcripts (`*.jsonl`) in `tests_dir`, sorted by name; none when
+/// there is no directory or it cannot be read.
+fn transcript_files(tests_dir: Option<&Path>) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = tests_dir
+        .and_then(|d| std::fs::read_dir(d).ok())
         .map(|rd| {
             rd.filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
@@ -62,8 +62,15 @@ pub fn expectations(tests_dir: &Path) -> Vec<Expectation> {
         })
         .unwrap_or_default();
     files.sort();
+    files
+}
+
+/// Every `expect` step of the transcripts (`*.jsonl`) in `tests_dir`, in
+/// file and line order; lines that are not steps are skipped (the gate
+/// refused those already).
+pub fn expectations(tests_dir: &Path) -> Vec<Expectation> {
     let mut out = Vec::new();
-    for f in files {
+    for f in transcript_files(Some(tests_dir)) {
         let Ok(text) = std::fs::read_to_string(&f) else { continue };
         for line in text.lines() {
             let Ok(step) = serde_json::from_str::<Value>(line) else { continue };
@@ -151,15 +158,7 @@ impl std::fmt::Debug for Candidate<'_> {
 /// Runs every transcript in `tests_dir` (or the smoke test if there are
 /// none). `Err` says which file and line failed and why.
 pub fn run_gate(c: &Candidate<'_>, tests_dir: Option<&Path>) -> Result<usize, String> {
-    let mut files: Vec<PathBuf> = tests_dir
-        .and_then(|d| std::fs::read_dir(d).ok())
-        .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-                .collect()
-        })
-        .unwrap_or_default();
-    files.sort();
+    let files = transcript_files(tests_dir);
     if files.is_empty() {
         return smoke(c).map(|()| 0);
     }

@@ -108,8 +108,10 @@ class Editor:
     async def kill_terminal(self, session_id, terminal_id, **kwargs):
         return KillTerminalResponse()
 
-    def summary(self):
-        """Consecutive text chunks joined; tool calls and updates with their status."""
+    def summary(self, plans=False):
+        """Consecutive text chunks joined; tool calls and updates with their
+        status; with `plans`, plan updates too ("plan", [(content, priority,
+        status)]), all in arrival order."""
         out, ids = [], {}
         for kind, _, payload in self.events:
             if kind in ("fs_read", "fs_write", "terminal", "terminal_release"):
@@ -134,6 +136,8 @@ class Editor:
             elif t == "tool_call_update":
                 assert u.tool_call_id in ids, f"update of an unannounced tool call {u.tool_call_id}"
                 out.append(("update", ids[u.tool_call_id], u.status))
+            elif t == "plan" and plans:
+                out.append(("plan", [(e.content, e.priority, e.status) for e in u.entries]))
         return out
 
     def texts(self):
@@ -142,32 +146,6 @@ class Editor:
             for k, _, p in self.events
             if k == "update" and p.session_update == "tool_call_update" and p.status in ("completed", "failed")
         ]
-
-
-def plan_and_tools(editor):
-    """Messages, tool calls and plans (\"plan\", [(content, priority, status)]) in arrival order."""
-    out, ids = [], {}
-    for kind, _, u in editor.events:
-        if kind == "permission":
-            out.append(("permission",))
-        if kind != "update":
-            continue
-        t = u.session_update
-        if t == "plan":
-            out.append(("plan", [(e.content, e.priority, e.status) for e in u.entries]))
-        elif t in ("agent_message_chunk", "user_message_chunk"):
-            if out and out[-1][0] == t:
-                out[-1] = (t, out[-1][1] + u.content.text)
-            else:
-                out.append((t, u.content.text))
-        elif t == "tool_call":
-            assert u.tool_call_id not in ids, f"tool call id reused: {u.tool_call_id}"
-            ids[u.tool_call_id] = u.kind
-            out.append(("tool_call", u.kind, u.status))
-        elif t == "tool_call_update":
-            assert u.tool_call_id in ids, f"update of an unannounced tool call {u.tool_call_id}"
-            out.append(("update", ids[u.tool_call_id], u.status))
-    return out
 
 
 def env():
@@ -206,7 +184,7 @@ async def plan():
         sid = (await conn.new_session(cwd=cwd, mcp_servers=[])).session_id
         r = await conn.prompt(session_id=sid, prompt=[text_block("read a.txt, step by step")])
         expect(r.stop_reason, "end_turn")
-        seen = plan_and_tools(editor)
+        seen = editor.summary(plans=True)
         expect(seen, [
             ("plan", [("read a.txt", "high", "in_progress"), ("tell what it says", "medium", "pending")]),
             ("tool_call", "read", "pending"), ("update", "read", "in_progress"), ("update", "read", "completed"),
@@ -219,7 +197,7 @@ async def plan():
         await start(conn)
         await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
         # (a replayed call shows where it ended, not its running)
-        expect(plan_and_tools(loaded), [("user_message_chunk", "read a.txt, step by step")]
+        expect(loaded.summary(plans=True), [("user_message_chunk", "read a.txt, step by step")]
                + [e for e in seen if e != ("update", "read", "in_progress")])
     print("ok replayed")
 
