@@ -120,7 +120,9 @@ fn load_tools_gives_builtins_then_external_tools_from_the_standard_dirs() {
     let mut trust = TrustStore::empty();
     trust.trust(&cwd).unwrap();
     let loaded = cairn_tools::load_tools(&ToolsConfig::default(), &dirs, &trust).unwrap();
-    assert_eq!(loaded.tools.len(), 7);
+    // Every built-in first, in order, then the one external tool.
+    let names: Vec<&str> = loaded.tools.iter().map(|t| t.tool.spec().name.as_str()).collect();
+    assert_eq!(names, ["read_file", "list_dir", "search", "write_file", "edit_file", "shell", "plan", "projtool"]);
     let last = loaded.tools.last().unwrap();
     assert_eq!(last.tool.spec().name, "projtool");
     assert_eq!(last.tool.spec().risk, Risk::Write, "the user's tool wins over the project's");
