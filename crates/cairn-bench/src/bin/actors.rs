@@ -136,23 +136,27 @@ struct PipeChain {
     hops: Vec<std::thread::JoinHandle<()>>,
 }
 
+/// One native hop of the pipe baseline: a thread that reads JSON lines
+/// from `r`, parses each and writes it to `w` with one write per line (as
+/// the broker writes an actor's stdin), until either end closes.
+fn echo_hop(r: std::io::PipeReader, mut w: std::io::PipeWriter) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if w.write_all(format!("{v}\n").as_bytes()).is_err() {
+                break;
+            }
+        }
+    })
+}
+
 impl PipeChain {
     fn new() -> Result<PipeChain> {
         let (r1, w) = std::io::pipe()?;
         let (r2, w2) = std::io::pipe()?;
         let (r3, w3) = std::io::pipe()?;
-        let hop = |r: std::io::PipeReader, mut w: std::io::PipeWriter| {
-            std::thread::spawn(move || {
-                for line in BufReader::new(r).lines() {
-                    let Ok(line) = line else { break };
-                    let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-                    if w.write_all(format!("{v}\n").as_bytes()).is_err() {
-                        break;
-                    }
-                }
-            })
-        };
-        let hops = vec![hop(r1, w2), hop(r2, w3)];
+        let hops = vec![echo_hop(r1, w2), echo_hop(r2, w3)];
         Ok(PipeChain { w, r: BufReader::new(r3), hops })
     }
 
@@ -191,18 +195,8 @@ fn through_pipes(n: usize) -> Result<()> {
     let (r1, mut w1) = std::io::pipe()?;
     let (r2, w2) = std::io::pipe()?;
     let (r3, w3) = std::io::pipe()?;
-    let hop = |r: std::io::PipeReader, mut w: std::io::PipeWriter| {
-        std::thread::spawn(move || {
-            for line in BufReader::new(r).lines() {
-                let Ok(line) = line else { break };
-                let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-                // One write per line, as the broker writes an actor's stdin.
-                let _ = w.write_all(format!("{v}\n").as_bytes());
-            }
-        })
-    };
-    let t1 = hop(r1, w2);
-    let t2 = hop(r2, w3);
+    let t1 = echo_hop(r1, w2);
+    let t2 = echo_hop(r2, w3);
     let writer = std::thread::spawn(move || {
         for i in 0..n {
             let line = json!({"id": format!("m-{i}"), "from": "console", "body": {"n": i}});
