@@ -24,8 +24,9 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use cairn_core::staged::{EntryKind, FileState};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
@@ -47,6 +48,36 @@ pub struct Beneath {
     /// [`Beneath::open_layer`] opened up for the owner (relative path →
     /// mode); [`Beneath::node`] reports these.
     modes: std::collections::BTreeMap<String, u32>,
+    /// cairn's own directories only ([`Beneath::open_own`]): the last
+    /// directory a path was resolved in, kept open and reused while paths
+    /// stay in it (issue 49.10: the change-set reader, the diff and the
+    /// apply resolved the same staging directory once per file). `None`:
+    /// every path is resolved afresh (the working tree, where anyone may
+    /// replace a directory with a link between two operations).
+    last_dir: Option<Mutex<Option<LastDir>>>,
+}
+
+/// The directory [`Beneath::open_own`] keeps open: its relative path and
+/// descriptor.
+type LastDir = (String, Arc<OwnedFd>);
+
+/// A directory descriptor [`Beneath`] resolved a path in: opened for this
+/// use, or its cached one (cairn's own directories only).
+#[derive(Debug)]
+pub(crate) enum DirFd {
+    /// Opened for this use.
+    Owned(OwnedFd),
+    /// Shared with the cache of [`Beneath::open_own`].
+    Shared(Arc<OwnedFd>),
+}
+
+impl AsFd for DirFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Self::Owned(fd) => fd.as_fd(),
+            Self::Shared(fd) => fd.as_fd(),
+        }
+    }
 }
 
 /// The deepest directory [`Beneath::open_layer`] descends to (the
@@ -114,7 +145,15 @@ pub fn writable(mut state: FileState) -> FileState {
 
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    // By table, not a `format!` per byte: a digest is written for every
+    // file a change set holds, twice (read, then checked by the apply).
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    out
 }
 
 fn random_name() -> io::Result<String> {
@@ -131,7 +170,20 @@ impl Beneath {
     /// working directory or cairn's own staging directory).
     pub fn open(dir: &Path) -> io::Result<Self> {
         let root = rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
-        Ok(Self { root, shown: dir.to_path_buf(), modes: Default::default() })
+        Ok(Self { root, shown: dir.to_path_buf(), modes: Default::default(), last_dir: None })
+    }
+
+    /// Open `dir`, a directory of cairn's own that only cairn changes (a
+    /// staging layer once its command is done with it): as [`Beneath::open`],
+    /// but the directory the last path was resolved in is kept open and
+    /// reused for the next path in the same directory instead of being
+    /// resolved again (one `openat2` per directory, not per file; one
+    /// descriptor kept). Resolving a path is still beneath `dir` with no
+    /// link followed; what is reused is a directory so reached.
+    pub fn open_own(dir: &Path) -> io::Result<Self> {
+        let mut own = Self::open(dir)?;
+        own.last_dir = Some(Mutex::new(None));
+        Ok(own)
     }
 
     /// Open cairn's own staging layer for reading. A non-root cairn cannot
@@ -141,7 +193,7 @@ impl Beneath {
     /// its real mode kept and reported by [`Beneath::node`]. Root reads
     /// whatever the modes say and changes nothing.
     pub fn open_layer(dir: &Path) -> io::Result<Self> {
-        let mut layer = Self::open(dir)?;
+        let mut layer = Self::open_own(dir)?;
         if !rustix::process::geteuid().is_root() {
             let mut modes = std::collections::BTreeMap::new();
             open_up(&layer.root, "", &mut modes, 0)?;
@@ -203,9 +255,27 @@ impl Beneath {
 
     /// The parent directory of `rel` and its last name; `None` when the
     /// parent does not exist.
-    pub(crate) fn parent<'a>(&self, rel: &'a str) -> io::Result<Option<(OwnedFd, &'a str)>> {
+    pub(crate) fn parent<'a>(&self, rel: &'a str) -> io::Result<Option<(DirFd, &'a str)>> {
         let (parent, name) = split(rel)?;
-        Ok(self.dir(parent)?.map(|fd| (fd, name)))
+        Ok(self.dir_fd(parent)?.map(|fd| (fd, name)))
+    }
+
+    /// [`Beneath::dir`], through the cache of [`Beneath::open_own`] where
+    /// there is one.
+    pub(crate) fn dir_fd(&self, rel: &str) -> io::Result<Option<DirFd>> {
+        let Some(cache) = &self.last_dir else { return Ok(self.dir(rel)?.map(DirFd::Owned)) };
+        if let Ok(last) = cache.lock()
+            && let Some((at, fd)) = last.as_ref()
+            && at == rel
+        {
+            return Ok(Some(DirFd::Shared(Arc::clone(fd))));
+        }
+        let Some(fd) = self.dir(rel)? else { return Ok(None) };
+        let fd = Arc::new(fd);
+        if let Ok(mut last) = cache.lock() {
+            *last = Some((rel.to_owned(), Arc::clone(&fd)));
+        }
+        Ok(Some(DirFd::Shared(fd)))
     }
 
     /// What `rel` is, not following it; `None` when it does not exist.
@@ -252,7 +322,12 @@ impl Beneath {
     /// (no link followed on the way); `None` when it is missing or not a
     /// directory.
     pub fn sub(&self, rel: &str) -> io::Result<Option<Beneath>> {
-        Ok(self.dir(rel)?.map(|root| Self { root, shown: self.shown.join(rel), modes: Default::default() }))
+        Ok(self.dir(rel)?.map(|root| Self {
+            root,
+            shown: self.shown.join(rel),
+            modes: Default::default(),
+            last_dir: None,
+        }))
     }
 
     /// The bytes of the regular file `rel`, at most `cap` of them: `None`
@@ -286,6 +361,13 @@ impl Beneath {
     /// content is read from what is at `rel` now, opened as the regular
     /// file the node says it is.
     pub fn state_of(&self, rel: &str, node: Node) -> io::Result<FileState> {
+        self.state_keeping(rel, node, 0).map(|(state, _)| state)
+    }
+
+    /// [`Beneath::state_of`], and a regular file's bytes when it holds at
+    /// most `keep` of them (read once, for the digest and the caller).
+    pub(crate) fn state_keeping(&self, rel: &str, node: Node, keep: u64) -> io::Result<(FileState, Option<Vec<u8>>)> {
+        let mut kept = None;
         let (size, sha256) = match node.kind {
             EntryKind::Dir | EntryKind::Special => {
                 (if node.kind == EntryKind::Dir { 0 } else { node.size }, String::new())
@@ -296,11 +378,12 @@ impl Beneath {
             }
             EntryKind::File => {
                 let file = self.open_file(rel)?;
-                let (size, digest) = hash_file(&file)?;
+                let (size, digest, bytes) = hash_keeping(&file, keep)?;
+                kept = bytes;
                 (size, digest)
             }
         };
-        Ok(FileState { kind: node.kind, size, sha256, mode: node.mode })
+        Ok((FileState { kind: node.kind, size, sha256, mode: node.mode }, kept))
     }
 
     /// [`Beneath::state`] as a change set records it: the permission bits
@@ -321,7 +404,7 @@ impl Beneath {
     /// error: change sets name paths as text, and a lossy name would point
     /// at another file.
     pub fn list(&self, rel: &str) -> io::Result<Vec<String>> {
-        let fd = self.dir(rel)?.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, self.show(rel)))?;
+        let fd = self.dir_fd(rel)?.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, self.show(rel)))?;
         let mut names = Vec::new();
         for entry in rustix::fs::Dir::read_from(&fd)? {
             let entry = entry?;
@@ -503,7 +586,7 @@ impl Beneath {
 /// by an `O_PATH | O_NOFOLLOW` descriptor first, so the mode changes can
 /// only reach that regular file, never a link's target. Root never gets
 /// here (it reads whatever the mode says).
-fn open_own_unreadable(dir: &OwnedFd, name: &str, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+fn open_own_unreadable(dir: &impl AsFd, name: &str, flags: OFlags) -> rustix::io::Result<OwnedFd> {
     let pinned = rustix::fs::openat(dir, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
     let st = rustix::fs::fstat(&pinned)?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_uid != rustix::process::geteuid().as_raw()
@@ -586,7 +669,7 @@ fn node_of(st: &rustix::fs::Stat) -> Node {
 }
 
 /// A new file in `dir` under a random name, `O_CREAT | O_EXCL`.
-fn create_excl(dir: &OwnedFd) -> io::Result<(OwnedFd, String)> {
+fn create_excl(dir: &impl AsFd) -> io::Result<(OwnedFd, String)> {
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     for _ in 0..8 {
         let temp = random_name()?;
@@ -772,8 +855,36 @@ fn regions(
 /// file's bytes; holes are never read. A file that shrinks while it is
 /// read is read again (a few times, then it is an error).
 pub fn hash_file(file: &File) -> io::Result<(u64, String)> {
+    hash_keeping(file, 0).map(|(size, digest, _)| (size, digest))
+}
+
+/// [`hash_file`], and the bytes themselves when the file holds at most
+/// `keep` of them (read once for both: the diff of a created file is
+/// made from the bytes that were hashed, issue 49.10). A small file (at
+/// most one chunk) is read whole with no `SEEK_DATA`/`SEEK_HOLE` walk: a
+/// hole in it reads as zeros, and below [`BLOCK_DIGEST_MIN`] its digest is
+/// the SHA-256 of its bytes either way.
+pub(crate) fn hash_keeping(file: &File, keep: u64) -> io::Result<(u64, String, Option<Vec<u8>>)> {
     for _ in 0..3 {
         let size = rustix::fs::fstat(file)?.st_size as u64;
+        if size <= CHUNK as u64 {
+            let mut bytes = vec![0u8; size as usize];
+            let mut got = 0;
+            while got < bytes.len() {
+                let n = rustix::io::pread(file, &mut bytes[got..], got as u64)?;
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            if got < bytes.len() {
+                continue; // it shrank while it was read: again
+            }
+            let mut digest = ContentDigest::new(size);
+            digest.data(&bytes);
+            return Ok((size, digest.finish(), (keep > 0 && size <= keep).then_some(bytes)));
+        }
+
         let digest = std::cell::RefCell::new(ContentDigest::new(size));
         let mut buf = vec![0u8; size.clamp(1, CHUNK as u64) as usize];
         let covered = regions(
@@ -790,7 +901,7 @@ pub fn hash_file(file: &File) -> io::Result<(u64, String)> {
             },
         )?;
         if covered == size {
-            return Ok((size, digest.into_inner().finish()));
+            return Ok((size, digest.into_inner().finish(), None));
         }
     }
     Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file kept shrinking while it was read"))

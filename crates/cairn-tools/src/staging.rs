@@ -132,6 +132,12 @@ impl Staging {
         read_layer(&self.dirs.upper, lower)
     }
 
+    /// [`Staging::read`], and the bytes of the created files read while a
+    /// diff of `cap` bytes could still show them ([`Created`]).
+    fn read_for_diff(&self, lower: &Path, cap: usize) -> Result<(ChangeSet, Created), StagingError> {
+        read_layer_keeping(&self.dirs.upper, lower, cap as u64)
+    }
+
     /// Make the staging layer durable (one `syncfs` of its file system
     /// rather than an fsync per file), before its change set is recorded.
     pub fn sync(&self, _changes: &ChangeSet) -> Result<(), StagingError> {
@@ -180,7 +186,7 @@ pub fn settle(
     use cairn_core::staged::{StagedDecision, StagedReview, StagedRules};
     use cairn_core::tool::ToolError;
     let result = (|| {
-        let changes = staging.read(cwd).map_err(|e| match e {
+        let (changes, created) = staging.read_for_diff(cwd, DIFF_CAP).map_err(|e| match e {
             StagingError::Special { .. } | StagingError::TooDeep { .. } => ToolError::Rejected(e.to_string()),
             e => ToolError::Other(format!("cannot read the staged effect: {e}")),
         })?;
@@ -188,7 +194,7 @@ pub fn settle(
         let here =
             StagedRules { authority: crate::hookspath::authority_here(&rules.authority, &tree), ..rules.clone() };
         let judgement = changes.judge(&here, &tree);
-        let diff = render_diff(&changes, &staging.dirs().upper, cwd, 64 * 1024);
+        let diff = render_diff_from(&changes, created, &staging.dirs().upper, cwd, DIFF_CAP);
         if changes.is_empty() {
             return Ok(Settled { changes, risk: judgement.risk, diff, applied_by: None });
         }
@@ -221,6 +227,20 @@ pub fn settle(
     })();
     staging.remove();
     result
+}
+
+/// The most bytes of diff a person is shown for one staged effect.
+const DIFF_CAP: usize = 64 * 1024;
+
+/// Bytes of created files the change-set reader kept for the diff (path →
+/// bytes), at most the diff's cap in all: a created file's diff is made
+/// from the bytes that were hashed instead of reading the file again
+/// (issue 49.10). A file not here is read from the layer as before.
+#[derive(Debug, Default)]
+struct Created {
+    bytes: std::collections::HashMap<String, Vec<u8>>,
+    /// Bytes still to be kept.
+    budget: u64,
 }
 
 /// On resume, for a call whose change set was committed: apply it (again;
@@ -439,12 +459,19 @@ fn io_at(what: String) -> impl FnOnce(std::io::Error) -> StagingError {
 /// FIFO, socket or device is refused ([`StagingError::Special`]); a name
 /// that is not UTF-8 is refused too.
 pub fn read_layer(upper: &Path, lower: &Path) -> Result<ChangeSet, StagingError> {
+    read_layer_keeping(upper, lower, 0).map(|(changes, _)| changes)
+}
+
+/// [`read_layer`], keeping the bytes of created files as they are hashed
+/// while fewer than `keep` bytes are kept in all (for the diff).
+fn read_layer_keeping(upper: &Path, lower: &Path, keep: u64) -> Result<(ChangeSet, Created), StagingError> {
     let up = Beneath::open_layer(upper).map_err(io(format!("cannot open the staging layer {}", upper.display())))?;
     let low = Beneath::open(lower).map_err(io(format!("cannot open the working tree {}", lower.display())))?;
     let git = GitStore::find(lower);
     let mut changes = BTreeMap::new();
-    walk_upper(&up, &low, git.as_ref(), "", true, &mut changes)?;
-    Ok(ChangeSet { changes: changes.into_values().collect() })
+    let mut created = Created { budget: keep, ..Created::default() };
+    walk_upper(&up, &low, git.as_ref(), "", true, &mut changes, &mut created)?;
+    Ok((ChangeSet { changes: changes.into_values().collect() }, created))
 }
 
 /// The deepest path a change set may hold (directories below the tree):
@@ -477,6 +504,7 @@ fn walk_upper(
     rel: &str,
     in_lower: bool,
     out: &mut BTreeMap<String, Change>,
+    created: &mut Created,
 ) -> Result<(), StagingError> {
     if rel.split('/').count() > MAX_DEPTH {
         return Err(StagingError::TooDeep { path: cairn_core::staged::shown(rel) });
@@ -498,7 +526,16 @@ fn walk_upper(
         if node.kind == EntryKind::Special {
             return Err(StagingError::Special { path: cairn_core::staged::shown(&path) });
         }
-        let after = Some(writable(up.state_of(&path, node).map_err(io_at(format!("cannot read {}", up.show(&path))))?));
+        // A new file's bytes are kept for the diff while they fit its
+        // budget (read once, for the digest and the diff).
+        let keep = if before.is_none() && node.kind == EntryKind::File { created.budget.min(TEXT_LIMIT) } else { 0 };
+        let (state, bytes) =
+            up.state_keeping(&path, node, keep).map_err(io_at(format!("cannot read {}", up.show(&path))))?;
+        if let Some(bytes) = bytes {
+            created.budget = created.budget.saturating_sub(bytes.len() as u64);
+            created.bytes.insert(path.clone(), bytes);
+        }
+        let after = Some(writable(state));
         if node.kind == EntryKind::Dir {
             let lower_is_dir = before.as_ref().is_some_and(|b| b.kind == EntryKind::Dir);
             if !lower_is_dir {
@@ -518,7 +555,7 @@ fn walk_upper(
             } else if before.as_ref().map(|b| b.mode) != after.as_ref().map(|a| a.mode) {
                 out.insert(path.clone(), change(&path, ChangeKind::Modified, before, after));
             }
-            walk_upper(up, low, git, &path, lower_is_dir, out)?;
+            walk_upper(up, low, git, &path, lower_is_dir, out, created)?;
             continue;
         }
         match before {
@@ -592,6 +629,12 @@ fn text_of(tree: &Beneath, rel: &str) -> Option<String> {
     }
     let mut bytes = Vec::with_capacity(len as usize);
     file.take(TEXT_LIMIT + 1).read_to_end(&mut bytes).ok()?;
+    text(bytes)
+}
+
+/// `bytes` as text to compare or diff: `None` when over [`TEXT_LIMIT`],
+/// holding a NUL, or not UTF-8 (such a file is shown by size and hash).
+fn text(bytes: Vec<u8>) -> Option<String> {
     if bytes.len() as u64 > TEXT_LIMIT || bytes.contains(&0) {
         return None;
     }
@@ -856,8 +899,14 @@ fn blob_id(file: &fs::File) -> Option<[u8; 20]> {
 /// binary files, deletions listed; every name escaped
 /// (`cairn_core::staged::shown`). Cut at `cap` bytes.
 pub fn render_diff(changes: &ChangeSet, upper: &Path, lower: &Path, cap: usize) -> String {
+    render_diff_from(changes, Created::default(), upper, lower, cap)
+}
+
+/// [`render_diff`], a created file's text taken from `created` when the
+/// reader kept it.
+fn render_diff_from(changes: &ChangeSet, mut created: Created, upper: &Path, lower: &Path, cap: usize) -> String {
     use cairn_core::staged::shown;
-    let (Ok(up), Ok(low)) = (Beneath::open(upper), Beneath::open(lower)) else {
+    let (Ok(up), Ok(low)) = (Beneath::open_own(upper), Beneath::open(lower)) else {
         return changes.listing();
     };
     let mut out = String::new();
@@ -875,7 +924,12 @@ pub fn render_diff(changes: &ChangeSet, upper: &Path, lower: &Path, cap: usize) 
                     continue;
                 }
                 let old = if c.kind == ChangeKind::Created { Some(String::new()) } else { text_of(&low, &c.path) };
-                match (old, text_of(&up, &c.path)) {
+                let kept = if c.kind == ChangeKind::Created { created.bytes.remove(&c.path) } else { None };
+                let new = match kept {
+                    Some(bytes) => text(bytes),
+                    None => text_of(&up, &c.path),
+                };
+                match (old, new) {
                     (Some(a), Some(b)) => {
                         let patch = diffy::create_patch(&a, &b).to_string();
                         let body = patch.split_once('\n').and_then(|(_, r)| r.split_once('\n')).map_or("", |(_, r)| r);
@@ -1235,7 +1289,7 @@ fn discard_temporaries(tree: &Beneath, renames: &[(String, &str)]) {
 /// The staging layer, opened on first use (for `rel`).
 fn staged<'a>(slot: &'a mut Option<Beneath>, upper: &Path, rel: &str) -> Result<&'a Beneath, StagingError> {
     if slot.is_none() {
-        let opened = Beneath::open(upper)
+        let opened = Beneath::open_own(upper)
             .map_err(io_at(format!("cannot open the staging layer {} to apply {rel}", upper.display())))?;
         *slot = Some(opened);
     }

@@ -451,3 +451,58 @@ fn hard_linked_staged_files_are_copied_not_moved() {
     assert_eq!((a.nlink(), b.nlink()), (1, 1));
     assert!(upper.join("a").exists() && upper.join("b").exists(), "moved out of the layer");
 }
+
+/// Issue 49.10: the diff of a staged run's created files is made from the
+/// bytes the change-set reader hashed (read once), up to the diff's
+/// budget, and from the layer past it; either way a person sees every
+/// created text file's lines and a binary file's size and hash. The
+/// expected text is spelled out by hand.
+#[test]
+fn the_diff_of_created_files_shows_what_they_hold() {
+    require_staging();
+    let cwd = tempfile::tempdir().unwrap();
+    // `big.bin` (60 KiB with a NUL: binary) uses most of the 64 KiB the
+    // reader keeps, so `z.txt` (8 KiB) is past it and read from the layer.
+    let command = "mkdir out && printf 'x\\ny\\n' > out/a.txt && printf 'no newline' > out/b.txt && : > out/empty \
+                   && head -c 61440 /dev/zero > out/big.bin \
+                   && for i in $(seq 1 1000); do echo \"line $i\"; done > out/z.txt";
+    let mut diff = String::new();
+    let result = {
+        let staging = tempfile::tempdir().unwrap();
+        let shell =
+            Shell::new(&ToolsConfig { staging_dir: Some(staging.path().to_path_buf()), ..ToolsConfig::default() })
+                .unwrap();
+        let mut output = |_: &[u8]| {};
+        let mut bypass = |_: &str| false;
+        let mut review = |r: &StagedReview<'_>| {
+            diff = r.diff.to_owned();
+            StagedDecision::Discard { reason: "look only".into() }
+        };
+        let cancel = CancelToken::new();
+        let mut ctx = ToolContext {
+            cwd: cwd.path(),
+            cancel: &cancel,
+            limits: limits(),
+            output: &mut output,
+            approve_bypass: &mut bypass,
+            review_staged: &mut review,
+            elicit: &mut |_, _| cairn_core::elicit::nobody(),
+        };
+        shell.execute(&request("shell", json!({ "command": command })), &mut ctx)
+    };
+    assert!(matches!(result, Err(ToolError::Rejected(_))), "{result:?}");
+    assert!(diff.starts_with("--- a/out/a.txt\n+++ b/out/a.txt\n@@ -0,0 +1,2 @@\n+x\n+y\n"), "{diff}");
+    assert!(
+        diff.contains("--- a/out/b.txt\n+++ b/out/b.txt\n@@ -0,0 +1 @@\n+no newline\n\\ No newline at end of file\n"),
+        "{diff}"
+    );
+    let zeros = {
+        use sha2::Digest as _;
+        sha2::Sha256::digest([0u8; 61440]).iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    assert!(diff.contains(&format!("binary out/big.bin: 61440 bytes, sha256 {zeros}\n")), "{diff}");
+    assert!(diff.contains("--- a/out/empty\n+++ b/out/empty\n"), "{diff}");
+    let z = diff.split_once("--- a/out/z.txt\n+++ b/out/z.txt\n@@ -0,0 +1,1000 @@\n").expect("z.txt's diff").1;
+    let want: String = (1..=1000).map(|i| format!("+line {i}\n")).collect();
+    assert_eq!(z, want, "z.txt's lines");
+}
