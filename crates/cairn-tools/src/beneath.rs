@@ -301,6 +301,19 @@ impl Beneath {
     /// Open the regular file `rel` for reading, never following a link and
     /// never opening anything else (checked on the open descriptor).
     pub fn open_file(&self, rel: &str) -> io::Result<File> {
+        let (file, _) = self.open_regular(rel)?;
+        // Reads of a regular file never block; clear the flag anyway so
+        // the descriptor behaves as an ordinary one.
+        rustix::fs::fcntl_setfl(&file, OFlags::empty())?;
+        Ok(file)
+    }
+
+    /// [`Beneath::open_file`] for cairn's own reads (`pread`, a digest, a
+    /// copy), with the `fstat` that proved it a regular file: the
+    /// descriptor keeps `O_NONBLOCK`, which a regular file's reads ignore
+    /// (one `fcntl` per file fewer, and the caller needs no second
+    /// `fstat`; issue 49.10).
+    pub(crate) fn open_regular(&self, rel: &str) -> io::Result<(File, rustix::fs::Stat)> {
         let (dir, name) = self.parent(rel)?.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, self.show(rel)))?;
         let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
         let fd = match rustix::fs::openat(&dir, name, flags, Mode::empty()) {
@@ -312,10 +325,7 @@ impl Beneath {
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(invalid(format!("{} is not a regular file", self.show(rel))));
         }
-        // Reads of a regular file never block; clear the flag anyway so
-        // the descriptor behaves as an ordinary one.
-        rustix::fs::fcntl_setfl(&fd, OFlags::empty())?;
-        Ok(File::from(fd))
+        Ok((File::from(fd), st))
     }
 
     /// The directory `rel` beneath this one as a [`Beneath`] of its own
@@ -377,8 +387,8 @@ impl Beneath {
                 (node.size, hex(&Sha256::digest(target.as_os_str().as_encoded_bytes())))
             }
             EntryKind::File => {
-                let file = self.open_file(rel)?;
-                let (size, digest, bytes) = hash_keeping(&file, keep)?;
+                let (file, st) = self.open_regular(rel)?;
+                let (size, digest, bytes) = hash_keeping(&file, Some(st.st_size as u64), keep)?;
                 kept = bytes;
                 (size, digest)
             }
@@ -855,7 +865,7 @@ fn regions(
 /// file's bytes; holes are never read. A file that shrinks while it is
 /// read is read again (a few times, then it is an error).
 pub fn hash_file(file: &File) -> io::Result<(u64, String)> {
-    hash_keeping(file, 0).map(|(size, digest, _)| (size, digest))
+    hash_keeping(file, None, 0).map(|(size, digest, _)| (size, digest))
 }
 
 /// [`hash_file`], and the bytes themselves when the file holds at most
@@ -864,9 +874,18 @@ pub fn hash_file(file: &File) -> io::Result<(u64, String)> {
 /// most one chunk) is read whole with no `SEEK_DATA`/`SEEK_HOLE` walk: a
 /// hole in it reads as zeros, and below [`BLOCK_DIGEST_MIN`] its digest is
 /// the SHA-256 of its bytes either way.
-pub(crate) fn hash_keeping(file: &File, keep: u64) -> io::Result<(u64, String, Option<Vec<u8>>)> {
+/// `known`: its size from an `fstat` the caller just made (else it is
+/// asked; asked again whenever the file shrank while it was read).
+pub(crate) fn hash_keeping(
+    file: &File,
+    mut known: Option<u64>,
+    keep: u64,
+) -> io::Result<(u64, String, Option<Vec<u8>>)> {
     for _ in 0..3 {
-        let size = rustix::fs::fstat(file)?.st_size as u64;
+        let size = match known.take() {
+            Some(size) => size,
+            None => rustix::fs::fstat(file)?.st_size as u64,
+        };
         if size <= CHUNK as u64 {
             let mut bytes = vec![0u8; size as usize];
             let mut got = 0;

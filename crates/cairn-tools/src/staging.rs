@@ -995,11 +995,19 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path, writers: Writers) ->
     // The states read here serve the "already applied" test below too:
     // the deletions in between remove only paths of their own.
     let mut found = Vec::with_capacity(changes.changes.len());
+    let mut absent = std::collections::HashSet::new();
     for c in &changes.changes {
         if c.after.as_ref().is_some_and(|a| a.kind == EntryKind::Special) {
             return Err(StagingError::Special { path: cairn_core::staged::shown(&c.path) });
         }
-        let now = recorded(&tree, &c.path)?;
+        // Below a directory the tree did not have a moment ago nothing
+        // exists either: not looked up (a build's new output directory
+        // costs one lookup, not one per file; issue 49.10).
+        let parent = c.path.rsplit_once('/').map(|(parent, _)| parent);
+        let now = if parent.is_some_and(|p| absent.contains(p)) { None } else { recorded(&tree, &c.path)? };
+        if now.is_none() && c.after.as_ref().is_some_and(|a| a.kind == EntryKind::Dir) {
+            absent.insert(c.path.as_str());
+        }
         if now != c.before.clone().map(writable) && now != c.after {
             return Err(StagingError::Conflict { path: cairn_core::staged::shown(&c.path) });
         }
@@ -1043,8 +1051,8 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path, writers: Writers) ->
         }
     }
     if let Some(stage) = &stage {
-        for (file, rel, after) in &plan.moves {
-            move_into(stage, &tree, rel, file, after)?;
+        for m in &plan.moves {
+            move_into(stage, &tree, m)?;
         }
     }
     plan.dir_modes.sort_by(|a, b| b.0.cmp(a.0));
@@ -1060,8 +1068,18 @@ pub fn apply(changes: &ChangeSet, upper: &Path, cwd: &Path, writers: Writers) ->
 #[derive(Default)]
 struct Plan<'a> {
     renames: Vec<(String, &'a str)>,
-    moves: Vec<(fs::File, &'a str, &'a FileState)>,
+    moves: Vec<Move<'a>>,
     dir_modes: Vec<(&'a str, u32)>,
+}
+
+/// A staged file checked to be moved ([`Movable`]): open (so its inode
+/// stays the one hashed), its device and inode, where it goes, and its
+/// reviewed state.
+struct Move<'a> {
+    file: fs::File,
+    inode: (u64, u64),
+    rel: &'a str,
+    after: &'a FileState,
 }
 
 /// Most directories [`make_durable`] flushes one by one; past this, one
@@ -1130,14 +1148,15 @@ fn write_temporaries<'a>(
                 plan.renames.push((temp, &c.path));
             }
             EntryKind::File => {
-                let source =
-                    staged(stage, upper, &c.path)?.open_file(&c.path).map_err(at("read the staged content of"))?;
+                let (source, st) =
+                    staged(stage, upper, &c.path)?.open_regular(&c.path).map_err(at("read the staged content of"))?;
                 if writers == Writers::Gone
                     && c.kind == ChangeKind::Created
                     && now.is_none()
-                    && movable.check(&source, &c.path).map_err(at("stat"))?
+                    && movable.check(&st, &source, &c.path).map_err(at("stat"))?
                 {
-                    let (size, digest) = beneath::hash_file(&source).map_err(at("read the staged content of"))?;
+                    let (size, digest, _) = beneath::hash_keeping(&source, Some(st.st_size as u64), 0)
+                        .map_err(at("read the staged content of"))?;
                     if size != after.size || digest != after.sha256 {
                         return Err(StagingError::Io {
                             what: format!(
@@ -1149,7 +1168,7 @@ fn write_temporaries<'a>(
                     }
                     rustix::fs::fchmod(&source, rustix::fs::Mode::from_raw_mode(after.mode & beneath::WRITABLE_MODE))
                         .map_err(|e| at("set the mode of")(e.into()))?;
-                    plan.moves.push((source, &c.path, after));
+                    plan.moves.push(Move { file: source, inode: (st.st_dev, st.st_ino), rel: &c.path, after });
                     continue;
                 }
                 let temp = tree.write_temp(&c.path, &source, after.mode, &after.sha256).map_err(at("write"))?;
@@ -1188,7 +1207,8 @@ impl<'t> Movable<'t> {
         }
     }
 
-    fn check(&mut self, source: &fs::File, rel: &str) -> std::io::Result<bool> {
+    /// `st`: the `fstat` of the open staged file `source`.
+    fn check(&mut self, st: &rustix::fs::Stat, source: &fs::File, rel: &str) -> std::io::Result<bool> {
         let parent = rel.rsplit_once('/').map_or("", |(parent, _)| parent);
         if !self.dirs.contains_key(parent) {
             let info = match self.tree.dir(parent)? {
@@ -1207,7 +1227,6 @@ impl<'t> Movable<'t> {
             self.dirs.insert(parent.to_owned(), info);
         }
         let Some(Some((dev, gid))) = self.dirs.get(parent).copied() else { return Ok(false) };
-        let st = rustix::fs::fstat(source)?;
         if st.st_dev != dev || st.st_nlink != 1 || st.st_uid != self.uid || st.st_gid != gid {
             return Ok(false);
         }
@@ -1223,13 +1242,8 @@ impl<'t> Movable<'t> {
 /// rename cannot be made (another mount of the same file system, a
 /// directory of the layer the command made read-only), the file is
 /// copied instead, flushed and renamed.
-fn move_into(
-    stage: &Beneath,
-    tree: &Beneath,
-    rel: &str,
-    file: &fs::File,
-    after: &FileState,
-) -> Result<(), StagingError> {
+fn move_into(stage: &Beneath, tree: &Beneath, m: &Move<'_>) -> Result<(), StagingError> {
+    let Move { file, inode: hashed, rel, after } = m;
     let fail = |what: &str| io_at(format!("cannot {what} {}", tree.show(rel)));
     let (from, name) = stage.parent(rel).map_err(fail("find the staged"))?.ok_or_else(|| StagingError::Io {
         what: format!("the staged directory of {} is missing", tree.show(rel)),
@@ -1263,8 +1277,7 @@ fn move_into(
     }
     let placed =
         rustix::fs::statat(&to, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).map_err(|e| fail("stat")(e.into()))?;
-    let hashed = rustix::fs::fstat(file).map_err(|e| fail("stat")(e.into()))?;
-    if (placed.st_dev, placed.st_ino) != (hashed.st_dev, hashed.st_ino) {
+    if (placed.st_dev, placed.st_ino) != *hashed {
         let _ = rustix::fs::unlinkat(&to, name, rustix::fs::AtFlags::empty());
         return Err(StagingError::Io {
             what: format!(
