@@ -9,6 +9,8 @@
 //! - the parent directory is opened with `openat2(RESOLVE_BENEATH |
 //!   RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`, or one `O_NOFOLLOW |
 //!   O_DIRECTORY` component at a time where the kernel has no `openat2`;
+//!   for every path of the tree, and once per directory of cairn's own
+//!   staging layer ([`Beneath::open_own`] keeps the last one open);
 //! - the last component is never followed: it is stat'ed with
 //!   `AT_SYMLINK_NOFOLLOW`, opened with `O_NOFOLLOW | O_NONBLOCK` and
 //!   checked to be a regular file on the open descriptor before a byte is
