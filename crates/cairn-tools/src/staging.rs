@@ -1125,6 +1125,7 @@ fn write_temporaries<'a>(
     plan: &mut Plan<'a>,
 ) -> Result<(), StagingError> {
     let mut movable = Movable::new(tree);
+    let may_hold = move_budget();
     for (c, now) in changes.changes.iter().zip(found).filter(|(c, _)| c.kind != ChangeKind::Deleted) {
         let Some(after) = &c.after else { continue };
         if now.as_ref() == Some(after) {
@@ -1151,6 +1152,7 @@ fn write_temporaries<'a>(
                 let (source, st) =
                     staged(stage, upper, &c.path)?.open_regular(&c.path).map_err(at("read the staged content of"))?;
                 if writers == Writers::Gone
+                    && plan.moves.len() < may_hold
                     && c.kind == ChangeKind::Created
                     && now.is_none()
                     && movable.check(&st, &source, &c.path).map_err(at("stat"))?
@@ -1178,6 +1180,24 @@ fn write_temporaries<'a>(
         }
     }
     Ok(())
+}
+
+/// Descriptors an apply leaves for everything else of the process (its
+/// other threads, the tree's and the layer's directory handles, a
+/// copy's temporaries).
+const SPARE_DESCRIPTORS: u64 = 64;
+
+/// How many staged files one apply may hold open to move them: each
+/// [`Move`] keeps its file open until it is renamed (so the inode checked
+/// is the one placed), and a build creating more files than the soft
+/// open-file limit allows must not fail with "too many open files" (the
+/// common default is 1,024). Past the budget, files are copied, which
+/// holds nothing open. Measured at each apply from the limit and the
+/// descriptors open now, so an embedding application's own use counts.
+fn move_budget() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX);
+    let open = std::fs::read_dir("/proc/self/fd").map_or(limit, |dir| dir.count() as u64);
+    usize::try_from(limit.saturating_sub(open).saturating_sub(SPARE_DESCRIPTORS)).unwrap_or(usize::MAX)
 }
 
 /// Whether a staged file may be moved into the tree as it is rather than

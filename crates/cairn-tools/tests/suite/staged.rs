@@ -506,3 +506,51 @@ fn the_diff_of_created_files_shows_what_they_hold() {
     let want: String = (1..=1000).map(|i| format!("+line {i}\n")).collect();
     assert_eq!(z, want, "z.txt's lines");
 }
+
+/// A build that creates more files than the open-file limit allows is
+/// applied whole: a staged file moved into the tree is held open until it
+/// is renamed, and past what the limit leaves the rest are copied. Before,
+/// every moved file was held at once and such a build failed with "too
+/// many open files" (the common soft limit is 1,024). The test runs
+/// itself again with a limit of 256 and 600 files.
+#[test]
+fn a_build_of_more_files_than_the_open_file_limit_applies_whole() {
+    use std::os::unix::process::CommandExt;
+    const LIMIT: libc::rlim_t = 256;
+    const FILES: usize = 600;
+    require_staging();
+    if std::env::var_os("CAIRN_TEST_UNDER_NOFILE").is_none() {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args(["--exact", "suite::staged::a_build_of_more_files_than_the_open_file_limit_applies_whole"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env("CAIRN_TEST_UNDER_NOFILE", "1");
+        // SAFETY: setrlimit only, between fork and exec.
+        unsafe {
+            child.pre_exec(|| {
+                let limit = libc::rlimit { rlim_cur: LIMIT, rlim_max: LIMIT };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = child.output().unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && said.contains("1 passed"), "the run under the lower limit failed:\n{said}");
+        return;
+    }
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit with a valid pointer to a local struct.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+    assert_eq!(limit.rlim_cur, LIMIT, "the child runs under the lowered limit");
+    let cwd = tempfile::tempdir().unwrap();
+    let command = format!("mkdir out && for i in $(seq 1 {FILES}); do echo \"file $i\" > out/f$i; done");
+    let (result, seen) = staged_run(cwd.path(), &command, |_| StagedDecision::Apply { by: "test".into() });
+    result.unwrap();
+    assert_eq!(seen.unwrap().changes.len(), FILES + 1, "the directory and every file");
+    for i in 1..=FILES {
+        let got = std::fs::read_to_string(cwd.path().join(format!("out/f{i}"))).unwrap();
+        assert_eq!(got, format!("file {i}\n"));
+    }
+}
