@@ -386,6 +386,41 @@ impl Instance {
         Some(write_into_room(p, line))
     }
 
+    /// Writes `line` at once, without waiting for anything, if nobody else
+    /// is writing to stdin now (the lock is free), the pipe is empty (the
+    /// guest read every line before: [`writable`]), the line and its
+    /// newline fit in one atomic pipe write (at most [`STDIN_PIPE_BYTES`],
+    /// Linux's `PIPE_BUF`: all of it goes in or nothing does) and `may`
+    /// (called with stdin held, so no other line can come between it and
+    /// the write) says yes. Whether it was written; if not, nothing was.
+    /// The broker's direct way to an idle actor (issue 48.9): the same
+    /// one-line-in-the-pipe rule as [`Instance::write_line_if`], without
+    /// a thread between the broker and the pipe.
+    pub fn write_now(&self, line: &str, may: impl FnOnce() -> bool) -> bool {
+        if line.len() + 1 > STDIN_PIPE_BYTES {
+            return false;
+        }
+        let Ok(mut g) = self.stdin.try_lock() else { return false };
+        let Some(p) = g.as_mut() else { return false };
+        if !may() || !writable(p, Duration::ZERO) {
+            return false;
+        }
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        match p.write(&bytes) {
+            Ok(n) if n == bytes.len() => true,
+            // Not on Linux (a write of at most PIPE_BUF bytes is atomic),
+            // but a line once started is finished: the framing needs it.
+            // (A guest gone meanwhile never read it: the caller queues it
+            // for the next instance, as the writer puts such a line back.)
+            Ok(n) if n > 0 => write_bytes_into_room(p, &bytes[n..]).is_ok(),
+            // A full pipe after all, or a guest gone (`EPIPE`): the caller
+            // queues the line (the writer's way tells or keeps it).
+            _ => false,
+        }
+    }
+
     /// Closes stdin (EOF for the guest).
     pub fn close_stdin(&self) {
         if let Ok(mut g) = self.stdin.lock() {
@@ -447,10 +482,16 @@ fn write_whole_line(p: &mut std::io::PipeWriter, line: &str, wait: Duration) -> 
 /// everything before): a line once started is finished, waiting for the
 /// guest to read it (a half line would corrupt the framing).
 fn write_into_room(p: &mut std::io::PipeWriter, line: &str) -> std::io::Result<()> {
-    use std::io::ErrorKind;
     let mut bytes = Vec::with_capacity(line.len() + 1);
     bytes.extend_from_slice(line.as_bytes());
     bytes.push(b'\n');
+    write_bytes_into_room(p, &bytes)
+}
+
+/// Writes `bytes` (the rest of a line, newline included) to `p`, waiting
+/// for the guest to read where the pipe is full.
+fn write_bytes_into_room(p: &mut std::io::PipeWriter, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::ErrorKind;
     let mut off = 0;
     while off < bytes.len() {
         match p.write(&bytes[off..]) {
@@ -719,5 +760,35 @@ fn run(store: &mut Store<ActorState>, linker: &Linker<ActorState>, component: &C
                 Exit::Trap(format!("{e:?}"))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn write_now_writes_only_into_an_empty_pipe_and_only_if_allowed() {
+        let (mut r, w) = std::io::pipe().unwrap();
+        set_nonblocking(&w).unwrap();
+        set_pipe_size(&w, STDIN_PIPE_BYTES);
+        let inst =
+            Instance { stdin: Arc::new(std::sync::Mutex::new(Some(w))), kill: Arc::default(), in_host: Arc::default() };
+        assert!(!inst.write_now("no", || false), "written though refused");
+        assert!(inst.write_now("one", || true));
+        // The guest has not read it: the next waits (one line in the pipe).
+        assert!(!inst.write_now("two", || true), "a second line went into the pipe");
+        let mut buf = [0u8; 16];
+        let n = r.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"one\n");
+        assert!(inst.write_now("two", || true));
+        // Longer than one atomic pipe write: never this way.
+        assert!(!inst.write_now(&"x".repeat(STDIN_PIPE_BYTES), || true));
+        // Held by a writer: not now.
+        let _held = inst.stdin.lock().unwrap();
+        let n = r.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"two\n");
+        assert!(!inst.write_now("three", || true));
     }
 }

@@ -62,7 +62,9 @@ fn req(world: &World, body: Value) -> Result<Value> {
     Ok(r)
 }
 
-/// Waits for `n` console messages (60 s at most).
+/// Waits for `n` echoes from `b` (60 s at most); any other message (a
+/// broker's `undeliverable`: a message refused is no message passed)
+/// fails the run.
 fn receive(world: &World, n: usize) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut got = 0;
@@ -70,9 +72,18 @@ fn receive(world: &World, n: usize) -> Result<()> {
         if Instant::now() > deadline {
             bail!("only {got} of {n} messages came back within 60 s");
         }
-        if world.recv(Duration::from_millis(100)).is_some() {
+        if let Some(m) = world.recv(Duration::from_millis(100)) {
+            echo_of_b(&m)?;
             got += 1;
         }
+    }
+    Ok(())
+}
+
+/// Whether `m` is an echo from `b`, or why the run fails.
+fn echo_of_b(m: &cairn_actors::message::Inbound) -> Result<()> {
+    if m.from != "b" {
+        bail!("expected an echo from b, got {} from {}: {}", m.id, m.from, m.body);
     }
     Ok(())
 }
@@ -182,7 +193,9 @@ impl PipeChain {
     }
 }
 
-/// Sends `n` messages through console → a → b → console.
+/// Sends `n` messages through console → a → b → console, all at once
+/// (a message refused on the way would come back as `undeliverable` and
+/// fail the run, see [`receive`]).
 fn through_broker(world: &World, n: usize) -> Result<()> {
     for i in 0..n {
         world.send(Some("a"), None, None, json!({"n": i}));
