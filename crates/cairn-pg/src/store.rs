@@ -494,6 +494,16 @@ impl PgStore {
         let last = records.last().map_or(0, Record::seq);
         let take = self.take.lock().ok().and_then(|g| *g);
         let holder = self.holder.clone();
+        // A worker's own lease, first attempt: the whole commit in one
+        // statement, one round trip (47.4). A retry (is the stored line
+        // ours?) and a session driven within another's lease keep the
+        // transaction below.
+        if !again
+            && holder.is_none()
+            && let Some(fence) = self.fence.clone()
+        {
+            return self.write_fenced(&fence, &text, first, last, take);
+        }
         let conn = self.client.get_mut();
         // Prepared once per connection (a reconnect prepares them again).
         let [lock_row, lock_own, line_at, insert_line, advance, extend_holder, take_prompt] =
@@ -622,6 +632,108 @@ impl PgStore {
         Ok(take.is_none())
     }
 }
+
+impl PgStore {
+    /// [`PgStore::write_once`] for a handle holding its own lease, as one
+    /// statement ([`FENCED_COMMIT`]): the row locked, the fence and the
+    /// seq checked, the submitted prompt taken, the line written and the
+    /// lease extended — or, when a check fails, nothing written and the
+    /// row's state returned, to say which check failed. True when the
+    /// commit waited for its WAL flush.
+    fn write_fenced(
+        &mut self,
+        fence: &Fence,
+        text: &str,
+        first: u64,
+        last: u64,
+        take: Option<i64>,
+    ) -> Result<bool, WriteError> {
+        let id = self.header.id.clone();
+        let e = |err: postgres::Error| WriteError::from_db(&id, &err);
+        let expected = signed(self.index.last_seq());
+        let (first, last, secs) = (signed(first), signed(last), fence.lease.as_secs_f64());
+        let conn = self.client.get_mut();
+        let stmt = conn.statement(FENCED_COMMIT).map_err(e)?;
+        let params: [&(dyn postgres::types::ToSql + Sync); 9] =
+            [&id, &first, &last, &text, &fence.epoch, &fence.owner, &secs, &expected, &take];
+        let row = conn
+            .client()
+            .query_opt(&stmt, &params)
+            .map_err(e)?
+            .ok_or_else(|| WriteError::Refused(backend(&id, "the session row is gone")))?;
+        let stored: i64 = row.get(0);
+        let epoch: i64 = row.get(1);
+        let owner: Option<String> = row.get(2);
+        let live: bool = row.get(3);
+        let wrote: bool = row.get(4);
+        if wrote {
+            if take.is_some()
+                && let Ok(mut slot) = self.take.lock()
+            {
+                *slot = None;
+            }
+            return Ok(take.is_none());
+        }
+        // Nothing was written: say why, checks in the transaction's order.
+        if !(live && epoch == fence.epoch && owner.as_deref() == Some(fence.owner.as_str())) {
+            self.lost.store(true, Ordering::SeqCst);
+            return Err(WriteError::Refused(backend(
+                &id,
+                format!(
+                    "lease lost: this worker ({}) holds epoch {} but the session is at epoch {epoch}, owner {}, lease {}; nothing was written — the worker must back off",
+                    fence.owner,
+                    fence.epoch,
+                    owner.as_deref().unwrap_or("none"),
+                    if live { "live" } else { "expired" }
+                ),
+            )));
+        }
+        if stored != expected {
+            return Err(StorageError::Invalid(format!(
+                "{}: another writer committed (stored seq {stored}, this handle saw {expected}); reopen the session",
+                where_(&id)
+            ))
+            .into());
+        }
+        Err(StorageError::Invalid(format!(
+            "{}: the submitted prompt (inbox row {}) was already taken by another writer",
+            where_(&id),
+            take.unwrap_or_default()
+        ))
+        .into())
+    }
+}
+
+/// A fenced commit of a handle holding its own lease, in one statement
+/// (one round trip instead of the six of `BEGIN`, lock, insert, advance,
+/// take, `COMMIT`; 47.4), atomic by itself: `cur` locks the session row
+/// (`FOR UPDATE`: waits for a concurrent claim or commit and reads its
+/// result), `ok` is the fence and the seq CAS, `took` deletes the
+/// submitted prompt only then, `go` requires that deletion when a prompt
+/// is taken, and the line and the row's advance are written only on `go`.
+/// Every sub-statement sees the same snapshot, but the lock's row is the
+/// latest version and the updates re-check theirs, so a check that fails
+/// writes nothing. Returns the locked row's state and whether the line was
+/// written. Taking a prompt commits without waiting for its flush (see
+/// [`PgStore::write_once`]).
+///
+/// $1 id, $2 first seq, $3 last seq, $4 line, $5 epoch, $6 owner, $7 lease
+/// seconds, $8 the seq this handle saw last, $9 the inbox row taken.
+const FENCED_COMMIT: &str = "WITH cur AS (
+        SELECT last_seq, epoch, lease_owner, COALESCE(lease_expires > now(), false) AS live
+          FROM cairn_sessions WHERE id = $1::text FOR UPDATE),
+     ok AS (SELECT 1 FROM cur WHERE live AND epoch = $5::int8 AND lease_owner = $6::text AND last_seq = $8::int8),
+     took AS (DELETE FROM cairn_inbox WHERE id = $9::int8 AND session_id = $1 AND EXISTS (SELECT 1 FROM ok)
+              RETURNING 1),
+     go AS (SELECT 1 FROM ok WHERE $9::int8 IS NULL OR EXISTS (SELECT 1 FROM took)),
+     ins AS (INSERT INTO cairn_lines (session_id, first_seq, last_seq, line, epoch, owner)
+             SELECT $1, $2::int8, $3::int8, $4::text, $5, $6 FROM go RETURNING 1),
+     adv AS (UPDATE cairn_sessions SET last_seq = $3, updated_at = now(),
+                    lease_expires = now() + make_interval(secs => $7::float8)
+              WHERE id = $1 AND EXISTS (SELECT 1 FROM go) RETURNING 1)
+     SELECT last_seq, epoch, lease_owner, live, EXISTS (SELECT 1 FROM ins) AND EXISTS (SELECT 1 FROM adv),
+            CASE WHEN $9::int8 IS NOT NULL THEN set_config('synchronous_commit', 'off', true) END
+       FROM cur";
 
 /// A lease row locked and read: epoch, owner, live.
 const LOCK_ROW: &str = "SELECT epoch, lease_owner, COALESCE(lease_expires > now(), false)
@@ -790,17 +902,25 @@ pub fn entries_after(
 }
 
 /// The header and the index of session `id`, replayed from its lines.
+///
+/// One query, one round trip (47.4: it was two): the session row's header
+/// and last seq first (`head`), then its lines in order.
 fn load(conn: &mut impl Db, id: &str) -> Result<(Header, SessionIndex), StorageError> {
-    const HEADER: &str = "SELECT header, last_seq FROM cairn_sessions WHERE id = $1";
-    const LINES: &str = "SELECT line, first_seq FROM cairn_lines WHERE session_id = $1 ORDER BY first_seq";
+    const LOAD: &str = "SELECT text, seq, head FROM (
+             SELECT header AS text, last_seq AS seq, true AS head FROM cairn_sessions WHERE id = $1
+             UNION ALL
+             SELECT line, first_seq, false FROM cairn_lines WHERE session_id = $1) rows
+         ORDER BY head DESC, seq";
     let e = |err: postgres::Error| db(id, &err);
-    let (header_q, lines_q) = (conn.statement(HEADER).map_err(e)?, conn.statement(LINES).map_err(e)?);
-    let client = conn.client();
-    let row = client.query_opt(&header_q, &[&id]).map_err(e)?.ok_or_else(|| StorageError::Io {
-        path: where_(id),
-        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such session in the database"),
-    })?;
-    let header_text: String = row.get(0);
+    let load_q = conn.statement(LOAD).map_err(e)?;
+    let rows = conn.client().query(&load_q, &[&id]).map_err(e)?;
+    let Some((row, lines)) = rows.split_first().filter(|(row, _)| row.get::<_, bool>(2)) else {
+        return Err(StorageError::Io {
+            path: where_(id),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such session in the database"),
+        });
+    };
+    let header_text: &str = row.get(0);
     let last: i64 = row.get(1);
     let header = decode_header(header_text.as_bytes())
         .map_err(|err| StorageError::BadHeader { path: where_(id), reason: err.to_string() })?;
@@ -813,8 +933,7 @@ fn load(conn: &mut impl Db, id: &str) -> Result<(Header, SessionIndex), StorageE
     }
     let mut index = SessionIndex::new();
     let mut records = Vec::new();
-    let rows = client.query(&lines_q, &[&id]).map_err(e)?;
-    for (n, row) in rows.iter().enumerate() {
+    for (n, row) in lines.iter().enumerate() {
         let line: &str = row.get(0);
         let corrupt =
             |reason: String| StorageError::Corrupt { path: where_(id), line: n as u64 + 2, offset: 0, reason };

@@ -561,3 +561,92 @@ fn a_workers_statements_never_scan_the_finished_sessions() {
 fn tx_of(n: usize) -> Transaction {
     Transaction::new().entry(format!("e{n}"), None, "message", raw(json!({"n": n})))
 }
+
+/// The statements one connection sent, as the server logged them
+/// (`log_statement = all` for that connection alone, each line prefixed
+/// with the backend's pid): one line per round trip — an extended-protocol
+/// `execute`, or a simple-query message however many statements it holds.
+fn logged_round_trips(log: &str, pid: i32) -> Vec<String> {
+    let mark = format!("[{pid}] LOG:  ");
+    log.lines()
+        .filter_map(|l| l.split_once(&mark).map(|(_, rest)| rest))
+        .filter(|rest| rest.starts_with("statement: ") || rest.starts_with("execute "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// 47.4: what a worker sends for a trivial session (claim, open, the
+/// prompt read, the prompt's commit, the answer's commit, the inbox read
+/// again, the release) is one round trip each — 7 in all, where it was
+/// 21 (the open's two reads, `BEGIN`, lock, insert, advance, take and
+/// `COMMIT` for each commit, `BEGIN`, lock, inbox check, leave and
+/// `COMMIT` for the release) — and the fence, the CAS and the prompt's
+/// take still refuse with nothing written.
+#[test]
+fn a_trivial_session_costs_one_round_trip_per_step() {
+    let c = cluster();
+    let url = c.create_database(&format!("round_trips_{}", std::process::id())).unwrap();
+    let id = new_session_id();
+    drop(PgStore::create(connect(&url).unwrap(), Header::new(id.clone(), "/")).unwrap());
+    let mut conn = cairn_pg::Connection::from(connect(&url).unwrap());
+    let lease_len = std::time::Duration::from_secs(60);
+    // A first session through every step, so that the statements are
+    // prepared before counting (a worker thread prepares them once).
+    let warm = new_session_id();
+    drop(PgStore::create(connect(&url).unwrap(), Header::new(warm.clone(), "/")).unwrap());
+    let trivial = |mut conn: cairn_pg::Connection, id: &str| -> cairn_pg::Connection {
+        let claim = lease::claim(&mut conn, "w/0", lease_len).unwrap().unwrap();
+        assert_eq!(claim.session, id);
+        let mut store = PgStore::open_fenced_on(conn, id, claim.fence.clone()).unwrap();
+        let (inbox, _) = store.next_prompt().unwrap().unwrap();
+        *store.inbox_slot().lock().unwrap() = Some(inbox);
+        store.commit(Transaction::new().entry("p", None, "m", raw(json!("the prompt")))).unwrap();
+        store.commit(Transaction::new().entry("a", Some("p"), "m", raw(json!("the answer")))).unwrap();
+        assert!(store.next_prompt().unwrap().is_none());
+        let mut conn = store.into_connection();
+        assert!(lease::release(&mut conn, id, &claim.fence, lease::Release::Done, None).unwrap());
+        conn
+    };
+    lease::submit(&mut conn, &warm, "go").unwrap();
+    conn = trivial(conn, &warm);
+    lease::submit(&mut conn, &id, "go").unwrap();
+    let pid: i32 = conn.client().query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    conn.client().batch_execute("SET log_statement = 'all'").unwrap();
+    let mut conn = trivial(conn, &id);
+    conn.client().batch_execute("RESET log_statement").unwrap();
+    let sent = logged_round_trips(&c.log(), pid);
+    // The SET's and the RESET's own lines aside.
+    let steps: Vec<&String> = sent.iter().filter(|s| !s.contains("log_statement")).collect();
+    assert_eq!(steps.len(), 7, "round trips for one trivial session: {steps:#?}");
+    let status: String =
+        conn.client().query_one("SELECT status FROM cairn_sessions WHERE id = $1", &[&id]).unwrap().get(0);
+    assert_eq!(status, "idle");
+    let reopened = PgStore::open(connect(&url).unwrap(), &id).unwrap();
+    let ids: Vec<String> = reopened.entries().into_iter().map(|e| e.id).collect();
+    assert_eq!(ids, ["p", "a"]);
+
+    // The one-statement commit refuses as the transaction did, writing
+    // nothing: a prompt already taken, another writer's line (CAS), a
+    // lease taken over.
+    let inbox = lease::submit(&mut conn, &id, "again").unwrap();
+    let claim = lease::claim(&mut conn, "w/0", lease_len).unwrap().unwrap();
+    let mut store = PgStore::open_fenced_on(conn, &id, claim.fence.clone()).unwrap();
+    let mut other = connect(&url).unwrap();
+    other.execute("DELETE FROM cairn_inbox WHERE id = $1", &[&inbox]).unwrap();
+    *store.inbox_slot().lock().unwrap() = Some(inbox);
+    let err = store.commit(Transaction::new().entry("q", None, "m", raw(json!("again")))).unwrap_err();
+    assert!(err.to_string().contains("already taken"), "{err}");
+    *store.inbox_slot().lock().unwrap() = None;
+    let mut rival = PgStore::open_fenced(connect(&url).unwrap(), &id, claim.fence.clone()).unwrap();
+    rival.commit(Transaction::new().entry("r", None, "m", raw(json!("rival")))).unwrap();
+    let err = store.commit(Transaction::new().entry("s", None, "m", raw(json!("late")))).unwrap_err();
+    assert!(err.to_string().contains("another writer committed"), "{err}");
+    other.execute("UPDATE cairn_sessions SET epoch = epoch + 1, lease_owner = 'b' WHERE id = $1", &[&id]).unwrap();
+    let err = rival.commit(Transaction::new().entry("t", None, "m", raw(json!("fenced")))).unwrap_err();
+    assert!(err.to_string().contains("lease lost"), "{err}");
+    assert!(rival.lease_lost().load(std::sync::atomic::Ordering::SeqCst));
+    let lines: i64 = other.query_one("SELECT count(*) FROM cairn_lines WHERE session_id = $1", &[&id]).unwrap().get(0);
+    assert_eq!(lines, 3, "p, a and the rival's r; nothing of the refused commits");
+    let last: i64 = other.query_one("SELECT last_seq FROM cairn_sessions WHERE id = $1", &[&id]).unwrap().get(0);
+    assert_eq!(u64::try_from(last).unwrap(), PgStore::open(connect(&url).unwrap(), &id).unwrap().last_seq());
+}

@@ -228,6 +228,11 @@ struct ProxyState {
 
 /// The simple-protocol query `COMMIT` (how the client ends a transaction).
 const COMMIT_QUERY: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// The simple-protocol query `BEGIN` (how the client starts one).
+const BEGIN_QUERY: &[u8] = b"Q\0\0\0\x0aBEGIN\0";
+/// The extended protocol's `Sync`: a statement sent outside an explicit
+/// transaction (a holder's one-statement commit, 47.4) commits there.
+const SYNC: &[u8] = b"S\0\0\0\x04";
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
@@ -277,6 +282,9 @@ impl Proxy {
                     // The end of the previous chunk, for a pattern cut in two.
                     let mut tail: Vec<u8> = Vec::new();
                     let mut started_in_tx = false;
+                    // Inside `BEGIN` … `COMMIT`: the line commits with the
+                    // `COMMIT`; outside, with the statement's own `Sync`.
+                    let mut explicit = false;
                     loop {
                         let n = match from_client.read(&mut buf) {
                             Ok(0) | Err(_) => break,
@@ -294,11 +302,20 @@ impl Proxy {
                             {
                                 start_cut(&mut s);
                             }
+                            // Where the committing message of a line
+                            // recording `toolStarted` ends: its `COMMIT`,
+                            // or its own `Sync` after the line.
+                            let started_at = hay.windows(11).position(|w| w == b"toolStarted");
+                            let commits_here = if explicit {
+                                contains(&hay, COMMIT_QUERY)
+                            } else {
+                                contains(&hay[started_at.unwrap_or(0)..], SYNC)
+                            };
                             if s.hold_commit && !silent2.load(Ordering::SeqCst) {
                                 if contains(&hay, b"ROLLBACK") {
                                     started_in_tx = false;
-                                } else if started_in_tx && contains(&hay, COMMIT_QUERY) {
-                                    // The COMMIT reaches the server; its
+                                } else if (started_in_tx || started_at.is_some()) && commits_here {
+                                    // The commit reaches the server; its
                                     // reply (and all else) is held back.
                                     s.hold_commit = false;
                                     s.held_cuts += 1;
@@ -306,9 +323,14 @@ impl Proxy {
                                     *held2.lock().unwrap() = Some(Vec::new());
                                     start_cut(&mut s);
                                     pass_anyway = true;
-                                } else if contains(&hay, b"toolStarted") {
+                                } else if started_at.is_some() {
                                     started_in_tx = true;
                                 }
+                            }
+                            if contains(&hay, BEGIN_QUERY) {
+                                explicit = true;
+                            } else if contains(&hay, COMMIT_QUERY) || contains(&hay, b"ROLLBACK") {
+                                explicit = false;
                             }
                         }
                         tail = hay[hay.len().saturating_sub(16)..].to_vec();

@@ -389,14 +389,23 @@ fn main() -> Result<()> {
             .lines()
             .filter(|l| l.contains("LOG:  execute ") || l.contains("LOG:  statement: "))
             .count();
+        // Writing transactions: an explicit `COMMIT`, and the statements
+        // that commit by themselves (the claim, a worker's one-statement
+        // commit of a line, the release of a finished turn: 47.4); not the
+        // registry's heartbeats (as before).
         let commits = log
             .get(before..)
             .unwrap_or("")
             .lines()
-            .filter(|l| l.contains("LOG:  statement: COMMIT") || l.contains("WITH claimed AS"))
+            .filter(|l| {
+                l.contains("LOG:  statement: COMMIT")
+                    || l.contains("WITH claimed AS")
+                    || l.contains("WITH cur AS")
+                    || l.contains("LOG:  statement: SELECT 1 FROM cairn_sessions WHERE id = ")
+            })
             .count();
         println!(
-            "statements per trivial session: {:.1} ({statements} logged for {n} sessions by one worker, its heartbeats and watchers included); commits {:.1} per session; WAL flushes {:.2} per session ({syncs} for {n}, the server's, WAL writer included)",
+            "statements (round trips: a simple-query message counts once) per trivial session: {:.1} ({statements} logged for {n} sessions by one worker, its heartbeats and watchers included); commits {:.1} per session; WAL flushes {:.2} per session ({syncs} for {n}, the server's, WAL writer included)",
             statements as f64 / n as f64,
             commits as f64 / n as f64,
             syncs as f64 / n as f64
