@@ -448,4 +448,16 @@ mod tests {
         assert_eq!(safety_margin(lease), Duration::from_millis(2500));
         assert_eq!(safety_margin(Duration::from_millis(200)), Duration::from_millis(100));
     }
+
+    /// The release's literals: a quote or a backslash in an id or a
+    /// worker's name (an imported id may hold either) stays inside the
+    /// string, whatever `standard_conforming_strings` says.
+    #[test]
+    fn literals_keep_quotes_and_backslashes_inside_the_string() {
+        use super::literal;
+        assert_eq!(literal("plain"), "E'plain'");
+        assert_eq!(literal("a'b"), "E'a''b'");
+        assert_eq!(literal(r"a\b"), r"E'a\\b'");
+        assert_eq!(literal(r"x\'; DROP TABLE cairn_sessions; --"), r"E'x\\''; DROP TABLE cairn_sessions; --'");
+    }
 }
