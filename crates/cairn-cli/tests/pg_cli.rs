@@ -14,7 +14,6 @@ use util::stdout_ok as stdout;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cairn_pg::test_cluster::TestCluster;
 use serde_json::{Value, json};
 use util::Env;
 
@@ -69,8 +68,8 @@ fn wait_for_answer(env: &Env, url: &str, id: &str, text: &str, said: &dyn Fn() -
 
 #[test]
 fn submit_worker_show_log_export_check_import() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("cli_submit");
+    let url = url.as_str();
     let env = Env::new();
     // The headless worker refuses `rm -rf` before it runs only unstaged;
     // staged, the call would wait for a person as a Write call first.
@@ -178,7 +177,7 @@ fn submit_worker_show_log_export_check_import() {
     std::fs::write(&file, &bytes).unwrap();
     let check = env.cairn(&["check", file.to_str().unwrap()]).output().unwrap();
     stdout(&check);
-    let other = cluster.create_database("other").unwrap();
+    let (_other_cluster, other) = util::pg_database("cli_imported");
     let imported = stdout(&env.cairn(&["--database", &other, "import", file.to_str().unwrap()]).output().unwrap());
     assert_eq!(imported.trim(), id);
     let back = env.cairn(&["--database", &other, "export", &id]).output().unwrap();
@@ -232,8 +231,8 @@ fn a_bad_database_url_or_unknown_session_says_what_to_do() {
 /// (it used to be ignored: the call waited for `cairn approve`).
 #[test]
 fn a_worker_started_with_yes_approves_write_calls() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("cli_yes");
+    let url = url.as_str();
     let env = Env::new();
     let script = env.script(&[
         json!({"text": "", "toolCalls": [
@@ -266,8 +265,8 @@ fn a_worker_started_with_yes_approves_write_calls() {
 
 #[test]
 fn a_pending_approval_is_data_that_survives_the_worker() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("cli_approval");
+    let url = url.as_str();
     let env = Env::new();
     let script = env.script(&[
         json!({"text": "", "toolCalls": [
@@ -330,8 +329,8 @@ fn a_pending_approval_is_data_that_survives_the_worker() {
 /// is refused naming it, and nothing changes.
 #[test]
 fn a_database_session_is_undone_and_redone_on_the_host_with_its_tree() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("cli_undo");
+    let url = url.as_str();
     let env = Env::new();
     std::fs::write(env.cwd.join("old.txt"), "old\n").unwrap();
     let script = env.script(&[
@@ -390,8 +389,8 @@ fn a_database_session_is_undone_and_redone_on_the_host_with_its_tree() {
 /// once.
 #[test]
 fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("cli_killed_child");
+    let url = url.as_str();
     let env = Env::new();
     std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
     let child_script = child_script(
@@ -504,8 +503,8 @@ fn a_worker_killed_in_a_child_leaves_it_to_the_next_worker() {
 /// gathers its answer.
 #[test]
 fn a_childs_question_is_asked_as_its_parents() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("cli_child_question");
+    let url = url.as_str();
     let env = Env::new();
     let child_script = child_script(
         &env,
@@ -566,8 +565,8 @@ fn a_childs_question_is_asked_as_its_parents() {
 /// database log and once in the receiver's, with the same id.
 #[test]
 fn a_workers_parent_and_child_exchange_messages_through_the_database() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("cli_messages");
+    let url = url.as_str();
     let env = Env::new();
     let child_script = child_script(
         &env,

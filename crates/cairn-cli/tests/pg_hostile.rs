@@ -25,7 +25,6 @@ use std::io::Write as _;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cairn_pg::test_cluster::TestCluster;
 use serde_json::{Value, json};
 use util::Env;
 
@@ -34,8 +33,8 @@ fn refused(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn sessions_in(cluster: &TestCluster) -> i64 {
-    let mut c = postgres::Client::connect(cluster.url(), postgres::NoTls).unwrap();
+fn sessions_in(url: &str) -> i64 {
+    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
     c.query_one("SELECT count(*) FROM cairn_sessions", &[]).map(|r| r.get(0)).unwrap_or(0)
 }
 
@@ -55,8 +54,8 @@ fn session_file_with_id(env: &Env, id: &str) -> Vec<u8> {
 
 #[test]
 fn an_id_that_is_a_path_is_refused_at_import_and_never_used_as_one() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("hostile_path_id");
+    let url = url.as_str();
     let env = Env::new();
     let precious = env.cwd.join("victim.jsonl");
     std::fs::write(&precious, "keep me\n").unwrap();
@@ -66,7 +65,7 @@ fn an_id_that_is_a_path_is_refused_at_import_and_never_used_as_one() {
         std::fs::write(&file, session_file_with_id(&env, id)).unwrap();
         let err = refused(&env.cairn(&["--database", url, "import", file.to_str().unwrap()]).output().unwrap());
         assert!(err.contains("cannot name a file"), "{id}: {err}");
-        assert_eq!(sessions_in(&cluster), 0, "{id}: the database changed");
+        assert_eq!(sessions_in(url), 0, "{id}: the database changed");
         assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me\n");
     }
     // An id like that already in the database (written by an older cairn,
@@ -99,8 +98,8 @@ fn an_id_that_is_a_path_is_refused_at_import_and_never_used_as_one() {
 
 #[test]
 fn an_imported_pending_call_with_a_recorded_verdict_is_not_run() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("hostile_verdict");
+    let url = url.as_str();
     let env = Env::new();
     std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
     let script = env.script(&[
@@ -178,8 +177,8 @@ fn an_imported_pending_call_with_a_recorded_verdict_is_not_run() {
 
 #[test]
 fn a_line_over_the_file_limit_is_refused_at_import() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("hostile_long_line");
+    let url = url.as_str();
     let env = Env::new();
     let bytes = session_file_with_id(&env, &cairn_core::storage::new_session_id());
     let text = String::from_utf8(bytes).unwrap();
@@ -194,13 +193,13 @@ fn a_line_over_the_file_limit_is_refused_at_import() {
     drop(f);
     let err = refused(&env.cairn(&["--database", url, "import", file.to_str().unwrap()]).output().unwrap());
     assert!(err.contains("longer than the limit"), "{err}");
-    assert_eq!(sessions_in(&cluster), 0);
+    assert_eq!(sessions_in(url), 0);
 }
 
 #[test]
 fn submit_and_import_print_safely_and_read_prompts_from_stdin() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("hostile_printing");
+    let url = url.as_str();
     let env = Env::new();
     // An id with a terminal escape is refused at import (issue 47.2),
     // and the refusal shows it escaped.
@@ -254,8 +253,8 @@ fn a_url_without_a_scheme_never_shows_its_password() {
 
 #[test]
 fn a_postgres_refusal_reaches_the_user_with_its_message_and_code() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("hostile_refusal");
+    let url = url.as_str();
     let env = Env::new();
     ok(&env.cairn(&["--database", url, "sessions"]).output().unwrap());
     let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
@@ -273,8 +272,8 @@ fn a_postgres_refusal_reaches_the_user_with_its_message_and_code() {
 /// `--cwd` sets that directory.
 #[test]
 fn an_import_never_names_a_subagent_and_says_where_it_works() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("hostile_subagent_import");
+    let url = url.as_str();
     let env = Env::new();
     let file = env.home.join("in.jsonl");
     let long = "a".repeat(300);
@@ -285,7 +284,7 @@ fn an_import_never_names_a_subagent_and_says_where_it_works() {
         let err = refused(&env.cairn(&["--database", url, "import", file.to_str().unwrap()]).output().unwrap());
         assert!(err.contains(why), "{id:?}: {err}");
         assert!(!err.contains("two\nlines"), "the id is shown escaped: {err}");
-        assert_eq!(sessions_in(&cluster), 0, "{id:?}: the database changed");
+        assert_eq!(sessions_in(url), 0, "{id:?}: the database changed");
     }
     // Imported as it is: the id on stdout, where it works on stderr.
     std::fs::write(&file, session_file_with_id(&env, "imported-1")).unwrap();
@@ -313,7 +312,7 @@ fn an_import_never_names_a_subagent_and_says_where_it_works() {
         &env.cairn(&["--database", url, "import", "--cwd", "/no/such/dir", file.to_str().unwrap()]).output().unwrap(),
     );
     assert!(err.contains("no such directory"), "{err}");
-    assert_eq!(sessions_in(&cluster), 2);
+    assert_eq!(sessions_in(url), 2);
 }
 
 /// Issue 47.2: rows under a child's name that its family did not create
@@ -323,8 +322,8 @@ fn an_import_never_names_a_subagent_and_says_where_it_works() {
 /// saying so, and the forged answer never reaches the parent.
 #[test]
 fn a_worker_never_adopts_a_child_its_family_did_not_create() {
-    let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
-    let url = cluster.url();
+    let (_cluster, url) = util::pg_database("hostile_adoption");
+    let url = url.as_str();
     let env = Env::new();
     std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
     // The forged answer: a finished local conversation.

@@ -101,6 +101,24 @@ impl Phoenix {
         phoenix
     }
 
+    /// One Phoenix for the tests of this binary that run at the same time
+    /// (each exports to projects of its own, and reads only those): its
+    /// start-up (Python, its database migrations) is most of each test's
+    /// time. The last holder to drop its handle stops it, as
+    /// `TestCluster::shared` does (a static would never be dropped and
+    /// would leave the server running).
+    fn shared(python: &Path) -> std::sync::Arc<Self> {
+        use std::sync::{Arc, Mutex, PoisonError, Weak};
+        static CELL: Mutex<Weak<Phoenix>> = Mutex::new(Weak::new());
+        let mut slot = CELL.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(phoenix) = slot.upgrade() {
+            return phoenix;
+        }
+        let phoenix = Arc::new(Self::start(python));
+        *slot = Arc::downgrade(&phoenix);
+        phoenix
+    }
+
     /// The spans of `project` once at least `want` of them arrived
     /// (Phoenix ingests in the background).
     fn spans(&self, project: &str, want: usize) -> Vec<Value> {
@@ -175,7 +193,7 @@ fn family_scripts(env: &Env) -> PathBuf {
 #[test]
 fn a_turn_with_a_tool_and_a_subagent_is_one_trace_in_phoenix() {
     let python = venv_python("phoenix");
-    let phoenix = Phoenix::start(&python);
+    let phoenix = Phoenix::shared(&python);
     let sink_out = tempfile::NamedTempFile::new().unwrap();
     let mut sink = Command::new(&python)
         .arg(repo().join("tests/python/otlp_metrics_sink.py"))
@@ -470,7 +488,7 @@ fn metrics_sink(python: &Path) -> (Killed, u16, tempfile::NamedTempFile) {
 #[test]
 fn a_worker_killed_mid_turn_and_its_successor_make_one_trace() {
     let python = venv_python("phoenix");
-    let phoenix = Phoenix::start(&python);
+    let phoenix = Phoenix::shared(&python);
     let (_sink, metrics_port, sink_out) = metrics_sink(&python);
     let cluster = cairn_pg::test_cluster::TestCluster::shared()
         .unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));

@@ -1,5 +1,4 @@
-//! Partitions (issue 27), a soak test of its own (about 4 minutes): real
-//! worker processes (this test binary re-run as `worker_process`) against a
+//! Partitions (issue 27), a bounded soak: real worker processes (this test binary re-run as `worker_process`) against a
 //! real PostgreSQL server. Two healthy workers connect directly; a third,
 //! the victim, connects through a loopback TCP proxy written here (std
 //! only) that the test cuts at chosen moments: during the victim's
@@ -27,8 +26,17 @@
 //!   works again (an effect of its own, accepted by the oracle above).
 //!
 //! It prints the failover times (cut → the session's claim by another
-//! worker) and the claim gaps it saw. `CAIRN_PG_CUTS` sets the number of
-//! cuts (default 20, at least 4: one per phase).
+//! worker) and the claim gaps it saw.
+//!
+//! Bound (issue 50.8): in `cargo test` it makes 8 cuts, every phase twice
+//! (each fault kind once more after the cluster has healed from it): 8 ×
+//! (the [`CUT`] of 8 s + the wait for the phase), then the check of every
+//! session, about 95 s of wall time on a loaded 2-core machine; the
+//! targeted-cut test below (20 held replies, 4 victims at once, about
+//! 25 s) runs beside it. More cuts find rarer interleavings, not other
+//! faults: `CAIRN_PG_CUTS=20` (the former default, about 3 minutes; at
+//! least 4, one per phase) is the long soak BENCHMARKS.md's failover
+//! figures were measured with.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -491,7 +499,7 @@ fn since(later: SystemTime, earlier: SystemTime) -> Duration {
 
 #[test]
 fn partitioned_worker_stalls_nobody_and_stops_its_effects() {
-    let cuts_wanted: usize = std::env::var("CAIRN_PG_CUTS").map_or(20, |v| v.parse().unwrap()).max(4);
+    let cuts_wanted: usize = std::env::var("CAIRN_PG_CUTS").map_or(8, |v| v.parse().unwrap()).max(4);
     let cluster = TestCluster::start().unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("script.jsonl");

@@ -98,6 +98,24 @@ fn is_jsonl(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "jsonl")
 }
 
+/// A database of its own (`name` and a per-process counter) in the
+/// PostgreSQL test server shared by the tests of this binary that run at
+/// the same time (`TestCluster::shared`): a server costs an initdb and a
+/// start, seconds per test; a database costs milliseconds and isolates as
+/// well (cairn's tables, sessions and workers' claims live in a database).
+/// Hold the handle for the test's length: the last holder stops the server.
+#[cfg(feature = "postgres")]
+pub fn pg_database(name: &str) -> (std::sync::Arc<cairn_pg::test_cluster::TestCluster>, String) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let cluster = cairn_pg::test_cluster::TestCluster::shared()
+        .unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let url = cluster
+        .create_database(&format!("{name}_{}_{n}", std::process::id()))
+        .unwrap_or_else(|e| panic!("cannot create the database {name}: {e:#}"));
+    (cluster, url)
+}
+
 /// A command's standard output, after asserting it succeeded (its
 /// output and error shown when it did not).
 pub fn stdout_ok(out: &std::process::Output) -> String {
