@@ -201,16 +201,11 @@ impl Runner {
     }
 
     /// The session's usage so far, each attempt priced at its provider's
-    /// prices for its model (`cairn_provider::ProviderConfig::prices_for`).
+    /// prices for its model (`cairn_runtime::config::prices`, which prices
+    /// the exported `cairn.cost` too).
     fn usage(&self, store: &JsonlStore) -> crate::status::SessionUsage {
         crate::status::SessionUsage::of(store, &|provider, model| {
-            match cairn_provider::ProviderConfig::resolve(provider, self.provider_tables.get(provider)) {
-                Ok(config) => config.prices_for(model),
-                // A provider no longer configured (or no longer valid).
-                Err(_) => {
-                    Err(cairn_provider::Unpriced::NoPrices { provider: provider.to_owned(), model: model.to_owned() })
-                }
-            }
+            cairn_runtime::config::prices(&self.provider_tables, provider, model)
         })
     }
 

@@ -162,7 +162,12 @@ fn trace_id(span: &Value) -> &str {
 /// A parent that runs `shell` (writing its environment to env.txt), spawns a child that runs `shell` too, waits
 /// for it and answers; the child's script beside it.
 fn family_scripts(env: &Env) -> PathBuf {
-    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    // Prices on the script's table, so its calls have a cost to export.
+    std::fs::write(
+        env.home.join("config.toml"),
+        "[tools]\nstaged = false\n[providers.scripted]\ninput_per_mtok = 3\noutput_per_mtok = 15\n",
+    )
+    .unwrap();
     write(
         &env.home,
         "child.jsonl",
@@ -194,20 +199,7 @@ fn family_scripts(env: &Env) -> PathBuf {
 fn a_turn_with_a_tool_and_a_subagent_is_one_trace_in_phoenix() {
     let python = venv_python("phoenix");
     let phoenix = Phoenix::shared(&python);
-    let sink_out = tempfile::NamedTempFile::new().unwrap();
-    let mut sink = Command::new(&python)
-        .arg(repo().join("tests/python/otlp_metrics_sink.py"))
-        .arg(sink_out.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut port = String::new();
-    {
-        use std::io::BufRead as _;
-        std::io::BufReader::new(sink.stdout.take().unwrap()).read_line(&mut port).unwrap();
-    }
-    let _sink = Killed(sink);
-    let metrics_port: u16 = port.trim().parse().unwrap();
+    let (_sink, metrics_port, sink_out) = metrics_sink(&python);
 
     let env = Env::new();
     let script = family_scripts(&env);
@@ -291,10 +283,35 @@ fn a_turn_with_a_tool_and_a_subagent_is_one_trace_in_phoenix() {
         }
     }
 
-    // The metric names, as the SDK's periodic reader delivered them at exit.
-    let metrics = std::fs::read_to_string(sink_out.path()).unwrap();
-    for name in ["gen_ai.client.token.usage", "gen_ai.client.operation.duration", "cairn.tool.calls", "cairn.turns"] {
-        assert!(metrics.lines().any(|l| l == name), "metric {name} missing: {metrics}");
+    // The metric names, as the flush at exit delivered them.
+    let metrics = sunk(sink_out.path());
+    for name in [
+        "gen_ai.client.token.usage",
+        "gen_ai.client.operation.duration",
+        "cairn.tool.calls",
+        "cairn.turns",
+        "cairn.cost",
+    ] {
+        assert!(metrics.iter().any(|l| l["metric"] == name), "metric {name} missing: {metrics:#?}");
+    }
+    // What the family cost at the scripted provider's prices ($3 and $15
+    // per million tokens, `family_scripts`), from the usage rows of both
+    // sessions' logs: what `/status` would show.
+    let usage = files.iter().flat_map(|f| usage_rows(f)).collect::<Vec<_>>();
+    assert_eq!(usage.len(), 5, "one row per model call: {usage:#?}");
+    let want: f64 = usage
+        .iter()
+        .map(|u| {
+            let (input, output) = (u["inputTokens"].as_u64().unwrap(), u["outputTokens"].as_u64().unwrap());
+            (input as f64 * 3.0 + output as f64 * 15.0) / 1e6
+        })
+        .sum();
+    assert!(want > 0.0, "the script's calls have tokens: {usage:#?}");
+    let cost = cumulative(&metrics, "cairn.cost");
+    assert!((cost - want).abs() < 1e-9, "cairn.cost {cost} USD, the usage rows say {want}: {metrics:#?}");
+    for point in metrics.iter().filter(|l| l["metric"] == "cairn.cost") {
+        assert_eq!(point["attributes"]["gen_ai.provider.name"], "scripted", "{point}");
+        assert!(point["attributes"]["gen_ai.request.model"].is_string(), "{point}");
     }
 
     // Content when asked, scrubbed of the provider key cairn holds.
@@ -319,7 +336,78 @@ fn a_turn_with_a_tool_and_a_subagent_is_one_trace_in_phoenix() {
     assert!(!serde_json::to_string(&spans).unwrap().contains(key), "the key never leaves: {spans:#?}");
     assert!(attr(turn[0], "gen_ai.output.messages").as_str().unwrap_or_default().contains("noted"));
 
+    unpriced_calls_cost_nothing_said(metrics_port, sink_out.path());
     staged_undo_and_a_kept_parent(&phoenix);
+}
+
+/// A model with no price (an OpenAI-compatible server, no `input_per_mtok`
+/// in its table) exports its tokens but no cost: a 0 would read as free.
+fn unpriced_calls_cost_nothing_said(metrics_port: u16, sink: &Path) {
+    use cairn_test_server::{Reply, TestServer, streams};
+    let server = TestServer::start(vec![Reply::sse(streams::chat_text_with_usage("unpriced answer"))]).unwrap();
+    let env = Env::new();
+    std::fs::write(
+        env.home.join("config.toml"),
+        format!(
+            "provider = \"t\"\n[providers.t]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"unpriced-model\"\n\
+             max_attempts = 1\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let out = env
+        .cairn(&["run", "go"])
+        .env("OPENAI_API_KEY", "sk-unpriced-test")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{metrics_port}"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("unpriced answer"), "{}", stdout(&out));
+    let metrics = sunk(sink);
+    let of_model = |name: &str| -> Vec<&Value> {
+        metrics
+            .iter()
+            .filter(|l| l["metric"] == name && l["attributes"]["gen_ai.request.model"] == "unpriced-model")
+            .collect()
+    };
+    assert!(!of_model("gen_ai.client.token.usage").is_empty(), "its tokens are exported: {metrics:#?}");
+    assert!(of_model("cairn.cost").is_empty(), "no price, no cost point: {:#?}", of_model("cairn.cost"));
+}
+
+/// The sink's lines (`tests/python/otlp_metrics_sink.py`): metric data
+/// points and spans, as JSON.
+fn sunk(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+/// The value of cumulative metric `name` summed over its attribute sets,
+/// each at its latest (largest) export.
+fn cumulative(lines: &[Value], name: &str) -> f64 {
+    let mut by_attrs = std::collections::BTreeMap::<String, f64>::new();
+    for l in lines.iter().filter(|l| l["metric"] == name) {
+        let v = l["value"].as_f64().unwrap();
+        let slot = by_attrs.entry(l["attributes"].to_string()).or_insert(0.0);
+        *slot = slot.max(v);
+    }
+    by_attrs.values().sum()
+}
+
+/// The usage rows (one per provider attempt) in a session file, found by
+/// their fields wherever the line holds them.
+fn usage_rows(path: &Path) -> Vec<Value> {
+    fn walk(v: &Value, out: &mut Vec<Value>) {
+        match v {
+            Value::Object(m) if m.contains_key("inputTokens") && m.contains_key("attempt") => out.push(v.clone()),
+            Value::Object(m) => m.values().for_each(|v| walk(v, out)),
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for line in std::fs::read_to_string(path).unwrap().lines() {
+        walk(&serde_json::from_str(line).unwrap(), &mut out);
+    }
+    out
 }
 
 /// A staged write says its staged verdict and replay class; `cairn undo`
@@ -577,11 +665,141 @@ fn a_worker_killed_mid_turn_and_its_successor_make_one_trace() {
     // Claims and the takeover, on the successor's 10-second metric timer.
     let start = Instant::now();
     loop {
-        let metrics = std::fs::read_to_string(sink_out.path()).unwrap_or_default();
-        if ["cairn.worker.claims", "cairn.worker.takeovers"].iter().all(|m| metrics.lines().any(|l| l == *m)) {
+        let metrics = sunk(sink_out.path());
+        if ["cairn.worker.claims", "cairn.worker.takeovers"].iter().all(|m| metrics.iter().any(|l| l["metric"] == *m)) {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "worker metrics missing: {metrics}\n{}", said());
+        assert!(start.elapsed() < Duration::from_secs(120), "worker metrics missing: {metrics:#?}\n{}", said());
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// A PostgreSQL worker's gauges and a forced lease loss, through an OTLP
+/// sink decoding both signals with `opentelemetry-proto`: while the worker
+/// (one thread) holds one session whose tool waits, the two others wait in
+/// the queue (`cairn.worker.sessions_held` 1, `cairn.worker.queue.depth`
+/// 2); then the session is claimed by another owner behind its back (its
+/// lease expired and taken, as a partitioned worker's would be), and the
+/// worker's renewal finds it lost: `cairn.worker.lease_losses` counts it as
+/// `lost`, and a `lease_lost` span in the session's trace says which
+/// worker lost which epoch.
+#[test]
+fn a_worker_reports_its_queue_and_a_lost_lease() {
+    let python = venv_python("phoenix");
+    let (_sink, port, sink_out) = metrics_sink(&python);
+    let cluster = cairn_pg::test_cluster::TestCluster::shared()
+        .unwrap_or_else(|e| panic!("cannot start a PostgreSQL test server: {e:#}"));
+    let url = cluster.create_database(&format!("otel_gauges_{}", std::process::id())).unwrap();
+    let env = Env::new();
+    std::fs::write(env.home.join("config.toml"), "[tools]\nstaged = false\n").unwrap();
+    // Each session's tool waits until the test lets it go: it reads a
+    // FIFO, which ends when a writer opens and closes it.
+    let fifo = env.cwd.join("waiter");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success(), "mkfifo");
+    let script = env.script(&[
+        json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
+            "arguments": {"command": "mkdir -p runs && mktemp -p runs && cat waiter"}}]}),
+        json!({"text": "let go"}),
+    ]);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let submitted = env.cairn(&["--database", &url, "submit", "go"]).output().unwrap();
+        ids.push(util::stdout_ok(&submitted).trim().to_owned());
+    }
+    let log = env.home.join("worker.log");
+    let err = std::fs::File::create(&log).unwrap();
+    let worker = Killed(
+        env.cairn(&["--database", &url, "--script", script.to_str().unwrap(), "--yes", "worker", "--lease", "3"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}"))
+            .env("OTEL_METRIC_EXPORT_INTERVAL", "200")
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap(),
+    );
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    let runs = || std::fs::read_dir(env.cwd.join("runs")).map(|d| d.count()).unwrap_or(0);
+    // Let the waiting tool go however the test ends (also one the killed
+    // worker left behind): opened without blocking, which fails when no
+    // one reads.
+    struct Release(PathBuf);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&self.0);
+        }
+    }
+    let _release = Release(fifo);
+
+    let start = Instant::now();
+    while runs() == 0 {
+        if start.elapsed() > Duration::from_secs(120) {
+            let shown = env.cairn(&["--database", &url, "show", &ids[0]]).output().unwrap();
+            panic!("the tool never started:\n{}\n{}{}", said(), stdout(&shown), stderr(&shown));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // One session held, two waiting, for as long as the tool waits.
+    let gauge = |lines: &[Value], name: &str, want: f64| {
+        lines.iter().any(|l| {
+            l["metric"] == name && l["value"].as_f64() == Some(want) && l["attributes"]["cairn.worker.id"].is_string()
+        })
+    };
+    let start = Instant::now();
+    loop {
+        let lines = sunk(sink_out.path());
+        if gauge(&lines, "cairn.worker.sessions_held", 1.0) && gauge(&lines, "cairn.worker.queue.depth", 2.0) {
+            break;
+        }
+        let seen: Vec<&Value> =
+            lines.iter().filter(|l| l["metric"].as_str().is_some_and(|m| m.starts_with("cairn.worker"))).collect();
+        assert!(start.elapsed() < Duration::from_secs(120), "no gauges of 1 held and 2 waiting: {seen:#?}\n{}", said());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Another owner takes the held session's lease, as a worker claiming
+    // it after the lease expired would.
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let row = db
+        .query_one(
+            "UPDATE cairn_sessions SET epoch = epoch + 1, lease_owner = 'elsewhere/0',
+                 lease_expires = now() + interval '1 hour'
+             WHERE lease_owner IS NOT NULL AND lease_expires > now() RETURNING id, epoch - 1",
+            &[],
+        )
+        .unwrap();
+    let (stolen, epoch): (String, i64) = (row.get(0), row.get(1));
+    assert!(ids.contains(&stolen), "{stolen} is one of {ids:?}");
+
+    let start = Instant::now();
+    let (loss, span) = loop {
+        let lines = sunk(sink_out.path());
+        let loss = lines
+            .iter()
+            .find(|l| l["metric"] == "cairn.worker.lease_losses" && l["attributes"]["cairn.lease.loss"] == "lost")
+            .cloned();
+        let span = lines.iter().find(|l| l["span"] == "lease_lost").cloned();
+        if let (Some(loss), Some(span)) = (loss, span) {
+            break (loss, span);
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "no lease loss exported: {lines:#?}\n{}", said());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(loss["value"].as_f64().is_some_and(|v| v >= 1.0), "{loss}");
+    let owner = loss["attributes"]["cairn.worker.id"].as_str().unwrap().to_owned();
+    assert_eq!(span["attributes"]["gen_ai.conversation.id"], stolen.as_str(), "{span:#}");
+    assert_eq!(span["attributes"]["cairn.lease.epoch"], epoch, "{span:#}");
+    assert_eq!(span["attributes"]["cairn.lease.loss"], "lost", "{span:#}");
+    assert_eq!(span["attributes"]["cairn.worker.id"], owner.as_str(), "{span:#}");
+    assert_eq!(span["status"], 2, "an error status: {span:#}");
+    assert!(span["events"].as_array().unwrap().iter().any(|e| e["name"] == "lease_lost"), "{span:#}");
+    // In the session's trace, beside the turn the worker was running.
+    let lines = sunk(sink_out.path());
+    let turn = lines
+        .iter()
+        .find(|l| l["span"] == "invoke_agent cairn" && l["attributes"]["gen_ai.conversation.id"] == stolen.as_str())
+        .unwrap_or_else(|| panic!("the stolen session's turn span: {lines:#?}"));
+    assert_eq!(turn["trace_id"], span["trace_id"], "one trace: {turn:#}\n{span:#}");
+    assert_eq!(turn["attributes"]["cairn.lease.epoch"], epoch, "{turn:#}");
+    drop(worker);
 }

@@ -52,6 +52,19 @@ pub fn heartbeat(db: &mut impl Db, name: &str, held: usize, draining: bool) -> R
     Ok(())
 }
 
+/// Sessions any worker could claim now (the claim's own condition,
+/// `lease::claim`): the queue's depth, for the worker's telemetry gauge.
+pub fn waiting(db: &mut impl Db) -> Result<u64, PgError> {
+    const SQL: &str = "SELECT count(*) FROM cairn_sessions
+         WHERE status IN ('queued', 'running')
+           AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= now())
+           AND (not_before IS NULL OR not_before <= now())
+           AND strpos(id, $1) = 0";
+    let stmt = db.statement(SQL)?;
+    let n: i64 = db.client().query_one(&stmt, &[&FAMILY_SEP.to_string()])?.get(0);
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 /// A worker left (its sessions released).
 pub fn stopped(db: &mut impl Db, name: &str) -> Result<(), PgError> {
     const SQL: &str = "UPDATE cairn_workers SET stopped_at = now(), held = 0 WHERE name = $1";

@@ -232,6 +232,12 @@ fn renew_loop(opts: &WorkerOptions, held: &Held, done: &AtomicBool, stop: &Atomi
             client = None;
             continue;
         }
+        // The fleet's gauges, with each heartbeat; the queue is counted only
+        // when telemetry exports it.
+        if cairn_telemetry::enabled() {
+            let waiting = crate::fleet::waiting(c).ok();
+            cairn_telemetry::worker_gauges(&opts.name, sessions.len(), waiting);
+        }
         if last_renewal.elapsed() < period || sessions.is_empty() {
             continue;
         }
@@ -494,7 +500,7 @@ fn drive_claim(
         Ending::Failed(e) if lost.load(Ordering::SeqCst) => {
             say(owner, &format!("lease lost on {shown} (epoch {}): commit refused; backing off", fence.epoch));
             note_loss(opts, client.as_mut(), &id, fence.epoch, &format!("lease lost: {e}"));
-            cairn_telemetry::lease_lost(owner, "lost");
+            cairn_telemetry::lease_lost(&id, owner, fence.epoch, "lost");
             false
         }
         Ending::Failed(e) if cancel.is_cancelled() => {
@@ -503,7 +509,7 @@ fn drive_claim(
             let released =
                 client.as_mut().is_some_and(|c| lease::release(c, &id, &fence, Release::Retry, Some(&e)).is_ok());
             note_loss(opts, client.as_mut(), &id, fence.epoch, &format!("lease not renewed in time: {e}"));
-            cairn_telemetry::lease_lost(owner, "notRenewed");
+            cairn_telemetry::lease_lost(&id, owner, fence.epoch, "notRenewed");
             say(
                 owner,
                 &format!(

@@ -353,6 +353,22 @@ fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
     fields
 }
 
+/// The prices of `model` as asked of provider `provider` (a usage row's
+/// names), from its `[providers.NAME]` table in `tables` or the built-in
+/// of that name (`cairn_provider::ProviderConfig::prices_for`): what
+/// `/status` shows and what `cairn.cost` exports, priced in one place.
+pub fn prices(
+    tables: &BTreeMap<String, toml::Value>,
+    provider: &str,
+    model: &str,
+) -> Result<cairn_provider::Prices, cairn_provider::Unpriced> {
+    match cairn_provider::ProviderConfig::resolve(provider, tables.get(provider)) {
+        Ok(config) => config.prices_for(model),
+        // A provider no longer configured (or no longer valid).
+        Err(_) => Err(cairn_provider::Unpriced::NoPrices { provider: provider.to_owned(), model: model.to_owned() }),
+    }
+}
+
 /// Default model steps per turn.
 pub const DEFAULT_MAX_STEPS: u32 = 24;
 /// Default bytes of tool output shown to the model.

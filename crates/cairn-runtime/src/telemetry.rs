@@ -2,7 +2,8 @@
 //! settings (`[telemetry]` and the `OTEL_*` variables): the binary calls
 //! [`start`] once after the configuration is read and [`finish`] once at
 //! exit, whatever the face. Content is scrubbed of the provider keys the
-//! vault holds (`secrets.rs`) before it is exported.
+//! vault holds (`secrets.rs`) before it is exported; model calls are priced
+//! for `cairn.cost` as `/status` prices them (`config::prices`).
 //!
 //! Must not: print (it returns what to tell the person) or fail a command
 //! over telemetry (a refused configuration leaves telemetry off, said).
@@ -21,7 +22,17 @@ pub fn start(settings: &Settings) -> Option<String> {
         Err(refused) => return Some(format!("telemetry is off: {refused}")),
     };
     let scrub: cairn_telemetry::Scrub = Arc::new(|text: &str| crate::secrets::values().redact(text));
-    match cairn_telemetry::init(&plan, scrub) {
+    // Priced as `/status` prices (`config::prices`): a model with no known
+    // price exports no cost.
+    let tables = settings.providers.clone();
+    let price: cairn_telemetry::Price = Arc::new(move |usage: &cairn_core::provider::AttemptUsage| {
+        let prices = crate::config::prices(&tables, &usage.provider, &usage.model).ok()?;
+        let cost = prices.cost(usage.input_tokens, usage.cached_input_tokens, usage.output_tokens);
+        // Picodollars to dollars: exact below 2^53 pUSD (about $9,000 per
+        // attempt), close enough above.
+        Some(cost.pico as f64 / 1e12)
+    });
+    match cairn_telemetry::init(&plan, cairn_telemetry::Hooks { scrub, price }) {
         Ok(guard) => {
             // Ended by `finish`, not by the guard's drop.
             std::mem::forget(guard);

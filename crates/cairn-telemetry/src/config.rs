@@ -57,7 +57,14 @@ pub struct Plan {
     pub export_timeout: Duration,
     /// The W3C `traceparent` the process was started under (`TRACEPARENT`).
     pub traceparent: Option<String>,
+    /// How often a long-running process sends its metrics
+    /// (`OTEL_METRIC_EXPORT_INTERVAL` in milliseconds, default 10 s; a
+    /// one-shot run sends them at exit).
+    pub metrics_interval: Duration,
 }
+
+/// The default of [`Plan::metrics_interval`].
+pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Why telemetry stays off although something asked for it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -130,6 +137,10 @@ pub fn resolve(table: Option<&TelemetryConfig>, env: &dyn Fn(&str) -> Option<Str
         flush_timeout: Duration::from_millis(table.flush_timeout_ms.unwrap_or(2000)),
         export_timeout,
         traceparent: var("TRACEPARENT"),
+        metrics_interval: var("OTEL_METRIC_EXPORT_INTERVAL")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+            .map_or(DEFAULT_METRICS_INTERVAL, Duration::from_millis),
     }))
 }
 
@@ -156,6 +167,9 @@ mod tests {
         assert_eq!(plan.endpoint, None, "the exporter reads the variable itself");
         assert!(!plan.capture_content);
         assert_eq!(plan.service_name.as_deref(), Some("cairn"));
+        assert_eq!(plan.metrics_interval, DEFAULT_METRICS_INTERVAL);
+        let fast = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"), ("OTEL_METRIC_EXPORT_INTERVAL", "250")];
+        assert_eq!(resolve(None, &env(&fast)).unwrap().unwrap().metrics_interval, Duration::from_millis(250));
         let off = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"), ("OTEL_SDK_DISABLED", "TRUE")];
         assert_eq!(resolve(None, &env(&off)), Ok(None));
         let table = TelemetryConfig { enabled: Some(false), ..Default::default() };

@@ -1,7 +1,7 @@
 //! The way finished spans and collected metrics reach the collector: a
 //! bounded queue the turn's thread only pushes into, one exporter thread
 //! started with the first span (batches every [`SCHEDULED_DELAY`] or
-//! when [`BATCH`] spans wait; metrics every [`METRICS_INTERVAL`]), and the
+//! when [`BATCH`] spans wait; metrics every `Plan::metrics_interval`), and the
 //! flush at exit run on the exiting thread itself.
 //!
 //! Why not the SDK's batch processor and periodic reader: each starts a
@@ -37,8 +37,6 @@ const BATCH: usize = 512;
 /// How long a finished span waits at most before it is sent (long-running
 /// faces; a one-shot run sends everything at exit).
 const SCHEDULED_DELAY: Duration = Duration::from_millis(500);
-/// How often metrics are sent by a long-running process.
-const METRICS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The OTLP exporters: one pair for the exporter thread (with the plan's
 /// retry), one for the exit (no retry: the flush bound is short).
@@ -68,6 +66,7 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     wake: Condvar,
     dropped: AtomicU64,
+    metrics_interval: Duration,
 }
 
 impl std::fmt::Debug for Shared {
@@ -83,7 +82,12 @@ pub(crate) struct Flushed {
 }
 
 impl Shared {
-    pub(crate) fn new(exporters: Exporters, reader: Arc<ManualReader>, client: Ureq) -> Arc<Self> {
+    pub(crate) fn new(
+        exporters: Exporters,
+        reader: Arc<ManualReader>,
+        client: Ureq,
+        metrics_interval: Duration,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             exporters,
             reader,
@@ -91,6 +95,7 @@ impl Shared {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
             dropped: AtomicU64::new(0),
+            metrics_interval,
         })
     }
 
@@ -110,14 +115,27 @@ impl Shared {
             return;
         }
         state.queue.push(span);
+        self.start(&mut state);
+        if state.queue.len() >= BATCH {
+            self.wake.notify_all();
+        }
+    }
+
+    /// Start the exporter thread unless it runs (a worker's gauges need it
+    /// before any span: an idle worker still reports its queue).
+    pub(crate) fn ensure_started(self: &Arc<Self>) {
+        let mut state = self.state();
+        if !state.stopping {
+            self.start(&mut state);
+        }
+    }
+
+    fn start(self: &Arc<Self>, state: &mut State) {
         if !state.started {
             state.started = true;
             let shared = Arc::clone(self);
             // A process that cannot start a thread still sends at exit.
             let _ = std::thread::Builder::new().name("cairn-otel".to_owned()).spawn(move || shared.run());
-        }
-        if state.queue.len() >= BATCH {
-            self.wake.notify_all();
         }
     }
 
@@ -131,7 +149,7 @@ impl Shared {
     /// The exporter thread: batches on its timer, metrics on theirs, until
     /// the exit takes over.
     fn run(&self) {
-        let mut metrics_due = Instant::now() + METRICS_INTERVAL;
+        let mut metrics_due = Instant::now() + self.metrics_interval;
         loop {
             let batch = {
                 let mut state = self.state();
@@ -148,7 +166,7 @@ impl Shared {
                 let _ = futures_executor::block_on(self.exporters.spans.export(batch));
             }
             if Instant::now() >= metrics_due {
-                metrics_due = Instant::now() + METRICS_INTERVAL;
+                metrics_due = Instant::now() + self.metrics_interval;
                 if let Some(rm) = self.metrics() {
                     let _ = futures_executor::block_on(self.exporters.metrics.export(&rm));
                 }

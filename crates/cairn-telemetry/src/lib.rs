@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, MeterProvider as _, UpDownCounter};
+use opentelemetry::metrics::{Counter, Gauge, Histogram, MeterProvider as _, UpDownCounter};
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState, TracerProvider as _,
 };
@@ -37,7 +37,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{ManualReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as _, Tracer};
 
-pub use config::{DEFAULT_ENDPOINT, Plan, Refused, TelemetryConfig, resolve};
+pub use config::{DEFAULT_ENDPOINT, DEFAULT_METRICS_INTERVAL, Plan, Refused, TelemetryConfig, resolve};
 
 pub use ids::{call_span, session_trace, spawn_span};
 pub use turn::TurnTrace;
@@ -45,6 +45,34 @@ pub use turn::TurnTrace;
 /// Rewrites exported content so no secret the host holds leaves (the
 /// host's scrubber of provider keys).
 pub type Scrub = Arc<dyn Fn(&str) -> String + Send + Sync>;
+
+/// What one provider attempt cost in US dollars, at the prices the host
+/// shows the person (`None`: the model has no known price, and no cost is
+/// exported for it, rather than a 0 that would read as free).
+pub type Price = Arc<dyn Fn(&cairn_core::provider::AttemptUsage) -> Option<f64> + Send + Sync>;
+
+/// What the host hands [`init`]: its scrubber of secrets and its prices.
+#[derive(Clone)]
+pub struct Hooks {
+    /// Cleans exported content of the host's secrets.
+    pub scrub: Scrub,
+    /// Prices each attempt for `cairn.cost`.
+    pub price: Price,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks").finish_non_exhaustive()
+    }
+}
+
+impl Hooks {
+    /// Content passed as it is and nothing priced (tests, a host with no
+    /// secrets nor prices).
+    pub fn plain() -> Self {
+        Hooks { scrub: Arc::new(|s: &str| s.to_owned()), price: Arc::new(|_| None) }
+    }
+}
 
 /// The process's telemetry, once [`init`] ran with a plan.
 struct Telemetry {
@@ -56,6 +84,7 @@ struct Telemetry {
     instruments: Instruments,
     capture: bool,
     scrub: Scrub,
+    price: Price,
     /// The `traceparent` the process was started under.
     parent: Option<SpanContext>,
     failures: Arc<AtomicU64>,
@@ -69,9 +98,12 @@ struct Instruments {
     tool_calls: Counter<u64>,
     approvals_waiting: UpDownCounter<i64>,
     turns: Counter<u64>,
+    cost: Counter<f64>,
     claims: Counter<u64>,
     takeovers: Counter<u64>,
     lease_losses: Counter<u64>,
+    sessions_held: Gauge<u64>,
+    queue_depth: Gauge<u64>,
 }
 
 static GLOBAL: OnceLock<Telemetry> = OnceLock::new();
@@ -254,12 +286,49 @@ pub fn worker_released(session: &str) {
     }
 }
 
-/// Worker `worker` lost a lease (`reason`: `lost`, `notRenewed`).
-pub fn lease_lost(worker: &str, reason: &'static str) {
+/// Worker `worker` lost its lease on `session` at `epoch` (`reason`:
+/// `lost`, another worker claimed it; `notRenewed`, the renewals failed
+/// and the turn was stopped): counted by reason, and a `lease_lost` span in
+/// the session's trace says when, who and why. Nothing when telemetry is
+/// off.
+pub fn lease_lost(session: &str, worker: &str, epoch: i64, reason: &'static str) {
+    use opentelemetry::trace::{Span as _, Status, Tracer as _};
     let Some(t) = global() else { return };
-    t.instruments
-        .lease_losses
-        .add(1, &[KeyValue::new("cairn.worker.id", worker.to_owned()), KeyValue::new("cairn.lease.loss", reason)]);
+    let worker_attr = KeyValue::new("cairn.worker.id", worker.to_owned());
+    let reason_attr = KeyValue::new("cairn.lease.loss", reason);
+    t.instruments.lease_losses.add(1, &[worker_attr.clone(), reason_attr.clone()]);
+    let parent = turn::parent_of(t, session);
+    let trace = parent.is_none().then(|| turn::trace_of(t, session));
+    let cx = match parent {
+        Some(sc) => opentelemetry::Context::new().with_remote_span_context(sc),
+        None => opentelemetry::Context::new(),
+    };
+    let attrs = vec![
+        KeyValue::new("gen_ai.conversation.id", session.to_owned()),
+        worker_attr.clone(),
+        KeyValue::new("cairn.lease.epoch", epoch),
+        reason_attr.clone(),
+    ];
+    let mut span = ids::with_ids(trace, None, || {
+        t.tracer.span_builder("lease_lost").with_attributes(attrs).start_with_context(&t.tracer, &cx)
+    });
+    span.add_event("lease_lost", vec![worker_attr, KeyValue::new("cairn.lease.epoch", epoch), reason_attr]);
+    span.set_status(Status::error(format!("worker {worker} lost its lease (epoch {epoch}): {reason}")));
+    span.end();
+}
+
+/// What PostgreSQL worker `worker` (the process) sees now: the sessions
+/// whose lease it holds and, when it could count them, the sessions
+/// waiting in the database for any worker. Gauges, sent with the other
+/// metrics; nothing when telemetry is off.
+pub fn worker_gauges(worker: &str, held: usize, waiting: Option<u64>) {
+    let Some(t) = global() else { return };
+    t.exporter.ensure_started();
+    let attrs = [KeyValue::new("cairn.worker.id", worker.to_owned())];
+    t.instruments.sessions_held.record(u64::try_from(held).unwrap_or(u64::MAX), &attrs);
+    if let Some(waiting) = waiting {
+        t.instruments.queue_depth.record(waiting, &attrs);
+    }
 }
 
 /// What the exporter lost, told at exit.
@@ -313,8 +382,9 @@ pub fn shutdown() -> Summary {
 }
 
 /// Start exporting as `plan` says (once per process; a second call keeps
-/// the first). `scrub` cleans exported content of the host's secrets.
-pub fn init(plan: &Plan, scrub: Scrub) -> anyhow::Result<Guard> {
+/// the first). `hooks` clean exported content of the host's secrets and
+/// price the model calls.
+pub fn init(plan: &Plan, hooks: Hooks) -> anyhow::Result<Guard> {
     if global().is_some() {
         return Ok(Guard { done: true });
     }
@@ -364,7 +434,7 @@ pub fn init(plan: &Plan, scrub: Scrub) -> anyhow::Result<Guard> {
         exit_metrics: metric_exporter(0)?,
     };
     let reader = Arc::new(ManualReader::builder().build());
-    let exporter = export::Shared::new(exporters, Arc::clone(&reader), client);
+    let exporter = export::Shared::new(exporters, Arc::clone(&reader), client, plan.metrics_interval);
     let tracer_provider = SdkTracerProvider::builder()
         .with_span_processor(export::Queue(Arc::clone(&exporter)))
         .with_id_generator(ids::Ids::default())
@@ -400,6 +470,13 @@ pub fn init(plan: &Plan, scrub: Scrub) -> anyhow::Result<Guard> {
             .with_unit("{turn}")
             .with_description("Turns run, by how they ended")
             .build(),
+        cost: meter
+            .f64_counter("cairn.cost")
+            .with_unit("USD")
+            .with_description(
+                "What model calls cost, at the prices cairn shows (models without a price are not counted)",
+            )
+            .build(),
         claims: meter
             .u64_counter("cairn.worker.claims")
             .with_unit("{claim}")
@@ -415,6 +492,16 @@ pub fn init(plan: &Plan, scrub: Scrub) -> anyhow::Result<Guard> {
             .with_unit("{loss}")
             .with_description("Leases a worker lost, by reason")
             .build(),
+        sessions_held: meter
+            .u64_gauge("cairn.worker.sessions_held")
+            .with_unit("{session}")
+            .with_description("Sessions whose lease a PostgreSQL worker holds")
+            .build(),
+        queue_depth: meter
+            .u64_gauge("cairn.worker.queue.depth")
+            .with_unit("{session}")
+            .with_description("Sessions waiting in the database for a worker, as a worker last saw them")
+            .build(),
     };
     let parent = plan.traceparent.as_deref().and_then(parse_traceparent);
     let telemetry = Telemetry {
@@ -424,7 +511,8 @@ pub fn init(plan: &Plan, scrub: Scrub) -> anyhow::Result<Guard> {
         exporter,
         instruments,
         capture: plan.capture_content,
-        scrub,
+        scrub: hooks.scrub,
+        price: hooks.price,
         parent,
         failures,
         flush_timeout: plan.flush_timeout,

@@ -260,6 +260,11 @@ impl TurnTrace {
                     output.push(KeyValue::new("gen_ai.token.type", "output"));
                     i.tokens.record(usage.output_tokens, &output);
                 }
+                // Every attempt's tokens are paid for, a failed one's too,
+                // as the CLI's cost counts them; no price, no point.
+                if let Some(usd) = (self.t.price)(usage) {
+                    i.cost.add(usd, &common);
+                }
                 self.chat_usage.add(usage);
                 if let Some(chat) = self.chat.as_mut() {
                     chat.set_attribute(KeyValue::new("gen_ai.response.model", usage.model.clone()));

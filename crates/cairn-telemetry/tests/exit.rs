@@ -78,8 +78,9 @@ fn no_thread_until_a_span_and_the_exit_flush_runs_on_the_exiting_thread() {
         flush_timeout: Duration::from_secs(60),
         export_timeout: Duration::from_secs(60),
         traceparent: None,
+        metrics_interval: cairn_telemetry::DEFAULT_METRICS_INTERVAL,
     };
-    let guard = cairn_telemetry::init(&plan, Arc::new(|s: &str| s.to_owned())).unwrap();
+    let guard = cairn_telemetry::init(&plan, cairn_telemetry::Hooks::plain()).unwrap();
     let started: Vec<String> = threads().difference(&before).cloned().collect();
     // (Compared by tid and name: a thread renamed since counts as new,
     // which only makes this check stricter.)
