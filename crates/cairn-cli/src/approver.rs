@@ -2,6 +2,11 @@
 //! showing the tool, its risk (and why, when the tool raised it) and a
 //! preview a person can judge.
 //!
+//! A server's question (MCP elicitation) is asked here too: its message,
+//! then accept/decline/cancel, then each field with what it takes, asked
+//! again with the reason until the answer fits (cairn-core's
+//! `elicit::form` reads and checks; this only prompts).
+//!
 //! This is the host side of the approval boundary: it presents a question
 //! and relays the answer. The policy (what needs asking, what an allowlist
 //! or `--yes` may approve, when "always" may be offered, the refusal when
@@ -11,6 +16,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use cairn_core::approval::{Answer, ApprovalError, ApprovalRequest, Approver, Verdict};
+use cairn_core::elicit::{Ask, ElicitAnswer, Elicitation, form};
 use cairn_core::tool::{Preview, Risk};
 
 use crate::render::{escape_controls as esc, escape_json};
@@ -39,20 +45,115 @@ impl TerminalApprover {
     }
 }
 
+impl TerminalApprover {
+    /// A server asks the person to visit `url` (MCP's URL mode): shown
+    /// whole, with its host set apart (a look-alike link is the risk), and
+    /// opened only with the person's yes — by `$BROWSER` if set, else by
+    /// the person.
+    fn visit(&self, question: &Elicitation<'_>, url: &str) -> ElicitAnswer {
+        crate::render::hide_spinner();
+        let _paused = crate::typeahead::pause();
+        let st = &self.style;
+        let host =
+            url.split_once("://").map_or(url, |(_, rest)| rest).split(['/', '?', '#']).next().unwrap_or_default();
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err);
+        let _ = writeln!(err, "{} {}", st.bold("question from"), st.bold(&esc(question.tool)));
+        for line in esc(question.message).lines() {
+            let _ = writeln!(err, "  {line}");
+        }
+        let _ = writeln!(err, "  {} {}", st.dim("it asks you to open:"), esc(url));
+        let _ = writeln!(err, "  {} {}", st.dim("on the site:"), st.bold(&esc(host)));
+        drop(err);
+        let Some(choice) = prompt("Open it? [y/N=decline/c=cancel] ") else { return ElicitAnswer::Cancel };
+        match choice.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" => {}
+            "c" | "cancel" => return ElicitAnswer::Cancel,
+            _ => return ElicitAnswer::Decline("the person declined to open the server's URL".to_owned()),
+        }
+        let said = match open_in_browser(url) {
+            Ok(true) => "opened in your browser".to_owned(),
+            Ok(false) => "open it in your browser ($BROWSER is not set)".to_owned(),
+            Err(e) => format!("{e}: open it yourself"),
+        };
+        let _ = writeln!(std::io::stderr(), "  {}", st.dim(&said));
+        ElicitAnswer::Accept(serde_json::Map::new())
+    }
+}
+
 impl Approver for TerminalApprover {
     fn is_interactive(&self) -> bool {
         self.interactive
     }
 
-    fn elicit(&mut self, question: &cairn_core::elicit::Elicitation<'_>) -> cairn_core::elicit::ElicitAnswer {
-        // Not asked on the terminal yet: said plainly, so the model and
-        // the person know why the server got no answer.
-        let _ = question;
-        cairn_core::elicit::ElicitAnswer::Decline(
-            "cairn's terminal does not answer a server's questions (MCP elicitation) yet: it was declined; an \
-             editor over ACP that offers elicitation does"
-                .to_owned(),
-        )
+    fn elicit(&mut self, question: &Elicitation<'_>) -> ElicitAnswer {
+        // Only reached with a person at the terminal (the policy declines
+        // for nobody); the form is read here field by field.
+        let schema = match question.ask {
+            Ask::Form(schema) => schema,
+            Ask::Url { url, .. } => return self.visit(question, url),
+        };
+        let fields = match form::form(schema) {
+            Ok(fields) => fields,
+            Err(e) => return ElicitAnswer::Decline(format!("{e}; cairn declined it without asking")),
+        };
+        crate::render::hide_spinner();
+        let _paused = crate::typeahead::pause();
+        let st = &self.style;
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err);
+        let _ = writeln!(err, "{} {}", st.bold("question from"), st.bold(&esc(question.tool)));
+        for line in esc(question.message).lines() {
+            let _ = writeln!(err, "  {line}");
+        }
+        if !fields.is_empty() {
+            let names: Vec<String> = fields.iter().map(|f| esc(f.label()).into_owned()).collect();
+            let _ = writeln!(err, "  {} {}", st.dim("it asks for:"), names.join(", "));
+        }
+        drop(err);
+        let Some(choice) = prompt("Answer it? [y/N=decline/c=cancel] ") else {
+            return ElicitAnswer::Cancel;
+        };
+        match choice.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" => {}
+            "c" | "cancel" => return ElicitAnswer::Cancel,
+            _ => return ElicitAnswer::Decline("the person declined to answer".to_owned()),
+        }
+        let mut answer = serde_json::Map::new();
+        for field in &fields {
+            let mut err = std::io::stderr().lock();
+            let mut about = format!("  {}", st.bold(&esc(field.label())));
+            if let Some(description) = &field.description {
+                about.push_str(&format!(" {} {}", st.dim("—"), esc(description)));
+            }
+            let _ = writeln!(err, "{about}");
+            for (i, option) in field.options().iter().enumerate() {
+                let _ = writeln!(err, "    {}. {}", i + 1, esc(&option.label()));
+            }
+            drop(err);
+            let mut hint = field.hint();
+            match (&field.default, field.required) {
+                (Some(default), _) => hint.push_str(&format!("; Enter: {}", form::plain(default))),
+                (None, true) => hint.push_str(", required"),
+                (None, false) => hint.push_str("; Enter leaves it out"),
+            }
+            let ask = format!("  {} ({}): ", esc(&field.name), esc(&hint));
+            loop {
+                // Ctrl-D (end of input) dismisses the whole form.
+                let Some(typed) = prompt(&ask) else { return ElicitAnswer::Cancel };
+                match field.read(&typed) {
+                    Ok(Some(value)) => {
+                        answer.insert(field.name.clone(), value);
+                        break;
+                    }
+                    Ok(None) => break,
+                    Err(why) => {
+                        let _ = writeln!(std::io::stderr(), "  {} {}", st.red("✗"), esc(&why));
+                    }
+                }
+            }
+        }
+        ElicitAnswer::Accept(answer)
     }
 
     fn decide(&mut self, request: &ApprovalRequest<'_>) -> Result<Verdict, ApprovalError> {
@@ -130,6 +231,37 @@ impl Approver for TerminalApprover {
             };
             return Ok(Verdict { decision, by: "user:terminal".to_owned() });
         }
+    }
+}
+
+/// Open `url` with the browser the person configured (`$BROWSER`), if
+/// any: `Ok(false)` when none is. It is not waited for (a browser may
+/// outlive the question); a thread reaps it when it exits.
+pub fn open_in_browser(url: &str) -> Result<bool, String> {
+    let Some(browser) = std::env::var_os("BROWSER").filter(|b| !b.is_empty()) else { return Ok(false) };
+    let mut child = std::process::Command::new(&browser)
+        .arg(url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("could not start $BROWSER ({}: {e})", esc(&browser.to_string_lossy())))?;
+    let _reaper = std::thread::spawn(move || child.wait());
+    Ok(true)
+}
+
+/// Write `question` on stderr and read a line from stdin; None at the end
+/// of input (Ctrl-D) or when it cannot be read.
+fn prompt(question: &str) -> Option<String> {
+    let mut err = std::io::stderr().lock();
+    let _ = write!(err, "{question}");
+    let _ = err.flush();
+    // Released while waiting: the Ctrl-C handler writes to it.
+    drop(err);
+    let mut line = String::new();
+    match std::io::stdin().lock().read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line),
     }
 }
 

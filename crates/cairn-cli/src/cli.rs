@@ -41,6 +41,7 @@ Environment (every variable cairn reads; docs/config.md lists the config file's 
   CANDLE_NUM_THREADS      the embedded model's kernel threads (default: [local] threads)
   USER                    who answered, recorded with `cairn approve`
   PATH                    where programs (tools, MCP servers, hooks) are found
+  BROWSER                 opens the URL of `cairn mcp login` and, on your yes, one an MCP server asks you to open
   OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL,
   OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_SERVICE_NAME, OTEL_SDK_DISABLED, TRACEPARENT,
   OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
@@ -222,7 +223,8 @@ pub enum Command {
         /// Tools per tools/list page.
         #[arg(long, default_value_t = 100, value_name = "N")]
         page_size: usize,
-        /// `list`: the servers of `[mcp_servers.NAME]`, their state and their tools (`mcp__NAME__TOOL`).
+        /// `list`: the servers of `[mcp_servers.NAME]`, their state and their tools (`mcp__NAME__TOOL`);
+        /// `login NAME`: log in to an HTTP server that asks for OAuth, in a browser.
         #[command(subcommand)]
         action: Option<McpAction>,
     },
@@ -379,6 +381,13 @@ fn generate(command: &Command) -> Result<Option<u8>> {
 pub enum McpAction {
     /// Start (or reach) each configured server and show its state and its tools with their risk tiers.
     List,
+    /// Log in to the streamable-HTTP server NAME with OAuth (authorization code and PKCE): prints the URL to
+    /// open (and opens $BROWSER if set), waits for the redirect on a loopback port and keeps the tokens
+    /// (renewed when they expire) for later runs.
+    Login {
+        /// The server's name (`[mcp_servers.NAME]`).
+        server: String,
+    },
 }
 
 /// `cairn model …`.
@@ -556,6 +565,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Config => commands::config(&ctx),
         Command::Acp { editor_terminal } => crate::faces::acp(&ctx, editor_terminal),
         Command::Mcp { action: Some(McpAction::List), .. } => commands::mcp_list(&ctx),
+        Command::Mcp { action: Some(McpAction::Login { server }), .. } => commands::mcp_login(&ctx, &server),
         Command::Mcp { page_size, action: None } => crate::faces::mcp(&ctx, page_size),
         Command::Mount { dir, address } => crate::mount::run(&ctx, &dir, address.as_deref()),
         Command::Model { action: ModelAction::Install { from } } => state::model_install(&ctx, from.as_deref()),

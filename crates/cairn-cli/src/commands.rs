@@ -575,6 +575,54 @@ pub fn mcp_list(ctx: &Invocation) -> Result<u8> {
     Ok(if failed { exit::ERROR } else { exit::SUCCESS })
 }
 
+/// `cairn mcp login NAME`: the OAuth authorization-code flow for an HTTP
+/// server (cairn-mcp's `login`); the URL goes to stdout alone on its line,
+/// what to do with it to stderr.
+pub fn mcp_login(ctx: &Invocation, name: &str) -> Result<u8> {
+    let cwd = crate::parts::new_session_cwd(ctx)?;
+    let trust =
+        cairn_tools::TrustStore::load(&ctx.paths.trust_file()).unwrap_or_else(|_| cairn_tools::TrustStore::empty());
+    let ext = cairn_runtime::tools::extensions(ctx, &cwd, &trust);
+    // Sets where logins are kept (as for every run).
+    let _ = cairn_runtime::tools::tools_config(ctx);
+    let Some(server) = ext.mcp_servers.get(name) else {
+        let known: Vec<&str> = ext.mcp_servers.keys().map(String::as_str).collect();
+        anyhow::bail!(
+            "no MCP server is named {:?} (configured: {}); add [mcp_servers.{}] with its `url` to {}",
+            esc(name),
+            if known.is_empty() { "none".to_owned() } else { known.join(", ") },
+            esc(name),
+            esc(&ctx.settings.config_file.display().to_string())
+        );
+    };
+    let Some(url) = &server.url else {
+        anyhow::bail!("{} is a stdio server (`command`): only an HTTP server (`url`) is logged in to", esc(name));
+    };
+    if server.oauth.is_some() {
+        anyhow::bail!(
+            "[mcp_servers.{}.oauth] gives client credentials: cairn gets its tokens itself, no login is needed",
+            esc(name)
+        );
+    }
+    let mut show = |address: &str| {
+        eprintln!("cairn: open this URL in a browser to log in to {} ({}):", esc(name), esc(url));
+        println!("{address}");
+        // A browser the person configured opens it; without one the URL
+        // printed above is enough.
+        if let Err(e) = crate::approver::open_in_browser(address) {
+            eprintln!("cairn: {e}; open the URL yourself");
+        }
+        eprintln!("cairn: waiting for the browser to come back (Ctrl-C gives up)…");
+    };
+    match cairn_mcp::login(name, url, &mut show) {
+        Ok(kept) => {
+            println!("logged in to {}; the login is kept in {}", esc(name), esc(&kept.display().to_string()));
+            Ok(exit::SUCCESS)
+        }
+        Err(e) => anyhow::bail!("cannot log in to {}: {}", esc(name), esc(&e.to_string())),
+    }
+}
+
 /// `cairn tools`.
 pub fn tools(ctx: &Invocation) -> Result<u8> {
     let cwd = crate::parts::new_session_cwd(ctx)?;

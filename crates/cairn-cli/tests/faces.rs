@@ -839,7 +839,7 @@ fn acp_shell_runs_in_the_editors_terminal_asked_every_time() {
         let env = setup();
         std::fs::write(env.home.join("config.toml"), "[approvals]\nallow = [\"shell\"]\n").unwrap();
         let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "shell",
-            "arguments": {"command": "echo from-the-editor > t.txt; echo done-in-terminal"}}]});
+            "arguments": {"command": "echo from-the-editor > t.txt; read go; echo done-in-terminal"}}]});
         let script = write_script(&env, &[call, json!({"text": "Ran."})]);
         acp(&env, scenario, &script, &[]);
         let types = entry_types(&env.session_files()[0]);
@@ -991,4 +991,26 @@ fn acp_an_mcp_servers_question_is_put_to_the_editor_and_declined_when_it_offers_
     // (each of the client's two sessions replays the script from its start)
     let script = write_script(&env, &[call, json!({"text": "Greeted."})]);
     acp(&env, "elicit", &script, &[&server_python, server.to_str().unwrap()]);
+}
+
+/// 53.8: an MCP server asking the person to open a URL (URL mode) reaches
+/// an editor offering URL elicitation as `elicitation/create` mode "url"
+/// (the URL, the server's id, the session and the call), and its consent
+/// reaches the server; an editor offering forms only gets it declined.
+#[test]
+fn acp_an_mcp_servers_url_request_is_forwarded_to_an_editor_that_offers_url_elicitation() {
+    let env = setup();
+    std::fs::write(env.home.join("config.toml"), "[approvals]\nallow = [\"mcp__ask__*\"]\n").unwrap();
+    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/venv"))
+        .arg("mcpservers")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scripts/venv mcpservers: {}", String::from_utf8_lossy(&out.stderr));
+    let server_python = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let server = env.cwd.join("elicit_server.py");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/elicit_server.py"), &server).unwrap();
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__ask__connect", "arguments": {}}]});
+    // (each of the client's two sessions replays the script from its start)
+    let script = write_script(&env, &[call, json!({"text": "Connected."})]);
+    acp(&env, "elicit_url", &script, &[&server_python, server.to_str().unwrap()]);
 }

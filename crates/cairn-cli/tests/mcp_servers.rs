@@ -763,3 +763,25 @@ fn a_servers_question_is_declined_headless_and_the_model_is_told_why() {
         "{summary}"
     );
 }
+
+/// 53.8: a server asking the person to open a URL (URL mode) while cairn
+/// runs headless is declined at once, and the model is told why: nobody is
+/// there to consent (`--yes` does not consent for a person).
+#[test]
+fn a_servers_url_request_is_declined_headless_even_under_yes() {
+    let env = Env::new();
+    let cwd = env.cwd.canonicalize().unwrap();
+    config(&env, &elicit_server_config(&cwd));
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__ask__connect", "arguments": {}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let out = env
+        .cairn(&["--script", script.to_str().unwrap(), "--yes", "--allow", "mcp__ask__*", "run", "connect me"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done = payloads(&env, "toolCompleted");
+    let summary = by_tool(&done, "mcp__ask__connect")["receipt"]["outputSummary"].as_str().unwrap().to_owned();
+    assert!(summary.starts_with("url: decline"), "the server was told 'decline': {summary}");
+    assert!(summary.contains("nobody can answer"), "{summary}");
+}

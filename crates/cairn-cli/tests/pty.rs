@@ -1489,3 +1489,178 @@ fn screen_keys_typed_during_a_turn_become_the_next_prompt_and_esc_interrupts() {
     s.wait_exit();
     assert_eq!(user_prompts(&session(&env)), ["first question", "next question"]);
 }
+
+/// A `[mcp_servers.ask]` config running `tests/mcp/elicit_server.py` on
+/// the official Python SDK (`scripts/venv mcpservers`): its tools ask the
+/// person (`elicitation/create`) while they run.
+fn elicit_server(env: &Env) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(repo.join("../../scripts/venv")).arg("mcpservers").output().unwrap();
+    assert!(out.status.success(), "scripts/venv mcpservers: {}", String::from_utf8_lossy(&out.stderr));
+    let python = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let server = env.cwd.canonicalize().unwrap().join("elicit_server.py");
+    std::fs::copy(repo.join("tests/mcp/elicit_server.py"), &server).unwrap();
+    let config = format!(
+        "[discovery]\nmax_tools = 64\n\n[mcp_servers.ask]\ncommand = \"{python}\"\nargs = [\"{}\"]\n",
+        server.display()
+    );
+    std::fs::write(env.home.join("config.toml"), config).unwrap();
+}
+
+fn mcp_call(id: &str, tool: &str) -> Value {
+    json!({"text": "", "toolCalls": [{"id": id, "name": tool, "arguments": {}}]})
+}
+
+/// What the server answered each call of `tool`, in order.
+fn summaries(env: &Env, tool: &str) -> Vec<String> {
+    entries_of_type(&session(env), "toolCompleted")
+        .iter()
+        .filter(|e| e["payload"]["tool"] == tool)
+        .map(|e| e["payload"]["receipt"]["outputSummary"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// 53.8: `cairn chat` puts a server's form to the person: its message and
+/// each field with what it takes; a wrong answer is refused with the
+/// reason and asked again; Enter takes a default; the answer reaches the
+/// server (the SDK validates it against its own model and echoes it).
+#[test]
+fn chat_fills_in_a_servers_form_field_by_field_and_re_asks_wrong_answers() {
+    let env = Env::new();
+    elicit_server(&env);
+    let script = env.script(&[mcp_call("c1", "mcp__ask__signup"), json!({"text": "You are signed up."})]);
+    let mut p = cairn_pty(&env, &script, &["--allow", "mcp__ask__*", "chat"]);
+    p.exp_string(&raw("› ")).unwrap();
+    answer(&mut p, "sign me up");
+    let shown = p.exp_string("Answer it? [y/N=decline/c=cancel] ").unwrap();
+    assert!(shown.contains("question from mcp__ask__signup"), "{shown}");
+    assert!(shown.contains("Sign up for the club?"), "the server's message: {shown}");
+    answer(&mut p, "y");
+    let shown = p.exp_string("name (text, length at least 1, required): ").unwrap();
+    assert!(shown.contains(&raw("Name — as you like to be called")), "title and description: {shown}");
+    answer(&mut p, "");
+    p.exp_string("an answer is required").unwrap();
+    answer(&mut p, "Ada");
+    p.exp_string("email (email address, required): ").unwrap();
+    answer(&mut p, "ada at example");
+    p.exp_string("is not a valid email address").unwrap();
+    answer(&mut p, "ada@example.org");
+    p.exp_string("age (whole number 0 to 150, required): ").unwrap();
+    answer(&mut p, "old");
+    p.exp_string("`old` is not a whole number").unwrap();
+    answer(&mut p, "200");
+    p.exp_string("more than the most allowed, 150").unwrap();
+    answer(&mut p, "36");
+    let shown = p.exp_string("colour (one of the options: its number or its name; Enter: green): ").unwrap();
+    assert!(shown.contains("1. red") && shown.contains("3. blue"), "the options: {shown}");
+    answer(&mut p, "purple");
+    p.exp_string("`purple` is not one of the options (red, green, blue)").unwrap();
+    answer(&mut p, "3");
+    p.exp_string("newsletter (y/n; Enter: no): ").unwrap();
+    answer(&mut p, "");
+    p.exp_string("You are signed up.").unwrap();
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    let said = summaries(&env, "mcp__ask__signup");
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with(
+            r#"signed up {"name":"Ada","email":"ada@example.org","age":36,"colour":"blue","newsletter":false}"#
+        ),
+        "the server got the answers, typed: {}",
+        said[0]
+    );
+    assert!(said[0].contains("the person answered"), "the model is told: {}", said[0]);
+}
+
+/// 53.8: the person may decline a server's question (n, or Enter), or
+/// dismiss it (c, or Ctrl-D in the middle of the form); the server is told
+/// which, and the chat goes on.
+#[test]
+fn chat_declines_or_cancels_a_servers_question_as_the_person_says() {
+    let env = Env::new();
+    elicit_server(&env);
+    let script = env.script(&[
+        mcp_call("c1", "mcp__ask__greet"),
+        json!({"text": "first done"}),
+        mcp_call("c2", "mcp__ask__greet"),
+        json!({"text": "second done"}),
+        mcp_call("c3", "mcp__ask__greet"),
+        json!({"text": "third done"}),
+    ]);
+    let mut p = cairn_pty(&env, &script, &["--allow", "mcp__ask__*", "chat"]);
+    for (prompt, reply, done) in [("one", "", "first done"), ("two", "c", "second done"), ("three", "y", "third done")]
+    {
+        p.exp_string(&raw("› ")).unwrap();
+        answer(&mut p, prompt);
+        p.exp_string("What is your name?").unwrap();
+        p.exp_string("Answer it? [y/N=decline/c=cancel] ").unwrap();
+        answer(&mut p, reply);
+        if reply == "y" {
+            p.exp_string("name (text, required): ").unwrap();
+            p.send_control('d').unwrap();
+        }
+        p.exp_string(done).unwrap();
+    }
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    let said = summaries(&env, "mcp__ask__greet");
+    assert_eq!(said.len(), 3, "{said:?}");
+    assert!(said[0].starts_with("no name: decline") && said[0].contains("the person declined"), "{}", said[0]);
+    assert!(said[1].starts_with("no name: cancel") && said[1].contains("dismissed"), "{}", said[1]);
+    assert!(said[2].starts_with("no name: cancel"), "Ctrl-D in the form dismisses it: {}", said[2]);
+}
+
+/// 53.8: a server asking the person to open a URL (MCP's URL mode): chat
+/// shows it whole with its site set apart and opens it only on yes (with
+/// `$BROWSER`, here a script that notes what it was given); no leaves it
+/// unopened. The server is told which.
+#[test]
+fn chat_asks_before_opening_a_servers_url_and_opens_it_with_the_browser() {
+    let env = Env::new();
+    elicit_server(&env);
+    let opened = env.cwd.join("opened.txt");
+    let browser = env.home.join("browser.sh");
+    std::fs::write(&browser, format!("#!/bin/sh\nprintf '%s\\n' \"$1\" >> '{}'\n", opened.display())).unwrap();
+    std::fs::set_permissions(&browser, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = env.script(&[
+        mcp_call("c1", "mcp__ask__connect"),
+        json!({"text": "first done"}),
+        mcp_call("c2", "mcp__ask__connect"),
+        json!({"text": "second done"}),
+    ]);
+    let mut cmd = env.cairn(&["--script", script.to_str().unwrap(), "--allow", "mcp__ask__*", "chat"]);
+    cmd.env(WIDE_WINDOW.0, WIDE_WINDOW.1).env("BROWSER", &browser);
+    let mut p = spawn(cmd);
+    for (prompt, reply, done) in [("one", "n", "first done"), ("two", "y", "second done")] {
+        p.exp_string(&raw("› ")).unwrap();
+        answer(&mut p, prompt);
+        let shown = p.exp_string("Open it? [y/N=decline/c=cancel] ").unwrap();
+        assert!(shown.contains("Sign in to the example service"), "{shown}");
+        assert!(shown.contains("it asks you to open: https://auth.example.org/connect?client=cairn-test"), "{shown}");
+        assert!(shown.contains("on the site: auth.example.org"), "{shown}");
+        assert!(!opened.exists(), "opened before the person said yes");
+        answer(&mut p, reply);
+        p.exp_string(done).unwrap();
+    }
+    p.exp_string(&raw("› ")).unwrap();
+    p.send_control('d').unwrap();
+    let (rest, code) = finish(&mut p);
+    assert_eq!(code, 0, "{rest}");
+    let said = summaries(&env, "mcp__ask__connect");
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(said[0].starts_with("url: decline") && said[0].contains("declined to open"), "{}", said[0]);
+    assert!(said[1].starts_with("url: accept") && said[1].contains("agreed to open"), "{}", said[1]);
+    // The browser is started, not waited for: its note may land after the
+    // chat ends (a deadline to fail with a reason, not a timing check).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&opened).is_ok_and(|t| t.ends_with('\n')) {
+        assert!(Instant::now() < deadline, "the browser was never started with the URL");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read_to_string(&opened).unwrap(), "https://auth.example.org/connect?client=cairn-test\n");
+}

@@ -236,10 +236,10 @@ pub struct ToolContext<'a> {
     /// Destructive effect needs a person, through the approval gate); the
     /// decision is recorded by the turn before the tool learns it.
     pub review_staged: &'a mut dyn FnMut(&crate::staged::StagedReview<'_>) -> crate::staged::StagedDecision,
-    /// Asks the person for structured input (message, JSON Schema of the
-    /// object asked for) through the session's approver
-    /// (`crate::elicit`); a face with nobody to ask declines.
-    pub elicit: &'a mut dyn FnMut(&str, &Value) -> crate::elicit::ElicitAnswer,
+    /// Asks the person for structured input or to visit a URL (message,
+    /// what is asked) through the session's approver (`crate::elicit`); a
+    /// face with nobody to ask declines.
+    pub elicit: &'a mut dyn FnMut(&str, crate::elicit::Ask<'_>) -> crate::elicit::ElicitAnswer,
 }
 
 impl std::fmt::Debug for ToolContext<'_> {

@@ -96,10 +96,18 @@ struct Shared {
     /// The client offers form elicitation (`clientCapabilities.elicitation
     /// .form`): an MCP server's question is put to the person there.
     elicitation: AtomicBool,
+    /// The client offers URL elicitation (`clientCapabilities.elicitation
+    /// .url`): a server's request to open a URL is put to the person there.
+    elicitation_url: AtomicBool,
     /// The person allowed the editor's terminal (`Options`) and the client
     /// offers it (`clientCapabilities.terminal`): `shell` runs there, each
     /// call asked (`terminal.rs`).
     terminal: AtomicBool,
+    /// Calls running (or just run) in an editor's terminal, by invocation:
+    /// their tool call shows the terminal (embedded by `terminal.rs`), so
+    /// their output is not sent again as text, and their completion
+    /// leaves the terminal shown.
+    in_terminal: Mutex<std::collections::HashSet<String>>,
     /// What the person chose when starting the server.
     options: Options,
 }
@@ -176,7 +184,9 @@ pub fn serve(host: &dyn Host, input: impl BufRead + Send + 'static, out: Out, op
         cancels: Mutex::new(HashMap::new()),
         eof: AtomicBool::new(false),
         elicitation: AtomicBool::new(false),
+        elicitation_url: AtomicBool::new(false),
         terminal: AtomicBool::new(false),
+        in_terminal: Mutex::new(std::collections::HashSet::new()),
         options,
     });
     let (tx, rx) = mpsc::channel();
@@ -470,6 +480,8 @@ impl<'h> Agent<'h> {
         self.client_fs = (offers("readTextFile"), offers("writeTextFile"));
         let form = params.pointer("/clientCapabilities/elicitation/form").is_some_and(Value::is_object);
         self.shared.elicitation.store(form, Ordering::SeqCst);
+        let url = params.pointer("/clientCapabilities/elicitation/url").is_some_and(Value::is_object);
+        self.shared.elicitation_url.store(url, Ordering::SeqCst);
         let offered = params.pointer("/clientCapabilities/terminal").and_then(Value::as_bool) == Some(true);
         self.shared.terminal.store(offered && self.shared.options.editor_terminal, Ordering::SeqCst);
         // Images when the configured provider's model takes them (a
@@ -901,6 +913,10 @@ fn prompt(
             streamed.insert(invocation_id.clone(), String::new());
         }
         if let TurnEvent::ToolOutput { invocation_id, chunk } = event {
+            // The editor shows this call's terminal, live: not again as text.
+            if shared.in_terminal.lock().is_ok_and(|t| t.contains(invocation_id)) {
+                return;
+            }
             let Some(so_far) = streamed.get_mut(invocation_id) else { return };
             so_far.push_str(chunk);
             if so_far.len() > STREAMED_TAIL {
@@ -912,6 +928,23 @@ fn prompt(
             }
             shared.notify(sid, tool_update(invocation_id, "in_progress", Some(so_far)));
             return;
+        }
+        if let TurnEvent::ToolCompleted { invocation_id, exit_code, .. } = event
+            && shared.in_terminal.lock().is_ok_and(|mut t| t.remove(invocation_id))
+        {
+            // No content: the terminal stays shown (an editor keeps a
+            // released terminal's output in the tool call).
+            let status = if *exit_code == 0 { "completed" } else { "failed" };
+            let mut update = tool_update(invocation_id, status, None);
+            update["rawOutput"] = json!({"exitCode": exit_code});
+            shared.notify(sid, update);
+            return;
+        }
+        if let TurnEvent::ToolFailed { invocation_id, .. } = event
+            && let Ok(mut t) = shared.in_terminal.lock()
+        {
+            // Its reason replaces the terminal (below).
+            t.remove(invocation_id);
         }
         if let Some(update) = live_update(event, &cwd) {
             shared.notify(sid, update);
@@ -1620,20 +1653,37 @@ impl PermissionAsker {
     /// Put an MCP server's question to the person in the editor
     /// (`elicitation/create`, form mode, tied to the session and the call).
     fn elicit(&self, question: &cairn_core::elicit::Elicitation<'_>) -> cairn_core::elicit::ElicitAnswer {
-        use cairn_core::elicit::ElicitAnswer;
-        if !self.shared.elicitation.load(Ordering::SeqCst) {
-            return ElicitAnswer::Decline(
-                "the editor does not offer elicitation (clientCapabilities.elicitation.form), so the server's \
-                 question was declined"
-                    .to_owned(),
-            );
-        }
-        let mut params = json!({
-            "sessionId": self.session_id,
-            "mode": "form",
-            "message": format!("{} asks: {}", question.tool, question.message),
-            "requestedSchema": question.schema,
-        });
+        use cairn_core::elicit::{Ask, ElicitAnswer};
+        let message = format!("{} asks: {}", question.tool, question.message);
+        let mut params = match question.ask {
+            Ask::Form(_) if !self.shared.elicitation.load(Ordering::SeqCst) => {
+                return ElicitAnswer::Decline(
+                    "the editor does not offer elicitation (clientCapabilities.elicitation.form), so the server's \
+                     question was declined"
+                        .to_owned(),
+                );
+            }
+            Ask::Url { .. } if !self.shared.elicitation_url.load(Ordering::SeqCst) => {
+                return ElicitAnswer::Decline(
+                    "the editor does not offer URL elicitation (clientCapabilities.elicitation.url), so the \
+                     server's request to open a URL was declined"
+                        .to_owned(),
+                );
+            }
+            Ask::Form(schema) => json!({
+                "sessionId": self.session_id,
+                "mode": "form",
+                "message": message,
+                "requestedSchema": schema,
+            }),
+            Ask::Url { url, id } => json!({
+                "sessionId": self.session_id,
+                "mode": "url",
+                "message": message,
+                "url": url,
+                "elicitationId": id,
+            }),
+        };
         // A subagent's call is not one the editor was told of.
         if question.session_id == self.session_id {
             params["toolCallId"] = json!(question.invocation_id);

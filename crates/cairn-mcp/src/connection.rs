@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cairn_core::CancelToken;
-use cairn_core::elicit::ElicitAnswer;
+use cairn_core::elicit::{Ask as Asking, ElicitAnswer};
 use cairn_tools::ToolsConfig;
 use cairn_tools::process::{RunSpec, Service};
 use cairn_tools::sandbox::{self, Decision, SandboxPolicy};
@@ -104,9 +104,27 @@ pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
 /// Progress lines of the calls in flight, by progress token.
 type Progress = Arc<Mutex<HashMap<String, std::sync::mpsc::Sender<String>>>>;
 
-/// A server's question for the person (`elicitation/create`): its message,
-/// the schema of what it asks for, and where the answer goes.
-type Question = (String, serde_json::Value, tokio::sync::oneshot::Sender<cairn_core::elicit::ElicitAnswer>);
+/// What a server asks for (`elicitation/create`), owned until the call
+/// that runs puts it to the person.
+enum Asked {
+    /// A form: the JSON Schema of the object.
+    Form(serde_json::Value),
+    /// To visit a URL (URL mode), with the server's id for the question.
+    Url { url: String, id: String },
+}
+
+impl Asked {
+    fn ask(&self) -> Asking<'_> {
+        match self {
+            Asked::Form(schema) => Asking::Form(schema),
+            Asked::Url { url, id } => Asking::Url { url, id },
+        }
+    }
+}
+
+/// A server's question for the person: its message, what it asks for,
+/// and where the answer goes.
+type Question = (String, Asked, tokio::sync::oneshot::Sender<cairn_core::elicit::ElicitAnswer>);
 
 /// Where a server's questions go: the calls in flight (the newest asks;
 /// a server asks while it runs a call of cairn's, and cairn runs one call
@@ -146,24 +164,35 @@ impl ClientHandler for Handler {
         self.tools_changed.store(true, Ordering::SeqCst);
     }
 
-    /// A form is put to the person through the call that is running (its
-    /// turn's approver, `ToolContext::elicit`); a URL, or a question with
-    /// no call of cairn's running, is declined.
+    /// A form or a URL is put to the person through the call that is
+    /// running (its turn's approver, `ToolContext::elicit`); a question
+    /// with no call of cairn's running is declined.
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
         _context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, rmcp::ErrorData> {
-        let ElicitRequestParams::FormElicitationParams { message, requested_schema, .. } = request else {
-            return Ok(ElicitResult::new(ElicitationAction::Decline));
+        let (message, asked) = match request {
+            ElicitRequestParams::FormElicitationParams { message, requested_schema, .. } => {
+                (message, Asked::Form(serde_json::to_value(&requested_schema).unwrap_or_default()))
+            }
+            ElicitRequestParams::UrlElicitationParams { message, url, elicitation_id, .. } => {
+                (message, Asked::Url { url, id: elicitation_id })
+            }
+            // A mode of a later protocol: nobody here knows how to show it.
+            _ => return Ok(ElicitResult::new(ElicitationAction::Decline)),
         };
-        let schema = serde_json::to_value(&requested_schema).unwrap_or_default();
+        let url_mode = matches!(asked, Asked::Url { .. });
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let asked = lock(&self.questions).last().is_some_and(|(_, call)| call.send((message, schema, tx)).is_ok());
+        let asked = lock(&self.questions).last().is_some_and(|(_, call)| call.send((message, asked, tx)).is_ok());
         if !asked {
             return Ok(ElicitResult::new(ElicitationAction::Decline));
         }
         Ok(match rx.await {
+            // A URL's acceptance carries nothing (the person goes there).
+            Ok(ElicitAnswer::Accept(content)) if content.is_empty() && url_mode => {
+                ElicitResult::new(ElicitationAction::Accept)
+            }
             Ok(ElicitAnswer::Accept(content)) => {
                 ElicitResult::new(ElicitationAction::Accept).with_content(serde_json::Value::Object(content))
             }
@@ -174,10 +203,11 @@ impl ClientHandler for Handler {
     }
 
     fn get_info(&self) -> ClientConfig {
-        // Form elicitation is declared: a question reaches the person where
-        // one can answer and is declined, saying so, where none can.
+        // Form and URL elicitation are declared: a question reaches the
+        // person where one can answer and is declined, saying so, where
+        // none can.
         let capabilities =
-            serde_json::from_value::<ClientCapabilities>(serde_json::json!({"elicitation": {"form": {}}}))
+            serde_json::from_value::<ClientCapabilities>(serde_json::json!({"elicitation": {"form": {}, "url": {}}}))
                 .unwrap_or_default();
         ClientConfig::new(capabilities, Implementation::new("cairn", env!("CARGO_PKG_VERSION")))
     }
@@ -350,25 +380,46 @@ impl Connection {
                     url.as_str(),
                 )
                 .custom_headers(headers);
+                // A person's saved login (`cairn mcp login`), unless the
+                // configuration gives client credentials.
+                let login = match &config.oauth {
+                    None => crate::login::saved(name, url).await.map_err(fail)?,
+                    Some(_) => None,
+                };
+                let logged_in = login.is_some();
                 // A refusal for want of a token says what to configure.
                 let refused = |e: rmcp::service::ClientInitializeError| {
                     let said = e.to_string();
                     match auth_challenge(&e) {
+                        Some(_) if logged_in => fail(format!(
+                            "{url} refused the saved login even after renewing it: log in again with `cairn mcp \
+                             login {name}`"
+                        )),
                         Some(challenge) if config.oauth.is_none() => fail(format!(
-                            "{url} requires authorization (HTTP 401, {challenge:?}): give [mcp_servers.{name}.oauth] \
-                             with client_id and client_secret_env for OAuth client credentials, or a token you hold \
-                             with env_http_headers = {{ Authorization = \"VARIABLE\" }} (VARIABLE holding \"Bearer …\")"
+                            "{url} requires authorization (HTTP 401, {challenge:?}): log in with `cairn mcp login \
+                             {name}` (OAuth in a browser), give [mcp_servers.{name}.oauth] with client_id and \
+                             client_secret_env for OAuth client credentials, or a token you hold with \
+                             env_http_headers = {{ Authorization = \"VARIABLE\" }} (VARIABLE holding \"Bearer …\")"
                         )),
                         Some(_) => fail(format!("{url} refused the OAuth token cairn obtained: {said}")),
                         None => fail(format!("{url}: {said}")),
                     }
                 };
-                let service = match &config.oauth {
-                    None => handler
+                let service = match (&config.oauth, login) {
+                    (None, Some(manager)) => {
+                        // rmcp renews the token when it has expired or the
+                        // server answers 401 (the refresh token, once).
+                        let client = rmcp::transport::AuthClient::new(reqwest::Client::default(), manager);
+                        handler
+                            .serve(rmcp::transport::StreamableHttpClientTransport::with_client(client, http))
+                            .await
+                            .map_err(refused)?
+                    }
+                    (None, None) => handler
                         .serve(rmcp::transport::StreamableHttpClientTransport::from_config(http))
                         .await
                         .map_err(refused)?,
-                    Some(oauth) => {
+                    (Some(oauth), _) => {
                         let manager = authorize(url, oauth).await.map_err(fail)?;
                         let client = rmcp::transport::AuthClient::new(reqwest::Client::default(), manager);
                         handler
@@ -522,7 +573,7 @@ impl Connection {
         cancel: &CancelToken,
         timeout: Duration,
         output: &mut dyn FnMut(&[u8]),
-        elicit: &mut dyn FnMut(&str, &serde_json::Value) -> ElicitAnswer,
+        elicit: &mut dyn FnMut(&str, Asking<'_>) -> ElicitAnswer,
     ) -> Result<CallToolResult, ServerError> {
         let rt = runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
         let gone = |reason: String| ServerError::Gone { server: self.name.clone(), reason };
@@ -552,9 +603,9 @@ impl Connection {
                         while let Ok(line) = rx.try_recv() {
                             output(line.as_bytes());
                         }
-                        while let Ok((message, schema, reply)) = asks.try_recv() {
+                        while let Ok((message, asked, reply)) = asks.try_recv() {
                             let asked_at = Instant::now();
-                            let answer = elicit(&message, &schema);
+                            let answer = elicit(&message, asked.ask());
                             deadline += asked_at.elapsed();
                             let _ = reply.send(answer);
                         }

@@ -9,6 +9,8 @@
 //! - `tool`: a server's tool as a [`cairn_core::tool::Tool`].
 //! - `extra`: its resources and prompts as read-only tools.
 //!
+//! - `login`: a person's OAuth login to an HTTP server (`cairn mcp login`)
+//!   and the tokens it keeps.
 //! - `bounded`: the limit on one message from a stdio server.
 //! - `cache`: servers' tool lists kept between runs ([`load_lazily`]).
 //!
@@ -22,6 +24,7 @@ mod cache;
 pub mod config;
 mod connection;
 mod extra;
+mod login;
 mod pool;
 pub mod tool;
 
@@ -35,6 +38,7 @@ use cairn_tools::{ToolEntry, ToolOrigin, ToolsConfig};
 
 pub use config::{ConfigError, FileAccess, ServerConfig, ToolOverride, parse_servers};
 pub use connection::ServerError;
+pub use login::{LoginError, login, set_login_dir};
 pub use tool::{McpTool, PREFIX, tool_name};
 
 /// What a host's environment holds under a variable's name, for an OAuth

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use cairn_core::elicit::ElicitAnswer;
+use cairn_core::elicit::{Ask, ElicitAnswer};
 use cairn_core::tool::{
     Capability, Preview, ReplayPolicy, Risk, Tool, ToolContext, ToolError, ToolReceipt, ToolRequest, ToolSpec,
     Validation,
@@ -289,12 +289,13 @@ impl Tool for McpTool {
         // What the person was asked and how it went, said to the model
         // beside the result (MCP carries no reason for a decline).
         let ask = &mut *ctx.elicit;
-        let mut elicit = |message: &str, schema: &Value| {
-            let answer = ask(message, schema);
-            let said = match &answer {
-                ElicitAnswer::Accept(_) => "the person answered".to_owned(),
-                ElicitAnswer::Decline(why) => format!("declined: {why}"),
-                ElicitAnswer::Cancel => "the person dismissed it".to_owned(),
+        let mut elicit = |message: &str, asked: Ask<'_>| {
+            let answer = ask(message, asked);
+            let said = match (&answer, asked) {
+                (ElicitAnswer::Accept(_), Ask::Url { url, .. }) => format!("the person agreed to open {url}"),
+                (ElicitAnswer::Accept(_), Ask::Form(_)) => "the person answered".to_owned(),
+                (ElicitAnswer::Decline(why), _) => format!("declined: {why}"),
+                (ElicitAnswer::Cancel, _) => "the person dismissed it".to_owned(),
             };
             notes.push(format!("[cairn: the server asked {:?}; {said}]", message.trim()));
             answer

@@ -117,6 +117,9 @@ pub fn tools_config(ctx: &Setup) -> ToolsConfig {
             None => cairn_mcp::Credential::Unset,
         }
     });
+    // A person's OAuth logins to MCP servers (`cairn mcp login`) live with
+    // cairn's data, which tools never see.
+    cairn_mcp::set_login_dir(ctx.paths.data.join("mcp-logins"));
     // Staging layers live with cairn's data (they must outlive a crash
     // until their change set is applied on resume).
     config.staging_dir = Some(ctx.paths.data.join("staging"));

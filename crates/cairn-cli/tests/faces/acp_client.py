@@ -45,6 +45,8 @@ class Editor:
 
     async def session_update(self, session_id, update, **kwargs):
         self.events.append(("update", session_id, update))
+        if update.session_update == "tool_call_update":
+            self.terminal_shown(session_id, update)
         if update.session_update == "available_commands_update":
             self.commands.update(c.name for c in update.available_commands)
         if (self.answer == "cancel_running" and update.session_update == "tool_call_update"
@@ -83,23 +85,52 @@ class Editor:
         self.events.append(("fs_write", session_id, (path, content)))
         return WriteTextFileResponse()
 
-    # The editor's terminal: the command runs here, in the client.
+    # The editor's terminal: the command runs here, in the client, with a
+    # pipe for its input. A command that reads a line is answered once its
+    # tool call shows the terminal (a `terminal` content item): the
+    # command finishes only if the terminal was shown while it ran.
     async def create_terminal(self, session_id, command, args=None, env=None, cwd=None, output_byte_limit=None, **kwargs):
         import subprocess
         self.events.append(("terminal", session_id, (command, tuple(args or []), cwd)))
-        done = subprocess.run([command, *(args or [])], cwd=cwd, capture_output=True, text=True)
+        proc = subprocess.Popen([command, *(args or [])], cwd=cwd, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.terminals = getattr(self, "terminals", {})
+        self.shown = getattr(self, "shown", {})
         tid = f"term-{len(self.terminals)}"
-        self.terminals[tid] = done
+        self.terminals[tid] = [proc, None]
+        self.shown[tid] = asyncio.Event()
         return CreateTerminalResponse(terminal_id=tid)
 
+    def terminal_shown(self, session_id, update):
+        """Note a tool call update that embeds a terminal, and let the
+        command waiting on its input go on."""
+        for item in update.content or []:
+            tid = getattr(item, "terminal_id", None)
+            if tid is None:
+                continue
+            proc = self.terminals[tid][0]
+            self.events.append(("terminal_shown", session_id, (tid, proc.poll() is None)))
+            if proc.poll() is None:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            self.shown[tid].set()
+
     async def wait_for_terminal_exit(self, session_id, terminal_id, **kwargs):
-        return WaitForTerminalExitResponse(exit_code=self.terminals[terminal_id].returncode)
+        proc = self.terminals[terminal_id][0]
+        try:
+            # Only a guard against hanging when the terminal is never
+            # shown (the assertions then say so): never hit otherwise.
+            await asyncio.wait_for(self.shown[terminal_id].wait(), 60)
+        except asyncio.TimeoutError:
+            proc.kill()
+        output, _ = await asyncio.to_thread(proc.communicate)
+        self.terminals[terminal_id][1] = output
+        return WaitForTerminalExitResponse(exit_code=proc.returncode)
 
     async def terminal_output(self, session_id, terminal_id, **kwargs):
-        done = self.terminals[terminal_id]
-        return TerminalOutputResponse(output=done.stdout + done.stderr, truncated=False,
-                                      exit_status=TerminalExitStatus(exit_code=done.returncode))
+        proc, output = self.terminals[terminal_id]
+        return TerminalOutputResponse(output=output or "", truncated=False,
+                                      exit_status=TerminalExitStatus(exit_code=proc.returncode))
 
     async def release_terminal(self, session_id, terminal_id, **kwargs):
         self.events.append(("terminal_release", session_id, terminal_id))
@@ -114,7 +145,7 @@ class Editor:
         status)]), all in arrival order."""
         out, ids = [], {}
         for kind, _, payload in self.events:
-            if kind in ("fs_read", "fs_write", "terminal", "terminal_release"):
+            if kind in ("fs_read", "fs_write", "terminal", "terminal_release", "terminal_shown"):
                 out.append((kind, payload))
                 continue
             if kind == "permission":
@@ -295,9 +326,53 @@ async def elicit():
     print("ok declined")
 
 
+async def elicit_url():
+    # An MCP server asks the person to open a sign-in URL (MCP's URL mode):
+    # an editor offering URL elicitation gets `elicitation/create` with
+    # mode "url", the URL and the server's id, tied to the session and the
+    # call, and its consent reaches the server; an editor offering forms
+    # only gets the request declined, saying so.
+    from acp.schema import AcceptElicitationResponse, ClientCapabilities, ElicitationCapabilities, McpServerStdio
+    python, server_script = rest
+    server = McpServerStdio(name="ask", command=python, args=[server_script], env=[])
+    for offers_url in (True, False):
+        asked = []
+
+        class Answering(Editor):
+            async def create_elicitation(self, message, mode, **kwargs):
+                asked.append((message, mode))
+                return AcceptElicitationResponse(action="accept")
+
+        editor = Answering("allow_once")
+        async with spawn_agent_process(editor, cairn, "--provider", "scripted", "--script", script, "acp", env=env(),
+                                       cwd=cwd, use_unstable_protocol=True) as (conn, _):
+            offered = ElicitationCapabilities(form={}, url={}) if offers_url else ElicitationCapabilities(form={})
+            await conn.initialize(protocol_version=1, client_capabilities=ClientCapabilities(elicitation=offered))
+            sid = (await conn.new_session(cwd=cwd, mcp_servers=[server])).session_id
+            r = await conn.prompt(session_id=sid, prompt=[text_block("connect me")])
+            expect(r.stop_reason, "end_turn")
+            done = editor.texts()
+            if offers_url:
+                ((message, mode),) = asked
+                expect(message, "mcp__ask__connect asks: Sign in to the example service")
+                root = mode.root if hasattr(mode, "root") else mode
+                assert type(root).__name__.startswith("ElicitationUrl"), root
+                expect(str(root.url), "https://auth.example.org/connect?client=cairn-test")
+                expect(root.elicitation_id, "sign-in-1")
+                expect(root.session_id, sid)
+                assert root.tool_call_id, root
+                assert any("url: accept" in t for t in done), f"the server got the consent: {done}"
+            else:
+                expect(asked, [])
+                assert any("url: decline" in t and "does not offer URL elicitation" in t for t in done), done
+    print("ok url")
+
+
 async def main():
     if scenario == "elicit":
         return await elicit()
+    if scenario == "elicit_url":
+        return await elicit_url()
     if scenario == "plan":
         return await plan()
     if scenario == "image":
@@ -456,10 +531,18 @@ async def main():
             expect(asked, [("permission", "execute", ("allow_once", "reject_once"))])
             ran = [e for e in said if e[0] == "terminal"]
             if scenario == "terminal":
-                expect(ran, [("terminal", ("bash", ("-c", "echo from-the-editor > t.txt; echo done-in-terminal"), os.path.realpath(cwd)))])
+                expect(ran, [("terminal", ("bash", ("-c", "echo from-the-editor > t.txt; read go; echo done-in-terminal"), os.path.realpath(cwd)))])
                 assert os.path.exists(os.path.join(cwd, "t.txt")), "the command did not run in the editor's terminal"
                 assert [e for e in said if e[0] == "terminal_release"], said
-                assert any("done-in-terminal" in t for t in editor.texts()), editor.texts()
+                # The tool call showed the terminal while the command ran
+                # (the editor streams it live), and its completion left it
+                # shown (no content replacing it).
+                shown = [e for e in said if e[0] == "terminal_shown"]
+                expect(shown, [("terminal_shown", ("term-0", True))])
+                done = [p for k, _, p in editor.events
+                        if k == "update" and p.session_update == "tool_call_update" and p.status == "completed"]
+                assert len(done) == 1 and done[0].content is None, done
+                expect(editor.terminals["term-0"][1], "done-in-terminal\n")
             else:
                 expect(ran, [])
                 assert not os.path.exists(os.path.join(cwd, "t.txt")), "a rejected command ran"

@@ -231,3 +231,155 @@ fn a_stdio_server_gets_the_credential_named_variables_its_env_names() {
     assert!(stderr(&out).contains("one of cairn's provider keys"), "{}", stderr(&out));
     assert!(payloads(&env, "toolCompleted").is_empty());
 }
+
+/// One HTTP/1.1 request to a loopback `url` (`http://127.0.0.1:PORT/…`):
+/// its status and the value of its `Location` header, if any. The test's
+/// "browser" (it follows no redirect by itself).
+fn http(method: &str, url: &str) -> (u16, Option<String>) {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap_or_else(|| panic!("not a loopback http URL: {url}"));
+    let (host, path) = rest.split_once('/').map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    let request = format!("{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let location = answer.lines().take_while(|l| !l.is_empty()).find_map(|l| {
+        l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("location")).map(|(_, v)| v.trim().to_owned())
+    });
+    (status, location)
+}
+
+/// The saved login files under cairn's home.
+fn logins(env: &Env) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![env.home.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.parent().is_some_and(|p| p.ends_with("mcp-logins")) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Make the saved login's access token look long expired (its receipt
+/// time moved to the epoch): the next run must renew it.
+fn expire(login: &std::path::Path) {
+    let mut saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(login).unwrap()).unwrap();
+    saved["token_received_at"] = json!(1);
+    std::fs::write(login, saved.to_string()).unwrap();
+}
+
+/// 53.8: a server that wants a person's OAuth login (the MCP authorization
+/// spec: protected resource metadata, authorization server metadata,
+/// dynamic client registration, PKCE S256, a loopback redirect; the
+/// official Python SDK's authorization server). Without a login the note
+/// says to run `cairn mcp login`; the login prints the URL, the "browser"
+/// (this test's HTTP client) follows it, and the tokens are kept 0600 and
+/// never in a session file or cairn's output; an expired access token is
+/// renewed with the refresh token, a 401 too; a refused renewal says to
+/// log in again.
+#[test]
+fn cairn_mcp_login_keeps_a_token_that_is_renewed_and_a_refused_renewal_says_to_log_in_again() {
+    let env = Env::new();
+    let (port, _child, counts) = python_server(
+        "oauth_code_server.py",
+        &["registered a client none", "issued a token for a code", "refreshed a token", "refused a refresh token"],
+    );
+    let [registered, issued, refreshed, refused] = [&counts[0], &counts[1], &counts[2], &counts[3]];
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    config(&env, &format!("[mcp_servers.web]\nurl = \"{url}\"\n"));
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__web__whoami", "arguments": {}}]});
+    let script = env.script(&[call, json!({"text": "done"})]);
+    let run = || {
+        let out = env
+            .cairn(&["--script", script.to_str().unwrap(), "--allow", "mcp__web__*", "run", "go"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let done = payloads(&env, "toolCompleted");
+        let sessions: Vec<String> = env.session_files().iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
+        for f in env.session_files() {
+            std::fs::remove_file(f).unwrap();
+        }
+        (out, done, sessions.concat())
+    };
+    let answered = |done: &[serde_json::Value]| {
+        by_tool(done, "mcp__web__whoami")["receipt"]["outputSummary"]
+            .as_str()
+            .unwrap()
+            .contains("authorization-code grant")
+    };
+
+    // Not logged in: the note says how to.
+    let (out, done, _) = run();
+    assert!(done.is_empty(), "{done:#?}");
+    assert!(stderr(&out).contains("log in with `cairn mcp login web`"), "{}", stderr(&out));
+
+    // The login: the URL on stdout, the browser's round trip, the tokens kept.
+    let mut login = env.cairn(&["mcp", "login", "web"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(login.stdout.take().unwrap()));
+    let address = lines.next().unwrap().unwrap();
+    assert!(address.starts_with(&format!("http://127.0.0.1:{port}/authorize?")), "{address}");
+    assert!(address.contains("code_challenge_method=S256") && address.contains("code_challenge="), "PKCE: {address}");
+    assert!(address.contains("redirect_uri=http%3A%2F%2F127.0.0.1%3A"), "a loopback redirect: {address}");
+    let (status, back) = http("GET", &address);
+    assert_eq!(status, 302, "the authorization server approves and redirects");
+    let back = back.unwrap();
+    assert!(back.contains("/callback?") && back.contains("code="), "{back}");
+    assert_eq!(http("GET", &back).0, 200, "cairn's loopback listener takes the redirect");
+    let said: Vec<String> = lines.map_while(Result::ok).collect();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut login.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(login.wait().unwrap().success(), "{said:?} {err}");
+    assert!(said.concat().contains("logged in to web"), "{said:?}");
+    assert_eq!(registered.load(Ordering::SeqCst), 1, "cairn registered itself as a public client (RFC 7591)");
+    assert_eq!(issued.load(Ordering::SeqCst), 1);
+    let kept = logins(&env);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&kept[0]).unwrap().permissions().mode() & 0o777, 0o600);
+    let token = |file: &std::path::Path| {
+        let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        saved["token_response"]["access_token"].as_str().unwrap().to_owned()
+    };
+    let first = token(&kept[0]);
+    assert!(!said.concat().contains(&first) && !err.contains(&first), "the token was printed");
+
+    // Logged in: the call goes through with the token, which no session file holds.
+    let (out, done, sessions) = run();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(answered(&done), "{done:#?}");
+    assert!(!sessions.contains(&first) && !stderr(&out).contains(&first), "the token reached a log");
+    assert_eq!(refreshed.load(Ordering::SeqCst), 0);
+
+    // The access token expired: renewed with the refresh token.
+    expire(&kept[0]);
+    let (out, done, _) = run();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(answered(&done), "{done:#?}");
+    assert_eq!(refreshed.load(Ordering::SeqCst), 1, "{}", stderr(&out));
+    assert_ne!(token(&kept[0]), first, "the renewed token is kept");
+
+    // The server no longer takes the token (401): renewed and retried.
+    assert_eq!(http("POST", &format!("http://127.0.0.1:{port}/test/forget-access")).0, 200);
+    let (out, done, _) = run();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(answered(&done), "{done:#?}");
+    assert_eq!(refreshed.load(Ordering::SeqCst), 2, "{}", stderr(&out));
+
+    // The authorization server refuses to renew: log in again, it says.
+    assert_eq!(http("POST", &format!("http://127.0.0.1:{port}/test/refuse-refresh")).0, 200);
+    expire(&kept[0]);
+    let (out, done, _) = run();
+    assert!(done.is_empty(), "{done:#?}");
+    assert!(refused.load(Ordering::SeqCst) > 0, "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("refused to renew it; log in again with `cairn mcp login web`"), "{said}");
+}

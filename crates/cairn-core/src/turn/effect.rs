@@ -194,13 +194,13 @@ pub(crate) fn run(
                 }
             }
         };
-        let mut elicit = |message: &str, schema: &serde_json::Value| -> crate::elicit::ElicitAnswer {
+        let mut elicit = |message: &str, ask: crate::elicit::Ask<'_>| -> crate::elicit::ElicitAnswer {
             let question = crate::elicit::Elicitation {
                 session_id: &request.session_id,
                 invocation_id: &request.invocation_id,
                 tool: &request.tool,
                 message,
-                schema,
+                ask,
             };
             match approver.try_borrow_mut() {
                 Ok(mut approver) => approver.elicit(&question),

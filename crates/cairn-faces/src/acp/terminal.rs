@@ -3,7 +3,9 @@
 //! `shell` so its command runs in a terminal the editor creates
 //! (`terminal/create`, `terminal/wait_for_exit`, `terminal/output`,
 //! `terminal/release`; `terminal/kill` on cancel or timeout), shown live
-//! in the editor's tool call.
+//! in the editor's tool call: once created, the terminal is embedded in
+//! the call (`tool_call_update` content `terminal`), so the editor streams
+//! its output as it comes and keeps it shown when the call completes.
 //!
 //! The editor's terminal runs outside cairn's sandbox (no Landlock, no
 //! seccomp, no scrubbed environment), so the wrapper makes every call
@@ -106,6 +108,20 @@ impl Tool for EditorTerminal {
             .and_then(Value::as_str)
             .ok_or_else(|| ToolError::Other("the editor's terminal/create answer has no terminalId".into()))?
             .to_owned();
+        // The tool call shows the terminal while the command runs (the
+        // editor streams its output live), not only its output at the end.
+        if let Ok(mut shown) = self.shared.in_terminal.lock() {
+            shown.insert(request.invocation_id.clone());
+        }
+        self.shared.notify(
+            &self.session_id,
+            json!({
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": request.invocation_id,
+                "status": "in_progress",
+                "content": [{"type": "terminal", "terminalId": terminal}],
+            }),
+        );
         let params = json!({"sessionId": self.session_id, "terminalId": terminal});
         // Until it exits, or the turn's cancel or the tool's time limit.
         let exit = match self.ask("terminal/wait_for_exit", params.clone(), Some(ctx.cancel)) {
