@@ -133,8 +133,7 @@ fn the_rust_embedding_example_runs_and_the_cli_reads_its_session() {
     assert!(out.status.success(), "the example failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("answer: Noted: buy milk."), "{stdout}");
     let id = stdout.lines().find_map(|l| l.split_once("' show ")).map(|(_, id)| id.to_owned()).expect("the show line");
-    let shown =
-        Command::new(built.join("cairn")).args(["--database", &url, "show", &id]).output().expect("cairn show");
+    let shown = Command::new(built.join("cairn")).args(["--database", &url, "show", &id]).output().expect("cairn show");
     let text = String::from_utf8_lossy(&shown.stdout).into_owned();
     assert!(shown.status.success(), "cairn show failed: {}", String::from_utf8_lossy(&shown.stderr));
     assert!(text.contains("tool completed: add_note"), "{text}");

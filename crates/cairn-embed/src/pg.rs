@@ -63,9 +63,8 @@ impl Database {
     }
 
     fn connect(&self) -> Result<cairn_pg::Connection> {
-        let client = cairn_pg::connect_for(&self.url, self.lease).with_context(|| {
-            format!("cannot use the database {}", cairn_runtime::redact::redact(&self.url))
-        })?;
+        let client = cairn_pg::connect_for(&self.url, self.lease)
+            .with_context(|| format!("cannot use the database {}", cairn_runtime::redact::redact(&self.url)))?;
         Ok(cairn_pg::Connection::from(client))
     }
 }
@@ -251,11 +250,8 @@ fn turn(
     // The family lives in this database, within this lease, as a worker's.
     let mut inheritance = Inheritance::of(&approver, agent.person.clone());
     if let Some(hold) = session.store().hold() {
-        inheritance.place = FamilyPlace::Database(cairn_runtime::subagents::db::Database::new(
-            db.url.clone(),
-            hold,
-            cancel.clone(),
-        ));
+        inheritance.place =
+            FamilyPlace::Database(cairn_runtime::subagents::db::Database::new(db.url.clone(), hold, cancel.clone()));
     }
     let mut store = session.into_store();
     let answerer = Answerer { approver: &approver, family: Some(&inheritance) };
