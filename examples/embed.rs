@@ -3,7 +3,9 @@
 //! scripted provider (a JSONL script standing in for the model, so the
 //! example needs no key or network). Its session is an ordinary cairn
 //! session: the example ends by printing the `cairn show` line that opens
-//! it.
+//! it. With `--database URL` (`cargo run --example embed -- --database
+//! postgres://…`) the session is kept in PostgreSQL instead, driven only by
+//! this program (no `cairn worker` takes it).
 
 use cairn_embed::{Agent, Event, Replay, Risk, ToolDef};
 use serde_json::json;
@@ -39,7 +41,12 @@ fn main() -> anyhow::Result<()> {
         },
     );
 
-    let agent = Agent::builder()
+    let database = match std::env::args().skip(1).collect::<Vec<_>>().as_slice() {
+        [] => None,
+        [flag, url] if flag == "--database" => Some(url.clone()),
+        _ => anyhow::bail!("usage: embed [--database URL]"),
+    };
+    let mut builder = Agent::builder()
         .home(&home)
         .cwd(&work)
         .provider("scripted")
@@ -50,8 +57,13 @@ fn main() -> anyhow::Result<()> {
         .approve(|q| {
             println!("approve? {} {} ({:?})", q.tool, q.arguments, q.risk);
             q.risk != Risk::Destructive
-        })
-        .build()?;
+        });
+    if let Some(url) = &database {
+        // Claimed by id under a lease; a new process's `resume` takes it
+        // over once a dead process's lease has expired.
+        builder = builder.database(url);
+    }
+    let agent = builder.build()?;
 
     let mut on_event = |event: &Event| match event {
         Event::TextDelta { text } => print!("{text}"),
@@ -63,6 +75,9 @@ fn main() -> anyhow::Result<()> {
     println!();
     println!("answer: {}", outcome.answer);
     println!("tool calls: {}", outcome.tool_calls.len());
-    println!("see it with: CAIRN_HOME={} cairn show {}", home.display(), outcome.session_id);
+    match &database {
+        None => println!("see it with: CAIRN_HOME={} cairn show {}", home.display(), outcome.session_id),
+        Some(url) => println!("see it with: cairn --database '{url}' show {}", outcome.session_id),
+    }
     Ok(())
 }

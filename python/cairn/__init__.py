@@ -331,6 +331,11 @@ class Agent:
     every Destructive call); without it such calls are refused.
     ``builtin_tools`` offers cairn's own tools (sandboxed file and shell
     tools, ``shell`` staged): ``True`` for all, or a list of names.
+    ``database`` keeps the sessions in PostgreSQL (a URL) instead of files,
+    driven only by this application's processes (never by a ``cairn
+    worker``: your tools live here), each under a lease of ``lease``
+    seconds (default 10); :meth:`resume` in a new process claims a session
+    whose process died once its lease has expired.
     """
 
     def __init__(
@@ -346,9 +351,8 @@ class Agent:
         builtin_tools: Union[bool, Sequence[str], None] = None,
         allow: Sequence[str] = (),
         database: Optional[str] = None,
+        lease: Optional[float] = None,
     ) -> None:
-        if database is not None:
-            raise NotImplementedError("database= is not supported by this version of the Python package yet")
         offered = [t if isinstance(t, Tool) else Tool(t) for t in tools]
         ask = None
         if approve is not None:
@@ -379,6 +383,8 @@ class Agent:
             approve=ask,
             builtin_all=builtin_tools is True,
             builtin_only=only,
+            database=database,
+            lease=lease,
         )
         self.tools = offered
 

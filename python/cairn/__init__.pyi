@@ -156,6 +156,7 @@ class Agent:
         builtin_tools: Union[bool, Sequence[str], None] = None,
         allow: Sequence[str] = (),
         database: Optional[str] = None,
+        lease: Optional[float] = None,
     ) -> None: ...
     @property
     def sessions_dir(self) -> str: ...

@@ -26,6 +26,8 @@ class Agent:
         approve: Optional[Callable[[str], bool]] = None,
         builtin_all: bool = False,
         builtin_only: Optional[Sequence[str]] = None,
+        database: Optional[str] = None,
+        lease: Optional[float] = None,
     ) -> None: ...
     @property
     def sessions_dir(self) -> str: ...

@@ -68,7 +68,7 @@ struct Agent {
 #[pymethods]
 impl Agent {
     #[new]
-    #[pyo3(signature = (*, home=None, cwd=None, provider=None, model=None, script=None, allow=Vec::new(), tools=Vec::new(), approve=None, builtin_all=false, builtin_only=None))]
+    #[pyo3(signature = (*, home=None, cwd=None, provider=None, model=None, script=None, allow=Vec::new(), tools=Vec::new(), approve=None, builtin_all=false, builtin_only=None, database=None, lease=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -82,6 +82,8 @@ impl Agent {
         approve: Option<Py<PyAny>>,
         builtin_all: bool,
         builtin_only: Option<Vec<String>>,
+        database: Option<String>,
+        lease: Option<f64>,
     ) -> PyResult<Self> {
         let mut builder = cairn_embed::Agent::builder();
         if let Some(home) = home {
@@ -118,6 +120,14 @@ impl Agent {
             (true, None) => Builtins::All,
             (false, None) => Builtins::None,
         });
+        if let Some(url) = database {
+            builder = builder.database(url);
+        }
+        if let Some(secs) = lease {
+            let lease = Duration::try_from_secs_f64(secs)
+                .map_err(|_| PyValueError::new_err(format!("lease={secs}: give a number of seconds, 1 to 86400")))?;
+            builder = builder.lease(lease);
+        }
         let agent = py.detach(|| builder.build()).map_err(error)?;
         Ok(Agent { agent: Arc::new(agent) })
     }

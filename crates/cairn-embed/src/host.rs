@@ -3,7 +3,8 @@
 //! application chose and its own tools added.
 //!
 //! Must not: choose tools by itself or change how a turn is equipped: it
-//! only filters what `RuntimeHost::turn` equipped and appends.
+//! only filters what `RuntimeHost::turn` (or, for a database session,
+//! `equip::turn`) equipped and appends ([`narrow`]).
 
 use std::path::Path;
 
@@ -37,19 +38,7 @@ impl SessionHost for EmbedHost<'_> {
         person: Option<&SharedApprover>,
     ) -> Result<(HostTools, SessionConfig)> {
         let (mut host_tools, config) = self.inner.turn(cwd, store, prompt, approver, person)?;
-        match self.builtins {
-            Builtins::All => {}
-            Builtins::None => host_tools.tools.clear(),
-            Builtins::Only(names) => {
-                for name in names {
-                    if !host_tools.tools.iter().any(|t| t.spec().name == *name) {
-                        bail!("builtin tool {name:?} is not offered here (a typo, or a tool this directory lacks)");
-                    }
-                }
-                host_tools.tools.retain(|t| names.contains(&t.spec().name));
-            }
-        }
-        host_tools.tools.extend(self.tools.iter().cloned().map(ToolDef::into_tool));
+        narrow(&mut host_tools, self.builtins, self.tools)?;
         Ok((host_tools, config))
     }
 
@@ -64,4 +53,24 @@ impl SessionHost for EmbedHost<'_> {
     fn providers(&self) -> ProviderChoices {
         self.inner.providers()
     }
+}
+
+/// What the runtime equipped a turn with (`host_tools`), narrowed to the
+/// [`Builtins`] the application chose, with its own `tools` appended: the
+/// one place an agent's offer is decided, for session files and databases.
+pub(crate) fn narrow(host_tools: &mut HostTools, builtins: &Builtins, tools: &[ToolDef]) -> Result<()> {
+    match builtins {
+        Builtins::All => {}
+        Builtins::None => host_tools.tools.clear(),
+        Builtins::Only(names) => {
+            for name in names {
+                if !host_tools.tools.iter().any(|t| t.spec().name == *name) {
+                    bail!("builtin tool {name:?} is not offered here (a typo, or a tool this directory lacks)");
+                }
+            }
+            host_tools.tools.retain(|t| names.contains(&t.spec().name));
+        }
+    }
+    host_tools.tools.extend(tools.iter().cloned().map(ToolDef::into_tool));
+    Ok(())
 }

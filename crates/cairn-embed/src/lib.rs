@@ -16,6 +16,14 @@
 //! crash is settled once on resume, re-run only if its tool is
 //! [`Replay::Idempotent`].
 //!
+//! With [`AgentBuilder::database`] the sessions are kept in PostgreSQL
+//! instead, as `cairn worker` keeps them, but driven only by the
+//! application: no worker takes them (the application's tools live in its
+//! processes), and the application's process claims its session by id
+//! under a lease with a fencing epoch, as a worker does. A new process's
+//! [`Agent::resume`] claims a session whose process died once that
+//! process's lease has expired.
+//!
 //! ```no_run
 //! use cairn_embed::{Agent, Replay, Risk, ToolDef};
 //! use serde_json::json;
@@ -49,6 +57,8 @@
 mod approve;
 mod event;
 mod host;
+#[cfg(feature = "postgres")]
+mod pg;
 mod tool;
 
 use std::path::{Path, PathBuf};
@@ -58,7 +68,7 @@ use anyhow::{Context as _, Result, bail};
 use cairn_core::approval::{Allowlist, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::registers::{self, ProviderFact};
-use cairn_core::storage::{JsonlStore, Storage as _, Transaction};
+use cairn_core::storage::{JsonlStore, Storage, Transaction};
 use cairn_core::{Session, ToolRegistry};
 use cairn_host::{Equipment, SessionHost as _, Step};
 use cairn_runtime::config::{Overrides, Settings};
@@ -102,6 +112,8 @@ pub struct AgentBuilder {
     tools: Vec<ToolDef>,
     approve: Option<Box<ApproveFn>>,
     builtins: Builtins,
+    database: Option<String>,
+    lease: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for AgentBuilder {
@@ -112,6 +124,7 @@ impl std::fmt::Debug for AgentBuilder {
             .field("provider", &self.provider)
             .field("tools", &self.tools)
             .field("approve", &self.approve.is_some())
+            .field("database", &self.database.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -188,6 +201,28 @@ impl AgentBuilder {
         self
     }
 
+    /// Keep the sessions in this PostgreSQL database (a URL,
+    /// `postgres://USER@HOST/DB`, or `key=value` pairs) instead of files.
+    /// Such a session is driven only by this application's processes,
+    /// never by a `cairn worker` (the application's tools live here): each
+    /// run claims its new session under a lease, every commit is fenced by
+    /// it, and [`Agent::resume`] claims the session by id once a dead
+    /// process's lease has expired. `cairn sessions`, `show`, `log` and
+    /// `export` with `--database` read it. Needs the feature `postgres`.
+    pub fn database(mut self, url: impl Into<String>) -> Self {
+        self.database = Some(url.into());
+        self
+    }
+
+    /// The lease a database session is held under (default 10 s): a
+    /// process killed mid-turn leaves its session to a new process's
+    /// [`Agent::resume`] after at most this long. 1 s to a day; only with
+    /// [`AgentBuilder::database`].
+    pub fn lease(mut self, lease: std::time::Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
     /// Read the configuration and build the provider: the agent, or what is
     /// wrong (an unknown provider, a missing key, a bad allow pattern).
     pub fn build(self) -> Result<Agent> {
@@ -213,7 +248,7 @@ impl AgentBuilder {
             model: self.model.clone(),
             script: self.script.as_deref().map(absolute).transpose()?,
             allow: self.allow.clone(),
-            database: None,
+            database: self.database.clone(),
         };
         let settings = Settings::load(&paths.config_file, &overrides)?;
         let common =
@@ -227,6 +262,7 @@ impl AgentBuilder {
         let cwd = cairn_runtime::parts::new_session_cwd(&ctx)?;
         let provider = cairn_runtime::parts::build_provider(&ctx, &cwd)?;
         let person = self.approve.map(|f| SharedApprover::new(Box::new(approve::CallbackApprover(f))));
+        let database = database(self.database, self.lease)?;
         Ok(Agent {
             host: RuntimeHost { ctx },
             provider: Mutex::new(provider),
@@ -234,8 +270,27 @@ impl AgentBuilder {
             builtins: self.builtins,
             allow,
             person,
+            database,
             _probes: probes,
         })
+    }
+}
+
+#[cfg(feature = "postgres")]
+type Database = pg::Database;
+/// Without the feature there is never a database (asking for one fails).
+#[cfg(not(feature = "postgres"))]
+type Database = std::convert::Infallible;
+
+/// The database the builder was given, checked.
+fn database(url: Option<String>, lease: Option<std::time::Duration>) -> Result<Option<Database>> {
+    match url {
+        None if lease.is_some() => bail!("a lease was given without a database; give the database too (or no lease)"),
+        None => Ok(None),
+        #[cfg(feature = "postgres")]
+        Some(url) => pg::Database::new(url, lease).map(Some),
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => bail!("{}", cairn_runtime::parts::NO_POSTGRES),
     }
 }
 
@@ -255,6 +310,9 @@ pub struct Agent {
     builtins: Builtins,
     allow: Allowlist,
     person: Option<SharedApprover>,
+    /// Where sessions are kept when not in files.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    database: Option<Database>,
     /// Waited for when the agent is dropped (no probe directory is left).
     _probes: cairn_tools::ProbesAhead,
 }
@@ -292,6 +350,10 @@ impl Agent {
         if prompt.trim().is_empty() {
             bail!("the prompt is empty");
         }
+        #[cfg(feature = "postgres")]
+        if let Some(db) = &self.database {
+            return pg::run(self, db, prompt, on_event, cancel);
+        }
         let ctx = &self.host.ctx;
         let (mut store, cwd) = cairn_runtime::parts::create_session(ctx)?;
         let mut notes = Vec::new();
@@ -314,8 +376,14 @@ impl Agent {
         self.resume_with(id, &mut |_| {}, &CancelToken::new())
     }
 
-    /// [`Agent::resume`], telling each [`Event`] to `on_event`.
+    /// [`Agent::resume`], telling each [`Event`] to `on_event`. For a
+    /// database session this first waits, at most one lease, for a dead
+    /// process's lease to expire (`cancel` stops the wait).
     pub fn resume_with(&self, id: &str, on_event: &mut dyn FnMut(&Event), cancel: &CancelToken) -> Result<Outcome> {
+        #[cfg(feature = "postgres")]
+        if let Some(db) = &self.database {
+            return pg::resume(self, db, id, on_event, cancel);
+        }
         let ctx = &self.host.ctx;
         let path = cairn_runtime::sessions::resolve(ctx, id)?;
         let mut store = cairn_runtime::parts::open_session(ctx, &path)?;
@@ -357,7 +425,7 @@ impl Agent {
 
     /// Record the provider the session's turns run on (the fact `cairn
     /// resume` continues on), when it is not recorded already.
-    fn record_provider(&self, store: &mut JsonlStore, provider: &dyn Provider) -> Result<()> {
+    fn record_provider<S: Storage>(&self, store: &mut S, provider: &dyn Provider) -> Result<()> {
         let name = self.host.ctx.settings.provider.value.clone();
         let fact = ProviderFact { name, model: provider.model().to_owned() };
         if registers::provider_fact(store).as_ref() != Some(&fact) {
@@ -369,9 +437,9 @@ impl Agent {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn drive(
+    fn drive<S: Storage>(
         &self,
-        session: &mut Session<JsonlStore>,
+        session: &mut Session<S>,
         equipment: &mut Equipment,
         provider: &mut dyn Provider,
         step: Step<'_>,

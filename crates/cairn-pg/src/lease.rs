@@ -10,6 +10,10 @@
 //! lease has expired, its holder cannot commit again — not even before a
 //! new holder claims it — and a new holder always has a larger epoch.
 //!
+//! A session an application created and drives itself (its `app` column,
+//! `app.rs`) is never claimed here: its tools exist only in that
+//! application's processes.
+//!
 //! Runnable means `status` is `queued` (a prompt is waiting) or `running`
 //! with an expired lease (a worker died or stalled mid-turn: an interrupted
 //! turn or an unsettled call to resume). A subagent's session (id
@@ -158,6 +162,7 @@ const CLAIM: &str = "WITH claimed AS (
                        AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= now())
                        AND (not_before IS NULL OR not_before <= now())
                        AND strpos(id, $3) = 0
+                       AND app IS NULL
                      ORDER BY updated_at LIMIT 1 FOR UPDATE SKIP LOCKED)
          RETURNING id, epoch),
      recorded AS (INSERT INTO cairn_claims (session_id, epoch, owner) SELECT id, epoch, $1 FROM claimed)
@@ -372,7 +377,7 @@ fn literal(text: &str) -> String {
 pub fn next_expiry(db: &mut impl Db) -> Result<Option<Duration>, PgError> {
     const SQL: &str = "SELECT (extract(epoch FROM (min(lease_expires) - now())) * 1000)::bigint
          FROM cairn_sessions
-         WHERE status IN ('queued', 'running') AND lease_expires > now() AND strpos(id, $1) = 0";
+         WHERE status IN ('queued', 'running') AND lease_expires > now() AND strpos(id, $1) = 0 AND app IS NULL";
     let stmt = db.statement(SQL)?;
     let ms: Option<i64> = db.client().query_one(&stmt, &[&FAMILY_SEP.to_string()])?.get(0);
     Ok(ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
@@ -411,13 +416,17 @@ pub fn submit(db: &mut impl Db, session: &str, prompt: &str) -> Result<i64, PgEr
     }
     let mut tx = client.transaction()?;
     // Touch the row unconditionally: it serialises with `release`.
-    let n = tx.execute(
+    let touched = tx.query_opt(
         "UPDATE cairn_sessions SET status = CASE WHEN status = 'running' THEN 'running' ELSE 'queued' END,
-             updated_at = now() WHERE id = $1",
+             updated_at = now() WHERE id = $1 RETURNING app",
         &[&session],
     )?;
-    if n == 0 {
+    let Some(touched) = touched else {
         return Err(PgError::NoSuchSession(session.to_owned()));
+    };
+    // No worker would ever take the prompt (the transaction rolls back).
+    if let Some(app) = touched.get::<_, Option<String>>(0) {
+        return Err(crate::app::driven_by_app(session, &app));
     }
     let id: i64 = tx
         .query_one("INSERT INTO cairn_inbox (session_id, prompt) VALUES ($1, $2) RETURNING id", &[&session, &prompt])?

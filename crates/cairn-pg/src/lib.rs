@@ -1,7 +1,7 @@
 //! cairn's PostgreSQL backend and worker: sessions stored in PostgreSQL
 //! behind cairn-core's `Storage` trait ([`PgStore`]), the schema and its
 //! migrations ([`schema`]), leases with fencing epochs and the prompt inbox
-//! ([`lease`]), approvals that wait durably ([`approvals`]), the worker loop that drives sessions ([`worker`]), the
+//! ([`lease`]), sessions an application drives itself ([`app`]), approvals that wait durably ([`approvals`]), the worker loop that drives sessions ([`worker`]), the
 //! reads the commands make ([`catalog`]), the operators' registry and levers
 //! ([`fleet`]), connections with their prepared statements ([`conn`]), and a
 //! throwaway server for tests ([`test_cluster`]).
@@ -13,6 +13,7 @@
 //! which cairn-core must not. It must not change what a turn does; it only
 //! decides where records live and who may commit them.
 
+pub mod app;
 pub mod approvals;
 pub mod catalog;
 pub mod conn;

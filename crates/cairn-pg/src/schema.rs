@@ -14,7 +14,7 @@ use postgres::Client;
 use crate::PgError;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Advisory lock key serialising migrations ("cairn" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0063_6169_726e;
@@ -111,6 +111,13 @@ CREATE TABLE IF NOT EXISTS cairn_lease_losses (
 CREATE INDEX IF NOT EXISTS cairn_lease_losses_worker ON cairn_lease_losses (worker, id);
 ";
 
+/// Version 3 (issue 52): the application that created a session and alone
+/// drives it (`app`, its label; `NULL`: the workers'), because its tools
+/// live only in that application's processes: `lease::claim` never takes
+/// such a session, the application's own process claims it by id
+/// (`app.rs`).
+const V3: &str = "ALTER TABLE cairn_sessions ADD COLUMN IF NOT EXISTS app TEXT;";
+
 /// How long a migration waits for another process's migration lock before
 /// giving up with an error (a cut-off migrator must not stall everyone).
 pub const MIGRATION_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -182,6 +189,9 @@ pub fn ensure(client: &mut Client) -> Result<(), PgError> {
     }
     if found < 2 {
         tx.batch_execute(V2)?;
+    }
+    if found < 3 {
+        tx.batch_execute(V3)?;
     }
     if found < SCHEMA_VERSION {
         tx.execute(
