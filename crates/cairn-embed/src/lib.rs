@@ -68,7 +68,7 @@ use anyhow::{Context as _, Result, bail};
 use cairn_core::approval::{Allowlist, SharedApprover};
 use cairn_core::provider::Provider;
 use cairn_core::storage::registers::{self, ProviderFact};
-use cairn_core::storage::{JsonlStore, Storage, Transaction};
+use cairn_core::storage::{Storage, Transaction};
 use cairn_core::{Session, ToolRegistry};
 use cairn_host::{Equipment, SessionHost as _, Step};
 use cairn_runtime::config::{Overrides, Settings};

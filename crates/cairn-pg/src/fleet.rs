@@ -59,7 +59,7 @@ pub fn waiting(db: &mut impl Db) -> Result<u64, PgError> {
          WHERE status IN ('queued', 'running')
            AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= now())
            AND (not_before IS NULL OR not_before <= now())
-           AND strpos(id, $1) = 0";
+           AND strpos(id, $1) = 0 AND app IS NULL";
     let stmt = db.statement(SQL)?;
     let n: i64 = db.client().query_one(&stmt, &[&FAMILY_SEP.to_string()])?.get(0);
     Ok(u64::try_from(n).unwrap_or(0))
