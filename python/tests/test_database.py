@@ -80,6 +80,14 @@ def test_a_turn_with_a_python_tool_is_kept_in_the_database(home, work, script, c
         text=True,
     )
     assert submitted.returncode != 0 and "driven only by it" in submitted.stderr, submitted.stderr
+    # Nor is it requeued for the workers (none would take it).
+    requeued = subprocess.run(
+        [cairn_bin, "--database", database, "requeue", result.session_id],
+        env={**os.environ, "CAIRN_HOME": str(home)},
+        capture_output=True,
+        text=True,
+    )
+    assert requeued.returncode != 0 and "driven only by it" in requeued.stderr, requeued.stderr
 
 
 # The child: one turn in the database whose tool records that it ran, says

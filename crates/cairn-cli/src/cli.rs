@@ -44,7 +44,7 @@ Environment (every variable cairn reads; docs/config.md lists the config file's 
   BROWSER                 opens the URL of `cairn mcp login` and, on your yes, one an MCP server asks you to open
   OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL,
   OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_SERVICE_NAME, OTEL_SDK_DISABLED, TRACEPARENT,
-  OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
+  OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, OTEL_METRIC_EXPORT_INTERVAL
                           OpenTelemetry export (off unless an endpoint is set, here or in [telemetry]); the
                           exporter also reads OTEL_EXPORTER_OTLP_HEADERS and OTEL_RESOURCE_ATTRIBUTES (README,
                           Observability)

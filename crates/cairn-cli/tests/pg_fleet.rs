@@ -568,8 +568,9 @@ fn a_cut_off_worker_loses_its_session_to_another(name: &str, fault: Fault, armed
     drop(victim);
 }
 
-/// The simple-protocol query `COMMIT` (how the client ends a transaction).
-const COMMIT_QUERY: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// What the commit of a line recording a tool's start carries (since
+/// 47.4 a holder's commit is one statement, not `BEGIN` … `COMMIT`).
+const TOOL_STARTED: &[u8] = b"toolStarted";
 
 /// 47.5: the victim's connections are reset (and new ones refused) while
 /// it drives a session.
@@ -578,12 +579,17 @@ fn a_worker_whose_connections_are_reset_is_taken_over() {
     a_cut_off_worker_loses_its_session_to_another("cut_reset", Fault::Reset, None);
 }
 
-/// 47.5, the hard case: a blackhole swallows the victim's `COMMIT`, so the
-/// server sits inside its transaction (the session's row locked) until its
-/// idle-in-transaction timeout ends it; nobody waits for the partition.
+/// 47.5, the hard case: a blackhole swallows the victim's commit of a
+/// tool's start, mid-turn, so the victim hears nothing back and its lease
+/// runs out while it waits; the other worker takes the session over and
+/// nobody waits for the partition. (Before 47.4 that commit was an
+/// explicit `COMMIT` and the server sat inside the transaction, the row
+/// locked, until its idle-in-transaction timeout; a holder's commit is now
+/// one statement, and a claim's transaction cut open is the partition
+/// soak's claim phase, cairn-pg's `partition_pg_workers`.)
 #[test]
-fn a_worker_blackholed_inside_a_transaction_is_taken_over() {
-    a_cut_off_worker_loses_its_session_to_another("cut_blackhole", Fault::Blackhole, Some(COMMIT_QUERY));
+fn a_worker_blackholed_mid_commit_is_taken_over() {
+    a_cut_off_worker_loses_its_session_to_another("cut_blackhole", Fault::Blackhole, Some(TOOL_STARTED));
 }
 
 /// 47.1 through the network: what the victim sends lands at once, but

@@ -187,7 +187,7 @@ fn refuse_child(id: &str) -> Result<(), PgError> {
 /// one already queued, and an idle one with nothing to do.
 pub fn requeue(db: &mut impl Db, id: &str) -> Result<Requeued, PgError> {
     const LOCK: &str = "SELECT status, COALESCE(lease_expires > now(), false), lease_owner,
-            (SELECT count(*) FROM cairn_inbox i WHERE i.session_id = s.id), not_before IS NOT NULL
+            (SELECT count(*) FROM cairn_inbox i WHERE i.session_id = s.id), not_before IS NOT NULL, app
          FROM cairn_sessions s WHERE id = $1 FOR UPDATE";
     const QUEUE: &str = "UPDATE cairn_sessions SET status = 'queued', note = NULL, retries = 0, not_before = NULL,
              updated_at = now() WHERE id = $1";
@@ -198,6 +198,11 @@ pub fn requeue(db: &mut impl Db, id: &str) -> Result<Requeued, PgError> {
     let row = tx.query_opt(&lock, &[&id])?.ok_or_else(|| PgError::NoSuchSession(id.to_owned()))?;
     let (status, live, owner, waiting, backing_off): (String, bool, Option<String>, i64, bool) =
         (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    // No worker takes an application's session: queueing it would only
+    // promise what never happens.
+    if let Some(app) = row.get::<_, Option<String>>(5) {
+        return Err(crate::app::driven_by_app(id, &app));
+    }
     if live {
         return Err(PgError::Refused(format!(
             "session {} is being driven by worker {}; nothing to requeue (`cairn cancel` stops it)",
