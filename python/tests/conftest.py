@@ -4,6 +4,9 @@ per test, scripts for the scripted provider, the `cairn` binary."""
 import json
 import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,21 @@ def cairn_bin() -> str:
     if not found:
         pytest.fail("no cairn binary: set CAIRN_BIN to it (scripts/test does) or put cairn on PATH")
     return found
+
+
+def kill_once_started(argv: list, started: Path) -> None:
+    """Run `argv`, wait until it creates `started` (bounded, so a broken
+    child fails the test instead of hanging it), then SIGKILL it."""
+    child = subprocess.Popen(argv, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            if child.poll() is not None:
+                pytest.fail(f"the child exited ({child.returncode}) before its tool started")
+            if time.monotonic() > deadline:
+                pytest.fail("the child's tool did not start within 120 s")
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait()
+    assert child.returncode == -signal.SIGKILL

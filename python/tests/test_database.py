@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import cairn
-from conftest import answer, call
+from conftest import answer, call, kill_once_started
 
 # Short, so a dead process's session is free again soon, yet with a
 # margin (a quarter of it) no stall of a loaded machine eats.
@@ -118,20 +118,7 @@ CHILD = textwrap.dedent(
 def kill_while_the_tool_runs(tmp_path, home, work, script, replay, database) -> Path:
     marker, started = tmp_path / "marker", tmp_path / "started"
     args = [str(home), str(work), str(script), str(marker), str(started), replay, database, str(LEASE)]
-    child = subprocess.Popen([sys.executable, "-c", CHILD, *args], env=os.environ.copy())
-    try:
-        # Bounded, so a broken child fails the test instead of hanging it.
-        deadline = time.monotonic() + 120
-        while not started.exists():
-            if child.poll() is not None:
-                pytest.fail(f"the child exited ({child.returncode}) before its tool started")
-            if time.monotonic() > deadline:
-                pytest.fail("the child's tool did not start within 120 s")
-            time.sleep(0.05)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.wait()
-    assert child.returncode == -signal.SIGKILL
+    kill_once_started([sys.executable, "-c", CHILD, *args], started)
     return marker
 
 

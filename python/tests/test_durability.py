@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import cairn
-from conftest import answer, call
+from conftest import answer, call, kill_once_started
 
 # The child: one turn whose tool records that it ran, says it started,
 # and then blocks until it is killed.
@@ -42,24 +42,9 @@ CHILD = textwrap.dedent(
 
 def kill_while_the_tool_runs(tmp_path: Path, home: Path, work: Path, script: Path, replay: str) -> Path:
     marker, started = tmp_path / "marker", tmp_path / "started"
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(home), str(work), str(script), str(marker), str(started), replay],
-        env=os.environ.copy(),
+    kill_once_started(
+        [sys.executable, "-c", CHILD, str(home), str(work), str(script), str(marker), str(started), replay], started
     )
-    try:
-        # Wait for the tool to start (bounded, so a broken child fails the
-        # test instead of hanging it).
-        deadline = time.monotonic() + 120
-        while not started.exists():
-            if child.poll() is not None:
-                pytest.fail(f"the child exited ({child.returncode}) before its tool started")
-            if time.monotonic() > deadline:
-                pytest.fail("the child's tool did not start within 120 s")
-            time.sleep(0.05)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.wait()
-    assert child.returncode == -signal.SIGKILL
     return marker
 
 

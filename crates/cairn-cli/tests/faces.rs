@@ -977,20 +977,7 @@ fn acp_image_prompts_reach_a_provider_that_takes_them_and_are_refused_otherwise(
 /// reaches the server; one that offers none gets a decline that says so.
 #[test]
 fn acp_an_mcp_servers_question_is_put_to_the_editor_and_declined_when_it_offers_none() {
-    let env = setup();
-    std::fs::write(env.home.join("config.toml"), "[approvals]\nallow = [\"mcp__ask__*\"]\n").unwrap();
-    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/venv"))
-        .arg("mcpservers")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "scripts/venv mcpservers: {}", String::from_utf8_lossy(&out.stderr));
-    let server_python = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let server = env.cwd.join("elicit_server.py");
-    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/elicit_server.py"), &server).unwrap();
-    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__ask__greet", "arguments": {}}]});
-    // (each of the client's two sessions replays the script from its start)
-    let script = write_script(&env, &[call, json!({"text": "Greeted."})]);
-    acp(&env, "elicit", &script, &[&server_python, server.to_str().unwrap()]);
+    acp_with_the_elicit_server("greet", "Greeted.", "elicit");
 }
 
 /// 53.8: an MCP server asking the person to open a URL (URL mode) reaches
@@ -999,6 +986,13 @@ fn acp_an_mcp_servers_question_is_put_to_the_editor_and_declined_when_it_offers_
 /// reaches the server; an editor offering forms only gets it declined.
 #[test]
 fn acp_an_mcp_servers_url_request_is_forwarded_to_an_editor_that_offers_url_elicitation() {
+    acp_with_the_elicit_server("connect", "Connected.", "elicit_url");
+}
+
+/// The model calls the test MCP server's `tool` (tests/mcp/elicit_server.py,
+/// which asks the person something) and then answers `answer`; the ACP
+/// client plays the editor in `scenario` (acp_client.py).
+fn acp_with_the_elicit_server(tool: &str, answer: &str, scenario: &str) {
     let env = setup();
     std::fs::write(env.home.join("config.toml"), "[approvals]\nallow = [\"mcp__ask__*\"]\n").unwrap();
     let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/venv"))
@@ -1009,8 +1003,9 @@ fn acp_an_mcp_servers_url_request_is_forwarded_to_an_editor_that_offers_url_elic
     let server_python = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     let server = env.cwd.join("elicit_server.py");
     std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/elicit_server.py"), &server).unwrap();
-    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": "mcp__ask__connect", "arguments": {}}]});
+    let name = format!("mcp__ask__{tool}");
+    let call = json!({"text": "", "toolCalls": [{"id": "c1", "name": name, "arguments": {}}]});
     // (each of the client's two sessions replays the script from its start)
-    let script = write_script(&env, &[call, json!({"text": "Connected."})]);
-    acp(&env, "elicit_url", &script, &[&server_python, server.to_str().unwrap()]);
+    let script = write_script(&env, &[call, json!({ "text": answer })]);
+    acp(&env, scenario, &script, &[&server_python, server.to_str().unwrap()]);
 }

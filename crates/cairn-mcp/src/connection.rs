@@ -12,7 +12,7 @@ use std::ffi::OsString;
 use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_core::CancelToken;
@@ -77,28 +77,6 @@ pub enum ServerError {
         /// The size and the limit.
         reason: String,
     },
-}
-
-/// The process-wide runtime the SDK runs on: one worker thread that lives
-/// as long as cairn, which is also the thread every stdio server is spawned
-/// from (a server's `PR_SET_PDEATHSIG` follows the spawning thread).
-pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
-    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            // https servers: reqwest is built without a TLS provider (see
-            // Cargo.toml); ring is installed once for the process (an error
-            // means one is installed already, which is as good).
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("cairn-mcp")
-                .enable_all()
-                .build()
-                .map_err(|e| format!("cannot start the MCP client runtime: {e}"))
-        })
-        .as_ref()
-        .map_err(Clone::clone)
 }
 
 /// Progress lines of the calls in flight, by progress token.
@@ -295,7 +273,7 @@ impl Connection {
         cwd: &Path,
         tools: &ToolsConfig,
     ) -> Result<Connection, ServerError> {
-        let rt = runtime().map_err(|reason| ServerError::Start { server: name.to_owned(), reason })?;
+        let rt = crate::runtime::runtime().map_err(|reason| ServerError::Start { server: name.to_owned(), reason })?;
         let (name_owned, config, cwd, tools) = (name.to_owned(), config.clone(), cwd.to_path_buf(), tools.clone());
         let limit = Duration::from_millis(config.startup_timeout_ms);
         // Spawned on the runtime's own thread (see `runtime`).
@@ -484,7 +462,7 @@ impl Connection {
         cancel: &CancelToken,
         timeout: Duration,
     ) -> Result<serde_json::Value, ServerError> {
-        let rt = runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
+        let rt = crate::runtime::runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
         let server = self.name.clone();
         let peer = self.service.peer().clone();
         let refused = |e: rmcp::ServiceError| match e {
@@ -550,7 +528,8 @@ impl Connection {
     /// (`notifications/tools/list_changed`).
     pub(crate) fn tools(&self) -> Result<Vec<rmcp::model::Tool>, ServerError> {
         if self.tools_changed.swap(false, Ordering::SeqCst) {
-            let rt = runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
+            let rt =
+                crate::runtime::runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
             let peer = self.service.peer().clone();
             let listed = rt
                 .block_on(async { tokio::time::timeout(Duration::from_secs(30), peer.list_all_tools()).await })
@@ -575,7 +554,7 @@ impl Connection {
         output: &mut dyn FnMut(&[u8]),
         elicit: &mut dyn FnMut(&str, Asking<'_>) -> ElicitAnswer,
     ) -> Result<CallToolResult, ServerError> {
-        let rt = runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
+        let rt = crate::runtime::runtime().map_err(|reason| ServerError::Gone { server: self.name.clone(), reason })?;
         let gone = |reason: String| ServerError::Gone { server: self.name.clone(), reason };
         let peer = self.service.peer().clone();
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);

@@ -26,6 +26,7 @@ mod connection;
 mod extra;
 mod login;
 mod pool;
+mod runtime;
 pub mod tool;
 
 use std::collections::BTreeMap;

@@ -141,7 +141,7 @@ pub fn login(name: &str, url: &str, show: &mut dyn FnMut(&str)) -> Result<PathBu
         .map_err(|e| failed("cannot listen on a loopback port for the redirect", &e))?;
     let port = listener.local_addr().map_err(|e| failed("the loopback port", &e))?.port();
     let redirect = format!("http://127.0.0.1:{port}/callback");
-    let rt = crate::connection::runtime().map_err(LoginError::Failed)?;
+    let rt = crate::runtime::runtime().map_err(LoginError::Failed)?;
     let store = FileStore { path: path.clone() };
     let mut manager =
         rt.block_on(AuthorizationManager::new(url)).map_err(|e| failed(&format!("OAuth for {url}"), &e))?;

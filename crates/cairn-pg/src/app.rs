@@ -32,17 +32,6 @@ use crate::conn::{Connection, Db};
 use crate::lease::{self, Claim, Fence, LeaseClock};
 use crate::store::connect_for;
 
-/// The refusal for a prompt or a claim aimed at a session application
-/// `app` drives: what it is and what to do instead.
-pub fn driven_by_app(session: &str, app: &str) -> PgError {
-    PgError::Refused(format!(
-        "session {} was created by the application {} and is driven only by it (its tools live there); \
-         resume it from that application (`agent.resume(id)`), not with `cairn submit` or a worker",
-        session.escape_debug(),
-        app.escape_debug()
-    ))
-}
-
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }

@@ -201,7 +201,7 @@ pub fn requeue(db: &mut impl Db, id: &str) -> Result<Requeued, PgError> {
     // No worker takes an application's session: queueing it would only
     // promise what never happens.
     if let Some(app) = row.get::<_, Option<String>>(5) {
-        return Err(crate::app::driven_by_app(id, &app));
+        return Err(crate::lease::driven_by_app(id, &app));
     }
     if live {
         return Err(PgError::Refused(format!(

@@ -353,6 +353,17 @@ fn release_done(client: &mut Client, session: &str, fence: &Fence) -> Result<boo
     Ok(replies.iter().any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.len() == 3)))
 }
 
+/// The refusal for a prompt or a claim aimed at a session application
+/// `app` drives: what it is and what to do instead.
+pub(crate) fn driven_by_app(session: &str, app: &str) -> PgError {
+    PgError::Refused(format!(
+        "session {} was created by the application {} and is driven only by it (its tools live there); \
+         resume it from that application (`agent.resume(id)`), not with `cairn submit` or a worker",
+        session.escape_debug(),
+        app.escape_debug()
+    ))
+}
+
 /// `text` as an SQL string literal in the escape-string syntax (`E'…'`),
 /// whose meaning does not depend on `standard_conforming_strings`: a
 /// backslash and a quote doubled. PostgreSQL text holds no NUL, so none
@@ -426,7 +437,7 @@ pub fn submit(db: &mut impl Db, session: &str, prompt: &str) -> Result<i64, PgEr
     };
     // No worker would ever take the prompt (the transaction rolls back).
     if let Some(app) = touched.get::<_, Option<String>>(0) {
-        return Err(crate::app::driven_by_app(session, &app));
+        return Err(driven_by_app(session, &app));
     }
     let id: i64 = tx
         .query_one("INSERT INTO cairn_inbox (session_id, prompt) VALUES ($1, $2) RETURNING id", &[&session, &prompt])?

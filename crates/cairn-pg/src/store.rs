@@ -115,6 +115,22 @@ fn where_(id: &str) -> String {
     format!("postgres session {id}")
 }
 
+/// A commit refused by the fence: the session's lease is not this
+/// holder's any more (another epoch or owner, or expired). Both commit
+/// paths (the one-statement commit and the transaction) say it alike.
+fn lease_lost(id: &str, fence: &Fence, epoch: i64, owner: Option<&str>, live: bool) -> WriteError {
+    WriteError::Refused(backend(
+        id,
+        format!(
+            "lease lost: this worker ({}) holds epoch {} but the session is at epoch {epoch}, owner {}, lease {}; nothing was written — the worker must back off",
+            fence.owner,
+            fence.epoch,
+            owner.unwrap_or("none"),
+            if live { "live" } else { "expired" }
+        ),
+    ))
+}
+
 fn backend(id: &str, e: impl std::fmt::Display) -> StorageError {
     StorageError::Backend { path: where_(id), reason: e.to_string() }
 }
@@ -553,16 +569,7 @@ impl PgStore {
             Some(_) if holder.is_some() => {}
             Some(f) if !(live && epoch == f.epoch && owner.as_deref() == Some(f.owner.as_str())) => {
                 self.lost.store(true, Ordering::SeqCst);
-                return Err(WriteError::Refused(backend(
-                    &id,
-                    format!(
-                        "lease lost: this worker ({}) holds epoch {} but the session is at epoch {epoch}, owner {}, lease {}; nothing was written — the worker must back off",
-                        f.owner,
-                        f.epoch,
-                        owner.as_deref().unwrap_or("none"),
-                        if live { "live" } else { "expired" }
-                    ),
-                )));
+                return Err(lease_lost(&id, f, epoch, owner.as_deref(), live));
             }
             None if live && owner.is_some() => {
                 return Err(StorageError::Busy { path: where_(&id), pid: None }.into());
@@ -677,16 +684,7 @@ impl PgStore {
         // Nothing was written: say why, checks in the transaction's order.
         if !(live && epoch == fence.epoch && owner.as_deref() == Some(fence.owner.as_str())) {
             self.lost.store(true, Ordering::SeqCst);
-            return Err(WriteError::Refused(backend(
-                &id,
-                format!(
-                    "lease lost: this worker ({}) holds epoch {} but the session is at epoch {epoch}, owner {}, lease {}; nothing was written — the worker must back off",
-                    fence.owner,
-                    fence.epoch,
-                    owner.as_deref().unwrap_or("none"),
-                    if live { "live" } else { "expired" }
-                ),
-            )));
+            return Err(lease_lost(&id, fence, epoch, owner.as_deref(), live));
         }
         if stored != expected {
             return Err(StorageError::Invalid(format!(

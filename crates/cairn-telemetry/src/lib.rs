@@ -213,21 +213,13 @@ impl std::fmt::Debug for Operation {
 impl Operation {
     /// Start the span `name` for `session`.
     pub fn start(session: &str, name: &str) -> Operation {
-        use opentelemetry::trace::{Span as _, Tracer as _};
+        use opentelemetry::trace::Span as _;
         let Some(t) = global() else { return Operation { span: None } };
-        let parent = turn::parent_of(t, session);
-        let trace = parent.is_none().then(|| turn::trace_of(t, session));
-        let cx = match parent {
-            Some(sc) => opentelemetry::Context::new().with_remote_span_context(sc),
-            None => opentelemetry::Context::new(),
-        };
         let attrs = vec![
             opentelemetry::KeyValue::new("gen_ai.conversation.id", session.to_owned()),
             opentelemetry::KeyValue::new("cairn.operation", name.to_owned()),
         ];
-        let mut span = ids::with_ids(trace, None, || {
-            t.tracer.span_builder(name.to_owned()).with_attributes(attrs).start_with_context(&t.tracer, &cx)
-        });
+        let mut span = session_span(t, session, name.to_owned(), attrs);
         span.add_event("started", vec![]);
         Operation { span: Some(span) }
     }
@@ -292,29 +284,35 @@ pub fn worker_released(session: &str) {
 /// the session's trace says when, who and why. Nothing when telemetry is
 /// off.
 pub fn lease_lost(session: &str, worker: &str, epoch: i64, reason: &'static str) {
-    use opentelemetry::trace::{Span as _, Status, Tracer as _};
+    use opentelemetry::trace::{Span as _, Status};
     let Some(t) = global() else { return };
     let worker_attr = KeyValue::new("cairn.worker.id", worker.to_owned());
     let reason_attr = KeyValue::new("cairn.lease.loss", reason);
     t.instruments.lease_losses.add(1, &[worker_attr.clone(), reason_attr.clone()]);
-    let parent = turn::parent_of(t, session);
-    let trace = parent.is_none().then(|| turn::trace_of(t, session));
-    let cx = match parent {
-        Some(sc) => opentelemetry::Context::new().with_remote_span_context(sc),
-        None => opentelemetry::Context::new(),
-    };
     let attrs = vec![
         KeyValue::new("gen_ai.conversation.id", session.to_owned()),
         worker_attr.clone(),
         KeyValue::new("cairn.lease.epoch", epoch),
         reason_attr.clone(),
     ];
-    let mut span = ids::with_ids(trace, None, || {
-        t.tracer.span_builder("lease_lost").with_attributes(attrs).start_with_context(&t.tracer, &cx)
-    });
+    let mut span = session_span(t, session, "lease_lost".to_owned(), attrs);
     span.add_event("lease_lost", vec![worker_attr, KeyValue::new("cairn.lease.epoch", epoch), reason_attr]);
     span.set_status(Status::error(format!("worker {worker} lost its lease (epoch {epoch}): {reason}")));
     span.end();
+}
+
+/// A span `name` in `session`'s trace, outside a turn: a child of the
+/// span the session is tied to (a subagent's spawn call, a resumed
+/// session's kept context) or a root of the trace kept for the session.
+fn session_span(t: &Telemetry, session: &str, name: String, attrs: Vec<KeyValue>) -> opentelemetry_sdk::trace::Span {
+    use opentelemetry::trace::Tracer as _;
+    let parent = turn::parent_of(t, session);
+    let trace = parent.is_none().then(|| turn::trace_of(t, session));
+    let cx = match parent {
+        Some(sc) => opentelemetry::Context::new().with_remote_span_context(sc),
+        None => opentelemetry::Context::new(),
+    };
+    ids::with_ids(trace, None, || t.tracer.span_builder(name).with_attributes(attrs).start_with_context(&t.tracer, &cx))
 }
 
 /// What PostgreSQL worker `worker` (the process) sees now: the sessions

@@ -401,7 +401,10 @@ fn main() -> Result<()> {
                 l.contains("LOG:  statement: COMMIT")
                     || l.contains("WITH claimed AS")
                     || l.contains("WITH cur AS")
-                    || l.contains("LOG:  statement: SELECT 1 FROM cairn_sessions WHERE id = ")
+                    // A finished turn's release: one message of two
+                    // statements, the first locking the row (cairn-pg's
+                    // `lease::release_done`).
+                    || (l.contains("LOG:  statement: SELECT 1") && l.contains("FOR UPDATE;"))
             })
             .count();
         println!(
