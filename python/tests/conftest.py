@@ -73,3 +73,25 @@ def kill_once_started(argv: list, started: Path) -> None:
     finally:
         child.wait()
     assert child.returncode == -signal.SIGKILL
+
+
+def assert_resumed_once(agent, session: str, result, runs: list, marker: Path, replay: str) -> None:
+    """`result` of resuming `session` after its process was killed while
+    the `charge` tool ran: a `never` call settled once as failed and
+    uncertain, not run again; an `idempotent` one run once more; a second
+    resume finds nothing to do and runs nothing."""
+    assert result.session_id == session
+    assert result.answer == "Charged, or not: see above."
+    assert len(result.tool_calls) == 1, result.tool_calls
+    settled = result.tool_calls[0]
+    if replay == "never":
+        assert runs == []
+        assert marker.read_text() == "ran\n"
+        assert (settled.status, settled.uncertain) == ("failed", True)
+    else:
+        assert runs == [5]
+        assert marker.read_text() == "ran\nran\n"
+        assert settled.status == "completed"
+    again = agent.resume(session)
+    assert again.stop == "nothing" and again.tool_calls == []
+    assert marker.read_text().count("ran") == (1 if replay == "never" else 2)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import cairn
-from conftest import answer, call, kill_once_started
+from conftest import answer, assert_resumed_once, call, kill_once_started
 
 # Short, so a dead process's session is free again soon, yet with a
 # margin (a quarter of it) no stall of a loaded machine eats.
@@ -138,22 +138,7 @@ def resume_and_check(home, work, path, marker, replay, session, database, cairn_
         home=home, cwd=work, provider="scripted", script=path, tools=[charge],
         approve=lambda r: True, database=database, lease=LEASE,
     )
-    result = agent.resume(session)
-    assert result.session_id == session
-    assert result.answer == "Charged, or not: see above."
-    assert len(result.tool_calls) == 1, result.tool_calls
-    settled = result.tool_calls[0]
-    if replay == "never":
-        assert runs == []
-        assert marker.read_text() == "ran\n"
-        assert (settled.status, settled.uncertain) == ("failed", True)
-    else:
-        assert runs == [5]
-        assert marker.read_text() == "ran\nran\n"
-        assert settled.status == "completed"
-    again = agent.resume(session)
-    assert again.stop == "nothing" and again.tool_calls == []
-    assert marker.read_text().count("ran") == (1 if replay == "never" else 2)
+    assert_resumed_once(agent, session, agent.resume(session), runs, marker, replay)
     shown = cli(cairn_bin, home, "--database", database, "show", session).stdout
     settlement = "tool uncertain: charge" if replay == "never" else "tool completed: charge"
     assert shown.count("tool requested: charge") == 1, shown

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import cairn
-from conftest import answer, call, kill_once_started
+from conftest import answer, assert_resumed_once, call, kill_once_started
 
 # The child: one turn whose tool records that it ran, says it started,
 # and then blocks until it is killed.
@@ -74,27 +74,7 @@ def test_sigkill_mid_tool_then_resume_in_a_new_process_settles_the_call_once(
 
     # This process is not the one that was killed.
     agent = cairn.Agent(home=home, cwd=work, provider="scripted", script=path, tools=[charge], approve=lambda r: True)
-    result = agent.resume(session)
-    assert result.session_id == session
-    assert result.answer == "Charged, or not: see above."
-    assert len(result.tool_calls) == 1
-    settled = result.tool_calls[0]
-    if replay == "never":
-        # Not run again: settled once, as failed and uncertain.
-        assert runs == []
-        assert marker.read_text() == "ran\n"
-        assert (settled.status, settled.uncertain) == ("failed", True)
-    else:
-        # Safe to run again: it ran once more.
-        assert runs == [5]
-        assert marker.read_text() == "ran\nran\n"
-        assert settled.status == "completed"
-
-    # Nothing is left to resume, and nothing runs again.
-    again = agent.resume(session)
-    assert again.stop == "nothing" and again.tool_calls == []
-    assert marker.read_text().count("ran") == (1 if replay == "never" else 2)
-
+    assert_resumed_once(agent, session, agent.resume(session), runs, marker, replay)
     # The command reads the same file: one settlement of the call.
     shown = subprocess.run(
         [cairn_bin, "show", session], env={**os.environ, "CAIRN_HOME": str(home)}, capture_output=True, text=True

@@ -115,6 +115,13 @@ fn where_(id: &str) -> String {
     format!("postgres session {id}")
 }
 
+/// What both commit paths read back of the session's row, in their
+/// columns' order: its stored last seq, epoch, lease owner and whether
+/// the lease is live.
+fn row_seen(row: &postgres::Row) -> (i64, i64, Option<String>, bool) {
+    (row.get(0), row.get(1), row.get(2), row.get(3))
+}
+
 /// A commit refused by the fence: the session's lease is not this
 /// holder's any more (another epoch or owner, or expired). Both commit
 /// paths (the one-statement commit and the transaction) say it alike.
@@ -556,10 +563,7 @@ impl PgStore {
             .query_opt(&lock_own, &[&id])
             .map_err(e)?
             .ok_or_else(|| WriteError::Refused(backend(&id, "the session row is gone")))?;
-        let stored: i64 = row.get(0);
-        let epoch: i64 = row.get(1);
-        let owner: Option<String> = row.get(2);
-        let live: bool = row.get(3);
+        let (stored, epoch, owner, live) = row_seen(&row);
         match &self.fence {
             // Driven within the holder's lease (checked above): nobody may
             // hold a lease of this session's own meanwhile.
@@ -668,10 +672,7 @@ impl PgStore {
             .query_opt(&stmt, &params)
             .map_err(e)?
             .ok_or_else(|| WriteError::Refused(backend(&id, "the session row is gone")))?;
-        let stored: i64 = row.get(0);
-        let epoch: i64 = row.get(1);
-        let owner: Option<String> = row.get(2);
-        let live: bool = row.get(3);
+        let (stored, epoch, owner, live) = row_seen(&row);
         let wrote: bool = row.get(4);
         if wrote {
             if take.is_some()
